@@ -1,0 +1,212 @@
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ExecOutcome, ExecRequest, OutputStream, Result, SandboxSpec, Tier};
+
+/// An unguessable sandbox id: `sb-` and 128 random bits in hex.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    /// A fresh random id from the OS's random source.
+    pub fn random() -> Result<Self> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| crate::Error::Sandbox(format!("no randomness for a sandbox id: {e}")))?;
+        Ok(SandboxId(format!("sb-{}", hex::encode(bytes))))
+    }
+
+    /// Parses an id a client sent; only the exact shape `random` makes is accepted.
+    pub fn parse(s: &str) -> Option<Self> {
+        let hex = s.strip_prefix("sb-")?;
+        (hex.len() == 32
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+        .then(|| SandboxId(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A short form for names with length limits (cgroup and socket names).
+    pub fn short(&self) -> &str {
+        &self.0[..self.0.len().min(19)]
+    }
+}
+
+impl fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One thing a tier needs from the host, probed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capability {
+    pub name: String,
+    pub ok: bool,
+    /// What was found.
+    pub detail: String,
+    /// What to do when it is missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+    /// When false, the tier can still run without it if the caller allows weaker.
+    #[serde(default = "yes")]
+    pub required: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Capability {
+    pub fn ok(name: impl Into<String>, detail: impl Into<String>) -> Self {
+        Capability {
+            name: name.into(),
+            ok: true,
+            detail: detail.into(),
+            fix: None,
+            required: true,
+        }
+    }
+
+    pub fn missing(
+        name: impl Into<String>,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        Capability {
+            name: name.into(),
+            ok: false,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+            required: true,
+        }
+    }
+}
+
+/// Whether a tier can run here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TierStatus {
+    Available,
+    /// Runs, but some optional capability is missing or a slower path is used.
+    Degraded,
+    Unavailable,
+}
+
+/// The result of probing a tier once; callers cache it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    pub tier: Tier,
+    pub status: TierStatus,
+    pub capabilities: Vec<Capability>,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+impl Probe {
+    /// Builds a probe whose status follows from its capabilities.
+    pub fn from_capabilities(
+        tier: Tier,
+        capabilities: Vec<Capability>,
+        notes: Vec<String>,
+    ) -> Self {
+        let required_missing = capabilities.iter().any(|c| !c.ok && c.required);
+        let optional_missing = capabilities.iter().any(|c| !c.ok && !c.required);
+        let status = if required_missing {
+            TierStatus::Unavailable
+        } else if optional_missing {
+            TierStatus::Degraded
+        } else {
+            TierStatus::Available
+        };
+        Probe {
+            tier,
+            status,
+            capabilities,
+            notes,
+        }
+    }
+
+    pub fn available(&self) -> bool {
+        self.status != TierStatus::Unavailable
+    }
+}
+
+/// Receives output as it is produced, before the outcome.
+pub trait OutputSink {
+    fn output(&mut self, stream: OutputStream, data: &[u8]);
+}
+
+impl<F: FnMut(OutputStream, &[u8])> OutputSink for F {
+    fn output(&mut self, stream: OutputStream, data: &[u8]) {
+        self(stream, data)
+    }
+}
+
+/// An isolation tier.
+pub trait Backend: Send + Sync {
+    fn tier(&self) -> Tier;
+
+    /// Checks what this host offers the tier. Cheap enough to run once per process.
+    fn probe(&self) -> Probe;
+
+    /// Creates a fresh, never-used sandbox. Fails closed when a wall cannot be applied and
+    /// the spec does not allow running weaker.
+    fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>>;
+}
+
+/// One live sandbox. Dropping it destroys it too; `destroy` reports how that went.
+pub trait Sandbox: Send {
+    fn id(&self) -> &SandboxId;
+
+    /// Runs one command, streaming output to `sink`, and returns how it ended. Limits are
+    /// enforced here; a limit reached is an outcome, not an error.
+    fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome>;
+
+    /// Writes a file under `/work`. Refuses paths outside it and symlinks.
+    fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()>;
+
+    /// Reads a file under `/work`, at most `max_bytes`. Refuses paths outside it and symlinks.
+    fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>>;
+
+    /// Microseconds it took to create this sandbox.
+    fn start_us(&self) -> u64;
+
+    /// Destroys the sandbox and everything it left on the host. Idempotent.
+    fn destroy(&mut self) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_random_and_strict() {
+        let a = SandboxId::random().unwrap();
+        let b = SandboxId::random().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(SandboxId::parse(a.as_str()), Some(a.clone()));
+        assert!(SandboxId::parse("sb-../../etc").is_none());
+        assert!(SandboxId::parse("sb-ABCDEF0123456789ABCDEF0123456789").is_none());
+        assert!(SandboxId::parse(&format!("{a}0")).is_none());
+    }
+
+    #[test]
+    fn probe_status() {
+        let mut optional = Capability::missing("x", "absent", "install x");
+        optional.required = false;
+        let p = Probe::from_capabilities(Tier::Container, vec![optional], vec![]);
+        assert_eq!(p.status, TierStatus::Degraded);
+        let p = Probe::from_capabilities(
+            Tier::Container,
+            vec![Capability::missing("y", "absent", "install y")],
+            vec![],
+        );
+        assert!(!p.available());
+    }
+}

@@ -1,0 +1,22 @@
+//! Cordon's domain types and the [`Backend`] trait.
+//!
+//! Every isolation tier (wasm, container, gvisor, microvm, ...) implements [`Backend`]:
+//! probe what the host can do, create a sandbox from a [`SandboxSpec`], exec in it while
+//! streaming output, move files in and out, destroy it. Create and exec are separate so warm
+//! pools and multi-step tasks work. This crate never touches the OS.
+
+mod backend;
+mod error;
+mod exec;
+mod spec;
+pub mod units;
+
+pub use backend::{Backend, Capability, OutputSink, Probe, Sandbox, SandboxId, TierStatus};
+pub use error::{Error, Result};
+pub use exec::{
+    Command, ExecOutcome, ExecRequest, OutputStream, Termination, Timings, Usage, exit_code_for,
+};
+pub use spec::{
+    EgressPolicy, Grant, GrantSecret, Language, Limits, SandboxSpec, Tier, WORKDIR, Weakening,
+    validate_sandbox_path,
+};

@@ -1,0 +1,441 @@
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// The writable workspace inside every sandbox; files in and out must stay under it.
+pub const WORKDIR: &str = "/work";
+
+/// An isolation tier. Walls and costs differ; see the README's tier table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// In-process language runtime (QuickJS): the weakest wall, trusted static snippets only.
+    Runtime,
+    /// wasmtime + WASI: capability-based, nothing ambient; pure computation.
+    Wasm,
+    /// Namespaces + cgroups + seccomp + Landlock on the shared host kernel.
+    Container,
+    /// gVisor's user-space kernel (runsc) between the code and the host kernel.
+    Gvisor,
+    /// Its own guest kernel behind a virtual machine monitor.
+    Microvm,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 5] = [
+        Tier::Runtime,
+        Tier::Wasm,
+        Tier::Container,
+        Tier::Gvisor,
+        Tier::Microvm,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Runtime => "runtime",
+            Tier::Wasm => "wasm",
+            Tier::Container => "container",
+            Tier::Gvisor => "gvisor",
+            Tier::Microvm => "microvm",
+        }
+    }
+
+    /// One line on where this tier's wall is.
+    pub fn wall(self) -> &'static str {
+        match self {
+            Tier::Runtime => {
+                "in-process interpreter: process-level only, historically leaky; trusted static snippets only"
+            }
+            Tier::Wasm => "capability-based WebAssembly sandbox: nothing ambient, pure computation",
+            Tier::Container => {
+                "namespaces + cgroups + seccomp + Landlock: one shared kernel, good hygiene but not a boundary against an adversary"
+            }
+            Tier::Gvisor => "syscall-interposed user-space kernel (gVisor runsc)",
+            Tier::Microvm => "its own guest kernel behind a virtual machine monitor",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Tier {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown tier {s:?}; choose one of runtime, wasm, container, gvisor, microvm"
+                )
+            })
+    }
+}
+
+/// A language whose source Cordon knows how to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    Python,
+    Bash,
+    Sh,
+    Javascript,
+}
+
+impl Language {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Bash => "bash",
+            Language::Sh => "sh",
+            Language::Javascript => "javascript",
+        }
+    }
+}
+
+impl fmt::Display for Language {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Language {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "python" | "python3" | "py" => Ok(Language::Python),
+            "bash" => Ok(Language::Bash),
+            "sh" | "shell" => Ok(Language::Sh),
+            "javascript" | "js" | "node" => Ok(Language::Javascript),
+            _ => Err(format!(
+                "unknown language {s:?}; choose python, bash, sh or javascript"
+            )),
+        }
+    }
+}
+
+/// Resource limits. Every one is enforced, not advisory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Wall-clock limit of one exec, in milliseconds.
+    pub timeout_ms: u64,
+    /// Memory limit of the whole sandbox (swap off), in bytes.
+    pub memory_bytes: u64,
+    /// Most processes and threads alive at once in the sandbox.
+    pub pids: u32,
+    /// Size of the writable workspace `/work`, in bytes.
+    pub disk_bytes: u64,
+    /// Size of `/tmp`, in bytes.
+    pub tmp_bytes: u64,
+    /// CPU quota, in CPUs (1.0 = one full core).
+    pub cpus: f64,
+    /// Bytes of stdout kept; more ends the exec with the output-limit reason.
+    pub stdout_bytes: u64,
+    /// Bytes of stderr kept; more ends the exec with the output-limit reason.
+    pub stderr_bytes: u64,
+    /// Open file descriptors per process.
+    pub open_files: u64,
+    /// Optional deterministic CPU bound (wasm fuel units); tiers without fuel ignore it.
+    pub fuel: Option<u64>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout_ms: 30_000,
+            memory_bytes: 512 << 20,
+            pids: 128,
+            disk_bytes: 256 << 20,
+            tmp_bytes: 64 << 20,
+            cpus: 1.0,
+            stdout_bytes: 1 << 20,
+            stderr_bytes: 1 << 20,
+            open_files: 1024,
+            fuel: None,
+        }
+    }
+}
+
+impl Limits {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// Checks that every limit is usable; a zero limit would make the sandbox useless.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, hint: &str| Err(Error::Invalid(format!("{what}; {hint}")));
+        if self.timeout_ms == 0 {
+            return bad("timeout is zero", "give a timeout like 5s");
+        }
+        if self.memory_bytes < 8 << 20 {
+            return bad("memory limit is below 8 MiB", "give at least 8M");
+        }
+        if self.pids < 2 {
+            return bad("process limit is below 2", "give at least 2");
+        }
+        if self.disk_bytes < 64 << 10 || self.tmp_bytes < 64 << 10 {
+            return bad("disk or tmp size is below 64 KiB", "give at least 64k");
+        }
+        if !(self.cpus.is_finite() && self.cpus >= 0.01) {
+            return bad("cpus must be at least 0.01", "give e.g. 0.5 or 2");
+        }
+        if self.open_files < 16 {
+            return bad("open-files limit is below 16", "give at least 16");
+        }
+        Ok(())
+    }
+}
+
+/// Where a grant's real secret lives on the host. The value never enters a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GrantSecret {
+    /// A host environment variable of the Cordon process.
+    Env(String),
+    /// A file on the host holding the secret (trailing newline stripped).
+    File(String),
+}
+
+/// A scoped credential: the sandbox sees a placeholder in `env_var`; the egress proxy swaps
+/// it for the real secret only on requests to `hosts` (and matching methods and paths).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grant {
+    /// Short name, e.g. `github`.
+    pub name: String,
+    /// Environment variable the placeholder is put in, e.g. `GITHUB_TOKEN`.
+    pub env_var: String,
+    pub secret: GrantSecret,
+    /// Host patterns (exact or `*.suffix`) the secret may be sent to.
+    pub hosts: Vec<String>,
+    /// Header the secret goes in.
+    #[serde(default = "default_grant_header")]
+    pub header: String,
+    /// Methods allowed with the secret; empty means any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Path prefixes allowed with the secret; empty means any.
+    #[serde(default)]
+    pub path_prefixes: Vec<String>,
+}
+
+fn default_grant_header() -> String {
+    "authorization".to_string()
+}
+
+/// Egress: denied unless a host is allowed. The proxy enforces it; see `cordon-egress`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressPolicy {
+    /// Allowed host patterns: `host`, `*.suffix`, optionally `:port`; CIDRs only when explicit.
+    pub allow: Vec<String>,
+    /// Denied host patterns; a deny always wins over an allow.
+    pub deny: Vec<String>,
+}
+
+impl EgressPolicy {
+    /// True when the sandbox may reach nothing at all.
+    pub fn is_closed(&self) -> bool {
+        self.allow.is_empty()
+    }
+}
+
+/// A wall the caller explicitly agreed to run without. The result is marked weaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Weakening {
+    Landlock,
+    Seccomp,
+    Cgroups,
+}
+
+impl FromStr for Weakening {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "landlock" => Ok(Weakening::Landlock),
+            "seccomp" => Ok(Weakening::Seccomp),
+            "cgroups" | "cgroup" => Ok(Weakening::Cgroups),
+            _ => Err(format!(
+                "unknown layer {s:?}; layers that may be weakened: landlock, seccomp, cgroups"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Weakening {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Weakening::Landlock => "landlock",
+            Weakening::Seccomp => "seccomp",
+            Weakening::Cgroups => "cgroups",
+        })
+    }
+}
+
+/// Everything needed to create a sandbox. Deny by default: a sandbox gets nothing it is not
+/// given here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSpec {
+    pub tier: Tier,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Environment passed to every exec (besides PATH, HOME and LANG).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub egress: EgressPolicy,
+    #[serde(default)]
+    pub grants: Vec<Grant>,
+    /// Walls the caller agreed to run without if the host cannot apply them.
+    #[serde(default)]
+    pub allow_weaker: BTreeSet<Weakening>,
+}
+
+impl SandboxSpec {
+    pub fn new(tier: Tier) -> Self {
+        SandboxSpec {
+            tier,
+            limits: Limits::default(),
+            env: BTreeMap::new(),
+            egress: EgressPolicy::default(),
+            grants: Vec::new(),
+            allow_weaker: BTreeSet::new(),
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        self.limits.validate()?;
+        for key in self.env.keys() {
+            validate_env_name(key)?;
+        }
+        for g in &self.grants {
+            validate_env_name(&g.env_var)?;
+            if g.hosts.is_empty() {
+                return Err(Error::Invalid(format!(
+                    "grant {:?} names no host; give at least one host it may be sent to",
+                    g.name
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate_env_name(key: &str) -> Result<()> {
+    let ok = !key.is_empty()
+        && !key.starts_with(|c: char| c.is_ascii_digit())
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "environment variable name {key:?} is not valid; use letters, digits and _"
+        )))
+    }
+}
+
+/// Validates a path inside the sandbox for a file in or out and returns it relative to
+/// [`WORKDIR`]. Relative paths are taken under `/work`. Anything that would leave `/work`
+/// (`..`, another absolute root, NUL) is refused. Symlinks are refused later, at open time,
+/// by the code that opens the file inside the sandbox.
+pub fn validate_sandbox_path(path: &str) -> Result<String> {
+    let refuse = |reason: &str| {
+        Err(Error::PathRefused {
+            path: path.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    if path.is_empty() {
+        return refuse("empty path; give a path under /work");
+    }
+    if path.contains('\0') {
+        return refuse("contains a NUL byte");
+    }
+    if path.len() > 4096 {
+        return refuse("longer than 4096 bytes");
+    }
+    let rel = if let Some(rest) = path.strip_prefix(WORKDIR) {
+        if rest.is_empty() {
+            return refuse("names /work itself; give a file under it");
+        }
+        match rest.strip_prefix('/') {
+            Some(r) => r,
+            None => return refuse("outside /work; files in and out live under /work"),
+        }
+    } else if path.starts_with('/') {
+        return refuse("outside /work; files in and out live under /work");
+    } else {
+        path
+    };
+    let mut parts = Vec::new();
+    for comp in rel.split('/') {
+        match comp {
+            "" | "." => continue,
+            ".." => return refuse("contains '..'; give a path that stays under /work"),
+            c => parts.push(c),
+        }
+    }
+    if parts.is_empty() {
+        return refuse("names /work itself; give a file under it");
+    }
+    Ok(parts.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_paths() {
+        assert_eq!(validate_sandbox_path("/work/a.csv").unwrap(), "a.csv");
+        assert_eq!(validate_sandbox_path("a/b.txt").unwrap(), "a/b.txt");
+        assert_eq!(validate_sandbox_path("/work//x/./y").unwrap(), "x/y");
+        for bad in [
+            "/etc/passwd",
+            "/work/../etc/passwd",
+            "../x",
+            "a/../../b",
+            "/workx/a",
+            "/work",
+            "/work/",
+            "",
+            "a\0b",
+        ] {
+            assert!(validate_sandbox_path(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn tiers_and_languages_parse() {
+        for t in Tier::ALL {
+            assert_eq!(t.as_str().parse::<Tier>().unwrap(), t);
+        }
+        assert!("vm".parse::<Tier>().is_err());
+        assert_eq!("py".parse::<Language>().unwrap(), Language::Python);
+        assert!("cobol".parse::<Language>().is_err());
+    }
+
+    #[test]
+    fn spec_refuses_unknown_fields_and_bad_env() {
+        let err = serde_json::from_str::<SandboxSpec>(r#"{"tier":"container","privileged":true}"#);
+        assert!(err.is_err());
+        let mut spec = SandboxSpec::new(Tier::Container);
+        spec.env.insert("BAD NAME".into(), "x".into());
+        assert!(spec.validate().is_err());
+        let mut spec = SandboxSpec::new(Tier::Container);
+        spec.limits.timeout_ms = 0;
+        assert!(spec.validate().is_err());
+    }
+}

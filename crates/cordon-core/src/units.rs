@@ -1,0 +1,136 @@
+//! Parsers for the human units users type: sizes (`256M`, `1.5GiB`) and durations (`5s`, `250ms`).
+
+use std::time::Duration;
+
+/// Parses a byte size: a number with an optional unit. `k`, `M`, `G`, `T` (and the `KiB`,
+/// `MiB`, ... spellings) are powers of 1024, as memory limits are usually meant; `KB`, `MB`,
+/// `GB` with an explicit `B` after a capital are powers of 1000. A bare number is bytes.
+pub fn parse_size(input: &str) -> Result<u64, String> {
+    let s = input.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    if num.is_empty() {
+        return Err(format!(
+            "size {input:?} has no number; write it like 256M, 1G or 65536"
+        ));
+    }
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("size {input:?} is not a number; write it like 256M or 1.5G"))?;
+    let mult: f64 = match unit.trim() {
+        "" | "b" | "B" => 1.0,
+        "k" | "K" | "KiB" | "kiB" | "Ki" => 1024.0,
+        "m" | "M" | "MiB" | "Mi" => 1024.0 * 1024.0,
+        "g" | "G" | "GiB" | "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "T" | "TiB" | "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "kB" | "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        other => {
+            return Err(format!(
+                "size {input:?} has an unknown unit {other:?}; use k, M, G or T (powers of 1024)"
+            ));
+        }
+    };
+    let bytes = value * mult;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("size {input:?} is out of range"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Parses a duration: a number with `ms`, `s`, `m` or `h`; a bare number is seconds.
+pub fn parse_duration(input: &str) -> Result<Duration, String> {
+    let s = input.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    if num.is_empty() {
+        return Err(format!(
+            "duration {input:?} has no number; write it like 5s, 250ms or 2m"
+        ));
+    }
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("duration {input:?} is not a number; write it like 5s or 250ms"))?;
+    let secs = match unit.trim() {
+        "" | "s" | "sec" | "secs" => value,
+        "ms" => value / 1e3,
+        "us" | "µs" => value / 1e6,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!(
+                "duration {input:?} has an unknown unit {other:?}; use ms, s, m or h"
+            ));
+        }
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("duration {input:?} is out of range"))
+}
+
+/// Formats a byte count for people: `64.0 MiB`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+/// Formats a duration for people with a sensible unit.
+pub fn format_duration(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us < 1000.0 {
+        format!("{us:.0} µs")
+    } else if us < 1e6 {
+        format!("{:.2} ms", us / 1e3)
+    } else {
+        format!("{:.2} s", us / 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("10MB").unwrap(), 10_000_000);
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("-1M").is_err());
+        assert!(parse_size("1e400").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5 fortnights").is_err());
+    }
+
+    #[test]
+    fn formatting() {
+        assert_eq!(format_size(512), "512 B");
+        assert_eq!(format_size(64 << 20), "64.0 MiB");
+        assert_eq!(format_duration(Duration::from_micros(350)), "350 µs");
+    }
+}
