@@ -1,1 +1,55 @@
-fn main() {}
+//! `cordon`: run code an AI agent wrote inside a sandbox.
+
+mod backends;
+mod doctor;
+mod run;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cordon",
+    version,
+    about = "Run code an AI agent wrote behind a real wall",
+    long_about = "Cordon runs untrusted code on isolation tiers (runtime, wasm, container, gvisor, microvm) \
+                  with no ambient secrets, egress denied by default and enforced limits."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run code once in a fresh sandbox, then destroy it.
+    Run(Box<run::RunArgs>),
+    /// Show every tier: available or not, why, and the fix.
+    Doctor(doctor::DoctorArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CORDON_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let code = match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cordon: error: {e:#}");
+            125
+        }
+    };
+    std::process::exit(code);
+}
+
+fn dispatch(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Cmd::Run(args) => run::run(*args),
+        Cmd::Doctor(args) => doctor::doctor(args),
+    }
+}

@@ -1,1 +1,25 @@
-//! placeholder
+//! Cordon's `container` tier: fresh user, PID, mount, network, IPC, UTS and cgroup
+//! namespaces; `pivot_root` onto a read-only root built from the host's `/usr`; a seccomp
+//! filter kept as data; Landlock; cgroups v1 and v2; rlimits; an unprivileged user with no
+//! capabilities and `no_new_privs`. Fails closed when a layer cannot be applied.
+//!
+//! Host side: [`ContainerBackend`] creates sandboxes. Sandbox side: the `cordon-sandbox-init`
+//! binary ([`init::main`]) builds the sandbox and runs the agent from `cordon-guest`.
+
+mod backend;
+pub mod cgroup;
+pub mod init;
+pub mod landlock_rules;
+pub mod seccomp;
+mod sys;
+
+pub use backend::{ContainerBackend, ContainerConfig, ContainerSandbox};
+
+/// Errors of the container tier, converted into [`cordon_core::Error`] at the API boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    #[error("cgroup: {0}")]
+    Cgroup(String),
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+}

@@ -18,6 +18,14 @@ pub enum Command {
     },
     /// A program and its arguments, run without a shell.
     Argv(Vec<String>),
+    /// A WebAssembly program: a WASI preview 1 command module or a preview 2 command
+    /// component, given as its bytes (never a host path: the caller reads the file).
+    /// Only the wasm tier runs it; `args` follow the program name in its argv.
+    Wasm {
+        module: Vec<u8>,
+        #[serde(default)]
+        args: Vec<String>,
+    },
 }
 
 /// One execution inside an existing sandbox.
@@ -54,6 +62,11 @@ impl ExecRequest {
         S: Into<String>,
     {
         Self::new(Command::Argv(argv.into_iter().map(Into::into).collect()))
+    }
+
+    /// Runs a WebAssembly module or component (wasm tier only).
+    pub fn wasm(module: Vec<u8>, args: Vec<String>) -> Self {
+        Self::new(Command::Wasm { module, args })
     }
 
     pub fn new(command: Command) -> Self {

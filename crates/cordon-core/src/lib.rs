@@ -8,6 +8,7 @@
 mod backend;
 mod error;
 mod exec;
+mod run;
 mod spec;
 pub mod units;
 
@@ -16,6 +17,7 @@ pub use error::{Error, Result};
 pub use exec::{
     Command, ExecOutcome, ExecRequest, OutputStream, Termination, Timings, Usage, exit_code_for,
 };
+pub use run::{FileIn, FileOut, run_once};
 pub use spec::{
     EgressPolicy, Grant, GrantSecret, Language, Limits, SandboxSpec, Tier, WORKDIR, Weakening,
     validate_sandbox_path,

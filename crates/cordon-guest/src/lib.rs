@@ -1,1 +1,9 @@
-//! placeholder
+//! The Cordon agent: runs inside a sandbox (as the container tier's init, or as the microVM
+//! guest's agent) and serves the host over a length-prefixed, versioned protocol ([`proto`]).
+//! Everything the host sends is checked; malformed frames are rejected.
+
+pub mod agent;
+pub mod proto;
+pub mod sys;
+
+pub use agent::{Agent, AgentConfig, Confine};

@@ -1,0 +1,318 @@
+//! `cordon run`: one execution in a fresh sandbox.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use cordon_core::units::{format_duration, format_size, parse_duration, parse_size};
+use cordon_core::{
+    Command, ExecOutcome, ExecRequest, FileIn, Language, OutputStream, SandboxSpec, Tier,
+    Weakening, exit_code_for, run_once,
+};
+
+use crate::backends::AnyBackend;
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+EXIT STATUS
+  The program's own exit status; 128+N when a signal N ended it; otherwise one code per
+  reason: timeout 124, out-of-memory 137, process-limit 122, output-limit 121,
+  disk-limit 120, killed 143, sandbox-failure 125. Cordon's own errors (bad flags, a tier
+  that is unavailable, a wall that cannot be applied) also exit 125.
+
+EXAMPLES
+  cordon run --lang python -c 'print(2+2)'
+  cordon run --lang bash --timeout 5s --memory 256M --pids 64 --disk 64M \\
+             --file data.csv:/work/data.csv --out /work/result.json:./result.json \\
+             -- 'wc -l data.csv > result.json'
+  cordon run --json -- ls -la /")]
+pub struct RunArgs {
+    /// Isolation tier.
+    #[arg(long, default_value = "container")]
+    tier: Tier,
+    /// Language of the code (python, bash, sh, javascript). Without it, the arguments after
+    /// `--` are a program and its arguments, run without a shell.
+    #[arg(long)]
+    lang: Option<Language>,
+    /// The code to run (with --lang).
+    #[arg(short = 'c', long = "code", value_name = "CODE")]
+    code: Option<String>,
+    /// Read the code from a host file (with --lang).
+    #[arg(long, value_name = "FILE", conflicts_with = "code")]
+    script: Option<PathBuf>,
+    /// Wall-clock limit, e.g. 5s, 250ms, 2m.
+    #[arg(long, value_parser = parse_duration_arg)]
+    timeout: Option<std::time::Duration>,
+    /// Memory limit of the whole sandbox, e.g. 256M.
+    #[arg(long, value_parser = parse_size)]
+    memory: Option<u64>,
+    /// Most processes and threads at once.
+    #[arg(long)]
+    pids: Option<u32>,
+    /// Size of the writable workspace /work, e.g. 64M.
+    #[arg(long, value_parser = parse_size)]
+    disk: Option<u64>,
+    /// Size of /tmp, e.g. 64M.
+    #[arg(long, value_parser = parse_size)]
+    tmp: Option<u64>,
+    /// CPU quota in CPUs, e.g. 0.5 or 2.
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// Most bytes kept of stdout and of stderr; more stops the program (output-limit).
+    #[arg(long, value_parser = parse_size)]
+    output_limit: Option<u64>,
+    /// Environment for the program, KEY=VALUE (repeatable). Nothing else of the host's
+    /// environment enters the sandbox.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Copy a host file in: HOST_PATH:SANDBOX_PATH (under /work; repeatable).
+    #[arg(long = "file", value_name = "HOST:SANDBOX")]
+    files: Vec<String>,
+    /// Copy a file out after the run: SANDBOX_PATH:HOST_PATH (repeatable). Paths outside
+    /// /work and symlinks are refused.
+    #[arg(long = "out", value_name = "SANDBOX:HOST")]
+    outs: Vec<String>,
+    /// Largest file taken out, e.g. 16M.
+    #[arg(long, value_parser = parse_size, default_value = "16M")]
+    max_out_file: u64,
+    /// Feed this host file to the program's stdin ('-' for Cordon's own stdin).
+    #[arg(long, value_name = "FILE")]
+    stdin: Option<String>,
+    /// Run even if this wall cannot be applied (landlock, seccomp, cgroups); the result is
+    /// marked weaker. Repeatable.
+    #[arg(long = "allow-weaker", value_name = "LAYER")]
+    allow_weaker: Vec<Weakening>,
+    /// Print one JSON object (exit, signal, termination, stdout, stderr, usage, timings)
+    /// instead of streaming output.
+    #[arg(long)]
+    json: bool,
+    /// The code (with --lang and no -c) followed by its arguments, or a program and its
+    /// arguments.
+    #[arg(last = true, value_name = "ARGS")]
+    args: Vec<String>,
+}
+
+fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    parse_duration(s)
+}
+
+fn split_pair<'a>(s: &'a str, what: &str) -> Result<(&'a str, &'a str)> {
+    s.split_once(':')
+        .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+        .ok_or_else(|| anyhow!("{what} {s:?} must look like FROM:TO"))
+}
+
+fn build_request(args: &RunArgs) -> Result<ExecRequest> {
+    let command = match args.lang {
+        Some(language) => {
+            let (source, rest) = if let Some(c) = &args.code {
+                (c.clone(), args.args.clone())
+            } else if let Some(p) = &args.script {
+                let src = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading the script {}", p.display()))?;
+                (src, args.args.clone())
+            } else if let Some((first, rest)) = args.args.split_first() {
+                (first.clone(), rest.to_vec())
+            } else {
+                bail!("no code given: pass -c CODE, --script FILE, or the code after --");
+            };
+            Command::Code {
+                language,
+                source,
+                args: rest,
+            }
+        }
+        None => {
+            if args.code.is_some() || args.script.is_some() {
+                bail!("-c and --script need --lang (python, bash, sh or javascript)");
+            }
+            if args.args.is_empty() {
+                bail!("nothing to run: give --lang and code, or a program after --");
+            }
+            Command::Argv(args.args.clone())
+        }
+    };
+    let mut req = ExecRequest::new(command);
+    if let Some(s) = &args.stdin {
+        let mut data = Vec::new();
+        if s == "-" {
+            std::io::stdin()
+                .read_to_end(&mut data)
+                .context("reading stdin")?;
+        } else {
+            data = std::fs::read(s).with_context(|| format!("reading {s} for stdin"))?;
+        }
+        req.stdin = Some(data);
+    }
+    Ok(req)
+}
+
+fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
+    let mut spec = SandboxSpec::new(args.tier);
+    let l = &mut spec.limits;
+    if let Some(t) = args.timeout {
+        l.timeout_ms = t.as_millis().max(1) as u64;
+    }
+    if let Some(v) = args.memory {
+        l.memory_bytes = v;
+    }
+    if let Some(v) = args.pids {
+        l.pids = v;
+    }
+    if let Some(v) = args.disk {
+        l.disk_bytes = v;
+    }
+    if let Some(v) = args.tmp {
+        l.tmp_bytes = v;
+    }
+    if let Some(v) = args.cpus {
+        l.cpus = v;
+    }
+    if let Some(v) = args.output_limit {
+        l.stdout_bytes = v;
+        l.stderr_bytes = v;
+    }
+    for kv in &args.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--env {kv:?} must look like KEY=VALUE"))?;
+        spec.env.insert(k.to_string(), v.to_string());
+    }
+    spec.allow_weaker = args.allow_weaker.iter().copied().collect();
+    spec.validate()?;
+    Ok(spec)
+}
+
+pub fn run(args: RunArgs) -> Result<i32> {
+    let spec = build_spec(&args)?;
+    let req = build_request(&args)?;
+    let mut files_in = Vec::new();
+    for f in &args.files {
+        let (host, inside) = split_pair(f, "--file")?;
+        let data = std::fs::read(host).with_context(|| format!("reading {host} for --file"))?;
+        cordon_core::validate_sandbox_path(inside)?;
+        files_in.push(FileIn {
+            path: inside.to_string(),
+            data,
+            mode: 0o644,
+        });
+    }
+    let mut outs = Vec::new();
+    for o in &args.outs {
+        let (inside, host) = split_pair(o, "--out")?;
+        cordon_core::validate_sandbox_path(inside)?;
+        outs.push((inside.to_string(), PathBuf::from(host)));
+    }
+    let backend = AnyBackend::for_tier(args.tier).ok_or_else(|| {
+        anyhow!(
+            "the {} tier is not part of this build of cordon yet; `cordon doctor` lists the tiers",
+            args.tier
+        )
+    })?;
+    let json = args.json;
+    let mut stdout = std::io::stdout();
+    let mut stderr = std::io::stderr();
+    let mut sink = |stream: OutputStream, data: &[u8]| {
+        if json {
+            return;
+        }
+        let _ = match stream {
+            OutputStream::Stdout => stdout.write_all(data).and_then(|_| stdout.flush()),
+            OutputStream::Stderr => stderr.write_all(data).and_then(|_| stderr.flush()),
+        };
+    };
+    let out_paths: Vec<String> = outs.iter().map(|(p, _)| p.clone()).collect();
+    let (outcome, fetched) = run_once(
+        &backend,
+        &spec,
+        &files_in,
+        &req,
+        &out_paths,
+        args.max_out_file,
+        &mut sink,
+    )?;
+    let mut file_errors = Vec::new();
+    let mut written = Vec::new();
+    for (f, (_, host)) in fetched.into_iter().zip(&outs) {
+        match f.data {
+            Ok(data) => match write_atomically(host, &data) {
+                Ok(()) => written.push((f.path, host.display().to_string(), data.len())),
+                Err(e) => file_errors.push(format!("{} -> {}: {e:#}", f.path, host.display())),
+            },
+            Err(e) => file_errors.push(format!("{}: {e}", f.path)),
+        }
+    }
+    if json {
+        let mut v = serde_json::to_value(&outcome)?;
+        v["exit_status"] = serde_json::json!(exit_code_for(&outcome));
+        v["files_out"] = serde_json::json!(
+            written
+                .iter()
+                .map(|(p, h, n)| serde_json::json!({"path": p, "host_path": h, "bytes": n}))
+                .collect::<Vec<_>>()
+        );
+        v["file_errors"] = serde_json::json!(file_errors);
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        print_summary(&outcome, &written, &file_errors);
+    }
+    if !file_errors.is_empty() && outcome.success() {
+        return Ok(125);
+    }
+    Ok(exit_code_for(&outcome))
+}
+
+fn write_atomically(dest: &Path, data: &[u8]) -> Result<()> {
+    let dir = dest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = dest
+        .file_name()
+        .ok_or_else(|| anyhow!("{} names no file", dest.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.cordon-tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, dest).with_context(|| format!("renaming into {}", dest.display()))?;
+    Ok(())
+}
+
+fn print_summary(o: &ExecOutcome, written: &[(String, String, usize)], errors: &[String]) {
+    let us = |v: u64| format_duration(std::time::Duration::from_micros(v));
+    let how = match o.termination {
+        cordon_core::Termination::Exited => format!("exited {}", o.exit_code.unwrap_or(-1)),
+        cordon_core::Termination::Signalled => {
+            format!("killed by signal {}", o.signal.unwrap_or(0))
+        }
+        t => format!("stopped: {t}"),
+    };
+    let mut line = format!(
+        "cordon: {how} · {} tier · start {} · run {} · cpu {} · peak memory {}",
+        o.tier,
+        us(o.timings.start_us),
+        us(o.timings.run_us),
+        us(o.usage.cpu_time_us),
+        format_size(o.usage.peak_memory_bytes)
+    );
+    if o.stdout_truncated || o.stderr_truncated {
+        line.push_str(" · output truncated");
+    }
+    eprintln!("{line}");
+    if !o.weakened.is_empty() {
+        let names: Vec<String> = o.weakened.iter().map(|w| w.to_string()).collect();
+        eprintln!("cordon: WEAKER RUN: without {}", names.join(", "));
+    }
+    for w in &o.warnings {
+        eprintln!("cordon: warning: {w}");
+    }
+    for (p, h, n) in written {
+        eprintln!("cordon: wrote {p} -> {h} ({})", format_size(*n as u64));
+    }
+    for e in errors {
+        eprintln!("cordon: file out failed: {e}");
+    }
+}

@@ -1,0 +1,907 @@
+//! Host side of the container tier.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use cordon_core::{
+    Backend, Capability, Error, ExecOutcome, ExecRequest, Language, OutputSink, OutputStream,
+    Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier, Weakening,
+};
+use cordon_guest::proto::{
+    self, ErrorCode, FrameBuffer, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode,
+};
+use nix::fcntl::OFlag;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+
+use crate::cgroup::{self, SandboxCgroup};
+use crate::init::InitSetup;
+use crate::landlock_rules;
+use crate::seccomp::SeccompPolicy;
+
+/// Where the sandbox init binary is and how sandboxes are set up.
+#[derive(Debug, Clone)]
+pub struct ContainerConfig {
+    /// The `cordon-sandbox-init` binary.
+    pub init_path: PathBuf,
+    /// Host uid/gid the sandbox's root maps to (65536 ids from here are mapped).
+    pub id_base: u32,
+    /// The uid programs run as inside.
+    pub sandbox_uid: u32,
+    pub hostname: String,
+    /// How long a sandbox may take to come up before creation fails.
+    pub start_timeout: Duration,
+}
+
+/// Name of the init binary, looked up next to the running executable.
+pub const INIT_BINARY: &str = "cordon-sandbox-init";
+
+impl ContainerConfig {
+    /// Finds the init binary: `$CORDON_SANDBOX_INIT`, else next to the current executable
+    /// (or its parent, for test binaries under `deps/`).
+    pub fn discover() -> Self {
+        let init_path = std::env::var_os("CORDON_SANDBOX_INIT")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let exe = std::env::current_exe().ok()?;
+                let dir = exe.parent()?;
+                [dir.join(INIT_BINARY), dir.parent()?.join(INIT_BINARY)]
+                    .into_iter()
+                    .find(|p| p.is_file())
+            })
+            .unwrap_or_else(|| PathBuf::from(INIT_BINARY));
+        Self::with_init(init_path)
+    }
+
+    pub fn with_init(init_path: PathBuf) -> Self {
+        ContainerConfig {
+            init_path,
+            id_base: 0x7ffe_0000,
+            sandbox_uid: 1000,
+            hostname: "sandbox".to_string(),
+            start_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The container tier.
+pub struct ContainerBackend {
+    cfg: ContainerConfig,
+    seccomp: OnceLock<std::result::Result<SeccompPolicy, String>>,
+    landlock: OnceLock<std::result::Result<i32, String>>,
+}
+
+impl ContainerBackend {
+    pub fn new(cfg: ContainerConfig) -> Self {
+        ContainerBackend {
+            cfg,
+            seccomp: OnceLock::new(),
+            landlock: OnceLock::new(),
+        }
+    }
+
+    fn seccomp(&self) -> &std::result::Result<SeccompPolicy, String> {
+        self.seccomp
+            .get_or_init(|| SeccompPolicy::default_policy().map_err(|e| e.to_string()))
+    }
+
+    fn landlock_abi(&self) -> &std::result::Result<i32, String> {
+        self.landlock.get_or_init(landlock_rules::probe)
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+impl Backend for ContainerBackend {
+    fn tier(&self) -> Tier {
+        Tier::Container
+    }
+
+    fn probe(&self) -> Probe {
+        let mut caps = Vec::new();
+        caps.push(if self.cfg.init_path.is_file() {
+            Capability::ok("sandbox init binary", self.cfg.init_path.display().to_string())
+        } else {
+            Capability::missing(
+                "sandbox init binary",
+                format!("{} not found", self.cfg.init_path.display()),
+                "build it (`cargo build --release`) and keep it next to `cordon`, or set CORDON_SANDBOX_INIT",
+            )
+        });
+        caps.push(if is_root() {
+            Capability::ok("root", "running as root: id maps and cgroups can be set up")
+        } else {
+            Capability::missing(
+                "root",
+                "not running as root",
+                "run Cordon as root (rootless mode is not supported yet)",
+            )
+        });
+        caps.push(match userns_works() {
+            Ok(()) => Capability::ok("user namespaces", "a user+pid+mount+net namespace can be created"),
+            Err(e) => Capability::missing(
+                "user namespaces",
+                e,
+                "enable them: sysctl user.max_user_namespaces=10000 (and kernel.unprivileged_userns_clone=1 on Debian kernels)",
+            ),
+        });
+        let mut landlock = match self.landlock_abi() {
+            Ok(abi) if *abi >= 4 => Capability::ok("landlock", format!("ABI {abi}")),
+            Ok(abi) => Capability::missing(
+                "landlock",
+                format!("ABI {abi}, need 4 (filesystem + TCP rules)"),
+                "use a Linux 6.7+ kernel, or pass --allow-weaker landlock",
+            ),
+            Err(e) => Capability::missing(
+                "landlock",
+                e.clone(),
+                "boot with Landlock enabled (lsm=...,landlock), or pass --allow-weaker landlock",
+            ),
+        };
+        landlock.required = true;
+        caps.push(landlock);
+        caps.push(match self.seccomp() {
+            Ok(p) => Capability::ok(
+                "seccomp",
+                format!("policy v1 compiled to {} filters", p.programs.len()),
+            ),
+            Err(e) => Capability::missing("seccomp", e.clone(), "fix policy/seccomp.json"),
+        });
+        caps.push(match cgroup_probe() {
+            Ok(d) => Capability::ok("cgroups", d),
+            Err(e) => Capability::missing(
+                "cgroups",
+                e,
+                "mount the memory, pids and cpu controllers (v1) or enable them in the root subtree_control (v2), run as root; or pass --allow-weaker cgroups",
+            ),
+        });
+        let mut py = if std::path::Path::new("/usr/bin/python3").exists() {
+            Capability::ok("python3 in /usr", "/usr/bin/python3")
+        } else {
+            Capability::missing("python3 in /usr", "absent", "apt-get install python3")
+        };
+        py.required = false;
+        caps.push(py);
+        let notes = vec![
+            "one shared kernel: good hygiene against accidents, not a boundary against an adversary; use gvisor or microvm for untrusted input".to_string(),
+        ];
+        Probe::from_capabilities(Tier::Container, caps, notes)
+    }
+
+    fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        Ok(Box::new(self.create_sandbox(spec)?))
+    }
+}
+
+fn userns_works() -> std::result::Result<(), String> {
+    use cordon_guest::sys::{Forked, fork_into};
+    match fork_into(
+        libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWNET,
+    ) {
+        Ok(Forked::Child) => cordon_guest::sys::exit_now(0),
+        Ok(Forked::Parent(pid)) => {
+            let _ = nix::sys::wait::waitpid(pid, None);
+            Ok(())
+        }
+        Err(e) => Err(format!("cannot create namespaces: {e}")),
+    }
+}
+
+fn cgroup_probe() -> std::result::Result<String, String> {
+    let version = cgroup::host_version();
+    let name = format!("probe-{}", std::process::id());
+    let cg = SandboxCgroup::create(&name, 64 << 20, 8, 0.5).map_err(|e| e.to_string())?;
+    cg.remove();
+    Ok(format!("{version:?}: memory, pids, cpu"))
+}
+
+impl ContainerBackend {
+    pub fn create_sandbox(&self, spec: &SandboxSpec) -> Result<ContainerSandbox> {
+        let t0 = Instant::now();
+        spec.validate()?;
+        if spec.tier != Tier::Container {
+            return Err(Error::Invalid(format!(
+                "the container backend was asked for a {} sandbox",
+                spec.tier
+            )));
+        }
+        let mut weakened = Vec::new();
+        let mut warnings = Vec::new();
+        let allow = |w: Weakening| spec.allow_weaker.contains(&w);
+        let landlock = match self.landlock_abi() {
+            Ok(abi) if *abi >= landlock_rules::REQUIRED_ABI as i32 => true,
+            other => {
+                let reason = match other {
+                    Ok(abi) => format!("kernel Landlock ABI {abi} < 4"),
+                    Err(e) => e.clone(),
+                };
+                if !allow(Weakening::Landlock) {
+                    return Err(Error::LayerUnavailable {
+                        layer: "landlock".into(),
+                        reason,
+                    });
+                }
+                weakened.push(Weakening::Landlock);
+                warnings.push(format!("running without Landlock: {reason}"));
+                false
+            }
+        };
+        let seccomp = match self.seccomp() {
+            Ok(p) => Some(p.to_wire()),
+            Err(e) => {
+                if !allow(Weakening::Seccomp) {
+                    return Err(Error::LayerUnavailable {
+                        layer: "seccomp".into(),
+                        reason: e.clone(),
+                    });
+                }
+                weakened.push(Weakening::Seccomp);
+                warnings.push(format!("running without seccomp: {e}"));
+                None
+            }
+        };
+        let id = SandboxId::random()?;
+        let limits = &spec.limits;
+        let cg =
+            match SandboxCgroup::create(id.as_str(), limits.memory_bytes, limits.pids, limits.cpus)
+            {
+                Ok(cg) => Some(cg),
+                Err(e) => {
+                    if !allow(Weakening::Cgroups) {
+                        return Err(Error::LayerUnavailable {
+                            layer: "cgroups".into(),
+                            reason: e.to_string(),
+                        });
+                    }
+                    weakened.push(Weakening::Cgroups);
+                    warnings.push(format!(
+                    "running without cgroups ({e}): memory, process and CPU limits are rlimits only"
+                ));
+                    None
+                }
+            };
+        let setup = InitSetup {
+            id_base: self.cfg.id_base,
+            id_count: 65536,
+            sandbox_uid: self.cfg.sandbox_uid,
+            cgroup_procs: cg.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
+            hostname: self.cfg.hostname.clone(),
+            disk_bytes: limits.disk_bytes,
+            tmp_bytes: limits.tmp_bytes,
+            landlock,
+            seccomp,
+            extra_files: Vec::new(),
+            connect_port: None,
+        };
+        let mut sb = ContainerSandbox {
+            id,
+            spec: spec.clone(),
+            outer: None,
+            ctrl: None,
+            cgroup: cg,
+            start_us: 0,
+            weakened,
+            warnings,
+            gone: None,
+            next_exec: 1,
+        };
+        if let Err(e) = sb.start(&self.cfg, &setup) {
+            sb.teardown();
+            return Err(e);
+        }
+        sb.start_us = t0.elapsed().as_micros() as u64;
+        Ok(sb)
+    }
+}
+
+/// One container sandbox.
+pub struct ContainerSandbox {
+    id: SandboxId,
+    spec: SandboxSpec,
+    outer: Option<Child>,
+    ctrl: Option<UnixStream>,
+    cgroup: Option<SandboxCgroup>,
+    start_us: u64,
+    weakened: Vec<Weakening>,
+    warnings: Vec<String>,
+    /// Set once the sandbox can no longer be used, with the reason.
+    gone: Option<String>,
+    next_exec: u64,
+}
+
+fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Sandbox(format!("{what}: {e}"))
+}
+
+impl ContainerSandbox {
+    fn start(&mut self, cfg: &ContainerConfig, setup: &InitSetup) -> Result<()> {
+        let (host, child) =
+            UnixStream::pair().map_err(|e| Error::io("creating the agent socket", e))?;
+        let mut cmd = Command::new(&cfg.init_path);
+        cmd.env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        crate::sys::pass_fd_as_3(&mut cmd, OwnedFd::from(child));
+        let outer = cmd.spawn().map_err(|e| Error::Unavailable {
+            tier: Tier::Container,
+            reason: format!("cannot start {}: {e}", cfg.init_path.display()),
+            fix: "build cordon-sandbox-init and keep it next to cordon, or set CORDON_SANDBOX_INIT"
+                .into(),
+        })?;
+        drop(cmd);
+        self.outer = Some(outer);
+        let mut host = host;
+        proto::write_frame(&mut host, setup, b"")
+            .map_err(|e| sandbox_err("sending the setup", e))?;
+        host.set_read_timeout(Some(cfg.start_timeout))
+            .map_err(|e| Error::io("agent socket", e))?;
+        let hello = proto::read_frame::<Reply>(&mut host);
+        host.set_read_timeout(None)
+            .map_err(|e| Error::io("agent socket", e))?;
+        match hello {
+            Ok(f) => match f.header {
+                Reply::Hello { version, .. } if version == PROTOCOL_VERSION => {}
+                Reply::Hello { version, .. } => {
+                    return Err(Error::Sandbox(format!(
+                        "sandbox init speaks protocol {version}, this cordon {PROTOCOL_VERSION}; rebuild both from one source tree"
+                    )));
+                }
+                Reply::Error { message, .. } => {
+                    return Err(Error::Sandbox(format!(
+                        "the sandbox could not be built: {message}"
+                    )));
+                }
+                other => {
+                    return Err(sandbox_err(
+                        "unexpected first message from the sandbox",
+                        format!("{other:?}"),
+                    ));
+                }
+            },
+            Err(e) => return Err(sandbox_err("the sandbox did not come up", e)),
+        }
+        self.ctrl = Some(host);
+        Ok(())
+    }
+
+    fn ctrl(&mut self) -> Result<&mut UnixStream> {
+        if let Some(reason) = &self.gone {
+            return Err(Error::Gone {
+                id: self.id.to_string(),
+                reason: reason.clone(),
+            });
+        }
+        self.ctrl.as_mut().ok_or_else(|| Error::Gone {
+            id: self.id.to_string(),
+            reason: "destroyed".into(),
+        })
+    }
+
+    /// Sends one request and waits for its single reply (file operations).
+    fn call(&mut self, req: &Request, body: &[u8]) -> Result<proto::Frame<Reply>> {
+        let ctrl = self.ctrl()?;
+        proto::write_frame(ctrl, req, body)
+            .map_err(|e| sandbox_err("talking to the sandbox", e))?;
+        match proto::read_frame::<Reply>(ctrl) {
+            Ok(f) => Ok(f),
+            Err(e) => {
+                self.gone = Some(format!("the sandbox agent stopped ({e})"));
+                Err(sandbox_err("the sandbox agent stopped", e))
+            }
+        }
+    }
+
+    fn argv_for(req: &ExecRequest) -> Result<Vec<String>> {
+        Ok(match &req.command {
+            cordon_core::Command::Argv(v) => {
+                if v.is_empty() {
+                    return Err(Error::Invalid(
+                        "empty command; give a program to run".into(),
+                    ));
+                }
+                v.clone()
+            }
+            cordon_core::Command::Code {
+                language,
+                source,
+                args,
+            } => {
+                let mut v: Vec<String> = match language {
+                    Language::Python => vec!["python3".into(), "-c".into(), source.clone()],
+                    Language::Bash => {
+                        vec!["bash".into(), "-c".into(), source.clone(), "bash".into()]
+                    }
+                    Language::Sh => vec!["sh".into(), "-c".into(), source.clone(), "sh".into()],
+                    Language::Javascript => vec!["node".into(), "-e".into(), source.clone()],
+                };
+                v.extend(args.iter().cloned());
+                v
+            }
+            #[allow(unreachable_patterns)]
+            other => {
+                return Err(Error::Invalid(format!(
+                    "the container tier cannot run {other:?}; use the tier made for it"
+                )));
+            }
+        })
+    }
+
+    fn env_for(&self, req: &ExecRequest) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        env.insert(
+            "PATH".to_string(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        );
+        env.insert("HOME".to_string(), "/work".to_string());
+        env.insert("LANG".to_string(), "C.UTF-8".to_string());
+        env.extend(self.spec.env.clone());
+        env.extend(req.env.clone());
+        env
+    }
+
+    /// Kills everything and removes what the sandbox left on the host.
+    fn teardown(&mut self) {
+        if let Some(mut outer) = self.outer.take() {
+            let _ = outer.kill();
+            let _ = outer.wait();
+        }
+        if let Some(mut ctrl) = self.ctrl.take() {
+            // The agent holds the other end; EOF means it is gone.
+            let _ = ctrl.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut sink = [0u8; 4096];
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                match ctrl.read(&mut sink) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => continue,
+                }
+            }
+        }
+        if let Some(cg) = self.cgroup.take()
+            && !cg.kill_and_remove(Duration::from_secs(5))
+        {
+            tracing::warn!(sandbox = %self.id, "cgroup could not be removed; the next `cordon serve` start reaps it");
+        }
+    }
+
+    fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        let argv = Self::argv_for(req)?;
+        let env = self.env_for(req);
+        let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());
+        let limits = self.spec.limits.clone();
+        let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(limits.timeout_ms));
+        let id = self.next_exec;
+        self.next_exec += 1;
+        let pipe = || {
+            nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::io("creating a pipe", e.into()))
+        };
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let before = self.cgroup.as_ref().map(|c| {
+            c.reset_peak();
+            c.counters()
+        });
+        let t0 = Instant::now();
+        let request = Request::Exec {
+            id,
+            argv,
+            env,
+            cwd,
+            stdio: StdioMode::Passed,
+            limits: ProcLimits {
+                open_files: limits.open_files,
+                file_size: limits.disk_bytes,
+                address_space: 0,
+            },
+        };
+        let bytes = proto::encode(&request, b"").map_err(|e| Error::Invalid(e.to_string()))?;
+        {
+            let ctrl = self.ctrl()?;
+            let fds = [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()];
+            let iov = [IoSlice::new(&bytes)];
+            let cmsg = [ControlMessage::ScmRights(&fds)];
+            let sent = sendmsg::<()>(ctrl.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
+                .map_err(|e| sandbox_err("sending the exec", e))?;
+            if sent < bytes.len() {
+                ctrl.write_all(&bytes[sent..])
+                    .map_err(|e| sandbox_err("sending the exec", e))?;
+            }
+        }
+        drop((in_r, out_w, err_w));
+        let stdin_data = req.stdin.clone().unwrap_or_default();
+        let mut ex = ExecIo {
+            stdout: Some(File::from(out_r)),
+            stderr: Some(File::from(err_r)),
+            stdin: if stdin_data.is_empty() {
+                None
+            } else {
+                Some(File::from(in_w))
+            },
+            stdin_data,
+            stdin_off: 0,
+            out: Vec::new(),
+            err: Vec::new(),
+            out_trunc: false,
+            err_trunc: false,
+            out_cap: limits.stdout_bytes,
+            err_cap: limits.stderr_bytes,
+        };
+        if let Some(f) = &ex.stdin {
+            let _ = nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+        }
+        let deadline = t0 + timeout;
+        let mut reason: Option<Termination> = None;
+        let mut kill_sent_at: Option<Instant> = None;
+        let mut exited: Option<Reply> = None;
+        let mut frames = FrameBuffer::default();
+        let mut agent_lost = false;
+        let mut last_pids_check = Instant::now();
+        loop {
+            let now = Instant::now();
+            // Our own reasons to stop the program.
+            if reason.is_none() {
+                if now >= deadline {
+                    reason = Some(Termination::Timeout);
+                } else if ex.out_trunc || ex.err_trunc {
+                    reason = Some(Termination::OutputLimit);
+                } else if now.duration_since(last_pids_check) >= Duration::from_millis(20) {
+                    last_pids_check = now;
+                    if let (Some(cg), Some(b)) = (&self.cgroup, &before)
+                        && cg.counters().pids_max_hits > b.pids_max_hits
+                    {
+                        reason = Some(Termination::ProcessLimit);
+                    }
+                }
+            }
+            if reason.is_some() && kill_sent_at.is_none() && exited.is_none() {
+                kill_sent_at = Some(now);
+                let _ = proto::write_frame(self.ctrl()?, &Request::Kill { id }, b"");
+            }
+            if exited.is_some() && ex.stdout.is_none() && ex.stderr.is_none() {
+                break;
+            }
+            if agent_lost {
+                break;
+            }
+            // A program that will not die, or an agent that stopped answering: end the sandbox.
+            if let Some(k) = kill_sent_at
+                && exited.is_none()
+                && now.duration_since(k) > Duration::from_secs(3)
+            {
+                self.gone = Some("its agent did not answer a kill".into());
+                self.teardown();
+                break;
+            }
+            if let Some(_e) = &exited
+                && now > deadline + Duration::from_secs(2)
+            {
+                // Output pipes still open after the program was reaped: give up on the rest.
+                break;
+            }
+            let wait_ms = if exited.is_some() {
+                50
+            } else {
+                let left = deadline.saturating_duration_since(now).as_millis() as u64;
+                left.clamp(1, 20)
+            };
+            let mut ready = [false; 4];
+            {
+                let ctrl = self.ctrl()?;
+                let mut fds = vec![PollFd::new(ctrl.as_fd(), PollFlags::POLLIN)];
+                let mut map = vec![0usize];
+                for (k, f) in [&ex.stdout, &ex.stderr].into_iter().enumerate() {
+                    if let Some(f) = f {
+                        fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+                        map.push(k + 1);
+                    }
+                }
+                if let Some(f) = &ex.stdin {
+                    fds.push(PollFd::new(f.as_fd(), PollFlags::POLLOUT));
+                    map.push(3);
+                }
+                match poll(&mut fds, PollTimeout::from(wait_ms as u16)) {
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                    Err(e) => return Err(sandbox_err("waiting for the program", e)),
+                }
+                for (i, fd) in fds.iter().enumerate() {
+                    if fd.revents().is_some_and(|r| !r.is_empty()) {
+                        ready[map[i]] = true;
+                    }
+                }
+            }
+            if ready[1] {
+                ex.read_stream(OutputStream::Stdout, sink);
+            }
+            if ready[2] {
+                ex.read_stream(OutputStream::Stderr, sink);
+            }
+            if ready[3] {
+                ex.write_stdin();
+            }
+            if ready[0] {
+                let mut buf = [0u8; 8192];
+                let n = match self.ctrl()?.read(&mut buf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => 0,
+                };
+                if n == 0 {
+                    agent_lost = true;
+                    self.gone = Some("its agent exited".into());
+                    continue;
+                }
+                frames.push(&buf[..n]);
+                loop {
+                    match frames.next_frame::<Reply>() {
+                        Ok(Some(f)) => match f.header {
+                            Reply::Started { .. } => {}
+                            r @ Reply::Exited { .. } => exited = Some(r),
+                            Reply::Error { code, message } => {
+                                let spawn_refused = code == ErrorCode::SpawnFailed;
+                                let pids_hit = match (&self.cgroup, &before) {
+                                    (Some(cg), Some(b)) => {
+                                        cg.counters().pids_max_hits > b.pids_max_hits
+                                    }
+                                    _ => false,
+                                };
+                                if spawn_refused && pids_hit {
+                                    let mut o = ExecOutcome::new(
+                                        Tier::Container,
+                                        Termination::ProcessLimit,
+                                    );
+                                    o.stderr = format!("cordon: {message}\n").into_bytes();
+                                    return Ok(o);
+                                }
+                                return Err(Error::Sandbox(format!(
+                                    "the program could not be started: {message}"
+                                )));
+                            }
+                            other => {
+                                return Err(sandbox_err(
+                                    "unexpected message from the sandbox",
+                                    format!("{other:?}"),
+                                ));
+                            }
+                        },
+                        Ok(None) => break,
+                        Err(e) => {
+                            self.gone = Some(format!("its agent sent a malformed frame ({e})"));
+                            self.teardown();
+                            return Err(sandbox_err("malformed frame from the sandbox agent", e));
+                        }
+                    }
+                }
+            }
+        }
+        let wall = t0.elapsed();
+        let after = self.cgroup.as_ref().map(|c| c.counters());
+        let mut o = ExecOutcome::new(Tier::Container, Termination::Exited);
+        o.stdout = std::mem::take(&mut ex.out);
+        o.stderr = std::mem::take(&mut ex.err);
+        o.stdout_truncated = ex.out_trunc;
+        o.stderr_truncated = ex.err_trunc;
+        o.weakened = self.weakened.clone();
+        o.warnings = self.warnings.clone();
+        o.usage.wall_time_us = wall.as_micros() as u64;
+        o.timings.run_us = wall.as_micros() as u64;
+        let (mut disk_full, mut agent_cpu, mut rss) = (false, 0, 0);
+        if let Some(Reply::Exited {
+            code,
+            signal,
+            cpu_us,
+            max_rss_bytes,
+            disk_full: full,
+            ..
+        }) = exited
+        {
+            o.exit_code = code;
+            o.signal = signal;
+            disk_full = full;
+            agent_cpu = cpu_us;
+            rss = max_rss_bytes;
+        }
+        let (oom, pids_hit) = match (&before, &after) {
+            (Some(b), Some(a)) => {
+                o.usage.cpu_time_us = a.cpu_us.saturating_sub(b.cpu_us);
+                o.usage.peak_memory_bytes = a.peak_memory.max(rss);
+                (a.oom_kills > b.oom_kills, a.pids_max_hits > b.pids_max_hits)
+            }
+            _ => {
+                o.usage.cpu_time_us = agent_cpu;
+                o.usage.peak_memory_bytes = rss;
+                (false, false)
+            }
+        };
+        let clean = o.exit_code == Some(0);
+        o.termination = if let Some(r) = reason {
+            r
+        } else if oom && !clean {
+            Termination::OutOfMemory
+        } else if pids_hit && !clean {
+            Termination::ProcessLimit
+        } else if o.signal == Some(libc::SIGXFSZ) || (disk_full && !clean) {
+            Termination::DiskLimit
+        } else if agent_lost || (exited.is_none() && self.gone.is_some()) {
+            Termination::SandboxFailure
+        } else if o.signal.is_some() {
+            Termination::Signalled
+        } else {
+            Termination::Exited
+        };
+        if o.termination == Termination::SandboxFailure {
+            o.warnings.push(format!(
+                "the sandbox failed: {}",
+                self.gone.clone().unwrap_or_else(|| "unknown".into())
+            ));
+        }
+        Ok(o)
+    }
+}
+
+struct ExecIo {
+    stdout: Option<File>,
+    stderr: Option<File>,
+    stdin: Option<File>,
+    stdin_data: Vec<u8>,
+    stdin_off: usize,
+    out: Vec<u8>,
+    err: Vec<u8>,
+    out_trunc: bool,
+    err_trunc: bool,
+    out_cap: u64,
+    err_cap: u64,
+}
+
+impl ExecIo {
+    fn read_stream(&mut self, which: OutputStream, sink: &mut dyn OutputSink) {
+        let (slot, buf, trunc, cap) = match which {
+            OutputStream::Stdout => (
+                &mut self.stdout,
+                &mut self.out,
+                &mut self.out_trunc,
+                self.out_cap,
+            ),
+            OutputStream::Stderr => (
+                &mut self.stderr,
+                &mut self.err,
+                &mut self.err_trunc,
+                self.err_cap,
+            ),
+        };
+        let Some(f) = slot.as_mut() else { return };
+        let mut chunk = [0u8; 64 * 1024];
+        match f.read(&mut chunk) {
+            Ok(0) => *slot = None,
+            Ok(n) => {
+                let data = &chunk[..n];
+                let room = (cap as usize).saturating_sub(buf.len());
+                let keep = &data[..n.min(room)];
+                if !keep.is_empty() {
+                    buf.extend_from_slice(keep);
+                    sink.output(which, keep);
+                }
+                if n > room {
+                    *trunc = true;
+                }
+            }
+            Err(e)
+                if e.kind() == io::ErrorKind::Interrupted
+                    || e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => *slot = None,
+        }
+    }
+
+    fn write_stdin(&mut self) {
+        let Some(f) = self.stdin.as_mut() else { return };
+        match f.write(&self.stdin_data[self.stdin_off..]) {
+            Ok(n) => {
+                self.stdin_off += n;
+                if self.stdin_off >= self.stdin_data.len() {
+                    self.stdin = None;
+                }
+            }
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => self.stdin = None,
+        }
+    }
+}
+
+impl Sandbox for ContainerSandbox {
+    fn id(&self) -> &SandboxId {
+        &self.id
+    }
+
+    fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        self.ctrl()?;
+        self.run_exec(req, sink)
+    }
+
+    fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
+        cordon_core::validate_sandbox_path(path)?;
+        let reply = self.call(
+            &Request::PutFile {
+                path: path.to_string(),
+                mode,
+            },
+            data,
+        )?;
+        match reply.header {
+            Reply::Ok => Ok(()),
+            Reply::Error { code, message } => Err(file_error(path, code, message)),
+            other => Err(sandbox_err(
+                "unexpected reply to a file write",
+                format!("{other:?}"),
+            )),
+        }
+    }
+
+    fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
+        cordon_core::validate_sandbox_path(path)?;
+        let reply = self.call(
+            &Request::GetFile {
+                path: path.to_string(),
+                max: max_bytes,
+            },
+            b"",
+        )?;
+        match reply.header {
+            Reply::File { truncated: false } => Ok(reply.body),
+            Reply::File { truncated: true } => Err(Error::File {
+                path: path.to_string(),
+                reason: format!(
+                    "larger than the {max_bytes}-byte limit for files out; raise it or write less"
+                ),
+            }),
+            Reply::Error { code, message } => Err(file_error(path, code, message)),
+            other => Err(sandbox_err(
+                "unexpected reply to a file read",
+                format!("{other:?}"),
+            )),
+        }
+    }
+
+    fn start_us(&self) -> u64 {
+        self.start_us
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        if self.gone.as_deref() == Some("destroyed") {
+            return Ok(());
+        }
+        self.teardown();
+        self.gone = Some("destroyed".into());
+        Ok(())
+    }
+}
+
+fn file_error(path: &str, code: ErrorCode, message: String) -> Error {
+    match code {
+        ErrorCode::PathRefused => Error::PathRefused {
+            path: path.to_string(),
+            reason: message,
+        },
+        _ => Error::File {
+            path: path.to_string(),
+            reason: message,
+        },
+    }
+}
+
+impl Drop for ContainerSandbox {
+    fn drop(&mut self) {
+        let _ = self.destroy();
+    }
+}

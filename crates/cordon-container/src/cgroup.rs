@@ -1,0 +1,329 @@
+//! Per-sandbox control groups on cgroup v1 and v2, through cgroups-rs.
+//!
+//! The sandbox's cgroup is `cordon/<sandbox id>` under each hierarchy's root: memory (swap
+//! off), pids and CPU quota. Limits and counters (OOM kills, process-limit hits, peak memory,
+//! CPU time) are read from the cgroup files directly, as numbers, for every exec.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cgroups_rs::fs::MaxValue;
+use cgroups_rs::fs::cgroup::Cgroup;
+use cgroups_rs::fs::cpu::CpuController;
+use cgroups_rs::fs::hierarchies;
+use cgroups_rs::fs::memory::MemController;
+use cgroups_rs::fs::pid::PidController;
+
+use crate::ContainerError;
+
+/// Name of the parent cgroup under which every sandbox's cgroup lives.
+pub const PARENT: &str = "cordon";
+
+/// Which cgroup version this host runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+pub fn host_version() -> Version {
+    if hierarchies::is_cgroup2_unified_mode() {
+        Version::V2
+    } else {
+        Version::V1
+    }
+}
+
+/// Counters read from a sandbox's cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub oom_kills: u64,
+    pub pids_max_hits: u64,
+    pub cpu_us: u64,
+    pub peak_memory: u64,
+}
+
+/// A sandbox's control group.
+pub struct SandboxCgroup {
+    cg: Cgroup,
+    version: Version,
+    /// Directory of each controller (one for v2).
+    memory_dir: PathBuf,
+    pids_dir: PathBuf,
+    cpu_dir: PathBuf,
+    cpuacct_dir: PathBuf,
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> ContainerError {
+    ContainerError::Cgroup(format!("{what}: {e}"))
+}
+
+impl SandboxCgroup {
+    /// Creates `cordon/<name>` with the memory, pids and CPU limits set.
+    pub fn create(name: &str, memory: u64, pids: u32, cpus: f64) -> Result<Self, ContainerError> {
+        let version = host_version();
+        let hier = hierarchies::auto();
+        let path = format!("{PARENT}/{name}");
+        let controllers = match version {
+            Version::V1 => vec!["memory", "pids", "cpu", "cpuacct"],
+            Version::V2 => vec!["memory", "pids", "cpu"],
+        };
+        let cg = Cgroup::new_with_specified_controllers(
+            hier,
+            &path,
+            Some(controllers.iter().map(|s| s.to_string()).collect()),
+        )
+        .map_err(|e| err("creating the sandbox cgroup", e))?;
+        let dir_of = |kind: &str| -> Option<PathBuf> {
+            cg.subsystems().iter().find_map(|s| {
+                let c = s.to_controller();
+                (s.controller_name() == kind).then(|| c.path().to_path_buf())
+            })
+        };
+        let need = |kind: &str| {
+            dir_of(kind).ok_or_else(|| {
+                ContainerError::Cgroup(format!(
+                    "the {kind} controller is not mounted; mount it (cgroup v1) or enable it in \
+                     the root's cgroup.subtree_control (v2)"
+                ))
+            })
+        };
+        let this = SandboxCgroup {
+            memory_dir: need("memory")?,
+            pids_dir: need("pids")?,
+            cpu_dir: need("cpu")?,
+            cpuacct_dir: match version {
+                Version::V1 => need("cpuacct")?,
+                Version::V2 => need("cpu")?,
+            },
+            version,
+            cg,
+        };
+        if let Err(e) = this.set_limits(memory, pids, cpus) {
+            this.remove();
+            return Err(e);
+        }
+        Ok(this)
+    }
+
+    fn set_limits(&self, memory: u64, pids: u32, cpus: f64) -> Result<(), ContainerError> {
+        let mem: &MemController = self
+            .cg
+            .controller_of()
+            .ok_or_else(|| err("memory controller", "missing"))?;
+        mem.set_limit(memory as i64)
+            .map_err(|e| err("setting the memory limit", e))?;
+        match self.version {
+            Version::V1 => {
+                // Swap off: memory+swap limited to the same figure. Hosts without swap
+                // accounting have no memsw file; there is no swap to bound then.
+                if self.memory_dir.join("memory.memsw.limit_in_bytes").exists() {
+                    mem.set_memswap_limit(memory as i64)
+                        .map_err(|e| err("turning swap off for the sandbox", e))?;
+                }
+                let _ = fs::write(self.memory_dir.join("memory.swappiness"), "0");
+            }
+            Version::V2 => {
+                if self.memory_dir.join("memory.swap.max").exists() {
+                    fs::write(self.memory_dir.join("memory.swap.max"), "0")
+                        .map_err(|e| err("turning swap off for the sandbox", e))?;
+                }
+            }
+        }
+        let pid: &PidController = self
+            .cg
+            .controller_of()
+            .ok_or_else(|| err("pids controller", "missing"))?;
+        pid.set_pid_max(MaxValue::Value(pids as i64))
+            .map_err(|e| err("setting the process limit", e))?;
+        let cpu: &CpuController = self
+            .cg
+            .controller_of()
+            .ok_or_else(|| err("cpu controller", "missing"))?;
+        let period: u64 = 100_000;
+        let quota = (cpus * period as f64).round().max(1000.0) as i64;
+        cpu.set_cfs_quota_and_period(Some(quota), Some(period))
+            .map_err(|e| err("setting the CPU quota", e))?;
+        Ok(())
+    }
+
+    /// The `cgroup.procs` files a process writes its pid to, to join this cgroup.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        let mut dirs = vec![
+            self.memory_dir.clone(),
+            self.pids_dir.clone(),
+            self.cpu_dir.clone(),
+            self.cpuacct_dir.clone(),
+        ];
+        dirs.sort();
+        dirs.dedup();
+        dirs.into_iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// Reads the counters; missing files read as zero.
+    pub fn counters(&self) -> Counters {
+        let (oom_kills, pids_max_hits, cpu_us, peak_memory) = match self.version {
+            Version::V1 => (
+                keyed(&self.memory_dir.join("memory.oom_control"), "oom_kill"),
+                keyed(&self.pids_dir.join("pids.events"), "max"),
+                number(&self.cpuacct_dir.join("cpuacct.usage")) / 1000,
+                number(&self.memory_dir.join("memory.max_usage_in_bytes")),
+            ),
+            Version::V2 => (
+                keyed(&self.memory_dir.join("memory.events"), "oom_kill"),
+                keyed(&self.pids_dir.join("pids.events"), "max"),
+                keyed(&self.cpu_dir.join("cpu.stat"), "usage_usec"),
+                number(&self.memory_dir.join("memory.peak")),
+            ),
+        };
+        Counters {
+            oom_kills,
+            pids_max_hits,
+            cpu_us,
+            peak_memory,
+        }
+    }
+
+    /// Resets the peak-memory mark so the next exec's peak is its own (where supported).
+    pub fn reset_peak(&self) {
+        let _ = match self.version {
+            Version::V1 => fs::write(self.memory_dir.join("memory.max_usage_in_bytes"), "0"),
+            Version::V2 => fs::write(self.memory_dir.join("memory.peak"), "0"),
+        };
+    }
+
+    /// Pids currently in the cgroup.
+    pub fn pids(&self) -> Vec<i32> {
+        read_pids(&self.pids_dir.join("cgroup.procs"))
+    }
+
+    /// Kills every process in the cgroup and removes it, waiting up to `patience` for the
+    /// processes to be gone. Returns false when something could not be removed.
+    pub fn kill_and_remove(&self, patience: Duration) -> bool {
+        kill_and_remove_dirs(&self.all_dirs(), self.version, patience)
+    }
+
+    fn all_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = vec![
+            self.memory_dir.clone(),
+            self.pids_dir.clone(),
+            self.cpu_dir.clone(),
+            self.cpuacct_dir.clone(),
+        ];
+        dirs.sort();
+        dirs.dedup();
+        dirs
+    }
+
+    /// Removes the cgroup directories (they must be empty).
+    pub fn remove(&self) -> bool {
+        let _ = self.cg.delete();
+        self.all_dirs()
+            .iter()
+            .all(|d| !d.exists() || fs::remove_dir(d).is_ok())
+    }
+}
+
+fn kill_and_remove_dirs(dirs: &[PathBuf], version: Version, patience: Duration) -> bool {
+    let deadline = Instant::now() + patience;
+    loop {
+        let mut busy = false;
+        for d in dirs {
+            if !d.exists() {
+                continue;
+            }
+            if version == Version::V2 && d.join("cgroup.kill").exists() {
+                let _ = fs::write(d.join("cgroup.kill"), "1");
+            }
+            for pid in read_pids(&d.join("cgroup.procs")) {
+                busy = true;
+                crate::sys::kill_pid(pid);
+            }
+            if fs::remove_dir(d).is_err() && d.exists() {
+                busy = true;
+            }
+        }
+        if !busy {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Removes sandbox cgroups a dead Cordon process left behind; returns their names.
+pub fn reap_orphans(is_live: impl Fn(&str) -> bool) -> Vec<String> {
+    let version = host_version();
+    let roots: Vec<PathBuf> = match version {
+        Version::V1 => ["memory", "pids", "cpu", "cpuacct", "cpu,cpuacct"]
+            .iter()
+            .map(|c| Path::new("/sys/fs/cgroup").join(c).join(PARENT))
+            .collect(),
+        Version::V2 => vec![Path::new("/sys/fs/cgroup").join(PARENT)],
+    };
+    let mut removed = Vec::new();
+    for root in roots {
+        let Ok(entries) = fs::read_dir(&root) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !e.path().is_dir() || is_live(&name) {
+                continue;
+            }
+            if kill_and_remove_dirs(&[e.path()], version, Duration::from_secs(2))
+                && !removed.contains(&name)
+            {
+                removed.push(name);
+            }
+        }
+    }
+    removed
+}
+
+fn read_pids(p: &Path) -> Vec<i32> {
+    fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn number(p: &Path) -> u64 {
+    fs::read_to_string(p)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn keyed(p: &Path, key: &str) -> u64 {
+    fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let mut it = l.split_whitespace();
+            (it.next() == Some(key)).then(|| it.next().and_then(|v| v.parse().ok()))?
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_keyed_files() {
+        let dir = std::env::temp_dir().join(format!("cordon-cg-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("memory.oom_control");
+        fs::write(&f, "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n").unwrap();
+        assert_eq!(keyed(&f, "oom_kill"), 3);
+        assert_eq!(keyed(&f, "missing"), 0);
+        fs::write(&f, "12345\n").unwrap();
+        assert_eq!(number(&f), 12345);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

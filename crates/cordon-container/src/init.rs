@@ -1,0 +1,403 @@
+//! The sandbox init, entered by re-exec of the small `cordon-sandbox-init` binary.
+//!
+//! It starts on the host as root with the agent socket on descriptor 3, reads an
+//! [`InitSetup`], joins the sandbox's cgroup, and forks a child into fresh user, PID, mount,
+//! network, IPC, UTS and cgroup namespaces. The parent writes the child's uid/gid maps (the
+//! sandbox's root maps to an unprivileged host uid; host root is never mapped) and then only
+//! waits. The child builds the sandbox root, pivots into it and becomes the agent.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::symlink;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{Gid, Uid, setresgid, setresuid};
+use serde::{Deserialize, Serialize};
+
+use cordon_guest::proto::{ErrorCode, Reply, read_frame, write_frame};
+use cordon_guest::sys::{Forked, fork_into, own_fd};
+use cordon_guest::{Agent, AgentConfig};
+
+use crate::landlock_rules;
+use crate::seccomp::SeccompPolicy;
+
+/// What the host tells init.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitSetup {
+    /// Host uid/gid that the sandbox's uid/gid 0 maps to; `id_count` ids are mapped.
+    pub id_base: u32,
+    pub id_count: u32,
+    /// The unprivileged user programs run as, inside.
+    pub sandbox_uid: u32,
+    /// `cgroup.procs` files to join before unsharing; empty when cgroups are weakened.
+    pub cgroup_procs: Vec<PathBuf>,
+    pub hostname: String,
+    pub disk_bytes: u64,
+    pub tmp_bytes: u64,
+    /// Enforce Landlock (false only when the caller allowed running without it).
+    pub landlock: bool,
+    /// Seccomp filters to install in each program; none when the caller allowed without.
+    pub seccomp: Option<Vec<Vec<u64>>>,
+    /// Extra files to create (read-only) in the sandbox root, e.g. a CA bundle.
+    #[serde(default)]
+    pub extra_files: Vec<(String, Vec<u8>)>,
+    /// Loopback port Landlock lets programs connect to (the egress forwarder).
+    #[serde(default)]
+    pub connect_port: Option<u16>,
+}
+
+/// Directories from the host bound read-only into the sandbox (or recreated as the same
+/// symlinks where the host has merged /usr).
+const HOST_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Entry point of the init binary. Never returns.
+pub fn main() -> ! {
+    let sock = UnixStream::from(own_fd(3));
+    let code = run_outer(sock).unwrap_or(1);
+    std::process::exit(code)
+}
+
+fn report(sock: &mut UnixStream, message: String) {
+    let _ = write_frame(
+        sock,
+        &Reply::Error {
+            code: ErrorCode::SpawnFailed,
+            message,
+        },
+        b"",
+    );
+}
+
+fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
+    let setup: InitSetup = match read_frame(&mut sock) {
+        Ok(f) => f.header,
+        Err(e) => {
+            report(&mut sock, format!("init received a bad setup: {e}"));
+            return Ok(1);
+        }
+    };
+    // Die with the host process that started us.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+    let me = std::process::id().to_string();
+    for procs in &setup.cgroup_procs {
+        if let Err(e) = fs::write(procs, &me) {
+            report(
+                &mut sock,
+                format!("joining cgroup {}: {e}", procs.display()),
+            );
+            return Ok(1);
+        }
+    }
+    let (go_r, go_w) = nix::unistd::pipe()?;
+    let flags = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWCGROUP;
+    match fork_into(flags) {
+        Err(e) => {
+            report(
+                &mut sock,
+                format!("creating namespaces: {e} (are user namespaces enabled?)"),
+            );
+            Ok(1)
+        }
+        Ok(Forked::Child) => {
+            drop(go_w);
+            let code = match run_child(&setup, &mut sock, go_r) {
+                Ok(()) => 0,
+                Err(msg) => {
+                    report(&mut sock, msg);
+                    1
+                }
+            };
+            cordon_guest::sys::exit_now(code)
+        }
+        Ok(Forked::Parent(child)) => {
+            drop(go_r);
+            let map = format!("0 {} {}\n", setup.id_base, setup.id_count);
+            let mapped = fs::write(format!("/proc/{child}/uid_map"), &map)
+                .and_then(|_| fs::write(format!("/proc/{child}/gid_map"), &map));
+            if let Err(e) = mapped {
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                report(
+                    &mut sock,
+                    format!("writing the user namespace id maps: {e}"),
+                );
+                return Ok(1);
+            }
+            let mut go = fs::File::from(go_w);
+            go.write_all(b"g")?;
+            drop(go);
+            drop(sock);
+            loop {
+                match waitpid(child, None) {
+                    Ok(WaitStatus::Exited(_, c)) => return Ok(c),
+                    Ok(WaitStatus::Signaled(_, s, _)) => return Ok(128 + s as i32),
+                    Ok(_) => continue,
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+}
+
+fn run_child(setup: &InitSetup, sock: &mut UnixStream, go: OwnedFd) -> Result<(), String> {
+    let ctx = |what: &str| {
+        let what = what.to_string();
+        move |e: nix::errno::Errno| format!("{what}: {e}")
+    };
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(ctx("pdeathsig"))?;
+    let mut b = [0u8; 1];
+    fs::File::from(go)
+        .read_exact(&mut b)
+        .map_err(|e| format!("waiting for the id maps: {e}"))?;
+    let root = Uid::from_raw(0);
+    setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).map_err(ctx("setresgid"))?;
+    setresuid(root, root, root).map_err(ctx("setresuid"))?;
+    nix::unistd::sethostname(&setup.hostname).map_err(ctx("sethostname"))?;
+    crate::sys::loopback_up().map_err(|e| format!("bringing loopback up: {e}"))?;
+    build_root(setup)?;
+    let ruleset = if setup.landlock {
+        Some(landlock_rules::build(setup.connect_port)?)
+    } else {
+        None
+    };
+    let seccomp = setup.seccomp.as_deref().map(SeccompPolicy::from_wire);
+    nix::sys::prctl::set_dumpable(false).map_err(ctx("set_dumpable"))?;
+    let confine: cordon_guest::Confine = Box::new(move || {
+        if let Some(r) = &ruleset {
+            landlock_rules::enforce(r)?;
+        }
+        if let Some(s) = &seccomp {
+            s.apply()?;
+        }
+        Ok(())
+    });
+    let cfg = AgentConfig {
+        name: format!("cordon-sandbox-init {}", env!("CARGO_PKG_VERSION")),
+        uid: setup.sandbox_uid,
+        gid: setup.sandbox_uid,
+        workdir: PathBuf::from("/work"),
+        scratch: vec![PathBuf::from("/work"), PathBuf::from("/tmp")],
+        mount_proc: true,
+        confine: Some(confine),
+    };
+    let sock = sock.try_clone().map_err(|e| format!("agent socket: {e}"))?;
+    let agent = Agent::new(cfg, sock).map_err(|e| format!("starting the agent: {e}"))?;
+    agent.serve().map_err(|e| format!("agent: {e}"))
+}
+
+/// Mount flags a bind mount must keep (locked by the kernel in a user namespace).
+fn locked_flags(src: &Path) -> MsFlags {
+    let mut f = MsFlags::empty();
+    if let Ok(st) = nix::sys::statvfs::statvfs(src) {
+        use nix::sys::statvfs::FsFlags;
+        let fl = st.flags();
+        if fl.contains(FsFlags::ST_NOSUID) {
+            f |= MsFlags::MS_NOSUID;
+        }
+        if fl.contains(FsFlags::ST_NODEV) {
+            f |= MsFlags::MS_NODEV;
+        }
+        if fl.contains(FsFlags::ST_NOEXEC) {
+            f |= MsFlags::MS_NOEXEC;
+        }
+        if fl.contains(FsFlags::ST_NOATIME) {
+            f |= MsFlags::MS_NOATIME;
+        }
+        if fl.contains(FsFlags::ST_NODIRATIME) {
+            f |= MsFlags::MS_NODIRATIME;
+        }
+        if fl.contains(FsFlags::ST_RELATIME) {
+            f |= MsFlags::MS_RELATIME;
+        }
+    }
+    f
+}
+
+fn bind_ro(src: &Path, dst: &Path, extra: MsFlags) -> Result<(), String> {
+    let e = |what: &str| {
+        let what = format!("{what} {} on {}", src.display(), dst.display());
+        move |err: nix::errno::Errno| format!("{what}: {err}")
+    };
+    mount(
+        Some(src),
+        dst,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(e("binding"))?;
+    let flags = MsFlags::MS_BIND
+        | MsFlags::MS_REMOUNT
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | extra
+        | locked_flags(src);
+    mount(None::<&str>, dst, None::<&str>, flags, None::<&str>).map_err(e("read-only remount of"))
+}
+
+fn tmpfs(dst: &Path, opts: &str, flags: MsFlags) -> Result<(), String> {
+    mount(Some("tmpfs"), dst, Some("tmpfs"), flags, Some(opts))
+        .map_err(|e| format!("mounting tmpfs on {}: {e}", dst.display()))
+}
+
+fn build_root(setup: &InitSetup) -> Result<(), String> {
+    let io = |what: String| move |e: io::Error| format!("{what}: {e}");
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("making mounts private: {e}"))?;
+    // The new root is a small tmpfs over the host's /tmp path, in our private mount namespace.
+    let new = Path::new("/tmp");
+    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    tmpfs(new, "size=4m,mode=0755", nosuid_nodev)?;
+    for name in HOST_DIRS {
+        let host = Path::new("/").join(name);
+        let inside = new.join(name);
+        match fs::symlink_metadata(&host) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target =
+                    fs::read_link(&host).map_err(io(format!("reading {}", host.display())))?;
+                symlink(&target, &inside).map_err(io(format!("linking {}", inside.display())))?;
+            }
+            Ok(m) if m.is_dir() => {
+                fs::create_dir(&inside).map_err(io(format!("creating {}", inside.display())))?;
+                bind_ro(&host, &inside, MsFlags::MS_NODEV)?;
+            }
+            _ => {}
+        }
+    }
+    // A minimal /etc: nothing of the host's.
+    let etc = new.join("etc");
+    fs::create_dir(&etc).map_err(io("creating /etc".into()))?;
+    let uid = setup.sandbox_uid;
+    let files: [(&str, String); 4] = [
+        (
+            "passwd",
+            format!(
+                "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}:sandbox:/work:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+        ),
+        (
+            "group",
+            format!("root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n"),
+        ),
+        (
+            "hosts",
+            format!(
+                "127.0.0.1 localhost {h}\n::1 localhost {h}\n",
+                h = setup.hostname
+            ),
+        ),
+        (
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nhosts: files\n".to_string(),
+        ),
+    ];
+    for (name, body) in files {
+        fs::write(etc.join(name), body).map_err(io(format!("writing /etc/{name}")))?;
+    }
+    for (path, body) in &setup.extra_files {
+        let rel = path.trim_start_matches('/');
+        if rel.split('/').any(|c| c == ".." || c.is_empty()) || !rel.starts_with("etc/") {
+            return Err(format!(
+                "extra file {path:?} must be a plain path under /etc"
+            ));
+        }
+        let dst = new.join(rel);
+        if let Some(parent) = dst.parent() {
+            fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+        }
+        fs::write(&dst, body).map_err(io(format!("writing {path}")))?;
+    }
+    // /dev: a few device nodes bound from the host, nothing else.
+    let dev = new.join("dev");
+    fs::create_dir(&dev).map_err(io("creating /dev".into()))?;
+    tmpfs(
+        &dev,
+        "size=64k,mode=0755",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+    )?;
+    for d in DEVICES {
+        let inside = dev.join(d);
+        fs::write(&inside, b"").map_err(io(format!("creating /dev/{d}")))?;
+        mount(
+            Some(&Path::new("/dev").join(d)),
+            &inside,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("binding /dev/{d}: {e}"))?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        symlink(target, dev.join(link)).map_err(io(format!("linking /dev/{link}")))?;
+    }
+    let shm = dev.join("shm");
+    fs::create_dir(&shm).map_err(io("creating /dev/shm".into()))?;
+    let small = setup.tmp_bytes.min(64 << 20);
+    tmpfs(
+        &shm,
+        &format!("size={small},mode=1777"),
+        nosuid_nodev | MsFlags::MS_NOEXEC,
+    )?;
+    // /proc of the sandbox's PID namespace; no /sys at all.
+    let proc_dir = new.join("proc");
+    fs::create_dir(&proc_dir).map_err(io("creating /proc".into()))?;
+    mount(
+        Some("proc"),
+        &proc_dir,
+        Some("proc"),
+        nosuid_nodev | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(|e| format!("mounting /proc: {e}"))?;
+    let tmp = new.join("tmp");
+    fs::create_dir(&tmp).map_err(io("creating /tmp".into()))?;
+    tmpfs(
+        &tmp,
+        &format!("size={},mode=1777", setup.tmp_bytes),
+        nosuid_nodev,
+    )?;
+    let work = new.join("work");
+    fs::create_dir(&work).map_err(io("creating /work".into()))?;
+    tmpfs(
+        &work,
+        &format!("size={},mode=0755,uid={uid},gid={uid}", setup.disk_bytes),
+        nosuid_nodev,
+    )?;
+    // The root itself becomes read-only, then we pivot into it and drop the host's tree.
+    mount(
+        None::<&str>,
+        new,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
+        Some("size=4m,mode=0755"),
+    )
+    .map_err(|e| format!("making the root read-only: {e}"))?;
+    nix::unistd::chdir(new).map_err(|e| format!("entering the new root: {e}"))?;
+    nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detaching the host's root: {e}"))?;
+    nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))?;
+    Ok(())
+}

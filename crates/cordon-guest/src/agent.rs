@@ -1,0 +1,880 @@
+//! The agent: serves [`Request`]s on a stream socket inside the sandbox.
+//!
+//! Each exec runs under a *reaper*: a process forked into a fresh PID and mount namespace
+//! (with its own `/proc`), so the program sees only its own process tree, and killing the
+//! reaper kills that whole tree — daemons and double forks included. The program itself runs
+//! as an unprivileged user with every capability gone, `no_new_privs`, rlimits, and whatever
+//! the tier installs in [`AgentConfig::confine`] (the container tier's Landlock and seccomp).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, IoSliceMut, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::mount::{MsFlags, mount};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::resource::{Resource, UsageWho, getrusage, setrlimit};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+use nix::sys::stat::{Mode, fstat, mkdirat};
+use nix::sys::statvfs::statvfs;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Gid, Pid, Uid, fchown, setgroups, setresgid, setresuid, setsid};
+
+use crate::proto::{
+    ErrorCode, Frame, FrameBuffer, PROTOCOL_VERSION, ProcLimits, ProtoError, Reply, Request,
+    StdioMode, Stream, encode,
+};
+use crate::sys;
+
+/// Confinement hook, run in each exec's reaper after its `/proc` is mounted and before the
+/// program is forked, so both are confined by it.
+pub type Confine = Box<dyn Fn() -> io::Result<()>>;
+
+/// How the agent runs programs.
+pub struct AgentConfig {
+    /// Identifies the agent in its hello.
+    pub name: String,
+    /// User and group programs run as.
+    pub uid: u32,
+    pub gid: u32,
+    /// The workspace; files in and out stay beneath it.
+    pub workdir: PathBuf,
+    /// Filesystems whose fullness is reported as `disk_full` after an exec.
+    pub scratch: Vec<PathBuf>,
+    /// Mount a fresh `/proc` in each exec's PID namespace.
+    pub mount_proc: bool,
+    pub confine: Option<Confine>,
+}
+
+struct Running {
+    id: u64,
+    reaper: Pid,
+    pidfd: OwnedFd,
+    status: File,
+    framed: Option<FramedIo>,
+    cpu_before_us: u64,
+}
+
+struct FramedIo {
+    stdout: Option<File>,
+    stderr: Option<File>,
+    stdin: Option<File>,
+    stdin_buf: VecDeque<u8>,
+    stdin_close: bool,
+}
+
+/// Serves one host connection until it closes or sends `Shutdown`.
+pub struct Agent {
+    cfg: AgentConfig,
+    ctrl: UnixStream,
+    work: OwnedFd,
+    inbuf: FrameBuffer,
+    fds: VecDeque<OwnedFd>,
+    running: Option<Running>,
+}
+
+const MAX_STDIN_BUFFER: usize = 16 << 20;
+
+impl Agent {
+    pub fn new(cfg: AgentConfig, ctrl: UnixStream) -> io::Result<Self> {
+        let work = nix::fcntl::open(
+            &cfg.workdir,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io::Error::from)?;
+        Ok(Agent {
+            cfg,
+            ctrl,
+            work,
+            inbuf: FrameBuffer::default(),
+            fds: VecDeque::new(),
+            running: None,
+        })
+    }
+
+    /// Runs until the host closes the channel or asks to shut down.
+    pub fn serve(mut self) -> Result<(), ProtoError> {
+        self.send(
+            &Reply::Hello {
+                version: PROTOCOL_VERSION,
+                agent: self.cfg.name.clone(),
+            },
+            b"",
+        )?;
+        loop {
+            if self.poll_once()? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn send(&mut self, reply: &Reply, body: &[u8]) -> Result<(), ProtoError> {
+        let bytes = encode(reply, body)?;
+        self.ctrl.write_all(&bytes)?;
+        Ok(())
+    }
+
+    fn error(&mut self, code: ErrorCode, message: impl Into<String>) -> Result<(), ProtoError> {
+        self.send(
+            &Reply::Error {
+                code,
+                message: message.into(),
+            },
+            b"",
+        )
+    }
+
+    /// One round of the event loop; true when the agent should stop.
+    fn poll_once(&mut self) -> Result<bool, ProtoError> {
+        let ctrl_ready;
+        let mut reaper_done = false;
+        let mut out_ready = [false; 2];
+        let mut stdin_ready = false;
+        {
+            let mut fds = vec![PollFd::new(self.ctrl.as_fd(), PollFlags::POLLIN)];
+            let mut idx_pid = None;
+            let mut idx_out = [None, None];
+            let mut idx_in = None;
+            if let Some(run) = &self.running {
+                idx_pid = Some(fds.len());
+                fds.push(PollFd::new(run.pidfd.as_fd(), PollFlags::POLLIN));
+                if let Some(fr) = &run.framed {
+                    for (i, f) in [&fr.stdout, &fr.stderr].into_iter().enumerate() {
+                        if let Some(f) = f {
+                            idx_out[i] = Some(fds.len());
+                            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+                        }
+                    }
+                    if let Some(w) = &fr.stdin
+                        && (!fr.stdin_buf.is_empty() || fr.stdin_close)
+                    {
+                        idx_in = Some(fds.len());
+                        fds.push(PollFd::new(w.as_fd(), PollFlags::POLLOUT));
+                    }
+                }
+            }
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(Errno::EINTR) => return Ok(false),
+                Err(e) => return Err(io::Error::from(e).into()),
+            }
+            let hit = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+            ctrl_ready = hit(0);
+            if let Some(i) = idx_pid {
+                reaper_done = hit(i);
+            }
+            for k in 0..2 {
+                if let Some(i) = idx_out[k] {
+                    out_ready[k] = hit(i);
+                }
+            }
+            if let Some(i) = idx_in {
+                stdin_ready = hit(i);
+            }
+        }
+        for (k, ready) in out_ready.into_iter().enumerate() {
+            if ready {
+                self.relay_output(k)?;
+            }
+        }
+        if stdin_ready {
+            self.feed_stdin();
+        }
+        if reaper_done {
+            self.finish_exec()?;
+        }
+        if ctrl_ready {
+            if !self.read_ctrl()? {
+                return Ok(true);
+            }
+            while let Some(frame) = self.inbuf.next_frame::<Request>()? {
+                if self.handle(frame)? {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Reads what the host sent, with any descriptors attached; false on close.
+    fn read_ctrl(&mut self) -> Result<bool, ProtoError> {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut cmsg = nix::cmsg_space!([RawFd; 8]);
+        let (n, fds) = {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let msg = match recvmsg::<()>(
+                self.ctrl.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Ok(m) => m,
+                Err(Errno::EINTR | Errno::EAGAIN) => return Ok(true),
+                Err(e) => return Err(io::Error::from(e).into()),
+            };
+            let mut fds = Vec::new();
+            if let Ok(cmsgs) = msg.cmsgs() {
+                for c in cmsgs {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        fds.extend(raw);
+                    }
+                }
+            }
+            (msg.bytes, fds)
+        };
+        for raw in fds {
+            // The kernel installed these descriptors for us (SCM_RIGHTS).
+            self.fds.push_back(sys::own_fd(raw));
+        }
+        if n == 0 {
+            return Ok(false);
+        }
+        self.inbuf.push(&buf[..n]);
+        Ok(true)
+    }
+
+    fn handle(&mut self, frame: Frame<Request>) -> Result<bool, ProtoError> {
+        match frame.header {
+            Request::Hello { version } => {
+                if version != PROTOCOL_VERSION {
+                    self.error(
+                        ErrorCode::VersionMismatch,
+                        format!("agent speaks protocol {PROTOCOL_VERSION}, host {version}"),
+                    )?;
+                } else {
+                    self.send(&Reply::Ok, b"")?;
+                }
+            }
+            Request::Exec {
+                id,
+                argv,
+                env,
+                cwd,
+                stdio,
+                limits,
+            } => {
+                if self.running.is_some() {
+                    // Descriptors sent along are dropped with the refusal.
+                    self.fds.clear();
+                    return self
+                        .error(ErrorCode::Busy, "an exec is already running")
+                        .map(|_| false);
+                }
+                match self.start_exec(id, &argv, &env, &cwd, stdio, &limits) {
+                    Ok(()) => self.send(&Reply::Started { id }, b"")?,
+                    Err(e) => self.error(ErrorCode::SpawnFailed, e.to_string())?,
+                }
+            }
+            Request::Stdin { id } => {
+                if let Some(fr) = self
+                    .running
+                    .as_mut()
+                    .filter(|r| r.id == id)
+                    .and_then(|r| r.framed.as_mut())
+                {
+                    if frame.body.is_empty() {
+                        fr.stdin_close = true;
+                    } else if fr.stdin_buf.len() + frame.body.len() <= MAX_STDIN_BUFFER {
+                        fr.stdin_buf.extend(frame.body);
+                    }
+                }
+            }
+            Request::Kill { id } => {
+                if let Some(run) = self.running.as_ref().filter(|r| r.id == id) {
+                    // Killing the PID namespace's init takes every process in it along.
+                    let _ = kill(run.reaper, Signal::SIGKILL);
+                }
+            }
+            Request::PutFile { path, mode } => match self.put_file(&path, mode, &frame.body) {
+                Ok(()) => self.send(&Reply::Ok, b"")?,
+                Err((code, msg)) => self.error(code, msg)?,
+            },
+            Request::GetFile { path, max } => match self.get_file(&path, max) {
+                Ok((data, truncated)) => self.send(&Reply::File { truncated }, &data)?,
+                Err((code, msg)) => self.error(code, msg)?,
+            },
+            Request::Shutdown => {
+                if let Some(run) = &self.running {
+                    let _ = kill(run.reaper, Signal::SIGKILL);
+                }
+                self.send(&Reply::Ok, b"")?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn start_exec(
+        &mut self,
+        id: u64,
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+        cwd: &str,
+        stdio: StdioMode,
+        limits: &ProcLimits,
+    ) -> io::Result<()> {
+        if argv.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
+        }
+        let (child_stdio, framed) = match stdio {
+            StdioMode::Passed => {
+                if self.fds.len() < 3 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "passed stdio needs three descriptors with the request",
+                    ));
+                }
+                let mut take = || self.fds.pop_front().ok_or(io::ErrorKind::InvalidInput);
+                ([take()?, take()?, take()?], None)
+            }
+            StdioMode::Framed => {
+                let (in_r, in_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+                let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+                let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+                nix::fcntl::fcntl(&in_w, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+                (
+                    [in_r, out_w, err_w],
+                    Some(FramedIo {
+                        stdout: Some(File::from(out_r)),
+                        stderr: Some(File::from(err_r)),
+                        stdin: Some(File::from(in_w)),
+                        stdin_buf: VecDeque::new(),
+                        stdin_close: false,
+                    }),
+                )
+            }
+        };
+        let plan = ExecPlan::new(argv, env, cwd)?;
+        let (status_r, status_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let cpu_before_us = children_cpu_us();
+        let flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
+        match sys::fork_into(flags)? {
+            sys::Forked::Child => {
+                drop(status_r);
+                reaper_main(&self.cfg, &plan, limits, child_stdio, status_w)
+            }
+            sys::Forked::Parent(reaper) => {
+                drop(status_w);
+                drop(child_stdio);
+                let pidfd = sys::pidfd_open(reaper)?;
+                self.running = Some(Running {
+                    id,
+                    reaper,
+                    pidfd,
+                    status: File::from(status_r),
+                    framed,
+                    cpu_before_us,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    fn relay_output(&mut self, which: usize) -> Result<(), ProtoError> {
+        let Some(run) = self.running.as_mut() else {
+            return Ok(());
+        };
+        let id = run.id;
+        let Some(fr) = run.framed.as_mut() else {
+            return Ok(());
+        };
+        let slot = if which == 0 {
+            &mut fr.stdout
+        } else {
+            &mut fr.stderr
+        };
+        let Some(f) = slot.as_mut() else {
+            return Ok(());
+        };
+        let mut buf = vec![0u8; 64 * 1024];
+        let n = match f.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(_) => 0,
+        };
+        if n == 0 {
+            *slot = None;
+            return Ok(());
+        }
+        let stream = if which == 0 {
+            Stream::Stdout
+        } else {
+            Stream::Stderr
+        };
+        self.send(&Reply::Output { id, stream }, &buf[..n])
+    }
+
+    fn feed_stdin(&mut self) {
+        let Some(fr) = self.running.as_mut().and_then(|r| r.framed.as_mut()) else {
+            return;
+        };
+        let Some(w) = fr.stdin.as_mut() else {
+            return;
+        };
+        let (a, _) = fr.stdin_buf.as_slices();
+        if !a.is_empty() {
+            match w.write(a) {
+                Ok(n) => {
+                    fr.stdin_buf.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    // The program closed its stdin; drop what is left.
+                    fr.stdin_buf.clear();
+                    fr.stdin = None;
+                    return;
+                }
+            }
+        }
+        if fr.stdin_buf.is_empty() && fr.stdin_close {
+            fr.stdin = None;
+        }
+    }
+
+    fn finish_exec(&mut self) -> Result<(), ProtoError> {
+        let Some(mut run) = self.running.take() else {
+            return Ok(());
+        };
+        // Relay whatever output is still buffered in framed pipes.
+        if let Some(fr) = run.framed.as_mut() {
+            fr.stdin = None;
+            let mut rest: Vec<(Stream, Vec<u8>)> = Vec::new();
+            for (stream, slot) in [
+                (Stream::Stdout, &mut fr.stdout),
+                (Stream::Stderr, &mut fr.stderr),
+            ] {
+                if let Some(f) = slot.take() {
+                    let mut data = Vec::new();
+                    let _ = f.take(MAX_STDIN_BUFFER as u64).read_to_end(&mut data);
+                    if !data.is_empty() {
+                        rest.push((stream, data));
+                    }
+                }
+            }
+            for (stream, data) in rest {
+                for chunk in data.chunks(1 << 20) {
+                    self.send(&Reply::Output { id: run.id, stream }, chunk)?;
+                }
+            }
+        }
+        let mut report = String::new();
+        let _ = (&run.status).take(4096).read_to_string(&mut report);
+        let _ = waitpid(run.reaper, None);
+        let cpu_us = children_cpu_us().saturating_sub(run.cpu_before_us);
+        let (code, signal, max_rss_bytes) = parse_report(&report).unwrap_or((None, Some(9), 0));
+        let disk_full = self.cfg.scratch.iter().any(|p| is_full(p));
+        self.send(
+            &Reply::Exited {
+                id: run.id,
+                code,
+                signal,
+                cpu_us,
+                max_rss_bytes,
+                disk_full,
+            },
+            b"",
+        )
+    }
+
+    fn open_beneath(&self, rel: &str, flags: OFlag, mode: Mode) -> Result<OwnedFd, Errno> {
+        let how = OpenHow::new()
+            .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .mode(mode)
+            .resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                    | ResolveFlag::RESOLVE_NO_XDEV,
+            );
+        openat2(self.work.as_fd(), rel, how)
+    }
+
+    fn put_file(&self, path: &str, mode: u32, data: &[u8]) -> Result<(), (ErrorCode, String)> {
+        let rel = check_path(path)?;
+        // Create parent directories one by one, each opened without following symlinks.
+        if let Some((dirs, _)) = rel.rsplit_once('/') {
+            let mut sofar = String::new();
+            for part in dirs.split('/') {
+                if !sofar.is_empty() {
+                    sofar.push('/');
+                }
+                sofar.push_str(part);
+                match self.open_beneath(&sofar, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty())
+                {
+                    Ok(_) => {}
+                    Err(Errno::ENOENT) => {
+                        mkdirat(
+                            self.work.as_fd(),
+                            sofar.as_str(),
+                            Mode::from_bits_truncate(0o755),
+                        )
+                        .map_err(|e| refuse_errno(path, e))?;
+                        let fd = self
+                            .open_beneath(
+                                &sofar,
+                                OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+                                Mode::empty(),
+                            )
+                            .map_err(|e| refuse_errno(path, e))?;
+                        let _ = fchown(
+                            &fd,
+                            Some(Uid::from_raw(self.cfg.uid)),
+                            Some(Gid::from_raw(self.cfg.gid)),
+                        );
+                    }
+                    Err(e) => return Err(refuse_errno(path, e)),
+                }
+            }
+        }
+        let fd = self
+            .open_beneath(
+                &rel,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC,
+                Mode::from_bits_truncate(mode & 0o777),
+            )
+            .map_err(|e| refuse_errno(path, e))?;
+        let st = fstat(&fd).map_err(|e| refuse_errno(path, e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err((
+                ErrorCode::PathRefused,
+                format!("{path} is not a regular file"),
+            ));
+        }
+        let _ = fchown(
+            &fd,
+            Some(Uid::from_raw(self.cfg.uid)),
+            Some(Gid::from_raw(self.cfg.gid)),
+        );
+        let mut f = File::from(fd);
+        let _ = f.set_permissions(std::fs::Permissions::from_mode(mode & 0o777));
+        f.write_all(data).map_err(|e| {
+            let code = if e.raw_os_error() == Some(libc::ENOSPC) {
+                "no space left in /work (the sandbox's disk limit)".to_string()
+            } else {
+                e.to_string()
+            };
+            (ErrorCode::Io, format!("writing {path}: {code}"))
+        })
+    }
+
+    fn get_file(&self, path: &str, max: u64) -> Result<(Vec<u8>, bool), (ErrorCode, String)> {
+        let rel = check_path(path)?;
+        let fd = self
+            .open_beneath(&rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty())
+            .map_err(|e| refuse_errno(path, e))?;
+        let st = fstat(&fd).map_err(|e| refuse_errno(path, e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err((
+                ErrorCode::PathRefused,
+                format!("{path} is not a regular file"),
+            ));
+        }
+        let cap = max.min(crate::proto::MAX_FRAME as u64 - 4096);
+        let mut data = Vec::new();
+        File::from(fd)
+            .take(cap + 1)
+            .read_to_end(&mut data)
+            .map_err(|e| (ErrorCode::Io, format!("reading {path}: {e}")))?;
+        let truncated = data.len() as u64 > cap;
+        data.truncate(cap as usize);
+        Ok((data, truncated))
+    }
+}
+
+fn check_path(path: &str) -> Result<String, (ErrorCode, String)> {
+    cordon_core::validate_sandbox_path(path).map_err(|e| (ErrorCode::PathRefused, e.to_string()))
+}
+
+fn refuse_errno(path: &str, e: Errno) -> (ErrorCode, String) {
+    match e {
+        Errno::ELOOP | Errno::EXDEV => (
+            ErrorCode::PathRefused,
+            format!(
+                "refused path {path:?}: it is or passes through a symlink or another filesystem"
+            ),
+        ),
+        Errno::ENOENT => (ErrorCode::NotFound, format!("{path} does not exist")),
+        Errno::ENOTDIR => (
+            ErrorCode::PathRefused,
+            format!("{path}: a parent is not a directory"),
+        ),
+        Errno::ENOSPC => (
+            ErrorCode::Io,
+            format!("{path}: no space left in /work (the sandbox's disk limit)"),
+        ),
+        e => (ErrorCode::Io, format!("{path}: {e}")),
+    }
+}
+
+fn children_cpu_us() -> u64 {
+    match getrusage(UsageWho::RUSAGE_CHILDREN) {
+        Ok(u) => {
+            let us =
+                |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+            us(u.user_time()) + us(u.system_time())
+        }
+        Err(_) => 0,
+    }
+}
+
+fn is_full(p: &Path) -> bool {
+    match statvfs(p) {
+        Ok(s) => s.blocks() > 0 && s.blocks_available() == 0,
+        Err(_) => false,
+    }
+}
+
+fn parse_report(s: &str) -> Option<(Option<i32>, Option<i32>, u64)> {
+    let mut it = s.split_whitespace();
+    let kind = it.next()?;
+    let val: i32 = it.next()?.parse().ok()?;
+    let rss_kb: u64 = it.next()?.parse().ok()?;
+    match kind {
+        "exit" => Some((Some(val), None, rss_kb * 1024)),
+        "signal" => Some((None, Some(val), rss_kb * 1024)),
+        _ => None,
+    }
+}
+
+/// Everything the program's process needs, prepared before forking so the child only
+/// makes system calls.
+struct ExecPlan {
+    argv: Vec<CString>,
+    env: Vec<CString>,
+    path_dirs: Vec<Vec<u8>>,
+    cwd: CString,
+}
+
+impl ExecPlan {
+    fn new(argv: &[String], env: &BTreeMap<String, String>, cwd: &str) -> io::Result<Self> {
+        let cs = |s: &str| {
+            CString::new(s).map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "NUL byte in argument or environment",
+                )
+            })
+        };
+        let path = env
+            .get("PATH")
+            .map(String::as_str)
+            .unwrap_or("/usr/bin:/bin");
+        Ok(ExecPlan {
+            argv: argv.iter().map(|a| cs(a)).collect::<io::Result<_>>()?,
+            env: env
+                .iter()
+                .map(|(k, v)| cs(&format!("{k}={v}")))
+                .collect::<io::Result<_>>()?,
+            path_dirs: path
+                .split(':')
+                .filter(|d| !d.is_empty())
+                .map(|d| d.as_bytes().to_vec())
+                .collect(),
+            cwd: cs(cwd)?,
+        })
+    }
+
+    /// Candidate program paths for argv[0], PATH-searched like a shell.
+    fn candidates(&self) -> Vec<CString> {
+        let name = self.argv[0].as_bytes();
+        if name.contains(&b'/') {
+            return vec![self.argv[0].clone()];
+        }
+        self.path_dirs
+            .iter()
+            .filter_map(|d| {
+                let mut p = d.clone();
+                p.push(b'/');
+                p.extend_from_slice(name);
+                CString::new(p).ok()
+            })
+            .collect()
+    }
+}
+
+/// The reaper: PID 1 of the exec's namespace. Never returns.
+fn reaper_main(
+    cfg: &AgentConfig,
+    plan: &ExecPlan,
+    limits: &ProcLimits,
+    stdio: [OwnedFd; 3],
+    status: OwnedFd,
+) -> ! {
+    if cfg.mount_proc {
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        if let Err(e) = mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>) {
+            let _ = writeln!(
+                io::stderr(),
+                "cordon-agent: cannot mount /proc for the exec: {e}"
+            );
+            sys::exit_now(120);
+        }
+    }
+    // The tier's confinement (Landlock, seccomp) goes on here, once /proc is mounted and
+    // before the program exists, so the reaper and everything it starts are inside it.
+    let confined = match &cfg.confine {
+        Some(hook) => hook().map_err(|e| e.to_string()),
+        None => Ok(()),
+    };
+    // Move what we keep to fixed numbers: stdio to 0-2, the status pipe to 3. First lift
+    // every descriptor above the range, so no dup2 below lands on one still needed.
+    let [a, b, c] = stdio;
+    let mut high = Vec::new();
+    for fd in [a, b, c, status] {
+        match nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(64)) {
+            Ok(raw) => high.push(sys::own_fd(raw)),
+            Err(_) => sys::exit_now(120),
+        }
+    }
+    for (i, fd) in high.iter().enumerate() {
+        if sys::dup2_to(fd, i as RawFd).is_err() {
+            sys::exit_now(120);
+        }
+    }
+    drop(high);
+    if sys::close_from(4).is_err() {
+        sys::exit_now(120);
+    }
+    // fd 3 is ours: dup2'd above.
+    let mut status = File::from(sys::own_fd(3));
+    if let Err(e) = confined {
+        let _ = writeln!(
+            io::stderr(),
+            "cordon: the sandbox's filters could not be applied: {e}"
+        );
+        let _ = status.write_all(b"exit 125 0\n");
+        sys::exit_now(0);
+    }
+    let child = match sys::fork_into(0) {
+        Ok(sys::Forked::Child) => {
+            drop(status);
+            program_main(cfg, plan, limits)
+        }
+        Ok(sys::Forked::Parent(pid)) => pid,
+        Err(_) => sys::exit_now(120),
+    };
+    // Close our copies of the program's stdio so the host sees EOF when the tree is gone.
+    for fd in 0..3 {
+        let _ = nix::unistd::close(fd);
+    }
+    let mut main_status = None;
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
+            Ok(ws) => {
+                if ws.pid() == Some(child) {
+                    main_status = Some(ws);
+                    // The program is done: end everything it left behind.
+                    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+                }
+            }
+            Err(Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+    }
+    let rss_kb = getrusage(UsageWho::RUSAGE_CHILDREN)
+        .map(|u| u.max_rss() as u64)
+        .unwrap_or(0);
+    let line = match main_status {
+        Some(WaitStatus::Exited(_, code)) => format!("exit {code} {rss_kb}\n"),
+        Some(WaitStatus::Signaled(_, sig, _)) => format!("signal {} {rss_kb}\n", sig as i32),
+        _ => format!("signal 9 {rss_kb}\n"),
+    };
+    let _ = status.write_all(line.as_bytes());
+    sys::exit_now(0)
+}
+
+/// The program's own process, between fork and exec. Never returns.
+fn program_main(cfg: &AgentConfig, plan: &ExecPlan, limits: &ProcLimits) -> ! {
+    let fail = |step: &str, e: &dyn std::fmt::Display| -> ! {
+        let _ = writeln!(io::stderr(), "cordon: {step}: {e}");
+        sys::exit_now(127)
+    };
+    let _ = setsid();
+    if let Err(e) = sys::close_from(3) {
+        fail("closing inherited descriptors", &e);
+    }
+    // Make this process the OOM killer's first choice, never the agent.
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/oom_score_adj")
+    {
+        let _ = f.write_all(b"1000");
+    }
+    let lim = |r: Resource, v: u64| setrlimit(r, v, v);
+    if let Err(e) = lim(Resource::RLIMIT_NOFILE, limits.open_files)
+        .and_then(|_| lim(Resource::RLIMIT_FSIZE, limits.file_size))
+        .and_then(|_| lim(Resource::RLIMIT_CORE, 0))
+        .and_then(|_| {
+            if limits.address_space > 0 {
+                lim(Resource::RLIMIT_AS, limits.address_space)
+            } else {
+                Ok(())
+            }
+        })
+    {
+        fail("setting resource limits", &e);
+    }
+    if let Err(e) = nix::unistd::chdir(plan.cwd.as_c_str()) {
+        fail(&format!("changing to {:?}", plan.cwd), &e);
+    }
+    let uid = Uid::from_raw(cfg.uid);
+    let gid = Gid::from_raw(cfg.gid);
+    if let Err(e) = setgroups(&[gid])
+        .and_then(|_| setresgid(gid, gid, gid))
+        .map_err(io::Error::from)
+        .and_then(|_| sys::drop_bounding_set())
+        .and_then(|_| setresuid(uid, uid, uid).map_err(io::Error::from))
+        .and_then(|_| sys::clear_ambient())
+        .and_then(|_| nix::sys::prctl::set_no_new_privs().map_err(io::Error::from))
+    {
+        fail("dropping privileges", &e);
+    }
+    if let Err(e) = sys::close_from(3) {
+        fail("closing inherited descriptors", &e);
+    }
+    let mut last = Errno::ENOENT;
+    for cand in plan.candidates() {
+        match nix::unistd::execve(&cand, &plan.argv, &plan.env) {
+            Err(e) => {
+                if e != Errno::ENOENT || last == Errno::ENOENT {
+                    last = e;
+                }
+            }
+        }
+    }
+    let name = String::from_utf8_lossy(plan.argv[0].as_bytes()).into_owned();
+    let _ = writeln!(io::stderr(), "cordon: cannot run {name}: {last}");
+    sys::exit_now(if last == Errno::ENOENT { 127 } else { 126 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_parse() {
+        assert_eq!(parse_report("exit 3 100\n"), Some((Some(3), None, 102400)));
+        assert_eq!(parse_report("signal 9 0\n"), Some((None, Some(9), 0)));
+        assert_eq!(parse_report(""), None);
+        assert_eq!(parse_report("exit x 1"), None);
+    }
+
+    #[test]
+    fn path_search() {
+        let mut env = BTreeMap::new();
+        env.insert("PATH".to_string(), "/a:/b".to_string());
+        let p = ExecPlan::new(&["ls".into()], &env, "/").unwrap();
+        assert_eq!(p.candidates().len(), 2);
+        let p = ExecPlan::new(&["/x/ls".into()], &env, "/").unwrap();
+        assert_eq!(p.candidates(), vec![CString::new("/x/ls").unwrap()]);
+        assert!(ExecPlan::new(&["a\0b".into()], &env, "/").is_err());
+    }
+}

@@ -1,0 +1,338 @@
+//! The host–agent wire protocol, version [`PROTOCOL_VERSION`].
+//!
+//! A frame is `u32 LE total length | u32 LE header length | header (JSON) | body (bytes)`,
+//! where total length counts the header length field, the header and the body. Headers are
+//! small JSON messages ([`Request`] from the host, [`Reply`] from the agent); bodies carry raw
+//! bytes (file contents, output chunks). Every length is bounded: a frame that claims more
+//! than [`MAX_FRAME`] bytes, a header over [`MAX_HEADER`], a header that is not valid JSON of
+//! the expected type, or unknown fields, are rejected — whichever side sends them.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+/// Bumped on any incompatible change; both sides refuse a different version.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest frame either side accepts.
+pub const MAX_FRAME: usize = 64 << 20;
+/// Largest JSON header either side accepts.
+pub const MAX_HEADER: usize = 1 << 20;
+
+/// Errors of the wire protocol.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("agent channel closed")]
+    Closed,
+    #[error("agent channel I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+}
+
+/// How the agent wires a program's standard streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StdioMode {
+    /// Three descriptors (stdin, stdout, stderr) came with the request (`SCM_RIGHTS`); the
+    /// host reads and writes them directly.
+    Passed,
+    /// The agent relays the streams as [`Reply::Output`] frames and [`Request::Stdin`] frames.
+    Framed,
+}
+
+/// Resource limits the agent applies to each program it starts (a second layer under the
+/// tier's own walls).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcLimits {
+    pub open_files: u64,
+    /// Largest file a program may write, in bytes (RLIMIT_FSIZE).
+    pub file_size: u64,
+    /// Address-space cap per process in bytes, 0 for none.
+    pub address_space: u64,
+}
+
+/// Host → agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Hello {
+        version: u32,
+    },
+    /// Start a program. Only one exec runs at a time.
+    Exec {
+        id: u64,
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: String,
+        stdio: StdioMode,
+        limits: ProcLimits,
+    },
+    /// Bytes for the running program's stdin (framed mode); an empty body closes stdin.
+    Stdin {
+        id: u64,
+    },
+    /// Kill the program and everything it started.
+    Kill {
+        id: u64,
+    },
+    /// Write the body to a file under /work (created or replaced; never through a symlink).
+    PutFile {
+        path: String,
+        mode: u32,
+    },
+    /// Read a file under /work, at most `max` bytes (never through a symlink).
+    GetFile {
+        path: String,
+        max: u64,
+    },
+    /// Stop serving and exit.
+    Shutdown,
+}
+
+/// Agent → host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Reply {
+    Hello {
+        version: u32,
+        agent: String,
+    },
+    Started {
+        id: u64,
+    },
+    /// A chunk of output (framed mode); the body holds the bytes.
+    Output {
+        id: u64,
+        stream: Stream,
+    },
+    /// The program and every process it started are gone.
+    Exited {
+        id: u64,
+        code: Option<i32>,
+        signal: Option<i32>,
+        cpu_us: u64,
+        max_rss_bytes: u64,
+        /// /work or /tmp had no space left when the program ended.
+        disk_full: bool,
+    },
+    /// The body holds the file's bytes; `truncated` when it was larger than asked.
+    File {
+        truncated: bool,
+    },
+    Ok,
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Stable error codes the agent reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    BadRequest,
+    PathRefused,
+    NotFound,
+    Busy,
+    SpawnFailed,
+    Io,
+    VersionMismatch,
+}
+
+/// One decoded frame.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame<T> {
+    pub header: T,
+    pub body: Vec<u8>,
+}
+
+/// Encodes a frame into bytes ready to send.
+pub fn encode<T: Serialize>(header: &T, body: &[u8]) -> Result<Vec<u8>, ProtoError> {
+    let h = serde_json::to_vec(header)
+        .map_err(|e| ProtoError::Malformed(format!("cannot encode header: {e}")))?;
+    if h.len() > MAX_HEADER {
+        return Err(ProtoError::Malformed(format!(
+            "header of {} bytes exceeds {MAX_HEADER}",
+            h.len()
+        )));
+    }
+    let total = 4 + h.len() + body.len();
+    if total > MAX_FRAME {
+        return Err(ProtoError::Malformed(format!(
+            "frame of {total} bytes exceeds {MAX_FRAME}; send large files in pieces"
+        )));
+    }
+    let mut out = Vec::with_capacity(4 + total);
+    out.extend_from_slice(&(total as u32).to_le_bytes());
+    out.extend_from_slice(&(h.len() as u32).to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(body);
+    Ok(out)
+}
+
+/// Writes one frame.
+pub fn write_frame<T: Serialize>(
+    w: &mut impl Write,
+    header: &T,
+    body: &[u8],
+) -> Result<(), ProtoError> {
+    let bytes = encode(header, body)?;
+    w.write_all(&bytes)?;
+    Ok(())
+}
+
+/// Decodes the part of a frame after its 4-byte total length.
+pub fn decode_payload<T: DeserializeOwned>(payload: Vec<u8>) -> Result<Frame<T>, ProtoError> {
+    if payload.len() < 4 {
+        return Err(ProtoError::Malformed(
+            "frame shorter than its header length".into(),
+        ));
+    }
+    let hlen = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]) as usize;
+    if hlen > MAX_HEADER || 4 + hlen > payload.len() {
+        return Err(ProtoError::Malformed(format!(
+            "header length {hlen} does not fit the frame of {} bytes",
+            payload.len()
+        )));
+    }
+    let header: T = serde_json::from_slice(&payload[4..4 + hlen])
+        .map_err(|e| ProtoError::Malformed(format!("bad header: {e}")))?;
+    let body = payload[4 + hlen..].to_vec();
+    Ok(Frame { header, body })
+}
+
+/// Reads the 4-byte total length that starts a frame and checks it.
+pub fn check_total(len_bytes: [u8; 4]) -> Result<usize, ProtoError> {
+    let total = u32::from_le_bytes(len_bytes) as usize;
+    if !(4..=MAX_FRAME).contains(&total) {
+        return Err(ProtoError::Malformed(format!(
+            "frame length {total} outside 4..={MAX_FRAME}"
+        )));
+    }
+    Ok(total)
+}
+
+/// Reads one whole frame (blocking).
+pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> Result<Frame<T>, ProtoError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(ProtoError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let total = check_total(len)?;
+    let mut payload = vec![0u8; total];
+    r.read_exact(&mut payload).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            ProtoError::Malformed("frame cut short".into())
+        } else {
+            e.into()
+        }
+    })?;
+    decode_payload(payload)
+}
+
+/// Incremental decoder for non-blocking readers: feed bytes, take whole frames.
+#[derive(Debug, Default)]
+pub struct FrameBuffer {
+    buf: Vec<u8>,
+}
+
+impl FrameBuffer {
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next whole frame, if one has arrived; an error for a malformed one.
+    pub fn next_frame<T: DeserializeOwned>(&mut self) -> Result<Option<Frame<T>>, ProtoError> {
+        if self.buf.len() < 4 {
+            return Ok(None);
+        }
+        let total = check_total([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])?;
+        if self.buf.len() < 4 + total {
+            return Ok(None);
+        }
+        let payload = self.buf[4..4 + total].to_vec();
+        self.buf.drain(..4 + total);
+        decode_payload(payload).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip() {
+        let req = Request::PutFile {
+            path: "a.txt".into(),
+            mode: 0o644,
+        };
+        let bytes = encode(&req, b"hello").unwrap();
+        let f: Frame<Request> = read_frame(&mut &bytes[..]).unwrap();
+        assert_eq!(f.header, req);
+        assert_eq!(f.body, b"hello");
+    }
+
+    #[test]
+    fn rejects_malformed_frames() {
+        // Claims 4 GiB.
+        let mut r: &[u8] = &[0xff, 0xff, 0xff, 0xff];
+        assert!(matches!(
+            read_frame::<Request>(&mut r),
+            Err(ProtoError::Malformed(_))
+        ));
+        // Header length larger than the frame.
+        let mut bad = Vec::new();
+        bad.extend_from_slice(&8u32.to_le_bytes());
+        bad.extend_from_slice(&100u32.to_le_bytes());
+        bad.extend_from_slice(b"{}{}");
+        assert!(matches!(
+            read_frame::<Request>(&mut &bad[..]),
+            Err(ProtoError::Malformed(_))
+        ));
+        // Valid JSON, unknown message type.
+        let bytes = encode(&serde_json::json!({"type": "format_disk"}), b"").unwrap();
+        assert!(read_frame::<Request>(&mut &bytes[..]).is_err());
+        // Unknown field on a known message.
+        let bytes = encode(
+            &serde_json::json!({"type": "kill", "id": 1, "all": true}),
+            b"",
+        )
+        .unwrap();
+        assert!(read_frame::<Request>(&mut &bytes[..]).is_err());
+        // Cut short.
+        let bytes = encode(&Request::Shutdown, b"abc").unwrap();
+        assert!(read_frame::<Request>(&mut &bytes[..bytes.len() - 1]).is_err());
+        // Empty input is a clean close.
+        assert!(matches!(
+            read_frame::<Request>(&mut &[][..]),
+            Err(ProtoError::Closed)
+        ));
+    }
+
+    #[test]
+    fn frame_buffer_splits_and_joins() {
+        let a = encode(&Reply::Ok, b"").unwrap();
+        let b = encode(&Reply::File { truncated: false }, b"xyz").unwrap();
+        let mut all = a.clone();
+        all.extend_from_slice(&b);
+        let mut fb = FrameBuffer::default();
+        fb.push(&all[..3]);
+        assert!(fb.next_frame::<Reply>().unwrap().is_none());
+        fb.push(&all[3..]);
+        assert_eq!(fb.next_frame::<Reply>().unwrap().unwrap().header, Reply::Ok);
+        let f = fb.next_frame::<Reply>().unwrap().unwrap();
+        assert_eq!(f.body, b"xyz");
+        assert!(fb.next_frame::<Reply>().unwrap().is_none());
+    }
+}

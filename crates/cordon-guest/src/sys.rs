@@ -1,0 +1,124 @@
+//! Raw system calls the agent needs that `nix` does not wrap safely. Every unsafe block in
+//! this crate lives here.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+use nix::unistd::Pid;
+
+/// What a fork-like clone returned.
+pub enum Forked {
+    Parent(Pid),
+    Child,
+}
+
+/// Forks into new namespaces (`flags` are CLONE_NEW* bits), like `fork` otherwise.
+///
+/// Only call this while the process is single-threaded: the child continues on a copy of
+/// the caller's stack, as after `fork`.
+pub fn fork_into(flags: libc::c_int) -> io::Result<Forked> {
+    // SAFETY: a raw clone with a null stack behaves as fork(2): the child gets a copy of the
+    // address space and resumes here with return value 0. The agent is single-threaded when
+    // it calls this (documented above), so no lock held by another thread is copied locked.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            0 as libc::c_ulong,
+        )
+    };
+    match ret {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(Pid::from_raw(pid as i32))),
+    }
+}
+
+/// A pollable descriptor for a child process (pidfd_open(2), Linux 5.3+).
+pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory
+    // is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Closes every descriptor from `first` up (close_range(2)).
+pub fn close_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors; callers own every descriptor >= first
+    // (it is used in a freshly forked child just before exec).
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Drops every capability from the bounding set, so nothing exec'd can regain one.
+pub fn drop_bounding_set() -> io::Result<()> {
+    for cap in 0..=63 {
+        // SAFETY: prctl(PR_CAPBSET_DROP, cap) reads only its integer arguments.
+        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        if r < 0 {
+            let err = io::Error::last_os_error();
+            // EINVAL: the kernel knows no capability with this number; we are done.
+            if err.raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// Clears the ambient capability set.
+pub fn clear_ambient() -> io::Result<()> {
+    // SAFETY: prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL) reads only integers.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Ends the calling process at once, without running destructors or atexit handlers (the
+/// right exit for a forked child).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no Rust state.
+    unsafe { libc::_exit(code) }
+}
+
+/// Takes ownership of a descriptor number this process holds and nothing else owns: one the
+/// kernel just passed through SCM_RIGHTS, or one dup2'd into place by the caller.
+pub fn own_fd(raw: RawFd) -> OwnedFd {
+    // SAFETY: callers only pass descriptors that are open and have no other owner (see the
+    // doc comment); the OwnedFd closes it exactly once.
+    unsafe { OwnedFd::from_raw_fd(raw) }
+}
+
+/// Duplicates `fd` onto the number `target` (dup2(2)), replacing whatever was there. Used in
+/// a freshly forked child to put descriptors in their fixed places before exec.
+pub fn dup2_to(fd: &impl std::os::fd::AsRawFd, target: RawFd) -> io::Result<()> {
+    // SAFETY: dup2 only manipulates the descriptor table. The caller is a forked child that
+    // owns every descriptor it holds, so replacing `target` cannot close a descriptor some
+    // other live object still uses in a way that matters before exec.
+    let r = unsafe { libc::dup2(fd.as_raw_fd(), target) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
