@@ -1,0 +1,606 @@
+//! Host patterns, the per-sandbox allow/deny policy and its decisions.
+//!
+//! Syntax of an entry (allow, deny, grant host, HTTP rule host), case-insensitive:
+//! - `api.example.com` exact name, `*.example.com` any name strictly under it, `*` any name;
+//! - optional `:port` (`:443`) or `:*` (any port). Without a port an allow entry permits
+//!   ports 80 and 443 only;
+//! - an IP literal or CIDR (`10.0.0.0/8`, `10.1.2.3:8080`, `[fd00::/8]:443`, `::1`). A CIDR
+//!   allow entry is the only way to let the proxy connect into a non-public range.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::error::{Error, Result};
+use crate::guard;
+
+/// Ports an entry applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ports {
+    /// `:*`
+    Any,
+    /// No port given: 80 and 443 for allow entries, every port for deny entries and grants.
+    Default,
+    /// `:N`
+    One(u16),
+}
+
+/// The host part of an entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMatch {
+    /// `*`
+    AnyName,
+    /// `api.example.com`
+    Exact(String),
+    /// `*.example.com`, stored as `.example.com`
+    Suffix(String),
+    /// An IP literal or CIDR.
+    Net(IpNet),
+}
+
+/// A normalized request host.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Host {
+    /// A DNS name, lowercase, no trailing dot.
+    Name(String),
+    /// An IP literal.
+    Ip(IpAddr),
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Host::Name(n) => f.write_str(n),
+            Host::Ip(IpAddr::V6(v6)) => write!(f, "[{v6}]"),
+            Host::Ip(ip) => write!(f, "{ip}"),
+        }
+    }
+}
+
+impl Host {
+    /// Parses and normalizes a host as it appears in a request (URI authority or CONNECT
+    /// target, brackets allowed around IPv6). Refuses anything that is neither a strict IP
+    /// literal nor a plausible DNS name, including numeric forms like `127.1` or
+    /// `2130706433` that some resolvers would read as addresses.
+    pub fn parse(raw: &str) -> std::result::Result<Host, String> {
+        let raw = raw.trim();
+        if let Some(inner) = raw.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            return inner
+                .parse::<std::net::Ipv6Addr>()
+                .map(|v6| Host::Ip(IpAddr::V6(v6)))
+                .map_err(|_| format!("{raw:?} is not an IPv6 literal"));
+        }
+        if let Ok(ip) = raw.parse::<IpAddr>() {
+            return Ok(Host::Ip(ip));
+        }
+        let name = raw.strip_suffix('.').unwrap_or(raw).to_ascii_lowercase();
+        validate_dns_name(&name)?;
+        Ok(Host::Name(name))
+    }
+
+    /// The name to send as TLS SNI / to verify against.
+    pub fn server_name(&self) -> String {
+        match self {
+            Host::Name(n) => n.clone(),
+            Host::Ip(ip) => ip.to_string(),
+        }
+    }
+}
+
+fn validate_dns_name(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() {
+        return Err("empty host".into());
+    }
+    if name.len() > 253 {
+        return Err("host longer than 253 bytes".into());
+    }
+    let mut last = "";
+    for label in name.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return Err(format!("host {name:?} has an empty or over-long label"));
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(format!(
+                "host {name:?} has characters outside a-z 0-9 - _ (send IDNs as punycode)"
+            ));
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err(format!(
+                "host {name:?} has a label starting or ending with '-'"
+            ));
+        }
+        last = label;
+    }
+    // A name whose last label is numeric (or hex) is an address in disguise: `127.1`,
+    // `0x7f.1`, `2130706433`. Real top-level domains are never numeric.
+    let numeric = last.bytes().all(|b| b.is_ascii_digit())
+        || (last.len() > 2
+            && last[..2].eq_ignore_ascii_case("0x")
+            && last[2..].bytes().all(|b| b.is_ascii_hexdigit()));
+    if numeric {
+        return Err(format!(
+            "host {name:?} looks like a numeric address but is not a plain IP literal"
+        ));
+    }
+    Ok(())
+}
+
+/// One parsed entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern {
+    /// The entry as written (normalized to lowercase), used to name the rule in refusals.
+    pub text: String,
+    /// What hosts it matches.
+    pub host: HostMatch,
+    /// What ports it matches.
+    pub ports: Ports,
+}
+
+impl Pattern {
+    /// Parses one entry; see the module docs for the syntax.
+    pub fn parse(entry: &str) -> Result<Pattern> {
+        let bad = |reason: &str| Error::Pattern {
+            entry: entry.to_string(),
+            reason: reason.to_string(),
+        };
+        let text = entry.trim().to_ascii_lowercase();
+        if text.is_empty() {
+            return Err(bad("empty entry"));
+        }
+        // Bare IPv6 literal or CIDR without brackets: no port possible.
+        if text.contains("::") || text.matches(':').count() > 1 {
+            if text.starts_with('[') {
+                let close = text.find(']').ok_or_else(|| bad("unclosed '['"))?;
+                let inner = &text[1..close];
+                let rest = &text[close + 1..];
+                let net = parse_net(inner).ok_or_else(|| bad("not an IPv6 address or CIDR"))?;
+                let ports = match rest {
+                    "" => Ports::Default,
+                    r => parse_port(r.strip_prefix(':').ok_or_else(|| bad("junk after ']'"))?)
+                        .map_err(|e| bad(&e))?,
+                };
+                return Ok(Pattern {
+                    text,
+                    host: HostMatch::Net(net),
+                    ports,
+                });
+            }
+            let net = parse_net(&text).ok_or_else(|| {
+                bad("not an IPv6 address or CIDR; put IPv6 in brackets to give a port")
+            })?;
+            return Ok(Pattern {
+                text,
+                host: HostMatch::Net(net),
+                ports: Ports::Default,
+            });
+        }
+        let (host, ports) = match text.rsplit_once(':') {
+            Some((h, p)) => (h, parse_port(p).map_err(|e| bad(&e))?),
+            None => (text.as_str(), Ports::Default),
+        };
+        if host.is_empty() {
+            return Err(bad("no host before the port"));
+        }
+        if let Some(net) = parse_net(host) {
+            return Ok(Pattern {
+                text: text.clone(),
+                host: HostMatch::Net(net),
+                ports,
+            });
+        }
+        if host.contains('/') {
+            return Err(bad("not a valid CIDR"));
+        }
+        let hm = if host == "*" {
+            HostMatch::AnyName
+        } else if let Some(suffix) = host.strip_prefix("*.") {
+            validate_dns_name(suffix).map_err(|e| bad(&e))?;
+            HostMatch::Suffix(format!(".{suffix}"))
+        } else {
+            if host.contains('*') {
+                return Err(bad("'*' is only allowed as `*` or a leading `*.`"));
+            }
+            let name = host.strip_suffix('.').unwrap_or(host);
+            validate_dns_name(name).map_err(|e| bad(&e))?;
+            HostMatch::Exact(name.to_string())
+        };
+        Ok(Pattern {
+            text,
+            host: hm,
+            ports,
+        })
+    }
+
+    /// True if the host part matches `host` (ports not considered).
+    pub fn matches_host(&self, host: &Host) -> bool {
+        match (&self.host, host) {
+            (HostMatch::AnyName, Host::Name(_)) => true,
+            (HostMatch::Exact(e), Host::Name(n)) => e == n,
+            (HostMatch::Suffix(s), Host::Name(n)) => n.len() > s.len() && n.ends_with(s.as_str()),
+            (HostMatch::Net(net), Host::Ip(ip)) => net.contains(ip),
+            _ => false,
+        }
+    }
+
+    /// True if `port` matches, where `default` are the ports an entry without a port means.
+    pub fn matches_port(&self, port: u16, default: &[u16]) -> bool {
+        match self.ports {
+            Ports::Any => true,
+            Ports::One(p) => p == port,
+            Ports::Default => default.is_empty() || default.contains(&port),
+        }
+    }
+
+    /// True if this is a CIDR entry containing `ip` with a matching port.
+    fn net_contains(&self, ip: IpAddr, port: u16, default: &[u16]) -> bool {
+        matches!(&self.host, HostMatch::Net(net) if net.contains(&ip))
+            && self.matches_port(port, default)
+    }
+}
+
+fn parse_port(p: &str) -> std::result::Result<Ports, String> {
+    if p == "*" {
+        return Ok(Ports::Any);
+    }
+    match p.parse::<u16>() {
+        Ok(0) | Err(_) => Err(format!("port {p:?} is not 1-65535 or *")),
+        Ok(n) => Ok(Ports::One(n)),
+    }
+}
+
+fn parse_net(s: &str) -> Option<IpNet> {
+    if let Ok(net) = s.parse::<IpNet>() {
+        return Some(net.trunc());
+    }
+    s.parse::<IpAddr>().ok().map(IpNet::from)
+}
+
+/// Ports an allow entry without a port permits.
+pub const DEFAULT_ALLOW_PORTS: [u16; 2] = [80, 443];
+
+/// A refusal: the rule that refused and a sentence for the 403 body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The refusing rule, e.g. `deny *.evil.test`, `default-deny`, `address-guard:loopback`.
+    pub rule: String,
+    /// What happened, for humans.
+    pub reason: String,
+}
+
+impl Refusal {
+    pub(crate) fn new(rule: impl Into<String>, reason: impl Into<String>) -> Self {
+        Refusal {
+            rule: rule.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The compiled allow/deny policy of one sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    allow: Vec<Pattern>,
+    deny: Vec<Pattern>,
+    /// Hosts granted by a grant or an HTTP rule: implicitly allowed on 443.
+    implicit: Vec<(Pattern, String)>,
+}
+
+impl Policy {
+    /// Compiles allow and deny entries. Every entry must parse: a typo must not widen or
+    /// silently narrow the policy.
+    pub fn new(allow: &[String], deny: &[String]) -> Result<Policy> {
+        Ok(Policy {
+            allow: allow
+                .iter()
+                .map(|e| Pattern::parse(e))
+                .collect::<Result<_>>()?,
+            deny: deny
+                .iter()
+                .map(|e| Pattern::parse(e))
+                .collect::<Result<_>>()?,
+            implicit: Vec::new(),
+        })
+    }
+
+    /// Adds a host that a grant or HTTP rule names; it is allowed on port 443 (or the port
+    /// the pattern names) unless denied.
+    pub(crate) fn add_implicit(&mut self, pattern: Pattern, why: String) {
+        self.implicit.push((pattern, why));
+    }
+
+    /// Decides whether `host:port` may be requested. Deny entries win over everything.
+    /// Returns the allowing rule's text.
+    pub fn check_host(&self, host: &Host, port: u16) -> std::result::Result<String, Refusal> {
+        for d in &self.deny {
+            if d.matches_host(host) && d.matches_port(port, &[]) {
+                return Err(Refusal::new(
+                    format!("deny {}", d.text),
+                    format!("{host}:{port} matches the deny entry {:?}", d.text),
+                ));
+            }
+        }
+        for a in &self.allow {
+            if a.matches_host(host) && a.matches_port(port, &DEFAULT_ALLOW_PORTS) {
+                return Ok(format!("allow {}", a.text));
+            }
+        }
+        for (p, why) in &self.implicit {
+            if p.matches_host(host) && p.matches_port(port, &[443]) {
+                return Ok(why.clone());
+            }
+        }
+        let near = self
+            .allow
+            .iter()
+            .chain(self.implicit.iter().map(|(p, _)| p))
+            .any(|a| a.matches_host(host));
+        let reason = if near {
+            format!("{host} is allowed, but not on port {port}")
+        } else {
+            format!("{host}:{port} is not in this sandbox's egress allow list")
+        };
+        Err(Refusal::new("default-deny", reason))
+    }
+
+    /// Decides whether the proxy may connect to `ip:port` (a resolved or literal address).
+    /// Deny CIDRs win; non-public addresses need an allow entry whose CIDR contains them.
+    pub fn check_addr(&self, ip: IpAddr, port: u16) -> std::result::Result<(), Refusal> {
+        for d in &self.deny {
+            if d.net_contains(ip, port, &[]) {
+                return Err(Refusal::new(
+                    format!("deny {}", d.text),
+                    format!("address {ip} matches the deny entry {:?}", d.text),
+                ));
+            }
+        }
+        if let Some(class) = guard::classify(ip) {
+            let explicit = self
+                .allow
+                .iter()
+                .any(|a| a.net_contains(ip, port, &DEFAULT_ALLOW_PORTS));
+            if !explicit {
+                return Err(Refusal::new(
+                    format!("address-guard:{}", class.as_str()),
+                    format!(
+                        "address {ip} is {} and no allow entry names its range explicitly",
+                        class.as_str()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// True if nothing at all is allowed.
+    pub fn is_closed(&self) -> bool {
+        self.allow.is_empty() && self.implicit.is_empty()
+    }
+}
+
+/// Path check shared by grants and HTTP rules: refuses dot segments and encoded separators
+/// that an upstream might normalize differently from a plain prefix comparison.
+pub(crate) fn path_is_canonical(path: &str) -> bool {
+    if !path.starts_with('/') || path.contains('\\') {
+        return false;
+    }
+    let lower = path.to_ascii_lowercase();
+    if lower.contains("%2e")
+        || lower.contains("%2f")
+        || lower.contains("%5c")
+        || lower.contains("%00")
+    {
+        return false;
+    }
+    !path.split('/').any(|seg| seg == "." || seg == "..")
+}
+
+/// Segment-aware prefix match: `/repos/me` matches `/repos/me` and `/repos/me/x`, not
+/// `/repos/meanie`. A prefix ending in `/` matches anything under it.
+pub(crate) fn path_has_prefix(path: &str, prefix: &str) -> bool {
+    if prefix.is_empty() || prefix == "/" {
+        return true;
+    }
+    match path.strip_prefix(prefix) {
+        Some(rest) => prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(s: &str) -> Host {
+        Host::parse(s).unwrap()
+    }
+
+    fn pol(allow: &[&str], deny: &[&str]) -> Policy {
+        let a: Vec<String> = allow.iter().map(|s| s.to_string()).collect();
+        let d: Vec<String> = deny.iter().map(|s| s.to_string()).collect();
+        Policy::new(&a, &d).unwrap()
+    }
+
+    #[test]
+    fn patterns_parse() {
+        let p = Pattern::parse("API.Example.com").unwrap();
+        assert_eq!(p.host, HostMatch::Exact("api.example.com".into()));
+        assert_eq!(p.ports, Ports::Default);
+        let p = Pattern::parse("*.files.example.test:443").unwrap();
+        assert_eq!(p.host, HostMatch::Suffix(".files.example.test".into()));
+        assert_eq!(p.ports, Ports::One(443));
+        assert_eq!(Pattern::parse("x.test:*").unwrap().ports, Ports::Any);
+        assert!(matches!(
+            Pattern::parse("10.0.0.0/8").unwrap().host,
+            HostMatch::Net(_)
+        ));
+        assert_eq!(
+            Pattern::parse("10.1.2.3:8080").unwrap().ports,
+            Ports::One(8080)
+        );
+        assert_eq!(
+            Pattern::parse("[fd00::/8]:443").unwrap().ports,
+            Ports::One(443)
+        );
+        assert!(matches!(
+            Pattern::parse("::1").unwrap().host,
+            HostMatch::Net(_)
+        ));
+        for bad in [
+            "",
+            "a.*.com",
+            "*foo.com",
+            "x.test:0",
+            "x.test:99999",
+            "x.test:http",
+            "bad host",
+            "10.0.0.0/33",
+            "[fd00::/8",
+            "127.1",
+            "2130706433",
+            "0x7f.1",
+            ":80",
+            "ex ample.com",
+            "-a.com",
+        ] {
+            assert!(Pattern::parse(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn hosts_normalize_and_refuse_disguised_addresses() {
+        assert_eq!(h("Example.COM."), Host::Name("example.com".into()));
+        assert_eq!(h("[::1]"), Host::Ip("::1".parse().unwrap()));
+        assert_eq!(h("127.0.0.1"), Host::Ip("127.0.0.1".parse().unwrap()));
+        for bad in [
+            "127.1",
+            "2130706433",
+            "0x7f000001",
+            "0x7f.0.0.1",
+            "017700000001",
+            "a..b",
+            "",
+            "exa%6dple.com",
+            "évil.com",
+            "a b",
+            "[127.0.0.1]",
+        ] {
+            assert!(Host::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn allow_exact_suffix_and_ports() {
+        let p = pol(
+            &["api.example.test", "*.files.example.test:443", "any.test:*"],
+            &[],
+        );
+        assert!(p.check_host(&h("api.example.test"), 443).is_ok());
+        assert!(p.check_host(&h("api.example.test"), 80).is_ok());
+        let r = p.check_host(&h("api.example.test"), 8080).unwrap_err();
+        assert_eq!(r.rule, "default-deny");
+        assert!(r.reason.contains("not on port 8080"));
+        assert!(p.check_host(&h("a.files.example.test"), 443).is_ok());
+        assert!(p.check_host(&h("a.b.files.example.test"), 443).is_ok());
+        assert!(p.check_host(&h("a.files.example.test"), 80).is_err());
+        // the suffix pattern does not match the apex or look-alikes
+        assert!(p.check_host(&h("files.example.test"), 443).is_err());
+        assert!(p.check_host(&h("evilfiles.example.test"), 443).is_err());
+        assert!(p.check_host(&h("api.example.test.evil.test"), 443).is_err());
+        assert!(p.check_host(&h("any.test"), 5432).is_ok());
+        assert_eq!(
+            p.check_host(&h("other.test"), 443).unwrap_err().rule,
+            "default-deny"
+        );
+    }
+
+    #[test]
+    fn deny_wins() {
+        let p = pol(
+            &["*.example.test:*"],
+            &["secret.example.test", "*.x.example.test:22"],
+        );
+        let r = p.check_host(&h("secret.example.test"), 443).unwrap_err();
+        assert_eq!(r.rule, "deny secret.example.test");
+        assert!(p.check_host(&h("a.x.example.test"), 22).is_err());
+        assert!(p.check_host(&h("a.x.example.test"), 443).is_ok());
+    }
+
+    #[test]
+    fn empty_policy_refuses_everything() {
+        let p = pol(&[], &[]);
+        assert!(p.is_closed());
+        assert!(p.check_host(&h("example.com"), 443).is_err());
+        assert!(p.check_host(&h("8.8.8.8"), 443).is_err());
+    }
+
+    #[test]
+    fn address_guard_needs_explicit_cidr() {
+        let p = pol(&["api.test:*"], &[]);
+        let r = p.check_addr("127.0.0.1".parse().unwrap(), 80).unwrap_err();
+        assert_eq!(r.rule, "address-guard:loopback");
+        let r = p
+            .check_addr("169.254.169.254".parse().unwrap(), 80)
+            .unwrap_err();
+        assert_eq!(r.rule, "address-guard:link-local");
+        assert!(
+            p.check_addr("::ffff:127.0.0.1".parse().unwrap(), 80)
+                .is_err()
+        );
+        assert!(p.check_addr("93.184.216.34".parse().unwrap(), 443).is_ok());
+
+        let p = pol(&["api.test:*", "127.0.0.1/32:*"], &[]);
+        assert!(p.check_addr("127.0.0.1".parse().unwrap(), 8080).is_ok());
+        assert!(p.check_addr("127.0.0.2".parse().unwrap(), 8080).is_err());
+
+        // CIDR allow with a port only opens that port
+        let p = pol(&["10.0.0.0/8:5432"], &[]);
+        assert!(p.check_addr("10.1.1.1".parse().unwrap(), 5432).is_ok());
+        assert!(p.check_addr("10.1.1.1".parse().unwrap(), 22).is_err());
+        // an IP literal host matches the CIDR entry as a host rule too
+        assert!(p.check_host(&h("10.1.1.1"), 5432).is_ok());
+        assert!(p.check_host(&h("10.1.1.1"), 80).is_err());
+
+        // deny CIDR wins over an explicit allow
+        let p = pol(&["10.0.0.0/8:*"], &["10.9.0.0/16"]);
+        assert_eq!(
+            p.check_addr("10.9.1.1".parse().unwrap(), 80)
+                .unwrap_err()
+                .rule,
+            "deny 10.9.0.0/16"
+        );
+    }
+
+    #[test]
+    fn any_name_does_not_open_private_ranges() {
+        let p = pol(&["*:*"], &[]);
+        assert!(p.check_host(&h("whatever.test"), 1234).is_ok());
+        assert!(p.check_addr("10.0.0.1".parse().unwrap(), 80).is_err());
+        // `*` matches names, not IP literals
+        assert!(p.check_host(&h("10.0.0.1"), 80).is_err());
+    }
+
+    #[test]
+    fn paths() {
+        assert!(path_is_canonical("/repos/me/x"));
+        for bad in [
+            "/repos/me/../admin",
+            "/repos/./me",
+            "/repos/%2e%2e/admin",
+            "/repos%2fme",
+            "repos",
+            "/a\\b",
+            "/a/..",
+        ] {
+            assert!(!path_is_canonical(bad), "{bad}");
+        }
+        assert!(path_has_prefix("/repos/me", "/repos/me"));
+        assert!(path_has_prefix("/repos/me/x", "/repos/me"));
+        assert!(!path_has_prefix("/repos/meanie", "/repos/me"));
+        assert!(path_has_prefix("/repos/meanie", "/repos/"));
+        assert!(path_has_prefix("/x", "/"));
+    }
+}
