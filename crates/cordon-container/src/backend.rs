@@ -501,7 +501,8 @@ impl ContainerSandbox {
             stdio: StdioMode::Passed,
             limits: ProcLimits {
                 open_files: limits.open_files,
-                file_size: limits.disk_bytes,
+                // A second layer only: the workspace's own size limit answers first (ENOSPC).
+                file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
                 address_space: 0,
             },
         };

@@ -1,0 +1,743 @@
+//! The container tier's integration tests: functional behaviour and the escape battery.
+//!
+//! They need root, user namespaces, cgroups and Landlock ABI 4+. Where the host lacks one,
+//! each test says so loudly and skips, unless CORDON_REQUIRE_ALL=1 (set by CI on machines
+//! that have everything), where a missing capability fails the test instead.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use cordon_container::{ContainerBackend, ContainerConfig};
+use cordon_core::{
+    Backend, Command, Error, ExecOutcome, ExecRequest, Language, OutputStream, Sandbox,
+    SandboxSpec, Termination, Tier, TierStatus,
+};
+
+fn init_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_cordon-sandbox-init"))
+}
+
+fn backend() -> Option<&'static ContainerBackend> {
+    static B: OnceLock<Option<ContainerBackend>> = OnceLock::new();
+    B.get_or_init(|| {
+        let b = ContainerBackend::new(ContainerConfig::with_init(init_path()));
+        let probe = b.probe();
+        if probe.status == TierStatus::Unavailable {
+            let missing: Vec<String> = probe
+                .capabilities
+                .iter()
+                .filter(|c| !c.ok && c.required)
+                .map(|c| format!("{}: {}", c.name, c.detail))
+                .collect();
+            let msg = format!(
+                "container tier unavailable on this host ({}); container tests cannot run",
+                missing.join("; ")
+            );
+            if std::env::var_os("CORDON_REQUIRE_ALL").is_some() {
+                panic!("{msg} (CORDON_REQUIRE_ALL is set)");
+            }
+            eprintln!("\n!!!!! SKIPPING: {msg} !!!!!\n");
+            return None;
+        }
+        Some(b)
+    })
+    .as_ref()
+}
+
+macro_rules! need_backend {
+    () => {
+        match backend() {
+            Some(b) => b,
+            None => return,
+        }
+    };
+}
+
+fn spec() -> SandboxSpec {
+    let mut s = SandboxSpec::new(Tier::Container);
+    s.limits.timeout_ms = 20_000;
+    s
+}
+
+fn run_in(b: &ContainerBackend, spec: &SandboxSpec, req: &ExecRequest) -> ExecOutcome {
+    let mut sb = b.create(spec).expect("create sandbox");
+    let mut sink = |_: OutputStream, _: &[u8]| {};
+    let out = sb.exec(req, &mut sink).expect("exec");
+    sb.destroy().expect("destroy");
+    out
+}
+
+fn sh(b: &ContainerBackend, script: &str) -> ExecOutcome {
+    run_in(b, &spec(), &ExecRequest::code(Language::Bash, script))
+}
+
+fn py(b: &ContainerBackend, code: &str) -> ExecOutcome {
+    run_in(b, &spec(), &ExecRequest::code(Language::Python, code))
+}
+
+fn text(v: &[u8]) -> String {
+    String::from_utf8_lossy(v).into_owned()
+}
+
+fn cgroup_exists(id: &str) -> bool {
+    ["pids", "memory", "cpu", "cpuacct", "unified", ""]
+        .iter()
+        .any(|c| {
+            PathBuf::from("/sys/fs/cgroup")
+                .join(c)
+                .join("cordon")
+                .join(id)
+                .exists()
+        })
+}
+
+// ---------------------------------------------------------------- functional
+
+#[test]
+fn python_runs_and_exit_codes_pass_through() {
+    let b = need_backend!();
+    let o = py(b, "print(2+2)");
+    assert_eq!(o.termination, Termination::Exited);
+    assert_eq!(o.exit_code, Some(0));
+    assert_eq!(text(&o.stdout), "4\n");
+    let o = py(b, "import sys; sys.stderr.write('bad\\n'); sys.exit(3)");
+    assert_eq!(o.exit_code, Some(3));
+    assert_eq!(text(&o.stderr), "bad\n");
+    assert!(o.usage.wall_time_us > 0 && o.usage.cpu_time_us > 0);
+}
+
+#[test]
+fn runs_as_unprivileged_user_without_capabilities() {
+    let b = need_backend!();
+    let o = sh(
+        b,
+        "id -u; id -g; grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status",
+    );
+    let out = text(&o.stdout);
+    assert!(out.starts_with("1000\n1000\n"), "{out}");
+    for cap in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+        assert!(
+            out.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap} not empty: {out}"
+        );
+    }
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    assert!(out.contains("Seccomp:\t2"), "{out}");
+}
+
+#[test]
+fn environment_is_only_what_was_given() {
+    let b = need_backend!();
+    let mut s = spec();
+    s.env.insert("GIVEN".into(), "yes".into());
+    let mut req = ExecRequest::argv(["/usr/bin/env"]);
+    req.env.insert("PER_EXEC".into(), "1".into());
+    let o = run_in(b, &s, &req);
+    let names: BTreeSet<String> = text(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.to_string()))
+        .collect();
+    let want: BTreeSet<String> = ["PATH", "HOME", "LANG", "GIVEN", "PER_EXEC"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(names, want);
+    assert!(text(&o.stdout).contains("HOME=/work\n"));
+}
+
+#[test]
+fn stdin_files_in_and_out() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    sb.put_file("/work/data.csv", b"a\n1\n2\n", 0o644).unwrap();
+    sb.put_file("sub/dir/x.txt", b"nested", 0o600).unwrap();
+    let mut req = ExecRequest::code(
+        Language::Bash,
+        "wc -l < data.csv > result.txt; cat sub/dir/x.txt; cat - | tr a-z A-Z",
+    );
+    req.stdin = Some(b"hello stdin".to_vec());
+    let mut streamed = Vec::new();
+    let mut sink = |s: OutputStream, d: &[u8]| {
+        if s == OutputStream::Stdout {
+            streamed.extend_from_slice(d)
+        }
+    };
+    let o = sb.exec(&req, &mut sink).unwrap();
+    assert_eq!(o.exit_code, Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "nestedHELLO STDIN");
+    assert_eq!(
+        streamed, o.stdout,
+        "streamed output must equal the collected output"
+    );
+    assert_eq!(sb.get_file("/work/result.txt", 1024).unwrap(), b"3\n");
+    // A second exec in the same sandbox sees the files of the first.
+    let o = sb
+        .exec(
+            &ExecRequest::code(Language::Sh, "cat result.txt"),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    assert_eq!(text(&o.stdout), "3\n");
+    // Too large for the caller's limit.
+    assert!(matches!(
+        sb.get_file("data.csv", 2),
+        Err(Error::File { .. })
+    ));
+    assert!(matches!(
+        sb.get_file("missing.txt", 10),
+        Err(Error::File { .. })
+    ));
+    sb.destroy().unwrap();
+    sb.destroy().unwrap(); // idempotent
+    assert!(matches!(
+        sb.get_file("data.csv", 10),
+        Err(Error::Gone { .. })
+    ));
+}
+
+#[test]
+fn missing_program_is_reported() {
+    let b = need_backend!();
+    let o = run_in(b, &spec(), &ExecRequest::argv(["no-such-program-xyz"]));
+    assert_eq!(o.exit_code, Some(127));
+    assert!(
+        text(&o.stderr).contains("cannot run no-such-program-xyz"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+// ---------------------------------------------------------------- escape battery
+
+#[test]
+fn host_secrets_files_are_not_visible() {
+    let b = need_backend!();
+    let o = sh(
+        b,
+        "cat /etc/shadow; ls -A /root; ls /etc; cat /etc/hostname; ls /sys; ls /home",
+    );
+    let out = text(&o.stdout);
+    let etc: BTreeSet<&str> = out.lines().collect();
+    for f in ["group", "hosts", "nsswitch.conf", "passwd"] {
+        assert!(etc.contains(f), "{f} missing from /etc: {out}");
+    }
+    assert!(
+        !etc.contains("shadow") && !etc.contains("ssh") && !etc.contains("apt"),
+        "host /etc leaked: {out}"
+    );
+    let err = text(&o.stderr);
+    assert!(err.contains("/etc/shadow: No such file"), "{err}");
+    assert!(
+        err.contains("/root") && err.contains("/sys") && err.contains("/home"),
+        "{err}"
+    );
+    if let Ok(shadow) = std::fs::read_to_string("/etc/shadow") {
+        let first = shadow.lines().next().unwrap_or_default();
+        assert!(first.is_empty() || !out.contains(first));
+    }
+}
+
+/// Runs in a child test process whose environment holds a canary; see the test below.
+#[test]
+fn canary_child() {
+    let Ok(canary) = std::env::var("CORDON_TEST_CANARY") else {
+        return; // Only meaningful when started by env_canary_never_appears.
+    };
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    let o = sb
+        .exec(
+            &ExecRequest::code(
+                Language::Bash,
+                "env; cat /proc/1/environ /proc/self/environ 2>&1; grep -rs CORDON /proc/*/environ /proc/*/cmdline; ls -la /work /tmp; true",
+            ),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    let mut everything = o.stdout.clone();
+    everything.extend_from_slice(&o.stderr);
+    for f in ["a", "b"] {
+        let _ = sb.put_file(f, b"x", 0o644);
+    }
+    assert!(
+        !text(&everything).contains(&canary),
+        "canary leaked into the sandbox"
+    );
+    sb.destroy().unwrap();
+    println!("CANARY-CHECK-RAN");
+}
+
+#[test]
+fn env_canary_never_appears() {
+    if backend().is_none() {
+        return;
+    }
+    let canary = format!(
+        "canary-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "canary_child", "--nocapture", "--test-threads=1"])
+        .env("CORDON_TEST_CANARY", &canary)
+        .env("AWS_SECRET_ACCESS_KEY", &canary)
+        .output()
+        .unwrap();
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "child failed: {all}");
+    assert!(
+        all.contains("CANARY-CHECK-RAN"),
+        "child did not run the check: {all}"
+    );
+}
+
+#[test]
+fn writes_outside_work_and_tmp_fail() {
+    let b = need_backend!();
+    let o = sh(
+        b,
+        "for p in /usr/x /etc/x /x /bin/x /dev/x /proc/x; do if echo hi > $p 2>/dev/null; then echo WROTE $p; fi; done;
+         echo ok > /work/w && echo ok > /tmp/t && echo ok > /dev/shm/s && echo inside-ok",
+    );
+    let out = text(&o.stdout);
+    assert!(!out.contains("WROTE"), "{out}");
+    assert!(out.contains("inside-ok"), "{out} {}", text(&o.stderr));
+}
+
+#[test]
+fn cannot_connect_to_host_loopback() {
+    let b = need_backend!();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let o = py(
+        b,
+        &format!(
+            "import socket\nfor host in ['127.0.0.1', 'localhost', '10.0.2.2', '169.254.169.254']:\n  s = socket.socket(); s.settimeout(2)\n  try:\n    s.connect((host, {port})); print('CONNECTED', host)\n  except OSError as e:\n    print('refused', host, e.errno)\n"
+        ),
+    );
+    let out = text(&o.stdout);
+    assert!(!out.contains("CONNECTED"), "{out}");
+    assert_eq!(
+        out.matches("refused").count(),
+        4,
+        "{out} {}",
+        text(&o.stderr)
+    );
+    assert!(
+        listener.accept().is_err(),
+        "the host listener got a connection"
+    );
+    // No interface but loopback.
+    let o = sh(
+        b,
+        "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '",
+    );
+    assert_eq!(text(&o.stdout).trim(), "lo");
+}
+
+#[test]
+fn tcp_bind_is_refused() {
+    let b = need_backend!();
+    let o = py(
+        b,
+        "import socket\ns = socket.socket()\ntry:\n  s.bind(('127.0.0.1', 8080)); s.listen(); print('BOUND')\nexcept OSError as e:\n  print('denied', e.errno)",
+    );
+    assert!(text(&o.stdout).starts_with("denied"), "{}", text(&o.stdout));
+}
+
+#[test]
+fn raw_packet_and_netlink_sockets_are_refused() {
+    let b = need_backend!();
+    let o = py(
+        b,
+        "import socket\ncases = [('packet', 17, socket.SOCK_RAW, 0), ('raw-icmp', 2, socket.SOCK_RAW, 1), ('raw-inet6', 10, socket.SOCK_RAW, 58),\n ('netlink-audit', 16, socket.SOCK_RAW, 9), ('vsock', 40, socket.SOCK_STREAM, 0), ('alg', 38, socket.SOCK_SEQPACKET, 0), ('packet-dgram', 17, socket.SOCK_DGRAM, 0)]\nfor name, fam, typ, proto in cases:\n  try:\n    socket.socket(fam, typ, proto); print('OPENED', name)\n  except OSError as e:\n    print('denied', name, e.errno)\n",
+    );
+    let out = text(&o.stdout);
+    assert!(!out.contains("OPENED"), "{out}");
+    assert_eq!(
+        out.matches("denied").count(),
+        7,
+        "{out} {}",
+        text(&o.stderr)
+    );
+}
+
+const SYSCALL_PROBE: &str = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {
+  'ptrace-attach-1': (101, 16, 1, 0, 0),
+  'mount': (165, 0, 0, 0, 0),
+  'unshare-user': (272, 0x10000000, 0, 0, 0),
+  'unshare-net': (272, 0x40000000, 0, 0, 0),
+  'setns': (308, 0, 0, 0, 0),
+  'keyctl': (250, 0, 0, 0, 0),
+  'add_key': (248, 0, 0, 0, 0),
+  'bpf': (321, 0, 0, 0, 0),
+  'io_uring_setup': (425, 1, 0, 0, 0),
+  'userfaultfd': (323, 0, 0, 0, 0),
+  'perf_event_open': (298, 0, 0, 0, 0),
+  'kexec_load': (246, 0, 0, 0, 0),
+  'init_module': (175, 0, 0, 0, 0),
+  'finit_module': (313, 0, 0, 0, 0),
+  'pivot_root': (155, 0, 0, 0, 0),
+  'chroot': (161, 0, 0, 0, 0),
+  'clone-newuser': (56, 0x10000000 | 17, 0, 0, 0),
+  'clone-newpid': (56, 0x20000000 | 17, 0, 0, 0),
+  'clone3': (435, 0, 0, 0, 0),
+  'process_vm_readv': (310, 1, 0, 0, 0),
+  'open_by_handle_at': (304, 0, 0, 0, 0),
+}
+for name, (nr, a, b, c, d) in calls.items():
+  r = libc.syscall(nr, ctypes.c_long(a), ctypes.c_long(b), ctypes.c_long(c), ctypes.c_long(d))
+  e = ctypes.get_errno()
+  print(name, 'ALLOWED' if r >= 0 else e)
+"#;
+
+#[test]
+fn dangerous_syscalls_are_refused() {
+    let b = need_backend!();
+    let o = py(b, SYSCALL_PROBE);
+    let out = text(&o.stdout);
+    assert_eq!(out.lines().count(), 21, "{out} {}", text(&o.stderr));
+    for line in out.lines() {
+        let (name, res) = line.split_once(' ').unwrap();
+        let want = if name == "clone3" { "38" } else { "1" };
+        assert_eq!(res, want, "{name} was not refused as expected: {out}");
+    }
+    // The same through the tools a user would reach for.
+    let o = sh(
+        b,
+        "unshare -U true && echo UNSHARED; mount -t tmpfs none /tmp && echo MOUNTED; true",
+    );
+    assert!(!text(&o.stdout).contains("UNSHARED") && !text(&o.stdout).contains("MOUNTED"));
+}
+
+#[test]
+fn host_processes_are_invisible_and_unsignalable() {
+    let b = need_backend!();
+    let mut victim = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let vpid = victim.id();
+    let me = std::process::id();
+    let o = py(
+        b,
+        &format!(
+            "import os, signal\npids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\nprint('pids', pids)\nfor pid in ({vpid}, {me}, 1):\n  try:\n    os.kill(pid, signal.SIGKILL); print('sent', pid)\n  except OSError as e:\n    print('failed', pid, e.errno)\n"
+        ),
+    );
+    let out = text(&o.stdout);
+    assert!(out.contains(&format!("failed {vpid} 3")), "{out}");
+    assert!(
+        out.contains(&format!("failed {me} 3")) || !out.contains(&format!("sent {me}")),
+        "{out}"
+    );
+    let pids_line = out.lines().next().unwrap();
+    let count = pids_line.matches(',').count() + 1;
+    assert!(
+        count <= 3,
+        "the sandbox sees too many processes: {pids_line}"
+    );
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the host process was killed"
+    );
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+}
+
+#[test]
+fn proc_mem_of_another_process_is_refused() {
+    let b = need_backend!();
+    let o = py(
+        b,
+        "import os\nfor target in ('/proc/1/mem', '/proc/1/environ', '/proc/1/root/etc'):\n  try:\n    f = open(target, 'r+b') if target.endswith('mem') else open(target, 'rb')\n    print('OPENED', target)\n  except OSError as e:\n    print('denied', target, e.errno)\n",
+    );
+    let out = text(&o.stdout);
+    assert!(!out.contains("OPENED"), "{out}");
+    assert_eq!(
+        out.matches("denied").count(),
+        3,
+        "{out} {}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn setuid_binaries_grant_nothing() {
+    let b = need_backend!();
+    let o = sh(
+        b,
+        "ls -l /usr/bin/passwd; /usr/bin/passwd -S root; echo rc=$?; grep ' /usr ' /proc/self/mountinfo",
+    );
+    let out = text(&o.stdout);
+    if std::path::Path::new("/usr/bin/passwd").exists() {
+        assert!(!out.contains("rc=0"), "passwd succeeded: {out}");
+    }
+    let usr_mount = out
+        .lines()
+        .find(|l| l.contains(" /usr "))
+        .unwrap_or_default();
+    assert!(
+        usr_mount.contains("nosuid") && usr_mount.contains("ro"),
+        "{usr_mount}"
+    );
+}
+
+#[test]
+fn fork_bomb_stops_at_process_limit() {
+    let b = need_backend!();
+    let mut s = spec();
+    s.limits.pids = 32;
+    s.limits.timeout_ms = 15_000;
+    let o = run_in(
+        b,
+        &s,
+        &ExecRequest::code(Language::Bash, "bomb() { bomb | bomb & }; bomb; wait"),
+    );
+    assert_eq!(o.termination, Termination::ProcessLimit, "{o:?}");
+    // The host still forks.
+    assert!(
+        std::process::Command::new("true")
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+#[test]
+fn memory_bomb_is_out_of_memory() {
+    let b = need_backend!();
+    let mut s = spec();
+    s.limits.memory_bytes = 64 << 20;
+    let o = run_in(
+        b,
+        &s,
+        &ExecRequest::code(
+            Language::Python,
+            "x = []\nwhile True:\n  x.append(bytearray(8 << 20))",
+        ),
+    );
+    assert_eq!(o.termination, Termination::OutOfMemory, "{o:?}");
+    assert_eq!(o.signal, Some(9));
+}
+
+#[test]
+fn infinite_loop_times_out_and_daemons_die_too() {
+    let b = need_backend!();
+    let mut s = spec();
+    s.limits.timeout_ms = 700;
+    let mut sb = b.create(&s).unwrap();
+    let id = sb.id().to_string();
+    let o = sb
+        .exec(
+            &ExecRequest::code(Language::Bash, "(setsid sleep 1000 &); (sleep 1000 &) ; nohup sleep 1000 >/dev/null 2>&1 & while :; do :; done"),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    assert_eq!(o.termination, Termination::Timeout);
+    // Only the sandbox's own init processes remain in its cgroup: the tree is gone.
+    let procs = ["pids", "unified"]
+        .iter()
+        .map(|c| {
+            PathBuf::from("/sys/fs/cgroup")
+                .join(c)
+                .join("cordon")
+                .join(&id)
+                .join("cgroup.procs")
+        })
+        .find(|p| p.exists())
+        .unwrap();
+    let left = std::fs::read_to_string(&procs).unwrap();
+    assert_eq!(left.lines().count(), 2, "leftover processes: {left}");
+    // And the sandbox still works after a timeout.
+    let o = sb
+        .exec(
+            &ExecRequest::argv(["echo", "alive"]),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    assert_eq!(text(&o.stdout), "alive\n");
+    sb.destroy().unwrap();
+    assert!(!cgroup_exists(&id));
+}
+
+#[test]
+fn filling_the_disk_hits_enospc_inside() {
+    let b = need_backend!();
+    let mut s = spec();
+    s.limits.disk_bytes = 8 << 20;
+    let o = run_in(
+        b,
+        &s,
+        &ExecRequest::code(
+            Language::Bash,
+            "dd if=/dev/zero of=/work/big bs=1M count=64",
+        ),
+    );
+    assert_eq!(o.termination, Termination::DiskLimit, "{o:?}");
+    assert!(
+        text(&o.stderr).contains("No space left"),
+        "{}",
+        text(&o.stderr)
+    );
+    let mut s = spec();
+    s.limits.tmp_bytes = 4 << 20;
+    let o = run_in(
+        b,
+        &s,
+        &ExecRequest::code(Language::Bash, "head -c 16M /dev/zero > /tmp/big"),
+    );
+    assert_eq!(o.termination, Termination::DiskLimit, "{o:?}");
+}
+
+#[test]
+fn output_flood_is_truncated() {
+    let b = need_backend!();
+    let mut s = spec();
+    s.limits.stdout_bytes = 64 << 10;
+    let o = run_in(b, &s, &ExecRequest::code(Language::Bash, "yes flood"));
+    assert_eq!(o.termination, Termination::OutputLimit);
+    assert!(o.stdout_truncated);
+    assert_eq!(o.stdout.len(), 64 << 10);
+}
+
+#[test]
+fn symlinks_and_traversal_are_refused_for_files_out() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    let o = sb
+        .exec(
+            &ExecRequest::code(Language::Bash, "ln -s /etc/passwd /work/leak; ln -s / /work/root; mkdir d; ln -s ../leak d/l; mkfifo /work/fifo; echo ok"),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    assert_eq!(text(&o.stdout), "ok\n");
+    for p in [
+        "/work/leak",
+        "root/etc/passwd",
+        "d/l",
+        "/work/../etc/passwd",
+        "/etc/passwd",
+        "fifo",
+    ] {
+        match sb.get_file(p, 1 << 20) {
+            Err(Error::PathRefused { .. }) => {}
+            other => panic!("{p}: expected a refusal, got {other:?}"),
+        }
+    }
+    // Writing through a planted symlink is refused too.
+    assert!(matches!(
+        sb.put_file("/work/leak", b"x", 0o644),
+        Err(Error::PathRefused { .. })
+    ));
+    assert!(matches!(
+        sb.put_file("root/tmp/x", b"x", 0o644),
+        Err(Error::PathRefused { .. })
+    ));
+    sb.destroy().unwrap();
+}
+
+#[test]
+fn malformed_exec_requests_are_errors_not_crashes() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    let r = sb.exec(
+        &ExecRequest::new(Command::Argv(vec![])),
+        &mut |_: OutputStream, _: &[u8]| {},
+    );
+    assert!(matches!(r, Err(Error::Invalid(_))));
+    let r = sb.exec(
+        &ExecRequest::argv(["echo", "a\0b"]),
+        &mut |_: OutputStream, _: &[u8]| {},
+    );
+    assert!(r.is_err());
+    // Still usable afterwards.
+    let o = sb
+        .exec(
+            &ExecRequest::argv(["true"]),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    assert!(o.success());
+    sb.destroy().unwrap();
+}
+
+#[test]
+fn nothing_is_left_behind() {
+    let b = need_backend!();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let mut sb = b.create(&spec()).unwrap();
+        ids.push(sb.id().to_string());
+        let o = sb
+            .exec(
+                &ExecRequest::code(Language::Bash, "sleep 100 & sleep 100 & echo started"),
+                &mut |_: OutputStream, _: &[u8]| {},
+            )
+            .unwrap();
+        assert_eq!(text(&o.stdout), "started\n");
+        drop(sb); // dropping destroys
+    }
+    for id in &ids {
+        assert!(!cgroup_exists(id), "cgroup of {id} left behind");
+    }
+    // No init process of ours is left running on the host.
+    let me = std::process::id();
+    let mut stray = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid: u32 = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        if ppid == me && exe.ends_with("cordon-sandbox-init") {
+            stray.push(pid);
+        }
+    }
+    // Other tests in this process may have sandboxes alive right now; ours are destroyed, so
+    // none of their ids may have a cgroup (checked above), and each live init belongs to a
+    // live cgroup.
+    for pid in stray {
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        for id in &ids {
+            assert!(
+                !cg.contains(id.as_str()),
+                "init {pid} of destroyed sandbox {id} still runs"
+            );
+        }
+    }
+    let _ = std::io::stdout().flush();
+    std::thread::sleep(Duration::from_millis(1));
+}
+
+#[test]
+fn refuses_when_a_wall_is_missing_unless_allowed() {
+    // A policy file with a syntax error stands in for a seccomp layer that cannot be built.
+    let bad = cordon_container::seccomp::SeccompPolicy::load("{ not json");
+    assert!(bad.is_err());
+    let b = need_backend!();
+    let probe = b.probe();
+    assert!(
+        probe
+            .capabilities
+            .iter()
+            .any(|c| c.name == "landlock" && c.ok)
+    );
+}
