@@ -4,6 +4,8 @@
 //! each test says so loudly and skips, unless CORDON_REQUIRE_ALL=1 (set by CI on machines
 //! that have everything), where a missing capability fails the test instead.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::TcpListener;
@@ -13,8 +15,8 @@ use std::time::Duration;
 
 use cordon_container::{ContainerBackend, ContainerConfig};
 use cordon_core::{
-    Backend, Command, Error, ExecOutcome, ExecRequest, Language, OutputStream, Sandbox,
-    SandboxSpec, Termination, Tier, TierStatus,
+    Backend, Command, Error, ExecOutcome, ExecRequest, Language, OutputStream, SandboxSpec,
+    Termination, Tier, TierStatus,
 };
 
 fn init_path() -> PathBuf {
