@@ -142,7 +142,8 @@ fn serve_http(conn: &Arc<Conn>, stream: Box<dyn ClientStream>) -> BoxFut {
     });
     let mut builder = server_http1::Builder::new();
     builder
-        .max_buf_size(conn.shared.limits.max_header_bytes)
+        .max_buf_size(conn.shared.limits.max_header_bytes.max(64 << 10))
+        .max_header_size(conn.shared.limits.max_header_bytes)
         .keep_alive(true);
     let served = builder.serve_connection(io, svc).with_upgrades();
     Box::pin(async move {
@@ -390,6 +391,9 @@ fn check_http_rules(
 
 /// Headers that belong to one hop and are never forwarded.
 fn strip_hop_headers(h: &mut HeaderMap) {
+    if h.contains_key(header::TRANSFER_ENCODING) {
+        h.remove(header::CONTENT_LENGTH);
+    }
     let listed: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -564,6 +568,9 @@ async fn forward(
     };
     let mut headers = parts.headers;
     strip_hop_headers(&mut headers);
+    // The body is re-framed from what hyper parsed; a client-sent Content-Length must not
+    // disagree with it upstream (request smuggling).
+    headers.remove(header::CONTENT_LENGTH);
     if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
         headers.insert(header::HOST, v);
     }
@@ -860,7 +867,9 @@ where
         Box::pin(async move { Ok::<_, Infallible>(handle_terminated(ctx, req).await) })
     });
     let mut builder = server_http1::Builder::new();
-    builder.max_buf_size(shared.limits.max_header_bytes);
+    builder
+        .max_buf_size(shared.limits.max_header_bytes.max(64 << 10))
+        .max_header_size(shared.limits.max_header_bytes);
     let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
 }
 
@@ -954,6 +963,7 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
     let (parts, body) = req.into_parts();
     let mut headers = parts.headers;
     strip_hop_headers(&mut headers);
+    headers.remove(header::CONTENT_LENGTH);
     if !swapped.is_empty() {
         shared.grants.swap(&swapped, &mut headers);
         // Keep any reflection of the secret visible to the response redactor.
