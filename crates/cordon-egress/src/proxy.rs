@@ -768,6 +768,42 @@ enum Leg {
 
 const TUNNEL_BUF: usize = 64 << 10;
 
+/// Reads the server name from a TLS ClientHello at the start of an opaque tunnel, without
+/// terminating anything: a tunnel opened for one host must not carry a handshake for another.
+#[derive(Default)]
+struct HelloCheck {
+    acceptor: rustls::server::Acceptor,
+    seen: usize,
+}
+
+enum HelloVerdict {
+    NeedMore,
+    /// Finished: the SNI if the stream starts with a ClientHello that carries one.
+    Done(Option<String>),
+}
+
+impl HelloCheck {
+    const MAX: usize = 32 << 10;
+
+    fn feed(&mut self, mut bytes: &[u8]) -> HelloVerdict {
+        self.seen += bytes.len();
+        while !bytes.is_empty() {
+            match self.acceptor.read_tls(&mut bytes) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        match self.acceptor.accept() {
+            Ok(Some(accepted)) => {
+                HelloVerdict::Done(accepted.client_hello().server_name().map(str::to_string))
+            }
+            Ok(None) if self.seen < Self::MAX => HelloVerdict::NeedMore,
+            // not TLS (a clear-text protocol) or an oversized hello: nothing to compare
+            _ => HelloVerdict::Done(None),
+        }
+    }
+}
+
 /// An opaque tunnel. Bytes from the sandbox are still watched for placeholders, which
 /// catches them in any protocol sent in clear through a tunnel.
 async fn tunnel<C>(conn: &Arc<Conn>, client: C, upstream: TcpStream, host: &Host, info: &ReqInfo)
@@ -777,6 +813,7 @@ where
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut ur, mut uw) = upstream.into_split();
     let mut det = foreign_placeholders(&conn.shared, host);
+    let mut hello = Some(HelloCheck::default());
     let up = async {
         let mut buf = vec![0u8; TUNNEL_BUF];
         loop {
@@ -784,6 +821,28 @@ where
             if n == 0 {
                 uw.shutdown().await?;
                 return Ok::<_, io::Error>(());
+            }
+            if let Some(check) = hello.as_mut() {
+                match check.feed(&buf[..n]) {
+                    HelloVerdict::NeedMore => {}
+                    HelloVerdict::Done(None) => hello = None,
+                    HelloVerdict::Done(Some(sni)) => {
+                        hello = None;
+                        if Host::parse(&sni).map(|h| h != *host).unwrap_or(true) {
+                            let mut ev = info.event(conn, Decision::Deny);
+                            ev.rule = Some("sni-mismatch".into());
+                            ev.reason = Some(format!(
+                                "the TLS server name {sni:?} differs from the CONNECT host {host}"
+                            ));
+                            conn.shared.audit.record(ev);
+                            conn.end(
+                                "sni-mismatch",
+                                "TLS server name differs from the CONNECT host".into(),
+                            );
+                            return Err(io::Error::other("sni mismatch"));
+                        }
+                    }
+                }
             }
             if let Some(g) = det.feed(&buf[..n]) {
                 let name = conn.shared.grants.list[g].name.clone();

@@ -407,6 +407,11 @@ async fn connect_tunnel_to_tls_upstream_is_opaque() {
         .await
         .is_err()
     );
+    // a handshake for another name through this tunnel (SNI fronting) is cut
+    let r = https_client(proxy, &format!("{TLS_HOST}:{port}"), "evil.test", &ca.pem).await;
+    assert!(r.is_err());
+    let ev = wait_event(&h, |e| e.rule.as_deref() == Some("sni-mismatch")).await;
+    assert_eq!(ev.kind, Kind::Connect);
     if let Some(curl) = tool("curl") {
         let ca_file = f.dir.path().join("testca.pem");
         std::fs::write(&ca_file, &ca.pem).unwrap();
