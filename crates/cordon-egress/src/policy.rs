@@ -604,3 +604,44 @@ mod tests {
         assert!(path_has_prefix("/x", "/"));
     }
 }
+
+#[cfg(test)]
+mod robustness {
+    use super::*;
+
+    /// A small deterministic generator; no external crate needed for bounded fuzzing.
+    struct XorShift(u64);
+    impl XorShift {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    #[test]
+    fn parsers_never_panic_and_stay_consistent() {
+        let alphabet: &[u8] = b"abz09.-_*:/[]%@ \x00\xff\xc3\xa9xX";
+        let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..20_000 {
+            let len = (rng.next() % 40) as usize;
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| alphabet[(rng.next() % alphabet.len() as u64) as usize])
+                .collect();
+            let s = String::from_utf8_lossy(&bytes);
+            if let Ok(h) = Host::parse(&s) {
+                // a parsed name re-parses to itself and is matched by its own exact pattern
+                let again = Host::parse(&h.to_string()).unwrap();
+                assert_eq!(again, h, "{s:?}");
+                if let Host::Name(n) = &h {
+                    let p = Pattern::parse(n).unwrap();
+                    assert!(p.matches_host(&h), "{s:?}");
+                }
+            }
+            if let Ok(p) = Pattern::parse(&s) {
+                assert!(!p.text.is_empty());
+            }
+        }
+    }
+}

@@ -911,8 +911,19 @@ where
         );
         return;
     }
-    let Ok(tls) = start.into_stream(cfg).await else {
-        return;
+    let tls = match start.into_stream(cfg).await {
+        Ok(t) => t,
+        Err(e) => {
+            let mut ev = AuditEvent::new(conn.id, Kind::Connect, Decision::Error);
+            ev.host = Some(host.to_string());
+            ev.port = Some(port);
+            ev.rule = Some("tls".into());
+            ev.reason = Some(format!(
+                "TLS with the sandbox failed ({e}); does the client trust the sandbox CA (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, NODE_EXTRA_CA_CERTS, CURL_CA_BUNDLE)?"
+            ));
+            shared.audit.record(ev);
+            return;
+        }
     };
     let ctx = Arc::new(TerminatedCtx {
         conn: conn.clone(),

@@ -540,6 +540,40 @@ mod tests {
     }
 
     #[test]
+    fn streaming_detector_agrees_with_batch_search() {
+        let needle = b"cordon-ph-abcdef".to_vec();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..2_000 {
+            // random text over a small alphabet with the needle sometimes planted
+            let len = (next() % 200) as usize;
+            let mut data: Vec<u8> = (0..len)
+                .map(|_| b"cordn-phabef"[(next() % 12) as usize])
+                .collect();
+            if next() % 2 == 0 {
+                let at = (next() as usize) % (data.len() + 1);
+                data.splice(at..at, needle.iter().copied());
+            }
+            let want = memchr::memmem::find(&data, &needle).is_some();
+            let mut d = StreamDetector::new(vec![(0, needle.clone())]);
+            let mut got = false;
+            let mut i = 0;
+            while i < data.len() {
+                let step = 1 + (next() % 20) as usize;
+                let end = (i + step).min(data.len());
+                got |= d.feed(&data[i..end]).is_some();
+                i = end;
+            }
+            assert_eq!(got, want, "{:?}", String::from_utf8_lossy(&data));
+        }
+    }
+
+    #[test]
     fn redactor_across_chunks() {
         let secret = b"real-secret-value".to_vec();
         for split in 0..=secret.len() + 5 {

@@ -1324,3 +1324,37 @@ fn bad_configuration_is_refused_with_a_clear_error() {
         "{e}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_stream_tells_why_a_client_rejected_the_sandbox_ca() {
+    let ca = TestCa::new();
+    let up = https_upstream(&ca, &[GRANT_HOST]).await;
+    let port = up.addr.port();
+    let mut f = fixture(
+        &[format!("{GRANT_HOST}:{port}"), "127.0.0.1/32:*".into()],
+        Some(&ca),
+    );
+    f.cfg.grants = vec![grant(&f, &[], &[])];
+    f.resolver.set(GRANT_HOST, &[ip("127.0.0.1")]);
+    let (h, proxy) = start(&f);
+    let mut rx = h.subscribe();
+    // a client that trusts only the upstream's CA, not the sandbox CA
+    let r = https_client(proxy, &format!("{GRANT_HOST}:{port}"), GRANT_HOST, &ca.pem).await;
+    assert!(r.is_err());
+    let mut kinds = Vec::new();
+    let hint = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let ev = rx.recv().await.unwrap();
+            kinds.push((ev.kind, ev.decision));
+            if ev.rule.as_deref() == Some("tls") {
+                return ev;
+            }
+        }
+    })
+    .await
+    .expect("no tls event on the audit stream");
+    assert_eq!(hint.decision, Decision::Error);
+    assert!(hint.reason.unwrap().contains("SSL_CERT_FILE"));
+    assert!(kinds.contains(&(Kind::Connect, Decision::Allow)));
+    assert_eq!(up.rec.count(), 0);
+}
