@@ -1,6 +1,7 @@
 //! `cordon`: run code an AI agent wrote inside a sandbox.
 
 mod backends;
+mod bench;
 mod doctor;
 mod run;
 
@@ -26,6 +27,8 @@ enum Cmd {
     Run(Box<run::RunArgs>),
     /// Show every tier: available or not, why, and the fix.
     Doctor(doctor::DoctorArgs),
+    /// Measure start-up cost of the tiers beside their peers on this host.
+    Bench(bench::BenchArgs),
 }
 
 fn main() {
@@ -51,5 +54,6 @@ fn dispatch(cli: Cli) -> Result<i32> {
     match cli.command {
         Cmd::Run(args) => run::run(*args),
         Cmd::Doctor(args) => doctor::doctor(args),
+        Cmd::Bench(args) => bench::bench(args),
     }
 }

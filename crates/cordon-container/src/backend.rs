@@ -326,12 +326,13 @@ impl ContainerSandbox {
     fn start(&mut self, cfg: &ContainerConfig, setup: &InitSetup) -> Result<()> {
         let (host, child) =
             UnixStream::pair().map_err(|e| Error::io("creating the agent socket", e))?;
+        // The agent socket is the init's stdin: no pre-exec hook is needed, so the standard
+        // library can use posix_spawn (vfork) rather than fork this whole process.
         let mut cmd = Command::new(&cfg.init_path);
         cmd.env_clear()
-            .stdin(Stdio::null())
+            .stdin(Stdio::from(OwnedFd::from(child)))
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        crate::sys::pass_fd_as_3(&mut cmd, OwnedFd::from(child));
         let outer = cmd.spawn().map_err(|e| Error::Unavailable {
             tier: Tier::Container,
             reason: format!("cannot start {}: {e}", cfg.init_path.display()),

@@ -1,6 +1,6 @@
 //! The sandbox init, entered by re-exec of the small `cordon-sandbox-init` binary.
 //!
-//! It starts on the host as root with the agent socket on descriptor 3, reads an
+//! It starts on the host as root with the agent socket as its stdin, reads an
 //! [`InitSetup`], joins the sandbox's cgroup, and forks a child into fresh user, PID, mount,
 //! network, IPC, UTS and cgroup namespaces. The parent writes the child's uid/gid maps (the
 //! sandbox's root maps to an unprivileged host uid; host root is never mapped) and then only
@@ -58,7 +58,14 @@ const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 
 /// Entry point of the init binary. Never returns.
 pub fn main() -> ! {
-    let sock = UnixStream::from(own_fd(3));
+    // The host passes the agent socket as stdin; move it off fd 0 and put /dev/null there.
+    let sock = match nix::fcntl::fcntl(std::io::stdin(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)) {
+        Ok(fd) => UnixStream::from(own_fd(fd)),
+        Err(_) => std::process::exit(1),
+    };
+    if let Ok(null) = fs::File::open("/dev/null") {
+        let _ = cordon_guest::sys::dup2_to(&null, 0);
+    }
     let code = run_outer(sock).unwrap_or(1);
     std::process::exit(code)
 }
@@ -164,6 +171,9 @@ fn run_child(setup: &InitSetup, sock: &mut UnixStream, go: OwnedFd) -> Result<()
     let root = Uid::from_raw(0);
     setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).map_err(ctx("setresgid"))?;
     setresuid(root, root, root).map_err(ctx("setresuid"))?;
+    // A credential change clears the parent-death signal: set it again, so the whole
+    // sandbox dies with the init process the host holds.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(ctx("pdeathsig"))?;
     nix::unistd::sethostname(&setup.hostname).map_err(ctx("sethostname"))?;
     crate::sys::loopback_up().map_err(|e| format!("bringing loopback up: {e}"))?;
     build_root(setup)?;

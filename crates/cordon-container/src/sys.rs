@@ -2,8 +2,7 @@
 //! unsafe block of this crate lives here.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::Command;
+use std::os::fd::AsRawFd;
 
 /// Sends SIGKILL to a pid; errors (already gone) are ignored.
 pub fn kill_pid(pid: i32) {
@@ -12,41 +11,6 @@ pub fn kill_pid(pid: i32) {
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,
         );
-    }
-}
-
-/// Arranges for `fd` to become descriptor 3 of the spawned program, and for the program to
-/// be killed if this process dies.
-pub fn pass_fd_as_3(cmd: &mut Command, fd: OwnedFd) {
-    use std::os::unix::process::CommandExt;
-    let raw = fd.as_raw_fd();
-    // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (dup2, fcntl, prctl) on descriptor numbers; it allocates
-    // nothing and takes no locks. `fd` is moved into the closure, so the descriptor stays open
-    // in the parent until the Command is dropped, after the spawn.
-    unsafe {
-        cmd.pre_exec(move || {
-            let _keep = &fd;
-            if raw == 3 {
-                let flags = libc::fcntl(3, libc::F_GETFD);
-                if flags < 0 || libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            } else if libc::dup2(raw, 3) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) < 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
     }
 }
 

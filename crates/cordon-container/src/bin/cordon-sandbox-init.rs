@@ -1,4 +1,4 @@
-//! The container tier's sandbox init. Started by the host with the agent socket on fd 3;
+//! The container tier's sandbox init. Started by the host with the agent socket as stdin;
 //! not meant to be run by hand.
 
 fn main() {
