@@ -1,0 +1,378 @@
+//! Cordon's `runtime` tier: an in-process QuickJS (rquickjs, native) for trusted, static
+//! JavaScript snippets.
+//!
+//! **This is the weakest wall Cordon has.** The snippet runs inside the Cordon process; the
+//! only thing between it and the host is the QuickJS interpreter itself (a C program). There
+//! are no I/O objects at all: no `std`/`os` modules, no module loader, no filesystem, no
+//! network, no timers; only pure computation on the snippet's own values, with `console.*`
+//! captured as output (capped). Limits: a memory limit on the QuickJS heap, an interrupt
+//! handler that stops the snippet at the wall-clock deadline (or when output passes its cap),
+//! and a stack limit. Each exec gets a fresh runtime on its own thread. Never use this tier
+//! for anything downstream of untrusted text: use `wasm` or stronger.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cordon_core::{
+    Backend, Capability, Command, Error, ExecOutcome, ExecRequest, Language, Limits, OutputSink,
+    OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier, Timings,
+    Usage,
+};
+use rquickjs::{Array, Context, Ctx, Function, Runtime, Value};
+
+/// The console shared with the wasm tier's JavaScript guest, so both print alike.
+const PRELUDE: &str = include_str!("../../../guests/js/src/prelude.js");
+
+/// Native stack of the thread an exec runs on, and the part QuickJS may use.
+const THREAD_STACK: usize = 16 << 20;
+const JS_STACK: usize = 8 << 20;
+
+/// The in-process QuickJS tier.
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeBackend;
+
+impl RuntimeBackend {
+    pub fn new() -> Self {
+        RuntimeBackend
+    }
+}
+
+/// What `doctor` and the probe say about this tier's wall.
+pub const WALL_NOTE: &str = "runtime tier: in-process QuickJS, the weakest wall - the snippet \
+    shares the Cordon process and only the interpreter stands between it and the host; no I/O \
+    objects at all; for trusted, static snippets only, never for anything downstream of \
+    untrusted text";
+
+impl Backend for RuntimeBackend {
+    fn tier(&self) -> Tier {
+        Tier::Runtime
+    }
+
+    fn probe(&self) -> Probe {
+        Probe::from_capabilities(
+            Tier::Runtime,
+            vec![Capability::ok(
+                "quickjs",
+                "rquickjs 0.14 (QuickJS-ng), built into cordon",
+            )],
+            vec![WALL_NOTE.to_string()],
+        )
+    }
+
+    fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        let started = Instant::now();
+        spec.validate()?;
+        if !spec.egress.is_closed() || !spec.grants.is_empty() {
+            return Err(Error::Invalid(
+                "the runtime tier has no I/O at all, so egress allow-lists and grants cannot \
+                 apply; use --tier container (or stronger)"
+                    .into(),
+            ));
+        }
+        Ok(Box::new(RuntimeSandbox {
+            id: SandboxId::random()?,
+            limits: spec.limits.clone(),
+            start_us: started.elapsed().as_micros() as u64,
+            destroyed: false,
+        }))
+    }
+}
+
+/// A runtime-tier sandbox: only limits; every exec gets a fresh interpreter.
+pub struct RuntimeSandbox {
+    id: SandboxId,
+    limits: Limits,
+    start_us: u64,
+    destroyed: bool,
+}
+
+struct Capture {
+    data: Vec<u8>,
+    cap: usize,
+    truncated: bool,
+}
+
+impl Capture {
+    fn new(cap: u64) -> Self {
+        Capture {
+            data: Vec::new(),
+            cap: usize::try_from(cap).unwrap_or(usize::MAX),
+            truncated: false,
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) -> bool {
+        let room = self.cap.saturating_sub(self.data.len());
+        if bytes.len() > room {
+            self.data.extend_from_slice(&bytes[..room]);
+            self.truncated = true;
+            return false;
+        }
+        self.data.extend_from_slice(bytes);
+        true
+    }
+}
+
+struct Raw {
+    termination: Termination,
+    exit_code: Option<i32>,
+    stdout: Capture,
+    stderr: Capture,
+    memory: u64,
+    cpu_ns: u64,
+}
+
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn describe<'js>(ctx: &Ctx<'js>, inspect: &Function<'js>, err: rquickjs::Error) -> String {
+    match err {
+        rquickjs::Error::Exception => {
+            let exc: Value = ctx.catch();
+            inspect
+                .call::<_, String>((exc,))
+                .unwrap_or_else(|_| "exception (could not be printed)".to_string())
+        }
+        other => other.to_string(),
+    }
+}
+
+fn eval(source: &str, args: &[String], limits: &Limits, timeout: Duration) -> Raw {
+    let cpu0 = thread_cpu_ns();
+    let out = Rc::new(RefCell::new((
+        Capture::new(limits.stdout_bytes),
+        Capture::new(limits.stderr_bytes),
+    )));
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let flooded = Arc::new(AtomicBool::new(false));
+    let mut raw = Raw {
+        termination: Termination::Exited,
+        exit_code: Some(0),
+        stdout: Capture::new(0),
+        stderr: Capture::new(0),
+        memory: 0,
+        cpu_ns: 0,
+    };
+    let failure = |msg: String| {
+        let mut c = Capture::new(u64::MAX);
+        c.push(msg.as_bytes());
+        c
+    };
+    let rt = match Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            raw.termination = Termination::SandboxFailure;
+            raw.exit_code = None;
+            raw.stderr = failure(format!("could not start QuickJS: {e}\n"));
+            return raw;
+        }
+    };
+    let memory_limit = usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX);
+    rt.set_memory_limit(memory_limit);
+    rt.set_max_stack_size(JS_STACK);
+    let deadline = Instant::now() + timeout;
+    {
+        let timed_out = timed_out.clone();
+        let flooded = flooded.clone();
+        rt.set_interrupt_handler(Some(Box::new(move || {
+            if flooded.load(Ordering::Relaxed) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                timed_out.store(true, Ordering::Relaxed);
+                return true;
+            }
+            false
+        })));
+    }
+    let ctx = match Context::full(&rt) {
+        Ok(c) => c,
+        Err(e) => {
+            raw.termination = Termination::SandboxFailure;
+            raw.exit_code = None;
+            raw.stderr = failure(format!("could not start QuickJS: {e}\n"));
+            return raw;
+        }
+    };
+    let status: std::result::Result<i32, String> = ctx.with(|ctx| {
+        let out = out.clone();
+        let flooded = flooded.clone();
+        let write = move |fd: i32, text: rquickjs::String<'_>| -> rquickjs::Result<()> {
+            let s = text.to_string()?;
+            let mut o = out.borrow_mut();
+            let c = if fd == 2 { &mut o.1 } else { &mut o.0 };
+            if !c.push(s.as_bytes()) {
+                flooded.store(true, Ordering::Relaxed);
+            }
+            Ok(())
+        };
+        let setup: Function = ctx.eval(PRELUDE).map_err(|e| e.to_string())?;
+        let write_fn = Function::new(ctx.clone(), write).map_err(|e| e.to_string())?;
+        let inspect: Function = setup.call((write_fn.clone(),)).map_err(|e| e.to_string())?;
+        let argv = Array::new(ctx.clone()).map_err(|e| e.to_string())?;
+        for (i, a) in args.iter().enumerate() {
+            argv.set(i, a.as_str()).map_err(|e| e.to_string())?;
+        }
+        ctx.globals()
+            .set("scriptArgs", argv)
+            .map_err(|e| e.to_string())?;
+        let mut status = match ctx.eval::<Value, _>(source) {
+            Ok(v) if v.is_undefined() => 0,
+            Ok(v) => {
+                let text: String = inspect.call((v,)).unwrap_or_default();
+                let _ = write_fn.call::<_, ()>((1, text + "\n"));
+                0
+            }
+            Err(e) => {
+                let text = describe(&ctx, &inspect, e);
+                let _ = write_fn.call::<_, ()>((2, format!("Uncaught {text}\n")));
+                1
+            }
+        };
+        while ctx.execute_pending_job() {}
+        if ctx.has_exception() {
+            let exc: Value = ctx.catch();
+            let text: String = inspect.call((exc,)).unwrap_or_default();
+            let _ = write_fn.call::<_, ()>((2, format!("Uncaught {text}\n")));
+            status = 1;
+        }
+        Ok(status)
+    });
+    let usage = rt.memory_usage();
+    raw.memory = u64::try_from(usage.malloc_size.max(0)).unwrap_or(0);
+    drop(ctx);
+    drop(rt);
+    let (stdout, stderr) = match Rc::try_unwrap(out) {
+        Ok(cell) => cell.into_inner(),
+        Err(rc) => {
+            let mut o = rc.borrow_mut();
+            (
+                std::mem::replace(&mut o.0, Capture::new(0)),
+                std::mem::replace(&mut o.1, Capture::new(0)),
+            )
+        }
+    };
+    raw.stdout = stdout;
+    raw.stderr = stderr;
+    match status {
+        Ok(0) => {}
+        Ok(code) => raw.exit_code = Some(code),
+        Err(e) => {
+            raw.termination = Termination::SandboxFailure;
+            raw.stderr.push(format!("cordon runtime: {e}\n").as_bytes());
+        }
+    }
+    let err_text = String::from_utf8_lossy(&raw.stderr.data).to_string();
+    if flooded.load(Ordering::Relaxed) {
+        raw.termination = Termination::OutputLimit;
+    } else if timed_out.load(Ordering::Relaxed) {
+        raw.termination = Termination::Timeout;
+    } else if raw.exit_code != Some(0) && err_text.contains("out of memory") {
+        raw.termination = Termination::OutOfMemory;
+    }
+    if raw.termination != Termination::Exited {
+        raw.exit_code = None;
+    }
+    raw.cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
+    raw
+}
+
+impl Sandbox for RuntimeSandbox {
+    fn id(&self) -> &SandboxId {
+        &self.id
+    }
+
+    fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        if self.destroyed {
+            return Err(Error::Gone {
+                id: self.id.to_string(),
+                reason: "destroyed".into(),
+            });
+        }
+        let started = Instant::now();
+        let (source, args) = match &req.command {
+            Command::Code {
+                language: Language::Javascript,
+                source,
+                args,
+            } => (source.clone(), args.clone()),
+            Command::Code { language, .. } => {
+                return Err(Error::Invalid(format!(
+                    "the runtime tier runs javascript only, not {language}; use --tier wasm for \
+                     python, or --tier container"
+                )));
+            }
+            _ => {
+                return Err(Error::Invalid(
+                    "the runtime tier runs javascript source only (--lang javascript); use \
+                     --tier wasm for WebAssembly or --tier container for programs"
+                        .into(),
+                ));
+            }
+        };
+        let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(self.limits.timeout_ms));
+        let limits = self.limits.clone();
+        let raw = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("cordon-runtime".into())
+                .stack_size(THREAD_STACK)
+                .spawn_scoped(s, || eval(&source, &args, &limits, timeout))
+                .map_err(|e| Error::io("starting the runtime tier's thread", e))?
+                .join()
+                .map_err(|_| Error::Sandbox("the QuickJS thread panicked".into()))
+        })?;
+        if !raw.stdout.data.is_empty() {
+            sink.output(OutputStream::Stdout, &raw.stdout.data);
+        }
+        if !raw.stderr.data.is_empty() {
+            sink.output(OutputStream::Stderr, &raw.stderr.data);
+        }
+        let wall = started.elapsed().as_micros() as u64;
+        let mut o = ExecOutcome::new(Tier::Runtime, raw.termination);
+        o.exit_code = raw.exit_code;
+        o.stdout_truncated = raw.stdout.truncated;
+        o.stderr_truncated = raw.stderr.truncated;
+        o.stdout = raw.stdout.data;
+        o.stderr = raw.stderr.data;
+        o.usage = Usage {
+            cpu_time_us: raw.cpu_ns / 1000,
+            peak_memory_bytes: raw.memory,
+            wall_time_us: wall,
+        };
+        o.timings = Timings {
+            start_us: self.start_us,
+            run_us: wall,
+            destroy_us: 0,
+        };
+        o.warnings.push(WALL_NOTE.to_string());
+        Ok(o)
+    }
+
+    fn put_file(&mut self, path: &str, _data: &[u8], _mode: u32) -> Result<()> {
+        Err(Error::Invalid(format!(
+            "cannot put {path:?}: the runtime tier has no filesystem; use --tier wasm for files"
+        )))
+    }
+
+    fn get_file(&mut self, path: &str, _max_bytes: u64) -> Result<Vec<u8>> {
+        Err(Error::Invalid(format!(
+            "cannot get {path:?}: the runtime tier has no filesystem; use --tier wasm for files"
+        )))
+    }
+
+    fn start_us(&self) -> u64 {
+        self.start_us
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        self.destroyed = true;
+        Ok(())
+    }
+}

@@ -1,0 +1,78 @@
+//! The wasmtime engine: pooling allocator, copy-on-write memory images, epoch interruption
+//! driven by one ticker thread, optional fuel.
+
+use std::time::Duration;
+
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use crate::error::WasmError;
+
+/// How often the epoch advances; the wall-clock limit is checked at this granularity.
+pub(crate) const TICK: Duration = Duration::from_millis(2);
+
+/// Largest linear memory any guest may have (the memory limit is usually far lower).
+pub(crate) const MAX_MEMORY: u64 = 4 << 30;
+/// Most table elements (function pointers); CPython's table is about 10-20 thousand.
+pub(crate) const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// WebAssembly stack per exec; deeper recursion traps with "call stack exhausted".
+pub(crate) const WASM_STACK: usize = 1 << 20;
+
+/// Engine sizing: how many execs may run at once in one backend.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolSize {
+    pub concurrent_execs: u32,
+}
+
+impl Default for PoolSize {
+    fn default() -> Self {
+        PoolSize {
+            concurrent_execs: 16,
+        }
+    }
+}
+
+pub(crate) fn new_engine(fuel: bool, pool: PoolSize) -> Result<Engine, WasmError> {
+    let n = pool.concurrent_execs.max(1);
+    let mut p = PoolingAllocationConfig::default();
+    p.total_component_instances(n)
+        .total_core_instances(n * 32)
+        .total_memories(n * 2)
+        .total_tables(n * 32)
+        .total_stacks(n)
+        .max_core_instances_per_component(48)
+        .max_memories_per_component(4)
+        .max_tables_per_component(48)
+        .max_memories_per_module(1)
+        .max_tables_per_module(8)
+        .table_elements(MAX_TABLE_ELEMENTS)
+        .max_memory_size(MAX_MEMORY as usize)
+        .max_core_instance_size(4 << 20)
+        .max_component_instance_size(4 << 20);
+    let mut c = Config::new();
+    c.epoch_interruption(true)
+        .consume_fuel(fuel)
+        .wasm_component_model(true)
+        .memory_init_cow(true)
+        .max_wasm_stack(WASM_STACK)
+        .async_stack_size(WASM_STACK + (1 << 20))
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(p));
+    let engine = Engine::new(&c).map_err(|e| WasmError::Engine(format!("{e:#}")))?;
+    start_ticker(&engine)?;
+    Ok(engine)
+}
+
+/// Advances the engine's epoch every [`TICK`] until the engine is dropped.
+fn start_ticker(engine: &Engine) -> Result<(), WasmError> {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("cordon-wasm-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(TICK);
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| WasmError::Engine(format!("could not start the epoch thread: {e}")))
+}

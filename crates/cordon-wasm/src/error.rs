@@ -1,0 +1,49 @@
+use std::path::PathBuf;
+
+/// Errors of the wasm tier's own machinery. Each says what went wrong and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum WasmError {
+    /// A guest artifact that setup builds is not there.
+    #[error(
+        "the {guest} guest is not installed (looked for {path}); run scripts/setup.sh to build it"
+    )]
+    MissingGuest { guest: &'static str, path: PathBuf },
+    /// The manifest of built guests could not be read.
+    #[error("guest manifest {path} is unreadable ({reason}); run scripts/setup.sh to rebuild it")]
+    Manifest { path: PathBuf, reason: String },
+    /// A guest artifact does not match the hash it is named by: changed after setup built it.
+    #[error(
+        "guest artifact {path} does not match its content hash (tampered with or corrupt); \
+         run scripts/setup.sh to rebuild it"
+    )]
+    Tampered { path: PathBuf },
+    /// The wasm engine could not be configured.
+    #[error("could not set up the wasm engine: {0}")]
+    Engine(String),
+    /// A guest could not be compiled or linked.
+    #[error("could not load the {guest} guest: {reason}; run scripts/setup.sh to rebuild it")]
+    Load { guest: &'static str, reason: String },
+    /// A host file operation failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<WasmError> for cordon_core::Error {
+    fn from(e: WasmError) -> Self {
+        match e {
+            WasmError::MissingGuest { .. }
+            | WasmError::Manifest { .. }
+            | WasmError::Tampered { .. } => cordon_core::Error::Unavailable {
+                tier: cordon_core::Tier::Wasm,
+                reason: e.to_string(),
+                fix: "run scripts/setup.sh".to_string(),
+            },
+            other => cordon_core::Error::Sandbox(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,484 @@
+//! Cordon's `wasm` tier: wasmtime 48 + WASI, deny by default.
+//!
+//! A sandbox gets nothing it is not given: no environment but what the spec and request
+//! pass (plus `HOME=/work`, `LANG=C.UTF-8`), no sockets (TCP, UDP and name lookup are off),
+//! no directory but its own scratch dir preopened as `/work` (size-limited by a quota that
+//! every WASI write goes through), stdin from the request, stdout/stderr captured and capped.
+//!
+//! It runs three kinds of program: Python (a componentize-py CPython component), JavaScript
+//! (QuickJS built to `wasm32-wasip1`) and a user's own WASI preview 1 command module or
+//! preview 2 command component. The two guests are built by `scripts/setup.sh` into
+//! `<data dir>/guests/` (see [`data_dir`]), verified by content hash, precompiled once per
+//! engine configuration into a verified cache and instantiated from `InstancePre` /
+//! `CommandPre` with the pooling allocator and copy-on-write memory images.
+//!
+//! Limits: memory (a `ResourceLimiter` on all linear memories), wall clock (epoch deadline
+//! plus an outer timeout for a guest blocked in a host call), optional fuel, table elements
+//! and instance/table/memory counts, wasm stack, output caps and the disk quota.
+
+mod artifacts;
+mod engine;
+mod error;
+mod files;
+mod host;
+mod quota;
+mod run;
+mod sys;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use cordon_core::{
+    Backend, Capability, Command, Error, ExecOutcome, ExecRequest, Language, Limits, OutputSink,
+    OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Tier, Timings, Usage,
+};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+use wasmtime_wasi::p2::bindings::CommandPre;
+
+pub use artifacts::{Guest, data_dir};
+pub use engine::PoolSize;
+pub use error::WasmError;
+
+use run::{Linkers, Program};
+
+/// Where the backend finds guests and puts scratch dirs.
+#[derive(Debug, Clone)]
+pub struct WasmConfig {
+    /// Data dir holding `guests/` (default: [`data_dir`]).
+    pub data_dir: PathBuf,
+    /// Parent of each sandbox's scratch dir (default: the system temp dir).
+    pub scratch_root: PathBuf,
+    pub pool: PoolSize,
+}
+
+impl Default for WasmConfig {
+    fn default() -> Self {
+        WasmConfig {
+            data_dir: data_dir(),
+            scratch_root: std::env::temp_dir(),
+            pool: PoolSize::default(),
+        }
+    }
+}
+
+/// An engine with its linkers and lazily loaded guests. One without fuel serves every
+/// spec that sets no fuel; one with fuel metering is made on first use.
+struct EngineSet {
+    engine: Engine,
+    linkers: Linkers,
+    python: OnceLock<std::result::Result<Program, String>>,
+    javascript: OnceLock<std::result::Result<Program, String>>,
+}
+
+impl EngineSet {
+    fn new(fuel: bool, pool: PoolSize) -> std::result::Result<Self, WasmError> {
+        let engine = engine::new_engine(fuel, pool)?;
+        let linkers = Linkers::new(&engine).map_err(|e| WasmError::Engine(format!("{e:#}")))?;
+        Ok(EngineSet {
+            engine,
+            linkers,
+            python: OnceLock::new(),
+            javascript: OnceLock::new(),
+        })
+    }
+
+    fn guest(&self, data_dir: &Path, guest: Guest) -> Result<Program> {
+        let cell = match guest {
+            Guest::Python => &self.python,
+            Guest::Javascript => &self.javascript,
+        };
+        cell.get_or_init(|| self.load(data_dir, guest).map_err(|e| e.to_string()))
+            .clone()
+            .map_err(|reason| Error::Unavailable {
+                tier: Tier::Wasm,
+                reason,
+                fix: "run scripts/setup.sh".into(),
+            })
+    }
+
+    fn load(&self, data_dir: &Path, guest: Guest) -> std::result::Result<Program, WasmError> {
+        let source = artifacts::locate(data_dir, guest)?;
+        let load_err = |e: wasmtime::Error| WasmError::Load {
+            guest: guest.as_str(),
+            reason: format!("{e:#}"),
+        };
+        match guest {
+            Guest::Python => {
+                let bytes = artifacts::precompiled(
+                    &self.engine,
+                    data_dir,
+                    guest,
+                    &source,
+                    artifacts::Kind::Component,
+                )?;
+                let c = sys::component(&self.engine, &bytes).map_err(load_err)?;
+                let pre = self.linkers.p2.instantiate_pre(&c).map_err(load_err)?;
+                Ok(Program::Component(CommandPre::new(pre).map_err(load_err)?))
+            }
+            Guest::Javascript => {
+                let bytes = artifacts::precompiled(
+                    &self.engine,
+                    data_dir,
+                    guest,
+                    &source,
+                    artifacts::Kind::Module,
+                )?;
+                let m = sys::module(&self.engine, &bytes).map_err(load_err)?;
+                let pre = self.linkers.p1.instantiate_pre(&m).map_err(load_err)?;
+                Ok(Program::Module(pre))
+            }
+        }
+    }
+
+    /// Compiles and links a user's module or component; errors say what is wrong with it.
+    fn user_program(&self, bytes: &[u8]) -> Result<Program> {
+        let invalid = |what: &str, e: wasmtime::Error| {
+            Error::Invalid(format!(
+                "{what}: {e:#}; the wasm tier runs WASI preview 1 command modules and preview 2 \
+                 command components"
+            ))
+        };
+        if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+            return Err(Error::Invalid(
+                "not a WebAssembly binary (no \\0asm header); give a .wasm file built for WASI"
+                    .into(),
+            ));
+        }
+        // The version field after the magic: 1 for a core module, 0x0d + layer 1 for a
+        // component.
+        if bytes[4..8] == [0x0d, 0x00, 0x01, 0x00] {
+            let c = Component::from_binary(&self.engine, bytes)
+                .map_err(|e| invalid("the component does not compile", e))?;
+            let pre = self.linkers.p2.instantiate_pre(&c).map_err(|e| {
+                invalid(
+                    "the component imports something the sandbox does not provide",
+                    e,
+                )
+            })?;
+            let cmd = CommandPre::new(pre)
+                .map_err(|e| invalid("the component does not export wasi:cli/run", e))?;
+            Ok(Program::Component(cmd))
+        } else {
+            let m = wasmtime::Module::from_binary(&self.engine, bytes)
+                .map_err(|e| invalid("the module does not compile", e))?;
+            if m.get_export("_start").is_none() {
+                return Err(Error::Invalid(
+                    "the module exports no _start function; the wasm tier runs WASI command \
+                     modules (built as executables, not libraries)"
+                        .into(),
+                ));
+            }
+            let pre = self.linkers.p1.instantiate_pre(&m).map_err(|e| {
+                invalid(
+                    "the module imports something the sandbox does not provide",
+                    e,
+                )
+            })?;
+            Ok(Program::Module(pre))
+        }
+    }
+}
+
+struct Inner {
+    config: WasmConfig,
+    plain: OnceLock<std::result::Result<EngineSet, String>>,
+    fuel: OnceLock<std::result::Result<EngineSet, String>>,
+}
+
+impl Inner {
+    fn engines(&self, fuel: bool) -> Result<&EngineSet> {
+        let cell = if fuel { &self.fuel } else { &self.plain };
+        cell.get_or_init(|| EngineSet::new(fuel, self.config.pool).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| Error::Sandbox(e.clone()))
+    }
+}
+
+/// The wasm tier. Cheap to create; engines and guests load on first use (or [`Self::warm`]).
+#[derive(Clone)]
+pub struct WasmBackend {
+    inner: Arc<Inner>,
+}
+
+impl WasmBackend {
+    /// A backend with the default config: guests from [`data_dir`] (which honours
+    /// `CORDON_HOME`), scratch dirs in the system temp dir.
+    pub fn new() -> Self {
+        Self::with_config(WasmConfig::default())
+    }
+
+    pub fn with_config(config: WasmConfig) -> Self {
+        WasmBackend {
+            inner: Arc::new(Inner {
+                config,
+                plain: OnceLock::new(),
+                fuel: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Loads (verifying, precompiling on a cache miss) a guest now instead of on first exec.
+    pub fn warm(&self, guest: Guest) -> Result<()> {
+        self.inner
+            .engines(false)?
+            .guest(&self.inner.config.data_dir, guest)
+            .map(|_| ())
+    }
+
+    /// The data dir this backend reads guests from.
+    pub fn data_dir(&self) -> &Path {
+        &self.inner.config.data_dir
+    }
+}
+
+impl Default for WasmBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backend for WasmBackend {
+    fn tier(&self) -> Tier {
+        Tier::Wasm
+    }
+
+    fn probe(&self) -> Probe {
+        let dir = &self.inner.config.data_dir;
+        let mut caps = Vec::new();
+        match self.inner.engines(false) {
+            Ok(_) => caps.push(Capability::ok(
+                "wasmtime engine",
+                "wasmtime 48, pooling allocator, epoch interruption",
+            )),
+            Err(e) => caps.push(Capability::missing(
+                "wasmtime engine",
+                e.to_string(),
+                "check that the host allows large virtual memory reservations (ulimit -v)",
+            )),
+        }
+        for guest in Guest::ALL {
+            let name = format!("{} guest", guest.as_str());
+            match artifacts::locate(dir, guest) {
+                Ok(src) => caps.push(Capability::ok(name, src.path.display().to_string())),
+                Err(e) => {
+                    let mut c = Capability::missing(name, e.to_string(), "run scripts/setup.sh");
+                    c.required = false;
+                    caps.push(c);
+                }
+            }
+        }
+        Probe::from_capabilities(
+            Tier::Wasm,
+            caps,
+            vec![
+                "capability-based WebAssembly sandbox: no network, no subprocesses, no host \
+                 files; only its own size-limited /work"
+                    .into(),
+                "Python here is CPython 3.14 with a preloaded part of the standard library \
+                 only; third-party packages need the container tier"
+                    .into(),
+            ],
+        )
+    }
+
+    fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        let started = Instant::now();
+        spec.validate()?;
+        if !spec.egress.is_closed() || !spec.grants.is_empty() {
+            return Err(Error::Invalid(
+                "the wasm tier has no network at all, so egress allow-lists and grants cannot \
+                 apply; use --tier container (or stronger) for code that needs the network"
+                    .into(),
+            ));
+        }
+        let engines = self.inner.engines(spec.limits.fuel.is_some())?;
+        let _ = engines;
+        let scratch = tempfile::Builder::new()
+            .prefix("cordon-wasm-")
+            .tempdir_in(&self.inner.config.scratch_root)
+            .map_err(|e| Error::io("creating the sandbox's scratch dir", e))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|e| Error::io("starting the sandbox's event loop", e))?;
+        Ok(Box::new(WasmSandbox {
+            id: SandboxId::random()?,
+            inner: self.inner.clone(),
+            limits: spec.limits.clone(),
+            env: spec.env.clone(),
+            scratch: Some(scratch),
+            rt,
+            start_us: started.elapsed().as_micros() as u64,
+        }))
+    }
+}
+
+/// One wasm sandbox: a scratch dir and its limits. Every exec gets a fresh store.
+pub struct WasmSandbox {
+    id: SandboxId,
+    inner: Arc<Inner>,
+    limits: Limits,
+    env: std::collections::BTreeMap<String, String>,
+    scratch: Option<tempfile::TempDir>,
+    rt: tokio::runtime::Runtime,
+    start_us: u64,
+}
+
+impl WasmSandbox {
+    fn scratch(&self) -> Result<&Path> {
+        self.scratch
+            .as_ref()
+            .map(|d| d.path())
+            .ok_or_else(|| Error::Gone {
+                id: self.id.to_string(),
+                reason: "destroyed".into(),
+            })
+    }
+}
+
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Sandbox for WasmSandbox {
+    fn id(&self) -> &SandboxId {
+        &self.id
+    }
+
+    fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        let started = Instant::now();
+        let cpu0 = thread_cpu_ns();
+        let scratch = self.scratch()?.to_path_buf();
+        if let Some(cwd) = &req.cwd
+            && cwd.trim_end_matches('/') != cordon_core::WORKDIR
+        {
+            return Err(Error::Invalid(format!(
+                "the wasm tier runs in /work only, not {cwd:?}"
+            )));
+        }
+        let engines = self.inner.engines(self.limits.fuel.is_some())?;
+        let data_dir = &self.inner.config.data_dir;
+        let (program, args) = match &req.command {
+            Command::Code {
+                language: Language::Python,
+                source,
+                args,
+            } => {
+                let mut a = vec!["python".to_string(), "-c".to_string(), source.clone()];
+                a.extend(args.iter().cloned());
+                (engines.guest(data_dir, Guest::Python)?, a)
+            }
+            Command::Code {
+                language: Language::Javascript,
+                source,
+                args,
+            } => {
+                let mut a = vec!["js".to_string(), source.clone()];
+                a.extend(args.iter().cloned());
+                (engines.guest(data_dir, Guest::Javascript)?, a)
+            }
+            Command::Code { language, .. } => {
+                return Err(Error::Invalid(format!(
+                    "the wasm tier runs python and javascript, not {language}; use --tier \
+                     container for {language}"
+                )));
+            }
+            Command::Argv(_) => {
+                return Err(Error::Invalid(
+                    "the wasm tier runs no host programs; give source code with --lang, or a \
+                     WebAssembly program with --wasm"
+                        .into(),
+                ));
+            }
+            Command::Wasm { module, args } => {
+                let mut a = vec!["main.wasm".to_string()];
+                a.extend(args.iter().cloned());
+                (engines.user_program(module)?, a)
+            }
+        };
+        let mut env: Vec<(String, String)> = vec![
+            ("HOME".into(), "/work".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ];
+        let mut merged = self.env.clone();
+        merged.extend(req.env.clone());
+        env.retain(|(k, _)| !merged.contains_key(k));
+        env.extend(merged);
+        let timeout =
+            std::time::Duration::from_millis(req.timeout_ms.unwrap_or(self.limits.timeout_ms));
+        let raw = run::run(
+            &self.rt,
+            &engines.engine,
+            &program,
+            run::Params {
+                args,
+                env,
+                stdin: req.stdin.clone().unwrap_or_default(),
+                scratch: &scratch,
+                limits: &self.limits,
+                timeout,
+                fuel: self.limits.fuel,
+            },
+        )?;
+        if !raw.stdout.is_empty() {
+            sink.output(OutputStream::Stdout, &raw.stdout);
+        }
+        if !raw.stderr.is_empty() {
+            sink.output(OutputStream::Stderr, &raw.stderr);
+        }
+        let wall = started.elapsed().as_micros() as u64;
+        let mut o = ExecOutcome::new(Tier::Wasm, raw.termination);
+        o.exit_code = raw.exit_code;
+        o.signal = raw.signal;
+        o.stdout = raw.stdout;
+        o.stderr = raw.stderr;
+        o.stdout_truncated = raw.stdout_truncated;
+        o.stderr_truncated = raw.stderr_truncated;
+        o.warnings = raw.warnings;
+        o.usage = Usage {
+            cpu_time_us: thread_cpu_ns().saturating_sub(cpu0) / 1000,
+            peak_memory_bytes: raw.peak_memory,
+            wall_time_us: wall,
+        };
+        o.timings = Timings {
+            start_us: self.start_us,
+            run_us: wall,
+            destroy_us: 0,
+        };
+        Ok(o)
+    }
+
+    fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
+        let root = self.scratch()?.to_path_buf();
+        files::put(&root, self.limits.disk_bytes, path, data, mode)
+    }
+
+    fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
+        let root = self.scratch()?.to_path_buf();
+        files::get(&root, path, max_bytes)
+    }
+
+    fn start_us(&self) -> u64 {
+        self.start_us
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        if let Some(dir) = self.scratch.take() {
+            let path = dir.path().to_path_buf();
+            dir.close()
+                .map_err(|e| Error::io(format!("removing scratch dir {}", path.display()), e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for WasmSandbox {
+    fn drop(&mut self) {
+        let _ = self.destroy();
+    }
+}

@@ -1,0 +1,314 @@
+//! One exec: a fresh store with its own WASI context, limits and captured stdio; the
+//! program runs to an outcome under the epoch deadline and an outer wall-clock timeout.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use cordon_core::{Limits, Termination};
+use wasmtime::component::ResourceTable;
+use wasmtime::{Engine, InstancePre, Store, Trap, UpdateDeadline};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::bindings::CommandPre;
+use wasmtime_wasi::p2::pipe::MemoryInputPipe;
+use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use crate::engine::MAX_TABLE_ELEMENTS;
+use crate::host::{Capture, DiskQuota, Flags, Limiter, Stop};
+use crate::quota::{HasP1Ctx, HasQuota};
+
+/// Store state of a preview 2 component.
+pub(crate) struct P2State {
+    ctx: WasiCtx,
+    table: ResourceTable,
+    limiter: Limiter,
+    quota: Arc<DiskQuota>,
+}
+
+impl WasiView for P2State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.ctx,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl HasQuota for P2State {
+    fn quota(&self) -> &Arc<DiskQuota> {
+        &self.quota
+    }
+}
+
+/// Store state of a preview 1 module.
+pub(crate) struct P1State {
+    ctx: WasiP1Ctx,
+    limiter: Limiter,
+    quota: Arc<DiskQuota>,
+}
+
+impl HasQuota for P1State {
+    fn quota(&self) -> &Arc<DiskQuota> {
+        &self.quota
+    }
+}
+
+impl HasP1Ctx for P1State {
+    fn p1(&mut self) -> &mut WasiP1Ctx {
+        &mut self.ctx
+    }
+}
+
+/// The linkers of one engine: WASI preview 2 and preview 1, with the disk-quota shadows.
+pub(crate) struct Linkers {
+    pub p2: wasmtime::component::Linker<P2State>,
+    pub p1: wasmtime::Linker<P1State>,
+}
+
+impl Linkers {
+    pub fn new(engine: &Engine) -> wasmtime::Result<Self> {
+        let mut p2 = wasmtime::component::Linker::new(engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut p2)?;
+        crate::quota::shadow_p2(&mut p2)?;
+        let mut p1 = wasmtime::Linker::new(engine);
+        wasmtime_wasi::p1::add_to_linker_async(&mut p1, |s: &mut P1State| &mut s.ctx)?;
+        crate::quota::shadow_p1(&mut p1)?;
+        Ok(Linkers { p2, p1 })
+    }
+}
+
+/// A program ready to instantiate.
+#[derive(Clone)]
+pub(crate) enum Program {
+    Component(CommandPre<P2State>),
+    Module(InstancePre<P1State>),
+}
+
+/// What one exec gets.
+pub(crate) struct Params<'a> {
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub stdin: Vec<u8>,
+    pub scratch: &'a Path,
+    pub limits: &'a Limits,
+    pub timeout: Duration,
+    pub fuel: Option<u64>,
+}
+
+/// How one exec ended, before it is put in the core's outcome shape.
+pub(crate) struct Raw {
+    pub termination: Termination,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub peak_memory: u64,
+    pub warnings: Vec<String>,
+}
+
+/// Grace after the deadline for a guest blocked inside a host call (sleeping, polling):
+/// the outer timeout drops the whole call.
+const GRACE: Duration = Duration::from_millis(50);
+
+pub(crate) fn run(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    program: &Program,
+    p: Params<'_>,
+) -> Result<Raw, cordon_core::Error> {
+    let flags = Arc::new(Flags::default());
+    let stdout = Capture::new(p.limits.stdout_bytes, flags.clone());
+    let stderr = Capture::new(p.limits.stderr_bytes, flags.clone());
+    let quota = Arc::new(DiskQuota::new(
+        p.scratch.to_path_buf(),
+        p.limits.disk_bytes,
+        flags.clone(),
+    ));
+    let mut b = WasiCtxBuilder::new();
+    b.args(&p.args)
+        .envs(&p.env)
+        .stdin(MemoryInputPipe::new(p.stdin))
+        .stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false);
+    b.preopened_dir(p.scratch, "/work", FsPerms::ReadWrite)
+        .map_err(|e| cordon_core::Error::Sandbox(format!("could not open the scratch dir: {e}")))?;
+    let limiter = Limiter {
+        memory_bytes: usize::try_from(p.limits.memory_bytes).unwrap_or(usize::MAX),
+        table_elements: MAX_TABLE_ELEMENTS,
+        flags: flags.clone(),
+        total_memory: 0,
+        peak_memory: 0,
+    };
+    let deadline = Instant::now() + p.timeout;
+    let outer = p.timeout + GRACE;
+    let (result, peak) = match program {
+        Program::Component(pre) => {
+            let state = P2State {
+                ctx: b.build(),
+                table: ResourceTable::new(),
+                limiter,
+                quota,
+            };
+            let mut store = Store::new(engine, state);
+            store.limiter(|s| &mut s.limiter);
+            arm(&mut store, deadline, flags.clone(), p.fuel)?;
+            let r = rt.block_on(async {
+                tokio::time::timeout(outer, async {
+                    let cmd = pre.instantiate_async(&mut store).await?;
+                    let r = cmd.wasi_cli_run().call_run(&mut store).await?;
+                    Ok::<i32, wasmtime::Error>(if r.is_ok() { 0 } else { 1 })
+                })
+                .await
+            });
+            (r, store.data().limiter.peak_memory)
+        }
+        Program::Module(pre) => {
+            let state = P1State {
+                ctx: b.build_p1(),
+                limiter,
+                quota,
+            };
+            let mut store = Store::new(engine, state);
+            store.limiter(|s| &mut s.limiter);
+            arm(&mut store, deadline, flags.clone(), p.fuel)?;
+            let r = rt.block_on(async {
+                tokio::time::timeout(outer, async {
+                    let inst = pre.instantiate_async(&mut store).await?;
+                    let start = inst.get_typed_func::<(), ()>(&mut store, "_start")?;
+                    start.call_async(&mut store, ()).await?;
+                    Ok::<i32, wasmtime::Error>(0)
+                })
+                .await
+            });
+            (r, store.data().limiter.peak_memory)
+        }
+    };
+    let (out, out_trunc) = stdout.take();
+    let (err, err_trunc) = stderr.take();
+    let mut raw = Raw {
+        termination: Termination::Exited,
+        exit_code: None,
+        signal: None,
+        stdout: out,
+        stderr: err,
+        stdout_truncated: out_trunc,
+        stderr_truncated: err_trunc,
+        peak_memory: peak as u64,
+        warnings: Vec::new(),
+    };
+    match result {
+        Err(_elapsed) => raw.termination = Termination::Timeout,
+        Ok(Ok(code)) => raw.exit_code = Some(code),
+        Ok(Err(e)) => classify(&e, &mut raw),
+    }
+    let failed = match raw.termination {
+        Termination::Exited => raw.exit_code != Some(0),
+        Termination::Signalled | Termination::SandboxFailure => true,
+        _ => false,
+    };
+    if flags.output_limit.load(Ordering::Relaxed)
+        && matches!(
+            raw.termination,
+            Termination::Exited | Termination::Signalled | Termination::SandboxFailure
+        )
+    {
+        raw.termination = Termination::OutputLimit;
+    } else if failed && flags.memory_refused.load(Ordering::Relaxed) {
+        raw.termination = Termination::OutOfMemory;
+    } else if failed && flags.disk_refused.load(Ordering::Relaxed) {
+        raw.termination = Termination::DiskLimit;
+    }
+    if raw.termination != Termination::Exited {
+        raw.exit_code = None;
+    }
+    if raw.termination != Termination::Signalled {
+        raw.signal = None;
+    }
+    Ok(raw)
+}
+
+/// Sets the deadline, the output-limit check and fuel on a fresh store.
+fn arm<T: 'static>(
+    store: &mut Store<T>,
+    deadline: Instant,
+    flags: Arc<Flags>,
+    fuel: Option<u64>,
+) -> Result<(), cordon_core::Error> {
+    if let Some(f) = fuel {
+        store
+            .set_fuel(f)
+            .map_err(|e| cordon_core::Error::Sandbox(format!("could not set fuel: {e:#}")))?;
+    }
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |_| {
+        if flags.output_limit.load(Ordering::Relaxed) {
+            return Err(wasmtime::Error::new(Stop(Termination::OutputLimit)));
+        }
+        if Instant::now() >= deadline {
+            return Err(wasmtime::Error::new(Stop(Termination::Timeout)));
+        }
+        Ok(UpdateDeadline::Yield(1))
+    });
+    Ok(())
+}
+
+/// Maps an error out of the guest to a termination reason.
+fn classify(e: &wasmtime::Error, raw: &mut Raw) {
+    for cause in e.chain() {
+        if let Some(exit) = cause.downcast_ref::<I32Exit>() {
+            raw.termination = Termination::Exited;
+            raw.exit_code = Some(exit.0);
+            return;
+        }
+        if let Some(Stop(t)) = cause.downcast_ref::<Stop>() {
+            raw.termination = *t;
+            return;
+        }
+        if let Some(trap) = cause.downcast_ref::<Trap>() {
+            let (t, sig, what) = match *trap {
+                Trap::Interrupt => (Termination::Timeout, None, None),
+                Trap::OutOfFuel => (
+                    Termination::Timeout,
+                    None,
+                    Some("the fuel limit was reached (deterministic CPU bound)"),
+                ),
+                Trap::StackOverflow => (
+                    Termination::Signalled,
+                    Some(11),
+                    Some("wasm stack exhausted (deep recursion); reported as SIGSEGV"),
+                ),
+                Trap::UnreachableCodeReached => (
+                    Termination::Signalled,
+                    Some(6),
+                    Some("the guest aborted (wasm unreachable); reported as SIGABRT"),
+                ),
+                Trap::IntegerDivisionByZero
+                | Trap::IntegerOverflow
+                | Trap::BadConversionToInteger => (
+                    Termination::Signalled,
+                    Some(8),
+                    Some("arithmetic trap; reported as SIGFPE"),
+                ),
+                _ => (
+                    Termination::Signalled,
+                    Some(11),
+                    Some("memory or table fault; reported as SIGSEGV"),
+                ),
+            };
+            raw.termination = t;
+            raw.signal = sig;
+            if let Some(w) = what {
+                raw.warnings.push(format!("{w}: {trap}"));
+            }
+            return;
+        }
+    }
+    raw.termination = Termination::SandboxFailure;
+    raw.warnings.push(format!("wasm host error: {e:#}"));
+}

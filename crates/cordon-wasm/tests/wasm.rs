@@ -1,0 +1,581 @@
+//! The wasm tier's integration tests, including its part of the escape battery. They need
+//! the guests `scripts/setup.sh` builds and fail loudly (never skip) when they are missing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests panic on failure by design
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use cordon_core::{
+    Backend, Error, ExecOutcome, ExecRequest, Language, Sandbox, SandboxSpec, Termination, Tier,
+    TierStatus,
+};
+use cordon_wasm::{Guest, WasmBackend, WasmConfig};
+
+fn backend() -> &'static WasmBackend {
+    static B: OnceLock<WasmBackend> = OnceLock::new();
+    B.get_or_init(|| {
+        let b = WasmBackend::new();
+        let probe = b.probe();
+        assert_eq!(
+            probe.status,
+            TierStatus::Available,
+            "the wasm tier's guests are missing: run scripts/setup.sh first. Probe: {probe:#?}"
+        );
+        for g in Guest::ALL {
+            b.warm(g)
+                .unwrap_or_else(|e| panic!("loading the {g:?} guest: {e}"));
+        }
+        b
+    })
+}
+
+fn spec() -> SandboxSpec {
+    let mut s = SandboxSpec::new(Tier::Wasm);
+    s.limits.timeout_ms = 10_000;
+    s.limits.memory_bytes = 256 << 20;
+    s
+}
+
+fn exec_in(sb: &mut dyn Sandbox, req: &ExecRequest) -> ExecOutcome {
+    let mut streamed = Vec::new();
+    let o = sb
+        .exec(req, &mut |_s: cordon_core::OutputStream, d: &[u8]| {
+            streamed.extend_from_slice(d)
+        })
+        .unwrap_or_else(|e| panic!("exec failed: {e}"));
+    assert_eq!(
+        streamed.len(),
+        o.stdout.len() + o.stderr.len(),
+        "the sink saw all output"
+    );
+    o
+}
+
+fn run_with(spec: &SandboxSpec, lang: Language, src: &str) -> ExecOutcome {
+    let mut sb = backend().create(spec).expect("create");
+    let o = exec_in(sb.as_mut(), &ExecRequest::code(lang, src));
+    sb.destroy().expect("destroy");
+    o
+}
+
+fn py(src: &str) -> ExecOutcome {
+    run_with(&spec(), Language::Python, src)
+}
+
+fn js(src: &str) -> ExecOutcome {
+    run_with(&spec(), Language::Javascript, src)
+}
+
+fn out(o: &ExecOutcome) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn err(o: &ExecOutcome) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn contained(o: &ExecOutcome) {
+    assert!(
+        !o.success(),
+        "expected the attempt to fail; stdout: {} stderr: {}",
+        out(o),
+        err(o)
+    );
+    assert_ne!(o.termination, Termination::SandboxFailure, "{o:#?}");
+}
+
+#[test]
+fn python_runs_with_the_stdlib() {
+    let o = py("import json, statistics\nprint(statistics.mean([1,2,3]), json.dumps({'a': 1}))");
+    assert!(o.success(), "{o:#?}");
+    assert_eq!(out(&o), "2 {\"a\": 1}\n");
+    assert_eq!(o.tier, Tier::Wasm);
+    let o = py("import sys\nsys.exit(3)");
+    assert_eq!(o.termination, Termination::Exited);
+    assert_ne!(o.exit_code, Some(0));
+    let o = py("raise ValueError('boom')");
+    assert_eq!(o.exit_code, Some(1));
+    assert!(err(&o).contains("ValueError: boom"), "{}", err(&o));
+}
+
+#[test]
+fn python_reads_stdin_and_args() {
+    let mut sb = backend().create(&spec()).unwrap();
+    let mut req = ExecRequest::new(cordon_core::Command::Code {
+        language: Language::Python,
+        source: "import sys\nprint(sys.argv[1:], sys.stdin.read().upper())".into(),
+        args: vec!["a".into(), "b".into()],
+    });
+    req.stdin = Some(b"hello".to_vec());
+    let o = exec_in(sb.as_mut(), &req);
+    assert_eq!(out(&o), "['a', 'b'] HELLO\n", "{o:#?}");
+}
+
+#[test]
+fn javascript_runs() {
+    let o = js("console.log([1,2,3].map(x => x * 2))");
+    assert!(o.success(), "{o:#?}");
+    assert_eq!(out(&o), "[ 2, 4, 6 ]\n");
+    let o = js("1 + 2");
+    assert_eq!(out(&o), "3\n");
+    let o = js("throw new TypeError('nope')");
+    assert_eq!(o.exit_code, Some(1));
+    assert!(err(&o).contains("TypeError: nope"), "{}", err(&o));
+}
+
+#[test]
+fn missing_module_names_the_limits_and_the_tier_to_use() {
+    for m in ["numpy", "socket", "subprocess", "_socket", "ctypes"] {
+        let o = py(&format!("import {m}"));
+        contained(&o);
+        let e = err(&o);
+        assert!(e.contains("ModuleNotFoundError"), "{m}: {e}");
+        assert!(e.contains("--tier container"), "{m}: {e}");
+    }
+}
+
+#[test]
+fn files_move_in_and_out_of_work() {
+    let mut sb = backend().create(&spec()).unwrap();
+    sb.put_file("/work/in.csv", b"a,b\n1,2\n", 0o644).unwrap();
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(
+            Language::Python,
+            "import csv\nrows = list(csv.reader(open('in.csv')))\nopen('/work/out.txt','w').write(str(len(rows)))",
+        ),
+    );
+    assert!(o.success(), "{o:#?}");
+    assert_eq!(sb.get_file("/work/out.txt", 100).unwrap(), b"2");
+    assert!(sb.get_file("/work/out.txt", 0).is_err());
+    sb.destroy().unwrap();
+    assert!(matches!(
+        sb.get_file("/work/out.txt", 100),
+        Err(Error::Gone { .. })
+    ));
+}
+
+// ---- escape battery ----
+
+#[test]
+fn host_files_are_invisible() {
+    let o = py("print(open('/etc/passwd').read())");
+    contained(&o);
+    assert!(!out(&o).contains("root:"));
+    let o = py("print(open('/work/../etc/passwd').read())");
+    contained(&o);
+    let o = py("import os\nprint(os.listdir('/'))");
+    assert!(!out(&o).contains("etc"), "{}", out(&o));
+    let o = py("import os\nprint(open('/proc/self/environ').read())");
+    contained(&o);
+}
+
+#[test]
+fn environment_canary_never_appears() {
+    let canary = format!("cordon-canary-{}", std::process::id());
+    // SAFETY: set once, before any thread of this test reads the environment for it; other
+    // tests only read unrelated variables.
+    unsafe { std::env::set_var("CORDON_TEST_CANARY", &canary) };
+    let o = py("import os\nprint(dict(os.environ))");
+    assert!(o.success(), "{o:#?}");
+    assert!(!out(&o).contains(&canary));
+    assert!(out(&o).contains("HOME"), "{}", out(&o));
+    let o = js("typeof process + ' ' + typeof std + ' ' + typeof os");
+    assert_eq!(out(&o), "'undefined undefined undefined'\n");
+    let mut s = spec();
+    s.env.insert("GIVEN".into(), "yes".into());
+    let o = run_with(
+        &s,
+        Language::Python,
+        "import os\nprint(os.environ.get('GIVEN'), 'CORDON_TEST_CANARY' in os.environ)",
+    );
+    assert_eq!(out(&o), "yes False\n");
+}
+
+#[test]
+fn no_sockets_no_subprocesses() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let o = py(&format!(
+        "import socket\ns = socket.create_connection(('127.0.0.1', {port}))"
+    ));
+    contained(&o);
+    assert!(
+        listener.accept().is_err(),
+        "the guest reached the host's listener"
+    );
+    let o = py("import os\nos.system('id')");
+    contained(&o);
+    let o = py("import os\nos.fork()");
+    contained(&o);
+    let o = py("import os\nos.execv('/bin/sh', ['sh'])");
+    contained(&o);
+}
+
+#[test]
+fn writes_stay_inside_work() {
+    let marker = format!("/tmp/cordon-wasm-escape-{}", std::process::id());
+    for target in [marker.as_str(), "/work/../escape", "../escape"] {
+        let o = py(&format!("open({target:?}, 'w').write('x')"));
+        contained(&o);
+    }
+    assert!(!std::path::Path::new(&marker).exists());
+}
+
+#[test]
+fn path_tricks_on_files_out_are_refused() {
+    let mut sb = backend().create(&spec()).unwrap();
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(
+            Language::Python,
+            "import os\nos.mkdir('d')\nopen('d/real','w').write('ok')\n\
+             for src, dst in [('../../../../etc/passwd', 'up'), ('/etc/passwd', 'abs'), ('d', 'dirlink')]:\n\
+             \ttry:\n\t\tos.symlink(src, dst)\n\texcept OSError as e:\n\t\tprint('refused', dst, e)",
+        ),
+    );
+    assert!(o.success(), "{o:#?}");
+    for p in [
+        "/work/up",
+        "/work/abs",
+        "/work/dirlink/real",
+        "/work/../etc/passwd",
+        "/etc/passwd",
+        "d/../../x",
+    ] {
+        match sb.get_file(p, 1 << 20) {
+            Err(Error::PathRefused { .. }) | Err(Error::File { .. }) => {}
+            other => panic!("{p}: expected a refusal, got {other:?}"),
+        }
+    }
+    assert_eq!(sb.get_file("/work/d/real", 100).unwrap(), b"ok");
+    assert!(matches!(
+        sb.put_file("/work/dirlink/x", b"x", 0o644),
+        Err(Error::PathRefused { .. }) | Err(Error::File { .. })
+    ));
+}
+
+#[test]
+fn infinite_loop_times_out() {
+    let mut s = spec();
+    s.limits.timeout_ms = 300;
+    for (lang, src) in [
+        (Language::Python, "while True: pass"),
+        (Language::Javascript, "for(;;){}"),
+        (Language::Python, "import time\ntime.sleep(60)"),
+    ] {
+        let t = Instant::now();
+        let o = run_with(&s, lang, src);
+        assert_eq!(o.termination, Termination::Timeout, "{src}: {o:#?}");
+        assert!(
+            t.elapsed().as_millis() < 3000,
+            "{src} took {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+#[test]
+fn fuel_bounds_cpu_deterministically() {
+    let mut s = spec();
+    s.limits.fuel = Some(10_000_000);
+    let o = run_with(&s, Language::Javascript, "for(;;){}");
+    assert_eq!(o.termination, Termination::Timeout, "{o:#?}");
+    assert!(
+        o.warnings.iter().any(|w| w.contains("fuel")),
+        "{:?}",
+        o.warnings
+    );
+}
+
+#[test]
+fn memory_bomb_is_out_of_memory() {
+    let mut s = spec();
+    s.limits.memory_bytes = 96 << 20;
+    for (lang, src) in [
+        (Language::Python, "x = bytearray(1 << 30)"),
+        (
+            Language::Python,
+            "a = []\nwhile True: a.append('x' * 10**6)",
+        ),
+        (
+            Language::Javascript,
+            "let a = []; for(;;) a.push(new Array(1e6).fill(1.5))",
+        ),
+    ] {
+        let o = run_with(&s, lang, src);
+        assert_eq!(o.termination, Termination::OutOfMemory, "{src}: {o:#?}");
+        assert!(o.usage.peak_memory_bytes <= 96 << 20, "{o:#?}");
+    }
+}
+
+#[test]
+fn deep_recursion_is_contained() {
+    for (lang, src) in [
+        (Language::Python, "def f(n): return f(n + 1)\nf(0)"),
+        (
+            Language::Python,
+            "import sys\nsys.setrecursionlimit(10**7)\ndef f(n): return f(n + 1)\nf(0)",
+        ),
+        (
+            Language::Javascript,
+            "function f(n) { return f(n + 1) + 1 } f(0)",
+        ),
+    ] {
+        let o = py_or_js(lang, src);
+        contained(&o);
+    }
+    // And the backend still works afterwards.
+    assert!(py("print(1)").success());
+}
+
+fn py_or_js(lang: Language, src: &str) -> ExecOutcome {
+    run_with(&spec(), lang, src)
+}
+
+#[test]
+fn output_flood_is_truncated() {
+    let mut s = spec();
+    s.limits.stdout_bytes = 64 << 10;
+    for (lang, src) in [
+        (Language::Python, "while True: print('x' * 1000)"),
+        (
+            Language::Javascript,
+            "for(;;) console.log('x'.repeat(1000))",
+        ),
+    ] {
+        let o = run_with(&s, lang, src);
+        assert_eq!(o.termination, Termination::OutputLimit, "{src}: {o:#?}");
+        assert!(o.stdout_truncated);
+        assert_eq!(o.stdout.len(), 64 << 10);
+    }
+}
+
+#[test]
+fn scratch_disk_flood_hits_the_disk_limit() {
+    let mut s = spec();
+    s.limits.disk_bytes = 4 << 20;
+    let mut sb = backend().create(&s).unwrap();
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(
+            Language::Python,
+            "f = open('/work/big', 'wb')\nwhile True:\n    f.write(b'x' * 65536)\n    f.flush()",
+        ),
+    );
+    assert_eq!(o.termination, Termination::DiskLimit, "{o:#?}");
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(
+            Language::Python,
+            "import os\ni = 0\nwhile True:\n    open(f'/work/f{i}', 'w').close()\n    i += 1",
+        ),
+    );
+    assert_eq!(o.termination, Termination::DiskLimit, "{o:#?}");
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(
+            Language::Python,
+            "import os\nprint(os.path.getsize('/work/big'))",
+        ),
+    );
+    let size: u64 = out(&o).trim().parse().unwrap();
+    assert!(size <= 4 << 20, "the file grew past the limit: {size}");
+    assert!(
+        sb.put_file("/work/more", &vec![0u8; 5 << 20], 0o644)
+            .is_err()
+    );
+}
+
+// ---- users' own modules ----
+
+fn wasm_req(bytes: Vec<u8>, args: &[&str]) -> ExecRequest {
+    ExecRequest::wasm(bytes, args.iter().map(|s| s.to_string()).collect())
+}
+
+const HELLO_P1: &str = r#"
+(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "args_sizes_get" (func $args_sizes_get (param i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "hello from wasm\n")
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 16))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))
+"#;
+
+#[test]
+fn user_p1_module_runs() {
+    let mut sb = backend().create(&spec()).unwrap();
+    let o = exec_in(
+        sb.as_mut(),
+        &wasm_req(wat::parse_str(HELLO_P1).unwrap(), &["a"]),
+    );
+    assert!(o.success(), "{o:#?}");
+    assert_eq!(out(&o), "hello from wasm\n");
+}
+
+#[test]
+fn user_p2_component_runs() {
+    // The Python guest is itself a wasi:cli/command component.
+    let dir = backend().data_dir().join("guests");
+    let manifest: std::collections::BTreeMap<String, String> =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let bytes = std::fs::read(dir.join(&manifest["python"])).unwrap();
+    let mut sb = backend().create(&spec()).unwrap();
+    let o = exec_in(sb.as_mut(), &wasm_req(bytes, &["-c", "print(6 * 7)"]));
+    assert!(o.success(), "{o:#?}");
+    assert_eq!(out(&o), "42\n");
+}
+
+#[test]
+fn malformed_and_hostile_modules_get_clear_errors() {
+    let mut sb = backend().create(&spec()).unwrap();
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"#!/bin/sh\necho hi".to_vec(), "not a WebAssembly binary"),
+        (b"\0asm\x01\0\0\0\x01\xff\xff\xff".to_vec(), "does not compile"),
+        (b"\0asm\x0d\0\x01\0\xff".to_vec(), "does not compile"),
+        (
+            wat::parse_str(r#"(module (import "env" "escape" (func)) (func (export "_start")))"#)
+                .unwrap(),
+            "imports something",
+        ),
+        (
+            wat::parse_str(r#"(module (import "wasi_snapshot_preview1" "sock_open" (func (param i32 i32 i32) (result i32))) (func (export "_start")))"#)
+                .unwrap(),
+            "imports something",
+        ),
+        (wat::parse_str("(module (func (export \"main\")))").unwrap(), "_start"),
+    ];
+    for (bytes, want) in cases {
+        let mut sink = |_: cordon_core::OutputStream, _: &[u8]| {};
+        match sb.exec(&wasm_req(bytes, &[]), &mut sink) {
+            Err(Error::Invalid(msg)) => assert!(msg.contains(want), "{want}: {msg}"),
+            other => panic!("{want}: expected a clear error, got {other:?}"),
+        }
+    }
+    // A module asking for 4 GiB of memory up front hits the memory limit, not the host.
+    let o = exec_in(
+        sb.as_mut(),
+        &wasm_req(
+            wat::parse_str("(module (memory 65536) (func (export \"_start\")))").unwrap(),
+            &[],
+        ),
+    );
+    assert_eq!(o.termination, Termination::OutOfMemory, "{o:#?}");
+    // Traps are reported as signals with a reason.
+    let o = exec_in(
+        sb.as_mut(),
+        &wasm_req(
+            wat::parse_str("(module (func (export \"_start\") unreachable))").unwrap(),
+            &[],
+        ),
+    );
+    assert_eq!(o.termination, Termination::Signalled, "{o:#?}");
+    assert_eq!(o.signal, Some(6));
+}
+
+#[test]
+fn stale_or_tampered_cache_is_rebuilt_never_run() {
+    let home = tempfile::tempdir().unwrap();
+    let src = backend().data_dir().join("guests");
+    let dst = home.path().join("guests");
+    std::fs::create_dir_all(&dst).unwrap();
+    let manifest: std::collections::BTreeMap<String, String> =
+        serde_json::from_slice(&std::fs::read(src.join("manifest.json")).unwrap()).unwrap();
+    let js_file = manifest["javascript"].clone();
+    std::fs::copy(src.join(&js_file), dst.join(&js_file)).unwrap();
+    std::fs::write(
+        dst.join("manifest.json"),
+        serde_json::to_vec(&serde_json::json!({ "javascript": js_file })).unwrap(),
+    )
+    .unwrap();
+    let cfg = || WasmConfig {
+        data_dir: home.path().to_path_buf(),
+        ..WasmConfig::default()
+    };
+    let run_js = |b: &WasmBackend| {
+        let mut sb = b.create(&spec()).unwrap();
+        exec_in(
+            sb.as_mut(),
+            &ExecRequest::code(Language::Javascript, "6 * 7"),
+        )
+    };
+    assert_eq!(out(&run_js(&WasmBackend::with_config(cfg()))), "42\n");
+    let cached: Vec<_> = std::fs::read_dir(dst.join("cache"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+        .collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    // Tamper with the precompiled code: it must be detected and rebuilt.
+    let mut bytes = std::fs::read(&cached[0]).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&cached[0], &bytes).unwrap();
+    assert_eq!(out(&run_js(&WasmBackend::with_config(cfg()))), "42\n");
+    assert_ne!(
+        std::fs::read(&cached[0]).unwrap(),
+        bytes,
+        "tampered entry was kept"
+    );
+    // Tamper with the source artifact: refused with the fix, never run.
+    let mut wasm = std::fs::read(dst.join(&js_file)).unwrap();
+    let n = wasm.len() - 1;
+    wasm[n] ^= 0xff;
+    std::fs::write(dst.join(&js_file), wasm).unwrap();
+    std::fs::remove_dir_all(dst.join("cache")).unwrap();
+    let b = WasmBackend::with_config(cfg());
+    let mut sb = b.create(&spec()).unwrap();
+    let mut sink = |_: cordon_core::OutputStream, _: &[u8]| {};
+    match sb.exec(&ExecRequest::code(Language::Javascript, "1"), &mut sink) {
+        Err(e @ Error::Unavailable { .. }) => assert!(e.to_string().contains("setup.sh"), "{e}"),
+        other => panic!("expected the tampered guest to be refused, got {other:?}"),
+    }
+    // And the probe reports the missing Python guest with the fix.
+    let probe = b.probe();
+    let py = probe
+        .capabilities
+        .iter()
+        .find(|c| c.name == "python guest")
+        .unwrap();
+    assert!(
+        !py.ok && py.fix.as_deref() == Some("run scripts/setup.sh"),
+        "{py:?}"
+    );
+}
+
+#[test]
+fn outcome_has_the_shape_of_every_tier() {
+    let o = py("print('hi')");
+    let v = serde_json::to_value(&o).unwrap();
+    for key in [
+        "tier",
+        "termination",
+        "exit_code",
+        "signal",
+        "stdout",
+        "stderr",
+        "stdout_truncated",
+        "stderr_truncated",
+        "usage",
+        "timings",
+        "weakened",
+        "warnings",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(v["termination"], "exited");
+    assert!(o.usage.wall_time_us > 0);
+}
+
+#[test]
+fn network_policies_are_refused_up_front() {
+    let mut s = spec();
+    s.egress.allow.push("example.com".into());
+    assert!(matches!(backend().create(&s), Err(Error::Invalid(_))));
+}
