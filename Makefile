@@ -1,0 +1,34 @@
+# Cordon: the two commands a user needs are `make demo` and `make test`.
+# Both run scripts/setup.sh first (idempotent: installs only what is missing).
+
+CARGO ?= cargo
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: setup build demo test lint bench clean
+
+setup:
+	bash scripts/setup.sh
+
+build: setup
+	$(CARGO) build --release --workspace --bins
+
+## Installs what is missing, builds, and runs an untrusted Python snippet in the container tier.
+demo: build
+	bash scripts/demo.sh
+
+## Installs what is missing and runs every test (CI runs exactly this).
+test: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) test --workspace --no-fail-fast
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## Start-up figures of every tier beside its peers on this host.
+bench: build
+	./target/release/cordon bench
+
+clean:
+	$(CARGO) clean
