@@ -4,6 +4,8 @@ use cordon_core::{Backend, Probe, Result, Sandbox, SandboxSpec, Tier};
 
 /// Every backend compiled into this binary.
 pub enum AnyBackend {
+    Runtime(cordon_runtime::RuntimeBackend),
+    Wasm(cordon_wasm::WasmBackend),
     Container(cordon_container::ContainerBackend),
 }
 
@@ -16,12 +18,16 @@ impl AnyBackend {
                     cordon_container::ContainerConfig::discover(),
                 ),
             )),
+            Tier::Wasm => Some(AnyBackend::Wasm(cordon_wasm::WasmBackend::new())),
+            Tier::Runtime => Some(AnyBackend::Runtime(cordon_runtime::RuntimeBackend::new())),
             _ => None,
         }
     }
 
     fn inner(&self) -> &dyn Backend {
         match self {
+            AnyBackend::Runtime(b) => b,
+            AnyBackend::Wasm(b) => b,
             AnyBackend::Container(b) => b,
         }
     }

@@ -28,9 +28,9 @@ EXAMPLES
              -- 'wc -l data.csv > result.json'
   cordon run --json -- ls -la /")]
 pub struct RunArgs {
-    /// Isolation tier.
-    #[arg(long, default_value = "container")]
-    tier: Tier,
+    /// Isolation tier (default: container; wasm with --wasm).
+    #[arg(long)]
+    tier: Option<Tier>,
     /// Language of the code (python, bash, sh, javascript). Without it, the arguments after
     /// `--` are a program and its arguments, run without a shell.
     #[arg(long)]
@@ -41,6 +41,10 @@ pub struct RunArgs {
     /// Read the code from a host file (with --lang).
     #[arg(long, value_name = "FILE", conflicts_with = "code")]
     script: Option<PathBuf>,
+    /// Run a WebAssembly program (a WASI preview 1 command module or preview 2 command
+    /// component) in the wasm tier; the arguments after `--` are its arguments.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["code", "script", "lang"])]
+    wasm: Option<PathBuf>,
     /// Wall-clock limit, e.g. 5s, 250ms, 2m.
     #[arg(long, value_parser = parse_duration_arg)]
     timeout: Option<std::time::Duration>,
@@ -104,6 +108,11 @@ fn split_pair<'a>(s: &'a str, what: &str) -> Result<(&'a str, &'a str)> {
 }
 
 fn build_request(args: &RunArgs) -> Result<ExecRequest> {
+    if let Some(p) = &args.wasm {
+        let module =
+            std::fs::read(p).with_context(|| format!("reading the module {}", p.display()))?;
+        return stdin_for(args, ExecRequest::wasm(module, args.args.clone()));
+    }
     let command = match args.lang {
         Some(language) => {
             let (source, rest) = if let Some(c) = &args.code {
@@ -133,7 +142,10 @@ fn build_request(args: &RunArgs) -> Result<ExecRequest> {
             Command::Argv(args.args.clone())
         }
     };
-    let mut req = ExecRequest::new(command);
+    stdin_for(args, ExecRequest::new(command))
+}
+
+fn stdin_for(args: &RunArgs, mut req: ExecRequest) -> Result<ExecRequest> {
     if let Some(s) = &args.stdin {
         let mut data = Vec::new();
         if s == "-" {
@@ -148,8 +160,16 @@ fn build_request(args: &RunArgs) -> Result<ExecRequest> {
     Ok(req)
 }
 
+fn tier_of(args: &RunArgs) -> Tier {
+    args.tier.unwrap_or(if args.wasm.is_some() {
+        Tier::Wasm
+    } else {
+        Tier::Container
+    })
+}
+
 fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
-    let mut spec = SandboxSpec::new(args.tier);
+    let mut spec = SandboxSpec::new(tier_of(args));
     let l = &mut spec.limits;
     if let Some(t) = args.timeout {
         l.timeout_ms = t.as_millis().max(1) as u64;
@@ -204,10 +224,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
         cordon_core::validate_sandbox_path(inside)?;
         outs.push((inside.to_string(), PathBuf::from(host)));
     }
-    let backend = AnyBackend::for_tier(args.tier).ok_or_else(|| {
+    let tier = tier_of(&args);
+    let backend = AnyBackend::for_tier(tier).ok_or_else(|| {
         anyhow!(
-            "the {} tier is not part of this build of cordon yet; `cordon doctor` lists the tiers",
-            args.tier
+            "the {tier} tier is not part of this build of cordon yet; `cordon doctor` lists the tiers"
         )
     })?;
     let json = args.json;
