@@ -1358,3 +1358,34 @@ async fn audit_stream_tells_why_a_client_rejected_the_sandbox_ca() {
     assert!(kinds.contains(&(Kind::Connect, Decision::Allow)));
     assert_eq!(up.rec.count(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn system_resolver_answers_are_guarded_too() {
+    let up = http_upstream().await;
+    let port = up.addr.port();
+    // the host's own resolver says localhost is loopback: refused without an explicit range
+    let mut f = fixture(&[format!("localhost:{port}")], None);
+    f.cfg.resolver = None;
+    let (_h, proxy) = start(&f);
+    let got = get(proxy, &format!("http://localhost:{port}/sys"), &[]).await;
+    assert_eq!(got.status, 403, "{}", got.text());
+    assert!(
+        got.text().contains("address-guard:loopback"),
+        "{}",
+        got.text()
+    );
+    // naming the ranges explicitly lets it through (trying each checked address in turn)
+    let mut f = fixture(
+        &[
+            format!("localhost:{port}"),
+            "127.0.0.0/8:*".into(),
+            "[::1]:*".into(),
+        ],
+        None,
+    );
+    f.cfg.resolver = None;
+    let (_h, proxy) = start(&f);
+    let got = get(proxy, &format!("http://localhost:{port}/sys"), &[]).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(up.rec.count(), 1);
+}
