@@ -428,11 +428,10 @@ impl ContainerSandbox {
                 v.extend(args.iter().cloned());
                 v
             }
-            #[allow(unreachable_patterns)]
-            other => {
-                return Err(Error::Invalid(format!(
-                    "the container tier cannot run {other:?}; use the tier made for it"
-                )));
+            cordon_core::Command::Wasm { .. } => {
+                return Err(Error::Invalid(
+                    "the container tier does not run WebAssembly modules; use --tier wasm".into(),
+                ));
             }
         })
     }
@@ -452,12 +451,22 @@ impl ContainerSandbox {
 
     /// Kills everything and removes what the sandbox left on the host.
     fn teardown(&mut self) {
+        // Every process of the sandbox is in its cgroup: kill them all at once rather than
+        // waiting for parent-death signals to travel down the chain.
+        if let Some(cg) = &self.cgroup {
+            for pid in cg.pids() {
+                crate::sys::kill_pid(pid);
+            }
+        }
         if let Some(mut outer) = self.outer.take() {
             let _ = outer.kill();
             let _ = outer.wait();
         }
-        if let Some(mut ctrl) = self.ctrl.take() {
-            // The agent holds the other end; EOF means it is gone.
+        if let Some(mut ctrl) = self.ctrl.take()
+            && self.cgroup.is_none()
+        {
+            // Without a cgroup to watch, the agent's end of the socket closing is the sign
+            // that it is gone.
             let _ = ctrl.set_read_timeout(Some(Duration::from_secs(2)));
             let mut sink = [0u8; 4096];
             let deadline = Instant::now() + Duration::from_secs(2);
