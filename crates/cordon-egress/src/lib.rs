@@ -13,7 +13,7 @@
 //! - enforces per-sandbox byte, connection, request-rate, idle and total-time limits;
 //! - records every decision as an [`AuditEvent`] (never a secret value).
 //!
-//! [`scan`] is the output scanner for everything that leaves a sandbox towards the caller.
+//! [`scan()`] is the output scanner for everything that leaves a sandbox towards the caller.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), cordon_egress::Error> {
@@ -161,6 +161,15 @@ impl ProxyConfig {
             audit_log: None,
             resolver: None,
         }
+    }
+
+    /// A configuration carrying a sandbox spec's egress policy and grants (listener still to
+    /// be set).
+    pub fn for_spec(sandbox_id: impl Into<String>, spec: &cordon_core::SandboxSpec) -> Self {
+        let mut cfg = ProxyConfig::new(sandbox_id);
+        cfg.policy = spec.egress.clone();
+        cfg.grants = spec.grants.clone();
+        cfg
     }
 
     /// Checks the whole configuration without starting anything (secrets are not loaded).
@@ -473,7 +482,7 @@ impl ProxyHandle {
         &self.placeholders
     }
 
-    /// The real secrets of this sandbox's grants, named by grant, for [`scan`]ning what the
+    /// The real secrets of this sandbox's grants, named by grant, for [`scan()`]ning what the
     /// sandbox outputs.
     pub fn known_secrets(&self) -> Vec<KnownSecret> {
         self.shared

@@ -1389,3 +1389,14 @@ async fn system_resolver_answers_are_guarded_too() {
     assert_eq!(got.status, 200, "{}", got.text());
     assert_eq!(up.rec.count(), 1);
 }
+
+#[test]
+fn config_from_a_sandbox_spec() {
+    let mut spec = cordon_core::SandboxSpec::new(cordon_core::Tier::Container);
+    spec.egress.allow = vec!["api.example.test".into()];
+    let mut cfg = ProxyConfig::for_spec("sbx-9", &spec);
+    assert_eq!(cfg.policy.allow, spec.egress.allow);
+    assert!(cfg.validate().is_err(), "no listener yet");
+    cfg.tcp_listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.validate().unwrap();
+}
