@@ -7,8 +7,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use cordon_core::units::{format_duration, format_size, parse_duration, parse_size};
 use cordon_core::{
-    Command, ExecOutcome, ExecRequest, FileIn, Language, OutputStream, SandboxSpec, Tier,
-    Weakening, exit_code_for, run_once,
+    Command, ExecOutcome, ExecRequest, FileIn, Grant, GrantSecret, Language, OutputStream,
+    SandboxSpec, Tier, Weakening, exit_code_for, run_once,
 };
 
 use crate::backends::AnyBackend;
@@ -83,6 +83,20 @@ pub struct RunArgs {
     /// Feed this host file to the program's stdin ('-' for Cordon's own stdin).
     #[arg(long, value_name = "FILE")]
     stdin: Option<String>,
+    /// Let the sandbox reach this host through Cordon's egress proxy: `host`, `*.suffix`,
+    /// optionally `:port` (default ports 80 and 443; `:*` for any). Repeatable. Without any,
+    /// the sandbox reaches nothing.
+    #[arg(long = "allow-host", value_name = "PATTERN")]
+    allow_hosts: Vec<String>,
+    /// Refuse this host even if an allow entry matches (deny wins). Repeatable.
+    #[arg(long = "deny-host", value_name = "PATTERN")]
+    deny_hosts: Vec<String>,
+    /// A scoped credential: NAME=HOST[,HOST...][@ENV_VAR]. The sandbox's NAME_TOKEN (upper
+    /// case) holds a placeholder; the egress proxy puts the real secret, read from the host's
+    /// ENV_VAR (default NAME_TOKEN), into the Authorization header of HTTPS requests to those
+    /// hosts only. The real secret never enters the sandbox. Repeatable.
+    #[arg(long = "grant", value_name = "NAME=HOSTS")]
+    grants: Vec<String>,
     /// Run even if this wall cannot be applied (landlock, seccomp, cgroups); the result is
     /// marked weaker. Repeatable.
     #[arg(long = "allow-weaker", value_name = "LAYER")]
@@ -160,6 +174,31 @@ fn stdin_for(args: &RunArgs, mut req: ExecRequest) -> Result<ExecRequest> {
     Ok(req)
 }
 
+fn parse_grant(s: &str) -> Result<Grant> {
+    let (name, rest) = s
+        .split_once('=')
+        .filter(|(n, r)| !n.is_empty() && !r.is_empty())
+        .ok_or_else(|| anyhow!("--grant {s:?} must look like NAME=HOST[,HOST...][@ENV_VAR]"))?;
+    let var = format!("{}_TOKEN", name.to_ascii_uppercase().replace('-', "_"));
+    let (hosts, secret_var) = match rest.split_once('@') {
+        Some((h, v)) => (h, v.to_string()),
+        None => (rest, var.clone()),
+    };
+    Ok(Grant {
+        name: name.to_string(),
+        env_var: var,
+        secret: GrantSecret::Env(secret_var),
+        hosts: hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(String::from)
+            .collect(),
+        header: "authorization".to_string(),
+        methods: Vec::new(),
+        path_prefixes: Vec::new(),
+    })
+}
+
 fn tier_of(args: &RunArgs) -> Tier {
     args.tier.unwrap_or(if args.wasm.is_some() {
         Tier::Wasm
@@ -200,6 +239,11 @@ fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
         spec.env.insert(k.to_string(), v.to_string());
     }
     spec.allow_weaker = args.allow_weaker.iter().copied().collect();
+    spec.egress.allow = args.allow_hosts.clone();
+    spec.egress.deny = args.deny_hosts.clone();
+    for g in &args.grants {
+        spec.grants.push(parse_grant(g)?);
+    }
     spec.validate()?;
     Ok(spec)
 }
@@ -328,6 +372,24 @@ fn print_summary(o: &ExecOutcome, written: &[(String, String, usize)], errors: &
     }
     for w in &o.warnings {
         eprintln!("cordon: warning: {w}");
+    }
+    if let Some(serde_json::Value::Array(f)) = o.extra.get("findings") {
+        for item in f {
+            eprintln!("cordon: scan: {item}");
+        }
+    }
+    if let Some(serde_json::Value::Array(ev)) = o.extra.get("egress") {
+        for e in ev {
+            let get = |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or("-").to_string();
+            eprintln!(
+                "cordon: egress {} {}:{} {} ({})",
+                get("decision"),
+                get("host"),
+                e.get("port").map(|p| p.to_string()).unwrap_or_default(),
+                get("rule"),
+                get("kind")
+            );
+        }
     }
     for (p, h, n) in written {
         eprintln!("cordon: wrote {p} -> {h} ({})", format_size(*n as u64));

@@ -269,6 +269,19 @@ impl ContainerBackend {
                     None
                 }
             };
+        let egress = if crate::egress::wanted(spec) {
+            match crate::egress::EgressLink::start(id.as_str(), spec, self.cfg.id_base) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    if let Some(cg) = &cg {
+                        cg.remove();
+                    }
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
         let setup = InitSetup {
             id_base: self.cfg.id_base,
             id_count: 65536,
@@ -279,8 +292,9 @@ impl ContainerBackend {
             tmp_bytes: limits.tmp_bytes,
             landlock,
             seccomp,
-            extra_files: Vec::new(),
-            connect_port: None,
+            extra_files: egress.as_ref().map(|l| l.files()).unwrap_or_default(),
+            connect_port: egress.as_ref().map(|_| crate::egress::SANDBOX_PROXY_PORT),
+            egress_socket: egress.as_ref().map(|l| l.socket().to_path_buf()),
         };
         let mut sb = ContainerSandbox {
             id,
@@ -293,6 +307,8 @@ impl ContainerBackend {
             warnings,
             gone: None,
             next_exec: 1,
+            egress,
+            file_findings: Vec::new(),
         };
         if let Err(e) = sb.start(&self.cfg, &setup) {
             sb.teardown();
@@ -316,6 +332,9 @@ pub struct ContainerSandbox {
     /// Set once the sandbox can no longer be used, with the reason.
     gone: Option<String>,
     next_exec: u64,
+    egress: Option<crate::egress::EgressLink>,
+    /// Scan findings of files taken out, until reported.
+    file_findings: Vec<serde_json::Value>,
 }
 
 fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -444,6 +463,9 @@ impl ContainerSandbox {
         );
         env.insert("HOME".to_string(), "/work".to_string());
         env.insert("LANG".to_string(), "C.UTF-8".to_string());
+        if let Some(link) = &self.egress {
+            env.extend(link.env());
+        }
         env.extend(self.spec.env.clone());
         env.extend(req.env.clone());
         env
@@ -477,6 +499,8 @@ impl ContainerSandbox {
                 }
             }
         }
+        // The proxy (and with it every placeholder) ends with the sandbox.
+        self.egress = None;
         if let Some(cg) = self.cgroup.take()
             && !cg.kill_and_remove(Duration::from_secs(5))
         {
@@ -750,6 +774,31 @@ impl ContainerSandbox {
         } else {
             Termination::Exited
         };
+        // Everything leaving the sandbox is scanned: known secrets redacted, credential
+        // formats flagged.
+        let mut findings = Vec::new();
+        for (name, buf) in [("stdout", &mut o.stdout), ("stderr", &mut o.stderr)] {
+            let (clean, found) = match &self.egress {
+                Some(link) => link.scan(buf),
+                None => {
+                    let found = crate::egress::scan_plain(buf);
+                    (std::mem::take(buf), found)
+                }
+            };
+            *buf = clean;
+            findings.extend(found.into_iter().map(|mut f| {
+                f["stream"] = serde_json::json!(name);
+                f
+            }));
+        }
+        if !findings.is_empty() {
+            o.extra
+                .insert("findings".into(), serde_json::Value::Array(findings));
+        }
+        if let Some(link) = &mut self.egress {
+            o.extra
+                .insert("egress".into(), serde_json::Value::Array(link.new_events()));
+        }
         if o.termination == Termination::SandboxFailure {
             o.warnings.push(format!(
                 "the sandbox failed: {}",
@@ -869,7 +918,17 @@ impl Sandbox for ContainerSandbox {
             b"",
         )?;
         match reply.header {
-            Reply::File { truncated: false } => Ok(reply.body),
+            Reply::File { truncated: false } => {
+                let (clean, found) = match &self.egress {
+                    Some(link) => link.scan(&reply.body),
+                    None => (reply.body.clone(), crate::egress::scan_plain(&reply.body)),
+                };
+                self.file_findings.extend(found.into_iter().map(|mut f| {
+                    f["file"] = serde_json::json!(path);
+                    f
+                }));
+                Ok(clean)
+            }
             Reply::File { truncated: true } => Err(Error::File {
                 path: path.to_string(),
                 reason: format!(
@@ -886,6 +945,23 @@ impl Sandbox for ContainerSandbox {
 
     fn start_us(&self) -> u64 {
         self.start_us
+    }
+
+    fn report(&mut self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        let mut r = std::collections::BTreeMap::new();
+        if !self.file_findings.is_empty() {
+            r.insert(
+                "findings".to_string(),
+                serde_json::Value::Array(std::mem::take(&mut self.file_findings)),
+            );
+        }
+        if let Some(link) = &mut self.egress {
+            let events = link.new_events();
+            if !events.is_empty() {
+                r.insert("egress".to_string(), serde_json::Value::Array(events));
+            }
+        }
+        r
     }
 
     fn destroy(&mut self) -> Result<()> {

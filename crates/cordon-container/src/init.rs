@@ -43,12 +43,16 @@ pub struct InitSetup {
     pub landlock: bool,
     /// Seccomp filters to install in each program; none when the caller allowed without.
     pub seccomp: Option<Vec<Vec<u64>>>,
-    /// Extra files to create (read-only) in the sandbox root, e.g. a CA bundle.
+    /// Extra text files to create (read-only) under the sandbox's /etc, e.g. a CA bundle.
     #[serde(default)]
-    pub extra_files: Vec<(String, Vec<u8>)>,
+    pub extra_files: Vec<(String, String)>,
     /// Loopback port Landlock lets programs connect to (the egress forwarder).
     #[serde(default)]
     pub connect_port: Option<u16>,
+    /// Host path of the egress proxy's unix socket, bound into the sandbox; a forwarder on
+    /// `connect_port` relays to it.
+    #[serde(default)]
+    pub egress_socket: Option<PathBuf>,
 }
 
 /// Directories from the host bound read-only into the sandbox (or recreated as the same
@@ -177,6 +181,9 @@ fn run_child(setup: &InitSetup, sock: &mut UnixStream, go: OwnedFd) -> Result<()
     nix::unistd::sethostname(&setup.hostname).map_err(ctx("sethostname"))?;
     crate::sys::loopback_up().map_err(|e| format!("bringing loopback up: {e}"))?;
     build_root(setup)?;
+    if let (Some(port), Some(_)) = (setup.connect_port, &setup.egress_socket) {
+        crate::forwarder::spawn(port, std::path::Path::new(crate::egress::SOCKET_INSIDE))?;
+    }
     let ruleset = if setup.landlock {
         Some(landlock_rules::build(setup.connect_port)?)
     } else {
@@ -334,6 +341,21 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
             fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
         }
         fs::write(&dst, body).map_err(io(format!("writing {path}")))?;
+    }
+    if let Some(sock) = &setup.egress_socket {
+        let inside = new.join(crate::egress::SOCKET_INSIDE.trim_start_matches('/'));
+        if let Some(parent) = inside.parent() {
+            fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+        }
+        fs::write(&inside, b"").map_err(io("creating the egress socket mount point".into()))?;
+        mount(
+            Some(sock.as_path()),
+            &inside,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("binding the egress socket: {e}"))?;
     }
     // /dev: a few device nodes bound from the host, nothing else.
     let dev = new.join("dev");

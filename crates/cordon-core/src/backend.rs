@@ -179,6 +179,12 @@ pub trait Sandbox: Send {
 
     /// Destroys the sandbox and everything it left on the host. Idempotent.
     fn destroy(&mut self) -> Result<()>;
+
+    /// What the sandbox recorded since the last call that belongs in the next outcome's
+    /// `extra` (scan findings of files taken out, egress decisions, ...).
+    fn report(&mut self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        std::collections::BTreeMap::new()
+    }
 }
 
 #[cfg(test)]

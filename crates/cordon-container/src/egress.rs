@@ -1,0 +1,155 @@
+//! The container tier's egress path: a per-sandbox proxy (cordon-egress) listening on a unix
+//! socket on the host, bind-mounted into the sandbox, where a forwarder on
+//! `127.0.0.1:<port>` relays connections to it. The sandbox has no other route: its network
+//! namespace holds only loopback, and Landlock lets programs connect to that one port.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use cordon_core::{Error, Result, SandboxSpec};
+use cordon_egress::{EgressProxy, ProxyConfig, ProxyHandle};
+
+/// Where the forwarder listens inside the sandbox.
+pub const SANDBOX_PROXY_PORT: u16 = cordon_egress::DEFAULT_SANDBOX_PROXY_PORT;
+/// Where the proxy's socket appears inside the sandbox.
+pub const SOCKET_INSIDE: &str = "/run/cordon/egress.sock";
+
+/// True when a spec asks for any network path.
+pub fn wanted(spec: &SandboxSpec) -> bool {
+    !spec.egress.allow.is_empty() || !spec.grants.is_empty()
+}
+
+fn socket_dir() -> PathBuf {
+    let run = Path::new("/run");
+    if run.is_dir() {
+        run.join("cordon").join("egress")
+    } else {
+        std::env::temp_dir().join("cordon-egress")
+    }
+}
+
+/// A running proxy for one sandbox.
+pub struct EgressLink {
+    handle: Option<ProxyHandle>,
+    socket: PathBuf,
+    reported: usize,
+}
+
+impl EgressLink {
+    /// Starts the proxy. `owner` is the host uid of the sandbox's root, which alone (with
+    /// host root) may reach the socket: it sits in a per-sandbox directory of mode 0700 owned
+    /// by that uid, under a parent other host users cannot list.
+    pub fn start(sandbox_id: &str, spec: &SandboxSpec, owner: u32) -> Result<Self> {
+        let parent = socket_dir();
+        std::fs::create_dir_all(&parent)
+            .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
+        std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| Error::io(format!("securing {}", parent.display()), e))?;
+        let dir = parent.join(sandbox_id);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| Error::io(format!("securing {}", dir.display()), e))?;
+        std::os::unix::fs::chown(&dir, Some(owner), Some(owner))
+            .map_err(|e| Error::io(format!("handing {} to the sandbox", dir.display()), e))?;
+        let socket = dir.join("egress.sock");
+        let mut cfg = ProxyConfig::for_spec(sandbox_id, spec);
+        cfg.unix_socket = Some(socket.clone());
+        cfg.sandbox_proxy_port = SANDBOX_PROXY_PORT;
+        let handle =
+            EgressProxy::start_owned(cfg).map_err(|e| Error::Invalid(format!("egress: {e}")))?;
+        // The sandbox's root is an unprivileged host uid: it must be able to connect.
+        std::os::unix::fs::chown(&socket, Some(owner), Some(owner))
+            .and_then(|_| std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)))
+            .map_err(|e| Error::io(format!("handing {} to the sandbox", socket.display()), e))?;
+        Ok(EgressLink {
+            handle: Some(handle),
+            socket,
+            reported: 0,
+        })
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    fn handle(&self) -> Option<&ProxyHandle> {
+        self.handle.as_ref()
+    }
+
+    /// Environment every exec gets: proxy variables, CA paths, grant placeholders.
+    pub fn env(&self) -> Vec<(String, String)> {
+        self.handle().map(|h| h.sandbox_env()).unwrap_or_default()
+    }
+
+    /// Files the sandbox's /etc gets: the per-sandbox CA and the bundle it trusts.
+    pub fn files(&self) -> Vec<(String, String)> {
+        let Some(h) = self.handle() else {
+            return Vec::new();
+        };
+        let bundle = h.ca_bundle_pem();
+        vec![
+            (
+                cordon_egress::DEFAULT_CA_CERT_PATH.to_string(),
+                h.ca_cert_pem().to_string(),
+            ),
+            (
+                cordon_egress::DEFAULT_CA_BUNDLE_PATH.to_string(),
+                bundle.clone(),
+            ),
+            // Where OpenSSL, Python and curl look by default.
+            ("/etc/ssl/certs/ca-certificates.crt".to_string(), bundle),
+        ]
+    }
+
+    /// Audit events since the last call, as JSON.
+    pub fn new_events(&mut self) -> Vec<serde_json::Value> {
+        let Some(h) = self.handle() else {
+            return Vec::new();
+        };
+        let events = h.events();
+        let fresh: Vec<serde_json::Value> = events
+            .iter()
+            .skip(self.reported)
+            .filter_map(|e| serde_json::to_value(e).ok())
+            .collect();
+        self.reported = events.len();
+        fresh
+    }
+
+    /// Scans bytes leaving the sandbox: real secrets redacted, credential formats flagged.
+    pub fn scan(&self, bytes: &[u8]) -> (Vec<u8>, Vec<serde_json::Value>) {
+        match self.handle() {
+            Some(h) => {
+                let out = h.scan_output(bytes);
+                let findings = out
+                    .findings
+                    .iter()
+                    .filter_map(|f| serde_json::to_value(f).ok())
+                    .collect();
+                (out.bytes, findings)
+            }
+            None => (bytes.to_vec(), Vec::new()),
+        }
+    }
+}
+
+impl Drop for EgressLink {
+    fn drop(&mut self) {
+        // Placeholders die with the proxy.
+        drop(self.handle.take());
+        let _ = std::fs::remove_file(&self.socket);
+        if let Some(dir) = self.socket.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Scans output with no proxy: flags credential formats, redacts nothing known.
+pub fn scan_plain(bytes: &[u8]) -> Vec<serde_json::Value> {
+    cordon_egress::scan(bytes, &[])
+        .findings
+        .iter()
+        .filter_map(|f| serde_json::to_value(f).ok())
+        .collect()
+}
