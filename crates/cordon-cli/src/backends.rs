@@ -46,3 +46,48 @@ impl Backend for AnyBackend {
         self.inner().create(spec)
     }
 }
+
+/// Every tier this build has, for `cordon serve` and `cordon mcp`: wasm scratch dirs go
+/// under the server's data dir so a restart after a crash can remove what was left.
+pub fn server_backends(data_dir: &std::path::Path) -> cordon_server::Backends {
+    let mut map = cordon_server::Backends::new();
+    for tier in Tier::ALL {
+        let backend = match tier {
+            Tier::Wasm => AnyBackend::Wasm(cordon_wasm::WasmBackend::with_config(
+                cordon_wasm::WasmConfig {
+                    scratch_root: cordon_server::scratch_dir(data_dir, Tier::Wasm),
+                    ..cordon_wasm::WasmConfig::default()
+                },
+            )),
+            other => match AnyBackend::for_tier(other) {
+                Some(b) => b,
+                None => continue,
+            },
+        };
+        map.insert(
+            tier,
+            std::sync::Arc::new(backend) as std::sync::Arc<dyn Backend>,
+        );
+    }
+    map
+}
+
+/// Cleans up after a server that died without destroying its sandboxes: container
+/// sandboxes' cgroups (and every process still in them). Wasm scratch dirs are removed by
+/// the server itself; runtime sandboxes live only in the dead process.
+pub fn recovery_hook() -> cordon_server::RecoveryHook {
+    std::sync::Arc::new(|rows: &[cordon_server::audit::LiveRow]| {
+        let ids: std::collections::BTreeSet<&str> = rows
+            .iter()
+            .filter(|r| r.tier == Tier::Container.as_str())
+            .map(|r| r.id.as_str())
+            .collect();
+        if ids.is_empty() {
+            return Vec::new();
+        }
+        cordon_container::cgroup::reap_orphans(|name| !ids.contains(name))
+            .into_iter()
+            .map(|name| format!("cgroup cordon/{name} (and its processes)"))
+            .collect()
+    })
+}

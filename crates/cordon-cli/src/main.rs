@@ -1,9 +1,12 @@
 //! `cordon`: run code an AI agent wrote inside a sandbox.
 
+mod audit;
 mod backends;
 mod bench;
 mod doctor;
+mod mcp;
 mod run;
+mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -29,6 +32,12 @@ enum Cmd {
     Doctor(doctor::DoctorArgs),
     /// Measure start-up cost of the tiers beside their peers on this host.
     Bench(bench::BenchArgs),
+    /// Serve the HTTP API (and MCP over HTTP) with sessions, warm pools and an audit store.
+    Serve(serve::ServeArgs),
+    /// Serve MCP over stdio for a local agent.
+    Mcp(mcp::McpArgs),
+    /// Query the audit store.
+    Audit(audit::AuditArgs),
 }
 
 fn main() {
@@ -55,5 +64,8 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Cmd::Run(args) => run::run(*args),
         Cmd::Doctor(args) => doctor::doctor(args),
         Cmd::Bench(args) => bench::bench(args),
+        Cmd::Serve(args) => serve::serve(args),
+        Cmd::Mcp(args) => mcp::mcp(args),
+        Cmd::Audit(args) => audit::audit(args),
     }
 }

@@ -1,0 +1,50 @@
+//! `cordon mcp`: an MCP server over stdio for a local agent (tenant `local`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use cordon_server::{Config, Keys, Service, Tenant};
+
+use crate::backends;
+
+#[derive(Args)]
+pub struct McpArgs {
+    /// A configuration file (TOML); its limits, pools and data dir are used, not its keys
+    /// or bind address.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Data dir for the audit store (default: <cordon data dir>/mcp).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+pub fn mcp(args: McpArgs) -> Result<i32> {
+    let mut cfg = match &args.config {
+        Some(p) => Config::load(p)?,
+        None => Config::with_data_dir(cordon_wasm::data_dir().join("mcp")),
+    };
+    if let Some(d) = args.data_dir {
+        cfg.data_dir = d;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let backends = backends::server_backends(&cfg.data_dir);
+        let svc = Service::start(
+            cfg,
+            Keys::default(),
+            backends,
+            Some(backends::recovery_hook()),
+        )
+        .await?;
+        let io = (tokio::io::stdin(), tokio::io::stdout());
+        let served = cordon_server::mcp::serve_io(svc.clone(), Tenant("local".into()), io).await;
+        svc.shutdown().await;
+        served?;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(0)
+}

@@ -1,0 +1,79 @@
+//! `cordon serve`: the HTTP API, MCP over streamable HTTP, warm pools and the audit store.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use cordon_server::{Config, Server, keys};
+
+use crate::backends;
+
+#[derive(Args)]
+#[command(after_help = "\
+EXAMPLES
+  cordon serve --new-key alice >> keys.txt      # a key for tenant alice (give it to alice)
+  cordon serve --config cordon.toml             # binds 127.0.0.1:7070 unless `bind` says otherwise
+
+See docs/service.md for the configuration file and docs/openapi.json for the API.")]
+pub struct ServeArgs {
+    /// The configuration file (TOML).
+    #[arg(long, value_name = "FILE", required_unless_present = "new_key")]
+    config: Option<PathBuf>,
+    /// Listen here instead of the config's `bind` (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR")]
+    bind: Option<std::net::SocketAddr>,
+    /// Print a new random API key for TENANT as a key-file line (`tenant:key`) and the
+    /// hashed form to put in a config, then exit.
+    #[arg(long, value_name = "TENANT")]
+    new_key: Option<String>,
+}
+
+pub fn serve(args: ServeArgs) -> Result<i32> {
+    if let Some(tenant) = args.new_key {
+        let key = keys::generate_key()?;
+        println!("{tenant}:{key}");
+        eprintln!(
+            "hashed form for a config or key file: {tenant}:sha256:{}",
+            keys::hash_key(&key)
+        );
+        return Ok(0);
+    }
+    let path = args.config.context("--config is required")?;
+    let mut cfg = Config::load(&path)?;
+    if let Some(b) = args.bind {
+        cfg.bind = b;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("cordon-serve")
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let backends = backends::server_backends(&cfg.data_dir);
+        let server = Server::start(cfg, backends, Some(backends::recovery_hook())).await?;
+        let mut out = std::io::stdout();
+        writeln!(out, "cordon: listening on http://{}", server.addr())?;
+        out.flush()?;
+        wait_for_signal().await;
+        eprintln!("cordon: shutting down: destroying every sandbox");
+        server.shutdown().await;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(0)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

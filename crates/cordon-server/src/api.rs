@@ -1,0 +1,506 @@
+//! The HTTP API (axum). Every route is listed in [`ROUTES`], which `docs/openapi.json`
+//! must match (checked by a test).
+
+use std::convert::Infallible;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use cordon_core::{ExecOutcome, OutputStream, SandboxId};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::audit::Query as AuditQuery;
+use crate::error::{ApiError, Code};
+use crate::keys::Tenant;
+use crate::model::{CreateRequest, ExecBody, RunRequest};
+use crate::service::{Chunk, Service};
+
+/// Every route: method and path template (OpenAPI style).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/v1/health"),
+    ("get", "/metrics"),
+    ("post", "/v1/sandboxes"),
+    ("get", "/v1/sandboxes"),
+    ("get", "/v1/sandboxes/{id}"),
+    ("delete", "/v1/sandboxes/{id}"),
+    ("post", "/v1/sandboxes/{id}/exec"),
+    ("put", "/v1/sandboxes/{id}/files/{path}"),
+    ("get", "/v1/sandboxes/{id}/files/{path}"),
+    ("post", "/v1/run"),
+    ("get", "/v1/audit"),
+    ("post", "/mcp"),
+];
+
+/// The authenticated tenant of a request (`Authorization: Bearer <key>`).
+pub struct Auth(pub Tenant);
+
+fn unauthorized(msg: &str) -> ApiError {
+    ApiError::new(
+        Code::Unauthorized,
+        msg,
+        "send `Authorization: Bearer <api key>` with a key from the server's key file",
+    )
+}
+
+/// Finds the tenant of a request's bearer key.
+pub fn authenticate(svc: &Service, headers: &HeaderMap) -> Result<Tenant, ApiError> {
+    let Some(v) = headers.get(header::AUTHORIZATION) else {
+        svc.metrics().deny("unauthorized");
+        return Err(unauthorized("no API key given"));
+    };
+    let key = v
+        .to_str()
+        .ok()
+        .and_then(|s| {
+            s.strip_prefix("Bearer ")
+                .or_else(|| s.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    match key.and_then(|k| svc.keys().tenant_for(k)) {
+        Some(t) => Ok(t),
+        None => {
+            svc.metrics().deny("unauthorized");
+            Err(unauthorized("the API key is not valid"))
+        }
+    }
+}
+
+impl FromRequestParts<Service> for Auth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, svc: &Service) -> Result<Self, ApiError> {
+        authenticate(svc, &parts.headers).map(Auth)
+    }
+}
+
+fn json_rejection(r: JsonRejection) -> ApiError {
+    match r.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => too_large(),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
+            Code::UnsupportedMediaType,
+            "the body must be JSON",
+            "send Content-Type: application/json",
+        ),
+        _ => ApiError::invalid(r.body_text()),
+    }
+}
+
+fn too_large() -> ApiError {
+    ApiError::new(
+        Code::PayloadTooLarge,
+        "the request body is larger than this server accepts",
+        "send less: the limits are http.max_body_bytes (JSON) and http.max_file_bytes (files)",
+    )
+}
+
+fn bytes_rejection(r: BytesRejection) -> ApiError {
+    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        too_large()
+    } else {
+        ApiError::invalid(r.body_text())
+    }
+}
+
+fn query_rejection(r: QueryRejection) -> ApiError {
+    ApiError::invalid(r.body_text())
+}
+
+fn parse_id(id: &str) -> Result<String, ApiError> {
+    SandboxId::parse(id)
+        .map(|i| i.to_string())
+        .ok_or_else(|| ApiError::not_found("sandbox"))
+}
+
+/// Builds the router (API + metrics + MCP over streamable HTTP).
+pub fn router(svc: Service) -> Router {
+    let limits = svc.config().http.clone();
+    let files = Router::new()
+        .route(
+            "/v1/sandboxes/{id}/files/{*path}",
+            get(get_file).put(put_file),
+        )
+        .layer(DefaultBodyLimit::max(limits.max_file_bytes));
+    let mcp = crate::mcp::http_service(svc.clone());
+    let mcp = Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(svc.clone(), mcp_auth));
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/sandboxes", post(create).get(list))
+        .route("/v1/sandboxes/{id}", get(info).delete(destroy))
+        .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/run", post(run))
+        .route("/v1/audit", get(audit))
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .merge(files)
+        .merge(mcp)
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
+        .with_state(svc)
+}
+
+async fn mcp_auth(State(svc): State<Service>, mut req: Request, next: Next) -> Response {
+    match authenticate(&svc, req.headers()) {
+        Ok(t) => {
+            req.extensions_mut().insert(t);
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn no_route() -> ApiError {
+    ApiError::new(
+        Code::NoSuchRoute,
+        "no such route",
+        "see docs/openapi.json for the routes this server has",
+    )
+}
+
+async fn no_method() -> ApiError {
+    ApiError::new(
+        Code::MethodNotAllowed,
+        "this route does not take that method",
+        "see docs/openapi.json for the methods of each route",
+    )
+}
+
+async fn health(State(svc): State<Service>) -> Json<serde_json::Value> {
+    let tiers: serde_json::Map<String, serde_json::Value> = svc
+        .probes()
+        .iter()
+        .map(|(t, p)| (t.as_str().to_string(), json!(p.status)))
+        .collect();
+    let pools: serde_json::Map<String, serde_json::Value> = svc
+        .config()
+        .pools
+        .iter()
+        .map(|(t, size)| {
+            (
+                t.as_str().to_string(),
+                json!({"size": size, "ready": svc.pool_ready(*t)}),
+            )
+        })
+        .collect();
+    Json(json!({
+        "status": "ok",
+        "version": env!("CARGO_PKG_VERSION"),
+        "tiers": tiers,
+        "pools": pools,
+        "live_sandboxes": svc.live_count(),
+    }))
+}
+
+async fn metrics(State(svc): State<Service>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        svc.metrics().encode(),
+    )
+        .into_response()
+}
+
+async fn create(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    body: Result<Json<CreateRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(req) = body.map_err(json_rejection)?;
+    let info = svc.create(&t, req).await?;
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+async fn list(State(svc): State<Service>, Auth(t): Auth) -> Json<serde_json::Value> {
+    Json(json!({ "sandboxes": svc.list(&t) }))
+}
+
+async fn info(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id)?;
+    Ok(Json(svc.info(&t, &id).await?).into_response())
+}
+
+async fn destroy(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = parse_id(&id)?;
+    Ok(Json(svc.destroy(&t, &id).await?))
+}
+
+/// How a client wants an exec's result.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Whole,
+    Ndjson,
+    Sse,
+}
+
+fn mode(headers: &HeaderMap, stream: bool) -> Mode {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if accept.contains("text/event-stream") {
+        Mode::Sse
+    } else if stream || accept.contains("application/x-ndjson") {
+        Mode::Ndjson
+    } else {
+        Mode::Whole
+    }
+}
+
+async fn exec(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<ExecBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id)?;
+    let Json(body) = body.map_err(json_rejection)?;
+    let m = mode(&headers, body.stream);
+    let job = svc.begin_exec(&t, &id, &body)?;
+    if m == Mode::Whole {
+        return Ok(Json(job.run(None).await?).into_response());
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let fut = job.run(Some(tx));
+    Ok(stream_response(m, rx, fut))
+}
+
+async fn run(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    headers: HeaderMap,
+    body: Result<Json<RunRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(req) = body.map_err(json_rejection)?;
+    let (create, exec, files) = req.split();
+    let m = mode(&headers, exec.stream);
+    let job = svc.begin_run(&t, create, &exec, files).await?;
+    if m == Mode::Whole {
+        return Ok(Json(job.run(None).await?).into_response());
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let fut = job.run(Some(tx));
+    Ok(stream_response(m, rx, fut))
+}
+
+/// Decodes UTF-8 across chunk boundaries: an incomplete trailing sequence waits for the
+/// next chunk; invalid bytes become U+FFFD.
+#[derive(Default)]
+struct Utf8Carry {
+    pending: Vec<u8>,
+}
+
+impl Utf8Carry {
+    fn push(&mut self, data: &[u8]) -> String {
+        self.pending.extend_from_slice(data);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let good = e.valid_up_to();
+                    out.push_str(&String::from_utf8_lossy(&self.pending[..good]));
+                    match e.error_len() {
+                        None => {
+                            self.pending.drain(..good);
+                            return out;
+                        }
+                        Some(n) => {
+                            out.push('\u{fffd}');
+                            self.pending.drain(..good + n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+}
+
+fn frame(mode: Mode, event: &str, payload: serde_json::Value) -> Bytes {
+    match mode {
+        Mode::Sse => Bytes::from(format!("event: {event}\ndata: {payload}\n\n")),
+        _ => {
+            let mut v = payload;
+            if let serde_json::Value::Object(m) = &mut v {
+                m.insert("type".into(), json!(event));
+            }
+            Bytes::from(format!("{v}\n"))
+        }
+    }
+}
+
+/// Streams output chunks as they come, then the outcome (or the error) as the last event.
+fn stream_response(
+    mode: Mode,
+    mut rx: mpsc::UnboundedReceiver<Chunk>,
+    fut: impl std::future::Future<Output = Result<ExecOutcome, ApiError>> + Send + 'static,
+) -> Response {
+    let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    tokio::spawn(async move {
+        let mut done = std::pin::pin!(fut);
+        let mut carry = [Utf8Carry::default(), Utf8Carry::default()];
+        let idx = |s: OutputStream| match s {
+            OutputStream::Stdout => 0usize,
+            OutputStream::Stderr => 1usize,
+        };
+        let name = |i: usize| if i == 0 { "stdout" } else { "stderr" };
+        let result = loop {
+            tokio::select! {
+                biased;
+                Some(c) = rx.recv() => {
+                    let i = idx(c.stream);
+                    let text = carry[i].push(&c.data);
+                    if !text.is_empty() {
+                        let _ = out_tx.send(Ok(frame(mode, name(i), json!({"data": text})))).await;
+                    }
+                }
+                r = &mut done => break r,
+            }
+        };
+        // Output sent before the exec ended but not yet forwarded.
+        while let Ok(c) = rx.try_recv() {
+            let i = idx(c.stream);
+            let text = carry[i].push(&c.data);
+            if !text.is_empty() {
+                let _ = out_tx
+                    .send(Ok(frame(mode, name(i), json!({"data": text}))))
+                    .await;
+            }
+        }
+        for (i, c) in carry.iter_mut().enumerate() {
+            let rest = c.finish();
+            if !rest.is_empty() {
+                let _ = out_tx
+                    .send(Ok(frame(mode, name(i), json!({"data": rest}))))
+                    .await;
+            }
+        }
+        let last = match result {
+            Ok(o) => frame(mode, "outcome", json!({"outcome": o})),
+            Err(e) => frame(mode, "error", json!({"error": e.to_json()})),
+        };
+        let _ = out_tx.send(Ok(last)).await;
+    });
+    let stream = futures_util::stream::unfold(out_rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let ctype = match mode {
+        Mode::Sse => "text/event-stream",
+        _ => "application/x-ndjson",
+    };
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileQuery {
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+/// The sandbox path of a file route: `/files/work/a.csv` names `/work/a.csv`.
+fn file_path(p: &str) -> String {
+    format!("/{}", p.trim_start_matches('/'))
+}
+
+async fn put_file(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path((id, path)): Path<(String, String)>,
+    q: Result<Query<FileQuery>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = parse_id(&id)?;
+    let Query(q) = q.map_err(query_rejection)?;
+    let body = body.map_err(bytes_rejection)?;
+    let mode = match q.mode {
+        None => 0o644,
+        Some(m) => u32::from_str_radix(&m, 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| ApiError::invalid("mode must be octal permission bits like 644"))?,
+    };
+    Ok(Json(
+        svc.put_file(&t, &id, &file_path(&path), body.to_vec(), mode)
+            .await?,
+    ))
+}
+
+async fn get_file(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id)?;
+    let data = svc.get_file(&t, &id, &file_path(&path)).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+}
+
+async fn audit(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    q: Result<Query<AuditQuery>, QueryRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Query(q) = q.map_err(query_rejection)?;
+    if let Some(s) = &q.sandbox
+        && SandboxId::parse(s).is_none()
+    {
+        return Err(ApiError::invalid(
+            "sandbox must be an id like sb-<32 hex digits>",
+        ));
+    }
+    let events = svc.audit_query(&t, q).await?;
+    Ok(Json(json!({ "events": events })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_carry_across_chunks() {
+        let mut c = Utf8Carry::default();
+        let s = "héllo €".as_bytes();
+        let mut out = String::new();
+        for b in s {
+            out.push_str(&c.push(&[*b]));
+        }
+        out.push_str(&c.finish());
+        assert_eq!(out, "héllo €");
+        assert_eq!(c.push(b"a\xffb"), "a\u{fffd}b");
+    }
+}

@@ -1,0 +1,347 @@
+//! The audit store: SQLite (WAL) with numbered schema migrations and retention.
+//!
+//! Every decision is one row in `events`, written before the response that reports it. The
+//! `sandboxes` table tracks each sandbox's state so the next start after a crash knows
+//! which ones a dead server left behind. Calls block: async callers use `spawn_blocking`.
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cordon_core::Tier;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use crate::ServerError;
+
+/// Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
+const MIGRATIONS: &[&str] = &[
+    // 1: events and sandboxes.
+    "CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time_ms INTEGER NOT NULL,
+        tenant TEXT,
+        sandbox TEXT,
+        kind TEXT NOT NULL,
+        decision TEXT,
+        tier TEXT,
+        detail TEXT NOT NULL
+     );
+     CREATE INDEX events_tenant_id ON events(tenant, id);
+     CREATE INDEX events_sandbox ON events(sandbox);
+     CREATE INDEX events_time ON events(time_ms);
+     CREATE TABLE sandboxes (
+        id TEXT PRIMARY KEY,
+        tenant TEXT,
+        tier TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_ms INTEGER NOT NULL,
+        ended_ms INTEGER,
+        end_reason TEXT
+     );
+     CREATE INDEX sandboxes_state ON sandboxes(state);",
+];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// One audit row as stored and returned by the query API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: i64,
+    pub time_ms: i64,
+    pub tenant: Option<String>,
+    pub sandbox: Option<String>,
+    pub kind: String,
+    pub decision: Option<String>,
+    pub tier: Option<String>,
+    pub detail: serde_json::Value,
+}
+
+/// A row to write.
+#[derive(Debug, Clone, Default)]
+pub struct NewEvent<'a> {
+    pub tenant: Option<&'a str>,
+    pub sandbox: Option<&'a str>,
+    pub kind: &'a str,
+    pub decision: Option<&'a str>,
+    pub tier: Option<Tier>,
+    pub detail: serde_json::Value,
+}
+
+/// A query: rows of one tenant (or all, from the CLI), optionally of one sandbox or kind.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Query {
+    #[serde(default)]
+    pub sandbox: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Only rows with an id above this (paging).
+    #[serde(default)]
+    pub after_id: Option<i64>,
+    /// Only rows at or after this time (ms since the epoch).
+    #[serde(default)]
+    pub since_ms: Option<i64>,
+    /// At most this many rows (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+/// A sandbox the store believes is alive (or pooled).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveRow {
+    pub id: String,
+    pub tenant: Option<String>,
+    pub tier: String,
+    pub state: String,
+}
+
+/// The store.
+pub struct Audit {
+    conn: Mutex<Connection>,
+}
+
+fn lock(m: &Mutex<Connection>) -> std::sync::MutexGuard<'_, Connection> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Audit {
+    /// Opens (creating and migrating) the store at `path`.
+    pub fn open(path: &Path) -> Result<Self, ServerError> {
+        let conn = Connection::open(path)?;
+        Self::setup(conn)
+    }
+
+    /// Opens the store read-only-ish for the CLI (still migrates a fresh file).
+    pub fn open_in_memory() -> Result<Self, ServerError> {
+        Self::setup(Connection::open_in_memory()?)
+    }
+
+    fn setup(mut conn: Connection) -> Result<Self, ServerError> {
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        let version = usize::try_from(version).unwrap_or(0);
+        if version > MIGRATIONS.len() {
+            return Err(ServerError::Config(format!(
+                "the audit store has schema version {version}, newer than this cordon ({}); use a newer cordon",
+                MIGRATIONS.len()
+            )));
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+            let tx = conn.transaction()?;
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(Audit {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    pub fn schema_version(&self) -> Result<i64, ServerError> {
+        Ok(lock(&self.conn).pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+
+    /// Writes one row and returns its id.
+    pub fn record(&self, e: &NewEvent<'_>) -> Result<i64, ServerError> {
+        let c = lock(&self.conn);
+        c.execute(
+            "INSERT INTO events (time_ms, tenant, sandbox, kind, decision, tier, detail)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                now_ms(),
+                e.tenant,
+                e.sandbox,
+                e.kind,
+                e.decision,
+                e.tier.map(|t| t.as_str()),
+                e.detail.to_string()
+            ],
+        )?;
+        Ok(c.last_insert_rowid())
+    }
+
+    /// Records that a sandbox exists (state `live` or `pooled`).
+    pub fn sandbox_started(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        tier: Tier,
+        state: &str,
+    ) -> Result<(), ServerError> {
+        lock(&self.conn).execute(
+            "INSERT INTO sandboxes (id, tenant, tier, state, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT(id) DO UPDATE SET tenant = excluded.tenant, state = excluded.state",
+            params![id, tenant, tier.as_str(), state, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    /// Records that a sandbox ended (destroyed, reaped, recovered after a crash).
+    pub fn sandbox_ended(&self, id: &str, state: &str, reason: &str) -> Result<(), ServerError> {
+        lock(&self.conn).execute(
+            "UPDATE sandboxes SET state = ?2, ended_ms = ?3, end_reason = ?4 WHERE id = ?1",
+            params![id, state, now_ms(), reason],
+        )?;
+        Ok(())
+    }
+
+    /// The tenant and state of a sandbox the store knows, if any.
+    pub fn sandbox_state(&self, id: &str) -> Result<Option<(Option<String>, String)>, ServerError> {
+        Ok(lock(&self.conn)
+            .query_row(
+                "SELECT tenant, state FROM sandboxes WHERE id = ?1",
+                params![id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+    }
+
+    /// Sandboxes still marked live or pooled: after a crash, what the dead server left.
+    pub fn unfinished(&self) -> Result<Vec<LiveRow>, ServerError> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare(
+            "SELECT id, tenant, tier, state FROM sandboxes WHERE state IN ('live', 'pooled') ORDER BY created_ms",
+        )?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(LiveRow {
+                    id: r.get(0)?,
+                    tenant: r.get(1)?,
+                    tier: r.get(2)?,
+                    state: r.get(3)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Rows matching `q`; `tenant = None` means every tenant (the CLI, never the API).
+    pub fn query(&self, tenant: Option<&str>, q: &Query) -> Result<Vec<Event>, ServerError> {
+        let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+        let c = lock(&self.conn);
+        let mut st = c.prepare(
+            "SELECT id, time_ms, tenant, sandbox, kind, decision, tier, detail FROM events
+             WHERE (?1 IS NULL OR tenant = ?1)
+               AND (?2 IS NULL OR sandbox = ?2)
+               AND (?3 IS NULL OR kind = ?3)
+               AND id > ?4
+               AND time_ms >= ?5
+             ORDER BY id LIMIT ?6",
+        )?;
+        let rows = st
+            .query_map(
+                params![
+                    tenant,
+                    q.sandbox,
+                    q.kind,
+                    q.after_id.unwrap_or(0),
+                    q.since_ms.unwrap_or(0),
+                    limit
+                ],
+                |r| {
+                    let detail: String = r.get(7)?;
+                    Ok(Event {
+                        id: r.get(0)?,
+                        time_ms: r.get(1)?,
+                        tenant: r.get(2)?,
+                        sandbox: r.get(3)?,
+                        kind: r.get(4)?,
+                        decision: r.get(5)?,
+                        tier: r.get(6)?,
+                        detail: serde_json::from_str(&detail).unwrap_or(serde_json::Value::Null),
+                    })
+                },
+            )?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Deletes events older than `days` days and ended sandboxes as old; returns rows deleted.
+    pub fn apply_retention(&self, days: u64) -> Result<usize, ServerError> {
+        if days == 0 {
+            return Ok(0);
+        }
+        let cutoff = now_ms() - (days as i64).saturating_mul(86_400_000);
+        let c = lock(&self.conn);
+        let n = c.execute("DELETE FROM events WHERE time_ms < ?1", params![cutoff])?;
+        let m = c.execute(
+            "DELETE FROM sandboxes WHERE ended_ms IS NOT NULL AND ended_ms < ?1",
+            params![cutoff],
+        )?;
+        Ok(n + m)
+    }
+
+    /// Deletes events before `cutoff_ms` (for retention tests and the CLI).
+    pub fn delete_before(&self, cutoff_ms: i64) -> Result<usize, ServerError> {
+        Ok(
+            lock(&self.conn)
+                .execute("DELETE FROM events WHERE time_ms < ?1", params![cutoff_ms])?,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrates_records_queries_by_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.db");
+        let a = Audit::open(&path).unwrap();
+        assert_eq!(a.schema_version().unwrap(), SCHEMA_VERSION as i64);
+        for (t, k) in [("alice", "create"), ("bob", "create"), ("alice", "exec")] {
+            a.record(&NewEvent {
+                tenant: Some(t),
+                sandbox: Some("sb-1"),
+                kind: k,
+                detail: serde_json::json!({"k": k}),
+                ..Default::default()
+            })
+            .unwrap();
+        }
+        drop(a);
+        // Reopening does not re-run migrations and keeps the rows.
+        let a = Audit::open(&path).unwrap();
+        let alice = a.query(Some("alice"), &Query::default()).unwrap();
+        assert_eq!(alice.len(), 2);
+        assert!(alice.iter().all(|e| e.tenant.as_deref() == Some("alice")));
+        let q = Query {
+            kind: Some("exec".into()),
+            ..Default::default()
+        };
+        assert_eq!(a.query(Some("alice"), &q).unwrap().len(), 1);
+        assert_eq!(a.query(None, &Query::default()).unwrap().len(), 3);
+        assert_eq!(a.delete_before(now_ms() + 1000).unwrap(), 3);
+    }
+
+    #[test]
+    fn tracks_unfinished_sandboxes() {
+        let a = Audit::open_in_memory().unwrap();
+        a.sandbox_started("sb-a", Some("t"), Tier::Wasm, "live")
+            .unwrap();
+        a.sandbox_started("sb-b", None, Tier::Wasm, "pooled")
+            .unwrap();
+        a.sandbox_started("sb-c", Some("t"), Tier::Wasm, "live")
+            .unwrap();
+        a.sandbox_ended("sb-c", "destroyed", "client").unwrap();
+        let left: Vec<_> = a.unfinished().unwrap().into_iter().map(|r| r.id).collect();
+        assert_eq!(left, vec!["sb-a".to_string(), "sb-b".to_string()]);
+        assert_eq!(
+            a.sandbox_state("sb-c").unwrap(),
+            Some((Some("t".into()), "destroyed".into()))
+        );
+    }
+}

@@ -1,0 +1,204 @@
+//! Errors: the library's own (`ServerError`) and the API's JSON error body (`ApiError`).
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// Errors of the service's setup (config, data dir, audit store).
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("audit store: {0}; check that the data dir is writable and not on a full disk")]
+    Audit(#[from] rusqlite::Error),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another cordon server is using the data dir {0}; stop it or give another data_dir")]
+    Locked(String),
+}
+
+impl ServerError {
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        ServerError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// Stable error codes of the API. Clients match on these, never on messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Code {
+    Unauthorized,
+    NotFound,
+    InvalidRequest,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    PathRefused,
+    FileError,
+    PolicyDenied,
+    TierUnavailable,
+    LayerUnavailable,
+    TooManySandboxes,
+    SandboxBusy,
+    SandboxGone,
+    SandboxFailure,
+    ShuttingDown,
+    NoSuchRoute,
+    MethodNotAllowed,
+    Internal,
+}
+
+impl Code {
+    pub fn status(self) -> StatusCode {
+        match self {
+            Code::Unauthorized => StatusCode::UNAUTHORIZED,
+            Code::NotFound | Code::NoSuchRoute => StatusCode::NOT_FOUND,
+            Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Code::InvalidRequest | Code::PathRefused => StatusCode::BAD_REQUEST,
+            Code::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Code::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Code::FileError => StatusCode::UNPROCESSABLE_ENTITY,
+            Code::PolicyDenied => StatusCode::FORBIDDEN,
+            Code::TierUnavailable | Code::LayerUnavailable => StatusCode::UNPROCESSABLE_ENTITY,
+            Code::TooManySandboxes => StatusCode::TOO_MANY_REQUESTS,
+            Code::SandboxBusy => StatusCode::CONFLICT,
+            Code::SandboxGone => StatusCode::GONE,
+            Code::SandboxFailure | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Code::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Unauthorized => "unauthorized",
+            Code::NotFound => "not_found",
+            Code::InvalidRequest => "invalid_request",
+            Code::PayloadTooLarge => "payload_too_large",
+            Code::UnsupportedMediaType => "unsupported_media_type",
+            Code::PathRefused => "path_refused",
+            Code::FileError => "file_error",
+            Code::PolicyDenied => "policy_denied",
+            Code::TierUnavailable => "tier_unavailable",
+            Code::LayerUnavailable => "layer_unavailable",
+            Code::TooManySandboxes => "too_many_sandboxes",
+            Code::SandboxBusy => "sandbox_busy",
+            Code::SandboxGone => "sandbox_gone",
+            Code::SandboxFailure => "sandbox_failure",
+            Code::ShuttingDown => "shutting_down",
+            Code::NoSuchRoute => "no_such_route",
+            Code::MethodNotAllowed => "method_not_allowed",
+            Code::Internal => "internal",
+        }
+    }
+}
+
+/// An API error: `{ "code", "message", "fix" }` with an HTTP status from the code.
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiError {
+    pub code: Code,
+    pub message: String,
+    pub fix: String,
+    #[serde(skip)]
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(code: Code, message: impl Into<String>, fix: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            message: message.into(),
+            fix: fix.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        ApiError::new(
+            Code::NotFound,
+            format!("no {what} with that id"),
+            "list yours with GET /v1/sandboxes; ids of other tenants are not visible",
+        )
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError::new(
+            Code::InvalidRequest,
+            message,
+            "fix the request body; docs/openapi.json describes every field",
+        )
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError::new(
+            Code::Internal,
+            message,
+            "retry; if it persists, look at the server log and the audit store",
+        )
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({ "code": self.code, "message": self.message, "fix": self.fix })
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} (fix: {})",
+            self.code.as_str(),
+            self.message,
+            self.fix
+        )
+    }
+}
+
+impl From<cordon_core::Error> for ApiError {
+    fn from(e: cordon_core::Error) -> Self {
+        use cordon_core::Error as E;
+        let message = e.to_string();
+        match e {
+            E::Unavailable { fix, .. } => ApiError::new(Code::TierUnavailable, message, fix),
+            E::LayerUnavailable { layer, .. } => ApiError::new(
+                Code::LayerUnavailable,
+                message,
+                format!("fix the host (cordon doctor) or add \"{layer}\" to allow_weaker"),
+            ),
+            E::Invalid(_) => ApiError::invalid(message),
+            E::PathRefused { .. } => ApiError::new(
+                Code::PathRefused,
+                message,
+                "give a path under /work without '..' or symlinks",
+            ),
+            E::File { .. } => ApiError::new(
+                Code::FileError,
+                message,
+                "check that the file exists, is a regular file and is within the size limit",
+            ),
+            E::Gone { .. } => ApiError::new(Code::SandboxGone, message, "create a new sandbox"),
+            E::Sandbox(_) | E::Io { .. } => ApiError::new(
+                Code::SandboxFailure,
+                message,
+                "retry with a new sandbox; run `cordon doctor` if it persists",
+            ),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.code.status(), axum::Json(self.to_json())).into_response();
+        if let Some(secs) = self.retry_after
+            && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+        {
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        resp
+    }
+}

@@ -1,0 +1,154 @@
+//! API keys: stored as SHA-256 digests, each belonging to one tenant.
+//!
+//! Keys are random 256-bit strings, so a plain SHA-256 is enough to keep the stored form
+//! useless to a reader of the config; lookups go by digest, so no key is compared in clear.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::ServerError;
+use crate::config::KeyEntry;
+
+/// Who a request acts for. Every sandbox and audit row belongs to one tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tenant(pub String);
+
+impl Tenant {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// SHA-256 of a key, lowercase hex.
+pub fn hash_key(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// A new random key: `ck_` and 256 random bits in hex.
+pub fn generate_key() -> Result<String, ServerError> {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| ServerError::Config(format!("no randomness: {e}")))?;
+    Ok(format!("ck_{}", hex::encode(b)))
+}
+
+fn valid_tenant(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 64
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// The key table.
+#[derive(Debug, Default, Clone)]
+pub struct Keys {
+    by_digest: HashMap<String, Tenant>,
+}
+
+impl Keys {
+    /// Builds the table from config entries and an optional key file.
+    pub fn load(entries: &[KeyEntry], file: Option<&Path>) -> Result<Self, ServerError> {
+        let mut keys = Keys::default();
+        for e in entries {
+            let digest = match (&e.key, &e.sha256) {
+                (Some(k), None) => hash_key(k),
+                (None, Some(h)) => h.to_ascii_lowercase(),
+                _ => {
+                    return Err(ServerError::Config(format!(
+                        "key of tenant {:?} must give exactly one of `key` or `sha256`",
+                        e.tenant
+                    )));
+                }
+            };
+            keys.add_digest(&e.tenant, digest)?;
+        }
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ServerError::io(format!("reading key file {}", path.display()), e))?;
+            for (n, line) in text.lines().enumerate() {
+                let line = line.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                let bad = || {
+                    ServerError::Config(format!(
+                        "{} line {}: expected `tenant:key` or `tenant:sha256:HEX`",
+                        path.display(),
+                        n + 1
+                    ))
+                };
+                let (tenant, rest) = line.split_once(':').ok_or_else(bad)?;
+                let digest = match rest.strip_prefix("sha256:") {
+                    Some(h) => h.to_ascii_lowercase(),
+                    None if !rest.is_empty() => hash_key(rest),
+                    None => return Err(bad()),
+                };
+                keys.add_digest(tenant, digest)?;
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Adds a key by its digest.
+    pub fn add_digest(&mut self, tenant: &str, digest: String) -> Result<(), ServerError> {
+        if !valid_tenant(tenant) {
+            return Err(ServerError::Config(format!(
+                "tenant name {tenant:?} is not valid; use up to 64 letters, digits, '-', '_' or '.'"
+            )));
+        }
+        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ServerError::Config(format!(
+                "the sha256 of a key of tenant {tenant:?} is not 64 hex digits"
+            )));
+        }
+        self.by_digest.insert(digest, Tenant(tenant.to_string()));
+        Ok(())
+    }
+
+    /// Adds a key given in clear.
+    pub fn add_key(&mut self, tenant: &str, key: &str) -> Result<(), ServerError> {
+        self.add_digest(tenant, hash_key(key))
+    }
+
+    /// The tenant a presented key belongs to.
+    pub fn tenant_for(&self, key: &str) -> Option<Tenant> {
+        self.by_digest.get(&hash_key(key)).cloned()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_digest.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_by_digest_and_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("keys");
+        std::fs::write(
+            &f,
+            format!(
+                "# comment\nbob:secret-b\ncarol:sha256:{}\n",
+                hash_key("secret-c")
+            ),
+        )
+        .unwrap();
+        let entries = vec![KeyEntry {
+            tenant: "alice".into(),
+            key: Some("secret-a".into()),
+            sha256: None,
+        }];
+        let k = Keys::load(&entries, Some(&f)).unwrap();
+        assert_eq!(k.tenant_for("secret-a").unwrap().0, "alice");
+        assert_eq!(k.tenant_for("secret-b").unwrap().0, "bob");
+        assert_eq!(k.tenant_for("secret-c").unwrap().0, "carol");
+        assert!(k.tenant_for("secret-x").is_none());
+        assert!(generate_key().unwrap().starts_with("ck_"));
+        let mut k = Keys::default();
+        assert!(k.add_key("bad tenant", "x").is_err());
+    }
+}

@@ -1,0 +1,80 @@
+//! Cordon's service: the HTTP API (axum), sandbox sessions with TTLs and idle timeouts,
+//! per-tenant and global limits, warm pools, a reaper, crash recovery, the audit store
+//! (SQLite), API keys, Prometheus metrics and MCP (rmcp).
+//!
+//! The service never depends on a tier crate: the caller injects one [`Backend`] per tier
+//! (see [`Backends`]) and, optionally, a [`RecoveryHook`] that knows how to clean up what a
+//! crashed server left of each tier's sandboxes.
+//!
+//! [`Backend`]: cordon_core::Backend
+
+pub mod api;
+pub mod audit;
+pub mod config;
+mod error;
+pub mod keys;
+pub mod mcp;
+pub mod metrics;
+pub mod model;
+pub mod service;
+
+use std::net::SocketAddr;
+
+pub use config::Config;
+pub use error::{ApiError, Code, ServerError};
+pub use keys::{Keys, Tenant};
+pub use service::{Backends, RecoveryHook, RecoveryReport, Service, scratch_dir};
+
+/// A running HTTP server.
+pub struct Server {
+    svc: Service,
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<Result<(), std::io::Error>>,
+}
+
+impl Server {
+    /// Starts the service and listens on `config.bind` (port 0 picks a free port).
+    pub async fn start(
+        config: Config,
+        backends: Backends,
+        recovery: Option<RecoveryHook>,
+    ) -> Result<Self, ServerError> {
+        let keys = Keys::load(&config.keys, config.key_file.as_deref())?;
+        if keys.is_empty() {
+            return Err(ServerError::Config(
+                "no API keys configured; add [[keys]] or key_file (`cordon serve --new-key TENANT` prints one)"
+                    .into(),
+            ));
+        }
+        let bind = config.bind;
+        let svc = Service::start(config, keys, backends, recovery).await?;
+        let listener = tokio::net::TcpListener::bind(bind)
+            .await
+            .map_err(|e| ServerError::io(format!("listening on {bind}"), e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| ServerError::io("reading the bound address", e))?;
+        let app = api::router(svc.clone());
+        let stop = svc.cancelled();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+        });
+        Ok(Server { svc, addr, task })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn service(&self) -> &Service {
+        &self.svc
+    }
+
+    /// Stops accepting requests, destroys every sandbox and empties the pools.
+    pub async fn shutdown(self) {
+        self.svc.shutdown().await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), self.task).await;
+    }
+}

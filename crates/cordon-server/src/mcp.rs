@@ -1,0 +1,324 @@
+//! MCP (rmcp): tools to run code, create a sandbox, exec, write and read files, destroy.
+//! Served over stdio (`cordon mcp`, one local tenant) and streamable HTTP at `/mcp`
+//! (the API key's tenant, set by the auth middleware).
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::ServerError;
+use crate::keys::Tenant;
+use crate::model::{CreateRequest, ExecBody, RunRequest};
+use crate::service::Service;
+
+/// The MCP server: every tool acts for one tenant.
+#[derive(Clone)]
+pub struct CordonMcp {
+    svc: Service,
+    /// The tenant over stdio; over HTTP it comes from the request.
+    fixed: Option<Tenant>,
+    tool_router: ToolRouter<Self>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct RunArgs {
+    /// The source code to run.
+    pub code: String,
+    /// python, bash, sh or javascript (default python).
+    #[serde(default)]
+    pub lang: Option<String>,
+    /// runtime, wasm, container, gvisor or microvm (default: the server's).
+    #[serde(default)]
+    pub tier: Option<String>,
+    /// Timeout such as "10s".
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// Standard input as text.
+    #[serde(default)]
+    pub stdin: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct CreateArgs {
+    #[serde(default)]
+    pub tier: Option<String>,
+    /// Lifetime such as "10m".
+    #[serde(default)]
+    pub ttl: Option<String>,
+    /// Destroyed after this long unused, such as "5m".
+    #[serde(default)]
+    pub idle_timeout: Option<String>,
+    /// Hosts the sandbox may reach; none by default.
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ExecArgs {
+    /// The sandbox id from create_sandbox.
+    pub sandbox: String,
+    /// Source code (with lang), or leave out and give argv.
+    #[serde(default)]
+    pub code: Option<String>,
+    #[serde(default)]
+    pub lang: Option<String>,
+    /// A program and its arguments, run without a shell.
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+    #[serde(default)]
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub stdin: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct WriteFileArgs {
+    pub sandbox: String,
+    /// A path under /work.
+    pub path: String,
+    pub content: String,
+    /// True when content is base64 (binary files).
+    #[serde(default)]
+    pub base64: bool,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct FileArgs {
+    pub sandbox: String,
+    /// A path under /work.
+    pub path: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct SandboxArgs {
+    pub sandbox: String,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
+    serde_json::from_value(v).map_err(|e| format!("invalid_request: {e}"))
+}
+
+fn drop_nulls(mut v: Value) -> Value {
+    if let Value::Object(m) = &mut v {
+        m.retain(|_, x| !x.is_null());
+    }
+    v
+}
+
+fn text(v: &impl serde::Serialize) -> Result<String, String> {
+    serde_json::to_string_pretty(v).map_err(|e| format!("internal: {e}"))
+}
+
+#[tool_router]
+impl CordonMcp {
+    pub fn new(svc: Service, fixed: Option<Tenant>) -> Self {
+        CordonMcp {
+            svc,
+            fixed,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    fn tenant(&self, ctx: &RequestContext<RoleServer>) -> Result<Tenant, String> {
+        if let Some(t) = &self.fixed {
+            return Ok(t.clone());
+        }
+        ctx.extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Tenant>().cloned())
+            .ok_or_else(|| "unauthorized: no API key on this MCP session".to_string())
+    }
+
+    #[tool(
+        description = "Run code once in a fresh sandbox (created, run, destroyed). Returns the outcome: termination, exit_code, stdout, stderr, usage."
+    )]
+    async fn run(
+        &self,
+        Parameters(a): Parameters<RunArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let req: RunRequest = parse(drop_nulls(json!({
+            "code": a.code,
+            "lang": a.lang.unwrap_or_else(|| "python".into()),
+            "tier": a.tier,
+            "timeout": a.timeout,
+            "stdin": a.stdin,
+        })))?;
+        let (create, exec, files) = req.split();
+        let job = self
+            .svc
+            .begin_run(&t, create, &exec, files)
+            .await
+            .map_err(|e| e.to_string())?;
+        text(&job.run(None).await.map_err(|e| e.to_string())?)
+    }
+
+    #[tool(
+        description = "Create a sandbox that lives across calls (until destroy, its ttl or idle timeout). Returns its id."
+    )]
+    async fn create_sandbox(
+        &self,
+        Parameters(a): Parameters<CreateArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let req: CreateRequest = parse(drop_nulls(json!({
+            "tier": a.tier,
+            "ttl": a.ttl,
+            "idle_timeout": a.idle_timeout,
+            "allow_hosts": a.allow_hosts,
+        })))?;
+        text(&self.svc.create(&t, req).await.map_err(|e| e.to_string())?)
+    }
+
+    #[tool(description = "Run code (lang + code) or a program (argv) in an existing sandbox.")]
+    async fn exec(
+        &self,
+        Parameters(a): Parameters<ExecArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let lang = match (&a.code, &a.lang) {
+            (Some(_), None) => Some("python".to_string()),
+            (_, l) => l.clone(),
+        };
+        let body: ExecBody = parse(drop_nulls(json!({
+            "code": a.code,
+            "lang": lang,
+            "argv": a.argv,
+            "timeout": a.timeout,
+            "stdin": a.stdin,
+        })))?;
+        let job = self
+            .svc
+            .begin_exec(&t, &a.sandbox, &body)
+            .map_err(|e| e.to_string())?;
+        text(&job.run(None).await.map_err(|e| e.to_string())?)
+    }
+
+    #[tool(description = "Write a file under /work in a sandbox.")]
+    async fn write_file(
+        &self,
+        Parameters(a): Parameters<WriteFileArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let data = if a.base64 {
+            base64::engine::general_purpose::STANDARD
+                .decode(&a.content)
+                .map_err(|e| format!("invalid_request: content is not base64: {e}"))?
+        } else {
+            a.content.into_bytes()
+        };
+        text(
+            &self
+                .svc
+                .put_file(&t, &a.sandbox, &a.path, data, 0o644)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    }
+
+    #[tool(
+        description = "Read a file under /work in a sandbox. Returns {path, text} or {path, base64} for binary content."
+    )]
+    async fn read_file(
+        &self,
+        Parameters(a): Parameters<FileArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let data = self
+            .svc
+            .get_file(&t, &a.sandbox, &a.path)
+            .await
+            .map_err(|e| e.to_string())?;
+        let v = match String::from_utf8(data) {
+            Ok(s) => json!({"path": a.path, "text": s}),
+            Err(e) => json!({"path": a.path,
+                "base64": base64::engine::general_purpose::STANDARD.encode(e.into_bytes())}),
+        };
+        text(&v)
+    }
+
+    #[tool(description = "Destroy a sandbox (idempotent).")]
+    async fn destroy(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        text(
+            &self
+                .svc
+                .destroy(&t, &a.sandbox)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for CordonMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("cordon", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Cordon runs code in isolated sandboxes. Use `run` for one-off code; \
+                 create_sandbox + exec/write_file/read_file + destroy for multi-step work. \
+                 Sandboxes have no network unless created with allow_hosts.",
+            )
+    }
+}
+
+/// MCP over streamable HTTP, to be mounted at `/mcp` behind the API-key middleware.
+pub fn http_service(svc: Service) -> StreamableHttpService<CordonMcp, LocalSessionManager> {
+    let bind = svc.config().bind;
+    let mut hosts = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    hosts.push(bind.ip().to_string());
+    hosts.push(bind.to_string());
+    let cfg = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(hosts)
+        .with_cancellation_token(svc.cancelled().child_token());
+    StreamableHttpService::new(
+        move || Ok(CordonMcp::new(svc.clone(), None)),
+        Arc::new(LocalSessionManager::default()),
+        cfg,
+    )
+}
+
+/// Serves MCP over any byte stream pair for one tenant (stdio for `cordon mcp`).
+pub async fn serve_io<R, W>(svc: Service, tenant: Tenant, io: (R, W)) -> Result<(), ServerError>
+where
+    R: tokio::io::AsyncRead + Send + Unpin + 'static,
+    W: tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let running = CordonMcp::new(svc, Some(tenant))
+        .serve(io)
+        .await
+        .map_err(|e| {
+            ServerError::io(
+                "starting the MCP session",
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| ServerError::io("MCP session", std::io::Error::other(e.to_string())))?;
+    Ok(())
+}

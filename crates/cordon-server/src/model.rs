@@ -1,0 +1,305 @@
+//! Request and response bodies of the API (and the MCP tools). Unknown fields are refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use base64::Engine as _;
+use cordon_core::{Command, EgressPolicy, ExecRequest, Grant, Language, Limits, Tier, Weakening};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::config::Dur;
+use crate::error::ApiError;
+
+fn de_lang<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Language>, D::Error> {
+    let s: Option<String> = Option::deserialize(d)?;
+    s.map(|s| s.parse::<Language>().map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+/// Limits a request may give; any left out come from the server's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsPatch {
+    pub timeout_ms: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u32>,
+    pub disk_bytes: Option<u64>,
+    pub tmp_bytes: Option<u64>,
+    pub cpus: Option<f64>,
+    pub stdout_bytes: Option<u64>,
+    pub stderr_bytes: Option<u64>,
+    pub open_files: Option<u64>,
+    pub fuel: Option<u64>,
+}
+
+impl LimitsPatch {
+    pub fn is_empty(&self) -> bool {
+        *self == LimitsPatch::default()
+    }
+
+    pub fn apply(&self, base: &Limits) -> Limits {
+        let mut l = base.clone();
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f { l.$f = v; } )* };
+        }
+        set!(
+            timeout_ms,
+            memory_bytes,
+            pids,
+            disk_bytes,
+            tmp_bytes,
+            cpus,
+            stdout_bytes,
+            stderr_bytes,
+            open_files
+        );
+        if self.fuel.is_some() {
+            l.fuel = self.fuel;
+        }
+        l
+    }
+}
+
+/// `POST /v1/sandboxes`: a sandbox spec plus its lifetime.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRequest {
+    /// Tier; the server's default tier when left out.
+    #[serde(default)]
+    pub tier: Option<Tier>,
+    #[serde(default)]
+    pub limits: LimitsPatch,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Hosts the sandbox may reach (egress allow-list); empty means none.
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    /// Hosts always refused.
+    #[serde(default)]
+    pub deny_hosts: Vec<String>,
+    #[serde(default)]
+    pub grants: Vec<Grant>,
+    #[serde(default)]
+    pub allow_weaker: BTreeSet<Weakening>,
+    /// Destroyed this long after creation (`"10m"` or seconds).
+    #[serde(default)]
+    pub ttl: Option<Dur>,
+    /// Destroyed after this long without a request.
+    #[serde(default)]
+    pub idle_timeout: Option<Dur>,
+}
+
+impl CreateRequest {
+    pub fn egress(&self) -> EgressPolicy {
+        EgressPolicy {
+            allow: self.allow_hosts.clone(),
+            deny: self.deny_hosts.clone(),
+        }
+    }
+}
+
+/// What to run: code in a language, an argv, or a WebAssembly module.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecBody {
+    #[serde(default, deserialize_with = "de_lang")]
+    pub lang: Option<Language>,
+    #[serde(default)]
+    pub code: Option<String>,
+    /// A program and its arguments, run without a shell.
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+    /// A WASI module or component, base64 (wasm tier).
+    #[serde(default)]
+    pub wasm_base64: Option<String>,
+    /// Arguments after the code or module.
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Standard input as text.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Standard input as base64.
+    #[serde(default)]
+    pub stdin_base64: Option<String>,
+    /// Timeout of this exec (`"5s"` or seconds); at most the server's limit.
+    #[serde(default)]
+    pub timeout: Option<Dur>,
+    /// Stream events as NDJSON (also chosen by `Accept: application/x-ndjson`).
+    #[serde(default)]
+    pub stream: bool,
+}
+
+fn b64(what: &str, s: &str) -> Result<Vec<u8>, ApiError> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .map_err(|e| ApiError::invalid(format!("{what} is not valid base64: {e}")))
+}
+
+impl ExecBody {
+    /// The core request, or why the body does not name one thing to run.
+    pub fn to_request(&self) -> Result<ExecRequest, ApiError> {
+        let command = match (&self.lang, &self.code, &self.argv, &self.wasm_base64) {
+            (Some(language), Some(source), None, None) => Command::Code {
+                language: *language,
+                source: source.clone(),
+                args: self.args.clone(),
+            },
+            (None, None, Some(argv), None) => {
+                if argv.is_empty() {
+                    return Err(ApiError::invalid("argv is empty; give a program to run"));
+                }
+                let mut v = argv.clone();
+                v.extend(self.args.iter().cloned());
+                Command::Argv(v)
+            }
+            (None, None, None, Some(m)) => Command::Wasm {
+                module: b64("wasm_base64", m)?,
+                args: self.args.clone(),
+            },
+            (None, Some(_), None, None) => {
+                return Err(ApiError::invalid(
+                    "code given without lang; add \"lang\": python, bash, sh or javascript",
+                ));
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "give exactly one thing to run: lang + code, argv, or wasm_base64",
+                ));
+            }
+        };
+        let stdin = match (&self.stdin, &self.stdin_base64) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid("give stdin or stdin_base64, not both"));
+            }
+            (Some(s), None) => Some(s.clone().into_bytes()),
+            (None, Some(b)) => Some(b64("stdin_base64", b)?),
+            (None, None) => None,
+        };
+        Ok(ExecRequest {
+            command,
+            env: self.env.clone(),
+            cwd: self.cwd.clone(),
+            stdin,
+            timeout_ms: self.timeout.map(|d| d.0.as_millis() as u64),
+        })
+    }
+}
+
+/// A file placed in a one-shot run's sandbox before the exec.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunFile {
+    pub path: String,
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default)]
+    pub content_base64: Option<String>,
+    #[serde(default)]
+    pub mode: Option<u32>,
+}
+
+impl RunFile {
+    pub fn bytes(&self) -> Result<Vec<u8>, ApiError> {
+        match (&self.content, &self.content_base64) {
+            (Some(t), None) => Ok(t.clone().into_bytes()),
+            (None, Some(b)) => b64("content_base64", b),
+            _ => Err(ApiError::invalid(format!(
+                "file {:?}: give content or content_base64",
+                self.path
+            ))),
+        }
+    }
+}
+
+/// `POST /v1/run`: create, exec once, destroy.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    #[serde(default)]
+    pub tier: Option<Tier>,
+    #[serde(default)]
+    pub limits: LimitsPatch,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    #[serde(default)]
+    pub deny_hosts: Vec<String>,
+    #[serde(default)]
+    pub grants: Vec<Grant>,
+    #[serde(default)]
+    pub allow_weaker: BTreeSet<Weakening>,
+    #[serde(default)]
+    pub files: Vec<RunFile>,
+    #[serde(default, deserialize_with = "de_lang")]
+    pub lang: Option<Language>,
+    #[serde(default)]
+    pub code: Option<String>,
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+    #[serde(default)]
+    pub wasm_base64: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub stdin_base64: Option<String>,
+    #[serde(default)]
+    pub timeout: Option<Dur>,
+    #[serde(default)]
+    pub stream: bool,
+}
+
+impl RunRequest {
+    pub fn split(self) -> (CreateRequest, ExecBody, Vec<RunFile>) {
+        let create = CreateRequest {
+            tier: self.tier,
+            limits: self.limits,
+            env: self.env,
+            allow_hosts: self.allow_hosts,
+            deny_hosts: self.deny_hosts,
+            grants: self.grants,
+            allow_weaker: self.allow_weaker,
+            ttl: None,
+            idle_timeout: None,
+        };
+        let exec = ExecBody {
+            lang: self.lang,
+            code: self.code,
+            argv: self.argv,
+            wasm_base64: self.wasm_base64,
+            args: self.args,
+            env: BTreeMap::new(),
+            cwd: None,
+            stdin: self.stdin,
+            stdin_base64: self.stdin_base64,
+            timeout: self.timeout,
+            stream: self.stream,
+        };
+        (create, exec, self.files)
+    }
+}
+
+/// What the API says about one sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub tier: Tier,
+    /// `live` or `destroyed`.
+    pub state: String,
+    pub created_ms: i64,
+    pub expires_ms: i64,
+    pub idle_timeout_ms: u64,
+    pub last_used_ms: i64,
+    pub limits: Limits,
+    pub allow_hosts: Vec<String>,
+    /// `pool` (a warm, never-used sandbox) or `cold`.
+    pub source: String,
+    /// Microseconds to create it (0 when it came from the warm pool).
+    pub start_us: u64,
+    pub busy: bool,
+}

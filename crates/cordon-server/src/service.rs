@@ -1,0 +1,1465 @@
+//! The transport-independent core: sessions, limits, warm pools, the reaper, crash
+//! recovery and audit. The HTTP API and the MCP server are thin layers over [`Service`].
+//!
+//! Backend calls block (syscalls, child processes), so every one runs in `spawn_blocking`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cordon_core::{
+    Backend, Command, ExecOutcome, ExecRequest, OutputStream, Probe, Sandbox, SandboxSpec, Tier,
+    validate_sandbox_path,
+};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::ServerError;
+use crate::audit::{Audit, Event, LiveRow, NewEvent, Query, now_ms};
+use crate::config::Config;
+use crate::error::{ApiError, Code};
+use crate::keys::{Keys, Tenant};
+use crate::metrics::{Metrics, StartLabels, TerminationLabels};
+use crate::model::{CreateRequest, ExecBody, RunFile, SandboxInfo};
+
+/// The backends the service may use, one per tier, injected by the caller.
+pub type Backends = BTreeMap<Tier, Arc<dyn Backend>>;
+
+/// Cleans up what a crashed server left of sandboxes of the given rows (cgroups,
+/// processes, tier-specific files); returns one line per thing removed. Injected by the
+/// caller, which knows the tiers.
+pub type RecoveryHook = Arc<dyn Fn(&[LiveRow]) -> Vec<String> + Send + Sync>;
+
+/// A chunk of output on its way to a streaming client.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    pub stream: OutputStream,
+    pub data: Vec<u8>,
+}
+
+pub type ChunkSender = mpsc::UnboundedSender<Chunk>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs a blocking closure off the async runtime.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("a worker thread failed: {e}")))
+}
+
+fn audit_err(e: ServerError) -> ApiError {
+    ApiError::internal(format!(
+        "the audit row could not be written ({e}); nothing was reported without it"
+    ))
+}
+
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    per_tenant: HashMap<Tenant, usize>,
+}
+
+/// A reserved place under the concurrency limits; released when dropped.
+struct Slot {
+    counts: Arc<Mutex<Counts>>,
+    tenant: Tenant,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut c = lock(&self.counts);
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.per_tenant.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.per_tenant.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+/// A sandbox that is destroyed off the async runtime if it is ever dropped still alive
+/// (a cancelled request, an early return): a backend's destroy blocks, and some backends
+/// own resources that must not be dropped on a runtime thread.
+pub struct Held(Option<Box<dyn Sandbox>>);
+
+impl Held {
+    fn new(sb: Box<dyn Sandbox>) -> Self {
+        Held(Some(sb))
+    }
+
+    fn as_mut(&mut self) -> Option<&mut Box<dyn Sandbox>> {
+        self.0.as_mut()
+    }
+
+    fn take(&mut self) -> Option<Box<dyn Sandbox>> {
+        self.0.take()
+    }
+
+    fn id(&self) -> String {
+        self.0
+            .as_ref()
+            .map(|s| s.id().to_string())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(mut sb) = self.0.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(h) => {
+                    h.spawn_blocking(move || {
+                        let _ = sb.destroy();
+                        drop(sb);
+                    });
+                }
+                Err(_) => {
+                    let _ = sb.destroy();
+                }
+            }
+        }
+    }
+}
+
+type SandboxCell = Arc<Mutex<Held>>;
+
+/// One live sandbox held by a tenant.
+struct Session {
+    id: String,
+    tenant: Tenant,
+    tier: Tier,
+    spec: SandboxSpec,
+    created_ms: i64,
+    created: Instant,
+    ttl: Duration,
+    idle: Duration,
+    /// Milliseconds since `created` of the last request's end.
+    last_used: AtomicI64,
+    busy: AtomicBool,
+    source: &'static str,
+    start_us: u64,
+    sandbox: SandboxCell,
+    _slot: Slot,
+}
+
+impl Session {
+    fn touch(&self) {
+        self.last_used
+            .store(self.created.elapsed().as_millis() as i64, Ordering::Relaxed);
+    }
+
+    fn info(&self) -> SandboxInfo {
+        SandboxInfo {
+            id: self.id.clone(),
+            tier: self.tier,
+            state: "live".into(),
+            created_ms: self.created_ms,
+            expires_ms: self.created_ms + self.ttl.as_millis() as i64,
+            idle_timeout_ms: self.idle.as_millis() as u64,
+            last_used_ms: self.created_ms + self.last_used.load(Ordering::Relaxed),
+            limits: self.spec.limits.clone(),
+            allow_hosts: self.spec.egress.allow.clone(),
+            source: self.source.into(),
+            start_us: self.start_us,
+            busy: self.busy.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Why the reaper should end it now, if it should.
+    fn expired(&self) -> Option<&'static str> {
+        let age = self.created.elapsed();
+        if age >= self.ttl {
+            return Some("ttl");
+        }
+        let idle_for = age
+            .as_millis()
+            .saturating_sub(self.last_used.load(Ordering::Relaxed).max(0) as u128);
+        if !self.busy.load(Ordering::Relaxed) && idle_for >= self.idle.as_millis() {
+            return Some("idle");
+        }
+        None
+    }
+}
+
+/// Clears a session's busy flag when an exec or file call ends.
+struct BusyGuard(Arc<Session>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
+
+/// A warm pool of fresh, never-used sandboxes of one tier and the default spec.
+struct Pool {
+    tier: Tier,
+    size: usize,
+    spec: SandboxSpec,
+    ready: Mutex<VecDeque<Held>>,
+    wake: Notify,
+}
+
+struct Inner {
+    cfg: Config,
+    backends: Backends,
+    probes: BTreeMap<Tier, Probe>,
+    audit: Arc<Audit>,
+    keys: Keys,
+    metrics: Metrics,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    counts: Arc<Mutex<Counts>>,
+    pools: BTreeMap<Tier, Arc<Pool>>,
+    stopping: AtomicBool,
+    cancel: CancellationToken,
+    _lock: File,
+}
+
+/// The service. Cheap to clone.
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+/// Who made a sandbox and where it came from, for the create audit row.
+struct Acquired {
+    sandbox: Held,
+    source: &'static str,
+    start_us: u64,
+}
+
+/// What a crash recovery found and removed.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RecoveryReport {
+    pub sandboxes: Vec<String>,
+    pub removed: Vec<String>,
+    pub scratch: Vec<String>,
+}
+
+impl Service {
+    /// Opens the data dir (taking its lock), recovers from a crash, starts the reaper and
+    /// warm pools. Must be called inside a tokio runtime.
+    pub async fn start(
+        cfg: Config,
+        keys: Keys,
+        backends: Backends,
+        recovery: Option<RecoveryHook>,
+    ) -> Result<Self, ServerError> {
+        let (lock_file, audit, report) = tokio::task::spawn_blocking({
+            let cfg = cfg.clone();
+            move || open_and_recover(&cfg, recovery)
+        })
+        .await
+        .map_err(|e| ServerError::Config(format!("startup worker failed: {e}")))??;
+        if !report.sandboxes.is_empty() || !report.scratch.is_empty() {
+            tracing::warn!(
+                sandboxes = report.sandboxes.len(),
+                removed = report.removed.len(),
+                scratch = report.scratch.len(),
+                "cleaned up what a previous server left behind"
+            );
+        }
+        let probes = tokio::task::spawn_blocking({
+            let backends = backends.clone();
+            move || {
+                backends
+                    .iter()
+                    .map(|(t, b)| (*t, b.probe()))
+                    .collect::<BTreeMap<_, _>>()
+            }
+        })
+        .await
+        .map_err(|e| ServerError::Config(format!("probe worker failed: {e}")))?;
+        let mut pools = BTreeMap::new();
+        for (tier, size) in &cfg.pools {
+            if *size == 0 {
+                continue;
+            }
+            if !backends.contains_key(tier) {
+                return Err(ServerError::Config(format!(
+                    "pools.{tier} is set but this build has no {tier} tier"
+                )));
+            }
+            let mut spec = SandboxSpec::new(*tier);
+            spec.limits = cfg.default_limits.clone();
+            pools.insert(
+                *tier,
+                Arc::new(Pool {
+                    tier: *tier,
+                    size: *size,
+                    spec,
+                    ready: Mutex::new(VecDeque::new()),
+                    wake: Notify::new(),
+                }),
+            );
+        }
+        let svc = Service {
+            inner: Arc::new(Inner {
+                cfg,
+                backends,
+                probes,
+                audit: Arc::new(audit),
+                keys,
+                metrics: Metrics::new(),
+                sessions: Mutex::new(HashMap::new()),
+                counts: Arc::new(Mutex::new(Counts::default())),
+                pools,
+                stopping: AtomicBool::new(false),
+                cancel: CancellationToken::new(),
+                _lock: lock_file,
+            }),
+        };
+        for pool in svc.inner.pools.values() {
+            if svc.tier_available(pool.tier) {
+                tokio::spawn(svc.clone().refill(pool.clone()));
+            } else {
+                tracing::warn!(tier = %pool.tier, "tier unavailable here: its warm pool stays empty");
+            }
+        }
+        tokio::spawn(svc.clone().reaper());
+        Ok(svc)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.inner.keys
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    pub fn audit(&self) -> &Arc<Audit> {
+        &self.inner.audit
+    }
+
+    pub fn probes(&self) -> &BTreeMap<Tier, Probe> {
+        &self.inner.probes
+    }
+
+    /// Fires when shutdown begins.
+    pub fn cancelled(&self) -> CancellationToken {
+        self.inner.cancel.clone()
+    }
+
+    fn tier_available(&self, tier: Tier) -> bool {
+        self.inner.probes.get(&tier).is_some_and(|p| p.available())
+    }
+
+    fn stopping(&self) -> Result<(), ApiError> {
+        if self.inner.stopping.load(Ordering::Acquire) {
+            return Err(ApiError::new(
+                Code::ShuttingDown,
+                "the server is shutting down",
+                "retry against the restarted server",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Number of fresh sandboxes waiting in a tier's pool.
+    pub fn pool_ready(&self, tier: Tier) -> usize {
+        self.inner
+            .pools
+            .get(&tier)
+            .map(|p| lock(&p.ready).len())
+            .unwrap_or(0)
+    }
+
+    /// Number of sandboxes tenants hold.
+    pub fn live_count(&self) -> usize {
+        lock(&self.inner.sessions).len()
+    }
+
+    async fn record(&self, e: NewEventOwned) -> Result<i64, ApiError> {
+        let audit = self.inner.audit.clone();
+        blocking(move || audit.record(&e.borrowed()))
+            .await?
+            .map_err(audit_err)
+    }
+
+    // ---- policy ----------------------------------------------------------------------
+
+    /// Turns a create request into a spec, or refuses it. Every decision is audited.
+    async fn decide(
+        &self,
+        tenant: &Tenant,
+        req: &CreateRequest,
+        what: &str,
+    ) -> Result<(SandboxSpec, Duration, Duration), ApiError> {
+        let cfg = &self.inner.cfg;
+        let tier = req.tier.unwrap_or(cfg.default_tier);
+        let mut spec = SandboxSpec::new(tier);
+        spec.limits = req.limits.apply(&cfg.default_limits);
+        spec.env = req.env.clone();
+        spec.egress = req.egress();
+        spec.grants = req.grants.clone();
+        spec.allow_weaker = req.allow_weaker.clone();
+        let ttl = req.ttl.map(|d| d.0).unwrap_or(cfg.sessions.default_ttl.0);
+        let idle = req
+            .idle_timeout
+            .map(|d| d.0)
+            .unwrap_or(cfg.sessions.default_idle_timeout.0);
+        let verdict = self.check(&spec, ttl, idle);
+        let detail = json!({
+            "request": what,
+            "tier": tier,
+            "limits": spec.limits,
+            "allow_hosts": spec.egress.allow,
+            "deny_hosts": spec.egress.deny,
+            "grants": spec.grants.iter().map(|g| json!({"name": g.name, "hosts": g.hosts})).collect::<Vec<_>>(),
+            "allow_weaker": spec.allow_weaker,
+            "ttl_ms": ttl.as_millis() as u64,
+            "idle_timeout_ms": idle.as_millis() as u64,
+            "reason": verdict.as_ref().err().map(|e| e.message.clone()),
+        });
+        self.record(NewEventOwned {
+            tenant: Some(tenant.0.clone()),
+            sandbox: None,
+            kind: "policy",
+            decision: Some(if verdict.is_ok() { "allow" } else { "deny" }),
+            tier: Some(tier),
+            detail,
+        })
+        .await?;
+        if let Err(e) = verdict {
+            self.inner.metrics.deny(e.code.as_str());
+            return Err(e);
+        }
+        Ok((spec, ttl, idle))
+    }
+
+    fn check(&self, spec: &SandboxSpec, ttl: Duration, idle: Duration) -> Result<(), ApiError> {
+        let cfg = &self.inner.cfg;
+        let tier = spec.tier;
+        if !self.inner.backends.contains_key(&tier) {
+            return Err(ApiError::new(
+                Code::TierUnavailable,
+                format!("this build of cordon has no {tier} tier"),
+                "choose another tier; GET /v1/health lists the available ones",
+            ));
+        }
+        if !self.tier_available(tier) {
+            let why = self
+                .inner
+                .probes
+                .get(&tier)
+                .map(|p| {
+                    p.capabilities
+                        .iter()
+                        .filter(|c| !c.ok && c.required)
+                        .map(|c| format!("{}: {}", c.name, c.detail))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                })
+                .unwrap_or_default();
+            return Err(ApiError::new(
+                Code::TierUnavailable,
+                format!("the {tier} tier is not available on this host ({why})"),
+                "run `cordon doctor` on the server host, or choose another tier",
+            ));
+        }
+        if let Err(e) = spec.validate() {
+            return Err(ApiError::invalid(e.to_string()));
+        }
+        if matches!(tier, Tier::Runtime | Tier::Wasm)
+            && (!spec.egress.is_closed() || !spec.grants.is_empty())
+        {
+            return Err(ApiError::new(
+                Code::PolicyDenied,
+                format!("the {tier} tier has no network, so allow_hosts and grants cannot apply"),
+                "use tier container (or stronger) for code that needs the network",
+            ));
+        }
+        let l = &spec.limits;
+        let m = &cfg.max_limits;
+        let over = [
+            ("timeout_ms", l.timeout_ms > m.timeout_ms),
+            ("memory_bytes", l.memory_bytes > m.memory_bytes),
+            ("pids", l.pids > m.pids),
+            ("disk_bytes", l.disk_bytes > m.disk_bytes),
+            ("tmp_bytes", l.tmp_bytes > m.tmp_bytes),
+            ("cpus", l.cpus > m.cpus),
+            ("stdout_bytes", l.stdout_bytes > m.stdout_bytes),
+            ("stderr_bytes", l.stderr_bytes > m.stderr_bytes),
+            ("open_files", l.open_files > m.open_files),
+        ];
+        if let Some((name, _)) = over.iter().find(|(_, o)| *o) {
+            return Err(ApiError::new(
+                Code::PolicyDenied,
+                format!("limits.{name} is above what this server allows"),
+                "ask for less; the server's max_limits bound every sandbox",
+            ));
+        }
+        if ttl > cfg.sessions.max_ttl.0 || ttl.is_zero() || idle.is_zero() {
+            return Err(ApiError::new(
+                Code::PolicyDenied,
+                format!(
+                    "ttl must be between 1 ms and {} s, and idle_timeout more than zero",
+                    cfg.sessions.max_ttl.0.as_secs()
+                ),
+                "give a shorter ttl, e.g. \"10m\"",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reserves a place under the concurrency limits, or says when to retry.
+    fn reserve(&self, tenant: &Tenant) -> Result<Slot, ApiError> {
+        let cfg = &self.inner.cfg.sessions;
+        let mut c = lock(&self.inner.counts);
+        let mine = c.per_tenant.get(tenant).copied().unwrap_or(0);
+        let full = if c.total >= cfg.max_sandboxes {
+            Some(format!(
+                "the server holds its limit of {} sandboxes",
+                cfg.max_sandboxes
+            ))
+        } else if mine >= cfg.max_sandboxes_per_tenant {
+            Some(format!(
+                "you hold your limit of {} sandboxes",
+                cfg.max_sandboxes_per_tenant
+            ))
+        } else {
+            None
+        };
+        if let Some(msg) = full {
+            drop(c);
+            self.inner.metrics.deny("too_many_sandboxes");
+            let mut e = ApiError::new(
+                Code::TooManySandboxes,
+                msg,
+                "destroy sandboxes you no longer need, or retry after the Retry-After seconds",
+            );
+            e.retry_after = Some(cfg.retry_after_secs.max(1));
+            return Err(e);
+        }
+        c.total += 1;
+        *c.per_tenant.entry(tenant.clone()).or_insert(0) += 1;
+        Ok(Slot {
+            counts: self.inner.counts.clone(),
+            tenant: tenant.clone(),
+        })
+    }
+
+    /// A fresh sandbox for `spec`: from the warm pool when the spec is the pool's, else cold.
+    async fn acquire(&self, spec: &SandboxSpec) -> Result<Acquired, ApiError> {
+        let tier = spec.tier;
+        let labels = Metrics::tier(tier);
+        if let Some(pool) = self.inner.pools.get(&tier) {
+            if pool.spec == *spec {
+                let taken = lock(&pool.ready).pop_front();
+                self.inner
+                    .metrics
+                    .pool_ready
+                    .get_or_create(&labels)
+                    .set(lock(&pool.ready).len() as i64);
+                pool.wake.notify_one();
+                if let Some(sandbox) = taken {
+                    self.inner.metrics.pool_hits.get_or_create(&labels).inc();
+                    self.started(tier, "pool");
+                    return Ok(Acquired {
+                        sandbox,
+                        source: "pool",
+                        start_us: 0,
+                    });
+                }
+            }
+            self.inner.metrics.pool_misses.get_or_create(&labels).inc();
+        }
+        let backend = self.inner.backends.get(&tier).cloned().ok_or_else(|| {
+            ApiError::new(
+                Code::TierUnavailable,
+                format!("no {tier} tier"),
+                "choose another tier",
+            )
+        })?;
+        let spec2 = spec.clone();
+        let t0 = Instant::now();
+        let sandbox = blocking(move || backend.create(&spec2)).await??;
+        self.inner
+            .metrics
+            .start_seconds
+            .get_or_create(&labels)
+            .observe(t0.elapsed().as_secs_f64());
+        self.started(tier, "cold");
+        let start_us = sandbox.start_us();
+        Ok(Acquired {
+            sandbox: Held::new(sandbox),
+            source: "cold",
+            start_us,
+        })
+    }
+
+    fn started(&self, tier: Tier, source: &str) {
+        self.inner
+            .metrics
+            .starts
+            .get_or_create(&StartLabels {
+                tier: tier.as_str().into(),
+                source: source.into(),
+            })
+            .inc();
+    }
+
+    // ---- sessions --------------------------------------------------------------------
+
+    /// Creates a sandbox for `tenant`.
+    pub async fn create(
+        &self,
+        tenant: &Tenant,
+        req: CreateRequest,
+    ) -> Result<SandboxInfo, ApiError> {
+        self.stopping()?;
+        let (spec, ttl, idle) = self.decide(tenant, &req, "create").await?;
+        let slot = self.reserve(tenant)?;
+        let acq = match self.acquire(&spec).await {
+            Ok(a) => a,
+            Err(e) => {
+                self.record(NewEventOwned {
+                    tenant: Some(tenant.0.clone()),
+                    sandbox: None,
+                    kind: "create",
+                    decision: Some("error"),
+                    tier: Some(spec.tier),
+                    detail: json!({"error": e.to_json()}),
+                })
+                .await?;
+                return Err(e);
+            }
+        };
+        let id = acq.sandbox.id();
+        let created_ms = now_ms();
+        let session = Arc::new(Session {
+            id: id.clone(),
+            tenant: tenant.clone(),
+            tier: spec.tier,
+            spec: spec.clone(),
+            created_ms,
+            created: Instant::now(),
+            ttl,
+            idle,
+            last_used: AtomicI64::new(0),
+            busy: AtomicBool::new(false),
+            source: acq.source,
+            start_us: acq.start_us,
+            sandbox: Arc::new(Mutex::new(acq.sandbox)),
+            _slot: slot,
+        });
+        let audit = self.inner.audit.clone();
+        let (t, i, tier) = (tenant.0.clone(), id.clone(), spec.tier);
+        let detail = json!({
+            "source": acq.source,
+            "start_us": acq.start_us,
+            "limits": spec.limits,
+            "allow_hosts": spec.egress.allow,
+            "ttl_ms": ttl.as_millis() as u64,
+            "idle_timeout_ms": idle.as_millis() as u64,
+        });
+        let written = blocking(move || -> Result<(), ServerError> {
+            audit.sandbox_started(&i, Some(&t), tier, "live")?;
+            audit.record(&NewEvent {
+                tenant: Some(&t),
+                sandbox: Some(&i),
+                kind: "create",
+                decision: Some("ok"),
+                tier: Some(tier),
+                detail,
+            })?;
+            Ok(())
+        })
+        .await?;
+        if let Err(e) = written {
+            self.destroy_session(session, "audit-failure").await.ok();
+            return Err(audit_err(e));
+        }
+        self.inner
+            .metrics
+            .live
+            .get_or_create(&Metrics::tier(spec.tier))
+            .inc();
+        let info = session.info();
+        lock(&self.inner.sessions).insert(id, session);
+        Ok(info)
+    }
+
+    fn session(&self, tenant: &Tenant, id: &str) -> Result<Arc<Session>, ApiError> {
+        let s = lock(&self.inner.sessions).get(id).cloned();
+        match s {
+            Some(s) if s.tenant == *tenant => Ok(s),
+            _ => Err(ApiError::not_found("sandbox")),
+        }
+    }
+
+    fn claim(&self, tenant: &Tenant, id: &str) -> Result<BusyGuard, ApiError> {
+        self.stopping()?;
+        let s = self.session(tenant, id)?;
+        if s.busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(ApiError::new(
+                Code::SandboxBusy,
+                "the sandbox is running another request",
+                "wait for it to finish, or use another sandbox for parallel work",
+            ));
+        }
+        s.touch();
+        Ok(BusyGuard(s))
+    }
+
+    /// Sandboxes `tenant` holds.
+    pub fn list(&self, tenant: &Tenant) -> Vec<SandboxInfo> {
+        let mut v: Vec<SandboxInfo> = lock(&self.inner.sessions)
+            .values()
+            .filter(|s| s.tenant == *tenant)
+            .map(|s| s.info())
+            .collect();
+        v.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
+        v
+    }
+
+    /// One sandbox of `tenant`; a destroyed one is reported as such.
+    pub async fn info(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ApiError> {
+        if let Ok(s) = self.session(tenant, id) {
+            return Ok(s.info());
+        }
+        Err(ApiError::not_found("live sandbox"))
+    }
+
+    /// Destroys a sandbox; destroying one already destroyed succeeds again.
+    pub async fn destroy(&self, tenant: &Tenant, id: &str) -> Result<serde_json::Value, ApiError> {
+        let s = {
+            let mut map = lock(&self.inner.sessions);
+            match map.get(id) {
+                Some(s) if s.tenant == *tenant => map.remove(id),
+                Some(_) => return Err(ApiError::not_found("sandbox")),
+                None => None,
+            }
+        };
+        match s {
+            Some(s) => {
+                self.destroy_session(s, "client").await?;
+                Ok(json!({"id": id, "state": "destroyed", "already": false}))
+            }
+            None => {
+                let audit = self.inner.audit.clone();
+                let i = id.to_string();
+                let known = blocking(move || audit.sandbox_state(&i))
+                    .await?
+                    .map_err(audit_err)?;
+                match known {
+                    Some((Some(owner), state)) if owner == tenant.0 && state != "live" => {
+                        Ok(json!({"id": id, "state": "destroyed", "already": true}))
+                    }
+                    _ => Err(ApiError::not_found("sandbox")),
+                }
+            }
+        }
+    }
+
+    /// Destroys a session already removed from the map and audits it.
+    async fn destroy_session(&self, s: Arc<Session>, reason: &'static str) -> Result<(), ApiError> {
+        let cell = s.sandbox.clone();
+        let audit = self.inner.audit.clone();
+        let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
+        let res = blocking(move || -> Result<serde_json::Value, ServerError> {
+            let t0 = Instant::now();
+            let taken = lock(&cell).take();
+            let outcome = match taken {
+                Some(mut sb) => match sb.destroy() {
+                    Ok(()) => json!({"ok": true}),
+                    Err(e) => json!({"ok": false, "error": e.to_string()}),
+                },
+                None => json!({"ok": true, "note": "already gone"}),
+            };
+            let detail = json!({
+                "reason": reason,
+                "destroy_us": t0.elapsed().as_micros() as u64,
+                "result": outcome,
+            });
+            audit.sandbox_ended(&i, "destroyed", reason)?;
+            audit.record(&NewEvent {
+                tenant: Some(&t),
+                sandbox: Some(&i),
+                kind: "destroy",
+                decision: Some(reason),
+                tier: Some(tier),
+                detail: detail.clone(),
+            })?;
+            Ok(detail)
+        })
+        .await?;
+        self.inner
+            .metrics
+            .live
+            .get_or_create(&Metrics::tier(s.tier))
+            .dec();
+        res.map(|_| ()).map_err(audit_err)
+    }
+
+    // ---- exec and files --------------------------------------------------------------
+
+    /// Starts an exec: checks the request and claims the sandbox. The returned job runs it.
+    pub fn begin_exec(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        body: &ExecBody,
+    ) -> Result<ExecJob, ApiError> {
+        let req = body.to_request()?;
+        let guard = self.claim(tenant, id)?;
+        let max = self.inner.cfg.max_limits.timeout_ms;
+        if req.timeout_ms.is_some_and(|t| t == 0 || t > max) {
+            return Err(ApiError::new(
+                Code::PolicyDenied,
+                format!("the exec timeout must be between 1 ms and {max} ms"),
+                "give a shorter timeout",
+            ));
+        }
+        Ok(ExecJob {
+            svc: self.clone(),
+            guard,
+            req,
+        })
+    }
+
+    /// Writes a file into a sandbox (under /work).
+    pub async fn put_file(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        path: &str,
+        data: Vec<u8>,
+        mode: u32,
+    ) -> Result<serde_json::Value, ApiError> {
+        let rel = validate_sandbox_path(path)?;
+        let full = format!("/work/{rel}");
+        let guard = self.claim(tenant, id)?;
+        let s = guard.0.clone();
+        let audit = self.inner.audit.clone();
+        let p = full.clone();
+        let n = data.len();
+        blocking(move || -> Result<(), ApiError> {
+            let digest = hex::encode(Sha256::digest(&data));
+            let r = {
+                let mut cell = lock(&s.sandbox);
+                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                sb.put_file(&p, &data, mode)
+            };
+            audit
+                .record(&NewEvent {
+                    tenant: Some(&s.tenant.0),
+                    sandbox: Some(&s.id),
+                    kind: "file_put",
+                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
+                    tier: Some(s.tier),
+                    detail: json!({"path": p, "bytes": n, "sha256": digest, "mode": mode,
+                        "error": r.as_ref().err().map(|e| e.to_string())}),
+                })
+                .map_err(audit_err)?;
+            r.map_err(ApiError::from)
+        })
+        .await??;
+        drop(guard);
+        Ok(json!({"path": full, "bytes": n}))
+    }
+
+    /// Reads a file out of a sandbox (under /work), at most the configured size.
+    pub async fn get_file(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        path: &str,
+    ) -> Result<Vec<u8>, ApiError> {
+        let rel = validate_sandbox_path(path)?;
+        let full = format!("/work/{rel}");
+        let guard = self.claim(tenant, id)?;
+        let s = guard.0.clone();
+        let audit = self.inner.audit.clone();
+        let max = self.inner.cfg.http.max_file_bytes as u64;
+        let data = blocking(move || -> Result<Vec<u8>, ApiError> {
+            let r = {
+                let mut cell = lock(&s.sandbox);
+                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                sb.get_file(&full, max)
+            };
+            audit
+                .record(&NewEvent {
+                    tenant: Some(&s.tenant.0),
+                    sandbox: Some(&s.id),
+                    kind: "file_get",
+                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
+                    tier: Some(s.tier),
+                    detail: json!({"path": full,
+                        "bytes": r.as_ref().map(|d| d.len()).ok(),
+                        "sha256": r.as_ref().map(|d| hex::encode(Sha256::digest(d))).ok(),
+                        "error": r.as_ref().err().map(|e| e.to_string())}),
+                })
+                .map_err(audit_err)?;
+            r.map_err(ApiError::from)
+        })
+        .await??;
+        drop(guard);
+        Ok(data)
+    }
+
+    // ---- one-shot run ----------------------------------------------------------------
+
+    /// Starts a one-shot run: policy, a place under the limits, a sandbox, the files.
+    pub async fn begin_run(
+        &self,
+        tenant: &Tenant,
+        create: CreateRequest,
+        body: &ExecBody,
+        files: Vec<RunFile>,
+    ) -> Result<RunJob, ApiError> {
+        self.stopping()?;
+        let req = body.to_request()?;
+        let mut inputs = Vec::new();
+        for f in &files {
+            let rel = validate_sandbox_path(&f.path)?;
+            inputs.push((format!("/work/{rel}"), f.bytes()?, f.mode.unwrap_or(0o644)));
+        }
+        let (spec, _, _) = self.decide(tenant, &create, "run").await?;
+        let slot = self.reserve(tenant)?;
+        let acq = self.acquire(&spec).await?;
+        let id = acq.sandbox.id();
+        let audit = self.inner.audit.clone();
+        let (t, i, tier) = (tenant.0.clone(), id.clone(), spec.tier);
+        let detail = json!({"source": acq.source, "start_us": acq.start_us, "limits": spec.limits, "one_shot": true});
+        blocking(move || -> Result<(), ServerError> {
+            audit.sandbox_started(&i, Some(&t), tier, "live")?;
+            audit.record(&NewEvent {
+                tenant: Some(&t),
+                sandbox: Some(&i),
+                kind: "create",
+                decision: Some("ok"),
+                tier: Some(tier),
+                detail,
+            })?;
+            Ok(())
+        })
+        .await?
+        .map_err(audit_err)?;
+        self.inner
+            .metrics
+            .live
+            .get_or_create(&Metrics::tier(tier))
+            .inc();
+        let session = Arc::new(Session {
+            id,
+            tenant: tenant.clone(),
+            tier,
+            spec,
+            created_ms: now_ms(),
+            created: Instant::now(),
+            ttl: Duration::MAX,
+            idle: Duration::MAX,
+            last_used: AtomicI64::new(0),
+            busy: AtomicBool::new(true),
+            source: acq.source,
+            start_us: acq.start_us,
+            sandbox: Arc::new(Mutex::new(acq.sandbox)),
+            _slot: slot,
+        });
+        Ok(RunJob {
+            svc: self.clone(),
+            session,
+            req,
+            inputs,
+        })
+    }
+
+    // ---- audit -----------------------------------------------------------------------
+
+    /// Audit rows of `tenant`.
+    pub async fn audit_query(&self, tenant: &Tenant, q: Query) -> Result<Vec<Event>, ApiError> {
+        let audit = self.inner.audit.clone();
+        let t = tenant.0.clone();
+        blocking(move || audit.query(Some(&t), &q))
+            .await?
+            .map_err(audit_err)
+    }
+
+    // ---- background tasks ------------------------------------------------------------
+
+    async fn reaper(self) {
+        let every = self.inner.cfg.sessions.reap_interval.0;
+        let mut last_retention: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let expired: Vec<(Arc<Session>, &'static str)> = {
+                let mut map = lock(&self.inner.sessions);
+                let ids: Vec<(String, &'static str)> = map
+                    .values()
+                    .filter_map(|s| s.expired().map(|r| (s.id.clone(), r)))
+                    .collect();
+                ids.into_iter()
+                    .filter_map(|(id, r)| map.remove(&id).map(|s| (s, r)))
+                    .collect()
+            };
+            for (s, reason) in expired {
+                let svc = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = svc.destroy_session(s, reason).await {
+                        tracing::warn!(error = %e, "reaping a sandbox");
+                    }
+                });
+            }
+            if last_retention.is_none_or(|t| t.elapsed() > Duration::from_secs(3600)) {
+                last_retention = Some(Instant::now());
+                let audit = self.inner.audit.clone();
+                let days = self.inner.cfg.audit.retention_days;
+                if let Ok(Err(e)) =
+                    tokio::task::spawn_blocking(move || audit.apply_retention(days)).await
+                {
+                    tracing::warn!(error = %e, "audit retention");
+                }
+            }
+        }
+    }
+
+    async fn refill(self, pool: Arc<Pool>) {
+        let labels = Metrics::tier(pool.tier);
+        let mut failures = 0u32;
+        loop {
+            if self.inner.cancel.is_cancelled() {
+                return;
+            }
+            let have = lock(&pool.ready).len();
+            if have >= pool.size {
+                tokio::select! {
+                    _ = self.inner.cancel.cancelled() => return,
+                    _ = pool.wake.notified() => continue,
+                }
+            }
+            let Some(backend) = self.inner.backends.get(&pool.tier).cloned() else {
+                return;
+            };
+            let spec = pool.spec.clone();
+            let audit = self.inner.audit.clone();
+            let tier = pool.tier;
+            let t0 = Instant::now();
+            let made = tokio::task::spawn_blocking(move || -> Result<Box<dyn Sandbox>, String> {
+                let sb = backend.create(&spec).map_err(|e| e.to_string())?;
+                if let Err(e) = audit.sandbox_started(sb.id().as_str(), None, tier, "pooled") {
+                    let mut sb = sb;
+                    let _ = sb.destroy();
+                    return Err(e.to_string());
+                }
+                Ok(sb)
+            })
+            .await;
+            match made {
+                Ok(Ok(sb)) => {
+                    failures = 0;
+                    self.inner
+                        .metrics
+                        .start_seconds
+                        .get_or_create(&labels)
+                        .observe(t0.elapsed().as_secs_f64());
+                    let n = {
+                        let mut q = lock(&pool.ready);
+                        q.push_back(Held::new(sb));
+                        q.len()
+                    };
+                    self.inner
+                        .metrics
+                        .pool_ready
+                        .get_or_create(&labels)
+                        .set(n as i64);
+                    if self.inner.cancel.is_cancelled() {
+                        self.drain_pool(&pool).await;
+                        return;
+                    }
+                }
+                Ok(Err(e)) => {
+                    failures += 1;
+                    tracing::warn!(tier = %pool.tier, error = %e, "warm pool refill failed");
+                    let wait = Duration::from_millis(200u64 << failures.min(6));
+                    tokio::select! {
+                        _ = self.inner.cancel.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    async fn drain_pool(&self, pool: &Arc<Pool>) {
+        let items: Vec<Held> = lock(&pool.ready).drain(..).collect();
+        let audit = self.inner.audit.clone();
+        let _ = blocking(move || {
+            for mut sb in items.into_iter().filter_map(|mut h| h.take()) {
+                let id = sb.id().to_string();
+                let _ = sb.destroy();
+                let _ = audit.sandbox_ended(&id, "destroyed", "shutdown (pool)");
+            }
+        })
+        .await;
+        self.inner
+            .metrics
+            .pool_ready
+            .get_or_create(&Metrics::tier(pool.tier))
+            .set(0);
+    }
+
+    /// Graceful shutdown: refuses new work, destroys every sandbox and empties the pools.
+    pub async fn shutdown(&self) {
+        self.inner.stopping.store(true, Ordering::Release);
+        self.inner.cancel.cancel();
+        let all: Vec<Arc<Session>> = lock(&self.inner.sessions).drain().map(|(_, s)| s).collect();
+        let mut tasks = Vec::new();
+        for s in all {
+            let svc = self.clone();
+            tasks.push(tokio::spawn(async move {
+                svc.destroy_session(s, "shutdown").await
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        for pool in self.inner.pools.values() {
+            self.drain_pool(pool).await;
+        }
+        let audit = self.inner.audit.clone();
+        let _ = blocking(move || {
+            audit.record(&NewEvent {
+                kind: "shutdown",
+                detail: json!({"graceful": true}),
+                ..Default::default()
+            })
+        })
+        .await;
+    }
+}
+
+fn gone(id: &str) -> ApiError {
+    ApiError::new(
+        Code::SandboxGone,
+        format!("sandbox {id} has been destroyed"),
+        "create a new sandbox",
+    )
+}
+
+/// An owned audit row, to move into a blocking task.
+struct NewEventOwned {
+    tenant: Option<String>,
+    sandbox: Option<String>,
+    kind: &'static str,
+    decision: Option<&'static str>,
+    tier: Option<Tier>,
+    detail: serde_json::Value,
+}
+
+impl NewEventOwned {
+    fn borrowed(&self) -> NewEvent<'_> {
+        NewEvent {
+            tenant: self.tenant.as_deref(),
+            sandbox: self.sandbox.as_deref(),
+            kind: self.kind,
+            decision: self.decision,
+            tier: self.tier,
+            detail: self.detail.clone(),
+        }
+    }
+}
+
+/// SHA-256 of what an exec runs (source, argv or module), for the audit row.
+fn command_digest(req: &ExecRequest) -> (String, &'static str) {
+    let mut h = Sha256::new();
+    let kind = match &req.command {
+        Command::Code {
+            language,
+            source,
+            args,
+        } => {
+            h.update(language.as_str().as_bytes());
+            h.update([0]);
+            h.update(source.as_bytes());
+            for a in args {
+                h.update([0]);
+                h.update(a.as_bytes());
+            }
+            "code"
+        }
+        Command::Argv(v) => {
+            for a in v {
+                h.update(a.as_bytes());
+                h.update([0]);
+            }
+            "argv"
+        }
+        Command::Wasm { module, .. } => {
+            h.update(module);
+            "wasm"
+        }
+    };
+    (hex::encode(h.finalize()), kind)
+}
+
+/// Runs one exec in a locked sandbox and writes its audit rows; blocking.
+fn exec_blocking(
+    svc: &Service,
+    s: &Session,
+    req: &ExecRequest,
+    chunks: Option<ChunkSender>,
+) -> Result<ExecOutcome, ApiError> {
+    let (digest, kind) = command_digest(req);
+    let t0 = Instant::now();
+    let result = {
+        let mut cell = lock(&s.sandbox);
+        match cell.as_mut() {
+            None => Err(gone(&s.id)),
+            Some(sb) => {
+                let mut sink = |stream: OutputStream, data: &[u8]| {
+                    if let Some(tx) = &chunks {
+                        let _ = tx.send(Chunk {
+                            stream,
+                            data: data.to_vec(),
+                        });
+                    }
+                };
+                sb.exec(req, &mut sink).map_err(ApiError::from)
+            }
+        }
+    };
+    let audit = &svc.inner.audit;
+    let lang = match &req.command {
+        Command::Code { language, .. } => Some(language.as_str()),
+        _ => None,
+    };
+    let detail = match &result {
+        Ok(o) => json!({
+            "command_sha256": digest,
+            "command_kind": kind,
+            "lang": lang,
+            "limits": s.spec.limits,
+            "timeout_ms": req.timeout_ms,
+            "termination": o.termination,
+            "exit_code": o.exit_code,
+            "signal": o.signal,
+            "usage": o.usage,
+            "timings": o.timings,
+            "stdout_bytes": o.stdout.len(),
+            "stderr_bytes": o.stderr.len(),
+            "stdout_truncated": o.stdout_truncated,
+            "stderr_truncated": o.stderr_truncated,
+            "weakened": o.weakened,
+        }),
+        Err(e) => json!({
+            "command_sha256": digest,
+            "command_kind": kind,
+            "lang": lang,
+            "limits": s.spec.limits,
+            "error": e.to_json(),
+        }),
+    };
+    audit
+        .record(&NewEvent {
+            tenant: Some(&s.tenant.0),
+            sandbox: Some(&s.id),
+            kind: "exec",
+            decision: Some(match &result {
+                Ok(o) => o.termination.as_str(),
+                Err(_) => "error",
+            }),
+            tier: Some(s.tier),
+            detail,
+        })
+        .map_err(audit_err)?;
+    if let Ok(o) = &result {
+        // Egress decisions and grant uses the tier reports with the outcome.
+        for (key, kind) in [("egress", "egress"), ("grants", "grant_use")] {
+            if let Some(serde_json::Value::Array(items)) = o.extra.get(key) {
+                for item in items {
+                    let decision = item.get("decision").and_then(|d| d.as_str());
+                    audit
+                        .record(&NewEvent {
+                            tenant: Some(&s.tenant.0),
+                            sandbox: Some(&s.id),
+                            kind,
+                            decision,
+                            tier: Some(s.tier),
+                            detail: item.clone(),
+                        })
+                        .map_err(audit_err)?;
+                }
+            }
+        }
+        let m = &svc.inner.metrics;
+        m.terminations
+            .get_or_create(&TerminationLabels {
+                tier: s.tier.as_str().into(),
+                reason: o.termination.as_str().into(),
+            })
+            .inc();
+        m.exec_seconds
+            .get_or_create(&Metrics::tier(s.tier))
+            .observe(t0.elapsed().as_secs_f64());
+    }
+    result
+}
+
+/// A claimed exec, ready to run.
+pub struct ExecJob {
+    svc: Service,
+    guard: BusyGuard,
+    req: ExecRequest,
+}
+
+impl ExecJob {
+    /// Runs the exec, streaming output chunks to `chunks` if given. The audit row is written
+    /// before this returns.
+    pub async fn run(self, chunks: Option<ChunkSender>) -> Result<ExecOutcome, ApiError> {
+        let ExecJob { svc, guard, req } = self;
+        let s = guard.0.clone();
+        let r = blocking(move || exec_blocking(&svc, &s, &req, chunks)).await?;
+        drop(guard);
+        r
+    }
+}
+
+/// A one-shot run with its sandbox, ready to run.
+pub struct RunJob {
+    svc: Service,
+    session: Arc<Session>,
+    req: ExecRequest,
+    inputs: Vec<(String, Vec<u8>, u32)>,
+}
+
+impl RunJob {
+    /// Puts the files in, execs, destroys the sandbox (always), and returns the outcome.
+    pub async fn run(self, chunks: Option<ChunkSender>) -> Result<ExecOutcome, ApiError> {
+        let RunJob {
+            svc,
+            session,
+            req,
+            inputs,
+        } = self;
+        let s = session.clone();
+        let svc2 = svc.clone();
+        let start_us = session.start_us;
+        let r = blocking(move || -> Result<ExecOutcome, ApiError> {
+            for (path, data, mode) in &inputs {
+                let mut cell = lock(&s.sandbox);
+                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                sb.put_file(path, data, *mode)?;
+            }
+            exec_blocking(&svc2, &s, &req, chunks)
+        })
+        .await;
+        let destroyed = svc.destroy_session(session, "one-shot").await;
+        let mut outcome = r??;
+        destroyed?;
+        outcome.timings.start_us = start_us;
+        Ok(outcome)
+    }
+}
+
+// ---- startup ---------------------------------------------------------------------------
+
+/// The scratch root a tier's backend should use, under the data dir, so that a restart
+/// after a crash can remove what a dead server left there.
+pub fn scratch_dir(data_dir: &Path, tier: Tier) -> PathBuf {
+    data_dir.join("scratch").join(tier.as_str())
+}
+
+fn open_and_recover(
+    cfg: &Config,
+    hook: Option<RecoveryHook>,
+) -> Result<(File, Audit, RecoveryReport), ServerError> {
+    let dir = &cfg.data_dir;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| ServerError::io(format!("creating the data dir {}", dir.display()), e))?;
+    let lock_path = dir.join("cordon.lock");
+    let lock_file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| ServerError::io(format!("opening {}", lock_path.display()), e))?;
+    if lock_file.try_lock().is_err() {
+        return Err(ServerError::Locked(dir.display().to_string()));
+    }
+    let _ = std::fs::write(&lock_path, format!("{}\n", std::process::id()));
+    let audit = Audit::open(&dir.join("audit.db"))?;
+    let mut report = RecoveryReport::default();
+    let rows = audit.unfinished()?;
+    if !rows.is_empty() {
+        report.sandboxes = rows.iter().map(|r| r.id.clone()).collect();
+        if let Some(h) = &hook {
+            report.removed = h(&rows);
+        }
+    }
+    let scratch = dir.join("scratch");
+    if let Ok(tiers) = std::fs::read_dir(&scratch) {
+        for t in tiers.flatten() {
+            let Ok(entries) = std::fs::read_dir(t.path()) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let p = e.path();
+                let removed = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+                if removed.is_ok() {
+                    report.scratch.push(p.display().to_string());
+                }
+            }
+        }
+    }
+    for tier in Tier::ALL {
+        let _ = std::fs::create_dir_all(scratch_dir(dir, tier));
+    }
+    if !report.sandboxes.is_empty() || !report.scratch.is_empty() {
+        for r in &rows {
+            audit.sandbox_ended(
+                &r.id,
+                "recovered",
+                "left by a server that stopped without cleanup; removed on restart",
+            )?;
+        }
+        for r in &rows {
+            audit.record(&NewEvent {
+                tenant: r.tenant.as_deref(),
+                sandbox: Some(&r.id),
+                kind: "destroy",
+                decision: Some("recovered"),
+                tier: r.tier.parse().ok(),
+                detail: json!({"reason": "crash-recovery", "state_was": r.state}),
+            })?;
+        }
+        audit.record(&NewEvent {
+            kind: "recovery",
+            detail: serde_json::to_value(&report).unwrap_or_default(),
+            ..Default::default()
+        })?;
+    }
+    audit.record(&NewEvent {
+        kind: "startup",
+        detail: json!({"pid": std::process::id(), "recovered": report.sandboxes.len()}),
+        ..Default::default()
+    })?;
+    Ok((lock_file, audit, report))
+}
