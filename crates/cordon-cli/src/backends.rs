@@ -7,6 +7,7 @@ pub enum AnyBackend {
     Runtime(cordon_runtime::RuntimeBackend),
     Wasm(cordon_wasm::WasmBackend),
     Container(cordon_container::ContainerBackend),
+    Microvm(cordon_microvm::MicrovmBackend),
 }
 
 impl AnyBackend {
@@ -20,6 +21,9 @@ impl AnyBackend {
             )),
             Tier::Wasm => Some(AnyBackend::Wasm(cordon_wasm::WasmBackend::new())),
             Tier::Runtime => Some(AnyBackend::Runtime(cordon_runtime::RuntimeBackend::new())),
+            Tier::Microvm => Some(AnyBackend::Microvm(cordon_microvm::MicrovmBackend::new(
+                cordon_microvm::MicrovmConfig::discover(),
+            ))),
             _ => None,
         }
     }
@@ -29,6 +33,7 @@ impl AnyBackend {
             AnyBackend::Runtime(b) => b,
             AnyBackend::Wasm(b) => b,
             AnyBackend::Container(b) => b,
+            AnyBackend::Microvm(b) => b,
         }
     }
 }

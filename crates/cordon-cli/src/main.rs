@@ -4,6 +4,7 @@ mod audit;
 mod backends;
 mod bench;
 mod doctor;
+mod image;
 mod mcp;
 mod run;
 mod serve;
@@ -32,6 +33,8 @@ enum Cmd {
     Doctor(doctor::DoctorArgs),
     /// Measure start-up cost of the tiers beside their peers on this host.
     Bench(bench::BenchArgs),
+    /// Build guest images (the microvm tier's kernel, root filesystem and agent).
+    Image(image::ImageArgs),
     /// Serve the HTTP API (and MCP over HTTP) with sessions, warm pools and an audit store.
     Serve(serve::ServeArgs),
     /// Serve MCP over stdio for a local agent.
@@ -64,6 +67,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Cmd::Run(args) => run::run(*args),
         Cmd::Doctor(args) => doctor::doctor(args),
         Cmd::Bench(args) => bench::bench(args),
+        Cmd::Image(args) => image::image(args),
         Cmd::Serve(args) => serve::serve(args),
         Cmd::Mcp(args) => mcp::mcp(args),
         Cmd::Audit(args) => audit::audit(args),

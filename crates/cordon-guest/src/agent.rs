@@ -60,6 +60,7 @@ struct Running {
     status: File,
     framed: Option<FramedIo>,
     cpu_before_us: u64,
+    cgroup: Option<PathBuf>,
 }
 
 struct FramedIo {
@@ -70,20 +71,93 @@ struct FramedIo {
     stdin_close: bool,
 }
 
+/// The host channel: a Unix socket (which can carry descriptors) or a character device such
+/// as a virtio-serial port (bytes only: use [`StdioMode::Framed`]).
+enum Channel {
+    Socket(UnixStream),
+    Port(File),
+}
+
+impl Channel {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Channel::Socket(s) => s.as_fd(),
+            Channel::Port(f) => f.as_fd(),
+        }
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Channel::Socket(s) => s.write_all(bytes),
+            Channel::Port(f) => f.write_all(bytes),
+        }
+    }
+}
+
+/// Per-sandbox settings the host sent with [`Request::Configure`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub hostname: String,
+    pub memory_bytes: u64,
+    pub pids: u32,
+    pub disk_bytes: u64,
+    pub tmp_bytes: u64,
+    pub unix_time_ms: u64,
+}
+
+/// Applies [`Settings`] inside the sandbox; gets the host's random seed too.
+pub type ConfigureHook = Box<dyn FnMut(&Settings, &[u8]) -> io::Result<()>>;
+
+/// Per-exec cgroups (v2) the agent creates under `root`, limited by the configured settings.
+struct ExecCgroups {
+    root: PathBuf,
+    memory_bytes: u64,
+    pids: u32,
+}
+
 /// Serves one host connection until it closes or sends `Shutdown`.
 pub struct Agent {
     cfg: AgentConfig,
-    ctrl: UnixStream,
+    ctrl: Channel,
     work: OwnedFd,
     inbuf: FrameBuffer,
     fds: VecDeque<OwnedFd>,
     running: Option<Running>,
+    configure: Option<ConfigureHook>,
+    cgroups: Option<ExecCgroups>,
 }
 
 const MAX_STDIN_BUFFER: usize = 16 << 20;
 
 impl Agent {
     pub fn new(cfg: AgentConfig, ctrl: UnixStream) -> io::Result<Self> {
+        Self::with_channel(cfg, Channel::Socket(ctrl))
+    }
+
+    /// An agent serving a character device (a virtio-serial port): no descriptors can be
+    /// passed, so execs must use [`StdioMode::Framed`].
+    pub fn over_port(cfg: AgentConfig, port: File) -> io::Result<Self> {
+        Self::with_channel(cfg, Channel::Port(port))
+    }
+
+    /// Accepts [`Request::Configure`], applying it with `hook`.
+    pub fn on_configure(mut self, hook: ConfigureHook) -> Self {
+        self.configure = Some(hook);
+        self
+    }
+
+    /// Runs each exec in its own cgroup v2 under `root` (memory without swap, pids), with
+    /// the limits [`Request::Configure`] sets; OOM kills and refused forks are reported.
+    pub fn with_exec_cgroups(mut self, root: PathBuf) -> Self {
+        self.cgroups = Some(ExecCgroups {
+            root,
+            memory_bytes: 0,
+            pids: 0,
+        });
+        self
+    }
+
+    fn with_channel(cfg: AgentConfig, ctrl: Channel) -> io::Result<Self> {
         let work = nix::fcntl::open(
             &cfg.workdir,
             OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
@@ -97,6 +171,8 @@ impl Agent {
             inbuf: FrameBuffer::default(),
             fds: VecDeque::new(),
             running: None,
+            configure: None,
+            cgroups: None,
         })
     }
 
@@ -207,11 +283,28 @@ impl Agent {
     /// Reads what the host sent, with any descriptors attached; false on close.
     fn read_ctrl(&mut self) -> Result<bool, ProtoError> {
         let mut buf = vec![0u8; 64 * 1024];
+        if let Channel::Port(port) = &mut self.ctrl {
+            let n = match port.read(&mut buf) {
+                Ok(n) => n,
+                Err(e)
+                    if e.kind() == io::ErrorKind::Interrupted
+                        || e.kind() == io::ErrorKind::WouldBlock =>
+                {
+                    return Ok(true);
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if n == 0 {
+                return Ok(false);
+            }
+            self.inbuf.push(&buf[..n]);
+            return Ok(true);
+        }
         let mut cmsg = nix::cmsg_space!([RawFd; 8]);
         let (n, fds) = {
             let mut iov = [IoSliceMut::new(&mut buf)];
             let msg = match recvmsg::<()>(
-                self.ctrl.as_raw_fd(),
+                self.ctrl.as_fd().as_raw_fd(),
                 &mut iov,
                 Some(&mut cmsg),
                 MsgFlags::MSG_CMSG_CLOEXEC,
@@ -301,6 +394,40 @@ impl Agent {
                 Ok((data, truncated)) => self.send(&Reply::File { truncated }, &data)?,
                 Err((code, msg)) => self.error(code, msg)?,
             },
+            Request::Configure {
+                hostname,
+                memory_bytes,
+                pids,
+                disk_bytes,
+                tmp_bytes,
+                unix_time_ms,
+            } => {
+                let settings = Settings {
+                    hostname,
+                    memory_bytes,
+                    pids,
+                    disk_bytes,
+                    tmp_bytes,
+                    unix_time_ms,
+                };
+                let result = match self.configure.as_mut() {
+                    None => Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        "this agent takes no configuration",
+                    )),
+                    Some(hook) => hook(&settings, &frame.body),
+                };
+                match result {
+                    Ok(()) => {
+                        if let Some(cg) = self.cgroups.as_mut() {
+                            cg.memory_bytes = memory_bytes;
+                            cg.pids = pids;
+                        }
+                        self.send(&Reply::Ok, b"")?
+                    }
+                    Err(e) => self.error(ErrorCode::BadRequest, format!("configure: {e}"))?,
+                }
+            }
             Request::Shutdown => {
                 if let Some(run) = &self.running {
                     let _ = kill(run.reaper, Signal::SIGKILL);
@@ -353,12 +480,21 @@ impl Agent {
             }
         };
         let plan = ExecPlan::new(argv, env, cwd)?;
+        let cgroup = match &self.cgroups {
+            Some(cg) => Some(cg.create(id)?),
+            None => None,
+        };
         let (status_r, status_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
         let cpu_before_us = children_cpu_us();
         let flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
         match sys::fork_into(flags)? {
             sys::Forked::Child => {
                 drop(status_r);
+                if let Some(dir) = &cgroup
+                    && std::fs::write(dir.join("cgroup.procs"), b"0").is_err()
+                {
+                    sys::exit_now(120);
+                }
                 reaper_main(&self.cfg, &plan, limits, child_stdio, status_w)
             }
             sys::Forked::Parent(reaper) => {
@@ -372,6 +508,7 @@ impl Agent {
                     status: File::from(status_r),
                     framed,
                     cpu_before_us,
+                    cgroup,
                 });
                 Ok(())
             }
@@ -469,8 +606,15 @@ impl Agent {
         let _ = (&run.status).take(4096).read_to_string(&mut report);
         let _ = waitpid(run.reaper, None);
         let cpu_us = children_cpu_us().saturating_sub(run.cpu_before_us);
-        let (code, signal, max_rss_bytes) = parse_report(&report).unwrap_or((None, Some(9), 0));
+        let (code, signal, mut max_rss_bytes) = parse_report(&report).unwrap_or((None, Some(9), 0));
         let disk_full = self.cfg.scratch.iter().any(|p| is_full(p));
+        let (mut oom_killed, mut pids_limited) = (false, false);
+        if let Some(dir) = &run.cgroup {
+            let c = ExecCgroups::finish(dir);
+            oom_killed = c.0;
+            pids_limited = c.1;
+            max_rss_bytes = max_rss_bytes.max(c.2);
+        }
         self.send(
             &Reply::Exited {
                 id: run.id,
@@ -479,6 +623,8 @@ impl Agent {
                 cpu_us,
                 max_rss_bytes,
                 disk_full,
+                oom_killed,
+                pids_limited,
             },
             b"",
         )
@@ -586,6 +732,64 @@ impl Agent {
         let truncated = data.len() as u64 > cap;
         data.truncate(cap as usize);
         Ok((data, truncated))
+    }
+}
+
+impl ExecCgroups {
+    /// Makes the cgroup of exec `id`, limits set, ready for the reaper to join.
+    fn create(&self, id: u64) -> io::Result<PathBuf> {
+        let dir = self.root.join(format!("exec-{id}"));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let set = |file: &str, value: String| {
+            std::fs::write(dir.join(file), value.as_bytes()).map_err(|e| {
+                io::Error::new(e.kind(), format!("setting {file} of the exec cgroup: {e}"))
+            })
+        };
+        if self.memory_bytes > 0 {
+            set("memory.max", self.memory_bytes.to_string())?;
+            set("memory.swap.max", "0".into())?;
+            // The whole exec is killed when one of its processes is (no half-dead trees).
+            let _ = set("memory.oom.group", "1".into());
+        }
+        if self.pids > 0 {
+            set("pids.max", self.pids.to_string())?;
+        }
+        Ok(dir)
+    }
+
+    /// Reads what happened in an exec's cgroup (OOM kills, refused forks, peak memory) and
+    /// removes it.
+    fn finish(dir: &Path) -> (bool, bool, u64) {
+        let count = |file: &str, key: &str| -> u64 {
+            std::fs::read_to_string(dir.join(file))
+                .ok()
+                .and_then(|s| {
+                    s.lines().find_map(|l| {
+                        let (k, v) = l.split_once(' ')?;
+                        (k == key).then(|| v.trim().parse().ok())?
+                    })
+                })
+                .unwrap_or(0)
+        };
+        let oom = count("memory.events", "oom_kill") > 0;
+        let pids = count("pids.events", "max") > 0;
+        let peak = std::fs::read_to_string(dir.join("memory.peak"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        // The reaper has been reaped, so the cgroup is empty; a moment may pass before the
+        // kernel agrees.
+        for _ in 0..100 {
+            if std::fs::remove_dir(dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        (oom, pids, peak)
     }
 }
 

@@ -6,4 +6,4 @@ pub mod agent;
 pub mod proto;
 pub mod sys;
 
-pub use agent::{Agent, AgentConfig, Confine};
+pub use agent::{Agent, AgentConfig, ConfigureHook, Confine, Settings};

@@ -89,6 +89,22 @@ pub enum Request {
     },
     /// Stop serving and exit.
     Shutdown,
+    /// Per-sandbox settings for an agent that may have been started from a snapshot shared
+    /// by many sandboxes (the microVM tier): identity, limits, clock. The body carries fresh
+    /// random bytes the agent mixes into the guest kernel's randomness before it reseeds.
+    /// Agents that take no configuration refuse it.
+    Configure {
+        hostname: String,
+        /// Memory limit of each exec's process tree (a cgroup inside the guest), in bytes.
+        memory_bytes: u64,
+        /// Most processes and threads of each exec at once.
+        pids: u32,
+        /// Sizes of /work and /tmp, in bytes.
+        disk_bytes: u64,
+        tmp_bytes: u64,
+        /// The host's wall clock, in milliseconds since the Unix epoch.
+        unix_time_ms: u64,
+    },
 }
 
 /// Agent → host.
@@ -116,6 +132,12 @@ pub enum Reply {
         max_rss_bytes: u64,
         /// /work or /tmp had no space left when the program ended.
         disk_full: bool,
+        /// The agent's own per-exec cgroup saw an OOM kill (agents that keep one).
+        #[serde(default)]
+        oom_killed: bool,
+        /// The agent's own per-exec cgroup refused a fork at its process limit.
+        #[serde(default)]
+        pids_limited: bool,
     },
     /// The body holds the file's bytes; `truncated` when it was larger than asked.
     File {

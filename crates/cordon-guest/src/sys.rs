@@ -122,3 +122,15 @@ pub fn dup2_to(fd: &impl std::os::fd::AsRawFd, target: RawFd) -> io::Result<()> 
     }
     Ok(())
 }
+
+nix::ioctl_none!(rnd_reseed_crng, b'R', 0x07);
+
+/// Makes the kernel's random generator reseed now from its input pool (RNDRESEEDCRNG), so
+/// bytes just written to `/dev/urandom` take effect at once. Needs CAP_SYS_ADMIN.
+pub fn reseed_crng(urandom: &impl std::os::fd::AsRawFd) -> io::Result<()> {
+    // SAFETY: RNDRESEEDCRNG takes no argument and only touches kernel state; the descriptor
+    // is an open /dev/urandom the caller holds for the duration of the call.
+    unsafe { rnd_reseed_crng(urandom.as_raw_fd()) }
+        .map(|_| ())
+        .map_err(io::Error::from)
+}

@@ -1,0 +1,260 @@
+//! `cordon-guest`: init and agent of a Cordon microVM.
+//!
+//! The kernel starts it as `/init` from a small initramfs that also holds the kernel modules
+//! the guest needs (virtio-mmio, virtio-blk, virtio-console: modules in Debian's cloud
+//! kernel). It loads them, mounts the read-only root filesystem from `/dev/vda`, moves onto
+//! it, mounts what programs need (`/proc`, `/sys`, a cgroup2 tree, size-limited tmpfs for
+//! `/work` and `/tmp`), opens the virtio-serial port named [`PORT_NAME`] and serves the
+//! host over it with [`cordon_guest::Agent`] until the host goes away; then it powers the
+//! VM off. Anything fatal is printed on the console (the host keeps it) and ends the VM.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cordon_guest::{Agent, AgentConfig, Settings};
+use nix::kmod::{ModuleInitFlags, finit_module};
+use nix::mount::{MsFlags, mount};
+use nix::sys::reboot::{RebootMode, reboot};
+use nix::unistd::{Gid, Uid, chown, chroot};
+
+/// The virtio-serial port the host talks on.
+const PORT_NAME: &str = "cordon.agent";
+/// Programs run as this user and group (`sandbox` in the image's /etc/passwd).
+const SANDBOX_ID: u32 = 1000;
+/// How long devices may take to appear (TCG boots are slow).
+const DEVICE_WAIT: Duration = Duration::from_secs(60);
+
+fn main() {
+    if std::process::id() != 1 {
+        eprintln!("cordon-guest: this is the microVM's init; it runs as PID 1 only");
+        std::process::exit(2);
+    }
+    let port = match boot() {
+        Ok(p) => p,
+        Err(e) => fatal(&e),
+    };
+    let cfg = AgentConfig {
+        name: format!("cordon-guest {} (microvm)", env!("CARGO_PKG_VERSION")),
+        uid: SANDBOX_ID,
+        gid: SANDBOX_ID,
+        workdir: PathBuf::from("/work"),
+        scratch: vec![PathBuf::from("/work"), PathBuf::from("/tmp")],
+        mount_proc: true,
+        confine: None,
+    };
+    let agent = match Agent::over_port(cfg, port) {
+        Ok(a) => a,
+        Err(e) => fatal(&format!("starting the agent: {e}")),
+    };
+    let result = agent
+        .on_configure(Box::new(configure))
+        .with_exec_cgroups(PathBuf::from("/sys/fs/cgroup"))
+        .serve();
+    if let Err(e) = result {
+        eprintln!("cordon-guest: the host channel failed: {e}");
+    }
+    power_off()
+}
+
+fn fatal(msg: &str) -> ! {
+    eprintln!("cordon-guest: fatal: {msg}");
+    power_off()
+}
+
+/// Ends the VM. The host runs QEMU with `-no-reboot` and the kernel with `reboot=t`, so a
+/// restart request makes QEMU exit at once.
+fn power_off() -> ! {
+    nix::unistd::sync();
+    let _ = reboot(RebootMode::RB_AUTOBOOT);
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+fn mnt(
+    src: &str,
+    target: &str,
+    fstype: &str,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<(), String> {
+    let _ = fs::create_dir_all(target);
+    mount(Some(src), target, Some(fstype), flags, data)
+        .map_err(|e| format!("mounting {fstype} on {target}: {e}"))
+}
+
+fn boot() -> Result<File, String> {
+    let plain = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
+    mnt(
+        "devtmpfs",
+        "/dev",
+        "devtmpfs",
+        MsFlags::MS_NOSUID,
+        Some("mode=0755"),
+    )?;
+    mnt("proc", "/proc", "proc", plain | MsFlags::MS_NODEV, None)?;
+    mnt("sysfs", "/sys", "sysfs", plain | MsFlags::MS_NODEV, None)?;
+    load_modules(Path::new("/modules"))?;
+    wait_for("the root disk /dev/vda", || Path::new("/dev/vda").exists())?;
+    mnt(
+        "/dev/vda",
+        "/newroot",
+        "ext4",
+        MsFlags::MS_RDONLY,
+        Some("noload"),
+    )?;
+    for m in ["/dev", "/proc", "/sys"] {
+        let target = format!("/newroot{m}");
+        mount(
+            Some(m),
+            target.as_str(),
+            None::<&str>,
+            MsFlags::MS_MOVE,
+            None::<&str>,
+        )
+        .map_err(|e| format!("moving {m} onto the root: {e}"))?;
+    }
+    nix::unistd::chdir("/newroot").map_err(|e| format!("entering the root: {e}"))?;
+    mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+        .map_err(|e| format!("moving the root to /: {e}"))?;
+    chroot(".").map_err(|e| format!("chroot into the root: {e}"))?;
+    nix::unistd::chdir("/").map_err(|e| format!("entering /: {e}"))?;
+
+    let scratch = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mnt(
+        "cgroup2",
+        "/sys/fs/cgroup",
+        "cgroup2",
+        plain | MsFlags::MS_NODEV,
+        None,
+    )?;
+    fs::write("/sys/fs/cgroup/cgroup.subtree_control", b"+memory +pids")
+        .map_err(|e| format!("enabling the memory and pids controllers: {e}"))?;
+    mnt(
+        "tmpfs",
+        "/work",
+        "tmpfs",
+        scratch,
+        Some("size=256m,mode=0755"),
+    )?;
+    chown(
+        "/work",
+        Some(Uid::from_raw(SANDBOX_ID)),
+        Some(Gid::from_raw(SANDBOX_ID)),
+    )
+    .map_err(|e| format!("chown /work: {e}"))?;
+    mnt(
+        "tmpfs",
+        "/tmp",
+        "tmpfs",
+        scratch,
+        Some("size=64m,mode=1777"),
+    )?;
+    mnt(
+        "tmpfs",
+        "/run",
+        "tmpfs",
+        scratch | MsFlags::MS_NOEXEC,
+        Some("size=1m,mode=0755"),
+    )?;
+    mnt(
+        "tmpfs",
+        "/dev/shm",
+        "tmpfs",
+        scratch | MsFlags::MS_NOEXEC,
+        Some("size=16m,mode=1777"),
+    )?;
+    let _ = nix::unistd::sethostname("sandbox");
+
+    let mut port = None;
+    wait_for("the agent's virtio-serial port", || {
+        port = find_port();
+        port.is_some()
+    })?;
+    let dev = port.ok_or("no agent port")?;
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&dev)
+        .map_err(|e| format!("opening {}: {e}", dev.display()))
+}
+
+/// Loads the modules listed in `dir/order`, in that order (dependencies first).
+fn load_modules(dir: &Path) -> Result<(), String> {
+    let order = match fs::read_to_string(dir.join("order")) {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("reading the module list: {e}")),
+    };
+    let params = c"";
+    for name in order.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let f = File::open(dir.join(name)).map_err(|e| format!("opening module {name}: {e}"))?;
+        match finit_module(f.as_fd(), params, ModuleInitFlags::empty()) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(format!("loading module {name}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+fn wait_for(what: &str, mut ready: impl FnMut() -> bool) -> Result<(), String> {
+    let t0 = Instant::now();
+    while !ready() {
+        if t0.elapsed() > DEVICE_WAIT {
+            return Err(format!("{what} did not appear within {DEVICE_WAIT:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(())
+}
+
+fn find_port() -> Option<PathBuf> {
+    for entry in fs::read_dir("/sys/class/virtio-ports").ok()?.flatten() {
+        let name = fs::read_to_string(entry.path().join("name")).unwrap_or_default();
+        if name.trim() == PORT_NAME {
+            let dev = Path::new("/dev").join(entry.file_name());
+            if dev.exists() {
+                return Some(dev);
+            }
+        }
+    }
+    None
+}
+
+/// Applies one sandbox's settings: identity, workspace sizes, clock, fresh randomness (a VM
+/// restored from a shared snapshot starts with the snapshot's generator state).
+fn configure(s: &Settings, seed: &[u8]) -> io::Result<()> {
+    let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidInput, m.to_string());
+    let host_ok = !s.hostname.is_empty()
+        && s.hostname.len() <= 63
+        && s.hostname
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if !host_ok {
+        return Err(bad("hostname must be 1-63 letters, digits or '-'"));
+    }
+    if seed.len() < 32 {
+        return Err(bad("a random seed of at least 32 bytes is required"));
+    }
+    let mut urandom = OpenOptions::new().write(true).open("/dev/urandom")?;
+    urandom.write_all(seed)?;
+    cordon_guest::sys::reseed_crng(&urandom)?;
+    nix::unistd::sethostname(&s.hostname)?;
+    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    for (dir, size) in [("/work", s.disk_bytes), ("/tmp", s.tmp_bytes)] {
+        let data = format!("size={size}");
+        mount(None::<&str>, dir, None::<&str>, flags, Some(data.as_str()))
+            .map_err(|e| io::Error::other(format!("resizing {dir}: {e}")))?;
+    }
+    let _ = fs::set_permissions("/tmp", fs::Permissions::from_mode(0o1777));
+    let ts = nix::sys::time::TimeSpec::new(
+        (s.unix_time_ms / 1000) as i64,
+        ((s.unix_time_ms % 1000) * 1_000_000) as i64,
+    );
+    nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, ts)?;
+    Ok(())
+}

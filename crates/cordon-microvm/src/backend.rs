@@ -1,0 +1,1023 @@
+//! Host side of the microvm tier.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Read};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use cordon_container::cgroup::SandboxCgroup;
+use cordon_core::{
+    Backend, Capability, Error, ExecOutcome, ExecRequest, Language, OutputSink, OutputStream,
+    Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier,
+};
+use cordon_guest::proto::{
+    self, ErrorCode, FrameBuffer, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode, Stream,
+};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use serde_json::json;
+
+use crate::MicrovmError;
+use crate::image::{self, Image};
+use crate::qemu::{self, RunAs, Vm, VmParams};
+
+/// The accelerator QEMU runs guests with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    /// Hardware virtualization through /dev/kvm.
+    Kvm,
+    /// QEMU's software emulation: the same wall, far slower.
+    Tcg,
+}
+
+impl Accel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+/// Decides whether KVM is really usable here: `/dev/kvm` alone is not enough (a paravirtual
+/// `kvm_pvm` device emulates guest kernel code ~1000x slower and crashes stock kernels).
+/// Returns the accelerator and why. `CORDON_MICROVM_ACCEL=tcg|kvm` overrides.
+pub fn probe_accel() -> (Accel, String) {
+    match std::env::var("CORDON_MICROVM_ACCEL").as_deref() {
+        Ok("tcg") => return (Accel::Tcg, "TCG forced by CORDON_MICROVM_ACCEL".into()),
+        Ok("kvm") => return (Accel::Kvm, "KVM forced by CORDON_MICROVM_ACCEL".into()),
+        _ => {}
+    }
+    if !Path::new("/dev/kvm").exists() {
+        return (Accel::Tcg, "no /dev/kvm on this host".into());
+    }
+    if Path::new("/sys/module/kvm_pvm").exists() {
+        return (
+            Accel::Tcg,
+            "/dev/kvm is the paravirtual kvm_pvm module (no VMX/SVM): guest kernel code runs \
+             emulated ~1000x slower and stock kernels crash under it"
+                .into(),
+        );
+    }
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let hw = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
+    if !hw {
+        return (
+            Accel::Tcg,
+            "the CPU shows no VMX/SVM: /dev/kvm is not hardware virtualization".into(),
+        );
+    }
+    if !Path::new("/sys/module/kvm_intel").exists() && !Path::new("/sys/module/kvm_amd").exists() {
+        return (Accel::Tcg, "neither kvm_intel nor kvm_amd is loaded".into());
+    }
+    match fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => (
+            Accel::Kvm,
+            "hardware KVM (VMX/SVM, kvm_intel/kvm_amd)".into(),
+        ),
+        Err(e) => (Accel::Tcg, format!("cannot open /dev/kvm: {e}")),
+    }
+}
+
+fn tcg_warning(reason: &str) -> String {
+    format!(
+        "microvm runs under TCG software emulation, not KVM ({reason}): the wall is the same, \
+         but boots take seconds and guest code runs many times slower"
+    )
+}
+
+/// Where things live and how VMs are started.
+#[derive(Debug, Clone)]
+pub struct MicrovmConfig {
+    /// Cordon's data directory (the image is under `microvm/`).
+    pub data_dir: PathBuf,
+    /// Per-VM private directories (sockets, console log).
+    pub run_dir: PathBuf,
+    /// Snapshots of agent-ready VMs.
+    pub snapshot_dir: PathBuf,
+    pub qemu: PathBuf,
+    /// The accelerator; `None` probes.
+    pub accel: Option<Accel>,
+    /// The unprivileged user QEMU runs as.
+    pub run_as: (u32, u32),
+    /// How long a cold boot may take to reach the agent.
+    pub boot_timeout: Duration,
+    /// Restore new sandboxes from a snapshot (made on first use) instead of booting each.
+    pub snapshots: bool,
+}
+
+impl MicrovmConfig {
+    pub fn discover() -> Self {
+        Self::with_data_dir(image::default_data_dir())
+    }
+
+    pub fn with_data_dir(data_dir: PathBuf) -> Self {
+        let mv = image::image_dir(&data_dir);
+        MicrovmConfig {
+            run_dir: mv.join("run"),
+            snapshot_dir: mv.join("snapshots"),
+            data_dir,
+            qemu: std::env::var_os("CORDON_QEMU")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/usr/bin/qemu-system-x86_64")),
+            accel: None,
+            run_as: (0x7ffd_0000, 0x7ffd_0000),
+            boot_timeout: Duration::from_secs(90),
+            snapshots: true,
+        }
+    }
+}
+
+/// The microvm tier.
+pub struct MicrovmBackend {
+    cfg: MicrovmConfig,
+    accel: OnceLock<(Accel, String)>,
+    qemu_version: OnceLock<Option<String>>,
+    snapshot_lock: Mutex<()>,
+}
+
+/// How a VM came up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartMode {
+    ColdBoot,
+    Restore,
+}
+
+impl MicrovmBackend {
+    pub fn new(cfg: MicrovmConfig) -> Self {
+        MicrovmBackend {
+            cfg,
+            accel: OnceLock::new(),
+            qemu_version: OnceLock::new(),
+            snapshot_lock: Mutex::new(()),
+        }
+    }
+
+    pub fn config(&self) -> &MicrovmConfig {
+        &self.cfg
+    }
+
+    /// The accelerator in use and why.
+    pub fn accel(&self) -> &(Accel, String) {
+        self.accel.get_or_init(|| match self.cfg.accel {
+            Some(a) => (a, "chosen by configuration".into()),
+            None => {
+                let (a, why) = probe_accel();
+                if a == Accel::Tcg {
+                    tracing::warn!("{}", tcg_warning(&why));
+                }
+                (a, why)
+            }
+        })
+    }
+
+    fn qemu_version(&self) -> Option<&String> {
+        self.qemu_version
+            .get_or_init(|| qemu::version(&self.cfg.qemu))
+            .as_ref()
+    }
+
+    fn params(&self, spec: &SandboxSpec, image: Image) -> VmParams {
+        let l = &spec.limits;
+        let host_cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
+        let vcpus = (l.cpus.ceil() as u32).clamp(1, host_cpus.max(1));
+        // Guest RAM: the exec's memory limit, the two tmpfs (their pages live in guest RAM)
+        // and room for the kernel and agent, rounded so similar specs share a snapshot.
+        let mib = (l.memory_bytes + l.disk_bytes + l.tmp_bytes) / (1 << 20) + 160;
+        let ram_mib = mib.div_ceil(128) * 128;
+        VmParams {
+            qemu: self.cfg.qemu.clone(),
+            accel: self.accel().0,
+            vcpus,
+            ram_mib,
+            image,
+            incoming: None,
+        }
+    }
+
+    /// The snapshot file new sandboxes with these parameters restore from.
+    pub fn snapshot_path(&self, params: &VmParams) -> PathBuf {
+        let v = self.qemu_version().cloned().unwrap_or_default();
+        self.cfg
+            .snapshot_dir
+            .join(format!("{}.snap", params.snapshot_key(&v)))
+    }
+
+    /// Creates a sandbox by booting a fresh VM (no snapshot), for measurements and for
+    /// making snapshots.
+    pub fn create_cold(&self, spec: &SandboxSpec) -> Result<MicrovmSandbox> {
+        self.create_with(spec, StartMode::ColdBoot)
+    }
+
+    /// Creates a sandbox restored from the snapshot (made first if missing).
+    pub fn create_restored(&self, spec: &SandboxSpec) -> Result<MicrovmSandbox> {
+        self.create_with(spec, StartMode::Restore)
+    }
+
+    pub fn create_sandbox(&self, spec: &SandboxSpec) -> Result<MicrovmSandbox> {
+        let mode = if self.cfg.snapshots {
+            StartMode::Restore
+        } else {
+            StartMode::ColdBoot
+        };
+        self.create_with(spec, mode)
+    }
+
+    fn create_with(&self, spec: &SandboxSpec, mode: StartMode) -> Result<MicrovmSandbox> {
+        spec.validate()?;
+        if spec.tier != Tier::Microvm {
+            return Err(Error::Invalid(format!(
+                "the microvm backend was asked for a {} sandbox",
+                spec.tier
+            )));
+        }
+        if !spec.egress.is_closed() || !spec.grants.is_empty() {
+            return Err(Error::Invalid(
+                "the microvm tier has no egress path yet: the VM gets no network device; \
+                 drop the egress allow-list and grants, or use the container tier"
+                    .into(),
+            ));
+        }
+        let image = image::load(&self.cfg.data_dir)?;
+        let mut params = self.params(spec, image);
+        if mode == StartMode::Restore {
+            let snap = self.ensure_snapshot(&params)?;
+            params.incoming = Some(snap);
+        }
+        let t0 = Instant::now();
+        let id = SandboxId::random()?;
+        let mut warnings = Vec::new();
+        let (accel, why) = self.accel().clone();
+        if accel == Accel::Tcg {
+            warnings.push(tcg_warning(&why));
+        }
+        let mem_limit = (params.ram_mib << 20) + (384 << 20);
+        let cgroup = SandboxCgroup::create(
+            &format!("vm-{}", id.short()),
+            mem_limit,
+            64 + 4 * params.vcpus,
+            spec.limits.cpus.max(params.vcpus as f64 * 0.5),
+        )
+        .map_err(|e| Error::LayerUnavailable {
+            layer: "cgroups".into(),
+            reason: format!("QEMU's own cgroup: {e}"),
+        })?;
+        let mut sb = MicrovmSandbox {
+            id: id.clone(),
+            spec: spec.clone(),
+            accel,
+            vm: None,
+            ctrl: None,
+            cgroup: Some(cgroup),
+            start_us: 0,
+            warnings,
+            gone: None,
+            failure: None,
+            next_exec: 1,
+            mode,
+        };
+        let dir = self.cfg.run_dir.join(id.short());
+        let boot = self.cfg.boot_timeout;
+        let result = (|| {
+            let procs = sb
+                .cgroup
+                .as_ref()
+                .map(|c| c.procs_files())
+                .unwrap_or_default();
+            let (vm, ctrl) = Vm::start(&params, &dir, self.run_as(), procs)?;
+            sb.vm = Some(vm);
+            sb.ctrl = Some(ctrl);
+            if mode == StartMode::ColdBoot {
+                sb.await_hello(boot)?;
+            }
+            sb.configure(boot)
+        })();
+        if let Err(e) = result {
+            let diag = sb.vm.as_ref().map(|v| v.diagnostics()).unwrap_or_default();
+            sb.teardown();
+            return Err(Error::Sandbox(format!(
+                "the microVM did not come up: {e} ({diag})"
+            )));
+        }
+        sb.start_us = t0.elapsed().as_micros() as u64;
+        tracing::debug!(sandbox = %sb.id, ?mode, accel = accel.as_str(), start_us = sb.start_us, "microvm ready");
+        Ok(sb)
+    }
+
+    fn run_as(&self) -> RunAs {
+        RunAs {
+            uid: self.cfg.run_as.0,
+            gid: self.cfg.run_as.1,
+        }
+    }
+
+    /// The snapshot for `params`, booting a template VM and saving it when missing.
+    pub fn ensure_snapshot(&self, params: &VmParams) -> Result<PathBuf> {
+        let path = self.snapshot_path(params);
+        let _guard = self
+            .snapshot_lock
+            .lock()
+            .map_err(|_| Error::Sandbox("snapshot lock poisoned".into()))?;
+        if path.is_file() {
+            return Ok(path);
+        }
+        fs::create_dir_all(&self.cfg.snapshot_dir)
+            .map_err(|e| Error::io("creating the snapshot directory", e))?;
+        // Another process may be making the same snapshot: one file lock per directory.
+        let lockf = fs::File::create(self.cfg.snapshot_dir.join(".lock"))
+            .map_err(|e| Error::io("snapshot lock", e))?;
+        let _flock = nix::fcntl::Flock::lock(lockf, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| Error::io("snapshot lock", e.into()))?;
+        if path.is_file() {
+            return Ok(path);
+        }
+        let t0 = Instant::now();
+        let mut tpl = params.clone();
+        tpl.incoming = None;
+        let mut suffix = [0u8; 6];
+        getrandom::fill(&mut suffix).map_err(|e| Error::Sandbox(format!("no randomness: {e}")))?;
+        let dir = self
+            .cfg
+            .run_dir
+            .join(format!("snap-{}", hex::encode(suffix)));
+        let made = (|| -> std::result::Result<(), MicrovmError> {
+            let (mut vm, mut ctrl) = Vm::start(&tpl, &dir, self.run_as(), Vec::new())?;
+            ctrl.set_read_timeout(Some(self.cfg.boot_timeout))
+                .map_err(|e| MicrovmError::io("agent socket", e))?;
+            match proto::read_frame::<Reply>(&mut ctrl) {
+                Ok(f) if matches!(f.header, Reply::Hello { version, .. } if version == PROTOCOL_VERSION) =>
+                    {}
+                Ok(f) => {
+                    return Err(MicrovmError::Qemu(format!(
+                        "unexpected first message from the guest agent: {:?}",
+                        f.header
+                    )));
+                }
+                Err(e) => {
+                    return Err(MicrovmError::Qemu(format!(
+                        "the template VM did not reach the agent: {e} ({})",
+                        vm.diagnostics()
+                    )));
+                }
+            }
+            let file = dir.join("snapshot");
+            vm.qmp(
+                "migrate",
+                json!({"uri": format!("file:{}", file.display())}),
+            )?;
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let st = vm.qmp("query-migrate", json!({}))?;
+                match st.get("status").and_then(|s| s.as_str()) {
+                    Some("completed") => break,
+                    Some("failed") | Some("cancelled") => {
+                        return Err(MicrovmError::Qemu(format!("saving the snapshot: {st}")));
+                    }
+                    _ => {}
+                }
+                if Instant::now() > deadline {
+                    return Err(MicrovmError::Qemu(
+                        "saving the snapshot took over 120 s".into(),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            vm.kill();
+            drop(ctrl);
+            let tmp = path.with_extension("tmp");
+            fs::rename(&file, &tmp).map_err(|e| MicrovmError::io("moving the snapshot", e))?;
+            nix::unistd::chown(
+                &tmp,
+                Some(nix::unistd::Uid::from_raw(0)),
+                Some(nix::unistd::Gid::from_raw(0)),
+            )
+            .map_err(|e| MicrovmError::io("owning the snapshot", e.into()))?;
+            fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+                .map_err(|e| MicrovmError::io("snapshot mode", e))?;
+            fs::rename(&tmp, &path).map_err(|e| MicrovmError::io("installing the snapshot", e))?;
+            Ok(())
+        })();
+        let _ = fs::remove_dir_all(&dir);
+        made?;
+        tracing::info!(snapshot = %path.display(), seconds = t0.elapsed().as_secs_f64(), "microvm snapshot made");
+        Ok(path)
+    }
+
+    /// Removes every snapshot (they are remade on demand).
+    pub fn clear_snapshots(&self) -> io::Result<()> {
+        match fs::remove_dir_all(&self.cfg.snapshot_dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Backend for MicrovmBackend {
+    fn tier(&self) -> Tier {
+        Tier::Microvm
+    }
+
+    fn probe(&self) -> Probe {
+        let mut caps = Vec::new();
+        caps.push(match self.qemu_version() {
+            Some(v) => Capability::ok("qemu", v.clone()),
+            None => Capability::missing(
+                "qemu",
+                format!("{} not found", self.cfg.qemu.display()),
+                "apt-get install -t bookworm-backports qemu-system-x86 (scripts/setup.sh does it)",
+            ),
+        });
+        caps.push(match image::load(&self.cfg.data_dir) {
+            Ok(img) => Capability::ok(
+                "guest image",
+                format!("kernel {}, {}", img.kernel_version, img.rootfs.display()),
+            ),
+            Err(e) => Capability::missing("guest image", e.to_string(), "cordon image build"),
+        });
+        caps.push(if nix::unistd::geteuid().is_root() {
+            Capability::ok("root", "QEMU can be confined (user, namespaces, cgroup)")
+        } else {
+            Capability::missing("root", "not running as root", "run Cordon as root")
+        });
+        let (accel, why) = self.accel().clone();
+        let mut kvm = match accel {
+            Accel::Kvm => Capability::ok("hardware KVM", why.clone()),
+            Accel::Tcg => Capability::missing(
+                "hardware KVM",
+                format!("falling back to TCG: {why}"),
+                "run on a host with VMX/SVM and kvm_intel/kvm_amd (bare metal or nested virtualization); TCG works but is slow",
+            ),
+        };
+        kvm.required = false;
+        caps.push(kvm);
+        let mut notes = vec![format!("accelerator: {}", accel.as_str())];
+        if accel == Accel::Tcg {
+            notes.push(format!("WARNING: {}", tcg_warning(&why)));
+        }
+        Probe::from_capabilities(Tier::Microvm, caps, notes)
+    }
+
+    fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        Ok(Box::new(self.create_sandbox(spec)?))
+    }
+}
+
+/// One microVM sandbox.
+pub struct MicrovmSandbox {
+    id: SandboxId,
+    spec: SandboxSpec,
+    accel: Accel,
+    vm: Option<Vm>,
+    ctrl: Option<UnixStream>,
+    cgroup: Option<SandboxCgroup>,
+    start_us: u64,
+    warnings: Vec<String>,
+    gone: Option<String>,
+    /// Why the VM failed, when it did: guest-kernel-panic, agent-crash, vmm-crash, ...
+    failure: Option<String>,
+    next_exec: u64,
+    mode: StartMode,
+}
+
+fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Sandbox(format!("{what}: {e}"))
+}
+
+impl MicrovmSandbox {
+    pub fn accel(&self) -> Accel {
+        self.accel
+    }
+
+    /// How this sandbox's VM came up.
+    pub fn start_mode(&self) -> StartMode {
+        self.mode
+    }
+
+    /// QEMU's process id (for tests and diagnostics).
+    pub fn qemu_pid(&self) -> Option<i32> {
+        self.vm.as_ref().map(|v| v.pid)
+    }
+
+    /// The VM's private run directory.
+    pub fn run_dir(&self) -> Option<PathBuf> {
+        self.vm.as_ref().map(|v| v.dir.clone())
+    }
+
+    /// Why the VM failed, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Sends a non-maskable interrupt to the guest through QMP. The guest kernel runs with
+    /// `unknown_nmi_panic`, so this panics it: a way to test panic reporting.
+    pub fn inject_nmi(&self) -> Result<()> {
+        let vm = self.vm.as_ref().ok_or_else(|| self.gone_err())?;
+        vm.qmp("inject-nmi", json!({}))?;
+        Ok(())
+    }
+
+    /// Writes raw bytes to the agent channel, bypassing the frame encoder (to test that the
+    /// agent rejects malformed frames), and returns whether the agent is still answering.
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        use std::io::Write;
+        let ctrl = self.ctrl()?;
+        ctrl.write_all(bytes)
+            .map_err(|e| sandbox_err("writing to the agent", e))
+    }
+
+    fn gone_err(&self) -> Error {
+        Error::Gone {
+            id: self.id.to_string(),
+            reason: self.gone.clone().unwrap_or_else(|| "destroyed".into()),
+        }
+    }
+
+    fn ctrl(&mut self) -> Result<&mut UnixStream> {
+        if self.gone.is_some() {
+            return Err(self.gone_err());
+        }
+        match self.ctrl.as_mut() {
+            Some(c) => Ok(c),
+            None => Err(Error::Gone {
+                id: self.id.to_string(),
+                reason: "destroyed".into(),
+            }),
+        }
+    }
+
+    fn read_reply(&mut self, timeout: Duration) -> Result<proto::Frame<Reply>> {
+        let ctrl = self.ctrl()?;
+        ctrl.set_read_timeout(Some(timeout))
+            .map_err(|e| Error::io("agent socket", e))?;
+        let r = proto::read_frame::<Reply>(ctrl);
+        let _ = ctrl.set_read_timeout(None);
+        match r {
+            Ok(f) => Ok(f),
+            Err(e) => {
+                let why = self.diagnose(&e.to_string());
+                Err(Error::Sandbox(format!("the guest agent stopped: {why}")))
+            }
+        }
+    }
+
+    fn await_hello(&mut self, timeout: Duration) -> Result<()> {
+        let f = self.read_reply(timeout)?;
+        match f.header {
+            Reply::Hello { version, .. } if version == PROTOCOL_VERSION => Ok(()),
+            Reply::Hello { version, .. } => Err(Error::Sandbox(format!(
+                "the guest agent speaks protocol {version}, this cordon {PROTOCOL_VERSION}; rebuild the image (`cordon image build`)"
+            ))),
+            other => Err(sandbox_err(
+                "unexpected first message from the guest",
+                format!("{other:?}"),
+            )),
+        }
+    }
+
+    /// Gives the guest its identity, limits, clock and fresh randomness.
+    fn configure(&mut self, timeout: Duration) -> Result<()> {
+        let mut seed = [0u8; 64];
+        getrandom::fill(&mut seed).map_err(|e| Error::Sandbox(format!("no randomness: {e}")))?;
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let l = &self.spec.limits;
+        let req = Request::Configure {
+            hostname: self.id.short().to_string(),
+            memory_bytes: l.memory_bytes,
+            pids: l.pids,
+            disk_bytes: l.disk_bytes,
+            tmp_bytes: l.tmp_bytes,
+            unix_time_ms: now,
+        };
+        proto::write_frame(self.ctrl()?, &req, &seed)
+            .map_err(|e| sandbox_err("configuring the guest", e))?;
+        let f = self.read_reply(timeout)?;
+        match f.header {
+            Reply::Ok => Ok(()),
+            Reply::Error { message, .. } => Err(sandbox_err("configuring the guest", message)),
+            other => Err(sandbox_err(
+                "unexpected reply to configure",
+                format!("{other:?}"),
+            )),
+        }
+    }
+
+    /// Works out why the VM or its agent went away; records it and returns a message.
+    fn diagnose(&mut self, context: &str) -> String {
+        let Some(vm) = self.vm.as_mut() else {
+            return context.to_string();
+        };
+        // A panicking guest reboots at once (panic=-1 reboot=t) and QEMU exits (-no-reboot).
+        let t0 = Instant::now();
+        let mut status = vm.exited();
+        while status.is_none() && t0.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(5));
+            status = vm.exited();
+        }
+        let console = vm.console();
+        let line = |needle: &str| {
+            console
+                .lines()
+                .find(|l| l.contains(needle))
+                .map(|l| l.trim().to_string())
+        };
+        let (kind, msg) = if let Some(l) = line("Attempted to kill init") {
+            ("agent-crash", format!("the guest agent (init) died: {l}"))
+        } else if let Some(l) = line("Kernel panic") {
+            (
+                "guest-kernel-panic",
+                format!("the guest kernel panicked: {l}"),
+            )
+        } else if let Some(l) = line("cordon-guest: fatal") {
+            ("agent-crash", format!("the guest agent failed: {l}"))
+        } else if let Some(st) = status {
+            use std::os::unix::process::ExitStatusExt;
+            match st.signal() {
+                Some(sig) => ("vmm-crash", format!("QEMU was killed by signal {sig}")),
+                None => (
+                    "vmm-exit",
+                    format!("QEMU exited ({st}): {}", vm.diagnostics()),
+                ),
+            }
+        } else {
+            (
+                "agent-lost",
+                format!("the agent channel failed ({context}); the VM still runs"),
+            )
+        };
+        tracing::warn!(sandbox = %self.id, failure = kind, "{msg}");
+        self.failure = Some(kind.to_string());
+        self.gone = Some(msg.clone());
+        msg
+    }
+
+    fn teardown(&mut self) {
+        self.ctrl = None;
+        if let Some(mut vm) = self.vm.take() {
+            vm.kill();
+            let _ = fs::remove_dir_all(&vm.dir);
+        }
+        if let Some(cg) = self.cgroup.take()
+            && !cg.kill_and_remove(Duration::from_secs(5))
+        {
+            tracing::warn!(sandbox = %self.id, "QEMU's cgroup could not be removed");
+        }
+    }
+
+    fn argv_for(req: &ExecRequest) -> Result<Vec<String>> {
+        Ok(match &req.command {
+            cordon_core::Command::Argv(v) => {
+                if v.is_empty() {
+                    return Err(Error::Invalid(
+                        "empty command; give a program to run".into(),
+                    ));
+                }
+                v.clone()
+            }
+            cordon_core::Command::Code {
+                language,
+                source,
+                args,
+            } => {
+                let mut v: Vec<String> = match language {
+                    Language::Python => vec!["python3".into(), "-c".into(), source.clone()],
+                    Language::Bash => {
+                        vec!["bash".into(), "-c".into(), source.clone(), "bash".into()]
+                    }
+                    Language::Sh => vec!["sh".into(), "-c".into(), source.clone(), "sh".into()],
+                    Language::Javascript => {
+                        return Err(Error::Invalid(
+                            "the microvm image has no JavaScript runtime; use --tier wasm for JavaScript".into(),
+                        ));
+                    }
+                };
+                v.extend(args.iter().cloned());
+                v
+            }
+            cordon_core::Command::Wasm { .. } => {
+                return Err(Error::Invalid(
+                    "the microvm tier does not run WebAssembly modules; use --tier wasm".into(),
+                ));
+            }
+        })
+    }
+
+    fn env_for(&self, req: &ExecRequest) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        env.insert(
+            "PATH".to_string(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        );
+        env.insert("HOME".to_string(), "/work".to_string());
+        env.insert("LANG".to_string(), "C.UTF-8".to_string());
+        env.extend(self.spec.env.clone());
+        env.extend(req.env.clone());
+        env
+    }
+
+    fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        let argv = Self::argv_for(req)?;
+        let env = self.env_for(req);
+        let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());
+        let limits = self.spec.limits.clone();
+        let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(limits.timeout_ms));
+        let id = self.next_exec;
+        self.next_exec += 1;
+        let t0 = Instant::now();
+        let request = Request::Exec {
+            id,
+            argv,
+            env,
+            cwd,
+            stdio: StdioMode::Framed,
+            limits: ProcLimits {
+                open_files: limits.open_files,
+                file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
+                address_space: 0,
+            },
+        };
+        {
+            let stdin = req.stdin.clone().unwrap_or_default();
+            let ctrl = self.ctrl()?;
+            let send = |ctrl: &mut UnixStream, r: &Request, body: &[u8]| {
+                proto::write_frame(ctrl, r, body).map_err(|e| sandbox_err("sending the exec", e))
+            };
+            send(ctrl, &request, b"")?;
+            for chunk in stdin.chunks(1 << 20) {
+                send(ctrl, &Request::Stdin { id }, chunk)?;
+            }
+            send(ctrl, &Request::Stdin { id }, b"")?;
+        }
+        let deadline = t0 + timeout;
+        let mut reason: Option<Termination> = None;
+        let mut kill_sent_at: Option<Instant> = None;
+        let mut exited: Option<Reply> = None;
+        let mut frames = FrameBuffer::default();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let (mut out_trunc, mut err_trunc) = (false, false);
+        let mut lost = false;
+        while exited.is_none() {
+            let now = Instant::now();
+            if now >= deadline {
+                // The wall clock ends the VM, not just the program.
+                reason = Some(Termination::Timeout);
+                self.gone = Some("its exec reached the timeout and the VM was killed".into());
+                self.teardown();
+                break;
+            }
+            if (out_trunc || err_trunc) && reason.is_none() {
+                reason = Some(Termination::OutputLimit);
+            }
+            if reason.is_some() && kill_sent_at.is_none() {
+                kill_sent_at = Some(now);
+                let _ = proto::write_frame(self.ctrl()?, &Request::Kill { id }, b"");
+            }
+            if let Some(k) = kill_sent_at
+                && now.duration_since(k) > Duration::from_secs(5)
+            {
+                self.gone = Some("its agent did not answer a kill".into());
+                self.teardown();
+                break;
+            }
+            let wait = deadline
+                .saturating_duration_since(now)
+                .min(Duration::from_millis(100));
+            let ready = {
+                let ctrl = self.ctrl()?;
+                let mut fds = [PollFd::new(ctrl.as_fd(), PollFlags::POLLIN)];
+                match poll(&mut fds, PollTimeout::from(wait.as_millis().max(1) as u16)) {
+                    Ok(n) => n > 0,
+                    Err(nix::errno::Errno::EINTR) => false,
+                    Err(e) => return Err(sandbox_err("waiting for the guest", e)),
+                }
+            };
+            if !ready {
+                continue;
+            }
+            let mut buf = vec![0u8; 256 * 1024];
+            let n = match self.ctrl()?.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => 0,
+            };
+            if n == 0 {
+                lost = true;
+                self.diagnose("the agent channel closed during an exec");
+                break;
+            }
+            frames.push(&buf[..n]);
+            loop {
+                let f = match frames.next_frame::<Reply>() {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.failure = Some("agent-protocol".into());
+                        self.gone = Some(format!("its agent sent a malformed frame ({e})"));
+                        self.teardown();
+                        return Err(sandbox_err("malformed frame from the guest agent", e));
+                    }
+                };
+                match f.header {
+                    Reply::Started { .. } => {}
+                    Reply::Output { stream, .. } => {
+                        let (buf, trunc, cap, which) = match stream {
+                            Stream::Stdout => (
+                                &mut out,
+                                &mut out_trunc,
+                                limits.stdout_bytes,
+                                OutputStream::Stdout,
+                            ),
+                            Stream::Stderr => (
+                                &mut err,
+                                &mut err_trunc,
+                                limits.stderr_bytes,
+                                OutputStream::Stderr,
+                            ),
+                        };
+                        let room = (cap as usize).saturating_sub(buf.len());
+                        let keep = &f.body[..f.body.len().min(room)];
+                        if !keep.is_empty() {
+                            buf.extend_from_slice(keep);
+                            sink.output(which, keep);
+                        }
+                        if f.body.len() > room {
+                            *trunc = true;
+                        }
+                    }
+                    r @ Reply::Exited { .. } => exited = Some(r),
+                    Reply::Error { code, message } => {
+                        if code == ErrorCode::SpawnFailed {
+                            return Err(Error::Sandbox(format!(
+                                "the program could not be started: {message}"
+                            )));
+                        }
+                        return Err(sandbox_err("the guest agent refused the exec", message));
+                    }
+                    other => {
+                        return Err(sandbox_err(
+                            "unexpected message from the guest",
+                            format!("{other:?}"),
+                        ));
+                    }
+                }
+            }
+        }
+        let wall = t0.elapsed();
+        let mut o = ExecOutcome::new(Tier::Microvm, Termination::Exited);
+        o.stdout = out;
+        o.stderr = err;
+        o.stdout_truncated = out_trunc;
+        o.stderr_truncated = err_trunc;
+        o.warnings = self.warnings.clone();
+        o.usage.wall_time_us = wall.as_micros() as u64;
+        o.timings.run_us = wall.as_micros() as u64;
+        o.extra
+            .insert("accelerator".into(), json!(self.accel.as_str()));
+        let (mut oom, mut pids_hit, mut disk_full) = (false, false, false);
+        if let Some(Reply::Exited {
+            code,
+            signal,
+            cpu_us,
+            max_rss_bytes,
+            disk_full: full,
+            oom_killed,
+            pids_limited,
+            ..
+        }) = exited
+        {
+            o.exit_code = code;
+            o.signal = signal;
+            o.usage.cpu_time_us = cpu_us;
+            o.usage.peak_memory_bytes = max_rss_bytes;
+            oom = oom_killed;
+            pids_hit = pids_limited;
+            disk_full = full;
+        }
+        let clean = o.exit_code == Some(0);
+        o.termination = if let Some(r) = reason {
+            r
+        } else if lost || (exited.is_none() && self.gone.is_some()) {
+            Termination::SandboxFailure
+        } else if oom && !clean {
+            Termination::OutOfMemory
+        } else if pids_hit && !clean {
+            Termination::ProcessLimit
+        } else if o.signal == Some(libc::SIGXFSZ) || (disk_full && !clean) {
+            Termination::DiskLimit
+        } else if o.signal.is_some() {
+            Termination::Signalled
+        } else {
+            Termination::Exited
+        };
+        if o.termination == Termination::SandboxFailure {
+            let why = self.gone.clone().unwrap_or_else(|| "unknown".into());
+            o.warnings.push(format!("the microVM failed: {why}"));
+            if let Some(f) = &self.failure {
+                o.extra.insert("failure".into(), json!(f));
+            }
+        }
+        Ok(o)
+    }
+}
+
+impl Sandbox for MicrovmSandbox {
+    fn id(&self) -> &SandboxId {
+        &self.id
+    }
+
+    fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        self.ctrl()?;
+        self.run_exec(req, sink)
+    }
+
+    fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
+        cordon_core::validate_sandbox_path(path)?;
+        let req = Request::PutFile {
+            path: path.to_string(),
+            mode,
+        };
+        proto::write_frame(self.ctrl()?, &req, data)
+            .map_err(|e| sandbox_err("sending a file", e))?;
+        let f = self.read_reply(Duration::from_secs(60))?;
+        match f.header {
+            Reply::Ok => Ok(()),
+            Reply::Error { code, message } => Err(file_error(path, code, message)),
+            other => Err(sandbox_err(
+                "unexpected reply to a file write",
+                format!("{other:?}"),
+            )),
+        }
+    }
+
+    fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
+        cordon_core::validate_sandbox_path(path)?;
+        let req = Request::GetFile {
+            path: path.to_string(),
+            max: max_bytes,
+        };
+        proto::write_frame(self.ctrl()?, &req, b"")
+            .map_err(|e| sandbox_err("asking for a file", e))?;
+        let f = self.read_reply(Duration::from_secs(60))?;
+        match f.header {
+            Reply::File { truncated: false } => Ok(f.body),
+            Reply::File { truncated: true } => Err(Error::File {
+                path: path.to_string(),
+                reason: format!(
+                    "larger than the {max_bytes}-byte limit for files out; raise it or write less"
+                ),
+            }),
+            Reply::Error { code, message } => Err(file_error(path, code, message)),
+            other => Err(sandbox_err(
+                "unexpected reply to a file read",
+                format!("{other:?}"),
+            )),
+        }
+    }
+
+    fn start_us(&self) -> u64 {
+        self.start_us
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        if self.gone.as_deref() == Some("destroyed") {
+            return Ok(());
+        }
+        self.teardown();
+        self.gone = Some("destroyed".into());
+        Ok(())
+    }
+}
+
+fn file_error(path: &str, code: ErrorCode, message: String) -> Error {
+    match code {
+        ErrorCode::PathRefused => Error::PathRefused {
+            path: path.to_string(),
+            reason: message,
+        },
+        _ => Error::File {
+            path: path.to_string(),
+            reason: message,
+        },
+    }
+}
+
+impl Drop for MicrovmSandbox {
+    fn drop(&mut self) {
+        let _ = self.destroy();
+    }
+}

@@ -1,0 +1,59 @@
+//! Cordon's `microvm` tier: each sandbox is a QEMU `microvm` virtual machine with its own
+//! guest kernel (Debian's cloud kernel), a read-only Debian root with Python 3, size-limited
+//! tmpfs for `/work` and `/tmp`, and the `cordon-guest` agent as init, spoken to over a
+//! virtio-serial port with the versioned frame protocol of `cordon_guest::proto`.
+//!
+//! The accelerator is chosen by a probe: KVM only where hardware virtualization is really
+//! usable (VMX/SVM present, not the paravirtual `kvm_pvm`); otherwise TCG, with a loud
+//! warning in every result, in `cordon doctor` and in the logs. QEMU runs confined: its own
+//! seccomp sandbox (`-sandbox on,...`), an unprivileged user, its own cgroup, new mount,
+//! network, IPC and UTS namespaces, no NIC.
+//!
+//! New sandboxes are restored from a snapshot of a VM booted once to "agent ready" (QEMU
+//! migration to a file); each is then configured with its own identity, limits, clock and
+//! fresh randomness before it is handed out.
+
+mod backend;
+pub mod image;
+mod qemu;
+mod sys;
+
+pub use backend::{Accel, MicrovmBackend, MicrovmConfig, MicrovmSandbox, probe_accel};
+
+/// Errors of the microvm tier, converted into [`cordon_core::Error`] at the API boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum MicrovmError {
+    #[error("guest image: {0}")]
+    Image(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("qemu: {0}")]
+    Qemu(String),
+}
+
+impl MicrovmError {
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        MicrovmError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+impl From<MicrovmError> for cordon_core::Error {
+    fn from(e: MicrovmError) -> Self {
+        match e {
+            MicrovmError::Image(m) => cordon_core::Error::Unavailable {
+                tier: cordon_core::Tier::Microvm,
+                reason: m,
+                fix: "run `cordon image build` (or scripts/setup.sh)".into(),
+            },
+            MicrovmError::Io { what, source } => cordon_core::Error::Io { what, source },
+            MicrovmError::Qemu(m) => cordon_core::Error::Sandbox(m),
+        }
+    }
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The microvm tier: QEMU 10 (bookworm-backports, added by reusing the mirror URI of the
+# existing Debian sources; no host is hard-coded), debootstrap and erofs-utils for the image
+# build, the musl target for the static guest agent, then `cordon image build` (itself
+# idempotent and content-addressed under $(cordon_data_dir)/microvm/).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib.sh"
+repo=${CORDON_REPO:-$(cd "$here/../.." && pwd)}
+
+# 1. bookworm-backports, with the URI the host's Debian sources already use.
+bpo_list=/etc/apt/sources.list.d/cordon-backports.sources
+if [ -r /etc/os-release ] && grep -q 'VERSION_CODENAME=bookworm' /etc/os-release &&
+   [ ! -e "$bpo_list" ] && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+  uri=""
+  if [ -r /etc/apt/sources.list.d/debian.sources ]; then
+    uri=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }' \
+      /etc/apt/sources.list.d/debian.sources)
+  fi
+  if [ -z "$uri" ] && [ -r /etc/apt/sources.list ]; then
+    uri=$(awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }' /etc/apt/sources.list)
+  fi
+  if [ -n "$uri" ]; then
+    log "adding bookworm-backports from $uri (QEMU 10)"
+    printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+      "$uri" | $SUDO tee "$bpo_list" >/dev/null
+    rm -f /tmp/.cordon-apt-updated
+  else
+    log "no Debian mirror URI found in the apt sources: staying on bookworm's QEMU"
+  fi
+fi
+
+# 2. QEMU (from backports where the suite exists), image tools.
+if ! dpkg-query -W -f='${Status}' qemu-system-x86 2>/dev/null | grep -q "install ok installed"; then
+  if [ ! -e /tmp/.cordon-apt-updated ]; then
+    $SUDO apt-get update -q >/dev/null
+    touch /tmp/.cordon-apt-updated
+  fi
+  target=()
+  policy=$(apt-cache policy qemu-system-x86 2>/dev/null || true)
+  if grep -q bookworm-backports <<<"$policy"; then
+    target=(-t bookworm-backports)
+  fi
+  log "installing qemu-system-x86 ${target[*]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
+    "${target[@]}" qemu-system-x86 >/dev/null
+fi
+apt_install debootstrap erofs-utils cpio zstd xz-utils
+
+# 3. The static guest agent's target.
+if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
+  log "adding the rust target x86_64-unknown-linux-musl"
+  rustup target add x86_64-unknown-linux-musl >/dev/null
+fi
+
+# 4. The guest image (kernel, rootfs, initramfs with the agent). `image build` checks its
+#    inputs' hashes first and returns in well under a second when everything is in place.
+cd "$repo"
+flock /tmp/cordon-cargo.lock cargo build -q --release -p cordon-guest --bin cordon-guest \
+  --target x86_64-unknown-linux-musl
+flock /tmp/cordon-cargo.lock cargo build -q --release -p cordon
+./target/release/cordon image build \
+  --agent "$repo/target/x86_64-unknown-linux-musl/release/cordon-guest"
