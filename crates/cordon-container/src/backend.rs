@@ -250,6 +250,7 @@ impl ContainerBackend {
             }
         };
         let id = SandboxId::random()?;
+        tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: checks done");
         let limits = &spec.limits;
         let cg =
             match SandboxCgroup::create(id.as_str(), limits.memory_bytes, limits.pids, limits.cpus)
@@ -269,6 +270,7 @@ impl ContainerBackend {
                     None
                 }
             };
+        tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: cgroup ready");
         let egress = if crate::egress::wanted(spec) {
             match crate::egress::EgressLink::start(id.as_str(), spec, self.cfg.id_base) {
                 Ok(l) => Some(l),
@@ -314,6 +316,7 @@ impl ContainerBackend {
             sb.teardown();
             return Err(e);
         }
+        tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: agent ready");
         sb.start_us = t0.elapsed().as_micros() as u64;
         Ok(sb)
     }
@@ -359,6 +362,7 @@ impl ContainerSandbox {
                 .into(),
         })?;
         drop(cmd);
+        tracing::debug!("create: init spawned");
         self.outer = Some(outer);
         let mut host = host;
         proto::write_frame(&mut host, setup, b"")
@@ -473,6 +477,7 @@ impl ContainerSandbox {
 
     /// Kills everything and removes what the sandbox left on the host.
     fn teardown(&mut self) {
+        tracing::debug!("teardown: begin");
         // Every process of the sandbox is in its cgroup: kill them all at once rather than
         // waiting for parent-death signals to travel down the chain.
         if let Some(cg) = &self.cgroup {
@@ -499,6 +504,7 @@ impl ContainerSandbox {
                 }
             }
         }
+        tracing::debug!("teardown: processes killed");
         // The proxy (and with it every placeholder) ends with the sandbox.
         self.egress = None;
         if let Some(cg) = self.cgroup.take()
@@ -506,6 +512,7 @@ impl ContainerSandbox {
         {
             tracing::warn!(sandbox = %self.id, "cgroup could not be removed; the next `cordon serve` start reaps it");
         }
+        tracing::debug!("teardown: done");
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
@@ -554,6 +561,7 @@ impl ContainerSandbox {
             }
         }
         drop((in_r, out_w, err_w));
+        tracing::debug!("exec: request sent");
         let stdin_data = req.stdin.clone().unwrap_or_default();
         let mut ex = ExecIo {
             stdout: Some(File::from(out_r)),
@@ -680,8 +688,11 @@ impl ContainerSandbox {
                 loop {
                     match frames.next_frame::<Reply>() {
                         Ok(Some(f)) => match f.header {
-                            Reply::Started { .. } => {}
-                            r @ Reply::Exited { .. } => exited = Some(r),
+                            Reply::Started { .. } => tracing::debug!("exec: started"),
+                            r @ Reply::Exited { .. } => {
+                                tracing::debug!("exec: exited");
+                                exited = Some(r)
+                            }
                             Reply::Error { code, message } => {
                                 let spawn_refused = code == ErrorCode::SpawnFailed;
                                 let pids_hit = match (&self.cgroup, &before) {
@@ -761,9 +772,12 @@ impl ContainerSandbox {
         let clean = o.exit_code == Some(0);
         o.termination = if let Some(r) = reason {
             r
-        } else if oom && !clean {
+        } else if oom {
+            // A process of this exec was killed for memory, even if the main one survived.
             Termination::OutOfMemory
-        } else if pids_hit && !clean {
+        } else if pids_hit {
+            // The process limit refused a fork during this exec (a fork bomb, however its
+            // main process ended).
             Termination::ProcessLimit
         } else if o.signal == Some(libc::SIGXFSZ) || (disk_full && !clean) {
             Termination::DiskLimit

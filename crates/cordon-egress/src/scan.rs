@@ -171,6 +171,42 @@ static PATTERNS: LazyLock<Vec<(FindingKind, Regex)>> = LazyLock::new(|| {
         .collect()
 });
 
+/// Literal fragments at least one of which every credential pattern contains. Input without
+/// any of them cannot match, so the patterns (costly to compile, especially the bounded
+/// private-key block) are not even built for it: most output never pays for them.
+const MARKERS: [&[u8]; 24] = [
+    b"PRIVATE KEY",
+    b"AKIA",
+    b"ASIA",
+    b"ABIA",
+    b"ACCA",
+    b"AGPA",
+    b"AIDA",
+    b"AROA",
+    b"A3T",
+    b"ghp_",
+    b"gho_",
+    b"ghu_",
+    b"ghs_",
+    b"ghr_",
+    b"github_pat_",
+    b"glpat-",
+    b"xox",
+    b"hooks.slack.com",
+    b"k_live_",
+    b"k_test_",
+    b"AIza",
+    b"sk-",
+    b"eyJ",
+    b"-----BEGIN",
+];
+
+fn may_hold_credentials(input: &[u8]) -> bool {
+    MARKERS
+        .iter()
+        .any(|m| memchr::memmem::find(input, m).is_some())
+}
+
 /// Scans `input`: every known secret (raw, base64, hex) is replaced by
 /// `[REDACTED:<name>]` and reported; credential formats are reported (not redacted).
 pub fn scan(input: &[u8], secrets: &[KnownSecret]) -> ScanOutput {
@@ -202,7 +238,12 @@ pub fn scan_with(input: &[u8], secrets: &[KnownSecret], opts: ScanOptions) -> Sc
             }
         }
     }
-    for (kind, re) in PATTERNS.iter() {
+    let patterns: &[(FindingKind, Regex)] = if may_hold_credentials(input) {
+        &PATTERNS
+    } else {
+        &[]
+    };
+    for (kind, re) in patterns {
         for m in re.find_iter(input) {
             spans.push((
                 m.start(),
@@ -459,6 +500,8 @@ mod tests {
             ),
         ];
         for (text, kind) in cases {
+            // The cheap prefilter must never hide a credential the patterns would find.
+            assert!(may_hold_credentials(text.as_bytes()), "{text}");
             let out = scan(text.as_bytes(), &[]);
             assert!(
                 out.findings.iter().any(|f| f.kind == *kind),
