@@ -1,0 +1,973 @@
+//! The service end to end over loopback HTTP: a fake backend (fast, no root) under the
+//! container tier's name and the real runtime tier. Container-tier behaviour with real
+//! walls is tested by `sdk/python/tests` against a real `cordon serve`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cordon_core::{
+    Backend, Capability, Command, ExecOutcome, ExecRequest, OutputSink, OutputStream, Probe,
+    Result as CoreResult, Sandbox, SandboxId, SandboxSpec, Termination, Tier,
+};
+use cordon_server::config::Dur;
+use cordon_server::{Backends, Config, Keys, Server, Service, Tenant};
+use serde_json::{Value, json};
+
+// ---- a fake tier -------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Counters {
+    created: AtomicUsize,
+    destroyed: AtomicUsize,
+    execs: AtomicUsize,
+}
+
+struct FakeBackend(Arc<Counters>);
+
+struct FakeSandbox {
+    id: SandboxId,
+    files: HashMap<String, Vec<u8>>,
+    counters: Arc<Counters>,
+    destroyed: bool,
+    used: bool,
+}
+
+impl Backend for FakeBackend {
+    fn tier(&self) -> Tier {
+        Tier::Container
+    }
+    fn probe(&self) -> Probe {
+        Probe::from_capabilities(
+            Tier::Container,
+            vec![Capability::ok("fake", "test")],
+            vec![],
+        )
+    }
+    fn create(&self, spec: &SandboxSpec) -> CoreResult<Box<dyn Sandbox>> {
+        spec.validate()?;
+        self.0.created.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(FakeSandbox {
+            id: SandboxId::random()?,
+            files: HashMap::new(),
+            counters: self.0.clone(),
+            destroyed: false,
+            used: false,
+        }))
+    }
+}
+
+impl Sandbox for FakeSandbox {
+    fn id(&self) -> &SandboxId {
+        &self.id
+    }
+    fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> CoreResult<ExecOutcome> {
+        let was_used = self.used;
+        self.used = true;
+        self.counters.execs.fetch_add(1, Ordering::SeqCst);
+        let mut o = ExecOutcome::new(Tier::Container, Termination::Exited);
+        o.exit_code = Some(0);
+        let out: Vec<u8> = match &req.command {
+            Command::Argv(v) if v[0] == "echo" => format!("{}\n", v[1..].join(" ")).into_bytes(),
+            Command::Argv(v) if v[0] == "cat" => self.files.get(&v[1]).cloned().unwrap_or_default(),
+            Command::Argv(v) if v[0] == "used" => format!("{was_used}\n").into_bytes(),
+            Command::Argv(v) if v[0] == "sleep" => {
+                std::thread::sleep(Duration::from_millis(v[1].parse().unwrap()));
+                Vec::new()
+            }
+            Command::Code { source, .. } => {
+                for part in source.split('|') {
+                    sink.output(OutputStream::Stdout, part.as_bytes());
+                    o.stdout.extend_from_slice(part.as_bytes());
+                }
+                return Ok(o);
+            }
+            _ => {
+                o.exit_code = Some(127);
+                Vec::new()
+            }
+        };
+        sink.output(OutputStream::Stdout, &out);
+        o.stdout = out;
+        Ok(o)
+    }
+    fn put_file(&mut self, path: &str, data: &[u8], _mode: u32) -> CoreResult<()> {
+        self.files.insert(path.to_string(), data.to_vec());
+        Ok(())
+    }
+    fn get_file(&mut self, path: &str, _max: u64) -> CoreResult<Vec<u8>> {
+        self.files
+            .get(path)
+            .cloned()
+            .ok_or(cordon_core::Error::File {
+                path: path.into(),
+                reason: "no such file".into(),
+            })
+    }
+    fn start_us(&self) -> u64 {
+        1
+    }
+    fn destroy(&mut self) -> CoreResult<()> {
+        if !self.destroyed {
+            self.destroyed = true;
+            self.counters.destroyed.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+}
+
+// ---- helpers -----------------------------------------------------------------------------
+
+struct Env {
+    server: Server,
+    counters: Arc<Counters>,
+    http: reqwest::Client,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+fn backends(counters: &Arc<Counters>) -> Backends {
+    let mut b: Backends = BTreeMap::new();
+    b.insert(Tier::Container, Arc::new(FakeBackend(counters.clone())));
+    b.insert(
+        Tier::Runtime,
+        Arc::new(cordon_runtime::RuntimeBackend::new()),
+    );
+    b
+}
+
+fn config(dir: &std::path::Path) -> Config {
+    let mut cfg = Config::with_data_dir(dir);
+    cfg.bind = "127.0.0.1:0".parse().unwrap();
+    cfg.keys = vec![
+        cordon_server::config::KeyEntry {
+            tenant: "alice".into(),
+            key: Some("key-alice".into()),
+            sha256: None,
+        },
+        cordon_server::config::KeyEntry {
+            tenant: "bob".into(),
+            key: None,
+            sha256: Some(cordon_server::keys::hash_key("key-bob")),
+        },
+    ];
+    cfg.sessions.reap_interval = Dur(Duration::from_millis(50));
+    cfg.http.max_body_bytes = 64 << 10;
+    cfg.http.max_file_bytes = 256 << 10;
+    cfg.pools.insert(Tier::Container, 2);
+    cfg
+}
+
+async fn start_with(f: impl FnOnce(&mut Config)) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    f(&mut cfg);
+    let counters = Arc::new(Counters::default());
+    let server = Server::start(cfg, backends(&counters), None).await.unwrap();
+    let base = format!("http://{}", server.addr());
+    Env {
+        server,
+        counters,
+        http: reqwest::Client::new(),
+        base,
+        _dir: dir,
+    }
+}
+
+async fn start() -> Env {
+    start_with(|_| {}).await
+}
+
+impl Env {
+    fn req(&self, m: reqwest::Method, path: &str, key: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(m, format!("{}{path}", self.base))
+            .bearer_auth(key)
+    }
+
+    async fn call(
+        &self,
+        m: reqwest::Method,
+        path: &str,
+        key: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut r = self.req(m, path, key);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn create(&self, key: &str, body: Value) -> String {
+        let (s, v) = self
+            .call(reqwest::Method::POST, "/v1/sandboxes", key, Some(body))
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    }
+
+    async fn wait_pool(&self, n: usize) {
+        for _ in 0..200 {
+            if self.server.service().pool_ready(Tier::Container) >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the warm pool never filled");
+    }
+}
+
+use reqwest::Method as M;
+
+/// Sends raw bytes (for requests a well-behaved client will not make) and returns the
+/// status code.
+fn raw(base: &str, request: String) -> (u16, String) {
+    let addr = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("0")
+        .parse()
+        .unwrap();
+    (code, out)
+}
+
+// ---- tests -------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_files_exec_stream_and_audit() {
+    let env = start().await;
+    env.wait_pool(2).await;
+    let (s, v) = env
+        .call(
+            M::POST,
+            "/v1/sandboxes",
+            "key-alice",
+            Some(json!({"tier": "container", "ttl": "10m"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["source"], "pool");
+    let id = v["id"].as_str().unwrap().to_string();
+
+    // Files.
+    let r = env
+        .req(
+            M::PUT,
+            &format!("/v1/sandboxes/{id}/files/work/a.csv"),
+            "key-alice",
+        )
+        .body("x\n1\n2\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = env
+        .req(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/files/work/a.csv"),
+            "key-alice",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.bytes().await.unwrap().as_ref(), b"x\n1\n2\n");
+
+    // Whole result.
+    let (s, o) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            "key-alice",
+            Some(json!({"argv": ["cat", "/work/a.csv"]})),
+        )
+        .await;
+    assert_eq!(s, 200, "{o}");
+    assert_eq!(o["stdout"], "x\n1\n2\n");
+    assert_eq!(o["termination"], "exited");
+
+    // NDJSON stream: chunks then the outcome; a multi-byte character split across chunks
+    // arrives whole.
+    let r = env
+        .req(M::POST, &format!("/v1/sandboxes/{id}/exec"), "key-alice")
+        .header("accept", "application/x-ndjson")
+        .json(&json!({"lang": "sh", "code": "one|two|three"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["content-type"], "application/x-ndjson");
+    let text = r.text().await.unwrap();
+    let events: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let data: String = events
+        .iter()
+        .filter(|e| e["type"] == "stdout")
+        .map(|e| e["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(data, "onetwothree");
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "outcome");
+    assert_eq!(last["outcome"]["stdout"], "onetwothree");
+
+    // SSE.
+    let r = env
+        .req(M::POST, &format!("/v1/sandboxes/{id}/exec"), "key-alice")
+        .header("accept", "text/event-stream")
+        .json(&json!({"argv": ["echo", "sse"]}))
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("event: stdout\ndata: {\"data\":\"sse\\n\"}"),
+        "{text}"
+    );
+    assert!(text.contains("event: outcome"), "{text}");
+
+    // List and info.
+    let (_, l) = env.call(M::GET, "/v1/sandboxes", "key-alice", None).await;
+    assert_eq!(l["sandboxes"].as_array().unwrap().len(), 1);
+    let (_, l) = env.call(M::GET, "/v1/sandboxes", "key-bob", None).await;
+    assert_eq!(l["sandboxes"].as_array().unwrap().len(), 0);
+
+    // Another tenant gets 404 on everything of alice's.
+    for (m, path, body) in [
+        (M::GET, format!("/v1/sandboxes/{id}"), None),
+        (
+            M::POST,
+            format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"argv": ["echo"]})),
+        ),
+        (M::GET, format!("/v1/sandboxes/{id}/files/work/a.csv"), None),
+        (M::DELETE, format!("/v1/sandboxes/{id}"), None),
+    ] {
+        let (s, v) = env.call(m, &path, "key-bob", body).await;
+        assert_eq!(s, 404, "{path}: {v}");
+        assert_eq!(v["code"], "not_found");
+    }
+    let (s, v) = env
+        .call(M::GET, &format!("/v1/audit?sandbox={id}"), "key-bob", None)
+        .await;
+    assert_eq!(s, 200);
+    assert!(v["events"].as_array().unwrap().is_empty(), "{v}");
+
+    // Destroy is idempotent.
+    let (s, v) = env
+        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice", None)
+        .await;
+    assert_eq!((s, v["already"].clone()), (200, json!(false)));
+    let (s, v) = env
+        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice", None)
+        .await;
+    assert_eq!((s, v["already"].clone()), (200, json!(true)));
+    let (s, _) = env
+        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-bob", None)
+        .await;
+    assert_eq!(s, 404);
+    let (s, v) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            "key-alice",
+            Some(json!({"argv": ["echo"]})),
+        )
+        .await;
+    assert_eq!(s, 404, "{v}");
+
+    // Every step is in alice's audit, in order, with the hash of what ran.
+    let (_, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/audit?sandbox={id}&limit=1000"),
+            "key-alice",
+            None,
+        )
+        .await;
+    let kinds: Vec<&str> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "create", "file_put", "file_get", "exec", "exec", "exec", "destroy"
+        ]
+    );
+    let exec = &v["events"][3];
+    assert_eq!(exec["detail"]["command_sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(exec["decision"], "exited");
+    let (_, v) = env
+        .call(M::GET, "/v1/audit?kind=policy", "key-alice", None)
+        .await;
+    assert_eq!(v["events"][0]["decision"], "allow");
+
+    // Metrics.
+    let m = env
+        .http
+        .get(format!("{}/metrics", env.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.contains("cordon_pool_hits_total{tier=\"container\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("cordon_exec_terminations_total"), "{m}");
+    env.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_a_clear_4xx_and_harmless() {
+    let env = start().await;
+    let id = env.create("key-alice", json!({"tier": "container"})).await;
+    let post = |path: &str, body: &str, ctype: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let cases: Vec<(String, u16, &str)> = vec![
+        (post("/v1/sandboxes", "{\"tier\":", "application/json"), 400, "invalid_request"),
+        (post("/v1/sandboxes", "{\"tier\":\"container\",\"privileged\":true}", "application/json"), 400, "invalid_request"),
+        (post("/v1/sandboxes", "{\"tier\":\"mainframe\"}", "application/json"), 400, "invalid_request"),
+        (post("/v1/sandboxes", "{}", "text/plain"), 415, "unsupported_media_type"),
+        (post(&format!("/v1/sandboxes/{id}/exec"), "{\"lang\":\"cobol\",\"code\":\"x\"}", "application/json"), 400, "invalid_request"),
+        (post(&format!("/v1/sandboxes/{id}/exec"), "{\"argv\":[]}", "application/json"), 400, "invalid_request"),
+        (post(&format!("/v1/sandboxes/{id}/exec"), "{\"code\":\"x\"}", "application/json"), 400, "invalid_request"),
+        (post("/v1/sandboxes", &format!("{{\"env\":{{\"A\":\"{}\"}}}}", "x".repeat(100 << 10)), "application/json"), 413, "payload_too_large"),
+        (post("/v1/sandboxes", "{\"limits\":{\"memory_bytes\":999999999999}}", "application/json"), 403, "policy_denied"),
+        (post("/v1/sandboxes", "{\"tier\":\"runtime\",\"allow_hosts\":[\"example.test\"]}", "application/json"), 403, "policy_denied"),
+        (post("/v1/sandboxes", "{\"tier\":\"microvm\"}", "application/json"), 422, "tier_unavailable"),
+        (format!("GET /v1/sandboxes/{id}/files/work/../etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
+        (format!("GET /v1/sandboxes/{id}/files/work/%2e%2e/etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
+        (format!("GET /v1/sandboxes/{id}/files/etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
+        (format!("PUT /v1/sandboxes/{id}/files/work/big HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}", 300 << 10, "x".repeat(300 << 10)), 413, "payload_too_large"),
+        ("GET /v1/sandboxes HTTP/1.1\r\nhost: x\r\nauthorization: Bearer wrong\r\nconnection: close\r\n\r\n".to_string(), 401, "unauthorized"),
+        ("GET /v1/sandboxes HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".to_string(), 401, "unauthorized"),
+        ("GET /v1/sandboxes/sb-00000000000000000000000000000000 HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n".to_string(), 404, "not_found"),
+        ("GET /v1/sandboxes/../../etc HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n".to_string(), 404, ""),
+        ("GET /v1/nothing HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".to_string(), 404, "no_such_route"),
+        ("PATCH /v1/sandboxes HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n".to_string(), 405, "method_not_allowed"),
+        ("GET /v1/audit?bogus=1 HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n".to_string(), 400, "invalid_request"),
+    ];
+    for (req, want, code) in cases {
+        let base = env.base.clone();
+        let (got, text) = tokio::task::spawn_blocking(move || raw(&base, req))
+            .await
+            .unwrap();
+        assert_eq!(got, want, "{text}");
+        assert!(
+            code.is_empty() || text.contains(&format!("\"code\":\"{code}\"")),
+            "{text}"
+        );
+        assert!(text.contains("\"fix\""), "{text}");
+    }
+    // Unharmed: the sandbox and the server still work.
+    let (s, o) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            "key-alice",
+            Some(json!({"argv": ["echo", "ok"]})),
+        )
+        .await;
+    assert_eq!((s, o["stdout"].as_str()), (200, Some("ok\n")));
+    let (_, v) = env
+        .call(
+            M::GET,
+            "/v1/audit?kind=policy&limit=1000",
+            "key-alice",
+            None,
+        )
+        .await;
+    assert!(
+        v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["decision"] == "deny"),
+        "policy denials are audited: {v}"
+    );
+    env.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_limits_answer_429_with_retry_after() {
+    let env = start_with(|c| {
+        c.sessions.max_sandboxes_per_tenant = 2;
+        c.sessions.max_sandboxes = 3;
+    })
+    .await;
+    let a1 = env.create("key-alice", json!({})).await;
+    let _a2 = env.create("key-alice", json!({})).await;
+    let r = env
+        .req(M::POST, "/v1/sandboxes", "key-alice")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "too_many_sandboxes");
+    // A one-shot run counts too.
+    let (s, _) = env
+        .call(
+            M::POST,
+            "/v1/run",
+            "key-alice",
+            Some(json!({"argv": ["echo"]})),
+        )
+        .await;
+    assert_eq!(s, 429);
+    let _b1 = env.create("key-bob", json!({})).await;
+    let (s, _) = env
+        .call(M::POST, "/v1/sandboxes", "key-bob", Some(json!({})))
+        .await;
+    assert_eq!(s, 429, "the global limit holds");
+    env.call(M::DELETE, &format!("/v1/sandboxes/{a1}"), "key-alice", None)
+        .await;
+    env.create("key-alice", json!({})).await;
+    env.server.shutdown().await;
+    let c = &env.counters;
+    assert_eq!(
+        c.created.load(Ordering::SeqCst),
+        c.destroyed.load(Ordering::SeqCst)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaper_ends_sandboxes_past_ttl_or_idle() {
+    let env = start().await;
+    let ttl = env.create("key-alice", json!({"ttl": "150ms"})).await;
+    let idle = env
+        .create("key-alice", json!({"idle_timeout": "150ms"}))
+        .await;
+    let keep = env.create("key-alice", json!({})).await;
+    let mut left = usize::MAX;
+    for _ in 0..100 {
+        let (_, l) = env.call(M::GET, "/v1/sandboxes", "key-alice", None).await;
+        left = l["sandboxes"].as_array().unwrap().len();
+        if left == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(left, 1);
+    let (_, v) = env
+        .call(M::GET, "/v1/audit?kind=destroy", "key-alice", None)
+        .await;
+    let reasons: BTreeMap<String, String> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["sandbox"].as_str().unwrap().to_string(),
+                e["decision"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(reasons.get(&ttl).map(String::as_str), Some("ttl"));
+    assert_eq!(reasons.get(&idle).map(String::as_str), Some("idle"));
+    assert!(!reasons.contains_key(&keep));
+    env.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_sandboxes_are_fresh_and_never_reused() {
+    let env = start().await;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..6 {
+        env.wait_pool(1).await;
+        let id = env.create("key-alice", json!({})).await;
+        let (_, o) = env
+            .call(
+                M::POST,
+                &format!("/v1/sandboxes/{id}/exec"),
+                "key-alice",
+                Some(json!({"argv": ["used"]})),
+            )
+            .await;
+        assert_eq!(
+            o["stdout"], "false\n",
+            "a pooled sandbox was handed out used"
+        );
+        env.call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice", None)
+            .await;
+        assert!(seen.insert(id), "a sandbox id was handed out twice");
+    }
+    // A spec other than the pool's starts cold.
+    let (_, v) = env
+        .call(
+            M::POST,
+            "/v1/sandboxes",
+            "key-alice",
+            Some(json!({"limits": {"pids": 16}})),
+        )
+        .await;
+    assert_eq!(v["source"], "cold");
+    env.server.shutdown().await;
+    let c = &env.counters;
+    assert_eq!(
+        c.created.load(Ordering::SeqCst),
+        c.destroyed.load(Ordering::SeqCst)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shot_run_on_the_real_runtime_tier() {
+    let env = start().await;
+    let (s, o) = env
+        .call(
+            M::POST,
+            "/v1/run",
+            "key-alice",
+            Some(json!({"tier": "runtime", "lang": "js", "code": "console.log(6*7)"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{o}");
+    assert_eq!(o["stdout"], "42\n");
+    assert_eq!(o["tier"], "runtime");
+    let (s, o) = env
+        .call(M::POST, "/v1/run", "key-alice", Some(json!({"tier": "runtime", "lang": "js", "code": "while(true){}", "timeout": "200ms"})))
+        .await;
+    assert_eq!(
+        (s, o["termination"].as_str()),
+        (200, Some("timeout")),
+        "{o}"
+    );
+    let (s, o) = env
+        .call(M::POST, "/v1/run", "key-alice", Some(json!({"files": [{"path": "/work/x", "content": "hi"}], "argv": ["cat", "/work/x"]})))
+        .await;
+    assert_eq!((s, o["stdout"].as_str()), (200, Some("hi")), "{o}");
+    assert_eq!(env.server.service().live_count(), 0);
+    env.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_file_matches_the_routes() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/openapi.json"
+    ))
+    .unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    let mut documented: Vec<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(p, ops)| {
+            ops.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.clone(), p.clone()))
+        })
+        .collect();
+    documented.sort();
+    let mut routes: Vec<(String, String)> = cordon_server::api::ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    routes.sort();
+    assert_eq!(
+        documented, routes,
+        "docs/openapi.json and api::ROUTES differ"
+    );
+    // Every listed route is really served (not the fallback).
+    let env = start().await;
+    for (m, p) in &routes {
+        let path = p
+            .replace("{id}", "sb-00000000000000000000000000000000")
+            .replace("{path}", "work/x");
+        let method = M::from_bytes(m.to_uppercase().as_bytes()).unwrap();
+        let r = env
+            .req(method, &path, "key-alice")
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        let text = r.text().await.unwrap();
+        assert!(
+            !text.contains("no_such_route") && !text.contains("method_not_allowed"),
+            "{m} {p} is documented but not served: {text}"
+        );
+    }
+    env.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_destroys_everything_and_restart_recovers_leftovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let counters = Arc::new(Counters::default());
+    let mut cfg = config(dir.path());
+    cfg.pools.clear();
+    let server = Server::start(cfg.clone(), backends(&counters), None)
+        .await
+        .unwrap();
+    let svc = server.service().clone();
+    let alice = Tenant("alice".into());
+    for _ in 0..3 {
+        svc.create(&alice, Default::default()).await.unwrap();
+    }
+    server.shutdown().await;
+    assert_eq!(counters.created.load(Ordering::SeqCst), 3);
+    assert_eq!(counters.destroyed.load(Ordering::SeqCst), 3);
+    drop(svc);
+
+    // Pretend a server died holding two sandboxes and a scratch dir.
+    {
+        let audit = cordon_server::audit::Audit::open(&dir.path().join("audit.db")).unwrap();
+        audit
+            .sandbox_started("sb-dead1", Some("alice"), Tier::Container, "live")
+            .unwrap();
+        audit
+            .sandbox_started("sb-dead2", None, Tier::Container, "pooled")
+            .unwrap();
+    }
+    let scratch = cordon_server::scratch_dir(dir.path(), Tier::Wasm).join("cordon-wasm-left");
+    std::fs::create_dir_all(scratch.join("sub")).unwrap();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let hook: cordon_server::RecoveryHook = {
+        let seen = seen.clone();
+        Arc::new(move |rows| {
+            let mut s = seen.lock().unwrap();
+            s.extend(rows.iter().map(|r| r.id.clone()));
+            rows.iter()
+                .map(|r| format!("cgroup cordon/{}", r.id))
+                .collect()
+        })
+    };
+    let svc = Service::start(cfg, Keys::default(), backends(&counters), Some(hook))
+        .await
+        .unwrap();
+    assert_eq!(*seen.lock().unwrap(), ["sb-dead1", "sb-dead2"]);
+    assert!(!scratch.exists());
+    let rows = svc
+        .audit()
+        .query(
+            None,
+            &cordon_server::audit::Query {
+                kind: Some("recovery".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].detail["removed"][0], "cgroup cordon/sb-dead1");
+    assert!(svc.audit().unfinished().unwrap().is_empty());
+    // Earlier rows are intact.
+    let creates = svc
+        .audit()
+        .query(
+            Some("alice"),
+            &cordon_server::audit::Query {
+                kind: Some("create".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(creates.len(), 3);
+    svc.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_server_on_the_same_data_dir_is_refused() {
+    let env = start().await;
+    let cfg = env.server.service().config().clone();
+    let r = Service::start(cfg, Keys::default(), BTreeMap::new(), None).await;
+    assert!(matches!(r, Err(cordon_server::ServerError::Locked(_))));
+    env.server.shutdown().await;
+}
+
+// ---- MCP ---------------------------------------------------------------------------------
+
+mod mcp {
+    use super::*;
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+
+    fn args(v: Value) -> serde_json::Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    async fn tool<S>(
+        client: &rmcp::service::RunningService<rmcp::RoleClient, S>,
+        name: &'static str,
+        a: Value,
+    ) -> (bool, String)
+    where
+        S: rmcp::service::Service<rmcp::RoleClient>,
+    {
+        let r = client
+            .call_tool(CallToolRequestParams::new(name).with_arguments(args(a)))
+            .await
+            .unwrap();
+        let text = r
+            .content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect::<String>();
+        (r.is_error != Some(true), text)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn full_session_over_a_stream_with_the_rmcp_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let counters = Arc::new(Counters::default());
+        let cfg = config(dir.path());
+        let svc = Service::start(cfg, Keys::default(), backends(&counters), None)
+            .await
+            .unwrap();
+        let (server_io, client_io) = tokio::io::duplex(1 << 16);
+        let (sr, sw) = tokio::io::split(server_io);
+        let s2 = svc.clone();
+        let server = tokio::spawn(async move {
+            cordon_server::mcp::serve_io(s2, Tenant("local".into()), (sr, sw)).await
+        });
+        let client = ().serve(client_io).await.unwrap();
+        let tools = client.list_all_tools().await.unwrap();
+        let mut names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "create_sandbox",
+                "destroy",
+                "exec",
+                "read_file",
+                "run",
+                "write_file"
+            ]
+        );
+
+        let (ok, out) = tool(
+            &client,
+            "run",
+            json!({"code": "console.log(6*7)", "lang": "javascript", "tier": "runtime"}),
+        )
+        .await;
+        assert!(ok, "{out}");
+        assert!(out.contains("\"stdout\": \"42\\n\""), "{out}");
+
+        let (ok, out) = tool(
+            &client,
+            "create_sandbox",
+            json!({"tier": "container", "ttl": "5m"}),
+        )
+        .await;
+        assert!(ok, "{out}");
+        let id = serde_json::from_str::<Value>(&out).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let (ok, out) = tool(
+            &client,
+            "write_file",
+            json!({"sandbox": id, "path": "/work/n.txt", "content": "hello"}),
+        )
+        .await;
+        assert!(ok, "{out}");
+        let (ok, out) = tool(
+            &client,
+            "read_file",
+            json!({"sandbox": id, "path": "/work/n.txt"}),
+        )
+        .await;
+        assert!(ok && out.contains("\"text\": \"hello\""), "{out}");
+        let (ok, out) = tool(
+            &client,
+            "exec",
+            json!({"sandbox": id, "argv": ["cat", "/work/n.txt"]}),
+        )
+        .await;
+        assert!(ok && out.contains("\"stdout\": \"hello\""), "{out}");
+        let (ok, out) = tool(
+            &client,
+            "read_file",
+            json!({"sandbox": id, "path": "/etc/passwd"}),
+        )
+        .await;
+        assert!(!ok && out.contains("path_refused"), "{out}");
+        let (ok, out) = tool(&client, "destroy", json!({"sandbox": id})).await;
+        assert!(ok, "{out}");
+        let (ok, out) = tool(&client, "exec", json!({"sandbox": id, "argv": ["echo"]})).await;
+        assert!(!ok && out.contains("not_found"), "{out}");
+        client.cancel().await.unwrap();
+        let _ = server.await;
+        // The session's calls are audited under the stdio tenant.
+        let rows = svc
+            .audit()
+            .query(Some("local"), &cordon_server::audit::Query::default())
+            .unwrap();
+        assert!(rows.iter().any(|e| e.kind == "exec"));
+        svc.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streamable_http_needs_a_key_and_acts_for_its_tenant() {
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let env = start().await;
+        let r = env
+            .http
+            .post(format!("{}/mcp", env.base))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+        let transport = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", env.base))
+                .auth_header("key-bob"),
+        );
+        let client = ().serve(transport).await.unwrap();
+        let (ok, out) = tool(&client, "create_sandbox", json!({})).await;
+        assert!(ok, "{out}");
+        let id = serde_json::from_str::<Value>(&out).unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let (ok, out) = tool(
+            &client,
+            "exec",
+            json!({"sandbox": id, "argv": ["echo", "via", "mcp"]}),
+        )
+        .await;
+        assert!(ok && out.contains("via mcp"), "{out}");
+        // The sandbox is bob's: visible to bob over REST, not to alice.
+        let (_, l) = env.call(M::GET, "/v1/sandboxes", "key-bob", None).await;
+        assert_eq!(l["sandboxes"][0]["id"], id.as_str());
+        let (s, _) = env
+            .call(M::GET, &format!("/v1/sandboxes/{id}"), "key-alice", None)
+            .await;
+        assert_eq!(s, 404);
+        client.cancel().await.unwrap();
+        env.server.shutdown().await;
+    }
+}
