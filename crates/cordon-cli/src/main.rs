@@ -45,13 +45,18 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CORDON_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // A directive filter only when asked for: parsing one costs start-up time every
+    // `cordon run` would otherwise pay.
+    match tracing_subscriber::EnvFilter::try_from_env("CORDON_LOG") {
+        Ok(filter) => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+        Err(_) => tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(std::io::stderr)
+            .init(),
+    }
     let code = match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -95,8 +95,33 @@ impl SeccompPolicy {
         Ok(SeccompPolicy { programs })
     }
 
+    /// The shipped policy, compiled at build time (see build.rs); equal to
+    /// `load(DEFAULT_POLICY)`, which the unit tests check.
     pub fn default_policy() -> Result<Self, ContainerError> {
-        Self::load(DEFAULT_POLICY)
+        let bin: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/seccomp.bin"));
+        let word = |at: usize, n: usize| -> Result<u64, ContainerError> {
+            bin.get(at..at + n)
+                .map(|b| {
+                    let mut a = [0u8; 8];
+                    a[..n].copy_from_slice(b);
+                    u64::from_le_bytes(a)
+                })
+                .ok_or_else(|| ContainerError::Seccomp("built-in policy is truncated".into()))
+        };
+        let count = word(0, 4)? as usize;
+        let mut at = 4;
+        let mut wire = Vec::with_capacity(count);
+        for _ in 0..count {
+            let len = word(at, 4)? as usize;
+            at += 4;
+            let mut prog = Vec::with_capacity(len);
+            for _ in 0..len {
+                prog.push(word(at, 8)?);
+                at += 8;
+            }
+            wire.push(prog);
+        }
+        Ok(Self::from_wire(&wire))
     }
 
     /// Installs every filter on the calling thread. Needs `no_new_privs` set first.
@@ -145,6 +170,13 @@ impl SeccompPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn built_in_policy_equals_the_policy_file() {
+        let built = SeccompPolicy::default_policy().unwrap();
+        let loaded = SeccompPolicy::load(DEFAULT_POLICY).unwrap();
+        assert_eq!(built.to_wire(), loaded.to_wire());
+    }
 
     #[test]
     fn default_policy_compiles_and_roundtrips() {
