@@ -1,0 +1,695 @@
+//! Loading the rules, checking their examples, and deciding.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use cordon_core::Tier;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::model::{Autonomy, Request, Shape, TierChoice, Trust};
+
+/// The rules Cordon ships with.
+pub const DEFAULT_RULES: &str = include_str!("../rules/default.toml");
+
+/// The schema version this build reads.
+const SCHEMA_VERSION: u32 = 1;
+
+/// Why a set of rules did not load.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("the policy file does not parse: {0} (see docs/policy.md for the format)")]
+    Parse(String),
+    #[error(
+        "the policy file has schema version {0}; this build of cordon reads version {SCHEMA_VERSION}"
+    )]
+    Version(u32),
+    #[error("the policy's `{what}` must list every tier exactly once ({detail})")]
+    Order { what: String, detail: String },
+    #[error("two rules are named {0:?}; rule names must be unique")]
+    Duplicate(String),
+    #[error("rule {rule:?}: {detail}")]
+    Rule { rule: String, detail: String },
+    #[error("rule {rule:?}, example {index}: {detail}; fix the rule or its example")]
+    Example {
+        rule: String,
+        index: usize,
+        detail: String,
+    },
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Matcher {
+    trust: Option<Vec<Trust>>,
+    autonomy: Option<Vec<Autonomy>>,
+    shape: Option<Vec<Shape>>,
+}
+
+impl Matcher {
+    fn matches(&self, r: &Request) -> bool {
+        fn one<T: PartialEq>(list: &Option<Vec<T>>, v: &T) -> bool {
+            list.as_ref().is_none_or(|l| l.contains(v))
+        }
+        one(&self.trust, &r.trust) && one(&self.autonomy, &r.autonomy) && one(&self.shape, &r.shape)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Example {
+    trust: Trust,
+    autonomy: Autonomy,
+    #[serde(default)]
+    shape: Option<Shape>,
+    #[serde(default)]
+    allow_hosts: Vec<String>,
+    #[serde(default)]
+    tier: Option<TierChoice>,
+    /// Whether the rule applies to this request.
+    applies: Option<bool>,
+    allowed: Option<Vec<Tier>>,
+    minimum: Option<Tier>,
+    chosen: Option<Tier>,
+    /// The request is refused, naming this rule.
+    refused_by: Option<String>,
+}
+
+// No field can grant anything beyond tiers: with `deny_unknown_fields`, a rule that tries to
+// grant credentials (or anything else) fails to load.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Rule {
+    name: String,
+    why: String,
+    fix: String,
+    #[serde(default)]
+    when: Matcher,
+    #[serde(default)]
+    unless: Option<Matcher>,
+    /// Only these tiers stay allowed.
+    #[serde(default)]
+    allow: Option<Vec<Tier>>,
+    /// These tiers are not allowed.
+    #[serde(default)]
+    deny: Vec<Tier>,
+    /// The request must carry an explicit egress allow-list.
+    #[serde(default)]
+    require_allow_list: bool,
+    #[serde(default)]
+    examples: Vec<Example>,
+}
+
+impl Rule {
+    fn applies(&self, r: &Request) -> bool {
+        self.when.matches(r) && !self.unless.as_ref().is_some_and(|u| u.matches(r))
+    }
+
+    fn removes(&self, t: Tier) -> bool {
+        self.deny.contains(&t) || self.allow.as_ref().is_some_and(|a| !a.contains(&t))
+    }
+
+    fn effect(&self, r: &Request, strength: &[Tier]) -> String {
+        let mut parts = Vec::new();
+        let removed: Vec<&str> = strength
+            .iter()
+            .filter(|t| self.removes(**t))
+            .map(|t| t.as_str())
+            .collect();
+        if !removed.is_empty() {
+            parts.push(format!("rules out {}", removed.join(", ")));
+        }
+        if self.require_allow_list {
+            parts.push(format!(
+                "requires an explicit egress allow-list (given: {})",
+                if r.allow_hosts.is_empty() {
+                    "none".to_string()
+                } else {
+                    r.allow_hosts.join(", ")
+                }
+            ));
+        }
+        if parts.is_empty() {
+            parts.push("no restriction".to_string());
+        }
+        parts.join("; ")
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RulesFile {
+    version: u32,
+    revision: String,
+    strength: Vec<Tier>,
+    auto: BTreeMap<Shape, Vec<Tier>>,
+    #[serde(default)]
+    rules: Vec<Rule>,
+}
+
+/// Which rules decided: audited with every decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyId {
+    pub version: u32,
+    pub revision: String,
+    /// SHA-256 of the rules file's text.
+    pub sha256: String,
+}
+
+/// A loaded, checked set of rules.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    id: PolicyId,
+    strength: Vec<Tier>,
+    auto: BTreeMap<Shape, Vec<Tier>>,
+    rules: Vec<Rule>,
+}
+
+/// What the host offers: the tiers available here and the last bench's figures.
+#[derive(Debug, Clone, Default)]
+pub struct Host {
+    pub available: BTreeSet<Tier>,
+    pub bench: Option<BenchFigures>,
+}
+
+impl Host {
+    /// Every tier available, no bench figures (how rule examples are evaluated).
+    pub fn all_available() -> Self {
+        Host {
+            available: Tier::ALL.into_iter().collect(),
+            bench: None,
+        }
+    }
+
+    pub fn with_available(tiers: impl IntoIterator<Item = Tier>) -> Self {
+        Host {
+            available: tiers.into_iter().collect(),
+            bench: None,
+        }
+    }
+}
+
+/// Per-tier figures from `cordon bench` (median microseconds of a start + trivial exec).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BenchFigures {
+    pub median_us: BTreeMap<Tier, u64>,
+}
+
+impl BenchFigures {
+    /// Reads the JSON `cordon bench` writes: `figures: [{subject, median_us}, ...]`, where a
+    /// subject named like a tier is that tier's figure. Other subjects (peers) are ignored.
+    pub fn from_bench_json(text: &str) -> Result<Self, String> {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("bench JSON does not parse: {e}"))?;
+        let figures = v
+            .get("figures")
+            .and_then(|f| f.as_array())
+            .ok_or("bench JSON has no `figures` array")?;
+        let mut out = BenchFigures::default();
+        for f in figures {
+            let name = f
+                .get("tier")
+                .or_else(|| f.get("subject"))
+                .and_then(|s| s.as_str());
+            let Some(tier) = name.and_then(|n| n.parse::<Tier>().ok()) else {
+                continue;
+            };
+            let Some(us) = f.get("median_us").and_then(|m| m.as_u64()) else {
+                continue;
+            };
+            let e = out.median_us.entry(tier).or_insert(us);
+            *e = (*e).min(us);
+        }
+        Ok(out)
+    }
+}
+
+/// One rule that applied and what it did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reason {
+    pub rule: String,
+    pub effect: String,
+    pub why: String,
+}
+
+/// How the chosen tier was picked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ranking {
+    /// `requested` (a tier was named), `bench` (this host's figures), or `static` (the
+    /// policy's order for the shape).
+    pub by: String,
+    /// Allowed, available tiers, fastest first.
+    pub order: Vec<Tier>,
+    /// The bench figures used, where any.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub median_us: BTreeMap<Tier, u64>,
+}
+
+/// A decision: serializable so the service can audit it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub policy: PolicyId,
+    pub request: Request,
+    /// The weakest tier allowed.
+    pub minimum: Tier,
+    /// Every tier allowed, weakest first.
+    pub allowed: Vec<Tier>,
+    /// Allowed tiers available on this host, weakest first.
+    pub available: Vec<Tier>,
+    pub chosen: Tier,
+    pub ranking: Ranking,
+    /// Every rule that applied, in file order.
+    pub reasons: Vec<Reason>,
+    /// The egress allow-list the sandbox gets.
+    pub egress_allow: Vec<String>,
+    /// Always false: no rule grants ambient credentials.
+    pub ambient_credentials: bool,
+}
+
+/// A refused request: which rule refused it and how to fix the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("refused by policy rule {rule}: {message}; fix: {fix}")]
+pub struct Refusal {
+    pub policy: PolicyId,
+    pub request: Request,
+    pub rule: String,
+    pub message: String,
+    pub fix: String,
+    pub minimum: Option<Tier>,
+    pub allowed: Vec<Tier>,
+    pub reasons: Vec<Reason>,
+}
+
+fn tiers(ts: &[Tier]) -> String {
+    if ts.is_empty() {
+        return "none".to_string();
+    }
+    ts.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+fn check_order(what: &str, order: &[Tier]) -> Result<(), LoadError> {
+    let set: BTreeSet<Tier> = order.iter().copied().collect();
+    let missing: Vec<Tier> = Tier::ALL.into_iter().filter(|t| !set.contains(t)).collect();
+    if !missing.is_empty() || set.len() != order.len() {
+        return Err(LoadError::Order {
+            what: what.to_string(),
+            detail: if missing.is_empty() {
+                "a tier is listed twice".to_string()
+            } else {
+                format!("missing: {}", tiers(&missing))
+            },
+        });
+    }
+    Ok(())
+}
+
+impl Rules {
+    /// The rules Cordon ships with.
+    pub fn default_rules() -> Result<Self, LoadError> {
+        Rules::from_toml(DEFAULT_RULES)
+    }
+
+    /// Parses a rules file and checks every rule's examples.
+    pub fn from_toml(text: &str) -> Result<Self, LoadError> {
+        let file: RulesFile = toml::from_str(text).map_err(|e| LoadError::Parse(e.to_string()))?;
+        if file.version != SCHEMA_VERSION {
+            return Err(LoadError::Version(file.version));
+        }
+        check_order("strength", &file.strength)?;
+        for shape in Shape::ALL {
+            let order = file.auto.get(shape).ok_or_else(|| LoadError::Order {
+                what: format!("auto.{shape}"),
+                detail: "missing".to_string(),
+            })?;
+            check_order(&format!("auto.{shape}"), order)?;
+        }
+        let mut names = BTreeSet::new();
+        for r in &file.rules {
+            if !names.insert(r.name.as_str()) {
+                return Err(LoadError::Duplicate(r.name.clone()));
+            }
+            if r.name.trim().is_empty() || r.why.trim().is_empty() || r.fix.trim().is_empty() {
+                return Err(LoadError::Rule {
+                    rule: r.name.clone(),
+                    detail: "every rule needs a name, a `why` and a `fix`".to_string(),
+                });
+            }
+            if r.examples.is_empty() {
+                return Err(LoadError::Rule {
+                    rule: r.name.clone(),
+                    detail: "a rule needs at least one example".to_string(),
+                });
+            }
+        }
+        let rules = Rules {
+            id: PolicyId {
+                version: file.version,
+                revision: file.revision,
+                sha256: hex::encode(Sha256::digest(text.as_bytes())),
+            },
+            strength: file.strength,
+            auto: file.auto,
+            rules: file.rules,
+        };
+        rules.check_examples()?;
+        Ok(rules)
+    }
+
+    pub fn id(&self) -> &PolicyId {
+        &self.id
+    }
+
+    /// Rule names in file order.
+    pub fn rule_names(&self) -> Vec<&str> {
+        self.rules.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    fn check_examples(&self) -> Result<(), LoadError> {
+        let host = Host::all_available();
+        for rule in &self.rules {
+            for (i, ex) in rule.examples.iter().enumerate() {
+                let fail = |detail: String| LoadError::Example {
+                    rule: rule.name.clone(),
+                    index: i + 1,
+                    detail,
+                };
+                let req = Request {
+                    trust: ex.trust,
+                    autonomy: ex.autonomy,
+                    shape: ex.shape.unwrap_or(Shape::ManyShort),
+                    allow_hosts: ex.allow_hosts.clone(),
+                    tier: ex.tier.unwrap_or_default(),
+                };
+                let what = format!(
+                    "{} {} {} (tier {})",
+                    req.trust, req.autonomy, req.shape, req.tier
+                );
+                if let Some(want) = ex.applies
+                    && rule.applies(&req) != want
+                {
+                    return Err(fail(format!(
+                        "expects the rule {} to {what}, but it {}",
+                        if want { "to apply" } else { "not to apply" },
+                        if want { "does not" } else { "does" }
+                    )));
+                }
+                match (self.decide(&req, &host), &ex.refused_by) {
+                    (Ok(d), None) => {
+                        if let Some(a) = &ex.allowed {
+                            let mut a = a.clone();
+                            a.sort_by_key(|t| self.rank(*t));
+                            if a != d.allowed {
+                                return Err(fail(format!(
+                                    "expects {what} to allow {}, the rules allow {}",
+                                    tiers(&a),
+                                    tiers(&d.allowed)
+                                )));
+                            }
+                        }
+                        if let Some(m) = ex.minimum
+                            && m != d.minimum
+                        {
+                            return Err(fail(format!(
+                                "expects minimum {m} for {what}, the rules give {}",
+                                d.minimum
+                            )));
+                        }
+                        if let Some(c) = ex.chosen
+                            && c != d.chosen
+                        {
+                            return Err(fail(format!(
+                                "expects {c} chosen for {what}, the rules choose {}",
+                                d.chosen
+                            )));
+                        }
+                    }
+                    (Ok(d), Some(by)) => {
+                        return Err(fail(format!(
+                            "expects {what} refused by {by}, the rules allow it (chosen {})",
+                            d.chosen
+                        )));
+                    }
+                    (Err(r), None) => {
+                        return Err(fail(format!(
+                            "expects {what} to be allowed, the rules refuse it: {}",
+                            r.message
+                        )));
+                    }
+                    (Err(r), Some(by)) => {
+                        if &r.rule != by {
+                            return Err(fail(format!(
+                                "expects {what} refused by {by}, the rules refuse it by {}",
+                                r.rule
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn rank(&self, t: Tier) -> usize {
+        self.strength
+            .iter()
+            .position(|s| *s == t)
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Decides a request on a host: the decision, or a refusal naming the rule and the fix.
+    pub fn decide(&self, req: &Request, host: &Host) -> Result<Decision, Box<Refusal>> {
+        let applied: Vec<&Rule> = self.rules.iter().filter(|r| r.applies(req)).collect();
+        let reasons: Vec<Reason> = applied
+            .iter()
+            .map(|r| Reason {
+                rule: r.name.clone(),
+                effect: r.effect(req, &self.strength),
+                why: r.why.clone(),
+            })
+            .collect();
+        let allowed: Vec<Tier> = self
+            .strength
+            .iter()
+            .copied()
+            .filter(|t| !applied.iter().any(|r| r.removes(*t)))
+            .collect();
+        let minimum = allowed.first().copied();
+        let refuse = |rule: &str, message: String, fix: String| {
+            Box::new(Refusal {
+                policy: self.id.clone(),
+                request: req.clone(),
+                rule: rule.to_string(),
+                message,
+                fix,
+                minimum,
+                allowed: allowed.clone(),
+                reasons: reasons.clone(),
+            })
+        };
+        let work = format!("{} {} work", req.trust, req.autonomy);
+        if let Some(r) = applied
+            .iter()
+            .find(|r| r.require_allow_list && !req.has_explicit_allow_list())
+        {
+            return Err(refuse(
+                &r.name,
+                format!(
+                    "{work} needs an explicit egress allow-list ({})",
+                    if req.allow_hosts.is_empty() {
+                        "none given".to_string()
+                    } else {
+                        format!("a wildcard is not one: {}", req.allow_hosts.join(", "))
+                    }
+                ),
+                r.fix.clone(),
+            ));
+        }
+        let Some(minimum) = minimum else {
+            let last = applied
+                .iter()
+                .rev()
+                .find(|r| !r.deny.is_empty() || r.allow.is_some())
+                .map(|r| r.name.as_str())
+                .unwrap_or("policy");
+            return Err(refuse(
+                last,
+                format!("the rules allow no tier at all for {work}"),
+                "change the request or the policy file".to_string(),
+            ));
+        };
+        let available: Vec<Tier> = allowed
+            .iter()
+            .copied()
+            .filter(|t| host.available.contains(t))
+            .collect();
+        let (chosen, ranking) = match req.tier {
+            TierChoice::Tier(t) => {
+                if let Some(r) = applied.iter().find(|r| r.removes(t)) {
+                    let message = if self.rank(t) < self.rank(minimum) {
+                        format!(
+                            "the {t} tier is below the minimum {minimum} for {work} ({})",
+                            r.why
+                        )
+                    } else {
+                        format!("the {t} tier is not allowed for {work} ({})", r.why)
+                    };
+                    return Err(refuse(
+                        &r.name,
+                        message,
+                        format!("{}; allowed here: {}", r.fix, tiers(&allowed)),
+                    ));
+                }
+                if !host.available.contains(&t) {
+                    return Err(refuse(
+                        "tier-available",
+                        format!(
+                            "the {t} tier is allowed for {work} but not available on this host"
+                        ),
+                        format!(
+                            "see `cordon doctor` for what the {t} tier needs, or use --tier auto (allowed and available here: {})",
+                            tiers(&available)
+                        ),
+                    ));
+                }
+                (
+                    t,
+                    Ranking {
+                        by: "requested".to_string(),
+                        order: vec![t],
+                        median_us: BTreeMap::new(),
+                    },
+                )
+            }
+            TierChoice::Auto => {
+                let ranking = self.rank_available(req.shape, &available, host);
+                let Some(first) = ranking.order.first().copied() else {
+                    return Err(refuse(
+                        "tier-available",
+                        format!(
+                            "none of the tiers allowed for {work} ({}) is available on this host",
+                            tiers(&allowed)
+                        ),
+                        format!(
+                            "make one of {} available (`cordon doctor` names what each needs)",
+                            tiers(&allowed)
+                        ),
+                    ));
+                };
+                (first, ranking)
+            }
+        };
+        Ok(Decision {
+            policy: self.id.clone(),
+            request: req.clone(),
+            minimum,
+            allowed,
+            available,
+            chosen,
+            ranking,
+            reasons,
+            egress_allow: req.allow_hosts.clone(),
+            ambient_credentials: false,
+        })
+    }
+
+    /// Fastest first: tiers with bench figures by their median, then the rest in the
+    /// policy's static order for the shape.
+    fn rank_available(&self, shape: Shape, candidates: &[Tier], host: &Host) -> Ranking {
+        let static_order = self.auto.get(&shape).cloned().unwrap_or_default();
+        let static_pos = |t: &Tier| {
+            static_order
+                .iter()
+                .position(|s| s == t)
+                .unwrap_or(usize::MAX)
+        };
+        let figures: BTreeMap<Tier, u64> = host
+            .bench
+            .as_ref()
+            .map(|b| {
+                b.median_us
+                    .iter()
+                    .filter(|(t, _)| candidates.contains(t))
+                    .map(|(t, us)| (*t, *us))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut order = candidates.to_vec();
+        order.sort_by_key(|t| match figures.get(t) {
+            Some(us) => (0, *us, static_pos(t)),
+            None => (1, 0, static_pos(t)),
+        });
+        Ranking {
+            by: if figures.is_empty() {
+                "static".to_string()
+            } else {
+                "bench".to_string()
+            },
+            order,
+            median_us: figures,
+        }
+    }
+}
+
+impl fmt::Display for Decision {
+    /// The human explanation `cordon policy explain` prints.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.request;
+        writeln!(
+            f,
+            "request: trust={} autonomy={} shape={} tier={}{}",
+            r.trust,
+            r.autonomy,
+            r.shape,
+            r.tier,
+            if r.allow_hosts.is_empty() {
+                String::new()
+            } else {
+                format!(" allow-host={}", r.allow_hosts.join(","))
+            }
+        )?;
+        writeln!(f, "minimum tier: {}", self.minimum)?;
+        writeln!(f, "allowed tiers: {}", tiers(&self.allowed))?;
+        writeln!(f, "available here: {}", tiers(&self.available))?;
+        let how = match self.ranking.by.as_str() {
+            "requested" => "as requested".to_string(),
+            "bench" => format!(
+                "the fastest available allowed tier by this host's last bench ({})",
+                self.ranking
+                    .order
+                    .iter()
+                    .map(|t| match self.ranking.median_us.get(t) {
+                        Some(us) => format!("{t} {:.1} ms", *us as f64 / 1000.0),
+                        None => format!("{t} unmeasured"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" < ")
+            ),
+            _ => format!(
+                "the fastest available allowed tier by the policy's static order for {} work ({})",
+                r.shape,
+                self.ranking
+                    .order
+                    .iter()
+                    .map(|t| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" < ")
+            ),
+        };
+        writeln!(f, "chosen: {} ({how})", self.chosen)?;
+        writeln!(f, "reasons:")?;
+        for reason in &self.reasons {
+            writeln!(f, "  - {}: {}", reason.rule, reason.effect)?;
+            writeln!(f, "      {}", reason.why)?;
+        }
+        write!(
+            f,
+            "policy: {} (schema {}, sha256 {})",
+            self.policy.revision,
+            self.policy.version,
+            &self.policy.sha256[..12.min(self.policy.sha256.len())]
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,319 @@
+use super::*;
+use crate::model::{Autonomy as A, Shape as S, Trust as T};
+
+fn rules() -> Rules {
+    match Rules::default_rules() {
+        Ok(r) => r,
+        Err(e) => panic!("default rules do not load: {e}"),
+    }
+}
+
+fn req(trust: T, autonomy: A) -> Request {
+    Request::new(trust, autonomy)
+}
+
+#[test]
+fn default_rules_load_and_every_rule_has_examples() {
+    // Loading evaluates every rule's examples; this is the test of all of them.
+    let r = rules();
+    assert_eq!(r.id().version, 1);
+    assert_eq!(r.id().sha256.len(), 64);
+    let names = r.rule_names();
+    for want in [
+        "untrusted-needs-kernel-boundary",
+        "runtime-only-for-trusted-compute",
+        "wasm-is-pure-computation",
+        "trusted-may-use-container",
+        "network-needs-allow-list",
+        "no-ambient-credentials",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    for rule in &r.rules {
+        assert!(!rule.examples.is_empty(), "{} has no examples", rule.name);
+    }
+}
+
+#[test]
+fn a_wrong_example_fails_the_load_naming_the_rule() {
+    let bad = DEFAULT_RULES.replacen(
+        "allowed = [\"gvisor\", \"microvm\"]\n  minimum = \"gvisor\"",
+        "allowed = [\"container\", \"gvisor\", \"microvm\"]\n  minimum = \"gvisor\"",
+        1,
+    );
+    assert_ne!(bad, DEFAULT_RULES);
+    let err = Rules::from_toml(&bad).err().map(|e| e.to_string());
+    let err = err.unwrap_or_default();
+    assert!(err.contains("untrusted-needs-kernel-boundary"), "{err}");
+    assert!(err.contains("example 1"), "{err}");
+
+    let bad = DEFAULT_RULES.replacen(
+        "refused_by = \"network-needs-allow-list\"",
+        "chosen = \"container\"",
+        1,
+    );
+    let err = Rules::from_toml(&bad)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("network-needs-allow-list"), "{err}");
+    assert!(err.contains("refuse"), "{err}");
+}
+
+#[test]
+fn a_rule_cannot_grant_credentials_or_anything_unknown() {
+    let bad = DEFAULT_RULES.replacen(
+        "require_allow_list = true",
+        "require_allow_list = true\nambient_credentials = true",
+        1,
+    );
+    let err = Rules::from_toml(&bad)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("ambient_credentials"), "{err}");
+    // And every decision says so.
+    let d = rules().decide(&req(T::Trusted, A::Compute), &Host::all_available());
+    assert!(d.is_ok_and(|d| !d.ambient_credentials));
+}
+
+#[test]
+fn bad_files_are_refused() {
+    let e = Rules::from_toml("version = 2\nrevision='x'\nstrength=[]\n[auto]\n")
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("version 2"), "{e}");
+    let missing = DEFAULT_RULES.replacen(
+        "strength = [\"runtime\", \"container\", \"wasm\", \"gvisor\", \"microvm\"]",
+        "strength = [\"runtime\", \"container\", \"wasm\", \"gvisor\"]",
+        1,
+    );
+    let e = Rules::from_toml(&missing)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("missing: microvm"), "{e}");
+    let dup = format!(
+        "{DEFAULT_RULES}\n[[rules]]\nname = \"no-ambient-credentials\"\nwhy = \"x\"\nfix = \"y\"\n[[rules.examples]]\ntrust = \"trusted\"\nautonomy = \"compute\"\n"
+    );
+    let e = Rules::from_toml(&dup)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("two rules"), "{e}");
+    assert!(matches!(
+        Rules::from_toml("not toml ["),
+        Err(LoadError::Parse(_))
+    ));
+}
+
+#[test]
+fn minimum_and_allowed_for_every_trust_and_autonomy() {
+    let r = rules();
+    let host = Host::all_available();
+    let cases = [
+        (T::Trusted, A::Compute, Tier::Runtime, 5),
+        (T::Trusted, A::ReadFiles, Tier::Container, 3),
+        (T::Trusted, A::WriteFiles, Tier::Container, 3),
+        (T::Untrusted, A::Compute, Tier::Wasm, 3),
+        (T::Untrusted, A::ReadFiles, Tier::Gvisor, 2),
+        (T::Untrusted, A::WriteFiles, Tier::Gvisor, 2),
+    ];
+    for (t, a, min, n) in cases {
+        let d = r.decide(&req(t, a), &host);
+        let d = d.unwrap_or_else(|e| panic!("{t} {a}: {e}"));
+        assert_eq!(d.minimum, min, "{t} {a}");
+        assert_eq!(d.allowed.len(), n, "{t} {a}: {:?}", d.allowed);
+        assert!(d.reasons.iter().any(|x| x.rule == "no-ambient-credentials"));
+    }
+    for t in [T::Trusted, T::Untrusted] {
+        for a in [A::InstallPackages, A::Internet] {
+            let mut q = req(t, a);
+            q.allow_hosts = vec!["pypi.org".into()];
+            let d = r
+                .decide(&q, &host)
+                .unwrap_or_else(|e| panic!("{t} {a}: {e}"));
+            assert!(!d.allowed.contains(&Tier::Wasm) && !d.allowed.contains(&Tier::Runtime));
+            assert_eq!(d.allowed.contains(&Tier::Container), t == T::Trusted);
+            assert_eq!(d.egress_allow, vec!["pypi.org".to_string()]);
+        }
+    }
+}
+
+#[test]
+fn below_the_minimum_is_refused_naming_rule_and_fix() {
+    let r = rules();
+    let host = Host::all_available();
+    let mut q = req(T::Untrusted, A::WriteFiles);
+    q.tier = TierChoice::Tier(Tier::Container);
+    let e = r
+        .decide(&q, &host)
+        .err()
+        .unwrap_or_else(|| panic!("allowed"));
+    assert_eq!(e.rule, "untrusted-needs-kernel-boundary");
+    assert!(
+        e.message.contains("below the minimum gvisor"),
+        "{}",
+        e.message
+    );
+    assert!(e.fix.contains("--tier gvisor"), "{}", e.fix);
+    assert!(e.fix.contains("allowed here: gvisor, microvm"), "{}", e.fix);
+    assert!(e.to_string().contains("untrusted-needs-kernel-boundary"));
+
+    q.tier = TierChoice::Tier(Tier::Runtime);
+    let e = r
+        .decide(&q, &host)
+        .err()
+        .unwrap_or_else(|| panic!("allowed"));
+    assert_eq!(e.rule, "untrusted-needs-kernel-boundary");
+
+    let mut q = req(T::Trusted, A::WriteFiles);
+    q.tier = TierChoice::Tier(Tier::Runtime);
+    let e = r
+        .decide(&q, &host)
+        .err()
+        .unwrap_or_else(|| panic!("allowed"));
+    assert_eq!(e.rule, "runtime-only-for-trusted-compute");
+    assert!(e.message.contains("below the minimum container"));
+
+    // Above the minimum but not fitting: wasm for file work.
+    q.tier = TierChoice::Tier(Tier::Wasm);
+    let e = r
+        .decide(&q, &host)
+        .err()
+        .unwrap_or_else(|| panic!("allowed"));
+    assert_eq!(e.rule, "wasm-is-pure-computation");
+    assert!(e.message.contains("not allowed"), "{}", e.message);
+
+    // At or above the minimum: fine.
+    q.tier = TierChoice::Tier(Tier::Microvm);
+    assert_eq!(
+        r.decide(&q, &host).map(|d| d.chosen).ok(),
+        Some(Tier::Microvm)
+    );
+}
+
+#[test]
+fn network_without_allow_list_is_refused() {
+    let r = rules();
+    let mut q = req(T::Trusted, A::Internet);
+    q.tier = TierChoice::Tier(Tier::Container);
+    let e = r.decide(&q, &Host::all_available()).err();
+    let e = e.unwrap_or_else(|| panic!("allowed"));
+    assert_eq!(e.rule, "network-needs-allow-list");
+    assert!(e.fix.contains("--allow-host"));
+    q.allow_hosts = vec!["*:443".into()];
+    assert!(r.decide(&q, &Host::all_available()).is_err());
+    q.allow_hosts = vec!["api.example.test".into()];
+    assert!(r.decide(&q, &Host::all_available()).is_ok());
+}
+
+#[test]
+fn auto_picks_differently_when_availability_differs() {
+    let r = rules();
+    let q = req(T::Untrusted, A::Compute);
+    let pick = |avail: &[Tier]| {
+        r.decide(&q, &Host::with_available(avail.iter().copied()))
+            .map(|d| d.chosen)
+            .map_err(|e| e.rule.clone())
+    };
+    assert_eq!(pick(&Tier::ALL), Ok(Tier::Wasm));
+    assert_eq!(
+        pick(&[Tier::Container, Tier::Gvisor, Tier::Microvm]),
+        Ok(Tier::Gvisor)
+    );
+    assert_eq!(pick(&[Tier::Container, Tier::Microvm]), Ok(Tier::Microvm));
+    // Only tiers the policy rules out: refused, naming the fix.
+    let e = r
+        .decide(&q, &Host::with_available([Tier::Runtime, Tier::Container]))
+        .err()
+        .unwrap_or_else(|| panic!("allowed"));
+    assert_eq!(e.rule, "tier-available");
+    assert!(e.message.contains("wasm, gvisor, microvm"), "{}", e.message);
+    assert!(e.fix.contains("cordon doctor"));
+
+    // Trusted file work on a host with only container vs only microvm.
+    let q = req(T::Trusted, A::WriteFiles);
+    let d = r.decide(&q, &Host::with_available([Tier::Container]));
+    assert_eq!(d.map(|d| d.chosen).ok(), Some(Tier::Container));
+    let d = r.decide(&q, &Host::with_available([Tier::Microvm, Tier::Gvisor]));
+    assert_eq!(d.map(|d| d.chosen).ok(), Some(Tier::Gvisor));
+}
+
+#[test]
+fn requested_but_unavailable_tier_is_refused() {
+    let r = rules();
+    let mut q = req(T::Untrusted, A::WriteFiles);
+    q.tier = TierChoice::Tier(Tier::Microvm);
+    let e = r
+        .decide(&q, &Host::with_available([Tier::Gvisor]))
+        .err()
+        .unwrap_or_else(|| panic!("allowed"));
+    assert_eq!(e.rule, "tier-available");
+    assert!(e.fix.contains("available here: gvisor"), "{}", e.fix);
+}
+
+#[test]
+fn bench_figures_reorder_auto_and_shape_changes_static_order() {
+    let r = rules();
+    let q = req(T::Untrusted, A::WriteFiles);
+    let mut host = Host::with_available([Tier::Gvisor, Tier::Microvm]);
+    let d = r.decide(&q, &host).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((d.chosen, d.ranking.by.as_str()), (Tier::Gvisor, "static"));
+    let mut long = q.clone();
+    long.shape = S::OneLong;
+    let d = r.decide(&long, &host).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(d.chosen, Tier::Microvm);
+
+    let json = r#"{"figures":[
+        {"subject":"host","median_us":1000},
+        {"subject":"gvisor","median_us":150000},
+        {"subject":"microvm","median_us":40000},
+        {"subject":"microvm","median_us":45000}]}"#;
+    host.bench = BenchFigures::from_bench_json(json).ok();
+    assert_eq!(
+        host.bench
+            .as_ref()
+            .map(|b| b.median_us.get(&Tier::Microvm).copied()),
+        Some(Some(40000))
+    );
+    let d = r.decide(&q, &host).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((d.chosen, d.ranking.by.as_str()), (Tier::Microvm, "bench"));
+    assert_eq!(d.ranking.order, vec![Tier::Microvm, Tier::Gvisor]);
+    // A measured tier outranks an unmeasured one; unmeasured ones follow the static order.
+    host.bench =
+        BenchFigures::from_bench_json(r#"{"figures":[{"subject":"microvm","median_us":9}]}"#).ok();
+    let d = r.decide(&q, &host).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(d.ranking.order, vec![Tier::Microvm, Tier::Gvisor]);
+    assert!(BenchFigures::from_bench_json("{}").is_err());
+}
+
+#[test]
+fn decisions_and_refusals_serialize_round_trip() {
+    let r = rules();
+    let mut q = req(T::Untrusted, A::Internet);
+    q.allow_hosts = vec!["api.example.test".into()];
+    let d = r
+        .decide(&q, &Host::all_available())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let s = serde_json::to_string(&d).unwrap_or_default();
+    let back: Decision = serde_json::from_str(&s).unwrap_or_else(|e| panic!("{e}: {s}"));
+    assert_eq!(back, d);
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap_or_default();
+    assert_eq!(v["chosen"], "gvisor");
+    assert_eq!(v["request"]["autonomy"], "internet");
+    assert_eq!(v["request"]["tier"], "auto");
+    let text = d.to_string();
+    assert!(text.contains("minimum tier: gvisor"), "{text}");
+    assert!(text.contains("network-needs-allow-list"), "{text}");
+
+    q.allow_hosts.clear();
+    let e = r
+        .decide(&q, &Host::all_available())
+        .err()
+        .unwrap_or_else(|| panic!("allowed"));
+    let s = serde_json::to_string(&e).unwrap_or_default();
+    let back: Refusal = serde_json::from_str(&s).unwrap_or_else(|e| panic!("{e}: {s}"));
+    assert_eq!(back, *e);
+}
