@@ -40,6 +40,24 @@ impl VmParams {
         hex::encode(&digest[..12])
     }
 
+    /// The guest kernel's command line. Under TCG the kernel's timer calibration against
+    /// the emulated PIT fails when the host is busy (and the boot then hangs), so the TSC
+    /// frequency is given (the host's, which TCG's TSC runs at) and calibration skipped.
+    fn cmdline(&self) -> String {
+        let mut c = String::from(
+            "console=ttyS0 quiet panic=-1 reboot=t nmi_watchdog=0 sysctl.kernel.unknown_nmi_panic=1 sysctl.kernel.panic_on_unrecovered_nmi=1 random.trust_cpu=on",
+        );
+        if self.accel == Accel::Tcg {
+            let khz = host_tsc_khz();
+            // loops_per_jiffy for the kernel's HZ=250.
+            c.push_str(&format!(
+                " tsc_early_khz={khz} tsc=reliable no_timer_check lpj={}",
+                khz * 4
+            ));
+        }
+        c
+    }
+
     /// The command line; `dir` is the VM's private run directory.
     pub fn args(&self, dir: &Path) -> Vec<String> {
         let d = |f: &str| dir.join(f).display().to_string();
@@ -93,7 +111,7 @@ impl VmParams {
             "-initrd".into(),
             self.image.initrd.display().to_string(),
             "-append".into(),
-            "console=ttyS0 quiet panic=-1 reboot=t unknown_nmi_panic=1 random.trust_cpu=on".into(),
+            self.cmdline(),
             "-drive".into(),
             format!(
                 "id=root,file={},format=raw,if=none,readonly=on",
@@ -297,4 +315,19 @@ pub fn version(qemu: &Path) -> Option<String> {
         .lines()
         .next()
         .map(str::to_string)
+}
+
+/// The host's TSC frequency in kHz, rounded to 100 MHz so that frequency noise does not
+/// change snapshot keys; 2 GHz when unknown.
+pub fn host_tsc_khz() -> u64 {
+    let mhz = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("cpu MHz"))
+                .and_then(|l| l.split(':').nth(1))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(2000.0);
+    ((mhz / 100.0).round() as u64).max(1) * 100_000
 }
