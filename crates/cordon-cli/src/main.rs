@@ -8,6 +8,7 @@ mod image;
 mod mcp;
 mod run;
 mod serve;
+mod serve_bench;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

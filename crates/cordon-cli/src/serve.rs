@@ -18,7 +18,7 @@ EXAMPLES
 See docs/service.md for the configuration file and docs/openapi.json for the API.")]
 pub struct ServeArgs {
     /// The configuration file (TOML).
-    #[arg(long, value_name = "FILE", required_unless_present = "new_key")]
+    #[arg(long, value_name = "FILE", required_unless_present_any = ["new_key", "bench"])]
     config: Option<PathBuf>,
     /// Listen here instead of the config's `bind` (port 0 picks a free port).
     #[arg(long, value_name = "ADDR")]
@@ -27,9 +27,19 @@ pub struct ServeArgs {
     /// hashed form to put in a config, then exit.
     #[arg(long, value_name = "TENANT")]
     new_key: Option<String>,
+    /// Measure API round trips on loopback per tier (warm pool against cold start) with a
+    /// server in this process, print medians and exit.
+    #[arg(long)]
+    bench: bool,
+    /// Iterations per figure with --bench.
+    #[arg(long, default_value_t = 200)]
+    iterations: usize,
 }
 
 pub fn serve(args: ServeArgs) -> Result<i32> {
+    if args.bench {
+        return crate::serve_bench::bench(args.iterations.max(1));
+    }
     if let Some(tenant) = args.new_key {
         let key = keys::generate_key()?;
         println!("{tenant}:{key}");

@@ -1,0 +1,174 @@
+//! `cordon serve --bench`: API round trips on loopback, warm (from the pool) against cold,
+//! per tier, with the server in this process and a plain keep-alive HTTP/1.1 client.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use cordon_core::Tier;
+use cordon_server::{Config, Server};
+
+use crate::backends;
+
+struct Client {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Client {
+    fn connect(addr: std::net::SocketAddr) -> Result<Self> {
+        let s = TcpStream::connect(addr)?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))?;
+        Ok(Client {
+            reader: BufReader::new(s.try_clone()?),
+            writer: s,
+        })
+    }
+
+    fn post(&mut self, path: &str, body: &str) -> Result<(u16, String)> {
+        write!(
+            self.writer,
+            "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .context("bad status line")?;
+        let mut len = 0usize;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line)?;
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse()?;
+            }
+        }
+        let mut buf = vec![0u8; len];
+        self.reader.read_exact(&mut buf)?;
+        Ok((status, String::from_utf8_lossy(&buf).into_owned()))
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// What `true` is in each tier.
+fn trivial(tier: Tier) -> &'static str {
+    match tier {
+        Tier::Runtime => r#""lang":"javascript","code":"0""#,
+        Tier::Wasm => r#""lang":"javascript","code":"0""#,
+        _ => r#""argv":["true"]"#,
+    }
+}
+
+pub fn bench(iterations: usize) -> Result<i32> {
+    let dir = std::env::temp_dir().join(format!("cordon-serve-bench-{}", std::process::id()));
+    let mut cfg = Config::with_data_dir(&dir);
+    cfg.bind = "127.0.0.1:0".parse()?;
+    cfg.keys = vec![cordon_server::config::KeyEntry {
+        tenant: "bench".into(),
+        key: Some("bench".into()),
+        sha256: None,
+    }];
+    let tiers = [Tier::Runtime, Tier::Wasm, Tier::Container];
+    for t in tiers {
+        cfg.pools.insert(t, 2);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let backends = backends::server_backends(&dir);
+    let server = rt.block_on(Server::start(cfg, backends, None))?;
+    let svc = server.service().clone();
+    println!(
+        "API round trips on loopback ({iterations} iterations each, medians; server in this process)"
+    );
+    println!(
+        "{:<10} {:>14} {:>14} {:>8} {:>16}",
+        "tier", "run warm", "run cold", "cold/warm", "exec in sandbox"
+    );
+    for tier in tiers {
+        if !svc.probes().get(&tier).is_some_and(|p| p.available()) {
+            println!(
+                "{:<10} unavailable here (see `cordon doctor`)",
+                tier.as_str()
+            );
+            continue;
+        }
+        let mut c = Client::connect(server.addr())?;
+        let warm_body = format!(r#"{{"tier":"{tier}",{}}}"#, trivial(tier));
+        // The pool's spec is the default one; any other limit makes the sandbox start cold.
+        let cold_body = format!(
+            r#"{{"tier":"{tier}","limits":{{"open_files":1000}},{}}}"#,
+            trivial(tier)
+        );
+        let (s, b) = c.post("/v1/run", &warm_body)?;
+        if s != 200 {
+            bail!("{tier}: warm-up run failed ({s}): {b}");
+        }
+        let (mut warm, mut cold, mut exec) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..iterations {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while svc.pool_ready(tier) < 2 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let t = Instant::now();
+            let (s, b) = c.post("/v1/run", &warm_body)?;
+            warm.push(t.elapsed());
+            if s != 200 || !b.contains("\"source\"") && !b.contains("\"exited\"") {
+                bail!("{tier}: warm run failed ({s}): {b}");
+            }
+            let t = Instant::now();
+            let (s, b) = c.post("/v1/run", &cold_body)?;
+            cold.push(t.elapsed());
+            if s != 200 {
+                bail!("{tier}: cold run failed ({s}): {b}");
+            }
+        }
+        let (s, b) = c.post("/v1/sandboxes", &format!(r#"{{"tier":"{tier}"}}"#))?;
+        if s != 201 {
+            bail!("{tier}: create failed ({s}): {b}");
+        }
+        let v: serde_json::Value = serde_json::from_str(&b)?;
+        let id = v["id"].as_str().context("no id")?.to_string();
+        let exec_body = format!("{{{}}}", trivial(tier));
+        for _ in 0..iterations {
+            let t = Instant::now();
+            let (s, b) = c.post(&format!("/v1/sandboxes/{id}/exec"), &exec_body)?;
+            exec.push(t.elapsed());
+            if s != 200 {
+                bail!("{tier}: exec failed ({s}): {b}");
+            }
+        }
+        let (w, cd, e) = (median(warm), median(cold), median(exec));
+        println!(
+            "{:<10} {:>14} {:>14} {:>7.1}x {:>16}",
+            tier.as_str(),
+            ms(w),
+            ms(cd),
+            cd.as_secs_f64() / w.as_secs_f64().max(1e-9),
+            ms(e)
+        );
+    }
+    println!(
+        "run warm = POST /v1/run served from the warm pool (take + exec; the destroy runs after the response); run cold = \
+         the same with a spec the pool does not hold; exec in sandbox = POST /v1/sandboxes/ID/exec"
+    );
+    rt.block_on(server.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(0)
+}

@@ -1,0 +1,48 @@
+"""Python client of the Cordon sandbox service.
+
+    from cordon import Cordon
+    c = Cordon("http://127.0.0.1:7070", api_key="...")
+    print(c.run("print(6*7)", lang="python").stdout)
+    with c.sandbox(tier="container", ttl="10m") as sb:
+        sb.write_file("/work/a.csv", b"x\\n1\\n2\\n")
+        for event in sb.exec_stream("wc -l /work/a.csv"):
+            print(event)
+        print(sb.read_file("/work/a.csv"))
+
+Standard library only (urllib). Errors raise `CordonError` subclasses chosen by the API's
+stable error code.
+"""
+
+from .client import (
+    Cordon,
+    CordonError,
+    ExecResult,
+    InvalidRequest,
+    NotFound,
+    PathRefused,
+    PolicyDenied,
+    Sandbox,
+    SandboxBusy,
+    SandboxGone,
+    StreamEvent,
+    TierUnavailable,
+    TooManySandboxes,
+    Unauthorized,
+)
+
+__all__ = [
+    "Cordon",
+    "CordonError",
+    "ExecResult",
+    "InvalidRequest",
+    "NotFound",
+    "PathRefused",
+    "PolicyDenied",
+    "Sandbox",
+    "SandboxBusy",
+    "SandboxGone",
+    "StreamEvent",
+    "TierUnavailable",
+    "TooManySandboxes",
+    "Unauthorized",
+]

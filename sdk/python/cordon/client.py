@@ -1,0 +1,304 @@
+"""The client: `Cordon` (the service), `Sandbox` (one live sandbox), results and errors."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+Command = Union[str, Sequence[str]]
+
+
+class CordonError(Exception):
+    """An error the API reported: `code` is stable, `message` says what, `fix` what to do."""
+
+    def __init__(self, status: int, code: str, message: str, fix: str = "",
+                 retry_after: Optional[float] = None) -> None:
+        super().__init__(f"{code}: {message} (fix: {fix})" if fix else f"{code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.fix = fix
+        self.retry_after = retry_after
+
+
+class Unauthorized(CordonError):
+    """The API key is missing or wrong."""
+
+
+class NotFound(CordonError):
+    """No such sandbox (or it belongs to another tenant)."""
+
+
+class InvalidRequest(CordonError):
+    """The request was malformed or named unknown fields."""
+
+
+class PathRefused(CordonError):
+    """A file path outside /work, with '..', or a symlink."""
+
+
+class PolicyDenied(CordonError):
+    """The server's policy refused the spec (limits, tier, egress)."""
+
+
+class TierUnavailable(CordonError):
+    """The tier cannot run on the server's host."""
+
+
+class TooManySandboxes(CordonError):
+    """A concurrency limit is full; `retry_after` says when to try again."""
+
+
+class SandboxBusy(CordonError):
+    """The sandbox is running another request."""
+
+
+class SandboxGone(CordonError):
+    """The sandbox was destroyed."""
+
+
+_BY_CODE = {
+    "unauthorized": Unauthorized,
+    "not_found": NotFound,
+    "invalid_request": InvalidRequest,
+    "payload_too_large": InvalidRequest,
+    "unsupported_media_type": InvalidRequest,
+    "path_refused": PathRefused,
+    "policy_denied": PolicyDenied,
+    "tier_unavailable": TierUnavailable,
+    "layer_unavailable": TierUnavailable,
+    "too_many_sandboxes": TooManySandboxes,
+    "sandbox_busy": SandboxBusy,
+    "sandbox_gone": SandboxGone,
+}
+
+
+def _error(status: int, body: bytes, retry_after: Optional[str] = None) -> CordonError:
+    try:
+        d = json.loads(body)
+        code, message, fix = d["code"], d["message"], d.get("fix", "")
+    except (ValueError, KeyError, TypeError):
+        code, message, fix = "http_error", body.decode("utf-8", "replace")[:500], ""
+    cls = _BY_CODE.get(code, CordonError)
+    ra = float(retry_after) if retry_after and retry_after.isdigit() else None
+    return cls(status, code, message, fix, ra)
+
+
+@dataclass
+class ExecResult:
+    """How an exec ended. `exit_code` is None unless `termination == "exited"`."""
+
+    termination: str
+    exit_code: Optional[int]
+    signal: Optional[int]
+    stdout: str
+    stderr: str
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    tier: str = ""
+    usage: Dict[str, Any] = field(default_factory=dict)
+    timings: Dict[str, Any] = field(default_factory=dict)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.termination == "exited" and self.exit_code == 0
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ExecResult":
+        return cls(
+            termination=d["termination"], exit_code=d.get("exit_code"), signal=d.get("signal"),
+            stdout=d.get("stdout", ""), stderr=d.get("stderr", ""),
+            stdout_truncated=d.get("stdout_truncated", False),
+            stderr_truncated=d.get("stderr_truncated", False), tier=d.get("tier", ""),
+            usage=d.get("usage", {}), timings=d.get("timings", {}), raw=dict(d))
+
+
+@dataclass
+class StreamEvent:
+    """One streamed event: `type` is stdout, stderr or outcome (then `outcome` is set)."""
+
+    type: str
+    data: str = ""
+    outcome: Optional[ExecResult] = None
+
+
+def _command(code: Command, lang: Optional[str]) -> Dict[str, Any]:
+    """A string is code in `lang` (sh when none is given); a list is an argv."""
+    if isinstance(code, str):
+        return {"lang": lang or "sh", "code": code}
+    if lang is not None:
+        raise ValueError("lang applies to code given as a string, not to an argv list")
+    return {"argv": list(code)}
+
+
+class Cordon:
+    """A Cordon server. `timeout` bounds each HTTP request (seconds)."""
+
+    def __init__(self, url: str, api_key: str, timeout: float = 120.0) -> None:
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+
+    # -- transport ---------------------------------------------------------------------
+
+    def _open(self, method: str, path: str, body: Optional[bytes] = None,
+              ctype: Optional[str] = None, accept: Optional[str] = None):
+        req = urllib.request.Request(self.url + path, data=body, method=method)
+        req.add_header("Authorization", f"Bearer {self.api_key}")
+        if ctype:
+            req.add_header("Content-Type", ctype)
+        if accept:
+            req.add_header("Accept", accept)
+        try:
+            return urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            raise _error(e.code, e.read(), e.headers.get("Retry-After")) from None
+
+    def _json(self, method: str, path: str, payload: Any = None) -> Any:
+        body = None if payload is None else json.dumps(payload).encode()
+        with self._open(method, path, body, "application/json" if body is not None else None) as r:
+            return json.loads(r.read())
+
+    def _stream(self, path: str, payload: Mapping[str, Any]) -> Iterator[StreamEvent]:
+        body = json.dumps(payload).encode()
+        with self._open("POST", path, body, "application/json", "application/x-ndjson") as r:
+            for line in r:
+                if not line.strip():
+                    continue
+                ev = json.loads(line)
+                t = ev["type"]
+                if t == "outcome":
+                    yield StreamEvent("outcome", outcome=ExecResult.from_json(ev["outcome"]))
+                elif t == "error":
+                    e = ev["error"]
+                    raise _error(500, json.dumps(e).encode())
+                else:
+                    yield StreamEvent(t, data=ev.get("data", ""))
+
+    # -- API ---------------------------------------------------------------------------
+
+    def health(self) -> Dict[str, Any]:
+        with urllib.request.urlopen(self.url + "/v1/health", timeout=self.timeout) as r:
+            return json.loads(r.read())
+
+    def run(self, code: Command, lang: Optional[str] = "python", *, tier: Optional[str] = None,
+            timeout: Optional[str] = None, stdin: Optional[str] = None,
+            files: Optional[Mapping[str, bytes]] = None,
+            limits: Optional[Mapping[str, Any]] = None) -> ExecResult:
+        """Runs code once in a fresh sandbox that is destroyed afterwards."""
+        payload = self._run_payload(code, lang, tier, timeout, stdin, files, limits)
+        return ExecResult.from_json(self._json("POST", "/v1/run", payload))
+
+    def _run_payload(self, code: Command, lang: Optional[str], tier: Optional[str],
+                     timeout: Optional[str], stdin: Optional[str],
+                     files: Optional[Mapping[str, bytes]],
+                     limits: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+        import base64
+        payload: Dict[str, Any] = _command(code, lang if isinstance(code, str) else None)
+        if tier:
+            payload["tier"] = tier
+        if timeout:
+            payload["timeout"] = timeout
+        if stdin is not None:
+            payload["stdin"] = stdin
+        if limits:
+            payload["limits"] = dict(limits)
+        if files:
+            payload["files"] = [{"path": p, "content_base64": base64.b64encode(d).decode()}
+                                for p, d in files.items()]
+        return payload
+
+    def create_sandbox(self, tier: Optional[str] = None, *, allow_hosts: Sequence[str] = (),
+                       ttl: Optional[str] = None, idle_timeout: Optional[str] = None,
+                       limits: Optional[Mapping[str, Any]] = None,
+                       env: Optional[Mapping[str, str]] = None) -> "Sandbox":
+        """Creates a sandbox; prefer `with c.sandbox(...) as sb:` so it is always destroyed."""
+        payload: Dict[str, Any] = {}
+        if tier:
+            payload["tier"] = tier
+        if allow_hosts:
+            payload["allow_hosts"] = list(allow_hosts)
+        if ttl:
+            payload["ttl"] = ttl
+        if idle_timeout:
+            payload["idle_timeout"] = idle_timeout
+        if limits:
+            payload["limits"] = dict(limits)
+        if env:
+            payload["env"] = dict(env)
+        info = self._json("POST", "/v1/sandboxes", payload)
+        return Sandbox(self, info)
+
+    sandbox = create_sandbox
+
+    def list_sandboxes(self) -> List[Dict[str, Any]]:
+        return self._json("GET", "/v1/sandboxes")["sandboxes"]
+
+    def audit(self, *, sandbox: Optional[str] = None, kind: Optional[str] = None,
+              after_id: Optional[int] = None, limit: int = 100) -> List[Dict[str, Any]]:
+        q = {k: v for k, v in {"sandbox": sandbox, "kind": kind, "after_id": after_id,
+                               "limit": limit}.items() if v is not None}
+        return self._json("GET", "/v1/audit?" + urllib.parse.urlencode(q))["events"]
+
+
+class Sandbox:
+    """A live sandbox. A context manager: leaving the `with` block destroys it."""
+
+    def __init__(self, client: Cordon, info: Mapping[str, Any]) -> None:
+        self.client = client
+        self.info = dict(info)
+        self.id: str = info["id"]
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.destroy()
+
+    def _path(self, path: str) -> str:
+        return f"/v1/sandboxes/{self.id}/files/" + urllib.parse.quote(path.lstrip("/"))
+
+    def write_file(self, path: str, data: Union[bytes, str], mode: int = 0o644) -> None:
+        """Writes a file under /work."""
+        body = data.encode() if isinstance(data, str) else data
+        with self.client._open("PUT", self._path(path) + f"?mode={mode:o}", body,
+                               "application/octet-stream"):
+            pass
+
+    def read_file(self, path: str) -> bytes:
+        """Reads a file under /work."""
+        with self.client._open("GET", self._path(path)) as r:
+            return r.read()
+
+    def _exec_payload(self, code: Command, lang: Optional[str], timeout: Optional[str],
+                      stdin: Optional[str], env: Optional[Mapping[str, str]]) -> Dict[str, Any]:
+        p = _command(code, lang)
+        if timeout:
+            p["timeout"] = timeout
+        if stdin is not None:
+            p["stdin"] = stdin
+        if env:
+            p["env"] = dict(env)
+        return p
+
+    def exec(self, code: Command, lang: Optional[str] = None, *, timeout: Optional[str] = None,
+             stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> ExecResult:
+        """Runs a shell command (a string), code in `lang`, or an argv (a list); waits for it."""
+        p = self._exec_payload(code, lang, timeout, stdin, env)
+        return ExecResult.from_json(self.client._json("POST", f"/v1/sandboxes/{self.id}/exec", p))
+
+    def exec_stream(self, code: Command, lang: Optional[str] = None, *,
+                    timeout: Optional[str] = None, stdin: Optional[str] = None,
+                    env: Optional[Mapping[str, str]] = None) -> Iterator[StreamEvent]:
+        """Like `exec`, yielding stdout/stderr events as they come, then the outcome."""
+        p = self._exec_payload(code, lang, timeout, stdin, env)
+        return self.client._stream(f"/v1/sandboxes/{self.id}/exec", p)
+
+    def destroy(self) -> None:
+        """Destroys the sandbox; calling it again is fine."""
+        self.client._json("DELETE", f"/v1/sandboxes/{self.id}")

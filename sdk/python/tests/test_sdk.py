@@ -1,0 +1,160 @@
+"""The SDK against a real `cordon serve`: runs, sandboxes, streaming, files, errors, a
+bounded loopback load test and a kill -9 crash test."""
+
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cordon import (Cordon, InvalidRequest, NotFound, PathRefused, PolicyDenied, StreamEvent,
+                    Unauthorized)
+from conftest import KEYS, ServerProc, cordon_bin
+
+CGROUP = Path("/sys/fs/cgroup/memory/cordon")
+if not CGROUP.exists():
+    CGROUP = Path("/sys/fs/cgroup/cordon")
+
+
+def cgroups(ids=None):
+    names = {p.name for p in CGROUP.glob("sb-*")} if CGROUP.exists() else set()
+    return names if ids is None else names & set(ids)
+
+
+def test_run_python_in_wasm(alice):
+    r = alice.run("print(6*7)", lang="python", tier="wasm")
+    assert r.ok and r.stdout == "42\n" and r.tier == "wasm"
+
+
+def test_run_timeout_is_an_outcome(alice):
+    r = alice.run("while True: pass", lang="python", tier="wasm", timeout="300ms")
+    assert r.termination == "timeout" and not r.ok
+
+
+def test_wasm_sandbox_files_and_stream(alice):
+    with alice.sandbox(tier="wasm", ttl="1m") as sb:
+        sb.write_file("/work/a.csv", b"x\n1\n2\n")
+        r = sb.exec("print(sum(1 for _ in open('/work/a.csv')))", lang="python")
+        assert r.stdout == "3\n", r
+        events = list(sb.exec_stream("import sys; print('out'); print('err', file=sys.stderr)",
+                                     lang="python"))
+        assert events[-1].type == "outcome" and events[-1].outcome.ok
+        assert "".join(e.data for e in events if e.type == "stdout") == "out\n"
+        assert "".join(e.data for e in events if e.type == "stderr") == "err\n"
+        assert sb.read_file("/work/a.csv") == b"x\n1\n2\n"
+        assert [s["id"] for s in alice.list_sandboxes()] == [sb.id]
+    assert alice.list_sandboxes() == []
+    sb.destroy()  # idempotent
+
+
+def test_errors_map_to_exceptions(alice, bob, server):
+    with pytest.raises(Unauthorized):
+        Cordon(server.url, api_key="wrong").list_sandboxes()
+    with alice.sandbox(tier="wasm") as sb:
+        with pytest.raises(NotFound):
+            Cordon(server.url, api_key=KEYS["bob"]).__class__(server.url, KEYS["bob"]) \
+                ._json("GET", f"/v1/sandboxes/{sb.id}")
+        with pytest.raises(PathRefused):
+            sb.read_file("/etc/passwd")
+        with pytest.raises(PathRefused):
+            sb.write_file("/work/../etc/x", b"no")
+    with pytest.raises(InvalidRequest):
+        alice._json("POST", "/v1/sandboxes", {"tier": "wasm", "privileged": True})
+    with pytest.raises(PolicyDenied):
+        alice.create_sandbox(tier="wasm", allow_hosts=["example.test"])
+    assert not [e for e in bob.audit() if e.get("tenant") == "alice"]
+    kinds = {e["kind"] for e in alice.audit(limit=1000)}
+    assert {"policy", "create", "exec", "file_put", "destroy"} <= kinds
+
+
+def test_container_sandbox_example(alice, has_container):
+    if not has_container:
+        pytest.skip("container tier unavailable")
+    with alice.sandbox(tier="container", ttl="10m") as sb:
+        sb.write_file("/work/a.csv", b"x\n1\n2\n")
+        events = list(sb.exec_stream(
+            "python3 -c 'import csv; print(sum(1 for _ in open(\"/work/a.csv\")))'"))
+        assert isinstance(events[-1], StreamEvent) and events[-1].outcome.ok, events
+        assert "".join(e.data for e in events if e.type == "stdout") == "3\n"
+        assert sb.read_file("/work/a.csv") == b"x\n1\n2\n"
+        ids = [sb.id]
+    assert cgroups(ids) == set(), "the sandbox's cgroup outlived it"
+
+
+def _load(client: Cordon, tier: str, clients: int, rounds: int, errors: list, done: list):
+    def worker(n: int) -> None:
+        for i in range(rounds):
+            token = f"tok-{n}-{i}-{os.urandom(4).hex()}"
+            try:
+                with client.sandbox(tier=tier, ttl="2m") as sb:
+                    sb.write_file("/work/t", token.encode())
+                    if tier == "wasm":
+                        r = sb.exec(f"print(open('/work/t').read() + ' {token}')", lang="python")
+                    else:
+                        r = sb.exec(f"cat /work/t; echo ' {token}'")
+                    if r.stdout != f"{token} {token}\n":
+                        errors.append(f"crossed or lost output: {r.stdout!r} != {token!r}")
+                    done.append(sb.id)
+            except Exception as e:  # noqa: BLE001 - every failure is a finding
+                errors.append(repr(e))
+    ts = [threading.Thread(target=worker, args=(n,)) for n in range(clients)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=300)
+
+
+@pytest.mark.parametrize("tier", ["wasm", "container"])
+def test_load_no_lost_or_crossed_outputs_no_leaks(alice, has_container, server, tier):
+    if tier == "container" and not has_container:
+        pytest.skip("container tier unavailable")
+    errors, done = [], []
+    _load(alice, tier, clients=6, rounds=5, errors=errors, done=done)
+    assert errors == []
+    assert len(done) == 30 and len(set(done)) == 30
+    assert alice.list_sandboxes() == []
+    assert cgroups(done) == set(), "leaked cgroups"
+    scratch = server.data_dir / "scratch" / "wasm"
+    # Only the warm pool's fresh sandboxes keep scratch dirs.
+    deadline = time.time() + 10
+    while len(list(scratch.iterdir())) > 1 and time.time() < deadline:
+        time.sleep(0.1)
+    assert len(list(scratch.iterdir())) <= 1, list(scratch.iterdir())
+
+
+def test_kill9_then_restart_cleans_orphans_and_keeps_audit(has_container):
+    tier = "container" if has_container else "wasm"
+    d = Path(tempfile.mkdtemp(prefix="cordon-crash-")) / "data"
+    s = ServerProc(d, {tier: 2}).start()
+    c = Cordon(s.url, KEYS["alice"])
+    ids = [c.create_sandbox(tier=tier).id for _ in range(3)]
+    errors, done = [], []
+    t = threading.Thread(target=_load, args=(c, tier, 3, 50, errors, done))
+    t.start()
+    time.sleep(0.5)
+    s.kill9()
+    t.join(timeout=120)
+    assert errors, "the load was meant to be cut off by the kill"
+    if tier == "container":
+        assert cgroups(ids) == set(ids), "the dead server's sandboxes should still be there"
+    else:
+        assert len(list((d / "scratch" / "wasm").iterdir())) >= 3
+    s2 = ServerProc(d, {tier: 2}).start()
+    try:
+        if tier == "container":
+            assert cgroups(ids) == set(), "orphaned cgroups survived the restart"
+        out = subprocess.run([cordon_bin(), "audit", "--data-dir", str(d), "--kind", "recovery",
+                              "--json"], capture_output=True, text=True, check=True).stdout
+        assert all(i in out for i in ids), out
+        creates = subprocess.run([cordon_bin(), "audit", "--data-dir", str(d), "--tenant",
+                                  "alice", "--kind", "create", "--limit", "1000", "--json"],
+                                 capture_output=True, text=True, check=True).stdout
+        assert all(i in creates for i in ids)
+        c2 = Cordon(s2.url, KEYS["alice"])
+        assert c2.list_sandboxes() == []
+        assert c2.run("print(1)", tier="wasm").stdout == "1\n"
+    finally:
+        s2.stop()
