@@ -58,6 +58,7 @@ fi
 cd "$repo"
 flock /tmp/cordon-cargo.lock cargo build -q --release -p cordon-guest --bin cordon-guest \
   --target x86_64-unknown-linux-musl
-flock /tmp/cordon-cargo.lock cargo build -q --release -p cordon
-./target/release/cordon image build \
+# The debug build: `make test` builds it anyway, so CI compiles the CLI once.
+flock /tmp/cordon-cargo.lock cargo build -q -p cordon
+./target/debug/cordon image build \
   --agent "$repo/target/x86_64-unknown-linux-musl/release/cordon-guest"
