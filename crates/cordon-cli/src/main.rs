@@ -6,6 +6,7 @@ mod bench;
 mod doctor;
 mod image;
 mod mcp;
+mod policy;
 mod run;
 mod serve;
 mod serve_bench;
@@ -42,6 +43,8 @@ enum Cmd {
     Mcp(mcp::McpArgs),
     /// Query the audit store.
     Audit(audit::AuditArgs),
+    /// Which tier a request may use and why: `cordon policy explain --trust T --autonomy A`.
+    Policy(policy::PolicyArgs),
 }
 
 fn main() {
@@ -77,5 +80,6 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Cmd::Serve(args) => serve::serve(args),
         Cmd::Mcp(args) => mcp::mcp(args),
         Cmd::Audit(args) => audit::audit(args),
+        Cmd::Policy(args) => policy::policy(args),
     }
 }

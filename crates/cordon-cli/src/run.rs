@@ -28,9 +28,13 @@ EXAMPLES
              -- 'wc -l data.csv > result.json'
   cordon run --json -- ls -la /")]
 pub struct RunArgs {
-    /// Isolation tier (default: container; wasm with --wasm).
+    /// Isolation tier, or auto (default: container, wasm with --wasm; with --trust and
+    /// --autonomy the policy decides, auto by default).
     #[arg(long)]
-    tier: Option<Tier>,
+    tier: Option<cordon_policy::TierChoice>,
+    /// Trust, autonomy and shape of the work: the policy picks the tier or refuses.
+    #[command(flatten)]
+    policy: crate::policy::PolicyInput,
     /// Language of the code (python, bash, sh, javascript). Without it, the arguments after
     /// `--` are a program and its arguments, run without a shell.
     #[arg(long)]
@@ -200,11 +204,52 @@ fn parse_grant(s: &str) -> Result<Grant> {
 }
 
 fn tier_of(args: &RunArgs) -> Tier {
-    args.tier.unwrap_or(if args.wasm.is_some() {
-        Tier::Wasm
+    match args.tier {
+        Some(cordon_policy::TierChoice::Tier(t)) => t,
+        _ if args.wasm.is_some() => Tier::Wasm,
+        _ => Tier::Container,
+    }
+}
+
+/// Whether a tier can run this kind of request at all (the runtime tier runs JavaScript,
+/// the wasm tier Python, JavaScript and modules), so `auto` never picks one that cannot.
+fn tier_fits(args: &RunArgs, tier: Tier) -> bool {
+    match tier {
+        Tier::Runtime => args.wasm.is_none() && args.lang == Some(Language::Javascript),
+        Tier::Wasm => {
+            args.wasm.is_some()
+                || matches!(args.lang, Some(Language::Python | Language::Javascript))
+        }
+        _ => args.wasm.is_none(),
+    }
+}
+
+/// The policy step: with --trust and --autonomy, the policy picks the tier (or refuses);
+/// `Err(code)` is the exit status of a refusal.
+fn apply_policy(args: &mut RunArgs) -> Result<std::result::Result<Option<serde_json::Value>, i32>> {
+    use cordon_policy::TierChoice;
+    let asked = args.tier.unwrap_or(if args.wasm.is_some() {
+        TierChoice::Tier(Tier::Wasm)
     } else {
-        Tier::Container
-    })
+        TierChoice::Auto
+    });
+    let fits: Vec<Tier> = Tier::ALL
+        .into_iter()
+        .filter(|t| tier_fits(args, *t))
+        .collect();
+    match crate::policy::decide(&args.policy, asked, &args.allow_hosts, None, &fits)? {
+        None if args.tier == Some(TierChoice::Auto) => {
+            bail!(
+                "--tier auto needs --trust and --autonomy, e.g. --trust untrusted --autonomy compute"
+            )
+        }
+        None => Ok(Ok(None)),
+        Some(Ok(d)) => {
+            args.tier = Some(TierChoice::Tier(d.chosen));
+            Ok(Ok(Some(serde_json::to_value(&d)?)))
+        }
+        Some(Err(r)) => Ok(Err(crate::policy::report_refusal(&r, args.json)?)),
+    }
 }
 
 fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
@@ -248,7 +293,11 @@ fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
     Ok(spec)
 }
 
-pub fn run(args: RunArgs) -> Result<i32> {
+pub fn run(mut args: RunArgs) -> Result<i32> {
+    let decision = match apply_policy(&mut args)? {
+        Ok(d) => d,
+        Err(code) => return Ok(code),
+    };
     let spec = build_spec(&args)?;
     let req = build_request(&args)?;
     let mut files_in = Vec::new();
@@ -287,7 +336,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         };
     };
     let out_paths: Vec<String> = outs.iter().map(|(p, _)| p.clone()).collect();
-    let (outcome, fetched) = run_once(
+    let (mut outcome, fetched) = run_once(
         &backend,
         &spec,
         &files_in,
@@ -296,6 +345,16 @@ pub fn run(args: RunArgs) -> Result<i32> {
         args.max_out_file,
         &mut sink,
     )?;
+    if let Some(d) = decision {
+        if !json {
+            eprintln!(
+                "cordon: policy chose the {} tier (minimum {}; `cordon policy explain` says why)",
+                d["chosen"].as_str().unwrap_or("?"),
+                d["minimum"].as_str().unwrap_or("?")
+            );
+        }
+        outcome.extra.insert("policy".to_string(), d);
+    }
     let mut file_errors = Vec::new();
     let mut written = Vec::new();
     for (f, (_, host)) in fetched.into_iter().zip(&outs) {

@@ -1,0 +1,207 @@
+//! `cordon policy explain`, and the policy step of `cordon run`: load the rules (the shipped
+//! default, or a file), probe which tiers this host has, read the last bench's figures, and
+//! decide.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use cordon_core::{Backend, Tier};
+use cordon_policy::{
+    Autonomy, BenchFigures, Decision, Host, Refusal, Request, Rules, Shape, TierChoice, Trust,
+};
+
+use crate::backends::AnyBackend;
+
+#[derive(Args)]
+pub struct PolicyArgs {
+    #[command(subcommand)]
+    command: PolicyCmd,
+}
+
+#[derive(Subcommand)]
+enum PolicyCmd {
+    /// Show which tiers a request may use, the minimum, the one chosen, and every rule's
+    /// reason; or the refusal, with the rule and the fix.
+    Explain(ExplainArgs),
+    /// Print the rules in force (the shipped default or --policy FILE).
+    Show(ShowArgs),
+}
+
+/// The request flags, shared with `cordon run`.
+#[derive(Args, Debug, Clone)]
+pub struct PolicyInput {
+    /// Where the code's inputs come from: trusted (inputs you control) or untrusted
+    /// (downstream of text an outsider could write).
+    #[arg(long)]
+    pub trust: Option<Trust>,
+    /// What the code needs: compute, read-files, write-files, install-packages, internet.
+    #[arg(long)]
+    pub autonomy: Option<Autonomy>,
+    /// Workload shape: many-short (default) or one-long.
+    #[arg(long)]
+    pub shape: Option<Shape>,
+    /// A rules file replacing the shipped default (also $CORDON_POLICY).
+    #[arg(long, value_name = "FILE", env = "CORDON_POLICY")]
+    pub policy: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ExplainArgs {
+    #[command(flatten)]
+    input: PolicyInput,
+    /// The tier asked for: auto (default) or a tier name.
+    #[arg(long, default_value = "auto")]
+    tier: TierChoice,
+    /// A host the work may reach (as `cordon run --allow-host`). Repeatable.
+    #[arg(long = "allow-host", value_name = "PATTERN")]
+    allow_hosts: Vec<String>,
+    /// Decide as if only these tiers were available (comma-separated), instead of probing.
+    #[arg(long, value_delimiter = ',', value_name = "TIERS")]
+    available: Option<Vec<Tier>>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ShowArgs {
+    /// A rules file replacing the shipped default (also $CORDON_POLICY).
+    #[arg(long, value_name = "FILE", env = "CORDON_POLICY")]
+    policy: Option<PathBuf>,
+}
+
+/// The rules in force: the file given, or the shipped default.
+pub fn load_rules(path: Option<&Path>) -> Result<(Rules, String)> {
+    match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading the policy file {}", p.display()))?;
+            let rules = Rules::from_toml(&text)
+                .with_context(|| format!("loading the policy file {}", p.display()))?;
+            Ok((rules, text))
+        }
+        None => Ok((
+            Rules::default_rules().context("loading the shipped default policy")?,
+            cordon_policy::DEFAULT_RULES.to_string(),
+        )),
+    }
+}
+
+/// Where `cordon bench` leaves its last figures: `<data dir>/bench/last.json`.
+pub fn bench_file() -> PathBuf {
+    cordon_microvm::image::default_data_dir()
+        .join("bench")
+        .join("last.json")
+}
+
+/// This host: which tiers probe available (and fit the request), and the last bench's
+/// figures if any.
+pub fn probe_host(only: Option<&[Tier]>, fits: &[Tier]) -> Host {
+    let available = match only {
+        Some(ts) => ts.iter().copied().filter(|t| fits.contains(t)).collect(),
+        None => fits
+            .iter()
+            .copied()
+            .filter(|t| AnyBackend::for_tier(*t).is_some_and(|b| b.probe().available()))
+            .collect(),
+    };
+    let bench = std::fs::read_to_string(bench_file()).ok().and_then(|text| {
+        match BenchFigures::from_bench_json(&text) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                tracing::warn!("ignoring {}: {e}", bench_file().display());
+                None
+            }
+        }
+    });
+    Host { available, bench }
+}
+
+/// Decides a request; `None` when no --trust/--autonomy were given. `only` replaces the
+/// probe (what-if); `fits` are the tiers that can run the request at all.
+pub fn decide(
+    input: &PolicyInput,
+    tier: TierChoice,
+    allow_hosts: &[String],
+    only: Option<&[Tier]>,
+    fits: &[Tier],
+) -> Result<Option<Result<Decision, Box<Refusal>>>> {
+    let (trust, autonomy) = match (input.trust, input.autonomy) {
+        (Some(t), Some(a)) => (t, a),
+        (None, None) => return Ok(None),
+        _ => anyhow::bail!(
+            "--trust and --autonomy go together: give both (e.g. --trust untrusted --autonomy compute)"
+        ),
+    };
+    let (rules, _) = load_rules(input.policy.as_deref())?;
+    let req = Request {
+        trust,
+        autonomy,
+        shape: input.shape.unwrap_or(Shape::ManyShort),
+        allow_hosts: allow_hosts.to_vec(),
+        tier,
+    };
+    // Decide as if every tier were here first: a refusal by a rule needs no probe.
+    if let Err(r) = rules.decide(&req, &Host::with_available(fits.iter().copied()))
+        && r.rule != "tier-available"
+    {
+        return Ok(Some(Err(r)));
+    }
+    Ok(Some(rules.decide(&req, &probe_host(only, fits))))
+}
+
+/// Prints a refusal on stderr (and as JSON on stdout with `json`); the exit status is 125.
+pub fn report_refusal(r: &Refusal, json: bool) -> Result<i32> {
+    eprintln!("cordon: refused by policy rule {}: {}", r.rule, r.message);
+    eprintln!("cordon: fix: {}", r.fix);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&serde_json::json!({ "refused": r }))?
+        );
+    }
+    Ok(125)
+}
+
+pub fn policy(args: PolicyArgs) -> Result<i32> {
+    match args.command {
+        PolicyCmd::Show(a) => {
+            let (rules, text) = load_rules(a.policy.as_deref())?;
+            eprintln!(
+                "# {} rules, revision {}, sha256 {}; every example checked",
+                rules.rule_names().len(),
+                rules.id().revision,
+                rules.id().sha256
+            );
+            print!("{text}");
+            Ok(0)
+        }
+        PolicyCmd::Explain(a) => {
+            if a.input.trust.is_none() || a.input.autonomy.is_none() {
+                anyhow::bail!(
+                    "cordon policy explain needs --trust (trusted|untrusted) and --autonomy (compute|read-files|write-files|install-packages|internet)"
+                );
+            }
+            let decided = decide(
+                &a.input,
+                a.tier,
+                &a.allow_hosts,
+                a.available.as_deref(),
+                &Tier::ALL,
+            )?;
+            match decided {
+                Some(Ok(d)) => {
+                    if a.json {
+                        println!("{}", serde_json::to_string_pretty(&d)?);
+                    } else {
+                        println!("{d}");
+                    }
+                    Ok(0)
+                }
+                Some(Err(r)) => report_refusal(&r, a.json),
+                None => Ok(125),
+            }
+        }
+    }
+}
