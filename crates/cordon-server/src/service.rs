@@ -18,6 +18,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::ServerError;
 use crate::audit::{Audit, Event, LiveRow, NewEvent, Query, now_ms};
@@ -223,6 +224,8 @@ struct Inner {
     pools: BTreeMap<Tier, Arc<Pool>>,
     stopping: AtomicBool,
     cancel: CancellationToken,
+    /// Destroys running in the background (one-shot runs, the reaper); shutdown waits.
+    destroys: TaskTracker,
     _lock: File,
 }
 
@@ -317,6 +320,7 @@ impl Service {
                 pools,
                 stopping: AtomicBool::new(false),
                 cancel: CancellationToken::new(),
+                destroys: TaskTracker::new(),
                 _lock: lock_file,
             }),
         };
@@ -1017,7 +1021,7 @@ impl Service {
             };
             for (s, reason) in expired {
                 let svc = self.clone();
-                tokio::spawn(async move {
+                self.inner.destroys.spawn(async move {
                     if let Err(e) = svc.destroy_session(s, reason).await {
                         tracing::warn!(error = %e, "reaping a sandbox");
                     }
@@ -1137,6 +1141,8 @@ impl Service {
         for t in tasks {
             let _ = t.await;
         }
+        self.inner.destroys.close();
+        self.inner.destroys.wait().await;
         for pool in self.inner.pools.values() {
             self.drain_pool(pool).await;
         }
@@ -1370,7 +1376,8 @@ impl RunJob {
         // The outcome does not wait for the teardown: the sandbox is out of every tenant's
         // reach already (it never was in the session map), its destroy row is written by
         // the task, and its place under the limits is freed when that finishes.
-        tokio::spawn(async move {
+        let tracker = svc.inner.destroys.clone();
+        tracker.spawn(async move {
             if let Err(e) = svc.destroy_session(session, "one-shot").await {
                 tracing::warn!(error = %e, "destroying a one-shot sandbox");
             }
