@@ -205,3 +205,92 @@ pub fn policy(args: PolicyArgs) -> Result<i32> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(trust: Trust, autonomy: Autonomy) -> PolicyInput {
+        PolicyInput {
+            trust: Some(trust),
+            autonomy: Some(autonomy),
+            shape: None,
+            policy: None,
+        }
+    }
+
+    #[test]
+    fn what_if_availability_changes_the_choice() {
+        let i = input(Trust::Untrusted, Autonomy::Compute);
+        let pick = |only: &[Tier]| match decide(&i, TierChoice::Auto, &[], Some(only), &Tier::ALL) {
+            Ok(Some(Ok(d))) => Ok(d.chosen),
+            Ok(Some(Err(r))) => Err(r.rule),
+            other => panic!("{:?}", other.map(|_| ())),
+        };
+        assert_eq!(pick(&[Tier::Wasm, Tier::Gvisor]), Ok(Tier::Wasm));
+        assert_eq!(pick(&[Tier::Container, Tier::Gvisor]), Ok(Tier::Gvisor));
+        assert_eq!(pick(&[Tier::Container]), Err("tier-available".to_string()));
+    }
+
+    #[test]
+    fn fit_restricts_auto() {
+        // A bash program cannot run in wasm: auto goes past it.
+        let i = input(Trust::Untrusted, Autonomy::Compute);
+        let d = decide(
+            &i,
+            TierChoice::Auto,
+            &[],
+            Some(&Tier::ALL),
+            &[Tier::Container, Tier::Gvisor, Tier::Microvm],
+        );
+        assert!(matches!(d, Ok(Some(Ok(ref d))) if d.chosen == Tier::Gvisor));
+    }
+
+    #[test]
+    fn half_a_request_is_an_error_and_none_is_no_policy() {
+        let mut i = input(Trust::Trusted, Autonomy::Compute);
+        i.autonomy = None;
+        assert!(decide(&i, TierChoice::Auto, &[], Some(&Tier::ALL), &Tier::ALL).is_err());
+        i.trust = None;
+        assert!(matches!(
+            decide(&i, TierChoice::Auto, &[], Some(&Tier::ALL), &Tier::ALL),
+            Ok(None)
+        ));
+    }
+
+    #[test]
+    fn a_policy_file_replaces_the_default_and_bad_examples_fail_naming_the_rule() {
+        let dir = std::env::temp_dir().join(format!("cordon-policy-test-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        // A stricter house policy: everything in a microVM.
+        let strict = format!(
+            "{}\n[[rules]]\nname = \"house-microvm-only\"\nwhy = \"house rule\"\nfix = \"use microvm\"\nallow = [\"microvm\"]\n[[rules.examples]]\ntrust = \"trusted\"\nautonomy = \"compute\"\nallowed = [\"microvm\"]\n",
+            cordon_policy::DEFAULT_RULES
+                .replace("  chosen = \"container\"\n", "")
+                .replace("  chosen = \"gvisor\"\n", "")
+                .replace("  allowed = [\"runtime\", \"container\", \"wasm\", \"gvisor\", \"microvm\"]\n  minimum = \"runtime\"\n", "")
+                .replace("  allowed = [\"container\", \"gvisor\", \"microvm\"]\n  minimum = \"container\"\n", "")
+                .replace("  allowed = [\"wasm\", \"gvisor\", \"microvm\"]\n  minimum = \"wasm\"\n", "")
+                .replace("  allowed = [\"gvisor\", \"microvm\"]\n  minimum = \"gvisor\"\n", "")
+                .replace("  allowed = [\"gvisor\", \"microvm\"]\n", "")
+                .replace("  allowed = [\"container\", \"gvisor\", \"microvm\"]\n", "")
+        );
+        let p = dir.join("strict.toml");
+        std::fs::write(&p, &strict).unwrap_or_else(|e| panic!("{e}"));
+        let mut i = input(Trust::Trusted, Autonomy::Compute);
+        i.policy = Some(p.clone());
+        let d = decide(&i, TierChoice::Auto, &[], Some(&Tier::ALL), &Tier::ALL);
+        assert!(
+            matches!(d, Ok(Some(Ok(ref d))) if d.chosen == Tier::Microvm && d.policy.revision == "default-2026-11")
+        );
+
+        let bad = strict.replace("allowed = [\"microvm\"]\n", "allowed = [\"gvisor\"]\n");
+        std::fs::write(&p, bad).unwrap_or_else(|e| panic!("{e}"));
+        let err = decide(&i, TierChoice::Auto, &[], Some(&Tier::ALL), &Tier::ALL)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(err.contains("house-microvm-only"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
