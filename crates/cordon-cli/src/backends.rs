@@ -8,6 +8,7 @@ pub enum AnyBackend {
     Wasm(cordon_wasm::WasmBackend),
     Container(cordon_container::ContainerBackend),
     Microvm(cordon_microvm::MicrovmBackend),
+    Gvisor(cordon_gvisor::GvisorBackend),
 }
 
 impl AnyBackend {
@@ -24,7 +25,9 @@ impl AnyBackend {
             Tier::Microvm => Some(AnyBackend::Microvm(cordon_microvm::MicrovmBackend::new(
                 cordon_microvm::MicrovmConfig::discover(),
             ))),
-            _ => None,
+            Tier::Gvisor => Some(AnyBackend::Gvisor(cordon_gvisor::GvisorBackend::new(
+                cordon_gvisor::GvisorConfig::discover(),
+            ))),
         }
     }
 
@@ -34,6 +37,7 @@ impl AnyBackend {
             AnyBackend::Wasm(b) => b,
             AnyBackend::Container(b) => b,
             AnyBackend::Microvm(b) => b,
+            AnyBackend::Gvisor(b) => b,
         }
     }
 }
