@@ -11,8 +11,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use cordon_core::{
-    Backend, Capability, Error, ExecOutcome, ExecRequest, Language, OutputSink, OutputStream,
-    Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier, Weakening,
+    Backend, Capability, Error, ExecOutcome, ExecRequest, OutputSink, OutputStream, Probe, Result,
+    Sandbox, SandboxId, SandboxSpec, Termination, Tier, Weakening,
 };
 use cordon_guest::proto::{
     self, ErrorCode, FrameBuffer, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode,
@@ -425,40 +425,6 @@ impl ContainerSandbox {
         }
     }
 
-    fn argv_for(req: &ExecRequest) -> Result<Vec<String>> {
-        Ok(match &req.command {
-            cordon_core::Command::Argv(v) => {
-                if v.is_empty() {
-                    return Err(Error::Invalid(
-                        "empty command; give a program to run".into(),
-                    ));
-                }
-                v.clone()
-            }
-            cordon_core::Command::Code {
-                language,
-                source,
-                args,
-            } => {
-                let mut v: Vec<String> = match language {
-                    Language::Python => vec!["python3".into(), "-c".into(), source.clone()],
-                    Language::Bash => {
-                        vec!["bash".into(), "-c".into(), source.clone(), "bash".into()]
-                    }
-                    Language::Sh => vec!["sh".into(), "-c".into(), source.clone(), "sh".into()],
-                    Language::Javascript => vec!["node".into(), "-e".into(), source.clone()],
-                };
-                v.extend(args.iter().cloned());
-                v
-            }
-            cordon_core::Command::Wasm { .. } => {
-                return Err(Error::Invalid(
-                    "the container tier does not run WebAssembly modules; use --tier wasm".into(),
-                ));
-            }
-        })
-    }
-
     fn env_for(&self, req: &ExecRequest) -> BTreeMap<String, String> {
         let mut env = BTreeMap::new();
         env.insert(
@@ -516,7 +482,7 @@ impl ContainerSandbox {
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
-        let argv = Self::argv_for(req)?;
+        let argv = cordon_guest::host::argv_for(req, Tier::Container, true)?;
         let env = self.env_for(req);
         let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());
         let limits = self.spec.limits.clone();
@@ -914,7 +880,9 @@ impl Sandbox for ContainerSandbox {
         )?;
         match reply.header {
             Reply::Ok => Ok(()),
-            Reply::Error { code, message } => Err(file_error(path, code, message)),
+            Reply::Error { code, message } => {
+                Err(cordon_guest::host::file_error(path, code, message))
+            }
             other => Err(sandbox_err(
                 "unexpected reply to a file write",
                 format!("{other:?}"),
@@ -949,7 +917,9 @@ impl Sandbox for ContainerSandbox {
                     "larger than the {max_bytes}-byte limit for files out; raise it or write less"
                 ),
             }),
-            Reply::Error { code, message } => Err(file_error(path, code, message)),
+            Reply::Error { code, message } => {
+                Err(cordon_guest::host::file_error(path, code, message))
+            }
             other => Err(sandbox_err(
                 "unexpected reply to a file read",
                 format!("{other:?}"),
@@ -985,19 +955,6 @@ impl Sandbox for ContainerSandbox {
         self.teardown();
         self.gone = Some("destroyed".into());
         Ok(())
-    }
-}
-
-fn file_error(path: &str, code: ErrorCode, message: String) -> Error {
-    match code {
-        ErrorCode::PathRefused => Error::PathRefused {
-            path: path.to_string(),
-            reason: message,
-        },
-        _ => Error::File {
-            path: path.to_string(),
-            reason: message,
-        },
     }
 }
 
