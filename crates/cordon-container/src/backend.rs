@@ -355,13 +355,14 @@ impl ContainerSandbox {
             .stdin(Stdio::from(OwnedFd::from(child)))
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let outer = cmd.spawn().map_err(|e| Error::Unavailable {
+        // From a process-lifetime thread: the init's parent-death signal must follow this
+        // process, not the (possibly short-lived) thread that asked for the sandbox.
+        let outer = cordon_guest::host::spawn_tied(cmd).map_err(|e| Error::Unavailable {
             tier: Tier::Container,
             reason: format!("cannot start {}: {e}", cfg.init_path.display()),
             fix: "build cordon-sandbox-init and keep it next to cordon, or set CORDON_SANDBOX_INIT"
                 .into(),
         })?;
-        drop(cmd);
         tracing::debug!("create: init spawned");
         self.outer = Some(outer);
         let mut host = host;

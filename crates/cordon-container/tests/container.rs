@@ -942,3 +942,27 @@ fn grant_placeholder_is_not_the_secret_and_cannot_leave_for_other_hosts() {
     sb.destroy().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A server makes sandboxes on worker threads that come and go (tokio retires idle blocking
+/// threads). The init's parent-death signal follows the thread that forked it, so a sandbox
+/// made on such a thread must still be alive after that thread is gone.
+#[test]
+fn sandbox_outlives_the_thread_that_created_it() {
+    let b = need_backend!();
+    let mut sb = std::thread::scope(|s| {
+        s.spawn(|| b.create(&spec()).unwrap())
+            .join()
+            .expect("creating thread panicked")
+    });
+    // The creating thread has exited; give a parent-death signal time to land.
+    std::thread::sleep(Duration::from_millis(300));
+    let o = sb
+        .exec(
+            &ExecRequest::argv(["sh", "-c", "echo still-here"]),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .expect("the sandbox died with the thread that created it");
+    assert_eq!(o.termination, Termination::Exited, "{o:?}");
+    assert_eq!(text(&o.stdout), "still-here\n");
+    sb.destroy().unwrap();
+}

@@ -216,7 +216,14 @@ fn escape_battery() {
 fn restored_sandboxes_are_distinct_and_timeout_kills_the_vm() {
     let Some(env) = env() else { return };
     let mut a = env.backend.create_restored(&spec()).unwrap();
-    let mut b = env.backend.create_restored(&spec()).unwrap();
+    // `b` is made on a thread that then exits, as a server's worker threads do: QEMU's
+    // parent-death signal must follow the process, not that thread.
+    let mut b = std::thread::scope(|s| {
+        s.spawn(|| env.backend.create_restored(&spec()).unwrap())
+            .join()
+            .unwrap()
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
     let probe = "import os, socket; print(socket.gethostname(), os.urandom(16).hex())";
     let (oa, ob) = (
         run(&mut a, Language::Python, probe),
