@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Base packages: the container tier runs the host's /usr, so Python 3 and bash must be
-# there; bubblewrap is the peer the benchmark compares against.
+# there; bubblewrap and crun are peers `cordon bench` compares against.
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
-apt_install python3 bash coreutils bubblewrap iproute2 curl ca-certificates
+apt_install python3 bash coreutils bubblewrap crun iproute2 curl ca-certificates

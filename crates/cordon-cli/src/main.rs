@@ -3,6 +3,8 @@
 mod audit;
 mod backends;
 mod bench;
+mod chart;
+mod cost;
 mod doctor;
 mod image;
 mod mcp;
@@ -10,6 +12,7 @@ mod policy;
 mod run;
 mod serve;
 mod serve_bench;
+mod sys;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -35,6 +38,9 @@ enum Cmd {
     Doctor(doctor::DoctorArgs),
     /// Measure start-up cost of the tiers beside their peers on this host.
     Bench(bench::BenchArgs),
+    /// Hosted sandboxes or self-hosted Cordon: monthly cost at your volume and the
+    /// crossover, from your prices and this host's last bench.
+    Cost(Box<cost::CostArgs>),
     /// Build guest images (the microvm tier's kernel, root filesystem and agent).
     Image(image::ImageArgs),
     /// Serve the HTTP API (and MCP over HTTP) with sessions, warm pools and an audit store.
@@ -76,6 +82,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Cmd::Run(args) => run::run(*args),
         Cmd::Doctor(args) => doctor::doctor(args),
         Cmd::Bench(args) => bench::bench(args),
+        Cmd::Cost(args) => cost::cost(*args),
         Cmd::Image(args) => image::image(args),
         Cmd::Serve(args) => serve::serve(args),
         Cmd::Mcp(args) => mcp::mcp(args),

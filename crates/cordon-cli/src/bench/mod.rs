@@ -1,33 +1,119 @@
-//! `cordon bench`: measure start-up cost of the tiers on this host, beside its peers, in one
-//! run. Speed targets are checked by reading these figures, never by timed tests.
+//! `cordon bench`: what each tier costs on this host, beside the peers this host already has,
+//! in one run. Every tier this build has is measured (iterating `Tier::ALL` through
+//! [`AnyBackend`], so a new tier needs no change here); speed targets are checked by reading
+//! these figures, never by timed tests. The JSON schema is documented in docs/bench.md.
 
-use std::process::{Command, Stdio};
+mod memory;
+mod peers;
+mod stats;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
-use cordon_core::units::format_duration;
-use cordon_core::{Backend, ExecRequest, OutputStream, SandboxSpec, Tier};
+use cordon_core::units::{format_duration, format_size};
+use cordon_core::{Backend, ExecRequest, Language, OutputStream, Sandbox, SandboxSpec, Tier};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
+
+use stats::{Budget, Stats};
 
 use crate::backends::AnyBackend;
 
+/// The schema of the JSON `cordon bench` writes (docs/bench.md).
+pub const SCHEMA: &str = "cordon-bench/1";
+
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Runs of each subject (interleaved round by round, so drift hits all alike).
-    #[arg(long, default_value_t = 40)]
-    iterations: usize,
-    /// Print one JSON object instead of a table.
+    /// Most samples per measurement (default 20; 5 with --quick). A subject slower than its
+    /// time budget stops earlier, after a minimum of 5 (3 with --quick).
+    #[arg(long)]
+    iterations: Option<usize>,
+    /// Only these tiers (comma-separated); default every tier this build has.
+    #[arg(long, value_delimiter = ',', value_name = "TIERS")]
+    tiers: Option<Vec<Tier>>,
+    /// Only these peers (comma-separated: host, bwrap, crun, runsc, qemu), or `none`.
+    #[arg(long, value_delimiter = ',', value_name = "PEERS")]
+    peers: Option<Vec<String>>,
+    /// Small counts for CI: fewer samples, 10 snippets per agent run, 1 s throughput window.
+    #[arg(long)]
+    quick: bool,
+    /// Snippets per agent run (default 40, the shape of an agent run; 10 with --quick).
+    #[arg(long)]
+    snippets: Option<usize>,
+    /// Seconds each measurement may take before it stops at its minimum sample count
+    /// (default 15; 1.5 with --quick).
+    #[arg(long, value_name = "SECONDS")]
+    budget: Option<f64>,
+    /// Print one JSON object instead of the tables.
     #[arg(long)]
     json: bool,
-    /// Also write the JSON to this file.
-    #[arg(long)]
-    output: Option<std::path::PathBuf>,
+    /// Also write the JSON to this file (it is always written to <data dir>/bench/last.json).
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Where to write the chart (SVG; default <data dir>/bench/last.svg).
+    #[arg(long, value_name = "FILE.svg")]
+    chart: Option<PathBuf>,
 }
 
+/// The counts a run uses, resolved from the flags.
+#[derive(Debug, Clone, Serialize)]
+struct Plan {
+    quick: bool,
+    samples: Budget,
+    snippets: usize,
+    agent_runs: usize,
+    live_sandboxes_for_memory: usize,
+    throughput_window_s: f64,
+    concurrency: usize,
+}
+
+impl Plan {
+    fn from_args(a: &BenchArgs) -> Result<Plan> {
+        let (max, min, budget, snippets, runs, live, window) = if a.quick {
+            (5, 3, 1.5, 10, 1, 2, 1.0)
+        } else {
+            (20, 5, 15.0, 40, 3, 4, 3.0)
+        };
+        let max = a.iterations.unwrap_or(max);
+        if max == 0 {
+            bail!("--iterations must be at least 1");
+        }
+        let budget = a.budget.unwrap_or(budget);
+        if !budget.is_finite() || budget < 0.0 {
+            bail!("--budget must be a number of seconds >= 0 (e.g. --budget 10)");
+        }
+        let snippets = a.snippets.unwrap_or(snippets);
+        if snippets == 0 {
+            bail!("--snippets must be at least 1 (an agent run of 0 snippets measures nothing)");
+        }
+        Ok(Plan {
+            quick: a.quick,
+            samples: Budget {
+                max,
+                min: min.min(max),
+                budget: Duration::from_secs_f64(budget),
+            },
+            snippets,
+            agent_runs: runs,
+            live_sandboxes_for_memory: live,
+            throughput_window_s: window,
+            concurrency: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+        })
+    }
+}
+
+/// One row of `figures`: the headline start-up figure of a subject (for a tier: create +
+/// trivial exec + destroy, what `--tier auto` ranks by).
 #[derive(Serialize)]
 struct Figure {
     subject: String,
+    kind: &'static str,
     what: String,
     median_us: u64,
     p90_us: u64,
@@ -35,138 +121,558 @@ struct Figure {
     samples: usize,
 }
 
-type Subject = (String, String, Box<dyn FnMut() -> Result<()>>);
+#[derive(Serialize)]
+struct AgentRun {
+    snippets: usize,
+    /// The snippets' execs alone, in one live sandbox.
+    execs_total: Stats,
+    /// Create + the snippets + destroy: what one agent run costs.
+    per_run: Stats,
+}
 
-fn spawn_quiet(cmd: &[&str]) -> Result<()> {
-    let st = Command::new(cmd[0])
-        .args(&cmd[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()?;
-    if !st.success() {
-        bail!("{} failed: {st}", cmd.join(" "));
+#[derive(Serialize)]
+struct MemoryFigure {
+    per_sandbox_bytes: u64,
+    live_sandboxes: usize,
+    method: &'static str,
+}
+
+#[derive(Serialize)]
+struct Throughput {
+    starts_per_sec: f64,
+    concurrency: usize,
+    window_s: f64,
+    completed: usize,
+}
+
+#[derive(Serialize)]
+struct PeerRatio {
+    peer: String,
+    /// `counterpart` (the peer that does this tier's kind of work) or `closest` (no
+    /// counterpart was measured: the peer whose median is nearest on a log scale).
+    basis: &'static str,
+    /// The tier's cold start median over the peer's median.
+    ratio: f64,
+}
+
+#[derive(Serialize)]
+struct TierReport {
+    tier: Tier,
+    /// `measured`, `skipped` (unavailable here) or `failed` (errors below).
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trivial: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cold_start: Option<Stats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_start: Option<Stats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exec: Option<Stats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent_run: Option<AgentRun>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory: Option<MemoryFigure>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    throughput: Option<Throughput>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peer: Option<PeerRatio>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    errors: Vec<String>,
+}
+
+impl TierReport {
+    fn new(tier: Tier) -> Self {
+        TierReport {
+            tier,
+            status: "measured",
+            reason: None,
+            trivial: None,
+            cold_start: None,
+            warm_start: None,
+            exec: None,
+            agent_run: None,
+            memory: None,
+            throughput: None,
+            peer: None,
+            errors: Vec::new(),
+        }
+    }
+
+    fn fail(&mut self, what: &str, e: &anyhow::Error, out: &Out) {
+        let msg = format!("{what}: {e:#}");
+        out.note(&format!("cordon bench: {} tier: {msg}", self.tier));
+        self.errors.push(msg);
+        self.status = "failed";
+    }
+}
+
+#[derive(Serialize)]
+struct PeerReport {
+    peer: String,
+    /// `measured`, `skipped` (cannot run here; reason says why and the fix) or `failed`.
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    what: String,
+    counterpart_of: Vec<Tier>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cold_start: Option<Stats>,
+}
+
+/// Progress on stderr, and notes that must be seen whether or not the bar is drawn.
+struct Out {
+    bar: ProgressBar,
+}
+
+impl Out {
+    fn new(len: u64, hidden: bool) -> Out {
+        let bar = if hidden {
+            ProgressBar::hidden()
+        } else {
+            let b = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+            if let Ok(style) = ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+            ) {
+                b.set_style(style);
+            }
+            b.enable_steady_tick(Duration::from_millis(200));
+            b
+        };
+        Out { bar }
+    }
+
+    fn note(&self, msg: &str) {
+        if self.bar.is_hidden() {
+            eprintln!("{msg}");
+        } else {
+            self.bar.suspend(|| eprintln!("{msg}"));
+        }
+    }
+
+    fn step(&self, msg: String) {
+        self.bar.set_message(msg);
+    }
+
+    fn done(&self) {
+        self.bar.inc(1);
+    }
+}
+
+/// The trivial snippets tried in order; a tier's is the first it runs successfully (OS tiers
+/// run a program; language-only tiers run JavaScript or Python that does nothing).
+fn trivial_candidates() -> Vec<(&'static str, ExecRequest)> {
+    vec![
+        ("argv `true`", ExecRequest::argv(["true"])),
+        (
+            "javascript `0`",
+            ExecRequest::code(Language::Javascript, "0"),
+        ),
+        ("python `pass`", ExecRequest::code(Language::Python, "pass")),
+    ]
+}
+
+fn exec_ok(sb: &mut dyn Sandbox, req: &ExecRequest) -> Result<()> {
+    let o = sb.exec(req, &mut |_: OutputStream, _: &[u8]| {})?;
+    if !o.success() {
+        bail!(
+            "the trivial snippet did not succeed: {:?} {}",
+            o.termination,
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
     }
     Ok(())
 }
 
-/// bwrap with the same shape of root Cordon builds: read-only /usr, fresh /proc, /dev, /tmp.
-pub const BWRAP: &[&str] = &[
-    "bwrap",
-    "--unshare-all",
-    "--die-with-parent",
-    "--ro-bind",
-    "/usr",
-    "/usr",
-    "--symlink",
-    "usr/bin",
-    "/bin",
-    "--symlink",
-    "usr/lib",
-    "/lib",
-    "--symlink",
-    "usr/lib64",
-    "/lib64",
-    "--proc",
-    "/proc",
-    "--dev",
-    "/dev",
-    "--tmpfs",
-    "/tmp",
-    "--",
-    "sh",
-    "-c",
-    "true",
-];
+/// create + exec + destroy, the unit of a cold start.
+fn cycle(b: &AnyBackend, spec: &SandboxSpec, req: &ExecRequest) -> Result<()> {
+    let mut sb = b.create(spec)?;
+    let r = exec_ok(sb.as_mut(), req);
+    let d = sb.destroy();
+    r?;
+    d?;
+    Ok(())
+}
 
-fn have(bin: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
-        .unwrap_or(false)
+fn pick_trivial(b: &AnyBackend, spec: &SandboxSpec) -> Result<(String, ExecRequest)> {
+    let mut tried = Vec::new();
+    for (name, req) in trivial_candidates() {
+        match cycle(b, spec, &req) {
+            Ok(()) => return Ok((name.to_string(), req)),
+            Err(e) => tried.push(format!("{name}: {e:#}")),
+        }
+    }
+    bail!(
+        "no trivial snippet runs in this tier ({}); check `cordon doctor` and try `cordon run --tier {}`",
+        tried.join("; "),
+        spec.tier
+    )
+}
+
+/// A subject of the interleaved start-up phase.
+struct Subject {
+    name: String,
+    kind: &'static str,
+    what: String,
+    run: Box<dyn FnMut() -> Result<()>>,
+    samples: Vec<Duration>,
+    spent: Duration,
+    error: Option<String>,
+}
+
+struct LiveTier {
+    backend: std::sync::Arc<AnyBackend>,
+    spec: SandboxSpec,
+    trivial: ExecRequest,
+    report_index: usize,
 }
 
 pub fn bench(args: BenchArgs) -> Result<i32> {
-    let exe = std::env::current_exe()?;
-    let exe_s = exe.display().to_string();
-    let mut subjects: Vec<Subject> = Vec::new();
-    subjects.push((
-        "host".into(),
-        "fork+exec `sh -c true`, no isolation".into(),
-        Box::new(|| spawn_quiet(&["sh", "-c", "true"])),
-    ));
-    if have("bwrap") && spawn_quiet(BWRAP).is_ok() {
-        subjects.push((
-            "bwrap".into(),
-            "`bwrap --unshare-all` of `sh -c true` (namespaces only)".into(),
-            Box::new(|| spawn_quiet(BWRAP)),
-        ));
-    } else {
-        eprintln!(
-            "cordon bench: bwrap is not installed or does not run here; skipping that peer (apt-get install bubblewrap)"
-        );
-    }
-    let container = AnyBackend::for_tier(Tier::Container);
-    if let Some(b) = container.as_ref().filter(|b| b.probe().available()) {
-        let exe2 = exe_s.clone();
-        subjects.push((
-            "cordon-run".into(),
-            "`cordon run -- sh -c true`, container tier, end to end (a whole CLI process)".into(),
-            Box::new(move || spawn_quiet(&[&exe2, "run", "--", "sh", "-c", "true"])),
-        ));
-        let _ = b;
-        let lib = AnyBackend::for_tier(Tier::Container);
-        subjects.push((
-            "container".into(),
-            "container tier in-process: create + exec `sh -c true` + destroy".into(),
-            Box::new(move || {
-                let Some(b) = &lib else {
-                    bail!("no container backend")
-                };
-                let mut sb = b.create(&SandboxSpec::new(Tier::Container))?;
-                let o = sb.exec(
-                    &ExecRequest::argv(["sh", "-c", "true"]),
-                    &mut |_: OutputStream, _: &[u8]| {},
-                )?;
-                sb.destroy()?;
-                if !o.success() {
-                    bail!("sh -c true failed in the sandbox: {:?}", o.termination);
+    let plan = Plan::from_args(&args)?;
+    let chart_path = match &args.chart {
+        Some(p) if p.extension().is_none_or(|e| e != "svg") => bail!(
+            "the chart is written as SVG (it needs no fonts on this host): give --chart a path ending in .svg, e.g. --chart bench.svg"
+        ),
+        Some(p) => p.clone(),
+        None => bench_dir().join("last.svg"),
+    };
+    let selected: Vec<Tier> = match &args.tiers {
+        Some(t) => Tier::ALL.into_iter().filter(|x| t.contains(x)).collect(),
+        None => Tier::ALL.to_vec(),
+    };
+    let peer_names: Vec<String> = match &args.peers {
+        Some(p) if p.iter().any(|x| x == "none") => Vec::new(),
+        Some(p) => {
+            for x in p {
+                if !peers::NAMES.contains(&x.as_str()) {
+                    bail!(
+                        "unknown peer {x:?}: choose from {} (comma-separated) or none",
+                        peers::NAMES.join(", ")
+                    );
                 }
-                Ok(())
-            }),
+            }
+            p.clone()
+        }
+        None => peers::NAMES.iter().map(|s| s.to_string()).collect(),
+    };
+    let scratch = std::env::temp_dir().join(format!("cordon-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)
+        .with_context(|| format!("creating the scratch directory {}", scratch.display()))?;
+    let result = run_bench(&args, &plan, &selected, &peer_names, &scratch, &chart_path);
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+fn bench_dir() -> PathBuf {
+    crate::policy::bench_file()
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn run_bench(
+    args: &BenchArgs,
+    plan: &Plan,
+    selected: &[Tier],
+    peer_names: &[String],
+    scratch: &std::path::Path,
+    chart_path: &std::path::Path,
+) -> Result<i32> {
+    let hidden = args.json || !std::io::stderr().is_terminal();
+    // Steps: per tier memory + warm + exec + agent + throughput, and the start-up phase.
+    let out = Out::new((selected.len() * 5 + 1) as u64, hidden);
+    let mut tiers: Vec<TierReport> = Vec::new();
+    let mut live: Vec<LiveTier> = Vec::new();
+
+    // Which tiers can run, each with the trivial snippet it runs (this is also the warm-up).
+    for &tier in selected {
+        let mut rep = TierReport::new(tier);
+        let Some(backend) = AnyBackend::for_tier(tier) else {
+            rep.status = "skipped";
+            rep.reason = Some("this build of cordon has no such tier".into());
+            out.note(&format!(
+                "cordon bench: SKIPPING tier {tier}: not in this build"
+            ));
+            tiers.push(rep);
+            continue;
+        };
+        let probe = backend.probe();
+        if !probe.available() {
+            let why: Vec<String> = probe
+                .capabilities
+                .iter()
+                .filter(|c| !c.ok && c.required)
+                .map(|c| {
+                    format!(
+                        "{}: {}{}",
+                        c.name,
+                        c.detail,
+                        c.fix
+                            .as_deref()
+                            .map(|f| format!(" (fix: {f})"))
+                            .unwrap_or_default()
+                    )
+                })
+                .collect();
+            let reason = format!("unavailable here: {}", why.join("; "));
+            out.note(&format!(
+                "cordon bench: SKIPPING tier {tier}: {reason}; see `cordon doctor`"
+            ));
+            rep.status = "skipped";
+            rep.reason = Some(reason);
+            tiers.push(rep);
+            continue;
+        }
+        out.step(format!("{tier}: first sandbox"));
+        let spec = SandboxSpec::new(tier);
+        match pick_trivial(&backend, &spec) {
+            Ok((name, req)) => {
+                rep.trivial = Some(name);
+                live.push(LiveTier {
+                    backend: std::sync::Arc::new(backend),
+                    spec,
+                    trivial: req,
+                    report_index: tiers.len(),
+                });
+            }
+            Err(e) => rep.fail("first sandbox", &e, &out),
+        }
+        tiers.push(rep);
+    }
+
+    // Memory first, while the process has not yet grown through the other phases (an
+    // in-process tier's figure is this process's growth).
+    for lt in &live {
+        let tier = lt.spec.tier;
+        out.step(format!("{tier}: memory of live sandboxes"));
+        match measure_memory(lt, plan.live_sandboxes_for_memory) {
+            Ok(m) => tiers[lt.report_index].memory = Some(m),
+            Err(e) => tiers[lt.report_index].fail("memory", &e, &out),
+        }
+        out.done();
+    }
+
+    // Start-up: every tier's cold start and every peer, interleaved round by round so that
+    // drift in the host's load hits all alike.
+    let (peer_list, missing) = peers::build(peer_names, scratch);
+    let mut peer_reports: Vec<PeerReport> = Vec::new();
+    for m in missing {
+        out.note(&format!(
+            "cordon bench: SKIPPING peer {}: {}",
+            m.name, m.reason
         ));
-    } else {
-        eprintln!(
-            "cordon bench: the container tier is unavailable here (see `cordon doctor`); skipping it"
-        );
+        peer_reports.push(PeerReport {
+            peer: m.name.to_string(),
+            status: "skipped",
+            reason: Some(m.reason),
+            what: String::new(),
+            counterpart_of: Vec::new(),
+            cold_start: None,
+        });
     }
-    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); subjects.len()];
-    // One warm-up round, not counted.
-    for (_, _, f) in subjects.iter_mut() {
-        f()?;
-    }
-    for _ in 0..args.iterations {
-        for (i, (_, _, f)) in subjects.iter_mut().enumerate() {
-            let t = Instant::now();
-            f()?;
-            samples[i].push(t.elapsed());
+    let mut subjects: Vec<Subject> = Vec::new();
+    for lt in &live {
+        let (b, spec, req) = (lt.backend.clone(), lt.spec.clone(), lt.trivial.clone());
+        subjects.push(Subject {
+            name: lt.spec.tier.to_string(),
+            kind: "tier",
+            what: format!(
+                "{} tier in-process: create + trivial exec + destroy",
+                lt.spec.tier
+            ),
+            run: Box::new(move || cycle(&b, &spec, &req)),
+            samples: Vec::new(),
+            spent: Duration::ZERO,
+            error: None,
+        });
+        if lt.spec.tier == Tier::Container {
+            // The whole CLI, end to end: what a user pays per `cordon run`.
+            let exe = std::env::current_exe()?;
+            subjects.push(Subject {
+                name: "cordon-run".into(),
+                kind: "cli",
+                what:
+                    "`cordon run -- sh -c true`, container tier, end to end (a whole CLI process)"
+                        .into(),
+                run: Box::new(move || {
+                    let st = Command::new(&exe)
+                        .args(["run", "--", "sh", "-c", "true"])
+                        .stdin(std::process::Stdio::null())
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .status()?;
+                    if !st.success() {
+                        bail!("`cordon run -- sh -c true` failed: {st}; try it by hand to see why");
+                    }
+                    Ok(())
+                }),
+                samples: Vec::new(),
+                spent: Duration::ZERO,
+                error: None,
+            });
         }
     }
-    let figures: Vec<Figure> = subjects
-        .iter()
-        .zip(samples.iter_mut())
-        .map(|((name, what, _), s)| {
-            s.sort();
-            let pick = |q: f64| s[((s.len() as f64 - 1.0) * q).round() as usize].as_micros() as u64;
-            Figure {
-                subject: name.clone(),
-                what: what.clone(),
-                median_us: pick(0.5),
-                p90_us: pick(0.9),
-                min_us: pick(0.0),
-                samples: s.len(),
+    let mut counterparts = Vec::new();
+    for mut p in peer_list {
+        out.step(format!("peer {}: warm-up", p.name));
+        match p.run() {
+            Ok(()) => {
+                counterparts.push((p.name.to_string(), p.counterpart_of.clone()));
+                subjects.push(Subject {
+                    name: p.name.to_string(),
+                    kind: "peer",
+                    what: p.what.clone(),
+                    run: Box::new(move || p.run()),
+                    samples: Vec::new(),
+                    spent: Duration::ZERO,
+                    error: None,
+                });
             }
-        })
-        .collect();
+            Err(e) => {
+                let reason = format!("does not run here: {e:#}");
+                out.note(&format!("cordon bench: SKIPPING peer {}: {reason}", p.name));
+                peer_reports.push(PeerReport {
+                    peer: p.name.to_string(),
+                    status: "skipped",
+                    reason: Some(reason),
+                    what: p.what.clone(),
+                    counterpart_of: p.counterpart_of.clone(),
+                    cold_start: None,
+                });
+            }
+        }
+    }
+    // The cordon-run subject has had no warm-up yet.
+    for s in subjects.iter_mut().filter(|s| s.kind == "cli") {
+        if let Err(e) = (s.run)() {
+            s.error = Some(format!("{e:#}"));
+        }
+    }
+    let mut round = 0;
+    loop {
+        let mut any = false;
+        round += 1;
+        for s in subjects.iter_mut() {
+            if s.error.is_some() || !plan.samples.wants_more(s.samples.len(), s.spent) {
+                continue;
+            }
+            any = true;
+            out.step(format!("start-up round {round}: {}", s.name));
+            let t = Instant::now();
+            let r = (s.run)();
+            let el = t.elapsed();
+            s.spent += el;
+            match r {
+                Ok(()) => s.samples.push(el),
+                Err(e) => s.error = Some(format!("{e:#}")),
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    out.done();
+    let mut figures = Vec::new();
+    for s in &subjects {
+        let stats = Stats::of(&s.samples);
+        if let Some(st) = stats
+            && s.error.is_none()
+        {
+            figures.push(Figure {
+                subject: s.name.clone(),
+                kind: s.kind,
+                what: s.what.clone(),
+                median_us: st.median_us,
+                p90_us: st.p90_us,
+                min_us: st.min_us,
+                samples: st.samples,
+            });
+        }
+        match s.kind {
+            "tier" => {
+                if let Some(rep) = tiers.iter_mut().find(|r| r.tier.as_str() == s.name) {
+                    match &s.error {
+                        Some(e) => rep.fail("cold start", &anyhow::anyhow!("{e}"), &out),
+                        None => rep.cold_start = stats,
+                    }
+                }
+            }
+            "peer" => {
+                if let Some(e) = &s.error {
+                    out.note(&format!("cordon bench: peer {} failed: {e}", s.name));
+                }
+                peer_reports.push(PeerReport {
+                    peer: s.name.clone(),
+                    status: if s.error.is_some() {
+                        "failed"
+                    } else {
+                        "measured"
+                    },
+                    reason: s.error.clone(),
+                    what: s.what.clone(),
+                    counterpart_of: counterparts
+                        .iter()
+                        .find(|(n, _)| *n == s.name)
+                        .map(|(_, c)| c.clone())
+                        .unwrap_or_default(),
+                    cold_start: if s.error.is_some() { None } else { stats },
+                });
+            }
+            _ => {
+                if let Some(e) = &s.error {
+                    out.note(&format!("cordon bench: {} failed: {e}", s.name));
+                }
+            }
+        }
+    }
+    peer_reports.sort_by_key(|p| {
+        peers::NAMES
+            .iter()
+            .position(|n| *n == p.peer)
+            .unwrap_or(usize::MAX)
+    });
+
+    // Per tier: warm start, exec, the agent run, throughput.
+    for lt in &live {
+        let tier = lt.spec.tier;
+        let rep_i = lt.report_index;
+        out.step(format!("{tier}: warm (pool) start"));
+        match measure_warm(lt, &plan.samples) {
+            Ok(s) => tiers[rep_i].warm_start = Stats::of(&s),
+            Err(e) => tiers[rep_i].fail("warm start", &e, &out),
+        }
+        out.done();
+        out.step(format!("{tier}: exec in a live sandbox"));
+        match measure_exec(lt, &plan.samples) {
+            Ok(s) => tiers[rep_i].exec = Stats::of(&s),
+            Err(e) => tiers[rep_i].fail("exec", &e, &out),
+        }
+        out.done();
+        out.step(format!("{tier}: agent run of {} snippets", plan.snippets));
+        match measure_agent(lt, plan) {
+            Ok(a) => tiers[rep_i].agent_run = a,
+            Err(e) => tiers[rep_i].fail("agent run", &e, &out),
+        }
+        out.done();
+        out.step(format!(
+            "{tier}: sandboxes started per second ({} at once)",
+            plan.concurrency
+        ));
+        match measure_throughput(lt, plan) {
+            Ok(t) => tiers[rep_i].throughput = Some(t),
+            Err(e) => tiers[rep_i].fail("throughput", &e, &out),
+        }
+        out.done();
+    }
+    out.bar.finish_and_clear();
+
+    for rep in tiers.iter_mut() {
+        if let Some(cold) = &rep.cold_start {
+            rep.peer = nearest_peer(rep.tier, cold.median_us, &peer_reports);
+        }
+    }
     let median = |n: &str| {
         figures
             .iter()
@@ -178,41 +684,359 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
         _ => None,
     };
     let report = serde_json::json!({
+        "schema": SCHEMA,
+        "cordon_version": env!("CARGO_PKG_VERSION"),
         "host": hostname(),
-        "iterations": args.iterations,
+        "cores": plan.concurrency,
+        "memory_total_bytes": memory_total(),
+        "created_unix": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        "plan": plan,
+        "iterations": plan.samples.max,
         "figures": figures,
+        "tiers": tiers,
+        "peers": peer_reports,
         "ratio_cordon_run_to_bwrap": ratio,
     });
+    let text = serde_json::to_string_pretty(&report)?;
+    let last = crate::policy::bench_file();
+    if let Some(dir) = last.parent() {
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "creating {} (set CORDON_HOME to a writable directory)",
+                dir.display()
+            )
+        })?;
+    }
+    std::fs::write(&last, &text).with_context(|| {
+        format!(
+            "writing {} (set CORDON_HOME to a writable directory)",
+            last.display()
+        )
+    })?;
     if let Some(p) = &args.output {
-        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+        std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?;
     }
+    let bars: Vec<crate::chart::Bar> = figures
+        .iter()
+        .map(|f| crate::chart::Bar {
+            label: f.subject.clone(),
+            peer: f.kind == "peer",
+            value_us: f.median_us,
+        })
+        .collect();
+    crate::chart::bench_svg(chart_path, &bars, &hostname())
+        .with_context(|| format!("drawing the chart {}", chart_path.display()))?;
+    let failed = tiers.iter().any(|t| t.status == "failed");
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(0);
-    }
-    println!(
-        "{:<12} {:>10} {:>10} {:>10}  what",
-        "subject", "median", "p90", "min"
-    );
-    for f in &figures {
-        let d = |us: u64| format_duration(Duration::from_micros(us));
+        println!("{text}");
+    } else {
+        print_tables(&figures, &tiers, ratio, plan);
         println!(
-            "{:<12} {:>10} {:>10} {:>10}  {}",
+            "\nwritten: {} (feeds `cordon run --tier auto`){}; chart {}",
+            last.display(),
+            args.output
+                .as_ref()
+                .map(|p| format!(", {}", p.display()))
+                .unwrap_or_default(),
+            chart_path.display()
+        );
+    }
+    if figures.iter().all(|f| f.kind != "tier") {
+        bail!(
+            "no tier could be measured on this host: see the SKIPPING lines above and `cordon doctor`"
+        );
+    }
+    if failed {
+        eprintln!(
+            "cordon bench: some measurements failed (see above and `errors` in the JSON); the rest were written"
+        );
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+fn nearest_peer(tier: Tier, median_us: u64, peers: &[PeerReport]) -> Option<PeerRatio> {
+    let measured: Vec<(&PeerReport, u64)> = peers
+        .iter()
+        .filter_map(|p| p.cold_start.map(|s| (p, s.median_us.max(1))))
+        .collect();
+    let dist = |p: u64| ((median_us.max(1) as f64) / p as f64).ln().abs();
+    let closest = |c: &[(&PeerReport, u64)]| {
+        c.iter()
+            .min_by(|a, b| dist(a.1).total_cmp(&dist(b.1)))
+            .map(|(p, m)| (p.peer.clone(), *m))
+    };
+    let kin: Vec<(&PeerReport, u64)> = measured
+        .iter()
+        .filter(|(p, _)| p.counterpart_of.contains(&tier))
+        .copied()
+        .collect();
+    let (peer, m, basis) = match closest(&kin) {
+        Some((p, m)) => (p, m, "counterpart"),
+        None => {
+            let (p, m) = closest(&measured)?;
+            (p, m, "closest")
+        }
+    };
+    Some(PeerRatio {
+        peer,
+        basis,
+        ratio: median_us as f64 / m as f64,
+    })
+}
+
+fn measure_memory(lt: &LiveTier, n: usize) -> Result<MemoryFigure> {
+    // Let whatever the first sandbox left behind go before the baseline.
+    std::thread::sleep(Duration::from_millis(50));
+    let baseline = memory::tree_pss(std::process::id());
+    let sampler = memory::Sampler::start();
+    let mut boxes = Vec::new();
+    let mut result = Ok(());
+    for _ in 0..n {
+        match lt.backend.create(&lt.spec) {
+            Ok(mut sb) => {
+                let r = exec_ok(sb.as_mut(), &lt.trivial);
+                boxes.push(sb);
+                if let Err(e) = r {
+                    result = Err(e);
+                    break;
+                }
+            }
+            Err(e) => {
+                result = Err(e.into());
+                break;
+            }
+        }
+    }
+    let peak = sampler.finish();
+    for mut sb in boxes {
+        let _ = sb.destroy();
+    }
+    result?;
+    Ok(MemoryFigure {
+        per_sandbox_bytes: peak.saturating_sub(baseline) / n.max(1) as u64,
+        live_sandboxes: n,
+        method: memory::METHOD,
+    })
+}
+
+/// Take a pre-created sandbox (as the server's warm pool holds them: the default spec,
+/// created ahead) and run the trivial snippet; creation and destruction are off the clock.
+fn measure_warm(lt: &LiveTier, b: &Budget) -> Result<Vec<Duration>> {
+    const POOL: usize = 4;
+    let start = Instant::now();
+    let mut out = Vec::new();
+    while b.wants_more(out.len(), start.elapsed()) {
+        let n = POOL.min(b.max - out.len()).max(1);
+        let mut pool = Vec::with_capacity(n);
+        for _ in 0..n {
+            pool.push(lt.backend.create(&lt.spec)?);
+        }
+        loop {
+            let t = Instant::now();
+            let Some(mut sb) = pool.pop() else { break };
+            let r = exec_ok(sb.as_mut(), &lt.trivial);
+            let el = t.elapsed();
+            let _ = sb.destroy();
+            r?;
+            out.push(el);
+        }
+    }
+    Ok(out)
+}
+
+fn measure_exec(lt: &LiveTier, b: &Budget) -> Result<Vec<Duration>> {
+    let mut sb = lt.backend.create(&lt.spec)?;
+    let r = (|| {
+        exec_ok(sb.as_mut(), &lt.trivial)?;
+        b.sample(|| {
+            let t = Instant::now();
+            exec_ok(sb.as_mut(), &lt.trivial)?;
+            Ok(t.elapsed())
+        })
+    })();
+    let d = sb.destroy();
+    let v = r?;
+    d?;
+    Ok(v)
+}
+
+fn measure_agent(lt: &LiveTier, plan: &Plan) -> Result<Option<AgentRun>> {
+    let (mut execs, mut runs) = (Vec::new(), Vec::new());
+    for _ in 0..plan.agent_runs {
+        let t0 = Instant::now();
+        let mut sb = lt.backend.create(&lt.spec)?;
+        let t1 = Instant::now();
+        let r = (|| {
+            for _ in 0..plan.snippets {
+                exec_ok(sb.as_mut(), &lt.trivial)?;
+            }
+            Ok::<_, anyhow::Error>(())
+        })();
+        let t2 = Instant::now();
+        let d = sb.destroy();
+        let t3 = Instant::now();
+        r?;
+        d?;
+        execs.push(t2 - t1);
+        runs.push(t3 - t0);
+    }
+    Ok(match (Stats::of(&execs), Stats::of(&runs)) {
+        (Some(e), Some(r)) => Some(AgentRun {
+            snippets: plan.snippets,
+            execs_total: e,
+            per_run: r,
+        }),
+        _ => None,
+    })
+}
+
+/// Cold starts (create + trivial exec + destroy) completed per second by `concurrency`
+/// threads for a fixed window; a cycle begun before the window closes is counted and the
+/// time it took too.
+fn measure_throughput(lt: &LiveTier, plan: &Plan) -> Result<Throughput> {
+    let window = Duration::from_secs_f64(plan.throughput_window_s);
+    let start = Instant::now();
+    let deadline = start + window;
+    let results: Vec<Result<usize>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..plan.concurrency)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut n = 0;
+                    while Instant::now() < deadline {
+                        cycle(&lt.backend, &lt.spec, &lt.trivial)?;
+                        n += 1;
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread panicked")))
+            })
+            .collect()
+    });
+    let elapsed = start.elapsed();
+    let mut completed = 0;
+    for r in results {
+        completed += r?;
+    }
+    Ok(Throughput {
+        starts_per_sec: completed as f64 / elapsed.as_secs_f64().max(1e-9),
+        concurrency: plan.concurrency,
+        window_s: plan.throughput_window_s,
+        completed,
+    })
+}
+
+fn us(v: u64) -> String {
+    format_duration(Duration::from_micros(v))
+}
+
+fn print_tables(figures: &[Figure], tiers: &[TierReport], ratio: Option<f64>, plan: &Plan) {
+    println!("start-up: create + trivial exec + destroy (medians of interleaved rounds)");
+    println!(
+        "{:<12} {:<5} {:>10} {:>10} {:>10} {:>4}  what",
+        "subject", "kind", "median", "p90", "min", "n"
+    );
+    for f in figures {
+        println!(
+            "{:<12} {:<5} {:>10} {:>10} {:>10} {:>4}  {}",
             f.subject,
-            d(f.median_us),
-            d(f.p90_us),
-            d(f.min_us),
+            f.kind,
+            us(f.median_us),
+            us(f.p90_us),
+            us(f.min_us),
+            f.samples,
             f.what
         );
     }
+    println!(
+        "\n{:<10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10} {:>9}  vs peer (cold/peer)",
+        "tier",
+        "cold",
+        "warm",
+        "exec",
+        format!("{}x exec", plan.snippets),
+        "agent run",
+        "mem/sbx",
+        "starts/s"
+    );
+    let opt = |s: &Option<Stats>| s.map(|s| us(s.median_us)).unwrap_or_else(|| "-".into());
+    for t in tiers {
+        if t.status == "skipped" {
+            println!(
+                "{:<10} skipped: {}",
+                t.tier.as_str(),
+                t.reason.as_deref().unwrap_or("")
+            );
+            continue;
+        }
+        println!(
+            "{:<10} {:>10} {:>10} {:>10} {:>12} {:>12} {:>10} {:>9}  {}{}",
+            t.tier.as_str(),
+            opt(&t.cold_start),
+            opt(&t.warm_start),
+            opt(&t.exec),
+            t.agent_run
+                .as_ref()
+                .map(|a| us(a.execs_total.median_us))
+                .unwrap_or_else(|| "-".into()),
+            t.agent_run
+                .as_ref()
+                .map(|a| us(a.per_run.median_us))
+                .unwrap_or_else(|| "-".into()),
+            t.memory
+                .as_ref()
+                .map(|m| format_size(m.per_sandbox_bytes))
+                .unwrap_or_else(|| "-".into()),
+            t.throughput
+                .as_ref()
+                .map(|x| format!("{:.1}", x.starts_per_sec))
+                .unwrap_or_else(|| "-".into()),
+            t.peer
+                .as_ref()
+                .map(|p| format!("{:.2}x {} ({})", p.ratio, p.peer, p.basis))
+                .unwrap_or_else(|| "-".into()),
+            if t.status == "failed" {
+                "  [some measurements failed]"
+            } else {
+                ""
+            }
+        );
+    }
+    println!(
+        "cold = create + trivial exec + destroy; warm = take a pre-created sandbox + trivial exec; \
+         agent run = create + {} execs + destroy; mem/sbx = peak PSS per live sandbox; \
+         starts/s = cold starts completed per second by {} threads",
+        plan.snippets, plan.concurrency
+    );
     if let Some(r) = ratio {
         println!("\ncordon run / bwrap median ratio: {r:.2} (target <= 1.00)");
     }
-    Ok(0)
 }
 
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+/// This host's memory in bytes (MemTotal), 0 when /proc/meminfo cannot be read.
+pub fn memory_total() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
 }

@@ -1,0 +1,547 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! End-to-end tests of the `cordon` binary: `cordon bench --quick` and `cordon cost`, their
+//! JSON checked against the schema in docs/bench.md and docs/cost.md, their charts parsed,
+//! and the bench's figures fed back through the policy's `--tier auto`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use cordon_core::Tier;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cordon");
+
+fn require_all() -> bool {
+    std::env::var_os("CORDON_REQUIRE_ALL").is_some_and(|v| v == "1")
+}
+
+/// Prints a loud SKIPPING line, or fails under CORDON_REQUIRE_ALL=1 (CI).
+fn skip(test: &str, why: &str) {
+    assert!(
+        !require_all(),
+        "{test}: cannot run ({why}) and CORDON_REQUIRE_ALL=1"
+    );
+    eprintln!("SKIPPING {test}: {why}");
+}
+
+fn cordon(home: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("CORDON_HOME", home)
+        .env_remove("CORDON_POLICY")
+        .output()
+        .expect("running the cordon binary")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The data dir the tiers' artifacts live in when the tests were not given one.
+fn real_data_dir() -> PathBuf {
+    cordon_microvm::image::default_data_dir()
+}
+
+/// A temp CORDON_HOME that sees the built guest artifacts (wasm guests, microvm image) of
+/// the real data dir, so the bench's output lands in the temp dir while every tier runs.
+fn temp_home() -> tempfile::TempDir {
+    let home = tempfile::tempdir().expect("temp dir");
+    for d in ["guests", "microvm"] {
+        let real = real_data_dir().join(d);
+        if real.is_dir() {
+            std::os::unix::fs::symlink(&real, home.path().join(d)).expect("symlink");
+        }
+    }
+    home
+}
+
+fn stats_ok(v: &Value, what: &str) {
+    for k in ["median_us", "p90_us", "min_us", "max_us", "samples"] {
+        assert!(v[k].is_u64(), "{what}.{k} is not an unsigned integer: {v}");
+    }
+    let (min, med, p90, max) = (
+        v["min_us"].as_u64().unwrap(),
+        v["median_us"].as_u64().unwrap(),
+        v["p90_us"].as_u64().unwrap(),
+        v["max_us"].as_u64().unwrap(),
+    );
+    assert!(
+        min <= med && med <= p90 && p90 <= max,
+        "{what}: order of min/median/p90/max: {v}"
+    );
+    assert!(v["samples"].as_u64().unwrap() >= 1, "{what}: no samples");
+}
+
+/// The checks of docs/bench.md's schema `cordon-bench/1`.
+fn check_bench_schema(v: &Value) {
+    assert_eq!(v["schema"], "cordon-bench/1");
+    assert!(v["host"].is_string() && v["cordon_version"].is_string());
+    assert!(v["cores"].as_u64().unwrap() >= 1);
+    assert!(v["memory_total_bytes"].is_u64());
+    assert!(v["created_unix"].as_u64().unwrap() > 1_600_000_000);
+    assert!(v["iterations"].as_u64().unwrap() >= 1);
+    let plan = &v["plan"];
+    for k in [
+        "snippets",
+        "agent_runs",
+        "live_sandboxes_for_memory",
+        "concurrency",
+    ] {
+        assert!(plan[k].as_u64().unwrap() >= 1, "plan.{k}: {plan}");
+    }
+    assert!(plan["quick"].is_boolean() && plan["throughput_window_s"].is_f64());
+    assert!(plan["samples"]["max"].is_u64() && plan["samples"]["budget"].is_f64());
+    assert!(v["ratio_cordon_run_to_bwrap"].is_null() || v["ratio_cordon_run_to_bwrap"].is_f64());
+
+    let figures = v["figures"].as_array().expect("figures is an array");
+    assert!(!figures.is_empty(), "no figures");
+    for f in figures {
+        assert!(f["subject"].is_string() && f["what"].is_string(), "{f}");
+        let kind = f["kind"].as_str().unwrap();
+        assert!(["tier", "peer", "cli"].contains(&kind), "kind {kind}");
+        for k in ["median_us", "p90_us", "min_us", "samples"] {
+            assert!(f[k].is_u64(), "figures[].{k}: {f}");
+        }
+        if kind == "tier" {
+            assert!(f["subject"].as_str().unwrap().parse::<Tier>().is_ok());
+        }
+    }
+
+    let any_peer = v["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["status"] == "measured");
+    let tiers = v["tiers"].as_array().expect("tiers is an array");
+    for t in tiers {
+        let tier: Tier = t["tier"].as_str().unwrap().parse().unwrap();
+        let status = t["status"].as_str().unwrap();
+        match status {
+            "skipped" | "failed" => {
+                assert!(
+                    t["reason"].is_string() || t["errors"].is_array(),
+                    "{tier} {status} without a reason: {t}"
+                );
+            }
+            "measured" => {
+                assert!(t["trivial"].is_string());
+                for k in ["cold_start", "warm_start", "exec"] {
+                    stats_ok(&t[k], &format!("{tier}.{k}"));
+                }
+                let a = &t["agent_run"];
+                assert!(a["snippets"].as_u64().unwrap() >= 1);
+                stats_ok(&a["execs_total"], "agent_run.execs_total");
+                stats_ok(&a["per_run"], "agent_run.per_run");
+                let m = &t["memory"];
+                assert!(m["per_sandbox_bytes"].is_u64() && m["method"].is_string());
+                assert!(m["live_sandboxes"].as_u64().unwrap() >= 1);
+                let th = &t["throughput"];
+                assert!(th["starts_per_sec"].as_f64().unwrap() > 0.0, "{th}");
+                assert!(th["completed"].as_u64().unwrap() >= 1);
+                assert!(th["concurrency"].as_u64().unwrap() >= 1);
+                if any_peer {
+                    let p = &t["peer"];
+                    assert!(p["peer"].is_string(), "{tier} has no peer ratio: {t}");
+                    assert!(["counterpart", "closest"].contains(&p["basis"].as_str().unwrap()));
+                    assert!(p["ratio"].as_f64().unwrap() > 0.0);
+                }
+                // The tier's headline figure is its cold start.
+                let fig = figures
+                    .iter()
+                    .find(|f| f["subject"] == tier.as_str())
+                    .expect("a figure per measured tier");
+                assert_eq!(fig["median_us"], t["cold_start"]["median_us"]);
+            }
+            other => panic!("unknown tier status {other}"),
+        }
+    }
+    for p in v["peers"].as_array().unwrap() {
+        assert!(
+            p["peer"].is_string() && p["counterpart_of"].is_array(),
+            "{p}"
+        );
+        match p["status"].as_str().unwrap() {
+            "measured" => stats_ok(&p["cold_start"], "peer cold_start"),
+            "skipped" | "failed" => assert!(p["reason"].is_string(), "{p}"),
+            other => panic!("unknown peer status {other}"),
+        }
+    }
+}
+
+/// Parses the SVG and checks there is a labelled bar per subject.
+fn check_bench_chart(path: &Path, subjects: &[String]) {
+    let svg = std::fs::read_to_string(path).expect("the chart file exists");
+    let doc = roxmltree::Document::parse(&svg).expect("the chart is well-formed XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let texts: Vec<String> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or("").trim().to_string())
+        .collect();
+    for s in subjects {
+        assert!(texts.contains(s), "no label {s} on the chart: {texts:?}");
+    }
+    // Bars: filled rects in the tier or peer colour.
+    let bars = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("rect"))
+        .filter(|n| matches!(n.attribute("fill"), Some("#2E6EB4") | Some("#969696")))
+        .count();
+    // One per subject plus the two legend swatches at most.
+    assert!(bars >= subjects.len(), "{bars} bars for {subjects:?}");
+}
+
+#[test]
+fn bench_quick_end_to_end_feeds_the_policy() {
+    const T: &str = "bench_quick_end_to_end_feeds_the_policy";
+    if !nix::unistd::geteuid().is_root() {
+        return skip(T, "not root: the container and gvisor tiers need root");
+    }
+    let home = temp_home();
+    let out_json = home.path().join("out.json");
+    let chart = home.path().join("chart.svg");
+    let o = cordon(
+        home.path(),
+        &[
+            "bench",
+            "--quick",
+            "--budget",
+            "1",
+            "--json",
+            "--output",
+            out_json.to_str().unwrap(),
+            "--chart",
+            chart.to_str().unwrap(),
+        ],
+    );
+    let stderr = text(&o.stderr);
+    eprintln!("{stderr}");
+    assert_eq!(o.status.code(), Some(0), "cordon bench failed: {stderr}");
+    let v: Value = serde_json::from_slice(&o.stdout).expect("stdout is one JSON object");
+    check_bench_schema(&v);
+
+    // Every tier this build has is reported, measured or skipped with its reason.
+    let tiers: Vec<&str> = v["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tier"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tiers,
+        Tier::ALL.iter().map(|t| t.as_str()).collect::<Vec<_>>()
+    );
+    if require_all() {
+        for t in v["tiers"].as_array().unwrap() {
+            assert_eq!(t["status"], "measured", "CORDON_REQUIRE_ALL: {t}");
+        }
+        for p in v["peers"].as_array().unwrap() {
+            assert_eq!(p["status"], "measured", "CORDON_REQUIRE_ALL: {p}");
+        }
+    }
+
+    // The same JSON in --output and in <data dir>/bench/last.json.
+    let last = home.path().join("bench/last.json");
+    let last_text = std::fs::read_to_string(&last).expect("last.json written");
+    assert_eq!(
+        serde_json::from_str::<Value>(&last_text).unwrap(),
+        serde_json::from_str::<Value>(&std::fs::read_to_string(&out_json).unwrap()).unwrap()
+    );
+
+    let subjects: Vec<String> = v["figures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["subject"].as_str().unwrap().to_string())
+        .collect();
+    check_bench_chart(&chart, &subjects);
+
+    // last.json round-trips through the policy's reader: each measured tier's cold start.
+    let figures = cordon_policy::BenchFigures::from_bench_json(&last_text).unwrap();
+    let measured: Vec<(Tier, u64)> = v["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["status"] == "measured")
+        .map(|t| {
+            (
+                t["tier"].as_str().unwrap().parse().unwrap(),
+                t["cold_start"]["median_us"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(!measured.is_empty());
+    for (t, us) in &measured {
+        assert_eq!(figures.median_us.get(t), Some(us), "{t}");
+    }
+    assert_eq!(
+        figures.median_us.len(),
+        measured.len(),
+        "peers are not tiers"
+    );
+
+    // --tier auto ranks by those figures: the fastest allowed tier is chosen.
+    let explain = |home: &Path, available: &str| -> Value {
+        let o = cordon(
+            home,
+            &[
+                "policy",
+                "explain",
+                "--trust",
+                "trusted",
+                "--autonomy",
+                "compute",
+                "--available",
+                available,
+                "--json",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let names: Vec<&str> = measured.iter().map(|(t, _)| t.as_str()).collect();
+    let d = explain(home.path(), &names.join(","));
+    assert_eq!(d["ranking"]["by"], "bench", "{d}");
+    let allowed: Vec<Tier> = serde_json::from_value(d["allowed"].clone()).unwrap();
+    let fastest = measured
+        .iter()
+        .filter(|(t, _)| allowed.contains(t))
+        .min_by_key(|(_, us)| *us)
+        .map(|(t, _)| *t)
+        .unwrap();
+    assert_eq!(d["chosen"], fastest.as_str(), "{d}");
+
+    // With the figures turned around the choice follows them, not the static order.
+    let mut flipped: Value = serde_json::from_str(&last_text).unwrap();
+    for f in flipped["figures"].as_array_mut().unwrap() {
+        if f["kind"] == "tier" {
+            let us = f["median_us"].as_u64().unwrap();
+            f["median_us"] = Value::from(1_000_000_000 / us.max(1));
+        }
+    }
+    std::fs::write(&last, flipped.to_string()).unwrap();
+    let d = explain(home.path(), &names.join(","));
+    let slowest = measured
+        .iter()
+        .filter(|(t, _)| allowed.contains(t))
+        .max_by_key(|(_, us)| *us)
+        .map(|(t, _)| *t)
+        .unwrap();
+    assert_eq!(d["chosen"], slowest.as_str(), "{d}");
+    std::fs::write(&last, &last_text).unwrap();
+
+    // And cordon cost reads this bench's capacity.
+    let o = cordon(
+        home.path(),
+        &[
+            "cost",
+            "--executions-per-month",
+            "100000",
+            "--seconds-per-execution",
+            "1",
+            "--concurrency",
+            "2",
+            "--price-per-sandbox-second",
+            "0.0001",
+            "--machine-cost",
+            "50",
+            "--engineer-weeks",
+            "0.05",
+            "--engineer-week-cost",
+            "1000",
+            "--json",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let c: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        c["sources"]["starts_per_second"]
+            .as_str()
+            .unwrap()
+            .starts_with("last bench"),
+        "{c}"
+    );
+}
+
+#[test]
+fn bench_refuses_bad_flags_with_the_fix() {
+    let home = tempfile::tempdir().unwrap();
+    let o = cordon(home.path(), &["bench", "--chart", "x.png"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(
+        text(&o.stderr).contains("ending in .svg"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = cordon(home.path(), &["bench", "--peers", "docker"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).contains("choose from host, bwrap, crun, runsc, qemu"));
+    let o = cordon(home.path(), &["bench", "--iterations", "0"]);
+    assert!(text(&o.stderr).contains("--iterations must be at least 1"));
+}
+
+const COST_ARGS: &[&str] = &[
+    "cost",
+    "--executions-per-month",
+    "1000000",
+    "--seconds-per-execution",
+    "2",
+    "--concurrency",
+    "10",
+    "--price-per-sandbox-second",
+    "0.0001",
+    "--fee-per-sandbox",
+    "0.001",
+    "--machine-cost",
+    "100",
+    "--engineer-weeks",
+    "0.1",
+    "--engineer-week-cost",
+    "2000",
+    "--machine-cores",
+    "8",
+    "--machine-memory",
+    "16G",
+];
+
+/// A bench JSON as `cordon bench` writes it, trimmed to what cost reads, made on 8 cores.
+fn fake_bench(home: &Path) {
+    let v = serde_json::json!({
+        "schema": "cordon-bench/1",
+        "cores": 8,
+        "memory_total_bytes": 17179869184u64,
+        "figures": [],
+        "tiers": [
+            {"tier": "container", "status": "measured",
+             "throughput": {"starts_per_sec": 50.0, "concurrency": 8, "window_s": 3.0, "completed": 150},
+             "memory": {"per_sandbox_bytes": 104857600u64, "live_sandboxes": 4, "method": "test"}},
+            {"tier": "microvm", "status": "skipped", "reason": "test"}
+        ]
+    });
+    std::fs::create_dir_all(home.join("bench")).unwrap();
+    std::fs::write(home.join("bench/last.json"), v.to_string()).unwrap();
+}
+
+#[test]
+fn cost_end_to_end_matches_the_worked_example() {
+    let home = tempfile::tempdir().unwrap();
+    fake_bench(home.path());
+    let chart = home.path().join("cost.svg");
+    let mut args = COST_ARGS.to_vec();
+    args.extend(["--json", "--chart", chart.to_str().unwrap()]);
+    let o = cordon(home.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    // docs/cost.md's schema.
+    assert_eq!(v["schema"], "cordon-cost/1");
+    let e = &v["estimate"];
+    for k in [
+        "hosted_monthly",
+        "self_hosted_monthly",
+        "executions_per_machine_month",
+        "hosted_per_execution",
+        "ops_monthly",
+        "crossover_executions_per_month",
+    ] {
+        assert!(e[k].is_f64(), "estimate.{k}: {e}");
+    }
+    for k in ["by_memory", "by_cpu", "by_start_rate", "by_volume", "total"] {
+        assert!(e["machines"][k].is_u64(), "machines.{k}");
+    }
+    assert!(e["crossover_note"].is_string() && e["cheaper"].is_string());
+    assert!(v["inputs"]["starts_per_second"].is_f64());
+    assert_eq!(
+        v["sources"]["starts_per_second"],
+        "last bench, container tier"
+    );
+    // The figures of docs/cost.md's worked example, by hand.
+    assert!((e["hosted_monthly"].as_f64().unwrap() - 1200.0).abs() < 1e-6);
+    assert!((e["self_hosted_monthly"].as_f64().unwrap() - 400.0).abs() < 1e-6);
+    assert_eq!(e["machines"]["total"], 2);
+    let x = e["crossover_executions_per_month"].as_f64().unwrap();
+    assert!((x - 400.0 / 0.0012).abs() < 1e-3, "{x}");
+    assert_eq!(e["cheaper"], "self-hosted");
+
+    let svg = std::fs::read_to_string(&chart).expect("the cost chart exists");
+    let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let lines: Vec<_> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .filter(|n| n.attribute("stroke-width") == Some("2"))
+        .collect();
+    assert!(lines.len() >= 2, "both cost lines are drawn");
+    assert!(
+        doc.descendants()
+            .any(|n| n.has_tag_name("text") && n.text().unwrap_or("").contains("crossover")),
+        "the crossover is marked"
+    );
+
+    // The human output says the same.
+    let o = cordon(home.path(), COST_ARGS);
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("$1200.00/month") && out.contains("$400.00/month"),
+        "{out}"
+    );
+    assert!(out.contains("crossover: 333.3k executions/month"), "{out}");
+}
+
+#[test]
+fn cost_without_a_bench_or_with_bad_input_says_what_to_do() {
+    let home = tempfile::tempdir().unwrap();
+    let o = cordon(home.path(), COST_ARGS);
+    assert_eq!(o.status.code(), Some(125));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("no bench figures") && err.contains("run `cordon bench`"),
+        "{err}"
+    );
+    // Explicit figures replace the bench.
+    let mut args = COST_ARGS.to_vec();
+    args.extend([
+        "--starts-per-second",
+        "50",
+        "--memory-per-sandbox",
+        "100M",
+        "--chart",
+    ]);
+    let chart = home.path().join("c.svg");
+    args.push(chart.to_str().unwrap());
+    let o = cordon(home.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("--starts-per-second"));
+
+    let mut bad = args.clone();
+    let i = bad
+        .iter()
+        .position(|a| *a == "--seconds-per-execution")
+        .unwrap();
+    bad[i + 1] = "0";
+    let o = cordon(home.path(), &bad);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(
+        text(&o.stderr).contains("--seconds-per-execution must be a number > 0"),
+        "{}",
+        text(&o.stderr)
+    );
+    // No crossover: hosted work worth less than a machine.
+    let mut cheap = args.clone();
+    let i = cheap
+        .iter()
+        .position(|a| *a == "--price-per-sandbox-second")
+        .unwrap();
+    cheap[i + 1] = "0.0000025";
+    let i = cheap
+        .iter()
+        .position(|a| *a == "--fee-per-sandbox")
+        .unwrap();
+    cheap[i + 1] = "0";
+    let o = cordon(home.path(), &cheap);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(
+        text(&o.stdout).contains("crossover: none"),
+        "{}",
+        text(&o.stdout)
+    );
+}
