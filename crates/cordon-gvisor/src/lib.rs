@@ -1,23 +1,67 @@
 //! The gvisor tier: every exec is an OCI container run by `runsc` (gVisor's user-space
 //! kernel, ptrace platform, `--network=none`) on a bundle we generate: a read-only root with
 //! the host's `/usr`, a fresh `/proc`, a size-limited `/tmp`, and `/work` bound from a
-//! per-sandbox host directory (so files put in and taken out persist across execs).
+//! per-sandbox size-limited tmpfs on the host (so files put in and taken out persist across
+//! execs).
 //!
-//! Limits: the timeout and output caps are the host's own; memory is an OCI cgroup limit
-//! (holds as root); processes are bounded with `RLIMIT_NPROC`, not a pids cgroup, because
-//! runsc counts its own threads against a pids limit and the whole sandbox dies.
+//! Limits and how each is reported:
+//! - memory: a cgroup limit (swap off) on a memory cgroup Cordon creates and runsc joins
+//!   ([`cgroup`]); its OOM counter, read after the exec, gives the out-of-memory reason;
+//! - processes: `RLIMIT_NPROC`, not a pids cgroup (runsc counts its own threads against a
+//!   pids limit and the whole sandbox dies); refused forks are seen in the sentry's trace of
+//!   process-creating calls ([`nproc`]) and give the process-limit reason;
+//! - disk: `/work` is a tmpfs of the disk limit, and `RLIMIT_FSIZE` bounds each file;
+//! - timeout and output caps are the host's own; reaching one stops the container.
+//!
+//! Egress is the container tier's path: a per-sandbox proxy on a host unix socket, bound
+//! into the sandbox and opened through runsc's `--host-uds=open`, and a forwarder on
+//! `127.0.0.1:3128` inside ([`FORWARDER_BINARY`]). A killed Cordon's leftovers (runsc state,
+//! cgroups, bundles) are reaped by the next backend ([`reap`]).
 
+pub mod cgroup;
+mod nproc;
+pub mod reap;
+mod sys;
+mod workspace;
+
+use std::collections::BTreeMap;
 use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Proc, Stdio};
+use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use cordon_container::egress::{EgressLink, SANDBOX_PROXY_PORT, SOCKET_INSIDE, scan_plain};
 use cordon_core::{
     Backend, Capability, Command, Error, ExecOutcome, ExecRequest, Language, OutputSink,
-    OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier,
+    OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier, Weakening,
     validate_sandbox_path,
 };
+
+use crate::cgroup::{ExecCgroup, Layout};
+use crate::nproc::NprocWatch;
+
+/// Errors of the gvisor tier, turned into [`cordon_core::Error`] at the API boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum GvisorError {
+    #[error("cgroup: {0}")]
+    Cgroup(String),
+    #[error("workspace: {0}")]
+    Workspace(String),
+    #[error("runsc: {0}")]
+    Runsc(String),
+}
+
+/// Name of the in-sandbox forwarder binary, looked up next to the running executable.
+pub const FORWARDER_BINARY: &str = "cordon-gvisor-forward";
+/// Where the forwarder binary is bound inside the sandbox.
+const FORWARDER_INSIDE: &str = "/.cordon/forward";
+
+/// A process-limit refusal that keeps recurring this long after the first one stops the
+/// exec (a fork bomb would otherwise run until its timeout).
+const NPROC_GRACE: Duration = Duration::from_secs(2);
 
 /// Where runsc is and where its state goes.
 #[derive(Debug, Clone)]
@@ -25,13 +69,19 @@ pub struct GvisorConfig {
     pub runsc: PathBuf,
     /// runsc's `--root` (container state).
     pub state_root: PathBuf,
-    /// Bundles (root skeleton, config.json, the /work directory) go here.
+    /// Bundles (root skeleton, config.json, the /work mount) go here.
     pub scratch_root: PathBuf,
     /// `ptrace`: the only platform that works with Debian's 2022 runsc on this kind of host.
     pub platform: String,
+    /// The `cordon-gvisor-forward` binary (needed only for egress).
+    pub forwarder: PathBuf,
+    /// The uid (and gid) programs run as inside.
+    pub sandbox_uid: u32,
 }
 
 impl GvisorConfig {
+    /// runsc from `PATH`; the forwarder from `$CORDON_GVISOR_FORWARDER`, else next to the
+    /// current executable (or its parent, for test binaries under `deps/`).
     pub fn discover() -> Self {
         let runsc = std::env::var_os("PATH")
             .and_then(|p| {
@@ -40,22 +90,102 @@ impl GvisorConfig {
                     .find(|c| c.is_file())
             })
             .unwrap_or_else(|| PathBuf::from("/usr/bin/runsc"));
+        let forwarder = std::env::var_os("CORDON_GVISOR_FORWARDER")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let exe = std::env::current_exe().ok()?;
+                let dir = exe.parent()?;
+                [
+                    dir.join(FORWARDER_BINARY),
+                    dir.parent()?.join(FORWARDER_BINARY),
+                ]
+                .into_iter()
+                .find(|p| p.is_file())
+            })
+            .unwrap_or_else(|| PathBuf::from(FORWARDER_BINARY));
         GvisorConfig {
             runsc,
             state_root: PathBuf::from("/run/cordon-gvisor"),
             scratch_root: std::env::temp_dir().join("cordon-gvisor"),
             platform: "ptrace".to_string(),
+            forwarder,
+            sandbox_uid: 1000,
         }
     }
 }
 
 pub struct GvisorBackend {
     config: GvisorConfig,
+    layout: OnceLock<Option<Layout>>,
+}
+
+fn quiet(mut p: Proc) -> Proc {
+    p.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    p
+}
+
+/// The runsc command line every call starts with.
+fn runsc_base(config: &GvisorConfig) -> Proc {
+    let mut p = Proc::new(&config.runsc);
+    p.arg("--root")
+        .arg(&config.state_root)
+        .arg("--network=none")
+        .arg(format!("--platform={}", config.platform));
+    p
+}
+
+/// Kills and force-deletes a container; quiet, best effort.
+fn force_delete(config: &GvisorConfig, cid: &str) {
+    let mut kill = runsc_base(config);
+    kill.args(["kill", cid, "KILL"]);
+    let _ = quiet(kill).status();
+    let mut del = runsc_base(config);
+    del.args(["delete", "--force", cid]);
+    let _ = quiet(del).status();
+}
+
+/// True while runsc holds state for a container.
+fn has_state(config: &GvisorConfig, cid: &str) -> bool {
+    config
+        .state_root
+        .join(format!("{cid}_sandbox:{cid}.state"))
+        .exists()
 }
 
 impl GvisorBackend {
     pub fn new(config: GvisorConfig) -> Self {
-        GvisorBackend { config }
+        GvisorBackend {
+            config,
+            layout: OnceLock::new(),
+        }
+    }
+
+    pub fn config(&self) -> &GvisorConfig {
+        &self.config
+    }
+
+    fn layout(&self) -> Option<&Layout> {
+        self.layout.get_or_init(Layout::detect).as_ref()
+    }
+
+    /// Removes what dead Cordon processes left: runsc containers, cgroups, bundles and
+    /// egress sockets of sandboxes whose owning process is gone. Returns one line per thing
+    /// removed. Runs at every `create`; safe beside live sandboxes of other processes.
+    pub fn reap_orphans(&self) -> Vec<String> {
+        let delete = |cid: &str| force_delete(&self.config, cid);
+        let removed = reap::Sweep {
+            scratch: &self.config.scratch_root,
+            state_root: &self.config.state_root,
+            layout: self.layout(),
+            delete: &delete,
+        }
+        .run();
+        for r in &removed {
+            tracing::info!("gvisor: reaped an orphan: {r}");
+        }
+        removed
     }
 }
 
@@ -67,6 +197,8 @@ impl Backend for GvisorBackend {
     fn probe(&self) -> Probe {
         let runsc_ok = self.config.runsc.is_file();
         let root = nix::unistd::geteuid().is_root();
+        let layout = self.layout();
+        let fwd_ok = self.config.forwarder.is_file();
         Probe::from_capabilities(
             Tier::Gvisor,
             vec![
@@ -84,6 +216,34 @@ impl Backend for GvisorBackend {
                     fix: Some("run cordon as root (runsc needs it for its sandbox)".into()),
                     required: true,
                 },
+                Capability {
+                    name: "memory-cgroup".into(),
+                    ok: layout.is_some(),
+                    detail: match layout {
+                        Some(Layout::V2(p)) => format!("cgroup v2 at {}", p.display()),
+                        Some(Layout::V1 { memory, .. }) => {
+                            format!("cgroup v1 memory controller at {}", memory.display())
+                        }
+                        None => "no memory controller mounted".into(),
+                    },
+                    fix: Some(
+                        "mount the cgroup memory controller; without it the memory limit is \
+                         not enforced (--allow-weaker cgroups)"
+                            .into(),
+                    ),
+                    required: false,
+                },
+                Capability {
+                    name: "egress-forwarder".into(),
+                    ok: fwd_ok,
+                    detail: self.config.forwarder.display().to_string(),
+                    fix: Some(format!(
+                        "build it (cargo build --workspace --bins) and keep {FORWARDER_BINARY} \
+                         next to cordon, or set CORDON_GVISOR_FORWARDER; without it egress \
+                         specs are refused"
+                    )),
+                    required: false,
+                },
             ],
             vec![format!(
                 "platform {}; processes bounded by RLIMIT_NPROC (a pids cgroup crashes runsc)",
@@ -94,55 +254,75 @@ impl Backend for GvisorBackend {
 
     fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
         let t = Instant::now();
-        let probe = self.probe();
-        if !probe.available() {
+        if !self.config.runsc.is_file() || !nix::unistd::geteuid().is_root() {
             return Err(Error::Unavailable {
                 tier: Tier::Gvisor,
                 reason: "runsc is missing or cordon is not root".into(),
                 fix: "run scripts/setup.d/60-gvisor.sh and run as root; see `cordon doctor`".into(),
             });
         }
-        if !spec.egress.allow.is_empty() || !spec.grants.is_empty() {
-            return Err(Error::Invalid(
-                "the gvisor tier has no egress path yet (--network=none): drop --allow-host/--grant or use the container or microvm tier".into(),
-            ));
+        let egress = !spec.egress.allow.is_empty() || !spec.grants.is_empty();
+        if egress && !self.config.forwarder.is_file() {
+            return Err(Error::Unavailable {
+                tier: Tier::Gvisor,
+                reason: format!(
+                    "egress was asked for but the in-sandbox forwarder {} is missing",
+                    self.config.forwarder.display()
+                ),
+                fix: format!(
+                    "build it (cargo build --workspace --bins) and keep {FORWARDER_BINARY} next \
+                     to cordon, or set CORDON_GVISOR_FORWARDER"
+                ),
+            });
         }
+        let mut weakened = Vec::new();
+        let mut warnings = Vec::new();
+        let layout = match self.layout() {
+            Some(l) => Some(l.clone()),
+            None if spec.allow_weaker.contains(&Weakening::Cgroups) => {
+                weakened.push(Weakening::Cgroups);
+                warnings.push(
+                    "running without a memory cgroup: the memory limit is not enforced".into(),
+                );
+                None
+            }
+            None => {
+                return Err(Error::LayerUnavailable {
+                    layer: "cgroups".into(),
+                    reason: "no cgroup memory controller is mounted".into(),
+                });
+            }
+        };
+        self.reap_orphans();
         let id = SandboxId::random()?;
-        let bundle = self.config.scratch_root.join(id.as_str());
-        let io = |what: &str, e| Error::io(format!("{what} in {}", bundle.display()), e);
-        let rootfs = bundle.join("rootfs");
-        for d in ["usr", "proc", "dev", "tmp", "work", "etc"] {
-            std::fs::create_dir_all(rootfs.join(d)).map_err(|e| io("creating the root", e))?;
-        }
-        for (link, to) in [
-            ("bin", "usr/bin"),
-            ("lib", "usr/lib"),
-            ("lib64", "usr/lib64"),
-            ("sbin", "usr/sbin"),
-        ] {
-            std::os::unix::fs::symlink(to, rootfs.join(link)).map_err(|e| io("linking", e))?;
-        }
-        std::fs::write(
-            rootfs.join("etc/passwd"),
-            "root:x:0:0::/:/bin/sh\nsandbox:x:1000:1000::/work:/bin/sh\n",
-        )
-        .map_err(|e| io("writing /etc/passwd", e))?;
-        std::fs::write(rootfs.join("etc/group"), "root:x:0:\nsandbox:x:1000:\n")
-            .map_err(|e| io("writing /etc/group", e))?;
-        let work = bundle.join("work");
-        std::fs::create_dir_all(&work).map_err(|e| io("creating /work", e))?;
-        nix::unistd::chown(&work, Some(1000.into()), Some(1000.into()))
-            .map_err(|e| Error::Sandbox(format!("chown of {}: {e}", work.display())))?;
-        Ok(Box::new(GvisorSandbox {
+        let scratch = &self.config.scratch_root;
+        std::fs::create_dir_all(scratch)
+            .and_then(|_| std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o711)))
+            .map_err(|e| Error::io(format!("creating {}", scratch.display()), e))?;
+        let bundle = scratch.join(id.as_str());
+        std::fs::create_dir(&bundle)
+            .map_err(|e| Error::io(format!("creating {}", bundle.display()), e))?;
+        let mut sb = GvisorSandbox {
             id,
             config: self.config.clone(),
             spec: spec.clone(),
+            work: bundle.join("work"),
             bundle,
-            work,
-            start_us: t.elapsed().as_micros() as u64,
+            layout,
+            egress: None,
+            start_us: 0,
             execs: 0,
             destroyed: false,
-        }))
+            weakened,
+            warnings,
+            file_findings: Vec::new(),
+        };
+        if let Err(e) = sb.build(egress) {
+            let _ = sb.destroy();
+            return Err(e);
+        }
+        sb.start_us = t.elapsed().as_micros() as u64;
+        Ok(Box::new(sb))
     }
 }
 
@@ -152,9 +332,15 @@ pub struct GvisorSandbox {
     spec: SandboxSpec,
     bundle: PathBuf,
     work: PathBuf,
+    layout: Option<Layout>,
+    egress: Option<EgressLink>,
     start_us: u64,
     execs: u32,
     destroyed: bool,
+    weakened: Vec<Weakening>,
+    warnings: Vec<String>,
+    /// Scan findings of files taken out, until reported.
+    file_findings: Vec<serde_json::Value>,
 }
 
 fn argv_of(cmd: &Command) -> Result<Vec<String>> {
@@ -191,25 +377,158 @@ fn argv_of(cmd: &Command) -> Result<Vec<String>> {
     })
 }
 
+/// Files of the sandbox's `/etc` (the rest of the host's `/etc` is never visible).
+fn etc_files(uid: u32) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "passwd",
+            format!("root:x:0:0::/:/bin/sh\nsandbox:x:{uid}:{uid}::/work:/bin/sh\n"),
+        ),
+        ("group", format!("root:x:0:\nsandbox:x:{uid}:\n")),
+        ("hosts", "127.0.0.1 localhost\n::1 localhost\n".into()),
+        ("hostname", "cordon\n".into()),
+        (
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nhosts: files\n".into(),
+        ),
+    ]
+}
+
 impl GvisorSandbox {
-    fn config_json(&self, req: &ExecRequest) -> Result<serde_json::Value> {
-        let l = &self.spec.limits;
-        let mut env: Vec<String> = vec![
-            "PATH=/usr/local/bin:/usr/bin:/bin".into(),
-            "HOME=/work".into(),
-            "LANG=C.UTF-8".into(),
-        ];
-        for (k, v) in self.spec.env.iter().chain(req.env.iter()) {
-            env.push(format!("{k}={v}"));
+    /// Lays out the bundle: owner record, root skeleton, /etc, the /work tmpfs, egress.
+    fn build(&mut self, egress: bool) -> Result<()> {
+        let bundle = self.bundle.clone();
+        let io = |what: &str, e| Error::io(format!("{what} in {}", bundle.display()), e);
+        // First, so that a Cordon killed from here on leaves something the sweep can judge.
+        std::fs::write(bundle.join(reap::OWNER_FILE), reap::owner_record())
+            .map_err(|e| io("writing the owner record", e))?;
+        let rootfs = bundle.join("rootfs");
+        for d in [
+            "usr",
+            "proc",
+            "dev",
+            "tmp",
+            "work",
+            "etc",
+            "run/cordon",
+            ".cordon",
+        ] {
+            std::fs::create_dir_all(rootfs.join(d)).map_err(|e| io("creating the root", e))?;
         }
+        for (link, to) in [
+            ("bin", "usr/bin"),
+            ("lib", "usr/lib"),
+            ("lib64", "usr/lib64"),
+            ("sbin", "usr/sbin"),
+        ] {
+            std::os::unix::fs::symlink(to, rootfs.join(link)).map_err(|e| io("linking", e))?;
+        }
+        for (name, content) in etc_files(self.config.sandbox_uid) {
+            std::fs::write(rootfs.join("etc").join(name), content)
+                .map_err(|e| io("writing /etc", e))?;
+        }
+        std::fs::create_dir_all(&self.work).map_err(|e| io("creating /work", e))?;
+        workspace::mount(
+            &self.work,
+            self.spec.limits.disk_bytes,
+            self.config.sandbox_uid,
+        )
+        .map_err(|e| Error::LayerUnavailable {
+            layer: "workspace".into(),
+            reason: e.to_string(),
+        })?;
+        if egress {
+            // gVisor checks the sandbox user's permission on the socket itself (uids are
+            // not remapped), so the socket and its 0700 directory belong to that uid.
+            let link = EgressLink::start(self.id.as_str(), &self.spec, self.config.sandbox_uid)?;
+            std::fs::write(
+                bundle.join(reap::EGRESS_FILE),
+                link.socket().display().to_string(),
+            )
+            .map_err(|e| io("recording the egress socket", e))?;
+            std::fs::write(rootfs.join(".cordon/forward"), b"")
+                .map_err(|e| io("making the forwarder's mount point", e))?;
+            for (path, content) in link.files() {
+                let rel = path.trim_start_matches('/');
+                let dest = rootfs.join(rel);
+                if let Some(d) = dest.parent() {
+                    std::fs::create_dir_all(d).map_err(|e| io("creating /etc dirs", e))?;
+                }
+                std::fs::write(&dest, content).map_err(|e| io("writing the CA files", e))?;
+            }
+            self.egress = Some(link);
+        }
+        Ok(())
+    }
+
+    fn env_for(&self, req: &ExecRequest) -> Vec<String> {
+        let mut env = BTreeMap::new();
+        env.insert(
+            "PATH".to_string(),
+            "/usr/local/bin:/usr/bin:/bin".to_string(),
+        );
+        env.insert("HOME".to_string(), "/work".to_string());
+        env.insert("LANG".to_string(), "C.UTF-8".to_string());
+        if let Some(link) = &self.egress {
+            env.extend(link.env());
+        }
+        env.extend(self.spec.env.clone());
+        env.extend(req.env.clone());
+        env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+
+    fn config_json(
+        &self,
+        req: &ExecRequest,
+        cgroup: Option<&ExecCgroup>,
+    ) -> Result<serde_json::Value> {
+        let l = &self.spec.limits;
         let mem = l.memory_bytes as i64;
+        let mut args = argv_of(&req.command)?;
+        let mut mounts = vec![
+            serde_json::json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+            serde_json::json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "noexec", "size=64k"]}),
+            serde_json::json!({"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro", "nosuid", "nodev"]}),
+            serde_json::json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", format!("size={}", l.tmp_bytes)]}),
+            serde_json::json!({"destination": "/work", "type": "bind", "source": self.work.display().to_string(), "options": ["rbind", "rw", "nosuid", "nodev"]}),
+        ];
+        if let Some(link) = &self.egress {
+            let dir = link
+                .socket()
+                .parent()
+                .ok_or_else(|| Error::Sandbox("the egress socket has no directory".into()))?;
+            let inside = Path::new(SOCKET_INSIDE)
+                .parent()
+                .ok_or_else(|| Error::Sandbox("bad egress socket path".into()))?;
+            mounts.push(serde_json::json!({"destination": inside.display().to_string(), "type": "bind", "source": dir.display().to_string(), "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}));
+            mounts.push(serde_json::json!({"destination": FORWARDER_INSIDE, "type": "bind", "source": self.config.forwarder.display().to_string(), "options": ["bind", "ro", "nosuid", "nodev"]}));
+            let mut wrapped = vec![
+                FORWARDER_INSIDE.to_string(),
+                SANDBOX_PROXY_PORT.to_string(),
+                SOCKET_INSIDE.to_string(),
+                "--".to_string(),
+            ];
+            wrapped.append(&mut args);
+            args = wrapped;
+        }
+        let mut linux = serde_json::json!({
+            "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
+            "resources": {
+                "memory": {"limit": mem, "swap": mem},
+                "cpu": {"period": 100000u64, "quota": (l.cpus * 100000.0) as i64}
+            }
+        });
+        if let Some(cg) = cgroup {
+            linux["cgroupsPath"] = serde_json::json!(cg.oci_path());
+        }
+        let uid = self.config.sandbox_uid;
         Ok(serde_json::json!({
             "ociVersion": "1.0.2",
             "process": {
                 "terminal": false,
-                "user": {"uid": 1000, "gid": 1000},
-                "args": argv_of(&req.command)?,
-                "env": env,
+                "user": {"uid": uid, "gid": uid},
+                "args": args,
+                "env": self.env_for(req),
                 "cwd": req.cwd.clone().unwrap_or_else(|| "/work".into()),
                 "capabilities": {},
                 "noNewPrivileges": true,
@@ -221,45 +540,9 @@ impl GvisorSandbox {
             },
             "root": {"path": "rootfs", "readonly": true},
             "hostname": "cordon",
-            "mounts": [
-                {"destination": "/proc", "type": "proc", "source": "proc"},
-                {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "noexec", "size=64k"]},
-                {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro", "nosuid", "nodev"]},
-                {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", format!("size={}", l.tmp_bytes)]},
-                {"destination": "/work", "type": "bind", "source": self.work.display().to_string(), "options": ["rbind", "rw", "nosuid", "nodev"]}
-            ],
-            "linux": {
-                "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
-                "resources": {
-                    "memory": {"limit": mem, "swap": mem},
-                    "cpu": {"period": 100000u64, "quota": (l.cpus * 100000.0) as i64}
-                }
-            }
+            "mounts": mounts,
+            "linux": linux
         }))
-    }
-
-    fn runsc(&self) -> Proc {
-        let mut p = Proc::new(&self.config.runsc);
-        p.arg("--root")
-            .arg(&self.config.state_root)
-            .arg("--network=none")
-            .arg(format!("--platform={}", self.config.platform));
-        p
-    }
-
-    fn cleanup(&self, cid: &str) {
-        let _ = self
-            .runsc()
-            .args(["kill", cid, "KILL"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        let _ = self
-            .runsc()
-            .args(["delete", "--force", cid])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
     }
 
     fn host_path(&self, path: &str) -> Result<PathBuf> {
@@ -276,6 +559,15 @@ impl GvisorSandbox {
             }
         }
         Ok(p)
+    }
+
+    /// Output leaving the sandbox is scanned: known secrets redacted, credential formats
+    /// flagged (the container tier's scanner).
+    fn scan(&self, bytes: &[u8]) -> (Vec<u8>, Vec<serde_json::Value>) {
+        match &self.egress {
+            Some(link) => link.scan(bytes),
+            None => (bytes.to_vec(), scan_plain(bytes)),
+        }
     }
 }
 
@@ -298,6 +590,43 @@ fn wait(child: &mut Child) -> Option<std::process::ExitStatus> {
     child.try_wait().ok().flatten()
 }
 
+/// How an exec ended, from what was observed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Observed {
+    /// A reason Cordon stopped the exec for (timeout, output cap, fork bomb).
+    stopped: Option<Termination>,
+    /// runsc's exit code (the program's status, 128+N for a signal N).
+    code: Option<i32>,
+    /// A signal that ended runsc itself.
+    runsc_signal: Option<i32>,
+    oom: bool,
+    forks_refused: bool,
+    disk_full: bool,
+}
+
+/// Termination reason, exit code and signal.
+fn classify(o: Observed) -> (Termination, Option<i32>, Option<i32>) {
+    const SIGXFSZ: i32 = 25;
+    let signal = o.code.filter(|c| *c > 128 && *c < 160).map(|c| c - 128);
+    let exit = o.code.filter(|_| signal.is_none());
+    let reason = if let Some(t) = o.stopped {
+        t
+    } else if o.oom {
+        Termination::OutOfMemory
+    } else if o.forks_refused {
+        Termination::ProcessLimit
+    } else if signal == Some(SIGXFSZ) || (o.disk_full && exit != Some(0)) {
+        Termination::DiskLimit
+    } else if o.runsc_signal.is_some() || o.code.is_none() {
+        Termination::SandboxFailure
+    } else if signal.is_some() {
+        Termination::Signalled
+    } else {
+        Termination::Exited
+    };
+    (reason, exit, signal.or(o.runsc_signal))
+}
+
 impl Sandbox for GvisorSandbox {
     fn id(&self) -> &SandboxId {
         &self.id
@@ -310,26 +639,65 @@ impl Sandbox for GvisorSandbox {
                 reason: "destroyed".into(),
             });
         }
-        let cfg = self.config_json(req)?;
-        std::fs::write(self.bundle.join("config.json"), cfg.to_string())
-            .map_err(|e| Error::io("writing config.json", e))?;
         self.execs += 1;
         let cid = format!("{}-{}", self.id.as_str(), self.execs);
+        let l = self.spec.limits.clone();
+        let cgroup = match &self.layout {
+            Some(layout) => Some(
+                ExecCgroup::create(layout, &cid, l.memory_bytes, l.cpus).map_err(|e| {
+                    Error::LayerUnavailable {
+                        layer: "cgroups".into(),
+                        reason: e.to_string(),
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        let cfg = self.config_json(req, cgroup.as_ref())?;
+        std::fs::write(self.bundle.join("config.json"), cfg.to_string())
+            .map_err(|e| Error::io("writing config.json", e))?;
+        let watch = NprocWatch::start(&self.bundle.join(format!("sentry-{}.log", self.execs)))
+            .map_err(|e| Error::Sandbox(e.to_string()))?;
         let t0 = Instant::now();
-        let mut child = self
-            .runsc()
-            .args(["run", "--bundle"])
-            .arg(&self.bundle)
-            .arg(&cid)
-            .stdin(if req.stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| Error::io("starting runsc", e))?;
+        let mut cmd = runsc_base(&self.config);
+        if self.egress.is_some() {
+            // Lets the gofer open host unix sockets the sandbox can see: only the egress
+            // proxy's, bound read-only at /run/cordon.
+            cmd.arg("--host-uds=open");
+        }
+        if cgroup.is_none() {
+            cmd.arg("--ignore-cgroups");
+        }
+        cmd.arg(format!(
+            "--debug-log={}",
+            self.bundle
+                .join(format!("sentry-{}.log", self.execs))
+                .display()
+        ))
+        .args(["--debug-command=boot", "--strace"])
+        .arg(format!("--strace-syscalls={}", nproc::TRACED))
+        .args(["run", "--bundle"])
+        .arg(&self.bundle)
+        .arg(&cid)
+        .stdin(if req.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        sys::die_with_parent(&mut cmd);
+        let spawned = cmd.spawn();
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                drop(watch);
+                if let Some(cg) = &cgroup {
+                    cg.remove(Duration::from_secs(2));
+                }
+                return Err(Error::io("starting runsc", e));
+            }
+        };
         if let (Some(data), Some(mut w)) = (req.stdin.clone(), child.stdin.take()) {
             std::thread::spawn(move || {
                 let _ = std::io::Write::write_all(&mut w, &data);
@@ -343,17 +711,26 @@ impl Sandbox for GvisorSandbox {
             pump(e, OutputStream::Stderr, tx.clone());
         }
         drop(tx);
-        let l = &self.spec.limits;
         let deadline = t0 + Duration::from_millis(req.timeout_ms.unwrap_or(l.timeout_ms));
         let mut out = ExecOutcome::new(Tier::Gvisor, Termination::Exited);
-        let mut stop: Option<Termination> = None;
+        let mut seen = Observed::default();
         loop {
             let now = Instant::now();
             if now >= deadline {
-                stop = Some(Termination::Timeout);
+                seen.stopped = Some(Termination::Timeout);
                 break;
             }
-            match rx.recv_timeout(deadline - now) {
+            let r = watch.refusals();
+            if let (Some(first), Some(last)) = (r.first, r.last)
+                && now.duration_since(first) >= NPROC_GRACE
+                && now.duration_since(last) < NPROC_GRACE / 2
+            {
+                // Forks are still being refused long after the first refusal: a fork bomb.
+                seen.stopped = Some(Termination::ProcessLimit);
+                break;
+            }
+            let tick = (deadline - now).min(Duration::from_millis(100));
+            match rx.recv_timeout(tick) {
                 Ok((s, data)) => {
                     let (buf, cap, trunc) = match s {
                         OutputStream::Stdout => {
@@ -369,7 +746,7 @@ impl Sandbox for GvisorSandbox {
                     sink.output(s, keep);
                     if keep.len() < data.len() {
                         *trunc = true;
-                        stop = Some(Termination::OutputLimit);
+                        seen.stopped = Some(Termination::OutputLimit);
                         break;
                     }
                 }
@@ -377,8 +754,8 @@ impl Sandbox for GvisorSandbox {
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
-        if stop.is_some() {
-            self.cleanup(&cid);
+        if seen.stopped.is_some() {
+            force_delete(&self.config, &cid);
             let _ = child.kill();
         }
         let status = loop {
@@ -390,51 +767,73 @@ impl Sandbox for GvisorSandbox {
             }
             std::thread::sleep(Duration::from_millis(2));
         };
-        self.cleanup(&cid);
+        // runsc removes a container it ran to the end; one it did not (killed, crashed)
+        // is force-deleted here.
+        if has_state(&self.config, &cid) {
+            force_delete(&self.config, &cid);
+        }
+        let refused = watch.finish();
+        {
+            use std::os::unix::process::ExitStatusExt;
+            seen.code = status.code();
+            seen.runsc_signal = status.signal();
+        }
+        if let Some(cg) = &cgroup {
+            let c = cg.counters();
+            out.usage.peak_memory_bytes = c.peak_bytes;
+            seen.oom = c.out_of_memory(seen.code == Some(137));
+            if !cg.remove(Duration::from_secs(5)) {
+                tracing::warn!(cgroup = %cg.oci_path(), "could not remove an exec cgroup; the next create reaps it");
+            }
+        }
+        seen.forks_refused = refused.count > 0;
+        seen.disk_full = workspace::full(&self.work);
+        let (termination, exit, signal) = classify(seen);
+        out.termination = termination;
+        out.exit_code = exit;
+        out.signal = signal;
         out.timings.run_us = t0.elapsed().as_micros() as u64;
         out.usage.wall_time_us = out.timings.run_us;
         out.timings.start_us = self.start_us;
-        match stop {
-            Some(t) => out.termination = t,
-            None => {
-                use std::os::unix::process::ExitStatusExt;
-                // runsc reports the program's exit status; 128+N for a signal N.
-                match (status.code(), status.signal()) {
-                    (Some(c), _) if c > 128 && c < 160 => {
-                        out.termination = Termination::Signalled;
-                        out.signal = Some(c - 128);
-                    }
-                    (Some(c), _) => out.exit_code = Some(c),
-                    (None, Some(s)) => {
-                        out.termination = Termination::Killed;
-                        out.signal = Some(s);
-                    }
-                    _ => out.termination = Termination::SandboxFailure,
-                }
-            }
+        out.weakened = self.weakened.clone();
+        out.warnings = self.warnings.clone();
+        if let Some(s) = seen.runsc_signal {
+            out.warnings
+                .push(format!("runsc itself was killed by signal {s}"));
         }
-        out.warnings.push(
-            "gvisor tier: processes are bounded by RLIMIT_NPROC, not a pids cgroup; no egress"
-                .into(),
-        );
+        let mut findings = Vec::new();
+        for (name, stream) in [("stdout", &mut out.stdout), ("stderr", &mut out.stderr)] {
+            let (clean, found) = self.scan(stream);
+            *stream = clean;
+            findings.extend(found.into_iter().map(|mut f| {
+                f["stream"] = serde_json::json!(name);
+                f
+            }));
+        }
+        if !findings.is_empty() {
+            out.extra
+                .insert("findings".into(), serde_json::Value::Array(findings));
+        }
+        if let Some(link) = &mut self.egress {
+            out.extra
+                .insert("egress".into(), serde_json::Value::Array(link.new_events()));
+        }
         Ok(out)
     }
 
     fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
-        use std::os::unix::fs::PermissionsExt;
         let p = self.host_path(path)?;
-        if let Some(d) = p.parent() {
-            std::fs::create_dir_all(d).map_err(|e| Error::File {
-                path: path.into(),
-                reason: e.to_string(),
-            })?;
-        }
-        std::fs::write(&p, data).map_err(|e| Error::File {
+        let ferr = |e: std::io::Error| Error::File {
             path: path.into(),
             reason: e.to_string(),
-        })?;
+        };
+        if let Some(d) = p.parent() {
+            std::fs::create_dir_all(d).map_err(ferr)?;
+        }
+        std::fs::write(&p, data).map_err(ferr)?;
         let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode & 0o777));
-        nix::unistd::chown(&p, Some(1000.into()), Some(1000.into())).map_err(|e| Error::File {
+        let uid = self.config.sandbox_uid;
+        nix::unistd::chown(&p, Some(uid.into()), Some(uid.into())).map_err(|e| Error::File {
             path: path.into(),
             reason: e.to_string(),
         })
@@ -442,28 +841,48 @@ impl Sandbox for GvisorSandbox {
 
     fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
         let p = self.host_path(path)?;
-        let f = std::fs::File::open(&p).map_err(|e| Error::File {
+        let ferr = |e: std::io::Error| Error::File {
             path: path.into(),
             reason: e.to_string(),
-        })?;
+        };
+        let f = std::fs::File::open(&p).map_err(ferr)?;
         let mut data = Vec::new();
-        f.take(max_bytes + 1)
-            .read_to_end(&mut data)
-            .map_err(|e| Error::File {
-                path: path.into(),
-                reason: e.to_string(),
-            })?;
+        f.take(max_bytes + 1).read_to_end(&mut data).map_err(ferr)?;
         if data.len() as u64 > max_bytes {
             return Err(Error::File {
                 path: path.into(),
-                reason: format!("larger than {max_bytes} bytes"),
+                reason: format!(
+                    "larger than the {max_bytes}-byte limit for files out; raise it or write less"
+                ),
             });
         }
-        Ok(data)
+        let (clean, found) = self.scan(&data);
+        self.file_findings.extend(found.into_iter().map(|mut f| {
+            f["file"] = serde_json::json!(path);
+            f
+        }));
+        Ok(clean)
     }
 
     fn start_us(&self) -> u64 {
         self.start_us
+    }
+
+    fn report(&mut self) -> BTreeMap<String, serde_json::Value> {
+        let mut r = BTreeMap::new();
+        if !self.file_findings.is_empty() {
+            r.insert(
+                "findings".to_string(),
+                serde_json::Value::Array(std::mem::take(&mut self.file_findings)),
+            );
+        }
+        if let Some(link) = &mut self.egress {
+            let events = link.new_events();
+            if !events.is_empty() {
+                r.insert("egress".to_string(), serde_json::Value::Array(events));
+            }
+        }
+        r
     }
 
     fn destroy(&mut self) -> Result<()> {
@@ -471,6 +890,9 @@ impl Sandbox for GvisorSandbox {
             return Ok(());
         }
         self.destroyed = true;
+        // The proxy (and every placeholder with it) ends with the sandbox.
+        self.egress = None;
+        workspace::unmount(&self.work);
         std::fs::remove_dir_all(&self.bundle)
             .map_err(|e| Error::io(format!("removing {}", self.bundle.display()), e))
     }
@@ -479,5 +901,75 @@ impl Sandbox for GvisorSandbox {
 impl Drop for GvisorSandbox {
     fn drop(&mut self) {
         let _ = self.destroy();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(code: i32) -> Observed {
+        Observed {
+            code: Some(code),
+            ..Observed::default()
+        }
+    }
+
+    #[test]
+    fn classification_follows_what_was_observed() {
+        assert_eq!(classify(seen(0)), (Termination::Exited, Some(0), None));
+        assert_eq!(classify(seen(7)), (Termination::Exited, Some(7), None));
+        assert_eq!(
+            classify(seen(143)),
+            (Termination::Signalled, None, Some(15))
+        );
+        let oom = Observed {
+            oom: true,
+            ..seen(137)
+        };
+        assert_eq!(classify(oom).0, Termination::OutOfMemory);
+        let bomb = Observed {
+            forks_refused: true,
+            ..seen(1)
+        };
+        assert_eq!(classify(bomb).0, Termination::ProcessLimit);
+        // A limit Cordon stopped the exec for wins over what followed.
+        let stopped = Observed {
+            stopped: Some(Termination::Timeout),
+            forks_refused: true,
+            ..seen(137)
+        };
+        assert_eq!(classify(stopped).0, Termination::Timeout);
+        let full = Observed {
+            disk_full: true,
+            ..seen(1)
+        };
+        assert_eq!(classify(full).0, Termination::DiskLimit);
+        assert_eq!(classify(seen(128 + 25)).0, Termination::DiskLimit);
+        let full_ok = Observed {
+            disk_full: true,
+            ..seen(0)
+        };
+        assert_eq!(classify(full_ok).0, Termination::Exited);
+        let crashed = Observed {
+            runsc_signal: Some(9),
+            ..Observed::default()
+        };
+        assert_eq!(
+            classify(crashed),
+            (Termination::SandboxFailure, None, Some(9))
+        );
+    }
+
+    #[test]
+    fn etc_has_no_host_secrets_and_names_the_sandbox_user() {
+        let files = etc_files(1000);
+        let names: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
+        assert!(!names.contains(&"shadow"));
+        assert!(
+            files
+                .iter()
+                .any(|(n, c)| *n == "passwd" && c.contains(":1000:1000:"))
+        );
     }
 }

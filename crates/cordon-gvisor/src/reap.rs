@@ -1,0 +1,177 @@
+//! What a killed Cordon leaves behind, and how the next one removes it.
+//!
+//! Each bundle directory holds an `owner` file: the pid of the Cordon process that created
+//! it and that process's start time (so a reused pid does not look alive). A sandbox whose
+//! owner is gone is an orphan: its runsc containers (state under the state root), its
+//! cgroups and its bundle are removed by the next backend that creates a sandbox (or by
+//! [`crate::GvisorBackend::reap_orphans`]). Containers and cgroups named after a sandbox
+//! whose bundle no longer exists are orphans too.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use crate::cgroup::{Layout, remove_dirs};
+
+pub const OWNER_FILE: &str = "owner";
+/// Holds the host path of the sandbox's egress socket, when it has one.
+pub const EGRESS_FILE: &str = "egress-socket";
+
+/// A bundle with no owner file yet is taken as being set up for this long.
+const SETUP_GRACE: Duration = Duration::from_secs(60);
+
+/// Start time of a process, in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: fields after it are
+    // counted from the last ')'.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The content of this process's owner file.
+pub fn owner_record() -> String {
+    let pid = std::process::id();
+    format!("{pid} {}\n", start_time(pid).unwrap_or(0))
+}
+
+/// True when the process an owner record names is still the one running.
+pub fn owner_alive(record: &str) -> bool {
+    let mut it = record.split_whitespace();
+    let (Some(pid), Some(start)) = (
+        it.next().and_then(|p| p.parse::<u32>().ok()),
+        it.next().and_then(|s| s.parse::<u64>().ok()),
+    ) else {
+        return false;
+    };
+    start_time(pid) == Some(start)
+}
+
+/// True when the sandbox whose bundle is `bundle` belongs to a live process, or is too young
+/// to have its owner file yet. Judged afresh for every name: a snapshot taken at the start
+/// of a sweep would call a sandbox created during the sweep an orphan.
+fn is_live(bundle: &Path) -> bool {
+    match fs::read_to_string(bundle.join(OWNER_FILE)) {
+        Ok(rec) => owner_alive(&rec),
+        Err(_) => fs::metadata(bundle)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .is_some_and(|age| age < SETUP_GRACE),
+    }
+}
+
+/// Bundles under `scratch` whose owner is gone.
+fn dead_bundles(scratch: &Path) -> Vec<String> {
+    let Ok(rd) = fs::read_dir(scratch) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("sb-") && !is_live(&scratch.join(name)))
+        .collect()
+}
+
+/// The sandbox id a container or cgroup name (`sb-<hex>-<n>`) belongs to.
+pub fn sandbox_of(name: &str) -> Option<&str> {
+    let (sid, n) = name.rsplit_once('-')?;
+    (sid.starts_with("sb-") && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .then_some(sid)
+}
+
+/// Container ids with state under runsc's root (`<id>_sandbox:<id>.state` files).
+fn containers_in(state_root: &Path) -> BTreeSet<String> {
+    let Ok(rd) = fs::read_dir(state_root) else {
+        return BTreeSet::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let id = n.split("_sandbox:").next()?.to_string();
+            n.ends_with(".state").then_some(id)
+        })
+        .collect()
+}
+
+/// Everything the sweep needs to touch.
+pub struct Sweep<'a> {
+    pub scratch: &'a Path,
+    pub state_root: &'a Path,
+    pub layout: Option<&'a Layout>,
+    /// Force-deletes one runsc container (kill, then `delete --force`).
+    pub delete: &'a dyn Fn(&str),
+}
+
+impl Sweep<'_> {
+    /// Removes every orphan; returns what was removed, one line each.
+    pub fn run(&self) -> Vec<String> {
+        let dead = dead_bundles(self.scratch);
+        let orphan =
+            |name: &str| sandbox_of(name).is_some_and(|sid| !is_live(&self.scratch.join(sid)));
+        let mut removed = Vec::new();
+        for cid in containers_in(self.state_root) {
+            if orphan(&cid) {
+                (self.delete)(&cid);
+                removed.push(format!("runsc container {cid}"));
+            }
+        }
+        if let Some(layout) = self.layout {
+            let mut names = BTreeSet::new();
+            for parent in layout.parents() {
+                if let Ok(rd) = fs::read_dir(&parent) {
+                    names.extend(
+                        rd.flatten()
+                            .filter(|e| e.path().is_dir())
+                            .map(|e| e.file_name().to_string_lossy().into_owned()),
+                    );
+                }
+            }
+            for name in names.into_iter().filter(|n| orphan(n)) {
+                if remove_dirs(&layout.dirs_of(&name), Duration::from_secs(2)) {
+                    removed.push(format!("cgroup {}/{name}", crate::cgroup::PARENT));
+                }
+            }
+        }
+        for sid in dead {
+            let bundle = self.scratch.join(&sid);
+            // The egress proxy died with its owner; its socket directory did not.
+            if let Ok(sock) = fs::read_to_string(bundle.join(EGRESS_FILE))
+                && let Some(dir) = Path::new(sock.trim()).parent()
+                && dir.ends_with(&sid)
+                && fs::remove_dir_all(dir).is_ok()
+            {
+                removed.push(format!("egress socket {}", dir.display()));
+            }
+            crate::workspace::unmount(&bundle.join("work"));
+            if fs::remove_dir_all(&bundle).is_ok() {
+                removed.push(format!("bundle {}", bundle.display()));
+            }
+        }
+        removed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_records_tell_live_from_dead() {
+        assert!(owner_alive(&owner_record()));
+        let me = std::process::id();
+        assert!(!owner_alive(&format!("{me} 1")), "a reused pid looks alive");
+        assert!(!owner_alive("4194305 12"));
+        assert!(!owner_alive("garbage"));
+    }
+
+    #[test]
+    fn names_map_to_their_sandbox() {
+        let sid = "sb-0123456789abcdef0123456789abcdef";
+        assert_eq!(sandbox_of(&format!("{sid}-1")), Some(sid));
+        assert_eq!(sandbox_of(&format!("{sid}-12")), Some(sid));
+        assert_eq!(sandbox_of("c6"), None);
+        assert_eq!(sandbox_of(&format!("{sid}-x")), None);
+        assert_eq!(sandbox_of("other-3"), None);
+    }
+}

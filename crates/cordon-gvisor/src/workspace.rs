@@ -1,0 +1,39 @@
+//! The sandbox's `/work`: a size-limited tmpfs mounted on the host in the bundle, owned by
+//! the sandbox user, and bound into the sandbox by runsc. Filling it is `ENOSPC` inside and
+//! the disk-limit reason outside; it vanishes with the sandbox.
+
+use std::path::Path;
+
+use nix::mount::{MntFlags, MsFlags};
+
+use crate::GvisorError;
+
+/// Mounts a tmpfs of `bytes` on `dir`, owned by `uid`.
+pub fn mount(dir: &Path, bytes: u64, uid: u32) -> Result<(), GvisorError> {
+    let opts = format!("size={bytes},mode=0755,uid={uid},gid={uid}");
+    nix::mount::mount(
+        Some("cordon-work"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(opts.as_str()),
+    )
+    .map_err(|e| {
+        GvisorError::Workspace(format!(
+            "mounting a {bytes}-byte tmpfs on {}: {e}",
+            dir.display()
+        ))
+    })
+}
+
+/// Detaches the workspace mount, if there is one.
+pub fn unmount(dir: &Path) {
+    let _ = nix::mount::umount2(dir, MntFlags::MNT_DETACH);
+}
+
+/// True when the workspace has (almost) no room left.
+pub fn full(dir: &Path) -> bool {
+    nix::sys::statvfs::statvfs(dir)
+        .map(|s| s.blocks_available() * s.fragment_size() <= 64 * 1024)
+        .unwrap_or(false)
+}
