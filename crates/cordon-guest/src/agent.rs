@@ -2,7 +2,10 @@
 //!
 //! Each exec runs under a *reaper*: a process forked into a fresh PID and mount namespace
 //! (with its own `/proc`), so the program sees only its own process tree, and killing the
-//! reaper kills that whole tree — daemons and double forks included. The program itself runs
+//! reaper kills that whole tree — daemons and double forks included. The next exec's reaper
+//! is made ahead of time (a *standby*: namespaces made, `/proc` mounted, confinement applied,
+//! waiting for its job on a socket), so an exec pays only for the program's own fork and
+//! exec; a reaper that has reported its program's end finishes exiting off the critical path. The program itself runs
 //! as an unprivileged user with every capability gone, `no_new_privs`, rlimits, and whatever
 //! the tier installs in [`AgentConfig::confine`] (the container tier's Landlock and seccomp).
 
@@ -58,9 +61,28 @@ struct Running {
     reaper: Pid,
     pidfd: OwnedFd,
     status: File,
+    /// What the reaper wrote so far on its status pipe.
+    report: Vec<u8>,
     framed: Option<FramedIo>,
     cpu_before_us: u64,
     cgroup: Option<PathBuf>,
+}
+
+/// A reaper made ahead of its exec, waiting for the job on `chan`.
+struct Standby {
+    pid: Pid,
+    pidfd: OwnedFd,
+    chan: UnixStream,
+}
+
+/// What a standby reaper is sent (with the program's stdin, stdout, stderr and the status
+/// pipe as descriptors).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Job {
+    argv: Vec<String>,
+    env: BTreeMap<String, String>,
+    cwd: String,
+    limits: ProcLimits,
 }
 
 struct FramedIo {
@@ -123,6 +145,9 @@ pub struct Agent {
     inbuf: FrameBuffer,
     fds: VecDeque<OwnedFd>,
     running: Option<Running>,
+    standby: Option<Standby>,
+    /// Reapers that reported their program's end and are still exiting (namespace teardown).
+    exiting: Vec<(Pid, OwnedFd)>,
     configure: Option<ConfigureHook>,
     cgroups: Option<ExecCgroups>,
 }
@@ -171,6 +196,8 @@ impl Agent {
             inbuf: FrameBuffer::default(),
             fds: VecDeque::new(),
             running: None,
+            standby: None,
+            exiting: Vec::new(),
             configure: None,
             cgroups: None,
         })
@@ -185,9 +212,58 @@ impl Agent {
             },
             b"",
         )?;
+        // Ready the first exec's reaper while the host reads the hello. A failure here is
+        // retried (and reported) when an exec asks for it.
+        self.standby = self.spawn_standby().ok();
         loop {
             if self.poll_once()? {
+                self.end_children();
                 return Ok(());
+            }
+        }
+    }
+
+    /// Kills the standby and any running exec (their trees go with them) and reaps them.
+    fn end_children(&mut self) {
+        let mut pids: Vec<Pid> = Vec::new();
+        if let Some(sb) = self.standby.take() {
+            pids.push(sb.pid);
+        }
+        if let Some(run) = self.running.take() {
+            pids.push(run.reaper);
+        }
+        pids.extend(self.exiting.drain(..).map(|(p, _)| p));
+        for p in &pids {
+            let _ = kill(*p, Signal::SIGKILL);
+        }
+        for p in pids {
+            let _ = waitpid(p, None);
+        }
+    }
+
+    /// Forks the next exec's reaper into its namespaces; it prepares and waits for a job.
+    fn spawn_standby(&self) -> io::Result<Standby> {
+        let (ours, theirs) = UnixStream::pair()?;
+        match sys::fork_into(libc::CLONE_NEWPID | libc::CLONE_NEWNS)? {
+            sys::Forked::Child => {
+                drop(ours);
+                standby_main(&self.cfg, theirs)
+            }
+            sys::Forked::Parent(pid) => {
+                drop(theirs);
+                let pidfd = match sys::pidfd_open(pid) {
+                    Ok(fd) => fd,
+                    Err(e) => {
+                        let _ = kill(pid, Signal::SIGKILL);
+                        let _ = waitpid(pid, None);
+                        return Err(e);
+                    }
+                };
+                Ok(Standby {
+                    pid,
+                    pidfd,
+                    chan: ours,
+                })
             }
         }
     }
@@ -212,6 +288,7 @@ impl Agent {
     fn poll_once(&mut self) -> Result<bool, ProtoError> {
         let ctrl_ready;
         let mut reaper_done = false;
+        let mut exited_ready: Vec<usize> = Vec::new();
         let mut out_ready = [false; 2];
         let mut stdin_ready = false;
         {
@@ -219,8 +296,14 @@ impl Agent {
             let mut idx_pid = None;
             let mut idx_out = [None, None];
             let mut idx_in = None;
+            let first_exiting = fds.len();
+            for (_, fd) in &self.exiting {
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+            }
             if let Some(run) = &self.running {
+                // The reaper's status line ends the exec; its pidfd, should it die first.
                 idx_pid = Some(fds.len());
+                fds.push(PollFd::new(run.status.as_fd(), PollFlags::POLLIN));
                 fds.push(PollFd::new(run.pidfd.as_fd(), PollFlags::POLLIN));
                 if let Some(fr) = &run.framed {
                     for (i, f) in [&fr.stdout, &fr.stderr].into_iter().enumerate() {
@@ -244,8 +327,13 @@ impl Agent {
             }
             let hit = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
             ctrl_ready = hit(0);
+            for k in 0..self.exiting.len() {
+                if hit(first_exiting + k) {
+                    exited_ready.push(k);
+                }
+            }
             if let Some(i) = idx_pid {
-                reaper_done = hit(i);
+                reaper_done = hit(i) || hit(i + 1);
             }
             for k in 0..2 {
                 if let Some(i) = idx_out[k] {
@@ -264,7 +352,11 @@ impl Agent {
         if stdin_ready {
             self.feed_stdin();
         }
-        if reaper_done {
+        for k in exited_ready.into_iter().rev() {
+            let (pid, _) = self.exiting.swap_remove(k);
+            let _ = waitpid(pid, None);
+        }
+        if reaper_done && self.status_complete() {
             self.finish_exec()?;
         }
         if ctrl_ready {
@@ -479,38 +571,92 @@ impl Agent {
                 )
             }
         };
-        let plan = ExecPlan::new(argv, env, cwd)?;
+        // Checked here, so a bad request is refused before a reaper is spent on it.
+        ExecPlan::new(argv, env, cwd)?;
         let cgroup = match &self.cgroups {
             Some(cg) => Some(cg.create(id)?),
             None => None,
         };
         let (status_r, status_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        nix::fcntl::fcntl(&status_r, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
         let cpu_before_us = children_cpu_us();
-        let flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
-        match sys::fork_into(flags)? {
-            sys::Forked::Child => {
-                drop(status_r);
-                if let Some(dir) = &cgroup
-                    && std::fs::write(dir.join("cgroup.procs"), b"0").is_err()
-                {
-                    sys::exit_now(120);
+        let job = encode(
+            &Job {
+                argv: argv.to_vec(),
+                env: env.clone(),
+                cwd: cwd.to_string(),
+                limits: limits.clone(),
+            },
+            b"",
+        )
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let fds = [
+            child_stdio[0].as_raw_fd(),
+            child_stdio[1].as_raw_fd(),
+            child_stdio[2].as_raw_fd(),
+            status_w.as_raw_fd(),
+        ];
+        // A standby that died (or never came up) is replaced once.
+        let mut standby = None;
+        for _ in 0..2 {
+            let sb = match self.standby.take() {
+                Some(sb) => sb,
+                None => self.spawn_standby()?,
+            };
+            let joined = match &cgroup {
+                Some(dir) => std::fs::write(dir.join("cgroup.procs"), sb.pid.to_string()),
+                None => Ok(()),
+            };
+            match joined.and_then(|_| send_job(&sb.chan, &job, &fds)) {
+                Ok(()) => {
+                    standby = Some(sb);
+                    break;
                 }
-                reaper_main(&self.cfg, &plan, limits, child_stdio, status_w)
+                Err(_) => {
+                    let _ = kill(sb.pid, Signal::SIGKILL);
+                    let _ = waitpid(sb.pid, None);
+                }
             }
-            sys::Forked::Parent(reaper) => {
-                drop(status_w);
-                drop(child_stdio);
-                let pidfd = sys::pidfd_open(reaper)?;
-                self.running = Some(Running {
-                    id,
-                    reaper,
-                    pidfd,
-                    status: File::from(status_r),
-                    framed,
-                    cpu_before_us,
-                    cgroup,
-                });
-                Ok(())
+        }
+        let Some(sb) = standby else {
+            return Err(io::Error::other(
+                "the exec's reaper could not be started or joined to its cgroup",
+            ));
+        };
+        drop(status_w);
+        drop(child_stdio);
+        self.running = Some(Running {
+            id,
+            reaper: sb.pid,
+            pidfd: sb.pidfd,
+            status: File::from(status_r),
+            report: Vec::new(),
+            framed,
+            cpu_before_us,
+            cgroup,
+        });
+        Ok(())
+    }
+
+    /// Reads what the reaper wrote on its status pipe; true once the line is whole or the
+    /// pipe closed (the reaper died without a report).
+    fn status_complete(&mut self) -> bool {
+        let Some(run) = self.running.as_mut() else {
+            return false;
+        };
+        let mut buf = [0u8; 256];
+        loop {
+            match (&run.status).read(&mut buf) {
+                Ok(0) => return true,
+                Ok(n) => {
+                    run.report.extend_from_slice(&buf[..n]);
+                    if run.report.contains(&b'\n') || run.report.len() > 4096 {
+                        return true;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
             }
         }
     }
@@ -602,11 +748,28 @@ impl Agent {
                 }
             }
         }
-        let mut report = String::new();
-        let _ = (&run.status).take(4096).read_to_string(&mut report);
-        let _ = waitpid(run.reaper, None);
-        let cpu_us = children_cpu_us().saturating_sub(run.cpu_before_us);
-        let (code, signal, mut max_rss_bytes) = parse_report(&report).unwrap_or((None, Some(9), 0));
+        let report = String::from_utf8_lossy(&run.report).into_owned();
+        let parsed = parse_report(&report);
+        let (code, signal, mut max_rss_bytes, cpu_us) = match parsed {
+            // The reaper reaped its whole tree before writing this; only its own exit (the
+            // namespaces' teardown) remains, which need not hold up the reply. An exec
+            // cgroup is removed below, so then it is waited for.
+            Some(r) if run.cgroup.is_none() => {
+                self.exiting.push((run.reaper, run.pidfd));
+                r
+            }
+            Some(r) => {
+                let _ = waitpid(run.reaper, None);
+                r
+            }
+            // No report: the reaper was killed or died. As the PID namespace's init, its
+            // exit means every process of the exec is gone; wait for that.
+            None => {
+                let _ = waitpid(run.reaper, None);
+                let cpu = children_cpu_us().saturating_sub(run.cpu_before_us);
+                (None, Some(9), 0, cpu)
+            }
+        };
         let disk_full = self.cfg.scratch.iter().any(|p| is_full(p));
         let (mut oom_killed, mut pids_limited) = (false, false);
         if let Some(dir) = &run.cgroup {
@@ -627,7 +790,12 @@ impl Agent {
                 pids_limited,
             },
             b"",
-        )
+        )?;
+        // The next exec's reaper gets ready while the host reads this reply.
+        if self.standby.is_none() {
+            self.standby = self.spawn_standby().ok();
+        }
+        Ok(())
     }
 
     fn open_beneath(&self, rel: &str, flags: OFlag, mode: Mode) -> Result<OwnedFd, Errno> {
@@ -836,14 +1004,16 @@ fn is_full(p: &Path) -> bool {
     }
 }
 
-fn parse_report(s: &str) -> Option<(Option<i32>, Option<i32>, u64)> {
+/// The reaper's status line: `exit|signal VALUE MAX_RSS_KB CPU_US`.
+fn parse_report(s: &str) -> Option<(Option<i32>, Option<i32>, u64, u64)> {
     let mut it = s.split_whitespace();
     let kind = it.next()?;
     let val: i32 = it.next()?.parse().ok()?;
     let rss_kb: u64 = it.next()?.parse().ok()?;
+    let cpu_us: u64 = it.next()?.parse().ok()?;
     match kind {
-        "exit" => Some((Some(val), None, rss_kb * 1024)),
-        "signal" => Some((None, Some(val), rss_kb * 1024)),
+        "exit" => Some((Some(val), None, rss_kb * 1024, cpu_us)),
+        "signal" => Some((None, Some(val), rss_kb * 1024, cpu_us)),
         _ => None,
     }
 }
@@ -886,6 +1056,16 @@ impl ExecPlan {
         })
     }
 
+    /// A plan that runs nothing (for a reaper that only reports a failure).
+    fn empty() -> Self {
+        ExecPlan {
+            argv: Vec::new(),
+            env: Vec::new(),
+            path_dirs: Vec::new(),
+            cwd: CString::default(),
+        }
+    }
+
     /// Candidate program paths for argv[0], PATH-searched like a shell.
     fn candidates(&self) -> Vec<CString> {
         let name = self.argv[0].as_bytes();
@@ -904,30 +1084,103 @@ impl ExecPlan {
     }
 }
 
-/// The reaper: PID 1 of the exec's namespace. Never returns.
+/// Sends a standby reaper its job with the program's stdio and the status pipe.
+fn send_job(chan: &UnixStream, job: &[u8], fds: &[RawFd; 4]) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, sendmsg};
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let iov = [io::IoSlice::new(job)];
+    let sent = sendmsg::<()>(chan.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
+        .map_err(io::Error::from)?;
+    let mut chan = chan;
+    chan.write_all(&job[sent..])
+}
+
+/// Receives the job (and its four descriptors) on a standby reaper's socket; `None` when the
+/// agent closed it without one.
+fn receive_job(chan: &UnixStream) -> Option<(Job, Vec<OwnedFd>)> {
+    let mut frames = FrameBuffer::default();
+    let mut fds = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let mut cmsg = nix::cmsg_space!([RawFd; 4]);
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = match recvmsg::<()>(
+            chan.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(m) => m,
+            Err(Errno::EINTR) => continue,
+            Err(_) => return None,
+        };
+        if let Ok(cmsgs) = msg.cmsgs() {
+            for c in cmsgs {
+                if let ControlMessageOwned::ScmRights(raw) = c {
+                    // The kernel installed these descriptors for us (SCM_RIGHTS).
+                    fds.extend(raw.into_iter().map(sys::own_fd));
+                }
+            }
+        }
+        let n = msg.bytes;
+        if n == 0 {
+            return None;
+        }
+        frames.push(&buf[..n]);
+        match frames.next_frame::<Job>() {
+            Ok(Some(f)) => return Some((f.header, fds)),
+            Ok(None) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// A standby reaper: PID 1 of the next exec's namespace, made before the exec is asked
+/// for. It mounts its `/proc`, takes on the tier's confinement, then waits for its job and
+/// runs it as [`reaper_main`]. Never returns.
+fn standby_main(cfg: &AgentConfig, chan: UnixStream) -> ! {
+    let mut failed: Option<String> = None;
+    if cfg.mount_proc {
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        if let Err(e) = mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>) {
+            failed = Some(format!("cannot mount /proc for the exec: {e}"));
+        }
+    }
+    // The tier's confinement (Landlock, seccomp) goes on here, once /proc is mounted and
+    // before the program exists, so the reaper and everything it starts are inside it.
+    if failed.is_none()
+        && let Some(hook) = &cfg.confine
+        && let Err(e) = hook()
+    {
+        failed = Some(format!("the sandbox's filters could not be applied: {e}"));
+    }
+    let Some((job, fds)) = receive_job(&chan) else {
+        sys::exit_now(0)
+    };
+    drop(chan);
+    let Ok([a, b, c, status]) = <[OwnedFd; 4]>::try_from(fds) else {
+        sys::exit_now(120)
+    };
+    let plan = match ExecPlan::new(&job.argv, &job.env, &job.cwd) {
+        Ok(p) => p,
+        Err(e) => {
+            failed.get_or_insert(format!("bad exec request: {e}"));
+            // Never used: the failure is reported below before the plan is.
+            ExecPlan::empty()
+        }
+    };
+    reaper_main(cfg, &plan, &job.limits, [a, b, c], status, failed)
+}
+
+/// The reaper, job in hand: PID 1 of the exec's namespace. Never returns.
 fn reaper_main(
     cfg: &AgentConfig,
     plan: &ExecPlan,
     limits: &ProcLimits,
     stdio: [OwnedFd; 3],
     status: OwnedFd,
+    failed: Option<String>,
 ) -> ! {
-    if cfg.mount_proc {
-        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-        if let Err(e) = mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>) {
-            let _ = writeln!(
-                io::stderr(),
-                "cordon-agent: cannot mount /proc for the exec: {e}"
-            );
-            sys::exit_now(120);
-        }
-    }
-    // The tier's confinement (Landlock, seccomp) goes on here, once /proc is mounted and
-    // before the program exists, so the reaper and everything it starts are inside it.
-    let confined = match &cfg.confine {
-        Some(hook) => hook().map_err(|e| e.to_string()),
-        None => Ok(()),
-    };
     // Move what we keep to fixed numbers: stdio to 0-2, the status pipe to 3. First lift
     // every descriptor above the range, so no dup2 below lands on one still needed.
     let [a, b, c] = stdio;
@@ -949,12 +1202,9 @@ fn reaper_main(
     }
     // fd 3 is ours: dup2'd above.
     let mut status = File::from(sys::own_fd(3));
-    if let Err(e) = confined {
-        let _ = writeln!(
-            io::stderr(),
-            "cordon: the sandbox's filters could not be applied: {e}"
-        );
-        let _ = status.write_all(b"exit 125 0\n");
+    if let Some(e) = failed {
+        let _ = writeln!(io::stderr(), "cordon: {e}");
+        let _ = status.write_all(b"exit 125 0 0\n");
         sys::exit_now(0);
     }
     let child = match sys::fork_into(0) {
@@ -983,13 +1233,21 @@ fn reaper_main(
             Err(_) => break,
         }
     }
-    let rss_kb = getrusage(UsageWho::RUSAGE_CHILDREN)
-        .map(|u| u.max_rss() as u64)
-        .unwrap_or(0);
+    // Every process of the exec has been waited for: these are the whole tree's figures.
+    let (rss_kb, cpu_us) = match getrusage(UsageWho::RUSAGE_CHILDREN) {
+        Ok(u) => {
+            let us =
+                |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+            (u.max_rss() as u64, us(u.user_time()) + us(u.system_time()))
+        }
+        Err(_) => (0, 0),
+    };
     let line = match main_status {
-        Some(WaitStatus::Exited(_, code)) => format!("exit {code} {rss_kb}\n"),
-        Some(WaitStatus::Signaled(_, sig, _)) => format!("signal {} {rss_kb}\n", sig as i32),
-        _ => format!("signal 9 {rss_kb}\n"),
+        Some(WaitStatus::Exited(_, code)) => format!("exit {code} {rss_kb} {cpu_us}\n"),
+        Some(WaitStatus::Signaled(_, sig, _)) => {
+            format!("signal {} {rss_kb} {cpu_us}\n", sig as i32)
+        }
+        _ => format!("signal 9 {rss_kb} {cpu_us}\n"),
     };
     let _ = status.write_all(line.as_bytes());
     sys::exit_now(0)
@@ -1065,8 +1323,12 @@ mod tests {
 
     #[test]
     fn reports_parse() {
-        assert_eq!(parse_report("exit 3 100\n"), Some((Some(3), None, 102400)));
-        assert_eq!(parse_report("signal 9 0\n"), Some((None, Some(9), 0)));
+        assert_eq!(
+            parse_report("exit 3 100 7\n"),
+            Some((Some(3), None, 102400, 7))
+        );
+        assert_eq!(parse_report("signal 9 0 0\n"), Some((None, Some(9), 0, 0)));
+        assert_eq!(parse_report("exit 3 100\n"), None);
         assert_eq!(parse_report(""), None);
         assert_eq!(parse_report("exit x 1"), None);
     }
