@@ -91,12 +91,21 @@ pub fn recovery_hook() -> cordon_server::RecoveryHook {
             .filter(|r| r.tier == Tier::Container.as_str())
             .map(|r| r.id.as_str())
             .collect();
-        if ids.is_empty() {
-            return Vec::new();
-        }
-        cordon_container::cgroup::reap_orphans(|name| !ids.contains(name))
-            .into_iter()
-            .map(|name| format!("cgroup cordon/{name} (and its processes)"))
-            .collect()
+        let mut removed: Vec<String> = if ids.is_empty() {
+            Vec::new()
+        } else {
+            cordon_container::cgroup::reap_orphans(|name| !ids.contains(name))
+                .into_iter()
+                .map(|name| format!("cgroup cordon/{name} (and its processes)"))
+                .collect()
+        };
+        // A server killed mid-create leaves a cgroup no row names; its init died with the
+        // server (parent-death signal), so the cgroup is empty.
+        removed.extend(
+            cordon_container::cgroup::reap_empty(std::time::Duration::from_millis(100))
+                .into_iter()
+                .map(|name| format!("empty cgroup cordon/{name}")),
+        );
+        removed
     })
 }

@@ -284,6 +284,46 @@ pub fn reap_orphans(is_live: impl Fn(&str) -> bool) -> Vec<String> {
     removed
 }
 
+/// Removes sandbox cgroups that hold no process and still hold none after `settle`: what a
+/// process killed between making a sandbox's cgroup and recording it (or between its
+/// sandbox dying and removing it) left behind. A cgroup being set up right now by another
+/// Cordon process is empty only for the moment before its init joins, so the second look
+/// after `settle` spares it. Cgroups with processes are never touched.
+pub fn reap_empty(settle: Duration) -> Vec<String> {
+    let version = host_version();
+    let roots: Vec<PathBuf> = match version {
+        Version::V1 => ["memory", "pids", "cpu", "cpuacct", "cpu,cpuacct"]
+            .iter()
+            .map(|c| Path::new("/sys/fs/cgroup").join(c).join(PARENT))
+            .collect(),
+        Version::V2 => vec![Path::new("/sys/fs/cgroup").join(PARENT)],
+    };
+    let empty_dirs = || -> Vec<PathBuf> {
+        roots
+            .iter()
+            .filter_map(|r| fs::read_dir(r).ok())
+            .flat_map(|rd| rd.flatten().map(|e| e.path()))
+            .filter(|p| p.is_dir() && read_pids(&p.join("cgroup.procs")).is_empty())
+            .collect()
+    };
+    let first = empty_dirs();
+    if first.is_empty() {
+        return Vec::new();
+    }
+    std::thread::sleep(settle);
+    let second: std::collections::BTreeSet<PathBuf> = empty_dirs().into_iter().collect();
+    let mut removed = Vec::new();
+    for d in first.into_iter().filter(|d| second.contains(d)) {
+        if fs::remove_dir(&d).is_ok()
+            && let Some(name) = d.file_name().map(|n| n.to_string_lossy().into_owned())
+            && !removed.contains(&name)
+        {
+            removed.push(name);
+        }
+    }
+    removed
+}
+
 fn read_pids(p: &Path) -> Vec<i32> {
     fs::read_to_string(p)
         .unwrap_or_default()

@@ -839,3 +839,30 @@ fn sandbox_outlives_the_thread_that_created_it() {
     assert_eq!(text(&o.stdout), "still-here\n");
     sb.destroy().unwrap();
 }
+
+/// What a process killed mid-create leaves (an empty sandbox cgroup) is removed by
+/// `reap_empty`; a live sandbox's cgroup, with processes in it, is never touched.
+#[test]
+fn empty_cgroups_are_reaped_and_live_ones_kept() {
+    let b = need_backend!();
+    let mut live = b.create(&spec()).unwrap();
+    let name = format!("sb-left-by-kill-{}", std::process::id());
+    let cg = cordon_container::cgroup::SandboxCgroup::create(&name, 64 << 20, 8, 0.5).unwrap();
+    assert!(cgroup_exists(&name));
+    let removed = cordon_container::cgroup::reap_empty(Duration::from_millis(50));
+    assert!(removed.contains(&name), "{removed:?}");
+    assert!(!cgroup_exists(&name), "the empty cgroup is still there");
+    assert!(
+        cgroup_exists(live.id().as_str()),
+        "a live sandbox's cgroup was removed"
+    );
+    let o = live
+        .exec(
+            &ExecRequest::argv(["true"]),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    assert!(o.success(), "{o:?}");
+    live.destroy().unwrap();
+    drop(cg);
+}
