@@ -265,7 +265,8 @@ impl Service {
         })
         .await
         .map_err(|e| ServerError::Config(format!("startup worker failed: {e}")))??;
-        if !report.sandboxes.is_empty() || !report.scratch.is_empty() {
+        if !report.sandboxes.is_empty() || !report.scratch.is_empty() || !report.removed.is_empty()
+        {
             tracing::warn!(
                 sandboxes = report.sandboxes.len(),
                 removed = report.removed.len(),
@@ -1417,11 +1418,11 @@ fn open_and_recover(
     let audit = Audit::open(&dir.join("audit.db"))?;
     let mut report = RecoveryReport::default();
     let rows = audit.unfinished()?;
-    if !rows.is_empty() {
-        report.sandboxes = rows.iter().map(|r| r.id.clone()).collect();
-        if let Some(h) = &hook {
-            report.removed = h(&rows);
-        }
+    report.sandboxes = rows.iter().map(|r| r.id.clone()).collect();
+    // The hook runs even with no unfinished rows: a server killed while a sandbox was being
+    // made (before its row was written) leaves host state no row names.
+    if let Some(h) = &hook {
+        report.removed = h(&rows);
     }
     let scratch = dir.join("scratch");
     if let Ok(tiers) = std::fs::read_dir(&scratch) {
@@ -1445,7 +1446,7 @@ fn open_and_recover(
     for tier in Tier::ALL {
         let _ = std::fs::create_dir_all(scratch_dir(dir, tier));
     }
-    if !report.sandboxes.is_empty() || !report.scratch.is_empty() {
+    if !report.sandboxes.is_empty() || !report.scratch.is_empty() || !report.removed.is_empty() {
         for r in &rows {
             audit.sandbox_ended(
                 &r.id,
