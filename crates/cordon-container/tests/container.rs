@@ -8,7 +8,6 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -18,7 +17,7 @@ use cordon_core::{
     Backend, Command, Error, ExecOutcome, ExecRequest, Language, OutputStream, SandboxSpec,
     Termination, Tier, TierStatus,
 };
-use cordon_egress::testkit::Upstream;
+use cordon_testkit::egress::Upstream;
 
 fn init_path() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_cordon-sandbox-init"))
@@ -247,58 +246,17 @@ fn host_secrets_files_are_not_visible() {
 /// Runs in a child test process whose environment holds a canary; see the test below.
 #[test]
 fn canary_child() {
-    let Ok(canary) = std::env::var("CORDON_TEST_CANARY") else {
-        return; // Only meaningful when started by env_canary_never_appears.
-    };
-    let b = need_backend!();
-    let mut sb = b.create(&spec()).unwrap();
-    let o = sb
-        .exec(
-            &ExecRequest::code(
-                Language::Bash,
-                "env; cat /proc/1/environ /proc/self/environ 2>&1; grep -rs CORDON /proc/*/environ /proc/*/cmdline; ls -la /work /tmp; true",
-            ),
-            &mut |_: OutputStream, _: &[u8]| {},
-        )
-        .unwrap();
-    let mut everything = o.stdout.clone();
-    everything.extend_from_slice(&o.stderr);
-    for f in ["a", "b"] {
-        let _ = sb.put_file(f, b"x", 0o644);
+    if std::env::var_os(cordon_testkit::escape::CANARY_VAR).is_some() {
+        let b = need_backend!();
+        cordon_testkit::escape::env_canary_child(b, &spec());
     }
-    assert!(
-        !text(&everything).contains(&canary),
-        "canary leaked into the sandbox"
-    );
-    sb.destroy().unwrap();
-    println!("CANARY-CHECK-RAN");
 }
 
 #[test]
 fn env_canary_never_appears() {
-    if backend().is_none() {
-        return;
+    if backend().is_some() {
+        cordon_testkit::escape::env_canary_parent("canary_child");
     }
-    let canary = format!(
-        "canary-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "canary_child", "--nocapture", "--test-threads=1"])
-        .env("CORDON_TEST_CANARY", &canary)
-        .env("AWS_SECRET_ACCESS_KEY", &canary)
-        .output()
-        .unwrap();
-    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
-    assert!(out.status.success(), "child failed: {all}");
-    assert!(
-        all.contains("CANARY-CHECK-RAN"),
-        "child did not run the check: {all}"
-    );
 }
 
 #[test]
@@ -317,33 +275,7 @@ fn writes_outside_work_and_tmp_fail() {
 #[test]
 fn cannot_connect_to_host_loopback() {
     let b = need_backend!();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let o = py(
-        b,
-        &format!(
-            "import socket\nfor host in ['127.0.0.1', 'localhost', '10.0.2.2', '169.254.169.254']:\n  s = socket.socket(); s.settimeout(2)\n  try:\n    s.connect((host, {port})); print('CONNECTED', host)\n  except OSError as e:\n    print('refused', host, e.errno)\n"
-        ),
-    );
-    let out = text(&o.stdout);
-    assert!(!out.contains("CONNECTED"), "{out}");
-    assert_eq!(
-        out.matches("refused").count(),
-        4,
-        "{out} {}",
-        text(&o.stderr)
-    );
-    assert!(
-        listener.accept().is_err(),
-        "the host listener got a connection"
-    );
-    // No interface but loopback.
-    let o = sh(
-        b,
-        "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '",
-    );
-    assert_eq!(text(&o.stdout).trim(), "lo");
+    cordon_testkit::escape::host_loopback_unreachable(b, &spec());
 }
 
 #[test]
@@ -359,18 +291,7 @@ fn tcp_bind_is_refused() {
 #[test]
 fn raw_packet_and_netlink_sockets_are_refused() {
     let b = need_backend!();
-    let o = py(
-        b,
-        "import socket\ncases = [('packet', 17, socket.SOCK_RAW, 0), ('raw-icmp', 2, socket.SOCK_RAW, 1), ('raw-inet6', 10, socket.SOCK_RAW, 58),\n ('netlink-audit', 16, socket.SOCK_RAW, 9), ('vsock', 40, socket.SOCK_STREAM, 0), ('alg', 38, socket.SOCK_SEQPACKET, 0), ('packet-dgram', 17, socket.SOCK_DGRAM, 0)]\nfor name, fam, typ, proto in cases:\n  try:\n    socket.socket(fam, typ, proto); print('OPENED', name)\n  except OSError as e:\n    print('denied', name, e.errno)\n",
-    );
-    let out = text(&o.stdout);
-    assert!(!out.contains("OPENED"), "{out}");
-    assert_eq!(
-        out.matches("denied").count(),
-        7,
-        "{out} {}",
-        text(&o.stderr)
-    );
+    cordon_testkit::escape::raw_and_exotic_sockets_refused(b, &spec());
 }
 
 const SYSCALL_PROBE: &str = r#"
@@ -427,36 +348,7 @@ fn dangerous_syscalls_are_refused() {
 #[test]
 fn host_processes_are_invisible_and_unsignalable() {
     let b = need_backend!();
-    let mut victim = std::process::Command::new("sleep")
-        .arg("60")
-        .spawn()
-        .unwrap();
-    let vpid = victim.id();
-    let me = std::process::id();
-    let o = py(
-        b,
-        &format!(
-            "import os, signal\npids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\nprint('pids', pids)\nfor pid in ({vpid}, {me}, 1):\n  try:\n    os.kill(pid, signal.SIGKILL); print('sent', pid)\n  except OSError as e:\n    print('failed', pid, e.errno)\n"
-        ),
-    );
-    let out = text(&o.stdout);
-    assert!(out.contains(&format!("failed {vpid} 3")), "{out}");
-    assert!(
-        out.contains(&format!("failed {me} 3")) || !out.contains(&format!("sent {me}")),
-        "{out}"
-    );
-    let pids_line = out.lines().next().unwrap();
-    let count = pids_line.matches(',').count() + 1;
-    assert!(
-        count <= 3,
-        "the sandbox sees too many processes: {pids_line}"
-    );
-    assert!(
-        victim.try_wait().unwrap().is_none(),
-        "the host process was killed"
-    );
-    victim.kill().unwrap();
-    victim.wait().unwrap();
+    cordon_testkit::escape::host_processes_unsignalable(b, &spec(), 3);
 }
 
 #[test]
@@ -772,7 +664,7 @@ fn egress_spec(allow: &[String]) -> SandboxSpec {
 #[test]
 fn egress_allows_listed_hosts_and_refuses_the_rest() {
     let b = need_backend!();
-    cordon_egress::testkit::allowed_hosts_only(b, spec());
+    cordon_testkit::egress::allowed_hosts_only(b, spec());
 }
 
 #[test]
@@ -813,7 +705,7 @@ fn without_an_allow_list_nothing_is_reachable_and_direct_sockets_fail() {
 #[test]
 fn grant_placeholder_is_not_the_secret_and_cannot_leave_for_other_hosts() {
     let b = need_backend!();
-    cordon_egress::testkit::grant_placeholder_stays_inside(b, spec());
+    cordon_testkit::egress::grant_placeholder_stays_inside(b, spec());
 }
 
 /// A server makes sandboxes on worker threads that come and go (tokio retires idle blocking

@@ -41,8 +41,6 @@ mod proxy;
 pub mod resolve;
 pub mod scan;
 mod secrets;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 mod tls;
 
 use std::net::SocketAddr;

