@@ -329,4 +329,29 @@ mod tests {
         };
         assert!(killed.out_of_memory(false));
     }
+
+    #[test]
+    fn v2_limits_are_written_by_cordon_and_counters_read_back() {
+        // A directory standing in for a v2 root: runsc writes nothing into a cgroup it finds
+        // already there, so every limit must come from here.
+        let root = std::env::temp_dir().join(format!("cordon-cg2-{}", std::process::id()));
+        fs::create_dir_all(&root).unwrap();
+        let layout = Layout::V2(root.clone());
+        let cg = ExecCgroup::create(&layout, "sb-x-1", 64 << 20, 0.5).unwrap();
+        let dir = root.join(PARENT).join("sb-x-1");
+        assert_eq!(fs::read_to_string(dir.join("memory.max")).unwrap(), "67108864");
+        assert_eq!(fs::read_to_string(dir.join("cpu.max")).unwrap(), "50000 100000");
+        // Controllers were enabled for the children of the root and of the parent.
+        for d in [root.clone(), root.join(PARENT)] {
+            let on = fs::read_to_string(d.join("cgroup.subtree_control")).unwrap();
+            assert!(on.starts_with('+'), "{on}");
+        }
+        assert_eq!(cg.oci_path(), "/cordon-gvisor/sb-x-1");
+        fs::write(dir.join("memory.events"), "max 4\noom 1\noom_kill 1\n").unwrap();
+        fs::write(dir.join("memory.peak"), "1234\n").unwrap();
+        let c = cg.counters();
+        assert_eq!((c.oom_kills, c.limit_hits, c.peak_bytes), (1, 4, 1234));
+        assert!(c.out_of_memory(false));
+        fs::remove_dir_all(&root).unwrap();
+    }
 }
