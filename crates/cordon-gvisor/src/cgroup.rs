@@ -339,8 +339,14 @@ mod tests {
         let layout = Layout::V2(root.clone());
         let cg = ExecCgroup::create(&layout, "sb-x-1", 64 << 20, 0.5).unwrap();
         let dir = root.join(PARENT).join("sb-x-1");
-        assert_eq!(fs::read_to_string(dir.join("memory.max")).unwrap(), "67108864");
-        assert_eq!(fs::read_to_string(dir.join("cpu.max")).unwrap(), "50000 100000");
+        assert_eq!(
+            fs::read_to_string(dir.join("memory.max")).unwrap(),
+            "67108864"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join("cpu.max")).unwrap(),
+            "50000 100000"
+        );
         // Controllers were enabled for the children of the root and of the parent.
         for d in [root.clone(), root.join(PARENT)] {
             let on = fs::read_to_string(d.join("cgroup.subtree_control")).unwrap();
