@@ -144,6 +144,7 @@ fn force_delete(config: &GvisorConfig, cid: &str) {
     let mut del = runsc_base(config);
     del.args(["delete", "--force", cid]);
     let _ = quiet(del).status();
+    reap::remove_lock(&config.state_root, cid);
 }
 
 /// True while runsc holds state for a container.
@@ -772,6 +773,8 @@ impl Sandbox for GvisorSandbox {
         if has_state(&self.config, &cid) {
             force_delete(&self.config, &cid);
         }
+        // A container that was killed leaves its lock file even once deleted.
+        reap::remove_lock(&self.config.state_root, &cid);
         let refused = watch.finish();
         {
             use std::os::unix::process::ExitStatusExt;

@@ -7,7 +7,7 @@
 //! [`crate::GvisorBackend::reap_orphans`]). Containers and cgroups named after a sandbox
 //! whose bundle no longer exists are orphans too.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -80,18 +80,23 @@ pub fn sandbox_of(name: &str) -> Option<&str> {
         .then_some(sid)
 }
 
-/// Container ids with state under runsc's root (`<id>_sandbox:<id>.state` files).
-fn containers_in(state_root: &Path) -> BTreeSet<String> {
-    let Ok(rd) = fs::read_dir(state_root) else {
-        return BTreeSet::new();
-    };
-    rd.flatten()
-        .filter_map(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            let id = n.split("_sandbox:").next()?.to_string();
-            n.ends_with(".state").then_some(id)
-        })
-        .collect()
+/// Container ids with files under runsc's root (`<id>_sandbox:<id>.state` and `.lock`),
+/// each with whether it still has state.
+fn containers_in(state_root: &Path) -> BTreeMap<String, bool> {
+    let mut found = BTreeMap::new();
+    for e in fs::read_dir(state_root).into_iter().flatten().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if let Some((id, _)) = n.split_once("_sandbox:") {
+            let state = found.entry(id.to_string()).or_insert(false);
+            *state |= n.ends_with(".state");
+        }
+    }
+    found
+}
+
+/// Removes the lock file runsc leaves beside a deleted container's state.
+pub fn remove_lock(state_root: &Path, cid: &str) {
+    let _ = fs::remove_file(state_root.join(format!("{cid}_sandbox:{cid}.lock")));
 }
 
 /// Everything the sweep needs to touch.
@@ -110,9 +115,12 @@ impl Sweep<'_> {
         let orphan =
             |name: &str| sandbox_of(name).is_some_and(|sid| !is_live(&self.scratch.join(sid)));
         let mut removed = Vec::new();
-        for cid in containers_in(self.state_root) {
+        for (cid, has_state) in containers_in(self.state_root) {
             if orphan(&cid) {
-                (self.delete)(&cid);
+                if has_state {
+                    (self.delete)(&cid);
+                }
+                remove_lock(self.state_root, &cid);
                 removed.push(format!("runsc container {cid}"));
             }
         }

@@ -154,12 +154,20 @@ fn timeout_and_output_limit_and_files() {
     let mut spec = spec();
     spec.limits.timeout_ms = 500;
     spec.limits.stdout_bytes = 1000;
-    let o = run(b, &spec, ExecRequest::argv(["sleep", "10"]));
+    // Both stop the container from the host; the sandbox lives on, and nothing of the
+    // stopped containers is left once it is destroyed.
+    let mut sb = b.create(&spec).unwrap();
+    let id = sb.id().to_string();
+    let o = exec(&mut sb, &ExecRequest::argv(["sleep", "10"]));
     assert_eq!(o.termination, Termination::Timeout);
-    let o = run(b, &spec, ExecRequest::argv(["yes"]));
+    let o = exec(&mut sb, &ExecRequest::argv(["yes"]));
     assert_eq!(o.termination, Termination::OutputLimit);
     assert_eq!(o.stdout.len(), 1000);
     assert!(o.stdout_truncated);
+    let o = exec(&mut sb, &ExecRequest::code(Language::Sh, "echo still"));
+    assert_eq!(text(&o.stdout), "still\n");
+    sb.destroy().unwrap();
+    assert_eq!(traces_of(b, &id), Vec::<PathBuf>::new());
 
     spec.limits.timeout_ms = 20_000;
     let mut sb = b.create(&spec).unwrap();
