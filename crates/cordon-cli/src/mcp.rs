@@ -32,6 +32,9 @@ pub fn mcp(args: McpArgs) -> Result<i32> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
+        cfg.policy
+            .bench_file
+            .get_or_insert_with(crate::policy::bench_file);
         let backends = backends::server_backends(&cfg.data_dir);
         let svc = Service::start(
             cfg,

@@ -51,6 +51,10 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     }
     let path = args.config.context("--config is required")?;
     let mut cfg = Config::load(&path)?;
+    // `tier: "auto"` ranks by this host's last `cordon bench` unless the config says where.
+    cfg.policy
+        .bench_file
+        .get_or_insert_with(crate::policy::bench_file);
     if let Some(b) = args.bind {
         cfg.bind = b;
     }

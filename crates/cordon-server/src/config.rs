@@ -141,6 +141,20 @@ pub struct Config {
     /// The most a spec may ask for; larger requests are refused by policy.
     #[serde(default = "max_limits")]
     pub max_limits: Limits,
+    /// The tier policy for requests that give `trust` and `autonomy`.
+    #[serde(default)]
+    pub policy: PolicyConfig,
+}
+
+/// Where the tier policy's rules and this host's bench figures come from.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// A rules file replacing the shipped default (`cordon policy show` prints that one).
+    pub rules_file: Option<PathBuf>,
+    /// `cordon bench`'s last figures, so `tier: "auto"` picks the fastest allowed tier
+    /// measured here; without them the policy's static order is used.
+    pub bench_file: Option<PathBuf>,
 }
 
 fn default_bind() -> SocketAddr {
@@ -181,6 +195,7 @@ impl Config {
             pools: BTreeMap::new(),
             default_limits: Limits::default(),
             max_limits: max_limits(),
+            policy: PolicyConfig::default(),
         }
     }
 
@@ -195,6 +210,14 @@ impl Config {
             && f.is_relative()
         {
             cfg.key_file = Some(base.join(f));
+        }
+        for f in [&mut cfg.policy.rules_file, &mut cfg.policy.bench_file]
+            .into_iter()
+            .flatten()
+        {
+            if f.is_relative() {
+                *f = base.join(&*f);
+            }
         }
         cfg.validate()?;
         Ok(cfg)

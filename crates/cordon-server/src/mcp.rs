@@ -36,9 +36,17 @@ pub struct RunArgs {
     /// python, bash, sh or javascript (default python).
     #[serde(default)]
     pub lang: Option<String>,
-    /// runtime, wasm, container, gvisor or microvm (default: the server's).
+    /// runtime, wasm, container, gvisor or microvm (default: the server's), or auto (the
+    /// policy picks from trust and autonomy).
     #[serde(default)]
     pub tier: Option<String>,
+    /// Where the code's input came from: trusted or untrusted (give with autonomy to let
+    /// the tier policy pick or check the tier).
+    #[serde(default)]
+    pub trust: Option<String>,
+    /// What the code may do: compute, read-files, write-files, install-packages, internet.
+    #[serde(default)]
+    pub autonomy: Option<String>,
     /// Timeout such as "10s".
     #[serde(default)]
     pub timeout: Option<String>,
@@ -51,6 +59,12 @@ pub struct RunArgs {
 pub struct CreateArgs {
     #[serde(default)]
     pub tier: Option<String>,
+    /// trusted or untrusted (with autonomy: the tier policy picks or checks the tier).
+    #[serde(default)]
+    pub trust: Option<String>,
+    /// compute, read-files, write-files, install-packages or internet.
+    #[serde(default)]
+    pub autonomy: Option<String>,
     /// Lifetime such as "10m".
     #[serde(default)]
     pub ttl: Option<String>,
@@ -151,6 +165,8 @@ impl CordonMcp {
             "code": a.code,
             "lang": a.lang.unwrap_or_else(|| "python".into()),
             "tier": a.tier,
+            "trust": a.trust,
+            "autonomy": a.autonomy,
             "timeout": a.timeout,
             "stdin": a.stdin,
         })))?;
@@ -174,6 +190,8 @@ impl CordonMcp {
         let t = self.tenant(&ctx)?;
         let req: CreateRequest = parse(drop_nulls(json!({
             "tier": a.tier,
+            "trust": a.trust,
+            "autonomy": a.autonomy,
             "ttl": a.ttl,
             "idle_timeout": a.idle_timeout,
             "allow_hosts": a.allow_hosts,

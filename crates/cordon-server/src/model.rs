@@ -6,6 +6,8 @@ use base64::Engine as _;
 use cordon_core::{Command, EgressPolicy, ExecRequest, Grant, Language, Limits, Tier, Weakening};
 use serde::{Deserialize, Deserializer, Serialize};
 
+use cordon_policy::{Autonomy, Shape, TierChoice, Trust};
+
 use crate::config::Dur;
 use crate::error::ApiError;
 
@@ -63,9 +65,20 @@ impl LimitsPatch {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRequest {
-    /// Tier; the server's default tier when left out.
+    /// Tier, or `auto` (the policy picks; needs `trust` and `autonomy`); the server's
+    /// default tier when left out and no policy inputs are given.
     #[serde(default)]
-    pub tier: Option<Tier>,
+    pub tier: Option<TierChoice>,
+    /// Policy inputs: where the code's input came from (`trusted`, `untrusted`).
+    #[serde(default)]
+    pub trust: Option<Trust>,
+    /// Policy inputs: what the code may do (`compute`, `read-files`, `write-files`,
+    /// `install-packages`, `internet`).
+    #[serde(default)]
+    pub autonomy: Option<Autonomy>,
+    /// Policy inputs: `many-short` (default) or `one-long`.
+    #[serde(default)]
+    pub shape: Option<Shape>,
     #[serde(default)]
     pub limits: LimitsPatch,
     #[serde(default)]
@@ -219,7 +232,13 @@ impl RunFile {
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     #[serde(default)]
-    pub tier: Option<Tier>,
+    pub tier: Option<TierChoice>,
+    #[serde(default)]
+    pub trust: Option<Trust>,
+    #[serde(default)]
+    pub autonomy: Option<Autonomy>,
+    #[serde(default)]
+    pub shape: Option<Shape>,
     #[serde(default)]
     pub limits: LimitsPatch,
     #[serde(default)]
@@ -258,6 +277,9 @@ impl RunRequest {
     pub fn split(self) -> (CreateRequest, ExecBody, Vec<RunFile>) {
         let create = CreateRequest {
             tier: self.tier,
+            trust: self.trust,
+            autonomy: self.autonomy,
+            shape: self.shape,
             limits: self.limits,
             env: self.env,
             allow_hosts: self.allow_hosts,

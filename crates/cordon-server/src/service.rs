@@ -222,6 +222,9 @@ struct Inner {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     counts: Arc<Mutex<Counts>>,
     pools: BTreeMap<Tier, Arc<Pool>>,
+    /// The tier policy (requests with `trust` and `autonomy`) and this host's bench figures.
+    rules: cordon_policy::Rules,
+    bench: Option<cordon_policy::BenchFigures>,
     stopping: AtomicBool,
     cancel: CancellationToken,
     /// Destroys running in the background (one-shot runs, the reaper); shutdown waits.
@@ -285,6 +288,28 @@ impl Service {
         })
         .await
         .map_err(|e| ServerError::Config(format!("probe worker failed: {e}")))?;
+        let rules = match &cfg.policy.rules_file {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| {
+                    ServerError::Config(format!("reading the policy file {}: {e}", p.display()))
+                })?;
+                cordon_policy::Rules::from_toml(&text).map_err(|e| {
+                    ServerError::Config(format!("the policy file {}: {e}", p.display()))
+                })?
+            }
+            None => cordon_policy::Rules::default_rules()
+                .map_err(|e| ServerError::Config(format!("the shipped policy: {e}")))?,
+        };
+        let bench = cfg.policy.bench_file.as_ref().and_then(|p| {
+            let text = std::fs::read_to_string(p).ok()?;
+            match cordon_policy::BenchFigures::from_bench_json(&text) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    tracing::warn!("ignoring the bench figures in {}: {e}", p.display());
+                    None
+                }
+            }
+        });
         let mut pools = BTreeMap::new();
         for (tier, size) in &cfg.pools {
             if *size == 0 {
@@ -319,6 +344,8 @@ impl Service {
                 sessions: Mutex::new(HashMap::new()),
                 counts: Arc::new(Mutex::new(Counts::default())),
                 pools,
+                rules,
+                bench,
                 stopping: AtomicBool::new(false),
                 cancel: CancellationToken::new(),
                 destroys: TaskTracker::new(),
@@ -407,7 +434,7 @@ impl Service {
         what: &str,
     ) -> Result<(SandboxSpec, Duration, Duration), ApiError> {
         let cfg = &self.inner.cfg;
-        let tier = req.tier.unwrap_or(cfg.default_tier);
+        let (tier, decision) = self.pick_tier(tenant, req, what).await?;
         let mut spec = SandboxSpec::new(tier);
         spec.limits = req.limits.apply(&cfg.default_limits);
         spec.env = req.env.clone();
@@ -431,6 +458,7 @@ impl Service {
             "ttl_ms": ttl.as_millis() as u64,
             "idle_timeout_ms": idle.as_millis() as u64,
             "reason": verdict.as_ref().err().map(|e| e.message.clone()),
+            "tier_policy": decision,
         });
         self.record(NewEventOwned {
             tenant: Some(tenant.0.clone()),
@@ -446,6 +474,74 @@ impl Service {
             return Err(e);
         }
         Ok((spec, ttl, idle))
+    }
+
+    /// The tier: the one asked for, or the server's default, or (with `trust` and
+    /// `autonomy`) the tier policy's choice. A policy refusal is audited and answered 403.
+    async fn pick_tier(
+        &self,
+        tenant: &Tenant,
+        req: &CreateRequest,
+        what: &str,
+    ) -> Result<(Tier, Option<serde_json::Value>), ApiError> {
+        use cordon_policy::TierChoice;
+        let (trust, autonomy) = match (req.trust, req.autonomy) {
+            (Some(t), Some(a)) => (t, a),
+            (None, None) => {
+                return match req.tier {
+                    Some(TierChoice::Tier(t)) => Ok((t, None)),
+                    None => Ok((self.inner.cfg.default_tier, None)),
+                    Some(TierChoice::Auto) => Err(ApiError::invalid(
+                        "tier \"auto\" lets the policy pick, which needs trust and autonomy \
+                         (e.g. \"trust\": \"untrusted\", \"autonomy\": \"compute\")",
+                    )),
+                };
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "trust and autonomy go together: give both (e.g. \"trust\": \"untrusted\", \
+                     \"autonomy\": \"compute\") or neither",
+                ));
+            }
+        };
+        let mut preq = cordon_policy::Request::new(trust, autonomy);
+        preq.shape = req.shape.unwrap_or(cordon_policy::Shape::ManyShort);
+        preq.allow_hosts = req.allow_hosts.clone();
+        preq.tier = req.tier.unwrap_or(TierChoice::Auto);
+        let host = cordon_policy::Host {
+            available: Tier::ALL
+                .into_iter()
+                .filter(|t| self.inner.backends.contains_key(t) && self.tier_available(*t))
+                .collect(),
+            bench: self.inner.bench.clone(),
+        };
+        match self.inner.rules.decide(&preq, &host) {
+            Ok(d) => Ok((d.chosen, Some(serde_json::to_value(&d).unwrap_or_default()))),
+            Err(refusal) => {
+                self.record(NewEventOwned {
+                    tenant: Some(tenant.0.clone()),
+                    sandbox: None,
+                    kind: "policy",
+                    decision: Some("deny"),
+                    tier: None,
+                    detail: json!({
+                        "request": what,
+                        "reason": refusal.message,
+                        "tier_policy": serde_json::to_value(&*refusal).unwrap_or_default(),
+                    }),
+                })
+                .await?;
+                self.inner.metrics.deny(Code::PolicyDenied.as_str());
+                Err(ApiError::new(
+                    Code::PolicyDenied,
+                    format!(
+                        "refused by policy rule {}: {}",
+                        refusal.rule, refusal.message
+                    ),
+                    refusal.fix.clone(),
+                ))
+            }
+        }
     }
 
     fn check(&self, spec: &SandboxSpec, ttl: Duration, idle: Duration) -> Result<(), ApiError> {

@@ -971,3 +971,81 @@ mod mcp {
         env.server.shutdown().await;
     }
 }
+
+/// Requests with `trust` and `autonomy` go through the tier policy: `auto` picks an allowed,
+/// available tier; a tier below the minimum, or none allowed being available, is a 403
+/// naming the rule and the fix; every decision is an audit row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tier_policy_picks_refuses_and_audits() {
+    let env = start().await;
+    // Trusted compute: the policy picks among runtime and container (both available here).
+    let (s, o) = env
+        .call(
+            M::POST,
+            "/v1/run",
+            "key-alice",
+            Some(
+                json!({"trust": "trusted", "autonomy": "compute", "tier": "auto",
+                        "lang": "js", "code": "console.log(6*7)"}),
+            ),
+        )
+        .await;
+    assert_eq!(s, 200, "{o}");
+    assert!(
+        matches!(o["tier"].as_str(), Some("runtime" | "container")),
+        "{o}"
+    );
+    // Untrusted work may not run in a container: below the minimum.
+    let (s, e) = env
+        .call(
+            M::POST,
+            "/v1/sandboxes",
+            "key-alice",
+            Some(json!({"trust": "untrusted", "autonomy": "compute", "tier": "container"})),
+        )
+        .await;
+    assert_eq!((s, e["code"].as_str()), (403, Some("policy_denied")), "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("untrusted-needs-kernel-boundary"), "{msg}");
+    assert!(e["fix"].as_str().unwrap().contains("gvisor"), "{e}");
+    // With auto, no allowed tier (wasm, gvisor, microvm) is available on this server.
+    let (s, e) = env
+        .call(
+            M::POST,
+            "/v1/run",
+            "key-alice",
+            Some(json!({"trust": "untrusted", "autonomy": "compute", "argv": ["true"]})),
+        )
+        .await;
+    assert_eq!((s, e["code"].as_str()), (403, Some("policy_denied")), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("tier-available"),
+        "{e}"
+    );
+    // Half the inputs, or auto without them, is a bad request.
+    for body in [
+        json!({"trust": "untrusted"}),
+        json!({"autonomy": "compute"}),
+        json!({"tier": "auto"}),
+    ] {
+        let (s, e) = env
+            .call(M::POST, "/v1/sandboxes", "key-alice", Some(body.clone()))
+            .await;
+        assert_eq!(
+            (s, e["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{body} {e}"
+        );
+    }
+    assert_eq!(env.server.service().live_count(), 0);
+    // Every decision above is in the audit: one allow, two denials naming their rules.
+    let (s, rows) = env
+        .call(M::GET, "/v1/audit?kind=policy&limit=100", "key-alice", None)
+        .await;
+    assert_eq!(s, 200, "{rows}");
+    let text = rows.to_string();
+    assert!(text.contains("untrusted-needs-kernel-boundary"), "{text}");
+    assert!(text.contains("tier-available"), "{text}");
+    assert!(text.contains("\"chosen\""), "{text}");
+    env.server.shutdown().await;
+}
