@@ -189,9 +189,16 @@ class Cordon:
     def run(self, code: Command, lang: Optional[str] = "python", *, tier: Optional[str] = None,
             timeout: Optional[str] = None, stdin: Optional[str] = None,
             files: Optional[Mapping[str, bytes]] = None,
-            limits: Optional[Mapping[str, Any]] = None) -> ExecResult:
-        """Runs code once in a fresh sandbox that is destroyed afterwards."""
+            limits: Optional[Mapping[str, Any]] = None, trust: Optional[str] = None,
+            autonomy: Optional[str] = None, shape: Optional[str] = None) -> ExecResult:
+        """Runs code once in a fresh sandbox that is destroyed afterwards.
+
+        With `trust` ("trusted"/"untrusted") and `autonomy` ("compute", "read-files",
+        "write-files", "install-packages", "internet") the server's tier policy picks the tier
+        (`tier="auto"` or none) or checks the one named; a refusal raises PolicyDenied.
+        """
         payload = self._run_payload(code, lang, tier, timeout, stdin, files, limits)
+        payload.update(_policy(trust, autonomy, shape))
         return ExecResult.from_json(self._json("POST", "/v1/run", payload))
 
     def _run_payload(self, code: Command, lang: Optional[str], tier: Optional[str],
@@ -216,9 +223,14 @@ class Cordon:
     def create_sandbox(self, tier: Optional[str] = None, *, allow_hosts: Sequence[str] = (),
                        ttl: Optional[str] = None, idle_timeout: Optional[str] = None,
                        limits: Optional[Mapping[str, Any]] = None,
-                       env: Optional[Mapping[str, str]] = None) -> "Sandbox":
-        """Creates a sandbox; prefer `with c.sandbox(...) as sb:` so it is always destroyed."""
-        payload: Dict[str, Any] = {}
+                       env: Optional[Mapping[str, str]] = None, trust: Optional[str] = None,
+                       autonomy: Optional[str] = None,
+                       shape: Optional[str] = None) -> "Sandbox":
+        """Creates a sandbox; prefer `with c.sandbox(...) as sb:` so it is always destroyed.
+
+        `trust`, `autonomy` and `shape` are the tier policy's inputs, as for `run`.
+        """
+        payload: Dict[str, Any] = _policy(trust, autonomy, shape)
         if tier:
             payload["tier"] = tier
         if allow_hosts:
@@ -244,6 +256,12 @@ class Cordon:
         q = {k: v for k, v in {"sandbox": sandbox, "kind": kind, "after_id": after_id,
                                "limit": limit}.items() if v is not None}
         return self._json("GET", "/v1/audit?" + urllib.parse.urlencode(q))["events"]
+
+
+def _policy(trust: Optional[str], autonomy: Optional[str],
+            shape: Optional[str]) -> Dict[str, Any]:
+    return {k: v for k, v in {"trust": trust, "autonomy": autonomy, "shape": shape}.items()
+            if v is not None}
 
 
 class Sandbox:

@@ -1,6 +1,7 @@
 """The SDK against a real `cordon serve`: runs, sandboxes, streaming, files, errors, a
 bounded loopback load test and a kill -9 crash test."""
 
+import json
 import os
 import subprocess
 import tempfile
@@ -158,3 +159,19 @@ def test_kill9_then_restart_cleans_orphans_and_keeps_audit(has_container):
         assert c2.run("print(1)", tier="wasm").stdout == "1\n"
     finally:
         s2.stop()
+
+
+def test_tier_policy_picks_and_refuses(alice):
+    # Untrusted pure computation: the policy allows wasm (no host kernel surface) and, with
+    # tier auto, picks an allowed tier this server has.
+    r = alice.run("print(6*7)", lang="python", tier="auto", trust="untrusted",
+                  autonomy="compute")
+    assert r.ok and r.stdout == "42\n" and r.tier in ("wasm", "gvisor", "microvm"), r
+    # Untrusted work in a container (a shared kernel) is below the minimum: refused, and the
+    # error names the rule and the fix.
+    with pytest.raises(PolicyDenied) as e:
+        alice.create_sandbox(tier="container", trust="untrusted", autonomy="compute")
+    assert "untrusted-needs-kernel-boundary" in str(e.value)
+    denials = [ev for ev in alice.audit(kind="policy", limit=1000)
+               if ev.get("decision") == "deny"]
+    assert any("untrusted-needs-kernel-boundary" in json.dumps(ev) for ev in denials)
