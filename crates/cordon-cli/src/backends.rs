@@ -82,7 +82,8 @@ pub fn server_backends(data_dir: &std::path::Path) -> cordon_server::Backends {
 }
 
 /// Cleans up after a server that died without destroying its sandboxes: container
-/// sandboxes' cgroups (and every process still in them). Wasm scratch dirs are removed by
+/// sandboxes' cgroups (and every process still in them), gvisor sandboxes whose owner is
+/// gone. Wasm scratch dirs are removed by
 /// the server itself; runtime sandboxes live only in the dead process.
 pub fn recovery_hook() -> cordon_server::RecoveryHook {
     std::sync::Arc::new(|rows: &[cordon_server::audit::LiveRow]| {
@@ -105,6 +106,13 @@ pub fn recovery_hook() -> cordon_server::RecoveryHook {
             cordon_container::cgroup::reap_empty(std::time::Duration::from_millis(100))
                 .into_iter()
                 .map(|name| format!("empty cgroup cordon/{name}")),
+        );
+        // gvisor sandboxes whose owner is gone: runsc state, cgroups, bundles, mounts.
+        removed.extend(
+            cordon_gvisor::GvisorBackend::new(cordon_gvisor::GvisorConfig::discover())
+                .reap_orphans()
+                .into_iter()
+                .map(|what| format!("gvisor: {what}")),
         );
         removed
     })
