@@ -49,6 +49,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How long a warm pool waits after a take before refilling, while it still holds others.
+const REFILL_DEBOUNCE: Duration = Duration::from_millis(25);
+
 /// Runs a blocking closure off the async runtime.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
@@ -1148,8 +1151,17 @@ impl Service {
             if have >= pool.size {
                 tokio::select! {
                     _ = self.inner.cancel.cancelled() => return,
-                    _ = pool.wake.notified() => continue,
+                    _ = pool.wake.notified() => {}
                 }
+                // A sandbox was just taken. Unless that emptied the pool, let the request
+                // that took it run its exec before a refill competes with it for the CPU.
+                if !lock(&pool.ready).is_empty() {
+                    tokio::select! {
+                        _ = self.inner.cancel.cancelled() => return,
+                        _ = tokio::time::sleep(REFILL_DEBOUNCE) => {}
+                    }
+                }
+                continue;
             }
             let Some(backend) = self.inner.backends.get(&pool.tier).cloned() else {
                 return;
