@@ -949,6 +949,24 @@ impl Sandbox for ContainerSandbox {
         r
     }
 
+    fn interrupter(&self) -> Option<cordon_core::Interrupter> {
+        // Every process of the sandbox (the init's and the exec's) is in its cgroup, and the
+        // outer init is our unreaped child, so neither pid can name another process yet.
+        let procs = self
+            .cgroup
+            .as_ref()
+            .and_then(|c| c.procs_files().first().cloned());
+        let outer = self.outer.as_ref().map(|c| c.id() as i32);
+        Some(std::sync::Arc::new(move || {
+            if let Some(p) = &procs {
+                crate::cgroup::kill_listed(p);
+            }
+            if let Some(pid) = outer {
+                crate::sys::kill_pid(pid);
+            }
+        }))
+    }
+
     fn destroy(&mut self) -> Result<()> {
         if self.gone.as_deref() == Some("destroyed") {
             return Ok(());

@@ -324,6 +324,13 @@ pub fn reap_empty(settle: Duration) -> Vec<String> {
     removed
 }
 
+/// Sends SIGKILL to every process listed in a `cgroup.procs` file.
+pub fn kill_listed(procs_file: &Path) {
+    for pid in read_pids(procs_file) {
+        crate::sys::kill_pid(pid);
+    }
+}
+
 fn read_pids(p: &Path) -> Vec<i32> {
     fs::read_to_string(p)
         .unwrap_or_default()

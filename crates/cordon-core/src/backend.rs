@@ -160,6 +160,10 @@ pub trait Backend: Send + Sync {
     fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>>;
 }
 
+/// A handle another thread calls to end a sandbox's running exec at once (see
+/// [`Sandbox::interrupter`]).
+pub type Interrupter = std::sync::Arc<dyn Fn() + Send + Sync>;
+
 /// One live sandbox. Dropping it destroys it too; `destroy` reports how that went.
 pub trait Sandbox: Send {
     fn id(&self) -> &SandboxId;
@@ -184,6 +188,14 @@ pub trait Sandbox: Send {
     /// `extra` (scan findings of files taken out, egress decisions, ...).
     fn report(&mut self) -> std::collections::BTreeMap<String, serde_json::Value> {
         std::collections::BTreeMap::new()
+    }
+
+    /// A handle that, called from another thread while an exec runs, kills what the sandbox
+    /// runs so that the exec returns promptly; the sandbox may be unusable afterwards and is
+    /// meant to be destroyed next. A service destroying a busy sandbox calls it instead of
+    /// waiting for the exec's own timeout. `None` when the tier has no such handle.
+    fn interrupter(&self) -> Option<Interrupter> {
+        None
     }
 }
 

@@ -12,7 +12,9 @@ mod run;
 mod spec;
 pub mod units;
 
-pub use backend::{Backend, Capability, OutputSink, Probe, Sandbox, SandboxId, TierStatus};
+pub use backend::{
+    Backend, Capability, Interrupter, OutputSink, Probe, Sandbox, SandboxId, TierStatus,
+};
 pub use error::{Error, Result};
 pub use exec::{
     Command, ExecOutcome, ExecRequest, OutputStream, Termination, Timings, Usage, exit_code_for,

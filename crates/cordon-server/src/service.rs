@@ -154,6 +154,8 @@ struct Session {
     source: &'static str,
     start_us: u64,
     sandbox: SandboxCell,
+    /// Ends a running exec at once, so destroying a busy sandbox does not wait for it.
+    interrupt: Option<cordon_core::Interrupter>,
     _slot: Slot,
 }
 
@@ -760,6 +762,7 @@ impl Service {
             busy: AtomicBool::new(false),
             source: acq.source,
             start_us: acq.start_us,
+            interrupt: acq.sandbox.0.as_ref().and_then(|sb| sb.interrupter()),
             sandbox: Arc::new(Mutex::new(acq.sandbox)),
             _slot: slot,
         });
@@ -877,6 +880,12 @@ impl Service {
 
     /// Destroys a session already removed from the map and audits it.
     async fn destroy_session(&self, s: Arc<Session>, reason: &'static str) -> Result<(), ApiError> {
+        // A running exec holds the sandbox: end it rather than wait for its timeout.
+        if s.busy.load(Ordering::Acquire)
+            && let Some(interrupt) = &s.interrupt
+        {
+            interrupt();
+        }
         let cell = s.sandbox.clone();
         let audit = self.inner.audit.clone();
         let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
@@ -1077,6 +1086,7 @@ impl Service {
             busy: AtomicBool::new(true),
             source: acq.source,
             start_us: acq.start_us,
+            interrupt: acq.sandbox.0.as_ref().and_then(|sb| sb.interrupter()),
             sandbox: Arc::new(Mutex::new(acq.sandbox)),
             _slot: slot,
         });

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cordon import (Cordon, InvalidRequest, NotFound, PathRefused, PolicyDenied, StreamEvent,
+from cordon import (Cordon, CordonError, InvalidRequest, NotFound, PathRefused, PolicyDenied, StreamEvent,
                     Unauthorized)
 from conftest import KEYS, ServerProc, cordon_bin
 
@@ -175,3 +175,29 @@ def test_tier_policy_picks_and_refuses(alice):
     denials = [ev for ev in alice.audit(kind="policy", limit=1000)
                if ev.get("decision") == "deny"]
     assert any("untrusted-needs-kernel-boundary" in json.dumps(ev) for ev in denials)
+
+
+def test_destroy_ends_a_running_exec_at_once(alice, has_container):
+    if not has_container:
+        pytest.skip("container tier unavailable here (see the SKIPPING line above)")
+    sb = alice.create_sandbox(tier="container", ttl="5m")
+    seen = {}
+
+    def run():
+        try:
+            seen["result"] = sb.exec("sleep 60", timeout="60s")
+        except CordonError as e:
+            seen["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    sb.destroy()
+    took = time.monotonic() - t0
+    t.join(10)
+    assert not t.is_alive(), "the exec is still running after destroy"
+    assert took < 5, f"destroy waited {took:.1f} s for the running exec"
+    # The exec did not run to its end: it was ended by the destroy.
+    assert "error" in seen or seen["result"].termination != "exited", seen
+    assert cgroups([sb.id]) == set(), "the sandbox's cgroup survived destroy"
