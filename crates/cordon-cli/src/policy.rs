@@ -151,6 +151,43 @@ pub fn decide(
     Ok(Some(rules.decide(&req, &probe_host(only, fits))))
 }
 
+/// Where `cordon run` records its policy decisions: `<data dir>/cli/audit.db`, the same
+/// store format as the server's (`cordon audit --data-dir <data dir>/cli`).
+pub fn cli_audit_dir() -> PathBuf {
+    cordon_microvm::image::default_data_dir().join("cli")
+}
+
+/// Records a `cordon run` policy decision (allowed or refused) before anything runs. A
+/// decision that cannot be recorded stops the run: nothing runs unaudited.
+pub fn audit_decision(decided: &Result<Decision, Box<Refusal>>) -> Result<()> {
+    use cordon_server::audit::{Audit, NewEvent};
+    let dir = cli_audit_dir();
+    let record = || -> Result<()> {
+        std::fs::create_dir_all(&dir)?;
+        let store = Audit::open(&dir.join("audit.db"))?;
+        let user = std::env::var("USER").unwrap_or_else(|_| "local".to_string());
+        let (decision, tier, detail) = match decided {
+            Ok(d) => ("allow", Some(d.chosen), serde_json::to_value(d)?),
+            Err(r) => ("deny", None, serde_json::to_value(&**r)?),
+        };
+        store.record(&NewEvent {
+            tenant: Some(&format!("cli:{user}")),
+            sandbox: None,
+            kind: "policy",
+            decision: Some(decision),
+            tier,
+            detail: serde_json::json!({"request": "cordon run", "tier_policy": detail}),
+        })?;
+        Ok(())
+    };
+    record().with_context(|| {
+        format!(
+            "recording the policy decision in {}/audit.db (make the data dir writable, or set CORDON_HOME to one that is)",
+            dir.display()
+        )
+    })
+}
+
 /// Prints a refusal on stderr (and as JSON on stdout with `json`); the exit status is 125.
 pub fn report_refusal(r: &Refusal, json: bool) -> Result<i32> {
     eprintln!("cordon: refused by policy rule {}: {}", r.rule, r.message);

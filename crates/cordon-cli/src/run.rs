@@ -237,7 +237,11 @@ fn apply_policy(args: &mut RunArgs) -> Result<std::result::Result<Option<serde_j
         .into_iter()
         .filter(|t| tier_fits(args, *t))
         .collect();
-    match crate::policy::decide(&args.policy, asked, &args.allow_hosts, None, &fits)? {
+    let decided = crate::policy::decide(&args.policy, asked, &args.allow_hosts, None, &fits)?;
+    if let Some(d) = &decided {
+        crate::policy::audit_decision(d)?;
+    }
+    match decided {
         None if args.tier == Some(TierChoice::Auto) => {
             bail!(
                 "--tier auto needs --trust and --autonomy, e.g. --trust untrusted --autonomy compute"

@@ -545,3 +545,75 @@ fn cost_without_a_bench_or_with_bad_input_says_what_to_do() {
         text(&o.stdout)
     );
 }
+
+/// `cordon run` records every policy decision, allowed or refused, before anything runs;
+/// `cordon audit` reads them back.
+#[test]
+fn run_audits_every_policy_decision() {
+    if !nix::unistd::geteuid().is_root() {
+        return skip(
+            "run_audits_every_policy_decision",
+            "the container tier needs root",
+        );
+    }
+    let home = tempfile::tempdir().unwrap();
+    // Untrusted input may not run in a container: refused (exit 125), naming the rule.
+    let out = cordon(
+        home.path(),
+        &[
+            "run",
+            "--trust",
+            "untrusted",
+            "--autonomy",
+            "compute",
+            "--tier",
+            "container",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("untrusted-needs-kernel-boundary"));
+    // Trusted work runs where the policy puts it.
+    let out = cordon(
+        home.path(),
+        &[
+            "run",
+            "--trust",
+            "trusted",
+            "--autonomy",
+            "compute",
+            "--tier",
+            "container",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let db = home.path().join("cli");
+    let out = cordon(
+        home.path(),
+        &[
+            "audit",
+            "--data-dir",
+            db.to_str().unwrap(),
+            "--kind",
+            "policy",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let decisions: Vec<&str> = rows.iter().filter_map(|r| r["decision"].as_str()).collect();
+    assert!(
+        decisions.contains(&"deny") && decisions.contains(&"allow"),
+        "{rows:?}"
+    );
+    let all = text(&out.stdout);
+    assert!(all.contains("untrusted-needs-kernel-boundary"), "{all}");
+    assert!(all.contains("\"chosen\":\"container\""), "{all}");
+}
