@@ -40,6 +40,17 @@ impl EgressLink {
     /// host root) may reach the socket: it sits in a per-sandbox directory of mode 0700 owned
     /// by that uid, under a parent other host users cannot list.
     pub fn start(sandbox_id: &str, spec: &SandboxSpec, owner: u32) -> Result<Self> {
+        Self::start_with(sandbox_id, spec, owner, |_| {})
+    }
+
+    /// [`Self::start`] with a last say over the proxy's configuration (another tier's CA
+    /// paths inside the sandbox, a resolver or upstream roots of its own).
+    pub fn start_with(
+        sandbox_id: &str,
+        spec: &SandboxSpec,
+        owner: u32,
+        tune: impl FnOnce(&mut ProxyConfig),
+    ) -> Result<Self> {
         let parent = socket_dir();
         std::fs::create_dir_all(&parent)
             .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
@@ -56,6 +67,7 @@ impl EgressLink {
         let mut cfg = ProxyConfig::for_spec(sandbox_id, spec);
         cfg.unix_socket = Some(socket.clone());
         cfg.sandbox_proxy_port = SANDBOX_PROXY_PORT;
+        tune(&mut cfg);
         let handle =
             EgressProxy::start_owned(cfg).map_err(|e| Error::Invalid(format!("egress: {e}")))?;
         // The sandbox's root is an unprivileged host uid: it must be able to connect.
@@ -100,6 +112,13 @@ impl EgressLink {
             // Where OpenSSL, Python and curl look by default.
             ("/etc/ssl/certs/ca-certificates.crt".to_string(), bundle),
         ]
+    }
+
+    /// The per-sandbox CA certificate and the bundle the sandbox trusts (that CA plus the
+    /// host's roots), for tiers that place them themselves.
+    pub fn ca_pems(&self) -> Option<(String, String)> {
+        self.handle()
+            .map(|h| (h.ca_cert_pem().to_string(), h.ca_bundle_pem()))
     }
 
     /// Audit events since the last call, as JSON.
@@ -152,4 +171,56 @@ pub fn scan_plain(bytes: &[u8]) -> Vec<serde_json::Value> {
         .iter()
         .filter_map(|f| serde_json::to_value(f).ok())
         .collect()
+}
+
+/// Scans bytes leaving a sandbox with its proxy's secrets when it has one, plainly otherwise.
+pub fn scan_maybe(link: Option<&EgressLink>, bytes: &[u8]) -> (Vec<u8>, Vec<serde_json::Value>) {
+    match link {
+        Some(l) => l.scan(bytes),
+        None => (bytes.to_vec(), scan_plain(bytes)),
+    }
+}
+
+/// Scans an exec's stdout and stderr, and puts the findings (each naming its stream) and
+/// the egress decisions since the last call into the outcome's `extra`.
+pub fn scan_outcome(o: &mut cordon_core::ExecOutcome, link: Option<&mut EgressLink>) {
+    let mut findings = Vec::new();
+    for (name, stream) in [("stdout", &mut o.stdout), ("stderr", &mut o.stderr)] {
+        let (clean, found) = scan_maybe(link.as_deref(), stream);
+        *stream = clean;
+        findings.extend(found.into_iter().map(|mut f| {
+            f["stream"] = serde_json::json!(name);
+            f
+        }));
+    }
+    if !findings.is_empty() {
+        o.extra
+            .insert("findings".into(), serde_json::Value::Array(findings));
+    }
+    if let Some(l) = link {
+        o.extra
+            .insert("egress".into(), serde_json::Value::Array(l.new_events()));
+    }
+}
+
+/// A sandbox's `report()`: the findings of files taken out (drained) and the egress
+/// decisions since the last call.
+pub fn report(
+    file_findings: &mut Vec<serde_json::Value>,
+    link: Option<&mut EgressLink>,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let mut r = std::collections::BTreeMap::new();
+    if !file_findings.is_empty() {
+        r.insert(
+            "findings".to_string(),
+            serde_json::Value::Array(std::mem::take(file_findings)),
+        );
+    }
+    if let Some(l) = link {
+        let events = l.new_events();
+        if !events.is_empty() {
+            r.insert("egress".to_string(), serde_json::Value::Array(events));
+        }
+    }
+    r
 }

@@ -31,8 +31,8 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Gid, Pid, Uid, fchown, setgroups, setresgid, setresuid, setsid};
 
 use crate::proto::{
-    ErrorCode, Frame, FrameBuffer, PROTOCOL_VERSION, ProcLimits, ProtoError, Reply, Request,
-    StdioMode, Stream, encode,
+    EgressSetup, ErrorCode, Frame, FrameBuffer, PROTOCOL_VERSION, ProcLimits, ProtoError, Reply,
+    Request, StdioMode, Stream, encode,
 };
 use crate::sys;
 
@@ -125,6 +125,8 @@ pub struct Settings {
     pub disk_bytes: u64,
     pub tmp_bytes: u64,
     pub unix_time_ms: u64,
+    /// The egress path to set up, if the sandbox has one.
+    pub egress: Option<EgressSetup>,
 }
 
 /// Applies [`Settings`] inside the sandbox; gets the host's random seed too.
@@ -493,6 +495,7 @@ impl Agent {
                 disk_bytes,
                 tmp_bytes,
                 unix_time_ms,
+                egress,
             } => {
                 let settings = Settings {
                     hostname,
@@ -501,6 +504,7 @@ impl Agent {
                     disk_bytes,
                     tmp_bytes,
                     unix_time_ms,
+                    egress,
                 };
                 let result = match self.configure.as_mut() {
                     None => Err(io::Error::new(

@@ -6,5 +6,6 @@ pub mod agent;
 pub mod host;
 pub mod proto;
 pub mod sys;
+pub mod tunnel;
 
 pub use agent::{Agent, AgentConfig, ConfigureHook, Confine, Settings};

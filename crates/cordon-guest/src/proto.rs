@@ -104,7 +104,28 @@ pub enum Request {
         tmp_bytes: u64,
         /// The host's wall clock, in milliseconds since the Unix epoch.
         unix_time_ms: u64,
+        /// The egress path, when the sandbox has one; without it the guest keeps no route.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        egress: Option<EgressSetup>,
     },
+}
+
+/// The virtio-serial port a microVM's egress streams travel on ([`crate::tunnel`]).
+pub const EGRESS_PORT_NAME: &str = "cordon.egress";
+/// Where a microVM guest keeps the per-sandbox CA certificate (its root is read-only).
+pub const GUEST_CA_CERT_PATH: &str = "/run/cordon/egress-ca.pem";
+/// Where a microVM guest keeps the CA bundle programs trust (that CA plus the host's roots).
+pub const GUEST_CA_BUNDLE_PATH: &str = "/run/cordon/ca-bundle.pem";
+
+/// What a guest needs for its egress path: a forwarder on `127.0.0.1:<port>` that carries
+/// each connection over the [`EGRESS_PORT_NAME`] port to the host's proxy, and the CA files
+/// (written at [`GUEST_CA_CERT_PATH`] and [`GUEST_CA_BUNDLE_PATH`]). No secret is in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressSetup {
+    pub port: u16,
+    pub ca_cert_pem: String,
+    pub ca_bundle_pem: String,
 }
 
 /// Agent → host.

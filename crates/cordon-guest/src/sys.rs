@@ -2,7 +2,7 @@
 //! this crate lives here.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::unistd::Pid;
 
@@ -133,4 +133,33 @@ pub fn reseed_crng(urandom: &impl std::os::fd::AsRawFd) -> io::Result<()> {
     unsafe { rnd_reseed_crng(urandom.as_raw_fd()) }
         .map(|_| ())
         .map_err(io::Error::from)
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket(2) with constant arguments; the result is checked and wrapped.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let sock = own_fd(fd);
+    // SAFETY: ifreq is a plain C struct for which all-zero bytes are a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the interface named in `req` and writes its flags into the
+    // union of the same struct, which lives on our stack for the duration of the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: after SIOCGIFFLAGS the flags member of the union is the initialised one.
+    unsafe {
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: SIOCSIFFLAGS reads `req`, which is fully initialised above.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -10,6 +10,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use cordon_container::cgroup::SandboxCgroup;
+use cordon_container::egress as shared_egress;
 use cordon_core::{
     Backend, Capability, Error, ExecOutcome, ExecRequest, OutputSink, OutputStream, Probe, Result,
     Sandbox, SandboxId, SandboxSpec, Termination, Tier,
@@ -21,6 +22,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use serde_json::json;
 
 use crate::MicrovmError;
+use crate::egress::{EgressTuning, VmEgress};
 use crate::image::{self, Image};
 use crate::qemu::{self, RunAs, Vm, VmParams};
 
@@ -115,6 +117,8 @@ pub struct MicrovmConfig {
     pub boot_timeout: Duration,
     /// Restore new sandboxes from a snapshot (made on first use) instead of booting each.
     pub snapshots: bool,
+    /// Applied to each sandbox's egress proxy configuration.
+    pub egress_tuning: EgressTuning,
 }
 
 impl MicrovmConfig {
@@ -135,6 +139,7 @@ impl MicrovmConfig {
             run_as: (0x7ffd_0000, 0x7ffd_0000),
             boot_timeout: Duration::from_secs(90),
             snapshots: true,
+            egress_tuning: EgressTuning::default(),
         }
     }
 }
@@ -205,6 +210,7 @@ impl MicrovmBackend {
             ram_mib,
             image,
             incoming: None,
+            egress: shared_egress::wanted(spec),
         }
     }
 
@@ -244,13 +250,6 @@ impl MicrovmBackend {
                 spec.tier
             )));
         }
-        if !spec.egress.is_closed() || !spec.grants.is_empty() {
-            return Err(Error::Invalid(
-                "the microvm tier has no egress path yet: the VM gets no network device; \
-                 drop the egress allow-list and grants, or use the container tier"
-                    .into(),
-            ));
-        }
         let image = image::load(&self.cfg.data_dir)?;
         let mut params = self.params(spec, image);
         if mode == StartMode::Restore {
@@ -288,6 +287,9 @@ impl MicrovmBackend {
             failure: None,
             next_exec: 1,
             mode,
+            egress: None,
+            file_findings: Vec::new(),
+            ram_bytes: params.ram_mib << 20,
         };
         let dir = self.cfg.run_dir.join(id.short());
         let boot = self.cfg.boot_timeout;
@@ -297,9 +299,15 @@ impl MicrovmBackend {
                 .as_ref()
                 .map(|c| c.procs_files())
                 .unwrap_or_default();
-            let (vm, ctrl) = Vm::start(&params, &dir, self.run_as(), procs)?;
+            if params.egress {
+                sb.egress = Some(VmEgress::start(id.as_str(), spec, &self.cfg.egress_tuning)?);
+            }
+            let (vm, ctrl, port) = Vm::start(&params, &dir, self.run_as(), procs)?;
             sb.vm = Some(vm);
             sb.ctrl = Some(ctrl);
+            if let (Some(e), Some(port)) = (sb.egress.as_mut(), port) {
+                e.attach(port)?;
+            }
             if mode == StartMode::ColdBoot {
                 sb.await_hello(boot)?;
             }
@@ -347,6 +355,7 @@ impl MicrovmBackend {
         let t0 = Instant::now();
         let mut tpl = params.clone();
         tpl.incoming = None;
+        tpl.egress = false;
         let mut suffix = [0u8; 6];
         getrandom::fill(&mut suffix).map_err(|e| Error::Sandbox(format!("no randomness: {e}")))?;
         let dir = self
@@ -354,7 +363,7 @@ impl MicrovmBackend {
             .run_dir
             .join(format!("snap-{}", hex::encode(suffix)));
         let made = (|| -> std::result::Result<(), MicrovmError> {
-            let (mut vm, mut ctrl) = Vm::start(&tpl, &dir, self.run_as(), Vec::new())?;
+            let (mut vm, mut ctrl, _) = Vm::start(&tpl, &dir, self.run_as(), Vec::new())?;
             ctrl.set_read_timeout(Some(self.cfg.boot_timeout))
                 .map_err(|e| MicrovmError::io("agent socket", e))?;
             match proto::read_frame::<Reply>(&mut ctrl) {
@@ -490,6 +499,11 @@ pub struct MicrovmSandbox {
     failure: Option<String>,
     next_exec: u64,
     mode: StartMode,
+    /// The proxy and tunnel, when the spec allows any egress.
+    egress: Option<VmEgress>,
+    /// Scan findings of files taken out, until reported.
+    file_findings: Vec<serde_json::Value>,
+    ram_bytes: u64,
 }
 
 fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -527,6 +541,19 @@ impl MicrovmSandbox {
         let vm = self.vm.as_ref().ok_or_else(|| self.gone_err())?;
         vm.qmp("inject-nmi", json!({}))?;
         Ok(())
+    }
+
+    /// Copies the guest's whole RAM into a file (QMP `pmemsave`) and returns its path, in
+    /// the VM's private directory (removed with the sandbox): to check what a guest could
+    /// ever have seen, such as that no real secret reached it.
+    pub fn dump_guest_memory(&self) -> Result<PathBuf> {
+        let vm = self.vm.as_ref().ok_or_else(|| self.gone_err())?;
+        let path = vm.dir.join("guest-memory.dump");
+        vm.qmp(
+            "pmemsave",
+            json!({"val": 0, "size": self.ram_bytes, "filename": path.display().to_string()}),
+        )?;
+        Ok(path)
     }
 
     /// Writes raw bytes to the agent channel, bypassing the frame encoder (to test that the
@@ -603,6 +630,10 @@ impl MicrovmSandbox {
             disk_bytes: l.disk_bytes,
             tmp_bytes: l.tmp_bytes,
             unix_time_ms: now,
+            egress: match &self.egress {
+                Some(e) => Some(e.setup()?),
+                None => None,
+            },
         };
         proto::write_frame(self.ctrl()?, &req, &seed)
             .map_err(|e| sandbox_err("configuring the guest", e))?;
@@ -668,6 +699,8 @@ impl MicrovmSandbox {
 
     fn teardown(&mut self) {
         self.ctrl = None;
+        // The tunnel and the proxy end (and every placeholder with them).
+        self.egress = None;
         if let Some(mut vm) = self.vm.take() {
             vm.kill();
             let _ = fs::remove_dir_all(&vm.dir);
@@ -687,9 +720,18 @@ impl MicrovmSandbox {
         );
         env.insert("HOME".to_string(), "/work".to_string());
         env.insert("LANG".to_string(), "C.UTF-8".to_string());
+        if let Some(e) = &self.egress {
+            env.extend(e.link.env());
+        }
         env.extend(self.spec.env.clone());
         env.extend(req.env.clone());
         env
+    }
+
+    /// Scans bytes leaving the sandbox: the proxy's real secrets redacted, credential
+    /// formats flagged.
+    fn scan(&self, bytes: &[u8]) -> (Vec<u8>, Vec<serde_json::Value>) {
+        shared_egress::scan_maybe(self.egress.as_ref().map(|e| &e.link), bytes)
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
@@ -886,6 +928,7 @@ impl MicrovmSandbox {
         } else {
             Termination::Exited
         };
+        shared_egress::scan_outcome(&mut o, self.egress.as_mut().map(|e| &mut e.link));
         if o.termination == Termination::SandboxFailure {
             let why = self.gone.clone().unwrap_or_else(|| "unknown".into());
             o.warnings.push(format!("the microVM failed: {why}"));
@@ -938,7 +981,14 @@ impl Sandbox for MicrovmSandbox {
             .map_err(|e| sandbox_err("asking for a file", e))?;
         let f = self.read_reply(Duration::from_secs(60))?;
         match f.header {
-            Reply::File { truncated: false } => Ok(f.body),
+            Reply::File { truncated: false } => {
+                let (clean, found) = self.scan(&f.body);
+                self.file_findings.extend(found.into_iter().map(|mut v| {
+                    v["file"] = json!(path);
+                    v
+                }));
+                Ok(clean)
+            }
             Reply::File { truncated: true } => Err(Error::File {
                 path: path.to_string(),
                 reason: format!(
@@ -957,6 +1007,13 @@ impl Sandbox for MicrovmSandbox {
 
     fn start_us(&self) -> u64 {
         self.start_us
+    }
+
+    fn report(&mut self) -> BTreeMap<String, serde_json::Value> {
+        shared_egress::report(
+            &mut self.file_findings,
+            self.egress.as_mut().map(|e| &mut e.link),
+        )
     }
 
     fn destroy(&mut self) -> Result<()> {

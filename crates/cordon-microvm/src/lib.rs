@@ -7,18 +7,21 @@
 //! usable (VMX/SVM present, not the paravirtual `kvm_pvm`); otherwise TCG, with a loud
 //! warning in every result, in `cordon doctor` and in the logs. QEMU runs confined: its own
 //! seccomp sandbox (`-sandbox on,...`), an unprivileged user, its own cgroup, new mount,
-//! network, IPC and UTS namespaces, no NIC.
+//! network, IPC and UTS namespaces, no NIC. Egress, when a spec allows it, runs over a
+//! second virtio-serial port to a per-sandbox proxy on the host (see `egress`).
 //!
 //! New sandboxes are restored from a snapshot of a VM booted once to "agent ready" (QEMU
 //! migration to a file); each is then configured with its own identity, limits, clock and
 //! fresh randomness before it is handed out.
 
 mod backend;
+mod egress;
 pub mod image;
 mod qemu;
 mod sys;
 
 pub use backend::{Accel, MicrovmBackend, MicrovmConfig, MicrovmSandbox, probe_accel};
+pub use egress::EgressTuning;
 
 /// Errors of the microvm tier, converted into [`cordon_core::Error`] at the API boundary.
 #[derive(Debug, thiserror::Error)]

@@ -15,6 +15,7 @@ use crate::MicrovmError;
 use crate::backend::Accel;
 use crate::image::Image;
 use crate::sys;
+use cordon_guest::proto::EGRESS_PORT_NAME;
 
 /// The name of the agent's virtio-serial port (the guest looks for it).
 pub const PORT_NAME: &str = "cordon.agent";
@@ -29,12 +30,17 @@ pub struct VmParams {
     pub image: Image,
     /// Restore from this migration file instead of booting.
     pub incoming: Option<PathBuf>,
+    /// Connect the egress port to a socket Cordon serves (`egress.sock`); otherwise its host
+    /// end is QEMU's null device. Not part of the snapshot key: the device model is the same.
+    pub egress: bool,
 }
 
 impl VmParams {
     /// What a snapshot made with these parameters can be restored into.
     pub fn snapshot_key(&self, qemu_version: &str) -> String {
-        let args = self.args(Path::new("/dir")).join(" ");
+        let mut same_device_model = self.clone();
+        same_device_model.egress = false;
+        let args = same_device_model.args(Path::new("/dir")).join(" ");
         let text = format!("{qemu_version} {} {args}", self.image.id);
         let digest = <sha2::Sha256 as sha2::Digest>::digest(text.as_bytes());
         hex::encode(&digest[..12])
@@ -120,7 +126,20 @@ impl VmParams {
             "-device".into(),
             "virtio-blk-device,drive=root".into(),
             "-device".into(),
-            "virtio-serial-device,max_ports=2".into(),
+            "virtio-serial-device,max_ports=3".into(),
+            // The egress port's host end, before the agent's: with egress QEMU waits for
+            // Cordon to connect to it first.
+            "-chardev".into(),
+            if self.egress {
+                format!(
+                    "socket,id=egress,path={},server=on,wait=on",
+                    d("egress.sock")
+                )
+            } else {
+                "null,id=egress".into()
+            },
+            "-device".into(),
+            format!("virtserialport,chardev=egress,name={EGRESS_PORT_NAME},nr=2"),
             "-chardev".into(),
             format!("socket,id=agent,path={},server=on,wait=on", d("agent.sock")),
             "-device".into(),
@@ -157,7 +176,7 @@ impl Vm {
         dir: &Path,
         run_as: RunAs,
         cgroup_procs: Vec<PathBuf>,
-    ) -> Result<(Vm, UnixStream), MicrovmError> {
+    ) -> Result<(Vm, UnixStream, Option<UnixStream>), MicrovmError> {
         fs::create_dir_all(dir).map_err(|e| MicrovmError::io("creating the VM directory", e))?;
         let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
         nix::unistd::chown(
@@ -201,23 +220,34 @@ impl Vm {
             dir: dir.to_path_buf(),
             pid,
         };
-        let sock = dir.join("agent.sock");
+        let egress = if params.egress {
+            Some(vm.connect("egress.sock", "egress")?)
+        } else {
+            None
+        };
+        let agent = vm.connect("agent.sock", "agent")?;
+        Ok((vm, agent, egress))
+    }
+
+    /// Connects to one of QEMU's server sockets in the VM directory, waiting for it.
+    fn connect(&mut self, file: &str, what: &str) -> Result<UnixStream, MicrovmError> {
+        let sock = self.dir.join(file);
         let t0 = Instant::now();
         loop {
             if let Ok(s) = UnixStream::connect(&sock) {
-                return Ok((vm, s));
+                return Ok(s);
             }
-            if let Some(status) = vm.exited() {
+            if let Some(status) = self.exited() {
                 return Err(MicrovmError::Qemu(format!(
                     "QEMU exited at start ({status}): {}",
-                    vm.diagnostics()
+                    self.diagnostics()
                 )));
             }
             if t0.elapsed() > Duration::from_secs(20) {
-                vm.kill();
-                return Err(MicrovmError::Qemu(
-                    "QEMU did not open the agent socket within 20 s".into(),
-                ));
+                self.kill();
+                return Err(MicrovmError::Qemu(format!(
+                    "QEMU did not open the {what} socket within 20 s"
+                )));
             }
             std::thread::sleep(Duration::from_micros(500));
         }

