@@ -250,7 +250,7 @@ fn kill_and_remove_dirs(dirs: &[PathBuf], version: Version, patience: Duration) 
         if Instant::now() >= deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_micros(200));
+        std::thread::sleep(Duration::from_micros(50));
     }
 }
 
