@@ -1009,6 +1009,19 @@ impl Sandbox for MicrovmSandbox {
         self.start_us
     }
 
+    fn interrupter(&self) -> Option<cordon_core::Interrupter> {
+        // QEMU is our child, reaped by destroy or by an exec's timeout. Only a busy sandbox is
+        // interrupted, and a pid is handed out again only after the kernel's pid counter
+        // wraps (sequential allocation), so the pid cannot name another process by then.
+        let pid = self.qemu_pid()?;
+        Some(std::sync::Arc::new(move || {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }))
+    }
+
     fn report(&mut self) -> BTreeMap<String, serde_json::Value> {
         shared_egress::report(
             &mut self.file_findings,

@@ -659,3 +659,37 @@ print(json.dumps(out))
     destroy_and_check(sb);
     finish(env);
 }
+
+/// A service destroying a busy sandbox calls its interrupter: the running exec ends at
+/// once instead of at its timeout, and destroy then leaves nothing behind.
+#[test]
+fn interrupter_ends_a_running_exec_at_once() {
+    let Some(env) = env() else { return };
+    let mut sb = env.backend.create_restored(&spec()).unwrap();
+    let interrupt = sb
+        .interrupter()
+        .expect("the microvm tier has an interrupter");
+    let started = std::time::Instant::now();
+    let o = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let mut req = ExecRequest::code(Language::Bash, "sleep 100");
+            req.timeout_ms = Some(60_000);
+            let mut sink = |_: OutputStream, _: &[u8]| {};
+            sb.exec(&req, &mut sink)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        interrupt();
+        h.join().unwrap()
+    });
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(30),
+        "the exec ran {took:?}: the interrupter did not end it"
+    );
+    match o {
+        Ok(o) => assert_ne!(o.termination, Termination::Exited, "{o:?}"),
+        Err(e) => assert!(matches!(e, Error::Gone { .. } | Error::Sandbox(_)), "{e:?}"),
+    }
+    destroy_and_check(sb);
+    finish(env);
+}
