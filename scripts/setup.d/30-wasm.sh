@@ -12,6 +12,7 @@ repo=${CORDON_REPO:-$(cd "$here/../.." && pwd)}
 COMPONENTIZE_PY_VERSION=0.25.1   # carries CPython 3.14
 WASI_CLI_WORLD=wasi:cli/command@0.2.12
 WASMTIME_WASI_VERSION=48.0.8
+WASMTIME_WIZER_VERSION=48.0.8   # pinned in crates/cordon-wasm/Cargo.toml
 
 data=$(cordon_data_dir)
 guests="$data/guests"
@@ -23,10 +24,12 @@ if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
   rustup target add wasm32-wasip1 >/dev/null
 fi
 
-# inputs_hash FILE...: one hash over the names and contents of the inputs and versions.
+# inputs_hash FILE...: one hash over the names and contents of the inputs and versions
+# (and $INPUTS_EXTRA, a guest's own tool versions).
 inputs_hash() {
   { for f in "$@"; do echo "== $f"; cat "$f"; done
     echo "componentize-py $COMPONENTIZE_PY_VERSION world $WASI_CLI_WORLD wasmtime-wasi $WASMTIME_WASI_VERSION"
+    [ -z "${INPUTS_EXTRA:-}" ] || echo "$INPUTS_EXTRA"
     rustc --version; clang-19 --version | head -1; } | sha256sum | cut -c1-64
 }
 
@@ -68,15 +71,27 @@ PY
   log "wasm guest $name: $file"
 }
 
-# JavaScript: QuickJS (rquickjs) to wasm32-wasip1 with Debian's clang and wasi-libc.
-js_inputs=$(cd "$repo/guests/js" && inputs_hash Cargo.toml Cargo.lock src/main.rs src/prelude.js)
+# JavaScript: QuickJS (rquickjs) to wasm32-wasip1 with Debian's clang and wasi-libc, then
+# pre-initialized with Wizer (crates/cordon-wasm/examples/wizen.rs, wasmtime-wizer
+# $WASMTIME_WIZER_VERSION): the interpreter, its context and the console are built once here and
+# every exec starts from that snapshot. The tool is part of the inputs, as is its Cargo.lock pin.
+js_inputs=$(cd "$repo/guests/js" && INPUTS_EXTRA="wasmtime-wizer $WASMTIME_WIZER_VERSION" inputs_hash Cargo.toml Cargo.lock src/lib.rs src/prelude.js \
+  ../../crates/cordon-wasm/examples/wizen.rs)
 if ! up_to_date javascript "$js_inputs"; then
   log "building the JavaScript guest (QuickJS -> wasm32-wasip1)"
   (cd "$repo/guests/js" &&
     RQUICKJS_SYS_NO_WASI_SDK=1 CC_wasm32_wasip1=clang-19 AR_wasm32_wasip1=llvm-ar \
     CFLAGS_wasm32_wasip1="-isystem /usr/include/wasm32-wasi" \
     flock /tmp/cordon-cargo.lock cargo build -q --release --locked --target wasm32-wasip1)
-  install_guest javascript js "$repo/guests/js/target/wasm32-wasip1/release/cordon-js-guest.wasm" "$js_inputs"
+  log "pre-initializing the JavaScript guest (wasmtime-wizer $WASMTIME_WIZER_VERSION)"
+  jstmp=$(mktemp -d)
+  trap 'rm -rf "$jstmp"' EXIT
+  flock /tmp/cordon-cargo.lock cargo run -q --locked --manifest-path "$repo/Cargo.toml" \
+    -p cordon-wasm --example wizen -- \
+    "$repo/guests/js/target/wasm32-wasip1/release/cordon_js_guest.wasm" "$jstmp/js.wasm"
+  install_guest javascript js "$jstmp/js.wasm" "$js_inputs"
+  rm -rf "$jstmp"
+  trap - EXIT
 fi
 
 # Python: componentize-py (pinned, in its own venv) over our runner.

@@ -125,6 +125,52 @@ fn javascript_runs() {
 }
 
 #[test]
+fn javascript_runs_see_fresh_randomness_and_the_current_time() {
+    // The JavaScript guest starts from a snapshot taken at setup time: nothing that must
+    // differ per run (Math.random's state, the clock) may come out of it.
+    let src = "console.log(JSON.stringify([Math.random(), Math.random(), Date.now(), performance.timeOrigin, \
+               performance.now(), Math.random.name, Math.random.length, \
+               Object.getOwnPropertyDescriptor(Math, 'random').enumerable, \
+               Array.from({length: 10000}, Math.random).every(x => x >= 0 && x < 1)]))";
+    let mut sb = backend().create(&spec()).unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as f64;
+        let o = exec_in(sb.as_mut(), &ExecRequest::code(Language::Javascript, src));
+        let after = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as f64;
+        assert!(o.success(), "{o:#?}");
+        let v: serde_json::Value = serde_json::from_str(out(&o).trim()).unwrap();
+        let num = |i: usize| v[i].as_f64().unwrap_or_else(|| panic!("{v}"));
+        assert_ne!(num(0), num(1), "{v}");
+        let now = num(2);
+        assert!(
+            now >= before && now <= after,
+            "Date.now(): {v}: not in {before}..{after}"
+        );
+        // QuickJS's performance clock is the monotonic one (which WASI starts per run); the
+        // snapshot's time origin is exactly 0, a run's is later.
+        assert!(num(3) > 0.0, "performance.timeOrigin: {v}");
+        assert!(num(4) >= 0.0 && num(4) < 60_000.0, "performance.now(): {v}");
+        assert_eq!(v[5], "random", "{v}");
+        assert_eq!(v[6], 0, "{v}");
+        assert_eq!(v[7], false, "{v}");
+        assert_eq!(v[8], true, "{v}");
+        runs.push((num(0), num(1)));
+    }
+    sb.destroy().unwrap();
+    assert_ne!(
+        runs[0], runs[1],
+        "two runs drew the same Math.random() values"
+    );
+}
+
+#[test]
 fn missing_module_names_the_limits_and_the_tier_to_use() {
     for m in ["numpy", "socket", "subprocess", "_socket", "ctypes"] {
         let o = py(&format!("import {m}"));
