@@ -49,6 +49,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How long a one-shot run's sandbox waits after its exec before it is destroyed (it is out
+/// of every tenant's reach by then), so the destroy does not compete with the response.
+const ONE_SHOT_DESTROY_DELAY: Duration = Duration::from_millis(2);
+
 /// How long a warm pool waits after a take before refilling, while it still holds others.
 const REFILL_DEBOUNCE: Duration = Duration::from_millis(25);
 
@@ -1497,6 +1501,9 @@ impl RunJob {
         // the task, and its place under the limits is freed when that finishes.
         let tracker = svc.inner.destroys.clone();
         tracker.spawn(async move {
+            // Let the response go out first: tearing the sandbox down (its processes'
+            // exits, namespace and cgroup teardown) would otherwise compete with writing it.
+            tokio::time::sleep(ONE_SHOT_DESTROY_DELAY).await;
             if let Err(e) = svc.destroy_session(session, "one-shot").await {
                 tracing::warn!(error = %e, "destroying a one-shot sandbox");
             }
