@@ -693,3 +693,91 @@ fn interrupter_ends_a_running_exec_at_once() {
     destroy_and_check(sb);
     finish(env);
 }
+
+/// The proxy's per-sandbox limits hold for traffic that comes out of a VM: a request cap
+/// answers 429 with its rule, and a download over the byte budget is cut and audited.
+#[test]
+fn egress_limits_hold_through_the_vm_tunnel() {
+    let base = tuning(&[], None);
+    let limited = EgressTuning(Some(std::sync::Arc::new(move |cfg| {
+        if let Some(f) = &base.0 {
+            f(cfg);
+        }
+        cfg.limits.max_requests = Some(3);
+        cfg.limits.max_bytes_down = 50_000;
+    })));
+    let Some(env) = env_with(limited) else { return };
+    let up = cordon_testkit::egress::Upstream::start();
+    let p = up.port;
+    let mut s = spec();
+    s.egress.allow = vec![format!("127.0.0.1/32:{p}")];
+
+    // Requests: three answered, the fourth refused by the cap.
+    let mut sb = env.backend.create_restored(&s).unwrap();
+    let o = run(
+        &mut sb,
+        Language::Python,
+        &format!(
+            "{PY_GET}\nprint(json.dumps([get(f'http://127.0.0.1:{p}/r{{i}}') for i in range(4)]))"
+        ),
+    );
+    let v = json_out(&o);
+    for i in 0..3 {
+        assert_eq!(v[i][0], 200, "request {i}: {v}");
+    }
+    assert_eq!(v[3][0], 429, "{v}");
+    assert_eq!(v[3][1], "limit:requests", "{v}");
+    destroy_and_check(sb);
+
+    // Bytes down: a 200 kB download against a 50 kB budget is cut at the budget. The
+    // upstream is a real HTTP server on the host's loopback sending the whole body.
+    let big = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bp = big.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{BufRead, Write};
+        for conn in big.incoming().take(4) {
+            let Ok(mut conn) = conn else { continue };
+            let mut r = std::io::BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            while r.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                line.clear();
+            }
+            let body = vec![b'x'; 200_000];
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(&body);
+        }
+    });
+    s.egress.allow = vec![format!("127.0.0.1/32:{bp}")];
+    let mut sb = env.backend.create_restored(&s).unwrap();
+    let o = run(
+        &mut sb,
+        Language::Python,
+        &format!(
+            r#"{PY_GET}
+try:
+    r = urllib.request.urlopen('http://127.0.0.1:{bp}/big', timeout=30)
+    out = [r.status, len(r.read())]
+except Exception as e:
+    out = [0, repr(e)]
+print(json.dumps(out))"#
+        ),
+    );
+    let v = json_out(&o);
+    assert_ne!(
+        v[1], 200_000,
+        "a 200 kB download passed a 50 kB budget: {v}"
+    );
+    let events = o.extra["egress"].as_array().unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["rule"].as_str() == Some("limit:bytes_down")),
+        "no limit:bytes_down event: {events:?}"
+    );
+    destroy_and_check(sb);
+    finish(env);
+}
