@@ -255,15 +255,20 @@ fn kill_and_remove_dirs(dirs: &[PathBuf], version: Version, patience: Duration) 
 }
 
 /// Removes sandbox cgroups a dead Cordon process left behind; returns their names.
-pub fn reap_orphans(is_live: impl Fn(&str) -> bool) -> Vec<String> {
-    let version = host_version();
-    let roots: Vec<PathBuf> = match version {
+/// The directories sandbox cgroups live in: `cordon/` under each hierarchy's root.
+fn sandbox_roots(version: Version) -> Vec<PathBuf> {
+    match version {
         Version::V1 => ["memory", "pids", "cpu", "cpuacct", "cpu,cpuacct"]
             .iter()
             .map(|c| Path::new("/sys/fs/cgroup").join(c).join(PARENT))
             .collect(),
         Version::V2 => vec![Path::new("/sys/fs/cgroup").join(PARENT)],
-    };
+    }
+}
+
+pub fn reap_orphans(is_live: impl Fn(&str) -> bool) -> Vec<String> {
+    let version = host_version();
+    let roots = sandbox_roots(version);
     let mut removed = Vec::new();
     for root in roots {
         let Ok(entries) = fs::read_dir(&root) else {
@@ -291,13 +296,7 @@ pub fn reap_orphans(is_live: impl Fn(&str) -> bool) -> Vec<String> {
 /// after `settle` spares it. Cgroups with processes are never touched.
 pub fn reap_empty(settle: Duration) -> Vec<String> {
     let version = host_version();
-    let roots: Vec<PathBuf> = match version {
-        Version::V1 => ["memory", "pids", "cpu", "cpuacct", "cpu,cpuacct"]
-            .iter()
-            .map(|c| Path::new("/sys/fs/cgroup").join(c).join(PARENT))
-            .collect(),
-        Version::V2 => vec![Path::new("/sys/fs/cgroup").join(PARENT)],
-    };
+    let roots = sandbox_roots(version);
     let empty_dirs = || -> Vec<PathBuf> {
         roots
             .iter()
@@ -331,7 +330,8 @@ pub fn kill_listed(procs_file: &Path) {
     }
 }
 
-fn read_pids(p: &Path) -> Vec<i32> {
+/// The pids listed in a `cgroup.procs` file (none when it cannot be read).
+pub fn read_pids(p: &Path) -> Vec<i32> {
     fs::read_to_string(p)
         .unwrap_or_default()
         .lines()
@@ -339,17 +339,22 @@ fn read_pids(p: &Path) -> Vec<i32> {
         .collect()
 }
 
-fn number(p: &Path) -> u64 {
+/// A file holding one number; 0 when absent or unreadable.
+pub fn number(p: &Path) -> u64 {
     fs::read_to_string(p)
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)
 }
 
-fn keyed(p: &Path, key: &str) -> u64 {
-    fs::read_to_string(p)
-        .unwrap_or_default()
-        .lines()
+/// The value of `key` in a `key value` per line file; 0 when absent.
+pub fn keyed(p: &Path, key: &str) -> u64 {
+    parse_keyed(&fs::read_to_string(p).unwrap_or_default(), key)
+}
+
+/// The value of `key` in `key value` lines; 0 when absent.
+pub fn parse_keyed(text: &str, key: &str) -> u64 {
+    text.lines()
         .find_map(|l| {
             let mut it = l.split_whitespace();
             (it.next() == Some(key)).then(|| it.next().and_then(|v| v.parse().ok()))?

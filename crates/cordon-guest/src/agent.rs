@@ -991,14 +991,15 @@ fn refuse_errno(path: &str, e: Errno) -> (ErrorCode, String) {
 }
 
 fn children_cpu_us() -> u64 {
-    match getrusage(UsageWho::RUSAGE_CHILDREN) {
-        Ok(u) => {
-            let us =
-                |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
-            us(u.user_time()) + us(u.system_time())
-        }
-        Err(_) => 0,
-    }
+    getrusage(UsageWho::RUSAGE_CHILDREN)
+        .map(|u| cpu_us_of(&u))
+        .unwrap_or(0)
+}
+
+/// User plus system CPU time of a usage record, in microseconds.
+fn cpu_us_of(u: &nix::sys::resource::Usage) -> u64 {
+    let us = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    us(u.user_time()) + us(u.system_time())
 }
 
 fn is_full(p: &Path) -> bool {
@@ -1239,11 +1240,7 @@ fn reaper_main(
     }
     // Every process of the exec has been waited for: these are the whole tree's figures.
     let (rss_kb, cpu_us) = match getrusage(UsageWho::RUSAGE_CHILDREN) {
-        Ok(u) => {
-            let us =
-                |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
-            (u.max_rss() as u64, us(u.user_time()) + us(u.system_time()))
-        }
+        Ok(u) => (u.max_rss() as u64, cpu_us_of(&u)),
         Err(_) => (0, 0),
     };
     let line = match main_status {

@@ -15,6 +15,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use cordon_container::cgroup::{keyed, number, read_pids};
+
 use crate::GvisorError;
 
 /// Parent of every gvisor exec's cgroup, under each hierarchy's root.
@@ -261,37 +263,10 @@ pub fn remove_dirs(dirs: &[PathBuf], patience: Duration) -> bool {
     }
 }
 
-fn read_pids(p: &Path) -> Vec<i32> {
-    fs::read_to_string(p)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
-fn number(p: &Path) -> u64 {
-    fs::read_to_string(p)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// The value of `key` in a `key value` per line file; 0 when absent.
-fn keyed(p: &Path, key: &str) -> u64 {
-    parse_keyed(&fs::read_to_string(p).unwrap_or_default(), key)
-}
-
-fn parse_keyed(text: &str, key: &str) -> u64 {
-    text.lines()
-        .filter_map(|l| l.split_once(' '))
-        .find(|(k, _)| *k == key)
-        .and_then(|(_, v)| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cordon_container::cgroup::parse_keyed;
 
     #[test]
     fn hybrid_mounts_are_v1_with_the_memory_controller_found() {
