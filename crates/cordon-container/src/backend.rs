@@ -757,29 +757,7 @@ impl ContainerSandbox {
         };
         // Everything leaving the sandbox is scanned: known secrets redacted, credential
         // formats flagged.
-        let mut findings = Vec::new();
-        for (name, buf) in [("stdout", &mut o.stdout), ("stderr", &mut o.stderr)] {
-            let (clean, found) = match &self.egress {
-                Some(link) => link.scan(buf),
-                None => {
-                    let found = crate::egress::scan_plain(buf);
-                    (std::mem::take(buf), found)
-                }
-            };
-            *buf = clean;
-            findings.extend(found.into_iter().map(|mut f| {
-                f["stream"] = serde_json::json!(name);
-                f
-            }));
-        }
-        if !findings.is_empty() {
-            o.extra
-                .insert("findings".into(), serde_json::Value::Array(findings));
-        }
-        if let Some(link) = &mut self.egress {
-            o.extra
-                .insert("egress".into(), serde_json::Value::Array(link.new_events()));
-        }
+        crate::egress::scan_outcome(&mut o, self.egress.as_mut());
         if o.termination == Termination::SandboxFailure {
             o.warnings.push(format!(
                 "the sandbox failed: {}",
@@ -902,10 +880,7 @@ impl Sandbox for ContainerSandbox {
         )?;
         match reply.header {
             Reply::File { truncated: false } => {
-                let (clean, found) = match &self.egress {
-                    Some(link) => link.scan(&reply.body),
-                    None => (reply.body.clone(), crate::egress::scan_plain(&reply.body)),
-                };
+                let (clean, found) = crate::egress::scan_maybe(self.egress.as_ref(), &reply.body);
                 self.file_findings.extend(found.into_iter().map(|mut f| {
                     f["file"] = serde_json::json!(path);
                     f
@@ -933,20 +908,7 @@ impl Sandbox for ContainerSandbox {
     }
 
     fn report(&mut self) -> std::collections::BTreeMap<String, serde_json::Value> {
-        let mut r = std::collections::BTreeMap::new();
-        if !self.file_findings.is_empty() {
-            r.insert(
-                "findings".to_string(),
-                serde_json::Value::Array(std::mem::take(&mut self.file_findings)),
-            );
-        }
-        if let Some(link) = &mut self.egress {
-            let events = link.new_events();
-            if !events.is_empty() {
-                r.insert("egress".to_string(), serde_json::Value::Array(events));
-            }
-        }
-        r
+        crate::egress::report(&mut self.file_findings, self.egress.as_mut())
     }
 
     fn interrupter(&self) -> Option<cordon_core::Interrupter> {

@@ -33,7 +33,7 @@ use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use cordon_container::egress::{EgressLink, SANDBOX_PROXY_PORT, SOCKET_INSIDE, scan_plain};
+use cordon_container::egress::{EgressLink, SANDBOX_PROXY_PORT, SOCKET_INSIDE};
 use cordon_core::{
     Backend, Capability, Command, Error, ExecOutcome, ExecRequest, Language, OutputSink,
     OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier, Weakening,
@@ -565,10 +565,7 @@ impl GvisorSandbox {
     /// Output leaving the sandbox is scanned: known secrets redacted, credential formats
     /// flagged (the container tier's scanner).
     fn scan(&self, bytes: &[u8]) -> (Vec<u8>, Vec<serde_json::Value>) {
-        match &self.egress {
-            Some(link) => link.scan(bytes),
-            None => (bytes.to_vec(), scan_plain(bytes)),
-        }
+        cordon_container::egress::scan_maybe(self.egress.as_ref(), bytes)
     }
 }
 
@@ -872,20 +869,7 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn report(&mut self) -> BTreeMap<String, serde_json::Value> {
-        let mut r = BTreeMap::new();
-        if !self.file_findings.is_empty() {
-            r.insert(
-                "findings".to_string(),
-                serde_json::Value::Array(std::mem::take(&mut self.file_findings)),
-            );
-        }
-        if let Some(link) = &mut self.egress {
-            let events = link.new_events();
-            if !events.is_empty() {
-                r.insert("egress".to_string(), serde_json::Value::Array(events));
-            }
-        }
-        r
+        cordon_container::egress::report(&mut self.file_findings, self.egress.as_mut())
     }
 
     fn destroy(&mut self) -> Result<()> {
