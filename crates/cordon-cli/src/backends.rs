@@ -103,7 +103,7 @@ pub fn recovery_hook() -> cordon_server::RecoveryHook {
         // A server killed mid-create leaves a cgroup no row names; its init died with the
         // server (parent-death signal), so the cgroup is empty.
         removed.extend(
-            cordon_container::cgroup::reap_empty(std::time::Duration::from_millis(100))
+            cordon_container::cgroup::reap_empty(std::time::Duration::from_secs(1))
                 .into_iter()
                 .map(|name| format!("empty cgroup cordon/{name}")),
         );

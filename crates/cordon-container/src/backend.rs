@@ -251,6 +251,18 @@ impl ContainerBackend {
         };
         let id = SandboxId::random()?;
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: checks done");
+        // The proxy first: its start (a CA, a listener) takes a while, and the cgroup should
+        // be empty for as short a time as possible before the init joins it (crash recovery
+        // removes sandbox cgroups that stay empty).
+        let egress = if crate::egress::wanted(spec) {
+            Some(crate::egress::EgressLink::start(
+                id.as_str(),
+                spec,
+                self.cfg.id_base,
+            )?)
+        } else {
+            None
+        };
         let limits = &spec.limits;
         let cg =
             match SandboxCgroup::create(id.as_str(), limits.memory_bytes, limits.pids, limits.cpus)
@@ -271,19 +283,6 @@ impl ContainerBackend {
                 }
             };
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: cgroup ready");
-        let egress = if crate::egress::wanted(spec) {
-            match crate::egress::EgressLink::start(id.as_str(), spec, self.cfg.id_base) {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    if let Some(cg) = &cg {
-                        cg.remove();
-                    }
-                    return Err(e);
-                }
-            }
-        } else {
-            None
-        };
         let setup = InitSetup {
             id_base: self.cfg.id_base,
             id_count: 65536,
