@@ -206,13 +206,15 @@ impl AsyncWrite for Capture {
     }
 }
 
-/// The scratch disk budget of one sandbox. Writes reserve bytes before they happen; when the
-/// running count says the budget is spent, the real usage is measured again (overwrites and
-/// deletions give space back) and the write is refused only if it still does not fit.
+/// The scratch disk budget of one sandbox. Writes reserve bytes before they happen; the
+/// scratch dir is measured at the first reservation (an exec that adds nothing never walks
+/// it), and again whenever the running count says the budget is spent (overwrites and
+/// deletions give space back): a write is refused only if it still does not fit.
 pub(crate) struct DiskQuota {
     root: PathBuf,
     limit: u64,
-    used: Mutex<u64>,
+    /// Bytes in use as far as we know; `None` until the first reservation measures them.
+    used: Mutex<Option<u64>>,
     flags: Arc<Flags>,
 }
 
@@ -221,18 +223,18 @@ pub(crate) const ENTRY_COST: u64 = 4096;
 
 impl DiskQuota {
     pub fn new(root: PathBuf, limit: u64, flags: Arc<Flags>) -> Self {
-        let used = usage(&root);
         DiskQuota {
             root,
             limit,
-            used: Mutex::new(used),
+            used: Mutex::new(None),
             flags,
         }
     }
 
     /// Reserves `n` bytes; false (and the disk flag raised) when they do not fit.
     pub fn reserve(&self, n: u64) -> bool {
-        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        let used = guard.get_or_insert_with(|| usage(&self.root));
         if used.saturating_add(n) <= self.limit {
             *used += n;
             return true;

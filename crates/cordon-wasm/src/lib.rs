@@ -338,13 +338,6 @@ impl WasmSandbox {
     }
 }
 
-fn thread_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 impl Sandbox for WasmSandbox {
     fn id(&self) -> &SandboxId {
         &self.id
@@ -352,7 +345,7 @@ impl Sandbox for WasmSandbox {
 
     fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
         let started = Instant::now();
-        let cpu0 = thread_cpu_ns();
+        let cpu0 = sys::thread_cpu_ns();
         let scratch = self.scratch()?.to_path_buf();
         if let Some(cwd) = &req.cwd
             && cwd.trim_end_matches('/') != cordon_core::WORKDIR
@@ -441,7 +434,7 @@ impl Sandbox for WasmSandbox {
         o.stderr_truncated = raw.stderr_truncated;
         o.warnings = raw.warnings;
         o.usage = Usage {
-            cpu_time_us: thread_cpu_ns().saturating_sub(cpu0) / 1000,
+            cpu_time_us: sys::thread_cpu_ns().saturating_sub(cpu0) / 1000,
             peak_memory_bytes: raw.peak_memory,
             wall_time_us: wall,
         };

@@ -477,6 +477,51 @@ fn user_p2_component_runs() {
     assert_eq!(out(&o), "42\n");
 }
 
+/// Checks that its memory is pristine (data segment intact, 200 scattered bytes and the
+/// grown part zero), then dirties all of it: every run in a reused slot must start clean.
+const DIRTIES_MEMORY: &str = r#"
+(module
+  (memory 64)
+  (data (i32.const 16) "A")
+  (func (export "_start") (local $i i32) (local $a i32)
+    (if (i32.ne (i32.load8_u (i32.const 16)) (i32.const 65)) (then unreachable))
+    (i32.store8 (i32.const 16) (i32.const 90))
+    (loop $l
+      (local.set $a (i32.add (i32.mul (local.get $i) (i32.const 20000)) (i32.const 100)))
+      (if (i32.load8_u (local.get $a)) (then unreachable))
+      (i32.store8 (local.get $a) (i32.const 171))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $l (i32.lt_u (local.get $i) (i32.const 200))))
+    (if (i32.ne (memory.grow (i32.const 16)) (i32.const 64)) (then unreachable))
+    (if (i32.load8_u (i32.const 4300000)) (then unreachable))
+    (i32.store8 (i32.const 4300000) (i32.const 171))))
+"#;
+
+#[test]
+fn every_exec_starts_from_pristine_memory() {
+    let mut sb = backend().create(&spec()).unwrap();
+    let module = wat::parse_str(DIRTIES_MEMORY).unwrap();
+    for round in 0..6 {
+        let o = exec_in(sb.as_mut(), &wasm_req(module.clone(), &[]));
+        assert!(o.success(), "round {round}: memory left over: {o:#?}");
+    }
+    // The Python guest: what one exec changes in the interpreter is gone in the next.
+    let dirty = "import sys, json\nsys.cordon_left = 1\njson.cordon_left = 1\n\
+                 keep = [bytearray(b'x' * 4096) for _ in range(2000)]\nprint('dirty')";
+    let check =
+        "import sys, json\nprint(hasattr(sys, 'cordon_left'), hasattr(json, 'cordon_left'))";
+    for round in 0..4 {
+        let o = exec_in(sb.as_mut(), &ExecRequest::code(Language::Python, dirty));
+        assert_eq!(out(&o), "dirty\n", "round {round}: {o:#?}");
+        let o = exec_in(sb.as_mut(), &ExecRequest::code(Language::Python, check));
+        assert_eq!(
+            out(&o),
+            "False False\n",
+            "round {round}: state leaked: {o:#?}"
+        );
+    }
+}
+
 #[test]
 fn malformed_and_hostile_modules_get_clear_errors() {
     let mut sb = backend().create(&spec()).unwrap();
