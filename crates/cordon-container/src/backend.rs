@@ -445,13 +445,27 @@ impl ContainerSandbox {
     fn teardown(&mut self) {
         tracing::debug!("teardown: begin");
         // Every process of the sandbox is in its cgroup: kill them all at once rather than
-        // waiting for parent-death signals to travel down the chain.
+        // waiting for parent-death signals to travel down the chain. All but the outer
+        // init: it is the parent of the sandbox's PID-1 agent and reaps it at once, and the
+        // kernel reaps the rest of the PID namespace with it. Killed first, the outer init
+        // would orphan the agent to the host's init, which reaps when it gets to it, and the
+        // cgroup cannot be removed before every zombie in it is reaped.
+        let outer_pid = self.outer.as_ref().map(|c| c.id() as i32);
         if let Some(cg) = &self.cgroup {
             for pid in cg.pids() {
-                crate::sys::kill_pid(pid);
+                if Some(pid) != outer_pid {
+                    crate::sys::kill_pid(pid);
+                }
             }
         }
         if let Some(mut outer) = self.outer.take() {
+            if self.cgroup.is_some() {
+                // The outer init exits once it has reaped the agent; a few ms at most.
+                let deadline = Instant::now() + Duration::from_millis(500);
+                while matches!(outer.try_wait(), Ok(None)) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+            }
             let _ = outer.kill();
             let _ = outer.wait();
         }

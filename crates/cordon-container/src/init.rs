@@ -60,6 +60,9 @@ pub struct InitSetup {
 const HOST_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 
+/// Scheduling priority of every process of a sandbox (the host's default is 0).
+pub const SANDBOX_NICE: i32 = 5;
+
 /// Entry point of the init binary. Never returns.
 pub fn main() -> ! {
     // The host passes the agent socket as stdin; move it off fd 0 and put /dev/null there.
@@ -95,6 +98,10 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
     };
     // Die with the host process that started us.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+    // The whole sandbox runs a little below the host's own processes: when the host's few
+    // cores are all busy, Cordon's control plane (the server answering, the CLI reporting)
+    // goes first, and a busy sandbox cannot starve it. An idle host runs it at full speed.
+    let _ = crate::sys::set_nice(SANDBOX_NICE);
     let me = std::process::id().to_string();
     for procs in &setup.cgroup_procs {
         if let Err(e) = fs::write(procs, &me) {

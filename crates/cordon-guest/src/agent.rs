@@ -249,7 +249,9 @@ impl Agent {
         match sys::fork_into(libc::CLONE_NEWPID | libc::CLONE_NEWNS)? {
             sys::Forked::Child => {
                 drop(ours);
-                standby_main(&self.cfg, theirs)
+                // With per-exec cgroups the agent moves the reaper alone into the exec's
+                // cgroup, so the program must be forked after that, by the reaper.
+                standby_main(&self.cfg, theirs, self.cgroups.is_none())
             }
             sys::Forked::Parent(pid) => {
                 drop(theirs);
@@ -1089,8 +1091,9 @@ impl ExecPlan {
     }
 }
 
-/// Sends a standby reaper its job with the program's stdio and the status pipe.
-fn send_job(chan: &UnixStream, job: &[u8], fds: &[RawFd; 4]) -> io::Result<()> {
+/// Sends a standby reaper its job with the program's stdio and the status pipe (or a
+/// pre-forked program its job with its stdio).
+fn send_job(chan: &UnixStream, job: &[u8], fds: &[RawFd]) -> io::Result<()> {
     use nix::sys::socket::{ControlMessage, sendmsg};
     let cmsg = [ControlMessage::ScmRights(fds)];
     let iov = [io::IoSlice::new(job)];
@@ -1141,9 +1144,10 @@ fn receive_job(chan: &UnixStream) -> Option<(Job, Vec<OwnedFd>)> {
 }
 
 /// A standby reaper: PID 1 of the next exec's namespace, made before the exec is asked
-/// for. It mounts its `/proc`, takes on the tier's confinement, then waits for its job and
-/// runs it as [`reaper_main`]. Never returns.
-fn standby_main(cfg: &AgentConfig, chan: UnixStream) -> ! {
+/// for. It mounts its `/proc`, takes on the tier's confinement and (with `prefork`) forks
+/// the program's process, which drops its privileges at once; then it waits for its job
+/// and runs it as [`reaper_main`]. Never returns.
+fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: bool) -> ! {
     let mut failed: Option<String> = None;
     if cfg.mount_proc {
         let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
@@ -1158,6 +1162,24 @@ fn standby_main(cfg: &AgentConfig, chan: UnixStream) -> ! {
         && let Err(e) = hook()
     {
         failed = Some(format!("the sandbox's filters could not be applied: {e}"));
+    }
+    // The program's process is forked now too, off the exec's critical path; it waits for
+    // the job on its own socket. Without it (no prefork, or the fork failed) the reaper
+    // forks the program once the job is here.
+    let mut program = None;
+    if failed.is_none()
+        && prefork
+        && let Ok((ours, theirs)) = UnixStream::pair()
+    {
+        match sys::fork_into(0) {
+            Ok(sys::Forked::Child) => {
+                drop(chan);
+                drop(ours);
+                program_standby(cfg, theirs)
+            }
+            Ok(sys::Forked::Parent(pid)) => program = Some((pid, ours)),
+            Err(_) => {}
+        }
     }
     let Some((job, fds)) = receive_job(&chan) else {
         sys::exit_now(0)
@@ -1174,10 +1196,24 @@ fn standby_main(cfg: &AgentConfig, chan: UnixStream) -> ! {
             ExecPlan::empty()
         }
     };
-    reaper_main(cfg, &plan, &job.limits, [a, b, c], status, failed)
+    // Hand the job to the pre-forked program; if it is gone, fork a new one below.
+    let mut forked = None;
+    if failed.is_none()
+        && let Some((pid, sock)) = program
+    {
+        let bytes = encode(&job, b"").unwrap_or_default();
+        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd()];
+        if !bytes.is_empty() && send_job(&sock, &bytes, &fds).is_ok() {
+            forked = Some(pid);
+        } else {
+            let _ = kill(pid, Signal::SIGKILL);
+        }
+    }
+    reaper_main(cfg, &plan, &job.limits, [a, b, c], status, failed, forked)
 }
 
-/// The reaper, job in hand: PID 1 of the exec's namespace. Never returns.
+/// The reaper, job in hand: PID 1 of the exec's namespace. `forked` is the program's
+/// process when it was forked ahead and already has its job. Never returns.
 fn reaper_main(
     cfg: &AgentConfig,
     plan: &ExecPlan,
@@ -1185,23 +1221,12 @@ fn reaper_main(
     stdio: [OwnedFd; 3],
     status: OwnedFd,
     failed: Option<String>,
+    forked: Option<Pid>,
 ) -> ! {
     // Move what we keep to fixed numbers: stdio to 0-2, the status pipe to 3. First lift
     // every descriptor above the range, so no dup2 below lands on one still needed.
     let [a, b, c] = stdio;
-    let mut high = Vec::new();
-    for fd in [a, b, c, status] {
-        match nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(64)) {
-            Ok(raw) => high.push(sys::own_fd(raw)),
-            Err(_) => sys::exit_now(120),
-        }
-    }
-    for (i, fd) in high.iter().enumerate() {
-        if sys::dup2_to(fd, i as RawFd).is_err() {
-            sys::exit_now(120);
-        }
-    }
-    drop(high);
+    renumber_from_zero([a, b, c, status]);
     if sys::close_from(4).is_err() {
         sys::exit_now(120);
     }
@@ -1212,13 +1237,16 @@ fn reaper_main(
         let _ = status.write_all(b"exit 125 0 0\n");
         sys::exit_now(0);
     }
-    let child = match sys::fork_into(0) {
-        Ok(sys::Forked::Child) => {
-            drop(status);
-            program_main(cfg, plan, limits)
-        }
-        Ok(sys::Forked::Parent(pid)) => pid,
-        Err(_) => sys::exit_now(120),
+    let child = match forked {
+        Some(pid) => pid,
+        None => match sys::fork_into(0) {
+            Ok(sys::Forked::Child) => {
+                drop(status);
+                program_main(cfg, plan, limits)
+            }
+            Ok(sys::Forked::Parent(pid)) => pid,
+            Err(_) => sys::exit_now(120),
+        },
     };
     // Close our copies of the program's stdio so the host sees EOF when the tree is gone.
     for fd in 0..3 {
@@ -1254,23 +1282,107 @@ fn reaper_main(
     sys::exit_now(0)
 }
 
-/// The program's own process, between fork and exec. Never returns.
+/// The program's own process, between fork and exec, forked once the job is known. Never
+/// returns.
 fn program_main(cfg: &AgentConfig, plan: &ExecPlan, limits: &ProcLimits) -> ! {
-    let fail = |step: &str, e: &dyn std::fmt::Display| -> ! {
-        let _ = writeln!(io::stderr(), "cordon: {step}: {e}");
-        sys::exit_now(127)
-    };
-    let _ = setsid();
     if let Err(e) = sys::close_from(3) {
-        fail("closing inherited descriptors", &e);
+        program_fail("closing inherited descriptors", &e);
     }
-    // Make this process the OOM killer's first choice, never the agent.
+    leave_the_agent();
+    apply_limits(limits);
+    enter_cwd(plan);
+    if let Err(e) = drop_privileges(cfg) {
+        program_fail("dropping privileges", &e);
+    }
+    exec_program(plan)
+}
+
+/// The program's own process forked ahead of its job: it drops every privilege at once,
+/// then waits on `sock` for the job and its stdin, stdout and stderr. Never returns.
+fn program_standby(cfg: &AgentConfig, sock: UnixStream) -> ! {
+    // Keep only the job socket (as fd 3): nothing of the agent's stays open in here.
+    let raw = std::os::fd::IntoRawFd::into_raw_fd(sock);
+    if raw != 3 {
+        if sys::dup2_to(&raw, 3).is_err() {
+            sys::exit_now(120);
+        }
+        let _ = nix::unistd::close(raw);
+    }
+    if sys::close_from(4).is_err() {
+        sys::exit_now(120);
+    }
+    let sock = UnixStream::from(sys::own_fd(3));
+    leave_the_agent();
+    let dropped = drop_privileges(cfg);
+    let Some((job, fds)) = receive_job(&sock) else {
+        sys::exit_now(0)
+    };
+    drop(sock);
+    let Ok(stdio) = <[OwnedFd; 3]>::try_from(fds) else {
+        sys::exit_now(120)
+    };
+    renumber_from_zero(stdio);
+    if let Err(e) = dropped {
+        program_fail("dropping privileges", &e);
+    }
+    let plan = match ExecPlan::new(&job.argv, &job.env, &job.cwd) {
+        Ok(plan) => plan,
+        Err(e) => program_fail("bad exec request", &e),
+    };
+    // Lowering limits needs no privilege (and raising a hard limit needs one the sandbox's
+    // root never has: CAP_SYS_RESOURCE in the host's user namespace).
+    apply_limits(&job.limits);
+    enter_cwd(&plan);
+    exec_program(&plan)
+}
+
+/// Puts `fds` on descriptors 0, 1, 2, ... in order (in a forked child; exits 120 if it
+/// cannot). Each is first lifted above the range, so no dup2 lands on one still needed.
+fn renumber_from_zero<const N: usize>(fds: [OwnedFd; N]) {
+    let mut high = Vec::new();
+    for fd in fds {
+        match nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(64)) {
+            Ok(raw) => high.push(sys::own_fd(raw)),
+            Err(_) => sys::exit_now(120),
+        }
+    }
+    for (i, fd) in high.iter().enumerate() {
+        if sys::dup2_to(fd, i as RawFd).is_err() {
+            sys::exit_now(120);
+        }
+    }
+}
+
+fn program_fail(step: &str, e: &dyn std::fmt::Display) -> ! {
+    let _ = writeln!(io::stderr(), "cordon: {step}: {e}");
+    sys::exit_now(127)
+}
+
+/// Its own session, and the OOM killer's first choice (never the agent).
+fn leave_the_agent() {
+    let _ = setsid();
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .write(true)
         .open("/proc/self/oom_score_adj")
     {
         let _ = f.write_all(b"1000");
     }
+}
+
+/// The sandbox user, every capability gone, `no_new_privs`.
+fn drop_privileges(cfg: &AgentConfig) -> io::Result<()> {
+    let uid = Uid::from_raw(cfg.uid);
+    let gid = Gid::from_raw(cfg.gid);
+    setgroups(&[gid])
+        .and_then(|_| setresgid(gid, gid, gid))
+        .map_err(io::Error::from)
+        .and_then(|_| sys::drop_bounding_set())
+        .and_then(|_| setresuid(uid, uid, uid).map_err(io::Error::from))
+        .and_then(|_| sys::clear_ambient())
+        .and_then(|_| nix::sys::prctl::set_no_new_privs().map_err(io::Error::from))
+}
+
+fn apply_limits(limits: &ProcLimits) {
     let lim = |r: Resource, v: u64| setrlimit(r, v, v);
     if let Err(e) = lim(Resource::RLIMIT_NOFILE, limits.open_files)
         .and_then(|_| lim(Resource::RLIMIT_FSIZE, limits.file_size))
@@ -1283,25 +1395,21 @@ fn program_main(cfg: &AgentConfig, plan: &ExecPlan, limits: &ProcLimits) -> ! {
             }
         })
     {
-        fail("setting resource limits", &e);
+        program_fail("setting resource limits", &e);
     }
+}
+
+fn enter_cwd(plan: &ExecPlan) {
     if let Err(e) = nix::unistd::chdir(plan.cwd.as_c_str()) {
-        fail(&format!("changing to {:?}", plan.cwd), &e);
+        program_fail(&format!("changing to {:?}", plan.cwd), &e);
     }
-    let uid = Uid::from_raw(cfg.uid);
-    let gid = Gid::from_raw(cfg.gid);
-    if let Err(e) = setgroups(&[gid])
-        .and_then(|_| setresgid(gid, gid, gid))
-        .map_err(io::Error::from)
-        .and_then(|_| sys::drop_bounding_set())
-        .and_then(|_| setresuid(uid, uid, uid).map_err(io::Error::from))
-        .and_then(|_| sys::clear_ambient())
-        .and_then(|_| nix::sys::prctl::set_no_new_privs().map_err(io::Error::from))
-    {
-        fail("dropping privileges", &e);
-    }
+}
+
+/// Closes what is left of the agent's descriptors and execs, trying each PATH candidate.
+/// Never returns.
+fn exec_program(plan: &ExecPlan) -> ! {
     if let Err(e) = sys::close_from(3) {
-        fail("closing inherited descriptors", &e);
+        program_fail("closing inherited descriptors", &e);
     }
     let mut last = Errno::ENOENT;
     for cand in plan.candidates() {
