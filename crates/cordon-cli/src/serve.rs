@@ -34,11 +34,14 @@ pub struct ServeArgs {
     /// Iterations per figure with --bench.
     #[arg(long, default_value_t = 200)]
     iterations: usize,
+    /// With --bench: only these tiers (comma-separated; default every tier this build has).
+    #[arg(long, value_delimiter = ',', requires = "bench")]
+    tiers: Vec<cordon_core::Tier>,
 }
 
 pub fn serve(args: ServeArgs) -> Result<i32> {
     if args.bench {
-        return crate::serve_bench::bench(args.iterations.max(1));
+        return crate::serve_bench::bench(args.iterations.max(1), &args.tiers);
     }
     if let Some(tenant) = args.new_key {
         let key = keys::generate_key()?;

@@ -1,5 +1,7 @@
 //! `cordon serve --bench`: API round trips on loopback, warm (from the pool) against cold,
-//! per tier, with the server in this process and a plain keep-alive HTTP/1.1 client.
+//! per tier, with the server in this process and a plain keep-alive HTTP/1.1 client. Each
+//! tier gets a server of its own whose only pool is that tier's, so no other tier's idle
+//! sandboxes (a VM, a user-space kernel) run beside the one measured.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -28,11 +30,13 @@ impl Client {
     }
 
     fn post(&mut self, path: &str, body: &str) -> Result<(u16, String)> {
-        write!(
-            self.writer,
+        // One write per request, as a real client sends it (no Nagle: each write would be
+        // a packet of its own).
+        let request = format!(
             "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
-        )?;
+        );
+        self.writer.write_all(request.as_bytes())?;
         let mut line = String::new();
         self.reader.read_line(&mut line)?;
         let status: u16 = line
@@ -75,8 +79,52 @@ fn trivial(tier: Tier) -> &'static str {
     }
 }
 
-pub fn bench(iterations: usize) -> Result<i32> {
-    let dir = std::env::temp_dir().join(format!("cordon-serve-bench-{}", std::process::id()));
+pub fn bench(iterations: usize, only: &[Tier]) -> Result<i32> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    println!(
+        "API round trips on loopback ({iterations} iterations each, at most 10 for gvisor and microvm; medians; server in this process, one per tier)"
+    );
+    println!(
+        "{:<10} {:>14} {:>14} {:>8} {:>16}",
+        "tier", "run warm", "run cold", "cold/warm", "exec in sandbox"
+    );
+    for tier in Tier::ALL {
+        if !only.is_empty() && !only.contains(&tier) {
+            continue;
+        }
+        match bench_tier(&rt, tier, iterations)? {
+            Some((w, cd, e)) => println!(
+                "{:<10} {:>14} {:>14} {:>7.1}x {:>16}",
+                tier.as_str(),
+                ms(w),
+                ms(cd),
+                cd.as_secs_f64() / w.as_secs_f64().max(1e-9),
+                ms(e)
+            ),
+            None => println!(
+                "{:<10} unavailable here (see `cordon doctor`)",
+                tier.as_str()
+            ),
+        }
+    }
+    println!(
+        "run warm = POST /v1/run served from the warm pool (take + exec; the destroy runs after the response); run cold = \
+         the same with a spec the pool does not hold; exec in sandbox = POST /v1/sandboxes/ID/exec, back to back"
+    );
+    Ok(0)
+}
+
+/// Medians of warm run, cold run and exec for one tier, with a server whose only pool is
+/// this tier's; `None` when the tier is unavailable here.
+fn bench_tier(
+    rt: &tokio::runtime::Runtime,
+    tier: Tier,
+    iterations: usize,
+) -> Result<Option<(Duration, Duration, Duration)>> {
+    let dir =
+        std::env::temp_dir().join(format!("cordon-serve-bench-{}-{tier}", std::process::id()));
     let mut cfg = Config::with_data_dir(&dir);
     cfg.bind = "127.0.0.1:0".parse()?;
     cfg.keys = vec![cordon_server::config::KeyEntry {
@@ -84,96 +132,72 @@ pub fn bench(iterations: usize) -> Result<i32> {
         key: Some("bench".into()),
         sha256: None,
     }];
-    // Every tier this build has; the slow ones (a user-space kernel, a VM) get fewer rounds.
-    let tiers = Tier::ALL;
-    for t in tiers {
-        cfg.pools.insert(t, 2);
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    cfg.pools.insert(tier, 2);
     let backends = backends::server_backends(&dir);
     let server = rt.block_on(Server::start(cfg, backends, None))?;
-    let svc = server.service().clone();
-    println!(
-        "API round trips on loopback ({iterations} iterations each, at most 10 for gvisor and microvm; medians; server in this process)"
-    );
-    println!(
-        "{:<10} {:>14} {:>14} {:>8} {:>16}",
-        "tier", "run warm", "run cold", "cold/warm", "exec in sandbox"
-    );
-    for tier in tiers {
-        if !svc.probes().get(&tier).is_some_and(|p| p.available()) {
-            println!(
-                "{:<10} unavailable here (see `cordon doctor`)",
-                tier.as_str()
-            );
-            continue;
-        }
-        let mut c = Client::connect(server.addr())?;
-        let warm_body = format!(r#"{{"tier":"{tier}",{}}}"#, trivial(tier));
-        // The pool's spec is the default one; any other limit makes the sandbox start cold.
-        let cold_body = format!(
-            r#"{{"tier":"{tier}","limits":{{"open_files":1000}},{}}}"#,
-            trivial(tier)
-        );
-        let (s, b) = c.post("/v1/run", &warm_body)?;
-        if s != 200 {
-            bail!("{tier}: warm-up run failed ({s}): {b}");
-        }
-        let rounds = match tier {
-            Tier::Gvisor | Tier::Microvm => iterations.min(10),
-            _ => iterations,
-        };
-        let (mut warm, mut cold, mut exec) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..rounds {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while svc.pool_ready(tier) < 2 && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let t = Instant::now();
-            let (s, b) = c.post("/v1/run", &warm_body)?;
-            warm.push(t.elapsed());
-            if s != 200 || !b.contains("\"source\"") && !b.contains("\"exited\"") {
-                bail!("{tier}: warm run failed ({s}): {b}");
-            }
-            let t = Instant::now();
-            let (s, b) = c.post("/v1/run", &cold_body)?;
-            cold.push(t.elapsed());
-            if s != 200 {
-                bail!("{tier}: cold run failed ({s}): {b}");
-            }
-        }
-        let (s, b) = c.post("/v1/sandboxes", &format!(r#"{{"tier":"{tier}"}}"#))?;
-        if s != 201 {
-            bail!("{tier}: create failed ({s}): {b}");
-        }
-        let v: serde_json::Value = serde_json::from_str(&b)?;
-        let id = v["id"].as_str().context("no id")?.to_string();
-        let exec_body = format!("{{{}}}", trivial(tier));
-        for _ in 0..rounds {
-            let t = Instant::now();
-            let (s, b) = c.post(&format!("/v1/sandboxes/{id}/exec"), &exec_body)?;
-            exec.push(t.elapsed());
-            if s != 200 {
-                bail!("{tier}: exec failed ({s}): {b}");
-            }
-        }
-        let (w, cd, e) = (median(warm), median(cold), median(exec));
-        println!(
-            "{:<10} {:>14} {:>14} {:>7.1}x {:>16}",
-            tier.as_str(),
-            ms(w),
-            ms(cd),
-            cd.as_secs_f64() / w.as_secs_f64().max(1e-9),
-            ms(e)
-        );
-    }
-    println!(
-        "run warm = POST /v1/run served from the warm pool (take + exec; the destroy runs after the response); run cold = \
-         the same with a spec the pool does not hold; exec in sandbox = POST /v1/sandboxes/ID/exec"
-    );
+    let result = measure(&server, tier, iterations);
     rt.block_on(server.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(0)
+    result
+}
+
+fn measure(
+    server: &Server,
+    tier: Tier,
+    iterations: usize,
+) -> Result<Option<(Duration, Duration, Duration)>> {
+    let svc = server.service().clone();
+    if !svc.probes().get(&tier).is_some_and(|p| p.available()) {
+        return Ok(None);
+    }
+    let mut c = Client::connect(server.addr())?;
+    let warm_body = format!(r#"{{"tier":"{tier}",{}}}"#, trivial(tier));
+    // The pool's spec is the default one; any other limit makes the sandbox start cold.
+    let cold_body = format!(
+        r#"{{"tier":"{tier}","limits":{{"open_files":1000}},{}}}"#,
+        trivial(tier)
+    );
+    let (s, b) = c.post("/v1/run", &warm_body)?;
+    if s != 200 {
+        bail!("{tier}: warm-up run failed ({s}): {b}");
+    }
+    let rounds = match tier {
+        Tier::Gvisor | Tier::Microvm => iterations.min(10),
+        _ => iterations,
+    };
+    let (mut warm, mut cold, mut exec) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while svc.pool_ready(tier) < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let t = Instant::now();
+        let (s, b) = c.post("/v1/run", &warm_body)?;
+        warm.push(t.elapsed());
+        if s != 200 || !b.contains("\"source\"") && !b.contains("\"exited\"") {
+            bail!("{tier}: warm run failed ({s}): {b}");
+        }
+        let t = Instant::now();
+        let (s, b) = c.post("/v1/run", &cold_body)?;
+        cold.push(t.elapsed());
+        if s != 200 {
+            bail!("{tier}: cold run failed ({s}): {b}");
+        }
+    }
+    let (s, b) = c.post("/v1/sandboxes", &format!(r#"{{"tier":"{tier}"}}"#))?;
+    if s != 201 {
+        bail!("{tier}: create failed ({s}): {b}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&b)?;
+    let id = v["id"].as_str().context("no id")?.to_string();
+    let exec_body = format!("{{{}}}", trivial(tier));
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let (s, b) = c.post(&format!("/v1/sandboxes/{id}/exec"), &exec_body)?;
+        exec.push(t.elapsed());
+        if s != 200 {
+            bail!("{tier}: exec failed ({s}): {b}");
+        }
+    }
+    Ok(Some((median(warm), median(cold), median(exec))))
 }

@@ -113,6 +113,38 @@ fn lock(m: &Mutex<Connection>) -> std::sync::MutexGuard<'_, Connection> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+fn insert_event(c: &Connection, e: &NewEvent<'_>) -> Result<(), ServerError> {
+    c.prepare_cached(
+        "INSERT INTO events (time_ms, tenant, sandbox, kind, decision, tier, detail)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        now_ms(),
+        e.tenant,
+        e.sandbox,
+        e.kind,
+        e.decision,
+        e.tier.map(|t| t.as_str()),
+        e.detail.to_string()
+    ])?;
+    Ok(())
+}
+
+fn insert_sandbox(
+    c: &Connection,
+    id: &str,
+    tenant: Option<&str>,
+    tier: Tier,
+    state: &str,
+) -> Result<(), ServerError> {
+    c.prepare_cached(
+        "INSERT INTO sandboxes (id, tenant, tier, state, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT(id) DO UPDATE SET tenant = excluded.tenant, state = excluded.state",
+    )?
+    .execute(params![id, tenant, tier.as_str(), state, now_ms()])?;
+    Ok(())
+}
+
 impl Audit {
     /// Opens (creating and migrating) the store at `path`.
     pub fn open(path: &Path) -> Result<Self, ServerError> {
@@ -156,19 +188,7 @@ impl Audit {
     /// Writes one row and returns its id.
     pub fn record(&self, e: &NewEvent<'_>) -> Result<i64, ServerError> {
         let c = lock(&self.conn);
-        c.execute(
-            "INSERT INTO events (time_ms, tenant, sandbox, kind, decision, tier, detail)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                now_ms(),
-                e.tenant,
-                e.sandbox,
-                e.kind,
-                e.decision,
-                e.tier.map(|t| t.as_str()),
-                e.detail.to_string()
-            ],
-        )?;
+        insert_event(&c, e)?;
         Ok(c.last_insert_rowid())
     }
 
@@ -180,11 +200,25 @@ impl Audit {
         tier: Tier,
         state: &str,
     ) -> Result<(), ServerError> {
-        lock(&self.conn).execute(
-            "INSERT INTO sandboxes (id, tenant, tier, state, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)
-             ON CONFLICT(id) DO UPDATE SET tenant = excluded.tenant, state = excluded.state",
-            params![id, tenant, tier.as_str(), state, now_ms()],
-        )?;
+        insert_sandbox(&lock(&self.conn), id, tenant, tier, state)
+    }
+
+    /// Records that a sandbox is live for `tenant` and writes `events`, all in one
+    /// transaction (one commit instead of one per row).
+    pub fn sandbox_started_with(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        tier: Tier,
+        events: &[NewEvent<'_>],
+    ) -> Result<(), ServerError> {
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        insert_sandbox(&tx, id, tenant, tier, "live")?;
+        for e in events {
+            insert_event(&tx, e)?;
+        }
+        tx.commit()?;
         Ok(())
     }
 

@@ -442,6 +442,19 @@ impl Service {
         req: &CreateRequest,
         what: &str,
     ) -> Result<(SandboxSpec, Duration, Duration), ApiError> {
+        let (spec, ttl, idle, row) = self.decide_later(tenant, req, what).await?;
+        self.record(row).await?;
+        Ok((spec, ttl, idle))
+    }
+
+    /// [`Self::decide`], but an allowed request's policy row is returned for the caller to
+    /// write with its next rows (before anything it reports); a refusal's is written here.
+    async fn decide_later(
+        &self,
+        tenant: &Tenant,
+        req: &CreateRequest,
+        what: &str,
+    ) -> Result<(SandboxSpec, Duration, Duration, NewEventOwned), ApiError> {
         let cfg = &self.inner.cfg;
         let (tier, decision) = self.pick_tier(tenant, req, what).await?;
         let mut spec = SandboxSpec::new(tier);
@@ -469,20 +482,20 @@ impl Service {
             "reason": verdict.as_ref().err().map(|e| e.message.clone()),
             "tier_policy": decision,
         });
-        self.record(NewEventOwned {
+        let row = NewEventOwned {
             tenant: Some(tenant.0.clone()),
             sandbox: None,
             kind: "policy",
             decision: Some(if verdict.is_ok() { "allow" } else { "deny" }),
             tier: Some(tier),
             detail,
-        })
-        .await?;
+        };
         if let Err(e) = verdict {
+            self.record(row).await?;
             self.inner.metrics.deny(e.code.as_str());
             return Err(e);
         }
-        Ok((spec, ttl, idle))
+        Ok((spec, ttl, idle, row))
     }
 
     /// The tier: the one asked for, or the server's default, or (with `trust` and
@@ -1051,27 +1064,24 @@ impl Service {
             let rel = validate_sandbox_path(&f.path)?;
             inputs.push((format!("/work/{rel}"), f.bytes()?, f.mode.unwrap_or(0o644)));
         }
-        let (spec, _, _) = self.decide(tenant, &create, "run").await?;
+        let (spec, _, _, policy_row) = self.decide_later(tenant, &create, "run").await?;
         let slot = self.reserve(tenant)?;
         let acq = self.acquire(&spec).await?;
         let id = acq.sandbox.id();
-        let audit = self.inner.audit.clone();
-        let (t, i, tier) = (tenant.0.clone(), id.clone(), spec.tier);
+        let tier = spec.tier;
         let detail = json!({"source": acq.source, "start_us": acq.start_us, "limits": spec.limits, "one_shot": true});
-        blocking(move || -> Result<(), ServerError> {
-            audit.sandbox_started(&i, Some(&t), tier, "live")?;
-            audit.record(&NewEvent {
-                tenant: Some(&t),
-                sandbox: Some(&i),
+        // Written with the exec's own hop, before the program runs (see RunJob::run).
+        let rows = vec![
+            policy_row,
+            NewEventOwned {
+                tenant: Some(tenant.0.clone()),
+                sandbox: Some(id.clone()),
                 kind: "create",
                 decision: Some("ok"),
                 tier: Some(tier),
                 detail,
-            })?;
-            Ok(())
-        })
-        .await?
-        .map_err(audit_err)?;
+            },
+        ];
         self.inner
             .metrics
             .live
@@ -1099,6 +1109,7 @@ impl Service {
             session,
             req,
             inputs,
+            rows,
         })
     }
 
@@ -1473,6 +1484,8 @@ pub struct RunJob {
     session: Arc<Session>,
     req: ExecRequest,
     inputs: Vec<(String, Vec<u8>, u32)>,
+    /// The policy decision and the create, written before anything runs.
+    rows: Vec<NewEventOwned>,
 }
 
 impl RunJob {
@@ -1483,11 +1496,19 @@ impl RunJob {
             session,
             req,
             inputs,
+            rows,
         } = self;
         let s = session.clone();
         let svc2 = svc.clone();
         let start_us = session.start_us;
         let r = blocking(move || -> Result<ExecOutcome, ApiError> {
+            // One hop and one commit for the rows, then the files and the program: nothing
+            // of the request's runs before its policy decision and create are on record.
+            let events: Vec<NewEvent<'_>> = rows.iter().map(|r| r.borrowed()).collect();
+            svc2.inner
+                .audit
+                .sandbox_started_with(&s.id, Some(&s.tenant.0), s.tier, &events)
+                .map_err(audit_err)?;
             for (path, data, mode) in &inputs {
                 let mut cell = lock(&s.sandbox);
                 let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
