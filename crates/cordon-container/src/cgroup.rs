@@ -53,6 +53,53 @@ pub struct SandboxCgroup {
     pids_dir: PathBuf,
     cpu_dir: PathBuf,
     cpuacct_dir: PathBuf,
+    /// The counter files, open for the sandbox's life: each exec reads them twice, and an
+    /// open descriptor saves a path walk through cgroupfs every time.
+    files: CounterFiles,
+}
+
+/// Open counter files (`None` where a file is missing: it reads as zero).
+struct CounterFiles {
+    oom: Option<fs::File>,
+    pids: Option<fs::File>,
+    cpu: Option<fs::File>,
+    /// Read-write: writing 0 resets the peak.
+    peak: Option<fs::File>,
+}
+
+impl CounterFiles {
+    fn open(version: Version, memory: &Path, pids: &Path, cpu: &Path, cpuacct: &Path) -> Self {
+        let ro = |p: PathBuf| fs::File::open(p).ok();
+        let rw = |p: PathBuf| fs::OpenOptions::new().read(true).write(true).open(p).ok();
+        match version {
+            Version::V1 => CounterFiles {
+                oom: ro(memory.join("memory.oom_control")),
+                pids: ro(pids.join("pids.events")),
+                cpu: ro(cpuacct.join("cpuacct.usage")),
+                peak: rw(memory.join("memory.max_usage_in_bytes")),
+            },
+            Version::V2 => CounterFiles {
+                oom: ro(memory.join("memory.events")),
+                pids: ro(pids.join("pids.events")),
+                cpu: ro(cpu.join("cpu.stat")),
+                peak: rw(memory.join("memory.peak")),
+            },
+        }
+    }
+}
+
+/// The whole content of an open cgroup file, read from its start (cgroupfs regenerates it
+/// for every read at offset 0); empty when absent or unreadable.
+fn read_open(f: &Option<fs::File>) -> String {
+    use std::os::unix::fs::FileExt;
+    let Some(f) = f else {
+        return String::new();
+    };
+    let mut buf = [0u8; 4096];
+    match f.read_at(&mut buf, 0) {
+        Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+        Err(_) => String::new(),
+    }
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> ContainerError {
@@ -89,14 +136,18 @@ impl SandboxCgroup {
                 ))
             })
         };
+        let (memory_dir, pids_dir, cpu_dir) = (need("memory")?, need("pids")?, need("cpu")?);
+        let cpuacct_dir = match version {
+            Version::V1 => need("cpuacct")?,
+            Version::V2 => cpu_dir.clone(),
+        };
+        let files = CounterFiles::open(version, &memory_dir, &pids_dir, &cpu_dir, &cpuacct_dir);
         let this = SandboxCgroup {
-            memory_dir: need("memory")?,
-            pids_dir: need("pids")?,
-            cpu_dir: need("cpu")?,
-            cpuacct_dir: match version {
-                Version::V1 => need("cpuacct")?,
-                Version::V2 => need("cpu")?,
-            },
+            memory_dir,
+            pids_dir,
+            cpu_dir,
+            cpuacct_dir,
+            files,
             version,
             cg,
         };
@@ -163,18 +214,20 @@ impl SandboxCgroup {
 
     /// Reads the counters; missing files read as zero.
     pub fn counters(&self) -> Counters {
+        let f = &self.files;
+        let number = |text: String| text.trim().parse::<u64>().unwrap_or(0);
         let (oom_kills, pids_max_hits, cpu_us, peak_memory) = match self.version {
             Version::V1 => (
-                keyed(&self.memory_dir.join("memory.oom_control"), "oom_kill"),
-                keyed(&self.pids_dir.join("pids.events"), "max"),
-                number(&self.cpuacct_dir.join("cpuacct.usage")) / 1000,
-                number(&self.memory_dir.join("memory.max_usage_in_bytes")),
+                parse_keyed(&read_open(&f.oom), "oom_kill"),
+                parse_keyed(&read_open(&f.pids), "max"),
+                number(read_open(&f.cpu)) / 1000,
+                number(read_open(&f.peak)),
             ),
             Version::V2 => (
-                keyed(&self.memory_dir.join("memory.events"), "oom_kill"),
-                keyed(&self.pids_dir.join("pids.events"), "max"),
-                keyed(&self.cpu_dir.join("cpu.stat"), "usage_usec"),
-                number(&self.memory_dir.join("memory.peak")),
+                parse_keyed(&read_open(&f.oom), "oom_kill"),
+                parse_keyed(&read_open(&f.pids), "max"),
+                parse_keyed(&read_open(&f.cpu), "usage_usec"),
+                number(read_open(&f.peak)),
             ),
         };
         Counters {
@@ -187,10 +240,10 @@ impl SandboxCgroup {
 
     /// Resets the peak-memory mark so the next exec's peak is its own (where supported).
     pub fn reset_peak(&self) {
-        let _ = match self.version {
-            Version::V1 => fs::write(self.memory_dir.join("memory.max_usage_in_bytes"), "0"),
-            Version::V2 => fs::write(self.memory_dir.join("memory.peak"), "0"),
-        };
+        use std::os::unix::fs::FileExt;
+        if let Some(f) = &self.files.peak {
+            let _ = f.write_at(b"0", 0);
+        }
     }
 
     /// Pids currently in the cgroup.
