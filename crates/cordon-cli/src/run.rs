@@ -344,7 +344,7 @@ pub fn run(mut args: RunArgs) -> Result<i32> {
         &backend,
         &spec,
         &files_in,
-        &req,
+        req,
         &out_paths,
         args.max_out_file,
         &mut sink,

@@ -526,6 +526,7 @@ impl ContainerSandbox {
                 file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
                 address_space: 0,
             },
+            last: req.last,
         };
         let bytes = proto::encode(&request, b"").map_err(|e| Error::Invalid(e.to_string()))?;
         {

@@ -97,7 +97,65 @@ fn cgroup_exists(id: &str) -> bool {
         })
 }
 
+/// The command names of the processes in a sandbox's cgroup.
+fn cgroup_comms(id: &str) -> Vec<String> {
+    let procs = ["pids", "unified"]
+        .iter()
+        .map(|c| {
+            PathBuf::from("/sys/fs/cgroup")
+                .join(c)
+                .join("cordon")
+                .join(id)
+                .join("cgroup.procs")
+        })
+        .find(|p| p.exists())
+        .unwrap();
+    std::fs::read_to_string(&procs)
+        .unwrap()
+        .lines()
+        .map(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------- functional
+/// After an exec the agent readies the next one's reaper (and the program process it forks
+/// ahead); after an exec marked last (a one-shot run) it readies nothing, so the sandbox's
+/// teardown does not compete with making processes nobody will use.
+#[test]
+fn a_reaper_is_readied_after_an_exec_but_not_after_the_last() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    let id = sb.id().to_string();
+    let mut sink = |_: OutputStream, _: &[u8]| {};
+    let settle = |want: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let n = cgroup_comms(&id).len();
+            if n == want || std::time::Instant::now() > deadline {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let o = sb.exec(&ExecRequest::argv(["true"]), &mut sink).unwrap();
+    assert!(o.success(), "{o:?}");
+    // outer init, agent, standby reaper, program forked ahead
+    assert_eq!(settle(4), 4, "{:?}", cgroup_comms(&id));
+    let mut last = ExecRequest::argv(["true"]);
+    last.last = true;
+    let o = sb.exec(&last, &mut sink).unwrap();
+    assert!(o.success(), "{o:?}");
+    // outer init and agent only, and it stays so
+    assert_eq!(settle(2), 2, "{:?}", cgroup_comms(&id));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(cgroup_comms(&id).len(), 2, "{:?}", cgroup_comms(&id));
+    sb.destroy().unwrap();
+}
 
 #[test]
 fn python_runs_and_exit_codes_pass_through() {
@@ -442,32 +500,13 @@ fn infinite_loop_times_out_and_daemons_die_too() {
         .unwrap();
     assert_eq!(o.termination, Termination::Timeout);
     // Only the sandbox's own init processes remain in its cgroup: the tree is gone.
-    let procs = ["pids", "unified"]
-        .iter()
-        .map(|c| {
-            PathBuf::from("/sys/fs/cgroup")
-                .join(c)
-                .join("cordon")
-                .join(&id)
-                .join("cgroup.procs")
-        })
-        .find(|p| p.exists())
-        .unwrap();
-    let left = std::fs::read_to_string(&procs).unwrap();
-    // The sandbox's own processes (outer init, agent, the next exec's standby reaper) are all
-    // the init binary; no `bash`, `sleep` or `nohup` of the exec may remain.
-    let comms: Vec<String> = left
-        .lines()
-        .map(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .unwrap_or_default()
-                .trim()
-                .to_string()
-        })
-        .collect();
+    // The sandbox's own processes (outer init, agent, the next exec's standby reaper and the
+    // program process it forked ahead) are all the init binary; no `bash`, `sleep` or
+    // `nohup` of the exec may remain.
+    let comms = cgroup_comms(&id);
     assert!(
         !comms.is_empty()
-            && comms.len() <= 3
+            && comms.len() <= 4
             && comms.iter().all(|c| c.starts_with("cordon-sandbox")),
         "leftover processes of the exec: {comms:?}"
     );

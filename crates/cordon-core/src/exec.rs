@@ -45,6 +45,10 @@ pub struct ExecRequest {
     /// Overrides the sandbox's timeout for this exec, in milliseconds.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Set by one-shot runs: no exec follows in this sandbox, so the tier need not make
+    /// anything ready for a next one. Never part of the API.
+    #[serde(skip)]
+    pub last: bool,
 }
 
 impl ExecRequest {
@@ -76,6 +80,7 @@ impl ExecRequest {
             cwd: None,
             stdin: None,
             timeout_ms: None,
+            last: false,
         }
     }
 }

@@ -26,7 +26,7 @@ pub fn run_once(
     backend: &dyn Backend,
     spec: &SandboxSpec,
     files_in: &[FileIn],
-    req: &ExecRequest,
+    mut req: ExecRequest,
     files_out: &[String],
     max_file_bytes: u64,
     sink: &mut dyn OutputSink,
@@ -36,7 +36,9 @@ pub fn run_once(
         for f in files_in {
             sb.put_file(&f.path, &f.data, f.mode)?;
         }
-        let mut outcome = sb.exec(req, sink)?;
+        // Nothing runs after this exec.
+        req.last = true;
+        let mut outcome = sb.exec(&req, sink)?;
         let outs = files_out
             .iter()
             .map(|p| FileOut {

@@ -66,6 +66,8 @@ struct Running {
     framed: Option<FramedIo>,
     cpu_before_us: u64,
     cgroup: Option<PathBuf>,
+    /// The host said no exec follows: no reaper is readied after this one.
+    last: bool,
 }
 
 /// A reaper made ahead of its exec, waiting for the job on `chan`.
@@ -449,6 +451,7 @@ impl Agent {
                 cwd,
                 stdio,
                 limits,
+                last,
             } => {
                 if self.running.is_some() {
                     // Descriptors sent along are dropped with the refusal.
@@ -458,7 +461,12 @@ impl Agent {
                         .map(|_| false);
                 }
                 match self.start_exec(id, &argv, &env, &cwd, stdio, &limits) {
-                    Ok(()) => self.send(&Reply::Started { id }, b"")?,
+                    Ok(()) => {
+                        if let Some(run) = self.running.as_mut() {
+                            run.last = last;
+                        }
+                        self.send(&Reply::Started { id }, b"")?
+                    }
                     Err(e) => self.error(ErrorCode::SpawnFailed, e.to_string())?,
                 }
             }
@@ -640,6 +648,7 @@ impl Agent {
             framed,
             cpu_before_us,
             cgroup,
+            last: false,
         });
         Ok(())
     }
@@ -797,8 +806,9 @@ impl Agent {
             },
             b"",
         )?;
-        // The next exec's reaper gets ready while the host reads this reply.
-        if self.standby.is_none() {
+        // The next exec's reaper gets ready while the host reads this reply, unless the host
+        // said none follows (a one-shot run: the sandbox is torn down next).
+        if self.standby.is_none() && !run.last {
             self.standby = self.spawn_standby().ok();
         }
         Ok(())
@@ -1279,6 +1289,12 @@ fn reaper_main(
         _ => format!("signal 9 {rss_kb} {cpu_us}\n"),
     };
     let _ = status.write_all(line.as_bytes());
+    // What is left is this namespace's teardown, which nobody waits for when the program
+    // was forked ahead (no per-exec cgroup to remove): let the host's reading of the report
+    // go first.
+    if forked.is_some() {
+        let _ = sys::lowest_priority();
+    }
     sys::exit_now(0)
 }
 

@@ -68,6 +68,9 @@ pub enum Request {
         cwd: String,
         stdio: StdioMode,
         limits: ProcLimits,
+        /// No exec follows: the agent readies no reaper for a next one.
+        #[serde(default)]
+        last: bool,
     },
     /// Bytes for the running program's stdin (framed mode); an empty body closes stdin.
     Stdin {

@@ -163,3 +163,13 @@ pub fn loopback_up() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Lowers the calling process's scheduling priority to the lowest nice value (19).
+pub fn lowest_priority() -> io::Result<()> {
+    // SAFETY: setpriority takes plain integers and touches no memory of ours.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

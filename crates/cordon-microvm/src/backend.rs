@@ -754,6 +754,7 @@ impl MicrovmSandbox {
                 file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
                 address_space: 0,
             },
+            last: req.last,
         };
         {
             let stdin = req.stdin.clone().unwrap_or_default();

@@ -197,6 +197,7 @@ impl ExecBody {
             cwd: self.cwd.clone(),
             stdin,
             timeout_ms: self.timeout.map(|d| d.0.as_millis() as u64),
+            last: false,
         })
     }
 }

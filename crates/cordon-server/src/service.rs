@@ -1058,7 +1058,9 @@ impl Service {
         files: Vec<RunFile>,
     ) -> Result<RunJob, ApiError> {
         self.stopping()?;
-        let req = body.to_request()?;
+        let mut req = body.to_request()?;
+        // A one-shot run's sandbox is destroyed after this exec.
+        req.last = true;
         let mut inputs = Vec::new();
         for f in &files {
             let rel = validate_sandbox_path(&f.path)?;
