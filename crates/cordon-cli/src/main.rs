@@ -1,92 +1,34 @@
-//! `cordon`: run code an AI agent wrote inside a sandbox.
+//! `cordon`: the front. It runs `cordon run` on the container tier itself and hands every
+//! other command (and every other tier) to `cordon-full` beside it, by exec: the same
+//! process, arguments, environment and descriptors. Keeping wasmtime, the server and the
+//! other tiers out of this binary keeps the loader's work, and with it every `cordon run`,
+//! short.
 
-mod audit;
-mod backends;
-mod bench;
-mod chart;
-mod cost;
-mod doctor;
-mod image;
-mod mcp;
-mod policy;
-mod run;
-mod serve;
-mod serve_bench;
-mod sys;
-
-use anyhow::Result;
-use clap::{Parser, Subcommand};
-
-#[derive(Parser)]
-#[command(
-    name = "cordon",
-    version,
-    about = "Run code an AI agent wrote behind a real wall",
-    long_about = "Cordon runs untrusted code on isolation tiers (runtime, wasm, container, gvisor, microvm) \
-                  with no ambient secrets, egress denied by default and enforced limits."
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Run code once in a fresh sandbox, then destroy it.
-    Run(Box<run::RunArgs>),
-    /// Show every tier: available or not, why, and the fix.
-    Doctor(doctor::DoctorArgs),
-    /// Measure start-up cost of the tiers beside their peers on this host.
-    Bench(bench::BenchArgs),
-    /// Hosted sandboxes or self-hosted Cordon: monthly cost at your volume and the
-    /// crossover, from your prices and this host's last bench.
-    Cost(Box<cost::CostArgs>),
-    /// Build guest images (the microvm tier's kernel, root filesystem and agent).
-    Image(image::ImageArgs),
-    /// Serve the HTTP API (and MCP over HTTP) with sessions, warm pools and an audit store.
-    Serve(serve::ServeArgs),
-    /// Serve MCP over stdio for a local agent.
-    Mcp(mcp::McpArgs),
-    /// Query the audit store.
-    Audit(audit::AuditArgs),
-    /// Which tier a request may use and why: `cordon policy explain --trust T --autonomy A`.
-    Policy(policy::PolicyArgs),
-}
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 
 fn main() {
-    let cli = Cli::parse();
-    // A directive filter only when asked for: parsing one costs start-up time every
-    // `cordon run` would otherwise pay.
-    match tracing_subscriber::EnvFilter::try_from_env("CORDON_LOG") {
-        Ok(filter) => tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init(),
-        Err(_) => tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_writer(std::io::stderr)
-            .init(),
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "run")
+        && let Some(code) = cordon_cli::run::fast(&args)
+    {
+        std::process::exit(code);
     }
-    let code = match dispatch(cli) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("cordon: error: {e:#}");
-            125
-        }
+    let full = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join(cordon_cli::FULL_BINARY)))
+        .filter(|p| p.is_file());
+    let Some(full) = full else {
+        eprintln!(
+            "cordon: error: {} was not found next to this cordon; install both binaries side by side (`cargo build --release` builds them together)",
+            cordon_cli::FULL_BINARY
+        );
+        std::process::exit(125);
     };
-    std::process::exit(code);
-}
-
-fn dispatch(cli: Cli) -> Result<i32> {
-    match cli.command {
-        Cmd::Run(args) => run::run(*args),
-        Cmd::Doctor(args) => doctor::doctor(args),
-        Cmd::Bench(args) => bench::bench(args),
-        Cmd::Cost(args) => cost::cost(*args),
-        Cmd::Image(args) => image::image(args),
-        Cmd::Serve(args) => serve::serve(args),
-        Cmd::Mcp(args) => mcp::mcp(args),
-        Cmd::Audit(args) => audit::audit(args),
-        Cmd::Policy(args) => policy::policy(args),
-    }
+    let err = std::process::Command::new(&full)
+        .arg0("cordon")
+        .args(args.iter().skip(1))
+        .exec();
+    eprintln!("cordon: error: cannot start {}: {err}", full.display());
+    std::process::exit(125);
 }

@@ -302,8 +302,67 @@ pub fn run(mut args: RunArgs) -> Result<i32> {
         Ok(d) => d,
         Err(code) => return Ok(code),
     };
-    let spec = build_spec(&args)?;
-    let req = build_request(&args)?;
+    let tier = tier_of(&args);
+    let backend = AnyBackend::for_tier(tier).ok_or_else(|| {
+        anyhow!(
+            "the {tier} tier is not part of this build of cordon yet; `cordon doctor` lists the tiers"
+        )
+    })?;
+    run_on(&args, decision, &backend)
+}
+
+/// The `cordon` front's share of `cordon run`: the container tier, asked for by name or by
+/// default, with no policy step (no --trust, --autonomy, --shape or policy file). `None`
+/// for everything else, including flags it cannot parse (`cordon-full` answers those with
+/// the same messages).
+pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    #[command(name = "cordon")]
+    struct Front {
+        #[command(subcommand)]
+        command: FrontCommand,
+    }
+    #[derive(clap::Subcommand)]
+    enum FrontCommand {
+        Run(Box<RunArgs>),
+    }
+    let Ok(Front {
+        command: FrontCommand::Run(args),
+    }) = Front::try_parse_from(argv)
+    else {
+        return None;
+    };
+    let p = &args.policy;
+    let policy_step = p.trust.is_some() || p.autonomy.is_some() || p.shape.is_some();
+    let container = match args.tier {
+        Some(cordon_policy::TierChoice::Tier(t)) => t == Tier::Container,
+        Some(cordon_policy::TierChoice::Auto) => false,
+        None => args.wasm.is_none(),
+    };
+    if policy_step || !container {
+        return None;
+    }
+    crate::init_logging();
+    let backend =
+        cordon_container::ContainerBackend::new(cordon_container::ContainerConfig::discover());
+    Some(match run_on(&args, None, &backend) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cordon: error: {e:#}");
+            125
+        }
+    })
+}
+
+/// Runs a request whose tier is settled on `backend`; `decision` is the policy's, if any.
+fn run_on(
+    args: &RunArgs,
+    decision: Option<serde_json::Value>,
+    backend: &dyn cordon_core::Backend,
+) -> Result<i32> {
+    let spec = build_spec(args)?;
+    let req = build_request(args)?;
     let mut files_in = Vec::new();
     for f in &args.files {
         let (host, inside) = split_pair(f, "--file")?;
@@ -321,12 +380,6 @@ pub fn run(mut args: RunArgs) -> Result<i32> {
         cordon_core::validate_sandbox_path(inside)?;
         outs.push((inside.to_string(), PathBuf::from(host)));
     }
-    let tier = tier_of(&args);
-    let backend = AnyBackend::for_tier(tier).ok_or_else(|| {
-        anyhow!(
-            "the {tier} tier is not part of this build of cordon yet; `cordon doctor` lists the tiers"
-        )
-    })?;
     let json = args.json;
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
@@ -341,7 +394,7 @@ pub fn run(mut args: RunArgs) -> Result<i32> {
     };
     let out_paths: Vec<String> = outs.iter().map(|(p, _)| p.clone()).collect();
     let (mut outcome, fetched) = run_once(
-        &backend,
+        backend,
         &spec,
         &files_in,
         req,

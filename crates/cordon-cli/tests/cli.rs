@@ -617,3 +617,55 @@ fn run_audits_every_policy_decision() {
     assert!(all.contains("untrusted-needs-kernel-boundary"), "{all}");
     assert!(all.contains("\"chosen\":\"container\""), "{all}");
 }
+
+/// The `cordon` front runs `cordon run` on the container tier by itself and hands every
+/// other command to `cordon-full` beside it; without `cordon-full` it says so. Checked with a
+/// copy of the front alone in a directory (the sandbox init given by CORDON_SANDBOX_INIT).
+#[test]
+fn the_front_runs_container_runs_alone_and_hands_the_rest_over() {
+    if !nix::unistd::geteuid().is_root() {
+        skip(
+            "the_front_runs_container_runs_alone_and_hands_the_rest_over",
+            "the container tier needs root",
+        );
+        return;
+    }
+    let init = Path::new(BIN).with_file_name("cordon-sandbox-init");
+    assert!(init.is_file(), "{} not built", init.display());
+    let home = temp_home();
+    // Through the real layout: another command reaches cordon-full.
+    let o = cordon(home.path(), &["policy", "show"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let alone = tempfile::tempdir().unwrap();
+    let front = alone.path().join("cordon");
+    std::fs::copy(BIN, &front).unwrap();
+    let run = |args: &[&str]| {
+        Command::new(&front)
+            .args(args)
+            .env("CORDON_HOME", home.path())
+            .env("CORDON_SANDBOX_INIT", &init)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["run", "--json", "--", "sh", "-c", "echo front; exit 3"]);
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {} / {}", text(&o.stdout), text(&o.stderr)));
+    assert_eq!(v["stdout"], "front\n", "{v}");
+    assert_eq!(v["tier"], "container", "{v}");
+    assert_eq!(o.status.code(), Some(3));
+    // Anything else needs cordon-full, which is not there: a clear error, exit 125.
+    for args in [
+        &["doctor"][..],
+        &[
+            "run", "--tier", "wasm", "--lang", "python", "-c", "print(1)",
+        ][..],
+    ] {
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains("cordon-full was not found next to this cordon"),
+            "{args:?}: {}",
+            text(&o.stderr)
+        );
+    }
+}

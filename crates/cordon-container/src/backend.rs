@@ -251,65 +251,79 @@ impl ContainerBackend {
         };
         let id = SandboxId::random()?;
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: checks done");
-        // The proxy first: its start (a CA, a listener) takes a while, and the cgroup should
-        // be empty for as short a time as possible before the init joins it (crash recovery
-        // removes sandbox cgroups that stay empty).
-        let egress = if crate::egress::wanted(spec) {
-            Some(crate::egress::EgressLink::start(
-                id.as_str(),
-                spec,
-                self.cfg.id_base,
-            )?)
-        } else {
-            None
-        };
-        let limits = &spec.limits;
-        let cg =
-            match SandboxCgroup::create(id.as_str(), limits.memory_bytes, limits.pids, limits.cpus)
-            {
-                Ok(cg) => Some(cg),
-                Err(e) => {
-                    if !allow(Weakening::Cgroups) {
-                        return Err(Error::LayerUnavailable {
-                            layer: "cgroups".into(),
-                            reason: e.to_string(),
-                        });
-                    }
-                    weakened.push(Weakening::Cgroups);
-                    warnings.push(format!(
-                    "running without cgroups ({e}): memory, process and CPU limits are rlimits only"
-                ));
-                    None
-                }
-            };
-        tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: cgroup ready");
-        let setup = InitSetup {
-            id_base: self.cfg.id_base,
-            id_count: 65536,
-            sandbox_uid: self.cfg.sandbox_uid,
-            cgroup_procs: cg.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
-            hostname: self.cfg.hostname.clone(),
-            disk_bytes: limits.disk_bytes,
-            tmp_bytes: limits.tmp_bytes,
-            landlock,
-            seccomp,
-            extra_files: egress.as_ref().map(|l| l.files()).unwrap_or_default(),
-            connect_port: egress.as_ref().map(|_| crate::egress::SANDBOX_PROXY_PORT),
-            egress_socket: egress.as_ref().map(|l| l.socket().to_path_buf()),
-        };
+        // The init first: its exec and start-up run while the proxy and the cgroup are set
+        // up below (it waits for its setup before doing anything).
+        let (outer, host) = spawn_init(&self.cfg)?;
+        tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: init spawned");
         let mut sb = ContainerSandbox {
             id,
             spec: spec.clone(),
-            outer: None,
-            ctrl: None,
-            cgroup: cg,
+            outer: Some(outer),
+            ctrl: Some(host),
+            cgroup: None,
             start_us: 0,
             weakened,
             warnings,
             gone: None,
             next_exec: 1,
-            egress,
+            egress: None,
             file_findings: Vec::new(),
+        };
+        // The proxy before the cgroup: its start (a CA, a listener) takes a while, and the
+        // cgroup should be empty for as short a time as possible before the init joins it
+        // (crash recovery removes sandbox cgroups that stay empty).
+        if crate::egress::wanted(spec) {
+            match crate::egress::EgressLink::start(sb.id.as_str(), spec, self.cfg.id_base) {
+                Ok(link) => sb.egress = Some(link),
+                Err(e) => {
+                    sb.teardown();
+                    return Err(e);
+                }
+            }
+        }
+        let limits = &spec.limits;
+        match SandboxCgroup::create(
+            sb.id.as_str(),
+            limits.memory_bytes,
+            limits.pids,
+            limits.cpus,
+        ) {
+            Ok(cg) => sb.cgroup = Some(cg),
+            Err(e) => {
+                if !allow(Weakening::Cgroups) {
+                    sb.teardown();
+                    return Err(Error::LayerUnavailable {
+                        layer: "cgroups".into(),
+                        reason: e.to_string(),
+                    });
+                }
+                sb.weakened.push(Weakening::Cgroups);
+                sb.warnings.push(format!(
+                    "running without cgroups ({e}): memory, process and CPU limits are rlimits only"
+                ));
+            }
+        }
+        tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: cgroup ready");
+        let setup = InitSetup {
+            id_base: self.cfg.id_base,
+            id_count: 65536,
+            sandbox_uid: self.cfg.sandbox_uid,
+            cgroup_procs: sb
+                .cgroup
+                .as_ref()
+                .map(|c| c.procs_files())
+                .unwrap_or_default(),
+            hostname: self.cfg.hostname.clone(),
+            disk_bytes: limits.disk_bytes,
+            tmp_bytes: limits.tmp_bytes,
+            landlock,
+            seccomp,
+            extra_files: sb.egress.as_ref().map(|l| l.files()).unwrap_or_default(),
+            connect_port: sb
+                .egress
+                .as_ref()
+                .map(|_| crate::egress::SANDBOX_PROXY_PORT),
+            egress_socket: sb.egress.as_ref().map(|l| l.socket().to_path_buf()),
         };
         if let Err(e) = sb.start(&self.cfg, &setup) {
             sb.teardown();
@@ -343,27 +357,34 @@ fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Sandbox(format!("{what}: {e}"))
 }
 
+/// Starts the sandbox init with the agent socket as its stdin; it waits for its setup.
+fn spawn_init(cfg: &ContainerConfig) -> Result<(Child, UnixStream)> {
+    let (host, child) =
+        UnixStream::pair().map_err(|e| Error::io("creating the agent socket", e))?;
+    // The agent socket is the init's stdin: no pre-exec hook is needed, so the standard
+    // library can use posix_spawn (vfork) rather than fork this whole process.
+    let mut cmd = Command::new(&cfg.init_path);
+    cmd.env_clear()
+        .stdin(Stdio::from(OwnedFd::from(child)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // From a process-lifetime thread: the init's parent-death signal must follow this
+    // process, not the (possibly short-lived) thread that asked for the sandbox.
+    let outer = cordon_guest::host::spawn_tied(cmd).map_err(|e| Error::Unavailable {
+        tier: Tier::Container,
+        reason: format!("cannot start {}: {e}", cfg.init_path.display()),
+        fix: "build cordon-sandbox-init and keep it next to cordon, or set CORDON_SANDBOX_INIT"
+            .into(),
+    })?;
+    Ok((outer, host))
+}
+
 impl ContainerSandbox {
+    /// Sends the init its setup and waits for the agent's hello.
     fn start(&mut self, cfg: &ContainerConfig, setup: &InitSetup) -> Result<()> {
-        let (host, child) =
-            UnixStream::pair().map_err(|e| Error::io("creating the agent socket", e))?;
-        // The agent socket is the init's stdin: no pre-exec hook is needed, so the standard
-        // library can use posix_spawn (vfork) rather than fork this whole process.
-        let mut cmd = Command::new(&cfg.init_path);
-        cmd.env_clear()
-            .stdin(Stdio::from(OwnedFd::from(child)))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // From a process-lifetime thread: the init's parent-death signal must follow this
-        // process, not the (possibly short-lived) thread that asked for the sandbox.
-        let outer = cordon_guest::host::spawn_tied(cmd).map_err(|e| Error::Unavailable {
-            tier: Tier::Container,
-            reason: format!("cannot start {}: {e}", cfg.init_path.display()),
-            fix: "build cordon-sandbox-init and keep it next to cordon, or set CORDON_SANDBOX_INIT"
-                .into(),
-        })?;
-        tracing::debug!("create: init spawned");
-        self.outer = Some(outer);
+        let Some(host) = self.ctrl.take() else {
+            return Err(Error::Sandbox("the sandbox init was not started".into()));
+        };
         let mut host = host;
         proto::write_frame(&mut host, setup, b"")
             .map_err(|e| sandbox_err("sending the setup", e))?;

@@ -13,7 +13,7 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 /// Bumped on any incompatible change; both sides refuse a different version.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest JSON header either side accepts.
@@ -68,8 +68,8 @@ pub enum Request {
         cwd: String,
         stdio: StdioMode,
         limits: ProcLimits,
-        /// No exec follows: the agent readies no reaper for a next one.
-        #[serde(default)]
+        /// No exec follows: the agent readies no reaper for a next one (new in version 2).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         last: bool,
     },
     /// Bytes for the running program's stdin (framed mode); an empty body closes stdin.

@@ -488,8 +488,14 @@ fn run_bench(
             error: None,
         });
         if lt.spec.tier == Tier::Container {
-            // The whole CLI, end to end: what a user pays per `cordon run`.
-            let exe = std::env::current_exe()?;
+            // The whole CLI, end to end: what a user pays per `cordon run` (the `cordon`
+            // front beside this binary, which runs it without cordon-full).
+            let this = std::env::current_exe()?;
+            let exe = this
+                .parent()
+                .map(|d| d.join("cordon"))
+                .filter(|p| p.is_file())
+                .unwrap_or(this);
             subjects.push(Subject {
                 name: "cordon-run".into(),
                 kind: "cli",

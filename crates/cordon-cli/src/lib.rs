@@ -1,0 +1,105 @@
+//! `cordon`: run code an AI agent wrote inside a sandbox.
+//!
+//! Two binaries share this library: `cordon`, a small front that runs the common `cordon
+//! run` on the container tier itself (its start-up is a few hundred microseconds shorter
+//! than a binary that also carries wasmtime, the server and every other tier), and
+//! `cordon-full`, which has every command; the front hands it everything else.
+
+mod audit;
+mod backends;
+mod bench;
+mod chart;
+mod cost;
+mod doctor;
+mod image;
+mod mcp;
+mod policy;
+pub mod run;
+mod serve;
+mod serve_bench;
+mod sys;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cordon",
+    version,
+    about = "Run code an AI agent wrote behind a real wall",
+    long_about = "Cordon runs untrusted code on isolation tiers (runtime, wasm, container, gvisor, microvm) \
+                  with no ambient secrets, egress denied by default and enforced limits."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run code once in a fresh sandbox, then destroy it.
+    Run(Box<run::RunArgs>),
+    /// Show every tier: available or not, why, and the fix.
+    Doctor(doctor::DoctorArgs),
+    /// Measure start-up cost of the tiers beside their peers on this host.
+    Bench(bench::BenchArgs),
+    /// Hosted sandboxes or self-hosted Cordon: monthly cost at your volume and the
+    /// crossover, from your prices and this host's last bench.
+    Cost(Box<cost::CostArgs>),
+    /// Build guest images (the microvm tier's kernel, root filesystem and agent).
+    Image(image::ImageArgs),
+    /// Serve the HTTP API (and MCP over HTTP) with sessions, warm pools and an audit store.
+    Serve(serve::ServeArgs),
+    /// Serve MCP over stdio for a local agent.
+    Mcp(mcp::McpArgs),
+    /// Query the audit store.
+    Audit(audit::AuditArgs),
+    /// Which tier a request may use and why: `cordon policy explain --trust T --autonomy A`.
+    Policy(policy::PolicyArgs),
+}
+
+/// Name of the binary with every command, looked up next to the running `cordon`.
+pub const FULL_BINARY: &str = "cordon-full";
+
+/// Sets up logging: a directive filter only when `CORDON_LOG` asks for one (parsing one
+/// costs start-up time every `cordon run` would otherwise pay).
+pub fn init_logging() {
+    match tracing_subscriber::EnvFilter::try_from_env("CORDON_LOG") {
+        Ok(filter) => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+        Err(_) => tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(std::io::stderr)
+            .init(),
+    }
+}
+
+/// `cordon-full`'s main: every command. Never returns.
+pub fn full_main() -> ! {
+    let cli = Cli::parse();
+    init_logging();
+    let code = match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cordon: error: {e:#}");
+            125
+        }
+    };
+    std::process::exit(code);
+}
+
+fn dispatch(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Cmd::Run(args) => run::run(*args),
+        Cmd::Doctor(args) => doctor::doctor(args),
+        Cmd::Bench(args) => bench::bench(args),
+        Cmd::Cost(args) => cost::cost(*args),
+        Cmd::Image(args) => image::image(args),
+        Cmd::Serve(args) => serve::serve(args),
+        Cmd::Mcp(args) => mcp::mcp(args),
+        Cmd::Audit(args) => audit::audit(args),
+        Cmd::Policy(args) => policy::policy(args),
+    }
+}
