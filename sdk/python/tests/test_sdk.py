@@ -55,6 +55,9 @@ def test_errors_map_to_exceptions(alice, bob, server):
     with pytest.raises(Unauthorized):
         Cordon(server.url, api_key="wrong").list_sandboxes()
     with alice.sandbox(tier="wasm") as sb:
+        # This test's own file put and exec: the audit check below needs no other test's rows.
+        sb.write_file("/work/mine", b"1")
+        assert sb.exec("print(open('/work/mine').read())", lang="python").stdout == "1\n"
         with pytest.raises(NotFound):
             Cordon(server.url, api_key=KEYS["bob"]).__class__(server.url, KEYS["bob"]) \
                 ._json("GET", f"/v1/sandboxes/{sb.id}")
@@ -67,8 +70,19 @@ def test_errors_map_to_exceptions(alice, bob, server):
     with pytest.raises(PolicyDenied):
         alice.create_sandbox(tier="wasm", allow_hosts=["example.test"])
     assert not [e for e in bob.audit() if e.get("tenant") == "alice"]
-    kinds = {e["kind"] for e in alice.audit(limit=1000)}
-    assert {"policy", "create", "exec", "file_put", "destroy"} <= kinds
+    kinds = {e["kind"] for e in alice.audit(sandbox=sb.id, limit=1000)}
+    assert {"create", "exec", "file_put", "destroy"} <= kinds, kinds
+    # The refusal above is a policy row of alice's too.
+    rows, after = [], 0
+    for _ in range(100):  # pages of 1000, oldest first
+        page = alice.audit(kind="policy", after_id=after, limit=1000)
+        if not page:
+            break
+        rows += page
+        after = page[-1]["id"]
+    refusals = [e for e in rows if e.get("decision") == "deny"
+                and "example.test" in json.dumps(e.get("detail"))]
+    assert refusals, "the policy refusal was not audited"
 
 
 def test_container_sandbox_example(alice, has_container):
