@@ -472,15 +472,17 @@ impl ContainerSandbox {
         // would orphan the agent to the host's init, which reaps when it gets to it, and the
         // cgroup cannot be removed before every zombie in it is reaped.
         let outer_pid = self.outer.as_ref().map(|c| c.id() as i32);
+        let mut killed = 0;
         if let Some(cg) = &self.cgroup {
             for pid in cg.pids() {
                 if Some(pid) != outer_pid {
                     crate::sys::kill_pid(pid);
+                    killed += 1;
                 }
             }
         }
         if let Some(mut outer) = self.outer.take() {
-            if self.cgroup.is_some() {
+            if killed > 0 {
                 // The outer init exits once it has reaped the agent; a few ms at most.
                 let deadline = Instant::now() + Duration::from_millis(500);
                 while matches!(outer.try_wait(), Ok(None)) && Instant::now() < deadline {

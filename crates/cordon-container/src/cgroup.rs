@@ -70,7 +70,16 @@ struct CounterFiles {
 impl CounterFiles {
     fn open(version: Version, memory: &Path, pids: &Path, cpu: &Path, cpuacct: &Path) -> Self {
         let ro = |p: PathBuf| fs::File::open(p).ok();
-        let rw = |p: PathBuf| fs::OpenOptions::new().read(true).write(true).open(p).ok();
+        // Read-write where the kernel allows it (v1, and v2's memory.peak from Linux 6.12),
+        // so the peak can be reset; read-only otherwise (the peak is still read).
+        let rw = |p: PathBuf| {
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&p)
+                .or_else(|_| fs::File::open(&p))
+                .ok()
+        };
         match version {
             Version::V1 => CounterFiles {
                 oom: ro(memory.join("memory.oom_control")),

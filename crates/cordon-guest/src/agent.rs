@@ -1305,11 +1305,13 @@ fn program_main(cfg: &AgentConfig, plan: &ExecPlan, limits: &ProcLimits) -> ! {
         program_fail("closing inherited descriptors", &e);
     }
     leave_the_agent();
+    // Limits before the privileges go (a VM's root may raise a hard limit); the working
+    // directory after, as on the forked-ahead path: the program's own user must reach it.
     apply_limits(limits);
-    enter_cwd(plan);
     if let Err(e) = drop_privileges(cfg) {
         program_fail("dropping privileges", &e);
     }
+    enter_cwd(plan);
     exec_program(plan)
 }
 
@@ -1330,8 +1332,10 @@ fn program_standby(cfg: &AgentConfig, sock: UnixStream) -> ! {
     let sock = UnixStream::from(sys::own_fd(3));
     leave_the_agent();
     let dropped = drop_privileges(cfg);
+    // No job: the reaper went away (then so does this namespace) or sent a bad one, which
+    // the reaper reports as this process's exit status.
     let Some((job, fds)) = receive_job(&sock) else {
-        sys::exit_now(0)
+        sys::exit_now(120)
     };
     drop(sock);
     let Ok(stdio) = <[OwnedFd; 3]>::try_from(fds) else {

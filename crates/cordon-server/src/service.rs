@@ -1067,8 +1067,21 @@ impl Service {
             inputs.push((format!("/work/{rel}"), f.bytes()?, f.mode.unwrap_or(0o644)));
         }
         let (spec, _, _, policy_row) = self.decide_later(tenant, &create, "run").await?;
-        let slot = self.reserve(tenant)?;
-        let acq = self.acquire(&spec).await?;
+        // Without a sandbox there is no exec hop to carry the decision: write it now.
+        let slot = match self.reserve(tenant) {
+            Ok(slot) => slot,
+            Err(e) => {
+                self.record(policy_row).await?;
+                return Err(e);
+            }
+        };
+        let acq = match self.acquire(&spec).await {
+            Ok(acq) => acq,
+            Err(e) => {
+                self.record(policy_row).await?;
+                return Err(e);
+            }
+        };
         let id = acq.sandbox.id();
         let tier = spec.tier;
         let detail = json!({"source": acq.source, "start_us": acq.start_us, "limits": spec.limits, "one_shot": true});

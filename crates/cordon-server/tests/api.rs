@@ -494,23 +494,20 @@ async fn bad_input_is_a_clear_4xx_and_harmless() {
         )
         .await;
     assert_eq!((s, o["stdout"].as_str()), (200, Some("ok\n")));
-    let (_, v) = env
-        .call(
-            M::GET,
-            "/v1/audit?kind=policy&limit=1000",
-            "key-alice",
-            None,
-        )
-        .await;
+    let rows = policy_rows(&env, "key-alice").await;
     assert!(
-        v["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["decision"] == "deny"),
-        "policy denials are audited: {v}"
+        rows.iter().any(|e| e["decision"] == "deny"),
+        "policy denials are audited: {rows:?}"
     );
     env.server.shutdown().await;
+}
+
+/// The policy rows a key's tenant sees (up to 1000).
+async fn policy_rows(env: &Env, key: &str) -> Vec<Value> {
+    let (_, v) = env
+        .call(M::GET, "/v1/audit?kind=policy&limit=1000", key, None)
+        .await;
+    v["events"].as_array().cloned().unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,6 +539,12 @@ async fn concurrency_limits_answer_429_with_retry_after() {
         )
         .await;
     assert_eq!(s, 429);
+    // Its policy decision is on record although no sandbox carried it to an exec.
+    let rows = policy_rows(&env, "key-alice").await;
+    assert!(
+        rows.iter().any(|e| e["detail"]["request"] == "run"),
+        "the refused run's policy row is missing: {rows:?}"
+    );
     let _b1 = env.create("key-bob", json!({})).await;
     let (s, _) = env
         .call(M::POST, "/v1/sandboxes", "key-bob", Some(json!({})))
