@@ -557,38 +557,28 @@ fn run_audits_every_policy_decision() {
         );
     }
     let home = tempfile::tempdir().unwrap();
+    let run_in_container = |trust: &str| {
+        cordon(
+            home.path(),
+            &[
+                "run",
+                "--trust",
+                trust,
+                "--autonomy",
+                "compute",
+                "--tier",
+                "container",
+                "--",
+                "true",
+            ],
+        )
+    };
     // Untrusted input may not run in a container: refused (exit 125), naming the rule.
-    let out = cordon(
-        home.path(),
-        &[
-            "run",
-            "--trust",
-            "untrusted",
-            "--autonomy",
-            "compute",
-            "--tier",
-            "container",
-            "--",
-            "true",
-        ],
-    );
+    let out = run_in_container("untrusted");
     assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("untrusted-needs-kernel-boundary"));
     // Trusted work runs where the policy puts it.
-    let out = cordon(
-        home.path(),
-        &[
-            "run",
-            "--trust",
-            "trusted",
-            "--autonomy",
-            "compute",
-            "--tier",
-            "container",
-            "--",
-            "true",
-        ],
-    );
+    let out = run_in_container("trusted");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let db = home.path().join("cli");
     let out = cordon(

@@ -482,12 +482,13 @@ impl ContainerSandbox {
             }
         }
         if let Some(mut outer) = self.outer.take() {
-            if killed > 0 {
-                // The outer init exits once it has reaped the agent; a few ms at most.
-                let deadline = Instant::now() + Duration::from_millis(500);
-                while matches!(outer.try_wait(), Ok(None)) && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_micros(20));
-                }
+            // The outer init exits once it has reaped the agent; a few ms at most.
+            if killed > 0
+                && let Ok(pidfd) =
+                    cordon_guest::sys::pidfd_open(nix::unistd::Pid::from_raw(outer.id() as i32))
+            {
+                let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+                let _ = poll(&mut fds, PollTimeout::from(500u16));
             }
             let _ = outer.kill();
             let _ = outer.wait();

@@ -223,27 +223,17 @@ impl SandboxCgroup {
 
     /// Reads the counters; missing files read as zero.
     pub fn counters(&self) -> Counters {
+        // The files were opened for this version (CounterFiles::open); only the CPU one
+        // differs in shape: v1's cpuacct.usage is nanoseconds, v2's cpu.stat is keyed.
         let f = &self.files;
-        let number = |text: String| text.trim().parse::<u64>().unwrap_or(0);
-        let (oom_kills, pids_max_hits, cpu_us, peak_memory) = match self.version {
-            Version::V1 => (
-                parse_keyed(&read_open(&f.oom), "oom_kill"),
-                parse_keyed(&read_open(&f.pids), "max"),
-                number(read_open(&f.cpu)) / 1000,
-                number(read_open(&f.peak)),
-            ),
-            Version::V2 => (
-                parse_keyed(&read_open(&f.oom), "oom_kill"),
-                parse_keyed(&read_open(&f.pids), "max"),
-                parse_keyed(&read_open(&f.cpu), "usage_usec"),
-                number(read_open(&f.peak)),
-            ),
-        };
         Counters {
-            oom_kills,
-            pids_max_hits,
-            cpu_us,
-            peak_memory,
+            oom_kills: parse_keyed(&read_open(&f.oom), "oom_kill"),
+            pids_max_hits: parse_keyed(&read_open(&f.pids), "max"),
+            cpu_us: match self.version {
+                Version::V1 => parse_number(&read_open(&f.cpu)) / 1000,
+                Version::V2 => parse_keyed(&read_open(&f.cpu), "usage_usec"),
+            },
+            peak_memory: parse_number(&read_open(&f.peak)),
         }
     }
 
@@ -403,10 +393,12 @@ pub fn read_pids(p: &Path) -> Vec<i32> {
 
 /// A file holding one number; 0 when absent or unreadable.
 pub fn number(p: &Path) -> u64 {
-    fs::read_to_string(p)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+    parse_number(&fs::read_to_string(p).unwrap_or_default())
+}
+
+/// One number in a file's text; 0 when absent.
+fn parse_number(text: &str) -> u64 {
+    text.trim().parse().unwrap_or(0)
 }
 
 /// The value of `key` in a `key value` per line file; 0 when absent.

@@ -101,7 +101,7 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
     // The whole sandbox runs a little below the host's own processes: when the host's few
     // cores are all busy, Cordon's control plane (the server answering, the CLI reporting)
     // goes first, and a busy sandbox cannot starve it. An idle host runs it at full speed.
-    let _ = crate::sys::set_nice(SANDBOX_NICE);
+    let _ = cordon_guest::sys::set_nice(SANDBOX_NICE);
     let me = std::process::id().to_string();
     for procs in &setup.cgroup_procs {
         if let Err(e) = fs::write(procs, &me) {

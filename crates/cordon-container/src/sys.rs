@@ -43,13 +43,3 @@ pub fn landlock_abi() -> Result<i32, String> {
     }
     Ok(r as i32)
 }
-
-/// Lowers the calling process's scheduling priority to `nice` (inherited by its children).
-pub fn set_nice(nice: i32) -> io::Result<()> {
-    // SAFETY: setpriority takes plain integers and touches no memory of ours.
-    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}

@@ -648,6 +648,7 @@ impl Agent {
             framed,
             cpu_before_us,
             cgroup,
+            // Set by the caller from the request.
             last: false,
         });
         Ok(())
@@ -1293,7 +1294,7 @@ fn reaper_main(
     // was forked ahead (no per-exec cgroup to remove): let the host's reading of the report
     // go first.
     if forked.is_some() {
-        let _ = sys::lowest_priority();
+        let _ = sys::set_nice(19);
     }
     sys::exit_now(0)
 }

@@ -164,10 +164,11 @@ pub fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
-/// Lowers the calling process's scheduling priority to the lowest nice value (19).
-pub fn lowest_priority() -> io::Result<()> {
+/// Sets the calling process's nice value (inherited by its children); only lowering the
+/// priority needs no privilege.
+pub fn set_nice(nice: i32) -> io::Result<()> {
     // SAFETY: setpriority takes plain integers and touches no memory of ours.
-    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
