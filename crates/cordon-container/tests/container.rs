@@ -123,6 +123,29 @@ fn cgroup_comms(id: &str) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------- functional
+/// Every process of a sandbox runs below the host's priority (nice 5), and the program's
+/// working directory is entered as the sandbox user: one only root could enter is refused
+/// (the agent's /proc/1/root needs ptrace access to the agent) on the first exec, which uses
+/// the process forked ahead, and on a later one.
+#[test]
+fn programs_run_below_the_host_and_enter_their_cwd_as_the_sandbox_user() {
+    let b = need_backend!();
+    let o = sh(b, "cut -d' ' -f19 /proc/self/stat");
+    assert_eq!(text(&o.stdout).trim(), "5", "{o:?}");
+    let mut sb = b.create(&spec()).unwrap();
+    let mut sink = |_: OutputStream, _: &[u8]| {};
+    for _ in 0..2 {
+        let mut req = ExecRequest::argv(["true"]);
+        req.cwd = Some("/proc/1/root".into());
+        let o = sb.exec(&req, &mut sink).unwrap();
+        assert_eq!(o.exit_code, Some(127), "{o:?}");
+        assert!(text(&o.stderr).contains("changing to"), "{o:?}");
+    }
+    let o = sb.exec(&ExecRequest::argv(["true"]), &mut sink).unwrap();
+    assert!(o.success(), "the sandbox still works: {o:?}");
+    sb.destroy().unwrap();
+}
+
 /// After an exec the agent readies the next one's reaper (and the program process it forks
 /// ahead); after an exec marked last (a one-shot run) it readies nothing, so the sandbox's
 /// teardown does not compete with making processes nobody will use.
