@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,6 +86,7 @@ def server(has_container):
     s = ServerProc(d / "data", pools).start()
     yield s
     s.stop()
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ bounded loopback load test and a kill -9 crash test."""
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -142,7 +143,8 @@ def test_load_no_lost_or_crossed_outputs_no_leaks(alice, has_container, server, 
 
 def test_kill9_then_restart_cleans_orphans_and_keeps_audit(has_container):
     tier = "container" if has_container else "wasm"
-    d = Path(tempfile.mkdtemp(prefix="cordon-crash-")) / "data"
+    top = Path(tempfile.mkdtemp(prefix="cordon-crash-"))
+    d = top / "data"
     s = ServerProc(d, {tier: 2}).start()
     c = Cordon(s.url, KEYS["alice"])
     ids = [c.create_sandbox(tier=tier).id for _ in range(3)]
@@ -173,6 +175,7 @@ def test_kill9_then_restart_cleans_orphans_and_keeps_audit(has_container):
         assert c2.run("print(1)", tier="wasm").stdout == "1\n"
     finally:
         s2.stop()
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def test_tier_policy_picks_and_refuses(alice):
