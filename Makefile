@@ -11,6 +11,7 @@ setup:
 
 build: setup
 	$(CARGO) build --release --workspace --bins
+	bash scripts/build-static.sh
 
 ## Installs what is missing, builds, and runs an untrusted Python snippet in the container tier.
 demo: build

@@ -242,7 +242,9 @@ fn locked_flags(src: &Path) -> MsFlags {
         if fl.contains(FsFlags::ST_NODIRATIME) {
             f |= MsFlags::MS_NODIRATIME;
         }
-        if fl.contains(FsFlags::ST_RELATIME) {
+        // ST_RELATIME (Linux's value; musl's headers and so nix's FsFlags lack the name).
+        const ST_RELATIME: libc::c_ulong = 0x1000;
+        if fl.bits() & ST_RELATIME != 0 {
             f |= MsFlags::MS_RELATIME;
         }
     }

@@ -22,9 +22,6 @@ use crate::GvisorError;
 /// Parent of every gvisor exec's cgroup, under each hierarchy's root.
 pub const PARENT: &str = "cordon-gvisor";
 
-/// Cgroup v2 filesystem magic (`CGROUP2_SUPER_MAGIC`).
-const CGROUP2_MAGIC: i64 = 0x6367_7270;
-
 /// The cgroup layout of this host, as runsc sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
@@ -41,7 +38,7 @@ impl Layout {
     pub fn detect() -> Option<Layout> {
         let root = Path::new("/sys/fs/cgroup");
         let v2 = nix::sys::statfs::statfs(root)
-            .map(|s| s.filesystem_type().0 == CGROUP2_MAGIC)
+            .map(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
             .unwrap_or(false);
         if v2 {
             return Some(Layout::V2(root.to_path_buf()));
