@@ -21,8 +21,11 @@ if [ "$(uname -m)" != x86_64 ] || ! command -v musl-gcc >/dev/null \
   log "static helpers: skipped (needs x86_64, musl-gcc and the $musl rust target; \`make setup\` installs them)"
   exit 0
 fi
-flock /tmp/cordon-cargo.lock cargo build -q --release --target "$musl" \
-  -p cordon --bin cordon -p cordon-container --bin cordon-sandbox-init
+if ! flock /tmp/cordon-cargo.lock cargo build -q --release --target "$musl" \
+  -p cordon --bin cordon -p cordon-container --bin cordon-sandbox-init; then
+  log "static helpers: the musl build failed (above); keeping cargo's glibc builds"
+  exit 0
+fi
 for b in cordon cordon-sandbox-init; do
   # A new file, renamed over the old: cargo's build is a hard link to its deps/ copy,
   # which must stay as cargo made it.
