@@ -764,7 +764,10 @@ impl ContainerSandbox {
         }
         let (oom, pids_hit) = match (&before, &after) {
             (Some(b), Some(a)) => {
-                o.usage.cpu_time_us = a.cpu_us.saturating_sub(b.cpu_us);
+                o.usage.cpu_time_us = match (a.cpu_us, b.cpu_us) {
+                    (Some(a), Some(b)) => a.saturating_sub(b),
+                    _ => agent_cpu,
+                };
                 o.usage.peak_memory_bytes = a.peak_memory.max(rss);
                 (a.oom_kills > b.oom_kills, a.pids_max_hits > b.pids_max_hits)
             }

@@ -40,7 +40,9 @@ pub fn host_version() -> Version {
 pub struct Counters {
     pub oom_kills: u64,
     pub pids_max_hits: u64,
-    pub cpu_us: u64,
+    /// The cgroup's CPU time; `None` where this layout has no usage file here (cgroup v1
+    /// with cpuacct mounted apart from cpu: the agent's figure for the exec's tree is used).
+    pub cpu_us: Option<u64>,
     pub peak_memory: u64,
 }
 
@@ -52,7 +54,6 @@ pub struct SandboxCgroup {
     memory_dir: PathBuf,
     pids_dir: PathBuf,
     cpu_dir: PathBuf,
-    cpuacct_dir: PathBuf,
     /// The counter files, open for the sandbox's life: each exec reads them twice, and an
     /// open descriptor saves a path walk through cgroupfs every time.
     files: CounterFiles,
@@ -68,7 +69,7 @@ struct CounterFiles {
 }
 
 impl CounterFiles {
-    fn open(version: Version, memory: &Path, pids: &Path, cpu: &Path, cpuacct: &Path) -> Self {
+    fn open(version: Version, memory: &Path, pids: &Path, cpu: &Path) -> Self {
         let ro = |p: PathBuf| fs::File::open(p).ok();
         // Read-write where the kernel allows it (v1, and v2's memory.peak from Linux 6.12),
         // so the peak can be reset; read-only otherwise (the peak is still read).
@@ -84,7 +85,10 @@ impl CounterFiles {
             Version::V1 => CounterFiles {
                 oom: ro(memory.join("memory.oom_control")),
                 pids: ro(pids.join("pids.events")),
-                cpu: ro(cpuacct.join("cpuacct.usage")),
+                // Only where cpu and cpuacct share a hierarchy (`cpu,cpuacct`, the usual
+                // layout): a separate cpuacct cgroup would cost a mkdir, a join and an rmdir
+                // per sandbox for a figure the agent measures anyway.
+                cpu: ro(cpu.join("cpuacct.usage")),
                 peak: rw(memory.join("memory.max_usage_in_bytes")),
             },
             Version::V2 => CounterFiles {
@@ -122,7 +126,7 @@ impl SandboxCgroup {
         let hier = hierarchies::auto();
         let path = format!("{PARENT}/{name}");
         let controllers = match version {
-            Version::V1 => vec!["memory", "pids", "cpu", "cpuacct"],
+            Version::V1 => vec!["memory", "pids", "cpu"],
             Version::V2 => vec!["memory", "pids", "cpu"],
         };
         let cg = Cgroup::new_with_specified_controllers(
@@ -146,16 +150,11 @@ impl SandboxCgroup {
             })
         };
         let (memory_dir, pids_dir, cpu_dir) = (need("memory")?, need("pids")?, need("cpu")?);
-        let cpuacct_dir = match version {
-            Version::V1 => need("cpuacct")?,
-            Version::V2 => cpu_dir.clone(),
-        };
-        let files = CounterFiles::open(version, &memory_dir, &pids_dir, &cpu_dir, &cpuacct_dir);
+        let files = CounterFiles::open(version, &memory_dir, &pids_dir, &cpu_dir);
         let this = SandboxCgroup {
             memory_dir,
             pids_dir,
             cpu_dir,
-            cpuacct_dir,
             files,
             version,
             cg,
@@ -214,7 +213,6 @@ impl SandboxCgroup {
             self.memory_dir.clone(),
             self.pids_dir.clone(),
             self.cpu_dir.clone(),
-            self.cpuacct_dir.clone(),
         ];
         dirs.sort();
         dirs.dedup();
@@ -229,10 +227,10 @@ impl SandboxCgroup {
         Counters {
             oom_kills: parse_keyed(&read_open(&f.oom), "oom_kill"),
             pids_max_hits: parse_keyed(&read_open(&f.pids), "max"),
-            cpu_us: match self.version {
+            cpu_us: f.cpu.as_ref().map(|_| match self.version {
                 Version::V1 => parse_number(&read_open(&f.cpu)) / 1000,
                 Version::V2 => parse_keyed(&read_open(&f.cpu), "usage_usec"),
-            },
+            }),
             peak_memory: parse_number(&read_open(&f.peak)),
         }
     }
@@ -261,7 +259,6 @@ impl SandboxCgroup {
             self.memory_dir.clone(),
             self.pids_dir.clone(),
             self.cpu_dir.clone(),
-            self.cpuacct_dir.clone(),
         ];
         dirs.sort();
         dirs.dedup();

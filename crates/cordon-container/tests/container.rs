@@ -193,6 +193,27 @@ fn python_runs_and_exit_codes_pass_through() {
     assert!(o.usage.wall_time_us > 0 && o.usage.cpu_time_us > 0);
 }
 
+/// CPU time counts the whole tree an exec started, a grandchild's busy loop included, on
+/// every cgroup layout (on cgroup v1 with cpuacct apart from cpu it is the agent's figure).
+#[test]
+fn cpu_time_counts_the_whole_exec_tree() {
+    let b = need_backend!();
+    let burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass";
+    let o = sh(b, &format!("(python3 -c '{burn}') & wait; echo done"));
+    assert_eq!(text(&o.stdout), "done\n", "{o:?}");
+    assert!(
+        o.usage.cpu_time_us >= 280_000,
+        "a 0.3 s busy loop in a grandchild reported {} us of CPU",
+        o.usage.cpu_time_us
+    );
+    assert!(
+        o.usage.cpu_time_us <= o.usage.wall_time_us * 2 + 50_000,
+        "CPU {} us is more than two cores' worth of {} us wall",
+        o.usage.cpu_time_us,
+        o.usage.wall_time_us
+    );
+}
+
 #[test]
 fn runs_as_unprivileged_user_without_capabilities() {
     let b = need_backend!();
