@@ -64,13 +64,18 @@ pub const FULL_BINARY: &str = "cordon-full";
 /// Sets up logging: a directive filter only when `CORDON_LOG` asks for one (parsing one
 /// costs start-up time every `cordon run` would otherwise pay).
 pub fn init_logging() {
+    use std::io::IsTerminal;
+    // Colour codes only for a terminal: piped or captured stderr gets plain text.
+    let ansi = std::io::stderr().is_terminal();
     match tracing_subscriber::EnvFilter::try_from_env("CORDON_LOG") {
         Ok(filter) => tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(ansi)
             .with_writer(std::io::stderr)
             .init(),
         Err(_) => tracing_subscriber::fmt()
             .with_max_level(tracing::Level::WARN)
+            .with_ansi(ansi)
             .with_writer(std::io::stderr)
             .init(),
     }

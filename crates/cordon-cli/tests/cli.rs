@@ -659,3 +659,35 @@ fn the_front_runs_container_runs_alone_and_hands_the_rest_over() {
         );
     }
 }
+
+/// Log lines written to a pipe (a CI log, a script capturing stderr) are plain text: no
+/// terminal colour codes, through the front and through cordon-full alike.
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes() {
+    if !nix::unistd::geteuid().is_root() {
+        skip(
+            "logs_to_a_pipe_carry_no_colour_codes",
+            "the container tier needs root",
+        );
+        return;
+    }
+    let home = temp_home();
+    for args in [
+        &["run", "--", "true"][..],
+        &["run", "--tier", "wasm", "--lang", "javascript", "-c", "0"][..],
+    ] {
+        let o = Command::new(BIN)
+            .args(args)
+            .env("CORDON_HOME", home.path())
+            .env("CORDON_LOG", "debug")
+            .output()
+            .unwrap();
+        let err = text(&o.stderr);
+        assert!(o.status.success(), "{args:?}: {err}");
+        assert!(err.contains("DEBUG"), "{args:?}: no debug log line: {err}");
+        assert!(
+            !err.contains('\u{1b}'),
+            "{args:?}: colour codes in a pipe: {err:?}"
+        );
+    }
+}
