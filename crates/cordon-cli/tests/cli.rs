@@ -24,6 +24,16 @@ fn skip(test: &str, why: &str) {
     eprintln!("SKIPPING {test}: {why}");
 }
 
+/// False (after a loud SKIPPING line, or a failure under CORDON_REQUIRE_ALL=1) when not root:
+/// the container tier needs root.
+fn container_tier_here(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    skip(test, "the container tier needs root");
+    false
+}
+
 fn cordon(home: &Path, args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
@@ -550,11 +560,8 @@ fn cost_without_a_bench_or_with_bad_input_says_what_to_do() {
 /// `cordon audit` reads them back.
 #[test]
 fn run_audits_every_policy_decision() {
-    if !nix::unistd::geteuid().is_root() {
-        return skip(
-            "run_audits_every_policy_decision",
-            "the container tier needs root",
-        );
+    if !container_tier_here("run_audits_every_policy_decision") {
+        return;
     }
     let home = tempfile::tempdir().unwrap();
     let run_in_container = |trust: &str| {
@@ -613,11 +620,7 @@ fn run_audits_every_policy_decision() {
 /// copy of the front alone in a directory (the sandbox init given by CORDON_SANDBOX_INIT).
 #[test]
 fn the_front_runs_container_runs_alone_and_hands_the_rest_over() {
-    if !nix::unistd::geteuid().is_root() {
-        skip(
-            "the_front_runs_container_runs_alone_and_hands_the_rest_over",
-            "the container tier needs root",
-        );
+    if !container_tier_here("the_front_runs_container_runs_alone_and_hands_the_rest_over") {
         return;
     }
     let init = Path::new(BIN).with_file_name("cordon-sandbox-init");
@@ -664,11 +667,7 @@ fn the_front_runs_container_runs_alone_and_hands_the_rest_over() {
 /// terminal colour codes, through the front and through cordon-full alike.
 #[test]
 fn logs_to_a_pipe_carry_no_colour_codes() {
-    if !nix::unistd::geteuid().is_root() {
-        skip(
-            "logs_to_a_pipe_carry_no_colour_codes",
-            "the container tier needs root",
-        );
+    if !container_tier_here("logs_to_a_pipe_carry_no_colour_codes") {
         return;
     }
     let home = temp_home();
