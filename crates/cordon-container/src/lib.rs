@@ -15,7 +15,7 @@ pub mod landlock_rules;
 pub mod seccomp;
 mod sys;
 
-pub use backend::{ContainerBackend, ContainerConfig, ContainerSandbox};
+pub use backend::{ContainerBackend, ContainerConfig, ContainerSandbox, INIT_BINARY};
 
 /// Errors of the container tier, converted into [`cordon_core::Error`] at the API boundary.
 #[derive(Debug, thiserror::Error)]

@@ -496,12 +496,20 @@ fn run_bench(
                 .map(|d| d.join("cordon"))
                 .filter(|p| p.is_file())
                 .unwrap_or(this);
+            let init = exe.with_file_name(cordon_container::INIT_BINARY);
+            let linked = match (dynamically_linked(&exe), dynamically_linked(&init)) {
+                (Some(false), Some(false)) => "static front and init".to_string(),
+                (Some(true), _) | (_, Some(true)) => {
+                    "dynamically linked front or init: `make build` makes both static".to_string()
+                }
+                _ => "linkage unknown".to_string(),
+            };
             subjects.push(Subject {
                 name: "cordon-run".into(),
                 kind: "cli",
-                what:
-                    "`cordon run -- sh -c true`, container tier, end to end (a whole CLI process)"
-                        .into(),
+                what: format!(
+                    "`cordon run -- sh -c true`, container tier, end to end (a whole CLI process; {linked})"
+                ),
                 run: Box::new(move || {
                     let st = Command::new(&exe)
                         .args(["run", "--", "sh", "-c", "true"])
@@ -1045,4 +1053,65 @@ pub fn memory_total() -> u64 {
         })
         .map(|kb| kb * 1024)
         .unwrap_or(0)
+}
+
+/// Whether the ELF executable at `path` asks for a dynamic loader (has a `PT_INTERP`
+/// program header); `None` when it cannot be read as a 64-bit little-endian ELF file.
+fn dynamically_linked(path: &std::path::Path) -> Option<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    const PT_INTERP: u32 = 3;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut eh = [0u8; 64];
+    f.read_exact(&mut eh).ok()?;
+    if &eh[..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
+        return None;
+    }
+    let phoff = u64::from_le_bytes(eh[32..40].try_into().ok()?);
+    let phentsize = u16::from_le_bytes(eh[54..56].try_into().ok()?) as usize;
+    let phnum = u16::from_le_bytes(eh[56..58].try_into().ok()?) as usize;
+    if phentsize < 4 || phnum > 256 {
+        return None;
+    }
+    let mut ph = vec![0u8; phentsize * phnum];
+    f.seek(SeekFrom::Start(phoff)).ok()?;
+    f.read_exact(&mut ph).ok()?;
+    Some(ph.chunks(phentsize).any(|h| {
+        h.get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            == Some(PT_INTERP)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dynamically_linked;
+
+    #[test]
+    fn linkage_is_read_from_the_program_headers() {
+        // This test binary is a dynamically linked glibc program.
+        let me = std::env::current_exe().unwrap();
+        assert_eq!(dynamically_linked(&me), Some(true));
+        // A file that is not ELF, and one that is too short, are unknown, not static.
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("script");
+        std::fs::write(&text, "#!/bin/sh\necho hi\n".repeat(10)).unwrap();
+        assert_eq!(dynamically_linked(&text), None);
+        let short = dir.path().join("short");
+        std::fs::write(&short, b"\x7fELF\x02\x01").unwrap();
+        assert_eq!(dynamically_linked(&short), None);
+        // An ELF header whose program headers have no PT_INTERP reads as static.
+        let mut elf = vec![0u8; 64 + 56];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[32..40].copy_from_slice(&64u64.to_le_bytes());
+        elf[54..56].copy_from_slice(&56u16.to_le_bytes());
+        elf[56..58].copy_from_slice(&1u16.to_le_bytes());
+        elf[64..68].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+        let fake = dir.path().join("static");
+        std::fs::write(&fake, &elf).unwrap();
+        assert_eq!(dynamically_linked(&fake), Some(false));
+        elf[64..68].copy_from_slice(&3u32.to_le_bytes()); // PT_INTERP
+        std::fs::write(&fake, &elf).unwrap();
+        assert_eq!(dynamically_linked(&fake), Some(true));
+    }
 }
