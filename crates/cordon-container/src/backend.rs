@@ -572,6 +572,9 @@ impl ContainerSandbox {
             stdout: Some(File::from(out_r)),
             stderr: Some(File::from(err_r)),
             stdin: if stdin_data.is_empty() {
+                // No stdin: close our end now, so a program that reads it sees end-of-file
+                // at once instead of waiting out its timeout.
+                drop(in_w);
                 None
             } else {
                 Some(File::from(in_w))

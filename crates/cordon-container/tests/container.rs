@@ -193,6 +193,24 @@ fn python_runs_and_exit_codes_pass_through() {
     assert!(o.usage.wall_time_us > 0 && o.usage.cpu_time_us > 0);
 }
 
+/// A program that reads stdin when none was given sees end-of-file at once, as under a shell
+/// with `< /dev/null`, rather than waiting out its timeout; given stdin still arrives whole.
+#[test]
+fn a_program_reading_stdin_without_any_sees_eof() {
+    let b = need_backend!();
+    let mut s = spec();
+    s.limits.timeout_ms = 10_000;
+    let o = run_in(b, &s, &ExecRequest::argv(["cat"]));
+    assert_eq!(o.termination, Termination::Exited, "{o:?}");
+    assert_eq!(o.exit_code, Some(0));
+    assert!(o.stdout.is_empty(), "{o:?}");
+    let mut req = ExecRequest::argv(["wc", "-c"]);
+    req.stdin = Some(vec![b'x'; 300_000]);
+    let o = run_in(b, &s, &req);
+    assert_eq!(o.termination, Termination::Exited, "{o:?}");
+    assert_eq!(text(&o.stdout).trim(), "300000");
+}
+
 /// CPU time counts the whole tree an exec started, a grandchild's busy loop included, on
 /// every cgroup layout (on cgroup v1 with cpuacct apart from cpu it is the agent's figure).
 #[test]
