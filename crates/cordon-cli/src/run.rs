@@ -335,11 +335,8 @@ pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
     };
     let p = &args.policy;
     let policy_step = p.trust.is_some() || p.autonomy.is_some() || p.shape.is_some();
-    let container = match args.tier {
-        Some(cordon_policy::TierChoice::Tier(t)) => t == Tier::Container,
-        Some(cordon_policy::TierChoice::Auto) => false,
-        None => args.wasm.is_none(),
-    };
+    let container =
+        args.tier != Some(cordon_policy::TierChoice::Auto) && tier_of(&args) == Tier::Container;
     if policy_step || !container {
         return None;
     }

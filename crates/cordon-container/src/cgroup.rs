@@ -103,7 +103,7 @@ impl CounterFiles {
 
 /// The whole content of an open cgroup file, read from its start (cgroupfs regenerates it
 /// for every read at offset 0); empty when absent or unreadable.
-fn read_open(f: &Option<fs::File>) -> String {
+fn read_open(f: Option<&fs::File>) -> String {
     use std::os::unix::fs::FileExt;
     let Some(f) = f else {
         return String::new();
@@ -219,19 +219,23 @@ impl SandboxCgroup {
         dirs.into_iter().map(|d| d.join("cgroup.procs")).collect()
     }
 
-    /// Reads the counters; missing files read as zero.
+    /// Reads the counters; missing files read as zero, except the CPU time, which is `None`
+    /// without its file.
     pub fn counters(&self) -> Counters {
         // The files were opened for this version (CounterFiles::open); only the CPU one
         // differs in shape: v1's cpuacct.usage is nanoseconds, v2's cpu.stat is keyed.
         let f = &self.files;
         Counters {
-            oom_kills: parse_keyed(&read_open(&f.oom), "oom_kill"),
-            pids_max_hits: parse_keyed(&read_open(&f.pids), "max"),
-            cpu_us: f.cpu.as_ref().map(|_| match self.version {
-                Version::V1 => parse_number(&read_open(&f.cpu)) / 1000,
-                Version::V2 => parse_keyed(&read_open(&f.cpu), "usage_usec"),
+            oom_kills: parse_keyed(&read_open(f.oom.as_ref()), "oom_kill"),
+            pids_max_hits: parse_keyed(&read_open(f.pids.as_ref()), "max"),
+            cpu_us: f.cpu.as_ref().map(|cpu| {
+                let text = read_open(Some(cpu));
+                match self.version {
+                    Version::V1 => parse_number(&text) / 1000,
+                    Version::V2 => parse_keyed(&text, "usage_usec"),
+                }
             }),
-            peak_memory: parse_number(&read_open(&f.peak)),
+            peak_memory: parse_number(&read_open(f.peak.as_ref())),
         }
     }
 

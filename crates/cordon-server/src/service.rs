@@ -1067,16 +1067,14 @@ impl Service {
             inputs.push((format!("/work/{rel}"), f.bytes()?, f.mode.unwrap_or(0o644)));
         }
         let (spec, _, _, policy_row) = self.decide_later(tenant, &create, "run").await?;
-        // Without a sandbox there is no exec hop to carry the decision: write it now.
-        let slot = match self.reserve(tenant) {
-            Ok(slot) => slot,
-            Err(e) => {
-                self.record(policy_row).await?;
-                return Err(e);
-            }
-        };
-        let acq = match self.acquire(&spec).await {
-            Ok(acq) => acq,
+        let placed: Result<_, ApiError> = async {
+            let slot = self.reserve(tenant)?;
+            Ok((slot, self.acquire(&spec).await?))
+        }
+        .await;
+        let (slot, acq) = match placed {
+            Ok(placed) => placed,
+            // Without a sandbox there is no exec hop to carry the decision: write it now.
             Err(e) => {
                 self.record(policy_row).await?;
                 return Err(e);
