@@ -317,6 +317,14 @@ pub fn run(mut args: RunArgs) -> Result<i32> {
 /// the same messages).
 pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
     use clap::Parser;
+    let backend =
+        cordon_container::ContainerBackend::new(cordon_container::ContainerConfig::discover());
+    // The sandbox init starts before the arguments are parsed: it makes the namespaces (a
+    // create's costliest step) meanwhile. A failure to start is reported by the create
+    // below, which tries again; a request for another tier drops it unused.
+    if container_likely(argv) {
+        let _ = backend.start_init_early();
+    }
     #[derive(clap::Parser)]
     #[command(name = "cordon")]
     struct Front {
@@ -341,8 +349,6 @@ pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
         return None;
     }
     crate::init_logging();
-    let backend =
-        cordon_container::ContainerBackend::new(cordon_container::ContainerConfig::discover());
     Some(match run_on(&args, None, &backend) {
         Ok(code) => code,
         Err(e) => {
@@ -350,6 +356,35 @@ pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
             125
         }
     })
+}
+
+/// Whether `cordon run`'s arguments, before any `--`, leave it on the container tier: no
+/// other tier, no module, no policy step. A quick look for starting the init early; `fast`
+/// parses the arguments properly.
+fn container_likely(argv: &[std::ffi::OsString]) -> bool {
+    let mut args = argv.iter().skip(2).map(|a| a.to_string_lossy());
+    while let Some(a) = args.next() {
+        if a == "--" {
+            break;
+        }
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (a.to_string(), None),
+        };
+        match flag.as_str() {
+            "--wasm" | "--trust" | "--autonomy" | "--shape" | "--help" | "-h" => {
+                return false;
+            }
+            "--tier" => {
+                let value = inline.or_else(|| args.next().map(|v| v.to_string()));
+                if value.as_deref() != Some("container") {
+                    return false;
+                }
+            }
+            _ => {}
+        }
+    }
+    true
 }
 
 /// Runs a request whose tier is settled on `backend`; `decision` is the policy's, if any.
@@ -509,5 +544,44 @@ fn print_summary(o: &ExecOutcome, written: &[(String, String, usize)], errors: &
     }
     for e in errors {
         eprintln!("cordon: file out failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::container_likely;
+
+    fn likely(args: &[&str]) -> bool {
+        let argv: Vec<std::ffi::OsString> = ["cordon", "run"]
+            .iter()
+            .chain(args)
+            .map(std::ffi::OsString::from)
+            .collect();
+        container_likely(&argv)
+    }
+
+    #[test]
+    fn the_init_starts_early_only_for_what_stays_on_the_container_tier() {
+        assert!(likely(&["--", "sh", "-c", "true"]));
+        assert!(likely(&["--lang", "python", "-c", "print(1)"]));
+        assert!(likely(&["--tier", "container", "--", "true"]));
+        assert!(likely(&["--tier=container", "--", "true"]));
+        // After `--` everything is the program's.
+        assert!(likely(&["--", "prog", "--tier", "wasm", "--trust", "x"]));
+        assert!(!likely(&["--tier", "wasm", "--", "true"]));
+        assert!(!likely(&["--tier=gvisor", "--", "true"]));
+        assert!(!likely(&["--tier", "auto", "--", "true"]));
+        assert!(!likely(&["--tier"]));
+        assert!(!likely(&["--wasm", "m.wasm"]));
+        assert!(!likely(&[
+            "--trust",
+            "untrusted",
+            "--autonomy",
+            "compute",
+            "--",
+            "true"
+        ]));
+        assert!(!likely(&["--shape=one-long", "--", "true"]));
+        assert!(!likely(&["--help"]));
     }
 }

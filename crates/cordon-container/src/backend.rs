@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cordon_core::{
@@ -22,7 +22,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 
 use crate::cgroup::{self, SandboxCgroup};
-use crate::init::InitSetup;
+use crate::init::{InitBegin, InitJoin, InitSetup};
 use crate::landlock_rules;
 use crate::seccomp::SeccompPolicy;
 
@@ -76,6 +76,8 @@ pub struct ContainerBackend {
     cfg: ContainerConfig,
     seccomp: OnceLock<std::result::Result<SeccompPolicy, String>>,
     landlock: OnceLock<std::result::Result<i32, String>>,
+    /// A sandbox init started ahead of the request (see [`ContainerBackend::start_init_early`]).
+    early: Mutex<Option<(Child, UnixStream)>>,
 }
 
 impl ContainerBackend {
@@ -84,7 +86,26 @@ impl ContainerBackend {
             cfg,
             seccomp: OnceLock::new(),
             landlock: OnceLock::new(),
+            early: Mutex::new(None),
         }
+    }
+
+    /// Starts a sandbox init now, for the next [`create`](Backend::create) to use: it makes
+    /// the sandbox's namespaces (the costliest step of a create) while the caller is still
+    /// parsing its request. A CLI that runs one sandbox calls this first thing. If no create
+    /// follows, dropping the backend stops the init. Call it from a thread that lives as
+    /// long as the sandbox will (the init dies with the thread that started it).
+    pub fn start_init_early(&self) -> Result<()> {
+        let started = start_init(&self.cfg)?;
+        let old = self
+            .early
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(started);
+        if let Some(old) = old {
+            stop_unused_init(old);
+        }
+        Ok(())
     }
 
     fn seccomp(&self) -> &std::result::Result<SeccompPolicy, String> {
@@ -251,9 +272,24 @@ impl ContainerBackend {
         };
         let id = SandboxId::random()?;
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: checks done");
-        // The init first: its exec and start-up run while the proxy and the cgroup are set
-        // up below (it waits for its setup before doing anything).
-        let (outer, host) = spawn_init(&self.cfg)?;
+        // The init first (unless one was started early), told its setup at once: it makes
+        // the namespaces and most of the root while the proxy and the cgroup are set up
+        // below, then waits for the join.
+        let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let (outer, mut host) = match early {
+            Some(started) => started,
+            None => start_init(&self.cfg)?,
+        };
+        let limits = &spec.limits;
+        let setup = InitSetup {
+            sandbox_uid: self.cfg.sandbox_uid,
+            hostname: self.cfg.hostname.clone(),
+            disk_bytes: limits.disk_bytes,
+            tmp_bytes: limits.tmp_bytes,
+            landlock,
+            seccomp,
+        };
+        let sent = proto::write_frame(&mut host, &setup, b"");
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: init spawned");
         let mut sb = ContainerSandbox {
             id,
@@ -269,9 +305,13 @@ impl ContainerBackend {
             egress: None,
             file_findings: Vec::new(),
         };
+        if let Err(e) = sent {
+            sb.teardown();
+            return Err(sandbox_err("sending the setup", e));
+        }
         // The proxy before the cgroup: its start (a CA, a listener) takes a while, and the
-        // cgroup should be empty for as short a time as possible before the init joins it
-        // (crash recovery removes sandbox cgroups that stay empty).
+        // cgroup should be empty for as short a time as possible before the sandbox joins
+        // it (crash recovery removes sandbox cgroups that stay empty).
         if crate::egress::wanted(spec) {
             match crate::egress::EgressLink::start(sb.id.as_str(), spec, self.cfg.id_base) {
                 Ok(link) => sb.egress = Some(link),
@@ -281,7 +321,6 @@ impl ContainerBackend {
                 }
             }
         }
-        let limits = &spec.limits;
         match SandboxCgroup::create(
             sb.id.as_str(),
             limits.memory_bytes,
@@ -304,20 +343,12 @@ impl ContainerBackend {
             }
         }
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: cgroup ready");
-        let setup = InitSetup {
-            id_base: self.cfg.id_base,
-            id_count: 65536,
-            sandbox_uid: self.cfg.sandbox_uid,
+        let join = InitJoin {
             cgroup_procs: sb
                 .cgroup
                 .as_ref()
                 .map(|c| c.procs_files())
                 .unwrap_or_default(),
-            hostname: self.cfg.hostname.clone(),
-            disk_bytes: limits.disk_bytes,
-            tmp_bytes: limits.tmp_bytes,
-            landlock,
-            seccomp,
             extra_files: sb.egress.as_ref().map(|l| l.files()).unwrap_or_default(),
             connect_port: sb
                 .egress
@@ -325,7 +356,7 @@ impl ContainerBackend {
                 .map(|_| crate::egress::SANDBOX_PROXY_PORT),
             egress_socket: sb.egress.as_ref().map(|l| l.socket().to_path_buf()),
         };
-        if let Err(e) = sb.start(&self.cfg, &setup) {
+        if let Err(e) = sb.start(&self.cfg, &join) {
             sb.teardown();
             return Err(e);
         }
@@ -357,6 +388,41 @@ fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Sandbox(format!("{what}: {e}"))
 }
 
+impl Drop for ContainerBackend {
+    fn drop(&mut self) {
+        if let Some(started) = self
+            .early
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            stop_unused_init(started);
+        }
+    }
+}
+
+/// Starts the sandbox init and sends it the id maps, so it makes the namespaces at once.
+fn start_init(cfg: &ContainerConfig) -> Result<(Child, UnixStream)> {
+    let (mut outer, mut host) = spawn_init(cfg)?;
+    let begin = InitBegin {
+        id_base: cfg.id_base,
+        id_count: 65536,
+    };
+    if let Err(e) = proto::write_frame(&mut host, &begin, b"") {
+        let _ = outer.kill();
+        let _ = outer.wait();
+        return Err(sandbox_err("starting the sandbox init", e));
+    }
+    Ok((outer, host))
+}
+
+/// Stops an init started early that no create used.
+fn stop_unused_init((mut outer, host): (Child, UnixStream)) {
+    drop(host);
+    let _ = outer.kill();
+    let _ = outer.wait();
+}
+
 /// Starts the sandbox init with the agent socket as its stdin; it waits for its setup.
 fn spawn_init(cfg: &ContainerConfig) -> Result<(Child, UnixStream)> {
     let (host, child) =
@@ -380,14 +446,13 @@ fn spawn_init(cfg: &ContainerConfig) -> Result<(Child, UnixStream)> {
 }
 
 impl ContainerSandbox {
-    /// Sends the init its setup and waits for the agent's hello.
-    fn start(&mut self, cfg: &ContainerConfig, setup: &InitSetup) -> Result<()> {
+    /// Sends the init its join and waits for the agent's hello.
+    fn start(&mut self, cfg: &ContainerConfig, join: &InitJoin) -> Result<()> {
         let Some(host) = self.ctrl.take() else {
             return Err(Error::Sandbox("the sandbox init was not started".into()));
         };
         let mut host = host;
-        proto::write_frame(&mut host, setup, b"")
-            .map_err(|e| sandbox_err("sending the setup", e))?;
+        proto::write_frame(&mut host, join, b"").map_err(|e| sandbox_err("sending the join", e))?;
         host.set_read_timeout(Some(cfg.start_timeout))
             .map_err(|e| Error::io("agent socket", e))?;
         let hello = proto::read_frame::<Reply>(&mut host);
@@ -466,19 +531,17 @@ impl ContainerSandbox {
     fn teardown(&mut self) {
         tracing::debug!("teardown: begin");
         // Every process of the sandbox is in its cgroup: kill them all at once rather than
-        // waiting for parent-death signals to travel down the chain. All but the outer
-        // init: it is the parent of the sandbox's PID-1 agent and reaps it at once, and the
-        // kernel reaps the rest of the PID namespace with it. Killed first, the outer init
-        // would orphan the agent to the host's init, which reaps when it gets to it, and the
-        // cgroup cannot be removed before every zombie in it is reaped.
-        let outer_pid = self.outer.as_ref().map(|c| c.id() as i32);
+        // waiting for parent-death signals to travel down the chain. The outer init is not
+        // in it and is killed last: it is the parent of the sandbox's PID-1 agent and reaps
+        // it at once, and the kernel reaps the rest of the PID namespace with it. Killed
+        // first, the outer init would orphan the agent to the host's init, which reaps when
+        // it gets to it, and the cgroup cannot be removed before every zombie in it is
+        // reaped.
         let mut killed = 0;
         if let Some(cg) = &self.cgroup {
             for pid in cg.pids() {
-                if Some(pid) != outer_pid {
-                    crate::sys::kill_pid(pid);
-                    killed += 1;
-                }
+                crate::sys::kill_pid(pid);
+                killed += 1;
             }
         }
         if let Some(mut outer) = self.outer.take() {

@@ -1,10 +1,16 @@
 //! The sandbox init, entered by re-exec of the small `cordon-sandbox-init` binary.
 //!
-//! It starts on the host as root with the agent socket as its stdin, reads an
-//! [`InitSetup`], joins the sandbox's cgroup, and forks a child into fresh user, PID, mount,
-//! network, IPC, UTS and cgroup namespaces. The parent writes the child's uid/gid maps (the
-//! sandbox's root maps to an unprivileged host uid; host root is never mapped) and then only
-//! waits. The child builds the sandbox root, pivots into it and becomes the agent.
+//! It starts on the host as root with the agent socket as its stdin. The host talks to it
+//! in three frames, each sent as soon as the host knows its contents:
+//! 1. [`InitBegin`] (the id maps): the init forks a child into fresh user, PID, mount,
+//!    network, IPC, UTS and cgroup namespaces and writes the child's uid/gid maps (the
+//!    sandbox's root maps to an unprivileged host uid; host root is never mapped). A CLI
+//!    sends it before it has even parsed its arguments.
+//! 2. [`InitSetup`] (from the request): passed on to the child, which builds the sandbox
+//!    root's mounts while the host prepares the cgroup (and egress proxy).
+//! 3. [`InitJoin`]: the init moves the child into the cgroup, then passes the join on; only
+//!    then does the child finish its root, pivot into it and become the agent. Nothing the
+//!    sandbox runs starts before it is in its cgroup.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -18,24 +24,28 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{Gid, Uid, setresgid, setresuid};
 use serde::{Deserialize, Serialize};
 
-use cordon_guest::proto::{ErrorCode, Reply, read_frame, write_frame};
+use cordon_guest::proto::{ErrorCode, ProtoError, Reply, read_frame, write_frame};
 use cordon_guest::sys::{Forked, fork_into, own_fd};
 use cordon_guest::{Agent, AgentConfig};
 
 use crate::landlock_rules;
 use crate::seccomp::SeccompPolicy;
 
-/// What the host tells init.
+/// The host's first frame: enough to make the namespaces.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct InitSetup {
+pub struct InitBegin {
     /// Host uid/gid that the sandbox's uid/gid 0 maps to; `id_count` ids are mapped.
     pub id_base: u32,
     pub id_count: u32,
+}
+
+/// The host's second frame: how the sandbox is built, from the request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitSetup {
     /// The unprivileged user programs run as, inside.
     pub sandbox_uid: u32,
-    /// `cgroup.procs` files to join before unsharing; empty when cgroups are weakened.
-    pub cgroup_procs: Vec<PathBuf>,
     pub hostname: String,
     pub disk_bytes: u64,
     pub tmp_bytes: u64,
@@ -43,6 +53,16 @@ pub struct InitSetup {
     pub landlock: bool,
     /// Seccomp filters to install in each program; none when the caller allowed without.
     pub seccomp: Option<Vec<Vec<u64>>>,
+}
+
+/// What the host tells init once the sandbox's cgroup (and egress proxy) exist; the
+/// sandbox's namespaces and most of its root are made while the host prepares them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitJoin {
+    /// `cgroup.procs` files the sandbox's first process is moved into before it runs
+    /// anything; empty when cgroups are weakened.
+    pub cgroup_procs: Vec<PathBuf>,
     /// Extra text files to create (read-only) under the sandbox's /etc, e.g. a CA bundle.
     #[serde(default)]
     pub extra_files: Vec<(String, String)>,
@@ -89,10 +109,13 @@ fn report(sock: &mut UnixStream, message: String) {
 }
 
 fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
-    let setup: InitSetup = match read_frame(&mut sock) {
+    let begin: InitBegin = match read_frame(&mut sock) {
         Ok(f) => f.header,
+        // The host went away before asking for anything (a CLI that started us ahead of
+        // parsing its arguments, then found it needs no container).
+        Err(ProtoError::Closed) => return Ok(0),
         Err(e) => {
-            report(&mut sock, format!("init received a bad setup: {e}"));
+            report(&mut sock, format!("init received a bad first frame: {e}"));
             return Ok(1);
         }
     };
@@ -102,17 +125,8 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
     // cores are all busy, Cordon's control plane (the server answering, the CLI reporting)
     // goes first, and a busy sandbox cannot starve it. An idle host runs it at full speed.
     let _ = cordon_guest::sys::set_nice(SANDBOX_NICE);
-    let me = std::process::id().to_string();
-    for procs in &setup.cgroup_procs {
-        if let Err(e) = fs::write(procs, &me) {
-            report(
-                &mut sock,
-                format!("joining cgroup {}: {e}", procs.display()),
-            );
-            return Ok(1);
-        }
-    }
     let (go_r, go_w) = nix::unistd::pipe()?;
+    let (to_child_r, to_child_w) = nix::unistd::pipe()?;
     let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
@@ -130,7 +144,8 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
         }
         Ok(Forked::Child) => {
             drop(go_w);
-            let code = match run_child(&setup, &mut sock, go_r) {
+            drop(to_child_w);
+            let code = match run_child(&mut sock, go_r, to_child_r) {
                 Ok(()) => 0,
                 Err(msg) => {
                     report(&mut sock, msg);
@@ -141,20 +156,49 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
         }
         Ok(Forked::Parent(child)) => {
             drop(go_r);
-            let map = format!("0 {} {}\n", setup.id_base, setup.id_count);
+            drop(to_child_r);
+            let fail = |sock: &mut UnixStream, message: String| {
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                report(sock, message);
+                Ok(1)
+            };
+            let map = format!("0 {} {}\n", begin.id_base, begin.id_count);
             let mapped = fs::write(format!("/proc/{child}/uid_map"), &map)
                 .and_then(|_| fs::write(format!("/proc/{child}/gid_map"), &map));
             if let Err(e) = mapped {
-                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
-                report(
+                return fail(
                     &mut sock,
                     format!("writing the user namespace id maps: {e}"),
                 );
-                return Ok(1);
             }
             let mut go = fs::File::from(go_w);
             go.write_all(b"g")?;
             drop(go);
+            // The child reads the setup and the join from this pipe; a child that failed
+            // has reported why on the socket, and its exit status says the rest.
+            let mut to_child = fs::File::from(to_child_w);
+            let setup: InitSetup = match read_frame(&mut sock) {
+                Ok(f) => f.header,
+                Err(ProtoError::Closed) => return fail(&mut sock, "the host went away".into()),
+                Err(e) => return fail(&mut sock, format!("init received a bad setup: {e}")),
+            };
+            let _ = write_frame(&mut to_child, &setup, b"");
+            let join: InitJoin = match read_frame(&mut sock) {
+                Ok(f) => f.header,
+                Err(ProtoError::Closed) => return fail(&mut sock, "the host went away".into()),
+                Err(e) => return fail(&mut sock, format!("init received a bad join: {e}")),
+            };
+            let pid = child.to_string();
+            for procs in &join.cgroup_procs {
+                if let Err(e) = fs::write(procs, &pid) {
+                    return fail(
+                        &mut sock,
+                        format!("moving the sandbox into cgroup {}: {e}", procs.display()),
+                    );
+                }
+            }
+            let _ = write_frame(&mut to_child, &join, b"");
+            drop(to_child);
             drop(sock);
             loop {
                 match waitpid(child, None) {
@@ -169,7 +213,7 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
     }
 }
 
-fn run_child(setup: &InitSetup, sock: &mut UnixStream, go: OwnedFd) -> Result<(), String> {
+fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: OwnedFd) -> Result<(), String> {
     let ctx = |what: &str| {
         let what = what.to_string();
         move |e: nix::errno::Errno| format!("{what}: {e}")
@@ -185,14 +229,29 @@ fn run_child(setup: &InitSetup, sock: &mut UnixStream, go: OwnedFd) -> Result<()
     // A credential change clears the parent-death signal: set it again, so the whole
     // sandbox dies with the init process the host holds.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(ctx("pdeathsig"))?;
-    nix::unistd::sethostname(&setup.hostname).map_err(ctx("sethostname"))?;
     crate::sys::loopback_up().map_err(|e| format!("bringing loopback up: {e}"))?;
-    build_root(setup)?;
-    if let (Some(port), Some(_)) = (setup.connect_port, &setup.egress_socket) {
+    let mut from_parent = fs::File::from(from_parent);
+    let setup: InitSetup = read_frame(&mut from_parent)
+        .map_err(|e| format!("waiting for the setup: {e}"))?
+        .header;
+    nix::unistd::sethostname(&setup.hostname).map_err(ctx("sethostname"))?;
+    build_root(&setup)?;
+    // Nothing past this point runs before the parent has moved us into the sandbox's
+    // cgroup (it passes the join on only after that).
+    let join: InitJoin = read_frame(&mut from_parent)
+        .map_err(|e| format!("waiting to join the cgroup: {e}"))?
+        .header;
+    drop(from_parent);
+    // The cgroup namespace was made before the move, rooted at the host's cgroup: a fresh
+    // one roots it at the sandbox's own, so /proc/self/cgroup shows no host path.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+        .map_err(ctx("entering a cgroup namespace"))?;
+    finish_root(&join)?;
+    if let (Some(port), Some(_)) = (join.connect_port, &join.egress_socket) {
         crate::forwarder::spawn(port, std::path::Path::new(crate::egress::SOCKET_INSIDE))?;
     }
     let ruleset = if setup.landlock {
-        Some(landlock_rules::build(setup.connect_port)?)
+        Some(landlock_rules::build(join.connect_port)?)
     } else {
         None
     };
@@ -338,34 +397,6 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
     for (name, body) in files {
         fs::write(etc.join(name), body).map_err(io(format!("writing /etc/{name}")))?;
     }
-    for (path, body) in &setup.extra_files {
-        let rel = path.trim_start_matches('/');
-        if rel.split('/').any(|c| c == ".." || c.is_empty()) || !rel.starts_with("etc/") {
-            return Err(format!(
-                "extra file {path:?} must be a plain path under /etc"
-            ));
-        }
-        let dst = new.join(rel);
-        if let Some(parent) = dst.parent() {
-            fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
-        }
-        fs::write(&dst, body).map_err(io(format!("writing {path}")))?;
-    }
-    if let Some(sock) = &setup.egress_socket {
-        let inside = new.join(crate::egress::SOCKET_INSIDE.trim_start_matches('/'));
-        if let Some(parent) = inside.parent() {
-            fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
-        }
-        fs::write(&inside, b"").map_err(io("creating the egress socket mount point".into()))?;
-        mount(
-            Some(sock.as_path()),
-            &inside,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .map_err(|e| format!("binding the egress socket: {e}"))?;
-    }
     // /dev: a few device nodes bound from the host, nothing else.
     let dev = new.join("dev");
     fs::create_dir(&dev).map_err(io("creating /dev".into()))?;
@@ -427,6 +458,43 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
         &format!("size={},mode=0755,uid={uid},gid={uid}", setup.disk_bytes),
         nosuid_nodev,
     )?;
+    Ok(())
+}
+
+/// The rest of the root, once the host's join has come: the egress proxy's files and
+/// socket, then the root turns read-only and becomes `/`.
+fn finish_root(join: &InitJoin) -> Result<(), String> {
+    let io = |what: String| move |e: io::Error| format!("{what}: {e}");
+    let new = Path::new("/tmp");
+    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    for (path, body) in &join.extra_files {
+        let rel = path.trim_start_matches('/');
+        if rel.split('/').any(|c| c == ".." || c.is_empty()) || !rel.starts_with("etc/") {
+            return Err(format!(
+                "extra file {path:?} must be a plain path under /etc"
+            ));
+        }
+        let dst = new.join(rel);
+        if let Some(parent) = dst.parent() {
+            fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+        }
+        fs::write(&dst, body).map_err(io(format!("writing {path}")))?;
+    }
+    if let Some(sock) = &join.egress_socket {
+        let inside = new.join(crate::egress::SOCKET_INSIDE.trim_start_matches('/'));
+        if let Some(parent) = inside.parent() {
+            fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+        }
+        fs::write(&inside, b"").map_err(io("creating the egress socket mount point".into()))?;
+        mount(
+            Some(sock.as_path()),
+            &inside,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("binding the egress socket: {e}"))?;
+    }
     // The root itself becomes read-only, then we pivot into it and drop the host's tree.
     mount(
         None::<&str>,

@@ -146,6 +146,41 @@ fn programs_run_below_the_host_and_enter_their_cwd_as_the_sandbox_user() {
     sb.destroy().unwrap();
 }
 
+/// The sandbox is moved into its cgroup after its namespaces are made (the host prepares the
+/// cgroup meanwhile); its cgroup namespace is then rooted at that cgroup, so it sees itself
+/// at `/` in every hierarchy and no host cgroup path. (That the program is held by the
+/// cgroup's limits, the memory and fork bomb tests show.)
+#[test]
+fn the_sandbox_sees_its_own_cgroup_as_root_and_no_host_path() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    let id = sb.id().to_string();
+    let mut sink = |_: OutputStream, _: &[u8]| {};
+    let o = sb
+        .exec(
+            &ExecRequest::code(Language::Bash, "cat /proc/self/cgroup; sleep 0.3"),
+            &mut sink,
+        )
+        .unwrap();
+    assert!(o.success(), "{o:?}");
+    let lines: Vec<String> = text(&o.stdout).lines().map(String::from).collect();
+    assert!(lines.len() >= 2, "{o:?}");
+    for l in &lines {
+        assert!(
+            l.ends_with(":/"),
+            "a host cgroup path shows inside: {l} ({lines:?})"
+        );
+    }
+    // The agent and what it forks are in the sandbox's cgroup.
+    let comms = cgroup_comms(&id);
+    assert!(
+        !comms.is_empty() && comms.iter().all(|c| c.starts_with("cordon-sandbox")),
+        "{comms:?}"
+    );
+    sb.destroy().unwrap();
+    assert!(!cgroup_exists(&id));
+}
+
 /// After an exec the agent readies the next one's reaper (and the program process it forks
 /// ahead); after an exec marked last (a one-shot run) it readies nothing, so the sandbox's
 /// teardown does not compete with making processes nobody will use.
@@ -167,16 +202,16 @@ fn a_reaper_is_readied_after_an_exec_but_not_after_the_last() {
     };
     let o = sb.exec(&ExecRequest::argv(["true"]), &mut sink).unwrap();
     assert!(o.success(), "{o:?}");
-    // outer init, agent, standby reaper, program forked ahead
-    assert_eq!(settle(4), 4, "{:?}", cgroup_comms(&id));
+    // agent, standby reaper, program forked ahead (the outer init is not in the cgroup)
+    assert_eq!(settle(3), 3, "{:?}", cgroup_comms(&id));
     let mut last = ExecRequest::argv(["true"]);
     last.last = true;
     let o = sb.exec(&last, &mut sink).unwrap();
     assert!(o.success(), "{o:?}");
-    // outer init and agent only, and it stays so
-    assert_eq!(settle(2), 2, "{:?}", cgroup_comms(&id));
+    // the agent only, and it stays so
+    assert_eq!(settle(1), 1, "{:?}", cgroup_comms(&id));
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(cgroup_comms(&id).len(), 2, "{:?}", cgroup_comms(&id));
+    assert_eq!(cgroup_comms(&id).len(), 1, "{:?}", cgroup_comms(&id));
     sb.destroy().unwrap();
 }
 
@@ -562,13 +597,13 @@ fn infinite_loop_times_out_and_daemons_die_too() {
         .unwrap();
     assert_eq!(o.termination, Termination::Timeout);
     // Only the sandbox's own init processes remain in its cgroup: the tree is gone.
-    // The sandbox's own processes (outer init, agent, the next exec's standby reaper and the
-    // program process it forked ahead) are all the init binary; no `bash`, `sleep` or
-    // `nohup` of the exec may remain.
+    // The sandbox's own processes (agent, the next exec's standby reaper and the program
+    // process it forked ahead) are all the init binary; no `bash`, `sleep` or `nohup` of
+    // the exec may remain.
     let comms = cgroup_comms(&id);
     assert!(
         !comms.is_empty()
-            && comms.len() <= 4
+            && comms.len() <= 3
             && comms.iter().all(|c| c.starts_with("cordon-sandbox")),
         "leftover processes of the exec: {comms:?}"
     );
