@@ -1019,7 +1019,7 @@ impl Sandbox for ContainerSandbox {
     }
 
     fn interrupter(&self) -> Option<cordon_core::Interrupter> {
-        // Every process of the sandbox (the init's and the exec's) is in its cgroup, and the
+        // Every process of the sandbox (the agent's and the exec's) is in its cgroup, and the
         // outer init is our unreaped child, so neither pid can name another process yet.
         let procs = self
             .cgroup
