@@ -93,8 +93,9 @@ impl ContainerBackend {
     /// Starts a sandbox init now, for the next [`create`](Backend::create) to use: it makes
     /// the sandbox's namespaces (the costliest step of a create) while the caller is still
     /// parsing its request. A CLI that runs one sandbox calls this first thing. If no create
-    /// follows, dropping the backend stops the init. Call it from a thread that lives as
-    /// long as the sandbox will (the init dies with the thread that started it).
+    /// follows, dropping the backend stops the init. (Off the main thread the init is started
+    /// by a process-lifetime thread, as every init is: it dies with the thread that started
+    /// it.)
     pub fn start_init_early(&self) -> Result<()> {
         let started = start_init(&self.cfg)?;
         let old = self
@@ -275,11 +276,6 @@ impl ContainerBackend {
         // The init first (unless one was started early), told its setup at once: it makes
         // the namespaces and most of the root while the proxy and the cgroup are set up
         // below, then waits for the join.
-        let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let (outer, mut host) = match early {
-            Some(started) => started,
-            None => start_init(&self.cfg)?,
-        };
         let limits = &spec.limits;
         let setup = InitSetup {
             sandbox_uid: self.cfg.sandbox_uid,
@@ -289,7 +285,24 @@ impl ContainerBackend {
             landlock,
             seccomp,
         };
-        let sent = proto::write_frame(&mut host, &setup, b"");
+        let mut early = None;
+        if let Some((outer, mut host)) = self.early.lock().unwrap_or_else(|p| p.into_inner()).take()
+        {
+            if proto::write_frame(&mut host, &setup, b"").is_ok() {
+                early = Some((outer, host));
+            } else {
+                // An init started early that is gone by now (killed, or failed) is replaced.
+                stop_unused_init((outer, host));
+            }
+        }
+        let (outer, host, sent) = match early {
+            Some((outer, host)) => (outer, host, Ok(())),
+            None => {
+                let (outer, mut host) = start_init(&self.cfg)?;
+                let sent = proto::write_frame(&mut host, &setup, b"");
+                (outer, host, sent)
+            }
+        };
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: init spawned");
         let mut sb = ContainerSandbox {
             id,

@@ -181,6 +181,80 @@ fn the_sandbox_sees_its_own_cgroup_as_root_and_no_host_path() {
     assert!(!cgroup_exists(&id));
 }
 
+/// Processes whose executable is `exe` (a zombie has none, so a killed child counts as gone).
+fn running_from(exe: &std::path::Path) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if std::fs::read_link(entry.path().join("exe")).is_ok_and(|p| p == exe) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Waits (bounded) until no process runs `exe`; returns what is left.
+fn settle_gone(exe: &std::path::Path) -> Vec<i32> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut left = running_from(exe);
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        left = running_from(exe);
+    }
+    left
+}
+
+/// An init started early is used by the next create; one that died meanwhile is replaced by
+/// a fresh one (the create still succeeds); one never used is stopped with its backend.
+/// Each backend here has a private copy of the init, so other tests' sandboxes do not count.
+#[test]
+fn an_init_started_early_is_used_replaced_when_dead_and_stopped_when_unused() {
+    if backend().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let init = dir.path().join("cordon-sandbox-init");
+    std::fs::copy(init_path(), &init).unwrap();
+    let echo_in_new_sandbox = |b: &ContainerBackend, word: &str| {
+        let o = run_in(b, &spec(), &ExecRequest::argv(["echo", word]));
+        assert_eq!(text(&o.stdout), format!("{word}\n"), "{o:?}");
+    };
+    // Used: the sandbox runs.
+    let b = ContainerBackend::new(ContainerConfig::with_init(init.clone()));
+    b.start_init_early().unwrap();
+    echo_in_new_sandbox(&b, "early");
+    // Dead before the create: killed here (with the child it forked into the namespaces).
+    b.start_init_early().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while running_from(&init).len() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pids = running_from(&init);
+    assert!(!pids.is_empty(), "the early init is not running");
+    for pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert_eq!(settle_gone(&init), Vec::<i32>::new());
+    echo_in_new_sandbox(&b, "fresh");
+    // Never used: dropping the backend stops it.
+    b.start_init_early().unwrap();
+    assert!(
+        !running_from(&init).is_empty(),
+        "the early init is not running"
+    );
+    drop(b);
+    assert_eq!(
+        settle_gone(&init),
+        Vec::<i32>::new(),
+        "an unused early init outlived its backend"
+    );
+}
+
 /// After an exec the agent readies the next one's reaper (and the program process it forks
 /// ahead); after an exec marked last (a one-shot run) it readies nothing, so the sandbox's
 /// teardown does not compete with making processes nobody will use.
