@@ -318,13 +318,15 @@ pub fn run(mut args: RunArgs) -> Result<i32> {
 pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
     use clap::Parser;
     let backend =
-        cordon_container::ContainerBackend::new(cordon_container::ContainerConfig::discover());
+        || cordon_container::ContainerBackend::new(cordon_container::ContainerConfig::discover());
     // The sandbox init starts before the arguments are parsed: it makes the namespaces (a
     // create's costliest step) meanwhile. A failure to start is reported by the create
     // below, which tries again; a request for another tier drops it unused.
-    if container_likely(argv) {
-        let _ = backend.start_init_early();
-    }
+    let early = container_likely(argv).then(|| {
+        let b = backend();
+        let _ = b.start_init_early();
+        b
+    });
     #[derive(clap::Parser)]
     #[command(name = "cordon")]
     struct Front {
@@ -349,6 +351,7 @@ pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
         return None;
     }
     crate::init_logging();
+    let backend = early.unwrap_or_else(backend);
     Some(match run_on(&args, None, &backend) {
         Ok(code) => code,
         Err(e) => {

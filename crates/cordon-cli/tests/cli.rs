@@ -691,21 +691,6 @@ fn logs_to_a_pipe_carry_no_colour_codes() {
     }
 }
 
-/// Processes whose executable is `exe`.
-fn running_from(exe: &Path) -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let pid = entry.file_name().to_string_lossy().into_owned();
-        if pid.parse::<u32>().is_err() {
-            continue;
-        }
-        if std::fs::read_link(entry.path().join("exe")).is_ok_and(|p| p == exe) {
-            found.push(pid);
-        }
-    }
-    found
-}
-
 /// `cordon run` starts the sandbox init before it parses its arguments. A run that then
 /// needs no sandbox (bad flags, an invalid limit) stops it, and a run that used it leaves
 /// nothing either: no process of that init (or of the namespaces it made) outlives the CLI.
@@ -732,13 +717,8 @@ fn an_init_started_early_does_not_outlive_the_run() {
             .output()
             .unwrap();
         assert_eq!(o.status.success(), ok, "{args:?}: {}", text(&o.stderr));
-        // A killed process may take a moment to be reaped; bounded.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-        let mut left = running_from(&init);
-        while !left.is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            left = running_from(&init);
-        }
+        let left =
+            cordon_testkit::procs::wait_until_none_run(&init, std::time::Duration::from_secs(3));
         assert!(left.is_empty(), "{args:?}: init processes left: {left:?}");
     }
 }

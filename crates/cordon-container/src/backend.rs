@@ -285,16 +285,17 @@ impl ContainerBackend {
             landlock,
             seccomp,
         };
-        let mut early = None;
-        if let Some((outer, mut host)) = self.early.lock().unwrap_or_else(|p| p.into_inner()).take()
-        {
-            if proto::write_frame(&mut host, &setup, b"").is_ok() {
-                early = Some((outer, host));
-            } else {
+        let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let early = early.and_then(|(outer, mut host)| {
+            match proto::write_frame(&mut host, &setup, b"") {
+                Ok(()) => Some((outer, host)),
                 // An init started early that is gone by now (killed, or failed) is replaced.
-                stop_unused_init((outer, host));
+                Err(_) => {
+                    stop_unused_init((outer, host));
+                    None
+                }
             }
-        }
+        });
         let (outer, host, sent) = match early {
             Some((outer, host)) => (outer, host, Ok(())),
             None => {
@@ -414,21 +415,6 @@ impl Drop for ContainerBackend {
     }
 }
 
-/// Starts the sandbox init and sends it the id maps, so it makes the namespaces at once.
-fn start_init(cfg: &ContainerConfig) -> Result<(Child, UnixStream)> {
-    let (mut outer, mut host) = spawn_init(cfg)?;
-    let begin = InitBegin {
-        id_base: cfg.id_base,
-        id_count: 65536,
-    };
-    if let Err(e) = proto::write_frame(&mut host, &begin, b"") {
-        let _ = outer.kill();
-        let _ = outer.wait();
-        return Err(sandbox_err("starting the sandbox init", e));
-    }
-    Ok((outer, host))
-}
-
 /// Stops an init started early that no create used.
 fn stop_unused_init((mut outer, host): (Child, UnixStream)) {
     drop(host);
@@ -436,9 +422,10 @@ fn stop_unused_init((mut outer, host): (Child, UnixStream)) {
     let _ = outer.wait();
 }
 
-/// Starts the sandbox init with the agent socket as its stdin; it waits for its setup.
-fn spawn_init(cfg: &ContainerConfig) -> Result<(Child, UnixStream)> {
-    let (host, child) =
+/// Starts the sandbox init with the agent socket as its stdin and sends it the id maps, so
+/// it makes the namespaces at once; it then waits for its setup.
+fn start_init(cfg: &ContainerConfig) -> Result<(Child, UnixStream)> {
+    let (mut host, child) =
         UnixStream::pair().map_err(|e| Error::io("creating the agent socket", e))?;
     // The agent socket is the init's stdin: no pre-exec hook is needed, so the standard
     // library can use posix_spawn (vfork) rather than fork this whole process.
@@ -449,12 +436,21 @@ fn spawn_init(cfg: &ContainerConfig) -> Result<(Child, UnixStream)> {
         .stderr(Stdio::null());
     // From a process-lifetime thread: the init's parent-death signal must follow this
     // process, not the (possibly short-lived) thread that asked for the sandbox.
-    let outer = cordon_guest::host::spawn_tied(cmd).map_err(|e| Error::Unavailable {
+    let mut outer = cordon_guest::host::spawn_tied(cmd).map_err(|e| Error::Unavailable {
         tier: Tier::Container,
         reason: format!("cannot start {}: {e}", cfg.init_path.display()),
         fix: "build cordon-sandbox-init and keep it next to cordon, or set CORDON_SANDBOX_INIT"
             .into(),
     })?;
+    let begin = InitBegin {
+        id_base: cfg.id_base,
+        id_count: 65536,
+    };
+    if let Err(e) = proto::write_frame(&mut host, &begin, b"") {
+        let _ = outer.kill();
+        let _ = outer.wait();
+        return Err(sandbox_err("starting the sandbox init", e));
+    }
     Ok((outer, host))
 }
 

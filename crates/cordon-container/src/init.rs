@@ -57,7 +57,7 @@ pub struct InitSetup {
 
 /// What the host tells init once the sandbox's cgroup (and egress proxy) exist; the
 /// sandbox's namespaces and most of its root are made while the host prepares them.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InitJoin {
     /// `cgroup.procs` files the sandbox's first process is moved into before it runs
@@ -79,6 +79,10 @@ pub struct InitJoin {
 /// symlinks where the host has merged /usr).
 const HOST_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Where the sandbox root is built (a tmpfs over the host's /tmp path, in the sandbox's
+/// private mount namespace) before it becomes `/`.
+const ROOT_BUILT_AT: &str = "/tmp";
 
 /// Scheduling priority of every process of a sandbox (the host's default is 0).
 pub const SANDBOX_NICE: i32 = 5;
@@ -177,16 +181,14 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
             // The child reads the setup and the join from this pipe; a child that failed
             // has reported why on the socket, and its exit status says the rest.
             let mut to_child = fs::File::from(to_child_w);
-            let setup: InitSetup = match read_frame(&mut sock) {
-                Ok(f) => f.header,
-                Err(ProtoError::Closed) => return fail(&mut sock, "the host went away".into()),
-                Err(e) => return fail(&mut sock, format!("init received a bad setup: {e}")),
+            let setup: InitSetup = match from_host(&mut sock, "setup") {
+                Ok(setup) => setup,
+                Err(message) => return fail(&mut sock, message),
             };
             let _ = write_frame(&mut to_child, &setup, b"");
-            let join: InitJoin = match read_frame(&mut sock) {
-                Ok(f) => f.header,
-                Err(ProtoError::Closed) => return fail(&mut sock, "the host went away".into()),
-                Err(e) => return fail(&mut sock, format!("init received a bad join: {e}")),
+            let join: InitJoin = match from_host(&mut sock, "join") {
+                Ok(join) => join,
+                Err(message) => return fail(&mut sock, message),
             };
             let pid = child.to_string();
             for procs in &join.cgroup_procs {
@@ -210,6 +212,18 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
                 }
             }
         }
+    }
+}
+
+/// The host's next frame, or what went wrong.
+fn from_host<T: serde::de::DeserializeOwned>(
+    sock: &mut UnixStream,
+    what: &str,
+) -> Result<T, String> {
+    match read_frame(sock) {
+        Ok(f) => Ok(f.header),
+        Err(ProtoError::Closed) => Err(format!("the host went away before the {what}")),
+        Err(e) => Err(format!("init received a bad {what}: {e}")),
     }
 }
 
@@ -347,8 +361,7 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("making mounts private: {e}"))?;
-    // The new root is a small tmpfs over the host's /tmp path, in our private mount namespace.
-    let new = Path::new("/tmp");
+    let new = Path::new(ROOT_BUILT_AT);
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     tmpfs(new, "size=4m,mode=0755", nosuid_nodev)?;
     for name in HOST_DIRS {
@@ -465,7 +478,7 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
 /// socket, then the root turns read-only and becomes `/`.
 fn finish_root(join: &InitJoin) -> Result<(), String> {
     let io = |what: String| move |e: io::Error| format!("{what}: {e}");
-    let new = Path::new("/tmp");
+    let new = Path::new(ROOT_BUILT_AT);
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     for (path, body) in &join.extra_files {
         let rel = path.trim_start_matches('/');

@@ -18,6 +18,7 @@ use cordon_core::{
     Termination, Tier, TierStatus,
 };
 use cordon_testkit::egress::Upstream;
+use cordon_testkit::procs::{running_from, wait_until_none_run};
 
 fn init_path() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_cordon-sandbox-init"))
@@ -181,31 +182,6 @@ fn the_sandbox_sees_its_own_cgroup_as_root_and_no_host_path() {
     assert!(!cgroup_exists(&id));
 }
 
-/// Processes whose executable is `exe` (a zombie has none, so a killed child counts as gone).
-fn running_from(exe: &std::path::Path) -> Vec<i32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if std::fs::read_link(entry.path().join("exe")).is_ok_and(|p| p == exe) {
-            found.push(pid);
-        }
-    }
-    found
-}
-
-/// Waits (bounded) until no process runs `exe`; returns what is left.
-fn settle_gone(exe: &std::path::Path) -> Vec<i32> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let mut left = running_from(exe);
-    while !left.is_empty() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-        left = running_from(exe);
-    }
-    left
-}
-
 /// An init started early is used by the next create; one that died meanwhile is replaced by
 /// a fresh one (the create still succeeds); one never used is stopped with its backend.
 /// Each backend here has a private copy of the init, so other tests' sandboxes do not count.
@@ -239,7 +215,10 @@ fn an_init_started_early_is_used_replaced_when_dead_and_stopped_when_unused() {
             nix::sys::signal::Signal::SIGKILL,
         );
     }
-    assert_eq!(settle_gone(&init), Vec::<i32>::new());
+    assert_eq!(
+        wait_until_none_run(&init, Duration::from_secs(5)),
+        Vec::<i32>::new()
+    );
     echo_in_new_sandbox(&b, "fresh");
     // Never used: dropping the backend stops it.
     b.start_init_early().unwrap();
@@ -249,7 +228,7 @@ fn an_init_started_early_is_used_replaced_when_dead_and_stopped_when_unused() {
     );
     drop(b);
     assert_eq!(
-        settle_gone(&init),
+        wait_until_none_run(&init, Duration::from_secs(5)),
         Vec::<i32>::new(),
         "an unused early init outlived its backend"
     );

@@ -2,11 +2,12 @@
 //! probe rather than to its own copy of it: the escape battery's tier-neutral probes
 //! ([`escape`]) and the egress path ([`egress`]). Each check runs real sandboxes through the
 //! [`cordon_core::Backend`] trait and panics with what it saw; test support only, never part
-//! of Cordon itself.
+//! of Cordon itself. [`procs`] finds processes left running by a given binary.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod egress;
 pub mod escape;
+pub mod procs;
 
 use cordon_core::{Backend, ExecOutcome, ExecRequest, OutputStream, SandboxSpec};
 
