@@ -7,6 +7,10 @@
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOC: cordon_guest::sys::BumpArena<{ 1 << 20 }> = cordon_guest::sys::BumpArena::new();
+
 fn main() {
     let args: Vec<OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "run")

@@ -174,3 +174,298 @@ pub fn set_nice(nice: i32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// A global allocator for the short-lived static (musl) binaries on every `cordon run`'s
+/// path: a fixed arena in `.bss` served by bumping a pointer, in front of the system
+/// allocator. musl's allocator hands memory back to the kernel as soon as it is freed, so a
+/// short run that allocates and frees small buffers pays an `mmap`, a page fault and a
+/// `munmap` again and again; from the arena, each page faults in once. Frees give memory back
+/// only when they undo the latest allocation; the rest is kept until the process exits. Once
+/// the arena is used up (or for a request larger than an eighth of it), the system allocator
+/// serves, so a long-lived process stays bounded by `N` plus what it really uses.
+pub struct BumpArena<const N: usize> {
+    buf: std::cell::UnsafeCell<[u8; N]>,
+    /// End of the claimed part: the next claim starts here (or after, aligned).
+    next: std::sync::atomic::AtomicUsize,
+    /// End of everything ever handed out: bytes past it are still the zeroes of `.bss`.
+    high: std::sync::atomic::AtomicUsize,
+}
+
+// SAFETY: the arena hands out disjoint ranges of `buf`, claimed by compare-and-swap on
+// `next`; no range is given to two owners at once, so sharing it between threads is sound.
+unsafe impl<const N: usize> Sync for BumpArena<N> {}
+
+impl<const N: usize> Default for BumpArena<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> BumpArena<N> {
+    /// An empty arena (in `.bss` when it is a `static`: no file space, no page until used).
+    pub const fn new() -> Self {
+        Self {
+            buf: std::cell::UnsafeCell::new([0; N]),
+            next: std::sync::atomic::AtomicUsize::new(0),
+            high: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn base(&self) -> usize {
+        self.buf.get() as usize
+    }
+
+    /// The offset of `ptr` in the arena, if the arena gave it out.
+    fn offset_of(&self, ptr: *mut u8) -> Option<usize> {
+        (ptr as usize)
+            .checked_sub(self.base())
+            .filter(|off| *off < N)
+    }
+
+    /// Claims a range for `layout`; `None` when it does not fit. Also returns the end of
+    /// everything handed out before this claim: the range's bytes past it are still zero.
+    fn bump(&self, layout: std::alloc::Layout) -> Option<(*mut u8, usize)> {
+        use std::sync::atomic::Ordering;
+        if layout.size() == 0 || layout.size() > N / 8 {
+            return None;
+        }
+        let base = self.base();
+        let mut cur = self.next.load(Ordering::Relaxed);
+        loop {
+            let start = (base + cur).checked_next_multiple_of(layout.align())? - base;
+            let end = start.checked_add(layout.size()).filter(|e| *e <= N)?;
+            match self
+                .next
+                .compare_exchange_weak(cur, end, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    // Done before the range can be given back (after this returns): whoever
+                    // claims it later reads this end, or a larger one. Acquire on `next`
+                    // above orders this after any earlier holder's own update.
+                    let before = self.high.fetch_max(end, Ordering::AcqRel);
+                    return Some((self.buf.get().cast::<u8>().wrapping_add(start), before));
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Moves the end of the latest allocation (at `off`, `old` bytes long) to `off + new`;
+    /// false if it is not the latest or `new` does not fit.
+    fn resize_last(&self, off: usize, old: usize, new: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        let Some(end) = off.checked_add(new).filter(|e| *e <= N) else {
+            return false;
+        };
+        let moved = self
+            .next
+            .compare_exchange(off + old, end, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok();
+        if moved {
+            // A range grown in place counts as handed out, as in `bump`.
+            self.high.fetch_max(end, Ordering::AcqRel);
+        }
+        moved
+    }
+}
+
+// SAFETY: every pointer returned is either a range of `buf` claimed exclusively by `bump`
+// (aligned and sized as asked, inside the arena) or comes from `System`; `dealloc` and
+// `realloc` tell the two apart by address and send `System`'s back to it unchanged.
+unsafe impl<const N: usize> std::alloc::GlobalAlloc for BumpArena<N> {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        match self.bump(layout) {
+            Some((p, _)) => p,
+            // SAFETY: the caller's contract for `alloc` (non-zero size) is passed on as is.
+            None => unsafe { std::alloc::System.alloc(layout) },
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        match self.bump(layout) {
+            Some((p, fresh_from)) => {
+                let off = p as usize - self.base();
+                let dirty = fresh_from.saturating_sub(off).min(layout.size());
+                // SAFETY: `p` starts a claimed range of `layout.size()` bytes, and
+                // `dirty <= layout.size()`.
+                unsafe { std::ptr::write_bytes(p, 0, dirty) };
+                p
+            }
+            // SAFETY: as in `alloc`.
+            None => unsafe { std::alloc::System.alloc_zeroed(layout) },
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        match self.offset_of(ptr) {
+            // Only the latest allocation is given back; the rest waits for the exit.
+            Some(off) => {
+                self.resize_last(off, layout.size(), 0);
+            }
+            // SAFETY: not from the arena, so `System` allocated it with this layout.
+            None => unsafe { std::alloc::System.dealloc(ptr, layout) },
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        let Some(off) = self.offset_of(ptr) else {
+            // SAFETY: not from the arena, so `System` allocated it with this layout; the
+            // caller's contract for `new_size` is passed on.
+            return unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
+        };
+        if new_size <= N / 8 && self.resize_last(off, layout.size(), new_size) {
+            return ptr;
+        }
+        if new_size <= layout.size() {
+            // Shrinking in place is always valid; the tail stays unused.
+            return ptr;
+        }
+        // SAFETY: `new_size` is non-zero and, by the caller's contract, a valid size for
+        // this alignment.
+        let new_layout =
+            unsafe { std::alloc::Layout::from_size_align_unchecked(new_size, layout.align()) };
+        // SAFETY: as in `alloc`.
+        let new = unsafe { self.alloc(new_layout) };
+        if !new.is_null() {
+            // SAFETY: both ranges are valid for `layout.size()` bytes (the old one by the
+            // caller's contract, the new one is larger) and do not overlap (the new one was
+            // just claimed).
+            unsafe { std::ptr::copy_nonoverlapping(ptr, new, layout.size()) };
+            // SAFETY: `ptr` came from the arena with `layout`.
+            unsafe { self.dealloc(ptr, layout) };
+        }
+        new
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BumpArena;
+    use std::alloc::{GlobalAlloc, Layout};
+
+    fn layout(size: usize, align: usize) -> Layout {
+        Layout::from_size_align(size, align).unwrap()
+    }
+
+    fn in_arena<const N: usize>(a: &BumpArena<N>, p: *mut u8) -> bool {
+        a.offset_of(p).is_some()
+    }
+
+    #[test]
+    fn the_latest_allocation_is_reused_and_comes_back_zeroed_when_asked() {
+        let a = Box::new(BumpArena::<4096>::new());
+        // SAFETY: (test) layouts are non-zero; every pointer is freed once with its layout.
+        unsafe {
+            let p = a.alloc(layout(128, 8));
+            assert!(in_arena(&a, p));
+            std::ptr::write_bytes(p, 0xff, 128);
+            a.dealloc(p, layout(128, 8));
+            let z = a.alloc_zeroed(layout(128, 8));
+            assert_eq!(z, p, "a freed latest allocation is handed out again");
+            assert!(std::slice::from_raw_parts(z, 128).iter().all(|b| *b == 0));
+            // Fresh memory past everything handed out is zero without being written.
+            let fresh = a.alloc_zeroed(layout(256, 16));
+            assert!(
+                std::slice::from_raw_parts(fresh, 256)
+                    .iter()
+                    .all(|b| *b == 0)
+            );
+            a.dealloc(fresh, layout(256, 16));
+            a.dealloc(z, layout(128, 8));
+        }
+    }
+
+    #[test]
+    fn realloc_grows_in_place_or_copies_and_keeps_the_contents() {
+        let a = Box::new(BumpArena::<4096>::new());
+        // SAFETY: (test) as above; realloc gets the layout the pointer was allocated with.
+        unsafe {
+            let p = a.alloc(layout(16, 8));
+            std::ptr::copy_nonoverlapping(b"0123456789abcdef".as_ptr(), p, 16);
+            let grown = a.realloc(p, layout(16, 8), 64);
+            assert_eq!(grown, p, "the latest allocation grows in place");
+            let q = a.alloc(layout(8, 8));
+            let moved = a.realloc(grown, layout(64, 8), 128);
+            assert_ne!(
+                moved, grown,
+                "an allocation that is not the latest is copied"
+            );
+            assert_eq!(std::slice::from_raw_parts(moved, 16), b"0123456789abcdef");
+            // Grown in place, freed, claimed again zeroed: the grown bytes are cleared too.
+            std::ptr::write_bytes(moved, 0xee, 128);
+            a.dealloc(moved, layout(128, 8));
+            let z = a.alloc_zeroed(layout(128, 8));
+            assert!(std::slice::from_raw_parts(z, 128).iter().all(|b| *b == 0));
+            a.dealloc(z, layout(128, 8));
+            a.dealloc(q, layout(8, 8));
+        }
+    }
+
+    #[test]
+    fn large_requests_and_a_full_arena_go_to_the_system_allocator() {
+        let a = Box::new(BumpArena::<4096>::new());
+        // SAFETY: (test) as above.
+        unsafe {
+            let big = a.alloc(layout(1024, 8));
+            assert!(
+                !big.is_null() && !in_arena(&a, big),
+                "over N/8 is the system's"
+            );
+            std::ptr::write_bytes(big, 1, 1024);
+            a.dealloc(big, layout(1024, 8));
+            let mut held = Vec::new();
+            loop {
+                let p = a.alloc(layout(256, 64));
+                assert!(!p.is_null());
+                assert_eq!(p as usize % 64, 0, "alignment is honoured");
+                held.push(p);
+                if !in_arena(&a, p) {
+                    break;
+                }
+                assert!(
+                    held.len() <= 16,
+                    "a 4 KiB arena holds at most 16 blocks of 256"
+                );
+            }
+            for p in held {
+                a.dealloc(p, layout(256, 64));
+            }
+        }
+    }
+
+    #[test]
+    fn threads_never_get_overlapping_memory() {
+        let a = std::sync::Arc::new(BumpArena::<{ 64 << 10 }>::new());
+        let threads: Vec<_> = (0..4u8)
+            .map(|t| {
+                let a = a.clone();
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    for i in 0..400usize {
+                        let size = 8 + (i * 7 + t as usize) % 120;
+                        // SAFETY: (test) non-zero layout; freed below with the same one.
+                        let p = unsafe { a.alloc(layout(size, 8)) };
+                        // SAFETY: (test) `p` is valid for `size` bytes.
+                        unsafe { std::ptr::write_bytes(p, t + 1, size) };
+                        held.push((p as usize, size));
+                    }
+                    for &(p, size) in &held {
+                        // SAFETY: (test) still allocated, `size` bytes long.
+                        let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, size) };
+                        assert!(
+                            bytes.iter().all(|b| *b == t + 1),
+                            "another thread wrote here"
+                        );
+                    }
+                    for (p, size) in held {
+                        // SAFETY: (test) allocated above with this layout.
+                        unsafe { a.dealloc(p as *mut u8, layout(size, 8)) };
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+}
