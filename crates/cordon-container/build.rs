@@ -5,8 +5,13 @@
 use std::error::Error;
 use std::io::Write;
 
+#[allow(dead_code)]
+#[path = "src/seccomp_tree.rs"]
+mod seccomp_tree;
+
 fn main() -> Result<(), Box<dyn Error>> {
     println!("cargo:rerun-if-changed=policy/seccomp.json");
+    println!("cargo:rerun-if-changed=src/seccomp_tree.rs");
     let text = std::fs::read_to_string("policy/seccomp.json")?;
     let policy: serde_json::Value = serde_json::from_str(&text)?;
     let arch_name = std::env::var("CARGO_CFG_TARGET_ARCH")?;
@@ -22,7 +27,18 @@ fn main() -> Result<(), Box<dyn Error>> {
         let one = serde_json::json!({ name: filter }).to_string();
         let mut map = seccompiler::compile_from_json(one.as_bytes(), arch)
             .map_err(|e| format!("seccomp filter {name}: {e}"))?;
-        let prog = map.remove(name).ok_or("filter compiled to nothing")?;
+        let prog: Vec<seccomp_tree::Insn> = map
+            .remove(name)
+            .ok_or("filter compiled to nothing")?
+            .into_iter()
+            .map(|f| seccomp_tree::Insn {
+                code: f.code,
+                jt: f.jt,
+                jf: f.jf,
+                k: f.k,
+            })
+            .collect();
+        let prog = seccomp_tree::with_dispatch(&prog).unwrap_or(prog);
         out.extend_from_slice(&(prog.len() as u32).to_le_bytes());
         for f in prog {
             let word = (f.code as u64)

@@ -13,6 +13,7 @@ pub mod forwarder;
 pub mod init;
 pub mod landlock_rules;
 pub mod seccomp;
+mod seccomp_tree;
 mod sys;
 
 pub use backend::{ContainerBackend, ContainerConfig, ContainerSandbox, INIT_BINARY};

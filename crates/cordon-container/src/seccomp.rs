@@ -7,6 +7,7 @@ use seccompiler::{BpfProgram, TargetArch};
 use serde::Deserialize;
 
 use crate::ContainerError;
+use crate::seccomp_tree::Insn;
 
 /// The policy shipped with Cordon.
 pub const DEFAULT_POLICY: &str = include_str!("../policy/seccomp.json");
@@ -26,6 +27,32 @@ struct PolicyFile {
 struct Examples {
     refused: Vec<String>,
     allowed: Vec<String>,
+}
+
+/// seccompiler's program with the dispatch prefix of [`crate::seccomp_tree`] (as it is if
+/// that does not apply).
+fn with_dispatch(prog: BpfProgram) -> BpfProgram {
+    let insns: Vec<Insn> = prog
+        .iter()
+        .map(|f| Insn {
+            code: f.code,
+            jt: f.jt,
+            jf: f.jf,
+            k: f.k,
+        })
+        .collect();
+    match crate::seccomp_tree::with_dispatch(&insns) {
+        Some(fast) => fast
+            .into_iter()
+            .map(|i| seccompiler::sock_filter {
+                code: i.code,
+                jt: i.jt,
+                jf: i.jf,
+                k: i.k,
+            })
+            .collect(),
+        None => prog,
+    }
 }
 
 /// Compiled filters, installed in order in each program's process before exec.
@@ -90,7 +117,7 @@ impl SeccompPolicy {
             let prog = map.remove(name).ok_or_else(|| {
                 ContainerError::Seccomp(format!("filter {name} compiled to nothing"))
             })?;
-            programs.push(prog);
+            programs.push(with_dispatch(prog));
         }
         Ok(SeccompPolicy { programs })
     }
@@ -185,6 +212,157 @@ mod tests {
         assert!(p.programs.iter().all(|f| f.len() > 4));
         let back = SeccompPolicy::from_wire(&p.to_wire());
         assert_eq!(back.to_wire(), p.to_wire());
+    }
+
+    /// seccompiler's own programs for the shipped policy, without the dispatch prefix.
+    fn undispatched() -> Vec<Vec<Insn>> {
+        let file: serde_json::Value = serde_json::from_str(DEFAULT_POLICY).unwrap();
+        let mut out = Vec::new();
+        for (name, filter) in file["filters"].as_object().unwrap() {
+            let one = serde_json::json!({ name: filter }).to_string();
+            let mut map = seccompiler::compile_from_json(one.as_bytes(), arch().unwrap()).unwrap();
+            let prog = map.remove(name).unwrap();
+            out.push(
+                prog.iter()
+                    .map(|f| Insn {
+                        code: f.code,
+                        jt: f.jt,
+                        jf: f.jf,
+                        k: f.k,
+                    })
+                    .collect(),
+            );
+        }
+        out
+    }
+
+    fn as_insns(p: &BpfProgram) -> Vec<Insn> {
+        p.iter()
+            .map(|f| Insn {
+                code: f.code,
+                jt: f.jt,
+                jf: f.jf,
+                k: f.k,
+            })
+            .collect()
+    }
+
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const AUDIT_ARCH_I386: u32 = 0x4000_0003;
+
+    /// Argument values that cross every rule's comparisons: each single bit, small numbers
+    /// (socket domains and types), the refused ioctls, types with flags, all ones.
+    fn arg_values() -> Vec<u64> {
+        let mut v: Vec<u64> = (0..64).map(|b| 1u64 << b).collect();
+        v.extend(0..48);
+        v.extend([
+            0x5412,
+            0x541c,
+            3 | 0x80000,
+            3 | 0x800,
+            10 | 0x80000,
+            0xffff_ffff,
+        ]);
+        v.extend([u64::MAX, 0x7c02_0000, 0x1_0000_0003]);
+        v
+    }
+
+    #[test]
+    fn the_dispatch_prefix_decides_every_call_as_seccompilers_filter_does() {
+        use crate::seccomp_tree::{Call, run};
+        let shipped = SeccompPolicy::default_policy().unwrap();
+        let originals = undispatched();
+        assert_eq!(shipped.programs.len(), originals.len());
+        let values = arg_values();
+        for (fast, slow) in shipped.programs.iter().zip(&originals) {
+            let fast = as_insns(fast);
+            assert!(fast.len() > slow.len(), "the shipped filter has its prefix");
+            let mut named = 0;
+            for arch in [AUDIT_ARCH_X86_64, AUDIT_ARCH_I386] {
+                for nr in 0..1100u32 {
+                    let mut calls = vec![Call {
+                        nr,
+                        arch,
+                        ip: 0,
+                        args: [0; 6],
+                    }];
+                    // Arguments matter only for the calls a rule names: try many there.
+                    let base = run(slow, &calls[0]);
+                    let depends = values.iter().any(|&v| {
+                        run(
+                            slow,
+                            &Call {
+                                args: [v; 6],
+                                ..calls[0]
+                            },
+                        ) != base
+                    });
+                    if depends
+                        || base
+                            != run(
+                                slow,
+                                &Call {
+                                    nr: 5000,
+                                    ..calls[0]
+                                },
+                            )
+                    {
+                        named += 1;
+                        for &v in &values {
+                            for i in 0..6 {
+                                let mut args = [0; 6];
+                                args[i] = v;
+                                calls.push(Call {
+                                    nr,
+                                    arch,
+                                    ip: 0,
+                                    args,
+                                });
+                            }
+                            calls.push(Call {
+                                nr,
+                                arch,
+                                ip: 0,
+                                args: [v; 6],
+                            });
+                        }
+                    }
+                    for c in &calls {
+                        let want = run(slow, c);
+                        assert!(want.is_some(), "seccompiler's program runs for {c:?}");
+                        assert_eq!(run(&fast, c), want, "decision differs for {c:?}");
+                    }
+                }
+            }
+            assert!(named > 0, "some calls are named by each filter");
+        }
+    }
+
+    #[test]
+    fn x32_calls_are_refused_where_the_plain_row_let_them_through() {
+        use crate::seccomp_tree::{Call, run};
+        let shipped = SeccompPolicy::default_policy().unwrap();
+        let deny = as_insns(&shipped.programs[1]);
+        let row = &undispatched()[1];
+        const X32: u32 = 0x4000_0000;
+        const PTRACE: u32 = 101;
+        const ENOSYS: u32 = 0x0005_0000 | 38;
+        const ALLOW: u32 = 0x7fff_0000;
+        let call = |nr| Call {
+            nr,
+            arch: AUDIT_ARCH_X86_64,
+            ip: 0,
+            args: [0; 6],
+        };
+        assert_ne!(run(&deny, &call(PTRACE)), Some(ALLOW), "ptrace is refused");
+        assert_eq!(
+            run(row, &call(X32 | PTRACE)),
+            Some(ALLOW),
+            "the row alone misses x32"
+        );
+        for nr in [X32, X32 | PTRACE, X32 | 1, u32::MAX] {
+            assert_eq!(run(&deny, &call(nr)), Some(ENOSYS), "x32 number {nr:#x}");
+        }
     }
 
     #[test]
