@@ -544,14 +544,41 @@ impl ContainerSandbox {
         // in it and is killed last: it is the parent of the sandbox's PID-1 agent and reaps
         // it at once, and the kernel reaps the rest of the PID namespace with it. Killed
         // first, the outer init would orphan the agent to the host's init, which reaps when
-        // it gets to it, and the cgroup cannot be removed before every zombie in it is
-        // reaped.
+        // it gets to it.
         let mut killed = 0;
+        let mut dying = Vec::new();
+        let had_cgroup = self.cgroup.is_some();
         if let Some(cg) = &self.cgroup {
             for pid in cg.pids() {
-                crate::sys::kill_pid(pid);
                 killed += 1;
+                match crate::sys::kill_by_pidfd(pid) {
+                    Some(pidfd) => dying.push(pidfd),
+                    None => crate::sys::kill_pid(pid),
+                }
             }
+        }
+        // Once they have exited the cgroup is empty and can go, while the outer init reaps
+        // the agent and unmounts the sandbox's filesystems (it holds their namespace for
+        // that): the two run side by side.
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while !dying.is_empty() && Instant::now() < deadline {
+            let mut fds: Vec<PollFd> = dying
+                .iter()
+                .map(|fd| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
+                .collect();
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX).max(1);
+            if poll(&mut fds, PollTimeout::from(ms)).is_err() {
+                break;
+            }
+            let done: Vec<bool> = fds.iter().map(|f| f.any().unwrap_or(true)).collect();
+            let mut done = done.into_iter();
+            dying.retain(|_| !done.next().unwrap_or(true));
+        }
+        if let Some(cg) = self.cgroup.take()
+            && !cg.kill_and_remove(Duration::from_secs(5))
+        {
+            tracing::warn!(sandbox = %self.id, "cgroup could not be removed; the next `cordon serve` start reaps it");
         }
         if let Some(mut outer) = self.outer.take() {
             // The outer init exits once it has reaped the agent; a few ms at most.
@@ -566,7 +593,7 @@ impl ContainerSandbox {
             let _ = outer.wait();
         }
         if let Some(mut ctrl) = self.ctrl.take()
-            && self.cgroup.is_none()
+            && !had_cgroup
         {
             // Without a cgroup to watch, the agent's end of the socket closing is the sign
             // that it is gone.
@@ -583,11 +610,6 @@ impl ContainerSandbox {
         tracing::debug!("teardown: processes killed");
         // The proxy (and with it every placeholder) ends with the sandbox.
         self.egress = None;
-        if let Some(cg) = self.cgroup.take()
-            && !cg.kill_and_remove(Duration::from_secs(5))
-        {
-            tracing::warn!(sandbox = %self.id, "cgroup could not be removed; the next `cordon serve` start reaps it");
-        }
         tracing::debug!("teardown: done");
     }
 

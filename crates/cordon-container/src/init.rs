@@ -161,6 +161,12 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
         Ok(Forked::Parent(child)) => {
             drop(go_r);
             drop(to_child_r);
+            // Hold the sandbox's mount namespace until the agent has been reaped. Its exit
+            // then only drops a reference: it leaves the cgroup at once, and the host
+            // removes the cgroup while this process, dropping the namespace on return,
+            // unmounts the sandbox's filesystems. Without the hold (no /proc here) the
+            // agent's own exit unmounts them, before the cgroup can go.
+            let _held_mounts = fs::File::open(format!("/proc/{child}/ns/mnt")).ok();
             let fail = |sock: &mut UnixStream, message: String| {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
                 report(sock, message);
@@ -410,14 +416,11 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
     for (name, body) in files {
         fs::write(etc.join(name), body).map_err(io(format!("writing /etc/{name}")))?;
     }
-    // /dev: a few device nodes bound from the host, nothing else.
+    // /dev: a few device nodes bound from the host, nothing else. A directory of the root's
+    // own tmpfs (read-only with it), not a filesystem of its own: each superblock costs a
+    // mount at start and a teardown at the end of every run.
     let dev = new.join("dev");
     fs::create_dir(&dev).map_err(io("creating /dev".into()))?;
-    tmpfs(
-        &dev,
-        "size=64k,mode=0755",
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-    )?;
     for d in DEVICES {
         let inside = dev.join(d);
         fs::write(&inside, b"").map_err(io(format!("creating /dev/{d}")))?;

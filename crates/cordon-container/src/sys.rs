@@ -13,6 +13,25 @@ pub fn kill_pid(pid: i32) {
     }
 }
 
+/// Opens a pidfd for `pid` and sends SIGKILL through it, so a pid reused since it was read
+/// is never hit; returns the pidfd, which turns readable once the process has exited.
+/// `None` if the process is already gone.
+pub fn kill_by_pidfd(pid: i32) -> Option<std::os::fd::OwnedFd> {
+    let fd = cordon_guest::sys::pidfd_open(nix::unistd::Pid::from_raw(pid)).ok()?;
+    // SAFETY: pidfd_send_signal takes a descriptor we own, a signal number and a null
+    // siginfo (the kernel fills in a default one); it touches no memory of ours.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    (r == 0).then_some(fd)
+}
+
 /// Brings the loopback interface of the current network namespace up (shared with the
 /// microVM guest, which needs it for its egress forwarder).
 pub use cordon_guest::sys::loopback_up;
