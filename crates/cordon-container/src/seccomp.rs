@@ -338,6 +338,90 @@ mod tests {
         }
     }
 
+    /// The interpreter the prefix is built with agrees with the policy's intent, checked
+    /// against the kernel's own syscall numbers: what the policy refuses outright is refused
+    /// (so it was routed to seccompiler's code, not to the default), everyday calls pass.
+    #[test]
+    fn the_shipped_filter_refuses_what_the_policy_names_and_allows_everyday_calls() {
+        use crate::seccomp_tree::{Call, run};
+        let shipped = SeccompPolicy::default_policy().unwrap();
+        let deny = as_insns(&shipped.programs[1]);
+        const EPERM: u32 = 0x0005_0000 | 1;
+        const ALLOW: u32 = 0x7fff_0000;
+        let call = |nr: libc::c_long| Call {
+            nr: nr as u32,
+            arch: AUDIT_ARCH_X86_64,
+            ip: 0,
+            args: [0; 6],
+        };
+        let refused = [
+            libc::SYS_ptrace,
+            libc::SYS_process_vm_readv,
+            libc::SYS_process_vm_writev,
+            libc::SYS_mount,
+            libc::SYS_umount2,
+            libc::SYS_pivot_root,
+            libc::SYS_chroot,
+            libc::SYS_move_mount,
+            libc::SYS_open_tree,
+            libc::SYS_fsopen,
+            libc::SYS_bpf,
+            libc::SYS_keyctl,
+            libc::SYS_add_key,
+            libc::SYS_request_key,
+            libc::SYS_io_uring_setup,
+            libc::SYS_io_uring_enter,
+            libc::SYS_userfaultfd,
+            libc::SYS_perf_event_open,
+            libc::SYS_kexec_load,
+            libc::SYS_kexec_file_load,
+            libc::SYS_init_module,
+            libc::SYS_finit_module,
+            libc::SYS_delete_module,
+            libc::SYS_unshare,
+            libc::SYS_setns,
+            libc::SYS_reboot,
+            libc::SYS_swapon,
+            libc::SYS_open_by_handle_at,
+            libc::SYS_iopl,
+            libc::SYS_ioperm,
+        ];
+        for nr in refused {
+            assert_eq!(
+                run(&deny, &call(nr)),
+                Some(EPERM),
+                "syscall {nr} is refused"
+            );
+        }
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_write,
+            libc::SYS_openat,
+            libc::SYS_mmap,
+            libc::SYS_execve,
+            libc::SYS_exit_group,
+            libc::SYS_futex,
+            libc::SYS_clone,
+        ] {
+            assert_eq!(
+                run(&deny, &call(nr)),
+                Some(ALLOW),
+                "syscall {nr} is allowed"
+            );
+        }
+        // Arguments still matter where a rule looks at them: a new user namespace is refused.
+        let ns_clone = Call {
+            args: [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0],
+            ..call(libc::SYS_clone)
+        };
+        assert_eq!(run(&deny, &ns_clone), Some(EPERM));
+        let raw = Call {
+            args: [libc::AF_PACKET as u64, libc::SOCK_RAW as u64, 0, 0, 0, 0],
+            ..call(libc::SYS_socket)
+        };
+        assert_eq!(run(&deny, &raw), Some(EPERM));
+    }
+
     #[test]
     fn x32_calls_are_refused_where_the_plain_row_let_them_through() {
         use crate::seccomp_tree::{Call, run};
