@@ -255,7 +255,16 @@ impl SandboxCgroup {
     /// Kills every process in the cgroup and removes it, waiting up to `patience` for the
     /// processes to be gone. Returns false when something could not be removed.
     pub fn kill_and_remove(&self, patience: Duration) -> bool {
-        kill_and_remove_dirs(&self.all_dirs(), self.version, patience)
+        let dirs = self.all_dirs();
+        // Usually every process is gone already (the caller waited for them): then the
+        // directories just go, without reading each one's process list first.
+        let mut left = Vec::new();
+        for d in dirs {
+            if fs::remove_dir(&d).is_err() && d.exists() {
+                left.push(d);
+            }
+        }
+        left.is_empty() || kill_and_remove_dirs(&left, self.version, patience)
     }
 
     fn all_dirs(&self) -> Vec<PathBuf> {
