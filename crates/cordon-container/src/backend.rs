@@ -552,8 +552,9 @@ impl ContainerSandbox {
             for pid in cg.pids() {
                 killed += 1;
                 match crate::sys::kill_by_pidfd(pid) {
-                    Some(pidfd) => dying.push(pidfd),
-                    None => crate::sys::kill_pid(pid),
+                    Ok(Some(pidfd)) => dying.push(pidfd),
+                    Ok(None) => {}
+                    Err(_) => crate::sys::kill_pid(pid),
                 }
             }
         }
@@ -571,9 +572,12 @@ impl ContainerSandbox {
             if poll(&mut fds, PollTimeout::from(ms)).is_err() {
                 break;
             }
-            let done: Vec<bool> = fds.iter().map(|f| f.any().unwrap_or(true)).collect();
-            let mut done = done.into_iter();
-            dying.retain(|_| !done.next().unwrap_or(true));
+            let exited: Vec<bool> = fds.iter().map(|f| f.any().unwrap_or(true)).collect();
+            dying = dying
+                .into_iter()
+                .zip(exited)
+                .filter_map(|(fd, gone)| (!gone).then_some(fd))
+                .collect();
         }
         if let Some(cg) = self.cgroup.take()
             && !cg.kill_and_remove(Duration::from_secs(5))

@@ -14,10 +14,15 @@ pub fn kill_pid(pid: i32) {
 }
 
 /// Opens a pidfd for `pid` and sends SIGKILL through it, so a pid reused since it was read
-/// is never hit; returns the pidfd, which turns readable once the process has exited.
-/// `None` if the process is already gone.
-pub fn kill_by_pidfd(pid: i32) -> Option<std::os::fd::OwnedFd> {
-    let fd = cordon_guest::sys::pidfd_open(nix::unistd::Pid::from_raw(pid)).ok()?;
+/// is never hit. `Ok(Some(pidfd))`: sent, and the pidfd turns readable once the process has
+/// exited; `Ok(None)`: the process is already gone; `Err`: this kernel has no pidfds (older
+/// than 5.3), so the caller has only the plain pid to go by.
+pub fn kill_by_pidfd(pid: i32) -> io::Result<Option<std::os::fd::OwnedFd>> {
+    let fd = match cordon_guest::sys::pidfd_open(nix::unistd::Pid::from_raw(pid)) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+        Err(e) => return Err(e),
+    };
     // SAFETY: pidfd_send_signal takes a descriptor we own, a signal number and a null
     // siginfo (the kernel fills in a default one); it touches no memory of ours.
     let r = unsafe {
@@ -29,7 +34,13 @@ pub fn kill_by_pidfd(pid: i32) -> Option<std::os::fd::OwnedFd> {
             0u32,
         )
     };
-    (r == 0).then_some(fd)
+    if r == 0 {
+        return Ok(Some(fd));
+    }
+    match io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
+        e => Err(e),
+    }
 }
 
 /// Brings the loopback interface of the current network namespace up (shared with the
