@@ -27,17 +27,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         let one = serde_json::json!({ name: filter }).to_string();
         let mut map = seccompiler::compile_from_json(one.as_bytes(), arch)
             .map_err(|e| format!("seccomp filter {name}: {e}"))?;
-        let prog: Vec<seccomp_tree::Insn> = map
-            .remove(name)
-            .ok_or("filter compiled to nothing")?
-            .into_iter()
-            .map(|f| seccomp_tree::Insn {
-                code: f.code,
-                jt: f.jt,
-                jf: f.jf,
-                k: f.k,
-            })
-            .collect();
+        let prog = map.remove(name).ok_or("filter compiled to nothing")?;
         let prog = seccomp_tree::with_dispatch(&prog).unwrap_or(prog);
         out.extend_from_slice(&(prog.len() as u32).to_le_bytes());
         for f in prog {

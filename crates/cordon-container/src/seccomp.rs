@@ -7,7 +7,6 @@ use seccompiler::{BpfProgram, TargetArch};
 use serde::Deserialize;
 
 use crate::ContainerError;
-use crate::seccomp_tree::Insn;
 
 /// The policy shipped with Cordon.
 pub const DEFAULT_POLICY: &str = include_str!("../policy/seccomp.json");
@@ -27,32 +26,6 @@ struct PolicyFile {
 struct Examples {
     refused: Vec<String>,
     allowed: Vec<String>,
-}
-
-/// seccompiler's program with the dispatch prefix of [`crate::seccomp_tree`] (as it is if
-/// that does not apply).
-fn with_dispatch(prog: BpfProgram) -> BpfProgram {
-    let insns: Vec<Insn> = prog
-        .iter()
-        .map(|f| Insn {
-            code: f.code,
-            jt: f.jt,
-            jf: f.jf,
-            k: f.k,
-        })
-        .collect();
-    match crate::seccomp_tree::with_dispatch(&insns) {
-        Some(fast) => fast
-            .into_iter()
-            .map(|i| seccompiler::sock_filter {
-                code: i.code,
-                jt: i.jt,
-                jf: i.jf,
-                k: i.k,
-            })
-            .collect(),
-        None => prog,
-    }
 }
 
 /// Compiled filters, installed in order in each program's process before exec.
@@ -117,7 +90,9 @@ impl SeccompPolicy {
             let prog = map.remove(name).ok_or_else(|| {
                 ContainerError::Seccomp(format!("filter {name} compiled to nothing"))
             })?;
-            programs.push(with_dispatch(prog));
+            // Laid out for the kernel's action cache (see seccomp_tree); as it is if that
+            // does not apply.
+            programs.push(crate::seccomp_tree::with_dispatch(&prog).unwrap_or(prog));
         }
         Ok(SeccompPolicy { programs })
     }
@@ -215,36 +190,15 @@ mod tests {
     }
 
     /// seccompiler's own programs for the shipped policy, without the dispatch prefix.
-    fn undispatched() -> Vec<Vec<Insn>> {
+    fn undispatched() -> Vec<BpfProgram> {
         let file: serde_json::Value = serde_json::from_str(DEFAULT_POLICY).unwrap();
         let mut out = Vec::new();
         for (name, filter) in file["filters"].as_object().unwrap() {
             let one = serde_json::json!({ name: filter }).to_string();
             let mut map = seccompiler::compile_from_json(one.as_bytes(), arch().unwrap()).unwrap();
-            let prog = map.remove(name).unwrap();
-            out.push(
-                prog.iter()
-                    .map(|f| Insn {
-                        code: f.code,
-                        jt: f.jt,
-                        jf: f.jf,
-                        k: f.k,
-                    })
-                    .collect(),
-            );
+            out.push(map.remove(name).unwrap());
         }
         out
-    }
-
-    fn as_insns(p: &BpfProgram) -> Vec<Insn> {
-        p.iter()
-            .map(|f| Insn {
-                code: f.code,
-                jt: f.jt,
-                jf: f.jf,
-                k: f.k,
-            })
-            .collect()
     }
 
     const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
@@ -275,7 +229,7 @@ mod tests {
         assert_eq!(shipped.programs.len(), originals.len());
         let values = arg_values();
         for (fast, slow) in shipped.programs.iter().zip(&originals) {
-            let fast = as_insns(fast);
+            let fast: &[seccompiler::sock_filter] = fast;
             assert!(fast.len() > slow.len(), "the shipped filter has its prefix");
             let mut named = 0;
             for arch in [AUDIT_ARCH_X86_64, AUDIT_ARCH_I386] {
@@ -330,7 +284,7 @@ mod tests {
                     for c in &calls {
                         let want = run(slow, c);
                         assert!(want.is_some(), "seccompiler's program runs for {c:?}");
-                        assert_eq!(run(&fast, c), want, "decision differs for {c:?}");
+                        assert_eq!(run(fast, c), want, "decision differs for {c:?}");
                     }
                 }
             }
@@ -345,7 +299,7 @@ mod tests {
     fn the_shipped_filter_refuses_what_the_policy_names_and_allows_everyday_calls() {
         use crate::seccomp_tree::{Call, run};
         let shipped = SeccompPolicy::default_policy().unwrap();
-        let deny = as_insns(&shipped.programs[1]);
+        let deny = &shipped.programs[1];
         const EPERM: u32 = 0x0005_0000 | 1;
         const ALLOW: u32 = 0x7fff_0000;
         let call = |nr: libc::c_long| Call {
@@ -387,11 +341,7 @@ mod tests {
             libc::SYS_ioperm,
         ];
         for nr in refused {
-            assert_eq!(
-                run(&deny, &call(nr)),
-                Some(EPERM),
-                "syscall {nr} is refused"
-            );
+            assert_eq!(run(deny, &call(nr)), Some(EPERM), "syscall {nr} is refused");
         }
         for nr in [
             libc::SYS_read,
@@ -403,30 +353,26 @@ mod tests {
             libc::SYS_futex,
             libc::SYS_clone,
         ] {
-            assert_eq!(
-                run(&deny, &call(nr)),
-                Some(ALLOW),
-                "syscall {nr} is allowed"
-            );
+            assert_eq!(run(deny, &call(nr)), Some(ALLOW), "syscall {nr} is allowed");
         }
         // Arguments still matter where a rule looks at them: a new user namespace is refused.
         let ns_clone = Call {
             args: [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0],
             ..call(libc::SYS_clone)
         };
-        assert_eq!(run(&deny, &ns_clone), Some(EPERM));
+        assert_eq!(run(deny, &ns_clone), Some(EPERM));
         let raw = Call {
             args: [libc::AF_PACKET as u64, libc::SOCK_RAW as u64, 0, 0, 0, 0],
             ..call(libc::SYS_socket)
         };
-        assert_eq!(run(&deny, &raw), Some(EPERM));
+        assert_eq!(run(deny, &raw), Some(EPERM));
     }
 
     #[test]
     fn x32_calls_are_refused_where_the_plain_row_let_them_through() {
         use crate::seccomp_tree::{Call, run};
         let shipped = SeccompPolicy::default_policy().unwrap();
-        let deny = as_insns(&shipped.programs[1]);
+        let deny = &shipped.programs[1];
         let row = &undispatched()[1];
         const X32: u32 = 0x4000_0000;
         const PTRACE: u32 = 101;
@@ -438,14 +384,14 @@ mod tests {
             ip: 0,
             args: [0; 6],
         };
-        assert_ne!(run(&deny, &call(PTRACE)), Some(ALLOW), "ptrace is refused");
+        assert_ne!(run(deny, &call(PTRACE)), Some(ALLOW), "ptrace is refused");
         assert_eq!(
             run(row, &call(X32 | PTRACE)),
             Some(ALLOW),
             "the row alone misses x32"
         );
         for nr in [X32, X32 | PTRACE, X32 | 1, u32::MAX] {
-            assert_eq!(run(&deny, &call(nr)), Some(ENOSYS), "x32 number {nr:#x}");
+            assert_eq!(run(deny, &call(nr)), Some(ENOSYS), "x32 number {nr:#x}");
         }
     }
 

@@ -11,15 +11,13 @@
 //! all, are refused outright.
 //!
 //! This file is also compiled into build.rs (the shipped policy is laid out at build time),
-//! so it uses nothing outside std.
+//! so it uses nothing but std and seccompiler, which build.rs has too.
 
-/// One classic BPF instruction, as in `struct sock_filter`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Insn {
-    pub code: u16,
-    pub jt: u8,
-    pub jf: u8,
-    pub k: u32,
+use seccompiler::sock_filter;
+
+/// One instruction.
+fn insn(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
+    sock_filter { code, jt, jf, k }
 }
 
 const LD_W_ABS: u16 = 0x20;
@@ -74,7 +72,7 @@ impl Call {
 /// from it (or an instruction outside the subset seccompiler emits, or a jump out of the
 /// program) stops the run with `None`.
 fn run_from(
-    prog: &[Insn],
+    prog: &[sock_filter],
     mut pc: usize,
     mut a: u32,
     load: &dyn Fn(u32) -> Option<u32>,
@@ -104,32 +102,20 @@ fn run_from(
 
 /// What `prog` returns for `call`; `None` if it uses an instruction outside the subset.
 #[cfg(test)]
-pub fn run(prog: &[Insn], call: &Call) -> Option<u32> {
+pub fn run(prog: &[sock_filter], call: &Call) -> Option<u32> {
     run_from(prog, 0, 0, &|k| call.word(k))
 }
 
 /// `prog` with the dispatch prefix, or `None` when it does not have seccompiler's layout
 /// or the prefix would not fit 8-bit jumps (then it is used as it is). No arch has native
 /// syscall numbers with bit 30 set, so refusing them changes nothing but x32 on x86-64.
-pub fn with_dispatch(prog: &[Insn]) -> Option<Vec<Insn>> {
+pub fn with_dispatch(prog: &[sock_filter]) -> Option<Vec<sock_filter>> {
     let starts_as_expected = prog.len() > PROLOGUE
-        && prog[0]
-            == (Insn {
-                code: LD_W_ABS,
-                jt: 0,
-                jf: 0,
-                k: ARCH,
-            })
+        && prog[0] == insn(LD_W_ABS, 0, 0, ARCH)
         && prog[1].code == JMP_JEQ_K
         && (prog[1].jt, prog[1].jf) == (1, 0)
         && prog[2].code == RET_K
-        && prog[3]
-            == (Insn {
-                code: LD_W_ABS,
-                jt: 0,
-                jf: 0,
-                k: NR,
-            });
+        && prog[3] == insn(LD_W_ABS, 0, 0, NR);
     if !starts_as_expected {
         return None;
     }
@@ -163,25 +149,10 @@ pub fn with_dispatch(prog: &[Insn]) -> Option<Vec<Insn>> {
             };
             u8::try_from(to.checked_sub(at + 1)?).ok()
         };
-        result.push(Insn {
-            code: p.code,
-            jt: offset(p.jt)?,
-            jf: offset(p.jf)?,
-            k: p.k,
-        });
+        result.push(insn(p.code, offset(p.jt)?, offset(p.jf)?, p.k));
     }
-    result.push(Insn {
-        code: RET_K,
-        jt: 0,
-        jf: 0,
-        k: default,
-    });
-    result.push(Insn {
-        code: RET_K,
-        jt: 0,
-        jf: 0,
-        k: RET_ENOSYS,
-    });
+    result.push(insn(RET_K, 0, 0, default));
+    result.push(insn(RET_K, 0, 0, RET_ENOSYS));
     result.extend_from_slice(&prog[PROLOGUE..]);
     Some(result)
 }
