@@ -271,11 +271,7 @@ impl ContainerBackend {
                 None
             }
         };
-        let id = SandboxId::random()?;
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: checks done");
-        // The init first (unless one was started early), told its setup at once: it makes
-        // the namespaces and most of the root while the proxy and the cgroup are set up
-        // below, then waits for the join.
         let limits = &spec.limits;
         let setup = InitSetup {
             sandbox_uid: self.cfg.sandbox_uid,
@@ -286,24 +282,38 @@ impl ContainerBackend {
             seccomp,
         };
         let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let early = early.and_then(|(outer, mut host)| {
-            match proto::write_frame(&mut host, &setup, b"") {
-                Ok(()) => Some((outer, host)),
-                // An init started early that is gone by now (killed, or failed) is replaced.
-                Err(_) => {
-                    stop_unused_init((outer, host));
-                    None
-                }
+        let used_early = early.is_some();
+        match self.assemble(spec, &setup, &weakened, &warnings, early, t0) {
+            // An init started early may have died before the sandbox came up (killed, or
+            // it failed): the create is tried once more with a fresh one, so starting
+            // ahead never fails a create that would have worked without it.
+            Err(e) if used_early => {
+                tracing::debug!(error = %e, "create: the init started early failed; retrying");
+                self.assemble(spec, &setup, &weakened, &warnings, None, t0)
             }
-        });
-        let (outer, host, sent) = match early {
-            Some((outer, host)) => (outer, host, Ok(())),
-            None => {
-                let (outer, mut host) = start_init(&self.cfg)?;
-                let sent = proto::write_frame(&mut host, &setup, b"");
-                (outer, host, sent)
-            }
+            done => done,
+        }
+    }
+
+    /// The rest of a create, its checks passed: the init (`early`, or a fresh one) told its
+    /// setup at once, so it makes the namespaces and most of the root while the proxy and
+    /// the cgroup are set up here; then the join, and the agent's hello.
+    fn assemble(
+        &self,
+        spec: &SandboxSpec,
+        setup: &InitSetup,
+        weakened: &[Weakening],
+        warnings: &[String],
+        early: Option<(Child, UnixStream)>,
+        t0: Instant,
+    ) -> Result<ContainerSandbox> {
+        let limits = &spec.limits;
+        let id = SandboxId::random()?;
+        let (outer, mut host) = match early {
+            Some(started) => started,
+            None => start_init(&self.cfg)?,
         };
+        let sent = proto::write_frame(&mut host, setup, b"");
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: init spawned");
         let mut sb = ContainerSandbox {
             id,
@@ -312,8 +322,8 @@ impl ContainerBackend {
             ctrl: Some(host),
             cgroup: None,
             start_us: 0,
-            weakened,
-            warnings,
+            weakened: weakened.to_vec(),
+            warnings: warnings.to_vec(),
             gone: None,
             next_exec: 1,
             egress: None,
@@ -343,7 +353,7 @@ impl ContainerBackend {
         ) {
             Ok(cg) => sb.cgroup = Some(cg),
             Err(e) => {
-                if !allow(Weakening::Cgroups) {
+                if !spec.allow_weaker.contains(&Weakening::Cgroups) {
                     sb.teardown();
                     return Err(Error::LayerUnavailable {
                         layer: "cgroups".into(),
