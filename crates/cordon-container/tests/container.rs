@@ -606,7 +606,13 @@ fn fork_bomb_stops_at_process_limit() {
     let o = run_in(
         b,
         &s,
-        &ExecRequest::code(Language::Bash, "bomb() { bomb | bomb & }; bomb; wait"),
+        // The main shell stays (`sleep`, or retrying its own fork once the limit is hit):
+        // with a bare `wait` it could end, and the reaper end the bomb with it, before the
+        // bomb had reached the limit on a fast run.
+        &ExecRequest::code(
+            Language::Bash,
+            "bomb() { bomb | bomb & }; bomb; wait; sleep 10",
+        ),
     );
     assert_eq!(o.termination, Termination::ProcessLimit, "{o:?}");
     // The host still forks.
