@@ -312,7 +312,7 @@ impl RunRequest {
 pub struct SandboxInfo {
     pub id: String,
     pub tier: Tier,
-    /// `live` or `destroyed`.
+    /// `live`, `destroying` (its teardown is running) or `destroyed`.
     pub state: String,
     pub created_ms: i64,
     pub expires_ms: i64,

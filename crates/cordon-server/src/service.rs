@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering, fence};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use cordon_core::{
@@ -16,7 +16,7 @@ use cordon_core::{
 };
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -160,10 +160,32 @@ struct Session {
     sandbox: SandboxCell,
     /// Ends a running exec at once, so destroying a busy sandbox does not wait for it.
     interrupt: Option<cordon_core::Interrupter>,
+    /// Why it is being destroyed, once that has begun. The session stays listed (as
+    /// `destroying`) until its sandbox is gone and the destroy is audited, so a sandbox
+    /// missing from the list always has its destroy row on record.
+    ending: OnceLock<&'static str>,
+    /// Set once the destroy is done and audited; a second destroy waits on it.
+    ended: watch::Sender<bool>,
     _slot: Slot,
 }
 
 impl Session {
+    /// Marks the session as being destroyed for `reason`; false if that had begun already.
+    fn begin_ending(&self, reason: &'static str) -> bool {
+        let first = self.ending.set(reason).is_ok();
+        // Pairs with the fence in `claim`: the destroy's later look at `busy` sees a claim
+        // that missed this mark, and interrupts its exec.
+        fence(Ordering::SeqCst);
+        first
+    }
+
+    /// Waits until a destroy begun elsewhere is done and audited.
+    async fn wait_ended(&self) {
+        let mut rx = self.ended.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
     fn touch(&self) {
         self.last_used
             .store(self.created.elapsed().as_millis() as i64, Ordering::Relaxed);
@@ -173,7 +195,11 @@ impl Session {
         SandboxInfo {
             id: self.id.clone(),
             tier: self.tier,
-            state: "live".into(),
+            state: if self.ending.get().is_some() {
+                "destroying".into()
+            } else {
+                "live".into()
+            },
             created_ms: self.created_ms,
             expires_ms: self.created_ms + self.ttl.as_millis() as i64,
             idle_timeout_ms: self.idle.as_millis() as u64,
@@ -781,6 +807,8 @@ impl Service {
             start_us: acq.start_us,
             interrupt: acq.sandbox.0.as_ref().and_then(|sb| sb.interrupter()),
             sandbox: Arc::new(Mutex::new(acq.sandbox)),
+            ending: OnceLock::new(),
+            ended: watch::channel(false).0,
             _slot: slot,
         });
         let audit = self.inner.audit.clone();
@@ -807,6 +835,7 @@ impl Service {
         })
         .await?;
         if let Err(e) = written {
+            session.begin_ending("audit-failure");
             self.destroy_session(session, "audit-failure").await.ok();
             return Err(audit_err(e));
         }
@@ -841,6 +870,18 @@ impl Service {
                 "wait for it to finish, or use another sandbox for parallel work",
             ));
         }
+        // Checked after taking the busy flag, with a fence that pairs with the one in
+        // `begin_ending`: either this sees the mark, or the destroy sees the flag and
+        // interrupts the exec.
+        fence(Ordering::SeqCst);
+        if let Some(reason) = s.ending.get() {
+            s.busy.store(false, Ordering::Release);
+            return Err(ApiError::new(
+                Code::SandboxGone,
+                format!("the sandbox is being destroyed ({reason})"),
+                "create a new sandbox",
+            ));
+        }
         s.touch();
         Ok(BusyGuard(s))
     }
@@ -864,20 +905,25 @@ impl Service {
         Err(ApiError::not_found("live sandbox"))
     }
 
-    /// Destroys a sandbox; destroying one already destroyed succeeds again.
+    /// Destroys a sandbox; destroying one already destroyed succeeds again. A sandbox the
+    /// reaper is destroying is waited for and then reported as already destroyed.
     pub async fn destroy(&self, tenant: &Tenant, id: &str) -> Result<serde_json::Value, ApiError> {
         let s = {
-            let mut map = lock(&self.inner.sessions);
+            let map = lock(&self.inner.sessions);
             match map.get(id) {
-                Some(s) if s.tenant == *tenant => map.remove(id),
+                Some(s) if s.tenant == *tenant => Some(s.clone()),
                 Some(_) => return Err(ApiError::not_found("sandbox")),
                 None => None,
             }
         };
         match s {
-            Some(s) => {
+            Some(s) if s.begin_ending("client") => {
                 self.destroy_session(s, "client").await?;
                 Ok(json!({"id": id, "state": "destroyed", "already": false}))
+            }
+            Some(s) => {
+                s.wait_ended().await;
+                Ok(json!({"id": id, "state": "destroyed", "already": true}))
             }
             None => {
                 let audit = self.inner.audit.clone();
@@ -895,7 +941,7 @@ impl Service {
         }
     }
 
-    /// Destroys a session already removed from the map and audits it.
+    /// Destroys a session marked as ending, audits it, and only then takes it off the map.
     async fn destroy_session(&self, s: Arc<Session>, reason: &'static str) -> Result<(), ApiError> {
         // A running exec holds the sandbox: end it rather than wait for its timeout.
         if s.busy.load(Ordering::Acquire)
@@ -932,13 +978,20 @@ impl Service {
             })?;
             Ok(detail)
         })
-        .await?;
+        .await;
+        {
+            let mut map = lock(&self.inner.sessions);
+            if map.get(&s.id).is_some_and(|m| Arc::ptr_eq(m, &s)) {
+                map.remove(&s.id);
+            }
+        }
+        s.ended.send_replace(true);
         self.inner
             .metrics
             .live
             .get_or_create(&Metrics::tier(s.tier))
             .dec();
-        res.map(|_| ()).map_err(audit_err)
+        res?.map(|_| ()).map_err(audit_err)
     }
 
     // ---- exec and files --------------------------------------------------------------
@@ -1115,6 +1168,8 @@ impl Service {
             start_us: acq.start_us,
             interrupt: acq.sandbox.0.as_ref().and_then(|sb| sb.interrupter()),
             sandbox: Arc::new(Mutex::new(acq.sandbox)),
+            ending: OnceLock::new(),
+            ended: watch::channel(false).0,
             _slot: slot,
         });
         Ok(RunJob {
@@ -1147,16 +1202,13 @@ impl Service {
                 _ = self.inner.cancel.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
-            let expired: Vec<(Arc<Session>, &'static str)> = {
-                let mut map = lock(&self.inner.sessions);
-                let ids: Vec<(String, &'static str)> = map
-                    .values()
-                    .filter_map(|s| s.expired().map(|r| (s.id.clone(), r)))
-                    .collect();
-                ids.into_iter()
-                    .filter_map(|(id, r)| map.remove(&id).map(|s| (s, r)))
-                    .collect()
-            };
+            let expired: Vec<(Arc<Session>, &'static str)> = lock(&self.inner.sessions)
+                .values()
+                .filter_map(|s| {
+                    let reason = s.expired()?;
+                    s.begin_ending(reason).then(|| (s.clone(), reason))
+                })
+                .collect();
             for (s, reason) in expired {
                 let svc = self.clone();
                 self.inner.destroys.spawn(async move {
@@ -1277,12 +1329,18 @@ impl Service {
     pub async fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.cancel.cancel();
-        let all: Vec<Arc<Session>> = lock(&self.inner.sessions).drain().map(|(_, s)| s).collect();
+        let all: Vec<Arc<Session>> = lock(&self.inner.sessions).values().cloned().collect();
         let mut tasks = Vec::new();
         for s in all {
             let svc = self.clone();
             tasks.push(tokio::spawn(async move {
-                svc.destroy_session(s, "shutdown").await
+                if s.begin_ending("shutdown") {
+                    svc.destroy_session(s, "shutdown").await
+                } else {
+                    // Another destroy (the reaper's or a client's) is under way.
+                    s.wait_ended().await;
+                    Ok(())
+                }
             }));
         }
         for t in tasks {

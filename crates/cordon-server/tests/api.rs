@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +24,8 @@ struct Counters {
     created: AtomicUsize,
     destroyed: AtomicUsize,
     execs: AtomicUsize,
+    /// How long each destroy takes, to hold a teardown open.
+    destroy_delay_ms: AtomicU64,
 }
 
 struct FakeBackend(Arc<Counters>);
@@ -112,6 +114,8 @@ impl Sandbox for FakeSandbox {
     }
     fn destroy(&mut self) -> CoreResult<()> {
         if !self.destroyed {
+            let delay = self.counters.destroy_delay_ms.load(Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(delay));
             self.destroyed = true;
             self.counters.destroyed.fetch_add(1, Ordering::SeqCst);
         }
@@ -561,41 +565,120 @@ async fn concurrency_limits_answer_429_with_retry_after() {
     );
 }
 
+impl Env {
+    /// `a` to `b` of each object in the array `list` of a GET on `path`.
+    async fn pairs(
+        &self,
+        key: &str,
+        path: &str,
+        list: &str,
+        a: &str,
+        b: &str,
+    ) -> BTreeMap<String, String> {
+        let (_, v) = self.call(M::GET, path, key, None).await;
+        v[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e[a].as_str().unwrap().into(), e[b].as_str().unwrap().into()))
+            .collect()
+    }
+
+    /// `(sandbox, decision)` of the tenant's destroy rows.
+    async fn destroy_reasons(&self, key: &str) -> BTreeMap<String, String> {
+        self.pairs(
+            key,
+            "/v1/audit?kind=destroy",
+            "events",
+            "sandbox",
+            "decision",
+        )
+        .await
+    }
+
+    /// `(id, state)` of the tenant's listed sandboxes.
+    async fn listed(&self, key: &str) -> BTreeMap<String, String> {
+        self.pairs(key, "/v1/sandboxes", "sandboxes", "id", "state")
+            .await
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reaper_ends_sandboxes_past_ttl_or_idle() {
     let env = start().await;
+    // A slow teardown: a sandbox must not leave the list before its destroy is on record.
+    env.counters.destroy_delay_ms.store(200, Ordering::SeqCst);
     let ttl = env.create("key-alice", json!({"ttl": "150ms"})).await;
     let idle = env
         .create("key-alice", json!({"idle_timeout": "150ms"}))
         .await;
     let keep = env.create("key-alice", json!({})).await;
-    let mut left = usize::MAX;
+    let mut left = BTreeMap::new();
     for _ in 0..100 {
-        let (_, l) = env.call(M::GET, "/v1/sandboxes", "key-alice", None).await;
-        left = l["sandboxes"].as_array().unwrap().len();
-        if left == 1 {
+        left = env.listed("key-alice").await;
+        let reasons = env.destroy_reasons("key-alice").await;
+        for id in [&ttl, &idle] {
+            if !left.contains_key(id) {
+                assert!(
+                    reasons.contains_key(id),
+                    "{id} left the list before its destroy row was written: {reasons:?}"
+                );
+            }
+        }
+        if left.len() == 1 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(left, 1);
-    let (_, v) = env
-        .call(M::GET, "/v1/audit?kind=destroy", "key-alice", None)
-        .await;
-    let reasons: BTreeMap<String, String> = v["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["sandbox"].as_str().unwrap().to_string(),
-                e["decision"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
+    assert_eq!(left.keys().collect::<Vec<_>>(), vec![&keep]);
+    let reasons = env.destroy_reasons("key-alice").await;
     assert_eq!(reasons.get(&ttl).map(String::as_str), Some("ttl"));
     assert_eq!(reasons.get(&idle).map(String::as_str), Some("idle"));
     assert!(!reasons.contains_key(&keep));
+    env.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_being_reaped_is_listed_as_destroying_and_refuses_work() {
+    let env = start().await;
+    env.counters.destroy_delay_ms.store(1500, Ordering::SeqCst);
+    let id = env.create("key-alice", json!({"ttl": "100ms"})).await;
+    let mut state = String::new();
+    for _ in 0..100 {
+        state = env.listed("key-alice").await[&id].clone();
+        if state == "destroying" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(state, "destroying");
+    let (s, v) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            "key-alice",
+            Some(json!({"argv": ["echo", "late"]})),
+        )
+        .await;
+    assert_eq!(s, 410, "{v}");
+    assert_eq!(v["code"], "sandbox_gone", "{v}");
+    assert_eq!(env.counters.execs.load(Ordering::SeqCst), 0);
+    // Another tenant still cannot see or touch it.
+    let (s, _) = env
+        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-bob", None)
+        .await;
+    assert_eq!(s, 404);
+    // The owner's destroy waits for the reaper's and reports it done.
+    let (s, v) = env
+        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice", None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["already"], true, "{v}");
+    assert!(!env.listed("key-alice").await.contains_key(&id));
+    let reasons = env.destroy_reasons("key-alice").await;
+    assert_eq!(reasons.get(&id).map(String::as_str), Some("ttl"));
+    assert_eq!(env.counters.destroyed.load(Ordering::SeqCst), 1);
+    env.counters.destroy_delay_ms.store(0, Ordering::SeqCst);
     env.server.shutdown().await;
 }
 
