@@ -114,12 +114,10 @@ fn cgroup_comms(id: &str) -> Vec<String> {
     std::fs::read_to_string(&procs)
         .unwrap()
         .lines()
-        .map(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .unwrap_or_default()
-                .trim()
-                .to_string()
-        })
+        // A process that exits between the two reads (an exec's reaper finishing) is
+        // skipped: it has no comm left to check.
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok())
+        .map(|comm| comm.trim().to_string())
         .collect()
 }
 
