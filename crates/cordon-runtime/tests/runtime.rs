@@ -68,9 +68,11 @@ fn no_io_objects_exist() {
 
 #[test]
 fn environment_canary_never_appears() {
-    let canary = format!("cordon-runtime-canary-{}", std::process::id());
-    // SAFETY: set before the runtime thread starts; nothing else in this test reads it.
-    unsafe { std::env::set_var("CORDON_TEST_CANARY", &canary) };
+    let Some(canary) =
+        cordon_testkit::in_child_with_env("environment_canary_never_appears", "CORDON_TEST_CANARY")
+    else {
+        return;
+    };
     let o = js("Object.getOwnPropertyNames(globalThis).join(' ')");
     assert!(!out(&o).contains(&canary));
     assert!(!out(&o).contains("CORDON_TEST_CANARY"));

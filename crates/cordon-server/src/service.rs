@@ -264,6 +264,10 @@ struct Inner {
     cancel: CancellationToken,
     /// Destroys running in the background (one-shot runs, the reaper); shutdown waits.
     destroys: TaskTracker,
+    /// The reaper and the pool refills; shutdown waits for them to return, so no refill
+    /// adds a sandbox after the pools are drained and no task holds the data dir's lock
+    /// once shutdown is done.
+    background: TaskTracker,
     _lock: File,
 }
 
@@ -384,17 +388,18 @@ impl Service {
                 stopping: AtomicBool::new(false),
                 cancel: CancellationToken::new(),
                 destroys: TaskTracker::new(),
+                background: TaskTracker::new(),
                 _lock: lock_file,
             }),
         };
         for pool in svc.inner.pools.values() {
             if svc.tier_available(pool.tier) {
-                tokio::spawn(svc.clone().refill(pool.clone()));
+                svc.inner.background.spawn(svc.clone().refill(pool.clone()));
             } else {
                 tracing::warn!(tier = %pool.tier, "tier unavailable here: its warm pool stays empty");
             }
         }
-        tokio::spawn(svc.clone().reaper());
+        svc.inner.background.spawn(svc.clone().reaper());
         Ok(svc)
     }
 
@@ -1329,6 +1334,10 @@ impl Service {
     pub async fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::Release);
         self.inner.cancel.cancel();
+        // The reaper and refills see the cancel and return (a refill's create in flight
+        // finishes first, and its sandbox is drained with its pool below).
+        self.inner.background.close();
+        self.inner.background.wait().await;
         let all: Vec<Arc<Session>> = lock(&self.inner.sessions).values().cloned().collect();
         let mut tasks = Vec::new();
         for s in all {

@@ -22,3 +22,27 @@ pub fn run_once(b: &dyn Backend, spec: &SandboxSpec, req: &ExecRequest) -> ExecO
 pub fn text(v: &[u8]) -> String {
     String::from_utf8_lossy(v).into_owned()
 }
+
+/// Runs the test `name` of the calling test binary again in a child process with `var` set
+/// to a fresh canary, so the variable is in the environment from the process's start and
+/// no thread changes the environment while other tests' threads read it (`set_var` in a
+/// multi-threaded test binary races with C code's `getenv`). Returns the canary when called
+/// in that child; in the parent it checks the child's test passed and returns `None`.
+pub fn in_child_with_env(name: &str, var: &str) -> Option<String> {
+    if let Ok(canary) = std::env::var(var) {
+        return Some(canary);
+    }
+    let canary = format!("cordon-canary-{}", std::process::id());
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--test-threads", "1"])
+        .env(var, &canary)
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{name} failed in its child process: {stdout}\n{}",
+        text(&out.stderr)
+    );
+    None
+}

@@ -219,10 +219,11 @@ fn host_files_are_invisible() {
 
 #[test]
 fn environment_canary_never_appears() {
-    let canary = format!("cordon-canary-{}", std::process::id());
-    // SAFETY: set once, before any thread of this test reads the environment for it; other
-    // tests only read unrelated variables.
-    unsafe { std::env::set_var("CORDON_TEST_CANARY", &canary) };
+    let Some(canary) =
+        cordon_testkit::in_child_with_env("environment_canary_never_appears", "CORDON_TEST_CANARY")
+    else {
+        return;
+    };
     let o = py("import os\nprint(dict(os.environ))");
     assert!(o.success(), "{o:#?}");
     assert!(!out(&o).contains(&canary));

@@ -100,9 +100,13 @@ def test_container_sandbox_example(alice, has_container):
     assert cgroups(ids) == set(), "the sandbox's cgroup outlived it"
 
 
-def _load(client: Cordon, tier: str, clients: int, rounds: int, errors: list, done: list):
+def _load(client: Cordon, tier: str, clients: int, rounds: int, errors: list, done: list,
+          stop: "threading.Event | None" = None):
+    """`clients` threads each do `rounds` rounds, or, with `stop`, rounds until it is set."""
     def worker(n: int) -> None:
-        for i in range(rounds):
+        i = 0
+        while (i < rounds) if stop is None else not stop.is_set():
+            i += 1
             token = f"tok-{n}-{i}-{os.urandom(4).hex()}"
             try:
                 with client.sandbox(tier=tier, ttl="2m") as sb:
@@ -148,12 +152,22 @@ def test_kill9_then_restart_cleans_orphans_and_keeps_audit(has_container):
     s = ServerProc(d, {tier: 2}).start()
     c = Cordon(s.url, KEYS["alice"])
     ids = [c.create_sandbox(tier=tier).id for _ in range(3)]
-    errors, done = [], []
-    t = threading.Thread(target=_load, args=(c, tier, 3, 50, errors, done))
+    errors, done, stop = [], [], threading.Event()
+    t = threading.Thread(target=_load, args=(c, tier, 3, 0, errors, done, stop))
     t.start()
-    time.sleep(0.5)
+    # Kill once the load is under way (it runs until told to stop, however fast the host).
+    deadline = time.time() + 60
+    while len(done) < 6 and not errors and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(done) >= 6 and not errors, f"the load did not get going: {errors}"
     s.kill9()
+    # The workers keep going, so each meets the dead server; stop them once one has.
+    deadline = time.time() + 30
+    while not errors and time.time() < deadline:
+        time.sleep(0.01)
+    stop.set()
     t.join(timeout=120)
+    assert not t.is_alive(), "the load threads did not stop"
     assert errors, "the load was meant to be cut off by the kill"
     if tier == "container":
         assert cgroups(ids) == set(ids), "the dead server's sandboxes should still be there"
