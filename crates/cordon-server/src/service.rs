@@ -923,7 +923,14 @@ impl Service {
         };
         match s {
             Some(s) if s.begin_ending("client") => {
-                self.destroy_session(s, "client").await?;
+                // Detached from this request: a client that goes away mid-request must not
+                // leave the sandbox half destroyed and listed as `destroying` for ever.
+                let svc = self.clone();
+                self.inner
+                    .destroys
+                    .spawn(async move { svc.destroy_session(s, "client").await })
+                    .await
+                    .map_err(|e| ApiError::internal(format!("the destroy task failed: {e}")))??;
                 Ok(json!({"id": id, "state": "destroyed", "already": false}))
             }
             Some(s) => {

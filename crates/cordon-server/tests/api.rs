@@ -682,6 +682,45 @@ async fn a_sandbox_being_reaped_is_listed_as_destroying_and_refuses_work() {
     env.server.shutdown().await;
 }
 
+/// A client that gives up on its DELETE mid-teardown does not leave the sandbox stuck: the
+/// destroy finishes, is audited, and a second DELETE answers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destroy_whose_client_went_away_still_finishes() {
+    let env = start().await;
+    let id = env.create("key-alice", json!({})).await;
+    env.counters.destroy_delay_ms.store(600, Ordering::SeqCst);
+    let gave_up = env
+        .req(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice")
+        .timeout(Duration::from_millis(100))
+        .send()
+        .await;
+    assert!(
+        gave_up.is_err(),
+        "the DELETE was meant to time out: {gave_up:?}"
+    );
+    let mut listed = true;
+    for _ in 0..100 {
+        listed = env.listed("key-alice").await.contains_key(&id);
+        if !listed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!listed, "the abandoned destroy never finished");
+    let reasons = env.destroy_reasons("key-alice").await;
+    assert_eq!(reasons.get(&id).map(String::as_str), Some("client"));
+    let again = tokio::time::timeout(
+        Duration::from_secs(5),
+        env.call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice", None),
+    )
+    .await
+    .expect("a second DELETE hung");
+    assert_eq!(again.0, 200, "{}", again.1);
+    assert_eq!(again.1["already"], true, "{}", again.1);
+    env.counters.destroy_delay_ms.store(0, Ordering::SeqCst);
+    env.server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_sandboxes_are_fresh_and_never_reused() {
     let env = start().await;
