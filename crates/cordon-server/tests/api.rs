@@ -229,6 +229,53 @@ impl Env {
         }
         panic!("the warm pool never filled");
     }
+
+    /// An exec (whole result) in sandbox `id`.
+    async fn exec(&self, key: &str, id: &str, body: Value) -> (u16, Value) {
+        self.call(
+            M::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            key,
+            Some(body),
+        )
+        .await
+    }
+
+    /// `a` to `b` of each object in the array `list` of a GET on `path`.
+    async fn pairs(
+        &self,
+        key: &str,
+        path: &str,
+        list: &str,
+        a: &str,
+        b: &str,
+    ) -> BTreeMap<String, String> {
+        let (_, v) = self.call(M::GET, path, key, None).await;
+        v[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e[a].as_str().unwrap().into(), e[b].as_str().unwrap().into()))
+            .collect()
+    }
+
+    /// `(sandbox, decision)` of the tenant's destroy rows.
+    async fn destroy_reasons(&self, key: &str) -> BTreeMap<String, String> {
+        self.pairs(
+            key,
+            "/v1/audit?kind=destroy",
+            "events",
+            "sandbox",
+            "decision",
+        )
+        .await
+    }
+
+    /// `(id, state)` of the tenant's listed sandboxes.
+    async fn listed(&self, key: &str) -> BTreeMap<String, String> {
+        self.pairs(key, "/v1/sandboxes", "sandboxes", "id", "state")
+            .await
+    }
 }
 
 use reqwest::Method as M;
@@ -294,12 +341,7 @@ async fn lifecycle_files_exec_stream_and_audit() {
 
     // Whole result.
     let (s, o) = env
-        .call(
-            M::POST,
-            &format!("/v1/sandboxes/{id}/exec"),
-            "key-alice",
-            Some(json!({"argv": ["cat", "/work/a.csv"]})),
-        )
+        .exec("key-alice", &id, json!({"argv": ["cat", "/work/a.csv"]}))
         .await;
     assert_eq!(s, 200, "{o}");
     assert_eq!(o["stdout"], "x\n1\n2\n");
@@ -385,14 +427,7 @@ async fn lifecycle_files_exec_stream_and_audit() {
         .call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-bob", None)
         .await;
     assert_eq!(s, 404);
-    let (s, v) = env
-        .call(
-            M::POST,
-            &format!("/v1/sandboxes/{id}/exec"),
-            "key-alice",
-            Some(json!({"argv": ["echo"]})),
-        )
-        .await;
+    let (s, v) = env.exec("key-alice", &id, json!({"argv": ["echo"]})).await;
     assert_eq!(s, 404, "{v}");
 
     // Every step is in alice's audit, in order, with the hash of what ran.
@@ -490,12 +525,7 @@ async fn bad_input_is_a_clear_4xx_and_harmless() {
     }
     // Unharmed: the sandbox and the server still work.
     let (s, o) = env
-        .call(
-            M::POST,
-            &format!("/v1/sandboxes/{id}/exec"),
-            "key-alice",
-            Some(json!({"argv": ["echo", "ok"]})),
-        )
+        .exec("key-alice", &id, json!({"argv": ["echo", "ok"]}))
         .await;
     assert_eq!((s, o["stdout"].as_str()), (200, Some("ok\n")));
     let rows = policy_rows(&env, "key-alice").await;
@@ -565,44 +595,6 @@ async fn concurrency_limits_answer_429_with_retry_after() {
     );
 }
 
-impl Env {
-    /// `a` to `b` of each object in the array `list` of a GET on `path`.
-    async fn pairs(
-        &self,
-        key: &str,
-        path: &str,
-        list: &str,
-        a: &str,
-        b: &str,
-    ) -> BTreeMap<String, String> {
-        let (_, v) = self.call(M::GET, path, key, None).await;
-        v[list]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| (e[a].as_str().unwrap().into(), e[b].as_str().unwrap().into()))
-            .collect()
-    }
-
-    /// `(sandbox, decision)` of the tenant's destroy rows.
-    async fn destroy_reasons(&self, key: &str) -> BTreeMap<String, String> {
-        self.pairs(
-            key,
-            "/v1/audit?kind=destroy",
-            "events",
-            "sandbox",
-            "decision",
-        )
-        .await
-    }
-
-    /// `(id, state)` of the tenant's listed sandboxes.
-    async fn listed(&self, key: &str) -> BTreeMap<String, String> {
-        self.pairs(key, "/v1/sandboxes", "sandboxes", "id", "state")
-            .await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reaper_ends_sandboxes_past_ttl_or_idle() {
     let env = start().await;
@@ -653,12 +645,7 @@ async fn a_sandbox_being_reaped_is_listed_as_destroying_and_refuses_work() {
     }
     assert_eq!(state, "destroying");
     let (s, v) = env
-        .call(
-            M::POST,
-            &format!("/v1/sandboxes/{id}/exec"),
-            "key-alice",
-            Some(json!({"argv": ["echo", "late"]})),
-        )
+        .exec("key-alice", &id, json!({"argv": ["echo", "late"]}))
         .await;
     assert_eq!(s, 410, "{v}");
     assert_eq!(v["code"], "sandbox_gone", "{v}");
@@ -728,14 +715,7 @@ async fn warm_sandboxes_are_fresh_and_never_reused() {
     for _ in 0..6 {
         env.wait_pool(1).await;
         let id = env.create("key-alice", json!({})).await;
-        let (_, o) = env
-            .call(
-                M::POST,
-                &format!("/v1/sandboxes/{id}/exec"),
-                "key-alice",
-                Some(json!({"argv": ["used"]})),
-            )
-            .await;
+        let (_, o) = env.exec("key-alice", &id, json!({"argv": ["used"]})).await;
         assert_eq!(
             o["stdout"], "false\n",
             "a pooled sandbox was handed out used"
