@@ -90,20 +90,24 @@ pub fn bench(iterations: usize, only: &[Tier]) -> Result<i32> {
         "{:<10} {:>14} {:>14} {:>8} {:>16} {:>16}",
         "tier", "run warm", "run cold", "cold/warm", "exec in sandbox", "of it, the exec"
     );
+    let mut measured = Vec::new();
     for tier in Tier::ALL {
         if !only.is_empty() && !only.contains(&tier) {
             continue;
         }
         match bench_tier(&rt, tier, iterations)? {
-            Some(m) => println!(
-                "{:<10} {:>14} {:>14} {:>7.1}x {:>16} {:>16}",
-                tier.as_str(),
-                ms(m.warm),
-                ms(m.cold),
-                m.cold.as_secs_f64() / m.warm.as_secs_f64().max(1e-9),
-                ms(m.exec),
-                ms(m.exec_inside)
-            ),
+            Some(m) => {
+                println!(
+                    "{:<10} {:>14} {:>14} {:>7.1}x {:>16} {:>16}",
+                    tier.as_str(),
+                    ms(m.warm),
+                    ms(m.cold),
+                    ratio(m.cold, m.warm),
+                    ms(m.exec),
+                    ms(m.exec_inside)
+                );
+                measured.push((tier, m));
+            }
             None => println!(
                 "{:<10} unavailable here (see `cordon doctor`)",
                 tier.as_str()
@@ -115,7 +119,40 @@ pub fn bench(iterations: usize, only: &[Tier]) -> Result<i32> {
          the same with a spec the pool does not hold; exec in sandbox = POST /v1/sandboxes/ID/exec, back to back; \
          of it, the exec = the backend's own exec time in those calls (the outcome's timings.run_us), the rest being the API"
     );
+    // Where a warm run goes, for the tiers whose sandbox measures its program's own time.
+    let split: Vec<_> = measured
+        .iter()
+        .filter(|(_, m)| !m.warm_program.is_zero())
+        .collect();
+    if !split.is_empty() {
+        println!();
+        println!(
+            "{:<10} {:>10} {:>14} {:>12} {:>14} {:>22}",
+            "tier", "run warm", "backend exec", "program", "create (cold)", "cold/warm if only the"
+        );
+        println!("{:>87}", "program cost anything");
+        for (tier, m) in split {
+            println!(
+                "{:<10} {:>10} {:>14} {:>12} {:>14} {:>21.1}x",
+                tier.as_str(),
+                ms(m.warm),
+                ms(m.warm_backend),
+                ms(m.warm_program),
+                ms(m.cold_create),
+                ratio(m.cold_create + m.warm_program, m.warm_program)
+            );
+        }
+        println!(
+            "medians of the warm runs' timings.run_us and timings.program_us (the program's own time, from its hand-off \
+             to its exit, measured in the sandbox) and the cold runs' timings.start_us; the last column is the ratio a \
+             warm run would reach if HTTP, audit and every hop of the exec cost nothing"
+        );
+    }
     Ok(0)
+}
+
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64().max(1e-9)
 }
 
 /// Medians of one tier's round trips.
@@ -125,14 +162,19 @@ struct Medians {
     exec: Duration,
     /// The backend's own time in the exec calls, as their outcomes report it.
     exec_inside: Duration,
+    /// The warm runs' backend exec time and, of it, the program's own.
+    warm_backend: Duration,
+    warm_program: Duration,
+    /// The cold runs' create time.
+    cold_create: Duration,
 }
 
-/// The outcome's `timings.run_us` in a response body.
-fn run_time(body: &str) -> Result<Duration> {
+/// One of the outcome's `timings` in a response body.
+fn timing(body: &str, which: &str) -> Result<Duration> {
     let v: serde_json::Value = serde_json::from_str(body)?;
-    let us = v["timings"]["run_us"]
+    let us = v["timings"][which]
         .as_u64()
-        .with_context(|| format!("no timings.run_us in the outcome: {body}"))?;
+        .with_context(|| format!("no timings.{which} in the outcome: {body}"))?;
     Ok(Duration::from_micros(us))
 }
 
@@ -183,6 +225,8 @@ fn measure(server: &Server, tier: Tier, iterations: usize) -> Result<Option<Medi
     };
     let (mut warm, mut cold, mut exec, mut inside) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut warm_backend, mut warm_program, mut cold_create) =
+        (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         let deadline = Instant::now() + Duration::from_secs(30);
         while svc.pool_ready(tier) < 2 && Instant::now() < deadline {
@@ -194,12 +238,15 @@ fn measure(server: &Server, tier: Tier, iterations: usize) -> Result<Option<Medi
         if s != 200 || !b.contains("\"source\"") && !b.contains("\"exited\"") {
             bail!("{tier}: warm run failed ({s}): {b}");
         }
+        warm_backend.push(timing(&b, "run_us")?);
+        warm_program.push(timing(&b, "program_us")?);
         let t = Instant::now();
         let (s, b) = c.post("/v1/run", &cold_body)?;
         cold.push(t.elapsed());
         if s != 200 {
             bail!("{tier}: cold run failed ({s}): {b}");
         }
+        cold_create.push(timing(&b, "start_us")?);
     }
     let (s, b) = c.post("/v1/sandboxes", &format!(r#"{{"tier":"{tier}"}}"#))?;
     if s != 201 {
@@ -215,12 +262,15 @@ fn measure(server: &Server, tier: Tier, iterations: usize) -> Result<Option<Medi
         if s != 200 {
             bail!("{tier}: exec failed ({s}): {b}");
         }
-        inside.push(run_time(&b)?);
+        inside.push(timing(&b, "run_us")?);
     }
     Ok(Some(Medians {
         warm: median(warm),
         cold: median(cold),
         exec: median(exec),
         exec_inside: median(inside),
+        warm_backend: median(warm_backend),
+        warm_program: median(warm_program),
+        cold_create: median(cold_create),
     }))
 }

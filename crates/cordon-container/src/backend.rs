@@ -864,9 +864,11 @@ impl ContainerSandbox {
             cpu_us,
             max_rss_bytes,
             disk_full: full,
+            program_us,
             ..
         }) = exited
         {
+            o.timings.program_us = program_us;
             o.exit_code = code;
             o.signal = signal;
             disk_full = full;

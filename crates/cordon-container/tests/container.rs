@@ -266,6 +266,27 @@ fn a_reaper_is_readied_after_an_exec_but_not_after_the_last() {
     sb.destroy().unwrap();
 }
 
+/// The outcome tells the program's own time apart from the exec's: a program that sleeps
+/// 300 ms has at least that, and never more than the whole exec took.
+#[test]
+fn the_programs_own_time_is_reported_within_the_exec() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    let mut sink = |_: OutputStream, _: &[u8]| {};
+    let o = sb
+        .exec(&ExecRequest::argv(["sleep", "0.3"]), &mut sink)
+        .unwrap();
+    assert!(o.success(), "{o:?}");
+    let t = &o.timings;
+    assert!(t.program_us >= 300_000, "{t:?}");
+    assert!(t.program_us <= t.run_us, "{t:?}");
+    let o = sb.exec(&ExecRequest::argv(["true"]), &mut sink).unwrap();
+    let t = &o.timings;
+    assert!(t.program_us > 0 && t.program_us <= t.run_us, "{t:?}");
+    assert!(t.program_us < 300_000, "{t:?}");
+    sb.destroy().unwrap();
+}
+
 #[test]
 fn python_runs_and_exit_codes_pass_through() {
     let b = need_backend!();

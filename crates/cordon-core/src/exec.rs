@@ -178,6 +178,12 @@ pub struct Timings {
     /// Time to destroy the sandbox, where it was destroyed in the same call.
     #[serde(default)]
     pub destroy_us: u64,
+    /// Of `run_us`, the program's own time as the sandbox measured it: from handing the
+    /// job to the program's process to its exit (its execve, its run and its exit). The
+    /// rest of `run_us` is the sandbox's and the host's. Zero where a tier does not tell
+    /// the two apart (wasm, runtime, gvisor).
+    #[serde(default)]
+    pub program_us: u64,
 }
 
 /// The result of one exec. Identical in shape for every tier.

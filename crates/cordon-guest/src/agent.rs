@@ -17,6 +17,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
@@ -766,7 +767,13 @@ impl Agent {
         }
         let report = String::from_utf8_lossy(&run.report).into_owned();
         let parsed = parse_report(&report);
-        let (code, signal, mut max_rss_bytes, cpu_us) = match parsed {
+        let Report {
+            code,
+            signal,
+            mut max_rss_bytes,
+            cpu_us,
+            program_us,
+        } = match parsed {
             // The reaper reaped its whole tree before writing this; only its own exit (the
             // namespaces' teardown) remains, which need not hold up the reply. An exec
             // cgroup is removed below, so then it is waited for.
@@ -783,7 +790,13 @@ impl Agent {
             None => {
                 let _ = waitpid(run.reaper, None);
                 let cpu = children_cpu_us().saturating_sub(run.cpu_before_us);
-                (None, Some(9), 0, cpu)
+                Report {
+                    code: None,
+                    signal: Some(9),
+                    max_rss_bytes: 0,
+                    cpu_us: cpu,
+                    program_us: 0,
+                }
             }
         };
         let disk_full = self.cfg.scratch.iter().any(|p| is_full(p));
@@ -804,6 +817,7 @@ impl Agent {
                 disk_full,
                 oom_killed,
                 pids_limited,
+                program_us,
             },
             b"",
         )?;
@@ -1023,17 +1037,40 @@ fn is_full(p: &Path) -> bool {
 }
 
 /// The reaper's status line: `exit|signal VALUE MAX_RSS_KB CPU_US`.
-fn parse_report(s: &str) -> Option<(Option<i32>, Option<i32>, u64, u64)> {
+/// What a reaper reports of its exec on the status pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Report {
+    code: Option<i32>,
+    signal: Option<i32>,
+    max_rss_bytes: u64,
+    cpu_us: u64,
+    /// The program's own time: from its hand-off (or fork) to its exit; 0 when it never ran.
+    program_us: u64,
+}
+
+/// Parses `exit|signal VALUE RSS_KB CPU_US [PROGRAM_US]`.
+fn parse_report(s: &str) -> Option<Report> {
     let mut it = s.split_whitespace();
     let kind = it.next()?;
     let val: i32 = it.next()?.parse().ok()?;
     let rss_kb: u64 = it.next()?.parse().ok()?;
     let cpu_us: u64 = it.next()?.parse().ok()?;
-    match kind {
-        "exit" => Some((Some(val), None, rss_kb * 1024, cpu_us)),
-        "signal" => Some((None, Some(val), rss_kb * 1024, cpu_us)),
-        _ => None,
-    }
+    let program_us: u64 = match it.next() {
+        Some(v) => v.parse().ok()?,
+        None => 0,
+    };
+    let (code, signal) = match kind {
+        "exit" => (Some(val), None),
+        "signal" => (None, Some(val)),
+        _ => return None,
+    };
+    Some(Report {
+        code,
+        signal,
+        max_rss_bytes: rss_kb * 1024,
+        cpu_us,
+        program_us,
+    })
 }
 
 /// Everything the program's process needs, prepared before forking so the child only
@@ -1208,6 +1245,7 @@ fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: bool) -> ! {
         }
     };
     // Hand the job to the pre-forked program; if it is gone, fork a new one below.
+    let go = Instant::now();
     let mut forked = None;
     if failed.is_none()
         && let Some((pid, sock)) = program
@@ -1220,11 +1258,20 @@ fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: bool) -> ! {
             let _ = kill(pid, Signal::SIGKILL);
         }
     }
-    reaper_main(cfg, &plan, &job.limits, [a, b, c], status, failed, forked)
+    reaper_main(
+        cfg,
+        &plan,
+        &job.limits,
+        [a, b, c],
+        status,
+        failed,
+        (forked, go),
+    )
 }
 
 /// The reaper, job in hand: PID 1 of the exec's namespace. `forked` is the program's
-/// process when it was forked ahead and already has its job. Never returns.
+/// process when it was forked ahead and already has its job, with the moment it was
+/// handed over. Never returns.
 fn reaper_main(
     cfg: &AgentConfig,
     plan: &ExecPlan,
@@ -1232,7 +1279,7 @@ fn reaper_main(
     stdio: [OwnedFd; 3],
     status: OwnedFd,
     failed: Option<String>,
-    forked: Option<Pid>,
+    (forked, handed): (Option<Pid>, Instant),
 ) -> ! {
     // Move what we keep to fixed numbers: stdio to 0-2, the status pipe to 3. First lift
     // every descriptor above the range, so no dup2 below lands on one still needed.
@@ -1248,27 +1295,32 @@ fn reaper_main(
         let _ = status.write_all(b"exit 125 0 0\n");
         sys::exit_now(0);
     }
-    let child = match forked {
-        Some(pid) => pid,
-        None => match sys::fork_into(0) {
-            Ok(sys::Forked::Child) => {
-                drop(status);
-                program_main(cfg, plan, limits)
+    let (child, started) = match forked {
+        Some(pid) => (pid, handed),
+        None => {
+            let started = Instant::now();
+            match sys::fork_into(0) {
+                Ok(sys::Forked::Child) => {
+                    drop(status);
+                    program_main(cfg, plan, limits)
+                }
+                Ok(sys::Forked::Parent(pid)) => (pid, started),
+                Err(_) => sys::exit_now(120),
             }
-            Ok(sys::Forked::Parent(pid)) => pid,
-            Err(_) => sys::exit_now(120),
-        },
+        }
     };
     // Close our copies of the program's stdio so the host sees EOF when the tree is gone.
     for fd in 0..3 {
         let _ = nix::unistd::close(fd);
     }
     let mut main_status = None;
+    let mut program_us = 0u64;
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
             Ok(ws) => {
                 if ws.pid() == Some(child) {
                     main_status = Some(ws);
+                    program_us = started.elapsed().as_micros() as u64;
                     // The program is done: end everything it left behind.
                     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
                 }
@@ -1283,11 +1335,13 @@ fn reaper_main(
         Err(_) => (0, 0),
     };
     let line = match main_status {
-        Some(WaitStatus::Exited(_, code)) => format!("exit {code} {rss_kb} {cpu_us}\n"),
-        Some(WaitStatus::Signaled(_, sig, _)) => {
-            format!("signal {} {rss_kb} {cpu_us}\n", sig as i32)
+        Some(WaitStatus::Exited(_, code)) => {
+            format!("exit {code} {rss_kb} {cpu_us} {program_us}\n")
         }
-        _ => format!("signal 9 {rss_kb} {cpu_us}\n"),
+        Some(WaitStatus::Signaled(_, sig, _)) => {
+            format!("signal {} {rss_kb} {cpu_us} {program_us}\n", sig as i32)
+        }
+        _ => format!("signal 9 {rss_kb} {cpu_us} {program_us}\n"),
     };
     let _ = status.write_all(line.as_bytes());
     // What is left is this namespace's teardown, which nobody waits for when the program
@@ -1453,11 +1507,14 @@ mod tests {
 
     #[test]
     fn reports_parse() {
+        let r = parse_report("exit 3 100 7 450\n").unwrap();
         assert_eq!(
-            parse_report("exit 3 100 7\n"),
-            Some((Some(3), None, 102400, 7))
+            (r.code, r.signal, r.max_rss_bytes, r.cpu_us, r.program_us),
+            (Some(3), None, 102400, 7, 450)
         );
-        assert_eq!(parse_report("signal 9 0 0\n"), Some((None, Some(9), 0, 0)));
+        let r = parse_report("signal 9 0 0\n").unwrap();
+        assert_eq!((r.code, r.signal, r.program_us), (None, Some(9), 0));
+        assert_eq!(parse_report("exit 3 100 7 x\n"), None);
         assert_eq!(parse_report("exit 3 100\n"), None);
         assert_eq!(parse_report(""), None);
         assert_eq!(parse_report("exit x 1"), None);

@@ -162,6 +162,9 @@ pub enum Reply {
         /// The agent's own per-exec cgroup refused a fork at its process limit.
         #[serde(default)]
         pids_limited: bool,
+        /// The program's own time, from its hand-off (or fork) to its exit, in µs.
+        #[serde(default)]
+        program_us: u64,
     },
     /// The body holds the file's bytes; `truncated` when it was larger than asked.
     File {

@@ -902,9 +902,11 @@ impl MicrovmSandbox {
             disk_full: full,
             oom_killed,
             pids_limited,
+            program_us,
             ..
         }) = exited
         {
+            o.timings.program_us = program_us;
             o.exit_code = code;
             o.signal = signal;
             o.usage.cpu_time_us = cpu_us;

@@ -122,6 +122,9 @@ fn escape_battery() {
     assert!(o.success(), "{o:?}");
     assert!(stdout(&o).contains("cloud-amd64 1000"), "{}", stdout(&o));
     assert_eq!(o.tier, Tier::Microvm);
+    // The guest agent measures the program's own time, within the exec's.
+    let t = &o.timings;
+    assert!(t.program_us > 0 && t.program_us <= t.run_us, "{t:?}");
 
     // No host file is visible: a canary on the host is absent in the guest.
     let canary = format!("/tmp/cordon-host-canary-{}", std::process::id());

@@ -350,6 +350,7 @@ impl Sandbox for RuntimeSandbox {
             start_us: self.start_us,
             run_us: wall,
             destroy_us: 0,
+            program_us: 0,
         };
         o.warnings.push(WALL_NOTE.to_string());
         Ok(o)

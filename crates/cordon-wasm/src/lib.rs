@@ -442,6 +442,7 @@ impl Sandbox for WasmSandbox {
             start_us: self.start_us,
             run_us: wall,
             destroy_us: 0,
+            program_us: 0,
         };
         Ok(o)
     }
