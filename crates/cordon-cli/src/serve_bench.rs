@@ -227,11 +227,21 @@ fn measure(server: &Server, tier: Tier, iterations: usize) -> Result<Option<Medi
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut warm_backend, mut warm_program, mut cold_create) =
         (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..rounds {
+    // Every measured request starts from the same state: the pool full, no teardown of an
+    // earlier run's sandbox under way, and a short pause. Otherwise a cold run sent right
+    // after a warm one would share the CPUs with that sandbox's teardown, and a warm run
+    // sent the moment its pool is refilled would find the CPUs busy or just gone idle.
+    let settle = || {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while svc.pool_ready(tier) < 2 && Instant::now() < deadline {
+        while (svc.pool_ready(tier) < 2 || svc.destroys_in_flight() > 0)
+            && Instant::now() < deadline
+        {
             std::thread::sleep(Duration::from_millis(1));
         }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    for _ in 0..rounds {
+        settle();
         let t = Instant::now();
         let (s, b) = c.post("/v1/run", &warm_body)?;
         warm.push(t.elapsed());
@@ -240,6 +250,7 @@ fn measure(server: &Server, tier: Tier, iterations: usize) -> Result<Option<Medi
         }
         warm_backend.push(timing(&b, "run_us")?);
         warm_program.push(timing(&b, "program_us")?);
+        settle();
         let t = Instant::now();
         let (s, b) = c.post("/v1/run", &cold_body)?;
         cold.push(t.elapsed());

@@ -452,6 +452,11 @@ impl Service {
             .unwrap_or(0)
     }
 
+    /// Number of destroys under way (one-shot runs' teardowns, reaped and deleted sandboxes).
+    pub fn destroys_in_flight(&self) -> usize {
+        self.inner.destroys.len()
+    }
+
     /// Number of sandboxes tenants hold.
     pub fn live_count(&self) -> usize {
         lock(&self.inner.sessions).len()
