@@ -722,3 +722,68 @@ fn an_init_started_early_does_not_outlive_the_run() {
         assert!(left.is_empty(), "{args:?}: init processes left: {left:?}");
     }
 }
+
+/// The figures of one tier's row in `serve --bench` output: the numbers before each unit.
+fn bench_row(out: &str, tier: &str, nth: usize) -> Vec<f64> {
+    let line = out
+        .lines()
+        .filter(|l| l.split_whitespace().next() == Some(tier))
+        .nth(nth)
+        .unwrap_or_else(|| panic!("no row {nth} for {tier} in:\n{out}"));
+    line.split_whitespace()
+        .skip(1)
+        .filter_map(|w| w.trim_end_matches('x').parse::<f64>().ok())
+        .collect()
+}
+
+/// `cordon serve --bench` measures warm against cold runs through a real server for each
+/// tier asked for, and for the container tier splits a warm run into the backend's exec,
+/// the program's own time and the create a cold run adds.
+#[test]
+fn serve_bench_measures_warm_and_cold_runs_through_the_api() {
+    if !container_tier_here("serve_bench_measures_warm_and_cold_runs_through_the_api") {
+        return;
+    }
+    let home = temp_home();
+    let o = cordon(
+        home.path(),
+        &[
+            "serve",
+            "--bench",
+            "--iterations",
+            "5",
+            "--tiers",
+            "wasm,container",
+        ],
+    );
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{}", text(&o.stderr));
+    for tier in ["wasm", "container"] {
+        // run warm, run cold, cold/warm, exec in sandbox, of it the exec
+        let r = bench_row(&out, tier, 0);
+        assert_eq!(r.len(), 5, "{tier}: {r:?}\n{out}");
+        assert!(r.iter().all(|v| *v > 0.0), "{tier}: {r:?}");
+        assert!((r[2] - r[1] / r[0]).abs() < 0.1, "{tier}: ratio {r:?}");
+        assert!(
+            r[4] <= r[3],
+            "{tier}: the backend's exec within the API's: {r:?}"
+        );
+    }
+    // run warm, backend exec, program, create, bound
+    let r = bench_row(&out, "container", 1);
+    assert_eq!(r.len(), 5, "{r:?}\n{out}");
+    assert!(r.iter().all(|v| *v > 0.0), "{r:?}");
+    assert!(
+        r[2] <= r[1] && r[1] <= r[0],
+        "program within exec within run: {r:?}"
+    );
+    assert!((r[4] - (r[3] + r[2]) / r[2]).abs() < 0.1, "bound: {r:?}");
+    // The wasm tier does not tell its program apart: no second row for it.
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.split_whitespace().next() == Some("wasm"))
+            .count(),
+        1,
+        "{out}"
+    );
+}
