@@ -294,7 +294,16 @@ fn start_on(
         terminated.push(r.host.clone());
     }
     let ca = tls::SandboxCa::new(&config.sandbox_id, &terminated)?;
-    let upstream_tls = TlsConnector::from(tls::client_config(&config.upstream_roots)?);
+    // The proxy originates TLS only to the hosts whose TLS it terminates (grants, HTTP
+    // rules); a proxy that only tunnels never needs trust roots, so it never loads them.
+    // Extra roots given are checked either way, so a bad one is an error at the start.
+    let upstream_tls = if terminated.is_empty() && config.upstream_roots.extra_pem.is_empty() {
+        None
+    } else {
+        Some(TlsConnector::from(tls::client_config(
+            &config.upstream_roots,
+        )?))
+    };
     let audit = AuditLog::new(&config.sandbox_id, config.audit_log.as_deref())?;
     let placeholders: Vec<(String, String)> = grants
         .list

@@ -49,7 +49,8 @@ pub(crate) struct Shared {
     pub limits: EgressLimits,
     pub resolver: Arc<dyn Resolver>,
     pub ca: SandboxCa,
-    pub upstream_tls: TlsConnector,
+    /// TLS to upstreams; only a proxy that terminates some host's TLS has it.
+    pub upstream_tls: Option<TlsConnector>,
     pub audit: AuditLog,
     pub conn_sem: Arc<Semaphore>,
     pub rate: RateLimiter,
@@ -65,6 +66,13 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn terminates(&self, host: &Host) -> bool {
         self.grants.covers(host) || self.http_rules.iter().any(|r| r.host.matches_host(host))
+    }
+
+    /// The upstream TLS client, which every proxy that terminates a host's TLS has.
+    fn upstream_tls(&self) -> Result<&TlsConnector, String> {
+        self.upstream_tls
+            .as_ref()
+            .ok_or_else(|| "the proxy has no upstream TLS configuration (a bug)".to_string())
     }
 }
 
@@ -702,7 +710,11 @@ async fn connect(
             Ok(n) => n,
             Err(e) => return target_error(&conn, &info, TargetError::Unreachable(e)),
         };
-        let hs = shared.upstream_tls.connect(name, tcp);
+        let tls = match shared.upstream_tls() {
+            Ok(t) => t,
+            Err(e) => return target_error(&conn, &info, TargetError::Unreachable(e)),
+        };
+        let hs = tls.connect(name, tcp);
         match tokio::time::timeout(shared.limits.connect_timeout(), hs).await {
             Ok(Ok(s)) => Leg::Tls(Box::new(s)),
             Ok(Err(e)) => {
@@ -1148,7 +1160,7 @@ async fn reconnect_tls(
             .map_err(|e| format!("connect to {addr}: {e}"))?;
         let _ = tcp.set_nodelay(true);
         let tls = shared
-            .upstream_tls
+            .upstream_tls()?
             .connect(name, tcp)
             .await
             .map_err(|e| format!("TLS to {host} ({addr}) failed: {e}"))?;

@@ -173,15 +173,41 @@ impl Default for UpstreamRoots {
     }
 }
 
+/// How long the host's roots, once read, serve every proxy of this process.
+const SYSTEM_ROOTS_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The host's trust roots (the bundled Mozilla roots when the system store is empty or
+/// unreadable). Reading them means parsing a few hundred certificate files, milliseconds
+/// each proxy would otherwise pay at its start; so a process reads them at most once per
+/// [`SYSTEM_ROOTS_FOR`], and a changed store reaches new proxies after that.
+fn system_roots() -> Arc<RootCertStore> {
+    static CACHE: Mutex<Option<(std::time::Instant, Arc<RootCertStore>)>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((at, store)) = cache.as_ref()
+        && at.elapsed() < SYSTEM_ROOTS_FOR
+    {
+        return store.clone();
+    }
+    let mut store = RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    let (added, _) = store.add_parsable_certificates(native.certs);
+    if added == 0 {
+        store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    }
+    let store = Arc::new(store);
+    *cache = Some((std::time::Instant::now(), store.clone()));
+    store
+}
+
 /// Builds the upstream TLS client configuration.
 pub(crate) fn client_config(roots: &UpstreamRoots) -> Result<Arc<ClientConfig>> {
     let mut store = RootCertStore::empty();
     if roots.system {
-        let native = rustls_native_certs::load_native_certs();
-        let (added, _) = store.add_parsable_certificates(native.certs);
-        if added == 0 {
-            store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        let system = system_roots();
+        if roots.extra_pem.is_empty() {
+            return finish_client_config(system);
         }
+        store = (*system).clone();
     }
     for pem in &roots.extra_pem {
         let mut n = 0;
@@ -199,6 +225,10 @@ pub(crate) fn client_config(roots: &UpstreamRoots) -> Result<Arc<ClientConfig>> 
             ));
         }
     }
+    finish_client_config(Arc::new(store))
+}
+
+fn finish_client_config(store: Arc<RootCertStore>) -> Result<Arc<ClientConfig>> {
     if store.is_empty() {
         return Err(Error::Roots(
             "no trust roots at all: enable system roots or give extra roots".into(),
@@ -219,5 +249,27 @@ pub(crate) fn server_name(host: &Host) -> Result<rustls::pki_types::ServerName<'
         Host::Ip(ip) => Ok(rustls::pki_types::ServerName::IpAddress((*ip).into())),
         Host::Name(n) => rustls::pki_types::ServerName::try_from(n.clone())
             .map_err(|e| format!("{n:?} is not a valid TLS server name: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's roots are read once and shared by every proxy after that, and a config
+    /// built on them trusts what they hold.
+    #[test]
+    fn system_roots_are_read_once_per_process() {
+        let a = system_roots();
+        let b = system_roots();
+        assert!(Arc::ptr_eq(&a, &b), "the roots were read twice");
+        assert!(!a.is_empty());
+        assert!(client_config(&UpstreamRoots::default()).is_ok());
+        let none = UpstreamRoots {
+            system: false,
+            extra_pem: Vec::new(),
+        };
+        let e = client_config(&none).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("no trust roots")));
     }
 }

@@ -372,6 +372,17 @@ async fn curl_and_python_urllib_work_through_the_proxy() {
     assert_eq!(up.rec.count(), ran);
 }
 
+/// A GET through a CONNECT tunnel to the TLS test upstream, verified against its own CA.
+async fn tunnel_get(proxy: SocketAddr, port: u16, ca: &TestCa, path: &str) -> String {
+    let mut c = https_client(proxy, &format!("{TLS_HOST}:{port}"), TLS_HOST, &ca.pem)
+        .await
+        .unwrap();
+    send(&mut c, "GET", path, &[("host", TLS_HOST)], vec![])
+        .await
+        .unwrap()
+        .text()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_tunnel_to_tls_upstream_is_opaque() {
     let ca = TestCa::new();
@@ -384,13 +395,10 @@ async fn connect_tunnel_to_tls_upstream_is_opaque() {
     f.resolver.set(TLS_HOST, &[ip("127.0.0.1")]);
     let (h, proxy) = start(&f);
     // The client verifies the upstream's own certificate (test CA): nothing was terminated.
-    let mut c = https_client(proxy, &format!("{TLS_HOST}:{port}"), TLS_HOST, &ca.pem)
-        .await
-        .unwrap();
-    let got = send(&mut c, "GET", "/opaque", &[("host", TLS_HOST)], vec![])
-        .await
-        .unwrap();
-    assert_eq!(got.text(), "hello from upstream /opaque");
+    assert_eq!(
+        tunnel_get(proxy, port, &ca, "/opaque").await,
+        "hello from upstream /opaque"
+    );
     let ev = wait_event(&h, |e| {
         e.kind == Kind::Connect && e.decision == Decision::Allow
     })
@@ -432,6 +440,44 @@ async fn connect_tunnel_to_tls_upstream_is_opaque() {
         .await;
         assert_eq!(out, "hello from upstream /curl-opaque", "{err}");
     }
+}
+
+/// A proxy that only tunnels originates no TLS, so it needs (and reads) no trust roots: it
+/// starts and tunnels with none. One that terminates a grant's host does need them and is
+/// refused at its start without any, as is a bad extra root either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_terminating_proxy_needs_trust_roots() {
+    let ca = TestCa::new();
+    let up = https_upstream(&ca, &[TLS_HOST]).await;
+    let port = up.addr.port();
+    // The test upstream is on loopback, which only an explicit allow reaches.
+    let mut f = fixture(
+        &[format!("{TLS_HOST}:{port}"), "127.0.0.1/32:*".into()],
+        Some(&ca),
+    );
+    f.resolver.set(TLS_HOST, &[ip("127.0.0.1")]);
+    f.cfg.upstream_roots = UpstreamRoots {
+        system: false,
+        extra_pem: Vec::new(),
+    };
+    let (h, proxy) = start(&f);
+    assert_eq!(
+        tunnel_get(proxy, port, &ca, "/no-roots").await,
+        "hello from upstream /no-roots"
+    );
+    drop(h);
+    let mut with_grant = f.cfg.clone();
+    with_grant.grants = vec![grant(&f, &[], &[])];
+    let e = EgressProxy::start(with_grant, &tokio::runtime::Handle::current())
+        .expect_err("a terminating proxy without roots must not start")
+        .to_string();
+    assert!(e.contains("no trust roots"), "{e}");
+    let mut bad_root = f.cfg.clone();
+    bad_root.upstream_roots.extra_pem = vec!["not a certificate".into()];
+    let e = EgressProxy::start(bad_root, &tokio::runtime::Handle::current())
+        .expect_err("a bad extra root must be refused")
+        .to_string();
+    assert!(e.contains("CERTIFICATE"), "{e}");
 }
 
 // ---------------------------------------------------------------- grants
