@@ -82,9 +82,9 @@ pub fn server_backends(data_dir: &std::path::Path) -> cordon_server::Backends {
 }
 
 /// Cleans up after a server that died without destroying its sandboxes: container
-/// sandboxes' cgroups (and every process still in them), gvisor sandboxes whose owner is
-/// gone. Wasm scratch dirs are removed by
-/// the server itself; runtime sandboxes live only in the dead process.
+/// sandboxes' cgroups (and every process still in them) and egress socket directories,
+/// gvisor sandboxes whose owner is gone. Wasm scratch dirs are removed by the server
+/// itself; runtime sandboxes live only in the dead process.
 pub fn recovery_hook() -> cordon_server::RecoveryHook {
     std::sync::Arc::new(|rows: &[cordon_server::audit::LiveRow]| {
         let ids: std::collections::BTreeSet<&str> = rows
@@ -106,6 +106,13 @@ pub fn recovery_hook() -> cordon_server::RecoveryHook {
             cordon_container::cgroup::reap_empty(std::time::Duration::from_secs(1))
                 .into_iter()
                 .map(|name| format!("empty cgroup cordon/{name}")),
+        );
+        // Container sandboxes' egress sockets (and CA bundles) whose proxy died with the
+        // server.
+        removed.extend(
+            cordon_container::egress::reap_stale()
+                .into_iter()
+                .map(|id| format!("egress socket dir of {id}")),
         );
         // gvisor sandboxes whose owner is gone: runsc state, cgroups, bundles, mounts.
         removed.extend(

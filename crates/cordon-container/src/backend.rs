@@ -374,6 +374,7 @@ impl ContainerBackend {
                 .map(|c| c.procs_files())
                 .unwrap_or_default(),
             extra_files: sb.egress.as_ref().map(|l| l.files()).unwrap_or_default(),
+            extra_copies: sb.egress.as_ref().map(|l| l.copies()).unwrap_or_default(),
             connect_port: sb
                 .egress
                 .as_ref()

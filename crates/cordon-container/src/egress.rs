@@ -19,7 +19,8 @@ pub fn wanted(spec: &SandboxSpec) -> bool {
     !spec.egress.allow.is_empty() || !spec.grants.is_empty()
 }
 
-fn socket_dir() -> PathBuf {
+/// Where the proxies' per-sandbox socket directories live.
+pub fn socket_dir() -> PathBuf {
     let run = Path::new("/run");
     if run.is_dir() {
         run.join("cordon").join("egress")
@@ -28,10 +29,73 @@ fn socket_dir() -> PathBuf {
     }
 }
 
+/// Where the CA bundles the sandboxes trust wait for their inits to copy them in: beside
+/// the socket directories, not in them (the gvisor tier mounts a socket directory whole).
+fn bundle_dir() -> PathBuf {
+    let mut d = socket_dir();
+    d.set_file_name("egress-ca");
+    d
+}
+
+/// Paths of the unix sockets something listens on in this network namespace.
+fn listening_unix_sockets() -> std::collections::BTreeSet<PathBuf> {
+    // Lines: `Num RefCount Protocol Flags Type St Inode Path`; `Flags` has __SO_ACCEPTCON
+    // (0x10000) set on a listening socket.
+    std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let flags = u32::from_str_radix(f.get(3)?, 16).ok()?;
+            let path = f.get(7)?;
+            (flags & 0x10000 != 0).then(|| PathBuf::from(path))
+        })
+        .collect()
+}
+
+/// Removes the socket directories of proxies that are gone: what a killed Cordon process
+/// left (its proxies died with it). A directory is stale when its socket file exists and
+/// nothing listens on it; one whose proxy is still being set up (no socket yet) or running
+/// is kept, whoever owns it. Returns the sandbox ids whose directories were removed.
+pub fn reap_stale() -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(socket_dir()) else {
+        return Vec::new();
+    };
+    let listening = listening_unix_sockets();
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let dir = e.path();
+        let socket = dir.join("egress.sock");
+        if !socket.exists() || listening.contains(&socket) {
+            continue;
+        }
+        let _ = std::fs::remove_file(&socket);
+        if std::fs::remove_dir(&dir).is_ok() {
+            removed.push(e.file_name().to_string_lossy().into_owned());
+        }
+    }
+    // A bundle outlives its proxy only when its process was killed: its socket directory,
+    // made before it and removed after it, is gone (or was reaped just now).
+    if let Ok(entries) = std::fs::read_dir(bundle_dir()) {
+        for e in entries.flatten() {
+            let path = e.path();
+            let Some(id) = path.file_stem() else { continue };
+            if !socket_dir().join(id).exists() {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    removed
+}
+
 /// A running proxy for one sandbox.
 pub struct EgressLink {
     handle: Option<ProxyHandle>,
     socket: PathBuf,
+    /// The bundle the sandbox trusts (readable by the sandbox's root alone), for the
+    /// sandbox's init to copy in.
+    bundle: PathBuf,
     reported: usize,
 }
 
@@ -74,11 +138,31 @@ impl EgressLink {
         std::os::unix::fs::chown(&socket, Some(owner), Some(owner))
             .and_then(|_| std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)))
             .map_err(|e| Error::io(format!("handing {} to the sandbox", socket.display()), e))?;
-        Ok(EgressLink {
+        // The bundle (the host's roots and this sandbox's CA, a few hundred KB) goes in as a
+        // file the init copies, not through the init's JSON, which would encode, decode and
+        // write it twice on every start.
+        let bundles = bundle_dir();
+        std::fs::create_dir_all(&bundles)
+            .and_then(|_| {
+                std::fs::set_permissions(&bundles, std::fs::Permissions::from_mode(0o711))
+            })
+            .map_err(|e| Error::io(format!("creating {}", bundles.display()), e))?;
+        let bundle = bundles.join(format!("{sandbox_id}.pem"));
+        let link = EgressLink {
             handle: Some(handle),
             socket,
+            bundle,
             reported: 0,
-        })
+        };
+        if let Some(h) = link.handle() {
+            std::fs::write(&link.bundle, h.ca_bundle_pem())
+                .and_then(|_| std::os::unix::fs::chown(&link.bundle, Some(owner), Some(owner)))
+                .and_then(|_| {
+                    std::fs::set_permissions(&link.bundle, std::fs::Permissions::from_mode(0o600))
+                })
+                .map_err(|e| Error::io(format!("writing {}", link.bundle.display()), e))?;
+        }
+        Ok(link)
     }
 
     pub fn socket(&self) -> &Path {
@@ -94,24 +178,30 @@ impl EgressLink {
         self.handle().map(|h| h.sandbox_env()).unwrap_or_default()
     }
 
-    /// Files the sandbox's /etc gets: the per-sandbox CA and the bundle it trusts.
+    /// Files the sandbox's /etc gets with their text: the per-sandbox CA.
     pub fn files(&self) -> Vec<(String, String)> {
         let Some(h) = self.handle() else {
             return Vec::new();
         };
-        let bundle = h.ca_bundle_pem();
-        vec![
-            (
-                cordon_egress::DEFAULT_CA_CERT_PATH.to_string(),
-                h.ca_cert_pem().to_string(),
-            ),
-            (
-                cordon_egress::DEFAULT_CA_BUNDLE_PATH.to_string(),
-                bundle.clone(),
-            ),
-            // Where OpenSSL, Python and curl look by default.
-            ("/etc/ssl/certs/ca-certificates.crt".to_string(), bundle),
+        vec![(
+            cordon_egress::DEFAULT_CA_CERT_PATH.to_string(),
+            h.ca_cert_pem().to_string(),
+        )]
+    }
+
+    /// Host files the sandbox's /etc gets copies of: the bundle it trusts, at Cordon's path
+    /// and where OpenSSL, Python and curl look by default.
+    pub fn copies(&self) -> Vec<(PathBuf, String)> {
+        if self.handle().is_none() {
+            return Vec::new();
+        }
+        [
+            cordon_egress::DEFAULT_CA_BUNDLE_PATH,
+            "/etc/ssl/certs/ca-certificates.crt",
         ]
+        .into_iter()
+        .map(|inside| (self.bundle.clone(), inside.to_string()))
+        .collect()
     }
 
     /// The per-sandbox CA certificate and the bundle the sandbox trusts (that CA plus the
@@ -158,6 +248,7 @@ impl Drop for EgressLink {
         // Placeholders die with the proxy.
         drop(self.handle.take());
         let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_file(&self.bundle);
         if let Some(dir) = self.socket.parent() {
             let _ = std::fs::remove_dir(dir);
         }

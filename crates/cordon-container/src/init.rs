@@ -15,7 +15,7 @@
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{PermissionsExt, symlink};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -63,9 +63,14 @@ pub struct InitJoin {
     /// `cgroup.procs` files the sandbox's first process is moved into before it runs
     /// anything; empty when cgroups are weakened.
     pub cgroup_procs: Vec<PathBuf>,
-    /// Extra text files to create (read-only) under the sandbox's /etc, e.g. a CA bundle.
+    /// Extra text files to create (read-only) under the sandbox's /etc, e.g. a CA.
     #[serde(default)]
     pub extra_files: Vec<(String, String)>,
+    /// Host files to copy (read-only, world-readable) under the sandbox's /etc: `(host
+    /// path, path inside)`, e.g. a CA bundle. A file given for several paths is copied once
+    /// and hard-linked to the others.
+    #[serde(default)]
+    pub extra_copies: Vec<(PathBuf, String)>,
     /// Loopback port Landlock lets programs connect to (the egress forwarder).
     #[serde(default)]
     pub connect_port: Option<u16>,
@@ -483,7 +488,8 @@ fn finish_root(join: &InitJoin) -> Result<(), String> {
     let io = |what: String| move |e: io::Error| format!("{what}: {e}");
     let new = Path::new(ROOT_BUILT_AT);
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    for (path, body) in &join.extra_files {
+    // Where an extra file goes in the new root, its directories made.
+    let place = |path: &str| -> Result<PathBuf, String> {
         let rel = path.trim_start_matches('/');
         if rel.split('/').any(|c| c == ".." || c.is_empty()) || !rel.starts_with("etc/") {
             return Err(format!(
@@ -494,7 +500,23 @@ fn finish_root(join: &InitJoin) -> Result<(), String> {
         if let Some(parent) = dst.parent() {
             fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
         }
-        fs::write(&dst, body).map_err(io(format!("writing {path}")))?;
+        Ok(dst)
+    };
+    for (path, body) in &join.extra_files {
+        fs::write(place(path)?, body).map_err(io(format!("writing {path}")))?;
+    }
+    let mut copied: Vec<(&Path, PathBuf)> = Vec::new();
+    for (from, path) in &join.extra_copies {
+        let dst = place(path)?;
+        if let Some((_, first)) = copied.iter().find(|(f, _)| *f == from.as_path()) {
+            fs::hard_link(first, &dst).map_err(io(format!("linking {path}")))?;
+            continue;
+        }
+        // The copy is the kernel's (copy_file_range); the source's mode is not the sandbox's.
+        fs::copy(from, &dst)
+            .and_then(|_| fs::set_permissions(&dst, fs::Permissions::from_mode(0o644)))
+            .map_err(io(format!("copying {} to {path}", from.display())))?;
+        copied.push((from.as_path(), dst));
     }
     if let Some(sock) = &join.egress_socket {
         let inside = new.join(crate::egress::SOCKET_INSIDE.trim_start_matches('/'));

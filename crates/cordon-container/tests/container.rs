@@ -875,6 +875,79 @@ fn egress_spec(allow: &[String]) -> SandboxSpec {
     s
 }
 
+/// The bundle an egress sandbox trusts arrives as one world-readable file at both paths
+/// (hard-linked), starting with the sandbox's own CA; the host's copy goes with the sandbox.
+/// A socket directory whose proxy is gone (a killed process's) is reaped; a live one is not.
+#[test]
+fn egress_ca_bundle_arrives_and_stale_socket_dirs_are_reaped() {
+    let b = need_backend!();
+    let mut sb = b
+        .create(&egress_spec(&["pypi.example.test".into()]))
+        .unwrap();
+    let id = sb.id().to_string();
+    let host_dir = cordon_container::egress::socket_dir().join(&id);
+    let host_bundle = cordon_container::egress::socket_dir()
+        .with_file_name("egress-ca")
+        .join(format!("{id}.pem"));
+    assert!(host_bundle.is_file());
+    let mut sink = |_: OutputStream, _: &[u8]| {};
+    let o = sb
+        .exec(
+            &ExecRequest::code(
+                Language::Bash,
+                "stat -c '%i %a' /etc/cordon/ca-bundle.pem /etc/ssl/certs/ca-certificates.crt; \
+                 ca=/etc/cordon/egress-ca.pem; \
+                 cmp -n $(stat -c %s $ca) $ca /etc/cordon/ca-bundle.pem && echo starts-with-ca; \
+                 grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt",
+            ),
+            &mut sink,
+        )
+        .unwrap();
+    assert!(o.success(), "{o:?}");
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(lines[0], lines[1], "not one file: {out}");
+    assert!(lines[0].ends_with(" 644"), "{out}");
+    assert_eq!(lines[2], "starts-with-ca", "{out}");
+    assert!(lines[3].parse::<u32>().unwrap() > 1, "{out}");
+
+    // A directory a dead proxy left: its socket file, nothing listening.
+    let stale =
+        cordon_container::egress::socket_dir().join(format!("sb-stale-{}", std::process::id()));
+    std::fs::create_dir_all(&stale).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(stale.join("egress.sock")).unwrap());
+    let stale_bundle = host_bundle.with_file_name(format!("sb-stale-{}.pem", std::process::id()));
+    std::fs::write(&stale_bundle, "x").unwrap();
+    let removed = cordon_container::egress::reap_stale();
+    assert!(removed.iter().any(|r| stale.ends_with(r)), "{removed:?}");
+    assert!(!stale.exists());
+    assert!(!stale_bundle.exists());
+    assert!(host_bundle.exists(), "a live sandbox's bundle was reaped");
+    assert!(
+        !removed.contains(&id),
+        "a live proxy's directory was reaped"
+    );
+    assert!(host_dir.join("egress.sock").exists());
+    // ... and the live sandbox still reaches its proxy.
+    let o = sb
+        .exec(
+            &ExecRequest::code(Language::Bash, "test -S /run/cordon/egress.sock && echo ok"),
+            &mut sink,
+        )
+        .unwrap();
+    assert_eq!(text(&o.stdout), "ok\n", "{o:?}");
+    sb.destroy().unwrap();
+    assert!(
+        !host_dir.exists(),
+        "the socket directory outlived the sandbox"
+    );
+    assert!(
+        !host_bundle.exists(),
+        "the host's bundle outlived the sandbox"
+    );
+}
+
 #[test]
 fn egress_allows_listed_hosts_and_refuses_the_rest() {
     let b = need_backend!();

@@ -457,6 +457,17 @@ impl GvisorSandbox {
                 }
                 std::fs::write(&dest, content).map_err(|e| io("writing the CA files", e))?;
             }
+            for (from, path) in link.copies() {
+                let dest = rootfs.join(path.trim_start_matches('/'));
+                if let Some(d) = dest.parent() {
+                    std::fs::create_dir_all(d).map_err(|e| io("creating /etc dirs", e))?;
+                }
+                std::fs::copy(&from, &dest)
+                    .and_then(|_| {
+                        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o644))
+                    })
+                    .map_err(|e| io("copying the CA bundle", e))?;
+            }
             self.egress = Some(link);
         }
         Ok(())
