@@ -132,9 +132,13 @@ pub struct Config {
     pub http: HttpLimits,
     #[serde(default)]
     pub audit: AuditConfig,
-    /// Warm pool size per tier, e.g. `container = 4`.
+    /// Warm pool size per tier, e.g. `container = 4`: sandboxes of the default spec.
     #[serde(default)]
     pub pools: BTreeMap<Tier, usize>,
+    /// Warm pools of other specs (`[[pool]]` tables): a create or run that asks for exactly
+    /// that tier, limits and allow and deny lists takes one of these.
+    #[serde(default, rename = "pool")]
+    pub spec_pools: Vec<SpecPool>,
     /// Limits a sandbox gets when its spec gives none.
     #[serde(default)]
     pub default_limits: Limits,
@@ -144,6 +148,21 @@ pub struct Config {
     /// The tier policy for requests that give `trust` and `autonomy`.
     #[serde(default)]
     pub policy: PolicyConfig,
+}
+
+/// A warm pool of a spec other than its tier's default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecPool {
+    pub tier: Tier,
+    pub size: usize,
+    /// As a request gives them: any left out are the server's `default_limits`.
+    #[serde(default)]
+    pub limits: crate::model::LimitsPatch,
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    #[serde(default)]
+    pub deny_hosts: Vec<String>,
 }
 
 /// Where the tier policy's rules and this host's bench figures come from.
@@ -193,6 +212,7 @@ impl Config {
             http: HttpLimits::default(),
             audit: AuditConfig::default(),
             pools: BTreeMap::new(),
+            spec_pools: Vec::new(),
             default_limits: Limits::default(),
             max_limits: max_limits(),
             policy: PolicyConfig::default(),
@@ -256,6 +276,16 @@ impl Config {
                 ));
             }
         }
+        for (i, p) in self.spec_pools.iter().enumerate() {
+            if p.size > 64 {
+                return bad(format!(
+                    "pool {} (the [[pool]] table number {}) has size {}, more than 64; give a smaller warm pool",
+                    p.tier,
+                    i + 1,
+                    p.size
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -278,10 +308,32 @@ default_ttl = "10m"
 max_ttl = 7200
 [pools]
 wasm = 2
+[[pool]]
+tier = "container"
+size = 3
+allow_hosts = ["pypi.org", "*.pythonhosted.org"]
+limits = { memory_bytes = 1073741824 }
 "#,
             Path::new("/etc/cordon"),
         )
         .unwrap();
+        assert_eq!(cfg.spec_pools.len(), 1);
+        let p = &cfg.spec_pools[0];
+        assert_eq!((p.tier, p.size), (Tier::Container, 3));
+        assert_eq!(p.allow_hosts, ["pypi.org", "*.pythonhosted.org"]);
+        assert_eq!(p.limits.memory_bytes, Some(1 << 30));
+        let big = "data_dir = \"x\"\n[[pool]]\ntier = \"wasm\"\nsize = 65\n";
+        let e = Config::parse(big, Path::new("/"))
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("more than 64")));
+        assert!(
+            Config::parse(
+                "data_dir = \"x\"\n[[pool]]\ntier = \"wasm\"\nsize = 1\nenv = 1\n",
+                Path::new("/")
+            )
+            .is_err()
+        );
         assert_eq!(cfg.data_dir, Path::new("/etc/cordon/data"));
         assert_eq!(cfg.sessions.default_ttl.0, Duration::from_secs(600));
         assert_eq!(cfg.sessions.max_ttl.0, Duration::from_secs(7200));

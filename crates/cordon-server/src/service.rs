@@ -238,7 +238,8 @@ impl Drop for BusyGuard {
     }
 }
 
-/// A warm pool of fresh, never-used sandboxes of one tier and the default spec.
+/// A warm pool of fresh, never-used sandboxes of one spec: a tier's default, or one a
+/// `[[pool]]` table gives.
 struct Pool {
     tier: Tier,
     size: usize,
@@ -256,7 +257,7 @@ struct Inner {
     metrics: Metrics,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     counts: Arc<Mutex<Counts>>,
-    pools: BTreeMap<Tier, Arc<Pool>>,
+    pools: Vec<Arc<Pool>>,
     /// The tier policy (requests with `trust` and `autonomy`) and this host's bench figures.
     rules: cordon_policy::Rules,
     bench: Option<cordon_policy::BenchFigures>,
@@ -349,28 +350,45 @@ impl Service {
                 }
             }
         });
-        let mut pools = BTreeMap::new();
-        for (tier, size) in &cfg.pools {
-            if *size == 0 {
-                continue;
-            }
-            if !backends.contains_key(tier) {
-                return Err(ServerError::Config(format!(
-                    "pools.{tier} is set but this build has no {tier} tier"
-                )));
-            }
+        // The default spec of each pooled tier, then the `[[pool]]` specs, built as a
+        // request with the same tier, limits and lists builds its spec, so it takes one.
+        let defaults = cfg.pools.iter().map(|(tier, size)| {
             let mut spec = SandboxSpec::new(*tier);
             spec.limits = cfg.default_limits.clone();
-            pools.insert(
-                *tier,
-                Arc::new(Pool {
-                    tier: *tier,
-                    size: *size,
-                    spec,
-                    ready: Mutex::new(VecDeque::new()),
-                    wake: Notify::new(),
-                }),
-            );
+            (spec, *size)
+        });
+        let others = cfg.spec_pools.iter().map(|p| {
+            let mut spec = SandboxSpec::new(p.tier);
+            spec.limits = p.limits.apply(&cfg.default_limits);
+            spec.egress = cordon_core::EgressPolicy {
+                allow: p.allow_hosts.clone(),
+                deny: p.deny_hosts.clone(),
+            };
+            (spec, p.size)
+        });
+        let mut pools: Vec<Arc<Pool>> = Vec::new();
+        for (spec, size) in defaults.chain(others) {
+            let tier = spec.tier;
+            if size == 0 {
+                continue;
+            }
+            if !backends.contains_key(&tier) {
+                return Err(ServerError::Config(format!(
+                    "a warm pool of the {tier} tier is configured but this build has no {tier} tier"
+                )));
+            }
+            if pools.iter().any(|p| p.spec == spec) {
+                return Err(ServerError::Config(format!(
+                    "two warm pools of the {tier} tier hold the same spec; merge them into one"
+                )));
+            }
+            pools.push(Arc::new(Pool {
+                tier,
+                size,
+                spec,
+                ready: Mutex::new(VecDeque::new()),
+                wake: Notify::new(),
+            }));
         }
         let svc = Service {
             inner: Arc::new(Inner {
@@ -392,7 +410,22 @@ impl Service {
                 _lock: lock_file,
             }),
         };
-        for pool in svc.inner.pools.values() {
+        for pool in &svc.inner.pools {
+            // A pool's spec passes the same checks as a request's, or the server does not
+            // start (an unavailable tier only leaves its pools empty, as below).
+            if let Err(e) = svc.check(
+                &pool.spec,
+                svc.inner.cfg.sessions.default_ttl.0,
+                svc.inner.cfg.sessions.default_idle_timeout.0,
+            ) && e.code != Code::TierUnavailable
+            {
+                return Err(ServerError::Config(format!(
+                    "a warm pool of the {} tier: {}",
+                    pool.tier, e.message
+                )));
+            }
+        }
+        for pool in &svc.inner.pools {
             if svc.tier_available(pool.tier) {
                 svc.inner.background.spawn(svc.clone().refill(pool.clone()));
             } else {
@@ -447,9 +480,10 @@ impl Service {
     pub fn pool_ready(&self, tier: Tier) -> usize {
         self.inner
             .pools
-            .get(&tier)
+            .iter()
+            .filter(|p| p.tier == tier)
             .map(|p| lock(&p.ready).len())
-            .unwrap_or(0)
+            .sum()
     }
 
     /// Number of destroys under way (one-shot runs' teardowns, reaped and deleted sandboxes).
@@ -718,14 +752,10 @@ impl Service {
     async fn acquire(&self, spec: &SandboxSpec) -> Result<Acquired, ApiError> {
         let tier = spec.tier;
         let labels = Metrics::tier(tier);
-        if let Some(pool) = self.inner.pools.get(&tier) {
-            if pool.spec == *spec {
+        if self.inner.pools.iter().any(|p| p.tier == tier) {
+            if let Some(pool) = self.inner.pools.iter().find(|p| p.spec == *spec) {
                 let taken = lock(&pool.ready).pop_front();
-                self.inner
-                    .metrics
-                    .pool_ready
-                    .get_or_create(&labels)
-                    .set(lock(&pool.ready).len() as i64);
+                self.pool_gauge(tier);
                 pool.wake.notify_one();
                 if let Some(sandbox) = taken {
                     self.inner.metrics.pool_hits.get_or_create(&labels).inc();
@@ -1295,16 +1325,8 @@ impl Service {
                         .start_seconds
                         .get_or_create(&labels)
                         .observe(t0.elapsed().as_secs_f64());
-                    let n = {
-                        let mut q = lock(&pool.ready);
-                        q.push_back(Held::new(sb));
-                        q.len()
-                    };
-                    self.inner
-                        .metrics
-                        .pool_ready
-                        .get_or_create(&labels)
-                        .set(n as i64);
+                    lock(&pool.ready).push_back(Held::new(sb));
+                    self.pool_gauge(pool.tier);
                     if self.inner.cancel.is_cancelled() {
                         self.drain_pool(&pool).await;
                         return;
@@ -1335,11 +1357,16 @@ impl Service {
             }
         })
         .await;
+        self.pool_gauge(pool.tier);
+    }
+
+    /// Sets a tier's `pool_ready` gauge: the fresh sandboxes in all its pools.
+    fn pool_gauge(&self, tier: Tier) {
         self.inner
             .metrics
             .pool_ready
-            .get_or_create(&Metrics::tier(pool.tier))
-            .set(0);
+            .get_or_create(&Metrics::tier(tier))
+            .set(self.pool_ready(tier) as i64);
     }
 
     /// Graceful shutdown: refuses new work, destroys every sandbox and empties the pools.
@@ -1369,7 +1396,7 @@ impl Service {
         }
         self.inner.destroys.close();
         self.inner.destroys.wait().await;
-        for pool in self.inner.pools.values() {
+        for pool in &self.inner.pools {
             self.drain_pool(pool).await;
         }
         let audit = self.inner.audit.clone();

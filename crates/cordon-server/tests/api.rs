@@ -220,6 +220,18 @@ impl Env {
         v["id"].as_str().unwrap().to_string()
     }
 
+    /// The Prometheus text of `/metrics` (no key needed).
+    async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     async fn wait_pool(&self, n: usize) {
         for _ in 0..200 {
             if self.server.service().pool_ready(Tier::Container) >= n {
@@ -460,15 +472,7 @@ async fn lifecycle_files_exec_stream_and_audit() {
     assert_eq!(v["events"][0]["decision"], "allow");
 
     // Metrics.
-    let m = env
-        .http
-        .get(format!("{}/metrics", env.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = env.metrics().await;
     assert!(
         m.contains("cordon_pool_hits_total{tier=\"container\"} 1"),
         "{m}"
@@ -1153,4 +1157,85 @@ async fn tier_policy_picks_refuses_and_audits() {
     assert!(text.contains("tier-available"), "{text}");
     assert!(text.contains("\"chosen\""), "{text}");
     env.server.shutdown().await;
+}
+
+/// A `[[pool]]` spec (limits and an allow-list) keeps its own warm sandboxes: a create that
+/// asks for exactly it takes one, the default spec takes from the tier's default pool, and
+/// any other spec starts cold. The pools' gauge counts both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_another_spec_serves_exactly_that_spec() {
+    let env = start_with(|cfg| {
+        cfg.spec_pools.push(cordon_server::config::SpecPool {
+            tier: Tier::Container,
+            size: 1,
+            limits: cordon_server::model::LimitsPatch {
+                memory_bytes: Some(256 << 20),
+                ..Default::default()
+            },
+            allow_hosts: vec!["pypi.example.test".into()],
+            deny_hosts: Vec::new(),
+        });
+    })
+    .await;
+    env.wait_pool(3).await;
+    let create = |body: Value| env.call(M::POST, "/v1/sandboxes", "key-alice", Some(body));
+    let (s, v) = create(json!({
+        "tier": "container",
+        "allow_hosts": ["pypi.example.test"],
+        "limits": {"memory_bytes": 256 << 20},
+    }))
+    .await;
+    assert_eq!((s, v["source"].as_str()), (201, Some("pool")), "{v}");
+    let (s, v) = create(json!({"tier": "container", "allow_hosts": ["other.example.test"]})).await;
+    assert_eq!((s, v["source"].as_str()), (201, Some("cold")), "{v}");
+    let (s, v) = create(json!({"tier": "container", "allow_hosts": ["pypi.example.test"]})).await;
+    assert_eq!(
+        (s, v["source"].as_str()),
+        (201, Some("cold")),
+        "limits differ: {v}"
+    );
+    let (s, v) = create(json!({"tier": "container"})).await;
+    assert_eq!((s, v["source"].as_str()), (201, Some("pool")), "{v}");
+    let metrics = env.metrics().await;
+    assert!(
+        metrics.contains("cordon_pool_hits_total{tier=\"container\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("cordon_pool_misses_total{tier=\"container\"} 2"),
+        "{metrics}"
+    );
+    env.server.shutdown().await;
+}
+
+/// A `[[pool]]` spec the server's policy would refuse, or two pools of one spec, stop the
+/// server at its start with a message that names the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_specs_the_policy_refuses_stop_the_start() {
+    let pool = |memory: u64| cordon_server::config::SpecPool {
+        tier: Tier::Container,
+        size: 1,
+        limits: cordon_server::model::LimitsPatch {
+            memory_bytes: Some(memory),
+            ..Default::default()
+        },
+        allow_hosts: Vec::new(),
+        deny_hosts: Vec::new(),
+    };
+    for (pools, want) in [
+        (vec![pool(64 << 30)], "limits.memory_bytes is above"),
+        (vec![pool(256 << 20), pool(256 << 20)], "same spec"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path());
+        cfg.spec_pools = pools;
+        let counters = Arc::new(Counters::default());
+        let e = Server::start(cfg, backends(&counters), None)
+            .await
+            .err()
+            .expect("the server started with a pool it must refuse")
+            .to_string();
+        assert!(e.contains("warm pool") && e.contains(want), "{e}");
+        assert_eq!(counters.created.load(Ordering::SeqCst), 0);
+    }
 }
