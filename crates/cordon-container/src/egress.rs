@@ -59,7 +59,8 @@ fn listening_unix_sockets() -> std::collections::BTreeSet<PathBuf> {
 /// nothing listens on it; one whose proxy is still being set up (no socket yet) or running
 /// is kept, whoever owns it. Returns the sandbox ids whose directories were removed.
 pub fn reap_stale() -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(socket_dir()) else {
+    let sockets = socket_dir();
+    let Ok(entries) = std::fs::read_dir(&sockets) else {
         return Vec::new();
     };
     let listening = listening_unix_sockets();
@@ -81,7 +82,7 @@ pub fn reap_stale() -> Vec<String> {
         for e in entries.flatten() {
             let path = e.path();
             let Some(id) = path.file_stem() else { continue };
-            if !socket_dir().join(id).exists() {
+            if !sockets.join(id).exists() {
                 let _ = std::fs::remove_file(&path);
             }
         }

@@ -890,6 +890,19 @@ fn egress_ca_bundle_arrives_and_stale_socket_dirs_are_reaped() {
         .with_file_name("egress-ca")
         .join(format!("{id}.pem"));
     assert!(host_bundle.is_file());
+    {
+        // The host's copy is the sandbox root's alone, in a directory others cannot list.
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let m = std::fs::metadata(&host_bundle).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        assert_ne!(
+            m.uid(),
+            0,
+            "the bundle belongs to host root, not the sandbox's root"
+        );
+        let d = std::fs::metadata(host_bundle.parent().unwrap()).unwrap();
+        assert_eq!(d.permissions().mode() & 0o777, 0o711);
+    }
     let mut sink = |_: OutputStream, _: &[u8]| {};
     let o = sb
         .exec(

@@ -1036,7 +1036,6 @@ fn is_full(p: &Path) -> bool {
     }
 }
 
-/// The reaper's status line: `exit|signal VALUE MAX_RSS_KB CPU_US`.
 /// What a reaper reports of its exec on the status pipe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Report {
@@ -1245,28 +1244,20 @@ fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: bool) -> ! {
         }
     };
     // Hand the job to the pre-forked program; if it is gone, fork a new one below.
-    let go = Instant::now();
     let mut forked = None;
     if failed.is_none()
         && let Some((pid, sock)) = program
     {
         let bytes = encode(&job, b"").unwrap_or_default();
         let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd()];
+        let handed = Instant::now();
         if !bytes.is_empty() && send_job(&sock, &bytes, &fds).is_ok() {
-            forked = Some(pid);
+            forked = Some((pid, handed));
         } else {
             let _ = kill(pid, Signal::SIGKILL);
         }
     }
-    reaper_main(
-        cfg,
-        &plan,
-        &job.limits,
-        [a, b, c],
-        status,
-        failed,
-        (forked, go),
-    )
+    reaper_main(cfg, &plan, &job.limits, [a, b, c], status, failed, forked)
 }
 
 /// The reaper, job in hand: PID 1 of the exec's namespace. `forked` is the program's
@@ -1279,7 +1270,7 @@ fn reaper_main(
     stdio: [OwnedFd; 3],
     status: OwnedFd,
     failed: Option<String>,
-    (forked, handed): (Option<Pid>, Instant),
+    forked: Option<(Pid, Instant)>,
 ) -> ! {
     // Move what we keep to fixed numbers: stdio to 0-2, the status pipe to 3. First lift
     // every descriptor above the range, so no dup2 below lands on one still needed.
@@ -1296,7 +1287,7 @@ fn reaper_main(
         sys::exit_now(0);
     }
     let (child, started) = match forked {
-        Some(pid) => (pid, handed),
+        Some(forked) => forked,
         None => {
             let started = Instant::now();
             match sys::fork_into(0) {
