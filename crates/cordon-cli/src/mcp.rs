@@ -27,6 +27,16 @@ pub fn mcp(args: McpArgs) -> Result<i32> {
     if let Some(d) = args.data_dir {
         cfg.data_dir = d;
     }
+    // The local agent acts for the operator who started it: trusted, every tier, unless
+    // the config gives tenant `local` a ceiling of its own. Egress keeps the default
+    // ceiling (public names and addresses only).
+    cfg.tenants
+        .entry("local".into())
+        .or_insert_with(|| cordon_engine::TenantRules {
+            trust: Some(cordon_policy::Trust::Trusted),
+            tiers: Some(cordon_core::Tier::ALL.to_vec()),
+            ..Default::default()
+        });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

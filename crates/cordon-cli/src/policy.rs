@@ -157,9 +157,11 @@ pub fn cli_audit_dir() -> PathBuf {
     cordon_microvm::image::default_data_dir().join("cli")
 }
 
-/// Records a `cordon run` policy decision (allowed or refused) before anything runs. A
+/// Records a `cordon run` gate decision (allowed or refused) before anything runs. A
 /// decision that cannot be recorded stops the run: nothing runs unaudited.
-pub fn audit_decision(decided: &Result<Decision, Box<Refusal>>) -> Result<()> {
+pub fn audit_record(
+    decided: &std::result::Result<cordon_engine::Admission, cordon_engine::Denial>,
+) -> Result<()> {
     use cordon_server::audit::{Audit, NewEvent};
     let dir = cli_audit_dir();
     let record = || -> Result<()> {
@@ -167,8 +169,8 @@ pub fn audit_decision(decided: &Result<Decision, Box<Refusal>>) -> Result<()> {
         let store = Audit::open(&dir.join("audit.db"))?;
         let user = std::env::var("USER").unwrap_or_else(|_| "local".to_string());
         let (decision, tier, detail) = match decided {
-            Ok(d) => ("allow", Some(d.chosen), serde_json::to_value(d)?),
-            Err(r) => ("deny", None, serde_json::to_value(&**r)?),
+            Ok(a) => ("allow", Some(a.spec.tier), serde_json::to_value(&a.record)?),
+            Err(d) => ("deny", d.record.tier, serde_json::to_value(&*d.record)?),
         };
         store.record(&NewEvent {
             tenant: Some(&format!("cli:{user}")),
@@ -176,7 +178,7 @@ pub fn audit_decision(decided: &Result<Decision, Box<Refusal>>) -> Result<()> {
             kind: "policy",
             decision: Some(decision),
             tier,
-            detail: serde_json::json!({"request": "cordon run", "tier_policy": detail}),
+            detail,
         })?;
         Ok(())
     };

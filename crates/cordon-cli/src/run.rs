@@ -7,8 +7,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use cordon_core::units::{format_duration, format_size, parse_duration, parse_size};
 use cordon_core::{
-    Command, ExecOutcome, ExecRequest, FileIn, Grant, GrantSecret, Language, OutputStream,
-    SandboxSpec, Tier, Weakening, exit_code_for, run_once,
+    Command, ExecOutcome, ExecRequest, FileIn, Grant, GrantSecret, Language, OutputStream, Tier,
+    Weakening, exit_code_for, run_once,
+};
+use cordon_engine::{
+    Admission, Gate, GateSettings, LimitsPatch, Principal, RulesSource, SandboxRequest,
 };
 
 use crate::backends::AnyBackend;
@@ -188,10 +191,17 @@ fn parse_grant(s: &str) -> Result<Grant> {
         Some((h, v)) => (h, v.to_string()),
         None => (rest, var.clone()),
     };
+    // The local user is the operator: the secret comes from this process's environment,
+    // which the operator controls; the sandbox gets a placeholder only.
+    let value = std::env::var_os(&secret_var).ok_or_else(|| {
+        anyhow!(
+            "--grant {name}: the host environment variable {secret_var} is not set; export it before `cordon run`"
+        )
+    })?;
     Ok(Grant {
         name: name.to_string(),
         env_var: var,
-        secret: GrantSecret::Env(secret_var),
+        secret: GrantSecret::value(value.into_encoded_bytes()),
         hosts: hosts
             .split(',')
             .filter(|h| !h.is_empty())
@@ -224,91 +234,152 @@ fn tier_fits(args: &RunArgs, tier: Tier) -> bool {
     }
 }
 
-/// The policy step: with --trust and --autonomy, the policy picks the tier (or refuses);
-/// `Err(code)` is the exit status of a refusal.
-fn apply_policy(args: &mut RunArgs) -> Result<std::result::Result<Option<serde_json::Value>, i32>> {
-    use cordon_policy::TierChoice;
-    let asked = args.tier.unwrap_or(if args.wasm.is_some() {
-        TierChoice::Tier(Tier::Wasm)
-    } else {
-        TierChoice::Auto
-    });
-    let fits: Vec<Tier> = Tier::ALL
-        .into_iter()
-        .filter(|t| tier_fits(args, *t))
-        .collect();
-    let decided = crate::policy::decide(&args.policy, asked, &args.allow_hosts, None, &fits)?;
-    if let Some(d) = &decided {
-        crate::policy::audit_decision(d)?;
-    }
-    match decided {
-        None if args.tier == Some(TierChoice::Auto) => {
-            bail!(
-                "--tier auto needs --trust and --autonomy, e.g. --trust untrusted --autonomy compute"
-            )
-        }
-        None => Ok(Ok(None)),
-        Some(Ok(d)) => {
-            args.tier = Some(TierChoice::Tier(d.chosen));
-            Ok(Ok(Some(serde_json::to_value(&d)?)))
-        }
-        Some(Err(r)) => Ok(Err(crate::policy::report_refusal(&r, args.json)?)),
-    }
-}
-
-fn build_spec(args: &RunArgs) -> Result<SandboxSpec> {
-    let mut spec = SandboxSpec::new(tier_of(args));
-    let l = &mut spec.limits;
-    if let Some(t) = args.timeout {
-        l.timeout_ms = t.as_millis().max(1) as u64;
-    }
-    if let Some(v) = args.memory {
-        l.memory_bytes = v;
-    }
-    if let Some(v) = args.pids {
-        l.pids = v;
-    }
-    if let Some(v) = args.disk {
-        l.disk_bytes = v;
-    }
-    if let Some(v) = args.tmp {
-        l.tmp_bytes = v;
-    }
-    if let Some(v) = args.cpus {
-        l.cpus = v;
-    }
+/// The one request `cordon run`'s flags make: the same type the HTTP API and MCP build.
+fn sandbox_request(args: &RunArgs, exec: &ExecRequest) -> Result<SandboxRequest> {
+    let mut limits = LimitsPatch {
+        timeout_ms: args.timeout.map(|t| t.as_millis().max(1) as u64),
+        memory_bytes: args.memory,
+        pids: args.pids,
+        disk_bytes: args.disk,
+        tmp_bytes: args.tmp,
+        cpus: args.cpus,
+        ..LimitsPatch::default()
+    };
     if let Some(v) = args.output_limit {
-        l.stdout_bytes = v;
-        l.stderr_bytes = v;
+        limits.stdout_bytes = Some(v);
+        limits.stderr_bytes = Some(v);
     }
+    let mut env = std::collections::BTreeMap::new();
     for kv in &args.env {
         let (k, v) = kv
             .split_once('=')
             .ok_or_else(|| anyhow!("--env {kv:?} must look like KEY=VALUE"))?;
-        spec.env.insert(k.to_string(), v.to_string());
+        env.insert(k.to_string(), v.to_string());
     }
-    spec.allow_weaker = args.allow_weaker.iter().copied().collect();
-    spec.egress.allow = args.allow_hosts.clone();
-    spec.egress.deny = args.deny_hosts.clone();
+    let mut inline_grants = Vec::new();
     for g in &args.grants {
-        spec.grants.push(parse_grant(g)?);
+        inline_grants.push(parse_grant(g)?);
     }
-    spec.validate()?;
-    Ok(spec)
+    let tier = match args.tier {
+        None if args.wasm.is_some() => Some(cordon_policy::TierChoice::Tier(Tier::Wasm)),
+        t => t,
+    };
+    Ok(SandboxRequest {
+        tier,
+        trust: args.policy.trust,
+        autonomy: args.policy.autonomy,
+        shape: args.policy.shape,
+        limits,
+        env,
+        allow_hosts: args.allow_hosts.clone(),
+        deny_hosts: args.deny_hosts.clone(),
+        grants: Vec::new(),
+        allow_weaker: args.allow_weaker.iter().copied().collect(),
+        ttl: None,
+        idle_timeout: None,
+        inline_grants,
+        workload: cordon_engine::workload_of(
+            &exec.command,
+            !args.files.is_empty() || !args.outs.is_empty(),
+        ),
+    })
 }
 
-pub fn run(mut args: RunArgs) -> Result<i32> {
-    let decision = match apply_policy(&mut args)? {
-        Ok(d) => d,
+/// The local operator's gate: every tier, trust as the flags say, the same checks as the
+/// server's (limits, egress entries, the tier policy when --trust and --autonomy are given).
+fn local_gate(args: &RunArgs, req: &SandboxRequest) -> Result<Gate> {
+    let rules = match &args.policy.policy {
+        Some(p) => RulesSource::Text(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading the policy file {}", p.display()))?,
+        ),
+        None => RulesSource::Shipped,
+    };
+    let policy_step = req.trust.is_some() || req.autonomy.is_some();
+    let fits: Vec<Tier> = Tier::ALL
+        .into_iter()
+        .filter(|t| tier_fits(args, *t))
+        .collect();
+    let settings = GateSettings {
+        default_tier: tier_of(args),
+        ..GateSettings::default()
+    };
+    let gate = |available: std::collections::BTreeSet<Tier>, bench| {
+        Gate::new(
+            settings.clone(),
+            cordon_engine::CeilingConfig::default(),
+            std::sync::Arc::new(cordon_engine::Catalogue::empty()),
+            rules.clone(),
+            bench,
+        )
+        .with_tiers(available, Vec::new())
+    };
+    if !policy_step {
+        // No policy step: the tier asked for (or the default) is taken; its backend says
+        // at create whether it can run here.
+        return Ok(gate(Tier::ALL.into_iter().collect(), None));
+    }
+    // Decide as if every fitting tier were here first: a refusal by a rule needs no probe.
+    let first = gate(fits.iter().copied().collect(), None);
+    if let Err(d) = first.admit(&Principal::Operator, req, "cordon run")
+        && d.rule != "tier-available"
+    {
+        return Ok(first);
+    }
+    let host = crate::policy::probe_host(None, &fits);
+    Ok(gate(host.available, host.bench))
+}
+
+/// Prints a refusal on stderr (and as JSON on stdout with `json`); the exit status is 125.
+fn report_denial(d: &cordon_engine::Denial, json: bool) -> Result<i32> {
+    eprintln!("cordon: refused ({}): {}", d.rule, d.message);
+    eprintln!("cordon: fix: {}", d.fix);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&serde_json::json!({
+                "refused": {
+                    "code": d.code,
+                    "rule": d.rule,
+                    "message": d.message,
+                    "fix": d.fix,
+                    "decision": d.record,
+                }
+            }))?
+        );
+    }
+    Ok(125)
+}
+
+/// Passes a request through the local gate: the admitted spec and the policy's decision,
+/// or the exit status of a refusal (printed).
+fn admit(args: &RunArgs) -> Result<std::result::Result<(Admission, ExecRequest), i32>> {
+    let exec = build_request(args)?;
+    let req = sandbox_request(args, &exec)?;
+    let gate = local_gate(args, &req)?;
+    let decided = gate.admit(&Principal::Operator, &req, "cordon run");
+    let policy_step = req.trust.is_some() || req.autonomy.is_some();
+    if policy_step {
+        crate::policy::audit_record(&decided)?;
+    }
+    match decided {
+        Ok(adm) => Ok(Ok((adm, exec))),
+        Err(d) => Ok(Err(report_denial(&d, args.json)?)),
+    }
+}
+
+pub fn run(args: RunArgs) -> Result<i32> {
+    let (adm, exec) = match admit(&args)? {
+        Ok(a) => a,
         Err(code) => return Ok(code),
     };
-    let tier = tier_of(&args);
+    let tier = adm.spec.tier;
     let backend = AnyBackend::for_tier(tier).ok_or_else(|| {
         anyhow!(
             "the {tier} tier is not part of this build of cordon yet; `cordon doctor` lists the tiers"
         )
     })?;
-    run_on(&args, decision, &backend)
+    run_on(&args, adm, exec, &backend)
 }
 
 /// The `cordon` front's share of `cordon run`: the container tier, asked for by name or by
@@ -352,7 +423,11 @@ pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
     }
     crate::init_logging();
     let backend = early.unwrap_or_else(backend);
-    Some(match run_on(&args, None, &backend) {
+    let ran = admit(&args).and_then(|a| match a {
+        Ok((adm, exec)) => run_on(&args, adm, exec, &backend),
+        Err(code) => Ok(code),
+    });
+    Some(match ran {
         Ok(code) => code,
         Err(e) => {
             eprintln!("cordon: error: {e:#}");
@@ -390,14 +465,14 @@ fn container_likely(argv: &[std::ffi::OsString]) -> bool {
     true
 }
 
-/// Runs a request whose tier is settled on `backend`; `decision` is the policy's, if any.
+/// Runs an admitted request on `backend` (its tier's).
 fn run_on(
     args: &RunArgs,
-    decision: Option<serde_json::Value>,
+    adm: Admission,
+    req: ExecRequest,
     backend: &dyn cordon_core::Backend,
 ) -> Result<i32> {
-    let spec = build_spec(args)?;
-    let req = build_request(args)?;
+    let Admission { spec, decision, .. } = adm;
     let mut files_in = Vec::new();
     for f in &args.files {
         let (host, inside) = split_pair(f, "--file")?;
@@ -418,8 +493,8 @@ fn run_on(
     let json = args.json;
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
-    let mut sink = |stream: OutputStream, data: &[u8]| {
-        if json {
+    let mut write = |stream: OutputStream, data: &[u8]| {
+        if json || data.is_empty() {
             return;
         }
         let _ = match stream {
@@ -427,8 +502,14 @@ fn run_on(
             OutputStream::Stderr => stderr.write_all(data).and_then(|_| stderr.flush()),
         };
     };
+    // Live output passes a streaming redactor that knows the grants' secrets, as every
+    // other output sink does.
+    let mut sink = cordon_egress::scan::RedactingSink::new(
+        cordon_egress::scan::known_secrets_of(&spec.grants),
+        &mut write,
+    );
     let out_paths: Vec<String> = outs.iter().map(|(p, _)| p.clone()).collect();
-    let (mut outcome, fetched) = run_once(
+    let ran = run_once(
         backend,
         &spec,
         &files_in,
@@ -436,16 +517,17 @@ fn run_on(
         &out_paths,
         args.max_out_file,
         &mut sink,
-    )?;
-    if let Some(d) = decision {
-        if !json {
-            eprintln!(
-                "cordon: policy chose the {} tier (minimum {}; `cordon policy explain` says why)",
-                d["chosen"].as_str().unwrap_or("?"),
-                d["minimum"].as_str().unwrap_or("?")
-            );
-        }
-        outcome.extra.insert("policy".to_string(), d);
+    );
+    sink.finish();
+    drop(sink);
+    let (outcome, fetched) = ran?;
+    if let Some(d) = &decision
+        && !json
+    {
+        eprintln!(
+            "cordon: policy chose the {} tier (minimum {}; `cordon policy explain` says why)",
+            d.chosen, d.minimum
+        );
     }
     let mut file_errors = Vec::new();
     let mut written = Vec::new();
@@ -461,6 +543,9 @@ fn run_on(
     if json {
         let mut v = serde_json::to_value(&outcome)?;
         v["exit_status"] = serde_json::json!(exit_code_for(&outcome));
+        if let Some(d) = &decision {
+            v["policy"] = serde_json::to_value(d)?;
+        }
         v["files_out"] = serde_json::json!(
             written
                 .iter()
@@ -524,23 +609,22 @@ fn print_summary(o: &ExecOutcome, written: &[(String, String, usize)], errors: &
     for w in &o.warnings {
         eprintln!("cordon: warning: {w}");
     }
-    if let Some(serde_json::Value::Array(f)) = o.extra.get("findings") {
-        for item in f {
-            eprintln!("cordon: scan: {item}");
-        }
+    for f in &o.extra.findings {
+        eprintln!(
+            "cordon: scan: {}",
+            serde_json::to_string(f).unwrap_or_default()
+        );
     }
-    if let Some(serde_json::Value::Array(ev)) = o.extra.get("egress") {
-        for e in ev {
-            let get = |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or("-").to_string();
-            eprintln!(
-                "cordon: egress {} {}:{} {} ({})",
-                get("decision"),
-                get("host"),
-                e.get("port").map(|p| p.to_string()).unwrap_or_default(),
-                get("rule"),
-                get("kind")
-            );
-        }
+    for e in &o.extra.egress {
+        let or_dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        eprintln!(
+            "cordon: egress {} {}:{} {} ({:?})",
+            e.decision.as_str(),
+            or_dash(&e.host),
+            e.port.map(|p| p.to_string()).unwrap_or_default(),
+            or_dash(&e.rule),
+            e.kind
+        );
     }
     for (p, h, n) in written {
         eprintln!("cordon: wrote {p} -> {h} ({})", format_size(*n as u64));

@@ -61,6 +61,14 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     if let Some(b) = args.bind {
         cfg.bind = b;
     }
+    // The bind may have moved beyond loopback: the same checks as the file's own.
+    cfg.validate()?;
+    if !cfg.bind.ip().is_loopback() && cfg.tls.is_none() {
+        eprintln!(
+            "cordon: WARNING: serving plain HTTP on {} (edge.allow_plaintext_remote): API keys cross the network in clear unless a TLS proxy is in front",
+            cfg.bind
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("cordon-serve")
@@ -70,7 +78,12 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         let backends = backends::server_backends(&cfg.data_dir);
         let server = Server::start(cfg, backends, Some(backends::recovery_hook())).await?;
         let mut out = std::io::stdout();
-        writeln!(out, "cordon: listening on http://{}", server.addr())?;
+        writeln!(
+            out,
+            "cordon: listening on {}://{}",
+            if server.tls() { "https" } else { "http" },
+            server.addr()
+        )?;
         out.flush()?;
         wait_for_signal().await;
         eprintln!("cordon: shutting down: destroying every sandbox");

@@ -787,3 +787,259 @@ fn serve_bench_measures_warm_and_cold_runs_through_the_api() {
         "{out}"
     );
 }
+
+/// A tiny HTTP/1.1 client for loopback (one request per connection).
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let (head, rest) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_string(), rest.to_string())
+}
+
+/// A `cordon serve` of this build on a loopback port, stopped when dropped.
+struct Served {
+    child: std::process::Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(home: &Path, extra: &str) -> Served {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cordon.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "data_dir = \"{}\"\nbind = \"127.0.0.1:0\"\n[[keys]]\ntenant = \"alice\"\nkey = \"{KEY}\"\n{extra}",
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .env("CORDON_HOME", home)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .rsplit("://")
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!addr.is_empty(), "cordon serve printed {line:?}");
+    Served {
+        child,
+        addr,
+        _dir: dir,
+    }
+}
+
+const KEY: &str = "ck_adapters_test_key_0123456789abcdef0123456789";
+
+/// One MCP tool call over streamable HTTP (initialize, initialized, the call); the tool's
+/// text result or error text.
+fn mcp_call(addr: &str, tool: &str, args: Value) -> String {
+    let auth = format!("Bearer {KEY}");
+    let base = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "cordon-test", "version": "1"}}});
+    let (s, head, body) = http(addr, "POST", "/mcp", &base, &init.to_string());
+    assert_eq!(s, 200, "{head}\n{body}");
+    let session = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("mcp-session-id:")
+                .then(|| l.split_once(':').unwrap().1.trim().to_string())
+        })
+        .expect("an MCP session id");
+    let mut with = base.to_vec();
+    with.push(("Mcp-Session-Id", session.as_str()));
+    let note = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    http(addr, "POST", "/mcp", &with, &note.to_string());
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": tool, "arguments": args}});
+    let (s, head, body) = http(addr, "POST", "/mcp", &with, &call.to_string());
+    assert_eq!(s, 200, "{head}\n{body}");
+    // One JSON-RPC answer, plain or as an SSE `data:` line.
+    let msg = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:").map(str::trim).or(Some(l.trim())))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["id"] == 2)
+        .unwrap_or_else(|| panic!("no answer to the call: {body}"));
+    msg["result"]["content"][0]["text"]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| msg["error"]["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| msg.to_string())
+}
+
+/// The same request refused through the HTTP API is refused identically through MCP and
+/// `cordon run`: all three front doors build the engine's one request type and pass the
+/// same gate (here a tenant whose ceiling equals the local operator's, so the rows differ
+/// only in the door).
+#[test]
+fn the_three_front_doors_refuse_identically() {
+    let home = temp_home();
+    let server = serve(
+        home.path(),
+        "[tenants.alice]\ntrust = \"trusted\"\ntiers = [\"runtime\", \"wasm\", \"container\", \"gvisor\", \"microvm\"]\negress = [\"*\", \"0.0.0.0/0:*\", \"[::/0]:*\"]\n",
+    );
+    struct Row {
+        body: Value,
+        flags: &'static [&'static str],
+        rule: &'static str,
+        code: &'static str,
+    }
+    let rows = [
+        Row {
+            body: serde_json::json!({"trust": "untrusted", "autonomy": "compute", "tier": "container"}),
+            flags: &[
+                "--trust",
+                "untrusted",
+                "--autonomy",
+                "compute",
+                "--tier",
+                "container",
+                "--",
+                "true",
+            ],
+            rule: "untrusted-needs-kernel-boundary",
+            code: "policy_denied",
+        },
+        Row {
+            body: serde_json::json!({"trust": "trusted", "autonomy": "read-files", "tier": "runtime"}),
+            flags: &[
+                "--trust",
+                "trusted",
+                "--autonomy",
+                "read-files",
+                "--tier",
+                "runtime",
+                "--lang",
+                "javascript",
+                "-c",
+                "1",
+            ],
+            rule: "runtime-only-for-trusted-compute",
+            code: "policy_denied",
+        },
+        Row {
+            body: serde_json::json!({"trust": "trusted", "autonomy": "internet", "tier": "wasm", "allow_hosts": ["pkgs.example.test"]}),
+            flags: &[
+                "--trust",
+                "trusted",
+                "--autonomy",
+                "internet",
+                "--tier",
+                "wasm",
+                "--allow-host",
+                "pkgs.example.test",
+                "--lang",
+                "python",
+                "-c",
+                "1",
+            ],
+            rule: "wasm-is-pure-computation",
+            code: "policy_denied",
+        },
+        Row {
+            body: serde_json::json!({"tier": "container", "allow_hosts": ["not a host!"]}),
+            flags: &[
+                "--tier",
+                "container",
+                "--allow-host",
+                "not a host!",
+                "--",
+                "true",
+            ],
+            rule: "request",
+            code: "invalid_request",
+        },
+    ];
+    for row in &rows {
+        // HTTP
+        let auth = format!("Bearer {KEY}");
+        let (s, head, body) = http(
+            &server.addr,
+            "POST",
+            "/v1/sandboxes",
+            &[
+                ("Authorization", &auth),
+                ("Content-Type", "application/json"),
+            ],
+            &row.body.to_string(),
+        );
+        let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{head}\n{body}"));
+        assert_eq!(v["code"], row.code, "HTTP {}: {v}", row.body);
+        assert_eq!(v["rule"], row.rule, "HTTP {}: {v}", row.body);
+        assert!(s == 403 || s == 400, "{s}");
+        let message = v["message"].as_str().unwrap().to_string();
+        // MCP
+        let said = mcp_call(&server.addr, "create_sandbox", row.body.clone());
+        assert!(
+            said.contains(&message),
+            "MCP {}: {said} (HTTP said {message})",
+            row.body
+        );
+        assert!(said.contains(row.code), "MCP {}: {said}", row.body);
+        // cordon run
+        let mut argv = vec!["run"];
+        argv.extend_from_slice(row.flags);
+        let out = cordon(home.path(), &argv);
+        assert_eq!(out.status.code(), Some(125), "cordon run {:?}", row.flags);
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("refused ({}): {message}", row.rule)),
+            "cordon run {:?}: {err} (HTTP said {message})",
+            row.flags
+        );
+    }
+}

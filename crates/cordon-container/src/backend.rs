@@ -406,7 +406,7 @@ pub struct ContainerSandbox {
     next_exec: u64,
     egress: Option<crate::egress::EgressLink>,
     /// Scan findings of files taken out, until reported.
-    file_findings: Vec<serde_json::Value>,
+    file_findings: Vec<cordon_core::Finding>,
 }
 
 fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -1035,11 +1035,9 @@ impl Sandbox for ContainerSandbox {
         )?;
         match reply.header {
             Reply::File { truncated: false } => {
-                let (clean, found) = crate::egress::scan_maybe(self.egress.as_ref(), &reply.body);
-                self.file_findings.extend(found.into_iter().map(|mut f| {
-                    f["file"] = serde_json::json!(path);
-                    f
-                }));
+                let (clean, found) =
+                    crate::egress::scan_file(self.egress.as_ref(), path, &reply.body);
+                self.file_findings.extend(found);
                 Ok(clean)
             }
             Reply::File { truncated: true } => Err(Error::File {
@@ -1062,7 +1060,7 @@ impl Sandbox for ContainerSandbox {
         self.start_us
     }
 
-    fn report(&mut self) -> std::collections::BTreeMap<String, serde_json::Value> {
+    fn report(&mut self) -> cordon_core::Details {
         crate::egress::report(&mut self.file_findings, self.egress.as_mut())
     }
 

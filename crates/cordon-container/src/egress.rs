@@ -3,6 +3,7 @@
 //! `127.0.0.1:<port>` relays connections to it. The sandbox has no other route: its network
 //! namespace holds only loopback, and Landlock lets programs connect to that one port.
 
+use cordon_core::{Details, Finding};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -212,32 +213,23 @@ impl EgressLink {
             .map(|h| (h.ca_cert_pem().to_string(), h.ca_bundle_pem()))
     }
 
-    /// Audit events since the last call, as JSON.
-    pub fn new_events(&mut self) -> Vec<serde_json::Value> {
+    /// Audit events since the last call.
+    pub fn new_events(&mut self) -> Vec<cordon_core::EgressEvent> {
         let Some(h) = self.handle() else {
             return Vec::new();
         };
         let events = h.events();
-        let fresh: Vec<serde_json::Value> = events
-            .iter()
-            .skip(self.reported)
-            .filter_map(|e| serde_json::to_value(e).ok())
-            .collect();
-        self.reported = events.len();
+        let fresh: Vec<cordon_core::EgressEvent> = events.into_iter().skip(self.reported).collect();
+        self.reported += fresh.len();
         fresh
     }
 
     /// Scans bytes leaving the sandbox: real secrets redacted, credential formats flagged.
-    pub fn scan(&self, bytes: &[u8]) -> (Vec<u8>, Vec<serde_json::Value>) {
+    pub fn scan(&self, bytes: &[u8]) -> (Vec<u8>, Vec<Finding>) {
         match self.handle() {
             Some(h) => {
                 let out = h.scan_output(bytes);
-                let findings = out
-                    .findings
-                    .iter()
-                    .filter_map(|f| serde_json::to_value(f).ok())
-                    .collect();
-                (out.bytes, findings)
+                (out.bytes, out.findings)
             }
             None => (bytes.to_vec(), Vec::new()),
         }
@@ -257,62 +249,49 @@ impl Drop for EgressLink {
 }
 
 /// Scans output with no proxy: flags credential formats, redacts nothing known.
-pub fn scan_plain(bytes: &[u8]) -> Vec<serde_json::Value> {
-    cordon_egress::scan(bytes, &[])
-        .findings
-        .iter()
-        .filter_map(|f| serde_json::to_value(f).ok())
-        .collect()
+pub fn scan_plain(bytes: &[u8]) -> Vec<Finding> {
+    cordon_egress::scan(bytes, &[]).findings
 }
 
 /// Scans bytes leaving a sandbox with its proxy's secrets when it has one, plainly otherwise.
-pub fn scan_maybe(link: Option<&EgressLink>, bytes: &[u8]) -> (Vec<u8>, Vec<serde_json::Value>) {
+pub fn scan_maybe(link: Option<&EgressLink>, bytes: &[u8]) -> (Vec<u8>, Vec<Finding>) {
     match link {
         Some(l) => l.scan(bytes),
         None => (bytes.to_vec(), scan_plain(bytes)),
     }
 }
 
+/// Scans a file taken out of a sandbox: the findings name the file.
+pub fn scan_file(link: Option<&EgressLink>, path: &str, bytes: &[u8]) -> (Vec<u8>, Vec<Finding>) {
+    let (clean, mut found) = scan_maybe(link, bytes);
+    for f in &mut found {
+        f.file = Some(path.to_string());
+    }
+    (clean, found)
+}
+
 /// Scans an exec's stdout and stderr, and puts the findings (each naming its stream) and
-/// the egress decisions since the last call into the outcome's `extra`.
+/// the egress decisions since the last call into the outcome's details.
 pub fn scan_outcome(o: &mut cordon_core::ExecOutcome, link: Option<&mut EgressLink>) {
-    let mut findings = Vec::new();
     for (name, stream) in [("stdout", &mut o.stdout), ("stderr", &mut o.stderr)] {
         let (clean, found) = scan_maybe(link.as_deref(), stream);
         *stream = clean;
-        findings.extend(found.into_iter().map(|mut f| {
-            f["stream"] = serde_json::json!(name);
+        o.extra.findings.extend(found.into_iter().map(|mut f| {
+            f.stream = Some(name.to_string());
             f
         }));
     }
-    if !findings.is_empty() {
-        o.extra
-            .insert("findings".into(), serde_json::Value::Array(findings));
-    }
     if let Some(l) = link {
-        o.extra
-            .insert("egress".into(), serde_json::Value::Array(l.new_events()));
+        o.extra.egress.extend(l.new_events());
     }
 }
 
 /// A sandbox's `report()`: the findings of files taken out (drained) and the egress
 /// decisions since the last call.
-pub fn report(
-    file_findings: &mut Vec<serde_json::Value>,
-    link: Option<&mut EgressLink>,
-) -> std::collections::BTreeMap<String, serde_json::Value> {
-    let mut r = std::collections::BTreeMap::new();
-    if !file_findings.is_empty() {
-        r.insert(
-            "findings".to_string(),
-            serde_json::Value::Array(std::mem::take(file_findings)),
-        );
+pub fn report(file_findings: &mut Vec<Finding>, link: Option<&mut EgressLink>) -> Details {
+    Details {
+        findings: std::mem::take(file_findings),
+        egress: link.map(|l| l.new_events()).unwrap_or_default(),
+        ..Details::default()
     }
-    if let Some(l) = link {
-        let events = l.new_events();
-        if !events.is_empty() {
-            r.insert("egress".to_string(), serde_json::Value::Array(events));
-        }
-    }
-    r
 }

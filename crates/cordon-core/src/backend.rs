@@ -185,9 +185,9 @@ pub trait Sandbox: Send {
     fn destroy(&mut self) -> Result<()>;
 
     /// What the sandbox recorded since the last call that belongs in the next outcome's
-    /// `extra` (scan findings of files taken out, egress decisions, ...).
-    fn report(&mut self) -> std::collections::BTreeMap<String, serde_json::Value> {
-        std::collections::BTreeMap::new()
+    /// details (scan findings of files taken out, egress decisions, ...).
+    fn report(&mut self) -> crate::Details {
+        crate::Details::default()
     }
 
     /// A handle that, called from another thread while an exec runs, kills what the sandbox

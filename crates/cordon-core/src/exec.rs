@@ -3,7 +3,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::{Language, Tier, Weakening};
+use crate::{Details, Language, Tier, Weakening};
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,9 +209,9 @@ pub struct ExecOutcome {
     /// Things the caller should know (a slower fallback, a layer best-effort, ...).
     #[serde(default)]
     pub warnings: Vec<String>,
-    /// Extra detail per tier (egress decisions, scan findings, ...), as JSON.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: BTreeMap<String, serde_json::Value>,
+    /// Scan findings, egress decisions and failure details (the JSON key is `extra`).
+    #[serde(default, skip_serializing_if = "Details::is_empty")]
+    pub extra: Details,
 }
 
 impl ExecOutcome {
@@ -230,7 +230,7 @@ impl ExecOutcome {
             timings: Timings::default(),
             weakened: Vec::new(),
             warnings: Vec::new(),
-            extra: BTreeMap::new(),
+            extra: Details::default(),
         }
     }
 

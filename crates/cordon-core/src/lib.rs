@@ -8,6 +8,7 @@
 mod backend;
 mod error;
 mod exec;
+pub mod report;
 mod run;
 mod spec;
 pub mod units;
@@ -19,8 +20,9 @@ pub use error::{Error, Result};
 pub use exec::{
     Command, ExecOutcome, ExecRequest, OutputStream, Termination, Timings, Usage, exit_code_for,
 };
+pub use report::{Details, EgressDecision, EgressEvent, EgressKind, Finding, FindingKind};
 pub use run::{FileIn, FileOut, run_once};
 pub use spec::{
-    EgressPolicy, Grant, GrantSecret, Language, Limits, SandboxSpec, Tier, WORKDIR, Weakening,
-    validate_sandbox_path,
+    EgressPolicy, Grant, GrantSecret, Language, Limits, MintedToken, SandboxSpec, SecretValue,
+    Tier, TokenMinter, WORKDIR, Weakening, default_grant_header, validate_sandbox_path,
 };

@@ -46,16 +46,7 @@ pub fn run_once(
                 data: sb.get_file(p, max_file_bytes),
             })
             .collect();
-        for (k, v) in sb.report() {
-            match (outcome.extra.get_mut(&k), v) {
-                (Some(serde_json::Value::Array(have)), serde_json::Value::Array(more)) => {
-                    have.extend(more)
-                }
-                (_, v) => {
-                    outcome.extra.insert(k, v);
-                }
-            }
-        }
+        outcome.extra.merge(sb.report());
         outcome.timings.start_us = sb.start_us();
         Ok((outcome, outs))
     })();

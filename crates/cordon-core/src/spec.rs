@@ -1,6 +1,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -196,40 +197,103 @@ impl Limits {
     }
 }
 
-/// Where a grant's real secret lives on the host. The value never enters a sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// A secret value held by the host. Zeroed on drop; `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretValue(zeroize::Zeroizing<Vec<u8>>);
+
+impl SecretValue {
+    pub fn new(value: impl Into<Vec<u8>>) -> Self {
+        SecretValue(zeroize::Zeroizing::new(value.into()))
+    }
+
+    /// The bytes. Handle with care: never log them.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret([{} bytes])", self.0.len())
+    }
+}
+
+/// A token minted for one sandbox: its value and when it stops being valid.
+#[derive(Debug, Clone)]
+pub struct MintedToken {
+    pub value: SecretValue,
+    pub expires_at: std::time::SystemTime,
+}
+
+/// Mints short-lived credentials for a grant (e.g. a signed JWT whose subject is the
+/// sandbox). The egress proxy asks for a token when it needs one and again before the last
+/// one expires; the sandbox never sees any of them.
+pub trait TokenMinter: Send + Sync {
+    /// A fresh token for the sandbox `sandbox`, or why none can be had (no secret in it).
+    fn mint(&self, sandbox: &str) -> std::result::Result<MintedToken, String>;
+}
+
+/// A grant's secret, already in the host's hands. Requests never carry one: the operator's
+/// grant catalogue (or the local operator's `cordon run --grant`) resolves it, and it is
+/// never serialized.
+#[derive(Clone)]
 pub enum GrantSecret {
-    /// A host environment variable of the Cordon process.
-    Env(String),
-    /// A file on the host holding the secret (trailing newline stripped).
-    File(String),
+    /// A value the host read from the operator's source, forwarded as is.
+    Value(SecretValue),
+    /// A token minted per sandbox instead of a forwarded secret.
+    Minted(Arc<dyn TokenMinter>),
+}
+
+impl GrantSecret {
+    /// A value secret (tests and the local operator).
+    pub fn value(v: impl Into<Vec<u8>>) -> Self {
+        GrantSecret::Value(SecretValue::new(v))
+    }
+}
+
+impl fmt::Debug for GrantSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GrantSecret::Value(v) => write!(f, "Value({v:?})"),
+            GrantSecret::Minted(_) => f.write_str("Minted"),
+        }
+    }
+}
+
+impl PartialEq for GrantSecret {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (GrantSecret::Value(a), GrantSecret::Value(b)) => a == b,
+            (GrantSecret::Minted(a), GrantSecret::Minted(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
 }
 
 /// A scoped credential: the sandbox sees a placeholder in `env_var`; the egress proxy swaps
 /// it for the real secret only on requests to `hosts` (and matching methods and paths).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Serialized without its secret (for audit and reports); never deserialized, so no request
+/// can carry one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Grant {
     /// Short name, e.g. `github`.
     pub name: String,
     /// Environment variable the placeholder is put in, e.g. `GITHUB_TOKEN`.
     pub env_var: String,
+    #[serde(skip)]
     pub secret: GrantSecret,
     /// Host patterns (exact or `*.suffix`) the secret may be sent to.
     pub hosts: Vec<String>,
     /// Header the secret goes in.
-    #[serde(default = "default_grant_header")]
     pub header: String,
     /// Methods allowed with the secret; empty means any.
-    #[serde(default)]
     pub methods: Vec<String>,
     /// Path prefixes allowed with the secret; empty means any.
-    #[serde(default)]
     pub path_prefixes: Vec<String>,
 }
 
-fn default_grant_header() -> String {
+/// The header a grant's secret goes in unless it names another.
+pub fn default_grant_header() -> String {
     "authorization".to_string()
 }
 
@@ -296,7 +360,9 @@ pub struct SandboxSpec {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub egress: EgressPolicy,
-    #[serde(default)]
+    /// Scoped credentials, resolved by the host from the operator's catalogue. Never read
+    /// from a serialized spec: a `grants` key in one is refused as unknown.
+    #[serde(skip)]
     pub grants: Vec<Grant>,
     /// Walls the caller agreed to run without if the host cannot apply them.
     #[serde(default)]

@@ -2,6 +2,61 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A duration written as `"10m"`, `"30s"`, `"250ms"` or a number of seconds (config files
+/// and request bodies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Secs(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Secs(s) => Ok(Dur(Duration::from_secs(s))),
+            Raw::Text(t) => parse_duration(&t)
+                .map(Dur)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl Serialize for Dur {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_duration(self.0))
+    }
+}
+
+/// A byte size written as `"256M"`, `"1.5GiB"` or a number of bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bytes(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bytes(b) => Ok(Size(b)),
+            Raw::Text(t) => parse_size(&t).map(Size).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl Serialize for Size {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
 /// Parses a byte size: a number with an optional unit. `k`, `M`, `G`, `T` (and the `KiB`,
 /// `MiB`, ... spellings) are powers of 1024, as memory limits are usually meant; `KB`, `MB`,
 /// `GB` with an explicit `B` after a capital are powers of 1000. A bare number is bytes.

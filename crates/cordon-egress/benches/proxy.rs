@@ -37,8 +37,6 @@ async fn setup() -> Bench {
     let ca = TestCa::new();
     let plain = http_upstream().await;
     let tls = https_upstream(&ca, &[TLS_HOST]).await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("secret"), "bench-real-secret-value\n").unwrap();
     let resolver = StaticResolver::new();
     resolver.set(PLAIN_HOST, &["127.0.0.1".parse().unwrap()]);
     resolver.set(TLS_HOST, &["127.0.0.1".parse().unwrap()]);
@@ -54,7 +52,7 @@ async fn setup() -> Bench {
     cfg.grants = vec![Grant {
         name: "bench".into(),
         env_var: "BENCH_TOKEN".into(),
-        secret: GrantSecret::File(dir.path().join("secret").to_string_lossy().into_owned()),
+        secret: GrantSecret::value("bench-real-secret-value"),
         hosts: vec![TLS_HOST.into()],
         header: "authorization".into(),
         methods: vec![],
@@ -83,7 +81,7 @@ async fn setup() -> Bench {
         tls: tls.addr,
         test_ca: ca.pem.clone(),
         bearer,
-        _dir: dir,
+        _dir: tempfile::tempdir().unwrap(),
     }
 }
 

@@ -31,6 +31,9 @@ pub enum AddressClass {
     /// 64:ff9b::/96 and 64:ff9b:1::/48 NAT64, 2002::/16 6to4, 2001::/32 Teredo: they embed
     /// an IPv4 address the guard cannot vouch for.
     Translated,
+    /// One of this machine's own interface addresses (its public address among them): the
+    /// proxy runs in the host's network namespace, so it would reach the host's services.
+    HostOwn,
 }
 
 impl AddressClass {
@@ -49,16 +52,96 @@ impl AddressClass {
             AddressClass::UniqueLocal => "unique-local",
             AddressClass::Ipv4Mapped => "ipv4-mapped",
             AddressClass::Translated => "ipv4-translated",
+            AddressClass::HostOwn => "host-own",
         }
     }
 }
 
 /// Classifies an address; `None` means ordinary public unicast that the guard lets through.
+/// This machine's own addresses count as non-public whatever their range.
 pub fn classify(ip: IpAddr) -> Option<AddressClass> {
-    match ip {
+    let c = match ip {
         IpAddr::V4(v4) => classify_v4(v4),
         IpAddr::V6(v6) => classify_v6(v6),
+    };
+    c.or_else(|| is_host_address(ip).then_some(AddressClass::HostOwn))
+}
+
+/// Every non-public range, for checking whole CIDR entries (see [`non_public_overlap`]).
+const NON_PUBLIC: &[(&str, AddressClass)] = &[
+    ("0.0.0.0/8", AddressClass::Unspecified),
+    ("127.0.0.0/8", AddressClass::Loopback),
+    ("10.0.0.0/8", AddressClass::Private),
+    ("172.16.0.0/12", AddressClass::Private),
+    ("192.168.0.0/16", AddressClass::Private),
+    ("169.254.0.0/16", AddressClass::LinkLocal),
+    ("100.64.0.0/10", AddressClass::Cgnat),
+    ("224.0.0.0/4", AddressClass::Multicast),
+    ("240.0.0.0/4", AddressClass::Reserved),
+    ("192.0.0.0/24", AddressClass::SpecialPurpose),
+    ("198.18.0.0/15", AddressClass::SpecialPurpose),
+    ("192.0.2.0/24", AddressClass::Documentation),
+    ("198.51.100.0/24", AddressClass::Documentation),
+    ("203.0.113.0/24", AddressClass::Documentation),
+    // IPv6: everything outside 2000::/3, and the special blocks inside it
+    ("::/3", AddressClass::Reserved),
+    ("4000::/2", AddressClass::Reserved),
+    ("8000::/1", AddressClass::Reserved),
+    ("2001::/32", AddressClass::Translated),
+    ("2001:db8::/32", AddressClass::Documentation),
+    ("2002::/16", AddressClass::Translated),
+];
+
+/// The first non-public range `net` overlaps (or this machine's own address it contains):
+/// a CIDR entry that reaches into one is not a public entry, whatever its size
+/// (`0.0.0.0/0` contains loopback and the metadata address).
+pub fn non_public_overlap(net: &ipnet::IpNet) -> Option<AddressClass> {
+    for (range, class) in NON_PUBLIC {
+        let Ok(r) = range.parse::<ipnet::IpNet>() else {
+            continue;
+        };
+        if r.contains(&net.network()) || net.contains(&r.network()) {
+            return Some(*class);
+        }
     }
+    host_addresses()
+        .into_iter()
+        .any(|ip| net.contains(&ip))
+        .then_some(AddressClass::HostOwn)
+}
+
+/// How long the list of this machine's addresses is trusted before it is read again.
+const HOST_ADDRS_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+
+static HOST_ADDRS: std::sync::Mutex<Option<(std::time::Instant, Vec<IpAddr>)>> =
+    std::sync::Mutex::new(None);
+
+/// This machine's interface addresses (read at most every 10 s).
+pub fn host_addresses() -> Vec<IpAddr> {
+    let mut slot = HOST_ADDRS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((at, addrs)) = slot.as_ref()
+        && at.elapsed() < HOST_ADDRS_TTL
+    {
+        return addrs.clone();
+    }
+    let addrs: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
+        .map(|it| {
+            it.filter_map(|i| i.address)
+                .filter_map(|a| {
+                    a.as_sockaddr_in()
+                        .map(|s| IpAddr::V4(s.ip()))
+                        .or_else(|| a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    *slot = Some((std::time::Instant::now(), addrs.clone()));
+    addrs
+}
+
+/// True if `ip` is one of this machine's interface addresses.
+pub fn is_host_address(ip: IpAddr) -> bool {
+    host_addresses().contains(&ip)
 }
 
 fn classify_v4(ip: Ipv4Addr) -> Option<AddressClass> {
@@ -178,6 +261,33 @@ mod tests {
             "2a00:1450::1",
         ] {
             assert_eq!(c(ip), None, "{ip}");
+        }
+    }
+
+    #[test]
+    fn cidrs_reaching_into_non_public_ranges_are_caught() {
+        let o = |s: &str| non_public_overlap(&s.parse().unwrap());
+        assert_eq!(o("0.0.0.0/0"), Some(AddressClass::Unspecified));
+        assert_eq!(o("127.0.0.1/32"), Some(AddressClass::Loopback));
+        assert_eq!(o("169.254.169.254/32"), Some(AddressClass::LinkLocal));
+        assert_eq!(o("10.1.0.0/16"), Some(AddressClass::Private));
+        assert_eq!(o("8.0.0.0/6"), Some(AddressClass::Private));
+        assert_eq!(o("::/0"), Some(AddressClass::Reserved));
+        assert_eq!(o("fd00::/8"), Some(AddressClass::Reserved));
+        assert_eq!(o("8.8.8.0/24"), None);
+        assert_eq!(o("2606:4700::/32"), None);
+    }
+
+    #[test]
+    fn this_machines_own_addresses_are_not_public() {
+        let own = host_addresses();
+        assert!(own.iter().any(|ip| ip.is_loopback()), "{own:?}");
+        for ip in own {
+            assert!(classify(ip).is_some(), "{ip} passed the guard");
+            assert!(
+                non_public_overlap(&ipnet::IpNet::from(ip)).is_some(),
+                "{ip}"
+            );
         }
     }
 }

@@ -63,7 +63,7 @@ pub use limits::EgressLimits;
 pub use policy::{Host, Pattern, Policy, Refusal};
 pub use resolve::{Resolver, StaticResolver, SystemResolver};
 pub use scan::{Finding, FindingKind, KnownSecret, ScanOptions, ScanOutput, scan, scan_with};
-pub use secrets::{MIN_SECRET_LEN, Secret};
+pub use secrets::{MIN_SECRET_LEN, Secret, check_secret};
 pub use tls::UpstreamRoots;
 
 use crate::audit::AuditLog;
@@ -281,7 +281,7 @@ fn start_on(
 ) -> Result<ProxyHandle> {
     config.validate()?;
     let mut policy = Policy::new(&config.policy.allow, &config.policy.deny)?;
-    let grants = Grants::compile(&config.grants)?;
+    let grants = Grants::compile(&config.grants, &config.sandbox_id)?;
     let http_rules = compile_http_rules(&config.http_rules)?;
     let mut terminated = Vec::new();
     for g in &grants.list {
@@ -498,7 +498,12 @@ impl ProxyHandle {
             .grants
             .list
             .iter()
-            .map(|g| KnownSecret::new(g.name.clone(), g.secret.expose().to_vec()))
+            .flat_map(|g| {
+                g.secret
+                    .forms()
+                    .into_iter()
+                    .map(|f| KnownSecret::new(g.name.clone(), f.to_vec()))
+            })
             .collect()
     }
 

@@ -579,8 +579,15 @@ async fn forward(
     // The body is re-framed from what hyper parsed; a client-sent Content-Length must not
     // disagree with it upstream (request smuggling).
     headers.remove(header::CONTENT_LENGTH);
-    if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+    headers.remove(header::HOST);
+    if let Some(v) = host_header(&host, port, 80) {
         headers.insert(header::HOST, v);
+    }
+    if !shared.grants.list.is_empty() {
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
     }
     *out.headers_mut() = headers;
 
@@ -631,7 +638,7 @@ async fn forward(
     shared.audit.record(ev);
     let (mut parts, body) = resp.into_parts();
     strip_hop_headers(&mut parts.headers);
-    Response::from_parts(parts, body.map_err(box_err).boxed())
+    masked_response(shared, conn, &info, parts, body.map_err(box_err).boxed())
 }
 
 async fn handshake<T>(
@@ -963,28 +970,98 @@ struct TerminatedCtx {
     upstream: Mutex<Option<Upstream>>,
 }
 
-/// The Host header (or absolute-form authority) inside a terminated connection must name the
-/// CONNECT host: no fronting another name through an allowed one.
+/// Inside a terminated connection, a request names exactly one host and it is the CONNECT
+/// host: exactly one `Host` header equal to it, and the target's authority (absolute form)
+/// equal to it as well when there is one. No fronting another name through an allowed one,
+/// whatever the request form.
 fn inner_host_matches(req: &Request<Incoming>, host: &Host, port: u16) -> bool {
-    let authority = match req.uri().authority() {
-        Some(a) => a.as_str().to_string(),
-        None => match req
-            .headers()
-            .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-        {
-            Some(h) => h.to_string(),
-            None => return false,
-        },
+    let names = |authority: &str| -> bool {
+        let Ok(a) = authority.parse::<http::uri::Authority>() else {
+            return false;
+        };
+        let port_ok = match a.port_u16() {
+            Some(p) => p == port,
+            None => port == 443,
+        };
+        port_ok && Host::parse(a.host()).map(|h| h == *host).unwrap_or(false)
     };
-    let Ok(a) = authority.parse::<http::uri::Authority>() else {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let (Some(one), None) = (hosts.next(), hosts.next()) else {
         return false;
     };
-    let port_ok = match a.port_u16() {
-        Some(p) => p == port,
-        None => port == 443,
+    let Ok(one) = one.to_str() else {
+        return false;
     };
-    port_ok && Host::parse(a.host()).map(|h| h == *host).unwrap_or(false)
+    if !names(one) {
+        return false;
+    }
+    match req.uri().authority() {
+        Some(a) => names(a.as_str()),
+        None => true,
+    }
+}
+
+/// The `Host` a request to `host:port` carries upstream.
+fn host_header(host: &Host, port: u16, default_port: u16) -> Option<HeaderValue> {
+    let h = if port == default_port {
+        host.to_string()
+    } else {
+        format!("{host}:{port}")
+    };
+    HeaderValue::from_str(&h).ok()
+}
+
+/// A response on its way back to a sandbox that holds grants: every form of every secret
+/// that has gone upstream is masked in its headers and body, for the sandbox's whole life
+/// (an upstream may store a header and return it on a later request). A body this proxy
+/// cannot read (compressed although the request asked for identity) is refused.
+fn masked_response(
+    shared: &Shared,
+    conn: &Conn,
+    info: &ReqInfo,
+    mut parts: http::response::Parts,
+    body: ProxyBody,
+) -> Response<ProxyBody> {
+    let needles = shared.grants.mask_forms();
+    if needles.is_empty() {
+        return Response::from_parts(parts, body);
+    }
+    let encoded = parts
+        .headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    if encoded {
+        let r = Refusal::new(
+            "grant-mask",
+            "the upstream answered with a compressed body although the request asked for none; a response to a sandbox holding grants is only passed when it can be checked for the secrets",
+        );
+        let mut ev = info.event(conn, Decision::Deny);
+        ev.rule = Some(r.rule.clone());
+        ev.reason = Some(r.reason.clone());
+        shared.audit.record(ev);
+        return text(StatusCode::BAD_GATEWAY, &r.rule, &r.reason, false);
+    }
+    let names: Vec<HeaderName> = parts.headers.keys().cloned().collect();
+    for name in names {
+        let values: Vec<HeaderValue> = parts.headers.get_all(&name).iter().cloned().collect();
+        if values
+            .iter()
+            .any(|v| redact_bytes(v.as_bytes(), &needles).is_some())
+        {
+            parts.headers.remove(&name);
+            for v in values {
+                let nv = redact_bytes(v.as_bytes(), &needles)
+                    .and_then(|b| HeaderValue::from_bytes(&b).ok())
+                    .unwrap_or(v);
+                parts.headers.append(name.clone(), nv);
+            }
+        }
+    }
+    Response::from_parts(
+        parts,
+        RedactBody::new(body, StreamRedactor::new(needles)).boxed(),
+    )
 }
 
 async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> Response<ProxyBody> {
@@ -1046,23 +1123,21 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
     let mut headers = parts.headers;
     strip_hop_headers(&mut headers);
     headers.remove(header::CONTENT_LENGTH);
-    if !swapped.is_empty() {
-        shared.grants.swap(&swapped, &mut headers);
-        // Keep any reflection of the secret visible to the response redactor.
+    if let Err(e) = shared.grants.swap(&swapped, &mut headers) {
+        let r = Refusal::new("grant", e.to_string());
+        return refuse(conn, &info, Decision::Error, &r);
+    }
+    if !shared.grants.list.is_empty() {
+        // Keep any reflection of a secret visible to the response redactor.
         headers.insert(
             header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
         );
     }
-    if !headers.contains_key(header::HOST) {
-        let h = if ctx.port == 443 {
-            host.to_string()
-        } else {
-            format!("{host}:{}", ctx.port)
-        };
-        if let Ok(v) = HeaderValue::from_str(&h) {
-            headers.insert(header::HOST, v);
-        }
+    // Checked above to name the tunnel's host; always written in one canonical form.
+    headers.remove(header::HOST);
+    if let Some(v) = host_header(host, ctx.port, 443) {
+        headers.insert(header::HOST, v);
     }
     let mut out = Request::new(scanned_body(conn, body, host, &info));
     *out.method_mut() = parts.method;
@@ -1116,35 +1191,7 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
     shared.audit.record(ev);
     let (mut parts, body) = resp.into_parts();
     strip_hop_headers(&mut parts.headers);
-    let body = body.map_err(box_err);
-    if swapped.is_empty() {
-        return Response::from_parts(parts, body.boxed());
-    }
-    // The upstream might echo the secret back (debug endpoints, error pages): mask it.
-    let needles: Vec<zeroize::Zeroizing<Vec<u8>>> = swapped
-        .iter()
-        .map(|i| zeroize::Zeroizing::new(shared.grants.list[*i].secret.expose().to_vec()))
-        .collect();
-    let names: Vec<HeaderName> = parts.headers.keys().cloned().collect();
-    for name in names {
-        let values: Vec<HeaderValue> = parts.headers.get_all(&name).iter().cloned().collect();
-        if values
-            .iter()
-            .any(|v| redact_bytes(v.as_bytes(), &needles).is_some())
-        {
-            parts.headers.remove(&name);
-            for v in values {
-                let nv = redact_bytes(v.as_bytes(), &needles)
-                    .and_then(|b| HeaderValue::from_bytes(&b).ok())
-                    .unwrap_or(v);
-                parts.headers.append(name.clone(), nv);
-            }
-        }
-    }
-    Response::from_parts(
-        parts,
-        RedactBody::new(body, StreamRedactor::new(needles)).boxed(),
-    )
+    masked_response(shared, conn, &info, parts, body.map_err(box_err).boxed())
 }
 
 async fn reconnect_tls(

@@ -8,7 +8,6 @@ use std::sync::LazyLock;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use regex::bytes::Regex;
-use serde::{Deserialize, Serialize};
 
 /// A secret the host knows, to be redacted from outputs. `Debug` never shows the value.
 #[derive(Clone)]
@@ -27,18 +26,101 @@ impl KnownSecret {
         }
     }
 
-    /// The encodings searched for: raw, base64 (standard and URL-safe), hex (both cases).
+    /// The encodings searched for: raw, hex (both cases), and base64 (standard and
+    /// URL-safe) at each of the three alignments a secret can have inside a longer encoded
+    /// string (`Basic base64("user:SECRET")` puts it at any offset): for each, the run of
+    /// characters that only the secret's bytes decide.
     fn forms(&self) -> Vec<Vec<u8>> {
         let v: &[u8] = &self.value;
         let mut forms = vec![v.to_vec()];
-        let b64 = STANDARD.encode(v);
-        forms.push(b64.trim_end_matches('=').as_bytes().to_vec());
-        forms.push(URL_SAFE_NO_PAD.encode(v).into_bytes());
         forms.push(hex::encode(v).into_bytes());
         forms.push(hex::encode_upper(v).into_bytes());
+        for k in 0..3usize {
+            let mut buf = vec![0u8; k];
+            buf.extend_from_slice(v);
+            // Character i covers bits [6i, 6i+6); the secret covers [8k, 8(k+len)).
+            let first = (8 * k).div_ceil(6);
+            let end = (8 * (k + v.len())) / 6;
+            for enc in [STANDARD.encode(&buf), URL_SAFE_NO_PAD.encode(&buf)] {
+                if let Some(core) = enc.as_bytes().get(first..end)
+                    && core.len() >= 8
+                {
+                    forms.push(core.to_vec());
+                }
+            }
+        }
         forms.sort();
         forms.dedup();
         forms
+    }
+}
+
+/// The secrets a set of grants forwards, for redacting what a sandbox outputs. Minted
+/// grants have none here: their tokens never reach the sandbox, and the proxy masks them.
+pub fn known_secrets_of(grants: &[cordon_core::Grant]) -> Vec<KnownSecret> {
+    grants
+        .iter()
+        .filter_map(|g| match &g.secret {
+            cordon_core::GrantSecret::Value(v) => {
+                Some(KnownSecret::new(g.name.clone(), v.expose().to_vec()))
+            }
+            cordon_core::GrantSecret::Minted(_) => None,
+        })
+        .collect()
+}
+
+/// An output sink with a streaming redactor in front: every encoded form of every known
+/// secret is masked (same length) before the bytes reach `inner`, holding back only what
+/// the longest form needs to be recognised across chunk boundaries. Call
+/// [`RedactingSink::finish`] at the end to release what is held back.
+pub struct RedactingSink<'a> {
+    inner: &'a mut dyn cordon_core::OutputSink,
+    streams: [StreamRedactor; 2],
+}
+
+impl<'a> RedactingSink<'a> {
+    pub fn new(secrets: Vec<KnownSecret>, inner: &'a mut dyn cordon_core::OutputSink) -> Self {
+        let needles: Vec<zeroize::Zeroizing<Vec<u8>>> = secrets
+            .iter()
+            .flat_map(|s| s.forms())
+            .map(zeroize::Zeroizing::new)
+            .collect();
+        RedactingSink {
+            inner,
+            streams: [
+                StreamRedactor::new(needles.clone()),
+                StreamRedactor::new(needles),
+            ],
+        }
+    }
+
+    /// Releases what is held back on both streams.
+    pub fn finish(&mut self) {
+        for (i, stream) in [
+            cordon_core::OutputStream::Stdout,
+            cordon_core::OutputStream::Stderr,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let rest = self.streams[i].finish();
+            if !rest.is_empty() {
+                self.inner.output(stream, &rest);
+            }
+        }
+    }
+}
+
+impl cordon_core::OutputSink for RedactingSink<'_> {
+    fn output(&mut self, stream: cordon_core::OutputStream, data: &[u8]) {
+        let i = match stream {
+            cordon_core::OutputStream::Stdout => 0,
+            cordon_core::OutputStream::Stderr => 1,
+        };
+        let out = self.streams[i].push(data);
+        if !out.is_empty() {
+            self.inner.output(stream, &out);
+        }
     }
 }
 
@@ -53,47 +135,7 @@ impl fmt::Debug for KnownSecret {
     }
 }
 
-/// What kind of thing a finding is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FindingKind {
-    /// A real secret value the host knows (raw, base64 or hex): always redacted.
-    KnownSecret,
-    /// A PEM private key block.
-    PrivateKey,
-    /// An AWS access key id (`AKIA...`, `ASIA...`).
-    AwsAccessKeyId,
-    /// A GitHub token (`ghp_`, `gho_`, `ghs_`, `ghu_`, `ghr_`, `github_pat_`).
-    GithubToken,
-    /// A GitLab personal access token (`glpat-`).
-    GitlabToken,
-    /// A Slack token (`xoxb-`, `xoxp-`, ...) or incoming webhook URL.
-    SlackToken,
-    /// A Stripe secret or restricted key (`sk_live_`, `rk_test_`, ...).
-    StripeKey,
-    /// A Google API key (`AIza...`).
-    GoogleApiKey,
-    /// An OpenAI or Anthropic API key (`sk-...`, `sk-ant-...`).
-    AiApiKey,
-    /// A JSON Web Token.
-    Jwt,
-}
-
-/// One finding. Offsets refer to the scanned input; the matched value is never stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Finding {
-    /// What was found.
-    pub kind: FindingKind,
-    /// For known secrets, the secret's name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// Byte offset in the input.
-    pub offset: usize,
-    /// Length in bytes.
-    pub len: usize,
-    /// Whether it was replaced in the output.
-    pub redacted: bool,
-}
+pub use cordon_core::report::{Finding, FindingKind};
 
 /// The result of a scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,6 +274,8 @@ pub fn scan_with(input: &[u8], secrets: &[KnownSecret], opts: ScanOptions) -> Sc
                         offset: pos,
                         len: form.len(),
                         redacted: true,
+                        stream: None,
+                        file: None,
                     },
                     Some(format!("[REDACTED:{}]", s.name).into_bytes()),
                 ));
@@ -254,6 +298,8 @@ pub fn scan_with(input: &[u8], secrets: &[KnownSecret], opts: ScanOptions) -> Sc
                     offset: m.start(),
                     len: m.len(),
                     redacted: opts.redact_patterns,
+                    stream: None,
+                    file: None,
                 },
                 opts.redact_patterns
                     .then(|| format!("[REDACTED:{kind:?}]").into_bytes()),
@@ -633,5 +679,35 @@ mod tests {
             );
             assert_eq!(r.hits, 2);
         }
+    }
+
+    #[test]
+    fn redacting_sink_masks_secrets_split_across_chunks_in_every_encoding() {
+        let secret = "s3cr3t-value-XYZ-0123";
+        let basic = STANDARD.encode(format!("user:{secret}"));
+        let text = format!("a {secret} b Basic {basic} c {} d", hex::encode(secret));
+        let mut got: Vec<(cordon_core::OutputStream, Vec<u8>)> = Vec::new();
+        let mut inner = |s: cordon_core::OutputStream, d: &[u8]| got.push((s, d.to_vec()));
+        {
+            let mut sink = RedactingSink::new(vec![KnownSecret::new("k", secret)], &mut inner);
+            // One byte at a time: every needle is split across chunk boundaries.
+            for b in text.as_bytes() {
+                cordon_core::OutputSink::output(
+                    &mut sink,
+                    cordon_core::OutputStream::Stdout,
+                    &[*b],
+                );
+            }
+            sink.finish();
+        }
+        let out: Vec<u8> = got.iter().flat_map(|(_, d)| d.clone()).collect();
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(out.len(), text.len(), "same length: {out}");
+        assert!(!out.contains(secret), "{out}");
+        assert!(!out.contains(&hex::encode(secret)), "{out}");
+        // the characters of the Basic value that only the secret decides are masked
+        assert!(!out.contains(&basic[8..basic.len() - 4]), "{out}");
+        assert!(out.starts_with("a ****"), "{out}");
+        assert!(out.ends_with(" d"), "{out}");
     }
 }

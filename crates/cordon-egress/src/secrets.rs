@@ -2,10 +2,12 @@
 //! swapping one for the other on the way out.
 
 use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use cordon_core::{Grant, GrantSecret};
+use cordon_core::{Grant, GrantSecret, TokenMinter};
 use http::Method;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use zeroize::Zeroizing;
@@ -18,62 +20,119 @@ use crate::policy::{Host, Pattern, Refusal, path_has_prefix, path_is_canonical};
 pub const MIN_SECRET_LEN: usize = 8;
 
 /// A real secret value. Zeroed on drop; `Debug` never shows it.
-#[derive(Clone)]
-pub struct Secret(Zeroizing<Vec<u8>>);
+pub type Secret = cordon_core::SecretValue;
 
-impl Secret {
-    /// Wraps a value.
-    pub fn new(value: Vec<u8>) -> Self {
-        Secret(Zeroizing::new(value))
-    }
-
-    /// The bytes. Handle with care: never log them.
-    pub fn expose(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Secret([{} bytes])", self.0.len())
-    }
-}
-
-/// Loads a grant's secret from where the grant says it lives.
-pub fn load_secret(grant: &Grant) -> Result<Secret> {
-    let err = |reason: String| Error::Secret {
-        grant: grant.name.clone(),
-        reason,
+/// Checks that a secret value can be used: long enough to redact, fit for a header.
+pub fn check_secret(grant: &str, value: &[u8]) -> Result<()> {
+    let err = |reason: &str| Error::Secret {
+        grant: grant.to_string(),
+        reason: reason.to_string(),
     };
-    let mut value = match &grant.secret {
-        GrantSecret::Env(var) => match std::env::var_os(var) {
-            Some(v) => Zeroizing::new(v.into_encoded_bytes()),
-            None => {
-                return Err(err(format!(
-                    "the host environment variable {var} is not set; export it in the environment that starts cordon"
-                )));
-            }
-        },
-        GrantSecret::File(path) => Zeroizing::new(std::fs::read(path).map_err(|e| {
-            err(format!(
-                "cannot read the secret file {path}: {e}; check the path and its permissions"
-            ))
-        })?),
-    };
-    while matches!(value.last(), Some(b'\n' | b'\r')) {
-        value.pop();
-    }
     if value.len() < MIN_SECRET_LEN {
-        return Err(err(format!(
+        return Err(err(&format!(
             "the secret is shorter than {MIN_SECRET_LEN} bytes; a value that short cannot be protected"
         )));
     }
-    if HeaderValue::from_bytes(&value).is_err() || value.contains(&b'\n') {
+    if HeaderValue::from_bytes(value).is_err() || value.contains(&b'\n') {
         return Err(err(
-            "the secret contains control characters and cannot go in an HTTP header".into(),
+            "the secret contains control characters and cannot go in an HTTP header",
         ));
     }
-    Ok(Secret(value))
+    Ok(())
+}
+
+/// Lead time before a minted token's expiry at which the proxy mints the next one.
+const REMINT_BEFORE: Duration = Duration::from_secs(30);
+
+/// The secret behind one grant in one sandbox: a fixed value or a series of minted tokens.
+/// Remembers every value it handed out, and every encoding of one the proxy made itself
+/// (`Basic` credentials), so responses and outputs are masked for all of them.
+pub(crate) struct SecretCell {
+    grant: String,
+    sandbox: String,
+    minter: Option<Arc<dyn TokenMinter>>,
+    state: Mutex<CellState>,
+}
+
+struct CellState {
+    current: Secret,
+    expires: Option<SystemTime>,
+    /// Every form that has travelled upstream: values issued and encodings produced.
+    forms: Vec<Zeroizing<Vec<u8>>>,
+}
+
+impl fmt::Debug for SecretCell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SecretCell({:?}, minted: {})",
+            self.grant,
+            self.minter.is_some()
+        )
+    }
+}
+
+impl SecretCell {
+    pub(crate) fn new(grant: &str, sandbox: &str, secret: &GrantSecret) -> Result<Self> {
+        let (minter, current, expires) = match secret {
+            GrantSecret::Value(v) => (None, v.clone(), None),
+            GrantSecret::Minted(m) => {
+                let t = mint(grant, sandbox, m.as_ref())?;
+                (Some(m.clone()), t.value, Some(t.expires_at))
+            }
+        };
+        check_secret(grant, current.expose())?;
+        let forms = vec![Zeroizing::new(current.expose().to_vec())];
+        Ok(SecretCell {
+            grant: grant.to_string(),
+            sandbox: sandbox.to_string(),
+            minter,
+            state: Mutex::new(CellState {
+                current,
+                expires,
+                forms,
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CellState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The value to put in a request now; a minted token close to its expiry is replaced.
+    pub(crate) fn current(&self) -> Result<Secret> {
+        let mut st = self.lock();
+        if let (Some(m), Some(exp)) = (&self.minter, st.expires)
+            && SystemTime::now() + REMINT_BEFORE >= exp
+        {
+            let t = mint(&self.grant, &self.sandbox, m.as_ref())?;
+            check_secret(&self.grant, t.value.expose())?;
+            st.forms.push(Zeroizing::new(t.value.expose().to_vec()));
+            st.current = t.value;
+            st.expires = Some(t.expires_at);
+        }
+        Ok(st.current.clone())
+    }
+
+    /// Records a form of the secret the proxy itself produced (e.g. `Basic` credentials).
+    pub(crate) fn produced(&self, form: &[u8]) {
+        let mut st = self.lock();
+        if !st.forms.iter().any(|f| f.as_slice() == form) {
+            st.forms.push(Zeroizing::new(form.to_vec()));
+        }
+    }
+
+    /// Every form that has left through the proxy, for masking.
+    pub(crate) fn forms(&self) -> Vec<Zeroizing<Vec<u8>>> {
+        self.lock().forms.clone()
+    }
+}
+
+fn mint(grant: &str, sandbox: &str, m: &dyn TokenMinter) -> Result<cordon_core::MintedToken> {
+    m.mint(sandbox).map_err(|reason| Error::Secret {
+        grant: grant.to_string(),
+        reason: format!("no token could be minted ({reason}); retry, or ask the operator"),
+    })
 }
 
 /// Makes a fresh random placeholder: `cordon-ph-` and 32 hex digits (128 random bits).
@@ -94,7 +153,7 @@ pub(crate) struct CompiledGrant {
     pub methods: Vec<Method>,
     pub paths: Vec<String>,
     pub placeholder: String,
-    pub secret: Secret,
+    pub secret: SecretCell,
 }
 
 impl CompiledGrant {
@@ -140,7 +199,7 @@ pub(crate) struct Grants {
 }
 
 impl Grants {
-    pub(crate) fn compile(grants: &[Grant]) -> Result<Grants> {
+    pub(crate) fn compile(grants: &[Grant], sandbox: &str) -> Result<Grants> {
         let mut list = Vec::new();
         for g in grants {
             let bad = |reason: String| Error::Grant {
@@ -185,7 +244,7 @@ impl Grants {
                     g.env_var
                 )));
             }
-            let secret = load_secret(g)?;
+            let secret = SecretCell::new(&g.name, sandbox, &g.secret)?;
             list.push(CompiledGrant {
                 name: g.name.clone(),
                 env_var: g.env_var.clone(),
@@ -333,12 +392,14 @@ impl Grants {
     }
 
     /// Puts the real secrets of `grants` in place of their placeholders, in their headers
-    /// only. Swapped headers are marked sensitive.
-    pub(crate) fn swap(&self, grants: &[usize], headers: &mut HeaderMap) {
+    /// only. Swapped headers are marked sensitive. Fails (forwarding nothing) when a minted
+    /// grant cannot mint its next token.
+    pub(crate) fn swap(&self, grants: &[usize], headers: &mut HeaderMap) -> Result<()> {
         for &i in grants {
             let g = &self.list[i];
             let ph = g.placeholder.as_bytes();
-            let secret = g.secret.expose();
+            let current = g.secret.current()?;
+            let secret = current.expose();
             let values: Vec<HeaderValue> = headers.get_all(&g.header).iter().cloned().collect();
             if values.is_empty() {
                 continue;
@@ -350,8 +411,13 @@ impl Grants {
                     Zeroizing::new(replace_all(raw, ph, secret))
                 } else if let Some(decoded) = basic_payload(raw) {
                     let inner = Zeroizing::new(replace_all(&decoded, ph, secret));
+                    let encoded = Zeroizing::new(B64.encode(&*inner).into_bytes());
+                    // The proxy made this encoding: mask it wherever it comes back.
+                    g.secret.produced(&encoded);
+                    g.secret
+                        .produced(B64.encode(&*inner).trim_end_matches('=').as_bytes());
                     let mut s = b"Basic ".to_vec();
-                    s.extend_from_slice(B64.encode(&*inner).as_bytes());
+                    s.extend_from_slice(&encoded);
                     Zeroizing::new(s)
                 } else {
                     Zeroizing::new(raw.to_vec())
@@ -369,6 +435,12 @@ impl Grants {
                 out.clear();
             }
         }
+        Ok(())
+    }
+
+    /// Every form of every grant's secret that has gone upstream, for masking responses.
+    pub(crate) fn mask_forms(&self) -> Vec<Zeroizing<Vec<u8>>> {
+        self.list.iter().flat_map(|g| g.secret.forms()).collect()
     }
 }
 
@@ -425,19 +497,17 @@ pub(crate) fn percent_decode(s: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    fn grants(dir: &tempfile::TempDir) -> Grants {
-        let path = dir.path().join("tok");
-        std::fs::write(&path, "real-secret-value-123\n").unwrap();
+    fn grants(_dir: &tempfile::TempDir) -> Grants {
         let g = Grant {
             name: "gh".into(),
             env_var: "GH_TOKEN".into(),
-            secret: GrantSecret::File(path.to_string_lossy().into_owned()),
+            secret: GrantSecret::value("real-secret-value-123"),
             hosts: vec!["api.gh.test".into(), "*.gh.test".into()],
             header: "authorization".into(),
             methods: vec!["get".into(), "POST".into()],
             path_prefixes: vec!["/repos/me".into()],
         };
-        Grants::compile(&[g]).unwrap()
+        Grants::compile(&[g], "sb-test").unwrap()
     }
 
     fn h(s: &str) -> Host {
@@ -450,35 +520,66 @@ mod tests {
         let a = grants(&d);
         let b = grants(&d);
         assert_ne!(a.list[0].placeholder, b.list[0].placeholder);
-        assert_eq!(a.list[0].secret.expose(), b"real-secret-value-123");
+        assert_eq!(
+            a.list[0].secret.current().unwrap().expose(),
+            b"real-secret-value-123"
+        );
         assert!(!format!("{:?}", a.list[0]).contains("real-secret"));
     }
 
     #[test]
-    fn short_or_missing_secret_is_refused() {
-        let d = tempfile::tempdir().unwrap();
-        let path = d.path().join("short");
-        std::fs::write(&path, "abc\n").unwrap();
+    fn short_or_unprintable_secret_is_refused() {
         let mut g = Grant {
             name: "x".into(),
             env_var: "X".into(),
-            secret: GrantSecret::File(path.to_string_lossy().into_owned()),
+            secret: GrantSecret::value("abc"),
             hosts: vec!["a.test".into()],
             header: "authorization".into(),
             methods: vec![],
             path_prefixes: vec![],
         };
-        let e = Grants::compile(std::slice::from_ref(&g))
+        let e = Grants::compile(std::slice::from_ref(&g), "sb")
             .unwrap_err()
             .to_string();
         assert!(e.contains("shorter"), "{e}");
-        g.secret = GrantSecret::Env("CORDON_TEST_SURELY_UNSET_VAR".into());
-        let e = Grants::compile(std::slice::from_ref(&g))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("not set"), "{e}");
-        g.secret = GrantSecret::File("/nonexistent/cordon".into());
-        assert!(Grants::compile(&[g]).is_err());
+        g.secret = GrantSecret::value("long-enough\nsecond-line");
+        let e = Grants::compile(&[g], "sb").unwrap_err().to_string();
+        assert!(e.contains("control characters"), "{e}");
+    }
+
+    struct Counter(std::sync::atomic::AtomicU32, Duration);
+
+    impl TokenMinter for Counter {
+        fn mint(&self, sandbox: &str) -> std::result::Result<cordon_core::MintedToken, String> {
+            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(cordon_core::MintedToken {
+                value: Secret::new(format!("minted-{sandbox}-{n}")),
+                expires_at: SystemTime::now() + self.1,
+            })
+        }
+    }
+
+    #[test]
+    fn minted_tokens_are_renewed_before_expiry_and_all_are_masked() {
+        let minter = Arc::new(Counter(0.into(), Duration::from_secs(5)));
+        let g = Grant {
+            name: "m".into(),
+            env_var: "M".into(),
+            secret: GrantSecret::Minted(minter),
+            hosts: vec!["a.test".into()],
+            header: "authorization".into(),
+            methods: vec![],
+            path_prefixes: vec![],
+        };
+        let gs = Grants::compile(&[g], "sb-1").unwrap();
+        // Within 30 s of its 5 s life, every use mints a fresh one.
+        let a = gs.list[0].secret.current().unwrap();
+        let b = gs.list[0].secret.current().unwrap();
+        assert_ne!(a.expose(), b.expose());
+        assert!(a.expose().starts_with(b"minted-sb-1-"));
+        let forms = gs.mask_forms();
+        assert!(forms.iter().any(|f| f.as_slice() == a.expose()));
+        assert!(forms.iter().any(|f| f.as_slice() == b.expose()));
     }
 
     #[test]
@@ -492,7 +593,7 @@ mod tests {
         assert_eq!(hits.len(), 1);
         let ok = g.decide(&h("api.gh.test"), true, &Method::GET, "/repos/me/x", &hits);
         assert_eq!(ok, GrantDecision::Swap(vec![0]));
-        g.swap(&[0], &mut hm);
+        g.swap(&[0], &mut hm).unwrap();
         assert_eq!(hm["authorization"], "Bearer real-secret-value-123");
         assert!(hm["authorization"].is_sensitive());
 
@@ -574,12 +675,16 @@ mod tests {
             g.decide(&h("api.gh.test"), true, &Method::POST, "/repos/me", &hits),
             GrantDecision::Swap(vec![0])
         );
-        g.swap(&[0], &mut hm);
-        let want = format!(
-            "Basic {}",
-            B64.encode("x-access-token:real-secret-value-123")
-        );
+        g.swap(&[0], &mut hm).unwrap();
+        let encoded = B64.encode("x-access-token:real-secret-value-123");
+        let want = format!("Basic {encoded}");
         assert_eq!(hm["authorization"], want.as_str());
+        // The encoding the proxy made is masked too, not only the raw secret.
+        assert!(
+            g.mask_forms()
+                .iter()
+                .any(|f| f.as_slice() == encoded.as_bytes())
+        );
     }
 
     #[test]

@@ -76,7 +76,7 @@ fn grant(f: &Fixture, methods: &[&str], paths: &[&str]) -> Grant {
     Grant {
         name: "gh".into(),
         env_var: "GH_TOKEN".into(),
-        secret: GrantSecret::File(f.dir.path().join("secret").to_string_lossy().into_owned()),
+        secret: GrantSecret::value(f.secret.clone()),
         hosts: vec![GRANT_HOST.into()],
         header: "authorization".into(),
         methods: methods.iter().map(|s| s.to_string()).collect(),
@@ -777,6 +777,160 @@ async fn domain_fronting_inside_terminated_tls_is_refused() {
     assert_eq!(up.rec.count(), 0);
 }
 
+/// Inside terminated TLS a request names one host, the CONNECT host, whatever its form:
+/// an absolute-form target with another `Host`, two `Host` headers, or an absolute target
+/// naming another authority are refused before anything (least of all the secret) goes
+/// upstream. The old check looked only at the target's authority when there was one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fronting_through_absolute_form_or_duplicate_host_is_refused() {
+    let ca = TestCa::new();
+    let up = https_upstream(&ca, &[GRANT_HOST]).await;
+    let port = up.addr.port();
+    let mut f = fixture(
+        &[format!("{GRANT_HOST}:{port}"), "127.0.0.1/32:*".into()],
+        Some(&ca),
+    );
+    f.cfg.grants = vec![grant(&f, &[], &[])];
+    f.resolver.set(GRANT_HOST, &[ip("127.0.0.1")]);
+    let (h, proxy) = start(&f);
+    let ph = placeholder(&h);
+    let bearer = format!("Bearer {ph}");
+    let authority = format!("{GRANT_HOST}:{port}");
+    let absolute = format!("https://{authority}/echo-auth");
+    let other_abs = format!("https://other.test:{port}/echo-auth");
+    let cases: [(&str, Vec<(&str, &str)>); 3] = [
+        (
+            absolute.as_str(),
+            vec![("host", "other.test"), ("authorization", &bearer)],
+        ),
+        (
+            "/echo-auth",
+            vec![
+                ("host", authority.as_str()),
+                ("host", "other.test"),
+                ("authorization", &bearer),
+            ],
+        ),
+        (
+            other_abs.as_str(),
+            vec![("host", authority.as_str()), ("authorization", &bearer)],
+        ),
+    ];
+    for (target, headers) in cases {
+        let mut c = https_client(proxy, &authority, GRANT_HOST, h.ca_cert_pem())
+            .await
+            .unwrap();
+        let got = send(&mut c, "GET", target, &headers, vec![]).await.unwrap();
+        assert_eq!(got.status, 403, "{target} {headers:?}: {}", got.text());
+        assert!(got.text().contains("host-mismatch"), "{}", got.text());
+    }
+    assert_eq!(up.rec.count(), 0, "nothing may reach the upstream");
+    // The honest absolute form still works, and the Host upstream is the canonical one.
+    let mut c = https_client(proxy, &authority, GRANT_HOST, h.ca_cert_pem())
+        .await
+        .unwrap();
+    let got = send(
+        &mut c,
+        "GET",
+        &absolute,
+        &[("host", &authority), ("authorization", &bearer)],
+        vec![],
+    )
+    .await
+    .unwrap();
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(up.rec.all()[0].header("host"), Some(authority.as_str()));
+}
+
+/// Every response from a host a grant covers is masked for the sandbox's whole life: an
+/// upstream that stores the swapped header and shows it on a later request (which carried
+/// no placeholder) hands back stars, not the secret; the `Basic` encoding the proxy made is
+/// masked as well as the raw value; a compressed body it cannot check is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_reencoded_or_compressed_secrets_never_come_back() {
+    let ca = TestCa::new();
+    let up = https_upstream(&ca, &[GRANT_HOST]).await;
+    let port = up.addr.port();
+    let mut f = fixture(
+        &[format!("{GRANT_HOST}:{port}"), "127.0.0.1/32:*".into()],
+        Some(&ca),
+    );
+    f.cfg.grants = vec![grant(&f, &[], &[])];
+    f.resolver.set(GRANT_HOST, &[ip("127.0.0.1")]);
+    let (h, proxy) = start(&f);
+    let ph = placeholder(&h);
+    let authority = format!("{GRANT_HOST}:{port}");
+    let mut c = https_client(proxy, &authority, GRANT_HOST, h.ca_cert_pem())
+        .await
+        .unwrap();
+    let bearer = format!("Bearer {ph}");
+    let got = send(
+        &mut c,
+        "GET",
+        "/store",
+        &[("host", &authority), ("authorization", &bearer)],
+        vec![],
+    )
+    .await
+    .unwrap();
+    assert_eq!(got.status, 200);
+    // A later request without any placeholder: the stored secret comes back masked.
+    let got = send(&mut c, "GET", "/last", &[("host", &authority)], vec![])
+        .await
+        .unwrap();
+    assert_eq!(got.status, 200);
+    assert!(!got.text().contains(&f.secret), "{}", got.text());
+    assert!(
+        got.text().starts_with("last: Bearer ****"),
+        "{}",
+        got.text()
+    );
+    // Basic credentials the proxy re-encoded come back masked at their offset too.
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let basic = format!("Basic {}", b64.encode(format!("x-access-token:{ph}")));
+    let got = send(
+        &mut c,
+        "GET",
+        "/echo-auth",
+        &[("host", &authority), ("authorization", &basic)],
+        vec![],
+    )
+    .await
+    .unwrap();
+    let real = b64.encode(format!("x-access-token:{}", f.secret));
+    assert!(!got.text().contains(&real), "{}", got.text());
+    assert!(got.text().contains("****"), "{}", got.text());
+    // The output scanner masks that encoding too (a sandbox that printed the echo).
+    let scanned = h.scan_output(format!("echo: {real}").as_bytes());
+    assert!(
+        !String::from_utf8_lossy(&scanned.bytes).contains(&real[4..real.len() - 4]),
+        "{}",
+        String::from_utf8_lossy(&scanned.bytes)
+    );
+    // A compressed body from a granted host is refused, not passed unchecked.
+    let got = send(
+        &mut c,
+        "GET",
+        "/gzip",
+        &[("host", &authority), ("authorization", &bearer)],
+        vec![],
+    )
+    .await
+    .unwrap();
+    assert_eq!(got.status, 502, "{}", got.text());
+    assert!(!got.text().contains(&f.secret));
+    // Every request the proxy sent to the granted host asked for an uncompressed body.
+    for s in up.rec.all() {
+        assert_eq!(
+            s.header("accept-encoding"),
+            Some("identity"),
+            "{}",
+            s.target
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_rules_limit_methods_and_paths_on_terminated_hosts() {
     let ca = TestCa::new();
@@ -1360,15 +1514,12 @@ fn bad_configuration_is_refused_with_a_clear_error() {
     assert!(EgressProxy::start_owned(f.cfg.clone()).is_err());
     let mut f = fixture(&[], None);
     let mut g = grant(&f, &[], &[]);
-    g.secret = GrantSecret::Env("CORDON_EGRESS_TEST_UNSET".into());
+    g.secret = GrantSecret::value("short");
     f.cfg.grants = vec![g];
     let e = EgressProxy::start_owned(f.cfg.clone())
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("CORDON_EGRESS_TEST_UNSET") && e.contains("not set"),
-        "{e}"
-    );
+    assert!(e.contains("shorter"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

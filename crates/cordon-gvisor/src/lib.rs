@@ -341,7 +341,7 @@ pub struct GvisorSandbox {
     weakened: Vec<Weakening>,
     warnings: Vec<String>,
     /// Scan findings of files taken out, until reported.
-    file_findings: Vec<serde_json::Value>,
+    file_findings: Vec<cordon_core::Finding>,
 }
 
 fn argv_of(cmd: &Command) -> Result<Vec<String>> {
@@ -571,12 +571,6 @@ impl GvisorSandbox {
             }
         }
         Ok(p)
-    }
-
-    /// Output leaving the sandbox is scanned: known secrets redacted, credential formats
-    /// flagged (the container tier's scanner).
-    fn scan(&self, bytes: &[u8]) -> (Vec<u8>, Vec<serde_json::Value>) {
-        cordon_container::egress::scan_maybe(self.egress.as_ref(), bytes)
     }
 }
 
@@ -812,23 +806,9 @@ impl Sandbox for GvisorSandbox {
             out.warnings
                 .push(format!("runsc itself was killed by signal {s}"));
         }
-        let mut findings = Vec::new();
-        for (name, stream) in [("stdout", &mut out.stdout), ("stderr", &mut out.stderr)] {
-            let (clean, found) = self.scan(stream);
-            *stream = clean;
-            findings.extend(found.into_iter().map(|mut f| {
-                f["stream"] = serde_json::json!(name);
-                f
-            }));
-        }
-        if !findings.is_empty() {
-            out.extra
-                .insert("findings".into(), serde_json::Value::Array(findings));
-        }
-        if let Some(link) = &mut self.egress {
-            out.extra
-                .insert("egress".into(), serde_json::Value::Array(link.new_events()));
-        }
+        // Output leaving the sandbox is scanned: known secrets redacted, credential
+        // formats flagged (the container tier's scanner).
+        cordon_container::egress::scan_outcome(&mut out, self.egress.as_mut());
         Ok(out)
     }
 
@@ -867,11 +847,8 @@ impl Sandbox for GvisorSandbox {
                 ),
             });
         }
-        let (clean, found) = self.scan(&data);
-        self.file_findings.extend(found.into_iter().map(|mut f| {
-            f["file"] = serde_json::json!(path);
-            f
-        }));
+        let (clean, found) = cordon_container::egress::scan_file(self.egress.as_ref(), path, &data);
+        self.file_findings.extend(found);
         Ok(clean)
     }
 
@@ -879,7 +856,7 @@ impl Sandbox for GvisorSandbox {
         self.start_us
     }
 
-    fn report(&mut self) -> BTreeMap<String, serde_json::Value> {
+    fn report(&mut self) -> cordon_core::Details {
         cordon_container::egress::report(&mut self.file_findings, self.egress.as_mut())
     }
 

@@ -502,7 +502,7 @@ pub struct MicrovmSandbox {
     /// The proxy and tunnel, when the spec allows any egress.
     egress: Option<VmEgress>,
     /// Scan findings of files taken out, until reported.
-    file_findings: Vec<serde_json::Value>,
+    file_findings: Vec<cordon_core::Finding>,
     ram_bytes: u64,
 }
 
@@ -728,12 +728,6 @@ impl MicrovmSandbox {
         env
     }
 
-    /// Scans bytes leaving the sandbox: the proxy's real secrets redacted, credential
-    /// formats flagged.
-    fn scan(&self, bytes: &[u8]) -> (Vec<u8>, Vec<serde_json::Value>) {
-        shared_egress::scan_maybe(self.egress.as_ref().map(|e| &e.link), bytes)
-    }
-
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
         let argv = cordon_guest::host::argv_for(req, Tier::Microvm, false)?;
         let env = self.env_for(req);
@@ -891,8 +885,7 @@ impl MicrovmSandbox {
         o.warnings = self.warnings.clone();
         o.usage.wall_time_us = wall.as_micros() as u64;
         o.timings.run_us = wall.as_micros() as u64;
-        o.extra
-            .insert("accelerator".into(), json!(self.accel.as_str()));
+        o.extra.accelerator = Some(self.accel.as_str().to_string());
         let (mut oom, mut pids_hit, mut disk_full) = (false, false, false);
         if let Some(Reply::Exited {
             code,
@@ -936,7 +929,7 @@ impl MicrovmSandbox {
             let why = self.gone.clone().unwrap_or_else(|| "unknown".into());
             o.warnings.push(format!("the microVM failed: {why}"));
             if let Some(f) = &self.failure {
-                o.extra.insert("failure".into(), json!(f));
+                o.extra.failure = Some(f.clone());
             }
         }
         Ok(o)
@@ -985,11 +978,9 @@ impl Sandbox for MicrovmSandbox {
         let f = self.read_reply(Duration::from_secs(60))?;
         match f.header {
             Reply::File { truncated: false } => {
-                let (clean, found) = self.scan(&f.body);
-                self.file_findings.extend(found.into_iter().map(|mut v| {
-                    v["file"] = json!(path);
-                    v
-                }));
+                let (clean, found) =
+                    shared_egress::scan_file(self.egress.as_ref().map(|e| &e.link), path, &f.body);
+                self.file_findings.extend(found);
                 Ok(clean)
             }
             Reply::File { truncated: true } => Err(Error::File {
@@ -1025,7 +1016,7 @@ impl Sandbox for MicrovmSandbox {
         }))
     }
 
-    fn report(&mut self) -> BTreeMap<String, serde_json::Value> {
+    fn report(&mut self) -> cordon_core::Details {
         shared_egress::report(
             &mut self.file_findings,
             self.egress.as_mut().map(|e| &mut e.link),

@@ -1,7 +1,11 @@
 //! The HTTP API (axum). Every route is listed in [`ROUTES`], which `docs/openapi.json`
 //! must match (checked by a test).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
@@ -37,10 +41,35 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/run"),
     ("get", "/v1/audit"),
     ("post", "/mcp"),
+    ("get", "/.well-known/openid-configuration"),
+    ("get", "/.well-known/jwks.json"),
+    ("post", "/v1/tokens/introspect"),
 ];
 
 /// The authenticated tenant of a request (`Authorization: Bearer <key>`).
 pub struct Auth(pub Tenant);
+
+/// The address a connection came from (plain TCP or TLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+    for PeerAddr
+{
+    fn connect_info(s: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        PeerAddr(*s.remote_addr())
+    }
+}
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::tls::TlsListener>>
+    for PeerAddr
+{
+    fn connect_info(s: axum::serve::IncomingStream<'_, crate::tls::TlsListener>) -> Self {
+        PeerAddr(*s.remote_addr())
+    }
+}
 
 fn unauthorized(msg: &str) -> ApiError {
     ApiError::new(
@@ -50,12 +79,71 @@ fn unauthorized(msg: &str) -> ApiError {
     )
 }
 
-/// Finds the tenant of a request's bearer key.
-pub fn authenticate(svc: &Service, headers: &HeaderMap) -> Result<Tenant, ApiError> {
+/// Failed key attempts per source address: after `edge.failures_before_slowdown` within a
+/// minute, that source's key attempts are answered 429 without being checked, for a
+/// back-off that doubles with each further failure (up to a minute).
+#[derive(Default)]
+pub struct Throttle {
+    failures: std::sync::Mutex<HashMap<IpAddr, (u32, Instant)>>,
+}
+
+/// How long failures are remembered, and the longest back-off.
+const THROTTLE_WINDOW: Duration = Duration::from_secs(60);
+
+impl Throttle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, (u32, Instant)>> {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Seconds to wait when `ip` is in back-off now.
+    fn check(&self, ip: IpAddr, allowed: u32) -> Option<u64> {
+        let m = self.lock();
+        let (n, last) = *m.get(&ip)?;
+        if n < allowed || last.elapsed() >= THROTTLE_WINDOW {
+            return None;
+        }
+        let backoff = Duration::from_secs(1u64 << (n - allowed).min(6)).min(THROTTLE_WINDOW);
+        (last.elapsed() < backoff).then(|| (backoff - last.elapsed()).as_secs().max(1))
+    }
+
+    fn fail(&self, ip: IpAddr) {
+        let mut m = self.lock();
+        if m.len() > 65_536 {
+            m.retain(|_, (_, t)| t.elapsed() < THROTTLE_WINDOW);
+        }
+        let e = m.entry(ip).or_insert((0, Instant::now()));
+        if e.1.elapsed() >= THROTTLE_WINDOW {
+            e.0 = 0;
+        }
+        e.0 = e.0.saturating_add(1);
+        e.1 = Instant::now();
+    }
+}
+
+/// Finds the tenant of a request's bearer key. `peer` is the connection's source, for the
+/// failed-key back-off (none for in-process callers).
+pub fn authenticate(
+    svc: &Service,
+    headers: &HeaderMap,
+    peer: Option<IpAddr>,
+) -> Result<Tenant, ApiError> {
     let Some(v) = headers.get(header::AUTHORIZATION) else {
         svc.metrics().deny("unauthorized");
         return Err(unauthorized("no API key given"));
     };
+    let allowed = svc.config().edge.failures_before_slowdown;
+    if let Some(ip) = peer
+        && let Some(wait) = svc.throttle().check(ip, allowed)
+    {
+        svc.metrics().deny("key_backoff");
+        let mut e = ApiError::new(
+            Code::TooManyFailures,
+            "too many failed API keys from your address",
+            "wait for the Retry-After seconds and send a valid key",
+        );
+        e.retry_after = Some(wait);
+        return Err(e);
+    }
     let key = v
         .to_str()
         .ok()
@@ -67,17 +155,42 @@ pub fn authenticate(svc: &Service, headers: &HeaderMap) -> Result<Tenant, ApiErr
     match key.and_then(|k| svc.keys().tenant_for(k)) {
         Some(t) => Ok(t),
         None => {
+            if let Some(ip) = peer {
+                svc.throttle().fail(ip);
+            }
             svc.metrics().deny("unauthorized");
             Err(unauthorized("the API key is not valid"))
         }
     }
 }
 
+fn peer_of(parts: &Parts) -> Option<IpAddr> {
+    parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<PeerAddr>>()
+        .map(|c| c.0.0.ip())
+}
+
 impl FromRequestParts<Service> for Auth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, svc: &Service) -> Result<Self, ApiError> {
-        authenticate(svc, &parts.headers).map(Auth)
+        authenticate(svc, &parts.headers, peer_of(parts)).map(Auth)
+    }
+}
+
+/// A tenant when the request carries a valid key, none when it carries none; a bad key is
+/// refused as anywhere else.
+pub struct MaybeAuth(pub Option<Tenant>);
+
+impl FromRequestParts<Service> for MaybeAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, svc: &Service) -> Result<Self, ApiError> {
+        if !parts.headers.contains_key(header::AUTHORIZATION) {
+            return Ok(MaybeAuth(None));
+        }
+        authenticate(svc, &parts.headers, peer_of(parts)).map(|t| MaybeAuth(Some(t)))
     }
 }
 
@@ -128,13 +241,19 @@ pub fn router(svc: Service) -> Router {
             get(get_file).put(put_file),
         )
         .layer(DefaultBodyLimit::max(limits.max_file_bytes));
-    let mcp = crate::mcp::http_service(svc.clone());
+    let (mcp, book) = crate::mcp::http_service(svc.clone());
     let mcp = Router::new()
         .nest_service("/mcp", mcp)
-        .layer(middleware::from_fn_with_state(svc.clone(), mcp_auth));
+        .layer(middleware::from_fn_with_state(
+            (svc.clone(), book),
+            mcp_auth,
+        ));
     Router::new()
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/.well-known/openid-configuration", get(discovery))
+        .route("/.well-known/jwks.json", get(jwks))
+        .route("/v1/tokens/introspect", post(introspect))
         .route("/v1/sandboxes", post(create).get(list))
         .route("/v1/sandboxes/{id}", get(info).delete(destroy))
         .route("/v1/sandboxes/{id}/exec", post(exec))
@@ -148,14 +267,121 @@ pub fn router(svc: Service) -> Router {
         .with_state(svc)
 }
 
-async fn mcp_auth(State(svc): State<Service>, mut req: Request, next: Next) -> Response {
-    match authenticate(&svc, req.headers()) {
-        Ok(t) => {
-            req.extensions_mut().insert(t);
-            next.run(req).await
+/// Authenticates MCP requests and binds each MCP session to the tenant that opened it:
+/// another key holder can neither use nor delete it (404, as for an unknown session), and
+/// each tenant opens at most its ceiling's `max_mcp_sessions` at once.
+async fn mcp_auth(
+    State((svc, book)): State<(Service, Arc<crate::mcp::SessionBook>)>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<PeerAddr>>()
+        .map(|c| c.0.0.ip());
+    let t = match authenticate(&svc, req.headers(), peer) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let session = req
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    match &session {
+        Some(id) => {
+            if !book.owned_by(id, &t) {
+                return ApiError::new(
+                    Code::NotFound,
+                    "no MCP session with that id",
+                    "open a session with an initialize request; sessions of other tenants are not visible",
+                )
+                .into_response();
+            }
         }
-        Err(e) => e.into_response(),
+        None => {
+            let cap = svc
+                .gate()
+                .rules_for(&cordon_engine::Principal::Tenant(t.0.clone()))
+                .max_mcp_sessions;
+            if book.count(&t).await >= cap {
+                svc.metrics().deny("mcp_sessions");
+                let mut e = ApiError::new(
+                    Code::TooManySandboxes,
+                    format!("you hold your limit of {cap} MCP sessions"),
+                    "close sessions you no longer use (DELETE /mcp with their Mcp-Session-Id)",
+                );
+                e.retry_after = Some(1);
+                return e.into_response();
+            }
+        }
     }
+    let deleting = req.method() == axum::http::Method::DELETE;
+    req.extensions_mut().insert(t.clone());
+    let resp = next.run(req).await;
+    match (&session, resp.headers().get("mcp-session-id")) {
+        (None, Some(new)) => {
+            if let Ok(id) = new.to_str() {
+                book.bind(id, &t);
+            }
+        }
+        (Some(id), _) if deleting || resp.status() == StatusCode::NOT_FOUND => book.unbind(id),
+        _ => {}
+    }
+    resp
+}
+
+/// The OIDC discovery document of the token issuer (minted grants).
+async fn discovery(State(svc): State<Service>) -> Json<cordon_engine::Discovery> {
+    Json(svc.issuer().discovery())
+}
+
+/// The issuer's public keys.
+async fn jwks(State(svc): State<Service>) -> Json<cordon_engine::Jwks> {
+    Json(svc.issuer().jwks())
+}
+
+#[derive(Deserialize)]
+struct IntrospectForm {
+    token: String,
+}
+
+/// RFC 7662 token introspection: `token=<jwt>` (form or JSON). Answers only whether a
+/// token this server minted is active, and its claims; the token itself is the caller's
+/// credential, so no key is needed. A destroyed sandbox's tokens are inactive.
+async fn introspect(
+    State(svc): State<Service>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<cordon_engine::Introspection>, ApiError> {
+    let body = body.map_err(bytes_rejection)?;
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/json"));
+    let form: IntrospectForm = if json {
+        serde_json::from_slice(&body).map_err(|e| ApiError::invalid(e.to_string()))?
+    } else {
+        serde_urlencoded_token(&body)?
+    };
+    Ok(Json(svc.issuer().introspect(&form.token)))
+}
+
+/// `token=...` from an `application/x-www-form-urlencoded` body.
+fn serde_urlencoded_token(body: &[u8]) -> Result<IntrospectForm, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| ApiError::invalid("the body is not UTF-8"))?;
+    for pair in text.split('&') {
+        if let Some(v) = pair.strip_prefix("token=") {
+            // A JWT has no characters a form encodes; refuse anything escaped.
+            if v.contains('%') || v.contains('+') {
+                return Err(ApiError::invalid("token must be a JWT"));
+            }
+            return Ok(IntrospectForm {
+                token: v.to_string(),
+            });
+        }
+    }
+    Err(ApiError::invalid("give token=<the token> in the body"))
 }
 
 async fn no_route() -> ApiError {
@@ -174,7 +400,12 @@ async fn no_method() -> ApiError {
     )
 }
 
-async fn health(State(svc): State<Service>) -> Json<serde_json::Value> {
+/// Health: `{"status": "ok"}` to anyone; the tiers, pools and counts only with a valid key
+/// (or to anyone when the operator sets `edge.metrics_need_key = false`).
+async fn health(State(svc): State<Service>, MaybeAuth(t): MaybeAuth) -> Json<serde_json::Value> {
+    if t.is_none() && svc.config().edge.metrics_need_key {
+        return Json(json!({"status": "ok"}));
+    }
     let tiers: serde_json::Map<String, serde_json::Value> = svc
         .probes()
         .iter()
@@ -200,7 +431,10 @@ async fn health(State(svc): State<Service>) -> Json<serde_json::Value> {
     }))
 }
 
-async fn metrics(State(svc): State<Service>) -> Response {
+async fn metrics(State(svc): State<Service>, MaybeAuth(t): MaybeAuth) -> Response {
+    if t.is_none() && svc.config().edge.metrics_need_key {
+        return unauthorized("/metrics needs an API key").into_response();
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -5,32 +5,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cordon_core::units::parse_duration;
+pub use cordon_core::units::Dur;
 use cordon_core::{Limits, Tier};
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
 use crate::ServerError;
-
-/// A duration written as `"10m"`, `"30s"`, `"250ms"` or a number of seconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dur(pub Duration);
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Secs(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Secs(s) => Ok(Dur(Duration::from_secs(s))),
-            Raw::Text(t) => parse_duration(&t)
-                .map(Dur)
-                .map_err(serde::de::Error::custom),
-        }
-    }
-}
 
 /// One API key: the tenant it belongs to and the key itself or its SHA-256 (hex).
 #[derive(Debug, Clone, Deserialize)]
@@ -145,9 +124,90 @@ pub struct Config {
     /// The most a spec may ask for; larger requests are refused by policy.
     #[serde(default = "max_limits")]
     pub max_limits: Limits,
-    /// The tier policy for requests that give `trust` and `autonomy`.
+    /// The tier policy: its rules and this host's bench figures.
     #[serde(default)]
     pub policy: PolicyConfig,
+    /// The operator's ceiling for every tenant without its own table (`[tenant_defaults]`).
+    #[serde(default)]
+    pub tenant_defaults: cordon_engine::TenantRules,
+    /// Per-tenant ceilings (`[tenants.alice]`).
+    #[serde(default)]
+    pub tenants: BTreeMap<String, cordon_engine::TenantRules>,
+    /// The server's aggregate budgets.
+    #[serde(default)]
+    pub budgets: cordon_engine::ceiling::Budgets,
+    /// The in-process tier's heap cap.
+    #[serde(default)]
+    pub runtime: cordon_engine::ceiling::RuntimeCeiling,
+    /// The grant catalogue (`[[grant]]` tables): the only credentials requests may name.
+    #[serde(default, rename = "grant")]
+    pub grants: Vec<cordon_engine::GrantEntry>,
+    /// The token issuer for minted grants and its OIDC documents.
+    #[serde(default)]
+    pub oidc: OidcConfig,
+    /// TLS for the API (rustls).
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// The API edge: key rules, failed-key slow-down, what needs a key.
+    #[serde(default)]
+    pub edge: EdgeConfig,
+}
+
+/// The issuer of minted grant tokens.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OidcConfig {
+    /// The issuer URL (`iss`), where verifiers fetch `/.well-known/openid-configuration`.
+    /// Default: `http://<bind>` (set a public https URL when an upstream verifies tokens).
+    pub issuer: Option<String>,
+    /// How often signing keys rotate.
+    pub rotate_every: Dur,
+    /// The longest a minted token may live.
+    pub max_token_life: Dur,
+}
+
+impl Default for OidcConfig {
+    fn default() -> Self {
+        OidcConfig {
+            issuer: None,
+            rotate_every: Dur(Duration::from_secs(24 * 3600)),
+            max_token_life: Dur(Duration::from_secs(3600)),
+        }
+    }
+}
+
+/// TLS for the API: a PEM certificate chain and its private key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+/// The API's edge.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EdgeConfig {
+    /// Shortest API key accepted in the config (a key in clear) and in the key file.
+    pub min_key_len: usize,
+    /// Failed key attempts from one source address before it is slowed down.
+    pub failures_before_slowdown: u32,
+    /// Whether `/metrics` and the detailed health need a key (default true).
+    pub metrics_need_key: bool,
+    /// Serve plain HTTP on a non-loopback address (default false: such a bind without
+    /// `[tls]` stops the start).
+    pub allow_plaintext_remote: bool,
+}
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        EdgeConfig {
+            min_key_len: 32,
+            failures_before_slowdown: 5,
+            metrics_need_key: true,
+            allow_plaintext_remote: false,
+        }
+    }
 }
 
 /// A warm pool of a spec other than its tier's default.
@@ -158,7 +218,7 @@ pub struct SpecPool {
     pub size: usize,
     /// As a request gives them: any left out are the server's `default_limits`.
     #[serde(default)]
-    pub limits: crate::model::LimitsPatch,
+    pub limits: cordon_engine::LimitsPatch,
     #[serde(default)]
     pub allow_hosts: Vec<String>,
     #[serde(default)]
@@ -200,6 +260,16 @@ fn max_limits() -> Limits {
 }
 
 impl Config {
+    /// The operator's ceiling as the engine reads it.
+    pub fn ceiling(&self) -> cordon_engine::CeilingConfig {
+        cordon_engine::CeilingConfig {
+            tenant_defaults: self.tenant_defaults.clone(),
+            tenants: self.tenants.clone(),
+            budgets: self.budgets.clone(),
+            runtime: self.runtime.clone(),
+        }
+    }
+
     /// A configuration with every default and the given data dir (tests, `cordon mcp`).
     pub fn with_data_dir(data_dir: impl Into<PathBuf>) -> Self {
         Config {
@@ -216,6 +286,14 @@ impl Config {
             default_limits: Limits::default(),
             max_limits: max_limits(),
             policy: PolicyConfig::default(),
+            tenant_defaults: Default::default(),
+            tenants: BTreeMap::new(),
+            budgets: Default::default(),
+            runtime: Default::default(),
+            grants: Vec::new(),
+            oidc: OidcConfig::default(),
+            tls: None,
+            edge: EdgeConfig::default(),
         }
     }
 
@@ -230,6 +308,16 @@ impl Config {
             && f.is_relative()
         {
             cfg.key_file = Some(base.join(f));
+        }
+        let tls_files = cfg
+            .tls
+            .as_mut()
+            .map(|t| vec![&mut t.cert_file, &mut t.key_file])
+            .unwrap_or_default();
+        for f in tls_files {
+            if f.is_relative() {
+                *f = base.join(&*f);
+            }
         }
         for f in [&mut cfg.policy.rules_file, &mut cfg.policy.bench_file]
             .into_iter()
@@ -268,6 +356,15 @@ impl Config {
         }
         if self.sessions.reap_interval.0.is_zero() {
             return bad("sessions.reap_interval must be more than zero".into());
+        }
+        self.ceiling().validate().or_else(|e| bad(e.to_string()))?;
+        if !self.bind.ip().is_loopback() && self.tls.is_none() && !self.edge.allow_plaintext_remote
+        {
+            return bad(format!(
+                "bind = {} is beyond loopback without [tls]: API keys would cross the network in clear; \
+                 add [tls] cert_file and key_file, or set edge.allow_plaintext_remote = true behind a TLS proxy",
+                self.bind
+            ));
         }
         for (tier, n) in &self.pools {
             if *n > 64 {

@@ -43,8 +43,10 @@ pub enum Code {
     FileError,
     PolicyDenied,
     TierUnavailable,
+    GrantUnavailable,
     LayerUnavailable,
     TooManySandboxes,
+    TooManyFailures,
     SandboxBusy,
     SandboxGone,
     SandboxFailure,
@@ -66,7 +68,8 @@ impl Code {
             Code::FileError => StatusCode::UNPROCESSABLE_ENTITY,
             Code::PolicyDenied => StatusCode::FORBIDDEN,
             Code::TierUnavailable | Code::LayerUnavailable => StatusCode::UNPROCESSABLE_ENTITY,
-            Code::TooManySandboxes => StatusCode::TOO_MANY_REQUESTS,
+            Code::GrantUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::TooManySandboxes | Code::TooManyFailures => StatusCode::TOO_MANY_REQUESTS,
             Code::SandboxBusy => StatusCode::CONFLICT,
             Code::SandboxGone => StatusCode::GONE,
             Code::SandboxFailure | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -85,8 +88,10 @@ impl Code {
             Code::FileError => "file_error",
             Code::PolicyDenied => "policy_denied",
             Code::TierUnavailable => "tier_unavailable",
+            Code::GrantUnavailable => "grant_unavailable",
             Code::LayerUnavailable => "layer_unavailable",
             Code::TooManySandboxes => "too_many_sandboxes",
+            Code::TooManyFailures => "too_many_failures",
             Code::SandboxBusy => "sandbox_busy",
             Code::SandboxGone => "sandbox_gone",
             Code::SandboxFailure => "sandbox_failure",
@@ -98,12 +103,16 @@ impl Code {
     }
 }
 
-/// An API error: `{ "code", "message", "fix" }` with an HTTP status from the code.
+/// An API error: `{ "code", "message", "fix" }` (and `rule` for a refusal by a named rule)
+/// with an HTTP status from the code.
 #[derive(Debug, Clone, Serialize)]
 pub struct ApiError {
     pub code: Code,
     pub message: String,
     pub fix: String,
+    /// The rule of the operator's ceiling or the tier policy that refused the request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
     #[serde(skip)]
     pub retry_after: Option<u64>,
 }
@@ -114,6 +123,7 @@ impl ApiError {
             code,
             message: message.into(),
             fix: fix.into(),
+            rule: None,
             retry_after: None,
         }
     }
@@ -143,7 +153,7 @@ impl ApiError {
     }
 
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({ "code": self.code, "message": self.message, "fix": self.fix })
+        serde_json::to_value(self).unwrap_or_default()
     }
 }
 
@@ -156,6 +166,21 @@ impl std::fmt::Display for ApiError {
             self.message,
             self.fix
         )
+    }
+}
+
+impl From<cordon_engine::Denial> for ApiError {
+    fn from(d: cordon_engine::Denial) -> Self {
+        use cordon_engine::DenyCode;
+        let code = match d.code {
+            DenyCode::InvalidRequest => Code::InvalidRequest,
+            DenyCode::PolicyDenied => Code::PolicyDenied,
+            DenyCode::TierUnavailable => Code::TierUnavailable,
+            DenyCode::GrantUnavailable => Code::GrantUnavailable,
+        };
+        let mut e = ApiError::new(code, d.message, d.fix);
+        e.rule = Some(d.rule);
+        e
     }
 }
 

@@ -47,11 +47,23 @@ pub struct Keys {
 }
 
 impl Keys {
-    /// Builds the table from config entries and an optional key file.
-    pub fn load(entries: &[KeyEntry], file: Option<&Path>) -> Result<Self, ServerError> {
+    /// Builds the table from config entries and an optional key file. A key given in
+    /// clear shorter than `min_len` is refused (a short key is guessable; `cordon serve
+    /// --new-key` makes 67-character ones).
+    pub fn load(
+        entries: &[KeyEntry],
+        file: Option<&Path>,
+        min_len: usize,
+    ) -> Result<Self, ServerError> {
+        let short = |tenant: &str| {
+            ServerError::Config(format!(
+                "a key of tenant {tenant:?} is shorter than {min_len} characters; make one with `cordon serve --new-key {tenant}`"
+            ))
+        };
         let mut keys = Keys::default();
         for e in entries {
             let digest = match (&e.key, &e.sha256) {
+                (Some(k), None) if k.len() < min_len => return Err(short(&e.tenant)),
                 (Some(k), None) => hash_key(k),
                 (None, Some(h)) => h.to_ascii_lowercase(),
                 _ => {
@@ -81,6 +93,7 @@ impl Keys {
                 let (tenant, rest) = line.split_once(':').ok_or_else(bad)?;
                 let digest = match rest.strip_prefix("sha256:") {
                     Some(h) => h.to_ascii_lowercase(),
+                    None if rest.len() < min_len => return Err(short(tenant)),
                     None if !rest.is_empty() => hash_key(rest),
                     None => return Err(bad()),
                 };
@@ -142,7 +155,7 @@ mod tests {
             key: Some("secret-a".into()),
             sha256: None,
         }];
-        let k = Keys::load(&entries, Some(&f)).unwrap();
+        let k = Keys::load(&entries, Some(&f), 8).unwrap();
         assert_eq!(k.tenant_for("secret-a").unwrap().0, "alice");
         assert_eq!(k.tenant_for("secret-b").unwrap().0, "bob");
         assert_eq!(k.tenant_for("secret-c").unwrap().0, "carol");
@@ -150,5 +163,13 @@ mod tests {
         assert!(generate_key().unwrap().starts_with("ck_"));
         let mut k = Keys::default();
         assert!(k.add_key("bad tenant", "x").is_err());
+        // Short keys in clear are refused, in the config and in the key file.
+        let e = Keys::load(&entries, None, 32).unwrap_err().to_string();
+        assert!(
+            e.contains("shorter than 32") && e.contains("--new-key alice"),
+            "{e}"
+        );
+        let e = Keys::load(&[], Some(&f), 32).unwrap_err().to_string();
+        assert!(e.contains("\"bob\""), "{e}");
     }
 }

@@ -17,6 +17,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod service;
+pub mod tls;
 
 use std::net::SocketAddr;
 
@@ -29,6 +30,7 @@ pub use service::{Backends, RecoveryHook, RecoveryReport, Service, scratch_dir};
 pub struct Server {
     svc: Service,
     addr: SocketAddr,
+    tls: bool,
     task: tokio::task::JoinHandle<Result<(), std::io::Error>>,
 }
 
@@ -39,7 +41,11 @@ impl Server {
         backends: Backends,
         recovery: Option<RecoveryHook>,
     ) -> Result<Self, ServerError> {
-        let keys = Keys::load(&config.keys, config.key_file.as_deref())?;
+        let keys = Keys::load(
+            &config.keys,
+            config.key_file.as_deref(),
+            config.edge.min_key_len,
+        )?;
         if keys.is_empty() {
             return Err(ServerError::Config(
                 "no API keys configured; add [[keys]] or key_file (`cordon serve --new-key TENANT` prints one)"
@@ -47,6 +53,10 @@ impl Server {
             ));
         }
         let bind = config.bind;
+        let tls = match &config.tls {
+            Some(t) => Some(tls::server_config(&t.cert_file, &t.key_file)?),
+            None => None,
+        };
         let svc = Service::start(config, keys, backends, recovery).await?;
         let listener = tokio::net::TcpListener::bind(bind)
             .await
@@ -54,18 +64,40 @@ impl Server {
         let addr = listener
             .local_addr()
             .map_err(|e| ServerError::io("reading the bound address", e))?;
-        let app = api::router(svc.clone());
+        let app = api::router(svc.clone()).into_make_service_with_connect_info::<api::PeerAddr>();
         let stop = svc.cancelled();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-        });
-        Ok(Server { svc, addr, task })
+        let is_tls = tls.is_some();
+        let task = match tls {
+            Some(cfg) => {
+                let listener = tls::TlsListener::new(listener, cfg)
+                    .map_err(|e| ServerError::io("starting the TLS listener", e))?;
+                tokio::spawn(async move {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(async move { stop.cancelled().await })
+                        .await
+                })
+            }
+            None => tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await
+            }),
+        };
+        Ok(Server {
+            svc,
+            addr,
+            tls: is_tls,
+            task,
+        })
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Whether the API is served over TLS.
+    pub fn tls(&self) -> bool {
+        self.tls
     }
 
     pub fn service(&self) -> &Service {

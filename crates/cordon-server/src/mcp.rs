@@ -74,6 +74,9 @@ pub struct CreateArgs {
     /// Hosts the sandbox may reach; none by default.
     #[serde(default)]
     pub allow_hosts: Vec<String>,
+    /// Grants of the server's catalogue, by name.
+    #[serde(default)]
+    pub grants: Vec<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -195,6 +198,7 @@ impl CordonMcp {
             "ttl": a.ttl,
             "idle_timeout": a.idle_timeout,
             "allow_hosts": a.allow_hosts,
+            "grants": a.grants,
         })))?;
         text(&self.svc.create(&t, req).await.map_err(|e| e.to_string())?)
     }
@@ -299,8 +303,56 @@ impl ServerHandler for CordonMcp {
     }
 }
 
-/// MCP over streamable HTTP, to be mounted at `/mcp` behind the API-key middleware.
-pub fn http_service(svc: Service) -> StreamableHttpService<CordonMcp, LocalSessionManager> {
+/// Which tenant opened each MCP session over HTTP (the auth middleware keeps it). A
+/// session rmcp has closed (deleted, or idle past its keep-alive) leaves the book the next
+/// time a tenant's sessions are counted.
+pub struct SessionBook {
+    manager: Arc<LocalSessionManager>,
+    owners: std::sync::Mutex<std::collections::HashMap<String, Tenant>>,
+}
+
+impl SessionBook {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Tenant>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// True if `tenant` opened the session `id`.
+    pub fn owned_by(&self, id: &str, tenant: &Tenant) -> bool {
+        self.lock().get(id).is_some_and(|t| t == tenant)
+    }
+
+    pub fn bind(&self, id: &str, tenant: &Tenant) {
+        self.lock().insert(id.to_string(), tenant.clone());
+    }
+
+    pub fn unbind(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// Sessions `tenant` holds now (closed ones forgotten first).
+    pub async fn count(&self, tenant: &Tenant) -> usize {
+        let live: std::collections::HashSet<String> = self
+            .manager
+            .sessions
+            .read()
+            .await
+            .keys()
+            .map(|k| k.to_string())
+            .collect();
+        let mut owners = self.lock();
+        owners.retain(|id, _| live.contains(id));
+        owners.values().filter(|t| *t == tenant).count()
+    }
+}
+
+/// MCP over streamable HTTP, to be mounted at `/mcp` behind the API-key middleware, with
+/// the book of which tenant holds which session.
+pub fn http_service(
+    svc: Service,
+) -> (
+    StreamableHttpService<CordonMcp, LocalSessionManager>,
+    Arc<SessionBook>,
+) {
     let bind = svc.config().bind;
     let mut hosts = vec![
         "localhost".to_string(),
@@ -312,11 +364,14 @@ pub fn http_service(svc: Service) -> StreamableHttpService<CordonMcp, LocalSessi
     let cfg = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
         .with_cancellation_token(svc.cancelled().child_token());
-    StreamableHttpService::new(
-        move || Ok(CordonMcp::new(svc.clone(), None)),
-        Arc::new(LocalSessionManager::default()),
-        cfg,
-    )
+    let manager = Arc::new(LocalSessionManager::default());
+    let book = Arc::new(SessionBook {
+        manager: manager.clone(),
+        owners: Default::default(),
+    });
+    let service =
+        StreamableHttpService::new(move || Ok(CordonMcp::new(svc.clone(), None)), manager, cfg);
+    (service, book)
 }
 
 /// Serves MCP over any byte stream pair for one tenant (stdio for `cordon mcp`).

@@ -3,13 +3,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use base64::Engine as _;
-use cordon_core::{Command, EgressPolicy, ExecRequest, Grant, Language, Limits, Tier, Weakening};
+use cordon_core::{Command, ExecRequest, Language, Limits, Tier, Weakening};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use cordon_policy::{Autonomy, Shape, TierChoice, Trust};
 
-use crate::config::Dur;
 use crate::error::ApiError;
+use cordon_core::units::Dur;
 
 fn de_lang<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Language>, D::Error> {
     let s: Option<String> = Option::deserialize(d)?;
@@ -17,98 +17,10 @@ fn de_lang<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Language>, D::Error
         .transpose()
 }
 
-/// Limits a request may give; any left out come from the server's defaults.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LimitsPatch {
-    pub timeout_ms: Option<u64>,
-    pub memory_bytes: Option<u64>,
-    pub pids: Option<u32>,
-    pub disk_bytes: Option<u64>,
-    pub tmp_bytes: Option<u64>,
-    pub cpus: Option<f64>,
-    pub stdout_bytes: Option<u64>,
-    pub stderr_bytes: Option<u64>,
-    pub open_files: Option<u64>,
-    pub fuel: Option<u64>,
-}
+pub use cordon_engine::{GrantName, LimitsPatch};
 
-impl LimitsPatch {
-    pub fn is_empty(&self) -> bool {
-        *self == LimitsPatch::default()
-    }
-
-    pub fn apply(&self, base: &Limits) -> Limits {
-        let mut l = base.clone();
-        macro_rules! set {
-            ($($f:ident),*) => { $( if let Some(v) = self.$f { l.$f = v; } )* };
-        }
-        set!(
-            timeout_ms,
-            memory_bytes,
-            pids,
-            disk_bytes,
-            tmp_bytes,
-            cpus,
-            stdout_bytes,
-            stderr_bytes,
-            open_files
-        );
-        if self.fuel.is_some() {
-            l.fuel = self.fuel;
-        }
-        l
-    }
-}
-
-/// `POST /v1/sandboxes`: a sandbox spec plus its lifetime.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateRequest {
-    /// Tier, or `auto` (the policy picks; needs `trust` and `autonomy`); the server's
-    /// default tier when left out and no policy inputs are given.
-    #[serde(default)]
-    pub tier: Option<TierChoice>,
-    /// Policy inputs: where the code's input came from (`trusted`, `untrusted`).
-    #[serde(default)]
-    pub trust: Option<Trust>,
-    /// Policy inputs: what the code may do (`compute`, `read-files`, `write-files`,
-    /// `install-packages`, `internet`).
-    #[serde(default)]
-    pub autonomy: Option<Autonomy>,
-    /// Policy inputs: `many-short` (default) or `one-long`.
-    #[serde(default)]
-    pub shape: Option<Shape>,
-    #[serde(default)]
-    pub limits: LimitsPatch,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Hosts the sandbox may reach (egress allow-list); empty means none.
-    #[serde(default)]
-    pub allow_hosts: Vec<String>,
-    /// Hosts always refused.
-    #[serde(default)]
-    pub deny_hosts: Vec<String>,
-    #[serde(default)]
-    pub grants: Vec<Grant>,
-    #[serde(default)]
-    pub allow_weaker: BTreeSet<Weakening>,
-    /// Destroyed this long after creation (`"10m"` or seconds).
-    #[serde(default)]
-    pub ttl: Option<Dur>,
-    /// Destroyed after this long without a request.
-    #[serde(default)]
-    pub idle_timeout: Option<Dur>,
-}
-
-impl CreateRequest {
-    pub fn egress(&self) -> EgressPolicy {
-        EgressPolicy {
-            allow: self.allow_hosts.clone(),
-            deny: self.deny_hosts.clone(),
-        }
-    }
-}
+/// `POST /v1/sandboxes`: the engine's one request type.
+pub type CreateRequest = cordon_engine::SandboxRequest;
 
 /// What to run: code in a language, an argv, or a WebAssembly module.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -248,8 +160,9 @@ pub struct RunRequest {
     pub allow_hosts: Vec<String>,
     #[serde(default)]
     pub deny_hosts: Vec<String>,
+    /// Grants of the operator's catalogue, by name.
     #[serde(default)]
-    pub grants: Vec<Grant>,
+    pub grants: Vec<GrantName>,
     #[serde(default)]
     pub allow_weaker: BTreeSet<Weakening>,
     #[serde(default)]
@@ -289,6 +202,8 @@ impl RunRequest {
             allow_weaker: self.allow_weaker,
             ttl: None,
             idle_timeout: None,
+            inline_grants: Vec::new(),
+            workload: Default::default(),
         };
         let exec = ExecBody {
             lang: self.lang,

@@ -20,6 +20,11 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use cordon_engine::{
+    Admission, BudgetLimits, Catalogue, Gate, GateSettings, Issuer, Ledger, Principal, Reservation,
+    RulesSource,
+};
+
 use crate::ServerError;
 use crate::audit::{Audit, Event, LiveRow, NewEvent, Query, now_ms};
 use crate::config::Config;
@@ -69,31 +74,6 @@ fn audit_err(e: ServerError) -> ApiError {
     ApiError::internal(format!(
         "the audit row could not be written ({e}); nothing was reported without it"
     ))
-}
-
-#[derive(Default)]
-struct Counts {
-    total: usize,
-    per_tenant: HashMap<Tenant, usize>,
-}
-
-/// A reserved place under the concurrency limits; released when dropped.
-struct Slot {
-    counts: Arc<Mutex<Counts>>,
-    tenant: Tenant,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut c = lock(&self.counts);
-        c.total = c.total.saturating_sub(1);
-        if let Some(n) = c.per_tenant.get_mut(&self.tenant) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                c.per_tenant.remove(&self.tenant);
-            }
-        }
-    }
 }
 
 /// A sandbox that is destroyed off the async runtime if it is ever dropped still alive
@@ -166,7 +146,7 @@ struct Session {
     ending: OnceLock<&'static str>,
     /// Set once the destroy is done and audited; a second destroy waits on it.
     ended: watch::Sender<bool>,
-    _slot: Slot,
+    _slot: Reservation,
 }
 
 impl Session {
@@ -256,11 +236,17 @@ struct Inner {
     keys: Keys,
     metrics: Metrics,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
-    counts: Arc<Mutex<Counts>>,
     pools: Vec<Arc<Pool>>,
-    /// The tier policy (requests with `trust` and `autonomy`) and this host's bench figures.
-    rules: cordon_policy::Rules,
-    bench: Option<cordon_policy::BenchFigures>,
+    /// The gate every create and run passes: the operator's ceiling, the grant catalogue
+    /// and the tier policy.
+    gate: Gate,
+    /// Sandboxes and memory held, per tenant and in all.
+    ledger: Ledger,
+    /// Memory the warm pools hold, counted against the server's budget for their life.
+    _pool_budget: Vec<Reservation>,
+    /// Mints grant tokens and publishes their keys.
+    issuer: Arc<Issuer>,
+    throttle: crate::api::Throttle,
     stopping: AtomicBool,
     cancel: CancellationToken,
     /// Destroys running in the background (one-shot runs, the reaper); shutdown waits.
@@ -333,12 +319,9 @@ impl Service {
                 let text = std::fs::read_to_string(p).map_err(|e| {
                     ServerError::Config(format!("reading the policy file {}: {e}", p.display()))
                 })?;
-                cordon_policy::Rules::from_toml(&text).map_err(|e| {
-                    ServerError::Config(format!("the policy file {}: {e}", p.display()))
-                })?
+                RulesSource::Text(text)
             }
-            None => cordon_policy::Rules::default_rules()
-                .map_err(|e| ServerError::Config(format!("the shipped policy: {e}")))?,
+            None => RulesSource::Shipped,
         };
         let bench = cfg.policy.bench_file.as_ref().and_then(|p| {
             let text = std::fs::read_to_string(p).ok()?;
@@ -349,6 +332,68 @@ impl Service {
                     None
                 }
             }
+        });
+        let issuer = Arc::new(
+            Issuer::new(
+                cfg.oidc
+                    .issuer
+                    .clone()
+                    .unwrap_or_else(|| format!("http://{}", cfg.bind)),
+                cfg.oidc.rotate_every.0,
+                cfg.oidc.max_token_life.0,
+            )
+            .map_err(|e| ServerError::Config(e.to_string()))?,
+        );
+        let catalogue = Catalogue::load(&cfg.grants, Some(issuer.clone()))
+            .map_err(|e| ServerError::Config(e.to_string()))?;
+        let available = probes
+            .iter()
+            .filter(|(t, p)| p.available() && backends.contains_key(t))
+            .map(|(t, _)| *t)
+            .collect();
+        let unavailable = probes
+            .iter()
+            .filter(|(_, p)| !p.available())
+            .map(|(t, p)| {
+                let why = p
+                    .capabilities
+                    .iter()
+                    .filter(|c| !c.ok && c.required)
+                    .map(|c| format!("{}: {}", c.name, c.detail))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                (*t, why)
+            })
+            .collect();
+        let gate = Gate::new(
+            GateSettings {
+                default_tier: cfg.default_tier,
+                default_limits: cfg.default_limits.clone(),
+                max_limits: cfg.max_limits.clone(),
+                default_ttl: cfg.sessions.default_ttl.0,
+                max_ttl: cfg.sessions.max_ttl.0,
+                default_idle: cfg.sessions.default_idle_timeout.0,
+            },
+            cfg.ceiling(),
+            Arc::new(catalogue),
+            rules,
+            bench,
+        )
+        .with_tiers(available, unavailable);
+        gate.load_rules().map_err(|e| {
+            ServerError::Config(match &cfg.policy.rules_file {
+                Some(p) => format!("the policy file {}: {e}", p.display()),
+                None => e,
+            })
+        })?;
+        let ledger = Ledger::new(BudgetLimits {
+            max_sandboxes: cfg.sessions.max_sandboxes,
+            max_sandboxes_per_tenant: cfg.sessions.max_sandboxes_per_tenant,
+            max_memory: cfg
+                .budgets
+                .max_memory
+                .map(|s| s.0)
+                .unwrap_or_else(cordon_engine::host_memory_budget),
         });
         // The default spec of each pooled tier, then the `[[pool]]` specs, built as a
         // request with the same tier, limits and lists builds its spec, so it takes one.
@@ -382,6 +427,11 @@ impl Service {
                     "two warm pools of the {tier} tier hold the same spec; merge them into one"
                 )));
             }
+            if let Err(e) = check_pool_spec(&spec, &gate) {
+                return Err(ServerError::Config(format!(
+                    "a warm pool of the {tier} tier: {e}"
+                )));
+            }
             pools.push(Arc::new(Pool {
                 tier,
                 size,
@@ -389,6 +439,15 @@ impl Service {
                 ready: Mutex::new(VecDeque::new()),
                 wake: Notify::new(),
             }));
+        }
+        let mut pool_budget = Vec::new();
+        for p in &pools {
+            let bytes = p.spec.limits.memory_bytes.saturating_mul(p.size as u64);
+            pool_budget.push(
+                ledger
+                    .reserve_pool(bytes)
+                    .map_err(|e| ServerError::Config(format!("the {} pool: {e}", p.tier)))?,
+            );
         }
         let svc = Service {
             inner: Arc::new(Inner {
@@ -399,10 +458,12 @@ impl Service {
                 keys,
                 metrics: Metrics::new(),
                 sessions: Mutex::new(HashMap::new()),
-                counts: Arc::new(Mutex::new(Counts::default())),
                 pools,
-                rules,
-                bench,
+                gate,
+                ledger,
+                _pool_budget: pool_budget,
+                issuer,
+                throttle: crate::api::Throttle::default(),
                 stopping: AtomicBool::new(false),
                 cancel: CancellationToken::new(),
                 destroys: TaskTracker::new(),
@@ -410,21 +471,6 @@ impl Service {
                 _lock: lock_file,
             }),
         };
-        for pool in &svc.inner.pools {
-            // A pool's spec passes the same checks as a request's, or the server does not
-            // start (an unavailable tier only leaves its pools empty, as below).
-            if let Err(e) = svc.check(
-                &pool.spec,
-                svc.inner.cfg.sessions.default_ttl.0,
-                svc.inner.cfg.sessions.default_idle_timeout.0,
-            ) && e.code != Code::TierUnavailable
-            {
-                return Err(ServerError::Config(format!(
-                    "a warm pool of the {} tier: {}",
-                    pool.tier, e.message
-                )));
-            }
-        }
         for pool in &svc.inner.pools {
             if svc.tier_available(pool.tier) {
                 svc.inner.background.spawn(svc.clone().refill(pool.clone()));
@@ -438,6 +484,11 @@ impl Service {
 
     pub fn config(&self) -> &Config {
         &self.inner.cfg
+    }
+
+    /// Failed-key back-off per source address.
+    pub fn throttle(&self) -> &crate::api::Throttle {
+        &self.inner.throttle
     }
 
     pub fn keys(&self) -> &Keys {
@@ -505,16 +556,26 @@ impl Service {
 
     // ---- policy ----------------------------------------------------------------------
 
+    /// The gate every create and run passes.
+    pub fn gate(&self) -> &Gate {
+        &self.inner.gate
+    }
+
+    /// The token issuer of minted grants.
+    pub fn issuer(&self) -> &Arc<Issuer> {
+        &self.inner.issuer
+    }
+
     /// Turns a create request into a spec, or refuses it. Every decision is audited.
     async fn decide(
         &self,
         tenant: &Tenant,
         req: &CreateRequest,
         what: &str,
-    ) -> Result<(SandboxSpec, Duration, Duration), ApiError> {
-        let (spec, ttl, idle, row) = self.decide_later(tenant, req, what).await?;
+    ) -> Result<Admission, ApiError> {
+        let (adm, row) = self.decide_later(tenant, req, what).await?;
         self.record(row).await?;
-        Ok((spec, ttl, idle))
+        Ok(adm)
     }
 
     /// [`Self::decide`], but an allowed request's policy row is returned for the caller to
@@ -524,228 +585,60 @@ impl Service {
         tenant: &Tenant,
         req: &CreateRequest,
         what: &str,
-    ) -> Result<(SandboxSpec, Duration, Duration, NewEventOwned), ApiError> {
-        let cfg = &self.inner.cfg;
-        let (tier, decision) = self.pick_tier(tenant, req, what).await?;
-        let mut spec = SandboxSpec::new(tier);
-        spec.limits = req.limits.apply(&cfg.default_limits);
-        spec.env = req.env.clone();
-        spec.egress = req.egress();
-        spec.grants = req.grants.clone();
-        spec.allow_weaker = req.allow_weaker.clone();
-        let ttl = req.ttl.map(|d| d.0).unwrap_or(cfg.sessions.default_ttl.0);
-        let idle = req
-            .idle_timeout
-            .map(|d| d.0)
-            .unwrap_or(cfg.sessions.default_idle_timeout.0);
-        let verdict = self.check(&spec, ttl, idle);
-        let detail = json!({
-            "request": what,
-            "tier": tier,
-            "limits": spec.limits,
-            "allow_hosts": spec.egress.allow,
-            "deny_hosts": spec.egress.deny,
-            "grants": spec.grants.iter().map(|g| json!({"name": g.name, "hosts": g.hosts})).collect::<Vec<_>>(),
-            "allow_weaker": spec.allow_weaker,
-            "ttl_ms": ttl.as_millis() as u64,
-            "idle_timeout_ms": idle.as_millis() as u64,
-            "reason": verdict.as_ref().err().map(|e| e.message.clone()),
-            "tier_policy": decision,
-        });
-        let row = NewEventOwned {
-            tenant: Some(tenant.0.clone()),
-            sandbox: None,
-            kind: "policy",
-            decision: Some(if verdict.is_ok() { "allow" } else { "deny" }),
-            tier: Some(tier),
-            detail,
-        };
-        if let Err(e) = verdict {
-            self.record(row).await?;
-            self.inner.metrics.deny(e.code.as_str());
-            return Err(e);
-        }
-        Ok((spec, ttl, idle, row))
-    }
-
-    /// The tier: the one asked for, or the server's default, or (with `trust` and
-    /// `autonomy`) the tier policy's choice. A policy refusal is audited and answered 403.
-    async fn pick_tier(
-        &self,
-        tenant: &Tenant,
-        req: &CreateRequest,
-        what: &str,
-    ) -> Result<(Tier, Option<serde_json::Value>), ApiError> {
-        use cordon_policy::TierChoice;
-        let (trust, autonomy) = match (req.trust, req.autonomy) {
-            (Some(t), Some(a)) => (t, a),
-            (None, None) => {
-                return match req.tier {
-                    Some(TierChoice::Tier(t)) => Ok((t, None)),
-                    None => Ok((self.inner.cfg.default_tier, None)),
-                    Some(TierChoice::Auto) => Err(ApiError::invalid(
-                        "tier \"auto\" lets the policy pick, which needs trust and autonomy \
-                         (e.g. \"trust\": \"untrusted\", \"autonomy\": \"compute\")",
-                    )),
+    ) -> Result<(Admission, NewEventOwned), ApiError> {
+        let who = Principal::Tenant(tenant.0.clone());
+        match self.inner.gate.admit(&who, req, what) {
+            Ok(adm) => {
+                let row = NewEventOwned {
+                    tenant: Some(tenant.0.clone()),
+                    sandbox: None,
+                    kind: "policy",
+                    decision: Some("allow"),
+                    tier: Some(adm.spec.tier),
+                    detail: serde_json::to_value(&adm.record).unwrap_or_default(),
                 };
+                Ok((adm, row))
             }
-            _ => {
-                return Err(ApiError::invalid(
-                    "trust and autonomy go together: give both (e.g. \"trust\": \"untrusted\", \
-                     \"autonomy\": \"compute\") or neither",
-                ));
-            }
-        };
-        let mut preq = cordon_policy::Request::new(trust, autonomy);
-        preq.shape = req.shape.unwrap_or(cordon_policy::Shape::ManyShort);
-        preq.allow_hosts = req.allow_hosts.clone();
-        preq.tier = req.tier.unwrap_or(TierChoice::Auto);
-        let host = cordon_policy::Host {
-            available: Tier::ALL
-                .into_iter()
-                .filter(|t| self.inner.backends.contains_key(t) && self.tier_available(*t))
-                .collect(),
-            bench: self.inner.bench.clone(),
-        };
-        match self.inner.rules.decide(&preq, &host) {
-            Ok(d) => Ok((d.chosen, Some(serde_json::to_value(&d).unwrap_or_default()))),
-            Err(refusal) => {
+            Err(d) => {
                 self.record(NewEventOwned {
                     tenant: Some(tenant.0.clone()),
                     sandbox: None,
                     kind: "policy",
                     decision: Some("deny"),
-                    tier: None,
-                    detail: json!({
-                        "request": what,
-                        "reason": refusal.message,
-                        "tier_policy": serde_json::to_value(&*refusal).unwrap_or_default(),
-                    }),
+                    tier: d.record.tier,
+                    detail: serde_json::to_value(&*d.record).unwrap_or_default(),
                 })
                 .await?;
-                self.inner.metrics.deny(Code::PolicyDenied.as_str());
-                Err(ApiError::new(
-                    Code::PolicyDenied,
-                    format!(
-                        "refused by policy rule {}: {}",
-                        refusal.rule, refusal.message
-                    ),
-                    refusal.fix.clone(),
-                ))
+                let e = ApiError::from(d);
+                self.inner.metrics.deny(e.code.as_str());
+                Err(e)
             }
         }
     }
 
-    fn check(&self, spec: &SandboxSpec, ttl: Duration, idle: Duration) -> Result<(), ApiError> {
-        let cfg = &self.inner.cfg;
-        let tier = spec.tier;
-        if !self.inner.backends.contains_key(&tier) {
-            return Err(ApiError::new(
-                Code::TierUnavailable,
-                format!("this build of cordon has no {tier} tier"),
-                "choose another tier; GET /v1/health lists the available ones",
-            ));
+    /// Reserves a place under the budgets, or says when to retry.
+    fn reserve(&self, tenant: &Tenant, spec: &SandboxSpec) -> Result<Reservation, ApiError> {
+        let rules = self
+            .inner
+            .gate
+            .rules_for(&Principal::Tenant(tenant.0.clone()));
+        match self.inner.ledger.reserve(
+            &tenant.0,
+            spec.limits.memory_bytes,
+            (rules.max_sandboxes, rules.max_memory),
+        ) {
+            Ok(r) => Ok(r),
+            Err(full) => {
+                self.inner.metrics.deny("too_many_sandboxes");
+                let mut e = ApiError::new(
+                    Code::TooManySandboxes,
+                    full.message,
+                    "destroy sandboxes you no longer need, or retry after the Retry-After seconds",
+                );
+                e.retry_after = Some(self.inner.cfg.sessions.retry_after_secs.max(1));
+                Err(e)
+            }
         }
-        if !self.tier_available(tier) {
-            let why = self
-                .inner
-                .probes
-                .get(&tier)
-                .map(|p| {
-                    p.capabilities
-                        .iter()
-                        .filter(|c| !c.ok && c.required)
-                        .map(|c| format!("{}: {}", c.name, c.detail))
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                })
-                .unwrap_or_default();
-            return Err(ApiError::new(
-                Code::TierUnavailable,
-                format!("the {tier} tier is not available on this host ({why})"),
-                "run `cordon doctor` on the server host, or choose another tier",
-            ));
-        }
-        if let Err(e) = spec.validate() {
-            return Err(ApiError::invalid(e.to_string()));
-        }
-        if matches!(tier, Tier::Runtime | Tier::Wasm)
-            && (!spec.egress.is_closed() || !spec.grants.is_empty())
-        {
-            return Err(ApiError::new(
-                Code::PolicyDenied,
-                format!("the {tier} tier has no network, so allow_hosts and grants cannot apply"),
-                "use tier container (or stronger) for code that needs the network",
-            ));
-        }
-        let l = &spec.limits;
-        let m = &cfg.max_limits;
-        let over = [
-            ("timeout_ms", l.timeout_ms > m.timeout_ms),
-            ("memory_bytes", l.memory_bytes > m.memory_bytes),
-            ("pids", l.pids > m.pids),
-            ("disk_bytes", l.disk_bytes > m.disk_bytes),
-            ("tmp_bytes", l.tmp_bytes > m.tmp_bytes),
-            ("cpus", l.cpus > m.cpus),
-            ("stdout_bytes", l.stdout_bytes > m.stdout_bytes),
-            ("stderr_bytes", l.stderr_bytes > m.stderr_bytes),
-            ("open_files", l.open_files > m.open_files),
-        ];
-        if let Some((name, _)) = over.iter().find(|(_, o)| *o) {
-            return Err(ApiError::new(
-                Code::PolicyDenied,
-                format!("limits.{name} is above what this server allows"),
-                "ask for less; the server's max_limits bound every sandbox",
-            ));
-        }
-        if ttl > cfg.sessions.max_ttl.0 || ttl.is_zero() || idle.is_zero() {
-            return Err(ApiError::new(
-                Code::PolicyDenied,
-                format!(
-                    "ttl must be between 1 ms and {} s, and idle_timeout more than zero",
-                    cfg.sessions.max_ttl.0.as_secs()
-                ),
-                "give a shorter ttl, e.g. \"10m\"",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Reserves a place under the concurrency limits, or says when to retry.
-    fn reserve(&self, tenant: &Tenant) -> Result<Slot, ApiError> {
-        let cfg = &self.inner.cfg.sessions;
-        let mut c = lock(&self.inner.counts);
-        let mine = c.per_tenant.get(tenant).copied().unwrap_or(0);
-        let full = if c.total >= cfg.max_sandboxes {
-            Some(format!(
-                "the server holds its limit of {} sandboxes",
-                cfg.max_sandboxes
-            ))
-        } else if mine >= cfg.max_sandboxes_per_tenant {
-            Some(format!(
-                "you hold your limit of {} sandboxes",
-                cfg.max_sandboxes_per_tenant
-            ))
-        } else {
-            None
-        };
-        if let Some(msg) = full {
-            drop(c);
-            self.inner.metrics.deny("too_many_sandboxes");
-            let mut e = ApiError::new(
-                Code::TooManySandboxes,
-                msg,
-                "destroy sandboxes you no longer need, or retry after the Retry-After seconds",
-            );
-            e.retry_after = Some(cfg.retry_after_secs.max(1));
-            return Err(e);
-        }
-        c.total += 1;
-        *c.per_tenant.entry(tenant.clone()).or_insert(0) += 1;
-        Ok(Slot {
-            counts: self.inner.counts.clone(),
-            tenant: tenant.clone(),
-        })
     }
 
     /// A fresh sandbox for `spec`: from the warm pool when the spec is the pool's, else cold.
@@ -813,8 +706,10 @@ impl Service {
         req: CreateRequest,
     ) -> Result<SandboxInfo, ApiError> {
         self.stopping()?;
-        let (spec, ttl, idle) = self.decide(tenant, &req, "create").await?;
-        let slot = self.reserve(tenant)?;
+        let Admission {
+            spec, ttl, idle, ..
+        } = self.decide(tenant, &req, "create").await?;
+        let slot = self.reserve(tenant, &spec)?;
         let acq = match self.acquire(&spec).await {
             Ok(a) => a,
             Err(e) => {
@@ -990,6 +885,8 @@ impl Service {
 
     /// Destroys a session marked as ending, audits it, and only then takes it off the map.
     async fn destroy_session(&self, s: Arc<Session>, reason: &'static str) -> Result<(), ApiError> {
+        // Tokens minted for it are refused from now on (introspection answers inactive).
+        self.inner.issuer.end_sandbox(&s.id);
         // A running exec holds the sandbox: end it rather than wait for its timeout.
         if s.busy.load(Ordering::Acquire)
             && let Some(interrupt) = &s.interrupt
@@ -1166,9 +1063,12 @@ impl Service {
             let rel = validate_sandbox_path(&f.path)?;
             inputs.push((format!("/work/{rel}"), f.bytes()?, f.mode.unwrap_or(0o644)));
         }
-        let (spec, _, _, policy_row) = self.decide_later(tenant, &create, "run").await?;
+        let mut create = create;
+        create.workload = cordon_engine::workload_of(&req.command, !files.is_empty());
+        let (adm, policy_row) = self.decide_later(tenant, &create, "run").await?;
+        let spec = adm.spec;
         let placed: Result<_, ApiError> = async {
-            let slot = self.reserve(tenant)?;
+            let slot = self.reserve(tenant, &spec)?;
             Ok((slot, self.acquire(&spec).await?))
         }
         .await;
@@ -1489,7 +1389,7 @@ fn exec_blocking(
         match cell.as_mut() {
             None => Err(gone(&s.id)),
             Some(sb) => {
-                let mut sink = |stream: OutputStream, data: &[u8]| {
+                let mut send = |stream: OutputStream, data: &[u8]| {
                     if let Some(tx) = &chunks {
                         let _ = tx.send(Chunk {
                             stream,
@@ -1497,7 +1397,15 @@ fn exec_blocking(
                         });
                     }
                 };
-                sb.exec(req, &mut sink).map_err(ApiError::from)
+                // Streamed output passes a redactor that knows the grants' secrets before
+                // it reaches any client (NDJSON, SSE, MCP).
+                let mut sink = cordon_egress::scan::RedactingSink::new(
+                    cordon_egress::scan::known_secrets_of(&s.spec.grants),
+                    &mut send,
+                );
+                let r = sb.exec(req, &mut sink).map_err(ApiError::from);
+                sink.finish();
+                r
             }
         }
     };
@@ -1546,19 +1454,37 @@ fn exec_blocking(
         })
         .map_err(audit_err)?;
     if let Ok(o) = &result {
-        // Egress decisions and grant uses the tier reports with the outcome.
-        for (key, kind) in [("egress", "egress"), ("grants", "grant_use")] {
-            if let Some(serde_json::Value::Array(items)) = o.extra.get(key) {
-                for item in items {
-                    let decision = item.get("decision").and_then(|d| d.as_str());
+        // Egress decisions the tier reports with the outcome, and a grant_use row for
+        // each request the proxy put a grant's secret (or minted token) into.
+        for ev in &o.extra.egress {
+            let detail = serde_json::to_value(ev).unwrap_or_default();
+            audit
+                .record(&NewEvent {
+                    tenant: Some(&s.tenant.0),
+                    sandbox: Some(&s.id),
+                    kind: "egress",
+                    decision: Some(ev.decision.as_str()),
+                    tier: Some(s.tier),
+                    detail,
+                })
+                .map_err(audit_err)?;
+            if let (Some(grants), cordon_core::EgressDecision::Allow) = (&ev.grant, ev.decision) {
+                for name in grants.split(',') {
                     audit
                         .record(&NewEvent {
                             tenant: Some(&s.tenant.0),
                             sandbox: Some(&s.id),
-                            kind,
-                            decision,
+                            kind: "grant_use",
+                            decision: Some("allow"),
                             tier: Some(s.tier),
-                            detail: item.clone(),
+                            detail: json!({
+                                "grant": name,
+                                "host": ev.host,
+                                "port": ev.port,
+                                "method": ev.method,
+                                "path": ev.path,
+                                "status": ev.status,
+                            }),
                         })
                         .map_err(audit_err)?;
                 }
@@ -1741,4 +1667,21 @@ fn open_and_recover(
         ..Default::default()
     })?;
     Ok((lock_file, audit, report))
+}
+
+/// Checks a warm pool's spec as the gate checks a request's (the operator wrote it, so no
+/// ceiling applies; a spec that could never be served is refused at start).
+fn check_pool_spec(spec: &SandboxSpec, gate: &Gate) -> Result<(), String> {
+    spec.validate().map_err(|e| e.to_string())?;
+    gate.check_max_limits(&spec.limits)?;
+    for entry in spec.egress.allow.iter().chain(&spec.egress.deny) {
+        cordon_egress::Pattern::parse(entry).map_err(|e| e.to_string())?;
+    }
+    if matches!(spec.tier, Tier::Runtime | Tier::Wasm) && !spec.egress.is_closed() {
+        return Err(format!(
+            "the {} tier has no network, so allow_hosts cannot apply",
+            spec.tier
+        ));
+    }
+    Ok(())
 }

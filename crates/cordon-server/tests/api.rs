@@ -125,6 +125,10 @@ impl Sandbox for FakeSandbox {
 
 // ---- helpers -----------------------------------------------------------------------------
 
+/// The tenants' API keys (at least `edge.min_key_len` long).
+const ALICE: &str = "key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+const BOB: &str = "key-bob-00112233445566778899aabbccddeeff";
+
 struct Env {
     server: Server,
     counters: Arc<Counters>,
@@ -149,19 +153,27 @@ fn config(dir: &std::path::Path) -> Config {
     cfg.keys = vec![
         cordon_server::config::KeyEntry {
             tenant: "alice".into(),
-            key: Some("key-alice".into()),
+            key: Some(ALICE.into()),
             sha256: None,
         },
         cordon_server::config::KeyEntry {
             tenant: "bob".into(),
             key: None,
-            sha256: Some(cordon_server::keys::hash_key("key-bob")),
+            sha256: Some(cordon_server::keys::hash_key(BOB)),
         },
     ];
     cfg.sessions.reap_interval = Dur(Duration::from_millis(50));
     cfg.http.max_body_bytes = 64 << 10;
     cfg.http.max_file_bytes = 256 << 10;
     cfg.pools.insert(Tier::Container, 2);
+    // These tests exercise the service with a fake container tier and the runtime tier:
+    // the operator trusts both tenants with every tier. The gate's own tests use the
+    // default ceiling (`ceiling_refuses_*` below).
+    cfg.tenant_defaults = cordon_engine::TenantRules {
+        trust: Some(cordon_policy::Trust::Trusted),
+        tiers: Some(Tier::ALL.to_vec()),
+        ..Default::default()
+    };
     cfg
 }
 
@@ -220,10 +232,11 @@ impl Env {
         v["id"].as_str().unwrap().to_string()
     }
 
-    /// The Prometheus text of `/metrics` (no key needed).
+    /// The Prometheus text of `/metrics` (a key is needed).
     async fn metrics(&self) -> String {
         self.http
             .get(format!("{}/metrics", self.base))
+            .bearer_auth(ALICE)
             .send()
             .await
             .unwrap()
@@ -320,7 +333,7 @@ async fn lifecycle_files_exec_stream_and_audit() {
         .call(
             M::POST,
             "/v1/sandboxes",
-            "key-alice",
+            ALICE,
             Some(json!({"tier": "container", "ttl": "10m"})),
         )
         .await;
@@ -333,7 +346,7 @@ async fn lifecycle_files_exec_stream_and_audit() {
         .req(
             M::PUT,
             &format!("/v1/sandboxes/{id}/files/work/a.csv"),
-            "key-alice",
+            ALICE,
         )
         .body("x\n1\n2\n")
         .send()
@@ -344,7 +357,7 @@ async fn lifecycle_files_exec_stream_and_audit() {
         .req(
             M::GET,
             &format!("/v1/sandboxes/{id}/files/work/a.csv"),
-            "key-alice",
+            ALICE,
         )
         .send()
         .await
@@ -353,7 +366,7 @@ async fn lifecycle_files_exec_stream_and_audit() {
 
     // Whole result.
     let (s, o) = env
-        .exec("key-alice", &id, json!({"argv": ["cat", "/work/a.csv"]}))
+        .exec(ALICE, &id, json!({"argv": ["cat", "/work/a.csv"]}))
         .await;
     assert_eq!(s, 200, "{o}");
     assert_eq!(o["stdout"], "x\n1\n2\n");
@@ -362,7 +375,7 @@ async fn lifecycle_files_exec_stream_and_audit() {
     // NDJSON stream: chunks then the outcome; a multi-byte character split across chunks
     // arrives whole.
     let r = env
-        .req(M::POST, &format!("/v1/sandboxes/{id}/exec"), "key-alice")
+        .req(M::POST, &format!("/v1/sandboxes/{id}/exec"), ALICE)
         .header("accept", "application/x-ndjson")
         .json(&json!({"lang": "sh", "code": "one|two|three"}))
         .send()
@@ -386,7 +399,7 @@ async fn lifecycle_files_exec_stream_and_audit() {
 
     // SSE.
     let r = env
-        .req(M::POST, &format!("/v1/sandboxes/{id}/exec"), "key-alice")
+        .req(M::POST, &format!("/v1/sandboxes/{id}/exec"), ALICE)
         .header("accept", "text/event-stream")
         .json(&json!({"argv": ["echo", "sse"]}))
         .send()
@@ -400,9 +413,9 @@ async fn lifecycle_files_exec_stream_and_audit() {
     assert!(text.contains("event: outcome"), "{text}");
 
     // List and info.
-    let (_, l) = env.call(M::GET, "/v1/sandboxes", "key-alice", None).await;
+    let (_, l) = env.call(M::GET, "/v1/sandboxes", ALICE, None).await;
     assert_eq!(l["sandboxes"].as_array().unwrap().len(), 1);
-    let (_, l) = env.call(M::GET, "/v1/sandboxes", "key-bob", None).await;
+    let (_, l) = env.call(M::GET, "/v1/sandboxes", BOB, None).await;
     assert_eq!(l["sandboxes"].as_array().unwrap().len(), 0);
 
     // Another tenant gets 404 on everything of alice's.
@@ -416,30 +429,30 @@ async fn lifecycle_files_exec_stream_and_audit() {
         (M::GET, format!("/v1/sandboxes/{id}/files/work/a.csv"), None),
         (M::DELETE, format!("/v1/sandboxes/{id}"), None),
     ] {
-        let (s, v) = env.call(m, &path, "key-bob", body).await;
+        let (s, v) = env.call(m, &path, BOB, body).await;
         assert_eq!(s, 404, "{path}: {v}");
         assert_eq!(v["code"], "not_found");
     }
     let (s, v) = env
-        .call(M::GET, &format!("/v1/audit?sandbox={id}"), "key-bob", None)
+        .call(M::GET, &format!("/v1/audit?sandbox={id}"), BOB, None)
         .await;
     assert_eq!(s, 200);
     assert!(v["events"].as_array().unwrap().is_empty(), "{v}");
 
     // Destroy is idempotent.
     let (s, v) = env
-        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice", None)
+        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), ALICE, None)
         .await;
     assert_eq!((s, v["already"].clone()), (200, json!(false)));
     let (s, v) = env
-        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice", None)
+        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), ALICE, None)
         .await;
     assert_eq!((s, v["already"].clone()), (200, json!(true)));
     let (s, _) = env
-        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-bob", None)
+        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), BOB, None)
         .await;
     assert_eq!(s, 404);
-    let (s, v) = env.exec("key-alice", &id, json!({"argv": ["echo"]})).await;
+    let (s, v) = env.exec(ALICE, &id, json!({"argv": ["echo"]})).await;
     assert_eq!(s, 404, "{v}");
 
     // Every step is in alice's audit, in order, with the hash of what ran.
@@ -447,7 +460,7 @@ async fn lifecycle_files_exec_stream_and_audit() {
         .call(
             M::GET,
             &format!("/v1/audit?sandbox={id}&limit=1000"),
-            "key-alice",
+            ALICE,
             None,
         )
         .await;
@@ -466,9 +479,7 @@ async fn lifecycle_files_exec_stream_and_audit() {
     let exec = &v["events"][3];
     assert_eq!(exec["detail"]["command_sha256"].as_str().unwrap().len(), 64);
     assert_eq!(exec["decision"], "exited");
-    let (_, v) = env
-        .call(M::GET, "/v1/audit?kind=policy", "key-alice", None)
-        .await;
+    let (_, v) = env.call(M::GET, "/v1/audit?kind=policy", ALICE, None).await;
     assert_eq!(v["events"][0]["decision"], "allow");
 
     // Metrics.
@@ -484,10 +495,10 @@ async fn lifecycle_files_exec_stream_and_audit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_a_clear_4xx_and_harmless() {
     let env = start().await;
-    let id = env.create("key-alice", json!({"tier": "container"})).await;
+    let id = env.create(ALICE, json!({"tier": "container"})).await;
     let post = |path: &str, body: &str, ctype: &str| {
         format!(
-            "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         )
     };
@@ -503,17 +514,17 @@ async fn bad_input_is_a_clear_4xx_and_harmless() {
         (post("/v1/sandboxes", "{\"limits\":{\"memory_bytes\":999999999999}}", "application/json"), 403, "policy_denied"),
         (post("/v1/sandboxes", "{\"tier\":\"runtime\",\"allow_hosts\":[\"example.test\"]}", "application/json"), 403, "policy_denied"),
         (post("/v1/sandboxes", "{\"tier\":\"microvm\"}", "application/json"), 422, "tier_unavailable"),
-        (format!("GET /v1/sandboxes/{id}/files/work/../etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
-        (format!("GET /v1/sandboxes/{id}/files/work/%2e%2e/etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
-        (format!("GET /v1/sandboxes/{id}/files/etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
-        (format!("PUT /v1/sandboxes/{id}/files/work/big HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}", 300 << 10, "x".repeat(300 << 10)), 413, "payload_too_large"),
+        (format!("GET /v1/sandboxes/{id}/files/work/../etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
+        (format!("GET /v1/sandboxes/{id}/files/work/%2e%2e/etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
+        (format!("GET /v1/sandboxes/{id}/files/etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
+        (format!("PUT /v1/sandboxes/{id}/files/work/big HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}", 300 << 10, "x".repeat(300 << 10)), 413, "payload_too_large"),
         ("GET /v1/sandboxes HTTP/1.1\r\nhost: x\r\nauthorization: Bearer wrong\r\nconnection: close\r\n\r\n".to_string(), 401, "unauthorized"),
         ("GET /v1/sandboxes HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".to_string(), 401, "unauthorized"),
-        ("GET /v1/sandboxes/sb-00000000000000000000000000000000 HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n".to_string(), 404, "not_found"),
-        ("GET /v1/sandboxes/../../etc HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n".to_string(), 404, ""),
+        ("GET /v1/sandboxes/sb-00000000000000000000000000000000 HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\nconnection: close\r\n\r\n".to_string(), 404, "not_found"),
+        ("GET /v1/sandboxes/../../etc HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\nconnection: close\r\n\r\n".to_string(), 404, ""),
         ("GET /v1/nothing HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".to_string(), 404, "no_such_route"),
-        ("PATCH /v1/sandboxes HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n".to_string(), 405, "method_not_allowed"),
-        ("GET /v1/audit?bogus=1 HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice\r\nconnection: close\r\n\r\n".to_string(), 400, "invalid_request"),
+        ("PATCH /v1/sandboxes HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\nconnection: close\r\n\r\n".to_string(), 405, "method_not_allowed"),
+        ("GET /v1/audit?bogus=1 HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\nconnection: close\r\n\r\n".to_string(), 400, "invalid_request"),
     ];
     for (req, want, code) in cases {
         let base = env.base.clone();
@@ -528,11 +539,9 @@ async fn bad_input_is_a_clear_4xx_and_harmless() {
         assert!(text.contains("\"fix\""), "{text}");
     }
     // Unharmed: the sandbox and the server still work.
-    let (s, o) = env
-        .exec("key-alice", &id, json!({"argv": ["echo", "ok"]}))
-        .await;
+    let (s, o) = env.exec(ALICE, &id, json!({"argv": ["echo", "ok"]})).await;
     assert_eq!((s, o["stdout"].as_str()), (200, Some("ok\n")));
-    let rows = policy_rows(&env, "key-alice").await;
+    let rows = policy_rows(&env, ALICE).await;
     assert!(
         rows.iter().any(|e| e["decision"] == "deny"),
         "policy denials are audited: {rows:?}"
@@ -555,10 +564,10 @@ async fn concurrency_limits_answer_429_with_retry_after() {
         c.sessions.max_sandboxes = 3;
     })
     .await;
-    let a1 = env.create("key-alice", json!({})).await;
-    let _a2 = env.create("key-alice", json!({})).await;
+    let a1 = env.create(ALICE, json!({})).await;
+    let _a2 = env.create(ALICE, json!({})).await;
     let r = env
-        .req(M::POST, "/v1/sandboxes", "key-alice")
+        .req(M::POST, "/v1/sandboxes", ALICE)
         .json(&json!({}))
         .send()
         .await
@@ -569,28 +578,23 @@ async fn concurrency_limits_answer_429_with_retry_after() {
     assert_eq!(v["code"], "too_many_sandboxes");
     // A one-shot run counts too.
     let (s, _) = env
-        .call(
-            M::POST,
-            "/v1/run",
-            "key-alice",
-            Some(json!({"argv": ["echo"]})),
-        )
+        .call(M::POST, "/v1/run", ALICE, Some(json!({"argv": ["echo"]})))
         .await;
     assert_eq!(s, 429);
     // Its policy decision is on record although no sandbox carried it to an exec.
-    let rows = policy_rows(&env, "key-alice").await;
+    let rows = policy_rows(&env, ALICE).await;
     assert!(
         rows.iter().any(|e| e["detail"]["request"] == "run"),
         "the refused run's policy row is missing: {rows:?}"
     );
-    let _b1 = env.create("key-bob", json!({})).await;
+    let _b1 = env.create(BOB, json!({})).await;
     let (s, _) = env
-        .call(M::POST, "/v1/sandboxes", "key-bob", Some(json!({})))
+        .call(M::POST, "/v1/sandboxes", BOB, Some(json!({})))
         .await;
     assert_eq!(s, 429, "the global limit holds");
-    env.call(M::DELETE, &format!("/v1/sandboxes/{a1}"), "key-alice", None)
+    env.call(M::DELETE, &format!("/v1/sandboxes/{a1}"), ALICE, None)
         .await;
-    env.create("key-alice", json!({})).await;
+    env.create(ALICE, json!({})).await;
     env.server.shutdown().await;
     let c = &env.counters;
     assert_eq!(
@@ -604,15 +608,13 @@ async fn reaper_ends_sandboxes_past_ttl_or_idle() {
     let env = start().await;
     // A slow teardown: a sandbox must not leave the list before its destroy is on record.
     env.counters.destroy_delay_ms.store(200, Ordering::SeqCst);
-    let ttl = env.create("key-alice", json!({"ttl": "150ms"})).await;
-    let idle = env
-        .create("key-alice", json!({"idle_timeout": "150ms"}))
-        .await;
-    let keep = env.create("key-alice", json!({})).await;
+    let ttl = env.create(ALICE, json!({"ttl": "150ms"})).await;
+    let idle = env.create(ALICE, json!({"idle_timeout": "150ms"})).await;
+    let keep = env.create(ALICE, json!({})).await;
     let mut left = BTreeMap::new();
     for _ in 0..100 {
-        left = env.listed("key-alice").await;
-        let reasons = env.destroy_reasons("key-alice").await;
+        left = env.listed(ALICE).await;
+        let reasons = env.destroy_reasons(ALICE).await;
         for id in [&ttl, &idle] {
             if !left.contains_key(id) {
                 assert!(
@@ -627,7 +629,7 @@ async fn reaper_ends_sandboxes_past_ttl_or_idle() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(left.keys().collect::<Vec<_>>(), vec![&keep]);
-    let reasons = env.destroy_reasons("key-alice").await;
+    let reasons = env.destroy_reasons(ALICE).await;
     assert_eq!(reasons.get(&ttl).map(String::as_str), Some("ttl"));
     assert_eq!(reasons.get(&idle).map(String::as_str), Some("idle"));
     assert!(!reasons.contains_key(&keep));
@@ -638,10 +640,10 @@ async fn reaper_ends_sandboxes_past_ttl_or_idle() {
 async fn a_sandbox_being_reaped_is_listed_as_destroying_and_refuses_work() {
     let env = start().await;
     env.counters.destroy_delay_ms.store(1500, Ordering::SeqCst);
-    let id = env.create("key-alice", json!({"ttl": "100ms"})).await;
+    let id = env.create(ALICE, json!({"ttl": "100ms"})).await;
     let mut state = String::new();
     for _ in 0..100 {
-        state = env.listed("key-alice").await[&id].clone();
+        state = env.listed(ALICE).await[&id].clone();
         if state == "destroying" {
             break;
         }
@@ -649,24 +651,24 @@ async fn a_sandbox_being_reaped_is_listed_as_destroying_and_refuses_work() {
     }
     assert_eq!(state, "destroying");
     let (s, v) = env
-        .exec("key-alice", &id, json!({"argv": ["echo", "late"]}))
+        .exec(ALICE, &id, json!({"argv": ["echo", "late"]}))
         .await;
     assert_eq!(s, 410, "{v}");
     assert_eq!(v["code"], "sandbox_gone", "{v}");
     assert_eq!(env.counters.execs.load(Ordering::SeqCst), 0);
     // Another tenant still cannot see or touch it.
     let (s, _) = env
-        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-bob", None)
+        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), BOB, None)
         .await;
     assert_eq!(s, 404);
     // The owner's destroy waits for the reaper's and reports it done.
     let (s, v) = env
-        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice", None)
+        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), ALICE, None)
         .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["already"], true, "{v}");
-    assert!(!env.listed("key-alice").await.contains_key(&id));
-    let reasons = env.destroy_reasons("key-alice").await;
+    assert!(!env.listed(ALICE).await.contains_key(&id));
+    let reasons = env.destroy_reasons(ALICE).await;
     assert_eq!(reasons.get(&id).map(String::as_str), Some("ttl"));
     assert_eq!(env.counters.destroyed.load(Ordering::SeqCst), 1);
     env.counters.destroy_delay_ms.store(0, Ordering::SeqCst);
@@ -678,10 +680,10 @@ async fn a_sandbox_being_reaped_is_listed_as_destroying_and_refuses_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destroy_whose_client_went_away_still_finishes() {
     let env = start().await;
-    let id = env.create("key-alice", json!({})).await;
+    let id = env.create(ALICE, json!({})).await;
     env.counters.destroy_delay_ms.store(600, Ordering::SeqCst);
     let gave_up = env
-        .req(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice")
+        .req(M::DELETE, &format!("/v1/sandboxes/{id}"), ALICE)
         .timeout(Duration::from_millis(100))
         .send()
         .await;
@@ -691,18 +693,18 @@ async fn a_destroy_whose_client_went_away_still_finishes() {
     );
     let mut listed = true;
     for _ in 0..100 {
-        listed = env.listed("key-alice").await.contains_key(&id);
+        listed = env.listed(ALICE).await.contains_key(&id);
         if !listed {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(!listed, "the abandoned destroy never finished");
-    let reasons = env.destroy_reasons("key-alice").await;
+    let reasons = env.destroy_reasons(ALICE).await;
     assert_eq!(reasons.get(&id).map(String::as_str), Some("client"));
     let again = tokio::time::timeout(
         Duration::from_secs(5),
-        env.call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice", None),
+        env.call(M::DELETE, &format!("/v1/sandboxes/{id}"), ALICE, None),
     )
     .await
     .expect("a second DELETE hung");
@@ -718,13 +720,13 @@ async fn warm_sandboxes_are_fresh_and_never_reused() {
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..6 {
         env.wait_pool(1).await;
-        let id = env.create("key-alice", json!({})).await;
-        let (_, o) = env.exec("key-alice", &id, json!({"argv": ["used"]})).await;
+        let id = env.create(ALICE, json!({})).await;
+        let (_, o) = env.exec(ALICE, &id, json!({"argv": ["used"]})).await;
         assert_eq!(
             o["stdout"], "false\n",
             "a pooled sandbox was handed out used"
         );
-        env.call(M::DELETE, &format!("/v1/sandboxes/{id}"), "key-alice", None)
+        env.call(M::DELETE, &format!("/v1/sandboxes/{id}"), ALICE, None)
             .await;
         assert!(seen.insert(id), "a sandbox id was handed out twice");
     }
@@ -733,7 +735,7 @@ async fn warm_sandboxes_are_fresh_and_never_reused() {
         .call(
             M::POST,
             "/v1/sandboxes",
-            "key-alice",
+            ALICE,
             Some(json!({"limits": {"pids": 16}})),
         )
         .await;
@@ -753,7 +755,7 @@ async fn one_shot_run_on_the_real_runtime_tier() {
         .call(
             M::POST,
             "/v1/run",
-            "key-alice",
+            ALICE,
             Some(json!({"tier": "runtime", "lang": "js", "code": "console.log(6*7)"})),
         )
         .await;
@@ -761,7 +763,7 @@ async fn one_shot_run_on_the_real_runtime_tier() {
     assert_eq!(o["stdout"], "42\n");
     assert_eq!(o["tier"], "runtime");
     let (s, o) = env
-        .call(M::POST, "/v1/run", "key-alice", Some(json!({"tier": "runtime", "lang": "js", "code": "while(true){}", "timeout": "200ms"})))
+        .call(M::POST, "/v1/run", ALICE, Some(json!({"tier": "runtime", "lang": "js", "code": "while(true){}", "timeout": "200ms"})))
         .await;
     assert_eq!(
         (s, o["termination"].as_str()),
@@ -769,7 +771,7 @@ async fn one_shot_run_on_the_real_runtime_tier() {
         "{o}"
     );
     let (s, o) = env
-        .call(M::POST, "/v1/run", "key-alice", Some(json!({"files": [{"path": "/work/x", "content": "hi"}], "argv": ["cat", "/work/x"]})))
+        .call(M::POST, "/v1/run", ALICE, Some(json!({"files": [{"path": "/work/x", "content": "hi"}], "argv": ["cat", "/work/x"]})))
         .await;
     assert_eq!((s, o["stdout"].as_str()), (200, Some("hi")), "{o}");
     assert_eq!(env.server.service().live_count(), 0);
@@ -813,7 +815,7 @@ async fn openapi_file_matches_the_routes() {
             .replace("{path}", "work/x");
         let method = M::from_bytes(m.to_uppercase().as_bytes()).unwrap();
         let r = env
-            .req(method, &path, "key-alice")
+            .req(method, &path, ALICE)
             .header("content-type", "application/json")
             .body("{}")
             .send()
@@ -1053,7 +1055,7 @@ mod mcp {
         assert_eq!(r.status(), 401);
         let transport = StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", env.base))
-                .auth_header("key-bob"),
+                .auth_header(BOB),
         );
         let client = ().serve(transport).await.unwrap();
         let (ok, out) = tool(&client, "create_sandbox", json!({})).await;
@@ -1070,10 +1072,10 @@ mod mcp {
         .await;
         assert!(ok && out.contains("via mcp"), "{out}");
         // The sandbox is bob's: visible to bob over REST, not to alice.
-        let (_, l) = env.call(M::GET, "/v1/sandboxes", "key-bob", None).await;
+        let (_, l) = env.call(M::GET, "/v1/sandboxes", BOB, None).await;
         assert_eq!(l["sandboxes"][0]["id"], id.as_str());
         let (s, _) = env
-            .call(M::GET, &format!("/v1/sandboxes/{id}"), "key-alice", None)
+            .call(M::GET, &format!("/v1/sandboxes/{id}"), ALICE, None)
             .await;
         assert_eq!(s, 404);
         client.cancel().await.unwrap();
@@ -1092,7 +1094,7 @@ async fn tier_policy_picks_refuses_and_audits() {
         .call(
             M::POST,
             "/v1/run",
-            "key-alice",
+            ALICE,
             Some(
                 json!({"trust": "trusted", "autonomy": "compute", "tier": "auto",
                         "lang": "js", "code": "console.log(6*7)"}),
@@ -1109,7 +1111,7 @@ async fn tier_policy_picks_refuses_and_audits() {
         .call(
             M::POST,
             "/v1/sandboxes",
-            "key-alice",
+            ALICE,
             Some(json!({"trust": "untrusted", "autonomy": "compute", "tier": "container"})),
         )
         .await;
@@ -1122,7 +1124,7 @@ async fn tier_policy_picks_refuses_and_audits() {
         .call(
             M::POST,
             "/v1/run",
-            "key-alice",
+            ALICE,
             Some(json!({"trust": "untrusted", "autonomy": "compute", "argv": ["true"]})),
         )
         .await;
@@ -1131,25 +1133,35 @@ async fn tier_policy_picks_refuses_and_audits() {
         e["message"].as_str().unwrap().contains("tier-available"),
         "{e}"
     );
-    // Half the inputs, or auto without them, is a bad request.
-    for body in [
-        json!({"trust": "untrusted"}),
-        json!({"autonomy": "compute"}),
-        json!({"tier": "auto"}),
+    // A tenant's request is always decided by the policy, with the trust the operator
+    // gives it: half the inputs, or auto alone, are decided, not refused as malformed; a
+    // request that lowers its trust gets the untrusted rules.
+    for (body, allowed) in [
+        (json!({"autonomy": "compute", "ttl": "1m"}), true),
+        (json!({"tier": "auto", "ttl": "1m"}), true),
+        (json!({"trust": "untrusted", "tier": "container"}), false),
     ] {
         let (s, e) = env
-            .call(M::POST, "/v1/sandboxes", "key-alice", Some(body.clone()))
+            .call(M::POST, "/v1/sandboxes", ALICE, Some(body.clone()))
             .await;
-        assert_eq!(
-            (s, e["code"].as_str()),
-            (400, Some("invalid_request")),
-            "{body} {e}"
-        );
+        if allowed {
+            assert_eq!(s, 201, "{body} {e}");
+            let id = e["id"].as_str().unwrap();
+            env.call(M::DELETE, &format!("/v1/sandboxes/{id}"), ALICE, None)
+                .await;
+        } else {
+            assert_eq!(
+                (s, e["code"].as_str()),
+                (403, Some("policy_denied")),
+                "{body} {e}"
+            );
+            assert_eq!(e["rule"], "untrusted-needs-kernel-boundary", "{e}");
+        }
     }
     assert_eq!(env.server.service().live_count(), 0);
     // Every decision above is in the audit: one allow, two denials naming their rules.
     let (s, rows) = env
-        .call(M::GET, "/v1/audit?kind=policy&limit=100", "key-alice", None)
+        .call(M::GET, "/v1/audit?kind=policy&limit=100", ALICE, None)
         .await;
     assert_eq!(s, 200, "{rows}");
     let text = rows.to_string();
@@ -1178,7 +1190,7 @@ async fn a_pool_of_another_spec_serves_exactly_that_spec() {
     })
     .await;
     env.wait_pool(3).await;
-    let create = |body: Value| env.call(M::POST, "/v1/sandboxes", "key-alice", Some(body));
+    let create = |body: Value| env.call(M::POST, "/v1/sandboxes", ALICE, Some(body));
     let (s, v) = create(json!({
         "tier": "container",
         "allow_hosts": ["pypi.example.test"],

@@ -183,8 +183,8 @@ class Cordon:
     # -- API ---------------------------------------------------------------------------
 
     def health(self) -> Dict[str, Any]:
-        with urllib.request.urlopen(self.url + "/v1/health", timeout=self.timeout) as r:
-            return json.loads(r.read())
+        """The server's health; its tiers, pools and counts come with a valid key."""
+        return self._json("GET", "/v1/health")
 
     def run(self, code: Command, lang: Optional[str] = "python", *, tier: Optional[str] = None,
             timeout: Optional[str] = None, stdin: Optional[str] = None,
@@ -225,12 +225,18 @@ class Cordon:
                        limits: Optional[Mapping[str, Any]] = None,
                        env: Optional[Mapping[str, str]] = None, trust: Optional[str] = None,
                        autonomy: Optional[str] = None,
-                       shape: Optional[str] = None) -> "Sandbox":
+                       shape: Optional[str] = None,
+                       grants: Sequence[str] = ()) -> "Sandbox":
         """Creates a sandbox; prefer `with c.sandbox(...) as sb:` so it is always destroyed.
 
         `trust`, `autonomy` and `shape` are the tier policy's inputs, as for `run`.
+        `grants` names credentials of the server's grant catalogue: the sandbox gets a
+        placeholder, the egress proxy puts the real secret (or a minted token) into requests
+        to the grant's hosts.
         """
         payload: Dict[str, Any] = _policy(trust, autonomy, shape)
+        if grants:
+            payload["grants"] = list(grants)
         if tier:
             payload["tier"] = tier
         if allow_hosts:

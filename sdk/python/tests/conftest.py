@@ -14,7 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[3]
-KEYS = {"alice": "ck_test_alice_key", "bob": "ck_test_bob_key"}
+KEYS = {"alice": "ck_test_alice_key_0123456789abcdef0123456789",
+        "bob": "ck_test_bob_key_0123456789abcdef0123456789ab"}
 
 
 def cordon_bin() -> str:
@@ -48,7 +49,12 @@ class ServerProc:
         pool_lines = "".join(f"{t} = {n}\n" for t, n in pools.items())
         self.config.write_text(
             f'data_dir = "{data_dir}"\nbind = "127.0.0.1:0"\ndefault_tier = "wasm"\n{keys}'
-            f"[sessions]\nreap_interval = \"100ms\"\n{extra}[pools]\n{pool_lines}")
+            f"[sessions]\nreap_interval = \"100ms\"\n"
+            # The operator trusts the test tenants with every tier (the gate's refusals
+            # for untrusted tenants are tested in crates/cordon-server and cordon-engine).
+            f'[tenant_defaults]\ntrust = "trusted"\n'
+            f'tiers = ["runtime", "wasm", "container", "gvisor", "microvm"]\n'
+            f"{extra}[pools]\n{pool_lines}")
         self.proc = None
         self.url = ""
 

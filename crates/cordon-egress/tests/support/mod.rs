@@ -93,10 +93,28 @@ async fn upstream_svc(
         body,
     };
     let auth = seen.header("authorization").unwrap_or("").to_string();
+    // What an earlier `/store` request sent (an upstream that keeps a header and shows it
+    // again later, as a profile or a log viewer would).
+    let stored = rec
+        .all()
+        .iter()
+        .rev()
+        .find(|s| s.target.ends_with("/store"))
+        .and_then(|s| s.header("authorization").map(str::to_string))
+        .unwrap_or_default();
     if path != "/big" {
         rec.0.lock().unwrap().push(seen);
     }
     let resp = match path.as_str() {
+        "/store" => Response::new(Full::new(Bytes::from_static(b"stored"))),
+        "/last" => Response::new(Full::new(Bytes::from(format!("last: {stored}")))),
+        // Compresses whatever the client asked for (a misbehaving upstream).
+        "/gzip" => {
+            let mut r = Response::new(Full::new(Bytes::from(format!("zipped {auth}"))));
+            r.headers_mut()
+                .insert("content-encoding", http::HeaderValue::from_static("gzip"));
+            r
+        }
         // Reflects the Authorization header, as a debug endpoint would.
         "/echo-auth" => {
             let mut r = Response::new(Full::new(Bytes::from(format!("you sent: {auth}"))));

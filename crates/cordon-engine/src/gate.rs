@@ -1,0 +1,967 @@
+//! The gate: one decision for every request, whoever sends it and through whichever front
+//! door. Request → the principal's ceiling (tiers, trust, egress, grants) → the tier policy
+//! → limits → grants resolved from the catalogue → a spec, or a refusal that names the rule
+//! and the fix. Both carry a typed record of the whole decision for the audit row.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use cordon_core::{Command, Language, Limits, SandboxSpec, Tier, Weakening};
+use cordon_egress::Pattern;
+use cordon_policy::{Autonomy, BenchFigures, Rules, Shape, TierChoice, Trust};
+use serde::Serialize;
+
+use crate::catalogue::Catalogue;
+use crate::ceiling::{CeilingConfig, Resolved};
+use crate::request::{Principal, SandboxRequest, Workload};
+
+/// How a refusal is answered (the HTTP status follows from it; the CLI exits 125).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenyCode {
+    /// The request is malformed or self-contradictory (400).
+    InvalidRequest,
+    /// A rule of the operator's ceiling or the tier policy refuses it (403).
+    PolicyDenied,
+    /// The tier cannot run here (422).
+    TierUnavailable,
+    /// A catalogue grant's secret cannot be had right now (503).
+    GrantUnavailable,
+}
+
+impl DenyCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenyCode::InvalidRequest => "invalid_request",
+            DenyCode::PolicyDenied => "policy_denied",
+            DenyCode::TierUnavailable => "tier_unavailable",
+            DenyCode::GrantUnavailable => "grant_unavailable",
+        }
+    }
+}
+
+/// A grant in a decision record: its name and hosts, never its secret or source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GrantRecord {
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub minted: bool,
+}
+
+/// The whole decision, for the audit row (allowed or refused).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GateRecord {
+    /// `create` or `run`.
+    pub request: String,
+    pub principal: String,
+    /// The trust the operator gives the principal, and what the request asked for.
+    pub trust_ceiling: Trust,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trust: Option<Trust>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autonomy: Option<Autonomy>,
+    pub allowed_tiers: Vec<Tier>,
+    pub egress_ceiling: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<Tier>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    pub allow_hosts: Vec<String>,
+    pub deny_hosts: Vec<String>,
+    pub grants: Vec<GrantRecord>,
+    pub allow_weaker: BTreeSet<Weakening>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
+    /// The rule that refused it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The tier policy's decision (or refusal), where it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier_policy: Option<PolicyOutcome>,
+}
+
+/// What the tier policy said.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum PolicyOutcome {
+    Decided(Box<cordon_policy::Decision>),
+    Refused(Box<cordon_policy::Refusal>),
+}
+
+/// An allowed request: the spec to create and its lifetime.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    pub spec: SandboxSpec,
+    pub ttl: Duration,
+    pub idle: Duration,
+    pub record: GateRecord,
+    /// The policy's decision where it ran (`cordon run` prints which tier it chose).
+    pub decision: Option<cordon_policy::Decision>,
+}
+
+/// A refused request.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct Denial {
+    pub code: DenyCode,
+    /// The rule that refused it (`ceiling.egress`, `untrusted-needs-kernel-boundary`, ...).
+    pub rule: String,
+    pub message: String,
+    pub fix: String,
+    pub record: Box<GateRecord>,
+}
+
+/// What the gate knows of the server it guards.
+#[derive(Debug, Clone)]
+pub struct GateSettings {
+    /// The tier a request that names none gets, where the policy allows it.
+    pub default_tier: Tier,
+    pub default_limits: Limits,
+    pub max_limits: Limits,
+    pub default_ttl: Duration,
+    pub max_ttl: Duration,
+    pub default_idle: Duration,
+}
+
+impl Default for GateSettings {
+    fn default() -> Self {
+        GateSettings {
+            default_tier: Tier::Container,
+            default_limits: Limits::default(),
+            max_limits: Limits {
+                timeout_ms: 3_600_000,
+                memory_bytes: 8 << 30,
+                pids: 4096,
+                disk_bytes: 16 << 30,
+                tmp_bytes: 4 << 30,
+                cpus: 64.0,
+                stdout_bytes: 256 << 20,
+                stderr_bytes: 256 << 20,
+                open_files: 1 << 20,
+                fuel: None,
+            },
+            default_ttl: Duration::from_secs(600),
+            max_ttl: Duration::from_secs(24 * 3600),
+            default_idle: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Where the tier policy's rules come from (parsed when first needed: `cordon run` without
+/// a policy step never pays for it).
+#[derive(Debug, Clone)]
+pub enum RulesSource {
+    Shipped,
+    Text(String),
+}
+
+/// One gate per server (or per `cordon run`).
+pub struct Gate {
+    settings: GateSettings,
+    ceiling: CeilingConfig,
+    catalogue: Arc<Catalogue>,
+    rules_source: RulesSource,
+    rules: OnceLock<Result<Rules, String>>,
+    bench: Option<BenchFigures>,
+    /// Tiers this server has and can run, and why each other one cannot.
+    available: BTreeSet<Tier>,
+    unavailable: Vec<(Tier, String)>,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("available", &self.available)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gate {
+    pub fn new(
+        settings: GateSettings,
+        ceiling: CeilingConfig,
+        catalogue: Arc<Catalogue>,
+        rules: RulesSource,
+        bench: Option<BenchFigures>,
+    ) -> Self {
+        Gate {
+            settings,
+            ceiling,
+            catalogue,
+            rules_source: rules,
+            rules: OnceLock::new(),
+            bench,
+            available: BTreeSet::new(),
+            unavailable: Vec::new(),
+        }
+    }
+
+    /// Records which tiers can run here (`why` for each that cannot).
+    pub fn with_tiers(
+        mut self,
+        available: BTreeSet<Tier>,
+        unavailable: Vec<(Tier, String)>,
+    ) -> Self {
+        self.available = available;
+        self.unavailable = unavailable;
+        self
+    }
+
+    /// Parses the policy rules now (a server does, so a bad file stops its start).
+    pub fn load_rules(&self) -> Result<&Rules, String> {
+        self.rules
+            .get_or_init(|| match &self.rules_source {
+                RulesSource::Shipped => {
+                    Rules::default_rules().map_err(|e| format!("the shipped policy: {e}"))
+                }
+                RulesSource::Text(t) => Rules::from_toml(t).map_err(|e| e.to_string()),
+            })
+            .as_ref()
+            .map_err(|e| e.clone())
+    }
+
+    pub fn settings(&self) -> &GateSettings {
+        &self.settings
+    }
+
+    pub fn catalogue(&self) -> &Arc<Catalogue> {
+        &self.catalogue
+    }
+
+    /// The principal's rules with every default applied.
+    pub fn rules_for(&self, p: &Principal) -> Resolved {
+        match p {
+            Principal::Operator => CeilingConfig::operator(),
+            Principal::Tenant(t) => self.ceiling.resolve(t),
+        }
+    }
+
+    pub fn ceiling(&self) -> &CeilingConfig {
+        &self.ceiling
+    }
+
+    /// Decides one request. `what` names the front door's operation (`create`, `run`).
+    pub fn admit(
+        &self,
+        who: &Principal,
+        req: &SandboxRequest,
+        what: &str,
+    ) -> Result<Admission, Denial> {
+        let rules = self.rules_for(who);
+        let mut record = GateRecord {
+            request: what.to_string(),
+            principal: who.name().to_string(),
+            trust_ceiling: rules.trust,
+            trust: req.trust,
+            autonomy: req.autonomy,
+            allowed_tiers: rules.tiers.clone(),
+            egress_ceiling: rules.egress.describe(),
+            tier: None,
+            limits: None,
+            allow_hosts: req.allow_hosts.clone(),
+            deny_hosts: req.deny_hosts.clone(),
+            grants: Vec::new(),
+            allow_weaker: req.allow_weaker.clone(),
+            ttl_ms: None,
+            idle_timeout_ms: None,
+            rule: None,
+            reason: None,
+            tier_policy: None,
+        };
+        match self.decide(who, &rules, req, &mut record) {
+            Ok((spec, ttl, idle, decision)) => Ok(Admission {
+                spec,
+                ttl,
+                idle,
+                record,
+                decision,
+            }),
+            Err((code, rule, message, fix)) => {
+                record.rule = Some(rule.clone());
+                record.reason = Some(message.clone());
+                Err(Denial {
+                    code,
+                    rule,
+                    message,
+                    fix,
+                    record: Box::new(record),
+                })
+            }
+        }
+    }
+
+    fn decide(
+        &self,
+        who: &Principal,
+        rules: &Resolved,
+        req: &SandboxRequest,
+        record: &mut GateRecord,
+    ) -> Result<
+        (
+            SandboxSpec,
+            Duration,
+            Duration,
+            Option<cordon_policy::Decision>,
+        ),
+        Refused,
+    > {
+        let tenant = match who {
+            Principal::Operator => None,
+            Principal::Tenant(t) => Some(t.as_str()),
+        };
+        // Inline grants are the local operator's only.
+        if tenant.is_some() && !req.inline_grants.is_empty() {
+            return Err(deny(
+                "ceiling.grants",
+                "only the local operator gives grants inline",
+                "name a grant of the server's catalogue instead",
+            ));
+        }
+        // Trust: a request may lower it, never raise it.
+        if tenant.is_some() && rules.trust == Trust::Untrusted && req.trust == Some(Trust::Trusted)
+        {
+            return Err(deny(
+                "ceiling.trust",
+                "the operator runs your code as untrusted; a request cannot raise its own trust",
+                "leave trust out (or say untrusted); ask the operator to set trust = \"trusted\" for your tenant",
+            ));
+        }
+        // Egress: every allow entry parses and sits within the ceiling.
+        let mut patterns = Vec::new();
+        for entry in req.allow_hosts.iter().chain(&req.deny_hosts) {
+            let p = Pattern::parse(entry).map_err(|e| invalid(e.to_string()))?;
+            patterns.push(p);
+        }
+        for p in patterns.iter().take(req.allow_hosts.len()) {
+            if let Err(why) = rules.egress.check(p) {
+                return Err(deny(
+                    "ceiling.egress",
+                    why,
+                    "allow only public names and addresses, or ask the operator to add the range to your egress ceiling",
+                ));
+            }
+        }
+        // Grants: names of the catalogue open to this tenant.
+        let mut grant_hosts = Vec::new();
+        for g in &req.grants {
+            let entry = tenant.and_then(|t| self.catalogue.entry(&g.0, t));
+            let Some(entry) = entry else {
+                return Err(deny(
+                    "ceiling.grants",
+                    format!("grant {:?} is not in the catalogue open to you", g.0),
+                    "name one of the grants the operator opened to your tenant (see the server's [[grant]] entries)",
+                ));
+            };
+            grant_hosts.extend(entry.hosts.iter().cloned());
+            record.grants.push(GrantRecord {
+                name: entry.name.clone(),
+                hosts: entry.hosts.clone(),
+                minted: matches!(entry.secret, crate::ceiling::SecretSource::Mint(_)),
+            });
+        }
+        for g in &req.inline_grants {
+            grant_hosts.extend(g.hosts.iter().cloned());
+            record.grants.push(GrantRecord {
+                name: g.name.clone(),
+                hosts: g.hosts.clone(),
+                minted: matches!(g.secret, cordon_core::GrantSecret::Minted(_)),
+            });
+        }
+        let network = !req.allow_hosts.is_empty() || !grant_hosts.is_empty();
+        // The tier.
+        let (tier, decision) = self.pick_tier(tenant, rules, req, network, &grant_hosts, record)?;
+        record.tier = Some(tier);
+        if !rules.tiers.contains(&tier) {
+            return Err(deny(
+                "ceiling.tiers",
+                format!(
+                    "the {tier} tier is not open to you (yours: {})",
+                    names(&rules.tiers)
+                ),
+                "ask for one of your tiers, or leave the tier out and let the policy choose",
+            ));
+        }
+        if !self.available.contains(&tier) {
+            return Err(self.unavailable(tier));
+        }
+        // The spec and its limits.
+        let mut spec = SandboxSpec::new(tier);
+        spec.limits = req.limits.apply(&self.settings.default_limits);
+        spec.env = req.env.clone();
+        spec.egress.allow = req.allow_hosts.clone();
+        spec.egress.deny = req.deny_hosts.clone();
+        spec.allow_weaker = req.allow_weaker.clone();
+        record.limits = Some(spec.limits.clone());
+        spec.validate().map_err(|e| invalid(e.to_string()))?;
+        if matches!(tier, Tier::Runtime | Tier::Wasm) && network {
+            return Err(deny(
+                "tier-network",
+                format!("the {tier} tier has no network, so allow_hosts and grants cannot apply"),
+                "use tier container (or stronger) for code that needs the network",
+            ));
+        }
+        if tenant.is_some() {
+            let heap = self.ceiling.runtime.max_heap.0;
+            // The runtime tier's heap defaults to its cap, not the server's default memory.
+            if tier == Tier::Runtime && req.limits.memory_bytes.is_none() {
+                spec.limits.memory_bytes = spec.limits.memory_bytes.min(heap);
+                record.limits = Some(spec.limits.clone());
+            }
+            self.check_limits(&spec.limits)?;
+            if tier == Tier::Runtime && spec.limits.memory_bytes > heap {
+                return Err(deny(
+                    "ceiling.runtime_heap",
+                    format!(
+                        "the runtime tier's heap lives inside the server; it is capped at {} bytes",
+                        heap
+                    ),
+                    "ask for less memory (limits.memory_bytes), or use the wasm tier",
+                ));
+            }
+        }
+        // Lifetime: within the server's maximum and every grant's.
+        let ttl = req.ttl.map(|d| d.0).unwrap_or(self.settings.default_ttl);
+        let idle = req
+            .idle_timeout
+            .map(|d| d.0)
+            .unwrap_or(self.settings.default_idle);
+        if tenant.is_some() && (ttl > self.settings.max_ttl || ttl.is_zero() || idle.is_zero()) {
+            return Err(deny(
+                "ceiling.ttl",
+                format!(
+                    "ttl must be between 1 ms and {} s, and idle_timeout more than zero",
+                    self.settings.max_ttl.as_secs()
+                ),
+                "give a shorter ttl, e.g. \"10m\"",
+            ));
+        }
+        let names: Vec<String> = req.grants.iter().map(|g| g.0.clone()).collect();
+        let ttl = match self.catalogue.max_lifetime(&names) {
+            Some(max) if ttl > max => {
+                if req.ttl.is_some() {
+                    return Err(deny(
+                        "ceiling.grant_lifetime",
+                        format!(
+                            "a sandbox holding these grants lives at most {} s",
+                            max.as_secs()
+                        ),
+                        "ask for a shorter ttl",
+                    ));
+                }
+                max
+            }
+            _ => ttl,
+        };
+        record.ttl_ms = Some(ttl.as_millis() as u64);
+        record.idle_timeout_ms = Some(idle.as_millis() as u64);
+        // Grants resolved last: nothing is read for a refused request.
+        let not_after = SystemTime::now() + ttl;
+        for g in &req.grants {
+            let t = tenant.unwrap_or_default();
+            let grant = self.catalogue.resolve(&g.0, t, not_after).map_err(|why| {
+                (
+                    DenyCode::GrantUnavailable,
+                    "grant-unavailable".to_string(),
+                    format!("grant {:?}: {why}", g.0),
+                    "retry later; if it persists, tell the operator".to_string(),
+                )
+            })?;
+            spec.grants.push(grant);
+        }
+        spec.grants.extend(req.inline_grants.iter().cloned());
+        spec.validate().map_err(|e| invalid(e.to_string()))?;
+        Ok((spec, ttl, idle, decision))
+    }
+
+    fn unavailable(&self, tier: Tier) -> Refused {
+        let why = self
+            .unavailable
+            .iter()
+            .find(|(t, _)| *t == tier)
+            .map(|(_, w)| w.clone())
+            .unwrap_or_else(|| "this build has no such tier".into());
+        (
+            DenyCode::TierUnavailable,
+            "tier-available".into(),
+            format!("the {tier} tier is not available on this host ({why})"),
+            "run `cordon doctor` on the server host, or choose another tier".into(),
+        )
+    }
+
+    /// Checks limits against the server's maxima (a pool spec the operator wrote, or a
+    /// tenant's request); the message names the limit.
+    pub fn check_max_limits(&self, l: &Limits) -> Result<(), String> {
+        self.check_limits(l).map_err(|(_, _, m, _)| m)
+    }
+
+    fn check_limits(&self, l: &Limits) -> Result<(), Refused> {
+        let m = &self.settings.max_limits;
+        let over = [
+            ("timeout_ms", l.timeout_ms > m.timeout_ms),
+            ("memory_bytes", l.memory_bytes > m.memory_bytes),
+            ("pids", l.pids > m.pids),
+            ("disk_bytes", l.disk_bytes > m.disk_bytes),
+            ("tmp_bytes", l.tmp_bytes > m.tmp_bytes),
+            ("cpus", l.cpus > m.cpus),
+            ("stdout_bytes", l.stdout_bytes > m.stdout_bytes),
+            ("stderr_bytes", l.stderr_bytes > m.stderr_bytes),
+            ("open_files", l.open_files > m.open_files),
+        ];
+        if let Some((name, _)) = over.iter().find(|(_, o)| *o) {
+            return Err(deny(
+                "ceiling.max_limits",
+                format!("limits.{name} is above what this server allows"),
+                "ask for less; the server's max_limits bound every sandbox",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The tier: for a tenant always through the policy (with the trust the operator gives
+    /// it, lowered by the request if it asks); for the operator through the policy only
+    /// when it gives trust and autonomy, as `cordon run` always did.
+    fn pick_tier(
+        &self,
+        tenant: Option<&str>,
+        rules: &Resolved,
+        req: &SandboxRequest,
+        network: bool,
+        grant_hosts: &[String],
+        record: &mut GateRecord,
+    ) -> Result<(Tier, Option<cordon_policy::Decision>), Refused> {
+        let (trust, autonomy) = match (tenant, req.trust, req.autonomy) {
+            (None, None, None) => {
+                return match req.tier {
+                    Some(TierChoice::Tier(t)) => Ok((t, None)),
+                    None => Ok((self.settings.default_tier, None)),
+                    Some(TierChoice::Auto) => Err(invalid(
+                        "tier \"auto\" lets the policy pick, which needs trust and autonomy \
+                         (e.g. \"trust\": \"untrusted\", \"autonomy\": \"compute\")",
+                    )),
+                };
+            }
+            (None, Some(t), Some(a)) => (t, a),
+            (None, _, _) => {
+                return Err(invalid(
+                    "trust and autonomy go together: give both (e.g. \"trust\": \"untrusted\", \
+                     \"autonomy\": \"compute\") or neither",
+                ));
+            }
+            (Some(_), t, a) => {
+                let trust = match t {
+                    Some(Trust::Untrusted) => Trust::Untrusted,
+                    _ => rules.trust,
+                };
+                (trust, a.unwrap_or_else(|| derived_autonomy(req, network)))
+            }
+        };
+        // Network work is network work, whatever autonomy the request claims.
+        let autonomy = if network {
+            autonomy.max(Autonomy::Internet)
+        } else {
+            autonomy
+        };
+        record.trust = Some(trust);
+        record.autonomy = Some(autonomy);
+        let policy = self
+            .load_rules()
+            .map_err(|e| invalid(format!("the tier policy cannot be loaded: {e}")))?;
+        let mut preq = cordon_policy::Request::new(trust, autonomy);
+        preq.shape = req.shape.unwrap_or(Shape::ManyShort);
+        // Grant hosts are egress too: the policy sees them and the audit row names them.
+        preq.allow_hosts = req
+            .allow_hosts
+            .iter()
+            .cloned()
+            .chain(grant_hosts.iter().cloned())
+            .collect();
+        let open: BTreeSet<Tier> = self
+            .available
+            .iter()
+            .copied()
+            .filter(|t| rules.tiers.contains(t))
+            .collect();
+        let host = cordon_policy::Host {
+            available: open.clone(),
+            bench: self.bench.clone(),
+        };
+        if let Some(TierChoice::Tier(t)) = req.tier
+            && rules.tiers.contains(&t)
+            && !self.available.contains(&t)
+        {
+            return Err(self.unavailable(t));
+        }
+        if let Some(TierChoice::Tier(t)) = req.tier
+            && tenant.is_some()
+            && !rules.tiers.contains(&t)
+        {
+            return Err(deny(
+                "ceiling.tiers",
+                format!(
+                    "the {t} tier is not open to you (yours: {})",
+                    names(&rules.tiers)
+                ),
+                "ask for one of your tiers, or leave the tier out and let the policy choose",
+            ));
+        }
+        let choices: Vec<TierChoice> = match req.tier {
+            Some(c) => vec![c],
+            // Nothing named: the server's default tier where the policy allows it.
+            None if open.contains(&self.settings.default_tier) => {
+                vec![
+                    TierChoice::Tier(self.settings.default_tier),
+                    TierChoice::Auto,
+                ]
+            }
+            None => vec![TierChoice::Auto],
+        };
+        let mut last = None;
+        for choice in choices {
+            preq.tier = choice;
+            match policy.decide(&preq, &host) {
+                Ok(d) => {
+                    let chosen = d.chosen;
+                    record.tier_policy = Some(PolicyOutcome::Decided(Box::new(d.clone())));
+                    return Ok((chosen, Some(d)));
+                }
+                Err(r) => last = Some(r),
+            }
+        }
+        let Some(refusal) = last else {
+            return Err(invalid("no tier to decide"));
+        };
+        let (rule, message, fix) = (
+            refusal.rule.clone(),
+            format!(
+                "refused by policy rule {}: {}",
+                refusal.rule, refusal.message
+            ),
+            refusal.fix.clone(),
+        );
+        record.tier_policy = Some(PolicyOutcome::Refused(refusal));
+        Err((DenyCode::PolicyDenied, rule, message, fix))
+    }
+}
+
+/// The autonomy of a request that gives none.
+fn derived_autonomy(req: &SandboxRequest, network: bool) -> Autonomy {
+    if network {
+        return Autonomy::Internet;
+    }
+    match req.workload {
+        Workload::PureCode => Autonomy::Compute,
+        Workload::Session | Workload::Program => Autonomy::WriteFiles,
+    }
+}
+
+/// What a one-shot command is, for [`SandboxRequest::workload`].
+pub fn workload_of(command: &Command, has_files: bool) -> Workload {
+    match command {
+        Command::Code { language, .. }
+            if !has_files && matches!(language, Language::Python | Language::Javascript) =>
+        {
+            Workload::PureCode
+        }
+        Command::Wasm { .. } if !has_files => Workload::PureCode,
+        _ => Workload::Program,
+    }
+}
+
+type Refused = (DenyCode, String, String, String);
+
+fn deny(rule: &str, message: impl Into<String>, fix: &str) -> Refused {
+    (
+        DenyCode::PolicyDenied,
+        rule.to_string(),
+        message.into(),
+        fix.to_string(),
+    )
+}
+
+fn invalid(message: impl Into<String>) -> Refused {
+    (
+        DenyCode::InvalidRequest,
+        "request".to_string(),
+        message.into(),
+        "fix the request; docs/openapi.json describes every field".to_string(),
+    )
+}
+
+fn names(tiers: &[Tier]) -> String {
+    tiers
+        .iter()
+        .map(|t| t.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ceiling::GrantEntry;
+    use crate::request::GrantName;
+
+    fn gate(ceiling: &str, grants: &str) -> Gate {
+        #[derive(serde::Deserialize)]
+        struct F {
+            #[serde(default)]
+            grant: Vec<GrantEntry>,
+        }
+        let ceiling: CeilingConfig = toml::from_str(ceiling).unwrap();
+        let entries = toml::from_str::<F>(grants).unwrap().grant;
+        Gate::new(
+            GateSettings::default(),
+            ceiling,
+            Arc::new(Catalogue::load(&entries, None).unwrap()),
+            RulesSource::Shipped,
+            None,
+        )
+        .with_tiers(Tier::ALL.into_iter().collect(), Vec::new())
+    }
+
+    fn alice() -> Principal {
+        Principal::Tenant("alice".into())
+    }
+
+    fn req(json: &str) -> SandboxRequest {
+        serde_json::from_str(json).unwrap()
+    }
+
+    const GRANTS: &str = r#"
+        [[grant]]
+        name = "github"
+        secret = { env = "PATH" }
+        hosts = ["api.github.test"]
+        tenants = ["alice"]
+        max_lifetime = "2m"
+        [[grant]]
+        name = "bobs"
+        secret = { env = "PATH" }
+        hosts = ["bob.test"]
+        tenants = ["bob"]
+    "#;
+
+    #[test]
+    fn requests_cannot_carry_secret_sources() {
+        for body in [
+            r#"{"grants": [{"name": "x", "env_var": "X", "secret": {"file": "/etc/shadow"}, "hosts": ["evil.test"]}]}"#,
+            r#"{"grants": [{"secret": {"env": "AWS_SECRET_ACCESS_KEY"}}]}"#,
+        ] {
+            let e = serde_json::from_str::<SandboxRequest>(body)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("a grant is named, not described"), "{e}");
+            assert!(
+                !e.contains("/etc/shadow") && !e.contains("AWS_SECRET"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_default_ceiling_refuses_every_attack_with_its_rule() {
+        let g = gate("", GRANTS);
+        let table: &[(&str, &str)] = &[
+            (
+                r#"{"tier": "container", "allow_hosts": ["127.0.0.1/32:7070"]}"#,
+                "ceiling.egress",
+            ),
+            (
+                r#"{"tier": "gvisor", "allow_hosts": ["169.254.169.254/32:80"]}"#,
+                "ceiling.egress",
+            ),
+            (r#"{"allow_hosts": ["10.0.0.0/8:*"]}"#, "ceiling.egress"),
+            (r#"{"allow_hosts": ["0.0.0.0/0:*"]}"#, "ceiling.egress"),
+            (r#"{"tier": "runtime"}"#, "ceiling.tiers"),
+            (
+                r#"{"tier": "container"}"#,
+                "untrusted-needs-kernel-boundary",
+            ),
+            (
+                r#"{"tier": "container", "trust": "trusted"}"#,
+                "ceiling.trust",
+            ),
+            (r#"{"grants": ["bobs"]}"#, "ceiling.grants"),
+            (r#"{"grants": ["nope"]}"#, "ceiling.grants"),
+            (
+                r#"{"grants": ["github"], "ttl": "10m"}"#,
+                "ceiling.grant_lifetime",
+            ),
+            (
+                r#"{"limits": {"memory_bytes": 99999999999999}}"#,
+                "ceiling.max_limits",
+            ),
+        ];
+        for (body, rule) in table {
+            let d = g.admit(&alice(), &req(body), "create").unwrap_err();
+            assert_eq!(d.rule, *rule, "{body}: {}", d.message);
+            assert_eq!(d.code, DenyCode::PolicyDenied, "{body}");
+            assert!(!d.fix.is_empty());
+            assert_eq!(d.record.rule.as_deref(), Some(*rule));
+            assert_eq!(d.record.principal, "alice");
+        }
+    }
+
+    #[test]
+    fn a_request_that_says_nothing_gets_a_kernel_boundary() {
+        let g = gate("", GRANTS);
+        let a = g.admit(&alice(), &req("{}"), "create").unwrap();
+        assert!(
+            matches!(a.spec.tier, Tier::Gvisor | Tier::Microvm),
+            "{:?}",
+            a.spec.tier
+        );
+        assert_eq!(a.record.trust, Some(Trust::Untrusted));
+        // Pure computation may run on wasm.
+        let mut r = req("{}");
+        r.workload = Workload::PureCode;
+        let a = g.admit(&alice(), &r, "run").unwrap();
+        assert_eq!(a.spec.tier, Tier::Wasm);
+        // A trusted tenant keeps the server's default tier.
+        let g = gate("[tenants.alice]\ntrust = \"trusted\"\n", GRANTS);
+        let a = g.admit(&alice(), &req("{}"), "create").unwrap();
+        assert_eq!(a.spec.tier, Tier::Container);
+        let a = g
+            .admit(&alice(), &req(r#"{"trust": "untrusted"}"#), "create")
+            .unwrap();
+        assert_ne!(
+            a.spec.tier,
+            Tier::Container,
+            "lowering trust applies the rule"
+        );
+    }
+
+    #[test]
+    fn catalogue_grants_resolve_and_count_as_egress() {
+        let g = gate("", GRANTS);
+        let a = g
+            .admit(
+                &alice(),
+                &SandboxRequest {
+                    grants: vec![GrantName("github".into())],
+                    ..Default::default()
+                },
+                "create",
+            )
+            .unwrap();
+        assert_eq!(a.spec.grants.len(), 1);
+        assert_eq!(a.spec.grants[0].hosts, vec!["api.github.test"]);
+        assert_eq!(a.ttl, Duration::from_secs(120), "capped by max_lifetime");
+        assert_eq!(a.record.autonomy, Some(Autonomy::Internet));
+        let d = a.decision.unwrap();
+        assert!(
+            d.egress_allow.contains(&"api.github.test".to_string()),
+            "{d:?}"
+        );
+        assert_eq!(a.record.grants[0].name, "github");
+        let json = serde_json::to_string(&a.record).unwrap();
+        assert!(
+            !json.contains("PATH") && !json.contains("/usr/bin"),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn the_operator_keeps_todays_defaults_with_the_same_checks() {
+        let g = gate("", "");
+        let op = Principal::Operator;
+        let a = g.admit(&op, &req(r#"{"tier": "runtime"}"#), "run").unwrap();
+        assert_eq!(a.spec.tier, Tier::Runtime);
+        let a = g
+            .admit(&op, &req(r#"{"allow_hosts": ["10.0.0.0/8:5432"]}"#), "run")
+            .unwrap();
+        assert_eq!(a.spec.tier, Tier::Container);
+        let d = g
+            .admit(
+                &op,
+                &req(r#"{"tier": "container", "trust": "untrusted", "autonomy": "compute"}"#),
+                "run",
+            )
+            .unwrap_err();
+        assert_eq!(d.rule, "untrusted-needs-kernel-boundary");
+        let d = g
+            .admit(
+                &op,
+                &req(r#"{"tier": "wasm", "allow_hosts": ["x.test"]}"#),
+                "run",
+            )
+            .unwrap_err();
+        assert_eq!(d.rule, "tier-network");
+        let d = g
+            .admit(&op, &req(r#"{"env": {"BAD NAME": "x"}}"#), "run")
+            .unwrap_err();
+        assert_eq!(d.code, DenyCode::InvalidRequest);
+        // Inline grants are the operator's alone.
+        let mut r = req("{}");
+        r.inline_grants.push(cordon_core::Grant {
+            name: "x".into(),
+            env_var: "X_TOKEN".into(),
+            secret: cordon_core::GrantSecret::value("0123456789"),
+            hosts: vec!["x.test".into()],
+            header: "authorization".into(),
+            methods: vec![],
+            path_prefixes: vec![],
+        });
+        assert_eq!(
+            g.admit(&alice(), &r, "create").unwrap_err().rule,
+            "ceiling.grants"
+        );
+    }
+
+    #[test]
+    fn a_ceiling_opens_exactly_what_it_names() {
+        let g = gate(
+            r#"
+            [tenants.alice]
+            trust = "trusted"
+            tiers = ["runtime", "container"]
+            egress = ["10.1.0.0/16:5432", "*"]
+            "#,
+            "",
+        );
+        g.admit(
+            &alice(),
+            &req(r#"{"allow_hosts": ["10.1.2.3:5432"]}"#),
+            "create",
+        )
+        .unwrap();
+        let d = g
+            .admit(
+                &alice(),
+                &req(r#"{"allow_hosts": ["10.1.2.3:22"]}"#),
+                "create",
+            )
+            .unwrap_err();
+        assert_eq!(d.rule, "ceiling.egress");
+        let a = g
+            .admit(
+                &alice(),
+                &req(r#"{"tier": "runtime", "autonomy": "compute"}"#),
+                "create",
+            )
+            .unwrap();
+        assert_eq!(a.spec.tier, Tier::Runtime);
+        assert_eq!(
+            a.spec.limits.memory_bytes,
+            64 << 20,
+            "the heap cap, not 512 MiB"
+        );
+        let d = g
+            .admit(
+                &alice(),
+                &req(r#"{"tier": "runtime", "autonomy": "compute", "limits": {"memory_bytes": 268435456}}"#),
+                "create",
+            )
+            .unwrap_err();
+        assert_eq!(d.rule, "ceiling.runtime_heap");
+        let d = g
+            .admit(&alice(), &req(r#"{"tier": "gvisor"}"#), "create")
+            .unwrap_err();
+        assert_eq!(d.rule, "ceiling.tiers");
+    }
+}

@@ -1,0 +1,215 @@
+//! Aggregate budgets: how many sandboxes and how much memory (their memory limits added up)
+//! each tenant and the whole server hold. A reservation is taken before a sandbox is
+//! created and given back when it is dropped, so the configured maxima cannot overcommit
+//! the host however many tenants ask at once.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// Budgets of one server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetLimits {
+    pub max_sandboxes: usize,
+    pub max_sandboxes_per_tenant: usize,
+    /// Memory of every live and pooled sandbox added up.
+    pub max_memory: u64,
+}
+
+/// Why a reservation was refused; `tenant` tells whose limit is full.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Full {
+    pub message: String,
+    /// True when the tenant's own limit is full (false: the server's).
+    pub tenant: bool,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    sandboxes: usize,
+    memory: u64,
+    per_tenant: BTreeMap<String, (usize, u64)>,
+}
+
+/// The ledger.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    limits: BudgetLimits,
+    counts: Arc<Mutex<Counts>>,
+}
+
+/// A place held under the budgets; dropping it gives the place back.
+#[derive(Debug)]
+pub struct Reservation {
+    counts: Arc<Mutex<Counts>>,
+    tenant: Option<String>,
+    memory: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        c.memory = c.memory.saturating_sub(self.memory);
+        if let Some(t) = &self.tenant {
+            c.sandboxes = c.sandboxes.saturating_sub(1);
+            if let Some(e) = c.per_tenant.get_mut(t) {
+                e.0 = e.0.saturating_sub(1);
+                e.1 = e.1.saturating_sub(self.memory);
+                if e.0 == 0 && e.1 == 0 {
+                    c.per_tenant.remove(t);
+                }
+            }
+        }
+    }
+}
+
+/// This host's physical memory less 1 GiB for the host itself (the default memory budget);
+/// `u64::MAX` where it cannot be read.
+pub fn host_memory_budget() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024);
+    match total {
+        Some(t) => t.saturating_sub(1 << 30).max(256 << 20),
+        None => u64::MAX,
+    }
+}
+
+impl Ledger {
+    pub fn new(limits: BudgetLimits) -> Self {
+        Ledger {
+            limits,
+            counts: Arc::new(Mutex::new(Counts::default())),
+        }
+    }
+
+    pub fn limits(&self) -> &BudgetLimits {
+        &self.limits
+    }
+
+    /// Holds a place for one sandbox of `tenant` with `memory` bytes, within the tenant's
+    /// own maxima (`tenant_max`: sandboxes, memory) and the server's.
+    pub fn reserve(
+        &self,
+        tenant: &str,
+        memory: u64,
+        tenant_max: (Option<usize>, Option<u64>),
+    ) -> Result<Reservation, Full> {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let (mine, my_mem) = c.per_tenant.get(tenant).copied().unwrap_or((0, 0));
+        let max_mine = tenant_max
+            .0
+            .unwrap_or(self.limits.max_sandboxes_per_tenant)
+            .min(self.limits.max_sandboxes_per_tenant);
+        let full = |message: String, tenant: bool| Err(Full { message, tenant });
+        if c.sandboxes >= self.limits.max_sandboxes {
+            return full(
+                format!(
+                    "the server holds its limit of {} sandboxes",
+                    self.limits.max_sandboxes
+                ),
+                false,
+            );
+        }
+        if mine >= max_mine {
+            return full(format!("you hold your limit of {max_mine} sandboxes"), true);
+        }
+        if let Some(max) = tenant_max.1
+            && my_mem.saturating_add(memory) > max
+        {
+            return full(
+                format!(
+                    "your sandboxes' memory would add up to more than your budget of {max} bytes"
+                ),
+                true,
+            );
+        }
+        if c.memory.saturating_add(memory) > self.limits.max_memory {
+            return full(
+                format!(
+                    "the server's memory budget ({} bytes) is taken by live sandboxes",
+                    self.limits.max_memory
+                ),
+                false,
+            );
+        }
+        c.sandboxes += 1;
+        c.memory += memory;
+        let e = c.per_tenant.entry(tenant.to_string()).or_insert((0, 0));
+        e.0 += 1;
+        e.1 += memory;
+        Ok(Reservation {
+            counts: self.counts.clone(),
+            tenant: Some(tenant.to_string()),
+            memory,
+        })
+    }
+
+    /// Holds memory for the server's own use (warm pools), outside any tenant's count.
+    pub fn reserve_pool(&self, memory: u64) -> Result<Reservation, Full> {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if c.memory.saturating_add(memory) > self.limits.max_memory {
+            return Err(Full {
+                message: format!(
+                    "warm pools would hold more than the server's memory budget ({} bytes)",
+                    self.limits.max_memory
+                ),
+                tenant: false,
+            });
+        }
+        c.memory += memory;
+        Ok(Reservation {
+            counts: self.counts.clone(),
+            tenant: None,
+            memory,
+        })
+    }
+
+    /// Sandboxes and memory held now: in all, and by `tenant`.
+    pub fn held(&self, tenant: &str) -> ((usize, u64), (usize, u64)) {
+        let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        (
+            (c.sandboxes, c.memory),
+            c.per_tenant.get(tenant).copied().unwrap_or((0, 0)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_and_counts_are_bounded_per_tenant_and_in_all() {
+        let l = Ledger::new(BudgetLimits {
+            max_sandboxes: 3,
+            max_sandboxes_per_tenant: 2,
+            max_memory: 1000,
+        });
+        let a1 = l.reserve("a", 400, (None, None)).unwrap();
+        let _a2 = l.reserve("a", 100, (None, None)).unwrap();
+        let e = l.reserve("a", 1, (None, None)).unwrap_err();
+        assert!(e.tenant, "{e}");
+        // The server's memory budget binds across tenants.
+        let e = l.reserve("b", 600, (None, None)).unwrap_err();
+        assert!(!e.tenant, "{e}");
+        let e = l.reserve("b", 300, (None, Some(200))).unwrap_err();
+        assert!(e.tenant, "{e}");
+        let _b = l.reserve("b", 300, (None, None)).unwrap();
+        assert!(
+            l.reserve("c", 1, (None, None)).is_err(),
+            "server count full"
+        );
+        drop(a1);
+        assert_eq!(l.held("a"), ((2, 400), (1, 100)));
+        let _c = l.reserve("c", 500, (None, None)).unwrap();
+        let _pool = l.reserve_pool(100).unwrap();
+        assert!(l.reserve_pool(1).is_err(), "1000 of 1000 bytes held");
+    }
+}

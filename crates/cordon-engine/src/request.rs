@@ -1,0 +1,163 @@
+//! The one request type every front door builds: `cordon run`'s flags, the HTTP API's create
+//! and run bodies, and MCP's tool arguments all become a [`SandboxRequest`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cordon_core::units::Dur;
+use cordon_core::{Grant, Limits, Weakening};
+use cordon_policy::{Autonomy, Shape, TierChoice, Trust};
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Who a request acts for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Principal {
+    /// The local operator (`cordon run` on the host): the operator's own ceiling.
+    Operator,
+    /// An API tenant: the ceiling `cordon.toml` gives it.
+    Tenant(String),
+}
+
+impl Principal {
+    pub fn name(&self) -> &str {
+        match self {
+            Principal::Operator => "operator",
+            Principal::Tenant(t) => t,
+        }
+    }
+}
+
+/// Limits a request may give; any left out come from the server's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsPatch {
+    pub timeout_ms: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u32>,
+    pub disk_bytes: Option<u64>,
+    pub tmp_bytes: Option<u64>,
+    pub cpus: Option<f64>,
+    pub stdout_bytes: Option<u64>,
+    pub stderr_bytes: Option<u64>,
+    pub open_files: Option<u64>,
+    pub fuel: Option<u64>,
+}
+
+impl LimitsPatch {
+    pub fn is_empty(&self) -> bool {
+        *self == LimitsPatch::default()
+    }
+
+    pub fn apply(&self, base: &Limits) -> Limits {
+        let mut l = base.clone();
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f { l.$f = v; } )* };
+        }
+        set!(
+            timeout_ms,
+            memory_bytes,
+            pids,
+            disk_bytes,
+            tmp_bytes,
+            cpus,
+            stdout_bytes,
+            stderr_bytes,
+            open_files
+        );
+        if self.fuel.is_some() {
+            l.fuel = self.fuel;
+        }
+        l
+    }
+}
+
+/// A grant named by a request: the name of an operator's catalogue entry, nothing else.
+/// An object (a whole grant with a `secret` source, as older clients sent) is refused with
+/// a message that says so and echoes nothing of it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct GrantName(pub String);
+
+impl<'de> Deserialize<'de> for GrantName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = GrantName;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("the name of a grant in the operator's catalogue")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<GrantName, E> {
+                Ok(GrantName(s.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<GrantName, A::Error> {
+                Err(serde::de::Error::custom(
+                    "a grant is named, not described: give the name of a grant in the server's \
+                     catalogue (e.g. \"grants\": [\"github\"]); a request can never carry a secret \
+                     or say where one is read from",
+                ))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// What to create: a sandbox spec's inputs and its lifetime. `POST /v1/sandboxes`'s body,
+/// the creating half of `POST /v1/run`, MCP's create tool and `cordon run`'s flags.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxRequest {
+    /// A tier, or `auto` (the policy picks). Left out: the server's default tier where the
+    /// policy allows it for the request's trust and autonomy, else the policy's choice.
+    #[serde(default)]
+    pub tier: Option<TierChoice>,
+    /// Where the code's input came from. A tenant may lower the trust the operator gives
+    /// it, never raise it.
+    #[serde(default)]
+    pub trust: Option<Trust>,
+    /// What the code may do. Left out: derived from the request (network when it allows
+    /// hosts or names grants).
+    #[serde(default)]
+    pub autonomy: Option<Autonomy>,
+    /// `many-short` (default) or `one-long`.
+    #[serde(default)]
+    pub shape: Option<Shape>,
+    #[serde(default)]
+    pub limits: LimitsPatch,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Hosts the sandbox may reach (egress allow-list), within the tenant's egress ceiling.
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    /// Hosts always refused.
+    #[serde(default)]
+    pub deny_hosts: Vec<String>,
+    /// Grants of the operator's catalogue, by name.
+    #[serde(default)]
+    pub grants: Vec<GrantName>,
+    #[serde(default)]
+    pub allow_weaker: BTreeSet<Weakening>,
+    /// Destroyed this long after creation (`"10m"` or seconds).
+    #[serde(default)]
+    pub ttl: Option<Dur>,
+    /// Destroyed after this long without a request.
+    #[serde(default)]
+    pub idle_timeout: Option<Dur>,
+    /// Grants the local operator gives inline (`cordon run --grant`); never from a body,
+    /// and refused for any principal but the operator.
+    #[serde(skip)]
+    pub inline_grants: Vec<Grant>,
+    /// What the request will run, where the front door knows (a one-shot run): lets the
+    /// gate tell pure computation from work that needs a shell.
+    #[serde(skip)]
+    pub workload: Workload,
+}
+
+/// What a request runs, as far as the tier decision cares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Workload {
+    /// A sandbox that will take any exec and file call (a create).
+    #[default]
+    Session,
+    /// One snippet of Python or JavaScript with no files in or out.
+    PureCode,
+    /// Anything else run once: a shell, a program, files.
+    Program,
+}
