@@ -32,6 +32,8 @@ struct FakeBackend(Arc<Counters>);
 
 struct FakeSandbox {
     id: SandboxId,
+    /// The grants' secret values, so `leak` can print them as a hostile program would.
+    secrets: Vec<Vec<u8>>,
     files: HashMap<String, Vec<u8>>,
     counters: Arc<Counters>,
     destroyed: bool,
@@ -54,6 +56,14 @@ impl Backend for FakeBackend {
         self.0.created.fetch_add(1, Ordering::SeqCst);
         Ok(Box::new(FakeSandbox {
             id: SandboxId::random()?,
+            secrets: spec
+                .grants
+                .iter()
+                .filter_map(|g| match &g.secret {
+                    cordon_core::GrantSecret::Value(v) => Some(v.expose().to_vec()),
+                    cordon_core::GrantSecret::Minted(_) => None,
+                })
+                .collect(),
             files: HashMap::new(),
             counters: self.0.clone(),
             destroyed: false,
@@ -76,6 +86,30 @@ impl Sandbox for FakeSandbox {
             Command::Argv(v) if v[0] == "echo" => format!("{}\n", v[1..].join(" ")).into_bytes(),
             Command::Argv(v) if v[0] == "cat" => self.files.get(&v[1]).cloned().unwrap_or_default(),
             Command::Argv(v) if v[0] == "used" => format!("{was_used}\n").into_bytes(),
+            // Prints each grant's secret in two chunks split mid-value, and reports a use of
+            // the grant as the egress proxy would.
+            Command::Argv(v) if v[0] == "leak" => {
+                for secret in &self.secrets {
+                    let (a, b) = secret.split_at(secret.len() / 2);
+                    sink.output(OutputStream::Stdout, b"token=");
+                    sink.output(OutputStream::Stdout, a);
+                    sink.output(OutputStream::Stdout, b);
+                    sink.output(OutputStream::Stdout, b"\n");
+                }
+                let mut ev = cordon_core::EgressEvent::new(
+                    1,
+                    cordon_core::EgressKind::Https,
+                    cordon_core::EgressDecision::Allow,
+                );
+                ev.grant = Some("github".into());
+                ev.host = Some("api.github.test".into());
+                ev.port = Some(443);
+                ev.method = Some("GET".into());
+                ev.path = Some("/repos/acme/x".into());
+                ev.status = Some(200);
+                o.extra.egress.push(ev);
+                Vec::new()
+            }
             Command::Argv(v) if v[0] == "sleep" => {
                 std::thread::sleep(Duration::from_millis(v[1].parse().unwrap()));
                 Vec::new()
@@ -1038,6 +1072,73 @@ mod mcp {
         svc.shutdown().await;
     }
 
+    /// One JSON-RPC message over `/mcp` with `key` and, if given, a session id.
+    async fn rpc(
+        env: &Env,
+        method: M,
+        key: &str,
+        session: Option<&str>,
+        body: Value,
+    ) -> (u16, Option<String>, String) {
+        let mut r = env
+            .req(method, "/mcp", key)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if let Some(s) = session {
+            r = r.header("mcp-session-id", s);
+        }
+        let resp = r.body(body.to_string()).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let sid = resp
+            .headers()
+            .get("mcp-session-id")
+            .map(|v| v.to_str().unwrap().to_string());
+        (status, sid, resp.text().await.unwrap_or_default())
+    }
+
+    /// An MCP session belongs to the tenant that opened it: another key holder gets 404 for
+    /// it (use and DELETE alike) and the owner's session keeps working; each tenant holds at
+    /// most its ceiling's number of sessions. Before, any key could drive or end any session.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mcp_sessions_are_bound_to_their_tenant_and_capped() {
+        let env = start_with(|cfg| {
+            cfg.tenants.insert(
+                "bob".into(),
+                cordon_engine::TenantRules {
+                    max_mcp_sessions: Some(1),
+                    ..Default::default()
+                },
+            );
+        })
+        .await;
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}});
+        let (s, sid, _) = rpc(&env, M::POST, ALICE, None, init.clone()).await;
+        assert_eq!(s, 200);
+        let sid = sid.unwrap();
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        rpc(&env, M::POST, ALICE, Some(&sid), note.clone()).await;
+        let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+        let (s, _, body) = rpc(&env, M::POST, BOB, Some(&sid), list.clone()).await;
+        assert_eq!(s, 404, "bob used alice's session: {body}");
+        let (s, _, _) = rpc(&env, M::DELETE, BOB, Some(&sid), json!({})).await;
+        assert_eq!(s, 404, "bob ended alice's session");
+        let (s, _, body) = rpc(&env, M::POST, ALICE, Some(&sid), list).await;
+        assert_eq!(s, 200, "{body}");
+        assert!(body.contains("create_sandbox"), "{body}");
+        // Bob's cap of one session.
+        let (s, bob_sid, _) = rpc(&env, M::POST, BOB, None, init.clone()).await;
+        assert_eq!(s, 200);
+        let (s, _, body) = rpc(&env, M::POST, BOB, None, init.clone()).await;
+        assert_eq!(s, 429, "{body}");
+        let (s, _, _) = rpc(&env, M::DELETE, BOB, Some(&bob_sid.unwrap()), json!({})).await;
+        assert!(s < 300, "{s}");
+        let (s, _, _) = rpc(&env, M::POST, BOB, None, init).await;
+        assert_eq!(s, 200, "a closed session frees its place");
+        env.server.shutdown().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn streamable_http_needs_a_key_and_acts_for_its_tenant() {
         use rmcp::transport::StreamableHttpClientTransport;
@@ -1081,6 +1182,260 @@ mod mcp {
         client.cancel().await.unwrap();
         env.server.shutdown().await;
     }
+}
+
+/// The attacks of a tenant holding one valid key, replayed against a server whose ceiling is
+/// the default (bob) or opens one grant and trust (alice): each is a clear 4xx naming the
+/// rule and the fix, nothing is read from where the request points, and the audit row
+/// carries the whole decision. Fails on the code before the gate: a secret file was read,
+/// loopback was allowed, the runtime tier was open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_refuses_a_tenants_attacks_by_default() {
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret_file = secret_dir.path().join("github");
+    std::fs::write(&secret_file, "ghp_REALsecretVALUE0123456789\n").unwrap();
+    let canary = secret_dir.path().join("root-only");
+    std::fs::write(&canary, "CANARY-host-file-0123456789").unwrap();
+    let env = start_with(|cfg| {
+        cfg.tenant_defaults = Default::default();
+        cfg.tenants.insert(
+            "alice".into(),
+            cordon_engine::TenantRules {
+                trust: Some(cordon_policy::Trust::Trusted),
+                ..Default::default()
+            },
+        );
+        cfg.grants = vec![cordon_engine::GrantEntry {
+            name: "github".into(),
+            env_var: None,
+            secret: cordon_engine::ceiling::SecretSource::File(secret_file.clone()),
+            load: Default::default(),
+            hosts: vec!["api.github.test".into()],
+            header: "authorization".into(),
+            methods: vec![],
+            path_prefixes: vec![],
+            max_lifetime: None,
+            tenants: vec!["alice".into()],
+        }];
+    })
+    .await;
+    let file = canary.display().to_string();
+    let cases: Vec<(&str, Value, u16, &str, &str)> = vec![
+        // a secret source in the body: refused before anything is read, nothing echoed
+        (
+            BOB,
+            json!({"tier": "gvisor", "grants": [{"name": "x", "env_var": "X", "secret": {"file": file}, "hosts": ["evil.test"]}]}),
+            400,
+            "invalid_request",
+            "",
+        ),
+        (
+            BOB,
+            json!({"grants": [{"secret": {"env": "PATH"}}]}),
+            400,
+            "invalid_request",
+            "",
+        ),
+        // the host's own network
+        (
+            BOB,
+            json!({"allow_hosts": ["127.0.0.1/32:7070"]}),
+            403,
+            "policy_denied",
+            "ceiling.egress",
+        ),
+        (
+            BOB,
+            json!({"allow_hosts": ["169.254.169.254/32:80"]}),
+            403,
+            "policy_denied",
+            "ceiling.egress",
+        ),
+        (
+            BOB,
+            json!({"allow_hosts": ["10.0.0.0/8:*"]}),
+            403,
+            "policy_denied",
+            "ceiling.egress",
+        ),
+        (
+            BOB,
+            json!({"allow_hosts": ["0.0.0.0/0:*"]}),
+            403,
+            "policy_denied",
+            "ceiling.egress",
+        ),
+        // the tier
+        (
+            BOB,
+            json!({"tier": "runtime"}),
+            403,
+            "policy_denied",
+            "ceiling.tiers",
+        ),
+        (
+            BOB,
+            json!({"tier": "container"}),
+            403,
+            "policy_denied",
+            "untrusted-needs-kernel-boundary",
+        ),
+        (
+            BOB,
+            json!({"tier": "container", "trust": "trusted"}),
+            403,
+            "policy_denied",
+            "ceiling.trust",
+        ),
+        // another tenant's grant
+        (
+            BOB,
+            json!({"tier": "gvisor", "grants": ["github"]}),
+            403,
+            "policy_denied",
+            "ceiling.grants",
+        ),
+        (
+            ALICE,
+            json!({"grants": ["nonexistent"]}),
+            403,
+            "policy_denied",
+            "ceiling.grants",
+        ),
+    ];
+    for (key, body, status, code, rule) in &cases {
+        let (s, e) = env
+            .call(M::POST, "/v1/sandboxes", key, Some(body.clone()))
+            .await;
+        assert_eq!(
+            (s, e["code"].as_str()),
+            (*status, Some(*code)),
+            "{body}: {e}"
+        );
+        if !rule.is_empty() {
+            assert_eq!(e["rule"], *rule, "{body}: {e}");
+        }
+        assert!(!e["fix"].as_str().unwrap_or("").is_empty(), "{e}");
+        let text = e.to_string();
+        for leak in ["CANARY", "root-only", "ghp_REAL", "/usr/bin"] {
+            assert!(
+                !text.contains(leak),
+                "{body}: the error tells {leak}: {text}"
+            );
+        }
+    }
+    assert_eq!(
+        env.counters.created.load(Ordering::SeqCst),
+        2,
+        "only the warm pool"
+    );
+    // The denial rows carry the whole decision.
+    let (_, rows) = env
+        .call(M::GET, "/v1/audit?kind=policy&limit=100", BOB, None)
+        .await;
+    let rows = rows["events"].as_array().unwrap().clone();
+    let egress = rows
+        .iter()
+        .find(|r| r["detail"]["rule"] == "ceiling.egress")
+        .expect("an egress refusal row");
+    assert_eq!(egress["decision"], "deny");
+    assert_eq!(egress["detail"]["principal"], "bob");
+    assert_eq!(egress["detail"]["trust_ceiling"], "untrusted");
+    assert_eq!(egress["detail"]["egress_ceiling"], json!(["*"]));
+    assert!(!rows.iter().any(|r| r.to_string().contains("CANARY")));
+    // Alice's catalogue grant: the sandbox gets a placeholder, a program printing the real
+    // secret has it masked in the streamed chunks and the whole outcome, and the use is a
+    // grant_use row naming grant, host, method and path (never the value).
+    let id = env
+        .create(ALICE, json!({"grants": ["github"], "tier": "container"}))
+        .await;
+    let r = env
+        .req(M::POST, &format!("/v1/sandboxes/{id}/exec"), ALICE)
+        .header("accept", "application/x-ndjson")
+        .json(&json!({"argv": ["leak"]}))
+        .send()
+        .await
+        .unwrap();
+    let streamed = r.text().await.unwrap();
+    assert!(!streamed.contains("ghp_REAL"), "{streamed}");
+    assert!(!streamed.contains("secretVALUE"), "{streamed}");
+    assert!(streamed.contains("token=*****"), "{streamed}");
+    let (_, rows) = env
+        .call(
+            M::GET,
+            &format!("/v1/audit?kind=grant_use&sandbox={id}"),
+            ALICE,
+            None,
+        )
+        .await;
+    let uses = rows["events"].as_array().unwrap();
+    assert_eq!(uses.len(), 1, "{rows}");
+    assert_eq!(uses[0]["detail"]["grant"], "github");
+    assert_eq!(uses[0]["detail"]["host"], "api.github.test");
+    assert_eq!(uses[0]["detail"]["method"], "GET");
+    assert_eq!(uses[0]["detail"]["path"], "/repos/acme/x");
+    assert!(!rows.to_string().contains("ghp_REAL"));
+    env.server.shutdown().await;
+}
+
+/// The API's edge: /metrics and the detailed health need a key; repeated bad keys from one
+/// address are answered 429 without being checked; short keys stop the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_guards_metrics_health_and_key_guessing() {
+    let env = start().await;
+    let r = env
+        .http
+        .get(format!("{}/metrics", env.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = env
+        .http
+        .get(format!("{}/v1/health", env.base))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v, json!({"status": "ok"}), "no detail without a key");
+    let (_, v) = env.call(M::GET, "/v1/health", ALICE, None).await;
+    assert!(
+        v["tiers"].is_object() && v["live_sandboxes"].is_number(),
+        "{v}"
+    );
+    assert!(env.metrics().await.contains("cordon_"));
+    // Guessing keys: after 5 failures this address is refused without a check.
+    let mut codes = Vec::new();
+    for i in 0..8 {
+        let (s, _) = env
+            .call(M::GET, "/v1/sandboxes", &format!("guess-{i}"), None)
+            .await;
+        codes.push(s);
+    }
+    assert_eq!(&codes[..5], &[401; 5], "{codes:?}");
+    assert!(codes[5..].iter().all(|c| *c == 429), "{codes:?}");
+    let (s, e) = env.call(M::GET, "/v1/sandboxes", ALICE, None).await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (429, Some("too_many_failures")),
+        "{e}"
+    );
+    env.server.shutdown().await;
+    // A short key in clear stops the start, naming the tenant.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.keys[0].key = Some("short".into());
+    let counters = Arc::new(Counters::default());
+    let e = Server::start(cfg, backends(&counters), None)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("\"alice\"") && e.contains("--new-key"), "{e}");
+    // So does a bind beyond loopback without TLS.
+    let mut cfg = config(dir.path());
+    cfg.bind = "0.0.0.0:0".parse().unwrap();
+    assert!(cfg.validate().unwrap_err().to_string().contains("[tls]"));
 }
 
 /// Requests with `trust` and `autonomy` go through the tier policy: `auto` picks an allowed,
