@@ -633,12 +633,22 @@ fn the_front_runs_container_runs_alone_and_hands_the_rest_over() {
     let front = alone.path().join("cordon");
     std::fs::copy(BIN, &front).unwrap();
     let run = |args: &[&str]| {
-        Command::new(&front)
-            .args(args)
-            .env("CORDON_HOME", home.path())
-            .env("CORDON_SANDBOX_INIT", &init)
-            .output()
-            .unwrap()
+        // Another test forking while the copy was open for writing holds that descriptor
+        // until its child execs (ETXTBSY): wait for it, a bounded number of times.
+        for _ in 0..50 {
+            match Command::new(&front)
+                .args(args)
+                .env("CORDON_HOME", home.path())
+                .env("CORDON_SANDBOX_INIT", &init)
+                .output()
+            {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => return other.unwrap(),
+            }
+        }
+        panic!("{} stayed busy", front.display());
     };
     let o = run(&["run", "--json", "--", "sh", "-c", "echo front; exit 3"]);
     let v: Value = serde_json::from_slice(&o.stdout)
