@@ -16,16 +16,18 @@ use crate::backends;
 struct Client {
     reader: BufReader<TcpStream>,
     writer: TcpStream,
+    key: String,
 }
 
 impl Client {
-    fn connect(addr: std::net::SocketAddr) -> Result<Self> {
+    fn connect(addr: std::net::SocketAddr, key: &str) -> Result<Self> {
         let s = TcpStream::connect(addr)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(60)))?;
         Ok(Client {
             reader: BufReader::new(s.try_clone()?),
             writer: s,
+            key: key.to_string(),
         })
     }
 
@@ -33,7 +35,8 @@ impl Client {
         // One write per request, as a real client sends it (no Nagle: each write would be
         // a packet of its own).
         let request = format!(
-            "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            self.key,
             body.len()
         );
         self.writer.write_all(request.as_bytes())?;
@@ -189,26 +192,36 @@ fn bench_tier(
         std::env::temp_dir().join(format!("cordon-serve-bench-{}-{tier}", std::process::id()));
     let mut cfg = Config::with_data_dir(&dir);
     cfg.bind = "127.0.0.1:0".parse()?;
+    // A key of this run's own; the operator's bench tenant may use every tier by name.
+    let key = cordon_server::keys::generate_key()?;
     cfg.keys = vec![cordon_server::config::KeyEntry {
         tenant: "bench".into(),
-        key: Some("bench".into()),
+        key: Some(key.clone()),
         sha256: None,
     }];
+    cfg.tenants.insert(
+        "bench".into(),
+        cordon_engine::TenantRules {
+            trust: Some(cordon_policy::Trust::Trusted),
+            tiers: Some(Tier::ALL.to_vec()),
+            ..Default::default()
+        },
+    );
     cfg.pools.insert(tier, 2);
     let backends = backends::server_backends(&dir);
     let server = rt.block_on(Server::start(cfg, backends, None))?;
-    let result = measure(&server, tier, iterations);
+    let result = measure(&server, tier, iterations, &key);
     rt.block_on(server.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn measure(server: &Server, tier: Tier, iterations: usize) -> Result<Option<Medians>> {
+fn measure(server: &Server, tier: Tier, iterations: usize, key: &str) -> Result<Option<Medians>> {
     let svc = server.service().clone();
     if !svc.probes().get(&tier).is_some_and(|p| p.available()) {
         return Ok(None);
     }
-    let mut c = Client::connect(server.addr())?;
+    let mut c = Client::connect(server.addr(), key)?;
     let warm_body = format!(r#"{{"tier":"{tier}",{}}}"#, trivial(tier));
     // The pool's spec is the default one; any other limit makes the sandbox start cold.
     let cold_body = format!(

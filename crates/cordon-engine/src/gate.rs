@@ -648,10 +648,17 @@ impl Gate {
     }
 }
 
-/// The autonomy of a request that gives none.
+/// The autonomy of a request that gives none: network work when it reaches anything; a
+/// named tier is checked as compute work (the trust rules still decide which walls it may
+/// have); a request that names no tier is placed as the work it runs: a one-shot snippet
+/// of Python or JavaScript is computation, anything else (a shell, a program, a sandbox
+/// for later execs and files) writes files, so it gets a general-purpose tier.
 fn derived_autonomy(req: &SandboxRequest, network: bool) -> Autonomy {
     if network {
         return Autonomy::Internet;
+    }
+    if matches!(req.tier, Some(TierChoice::Tier(_))) {
+        return Autonomy::Compute;
     }
     match req.workload {
         Workload::PureCode => Autonomy::Compute,
