@@ -34,6 +34,8 @@ struct FakeSandbox {
     id: SandboxId,
     /// The grants' secret values, so `leak` can print them as a hostile program would.
     secrets: Vec<Vec<u8>>,
+    /// Minted grants' minters, so `mint` can stand in for the egress proxy.
+    minters: Vec<Arc<dyn cordon_core::TokenMinter>>,
     files: HashMap<String, Vec<u8>>,
     counters: Arc<Counters>,
     destroyed: bool,
@@ -64,6 +66,14 @@ impl Backend for FakeBackend {
                     cordon_core::GrantSecret::Minted(_) => None,
                 })
                 .collect(),
+            minters: spec
+                .grants
+                .iter()
+                .filter_map(|g| match &g.secret {
+                    cordon_core::GrantSecret::Minted(m) => Some(m.clone()),
+                    cordon_core::GrantSecret::Value(_) => None,
+                })
+                .collect(),
             files: HashMap::new(),
             counters: self.0.clone(),
             destroyed: false,
@@ -86,6 +96,12 @@ impl Sandbox for FakeSandbox {
             Command::Argv(v) if v[0] == "echo" => format!("{}\n", v[1..].join(" ")).into_bytes(),
             Command::Argv(v) if v[0] == "cat" => self.files.get(&v[1]).cloned().unwrap_or_default(),
             Command::Argv(v) if v[0] == "used" => format!("{was_used}\n").into_bytes(),
+            // Mints a token as the egress proxy would for a request to the grant's host (the
+            // real proxy never shows it to the sandbox; this fake prints it for the test).
+            Command::Argv(v) if v[0] == "mint" => {
+                let t = self.minters[0].mint(self.id.as_str()).unwrap();
+                t.value.expose().to_vec()
+            }
             // Prints each grant's secret in two chunks split mid-value, and reports a use of
             // the grant as the egress proxy would.
             Command::Argv(v) if v[0] == "leak" => {
@@ -1375,6 +1391,115 @@ async fn the_gate_refuses_a_tenants_attacks_by_default() {
     assert_eq!(uses[0]["detail"]["method"], "GET");
     assert_eq!(uses[0]["detail"]["path"], "/repos/acme/x");
     assert!(!rows.to_string().contains("ghp_REAL"));
+    env.server.shutdown().await;
+}
+
+/// A minted grant end to end through the API: the token's issuer is this server, its
+/// subject the sandbox, its key in the published JWKS; introspection says active while the
+/// sandbox lives and inactive once it is destroyed; the discovery document points at both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minted_tokens_are_published_introspected_and_die_with_the_sandbox() {
+    let env = start_with(|cfg| {
+        cfg.grants = vec![cordon_engine::GrantEntry {
+            name: "cloud".into(),
+            env_var: None,
+            secret: cordon_engine::ceiling::SecretSource::Mint(cordon_engine::ceiling::MintSpec {
+                audience: "sts.example.test".into(),
+                lifetime: Dur(Duration::from_secs(300)),
+                scope: None,
+            }),
+            load: Default::default(),
+            hosts: vec!["sts.example.test".into()],
+            header: "authorization".into(),
+            methods: vec![],
+            path_prefixes: vec![],
+            max_lifetime: None,
+            tenants: vec!["alice".into()],
+        }];
+    })
+    .await;
+    let get = |path: &str| {
+        let url = format!("{}{path}", env.base);
+        let http = env.http.clone();
+        async move {
+            http.get(url)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let d = get("/.well-known/openid-configuration").await;
+    let issuer = d["issuer"].as_str().unwrap().to_string();
+    assert_eq!(d["jwks_uri"], format!("{issuer}/.well-known/jwks.json"));
+    let jwks = get("/.well-known/jwks.json").await;
+    assert_eq!(jwks["keys"][0]["alg"], "ES256", "{jwks}");
+    let id = env
+        .create(
+            ALICE,
+            json!({"tier": "container", "grants": ["cloud"], "ttl": "2m"}),
+        )
+        .await;
+    let (s, o) = env.exec(ALICE, &id, json!({"argv": ["mint"]})).await;
+    assert_eq!(s, 200, "{o}");
+    let token = o["stdout"].as_str().unwrap().to_string();
+    assert_eq!(token.split('.').count(), 3, "{token}");
+    // The token's kid is one of the published keys.
+    use base64::Engine as _;
+    let header: Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token.split('.').next().unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        jwks["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k["kid"] == header["kid"]),
+        "{header} not in {jwks}"
+    );
+    let introspect = |t: String| {
+        let url = format!("{}/v1/tokens/introspect", env.base);
+        let http = env.http.clone();
+        async move {
+            http.post(url)
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(format!("token={t}"))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let v = introspect(token.clone()).await;
+    assert_eq!(v["active"], true, "{v}");
+    assert_eq!(v["sub"], id.as_str());
+    assert_eq!(v["iss"], issuer.as_str());
+    assert_eq!(v["aud"], "sts.example.test");
+    assert_eq!(v["tenant"], "alice");
+    let exp = v["exp"].as_u64().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        exp <= now + 120,
+        "never beyond the sandbox's 2 min ttl: {v}"
+    );
+    let v = introspect(format!("{token}x")).await;
+    assert_eq!(v, json!({"active": false}));
+    let (s, _) = env
+        .call(M::DELETE, &format!("/v1/sandboxes/{id}"), ALICE, None)
+        .await;
+    assert_eq!(s, 200);
+    let v = introspect(token).await;
+    assert_eq!(v, json!({"active": false}), "a destroyed sandbox's token");
     env.server.shutdown().await;
 }
 
