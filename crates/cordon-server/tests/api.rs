@@ -1503,6 +1503,67 @@ async fn minted_tokens_are_published_introspected_and_die_with_the_sandbox() {
     env.server.shutdown().await;
 }
 
+/// With `[tls]` the API is served over rustls: a client trusting the certificate gets the
+/// health answer over TLS; a plain-HTTP request on the same port gets no HTTP answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_serves_tls_when_configured() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let certs = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (cert_file, key_file) = (certs.path().join("c.pem"), certs.path().join("k.pem"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let env = start_with(|cfg| {
+        cfg.tls = Some(cordon_server::config::TlsConfig {
+            cert_file: cert_file.clone(),
+            key_file: key_file.clone(),
+        });
+    })
+    .await;
+    assert!(env.server.tls());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(env.server.addr())
+        .await
+        .unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client))
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.write_all(b"GET /v1/health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    let _ = tls.read_to_string(&mut out).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.contains("\"status\":\"ok\""), "{out}");
+    // Plain HTTP on the TLS port is not served.
+    let (code, _) = tokio::task::spawn_blocking({
+        let base = env.base.clone();
+        move || {
+            raw(
+                &base,
+                "GET /v1/health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".into(),
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "a plain request got an HTTP answer");
+    env.server.shutdown().await;
+}
+
 /// The API's edge: /metrics and the detailed health need a key; repeated bad keys from one
 /// address are answered 429 without being checked; short keys stop the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
