@@ -318,10 +318,27 @@ impl Vm {
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
-    /// Kills QEMU and waits for it.
+    /// Kills QEMU and waits until it is gone: QEMU itself (the waiter's child, PID 1 of its
+    /// namespace) is killed first and the waiter, which reaps it, exits after it; the waiter
+    /// is killed too when QEMU cannot be found.
     pub fn kill(&mut self) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take()?;
-        let _ = c.kill();
+        let children = fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.pid))
+            .unwrap_or_default();
+        let mut killed = false;
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            killed |= nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .is_ok();
+        }
+        if !killed {
+            let _ = c.kill();
+        }
         c.wait().ok()
     }
 
