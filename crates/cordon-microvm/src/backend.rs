@@ -1152,12 +1152,7 @@ impl Sandbox for MicrovmSandbox {
         // interrupted, and a pid is handed out again only after the kernel's pid counter
         // wraps (sequential allocation), so the pid cannot name another process by then.
         let pid = self.qemu_pid()?;
-        Some(std::sync::Arc::new(move || {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }))
+        Some(std::sync::Arc::new(move || qemu::kill_vm(pid)))
     }
 
     fn report(&mut self) -> BTreeMap<String, serde_json::Value> {

@@ -4,7 +4,7 @@ use std::ffi::CString;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -430,7 +430,12 @@ fn jail_for(params: &VmParams, dir: &Path) -> Result<sys::Jail, MicrovmError> {
         (c(&params.image.kernel)?, under("img/kernel")?, false, false),
         (c(&params.image.initrd)?, under("img/initrd")?, false, false),
         (c(&params.image.rootfs)?, under("img/rootfs")?, false, false),
-        (c(&params.qemu)?, under("qemu")?, false, false),
+        (
+            c(&private_binary(&params.qemu, parent)?)?,
+            under("qemu")?,
+            false,
+            false,
+        ),
         (c(Path::new("/dev/null"))?, under("dev/null")?, true, true),
         (
             c(Path::new("/dev/urandom"))?,
@@ -473,6 +478,66 @@ fn jail_for(params: &VmParams, dir: &Path) -> Result<sys::Jail, MicrovmError> {
         old: under(".old")?,
         workdir: CString::new(JAIL_VM_DIR).map_err(|_| MicrovmError::Qemu("bad path".into()))?,
     })
+}
+
+/// An execute-only copy (mode 0711, root's) of QEMU's binary, made once per binary under
+/// `run_dir/.qemu-bin/`: QEMU's uid can run it but not read it, so the kernel makes the
+/// process non-dumpable at exec.
+fn private_binary(qemu: &Path, run_dir: &Path) -> Result<PathBuf, MicrovmError> {
+    let meta = fs::metadata(qemu).map_err(|e| {
+        MicrovmError::Qemu(format!(
+            "cannot find QEMU ({e}); install qemu-system-x86 (scripts/setup.sh)"
+        ))
+    })?;
+    let id = format!(
+        "{:x}-{:x}-{:x}-{:x}",
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        meta.mtime()
+    );
+    let dir = run_dir.join(".qemu-bin");
+    match fs::DirBuilder::new().mode(0o711).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(MicrovmError::io("creating QEMU's binary directory", e)),
+    }
+    let bin = dir.join(id);
+    if fs::symlink_metadata(&bin)
+        .is_ok_and(|m| m.is_file() && m.uid() == 0 && m.mode() & 0o7777 == 0o711)
+    {
+        return Ok(bin);
+    }
+    let mut suffix = [0u8; 6];
+    getrandom::fill(&mut suffix).map_err(|e| MicrovmError::Qemu(format!("no randomness: {e}")))?;
+    let tmp = dir.join(format!(".tmp-{}", hex::encode(suffix)));
+    fs::copy(qemu, &tmp).map_err(|e| MicrovmError::io("copying QEMU's binary", e))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o711))
+        .and_then(|()| fs::rename(&tmp, &bin))
+        .map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            MicrovmError::io("installing QEMU's binary copy", e)
+        })?;
+    Ok(bin)
+}
+
+/// Kills QEMU (the waiter `pid`'s child, PID 1 of its namespace) and then the waiter.
+pub fn kill_vm(pid: i32) {
+    let children =
+        fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for child in children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
 }
 
 /// The last `cap` bytes of a file Cordon holds open, as text.

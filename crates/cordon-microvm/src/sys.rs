@@ -64,10 +64,12 @@ pub fn memory_file(name: &CStr) -> io::Result<std::fs::File> {
 /// namespaces (no network device exists and no host network is reachable; it is PID 1 of
 /// its own namespace and sees no other process); moved into its private root (its own
 /// directory, its image files, the read-only system libraries, nothing else of the host);
-/// as its own unprivileged uid with no supplementary groups, a real gid different from its
-/// effective one (so the kernel makes it non-dumpable at exec: no `/proc/<pid>/mem`, no
-/// ptrace by its own uid), no way to gain privileges, killed if Cordon dies; and filtered
-/// by Cordon's system call allow-list.
+/// as its own unprivileged uid with no supplementary groups, no way to gain privileges,
+/// killed if Cordon dies; and filtered by Cordon's system call allow-list. The binary it
+/// runs is an execute-only copy (`Jail` binds it), which its uid cannot read: the kernel
+/// then makes the process non-dumpable at exec (no `/proc/<pid>/mem`, no ptrace, even by
+/// its own uid) without the credential change that would also clear its parent-death
+/// signal.
 ///
 /// PID 1 of a new namespace must be a child of the process that made it, so the forked
 /// child stays outside as a small waiter (closing every descriptor it inherited) and
@@ -103,9 +105,7 @@ pub fn confine(cmd: &mut Command, c: Confinement) {
         set_groups(&c.groups)?;
         let gid = nix::unistd::Gid::from_raw(c.gid);
         let uid = nix::unistd::Uid::from_raw(c.uid);
-        // Real gid `nogroup`, effective and saved gid the VM's: at exec the kernel sees
-        // differing ids and leaves the process non-dumpable.
-        nix::unistd::setresgid(nix::unistd::Gid::from_raw(NOGROUP), gid, gid)?;
+        nix::unistd::setresgid(gid, gid, gid)?;
         nix::unistd::setresuid(uid, uid, uid)?;
         // After the credential change, which clears it.
         nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
@@ -127,9 +127,6 @@ pub fn confine(cmd: &mut Command, c: Confinement) {
         cmd.pre_exec(hook);
     }
 }
-
-/// The gid of `nogroup`, QEMU's real gid.
-const NOGROUP: u32 = 65534;
 
 fn set_groups(groups: &[u32]) -> io::Result<()> {
     let list: [libc::gid_t; 1];
