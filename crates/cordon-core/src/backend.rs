@@ -197,6 +197,13 @@ pub trait Sandbox: Send {
     fn interrupter(&self) -> Option<Interrupter> {
         None
     }
+
+    /// Hands a sandbox made ahead of time (a warm pool's) to `owner`, whose share of
+    /// per-owner resources its execs then take (see `SandboxSpec::owner`). Tiers without
+    /// such resources ignore it.
+    fn set_owner(&mut self, owner: &str) {
+        let _ = owner;
+    }
 }
 
 #[cfg(test)]

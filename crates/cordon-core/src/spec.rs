@@ -367,6 +367,11 @@ pub struct SandboxSpec {
     /// Walls the caller agreed to run without if the host cannot apply them.
     #[serde(default)]
     pub allow_weaker: BTreeSet<Weakening>,
+    /// Who the sandbox is for (the authenticated tenant). Set by the server, never read from
+    /// a request body: backends share per-owner resources by it (the wasm tier's instance
+    /// pool). `None` counts as one owner of its own.
+    #[serde(skip)]
+    pub owner: Option<String>,
 }
 
 impl SandboxSpec {
@@ -378,6 +383,7 @@ impl SandboxSpec {
             egress: EgressPolicy::default(),
             grants: Vec::new(),
             allow_weaker: BTreeSet::new(),
+            owner: None,
         }
     }
 

@@ -396,6 +396,8 @@ impl Gate {
         spec.egress.allow = req.allow_hosts.clone();
         spec.egress.deny = req.deny_hosts.clone();
         spec.allow_weaker = req.allow_weaker.clone();
+        // Per-owner resources (the wasm tier's instance slots) are shared by tenant.
+        spec.owner = tenant.map(str::to_string);
         record.limits = Some(spec.limits.clone());
         spec.validate().map_err(|e| invalid(e.to_string()))?;
         if matches!(tier, Tier::Runtime | Tier::Wasm) && network {

@@ -354,7 +354,19 @@ fn read_loop(s: &Arc<Shared>, mut r: Box<dyn Read + Send>, on_eof: OnEof) -> io:
                 }
                 if !g.closed && len > 0 {
                     g.queued += len as u64;
-                    g.inbox.push_back(body.to_vec());
+                    // Small frames join the last chunk while it has room: what a window
+                    // holds costs the same heap (and the same delivery and credit work)
+                    // whether the peer sends it in one frame or in 1-byte frames.
+                    match g.inbox.back_mut() {
+                        Some(last) if last.len() + len <= MAX_PAYLOAD => {
+                            last.extend_from_slice(body)
+                        }
+                        _ => {
+                            let mut chunk = Vec::with_capacity(MAX_PAYLOAD.min(len.max(4096)));
+                            chunk.extend_from_slice(body);
+                            g.inbox.push_back(chunk);
+                        }
+                    }
                 }
                 drop(g);
                 st.cv.notify_all();
@@ -684,5 +696,45 @@ mod tests {
             assert!(host.is_dead(), "frame {frame:?} was accepted");
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+
+    #[test]
+    fn one_byte_frames_cost_no_more_heap_than_one_big_one() {
+        // The host dials a listener that accepts and never reads: what the guest sends
+        // stays queued in the stream's inbox.
+        let dir = tmpdir();
+        let sock = dir.join("stuck.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let held = std::thread::spawn(move || listener.accept().map(|(c, _)| c));
+        let (evil, h) = UnixStream::pair().unwrap();
+        let host = Tunnel::over_socket(h, Some(dial_unix(sock))).unwrap();
+        (&evil).write_all(&[OPEN, 1, 0, 0, 0, 0, 0, 0, 0]).unwrap();
+        let n = WINDOW as usize;
+        let mut frames = Vec::with_capacity(n * (HEADER + 1));
+        for _ in 0..n {
+            frames.extend_from_slice(&[DATA, 1, 0, 0, 0, 1, 0, 0, 0, b'x']);
+        }
+        let w = std::thread::spawn(move || (&evil).write_all(&frames).map(|_| evil));
+        let _evil = w.join().unwrap().unwrap();
+        // Wait until the reader has taken every frame (queued bytes stop changing).
+        let st = host.shared.streams().get(&1).cloned().unwrap();
+        let mut last = u64::MAX;
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let q = st.lock().queued;
+            if q == last {
+                break;
+            }
+            last = q;
+        }
+        assert!(!host.is_dead());
+        let chunks = st.lock().inbox.len();
+        assert!(
+            chunks <= WINDOW as usize / MAX_PAYLOAD + 2,
+            "{chunks} heap chunks for {last} queued bytes"
+        );
+        host.shutdown();
+        drop(held.join());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

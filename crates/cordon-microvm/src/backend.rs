@@ -1,12 +1,11 @@
 //! Host side of the microvm tier.
 
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::fs;
-use std::io::{self, Read};
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use cordon_container::cgroup::SandboxCgroup;
@@ -16,15 +15,16 @@ use cordon_core::{
     Sandbox, SandboxId, SandboxSpec, Termination, Tier,
 };
 use cordon_guest::proto::{
-    self, ErrorCode, FrameBuffer, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode, Stream,
+    self, ErrorCode, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode, Stream,
 };
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use serde_json::json;
 
 use crate::MicrovmError;
+use crate::client::{AgentConn, CallError, Filled, HEADER_ROOM};
 use crate::egress::{EgressTuning, VmEgress};
 use crate::image::{self, Image};
 use crate::qemu::{self, RunAs, Vm, VmParams};
+use crate::snapshots::SnapshotStore;
 
 /// The accelerator QEMU runs guests with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -111,14 +111,20 @@ pub struct MicrovmConfig {
     pub qemu: PathBuf,
     /// The accelerator; `None` probes.
     pub accel: Option<Accel>,
-    /// The unprivileged user QEMU runs as.
-    pub run_as: (u32, u32),
+    /// The host uids (and equal gids) QEMUs run as: `(first, count)`. Each VM gets one of
+    /// its own, never shared with another VM while it runs.
+    pub uid_range: (u32, u32),
     /// How long a cold boot may take to reach the agent.
     pub boot_timeout: Duration,
     /// Restore new sandboxes from a snapshot (made on first use) instead of booting each.
     pub snapshots: bool,
     /// Applied to each sandbox's egress proxy configuration.
     pub egress_tuning: EgressTuning,
+    /// Snapshots kept at most (least recently used collected first), and their total size.
+    pub snapshot_max_count: usize,
+    pub snapshot_max_bytes: u64,
+    /// The deadline of one file call (put or get) on the agent channel, writes and reads.
+    pub file_timeout: Duration,
 }
 
 impl MicrovmConfig {
@@ -136,10 +142,13 @@ impl MicrovmConfig {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("/usr/bin/qemu-system-x86_64")),
             accel: None,
-            run_as: (0x7ffd_0000, 0x7ffd_0000),
+            uid_range: (0x7ffd_0000, 0x1_0000),
             boot_timeout: Duration::from_secs(90),
             snapshots: true,
             egress_tuning: EgressTuning::default(),
+            snapshot_max_count: 8,
+            snapshot_max_bytes: 2 << 30,
+            file_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -149,7 +158,53 @@ pub struct MicrovmBackend {
     cfg: MicrovmConfig,
     accel: OnceLock<(Accel, String)>,
     qemu_version: OnceLock<Option<String>>,
-    snapshot_lock: Mutex<()>,
+    snapshots: SnapshotStore,
+    uids: Arc<UidPool>,
+}
+
+/// The host uids of running VMs: each is leased to one VM and returned when its QEMU is dead.
+struct UidPool {
+    first: u32,
+    count: u32,
+    state: Mutex<(BTreeSet<u32>, u32)>,
+}
+
+/// One VM's uid, returned to the pool when dropped (after its QEMU is gone).
+pub struct UidLease {
+    uid: u32,
+    pool: Arc<UidPool>,
+}
+
+impl UidPool {
+    fn lease(pool: &Arc<UidPool>) -> Result<UidLease> {
+        let mut g = pool.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (used, next) = &mut *g;
+        for _ in 0..pool.count {
+            let uid = pool.first + *next % pool.count;
+            *next = (*next + 1) % pool.count;
+            if used.insert(uid) {
+                return Ok(UidLease {
+                    uid,
+                    pool: pool.clone(),
+                });
+            }
+        }
+        Err(Error::Sandbox(format!(
+            "all {} QEMU uids are in use; destroy microVMs or widen the uid range",
+            pool.count
+        )))
+    }
+}
+
+impl Drop for UidLease {
+    fn drop(&mut self) {
+        self.pool
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .remove(&self.uid);
+    }
 }
 
 /// How a VM came up.
@@ -161,11 +216,21 @@ pub enum StartMode {
 
 impl MicrovmBackend {
     pub fn new(cfg: MicrovmConfig) -> Self {
+        let (first, count) = cfg.uid_range;
         MicrovmBackend {
+            snapshots: SnapshotStore::new(
+                cfg.snapshot_dir.clone(),
+                cfg.snapshot_max_count,
+                cfg.snapshot_max_bytes,
+            ),
+            uids: Arc::new(UidPool {
+                first,
+                count: count.max(1),
+                state: Mutex::new((BTreeSet::new(), 0)),
+            }),
             cfg,
             accel: OnceLock::new(),
             qemu_version: OnceLock::new(),
-            snapshot_lock: Mutex::new(()),
         }
     }
 
@@ -209,17 +274,15 @@ impl MicrovmBackend {
             vcpus,
             ram_mib,
             image,
-            incoming: None,
+            incoming: false,
             egress: shared_egress::wanted(spec),
         }
     }
 
-    /// The snapshot file new sandboxes with these parameters restore from.
-    pub fn snapshot_path(&self, params: &VmParams) -> PathBuf {
+    /// The key of the snapshot new sandboxes with these parameters restore from.
+    pub fn snapshot_key(&self, params: &VmParams) -> String {
         let v = self.qemu_version().cloned().unwrap_or_default();
-        self.cfg
-            .snapshot_dir
-            .join(format!("{}.snap", params.snapshot_key(&v)))
+        params.snapshot_key(&v)
     }
 
     /// Creates a sandbox by booting a fresh VM (no snapshot), for measurements and for
@@ -252,10 +315,12 @@ impl MicrovmBackend {
         }
         let image = image::load(&self.cfg.data_dir)?;
         let mut params = self.params(spec, image);
-        if mode == StartMode::Restore {
-            let snap = self.ensure_snapshot(&params)?;
-            params.incoming = Some(snap);
-        }
+        let snapshot = if mode == StartMode::Restore {
+            params.incoming = true;
+            Some(self.ensure_snapshot(&params)?)
+        } else {
+            None
+        };
         let t0 = Instant::now();
         let id = SandboxId::random()?;
         let mut warnings = Vec::new();
@@ -274,7 +339,10 @@ impl MicrovmBackend {
             layer: "cgroups".into(),
             reason: format!("QEMU's own cgroup: {e}"),
         })?;
+        let uid = UidPool::lease(&self.uids)?;
         let mut sb = MicrovmSandbox {
+            uid: Some(uid),
+            file_timeout: self.cfg.file_timeout,
             id: id.clone(),
             spec: spec.clone(),
             accel,
@@ -302,9 +370,12 @@ impl MicrovmBackend {
             if params.egress {
                 sb.egress = Some(VmEgress::start(id.as_str(), spec, &self.cfg.egress_tuning)?);
             }
-            let (vm, ctrl, port) = Vm::start(&params, &dir, self.run_as(), procs)?;
+            let run_as = sb.run_as()?;
+            let (vm, ctrl, port) = Vm::start(&params, &dir, run_as, procs, snapshot.as_ref())?;
+            drop(snapshot);
             sb.vm = Some(vm);
-            sb.ctrl = Some(ctrl);
+            sb.ctrl =
+                Some(AgentConn::new(ctrl).map_err(|e| MicrovmError::io("the agent socket", e))?);
             if let (Some(e), Some(port)) = (sb.egress.as_mut(), port) {
                 e.attach(port)?;
             }
@@ -325,48 +396,67 @@ impl MicrovmBackend {
         Ok(sb)
     }
 
-    fn run_as(&self) -> RunAs {
-        RunAs {
-            uid: self.cfg.run_as.0,
-            gid: self.cfg.run_as.1,
+    /// The snapshot for `params`, opened read-only; a template VM is booted and saved when
+    /// there is none. Only this key's lock is held through the boot: sandboxes of other
+    /// shapes are created meanwhile.
+    pub fn ensure_snapshot(&self, params: &VmParams) -> Result<fs::File> {
+        let key = self.snapshot_key(params);
+        if let Some(f) = self.snapshots.open(&key)? {
+            return Ok(f);
         }
-    }
-
-    /// The snapshot for `params`, booting a template VM and saving it when missing.
-    pub fn ensure_snapshot(&self, params: &VmParams) -> Result<PathBuf> {
-        let path = self.snapshot_path(params);
-        let _guard = self
-            .snapshot_lock
-            .lock()
-            .map_err(|_| Error::Sandbox("snapshot lock poisoned".into()))?;
-        if path.is_file() {
-            return Ok(path);
-        }
-        fs::create_dir_all(&self.cfg.snapshot_dir)
-            .map_err(|e| Error::io("creating the snapshot directory", e))?;
-        // Another process may be making the same snapshot: one file lock per directory.
-        let lockf = fs::File::create(self.cfg.snapshot_dir.join(".lock"))
-            .map_err(|e| Error::io("snapshot lock", e))?;
-        let _flock = nix::fcntl::Flock::lock(lockf, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| Error::io("snapshot lock", e.into()))?;
-        if path.is_file() {
-            return Ok(path);
+        let lock = self.snapshots.key_lock(&key);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = self.snapshots.open(&key)? {
+            return Ok(f);
         }
         let t0 = Instant::now();
+        let (partial_file, partial) = self.snapshots.create_partial()?;
+        let made = self.make_snapshot(params, &partial_file);
+        let installed = made.and_then(|()| self.snapshots.install(&partial, partial_file, &key));
+        let file = match installed {
+            Ok(f) => f,
+            Err(e) => {
+                self.snapshots.discard_partial(&partial);
+                return Err(e.into());
+            }
+        };
+        let removed = self.snapshots.collect(&key);
+        if !removed.is_empty() {
+            tracing::info!(?removed, "least recently used microvm snapshots removed");
+        }
+        tracing::info!(snapshot = %key, seconds = t0.elapsed().as_secs_f64(), "microvm snapshot made");
+        Ok(file)
+    }
+
+    /// Boots a template VM to "agent ready" and has it write its state into `out`, a file
+    /// it gets only as a descriptor.
+    fn make_snapshot(
+        &self,
+        params: &VmParams,
+        out: &fs::File,
+    ) -> std::result::Result<(), MicrovmError> {
+        use std::os::fd::AsRawFd;
         let mut tpl = params.clone();
-        tpl.incoming = None;
+        tpl.incoming = false;
         tpl.egress = false;
         let mut suffix = [0u8; 6];
-        getrandom::fill(&mut suffix).map_err(|e| Error::Sandbox(format!("no randomness: {e}")))?;
+        getrandom::fill(&mut suffix)
+            .map_err(|e| MicrovmError::Qemu(format!("no randomness: {e}")))?;
         let dir = self
             .cfg
             .run_dir
             .join(format!("snap-{}", hex::encode(suffix)));
+        let uid = UidPool::lease(&self.uids).map_err(|e| MicrovmError::Qemu(e.to_string()))?;
+        let run_as = RunAs {
+            uid: uid.uid,
+            gid: uid.uid,
+        };
         let made = (|| -> std::result::Result<(), MicrovmError> {
-            let (mut vm, mut ctrl, _) = Vm::start(&tpl, &dir, self.run_as(), Vec::new())?;
-            ctrl.set_read_timeout(Some(self.cfg.boot_timeout))
-                .map_err(|e| MicrovmError::io("agent socket", e))?;
-            match proto::read_frame::<Reply>(&mut ctrl) {
+            let (mut vm, ctrl, _) = Vm::start(&tpl, &dir, run_as, Vec::new(), None)?;
+            let mut ctrl =
+                AgentConn::new(ctrl).map_err(|e| MicrovmError::io("the agent socket", e))?;
+            let deadline = Instant::now() + self.cfg.boot_timeout;
+            match ctrl.recv(deadline, HEADER_ROOM) {
                 Ok(f) if matches!(f.header, Reply::Hello { version, .. } if version == PROTOCOL_VERSION) =>
                     {}
                 Ok(f) => {
@@ -382,11 +472,14 @@ impl MicrovmBackend {
                     )));
                 }
             }
-            let file = dir.join("snapshot");
-            vm.qmp(
-                "migrate",
-                json!({"uri": format!("file:{}", file.display())}),
-            )?;
+            vm.qmp_many(&[
+                (
+                    "getfd",
+                    json!({"fdname": "snapshot"}),
+                    Some(out.as_raw_fd()),
+                ),
+                ("migrate", json!({"uri": "fd:snapshot"}), None),
+            ])?;
             let deadline = Instant::now() + Duration::from_secs(120);
             loop {
                 let st = vm.qmp("query-migrate", json!({}))?;
@@ -405,32 +498,17 @@ impl MicrovmBackend {
                 std::thread::sleep(Duration::from_millis(10));
             }
             vm.kill();
-            drop(ctrl);
-            let tmp = path.with_extension("tmp");
-            fs::rename(&file, &tmp).map_err(|e| MicrovmError::io("moving the snapshot", e))?;
-            nix::unistd::chown(
-                &tmp,
-                Some(nix::unistd::Uid::from_raw(0)),
-                Some(nix::unistd::Gid::from_raw(0)),
-            )
-            .map_err(|e| MicrovmError::io("owning the snapshot", e.into()))?;
-            fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-                .map_err(|e| MicrovmError::io("snapshot mode", e))?;
-            fs::rename(&tmp, &path).map_err(|e| MicrovmError::io("installing the snapshot", e))?;
             Ok(())
         })();
+        // QEMU is dead (killed or dropped) before its directory goes and its uid returns.
         let _ = fs::remove_dir_all(&dir);
-        made?;
-        tracing::info!(snapshot = %path.display(), seconds = t0.elapsed().as_secs_f64(), "microvm snapshot made");
-        Ok(path)
+        drop(uid);
+        made
     }
 
     /// Removes every snapshot (they are remade on demand).
     pub fn clear_snapshots(&self) -> io::Result<()> {
-        match fs::remove_dir_all(&self.cfg.snapshot_dir) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
+        self.snapshots.clear()
     }
 }
 
@@ -490,8 +568,12 @@ pub struct MicrovmSandbox {
     spec: SandboxSpec,
     accel: Accel,
     vm: Option<Vm>,
-    ctrl: Option<UnixStream>,
+    ctrl: Option<AgentConn>,
     cgroup: Option<SandboxCgroup>,
+    /// The host uid its QEMU runs as; returned once QEMU is dead.
+    uid: Option<UidLease>,
+    /// The deadline of one file call.
+    file_timeout: Duration,
     start_us: u64,
     warnings: Vec<String>,
     gone: Option<String>,
@@ -549,9 +631,10 @@ impl MicrovmSandbox {
     pub fn dump_guest_memory(&self) -> Result<PathBuf> {
         let vm = self.vm.as_ref().ok_or_else(|| self.gone_err())?;
         let path = vm.dir.join("guest-memory.dump");
+        let inside = format!("{}/guest-memory.dump", qemu::JAIL_VM_DIR);
         vm.qmp(
             "pmemsave",
-            json!({"val": 0, "size": self.ram_bytes, "filename": path.display().to_string()}),
+            json!({"val": 0, "size": self.ram_bytes, "filename": inside}),
         )?;
         Ok(path)
     }
@@ -559,10 +642,69 @@ impl MicrovmSandbox {
     /// Writes raw bytes to the agent channel, bypassing the frame encoder (to test that the
     /// agent rejects malformed frames), and returns whether the agent is still answering.
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
-        use std::io::Write;
+        let deadline = Instant::now() + self.file_timeout;
+        let r = self.ctrl()?.send_raw(bytes, deadline);
+        self.check_call(r, "writing to the agent")
+    }
+
+    /// The host uid this sandbox's QEMU runs as.
+    pub fn qemu_uid(&self) -> Option<u32> {
+        self.uid.as_ref().map(|u| u.uid)
+    }
+
+    fn run_as(&self) -> std::result::Result<RunAs, MicrovmError> {
+        match &self.uid {
+            Some(u) => Ok(RunAs {
+                uid: u.uid,
+                gid: u.uid,
+            }),
+            None => Err(MicrovmError::Qemu("no uid for QEMU".into())),
+        }
+    }
+
+    /// The result of a call on the agent channel. A call that failed part-way leaves the
+    /// channel between frames: the VM is stopped (and the reason recorded).
+    fn check_call<T>(&mut self, r: std::result::Result<T, CallError>, what: &str) -> Result<T> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(CallError::Timeout) => {
+                self.gone = Some(format!("its agent did not finish {what} in time"));
+                self.teardown();
+                Err(Error::Sandbox(format!(
+                    "{what}: the guest agent did not take or answer it in time; the microVM was stopped, create a new sandbox"
+                )))
+            }
+            Err(CallError::Proto(e)) => {
+                self.failure = Some("agent-protocol".into());
+                self.gone = Some(format!("its agent broke the protocol ({e})"));
+                self.teardown();
+                Err(Error::Sandbox(format!(
+                    "{what}: the guest agent broke the protocol ({e}); the microVM was stopped, create a new sandbox"
+                )))
+            }
+            Err(e) => {
+                let why = self.diagnose(&e.to_string());
+                Err(Error::Sandbox(format!("the guest agent stopped: {why}")))
+            }
+        }
+    }
+
+    /// One request and its reply, all by one deadline; a reply longer than `max_frame`
+    /// bytes is refused from its length.
+    fn call(
+        &mut self,
+        req: &Request,
+        body: &[u8],
+        timeout: Duration,
+        max_frame: usize,
+        what: &str,
+    ) -> Result<proto::Frame<Reply>> {
+        let deadline = Instant::now() + timeout;
         let ctrl = self.ctrl()?;
-        ctrl.write_all(bytes)
-            .map_err(|e| sandbox_err("writing to the agent", e))
+        let r = ctrl
+            .send(req, body, deadline)
+            .and_then(|()| ctrl.recv(deadline, max_frame));
+        self.check_call(r, what)
     }
 
     fn gone_err(&self) -> Error {
@@ -572,7 +714,7 @@ impl MicrovmSandbox {
         }
     }
 
-    fn ctrl(&mut self) -> Result<&mut UnixStream> {
+    fn ctrl(&mut self) -> Result<&mut AgentConn> {
         if self.gone.is_some() {
             return Err(self.gone_err());
         }
@@ -585,23 +727,10 @@ impl MicrovmSandbox {
         }
     }
 
-    fn read_reply(&mut self, timeout: Duration) -> Result<proto::Frame<Reply>> {
-        let ctrl = self.ctrl()?;
-        ctrl.set_read_timeout(Some(timeout))
-            .map_err(|e| Error::io("agent socket", e))?;
-        let r = proto::read_frame::<Reply>(ctrl);
-        let _ = ctrl.set_read_timeout(None);
-        match r {
-            Ok(f) => Ok(f),
-            Err(e) => {
-                let why = self.diagnose(&e.to_string());
-                Err(Error::Sandbox(format!("the guest agent stopped: {why}")))
-            }
-        }
-    }
-
     fn await_hello(&mut self, timeout: Duration) -> Result<()> {
-        let f = self.read_reply(timeout)?;
+        let deadline = Instant::now() + timeout;
+        let r = self.ctrl()?.recv(deadline, HEADER_ROOM);
+        let f = self.check_call(r, "starting the guest")?;
         match f.header {
             Reply::Hello { version, .. } if version == PROTOCOL_VERSION => Ok(()),
             Reply::Hello { version, .. } => Err(Error::Sandbox(format!(
@@ -635,9 +764,7 @@ impl MicrovmSandbox {
                 None => None,
             },
         };
-        proto::write_frame(self.ctrl()?, &req, &seed)
-            .map_err(|e| sandbox_err("configuring the guest", e))?;
-        let f = self.read_reply(timeout)?;
+        let f = self.call(&req, &seed, timeout, HEADER_ROOM, "configuring the guest")?;
         match f.header {
             Reply::Ok => Ok(()),
             Reply::Error { message, .. } => Err(sandbox_err("configuring the guest", message)),
@@ -710,6 +837,8 @@ impl MicrovmSandbox {
         {
             tracing::warn!(sandbox = %self.id, "QEMU's cgroup could not be removed");
         }
+        // QEMU is dead: its uid may serve another VM.
+        self.uid = None;
     }
 
     fn env_for(&self, req: &ExecRequest) -> BTreeMap<String, String> {
@@ -750,29 +879,40 @@ impl MicrovmSandbox {
             },
             last: req.last,
         };
-        {
+        let deadline = t0 + timeout;
+        // The exec and its stdin must be taken by the exec's own deadline: a guest that stops
+        // reading gets the same timeout as one that never exits.
+        let sent = {
             let stdin = req.stdin.clone().unwrap_or_default();
             let ctrl = self.ctrl()?;
-            let send = |ctrl: &mut UnixStream, r: &Request, body: &[u8]| {
-                proto::write_frame(ctrl, r, body).map_err(|e| sandbox_err("sending the exec", e))
-            };
-            send(ctrl, &request, b"")?;
+            let mut r = ctrl.send(&request, b"", deadline);
             for chunk in stdin.chunks(1 << 20) {
-                send(ctrl, &Request::Stdin { id }, chunk)?;
+                r = r.and_then(|()| ctrl.send(&Request::Stdin { id }, chunk, deadline));
             }
-            send(ctrl, &Request::Stdin { id }, b"")?;
+            r.and_then(|()| ctrl.send(&Request::Stdin { id }, b"", deadline))
+        };
+        let mut send_timed_out = false;
+        match sent {
+            Ok(()) => {}
+            Err(CallError::Timeout) => send_timed_out = true,
+            Err(e) => {
+                self.check_call(Err::<(), _>(e), "sending the exec")?;
+            }
         }
-        let deadline = t0 + timeout;
         let mut reason: Option<Termination> = None;
         let mut kill_sent_at: Option<Instant> = None;
         let mut exited: Option<Reply> = None;
-        let mut frames = FrameBuffer::default();
+        // No frame of an exec's carries more than the larger output cap (the agent sends
+        // output in 64 KiB chunks).
+        let max_frame = (limits.stdout_bytes.max(limits.stderr_bytes).max(64 << 10) as usize)
+            .saturating_add(HEADER_ROOM)
+            .min(proto::MAX_FRAME);
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let (mut out_trunc, mut err_trunc) = (false, false);
         let mut lost = false;
         while exited.is_none() {
             let now = Instant::now();
-            if now >= deadline {
+            if now >= deadline || send_timed_out {
                 // The wall clock ends the VM, not just the program.
                 reason = Some(Termination::Timeout);
                 self.gone = Some("its exec reached the timeout and the VM was killed".into());
@@ -784,7 +924,12 @@ impl MicrovmSandbox {
             }
             if reason.is_some() && kill_sent_at.is_none() {
                 kill_sent_at = Some(now);
-                let _ = proto::write_frame(self.ctrl()?, &Request::Kill { id }, b"");
+                let by = now + Duration::from_secs(5);
+                if self.ctrl()?.send(&Request::Kill { id }, b"", by).is_err() {
+                    self.gone = Some("its agent did not take a kill".into());
+                    self.teardown();
+                    break;
+                }
             }
             if let Some(k) = kill_sent_at
                 && now.duration_since(k) > Duration::from_secs(5)
@@ -796,32 +941,20 @@ impl MicrovmSandbox {
             let wait = deadline
                 .saturating_duration_since(now)
                 .min(Duration::from_millis(100));
-            let ready = {
-                let ctrl = self.ctrl()?;
-                let mut fds = [PollFd::new(ctrl.as_fd(), PollFlags::POLLIN)];
-                match poll(&mut fds, PollTimeout::from(wait.as_millis().max(1) as u16)) {
-                    Ok(n) => n > 0,
-                    Err(nix::errno::Errno::EINTR) => false,
-                    Err(e) => return Err(sandbox_err("waiting for the guest", e)),
+            let filled = self.ctrl()?.fill(wait);
+            match filled {
+                Ok(Filled::Data) => {}
+                Ok(Filled::Nothing) => continue,
+                Ok(Filled::Eof) | Err(CallError::Closed) | Err(CallError::Io(_)) => {
+                    lost = true;
+                    self.diagnose("the agent channel closed during an exec");
+                    break;
                 }
-            };
-            if !ready {
-                continue;
+                Err(e) => return self.check_call(Err(e), "running the exec"),
             }
-            let mut buf = vec![0u8; 256 * 1024];
-            let n = match self.ctrl()?.read(&mut buf) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => 0,
-            };
-            if n == 0 {
-                lost = true;
-                self.diagnose("the agent channel closed during an exec");
-                break;
-            }
-            frames.push(&buf[..n]);
             loop {
-                let f = match frames.next_frame::<Reply>() {
+                let next = self.ctrl()?.next_frame(max_frame);
+                let f = match next {
                     Ok(Some(f)) => f,
                     Ok(None) => break,
                     Err(e) => {
@@ -952,9 +1085,7 @@ impl Sandbox for MicrovmSandbox {
             path: path.to_string(),
             mode,
         };
-        proto::write_frame(self.ctrl()?, &req, data)
-            .map_err(|e| sandbox_err("sending a file", e))?;
-        let f = self.read_reply(Duration::from_secs(60))?;
+        let f = self.call(&req, data, self.file_timeout, HEADER_ROOM, "writing a file")?;
         match f.header {
             Reply::Ok => Ok(()),
             Reply::Error { code, message } => {
@@ -973,17 +1104,21 @@ impl Sandbox for MicrovmSandbox {
             path: path.to_string(),
             max: max_bytes,
         };
-        proto::write_frame(self.ctrl()?, &req, b"")
-            .map_err(|e| sandbox_err("asking for a file", e))?;
-        let f = self.read_reply(Duration::from_secs(60))?;
+        // The reply may carry at most `max_bytes`: a longer frame is refused from its length,
+        // before its body is read, whatever the guest claims.
+        let max_frame = usize::try_from(max_bytes)
+            .unwrap_or(usize::MAX)
+            .saturating_add(HEADER_ROOM)
+            .min(proto::MAX_FRAME);
+        let f = self.call(&req, b"", self.file_timeout, max_frame, "reading a file")?;
         match f.header {
-            Reply::File { truncated: false } => {
+            Reply::File { truncated: false } if f.body.len() as u64 <= max_bytes => {
                 let (clean, found) =
                     shared_egress::scan_file(self.egress.as_ref().map(|e| &e.link), path, &f.body);
                 self.file_findings.extend(found);
                 Ok(clean)
             }
-            Reply::File { truncated: true } => Err(Error::File {
+            Reply::File { .. } => Err(Error::File {
                 path: path.to_string(),
                 reason: format!(
                     "larger than the {max_bytes}-byte limit for files out; raise it or write less"
@@ -1008,12 +1143,7 @@ impl Sandbox for MicrovmSandbox {
         // interrupted, and a pid is handed out again only after the kernel's pid counter
         // wraps (sequential allocation), so the pid cannot name another process by then.
         let pid = self.qemu_pid()?;
-        Some(std::sync::Arc::new(move || {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }))
+        Some(std::sync::Arc::new(move || qemu::kill_vm(pid)))
     }
 
     fn report(&mut self) -> cordon_core::Details {

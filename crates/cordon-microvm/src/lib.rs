@@ -15,9 +15,12 @@
 //! fresh randomness before it is handed out.
 
 mod backend;
+pub mod client;
 mod egress;
 pub mod image;
 mod qemu;
+mod seccomp;
+mod snapshots;
 mod sys;
 
 pub use backend::{Accel, MicrovmBackend, MicrovmConfig, MicrovmSandbox, probe_accel};

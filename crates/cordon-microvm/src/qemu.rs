@@ -2,9 +2,11 @@
 
 use std::ffi::CString;
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,6 +21,12 @@ use cordon_guest::proto::EGRESS_PORT_NAME;
 
 /// The name of the agent's virtio-serial port (the guest looks for it).
 pub const PORT_NAME: &str = "cordon.agent";
+/// Where QEMU sees its own directory, inside its private root.
+pub const JAIL_VM_DIR: &str = "/vm";
+/// The descriptor a restoring QEMU reads its snapshot from.
+pub const INCOMING_FD: i32 = 3;
+/// The most of QEMU's log and the guest console Cordon reads back (their last bytes).
+const LOG_TAIL: u64 = 64 << 10;
 
 /// Everything that decides the QEMU command line.
 #[derive(Debug, Clone)]
@@ -28,8 +36,9 @@ pub struct VmParams {
     pub vcpus: u32,
     pub ram_mib: u64,
     pub image: Image,
-    /// Restore from this migration file instead of booting.
-    pub incoming: Option<PathBuf>,
+    /// Restore from a snapshot instead of booting: QEMU reads it from descriptor
+    /// [`INCOMING_FD`], opened by Cordon (it never gets the snapshot's path).
+    pub incoming: bool,
     /// Connect the egress port to a socket Cordon serves (`egress.sock`); otherwise its host
     /// end is QEMU's null device. Not part of the snapshot key: the device model is the same.
     pub egress: bool,
@@ -40,7 +49,8 @@ impl VmParams {
     pub fn snapshot_key(&self, qemu_version: &str) -> String {
         let mut same_device_model = self.clone();
         same_device_model.egress = false;
-        let args = same_device_model.args(Path::new("/dir")).join(" ");
+        same_device_model.incoming = false;
+        let args = same_device_model.args().join(" ");
         let text = format!("{qemu_version} {} {args}", self.image.id);
         let digest = <sha2::Sha256 as sha2::Digest>::digest(text.as_bytes());
         hex::encode(&digest[..12])
@@ -64,9 +74,10 @@ impl VmParams {
         c
     }
 
-    /// The command line; `dir` is the VM's private run directory.
-    pub fn args(&self, dir: &Path) -> Vec<String> {
-        let d = |f: &str| dir.join(f).display().to_string();
+    /// The command line, with the paths QEMU sees inside its private root: its own
+    /// directory at [`JAIL_VM_DIR`], the image under `/img`.
+    pub fn args(&self) -> Vec<String> {
+        let d = |f: &str| format!("{JAIL_VM_DIR}/{f}");
         let (machine, accel, cpu) = match self.accel {
             // The tuned flags of the hardware path: no option ROMs, no legacy PIT/PIC/RTC
             // (KVM's in-kernel irqchip and kvmclock replace them). ACPI stays on: Debian's
@@ -108,21 +119,20 @@ impl VmParams {
             self.vcpus.to_string(),
             "-m".into(),
             format!("{}M", self.ram_mib),
+            // The console goes to QEMU's stdout: a memory file Cordon opened (and reads with a
+            // size cap), so no path in QEMU's directory is ever read back by root.
             "-chardev".into(),
-            format!("file,id=con,path={}", d("console.log")),
+            "stdio,id=con,signal=off".into(),
             "-serial".into(),
             "chardev:con".into(),
             "-kernel".into(),
-            self.image.kernel.display().to_string(),
+            "/img/kernel".into(),
             "-initrd".into(),
-            self.image.initrd.display().to_string(),
+            "/img/initrd".into(),
             "-append".into(),
             self.cmdline(),
             "-drive".into(),
-            format!(
-                "id=root,file={},format=raw,if=none,readonly=on",
-                self.image.rootfs.display()
-            ),
+            "id=root,file=/img/rootfs,format=raw,if=none,readonly=on".into(),
             "-device".into(),
             "virtio-blk-device,drive=root".into(),
             "-device".into(),
@@ -147,8 +157,8 @@ impl VmParams {
             "-qmp".into(),
             format!("unix:{},server=on,wait=off", d("qmp.sock")),
         ]);
-        if let Some(f) = &self.incoming {
-            a.extend(["-incoming".into(), format!("file:{}", f.display())]);
+        if self.incoming {
+            a.extend(["-incoming".into(), format!("fd:{INCOMING_FD}")]);
         }
         a
     }
@@ -157,8 +167,16 @@ impl VmParams {
 /// A running QEMU and its private directory.
 pub struct Vm {
     pub child: Option<Child>,
+    /// The VM's directory (QEMU's sockets); QEMU can write in it, so Cordon never follows a
+    /// link there or reads back a file from it.
     pub dir: PathBuf,
     pub pid: i32,
+    /// The uid QEMU runs as: every socket Cordon connects to in `dir` must be served by it.
+    pub uid: u32,
+    /// QEMU's stderr and the guest console: memory files Cordon created; QEMU holds only
+    /// write descriptors to them.
+    log: fs::File,
+    console: fs::File,
 }
 
 /// The unprivileged identity QEMU runs as.
@@ -169,41 +187,77 @@ pub struct RunAs {
 }
 
 impl Vm {
-    /// Starts QEMU confined, in `dir` (created, owned by the QEMU user, mode 0700), and
+    /// Starts QEMU confined, in `dir` (created fresh, owned by the QEMU user, mode 0700), and
     /// connects to the agent's port. QEMU waits for that connection before it runs the guest.
+    /// `incoming` is the snapshot to restore from (`params.incoming`), opened by Cordon.
     pub fn start(
         params: &VmParams,
         dir: &Path,
         run_as: RunAs,
         cgroup_procs: Vec<PathBuf>,
+        incoming: Option<&fs::File>,
     ) -> Result<(Vm, UnixStream, Option<UnixStream>), MicrovmError> {
-        fs::create_dir_all(dir).map_err(|e| MicrovmError::io("creating the VM directory", e))?;
-        let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
+        if let Some(parent) = dir.parent() {
+            fs::create_dir_all(parent)
+                .map_err(|e| MicrovmError::io("creating the VM run directory", e))?;
+        }
+        // A fresh directory (never one that already exists: it could be anyone's).
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| MicrovmError::io("creating the VM directory", e))?;
         nix::unistd::chown(
             dir,
             Some(nix::unistd::Uid::from_raw(run_as.uid)),
             Some(nix::unistd::Gid::from_raw(run_as.gid)),
         )
         .map_err(|e| MicrovmError::io("giving the VM directory to the QEMU user", e.into()))?;
-        let log = fs::File::create(dir.join("qemu.log"))
+        let log = sys::memory_file(c"qemu-log")
             .map_err(|e| MicrovmError::io("creating the QEMU log", e))?;
-        let mut cmd = Command::new(&params.qemu);
-        cmd.args(params.args(dir))
+        let console = sys::memory_file(c"guest-console")
+            .map_err(|e| MicrovmError::io("creating the guest console log", e))?;
+        let dup = |f: &fs::File| {
+            f.try_clone()
+                .map_err(|e| MicrovmError::io("QEMU's log descriptors", e))
+        };
+        let jail = jail_for(params, dir)?;
+        let mut cmd = Command::new("/qemu");
+        cmd.arg0(&params.qemu)
+            .args(params.args())
             .env_clear()
-            .current_dir(dir)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log));
+            .stdout(Stdio::from(dup(&console)?))
+            .stderr(Stdio::from(dup(&log)?));
         let procs = cgroup_procs
             .iter()
             .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
             .collect();
+        let incoming_fd = match (params.incoming, incoming) {
+            (true, Some(f)) => Some(f.as_raw_fd()),
+            (false, None) => None,
+            _ => {
+                return Err(MicrovmError::Qemu(
+                    "a restore needs its snapshot (internal error; report it)".into(),
+                ));
+            }
+        };
+        let groups = if params.accel == Accel::Kvm {
+            fs::metadata("/dev/kvm")
+                .map(|m| vec![m.gid()])
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         sys::confine(
             &mut cmd,
             sys::Confinement {
                 uid: run_as.uid,
                 gid: run_as.gid,
+                groups,
                 cgroup_procs: procs,
+                incoming: incoming_fd.map(|fd| (fd, INCOMING_FD)),
+                jail,
+                seccomp: crate::seccomp::filter()?,
             },
         );
         // From a process-lifetime thread: QEMU's parent-death signal must follow this
@@ -219,6 +273,9 @@ impl Vm {
             child: Some(child),
             dir: dir.to_path_buf(),
             pid,
+            uid: run_as.uid,
+            log,
+            console,
         };
         let egress = if params.egress {
             Some(vm.connect("egress.sock", "egress")?)
@@ -229,12 +286,13 @@ impl Vm {
         Ok((vm, agent, egress))
     }
 
-    /// Connects to one of QEMU's server sockets in the VM directory, waiting for it.
+    /// Connects to one of QEMU's server sockets in the VM directory, waiting for it. QEMU
+    /// could put a link to any socket there: the socket's server must be QEMU's own uid.
     fn connect(&mut self, file: &str, what: &str) -> Result<UnixStream, MicrovmError> {
         let sock = self.dir.join(file);
         let t0 = Instant::now();
         loop {
-            if let Ok(s) = UnixStream::connect(&sock) {
+            if let Ok(s) = connect_owned(&sock, self.uid) {
                 return Ok(s);
             }
             if let Some(status) = self.exited() {
@@ -260,17 +318,34 @@ impl Vm {
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
-    /// Kills QEMU and waits for it.
+    /// Kills QEMU and waits until it is gone: QEMU itself (the waiter's child, PID 1 of its
+    /// namespace) is killed first and the waiter, which reaps it, exits after it; the waiter
+    /// is killed too when QEMU cannot be found.
     pub fn kill(&mut self) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take()?;
-        let _ = c.kill();
+        let children = fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.pid))
+            .unwrap_or_default();
+        let mut killed = false;
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            killed |= nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .is_ok();
+        }
+        if !killed {
+            let _ = c.kill();
+        }
         c.wait().ok()
     }
 
     /// The last lines QEMU and the guest console printed, for error messages.
     pub fn diagnostics(&self) -> String {
-        let tail = |f: &str, n: usize| {
-            let text = fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+        let tail = |f: &fs::File, n: usize| {
+            let text = read_tail(f, LOG_TAIL);
             let lines: Vec<&str> = text
                 .lines()
                 .filter(|l| !l.trim().is_empty() && !l.contains("waiting for connection"))
@@ -279,19 +354,31 @@ impl Vm {
         };
         format!(
             "qemu: [{}] console: [{}]",
-            tail("qemu.log", 3),
-            tail("console.log", 6)
+            tail(&self.log, 3),
+            tail(&self.console, 6)
         )
     }
 
-    /// The guest console's text.
+    /// The guest console's last bytes (at most 64 KiB).
     pub fn console(&self) -> String {
-        fs::read_to_string(self.dir.join("console.log")).unwrap_or_default()
+        read_tail(&self.console, LOG_TAIL)
     }
 
     /// One QMP command, on a fresh connection.
     pub fn qmp(&self, command: &str, arguments: Value) -> Result<Value, MicrovmError> {
-        qmp(&self.dir.join("qmp.sock"), command, arguments)
+        qmp_session(
+            &self.dir.join("qmp.sock"),
+            self.uid,
+            &[(command, arguments, None)],
+        )
+    }
+
+    /// QMP commands on one connection; a command may carry a descriptor (`getfd`).
+    pub fn qmp_many(
+        &self,
+        commands: &[(&str, Value, Option<std::os::fd::RawFd>)],
+    ) -> Result<Value, MicrovmError> {
+        qmp_session(&self.dir.join("qmp.sock"), self.uid, commands)
     }
 }
 
@@ -301,43 +388,263 @@ impl Drop for Vm {
     }
 }
 
-/// Sends one QMP command and returns its `return` value.
-pub fn qmp(sock: &Path, command: &str, arguments: Value) -> Result<Value, MicrovmError> {
-    let err = |e: std::io::Error| MicrovmError::Qemu(format!("QMP {command}: {e}"));
-    let s = UnixStream::connect(sock).map_err(err)?;
+/// QEMU's private root: a tmpfs (read-only once built) holding only its own directory
+/// (`/vm`), its image files (`/img`, read-only), its binary (`/qemu`), the host's `/usr`
+/// read-only (QEMU's libraries and firmware) with the usual links to it, `/dev/null`,
+/// `/dev/urandom` (and `/dev/kvm` on the KVM path) and the loader cache. No `/proc`, no
+/// other VM's directory, no snapshot store, nothing else of the host.
+fn jail_for(params: &VmParams, dir: &Path) -> Result<sys::Jail, MicrovmError> {
+    let parent = dir
+        .parent()
+        .ok_or_else(|| MicrovmError::Qemu("the VM directory has no parent".into()))?;
+    let root = parent.join(".jail");
+    match fs::DirBuilder::new().mode(0o755).create(&root) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(MicrovmError::io("creating QEMU's root mount point", e)),
+    }
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_encoded_bytes())
+            .map_err(|_| MicrovmError::Qemu(format!("a path with a NUL byte: {}", p.display())))
+    };
+    let under = |rel: &str| c(&root.join(rel));
+    let mut dirs = vec![
+        under("usr")?,
+        under("vm")?,
+        under("img")?,
+        under("dev")?,
+        under("etc")?,
+    ];
+    let mut files = vec![
+        under("qemu")?,
+        under("img/kernel")?,
+        under("img/initrd")?,
+        under("img/rootfs")?,
+        under("dev/null")?,
+        under("dev/urandom")?,
+    ];
+    let mut links = Vec::new();
+    let mut binds = vec![
+        (c(Path::new("/usr"))?, under("usr")?, false, false),
+        (c(dir)?, under("vm")?, true, false),
+        (c(&params.image.kernel)?, under("img/kernel")?, false, false),
+        (c(&params.image.initrd)?, under("img/initrd")?, false, false),
+        (c(&params.image.rootfs)?, under("img/rootfs")?, false, false),
+        (
+            c(&private_binary(&params.qemu, parent)?)?,
+            under("qemu")?,
+            false,
+            false,
+        ),
+        (c(Path::new("/dev/null"))?, under("dev/null")?, true, true),
+        (
+            c(Path::new("/dev/urandom"))?,
+            under("dev/urandom")?,
+            true,
+            true,
+        ),
+    ];
+    for top in ["lib", "lib64", "bin", "sbin"] {
+        let host = Path::new("/").join(top);
+        match fs::read_link(&host) {
+            Ok(target) => links.push((c(&target)?, under(top)?)),
+            Err(_) if host.is_dir() => {
+                dirs.push(under(top)?);
+                binds.push((c(&host)?, under(top)?, false, false));
+            }
+            Err(_) => {}
+        }
+    }
+    if Path::new("/etc/ld.so.cache").is_file() {
+        files.push(under("etc/ld.so.cache")?);
+        binds.push((
+            c(Path::new("/etc/ld.so.cache"))?,
+            under("etc/ld.so.cache")?,
+            false,
+            false,
+        ));
+    }
+    if params.accel == Accel::Kvm {
+        files.push(under("dev/kvm")?);
+        binds.push((c(Path::new("/dev/kvm"))?, under("dev/kvm")?, true, true));
+    }
+    dirs.push(under(".old")?);
+    Ok(sys::Jail {
+        root: c(&root)?,
+        dirs,
+        files,
+        links,
+        binds,
+        old: under(".old")?,
+        workdir: CString::new(JAIL_VM_DIR).map_err(|_| MicrovmError::Qemu("bad path".into()))?,
+    })
+}
+
+/// An execute-only copy (mode 0711, root's) of QEMU's binary, made once per binary under
+/// `run_dir/.qemu-bin/`: QEMU's uid can run it but not read it, so the kernel makes the
+/// process non-dumpable at exec.
+fn private_binary(qemu: &Path, run_dir: &Path) -> Result<PathBuf, MicrovmError> {
+    let meta = fs::metadata(qemu).map_err(|e| {
+        MicrovmError::Qemu(format!(
+            "cannot find QEMU ({e}); install qemu-system-x86 (scripts/setup.sh)"
+        ))
+    })?;
+    let id = format!(
+        "{:x}-{:x}-{:x}-{:x}",
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        meta.mtime()
+    );
+    let dir = run_dir.join(".qemu-bin");
+    match fs::DirBuilder::new().mode(0o711).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(MicrovmError::io("creating QEMU's binary directory", e)),
+    }
+    let bin = dir.join(id);
+    if fs::symlink_metadata(&bin)
+        .is_ok_and(|m| m.is_file() && m.uid() == 0 && m.mode() & 0o7777 == 0o711)
+    {
+        return Ok(bin);
+    }
+    let mut suffix = [0u8; 6];
+    getrandom::fill(&mut suffix).map_err(|e| MicrovmError::Qemu(format!("no randomness: {e}")))?;
+    let tmp = dir.join(format!(".tmp-{}", hex::encode(suffix)));
+    fs::copy(qemu, &tmp).map_err(|e| MicrovmError::io("copying QEMU's binary", e))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o711))
+        .and_then(|()| fs::rename(&tmp, &bin))
+        .map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            MicrovmError::io("installing QEMU's binary copy", e)
+        })?;
+    Ok(bin)
+}
+
+/// Kills QEMU (the waiter `pid`'s child, PID 1 of its namespace) and then the waiter.
+pub fn kill_vm(pid: i32) {
+    let children =
+        fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for child in children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// The last `cap` bytes of a file Cordon holds open, as text.
+fn read_tail(f: &fs::File, cap: u64) -> String {
+    use std::os::unix::fs::FileExt;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(cap);
+    let mut buf = vec![0u8; (len - start) as usize];
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], start + got as u64) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    buf.truncate(got);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Connects to a unix socket and checks that its server runs as `uid` (a link planted in
+/// QEMU's directory cannot point Cordon at another VM's or the host's sockets).
+pub fn connect_owned(path: &Path, uid: u32) -> std::io::Result<UnixStream> {
+    let s = UnixStream::connect(path)?;
+    let cred = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(std::io::Error::from)?;
+    if cred.uid() != uid {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the socket is not served by this VM's QEMU",
+        ));
+    }
+    Ok(s)
+}
+
+/// Sends QMP commands on one connection and returns the last one's `return` value.
+pub fn qmp_session(
+    sock: &Path,
+    uid: u32,
+    commands: &[(&str, Value, Option<std::os::fd::RawFd>)],
+) -> Result<Value, MicrovmError> {
+    let name = commands.last().map(|c| c.0).unwrap_or("qmp");
+    let err = |e: std::io::Error| MicrovmError::Qemu(format!("QMP {name}: {e}"));
+    let s = connect_owned(sock, uid).map_err(err)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .map_err(err)?;
-    let mut w = s.try_clone().map_err(err)?;
-    let mut r = BufReader::new(s);
+    s.set_write_timeout(Some(Duration::from_secs(30)))
+        .map_err(err)?;
+    let w = s.try_clone().map_err(err)?;
+    // Replies are bounded: a QMP line over 1 MiB ends the session.
+    let mut r = BufReader::new(std::io::Read::take(s, 16 << 20));
     let mut line = String::new();
-    r.read_line(&mut line).map_err(err)?; // greeting
-    let mut send = |v: Value| -> Result<(), MicrovmError> {
+    let mut read_line = |line: &mut String| -> Result<usize, MicrovmError> {
+        line.clear();
+        let n = (&mut r).take(1 << 20).read_line(line).map_err(err)?;
+        Ok(n)
+    };
+    read_line(&mut line)?; // greeting
+    let send = |v: Value, fd: Option<std::os::fd::RawFd>| -> Result<(), MicrovmError> {
         let mut text = v.to_string();
         text.push('\n');
-        w.write_all(text.as_bytes()).map_err(err)
+        match fd {
+            None => (&w).write_all(text.as_bytes()).map_err(err),
+            Some(fd) => sys_send_with_fd(&w, text.as_bytes(), fd).map_err(err),
+        }
     };
-    send(json!({"execute": "qmp_capabilities"}))?;
-    send(json!({"execute": command, "arguments": arguments}))?;
-    let mut returns = 0;
-    loop {
-        line.clear();
-        if r.read_line(&mut line).map_err(err)? == 0 {
-            return Err(MicrovmError::Qemu(format!(
-                "QMP {command}: connection closed"
-            )));
-        }
-        let v: Value = serde_json::from_str(&line)
-            .map_err(|e| MicrovmError::Qemu(format!("QMP {command}: bad reply: {e}")))?;
-        if let Some(e) = v.get("error") {
-            return Err(MicrovmError::Qemu(format!("QMP {command}: {e}")));
-        }
-        if let Some(ret) = v.get("return") {
-            returns += 1;
-            if returns == 2 {
-                return Ok(ret.clone());
+    let mut all = vec![("qmp_capabilities", json!({}), None)];
+    all.extend(commands.iter().map(|(c, a, f)| (*c, a.clone(), *f)));
+    let mut last = Value::Null;
+    for (command, arguments, fd) in all {
+        send(json!({"execute": command, "arguments": arguments}), fd)?;
+        loop {
+            if read_line(&mut line)? == 0 {
+                return Err(MicrovmError::Qemu(format!(
+                    "QMP {command}: connection closed"
+                )));
+            }
+            let v: Value = serde_json::from_str(&line)
+                .map_err(|e| MicrovmError::Qemu(format!("QMP {command}: bad reply: {e}")))?;
+            if let Some(e) = v.get("error") {
+                return Err(MicrovmError::Qemu(format!("QMP {command}: {e}")));
+            }
+            if let Some(ret) = v.get("return") {
+                last = ret.clone();
+                break;
             }
         }
     }
+    Ok(last)
+}
+
+/// Writes `bytes` with `fd` attached (`SCM_RIGHTS`), as QMP's `getfd` expects.
+fn sys_send_with_fd(s: &UnixStream, bytes: &[u8], fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    let iov = [std::io::IoSlice::new(bytes)];
+    let fds = [fd];
+    let n = sendmsg::<()>(
+        s.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(std::io::Error::from)?;
+    if n < bytes.len() {
+        (&*s).write_all(&bytes[n..])?;
+    }
+    Ok(())
 }
 
 /// `qemu-system-x86_64 --version`'s first line (snapshots are keyed by it).

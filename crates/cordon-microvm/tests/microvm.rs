@@ -101,7 +101,13 @@ fn destroy_and_check(mut sb: MicrovmSandbox) {
 fn finish(env: Env) {
     let run = env.backend.config().run_dir.clone();
     let left: Vec<_> = std::fs::read_dir(&run)
-        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                // The backend's own: the private roots' mount point and QEMU's binary copy.
+                .filter(|p| !p.ends_with(".jail") && !p.ends_with(".qemu-bin"))
+                .collect()
+        })
         .unwrap_or_default();
     assert!(left.is_empty(), "left in the run directory: {left:?}");
     env.backend.clear_snapshots().unwrap();
@@ -798,4 +804,392 @@ print(json.dumps(out))"#
     );
     destroy_and_check(sb);
     finish(env);
+}
+
+// ------------------------------------------------- a hostile QEMU (the stand-in)
+
+/// A backend whose "QEMU" is the stand-in (`examples/stand-in-qemu.rs`, built by `cargo
+/// test`) under the name `qemu-<behaviour>`, started by the real launcher under the real
+/// confinement, with a fake image. Next to its `bin/` directory lies `victim`: a root-only
+/// file the stand-in points links at.
+struct StandIn {
+    backend: MicrovmBackend,
+    tmp: tempfile::TempDir,
+}
+
+const VICTIM: &str = "victim secret: Kernel panic - the host's root-only data";
+
+fn stand_in_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir.join("examples").join("stand-in-qemu");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test -p cordon-microvm` (which builds the \
+         examples) or build it with `cargo build -p cordon-microvm --example stand-in-qemu`",
+        bin.display()
+    );
+    bin
+}
+
+fn stand_in(behaviour: &str, tune: impl FnOnce(&mut MicrovmConfig)) -> Option<StandIn> {
+    if !nix::unistd::geteuid().is_root() {
+        if std::env::var("CORDON_REQUIRE_ALL").as_deref() == Ok("1") {
+            panic!("the stand-in QEMU tests need root under CORDON_REQUIRE_ALL=1");
+        }
+        eprintln!("SKIPPING stand-in QEMU test: not root");
+        return None;
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("cordon-mvs")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let root = tmp.path();
+    std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // A fake image: the stand-in never reads it.
+    let img = root.join("data/microvm");
+    std::fs::create_dir_all(&img).unwrap();
+    for f in ["vmlinuz-0", "initrd-0.cpio", "rootfs-0.ext4"] {
+        std::fs::write(img.join(f), b"not a real image").unwrap();
+    }
+    std::fs::write(
+        img.join("manifest.json"),
+        serde_json::json!({"kernel": "vmlinuz-0", "initrd": "initrd-0.cpio",
+            "rootfs": "rootfs-0.ext4", "kernel_version": "stand-in",
+            "kernel_package": "stand-in", "inputs": {}})
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::create_dir(root.join("bin")).unwrap();
+    let qemu = root.join("bin").join(format!("qemu-{behaviour}"));
+    std::fs::copy(stand_in_binary(), &qemu).unwrap();
+    let victim = root.join("victim");
+    std::fs::write(&victim, VICTIM).unwrap();
+    std::fs::set_permissions(&victim, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mut cfg = MicrovmConfig::with_data_dir(root.join("data"));
+    cfg.run_dir = root.join("run");
+    cfg.snapshot_dir = root.join("snapshots");
+    cfg.qemu = qemu;
+    cfg.accel = Some(cordon_microvm::Accel::Tcg);
+    cfg.boot_timeout = Duration::from_secs(60);
+    tune(&mut cfg);
+    Some(StandIn {
+        backend: MicrovmBackend::new(cfg),
+        tmp,
+    })
+}
+
+impl StandIn {
+    fn victim_untouched(&self) {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(self.tmp.path().join("victim")).unwrap();
+        assert_eq!(m.mode() & 0o7777, 0o600, "root changed the victim's mode");
+        assert_eq!(
+            std::fs::read_to_string(self.tmp.path().join("victim")).unwrap(),
+            VICTIM
+        );
+    }
+}
+
+fn exec_argv(sb: &mut MicrovmSandbox, argv: &[&str]) -> cordon_core::Result<ExecOutcome> {
+    let mut sink = |_: OutputStream, _: &[u8]| {};
+    sb.exec(&ExecRequest::argv(argv.iter().copied()), &mut sink)
+}
+
+#[test]
+fn a_link_planted_over_a_template_snapshot_makes_root_touch_nothing_outside() {
+    let Some(si) = stand_in("plant-symlink", |_| {}) else {
+        return;
+    };
+    let mut sb = si.backend.create_restored(&spec()).unwrap();
+    si.victim_untouched();
+    // The restored VM read what the template wrote through the channel Cordon gave it.
+    let o = exec_argv(&mut sb, &["incoming"]).unwrap();
+    assert_eq!(stdout(&o), "FROM-THE-CHANNEL", "{o:?}");
+    destroy_and_check(sb);
+    si.victim_untouched();
+}
+
+#[test]
+fn a_plain_file_planted_in_a_template_directory_is_never_restored_from() {
+    let Some(si) = stand_in("plant-file", |_| {}) else {
+        return;
+    };
+    let mut a = si.backend.create_restored(&spec()).unwrap();
+    let mut b = si.backend.create_restored(&spec()).unwrap();
+    for sb in [&mut a, &mut b] {
+        let o = exec_argv(sb, &["incoming"]).unwrap();
+        assert_eq!(stdout(&o), "FROM-THE-CHANNEL", "{o:?}");
+    }
+    // The store holds one snapshot and its digest, both root's alone.
+    use std::os::unix::fs::MetadataExt;
+    let dir = si.backend.config().snapshot_dir.clone();
+    assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(
+        names[0].ends_with(".sha256") && names[1].ends_with(".snap"),
+        "{names:?}"
+    );
+    // A snapshot whose bytes change under it is not restored from: it is remade.
+    let snap = dir.join(&names[1]);
+    std::fs::write(&snap, b"SWAPPED\n").unwrap();
+    let fresh = MicrovmBackend::new(si.backend.config().clone());
+    let mut c = fresh.create_restored(&spec()).unwrap();
+    let o = exec_argv(&mut c, &["incoming"]).unwrap();
+    assert_eq!(stdout(&o), "FROM-THE-CHANNEL", "{o:?}");
+    for sb in [a, b, c] {
+        destroy_and_check(sb);
+    }
+}
+
+#[test]
+fn a_console_log_linked_to_a_root_only_file_leaks_nothing() {
+    let Some(si) = stand_in("plain", |_| {}) else {
+        return;
+    };
+    let mut sb = si.backend.create_cold(&spec()).unwrap();
+    let o = exec_argv(&mut sb, &["console-symlink-exit"]).unwrap();
+    assert_eq!(o.termination, Termination::SandboxFailure, "{o:?}");
+    let text = format!("{o:?}");
+    assert!(!text.contains("victim secret"), "the victim leaked: {text}");
+    // QEMU's own stderr is still reported.
+    assert!(text.contains("stand-in: exiting"), "{text}");
+    destroy_and_check(sb);
+    si.victim_untouched();
+}
+
+/// Runs `f` on a thread and fails if it has not returned within `guard` (a guard against
+/// hanging forever, not a measurement).
+fn returns_within<T: Send + 'static>(guard: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(guard)
+        .expect("the call was still blocked on a guest that stopped reading")
+}
+
+#[test]
+fn a_guest_that_stops_reading_cannot_hold_a_call_past_its_deadline() {
+    let Some(si) = stand_in("plain", |c| c.file_timeout = Duration::from_secs(2)) else {
+        return;
+    };
+    // An exec whose stdin the guest never takes: the exec's own timeout ends it.
+    let mut sb = si.backend.create_cold(&spec()).unwrap();
+    let pid = sb.qemu_pid().unwrap();
+    let o = returns_within(Duration::from_secs(120), move || {
+        let mut req = ExecRequest::argv(["stop-reading"]);
+        req.stdin = Some(vec![b'x'; 32 << 20]);
+        req.timeout_ms = Some(2_000);
+        let mut sink = |_: OutputStream, _: &[u8]| {};
+        let o = sb.exec(&req, &mut sink).unwrap();
+        destroy_and_check(sb);
+        o
+    });
+    assert_eq!(o.termination, Termination::Timeout, "{o:?}");
+    assert!(!alive(pid), "QEMU survived the timeout");
+
+    // A file call to a guest that stops reading ends at the file deadline.
+    let mut sb = si.backend.create_cold(&spec()).unwrap();
+    let r = returns_within(Duration::from_secs(120), move || {
+        exec_argv(&mut sb, &["stop-reading-after"]).unwrap();
+        let r = sb.put_file("/work/big", &vec![0u8; 32 << 20], 0o644);
+        destroy_and_check(sb);
+        r
+    });
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("in time"), "{e}");
+}
+
+#[test]
+fn a_file_larger_than_the_maximum_asked_for_is_refused_on_the_host() {
+    let Some(si) = stand_in("plain", |_| {}) else {
+        return;
+    };
+    let mut sb = si.backend.create_cold(&spec()).unwrap();
+    // The stand-in answers with 48 MiB whatever the maximum.
+    let r = sb.get_file("/work/out.bin", 1 << 20);
+    let e = r.expect_err("a 48 MiB file came through a 1 MiB maximum");
+    assert!(
+        !e.to_string().contains("/tmp"),
+        "a host path in a tenant's error: {e}"
+    );
+    // The channel is stopped with the VM: nothing more is read from it.
+    assert!(matches!(
+        exec_argv(&mut sb, &["whoami"]),
+        Err(Error::Gone { .. })
+    ));
+    destroy_and_check(sb);
+
+    // Many one-byte frames are carried, each for the same small cost.
+    let mut sb = si.backend.create_cold(&spec()).unwrap();
+    let o = exec_argv(&mut sb, &["one-byte-frames", "50000"]).unwrap();
+    assert_eq!(o.stdout.len(), 50_000, "{:?}", o.termination);
+    destroy_and_check(sb);
+}
+
+fn snapshot_names(si: &StandIn) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(&si.backend.config().snapshot_dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".snap"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn snapshots_are_collected_and_a_template_boot_holds_only_its_own_key() {
+    let Some(si) = stand_in("hang-template", |c| c.snapshot_max_count = 1) else {
+        return;
+    };
+    let small = spec();
+    let mut other = spec();
+    other.limits.memory_bytes = 256 << 20;
+    // Two shapes, one kept: the older is collected; a VM restored from it runs on.
+    let mut a = si.backend.create_restored(&small).unwrap();
+    let first = snapshot_names(&si);
+    assert_eq!(first.len(), 1);
+    let b = si.backend.create_restored(&other).unwrap();
+    let second = snapshot_names(&si);
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(first, second, "the older snapshot was kept");
+    assert_eq!(
+        stdout(&exec_argv(&mut a, &["incoming"]).unwrap()),
+        "FROM-THE-CHANNEL"
+    );
+
+    // A shape whose template never reaches its agent (over 1 GiB of RAM here) does not hold
+    // up sandboxes of another shape.
+    let mut big = spec();
+    big.limits.memory_bytes = 2 << 30;
+    let backend = std::sync::Arc::new(si.backend);
+    let b2 = backend.clone();
+    let hung = std::thread::spawn(move || b2.create_restored(&big).map(|_| ()));
+    let run_dir = backend.config().run_dir.clone();
+    let template = loop {
+        let found = std::fs::read_dir(&run_dir).ok().and_then(|rd| {
+            rd.flatten().map(|e| e.path()).find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("snap-")
+                    && p.join("qmp.sock").exists()
+            })
+        });
+        if let Some(t) = found {
+            break t;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let c = backend.create_restored(&other).unwrap();
+    assert!(
+        !hung.is_finished(),
+        "the template boot ended before the other create"
+    );
+    // End the hung template (QMP quit) and see its create fail.
+    let mut q = std::os::unix::net::UnixStream::connect(template.join("qmp.sock")).unwrap();
+    use std::io::Write;
+    q.write_all(b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"quit\"}\n")
+        .unwrap();
+    assert!(hung.join().unwrap().is_err());
+    for sb in [a, b, c] {
+        destroy_and_check(sb);
+    }
+}
+
+/// QEMU's pid: the child of the waiter that stays outside its PID namespace.
+fn qemu_child(waiter: i32) -> i32 {
+    let text = std::fs::read_to_string(format!("/proc/{waiter}/task/{waiter}/children")).unwrap();
+    text.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn one_escaped_qemu_reaches_only_its_own_vm() {
+    let Some(si) = stand_in("plain", |_| {}) else {
+        return;
+    };
+    let mut a = si.backend.create_cold(&spec()).unwrap();
+    let b = si.backend.create_cold(&spec()).unwrap();
+    let (ua, ub) = (a.qemu_uid().unwrap(), b.qemu_uid().unwrap());
+    assert_ne!(ua, ub, "two VMs share a host uid");
+    assert!(ua >= 0x7ffd_0000 && ub >= 0x7ffd_0000);
+    let out = |sb: &mut MicrovmSandbox, argv: &[&str]| stdout(&exec_argv(sb, argv).unwrap());
+
+    // Its own uid, PID 1 of its own namespace, not dumpable.
+    assert_eq!(
+        out(&mut a, &["whoami"]),
+        format!("uid={ua} pid=1 dumpable=false")
+    );
+    // Its root holds its own directory, image, binary and the read-only libraries only.
+    let root = out(&mut a, &["ls", "/"]);
+    for absent in ["proc", "tmp", "root", "home", "var", "run", "sys"] {
+        assert!(
+            !root.contains(&format!("\"{absent}\"")),
+            "/{absent} visible: {root}"
+        );
+    }
+    for present in ["vm", "img", "usr", "qemu"] {
+        assert!(
+            root.contains(&format!("\"{present}\"")),
+            "/{present} missing: {root}"
+        );
+    }
+    assert_eq!(
+        out(&mut a, &["ls", "/vm"]),
+        r#"Ok(["agent.sock", "qmp.sock"])"#
+    );
+    assert!(out(&mut a, &["connect", "/vm/qmp.sock"]).contains("connected"));
+    assert!(out(&mut a, &["read", "/img/kernel"]).starts_with("Ok("));
+    // Nothing of the other VM: not its QMP socket, not its memory, not the snapshot store.
+    let b_dir = b.run_dir().unwrap();
+    let b_qemu = qemu_child(b.qemu_pid().unwrap());
+    assert!(
+        out(
+            &mut a,
+            &["connect", b_dir.join("qmp.sock").to_str().unwrap()]
+        )
+        .starts_with("Err")
+    );
+    assert!(out(&mut a, &["read", &format!("/proc/{b_qemu}/mem")]).starts_with("Err"));
+    let snaps = si.backend.config().snapshot_dir.display().to_string();
+    assert!(out(&mut a, &["ls", &snaps]).starts_with("Err"));
+    // A call outside Cordon's allow-list is refused.
+    assert_eq!(
+        out(&mut a, &["syscall", "personality"]),
+        "result=-1 errno=38"
+    );
+    assert_eq!(out(&mut a, &["syscall", "syslog"]), "result=-1 errno=38");
+
+    // On the host, as A's uid: B's directory and memory are out of reach too.
+    let probe = format!(
+        "import socket\ntry:\n  s = socket.socket(socket.AF_UNIX); s.connect({:?}); print('qmp')\n\
+         except OSError as e: print('no qmp', e.errno)\n\
+         try:\n  open('/proc/{b_qemu}/mem', 'rb').read(1); print('mem')\n\
+         except OSError as e: print('no mem', e.errno)\n",
+        b_dir.join("qmp.sock").display().to_string()
+    );
+    use std::os::unix::process::CommandExt;
+    let o = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", &probe])
+        .uid(ua)
+        .gid(ua)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("no qmp 13") && text.contains("no mem 13"),
+        "{text} {o:?}"
+    );
+    destroy_and_check(a);
+    destroy_and_check(b);
 }

@@ -646,11 +646,17 @@ impl Service {
         let tier = spec.tier;
         let labels = Metrics::tier(tier);
         if self.inner.pools.iter().any(|p| p.tier == tier) {
-            if let Some(pool) = self.inner.pools.iter().find(|p| p.spec == *spec) {
+            // Pools hold sandboxes of no owner yet: the spec matches whoever asks.
+            let mut unowned = spec.clone();
+            unowned.owner = None;
+            if let Some(pool) = self.inner.pools.iter().find(|p| p.spec == unowned) {
                 let taken = lock(&pool.ready).pop_front();
                 self.pool_gauge(tier);
                 pool.wake.notify_one();
-                if let Some(sandbox) = taken {
+                if let Some(mut sandbox) = taken {
+                    if let (Some(owner), Some(sb)) = (&spec.owner, sandbox.as_mut()) {
+                        sb.set_owner(owner);
+                    }
                     self.inner.metrics.pool_hits.get_or_create(&labels).inc();
                     self.started(tier, "pool");
                     return Ok(Acquired {

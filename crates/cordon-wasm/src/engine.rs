@@ -24,16 +24,20 @@ const KEEP_RESIDENT_TABLE: usize = 1 << 20;
 /// WebAssembly stack per exec; deeper recursion traps with "call stack exhausted".
 pub(crate) const WASM_STACK: usize = 1 << 20;
 
-/// Engine sizing: how many execs may run at once in one backend.
+/// Engine sizing: how many execs may run at once in one backend, and how many of those one
+/// owner (`SandboxSpec.owner`, the tenant) may hold, so that one tenant's sleeping execs
+/// cannot take every instance slot.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolSize {
     pub concurrent_execs: u32,
+    pub per_owner: u32,
 }
 
 impl Default for PoolSize {
     fn default() -> Self {
         PoolSize {
             concurrent_execs: 16,
+            per_owner: 8,
         }
     }
 }

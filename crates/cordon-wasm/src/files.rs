@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use cordon_core::{Error, Result, validate_sandbox_path};
 
-use crate::host::{ENTRY_COST, usage};
+use crate::host::{DiskLedger, ENTRY_COST};
 
 fn refuse(path: &str, reason: &str) -> Error {
     Error::PathRefused {
@@ -50,12 +50,20 @@ fn resolve(root: &Path, path: &str, create: bool) -> Result<PathBuf> {
     Ok(cur)
 }
 
-pub(crate) fn put(root: &Path, disk_limit: u64, path: &str, data: &[u8], mode: u32) -> Result<()> {
+pub(crate) fn put(
+    root: &Path,
+    disk_limit: u64,
+    ledger: &DiskLedger,
+    path: &str,
+    data: &[u8],
+    mode: u32,
+) -> Result<()> {
     let target = resolve(root, path, true)?;
     let existing = std::fs::symlink_metadata(&target)
         .map(|m| m.len())
         .unwrap_or(0);
-    let after = usage(root)
+    let after = ledger
+        .remeasure(root)
         .saturating_sub(existing)
         .saturating_add(data.len() as u64 + ENTRY_COST);
     if after > disk_limit {
@@ -77,6 +85,7 @@ pub(crate) fn put(root: &Path, disk_limit: u64, path: &str, data: &[u8], mode: u
             path: path.to_string(),
             reason: e.to_string(),
         })?;
+    ledger.set(after);
     f.write_all(data)
         .and_then(|_| f.set_permissions(std::fs::Permissions::from_mode(mode & 0o777)))
         .map_err(|e| Error::File {

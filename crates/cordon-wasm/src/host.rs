@@ -206,42 +206,74 @@ impl AsyncWrite for Capture {
     }
 }
 
-/// The scratch disk budget of one sandbox. Writes reserve bytes before they happen; the
-/// scratch dir is measured at the first reservation (an exec that adds nothing never walks
-/// it), and again whenever the running count says the budget is spent (overwrites and
-/// deletions give space back): a write is refused only if it still does not fit.
+/// The scratch disk budget of one sandbox. Writes reserve bytes before they happen, against
+/// a running count that lives as long as the sandbox (every exec and every file put adds to
+/// the same count). When the count says the budget is spent, the scratch dir is measured
+/// again (overwrites and deletions give space back), but a measurement is believed only if
+/// it reached every entry: a tree the walk cannot finish (nested past the host's PATH_MAX,
+/// say) never lowers the count. A write is refused if it still does not fit.
 pub(crate) struct DiskQuota {
     root: PathBuf,
     limit: u64,
-    /// Bytes in use as far as we know; `None` until the first reservation measures them.
-    used: Mutex<Option<u64>>,
+    used: Arc<DiskLedger>,
     flags: Arc<Flags>,
+}
+
+/// The bytes a sandbox's scratch dir holds as far as Cordon knows (shared by its execs).
+#[derive(Debug, Default)]
+pub(crate) struct DiskLedger {
+    used: Mutex<u64>,
+}
+
+impl DiskLedger {
+    /// Takes a fresh measurement into account; returns the bytes then counted.
+    pub fn remeasure(&self, root: &std::path::Path) -> u64 {
+        let m = usage(root);
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        *used = if m.complete {
+            m.bytes
+        } else {
+            m.bytes.max(*used)
+        };
+        *used
+    }
+
+    /// Adds `n` bytes to the count if the total stays within `limit`.
+    fn take(&self, n: u64, limit: u64) -> bool {
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        if used.saturating_add(n) <= limit {
+            *used += n;
+            return true;
+        }
+        false
+    }
+
+    /// Sets the count after a write Cordon made itself.
+    pub fn set(&self, bytes: u64) {
+        *self.used.lock().unwrap_or_else(PoisonError::into_inner) = bytes;
+    }
 }
 
 /// What every file, directory or link costs besides its bytes (one block).
 pub(crate) const ENTRY_COST: u64 = 4096;
 
 impl DiskQuota {
-    pub fn new(root: PathBuf, limit: u64, flags: Arc<Flags>) -> Self {
+    pub fn new(root: PathBuf, limit: u64, used: Arc<DiskLedger>, flags: Arc<Flags>) -> Self {
         DiskQuota {
             root,
             limit,
-            used: Mutex::new(None),
+            used,
             flags,
         }
     }
 
     /// Reserves `n` bytes; false (and the disk flag raised) when they do not fit.
     pub fn reserve(&self, n: u64) -> bool {
-        let mut guard = self.used.lock().unwrap_or_else(PoisonError::into_inner);
-        let used = guard.get_or_insert_with(|| usage(&self.root));
-        if used.saturating_add(n) <= self.limit {
-            *used += n;
+        if self.used.take(n, self.limit) {
             return true;
         }
-        *used = usage(&self.root);
-        if used.saturating_add(n) <= self.limit {
-            *used += n;
+        self.used.remeasure(&self.root);
+        if self.used.take(n, self.limit) {
             return true;
         }
         self.flags.disk_refused.store(true, Ordering::Relaxed);
@@ -249,17 +281,36 @@ impl DiskQuota {
     }
 }
 
-/// Bytes under `root`: file sizes plus one block per entry. Symlinks are not followed.
-pub(crate) fn usage(root: &std::path::Path) -> u64 {
+/// A walk of a scratch dir.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Usage {
+    /// File sizes plus one block per entry, of what the walk reached.
+    pub bytes: u64,
+    /// Whether it reached every entry.
+    pub complete: bool,
+}
+
+/// Bytes under `root`: file sizes plus one block per entry. Symlinks are not followed. A
+/// directory or entry the walk cannot read (a path past PATH_MAX, say) makes it incomplete.
+pub(crate) fn usage(root: &std::path::Path) -> Usage {
     let mut total = 0u64;
+    let mut complete = true;
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
+            complete = false;
             continue;
         };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.metadata() else { continue };
+        for entry in entries {
+            let Ok(entry) = entry else {
+                complete = false;
+                continue;
+            };
             total = total.saturating_add(ENTRY_COST);
+            let Ok(meta) = entry.metadata() else {
+                complete = false;
+                continue;
+            };
             if meta.is_dir() {
                 stack.push(entry.path());
             } else if meta.is_file() {
@@ -267,5 +318,8 @@ pub(crate) fn usage(root: &std::path::Path) -> u64 {
             }
         }
     }
-    total
+    Usage {
+        bytes: total,
+        complete,
+    }
 }

@@ -17,6 +17,7 @@
 //! and instance/table/memory counts, wasm stack, output caps and the disk quota.
 
 mod artifacts;
+mod compile;
 mod engine;
 mod error;
 mod files;
@@ -34,7 +35,6 @@ use cordon_core::{
     OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Tier, Timings, Usage,
 };
 use wasmtime::Engine;
-use wasmtime::component::Component;
 use wasmtime_wasi::p2::bindings::CommandPre;
 
 pub use artifacts::{Guest, data_dir};
@@ -68,6 +68,8 @@ impl Default for WasmConfig {
 struct EngineSet {
     engine: Engine,
     linkers: Linkers,
+    /// Users' programs: compile slot and cache by content.
+    compiler: compile::Compiler,
     python: OnceLock<std::result::Result<Program, String>>,
     javascript: OnceLock<std::result::Result<Program, String>>,
 }
@@ -79,6 +81,7 @@ impl EngineSet {
         Ok(EngineSet {
             engine,
             linkers,
+            compiler: compile::Compiler::default(),
             python: OnceLock::new(),
             javascript: OnceLock::new(),
         })
@@ -132,8 +135,9 @@ impl EngineSet {
         }
     }
 
-    /// Compiles and links a user's module or component; errors say what is wrong with it.
-    fn user_program(&self, bytes: &[u8]) -> Result<Program> {
+    /// Compiles (bounded, see [`compile`]) and links a user's module or component; errors say
+    /// what is wrong with it. `None` when the deadline passed while it compiled.
+    fn user_program(&self, bytes: &[u8], deadline: Instant) -> Result<Option<Program>> {
         let invalid = |what: &str, e: wasmtime::Error| {
             Error::Invalid(format!(
                 "{what}: {e:#}; the wasm tier runs WASI preview 1 command modules and preview 2 \
@@ -148,51 +152,123 @@ impl EngineSet {
         }
         // The version field after the magic: 1 for a core module, 0x0d + layer 1 for a
         // component.
-        if bytes[4..8] == [0x0d, 0x00, 0x01, 0x00] {
-            let c = Component::from_binary(&self.engine, bytes)
-                .map_err(|e| invalid("the component does not compile", e))?;
-            let pre = self.linkers.p2.instantiate_pre(&c).map_err(|e| {
-                invalid(
-                    "the component imports something the sandbox does not provide",
-                    e,
-                )
-            })?;
-            let cmd = CommandPre::new(pre)
-                .map_err(|e| invalid("the component does not export wasi:cli/run", e))?;
-            Ok(Program::Component(cmd))
-        } else {
-            let m = wasmtime::Module::from_binary(&self.engine, bytes)
-                .map_err(|e| invalid("the module does not compile", e))?;
-            if m.get_export("_start").is_none() {
-                return Err(Error::Invalid(
-                    "the module exports no _start function; the wasm tier runs WASI command \
-                     modules (built as executables, not libraries)"
+        let is_component = bytes[4..8] == [0x0d, 0x00, 0x01, 0x00];
+        let compiled = match self
+            .compiler
+            .compile(&self.engine, bytes, is_component, deadline)
+        {
+            Ok(c) => c,
+            Err(compile::CompileError::Timeout) => return Ok(None),
+            Err(compile::CompileError::Busy) => {
+                return Err(Error::Sandbox(
+                    "too many WebAssembly programs are waiting to be compiled on this server; \
+                     retry in a moment"
                         .into(),
                 ));
             }
-            let pre = self.linkers.p1.instantiate_pre(&m).map_err(|e| {
-                invalid(
-                    "the module imports something the sandbox does not provide",
-                    e,
-                )
-            })?;
-            Ok(Program::Module(pre))
+            Err(compile::CompileError::Invalid(e)) => {
+                let what = if is_component {
+                    "the component does not compile"
+                } else {
+                    "the module does not compile"
+                };
+                return Err(invalid(what, wasmtime::format_err!("{e}")));
+            }
+        };
+        let m = match compiled {
+            compile::Compiled::Module(m) => m,
+            compile::Compiled::Component(c) => {
+                let pre = self.linkers.p2.instantiate_pre(&c).map_err(|e| {
+                    invalid(
+                        "the component imports something the sandbox does not provide",
+                        e,
+                    )
+                })?;
+                let cmd = CommandPre::new(pre)
+                    .map_err(|e| invalid("the component does not export wasi:cli/run", e))?;
+                return Ok(Some(Program::Component(cmd)));
+            }
+        };
+        if m.get_export("_start").is_none() {
+            return Err(Error::Invalid(
+                "the module exports no _start function; the wasm tier runs WASI command \
+                 modules (built as executables, not libraries)"
+                    .into(),
+            ));
         }
+        let pre = self.linkers.p1.instantiate_pre(&m).map_err(|e| {
+            invalid(
+                "the module imports something the sandbox does not provide",
+                e,
+            )
+        })?;
+        Ok(Some(Program::Module(pre)))
     }
 }
 
 struct Inner {
     config: WasmConfig,
+    /// Execs running per owner (their share of the engine's instance slots).
+    running: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     plain: OnceLock<std::result::Result<EngineSet, String>>,
     fuel: OnceLock<std::result::Result<EngineSet, String>>,
 }
 
+/// One running exec's hold on its owner's share; released when dropped.
+struct OwnerSlot {
+    inner: Arc<Inner>,
+    owner: String,
+}
+
 impl Inner {
+    /// Takes one of `owner`'s instance slots, or says why not.
+    fn take_slot(self: &Arc<Self>, owner: &str) -> Result<OwnerSlot> {
+        let share = self
+            .config
+            .pool
+            .per_owner
+            .clamp(1, self.config.pool.concurrent_execs.max(1));
+        let mut running = self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = running.entry(owner.to_string()).or_insert(0);
+        if *n >= share {
+            return Err(Error::Sandbox(format!(
+                "this tenant already runs {share} wasm execs at once, its share of the \
+                 {} this server runs; wait for one to end, or ask the operator for a larger \
+                 share",
+                self.config.pool.concurrent_execs
+            )));
+        }
+        *n += 1;
+        Ok(OwnerSlot {
+            inner: self.clone(),
+            owner: owner.to_string(),
+        })
+    }
+
     fn engines(&self, fuel: bool) -> Result<&EngineSet> {
         let cell = if fuel { &self.fuel } else { &self.plain };
         cell.get_or_init(|| EngineSet::new(fuel, self.config.pool).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| Error::Sandbox(e.clone()))
+    }
+}
+
+impl Drop for OwnerSlot {
+    fn drop(&mut self) {
+        let mut running = self
+            .inner
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = running.get_mut(&self.owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                running.remove(&self.owner);
+            }
+        }
     }
 }
 
@@ -213,6 +289,7 @@ impl WasmBackend {
         WasmBackend {
             inner: Arc::new(Inner {
                 config,
+                running: Default::default(),
                 plain: OnceLock::new(),
                 fuel: OnceLock::new(),
             }),
@@ -308,11 +385,33 @@ impl Backend for WasmBackend {
             inner: self.inner.clone(),
             limits: spec.limits.clone(),
             env: spec.env.clone(),
+            owner: spec.owner.clone().unwrap_or_default(),
             scratch: Some(scratch),
+            disk: Arc::new(host::DiskLedger::default()),
             rt,
             start_us: started.elapsed().as_micros() as u64,
         }))
     }
+}
+
+/// The outcome of an exec whose program did not finish compiling by its deadline.
+fn compile_timeout(started: Instant, start_us: u64) -> ExecOutcome {
+    let wall = started.elapsed().as_micros() as u64;
+    let mut o = ExecOutcome::new(Tier::Wasm, cordon_core::Termination::Timeout);
+    o.warnings.push(
+        "the WebAssembly program was still compiling at the exec's timeout; it keeps compiling \
+         in the background and a retry with the same bytes uses the result, or give a longer \
+         --timeout"
+            .into(),
+    );
+    o.usage.wall_time_us = wall;
+    o.timings = Timings {
+        start_us,
+        run_us: wall,
+        destroy_us: 0,
+        program_us: 0,
+    };
+    o
 }
 
 /// One wasm sandbox: a scratch dir and its limits. Every exec gets a fresh store.
@@ -321,7 +420,11 @@ pub struct WasmSandbox {
     inner: Arc<Inner>,
     limits: Limits,
     env: std::collections::BTreeMap<String, String>,
+    /// Whose share of the instance slots its execs take.
+    owner: String,
     scratch: Option<tempfile::TempDir>,
+    /// What its scratch dir holds, counted at every write (execs and file puts).
+    disk: Arc<host::DiskLedger>,
     rt: tokio::runtime::Runtime,
     start_us: u64,
 }
@@ -339,6 +442,10 @@ impl WasmSandbox {
 }
 
 impl Sandbox for WasmSandbox {
+    fn set_owner(&mut self, owner: &str) {
+        self.owner = owner.to_string();
+    }
+
     fn id(&self) -> &SandboxId {
         &self.id
     }
@@ -356,6 +463,8 @@ impl Sandbox for WasmSandbox {
         }
         let engines = self.inner.engines(self.limits.fuel.is_some())?;
         let data_dir = &self.inner.config.data_dir;
+        let timeout =
+            std::time::Duration::from_millis(req.timeout_ms.unwrap_or(self.limits.timeout_ms));
         let (program, args) = match &req.command {
             Command::Code {
                 language: Language::Python,
@@ -391,7 +500,11 @@ impl Sandbox for WasmSandbox {
             Command::Wasm { module, args } => {
                 let mut a = vec!["main.wasm".to_string()];
                 a.extend(args.iter().cloned());
-                (engines.user_program(module)?, a)
+                // Compiling counts against the exec's own deadline.
+                match engines.user_program(module, started + timeout)? {
+                    Some(p) => (p, a),
+                    None => return Ok(compile_timeout(started, self.start_us)),
+                }
             }
         };
         let mut env: Vec<(String, String)> = vec![
@@ -402,8 +515,8 @@ impl Sandbox for WasmSandbox {
         merged.extend(req.env.clone());
         env.retain(|(k, _)| !merged.contains_key(k));
         env.extend(merged);
-        let timeout =
-            std::time::Duration::from_millis(req.timeout_ms.unwrap_or(self.limits.timeout_ms));
+        let timeout = timeout.saturating_sub(started.elapsed());
+        let _slot = self.inner.take_slot(&self.owner)?;
         let raw = run::run(
             &self.rt,
             &engines.engine,
@@ -416,6 +529,7 @@ impl Sandbox for WasmSandbox {
                 limits: &self.limits,
                 timeout,
                 fuel: self.limits.fuel,
+                disk: self.disk.clone(),
             },
         )?;
         if !raw.stdout.is_empty() {
@@ -449,7 +563,7 @@ impl Sandbox for WasmSandbox {
 
     fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
         let root = self.scratch()?.to_path_buf();
-        files::put(&root, self.limits.disk_bytes, path, data, mode)
+        files::put(&root, self.limits.disk_bytes, &self.disk, path, data, mode)
     }
 
     fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {

@@ -15,7 +15,7 @@ use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::engine::MAX_TABLE_ELEMENTS;
-use crate::host::{Capture, DiskQuota, Flags, Limiter, Stop};
+use crate::host::{Capture, DiskLedger, DiskQuota, Flags, Limiter, Stop};
 use crate::quota::{HasP1Ctx, HasQuota};
 
 /// Store state of a preview 2 component.
@@ -94,6 +94,17 @@ pub(crate) struct Params<'a> {
     pub limits: &'a Limits,
     pub timeout: Duration,
     pub fuel: Option<u64>,
+    /// The sandbox's disk count, shared by its execs and file puts.
+    pub disk: Arc<DiskLedger>,
+}
+
+/// WASI resources (open files and directories, their streams, pollables) an exec may hold
+/// at once beyond `Limits.open_files`: each open file or directory holds one host
+/// descriptor, so this bounds the host descriptors one sandbox can take.
+const RESOURCE_SLACK: u64 = 64;
+
+fn resource_cap(limits: &Limits) -> usize {
+    usize::try_from(limits.open_files.saturating_add(RESOURCE_SLACK)).unwrap_or(usize::MAX)
 }
 
 /// How one exec ended, before it is put in the core's outcome shape.
@@ -125,6 +136,7 @@ pub(crate) fn run(
     let quota = Arc::new(DiskQuota::new(
         p.scratch.to_path_buf(),
         p.limits.disk_bytes,
+        p.disk.clone(),
         flags.clone(),
     ));
     let mut b = WasiCtxBuilder::new();
@@ -154,9 +166,11 @@ pub(crate) fn run(
     let outer = p.timeout + GRACE;
     let (result, peak) = match program {
         Program::Component(pre) => {
+            let mut table = ResourceTable::new();
+            table.set_max_capacity(resource_cap(p.limits));
             let state = P2State {
                 ctx: b.build(),
-                table: ResourceTable::new(),
+                table,
                 limiter,
                 quota,
             };
@@ -174,8 +188,10 @@ pub(crate) fn run(
             (r, store.data().limiter.peak_memory)
         }
         Program::Module(pre) => {
+            let mut ctx = b.build_p1();
+            ctx.ctx().table.set_max_capacity(resource_cap(p.limits));
             let state = P1State {
-                ctx: b.build_p1(),
+                ctx,
                 limiter,
                 quota,
             };
@@ -210,7 +226,7 @@ pub(crate) fn run(
     match result {
         Err(_elapsed) => raw.termination = Termination::Timeout,
         Ok(Ok(code)) => raw.exit_code = Some(code),
-        Ok(Err(e)) => classify(&e, &mut raw),
+        Ok(Err(e)) => classify(&e, &mut raw, p.limits.open_files),
     }
     let failed = match raw.termination {
         Termination::Exited => raw.exit_code != Some(0),
@@ -264,8 +280,19 @@ fn arm<T: 'static>(
 }
 
 /// Maps an error out of the guest to a termination reason.
-fn classify(e: &wasmtime::Error, raw: &mut Raw) {
+fn classify(e: &wasmtime::Error, raw: &mut Raw, open_files: u64) {
     for cause in e.chain() {
+        if let Some(wasmtime::component::ResourceTableError::Full) =
+            cause.downcast_ref::<wasmtime::component::ResourceTableError>()
+        {
+            raw.termination = Termination::ProcessLimit;
+            raw.warnings.push(format!(
+                "the program held more open files and WASI resources at once than the \
+                 sandbox allows (--open-files {open_files}, plus {RESOURCE_SLACK}); close \
+                 files it no longer needs or raise --open-files"
+            ));
+            return;
+        }
         if let Some(exit) = cause.downcast_ref::<I32Exit>() {
             raw.termination = Termination::Exited;
             raw.exit_code = Some(exit.0);

@@ -436,6 +436,97 @@ fn scratch_disk_flood_hits_the_disk_limit() {
     );
 }
 
+/// Nests directories past the host's PATH_MAX (each opened relative to the last, so every
+/// path the guest gives is short), then writes 1 MiB files at the bottom.
+const DEEP_WRITE: &str = r#"
+import os
+fd = os.open('/work', os.O_RDONLY | os.O_DIRECTORY)
+name = 'd' * 200
+for i in range(30):
+    os.mkdir(name, dir_fd=fd)
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+chunk = b'x' * (1 << 20)
+total = 0
+try:
+    for i in range(MANY):
+        f = os.open(f'f{i}', os.O_WRONLY | os.O_CREAT, dir_fd=fd)
+        view = memoryview(chunk)
+        while view:
+            n = os.write(f, view)
+            total += n
+            view = view[n:]
+        os.close(f)
+except OSError as e:
+    print('refused', e.errno)
+print('wrote', total)
+"#;
+
+fn wrote(o: &ExecOutcome) -> u64 {
+    let text = out(o);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("wrote "))
+        .unwrap_or_else(|| panic!("{o:#?}"));
+    line[6..].trim().parse().unwrap()
+}
+
+#[test]
+fn nesting_past_path_max_does_not_walk_around_the_disk_limit() {
+    let mut s = spec();
+    s.limits.disk_bytes = 16 << 20;
+    let mut sb = backend().create(&s).unwrap();
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(Language::Python, DEEP_WRITE.replace("MANY", "64")),
+    );
+    let first = wrote(&o);
+    assert!(out(&o).contains("refused"), "{o:#?}");
+    assert!(
+        first <= 16 << 20,
+        "{first} bytes written under a 16 MiB disk"
+    );
+    // The count outlives the exec: the next exec, and a file put, find the disk full.
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(
+            Language::Python,
+            "open('/work/more', 'wb').write(b'x' * (1 << 20))",
+        ),
+    );
+    assert_eq!(o.termination, Termination::DiskLimit, "{o:#?}");
+    assert!(
+        sb.put_file("/work/more", &vec![0u8; 1 << 20], 0o644)
+            .is_err()
+    );
+    sb.destroy().unwrap();
+}
+
+#[test]
+fn open_descriptors_are_capped_per_sandbox() {
+    let mut s = spec();
+    s.limits.open_files = 64;
+    let o = run_with(
+        &s,
+        Language::Python,
+        "fs = []\ntry:\n    for i in range(5000):\n        fs.append(open(f'/work/f{i}', 'w'))\n\
+         except OSError as e:\n    print('refused', e.errno)\nprint('opened', len(fs))",
+    );
+    assert!(!out(&o).contains("opened 5000"), "{o:#?}");
+    assert_eq!(o.termination, Termination::ProcessLimit, "{o:#?}");
+    assert!(
+        o.warnings.iter().any(|w| w.contains("open files")),
+        "{:?}",
+        o.warnings
+    );
+    // Below the cap the same program runs.
+    let o = run_with(
+        &s,
+        Language::Python,
+        "fs = [open(f'/work/f{i}', 'w') for i in range(32)]\nprint('opened', len(fs))",
+    );
+    assert_eq!(out(&o).trim(), "opened 32", "{o:#?}");
+}
+
 // ---- users' own modules ----
 
 fn wasm_req(bytes: Vec<u8>, args: &[&str]) -> ExecRequest {
@@ -473,7 +564,10 @@ fn user_p2_component_runs() {
         serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     let bytes = std::fs::read(dir.join(&manifest["python"])).unwrap();
     let mut sb = backend().create(&spec()).unwrap();
-    let o = exec_in(sb.as_mut(), &wasm_req(bytes, &["-c", "print(6 * 7)"]));
+    // Compiling a user's program counts against the exec's timeout: give this big one time.
+    let mut req = wasm_req(bytes, &["-c", "print(6 * 7)"]);
+    req.timeout_ms = Some(300_000);
+    let o = exec_in(sb.as_mut(), &req);
     assert!(o.success(), "{o:#?}");
     assert_eq!(out(&o), "42\n");
 }
@@ -670,4 +764,134 @@ fn network_policies_are_refused_up_front() {
     let mut s = spec();
     s.egress.allow.push("example.com".into());
     assert!(matches!(backend().create(&s), Err(Error::Invalid(_))));
+}
+
+#[test]
+fn one_tenants_execs_cannot_take_every_instance_slot() {
+    backend(); // the guests are there
+    let b = WasmBackend::with_config(WasmConfig {
+        pool: cordon_wasm::PoolSize {
+            concurrent_execs: 4,
+            per_owner: 2,
+        },
+        ..WasmConfig::default()
+    });
+    b.warm(Guest::Python).unwrap();
+    let spec_for = |owner: &str| {
+        let mut s = spec();
+        s.owner = Some(owner.to_string());
+        s
+    };
+    // Tenant A starts as many sleeping execs as the engine has slots.
+    let sleepers: Vec<_> = (0..4)
+        .map(|_| {
+            let (b, s) = (b.clone(), spec_for("tenant-a"));
+            std::thread::spawn(move || {
+                let mut sb = b.create(&s).unwrap();
+                let mut sink = |_: cordon_core::OutputStream, _: &[u8]| {};
+                let r = sb.exec(
+                    &ExecRequest::code(Language::Python, "import time\ntime.sleep(6)"),
+                    &mut sink,
+                );
+                r.map(|o| o.termination).map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    // Give them time to start (a synchronisation wait, not a measurement).
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // Another tenant still gets a slot.
+    let o = run_on(&b, &spec_for("tenant-b"), "print('b runs')");
+    assert_eq!(out(&o), "b runs\n", "{o:#?}");
+    let results: Vec<_> = sleepers.into_iter().map(|t| t.join().unwrap()).collect();
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Err(e) if e.contains("share")))
+        .count();
+    assert_eq!(refused, 2, "{results:?}");
+}
+
+fn run_on(b: &WasmBackend, s: &SandboxSpec, src: &str) -> ExecOutcome {
+    let mut sb = b.create(s).unwrap();
+    let o = exec_in(sb.as_mut(), &ExecRequest::code(Language::Python, src));
+    sb.destroy().unwrap();
+    o
+}
+
+/// A WASI command module of `funcs` functions whose bodies hold `ops` additions each
+/// (about 8 bytes per addition), `_start` being the first: costly to compile, instant to run.
+fn heavy_module(funcs: u32, ops: u32) -> Vec<u8> {
+    fn leb(mut n: u64, out: &mut Vec<u8>) {
+        loop {
+            let b = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(b);
+                return;
+            }
+            out.push(b | 0x80);
+        }
+    }
+    fn section(id: u8, body: Vec<u8>, out: &mut Vec<u8>) {
+        out.push(id);
+        leb(body.len() as u64, out);
+        out.extend(body);
+    }
+    let mut m = b"\0asm\x01\0\0\0".to_vec();
+    section(1, vec![1, 0x60, 0, 0], &mut m); // one type: () -> ()
+    let mut f = Vec::new();
+    leb(funcs as u64, &mut f);
+    f.extend(std::iter::repeat_n(0u8, funcs as usize));
+    section(3, f, &mut m);
+    section(5, vec![1, 0, 1], &mut m); // one memory of one page (WASI wants one)
+    let mut e = vec![2];
+    e.extend([6, b'_', b's', b't', b'a', b'r', b't', 0, 0]);
+    e.extend([6, b'm', b'e', b'm', b'o', b'r', b'y', 2, 0]);
+    section(7, e, &mut m);
+    let mut body = vec![1, 2, 0x7f]; // two i32 locals
+    for _ in 0..ops {
+        // local.get 0, local.get 1, i32.add, local.set 1
+        body.extend([0x20, 0, 0x20, 1, 0x6a, 0x21, 1]);
+    }
+    body.push(0x0b);
+    let mut code = Vec::new();
+    leb(funcs as u64, &mut code);
+    for _ in 0..funcs {
+        leb(body.len() as u64, &mut code);
+        code.extend(&body);
+    }
+    section(10, code, &mut m);
+    m
+}
+
+#[test]
+fn compiling_a_user_module_is_bounded_by_the_exec_deadline_and_cached() {
+    let module = heavy_module(1500, 600); // ~6 MB
+    assert!(module.len() > 6_000_000, "{}", module.len());
+    let mut sb = backend().create(&spec()).unwrap();
+    let mut req = wasm_req(module.clone(), &[]);
+    req.timeout_ms = Some(50);
+    let o = exec_in(sb.as_mut(), &req);
+    assert_eq!(o.termination, Termination::Timeout, "{o:#?}");
+    assert!(
+        o.warnings.iter().any(|w| w.contains("compiling")),
+        "{:?}",
+        o.warnings
+    );
+    // The same bytes again, with time: the compile that went on in the background (or the
+    // cache) serves it.
+    req.timeout_ms = Some(120_000);
+    let o = exec_in(sb.as_mut(), &req);
+    assert_eq!(o.termination, Termination::Exited, "{o:#?}");
+    assert_eq!(o.exit_code, Some(0), "{o:#?}");
+    // A function too large to compile cheaply is refused before compiling.
+    let huge = heavy_module(1, 100_000);
+    let e = sb
+        .exec(
+            &wasm_req(huge, &[]),
+            &mut |_: cordon_core::OutputStream, _: &[u8]| {},
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("function body"), "{e}");
+    sb.destroy().unwrap();
 }
