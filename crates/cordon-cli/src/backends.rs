@@ -7,7 +7,7 @@ pub enum AnyBackend {
     Runtime(cordon_runtime::RuntimeBackend),
     Wasm(cordon_wasm::WasmBackend),
     Container(cordon_container::ContainerBackend),
-    Microvm(cordon_microvm::MicrovmBackend),
+    Microvm(Box<cordon_microvm::MicrovmBackend>),
     Gvisor(cordon_gvisor::GvisorBackend),
 }
 
@@ -22,8 +22,8 @@ impl AnyBackend {
             )),
             Tier::Wasm => Some(AnyBackend::Wasm(cordon_wasm::WasmBackend::new())),
             Tier::Runtime => Some(AnyBackend::Runtime(cordon_runtime::RuntimeBackend::new())),
-            Tier::Microvm => Some(AnyBackend::Microvm(cordon_microvm::MicrovmBackend::new(
-                cordon_microvm::MicrovmConfig::discover(),
+            Tier::Microvm => Some(AnyBackend::Microvm(Box::new(
+                cordon_microvm::MicrovmBackend::new(cordon_microvm::MicrovmConfig::discover()),
             ))),
             Tier::Gvisor => Some(AnyBackend::Gvisor(cordon_gvisor::GvisorBackend::new(
                 cordon_gvisor::GvisorConfig::discover(),
@@ -36,7 +36,7 @@ impl AnyBackend {
             AnyBackend::Runtime(b) => b,
             AnyBackend::Wasm(b) => b,
             AnyBackend::Container(b) => b,
-            AnyBackend::Microvm(b) => b,
+            AnyBackend::Microvm(b) => b.as_ref(),
             AnyBackend::Gvisor(b) => b,
         }
     }
