@@ -829,17 +829,6 @@ fn other_host_users_reach_nothing_of_a_sandbox() {
         &ExecRequest::code(Language::Sh, "echo secret > /work/mine; echo ok"),
     );
     assert_eq!(text(&o.stdout), "ok\n", "{o:?}");
-    {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::symlink_metadata(scratch).unwrap();
-        assert!(m.is_dir() && m.uid() == 0, "{}", scratch.display());
-        assert_eq!(m.mode() & 0o777, 0o700, "{}", scratch.display());
-        assert!(!scratch.starts_with(std::env::temp_dir()));
-        let bundle = std::fs::metadata(scratch.join(&id)).unwrap();
-        assert_eq!(bundle.mode() & 0o777, 0o700);
-        let config = std::fs::metadata(scratch.join(&id).join("config.json")).unwrap();
-        assert_eq!(config.mode() & 0o777, 0o600);
-    }
     let bundle = scratch.join(&id);
     let socket = Path::new("/run/cordon/egress")
         .join(&id)
@@ -864,6 +853,17 @@ fn other_host_users_reach_nothing_of_a_sandbox() {
         "CONNECTED",
     ] {
         assert!(!seen.contains(reached), "uid 1000: {reached}\n{seen}");
+    }
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(scratch).unwrap();
+        assert!(m.is_dir() && m.uid() == 0, "{}", scratch.display());
+        assert_eq!(m.mode() & 0o777, 0o700, "{}", scratch.display());
+        assert!(!scratch.starts_with(std::env::temp_dir()));
+        let bundle = std::fs::metadata(scratch.join(&id)).unwrap();
+        assert_eq!(bundle.mode() & 0o777, 0o700);
+        let config = std::fs::metadata(scratch.join(&id).join("config.json")).unwrap();
+        assert_eq!(config.mode() & 0o777, 0o600);
     }
     // The probe above is not vacuous: the socket is there and root reaches it.
     assert!(socket.exists());
