@@ -13,6 +13,7 @@ mod cost;
 mod doctor;
 mod image;
 mod mcp;
+mod outfile;
 mod policy;
 pub mod run;
 mod serve;

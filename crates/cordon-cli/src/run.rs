@@ -1,7 +1,7 @@
 //! `cordon run`: one execution in a fresh sandbox.
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
@@ -533,7 +533,7 @@ fn run_on(
     let mut written = Vec::new();
     for (f, (_, host)) in fetched.into_iter().zip(&outs) {
         match f.data {
-            Ok(data) => match write_atomically(host, &data) {
+            Ok(data) => match crate::outfile::write_atomically(host, &data) {
                 Ok(()) => written.push((f.path, host.display().to_string(), data.len())),
                 Err(e) => file_errors.push(format!("{} -> {}: {e:#}", f.path, host.display())),
             },
@@ -561,24 +561,6 @@ fn run_on(
         return Ok(125);
     }
     Ok(exit_code_for(&outcome))
-}
-
-fn write_atomically(dest: &Path, data: &[u8]) -> Result<()> {
-    let dir = dest
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = dest
-        .file_name()
-        .ok_or_else(|| anyhow!("{} names no file", dest.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.cordon-tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, dest).with_context(|| format!("renaming into {}", dest.display()))?;
-    Ok(())
 }
 
 fn print_summary(o: &ExecOutcome, written: &[(String, String, usize)], errors: &[String]) {

@@ -1053,3 +1053,47 @@ fn the_three_front_doors_refuse_identically() {
         );
     }
 }
+
+/// `--out` into a directory other users may write (no sticky bit) is refused, and nothing
+/// is written there; into a private one, the file lands whole with nothing else beside it.
+/// Before, the file was written under a predictable name in any directory, following a
+/// link planted at that name: a user who could write the directory had root overwrite any
+/// file with sandbox-chosen bytes.
+#[test]
+fn run_out_refuses_a_directory_others_may_write() {
+    use std::os::unix::fs::PermissionsExt;
+    if !container_tier_here("run_out_refuses_a_directory_others_may_write") {
+        return;
+    }
+    let home = temp_home();
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let dest = shared.path().join("result.txt");
+    let out = format!("/work/result.txt:{}", dest.display());
+    let args = [
+        "run",
+        "--out",
+        &out,
+        "--",
+        "sh",
+        "-c",
+        "echo sandbox > result.txt",
+    ];
+    let o = cordon(home.path(), &args);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("no sticky bit") && err.contains("chmod +t"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(shared.path()).unwrap().count(),
+        0,
+        "{err}"
+    );
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let o = cordon(home.path(), &args);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&dest).unwrap(), "sandbox\n");
+    assert_eq!(std::fs::read_dir(shared.path()).unwrap().count(), 1);
+}

@@ -31,13 +31,17 @@ use crate::seccomp::SeccompPolicy;
 pub struct ContainerConfig {
     /// The `cordon-sandbox-init` binary.
     pub init_path: PathBuf,
-    /// Host uid/gid the sandbox's root maps to (65536 ids from here are mapped).
-    pub id_base: u32,
+    /// Where each sandbox leases its own range of host ids (its root maps to the range's
+    /// first id, 65536 ids are mapped, and its user namespace is created by that id).
+    pub ids: crate::idpool::IdPool,
     /// The uid programs run as inside.
     pub sandbox_uid: u32,
     pub hostname: String,
     /// How long a sandbox may take to come up before creation fails.
     pub start_timeout: Duration,
+    /// How long the agent may take over one file call (each read or write on its socket)
+    /// before the sandbox is declared failed and torn down.
+    pub call_timeout: Duration,
 }
 
 /// Name of the init binary, looked up next to the running executable.
@@ -63,10 +67,11 @@ impl ContainerConfig {
     pub fn with_init(init_path: PathBuf) -> Self {
         ContainerConfig {
             init_path,
-            id_base: 0x7ffe_0000,
+            ids: crate::idpool::IdPool::system(),
             sandbox_uid: 1000,
             hostname: "sandbox".to_string(),
             start_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -77,7 +82,7 @@ pub struct ContainerBackend {
     seccomp: OnceLock<std::result::Result<SeccompPolicy, String>>,
     landlock: OnceLock<std::result::Result<i32, String>>,
     /// A sandbox init started ahead of the request (see [`ContainerBackend::start_init_early`]).
-    early: Mutex<Option<(Child, UnixStream)>>,
+    early: Mutex<Option<Started>>,
 }
 
 impl ContainerBackend {
@@ -304,12 +309,12 @@ impl ContainerBackend {
         setup: &InitSetup,
         weakened: &[Weakening],
         warnings: &[String],
-        early: Option<(Child, UnixStream)>,
+        early: Option<Started>,
         t0: Instant,
     ) -> Result<ContainerSandbox> {
         let limits = &spec.limits;
         let id = SandboxId::random()?;
-        let (outer, mut host) = match early {
+        let (outer, mut host, ids) = match early {
             Some(started) => started,
             None => start_init(&self.cfg)?,
         };
@@ -328,6 +333,8 @@ impl ContainerBackend {
             next_exec: 1,
             egress: None,
             file_findings: Vec::new(),
+            call_timeout: self.cfg.call_timeout,
+            ids: Some(ids),
         };
         if let Err(e) = sent {
             sb.teardown();
@@ -337,7 +344,8 @@ impl ContainerBackend {
         // cgroup should be empty for as short a time as possible before the sandbox joins
         // it (crash recovery removes sandbox cgroups that stay empty).
         if crate::egress::wanted(spec) {
-            match crate::egress::EgressLink::start(sb.id.as_str(), spec, self.cfg.id_base) {
+            let owner = sb.ids.as_ref().map_or(u32::MAX, |r| r.base());
+            match crate::egress::EgressLink::start(sb.id.as_str(), spec, owner) {
                 Ok(link) => sb.egress = Some(link),
                 Err(e) => {
                     sb.teardown();
@@ -407,6 +415,10 @@ pub struct ContainerSandbox {
     egress: Option<crate::egress::EgressLink>,
     /// Scan findings of files taken out, until reported.
     file_findings: Vec<cordon_core::Finding>,
+    /// Deadline of each read and write of a file call.
+    call_timeout: Duration,
+    /// The sandbox's host id range, held until its last process is gone.
+    ids: Option<crate::idpool::IdRange>,
 }
 
 fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -426,16 +438,24 @@ impl Drop for ContainerBackend {
     }
 }
 
-/// Stops an init started early that no create used.
-fn stop_unused_init((mut outer, host): (Child, UnixStream)) {
+/// A started sandbox init, its end of the agent socket and the host ids it was given.
+type Started = (Child, UnixStream, crate::idpool::IdRange);
+
+/// Stops an init started early that no create used; its ids go back once it is gone.
+fn stop_unused_init((mut outer, host, ids): Started) {
     drop(host);
     let _ = outer.kill();
     let _ = outer.wait();
+    drop(ids);
 }
 
-/// Starts the sandbox init with the agent socket as its stdin and sends it the id maps, so
-/// it makes the namespaces at once; it then waits for its setup.
-fn start_init(cfg: &ContainerConfig) -> Result<(Child, UnixStream)> {
+/// Leases a host id range, starts the sandbox init with the agent socket as its stdin and
+/// sends it the id maps, so it makes the namespaces at once; it then waits for its setup.
+fn start_init(cfg: &ContainerConfig) -> Result<Started> {
+    let ids = cfg
+        .ids
+        .allocate()
+        .map_err(crate::idpool::IdPoolError::into_core)?;
     let (mut host, child) =
         UnixStream::pair().map_err(|e| Error::io("creating the agent socket", e))?;
     // The agent socket is the init's stdin: no pre-exec hook is needed, so the standard
@@ -454,15 +474,15 @@ fn start_init(cfg: &ContainerConfig) -> Result<(Child, UnixStream)> {
             .into(),
     })?;
     let begin = InitBegin {
-        id_base: cfg.id_base,
-        id_count: 65536,
+        id_base: ids.base(),
+        id_count: crate::idpool::RANGE,
     };
     if let Err(e) = proto::write_frame(&mut host, &begin, b"") {
         let _ = outer.kill();
         let _ = outer.wait();
         return Err(sandbox_err("starting the sandbox init", e));
     }
-    Ok((outer, host))
+    Ok((outer, host, ids))
 }
 
 impl ContainerSandbox {
@@ -517,15 +537,42 @@ impl ContainerSandbox {
         })
     }
 
-    /// Sends one request and waits for its single reply (file operations).
+    /// Sends one request and waits for its single reply (file operations), each read and
+    /// write on the socket bounded by the call deadline. An agent that misses it (stuck, or
+    /// stopped) leaves the sandbox failed: it is torn down, and every later call says so.
     fn call(&mut self, req: &Request, body: &[u8]) -> Result<proto::Frame<Reply>> {
+        let limit = self.call_timeout;
         let ctrl = self.ctrl()?;
-        proto::write_frame(ctrl, req, body)
-            .map_err(|e| sandbox_err("talking to the sandbox", e))?;
-        match proto::read_frame::<Reply>(ctrl) {
+        let bounded = ctrl
+            .set_read_timeout(Some(limit))
+            .and_then(|_| ctrl.set_write_timeout(Some(limit)));
+        if let Err(e) = bounded {
+            return Err(Error::io("agent socket", e));
+        }
+        let reply = proto::write_frame(ctrl, req, body).and_then(|_| proto::read_frame(ctrl));
+        let _ = ctrl
+            .set_read_timeout(None)
+            .and_then(|_| ctrl.set_write_timeout(None));
+        match reply {
             Ok(f) => Ok(f),
+            Err(proto::ProtoError::Io(e))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                let secs = limit.as_secs_f64();
+                self.gone = Some(format!(
+                    "its agent did not answer a file call within {secs:.0} s"
+                ));
+                self.teardown();
+                Err(Error::Sandbox(format!(
+                    "the sandbox did not answer within {secs:.0} s and was stopped; create a new sandbox"
+                )))
+            }
             Err(e) => {
                 self.gone = Some(format!("the sandbox agent stopped ({e})"));
+                self.teardown();
                 Err(sandbox_err("the sandbox agent stopped", e))
             }
         }
@@ -625,6 +672,8 @@ impl ContainerSandbox {
         tracing::debug!("teardown: processes killed");
         // The proxy (and with it every placeholder) ends with the sandbox.
         self.egress = None;
+        // Every process of the sandbox is gone: its host ids may serve another.
+        self.ids = None;
         tracing::debug!("teardown: done");
     }
 

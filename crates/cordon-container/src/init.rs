@@ -143,7 +143,24 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS
         | libc::CLONE_NEWCGROUP;
-    match fork_into(flags) {
+    // A user namespace is owned by, and its use of per-user kernel counts (inotify,
+    // fanotify, message queue bytes, pending signals, namespaces) is charged to, the host
+    // id that creates it: that is the sandbox's own root id, not host root's. Only the
+    // effective ids change, with the capabilities kept across the change (so hosts that
+    // restrict unprivileged user namespaces still allow it), and both are restored at once.
+    let owner = begin.id_base;
+    let bits = crate::sys::securebits()?;
+    crate::sys::set_securebits(bits | crate::sys::SECBIT_NO_SETUID_FIXUP)?;
+    let (root_u, root_g) = (Uid::from_raw(0), Gid::from_raw(0));
+    setresgid(root_g, Gid::from_raw(owner), root_g)?;
+    setresuid(root_u, Uid::from_raw(owner), root_u)?;
+    let forked = fork_into(flags);
+    if !matches!(forked, Ok(Forked::Child)) {
+        setresuid(root_u, root_u, root_u)?;
+        setresgid(root_g, root_g, root_g)?;
+        crate::sys::set_securebits(bits)?;
+    }
+    match forked {
         Err(e) => {
             report(
                 &mut sock,
@@ -152,6 +169,10 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
             Ok(1)
         }
         Ok(Forked::Child) => {
+            // Before anything else: uid changes must drop capabilities again in here.
+            if crate::sys::set_securebits(bits).is_err() {
+                cordon_guest::sys::exit_now(1)
+            }
             drop(go_w);
             drop(to_child_w);
             let code = match run_child(&mut sock, go_r, to_child_r) {
@@ -271,6 +292,7 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: OwnedFd) -> Result
     // one roots it at the sandbox's own, so /proc/self/cgroup shows no host path.
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
         .map_err(ctx("entering a cgroup namespace"))?;
+    limit_user_counts()?;
     finish_root(&join)?;
     if let (Some(port), Some(_)) = (join.connect_port, &join.egress_socket) {
         crate::forwarder::spawn(port, std::path::Path::new(crate::egress::SOCKET_INSIDE))?;
@@ -303,6 +325,36 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: OwnedFd) -> Result
     let sock = sock.try_clone().map_err(|e| format!("agent socket: {e}"))?;
     let agent = Agent::new(cfg, sock).map_err(|e| format!("starting the agent: {e}"))?;
     agent.serve().map_err(|e| format!("agent: {e}"))
+}
+
+/// The sandbox's own per-user limits (`/proc/sys/user/*` of its user namespace), each
+/// below what its host id may use in total. No namespaces but the PID and mount namespace
+/// the agent makes for each exec; no fanotify.
+pub const USER_NS_LIMITS: [(&str, u64); 12] = [
+    ("max_inotify_instances", 64),
+    ("max_inotify_watches", 8192),
+    ("max_fanotify_groups", 0),
+    ("max_fanotify_marks", 0),
+    ("max_user_namespaces", 0),
+    ("max_net_namespaces", 0),
+    ("max_ipc_namespaces", 0),
+    ("max_uts_namespaces", 0),
+    ("max_cgroup_namespaces", 0),
+    ("max_time_namespaces", 0),
+    ("max_pid_namespaces", 64),
+    ("max_mnt_namespaces", 64),
+];
+
+/// Writes [`USER_NS_LIMITS`] (a kernel without an entry has nothing to limit there).
+fn limit_user_counts() -> Result<(), String> {
+    for (name, value) in USER_NS_LIMITS {
+        match fs::write(format!("/proc/sys/user/{name}"), value.to_string()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("limiting the sandbox's {name}: {e}")),
+        }
+    }
+    Ok(())
 }
 
 /// Mount flags a bind mount must keep (locked by the kernel in a user namespace).

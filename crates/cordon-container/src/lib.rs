@@ -10,6 +10,7 @@ mod backend;
 pub mod cgroup;
 pub mod egress;
 pub mod forwarder;
+pub mod idpool;
 pub mod init;
 pub mod landlock_rules;
 pub mod seccomp;

@@ -366,6 +366,23 @@ mod tests {
             ..call(libc::SYS_socket)
         };
         assert_eq!(run(deny, &raw), Some(EPERM));
+        // socketpair follows socket's family rule, narrowed to unix: any other family
+        // reaches the kernel's socket creation (and module autoload) before it can fail.
+        let pair = |family: i32| Call {
+            args: [family as u64, libc::SOCK_STREAM as u64, 0, 0, 0, 0],
+            ..call(libc::SYS_socketpair)
+        };
+        for family in [
+            libc::AF_TIPC,
+            libc::AF_NETLINK,
+            libc::AF_INET,
+            libc::AF_PACKET,
+            libc::AF_VSOCK,
+            libc::AF_UNSPEC,
+        ] {
+            assert_eq!(run(deny, &pair(family)), Some(EPERM), "family {family}");
+        }
+        assert_eq!(run(deny, &pair(libc::AF_UNIX)), Some(ALLOW));
     }
 
     #[test]

@@ -73,3 +73,26 @@ pub fn landlock_abi() -> Result<i32, String> {
     }
     Ok(r as i32)
 }
+
+/// `SECBIT_NO_SETUID_FIXUP`: changing a uid leaves the capability sets alone.
+pub const SECBIT_NO_SETUID_FIXUP: u64 = 1 << 2;
+
+/// This thread's securebits (prctl PR_GET_SECUREBITS).
+pub fn securebits() -> io::Result<u64> {
+    // SAFETY: PR_GET_SECUREBITS takes no pointer; the kernel returns the bits or -1.
+    let r = unsafe { libc::prctl(libc::PR_GET_SECUREBITS, 0, 0, 0, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as u64)
+}
+
+/// Sets this thread's securebits (prctl PR_SET_SECUREBITS; needs CAP_SETPCAP).
+pub fn set_securebits(bits: u64) -> io::Result<()> {
+    // SAFETY: PR_SET_SECUREBITS takes the bits by value; no memory is read or written.
+    let r = unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits as libc::c_ulong, 0, 0, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -98,9 +98,9 @@ fn cgroup_exists(id: &str) -> bool {
         })
 }
 
-/// The command names of the processes in a sandbox's cgroup.
-fn cgroup_comms(id: &str) -> Vec<String> {
-    let procs = ["pids", "unified"]
+/// The `cgroup.procs` file of a sandbox's cgroup.
+fn cgroup_procs(id: &str) -> Option<PathBuf> {
+    ["pids", "unified"]
         .iter()
         .map(|c| {
             PathBuf::from("/sys/fs/cgroup")
@@ -110,7 +110,11 @@ fn cgroup_comms(id: &str) -> Vec<String> {
                 .join("cgroup.procs")
         })
         .find(|p| p.exists())
-        .unwrap();
+}
+
+/// The command names of the processes in a sandbox's cgroup.
+fn cgroup_comms(id: &str) -> Vec<String> {
+    let procs = cgroup_procs(id).unwrap();
     std::fs::read_to_string(&procs)
         .unwrap()
         .lines()
@@ -1058,4 +1062,196 @@ fn empty_cgroups_are_reaped_and_live_ones_kept() {
     assert!(o.success(), "{o:?}");
     live.destroy().unwrap();
     drop(cg);
+}
+
+// ---------------------------------------------------------------- shared kernel accounting
+
+/// The pids of a sandbox's processes, from its cgroup.
+fn cgroup_pids(id: &str) -> Vec<i32> {
+    cgroup_procs(id)
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Real, effective, saved and filesystem uids of a host process (`Uid:` of its status).
+fn host_uids(pid: i32) -> Option<Vec<u32>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    Some(
+        line.split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect(),
+    )
+}
+
+/// The table of escape cases every tier runs (`cordon_testkit::escape::SHARED_KERNEL`):
+/// socketpair families, inotify and message queues held while host root makes its own, a
+/// file put onto a FIFO. On the shared kernel a refused family must be the filter's EPERM.
+#[test]
+fn escape_table_shared_kernel() {
+    let b = need_backend!();
+    cordon_testkit::escape::run_shared_kernel(b, &spec(), true);
+}
+
+/// Two live sandboxes map disjoint host id ranges (each its own lease from the pool), and
+/// every process of each runs as host ids of its own range only.
+#[test]
+fn concurrent_sandboxes_get_disjoint_host_ids() {
+    let b = need_backend!();
+    let mut sink = |_: OutputStream, _: &[u8]| {};
+    let mut a = b.create(&spec()).unwrap();
+    let mut c = b.create(&spec()).unwrap();
+    let mut base_of = |sb: &mut Box<dyn cordon_core::Sandbox>| -> u32 {
+        let o = sb
+            .exec(&ExecRequest::argv(["cat", "/proc/self/uid_map"]), &mut sink)
+            .unwrap();
+        let f: Vec<u32> = text(&o.stdout)
+            .split_whitespace()
+            .map(|v| v.parse().unwrap())
+            .collect();
+        assert_eq!((f[0], f[2]), (0, 65536), "{o:?}");
+        f[1]
+    };
+    let base_a = base_of(&mut a);
+    let base_c = base_of(&mut c);
+    assert!(
+        base_a.abs_diff(base_c) >= 65536,
+        "ranges overlap: {base_a} and {base_c}"
+    );
+    for (sb, base) in [(&a, base_a), (&c, base_c)] {
+        let pids = cgroup_pids(sb.id().as_str());
+        assert!(!pids.is_empty());
+        for pid in pids {
+            let Some(uids) = host_uids(pid) else { continue };
+            assert!(
+                uids.iter().all(|&u| (base..base + 65536).contains(&u)),
+                "process {pid} of {} runs as host uids {uids:?}, outside {base}..",
+                sb.id()
+            );
+        }
+    }
+    a.destroy().unwrap();
+    c.destroy().unwrap();
+}
+
+/// Per-user pipe accounting is the sandbox's own: one sandbox holding 64 pipes of 1 MiB
+/// (the host's whole soft limit for a user) leaves another's new pipes at full size and
+/// its F_SETPIPE_SZ allowed. Before, both mapped the same host uids: the second got 8 KiB
+/// pipes and EPERM.
+#[test]
+fn pipe_buffers_of_one_sandbox_do_not_shrink_anothers() {
+    let b = need_backend!();
+    let soft: u64 = std::fs::read_to_string("/proc/sys/fs/pipe-user-pages-soft")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        soft > 0 && soft <= 64 * 256,
+        "pipe-user-pages-soft is {soft}"
+    );
+    let mut holder = b.create(&spec()).unwrap();
+    let stop = holder.interrupter().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let hold = std::thread::spawn(move || {
+        let mut seen = String::new();
+        let mut sink = |_: OutputStream, d: &[u8]| {
+            seen.push_str(&String::from_utf8_lossy(d));
+            if seen.ends_with('\n') {
+                let _ = tx.send(seen.clone());
+            }
+        };
+        let req = ExecRequest::code(
+            Language::Python,
+            "import fcntl, os, time\nok = 0\nps = [os.pipe() for _ in range(64)]\nfor r, w in ps:\n  try:\n    fcntl.fcntl(w, 1031, 1 << 20); ok += 1\n  except OSError:\n    pass\nprint('held', ok, flush=True)\ntime.sleep(600)",
+        );
+        let _ = holder.exec(&req, &mut sink);
+        let _ = holder.destroy();
+    });
+    let held = rx.recv().unwrap();
+    let probe = py(
+        b,
+        "import fcntl, os\nr, w = os.pipe()\nprint(fcntl.fcntl(w, 1032))\ntry:\n  print(fcntl.fcntl(w, 1031, 1 << 20))\nexcept OSError as e:\n  print('refused', e.errno)",
+    );
+    stop();
+    hold.join().unwrap();
+    assert!(held.starts_with("held "), "{held}");
+    assert_eq!(
+        text(&probe.stdout),
+        "65536\n1048576\n",
+        "the holder ({held}) shrank another sandbox's pipes"
+    );
+}
+
+/// The sandbox's user namespace has its own lowered per-user limits: no namespaces but the
+/// agent's per-exec PID and mount ones, no fanotify, fewer inotify instances and watches.
+#[test]
+fn the_sandbox_namespace_limits_are_lowered() {
+    let b = need_backend!();
+    let names: Vec<&str> = cordon_container::init::USER_NS_LIMITS
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    let o = sh(b, &format!("cd /proc/sys/user && cat {}", names.join(" ")));
+    let got: Vec<u64> = text(&o.stdout)
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    let want: Vec<u64> = cordon_container::init::USER_NS_LIMITS
+        .iter()
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(got, want, "{o:?}");
+    // And they hold: a program gets 64 inotify instances, then EMFILE.
+    let o = py(
+        b,
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nfds = [libc.inotify_init1(0) for _ in range(200)]\nprint(sum(1 for f in fds if f >= 0), ctypes.get_errno())",
+    );
+    assert_eq!(text(&o.stdout), "64 24\n", "{o:?}");
+}
+
+/// An agent that stops answering a file call misses its deadline: the call fails, the
+/// sandbox is marked failed and torn down (its cgroup gone), and later calls say so. Before,
+/// the call waited for as long as the agent did.
+#[test]
+fn a_stuck_agent_misses_its_deadline_and_the_sandbox_fails() {
+    if backend().is_none() {
+        return;
+    }
+    let mut cfg = ContainerConfig::with_init(init_path());
+    cfg.call_timeout = Duration::from_secs(1);
+    let b = ContainerBackend::new(cfg);
+    let mut sb = b.create(&spec()).unwrap();
+    let id = sb.id().to_string();
+    for pid in cgroup_pids(&id) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGSTOP,
+        );
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let got = sb.get_file("/work/x", 10);
+        let later = sb.exec(
+            &ExecRequest::argv(["true"]),
+            &mut |_: OutputStream, _: &[u8]| {},
+        );
+        let destroyed = sb.destroy();
+        let _ = tx.send((got, later.map(|o| o.termination), destroyed));
+    });
+    let (got, later, destroyed) = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the file call never returned");
+    let e = got.unwrap_err().to_string();
+    assert!(
+        e.contains("did not answer") && e.contains("create a new sandbox"),
+        "{e}"
+    );
+    assert!(matches!(later, Err(Error::Gone { .. })), "{later:?}");
+    destroyed.unwrap();
+    assert!(!cgroup_exists(&id), "the failed sandbox's cgroup is left");
 }

@@ -14,23 +14,22 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, IoSliceMut, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::fcntl::OFlag;
 use nix::mount::{MsFlags, mount};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::resource::{Resource, UsageWho, getrusage, setrlimit};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-use nix::sys::stat::{Mode, fstat, mkdirat};
 use nix::sys::statvfs::statvfs;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{Gid, Pid, Uid, fchown, setgroups, setresgid, setresuid, setsid};
+use nix::unistd::{Gid, Pid, Uid, setgroups, setresgid, setresuid, setsid};
 
+use crate::files::Workspace;
 use crate::proto::{
     EgressSetup, ErrorCode, Frame, FrameBuffer, PROTOCOL_VERSION, ProcLimits, ProtoError, Reply,
     Request, StdioMode, Stream, encode,
@@ -146,7 +145,7 @@ struct ExecCgroups {
 pub struct Agent {
     cfg: AgentConfig,
     ctrl: Channel,
-    work: OwnedFd,
+    work: Workspace,
     inbuf: FrameBuffer,
     fds: VecDeque<OwnedFd>,
     running: Option<Running>,
@@ -188,12 +187,7 @@ impl Agent {
     }
 
     fn with_channel(cfg: AgentConfig, ctrl: Channel) -> io::Result<Self> {
-        let work = nix::fcntl::open(
-            &cfg.workdir,
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io::Error::from)?;
+        let work = Workspace::open(&cfg.workdir, cfg.uid, cfg.gid)?;
         Ok(Agent {
             cfg,
             ctrl,
@@ -491,11 +485,11 @@ impl Agent {
                     let _ = kill(run.reaper, Signal::SIGKILL);
                 }
             }
-            Request::PutFile { path, mode } => match self.put_file(&path, mode, &frame.body) {
+            Request::PutFile { path, mode } => match self.work.put(&path, mode, &frame.body) {
                 Ok(()) => self.send(&Reply::Ok, b"")?,
                 Err((code, msg)) => self.error(code, msg)?,
             },
-            Request::GetFile { path, max } => match self.get_file(&path, max) {
+            Request::GetFile { path, max } => match self.work.get(&path, max) {
                 Ok((data, truncated)) => self.send(&Reply::File { truncated }, &data)?,
                 Err((code, msg)) => self.error(code, msg)?,
             },
@@ -828,110 +822,6 @@ impl Agent {
         }
         Ok(())
     }
-
-    fn open_beneath(&self, rel: &str, flags: OFlag, mode: Mode) -> Result<OwnedFd, Errno> {
-        let how = OpenHow::new()
-            .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-            .mode(mode)
-            .resolve(
-                ResolveFlag::RESOLVE_BENEATH
-                    | ResolveFlag::RESOLVE_NO_SYMLINKS
-                    | ResolveFlag::RESOLVE_NO_MAGICLINKS
-                    | ResolveFlag::RESOLVE_NO_XDEV,
-            );
-        openat2(self.work.as_fd(), rel, how)
-    }
-
-    fn put_file(&self, path: &str, mode: u32, data: &[u8]) -> Result<(), (ErrorCode, String)> {
-        let rel = check_path(path)?;
-        // Create parent directories one by one, each opened without following symlinks.
-        if let Some((dirs, _)) = rel.rsplit_once('/') {
-            let mut sofar = String::new();
-            for part in dirs.split('/') {
-                if !sofar.is_empty() {
-                    sofar.push('/');
-                }
-                sofar.push_str(part);
-                match self.open_beneath(&sofar, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty())
-                {
-                    Ok(_) => {}
-                    Err(Errno::ENOENT) => {
-                        mkdirat(
-                            self.work.as_fd(),
-                            sofar.as_str(),
-                            Mode::from_bits_truncate(0o755),
-                        )
-                        .map_err(|e| refuse_errno(path, e))?;
-                        let fd = self
-                            .open_beneath(
-                                &sofar,
-                                OFlag::O_DIRECTORY | OFlag::O_RDONLY,
-                                Mode::empty(),
-                            )
-                            .map_err(|e| refuse_errno(path, e))?;
-                        let _ = fchown(
-                            &fd,
-                            Some(Uid::from_raw(self.cfg.uid)),
-                            Some(Gid::from_raw(self.cfg.gid)),
-                        );
-                    }
-                    Err(e) => return Err(refuse_errno(path, e)),
-                }
-            }
-        }
-        let fd = self
-            .open_beneath(
-                &rel,
-                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC,
-                Mode::from_bits_truncate(mode & 0o777),
-            )
-            .map_err(|e| refuse_errno(path, e))?;
-        let st = fstat(&fd).map_err(|e| refuse_errno(path, e))?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err((
-                ErrorCode::PathRefused,
-                format!("{path} is not a regular file"),
-            ));
-        }
-        let _ = fchown(
-            &fd,
-            Some(Uid::from_raw(self.cfg.uid)),
-            Some(Gid::from_raw(self.cfg.gid)),
-        );
-        let mut f = File::from(fd);
-        let _ = f.set_permissions(std::fs::Permissions::from_mode(mode & 0o777));
-        f.write_all(data).map_err(|e| {
-            let code = if e.raw_os_error() == Some(libc::ENOSPC) {
-                "no space left in /work (the sandbox's disk limit)".to_string()
-            } else {
-                e.to_string()
-            };
-            (ErrorCode::Io, format!("writing {path}: {code}"))
-        })
-    }
-
-    fn get_file(&self, path: &str, max: u64) -> Result<(Vec<u8>, bool), (ErrorCode, String)> {
-        let rel = check_path(path)?;
-        let fd = self
-            .open_beneath(&rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty())
-            .map_err(|e| refuse_errno(path, e))?;
-        let st = fstat(&fd).map_err(|e| refuse_errno(path, e))?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err((
-                ErrorCode::PathRefused,
-                format!("{path} is not a regular file"),
-            ));
-        }
-        let cap = max.min(crate::proto::MAX_FRAME as u64 - 4096);
-        let mut data = Vec::new();
-        File::from(fd)
-            .take(cap + 1)
-            .read_to_end(&mut data)
-            .map_err(|e| (ErrorCode::Io, format!("reading {path}: {e}")))?;
-        let truncated = data.len() as u64 > cap;
-        data.truncate(cap as usize);
-        Ok((data, truncated))
-    }
 }
 
 impl ExecCgroups {
@@ -989,31 +879,6 @@ impl ExecCgroups {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         (oom, pids, peak)
-    }
-}
-
-fn check_path(path: &str) -> Result<String, (ErrorCode, String)> {
-    cordon_core::validate_sandbox_path(path).map_err(|e| (ErrorCode::PathRefused, e.to_string()))
-}
-
-fn refuse_errno(path: &str, e: Errno) -> (ErrorCode, String) {
-    match e {
-        Errno::ELOOP | Errno::EXDEV => (
-            ErrorCode::PathRefused,
-            format!(
-                "refused path {path:?}: it is or passes through a symlink or another filesystem"
-            ),
-        ),
-        Errno::ENOENT => (ErrorCode::NotFound, format!("{path} does not exist")),
-        Errno::ENOTDIR => (
-            ErrorCode::PathRefused,
-            format!("{path}: a parent is not a directory"),
-        ),
-        Errno::ENOSPC => (
-            ErrorCode::Io,
-            format!("{path}: no space left in /work (the sandbox's disk limit)"),
-        ),
-        e => (ErrorCode::Io, format!("{path}: {e}")),
     }
 }
 

@@ -26,7 +26,7 @@ mod workspace;
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Proc, Stdio};
 use std::sync::OnceLock;
@@ -67,16 +67,26 @@ const NPROC_GRACE: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone)]
 pub struct GvisorConfig {
     pub runsc: PathBuf,
-    /// runsc's `--root` (container state).
+    /// runsc's `--root` (container state); root's alone (0700).
     pub state_root: PathBuf,
-    /// Bundles (root skeleton, config.json, the /work mount) go here.
+    /// Bundles (root skeleton, config.json, the /work mount) go here: a directory of root's
+    /// alone (0700, refused when another user made it), under Cordon's data dir.
     pub scratch_root: PathBuf,
     /// `ptrace`: the only platform that works with Debian's 2022 runsc on this kind of host.
     pub platform: String,
     /// The `cordon-gvisor-forward` binary (needed only for egress).
     pub forwarder: PathBuf,
-    /// The uid (and gid) programs run as inside.
-    pub sandbox_uid: u32,
+    /// Where each sandbox leases its host id (the container tier's pool): programs run as
+    /// that uid and gid, which no login user has and no other live sandbox shares. gVisor
+    /// does not remap ids, so it owns the sandbox's `/work` and egress socket on the host.
+    pub ids: cordon_container::idpool::IdPool,
+}
+
+/// Cordon's data dir: `$CORDON_HOME`, else `/var/lib/cordon` (this tier runs as root).
+fn data_dir() -> PathBuf {
+    std::env::var_os("CORDON_HOME")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("/var/lib/cordon"), PathBuf::from)
 }
 
 impl GvisorConfig {
@@ -106,10 +116,10 @@ impl GvisorConfig {
         GvisorConfig {
             runsc,
             state_root: PathBuf::from("/run/cordon-gvisor"),
-            scratch_root: std::env::temp_dir().join("cordon-gvisor"),
+            scratch_root: data_dir().join("scratch").join("gvisor"),
             platform: "ptrace".to_string(),
             forwarder,
-            sandbox_uid: 1000,
+            ids: cordon_container::idpool::IdPool::system(),
         }
     }
 }
@@ -294,17 +304,37 @@ impl Backend for GvisorBackend {
                 });
             }
         };
+        // Bundles and runsc's state are root's alone: a directory another user made first
+        // (to swap a bundle before runsc reads it) is refused, not adopted.
+        for dir in [&self.config.scratch_root, &self.config.state_root] {
+            cordon_container::idpool::private_dir(dir).map_err(|detail| {
+                tracing::error!("gvisor: {detail}");
+                Error::Unavailable {
+                    tier: Tier::Gvisor,
+                    reason:
+                        "a gvisor state directory is not root's alone (the operator's log names it)"
+                            .into(),
+                    fix: "remove that directory; Cordon makes it again, root's alone (0700)".into(),
+                }
+            })?;
+        }
         self.reap_orphans();
+        let ids = self
+            .config
+            .ids
+            .allocate()
+            .map_err(cordon_container::idpool::IdPoolError::into_core)?;
         let id = SandboxId::random()?;
-        let scratch = &self.config.scratch_root;
-        std::fs::create_dir_all(scratch)
-            .and_then(|_| std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o711)))
-            .map_err(|e| Error::io(format!("creating {}", scratch.display()), e))?;
-        let bundle = scratch.join(id.as_str());
-        std::fs::create_dir(&bundle)
-            .map_err(|e| Error::io(format!("creating {}", bundle.display()), e))?;
+        let bundle = self.config.scratch_root.join(id.as_str());
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&bundle)
+            .map_err(|e| Error::io(format!("creating the bundle of {id}"), e))?;
         let mut sb = GvisorSandbox {
             id,
+            uid: ids.base(),
+            ids: Some(ids),
+            workspace: None,
             config: self.config.clone(),
             spec: spec.clone(),
             work: bundle.join("work"),
@@ -329,6 +359,12 @@ impl Backend for GvisorBackend {
 
 pub struct GvisorSandbox {
     id: SandboxId,
+    /// The host uid and gid programs run as (the first id of the leased range).
+    uid: u32,
+    /// The sandbox's lease on `uid`, given back once its last process is gone.
+    ids: Option<cordon_container::idpool::IdRange>,
+    /// `/work`, held open: file calls are opened beneath it.
+    workspace: Option<cordon_guest::files::Workspace>,
     config: GvisorConfig,
     spec: SandboxSpec,
     bundle: PathBuf,
@@ -399,7 +435,8 @@ impl GvisorSandbox {
     /// Lays out the bundle: owner record, root skeleton, /etc, the /work tmpfs, egress.
     fn build(&mut self, egress: bool) -> Result<()> {
         let bundle = self.bundle.clone();
-        let io = |what: &str, e| Error::io(format!("{what} in {}", bundle.display()), e);
+        let sid = self.id.to_string();
+        let io = |what: &str, e| Error::io(format!("{what} in the bundle of {sid}"), e);
         // First, so that a Cordon killed from here on leaves something the sweep can judge.
         std::fs::write(bundle.join(reap::OWNER_FILE), reap::owner_record())
             .map_err(|e| io("writing the owner record", e))?;
@@ -424,24 +461,25 @@ impl GvisorSandbox {
         ] {
             std::os::unix::fs::symlink(to, rootfs.join(link)).map_err(|e| io("linking", e))?;
         }
-        for (name, content) in etc_files(self.config.sandbox_uid) {
+        for (name, content) in etc_files(self.uid) {
             std::fs::write(rootfs.join("etc").join(name), content)
                 .map_err(|e| io("writing /etc", e))?;
         }
         std::fs::create_dir_all(&self.work).map_err(|e| io("creating /work", e))?;
-        workspace::mount(
-            &self.work,
-            self.spec.limits.disk_bytes,
-            self.config.sandbox_uid,
-        )
-        .map_err(|e| Error::LayerUnavailable {
-            layer: "workspace".into(),
-            reason: e.to_string(),
+        workspace::mount(&self.work, self.spec.limits.disk_bytes, self.uid).map_err(|e| {
+            Error::LayerUnavailable {
+                layer: "workspace".into(),
+                reason: e.to_string(),
+            }
         })?;
+        self.workspace = Some(
+            cordon_guest::files::Workspace::open(&self.work, self.uid, self.uid)
+                .map_err(|e| io("opening /work", e))?,
+        );
         if egress {
             // gVisor checks the sandbox user's permission on the socket itself (uids are
             // not remapped), so the socket and its 0700 directory belong to that uid.
-            let link = EgressLink::start(self.id.as_str(), &self.spec, self.config.sandbox_uid)?;
+            let link = EgressLink::start(self.id.as_str(), &self.spec, self.uid)?;
             std::fs::write(
                 bundle.join(reap::EGRESS_FILE),
                 link.socket().display().to_string(),
@@ -533,7 +571,7 @@ impl GvisorSandbox {
         if let Some(cg) = cgroup {
             linux["cgroupsPath"] = serde_json::json!(cg.oci_path());
         }
-        let uid = self.config.sandbox_uid;
+        let uid = self.uid;
         Ok(serde_json::json!({
             "ociVersion": "1.0.2",
             "process": {
@@ -557,21 +595,31 @@ impl GvisorSandbox {
         }))
     }
 
-    fn host_path(&self, path: &str) -> Result<PathBuf> {
-        let clean = validate_sandbox_path(path)?;
-        let rel = clean.trim_start_matches("/work").trim_start_matches('/');
-        let mut p = self.work.clone();
-        for part in Path::new(rel).components() {
-            p.push(part);
-            if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
-                return Err(Error::PathRefused {
-                    path: path.into(),
-                    reason: "a symlink".into(),
-                });
-            }
+    /// `/work`, held open since the sandbox was built.
+    fn workspace(&self) -> Result<&cordon_guest::files::Workspace> {
+        match (&self.workspace, self.destroyed) {
+            (Some(w), false) => Ok(w),
+            _ => Err(Error::Gone {
+                id: self.id.as_str().into(),
+                reason: "destroyed".into(),
+            }),
         }
-        Ok(p)
     }
+}
+
+/// Writes a file only root can read (config.json carries the environment and placeholders).
+fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(data)
 }
 
 fn pump(
@@ -657,7 +705,7 @@ impl Sandbox for GvisorSandbox {
             None => None,
         };
         let cfg = self.config_json(req, cgroup.as_ref())?;
-        std::fs::write(self.bundle.join("config.json"), cfg.to_string())
+        write_private(&self.bundle.join("config.json"), cfg.to_string().as_bytes())
             .map_err(|e| Error::io("writing config.json", e))?;
         let watch = NprocWatch::start(&self.bundle.join(format!("sentry-{}.log", self.execs)))
             .map_err(|e| Error::Sandbox(e.to_string()))?;
@@ -813,33 +861,19 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
-        let p = self.host_path(path)?;
-        let ferr = |e: std::io::Error| Error::File {
-            path: path.into(),
-            reason: e.to_string(),
-        };
-        if let Some(d) = p.parent() {
-            std::fs::create_dir_all(d).map_err(ferr)?;
-        }
-        std::fs::write(&p, data).map_err(ferr)?;
-        let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode & 0o777));
-        let uid = self.config.sandbox_uid;
-        nix::unistd::chown(&p, Some(uid.into()), Some(uid.into())).map_err(|e| Error::File {
-            path: path.into(),
-            reason: e.to_string(),
-        })
+        validate_sandbox_path(path)?;
+        self.workspace()?
+            .put(path, mode, data)
+            .map_err(|(code, message)| cordon_guest::host::file_error(path, code, message))
     }
 
     fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
-        let p = self.host_path(path)?;
-        let ferr = |e: std::io::Error| Error::File {
-            path: path.into(),
-            reason: e.to_string(),
-        };
-        let f = std::fs::File::open(&p).map_err(ferr)?;
-        let mut data = Vec::new();
-        f.take(max_bytes + 1).read_to_end(&mut data).map_err(ferr)?;
-        if data.len() as u64 > max_bytes {
+        validate_sandbox_path(path)?;
+        let (data, truncated) = self
+            .workspace()?
+            .get(path, max_bytes)
+            .map_err(|(code, message)| cordon_guest::host::file_error(path, code, message))?;
+        if truncated {
             return Err(Error::File {
                 path: path.into(),
                 reason: format!(
@@ -867,9 +901,13 @@ impl Sandbox for GvisorSandbox {
         self.destroyed = true;
         // The proxy (and every placeholder with it) ends with the sandbox.
         self.egress = None;
+        self.workspace = None;
         workspace::unmount(&self.work);
-        std::fs::remove_dir_all(&self.bundle)
-            .map_err(|e| Error::io(format!("removing {}", self.bundle.display()), e))
+        let removed = std::fs::remove_dir_all(&self.bundle)
+            .map_err(|e| Error::io(format!("removing the bundle of {}", self.id), e));
+        // Each exec's runsc has been waited for: nothing runs as the sandbox's id.
+        self.ids = None;
+        removed
     }
 }
 

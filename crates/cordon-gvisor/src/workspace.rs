@@ -1,5 +1,6 @@
 //! The sandbox's `/work`: a size-limited tmpfs mounted on the host in the bundle, owned by
-//! the sandbox user, and bound into the sandbox by runsc. Filling it is `ENOSPC` inside and
+//! the sandbox user and closed to every other host user (0700), and bound into the sandbox
+//! by runsc. Filling it is `ENOSPC` inside and
 //! the disk-limit reason outside; it vanishes with the sandbox.
 
 use std::path::Path;
@@ -8,9 +9,9 @@ use nix::mount::{MntFlags, MsFlags};
 
 use crate::GvisorError;
 
-/// Mounts a tmpfs of `bytes` on `dir`, owned by `uid`.
+/// Mounts a tmpfs of `bytes` on `dir`, owned by `uid` and open to it alone.
 pub fn mount(dir: &Path, bytes: u64, uid: u32) -> Result<(), GvisorError> {
-    let opts = format!("size={bytes},mode=0755,uid={uid},gid={uid}");
+    let opts = format!("size={bytes},mode=0700,uid={uid},gid={uid}");
     nix::mount::mount(
         Some("cordon-work"),
         dir,

@@ -2,7 +2,7 @@
 
 use std::net::TcpListener;
 
-use cordon_core::{Backend, ExecRequest, Language, SandboxSpec};
+use cordon_core::{Backend, ExecRequest, Language, OutputStream, SandboxSpec};
 
 use crate::{run_once, text};
 
@@ -155,4 +155,230 @@ pub fn env_canary_parent(child_test: &str) {
         all.contains("CANARY-CHECK-RAN"),
         "child did not run the check: {all}"
     );
+}
+
+// ------------------------------------------------------------- shared-kernel table
+
+/// What a case may expect of the tier's wall.
+#[derive(Debug, Clone, Copy)]
+pub struct Wall {
+    /// The sandbox's system calls reach the host's kernel (the container tier): a refusal
+    /// must come from its filter (EPERM) before the kernel's code runs at all.
+    pub shares_host_kernel: bool,
+}
+
+/// One case of the escape battery that every tier able to run it runs alike.
+pub type Case = (&'static str, fn(&dyn Backend, &SandboxSpec, Wall));
+
+/// Cases about what one sandbox can do to the kernel everyone shares: counts charged to
+/// other users, socket families reached through another call, a file call that blocks.
+pub const SHARED_KERNEL: [Case; 3] = [
+    (
+        "socketpair in families other than unix is refused",
+        socketpair_families_refused,
+    ),
+    (
+        "inotify and message queues held by a sandbox leave host root its own",
+        kernel_counts_stay_inside,
+    ),
+    (
+        "a file put onto a FIFO the sandbox made fails at once",
+        fifo_put_fails_promptly,
+    ),
+];
+
+/// Runs every case of `table`, each to its end, and fails naming the cases that failed.
+pub fn run_table(table: &[Case], b: &dyn Backend, spec: &SandboxSpec, wall: Wall) {
+    let mut failed = Vec::new();
+    for (name, case) in table {
+        eprintln!("escape case: {name}");
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(b, spec, wall)));
+        if ran.is_err() {
+            failed.push(*name);
+        }
+    }
+    assert!(failed.is_empty(), "escape cases failed: {failed:?}");
+}
+
+/// Runs the [`SHARED_KERNEL`] table on a tier (see [`Wall`]).
+pub fn run_shared_kernel(b: &dyn Backend, spec: &SandboxSpec, shares_host_kernel: bool) {
+    run_table(&SHARED_KERNEL, b, spec, Wall { shares_host_kernel });
+}
+
+/// `socketpair()` opens nothing but unix pairs: a family the kernel lacks a pair for still
+/// runs its socket creation (module autoload included) before failing, so on a tier that
+/// shares the host kernel each one must be refused by the filter, with EPERM.
+pub fn socketpair_families_refused(b: &dyn Backend, spec: &SandboxSpec, wall: Wall) {
+    let probe = r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+fds = (ctypes.c_int * 2)()
+cases = [('tipc', 30, 1), ('tipc-seq', 30, 5), ('netlink', 16, 2), ('inet', 2, 1),
+         ('inet6', 10, 2), ('packet', 17, 2), ('vsock', 40, 1), ('alg', 38, 5),
+         ('unspec', 0, 1), ('unix', 1, 1)]
+for name, fam, typ in cases:
+    r = libc.socketpair(fam, typ, 0, fds)
+    print(name, 'OPENED' if r == 0 else ctypes.get_errno())
+"#;
+    let o = run_once(b, spec, &ExecRequest::code(Language::Python, probe));
+    let out = text(&o.stdout);
+    let lines: Vec<(&str, &str)> = out.lines().filter_map(|l| l.split_once(' ')).collect();
+    assert_eq!(lines.len(), 10, "{out} {}", text(&o.stderr));
+    for (name, result) in lines {
+        if name == "unix" {
+            assert_eq!(result, "OPENED", "a unix pair must work: {out}");
+        } else if wall.shares_host_kernel {
+            assert_eq!(
+                result, "1",
+                "socketpair({name}) was not refused by the filter: {out}"
+            );
+        } else {
+            assert_ne!(result, "OPENED", "socketpair({name}) opened: {out}");
+        }
+    }
+}
+
+/// Python that opens inotify instances and message queues until refused, prints `held`
+/// with what it got, and sleeps holding them.
+const HOLD_KERNEL_COUNTS: &str = r#"
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+n, err = 0, 0
+while n < 4096:
+    if libc.inotify_init1(0o2000000) < 0:
+        err = ctypes.get_errno(); break
+    n += 1
+class Attr(ctypes.Structure):
+    _fields_ = [('flags', ctypes.c_long), ('maxmsg', ctypes.c_long),
+                ('msgsize', ctypes.c_long), ('curmsgs', ctypes.c_long), ('pad', ctypes.c_long * 4)]
+q = 0
+try:
+    libc.mq_open.restype = ctypes.c_int
+    for size, count in ((8192, 10), (1024, 10), (128, 10), (1, 1)):
+        for i in range(300):
+            a = Attr(0, count, size, 0)
+            name = ('/cordon-q%d-%d' % (size, i)).encode()
+            if libc.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(a)) < 0:
+                break
+            q += 1
+except AttributeError:
+    pass
+print('held', n, err, q, flush=True)
+time.sleep(600)
+"#;
+
+/// A sandbox that holds as many inotify instances and message queue bytes as it can get
+/// leaves host root able to make its own: the sandbox's use is charged to its own host
+/// ids, not to root's (whose namespace it used to be). Checked by this test process (root)
+/// while the sandbox holds them. (In the container tier Landlock already refuses
+/// `mq_open` with EACCES, so there the queue half holds nothing; the inotify half is the
+/// one that failed before.)
+pub fn kernel_counts_stay_inside(b: &dyn Backend, spec: &SandboxSpec, _wall: Wall) {
+    use nix::mqueue::{MQ_OFlag, MqAttr, mq_close, mq_open, mq_unlink};
+    let mut sb = b.create(spec).unwrap();
+    let stop = sb.interrupter();
+    let mut req = ExecRequest::code(Language::Python, HOLD_KERNEL_COUNTS);
+    // Tiers that cannot interrupt a running exec end this one by its timeout.
+    req.timeout_ms = Some(15_000);
+    let mut seen = String::new();
+    let mut host: Option<(Result<(), String>, Result<(), String>)> = None;
+    let mut sink = |s: OutputStream, d: &[u8]| {
+        if s != OutputStream::Stdout || host.is_some() {
+            return;
+        }
+        seen.push_str(&String::from_utf8_lossy(d));
+        if !(seen.contains("held") && seen.ends_with('\n')) {
+            return;
+        }
+        let inotify = nix::sys::inotify::Inotify::init(nix::sys::inotify::InitFlags::IN_CLOEXEC)
+            .map(drop)
+            .map_err(|e| format!("inotify_init: {e}"));
+        let name =
+            std::ffi::CString::new(format!("/cordon-host-probe-{}", std::process::id())).unwrap();
+        let attr = MqAttr::new(0, 1, 1, 0);
+        let mq = mq_open(
+            name.as_c_str(),
+            MQ_OFlag::O_CREAT | MQ_OFlag::O_EXCL | MQ_OFlag::O_RDWR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            Some(&attr),
+        )
+        .map(|q| {
+            let _ = mq_close(q);
+            let _ = mq_unlink(name.as_c_str());
+        })
+        .map_err(|e| format!("mq_open: {e}"));
+        host = Some((inotify, mq));
+        if let Some(stop) = &stop {
+            stop();
+        }
+    };
+    let ran = sb.exec(&req, &mut sink);
+    let _ = sb.destroy();
+    let Some((inotify, mq)) = host else {
+        panic!("the probe never held anything: {seen} {ran:?}");
+    };
+    let held: Vec<u64> = seen
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        held.first().is_some_and(|&n| n > 0),
+        "the sandbox got no inotify instance: {seen}"
+    );
+    assert_eq!(
+        inotify,
+        Ok(()),
+        "host root's inotify ran out: sandbox {seen}"
+    );
+    assert_eq!(
+        mq,
+        Ok(()),
+        "host root's message queue bytes ran out: sandbox {seen}"
+    );
+}
+
+/// A FIFO made in `/work` by the program, then written and read through the file calls:
+/// each returns at once and the sandbox still runs programs after. Where the FIFO is a
+/// file of the host's kernel (the container tier) both calls are refused: the agent opens
+/// without blocking and takes only regular files. Where it lives in the sandbox's own
+/// kernel (gVisor's sentry keeps FIFOs to itself) the host sees no FIFO and the put
+/// writes a regular file. Before, the write blocked the agent in `open()` for as long as
+/// nobody read the FIFO, so the call never returned.
+pub fn fifo_put_fails_promptly(b: &dyn Backend, spec: &SandboxSpec, wall: Wall) {
+    let mut sb = b.create(spec).unwrap();
+    let o = sb
+        .exec(
+            &ExecRequest::code(Language::Sh, "mkfifo /work/fifo && echo made"),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    assert_eq!(text(&o.stdout), "made\n", "{o:?}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // On its own thread: a blocked call must fail this test, not hang it.
+    std::thread::spawn(move || {
+        let put = sb.put_file("/work/fifo", b"x", 0o644);
+        let get = sb.get_file("/work/fifo", 100);
+        let after = sb
+            .exec(
+                &ExecRequest::argv(["echo", "still-here"]),
+                &mut |_: OutputStream, _: &[u8]| {},
+            )
+            .map(|o| text(&o.stdout));
+        let _ = sb.destroy();
+        let _ = tx.send((put, get, after));
+    });
+    let (put, get, after) = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("a file call onto a FIFO never returned");
+    fn refused<T>(r: &cordon_core::Result<T>) -> bool {
+        matches!(r, Err(cordon_core::Error::PathRefused { reason, .. }) if reason.contains("not a regular file"))
+    }
+    if wall.shares_host_kernel || put.is_err() {
+        assert!(refused(&put), "{put:?}");
+        assert!(refused(&get), "{get:?}");
+    } else {
+        assert_eq!(get.as_deref().ok(), Some(&b"x"[..]), "{get:?}");
+    }
+    assert_eq!(after.unwrap(), "still-here\n");
 }

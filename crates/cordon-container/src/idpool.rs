@@ -1,0 +1,337 @@
+//! Host id ranges for sandboxes, one per live sandbox (like `/etc/subuid`, but leased).
+//!
+//! The kernel keeps per-user counts keyed by host uid (pipe buffers, inotify instances and
+//! watches, message queue bytes, pending signals) and charges a user namespace's use to the
+//! host id that created it. Sandboxes that all mapped the same host ids shared every such
+//! count, with each other and (their namespaces being root's) with host root. Each sandbox
+//! therefore gets its own range of [`RANGE`] host ids, which its namespace is created from.
+//!
+//! A range is leased by holding an exclusive `flock` on its slot file in a root-owned 0700
+//! directory: free again when the holder drops it (after the sandbox's last process is
+//! gone) or dies (the kernel drops the locks of a killed process), so a crash needs no
+//! sweep. Ranges overlapping an id of `/etc/passwd`, `/etc/group`, `/etc/subuid` or
+//! `/etc/subgid` are never leased.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::Mode;
+
+/// Ids in one sandbox's range.
+pub const RANGE: u32 = 65536;
+/// The first host id of the system pool.
+pub const FIRST: u32 = 0x4000_0000;
+/// Ranges in the system pool: from [`FIRST`] up to 0x7f00_0000, below the microvm tier's
+/// QEMU id (0x7ffd_0000) and the single range sandboxes shared before (0x7ffe_0000).
+pub const SLOTS: u32 = 16128;
+
+/// Errors of the pool; messages name what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum IdPoolError {
+    #[error("{0}")]
+    Dir(String),
+    #[error(
+        "no free host id range: all {0} are leased to live sandboxes; destroy some sandboxes and try again"
+    )]
+    Exhausted(u32),
+    #[error(
+        "leasing a host id range in {dir}: {err}; check that the directory is writable by root"
+    )]
+    Lock { dir: String, err: nix::errno::Errno },
+}
+
+impl IdPoolError {
+    /// The error a tenant may see: the host paths go to the operator's log only.
+    pub fn into_core(self) -> cordon_core::Error {
+        match self {
+            IdPoolError::Exhausted(_) => cordon_core::Error::Sandbox(self.to_string()),
+            other => {
+                tracing::error!("host id pool: {other}");
+                cordon_core::Error::Sandbox(
+                    "no host id range could be leased for the sandbox; the operator's log says why"
+                        .into(),
+                )
+            }
+        }
+    }
+}
+
+/// Where leases are kept and which ranges they cover.
+#[derive(Debug, Clone)]
+pub struct IdPool {
+    pub dir: PathBuf,
+    pub first: u32,
+    pub slots: u32,
+}
+
+/// A leased range: `base..base + RANGE` belongs to one sandbox while this is held.
+#[derive(Debug)]
+pub struct IdRange {
+    base: u32,
+    _lease: Flock<File>,
+}
+
+impl IdRange {
+    /// The first host id of the range (the sandbox's root).
+    pub fn base(&self) -> u32 {
+        self.base
+    }
+}
+
+impl IdPool {
+    /// The system pool: leases under `/run/cordon/ids`.
+    pub fn system() -> Self {
+        let run = Path::new("/run");
+        let dir = if run.is_dir() {
+            run.join("cordon").join("ids")
+        } else {
+            std::env::temp_dir().join("cordon-ids")
+        };
+        IdPool {
+            dir,
+            first: FIRST,
+            slots: SLOTS,
+        }
+    }
+
+    /// Leases a free range, starting the search at a different slot each time so that a
+    /// range freed a moment ago is the last to be taken again.
+    pub fn allocate(&self) -> Result<IdRange, IdPoolError> {
+        self.allocate_avoiding(reserved_ids())
+    }
+
+    fn allocate_avoiding(&self, reserved: &[(u32, u32)]) -> Result<IdRange, IdPoolError> {
+        private_dir(&self.dir).map_err(IdPoolError::Dir)?;
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let seed = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_add(seed());
+        for i in 0..self.slots {
+            let slot = seed.wrapping_add(i) % self.slots;
+            let base = self.first + slot * RANGE;
+            if reserved
+                .iter()
+                .any(|&(lo, hi)| lo < base.saturating_add(RANGE) && base < hi)
+            {
+                continue;
+            }
+            let path = self.dir.join(slot.to_string());
+            let file = nix::fcntl::open(
+                &path,
+                OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o600),
+            )
+            .map_err(|err| IdPoolError::Lock {
+                dir: self.dir.display().to_string(),
+                err,
+            })?;
+            match Flock::lock(File::from(file), FlockArg::LockExclusiveNonblock) {
+                Ok(lease) => {
+                    return Ok(IdRange {
+                        base,
+                        _lease: lease,
+                    });
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => continue,
+                Err((_, err)) => {
+                    return Err(IdPoolError::Lock {
+                        dir: self.dir.display().to_string(),
+                        err,
+                    });
+                }
+            }
+        }
+        Err(IdPoolError::Exhausted(self.slots))
+    }
+}
+
+/// A per-process starting point for the slot search.
+fn seed() -> u32 {
+    static SEED: OnceLock<u32> = OnceLock::new();
+    *SEED.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        nanos ^ std::process::id().wrapping_mul(0x9e37_79b9)
+    })
+}
+
+/// Host id intervals `[lo, hi)` that belong to someone: users and groups, subordinate ids.
+fn reserved_ids() -> &'static [(u32, u32)] {
+    static IDS: OnceLock<Vec<(u32, u32)>> = OnceLock::new();
+    IDS.get_or_init(|| {
+        let mut v = Vec::new();
+        for f in ["/etc/passwd", "/etc/group"] {
+            for line in std::fs::read_to_string(f).unwrap_or_default().lines() {
+                if let Some(id) = line.split(':').nth(2).and_then(|s| s.parse::<u32>().ok()) {
+                    v.push((id, id.saturating_add(1)));
+                }
+            }
+        }
+        for f in ["/etc/subuid", "/etc/subgid"] {
+            for line in std::fs::read_to_string(f).unwrap_or_default().lines() {
+                let mut it = line.split(':').skip(1).map(|s| s.trim().parse::<u32>());
+                if let (Some(Ok(start)), Some(Ok(count))) = (it.next(), it.next()) {
+                    v.push((start, start.saturating_add(count)));
+                }
+            }
+        }
+        v
+    })
+}
+
+/// Makes `dir` a directory only this process's user can enter: created 0700 if missing
+/// (its parents as needed), and refused if it is a symlink, not a directory, or owned by
+/// another user. An existing one of ours with a looser mode is tightened.
+pub fn private_dir(dir: &Path) -> Result<(), String> {
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| {
+            format!(
+                "creating {}: {e}; check the parent directory",
+                parent.display()
+            )
+        })?;
+    }
+    match nix::unistd::mkdir(dir, Mode::from_bits_truncate(0o700)) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+        Err(e) => {
+            return Err(format!(
+                "creating {}: {e}; check the parent directory",
+                dir.display()
+            ));
+        }
+    }
+    let fd = nix::fcntl::open(
+        dir,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        format!(
+            "{} is not a plain directory ({e}); remove it (a symlink or file there is refused) and retry",
+            dir.display()
+        )
+    })?;
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if st.st_uid != me {
+        return Err(format!(
+            "{} belongs to uid {}, not to uid {me} running Cordon; another user may have made it first: remove it and retry",
+            dir.display(),
+            st.st_uid
+        ));
+    }
+    if st.st_mode & 0o077 != 0 {
+        nix::sys::stat::fchmod(fd.as_fd(), Mode::from_bits_truncate(0o700))
+            .map_err(|e| format!("securing {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn pool(slots: u32) -> (tempfile::TempDir, IdPool) {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = IdPool {
+            dir: dir.path().join("ids"),
+            first: FIRST,
+            slots,
+        };
+        (dir, pool)
+    }
+
+    #[test]
+    fn leases_are_disjoint_and_come_back_when_dropped() {
+        let (_d, pool) = pool(2);
+        let a = pool.allocate().unwrap();
+        let b = pool.allocate().unwrap();
+        assert_ne!(a.base(), b.base());
+        assert_eq!(a.base().abs_diff(b.base()), RANGE);
+        assert!(matches!(pool.allocate(), Err(IdPoolError::Exhausted(2))));
+        let freed = a.base();
+        drop(a);
+        assert_eq!(pool.allocate().unwrap().base(), freed);
+        let mode = std::fs::metadata(&pool.dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn a_killed_holder_frees_its_range() {
+        use std::io::BufRead;
+        let (_d, pool) = pool(1);
+        drop(pool.allocate().unwrap());
+        // Another process leases slot 0 (flock(1) takes the same kind of lock; -o keeps it
+        // from its command, as Cordon's close-on-exec lease is kept from its children),
+        // says so once it holds it, and is then killed, as a crashed Cordon would be.
+        let mut holder = std::process::Command::new("flock")
+            .arg("-o")
+            .arg(pool.dir.join("0"))
+            .args(["sh", "-c", "echo held; read _"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "held");
+        assert!(matches!(pool.allocate(), Err(IdPoolError::Exhausted(1))));
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        // Its command ends at end of input.
+        drop(holder.stdin.take());
+        assert_eq!(pool.allocate().unwrap().base(), FIRST);
+    }
+
+    #[test]
+    fn a_directory_of_another_owner_or_a_symlink_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var_os("CORDON_REQUIRE_ALL").is_none(),
+                "handing a directory to another owner needs root (CORDON_REQUIRE_ALL is set)"
+            );
+            eprintln!("\n!!!!! SKIPPING: handing a directory to another owner needs root !!!!!\n");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let e = private_dir(&theirs).unwrap_err();
+        assert!(e.contains("belongs to uid 65534"), "{e}");
+        let link = dir.path().join("link");
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(private_dir(&link).is_err());
+        let loose = dir.path().join("loose");
+        std::fs::create_dir(&loose).unwrap();
+        std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o777)).unwrap();
+        private_dir(&loose).unwrap();
+        let mode = std::fs::metadata(&loose).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn ranges_holding_a_known_id_are_never_leased() {
+        let (_d, pool) = pool(3);
+        // Slot 0 holds a user's id, slot 2 overlaps a subordinate range.
+        let reserved = [
+            (FIRST + 1000, FIRST + 1001),
+            (FIRST + 3 * RANGE - 5, u32::MAX),
+        ];
+        let a = pool.allocate_avoiding(&reserved).unwrap();
+        assert_eq!(a.base(), FIRST + RANGE);
+        assert!(matches!(
+            pool.allocate_avoiding(&reserved),
+            Err(IdPoolError::Exhausted(3))
+        ));
+    }
+}
