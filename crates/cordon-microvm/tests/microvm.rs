@@ -954,9 +954,16 @@ fn a_console_log_linked_to_a_root_only_file_leaks_nothing() {
         return;
     };
     let mut sb = si.backend.create_cold(&spec()).unwrap();
-    let o = exec_argv(&mut sb, &["console-symlink-exit"]).unwrap();
-    assert_eq!(o.termination, Termination::SandboxFailure, "{o:?}");
-    let text = format!("{o:?}");
+    // QEMU exits mid-exec: reported as a failed outcome, or as the exec's error when the
+    // host sees QEMU gone before the call is answered (which comes first is a race); both
+    // carry what the host read of QEMU's own stderr and nothing of the victim.
+    let text = match exec_argv(&mut sb, &["console-symlink-exit"]) {
+        Ok(o) => {
+            assert_eq!(o.termination, Termination::SandboxFailure, "{o:?}");
+            format!("{o:?}")
+        }
+        Err(e) => e.to_string(),
+    };
     assert!(!text.contains("victim secret"), "the victim leaked: {text}");
     // QEMU's own stderr is still reported.
     assert!(text.contains("stand-in: exiting"), "{text}");
