@@ -383,8 +383,11 @@ impl Policy {
 
 /// Path check shared by grants and HTTP rules: refuses dot segments and encoded separators
 /// that an upstream might normalize differently from a plain prefix comparison.
+/// A path the proxy can compare as text without being fooled by how an upstream reads it:
+/// absolute, no `.`/`..` segments, no backslash, no encoded dot, slash, backslash or NUL,
+/// and no `;` path parameters (`/allowed/..;/other` is `..` to some servers).
 pub(crate) fn path_is_canonical(path: &str) -> bool {
-    if !path.starts_with('/') || path.contains('\\') {
+    if !path.starts_with('/') || path.contains('\\') || path.contains(';') {
         return false;
     }
     let lower = path.to_ascii_lowercase();

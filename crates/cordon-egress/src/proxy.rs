@@ -793,22 +793,37 @@ const TUNNEL_BUF: usize = 64 << 10;
 struct HelloCheck {
     acceptor: rustls::server::Acceptor,
     seen: usize,
+    first: Option<u8>,
+    failed: bool,
 }
 
 enum HelloVerdict {
     NeedMore,
     /// Finished: the SNI if the stream starts with a ClientHello that carries one.
     Done(Option<String>),
+    /// The stream starts as a TLS handshake whose ClientHello cannot be read (malformed, or
+    /// larger than the check reads): its server name cannot be checked, so it is refused.
+    Unreadable,
 }
+
+/// The first byte of a TLS handshake record.
+const TLS_HANDSHAKE: u8 = 0x16;
 
 impl HelloCheck {
     const MAX: usize = 32 << 10;
 
     fn feed(&mut self, mut bytes: &[u8]) -> HelloVerdict {
+        if self.first.is_none() {
+            self.first = bytes.first().copied();
+        }
         self.seen += bytes.len();
         while !bytes.is_empty() {
             match self.acceptor.read_tls(&mut bytes) {
-                Ok(0) | Err(_) => break,
+                Ok(0) => break,
+                Err(_) => {
+                    self.failed = true;
+                    break;
+                }
                 Ok(_) => {}
             }
         }
@@ -816,8 +831,9 @@ impl HelloCheck {
             Ok(Some(accepted)) => {
                 HelloVerdict::Done(accepted.client_hello().server_name().map(str::to_string))
             }
-            Ok(None) if self.seen < Self::MAX => HelloVerdict::NeedMore,
-            // not TLS (a clear-text protocol) or an oversized hello: nothing to compare
+            Ok(None) if self.seen < Self::MAX && !self.failed => HelloVerdict::NeedMore,
+            _ if self.first == Some(TLS_HANDSHAKE) => HelloVerdict::Unreadable,
+            // not TLS (a clear-text protocol): nothing to compare
             _ => HelloVerdict::Done(None),
         }
     }
@@ -833,6 +849,7 @@ where
     let (mut ur, mut uw) = upstream.into_split();
     let mut det = foreign_placeholders(&conn.shared, host);
     let mut hello = Some(HelloCheck::default());
+    let mut held: Vec<u8> = Vec::new();
     let up = async {
         let mut buf = vec![0u8; TUNNEL_BUF];
         loop {
@@ -841,9 +858,42 @@ where
                 uw.shutdown().await?;
                 return Ok::<_, io::Error>(());
             }
+            if let Some(g) = det.feed(&buf[..n]) {
+                let name = conn.shared.grants.list[g].name.clone();
+                let mut ev = info.event(conn, Decision::Exfiltration);
+                ev.rule = Some(format!("grant:{name}"));
+                ev.reason = Some(format!(
+                    "a tunnel to {host} carried the placeholder of grant {name:?}, which does not cover that host"
+                ));
+                ev.grant = Some(name.clone());
+                conn.shared.audit.record(ev);
+                conn.end(
+                    &format!("grant:{name}"),
+                    "credential placeholder in a tunnel to a host its grant does not cover".into(),
+                );
+                return Err(io::Error::other("placeholder exfiltration"));
+            }
             if let Some(check) = hello.as_mut() {
                 match check.feed(&buf[..n]) {
-                    HelloVerdict::NeedMore => {}
+                    // Nothing goes upstream before the server name is known.
+                    HelloVerdict::NeedMore => {
+                        held.extend_from_slice(&buf[..n]);
+                        continue;
+                    }
+                    HelloVerdict::Unreadable => {
+                        let mut ev = info.event(conn, Decision::Deny);
+                        ev.rule = Some("tls-unreadable".into());
+                        ev.reason = Some(format!(
+                            "the tunnel to {host} starts a TLS handshake whose ClientHello cannot be read (malformed or over {} KiB), so its server name cannot be checked",
+                            HelloCheck::MAX >> 10
+                        ));
+                        conn.shared.audit.record(ev);
+                        conn.end(
+                            "tls-unreadable",
+                            "a TLS handshake without a readable ClientHello".into(),
+                        );
+                        return Err(io::Error::other("unreadable client hello"));
+                    }
                     HelloVerdict::Done(None) => hello = None,
                     HelloVerdict::Done(Some(sni)) => {
                         hello = None;
@@ -863,20 +913,10 @@ where
                     }
                 }
             }
-            if let Some(g) = det.feed(&buf[..n]) {
-                let name = conn.shared.grants.list[g].name.clone();
-                let mut ev = info.event(conn, Decision::Exfiltration);
-                ev.rule = Some(format!("grant:{name}"));
-                ev.reason = Some(format!(
-                    "a tunnel to {host} carried the placeholder of grant {name:?}, which does not cover that host"
-                ));
-                ev.grant = Some(name.clone());
-                conn.shared.audit.record(ev);
-                conn.end(
-                    &format!("grant:{name}"),
-                    "credential placeholder in a tunnel to a host its grant does not cover".into(),
-                );
-                return Err(io::Error::other("placeholder exfiltration"));
+            if !held.is_empty() {
+                // The hello's earlier pieces, held until it could be checked.
+                uw.write_all(&held).await?;
+                held.clear();
             }
             uw.write_all(&buf[..n]).await?;
         }
@@ -1110,7 +1150,10 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "/".into());
     let hits = shared.grants.find(&target, req.headers());
-    let decision = shared.grants.decide(host, true, &method, &path, &hits);
+    let over = crate::secrets::method_override(req.headers());
+    let decision = shared
+        .grants
+        .decide_with(host, true, &method, &path, over, &hits);
     let swapped: Vec<usize> = match decision {
         GrantDecision::Swap(list) => list,
         GrantDecision::Pass => Vec::new(),

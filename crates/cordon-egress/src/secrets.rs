@@ -317,6 +317,19 @@ impl Grants {
         path: &str,
         hits: &[Hit],
     ) -> GrantDecision {
+        self.decide_with(host, tls, method, path, None, hits)
+    }
+
+    /// [`Self::decide`] for a request that may carry a method-override header (its name).
+    pub(crate) fn decide_with(
+        &self,
+        host: &Host,
+        tls: bool,
+        method: &Method,
+        path: &str,
+        override_header: Option<&str>,
+        hits: &[Hit],
+    ) -> GrantDecision {
         if hits.is_empty() {
             return GrantDecision::Pass;
         }
@@ -373,7 +386,13 @@ impl Grants {
             }
             if !path_is_canonical(path) {
                 return refuse(format!(
-                    "grant {:?} is not used on a path with dot segments or encoded separators",
+                    "grant {:?} is not used on a path with dot segments, ';' parameters or encoded separators",
+                    g.name
+                ));
+            }
+            if let Some(h) = override_header {
+                return refuse(format!(
+                    "grant {:?} is not used with {h}: the method the upstream acts on must be the one checked",
                     g.name
                 ));
             }
@@ -442,6 +461,21 @@ impl Grants {
     pub(crate) fn mask_forms(&self) -> Vec<Zeroizing<Vec<u8>>> {
         self.list.iter().flat_map(|g| g.secret.forms()).collect()
     }
+}
+
+/// Headers some frameworks read as the request's real method.
+const METHOD_OVERRIDES: &[&str] = &[
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+/// The first method-override header a request carries, if any.
+pub(crate) fn method_override(headers: &HeaderMap) -> Option<&'static str> {
+    METHOD_OVERRIDES
+        .iter()
+        .copied()
+        .find(|h| headers.contains_key(*h))
 }
 
 /// Decoded payload of `Basic <base64>`, if the value has that shape.
@@ -691,5 +725,42 @@ mod tests {
     fn percent_decoding() {
         assert_eq!(percent_decode(b"a%41b%zz%4"), b"aAb%zz%4");
         assert_eq!(percent_decode(b"%"), b"%");
+    }
+
+    #[test]
+    fn path_parameters_and_method_overrides_never_carry_a_secret() {
+        let d = tempfile::tempdir().unwrap();
+        let g = grants(&d);
+        let ph = g.list[0].placeholder.clone();
+        let mut hm = HeaderMap::new();
+        hm.insert("authorization", format!("Bearer {ph}").parse().unwrap());
+        let hits = g.find("/repos/me/x", &hm);
+        for path in [
+            "/repos/me/..;/admin",
+            "/repos/me;x=1/y",
+            "/repos/me/%2e%2e/admin",
+        ] {
+            assert!(
+                matches!(
+                    g.decide(&h("api.gh.test"), true, &Method::GET, path, &hits),
+                    GrantDecision::Refuse { .. }
+                ),
+                "{path}"
+            );
+        }
+        hm.insert("x-http-method-override", "DELETE".parse().unwrap());
+        let over = method_override(&hm);
+        assert_eq!(over, Some("x-http-method-override"));
+        assert!(matches!(
+            g.decide_with(
+                &h("api.gh.test"),
+                true,
+                &Method::GET,
+                "/repos/me/x",
+                over,
+                &hits
+            ),
+            GrantDecision::Refuse { .. }
+        ));
     }
 }

@@ -445,6 +445,57 @@ async fn connect_tunnel_to_tls_upstream_is_opaque() {
 /// A proxy that only tunnels originates no TLS, so it needs (and reads) no trust roots: it
 /// starts and tunnels with none. One that terminates a grant's host does need them and is
 /// refused at its start without any, as is a bad extra root either way.
+/// A tunnel that starts a TLS handshake whose ClientHello cannot be read (here one record
+/// header claiming 16 KiB, then over 32 KiB of junk) is ended before any of it reaches the
+/// upstream: its server name cannot be checked. Before, the check gave up past 32 KiB or on
+/// a parse error and let the stream through unchecked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_with_an_unreadable_client_hello_is_ended() {
+    let sink = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = sink.local_addr().unwrap().port();
+    let received = Arc::new(AtomicUsize::new(0));
+    let r2 = received.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = sink.accept().await {
+            let r = r2.clone();
+            tokio::spawn(async move {
+                let mut b = [0u8; 4096];
+                while let Ok(n) = s.read(&mut b).await {
+                    if n == 0 {
+                        break;
+                    }
+                    r.fetch_add(n, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    let f = fixture(&[format!("{TLS_HOST}:{port}")], None);
+    f.resolver.set(TLS_HOST, &[ip("127.0.0.1")]);
+    let mut f = f;
+    f.cfg.policy.allow.push("127.0.0.1/32:*".into());
+    let (h, proxy) = start(&f);
+    let mut s = connect(proxy, &format!("{TLS_HOST}:{port}"), "")
+        .await
+        .unwrap();
+    let mut junk = vec![0x16, 0x03, 0x01, 0x40, 0x00];
+    junk.extend(std::iter::repeat_n(0x01u8, 40 << 10));
+    for piece in junk.chunks(4096) {
+        if s.write_all(piece).await.is_err() {
+            break;
+        }
+    }
+    let ev = wait_event(&h, |e| e.rule.as_deref() == Some("tls-unreadable")).await;
+    assert_eq!(ev.decision, Decision::Deny);
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        received.load(Ordering::SeqCst),
+        0,
+        "bytes of an unchecked handshake reached the upstream"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_terminating_proxy_needs_trust_roots() {
     let ca = TestCa::new();

@@ -986,7 +986,10 @@ impl Service {
         let audit = self.inner.audit.clone();
         let p = full.clone();
         let n = data.len();
+        // The sandbox stays busy until the blocking call has ended, even if the client
+        // gives up first: the guard travels with the work, not with the request.
         blocking(move || -> Result<(), ApiError> {
+            let _busy = guard;
             let digest = hex::encode(Sha256::digest(&data));
             let r = {
                 let mut cell = lock(&s.sandbox);
@@ -1007,7 +1010,6 @@ impl Service {
             r.map_err(ApiError::from)
         })
         .await??;
-        drop(guard);
         Ok(json!({"path": full, "bytes": n}))
     }
 
@@ -1025,6 +1027,7 @@ impl Service {
         let audit = self.inner.audit.clone();
         let max = self.inner.cfg.http.max_file_bytes as u64;
         let data = blocking(move || -> Result<Vec<u8>, ApiError> {
+            let _busy = guard;
             let r = {
                 let mut cell = lock(&s.sandbox);
                 let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
@@ -1046,7 +1049,6 @@ impl Service {
             r.map_err(ApiError::from)
         })
         .await??;
-        drop(guard);
         Ok(data)
     }
 

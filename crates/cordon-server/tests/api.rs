@@ -147,6 +147,10 @@ impl Sandbox for FakeSandbox {
         Ok(o)
     }
     fn put_file(&mut self, path: &str, data: &[u8], _mode: u32) -> CoreResult<()> {
+        // A put the agent is slow to finish (a FIFO a sandbox planted, before the fix).
+        if path.ends_with("/slow") {
+            std::thread::sleep(Duration::from_millis(800));
+        }
         self.files.insert(path.to_string(), data.to_vec());
         Ok(())
     }
@@ -1561,6 +1565,46 @@ async fn the_api_serves_tls_when_configured() {
     .await
     .unwrap();
     assert_eq!(code, 0, "a plain request got an HTTP answer");
+    env.server.shutdown().await;
+}
+
+/// A file call whose client gives up keeps its sandbox busy until the blocking work has
+/// ended: before, `busy` was cleared as soon as the client left while the sandbox's lock
+/// was still held, so the next request queued behind it instead of getting 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_call_keeps_its_sandbox_busy_until_the_work_ends() {
+    let env = start().await;
+    let id = env.create(ALICE, json!({"tier": "container"})).await;
+    let r = env
+        .req(
+            M::PUT,
+            &format!("/v1/sandboxes/{id}/files/work/slow"),
+            ALICE,
+        )
+        .timeout(Duration::from_millis(150))
+        .body("x")
+        .send()
+        .await;
+    assert!(r.is_err(), "the client gave up");
+    let (s, info) = env
+        .call(M::GET, &format!("/v1/sandboxes/{id}"), ALICE, None)
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(info["busy"], true, "{info}");
+    let (s, e) = env.exec(ALICE, &id, json!({"argv": ["echo", "x"]})).await;
+    assert_eq!((s, e["code"].as_str()), (409, Some("sandbox_busy")), "{e}");
+    // Once the put has ended, the sandbox is free again.
+    for _ in 0..100 {
+        let (_, info) = env
+            .call(M::GET, &format!("/v1/sandboxes/{id}"), ALICE, None)
+            .await;
+        if info["busy"] == false {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (s, o) = env.exec(ALICE, &id, json!({"argv": ["echo", "x"]})).await;
+    assert_eq!(s, 200, "{o}");
     env.server.shutdown().await;
 }
 
