@@ -37,6 +37,9 @@ pub struct TenantRules {
     pub max_memory: Option<Size>,
     /// MCP sessions open at once. Default 8.
     pub max_mcp_sessions: Option<usize>,
+    /// Walls this tenant's requests may agree to run without where the host cannot apply
+    /// them (`allow_weaker`: landlock, seccomp, cgroups). Default none.
+    pub allow_weaker: Option<Vec<cordon_core::Weakening>>,
 }
 
 /// The server's own aggregate budgets: what all tenants' sandboxes add up to at most.
@@ -184,6 +187,7 @@ pub struct Resolved {
     pub max_sandboxes: Option<usize>,
     pub max_memory: Option<u64>,
     pub max_mcp_sessions: usize,
+    pub allow_weaker: Vec<cordon_core::Weakening>,
 }
 
 impl CeilingConfig {
@@ -223,6 +227,7 @@ impl CeilingConfig {
             max_sandboxes: pick!(max_sandboxes),
             max_memory: pick!(max_memory).map(|s| s.0),
             max_mcp_sessions: pick!(max_mcp_sessions).unwrap_or(8),
+            allow_weaker: pick!(allow_weaker).unwrap_or_default(),
         }
     }
 
@@ -236,6 +241,11 @@ impl CeilingConfig {
             max_sandboxes: None,
             max_memory: None,
             max_mcp_sessions: usize::MAX,
+            allow_weaker: vec![
+                cordon_core::Weakening::Landlock,
+                cordon_core::Weakening::Seccomp,
+                cordon_core::Weakening::Cgroups,
+            ],
         }
     }
 }

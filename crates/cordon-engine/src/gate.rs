@@ -331,6 +331,18 @@ impl Gate {
                 "leave trust out (or say untrusted); ask the operator to set trust = \"trusted\" for your tenant",
             ));
         }
+        // Weakened walls: only those the operator lets this principal agree to.
+        if let Some(w) = req
+            .allow_weaker
+            .iter()
+            .find(|w| !rules.allow_weaker.contains(w))
+        {
+            return Err(deny(
+                "ceiling.allow_weaker",
+                format!("running without {w} is not open to you"),
+                "leave allow_weaker out (the run fails closed where a wall cannot be applied), or ask the operator",
+            ));
+        }
         // Egress: every allow entry parses and sits within the ceiling.
         let mut patterns = Vec::new();
         for entry in req.allow_hosts.iter().chain(&req.deny_hosts) {
@@ -805,6 +817,7 @@ mod tests {
                 r#"{"limits": {"memory_bytes": 99999999999999}}"#,
                 "ceiling.max_limits",
             ),
+            (r#"{"allow_weaker": ["seccomp"]}"#, "ceiling.allow_weaker"),
         ];
         for (body, rule) in table {
             let d = g.admit(&alice(), &req(body), "create").unwrap_err();
