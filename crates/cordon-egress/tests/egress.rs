@@ -800,8 +800,16 @@ async fn placeholder_to_non_granted_host_is_refused_as_exfiltration() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn domain_fronting_inside_terminated_tls_is_refused() {
+/// A proxy with grant `gh` for an HTTPS upstream on loopback under a test CA.
+struct Granted {
+    up: Upstream,
+    f: Fixture,
+    h: ProxyHandle,
+    proxy: SocketAddr,
+    port: u16,
+}
+
+async fn granted() -> Granted {
     let ca = TestCa::new();
     let up = https_upstream(&ca, &[GRANT_HOST]).await;
     let port = up.addr.port();
@@ -812,6 +820,24 @@ async fn domain_fronting_inside_terminated_tls_is_refused() {
     f.cfg.grants = vec![grant(&f, &[], &[])];
     f.resolver.set(GRANT_HOST, &[ip("127.0.0.1")]);
     let (h, proxy) = start(&f);
+    Granted {
+        up,
+        f,
+        h,
+        proxy,
+        port,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn domain_fronting_inside_terminated_tls_is_refused() {
+    let Granted {
+        up,
+        f: _f,
+        h,
+        proxy,
+        port,
+    } = granted().await;
     let authority = format!("{GRANT_HOST}:{port}");
     let mut c = https_client(proxy, &authority, GRANT_HOST, h.ca_cert_pem())
         .await
@@ -834,16 +860,13 @@ async fn domain_fronting_inside_terminated_tls_is_refused() {
 /// upstream. The old check looked only at the target's authority when there was one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fronting_through_absolute_form_or_duplicate_host_is_refused() {
-    let ca = TestCa::new();
-    let up = https_upstream(&ca, &[GRANT_HOST]).await;
-    let port = up.addr.port();
-    let mut f = fixture(
-        &[format!("{GRANT_HOST}:{port}"), "127.0.0.1/32:*".into()],
-        Some(&ca),
-    );
-    f.cfg.grants = vec![grant(&f, &[], &[])];
-    f.resolver.set(GRANT_HOST, &[ip("127.0.0.1")]);
-    let (h, proxy) = start(&f);
+    let Granted {
+        up,
+        f: _f,
+        h,
+        proxy,
+        port,
+    } = granted().await;
     let ph = placeholder(&h);
     let bearer = format!("Bearer {ph}");
     let authority = format!("{GRANT_HOST}:{port}");
@@ -899,16 +922,13 @@ async fn fronting_through_absolute_form_or_duplicate_host_is_refused() {
 /// masked as well as the raw value; a compressed body it cannot check is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_reencoded_or_compressed_secrets_never_come_back() {
-    let ca = TestCa::new();
-    let up = https_upstream(&ca, &[GRANT_HOST]).await;
-    let port = up.addr.port();
-    let mut f = fixture(
-        &[format!("{GRANT_HOST}:{port}"), "127.0.0.1/32:*".into()],
-        Some(&ca),
-    );
-    f.cfg.grants = vec![grant(&f, &[], &[])];
-    f.resolver.set(GRANT_HOST, &[ip("127.0.0.1")]);
-    let (h, proxy) = start(&f);
+    let Granted {
+        up,
+        f,
+        h,
+        proxy,
+        port,
+    } = granted().await;
     let ph = placeholder(&h);
     let authority = format!("{GRANT_HOST}:{port}");
     let mut c = https_client(proxy, &authority, GRANT_HOST, h.ca_cert_pem())
