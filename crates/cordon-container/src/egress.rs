@@ -57,8 +57,9 @@ fn listening_unix_sockets() -> std::collections::BTreeSet<PathBuf> {
 
 /// Removes the socket directories of proxies that are gone: what a killed Cordon process
 /// left (its proxies died with it). A directory is stale when its socket file exists and
-/// nothing listens on it; one whose proxy is still being set up (no socket yet) or running
-/// is kept, whoever owns it. Returns the sandbox ids whose directories were removed.
+/// nothing listens on it, or when it has had no socket for longer than a proxy takes to
+/// start ([`SOCKETLESS_GRACE`]); one whose proxy is being set up or running is kept.
+/// Returns the sandbox ids whose directories were removed.
 pub fn reap_stale() -> Vec<String> {
     let sockets = socket_dir();
     let Ok(entries) = std::fs::read_dir(&sockets) else {
@@ -69,8 +70,18 @@ pub fn reap_stale() -> Vec<String> {
     for e in entries.flatten() {
         let dir = e.path();
         let socket = dir.join("egress.sock");
-        if !socket.exists() || listening.contains(&socket) {
+        if listening.contains(&socket) {
             continue;
+        }
+        if !socket.exists() {
+            let young = std::fs::symlink_metadata(&dir)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_none_or(|age| age < SOCKETLESS_GRACE);
+            if young {
+                continue;
+            }
         }
         let _ = std::fs::remove_file(&socket);
         if std::fs::remove_dir(&dir).is_ok() {
@@ -91,6 +102,21 @@ pub fn reap_stale() -> Vec<String> {
     removed
 }
 
+/// A socket directory being set up: removed on drop unless taken over.
+struct MadeDir(Option<PathBuf>);
+
+impl Drop for MadeDir {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// How long a socket directory may stay without its socket before the sweep takes it: a
+/// proxy binds within milliseconds of its directory being made.
+const SOCKETLESS_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A running proxy for one sandbox.
 pub struct EgressLink {
     handle: Option<ProxyHandle>,
@@ -98,7 +124,6 @@ pub struct EgressLink {
     /// The bundle the sandbox trusts (readable by the sandbox's root alone), for the
     /// sandbox's init to copy in.
     bundle: PathBuf,
-    reported: usize,
 }
 
 impl EgressLink {
@@ -123,22 +148,33 @@ impl EgressLink {
         std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o711))
             .map_err(|e| Error::io(format!("securing {}", parent.display()), e))?;
         let dir = parent.join(sandbox_id);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| Error::io(format!("securing {}", dir.display()), e))?;
-        std::os::unix::fs::chown(&dir, Some(owner), Some(owner))
-            .map_err(|e| Error::io(format!("handing {} to the sandbox", dir.display()), e))?;
         let socket = dir.join("egress.sock");
         let mut cfg = ProxyConfig::for_spec(sandbox_id, spec);
         cfg.unix_socket = Some(socket.clone());
         cfg.sandbox_proxy_port = SANDBOX_PROXY_PORT;
         tune(&mut cfg);
+        // The directory goes with this start if anything below fails: a tenant looping
+        // requests whose proxy cannot start must not fill /run with empty directories.
+        std::fs::create_dir(&dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        let mut made = MadeDir(Some(dir.clone()));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| Error::io(format!("securing {}", dir.display()), e))?;
+        std::os::unix::fs::chown(&dir, Some(owner), Some(owner))
+            .map_err(|e| Error::io(format!("handing {} to the sandbox", dir.display()), e))?;
         let handle =
             EgressProxy::start_owned(cfg).map_err(|e| Error::Invalid(format!("egress: {e}")))?;
+        // From here the link's drop removes the socket and the directory.
+        made.0 = None;
+        let link = EgressLink {
+            handle: Some(handle),
+            socket,
+            bundle: bundle_dir().join(format!("{sandbox_id}.pem")),
+        };
         // The sandbox's root is an unprivileged host uid: it must be able to connect.
-        std::os::unix::fs::chown(&socket, Some(owner), Some(owner))
-            .and_then(|_| std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)))
+        let socket = &link.socket;
+        std::os::unix::fs::chown(socket, Some(owner), Some(owner))
+            .and_then(|_| std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)))
             .map_err(|e| Error::io(format!("handing {} to the sandbox", socket.display()), e))?;
         // The bundle (the host's roots and this sandbox's CA, a few hundred KB) goes in as a
         // file the init copies, not through the init's JSON, which would encode, decode and
@@ -149,13 +185,6 @@ impl EgressLink {
                 std::fs::set_permissions(&bundles, std::fs::Permissions::from_mode(0o711))
             })
             .map_err(|e| Error::io(format!("creating {}", bundles.display()), e))?;
-        let bundle = bundles.join(format!("{sandbox_id}.pem"));
-        let link = EgressLink {
-            handle: Some(handle),
-            socket,
-            bundle,
-            reported: 0,
-        };
         if let Some(h) = link.handle() {
             std::fs::write(&link.bundle, h.ca_bundle_pem())
                 .and_then(|_| std::os::unix::fs::chown(&link.bundle, Some(owner), Some(owner)))
@@ -213,15 +242,10 @@ impl EgressLink {
             .map(|h| (h.ca_cert_pem().to_string(), h.ca_bundle_pem()))
     }
 
-    /// Audit events since the last call.
+    /// Audit events since the last call, folded and bounded (see
+    /// [`cordon_egress::ProxyHandle::take_events`]).
     pub fn new_events(&mut self) -> Vec<cordon_core::EgressEvent> {
-        let Some(h) = self.handle() else {
-            return Vec::new();
-        };
-        let events = h.events();
-        let fresh: Vec<cordon_core::EgressEvent> = events.into_iter().skip(self.reported).collect();
-        self.reported += fresh.len();
-        fresh
+        self.handle().map(|h| h.take_events()).unwrap_or_default()
     }
 
     /// Scans bytes leaving the sandbox: real secrets redacted, credential formats flagged.

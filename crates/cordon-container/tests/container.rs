@@ -882,6 +882,23 @@ fn egress_spec(allow: &[String]) -> SandboxSpec {
 /// The bundle an egress sandbox trusts arrives as one world-readable file at both paths
 /// (hard-linked), starting with the sandbox's own CA; the host's copy goes with the sandbox.
 /// A socket directory whose proxy is gone (a killed process's) is reaped; a live one is not.
+/// A proxy that fails to start leaves no socket directory behind: a tenant looping
+/// requests whose proxy cannot start must not fill /run's inodes.
+#[test]
+fn a_proxy_that_fails_to_start_leaves_no_directory() {
+    let mut spec = egress_spec(&["pypi.example.test".into()]);
+    // A host pattern the proxy refuses (the service checks before this; a tier must not
+    // count on it).
+    spec.egress.allow = vec!["bad host with spaces".into()];
+    let id = format!("sb-failstart-{}", std::process::id());
+    let err = cordon_container::egress::EgressLink::start(&id, &spec, 65534).err();
+    assert!(err.is_some(), "the proxy started with a refused pattern");
+    assert!(
+        !cordon_container::egress::socket_dir().join(&id).exists(),
+        "a failed start left its directory"
+    );
+}
+
 #[test]
 fn egress_ca_bundle_arrives_and_stale_socket_dirs_are_reaped() {
     let b = need_backend!();
@@ -936,9 +953,26 @@ fn egress_ca_bundle_arrives_and_stale_socket_dirs_are_reaped() {
     drop(std::os::unix::net::UnixListener::bind(stale.join("egress.sock")).unwrap());
     let stale_bundle = host_bundle.with_file_name(format!("sb-stale-{}.pem", std::process::id()));
     std::fs::write(&stale_bundle, "x").unwrap();
+    // A directory left without its socket (a start that died between the two) is taken
+    // once it is older than a start takes; a fresh one (a start under way) is kept.
+    let socketless = stale.with_file_name(format!("sb-nosock-{}", std::process::id()));
+    let starting = stale.with_file_name(format!("sb-starting-{}", std::process::id()));
+    for d in [&socketless, &starting] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::File::open(&socketless)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(120))
+        .unwrap();
     let removed = cordon_container::egress::reap_stale();
     assert!(removed.iter().any(|r| stale.ends_with(r)), "{removed:?}");
     assert!(!stale.exists());
+    assert!(
+        !socketless.exists(),
+        "a socketless directory stayed: {removed:?}"
+    );
+    assert!(starting.exists(), "a starting proxy's directory was reaped");
+    std::fs::remove_dir(&starting).unwrap();
     assert!(!stale_bundle.exists());
     assert!(host_bundle.exists(), "a live sandbox's bundle was reaped");
     assert!(

@@ -20,7 +20,9 @@ pub use error::{Error, Result};
 pub use exec::{
     Command, ExecOutcome, ExecRequest, OutputStream, Termination, Timings, Usage, exit_code_for,
 };
-pub use report::{Details, EgressDecision, EgressEvent, EgressKind, Finding, FindingKind};
+pub use report::{
+    Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind,
+};
 pub use run::{FileIn, FileOut, run_once};
 pub use spec::{
     EgressPolicy, Grant, GrantSecret, Language, Limits, MintedToken, SandboxSpec, SecretValue,

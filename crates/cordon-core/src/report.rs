@@ -1,12 +1,13 @@
 //! What an outcome reports beside the program's own results, typed: scan findings, egress
 //! decisions (grant uses among them), and how a failed sandbox failed.
 
+use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 /// What a decision was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EgressDecision {
     /// The request or tunnel was let through.
@@ -21,10 +22,12 @@ pub enum EgressDecision {
     Error,
     /// A connection ended (carries byte counts and the reason).
     Closed,
+    /// Events past a cap, counted (in `count`) instead of itemised.
+    Truncated,
 }
 
 /// What kind of traffic the event is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EgressKind {
     /// An absolute-form plain-HTTP request.
@@ -87,6 +90,20 @@ pub struct EgressEvent {
     /// Bytes to the sandbox (on the client connection), for `closed` events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_down: Option<u64>,
+    /// How many identical events this row stands for (1 unless folded; see [`EgressFold`]).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub count: u64,
+    /// When the last of the folded events happened (ms since the epoch), when `count > 1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_ms: Option<u64>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(n: &u64) -> bool {
+    *n == 1
 }
 
 impl EgressEvent {
@@ -112,6 +129,198 @@ impl EgressEvent {
             terminated: None,
             bytes_up: None,
             bytes_down: None,
+            count: 1,
+            last_ms: None,
+        }
+    }
+
+    /// Events an audit never drops: a placeholder on its way to the wrong host, and every
+    /// request that carried a grant's secret. Under a flood they are folded (counted), never
+    /// truncated away.
+    pub fn is_protected(&self) -> bool {
+        self.decision == EgressDecision::Exfiltration || self.grant.is_some()
+    }
+
+    /// The fields two events must share to be folded into one row: everything but when,
+    /// on which connection, and the byte counts (which add up).
+    fn fold_key(&self, coarse: Coarseness) -> FoldKey {
+        let keep_request = coarse == Coarseness::Exact;
+        let keep_target = coarse != Coarseness::Grant;
+        FoldKey {
+            kind: self.kind,
+            decision: self.decision,
+            rule: self.rule.clone(),
+            grant: self.grant.clone(),
+            host: self.host.clone().filter(|_| keep_target),
+            port: self.port.filter(|_| keep_target),
+            addr: self.addr.clone().filter(|_| keep_request),
+            reason: self.reason.clone().filter(|_| keep_request),
+            method: self.method.clone().filter(|_| keep_request),
+            path: self.path.clone().filter(|_| keep_request),
+            status: self.status.filter(|_| keep_request),
+            terminated: self.terminated,
+        }
+    }
+
+    /// Drops what a coarser fold does not keep, so a folded row never claims a path or a
+    /// host that only some of its events had.
+    fn coarsen(&mut self, coarse: Coarseness) {
+        if coarse != Coarseness::Exact {
+            self.addr = None;
+            self.reason = None;
+            self.method = None;
+            self.path = None;
+            self.status = None;
+        }
+        if coarse == Coarseness::Grant {
+            self.host = None;
+            self.port = None;
+        }
+    }
+}
+
+/// How much of an event a fold keeps once a flood has made too many distinct rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Coarseness {
+    /// Everything but time, connection and byte counts.
+    Exact,
+    /// The decision, rule, grant and target (host and port).
+    Target,
+    /// The decision, rule and grant.
+    Grant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct FoldKey {
+    kind: EgressKind,
+    decision: EgressDecision,
+    rule: Option<String>,
+    grant: Option<String>,
+    host: Option<String>,
+    port: Option<u16>,
+    addr: Option<String>,
+    reason: Option<String>,
+    method: Option<String>,
+    path: Option<String>,
+    status: Option<u16>,
+    terminated: Option<bool>,
+}
+
+/// Default most distinct rows one report itemises before the rest are counted in one
+/// `truncated` row ([`EgressFold::new`]).
+pub const DEFAULT_FOLD_ROWS: usize = 1000;
+
+/// Folds a stream of egress events into a bounded report: identical events (everything but
+/// time, connection and bytes) become one row with a `count`; past `max_rows` distinct rows,
+/// ordinary events are only counted, in one `truncated` row; protected events
+/// ([`EgressEvent::is_protected`]) are never dropped: past `max_rows` they fold by target,
+/// past twice that by grant and rule alone, so every one of them stays counted in some row.
+#[derive(Debug, Clone)]
+pub struct EgressFold {
+    max_rows: usize,
+    rows: Vec<EgressEvent>,
+    index: HashMap<(Coarseness, FoldKey), usize>,
+    protected_rows: usize,
+    truncated: Option<EgressEvent>,
+}
+
+impl Default for EgressFold {
+    fn default() -> Self {
+        EgressFold::new(DEFAULT_FOLD_ROWS)
+    }
+}
+
+impl EgressFold {
+    /// A fold that itemises at most `max_rows` distinct ordinary rows (at least 1).
+    pub fn new(max_rows: usize) -> Self {
+        EgressFold {
+            max_rows: max_rows.max(1),
+            rows: Vec::new(),
+            index: HashMap::new(),
+            protected_rows: 0,
+            truncated: None,
+        }
+    }
+
+    /// Adds one event (which may itself stand for `count` events).
+    pub fn push(&mut self, ev: EgressEvent) {
+        if ev.decision == EgressDecision::Truncated {
+            // What an earlier fold counted joins this fold's count.
+            self.count_truncated(&ev);
+            return;
+        }
+        let protected = ev.is_protected();
+        let coarse = if !protected || self.protected_rows < self.max_rows {
+            Coarseness::Exact
+        } else if self.protected_rows < 2 * self.max_rows {
+            Coarseness::Target
+        } else {
+            Coarseness::Grant
+        };
+        let key = (coarse, ev.fold_key(coarse));
+        if let Some(&i) = self.index.get(&key) {
+            merge(&mut self.rows[i], &ev);
+            return;
+        }
+        let ordinary = self.rows.len() - self.protected_rows;
+        if !protected && ordinary >= self.max_rows {
+            self.count_truncated(&ev);
+            return;
+        }
+        let mut row = ev;
+        row.coarsen(coarse);
+        if protected {
+            self.protected_rows += 1;
+        }
+        self.index.insert(key, self.rows.len());
+        self.rows.push(row);
+    }
+
+    fn count_truncated(&mut self, ev: &EgressEvent) {
+        let t = self.truncated.get_or_insert_with(|| {
+            let mut t = EgressEvent::new(0, EgressKind::Connection, EgressDecision::Truncated);
+            t.sandbox.clone_from(&ev.sandbox);
+            t.time_ms = ev.time_ms;
+            t.count = 0;
+            t.rule = Some("audit:truncated".into());
+            t
+        });
+        t.count = t.count.saturating_add(ev.count);
+        t.last_ms = Some(ev.last_ms.unwrap_or(ev.time_ms));
+    }
+
+    /// True when nothing was pushed since the last [`Self::take`].
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty() && self.truncated.is_none()
+    }
+
+    /// The events pushed since the last call, folded, oldest first; a `truncated` row
+    /// last, saying how many events were counted without being itemised.
+    pub fn take(&mut self) -> Vec<EgressEvent> {
+        self.index.clear();
+        self.protected_rows = 0;
+        let mut rows = std::mem::take(&mut self.rows);
+        if let Some(mut t) = self.truncated.take() {
+            t.reason = Some(format!(
+                "{} more events past {} distinct rows were counted, not itemised",
+                t.count, self.max_rows
+            ));
+            rows.push(t);
+        }
+        rows
+    }
+}
+
+/// Adds `ev` into the row that stands for it.
+fn merge(row: &mut EgressEvent, ev: &EgressEvent) {
+    row.count = row.count.saturating_add(ev.count);
+    row.last_ms = Some(ev.last_ms.unwrap_or(ev.time_ms));
+    for (sum, add) in [
+        (&mut row.bytes_up, ev.bytes_up),
+        (&mut row.bytes_down, ev.bytes_down),
+    ] {
+        if let Some(a) = add {
+            *sum = Some(sum.unwrap_or(0).saturating_add(a));
         }
     }
 }
@@ -125,6 +334,7 @@ impl EgressDecision {
             EgressDecision::Limit => "limit",
             EgressDecision::Error => "error",
             EgressDecision::Closed => "closed",
+            EgressDecision::Truncated => "truncated",
         }
     }
 }
@@ -210,5 +420,125 @@ impl Details {
         if more.accelerator.is_some() {
             self.accelerator = more.accelerator;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deny(host: &str) -> EgressEvent {
+        let mut e = EgressEvent::new(1, EgressKind::Connect, EgressDecision::Deny);
+        e.rule = Some("default-deny".into());
+        e.host = Some(host.into());
+        e.port = Some(443);
+        e
+    }
+
+    fn exfil(host: &str, path: &str) -> EgressEvent {
+        let mut e = EgressEvent::new(2, EgressKind::Https, EgressDecision::Exfiltration);
+        e.rule = Some("grant:github".into());
+        e.grant = Some("github".into());
+        e.host = Some(host.into());
+        e.path = Some(path.into());
+        e
+    }
+
+    fn total(rows: &[EgressEvent], pred: impl Fn(&EgressEvent) -> bool) -> u64 {
+        rows.iter().filter(|e| pred(e)).map(|e| e.count).sum()
+    }
+
+    #[test]
+    fn repeated_denials_fold_into_one_row_per_rule_and_host() {
+        let mut f = EgressFold::new(10);
+        for i in 0..50_000u64 {
+            let mut e = deny(if i % 2 == 0 { "a.test" } else { "b.test" });
+            e.conn = i;
+            e.time_ms += i;
+            f.push(e);
+        }
+        let rows = f.take();
+        assert_eq!(rows.len(), 2, "{rows:#?}");
+        assert!(
+            rows.iter()
+                .all(|r| r.count == 25_000 && r.last_ms.is_some())
+        );
+        assert!(f.is_empty() && f.take().is_empty());
+    }
+
+    #[test]
+    fn a_flood_of_distinct_events_is_capped_with_a_truncated_row() {
+        let mut f = EgressFold::new(100);
+        for i in 0..10_000 {
+            f.push(deny(&format!("h{i}.test")));
+        }
+        let rows = f.take();
+        assert_eq!(rows.len(), 101);
+        let t = rows.last().unwrap();
+        assert_eq!(t.decision, EgressDecision::Truncated);
+        assert_eq!(t.count, 9_900);
+        assert_eq!(total(&rows, |_| true), 10_000);
+        // The row says what it is in its JSON form too.
+        let json = serde_json::to_value(t).unwrap();
+        assert_eq!(json["decision"], "truncated");
+        assert_eq!(json["count"], 9_900);
+    }
+
+    #[test]
+    fn protected_events_are_never_dropped_however_many() {
+        let mut f = EgressFold::new(50);
+        // A flood of ordinary events first fills the itemised rows...
+        for i in 0..1_000 {
+            f.push(deny(&format!("h{i}.test")));
+        }
+        // ...then exfiltration attempts to ever-new hosts and paths, and granted requests.
+        for i in 0..5_000 {
+            f.push(exfil(&format!("evil{i}.test"), &format!("/p{i}")));
+            let mut g = EgressEvent::new(3, EgressKind::Https, EgressDecision::Allow);
+            g.grant = Some("github".into());
+            g.host = Some("api.github.test".into());
+            g.path = Some(format!("/repos/{i}"));
+            f.push(g);
+        }
+        let rows = f.take();
+        assert_eq!(
+            total(&rows, |e| e.decision == EgressDecision::Exfiltration),
+            5_000
+        );
+        assert_eq!(
+            total(&rows, |e| e.decision == EgressDecision::Allow
+                && e.grant.is_some()),
+            5_000
+        );
+        // Bounded all the same: 50 ordinary rows, the truncated row, and at most a few
+        // protected rows past the two coarsening steps.
+        assert!(rows.len() <= 50 + 1 + 2 * 50 + 2, "{} rows", rows.len());
+        // A coarsened row never claims a path only some of its events had.
+        assert!(
+            rows.iter()
+                .filter(|e| e.count > 1 && e.decision == EgressDecision::Exfiltration)
+                .all(|e| e.path.is_none())
+        );
+    }
+
+    #[test]
+    fn folded_rows_add_their_bytes_and_counts_from_upstream() {
+        let mut f = EgressFold::new(10);
+        for n in [3u64, 4] {
+            let mut e = EgressEvent::new(1, EgressKind::Connection, EgressDecision::Closed);
+            e.bytes_up = Some(10 * n);
+            e.count = n;
+            f.push(e);
+        }
+        let mut t = EgressEvent::new(0, EgressKind::Connection, EgressDecision::Truncated);
+        t.count = 99;
+        f.push(t);
+        let rows = f.take();
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].count, rows[0].bytes_up), (7, Some(70)));
+        assert_eq!(
+            (rows[1].decision, rows[1].count),
+            (EgressDecision::Truncated, 99)
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Audit events: one per decision, never carrying a secret value.
 
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -10,15 +11,19 @@ use tokio::sync::broadcast;
 use crate::error::{Error, Result};
 
 pub use cordon_core::report::{
-    EgressDecision as Decision, EgressEvent as AuditEvent, EgressKind as Kind,
+    EgressDecision as Decision, EgressEvent as AuditEvent, EgressFold, EgressKind as Kind,
 };
 
-/// Most events kept in memory; older ones are dropped (and counted) past this.
-pub const MAX_KEPT_EVENTS: usize = 100_000;
+/// Most recent events kept itemised in memory for [`AuditLog::events`]; older ones are
+/// dropped from that view (and counted). What the tiers report goes through the fold.
+pub const MAX_KEPT_EVENTS: usize = 4096;
 
 struct Kept {
-    events: Vec<AuditEvent>,
+    /// The latest events, for inspection.
+    recent: VecDeque<AuditEvent>,
     dropped: u64,
+    /// Every event since the last [`AuditLog::take`], folded and bounded.
+    fold: EgressFold,
 }
 
 /// Fans events out to memory, subscribers and an optional JSON-lines file.
@@ -48,8 +53,9 @@ impl AuditLog {
         Ok(AuditLog {
             sandbox: sandbox.to_string(),
             kept: Mutex::new(Kept {
-                events: Vec::new(),
+                recent: VecDeque::new(),
                 dropped: 0,
+                fold: EgressFold::default(),
             }),
             tx,
             file,
@@ -74,16 +80,29 @@ impl AuditLog {
         );
         let _ = self.tx.send(ev.clone());
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        if kept.events.len() >= MAX_KEPT_EVENTS {
+        kept.fold.push(ev.clone());
+        if kept.recent.len() >= MAX_KEPT_EVENTS {
+            kept.recent.pop_front();
             kept.dropped += 1;
-        } else {
-            kept.events.push(ev);
         }
+        kept.recent.push_back(ev);
     }
 
+    /// The latest events (at most [`MAX_KEPT_EVENTS`]) and how many older ones left that view.
     pub(crate) fn events(&self) -> (Vec<AuditEvent>, u64) {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        (kept.events.clone(), kept.dropped)
+        (kept.recent.iter().cloned().collect(), kept.dropped)
+    }
+
+    /// Every event since the last call, folded: one row per distinct decision with a
+    /// count, at most [`cordon_core::report::DEFAULT_FOLD_ROWS`] ordinary rows and a
+    /// `truncated` row for the rest; exfiltration and grant events are never dropped.
+    pub(crate) fn take(&self) -> Vec<AuditEvent> {
+        self.kept
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .fold
+            .take()
     }
 
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<AuditEvent> {

@@ -242,9 +242,9 @@ pub struct EgressStats {
 /// What a proxy leaves behind when it shuts down.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EgressReport {
-    /// Every audit event kept in memory, oldest first.
+    /// The latest audit events kept in memory, oldest first.
     pub events: Vec<AuditEvent>,
-    /// Events dropped because more than [`MAX_KEPT_EVENTS`] were recorded.
+    /// Older events that left that view because more than [`MAX_KEPT_EVENTS`] were recorded.
     pub dropped_events: u64,
     /// Final counters.
     pub stats: EgressStats,
@@ -512,9 +512,16 @@ impl ProxyHandle {
         scan(bytes, &self.known_secrets())
     }
 
-    /// A copy of the audit events so far.
+    /// A copy of the latest audit events, itemised (at most [`MAX_KEPT_EVENTS`]).
     pub fn events(&self) -> Vec<AuditEvent> {
         self.shared.audit.events().0
+    }
+
+    /// The audit events since the last call, folded and bounded (what a tier reports with
+    /// each outcome): repeated decisions are one row with a count, a flood past the row cap
+    /// is one `truncated` row, and exfiltration and grant events are never dropped.
+    pub fn take_events(&self) -> Vec<AuditEvent> {
+        self.shared.audit.take()
     }
 
     /// Live audit events from now on (a lagging receiver loses the oldest).

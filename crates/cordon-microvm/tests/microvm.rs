@@ -114,6 +114,15 @@ fn finish(env: Env) {
     assert!(!env.backend.config().snapshot_dir.exists());
 }
 
+/// The table of escape cases every tier runs (`cordon_testkit::escape::SHARED_KERNEL`):
+/// the guest has a kernel of its own, so counts it holds, families it opens and FIFOs it
+/// makes stay in the VM; the cases check the host is untouched and the agent never blocks.
+#[test]
+fn escape_table_shared_kernel() {
+    let Some(env) = env() else { return };
+    cordon_testkit::escape::run_shared_kernel(&env.backend, &spec(), false);
+}
+
 #[test]
 fn escape_battery() {
     let Some(env) = env() else { return };

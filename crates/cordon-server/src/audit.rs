@@ -104,6 +104,40 @@ pub struct LiveRow {
     pub state: String,
 }
 
+/// Each tenant's egress rows a minute: what one tenant's flood may add to the store.
+pub struct RowBudget {
+    per_minute: u32,
+    used: Mutex<std::collections::HashMap<String, (std::time::Instant, u32)>>,
+}
+
+impl RowBudget {
+    pub fn new(per_minute: u32) -> Self {
+        RowBudget {
+            per_minute,
+            used: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Takes up to `want` rows of `tenant`'s budget for this minute; returns how many it got.
+    pub fn take(&self, tenant: &str, want: usize) -> usize {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        // Forget tenants whose minute is over, so the map stays as small as the active set.
+        if used.len() > 1024 {
+            used.retain(|_, (start, _)| now.duration_since(*start).as_secs() < 60);
+        }
+        let (start, n) = used.entry(tenant.to_string()).or_insert((now, 0));
+        if now.duration_since(*start).as_secs() >= 60 {
+            *start = now;
+            *n = 0;
+        }
+        let left = self.per_minute.saturating_sub(*n) as usize;
+        let got = want.min(left);
+        *n = n.saturating_add(u32::try_from(got).unwrap_or(u32::MAX));
+        got
+    }
+}
+
 /// The store.
 pub struct Audit {
     conn: Mutex<Connection>,
@@ -190,6 +224,61 @@ impl Audit {
         let c = lock(&self.conn);
         insert_event(&c, e)?;
         Ok(c.last_insert_rowid())
+    }
+
+    /// Writes rows in one transaction (one commit for an exec and all it reports).
+    pub fn record_all(&self, events: &[NewEvent<'_>]) -> Result<(), ServerError> {
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        for e in events {
+            insert_event(&tx, e)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Bytes the store's live pages take (free pages a delete left are reused, so they do
+    /// not count).
+    pub fn used_bytes(&self) -> Result<u64, ServerError> {
+        let c = lock(&self.conn);
+        let pages: i64 = c.pragma_query_value(None, "page_count", |r| r.get(0))?;
+        let free: i64 = c.pragma_query_value(None, "freelist_count", |r| r.get(0))?;
+        let size: i64 = c.pragma_query_value(None, "page_size", |r| r.get(0))?;
+        Ok(u64::try_from((pages - free).max(0) * size).unwrap_or(0))
+    }
+
+    /// Deletes the oldest events until the store's live pages fit in `max_bytes` (with a
+    /// tenth to spare, so the next minute's rows do not trip it again); returns rows
+    /// deleted. A bound of 0 keeps everything.
+    pub fn trim_to(&self, max_bytes: u64) -> Result<usize, ServerError> {
+        if max_bytes == 0 {
+            return Ok(0);
+        }
+        let target = max_bytes - max_bytes / 10;
+        let mut deleted = 0;
+        // Bounded: each round deletes the share of rows the excess is of the store (at least
+        // 100, at most 50,000); a store that cannot shrink below the bound by deleting events
+        // (a huge sandboxes table) stops when no event is left.
+        for _ in 0..10_000 {
+            let used = self.used_bytes()?;
+            if used <= target {
+                break;
+            }
+            let c = lock(&self.conn);
+            let rows: i64 = c.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
+            let share = (used - target) as f64 / used as f64;
+            let chunk = ((rows as f64 * share).ceil() as i64).clamp(100, 50_000);
+            let n = c.execute(
+                "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT ?1)",
+                params![chunk],
+            )?;
+            drop(c);
+            if n == 0 {
+                break;
+            }
+            deleted += n;
+        }
+        Ok(deleted)
     }
 
     /// Records that a sandbox exists (state `live` or `pooled`).
@@ -359,6 +448,38 @@ mod tests {
         assert_eq!(a.query(Some("alice"), &q).unwrap().len(), 1);
         assert_eq!(a.query(None, &Query::default()).unwrap().len(), 3);
         assert_eq!(a.delete_before(now_ms() + 1000).unwrap(), 3);
+    }
+
+    #[test]
+    fn the_store_is_kept_under_its_size_bound_oldest_rows_first() {
+        let a = Audit::open_in_memory().unwrap();
+        let pad = "x".repeat(1000);
+        let rows: Vec<NewEvent<'_>> = (0..4000)
+            .map(|_| NewEvent {
+                tenant: Some("t"),
+                kind: "egress",
+                detail: serde_json::json!({ "pad": pad }),
+                ..Default::default()
+            })
+            .collect();
+        a.record_all(&rows).unwrap();
+        let before = a.used_bytes().unwrap();
+        assert!(before > 4_000_000, "{before}");
+        let deleted = a.trim_to(1_000_000).unwrap();
+        assert!(deleted > 0 && deleted < 4000, "{deleted}");
+        assert!(a.used_bytes().unwrap() <= 1_000_000);
+        // The newest rows are the ones kept.
+        let left = a
+            .query(
+                None,
+                &Query {
+                    limit: Some(1000),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(left.first().unwrap().id, deleted as i64 + 1);
+        assert_eq!(a.trim_to(0).unwrap(), 0);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use cordon_core::units::Dur;
+pub use cordon_core::units::{Dur, Size};
 use cordon_core::{Limits, Tier};
 use serde::Deserialize;
 
@@ -80,11 +80,28 @@ impl Default for HttpLimits {
 pub struct AuditConfig {
     /// Rows older than this many days are deleted (0 keeps everything).
     pub retention_days: u64,
+    /// The store's rows are kept under this size: past it the oldest rows go first
+    /// (checked every minute; 0 for no size bound).
+    pub max_size: Size,
+    /// New sandboxes are refused (503 storage_low) while the data dir's file system has less
+    /// free space than this, so the audit store can always write what running ones do.
+    pub min_free_disk: Size,
+    /// Most egress rows one tenant's sandboxes write a minute; past it ordinary rows are
+    /// counted in one `truncated` row per exec (exfiltration and grant rows always go in).
+    pub max_egress_rows_per_minute: u32,
+    /// Most distinct egress rows one exec reports; past it the tier's fold counts the rest.
+    pub max_egress_rows_per_exec: usize,
 }
 
 impl Default for AuditConfig {
     fn default() -> Self {
-        AuditConfig { retention_days: 30 }
+        AuditConfig {
+            retention_days: 30,
+            max_size: Size(1 << 30),
+            min_free_disk: Size(256 << 20),
+            max_egress_rows_per_minute: 6000,
+            max_egress_rows_per_exec: cordon_core::report::DEFAULT_FOLD_ROWS,
+        }
     }
 }
 

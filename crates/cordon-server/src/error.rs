@@ -51,6 +51,7 @@ pub enum Code {
     SandboxGone,
     SandboxFailure,
     ShuttingDown,
+    StorageLow,
     NoSuchRoute,
     MethodNotAllowed,
     Internal,
@@ -73,7 +74,7 @@ impl Code {
             Code::SandboxBusy => StatusCode::CONFLICT,
             Code::SandboxGone => StatusCode::GONE,
             Code::SandboxFailure | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            Code::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Code::ShuttingDown | Code::StorageLow => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -96,6 +97,7 @@ impl Code {
             Code::SandboxGone => "sandbox_gone",
             Code::SandboxFailure => "sandbox_failure",
             Code::ShuttingDown => "shutting_down",
+            Code::StorageLow => "storage_low",
             Code::NoSuchRoute => "no_such_route",
             Code::MethodNotAllowed => "method_not_allowed",
             Code::Internal => "internal",

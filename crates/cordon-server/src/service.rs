@@ -26,7 +26,7 @@ use cordon_engine::{
 };
 
 use crate::ServerError;
-use crate::audit::{Audit, Event, LiveRow, NewEvent, Query, now_ms};
+use crate::audit::{Audit, Event, LiveRow, NewEvent, Query, RowBudget, now_ms};
 use crate::config::Config;
 use crate::error::{ApiError, Code};
 use crate::keys::{Keys, Tenant};
@@ -233,6 +233,8 @@ struct Inner {
     backends: Backends,
     probes: BTreeMap<Tier, Probe>,
     audit: Arc<Audit>,
+    /// Each tenant's egress rows a minute.
+    egress_rows: RowBudget,
     keys: Keys,
     metrics: Metrics,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
@@ -449,11 +451,13 @@ impl Service {
                     .map_err(|e| ServerError::Config(format!("the {} pool: {e}", p.tier)))?,
             );
         }
+        let egress_rows = RowBudget::new(cfg.audit.max_egress_rows_per_minute);
         let svc = Service {
             inner: Arc::new(Inner {
                 cfg,
                 backends,
                 probes,
+                egress_rows,
                 audit: Arc::new(audit),
                 keys,
                 metrics: Metrics::new(),
@@ -618,6 +622,7 @@ impl Service {
 
     /// Reserves a place under the budgets, or says when to retry.
     fn reserve(&self, tenant: &Tenant, spec: &SandboxSpec) -> Result<Reservation, ApiError> {
+        self.disk_guard()?;
         let rules = self
             .inner
             .gate
@@ -639,6 +644,38 @@ impl Service {
                 Err(e)
             }
         }
+    }
+
+    /// Refuses a new sandbox while the data dir's file system is nearly full: the audit
+    /// store must be able to write what every running sandbox does.
+    fn disk_guard(&self) -> Result<(), ApiError> {
+        let need = self.inner.cfg.audit.min_free_disk.0;
+        if need == 0 {
+            return Ok(());
+        }
+        let free = match nix::sys::statvfs::statvfs(&self.inner.cfg.data_dir) {
+            Ok(v) => v.blocks_available().saturating_mul(v.fragment_size()),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the data dir's free space");
+                return Ok(());
+            }
+        };
+        if free >= need {
+            return Ok(());
+        }
+        tracing::error!(
+            free,
+            need,
+            "the data dir's file system is nearly full: new sandboxes are refused"
+        );
+        self.inner.metrics.deny("storage_low");
+        let mut e = ApiError::new(
+            Code::StorageLow,
+            "the server is low on storage and takes no new sandboxes for now",
+            "retry later; the operator has been told (free space under audit.min_free_disk)",
+        );
+        e.retry_after = Some(60);
+        Err(e)
     }
 
     /// A fresh sandbox for `spec`: from the warm pool when the spec is the pool's, else cold.
@@ -1152,6 +1189,7 @@ impl Service {
     async fn reaper(self) {
         let every = self.inner.cfg.sessions.reap_interval.0;
         let mut last_retention: Option<Instant> = None;
+        let mut last_trim: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = self.inner.cancel.cancelled() => return,
@@ -1171,6 +1209,20 @@ impl Service {
                         tracing::warn!(error = %e, "reaping a sandbox");
                     }
                 });
+            }
+            if last_trim.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                last_trim = Some(Instant::now());
+                let audit = self.inner.audit.clone();
+                let max = self.inner.cfg.audit.max_size.0;
+                match tokio::task::spawn_blocking(move || audit.trim_to(max)).await {
+                    Ok(Ok(0)) => {}
+                    Ok(Ok(n)) => tracing::warn!(
+                        rows = n,
+                        "the audit store reached audit.max_size: its oldest rows were deleted"
+                    ),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "audit size bound"),
+                    Err(_) => {}
+                }
             }
             if last_retention.is_none_or(|t| t.elapsed() > Duration::from_secs(3600)) {
                 last_retention = Some(Instant::now());
@@ -1383,6 +1435,68 @@ fn command_digest(req: &ExecRequest) -> (String, &'static str) {
     (hex::encode(h.finalize()), kind)
 }
 
+/// Folds the egress events a tier reported with an outcome to the server's per-exec cap
+/// (the outcome keeps that folded list), then holds ordinary rows to the tenant's budget a
+/// minute: returns the rows to store, ending with one `truncated` row for all that were only
+/// counted. Exfiltration and grant rows are never held back.
+fn fold_egress(
+    svc: &Service,
+    tenant: &str,
+    events: &mut Vec<cordon_core::EgressEvent>,
+) -> Vec<cordon_core::EgressEvent> {
+    use cordon_core::{EgressDecision, EgressFold};
+    if events.is_empty() {
+        return Vec::new();
+    }
+    let mut fold = EgressFold::new(svc.inner.cfg.audit.max_egress_rows_per_exec);
+    for ev in events.drain(..) {
+        fold.push(ev);
+    }
+    *events = fold.take();
+    let ordinary = events
+        .iter()
+        .filter(|e| !e.is_protected() && e.decision != EgressDecision::Truncated)
+        .count();
+    let mut budget = svc.inner.egress_rows.take(tenant, ordinary);
+    let mut stored = Vec::with_capacity(events.len());
+    let mut counted: Option<cordon_core::EgressEvent> = None;
+    for ev in events.iter() {
+        let over = ev.decision == EgressDecision::Truncated
+            || (!ev.is_protected() && {
+                let none_left = budget == 0;
+                budget = budget.saturating_sub(1);
+                none_left
+            });
+        if !over {
+            stored.push(ev.clone());
+            continue;
+        }
+        let t = counted.get_or_insert_with(|| {
+            let mut t = cordon_core::EgressEvent::new(
+                0,
+                cordon_core::EgressKind::Connection,
+                EgressDecision::Truncated,
+            );
+            t.sandbox.clone_from(&ev.sandbox);
+            t.time_ms = ev.time_ms;
+            t.count = 0;
+            t.rule = Some("audit:truncated".into());
+            t
+        });
+        t.count = t.count.saturating_add(ev.count);
+    }
+    if let Some(mut t) = counted {
+        t.reason = Some(format!(
+            "{} egress events were counted, not itemised: past {} rows for one exec or {} a minute for the tenant",
+            t.count,
+            svc.inner.cfg.audit.max_egress_rows_per_exec,
+            svc.inner.cfg.audit.max_egress_rows_per_minute
+        ));
+        stored.push(t);
+    }
+    stored
+}
+
 /// Runs one exec in a locked sandbox and writes its audit rows; blocking.
 fn exec_blocking(
     svc: &Service,
@@ -1392,7 +1506,7 @@ fn exec_blocking(
 ) -> Result<ExecOutcome, ApiError> {
     let (digest, kind) = command_digest(req);
     let t0 = Instant::now();
-    let result = {
+    let mut result = {
         let mut cell = lock(&s.sandbox);
         match cell.as_mut() {
             None => Err(gone(&s.id)),
@@ -1448,56 +1562,57 @@ fn exec_blocking(
             "error": e.to_json(),
         }),
     };
-    audit
-        .record(&NewEvent {
+    // The exec's row, its egress decisions (folded: a flood is one row per distinct
+    // decision with a count, ordinary rows capped per exec and per tenant a minute, the rest
+    // counted in one `truncated` row; exfiltration and grant rows always go in) and a
+    // grant_use row per request that carried a grant, in one transaction.
+    let mut rows = vec![NewEvent {
+        tenant: Some(&s.tenant.0),
+        sandbox: Some(&s.id),
+        kind: "exec",
+        decision: Some(match &result {
+            Ok(o) => o.termination.as_str(),
+            Err(_) => "error",
+        }),
+        tier: Some(s.tier),
+        detail,
+    }];
+    let egress = match &mut result {
+        Ok(o) => fold_egress(svc, &s.tenant.0, &mut o.extra.egress),
+        Err(_) => Vec::new(),
+    };
+    for ev in &egress {
+        rows.push(NewEvent {
             tenant: Some(&s.tenant.0),
             sandbox: Some(&s.id),
-            kind: "exec",
-            decision: Some(match &result {
-                Ok(o) => o.termination.as_str(),
-                Err(_) => "error",
-            }),
+            kind: "egress",
+            decision: Some(ev.decision.as_str()),
             tier: Some(s.tier),
-            detail,
-        })
-        .map_err(audit_err)?;
-    if let Ok(o) = &result {
-        // Egress decisions the tier reports with the outcome, and a grant_use row for
-        // each request the proxy put a grant's secret (or minted token) into.
-        for ev in &o.extra.egress {
-            let detail = serde_json::to_value(ev).unwrap_or_default();
-            audit
-                .record(&NewEvent {
+            detail: serde_json::to_value(ev).unwrap_or_default(),
+        });
+        if let (Some(grants), cordon_core::EgressDecision::Allow) = (&ev.grant, ev.decision) {
+            for name in grants.split(',') {
+                rows.push(NewEvent {
                     tenant: Some(&s.tenant.0),
                     sandbox: Some(&s.id),
-                    kind: "egress",
-                    decision: Some(ev.decision.as_str()),
+                    kind: "grant_use",
+                    decision: Some("allow"),
                     tier: Some(s.tier),
-                    detail,
-                })
-                .map_err(audit_err)?;
-            if let (Some(grants), cordon_core::EgressDecision::Allow) = (&ev.grant, ev.decision) {
-                for name in grants.split(',') {
-                    audit
-                        .record(&NewEvent {
-                            tenant: Some(&s.tenant.0),
-                            sandbox: Some(&s.id),
-                            kind: "grant_use",
-                            decision: Some("allow"),
-                            tier: Some(s.tier),
-                            detail: json!({
-                                "grant": name,
-                                "host": ev.host,
-                                "port": ev.port,
-                                "method": ev.method,
-                                "path": ev.path,
-                                "status": ev.status,
-                            }),
-                        })
-                        .map_err(audit_err)?;
-                }
+                    detail: json!({
+                        "grant": name,
+                        "host": ev.host,
+                        "port": ev.port,
+                        "method": ev.method,
+                        "path": ev.path,
+                        "status": ev.status,
+                        "count": ev.count,
+                    }),
+                });
             }
         }
+    }
+    audit.record_all(&rows).map_err(audit_err)?;
+    if let Ok(o) = &result {
         let m = &svc.inner.metrics;
         m.terminations
             .get_or_create(&TerminationLabels {

@@ -126,6 +126,49 @@ impl Sandbox for FakeSandbox {
                 o.extra.egress.push(ev);
                 Vec::new()
             }
+            // Reports an egress flood as a hostile program looping connections would make
+            // the proxy record: `flood SAME DISTINCT EXFIL` identical denials, denials to
+            // distinct hosts, and exfiltration attempts to distinct hosts.
+            Command::Argv(v) if v[0] == "flood" => {
+                let n: Vec<u64> = v[1..4].iter().map(|x| x.parse().unwrap()).collect();
+                let mut fold = cordon_core::EgressFold::default();
+                let event = |i: u64, decision, host: String| {
+                    let mut e = cordon_core::EgressEvent::new(
+                        i,
+                        cordon_core::EgressKind::Connect,
+                        decision,
+                    );
+                    e.rule = Some("default-deny".into());
+                    e.host = Some(host);
+                    e.port = Some(443);
+                    e
+                };
+                for i in 0..n[0] {
+                    fold.push(event(
+                        i,
+                        cordon_core::EgressDecision::Deny,
+                        "same.test".into(),
+                    ));
+                }
+                for i in 0..n[1] {
+                    fold.push(event(
+                        i,
+                        cordon_core::EgressDecision::Deny,
+                        format!("h{i}.test"),
+                    ));
+                }
+                for i in 0..n[2] {
+                    let mut e = event(
+                        i,
+                        cordon_core::EgressDecision::Exfiltration,
+                        format!("x{i}.test"),
+                    );
+                    e.grant = Some("github".into());
+                    fold.push(e);
+                }
+                o.extra.egress = fold.take();
+                Vec::new()
+            }
             Command::Argv(v) if v[0] == "sleep" => {
                 std::thread::sleep(Duration::from_millis(v[1].parse().unwrap()));
                 Vec::new()
@@ -175,6 +218,122 @@ impl Sandbox for FakeSandbox {
         }
         Ok(())
     }
+}
+
+/// One sandbox flooding egress (what a loop of refused connections makes the proxy record)
+/// cannot flood the audit store: identical decisions are one row with a count, ordinary rows
+/// are capped per exec and per tenant a minute with an explicit `truncated` row, and every
+/// exfiltration attempt is still counted. Old code wrote one row per event (25,300 here).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_egress_flood_is_folded_capped_and_keeps_every_exfiltration() {
+    let env = start_with(|c| {
+        c.audit.max_egress_rows_per_exec = 100;
+        c.audit.max_egress_rows_per_minute = 150;
+    })
+    .await;
+    let id = env.create(ALICE, json!({"tier": "container"})).await;
+    let mut after = 0i64;
+    for (round, ordinary_budget) in [(0, 100), (1, 50)] {
+        let (s, v) = env
+            .exec(
+                ALICE,
+                &id,
+                json!({"argv": ["flood", "20000", "5000", "300"]}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let reported = v["extra"]["egress"].as_array().unwrap();
+        assert!(
+            reported.len() <= 100 + 1 + 201,
+            "round {round}: {}",
+            reported.len()
+        );
+        let (s, rows) = env
+            .call(
+                M::GET,
+                &format!("/v1/audit?sandbox={id}&kind=egress&limit=1000&after_id={after}"),
+                ALICE,
+                None,
+            )
+            .await;
+        assert_eq!(s, 200);
+        let rows = rows["events"].as_array().unwrap().clone();
+        after = rows.last().unwrap()["id"].as_i64().unwrap();
+        let count = |pred: &dyn Fn(&Value) -> bool| -> u64 {
+            rows.iter()
+                .filter(|r| pred(r))
+                .map(|r| r["detail"]["count"].as_u64().unwrap_or(1))
+                .sum()
+        };
+        assert_eq!(
+            count(&|r| r["decision"] == "exfiltration"),
+            300,
+            "round {round}: every exfiltration attempt is counted"
+        );
+        assert_eq!(
+            count(&|r| r["decision"] == "deny" || r["decision"] == "truncated"),
+            25_000,
+            "round {round}: every denial is counted, itemised or not"
+        );
+        let ordinary = rows.iter().filter(|r| r["decision"] == "deny").count();
+        assert!(
+            ordinary <= ordinary_budget,
+            "round {round}: {ordinary} ordinary rows past the caps"
+        );
+        let truncated: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["decision"] == "truncated")
+            .collect();
+        assert_eq!(truncated.len(), 1, "round {round}: one truncated row");
+        assert!(
+            rows.len() <= ordinary_budget + 1 + 201,
+            "round {round}: {} rows",
+            rows.len()
+        );
+        // The identical denials are one row with their count.
+        assert!(
+            rows.iter()
+                .any(|r| r["detail"]["host"] == "same.test" && r["detail"]["count"] == 20_000),
+            "round {round}: the identical denials are not one row"
+        );
+    }
+    env.server.shutdown().await;
+}
+
+/// While the data dir's file system has less free space than `audit.min_free_disk`, new
+/// sandboxes are refused with 503 storage_low (naming no host path); running ones go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn new_sandboxes_are_refused_while_the_disk_is_nearly_full() {
+    let env = start_with(|c| {
+        c.pools.clear();
+        c.audit.min_free_disk = cordon_server::config::Size(u64::MAX);
+    })
+    .await;
+    let (s, v) = env
+        .call(
+            M::POST,
+            "/v1/sandboxes",
+            ALICE,
+            Some(json!({"tier": "container"})),
+        )
+        .await;
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(v["code"], "storage_low");
+    let text = v.to_string();
+    assert!(
+        !text.contains(env._dir.path().to_str().unwrap()) && !text.contains("/tmp"),
+        "{text}"
+    );
+    let (s, v) = env
+        .call(
+            M::POST,
+            "/v1/run",
+            ALICE,
+            Some(json!({"tier": "runtime", "lang": "js", "code": "1"})),
+        )
+        .await;
+    assert_eq!((s, v["code"].as_str()), (503, Some("storage_low")), "{v}");
+    env.server.shutdown().await;
 }
 
 // ---- helpers -----------------------------------------------------------------------------

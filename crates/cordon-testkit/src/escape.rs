@@ -178,7 +178,7 @@ pub const SHARED_KERNEL: [Case; 3] = [
         socketpair_families_refused,
     ),
     (
-        "inotify and message queues held by a sandbox leave host root its own",
+        "inotify, message queues and pending signals held by a sandbox leave host root its own",
         kernel_counts_stay_inside,
     ),
     (
@@ -238,10 +238,10 @@ for name, fam, typ in cases:
     }
 }
 
-/// Python that opens inotify instances and message queues until refused, prints `held`
-/// with what it got, and sleeps holding them.
+/// Python that opens inotify instances and message queues and queues blocked real-time
+/// signals until refused, prints `held` with what it got, and sleeps holding them.
 const HOLD_KERNEL_COUNTS: &str = r#"
-import ctypes, os, time
+import ctypes, os, signal, time
 libc = ctypes.CDLL(None, use_errno=True)
 n, err = 0, 0
 while n < 4096:
@@ -263,7 +263,13 @@ try:
             q += 1
 except AttributeError:
     pass
-print('held', n, err, q, flush=True)
+# Real-time signals queued to itself and blocked: each is a pending signal charged to the
+# user that owns it, up to RLIMIT_SIGPENDING.
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+sig = 0
+while sig < 200000 and libc.sigqueue(os.getpid(), int(signal.SIGRTMIN), ctypes.c_void_p(0)) == 0:
+    sig += 1
+print('held', n, err, q, sig, flush=True)
 time.sleep(600)
 "#;
 
@@ -281,7 +287,10 @@ pub fn kernel_counts_stay_inside(b: &dyn Backend, spec: &SandboxSpec, _wall: Wal
     // Tiers that cannot interrupt a running exec end this one by its timeout.
     req.timeout_ms = Some(15_000);
     let mut seen = String::new();
-    let mut host: Option<(Result<(), String>, Result<(), String>)> = None;
+    // What host root could still do while the sandbox held its counts: inotify, a message
+    // queue, a queued signal.
+    type HostChecks = (Result<(), String>, Result<(), String>, Result<(), String>);
+    let mut host: Option<HostChecks> = None;
     let mut sink = |s: OutputStream, d: &[u8]| {
         if s != OutputStream::Stdout || host.is_some() {
             return;
@@ -307,14 +316,14 @@ pub fn kernel_counts_stay_inside(b: &dyn Backend, spec: &SandboxSpec, _wall: Wal
             let _ = mq_unlink(name.as_c_str());
         })
         .map_err(|e| format!("mq_open: {e}"));
-        host = Some((inotify, mq));
+        host = Some((inotify, mq, host_can_queue_a_signal()));
         if let Some(stop) = &stop {
             stop();
         }
     };
     let ran = sb.exec(&req, &mut sink);
     let _ = sb.destroy();
-    let Some((inotify, mq)) = host else {
+    let Some((inotify, mq, sigpending)) = host else {
         panic!("the probe never held anything: {seen} {ran:?}");
     };
     let held: Vec<u64> = seen
@@ -326,6 +335,10 @@ pub fn kernel_counts_stay_inside(b: &dyn Backend, spec: &SandboxSpec, _wall: Wal
         held.first().is_some_and(|&n| n > 0),
         "the sandbox got no inotify instance: {seen}"
     );
+    assert!(
+        held.get(3).is_some_and(|&n| n > 0),
+        "the sandbox queued no signal: {seen}"
+    );
     assert_eq!(
         inotify,
         Ok(()),
@@ -336,6 +349,37 @@ pub fn kernel_counts_stay_inside(b: &dyn Backend, spec: &SandboxSpec, _wall: Wal
         Ok(()),
         "host root's message queue bytes ran out: sandbox {seen}"
     );
+    assert_eq!(
+        sigpending,
+        Ok(()),
+        "host root's pending signals ran out: sandbox {seen}"
+    );
+}
+
+/// Whether a root process on the host can still queue a (blocked) real-time signal to
+/// itself: run as a separate process, since queuing one in this multi-threaded test binary
+/// could land on a thread that does not block it.
+fn host_can_queue_a_signal() -> Result<(), String> {
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import ctypes, os, signal\n\
+             libc = ctypes.CDLL(None, use_errno=True)\n\
+             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])\n\
+             r = libc.sigqueue(os.getpid(), int(signal.SIGRTMIN), ctypes.c_void_p(0))\n\
+             print('ok' if r == 0 else 'errno %d' % ctypes.get_errno())",
+        ])
+        .output()
+        .map_err(|e| format!("python3: {e}"))?;
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if said == "ok" {
+        Ok(())
+    } else {
+        Err(format!(
+            "sigqueue: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
 }
 
 /// A FIFO made in `/work` by the program, then written and read through the file calls:
