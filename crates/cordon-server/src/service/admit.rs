@@ -1,0 +1,129 @@
+//! Admission: the gate's decision, the tenant's and the server's budgets, the disk guard.
+
+use super::*;
+
+impl Service {
+    // ---- policy ----------------------------------------------------------------------
+
+    /// The gate every create and run passes.
+    pub fn gate(&self) -> &Gate {
+        &self.inner.gate
+    }
+
+    /// The token issuer of minted grants.
+    pub fn issuer(&self) -> &Arc<Issuer> {
+        &self.inner.issuer
+    }
+
+    /// Turns a create request into a spec, or refuses it. Every decision is audited.
+    pub(super) async fn decide(
+        &self,
+        tenant: &Tenant,
+        req: &CreateRequest,
+        what: &str,
+    ) -> Result<Admission, ApiError> {
+        let (adm, row) = self.decide_later(tenant, req, what).await?;
+        self.record(row).await?;
+        Ok(adm)
+    }
+
+    /// [`Self::decide`], but an allowed request's policy row is returned for the caller to
+    /// write with its next rows (before anything it reports); a refusal's is written here.
+    pub(super) async fn decide_later(
+        &self,
+        tenant: &Tenant,
+        req: &CreateRequest,
+        what: &str,
+    ) -> Result<(Admission, NewEventOwned), ApiError> {
+        let who = Principal::Tenant(tenant.0.clone());
+        match self.inner.gate.admit(&who, req, what) {
+            Ok(adm) => {
+                let row = NewEventOwned {
+                    tenant: Some(tenant.0.clone()),
+                    sandbox: None,
+                    kind: "policy",
+                    decision: Some("allow"),
+                    tier: Some(adm.spec.tier),
+                    detail: serde_json::to_value(&adm.record).unwrap_or_default(),
+                };
+                Ok((adm, row))
+            }
+            Err(d) => {
+                self.record(NewEventOwned {
+                    tenant: Some(tenant.0.clone()),
+                    sandbox: None,
+                    kind: "policy",
+                    decision: Some("deny"),
+                    tier: d.record.tier,
+                    detail: serde_json::to_value(&*d.record).unwrap_or_default(),
+                })
+                .await?;
+                let e = ApiError::from(d);
+                self.inner.metrics.deny(e.code.as_str());
+                Err(e)
+            }
+        }
+    }
+
+    /// Reserves a place under the budgets, or says when to retry.
+    pub(super) fn reserve(
+        &self,
+        tenant: &Tenant,
+        spec: &SandboxSpec,
+    ) -> Result<Reservation, ApiError> {
+        self.disk_guard()?;
+        let rules = self
+            .inner
+            .gate
+            .rules_for(&Principal::Tenant(tenant.0.clone()));
+        match self.inner.ledger.reserve(
+            &tenant.0,
+            spec.limits.memory_bytes,
+            (rules.max_sandboxes, rules.max_memory),
+        ) {
+            Ok(r) => Ok(r),
+            Err(full) => {
+                self.inner.metrics.deny("too_many_sandboxes");
+                let mut e = ApiError::new(
+                    Code::TooManySandboxes,
+                    full.message,
+                    "destroy sandboxes you no longer need, or retry after the Retry-After seconds",
+                );
+                e.retry_after = Some(self.inner.cfg.sessions.retry_after_secs.max(1));
+                Err(e)
+            }
+        }
+    }
+
+    /// Refuses a new sandbox while the data dir's file system is nearly full: the audit
+    /// store must be able to write what every running sandbox does.
+    pub(super) fn disk_guard(&self) -> Result<(), ApiError> {
+        let need = self.inner.cfg.audit.min_free_disk.0;
+        if need == 0 {
+            return Ok(());
+        }
+        let free = match nix::sys::statvfs::statvfs(&self.inner.cfg.data_dir) {
+            Ok(v) => v.blocks_available().saturating_mul(v.fragment_size()),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the data dir's free space");
+                return Ok(());
+            }
+        };
+        if free >= need {
+            return Ok(());
+        }
+        tracing::error!(
+            free,
+            need,
+            "the data dir's file system is nearly full: new sandboxes are refused"
+        );
+        self.inner.metrics.deny("storage_low");
+        let mut e = ApiError::new(
+            Code::StorageLow,
+            "the server is low on storage and takes no new sandboxes for now",
+            "retry later; the operator has been told (free space under audit.min_free_disk)",
+        );
+        e.retry_after = Some(60);
+        Err(e)
+    }
+}

@@ -1,0 +1,510 @@
+//! Execs, file calls and one-shot runs, and the audit rows they write.
+
+use super::*;
+
+impl Service {
+    // ---- exec and files --------------------------------------------------------------
+
+    /// Starts an exec: checks the request and claims the sandbox. The returned job runs it.
+    pub fn begin_exec(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        body: &ExecBody,
+    ) -> Result<ExecJob, ApiError> {
+        let req = body.to_request()?;
+        let guard = self.claim(tenant, id)?;
+        let max = self.inner.cfg.max_limits.timeout_ms;
+        if req.timeout_ms.is_some_and(|t| t == 0 || t > max) {
+            return Err(ApiError::new(
+                Code::PolicyDenied,
+                format!("the exec timeout must be between 1 ms and {max} ms"),
+                "give a shorter timeout",
+            ));
+        }
+        Ok(ExecJob {
+            svc: self.clone(),
+            guard,
+            req,
+        })
+    }
+
+    /// Writes a file into a sandbox (under /work).
+    pub async fn put_file(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        path: &str,
+        data: Vec<u8>,
+        mode: u32,
+    ) -> Result<serde_json::Value, ApiError> {
+        let rel = validate_sandbox_path(path)?;
+        let full = format!("/work/{rel}");
+        let guard = self.claim(tenant, id)?;
+        let s = guard.0.clone();
+        let audit = self.inner.audit.clone();
+        let p = full.clone();
+        let n = data.len();
+        // The sandbox stays busy until the blocking call has ended, even if the client
+        // gives up first: the guard travels with the work, not with the request.
+        blocking(move || -> Result<(), ApiError> {
+            let _busy = guard;
+            let digest = hex::encode(Sha256::digest(&data));
+            let r = {
+                let mut cell = lock(&s.sandbox);
+                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                sb.put_file(&p, &data, mode)
+            };
+            audit
+                .record(&NewEvent {
+                    tenant: Some(&s.tenant.0),
+                    sandbox: Some(&s.id),
+                    kind: "file_put",
+                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
+                    tier: Some(s.tier),
+                    detail: json!({"path": p, "bytes": n, "sha256": digest, "mode": mode,
+                        "error": r.as_ref().err().map(|e| e.to_string())}),
+                })
+                .map_err(audit_err)?;
+            r.map_err(ApiError::from)
+        })
+        .await??;
+        Ok(json!({"path": full, "bytes": n}))
+    }
+
+    /// Reads a file out of a sandbox (under /work), at most the configured size.
+    pub async fn get_file(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        path: &str,
+    ) -> Result<Vec<u8>, ApiError> {
+        let rel = validate_sandbox_path(path)?;
+        let full = format!("/work/{rel}");
+        let guard = self.claim(tenant, id)?;
+        let s = guard.0.clone();
+        let audit = self.inner.audit.clone();
+        let max = self.inner.cfg.http.max_file_bytes as u64;
+        let data = blocking(move || -> Result<Vec<u8>, ApiError> {
+            let _busy = guard;
+            let r = {
+                let mut cell = lock(&s.sandbox);
+                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                sb.get_file(&full, max)
+            };
+            audit
+                .record(&NewEvent {
+                    tenant: Some(&s.tenant.0),
+                    sandbox: Some(&s.id),
+                    kind: "file_get",
+                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
+                    tier: Some(s.tier),
+                    detail: json!({"path": full,
+                        "bytes": r.as_ref().map(|d| d.len()).ok(),
+                        "sha256": r.as_ref().map(|d| hex::encode(Sha256::digest(d))).ok(),
+                        "error": r.as_ref().err().map(|e| e.to_string())}),
+                })
+                .map_err(audit_err)?;
+            r.map_err(ApiError::from)
+        })
+        .await??;
+        Ok(data)
+    }
+
+    // ---- one-shot run ----------------------------------------------------------------
+
+    /// Starts a one-shot run: policy, a place under the limits, a sandbox, the files.
+    pub async fn begin_run(
+        &self,
+        tenant: &Tenant,
+        create: CreateRequest,
+        body: &ExecBody,
+        files: Vec<RunFile>,
+    ) -> Result<RunJob, ApiError> {
+        self.stopping()?;
+        let mut req = body.to_request()?;
+        // A one-shot run's sandbox is destroyed after this exec.
+        req.last = true;
+        let mut inputs = Vec::new();
+        for f in &files {
+            let rel = validate_sandbox_path(&f.path)?;
+            inputs.push((format!("/work/{rel}"), f.bytes()?, f.mode.unwrap_or(0o644)));
+        }
+        let mut create = create;
+        create.workload = cordon_engine::workload_of(&req.command, !files.is_empty());
+        let (adm, policy_row) = self.decide_later(tenant, &create, "run").await?;
+        let spec = adm.spec;
+        let placed: Result<_, ApiError> = async {
+            let slot = self.reserve(tenant, &spec)?;
+            Ok((slot, self.acquire(&spec).await?))
+        }
+        .await;
+        let (slot, acq) = match placed {
+            Ok(placed) => placed,
+            // Without a sandbox there is no exec hop to carry the decision: write it now.
+            Err(e) => {
+                self.record(policy_row).await?;
+                return Err(e);
+            }
+        };
+        let id = acq.sandbox.id();
+        let tier = spec.tier;
+        let detail = json!({"source": acq.source, "start_us": acq.start_us, "limits": spec.limits, "one_shot": true});
+        // Written with the exec's own hop, before the program runs (see RunJob::run).
+        let rows = vec![
+            policy_row,
+            NewEventOwned {
+                tenant: Some(tenant.0.clone()),
+                sandbox: Some(id.clone()),
+                kind: "create",
+                decision: Some("ok"),
+                tier: Some(tier),
+                detail,
+            },
+        ];
+        self.inner
+            .metrics
+            .live
+            .get_or_create(&Metrics::tier(tier))
+            .inc();
+        let session = Arc::new(Session::new(
+            tenant,
+            spec,
+            acq,
+            slot,
+            (Duration::MAX, Duration::MAX),
+            true,
+        ));
+        Ok(RunJob {
+            svc: self.clone(),
+            session,
+            req,
+            inputs,
+            rows,
+        })
+    }
+}
+
+/// An owned audit row, to move into a blocking task.
+pub(super) struct NewEventOwned {
+    pub(super) tenant: Option<String>,
+    pub(super) sandbox: Option<String>,
+    pub(super) kind: &'static str,
+    pub(super) decision: Option<&'static str>,
+    pub(super) tier: Option<Tier>,
+    pub(super) detail: serde_json::Value,
+}
+
+impl NewEventOwned {
+    pub(super) fn borrowed(&self) -> NewEvent<'_> {
+        NewEvent {
+            tenant: self.tenant.as_deref(),
+            sandbox: self.sandbox.as_deref(),
+            kind: self.kind,
+            decision: self.decision,
+            tier: self.tier,
+            detail: self.detail.clone(),
+        }
+    }
+}
+
+/// SHA-256 of what an exec runs (source, argv or module), for the audit row.
+pub(super) fn command_digest(req: &ExecRequest) -> (String, &'static str) {
+    let mut h = Sha256::new();
+    let kind = match &req.command {
+        Command::Code {
+            language,
+            source,
+            args,
+        } => {
+            h.update(language.as_str().as_bytes());
+            h.update([0]);
+            h.update(source.as_bytes());
+            for a in args {
+                h.update([0]);
+                h.update(a.as_bytes());
+            }
+            "code"
+        }
+        Command::Argv(v) => {
+            for a in v {
+                h.update(a.as_bytes());
+                h.update([0]);
+            }
+            "argv"
+        }
+        Command::Wasm { module, .. } => {
+            h.update(module);
+            "wasm"
+        }
+    };
+    (hex::encode(h.finalize()), kind)
+}
+
+/// Folds the egress events a tier reported with an outcome to the server's per-exec cap
+/// (the outcome keeps that folded list), then holds ordinary rows to the tenant's budget a
+/// minute: returns the rows to store, ending with one `truncated` row for all that were only
+/// counted. Exfiltration and grant rows are never held back.
+pub(super) fn fold_egress(
+    svc: &Service,
+    tenant: &str,
+    events: &mut Vec<cordon_core::EgressEvent>,
+) -> Vec<cordon_core::EgressEvent> {
+    use cordon_core::{EgressDecision, EgressFold};
+    if events.is_empty() {
+        return Vec::new();
+    }
+    let mut fold = EgressFold::new(svc.inner.cfg.audit.max_egress_rows_per_exec);
+    for ev in events.drain(..) {
+        fold.push(ev);
+    }
+    *events = fold.take();
+    let ordinary = events
+        .iter()
+        .filter(|e| !e.is_protected() && e.decision != EgressDecision::Truncated)
+        .count();
+    let mut budget = svc.inner.egress_rows.take(tenant, ordinary);
+    let mut stored = Vec::with_capacity(events.len());
+    let mut counted: Option<cordon_core::EgressEvent> = None;
+    for ev in events.iter() {
+        let over = ev.decision == EgressDecision::Truncated
+            || (!ev.is_protected() && {
+                let none_left = budget == 0;
+                budget = budget.saturating_sub(1);
+                none_left
+            });
+        if !over {
+            stored.push(ev.clone());
+            continue;
+        }
+        let t = counted.get_or_insert_with(|| {
+            let mut t = cordon_core::EgressEvent::new(
+                0,
+                cordon_core::EgressKind::Connection,
+                EgressDecision::Truncated,
+            );
+            t.sandbox.clone_from(&ev.sandbox);
+            t.time_ms = ev.time_ms;
+            t.count = 0;
+            t.rule = Some("audit:truncated".into());
+            t
+        });
+        t.count = t.count.saturating_add(ev.count);
+    }
+    if let Some(mut t) = counted {
+        t.reason = Some(format!(
+            "{} egress events were counted, not itemised: past {} rows for one exec or {} a minute for the tenant",
+            t.count,
+            svc.inner.cfg.audit.max_egress_rows_per_exec,
+            svc.inner.cfg.audit.max_egress_rows_per_minute
+        ));
+        stored.push(t);
+    }
+    stored
+}
+
+/// Runs one exec in a locked sandbox and writes its audit rows; blocking.
+pub(super) fn exec_blocking(
+    svc: &Service,
+    s: &Session,
+    req: &ExecRequest,
+    chunks: Option<ChunkSender>,
+) -> Result<ExecOutcome, ApiError> {
+    let (digest, kind) = command_digest(req);
+    let t0 = Instant::now();
+    let mut result = {
+        let mut cell = lock(&s.sandbox);
+        match cell.as_mut() {
+            None => Err(gone(&s.id)),
+            Some(sb) => {
+                let mut send = |stream: OutputStream, data: &[u8]| {
+                    if let Some(tx) = &chunks {
+                        let _ = tx.send(Chunk {
+                            stream,
+                            data: data.to_vec(),
+                        });
+                    }
+                };
+                // Streamed output passes a redactor that knows the grants' secrets before
+                // it reaches any client (NDJSON, SSE, MCP).
+                let mut sink = cordon_egress::scan::RedactingSink::new(
+                    cordon_egress::scan::known_secrets_of(&s.spec.grants),
+                    &mut send,
+                );
+                let r = sb.exec(req, &mut sink).map_err(ApiError::from);
+                sink.finish();
+                r
+            }
+        }
+    };
+    let audit = &svc.inner.audit;
+    let lang = match &req.command {
+        Command::Code { language, .. } => Some(language.as_str()),
+        _ => None,
+    };
+    let detail = match &result {
+        Ok(o) => json!({
+            "command_sha256": digest,
+            "command_kind": kind,
+            "lang": lang,
+            "limits": s.spec.limits,
+            "timeout_ms": req.timeout_ms,
+            "termination": o.termination,
+            "exit_code": o.exit_code,
+            "signal": o.signal,
+            "usage": o.usage,
+            "timings": o.timings,
+            "stdout_bytes": o.stdout.len(),
+            "stderr_bytes": o.stderr.len(),
+            "stdout_truncated": o.stdout_truncated,
+            "stderr_truncated": o.stderr_truncated,
+            "weakened": o.weakened,
+        }),
+        Err(e) => json!({
+            "command_sha256": digest,
+            "command_kind": kind,
+            "lang": lang,
+            "limits": s.spec.limits,
+            "error": e.to_json(),
+        }),
+    };
+    // The exec's row, its egress decisions (folded: a flood is one row per distinct
+    // decision with a count, ordinary rows capped per exec and per tenant a minute, the rest
+    // counted in one `truncated` row; exfiltration and grant rows always go in) and a
+    // grant_use row per request that carried a grant, in one transaction.
+    let mut rows = vec![NewEvent {
+        tenant: Some(&s.tenant.0),
+        sandbox: Some(&s.id),
+        kind: "exec",
+        decision: Some(match &result {
+            Ok(o) => o.termination.as_str(),
+            Err(_) => "error",
+        }),
+        tier: Some(s.tier),
+        detail,
+    }];
+    let egress = match &mut result {
+        Ok(o) => fold_egress(svc, &s.tenant.0, &mut o.extra.egress),
+        Err(_) => Vec::new(),
+    };
+    for ev in &egress {
+        rows.push(NewEvent {
+            tenant: Some(&s.tenant.0),
+            sandbox: Some(&s.id),
+            kind: "egress",
+            decision: Some(ev.decision.as_str()),
+            tier: Some(s.tier),
+            detail: serde_json::to_value(ev).unwrap_or_default(),
+        });
+        if let (Some(grants), cordon_core::EgressDecision::Allow) = (&ev.grant, ev.decision) {
+            for name in grants.split(',') {
+                rows.push(NewEvent {
+                    tenant: Some(&s.tenant.0),
+                    sandbox: Some(&s.id),
+                    kind: "grant_use",
+                    decision: Some("allow"),
+                    tier: Some(s.tier),
+                    detail: json!({
+                        "grant": name,
+                        "host": ev.host,
+                        "port": ev.port,
+                        "method": ev.method,
+                        "path": ev.path,
+                        "status": ev.status,
+                        "count": ev.count,
+                    }),
+                });
+            }
+        }
+    }
+    audit.record_all(&rows).map_err(audit_err)?;
+    if let Ok(o) = &result {
+        let m = &svc.inner.metrics;
+        m.terminations
+            .get_or_create(&TerminationLabels {
+                tier: s.tier.as_str().into(),
+                reason: o.termination.as_str().into(),
+            })
+            .inc();
+        m.exec_seconds
+            .get_or_create(&Metrics::tier(s.tier))
+            .observe(t0.elapsed().as_secs_f64());
+    }
+    result
+}
+
+/// A claimed exec, ready to run.
+pub struct ExecJob {
+    pub(super) svc: Service,
+    pub(super) guard: BusyGuard,
+    pub(super) req: ExecRequest,
+}
+
+impl ExecJob {
+    /// Runs the exec, streaming output chunks to `chunks` if given. The audit row is written
+    /// before this returns.
+    pub async fn run(self, chunks: Option<ChunkSender>) -> Result<ExecOutcome, ApiError> {
+        let ExecJob { svc, guard, req } = self;
+        let s = guard.0.clone();
+        let r = blocking(move || exec_blocking(&svc, &s, &req, chunks)).await?;
+        drop(guard);
+        r
+    }
+}
+
+/// A one-shot run with its sandbox, ready to run.
+pub struct RunJob {
+    pub(super) svc: Service,
+    pub(super) session: Arc<Session>,
+    pub(super) req: ExecRequest,
+    pub(super) inputs: Vec<(String, Vec<u8>, u32)>,
+    /// The policy decision and the create, written before anything runs.
+    pub(super) rows: Vec<NewEventOwned>,
+}
+
+impl RunJob {
+    /// Puts the files in, execs, destroys the sandbox (always), and returns the outcome.
+    pub async fn run(self, chunks: Option<ChunkSender>) -> Result<ExecOutcome, ApiError> {
+        let RunJob {
+            svc,
+            session,
+            req,
+            inputs,
+            rows,
+        } = self;
+        let s = session.clone();
+        let svc2 = svc.clone();
+        let start_us = session.start_us;
+        let r = blocking(move || -> Result<ExecOutcome, ApiError> {
+            // One hop and one commit for the rows, then the files and the program: nothing
+            // of the request's runs before its policy decision and create are on record.
+            let events: Vec<NewEvent<'_>> = rows.iter().map(|r| r.borrowed()).collect();
+            svc2.inner
+                .audit
+                .sandbox_started_with(&s.id, Some(&s.tenant.0), s.tier, &events)
+                .map_err(audit_err)?;
+            for (path, data, mode) in &inputs {
+                let mut cell = lock(&s.sandbox);
+                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                sb.put_file(path, data, *mode)?;
+            }
+            exec_blocking(&svc2, &s, &req, chunks)
+        })
+        .await;
+        // The outcome does not wait for the teardown: the sandbox is out of every tenant's
+        // reach already (it never was in the session map), its destroy row is written by
+        // the task, and its place under the limits is freed when that finishes.
+        let tracker = svc.inner.destroys.clone();
+        tracker.spawn(async move {
+            // Let the response go out first: tearing the sandbox down (its processes'
+            // exits, namespace and cgroup teardown) would otherwise compete with writing it.
+            tokio::time::sleep(ONE_SHOT_DESTROY_DELAY).await;
+            if let Err(e) = svc.destroy_session(session, "one-shot").await {
+                tracing::warn!(error = %e, "destroying a one-shot sandbox");
+            }
+        });
+        let mut outcome = r??;
+        outcome.timings.start_us = start_us;
+        Ok(outcome)
+    }
+}
