@@ -1,0 +1,444 @@
+//! The processes of an exec: the standby that becomes its reaper, the reaper, and the
+//! program's own setup (privileges, limits, cwd) up to its exec.
+
+use super::*;
+
+/// Everything the program's process needs, prepared before forking so the child only
+/// makes system calls.
+pub(super) struct ExecPlan {
+    pub(super) argv: Vec<CString>,
+    pub(super) env: Vec<CString>,
+    pub(super) path_dirs: Vec<Vec<u8>>,
+    pub(super) cwd: CString,
+}
+
+impl ExecPlan {
+    pub(super) fn new(
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+        cwd: &str,
+    ) -> io::Result<Self> {
+        let cs = |s: &str| {
+            CString::new(s).map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "NUL byte in argument or environment",
+                )
+            })
+        };
+        let path = env
+            .get("PATH")
+            .map(String::as_str)
+            .unwrap_or("/usr/bin:/bin");
+        Ok(ExecPlan {
+            argv: argv.iter().map(|a| cs(a)).collect::<io::Result<_>>()?,
+            env: env
+                .iter()
+                .map(|(k, v)| cs(&format!("{k}={v}")))
+                .collect::<io::Result<_>>()?,
+            path_dirs: path
+                .split(':')
+                .filter(|d| !d.is_empty())
+                .map(|d| d.as_bytes().to_vec())
+                .collect(),
+            cwd: cs(cwd)?,
+        })
+    }
+
+    /// A plan that runs nothing (for a reaper that only reports a failure).
+    pub(super) fn empty() -> Self {
+        ExecPlan {
+            argv: Vec::new(),
+            env: Vec::new(),
+            path_dirs: Vec::new(),
+            cwd: CString::default(),
+        }
+    }
+
+    /// Candidate program paths for argv[0], PATH-searched like a shell.
+    pub(super) fn candidates(&self) -> Vec<CString> {
+        let name = self.argv[0].as_bytes();
+        if name.contains(&b'/') {
+            return vec![self.argv[0].clone()];
+        }
+        self.path_dirs
+            .iter()
+            .filter_map(|d| {
+                let mut p = d.clone();
+                p.push(b'/');
+                p.extend_from_slice(name);
+                CString::new(p).ok()
+            })
+            .collect()
+    }
+}
+
+/// Sends a standby reaper its job with the program's stdio and the status pipe (or a
+/// pre-forked program its job with its stdio).
+pub(super) fn send_job(chan: &UnixStream, job: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, sendmsg};
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let iov = [io::IoSlice::new(job)];
+    let sent = sendmsg::<()>(chan.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
+        .map_err(io::Error::from)?;
+    let mut chan = chan;
+    chan.write_all(&job[sent..])
+}
+
+/// Receives the job (and its four descriptors) on a standby reaper's socket; `None` when the
+/// agent closed it without one.
+pub(super) fn receive_job(chan: &UnixStream) -> Option<(Job, Vec<OwnedFd>)> {
+    let mut frames = FrameBuffer::default();
+    let mut fds = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let mut cmsg = nix::cmsg_space!([RawFd; 4]);
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = match recvmsg::<()>(
+            chan.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(m) => m,
+            Err(Errno::EINTR) => continue,
+            Err(_) => return None,
+        };
+        if let Ok(cmsgs) = msg.cmsgs() {
+            for c in cmsgs {
+                if let ControlMessageOwned::ScmRights(raw) = c {
+                    // The kernel installed these descriptors for us (SCM_RIGHTS).
+                    fds.extend(raw.into_iter().map(sys::own_fd));
+                }
+            }
+        }
+        let n = msg.bytes;
+        if n == 0 {
+            return None;
+        }
+        frames.push(&buf[..n]);
+        match frames.next_frame::<Job>() {
+            Ok(Some(f)) => return Some((f.header, fds)),
+            Ok(None) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// A standby reaper: PID 1 of the next exec's namespace, made before the exec is asked
+/// for. It mounts its `/proc`, takes on the tier's confinement and (with `prefork`) forks
+/// the program's process, which drops its privileges at once; then it waits for its job
+/// and runs it as [`reaper_main`]. Never returns.
+pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: bool) -> ! {
+    let mut failed: Option<String> = None;
+    if cfg.mount_proc {
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        if let Err(e) = mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>) {
+            failed = Some(format!("cannot mount /proc for the exec: {e}"));
+        }
+    }
+    // The tier's confinement (Landlock, seccomp) goes on here, once /proc is mounted and
+    // before the program exists, so the reaper and everything it starts are inside it.
+    if failed.is_none()
+        && let Some(hook) = &cfg.confine
+        && let Err(e) = hook()
+    {
+        failed = Some(format!("the sandbox's filters could not be applied: {e}"));
+    }
+    // The program's process is forked now too, off the exec's critical path; it waits for
+    // the job on its own socket. Without it (no prefork, or the fork failed) the reaper
+    // forks the program once the job is here.
+    let mut program = None;
+    if failed.is_none()
+        && prefork
+        && let Ok((ours, theirs)) = UnixStream::pair()
+    {
+        match sys::fork_into(0) {
+            Ok(sys::Forked::Child) => {
+                drop(chan);
+                drop(ours);
+                program_standby(cfg, theirs)
+            }
+            Ok(sys::Forked::Parent(pid)) => program = Some((pid, ours)),
+            Err(_) => {}
+        }
+    }
+    let Some((job, fds)) = receive_job(&chan) else {
+        sys::exit_now(0)
+    };
+    drop(chan);
+    let Ok([a, b, c, status]) = <[OwnedFd; 4]>::try_from(fds) else {
+        sys::exit_now(120)
+    };
+    let plan = match ExecPlan::new(&job.argv, &job.env, &job.cwd) {
+        Ok(p) => p,
+        Err(e) => {
+            failed.get_or_insert(format!("bad exec request: {e}"));
+            // Never used: the failure is reported below before the plan is.
+            ExecPlan::empty()
+        }
+    };
+    // Hand the job to the pre-forked program; if it is gone, fork a new one below.
+    let mut forked = None;
+    if failed.is_none()
+        && let Some((pid, sock)) = program
+    {
+        let bytes = encode(&job, b"").unwrap_or_default();
+        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd()];
+        let handed = Instant::now();
+        if !bytes.is_empty() && send_job(&sock, &bytes, &fds).is_ok() {
+            forked = Some((pid, handed));
+        } else {
+            let _ = kill(pid, Signal::SIGKILL);
+        }
+    }
+    reaper_main(cfg, &plan, &job.limits, [a, b, c], status, failed, forked)
+}
+
+/// The reaper, job in hand: PID 1 of the exec's namespace. `forked` is the program's
+/// process when it was forked ahead and already has its job, with the moment it was
+/// handed over. Never returns.
+pub(super) fn reaper_main(
+    cfg: &AgentConfig,
+    plan: &ExecPlan,
+    limits: &ProcLimits,
+    stdio: [OwnedFd; 3],
+    status: OwnedFd,
+    failed: Option<String>,
+    forked: Option<(Pid, Instant)>,
+) -> ! {
+    // Move what we keep to fixed numbers: stdio to 0-2, the status pipe to 3. First lift
+    // every descriptor above the range, so no dup2 below lands on one still needed.
+    let [a, b, c] = stdio;
+    renumber_from_zero([a, b, c, status]);
+    if sys::close_from(4).is_err() {
+        sys::exit_now(120);
+    }
+    // fd 3 is ours: dup2'd above.
+    let mut status = File::from(sys::own_fd(3));
+    if let Some(e) = failed {
+        let _ = writeln!(io::stderr(), "cordon: {e}");
+        let _ = status.write_all(b"exit 125 0 0\n");
+        sys::exit_now(0);
+    }
+    let (child, started) = match forked {
+        Some(forked) => forked,
+        None => {
+            let started = Instant::now();
+            match sys::fork_into(0) {
+                Ok(sys::Forked::Child) => {
+                    drop(status);
+                    program_main(cfg, plan, limits)
+                }
+                Ok(sys::Forked::Parent(pid)) => (pid, started),
+                Err(_) => sys::exit_now(120),
+            }
+        }
+    };
+    // Close our copies of the program's stdio so the host sees EOF when the tree is gone.
+    for fd in 0..3 {
+        let _ = nix::unistd::close(fd);
+    }
+    let mut main_status = None;
+    let mut program_us = 0u64;
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
+            Ok(ws) => {
+                if ws.pid() == Some(child) {
+                    main_status = Some(ws);
+                    program_us = started.elapsed().as_micros() as u64;
+                    // The program is done: end everything it left behind.
+                    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+                }
+            }
+            Err(Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+    }
+    // Every process of the exec has been waited for: these are the whole tree's figures.
+    let (rss_kb, cpu_us) = match getrusage(UsageWho::RUSAGE_CHILDREN) {
+        Ok(u) => (u.max_rss() as u64, cpu_us_of(&u)),
+        Err(_) => (0, 0),
+    };
+    let line = match main_status {
+        Some(WaitStatus::Exited(_, code)) => {
+            format!("exit {code} {rss_kb} {cpu_us} {program_us}\n")
+        }
+        Some(WaitStatus::Signaled(_, sig, _)) => {
+            format!("signal {} {rss_kb} {cpu_us} {program_us}\n", sig as i32)
+        }
+        _ => format!("signal 9 {rss_kb} {cpu_us} {program_us}\n"),
+    };
+    let _ = status.write_all(line.as_bytes());
+    // What is left is this namespace's teardown, which nobody waits for when the program
+    // was forked ahead (no per-exec cgroup to remove): let the host's reading of the report
+    // go first.
+    if forked.is_some() {
+        let _ = sys::set_nice(19);
+    }
+    sys::exit_now(0)
+}
+
+/// The program's own process, between fork and exec, forked once the job is known. Never
+/// returns.
+pub(super) fn program_main(cfg: &AgentConfig, plan: &ExecPlan, limits: &ProcLimits) -> ! {
+    if let Err(e) = sys::close_from(3) {
+        program_fail("closing inherited descriptors", &e);
+    }
+    leave_the_agent();
+    // Limits before the privileges go (a VM's root may raise a hard limit); the working
+    // directory after, as on the forked-ahead path: the program's own user must reach it.
+    apply_limits(limits);
+    if let Err(e) = drop_privileges(cfg) {
+        program_fail("dropping privileges", &e);
+    }
+    enter_cwd(plan);
+    exec_program(plan)
+}
+
+/// The program's own process forked ahead of its job: it drops every privilege at once,
+/// then waits on `sock` for the job and its stdin, stdout and stderr. Never returns.
+pub(super) fn program_standby(cfg: &AgentConfig, sock: UnixStream) -> ! {
+    // Keep only the job socket (as fd 3): nothing of the agent's stays open in here.
+    let raw = std::os::fd::IntoRawFd::into_raw_fd(sock);
+    if raw != 3 {
+        if sys::dup2_to(&raw, 3).is_err() {
+            sys::exit_now(120);
+        }
+        let _ = nix::unistd::close(raw);
+    }
+    if sys::close_from(4).is_err() {
+        sys::exit_now(120);
+    }
+    let sock = UnixStream::from(sys::own_fd(3));
+    leave_the_agent();
+    let dropped = drop_privileges(cfg);
+    // No job: the reaper went away (then so does this namespace) or sent a bad one, which
+    // the reaper reports as this process's exit status.
+    let Some((job, fds)) = receive_job(&sock) else {
+        sys::exit_now(120)
+    };
+    drop(sock);
+    let Ok(stdio) = <[OwnedFd; 3]>::try_from(fds) else {
+        sys::exit_now(120)
+    };
+    renumber_from_zero(stdio);
+    if let Err(e) = dropped {
+        program_fail("dropping privileges", &e);
+    }
+    let plan = match ExecPlan::new(&job.argv, &job.env, &job.cwd) {
+        Ok(plan) => plan,
+        Err(e) => program_fail("bad exec request", &e),
+    };
+    // Lowering limits needs no privilege (and raising a hard limit needs one the sandbox's
+    // root never has: CAP_SYS_RESOURCE in the host's user namespace).
+    apply_limits(&job.limits);
+    enter_cwd(&plan);
+    exec_program(&plan)
+}
+
+/// Puts `fds` on descriptors 0, 1, 2, ... in order (in a forked child; exits 120 if it
+/// cannot). Each is first lifted above the range, so no dup2 lands on one still needed.
+pub(super) fn renumber_from_zero<const N: usize>(fds: [OwnedFd; N]) {
+    let mut high = Vec::new();
+    for fd in fds {
+        match nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(64)) {
+            Ok(raw) => high.push(sys::own_fd(raw)),
+            Err(_) => sys::exit_now(120),
+        }
+    }
+    for (i, fd) in high.iter().enumerate() {
+        if sys::dup2_to(fd, i as RawFd).is_err() {
+            sys::exit_now(120);
+        }
+    }
+}
+
+pub(super) fn program_fail(step: &str, e: &dyn std::fmt::Display) -> ! {
+    let _ = writeln!(io::stderr(), "cordon: {step}: {e}");
+    sys::exit_now(127)
+}
+
+/// Its own session, and the OOM killer's first choice (never the agent).
+pub(super) fn leave_the_agent() {
+    let _ = setsid();
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/oom_score_adj")
+    {
+        let _ = f.write_all(b"1000");
+    }
+}
+
+/// The sandbox user, every capability gone, `no_new_privs`.
+pub(super) fn drop_privileges(cfg: &AgentConfig) -> io::Result<()> {
+    let uid = Uid::from_raw(cfg.uid);
+    let gid = Gid::from_raw(cfg.gid);
+    setgroups(&[gid])
+        .and_then(|_| setresgid(gid, gid, gid))
+        .map_err(io::Error::from)
+        .and_then(|_| sys::drop_bounding_set())
+        .and_then(|_| setresuid(uid, uid, uid).map_err(io::Error::from))
+        .and_then(|_| sys::clear_ambient())
+        .and_then(|_| nix::sys::prctl::set_no_new_privs().map_err(io::Error::from))
+}
+
+pub(super) fn apply_limits(limits: &ProcLimits) {
+    let lim = |r: Resource, v: u64| setrlimit(r, v, v);
+    if let Err(e) = lim(Resource::RLIMIT_NOFILE, limits.open_files)
+        .and_then(|_| lim(Resource::RLIMIT_FSIZE, limits.file_size))
+        .and_then(|_| lim(Resource::RLIMIT_CORE, 0))
+        .and_then(|_| {
+            if limits.address_space > 0 {
+                lim(Resource::RLIMIT_AS, limits.address_space)
+            } else {
+                Ok(())
+            }
+        })
+    {
+        program_fail("setting resource limits", &e);
+    }
+}
+
+pub(super) fn enter_cwd(plan: &ExecPlan) {
+    if let Err(e) = nix::unistd::chdir(plan.cwd.as_c_str()) {
+        program_fail(&format!("changing to {:?}", plan.cwd), &e);
+    }
+}
+
+/// Closes what is left of the agent's descriptors and execs, trying each PATH candidate.
+/// Never returns.
+pub(super) fn exec_program(plan: &ExecPlan) -> ! {
+    if let Err(e) = sys::close_from(3) {
+        program_fail("closing inherited descriptors", &e);
+    }
+    let mut last = Errno::ENOENT;
+    for cand in plan.candidates() {
+        match nix::unistd::execve(&cand, &plan.argv, &plan.env) {
+            Err(e) => {
+                if e != Errno::ENOENT || last == Errno::ENOENT {
+                    last = e;
+                }
+            }
+        }
+    }
+    let name = String::from_utf8_lossy(plan.argv[0].as_bytes()).into_owned();
+    let _ = writeln!(io::stderr(), "cordon: cannot run {name}: {last}");
+    sys::exit_now(if last == Errno::ENOENT { 127 } else { 126 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_search() {
+        let mut env = BTreeMap::new();
+        env.insert("PATH".to_string(), "/a:/b".to_string());
+        let p = ExecPlan::new(&["ls".into()], &env, "/").unwrap();
+        assert_eq!(p.candidates().len(), 2);
+        let p = ExecPlan::new(&["/x/ls".into()], &env, "/").unwrap();
+        assert_eq!(p.candidates(), vec![CString::new("/x/ls").unwrap()]);
+        assert!(ExecPlan::new(&["a\0b".into()], &env, "/").is_err());
+    }
+}

@@ -1,0 +1,422 @@
+//! Running an exec: starting it on a standby reaper, relaying its output and stdin,
+//! and its end (status, usage, the exec's cgroup).
+
+use super::*;
+
+impl Agent {
+    pub(super) fn start_exec(
+        &mut self,
+        id: u64,
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+        cwd: &str,
+        stdio: StdioMode,
+        limits: &ProcLimits,
+    ) -> io::Result<()> {
+        if argv.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
+        }
+        let (child_stdio, framed) = match stdio {
+            StdioMode::Passed => {
+                if self.fds.len() < 3 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "passed stdio needs three descriptors with the request",
+                    ));
+                }
+                let mut take = || self.fds.pop_front().ok_or(io::ErrorKind::InvalidInput);
+                ([take()?, take()?, take()?], None)
+            }
+            StdioMode::Framed => {
+                let (in_r, in_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+                let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+                let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+                nix::fcntl::fcntl(&in_w, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+                (
+                    [in_r, out_w, err_w],
+                    Some(FramedIo {
+                        stdout: Some(File::from(out_r)),
+                        stderr: Some(File::from(err_r)),
+                        stdin: Some(File::from(in_w)),
+                        stdin_buf: VecDeque::new(),
+                        stdin_close: false,
+                    }),
+                )
+            }
+        };
+        // Checked here, so a bad request is refused before a reaper is spent on it.
+        ExecPlan::new(argv, env, cwd)?;
+        let cgroup = match &self.cgroups {
+            Some(cg) => Some(cg.create(id)?),
+            None => None,
+        };
+        let (status_r, status_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        nix::fcntl::fcntl(&status_r, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+        let cpu_before_us = children_cpu_us();
+        let job = encode(
+            &Job {
+                argv: argv.to_vec(),
+                env: env.clone(),
+                cwd: cwd.to_string(),
+                limits: limits.clone(),
+            },
+            b"",
+        )
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let fds = [
+            child_stdio[0].as_raw_fd(),
+            child_stdio[1].as_raw_fd(),
+            child_stdio[2].as_raw_fd(),
+            status_w.as_raw_fd(),
+        ];
+        // A standby that died (or never came up) is replaced once.
+        let mut standby = None;
+        for _ in 0..2 {
+            let sb = match self.standby.take() {
+                Some(sb) => sb,
+                None => self.spawn_standby()?,
+            };
+            let joined = match &cgroup {
+                Some(dir) => std::fs::write(dir.join("cgroup.procs"), sb.pid.to_string()),
+                None => Ok(()),
+            };
+            match joined.and_then(|_| send_job(&sb.chan, &job, &fds)) {
+                Ok(()) => {
+                    standby = Some(sb);
+                    break;
+                }
+                Err(_) => {
+                    let _ = kill(sb.pid, Signal::SIGKILL);
+                    let _ = waitpid(sb.pid, None);
+                }
+            }
+        }
+        let Some(sb) = standby else {
+            return Err(io::Error::other(
+                "the exec's reaper could not be started or joined to its cgroup",
+            ));
+        };
+        drop(status_w);
+        drop(child_stdio);
+        self.running = Some(Running {
+            id,
+            reaper: sb.pid,
+            pidfd: sb.pidfd,
+            status: File::from(status_r),
+            report: Vec::new(),
+            framed,
+            cpu_before_us,
+            cgroup,
+            // Set by the caller from the request.
+            last: false,
+        });
+        Ok(())
+    }
+
+    /// Reads what the reaper wrote on its status pipe; true once the line is whole or the
+    /// pipe closed (the reaper died without a report).
+    pub(super) fn status_complete(&mut self) -> bool {
+        let Some(run) = self.running.as_mut() else {
+            return false;
+        };
+        let mut buf = [0u8; 256];
+        loop {
+            match (&run.status).read(&mut buf) {
+                Ok(0) => return true,
+                Ok(n) => {
+                    run.report.extend_from_slice(&buf[..n]);
+                    if run.report.contains(&b'\n') || run.report.len() > 4096 {
+                        return true;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
+            }
+        }
+    }
+
+    pub(super) fn relay_output(&mut self, which: usize) -> Result<(), ProtoError> {
+        let Some(run) = self.running.as_mut() else {
+            return Ok(());
+        };
+        let id = run.id;
+        let Some(fr) = run.framed.as_mut() else {
+            return Ok(());
+        };
+        let slot = if which == 0 {
+            &mut fr.stdout
+        } else {
+            &mut fr.stderr
+        };
+        let Some(f) = slot.as_mut() else {
+            return Ok(());
+        };
+        let mut buf = vec![0u8; 64 * 1024];
+        let n = match f.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(_) => 0,
+        };
+        if n == 0 {
+            *slot = None;
+            return Ok(());
+        }
+        let stream = if which == 0 {
+            Stream::Stdout
+        } else {
+            Stream::Stderr
+        };
+        self.send(&Reply::Output { id, stream }, &buf[..n])
+    }
+
+    pub(super) fn feed_stdin(&mut self) {
+        let Some(fr) = self.running.as_mut().and_then(|r| r.framed.as_mut()) else {
+            return;
+        };
+        let Some(w) = fr.stdin.as_mut() else {
+            return;
+        };
+        let (a, _) = fr.stdin_buf.as_slices();
+        if !a.is_empty() {
+            match w.write(a) {
+                Ok(n) => {
+                    fr.stdin_buf.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    // The program closed its stdin; drop what is left.
+                    fr.stdin_buf.clear();
+                    fr.stdin = None;
+                    return;
+                }
+            }
+        }
+        if fr.stdin_buf.is_empty() && fr.stdin_close {
+            fr.stdin = None;
+        }
+    }
+
+    pub(super) fn finish_exec(&mut self) -> Result<(), ProtoError> {
+        let Some(mut run) = self.running.take() else {
+            return Ok(());
+        };
+        // Relay whatever output is still buffered in framed pipes.
+        if let Some(fr) = run.framed.as_mut() {
+            fr.stdin = None;
+            let mut rest: Vec<(Stream, Vec<u8>)> = Vec::new();
+            for (stream, slot) in [
+                (Stream::Stdout, &mut fr.stdout),
+                (Stream::Stderr, &mut fr.stderr),
+            ] {
+                if let Some(f) = slot.take() {
+                    let mut data = Vec::new();
+                    let _ = f.take(MAX_STDIN_BUFFER as u64).read_to_end(&mut data);
+                    if !data.is_empty() {
+                        rest.push((stream, data));
+                    }
+                }
+            }
+            for (stream, data) in rest {
+                for chunk in data.chunks(1 << 20) {
+                    self.send(&Reply::Output { id: run.id, stream }, chunk)?;
+                }
+            }
+        }
+        let report = String::from_utf8_lossy(&run.report).into_owned();
+        let parsed = parse_report(&report);
+        let Report {
+            code,
+            signal,
+            mut max_rss_bytes,
+            cpu_us,
+            program_us,
+        } = match parsed {
+            // The reaper reaped its whole tree before writing this; only its own exit (the
+            // namespaces' teardown) remains, which need not hold up the reply. An exec
+            // cgroup is removed below, so then it is waited for.
+            Some(r) if run.cgroup.is_none() => {
+                self.exiting.push((run.reaper, run.pidfd));
+                r
+            }
+            Some(r) => {
+                let _ = waitpid(run.reaper, None);
+                r
+            }
+            // No report: the reaper was killed or died. As the PID namespace's init, its
+            // exit means every process of the exec is gone; wait for that.
+            None => {
+                let _ = waitpid(run.reaper, None);
+                let cpu = children_cpu_us().saturating_sub(run.cpu_before_us);
+                Report {
+                    code: None,
+                    signal: Some(9),
+                    max_rss_bytes: 0,
+                    cpu_us: cpu,
+                    program_us: 0,
+                }
+            }
+        };
+        let disk_full = self.cfg.scratch.iter().any(|p| is_full(p));
+        let (mut oom_killed, mut pids_limited) = (false, false);
+        if let Some(dir) = &run.cgroup {
+            let c = ExecCgroups::finish(dir);
+            oom_killed = c.0;
+            pids_limited = c.1;
+            max_rss_bytes = max_rss_bytes.max(c.2);
+        }
+        self.send(
+            &Reply::Exited {
+                id: run.id,
+                code,
+                signal,
+                cpu_us,
+                max_rss_bytes,
+                disk_full,
+                oom_killed,
+                pids_limited,
+                program_us,
+            },
+            b"",
+        )?;
+        // The next exec's reaper gets ready while the host reads this reply, unless the host
+        // said none follows (a one-shot run: the sandbox is torn down next).
+        if self.standby.is_none() && !run.last {
+            self.standby = self.spawn_standby().ok();
+        }
+        Ok(())
+    }
+}
+
+impl ExecCgroups {
+    /// Makes the cgroup of exec `id`, limits set, ready for the reaper to join.
+    pub(super) fn create(&self, id: u64) -> io::Result<PathBuf> {
+        let dir = self.root.join(format!("exec-{id}"));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let set = |file: &str, value: String| {
+            std::fs::write(dir.join(file), value.as_bytes()).map_err(|e| {
+                io::Error::new(e.kind(), format!("setting {file} of the exec cgroup: {e}"))
+            })
+        };
+        if self.memory_bytes > 0 {
+            set("memory.max", self.memory_bytes.to_string())?;
+            set("memory.swap.max", "0".into())?;
+            // The whole exec is killed when one of its processes is (no half-dead trees).
+            let _ = set("memory.oom.group", "1".into());
+        }
+        if self.pids > 0 {
+            set("pids.max", self.pids.to_string())?;
+        }
+        Ok(dir)
+    }
+
+    /// Reads what happened in an exec's cgroup (OOM kills, refused forks, peak memory) and
+    /// removes it.
+    pub(super) fn finish(dir: &Path) -> (bool, bool, u64) {
+        let count = |file: &str, key: &str| -> u64 {
+            std::fs::read_to_string(dir.join(file))
+                .ok()
+                .and_then(|s| {
+                    s.lines().find_map(|l| {
+                        let (k, v) = l.split_once(' ')?;
+                        (k == key).then(|| v.trim().parse().ok())?
+                    })
+                })
+                .unwrap_or(0)
+        };
+        let oom = count("memory.events", "oom_kill") > 0;
+        let pids = count("pids.events", "max") > 0;
+        let peak = std::fs::read_to_string(dir.join("memory.peak"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        // The reaper has been reaped, so the cgroup is empty; a moment may pass before the
+        // kernel agrees.
+        for _ in 0..100 {
+            if std::fs::remove_dir(dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        (oom, pids, peak)
+    }
+}
+
+pub(super) fn children_cpu_us() -> u64 {
+    getrusage(UsageWho::RUSAGE_CHILDREN)
+        .map(|u| cpu_us_of(&u))
+        .unwrap_or(0)
+}
+
+/// User plus system CPU time of a usage record, in microseconds.
+pub(super) fn cpu_us_of(u: &nix::sys::resource::Usage) -> u64 {
+    let us = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    us(u.user_time()) + us(u.system_time())
+}
+
+pub(super) fn is_full(p: &Path) -> bool {
+    match statvfs(p) {
+        Ok(s) => s.blocks() > 0 && s.blocks_available() == 0,
+        Err(_) => false,
+    }
+}
+
+/// What a reaper reports of its exec on the status pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Report {
+    pub(super) code: Option<i32>,
+    pub(super) signal: Option<i32>,
+    pub(super) max_rss_bytes: u64,
+    pub(super) cpu_us: u64,
+    /// The program's own time: from its hand-off (or fork) to its exit; 0 when it never ran.
+    pub(super) program_us: u64,
+}
+
+/// Parses `exit|signal VALUE RSS_KB CPU_US [PROGRAM_US]`.
+pub(super) fn parse_report(s: &str) -> Option<Report> {
+    let mut it = s.split_whitespace();
+    let kind = it.next()?;
+    let val: i32 = it.next()?.parse().ok()?;
+    let rss_kb: u64 = it.next()?.parse().ok()?;
+    let cpu_us: u64 = it.next()?.parse().ok()?;
+    let program_us: u64 = match it.next() {
+        Some(v) => v.parse().ok()?,
+        None => 0,
+    };
+    let (code, signal) = match kind {
+        "exit" => (Some(val), None),
+        "signal" => (None, Some(val)),
+        _ => return None,
+    };
+    Some(Report {
+        code,
+        signal,
+        max_rss_bytes: rss_kb * 1024,
+        cpu_us,
+        program_us,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_parse() {
+        let r = parse_report("exit 3 100 7 450\n").unwrap();
+        assert_eq!(
+            (r.code, r.signal, r.max_rss_bytes, r.cpu_us, r.program_us),
+            (Some(3), None, 102400, 7, 450)
+        );
+        let r = parse_report("signal 9 0 0\n").unwrap();
+        assert_eq!((r.code, r.signal, r.program_us), (None, Some(9), 0));
+        assert_eq!(parse_report("exit 3 100 7 x\n"), None);
+        assert_eq!(parse_report("exit 3 100\n"), None);
+        assert_eq!(parse_report(""), None);
+        assert_eq!(parse_report("exit x 1"), None);
+    }
+}

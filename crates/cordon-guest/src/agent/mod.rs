@@ -1,0 +1,548 @@
+//! The agent: serves [`Request`]s on a stream socket inside the sandbox.
+//!
+//! Each exec runs under a *reaper*: a process forked into a fresh PID and mount namespace
+//! (with its own `/proc`), so the program sees only its own process tree, and killing the
+//! reaper kills that whole tree — daemons and double forks included. The next exec's reaper
+//! is made ahead of time (a *standby*: namespaces made, `/proc` mounted, confinement applied,
+//! waiting for its job on a socket), so an exec pays only for the program's own fork and
+//! exec; a reaper that has reported its program's end finishes exiting off the critical path. The program itself runs
+//! as an unprivileged user with every capability gone, `no_new_privs`, rlimits, and whatever
+//! the tier installs in [`AgentConfig::confine`] (the container tier's Landlock and seccomp).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, IoSliceMut, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::mount::{MsFlags, mount};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::resource::{Resource, UsageWho, getrusage, setrlimit};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+use nix::sys::statvfs::statvfs;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Gid, Pid, Uid, setgroups, setresgid, setresuid, setsid};
+
+use crate::files::Workspace;
+use crate::proto::{
+    EgressSetup, ErrorCode, Frame, FrameBuffer, PROTOCOL_VERSION, ProcLimits, ProtoError, Reply,
+    Request, StdioMode, Stream, encode,
+};
+use crate::sys;
+
+mod child;
+mod exec;
+
+use child::*;
+use exec::*;
+
+/// Confinement hook, run in each exec's reaper after its `/proc` is mounted and before the
+/// program is forked, so both are confined by it.
+pub type Confine = Box<dyn Fn() -> io::Result<()>>;
+
+/// How the agent runs programs.
+pub struct AgentConfig {
+    /// Identifies the agent in its hello.
+    pub name: String,
+    /// User and group programs run as.
+    pub uid: u32,
+    pub gid: u32,
+    /// The workspace; files in and out stay beneath it.
+    pub workdir: PathBuf,
+    /// Filesystems whose fullness is reported as `disk_full` after an exec.
+    pub scratch: Vec<PathBuf>,
+    /// Mount a fresh `/proc` in each exec's PID namespace.
+    pub mount_proc: bool,
+    pub confine: Option<Confine>,
+}
+
+struct Running {
+    id: u64,
+    reaper: Pid,
+    pidfd: OwnedFd,
+    status: File,
+    /// What the reaper wrote so far on its status pipe.
+    report: Vec<u8>,
+    framed: Option<FramedIo>,
+    cpu_before_us: u64,
+    cgroup: Option<PathBuf>,
+    /// The host said no exec follows: no reaper is readied after this one.
+    last: bool,
+}
+
+/// A reaper made ahead of its exec, waiting for the job on `chan`.
+struct Standby {
+    pid: Pid,
+    pidfd: OwnedFd,
+    chan: UnixStream,
+}
+
+/// What a standby reaper is sent (with the program's stdin, stdout, stderr and the status
+/// pipe as descriptors).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Job {
+    argv: Vec<String>,
+    env: BTreeMap<String, String>,
+    cwd: String,
+    limits: ProcLimits,
+}
+
+struct FramedIo {
+    stdout: Option<File>,
+    stderr: Option<File>,
+    stdin: Option<File>,
+    stdin_buf: VecDeque<u8>,
+    stdin_close: bool,
+}
+
+/// The host channel: a Unix socket (which can carry descriptors) or a character device such
+/// as a virtio-serial port (bytes only: use [`StdioMode::Framed`]).
+enum Channel {
+    Socket(UnixStream),
+    Port(File),
+}
+
+impl Channel {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Channel::Socket(s) => s.as_fd(),
+            Channel::Port(f) => f.as_fd(),
+        }
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Channel::Socket(s) => s.write_all(bytes),
+            Channel::Port(f) => f.write_all(bytes),
+        }
+    }
+}
+
+/// Per-sandbox settings the host sent with [`Request::Configure`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub hostname: String,
+    pub memory_bytes: u64,
+    pub pids: u32,
+    pub disk_bytes: u64,
+    pub tmp_bytes: u64,
+    pub unix_time_ms: u64,
+    /// The egress path to set up, if the sandbox has one.
+    pub egress: Option<EgressSetup>,
+}
+
+/// Applies [`Settings`] inside the sandbox; gets the host's random seed too.
+pub type ConfigureHook = Box<dyn FnMut(&Settings, &[u8]) -> io::Result<()>>;
+
+/// Per-exec cgroups (v2) the agent creates under `root`, limited by the configured settings.
+struct ExecCgroups {
+    root: PathBuf,
+    memory_bytes: u64,
+    pids: u32,
+}
+
+/// Serves one host connection until it closes or sends `Shutdown`.
+pub struct Agent {
+    cfg: AgentConfig,
+    ctrl: Channel,
+    work: Workspace,
+    inbuf: FrameBuffer,
+    fds: VecDeque<OwnedFd>,
+    running: Option<Running>,
+    standby: Option<Standby>,
+    /// Reapers that reported their program's end and are still exiting (namespace teardown).
+    exiting: Vec<(Pid, OwnedFd)>,
+    configure: Option<ConfigureHook>,
+    cgroups: Option<ExecCgroups>,
+}
+
+const MAX_STDIN_BUFFER: usize = 16 << 20;
+
+impl Agent {
+    pub fn new(cfg: AgentConfig, ctrl: UnixStream) -> io::Result<Self> {
+        Self::with_channel(cfg, Channel::Socket(ctrl))
+    }
+
+    /// An agent serving a character device (a virtio-serial port): no descriptors can be
+    /// passed, so execs must use [`StdioMode::Framed`].
+    pub fn over_port(cfg: AgentConfig, port: File) -> io::Result<Self> {
+        Self::with_channel(cfg, Channel::Port(port))
+    }
+
+    /// Accepts [`Request::Configure`], applying it with `hook`.
+    pub fn on_configure(mut self, hook: ConfigureHook) -> Self {
+        self.configure = Some(hook);
+        self
+    }
+
+    /// Runs each exec in its own cgroup v2 under `root` (memory without swap, pids), with
+    /// the limits [`Request::Configure`] sets; OOM kills and refused forks are reported.
+    pub fn with_exec_cgroups(mut self, root: PathBuf) -> Self {
+        self.cgroups = Some(ExecCgroups {
+            root,
+            memory_bytes: 0,
+            pids: 0,
+        });
+        self
+    }
+
+    fn with_channel(cfg: AgentConfig, ctrl: Channel) -> io::Result<Self> {
+        let work = Workspace::open(&cfg.workdir, cfg.uid, cfg.gid)?;
+        Ok(Agent {
+            cfg,
+            ctrl,
+            work,
+            inbuf: FrameBuffer::default(),
+            fds: VecDeque::new(),
+            running: None,
+            standby: None,
+            exiting: Vec::new(),
+            configure: None,
+            cgroups: None,
+        })
+    }
+
+    /// Runs until the host closes the channel or asks to shut down.
+    pub fn serve(mut self) -> Result<(), ProtoError> {
+        self.send(
+            &Reply::Hello {
+                version: PROTOCOL_VERSION,
+                agent: self.cfg.name.clone(),
+            },
+            b"",
+        )?;
+        // Ready the first exec's reaper while the host reads the hello. A failure here is
+        // retried (and reported) when an exec asks for it.
+        self.standby = self.spawn_standby().ok();
+        loop {
+            if self.poll_once()? {
+                self.end_children();
+                return Ok(());
+            }
+        }
+    }
+
+    /// Kills the standby and any running exec (their trees go with them) and reaps them.
+    fn end_children(&mut self) {
+        let mut pids: Vec<Pid> = Vec::new();
+        if let Some(sb) = self.standby.take() {
+            pids.push(sb.pid);
+        }
+        if let Some(run) = self.running.take() {
+            pids.push(run.reaper);
+        }
+        pids.extend(self.exiting.drain(..).map(|(p, _)| p));
+        for p in &pids {
+            let _ = kill(*p, Signal::SIGKILL);
+        }
+        for p in pids {
+            let _ = waitpid(p, None);
+        }
+    }
+
+    /// Forks the next exec's reaper into its namespaces; it prepares and waits for a job.
+    fn spawn_standby(&self) -> io::Result<Standby> {
+        let (ours, theirs) = UnixStream::pair()?;
+        match sys::fork_into(libc::CLONE_NEWPID | libc::CLONE_NEWNS)? {
+            sys::Forked::Child => {
+                drop(ours);
+                // With per-exec cgroups the agent moves the reaper alone into the exec's
+                // cgroup, so the program must be forked after that, by the reaper.
+                standby_main(&self.cfg, theirs, self.cgroups.is_none())
+            }
+            sys::Forked::Parent(pid) => {
+                drop(theirs);
+                let pidfd = match sys::pidfd_open(pid) {
+                    Ok(fd) => fd,
+                    Err(e) => {
+                        let _ = kill(pid, Signal::SIGKILL);
+                        let _ = waitpid(pid, None);
+                        return Err(e);
+                    }
+                };
+                Ok(Standby {
+                    pid,
+                    pidfd,
+                    chan: ours,
+                })
+            }
+        }
+    }
+
+    fn send(&mut self, reply: &Reply, body: &[u8]) -> Result<(), ProtoError> {
+        let bytes = encode(reply, body)?;
+        self.ctrl.write_all(&bytes)?;
+        Ok(())
+    }
+
+    fn error(&mut self, code: ErrorCode, message: impl Into<String>) -> Result<(), ProtoError> {
+        self.send(
+            &Reply::Error {
+                code,
+                message: message.into(),
+            },
+            b"",
+        )
+    }
+
+    /// One round of the event loop; true when the agent should stop.
+    fn poll_once(&mut self) -> Result<bool, ProtoError> {
+        let ctrl_ready;
+        let mut reaper_done = false;
+        let mut exited_ready: Vec<usize> = Vec::new();
+        let mut out_ready = [false; 2];
+        let mut stdin_ready = false;
+        {
+            let mut fds = vec![PollFd::new(self.ctrl.as_fd(), PollFlags::POLLIN)];
+            let mut idx_pid = None;
+            let mut idx_out = [None, None];
+            let mut idx_in = None;
+            let first_exiting = fds.len();
+            for (_, fd) in &self.exiting {
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+            }
+            if let Some(run) = &self.running {
+                // The reaper's status line ends the exec; its pidfd, should it die first.
+                idx_pid = Some(fds.len());
+                fds.push(PollFd::new(run.status.as_fd(), PollFlags::POLLIN));
+                fds.push(PollFd::new(run.pidfd.as_fd(), PollFlags::POLLIN));
+                if let Some(fr) = &run.framed {
+                    for (i, f) in [&fr.stdout, &fr.stderr].into_iter().enumerate() {
+                        if let Some(f) = f {
+                            idx_out[i] = Some(fds.len());
+                            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+                        }
+                    }
+                    if let Some(w) = &fr.stdin
+                        && (!fr.stdin_buf.is_empty() || fr.stdin_close)
+                    {
+                        idx_in = Some(fds.len());
+                        fds.push(PollFd::new(w.as_fd(), PollFlags::POLLOUT));
+                    }
+                }
+            }
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(Errno::EINTR) => return Ok(false),
+                Err(e) => return Err(io::Error::from(e).into()),
+            }
+            let hit = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+            ctrl_ready = hit(0);
+            for k in 0..self.exiting.len() {
+                if hit(first_exiting + k) {
+                    exited_ready.push(k);
+                }
+            }
+            if let Some(i) = idx_pid {
+                reaper_done = hit(i) || hit(i + 1);
+            }
+            for k in 0..2 {
+                if let Some(i) = idx_out[k] {
+                    out_ready[k] = hit(i);
+                }
+            }
+            if let Some(i) = idx_in {
+                stdin_ready = hit(i);
+            }
+        }
+        for (k, ready) in out_ready.into_iter().enumerate() {
+            if ready {
+                self.relay_output(k)?;
+            }
+        }
+        if stdin_ready {
+            self.feed_stdin();
+        }
+        for k in exited_ready.into_iter().rev() {
+            let (pid, _) = self.exiting.swap_remove(k);
+            let _ = waitpid(pid, None);
+        }
+        if reaper_done && self.status_complete() {
+            self.finish_exec()?;
+        }
+        if ctrl_ready {
+            if !self.read_ctrl()? {
+                return Ok(true);
+            }
+            while let Some(frame) = self.inbuf.next_frame::<Request>()? {
+                if self.handle(frame)? {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Reads what the host sent, with any descriptors attached; false on close.
+    fn read_ctrl(&mut self) -> Result<bool, ProtoError> {
+        let mut buf = vec![0u8; 64 * 1024];
+        if let Channel::Port(port) = &mut self.ctrl {
+            let n = match port.read(&mut buf) {
+                Ok(n) => n,
+                Err(e)
+                    if e.kind() == io::ErrorKind::Interrupted
+                        || e.kind() == io::ErrorKind::WouldBlock =>
+                {
+                    return Ok(true);
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if n == 0 {
+                return Ok(false);
+            }
+            self.inbuf.push(&buf[..n]);
+            return Ok(true);
+        }
+        let mut cmsg = nix::cmsg_space!([RawFd; 8]);
+        let (n, fds) = {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let msg = match recvmsg::<()>(
+                self.ctrl.as_fd().as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Ok(m) => m,
+                Err(Errno::EINTR | Errno::EAGAIN) => return Ok(true),
+                Err(e) => return Err(io::Error::from(e).into()),
+            };
+            let mut fds = Vec::new();
+            if let Ok(cmsgs) = msg.cmsgs() {
+                for c in cmsgs {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        fds.extend(raw);
+                    }
+                }
+            }
+            (msg.bytes, fds)
+        };
+        for raw in fds {
+            // The kernel installed these descriptors for us (SCM_RIGHTS).
+            self.fds.push_back(sys::own_fd(raw));
+        }
+        if n == 0 {
+            return Ok(false);
+        }
+        self.inbuf.push(&buf[..n]);
+        Ok(true)
+    }
+
+    fn handle(&mut self, frame: Frame<Request>) -> Result<bool, ProtoError> {
+        match frame.header {
+            Request::Hello { version } => {
+                if version != PROTOCOL_VERSION {
+                    self.error(
+                        ErrorCode::VersionMismatch,
+                        format!("agent speaks protocol {PROTOCOL_VERSION}, host {version}"),
+                    )?;
+                } else {
+                    self.send(&Reply::Ok, b"")?;
+                }
+            }
+            Request::Exec {
+                id,
+                argv,
+                env,
+                cwd,
+                stdio,
+                limits,
+                last,
+            } => {
+                if self.running.is_some() {
+                    // Descriptors sent along are dropped with the refusal.
+                    self.fds.clear();
+                    return self
+                        .error(ErrorCode::Busy, "an exec is already running")
+                        .map(|_| false);
+                }
+                match self.start_exec(id, &argv, &env, &cwd, stdio, &limits) {
+                    Ok(()) => {
+                        if let Some(run) = self.running.as_mut() {
+                            run.last = last;
+                        }
+                        self.send(&Reply::Started { id }, b"")?
+                    }
+                    Err(e) => self.error(ErrorCode::SpawnFailed, e.to_string())?,
+                }
+            }
+            Request::Stdin { id } => {
+                if let Some(fr) = self
+                    .running
+                    .as_mut()
+                    .filter(|r| r.id == id)
+                    .and_then(|r| r.framed.as_mut())
+                {
+                    if frame.body.is_empty() {
+                        fr.stdin_close = true;
+                    } else if fr.stdin_buf.len() + frame.body.len() <= MAX_STDIN_BUFFER {
+                        fr.stdin_buf.extend(frame.body);
+                    }
+                }
+            }
+            Request::Kill { id } => {
+                if let Some(run) = self.running.as_ref().filter(|r| r.id == id) {
+                    // Killing the PID namespace's init takes every process in it along.
+                    let _ = kill(run.reaper, Signal::SIGKILL);
+                }
+            }
+            Request::PutFile { path, mode } => match self.work.put(&path, mode, &frame.body) {
+                Ok(()) => self.send(&Reply::Ok, b"")?,
+                Err((code, msg)) => self.error(code, msg)?,
+            },
+            Request::GetFile { path, max } => match self.work.get(&path, max) {
+                Ok((data, truncated)) => self.send(&Reply::File { truncated }, &data)?,
+                Err((code, msg)) => self.error(code, msg)?,
+            },
+            Request::Configure {
+                hostname,
+                memory_bytes,
+                pids,
+                disk_bytes,
+                tmp_bytes,
+                unix_time_ms,
+                egress,
+            } => {
+                let settings = Settings {
+                    hostname,
+                    memory_bytes,
+                    pids,
+                    disk_bytes,
+                    tmp_bytes,
+                    unix_time_ms,
+                    egress,
+                };
+                let result = match self.configure.as_mut() {
+                    None => Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        "this agent takes no configuration",
+                    )),
+                    Some(hook) => hook(&settings, &frame.body),
+                };
+                match result {
+                    Ok(()) => {
+                        if let Some(cg) = self.cgroups.as_mut() {
+                            cg.memory_bytes = memory_bytes;
+                            cg.pids = pids;
+                        }
+                        self.send(&Reply::Ok, b"")?
+                    }
+                    Err(e) => self.error(ErrorCode::BadRequest, format!("configure: {e}"))?,
+                }
+            }
+            Request::Shutdown => {
+                if let Some(run) = &self.running {
+                    let _ = kill(run.reaper, Signal::SIGKILL);
+                }
+                self.send(&Reply::Ok, b"")?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
