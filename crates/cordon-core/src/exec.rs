@@ -143,6 +143,28 @@ impl fmt::Display for Termination {
 /// 128+N for signal N, and a fixed code per termination reason otherwise (documented in the
 /// README): timeout 124, out-of-memory 137, process-limit 122, output-limit 121,
 /// disk-limit 120, killed 143, sandbox-failure 125.
+/// `PATH` inside every native tier's sandbox.
+pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The environment a program gets in a native tier's sandbox, weakest first: Cordon's
+/// defaults (`PATH`, `HOME=/work`, `LANG`), then what the tier adds (its egress proxy's
+/// variables and grant placeholders), then the sandbox's spec, then the exec's own.
+pub fn sandbox_env(
+    spec: &crate::SandboxSpec,
+    tier_env: impl IntoIterator<Item = (String, String)>,
+    req: &ExecRequest,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::from([
+        ("PATH".to_string(), SANDBOX_PATH.to_string()),
+        ("HOME".to_string(), "/work".to_string()),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+    ]);
+    env.extend(tier_env);
+    env.extend(spec.env.clone());
+    env.extend(req.env.clone());
+    env
+}
+
 pub fn exit_code_for(outcome: &ExecOutcome) -> i32 {
     match outcome.termination {
         Termination::Exited => outcome.exit_code.unwrap_or(125),
@@ -251,6 +273,21 @@ fn de_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sandbox_env_layers_defaults_tier_spec_and_exec() {
+        let mut spec = crate::SandboxSpec::new(Tier::Container);
+        spec.env.insert("LANG".into(), "spec".into());
+        spec.env.insert("A".into(), "spec".into());
+        let mut req = ExecRequest::argv(["true"]);
+        req.env.insert("A".into(), "exec".into());
+        let env = sandbox_env(&spec, [("HTTPS_PROXY".into(), "tier".into())], &req);
+        assert_eq!(env["PATH"], SANDBOX_PATH);
+        assert_eq!(env["HOME"], "/work");
+        assert_eq!(env["HTTPS_PROXY"], "tier");
+        assert_eq!(env["LANG"], "spec");
+        assert_eq!(env["A"], "exec");
+    }
 
     #[test]
     fn exit_codes_per_reason() {

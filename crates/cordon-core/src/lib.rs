@@ -18,7 +18,8 @@ pub use backend::{
 };
 pub use error::{Error, Result};
 pub use exec::{
-    Command, ExecOutcome, ExecRequest, OutputStream, Termination, Timings, Usage, exit_code_for,
+    Command, ExecOutcome, ExecRequest, OutputStream, SANDBOX_PATH, Termination, Timings, Usage,
+    exit_code_for, sandbox_env,
 };
 pub use report::{
     Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind,

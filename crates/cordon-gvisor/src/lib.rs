@@ -24,7 +24,6 @@ pub mod reap;
 mod sys;
 mod workspace;
 
-use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -512,19 +511,11 @@ impl GvisorSandbox {
     }
 
     fn env_for(&self, req: &ExecRequest) -> Vec<String> {
-        let mut env = BTreeMap::new();
-        env.insert(
-            "PATH".to_string(),
-            "/usr/local/bin:/usr/bin:/bin".to_string(),
-        );
-        env.insert("HOME".to_string(), "/work".to_string());
-        env.insert("LANG".to_string(), "C.UTF-8".to_string());
-        if let Some(link) = &self.egress {
-            env.extend(link.env());
-        }
-        env.extend(self.spec.env.clone());
-        env.extend(req.env.clone());
-        env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+        let tier_env = self.egress.iter().flat_map(|l| l.env());
+        cordon_core::sandbox_env(&self.spec, tier_env, req)
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect()
     }
 
     fn config_json(

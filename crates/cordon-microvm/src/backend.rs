@@ -842,19 +842,8 @@ impl MicrovmSandbox {
     }
 
     fn env_for(&self, req: &ExecRequest) -> BTreeMap<String, String> {
-        let mut env = BTreeMap::new();
-        env.insert(
-            "PATH".to_string(),
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
-        );
-        env.insert("HOME".to_string(), "/work".to_string());
-        env.insert("LANG".to_string(), "C.UTF-8".to_string());
-        if let Some(e) = &self.egress {
-            env.extend(e.link.env());
-        }
-        env.extend(self.spec.env.clone());
-        env.extend(req.env.clone());
-        env
+        let tier_env = self.egress.iter().flat_map(|e| e.link.env());
+        cordon_core::sandbox_env(&self.spec, tier_env, req)
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
