@@ -46,13 +46,7 @@ pub fn mcp(args: McpArgs) -> Result<i32> {
             .bench_file
             .get_or_insert_with(crate::policy::bench_file);
         let backends = backends::server_backends(&cfg.data_dir);
-        let svc = Service::start(
-            cfg,
-            Keys::default(),
-            backends,
-            Some(backends::recovery_hook()),
-        )
-        .await?;
+        let svc = Service::start(cfg, Keys::default(), backends, None).await?;
         let io = (tokio::io::stdin(), tokio::io::stdout());
         let served = cordon_server::mcp::serve_io(svc.clone(), Tenant("local".into()), io).await;
         svc.shutdown().await;

@@ -76,7 +76,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let backends = backends::server_backends(&cfg.data_dir);
-        let server = Server::start(cfg, backends, Some(backends::recovery_hook())).await?;
+        let server = Server::start(cfg, backends, None).await?;
         let mut out = std::io::stdout();
         writeln!(
             out,

@@ -133,6 +133,34 @@ impl Backend for ContainerBackend {
         Tier::Container
     }
 
+    /// Container sandboxes' cgroups (and every process still in them) that the records
+    /// name, cgroups no record names that stay empty (a create cut short), and egress
+    /// socket directories (and CA bundles) whose proxy died.
+    fn recover(&self, orphans: &[String]) -> Vec<String> {
+        let ids: std::collections::BTreeSet<&str> = orphans.iter().map(String::as_str).collect();
+        let mut removed: Vec<String> = if ids.is_empty() {
+            Vec::new()
+        } else {
+            crate::cgroup::reap_orphans(|name| !ids.contains(name))
+                .into_iter()
+                .map(|name| format!("cgroup cordon/{name} (and its processes)"))
+                .collect()
+        };
+        // A process killed mid-create leaves a cgroup no row names; its init died with it
+        // (parent-death signal), so the cgroup is empty.
+        removed.extend(
+            crate::cgroup::reap_empty(std::time::Duration::from_secs(1))
+                .into_iter()
+                .map(|name| format!("empty cgroup cordon/{name}")),
+        );
+        removed.extend(
+            crate::egress::reap_stale()
+                .into_iter()
+                .map(|id| format!("egress socket dir of {id}")),
+        );
+        removed
+    }
+
     fn probe(&self) -> Probe {
         let mut caps = Vec::new();
         caps.push(if self.cfg.init_path.is_file() {

@@ -7,10 +7,6 @@
 //! binary ([`init::main`]) builds the sandbox and runs the agent from `cordon-guest`.
 
 mod backend;
-pub mod cgroup;
-pub mod egress;
-pub mod forwarder;
-pub mod idpool;
 pub mod init;
 pub mod landlock_rules;
 pub mod seccomp;
@@ -18,6 +14,8 @@ mod seccomp_tree;
 mod sys;
 
 pub use backend::{ContainerBackend, ContainerConfig, ContainerSandbox, INIT_BINARY};
+// The host side shared with the other native tiers lives in cordon-host.
+use cordon_host::{cgroup, egress, forwarder, idpool};
 
 /// Errors of the container tier, converted into [`cordon_core::Error`] at the API boundary.
 #[derive(Debug, thiserror::Error)]

@@ -891,10 +891,10 @@ fn a_proxy_that_fails_to_start_leaves_no_directory() {
     // count on it).
     spec.egress.allow = vec!["bad host with spaces".into()];
     let id = format!("sb-failstart-{}", std::process::id());
-    let err = cordon_container::egress::EgressLink::start(&id, &spec, 65534).err();
+    let err = cordon_host::egress::EgressLink::start(&id, &spec, 65534).err();
     assert!(err.is_some(), "the proxy started with a refused pattern");
     assert!(
-        !cordon_container::egress::socket_dir().join(&id).exists(),
+        !cordon_host::egress::socket_dir().join(&id).exists(),
         "a failed start left its directory"
     );
 }
@@ -906,8 +906,8 @@ fn egress_ca_bundle_arrives_and_stale_socket_dirs_are_reaped() {
         .create(&egress_spec(&["pypi.example.test".into()]))
         .unwrap();
     let id = sb.id().to_string();
-    let host_dir = cordon_container::egress::socket_dir().join(&id);
-    let host_bundle = cordon_container::egress::socket_dir()
+    let host_dir = cordon_host::egress::socket_dir().join(&id);
+    let host_bundle = cordon_host::egress::socket_dir()
         .with_file_name("egress-ca")
         .join(format!("{id}.pem"));
     assert!(host_bundle.is_file());
@@ -947,8 +947,7 @@ fn egress_ca_bundle_arrives_and_stale_socket_dirs_are_reaped() {
     assert!(lines[3].parse::<u32>().unwrap() > 1, "{out}");
 
     // A directory a dead proxy left: its socket file, nothing listening.
-    let stale =
-        cordon_container::egress::socket_dir().join(format!("sb-stale-{}", std::process::id()));
+    let stale = cordon_host::egress::socket_dir().join(format!("sb-stale-{}", std::process::id()));
     std::fs::create_dir_all(&stale).unwrap();
     drop(std::os::unix::net::UnixListener::bind(stale.join("egress.sock")).unwrap());
     let stale_bundle = host_bundle.with_file_name(format!("sb-stale-{}.pem", std::process::id()));
@@ -964,7 +963,7 @@ fn egress_ca_bundle_arrives_and_stale_socket_dirs_are_reaped() {
         .unwrap()
         .set_modified(std::time::SystemTime::now() - Duration::from_secs(120))
         .unwrap();
-    let removed = cordon_container::egress::reap_stale();
+    let removed = cordon_host::egress::reap_stale();
     assert!(removed.iter().any(|r| stale.ends_with(r)), "{removed:?}");
     assert!(!stale.exists());
     assert!(
@@ -1077,10 +1076,10 @@ fn empty_cgroups_are_reaped_and_live_ones_kept() {
     let b = need_backend!();
     let mut live = b.create(&spec()).unwrap();
     let name = format!("sb-left-by-kill-{}", std::process::id());
-    let cg = cordon_container::cgroup::SandboxCgroup::create(&name, 64 << 20, 8, 0.5).unwrap();
+    let cg = cordon_host::cgroup::SandboxCgroup::create(&name, 64 << 20, 8, 0.5).unwrap();
     assert!(cgroup_exists(&name));
     // A settle as long as recovery's, so sandboxes other tests are creating right now are spared.
-    let removed = cordon_container::cgroup::reap_empty(Duration::from_secs(1));
+    let removed = cordon_host::cgroup::reap_empty(Duration::from_secs(1));
     assert!(removed.contains(&name), "{removed:?}");
     assert!(!cgroup_exists(&name), "the empty cgroup is still there");
     assert!(

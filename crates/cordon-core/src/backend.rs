@@ -155,6 +155,15 @@ pub trait Backend: Send + Sync {
     /// Checks what this host offers the tier. Cheap enough to run once per process.
     fn probe(&self) -> Probe;
 
+    /// Removes what sandboxes of this tier left when the process that owned them died
+    /// without destroying them: `orphans` are the ids a dead server's records name; a tier
+    /// may also sweep what no record names (a create cut short), never what a live process
+    /// still uses. Returns one line per thing removed. Default: nothing outlives its process.
+    fn recover(&self, orphans: &[String]) -> Vec<String> {
+        let _ = orphans;
+        Vec::new()
+    }
+
     /// Creates a fresh, never-used sandbox. Fails closed when a wall cannot be applied and
     /// the spec does not allow running weaker.
     fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>>;

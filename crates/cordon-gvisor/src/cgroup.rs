@@ -15,7 +15,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cordon_container::cgroup::{keyed, number, read_pids};
+use cordon_host::cgroup::{keyed, number, read_pids};
 
 use crate::GvisorError;
 
@@ -263,7 +263,7 @@ pub fn remove_dirs(dirs: &[PathBuf], patience: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cordon_container::cgroup::parse_keyed;
+    use cordon_host::cgroup::parse_keyed;
 
     #[test]
     fn hybrid_mounts_are_v1_with_the_memory_controller_found() {

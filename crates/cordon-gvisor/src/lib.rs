@@ -32,12 +32,12 @@ use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use cordon_container::egress::{EgressLink, SANDBOX_PROXY_PORT, SOCKET_INSIDE};
 use cordon_core::{
     Backend, Capability, Command, Error, ExecOutcome, ExecRequest, Language, OutputSink,
     OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier, Weakening,
     validate_sandbox_path,
 };
+use cordon_host::egress::{EgressLink, SANDBOX_PROXY_PORT, SOCKET_INSIDE};
 
 use crate::cgroup::{ExecCgroup, Layout};
 use crate::nproc::NprocWatch;
@@ -78,7 +78,7 @@ pub struct GvisorConfig {
     /// Where each sandbox leases its host id (the container tier's pool): programs run as
     /// that uid and gid, which no login user has and no other live sandbox shares. gVisor
     /// does not remap ids, so it owns the sandbox's `/work` and egress socket on the host.
-    pub ids: cordon_container::idpool::IdPool,
+    pub ids: cordon_host::idpool::IdPool,
 }
 
 /// Cordon's data dir: `$CORDON_HOME`, else `/var/lib/cordon` (this tier runs as root).
@@ -118,7 +118,7 @@ impl GvisorConfig {
             scratch_root: data_dir().join("scratch").join("gvisor"),
             platform: "ptrace".to_string(),
             forwarder,
-            ids: cordon_container::idpool::IdPool::system(),
+            ids: cordon_host::idpool::IdPool::system(),
         }
     }
 }
@@ -202,6 +202,15 @@ impl GvisorBackend {
 impl Backend for GvisorBackend {
     fn tier(&self) -> Tier {
         Tier::Gvisor
+    }
+
+    /// Every gvisor sandbox whose owning process is gone (records or not): runsc state,
+    /// cgroups, bundles, mounts.
+    fn recover(&self, _orphans: &[String]) -> Vec<String> {
+        self.reap_orphans()
+            .into_iter()
+            .map(|what| format!("gvisor: {what}"))
+            .collect()
     }
 
     fn probe(&self) -> Probe {
@@ -306,7 +315,7 @@ impl Backend for GvisorBackend {
         // Bundles and runsc's state are root's alone: a directory another user made first
         // (to swap a bundle before runsc reads it) is refused, not adopted.
         for dir in [&self.config.scratch_root, &self.config.state_root] {
-            cordon_container::idpool::private_dir(dir).map_err(|detail| {
+            cordon_host::idpool::private_dir(dir).map_err(|detail| {
                 tracing::error!("gvisor: {detail}");
                 Error::Unavailable {
                     tier: Tier::Gvisor,
@@ -322,7 +331,7 @@ impl Backend for GvisorBackend {
             .config
             .ids
             .allocate()
-            .map_err(cordon_container::idpool::IdPoolError::into_core)?;
+            .map_err(cordon_host::idpool::IdPoolError::into_core)?;
         let id = SandboxId::random()?;
         let bundle = self.config.scratch_root.join(id.as_str());
         std::fs::DirBuilder::new()
@@ -361,7 +370,7 @@ pub struct GvisorSandbox {
     /// The host uid and gid programs run as (the first id of the leased range).
     uid: u32,
     /// The sandbox's lease on `uid`, given back once its last process is gone.
-    ids: Option<cordon_container::idpool::IdRange>,
+    ids: Option<cordon_host::idpool::IdRange>,
     /// `/work`, held open: file calls are opened beneath it.
     workspace: Option<cordon_guest::files::Workspace>,
     config: GvisorConfig,
@@ -847,7 +856,7 @@ impl Sandbox for GvisorSandbox {
         }
         // Output leaving the sandbox is scanned: known secrets redacted, credential
         // formats flagged (the container tier's scanner).
-        cordon_container::egress::scan_outcome(&mut out, self.egress.as_mut());
+        cordon_host::egress::scan_outcome(&mut out, self.egress.as_mut());
         Ok(out)
     }
 
@@ -872,7 +881,7 @@ impl Sandbox for GvisorSandbox {
                 ),
             });
         }
-        let (clean, found) = cordon_container::egress::scan_file(self.egress.as_ref(), path, &data);
+        let (clean, found) = cordon_host::egress::scan_file(self.egress.as_ref(), path, &data);
         self.file_findings.extend(found);
         Ok(clean)
     }
@@ -882,7 +891,7 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn report(&mut self) -> cordon_core::Details {
-        cordon_container::egress::report(&mut self.file_findings, self.egress.as_mut())
+        cordon_host::egress::report(&mut self.file_findings, self.egress.as_mut())
     }
 
     fn destroy(&mut self) -> Result<()> {

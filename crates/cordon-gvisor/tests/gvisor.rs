@@ -86,8 +86,8 @@ fn py(b: &GvisorBackend, code: &str) -> ExecOutcome {
 /// True when `line` is a uid of the host id pool's (every sandbox's user is one, none
 /// root's or a login user's).
 fn leased_uid(line: Option<&str>) -> bool {
-    let first = cordon_container::idpool::FIRST;
-    let end = first + cordon_container::idpool::SLOTS * cordon_container::idpool::RANGE;
+    let first = cordon_host::idpool::FIRST;
+    let end = first + cordon_host::idpool::SLOTS * cordon_host::idpool::RANGE;
     line.and_then(|l| l.trim().parse::<u32>().ok())
         .is_some_and(|uid| (first..end).contains(&uid))
 }

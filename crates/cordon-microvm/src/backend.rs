@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use cordon_container::cgroup::SandboxCgroup;
-use cordon_container::egress as shared_egress;
 use cordon_core::{
     Backend, Capability, Error, ExecOutcome, ExecRequest, OutputSink, OutputStream, Probe, Result,
     Sandbox, SandboxId, SandboxSpec, Termination, Tier,
@@ -17,6 +15,8 @@ use cordon_core::{
 use cordon_guest::proto::{
     self, ErrorCode, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode, Stream,
 };
+use cordon_host::cgroup::SandboxCgroup;
+use cordon_host::egress as shared_egress;
 use serde_json::json;
 
 use crate::MicrovmError;

@@ -11,11 +11,11 @@ use std::fmt;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use cordon_container::egress::{EgressLink, SANDBOX_PROXY_PORT};
 use cordon_core::{Error, Result, SandboxSpec};
 use cordon_egress::ProxyConfig;
 use cordon_guest::proto::{EgressSetup, GUEST_CA_BUNDLE_PATH, GUEST_CA_CERT_PATH};
 use cordon_guest::tunnel::{self, Tunnel};
+use cordon_host::egress::{EgressLink, SANDBOX_PROXY_PORT};
 
 /// A last say over each sandbox's proxy configuration: upstream roots (a corporate CA), a
 /// resolver of one's own, limits. Tests point a name at a loopback upstream with it.

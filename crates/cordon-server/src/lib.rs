@@ -3,8 +3,8 @@
 //! (SQLite), API keys, Prometheus metrics and MCP (rmcp).
 //!
 //! The service never depends on a tier crate: the caller injects one [`Backend`] per tier
-//! (see [`Backends`]) and, optionally, a [`RecoveryHook`] that knows how to clean up what a
-//! crashed server left of each tier's sandboxes.
+//! (see [`Backends`]); after a crash each backend's `recover` cleans up what the dead server
+//! left of its tier's sandboxes, and an optional [`RecoveryHook`] anything else.
 //!
 //! [`Backend`]: cordon_core::Backend
 

@@ -26,6 +26,8 @@ struct Counters {
     execs: AtomicUsize,
     /// How long each destroy takes, to hold a teardown open.
     destroy_delay_ms: AtomicU64,
+    /// The orphans `recover` was given.
+    recovered: Mutex<Vec<String>>,
 }
 
 struct FakeBackend(Arc<Counters>);
@@ -52,6 +54,10 @@ impl Backend for FakeBackend {
             vec![Capability::ok("fake", "test")],
             vec![],
         )
+    }
+    fn recover(&self, orphans: &[String]) -> Vec<String> {
+        self.0.recovered.lock().unwrap().extend_from_slice(orphans);
+        orphans.iter().map(|id| format!("fake: {id}")).collect()
     }
     fn create(&self, spec: &SandboxSpec) -> CoreResult<Box<dyn Sandbox>> {
         spec.validate()?;
@@ -1089,6 +1095,11 @@ async fn shutdown_destroys_everything_and_restart_recovers_leftovers() {
         .await
         .unwrap();
     assert_eq!(*seen.lock().unwrap(), ["sb-dead1", "sb-dead2"]);
+    // The tier's own recovery (Backend::recover) got the orphans of its tier.
+    assert_eq!(
+        *counters.recovered.lock().unwrap(),
+        ["sb-dead1", "sb-dead2"]
+    );
     assert!(!scratch.exists());
     let rows = svc
         .audit()
@@ -1101,7 +1112,21 @@ async fn shutdown_destroys_everything_and_restart_recovers_leftovers() {
         )
         .unwrap();
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].detail["removed"][0], "cgroup cordon/sb-dead1");
+    let removed: Vec<&str> = rows[0].detail["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(
+        removed,
+        [
+            "fake: sb-dead1",
+            "fake: sb-dead2",
+            "cgroup cordon/sb-dead1",
+            "cgroup cordon/sb-dead2"
+        ]
+    );
     assert!(svc.audit().unfinished().unwrap().is_empty());
     // Earlier rows are intact.
     let creates = svc

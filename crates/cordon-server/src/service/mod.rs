@@ -155,7 +155,8 @@ impl Service {
     ) -> Result<Self, ServerError> {
         let (lock_file, audit, report) = tokio::task::spawn_blocking({
             let cfg = cfg.clone();
-            move || open_and_recover(&cfg, recovery)
+            let backends = backends.clone();
+            move || open_and_recover(&cfg, &backends, recovery)
         })
         .await
         .map_err(|e| ServerError::Config(format!("startup worker failed: {e}")))??;

@@ -12,6 +12,7 @@ pub fn scratch_dir(data_dir: &Path, tier: Tier) -> PathBuf {
 
 pub(super) fn open_and_recover(
     cfg: &Config,
+    backends: &Backends,
     hook: Option<RecoveryHook>,
 ) -> Result<(File, Audit, RecoveryReport), ServerError> {
     let dir = &cfg.data_dir;
@@ -34,8 +35,18 @@ pub(super) fn open_and_recover(
     report.sandboxes = rows.iter().map(|r| r.id.clone()).collect();
     // The hook runs even with no unfinished rows: a server killed while a sandbox was being
     // made (before its row was written) leaves host state no row names.
+    // Each tier removes what its dead sandboxes left (behind `Backend::recover`); the hook
+    // is for callers with more to clean.
+    for (tier, backend) in backends {
+        let orphans: Vec<String> = rows
+            .iter()
+            .filter(|r| r.tier == tier.as_str())
+            .map(|r| r.id.clone())
+            .collect();
+        report.removed.extend(backend.recover(&orphans));
+    }
     if let Some(h) = &hook {
-        report.removed = h(&rows);
+        report.removed.extend(h(&rows));
     }
     let scratch = dir.join("scratch");
     if let Ok(tiers) = std::fs::read_dir(&scratch) {

@@ -15,7 +15,7 @@ use cgroups_rs::fs::hierarchies;
 use cgroups_rs::fs::memory::MemController;
 use cgroups_rs::fs::pid::PidController;
 
-use crate::ContainerError;
+use crate::HostError;
 
 /// Name of the parent cgroup under which every sandbox's cgroup lives.
 pub const PARENT: &str = "cordon";
@@ -115,13 +115,13 @@ fn read_open(f: Option<&fs::File>) -> String {
     }
 }
 
-fn err(what: &str, e: impl std::fmt::Display) -> ContainerError {
-    ContainerError::Cgroup(format!("{what}: {e}"))
+fn err(what: &str, e: impl std::fmt::Display) -> HostError {
+    HostError::Cgroup(format!("{what}: {e}"))
 }
 
 impl SandboxCgroup {
     /// Creates `cordon/<name>` with the memory, pids and CPU limits set.
-    pub fn create(name: &str, memory: u64, pids: u32, cpus: f64) -> Result<Self, ContainerError> {
+    pub fn create(name: &str, memory: u64, pids: u32, cpus: f64) -> Result<Self, HostError> {
         let version = host_version();
         let hier = hierarchies::auto();
         let path = format!("{PARENT}/{name}");
@@ -143,7 +143,7 @@ impl SandboxCgroup {
         };
         let need = |kind: &str| {
             dir_of(kind).ok_or_else(|| {
-                ContainerError::Cgroup(format!(
+                HostError::Cgroup(format!(
                     "the {kind} controller is not mounted; mount it (cgroup v1) or enable it in \
                      the root's cgroup.subtree_control (v2)"
                 ))
@@ -166,7 +166,7 @@ impl SandboxCgroup {
         Ok(this)
     }
 
-    fn set_limits(&self, memory: u64, pids: u32, cpus: f64) -> Result<(), ContainerError> {
+    fn set_limits(&self, memory: u64, pids: u32, cpus: f64) -> Result<(), HostError> {
         let mem: &MemController = self
             .cg
             .controller_of()

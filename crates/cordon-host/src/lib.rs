@@ -1,0 +1,23 @@
+//! The Linux host side every native tier (container, gvisor, microvm) shares, so no tier
+//! crate depends on another: cgroups (v1 and v2), the egress link (a per-sandbox proxy on a
+//! unix socket, the output scan and the audit events it reports), the forwarder that relays
+//! a sandbox's `127.0.0.1:<port>` to that socket, and the pool of per-sandbox host id ranges.
+
+pub mod cgroup;
+pub mod egress;
+pub mod forwarder;
+pub mod idpool;
+mod sys;
+
+/// Errors of the host side, converted into [`cordon_core::Error`] at the API boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("cgroup: {0}")]
+    Cgroup(String),
+}
+
+impl From<HostError> for cordon_core::Error {
+    fn from(e: HostError) -> Self {
+        cordon_core::Error::Invalid(e.to_string())
+    }
+}
