@@ -22,7 +22,7 @@ if [ "$(uname -m)" != x86_64 ] || ! command -v musl-gcc >/dev/null \
   exit 0
 fi
 if ! flock /tmp/cordon-cargo.lock cargo build -q --release --target "$musl" \
-  -p cordon --bin cordon -p cordon-container --bin cordon-sandbox-init; then
+  -p cordon --bin cordon -p cordon-sandbox-init --bin cordon-sandbox-init; then
   log "static helpers: the musl build failed (above); keeping cargo's glibc builds"
   exit 0
 fi

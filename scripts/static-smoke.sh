@@ -12,7 +12,7 @@ if [ "$(uname -m)" != x86_64 ]; then
   exit 0
 fi
 flock /tmp/cordon-cargo.lock cargo build -q --release --target "$musl" \
-  -p cordon --bin cordon -p cordon-container --bin cordon-sandbox-init
+  -p cordon --bin cordon -p cordon-sandbox-init --bin cordon-sandbox-init
 dir="target/$musl/release"
 for b in cordon cordon-sandbox-init; do
   if ! file "$dir/$b" | grep -q "static-pie linked"; then

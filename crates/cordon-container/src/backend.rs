@@ -209,7 +209,11 @@ impl Backend for ContainerBackend {
                 "seccomp",
                 format!("policy v1 compiled to {} filters", p.programs.len()),
             ),
-            Err(e) => Capability::missing("seccomp", e.clone(), "fix policy/seccomp.json"),
+            Err(e) => Capability::missing(
+                "seccomp",
+                e.clone(),
+                "fix crates/cordon-init/policy/seccomp.json",
+            ),
         });
         caps.push(match cgroup_probe() {
             Ok(d) => Capability::ok("cgroups", d),

@@ -7,21 +7,10 @@
 //! binary ([`init::main`]) builds the sandbox and runs the agent from `cordon-guest`.
 
 mod backend;
-pub mod init;
-pub mod landlock_rules;
-pub mod seccomp;
-mod seccomp_tree;
 mod sys;
 
 pub use backend::{ContainerBackend, ContainerConfig, ContainerSandbox, INIT_BINARY};
-// The host side shared with the other native tiers lives in cordon-host.
-use cordon_host::{cgroup, egress, forwarder, idpool};
-
-/// Errors of the container tier, converted into [`cordon_core::Error`] at the API boundary.
-#[derive(Debug, thiserror::Error)]
-pub enum ContainerError {
-    #[error("cgroup: {0}")]
-    Cgroup(String),
-    #[error("seccomp: {0}")]
-    Seccomp(String),
-}
+// The host side shared with the other native tiers lives in cordon-host; the sandbox side
+// (the init, its seccomp filter and Landlock rules) in cordon-sandbox-init.
+use cordon_host::{cgroup, egress, idpool};
+pub use cordon_sandbox_init::{init, landlock_rules, seccomp};

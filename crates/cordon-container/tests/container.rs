@@ -20,8 +20,21 @@ use cordon_core::{
 use cordon_testkit::egress::Upstream;
 use cordon_testkit::procs::{running_from, wait_until_none_run};
 
+/// The init binary cargo built beside this test's target dir (`cargo test --workspace`
+/// builds it; alone: `cargo build -p cordon-sandbox-init`).
 fn init_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_cordon-sandbox-init"))
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join(cordon_container::INIT_BINARY);
+    assert!(
+        path.is_file(),
+        "{} is missing: build it first with `cargo build -p cordon-sandbox-init`",
+        path.display()
+    );
+    path
 }
 
 fn backend() -> Option<&'static ContainerBackend> {

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod files;
+pub mod forwarder;
 pub mod host;
 pub mod proto;
 pub mod sys;

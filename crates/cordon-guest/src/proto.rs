@@ -117,6 +117,10 @@ pub enum Request {
 pub const EGRESS_PORT_NAME: &str = "cordon.egress";
 /// Where a microVM guest keeps the per-sandbox CA certificate (its root is read-only).
 pub const GUEST_CA_CERT_PATH: &str = "/run/cordon/egress-ca.pem";
+
+/// Where a native sandbox finds its egress proxy's unix socket (bound in from the host); a
+/// forwarder relays the sandbox's `127.0.0.1:<port>` to it.
+pub const EGRESS_SOCKET_INSIDE: &str = "/run/cordon/egress.sock";
 /// Where a microVM guest keeps the CA bundle programs trust (that CA plus the host's roots).
 pub const GUEST_CA_BUNDLE_PATH: &str = "/run/cordon/ca-bundle.pem";
 

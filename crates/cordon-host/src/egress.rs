@@ -13,7 +13,7 @@ use cordon_egress::{EgressProxy, ProxyConfig, ProxyHandle};
 /// Where the forwarder listens inside the sandbox.
 pub const SANDBOX_PROXY_PORT: u16 = cordon_egress::DEFAULT_SANDBOX_PROXY_PORT;
 /// Where the proxy's socket appears inside the sandbox.
-pub const SOCKET_INSIDE: &str = "/run/cordon/egress.sock";
+pub const SOCKET_INSIDE: &str = cordon_guest::proto::EGRESS_SOCKET_INSIDE;
 
 /// True when a spec asks for any network path.
 pub fn wanted(spec: &SandboxSpec) -> bool {

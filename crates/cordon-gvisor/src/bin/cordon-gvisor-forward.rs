@@ -25,7 +25,7 @@ fn main() {
     let Some((program, rest)) = args[3..].split_first() else {
         usage()
     };
-    if let Err(e) = cordon_host::forwarder::spawn(port, Path::new(socket)) {
+    if let Err(e) = cordon_guest::forwarder::spawn(port, Path::new(socket)) {
         eprintln!("cordon: {e}");
         std::process::exit(125);
     }

@@ -12,5 +12,5 @@ fn main() {
         );
         std::process::exit(2);
     }
-    cordon_container::init::main()
+    cordon_sandbox_init::init::main()
 }

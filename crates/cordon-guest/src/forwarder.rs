@@ -8,7 +8,7 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-use cordon_guest::sys::{Forked, exit_now, fork_into};
+use crate::sys::{Forked, exit_now, fork_into};
 
 /// Binds the listener and forks the forwarder process. Call once the sandbox's root and
 /// loopback are set up, while the caller is still single-threaded.

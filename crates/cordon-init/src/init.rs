@@ -295,7 +295,10 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: OwnedFd) -> Result
     limit_user_counts()?;
     finish_root(&join)?;
     if let (Some(port), Some(_)) = (join.connect_port, &join.egress_socket) {
-        crate::forwarder::spawn(port, std::path::Path::new(crate::egress::SOCKET_INSIDE))?;
+        cordon_guest::forwarder::spawn(
+            port,
+            std::path::Path::new(cordon_guest::proto::EGRESS_SOCKET_INSIDE),
+        )?;
     }
     let ruleset = if setup.landlock {
         Some(landlock_rules::build(join.connect_port)?)
@@ -571,7 +574,7 @@ fn finish_root(join: &InitJoin) -> Result<(), String> {
         copied.push((from.as_path(), dst));
     }
     if let Some(sock) = &join.egress_socket {
-        let inside = new.join(crate::egress::SOCKET_INSIDE.trim_start_matches('/'));
+        let inside = new.join(cordon_guest::proto::EGRESS_SOCKET_INSIDE.trim_start_matches('/'));
         if let Some(parent) = inside.parent() {
             fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
         }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use seccompiler::{BpfProgram, TargetArch};
 use serde::Deserialize;
 
-use crate::ContainerError;
+use crate::InitError;
 
 /// The policy shipped with Cordon.
 pub const DEFAULT_POLICY: &str = include_str!("../policy/seccomp.json");
@@ -34,9 +34,9 @@ pub struct SeccompPolicy {
     pub programs: Vec<BpfProgram>,
 }
 
-fn arch() -> Result<TargetArch, ContainerError> {
+fn arch() -> Result<TargetArch, InitError> {
     TargetArch::try_from(std::env::consts::ARCH).map_err(|e| {
-        ContainerError::Seccomp(format!(
+        InitError::Seccomp(format!(
             "no seccomp support for {}: {e}",
             std::env::consts::ARCH
         ))
@@ -47,11 +47,11 @@ impl SeccompPolicy {
     /// Loads and compiles a policy file, then checks its examples: every syscall listed as
     /// refused must appear in some filter and every one listed as allowed must not be
     /// refused unconditionally.
-    pub fn load(text: &str) -> Result<Self, ContainerError> {
+    pub fn load(text: &str) -> Result<Self, InitError> {
         let file: PolicyFile = serde_json::from_str(text)
-            .map_err(|e| ContainerError::Seccomp(format!("policy is not valid: {e}")))?;
+            .map_err(|e| InitError::Seccomp(format!("policy is not valid: {e}")))?;
         if file.version != 1 {
-            return Err(ContainerError::Seccomp(format!(
+            return Err(InitError::Seccomp(format!(
                 "policy version {} is not supported (expected 1)",
                 file.version
             )));
@@ -69,14 +69,14 @@ impl SeccompPolicy {
         }
         for s in &file.examples.refused {
             if !mentioned.contains(s) {
-                return Err(ContainerError::Seccomp(format!(
+                return Err(InitError::Seccomp(format!(
                     "policy example says {s} is refused, but no filter names it"
                 )));
             }
         }
         for s in &file.examples.allowed {
             if refused_uncond.contains(s) {
-                return Err(ContainerError::Seccomp(format!(
+                return Err(InitError::Seccomp(format!(
                     "policy example says {s} is allowed, but a filter refuses it outright"
                 )));
             }
@@ -86,10 +86,10 @@ impl SeccompPolicy {
         for (name, filter) in &file.filters {
             let one = serde_json::json!({ name: filter }).to_string();
             let mut map = seccompiler::compile_from_json(one.as_bytes(), arch)
-                .map_err(|e| ContainerError::Seccomp(format!("filter {name}: {e}")))?;
-            let prog = map.remove(name).ok_or_else(|| {
-                ContainerError::Seccomp(format!("filter {name} compiled to nothing"))
-            })?;
+                .map_err(|e| InitError::Seccomp(format!("filter {name}: {e}")))?;
+            let prog = map
+                .remove(name)
+                .ok_or_else(|| InitError::Seccomp(format!("filter {name} compiled to nothing")))?;
             // Laid out for the kernel's action cache (see seccomp_tree); as it is if that
             // does not apply.
             programs.push(crate::seccomp_tree::with_dispatch(&prog).unwrap_or(prog));
@@ -99,16 +99,16 @@ impl SeccompPolicy {
 
     /// The shipped policy, compiled at build time (see build.rs); equal to
     /// `load(DEFAULT_POLICY)`, which the unit tests check.
-    pub fn default_policy() -> Result<Self, ContainerError> {
+    pub fn default_policy() -> Result<Self, InitError> {
         let bin: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/seccomp.bin"));
-        let word = |at: usize, n: usize| -> Result<u64, ContainerError> {
+        let word = |at: usize, n: usize| -> Result<u64, InitError> {
             bin.get(at..at + n)
                 .map(|b| {
                     let mut a = [0u8; 8];
                     a[..n].copy_from_slice(b);
                     u64::from_le_bytes(a)
                 })
-                .ok_or_else(|| ContainerError::Seccomp("built-in policy is truncated".into()))
+                .ok_or_else(|| InitError::Seccomp("built-in policy is truncated".into()))
         };
         let count = word(0, 4)? as usize;
         let mut at = 4;
