@@ -21,6 +21,7 @@ demo: build
 test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) deny check licenses bans sources
 	$(CARGO) test --workspace --no-fail-fast
 	cd sdk/python && python3 -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo 'sdk/python: pytest collected no tests' >&2; exit 1; fi; exit $$rc
 	bash scripts/static-smoke.sh

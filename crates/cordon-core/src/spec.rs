@@ -462,7 +462,13 @@ pub fn validate_sandbox_path(path: &str) -> Result<String> {
     if parts.is_empty() {
         return refuse("names /work itself; give a file under it");
     }
-    Ok(parts.join("/"))
+    let rel = parts.join("/");
+    // The limit holds for the path the file has in the sandbox, however it was given: a
+    // relative path is accepted exactly when its /work form is.
+    if WORKDIR.len() + 1 + rel.len() > 4096 {
+        return refuse("longer than 4096 bytes as a path under /work");
+    }
+    Ok(rel)
 }
 
 #[cfg(test)]
@@ -489,6 +495,22 @@ mod tests {
         }
     }
 
+    /// Found by the fuzz harness below: a relative path of 4091..=4096 bytes was accepted
+    /// while the same file named from /work was refused.
+    #[test]
+    fn a_relative_path_is_accepted_exactly_when_its_work_form_is() {
+        for n in [4090, 4091, 4096] {
+            let rel = "a".repeat(n);
+            let abs = format!("/work/{rel}");
+            assert_eq!(
+                validate_sandbox_path(&rel).is_ok(),
+                validate_sandbox_path(&abs).is_ok(),
+                "{n} bytes"
+            );
+        }
+        assert!(validate_sandbox_path(&"a".repeat(4090)).is_ok());
+    }
+
     #[test]
     fn tiers_and_languages_parse() {
         for t in Tier::ALL {
@@ -509,5 +531,87 @@ mod tests {
         let mut spec = SandboxSpec::new(Tier::Container);
         spec.limits.timeout_ms = 0;
         assert!(spec.validate().is_err());
+    }
+}
+
+/// Bounded fuzzing of the sandbox path validator (docs/fuzzing.md); `CORDON_FUZZ_CASES`
+/// runs longer campaigns.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use cordon_testkit::fuzz::config;
+    use proptest::prelude::*;
+
+    /// Paths made of the pieces that matter to the validator, with any prefix.
+    fn path() -> impl Strategy<Value = String> {
+        let comp = prop_oneof![
+            Just(String::new()),
+            Just(".".to_string()),
+            Just("..".to_string()),
+            Just("...".to_string()),
+            Just("work".to_string()),
+            Just("a\0b".to_string()),
+            "[a-z.é ]{1,6}",
+            "[a-z]{250,260}",
+            "[a-z]{4085,4100}",
+        ];
+        let prefix = prop_oneof![
+            Just(""),
+            Just("/"),
+            Just("/work"),
+            Just("/work/"),
+            Just("/workx/"),
+            Just("//work/")
+        ];
+        (prefix, prop::collection::vec(comp, 0..24))
+            .prop_map(|(p, comps)| format!("{p}{}", comps.join("/")))
+    }
+
+    /// The reference: where the path lands, resolved component by component from the
+    /// workspace (`None`: it leaves /work at some point or names another root).
+    fn model(path: &str) -> Option<Vec<&str>> {
+        let rel = match path.strip_prefix("/work/") {
+            Some(r) => r,
+            None if path.starts_with('/') => return None,
+            None => path,
+        };
+        let mut at: Vec<&str> = Vec::new();
+        for c in rel.split('/') {
+            match c {
+                "" | "." => {}
+                ".." => {
+                    at.pop()?;
+                }
+                c => at.push(c),
+            }
+        }
+        Some(at)
+    }
+
+    proptest! {
+        #![proptest_config(config(2048))]
+
+        #[test]
+        fn accepted_paths_never_escape_and_normalise_idempotently(
+            p in prop_oneof![path(), any::<String>()]
+        ) {
+            let Ok(rel) = validate_sandbox_path(&p) else {
+                // Refused: fine, unless it is a plain path under /work the model resolves
+                // without any `..` (then it had to be accepted).
+                if let Some(at) = model(&p) {
+                    let plain = !p.split('/').any(|c| c == "..") && !p.contains('\0');
+                    let fits = WORKDIR.len() + 1 + at.join("/").len() <= 4096 && p.len() <= 4096;
+                    prop_assert!(!(plain && fits && !at.is_empty()), "refused {p:?}");
+                }
+                return Ok(());
+            };
+            prop_assert!(!rel.is_empty() && !rel.starts_with('/') && !rel.contains('\0'));
+            prop_assert!(rel.split('/').all(|c| !matches!(c, "" | "." | "..")), "{rel:?}");
+            prop_assert_eq!(model(&p), Some(rel.split('/').collect::<Vec<_>>()));
+            // Idempotent, and the absolute form names the same file.
+            prop_assert_eq!(validate_sandbox_path(&rel).ok(), Some(rel.clone()));
+            let abs = format!("{WORKDIR}/{rel}");
+            prop_assert_eq!(validate_sandbox_path(&abs).ok(), Some(rel.clone()));
+        }
     }
 }

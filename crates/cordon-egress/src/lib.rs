@@ -41,6 +41,7 @@ mod proxy;
 pub mod resolve;
 pub mod scan;
 mod secrets;
+mod target;
 mod tls;
 
 use std::net::SocketAddr;

@@ -648,3 +648,205 @@ mod robustness {
         }
     }
 }
+
+/// Bounded fuzzing of allow-list entries and matching against a reference model, and of
+/// the path checks grants and HTTP rules rely on (docs/fuzzing.md).
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use cordon_testkit::fuzz::config;
+    use proptest::prelude::*;
+    use std::net::Ipv4Addr;
+
+    /// Names from a few labels, so that patterns and hosts often meet.
+    fn name() -> impl Strategy<Value = String> {
+        let label = prop::sample::select(vec!["a", "b", "api", "x-1", "c_d", "com", "A"]);
+        prop::collection::vec(label, 1..4).prop_map(|l| l.join("."))
+    }
+
+    #[derive(Debug, Clone)]
+    enum Spec {
+        Any,
+        Exact(String),
+        Suffix(String),
+        Cidr(u32, u8),
+    }
+
+    #[derive(Debug, Clone)]
+    struct Entry {
+        spec: Spec,
+        port: Option<u16>, // None: no port; Some(0): `:*`
+        text: String,
+    }
+
+    fn entry() -> impl Strategy<Value = Entry> {
+        let spec = prop_oneof![
+            Just(Spec::Any),
+            name().prop_map(Spec::Exact),
+            name().prop_map(Spec::Suffix),
+            (
+                prop_oneof![any::<u32>(), 0x0a00_0000u32..0x0a00_00ff],
+                0u8..=32
+            )
+                .prop_map(|(a, p)| Spec::Cidr(a, p)),
+        ];
+        let port = proptest::option::of(prop::sample::select(vec![0u16, 80, 443, 8080]));
+        (spec, port, any::<bool>()).prop_map(|(spec, port, dot)| {
+            let host = match &spec {
+                Spec::Any => "*".to_string(),
+                Spec::Exact(n) if dot => format!("{n}."),
+                Spec::Exact(n) => n.clone(),
+                Spec::Suffix(n) => format!("*.{n}"),
+                Spec::Cidr(a, p) => format!("{}/{p}", Ipv4Addr::from(*a)),
+            };
+            let text = match port {
+                None => host,
+                Some(0) => format!("{host}:*"),
+                Some(p) => format!("{host}:{p}"),
+            };
+            Entry { spec, port, text }
+        })
+    }
+
+    fn host() -> impl Strategy<Value = Host> {
+        prop_oneof![
+            name().prop_map(|n| Host::Name(n.to_ascii_lowercase())),
+            prop_oneof![any::<u32>(), 0x0a00_0000u32..0x0a00_00ff]
+                .prop_map(|a| Host::Ip(IpAddr::V4(Ipv4Addr::from(a)))),
+        ]
+    }
+
+    /// The reference: does `e` name `host` on `port`, where `default` are the ports an
+    /// entry without one means (empty: every port)?
+    fn model(e: &Entry, host: &Host, port: u16, default: &[u16]) -> bool {
+        let host_ok = match (&e.spec, host) {
+            (Spec::Any, Host::Name(_)) => true,
+            (Spec::Exact(n), Host::Name(h)) => n.to_ascii_lowercase() == *h,
+            (Spec::Suffix(n), Host::Name(h)) => {
+                let under = format!(".{}", n.to_ascii_lowercase());
+                h.ends_with(&under) && h.len() > under.len()
+            }
+            (Spec::Cidr(a, p), Host::Ip(IpAddr::V4(ip))) => {
+                let mask = if *p == 0 { 0 } else { u32::MAX << (32 - p) };
+                u32::from(*ip) & mask == a & mask
+            }
+            _ => false,
+        };
+        let port_ok = match e.port {
+            None => default.is_empty() || default.contains(&port),
+            Some(0) => true,
+            Some(p) => p == port,
+        };
+        host_ok && port_ok
+    }
+
+    /// How an upstream may read a path: `;` parameters dropped from each segment, `\` as
+    /// `/`, percent-decoded once, then dot segments removed (RFC 3986 5.2.4).
+    fn upstream_view(path: &str) -> String {
+        let plain: Vec<&str> = path
+            .split('/')
+            .map(|seg| seg.split(';').next().unwrap_or(""))
+            .collect();
+        let decoded = crate::secrets::percent_decode(plain.join("/").as_bytes());
+        let text = String::from_utf8_lossy(&decoded).replace('\\', "/");
+        let mut out: Vec<&str> = Vec::new();
+        let segs: Vec<&str> = text.split('/').skip(1).collect();
+        for (i, seg) in segs.iter().enumerate() {
+            match *seg {
+                "." => {}
+                ".." => {
+                    out.pop();
+                }
+                s => out.push(s),
+            }
+            if matches!(*seg, "." | "..") && i + 1 == segs.len() {
+                out.push("");
+            }
+        }
+        format!("/{}", out.join("/"))
+    }
+
+    fn path() -> impl Strategy<Value = String> {
+        let seg = prop_oneof![
+            Just("repos"),
+            Just("me"),
+            Just("meanie"),
+            Just(""),
+            Just("."),
+            Just(".."),
+            Just("%2e%2E"),
+            Just("%2F"),
+            Just("%5c"),
+            Just(".%2e"),
+            Just("..;"),
+            Just("x;y"),
+            Just("a\\.."),
+            Just("%00"),
+            Just("%252e%252e"),
+            Just("%41"),
+        ];
+        prop::collection::vec(seg, 0..6).prop_map(|s| format!("/{}", s.join("/")))
+    }
+
+    proptest! {
+        #![proptest_config(config(1024))]
+
+        #[test]
+        fn entries_match_as_the_model_says(e in entry(), hosts in prop::collection::vec((host(), prop::sample::select(vec![80u16, 443, 8080, 22])), 1..16)) {
+            let p = match Pattern::parse(&e.text) {
+                Ok(p) => p,
+                Err(err) => {
+                    prop_assert!(false, "{:?} did not parse: {err}", e.text);
+                    return Ok(());
+                }
+            };
+            for (h, port) in &hosts {
+                prop_assert_eq!(
+                    p.matches_host(h) && p.matches_port(*port, &DEFAULT_ALLOW_PORTS),
+                    model(&e, h, *port, &DEFAULT_ALLOW_PORTS),
+                    "{:?} against {}:{}", e.text, h, port
+                );
+            }
+        }
+
+        /// Deny entries win over allow entries; an allow entry without a port means 80 and
+        /// 443; nothing else is allowed.
+        #[test]
+        fn policies_decide_as_the_model_says(
+            allow in prop::collection::vec(entry(), 0..4),
+            deny in prop::collection::vec(entry(), 0..3),
+            hosts in prop::collection::vec((host(), prop::sample::select(vec![80u16, 443, 8080, 22])), 1..16),
+        ) {
+            let a: Vec<String> = allow.iter().map(|e| e.text.clone()).collect();
+            let d: Vec<String> = deny.iter().map(|e| e.text.clone()).collect();
+            let policy = Policy::new(&a, &d)?;
+            for (h, port) in &hosts {
+                let denied = deny.iter().any(|e| model(e, h, *port, &[]));
+                let allowed = allow.iter().any(|e| model(e, h, *port, &DEFAULT_ALLOW_PORTS));
+                prop_assert_eq!(
+                    policy.check_host(h, *port).is_ok(),
+                    allowed && !denied,
+                    "allow {:?} deny {:?}: {}:{}", a, d, h, port
+                );
+            }
+        }
+
+        #[test]
+        fn hosts_reparse_to_themselves(raw in prop_oneof![name(), any::<String>(), "[0-9a-fx.:\\[\\]]{1,20}"]) {
+            if let Ok(h) = Host::parse(&raw) {
+                prop_assert_eq!(Host::parse(&h.to_string()).ok(), Some(h.clone()));
+                prop_assert_eq!(Host::parse(&h.server_name()).ok(), Some(h));
+            }
+        }
+
+        /// A path the proxy passes as canonical keeps its prefix however an upstream
+        /// normalises it, and the check is stable under a second look.
+        #[test]
+        fn canonical_paths_keep_their_prefix_upstream(p in path(), prefix in prop_oneof![Just("/repos/me"), Just("/repos/me/"), Just("/repos")]) {
+            if path_is_canonical(&p) && path_has_prefix(&p, prefix) {
+                let seen = upstream_view(&p);
+                prop_assert!(path_has_prefix(&seen, prefix), "{p:?} is {seen:?} upstream");
+            }
+        }
+    }
+}

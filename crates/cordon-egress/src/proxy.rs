@@ -31,6 +31,7 @@ use crate::policy::{Host, Pattern, Policy, Refusal, path_has_prefix, path_is_can
 use crate::resolve::Resolver;
 use crate::scan::{StreamDetector, StreamRedactor, redact_bytes};
 use crate::secrets::{GrantDecision, Grants};
+use crate::target::{BadTarget, authority_names, connect_target, host_header, http_target};
 use crate::tls::{SandboxCa, server_name};
 
 /// Method and path rules for a host whose TLS the proxy terminates.
@@ -225,6 +226,20 @@ fn refuse(conn: &Conn, info: &ReqInfo, decision: Decision, r: &Refusal) -> Respo
     ev.reason = Some(r.reason.clone());
     conn.shared.audit.record(ev);
     text(StatusCode::FORBIDDEN, &r.rule, &r.reason, false)
+}
+
+/// Answers a request whose target the proxy will not carry (audited where it says so).
+fn bad_target(conn: &Conn, info: &mut ReqInfo, b: BadTarget) -> Response<ProxyBody> {
+    if b.port != 0 {
+        info.port = b.port;
+    }
+    if b.audited {
+        let mut ev = info.event(conn, Decision::Deny);
+        ev.rule = Some(b.refusal.rule.clone());
+        ev.reason = Some(b.refusal.reason.clone());
+        conn.shared.audit.record(ev);
+    }
+    text(b.status, &b.refusal.rule, &b.refusal.reason, false)
 }
 
 /// Request-rate and request-count admission. A refusal ends the connection.
@@ -501,51 +516,11 @@ async fn forward(
     let conn = &ctx.conn;
     let shared = &conn.shared;
     let uri = req.uri().clone();
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some(other) => {
-            let r = Refusal::new(
-                "protocol",
-                format!(
-                    "{other}:// is not proxied as a plain request; clients must use CONNECT for https"
-                ),
-            );
-            let mut ev = info.event(conn, Decision::Deny);
-            ev.rule = Some(r.rule.clone());
-            ev.reason = Some(r.reason.clone());
-            shared.audit.record(ev);
-            return text(StatusCode::BAD_REQUEST, &r.rule, &r.reason, false);
-        }
-        None => {
-            let r = Refusal::new(
-                "protocol",
-                "the request is not in absolute form; this is a forward proxy: set HTTP_PROXY so clients send http://host/path",
-            );
-            let mut ev = info.event(conn, Decision::Deny);
-            ev.rule = Some(r.rule.clone());
-            ev.reason = Some(r.reason.clone());
-            shared.audit.record(ev);
-            return text(StatusCode::BAD_REQUEST, &r.rule, &r.reason, false);
-        }
-    }
-    let Some(authority) = uri.authority().cloned() else {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "protocol",
-            "the request has no host",
-            false,
-        );
+    let (host, port) = match http_target(&uri) {
+        Ok(t) => t,
+        Err(b) => return bad_target(conn, &mut info, b),
     };
-    if authority.as_str().contains('@') {
-        let r = Refusal::new("protocol", "credentials in the URL authority are refused");
-        return refuse(conn, &info, Decision::Deny, &r);
-    }
-    let port = authority.port_u16().unwrap_or(80);
     info.port = port;
-    let host = match Host::parse(authority.host()) {
-        Ok(h) => h,
-        Err(e) => return refuse(conn, &info, Decision::Deny, &Refusal::new("host", e)),
-    };
     info.host = host.to_string();
     let allow_rule = match shared.policy.check_host(&host, port) {
         Ok(rule) => rule,
@@ -670,33 +645,22 @@ async fn connect(
 ) -> Response<ProxyBody> {
     let conn = ctx.conn.clone();
     let shared = conn.shared.clone();
-    let Some(authority) = req.uri().authority().cloned() else {
-        return refuse(
-            &conn,
-            &info,
-            Decision::Deny,
-            &Refusal::new("protocol", "CONNECT needs host:port"),
-        );
-    };
-    let Some(port) = authority.port_u16() else {
-        return refuse(
-            &conn,
-            &info,
-            Decision::Deny,
-            &Refusal::new("protocol", "CONNECT needs an explicit port"),
-        );
+    let (host, port) = match connect_target(req.uri()) {
+        Ok(t) => t,
+        Err(b) => return bad_target(&conn, &mut info, b),
     };
     info.port = port;
-    let host = match Host::parse(authority.host()) {
-        Ok(h) => h,
-        Err(e) => return refuse(&conn, &info, Decision::Deny, &Refusal::new("host", e)),
-    };
     info.host = host.to_string();
     let allow_rule = match shared.policy.check_host(&host, port) {
         Ok(rule) => rule,
         Err(r) => return refuse(&conn, &info, Decision::Deny, &r),
     };
-    let hits = shared.grants.find(authority.as_str(), req.headers());
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str())
+        .unwrap_or_default();
+    let hits = shared.grants.find(authority, req.headers());
     if let Some(resp) = grant_refusal(
         &conn,
         &info,
@@ -1015,16 +979,7 @@ struct TerminatedCtx {
 /// equal to it as well when there is one. No fronting another name through an allowed one,
 /// whatever the request form.
 fn inner_host_matches(req: &Request<Incoming>, host: &Host, port: u16) -> bool {
-    let names = |authority: &str| -> bool {
-        let Ok(a) = authority.parse::<http::uri::Authority>() else {
-            return false;
-        };
-        let port_ok = match a.port_u16() {
-            Some(p) => p == port,
-            None => port == 443,
-        };
-        port_ok && Host::parse(a.host()).map(|h| h == *host).unwrap_or(false)
-    };
+    let names = |authority: &str| authority_names(authority, host, port);
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let (Some(one), None) = (hosts.next(), hosts.next()) else {
         return false;
@@ -1039,16 +994,6 @@ fn inner_host_matches(req: &Request<Incoming>, host: &Host, port: u16) -> bool {
         Some(a) => names(a.as_str()),
         None => true,
     }
-}
-
-/// The `Host` a request to `host:port` carries upstream.
-fn host_header(host: &Host, port: u16, default_port: u16) -> Option<HeaderValue> {
-    let h = if port == default_port {
-        host.to_string()
-    } else {
-        format!("{host}:{port}")
-    };
-    HeaderValue::from_str(&h).ok()
 }
 
 /// A response on its way back to a sandbox that holds grants: every form of every secret

@@ -474,7 +474,14 @@ impl Gate {
         record.ttl_ms = Some(ttl.as_millis() as u64);
         record.idle_timeout_ms = Some(idle.as_millis() as u64);
         // Grants resolved last: nothing is read for a refused request.
-        let not_after = SystemTime::now() + ttl;
+        // A lifetime past what the clock can name (the operator's ttl is not capped) is
+        // refused, not a panic.
+        let not_after = SystemTime::now().checked_add(ttl).ok_or_else(|| {
+            invalid(format!(
+                "ttl of {} s is past what this host's clock can name",
+                ttl.as_secs()
+            ))
+        })?;
         for g in &req.grants {
             let t = tenant.unwrap_or_default();
             let grant = self.catalogue.resolve(&g.0, t, not_after).map_err(|why| {
@@ -985,5 +992,111 @@ mod tests {
             .admit(&alice(), &req(r#"{"tier": "gvisor"}"#), "create")
             .unwrap_err();
         assert_eq!(d.rule, "ceiling.tiers");
+    }
+
+    /// Found by the fuzz harness below: the operator's ttl is not capped, and one past
+    /// what `SystemTime` can hold panicked the gate.
+    #[test]
+    fn an_operator_ttl_past_the_clock_is_refused_not_a_panic() {
+        let g = gate("", GRANTS);
+        let d = g
+            .admit(
+                &Principal::Operator,
+                &req(r#"{"ttl": 18446744073709551615}"#),
+                "create",
+            )
+            .unwrap_err();
+        assert_eq!(d.code, DenyCode::InvalidRequest);
+        assert!(d.message.contains("ttl"), "{}", d.message);
+    }
+
+    /// Bounded fuzzing of request bodies through the gate (docs/fuzzing.md): arbitrary
+    /// JSON never panics parsing or admission, and what is admitted is within the ceiling.
+    mod fuzz {
+        use super::*;
+        use cordon_testkit::fuzz::{CREATE_FIELDS, LIMIT_FIELDS, body, config};
+        use proptest::prelude::*;
+
+        const CEILING: &str = r#"
+            [tenants.alice]
+            trust = "trusted"
+            tiers = ["runtime", "wasm", "container", "gvisor"]
+            egress = ["*.ok.test", "10.1.0.0/16:443"]
+            allow_weaker = ["seccomp"]
+            [tenants.carol]
+            tiers = ["container"]
+            egress = []
+        "#;
+
+        fn check_admitted(g: &Gate, who: &Principal, req: &SandboxRequest, a: &Admission) {
+            let spec = &a.spec;
+            assert!(spec.validate().is_ok(), "{req:?} admitted an invalid spec");
+            let Principal::Tenant(t) = who else {
+                return;
+            };
+            let rules = g.rules_for(who);
+            assert!(
+                rules.tiers.contains(&spec.tier),
+                "{t}: tier {} outside the ceiling",
+                spec.tier
+            );
+            assert!(
+                g.check_max_limits(&spec.limits).is_ok(),
+                "{t}: {:?}",
+                spec.limits
+            );
+            let s = g.settings();
+            assert!(
+                !a.ttl.is_zero() && a.ttl <= s.max_ttl && !a.idle.is_zero(),
+                "{t}: {a:?}"
+            );
+            for h in &spec.egress.allow {
+                let p = Pattern::parse(h);
+                assert!(
+                    p.is_ok_and(|p| rules.egress.check(&p).is_ok()),
+                    "{t}: {h} let through"
+                );
+            }
+            assert!(
+                spec.allow_weaker
+                    .iter()
+                    .all(|w| rules.allow_weaker.contains(w)),
+                "{t}: {spec:?}"
+            );
+            if rules.trust == Trust::Untrusted {
+                assert_eq!(a.record.trust, Some(Trust::Untrusted), "{t}: trust raised");
+            }
+            if matches!(spec.tier, Tier::Runtime | Tier::Wasm) {
+                assert!(
+                    spec.egress.allow.is_empty() && spec.grants.is_empty(),
+                    "{t}: {spec:?}"
+                );
+            }
+            for gr in &spec.grants {
+                assert!(
+                    g.catalogue().entry(&gr.name, t).is_some(),
+                    "{t}: grant {} is not theirs",
+                    gr.name
+                );
+            }
+            assert_eq!(spec.owner.as_deref(), Some(t.as_str()));
+        }
+
+        proptest! {
+            #![proptest_config(config(1024))]
+
+            #[test]
+            fn any_body_is_parsed_and_admitted_within_the_ceiling(body in body(CREATE_FIELDS.to_vec(), ("limits", LIMIT_FIELDS))) {
+                let Ok(req) = serde_json::from_slice::<SandboxRequest>(&body) else {
+                    return Ok(());
+                };
+                let g = gate(CEILING, GRANTS);
+                for who in [alice(), Principal::Tenant("bob".into()), Principal::Tenant("carol".into()), Principal::Operator] {
+                    if let Ok(a) = g.admit(&who, &req, "create") {
+                        check_admitted(&g, &who, &req, &a);
+                    }
+                }
+            }
+        }
     }
 }

@@ -389,3 +389,229 @@ mod tests {
         assert!(fb.next_frame::<Reply>().unwrap().is_none());
     }
 }
+
+/// Bounded fuzzing of the frame codec (docs/fuzzing.md); `CORDON_FUZZ_CASES` runs longer.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use cordon_testkit::fuzz::config;
+    use proptest::prelude::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![any::<String>(), "[a-z/._\"\\\\]{0,12}"]
+    }
+
+    fn limits() -> impl Strategy<Value = ProcLimits> {
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(open_files, file_size, a)| {
+            ProcLimits {
+                open_files,
+                file_size,
+                address_space: a,
+            }
+        })
+    }
+
+    fn egress() -> impl Strategy<Value = Option<EgressSetup>> {
+        proptest::option::of(
+            (any::<u16>(), text(), text()).prop_map(|(port, c, b)| EgressSetup {
+                port,
+                ca_cert_pem: c,
+                ca_bundle_pem: b,
+            }),
+        )
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        let exec = (
+            any::<u64>(),
+            prop::collection::vec(text(), 0..4),
+            prop::collection::btree_map(text(), text(), 0..4),
+            text(),
+            prop_oneof![Just(StdioMode::Passed), Just(StdioMode::Framed)],
+            limits(),
+            any::<bool>(),
+        )
+            .prop_map(|(id, argv, env, cwd, stdio, limits, last)| Request::Exec {
+                id,
+                argv,
+                env,
+                cwd,
+                stdio,
+                limits,
+                last,
+            });
+        let configure = (
+            text(),
+            (
+                any::<u64>(),
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+            ),
+            egress(),
+        )
+            .prop_map(
+                |(hostname, (m, pids, d, t, now), egress)| Request::Configure {
+                    hostname,
+                    memory_bytes: m,
+                    pids,
+                    disk_bytes: d,
+                    tmp_bytes: t,
+                    unix_time_ms: now,
+                    egress,
+                },
+            );
+        prop_oneof![
+            any::<u32>().prop_map(|version| Request::Hello { version }),
+            exec,
+            any::<u64>().prop_map(|id| Request::Stdin { id }),
+            any::<u64>().prop_map(|id| Request::Kill { id }),
+            (text(), any::<u32>()).prop_map(|(path, mode)| Request::PutFile { path, mode }),
+            (text(), any::<u64>()).prop_map(|(path, max)| Request::GetFile { path, max }),
+            Just(Request::Shutdown),
+            configure,
+        ]
+    }
+
+    fn reply() -> impl Strategy<Value = Reply> {
+        let code = prop_oneof![
+            Just(ErrorCode::BadRequest),
+            Just(ErrorCode::PathRefused),
+            Just(ErrorCode::NotFound),
+            Just(ErrorCode::Busy),
+            Just(ErrorCode::SpawnFailed),
+            Just(ErrorCode::Io),
+            Just(ErrorCode::VersionMismatch),
+        ];
+        let exited = (
+            (any::<u64>(), any::<Option<i32>>(), any::<Option<i32>>()),
+            (any::<u64>(), any::<u64>(), any::<u64>()),
+            (any::<bool>(), any::<bool>(), any::<bool>()),
+        )
+            .prop_map(
+                |((id, code, signal), (cpu_us, rss, program_us), (d, o, p))| Reply::Exited {
+                    id,
+                    code,
+                    signal,
+                    cpu_us,
+                    max_rss_bytes: rss,
+                    disk_full: d,
+                    oom_killed: o,
+                    pids_limited: p,
+                    program_us,
+                },
+            );
+        prop_oneof![
+            (any::<u32>(), text()).prop_map(|(version, agent)| Reply::Hello { version, agent }),
+            any::<u64>().prop_map(|id| Reply::Started { id }),
+            (any::<u64>(), any::<bool>()).prop_map(|(id, err)| Reply::Output {
+                id,
+                stream: if err { Stream::Stderr } else { Stream::Stdout },
+            }),
+            exited,
+            any::<bool>().prop_map(|truncated| Reply::File { truncated }),
+            Just(Reply::Ok),
+            (code, text()).prop_map(|(code, message)| Reply::Error { code, message }),
+        ]
+    }
+
+    fn body() -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(any::<u8>(), 0..300)
+    }
+
+    /// Feeds `bytes` to a frame buffer in pieces cut at `cuts`: the frames taken as they
+    /// came, and the error that stopped it, if one did.
+    fn split_decode<T: DeserializeOwned>(
+        bytes: &[u8],
+        cuts: &[usize],
+    ) -> (Vec<Frame<T>>, Option<ProtoError>) {
+        let mut fb = FrameBuffer::default();
+        let mut out = Vec::new();
+        let mut at = 0;
+        let mut ends: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+        ends.push(bytes.len());
+        ends.sort_unstable();
+        for end in ends {
+            fb.push(&bytes[at..end]);
+            at = end;
+            loop {
+                match fb.next_frame() {
+                    Ok(Some(f)) => out.push(f),
+                    Ok(None) => break,
+                    Err(e) => return (out, Some(e)),
+                }
+            }
+        }
+        (out, None)
+    }
+
+    proptest! {
+        #![proptest_config(config(512))]
+
+        #[test]
+        fn requests_round_trip_whole_and_in_pieces(
+            frames in prop::collection::vec((request(), body()), 1..6),
+            cuts in prop::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let mut wire = Vec::new();
+            for (h, b) in &frames {
+                let one = encode(h, b)?;
+                let f: Frame<Request> = read_frame(&mut &one[..])?;
+                prop_assert_eq!(&f.header, h);
+                prop_assert_eq!(&f.body, b);
+                wire.extend_from_slice(&one);
+            }
+            let (got, err) = split_decode::<Request>(&wire, &cuts);
+            prop_assert!(err.is_none(), "{err:?}");
+            let want: Vec<Frame<Request>> = frames
+                .into_iter()
+                .map(|(header, body)| Frame { header, body })
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+
+        #[test]
+        fn replies_round_trip_in_pieces(
+            frames in prop::collection::vec((reply(), body()), 1..6),
+            cuts in prop::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let mut wire = Vec::new();
+            for (h, b) in &frames {
+                wire.extend_from_slice(&encode(h, b)?);
+            }
+            let (got, err) = split_decode::<Reply>(&wire, &cuts);
+            prop_assert!(err.is_none(), "{err:?}");
+            let want: Vec<Frame<Reply>> = frames
+                .into_iter()
+                .map(|(header, body)| Frame { header, body })
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+
+        /// Arbitrary bytes, or a valid frame with bytes flipped: never a panic, and whole
+        /// reads and piecewise reads agree on the first frame.
+        #[test]
+        fn hostile_bytes_never_panic_and_both_readers_agree(
+            seed in (request(), body()),
+            flips in prop::collection::vec((any::<usize>(), any::<u8>()), 0..6),
+            junk in prop::collection::vec(any::<u8>(), 0..64),
+            use_junk in any::<bool>(),
+            cuts in prop::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let mut bytes = if use_junk { junk } else { encode(&seed.0, &seed.1)? };
+            if !bytes.is_empty() {
+                for (at, x) in flips {
+                    let n = bytes.len();
+                    bytes[at % n] ^= x;
+                }
+            }
+            let whole = read_frame::<Request>(&mut &bytes[..]);
+            let (frames, _) = split_decode::<Request>(&bytes, &cuts);
+            match whole {
+                Ok(f) => prop_assert_eq!(frames.first(), Some(&f)),
+                Err(_) => prop_assert!(frames.is_empty()),
+            }
+        }
+    }
+}

@@ -146,11 +146,7 @@ impl Shared {
         if self.dead.load(Ordering::Acquire) {
             return Err(io::Error::new(io::ErrorKind::BrokenPipe, "tunnel closed"));
         }
-        let mut frame = Vec::with_capacity(HEADER + payload.len());
-        frame.push(kind);
-        frame.extend_from_slice(&id.to_le_bytes());
-        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        frame.extend_from_slice(payload);
+        let frame = encode_frame(kind, id, payload);
         let r = self
             .out
             .lock()
@@ -306,6 +302,38 @@ fn violation(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
+/// A frame's head: what it is, which stream, how many payload bytes follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Head {
+    kind: u8,
+    id: u32,
+    len: usize,
+}
+
+/// One frame: `kind u8 | stream u32 LE | length u32 LE | payload`.
+fn encode_frame(kind: u8, id: u32, payload: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(HEADER + payload.len());
+    frame.push(kind);
+    frame.extend_from_slice(&id.to_le_bytes());
+    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// Reads a frame's head; a payload over [`MAX_PAYLOAD`] is a violation.
+fn parse_head(head: &[u8; HEADER]) -> io::Result<Head> {
+    let [kind, i0, i1, i2, i3, l0, l1, l2, l3] = *head;
+    let len = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
+    if len > MAX_PAYLOAD {
+        return Err(violation(format!("frame of {len} bytes")));
+    }
+    Ok(Head {
+        kind,
+        id: u32::from_le_bytes([i0, i1, i2, i3]),
+        len,
+    })
+}
+
 fn read_loop(s: &Arc<Shared>, mut r: Box<dyn Read + Send>, on_eof: OnEof) -> io::Result<()> {
     let mut head = [0u8; HEADER];
     let mut payload = vec![0u8; MAX_PAYLOAD];
@@ -314,12 +342,7 @@ fn read_loop(s: &Arc<Shared>, mut r: Box<dyn Read + Send>, on_eof: OnEof) -> io:
             Filled::Done => {}
             Filled::Eof => return Ok(()),
         }
-        let kind = head[0];
-        let id = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
-        let len = u32::from_le_bytes([head[5], head[6], head[7], head[8]]) as usize;
-        if len > MAX_PAYLOAD {
-            return Err(violation(format!("frame of {len} bytes")));
-        }
+        let Head { kind, id, len } = parse_head(&head)?;
         if len > 0 {
             match read_full(&mut r, &mut payload[..len], on_eof, s)? {
                 Filled::Done => {}
@@ -736,5 +759,146 @@ mod tests {
         host.shutdown();
         drop(held.join());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Bounded fuzzing of the stream multiplexer (docs/fuzzing.md); `CORDON_FUZZ_CASES` runs
+/// longer campaigns.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use cordon_testkit::fuzz::config;
+    use proptest::prelude::*;
+    use std::time::Instant;
+
+    /// Dials an in-memory echo peer for every stream (no filesystem, no listener).
+    fn echo_dial() -> Dial {
+        Arc::new(|| {
+            let (near, far) = UnixStream::pair()?;
+            let mut r = far.try_clone()?;
+            std::thread::spawn(move || {
+                let mut w = far;
+                let _ = io::copy(&mut r, &mut w);
+                let _ = w.shutdown(Shutdown::Write);
+            });
+            Ok(Box::new(near) as Box<dyn Conn>)
+        })
+    }
+
+    fn wait_until(what: impl Fn() -> bool) -> bool {
+        let end = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < end {
+            if what() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
+    }
+
+    /// A frame a hostile peer might send: any kind, a few stream ids, and a payload.
+    fn frame() -> impl Strategy<Value = Vec<u8>> {
+        let kind = prop_oneof![
+            Just(OPEN),
+            Just(DATA),
+            Just(EOF),
+            Just(CLOSE),
+            Just(CREDIT),
+            any::<u8>()
+        ];
+        let payload = prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..64),
+            (1usize..=4).prop_map(|n| vec![0xff; n]),
+            any::<u32>().prop_map(|c| c.to_le_bytes().to_vec()),
+        ];
+        let well_formed = (kind, 0u32..4, payload).prop_map(|(k, id, p)| encode_frame(k, id, &p));
+        prop_oneof![
+            8 => well_formed,
+            1 => prop::collection::vec(any::<u8>(), 0..20),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(config(256))]
+
+        #[test]
+        fn frame_heads_round_trip(kind in any::<u8>(), id in any::<u32>(), len in 0..=MAX_PAYLOAD) {
+            let payload = vec![7u8; len];
+            let bytes = encode_frame(kind, id, &payload);
+            let head: [u8; HEADER] = bytes[..HEADER].try_into()?;
+            prop_assert_eq!(parse_head(&head)?, Head { kind, id, len });
+            prop_assert_eq!(&bytes[HEADER..], &payload[..]);
+        }
+
+        #[test]
+        fn oversized_heads_are_refused(kind in any::<u8>(), id in any::<u32>(), extra in 1..=u32::MAX - MAX_PAYLOAD as u32) {
+            let mut head = [0u8; HEADER];
+            head[0] = kind;
+            head[1..5].copy_from_slice(&id.to_le_bytes());
+            head[5..].copy_from_slice(&(MAX_PAYLOAD as u32 + extra).to_le_bytes());
+            prop_assert!(parse_head(&head).is_err());
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config(24))]
+
+        /// Streams carried guest → host → echo → host → guest come back byte for byte, however
+        /// the program writes them and however many run at once.
+        #[test]
+        fn streams_come_back_byte_for_byte(
+            streams in prop::collection::vec((any::<u8>(), 0usize..300_000, 1usize..70_000), 1..5),
+        ) {
+            let (g, h) = UnixStream::pair()?;
+            let guest = Tunnel::over_socket(g, None)?;
+            let host = Tunnel::over_socket(h, Some(echo_dial()))?;
+            let mut workers = Vec::new();
+            for (seed, len, chunk) in streams {
+                let (a, b) = UnixStream::pair()?;
+                guest.carry(Box::new(b))?;
+                let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+                let mut w = a.try_clone()?;
+                let sent = data.clone();
+                let writer = std::thread::spawn(move || -> io::Result<()> {
+                    for piece in sent.chunks(chunk) {
+                        w.write_all(piece)?;
+                    }
+                    w.shutdown(Shutdown::Write)
+                });
+                workers.push(std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    let read = (&a).read_to_end(&mut got);
+                    let wrote = writer.join().map_err(|_| io::Error::other("writer panicked"));
+                    (read.is_ok() && matches!(wrote, Ok(Ok(()))), got == data)
+                }));
+            }
+            for w in workers {
+                let (ok, same) = w.join().map_err(|_| TestCaseError::fail("stream panicked"))?;
+                prop_assert!(ok && same, "a stream came back different (io ok: {ok})");
+            }
+            prop_assert!(wait_until(|| guest.open_streams() == 0 && host.open_streams() == 0));
+            host.shutdown();
+            guest.shutdown();
+        }
+
+        /// Whatever a hostile guest sends, the host's reader never panics: the tunnel ends
+        /// cleanly when the guest hangs up, holding no more than the allowed streams.
+        #[test]
+        fn hostile_frames_end_the_tunnel_cleanly(frames in prop::collection::vec(frame(), 0..40)) {
+            let (evil, h) = UnixStream::pair()?;
+            let host = Tunnel::over_socket(h, Some(echo_dial()))?;
+            let mut drain = evil.try_clone()?;
+            let drained = std::thread::spawn(move || io::copy(&mut drain, &mut io::sink()));
+            for f in &frames {
+                if (&evil).write_all(f).is_err() {
+                    break; // the host already cut the tunnel off
+                }
+            }
+            let _ = evil.shutdown(Shutdown::Write);
+            prop_assert!(host.open_streams() <= MAX_STREAMS);
+            prop_assert!(wait_until(|| host.is_dead()), "the tunnel outlived its channel");
+            let _ = evil.shutdown(Shutdown::Both);
+            let _ = drained.join();
+        }
     }
 }

@@ -2020,3 +2020,74 @@ async fn pool_specs_the_policy_refuses_stop_the_start() {
         assert_eq!(counters.created.load(Ordering::SeqCst), 0);
     }
 }
+
+/// Bounded fuzzing of the API's request bodies (docs/fuzzing.md): any bytes never panic
+/// parsing or the conversions the handlers make, and a run body's sandbox half goes
+/// through the gate like a create.
+mod fuzz {
+    use super::*;
+    use cordon_engine::{Catalogue, CeilingConfig, Gate, GateSettings, Principal, RulesSource};
+    use cordon_server::model::{CreateRequest, ExecBody, RunFile, RunRequest};
+    use cordon_testkit::fuzz::{CREATE_FIELDS, EXEC_FIELDS, LIMIT_FIELDS, body, config};
+    use proptest::prelude::*;
+
+    const FILE: &[&str] = &["path", "content", "content_base64", "mode"];
+
+    fn gate() -> Gate {
+        let catalogue = Catalogue::load(&[], None).unwrap();
+        Gate::new(
+            GateSettings::default(),
+            CeilingConfig::default(),
+            Arc::new(catalogue),
+            RulesSource::Shipped,
+            None,
+        )
+        .with_tiers(Tier::ALL.into_iter().collect(), Vec::new())
+    }
+
+    fn exec_checks(e: &ExecBody) {
+        if let Ok(r) = e.to_request() {
+            if let Command::Argv(v) = &r.command {
+                assert!(!v.is_empty(), "{e:?} made an empty argv");
+            }
+            assert!(!(e.stdin.is_some() && e.stdin_base64.is_some()), "{e:?}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config(1024))]
+
+        #[test]
+        fn run_bodies_never_panic(b in body([CREATE_FIELDS, EXEC_FIELDS, &["files"]].concat(), ("limits", LIMIT_FIELDS))) {
+            let Ok(run) = serde_json::from_slice::<RunRequest>(&b) else { return Ok(()) };
+            let (create, exec, files) = run.split();
+            exec_checks(&exec);
+            for f in &files {
+                let _ = f.bytes();
+                let _ = cordon_core::validate_sandbox_path(&f.path);
+            }
+            let g = gate();
+            if let Ok(a) = g.admit(&Principal::Tenant("alice".into()), &create, "run") {
+                prop_assert!(a.spec.validate().is_ok());
+                prop_assert!(g.check_max_limits(&a.spec.limits).is_ok());
+            }
+        }
+
+        #[test]
+        fn exec_and_file_bodies_never_panic(
+            e in body(EXEC_FIELDS.to_vec(), ("env", &["PATH", "A", "BAD NAME"])),
+            f in body(FILE.to_vec(), ("content", &["x"])),
+            c in body(CREATE_FIELDS.to_vec(), ("limits", LIMIT_FIELDS)),
+        ) {
+            if let Ok(e) = serde_json::from_slice::<ExecBody>(&e) {
+                exec_checks(&e);
+            }
+            if let Ok(f) = serde_json::from_slice::<RunFile>(&f) {
+                let _ = f.bytes();
+            }
+            if let Ok(c) = serde_json::from_slice::<CreateRequest>(&c) {
+                let _ = gate().admit(&Principal::Tenant("alice".into()), &c, "create");
+            }
+        }
+    }
+}

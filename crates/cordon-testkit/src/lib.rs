@@ -7,6 +7,7 @@
 
 pub mod egress;
 pub mod escape;
+pub mod fuzz;
 pub mod procs;
 
 use cordon_core::{Backend, ExecOutcome, ExecRequest, OutputStream, SandboxSpec};

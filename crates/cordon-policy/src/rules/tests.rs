@@ -317,3 +317,197 @@ fn decisions_and_refusals_serialize_round_trip() {
     let back: Refusal = serde_json::from_str(&s).unwrap_or_else(|e| panic!("{e}: {s}"));
     assert_eq!(back, *e);
 }
+
+/// Bounded fuzzing of the rules loader and of decisions under rules it accepts
+/// (docs/fuzzing.md); `CORDON_FUZZ_CASES` runs longer campaigns.
+mod fuzz {
+    use super::*;
+    use cordon_testkit::fuzz::config;
+    use proptest::prelude::*;
+
+    fn tier_name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            9 => prop::sample::select(Tier::ALL.to_vec()).prop_map(|t| t.as_str().to_string()),
+            1 => "[a-z]{0,4}",
+        ]
+    }
+
+    fn list(item: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
+        prop::collection::vec(item, 0..6).prop_map(|v| {
+            let q: Vec<String> = v.iter().map(|s| format!("{s:?}")).collect();
+            format!("[{}]", q.join(", "))
+        })
+    }
+
+    /// A permutation of the tiers, sometimes with one missing or repeated.
+    fn order() -> impl Strategy<Value = String> {
+        let all: Vec<String> = Tier::ALL.iter().map(|t| t.as_str().to_string()).collect();
+        (Just(all).prop_shuffle(), 0u8..24, tier_name()).prop_map(|(mut v, damage, extra)| {
+            match damage {
+                0 => {
+                    v.pop();
+                }
+                1 => v.push(extra),
+                _ => {}
+            }
+            let q: Vec<String> = v.iter().map(|s| format!("{s:?}")).collect();
+            format!("[{}]", q.join(", "))
+        })
+    }
+
+    fn matcher() -> impl Strategy<Value = String> {
+        let trust = prop::sample::select(Trust::ALL.to_vec()).prop_map(|t| t.as_str().to_string());
+        let autonomy =
+            prop::sample::select(Autonomy::ALL.to_vec()).prop_map(|a| a.as_str().to_string());
+        let shape = prop::sample::select(Shape::ALL.to_vec()).prop_map(|s| s.as_str().to_string());
+        (
+            proptest::option::of(list(trust)),
+            proptest::option::of(list(autonomy)),
+            proptest::option::of(list(shape)),
+        )
+            .prop_map(|(t, a, s)| {
+                let mut parts = Vec::new();
+                if let Some(t) = t {
+                    parts.push(format!("trust = {t}"));
+                }
+                if let Some(a) = a {
+                    parts.push(format!("autonomy = {a}"));
+                }
+                if let Some(s) = s {
+                    parts.push(format!("shape = {s}"));
+                }
+                format!("{{ {} }}", parts.join(", "))
+            })
+    }
+
+    fn rule() -> impl Strategy<Value = String> {
+        (
+            "[a-z-]{0,6}",
+            matcher(),
+            proptest::option::of(matcher()),
+            proptest::option::of(list(tier_name())),
+            list(tier_name()),
+            any::<bool>(),
+            (any::<bool>(), any::<bool>(), prop_oneof![9 => Just(String::new()), 1 => "[a-z]{1,3}"]),
+        )
+            .prop_map(|(name, when, unless, allow, deny, require, (t, ex, junk))| {
+                let mut r = format!(
+                    "[[rules]]\nname = {name:?}\nwhy = \"w\"\nfix = \"f\"\nwhen = {when}\ndeny = {deny}\nrequire_allow_list = {require}\n"
+                );
+                if let Some(u) = unless {
+                    r.push_str(&format!("unless = {u}\n"));
+                }
+                if let Some(a) = allow {
+                    r.push_str(&format!("allow = {a}\n"));
+                }
+                if !junk.is_empty() {
+                    r.push_str(&format!("{junk} = 1\n"));
+                }
+                if ex {
+                    let trust = if t { "trusted" } else { "untrusted" };
+                    r.push_str(&format!(
+                        "[[rules.examples]]\ntrust = \"{trust}\"\nautonomy = \"compute\"\nallow_hosts = [\"a.test\"]\n"
+                    ));
+                }
+                r
+            })
+    }
+
+    /// A rules file: mostly well-formed, with the damage a hand edit may do.
+    fn rules_file() -> impl Strategy<Value = String> {
+        (0u32..8, order(), order(), order(), prop::collection::vec(rule(), 0..5)).prop_map(
+            |(version, strength, many, one, rules)| {
+                let version = if version == 0 { 2 } else { 1 };
+                format!(
+                    "version = {version}\nrevision = \"fuzz\"\nstrength = {strength}\n[auto]\nmany-short = {many}\none-long = {one}\n{}",
+                    rules.join("\n")
+                )
+            },
+        )
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        (
+            prop::sample::select(Trust::ALL.to_vec()),
+            prop::sample::select(Autonomy::ALL.to_vec()),
+            prop::sample::select(Shape::ALL.to_vec()),
+            prop::collection::vec(
+                prop_oneof![Just("*"), Just("a.test"), Just("*.b.test:443")],
+                0..3,
+            ),
+            proptest::option::of(prop::sample::select(Tier::ALL.to_vec())),
+        )
+            .prop_map(|(trust, autonomy, shape, hosts, tier)| Request {
+                trust,
+                autonomy,
+                shape,
+                allow_hosts: hosts.into_iter().map(str::to_string).collect(),
+                tier: tier.map(TierChoice::Tier).unwrap_or_default(),
+            })
+    }
+
+    fn host() -> impl Strategy<Value = Host> {
+        (
+            prop::sample::subsequence(Tier::ALL.to_vec(), 0..=Tier::ALL.len()),
+            proptest::option::of(prop::collection::btree_map(
+                prop::sample::select(Tier::ALL.to_vec()),
+                any::<u64>(),
+                0..5,
+            )),
+        )
+            .prop_map(|(available, bench)| Host {
+                available: available.into_iter().collect(),
+                bench: bench.map(|median_us| BenchFigures { median_us }),
+            })
+    }
+
+    proptest! {
+        #![proptest_config(config(512))]
+
+        #[test]
+        fn arbitrary_text_never_panics_the_loader(text in prop_oneof![
+            any::<String>(),
+            (any::<usize>(), any::<String>()).prop_map(|(at, junk)| {
+                // The shipped file with text spliced in at a char boundary.
+                let mut cut = at % (DEFAULT_RULES.len() + 1);
+                while !DEFAULT_RULES.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                format!("{}{junk}{}", &DEFAULT_RULES[..cut], &DEFAULT_RULES[cut..])
+            }),
+        ]) {
+            let _ = Rules::from_toml(&text);
+        }
+
+        /// Whatever rules load, every decision keeps its own promises: the chosen tier is
+        /// allowed and available, nothing an applied rule removed is allowed, and a rule that
+        /// asks for an allow-list is never passed without one.
+        #[test]
+        fn decisions_under_any_loaded_rules_are_consistent(
+            text in rules_file(),
+            reqs in prop::collection::vec((request(), host()), 1..12),
+        ) {
+            let Ok(rules) = Rules::from_toml(&text) else {
+                return Ok(());
+            };
+            for (req, host) in reqs {
+                let applied: Vec<&Rule> = rules.rules.iter().filter(|r| r.applies(&req)).collect();
+                let Ok(d) = rules.decide(&req, &host) else {
+                    continue;
+                };
+                prop_assert!(d.allowed.contains(&d.chosen), "{text}\n{req:?}: {d:?}");
+                prop_assert!(host.available.contains(&d.chosen), "{text}\n{req:?}: {d:?}");
+                prop_assert_eq!(d.allowed.first(), Some(&d.minimum));
+                prop_assert!(d.available.iter().all(|t| d.allowed.contains(t) && host.available.contains(t)));
+                for r in &applied {
+                    prop_assert!(d.allowed.iter().all(|t| !r.removes(*t)), "{} kept a tier it removes", r.name);
+                    prop_assert!(!r.require_allow_list || req.has_explicit_allow_list());
+                }
+                if let TierChoice::Tier(t) = req.tier {
+                    prop_assert_eq!(d.chosen, t);
+                }
+                prop_assert!(!d.ambient_credentials);
+            }
+        }
+    }
+}
