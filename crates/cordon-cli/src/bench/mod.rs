@@ -336,12 +336,13 @@ struct LiveTier {
 
 pub fn bench(args: BenchArgs) -> Result<i32> {
     let plan = Plan::from_args(&args)?;
+    let data_dir = crate::data_dir();
     let chart_path = match &args.chart {
         Some(p) if p.extension().is_none_or(|e| e != "svg") => bail!(
             "the chart is written as SVG (it needs no fonts on this host): give --chart a path ending in .svg, e.g. --chart bench.svg"
         ),
         Some(p) => p.clone(),
-        None => bench_dir().join("last.svg"),
+        None => crate::policy::bench_file(&data_dir).with_file_name("last.svg"),
     };
     let selected: Vec<Tier> = match &args.tiers {
         Some(t) => Tier::ALL.into_iter().filter(|x| t.contains(x)).collect(),
@@ -365,16 +366,17 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
     let scratch = std::env::temp_dir().join(format!("cordon-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)
         .with_context(|| format!("creating the scratch directory {}", scratch.display()))?;
-    let result = run_bench(&args, &plan, &selected, &peer_names, &scratch, &chart_path);
+    let last = crate::policy::bench_file(&data_dir);
+    let result = run_bench(
+        &args,
+        &plan,
+        &selected,
+        &peer_names,
+        &scratch,
+        (&last, &chart_path),
+    );
     let _ = std::fs::remove_dir_all(&scratch);
     result
-}
-
-fn bench_dir() -> PathBuf {
-    crate::policy::bench_file()
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 fn run_bench(
@@ -383,7 +385,7 @@ fn run_bench(
     selected: &[Tier],
     peer_names: &[String],
     scratch: &std::path::Path,
-    chart_path: &std::path::Path,
+    (last, chart_path): (&std::path::Path, &std::path::Path),
 ) -> Result<i32> {
     let hidden = args.json || !std::io::stderr().is_terminal();
     // Steps: per tier memory + warm + exec + agent + throughput, and the start-up phase.
@@ -713,8 +715,7 @@ fn run_bench(
     });
     store::stamp(&mut report);
     // What this run did not measure stays as stored, each row with its own date.
-    let last = crate::policy::bench_file();
-    let stored = std::fs::read_to_string(&last)
+    let stored = std::fs::read_to_string(last)
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
     let report = store::merge(stored.as_ref(), report);
@@ -728,7 +729,7 @@ fn run_bench(
             )
         })?;
     }
-    std::fs::write(&last, &text).with_context(|| {
+    std::fs::write(last, &text).with_context(|| {
         format!(
             "writing {} (set CORDON_HOME to a writable directory)",
             last.display()
