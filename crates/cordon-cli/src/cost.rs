@@ -420,7 +420,10 @@ fn size_arg(flag: &str, s: &str) -> Result<f64> {
 }
 
 pub fn cost(args: CostArgs) -> Result<i32> {
-    let bench_path = args.bench.clone().unwrap_or_else(crate::policy::bench_file);
+    let bench_path = args
+        .bench
+        .clone()
+        .unwrap_or_else(|| crate::policy::bench_file(&crate::data_dir()));
     let mem_override = args
         .memory_per_sandbox
         .as_deref()
@@ -504,7 +507,7 @@ pub fn cost(args: CostArgs) -> Result<i32> {
             "the chart is written as SVG: give --chart a path ending in .svg, e.g. --chart cost.svg"
         ),
         Some(p) => p.clone(),
-        None => crate::policy::bench_file().with_file_name("cost.svg"),
+        None => crate::data_dir().join("bench").join("cost.svg"),
     };
     draw(&inputs, &est, &chart, &args.currency)?;
     let c = &args.currency;

@@ -59,6 +59,20 @@ enum Cmd {
     Policy(policy::PolicyArgs),
 }
 
+/// Cordon's data dir for this process (`$CORDON_HOME`, else `/var/lib/cordon` as root, else
+/// `$XDG_DATA_HOME/cordon` or `~/.local/share/cordon`): the one place the CLI resolves it.
+/// Everything below a command's entry point is handed the path, so a unit test gives its
+/// own temp dir; in unit tests this function panics rather than reach the host's.
+#[cfg(not(test))]
+pub fn data_dir() -> std::path::PathBuf {
+    cordon_microvm::image::default_data_dir()
+}
+
+#[cfg(test)]
+pub fn data_dir() -> std::path::PathBuf {
+    panic!("a unit test reached the host's data dir: pass it a temp dir of its own")
+}
+
 /// Name of the binary with every command, looked up next to the running `cordon`.
 pub const FULL_BINARY: &str = "cordon-full";
 

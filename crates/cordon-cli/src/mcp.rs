@@ -22,7 +22,7 @@ pub struct McpArgs {
 pub fn mcp(args: McpArgs) -> Result<i32> {
     let mut cfg = match &args.config {
         Some(p) => Config::load(p)?,
-        None => Config::with_data_dir(cordon_wasm::data_dir().join("mcp")),
+        None => Config::with_data_dir(crate::data_dir().join("mcp")),
     };
     if let Some(d) = args.data_dir {
         cfg.data_dir = d;
@@ -44,7 +44,7 @@ pub fn mcp(args: McpArgs) -> Result<i32> {
     rt.block_on(async move {
         cfg.policy
             .bench_file
-            .get_or_insert_with(crate::policy::bench_file);
+            .get_or_insert_with(|| crate::policy::bench_file(&crate::data_dir()));
         let backends = backends::server_backends(&cfg.data_dir);
         let svc = Service::start(cfg, Keys::default(), backends, None).await?;
         let io = (tokio::io::stdin(), tokio::io::stdout());

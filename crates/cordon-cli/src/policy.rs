@@ -88,16 +88,14 @@ pub fn load_rules(path: Option<&Path>) -> Result<(Rules, String)> {
     }
 }
 
-/// Where `cordon bench` leaves its last figures: `<data dir>/bench/last.json`.
-pub fn bench_file() -> PathBuf {
-    cordon_microvm::image::default_data_dir()
-        .join("bench")
-        .join("last.json")
+/// Where `cordon bench` keeps its figures: `<data dir>/bench/last.json`.
+pub fn bench_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("bench").join("last.json")
 }
 
-/// This host: which tiers probe available (and fit the request), and the last bench's
-/// figures if any.
-pub fn probe_host(only: Option<&[Tier]>, fits: &[Tier]) -> Host {
+/// This host: which tiers probe available (and fit the request), and the bench figures
+/// stored in `data_dir`, if any.
+pub fn probe_host(only: Option<&[Tier]>, fits: &[Tier], data_dir: &Path) -> Host {
     let available = match only {
         Some(ts) => ts.iter().copied().filter(|t| fits.contains(t)).collect(),
         None => fits
@@ -106,11 +104,12 @@ pub fn probe_host(only: Option<&[Tier]>, fits: &[Tier]) -> Host {
             .filter(|t| AnyBackend::for_tier(*t).is_some_and(|b| b.probe().available()))
             .collect(),
     };
-    let bench = std::fs::read_to_string(bench_file()).ok().and_then(|text| {
+    let file = bench_file(data_dir);
+    let bench = std::fs::read_to_string(&file).ok().and_then(|text| {
         match BenchFigures::from_bench_json(&text) {
             Ok(b) => Some(b),
             Err(e) => {
-                tracing::warn!("ignoring {}: {e}", bench_file().display());
+                tracing::warn!("ignoring {}: {e}", file.display());
                 None
             }
         }
@@ -119,13 +118,15 @@ pub fn probe_host(only: Option<&[Tier]>, fits: &[Tier]) -> Host {
 }
 
 /// Decides a request; `None` when no --trust/--autonomy were given. `only` replaces the
-/// probe (what-if); `fits` are the tiers that can run the request at all.
+/// probe (what-if); `fits` are the tiers that can run the request at all; the bench figures
+/// come from `data_dir`.
 pub fn decide(
     input: &PolicyInput,
     tier: TierChoice,
     allow_hosts: &[String],
     only: Option<&[Tier]>,
     fits: &[Tier],
+    data_dir: &Path,
 ) -> Result<Option<Result<Decision, Box<Refusal>>>> {
     let (trust, autonomy) = match (input.trust, input.autonomy) {
         (Some(t), Some(a)) => (t, a),
@@ -148,22 +149,19 @@ pub fn decide(
     {
         return Ok(Some(Err(r)));
     }
-    Ok(Some(rules.decide(&req, &probe_host(only, fits))))
+    Ok(Some(rules.decide(&req, &probe_host(only, fits, data_dir))))
 }
 
-/// Where `cordon run` records its policy decisions: `<data dir>/cli/audit.db`, the same
-/// store format as the server's (`cordon audit --data-dir <data dir>/cli`).
-pub fn cli_audit_dir() -> PathBuf {
-    cordon_microvm::image::default_data_dir().join("cli")
-}
-
-/// Records a `cordon run` gate decision (allowed or refused) before anything runs. A
-/// decision that cannot be recorded stops the run: nothing runs unaudited.
+/// Records a `cordon run` gate decision (allowed or refused) before anything runs, in
+/// `<data dir>/cli/audit.db` (the same store format as the server's: `cordon audit
+/// --data-dir <data dir>/cli`). A decision that cannot be recorded stops the run: nothing
+/// runs unaudited.
 pub fn audit_record(
     decided: &std::result::Result<cordon_engine::Admission, cordon_engine::Denial>,
+    data_dir: &Path,
 ) -> Result<()> {
     use cordon_server::audit::{Audit, NewEvent};
-    let dir = cli_audit_dir();
+    let dir = data_dir.join("cli");
     let record = || -> Result<()> {
         std::fs::create_dir_all(&dir)?;
         let store = Audit::open(&dir.join("audit.db"))?;
@@ -228,6 +226,7 @@ pub fn policy(args: PolicyArgs) -> Result<i32> {
                 &a.allow_hosts,
                 a.available.as_deref(),
                 &Tier::ALL,
+                &crate::data_dir(),
             )?;
             match decided {
                 Some(Ok(d)) => {
@@ -258,17 +257,55 @@ mod tests {
         }
     }
 
-    #[test]
-    fn what_if_availability_changes_the_choice() {
-        let i = input(Trust::Untrusted, Autonomy::Compute);
-        let pick = |only: &[Tier]| match decide(&i, TierChoice::Auto, &[], Some(only), &Tier::ALL) {
+    /// A data dir of the test's own, empty: nothing of the host's is read.
+    fn data() -> tempfile::TempDir {
+        tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn pick(i: &PolicyInput, only: &[Tier], data_dir: &Path) -> Result<Tier, String> {
+        match decide(i, TierChoice::Auto, &[], Some(only), &Tier::ALL, data_dir) {
             Ok(Some(Ok(d))) => Ok(d.chosen),
             Ok(Some(Err(r))) => Err(r.rule),
             other => panic!("{:?}", other.map(|_| ())),
-        };
-        assert_eq!(pick(&[Tier::Wasm, Tier::Gvisor]), Ok(Tier::Wasm));
-        assert_eq!(pick(&[Tier::Container, Tier::Gvisor]), Ok(Tier::Gvisor));
-        assert_eq!(pick(&[Tier::Container]), Err("tier-available".to_string()));
+        }
+    }
+
+    #[test]
+    fn what_if_availability_changes_the_choice() {
+        let i = input(Trust::Untrusted, Autonomy::Compute);
+        let d = data();
+        assert_eq!(
+            pick(&i, &[Tier::Wasm, Tier::Gvisor], d.path()),
+            Ok(Tier::Wasm)
+        );
+        assert_eq!(
+            pick(&i, &[Tier::Container, Tier::Gvisor], d.path()),
+            Ok(Tier::Gvisor)
+        );
+        assert_eq!(
+            pick(&i, &[Tier::Container], d.path()),
+            Err("tier-available".to_string())
+        );
+    }
+
+    #[test]
+    fn bench_figures_are_read_from_the_data_dir_given_and_no_other() {
+        // A bench that found gvisor fastest, planted in one data dir: it steers the choice
+        // there and nowhere else (the old code read the host's data dir in every test, so a
+        // partial bench on the machine turned the test above).
+        let i = input(Trust::Untrusted, Autonomy::Compute);
+        let planted = data();
+        std::fs::create_dir_all(planted.path().join("bench")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(
+            bench_file(planted.path()),
+            r#"{"figures":[{"subject":"gvisor","median_us":1},{"subject":"wasm","median_us":9000}]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let only = [Tier::Wasm, Tier::Gvisor];
+        assert_eq!(pick(&i, &only, planted.path()), Ok(Tier::Gvisor));
+        assert_eq!(pick(&i, &only, data().path()), Ok(Tier::Wasm));
+        // And a unit test that forgets to pass one fails loudly instead of reading the host's.
+        assert!(std::panic::catch_unwind(crate::data_dir).is_err());
     }
 
     #[test]
@@ -281,26 +318,35 @@ mod tests {
             &[],
             Some(&Tier::ALL),
             &[Tier::Container, Tier::Gvisor, Tier::Microvm],
+            data().path(),
         );
         assert!(matches!(d, Ok(Some(Ok(ref d))) if d.chosen == Tier::Gvisor));
     }
 
     #[test]
     fn half_a_request_is_an_error_and_none_is_no_policy() {
+        let d = data();
+        let all = |i: &PolicyInput| {
+            decide(
+                i,
+                TierChoice::Auto,
+                &[],
+                Some(&Tier::ALL),
+                &Tier::ALL,
+                d.path(),
+            )
+        };
         let mut i = input(Trust::Trusted, Autonomy::Compute);
         i.autonomy = None;
-        assert!(decide(&i, TierChoice::Auto, &[], Some(&Tier::ALL), &Tier::ALL).is_err());
+        assert!(all(&i).is_err());
         i.trust = None;
-        assert!(matches!(
-            decide(&i, TierChoice::Auto, &[], Some(&Tier::ALL), &Tier::ALL),
-            Ok(None)
-        ));
+        assert!(matches!(all(&i), Ok(None)));
     }
 
     #[test]
     fn a_policy_file_replaces_the_default_and_bad_examples_fail_naming_the_rule() {
-        let dir = std::env::temp_dir().join(format!("cordon-policy-test-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
+        let home = data();
+        let dir = home.path();
         // A stricter house policy: everything in a microVM.
         let strict = format!(
             "{}\n[[rules]]\nname = \"house-microvm-only\"\nwhy = \"house rule\"\nfix = \"use microvm\"\nallow = [\"microvm\"]\n[[rules.examples]]\ntrust = \"trusted\"\nautonomy = \"compute\"\nallowed = [\"microvm\"]\n",
@@ -318,18 +364,17 @@ mod tests {
         std::fs::write(&p, &strict).unwrap_or_else(|e| panic!("{e}"));
         let mut i = input(Trust::Trusted, Autonomy::Compute);
         i.policy = Some(p.clone());
-        let d = decide(&i, TierChoice::Auto, &[], Some(&Tier::ALL), &Tier::ALL);
+        let d = decide(&i, TierChoice::Auto, &[], Some(&Tier::ALL), &Tier::ALL, dir);
         assert!(
             matches!(d, Ok(Some(Ok(ref d))) if d.chosen == Tier::Microvm && d.policy.revision == "default-2026-11")
         );
 
         let bad = strict.replace("allowed = [\"microvm\"]\n", "allowed = [\"gvisor\"]\n");
         std::fs::write(&p, bad).unwrap_or_else(|e| panic!("{e}"));
-        let err = decide(&i, TierChoice::Auto, &[], Some(&Tier::ALL), &Tier::ALL)
+        let err = decide(&i, TierChoice::Auto, &[], Some(&Tier::ALL), &Tier::ALL, dir)
             .err()
             .map(|e| format!("{e:#}"))
             .unwrap_or_default();
         assert!(err.contains("house-microvm-only"), "{err}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -326,7 +326,7 @@ fn local_gate(args: &RunArgs, req: &SandboxRequest) -> Result<Gate> {
     {
         return Ok(first);
     }
-    let host = crate::policy::probe_host(None, &fits);
+    let host = crate::policy::probe_host(None, &fits, &crate::data_dir());
     Ok(gate(host.available, host.bench))
 }
 
@@ -360,7 +360,7 @@ fn admit(args: &RunArgs) -> Result<std::result::Result<(Admission, ExecRequest),
     let decided = gate.admit(&Principal::Operator, &req, "cordon run");
     let policy_step = req.trust.is_some() || req.autonomy.is_some();
     if policy_step {
-        crate::policy::audit_record(&decided)?;
+        crate::policy::audit_record(&decided, &crate::data_dir())?;
     }
     match decided {
         Ok(adm) => Ok(Ok((adm, exec))),

@@ -57,7 +57,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     // `tier: "auto"` ranks by this host's last `cordon bench` unless the config says where.
     cfg.policy
         .bench_file
-        .get_or_insert_with(crate::policy::bench_file);
+        .get_or_insert_with(|| crate::policy::bench_file(&crate::data_dir()));
     if let Some(b) = args.bind {
         cfg.bind = b;
     }

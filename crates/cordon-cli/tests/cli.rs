@@ -65,6 +65,16 @@ fn temp_home() -> tempfile::TempDir {
     home
 }
 
+/// The tiers a bench JSON reports, in its order.
+fn tier_names(v: &Value) -> Vec<&str> {
+    v["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tier"].as_str().unwrap())
+        .collect()
+}
+
 fn stats_ok(v: &Value, what: &str) {
     for k in ["median_us", "p90_us", "min_us", "max_us", "samples"] {
         assert!(v[k].is_u64(), "{what}.{k} is not an unsigned integer: {v}");
@@ -202,6 +212,97 @@ fn check_bench_chart(path: &Path, subjects: &[String]) {
 }
 
 #[test]
+fn a_bench_of_one_tier_keeps_the_stored_figures_of_the_others() {
+    // A full figure set, stored nine days ago on this host.
+    let home = temp_home();
+    let then = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 9 * 86_400;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let fig = |subject: &str, kind: &str, us: u64| {
+        serde_json::json!({"subject": subject, "kind": kind, "what": "planted",
+            "median_us": us, "p90_us": us, "min_us": us, "samples": 5})
+    };
+    let tiers: Vec<Value> = ["wasm", "gvisor", "microvm"]
+        .iter()
+        .map(|t| serde_json::json!({"tier": t, "status": "measured"}))
+        .collect();
+    let stored = serde_json::json!({
+        "schema": "cordon-bench/1", "host": host.trim(), "created_unix": then,
+        "figures": [fig("wasm", "tier", 2_000), fig("gvisor", "tier", 150_000),
+                    fig("microvm", "tier", 40_000), fig("host", "peer", 1_000)],
+        "tiers": tiers,
+        "peers": [{"peer": "host", "status": "measured"}],
+    });
+    std::fs::create_dir_all(home.path().join("bench")).unwrap();
+    let last = home.path().join("bench/last.json");
+    std::fs::write(&last, stored.to_string()).unwrap();
+    let explain = |args: &[&str]| {
+        let mut a = vec![
+            "policy",
+            "explain",
+            "--trust",
+            "untrusted",
+            "--autonomy",
+            "compute",
+        ];
+        a.extend(args);
+        let o = cordon(home.path(), &a);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    let pick = |o: String| serde_json::from_str::<Value>(&o).unwrap()["chosen"].clone();
+    let before = pick(explain(&["--available", "wasm,gvisor,microvm", "--json"]));
+    assert_eq!(before, "wasm");
+
+    // Bench one tier only (the runtime tier runs in-process anywhere).
+    let o = cordon(
+        home.path(),
+        &[
+            "bench", "--quick", "--budget", "0", "--tiers", "runtime", "--peers", "none", "--json",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&last).unwrap()).unwrap();
+    let row = |subject: &str| {
+        v["figures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["subject"] == subject)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    for (s, us) in [
+        ("wasm", 2_000),
+        ("gvisor", 150_000),
+        ("microvm", 40_000),
+        ("host", 1_000),
+    ] {
+        assert_eq!(row(s)["median_us"], us, "{s}: {v}");
+        assert_eq!(row(s)["measured_unix"], then, "{s}: {v}");
+    }
+    assert!(
+        row("runtime")["measured_unix"].as_u64().unwrap() > then,
+        "{v}"
+    );
+    let tiers = tier_names(&v);
+    assert_eq!(tiers, ["runtime", "wasm", "gvisor", "microvm"]);
+    assert_eq!(v["peers"][0]["peer"], "host");
+
+    // The ranking the partial bench did not touch is the same, and explain says how old
+    // each figure is.
+    assert_eq!(
+        pick(explain(&["--available", "wasm,gvisor,microvm", "--json"])),
+        before
+    );
+    let shown = explain(&["--available", "wasm,gvisor,microvm"]);
+    assert!(shown.contains("wasm 2.0 ms measured 9 d ago"), "{shown}");
+}
+
+#[test]
 fn bench_quick_end_to_end_feeds_the_policy() {
     const T: &str = "bench_quick_end_to_end_feeds_the_policy";
     if !nix::unistd::geteuid().is_root() {
@@ -231,12 +332,7 @@ fn bench_quick_end_to_end_feeds_the_policy() {
     check_bench_schema(&v);
 
     // Every tier this build has is reported, measured or skipped with its reason.
-    let tiers: Vec<&str> = v["tiers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["tier"].as_str().unwrap())
-        .collect();
+    let tiers = tier_names(&v);
     assert_eq!(
         tiers,
         Tier::ALL.iter().map(|t| t.as_str()).collect::<Vec<_>>()

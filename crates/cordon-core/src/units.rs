@@ -155,6 +155,26 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
+/// How long ago a figure was measured, for people: `just now`, `5 min ago`, `3 h ago`,
+/// `12 d ago`. `measured_unix` later than `now_unix` (a clock moved back) reads `just now`.
+pub fn format_age(measured_unix: u64, now_unix: u64) -> String {
+    let s = now_unix.saturating_sub(measured_unix);
+    match s {
+        0..60 => "just now".to_string(),
+        60..3600 => format!("{} min ago", s / 60),
+        3600..86_400 => format!("{} h ago", s / 3600),
+        _ => format!("{} d ago", s / 86_400),
+    }
+}
+
+/// Seconds since the Unix epoch now (0 on a clock set before 1970).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +207,10 @@ mod tests {
         assert_eq!(format_size(512), "512 B");
         assert_eq!(format_size(64 << 20), "64.0 MiB");
         assert_eq!(format_duration(Duration::from_micros(350)), "350 µs");
+        assert_eq!(format_age(100, 130), "just now");
+        assert_eq!(format_age(200, 100), "just now");
+        assert_eq!(format_age(0, 5 * 60), "5 min ago");
+        assert_eq!(format_age(0, 3 * 3600 + 7), "3 h ago");
+        assert_eq!(format_age(0, 12 * 86_400), "12 d ago");
     }
 }

@@ -189,15 +189,21 @@ impl Host {
     }
 }
 
-/// Per-tier figures from `cordon bench` (median microseconds of a start + trivial exec).
+/// Per-tier figures from `cordon bench` (median microseconds of a start + trivial exec), each
+/// with when it was measured: a bench of some tiers keeps the stored figures of the others.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct BenchFigures {
     pub median_us: BTreeMap<Tier, u64>,
+    /// When each figure was measured (Unix seconds), where the bench JSON says.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub measured_unix: BTreeMap<Tier, u64>,
 }
 
 impl BenchFigures {
-    /// Reads the JSON `cordon bench` writes: `figures: [{subject, median_us}, ...]`, where a
-    /// subject named like a tier is that tier's figure. Other subjects (peers) are ignored.
+    /// Reads the JSON `cordon bench` writes: `figures: [{subject, median_us, measured_unix},
+    /// ...]`, where a subject named like a tier is that tier's figure. Other subjects (peers)
+    /// are ignored. A row without `measured_unix` (written before rows had their own dates)
+    /// is dated by the document's `created_unix`.
     pub fn from_bench_json(text: &str) -> Result<Self, String> {
         let v: serde_json::Value =
             serde_json::from_str(text).map_err(|e| format!("bench JSON does not parse: {e}"))?;
@@ -205,6 +211,7 @@ impl BenchFigures {
             .get("figures")
             .and_then(|f| f.as_array())
             .ok_or("bench JSON has no `figures` array")?;
+        let created = v.get("created_unix").and_then(|c| c.as_u64());
         let mut out = BenchFigures::default();
         for f in figures {
             let name = f
@@ -217,8 +224,15 @@ impl BenchFigures {
             let Some(us) = f.get("median_us").and_then(|m| m.as_u64()) else {
                 continue;
             };
-            let e = out.median_us.entry(tier).or_insert(us);
-            *e = (*e).min(us);
+            let when = f.get("measured_unix").and_then(|m| m.as_u64()).or(created);
+            if out.median_us.get(&tier).is_some_and(|old| *old <= us) {
+                continue;
+            }
+            out.median_us.insert(tier, us);
+            match when {
+                Some(w) => out.measured_unix.insert(tier, w),
+                None => out.measured_unix.remove(&tier),
+            };
         }
         Ok(out)
     }
@@ -243,6 +257,9 @@ pub struct Ranking {
     /// The bench figures used, where any.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub median_us: BTreeMap<Tier, u64>,
+    /// When each figure used was measured (Unix seconds), where known.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub measured_unix: BTreeMap<Tier, u64>,
 }
 
 /// A decision: serializable so the service can audit it.
@@ -557,6 +574,7 @@ impl Rules {
                         by: "requested".to_string(),
                         order: vec![t],
                         median_us: BTreeMap::new(),
+                        measured_unix: BTreeMap::new(),
                     },
                 )
             }
@@ -602,17 +620,17 @@ impl Rules {
                 .position(|s| s == t)
                 .unwrap_or(usize::MAX)
         };
-        let figures: BTreeMap<Tier, u64> = host
-            .bench
-            .as_ref()
-            .map(|b| {
-                b.median_us
-                    .iter()
+        let used = |m: Option<&BTreeMap<Tier, u64>>| -> BTreeMap<Tier, u64> {
+            m.map(|m| {
+                m.iter()
                     .filter(|(t, _)| candidates.contains(t))
-                    .map(|(t, us)| (*t, *us))
+                    .map(|(t, v)| (*t, *v))
                     .collect()
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+        };
+        let figures = used(host.bench.as_ref().map(|b| &b.median_us));
+        let measured_unix = used(host.bench.as_ref().map(|b| &b.measured_unix));
         let mut order = candidates.to_vec();
         order.sort_by_key(|t| match figures.get(t) {
             Some(us) => (0, *us, static_pos(t)),
@@ -626,6 +644,7 @@ impl Rules {
             },
             order,
             median_us: figures,
+            measured_unix,
         }
     }
 }
@@ -652,18 +671,31 @@ impl fmt::Display for Decision {
         writeln!(f, "available here: {}", tiers(&self.available))?;
         let how = match self.ranking.by.as_str() {
             "requested" => "as requested".to_string(),
-            "bench" => format!(
-                "the fastest available allowed tier by this host's last bench ({})",
-                self.ranking
-                    .order
-                    .iter()
-                    .map(|t| match self.ranking.median_us.get(t) {
-                        Some(us) => format!("{t} {:.1} ms", *us as f64 / 1000.0),
-                        None => format!("{t} unmeasured"),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" < ")
-            ),
+            "bench" => {
+                let now = cordon_core::units::unix_now();
+                format!(
+                    "the fastest available allowed tier by this host's bench figures ({})",
+                    self.ranking
+                        .order
+                        .iter()
+                        .map(|t| match self.ranking.median_us.get(t) {
+                            Some(us) => format!(
+                                "{t} {:.1} ms{}",
+                                *us as f64 / 1000.0,
+                                match self.ranking.measured_unix.get(t) {
+                                    Some(when) => format!(
+                                        " measured {}",
+                                        cordon_core::units::format_age(*when, now)
+                                    ),
+                                    None => " measured at an unknown time".to_string(),
+                                }
+                            ),
+                            None => format!("{t} unmeasured"),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" < ")
+                )
+            }
             _ => format!(
                 "the fastest available allowed tier by the policy's static order for {} work ({})",
                 r.shape,

@@ -6,6 +6,7 @@
 mod memory;
 mod peers;
 mod stats;
+mod store;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -114,6 +115,9 @@ impl Plan {
 struct Figure {
     subject: String,
     kind: &'static str,
+    /// For a `cli` row: the tier the whole-process run uses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tier: Option<Tier>,
     what: String,
     median_us: u64,
     p90_us: u64,
@@ -315,6 +319,7 @@ fn pick_trivial(b: &AnyBackend, spec: &SandboxSpec) -> Result<(String, ExecReque
 struct Subject {
     name: String,
     kind: &'static str,
+    tier: Option<Tier>,
     what: String,
     run: Box<dyn FnMut() -> Result<()>>,
     samples: Vec<Duration>,
@@ -331,12 +336,13 @@ struct LiveTier {
 
 pub fn bench(args: BenchArgs) -> Result<i32> {
     let plan = Plan::from_args(&args)?;
+    let data_dir = crate::data_dir();
     let chart_path = match &args.chart {
         Some(p) if p.extension().is_none_or(|e| e != "svg") => bail!(
             "the chart is written as SVG (it needs no fonts on this host): give --chart a path ending in .svg, e.g. --chart bench.svg"
         ),
         Some(p) => p.clone(),
-        None => bench_dir().join("last.svg"),
+        None => crate::policy::bench_file(&data_dir).with_file_name("last.svg"),
     };
     let selected: Vec<Tier> = match &args.tiers {
         Some(t) => Tier::ALL.into_iter().filter(|x| t.contains(x)).collect(),
@@ -360,16 +366,17 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
     let scratch = std::env::temp_dir().join(format!("cordon-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)
         .with_context(|| format!("creating the scratch directory {}", scratch.display()))?;
-    let result = run_bench(&args, &plan, &selected, &peer_names, &scratch, &chart_path);
+    let last = crate::policy::bench_file(&data_dir);
+    let result = run_bench(
+        &args,
+        &plan,
+        &selected,
+        &peer_names,
+        &scratch,
+        (&last, &chart_path),
+    );
     let _ = std::fs::remove_dir_all(&scratch);
     result
-}
-
-fn bench_dir() -> PathBuf {
-    crate::policy::bench_file()
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 fn run_bench(
@@ -378,7 +385,7 @@ fn run_bench(
     selected: &[Tier],
     peer_names: &[String],
     scratch: &std::path::Path,
-    chart_path: &std::path::Path,
+    (last, chart_path): (&std::path::Path, &std::path::Path),
 ) -> Result<i32> {
     let hidden = args.json || !std::io::stderr().is_terminal();
     // Steps: per tier memory + warm + exec + agent + throughput, and the start-up phase.
@@ -478,6 +485,7 @@ fn run_bench(
         subjects.push(Subject {
             name: lt.spec.tier.to_string(),
             kind: "tier",
+            tier: None,
             what: format!(
                 "{} tier in-process: create + trivial exec + destroy",
                 lt.spec.tier
@@ -507,6 +515,7 @@ fn run_bench(
             subjects.push(Subject {
                 name: "cordon-run".into(),
                 kind: "cli",
+                tier: Some(Tier::Container),
                 what: format!(
                     "`cordon run -- sh -c true`, container tier, end to end (a whole CLI process; {linked})"
                 ),
@@ -537,6 +546,7 @@ fn run_bench(
                 subjects.push(Subject {
                     name: p.name.to_string(),
                     kind: "peer",
+                    tier: None,
                     what: p.what.clone(),
                     run: Box::new(move || p.run()),
                     samples: Vec::new(),
@@ -597,6 +607,7 @@ fn run_bench(
             figures.push(Figure {
                 subject: s.name.clone(),
                 kind: s.kind,
+                tier: s.tier,
                 what: s.what.clone(),
                 median_us: st.median_us,
                 p90_us: st.p90_us,
@@ -687,35 +698,29 @@ fn run_bench(
             rep.peer = nearest_peer(rep.tier, cold.median_us, &peer_reports);
         }
     }
-    let median = |n: &str| {
-        figures
-            .iter()
-            .find(|f| f.subject == n)
-            .map(|f| f.median_us as f64)
-    };
-    let ratio = match (median("cordon-run"), median("bwrap")) {
-        (Some(c), Some(b)) if b > 0.0 => Some(c / b),
-        _ => None,
-    };
-    let report = serde_json::json!({
+    let created = cordon_core::units::unix_now();
+    let mut report = serde_json::json!({
         "schema": SCHEMA,
         "cordon_version": env!("CARGO_PKG_VERSION"),
         "host": hostname(),
         "cores": plan.concurrency,
         "memory_total_bytes": memory_total(),
-        "created_unix": std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        "created_unix": created,
         "plan": plan,
         "iterations": plan.samples.max,
         "figures": figures,
         "tiers": tiers,
         "peers": peer_reports,
-        "ratio_cordon_run_to_bwrap": ratio,
+        "ratio_cordon_run_to_bwrap": serde_json::Value::Null,
     });
+    store::stamp(&mut report);
+    // What this run did not measure stays as stored, each row with its own date.
+    let stored = std::fs::read_to_string(last)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let report = store::merge(stored.as_ref(), report);
+    let ratio = report["ratio_cordon_run_to_bwrap"].as_f64();
     let text = serde_json::to_string_pretty(&report)?;
-    let last = crate::policy::bench_file();
     if let Some(dir) = last.parent() {
         std::fs::create_dir_all(dir).with_context(|| {
             format!(
@@ -724,7 +729,7 @@ fn run_bench(
             )
         })?;
     }
-    std::fs::write(&last, &text).with_context(|| {
+    std::fs::write(last, &text).with_context(|| {
         format!(
             "writing {} (set CORDON_HOME to a writable directory)",
             last.display()
@@ -733,12 +738,16 @@ fn run_bench(
     if let Some(p) = &args.output {
         std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?;
     }
-    let bars: Vec<crate::chart::Bar> = figures
-        .iter()
-        .map(|f| crate::chart::Bar {
-            label: f.subject.clone(),
-            peer: f.kind == "peer",
-            value_us: f.median_us,
+    let bars: Vec<crate::chart::Bar> = report["figures"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| {
+            Some(crate::chart::Bar {
+                label: f["subject"].as_str()?.to_string(),
+                peer: f["kind"] == "peer",
+                value_us: f["median_us"].as_u64()?,
+            })
         })
         .collect();
     crate::chart::bench_svg(chart_path, &bars, &hostname())
@@ -748,6 +757,19 @@ fn run_bench(
         println!("{text}");
     } else {
         print_tables(&figures, &tiers, ratio, plan);
+        let kept = store::kept(&report, created);
+        if !kept.is_empty() {
+            println!(
+                "\nkept from earlier benches (not measured by this run): {}",
+                kept.iter()
+                    .map(|(s, when)| format!(
+                        "{s} (measured {})",
+                        cordon_core::units::format_age(*when, created)
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         println!(
             "\nwritten: {} (feeds `cordon run --tier auto`){}; chart {}",
             last.display(),

@@ -116,14 +116,14 @@ fn argv_command(argv: &[&str]) -> Command {
     c
 }
 
-/// Builds the requested peers (all when `only` is empty); the ones that cannot run here
-/// come back as [`Missing`] with the reason and the fix. `scratch` is a directory the
+/// Builds the peers named in `only` (none when it is empty: `--peers none`); the ones that
+/// cannot run here come back as [`Missing`] with the reason and the fix. `scratch` is a directory the
 /// peers may use (OCI bundle, runtime state) and that the caller removes afterwards.
 pub fn build(only: &[String], scratch: &Path) -> (Vec<Peer>, Vec<Missing>) {
     let mut peers = Vec::new();
     let mut missing = Vec::new();
     for name in NAMES {
-        if !only.is_empty() && !only.iter().any(|o| o == name) {
+        if !only.iter().any(|o| o == name) {
             continue;
         }
         let built = match name {

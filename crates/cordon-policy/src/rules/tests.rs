@@ -290,6 +290,45 @@ fn bench_figures_reorder_auto_and_shape_changes_static_order() {
 }
 
 #[test]
+fn each_figure_keeps_its_own_date_and_explain_shows_its_age() {
+    let r = rules();
+    let q = req(T::Untrusted, A::WriteFiles);
+    let now = cordon_core::units::unix_now();
+    // gvisor measured by this bench run; microvm kept from a run three days before (a row
+    // with its own date), and a row without one takes the document's date.
+    let json = format!(
+        r#"{{"created_unix":{now},"figures":[
+            {{"subject":"gvisor","median_us":150000}},
+            {{"subject":"microvm","median_us":40000,"measured_unix":{}}}]}}"#,
+        now - 3 * 86_400
+    );
+    let host = Host {
+        available: [Tier::Gvisor, Tier::Microvm].into_iter().collect(),
+        bench: BenchFigures::from_bench_json(&json).ok(),
+    };
+    let d = r.decide(&q, &host).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(d.chosen, Tier::Microvm);
+    assert_eq!(
+        d.ranking.measured_unix,
+        [(Tier::Gvisor, now), (Tier::Microvm, now - 3 * 86_400)]
+            .into_iter()
+            .collect()
+    );
+    let text = d.to_string();
+    assert!(
+        text.contains("microvm 40.0 ms measured 3 d ago < gvisor 150.0 ms measured just now"),
+        "{text}"
+    );
+    // Decisions from before dates were kept still read back.
+    let mut old = serde_json::to_value(&d).unwrap_or_default();
+    old["ranking"]
+        .as_object_mut()
+        .map(|r| r.remove("measured_unix"));
+    let back: Decision = serde_json::from_value(old).unwrap_or_else(|e| panic!("{e}"));
+    assert!(back.ranking.measured_unix.is_empty());
+}
+
+#[test]
 fn decisions_and_refusals_serialize_round_trip() {
     let r = rules();
     let mut q = req(T::Untrusted, A::Internet);
