@@ -496,7 +496,10 @@ mod fuzz {
         )
             .prop_map(|(available, bench)| Host {
                 available: available.into_iter().collect(),
-                bench: bench.map(|median_us| BenchFigures { median_us }),
+                bench: bench.map(|median_us| BenchFigures {
+                    median_us,
+                    measured_unix: BTreeMap::new(),
+                }),
             })
     }
 
