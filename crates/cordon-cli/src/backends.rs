@@ -54,6 +54,10 @@ impl Backend for AnyBackend {
     fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
         self.inner().create(spec)
     }
+
+    fn recover(&self, orphans: &[String]) -> Vec<String> {
+        self.inner().recover(orphans)
+    }
 }
 
 /// Every tier this build has, for `cordon serve` and `cordon mcp`: wasm scratch dirs go

@@ -158,11 +158,9 @@ pub trait Backend: Send + Sync {
     /// Removes what sandboxes of this tier left when the process that owned them died
     /// without destroying them: `orphans` are the ids a dead server's records name; a tier
     /// may also sweep what no record names (a create cut short), never what a live process
-    /// still uses. Returns one line per thing removed. Default: nothing outlives its process.
-    fn recover(&self, orphans: &[String]) -> Vec<String> {
-        let _ = orphans;
-        Vec::new()
-    }
+    /// still uses. Returns one line per thing removed. No default: a wrapper that forgot to
+    /// pass it on would leave a crashed server's sandboxes behind.
+    fn recover(&self, orphans: &[String]) -> Vec<String>;
 
     /// Creates a fresh, never-used sandbox. Fails closed when a wall cannot be applied and
     /// the spec does not allow running weaker.

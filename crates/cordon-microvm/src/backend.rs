@@ -513,6 +513,13 @@ impl MicrovmBackend {
 }
 
 impl Backend for MicrovmBackend {
+    /// Nothing of its own yet: QEMU is spawned tied to the process that starts it and dies
+    /// with it; its cgroup, empty once QEMU is gone, is swept with the other empty sandbox
+    /// cgroups by the container tier's recovery.
+    fn recover(&self, _orphans: &[String]) -> Vec<String> {
+        Vec::new()
+    }
+
     fn tier(&self) -> Tier {
         Tier::Microvm
     }

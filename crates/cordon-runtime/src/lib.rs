@@ -47,6 +47,11 @@ pub const WALL_NOTE: &str = "runtime tier: in-process QuickJS, the weakest wall 
     untrusted text";
 
 impl Backend for RuntimeBackend {
+    /// Nothing: a runtime sandbox lives only in the process that made it.
+    fn recover(&self, _orphans: &[String]) -> Vec<String> {
+        Vec::new()
+    }
+
     fn tier(&self) -> Tier {
         Tier::Runtime
     }

@@ -317,6 +317,12 @@ impl Default for WasmBackend {
 }
 
 impl Backend for WasmBackend {
+    /// Nothing: a wasm sandbox's scratch lives under the server's data dir, which the server
+    /// clears itself at start.
+    fn recover(&self, _orphans: &[String]) -> Vec<String> {
+        Vec::new()
+    }
+
     fn tier(&self) -> Tier {
         Tier::Wasm
     }
