@@ -107,28 +107,31 @@ impl EngineSet {
             guest: guest.as_str(),
             reason: format!("{e:#}"),
         };
+        let engine = &self.engine;
         match guest {
             Guest::Python => {
-                let bytes = artifacts::precompiled(
-                    &self.engine,
+                let c = artifacts::load(
+                    engine,
                     data_dir,
                     guest,
                     &source,
                     artifacts::Kind::Component,
+                    |f| sys::component_file(engine, f),
+                    |b| sys::component(engine, b),
                 )?;
-                let c = sys::component(&self.engine, &bytes).map_err(load_err)?;
                 let pre = self.linkers.p2.instantiate_pre(&c).map_err(load_err)?;
                 Ok(Program::Component(CommandPre::new(pre).map_err(load_err)?))
             }
             Guest::Javascript => {
-                let bytes = artifacts::precompiled(
-                    &self.engine,
+                let m = artifacts::load(
+                    engine,
                     data_dir,
                     guest,
                     &source,
                     artifacts::Kind::Module,
+                    |f| sys::module_file(engine, f),
+                    |b| sys::module(engine, b),
                 )?;
-                let m = sys::module(&self.engine, &bytes).map_err(load_err)?;
                 let pre = self.linkers.p1.instantiate_pre(&m).map_err(load_err)?;
                 Ok(Program::Module(pre))
             }

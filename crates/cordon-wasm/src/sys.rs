@@ -1,5 +1,8 @@
-//! The only unsafe code of the crate: turning verified precompiled bytes into code, and
-//! reading the calling thread's CPU clock.
+//! The only unsafe code of the crate: turning verified precompiled bytes or cache files into
+//! code, and reading the calling thread's CPU clock.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
 
 use wasmtime::component::Component;
 use wasmtime::{Engine, Module};
@@ -19,6 +22,30 @@ pub(crate) fn module(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Module> 
     // SAFETY: as for `component`: the bytes are our own `precompile_module` output, verified
     // against their recorded hash from this same buffer.
     unsafe { Module::deserialize(engine, bytes) }
+}
+
+/// Maps a precompiled component from a cache file already opened and checked.
+pub(crate) fn component_file(engine: &Engine, file: &File) -> wasmtime::Result<Component> {
+    // wasmtime 48 takes a component file only by path: the descriptor's own entry in
+    // /proc/self/fd reopens the very inode that was checked, whatever the cache path now
+    // names.
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    // SAFETY: `file` is the cache entry this engine wrote: artifacts::cached opened it once,
+    // found it owned by this user or root and writable by no one else, and its device,
+    // inode, size, mtime and ctime equal to those recorded (with its SHA-256) right after
+    // it was written with `Engine::precompile_component`'s output, so its bytes are that
+    // output. Only this user or root can change it while it is mapped, and the cache never
+    // rewrites a file in place (new entries are renamed over). wasmtime also checks the
+    // header, version and engine settings and refuses a mismatch.
+    unsafe { Component::deserialize_file(engine, path) }
+}
+
+/// Maps a precompiled core module from a cache file already opened and checked.
+pub(crate) fn module_file(engine: &Engine, file: &File) -> wasmtime::Result<Module> {
+    let file = file.try_clone()?;
+    // SAFETY: as for `component_file`: the open file is the checked cache entry this
+    // engine wrote with `Engine::precompile_module`.
+    unsafe { Module::deserialize_open_file(engine, file) }
 }
 
 /// CPU time the calling thread has used, in nanoseconds (0 if the clock cannot be read).

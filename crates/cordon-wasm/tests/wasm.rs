@@ -698,6 +698,10 @@ fn stale_or_tampered_cache_is_rebuilt_never_run() {
         .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
         .collect();
     assert_eq!(cached.len(), 1, "{cached:?}");
+    // Written with its identity, so the next process maps it without hashing; it runs.
+    let id = cached[0].with_extension("cwasm.id");
+    assert!(id.is_file(), "{} not written", id.display());
+    assert_eq!(out(&run_js(&WasmBackend::with_config(cfg()))), "42\n");
     // Tamper with the precompiled code: it must be detected and rebuilt.
     let mut bytes = std::fs::read(&cached[0]).unwrap();
     let mid = bytes.len() / 2;

@@ -159,6 +159,28 @@ struct PeerRatio {
     ratio: f64,
 }
 
+/// One language a tier runs, measured on its own (the wasm tier's JavaScript and Python).
+#[derive(Serialize)]
+struct LanguageFigures {
+    language: Language,
+    snippet: &'static str,
+    /// Create + the snippet + destroy, in this process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cold_start: Option<Stats>,
+    /// The snippet in a sandbox that is already live.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exec: Option<Stats>,
+}
+
+/// The languages measured on their own per tier: the wasm tier runs two interpreters whose
+/// costs differ by an order of magnitude.
+fn languages_of(tier: Tier) -> &'static [(Language, &'static str)] {
+    match tier {
+        Tier::Wasm => &[(Language::Javascript, "0"), (Language::Python, "pass")],
+        _ => &[],
+    }
+}
+
 #[derive(Serialize)]
 struct TierReport {
     tier: Tier,
@@ -183,6 +205,8 @@ struct TierReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     peer: Option<PeerRatio>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    languages: Vec<LanguageFigures>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     errors: Vec<String>,
 }
 
@@ -200,6 +224,7 @@ impl TierReport {
             memory: None,
             throughput: None,
             peer: None,
+            languages: Vec::new(),
             errors: Vec::new(),
         }
     }
@@ -313,6 +338,53 @@ fn pick_trivial(b: &AnyBackend, spec: &SandboxSpec) -> Result<(String, ExecReque
         tried.join("; "),
         spec.tier
     )
+}
+
+/// The `cordon` front beside this binary (this binary when there is none).
+fn front_binary() -> Result<PathBuf> {
+    let this = std::env::current_exe()?;
+    Ok(this
+        .parent()
+        .map(|d| d.join("cordon"))
+        .filter(|p| p.is_file())
+        .unwrap_or(this))
+}
+
+/// A whole `cordon` process as a start-up subject (kind `cli`): `exe` with `args`, output
+/// discarded, success required.
+fn cli_subject(
+    name: &str,
+    tier: Tier,
+    exe: &std::path::Path,
+    args: &[&str],
+    note: &str,
+) -> Subject {
+    let shown = format!("cordon {}", args.join(" "));
+    let (exe, args): (PathBuf, Vec<String>) = (
+        exe.to_path_buf(),
+        args.iter().map(|a| a.to_string()).collect(),
+    );
+    Subject {
+        name: name.into(),
+        kind: "cli",
+        tier: Some(tier),
+        what: format!("`{shown}`, {tier} tier, end to end (a whole CLI process; {note})"),
+        run: Box::new(move || {
+            let st = Command::new(&exe)
+                .args(&args)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()?;
+            if !st.success() {
+                bail!("`{shown}` failed: {st}; try it by hand to see why");
+            }
+            Ok(())
+        }),
+        samples: Vec::new(),
+        spent: Duration::ZERO,
+        error: None,
+    }
 }
 
 /// A subject of the interleaved start-up phase.
@@ -495,15 +567,10 @@ fn run_bench(
             spent: Duration::ZERO,
             error: None,
         });
+        // The whole CLI, end to end: what a user pays per `cordon run` (the `cordon` front
+        // beside this binary; the container tier runs without cordon-full).
+        let exe = front_binary()?;
         if lt.spec.tier == Tier::Container {
-            // The whole CLI, end to end: what a user pays per `cordon run` (the `cordon`
-            // front beside this binary, which runs it without cordon-full).
-            let this = std::env::current_exe()?;
-            let exe = this
-                .parent()
-                .map(|d| d.join("cordon"))
-                .filter(|p| p.is_file())
-                .unwrap_or(this);
             let init = exe.with_file_name(cordon_container::INIT_BINARY);
             let linked = match (dynamically_linked(&exe), dynamically_linked(&init)) {
                 (Some(false), Some(false)) => "static front and init".to_string(),
@@ -512,29 +579,27 @@ fn run_bench(
                 }
                 _ => "linkage unknown".to_string(),
             };
-            subjects.push(Subject {
-                name: "cordon-run".into(),
-                kind: "cli",
-                tier: Some(Tier::Container),
-                what: format!(
-                    "`cordon run -- sh -c true`, container tier, end to end (a whole CLI process; {linked})"
-                ),
-                run: Box::new(move || {
-                    let st = Command::new(&exe)
-                        .args(["run", "--", "sh", "-c", "true"])
-                        .stdin(std::process::Stdio::null())
-                        .stdout(std::process::Stdio::null())
-                        .stderr(std::process::Stdio::null())
-                        .status()?;
-                    if !st.success() {
-                        bail!("`cordon run -- sh -c true` failed: {st}; try it by hand to see why");
-                    }
-                    Ok(())
-                }),
-                samples: Vec::new(),
-                spent: Duration::ZERO,
-                error: None,
-            });
+            subjects.push(cli_subject(
+                "cordon-run",
+                Tier::Container,
+                &exe,
+                &["run", "--", "sh", "-c", "true"],
+                &linked,
+            ));
+        }
+        if lt.spec.tier == Tier::Wasm {
+            for (name, lang, code) in [
+                ("cordon-run-wasm-js", "javascript", "0"),
+                ("cordon-run-wasm-python", "python", "pass"),
+            ] {
+                subjects.push(cli_subject(
+                    name,
+                    Tier::Wasm,
+                    &exe,
+                    &["run", "--tier", "wasm", "--lang", lang, "-c", code],
+                    "a new process each time",
+                ));
+            }
         }
     }
     let mut counterparts = Vec::new();
@@ -670,11 +735,34 @@ fn run_bench(
         }
         out.done();
         out.step(format!("{tier}: exec in a live sandbox"));
-        match measure_exec(lt, &plan.samples) {
+        match measure_exec(lt, &lt.trivial, &plan.samples) {
             Ok(s) => tiers[rep_i].exec = Stats::of(&s),
             Err(e) => tiers[rep_i].fail("exec", &e, &out),
         }
         out.done();
+        for &(language, snippet) in languages_of(tier) {
+            out.step(format!("{tier}: {language} cold start and exec"));
+            let req = ExecRequest::code(language, snippet);
+            let cold = plan
+                .samples
+                .sample(|| {
+                    let t = Instant::now();
+                    cycle(&lt.backend, &lt.spec, &req)?;
+                    Ok(t.elapsed())
+                })
+                .map(|v| Stats::of(&v));
+            match (cold, measure_exec(lt, &req, &plan.samples)) {
+                (Ok(cold_start), Ok(exec)) => tiers[rep_i].languages.push(LanguageFigures {
+                    language,
+                    snippet,
+                    cold_start,
+                    exec: Stats::of(&exec),
+                }),
+                (Err(e), _) | (_, Err(e)) => {
+                    tiers[rep_i].fail(&format!("{language} `{snippet}`"), &e, &out)
+                }
+            }
+        }
         out.step(format!("{tier}: agent run of {} snippets", plan.snippets));
         match measure_agent(lt, plan) {
             Ok(a) => tiers[rep_i].agent_run = a,
@@ -884,13 +972,14 @@ fn measure_warm(lt: &LiveTier, b: &Budget) -> Result<Vec<Duration>> {
     Ok(out)
 }
 
-fn measure_exec(lt: &LiveTier, b: &Budget) -> Result<Vec<Duration>> {
+/// `req` in one live sandbox, again and again (after one unmeasured run).
+fn measure_exec(lt: &LiveTier, req: &ExecRequest, b: &Budget) -> Result<Vec<Duration>> {
     let mut sb = lt.backend.create(&lt.spec)?;
     let r = (|| {
-        exec_ok(sb.as_mut(), &lt.trivial)?;
+        exec_ok(sb.as_mut(), req)?;
         b.sample(|| {
             let t = Instant::now();
-            exec_ok(sb.as_mut(), &lt.trivial)?;
+            exec_ok(sb.as_mut(), req)?;
             Ok(t.elapsed())
         })
     })();
@@ -978,12 +1067,12 @@ fn us(v: u64) -> String {
 fn print_tables(figures: &[Figure], tiers: &[TierReport], ratio: Option<f64>, plan: &Plan) {
     println!("start-up: create + trivial exec + destroy (medians of interleaved rounds)");
     println!(
-        "{:<12} {:<5} {:>10} {:>10} {:>10} {:>4}  what",
+        "{:<22} {:<5} {:>10} {:>10} {:>10} {:>4}  what",
         "subject", "kind", "median", "p90", "min", "n"
     );
     for f in figures {
         println!(
-            "{:<12} {:<5} {:>10} {:>10} {:>10} {:>4}  {}",
+            "{:<22} {:<5} {:>10} {:>10} {:>10} {:>4}  {}",
             f.subject,
             f.kind,
             us(f.median_us),
@@ -1046,6 +1135,18 @@ fn print_tables(figures: &[Figure], tiers: &[TierReport], ratio: Option<f64>, pl
                 ""
             }
         );
+    }
+    for t in tiers {
+        for l in &t.languages {
+            println!(
+                "{:<10} {} `{}`: cold {} (in-process create + exec + destroy), exec {} (live sandbox)",
+                t.tier.as_str(),
+                l.language,
+                l.snippet,
+                opt(&l.cold_start),
+                opt(&l.exec)
+            );
+        }
     }
     println!(
         "cold = create + trivial exec + destroy; warm = take a pre-created sandbox + trivial exec; \
