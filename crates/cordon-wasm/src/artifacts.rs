@@ -22,7 +22,7 @@
 //! replaced or rewritten) is read from that same open file and hashed in full against
 //! `.sha256` before use; a mismatch, or bytes that do not deserialize, remove the entry and
 //! compile it again, and a good hash records the identity so the next process maps it.
-//! Nothing this engine did not write and verify is ever executed. ADR 0002 gives the figures.
+//! Nothing this engine did not write and verify is ever executed. ADR 0003 gives the figures.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
