@@ -13,9 +13,7 @@ mod cost;
 mod doctor;
 mod image;
 mod mcp;
-mod outfile;
 mod policy;
-pub mod run;
 mod serve;
 mod serve_bench;
 mod sys;
@@ -39,7 +37,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run code once in a fresh sandbox, then destroy it.
-    Run(Box<run::RunArgs>),
+    Run(Box<cordon_front::run::RunArgs>),
     /// Show every tier: available or not, why, and the fix.
     Doctor(doctor::DoctorArgs),
     /// Measure start-up cost of the tiers beside their peers on this host.
@@ -59,41 +57,14 @@ enum Cmd {
     Policy(policy::PolicyArgs),
 }
 
-/// Cordon's data dir for this process (`$CORDON_HOME`, else `/var/lib/cordon` as root, else
-/// `$XDG_DATA_HOME/cordon` or `~/.local/share/cordon`): the one place the CLI resolves it.
-/// Everything below a command's entry point is handed the path, so a unit test gives its
-/// own temp dir; in unit tests this function panics rather than reach the host's.
 #[cfg(not(test))]
-pub fn data_dir() -> std::path::PathBuf {
-    cordon_microvm::image::default_data_dir()
-}
+pub use cordon_front::data_dir;
+pub use cordon_front::{FULL_BINARY, init_logging};
 
+/// In unit tests the data dir is never the host's: a test passes a temp dir of its own.
 #[cfg(test)]
 pub fn data_dir() -> std::path::PathBuf {
     panic!("a unit test reached the host's data dir: pass it a temp dir of its own")
-}
-
-/// Name of the binary with every command, looked up next to the running `cordon`.
-pub const FULL_BINARY: &str = "cordon-full";
-
-/// Sets up logging: a directive filter only when `CORDON_LOG` asks for one (parsing one
-/// costs start-up time every `cordon run` would otherwise pay).
-pub fn init_logging() {
-    use std::io::IsTerminal;
-    // Colour codes only for a terminal: piped or captured stderr gets plain text.
-    let ansi = std::io::stderr().is_terminal();
-    match tracing_subscriber::EnvFilter::try_from_env("CORDON_LOG") {
-        Ok(filter) => tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(ansi)
-            .with_writer(std::io::stderr)
-            .init(),
-        Err(_) => tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(ansi)
-            .with_writer(std::io::stderr)
-            .init(),
-    }
 }
 
 /// `cordon-full`'s main: every command. Never returns.
@@ -112,7 +83,7 @@ pub fn full_main() -> ! {
 
 fn dispatch(cli: Cli) -> Result<i32> {
     match cli.command {
-        Cmd::Run(args) => run::run(*args),
+        Cmd::Run(args) => cordon_front::run::run(*args, &backends::FullTiers),
         Cmd::Doctor(args) => doctor::doctor(args),
         Cmd::Bench(args) => bench::bench(args),
         Cmd::Cost(args) => cost::cost(*args),

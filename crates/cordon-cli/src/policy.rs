@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use cordon_core::{Backend, Tier};
-use cordon_policy::{
-    Autonomy, BenchFigures, Decision, Host, Refusal, Request, Rules, Shape, TierChoice, Trust,
-};
+use cordon_policy::{BenchFigures, Decision, Host, Refusal, Request, Rules, Shape, TierChoice};
 
 use crate::backends::AnyBackend;
 
@@ -28,23 +26,7 @@ enum PolicyCmd {
     Show(ShowArgs),
 }
 
-/// The request flags, shared with `cordon run`.
-#[derive(Args, Debug, Clone)]
-pub struct PolicyInput {
-    /// Where the code's inputs come from: trusted (inputs you control) or untrusted
-    /// (downstream of text an outsider could write).
-    #[arg(long)]
-    pub trust: Option<Trust>,
-    /// What the code needs: compute, read-files, write-files, install-packages, internet.
-    #[arg(long)]
-    pub autonomy: Option<Autonomy>,
-    /// Workload shape: many-short (default) or one-long.
-    #[arg(long)]
-    pub shape: Option<Shape>,
-    /// A rules file replacing the shipped default (also $CORDON_POLICY).
-    #[arg(long, value_name = "FILE", env = "CORDON_POLICY")]
-    pub policy: Option<PathBuf>,
-}
+pub use cordon_front::PolicyInput;
 
 #[derive(Args)]
 struct ExplainArgs {
@@ -247,6 +229,7 @@ pub fn policy(args: PolicyArgs) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cordon_policy::{Autonomy, Trust};
 
     fn input(trust: Trust, autonomy: Autonomy) -> PolicyInput {
         PolicyInput {

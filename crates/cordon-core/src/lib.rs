@@ -29,3 +29,22 @@ pub use spec::{
     EgressPolicy, Grant, GrantSecret, Language, Limits, MintedToken, SandboxSpec, SecretValue,
     Tier, TokenMinter, WORKDIR, Weakening, default_grant_header, validate_sandbox_path,
 };
+
+/// Cordon's data dir by default: `$CORDON_HOME`, else `/var/lib/cordon` for root, else
+/// `$XDG_DATA_HOME/cordon` (or `~/.local/share/cordon`).
+pub fn default_data_dir() -> std::path::PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    use std::path::PathBuf;
+    if let Some(h) = std::env::var_os("CORDON_HOME") {
+        return PathBuf::from(h);
+    }
+    // The owner of /proc/self is the effective uid.
+    if std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
+        return PathBuf::from("/var/lib/cordon");
+    }
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    base.join("cordon")
+}

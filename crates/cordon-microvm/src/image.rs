@@ -67,17 +67,7 @@ pub fn image_dir(data_dir: &Path) -> PathBuf {
 /// Cordon's data directory: `$CORDON_HOME`, else `/var/lib/cordon` for root, else
 /// `$XDG_DATA_HOME/cordon` (as scripts/lib.sh decides).
 pub fn default_data_dir() -> PathBuf {
-    if let Some(h) = std::env::var_os("CORDON_HOME") {
-        return PathBuf::from(h);
-    }
-    if nix::unistd::geteuid().is_root() {
-        return PathBuf::from("/var/lib/cordon");
-    }
-    let base = std::env::var_os("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    base.join("cordon")
+    cordon_core::default_data_dir()
 }
 
 fn read_manifest(dir: &Path) -> Option<Manifest> {

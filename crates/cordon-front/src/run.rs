@@ -14,7 +14,21 @@ use cordon_engine::{
     Admission, Gate, GateSettings, LimitsPatch, Principal, RulesSource, SandboxRequest,
 };
 
-use crate::backends::AnyBackend;
+/// What `cordon run` needs of the binary it runs in beyond the container tier: the other
+/// tiers, and the policy step's probe and audit record. `cordon-full` has them all; the front
+/// has none and hands any run that needs them to `cordon-full`.
+pub trait Tiers {
+    /// The backend of a tier, or `None` when this binary has no such tier.
+    fn backend(&self, tier: Tier) -> Option<Box<dyn cordon_core::Backend>>;
+    /// Which of `fits` this host has, and the bench figures in `data_dir`.
+    fn probe_host(&self, fits: &[Tier], data_dir: &std::path::Path) -> cordon_policy::Host;
+    /// Records a gate decision of the policy step before anything runs.
+    fn audit(
+        &self,
+        decided: &std::result::Result<Admission, cordon_engine::Denial>,
+        data_dir: &std::path::Path,
+    ) -> Result<()>;
+}
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -37,7 +51,7 @@ pub struct RunArgs {
     tier: Option<cordon_policy::TierChoice>,
     /// Trust, autonomy and shape of the work: the policy picks the tier or refuses.
     #[command(flatten)]
-    policy: crate::policy::PolicyInput,
+    policy: crate::PolicyInput,
     /// Language of the code (python, bash, sh, javascript). Without it, the arguments after
     /// `--` are a program and its arguments, run without a shell.
     #[arg(long)]
@@ -287,7 +301,7 @@ fn sandbox_request(args: &RunArgs, exec: &ExecRequest) -> Result<SandboxRequest>
 
 /// The local operator's gate: every tier, trust as the flags say, the same checks as the
 /// server's (limits, egress entries, the tier policy when --trust and --autonomy are given).
-fn local_gate(args: &RunArgs, req: &SandboxRequest) -> Result<Gate> {
+fn local_gate(args: &RunArgs, req: &SandboxRequest, tiers: &dyn Tiers) -> Result<Gate> {
     let rules = match &args.policy.policy {
         Some(p) => RulesSource::Text(
             std::fs::read_to_string(p)
@@ -326,7 +340,7 @@ fn local_gate(args: &RunArgs, req: &SandboxRequest) -> Result<Gate> {
     {
         return Ok(first);
     }
-    let host = crate::policy::probe_host(None, &fits, &crate::data_dir());
+    let host = tiers.probe_host(&fits, &crate::data_dir());
     Ok(gate(host.available, host.bench))
 }
 
@@ -353,14 +367,17 @@ fn report_denial(d: &cordon_engine::Denial, json: bool) -> Result<i32> {
 
 /// Passes a request through the local gate: the admitted spec and the policy's decision,
 /// or the exit status of a refusal (printed).
-fn admit(args: &RunArgs) -> Result<std::result::Result<(Admission, ExecRequest), i32>> {
+fn admit(
+    args: &RunArgs,
+    tiers: &dyn Tiers,
+) -> Result<std::result::Result<(Admission, ExecRequest), i32>> {
     let exec = build_request(args)?;
     let req = sandbox_request(args, &exec)?;
-    let gate = local_gate(args, &req)?;
+    let gate = local_gate(args, &req, tiers)?;
     let decided = gate.admit(&Principal::Operator, &req, "cordon run");
     let policy_step = req.trust.is_some() || req.autonomy.is_some();
     if policy_step {
-        crate::policy::audit_record(&decided, &crate::data_dir())?;
+        tiers.audit(&decided, &crate::data_dir())?;
     }
     match decided {
         Ok(adm) => Ok(Ok((adm, exec))),
@@ -368,18 +385,19 @@ fn admit(args: &RunArgs) -> Result<std::result::Result<(Admission, ExecRequest),
     }
 }
 
-pub fn run(args: RunArgs) -> Result<i32> {
-    let (adm, exec) = match admit(&args)? {
+/// `cordon run` with every tier `tiers` has.
+pub fn run(args: RunArgs, tiers: &dyn Tiers) -> Result<i32> {
+    let (adm, exec) = match admit(&args, tiers)? {
         Ok(a) => a,
         Err(code) => return Ok(code),
     };
     let tier = adm.spec.tier;
-    let backend = AnyBackend::for_tier(tier).ok_or_else(|| {
+    let backend = tiers.backend(tier).ok_or_else(|| {
         anyhow!(
             "the {tier} tier is not part of this build of cordon yet; `cordon doctor` lists the tiers"
         )
     })?;
-    run_on(&args, adm, exec, &backend)
+    run_on(&args, adm, exec, backend.as_ref())
 }
 
 /// The `cordon` front's share of `cordon run`: the container tier, asked for by name or by
@@ -423,7 +441,7 @@ pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
     }
     crate::init_logging();
     let backend = early.unwrap_or_else(backend);
-    let ran = admit(&args).and_then(|a| match a {
+    let ran = admit(&args, &ContainerOnly).and_then(|a| match a {
         Ok((adm, exec)) => run_on(&args, adm, exec, &backend),
         Err(code) => Ok(code),
     });
@@ -434,6 +452,35 @@ pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
             125
         }
     })
+}
+
+/// The front's tiers: the container tier alone, and no policy step (the front hands runs
+/// with one to `cordon-full` before they get here).
+struct ContainerOnly;
+
+impl Tiers for ContainerOnly {
+    fn backend(&self, tier: Tier) -> Option<Box<dyn cordon_core::Backend>> {
+        (tier == Tier::Container).then(|| {
+            Box::new(cordon_container::ContainerBackend::new(
+                cordon_container::ContainerConfig::discover(),
+            )) as Box<dyn cordon_core::Backend>
+        })
+    }
+
+    fn probe_host(&self, _fits: &[Tier], _data_dir: &std::path::Path) -> cordon_policy::Host {
+        cordon_policy::Host::with_available([Tier::Container])
+    }
+
+    fn audit(
+        &self,
+        _decided: &std::result::Result<Admission, cordon_engine::Denial>,
+        _data_dir: &std::path::Path,
+    ) -> Result<()> {
+        bail!(
+            "the policy step runs in {}: run `cordon run` through it",
+            crate::FULL_BINARY
+        )
+    }
 }
 
 /// Whether `cordon run`'s arguments, before any `--`, leave it on the container tier: no

@@ -14,18 +14,18 @@ static ALLOC: cordon_guest::sys::BumpArena<{ 1 << 20 }> = cordon_guest::sys::Bum
 fn main() {
     let args: Vec<OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "run")
-        && let Some(code) = cordon_cli::run::fast(&args)
+        && let Some(code) = cordon_front::run::fast(&args)
     {
         std::process::exit(code);
     }
     let full = std::env::current_exe()
         .ok()
-        .and_then(|exe| Some(exe.parent()?.join(cordon_cli::FULL_BINARY)))
+        .and_then(|exe| Some(exe.parent()?.join(cordon_front::FULL_BINARY)))
         .filter(|p| p.is_file());
     let Some(full) = full else {
         eprintln!(
             "cordon: error: {} was not found next to this cordon; install both binaries side by side (`cargo build --release` builds them together)",
-            cordon_cli::FULL_BINARY
+            cordon_front::FULL_BINARY
         );
         std::process::exit(125);
     };
