@@ -277,16 +277,7 @@ impl EgressFold {
     }
 
     fn count_truncated(&mut self, ev: &EgressEvent) {
-        let t = self.truncated.get_or_insert_with(|| {
-            let mut t = EgressEvent::new(0, EgressKind::Connection, EgressDecision::Truncated);
-            t.sandbox.clone_from(&ev.sandbox);
-            t.time_ms = ev.time_ms;
-            t.count = 0;
-            t.rule = Some("audit:truncated".into());
-            t
-        });
-        t.count = t.count.saturating_add(ev.count);
-        t.last_ms = Some(ev.last_ms.unwrap_or(ev.time_ms));
+        count_into(&mut self.truncated, ev);
     }
 
     /// True when nothing was pushed since the last [`Self::take`].
@@ -309,6 +300,21 @@ impl EgressFold {
         }
         rows
     }
+}
+
+/// Counts `ev` (and what it stands for) in `row`, the `truncated` row that stands for every
+/// event counted without being itemised, made on the first.
+pub fn count_into(row: &mut Option<EgressEvent>, ev: &EgressEvent) {
+    let t = row.get_or_insert_with(|| {
+        let mut t = EgressEvent::new(0, EgressKind::Connection, EgressDecision::Truncated);
+        t.sandbox.clone_from(&ev.sandbox);
+        t.time_ms = ev.time_ms;
+        t.count = 0;
+        t.rule = Some("audit:truncated".into());
+        t
+    });
+    t.count = t.count.saturating_add(ev.count);
+    t.last_ms = Some(ev.last_ms.unwrap_or(ev.time_ms));
 }
 
 /// Adds `ev` into the row that stands for it.

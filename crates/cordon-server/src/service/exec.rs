@@ -267,29 +267,21 @@ pub(super) fn fold_egress(
     let mut stored = Vec::with_capacity(events.len());
     let mut counted: Option<cordon_core::EgressEvent> = None;
     for ev in events.iter() {
-        let over = ev.decision == EgressDecision::Truncated
-            || (!ev.is_protected() && {
-                let none_left = budget == 0;
-                budget = budget.saturating_sub(1);
-                none_left
-            });
-        if !over {
+        let itemised = if ev.decision == EgressDecision::Truncated {
+            false
+        } else if ev.is_protected() {
+            true
+        } else if budget > 0 {
+            budget -= 1;
+            true
+        } else {
+            false
+        };
+        if itemised {
             stored.push(ev.clone());
-            continue;
+        } else {
+            cordon_core::report::count_into(&mut counted, ev);
         }
-        let t = counted.get_or_insert_with(|| {
-            let mut t = cordon_core::EgressEvent::new(
-                0,
-                cordon_core::EgressKind::Connection,
-                EgressDecision::Truncated,
-            );
-            t.sandbox.clone_from(&ev.sandbox);
-            t.time_ms = ev.time_ms;
-            t.count = 0;
-            t.rule = Some("audit:truncated".into());
-            t
-        });
-        t.count = t.count.saturating_add(ev.count);
     }
     if let Some(mut t) = counted {
         t.reason = Some(format!(
