@@ -307,9 +307,15 @@ fn exec_ok(sb: &mut dyn Sandbox, req: &ExecRequest) -> Result<()> {
     let o = sb.exec(req, &mut |_: OutputStream, _: &[u8]| {})?;
     if !o.success() {
         bail!(
-            "the trivial snippet did not succeed: {:?} {}",
+            "the trivial snippet did not succeed: {:?} {}{}",
             o.termination,
-            String::from_utf8_lossy(&o.stderr).trim()
+            String::from_utf8_lossy(&o.stderr).trim(),
+            // How the tier says the sandbox failed, where it knows.
+            o.extra
+                .failure
+                .as_deref()
+                .map(|f| format!(" (failure: {f})"))
+                .unwrap_or_default()
         );
     }
     Ok(())
