@@ -58,7 +58,8 @@ fi
 cd "$repo"
 flock /tmp/cordon-cargo.lock cargo build -q --release -p cordon-guest --bin cordon-guest \
   --target x86_64-unknown-linux-musl
-# The debug build: `make test` builds it anyway, so CI compiles the CLI once.
-flock /tmp/cordon-cargo.lock cargo build -q -p cordon
-./target/debug/cordon image build \
+# The debug build of the full binary (`image build` is one of its commands; the `cordon`
+# front only runs sandboxes): `make test` builds it anyway, so CI compiles it once.
+flock /tmp/cordon-cargo.lock cargo build -q -p cordon-cli --bin cordon-full
+./target/debug/cordon-full image build \
   --agent "$repo/target/x86_64-unknown-linux-musl/release/cordon-guest"
