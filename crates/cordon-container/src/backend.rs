@@ -728,6 +728,7 @@ impl ContainerSandbox {
                 // A second layer only: the workspace's own size limit answers first (ENOSPC).
                 file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
                 address_space: 0,
+                processes: 0,
             },
             last: req.last,
         };

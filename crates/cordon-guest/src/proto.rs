@@ -51,6 +51,15 @@ pub struct ProcLimits {
     pub file_size: u64,
     /// Address-space cap per process in bytes, 0 for none.
     pub address_space: u64,
+    /// Most processes and threads the sandbox user may have at once (`RLIMIT_NPROC`), 0
+    /// for none: the gVisor tier's process limit (a pids cgroup would count the sentry's
+    /// own threads). Tiers with a pids cgroup leave it 0 and it is not sent.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub processes: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Host → agent.
@@ -402,13 +411,14 @@ mod fuzz {
     }
 
     fn limits() -> impl Strategy<Value = ProcLimits> {
-        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(open_files, file_size, a)| {
-            ProcLimits {
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+            |(open_files, file_size, a, processes)| ProcLimits {
                 open_files,
                 file_size,
                 address_space: a,
-            }
-        })
+                processes,
+            },
+        )
     }
 
     fn egress() -> impl Strategy<Value = Option<EgressSetup>> {

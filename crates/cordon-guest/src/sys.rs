@@ -49,11 +49,12 @@ pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-/// Closes every descriptor from `first` up (close_range(2)).
+/// Closes every descriptor from `first` up (close_range(2)). The last one is given as
+/// `INT_MAX`, the largest descriptor there can be: gVisor refuses a larger bound (EINVAL).
 pub fn close_from(first: u32) -> io::Result<()> {
     // SAFETY: close_range only closes descriptors; callers own every descriptor >= first
     // (it is used in a freshly forked child just before exec).
-    let r = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, i32::MAX as u32, 0) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -77,7 +78,8 @@ pub fn drop_bounding_set() -> io::Result<()> {
     Ok(())
 }
 
-/// Clears the ambient capability set.
+/// Clears the ambient capability set. A kernel that refuses the call with `EINVAL` has no
+/// ambient set to clear (Linux before 4.3, gVisor's kernel).
 pub fn clear_ambient() -> io::Result<()> {
     // SAFETY: prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL) reads only integers.
     let r = unsafe {
@@ -90,7 +92,11 @@ pub fn clear_ambient() -> io::Result<()> {
         )
     };
     if r < 0 {
-        return Err(io::Error::last_os_error());
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EINVAL) {
+            return Ok(());
+        }
+        return Err(err);
     }
     Ok(())
 }

@@ -1,10 +1,10 @@
-//! The memory cgroup of one gvisor exec, created by Cordon before `runsc run` and named in
-//! the OCI `cgroupsPath`.
+//! The memory cgroup of one live gvisor sandbox (each start of its runsc sandbox), created
+//! by Cordon before `runsc run` and named in the OCI `cgroupsPath`.
 //!
 //! runsc sets no limit on a cgroup it finds already there and never removes one it did not
 //! create. Creating the memory cgroup ourselves (with the limit set) therefore lets the
-//! out-of-memory counters outlive the sandbox, so the exec can be classified after runsc has
-//! gone; Cordon removes the cgroup itself. On cgroup v1 runsc still creates (and removes)
+//! out-of-memory counters outlive the sandbox, so an exec can be classified even when the
+//! limit ended runsc's sentry; Cordon removes the cgroup itself. On cgroup v1 runsc still creates (and removes)
 //! the other controllers' directories, CPU quota included; on v2 there is one directory,
 //! ours, and Cordon writes the memory and CPU limits.
 //!
@@ -19,7 +19,7 @@ use cordon_host::cgroup::{keyed, number, read_pids};
 
 use crate::GvisorError;
 
-/// Parent of every gvisor exec's cgroup, under each hierarchy's root.
+/// Parent of every gvisor sandbox's cgroup, under each hierarchy's root.
 pub const PARENT: &str = "cordon-gvisor";
 
 /// The cgroup layout of this host, as runsc sees it.
@@ -85,7 +85,7 @@ impl Layout {
     }
 }
 
-/// What the cgroup saw during one exec.
+/// What the cgroup has counted so far (an exec's share is the difference across it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
     /// Processes the kernel killed for memory in this cgroup.
@@ -104,8 +104,8 @@ impl Counters {
     }
 }
 
-/// One exec's memory cgroup, owned by Cordon.
-pub struct ExecCgroup {
+/// One live sandbox's memory cgroup (runsc, its sentry and gofer), owned by Cordon.
+pub struct SandboxCgroup {
     layout: Layout,
     name: String,
     dir: PathBuf,
@@ -115,14 +115,14 @@ fn cg_err(what: &str, path: &Path, e: std::io::Error) -> GvisorError {
     GvisorError::Cgroup(format!("{what} {}: {e}", path.display()))
 }
 
-impl ExecCgroup {
+impl SandboxCgroup {
     /// Creates `PARENT/<name>` with the memory limit (swap off) and, on v2, the CPU quota.
     pub fn create(
         layout: &Layout,
         name: &str,
         memory: u64,
         cpus: f64,
-    ) -> Result<ExecCgroup, GvisorError> {
+    ) -> Result<SandboxCgroup, GvisorError> {
         let dir = match layout {
             Layout::V1 { memory, .. } => memory.join(PARENT).join(name),
             Layout::V2(root) => {
@@ -134,7 +134,7 @@ impl ExecCgroup {
             }
         };
         fs::create_dir_all(&dir).map_err(|e| cg_err("cannot create", &dir, e))?;
-        let cg = ExecCgroup {
+        let cg = SandboxCgroup {
             layout: layout.clone(),
             name: name.to_string(),
             dir,
@@ -196,7 +196,15 @@ impl ExecCgroup {
         }
     }
 
-    /// Kills what is left in this exec's cgroups (every hierarchy) and removes them.
+    /// Starts the peak-memory figure again from the current use (v1; v2 kernels before 6.12
+    /// cannot reset `memory.peak`, so there it stays the sandbox's peak).
+    pub fn reset_peak(&self) {
+        if let Layout::V1 { .. } = self.layout {
+            let _ = fs::write(self.dir.join("memory.max_usage_in_bytes"), "0");
+        }
+    }
+
+    /// Kills what is left in this sandbox's cgroups (every hierarchy) and removes them.
     pub fn remove(&self, patience: Duration) -> bool {
         remove_dirs(&self.layout.dirs_of(&self.name), patience)
     }
@@ -309,7 +317,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!("cordon-cg2-{}", std::process::id()));
         fs::create_dir_all(&root).unwrap();
         let layout = Layout::V2(root.clone());
-        let cg = ExecCgroup::create(&layout, "sb-x-1", 64 << 20, 0.5).unwrap();
+        let cg = SandboxCgroup::create(&layout, "sb-x-1", 64 << 20, 0.5).unwrap();
         let dir = root.join(PARENT).join("sb-x-1");
         assert_eq!(
             fs::read_to_string(dir.join("memory.max")).unwrap(),

@@ -1,21 +1,30 @@
-//! The gvisor tier: every exec is an OCI container run by `runsc` (gVisor's user-space
-//! kernel, ptrace platform, `--network=none`) on a bundle we generate: a read-only root with
-//! the host's `/usr`, a fresh `/proc`, a size-limited `/tmp`, and `/work` bound from a
-//! per-sandbox size-limited tmpfs on the host (so files put in and taken out persist across
-//! execs).
+//! The gvisor tier: one live runsc sandbox (gVisor's user-space kernel, ptrace platform,
+//! `--network=none`) per Cordon sandbox, with Cordon's agent as its first process
+//! ([`AGENT_BINARY`]), so an exec is a message to a running agent (the framed protocol over
+//! the container's stdin and stdout, driven by [`cordon_host::agent`]) rather than a new
+//! `runsc run`. The bundle: a read-only root with the host's `/usr`, a fresh `/proc`, a
+//! size-limited `/tmp`, and `/work` bound from a per-sandbox size-limited tmpfs on the host
+//! (so files put in and taken out are host-side operations, and survive a restart).
+//!
+//! Each exec runs as the container tier's do: under a reaper in its own PID and mount
+//! namespace (killing it ends every process the program started), as the sandbox's uid
+//! with no capabilities and `no_new_privs`.
 //!
 //! Limits and how each is reported:
-//! - memory: a cgroup limit (swap off) on a memory cgroup Cordon creates and runsc joins
-//!   ([`cgroup`]); its OOM counter, read after the exec, gives the out-of-memory reason;
-//! - processes: `RLIMIT_NPROC`, not a pids cgroup (runsc counts its own threads against a
-//!   pids limit and the whole sandbox dies); refused forks are seen in the sentry's trace of
-//!   process-creating calls ([`nproc`]) and give the process-limit reason;
+//! - memory: a cgroup limit (swap off) on the sandbox's memory cgroup, which Cordon creates
+//!   and runsc joins ([`cgroup`]); its OOM counters, read across an exec, give the
+//!   out-of-memory reason. When the limit ends runsc's sentry itself, the exec reports it
+//!   and the next exec starts the runsc sandbox again (`/work` is kept);
+//! - processes: `RLIMIT_NPROC` set by the agent on each program, not a pids cgroup (runsc
+//!   counts its own threads against a pids limit and the whole sandbox dies); refused forks
+//!   are seen in the sentry's trace of process-creating calls ([`nproc`]);
 //! - disk: `/work` is a tmpfs of the disk limit, and `RLIMIT_FSIZE` bounds each file;
-//! - timeout and output caps are the host's own; reaching one stops the container.
+//! - timeout and output caps are the host's own; reaching one makes the agent kill the
+//!   exec's reaper (and the runsc sandbox is ended if the agent does not answer).
 //!
 //! Egress is the container tier's path: a per-sandbox proxy on a host unix socket, bound
-//! into the sandbox and opened through runsc's `--host-uds=open`, and a forwarder on
-//! `127.0.0.1:3128` inside ([`FORWARDER_BINARY`]). A killed Cordon's leftovers (runsc state,
+//! into the sandbox and opened through runsc's `--host-uds=open`, and the forwarder on
+//! `127.0.0.1:3128` inside, started by the agent. A killed Cordon's leftovers (runsc state,
 //! cgroups, bundles) are reaped by the next backend ([`reap`]).
 
 pub mod cgroup;
@@ -25,21 +34,22 @@ mod sys;
 mod workspace;
 
 use std::io::Read;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Proc, Stdio};
-use std::sync::OnceLock;
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use cordon_core::{
-    Backend, Capability, Command, Error, ExecOutcome, ExecRequest, Language, OutputSink,
-    OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier, Weakening,
-    validate_sandbox_path,
+    Backend, Capability, Error, ExecOutcome, ExecRequest, OutputSink, Probe, Result, Sandbox,
+    SandboxId, SandboxSpec, Termination, Tier, Weakening, validate_sandbox_path,
 };
+use cordon_guest::proto::{PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode};
+use cordon_host::agent::{self, AgentConn, CallError, HEADER_ROOM};
 use cordon_host::egress::{EgressLink, SANDBOX_PROXY_PORT, SOCKET_INSIDE};
 
-use crate::cgroup::{ExecCgroup, Layout};
+use crate::cgroup::{Counters, Layout, SandboxCgroup};
 use crate::nproc::NprocWatch;
 
 /// Errors of the gvisor tier, turned into [`cordon_core::Error`] at the API boundary.
@@ -53,10 +63,8 @@ pub enum GvisorError {
     Runsc(String),
 }
 
-/// Name of the in-sandbox forwarder binary, looked up next to the running executable.
-pub const FORWARDER_BINARY: &str = "cordon-gvisor-forward";
-/// Where the forwarder binary is bound inside the sandbox.
-const FORWARDER_INSIDE: &str = "/.cordon/forward";
+/// Name of the in-sandbox agent binary, looked up next to the running executable.
+pub const AGENT_BINARY: &str = "cordon-gvisor-agent";
 
 /// A process-limit refusal that keeps recurring this long after the first one stops the
 /// exec (a fork bomb would otherwise run until its timeout).
@@ -73,8 +81,10 @@ pub struct GvisorConfig {
     pub scratch_root: PathBuf,
     /// `ptrace`: the only platform that works with Debian's 2022 runsc on this kind of host.
     pub platform: String,
-    /// The `cordon-gvisor-forward` binary (needed only for egress).
-    pub forwarder: PathBuf,
+    /// The `cordon-gvisor-agent` binary: the first process of every sandbox.
+    pub agent: PathBuf,
+    /// How long runsc may take to start a sandbox and its agent to say hello.
+    pub start_timeout: Duration,
     /// Where each sandbox leases its host id (the container tier's pool): programs run as
     /// that uid and gid, which no login user has and no other live sandbox shares. gVisor
     /// does not remap ids, so it owns the sandbox's `/work` and egress socket on the host.
@@ -89,8 +99,8 @@ fn data_dir() -> PathBuf {
 }
 
 impl GvisorConfig {
-    /// runsc from `PATH`; the forwarder from `$CORDON_GVISOR_FORWARDER`, else next to the
-    /// current executable (or its parent, for test binaries under `deps/`).
+    /// runsc from `PATH`; the agent from `$CORDON_GVISOR_AGENT`, else next to the current
+    /// executable (or its parent, for test binaries under `deps/`).
     pub fn discover() -> Self {
         let runsc = std::env::var_os("PATH")
             .and_then(|p| {
@@ -99,25 +109,23 @@ impl GvisorConfig {
                     .find(|c| c.is_file())
             })
             .unwrap_or_else(|| PathBuf::from("/usr/bin/runsc"));
-        let forwarder = std::env::var_os("CORDON_GVISOR_FORWARDER")
+        let agent = std::env::var_os("CORDON_GVISOR_AGENT")
             .map(PathBuf::from)
             .or_else(|| {
                 let exe = std::env::current_exe().ok()?;
                 let dir = exe.parent()?;
-                [
-                    dir.join(FORWARDER_BINARY),
-                    dir.parent()?.join(FORWARDER_BINARY),
-                ]
-                .into_iter()
-                .find(|p| p.is_file())
+                [dir.join(AGENT_BINARY), dir.parent()?.join(AGENT_BINARY)]
+                    .into_iter()
+                    .find(|p| p.is_file())
             })
-            .unwrap_or_else(|| PathBuf::from(FORWARDER_BINARY));
+            .unwrap_or_else(|| PathBuf::from(AGENT_BINARY));
         GvisorConfig {
             runsc,
             state_root: PathBuf::from("/run/cordon-gvisor"),
             scratch_root: data_dir().join("scratch").join("gvisor"),
             platform: "ptrace".to_string(),
-            forwarder,
+            agent,
+            start_timeout: Duration::from_secs(30),
             ids: cordon_host::idpool::IdPool::system(),
         }
     }
@@ -217,7 +225,7 @@ impl Backend for GvisorBackend {
         let runsc_ok = self.config.runsc.is_file();
         let root = nix::unistd::geteuid().is_root();
         let layout = self.layout();
-        let fwd_ok = self.config.forwarder.is_file();
+        let agent_ok = self.config.agent.is_file();
         Probe::from_capabilities(
             Tier::Gvisor,
             vec![
@@ -253,15 +261,14 @@ impl Backend for GvisorBackend {
                     required: false,
                 },
                 Capability {
-                    name: "egress-forwarder".into(),
-                    ok: fwd_ok,
-                    detail: self.config.forwarder.display().to_string(),
+                    name: "agent".into(),
+                    ok: agent_ok,
+                    detail: self.config.agent.display().to_string(),
                     fix: Some(format!(
-                        "build it (cargo build --workspace --bins) and keep {FORWARDER_BINARY} \
-                         next to cordon, or set CORDON_GVISOR_FORWARDER; without it egress \
-                         specs are refused"
+                        "build it (cargo build --workspace --bins) and keep {AGENT_BINARY} \
+                         next to cordon, or set CORDON_GVISOR_AGENT"
                     )),
-                    required: false,
+                    required: true,
                 },
             ],
             vec![format!(
@@ -281,16 +288,14 @@ impl Backend for GvisorBackend {
             });
         }
         let egress = !spec.egress.allow.is_empty() || !spec.grants.is_empty();
-        if egress && !self.config.forwarder.is_file() {
+        if !self.config.agent.is_file() {
+            tracing::error!(agent = %self.config.agent.display(), "gvisor: the agent binary is missing");
             return Err(Error::Unavailable {
                 tier: Tier::Gvisor,
-                reason: format!(
-                    "egress was asked for but the in-sandbox forwarder {} is missing",
-                    self.config.forwarder.display()
-                ),
+                reason: format!("its in-sandbox agent ({AGENT_BINARY}) is not installed"),
                 fix: format!(
-                    "build it (cargo build --workspace --bins) and keep {FORWARDER_BINARY} next \
-                     to cordon, or set CORDON_GVISOR_FORWARDER"
+                    "build it (cargo build --workspace --bins) and keep {AGENT_BINARY} next \
+                     to cordon, or set CORDON_GVISOR_AGENT"
                 ),
             });
         }
@@ -349,14 +354,16 @@ impl Backend for GvisorBackend {
             bundle,
             layout,
             egress: None,
+            live: None,
+            starts: 0,
+            next_exec: 1,
             start_us: 0,
-            execs: 0,
             destroyed: false,
             weakened,
             warnings,
             file_findings: Vec::new(),
         };
-        if let Err(e) = sb.build(egress) {
+        if let Err(e) = sb.build(egress).and_then(|()| sb.start_live()) {
             let _ = sb.destroy();
             return Err(e);
         }
@@ -379,8 +386,13 @@ pub struct GvisorSandbox {
     work: PathBuf,
     layout: Option<Layout>,
     egress: Option<EgressLink>,
+    /// The running runsc sandbox and its agent; None before the first start, once
+    /// destroyed, and after the sandbox was lost (the next exec starts it again).
+    live: Option<Live>,
+    /// runsc sandboxes started so far (each is `<id>-<n>`).
+    starts: u32,
+    next_exec: u64,
     start_us: u64,
-    execs: u32,
     destroyed: bool,
     weakened: Vec<Weakening>,
     warnings: Vec<String>,
@@ -388,39 +400,26 @@ pub struct GvisorSandbox {
     file_findings: Vec<cordon_core::Finding>,
 }
 
-fn argv_of(cmd: &Command) -> Result<Vec<String>> {
-    let shell = |sh: &str, src: &str, args: &[String]| {
-        let mut v = vec![sh.to_string(), "-c".into(), src.to_string(), sh.to_string()];
-        v.extend(args.iter().cloned());
-        v
-    };
-    Ok(match cmd {
-        Command::Argv(a) if !a.is_empty() => a.clone(),
-        Command::Code {
-            language,
-            source,
-            args,
-        } => match language {
-            Language::Python => {
-                let mut v = vec!["python3".into(), "-c".into(), source.clone()];
-                v.extend(args.iter().cloned());
-                v
-            }
-            Language::Bash => shell("bash", source, args),
-            Language::Sh => shell("sh", source, args),
-            Language::Javascript => {
-                return Err(Error::Invalid(
-                    "the gvisor tier has no JavaScript runtime in its root; use the wasm or runtime tier".into(),
-                ));
-            }
-        },
-        _ => {
-            return Err(Error::Invalid(
-                "the gvisor tier runs programs and code, not wasm modules or empty commands".into(),
-            ));
-        }
-    })
+/// One running runsc sandbox with Cordon's agent as its first process.
+struct Live {
+    /// `<sandbox id>-<n>`: runsc's container id and the cgroup's name.
+    cid: String,
+    /// `runsc run`, in the foreground: it exits with the sandbox.
+    runsc: Child,
+    /// The agent's channel: the container's stdout (read) and stdin (written).
+    conn: AgentConn,
+    cgroup: Option<SandboxCgroup>,
+    /// Refused forks, from the sentry's trace of process-creating calls.
+    watch: NprocWatch,
+    /// The last bytes runsc and the agent wrote on stderr (why a start failed).
+    stderr: Arc<Mutex<Vec<u8>>>,
 }
+
+/// How much of runsc's stderr is kept for diagnostics.
+const STDERR_TAIL: usize = 4096;
+
+/// Where the agent binary is bound inside the sandbox.
+const AGENT_INSIDE: &str = "/.cordon/agent";
 
 /// Files of the sandbox's `/etc` (the rest of the host's `/etc` is never visible).
 fn etc_files(uid: u32) -> Vec<(&'static str, String)> {
@@ -469,6 +468,8 @@ impl GvisorSandbox {
         ] {
             std::os::unix::fs::symlink(to, rootfs.join(link)).map_err(|e| io("linking", e))?;
         }
+        std::fs::write(rootfs.join(AGENT_INSIDE.trim_start_matches('/')), b"")
+            .map_err(|e| io("making the agent's mount point", e))?;
         for (name, content) in etc_files(self.uid) {
             std::fs::write(rootfs.join("etc").join(name), content)
                 .map_err(|e| io("writing /etc", e))?;
@@ -493,8 +494,6 @@ impl GvisorSandbox {
                 link.socket().display().to_string(),
             )
             .map_err(|e| io("recording the egress socket", e))?;
-            std::fs::write(rootfs.join(".cordon/forward"), b"")
-                .map_err(|e| io("making the forwarder's mount point", e))?;
             for (path, content) in link.files() {
                 let rel = path.trim_start_matches('/');
                 let dest = rootfs.join(rel);
@@ -519,28 +518,20 @@ impl GvisorSandbox {
         Ok(())
     }
 
-    fn env_for(&self, req: &ExecRequest) -> Vec<String> {
-        let tier_env = self.egress.iter().flat_map(|l| l.env());
-        cordon_core::sandbox_env(&self.spec, tier_env, req)
-            .into_iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect()
-    }
-
-    fn config_json(
-        &self,
-        req: &ExecRequest,
-        cgroup: Option<&ExecCgroup>,
-    ) -> Result<serde_json::Value> {
+    /// The OCI bundle's config: the agent as the container's first process, as the
+    /// sandbox's root inside gVisor (namespaces for each exec's reaper); every program it
+    /// starts runs as the sandbox's uid, without capabilities.
+    fn config_json(&self, cgroup: Option<&SandboxCgroup>) -> Result<serde_json::Value> {
         let l = &self.spec.limits;
         let mem = l.memory_bytes as i64;
-        let mut args = argv_of(&req.command)?;
+        let mut args = vec![AGENT_INSIDE.to_string(), self.uid.to_string()];
         let mut mounts = vec![
             serde_json::json!({"destination": "/proc", "type": "proc", "source": "proc"}),
             serde_json::json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "noexec", "size=64k"]}),
             serde_json::json!({"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro", "nosuid", "nodev"]}),
             serde_json::json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", format!("size={}", l.tmp_bytes)]}),
             serde_json::json!({"destination": "/work", "type": "bind", "source": self.work.display().to_string(), "options": ["rbind", "rw", "nosuid", "nodev"]}),
+            serde_json::json!({"destination": AGENT_INSIDE, "type": "bind", "source": self.config.agent.display().to_string(), "options": ["bind", "ro", "nosuid", "nodev"]}),
         ];
         if let Some(link) = &self.egress {
             let dir = link
@@ -551,15 +542,11 @@ impl GvisorSandbox {
                 .parent()
                 .ok_or_else(|| Error::Sandbox("bad egress socket path".into()))?;
             mounts.push(serde_json::json!({"destination": inside.display().to_string(), "type": "bind", "source": dir.display().to_string(), "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}));
-            mounts.push(serde_json::json!({"destination": FORWARDER_INSIDE, "type": "bind", "source": self.config.forwarder.display().to_string(), "options": ["bind", "ro", "nosuid", "nodev"]}));
-            let mut wrapped = vec![
-                FORWARDER_INSIDE.to_string(),
+            args.extend([
+                "--egress".to_string(),
                 SANDBOX_PROXY_PORT.to_string(),
                 SOCKET_INSIDE.to_string(),
-                "--".to_string(),
-            ];
-            wrapped.append(&mut args);
-            args = wrapped;
+            ]);
         }
         let mut linux = serde_json::json!({
             "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
@@ -571,21 +558,35 @@ impl GvisorSandbox {
         if let Some(cg) = cgroup {
             linux["cgroupsPath"] = serde_json::json!(cg.oci_path());
         }
-        let uid = self.uid;
+        // What the agent needs inside gVisor's kernel and nothing more: namespaces and
+        // /proc mounts for each exec's reaper, taking the sandbox's uid, killing a reaper.
+        // Programs lose every one of them (and the bounding set) before they run.
+        // CAP_DAC_OVERRIDE: the forwarder (the agent's child, outside every exec) opens the
+        // egress socket, whose directory is the sandbox uid's alone.
+        let caps = [
+            "CAP_SYS_ADMIN",
+            "CAP_DAC_OVERRIDE",
+            "CAP_SETUID",
+            "CAP_SETGID",
+            "CAP_SETPCAP",
+            "CAP_KILL",
+        ];
         Ok(serde_json::json!({
             "ociVersion": "1.0.2",
             "process": {
                 "terminal": false,
-                "user": {"uid": uid, "gid": uid},
+                "user": {"uid": 0, "gid": 0},
                 "args": args,
-                "env": self.env_for(req),
-                "cwd": req.cwd.clone().unwrap_or_else(|| "/work".into()),
-                "capabilities": {},
+                "env": ["PATH=/usr/bin:/bin", "HOME=/"],
+                "cwd": "/",
+                "capabilities": {
+                    "bounding": caps,
+                    "effective": caps,
+                    "permitted": caps,
+                },
                 "noNewPrivileges": true,
                 "rlimits": [
-                    {"type": "RLIMIT_NPROC", "hard": l.pids, "soft": l.pids},
-                    {"type": "RLIMIT_NOFILE", "hard": l.open_files, "soft": l.open_files},
-                    {"type": "RLIMIT_FSIZE", "hard": l.disk_bytes, "soft": l.disk_bytes}
+                    {"type": "RLIMIT_NOFILE", "hard": l.open_files.max(1024), "soft": l.open_files.max(1024)}
                 ]
             },
             "root": {"path": "rootfs", "readonly": true},
@@ -593,6 +594,147 @@ impl GvisorSandbox {
             "mounts": mounts,
             "linux": linux
         }))
+    }
+
+    /// Starts the runsc sandbox with the agent and waits for its hello.
+    fn start_live(&mut self) -> Result<()> {
+        self.starts += 1;
+        let cid = format!("{}-{}", self.id.as_str(), self.starts);
+        let l = self.spec.limits.clone();
+        let cgroup = match &self.layout {
+            Some(layout) => Some(
+                SandboxCgroup::create(layout, &cid, l.memory_bytes, l.cpus).map_err(|e| {
+                    Error::LayerUnavailable {
+                        layer: "cgroups".into(),
+                        reason: e.to_string(),
+                    }
+                })?,
+            ),
+            None => None,
+        };
+        let remove_cgroup = |cg: &Option<SandboxCgroup>| {
+            if let Some(cg) = cg {
+                cg.remove(Duration::from_secs(2));
+            }
+        };
+        let cfg = match self.config_json(cgroup.as_ref()) {
+            Ok(c) => c,
+            Err(e) => {
+                remove_cgroup(&cgroup);
+                return Err(e);
+            }
+        };
+        if let Err(e) = write_private(&self.bundle.join("config.json"), cfg.to_string().as_bytes())
+        {
+            remove_cgroup(&cgroup);
+            return Err(Error::io("writing config.json", e));
+        }
+        let log = self.bundle.join(format!("sentry-{}.log", self.starts));
+        let watch = match NprocWatch::start(&log) {
+            Ok(w) => w,
+            Err(e) => {
+                remove_cgroup(&cgroup);
+                return Err(Error::Sandbox(e.to_string()));
+            }
+        };
+        let mut cmd = runsc_base(&self.config);
+        if self.egress.is_some() {
+            // Lets the gofer open host unix sockets the sandbox can see: only the egress
+            // proxy's, bound read-only at /run/cordon.
+            cmd.arg("--host-uds=open");
+        }
+        if cgroup.is_none() {
+            cmd.arg("--ignore-cgroups");
+        }
+        cmd.arg(format!("--debug-log={}", log.display()))
+            .args(["--debug-command=boot", "--strace"])
+            .arg(format!("--strace-syscalls={}", nproc::TRACED))
+            .args(["run", "--bundle"])
+            .arg(&self.bundle)
+            .arg(&cid)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        sys::die_with_parent(&mut cmd);
+        // runsc outlives this call: it is tied to a thread that lives as long as the
+        // process, not to the (possibly short-lived) thread that creates the sandbox.
+        let mut runsc = match cordon_guest::host::spawn_tied(cmd) {
+            Ok(c) => c,
+            Err(e) => {
+                remove_cgroup(&cgroup);
+                return Err(Error::io("starting runsc", e));
+            }
+        };
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        if let Some(err) = runsc.stderr.take() {
+            keep_tail(err, stderr.clone());
+        }
+        let conn = match (runsc.stdout.take(), runsc.stdin.take()) {
+            (Some(out), Some(inp)) => AgentConn::pipes(OwnedFd::from(out), OwnedFd::from(inp))
+                .map_err(|e| Error::io("the agent's channel", e)),
+            _ => Err(Error::Sandbox("runsc was started without its pipes".into())),
+        };
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = runsc.kill();
+                let _ = runsc.wait();
+                remove_cgroup(&cgroup);
+                return Err(e);
+            }
+        };
+        self.live = Some(Live {
+            cid,
+            runsc,
+            conn,
+            cgroup,
+            watch,
+            stderr,
+        });
+        let deadline = Instant::now() + self.config.start_timeout;
+        let hello = match self.live.as_mut() {
+            Some(live) => live.conn.recv(deadline, HEADER_ROOM),
+            None => Err(CallError::Closed),
+        };
+        let failed = match hello.map(|f| f.header) {
+            Ok(Reply::Hello { version, .. }) if version == PROTOCOL_VERSION => return Ok(()),
+            Ok(Reply::Hello { version, .. }) => format!(
+                "the sandbox agent speaks protocol {version}, this cordon {PROTOCOL_VERSION}; rebuild both from one source tree"
+            ),
+            Ok(other) => format!("an unexpected first message from the sandbox agent ({other:?})"),
+            Err(CallError::Timeout) => format!(
+                "runsc did not start the sandbox within {} s",
+                self.config.start_timeout.as_secs()
+            ),
+            Err(e) => format!("the sandbox did not come up ({e})"),
+        };
+        let detail = self.stop_live();
+        tracing::warn!(sandbox = %self.id, "gvisor: {failed}; runsc said: {detail}");
+        Err(Error::Sandbox(format!(
+            "{failed}; see `cordon doctor` (runsc's own message is in the server log)"
+        )))
+    }
+
+    /// Ends the runsc sandbox (every process in it) and removes its runsc state and
+    /// cgroup. Returns the tail of what runsc wrote on stderr.
+    fn stop_live(&mut self) -> String {
+        let Some(mut live) = self.live.take() else {
+            return String::new();
+        };
+        if matches!(live.runsc.try_wait(), Ok(None)) || has_state(&self.config, &live.cid) {
+            force_delete(&self.config, &live.cid);
+        }
+        let _ = live.runsc.kill();
+        let _ = live.runsc.wait();
+        reap::remove_lock(&self.config.state_root, &live.cid);
+        live.watch.finish();
+        if let Some(cg) = &live.cgroup
+            && !cg.remove(Duration::from_secs(5))
+        {
+            tracing::warn!(cgroup = %cg.oci_path(), "could not remove a sandbox cgroup; the next create reaps it");
+        }
+        let tail = live.stderr.lock().unwrap_or_else(PoisonError::into_inner);
+        String::from_utf8_lossy(&tail).trim().to_string()
     }
 
     /// `/work`, held open since the sandbox was built.
@@ -622,23 +764,26 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     f.write_all(data)
 }
 
-fn pump(
-    mut r: impl Read + Send + 'static,
-    s: OutputStream,
-    tx: mpsc::Sender<(OutputStream, Vec<u8>)>,
-) {
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 16384];
-        while let Ok(n) = r.read(&mut buf) {
-            if n == 0 || tx.send((s, buf[..n].to_vec())).is_err() {
-                break;
+/// Keeps the last [`STDERR_TAIL`] bytes of `r` (runsc's and the agent's stderr) on a
+/// thread of its own, so the pipe never fills.
+fn keep_tail(mut r: impl Read + Send + 'static, tail: Arc<Mutex<Vec<u8>>>) {
+    let spawned = std::thread::Builder::new()
+        .name("gvisor-stderr".into())
+        .spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = r.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut t = tail.lock().unwrap_or_else(PoisonError::into_inner);
+                t.extend_from_slice(&buf[..n]);
+                let excess = t.len().saturating_sub(STDERR_TAIL);
+                t.drain(..excess);
             }
-        }
-    });
-}
-
-fn wait(child: &mut Child) -> Option<std::process::ExitStatus> {
-    child.try_wait().ok().flatten()
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("gvisor: no thread to read runsc's stderr: {e}");
+    }
 }
 
 /// How an exec ended, from what was observed.
@@ -646,10 +791,11 @@ fn wait(child: &mut Child) -> Option<std::process::ExitStatus> {
 struct Observed {
     /// A reason Cordon stopped the exec for (timeout, output cap, fork bomb).
     stopped: Option<Termination>,
-    /// runsc's exit code (the program's status, 128+N for a signal N).
+    /// The program's exit code, or the signal that ended it, as the agent reported them.
     code: Option<i32>,
-    /// A signal that ended runsc itself.
-    runsc_signal: Option<i32>,
+    signal: Option<i32>,
+    /// The agent reported no end: the runsc sandbox died or stopped answering.
+    lost: bool,
     oom: bool,
     forks_refused: bool,
     disk_full: bool,
@@ -658,24 +804,22 @@ struct Observed {
 /// Termination reason, exit code and signal.
 fn classify(o: Observed) -> (Termination, Option<i32>, Option<i32>) {
     const SIGXFSZ: i32 = 25;
-    let signal = o.code.filter(|c| *c > 128 && *c < 160).map(|c| c - 128);
-    let exit = o.code.filter(|_| signal.is_none());
     let reason = if let Some(t) = o.stopped {
         t
     } else if o.oom {
         Termination::OutOfMemory
     } else if o.forks_refused {
         Termination::ProcessLimit
-    } else if signal == Some(SIGXFSZ) || (o.disk_full && exit != Some(0)) {
+    } else if o.signal == Some(SIGXFSZ) || (o.disk_full && o.code != Some(0)) {
         Termination::DiskLimit
-    } else if o.runsc_signal.is_some() || o.code.is_none() {
+    } else if o.lost {
         Termination::SandboxFailure
-    } else if signal.is_some() {
+    } else if o.signal.is_some() {
         Termination::Signalled
     } else {
         Termination::Exited
     };
-    (reason, exit, signal.or(o.runsc_signal))
+    (reason, o.code, o.signal)
 }
 
 impl Sandbox for GvisorSandbox {
@@ -690,157 +834,125 @@ impl Sandbox for GvisorSandbox {
                 reason: "destroyed".into(),
             });
         }
-        self.execs += 1;
-        let cid = format!("{}-{}", self.id.as_str(), self.execs);
-        let l = self.spec.limits.clone();
-        let cgroup = match &self.layout {
-            Some(layout) => Some(
-                ExecCgroup::create(layout, &cid, l.memory_bytes, l.cpus).map_err(|e| {
-                    Error::LayerUnavailable {
-                        layer: "cgroups".into(),
-                        reason: e.to_string(),
-                    }
-                })?,
-            ),
-            None => None,
-        };
-        let cfg = self.config_json(req, cgroup.as_ref())?;
-        write_private(&self.bundle.join("config.json"), cfg.to_string().as_bytes())
-            .map_err(|e| Error::io("writing config.json", e))?;
-        let watch = NprocWatch::start(&self.bundle.join(format!("sentry-{}.log", self.execs)))
-            .map_err(|e| Error::Sandbox(e.to_string()))?;
+        let argv = cordon_guest::host::argv_for(req, Tier::Gvisor, false)?;
         let t0 = Instant::now();
-        let mut cmd = runsc_base(&self.config);
-        if self.egress.is_some() {
-            // Lets the gofer open host unix sockets the sandbox can see: only the egress
-            // proxy's, bound read-only at /run/cordon.
-            cmd.arg("--host-uds=open");
-        }
-        if cgroup.is_none() {
-            cmd.arg("--ignore-cgroups");
-        }
-        cmd.arg(format!(
-            "--debug-log={}",
-            self.bundle
-                .join(format!("sentry-{}.log", self.execs))
-                .display()
-        ))
-        .args(["--debug-command=boot", "--strace"])
-        .arg(format!("--strace-syscalls={}", nproc::TRACED))
-        .args(["run", "--bundle"])
-        .arg(&self.bundle)
-        .arg(&cid)
-        .stdin(if req.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        sys::die_with_parent(&mut cmd);
-        let spawned = cmd.spawn();
-        let mut child = match spawned {
-            Ok(c) => c,
-            Err(e) => {
-                drop(watch);
-                if let Some(cg) = &cgroup {
-                    cg.remove(Duration::from_secs(2));
-                }
-                return Err(Error::io("starting runsc", e));
-            }
-        };
-        if let (Some(data), Some(mut w)) = (req.stdin.clone(), child.stdin.take()) {
-            std::thread::spawn(move || {
-                let _ = std::io::Write::write_all(&mut w, &data);
-            });
-        }
-        let (tx, rx) = mpsc::channel();
-        if let Some(o) = child.stdout.take() {
-            pump(o, OutputStream::Stdout, tx.clone());
-        }
-        if let Some(e) = child.stderr.take() {
-            pump(e, OutputStream::Stderr, tx.clone());
-        }
-        drop(tx);
-        let deadline = t0 + Duration::from_millis(req.timeout_ms.unwrap_or(l.timeout_ms));
-        let mut out = ExecOutcome::new(Tier::Gvisor, Termination::Exited);
-        let mut seen = Observed::default();
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                seen.stopped = Some(Termination::Timeout);
-                break;
-            }
-            let r = watch.refusals();
-            if let (Some(first), Some(last)) = (r.first, r.last)
-                && now.duration_since(first) >= NPROC_GRACE
-                && now.duration_since(last) < NPROC_GRACE / 2
-            {
-                // Forks are still being refused long after the first refusal: a fork bomb.
-                seen.stopped = Some(Termination::ProcessLimit);
-                break;
-            }
-            let tick = (deadline - now).min(Duration::from_millis(100));
-            match rx.recv_timeout(tick) {
-                Ok((s, data)) => {
-                    let (buf, cap, trunc) = match s {
-                        OutputStream::Stdout => {
-                            (&mut out.stdout, l.stdout_bytes, &mut out.stdout_truncated)
-                        }
-                        OutputStream::Stderr => {
-                            (&mut out.stderr, l.stderr_bytes, &mut out.stderr_truncated)
-                        }
-                    };
-                    let room = cap.saturating_sub(buf.len() as u64) as usize;
-                    let keep = &data[..data.len().min(room)];
-                    buf.extend_from_slice(keep);
-                    sink.output(s, keep);
-                    if keep.len() < data.len() {
-                        *trunc = true;
-                        seen.stopped = Some(Termination::OutputLimit);
-                        break;
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        if seen.stopped.is_some() {
-            force_delete(&self.config, &cid);
-            let _ = child.kill();
-        }
-        let status = loop {
-            if let Some(s) = wait(&mut child) {
-                break s;
-            }
-            if Instant::now() > deadline + Duration::from_secs(5) {
-                let _ = child.kill();
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        };
-        // runsc removes a container it ran to the end; one it did not (killed, crashed)
-        // is force-deleted here.
-        if has_state(&self.config, &cid) {
-            force_delete(&self.config, &cid);
-        }
-        // A container that was killed leaves its lock file even once deleted.
-        reap::remove_lock(&self.config.state_root, &cid);
-        let refused = watch.finish();
+        // A runsc sandbox that was lost (its memory limit ended the sentry, or its agent
+        // stopped answering) is started again: /work lives on the host and survives it.
+        let mut restarted = false;
+        if self
+            .live
+            .as_mut()
+            .is_none_or(|l| !matches!(l.runsc.try_wait(), Ok(None)))
         {
-            use std::os::unix::process::ExitStatusExt;
-            seen.code = status.code();
-            seen.runsc_signal = status.signal();
+            // Created sandboxes were started once: any start here replaces a lost one.
+            restarted = self.starts > 0;
+            self.stop_live();
+            self.start_live()?;
         }
-        if let Some(cg) = &cgroup {
-            let c = cg.counters();
-            out.usage.peak_memory_bytes = c.peak_bytes;
-            seen.oom = c.out_of_memory(seen.code == Some(137));
-            if !cg.remove(Duration::from_secs(5)) {
-                tracing::warn!(cgroup = %cg.oci_path(), "could not remove an exec cgroup; the next create reaps it");
+        let l = self.spec.limits.clone();
+        let id = self.next_exec;
+        self.next_exec += 1;
+        let tier_env = self.egress.iter().flat_map(|e| e.env());
+        let request = Request::Exec {
+            id,
+            argv,
+            env: cordon_core::sandbox_env(&self.spec, tier_env, req),
+            cwd: req.cwd.clone().unwrap_or_else(|| "/work".into()),
+            stdio: StdioMode::Framed,
+            limits: ProcLimits {
+                open_files: l.open_files,
+                file_size: l.disk_bytes,
+                address_space: 0,
+                // gVisor's kernel enforces RLIMIT_NPROC per user: the sandbox's programs
+                // share one uid, so this bounds all of them at once.
+                processes: u64::from(l.pids),
+            },
+            last: false,
+        };
+        let stdin = req.stdin.clone().unwrap_or_default();
+        let plan = agent::FramedExec {
+            id,
+            request: &request,
+            stdin: &stdin,
+            deadline: t0 + Duration::from_millis(req.timeout_ms.unwrap_or(l.timeout_ms)),
+            stdout_cap: l.stdout_bytes,
+            stderr_cap: l.stderr_bytes,
+            kill_at_deadline: true,
+            kill_grace: Duration::from_secs(3),
+        };
+        let Some(live) = self.live.as_mut() else {
+            return Err(Error::Sandbox("the gvisor sandbox is not running".into()));
+        };
+        let before = live.cgroup.as_ref().map(|c| {
+            c.reset_peak();
+            c.counters()
+        });
+        live.watch.reset();
+        let watch = &live.watch;
+        let mut fork_bomb = || {
+            let r = watch.refusals();
+            let now = Instant::now();
+            // Forks are still being refused long after the first refusal: a fork bomb.
+            (r.first
+                .is_some_and(|f| now.duration_since(f) >= NPROC_GRACE)
+                && r.last
+                    .is_some_and(|l| now.duration_since(l) < NPROC_GRACE / 2))
+            .then_some(Termination::ProcessLimit)
+        };
+        let driven = agent::run_framed(&mut live.conn, &plan, sink, &mut fork_bomb);
+        let refused = live.watch.refusals().count;
+        let after = live.cgroup.as_ref().map(|c| c.counters());
+        let run = match driven {
+            Ok(run) => run,
+            Err(e @ agent::ExecError::SpawnFailed(_)) => return Err(Error::Sandbox(e.to_string())),
+            Err(e) => {
+                let detail = self.stop_live();
+                tracing::warn!(sandbox = %self.id, "gvisor: {e}; runsc said: {detail}");
+                return Err(Error::Sandbox(format!(
+                    "the sandbox agent failed ({e}); the next exec starts the sandbox again"
+                )));
+            }
+        };
+        let mut seen = Observed {
+            stopped: run.stopped,
+            forks_refused: refused > 0,
+            disk_full: workspace::full(&self.work),
+            ..Observed::default()
+        };
+        let mut out = ExecOutcome::new(Tier::Gvisor, Termination::Exited);
+        let mut lost_why = None;
+        match run.ended {
+            agent::Ended::Exited(exit) => {
+                seen.code = exit.code;
+                seen.signal = exit.signal;
+                seen.disk_full |= exit.disk_full;
+                out.usage.cpu_time_us = exit.cpu_us;
+                out.usage.peak_memory_bytes = exit.max_rss_bytes;
+                out.timings.program_us = exit.program_us;
+            }
+            agent::Ended::KillUnanswered | agent::Ended::Abandoned => {
+                // The program is stopped with the whole runsc sandbox.
+                seen.signal = Some(9);
+                lost_why = Some("its agent did not answer a kill in time".to_string());
+            }
+            agent::Ended::Lost(e) => {
+                seen.lost = true;
+                lost_why = Some(format!("the runsc sandbox ended during the exec ({e})"));
             }
         }
-        seen.forks_refused = refused.count > 0;
-        seen.disk_full = workspace::full(&self.work);
+        if let Some(why) = &lost_why {
+            let detail = self.stop_live();
+            tracing::warn!(sandbox = %self.id, "gvisor: {why}; runsc said: {detail}");
+        }
+        if let (Some(b), Some(a)) = (before, after) {
+            out.usage.peak_memory_bytes = out.usage.peak_memory_bytes.max(a.peak_bytes);
+            let hits = Counters {
+                oom_kills: a.oom_kills.saturating_sub(b.oom_kills),
+                limit_hits: a.limit_hits.saturating_sub(b.limit_hits),
+                peak_bytes: a.peak_bytes,
+            };
+            seen.oom = hits.out_of_memory(seen.lost || seen.signal == Some(9));
+        }
         let (termination, exit, signal) = classify(seen);
         out.termination = termination;
         out.exit_code = exit;
@@ -850,12 +962,23 @@ impl Sandbox for GvisorSandbox {
         out.timings.start_us = self.start_us;
         out.weakened = self.weakened.clone();
         out.warnings = self.warnings.clone();
-        if let Some(s) = seen.runsc_signal {
-            out.warnings
-                .push(format!("runsc itself was killed by signal {s}"));
+        if restarted {
+            out.warnings.push(
+                "the gvisor sandbox was started again before this exec (the last one ended it); /work was kept, /tmp and processes were not"
+                    .into(),
+            );
+        }
+        if let Some(why) = lost_why
+            && termination == Termination::SandboxFailure
+        {
+            out.warnings.push(format!("the sandbox failed: {why}"));
         }
         // Output leaving the sandbox is scanned: known secrets redacted, credential
         // formats flagged (the container tier's scanner).
+        out.stdout = run.stdout;
+        out.stderr = run.stderr;
+        out.stdout_truncated = run.stdout_truncated;
+        out.stderr_truncated = run.stderr_truncated;
         cordon_host::egress::scan_outcome(&mut out, self.egress.as_mut());
         Ok(out)
     }
@@ -899,13 +1022,14 @@ impl Sandbox for GvisorSandbox {
             return Ok(());
         }
         self.destroyed = true;
+        self.stop_live();
         // The proxy (and every placeholder with it) ends with the sandbox.
         self.egress = None;
         self.workspace = None;
         workspace::unmount(&self.work);
         let removed = std::fs::remove_dir_all(&self.bundle)
             .map_err(|e| Error::io(format!("removing the bundle of {}", self.id), e));
-        // Each exec's runsc has been waited for: nothing runs as the sandbox's id.
+        // runsc has been waited for: nothing runs as the sandbox's id.
         self.ids = None;
         removed
     }
@@ -928,17 +1052,24 @@ mod tests {
         }
     }
 
+    fn killed(signal: i32) -> Observed {
+        Observed {
+            signal: Some(signal),
+            ..Observed::default()
+        }
+    }
+
     #[test]
     fn classification_follows_what_was_observed() {
         assert_eq!(classify(seen(0)), (Termination::Exited, Some(0), None));
         assert_eq!(classify(seen(7)), (Termination::Exited, Some(7), None));
         assert_eq!(
-            classify(seen(143)),
+            classify(killed(15)),
             (Termination::Signalled, None, Some(15))
         );
         let oom = Observed {
             oom: true,
-            ..seen(137)
+            ..killed(9)
         };
         assert_eq!(classify(oom).0, Termination::OutOfMemory);
         let bomb = Observed {
@@ -950,7 +1081,7 @@ mod tests {
         let stopped = Observed {
             stopped: Some(Termination::Timeout),
             forks_refused: true,
-            ..seen(137)
+            ..killed(9)
         };
         assert_eq!(classify(stopped).0, Termination::Timeout);
         let full = Observed {
@@ -958,20 +1089,20 @@ mod tests {
             ..seen(1)
         };
         assert_eq!(classify(full).0, Termination::DiskLimit);
-        assert_eq!(classify(seen(128 + 25)).0, Termination::DiskLimit);
+        assert_eq!(classify(killed(25)).0, Termination::DiskLimit);
         let full_ok = Observed {
             disk_full: true,
             ..seen(0)
         };
         assert_eq!(classify(full_ok).0, Termination::Exited);
-        let crashed = Observed {
-            runsc_signal: Some(9),
+        // The runsc sandbox ended under the exec: a failure, unless its memory limit did it.
+        let lost = Observed {
+            lost: true,
             ..Observed::default()
         };
-        assert_eq!(
-            classify(crashed),
-            (Termination::SandboxFailure, None, Some(9))
-        );
+        assert_eq!(classify(lost), (Termination::SandboxFailure, None, None));
+        let lost_to_memory = Observed { oom: true, ..lost };
+        assert_eq!(classify(lost_to_memory).0, Termination::OutOfMemory);
     }
 
     #[test]

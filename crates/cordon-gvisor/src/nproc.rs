@@ -21,7 +21,7 @@ use crate::GvisorError;
 /// The system calls runsc is asked to trace.
 pub const TRACED: &str = "clone,fork,vfork,clone3";
 
-/// Forks refused so far in one exec.
+/// Forks refused so far in one exec (since the last [`NprocWatch::reset`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Refusals {
     pub count: u64,
@@ -67,6 +67,12 @@ impl NprocWatch {
 
     pub fn refusals(&self) -> Refusals {
         *self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Forgets the refusals seen so far: one live sandbox runs many execs, each counted from
+    /// its own start.
+    pub fn reset(&self) {
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = Refusals::default();
     }
 
     /// Stops reading (after draining what runsc wrote) and removes the FIFO.

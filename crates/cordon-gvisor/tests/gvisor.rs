@@ -18,7 +18,7 @@ use cordon_gvisor::{GvisorBackend, GvisorConfig};
 
 fn config() -> GvisorConfig {
     let mut c = GvisorConfig::discover();
-    c.forwarder = PathBuf::from(env!("CARGO_BIN_EXE_cordon-gvisor-forward"));
+    c.agent = PathBuf::from(env!("CARGO_BIN_EXE_cordon-gvisor-agent"));
     c
 }
 
@@ -144,7 +144,11 @@ fn probe_names_the_tier() {
 fn true_exits_zero_and_status_propagates() {
     let b = need_backend!();
     let o = run(b, &spec(), ExecRequest::argv(["true"]));
-    assert_eq!((o.termination, o.exit_code), (Termination::Exited, Some(0)));
+    assert_eq!(
+        (o.termination, o.exit_code),
+        (Termination::Exited, Some(0)),
+        "{o:?}"
+    );
     let o = sh(b, "echo out; echo err >&2; exit 7");
     assert_eq!(o.exit_code, Some(7));
     assert_eq!(o.stdout, b"out\n");
@@ -417,15 +421,23 @@ fn writes_outside_work_and_tmp_fail() {
     assert!(leased_uid(out.lines().next()), "{out}");
     assert!(!out.contains("WROTE"), "{out}");
     assert!(out.contains("inside-ok"), "{out} {}", text(&o.stderr));
-    // /tmp is per exec, /work persists; nothing reached the host's /usr.
+    // /work and /tmp are the live sandbox's own: they persist across its execs, and
+    // another sandbox sees neither; nothing reached the host's /usr.
     let o = exec(
         &mut sb,
+        &ExecRequest::code(Language::Bash, "cat /work/w /tmp/t"),
+    );
+    assert_eq!(text(&o.stdout), "ok\nok\n", "{o:?}");
+    let mut other = b.create(&spec()).unwrap();
+    let o = exec(
+        &mut other,
         &ExecRequest::code(
             Language::Bash,
-            "cat /work/w; test -e /tmp/t && echo TMP-KEPT; true",
+            "test -e /work/w && echo WORK-SHARED; test -e /tmp/t && echo TMP-SHARED; true",
         ),
     );
-    assert_eq!(text(&o.stdout), "ok\n");
+    assert_eq!(text(&o.stdout), "", "{o:?}");
+    other.destroy().unwrap();
     assert!(!Path::new("/usr/x").exists() && !Path::new("/usr/lib/x").exists());
     sb.destroy().unwrap();
 }
@@ -555,30 +567,31 @@ fn ptrace_reaches_only_the_sandbox() {
 #[test]
 fn host_processes_are_invisible_and_unsignalable() {
     let b = need_backend!();
-    // The probe is pid 1, alone.
-    cordon_testkit::escape::host_processes_unsignalable(b, &spec(), 1);
+    // The probe sees its exec's PID namespace only: the exec's reaper (pid 1, the agent's
+    // fork), the shell and its child; as in the container tier.
+    cordon_testkit::escape::host_processes_unsignalable(b, &spec(), 3);
 }
 
 #[test]
 fn proc_of_pid_one_leads_back_into_the_sandbox() {
     let b = need_backend!();
-    // pid 1 is the sandbox's own shell: /proc/1 is gVisor's, not the host's init.
+    // pid 1 is the exec's reaper (the agent's fork, the sandbox's root inside gVisor):
+    // /proc/1 is gVisor's, not the host's init, and the program (another uid, no
+    // capabilities) cannot enter its root or read its memory. (This gVisor lets it read the
+    // reaper's environment, which is the agent's fixed `PATH` and `HOME` and nothing else.)
     let o = sh(
         b,
-        "tr '\\0' ' ' < /proc/1/cmdline; echo; echo /proc/1/root/*; cat /proc/self/root/etc/hostname; cat /proc/1/root/etc/shadow; true",
+        "tr '\\0' ' ' < /proc/1/cmdline; echo; echo /proc/1/root/*; cat /proc/self/root/etc/hostname; cat /proc/1/root/etc/shadow; cat /proc/1/mem >/dev/null 2>&1 && echo READ mem; tr '\\0' ' ' < /proc/1/environ 2>/dev/null | grep -v '^PATH=/usr/bin:/bin HOME=/ $'; true",
     );
     let out = text(&o.stdout);
     let mut lines = out.lines();
     assert!(
-        lines.next().is_some_and(|l| l.starts_with("bash -c ")),
+        lines
+            .next()
+            .is_some_and(|l| l.starts_with("/.cordon/agent ")),
         "{out}"
     );
-    let root = "bin dev etc lib lib64 proc run sbin sys tmp usr work";
-    let listed: Vec<String> = root
-        .split(' ')
-        .map(|d| format!("/proc/1/root/{d}"))
-        .collect();
-    assert_eq!(lines.next(), Some(listed.join(" ").as_str()), "{out}");
+    assert_eq!(lines.next(), Some("/proc/1/root/*"), "{out}");
     assert_eq!(lines.next(), Some("cordon"), "{out}");
     assert!(lines.next().is_none(), "{out}");
     assert!(
@@ -671,22 +684,137 @@ fn egress_spec(allow: &[String]) -> SandboxSpec {
 }
 
 #[test]
-fn egress_without_the_forwarder_is_refused() {
+fn a_missing_agent_is_refused_without_naming_host_paths() {
     if backend().is_none() {
         return;
     }
     let mut c = config();
-    c.forwarder = PathBuf::from("/nonexistent/cordon-gvisor-forward");
+    c.agent = PathBuf::from("/nonexistent/dir/cordon-gvisor-agent");
     let b = GvisorBackend::new(c);
-    let s = egress_spec(&["example.com".to_string()]);
-    match b.create(&s) {
-        Err(Error::Unavailable { reason, .. }) => assert!(reason.contains("forwarder"), "{reason}"),
-        Err(e) => panic!("wrong error: {e}"),
-        Ok(_) => panic!("an egress spec ran without its forwarder"),
+    for s in [spec(), egress_spec(&["example.com".to_string()])] {
+        match b.create(&s) {
+            Err(e @ Error::Unavailable { .. }) => {
+                let shown = e.to_string();
+                assert!(shown.contains("agent"), "{shown}");
+                assert!(!shown.contains("/nonexistent"), "a host path: {shown}");
+            }
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("a sandbox ran without its agent"),
+        }
     }
-    // Without egress the same backend runs.
-    let o = run(&b, &spec(), ExecRequest::argv(["true"]));
-    assert!(o.success());
+}
+
+// ---------------------------------------------------------------- the live sandbox
+
+/// The runsc processes that run a sandbox (its `runsc run`, sandbox, gofer).
+fn runsc_processes_of(id: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(id))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+#[test]
+fn execs_run_in_one_live_sandbox() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    let id = sb.id().to_string();
+    let started = runsc_processes_of(&id);
+    assert!(
+        started > 0,
+        "no runsc process runs the sandbox after create"
+    );
+    // /tmp is the live sandbox's own: what one exec leaves there the next one finds (a
+    // new runsc per exec would start every exec with an empty /tmp).
+    let o = exec(
+        &mut sb,
+        &ExecRequest::code(Language::Sh, "echo kept > /tmp/mark"),
+    );
+    assert!(o.success(), "{o:?}");
+    for _ in 0..5 {
+        let o = exec(&mut sb, &ExecRequest::argv(["cat", "/tmp/mark"]));
+        assert_eq!(text(&o.stdout), "kept\n", "{o:?}");
+        assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    }
+    assert_eq!(
+        runsc_processes_of(&id),
+        started,
+        "execs started runsc processes"
+    );
+    // Each exec has its own PID namespace: nothing of the agent (or its forwarder) is
+    // visible to a program.
+    let o = exec(
+        &mut sb,
+        &ExecRequest::code(
+            Language::Python,
+            "import os\nps = [p for p in os.listdir('/proc') if p.isdigit()]\nagent = b'gvisor-' + b'agent'\nprint(len(ps) > 0, any(agent in open(f'/proc/{p}/cmdline', 'rb').read() for p in ps))",
+        ),
+    );
+    assert_eq!(text(&o.stdout), "True False\n", "{o:?}");
+    sb.destroy().unwrap();
+    assert_eq!(runsc_processes_of(&id), 0, "runsc outlived the sandbox");
+    assert_eq!(traces_of(b, &id), Vec::<PathBuf>::new());
+}
+
+#[test]
+fn a_sandbox_its_memory_limit_ended_starts_again_with_its_files() {
+    let b = need_backend!();
+    let mut s = spec();
+    s.limits.memory_bytes = 192 << 20;
+    let mut sb = b.create(&s).unwrap();
+    let id = sb.id().to_string();
+    sb.put_file("/work/keep.txt", b"still here", 0o644).unwrap();
+    for _ in 0..2 {
+        let o = exec(
+            &mut sb,
+            &ExecRequest::code(
+                Language::Python,
+                "x = []\nwhile True: x.append(bytearray(8 << 20))",
+            ),
+        );
+        assert_eq!(o.termination, Termination::OutOfMemory, "{o:?}");
+        let o = exec(&mut sb, &ExecRequest::argv(["cat", "/work/keep.txt"]));
+        assert_eq!(text(&o.stdout), "still here", "{o:?}");
+        assert!(o.success(), "{o:?}");
+    }
+    sb.destroy().unwrap();
+    assert_eq!(traces_of(b, &id), Vec::<PathBuf>::new());
+}
+
+#[test]
+fn a_runsc_killed_under_a_sandbox_is_a_failure_then_a_fresh_start() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    let id = sb.id().to_string();
+    sb.put_file("/work/keep.txt", b"kept", 0o644).unwrap();
+    // Something outside Cordon kills the sandbox's runsc processes mid-exec.
+    let killer = {
+        let id = id.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            let _ = std::process::Command::new("pkill")
+                .args(["-KILL", "-f", &id])
+                .status();
+        })
+    };
+    let o = exec(&mut sb, &ExecRequest::argv(["sleep", "10"]));
+    killer.join().unwrap();
+    assert_eq!(o.termination, Termination::SandboxFailure, "{o:?}");
+    let o = exec(&mut sb, &ExecRequest::argv(["cat", "/work/keep.txt"]));
+    assert_eq!(text(&o.stdout), "kept", "{o:?}");
+    assert!(
+        o.warnings.iter().any(|w| w.contains("started again")),
+        "{:?}",
+        o.warnings
+    );
+    sb.destroy().unwrap();
+    assert_eq!(traces_of(b, &id), Vec::<PathBuf>::new());
 }
 
 // ---------------------------------------------------------------- cleanup

@@ -1,9 +1,11 @@
 //! The Linux host side every native tier (container, gvisor, microvm) shares, so no tier
 //! crate depends on another: cgroups (v1 and v2), the egress link (a per-sandbox proxy on a
 //! unix socket, the output scan and the audit events it reports) and the pool of per-sandbox
-//! host id ranges. (The forwarder that relays a sandbox's `127.0.0.1:<port>` to the proxy's
+//! host id ranges, and the host's end of the agent channel for tiers whose agent speaks
+//! the framed protocol ([`agent`]). (The forwarder that relays a sandbox's `127.0.0.1:<port>` to the proxy's
 //! socket runs inside the sandbox: `cordon_guest::forwarder`.)
 
+pub mod agent;
 pub mod cgroup;
 pub mod egress;
 pub mod idpool;

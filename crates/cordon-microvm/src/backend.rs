@@ -9,22 +9,20 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use cordon_core::{
-    Backend, Capability, Error, ExecOutcome, ExecRequest, OutputSink, OutputStream, Probe, Result,
-    Sandbox, SandboxId, SandboxSpec, Termination, Tier,
+    Backend, Capability, Error, ExecOutcome, ExecRequest, OutputSink, Probe, Result, Sandbox,
+    SandboxId, SandboxSpec, Termination, Tier,
 };
-use cordon_guest::proto::{
-    self, ErrorCode, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode, Stream,
-};
+use cordon_guest::proto::{self, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode};
 use cordon_host::cgroup::SandboxCgroup;
 use cordon_host::egress as shared_egress;
 use serde_json::json;
 
 use crate::MicrovmError;
-use crate::client::{AgentConn, CallError, Filled, HEADER_ROOM};
 use crate::egress::{EgressTuning, VmEgress};
 use crate::image::{self, Image};
 use crate::qemu::{self, RunAs, Vm, VmParams};
 use crate::snapshots::SnapshotStore;
+use cordon_host::agent::{self, AgentConn, CallError, HEADER_ROOM};
 
 /// The accelerator QEMU runs guests with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -872,181 +870,88 @@ impl MicrovmSandbox {
                 open_files: limits.open_files,
                 file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
                 address_space: 0,
+                processes: 0,
             },
             last: req.last,
         };
-        let deadline = t0 + timeout;
-        // The exec and its stdin must be taken by the exec's own deadline: a guest that stops
-        // reading gets the same timeout as one that never exits.
-        let sent = {
-            let stdin = req.stdin.clone().unwrap_or_default();
-            let ctrl = self.ctrl()?;
-            let mut r = ctrl.send(&request, b"", deadline);
-            for chunk in stdin.chunks(1 << 20) {
-                r = r.and_then(|()| ctrl.send(&Request::Stdin { id }, chunk, deadline));
-            }
-            r.and_then(|()| ctrl.send(&Request::Stdin { id }, b"", deadline))
+        let stdin = req.stdin.clone().unwrap_or_default();
+        let plan = agent::FramedExec {
+            id,
+            request: &request,
+            stdin: &stdin,
+            deadline: t0 + timeout,
+            stdout_cap: limits.stdout_bytes,
+            stderr_cap: limits.stderr_bytes,
+            // The wall clock ends the VM, not just the program.
+            kill_at_deadline: false,
+            kill_grace: Duration::from_secs(5),
         };
-        let mut send_timed_out = false;
-        match sent {
-            Ok(()) => {}
-            Err(CallError::Timeout) => send_timed_out = true,
-            Err(e) => {
-                self.check_call(Err::<(), _>(e), "sending the exec")?;
+        let driven = agent::run_framed(self.ctrl()?, &plan, sink, &mut || None);
+        let run = match driven {
+            Ok(run) => run,
+            Err(agent::ExecError::Protocol(why)) => {
+                self.failure = Some("agent-protocol".into());
+                self.gone = Some(format!("its agent broke the protocol: {why}"));
+                self.teardown();
+                return Err(sandbox_err("the guest agent broke the protocol", why));
             }
-        }
-        let mut reason: Option<Termination> = None;
-        let mut kill_sent_at: Option<Instant> = None;
-        let mut exited: Option<Reply> = None;
-        // No frame of an exec's carries more than the larger output cap (the agent sends
-        // output in 64 KiB chunks).
-        let max_frame = (limits.stdout_bytes.max(limits.stderr_bytes).max(64 << 10) as usize)
-            .saturating_add(HEADER_ROOM)
-            .min(proto::MAX_FRAME);
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let (mut out_trunc, mut err_trunc) = (false, false);
+            Err(e @ agent::ExecError::SpawnFailed(_)) => return Err(Error::Sandbox(e.to_string())),
+            Err(agent::ExecError::Refused(why)) => {
+                return Err(sandbox_err("the guest agent refused the exec", why));
+            }
+        };
         let mut lost = false;
-        while exited.is_none() {
-            let now = Instant::now();
-            if now >= deadline || send_timed_out {
-                // The wall clock ends the VM, not just the program.
-                reason = Some(Termination::Timeout);
+        let exit = match run.ended {
+            agent::Ended::Exited(exit) => Some(exit),
+            agent::Ended::Abandoned => {
                 self.gone = Some("its exec reached the timeout and the VM was killed".into());
                 self.teardown();
-                break;
+                None
             }
-            if (out_trunc || err_trunc) && reason.is_none() {
-                reason = Some(Termination::OutputLimit);
-            }
-            if reason.is_some() && kill_sent_at.is_none() {
-                kill_sent_at = Some(now);
-                let by = now + Duration::from_secs(5);
-                if self.ctrl()?.send(&Request::Kill { id }, b"", by).is_err() {
-                    self.gone = Some("its agent did not take a kill".into());
-                    self.teardown();
-                    break;
-                }
-            }
-            if let Some(k) = kill_sent_at
-                && now.duration_since(k) > Duration::from_secs(5)
-            {
+            agent::Ended::KillUnanswered => {
                 self.gone = Some("its agent did not answer a kill".into());
                 self.teardown();
-                break;
+                None
             }
-            let wait = deadline
-                .saturating_duration_since(now)
-                .min(Duration::from_millis(100));
-            let filled = self.ctrl()?.fill(wait);
-            match filled {
-                Ok(Filled::Data) => {}
-                Ok(Filled::Nothing) => continue,
-                Ok(Filled::Eof) | Err(CallError::Closed) | Err(CallError::Io(_)) => {
-                    lost = true;
-                    self.diagnose("the agent channel closed during an exec");
-                    break;
-                }
-                Err(e) => return self.check_call(Err(e), "running the exec"),
+            agent::Ended::Lost(CallError::Timeout | CallError::Proto(_)) => {
+                self.gone = Some("its agent channel failed during an exec".into());
+                self.teardown();
+                lost = true;
+                None
             }
-            loop {
-                let next = self.ctrl()?.next_frame(max_frame);
-                let f = match next {
-                    Ok(Some(f)) => f,
-                    Ok(None) => break,
-                    Err(e) => {
-                        self.failure = Some("agent-protocol".into());
-                        self.gone = Some(format!("its agent sent a malformed frame ({e})"));
-                        self.teardown();
-                        return Err(sandbox_err("malformed frame from the guest agent", e));
-                    }
-                };
-                match f.header {
-                    Reply::Started { .. } => {}
-                    Reply::Output { stream, .. } => {
-                        let (buf, trunc, cap, which) = match stream {
-                            Stream::Stdout => (
-                                &mut out,
-                                &mut out_trunc,
-                                limits.stdout_bytes,
-                                OutputStream::Stdout,
-                            ),
-                            Stream::Stderr => (
-                                &mut err,
-                                &mut err_trunc,
-                                limits.stderr_bytes,
-                                OutputStream::Stderr,
-                            ),
-                        };
-                        let room = (cap as usize).saturating_sub(buf.len());
-                        let keep = &f.body[..f.body.len().min(room)];
-                        if !keep.is_empty() {
-                            buf.extend_from_slice(keep);
-                            sink.output(which, keep);
-                        }
-                        if f.body.len() > room {
-                            *trunc = true;
-                        }
-                    }
-                    r @ Reply::Exited { .. } => exited = Some(r),
-                    Reply::Error { code, message } => {
-                        if code == ErrorCode::SpawnFailed {
-                            return Err(Error::Sandbox(format!(
-                                "the program could not be started: {message}"
-                            )));
-                        }
-                        return Err(sandbox_err("the guest agent refused the exec", message));
-                    }
-                    other => {
-                        return Err(sandbox_err(
-                            "unexpected message from the guest",
-                            format!("{other:?}"),
-                        ));
-                    }
-                }
+            agent::Ended::Lost(_) => {
+                lost = true;
+                self.diagnose("the agent channel closed during an exec");
+                None
             }
-        }
+        };
         let wall = t0.elapsed();
         let mut o = ExecOutcome::new(Tier::Microvm, Termination::Exited);
-        o.stdout = out;
-        o.stderr = err;
-        o.stdout_truncated = out_trunc;
-        o.stderr_truncated = err_trunc;
+        o.stdout = run.stdout;
+        o.stderr = run.stderr;
+        o.stdout_truncated = run.stdout_truncated;
+        o.stderr_truncated = run.stderr_truncated;
         o.warnings = self.warnings.clone();
         o.usage.wall_time_us = wall.as_micros() as u64;
         o.timings.run_us = wall.as_micros() as u64;
         o.extra.accelerator = Some(self.accel.as_str().to_string());
-        let (mut oom, mut pids_hit, mut disk_full) = (false, false, false);
-        if let Some(Reply::Exited {
-            code,
-            signal,
-            cpu_us,
-            max_rss_bytes,
-            disk_full: full,
-            oom_killed,
-            pids_limited,
-            program_us,
-            ..
-        }) = exited
-        {
-            o.timings.program_us = program_us;
-            o.exit_code = code;
-            o.signal = signal;
-            o.usage.cpu_time_us = cpu_us;
-            o.usage.peak_memory_bytes = max_rss_bytes;
-            oom = oom_killed;
-            pids_hit = pids_limited;
-            disk_full = full;
-        }
+        let exited = exit.is_some();
+        let exit = exit.unwrap_or_default();
+        o.timings.program_us = exit.program_us;
+        o.exit_code = exit.code;
+        o.signal = exit.signal;
+        o.usage.cpu_time_us = exit.cpu_us;
+        o.usage.peak_memory_bytes = exit.max_rss_bytes;
         let clean = o.exit_code == Some(0);
-        o.termination = if let Some(r) = reason {
+        o.termination = if let Some(r) = run.stopped {
             r
-        } else if lost || (exited.is_none() && self.gone.is_some()) {
+        } else if lost || (!exited && self.gone.is_some()) {
             Termination::SandboxFailure
-        } else if oom && !clean {
+        } else if exit.oom_killed && !clean {
             Termination::OutOfMemory
-        } else if pids_hit && !clean {
+        } else if exit.pids_limited && !clean {
             Termination::ProcessLimit
-        } else if o.signal == Some(libc::SIGXFSZ) || (disk_full && !clean) {
+        } else if o.signal == Some(libc::SIGXFSZ) || (exit.disk_full && !clean) {
             Termination::DiskLimit
         } else if o.signal.is_some() {
             Termination::Signalled

@@ -15,7 +15,6 @@
 //! fresh randomness before it is handed out.
 
 mod backend;
-pub mod client;
 mod egress;
 pub mod image;
 mod qemu;

@@ -389,6 +389,13 @@ pub(super) fn apply_limits(limits: &ProcLimits) {
         .and_then(|_| lim(Resource::RLIMIT_FSIZE, limits.file_size))
         .and_then(|_| lim(Resource::RLIMIT_CORE, 0))
         .and_then(|_| {
+            if limits.processes > 0 {
+                lim(Resource::RLIMIT_NPROC, limits.processes)
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|_| {
             if limits.address_space > 0 {
                 lim(Resource::RLIMIT_AS, limits.address_space)
             } else {

@@ -65,7 +65,8 @@ pub struct AgentConfig {
 struct Running {
     id: u64,
     reaper: Pid,
-    pidfd: OwnedFd,
+    /// None where the kernel has no `pidfd_open` (gVisor): the status pipe's end is the sign.
+    pidfd: Option<OwnedFd>,
     status: File,
     /// What the reaper wrote so far on its status pipe.
     report: Vec<u8>,
@@ -79,7 +80,7 @@ struct Running {
 /// A reaper made ahead of its exec, waiting for the job on `chan`.
 struct Standby {
     pid: Pid,
-    pidfd: OwnedFd,
+    pidfd: Option<OwnedFd>,
     chan: UnixStream,
 }
 
@@ -101,18 +102,22 @@ struct FramedIo {
     stdin_close: bool,
 }
 
-/// The host channel: a Unix socket (which can carry descriptors) or a character device such
-/// as a virtio-serial port (bytes only: use [`StdioMode::Framed`]).
+/// The host channel: a Unix socket (which can carry descriptors), a character device such
+/// as a virtio-serial port, or a pair of pipes (the gVisor tier's stdin and stdout); the
+/// last two carry bytes only: use [`StdioMode::Framed`].
 enum Channel {
     Socket(UnixStream),
     Port(File),
+    Pipes { rx: File, tx: File },
 }
 
 impl Channel {
+    /// What is polled for input.
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         match self {
             Channel::Socket(s) => s.as_fd(),
             Channel::Port(f) => f.as_fd(),
+            Channel::Pipes { rx, .. } => rx.as_fd(),
         }
     }
 
@@ -120,6 +125,16 @@ impl Channel {
         match self {
             Channel::Socket(s) => s.write_all(bytes),
             Channel::Port(f) => f.write_all(bytes),
+            Channel::Pipes { tx, .. } => tx.write_all(bytes),
+        }
+    }
+
+    /// The byte stream to read from, for channels that carry no descriptors.
+    fn bytes_in(&mut self) -> Option<&mut File> {
+        match self {
+            Channel::Socket(_) => None,
+            Channel::Port(f) => Some(f),
+            Channel::Pipes { rx, .. } => Some(rx),
         }
     }
 }
@@ -157,7 +172,7 @@ pub struct Agent {
     running: Option<Running>,
     standby: Option<Standby>,
     /// Reapers that reported their program's end and are still exiting (namespace teardown).
-    exiting: Vec<(Pid, OwnedFd)>,
+    exiting: Vec<(Pid, Option<OwnedFd>)>,
     configure: Option<ConfigureHook>,
     cgroups: Option<ExecCgroups>,
 }
@@ -173,6 +188,12 @@ impl Agent {
     /// passed, so execs must use [`StdioMode::Framed`].
     pub fn over_port(cfg: AgentConfig, port: File) -> io::Result<Self> {
         Self::with_channel(cfg, Channel::Port(port))
+    }
+
+    /// An agent serving a pair of pipes (the gVisor tier: the container's stdin and stdout,
+    /// which runsc connects to the host): bytes only, so execs use [`StdioMode::Framed`].
+    pub fn over_pipes(cfg: AgentConfig, rx: File, tx: File) -> io::Result<Self> {
+        Self::with_channel(cfg, Channel::Pipes { rx, tx })
     }
 
     /// Accepts [`Request::Configure`], applying it with `hook`.
@@ -259,7 +280,10 @@ impl Agent {
             sys::Forked::Parent(pid) => {
                 drop(theirs);
                 let pidfd = match sys::pidfd_open(pid) {
-                    Ok(fd) => fd,
+                    Ok(fd) => Some(fd),
+                    // gVisor has no pidfd_open: the reaper's end is seen on its status pipe
+                    // and exiting reapers are reaped by polling (see `poll_once`).
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => None,
                     Err(e) => {
                         let _ = kill(pid, Signal::SIGKILL);
                         let _ = waitpid(pid, None);
@@ -303,15 +327,22 @@ impl Agent {
             let mut idx_pid = None;
             let mut idx_out = [None, None];
             let mut idx_in = None;
-            let first_exiting = fds.len();
+            let mut exiting_idx = Vec::with_capacity(self.exiting.len());
             for (_, fd) in &self.exiting {
-                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                exiting_idx.push(fd.as_ref().map(|fd| {
+                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                    fds.len() - 1
+                }));
             }
+            // Reapers without a pidfd are looked at again within this long.
+            let unwatched = exiting_idx.iter().any(Option::is_none);
             if let Some(run) = &self.running {
                 // The reaper's status line ends the exec; its pidfd, should it die first.
                 idx_pid = Some(fds.len());
                 fds.push(PollFd::new(run.status.as_fd(), PollFlags::POLLIN));
-                fds.push(PollFd::new(run.pidfd.as_fd(), PollFlags::POLLIN));
+                if let Some(pidfd) = &run.pidfd {
+                    fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
+                }
                 if let Some(fr) = &run.framed {
                     for (i, f) in [&fr.stdout, &fr.stderr].into_iter().enumerate() {
                         if let Some(f) = f {
@@ -327,20 +358,37 @@ impl Agent {
                     }
                 }
             }
-            match poll(&mut fds, PollTimeout::NONE) {
+            let wait = if unwatched {
+                PollTimeout::from(50u8)
+            } else {
+                PollTimeout::NONE
+            };
+            match poll(&mut fds, wait) {
                 Ok(_) => {}
                 Err(Errno::EINTR) => return Ok(false),
                 Err(e) => return Err(io::Error::from(e).into()),
             }
-            let hit = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+            let hit = |i: usize| {
+                fds.get(i)
+                    .is_some_and(|f| f.revents().is_some_and(|r| !r.is_empty()))
+            };
             ctrl_ready = hit(0);
-            for k in 0..self.exiting.len() {
-                if hit(first_exiting + k) {
+            for (k, idx) in exiting_idx.iter().enumerate() {
+                let gone = match idx {
+                    Some(i) => hit(*i),
+                    // No pidfd: ask without waiting.
+                    None => matches!(
+                        waitpid(self.exiting[k].0, Some(WaitPidFlag::WNOHANG)),
+                        Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_)
+                    ),
+                };
+                if gone {
                     exited_ready.push(k);
                 }
             }
             if let Some(i) = idx_pid {
-                reaper_done = hit(i) || hit(i + 1);
+                let has_pidfd = self.running.as_ref().is_some_and(|r| r.pidfd.is_some());
+                reaper_done = hit(i) || (has_pidfd && hit(i + 1));
             }
             for k in 0..2 {
                 if let Some(i) = idx_out[k] {
@@ -382,7 +430,7 @@ impl Agent {
     /// Reads what the host sent, with any descriptors attached; false on close.
     fn read_ctrl(&mut self) -> Result<bool, ProtoError> {
         let mut buf = vec![0u8; 64 * 1024];
-        if let Channel::Port(port) = &mut self.ctrl {
+        if let Some(port) = self.ctrl.bytes_in() {
             let n = match port.read(&mut buf) {
                 Ok(n) => n,
                 Err(e)

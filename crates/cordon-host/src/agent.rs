@@ -1,0 +1,747 @@
+//! The host's end of the agent channel, shared by every tier whose agent speaks the framed
+//! protocol without passed descriptors (microvm over a virtio-serial socket, gvisor over the
+//! container's stdin and stdout), written for a hostile agent: every call has one deadline
+//! covering all of its writes and reads (an agent that stops reading cannot hold a call past
+//! it), every frame is checked against the largest one the call can need before a byte of
+//! its body is buffered, and decoding costs the same per frame however small the frames are
+//! (the buffer is consumed by an offset and compacted only when half is spent).
+//!
+//! [`run_framed`] drives one exec over such a channel: the request and its stdin by the
+//! exec's deadline, output relayed to the sink within the caps, the tier's own reasons to
+//! stop checked as it runs, and a kill whose answer is bounded.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use cordon_core::{OutputSink, OutputStream, Termination};
+use cordon_guest::proto::{self, ErrorCode, Frame, ProtoError, Reply, Request, Stream};
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
+/// Bytes a frame may carry beyond the payload a call asked for (its JSON header).
+pub const HEADER_ROOM: usize = 64 << 10;
+/// What one read takes from the socket at most.
+const READ_CHUNK: usize = 256 << 10;
+
+/// Why a call on the agent channel failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("the guest agent did not take or answer the request in time")]
+    Timeout,
+    #[error("the agent channel closed")]
+    Closed,
+    #[error("agent channel I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Proto(#[from] ProtoError),
+}
+
+/// What one wait for input found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Filled {
+    /// New bytes were buffered.
+    Data,
+    /// Nothing arrived within the wait.
+    Nothing,
+    /// The guest closed the channel.
+    Eof,
+}
+
+/// The agent channel: what is read from and written to (one socket, or two pipes), both
+/// non-blocking, and the bytes received but not yet decoded.
+pub struct AgentConn {
+    rx: File,
+    tx: File,
+    buf: Vec<u8>,
+    /// Where the undecoded bytes start in `buf`.
+    start: usize,
+}
+
+impl AgentConn {
+    /// A channel over one stream socket.
+    pub fn new(sock: UnixStream) -> io::Result<Self> {
+        let tx = sock.try_clone()?;
+        Self::pipes(OwnedFd::from(sock), OwnedFd::from(tx))
+    }
+
+    /// A channel over a pair of descriptors: `rx` is read, `tx` written (a child's stdout
+    /// and stdin).
+    pub fn pipes(rx: OwnedFd, tx: OwnedFd) -> io::Result<Self> {
+        for fd in [&rx, &tx] {
+            let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+            fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+        }
+        Ok(AgentConn {
+            rx: File::from(rx),
+            tx: File::from(tx),
+            buf: Vec::new(),
+            start: 0,
+        })
+    }
+
+    /// Raw bytes, bypassing the encoder (tests of the guest's checks), by `deadline`.
+    pub fn send_raw(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), CallError> {
+        let mut sent = 0;
+        while sent < bytes.len() {
+            match self.tx.write(&bytes[sent..]) {
+                Ok(0) => return Err(CallError::Closed),
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.wait(PollFlags::POLLOUT, deadline)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one frame; the whole of it must be taken by `deadline`.
+    pub fn send(
+        &mut self,
+        header: &Request,
+        body: &[u8],
+        deadline: Instant,
+    ) -> Result<(), CallError> {
+        let bytes = proto::encode(header, body)?;
+        self.send_raw(&bytes, deadline)
+    }
+
+    /// The next frame, whole by `deadline`; a frame longer than `max_frame` bytes is refused
+    /// as soon as its length arrives.
+    pub fn recv(&mut self, deadline: Instant, max_frame: usize) -> Result<Frame<Reply>, CallError> {
+        loop {
+            if let Some(f) = self.next_frame(max_frame)? {
+                return Ok(f);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CallError::Timeout);
+            }
+            match self.fill(deadline - now)? {
+                Filled::Eof => return Err(CallError::Closed),
+                Filled::Data | Filled::Nothing => {}
+            }
+        }
+    }
+
+    /// Waits up to `wait` for input and buffers what arrived (one read).
+    pub fn fill(&mut self, wait: Duration) -> Result<Filled, CallError> {
+        match self.read_some() {
+            Ok(f) => return Ok(f),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(Filled::Nothing),
+            Err(e) => return Err(e.into()),
+        }
+        let ms = wait.as_millis().clamp(1, u16::MAX as u128) as u16;
+        let mut fds = [PollFd::new(self.rx.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => return Ok(Filled::Nothing),
+            Ok(_) => {}
+            Err(e) => return Err(io::Error::from(e).into()),
+        }
+        match self.read_some() {
+            Ok(f) => Ok(f),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                Ok(Filled::Nothing)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn read_some(&mut self) -> io::Result<Filled> {
+        // Spent bytes are dropped only when they are at least half of the buffer: each byte
+        // is moved at most once on average, whatever the frame sizes.
+        if self.start > 0 && self.start * 2 >= self.buf.len() {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        let len = self.buf.len();
+        self.buf.resize(len + READ_CHUNK, 0);
+        let r = self.rx.read(&mut self.buf[len..]);
+        self.buf.truncate(len + *r.as_ref().unwrap_or(&0));
+        match r? {
+            0 => Ok(Filled::Eof),
+            _ => Ok(Filled::Data),
+        }
+    }
+
+    /// Decodes the next whole frame from what is buffered.
+    pub fn next_frame(&mut self, max_frame: usize) -> Result<Option<Frame<Reply>>, ProtoError> {
+        let rest = &self.buf[self.start..];
+        if rest.len() < 4 {
+            return Ok(None);
+        }
+        let total = proto::check_total([rest[0], rest[1], rest[2], rest[3]])?;
+        if total > max_frame {
+            return Err(ProtoError::Malformed(format!(
+                "a frame of {total} bytes where at most {max_frame} fit"
+            )));
+        }
+        if rest.len() < 4 + total {
+            return Ok(None);
+        }
+        let payload = rest[4..4 + total].to_vec();
+        self.start += 4 + total;
+        proto::decode_payload(payload).map(Some)
+    }
+
+    /// Bytes buffered and not yet decoded, and the buffer's size (tests).
+    pub fn buffered(&self) -> (usize, usize) {
+        (self.buf.len() - self.start, self.buf.capacity())
+    }
+
+    fn wait(&self, events: PollFlags, deadline: Instant) -> Result<(), CallError> {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(CallError::Timeout);
+        }
+        let ms = (deadline - now).as_millis().clamp(1, u16::MAX as u128) as u16;
+        let fd = if events.contains(PollFlags::POLLOUT) {
+            self.tx.as_fd()
+        } else {
+            self.rx.as_fd()
+        };
+        let mut fds = [PollFd::new(fd, events)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+            Err(e) => Err(io::Error::from(e).into()),
+        }
+    }
+}
+
+/// One exec to drive over a framed channel.
+pub struct FramedExec<'a> {
+    pub id: u64,
+    /// The [`Request::Exec`] (with [`proto::StdioMode::Framed`]).
+    pub request: &'a Request,
+    pub stdin: &'a [u8],
+    pub deadline: Instant,
+    pub stdout_cap: u64,
+    pub stderr_cap: u64,
+    /// At the deadline, ask the agent to kill the program and wait for its end (the sandbox
+    /// lives on); otherwise return at once and let the tier end the sandbox.
+    pub kill_at_deadline: bool,
+    /// How long a kill may go untaken or unanswered.
+    pub kill_grace: Duration,
+}
+
+/// What the agent reported at a program's end ([`Reply::Exited`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Exit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub cpu_us: u64,
+    pub max_rss_bytes: u64,
+    pub disk_full: bool,
+    pub oom_killed: bool,
+    pub pids_limited: bool,
+    pub program_us: u64,
+}
+
+/// How the driver's loop ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// The agent reported the program's end.
+    Exited(Exit),
+    /// The deadline passed, or the exec could not be handed over by it, and no kill was
+    /// asked for: the tier ends the sandbox.
+    Abandoned,
+    /// A kill was not taken or not answered within the grace: the agent is stuck.
+    KillUnanswered,
+    /// The channel closed or failed.
+    Lost(CallError),
+}
+
+/// The outcome of [`run_framed`]: how it ended, Cordon's own reason to stop the program if
+/// it had one, and the output kept within the caps.
+#[derive(Debug)]
+pub struct FramedRun {
+    pub ended: Ended,
+    pub stopped: Option<Termination>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+/// Why an exec did not run: the channel is between frames only for [`ExecError::SpawnFailed`]
+/// and [`ExecError::Refused`]; after [`ExecError::Protocol`] the tier ends the sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("the program could not be started: {0}")]
+    SpawnFailed(String),
+    #[error("the agent refused the exec: {0}")]
+    Refused(String),
+    #[error("{0}")]
+    Protocol(String),
+}
+
+/// Drives one exec: hands over the request and its stdin by the exec's deadline, relays the
+/// output to `sink` within the caps, and stops the program for the timeout, the output caps
+/// or whatever `check` (the tier's own watch, called every tick) returns.
+pub fn run_framed(
+    conn: &mut AgentConn,
+    ex: &FramedExec<'_>,
+    sink: &mut dyn OutputSink,
+    check: &mut dyn FnMut() -> Option<Termination>,
+) -> Result<FramedRun, ExecError> {
+    let mut run = FramedRun {
+        ended: Ended::Abandoned,
+        stopped: None,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+    };
+    // The exec and its stdin must be taken by the exec's own deadline: an agent that stops
+    // reading gets the same timeout as a program that never exits.
+    let mut sent = conn.send(ex.request, b"", ex.deadline);
+    for chunk in ex.stdin.chunks(1 << 20) {
+        sent = sent.and_then(|()| conn.send(&Request::Stdin { id: ex.id }, chunk, ex.deadline));
+    }
+    sent = sent.and_then(|()| conn.send(&Request::Stdin { id: ex.id }, b"", ex.deadline));
+    match sent {
+        Ok(()) => {}
+        Err(CallError::Timeout) => {
+            run.stopped = Some(Termination::Timeout);
+            return Ok(run);
+        }
+        Err(e) => {
+            run.ended = Ended::Lost(e);
+            return Ok(run);
+        }
+    }
+    // No frame of an exec's carries more than the larger output cap (agents send output in
+    // 64 KiB chunks).
+    let max_frame = (ex.stdout_cap.max(ex.stderr_cap).max(64 << 10) as usize)
+        .saturating_add(HEADER_ROOM)
+        .min(proto::MAX_FRAME);
+    let mut kill_sent_at: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        if run.stopped.is_none() {
+            run.stopped = if now >= ex.deadline {
+                Some(Termination::Timeout)
+            } else if run.stdout_truncated || run.stderr_truncated {
+                Some(Termination::OutputLimit)
+            } else {
+                check()
+            };
+        }
+        if let Some(why) = run.stopped
+            && kill_sent_at.is_none()
+        {
+            if why == Termination::Timeout && !ex.kill_at_deadline {
+                run.ended = Ended::Abandoned;
+                return Ok(run);
+            }
+            kill_sent_at = Some(now);
+            if conn
+                .send(&Request::Kill { id: ex.id }, b"", now + ex.kill_grace)
+                .is_err()
+            {
+                run.ended = Ended::KillUnanswered;
+                return Ok(run);
+            }
+        }
+        if let Some(k) = kill_sent_at
+            && now.duration_since(k) > ex.kill_grace
+        {
+            run.ended = Ended::KillUnanswered;
+            return Ok(run);
+        }
+        let wait = match kill_sent_at {
+            Some(_) => Duration::from_millis(50),
+            None => ex
+                .deadline
+                .saturating_duration_since(now)
+                .min(Duration::from_millis(100)),
+        };
+        match conn.fill(wait) {
+            Ok(Filled::Data) => {}
+            Ok(Filled::Nothing) => continue,
+            Ok(Filled::Eof) => {
+                run.ended = Ended::Lost(CallError::Closed);
+                return Ok(run);
+            }
+            Err(e) => {
+                run.ended = Ended::Lost(e);
+                return Ok(run);
+            }
+        }
+        while let Some(f) = conn
+            .next_frame(max_frame)
+            .map_err(|e| ExecError::Protocol(format!("a malformed frame ({e})")))?
+        {
+            match f.header {
+                Reply::Started { .. } => {}
+                Reply::Output { stream, .. } => {
+                    let (buf, trunc, cap, which) = match stream {
+                        Stream::Stdout => (
+                            &mut run.stdout,
+                            &mut run.stdout_truncated,
+                            ex.stdout_cap,
+                            OutputStream::Stdout,
+                        ),
+                        Stream::Stderr => (
+                            &mut run.stderr,
+                            &mut run.stderr_truncated,
+                            ex.stderr_cap,
+                            OutputStream::Stderr,
+                        ),
+                    };
+                    let room = (cap as usize).saturating_sub(buf.len());
+                    let keep = &f.body[..f.body.len().min(room)];
+                    if !keep.is_empty() {
+                        buf.extend_from_slice(keep);
+                        sink.output(which, keep);
+                    }
+                    if f.body.len() > room {
+                        *trunc = true;
+                    }
+                }
+                Reply::Exited {
+                    code,
+                    signal,
+                    cpu_us,
+                    max_rss_bytes,
+                    disk_full,
+                    oom_killed,
+                    pids_limited,
+                    program_us,
+                    ..
+                } => {
+                    run.ended = Ended::Exited(Exit {
+                        code,
+                        signal,
+                        cpu_us,
+                        max_rss_bytes,
+                        disk_full,
+                        oom_killed,
+                        pids_limited,
+                        program_us,
+                    });
+                    return Ok(run);
+                }
+                Reply::Error {
+                    code: ErrorCode::SpawnFailed,
+                    message,
+                } => {
+                    return Err(ExecError::SpawnFailed(message));
+                }
+                Reply::Error { message, .. } => return Err(ExecError::Refused(message)),
+                other => {
+                    return Err(ExecError::Protocol(format!(
+                        "an unexpected message during an exec ({other:?})"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_that_stops_reading_cannot_hold_a_send_past_its_deadline() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let mut c = AgentConn::new(a).unwrap();
+        let body = vec![7u8; 8 << 20];
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let r = c.send(&Request::Stdin { id: 1 }, &body, deadline);
+        assert!(matches!(r, Err(CallError::Timeout)), "{r:?}");
+    }
+
+    #[test]
+    fn a_peer_that_dribbles_cannot_hold_a_receive_past_its_deadline() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut c = AgentConn::new(a).unwrap();
+        let frame = proto::encode(&Reply::Ok, b"").unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        // One byte every 50 ms: each read succeeds, the frame never completes in time.
+        let t = std::thread::spawn(move || {
+            for byte in frame.iter().take(frame.len() - 1) {
+                if stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let _ = b.write_all(&[*byte]);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            b
+        });
+        let deadline = Instant::now() + Duration::from_millis(150);
+        let r = c.recv(deadline, 1 << 20);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(matches!(r, Err(CallError::Timeout)), "{r:?}");
+        drop(t.join());
+    }
+
+    #[test]
+    fn an_oversized_frame_is_refused_from_its_length() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut c = AgentConn::new(a).unwrap();
+        // Only the length of a 48 MiB frame is sent: refused before any body is buffered.
+        b.write_all(&((48u32 << 20) + 4).to_le_bytes()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let r = c.recv(deadline, (1 << 20) + HEADER_ROOM);
+        assert!(matches!(r, Err(CallError::Proto(_))), "{r:?}");
+    }
+
+    #[test]
+    fn one_byte_frames_cost_the_same_per_frame() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut c = AgentConn::new(a).unwrap();
+        let one = proto::encode(
+            &Reply::Output {
+                id: 1,
+                stream: proto::Stream::Stdout,
+            },
+            b"x",
+        )
+        .unwrap();
+        let n = 20_000;
+        let all: Vec<u8> = one.iter().copied().cycle().take(one.len() * n).collect();
+        let w = std::thread::spawn(move || b.write_all(&all).map(|_| b));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut got = 0;
+        let mut moved_max = 0;
+        while got < n {
+            let f = c.recv(deadline, 1 << 20).unwrap();
+            assert_eq!(f.body, b"x");
+            got += 1;
+            moved_max = moved_max.max(c.buffered().1);
+        }
+        // The buffer never grows beyond one read and what was left of the last one.
+        assert!(moved_max <= 3 * READ_CHUNK, "buffer grew to {moved_max}");
+        drop(w.join());
+    }
+    /// The agent's end of a socket pair, played by a test thread.
+    struct Peer {
+        sock: UnixStream,
+        buf: proto::FrameBuffer,
+    }
+
+    impl Peer {
+        fn read_request(&mut self) -> Request {
+            let mut chunk = [0u8; 4096];
+            loop {
+                if let Some(f) = self.buf.next_frame::<Request>().unwrap() {
+                    return f.header;
+                }
+                let n = self.sock.read(&mut chunk).unwrap();
+                assert!(n > 0, "the host closed the channel");
+                self.buf.push(&chunk[..n]);
+            }
+        }
+
+        fn send(&mut self, bytes: &[u8]) {
+            self.sock.write_all(bytes).unwrap();
+        }
+    }
+
+    /// An agent played by a thread on the other end of a socket pair: it does what
+    /// `script` says with the channel.
+    fn scripted_agent(
+        script: impl FnOnce(&mut Peer) + Send + 'static,
+    ) -> (AgentConn, std::thread::JoinHandle<()>) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let t = std::thread::spawn(move || {
+            script(&mut Peer {
+                sock: b,
+                buf: proto::FrameBuffer::default(),
+            })
+        });
+        (AgentConn::new(a).unwrap(), t)
+    }
+
+    fn exec_request() -> Request {
+        Request::Exec {
+            id: 1,
+            argv: vec!["x".into()],
+            env: Default::default(),
+            cwd: "/work".into(),
+            stdio: proto::StdioMode::Framed,
+            limits: proto::ProcLimits {
+                open_files: 64,
+                file_size: 1 << 20,
+                address_space: 0,
+                processes: 0,
+            },
+            last: false,
+        }
+    }
+
+    fn exited(code: i32) -> Vec<u8> {
+        proto::encode(
+            &Reply::Exited {
+                id: 1,
+                code: Some(code),
+                signal: None,
+                cpu_us: 1,
+                max_rss_bytes: 2,
+                disk_full: false,
+                oom_killed: false,
+                pids_limited: false,
+                program_us: 3,
+            },
+            b"",
+        )
+        .unwrap()
+    }
+
+    fn plan<'a>(req: &'a Request, kill: bool, timeout: Duration, cap: u64) -> FramedExec<'a> {
+        FramedExec {
+            id: 1,
+            request: req,
+            stdin: b"",
+            deadline: Instant::now() + timeout,
+            stdout_cap: cap,
+            stderr_cap: cap,
+            kill_at_deadline: kill,
+            kill_grace: Duration::from_millis(300),
+        }
+    }
+
+    /// Drives `plan` with no sink and no watch of the tier's.
+    fn quiet_run(conn: &mut AgentConn, plan: &FramedExec<'_>) -> Result<FramedRun, ExecError> {
+        run_framed(conn, plan, &mut |_: OutputStream, _: &[u8]| {}, &mut || {
+            None
+        })
+    }
+
+    #[test]
+    fn output_is_relayed_within_its_cap_and_the_exit_reported() {
+        let (mut conn, agent) = scripted_agent(|s| {
+            assert!(matches!(s.read_request(), Request::Exec { id: 1, .. }));
+            assert!(matches!(s.read_request(), Request::Stdin { id: 1 }));
+            let out = Reply::Output {
+                id: 1,
+                stream: Stream::Stdout,
+            };
+            s.send(&proto::encode(&out, b"hello ").unwrap());
+            s.send(&proto::encode(&out, b"world").unwrap());
+            // Over the cap: the output limit stops the program with a kill.
+            assert!(matches!(s.read_request(), Request::Kill { id: 1 }));
+            s.send(&exited(137));
+        });
+        let req = exec_request();
+        let mut seen = Vec::new();
+        let mut sink = |_: OutputStream, d: &[u8]| seen.extend_from_slice(d);
+        let run = run_framed(
+            &mut conn,
+            &plan(&req, true, Duration::from_secs(20), 8),
+            &mut sink,
+            &mut || None,
+        )
+        .unwrap();
+        agent.join().unwrap();
+        assert_eq!(run.stdout, b"hello wo");
+        assert_eq!(seen, b"hello wo");
+        assert!(run.stdout_truncated);
+        assert_eq!(run.stopped, Some(Termination::OutputLimit));
+        assert!(
+            matches!(
+                run.ended,
+                Ended::Exited(Exit {
+                    code: Some(137),
+                    ..
+                })
+            ),
+            "{run:?}"
+        );
+    }
+
+    #[test]
+    fn the_deadline_kills_the_program_or_abandons_the_sandbox() {
+        let (mut conn, agent) = scripted_agent(|s| {
+            s.read_request();
+            s.read_request();
+            assert!(matches!(s.read_request(), Request::Kill { id: 1 }));
+            s.send(&exited(0));
+        });
+        let req = exec_request();
+        let run = quiet_run(&mut conn, &plan(&req, true, Duration::from_millis(200), 64)).unwrap();
+        agent.join().unwrap();
+        assert_eq!(run.stopped, Some(Termination::Timeout));
+        assert!(matches!(run.ended, Ended::Exited(_)), "{run:?}");
+
+        // A tier that ends the sandbox at the deadline sends no kill.
+        let (mut conn, agent) = scripted_agent(|s| {
+            s.read_request();
+            s.read_request();
+            std::thread::sleep(Duration::from_millis(400));
+        });
+        let run = quiet_run(
+            &mut conn,
+            &plan(&req, false, Duration::from_millis(100), 64),
+        )
+        .unwrap();
+        agent.join().unwrap();
+        assert_eq!(run.stopped, Some(Termination::Timeout));
+        assert!(matches!(run.ended, Ended::Abandoned), "{run:?}");
+    }
+
+    #[test]
+    fn an_agent_that_ignores_a_kill_is_given_up_on() {
+        let (mut conn, agent) = scripted_agent(|s| {
+            s.read_request();
+            s.read_request();
+            assert!(matches!(s.read_request(), Request::Kill { id: 1 }));
+            // Says nothing more, and keeps the channel open past the grace.
+            std::thread::sleep(Duration::from_millis(800));
+        });
+        let req = exec_request();
+        let t = Instant::now();
+        let mut calls = 0;
+        // The tier's own watch stops the program (a fork bomb, say).
+        let mut check = || {
+            calls += 1;
+            (calls > 2).then_some(Termination::ProcessLimit)
+        };
+        let run = run_framed(
+            &mut conn,
+            &plan(&req, true, Duration::from_secs(20), 64),
+            &mut |_: OutputStream, _: &[u8]| {},
+            &mut check,
+        )
+        .unwrap();
+        assert_eq!(run.stopped, Some(Termination::ProcessLimit));
+        assert!(matches!(run.ended, Ended::KillUnanswered), "{run:?}");
+        assert!(t.elapsed() < Duration::from_secs(5), "held past the grace");
+        agent.join().unwrap();
+    }
+
+    #[test]
+    fn a_closed_channel_is_lost_and_a_stray_reply_is_a_protocol_error() {
+        let (mut conn, agent) = scripted_agent(|s| {
+            s.read_request();
+            s.read_request();
+        });
+        let req = exec_request();
+        let run = quiet_run(&mut conn, &plan(&req, true, Duration::from_secs(20), 64)).unwrap();
+        agent.join().unwrap();
+        assert!(matches!(run.ended, Ended::Lost(_)), "{run:?}");
+
+        let (mut conn, agent) = scripted_agent(|s| {
+            s.read_request();
+            s.read_request();
+            s.send(&proto::encode(&Reply::File { truncated: false }, b"").unwrap());
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let r = quiet_run(&mut conn, &plan(&req, true, Duration::from_secs(20), 64));
+        agent.join().unwrap();
+        assert!(matches!(r, Err(ExecError::Protocol(_))), "{r:?}");
+    }
+}
