@@ -84,24 +84,3 @@ pub fn server_backends(data_dir: &std::path::Path) -> cordon_server::Backends {
     }
     map
 }
-
-/// Every tier of this build for `cordon run`, with the policy step's probe and audit record.
-pub struct FullTiers;
-
-impl cordon_front::run::Tiers for FullTiers {
-    fn backend(&self, tier: Tier) -> Option<Box<dyn Backend>> {
-        AnyBackend::for_tier(tier).map(|b| Box::new(b) as Box<dyn Backend>)
-    }
-
-    fn probe_host(&self, fits: &[Tier], data_dir: &std::path::Path) -> cordon_policy::Host {
-        crate::policy::probe_host(None, fits, data_dir)
-    }
-
-    fn audit(
-        &self,
-        decided: &std::result::Result<cordon_engine::Admission, cordon_engine::Denial>,
-        data_dir: &std::path::Path,
-    ) -> anyhow::Result<()> {
-        crate::policy::audit_record(decided, data_dir)
-    }
-}

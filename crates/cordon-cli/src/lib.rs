@@ -1,22 +1,20 @@
-//! `cordon`: run code an AI agent wrote inside a sandbox.
+//! `cordon-full`: every `cordon` command, wired to the crates that do the work.
 //!
-//! Two binaries share this library: `cordon`, a small front that runs the common `cordon
-//! run` on the container tier itself (its start-up is a few hundred microseconds shorter
-//! than a binary that also carries wasmtime, the server and every other tier), and
-//! `cordon-full`, which has every command; the front hands it everything else.
+//! The `cordon` front (crate `cordon-front`) runs the common `cordon run` on the container
+//! tier itself (its start-up is a few hundred microseconds shorter than a binary that also
+//! carries wasmtime, the server and every other tier) and hands everything else to this
+//! binary. This crate is command wiring and the tiers of this build (`backends`, `tiers`);
+//! the measuring tools (`cordon bench`, `cordon cost`, `cordon serve --bench`) are
+//! `cordon-measure`'s, which gets the tiers through its `Tiers` trait.
 
 mod audit;
 mod backends;
-mod bench;
-mod chart;
-mod cost;
 mod doctor;
 mod image;
 mod mcp;
 mod policy;
 mod serve;
-mod serve_bench;
-mod sys;
+mod tiers;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -41,10 +39,10 @@ enum Cmd {
     /// Show every tier: available or not, why, and the fix.
     Doctor(doctor::DoctorArgs),
     /// Measure start-up cost of the tiers beside their peers on this host.
-    Bench(bench::BenchArgs),
+    Bench(cordon_measure::bench::BenchArgs),
     /// Hosted sandboxes or self-hosted Cordon: monthly cost at your volume and the
     /// crossover, from your prices and this host's last bench.
-    Cost(Box<cost::CostArgs>),
+    Cost(Box<cordon_measure::cost::CostArgs>),
     /// Build guest images (the microvm tier's kernel, root filesystem and agent).
     Image(image::ImageArgs),
     /// Serve the HTTP API (and MCP over HTTP) with sessions, warm pools and an audit store.
@@ -83,10 +81,10 @@ pub fn full_main() -> ! {
 
 fn dispatch(cli: Cli) -> Result<i32> {
     match cli.command {
-        Cmd::Run(args) => cordon_front::run::run(*args, &backends::FullTiers),
+        Cmd::Run(args) => cordon_front::run::run(*args, &tiers::FullTiers),
         Cmd::Doctor(args) => doctor::doctor(args),
-        Cmd::Bench(args) => bench::bench(args),
-        Cmd::Cost(args) => cost::cost(*args),
+        Cmd::Bench(args) => cordon_measure::bench::bench(args, &tiers::FullTiers, &data_dir()),
+        Cmd::Cost(args) => cordon_measure::cost::cost(*args, &data_dir()),
         Cmd::Image(args) => image::image(args),
         Cmd::Serve(args) => serve::serve(args),
         Cmd::Mcp(args) => mcp::mcp(args),

@@ -44,7 +44,7 @@ pub fn mcp(args: McpArgs) -> Result<i32> {
     rt.block_on(async move {
         cfg.policy
             .bench_file
-            .get_or_insert_with(|| crate::policy::bench_file(&crate::data_dir()));
+            .get_or_insert_with(|| cordon_policy::bench_file(&crate::data_dir()));
         let backends = backends::server_backends(&cfg.data_dir);
         let svc = Service::start(cfg, Keys::default(), backends, None).await?;
         let io = (tokio::io::stdin(), tokio::io::stdout());

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use cordon_core::{Backend, Tier};
-use cordon_policy::{BenchFigures, Decision, Host, Refusal, Request, Rules, Shape, TierChoice};
+use cordon_policy::{
+    BenchFigures, Decision, Host, Refusal, Request, Rules, Shape, TierChoice, bench_file,
+};
 
 use crate::backends::AnyBackend;
 
@@ -68,11 +70,6 @@ pub fn load_rules(path: Option<&Path>) -> Result<(Rules, String)> {
             cordon_policy::DEFAULT_RULES.to_string(),
         )),
     }
-}
-
-/// Where `cordon bench` keeps its figures: `<data dir>/bench/last.json`.
-pub fn bench_file(data_dir: &Path) -> PathBuf {
-    data_dir.join("bench").join("last.json")
 }
 
 /// This host: which tiers probe available (and fit the request), and the bench figures

@@ -41,7 +41,11 @@ pub struct ServeArgs {
 
 pub fn serve(args: ServeArgs) -> Result<i32> {
     if args.bench {
-        return crate::serve_bench::bench(args.iterations.max(1), &args.tiers);
+        return cordon_measure::serve_bench::bench(
+            args.iterations.max(1),
+            &args.tiers,
+            &crate::tiers::FullTiers,
+        );
     }
     if let Some(tenant) = args.new_key {
         let key = keys::generate_key()?;
@@ -57,7 +61,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     // `tier: "auto"` ranks by this host's last `cordon bench` unless the config says where.
     cfg.policy
         .bench_file
-        .get_or_insert_with(|| crate::policy::bench_file(&crate::data_dir()));
+        .get_or_insert_with(|| cordon_policy::bench_file(&crate::data_dir()));
     if let Some(b) = args.bind {
         cfg.bind = b;
     }

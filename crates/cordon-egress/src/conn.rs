@@ -13,7 +13,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditEvent, Decision, Kind};
-use crate::proxy::Shared;
+use crate::shared::Shared;
 
 /// Why a connection ended: (rule, sentence).
 pub(crate) type EndReason = (String, String);

@@ -41,6 +41,7 @@ mod proxy;
 pub mod resolve;
 pub mod scan;
 mod secrets;
+mod shared;
 mod target;
 mod tls;
 
@@ -69,8 +70,8 @@ pub use tls::UpstreamRoots;
 
 use crate::audit::AuditLog;
 use crate::limits::RateLimiter;
-use crate::proxy::{CompiledHttpRule, Shared};
 use crate::secrets::Grants;
+use crate::shared::{CompiledHttpRule, Shared};
 
 /// Port the in-sandbox forwarder listens on by default (`127.0.0.1:3128`).
 pub const DEFAULT_SANDBOX_PROXY_PORT: u16 = 3128;

@@ -5,8 +5,7 @@ use std::convert::Infallible;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::atomic::Ordering;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
@@ -18,64 +17,18 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{Mutex, Semaphore};
-use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio::sync::Mutex;
+use tokio_rustls::LazyConfigAcceptor;
 
-use crate::audit::{AuditEvent, AuditLog, Decision, Kind};
+use crate::audit::{AuditEvent, Decision, Kind};
 use crate::body::{ProxyBody, RedactBody, ScanBody, box_err, empty, full};
 use crate::conn::{Conn, MeteredIo};
-use crate::limits::{EgressLimits, RateLimiter};
-use crate::policy::{Host, Pattern, Policy, Refusal, path_has_prefix, path_is_canonical};
-use crate::resolve::Resolver;
+use crate::policy::{Host, Refusal, path_has_prefix, path_is_canonical};
 use crate::scan::{StreamDetector, StreamRedactor, redact_bytes};
-use crate::secrets::{GrantDecision, Grants};
+use crate::secrets::GrantDecision;
+use crate::shared::Shared;
 use crate::target::{BadTarget, authority_names, connect_target, host_header, http_target};
-use crate::tls::{SandboxCa, server_name};
-
-/// Method and path rules for a host whose TLS the proxy terminates.
-#[derive(Debug, Clone)]
-pub(crate) struct CompiledHttpRule {
-    pub host: Pattern,
-    pub methods: Vec<Method>,
-    pub paths: Vec<String>,
-}
-
-/// Everything the connections of one sandbox share.
-pub(crate) struct Shared {
-    pub policy: Policy,
-    pub grants: Grants,
-    pub http_rules: Vec<CompiledHttpRule>,
-    pub limits: EgressLimits,
-    pub resolver: Arc<dyn Resolver>,
-    pub ca: SandboxCa,
-    /// TLS to upstreams; only a proxy that terminates some host's TLS has it.
-    pub upstream_tls: Option<TlsConnector>,
-    pub audit: AuditLog,
-    pub conn_sem: Arc<Semaphore>,
-    pub rate: RateLimiter,
-    pub bytes_up: AtomicU64,
-    pub bytes_down: AtomicU64,
-    pub requests: AtomicU64,
-    pub connections: AtomicU64,
-    pub cancel: CancellationToken,
-    pub tracker: TaskTracker,
-    pub epoch: Instant,
-}
-
-impl Shared {
-    pub(crate) fn terminates(&self, host: &Host) -> bool {
-        self.grants.covers(host) || self.http_rules.iter().any(|r| r.host.matches_host(host))
-    }
-
-    /// The upstream TLS client, which every proxy that terminates a host's TLS has.
-    fn upstream_tls(&self) -> Result<&TlsConnector, String> {
-        self.upstream_tls
-            .as_ref()
-            .ok_or_else(|| "the proxy has no upstream TLS configuration (a bug)".to_string())
-    }
-}
+use crate::tls::server_name;
 
 /// A client stream: unix or TCP.
 pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}

@@ -20,28 +20,9 @@ use serde_json::json;
 use crate::MicrovmError;
 use crate::egress::{EgressTuning, VmEgress};
 use crate::image::{self, Image};
-use crate::qemu::{self, RunAs, Vm, VmParams};
+use crate::qemu::{self, Accel, RunAs, Vm, VmParams};
 use crate::snapshots::SnapshotStore;
 use cordon_host::agent::{self, AgentConn, CallError, HEADER_ROOM};
-
-/// The accelerator QEMU runs guests with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Accel {
-    /// Hardware virtualization through /dev/kvm.
-    Kvm,
-    /// QEMU's software emulation: the same wall, far slower.
-    Tcg,
-}
-
-impl Accel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Accel::Kvm => "kvm",
-            Accel::Tcg => "tcg",
-        }
-    }
-}
 
 /// Decides whether KVM is really usable here: `/dev/kvm` alone is not enough (a paravirtual
 /// `kvm_pvm` device emulates guest kernel code ~1000x slower and crashes stock kernels).

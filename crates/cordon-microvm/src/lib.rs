@@ -22,8 +22,9 @@ mod seccomp;
 mod snapshots;
 mod sys;
 
-pub use backend::{Accel, MicrovmBackend, MicrovmConfig, MicrovmSandbox, probe_accel};
+pub use backend::{MicrovmBackend, MicrovmConfig, MicrovmSandbox, probe_accel};
 pub use egress::EgressTuning;
+pub use qemu::Accel;
 
 /// Errors of the microvm tier, converted into [`cordon_core::Error`] at the API boundary.
 #[derive(Debug, thiserror::Error)]

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::MicrovmError;
-use crate::backend::Accel;
 use crate::image::Image;
 use crate::sys;
 use cordon_guest::proto::EGRESS_PORT_NAME;
@@ -27,6 +26,25 @@ pub const JAIL_VM_DIR: &str = "/vm";
 pub const INCOMING_FD: i32 = 3;
 /// The most of QEMU's log and the guest console Cordon reads back (their last bytes).
 const LOG_TAIL: u64 = 64 << 10;
+
+/// The accelerator QEMU runs guests with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    /// Hardware virtualization through /dev/kvm.
+    Kvm,
+    /// QEMU's software emulation: the same wall, far slower.
+    Tcg,
+}
+
+impl Accel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
 
 /// Everything that decides the QEMU command line.
 #[derive(Debug, Clone)]

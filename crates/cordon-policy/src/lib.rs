@@ -12,5 +12,5 @@ mod rules;
 pub use model::{Autonomy, Request, Shape, TierChoice, Trust};
 pub use rules::{
     BenchFigures, DEFAULT_RULES, Decision, Host, LoadError, PolicyId, Ranking, Reason, Refusal,
-    Rules,
+    Rules, bench_file,
 };

@@ -189,6 +189,12 @@ impl Host {
     }
 }
 
+/// Where `cordon bench` keeps its figures: `<data dir>/bench/last.json` (the caller reads
+/// it and hands the text to [`BenchFigures::from_bench_json`]).
+pub fn bench_file(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("bench").join("last.json")
+}
+
 /// Per-tier figures from `cordon bench` (median microseconds of a start + trivial exec), each
 /// with when it was measured: a bench of some tiers keeps the stored figures of the others.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

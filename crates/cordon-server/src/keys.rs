@@ -4,7 +4,9 @@
 //! useless to a reader of the config; lookups go by digest, so no key is compared in clear.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
@@ -131,6 +133,47 @@ impl Keys {
 
     pub fn is_empty(&self) -> bool {
         self.by_digest.is_empty()
+    }
+}
+
+/// Failed key attempts per source address: after `edge.failures_before_slowdown` within a
+/// minute, that source's key attempts are answered 429 without being checked, for a
+/// back-off that doubles with each further failure (up to a minute).
+#[derive(Default)]
+pub struct Throttle {
+    failures: std::sync::Mutex<HashMap<IpAddr, (u32, Instant)>>,
+}
+
+/// How long failures are remembered, and the longest back-off.
+const THROTTLE_WINDOW: Duration = Duration::from_secs(60);
+
+impl Throttle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, (u32, Instant)>> {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Seconds to wait when `ip` is in back-off now.
+    pub(crate) fn check(&self, ip: IpAddr, allowed: u32) -> Option<u64> {
+        let m = self.lock();
+        let (n, last) = *m.get(&ip)?;
+        if n < allowed || last.elapsed() >= THROTTLE_WINDOW {
+            return None;
+        }
+        let backoff = Duration::from_secs(1u64 << (n - allowed).min(6)).min(THROTTLE_WINDOW);
+        (last.elapsed() < backoff).then(|| (backoff - last.elapsed()).as_secs().max(1))
+    }
+
+    pub(crate) fn fail(&self, ip: IpAddr) {
+        let mut m = self.lock();
+        if m.len() > 65_536 {
+            m.retain(|_, (_, t)| t.elapsed() < THROTTLE_WINDOW);
+        }
+        let e = m.entry(ip).or_insert((0, Instant::now()));
+        if e.1.elapsed() >= THROTTLE_WINDOW {
+            e.0 = 0;
+        }
+        e.0 = e.0.saturating_add(1);
+        e.1 = Instant::now();
     }
 }
 

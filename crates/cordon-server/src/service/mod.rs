@@ -111,7 +111,7 @@ struct Inner {
     _pool_budget: Vec<Reservation>,
     /// Mints grant tokens and publishes their keys.
     issuer: Arc<Issuer>,
-    throttle: crate::api::Throttle,
+    throttle: crate::keys::Throttle,
     stopping: AtomicBool,
     cancel: CancellationToken,
     /// Destroys running in the background (one-shot runs, the reaper); shutdown waits.
@@ -331,7 +331,7 @@ impl Service {
                 ledger,
                 _pool_budget: pool_budget,
                 issuer,
-                throttle: crate::api::Throttle::default(),
+                throttle: crate::keys::Throttle::default(),
                 stopping: AtomicBool::new(false),
                 cancel: CancellationToken::new(),
                 destroys: TaskTracker::new(),
@@ -355,7 +355,7 @@ impl Service {
     }
 
     /// Failed-key back-off per source address.
-    pub fn throttle(&self) -> &crate::api::Throttle {
+    pub fn throttle(&self) -> &crate::keys::Throttle {
         &self.inner.throttle
     }
 

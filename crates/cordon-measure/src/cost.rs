@@ -419,11 +419,12 @@ fn size_arg(flag: &str, s: &str) -> Result<f64> {
         .map_err(|e| anyhow::anyhow!("--{flag} {s:?}: {e} (e.g. 64G or 150M)"))
 }
 
-pub fn cost(args: CostArgs) -> Result<i32> {
+/// `cordon cost`; the last bench and the default chart are under `data_dir`.
+pub fn cost(args: CostArgs, data_dir: &Path) -> Result<i32> {
     let bench_path = args
         .bench
         .clone()
-        .unwrap_or_else(|| crate::policy::bench_file(&crate::data_dir()));
+        .unwrap_or_else(|| cordon_policy::bench_file(data_dir));
     let mem_override = args
         .memory_per_sandbox
         .as_deref()
@@ -507,7 +508,7 @@ pub fn cost(args: CostArgs) -> Result<i32> {
             "the chart is written as SVG: give --chart a path ending in .svg, e.g. --chart cost.svg"
         ),
         Some(p) => p.clone(),
-        None => crate::data_dir().join("bench").join("cost.svg"),
+        None => data_dir.join("bench").join("cost.svg"),
     };
     draw(&inputs, &est, &chart, &args.currency)?;
     let c = &args.currency;

@@ -1,4 +1,4 @@
-//! The CLI's only unsafe code: a hook run in a forked child before it execs a peer runtime
+//! This crate's only unsafe code: a hook run in a forked child before it execs a peer runtime
 //! for `cordon bench`.
 
 use std::os::unix::process::CommandExt;

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use cordon_core::Tier;
 use cordon_server::{Config, Server};
 
-use crate::backends;
+use crate::Tiers;
 
 struct Client {
     reader: BufReader<TcpStream>,
@@ -82,7 +82,9 @@ fn trivial(tier: Tier) -> &'static str {
     }
 }
 
-pub fn bench(iterations: usize, only: &[Tier]) -> Result<i32> {
+/// `cordon serve --bench`: `iterations` round trips of each kind per tier of `tiers` (only
+/// those in `only`, when it names any).
+pub fn bench(iterations: usize, only: &[Tier], tiers: &dyn Tiers) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -98,7 +100,7 @@ pub fn bench(iterations: usize, only: &[Tier]) -> Result<i32> {
         if !only.is_empty() && !only.contains(&tier) {
             continue;
         }
-        match bench_tier(&rt, tier, iterations)? {
+        match bench_tier(&rt, tiers, tier, iterations)? {
             Some(m) => {
                 println!(
                     "{:<10} {:>14} {:>14} {:>7.1}x {:>16} {:>16}",
@@ -185,6 +187,7 @@ fn timing(body: &str, which: &str) -> Result<Duration> {
 /// this tier's; `None` when the tier is unavailable here.
 fn bench_tier(
     rt: &tokio::runtime::Runtime,
+    tiers: &dyn Tiers,
     tier: Tier,
     iterations: usize,
 ) -> Result<Option<Medians>> {
@@ -208,7 +211,7 @@ fn bench_tier(
         },
     );
     cfg.pools.insert(tier, 2);
-    let backends = backends::server_backends(&dir);
+    let backends = tiers.server_backends(&dir);
     let server = rt.block_on(Server::start(cfg, backends, None))?;
     let result = measure(&server, tier, iterations, &key);
     rt.block_on(server.shutdown());

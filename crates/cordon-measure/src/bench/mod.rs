@@ -1,7 +1,7 @@
 //! `cordon bench`: what each tier costs on this host, beside the peers this host already has,
-//! in one run. Every tier this build has is measured (iterating `Tier::ALL` through
-//! [`AnyBackend`], so a new tier needs no change here); speed targets are checked by reading
-//! these figures, never by timed tests. The JSON schema is documented in docs/bench.md.
+//! in one run. Every tier this build has is measured (iterating `Tier::ALL` through the
+//! caller's [`Tiers`], so a new tier needs no change here); speed targets are checked by
+//! reading these figures, never by timed tests. The JSON schema is documented in docs/bench.md.
 
 mod memory;
 mod peers;
@@ -9,7 +9,7 @@ mod stats;
 mod store;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use stats::{Budget, Stats};
 
-use crate::backends::AnyBackend;
+use crate::Tiers;
 
 /// The schema of the JSON `cordon bench` writes (docs/bench.md).
 pub const SCHEMA: &str = "cordon-bench/1";
@@ -322,7 +322,7 @@ fn exec_ok(sb: &mut dyn Sandbox, req: &ExecRequest) -> Result<()> {
 }
 
 /// create + exec + destroy, the unit of a cold start.
-fn cycle(b: &AnyBackend, spec: &SandboxSpec, req: &ExecRequest) -> Result<()> {
+fn cycle(b: &dyn Backend, spec: &SandboxSpec, req: &ExecRequest) -> Result<()> {
     let mut sb = b.create(spec)?;
     let r = exec_ok(sb.as_mut(), req);
     let d = sb.destroy();
@@ -331,7 +331,7 @@ fn cycle(b: &AnyBackend, spec: &SandboxSpec, req: &ExecRequest) -> Result<()> {
     Ok(())
 }
 
-fn pick_trivial(b: &AnyBackend, spec: &SandboxSpec) -> Result<(String, ExecRequest)> {
+fn pick_trivial(b: &dyn Backend, spec: &SandboxSpec) -> Result<(String, ExecRequest)> {
     let mut tried = Vec::new();
     for (name, req) in trivial_candidates() {
         match cycle(b, spec, &req) {
@@ -406,21 +406,21 @@ struct Subject {
 }
 
 struct LiveTier {
-    backend: std::sync::Arc<AnyBackend>,
+    backend: std::sync::Arc<dyn Backend>,
     spec: SandboxSpec,
     trivial: ExecRequest,
     report_index: usize,
 }
 
-pub fn bench(args: BenchArgs) -> Result<i32> {
+/// `cordon bench` over the tiers `tiers` has; its figures go to `<data_dir>/bench/`.
+pub fn bench(args: BenchArgs, tiers: &dyn Tiers, data_dir: &Path) -> Result<i32> {
     let plan = Plan::from_args(&args)?;
-    let data_dir = crate::data_dir();
     let chart_path = match &args.chart {
         Some(p) if p.extension().is_none_or(|e| e != "svg") => bail!(
             "the chart is written as SVG (it needs no fonts on this host): give --chart a path ending in .svg, e.g. --chart bench.svg"
         ),
         Some(p) => p.clone(),
-        None => crate::policy::bench_file(&data_dir).with_file_name("last.svg"),
+        None => cordon_policy::bench_file(data_dir).with_file_name("last.svg"),
     };
     let selected: Vec<Tier> = match &args.tiers {
         Some(t) => Tier::ALL.into_iter().filter(|x| t.contains(x)).collect(),
@@ -444,9 +444,10 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
     let scratch = std::env::temp_dir().join(format!("cordon-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)
         .with_context(|| format!("creating the scratch directory {}", scratch.display()))?;
-    let last = crate::policy::bench_file(&data_dir);
+    let last = cordon_policy::bench_file(data_dir);
     let result = run_bench(
         &args,
+        tiers,
         &plan,
         &selected,
         &peer_names,
@@ -459,6 +460,7 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
 
 fn run_bench(
     args: &BenchArgs,
+    build: &dyn Tiers,
     plan: &Plan,
     selected: &[Tier],
     peer_names: &[String],
@@ -474,7 +476,7 @@ fn run_bench(
     // Which tiers can run, each with the trivial snippet it runs (this is also the warm-up).
     for &tier in selected {
         let mut rep = TierReport::new(tier);
-        let Some(backend) = AnyBackend::for_tier(tier) else {
+        let Some(backend) = build.backend(tier) else {
             rep.status = "skipped";
             rep.reason = Some("this build of cordon has no such tier".into());
             out.note(&format!(
@@ -512,11 +514,11 @@ fn run_bench(
         }
         out.step(format!("{tier}: first sandbox"));
         let spec = SandboxSpec::new(tier);
-        match pick_trivial(&backend, &spec) {
+        match pick_trivial(backend.as_ref(), &spec) {
             Ok((name, req)) => {
                 rep.trivial = Some(name);
                 live.push(LiveTier {
-                    backend: std::sync::Arc::new(backend),
+                    backend: std::sync::Arc::from(backend),
                     spec,
                     trivial: req,
                     report_index: tiers.len(),
@@ -568,7 +570,7 @@ fn run_bench(
                 "{} tier in-process: create + trivial exec + destroy",
                 lt.spec.tier
             ),
-            run: Box::new(move || cycle(&b, &spec, &req)),
+            run: Box::new(move || cycle(b.as_ref(), &spec, &req)),
             samples: Vec::new(),
             spent: Duration::ZERO,
             error: None,
@@ -753,7 +755,7 @@ fn run_bench(
                 .samples
                 .sample(|| {
                     let t = Instant::now();
-                    cycle(&lt.backend, &lt.spec, &req)?;
+                    cycle(lt.backend.as_ref(), &lt.spec, &req)?;
                     Ok(t.elapsed())
                 })
                 .map(|v| Stats::of(&v));
@@ -1038,7 +1040,7 @@ fn measure_throughput(lt: &LiveTier, plan: &Plan) -> Result<Throughput> {
                 s.spawn(|| {
                     let mut n = 0;
                     while Instant::now() < deadline {
-                        cycle(&lt.backend, &lt.spec, &lt.trivial)?;
+                        cycle(lt.backend.as_ref(), &lt.spec, &lt.trivial)?;
                         n += 1;
                     }
                     Ok(n)
