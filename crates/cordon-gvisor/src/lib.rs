@@ -718,22 +718,47 @@ impl GvisorSandbox {
     /// Ends the runsc sandbox (every process in it) and removes its runsc state and
     /// cgroup. Returns the tail of what runsc wrote on stderr.
     fn stop_live(&mut self) -> String {
-        let Some(mut live) = self.live.take() else {
+        self.stop_live_with(false)
+    }
+
+    /// As [`Self::stop_live`]; `graceful` first asks a healthy agent to shut down, which
+    /// ends the container and lets `runsc run` remove it itself (two fewer runsc starts
+    /// than a kill and a forced delete).
+    fn stop_live_with(&mut self, graceful: bool) -> String {
+        let Some(live) = self.live.take() else {
             return String::new();
         };
-        if matches!(live.runsc.try_wait(), Ok(None)) || has_state(&self.config, &live.cid) {
-            force_delete(&self.config, &live.cid);
+        let Live {
+            cid,
+            mut runsc,
+            mut conn,
+            cgroup,
+            watch,
+            stderr,
+        } = live;
+        if graceful && matches!(runsc.try_wait(), Ok(None)) {
+            let by = Instant::now() + Duration::from_millis(500);
+            if conn.send(&Request::Shutdown, b"", by).is_ok() {
+                drop(conn);
+                let until = Instant::now() + Duration::from_secs(2);
+                while matches!(runsc.try_wait(), Ok(None)) && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
         }
-        let _ = live.runsc.kill();
-        let _ = live.runsc.wait();
-        reap::remove_lock(&self.config.state_root, &live.cid);
-        live.watch.finish();
-        if let Some(cg) = &live.cgroup
+        if matches!(runsc.try_wait(), Ok(None)) || has_state(&self.config, &cid) {
+            force_delete(&self.config, &cid);
+        }
+        let _ = runsc.kill();
+        let _ = runsc.wait();
+        reap::remove_lock(&self.config.state_root, &cid);
+        watch.finish();
+        if let Some(cg) = &cgroup
             && !cg.remove(Duration::from_secs(5))
         {
             tracing::warn!(cgroup = %cg.oci_path(), "could not remove a sandbox cgroup; the next create reaps it");
         }
-        let tail = live.stderr.lock().unwrap_or_else(PoisonError::into_inner);
+        let tail = stderr.lock().unwrap_or_else(PoisonError::into_inner);
         String::from_utf8_lossy(&tail).trim().to_string()
     }
 
@@ -1022,7 +1047,7 @@ impl Sandbox for GvisorSandbox {
             return Ok(());
         }
         self.destroyed = true;
-        self.stop_live();
+        self.stop_live_with(true);
         // The proxy (and every placeholder with it) ends with the sandbox.
         self.egress = None;
         self.workspace = None;

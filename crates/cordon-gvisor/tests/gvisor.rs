@@ -597,7 +597,7 @@ fn proc_of_pid_one_leads_back_into_the_sandbox() {
     // reaper's environment, which is the agent's fixed `PATH` and `HOME` and nothing else.)
     let o = sh(
         b,
-        "tr '\\0' ' ' < /proc/1/cmdline; echo; echo /proc/1/root/*; cat /proc/self/root/etc/hostname; cat /proc/1/root/etc/shadow; cat /proc/1/mem >/dev/null 2>&1 && echo READ mem; tr '\\0' ' ' < /proc/1/environ 2>/dev/null | grep -v '^PATH=/usr/bin:/bin HOME=/ $'; true",
+        "tr '\\0' ' ' < /proc/1/cmdline; echo; echo /proc/1/root/*; cat /proc/self/root/etc/hostname; cat /proc/1/root/etc/shadow; cat /proc/1/mem >/dev/null 2>&1 && echo READ mem; tr '\\0' '\\n' < /proc/1/environ 2>/dev/null | grep -v -x -e PATH=/usr/bin:/bin -e HOME=/; true",
     );
     let out = text(&o.stdout);
     let mut lines = out.lines();
