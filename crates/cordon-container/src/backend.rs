@@ -499,7 +499,7 @@ fn start_init(cfg: &ContainerConfig) -> Result<Started> {
         .stderr(Stdio::null());
     // From a process-lifetime thread: the init's parent-death signal must follow this
     // process, not the (possibly short-lived) thread that asked for the sandbox.
-    let mut outer = cordon_guest::host::spawn_tied(cmd).map_err(|e| Error::Unavailable {
+    let mut outer = cordon_host::spawn_tied(cmd).map_err(|e| Error::Unavailable {
         tier: Tier::Container,
         reason: format!("cannot start {}: {e}", cfg.init_path.display()),
         fix: "build cordon-sandbox-init and keep it next to cordon, or set CORDON_SANDBOX_INIT"
@@ -699,7 +699,7 @@ impl ContainerSandbox {
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
-        let argv = cordon_guest::host::argv_for(req, Tier::Container, true)?;
+        let argv = cordon_host::agent::argv_for(req, Tier::Container, true)?;
         let env = self.env_for(req);
         let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());
         let limits = self.spec.limits.clone();
@@ -1086,7 +1086,7 @@ impl Sandbox for ContainerSandbox {
         match reply.header {
             Reply::Ok => Ok(()),
             Reply::Error { code, message } => {
-                Err(cordon_guest::host::file_error(path, code, message))
+                Err(cordon_host::agent::file_error(path, code, message))
             }
             other => Err(sandbox_err(
                 "unexpected reply to a file write",
@@ -1118,7 +1118,7 @@ impl Sandbox for ContainerSandbox {
                 ),
             }),
             Reply::Error { code, message } => {
-                Err(cordon_guest::host::file_error(path, code, message))
+                Err(cordon_host::agent::file_error(path, code, message))
             }
             other => Err(sandbox_err(
                 "unexpected reply to a file read",

@@ -5,7 +5,6 @@
 pub mod agent;
 pub mod files;
 pub mod forwarder;
-pub mod host;
 pub mod proto;
 pub mod sys;
 pub mod tunnel;

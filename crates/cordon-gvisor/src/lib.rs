@@ -658,7 +658,7 @@ impl GvisorSandbox {
         sys::die_with_parent(&mut cmd);
         // runsc outlives this call: it is tied to a thread that lives as long as the
         // process, not to the (possibly short-lived) thread that creates the sandbox.
-        let mut runsc = match cordon_guest::host::spawn_tied(cmd) {
+        let mut runsc = match cordon_host::spawn_tied(cmd) {
             Ok(c) => c,
             Err(e) => {
                 remove_cgroup(&cgroup);
@@ -859,7 +859,7 @@ impl Sandbox for GvisorSandbox {
                 reason: "destroyed".into(),
             });
         }
-        let argv = cordon_guest::host::argv_for(req, Tier::Gvisor, false)?;
+        let argv = cordon_host::agent::argv_for(req, Tier::Gvisor, false)?;
         let t0 = Instant::now();
         // A runsc sandbox that was lost (its memory limit ended the sentry, or its agent
         // stopped answering) is started again: /work lives on the host and survives it.
@@ -1012,7 +1012,7 @@ impl Sandbox for GvisorSandbox {
         validate_sandbox_path(path)?;
         self.workspace()?
             .put(path, mode, data)
-            .map_err(|(code, message)| cordon_guest::host::file_error(path, code, message))
+            .map_err(|(code, message)| cordon_host::agent::file_error(path, code, message))
     }
 
     fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
@@ -1020,7 +1020,7 @@ impl Sandbox for GvisorSandbox {
         let (data, truncated) = self
             .workspace()?
             .get(path, max_bytes)
-            .map_err(|(code, message)| cordon_guest::host::file_error(path, code, message))?;
+            .map_err(|(code, message)| cordon_host::agent::file_error(path, code, message))?;
         if truncated {
             return Err(Error::File {
                 path: path.into(),

@@ -10,6 +10,9 @@ pub mod cgroup;
 pub mod egress;
 pub mod idpool;
 mod sys;
+pub mod tied;
+
+pub use tied::spawn_tied;
 
 /// Errors of the host side, converted into [`cordon_core::Error`] at the API boundary.
 #[derive(Debug, thiserror::Error)]

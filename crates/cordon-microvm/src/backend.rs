@@ -833,7 +833,7 @@ impl MicrovmSandbox {
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
-        let argv = cordon_guest::host::argv_for(req, Tier::Microvm, false)?;
+        let argv = cordon_host::agent::argv_for(req, Tier::Microvm, false)?;
         let env = self.env_for(req);
         let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());
         let limits = self.spec.limits.clone();
@@ -971,7 +971,7 @@ impl Sandbox for MicrovmSandbox {
         match f.header {
             Reply::Ok => Ok(()),
             Reply::Error { code, message } => {
-                Err(cordon_guest::host::file_error(path, code, message))
+                Err(cordon_host::agent::file_error(path, code, message))
             }
             other => Err(sandbox_err(
                 "unexpected reply to a file write",
@@ -1007,7 +1007,7 @@ impl Sandbox for MicrovmSandbox {
                 ),
             }),
             Reply::Error { code, message } => {
-                Err(cordon_guest::host::file_error(path, code, message))
+                Err(cordon_host::agent::file_error(path, code, message))
             }
             other => Err(sandbox_err(
                 "unexpected reply to a file read",

@@ -280,7 +280,7 @@ impl Vm {
         );
         // From a process-lifetime thread: QEMU's parent-death signal must follow this
         // process, not the (possibly short-lived) thread that asked for the sandbox.
-        let child = cordon_guest::host::spawn_tied(cmd).map_err(|e| {
+        let child = cordon_host::spawn_tied(cmd).map_err(|e| {
             MicrovmError::Qemu(format!(
                 "cannot start {}: {e}; install qemu-system-x86 (scripts/setup.sh)",
                 params.qemu.display()
