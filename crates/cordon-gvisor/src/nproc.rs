@@ -9,6 +9,7 @@
 //! program tries.
 
 use std::io::Read;
+use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +17,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
 use crate::GvisorError;
+
+/// How long the idle reader waits for the log at a time (also how late it sees a stop).
+const IDLE_WAIT_MS: u8 = 25;
 
 /// The system calls runsc is asked to trace.
 pub const TRACED: &str = "clone,fork,vfork,clone3";
@@ -122,7 +128,19 @@ fn read_log(mut file: std::fs::File, stop: &AtomicBool, seen: &Mutex<Refusals>) 
             }
             // No data: no writer yet, runsc gone (EOF), or nothing new (EAGAIN).
             _ if stopping => return,
-            _ => std::thread::sleep(Duration::from_millis(5)),
+            // Wait for data without spinning: a live sandbox holds this reader for its
+            // whole life, mostly idle. poll wakes at once for data; with the writer gone
+            // (hang-up alone) it would return at once too, so that case sleeps instead.
+            _ => {
+                let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLIN)];
+                let woke = poll(&mut fds, PollTimeout::from(IDLE_WAIT_MS));
+                let data = fds[0]
+                    .revents()
+                    .is_some_and(|r| r.contains(PollFlags::POLLIN));
+                if (matches!(woke, Ok(n) if n > 0) && !data) || woke.is_err() {
+                    std::thread::sleep(Duration::from_millis(u64::from(IDLE_WAIT_MS)));
+                }
+            }
         }
     }
 }
