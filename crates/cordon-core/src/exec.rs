@@ -147,8 +147,9 @@ impl fmt::Display for Termination {
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The environment a program gets in a native tier's sandbox, weakest first: Cordon's
-/// defaults (`PATH`, `HOME=/work`, `LANG`), then what the tier adds (its egress proxy's
-/// variables and grant placeholders), then the sandbox's spec, then the exec's own.
+/// defaults (`PATH`, `LANG`), then the template's image environment (its `PATH` replaces
+/// Cordon's), then `HOME=/work`, then what the tier adds (its egress proxy's variables and
+/// grant placeholders), then the sandbox's spec, then the exec's own.
 pub fn sandbox_env(
     spec: &crate::SandboxSpec,
     tier_env: impl IntoIterator<Item = (String, String)>,
@@ -159,6 +160,10 @@ pub fn sandbox_env(
         ("HOME".to_string(), "/work".to_string()),
         ("LANG".to_string(), "C.UTF-8".to_string()),
     ]);
+    if let Some(t) = &spec.resolved_template {
+        env.extend(t.env.clone());
+        env.insert("HOME".to_string(), "/work".to_string());
+    }
     env.extend(tier_env);
     env.extend(spec.env.clone());
     env.extend(req.env.clone());
@@ -287,6 +292,33 @@ mod tests {
         assert_eq!(env["HTTPS_PROXY"], "tier");
         assert_eq!(env["LANG"], "spec");
         assert_eq!(env["A"], "exec");
+    }
+
+    #[test]
+    fn a_template_env_sits_under_cordons_own_variables() {
+        let mut spec = crate::SandboxSpec::new(Tier::Container);
+        spec.resolved_template = Some(crate::ResolvedTemplate {
+            name: "t".into(),
+            digest: "sha256:00".into(),
+            root: "/nonexistent".into(),
+            env: [
+                ("PATH", "/opt/py/bin:/usr/bin"),
+                ("HOME", "/root"),
+                ("HTTPS_PROXY", "image"),
+                ("IMAGE_ONLY", "1"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            languages: Default::default(),
+            lease: None,
+        });
+        let req = ExecRequest::argv(["true"]);
+        let env = sandbox_env(&spec, [("HTTPS_PROXY".into(), "tier".into())], &req);
+        assert_eq!(env["PATH"], "/opt/py/bin:/usr/bin");
+        assert_eq!(env["HOME"], "/work");
+        assert_eq!(env["HTTPS_PROXY"], "tier");
+        assert_eq!(env["IMAGE_ONLY"], "1");
     }
 
     #[test]

@@ -83,7 +83,7 @@ impl FromStr for Tier {
 }
 
 /// A language whose source Cordon knows how to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Language {
     Python,
@@ -99,6 +99,16 @@ impl Language {
             Language::Bash => "bash",
             Language::Sh => "sh",
             Language::Javascript => "javascript",
+        }
+    }
+
+    /// The program that runs this language's source in a Linux userland.
+    pub fn program(self) -> &'static str {
+        match self {
+            Language::Python => "python3",
+            Language::Bash => "bash",
+            Language::Sh => "sh",
+            Language::Javascript => "node",
         }
     }
 }
@@ -372,6 +382,68 @@ pub struct SandboxSpec {
     /// pool). `None` counts as one owner of its own.
     #[serde(skip)]
     pub owner: Option<String>,
+    /// The name of a template (an immutable root filesystem, `cordon template ls`) the
+    /// sandbox's root is made from; none means the host's `/usr` (or the tier's own root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// The template resolved by the host before the tier runs (its root on the host, its
+    /// digest and default environment). Never read from a request.
+    #[serde(skip)]
+    pub resolved_template: Option<ResolvedTemplate>,
+}
+
+/// A template the host resolved for one sandbox: what a tier needs to use it. The lease
+/// keeps the template's root from being collected while the sandbox (any clone of its
+/// spec) lives.
+#[derive(Clone)]
+pub struct ResolvedTemplate {
+    pub name: String,
+    /// `sha256:<hex>`: the template's identity.
+    pub digest: String,
+    /// The template's read-only root directory on the host. Never shown to a tenant.
+    pub root: std::path::PathBuf,
+    /// The image's default environment (below Cordon's own variables, see
+    /// [`crate::sandbox_env`]).
+    pub env: BTreeMap<String, String>,
+    /// Interpreters found on the template's `PATH`: `--lang` runs only these.
+    pub languages: BTreeSet<Language>,
+    /// Held for as long as the sandbox lives (a shared lock on the template's lease file).
+    pub lease: Option<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl ResolvedTemplate {
+    /// Refuses source code in a language whose interpreter the template lacks, saying what
+    /// to do (never where the template lives on the host).
+    pub fn check_language(&self, language: Language) -> Result<()> {
+        if self.languages.contains(&language) {
+            return Ok(());
+        }
+        Err(Error::Invalid(format!(
+            "template {:?} has no {} interpreter on its PATH ({}); use a template that has one \
+             (`cordon template ls`), build one with it (`cordon template build`), or run a \
+             program the template has with `cordon run --template {} -- PROGRAM`",
+            self.name,
+            language,
+            language.program(),
+            self.name
+        )))
+    }
+}
+
+impl fmt::Debug for ResolvedTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResolvedTemplate")
+            .field("name", &self.name)
+            .field("digest", &self.digest)
+            .field("languages", &self.languages)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for ResolvedTemplate {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && self.digest == other.digest && self.root == other.root
+    }
 }
 
 impl SandboxSpec {
@@ -384,11 +456,16 @@ impl SandboxSpec {
             grants: Vec::new(),
             allow_weaker: BTreeSet::new(),
             owner: None,
+            template: None,
+            resolved_template: None,
         }
     }
 
     pub fn validate(&self) -> Result<()> {
         self.limits.validate()?;
+        if let Some(name) = &self.template {
+            validate_template_name(name)?;
+        }
         for key in self.env.keys() {
             validate_env_name(key)?;
         }
@@ -402,6 +479,23 @@ impl SandboxSpec {
             }
         }
         Ok(())
+    }
+}
+
+/// A template name: 1 to 64 of `a-z 0-9 . _ -`, starting with a letter or digit.
+pub fn validate_template_name(name: &str) -> Result<()> {
+    let ok = (1..=64).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "template name {name:?} is not valid; use 1 to 64 of a-z, 0-9, '.', '_' and '-', \
+             starting with a letter or digit"
+        )))
     }
 }
 
@@ -531,6 +625,25 @@ mod tests {
         let mut spec = SandboxSpec::new(Tier::Container);
         spec.limits.timeout_ms = 0;
         assert!(spec.validate().is_err());
+    }
+
+    #[test]
+    fn template_field_is_optional_and_validated() {
+        // A spec without a template serializes as before (no `template` key).
+        let spec = SandboxSpec::new(Tier::Container);
+        let json = serde_json::to_string(&spec).unwrap();
+        assert!(!json.contains("template"), "{json}");
+        let back: SandboxSpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.template, None);
+        let with: SandboxSpec =
+            serde_json::from_str(r#"{"tier":"container","template":"data-py"}"#).unwrap();
+        assert_eq!(with.template.as_deref(), Some("data-py"));
+        with.validate().unwrap();
+        for bad in ["", "Data", "../x", "a/b", "-x", &"a".repeat(65)] {
+            let mut s = SandboxSpec::new(Tier::Container);
+            s.template = Some(bad.to_string());
+            assert!(s.validate().is_err(), "{bad:?} was accepted");
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 pub mod egress;
 pub mod escape;
 pub mod fuzz;
+pub mod image;
 pub mod procs;
 
 use cordon_core::{Backend, ExecOutcome, ExecRequest, OutputStream, SandboxSpec};

@@ -1,0 +1,864 @@
+//! Importing an image file (a tar of an OCI image layout, or a docker archive) into the
+//! store. The image is untrusted input: every blob is checked against its digest, the
+//! layers are flattened entry by entry without ever following a link the image made, device
+//! nodes, FIFOs and set-id bits are dropped, paths that leave the root are refused, and the
+//! sizes and counts are bounded.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, symlink};
+use std::path::{Component, Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cordon_core::{Tier, validate_template_name};
+use oci_spec::image::{
+    Arch, Descriptor, DigestAlgorithm, ImageConfiguration, ImageIndex, ImageManifest, MediaType, Os,
+};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Result, TemplateError};
+use crate::manifest::{BuiltFrom, Compression, ImageDefaults, ImageFormat, Layer, Manifest};
+use crate::store::{Store, remove_tree};
+
+/// Bumped whenever flattening changes what a root holds: part of every template digest.
+const FLATTEN_VERSION: &str = "cordon-template-flatten-v1";
+
+/// Bounds on one import.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportLimits {
+    /// Bytes of the image file's contents (all blobs).
+    pub archive_bytes: u64,
+    /// Bytes of the uncompressed layers together.
+    pub unpacked_bytes: u64,
+    /// Entries of the image file and of all layers together.
+    pub files: u64,
+    /// Layers.
+    pub layers: usize,
+}
+
+impl Default for ImportLimits {
+    fn default() -> Self {
+        ImportLimits {
+            archive_bytes: 16 << 30,
+            unpacked_bytes: 16 << 30,
+            files: 1_000_000,
+            layers: 256,
+        }
+    }
+}
+
+/// Why an entry of a layer was left out of the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DropReason {
+    /// A character or block device node.
+    DeviceNode,
+    /// A named pipe.
+    Fifo,
+    /// Its path leaves the root (`..`) or is empty.
+    EscapesRoot,
+    /// Its path goes through a symbolic link (which could point anywhere).
+    ThroughSymlink,
+    /// Its parent is not a directory.
+    ParentNotDirectory,
+    /// A hard link to something that is not a regular file inside the root.
+    HardlinkOutside,
+    /// An entry type Cordon does not import.
+    Unsupported(String),
+}
+
+impl fmt::Display for DropReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DropReason::DeviceNode => f.write_str("device node"),
+            DropReason::Fifo => f.write_str("named pipe"),
+            DropReason::EscapesRoot => f.write_str("path leaves the root"),
+            DropReason::ThroughSymlink => f.write_str("path goes through a symbolic link"),
+            DropReason::ParentNotDirectory => f.write_str("parent is not a directory"),
+            DropReason::HardlinkOutside => {
+                f.write_str("hard link to something not a regular file in the root")
+            }
+            DropReason::Unsupported(t) => write!(f, "unsupported entry type {t}"),
+        }
+    }
+}
+
+/// One entry left out of the root, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    /// Index of the layer, bottom first.
+    pub layer: usize,
+    /// The entry's path in the layer.
+    pub path: String,
+    pub reason: DropReason,
+}
+
+/// What an import did.
+#[derive(Debug, Clone)]
+pub struct ImportReport {
+    pub manifest: Manifest,
+    pub dropped: Vec<Dropped>,
+    /// Files whose setuid or setgid bit was cleared.
+    pub setid_cleared: u64,
+    /// True when a template with the same digest existed: its root was reused.
+    pub reused_root: bool,
+}
+
+/// An image read from its file, its blobs checked.
+struct Parsed {
+    format: ImageFormat,
+    /// Layer blobs in the staging dir, bottom first, with their blob digests (hex).
+    layers: Vec<(PathBuf, String)>,
+    /// The config's diff ids (`sha256:<hex>` of each uncompressed layer).
+    diff_ids: Vec<String>,
+    defaults: ImageDefaults,
+}
+
+/// A staging dir removed when the import ends, however it ends.
+struct Stage(PathBuf);
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        let _ = remove_tree(&self.0);
+    }
+}
+
+impl Store {
+    /// Imports the image file `archive` as template `name`.
+    pub fn import(
+        &self,
+        archive: &Path,
+        name: &str,
+        limits: &ImportLimits,
+    ) -> Result<ImportReport> {
+        validate_template_name(name).map_err(|e| TemplateError::Invalid(e.to_string()))?;
+        if self.get(name).is_ok() {
+            return Err(TemplateError::Exists(name.to_string()));
+        }
+        let mut rnd = [0u8; 8];
+        getrandom::fill(&mut rnd).map_err(|e| TemplateError::Io {
+            what: "naming a staging dir".into(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        let stage = Stage(self.staging_dir().join(hex::encode(rnd)));
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&stage.0)
+            .map_err(TemplateError::io("creating a staging dir"))?;
+        let unpacked = stage.0.join("image");
+        unpack_outer(archive, &unpacked, limits)?;
+        let parsed = if unpacked.join("index.json").is_file() {
+            read_oci(&unpacked)?
+        } else if unpacked.join("manifest.json").is_file() {
+            read_docker(&unpacked)?
+        } else {
+            return Err(TemplateError::UnknownFormat(
+                "the file holds neither index.json nor manifest.json".into(),
+            ));
+        };
+        if parsed.layers.len() > limits.layers {
+            return Err(TemplateError::Limit {
+                what: "layers",
+                flag: "layers",
+                limit: limits.layers as u64,
+            });
+        }
+        if parsed.layers.len() != parsed.diff_ids.len() {
+            return Err(TemplateError::Malformed(format!(
+                "the manifest lists {} layers and the config {} diff ids",
+                parsed.layers.len(),
+                parsed.diff_ids.len()
+            )));
+        }
+        let mut h = Sha256::new();
+        h.update(FLATTEN_VERSION.as_bytes());
+        for d in &parsed.diff_ids {
+            h.update(b"\n");
+            h.update(d.as_bytes());
+        }
+        let hex_digest = hex::encode(h.finalize());
+        let existing = self.root_dir(&hex_digest).is_dir();
+        let root = stage.0.join("root");
+        let mut flat = Flatten {
+            root: root.clone(),
+            dropped: Vec::new(),
+            setid_cleared: 0,
+            files: 0,
+            unpacked: 0,
+            limits: limits.clone(),
+        };
+        if !existing {
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(&root)
+                .map_err(TemplateError::io("creating a template root"))?;
+        }
+        let mut layers = Vec::new();
+        for (i, ((blob, blob_hex), diff_id)) in
+            parsed.layers.iter().zip(&parsed.diff_ids).enumerate()
+        {
+            let (compression, got) = if existing {
+                let (c, mut r) = open_layer(blob)?;
+                let mut hr = HashingReader::new(&mut r, u64::MAX);
+                io::copy(&mut hr, &mut io::sink()).map_err(layer_io(i))?;
+                (c, hr.finish())
+            } else {
+                flat.apply(i, blob)?
+            };
+            if &format!("sha256:{got}") != diff_id {
+                return Err(TemplateError::DigestMismatch {
+                    what: format!("layer {i} (uncompressed)"),
+                    expected: diff_id.clone(),
+                });
+            }
+            let size_bytes = fs::metadata(blob)
+                .map_err(TemplateError::io("reading a layer"))?
+                .len();
+            layers.push(Layer {
+                digest: format!("sha256:{blob_hex}"),
+                diff_id: diff_id.clone(),
+                size_bytes,
+                compression,
+            });
+        }
+        let _guard = self.lock(true)?;
+        let dest = self.root_dir(&hex_digest);
+        let reused_root = dest.is_dir();
+        if !reused_root {
+            fs::rename(&root, &dest).map_err(TemplateError::io("storing a template root"))?;
+        }
+        let (files, size_bytes) = count_tree(&dest)?;
+        for ((blob, blob_hex), _) in parsed.layers.iter().zip(&layers) {
+            let to = self.layer_path(blob_hex);
+            if !to.exists() {
+                fs::rename(blob, &to).map_err(TemplateError::io("storing a layer"))?;
+                let _ = fs::set_permissions(&to, fs::Permissions::from_mode(0o600));
+            }
+        }
+        let file = archive
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let manifest = Manifest {
+            name: name.to_string(),
+            digest: format!("sha256:{hex_digest}"),
+            layers,
+            size_bytes,
+            files,
+            tiers: vec![Tier::Container],
+            built_from: BuiltFrom::Import {
+                format: parsed.format,
+                file,
+            },
+            created_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            image: parsed.defaults,
+        };
+        self.write_manifest(&manifest)?;
+        Ok(ImportReport {
+            manifest,
+            dropped: flat.dropped,
+            setid_cleared: flat.setid_cleared,
+            reused_root,
+        })
+    }
+}
+
+fn layer_io(i: usize) -> impl FnOnce(io::Error) -> TemplateError {
+    move |e| {
+        if e.kind() == io::ErrorKind::FileTooLarge {
+            return TemplateError::Limit {
+                what: "uncompressed layer bytes",
+                flag: "unpacked-bytes",
+                limit: e
+                    .get_ref()
+                    .and_then(|x| x.to_string().parse().ok())
+                    .unwrap_or(0),
+            };
+        }
+        TemplateError::Malformed(format!("layer {i} is not a readable tar: {e}"))
+    }
+}
+
+/// A relative path made of normal components only; `None` if it has `..`, a root or
+/// nothing at all.
+fn clean(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::CurDir => {}
+            // A leading `/` in a layer means the image's root (tar's own convention).
+            Component::RootDir => {}
+            Component::ParentDir | Component::Prefix(_) => return None,
+        }
+    }
+    (!out.as_os_str().is_empty()).then_some(out)
+}
+
+/// Opens a (possibly gzip-compressed) tar stream.
+fn open_maybe_gzip(path: &Path) -> Result<(Compression, Box<dyn Read>)> {
+    let f = fs::File::open(path).map_err(TemplateError::io("opening the image"))?;
+    let mut r = BufReader::with_capacity(1 << 16, f);
+    let head = r
+        .fill_buf()
+        .map_err(TemplateError::io("reading the image"))?;
+    if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        return Err(TemplateError::Malformed(
+            "a zstd-compressed layer; export the image with gzip or uncompressed layers".into(),
+        ));
+    }
+    if head.starts_with(&[0x1f, 0x8b]) {
+        Ok((Compression::Gzip, Box::new(flate2::read::GzDecoder::new(r))))
+    } else {
+        Ok((Compression::None, Box::new(r)))
+    }
+}
+
+fn open_layer(path: &Path) -> Result<(Compression, Box<dyn Read>)> {
+    open_maybe_gzip(path)
+}
+
+/// Unpacks the image file's regular files into `dest` (links and devices of the outer
+/// archive are ignored: no OCI layout or docker archive needs them).
+fn unpack_outer(archive: &Path, dest: &Path, limits: &ImportLimits) -> Result<()> {
+    let (_, r) = open_maybe_gzip(archive)?;
+    let mut ar = tar::Archive::new(r);
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dest)
+        .map_err(TemplateError::io("creating a staging dir"))?;
+    let bad = |e: io::Error| TemplateError::UnknownFormat(format!("the file is not a tar ({e})"));
+    let (mut bytes, mut count) = (0u64, 0u64);
+    for entry in ar.entries().map_err(bad)? {
+        let mut e = entry.map_err(bad)?;
+        count += 1;
+        if count > limits.files {
+            return Err(TemplateError::Limit {
+                what: "entries",
+                flag: "files",
+                limit: limits.files,
+            });
+        }
+        if !e.header().entry_type().is_file() {
+            continue;
+        }
+        let path = e.path().map_err(bad)?.into_owned();
+        let Some(rel) = clean(&path).filter(|_| !path.is_absolute()) else {
+            return Err(TemplateError::Malformed(format!(
+                "the file's entry {} leaves the archive",
+                path.display()
+            )));
+        };
+        bytes = bytes.saturating_add(e.size());
+        if bytes > limits.archive_bytes {
+            return Err(TemplateError::Limit {
+                what: "image bytes",
+                flag: "archive-bytes",
+                limit: limits.archive_bytes,
+            });
+        }
+        let to = dest.join(&rel);
+        if let Some(parent) = to.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .map_err(TemplateError::io("unpacking the image"))?;
+        }
+        let mut out = create_new(&to).map_err(|e| {
+            TemplateError::Malformed(format!("the file's entry {} ({e})", rel.display()))
+        })?;
+        io::copy(&mut e, &mut out).map_err(TemplateError::io("unpacking the image"))?;
+    }
+    Ok(())
+}
+
+/// Creates a file that must not exist yet, never through a link (mode 0600 until set).
+fn create_new(path: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+}
+
+/// Hex sha256 and size of a file.
+fn sha256_file(path: &Path) -> Result<(String, u64)> {
+    let mut f = fs::File::open(path).map_err(TemplateError::io("reading a blob"))?;
+    let mut h = HashingReader::new(&mut f, u64::MAX);
+    io::copy(&mut h, &mut io::sink()).map_err(TemplateError::io("reading a blob"))?;
+    let n = h.count;
+    Ok((h.finish(), n))
+}
+
+fn is_hex64(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The blob a descriptor names, checked against its digest and size.
+fn verified_blob(dir: &Path, d: &Descriptor, what: &str) -> Result<(PathBuf, String)> {
+    if *d.digest().algorithm() != DigestAlgorithm::Sha256 || !is_hex64(d.digest().digest()) {
+        return Err(TemplateError::Malformed(format!(
+            "the {what} is named by a digest that is not sha256 ({})",
+            d.digest()
+        )));
+    }
+    let hex = d.digest().digest().to_string();
+    let path = dir.join("blobs/sha256").join(&hex);
+    if !path.is_file() {
+        return Err(TemplateError::Malformed(format!(
+            "the {what} blob {} is missing",
+            d.digest()
+        )));
+    }
+    let (got, size) = sha256_file(&path)?;
+    if got != hex || size != d.size() {
+        return Err(TemplateError::DigestMismatch {
+            what: what.to_string(),
+            expected: d.digest().to_string(),
+        });
+    }
+    Ok((path, hex))
+}
+
+fn malformed(what: &'static str) -> impl Fn(oci_spec::OciSpecError) -> TemplateError {
+    move |e| TemplateError::Malformed(format!("{what}: {e}"))
+}
+
+/// The manifest for this machine among an index's, else the first.
+fn pick(manifests: &[Descriptor]) -> Result<Descriptor> {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => Arch::Amd64,
+        "aarch64" => Arch::ARM64,
+        other => Arch::Other(other.to_string()),
+    };
+    manifests
+        .iter()
+        .find(|d| {
+            d.platform()
+                .as_ref()
+                .is_some_and(|p| *p.os() == Os::Linux && *p.architecture() == arch)
+        })
+        .or_else(|| manifests.first())
+        .cloned()
+        .ok_or_else(|| TemplateError::Malformed("the index lists no image".into()))
+}
+
+fn read_oci(dir: &Path) -> Result<Parsed> {
+    let index = ImageIndex::from_file(dir.join("index.json")).map_err(malformed("index.json"))?;
+    let mut desc = pick(index.manifests())?;
+    if *desc.media_type() == MediaType::ImageIndex {
+        let (p, _) = verified_blob(dir, &desc, "nested index")?;
+        let nested = ImageIndex::from_file(p).map_err(malformed("the nested index"))?;
+        desc = pick(nested.manifests())?;
+    }
+    let (mpath, _) = verified_blob(dir, &desc, "manifest")?;
+    let manifest = ImageManifest::from_file(mpath).map_err(malformed("the manifest"))?;
+    let (cpath, _) = verified_blob(dir, manifest.config(), "config")?;
+    let config = ImageConfiguration::from_file(cpath).map_err(malformed("the config"))?;
+    let mut layers = Vec::new();
+    for (i, l) in manifest.layers().iter().enumerate() {
+        if matches!(
+            l.media_type(),
+            MediaType::ImageLayerZstd | MediaType::ImageLayerNonDistributableZstd
+        ) {
+            return Err(TemplateError::Malformed(format!(
+                "layer {i} is zstd-compressed; export the image with gzip or uncompressed layers"
+            )));
+        }
+        layers.push(verified_blob(dir, l, &format!("layer {i}"))?);
+    }
+    Ok(Parsed {
+        format: ImageFormat::OciLayout,
+        layers,
+        diff_ids: config.rootfs().diff_ids().clone(),
+        defaults: defaults(&config),
+    })
+}
+
+/// One image of a docker archive's `manifest.json`.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct DockerImage {
+    config: String,
+    layers: Vec<String>,
+}
+
+fn read_docker(dir: &Path) -> Result<Parsed> {
+    let body =
+        fs::read(dir.join("manifest.json")).map_err(TemplateError::io("reading manifest.json"))?;
+    let images: Vec<DockerImage> = serde_json::from_slice(&body)
+        .map_err(|e| TemplateError::Malformed(format!("manifest.json: {e}")))?;
+    let image = match images.as_slice() {
+        [one] => one,
+        [] => {
+            return Err(TemplateError::Malformed(
+                "manifest.json lists no image".into(),
+            ));
+        }
+        _ => {
+            return Err(TemplateError::Malformed(
+                "manifest.json lists several images; save one image per file".into(),
+            ));
+        }
+    };
+    let inside = |p: &str| -> Result<PathBuf> {
+        let rel = clean(Path::new(p))
+            .filter(|_| !p.starts_with('/'))
+            .ok_or_else(|| TemplateError::Malformed(format!("manifest.json names {p:?}")))?;
+        let path = dir.join(rel);
+        if !path.is_file() {
+            return Err(TemplateError::Malformed(format!("{p:?} is missing")));
+        }
+        Ok(path)
+    };
+    let cpath = inside(&image.config)?;
+    // A config named by its digest (every docker save names it so) is checked against it.
+    let (chex, _) = sha256_file(&cpath)?;
+    let named = Path::new(&image.config)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(|n| n.trim_end_matches(".json"))
+        .filter(|n| is_hex64(n));
+    if let Some(n) = named
+        && n != chex
+    {
+        return Err(TemplateError::DigestMismatch {
+            what: "config".into(),
+            expected: format!("sha256:{n}"),
+        });
+    }
+    let config = ImageConfiguration::from_file(&cpath).map_err(malformed("the config"))?;
+    let mut layers = Vec::new();
+    for l in &image.layers {
+        let p = inside(l)?;
+        let (hex, _) = sha256_file(&p)?;
+        layers.push((p, hex));
+    }
+    Ok(Parsed {
+        format: ImageFormat::DockerArchive,
+        layers,
+        diff_ids: config.rootfs().diff_ids().clone(),
+        defaults: defaults(&config),
+    })
+}
+
+fn defaults(config: &ImageConfiguration) -> ImageDefaults {
+    let Some(c) = config.config() else {
+        return ImageDefaults::default();
+    };
+    let env: BTreeMap<String, String> = c
+        .env()
+        .iter()
+        .flatten()
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| {
+            !k.is_empty()
+                && !k.starts_with(|c: char| c.is_ascii_digit())
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    ImageDefaults {
+        env,
+        working_dir: c.working_dir().clone().filter(|w| !w.is_empty()),
+        entrypoint: c.entrypoint().clone().unwrap_or_default(),
+        cmd: c.cmd().clone().unwrap_or_default(),
+    }
+}
+
+/// A reader that hashes what passes and refuses more than `limit` bytes.
+struct HashingReader<R> {
+    inner: R,
+    hash: Sha256,
+    count: u64,
+    limit: u64,
+}
+
+impl<R: Read> HashingReader<R> {
+    fn new(inner: R, limit: u64) -> Self {
+        HashingReader {
+            inner,
+            hash: Sha256::new(),
+            count: 0,
+            limit,
+        }
+    }
+
+    fn finish(self) -> String {
+        hex::encode(self.hash.finalize())
+    }
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count += n as u64;
+        if self.count > self.limit {
+            return Err(io::Error::new(
+                io::ErrorKind::FileTooLarge,
+                self.limit.to_string(),
+            ));
+        }
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Layers applied one after the other onto one directory.
+struct Flatten {
+    root: PathBuf,
+    dropped: Vec<Dropped>,
+    setid_cleared: u64,
+    files: u64,
+    unpacked: u64,
+    limits: ImportLimits,
+}
+
+/// Where a checked path lands.
+enum Place {
+    At(PathBuf),
+    Drop(DropReason),
+}
+
+impl Flatten {
+    /// Applies layer `i` from `blob`: whiteouts first (they hide what lower layers made),
+    /// then its entries. Returns the hex digest of the uncompressed layer.
+    fn apply(&mut self, i: usize, blob: &Path) -> Result<(Compression, String)> {
+        // Pass 1: the whiteouts.
+        let (_, r) = open_layer(blob)?;
+        let mut ar = tar::Archive::new(r);
+        for entry in ar.entries().map_err(layer_io(i))? {
+            let e = entry.map_err(layer_io(i))?;
+            let path = e.path().map_err(layer_io(i))?.into_owned();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let Some(hidden) = name.strip_prefix(".wh.") else {
+                continue;
+            };
+            let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            let dir = match self.place(&parent, true) {
+                Place::At(d) => d,
+                Place::Drop(_) => continue,
+            };
+            if !fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+                continue;
+            }
+            if hidden == ".wh..opq" {
+                for child in fs::read_dir(&dir).map_err(TemplateError::io("applying a whiteout"))? {
+                    let child = child.map_err(TemplateError::io("applying a whiteout"))?;
+                    remove_any(&child.path())?;
+                }
+            } else if !hidden.is_empty() && hidden != "." && hidden != ".." && !hidden.contains('/')
+            {
+                remove_any(&dir.join(hidden))?;
+            }
+        }
+        // Pass 2: the entries, hashing the uncompressed stream.
+        let (compression, r) = open_layer(blob)?;
+        let budget = self.limits.unpacked_bytes.saturating_sub(self.unpacked);
+        let mut hr = HashingReader::new(r, budget);
+        let mut ar = tar::Archive::new(&mut hr);
+        for entry in ar.entries().map_err(layer_io(i))? {
+            let mut e = entry.map_err(layer_io(i))?;
+            let path = e.path().map_err(layer_io(i))?.into_owned();
+            let shown = path.display().to_string();
+            if path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(".wh."))
+            {
+                continue;
+            }
+            self.files += 1;
+            if self.files > self.limits.files {
+                return Err(TemplateError::Limit {
+                    what: "entries",
+                    flag: "files",
+                    limit: self.limits.files,
+                });
+            }
+            let ty = e.header().entry_type();
+            let skip = |s: &mut Self, reason| {
+                s.dropped.push(Dropped {
+                    layer: i,
+                    path: shown.clone(),
+                    reason,
+                })
+            };
+            let Some(rel) = clean(&path) else {
+                // The layer's own root (`./`) is fine; anything else left it.
+                if path.components().any(|c| c == Component::ParentDir) {
+                    skip(self, DropReason::EscapesRoot);
+                }
+                continue;
+            };
+            let to = match self.place(&rel, false) {
+                Place::At(p) => p,
+                Place::Drop(reason) => {
+                    skip(self, reason);
+                    continue;
+                }
+            };
+            let mode = e.header().mode().unwrap_or(0o644);
+            use tar::EntryType as T;
+            match ty {
+                T::Directory => {
+                    let perm = sanitize(mode, true, &mut self.setid_cleared);
+                    if !fs::symlink_metadata(&to).is_ok_and(|m| m.is_dir()) {
+                        remove_any(&to)?;
+                        fs::DirBuilder::new()
+                            .mode(0o755)
+                            .create(&to)
+                            .map_err(TemplateError::io("creating a directory"))?;
+                    }
+                    fs::set_permissions(&to, fs::Permissions::from_mode(perm))
+                        .map_err(TemplateError::io("setting a directory's mode"))?;
+                }
+                T::Regular | T::Continuous => {
+                    self.unpacked = self.unpacked.saturating_add(e.size());
+                    remove_any(&to)?;
+                    let perm = sanitize(mode, false, &mut self.setid_cleared);
+                    let mut out = create_new(&to).map_err(TemplateError::io("creating a file"))?;
+                    io::copy(&mut e, &mut out).map_err(layer_io(i))?;
+                    out.flush().map_err(TemplateError::io("writing a file"))?;
+                    fs::set_permissions(&to, fs::Permissions::from_mode(perm))
+                        .map_err(TemplateError::io("setting a file's mode"))?;
+                }
+                T::Symlink => {
+                    let Some(target) = e.link_name().map_err(layer_io(i))? else {
+                        skip(
+                            self,
+                            DropReason::Unsupported("symlink without target".into()),
+                        );
+                        continue;
+                    };
+                    remove_any(&to)?;
+                    // Kept as the image has it: inside a sandbox it resolves in the
+                    // sandbox's own root. Cordon itself never follows it on the host.
+                    symlink(&*target, &to).map_err(TemplateError::io("creating a link"))?;
+                }
+                T::Link => {
+                    let source = e
+                        .link_name()
+                        .map_err(layer_io(i))?
+                        .and_then(|t| clean(&t))
+                        .map(|t| self.place(&t, false));
+                    let Some(Place::At(source)) = source else {
+                        skip(self, DropReason::HardlinkOutside);
+                        continue;
+                    };
+                    if !fs::symlink_metadata(&source).is_ok_and(|m| m.is_file()) {
+                        skip(self, DropReason::HardlinkOutside);
+                        continue;
+                    }
+                    if source != to {
+                        remove_any(&to)?;
+                        fs::hard_link(&source, &to)
+                            .map_err(TemplateError::io("creating a hard link"))?;
+                    }
+                }
+                T::Char | T::Block => skip(self, DropReason::DeviceNode),
+                T::Fifo => skip(self, DropReason::Fifo),
+                other => skip(self, DropReason::Unsupported(format!("{other:?}"))),
+            }
+        }
+        // The rest of the stream (end-of-archive blocks, padding) is part of the digest.
+        io::copy(&mut hr, &mut io::sink()).map_err(layer_io(i))?;
+        Ok((compression, hr.finish()))
+    }
+
+    /// Where `rel` lands under the root, its parents made: never through a link the image
+    /// made, never below something that is not a directory.
+    fn place(&self, rel: &Path, whole: bool) -> Place {
+        let mut at = self.root.clone();
+        let comps: Vec<_> = rel.components().collect();
+        let parents = if whole {
+            comps.len()
+        } else {
+            comps.len().saturating_sub(1)
+        };
+        for c in &comps[..parents] {
+            let Component::Normal(n) = c else {
+                return Place::Drop(DropReason::EscapesRoot);
+            };
+            at.push(n);
+            match fs::symlink_metadata(&at) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Place::Drop(DropReason::ThroughSymlink);
+                }
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Place::Drop(DropReason::ParentNotDirectory),
+                Err(_) if whole => return Place::At(self.root.join(rel)),
+                Err(_) => {
+                    if fs::DirBuilder::new().mode(0o755).create(&at).is_err() {
+                        return Place::Drop(DropReason::ParentNotDirectory);
+                    }
+                }
+            }
+        }
+        match comps.get(parents) {
+            Some(Component::Normal(n)) => Place::At(at.join(n)),
+            None => Place::At(at),
+            Some(_) => Place::Drop(DropReason::EscapesRoot),
+        }
+    }
+}
+
+/// The mode a file or directory gets in a root: no set-id bits, nothing writable but by
+/// its owner (the root is immutable anyway); the sticky bit kept on directories.
+fn sanitize(mode: u32, dir: bool, cleared: &mut u64) -> u32 {
+    let mut m = mode & 0o7777;
+    if m & 0o6000 != 0 {
+        if !dir {
+            *cleared += 1;
+        }
+        m &= !0o6000;
+    }
+    if !dir {
+        m &= !0o1000;
+    }
+    m & !0o022
+}
+
+/// Removes whatever is at `p` (never following a link), if anything.
+fn remove_any(p: &Path) -> Result<()> {
+    match fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => {
+            fs::remove_dir_all(p).map_err(TemplateError::io("replacing a directory"))
+        }
+        Ok(_) => fs::remove_file(p).map_err(TemplateError::io("replacing a file")),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Entries and regular-file bytes of a tree.
+fn count_tree(root: &Path) -> Result<(u64, u64)> {
+    let (mut files, mut bytes) = (0u64, 0u64);
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in fs::read_dir(&dir).map_err(TemplateError::io("measuring a template"))? {
+            let entry = entry.map_err(TemplateError::io("measuring a template"))?;
+            let m = entry
+                .file_type()
+                .map_err(TemplateError::io("measuring a template"))?;
+            files += 1;
+            if m.is_dir() {
+                todo.push(entry.path());
+            } else if m.is_file() {
+                bytes += entry
+                    .metadata()
+                    .map_err(TemplateError::io("measuring a template"))?
+                    .len();
+            }
+        }
+    }
+    Ok((files, bytes))
+}

@@ -1,0 +1,19 @@
+//! Cordon templates: immutable root filesystems, content-addressed and stored once under
+//! the data dir, that a sandbox's root is made from (docs/templates.md).
+//!
+//! A [`Store`] holds them; [`Store::resolve`] gives a tier what it needs for one sandbox
+//! (the root on the host, the digest, the image's environment, the interpreters found, and
+//! a lease that keeps the root while the sandbox lives). Importing OCI image layouts and
+//! docker archives (feature `import`) treats the image as hostile input.
+
+mod error;
+#[cfg(feature = "import")]
+mod import;
+mod manifest;
+mod store;
+
+pub use error::{Result, TemplateError};
+#[cfg(feature = "import")]
+pub use import::{DropReason, Dropped, ImportLimits, ImportReport};
+pub use manifest::{BuiltFrom, Compression, ImageDefaults, ImageFormat, Layer, Manifest};
+pub use store::{GcReport, Lease, Store, find_program, resolve_in_root};
