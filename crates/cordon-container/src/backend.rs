@@ -310,6 +310,16 @@ impl ContainerBackend {
         };
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: checks done");
         let limits = &spec.limits;
+        let template_root = match (&spec.template, &spec.resolved_template) {
+            (_, Some(t)) => Some(t.root.clone()),
+            (Some(name), None) => {
+                return Err(Error::Invalid(format!(
+                    "template {name:?} was not resolved before the create; resolve it with \
+                     the template store (cordon_template::Store::resolve_spec) first"
+                )));
+            }
+            (None, None) => None,
+        };
         let setup = InitSetup {
             sandbox_uid: self.cfg.sandbox_uid,
             hostname: self.cfg.hostname.clone(),
@@ -317,6 +327,7 @@ impl ContainerBackend {
             tmp_bytes: limits.tmp_bytes,
             landlock,
             seccomp,
+            template_root,
         };
         let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).take();
         let used_early = early.is_some();
@@ -699,6 +710,11 @@ impl ContainerSandbox {
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        if let (cordon_core::Command::Code { language, .. }, Some(t)) =
+            (&req.command, &self.spec.resolved_template)
+        {
+            t.check_language(*language)?;
+        }
         let argv = cordon_host::agent::argv_for(req, Tier::Container, true)?;
         let env = self.env_for(req);
         let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());

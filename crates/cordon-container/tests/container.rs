@@ -1301,3 +1301,152 @@ fn a_stuck_agent_misses_its_deadline_and_the_sandbox_fails() {
     destroyed.unwrap();
     assert!(!cgroup_exists(&id), "the failed sandbox's cgroup is left");
 }
+
+// ---------------------------------------------------------------- templates
+
+/// A template store in a temp data dir the sandbox's ids may pass through (as
+/// `/var/lib/cordon` is), holding the hostile busybox image of the template tests as
+/// `hostile`. `None` (after a loud skip) when the host has no static busybox.
+fn template_store() -> Option<(tempfile::TempDir, cordon_template::Store)> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(bb) = cordon_testkit::image::busybox_layer() else {
+        let msg = "no /bin/busybox (apt-get install busybox-static); template tests cannot run";
+        if std::env::var_os("CORDON_REQUIRE_ALL").is_some() {
+            panic!("{msg} (CORDON_REQUIRE_ALL is set)");
+        }
+        eprintln!("\n!!!!! SKIPPING: {msg} !!!!!\n");
+        return None;
+    };
+    let home = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let store = cordon_template::Store::open(home.path()).unwrap();
+    let file = home.path().join("hostile.oci.tar");
+    std::fs::write(
+        &file,
+        cordon_testkit::image::hostile_image(Some(bb)).oci_tar(false),
+    )
+    .unwrap();
+    store
+        .import(&file, "hostile", &cordon_template::ImportLimits::default())
+        .unwrap();
+    Some((home, store))
+}
+
+fn template_spec(store: &cordon_template::Store, name: &str) -> SandboxSpec {
+    let mut s = spec();
+    s.template = Some(name.to_string());
+    store.resolve_spec(&mut s).unwrap();
+    s
+}
+
+fn in_sandbox(sb: &mut Box<dyn cordon_core::Sandbox>, script: &str) -> ExecOutcome {
+    let mut sink = |_: OutputStream, _: &[u8]| {};
+    sb.exec(&ExecRequest::argv(["sh", "-c", script]), &mut sink)
+        .unwrap()
+}
+
+/// The imported image is the sandbox's root: its programs run, its environment is the
+/// default one under Cordon's own variables, its hostile entries are gone, its link out of
+/// the root resolves inside the sandbox, and nothing of the host's `/usr` is there.
+#[test]
+fn a_program_runs_from_an_imported_template_root() {
+    let b = need_backend!();
+    let Some((home, store)) = template_store() else {
+        return;
+    };
+    let mut sb = b.create(&template_spec(&store, "hostile")).unwrap();
+    let o = in_sandbox(
+        &mut sb,
+        "cat /greeting.txt; echo \"$GREETING $HOME $PATH\"; id -u; cat /escape/os-release; \
+         ls /usr 2>&1 || echo no-usr; stat -c %a /suid; ls /dev/evil-mem 2>&1 || echo no-dev; \
+         grep -c sandbox /etc/passwd; pwd",
+    );
+    assert_eq!(o.exit_code, Some(0), "{o:?} {}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "hello from layer 1", "{out}");
+    assert_eq!(lines[1], "from-the-image /work /bin:/usr/bin", "{out}");
+    assert_eq!(lines[2], "1000", "{out}");
+    // The link pointing out of the root lands on the template's own /etc.
+    assert_eq!(lines[3], "ID=cordon-test", "{out}");
+    assert!(out.contains("no-usr"), "{out}");
+    assert!(lines.contains(&"755"), "{out}");
+    assert!(out.contains("no-dev"), "{out}");
+    assert!(lines.contains(&"1"), "Cordon's /etc/passwd: {out}");
+    assert_eq!(lines.last(), Some(&"/work"), "{out}");
+    // Nothing in the sandbox names where the template lives on the host.
+    let o = in_sandbox(&mut sb, "cat /proc/self/mountinfo");
+    let mounts = text(&o.stdout);
+    assert!(mounts.contains("overlay"), "{mounts}");
+    assert!(
+        !mounts.contains(&home.path().display().to_string()),
+        "{mounts}"
+    );
+    // A language the template has no interpreter for is refused with the reason.
+    let mut sink = |_: OutputStream, _: &[u8]| {};
+    let err = sb
+        .exec(&ExecRequest::code(Language::Python, "print(1)"), &mut sink)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no python interpreter"), "{err}");
+    assert!(!err.contains(&home.path().display().to_string()), "{err}");
+    sb.destroy().unwrap();
+}
+
+/// Writes of one sandbox reach neither the template nor a concurrent sandbox of it.
+#[test]
+fn writes_never_reach_the_template_or_a_concurrent_sandbox() {
+    let b = need_backend!();
+    let Some((_home, store)) = template_store() else {
+        return;
+    };
+    let root = store.resolve("hostile").unwrap().root;
+    let before = tree_listing(&root);
+    let s = template_spec(&store, "hostile");
+    let mut a = b.create(&s).unwrap();
+    let mut c = b.create(&s).unwrap();
+    let o = in_sandbox(
+        &mut a,
+        "echo a > /work/a && echo a > /tmp/a && echo ok; \
+         for f in /greeting.txt /new /etc/os-release /bin/busybox /opq/new.txt; do \
+           (echo x > $f) 2>/dev/null && echo wrote $f; done; \
+         touch /etc/x /bin/x 2>/dev/null && echo touched; rm -f /greeting.txt 2>/dev/null; \
+         cat /greeting.txt",
+    );
+    let out = text(&o.stdout);
+    assert!(out.starts_with("ok\n"), "{out} {}", text(&o.stderr));
+    assert!(!out.contains("wrote") && !out.contains("touched"), "{out}");
+    assert!(out.contains("hello from layer 1"), "{out}");
+    let o = in_sandbox(&mut c, "ls -A /work /tmp; cat /greeting.txt");
+    let out = text(&o.stdout);
+    assert!(out.contains("hello from layer 1"), "{out}");
+    assert_eq!(out.lines().filter(|l| *l == "a").count(), 0, "{out}");
+    a.destroy().unwrap();
+    c.destroy().unwrap();
+    assert_eq!(tree_listing(&root), before);
+}
+
+/// Every entry of a tree with its size and mode, sorted.
+fn tree_listing(root: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            out.push(format!(
+                "{} {} {:o} {}",
+                e.path().display(),
+                m.len(),
+                m.mode(),
+                m.mtime()
+            ));
+            if m.is_dir() {
+                todo.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}

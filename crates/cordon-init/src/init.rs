@@ -53,6 +53,11 @@ pub struct InitSetup {
     pub landlock: bool,
     /// Seccomp filters to install in each program; none when the caller allowed without.
     pub seccomp: Option<Vec<Vec<u64>>>,
+    /// A template's read-only root on the host: the sandbox's root is made from it instead
+    /// of the host's `/usr` (docs/templates.md). Left out when none, so a setup without
+    /// one reads the same as before templates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_root: Option<PathBuf>,
 }
 
 /// What the host tells init once the sandbox's cgroup (and egress proxy) exist; the
@@ -293,7 +298,7 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: OwnedFd) -> Result
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
         .map_err(ctx("entering a cgroup namespace"))?;
     limit_user_counts()?;
-    finish_root(&join)?;
+    finish_root(&join, &setup)?;
     if let (Some(port), Some(_)) = (join.connect_port, &join.egress_socket) {
         cordon_guest::forwarder::spawn(
             port,
@@ -417,6 +422,14 @@ fn tmpfs(dst: &Path, opts: &str, flags: MsFlags) -> Result<(), String> {
         .map_err(|e| format!("mounting tmpfs on {}: {e}", dst.display()))
 }
 
+/// Where a template's pieces are staged, under the stage tmpfs at [`ROOT_BUILT_AT`]: the
+/// template's root bound read-only, Cordon's generated files (the top layer), and the
+/// read-only overlay of the two that becomes `/`. The overlay's options name only these
+/// paths, never where the template lives on the host.
+const TEMPLATE_LOWER: &str = "/tmp/tpl";
+const TEMPLATE_GEN: &str = "/tmp/gen";
+const TEMPLATE_ROOT: &str = "/tmp/root";
+
 fn build_root(setup: &InitSetup) -> Result<(), String> {
     let io = |what: String| move |e: io::Error| format!("{what}: {e}");
     mount(
@@ -429,7 +442,46 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
     .map_err(|e| format!("making mounts private: {e}"))?;
     let new = Path::new(ROOT_BUILT_AT);
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    // The template's root is opened before the stage tmpfs hides whatever the host has at
+    // its path (a data dir under /tmp), then bound from that open directory. Errors say
+    // what failed, never where the template lives.
+    let template = match &setup.template_root {
+        Some(t) => Some(
+            nix::fcntl::open(
+                t.as_path(),
+                nix::fcntl::OFlag::O_PATH
+                    | nix::fcntl::OFlag::O_DIRECTORY
+                    | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(|e| {
+                format!(
+                    "opening the template's root: {e} (the data dir and its parents must be \
+                     passable (o+x) by the sandbox's ids)"
+                )
+            })?,
+        ),
+        None => None,
+    };
     tmpfs(new, "size=4m,mode=0755", nosuid_nodev)?;
+    if let Some(fd) = template {
+        // The template: its root bound read-only here; the generated files go to their own
+        // directory, and the overlay of both is mounted once the join's files are in.
+        let lower = Path::new(TEMPLATE_LOWER);
+        for d in [TEMPLATE_LOWER, TEMPLATE_GEN, TEMPLATE_ROOT] {
+            fs::create_dir(d).map_err(io(format!("creating {d}")))?;
+        }
+        let src = PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&fd)
+        ));
+        bind_ro(&src, lower, MsFlags::MS_NODEV).map_err(|e| {
+            let errno = e.rsplit(": ").next().unwrap_or("failed");
+            format!("binding the template's root read-only: {errno}")
+        })?;
+        drop(fd);
+        return make_tree(Path::new(TEMPLATE_GEN), setup);
+    }
     for name in HOST_DIRS {
         let host = Path::new("/").join(name);
         let inside = new.join(name);
@@ -446,8 +498,15 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
             _ => {}
         }
     }
-    // A minimal /etc: nothing of the host's.
-    let etc = new.join("etc");
+    make_tree(new, setup)?;
+    mount_pieces(new, setup)
+}
+
+/// Cordon's own files and mount points of the sandbox root, under `at`: a minimal /etc
+/// (nothing of the host's), /dev's entries, /proc, /tmp and /work.
+fn make_tree(at: &Path, setup: &InitSetup) -> Result<(), String> {
+    let io = |what: String| move |e: io::Error| format!("{what}: {e}");
+    let etc = at.join("etc");
     fs::create_dir(&etc).map_err(io("creating /etc".into()))?;
     let uid = setup.sandbox_uid;
     let files: [(&str, String); 4] = [
@@ -479,19 +538,10 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
     // /dev: a few device nodes bound from the host, nothing else. A directory of the root's
     // own tmpfs (read-only with it), not a filesystem of its own: each superblock costs a
     // mount at start and a teardown at the end of every run.
-    let dev = new.join("dev");
+    let dev = at.join("dev");
     fs::create_dir(&dev).map_err(io("creating /dev".into()))?;
     for d in DEVICES {
-        let inside = dev.join(d);
-        fs::write(&inside, b"").map_err(io(format!("creating /dev/{d}")))?;
-        mount(
-            Some(&Path::new("/dev").join(d)),
-            &inside,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .map_err(|e| format!("binding /dev/{d}: {e}"))?;
+        fs::write(dev.join(d), b"").map_err(io(format!("creating /dev/{d}")))?;
     }
     for (link, target) in [
         ("fd", "/proc/self/fd"),
@@ -501,36 +551,48 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
     ] {
         symlink(target, dev.join(link)).map_err(io(format!("linking /dev/{link}")))?;
     }
-    let shm = dev.join("shm");
-    fs::create_dir(&shm).map_err(io("creating /dev/shm".into()))?;
+    for d in ["dev/shm", "proc", "tmp", "work"] {
+        fs::create_dir(at.join(d)).map_err(io(format!("creating /{d}")))?;
+    }
+    Ok(())
+}
+
+/// The filesystems of the sandbox root `root` (its tree made by [`make_tree`]).
+fn mount_pieces(root: &Path, setup: &InitSetup) -> Result<(), String> {
+    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    for d in DEVICES {
+        mount(
+            Some(&Path::new("/dev").join(d)),
+            &root.join("dev").join(d),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("binding /dev/{d}: {e}"))?;
+    }
     let small = setup.tmp_bytes.min(64 << 20);
     tmpfs(
-        &shm,
+        &root.join("dev/shm"),
         &format!("size={small},mode=1777"),
         nosuid_nodev | MsFlags::MS_NOEXEC,
     )?;
     // /proc of the sandbox's PID namespace; no /sys at all.
-    let proc_dir = new.join("proc");
-    fs::create_dir(&proc_dir).map_err(io("creating /proc".into()))?;
     mount(
         Some("proc"),
-        &proc_dir,
+        &root.join("proc"),
         Some("proc"),
         nosuid_nodev | MsFlags::MS_NOEXEC,
         None::<&str>,
     )
     .map_err(|e| format!("mounting /proc: {e}"))?;
-    let tmp = new.join("tmp");
-    fs::create_dir(&tmp).map_err(io("creating /tmp".into()))?;
     tmpfs(
-        &tmp,
+        &root.join("tmp"),
         &format!("size={},mode=1777", setup.tmp_bytes),
         nosuid_nodev,
     )?;
-    let work = new.join("work");
-    fs::create_dir(&work).map_err(io("creating /work".into()))?;
+    let uid = setup.sandbox_uid;
     tmpfs(
-        &work,
+        &root.join("work"),
         &format!("size={},mode=0755,uid={uid},gid={uid}", setup.disk_bytes),
         nosuid_nodev,
     )?;
@@ -539,9 +601,16 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
 
 /// The rest of the root, once the host's join has come: the egress proxy's files and
 /// socket, then the root turns read-only and becomes `/`.
-fn finish_root(join: &InitJoin) -> Result<(), String> {
+fn finish_root(join: &InitJoin, setup: &InitSetup) -> Result<(), String> {
     let io = |what: String| move |e: io::Error| format!("{what}: {e}");
-    let new = Path::new(ROOT_BUILT_AT);
+    let template = setup.template_root.is_some();
+    // Files go to the generated layer; with a template, mounts go to the overlay made next.
+    let gen_at = Path::new(if template {
+        TEMPLATE_GEN
+    } else {
+        ROOT_BUILT_AT
+    });
+    let new = gen_at;
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     // Where an extra file goes in the new root, its directories made.
     let place = |path: &str| -> Result<PathBuf, String> {
@@ -573,12 +642,33 @@ fn finish_root(join: &InitJoin) -> Result<(), String> {
             .map_err(io(format!("copying {} to {path}", from.display())))?;
         copied.push((from.as_path(), dst));
     }
-    if let Some(sock) = &join.egress_socket {
-        let inside = new.join(cordon_guest::proto::EGRESS_SOCKET_INSIDE.trim_start_matches('/'));
+    let sock_inside = cordon_guest::proto::EGRESS_SOCKET_INSIDE.trim_start_matches('/');
+    if join.egress_socket.is_some() {
+        let inside = gen_at.join(sock_inside);
         if let Some(parent) = inside.parent() {
             fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
         }
         fs::write(&inside, b"").map_err(io("creating the egress socket mount point".into()))?;
+    }
+    let new = if template {
+        // The root: Cordon's generated layer over the template's, read-only (an overlay
+        // of lower layers only has no upper to write to). Writes go to /work and /tmp.
+        let root = Path::new(TEMPLATE_ROOT);
+        mount(
+            Some("overlay"),
+            root,
+            Some("overlay"),
+            MsFlags::MS_RDONLY | nosuid_nodev,
+            Some(format!("lowerdir={TEMPLATE_GEN}:{TEMPLATE_LOWER}").as_str()),
+        )
+        .map_err(|e| format!("mounting the template's root (overlayfs): {e}"))?;
+        mount_pieces(root, setup)?;
+        root
+    } else {
+        new
+    };
+    if let Some(sock) = &join.egress_socket {
+        let inside = new.join(sock_inside);
         mount(
             Some(sock.as_path()),
             &inside,
@@ -589,14 +679,16 @@ fn finish_root(join: &InitJoin) -> Result<(), String> {
         .map_err(|e| format!("binding the egress socket: {e}"))?;
     }
     // The root itself becomes read-only, then we pivot into it and drop the host's tree.
-    mount(
-        None::<&str>,
-        new,
-        None::<&str>,
-        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
-        Some("size=4m,mode=0755"),
-    )
-    .map_err(|e| format!("making the root read-only: {e}"))?;
+    if !template {
+        mount(
+            None::<&str>,
+            new,
+            None::<&str>,
+            MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
+            Some("size=4m,mode=0755"),
+        )
+        .map_err(|e| format!("making the root read-only: {e}"))?;
+    }
     nix::unistd::chdir(new).map_err(|e| format!("entering the new root: {e}"))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detaching the host's root: {e}"))?;
