@@ -14,6 +14,7 @@ mod image;
 mod mcp;
 mod policy;
 mod serve;
+mod template;
 mod tiers;
 
 use anyhow::Result;
@@ -43,6 +44,9 @@ enum Cmd {
     /// Hosted sandboxes or self-hosted Cordon: monthly cost at your volume and the
     /// crossover, from your prices and this host's last bench.
     Cost(Box<cordon_measure::cost::CostArgs>),
+    /// Templates: read-only root filesystems a sandbox's root is made from
+    /// (`cordon run --template NAME`): import, list, remove.
+    Template(template::TemplateArgs),
     /// Build guest images (the microvm tier's kernel, root filesystem and agent).
     Image(image::ImageArgs),
     /// Serve the HTTP API (and MCP over HTTP) with sessions, warm pools and an audit store.
@@ -86,6 +90,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Cmd::Bench(args) => cordon_measure::bench::bench(args, &tiers::FullTiers, &data_dir()),
         Cmd::Cost(args) => cordon_measure::cost::cost(*args, &data_dir()),
         Cmd::Image(args) => image::image(args),
+        Cmd::Template(args) => template::template(args),
         Cmd::Serve(args) => serve::serve(args),
         Cmd::Mcp(args) => mcp::mcp(args),
         Cmd::Audit(args) => audit::audit(args),

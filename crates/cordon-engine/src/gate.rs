@@ -49,6 +49,13 @@ pub struct GrantRecord {
     pub minted: bool,
 }
 
+/// A template in a decision record: its name and the digest it resolved to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TemplateRecord {
+    pub name: String,
+    pub digest: String,
+}
+
 /// The whole decision, for the audit row (allowed or refused).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GateRecord {
@@ -70,6 +77,8 @@ pub struct GateRecord {
     pub allow_hosts: Vec<String>,
     pub deny_hosts: Vec<String>,
     pub grants: Vec<GrantRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<TemplateRecord>,
     pub allow_weaker: BTreeSet<Weakening>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
@@ -171,6 +180,8 @@ pub struct Gate {
     /// Tiers this server has and can run, and why each other one cannot.
     available: BTreeSet<Tier>,
     unavailable: Vec<(Tier, String)>,
+    /// The template store requests may name templates of.
+    templates: Option<cordon_template::Store>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -198,7 +209,15 @@ impl Gate {
             bench,
             available: BTreeSet::new(),
             unavailable: Vec::new(),
+            templates: None,
         }
+    }
+
+    /// The template store requests may name templates of (none: a request naming one is
+    /// refused).
+    pub fn with_templates(mut self, store: cordon_template::Store) -> Self {
+        self.templates = Some(store);
+        self
     }
 
     /// Records which tiers can run here (`why` for each that cannot).
@@ -266,6 +285,7 @@ impl Gate {
             allow_hosts: req.allow_hosts.clone(),
             deny_hosts: req.deny_hosts.clone(),
             grants: Vec::new(),
+            template: None,
             allow_weaker: req.allow_weaker.clone(),
             ttl_ms: None,
             idle_timeout_ms: None,
@@ -495,8 +515,49 @@ impl Gate {
             spec.grants.push(grant);
         }
         spec.grants.extend(req.inline_grants.iter().cloned());
+        if let Some(name) = &req.template {
+            self.use_template(name, &mut spec, record)?;
+        }
         spec.validate().map_err(|e| invalid(e.to_string()))?;
         Ok((spec, ttl, idle, decision))
+    }
+
+    /// Resolves the template a request names onto its spec (with the lease that keeps the
+    /// template while the sandbox lives) and records its name and digest.
+    fn use_template(
+        &self,
+        name: &str,
+        spec: &mut SandboxSpec,
+        record: &mut GateRecord,
+    ) -> Result<(), Refused> {
+        cordon_core::validate_template_name(name).map_err(|e| invalid(e.to_string()))?;
+        let Some(store) = &self.templates else {
+            return Err(deny(
+                "template",
+                "this server has no template store",
+                "leave the template out, or ask the operator to enable templates",
+            ));
+        };
+        let as_template = |e: cordon_template::TemplateError| invalid(e.to_string());
+        let m = store.get(name).map_err(as_template)?;
+        record.template = Some(TemplateRecord {
+            name: m.name.clone(),
+            digest: m.digest.clone(),
+        });
+        if !m.tiers.contains(&spec.tier) {
+            return Err(deny(
+                "template-tier",
+                format!(
+                    "template {name:?} serves the {} tier, not {}",
+                    names(&m.tiers),
+                    spec.tier
+                ),
+                "ask for a tier the template serves (`cordon template ls` lists them)",
+            ));
+        }
+        spec.template = Some(m.name.clone());
+        spec.resolved_template = Some(store.resolve(name).map_err(as_template)?);
+        Ok(())
     }
 
     fn unavailable(&self, tier: Tier) -> Refused {
@@ -758,6 +819,53 @@ mod tests {
 
     fn req(json: &str) -> SandboxRequest {
         serde_json::from_str(json).unwrap()
+    }
+
+    /// A request naming a template gets it resolved onto its spec, and the audit record
+    /// names it and its digest; a tier it does not serve, an unknown name and a server
+    /// without a store are refused with what to do.
+    #[test]
+    fn a_template_is_resolved_and_recorded() {
+        let home = tempfile::tempdir().unwrap();
+        let store = cordon_template::Store::open(home.path()).unwrap();
+        let file = home.path().join("i.tar");
+        std::fs::write(
+            &file,
+            cordon_testkit::image::hostile_image(None).oci_tar(false),
+        )
+        .unwrap();
+        let m = store
+            .import(&file, "tools", &cordon_template::ImportLimits::default())
+            .unwrap()
+            .manifest;
+        let g = gate("", "").with_templates(store);
+        let op = |tier: &str| {
+            let body = format!(r#"{{"tier":"{tier}","template":"tools"}}"#);
+            g.admit(&Principal::Operator, &req(&body), "create")
+        };
+        let adm = op("container").unwrap();
+        let t = adm.spec.resolved_template.as_ref().unwrap();
+        assert_eq!(t.digest, m.digest);
+        assert_eq!(adm.spec.template.as_deref(), Some("tools"));
+        let rec = serde_json::to_value(&adm.record).unwrap();
+        assert_eq!(rec["template"]["name"], "tools");
+        assert_eq!(rec["template"]["digest"], m.digest.as_str());
+        let d = op("wasm").unwrap_err();
+        assert_eq!(d.rule, "template-tier");
+        assert_eq!(d.record.template.as_ref().unwrap().digest, m.digest);
+        let d = g
+            .admit(&alice(), &req(r#"{"template":"nope"}"#), "create")
+            .unwrap_err();
+        assert!(d.message.contains("cordon template ls"), "{}", d.message);
+        assert!(!d.message.contains(&home.path().display().to_string()));
+        let d = g
+            .admit(&alice(), &req(r#"{"template":"../x"}"#), "create")
+            .unwrap_err();
+        assert_eq!(d.code, DenyCode::InvalidRequest);
+        let d = gate("", "")
+            .admit(&alice(), &req(r#"{"template":"tools"}"#), "create")
+            .unwrap_err();
+        assert_eq!(d.rule, "template");
     }
 
     const GRANTS: &str = r#"

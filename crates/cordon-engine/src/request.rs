@@ -134,6 +134,10 @@ pub struct SandboxRequest {
     pub grants: Vec<GrantName>,
     #[serde(default)]
     pub allow_weaker: BTreeSet<Weakening>,
+    /// A template (`cordon template ls`) the sandbox's root is made from; left out, the
+    /// tier's own root.
+    #[serde(default)]
+    pub template: Option<String>,
     /// Destroyed this long after creation (`"10m"` or seconds).
     #[serde(default)]
     pub ttl: Option<Dur>,

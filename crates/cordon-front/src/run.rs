@@ -122,6 +122,10 @@ pub struct RunArgs {
     /// marked weaker. Repeatable.
     #[arg(long = "allow-weaker", value_name = "LAYER")]
     allow_weaker: Vec<Weakening>,
+    /// Make the sandbox's root from this template (`cordon template ls`): its files, its
+    /// image's environment; read-only, with /work and /tmp writable as always.
+    #[arg(long, value_name = "NAME")]
+    template: Option<String>,
     /// Print one JSON object (exit, signal, termination, stdout, stderr, usage, timings)
     /// instead of streaming output.
     #[arg(long)]
@@ -289,6 +293,7 @@ fn sandbox_request(args: &RunArgs, exec: &ExecRequest) -> Result<SandboxRequest>
         deny_hosts: args.deny_hosts.clone(),
         grants: Vec::new(),
         allow_weaker: args.allow_weaker.iter().copied().collect(),
+        template: args.template.clone(),
         ttl: None,
         idle_timeout: None,
         inline_grants,
@@ -318,15 +323,28 @@ fn local_gate(args: &RunArgs, req: &SandboxRequest, tiers: &dyn Tiers) -> Result
         default_tier: tier_of(args),
         ..GateSettings::default()
     };
+    // The store is opened only when a template is named: a plain run touches no more of
+    // the data dir than before.
+    let templates = match &args.template {
+        Some(_) => Some(
+            cordon_template::Store::open(&crate::data_dir())
+                .context("opening the template store")?,
+        ),
+        None => None,
+    };
     let gate = |available: std::collections::BTreeSet<Tier>, bench| {
-        Gate::new(
+        let g = Gate::new(
             settings.clone(),
             cordon_engine::CeilingConfig::default(),
             std::sync::Arc::new(cordon_engine::Catalogue::empty()),
             rules.clone(),
             bench,
         )
-        .with_tiers(available, Vec::new())
+        .with_tiers(available, Vec::new());
+        match &templates {
+            Some(t) => g.with_templates(t.clone()),
+            None => g,
+        }
     };
     if !policy_step {
         // No policy step: the tier asked for (or the default) is taken; its backend says

@@ -1193,3 +1193,109 @@ fn run_out_refuses_a_directory_others_may_write() {
     assert_eq!(std::fs::read_to_string(&dest).unwrap(), "sandbox\n");
     assert_eq!(std::fs::read_dir(shared.path()).unwrap().count(), 1);
 }
+
+/// `cordon template import|ls|rm` and `cordon run --template` as a user types them, on an
+/// image file the test writes (the hostile busybox image of the template tests).
+#[test]
+fn templates_import_list_run_and_remove_from_the_command_line() {
+    use std::os::unix::fs::PermissionsExt;
+    let test = "templates_import_list_run_and_remove_from_the_command_line";
+    if !container_tier_here(test) {
+        return;
+    }
+    let Some(bb) = cordon_testkit::image::busybox_layer() else {
+        skip(test, "no /bin/busybox (apt-get install busybox-static)");
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    // As /var/lib/cordon: the sandbox's ids may pass through to a template's root.
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let h = home.path();
+    let image = h.join("image.oci.tar");
+    std::fs::write(
+        &image,
+        cordon_testkit::image::hostile_image(Some(bb)).oci_tar(false),
+    )
+    .unwrap();
+    let o = cordon(
+        h,
+        &[
+            "template",
+            "import",
+            image.to_str().unwrap(),
+            "--name",
+            "mytool",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).starts_with("imported mytool sha256:"),
+        "{}",
+        text(&o.stdout)
+    );
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("dropped layer") && err.contains("device node"),
+        "{err}"
+    );
+    let o = cordon(h, &["template", "ls"]);
+    let ls = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        ls.lines().any(|l| l.starts_with("mytool ")
+            && l.contains("container")
+            && l.contains("import oci-layout image.oci.tar")),
+        "{ls}"
+    );
+    let o = cordon(
+        h,
+        &["run", "--template", "mytool", "--", "cat", "/greeting.txt"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "hello from layer 1\n");
+    let o = cordon(
+        h,
+        &[
+            "run",
+            "--template",
+            "mytool",
+            "--lang",
+            "sh",
+            "-c",
+            "echo $GREETING",
+        ],
+    );
+    assert_eq!(text(&o.stdout), "from-the-image\n", "{}", text(&o.stderr));
+    let o = cordon(
+        h,
+        &[
+            "run",
+            "--template",
+            "mytool",
+            "--lang",
+            "python",
+            "-c",
+            "print(1)",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(125));
+    let err = text(&o.stderr);
+    assert!(err.contains("no python interpreter"), "{err}");
+    assert!(!err.contains(h.to_str().unwrap()), "{err}");
+    let o = cordon(h, &["run", "--template", "nope", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(
+        text(&o.stderr).contains("no template named \"nope\""),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = cordon(h, &["template", "rm", "mytool"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("removed template mytool"),
+        "{}",
+        text(&o.stdout)
+    );
+    let o = cordon(h, &["template", "ls"]);
+    assert!(!text(&o.stdout).contains("mytool"), "{}", text(&o.stdout));
+}

@@ -165,6 +165,9 @@ pub struct RunRequest {
     pub grants: Vec<GrantName>,
     #[serde(default)]
     pub allow_weaker: BTreeSet<Weakening>,
+    /// A template the sandbox's root is made from (`cordon template ls`).
+    #[serde(default)]
+    pub template: Option<String>,
     #[serde(default)]
     pub files: Vec<RunFile>,
     #[serde(default, deserialize_with = "de_lang")]
@@ -200,6 +203,7 @@ impl RunRequest {
             deny_hosts: self.deny_hosts,
             grants: self.grants,
             allow_weaker: self.allow_weaker,
+            template: self.template,
             ttl: None,
             idle_timeout: None,
             inline_grants: Vec::new(),

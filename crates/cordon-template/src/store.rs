@@ -71,6 +71,7 @@ impl Store {
         self.dir.join("layers").join(hex)
     }
 
+    #[cfg_attr(not(feature = "import"), allow(dead_code))]
     pub(crate) fn staging_dir(&self) -> PathBuf {
         self.dir.join("staging")
     }
@@ -141,6 +142,7 @@ impl Store {
     }
 
     /// Records a manifest whose layers and root are in place (under the exclusive lock).
+    #[cfg_attr(not(feature = "import"), allow(dead_code))]
     pub(crate) fn write_manifest(&self, m: &Manifest) -> Result<()> {
         let path = self.manifest_path(&m.name);
         if path.exists() {

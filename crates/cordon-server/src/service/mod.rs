@@ -246,6 +246,10 @@ impl Service {
             bench,
         )
         .with_tiers(available, unavailable);
+        let templates = cordon_template::Store::open(&cfg.data_dir).map_err(|e| {
+            ServerError::Config(format!("the template store under the data dir: {e}"))
+        })?;
+        let gate = gate.with_templates(templates);
         gate.load_rules().map_err(|e| {
             ServerError::Config(match &cfg.policy.rules_file {
                 Some(p) => format!("the policy file {}: {e}", p.display()),

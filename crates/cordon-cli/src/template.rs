@@ -1,0 +1,194 @@
+//! `cordon template import|ls|rm|gc`: the template store under the data dir
+//! (docs/templates.md).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use cordon_template::{ImportLimits, Manifest, Store};
+
+#[derive(Args)]
+pub struct TemplateArgs {
+    /// Cordon's data directory (default: $CORDON_HOME, /var/lib/cordon as root).
+    #[arg(long, value_name = "DIR", global = true)]
+    data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: TemplateCmd,
+}
+
+#[derive(Subcommand)]
+enum TemplateCmd {
+    /// Import an image file as a template: a tar of an OCI image layout, or a docker
+    /// archive (`docker save`). The image is untrusted input: digests are checked, device
+    /// nodes, FIFOs and set-id bits dropped, paths leaving the root refused.
+    Import(ImportArgs),
+    /// List the templates: name, digest, size, files, tiers, where each came from.
+    Ls(LsArgs),
+    /// Remove a template; layers and roots no template or live sandbox uses go with it.
+    Rm { name: String },
+    /// Remove layers and roots no template uses (and no live sandbox holds).
+    Gc,
+}
+
+#[derive(Args)]
+struct ImportArgs {
+    /// The image file.
+    file: PathBuf,
+    /// The template's name (a-z, 0-9, '.', '_', '-').
+    #[arg(long)]
+    name: String,
+    /// Largest image file content accepted, e.g. 16G.
+    #[arg(long, value_parser = parse_size)]
+    max_archive_bytes: Option<u64>,
+    /// Largest total of uncompressed layers accepted, e.g. 16G.
+    #[arg(long, value_parser = parse_size)]
+    max_unpacked_bytes: Option<u64>,
+    /// Most entries (files, directories, links) accepted.
+    #[arg(long)]
+    max_files: Option<u64>,
+    /// Print the manifest as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct LsArgs {
+    /// Print the manifests as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    cordon_core::units::parse_size(s).map_err(|e| e.to_string())
+}
+
+pub fn template(args: TemplateArgs) -> Result<i32> {
+    let data = args.data_dir.unwrap_or_else(crate::data_dir);
+    let store = Store::open(&data).context("opening the template store")?;
+    match args.command {
+        TemplateCmd::Import(a) => import(&store, a),
+        TemplateCmd::Ls(a) => ls(&store, a),
+        TemplateCmd::Rm { name } => {
+            let gc = store.remove(&name)?;
+            println!(
+                "removed template {name}: {} layers and {} roots freed{}",
+                gc.layers_removed,
+                gc.roots_removed,
+                in_use(gc.roots_in_use)
+            );
+            Ok(0)
+        }
+        TemplateCmd::Gc => {
+            let gc = store.gc()?;
+            println!(
+                "{} layers and {} roots freed{}",
+                gc.layers_removed,
+                gc.roots_removed,
+                in_use(gc.roots_in_use)
+            );
+            Ok(0)
+        }
+    }
+}
+
+fn in_use(n: usize) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!("; {n} roots still used by live sandboxes (run `cordon template gc` later)")
+    }
+}
+
+fn import(store: &Store, a: ImportArgs) -> Result<i32> {
+    let mut limits = ImportLimits::default();
+    if let Some(v) = a.max_archive_bytes {
+        limits.archive_bytes = v;
+    }
+    if let Some(v) = a.max_unpacked_bytes {
+        limits.unpacked_bytes = v;
+    }
+    if let Some(v) = a.max_files {
+        limits.files = v;
+    }
+    let t0 = Instant::now();
+    let report = store
+        .import(&a.file, &a.name, &limits)
+        .with_context(|| format!("importing {}", a.file.display()))?;
+    let took = t0.elapsed();
+    for d in &report.dropped {
+        eprintln!(
+            "cordon: dropped layer {} entry {:?}: {}",
+            d.layer, d.path, d.reason
+        );
+    }
+    if report.setid_cleared > 0 {
+        eprintln!(
+            "cordon: cleared the setuid/setgid bit of {} files",
+            report.setid_cleared
+        );
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report.manifest)?);
+    } else {
+        let m = &report.manifest;
+        println!(
+            "imported {} {} ({}, {} files, {} layers){} in {:.2} s",
+            m.name,
+            short(&m.digest),
+            human(m.size_bytes),
+            m.files,
+            m.layers.len(),
+            if report.reused_root {
+                ", root shared with a template of the same digest"
+            } else {
+                ""
+            },
+            took.as_secs_f64()
+        );
+    }
+    Ok(0)
+}
+
+fn ls(store: &Store, a: LsArgs) -> Result<i32> {
+    let all = store.list()?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<20} {:<19} {:>9} {:>7}  {:<16} BUILT FROM",
+        "NAME", "DIGEST", "SIZE", "FILES", "TIERS"
+    );
+    for m in &all {
+        println!("{}", row(m));
+    }
+    Ok(0)
+}
+
+fn row(m: &Manifest) -> String {
+    let tiers: Vec<&str> = m.tiers.iter().map(|t| t.as_str()).collect();
+    format!(
+        "{:<20} {:<19} {:>9} {:>7}  {:<16} {}",
+        m.name,
+        short(&m.digest),
+        human(m.size_bytes),
+        m.files,
+        tiers.join(","),
+        m.built_from
+    )
+}
+
+/// `sha256:` and the first 12 hex digits.
+fn short(digest: &str) -> &str {
+    &digest[..digest.len().min(19)]
+}
+
+fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1}M", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1}K", b as f64 / 1024.0),
+        b => format!("{b}B"),
+    }
+}
