@@ -77,6 +77,9 @@ pub struct CreateArgs {
     /// Grants of the server's catalogue, by name.
     #[serde(default)]
     pub grants: Vec<String>,
+    /// A template (an image's read-only root filesystem) the sandbox's root is made from.
+    #[serde(default)]
+    pub template: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -199,6 +202,7 @@ impl CordonMcp {
             "idle_timeout": a.idle_timeout,
             "allow_hosts": a.allow_hosts,
             "grants": a.grants,
+            "template": a.template,
         })))?;
         text(&self.svc.create(&t, req).await.map_err(|e| e.to_string())?)
     }

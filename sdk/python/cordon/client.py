@@ -190,8 +190,12 @@ class Cordon:
             timeout: Optional[str] = None, stdin: Optional[str] = None,
             files: Optional[Mapping[str, bytes]] = None,
             limits: Optional[Mapping[str, Any]] = None, trust: Optional[str] = None,
-            autonomy: Optional[str] = None, shape: Optional[str] = None) -> ExecResult:
+            autonomy: Optional[str] = None, shape: Optional[str] = None,
+            template: Optional[str] = None) -> ExecResult:
         """Runs code once in a fresh sandbox that is destroyed afterwards.
+
+        `template` names a template on the server (`cordon template ls`): the sandbox's
+        root is made from it (read-only; /work and /tmp writable).
 
         With `trust` ("trusted"/"untrusted") and `autonomy` ("compute", "read-files",
         "write-files", "install-packages", "internet") the server's tier policy picks the tier
@@ -199,6 +203,8 @@ class Cordon:
         """
         payload = self._run_payload(code, lang, tier, timeout, stdin, files, limits)
         payload.update(_policy(trust, autonomy, shape))
+        if template:
+            payload["template"] = template
         return ExecResult.from_json(self._json("POST", "/v1/run", payload))
 
     def _run_payload(self, code: Command, lang: Optional[str], tier: Optional[str],
@@ -226,17 +232,21 @@ class Cordon:
                        env: Optional[Mapping[str, str]] = None, trust: Optional[str] = None,
                        autonomy: Optional[str] = None,
                        shape: Optional[str] = None,
-                       grants: Sequence[str] = ()) -> "Sandbox":
+                       grants: Sequence[str] = (),
+                       template: Optional[str] = None) -> "Sandbox":
         """Creates a sandbox; prefer `with c.sandbox(...) as sb:` so it is always destroyed.
 
         `trust`, `autonomy` and `shape` are the tier policy's inputs, as for `run`.
         `grants` names credentials of the server's grant catalogue: the sandbox gets a
         placeholder, the egress proxy puts the real secret (or a minted token) into requests
-        to the grant's hosts.
+        to the grant's hosts. `template` names a template on the server (`cordon template
+        ls`) the sandbox's root is made from.
         """
         payload: Dict[str, Any] = _policy(trust, autonomy, shape)
         if grants:
             payload["grants"] = list(grants)
+        if template:
+            payload["template"] = template
         if tier:
             payload["tier"] = tier
         if allow_hosts:

@@ -232,3 +232,83 @@ def test_destroy_ends_a_running_exec_at_once(alice, has_container):
     # The exec did not run to its end: it was ended by the destroy.
     assert "error" in seen or seen["result"].termination != "exited", seen
     assert cgroups([sb.id]) == set(), "the sandbox's cgroup survived destroy"
+
+
+def _oci_image(path: Path) -> None:
+    """Writes a one-layer OCI image layout tar: the host's static busybox as /bin/sh and
+    /bin/cat, a file, and an image environment."""
+    import hashlib
+    import io
+    import tarfile
+
+    def add(tar: tarfile.TarFile, name: str, data: bytes = b"", mode: int = 0o644,
+            kind: bytes = tarfile.REGTYPE, link: str = "") -> None:
+        info = tarfile.TarInfo(name)
+        info.type, info.mode, info.size, info.linkname = kind, mode, len(data), link
+        tar.addfile(info, io.BytesIO(data))
+
+    def tar_bytes(fill) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+            fill(t)
+        return buf.getvalue()
+
+    def layer(t: tarfile.TarFile) -> None:
+        add(t, "bin", kind=tarfile.DIRTYPE, mode=0o755)
+        add(t, "bin/busybox", Path("/bin/busybox").read_bytes(), 0o755)
+        for applet in ("sh", "cat"):
+            add(t, f"bin/{applet}", kind=tarfile.SYMTYPE, link="busybox")
+        add(t, "greeting.txt", b"hello from the template\n")
+
+    def digest(b: bytes) -> str:
+        return "sha256:" + hashlib.sha256(b).hexdigest()
+
+    lay = tar_bytes(layer)
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "config": {"Env": ["PATH=/bin", "GREETING=from-the-image"]},
+                         "rootfs": {"type": "layers", "diff_ids": [digest(lay)]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": digest(config), "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": digest(lay), "size": len(lay)}]}).encode()
+    index = json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json",
+         "digest": digest(manifest), "size": len(manifest)}]}).encode()
+
+    def outer(t: tarfile.TarFile) -> None:
+        add(t, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        add(t, "index.json", index)
+        for blob in (manifest, config, lay):
+            add(t, "blobs/sha256/" + digest(blob)[7:], blob)
+
+    path.write_bytes(tar_bytes(outer))
+
+
+def test_template_run_and_sandbox(alice, server, has_container):
+    """`template=` in run and create: the sandbox's root is the template's, its image
+    environment the default one; the audit record names the template and its digest."""
+    if not has_container:
+        pytest.skip("container tier unavailable")
+    if not Path("/bin/busybox").exists():
+        if os.environ.get("CORDON_REQUIRE_ALL") == "1":
+            pytest.fail("no /bin/busybox (apt-get install busybox-static) and CORDON_REQUIRE_ALL=1")
+        pytest.skip("no /bin/busybox (apt-get install busybox-static)")
+    image = server.data_dir.parent / "image.oci.tar"
+    _oci_image(image)
+    out = subprocess.run([cordon_bin(), "template", "import", str(image), "--name", "bb",
+                          "--data-dir", str(server.data_dir)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # As /var/lib/cordon: the sandbox's ids may pass through the data dir to the root.
+    for d in (server.data_dir.parent, server.data_dir):
+        os.chmod(d, 0o711)
+    r = alice.run(["cat", "/greeting.txt"], None, tier="container", template="bb")
+    assert r.stdout == "hello from the template\n", r
+    with alice.sandbox(tier="container", template="bb") as sb:
+        assert sb.exec("echo $GREETING $HOME").stdout == "from-the-image /work\n"
+    rows = [e["detail"].get("template") for e in alice.audit(kind="policy")]
+    named = [t for t in rows if t]
+    assert len(named) == 2 and all(t["name"] == "bb" and t["digest"].startswith("sha256:")
+                                   for t in named), rows
