@@ -1450,3 +1450,65 @@ fn tree_listing(root: &std::path::Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// The escape cases that run with Python and a shell, on a template root: the host's
+/// Python and the static busybox imported as a template (the bash-only environment canary
+/// is left out: the template has no bash, and its environment comes from the same code).
+#[test]
+fn escape_battery_on_a_template_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let b = need_backend!();
+    let Some(layer) = cordon_testkit::image::python_layer() else {
+        let msg = "no python3 or /bin/busybox on the host; the template escape battery cannot run";
+        if std::env::var_os("CORDON_REQUIRE_ALL").is_some() {
+            panic!("{msg} (CORDON_REQUIRE_ALL is set)");
+        }
+        eprintln!("\n!!!!! SKIPPING: {msg} !!!!!\n");
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let store = cordon_template::Store::open(home.path()).unwrap();
+    let file = home.path().join("python.oci.tar");
+    let image = cordon_testkit::image::Image {
+        layers: vec![(layer, false)],
+        env: vec!["PATH=/usr/bin".into()],
+    };
+    std::fs::write(&file, image.oci_tar(false)).unwrap();
+    store
+        .import(&file, "python", &cordon_template::ImportLimits::default())
+        .unwrap();
+    let s = template_spec(&store, "python");
+    assert!(
+        s.resolved_template
+            .as_ref()
+            .unwrap()
+            .languages
+            .contains(&Language::Python)
+    );
+    // Python runs from the template, not from the host.
+    let o = run_in(
+        b,
+        &s,
+        &ExecRequest::code(
+            Language::Python,
+            "import os, sys; print(sys.executable, os.path.exists('/usr/bin/bash'))",
+        ),
+    );
+    assert_eq!(text(&o.stdout), "/usr/bin/python3 False\n", "{o:?}");
+    cordon_testkit::escape::host_loopback_unreachable(b, &s);
+    cordon_testkit::escape::raw_and_exotic_sockets_refused(b, &s);
+    cordon_testkit::escape::host_processes_unsignalable(b, &s, 3);
+    cordon_testkit::escape::run_shared_kernel(b, &s, true);
+    // Writes outside /work and /tmp fail on the template root too.
+    let o = run_in(
+        b,
+        &s,
+        &ExecRequest::code(
+            Language::Python,
+            "import os\nfor p in ['/usr/x', '/etc/x', '/x', '/usr/lib/x']:\n  try:\n    open(p, 'w'); print('WROTE', p)\n  except OSError as e:\n    print('refused', e.errno)",
+        ),
+    );
+    let out = text(&o.stdout);
+    assert_eq!(out.matches("refused 30").count(), 4, "{out}");
+}

@@ -79,6 +79,24 @@ impl LayerBuilder {
         self.link(tar::EntryType::Link, path, target)
     }
 
+    /// A file at a path of any length (tar's long-name extension; no hostile paths).
+    pub fn long_file(&mut self, path: &str, mode: u32, data: &[u8]) -> &mut Self {
+        let mut h = header(tar::EntryType::Regular, mode, data.len() as u64);
+        self.tar
+            .append_data(&mut h, path, data)
+            .expect("in-memory tar");
+        self
+    }
+
+    /// A symbolic link at a path of any length.
+    pub fn long_symlink(&mut self, path: &str, target: &str) -> &mut Self {
+        let mut h = header(tar::EntryType::Symlink, 0o777, 0);
+        self.tar
+            .append_link(&mut h, path, target)
+            .expect("in-memory tar");
+        self
+    }
+
     /// A device node (character device `major:minor`).
     pub fn char_device(&mut self, path: &str, major: u32, minor: u32) -> &mut Self {
         let mut h = header(tar::EntryType::Char, 0o666, 0);
@@ -280,4 +298,130 @@ pub fn hostile_image(busybox: Option<Vec<u8>>) -> Image {
             "GREETING=from-the-image".to_string(),
         ],
     }
+}
+
+/// A layer holding the host's Python 3 (interpreter, standard library without its tests
+/// and GUI parts, the shared libraries they load, at the host's own paths, its merged-/usr
+/// links included) and the static busybox's applets for a shell: enough for the escape
+/// battery's probes. `None` when the host lacks python3 or busybox.
+pub fn python_layer() -> Option<Vec<u8>> {
+    use std::collections::BTreeSet;
+    use std::path::{Path, PathBuf};
+    let python = std::fs::canonicalize("/usr/bin/python3").ok()?;
+    let version = python.file_name()?.to_str()?.to_string();
+    let stdlib = PathBuf::from("/usr/lib").join(&version);
+    if !stdlib.is_dir() || !Path::new("/bin/busybox").is_file() {
+        return None;
+    }
+    const SKIP: [&str; 10] = [
+        "test",
+        "idlelib",
+        "tkinter",
+        "turtledemo",
+        "ensurepip",
+        "lib2to3",
+        "pydoc_data",
+        "site-packages",
+        "dist-packages",
+        "unittest",
+    ];
+    let mut files = vec![python.clone(), PathBuf::from("/bin/busybox")];
+    let mut todo = vec![stdlib.clone()];
+    let mut objects = vec![python.clone()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).ok()?.flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ft = e.file_type().ok()?;
+            if ft.is_dir() {
+                if !(dir == stdlib && SKIP.contains(&name.as_str())) {
+                    todo.push(p);
+                }
+            } else if ft.is_file() {
+                if name.ends_with(".so") {
+                    objects.push(p.clone());
+                }
+                files.push(p);
+            }
+        }
+    }
+    // The shared libraries the interpreter and its extension modules load.
+    let mut libs = BTreeSet::new();
+    for o in &objects {
+        let out = std::process::Command::new("ldd").arg(o).output().ok()?;
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let path = match line.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next(),
+                None => line.split_whitespace().next(),
+            };
+            if let Some(p) = path.filter(|p| p.starts_with('/')) {
+                libs.insert(PathBuf::from(p));
+            }
+        }
+    }
+    files.extend(libs);
+    let mut l = LayerBuilder::new();
+    let mut seen = BTreeSet::new();
+    for f in &files {
+        add_host_path(&mut l, &mut seen, f)?;
+    }
+    let usr_bin = "usr/bin";
+    l.long_symlink(&format!("{usr_bin}/python3"), &version);
+    for applet in [
+        "sh", "echo", "cat", "ls", "mkfifo", "tail", "cut", "tr", "sleep", "kill", "ps", "id",
+        "env", "touch", "rm", "mkdir", "grep", "wc", "head", "true", "false", "stat",
+    ] {
+        l.long_symlink(&format!("{usr_bin}/{applet}"), "busybox");
+    }
+    Some(l.finish())
+}
+
+/// Adds the host file `p` at its own path, every link on the way reproduced as the link it
+/// is on the host (so `/lib64/ld-linux-x86-64.so.2` resolves the same way inside).
+fn add_host_path(
+    l: &mut LayerBuilder,
+    seen: &mut std::collections::BTreeSet<std::path::PathBuf>,
+    p: &std::path::Path,
+) -> Option<()> {
+    use std::path::{Component, PathBuf};
+    let mut cur = PathBuf::from("/");
+    let comps: Vec<Component> = p.components().skip(1).collect();
+    for (i, c) in comps.iter().enumerate() {
+        cur.push(c);
+        let md = std::fs::symlink_metadata(&cur).ok()?;
+        if md.file_type().is_symlink() {
+            let target = std::fs::read_link(&cur).ok()?;
+            if seen.insert(cur.clone()) {
+                l.long_symlink(cur.strip_prefix("/").ok()?.to_str()?, target.to_str()?);
+            }
+            let mut next = cur.parent()?.join(&target);
+            for rest in &comps[i + 1..] {
+                next.push(rest);
+            }
+            let next = PathBuf::from("/").join(normalize(&next)?);
+            return add_host_path(l, seen, &next);
+        }
+    }
+    if seen.insert(cur.clone()) {
+        let data = std::fs::read(&cur).ok()?;
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&cur).ok()?.permissions());
+        l.long_file(cur.strip_prefix("/").ok()?.to_str()?, mode & 0o777, &data);
+    }
+    Some(())
+}
+
+/// `p` with `.` and `..` folded away (relative to `/`).
+fn normalize(p: &std::path::Path) -> Option<std::path::PathBuf> {
+    let mut out = std::path::PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::Normal(n) => out.push(n),
+            _ => {}
+        }
+    }
+    Some(out)
 }
