@@ -1320,12 +1320,7 @@ fn template_store() -> Option<(tempfile::TempDir, cordon_template::Store)> {
     let home = tempfile::tempdir().unwrap();
     std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let store = cordon_template::Store::open(home.path()).unwrap();
-    let file = home.path().join("hostile.oci.tar");
-    std::fs::write(
-        &file,
-        cordon_testkit::image::hostile_image(Some(bb)).oci_tar(false),
-    )
-    .unwrap();
+    let file = cordon_testkit::image::write_hostile_image(home.path(), bb);
     store
         .import(&file, "hostile", &cordon_template::ImportLimits::default())
         .unwrap();

@@ -299,6 +299,12 @@ impl Backend for GvisorBackend {
                 ),
             });
         }
+        if let (Some(name), None) = (&spec.template, &spec.resolved_template) {
+            return Err(Error::Invalid(format!(
+                "template {name:?} was not resolved before the create; resolve it with the \
+                 template store (cordon_template::Store::resolve_spec) first"
+            )));
+        }
         let mut weakened = Vec::new();
         let mut warnings = Vec::new();
         let layout = match self.layout() {
@@ -421,6 +427,28 @@ const STDERR_TAIL: usize = 4096;
 /// Where the agent binary is bound inside the sandbox.
 const AGENT_INSIDE: &str = "/.cordon/agent";
 
+/// Where the host's `/usr` is bound in a sandbox on a template: the agent (a program of the
+/// host) loads its C library from there; the sandbox's programs come from the template.
+const TEMPLATE_HOST_USR: &str = "/.cordon/usr";
+
+/// Regular files under `dir`, recursively.
+fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let ft = e.file_type()?;
+            if ft.is_dir() {
+                todo.push(e.path());
+            } else if ft.is_file() {
+                out.push(e.path());
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Files of the sandbox's `/etc` (the rest of the host's `/etc` is never visible).
 fn etc_files(uid: u32) -> Vec<(&'static str, String)> {
     vec![
@@ -524,11 +552,29 @@ impl GvisorSandbox {
     fn config_json(&self, cgroup: Option<&SandboxCgroup>) -> Result<serde_json::Value> {
         let l = &self.spec.limits;
         let mem = l.memory_bytes as i64;
-        let mut args = vec![AGENT_INSIDE.to_string(), self.uid.to_string()];
+        let template = self.spec.resolved_template.as_ref();
+        // With a template the root is the template's (under runsc's overlay, its upper in
+        // the sentry's memory); the host's /usr is bound only at a private path, for the
+        // agent's own loader and C library.
+        let usr = if template.is_some() {
+            TEMPLATE_HOST_USR
+        } else {
+            "/usr"
+        };
+        let mut args = match template {
+            Some(_) => vec![
+                format!("{TEMPLATE_HOST_USR}/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
+                "--library-path".to_string(),
+                format!("{TEMPLATE_HOST_USR}/lib/x86_64-linux-gnu"),
+                AGENT_INSIDE.to_string(),
+                self.uid.to_string(),
+            ],
+            None => vec![AGENT_INSIDE.to_string(), self.uid.to_string()],
+        };
         let mut mounts = vec![
             serde_json::json!({"destination": "/proc", "type": "proc", "source": "proc"}),
             serde_json::json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "noexec", "size=64k"]}),
-            serde_json::json!({"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro", "nosuid", "nodev"]}),
+            serde_json::json!({"destination": usr, "type": "bind", "source": "/usr", "options": ["rbind", "ro", "nosuid", "nodev"]}),
             serde_json::json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", format!("size={}", l.tmp_bytes)]}),
             serde_json::json!({"destination": "/work", "type": "bind", "source": self.work.display().to_string(), "options": ["rbind", "rw", "nosuid", "nodev"]}),
             serde_json::json!({"destination": AGENT_INSIDE, "type": "bind", "source": self.config.agent.display().to_string(), "options": ["bind", "ro", "nosuid", "nodev"]}),
@@ -547,6 +593,31 @@ impl GvisorSandbox {
                 SANDBOX_PROXY_PORT.to_string(),
                 SOCKET_INSIDE.to_string(),
             ]);
+        }
+        if template.is_some() {
+            // Cordon's /etc files (and the egress CA) over the template's own.
+            let etc = self.bundle.join("rootfs/etc");
+            for file in files_under(&etc).map_err(|e| Error::io("listing the bundle's /etc", e))? {
+                let rel = file.strip_prefix(&etc).unwrap_or(&file);
+                mounts.push(serde_json::json!({"destination": Path::new("/etc").join(rel).display().to_string(), "type": "bind", "source": file.display().to_string(), "options": ["bind", "ro", "nosuid", "nodev"]}));
+            }
+        }
+        if let Some(t) = template {
+            // runsc makes a missing bind destination in the root it is given: every one must
+            // be in the template already (import makes them), or the template would change.
+            for m in &mounts {
+                let dest = m["destination"].as_str().unwrap_or_default();
+                if m["type"] == "bind"
+                    && cordon_template::resolve_in_root(&t.root, dest).is_none_or(|p| !p.exists())
+                {
+                    return Err(Error::Invalid(format!(
+                        "template {:?} lacks the mount point {dest} the gvisor tier needs; \
+                         import it again with this version of cordon (cordon template rm, then \
+                         cordon template import)",
+                        t.name
+                    )));
+                }
+            }
         }
         let mut linux = serde_json::json!({
             "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
@@ -589,7 +660,10 @@ impl GvisorSandbox {
                     {"type": "RLIMIT_NOFILE", "hard": l.open_files.max(1024), "soft": l.open_files.max(1024)}
                 ]
             },
-            "root": {"path": "rootfs", "readonly": true},
+            "root": match template {
+                Some(t) => serde_json::json!({"path": t.root.display().to_string(), "readonly": false}),
+                None => serde_json::json!({"path": "rootfs", "readonly": true}),
+            },
             "hostname": "cordon",
             "mounts": mounts,
             "linux": linux
@@ -645,6 +719,11 @@ impl GvisorSandbox {
         }
         if cgroup.is_none() {
             cmd.arg("--ignore-cgroups");
+        }
+        if self.spec.resolved_template.is_some() {
+            // The template's root stays as it is on the host: the sandbox's writes to it go
+            // to an overlay upper in the sentry's memory, charged to the sandbox's cgroup.
+            cmd.arg("--overlay2=root:memory");
         }
         cmd.arg(format!("--debug-log={}", log.display()))
             .args(["--debug-command=boot", "--strace"])
@@ -858,6 +937,11 @@ impl Sandbox for GvisorSandbox {
                 id: self.id.as_str().into(),
                 reason: "destroyed".into(),
             });
+        }
+        if let (cordon_core::Command::Code { language, .. }, Some(t)) =
+            (&req.command, &self.spec.resolved_template)
+        {
+            t.check_language(*language)?;
         }
         let argv = cordon_host::agent::argv_for(req, Tier::Gvisor, false)?;
         let t0 = Instant::now();

@@ -1075,3 +1075,81 @@ fn programs_run_as_an_id_of_their_own() {
     one.destroy().unwrap();
     two.destroy().unwrap();
 }
+
+/// A gVisor sandbox on a template: the template's tree is the root, its environment the
+/// default one, Cordon's /etc over its own; writes land in the sandbox's own overlay (in the
+/// sentry's memory), never in the template or a concurrent sandbox of it.
+#[test]
+fn a_template_is_the_root_and_writes_stay_in_the_sandbox() {
+    let b = need_backend!();
+    let Some(bb) = cordon_testkit::image::busybox_layer() else {
+        let msg = "no /bin/busybox (apt-get install busybox-static); the template test cannot run";
+        if std::env::var("CORDON_REQUIRE_ALL").as_deref() == Ok("1") {
+            panic!("{msg} (CORDON_REQUIRE_ALL=1)");
+        }
+        eprintln!("\n!!!!! SKIPPING: {msg} !!!!!\n");
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let store = cordon_template::Store::open(home.path()).unwrap();
+    let file = cordon_testkit::image::write_hostile_image(home.path(), bb);
+    let m = store
+        .import(&file, "hostile", &cordon_template::ImportLimits::default())
+        .unwrap()
+        .manifest;
+    assert!(m.tiers.contains(&Tier::Gvisor));
+    let mut s = spec();
+    s.template = Some("hostile".into());
+    store.resolve_spec(&mut s).unwrap();
+    let root = s.resolved_template.as_ref().unwrap().root.clone();
+    let listing = |dir: &std::path::Path| {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = listing(&root);
+    let mut a = b.create(&s).unwrap();
+    let mut c = b.create(&s).unwrap();
+    let sh = |sb: &mut Box<dyn Sandbox>, script: &str| {
+        exec(sb, &ExecRequest::argv(["sh", "-c", script]))
+    };
+    let o = sh(
+        &mut a,
+        "cat /greeting.txt; echo \"$GREETING $HOME\"; grep -c sandbox /etc/passwd; \
+         cat /etc/os-release; echo mine > /greeting-a; echo changed > /greeting.txt; \
+         ls /usr 2>/dev/null | head -1; echo end",
+    );
+    let out = text(&o.stdout);
+    assert_eq!(o.exit_code, Some(0), "{o:?} {}", text(&o.stderr));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "hello from layer 1", "{out}");
+    assert_eq!(lines[1], "from-the-image /work", "{out}");
+    assert_eq!(lines[2], "1", "{out}");
+    assert_eq!(lines[3], "ID=cordon-test", "{out}");
+    assert_eq!(lines.last(), Some(&"end"), "{out}");
+    let o = sh(
+        &mut c,
+        "cat /greeting.txt; ls /greeting-a 2>&1 || echo absent",
+    );
+    let out = text(&o.stdout);
+    assert!(out.starts_with("hello from layer 1\n"), "{out}");
+    assert!(out.contains("absent"), "{out}");
+    let err = a
+        .exec(
+            &ExecRequest::code(Language::Python, "print(1)"),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no python interpreter"), "{err}");
+    a.destroy().unwrap();
+    c.destroy().unwrap();
+    assert_eq!(listing(&root), before, "the template's root changed");
+    assert_eq!(
+        std::fs::read(root.join("greeting.txt")).unwrap(),
+        b"hello from layer 1\n"
+    );
+}

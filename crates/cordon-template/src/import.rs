@@ -24,7 +24,32 @@ use crate::manifest::{BuiltFrom, Compression, ImageDefaults, ImageFormat, Layer,
 use crate::store::{Store, remove_tree};
 
 /// Bumped whenever flattening changes what a root holds: part of every template digest.
-const FLATTEN_VERSION: &str = "cordon-template-flatten-v1";
+const FLATTEN_VERSION: &str = "cordon-template-flatten-v2";
+
+/// The mount points Cordon's tiers put their own files and filesystems on, made in every
+/// root at import where the image lacks them (empty; never through a link the image made),
+/// so that no tier ever has to create one in a template (runsc makes a missing bind
+/// destination in the root it is given). `true`: a directory.
+pub const MOUNT_POINTS: [(&str, bool); 16] = [
+    ("proc", true),
+    ("dev", true),
+    ("tmp", true),
+    ("work", true),
+    ("run/cordon", true),
+    (".cordon/usr", true),
+    (".cordon/agent", false),
+    ("etc/passwd", false),
+    ("etc/group", false),
+    ("etc/hosts", false),
+    ("etc/hostname", false),
+    ("etc/nsswitch.conf", false),
+    // The egress proxy's CA and bundle (cordon_egress's default paths), and where OpenSSL,
+    // Python and curl look for a bundle.
+    ("etc/cordon/egress-ca.pem", false),
+    ("etc/cordon/ca-bundle.pem", false),
+    ("etc/ssl/certs/ca-certificates.crt", false),
+    ("etc/ssl/certs", true),
+];
 
 /// Bounds on one import.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,6 +248,9 @@ impl Store {
                 compression,
             });
         }
+        if !existing {
+            flat.seal()?;
+        }
         let _guard = self.lock(true)?;
         let dest = self.root_dir(&hex_digest);
         let reused_root = dest.is_dir();
@@ -247,7 +275,7 @@ impl Store {
             layers,
             size_bytes,
             files,
-            tiers: vec![Tier::Container],
+            tiers: vec![Tier::Container, Tier::Gvisor],
             built_from: BuiltFrom::Import {
                 format: parsed.format,
                 file,
@@ -773,6 +801,25 @@ impl Flatten {
         // The rest of the stream (end-of-archive blocks, padding) is part of the digest.
         io::copy(&mut hr, &mut io::sink()).map_err(layer_io(i))?;
         Ok((compression, hr.finish()))
+    }
+
+    /// Makes the [`MOUNT_POINTS`] the image lacks.
+    fn seal(&self) -> Result<()> {
+        for (path, dir) in MOUNT_POINTS {
+            let Place::At(at) = self.place(Path::new(path), false) else {
+                continue;
+            };
+            if fs::symlink_metadata(&at).is_ok() {
+                continue;
+            }
+            let made = if dir {
+                fs::DirBuilder::new().mode(0o755).create(&at)
+            } else {
+                create_new(&at).and_then(|f| f.set_permissions(fs::Permissions::from_mode(0o644)))
+            };
+            made.map_err(TemplateError::io("making a mount point"))?;
+        }
+        Ok(())
     }
 
     /// Where `rel` lands under the root, its parents made: never through a link the image

@@ -14,6 +14,6 @@ mod store;
 
 pub use error::{Result, TemplateError};
 #[cfg(feature = "import")]
-pub use import::{DropReason, Dropped, ImportLimits, ImportReport};
+pub use import::{DropReason, Dropped, ImportLimits, ImportReport, MOUNT_POINTS};
 pub use manifest::{BuiltFrom, Compression, ImageDefaults, ImageFormat, Layer, Manifest};
 pub use store::{GcReport, Lease, Store, find_program, resolve_in_root};

@@ -425,3 +425,11 @@ fn normalize(p: &std::path::Path) -> Option<std::path::PathBuf> {
     }
     Some(out)
 }
+
+/// Writes [`hostile_image`] with the given busybox layer as an OCI layout tar,
+/// `hostile.oci.tar` in `dir`, and returns its path.
+pub fn write_hostile_image(dir: &std::path::Path, busybox: Vec<u8>) -> std::path::PathBuf {
+    let file = dir.join("hostile.oci.tar");
+    std::fs::write(&file, hostile_image(Some(busybox)).oci_tar(false)).expect("writing the image");
+    file
+}
