@@ -1289,6 +1289,35 @@ fn templates_import_list_run_and_remove_from_the_command_line() {
         "{}",
         text(&o.stderr)
     );
+    // `cordon bench --template` measures a run from the template beside the plain run.
+    let o = cordon(
+        h,
+        &[
+            "bench",
+            "--tiers",
+            "container",
+            "--peers",
+            "none",
+            "--quick",
+            "--budget",
+            "1",
+            "--template",
+            "mytool",
+            "--json",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let figures = v["figures"].as_array().unwrap();
+    let row = |name: &str| figures.iter().find(|f| f["subject"] == name).cloned();
+    let t = row("cordon-run-template").expect("a template row");
+    assert_eq!(t["kind"], "cli");
+    assert!(
+        t["what"].as_str().unwrap().contains("--template mytool"),
+        "{t}"
+    );
+    assert!(t["samples"].as_u64().unwrap() >= 3, "{t}");
+    assert!(row("cordon-run").is_some(), "{v}");
     let o = cordon(h, &["template", "rm", "mytool"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(

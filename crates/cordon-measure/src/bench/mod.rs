@@ -58,6 +58,10 @@ pub struct BenchArgs {
     /// Where to write the chart (SVG; default <data dir>/bench/last.svg).
     #[arg(long, value_name = "FILE.svg")]
     chart: Option<PathBuf>,
+    /// Also measure `cordon run --template NAME -- sh -c true` beside the plain `cordon run`
+    /// (the template must exist: `cordon template ls`).
+    #[arg(long, value_name = "NAME")]
+    template: Option<String>,
 }
 
 /// The counts a run uses, resolved from the flags.
@@ -594,6 +598,15 @@ fn run_bench(
                 &["run", "--", "sh", "-c", "true"],
                 &linked,
             ));
+            if let Some(t) = &args.template {
+                subjects.push(cli_subject(
+                    "cordon-run-template",
+                    Tier::Container,
+                    &exe,
+                    &["run", "--template", t, "--", "sh", "-c", "true"],
+                    &format!("the root made from template {t}; {linked}"),
+                ));
+            }
         }
         if lt.spec.tier == Tier::Wasm {
             for (name, lang, code) in [
@@ -853,6 +866,20 @@ fn run_bench(
         println!("{text}");
     } else {
         print_tables(&figures, &tiers, ratio, plan);
+        let median = |name: &str| {
+            figures
+                .iter()
+                .find(|f| f.subject == name)
+                .map(|f| f.median_us as f64)
+        };
+        if let (Some(t), Some(p)) = (median("cordon-run-template"), median("cordon-run"))
+            && p > 0.0
+        {
+            println!(
+                "cordon run --template / cordon run median ratio: {:.2} (target <= 1.50)",
+                t / p
+            );
+        }
         let kept = store::kept(&report, created);
         if !kept.is_empty() {
             println!(
