@@ -240,6 +240,10 @@ pub struct SpecPool {
     pub allow_hosts: Vec<String>,
     #[serde(default)]
     pub deny_hosts: Vec<String>,
+    /// A template (`cordon template ls`) the pool's sandboxes are made from: a create or
+    /// run naming it (and the same tier, limits and lists) takes one.
+    #[serde(default)]
+    pub template: Option<String>,
 }
 
 /// Where the tier policy's rules and this host's bench figures come from.

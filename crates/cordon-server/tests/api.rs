@@ -1955,6 +1955,7 @@ async fn a_pool_of_another_spec_serves_exactly_that_spec() {
             },
             allow_hosts: vec!["pypi.example.test".into()],
             deny_hosts: Vec::new(),
+            template: None,
         });
     })
     .await;
@@ -1989,6 +1990,57 @@ async fn a_pool_of_another_spec_serves_exactly_that_spec() {
     env.server.shutdown().await;
 }
 
+/// A `[[pool]]` with a template keeps warm sandboxes of that template: a create naming it
+/// takes one, the same create without it starts cold; a pool naming a template the store
+/// lacks stops the server's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_a_template_serves_creates_naming_it() {
+    let pool = |template: &str| cordon_server::config::SpecPool {
+        tier: Tier::Container,
+        size: 1,
+        limits: Default::default(),
+        allow_hosts: Vec::new(),
+        deny_hosts: Vec::new(),
+        template: Some(template.into()),
+    };
+    let env = start_with(|cfg| {
+        let store = cordon_template::Store::open(&cfg.data_dir).unwrap();
+        let file = cfg.data_dir.join("i.oci.tar");
+        std::fs::write(
+            &file,
+            cordon_testkit::image::hostile_image(None).oci_tar(false),
+        )
+        .unwrap();
+        store
+            .import(&file, "tools", &cordon_template::ImportLimits::default())
+            .unwrap();
+        cfg.spec_pools.push(pool("tools"));
+    })
+    .await;
+    env.wait_pool(3).await;
+    let create = |body: Value| env.call(M::POST, "/v1/sandboxes", ALICE, Some(body));
+    let (s, v) = create(json!({"tier": "container", "template": "tools"})).await;
+    assert_eq!((s, v["source"].as_str()), (201, Some("pool")), "{v}");
+    let (s, v) = create(json!({
+        "tier": "container",
+        "template": "tools",
+        "limits": {"memory_bytes": 256 << 20},
+    }))
+    .await;
+    assert_eq!((s, v["source"].as_str()), (201, Some("cold")), "{v}");
+    env.server.shutdown().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.spec_pools.push(pool("missing"));
+    let counters = Arc::new(Counters::default());
+    let err = Server::start(cfg, backends(&counters), None)
+        .await
+        .err()
+        .expect("a pool of a missing template must stop the start")
+        .to_string();
+    assert!(err.contains("no template named \"missing\""), "{err}");
+}
+
 /// A `[[pool]]` spec the server's policy would refuse, or two pools of one spec, stop the
 /// server at its start with a message that names the pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2002,6 +2054,7 @@ async fn pool_specs_the_policy_refuses_stop_the_start() {
         },
         allow_hosts: Vec::new(),
         deny_hosts: Vec::new(),
+        template: None,
     };
     for (pools, want) in [
         (vec![pool(64 << 30)], "limits.memory_bytes is above"),

@@ -249,7 +249,7 @@ impl Service {
         let templates = cordon_template::Store::open(&cfg.data_dir).map_err(|e| {
             ServerError::Config(format!("the template store under the data dir: {e}"))
         })?;
-        let gate = gate.with_templates(templates);
+        let gate = gate.with_templates(templates.clone());
         gate.load_rules().map_err(|e| {
             ServerError::Config(match &cfg.policy.rules_file {
                 Some(p) => format!("the policy file {}: {e}", p.display()),
@@ -272,15 +272,22 @@ impl Service {
             spec.limits = cfg.default_limits.clone();
             (spec, *size)
         });
-        let others = cfg.spec_pools.iter().map(|p| {
+        let mut others = Vec::new();
+        for p in &cfg.spec_pools {
             let mut spec = SandboxSpec::new(p.tier);
             spec.limits = p.limits.apply(&cfg.default_limits);
             spec.egress = cordon_core::EgressPolicy {
                 allow: p.allow_hosts.clone(),
                 deny: p.deny_hosts.clone(),
             };
-            (spec, p.size)
-        });
+            // A pool's template is resolved once, at start; the pool's spec holds its lease
+            // for as long as the server runs.
+            spec.template = p.template.clone();
+            templates.resolve_spec(&mut spec).map_err(|e| {
+                ServerError::Config(format!("a warm pool of the {} tier: {e}", p.tier))
+            })?;
+            others.push((spec, p.size));
+        }
         let mut pools: Vec<Arc<Pool>> = Vec::new();
         for (spec, size) in defaults.chain(others) {
             let tier = spec.tier;
