@@ -904,6 +904,7 @@ impl Sandbox for GvisorSandbox {
             stderr_cap: l.stderr_bytes,
             kill_at_deadline: true,
             kill_grace: Duration::from_secs(3),
+            tick: Duration::from_millis(100),
         };
         let Some(live) = self.live.as_mut() else {
             return Err(Error::Sandbox("the gvisor sandbox is not running".into()));

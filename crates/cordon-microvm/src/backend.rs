@@ -866,6 +866,7 @@ impl MicrovmSandbox {
             // The wall clock ends the VM, not just the program.
             kill_at_deadline: false,
             kill_grace: Duration::from_secs(5),
+            tick: Duration::from_millis(100),
         };
         let driven = agent::run_framed(self.ctrl()?, &plan, sink, &mut || None);
         let run = match driven {
