@@ -106,14 +106,14 @@ fn traces_of(b: &GvisorBackend, id: &str) -> Vec<PathBuf> {
         .flatten()
         .flatten()
     {
-        let parent = hier.path().join(cordon_gvisor::cgroup::PARENT);
+        let parent = hier.path().join(cordon_gvisor::CGROUP_PARENT);
         for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
             if e.file_name().to_string_lossy().starts_with(id) {
                 found.push(e.path());
             }
         }
     }
-    let direct = Path::new("/sys/fs/cgroup").join(cordon_gvisor::cgroup::PARENT);
+    let direct = Path::new("/sys/fs/cgroup").join(cordon_gvisor::CGROUP_PARENT);
     for e in std::fs::read_dir(direct).into_iter().flatten().flatten() {
         if e.file_name().to_string_lossy().starts_with(id) {
             found.push(e.path());
