@@ -742,10 +742,20 @@ impl ContainerSandbox {
         };
         let cgroup = self.cgroup.as_ref();
         let pids_hit = || match (cgroup, &before) {
-            (Some(cg), Some(b)) => cg.counters().pids_max_hits > b.pids_max_hits,
+            (Some(cg), Some(b)) => cg.pids_refusals() > b.pids_max_hits,
             _ => false,
         };
-        let mut fork_refused = || pids_hit().then_some(Termination::ProcessLimit);
+        // The driver calls the watch whenever it wakes; the counter is read at most every
+        // 20 ms, so a chatty program does not pay a cgroupfs read per chunk of output.
+        let mut last_look = Instant::now();
+        let mut fork_refused = || {
+            let now = Instant::now();
+            if now.duration_since(last_look) < Duration::from_millis(20) {
+                return None;
+            }
+            last_look = now;
+            pids_hit().then_some(Termination::ProcessLimit)
+        };
         let Some(conn) = self.ctrl.as_mut().filter(|_| self.gone.is_none()) else {
             return Err(self.gone_error());
         };

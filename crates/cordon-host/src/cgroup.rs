@@ -309,7 +309,7 @@ impl SandboxCgroup {
                     .unwrap_or(0),
                 Version::V2 => parse_keyed(&oom, "max"),
             },
-            pids_max_hits: parse_keyed(&read_open(f.pids.as_ref()), "max"),
+            pids_max_hits: self.pids_refusals(),
             cpu_us: f.cpu.as_ref().map(|cpu| {
                 let text = read_open(Some(cpu));
                 match self.version {
@@ -319,6 +319,11 @@ impl SandboxCgroup {
             }),
             peak_memory: parse_number(&read_open(f.peak.as_ref())),
         }
+    }
+
+    /// Forks the process limit has refused so far (one file read: the watch during an exec).
+    pub fn pids_refusals(&self) -> u64 {
+        parse_keyed(&read_open(self.files.pids.as_ref()), "max")
     }
 
     /// Resets the peak-memory mark so the next exec's peak is its own (where supported).
