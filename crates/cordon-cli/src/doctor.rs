@@ -38,7 +38,11 @@ pub fn doctor(args: DoctorArgs) -> Result<i32> {
             TierStatus::Degraded => "degraded",
             TierStatus::Unavailable => "UNAVAILABLE",
         };
-        println!("{:<10} {mark}   — {}", probe.tier.as_str(), probe.tier.wall());
+        println!(
+            "{:<10} {mark}   — {}",
+            probe.tier.as_str(),
+            probe.tier.wall()
+        );
         for cap in &probe.capabilities {
             println!(
                 "    {} {}: {}",

@@ -124,6 +124,10 @@ fn is_root() -> bool {
 }
 
 impl Backend for ContainerBackend {
+    fn create_unprepared(&self, _spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>> {
+        None
+    }
+
     fn tier(&self) -> Tier {
         Tier::Container
     }

@@ -213,6 +213,10 @@ impl GvisorBackend {
 }
 
 impl Backend for GvisorBackend {
+    fn create_unprepared(&self, _spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>> {
+        None
+    }
+
     fn tier(&self) -> Tier {
         Tier::Gvisor
     }

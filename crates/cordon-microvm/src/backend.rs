@@ -492,6 +492,15 @@ impl MicrovmBackend {
 }
 
 impl Backend for MicrovmBackend {
+    /// A full boot of the guest (no snapshot): what the first sandbox of a shape costs,
+    /// and every sandbox where snapshots are off.
+    fn create_unprepared(&self, spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>> {
+        Some(
+            self.create_cold(spec)
+                .map(|sb| Box::new(sb) as Box<dyn Sandbox>),
+        )
+    }
+
     /// Nothing of its own yet: QEMU is spawned tied to the process that starts it and dies
     /// with it; its cgroup, empty once QEMU is gone, is swept with the other empty sandbox
     /// cgroups by the container tier's recovery.

@@ -222,6 +222,11 @@ pub struct TierReport {
     pub trivial: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cold_start: Option<Stats>,
+    /// Create + trivial exec + destroy without the state the tier prepares ahead (the
+    /// microvm tier: a full boot instead of a restore from its snapshot); absent for tiers
+    /// that prepare nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unprepared_start: Option<Stats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_start: Option<Stats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -251,6 +256,7 @@ impl TierReport {
             reason: None,
             trivial: None,
             cold_start: None,
+            unprepared_start: None,
             warm_start: None,
             exec: None,
             agent_run: None,

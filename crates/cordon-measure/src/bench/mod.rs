@@ -642,6 +642,11 @@ fn run_bench(
             Err(e) => fail(&mut tiers[rep_i], "warm start", &e, &out),
         }
         out.done();
+        match measure_unprepared(lt, &plan.samples) {
+            Some(Ok(s)) => tiers[rep_i].unprepared_start = Stats::of(&s),
+            Some(Err(e)) => fail(&mut tiers[rep_i], "start without its snapshot", &e, &out),
+            None => {}
+        }
         out.step(format!("{tier}: exec in a live sandbox"));
         match measure_exec(lt, &lt.trivial, &plan.samples) {
             Ok(s) => tiers[rep_i].exec = Stats::of(&s),
@@ -882,6 +887,41 @@ fn measure_warm(lt: &LiveTier, b: &Budget) -> Result<Vec<Duration>> {
 }
 
 /// `req` in one live sandbox, again and again (after one unmeasured run).
+/// Create + trivial exec + destroy where the tier starts without what it prepares ahead
+/// (`None` for tiers that prepare nothing). Each sample is a full start (a guest boot under
+/// emulation takes seconds), so the budget usually stops it at its minimum.
+fn measure_unprepared(lt: &LiveTier, b: &Budget) -> Option<Result<Vec<Duration>>> {
+    let first = Instant::now();
+    let mut sb = match lt.backend.create_unprepared(&lt.spec)? {
+        Ok(sb) => sb,
+        Err(e) => return Some(Err(e.into())),
+    };
+    let once = |sb: &mut Box<dyn Sandbox>| -> Result<()> {
+        let r = exec_ok(sb.as_mut(), &lt.trivial);
+        let d = sb.destroy();
+        r?;
+        d?;
+        Ok(())
+    };
+    if let Err(e) = once(&mut sb) {
+        return Some(Err(e));
+    }
+    let mut samples = vec![first.elapsed()];
+    let start = Instant::now();
+    while b.wants_more(samples.len(), start.elapsed()) {
+        let t = Instant::now();
+        let made = lt.backend.create_unprepared(&lt.spec)?;
+        let r = made
+            .map_err(anyhow::Error::from)
+            .and_then(|mut sb| once(&mut sb));
+        if let Err(e) = r {
+            return Some(Err(e));
+        }
+        samples.push(t.elapsed());
+    }
+    Some(Ok(samples))
+}
+
 fn measure_exec(lt: &LiveTier, req: &ExecRequest, b: &Budget) -> Result<Vec<Duration>> {
     let mut sb = lt.backend.create(&lt.spec)?;
     let r = (|| {
@@ -1044,6 +1084,16 @@ fn print_tables(figures: &[Figure], tiers: &[TierReport], ratio: Option<f64>, pl
                 ""
             }
         );
+    }
+    for t in tiers {
+        if let (Some(prepared), Some(unprepared)) = (&t.cold_start, &t.unprepared_start) {
+            println!(
+                "{:<10} cold without its prepared start (microvm: a full boot, not a restore): {} ({:.1}x the cold figure)",
+                t.tier.as_str(),
+                us(unprepared.median_us),
+                unprepared.median_us as f64 / prepared.median_us.max(1) as f64
+            );
+        }
     }
     for t in tiers {
         for l in &t.languages {
