@@ -45,6 +45,13 @@ struct FakeSandbox {
 }
 
 impl Backend for FakeBackend {
+    fn create_unprepared(
+        &self,
+        _spec: &SandboxSpec,
+    ) -> Option<cordon_core::Result<Box<dyn Sandbox>>> {
+        None
+    }
+
     fn tier(&self) -> Tier {
         Tier::Container
     }

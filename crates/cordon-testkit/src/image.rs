@@ -301,9 +301,9 @@ pub fn hostile_image(busybox: Option<Vec<u8>>) -> Image {
 }
 
 /// A layer holding the host's Python 3 (interpreter, standard library without its tests
-/// and GUI parts, the shared libraries they load, at the host's own paths, its merged-/usr
-/// links included) and the static busybox's applets for a shell: enough for the escape
-/// battery's probes. `None` when the host lacks python3 or busybox.
+/// and GUI parts) and bash, the shared libraries they load, at the host's own paths (its
+/// merged-/usr links included), and the static busybox's applets for the rest: enough for
+/// the escape battery's probes. `None` when the host lacks python3, bash or busybox.
 pub fn python_layer() -> Option<Vec<u8>> {
     use std::collections::BTreeSet;
     use std::path::{Path, PathBuf};
@@ -325,9 +325,10 @@ pub fn python_layer() -> Option<Vec<u8>> {
         "dist-packages",
         "unittest",
     ];
-    let mut files = vec![python.clone(), PathBuf::from("/bin/busybox")];
+    let bash = std::fs::canonicalize("/usr/bin/bash").ok()?;
+    let mut files = vec![python.clone(), bash.clone(), PathBuf::from("/bin/busybox")];
     let mut todo = vec![stdlib.clone()];
-    let mut objects = vec![python.clone()];
+    let mut objects = vec![python.clone(), bash];
     while let Some(dir) = todo.pop() {
         for e in std::fs::read_dir(&dir).ok()?.flatten() {
             let p = e.path();
@@ -369,7 +370,8 @@ pub fn python_layer() -> Option<Vec<u8>> {
     l.long_symlink(&format!("{usr_bin}/python3"), &version);
     for applet in [
         "sh", "echo", "cat", "ls", "mkfifo", "tail", "cut", "tr", "sleep", "kill", "ps", "id",
-        "env", "touch", "rm", "mkdir", "grep", "wc", "head", "true", "false", "stat",
+        "env", "touch", "rm", "mkdir", "grep", "wc", "head", "true", "false", "stat", "mount",
+        "unshare", "su", "test",
     ] {
         l.long_symlink(&format!("{usr_bin}/{applet}"), "busybox");
     }
