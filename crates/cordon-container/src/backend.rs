@@ -11,12 +11,15 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cordon_core::{
-    Backend, Capability, Error, ExecOutcome, ExecRequest, OutputSink, OutputStream, Probe, Result,
-    Sandbox, SandboxId, SandboxSpec, Termination, Tier, Weakening,
+    ArchiveReport, Backend, Capability, Error, ExecOutcome, ExecRequest, FileOp, FileReply,
+    OutputSink, OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier,
+    Weakening,
 };
 use cordon_guest::proto::{
     self, ErrorCode, FrameBuffer, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode,
 };
+use cordon_host::agent::CallError;
+use cordon_host::files::{FrameIo, refuse_unscanned};
 use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
@@ -573,6 +576,18 @@ impl ContainerSandbox {
     /// write on the socket bounded by the call deadline. An agent that misses it (stuck, or
     /// stopped) leaves the sandbox failed: it is torn down, and every later call says so.
     fn call(&mut self, req: &Request, body: &[u8]) -> Result<proto::Frame<Reply>> {
+        self.with_ctrl(|io| {
+            io.send(req, body)?;
+            io.recv(proto::MAX_FRAME)
+        })
+    }
+
+    /// Runs `f` on the agent socket, each of its reads and writes bounded by the call
+    /// deadline; a channel failure leaves the sandbox failed, as [`Self::call`] says.
+    fn with_ctrl<T>(
+        &mut self,
+        f: impl FnOnce(&mut SocketIo<'_>) -> std::result::Result<T, CallError>,
+    ) -> Result<T> {
         let limit = self.call_timeout;
         let ctrl = self.ctrl()?;
         let bounded = ctrl
@@ -581,18 +596,13 @@ impl ContainerSandbox {
         if let Err(e) = bounded {
             return Err(Error::io("agent socket", e));
         }
-        let reply = proto::write_frame(ctrl, req, body).and_then(|_| proto::read_frame(ctrl));
+        let reply = f(&mut SocketIo(ctrl));
         let _ = ctrl
             .set_read_timeout(None)
             .and_then(|_| ctrl.set_write_timeout(None));
         match reply {
             Ok(f) => Ok(f),
-            Err(proto::ProtoError::Io(e))
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(CallError::Timeout) => {
                 let secs = limit.as_secs_f64();
                 self.gone = Some(format!(
                     "its agent did not answer a file call within {secs:.0} s"
@@ -1127,6 +1137,27 @@ impl Sandbox for ContainerSandbox {
         }
     }
 
+    fn file_op(&mut self, op: &FileOp) -> Result<FileReply> {
+        self.with_ctrl(|io| cordon_host::files::file_op(io, op))?
+    }
+
+    fn put_archive(&mut self, dir: &str, tar: &mut dyn Read) -> Result<ArchiveReport> {
+        cordon_core::validate_sandbox_dir(dir)?;
+        let budget = self.spec.limits.disk_bytes;
+        self.with_ctrl(|io| cordon_host::files::put_archive(io, dir, budget, tar))?
+    }
+
+    fn get_archive(
+        &mut self,
+        dir: &str,
+        max_bytes: u64,
+        out: &mut dyn Write,
+    ) -> Result<ArchiveReport> {
+        cordon_core::validate_sandbox_dir(dir)?;
+        refuse_unscanned(&self.spec, dir)?;
+        self.with_ctrl(|io| cordon_host::files::get_archive(io, dir, max_bytes, out))?
+    }
+
     fn start_us(&self) -> u64 {
         self.start_us
     }
@@ -1166,5 +1197,34 @@ impl Sandbox for ContainerSandbox {
 impl Drop for ContainerSandbox {
     fn drop(&mut self) {
         let _ = self.destroy();
+    }
+}
+
+/// The container's agent socket as a [`FrameIo`]; its read and write timeouts are set.
+struct SocketIo<'a>(&'a mut UnixStream);
+
+fn socket_error(e: proto::ProtoError) -> CallError {
+    match e {
+        proto::ProtoError::Io(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            CallError::Timeout
+        }
+        proto::ProtoError::Closed => CallError::Closed,
+        e => CallError::Proto(e),
+    }
+}
+
+impl FrameIo for SocketIo<'_> {
+    fn send(&mut self, req: &Request, body: &[u8]) -> std::result::Result<(), CallError> {
+        proto::write_frame(self.0, req, body).map_err(socket_error)
+    }
+
+    fn recv(&mut self, max_frame: usize) -> std::result::Result<proto::Frame<Reply>, CallError> {
+        let _ = max_frame;
+        proto::read_frame(self.0).map_err(socket_error)
     }
 }
