@@ -108,6 +108,19 @@ impl Workspace {
                         .map_err(|e| refuse_errno(shown, e))?;
                     self.hand_over(&fd);
                 }
+                // Something that is not a directory: a symlink is refused as one.
+                Err(Errno::ENOTDIR) => {
+                    let st = fstatat(&self.root, sofar.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
+                    return Err(match st {
+                        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                            refuse_errno(shown, Errno::ELOOP)
+                        }
+                        _ => (
+                            ErrorCode::PathRefused,
+                            format!("{shown}: /work/{sofar} is not a directory"),
+                        ),
+                    });
+                }
                 Err(e) => return Err(refuse_errno(shown, e)),
             }
         }
@@ -252,14 +265,7 @@ impl Workspace {
     pub fn mkdir(&self, path: &str, parents: bool) -> Result<(), FileError> {
         let rel = check_path(path)?;
         if parents {
-            return self.make_dirs(&rel, path).map_err(|e| match e.0 {
-                // An existing file where a directory should be.
-                ErrorCode::PathRefused if e.1.contains("not a directory") => (
-                    ErrorCode::Io,
-                    format!("{path}: a file is in the way of the directory"),
-                ),
-                _ => e,
-            });
+            return self.make_dirs(&rel, path);
         }
         let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
         mkdirat(&parent, name, Mode::from_bits_truncate(0o755)).map_err(|e| match e {

@@ -920,6 +920,32 @@ fn a_link_planted_over_a_template_snapshot_makes_root_touch_nothing_outside() {
 }
 
 #[test]
+fn an_agent_older_than_file_operations_is_refused_with_the_fix() {
+    // The stand-in answers `configure` as agents built before file operations did.
+    let Some(si) = stand_in("old-agent", |_| {}) else {
+        return;
+    };
+    let mut sb = si.backend.create_restored(&spec()).unwrap();
+    let list = sb.file_op(&cordon_core::FileOp::List {
+        path: "/work".into(),
+    });
+    let tar = sb.get_archive("/work", 1 << 20, &mut Vec::new());
+    let up = sb.put_archive("/work", &mut &[0u8; 1024][..]);
+    for r in [list.map(|_| ()), tar.map(|_| ()), up.map(|_| ())] {
+        match r {
+            Err(e @ Error::Unsupported { .. }) => {
+                assert!(e.to_string().contains("cordon image build"), "{e}")
+            }
+            other => panic!("expected the old agent to be refused: {other:?}"),
+        }
+    }
+    // Nothing was sent that the agent would stop at: the sandbox still runs.
+    let o = exec_argv(&mut sb, &["incoming"]).unwrap();
+    assert_eq!(stdout(&o), "FROM-THE-CHANNEL", "{o:?}");
+    destroy_and_check(sb);
+}
+
+#[test]
 fn a_plain_file_planted_in_a_template_directory_is_never_restored_from() {
     let Some(si) = stand_in("plant-file", |_| {}) else {
         return;
