@@ -39,9 +39,34 @@ struct FakeSandbox {
     /// Minted grants' minters, so `mint` can stand in for the egress proxy.
     minters: Vec<Arc<dyn cordon_core::TokenMinter>>,
     files: HashMap<String, Vec<u8>>,
+    /// The workspace of the directory calls (list, archives, ...): the guest's own code on
+    /// a temporary directory.
+    work: tempfile::TempDir,
+    disk_bytes: u64,
     counters: Arc<Counters>,
     destroyed: bool,
     used: bool,
+}
+
+impl FakeSandbox {
+    fn workspace(&self) -> cordon_guest::files::Workspace {
+        let uid = nix::unistd::geteuid().as_raw();
+        let gid = nix::unistd::getegid().as_raw();
+        cordon_guest::files::Workspace::open(self.work.path(), uid, gid).unwrap()
+    }
+}
+
+fn ws_error(path: &str) -> impl Fn(cordon_guest::files::FileError) -> cordon_core::Error + '_ {
+    move |(code, reason)| match code {
+        cordon_guest::proto::ErrorCode::PathRefused => cordon_core::Error::PathRefused {
+            path: path.into(),
+            reason,
+        },
+        _ => cordon_core::Error::File {
+            path: path.into(),
+            reason,
+        },
+    }
 }
 
 impl Backend for FakeBackend {
@@ -81,6 +106,8 @@ impl Backend for FakeBackend {
                 })
                 .collect(),
             files: HashMap::new(),
+            work: tempfile::tempdir().unwrap(),
+            disk_bytes: spec.limits.disk_bytes,
             counters: self.0.clone(),
             destroyed: false,
             used: false,
@@ -211,6 +238,26 @@ impl Sandbox for FakeSandbox {
                 path: path.into(),
                 reason: "no such file".into(),
             })
+    }
+    fn file_op(&mut self, op: &cordon_core::FileOp) -> CoreResult<cordon_core::FileReply> {
+        self.workspace().op(op).map_err(ws_error(op.path()))
+    }
+    fn put_archive(
+        &mut self,
+        dir: &str,
+        tar: &mut dyn Read,
+    ) -> CoreResult<cordon_core::ArchiveReport> {
+        self.workspace()
+            .unpack(dir, tar, self.disk_bytes)
+            .map_err(ws_error(dir))
+    }
+    fn get_archive(
+        &mut self,
+        dir: &str,
+        max: u64,
+        out: &mut dyn Write,
+    ) -> CoreResult<cordon_core::ArchiveReport> {
+        self.workspace().pack(dir, max, out).map_err(ws_error(dir))
     }
     fn start_us(&self) -> u64 {
         1
@@ -2090,4 +2137,266 @@ mod fuzz {
             }
         }
     }
+}
+
+/// A directory goes in as a tar stream, is listed, statted, renamed and removed through its
+/// routes, and comes out as a tar stream with the same bytes; archives are not bound by
+/// the single-file limit but by their own; hostile entries and wrong types are refused;
+/// every call has its audit row; another tenant gets 404 on every route.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_goes_in_and_out_as_a_tar_stream_and_other_tenants_get_404() {
+    use cordon_testkit::files::{TarEntry, read_tar, tarball};
+    use reqwest::Method as M;
+    use sha2::Digest;
+    let env = start_with(|c| c.http.max_archive_bytes = 1 << 20).await;
+    let id = env.create(ALICE, json!({"tier": "container"})).await;
+    let (s, v) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{id}/files/mkdir"),
+            ALICE,
+            Some(json!({"path": "/work/src/pkg", "parents": true})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // Larger than http.max_file_bytes (256 KiB here): archives have their own limit.
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let tar = tarball(&[
+        TarEntry::dir("lib/"),
+        TarEntry::file("lib/x.bin", &big),
+        TarEntry::file("top.txt", b"top"),
+    ]);
+    let up = |key: &'static str, body: Vec<u8>, ctype: &'static str, path: &str| {
+        env.req(
+            M::PUT,
+            &format!("/v1/sandboxes/{id}/archive?path={path}"),
+            key,
+        )
+        .header("content-type", ctype)
+        .body(body)
+        .send()
+    };
+    let r = up(ALICE, tar.clone(), "application/x-tar", "/work/src")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let rep: Value = r.json().await.unwrap();
+    assert_eq!(
+        (rep["files"].as_u64(), rep["dirs"].as_u64()),
+        (Some(2), Some(1)),
+        "{rep}"
+    );
+    assert_eq!(rep["bytes"], 300_003);
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/files?path=/work/src"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let names: Vec<(&str, &str)> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![("lib", "dir"), ("pkg", "dir"), ("top.txt", "file")]
+    );
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/files/stat?path=/work/src/lib/x.bin"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["kind"].as_str(), v["size"].as_u64(), v["mode"].as_u64()),
+        (Some("file"), Some(300_000), Some(0o644))
+    );
+    // Out again: the same bytes.
+    let r = env
+        .req(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/archive?path=/work/src"),
+            ALICE,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/x-tar");
+    let got = r.bytes().await.unwrap();
+    let found = read_tar(&got);
+    let paths: Vec<&str> = found.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, vec!["lib/", "lib/x.bin", "pkg/", "top.txt"]);
+    assert_eq!(found[1].data, big);
+    // Rename, remove.
+    let (s, v) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{id}/files/rename"),
+            ALICE,
+            Some(json!({"from": "/work/src/top.txt", "to": "/work/top.txt"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = env
+        .call(
+            M::DELETE,
+            &format!("/v1/sandboxes/{id}/files?path=/work/src"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!((s, v["code"].as_str()), (422, Some("file_error")), "{v}");
+    let (s, v) = env
+        .call(
+            M::DELETE,
+            &format!("/v1/sandboxes/{id}/files?path=/work/src&recursive=true"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = env
+        .call(M::GET, &format!("/v1/sandboxes/{id}/files"), ALICE, None)
+        .await;
+    assert_eq!(v["entries"][0]["name"], "top.txt", "{v}");
+    assert_eq!(v["entries"].as_array().unwrap().len(), 1, "{v}");
+    // Refusals.
+    let r = up(
+        ALICE,
+        tarball(&[TarEntry::file("../x", b"x")]),
+        "application/x-tar",
+        "/work",
+    )
+    .await
+    .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "path_refused", "{v}");
+    let r = up(ALICE, tar.clone(), "application/json", "/work")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let r = up(ALICE, tar.clone(), "application/x-tar", "/etc")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/files?path=/etc"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!((s, v["code"].as_str()), (400, Some("path_refused")), "{v}");
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/archive?path=/work/none"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!((s, v["code"].as_str()), (422, Some("file_error")), "{v}");
+    // Past http.max_archive_bytes, while it streams in.
+    let huge = vec![7u8; 1 << 20];
+    let r = up(
+        ALICE,
+        tarball(&[TarEntry::file("huge", &huge)]),
+        "application/x-tar",
+        "/work",
+    )
+    .await
+    .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["message"].as_str().unwrap().contains("max_archive_bytes"),
+        "{v}"
+    );
+    // The audit rows: the upload's digest is the archive's.
+    let (_, rows) = env
+        .call(
+            M::GET,
+            &format!("/v1/audit?sandbox={id}&kind=archive_put"),
+            ALICE,
+            None,
+        )
+        .await;
+    let sha = hex::encode(sha2::Sha256::digest(&tar));
+    assert!(
+        rows["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["detail"]["sha256"] == sha.as_str() && r["decision"] == "ok"),
+        "{rows}"
+    );
+    let (_, rows) = env
+        .call(
+            M::GET,
+            &format!("/v1/audit?sandbox={id}&kind=file_op"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert!(rows["events"].as_array().unwrap().len() >= 6, "{rows}");
+    // Another tenant: 404 on every route, like an unknown id.
+    let other: Vec<(M, String, Option<Value>)> = vec![
+        (M::GET, format!("/v1/sandboxes/{id}/files?path=/work"), None),
+        (
+            M::GET,
+            format!("/v1/sandboxes/{id}/files/stat?path=/work/top.txt"),
+            None,
+        ),
+        (
+            M::DELETE,
+            format!("/v1/sandboxes/{id}/files?path=/work/top.txt"),
+            None,
+        ),
+        (
+            M::POST,
+            format!("/v1/sandboxes/{id}/files/rename"),
+            Some(json!({"from": "/work/top.txt", "to": "/work/b"})),
+        ),
+        (
+            M::POST,
+            format!("/v1/sandboxes/{id}/files/mkdir"),
+            Some(json!({"path": "/work/b"})),
+        ),
+        (
+            M::GET,
+            format!("/v1/sandboxes/{id}/archive?path=/work"),
+            None,
+        ),
+    ];
+    for (m, path, body) in other {
+        let (s, v) = env.call(m.clone(), &path, BOB, body).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (404, Some("not_found")),
+            "{m} {path}: {v}"
+        );
+    }
+    let r = up(BOB, tar.clone(), "application/x-tar", "/work")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    // Alice's file is untouched by all that.
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/files/stat?path=/work/top.txt"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!((s, v["size"].as_u64()), (200, Some(3)), "{v}");
 }
