@@ -1254,8 +1254,13 @@ mod mcp {
                 "create_sandbox",
                 "destroy",
                 "exec",
+                "list_files",
+                "make_dir",
                 "read_file",
+                "remove_path",
+                "rename_path",
                 "run",
+                "stat_file",
                 "write_file"
             ]
         );
@@ -1304,6 +1309,62 @@ mod mcp {
         let (ok, out) = tool(
             &client,
             "read_file",
+            json!({"sandbox": id, "path": "/etc/passwd"}),
+        )
+        .await;
+        assert!(!ok && out.contains("path_refused"), "{out}");
+        // Directories: make, list, stat, rename, remove.
+        let (ok, out) = tool(
+            &client,
+            "make_dir",
+            json!({"sandbox": id, "path": "/work/d/e", "parents": true}),
+        )
+        .await;
+        assert!(ok, "{out}");
+        let (ok, out) = tool(&client, "list_files", json!({"sandbox": id})).await;
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let names: Vec<&str> = v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert!(ok && names == ["d"], "{out}");
+        let (ok, out) = tool(
+            &client,
+            "stat_file",
+            json!({"sandbox": id, "path": "/work/d/e"}),
+        )
+        .await;
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert!(ok && v["kind"] == "dir" && v["name"] == "e", "{out}");
+        let (ok, out) = tool(
+            &client,
+            "rename_path",
+            json!({"sandbox": id, "from": "/work/d/e", "to": "/work/f"}),
+        )
+        .await;
+        assert!(ok, "{out}");
+        let (ok, out) = tool(
+            &client,
+            "remove_path",
+            json!({"sandbox": id, "path": "/work/d", "recursive": true}),
+        )
+        .await;
+        assert!(ok, "{out}");
+        let (ok, out) = tool(
+            &client,
+            "list_files",
+            json!({"sandbox": id, "path": "/work"}),
+        )
+        .await;
+        assert!(
+            ok && out.contains("\"name\": \"f\"") && !out.contains("\"d\""),
+            "{out}"
+        );
+        let (ok, out) = tool(
+            &client,
+            "stat_file",
             json!({"sandbox": id, "path": "/etc/passwd"}),
         )
         .await;
