@@ -355,3 +355,39 @@ fn bad_archive(e: io::Error) -> FileError {
         format!("not a valid tar stream ({e}); send an uncompressed tar (application/x-tar)"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_names_stay_inside_the_target() {
+        assert_eq!(entry_path(b"a/./b").unwrap(), Some("a/b".into()));
+        assert_eq!(entry_path(b"./").unwrap(), None);
+        assert_eq!(entry_path(b"dir/").unwrap(), Some("dir".into()));
+        for bad in [&b"/etc/passwd"[..], b"../x", b"a/../../x", b"a/..", b"\xff"] {
+            let e = entry_path(bad).unwrap_err();
+            assert_eq!(e.0, ErrorCode::PathRefused, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_budget_is_checked_from_the_header_before_any_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let uid = nix::unistd::geteuid().as_raw();
+        let gid = nix::unistd::getegid().as_raw();
+        let ws = Workspace::open(dir.path(), uid, gid).unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = Header::new_gnu();
+        h.set_size(10_000);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, "f", &[0u8; 10_000][..]).unwrap();
+        let tar = b.into_inner().unwrap();
+        let e = ws.unpack("/work", &mut &tar[..], 9_000).unwrap_err();
+        assert!(e.1.contains("disk limit"), "{e:?}");
+        assert!(!dir.path().join("f").exists());
+        let r = ws.unpack("/work", &mut &tar[..], 20_000).unwrap();
+        assert_eq!((r.files, r.bytes), (1, 10_000));
+    }
+}
