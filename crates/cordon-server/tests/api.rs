@@ -2461,3 +2461,73 @@ async fn a_directory_goes_in_and_out_as_a_tar_stream_and_other_tenants_get_404()
         .await;
     assert_eq!((s, v["size"].as_u64()), (200, Some(3)), "{v}");
 }
+
+/// An upload whose body is still arriving holds the sandbox busy (an exec or another file
+/// call gets 409), and ends with the whole stream extracted once the client finishes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_archive_upload_in_flight_keeps_the_sandbox_busy() {
+    use cordon_testkit::files::{TarEntry, tarball};
+    use reqwest::Method as M;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = start().await;
+    let id = env.create(ALICE, json!({"tier": "container"})).await;
+    let tar = tarball(&[
+        TarEntry::file("a.txt", b"first"),
+        TarEntry::file("b.txt", b"second"),
+    ]);
+    let addr = env.base.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "PUT /v1/sandboxes/{id}/archive?path=/work/up HTTP/1.1\r\nHost: {addr}\r\n\
+         Authorization: Bearer {ALICE}\r\nContent-Type: application/x-tar\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let (first, rest) = tar.split_at(1024);
+    conn.write_all(format!("{:x}\r\n", first.len()).as_bytes())
+        .await
+        .unwrap();
+    conn.write_all(first).await.unwrap();
+    conn.write_all(b"\r\n").await.unwrap();
+    // The upload has claimed the sandbox while its body is still open.
+    let mut busy = false;
+    for _ in 0..250 {
+        let (_, info) = env
+            .call(M::GET, &format!("/v1/sandboxes/{id}"), ALICE, None)
+            .await;
+        if info["busy"] == true {
+            busy = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(busy, "the upload never claimed the sandbox");
+    let (s, e) = env.exec(ALICE, &id, json!({"argv": ["echo", "x"]})).await;
+    assert_eq!((s, e["code"].as_str()), (409, Some("sandbox_busy")), "{e}");
+    let (s, e) = env
+        .call(M::GET, &format!("/v1/sandboxes/{id}/files"), ALICE, None)
+        .await;
+    assert_eq!((s, e["code"].as_str()), (409, Some("sandbox_busy")), "{e}");
+    // The rest of the stream; the answer covers both files.
+    conn.write_all(format!("{:x}\r\n", rest.len()).as_bytes())
+        .await
+        .unwrap();
+    conn.write_all(rest).await.unwrap();
+    conn.write_all(b"\r\n0\r\n\r\n").await.unwrap();
+    let mut resp = String::new();
+    conn.read_to_string(&mut resp).await.unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(resp.contains("\"files\":2"), "{resp}");
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/files?path=/work/up"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["entries"].as_array().unwrap().len(), 2, "{v}");
+    let (s, o) = env.exec(ALICE, &id, json!({"argv": ["echo", "x"]})).await;
+    assert_eq!(s, 200, "{o}");
+}
