@@ -26,6 +26,8 @@ use crate::proto::ErrorCode;
 /// What each entry costs against the budget beyond its bytes (its inode and header), so
 /// an archive of millions of empty files is stopped too.
 pub const ENTRY_COST: u64 = 512;
+/// The largest long-name or pax header an upload may hold.
+pub const MAX_EXTENSION: u64 = 64 << 10;
 /// Most entries a download holds.
 pub const MAX_ARCHIVE_ENTRIES: usize = 200_000;
 
@@ -45,10 +47,58 @@ impl Workspace {
         let mut report = ArchiveReport::default();
         let mut used: u64 = 0;
         let mut archive = tar::Archive::new(src);
-        let entries = archive.entries().map_err(bad_archive)?;
+        // Raw: long names and pax headers are read here, each bounded, rather than by the
+        // tar crate, which would buffer one of any size the archive claims.
+        let entries = archive.entries().map_err(bad_archive)?.raw(true);
+        let mut long_name: Option<Vec<u8>> = None;
         for entry in entries {
             let mut entry = entry.map_err(bad_archive)?;
-            let raw = entry.path_bytes().into_owned();
+            let kind = entry.header().entry_type();
+            if kind.is_gnu_longname()
+                || kind.is_gnu_longlink()
+                || kind.is_pax_local_extensions()
+                || kind.is_pax_global_extensions()
+            {
+                let size = entry.size();
+                if size > MAX_EXTENSION {
+                    return Err((
+                        ErrorCode::BadRequest,
+                        format!(
+                            "an archive's long-name or pax header holds {size} bytes, more than \
+                             {MAX_EXTENSION}; use shorter names"
+                        ),
+                    ));
+                }
+                used = used.saturating_add(size);
+                let mut data = Vec::with_capacity(size as usize);
+                entry.read_to_end(&mut data).map_err(bad_archive)?;
+                if kind.is_gnu_longname() {
+                    while data.last() == Some(&0) {
+                        data.pop();
+                    }
+                    long_name = Some(data);
+                } else if kind.is_pax_local_extensions() {
+                    for ext in tar::PaxExtensions::new(&data) {
+                        let ext = ext.map_err(bad_archive)?;
+                        match ext.key_bytes() {
+                            b"path" => long_name = Some(ext.value_bytes().to_vec()),
+                            b"size" => {
+                                return Err((
+                                    ErrorCode::BadRequest,
+                                    "pax `size` records (files of 8 GiB or more) are not \
+                                     supported; send smaller files"
+                                        .to_string(),
+                                ));
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                continue;
+            }
+            let raw = long_name
+                .take()
+                .unwrap_or_else(|| entry.path_bytes().into_owned());
             let Some(rel) = entry_path(&raw)? else {
                 continue;
             };
@@ -389,5 +439,78 @@ mod tests {
         assert!(!dir.path().join("f").exists());
         let r = ws.unpack("/work", &mut &tar[..], 20_000).unwrap();
         assert_eq!((r.files, r.bytes), (1, 10_000));
+    }
+
+    fn workspace() -> (tempfile::TempDir, Workspace) {
+        let dir = tempfile::tempdir().unwrap();
+        let uid = nix::unistd::geteuid().as_raw();
+        let gid = nix::unistd::getegid().as_raw();
+        let ws = Workspace::open(dir.path(), uid, gid).unwrap();
+        (dir, ws)
+    }
+
+    /// One extension entry (`L` long name, `x` pax) followed by a file.
+    fn with_extension(kind: u8, data: &[u8]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = Header::new_gnu();
+        h.as_gnu_mut().unwrap().name[..13].copy_from_slice(b"././@LongLink");
+        h.set_entry_type(EntryType::new(kind));
+        h.set_size(data.len() as u64);
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+        let mut f = Header::new_gnu();
+        f.as_gnu_mut().unwrap().name[..5].copy_from_slice(b"short");
+        f.set_size(2);
+        f.set_mode(0o644);
+        f.set_cksum();
+        b.append(&f, &b"ok"[..]).unwrap();
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn long_names_and_pax_paths_apply_and_are_bounded() {
+        let (dir, ws) = workspace();
+        let long = format!("{}/{}", "d".repeat(150), "f".repeat(150));
+        let mut name = long.clone().into_bytes();
+        name.push(0);
+        ws.unpack("/work", &mut &with_extension(b'L', &name)[..], 1 << 20)
+            .unwrap();
+        assert_eq!(std::fs::read(dir.path().join(&long)).unwrap(), b"ok");
+        // A pax record: "LEN key=value\n", LEN counting the whole record, its own digits too.
+        let record = |k: &str, v: &str| {
+            let body = format!(" {k}={v}\n");
+            let mut len = body.len() + 1;
+            while len != body.len() + len.to_string().len() {
+                len = body.len() + len.to_string().len();
+            }
+            format!("{len}{body}")
+        };
+        let pax = record("path", "via-pax.txt");
+        ws.unpack(
+            "/work",
+            &mut &with_extension(b'x', pax.as_bytes())[..],
+            1 << 20,
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("via-pax.txt")).unwrap(),
+            b"ok"
+        );
+        // A pax path may not leave the target either.
+        let pax = record("path", "../out.txt");
+        let e = ws
+            .unpack(
+                "/work",
+                &mut &with_extension(b'x', pax.as_bytes())[..],
+                1 << 20,
+            )
+            .unwrap_err();
+        assert_eq!(e.0, ErrorCode::PathRefused, "{e:?}");
+        // A long name larger than any name: refused before it is read whole.
+        let huge = vec![b'a'; (MAX_EXTENSION + 1) as usize];
+        let e = ws
+            .unpack("/work", &mut &with_extension(b'L', &huge)[..], 1 << 30)
+            .unwrap_err();
+        assert!(e.1.contains("long-name"), "{e:?}");
     }
 }

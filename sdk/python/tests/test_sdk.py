@@ -244,11 +244,14 @@ def test_directory_tar_round_trip_and_file_calls(alice, bob, has_container, tmp_
     (src / "pkg" / "sub" / "deep.txt").write_text("deep\n")
     os.chmod(src / "pkg" / "sub" / "deep.txt", 0o600)
     os.symlink("/etc/passwd", src / "link")
+    # A long non-ASCII name: tarfile writes it as a pax record.
+    long_name = "é" * 80 + ".txt"
+    (src / "pkg" / long_name).write_text("pax\n")
     tiers = ["wasm"] + (["container"] if has_container else [])
     for tier in tiers:
         with alice.sandbox(tier=tier, ttl="2m") as sb:
             rep = sb.files.upload_dir(src, "/work/proj")
-            assert (rep.files, rep.dirs, rep.bytes) == (3, 2, len(big) + 11), rep
+            assert (rep.files, rep.dirs, rep.bytes) == (4, 2, len(big) + 15), rep
             # The symlink was not extracted: it is reported.
             assert [p for p, _ in rep.skipped] == ["/work/proj/link"], rep
             assert [(e.name, e.kind) for e in sb.files.list("/work/proj")] == [
@@ -267,6 +270,7 @@ def test_directory_tar_round_trip_and_file_calls(alice, bob, has_container, tmp_
             assert sb.files.download_dir("/work", out) == []
             assert (out / "proj" / "big.bin").read_bytes() == big
             assert (out / "proj" / "pkg" / "sub" / "deep.txt").read_text() == "deep\n"
+            assert (out / "proj" / "pkg" / long_name).read_text() == "pax\n"
             assert (out / "out" / "x" / "a.txt").read_text() == "alpha\n"
             assert not (out / "proj" / "link").exists()
             sb.files.remove("/work/proj", recursive=True)
