@@ -58,6 +58,10 @@ impl Backend for AnyBackend {
     fn recover(&self, orphans: &[String]) -> Vec<String> {
         self.inner().recover(orphans)
     }
+
+    fn create_unprepared(&self, spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>> {
+        self.inner().create_unprepared(spec)
+    }
 }
 
 /// Every tier this build has, for `cordon serve` and `cordon mcp`: wasm scratch dirs go

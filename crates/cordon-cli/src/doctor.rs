@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use cordon_core::{Backend, Tier, TierStatus};
+use cordon_core::{Backend, Probe, Tier, TierStatus};
 
 use crate::backends::AnyBackend;
 
@@ -14,42 +14,48 @@ pub struct DoctorArgs {
 }
 
 pub fn doctor(args: DoctorArgs) -> Result<i32> {
-    let mut report = Vec::new();
-    for tier in Tier::ALL {
-        let entry = match AnyBackend::for_tier(tier) {
-            Some(b) => serde_json::to_value(b.probe())?,
-            None => serde_json::json!({
-                "tier": tier,
-                "status": "unavailable",
-                "capabilities": [],
-                "notes": [format!("the {tier} tier is not part of this build of cordon yet")],
-            }),
-        };
-        report.push(entry);
-    }
+    let report: Vec<Probe> = Tier::ALL
+        .iter()
+        .map(|&tier| match AnyBackend::for_tier(tier) {
+            Some(b) => b.probe(),
+            None => Probe {
+                tier,
+                status: TierStatus::Unavailable,
+                capabilities: Vec::new(),
+                notes: vec![format!(
+                    "the {tier} tier is not part of this build of cordon yet"
+                )],
+            },
+        })
+        .collect();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(0);
     }
-    for (tier, entry) in Tier::ALL.iter().zip(&report) {
-        let status: TierStatus = serde_json::from_value(entry["status"].clone())?;
-        let mark = match status {
+    for probe in &report {
+        let mark = match probe.status {
             TierStatus::Available => "available",
             TierStatus::Degraded => "degraded",
             TierStatus::Unavailable => "UNAVAILABLE",
         };
-        println!("{tier:<10} {mark}   — {}", tier.wall());
-        for cap in entry["capabilities"].as_array().into_iter().flatten() {
-            let ok = cap["ok"].as_bool().unwrap_or(false);
-            let name = cap["name"].as_str().unwrap_or_default();
-            let detail = cap["detail"].as_str().unwrap_or_default();
-            println!("    {} {name}: {detail}", if ok { "ok " } else { "NO " });
-            if let Some(fix) = cap["fix"].as_str().filter(|_| !ok) {
+        println!(
+            "{:<10} {mark}   — {}",
+            probe.tier.as_str(),
+            probe.tier.wall()
+        );
+        for cap in &probe.capabilities {
+            println!(
+                "    {} {}: {}",
+                if cap.ok { "ok " } else { "NO " },
+                cap.name,
+                cap.detail
+            );
+            if let Some(fix) = cap.fix.as_deref().filter(|_| !cap.ok) {
                 println!("        fix: {fix}");
             }
         }
-        for note in entry["notes"].as_array().into_iter().flatten() {
-            println!("    note: {}", note.as_str().unwrap_or_default());
+        for note in &probe.notes {
+            println!("    note: {note}");
         }
     }
     Ok(0)

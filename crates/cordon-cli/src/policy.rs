@@ -278,7 +278,7 @@ mod tests {
         std::fs::create_dir_all(planted.path().join("bench")).unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(
             bench_file(planted.path()),
-            r#"{"figures":[{"subject":"gvisor","median_us":1},{"subject":"wasm","median_us":9000}]}"#,
+            r#"{"schema":"cordon-bench/1","created_unix":1,"figures":[{"subject":"gvisor","kind":"tier","median_us":1},{"subject":"wasm","kind":"tier","median_us":9000}]}"#,
         )
         .unwrap_or_else(|e| panic!("{e}"));
         let only = [Tier::Wasm, Tier::Gvisor];

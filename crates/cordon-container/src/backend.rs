@@ -1,9 +1,7 @@
 //! Host side of the container tier.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{self, IoSlice, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -12,17 +10,12 @@ use std::time::{Duration, Instant};
 
 use cordon_core::{
     ArchiveReport, Backend, Capability, Error, ExecOutcome, ExecRequest, FileOp, FileReply,
-    OutputSink, OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier,
-    Weakening,
+    OutputSink, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier, Weakening,
 };
-use cordon_guest::proto::{
-    self, ErrorCode, FrameBuffer, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode,
-};
-use cordon_host::agent::CallError;
-use cordon_host::files::{FrameIo, refuse_unscanned};
-use nix::fcntl::OFlag;
+use cordon_guest::proto::{self, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode};
+use cordon_host::agent::{self, AgentConn, Filled};
+use cordon_host::files::{Answer, ConnIo, refuse_unscanned};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 
 use crate::cgroup::{self, SandboxCgroup};
 use crate::init::{InitBegin, InitJoin, InitSetup};
@@ -132,6 +125,10 @@ fn is_root() -> bool {
 }
 
 impl Backend for ContainerBackend {
+    fn create_unprepared(&self, _spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>> {
+        None
+    }
+
     fn tier(&self) -> Tier {
         Tier::Container
     }
@@ -359,7 +356,8 @@ impl ContainerBackend {
             id,
             spec: spec.clone(),
             outer: Some(outer),
-            ctrl: Some(host),
+            init_sock: Some(host),
+            ctrl: None,
             cgroup: None,
             start_us: 0,
             weakened: weakened.to_vec(),
@@ -439,7 +437,10 @@ pub struct ContainerSandbox {
     id: SandboxId,
     spec: SandboxSpec,
     outer: Option<Child>,
-    ctrl: Option<UnixStream>,
+    /// The agent socket until the agent's hello (blocking, read with a timeout).
+    init_sock: Option<UnixStream>,
+    /// The agent channel once it is up.
+    ctrl: Option<AgentConn>,
     cgroup: Option<SandboxCgroup>,
     start_us: u64,
     weakened: Vec<Weakening>,
@@ -523,7 +524,7 @@ fn start_init(cfg: &ContainerConfig) -> Result<Started> {
 impl ContainerSandbox {
     /// Sends the init its join and waits for the agent's hello.
     fn start(&mut self, cfg: &ContainerConfig, join: &InitJoin) -> Result<()> {
-        let Some(host) = self.ctrl.take() else {
+        let Some(host) = self.init_sock.take() else {
             return Err(Error::Sandbox("the sandbox init was not started".into()));
         };
         let mut host = host;
@@ -555,69 +556,73 @@ impl ContainerSandbox {
             },
             Err(e) => return Err(sandbox_err("the sandbox did not come up", e)),
         }
-        self.ctrl = Some(host);
+        self.ctrl = Some(AgentConn::new(host).map_err(|e| Error::io("agent socket", e))?);
         Ok(())
     }
 
-    fn ctrl(&mut self) -> Result<&mut UnixStream> {
-        if let Some(reason) = &self.gone {
-            return Err(Error::Gone {
-                id: self.id.to_string(),
-                reason: reason.clone(),
-            });
-        }
-        self.ctrl.as_mut().ok_or_else(|| Error::Gone {
+    /// Why the sandbox can no longer be used.
+    fn gone_error(&self) -> Error {
+        Error::Gone {
             id: self.id.to_string(),
-            reason: "destroyed".into(),
-        })
+            reason: self.gone.clone().unwrap_or_else(|| "destroyed".into()),
+        }
     }
 
-    /// Sends one request and waits for its single reply (file operations), each read and
-    /// write on the socket bounded by the call deadline. An agent that misses it (stuck, or
-    /// stopped) leaves the sandbox failed: it is torn down, and every later call says so.
-    fn call(&mut self, req: &Request, body: &[u8]) -> Result<proto::Frame<Reply>> {
-        self.with_ctrl(|io| {
-            io.send(req, body)?;
-            io.recv(proto::MAX_FRAME)
-        })
+    fn ctrl(&mut self) -> Result<&mut AgentConn> {
+        if self.gone.is_some() || self.ctrl.is_none() {
+            return Err(self.gone_error());
+        }
+        self.ctrl
+            .as_mut()
+            .ok_or_else(|| Error::Sandbox("no agent channel".into()))
     }
 
-    /// Runs `f` on the agent socket, each of its reads and writes bounded by the call
-    /// deadline; a channel failure leaves the sandbox failed, as [`Self::call`] says.
-    fn with_ctrl<T>(
+    /// Sends one request and waits for its single reply (file operations), all of the call
+    /// bounded by one deadline. An agent that misses it (stuck, or stopped) leaves the
+    /// sandbox failed: it is torn down, and every later call says so.
+    fn call(
         &mut self,
-        f: impl FnOnce(&mut SocketIo<'_>) -> std::result::Result<T, CallError>,
-    ) -> Result<T> {
+        req: &Request,
+        body: &[u8],
+        max_reply: usize,
+    ) -> Result<proto::Frame<Reply>> {
         let limit = self.call_timeout;
+        let deadline = Instant::now() + limit;
         let ctrl = self.ctrl()?;
-        let bounded = ctrl
-            .set_read_timeout(Some(limit))
-            .and_then(|_| ctrl.set_write_timeout(Some(limit)));
-        if let Err(e) = bounded {
-            return Err(Error::io("agent socket", e));
+        let reply = ctrl
+            .send(req, body, deadline)
+            .and_then(|()| ctrl.recv(deadline, max_reply.saturating_add(agent::HEADER_ROOM)));
+        reply.map_err(|e| self.channel_failed(e))
+    }
+
+    /// One file call of several frames (directory operations, archives), each frame sent
+    /// or received within the call deadline; a channel failure ends the sandbox as in
+    /// [`Self::call`].
+    fn file_call<T>(&mut self, f: impl FnOnce(&mut ConnIo<'_>) -> Answer<T>) -> Result<T> {
+        let timeout = self.call_timeout;
+        let conn = self.ctrl()?;
+        match f(&mut ConnIo { conn, timeout }) {
+            Ok(answer) => answer,
+            Err(e) => Err(self.channel_failed(e)),
         }
-        let reply = f(&mut SocketIo(ctrl));
-        let _ = ctrl
-            .set_read_timeout(None)
-            .and_then(|_| ctrl.set_write_timeout(None));
-        match reply {
-            Ok(f) => Ok(f),
-            Err(CallError::Timeout) => {
-                let secs = limit.as_secs_f64();
-                self.gone = Some(format!(
-                    "its agent did not answer a file call within {secs:.0} s"
-                ));
-                self.teardown();
-                Err(Error::Sandbox(format!(
-                    "the sandbox did not answer within {secs:.0} s and was stopped; create a new sandbox"
-                )))
-            }
-            Err(e) => {
-                self.gone = Some(format!("the sandbox agent stopped ({e})"));
-                self.teardown();
-                Err(sandbox_err("the sandbox agent stopped", e))
-            }
+    }
+
+    /// The agent missed a deadline or its channel broke: the sandbox is torn down and
+    /// every later call says why.
+    fn channel_failed(&mut self, e: agent::CallError) -> Error {
+        if matches!(e, agent::CallError::Timeout) {
+            let secs = self.call_timeout.as_secs_f64();
+            self.gone = Some(format!(
+                "its agent did not answer a file call within {secs:.0} s"
+            ));
+            self.teardown();
+            return Error::Sandbox(format!(
+                "the sandbox did not answer within {secs:.0} s and was stopped; create a new sandbox"
+            ));
         }
+        self.gone = Some(format!("the sandbox agent stopped ({e})"));
+        self.teardown();
+        sandbox_err("the sandbox agent stopped", e)
     }
 
     fn env_for(&self, req: &ExecRequest) -> BTreeMap<String, String> {
@@ -685,18 +690,18 @@ impl ContainerSandbox {
             let _ = outer.kill();
             let _ = outer.wait();
         }
+        self.init_sock = None;
         if let Some(mut ctrl) = self.ctrl.take()
             && !had_cgroup
         {
             // Without a cgroup to watch, the agent's end of the socket closing is the sign
             // that it is gone.
-            let _ = ctrl.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut sink = [0u8; 4096];
             let deadline = Instant::now() + Duration::from_secs(2);
-            while Instant::now() < deadline {
-                match ctrl.read(&mut sink) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => continue,
+            while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+                match ctrl.fill(left) {
+                    Ok(Filled::Data) => ctrl.discard(),
+                    Ok(Filled::Nothing) => {}
+                    Ok(Filled::Eof) | Err(_) => break,
                 }
             }
         }
@@ -716,12 +721,6 @@ impl ContainerSandbox {
         let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(limits.timeout_ms));
         let id = self.next_exec;
         self.next_exec += 1;
-        let pipe = || {
-            nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::io("creating a pipe", e.into()))
-        };
-        let (in_r, in_w) = pipe()?;
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
         let before = self.cgroup.as_ref().map(|c| {
             c.reset_peak();
             c.counters()
@@ -732,6 +731,8 @@ impl ContainerSandbox {
             argv,
             env,
             cwd,
+            // The program's stdio are pipes whose ends go to the agent with the request: its
+            // output never passes through the agent.
             stdio: StdioMode::Passed,
             limits: ProcLimits {
                 open_files: limits.open_files,
@@ -742,220 +743,90 @@ impl ContainerSandbox {
             },
             last: req.last,
         };
-        let bytes = proto::encode(&request, b"").map_err(|e| Error::Invalid(e.to_string()))?;
-        {
-            let ctrl = self.ctrl()?;
-            let fds = [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()];
-            let iov = [IoSlice::new(&bytes)];
-            let cmsg = [ControlMessage::ScmRights(&fds)];
-            let sent = sendmsg::<()>(ctrl.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
-                .map_err(|e| sandbox_err("sending the exec", e))?;
-            if sent < bytes.len() {
-                ctrl.write_all(&bytes[sent..])
-                    .map_err(|e| sandbox_err("sending the exec", e))?;
-            }
-        }
-        drop((in_r, out_w, err_w));
-        tracing::debug!("exec: request sent");
-        let stdin_data = req.stdin.clone().unwrap_or_default();
-        let mut ex = ExecIo {
-            stdout: Some(File::from(out_r)),
-            stderr: Some(File::from(err_r)),
-            stdin: if stdin_data.is_empty() {
-                // No stdin: close our end now, so a program that reads it sees end-of-file
-                // at once instead of waiting out its timeout.
-                drop(in_w);
-                None
-            } else {
-                Some(File::from(in_w))
-            },
-            stdin_data,
-            stdin_off: 0,
-            out: Vec::new(),
-            err: Vec::new(),
-            out_trunc: false,
-            err_trunc: false,
-            out_cap: limits.stdout_bytes,
-            err_cap: limits.stderr_bytes,
+        let stdin = req.stdin.clone().unwrap_or_default();
+        let plan = agent::FramedExec {
+            id,
+            request: &request,
+            stdin: &stdin,
+            deadline: t0 + timeout,
+            stdout_cap: limits.stdout_bytes,
+            stderr_cap: limits.stderr_bytes,
+            kill_at_deadline: true,
+            // A program that will not die, or an agent that stopped answering, ends the
+            // sandbox.
+            kill_grace: Duration::from_secs(3),
+            // The process limit's refusals are watched this often.
+            tick: Duration::from_millis(20),
         };
-        if let Some(f) = &ex.stdin {
-            let _ = nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
-        }
-        let deadline = t0 + timeout;
-        let mut reason: Option<Termination> = None;
-        let mut kill_sent_at: Option<Instant> = None;
-        let mut exited: Option<Reply> = None;
-        let mut frames = FrameBuffer::default();
-        let mut agent_lost = false;
-        let mut last_pids_check = Instant::now();
-        loop {
+        let cgroup = self.cgroup.as_ref();
+        let pids_hit = || match (cgroup, &before) {
+            (Some(cg), Some(b)) => cg.pids_refusals() > b.pids_max_hits,
+            _ => false,
+        };
+        // The driver calls the watch whenever it wakes; the counter is read at most every
+        // 20 ms, so a chatty program does not pay a cgroupfs read per chunk of output.
+        let mut last_look = Instant::now();
+        let mut fork_refused = || {
             let now = Instant::now();
-            // Our own reasons to stop the program.
-            if reason.is_none() {
-                if now >= deadline {
-                    reason = Some(Termination::Timeout);
-                } else if ex.out_trunc || ex.err_trunc {
-                    reason = Some(Termination::OutputLimit);
-                } else if now.duration_since(last_pids_check) >= Duration::from_millis(20) {
-                    last_pids_check = now;
-                    if let (Some(cg), Some(b)) = (&self.cgroup, &before)
-                        && cg.counters().pids_max_hits > b.pids_max_hits
-                    {
-                        reason = Some(Termination::ProcessLimit);
-                    }
-                }
+            if now.duration_since(last_look) < Duration::from_millis(20) {
+                return None;
             }
-            if reason.is_some() && kill_sent_at.is_none() && exited.is_none() {
-                kill_sent_at = Some(now);
-                let _ = proto::write_frame(self.ctrl()?, &Request::Kill { id }, b"");
+            last_look = now;
+            pids_hit().then_some(Termination::ProcessLimit)
+        };
+        let Some(conn) = self.ctrl.as_mut().filter(|_| self.gone.is_none()) else {
+            return Err(self.gone_error());
+        };
+        let driven = agent::run_framed(conn, &plan, sink, &mut fork_refused);
+        let pids_hit = pids_hit();
+        let run = match driven {
+            Ok(run) => run,
+            Err(agent::ExecError::SpawnFailed(message)) if pids_hit => {
+                let mut o = ExecOutcome::new(Tier::Container, Termination::ProcessLimit);
+                o.stderr = format!("cordon: {message}\n").into_bytes();
+                return Ok(o);
             }
-            if exited.is_some() && ex.stdout.is_none() && ex.stderr.is_none() {
-                break;
+            Err(e @ (agent::ExecError::SpawnFailed(_) | agent::ExecError::Refused(_))) => {
+                return Err(Error::Sandbox(e.to_string()));
             }
-            if agent_lost {
-                break;
+            Err(agent::ExecError::Protocol(why)) => {
+                self.gone = Some(format!("its agent broke the protocol ({why})"));
+                self.teardown();
+                return Err(sandbox_err("malformed frame from the sandbox agent", why));
             }
-            // A program that will not die, or an agent that stopped answering: end the sandbox.
-            if let Some(k) = kill_sent_at
-                && exited.is_none()
-                && now.duration_since(k) > Duration::from_secs(3)
-            {
+        };
+        let exited = match run.ended {
+            agent::Ended::Exited(exit) => Some(exit),
+            agent::Ended::KillUnanswered | agent::Ended::Abandoned => {
                 self.gone = Some("its agent did not answer a kill".into());
                 self.teardown();
-                break;
+                None
             }
-            if let Some(_e) = &exited
-                && now > deadline + Duration::from_secs(2)
-            {
-                // Output pipes still open after the program was reaped: give up on the rest.
-                break;
+            agent::Ended::Lost(e) => {
+                self.gone = Some(format!("its agent exited ({e})"));
+                None
             }
-            let wait_ms = if exited.is_some() {
-                50
-            } else {
-                let left = deadline.saturating_duration_since(now).as_millis() as u64;
-                left.clamp(1, 20)
-            };
-            let mut ready = [false; 4];
-            {
-                let ctrl = self.ctrl()?;
-                let mut fds = vec![PollFd::new(ctrl.as_fd(), PollFlags::POLLIN)];
-                let mut map = vec![0usize];
-                for (k, f) in [&ex.stdout, &ex.stderr].into_iter().enumerate() {
-                    if let Some(f) = f {
-                        fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
-                        map.push(k + 1);
-                    }
-                }
-                if let Some(f) = &ex.stdin {
-                    fds.push(PollFd::new(f.as_fd(), PollFlags::POLLOUT));
-                    map.push(3);
-                }
-                match poll(&mut fds, PollTimeout::from(wait_ms as u16)) {
-                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                    Err(e) => return Err(sandbox_err("waiting for the program", e)),
-                }
-                for (i, fd) in fds.iter().enumerate() {
-                    if fd.revents().is_some_and(|r| !r.is_empty()) {
-                        ready[map[i]] = true;
-                    }
-                }
-            }
-            if ready[1] {
-                ex.read_stream(OutputStream::Stdout, sink);
-            }
-            if ready[2] {
-                ex.read_stream(OutputStream::Stderr, sink);
-            }
-            if ready[3] {
-                ex.write_stdin();
-            }
-            if ready[0] {
-                let mut buf = [0u8; 8192];
-                let n = match self.ctrl()?.read(&mut buf) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(_) => 0,
-                };
-                if n == 0 {
-                    agent_lost = true;
-                    self.gone = Some("its agent exited".into());
-                    continue;
-                }
-                frames.push(&buf[..n]);
-                loop {
-                    match frames.next_frame::<Reply>() {
-                        Ok(Some(f)) => match f.header {
-                            Reply::Started { .. } => tracing::debug!("exec: started"),
-                            r @ Reply::Exited { .. } => {
-                                tracing::debug!("exec: exited");
-                                exited = Some(r)
-                            }
-                            Reply::Error { code, message } => {
-                                let spawn_refused = code == ErrorCode::SpawnFailed;
-                                let pids_hit = match (&self.cgroup, &before) {
-                                    (Some(cg), Some(b)) => {
-                                        cg.counters().pids_max_hits > b.pids_max_hits
-                                    }
-                                    _ => false,
-                                };
-                                if spawn_refused && pids_hit {
-                                    let mut o = ExecOutcome::new(
-                                        Tier::Container,
-                                        Termination::ProcessLimit,
-                                    );
-                                    o.stderr = format!("cordon: {message}\n").into_bytes();
-                                    return Ok(o);
-                                }
-                                return Err(Error::Sandbox(format!(
-                                    "the program could not be started: {message}"
-                                )));
-                            }
-                            other => {
-                                return Err(sandbox_err(
-                                    "unexpected message from the sandbox",
-                                    format!("{other:?}"),
-                                ));
-                            }
-                        },
-                        Ok(None) => break,
-                        Err(e) => {
-                            self.gone = Some(format!("its agent sent a malformed frame ({e})"));
-                            self.teardown();
-                            return Err(sandbox_err("malformed frame from the sandbox agent", e));
-                        }
-                    }
-                }
-            }
-        }
+        };
         let wall = t0.elapsed();
         let after = self.cgroup.as_ref().map(|c| c.counters());
         let mut o = ExecOutcome::new(Tier::Container, Termination::Exited);
-        o.stdout = std::mem::take(&mut ex.out);
-        o.stderr = std::mem::take(&mut ex.err);
-        o.stdout_truncated = ex.out_trunc;
-        o.stderr_truncated = ex.err_trunc;
+        o.stdout = run.stdout;
+        o.stderr = run.stderr;
+        o.stdout_truncated = run.stdout_truncated;
+        o.stderr_truncated = run.stderr_truncated;
         o.weakened = self.weakened.clone();
         o.warnings = self.warnings.clone();
         o.usage.wall_time_us = wall.as_micros() as u64;
         o.timings.run_us = wall.as_micros() as u64;
         let (mut disk_full, mut agent_cpu, mut rss) = (false, 0, 0);
-        if let Some(Reply::Exited {
-            code,
-            signal,
-            cpu_us,
-            max_rss_bytes,
-            disk_full: full,
-            program_us,
-            ..
-        }) = exited
-        {
-            o.timings.program_us = program_us;
-            o.exit_code = code;
-            o.signal = signal;
-            disk_full = full;
-            agent_cpu = cpu_us;
-            rss = max_rss_bytes;
+        let reported = exited.is_some();
+        if let Some(exit) = exited {
+            o.timings.program_us = exit.program_us;
+            o.exit_code = exit.code;
+            o.signal = exit.signal;
+            disk_full = exit.disk_full;
+            agent_cpu = exit.cpu_us;
+            rss = exit.max_rss_bytes;
         }
         let (oom, pids_hit) = match (&before, &after) {
             (Some(b), Some(a)) => {
@@ -973,7 +844,7 @@ impl ContainerSandbox {
             }
         };
         let clean = o.exit_code == Some(0);
-        o.termination = if let Some(r) = reason {
+        o.termination = if let Some(r) = run.stopped {
             r
         } else if oom {
             // A process of this exec was killed for memory, even if the main one survived.
@@ -984,7 +855,7 @@ impl ContainerSandbox {
             Termination::ProcessLimit
         } else if o.signal == Some(libc::SIGXFSZ) || (disk_full && !clean) {
             Termination::DiskLimit
-        } else if agent_lost || (exited.is_none() && self.gone.is_some()) {
+        } else if !reported && self.gone.is_some() {
             Termination::SandboxFailure
         } else if o.signal.is_some() {
             Termination::Signalled
@@ -1001,76 +872,6 @@ impl ContainerSandbox {
             ));
         }
         Ok(o)
-    }
-}
-
-struct ExecIo {
-    stdout: Option<File>,
-    stderr: Option<File>,
-    stdin: Option<File>,
-    stdin_data: Vec<u8>,
-    stdin_off: usize,
-    out: Vec<u8>,
-    err: Vec<u8>,
-    out_trunc: bool,
-    err_trunc: bool,
-    out_cap: u64,
-    err_cap: u64,
-}
-
-impl ExecIo {
-    fn read_stream(&mut self, which: OutputStream, sink: &mut dyn OutputSink) {
-        let (slot, buf, trunc, cap) = match which {
-            OutputStream::Stdout => (
-                &mut self.stdout,
-                &mut self.out,
-                &mut self.out_trunc,
-                self.out_cap,
-            ),
-            OutputStream::Stderr => (
-                &mut self.stderr,
-                &mut self.err,
-                &mut self.err_trunc,
-                self.err_cap,
-            ),
-        };
-        let Some(f) = slot.as_mut() else { return };
-        let mut chunk = [0u8; 64 * 1024];
-        match f.read(&mut chunk) {
-            Ok(0) => *slot = None,
-            Ok(n) => {
-                let data = &chunk[..n];
-                let room = (cap as usize).saturating_sub(buf.len());
-                let keep = &data[..n.min(room)];
-                if !keep.is_empty() {
-                    buf.extend_from_slice(keep);
-                    sink.output(which, keep);
-                }
-                if n > room {
-                    *trunc = true;
-                }
-            }
-            Err(e)
-                if e.kind() == io::ErrorKind::Interrupted
-                    || e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => *slot = None,
-        }
-    }
-
-    fn write_stdin(&mut self) {
-        let Some(f) = self.stdin.as_mut() else { return };
-        match f.write(&self.stdin_data[self.stdin_off..]) {
-            Ok(n) => {
-                self.stdin_off += n;
-                if self.stdin_off >= self.stdin_data.len() {
-                    self.stdin = None;
-                }
-            }
-            Err(e)
-                if e.kind() == io::ErrorKind::WouldBlock
-                    || e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => self.stdin = None,
-        }
     }
 }
 
@@ -1092,6 +893,7 @@ impl Sandbox for ContainerSandbox {
                 mode,
             },
             data,
+            0,
         )?;
         match reply.header {
             Reply::Ok => Ok(()),
@@ -1113,6 +915,7 @@ impl Sandbox for ContainerSandbox {
                 max: max_bytes,
             },
             b"",
+            usize::try_from(max_bytes).unwrap_or(usize::MAX),
         )?;
         match reply.header {
             Reply::File { truncated: false } => {
@@ -1138,24 +941,24 @@ impl Sandbox for ContainerSandbox {
     }
 
     fn file_op(&mut self, op: &FileOp) -> Result<FileReply> {
-        self.with_ctrl(|io| cordon_host::files::file_op(io, op))?
+        self.file_call(|io| cordon_host::files::file_op(io, op))
     }
 
-    fn put_archive(&mut self, dir: &str, tar: &mut dyn Read) -> Result<ArchiveReport> {
+    fn put_archive(&mut self, dir: &str, tar: &mut dyn std::io::Read) -> Result<ArchiveReport> {
         cordon_core::validate_sandbox_dir(dir)?;
         let budget = self.spec.limits.disk_bytes;
-        self.with_ctrl(|io| cordon_host::files::put_archive(io, dir, budget, tar))?
+        self.file_call(|io| cordon_host::files::put_archive(io, dir, budget, tar))
     }
 
     fn get_archive(
         &mut self,
         dir: &str,
         max_bytes: u64,
-        out: &mut dyn Write,
+        out: &mut dyn std::io::Write,
     ) -> Result<ArchiveReport> {
         cordon_core::validate_sandbox_dir(dir)?;
         refuse_unscanned(&self.spec, dir)?;
-        self.with_ctrl(|io| cordon_host::files::get_archive(io, dir, max_bytes, out))?
+        self.file_call(|io| cordon_host::files::get_archive(io, dir, max_bytes, out))
     }
 
     fn start_us(&self) -> u64 {
@@ -1197,34 +1000,5 @@ impl Sandbox for ContainerSandbox {
 impl Drop for ContainerSandbox {
     fn drop(&mut self) {
         let _ = self.destroy();
-    }
-}
-
-/// The container's agent socket as a [`FrameIo`]; its read and write timeouts are set.
-struct SocketIo<'a>(&'a mut UnixStream);
-
-fn socket_error(e: proto::ProtoError) -> CallError {
-    match e {
-        proto::ProtoError::Io(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) =>
-        {
-            CallError::Timeout
-        }
-        proto::ProtoError::Closed => CallError::Closed,
-        e => CallError::Proto(e),
-    }
-}
-
-impl FrameIo for SocketIo<'_> {
-    fn send(&mut self, req: &Request, body: &[u8]) -> std::result::Result<(), CallError> {
-        proto::write_frame(self.0, req, body).map_err(socket_error)
-    }
-
-    fn recv(&mut self, max_frame: usize) -> std::result::Result<proto::Frame<Reply>, CallError> {
-        let _ = max_frame;
-        proto::read_frame(self.0).map_err(socket_error)
     }
 }

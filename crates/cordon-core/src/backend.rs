@@ -168,6 +168,12 @@ pub trait Backend: Send + Sync {
     /// Creates a fresh, never-used sandbox. Fails closed when a wall cannot be applied and
     /// the spec does not allow running weaker.
     fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>>;
+
+    /// Creates a sandbox without the state this tier prepares ahead for its starts (the
+    /// microvm tier's snapshot: a full boot instead of a restore), i.e. what the first
+    /// sandbox of a kind costs; `None` for a tier whose every start is [`Backend::create`].
+    /// `cordon bench` reports both where they differ. No default, like `recover`.
+    fn create_unprepared(&self, spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>>;
 }
 
 /// A handle another thread calls to end a sandbox's running exec at once (see

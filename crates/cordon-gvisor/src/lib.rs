@@ -27,7 +27,6 @@
 //! `127.0.0.1:3128` inside, started by the agent. A killed Cordon's leftovers (runsc state,
 //! cgroups, bundles) are reaped by the next backend ([`reap`]).
 
-pub mod cgroup;
 mod nproc;
 pub mod reap;
 mod sys;
@@ -49,14 +48,12 @@ use cordon_guest::proto::{PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMod
 use cordon_host::agent::{self, AgentConn, CallError, HEADER_ROOM};
 use cordon_host::egress::{EgressLink, SANDBOX_PROXY_PORT, SOCKET_INSIDE};
 
-use crate::cgroup::{Counters, Layout, SandboxCgroup};
 use crate::nproc::NprocWatch;
+use cordon_host::cgroup::{self as cgroup, Counters, Limits, SandboxCgroup};
 
 /// Errors of the gvisor tier, turned into [`cordon_core::Error`] at the API boundary.
 #[derive(Debug, thiserror::Error)]
 pub enum GvisorError {
-    #[error("cgroup: {0}")]
-    Cgroup(String),
     #[error("workspace: {0}")]
     Workspace(String),
     #[error("runsc: {0}")]
@@ -133,8 +130,14 @@ impl GvisorConfig {
 
 pub struct GvisorBackend {
     config: GvisorConfig,
-    layout: OnceLock<Option<Layout>>,
+    /// Where this host's memory controller is, found once.
+    memory_controller: OnceLock<Option<(cgroup::Version, PathBuf)>>,
 }
+
+/// Parent of every gvisor sandbox's cgroup, under each hierarchy's root (each start of a
+/// sandbox's runsc gets `<sandbox id>-<n>` below it, so the orphan sweep finds what a
+/// killed Cordon left).
+pub const CGROUP_PARENT: &str = "cordon-gvisor";
 
 fn quiet(mut p: Proc) -> Proc {
     p.stdin(Stdio::null())
@@ -176,7 +179,7 @@ impl GvisorBackend {
     pub fn new(config: GvisorConfig) -> Self {
         GvisorBackend {
             config,
-            layout: OnceLock::new(),
+            memory_controller: OnceLock::new(),
         }
     }
 
@@ -184,8 +187,10 @@ impl GvisorBackend {
         &self.config
     }
 
-    fn layout(&self) -> Option<&Layout> {
-        self.layout.get_or_init(Layout::detect).as_ref()
+    fn memory_controller(&self) -> Option<&(cgroup::Version, PathBuf)> {
+        self.memory_controller
+            .get_or_init(cgroup::memory_controller)
+            .as_ref()
     }
 
     /// Removes what dead Cordon processes left: runsc containers, cgroups, bundles and
@@ -196,7 +201,7 @@ impl GvisorBackend {
         let removed = reap::Sweep {
             scratch: &self.config.scratch_root,
             state_root: &self.config.state_root,
-            layout: self.layout(),
+            cgroups: self.memory_controller().is_some(),
             delete: &delete,
         }
         .run();
@@ -208,6 +213,10 @@ impl GvisorBackend {
 }
 
 impl Backend for GvisorBackend {
+    fn create_unprepared(&self, _spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>> {
+        None
+    }
+
     fn tier(&self) -> Tier {
         Tier::Gvisor
     }
@@ -224,7 +233,7 @@ impl Backend for GvisorBackend {
     fn probe(&self) -> Probe {
         let runsc_ok = self.config.runsc.is_file();
         let root = nix::unistd::geteuid().is_root();
-        let layout = self.layout();
+        let memory = self.memory_controller();
         let agent_ok = self.config.agent.is_file();
         Probe::from_capabilities(
             Tier::Gvisor,
@@ -245,11 +254,11 @@ impl Backend for GvisorBackend {
                 },
                 Capability {
                     name: "memory-cgroup".into(),
-                    ok: layout.is_some(),
-                    detail: match layout {
-                        Some(Layout::V2(p)) => format!("cgroup v2 at {}", p.display()),
-                        Some(Layout::V1 { memory, .. }) => {
-                            format!("cgroup v1 memory controller at {}", memory.display())
+                    ok: memory.is_some(),
+                    detail: match memory {
+                        Some((cgroup::Version::V2, p)) => format!("cgroup v2 at {}", p.display()),
+                        Some((cgroup::Version::V1, p)) => {
+                            format!("cgroup v1 memory controller at {}", p.display())
                         }
                         None => "no memory controller mounted".into(),
                     },
@@ -301,14 +310,14 @@ impl Backend for GvisorBackend {
         }
         let mut weakened = Vec::new();
         let mut warnings = Vec::new();
-        let layout = match self.layout() {
-            Some(l) => Some(l.clone()),
+        let cgroups = match self.memory_controller() {
+            Some(_) => true,
             None if spec.allow_weaker.contains(&Weakening::Cgroups) => {
                 weakened.push(Weakening::Cgroups);
                 warnings.push(
                     "running without a memory cgroup: the memory limit is not enforced".into(),
                 );
-                None
+                false
             }
             None => {
                 return Err(Error::LayerUnavailable {
@@ -352,7 +361,7 @@ impl Backend for GvisorBackend {
             spec: spec.clone(),
             work: bundle.join("work"),
             bundle,
-            layout,
+            cgroups,
             egress: None,
             live: None,
             starts: 0,
@@ -384,7 +393,8 @@ pub struct GvisorSandbox {
     spec: SandboxSpec,
     bundle: PathBuf,
     work: PathBuf,
-    layout: Option<Layout>,
+    /// Whether each start of its runsc gets a memory cgroup (none only where allowed weaker).
+    cgroups: bool,
     egress: Option<EgressLink>,
     /// The running runsc sandbox and its agent; None before the first start, once
     /// destroyed, and after the sandbox was lost (the next exec starts it again).
@@ -601,20 +611,28 @@ impl GvisorSandbox {
         self.starts += 1;
         let cid = format!("{}-{}", self.id.as_str(), self.starts);
         let l = self.spec.limits.clone();
-        let cgroup = match &self.layout {
-            Some(layout) => Some(
-                SandboxCgroup::create(layout, &cid, l.memory_bytes, l.cpus).map_err(|e| {
+        // Memory (swap off) and the CPU quota; no pids controller: processes are bounded by
+        // RLIMIT_NPROC inside (a pids cgroup crashes runsc).
+        let limits = Limits {
+            memory: l.memory_bytes,
+            pids: None,
+            cpus: l.cpus,
+        };
+        let cgroup = if self.cgroups {
+            Some(
+                SandboxCgroup::create_in(CGROUP_PARENT, &cid, &limits).map_err(|e| {
                     Error::LayerUnavailable {
                         layer: "cgroups".into(),
                         reason: e.to_string(),
                     }
                 })?,
-            ),
-            None => None,
+            )
+        } else {
+            None
         };
         let remove_cgroup = |cg: &Option<SandboxCgroup>| {
             if let Some(cg) = cg {
-                cg.remove(Duration::from_secs(2));
+                cg.remove_everywhere(Duration::from_secs(2));
             }
         };
         let cfg = match self.config_json(cgroup.as_ref()) {
@@ -754,7 +772,7 @@ impl GvisorSandbox {
         reap::remove_lock(&self.config.state_root, &cid);
         watch.finish();
         if let Some(cg) = &cgroup
-            && !cg.remove(Duration::from_secs(5))
+            && !cg.remove_everywhere(Duration::from_secs(5))
         {
             tracing::warn!(cgroup = %cg.oci_path(), "could not remove a sandbox cgroup; the next create reaps it");
         }
@@ -904,6 +922,7 @@ impl Sandbox for GvisorSandbox {
             stderr_cap: l.stderr_bytes,
             kill_at_deadline: true,
             kill_grace: Duration::from_secs(3),
+            tick: Duration::from_millis(100),
         };
         let Some(live) = self.live.as_mut() else {
             return Err(Error::Sandbox("the gvisor sandbox is not running".into()));
@@ -970,12 +989,8 @@ impl Sandbox for GvisorSandbox {
             tracing::warn!(sandbox = %self.id, "gvisor: {why}; runsc said: {detail}");
         }
         if let (Some(b), Some(a)) = (before, after) {
-            out.usage.peak_memory_bytes = out.usage.peak_memory_bytes.max(a.peak_bytes);
-            let hits = Counters {
-                oom_kills: a.oom_kills.saturating_sub(b.oom_kills),
-                limit_hits: a.limit_hits.saturating_sub(b.limit_hits),
-                peak_bytes: a.peak_bytes,
-            };
+            out.usage.peak_memory_bytes = out.usage.peak_memory_bytes.max(a.peak_memory);
+            let hits: Counters = a.since(&b);
             seen.oom = hits.out_of_memory(seen.lost || seen.signal == Some(9));
         }
         let (termination, exit, signal) = classify(seen);

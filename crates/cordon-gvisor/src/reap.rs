@@ -12,7 +12,7 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use crate::cgroup::{Layout, remove_dirs};
+use cordon_host::cgroup::{dirs_of, parents, remove_dirs};
 
 pub const OWNER_FILE: &str = "owner";
 /// Holds the host path of the sandbox's egress socket, when it has one.
@@ -103,7 +103,8 @@ pub fn remove_lock(state_root: &Path, cid: &str) {
 pub struct Sweep<'a> {
     pub scratch: &'a Path,
     pub state_root: &'a Path,
-    pub layout: Option<&'a Layout>,
+    /// Whether this host has cgroups to sweep.
+    pub cgroups: bool,
     /// Force-deletes one runsc container (kill, then `delete --force`).
     pub delete: &'a dyn Fn(&str),
 }
@@ -124,9 +125,9 @@ impl Sweep<'_> {
                 removed.push(format!("runsc container {cid}"));
             }
         }
-        if let Some(layout) = self.layout {
+        if self.cgroups {
             let mut names = BTreeSet::new();
-            for parent in layout.parents() {
+            for parent in parents(crate::CGROUP_PARENT) {
                 if let Ok(rd) = fs::read_dir(&parent) {
                     names.extend(
                         rd.flatten()
@@ -136,8 +137,11 @@ impl Sweep<'_> {
                 }
             }
             for name in names.into_iter().filter(|n| orphan(n)) {
-                if remove_dirs(&layout.dirs_of(&name), Duration::from_secs(2)) {
-                    removed.push(format!("cgroup {}/{name}", crate::cgroup::PARENT));
+                if remove_dirs(
+                    &dirs_of(crate::CGROUP_PARENT, &name),
+                    Duration::from_secs(2),
+                ) {
+                    removed.push(format!("cgroup {}/{name}", crate::CGROUP_PARENT));
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! The host's end of the agent channel, shared by every tier whose agent speaks the framed
-//! protocol without passed descriptors (microvm over a virtio-serial socket, gvisor over the
-//! container's stdin and stdout), written for a hostile agent: every call has one deadline
+//! protocol (container over a socket that also carries the program's stdio as passed
+//! descriptors, microvm over a virtio-serial socket, gvisor over the container's stdin and
+//! stdout), written for a hostile agent: every call has one deadline
 //! covering all of its writes and reads (an agent that stops reading cannot hold a call past
 //! it), every frame is checked against the largest one the call can need before a byte of
 //! its body is buffered, and decoding costs the same per frame however small the frames are
@@ -10,21 +11,23 @@
 //! too) needs of the protocol on the host.
 //!
 //! [`run_framed`] drives one exec over such a channel: the request and its stdin by the
-//! exec's deadline, output relayed to the sink within the caps, the tier's own reasons to
+//! exec's deadline, output relayed to the sink within the caps (as frames, or read from
+//! pipes whose other ends went to the agent with the request), the tier's own reasons to
 //! stop checked as it runs, and a kill whose answer is bounded.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use cordon_core::{
     Command, Error, ExecRequest, Language, OutputSink, OutputStream, Termination, Tier,
 };
-use cordon_guest::proto::{self, ErrorCode, Frame, ProtoError, Reply, Request, Stream};
+use cordon_guest::proto::{self, ErrorCode, Frame, ProtoError, Reply, Request, StdioMode, Stream};
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 
 /// Bytes a frame may carry beyond the payload a call asked for (its JSON header).
 pub const HEADER_ROOM: usize = 64 << 10;
@@ -115,6 +118,29 @@ impl AgentConn {
         self.send_raw(&bytes, deadline)
     }
 
+    /// Sends one frame with descriptors attached to its first byte (`SCM_RIGHTS`; the
+    /// channel must be a socket); the whole of it must be taken by `deadline`.
+    pub fn send_with_fds(
+        &mut self,
+        header: &Request,
+        body: &[u8],
+        fds: &[std::os::fd::RawFd],
+        deadline: Instant,
+    ) -> Result<(), CallError> {
+        let bytes = proto::encode(header, body)?;
+        let sent = loop {
+            let iov = [io::IoSlice::new(&bytes)];
+            let cmsg = [ControlMessage::ScmRights(fds)];
+            match sendmsg::<()>(self.tx.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None) {
+                Ok(n) => break n,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(nix::errno::Errno::EAGAIN) => self.wait(PollFlags::POLLOUT, deadline)?,
+                Err(e) => return Err(io::Error::from(e).into()),
+            }
+        };
+        self.send_raw(&bytes[sent..], deadline)
+    }
+
     /// The next frame, whole by `deadline`; a frame longer than `max_frame` bytes is refused
     /// as soon as its length arrives.
     pub fn recv(&mut self, deadline: Instant, max_frame: usize) -> Result<Frame<Reply>, CallError> {
@@ -135,11 +161,9 @@ impl AgentConn {
 
     /// Waits up to `wait` for input and buffers what arrived (one read).
     pub fn fill(&mut self, wait: Duration) -> Result<Filled, CallError> {
-        match self.read_some() {
-            Ok(f) => return Ok(f),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(Filled::Nothing),
-            Err(e) => return Err(e.into()),
+        let now = self.take_ready()?;
+        if now != Filled::Nothing {
+            return Ok(now);
         }
         let ms = wait.as_millis().clamp(1, u16::MAX as u128) as u16;
         let mut fds = [PollFd::new(self.rx.as_fd(), PollFlags::POLLIN)];
@@ -148,6 +172,11 @@ impl AgentConn {
             Ok(_) => {}
             Err(e) => return Err(io::Error::from(e).into()),
         }
+        self.take_ready()
+    }
+
+    /// Buffers what has already arrived, without waiting (one read).
+    fn take_ready(&mut self) -> Result<Filled, CallError> {
         match self.read_some() {
             Ok(f) => Ok(f),
             Err(e)
@@ -197,6 +226,12 @@ impl AgentConn {
         let payload = rest[4..4 + total].to_vec();
         self.start += 4 + total;
         proto::decode_payload(payload).map(Some)
+    }
+
+    /// Drops every byte buffered and not yet decoded (a channel being closed).
+    pub fn discard(&mut self) {
+        self.buf.clear();
+        self.start = 0;
     }
 
     /// Bytes buffered and not yet decoded, and the buffer's size (tests).
@@ -279,7 +314,9 @@ pub fn file_error(path: &str, code: ErrorCode, message: String) -> Error {
 /// One exec to drive over a framed channel.
 pub struct FramedExec<'a> {
     pub id: u64,
-    /// The [`Request::Exec`] (with [`proto::StdioMode::Framed`]).
+    /// The [`Request::Exec`]. With [`StdioMode::Framed`] stdin goes as frames and output
+    /// comes back as frames; with [`StdioMode::Passed`] the driver makes three pipes, sends
+    /// their sandbox ends with the request, and writes stdin and reads output itself.
     pub request: &'a Request,
     pub stdin: &'a [u8],
     pub deadline: Instant,
@@ -290,6 +327,8 @@ pub struct FramedExec<'a> {
     pub kill_at_deadline: bool,
     /// How long a kill may go untaken or unanswered.
     pub kill_grace: Duration,
+    /// How often the tier's own watch runs while nothing arrives.
+    pub tick: Duration,
 }
 
 /// What the agent reported at a program's end ([`Reply::Exited`]).
@@ -343,6 +382,154 @@ pub enum ExecError {
     Protocol(String),
 }
 
+/// The host's ends of a program's stdio when its sandbox ends went to the agent with the
+/// request ([`StdioMode::Passed`]): stdin is written from the request's bytes, output read
+/// as it comes.
+struct Pipes<'a> {
+    stdin: Option<File>,
+    data: &'a [u8],
+    written: usize,
+    stdout: Option<File>,
+    stderr: Option<File>,
+}
+
+impl<'a> Pipes<'a> {
+    /// Three pipes: the host's ends (non-blocking) and the sandbox's (stdin, stdout, stderr).
+    fn make(data: &'a [u8]) -> io::Result<(Self, [OwnedFd; 3])> {
+        let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from);
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        for fd in [&in_w, &out_r, &err_r] {
+            let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+            fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+        }
+        let pipes = Pipes {
+            // No stdin: our end closes at once, so a program that reads it sees end-of-file
+            // instead of waiting out its timeout.
+            stdin: (!data.is_empty()).then(|| File::from(in_w)),
+            data,
+            written: 0,
+            stdout: Some(File::from(out_r)),
+            stderr: Some(File::from(err_r)),
+        };
+        Ok((pipes, [in_r, out_w, err_w]))
+    }
+
+    fn drained(&self) -> bool {
+        self.stdout.is_none() && self.stderr.is_none()
+    }
+
+    /// Waits up to `wait` for the agent channel (unless it has closed) or a pipe, moves what
+    /// the pipes have, and says whether the channel is readable.
+    fn wait_and_move(
+        &mut self,
+        conn: Option<&AgentConn>,
+        wait: Duration,
+        run: &mut FramedRun,
+        ex: &FramedExec<'_>,
+        sink: &mut dyn OutputSink,
+    ) -> Result<bool, CallError> {
+        let mut ready = [false; 4];
+        {
+            let mut fds = Vec::with_capacity(4);
+            let mut which = Vec::with_capacity(4);
+            if let Some(conn) = conn {
+                fds.push(PollFd::new(conn.rx.as_fd(), PollFlags::POLLIN));
+                which.push(0);
+            }
+            for (k, f) in [&self.stdout, &self.stderr].into_iter().enumerate() {
+                if let Some(f) = f {
+                    fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+                    which.push(k + 1);
+                }
+            }
+            if let Some(f) = &self.stdin {
+                fds.push(PollFd::new(f.as_fd(), PollFlags::POLLOUT));
+                which.push(3);
+            }
+            let ms = wait.as_millis().clamp(1, u16::MAX as u128) as u16;
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(io::Error::from(e).into()),
+            }
+            for (fd, k) in fds.iter().zip(which) {
+                ready[k] = fd.revents().is_some_and(|r| !r.is_empty());
+            }
+        }
+        for (k, stream) in [(1, OutputStream::Stdout), (2, OutputStream::Stderr)] {
+            if !ready[k] {
+                continue;
+            }
+            let slot = if k == 1 {
+                &mut self.stdout
+            } else {
+                &mut self.stderr
+            };
+            let Some(f) = slot.as_mut() else { continue };
+            let mut chunk = [0u8; 64 << 10];
+            match f.read(&mut chunk) {
+                Ok(0) => *slot = None,
+                Ok(n) => keep_output(run, ex, stream, &chunk[..n], sink),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(_) => *slot = None,
+            }
+        }
+        if ready[3]
+            && let Some(f) = self.stdin.as_mut()
+        {
+            match f.write(&self.data[self.written..]) {
+                Ok(n) => {
+                    self.written += n;
+                    if self.written >= self.data.len() {
+                        self.stdin = None;
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                // The program closed its stdin: the rest is not wanted.
+                Err(_) => self.stdin = None,
+            }
+        }
+        Ok(ready[0])
+    }
+}
+
+/// Keeps what fits of a chunk of output within its stream's cap and passes it to the sink;
+/// a chunk past the cap marks the stream truncated.
+fn keep_output(
+    run: &mut FramedRun,
+    ex: &FramedExec<'_>,
+    stream: OutputStream,
+    data: &[u8],
+    sink: &mut dyn OutputSink,
+) {
+    let (buf, trunc, cap) = match stream {
+        OutputStream::Stdout => (&mut run.stdout, &mut run.stdout_truncated, ex.stdout_cap),
+        OutputStream::Stderr => (&mut run.stderr, &mut run.stderr_truncated, ex.stderr_cap),
+    };
+    let room = (cap as usize).saturating_sub(buf.len());
+    let keep = &data[..data.len().min(room)];
+    if !keep.is_empty() {
+        buf.extend_from_slice(keep);
+        sink.output(stream, keep);
+    }
+    if data.len() > room {
+        *trunc = true;
+    }
+}
+
+/// How long output may still arrive on passed pipes after the program's end was reported
+/// and the exec's deadline has passed (a process the program left holds them open).
+const DRAIN_AFTER_DEADLINE: Duration = Duration::from_secs(2);
+
 /// Drives one exec: hands over the request and its stdin by the exec's deadline, relays the
 /// output to `sink` within the caps, and stops the program for the timeout, the output caps
 /// or whatever `check` (the tier's own watch, called every tick) returns.
@@ -360,13 +547,33 @@ pub fn run_framed(
         stdout_truncated: false,
         stderr_truncated: false,
     };
+    let passed = matches!(
+        ex.request,
+        Request::Exec {
+            stdio: StdioMode::Passed,
+            ..
+        }
+    );
     // The exec and its stdin must be taken by the exec's own deadline: an agent that stops
     // reading gets the same timeout as a program that never exits.
-    let mut sent = conn.send(ex.request, b"", ex.deadline);
-    for chunk in ex.stdin.chunks(1 << 20) {
-        sent = sent.and_then(|()| conn.send(&Request::Stdin { id: ex.id }, chunk, ex.deadline));
-    }
-    sent = sent.and_then(|()| conn.send(&Request::Stdin { id: ex.id }, b"", ex.deadline));
+    let mut pipes = None;
+    let sent = if passed {
+        match Pipes::make(ex.stdin) {
+            Ok((p, theirs)) => {
+                pipes = Some(p);
+                let fds = theirs.each_ref().map(|fd| fd.as_raw_fd());
+                conn.send_with_fds(ex.request, b"", &fds, ex.deadline)
+                // `theirs` closes here: the agent holds its own copies now.
+            }
+            Err(e) => return Err(ExecError::Refused(format!("no pipes for the program: {e}"))),
+        }
+    } else {
+        let mut sent = conn.send(ex.request, b"", ex.deadline);
+        for chunk in ex.stdin.chunks(1 << 20) {
+            sent = sent.and_then(|()| conn.send(&Request::Stdin { id: ex.id }, chunk, ex.deadline));
+        }
+        sent.and_then(|()| conn.send(&Request::Stdin { id: ex.id }, b"", ex.deadline))
+    };
     match sent {
         Ok(()) => {}
         Err(CallError::Timeout) => {
@@ -384,6 +591,10 @@ pub fn run_framed(
         .saturating_add(HEADER_ROOM)
         .min(proto::MAX_FRAME);
     let mut kill_sent_at: Option<Instant> = None;
+    // The program's end as reported; with passed pipes, output may still be on its way.
+    let mut exit: Option<Exit> = None;
+    // The agent closed the channel after reporting the end: only the pipes are left.
+    let mut closed = false;
     loop {
         let now = Instant::now();
         if run.stopped.is_none() {
@@ -391,12 +602,22 @@ pub fn run_framed(
                 Some(Termination::Timeout)
             } else if run.stdout_truncated || run.stderr_truncated {
                 Some(Termination::OutputLimit)
-            } else {
+            } else if exit.is_none() {
                 check()
+            } else {
+                None
             };
+        }
+        if let Some(e) = &exit
+            && (pipes.as_ref().is_none_or(Pipes::drained)
+                || now > ex.deadline + DRAIN_AFTER_DEADLINE)
+        {
+            run.ended = Ended::Exited(e.clone());
+            return Ok(run);
         }
         if let Some(why) = run.stopped
             && kill_sent_at.is_none()
+            && exit.is_none()
         {
             if why == Termination::Timeout && !ex.kill_at_deadline {
                 run.ended = Ended::Abandoned;
@@ -412,21 +633,33 @@ pub fn run_framed(
             }
         }
         if let Some(k) = kill_sent_at
+            && exit.is_none()
             && now.duration_since(k) > ex.kill_grace
         {
             run.ended = Ended::KillUnanswered;
             return Ok(run);
         }
-        let wait = match kill_sent_at {
-            Some(_) => Duration::from_millis(50),
-            None => ex
-                .deadline
-                .saturating_duration_since(now)
-                .min(Duration::from_millis(100)),
+        let wait = if kill_sent_at.is_some() || exit.is_some() {
+            Duration::from_millis(50)
+        } else {
+            ex.deadline.saturating_duration_since(now).min(ex.tick)
         };
-        match conn.fill(wait) {
+        let filled = match pipes.as_mut() {
+            None => conn.fill(wait),
+            Some(p) => match p.wait_and_move((!closed).then_some(&*conn), wait, &mut run, ex, sink)
+            {
+                Ok(true) => conn.take_ready(),
+                Ok(false) => Ok(Filled::Nothing),
+                Err(e) => Err(e),
+            },
+        };
+        match filled {
             Ok(Filled::Data) => {}
             Ok(Filled::Nothing) => continue,
+            Ok(Filled::Eof) if exit.is_some() => {
+                closed = true;
+                continue;
+            }
             Ok(Filled::Eof) => {
                 run.ended = Ended::Lost(CallError::Closed);
                 return Ok(run);
@@ -442,30 +675,12 @@ pub fn run_framed(
         {
             match f.header {
                 Reply::Started { .. } => {}
-                Reply::Output { stream, .. } => {
-                    let (buf, trunc, cap, which) = match stream {
-                        Stream::Stdout => (
-                            &mut run.stdout,
-                            &mut run.stdout_truncated,
-                            ex.stdout_cap,
-                            OutputStream::Stdout,
-                        ),
-                        Stream::Stderr => (
-                            &mut run.stderr,
-                            &mut run.stderr_truncated,
-                            ex.stderr_cap,
-                            OutputStream::Stderr,
-                        ),
+                Reply::Output { stream, .. } if !passed => {
+                    let stream = match stream {
+                        Stream::Stdout => OutputStream::Stdout,
+                        Stream::Stderr => OutputStream::Stderr,
                     };
-                    let room = (cap as usize).saturating_sub(buf.len());
-                    let keep = &f.body[..f.body.len().min(room)];
-                    if !keep.is_empty() {
-                        buf.extend_from_slice(keep);
-                        sink.output(which, keep);
-                    }
-                    if f.body.len() > room {
-                        *trunc = true;
-                    }
+                    keep_output(&mut run, ex, stream, &f.body, sink);
                 }
                 Reply::Exited {
                     code,
@@ -477,8 +692,8 @@ pub fn run_framed(
                     pids_limited,
                     program_us,
                     ..
-                } => {
-                    run.ended = Ended::Exited(Exit {
+                } if exit.is_none() => {
+                    exit = Some(Exit {
                         code,
                         signal,
                         cpu_us,
@@ -488,7 +703,10 @@ pub fn run_framed(
                         pids_limited,
                         program_us,
                     });
-                    return Ok(run);
+                    if pipes.is_none() {
+                        run.ended = Ended::Exited(exit.take().unwrap_or_default());
+                        return Ok(run);
+                    }
                 }
                 Reply::Error {
                     code: ErrorCode::SpawnFailed,
@@ -669,6 +887,7 @@ mod tests {
             stderr_cap: cap,
             kill_at_deadline: kill,
             kill_grace: Duration::from_millis(300),
+            tick: Duration::from_millis(100),
         }
     }
 
@@ -719,6 +938,76 @@ mod tests {
             ),
             "{run:?}"
         );
+    }
+
+    #[test]
+    fn passed_pipes_carry_stdin_and_output_that_arrives_after_the_exit() {
+        use std::os::fd::RawFd;
+        let (mut conn, agent) = scripted_agent(|peer| {
+            // The request arrives with three descriptors attached to its first byte.
+            let mut head = vec![0u8; 64 << 10];
+            let mut space = nix::cmsg_space!([RawFd; 3]);
+            let (n, fds) = {
+                let mut iov = [io::IoSliceMut::new(&mut head)];
+                let msg = nix::sys::socket::recvmsg::<()>(
+                    peer.sock.as_raw_fd(),
+                    &mut iov,
+                    Some(&mut space),
+                    MsgFlags::empty(),
+                )
+                .unwrap();
+                let fds: Vec<RawFd> = msg
+                    .cmsgs()
+                    .unwrap()
+                    .flat_map(|c| match c {
+                        nix::sys::socket::ControlMessageOwned::ScmRights(v) => v,
+                        _ => Vec::new(),
+                    })
+                    .collect();
+                (msg.bytes, fds)
+            };
+            assert_eq!(fds.len(), 3, "three descriptors come with the request");
+            peer.buf.push(&head[..n]);
+            assert!(matches!(peer.read_request(), Request::Exec { .. }));
+            // Opened again by their /proc names (no unsafe adoption of raw descriptors),
+            // then the received ones closed.
+            let open = |fd: RawFd, write: bool| {
+                let f = File::options()
+                    .read(!write)
+                    .write(write)
+                    .open(format!("/proc/self/fd/{fd}"))
+                    .unwrap();
+                nix::unistd::close(fd).unwrap();
+                f
+            };
+            let mut stdin = open(fds[0], false);
+            let mut stdout = open(fds[1], true);
+            let mut stderr = open(fds[2], true);
+            let mut input = String::new();
+            stdin.read_to_string(&mut input).unwrap();
+            stdout.write_all(format!("got {input}").as_bytes()).unwrap();
+            stderr.write_all(b"warn").unwrap();
+            drop(stderr);
+            // The end is reported before the last output arrives.
+            peer.send(&exited(0));
+            std::thread::sleep(Duration::from_millis(100));
+            stdout.write_all(b" and late").unwrap();
+        });
+        let mut req = exec_request();
+        if let Request::Exec { stdio, .. } = &mut req {
+            *stdio = proto::StdioMode::Passed;
+        }
+        let mut p = plan(&req, true, Duration::from_secs(20), 1 << 20);
+        p.stdin = b"hello";
+        let run = quiet_run(&mut conn, &p).unwrap();
+        agent.join().unwrap();
+        assert!(
+            matches!(&run.ended, Ended::Exited(e) if e.code == Some(0)),
+            "{run:?}"
+        );
+        assert_eq!(run.stdout, b"got hello and late");
+        assert_eq!(run.stderr, b"warn");
+        assert_eq!(run.stopped, None);
     }
 
     #[test]

@@ -1,8 +1,14 @@
-//! Per-sandbox control groups on cgroup v1 and v2, through cgroups-rs.
+//! The one cgroup manager of the native tiers, on cgroup v1 and v2 through cgroups-rs (whose
+//! `Hierarchy` trait, with its v1 and v2 implementations, is where the two versions differ
+//! in creating cgroups and setting limits; the counter files each version keeps are read
+//! here, as numbers, for every exec).
 //!
-//! The sandbox's cgroup is `cordon/<sandbox id>` under each hierarchy's root: memory (swap
-//! off), pids and CPU quota. Limits and counters (OOM kills, process-limit hits, peak memory,
-//! CPU time) are read from the cgroup files directly, as numbers, for every exec.
+//! A sandbox's cgroup is `<parent>/<name>` under each hierarchy's root: memory (swap off),
+//! CPU quota and, where the tier asks, a process limit. The container and microvm tiers use
+//! `cordon/<sandbox id>` with all three; the gvisor tier `cordon-gvisor/<container id>`
+//! without pids (runsc joins the cgroup Cordon made and sets nothing on it; on v1 it makes
+//! the other controllers' directories itself, so removal and the orphan sweep look in
+//! every hierarchy mounted).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -35,10 +41,13 @@ pub fn host_version() -> Version {
     }
 }
 
-/// Counters read from a sandbox's cgroup.
+/// Counters read from a sandbox's cgroup (an exec's share is the difference across it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
+    /// Processes the kernel killed for memory in this cgroup.
     pub oom_kills: u64,
+    /// Times a memory charge hit the limit (v1 `failcnt`, v2 `max` events).
+    pub limit_hits: u64,
     pub pids_max_hits: u64,
     /// The cgroup's CPU time; `None` where this layout has no usage file here (cgroup v1
     /// with cpuacct mounted apart from cpu: the agent's figure for the exec's tree is used).
@@ -46,13 +55,46 @@ pub struct Counters {
     pub peak_memory: u64,
 }
 
+impl Counters {
+    /// What was counted between `before` and this reading (the peak is this reading's).
+    pub fn since(&self, before: &Counters) -> Counters {
+        Counters {
+            oom_kills: self.oom_kills.saturating_sub(before.oom_kills),
+            limit_hits: self.limit_hits.saturating_sub(before.limit_hits),
+            pids_max_hits: self.pids_max_hits.saturating_sub(before.pids_max_hits),
+            cpu_us: self
+                .cpu_us
+                .zip(before.cpu_us)
+                .map(|(a, b)| a.saturating_sub(b)),
+            peak_memory: self.peak_memory,
+        }
+    }
+
+    /// True when the memory limit ended a process: an OOM kill was counted, or (kernels
+    /// without the kill counter) the limit was hit and the process died of SIGKILL.
+    pub fn out_of_memory(&self, died_of_sigkill: bool) -> bool {
+        self.oom_kills > 0 || (self.limit_hits > 0 && died_of_sigkill)
+    }
+}
+
+/// What a sandbox's cgroup limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub memory: u64,
+    /// A process limit (the pids controller), or none.
+    pub pids: Option<u32>,
+    pub cpus: f64,
+}
+
 /// A sandbox's control group.
 pub struct SandboxCgroup {
     cg: Cgroup,
     version: Version,
+    parent: String,
+    name: String,
     /// Directory of each controller (one for v2).
     memory_dir: PathBuf,
-    pids_dir: PathBuf,
+    pids_dir: Option<PathBuf>,
     cpu_dir: PathBuf,
     /// The counter files, open for the sandbox's life: each exec reads them twice, and an
     /// open descriptor saves a path walk through cgroupfs every time.
@@ -61,7 +103,10 @@ pub struct SandboxCgroup {
 
 /// Open counter files (`None` where a file is missing: it reads as zero).
 struct CounterFiles {
+    /// v1 `memory.oom_control`, v2 `memory.events` (which also counts the limit's hits).
     oom: Option<fs::File>,
+    /// v1 `memory.failcnt` and `memory.memsw.failcnt`.
+    failcnt: [Option<fs::File>; 2],
     pids: Option<fs::File>,
     cpu: Option<fs::File>,
     /// Read-write: writing 0 resets the peak.
@@ -69,7 +114,7 @@ struct CounterFiles {
 }
 
 impl CounterFiles {
-    fn open(version: Version, memory: &Path, pids: &Path, cpu: &Path) -> Self {
+    fn open(version: Version, memory: &Path, pids: Option<&Path>, cpu: &Path) -> Self {
         let ro = |p: PathBuf| fs::File::open(p).ok();
         // Read-write where the kernel allows it (v1, and v2's memory.peak from Linux 6.12),
         // so the peak can be reset; read-only otherwise (the peak is still read).
@@ -84,7 +129,11 @@ impl CounterFiles {
         match version {
             Version::V1 => CounterFiles {
                 oom: ro(memory.join("memory.oom_control")),
-                pids: ro(pids.join("pids.events")),
+                failcnt: [
+                    ro(memory.join("memory.failcnt")),
+                    ro(memory.join("memory.memsw.failcnt")),
+                ],
+                pids: pids.and_then(|d| ro(d.join("pids.events"))),
                 // Only where cpu and cpuacct share a hierarchy (`cpu,cpuacct`, the usual
                 // layout): a separate cpuacct cgroup would cost a mkdir, a join and an rmdir
                 // per sandbox for a figure the agent measures anyway.
@@ -93,7 +142,8 @@ impl CounterFiles {
             },
             Version::V2 => CounterFiles {
                 oom: ro(memory.join("memory.events")),
-                pids: ro(pids.join("pids.events")),
+                failcnt: [None, None],
+                pids: pids.and_then(|d| ro(d.join("pids.events"))),
                 cpu: ro(cpu.join("cpu.stat")),
                 peak: rw(memory.join("memory.peak")),
             },
@@ -122,13 +172,24 @@ fn err(what: &str, e: impl std::fmt::Display) -> HostError {
 impl SandboxCgroup {
     /// Creates `cordon/<name>` with the memory, pids and CPU limits set.
     pub fn create(name: &str, memory: u64, pids: u32, cpus: f64) -> Result<Self, HostError> {
+        let limits = Limits {
+            memory,
+            pids: Some(pids),
+            cpus,
+        };
+        Self::create_in(PARENT, name, &limits)
+    }
+
+    /// Creates `<parent>/<name>` with `limits` set: memory and CPU always, the pids
+    /// controller only with a process limit.
+    pub fn create_in(parent: &str, name: &str, limits: &Limits) -> Result<Self, HostError> {
         let version = host_version();
         let hier = hierarchies::auto();
-        let path = format!("{PARENT}/{name}");
-        let controllers = match version {
-            Version::V1 => vec!["memory", "pids", "cpu"],
-            Version::V2 => vec!["memory", "pids", "cpu"],
-        };
+        let path = format!("{parent}/{name}");
+        let mut controllers = vec!["memory", "cpu"];
+        if limits.pids.is_some() {
+            controllers.push("pids");
+        }
         let cg = Cgroup::new_with_specified_controllers(
             hier,
             &path,
@@ -149,24 +210,37 @@ impl SandboxCgroup {
                 ))
             })
         };
-        let (memory_dir, pids_dir, cpu_dir) = (need("memory")?, need("pids")?, need("cpu")?);
-        let files = CounterFiles::open(version, &memory_dir, &pids_dir, &cpu_dir);
+        let memory_dir = need("memory")?;
+        let cpu_dir = need("cpu")?;
+        let pids_dir = match limits.pids {
+            Some(_) => Some(need("pids")?),
+            None => None,
+        };
+        let files = CounterFiles::open(version, &memory_dir, pids_dir.as_deref(), &cpu_dir);
         let this = SandboxCgroup {
             memory_dir,
             pids_dir,
             cpu_dir,
             files,
             version,
+            parent: parent.to_string(),
+            name: name.to_string(),
             cg,
         };
-        if let Err(e) = this.set_limits(memory, pids, cpus) {
+        if let Err(e) = this.set_limits(limits) {
             this.remove();
             return Err(e);
         }
         Ok(this)
     }
 
-    fn set_limits(&self, memory: u64, pids: u32, cpus: f64) -> Result<(), HostError> {
+    /// The OCI `linux.cgroupsPath` that puts a runtime in this cgroup.
+    pub fn oci_path(&self) -> String {
+        format!("/{}/{}", self.parent, self.name)
+    }
+
+    fn set_limits(&self, limits: &Limits) -> Result<(), HostError> {
+        let Limits { memory, pids, cpus } = *limits;
         let mem: &MemController = self
             .cg
             .controller_of()
@@ -190,12 +264,14 @@ impl SandboxCgroup {
                 }
             }
         }
-        let pid: &PidController = self
-            .cg
-            .controller_of()
-            .ok_or_else(|| err("pids controller", "missing"))?;
-        pid.set_pid_max(MaxValue::Value(pids as i64))
-            .map_err(|e| err("setting the process limit", e))?;
+        if let Some(pids) = pids {
+            let pid: &PidController = self
+                .cg
+                .controller_of()
+                .ok_or_else(|| err("pids controller", "missing"))?;
+            pid.set_pid_max(MaxValue::Value(pids as i64))
+                .map_err(|e| err("setting the process limit", e))?;
+        }
         let cpu: &CpuController = self
             .cg
             .controller_of()
@@ -209,14 +285,10 @@ impl SandboxCgroup {
 
     /// The `cgroup.procs` files a process writes its pid to, to join this cgroup.
     pub fn procs_files(&self) -> Vec<PathBuf> {
-        let mut dirs = vec![
-            self.memory_dir.clone(),
-            self.pids_dir.clone(),
-            self.cpu_dir.clone(),
-        ];
-        dirs.sort();
-        dirs.dedup();
-        dirs.into_iter().map(|d| d.join("cgroup.procs")).collect()
+        self.all_dirs()
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
     }
 
     /// Reads the counters; missing files read as zero, except the CPU time, which is `None`
@@ -225,9 +297,19 @@ impl SandboxCgroup {
         // The files were opened for this version (CounterFiles::open); only the CPU one
         // differs in shape: v1's cpuacct.usage is nanoseconds, v2's cpu.stat is keyed.
         let f = &self.files;
+        let oom = read_open(f.oom.as_ref());
         Counters {
-            oom_kills: parse_keyed(&read_open(f.oom.as_ref()), "oom_kill"),
-            pids_max_hits: parse_keyed(&read_open(f.pids.as_ref()), "max"),
+            oom_kills: parse_keyed(&oom, "oom_kill"),
+            limit_hits: match self.version {
+                Version::V1 => f
+                    .failcnt
+                    .iter()
+                    .map(|c| parse_number(&read_open(c.as_ref())))
+                    .max()
+                    .unwrap_or(0),
+                Version::V2 => parse_keyed(&oom, "max"),
+            },
+            pids_max_hits: self.pids_refusals(),
             cpu_us: f.cpu.as_ref().map(|cpu| {
                 let text = read_open(Some(cpu));
                 match self.version {
@@ -237,6 +319,11 @@ impl SandboxCgroup {
             }),
             peak_memory: parse_number(&read_open(f.peak.as_ref())),
         }
+    }
+
+    /// Forks the process limit has refused so far (one file read: the watch during an exec).
+    pub fn pids_refusals(&self) -> u64 {
+        parse_keyed(&read_open(self.files.pids.as_ref()), "max")
     }
 
     /// Resets the peak-memory mark so the next exec's peak is its own (where supported).
@@ -249,7 +336,7 @@ impl SandboxCgroup {
 
     /// Pids currently in the cgroup.
     pub fn pids(&self) -> Vec<i32> {
-        read_pids(&self.pids_dir.join("cgroup.procs"))
+        read_pids(&self.memory_dir.join("cgroup.procs"))
     }
 
     /// Kills every process in the cgroup and removes it, waiting up to `patience` for the
@@ -264,15 +351,19 @@ impl SandboxCgroup {
                 left.push(d);
             }
         }
-        left.is_empty() || kill_and_remove_dirs(&left, self.version, patience)
+        left.is_empty() || remove_dirs(&left, patience)
+    }
+
+    /// Kills what is left in this cgroup's directories in every hierarchy (those a runtime
+    /// made beside Cordon's too) and removes them.
+    pub fn remove_everywhere(&self, patience: Duration) -> bool {
+        let _ = self.cg.delete();
+        remove_dirs(&dirs_of(&self.parent, &self.name), patience)
     }
 
     fn all_dirs(&self) -> Vec<PathBuf> {
-        let mut dirs = vec![
-            self.memory_dir.clone(),
-            self.pids_dir.clone(),
-            self.cpu_dir.clone(),
-        ];
+        let mut dirs = vec![self.memory_dir.clone(), self.cpu_dir.clone()];
+        dirs.extend(self.pids_dir.clone());
         dirs.sort();
         dirs.dedup();
         dirs
@@ -287,50 +378,97 @@ impl SandboxCgroup {
     }
 }
 
-fn kill_and_remove_dirs(dirs: &[PathBuf], version: Version, patience: Duration) -> bool {
+/// Kills every process in `dirs` and removes them, children first; waits up to `patience`
+/// for the processes to go. False when something is still there.
+pub fn remove_dirs(dirs: &[PathBuf], patience: Duration) -> bool {
     let deadline = Instant::now() + patience;
     loop {
-        let mut busy = false;
+        let mut left = false;
         for d in dirs {
             if !d.exists() {
                 continue;
             }
-            if version == Version::V2 && d.join("cgroup.kill").exists() {
+            if let Ok(rd) = fs::read_dir(d) {
+                let subs: Vec<PathBuf> = rd
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect();
+                if !subs.is_empty() && !remove_dirs(&subs, Duration::ZERO) {
+                    left = true;
+                }
+            }
+            if d.join("cgroup.kill").exists() {
                 let _ = fs::write(d.join("cgroup.kill"), "1");
             }
             for pid in read_pids(&d.join("cgroup.procs")) {
-                busy = true;
                 crate::sys::kill_pid(pid);
             }
             if fs::remove_dir(d).is_err() && d.exists() {
-                busy = true;
+                left = true;
             }
         }
-        if !busy {
+        if !left {
             return true;
         }
         if Instant::now() >= deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_micros(50));
+        std::thread::sleep(Duration::from_micros(200));
     }
 }
 
-/// Removes sandbox cgroups a dead Cordon process left behind; returns their names.
-/// The directories sandbox cgroups live in: `cordon/` under each hierarchy's root.
-fn sandbox_roots(version: Version) -> Vec<PathBuf> {
-    match version {
-        Version::V1 => ["memory", "pids", "cpu", "cpuacct", "cpu,cpuacct"]
-            .iter()
-            .map(|c| Path::new("/sys/fs/cgroup").join(c).join(PARENT))
+/// Where this host's memory controller is: the v2 root, or the v1 memory hierarchy's mount.
+pub fn memory_controller() -> Option<(Version, PathBuf)> {
+    match host_version() {
+        Version::V2 => Some((Version::V2, PathBuf::from(CGROUP_ROOT))),
+        Version::V1 => v1_mounts(&fs::read_to_string("/proc/self/mounts").ok()?)
+            .into_iter()
+            .find(|(_, controllers)| controllers.iter().any(|c| c == "memory"))
+            .map(|(dir, _)| (Version::V1, dir)),
+    }
+}
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Every cgroup v1 hierarchy in a mount table, with its controllers (and `name=` options).
+fn v1_mounts(mounts: &str) -> Vec<(PathBuf, Vec<String>)> {
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.len() >= 4 && f[2] == "cgroup").then(|| {
+                let opts = f[3].split(',').map(str::to_string).collect();
+                (PathBuf::from(f[1]), opts)
+            })
+        })
+        .collect()
+}
+
+/// `<parent>` in every hierarchy this host has mounted (v2: its one root).
+pub fn parents(parent: &str) -> Vec<PathBuf> {
+    match host_version() {
+        Version::V2 => vec![Path::new(CGROUP_ROOT).join(parent)],
+        Version::V1 => v1_mounts(&fs::read_to_string("/proc/self/mounts").unwrap_or_default())
+            .into_iter()
+            .map(|(dir, _)| dir.join(parent))
             .collect(),
-        Version::V2 => vec![Path::new("/sys/fs/cgroup").join(PARENT)],
     }
 }
 
+/// Every directory `<parent>/<name>` that exists in some hierarchy.
+pub fn dirs_of(parent: &str, name: &str) -> Vec<PathBuf> {
+    parents(parent)
+        .into_iter()
+        .map(|p| p.join(name))
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// Removes sandbox cgroups under `cordon/` a dead Cordon process left behind; returns their
+/// names.
 pub fn reap_orphans(is_live: impl Fn(&str) -> bool) -> Vec<String> {
-    let version = host_version();
-    let roots = sandbox_roots(version);
+    let roots = parents(PARENT);
     let mut removed = Vec::new();
     for root in roots {
         let Ok(entries) = fs::read_dir(&root) else {
@@ -341,9 +479,7 @@ pub fn reap_orphans(is_live: impl Fn(&str) -> bool) -> Vec<String> {
             if !e.path().is_dir() || is_live(&name) {
                 continue;
             }
-            if kill_and_remove_dirs(&[e.path()], version, Duration::from_secs(2))
-                && !removed.contains(&name)
-            {
+            if remove_dirs(&[e.path()], Duration::from_secs(2)) && !removed.contains(&name) {
                 removed.push(name);
             }
         }
@@ -357,8 +493,7 @@ pub fn reap_orphans(is_live: impl Fn(&str) -> bool) -> Vec<String> {
 /// Cordon process is empty only for the moment before its init joins, so the second look
 /// after `settle` spares it. Cgroups with processes are never touched.
 pub fn reap_empty(settle: Duration) -> Vec<String> {
-    let version = host_version();
-    let roots = sandbox_roots(version);
+    let roots = parents(PARENT);
     let empty_dirs = || -> Vec<PathBuf> {
         roots
             .iter()
@@ -441,5 +576,53 @@ mod tests {
         fs::write(&f, "12345\n").unwrap();
         assert_eq!(number(&f), 12345);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn hybrid_mounts_list_every_v1_hierarchy() {
+        let mounts = "tmpfs /sys/fs/cgroup tmpfs rw 0 0\n\
+            cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n\
+            cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n\
+            cgroup /sys/fs/cgroup/systemd cgroup rw,relatime,name=systemd 0 0\n\
+            cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n";
+        let v1 = v1_mounts(mounts);
+        let dirs: Vec<&Path> = v1.iter().map(|(d, _)| d.as_path()).collect();
+        assert_eq!(
+            dirs,
+            [
+                "/sys/fs/cgroup/cpu",
+                "/sys/fs/cgroup/memory",
+                "/sys/fs/cgroup/systemd"
+            ]
+            .map(Path::new)
+        );
+        assert!(v1[1].1.iter().any(|c| c == "memory"));
+    }
+
+    #[test]
+    fn counters_diff_and_decide_out_of_memory() {
+        let v2 = "low 0\nhigh 0\nmax 17\noom 1\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(parse_keyed(v2, "max"), 17);
+        assert_eq!(parse_keyed(v2, "oom_kill"), 1);
+        let before = Counters {
+            limit_hits: 2,
+            cpu_us: Some(10),
+            ..Counters::default()
+        };
+        let after = Counters {
+            limit_hits: 5,
+            cpu_us: Some(25),
+            peak_memory: 9,
+            ..Counters::default()
+        };
+        let d = after.since(&before);
+        assert_eq!((d.limit_hits, d.cpu_us, d.peak_memory), (3, Some(15), 9));
+        assert!(d.out_of_memory(true) && !d.out_of_memory(false));
+        assert!(!Counters::default().out_of_memory(true));
+        let killed = Counters {
+            oom_kills: 1,
+            ..Counters::default()
+        };
+        assert!(killed.out_of_memory(false));
     }
 }

@@ -9,17 +9,34 @@
 //! agent, or the client's stream broke; the channel is fine and the sandbox lives on).
 
 use std::io::{Read, Write};
+use std::time::{Duration, Instant};
 
 use cordon_core::{ArchiveReport, Error, FileOp, FileReply, SandboxSpec};
 use cordon_guest::proto::{ARCHIVE_CHUNK, Frame, Reply, Request};
 
-use crate::agent::{CallError, HEADER_ROOM, file_error};
+use crate::agent::{AgentConn, CallError, HEADER_ROOM, file_error};
 
 /// One tier's agent channel, each send and receive bounded by the tier's own deadline.
 pub trait FrameIo {
     fn send(&mut self, req: &Request, body: &[u8]) -> Result<(), CallError>;
     /// The next frame, refused from its length when longer than `max_frame`.
     fn recv(&mut self, max_frame: usize) -> Result<Frame<Reply>, CallError>;
+}
+
+/// An [`AgentConn`] as a [`FrameIo`]: each frame sent or received within `timeout`.
+pub struct ConnIo<'a> {
+    pub conn: &'a mut AgentConn,
+    pub timeout: Duration,
+}
+
+impl FrameIo for ConnIo<'_> {
+    fn send(&mut self, req: &Request, body: &[u8]) -> Result<(), CallError> {
+        self.conn.send(req, body, Instant::now() + self.timeout)
+    }
+
+    fn recv(&mut self, max_frame: usize) -> Result<Frame<Reply>, CallError> {
+        self.conn.recv(Instant::now() + self.timeout, max_frame)
+    }
 }
 
 /// A request's own outcome, inside the channel's.

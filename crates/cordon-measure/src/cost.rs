@@ -381,17 +381,19 @@ pub struct BenchCapacity {
 /// Reads a tier's capacity from bench JSON (schema cordon-bench/1): the given tier, or the
 /// strongest tier with both figures.
 pub fn capacity_from_bench(text: &str, tier: Option<Tier>) -> Result<BenchCapacity, String> {
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("the bench JSON does not parse: {e}"))?;
-    let tiers = v.get("tiers").and_then(|t| t.as_array()).ok_or(
-        "the bench JSON has no `tiers` (written by an older cordon): run `cordon bench` again",
-    )?;
-    let figures = |t: &serde_json::Value| -> Option<(Tier, f64, f64)> {
-        let tier: Tier = t.get("tier")?.as_str()?.parse().ok()?;
-        let sps = t.pointer("/throughput/starts_per_sec")?.as_f64()?;
-        let mem = t.pointer("/memory/per_sandbox_bytes")?.as_f64()?;
-        Some((tier, sps, mem))
+    let doc = cordon_policy::bench_doc::BenchDoc::parse(text)?;
+    if doc.tiers.is_empty() {
+        return Err(
+            "the bench JSON has no `tiers` (written by an older cordon): run `cordon bench` again"
+                .into(),
+        );
+    }
+    let figures = |t: &cordon_policy::bench_doc::TierReport| -> Option<(Tier, f64, f64)> {
+        let sps = t.throughput.as_ref()?.starts_per_sec;
+        let mem = t.memory.as_ref()?.per_sandbox_bytes as f64;
+        Some((t.tier, sps, mem))
     };
+    let tiers = &doc.tiers;
     let found: Vec<(Tier, f64, f64)> = tiers.iter().filter_map(figures).collect();
     let pick = match tier {
         Some(want) => found.iter().find(|(t, _, _)| *t == want).ok_or_else(|| {
@@ -408,8 +410,8 @@ pub fn capacity_from_bench(text: &str, tier: Option<Tier>) -> Result<BenchCapaci
         starts_per_second: pick.1,
         // A tier whose sandboxes cost no measurable memory still takes some: 1 MiB floor.
         memory_per_sandbox_bytes: pick.2.max(1024.0 * 1024.0),
-        cores: v.get("cores").and_then(|c| c.as_f64()),
-        memory_total_bytes: v.get("memory_total_bytes").and_then(|c| c.as_f64()),
+        cores: doc.cores.map(|c| c as f64),
+        memory_total_bytes: doc.memory_total_bytes.map(|m| m as f64),
     })
 }
 
@@ -816,8 +818,12 @@ mod tests {
         let json = r#"{"schema":"cordon-bench/1","cores":2,"memory_total_bytes":1000,
             "figures":[],
             "tiers":[
-              {"tier":"container","throughput":{"starts_per_sec":250.0},"memory":{"per_sandbox_bytes":2000000}},
-              {"tier":"gvisor","throughput":{"starts_per_sec":12.5},"memory":{"per_sandbox_bytes":17000000}},
+              {"tier":"container","status":"measured",
+               "throughput":{"starts_per_sec":250.0,"concurrency":2,"window_s":3.0,"completed":750},
+               "memory":{"per_sandbox_bytes":2000000,"live_sandboxes":4}},
+              {"tier":"gvisor","status":"measured",
+               "throughput":{"starts_per_sec":12.5,"concurrency":2,"window_s":3.0,"completed":37},
+               "memory":{"per_sandbox_bytes":17000000,"live_sandboxes":4}},
               {"tier":"microvm","status":"skipped"}
             ]}"#;
         let c = capacity_from_bench(json, None).unwrap_or_else(|e| panic!("{e}"));

@@ -175,12 +175,16 @@ struct Medians {
 }
 
 /// One of the outcome's `timings` in a response body.
-fn timing(body: &str, which: &str) -> Result<Duration> {
-    let v: serde_json::Value = serde_json::from_str(body)?;
-    let us = v["timings"][which]
-        .as_u64()
-        .with_context(|| format!("no timings.{which} in the outcome: {body}"))?;
-    Ok(Duration::from_micros(us))
+fn timing(body: &str, which: fn(&cordon_core::Timings) -> u64) -> Result<Duration> {
+    let outcome: cordon_core::ExecOutcome = serde_json::from_str(body)
+        .with_context(|| format!("the response is not an exec outcome: {body}"))?;
+    Ok(Duration::from_micros(which(&outcome.timings)))
+}
+
+/// The part of a created sandbox's description this bench needs.
+#[derive(serde::Deserialize)]
+struct Created {
+    id: String,
 }
 
 /// Medians of warm run, cold run and exec for one tier, with a server whose only pool is
@@ -264,8 +268,8 @@ fn measure(server: &Server, tier: Tier, iterations: usize, key: &str) -> Result<
         if s != 200 || !b.contains("\"source\"") && !b.contains("\"exited\"") {
             bail!("{tier}: warm run failed ({s}): {b}");
         }
-        warm_backend.push(timing(&b, "run_us")?);
-        warm_program.push(timing(&b, "program_us")?);
+        warm_backend.push(timing(&b, |t| t.run_us)?);
+        warm_program.push(timing(&b, |t| t.program_us)?);
         settle();
         let t = Instant::now();
         let (s, b) = c.post("/v1/run", &cold_body)?;
@@ -273,14 +277,15 @@ fn measure(server: &Server, tier: Tier, iterations: usize, key: &str) -> Result<
         if s != 200 {
             bail!("{tier}: cold run failed ({s}): {b}");
         }
-        cold_create.push(timing(&b, "start_us")?);
+        cold_create.push(timing(&b, |t| t.start_us)?);
     }
     let (s, b) = c.post("/v1/sandboxes", &format!(r#"{{"tier":"{tier}"}}"#))?;
     if s != 201 {
         bail!("{tier}: create failed ({s}): {b}");
     }
-    let v: serde_json::Value = serde_json::from_str(&b)?;
-    let id = v["id"].as_str().context("no id")?.to_string();
+    let id = serde_json::from_str::<Created>(&b)
+        .with_context(|| format!("the create response has no id: {b}"))?
+        .id;
     let exec_body = format!("{{{}}}", trivial(tier));
     for _ in 0..rounds {
         let t = Instant::now();
@@ -289,7 +294,7 @@ fn measure(server: &Server, tier: Tier, iterations: usize, key: &str) -> Result<
         if s != 200 {
             bail!("{tier}: exec failed ({s}): {b}");
         }
-        inside.push(timing(&b, "run_us")?);
+        inside.push(timing(&b, |t| t.run_us)?);
     }
     Ok(Some(Medians {
         warm: median(warm),

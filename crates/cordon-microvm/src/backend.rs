@@ -104,6 +104,10 @@ pub struct MicrovmConfig {
     pub snapshot_max_bytes: u64,
     /// The deadline of one file call (put or get) on the agent channel, writes and reads.
     pub file_timeout: Duration,
+    /// Under emulation (TCG), run one `true` as the last step of every create, so the
+    /// sandbox's first real exec does not pay for translating the exec path's guest code
+    /// (`CORDON_MICROVM_WARM_UP=0` turns it off). Nothing of it stays in the sandbox.
+    pub warm_up: bool,
 }
 
 impl MicrovmConfig {
@@ -128,6 +132,7 @@ impl MicrovmConfig {
             snapshot_max_count: 8,
             snapshot_max_bytes: 2 << 30,
             file_timeout: Duration::from_secs(60),
+            warm_up: std::env::var("CORDON_MICROVM_WARM_UP").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -371,6 +376,28 @@ impl MicrovmBackend {
                 "the microVM did not come up: {e} ({diag})"
             )));
         }
+        // Under TCG a guest's first exec pays for translating every code path it takes (the
+        // agent's exec handling, the reaper's fork, the loader): several times a later
+        // exec. One `true` here takes that off the first real exec, so a sandbox from a
+        // warm pool answers at its steady speed; its reaper and namespaces go with it.
+        if accel == Accel::Tcg && self.cfg.warm_up {
+            let warm = sb.exec(
+                &ExecRequest::argv(["true"]),
+                &mut |_: cordon_core::OutputStream, _: &[u8]| {},
+            );
+            match warm {
+                Ok(o) if o.success() => {}
+                Ok(o) => {
+                    tracing::warn!(sandbox = %sb.id, termination = ?o.termination, "microvm warm-up exec did not succeed")
+                }
+                Err(e) => {
+                    sb.teardown();
+                    return Err(Error::Sandbox(format!(
+                        "the microVM did not run its warm-up exec: {e}"
+                    )));
+                }
+            }
+        }
         sb.start_us = t0.elapsed().as_micros() as u64;
         tracing::debug!(sandbox = %sb.id, ?mode, accel = accel.as_str(), start_us = sb.start_us, "microvm ready");
         Ok(sb)
@@ -493,6 +520,15 @@ impl MicrovmBackend {
 }
 
 impl Backend for MicrovmBackend {
+    /// A full boot of the guest (no snapshot): what the first sandbox of a shape costs,
+    /// and every sandbox where snapshots are off.
+    fn create_unprepared(&self, spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>> {
+        Some(
+            self.create_cold(spec)
+                .map(|sb| Box::new(sb) as Box<dyn Sandbox>),
+        )
+    }
+
     /// Nothing of its own yet: QEMU is spawned tied to the process that starts it and dies
     /// with it; its cgroup, empty once QEMU is gone, is swept with the other empty sandbox
     /// cgroups by the container tier's recovery.
@@ -702,14 +738,14 @@ impl MicrovmSandbox {
     fn file_call<T>(
         &mut self,
         what: &str,
-        f: impl FnOnce(&mut VmIo<'_>) -> cordon_host::files::Answer<T>,
+        f: impl FnOnce(&mut cordon_host::files::ConnIo<'_>) -> cordon_host::files::Answer<T>,
     ) -> Result<T> {
         if !self.files {
             return Err(cordon_host::files::agent_too_old(what));
         }
         let timeout = self.file_timeout;
         let conn = self.ctrl()?;
-        let r = f(&mut VmIo { conn, timeout });
+        let r = f(&mut cordon_host::files::ConnIo { conn, timeout });
         self.check_call(r, what)?
     }
 
@@ -891,6 +927,7 @@ impl MicrovmSandbox {
             // The wall clock ends the VM, not just the program.
             kill_at_deadline: false,
             kill_grace: Duration::from_secs(5),
+            tick: Duration::from_millis(100),
         };
         let driven = agent::run_framed(self.ctrl()?, &plan, sink, &mut || None);
         let run = match driven {
@@ -1102,22 +1139,5 @@ impl Sandbox for MicrovmSandbox {
 impl Drop for MicrovmSandbox {
     fn drop(&mut self) {
         let _ = self.destroy();
-    }
-}
-
-/// The agent channel as a [`cordon_host::files::FrameIo`]: each frame sent or received
-/// within `timeout`.
-struct VmIo<'a> {
-    conn: &'a mut AgentConn,
-    timeout: Duration,
-}
-
-impl cordon_host::files::FrameIo for VmIo<'_> {
-    fn send(&mut self, req: &Request, body: &[u8]) -> std::result::Result<(), CallError> {
-        self.conn.send(req, body, Instant::now() + self.timeout)
-    }
-
-    fn recv(&mut self, max_frame: usize) -> std::result::Result<proto::Frame<Reply>, CallError> {
-        self.conn.recv(Instant::now() + self.timeout, max_frame)
     }
 }

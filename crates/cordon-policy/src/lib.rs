@@ -6,6 +6,7 @@
 //! naming the rule, when an example disagrees. This crate does no I/O: the caller reads files,
 //! probes the host and hands in which tiers are available and the last bench's figures.
 
+pub mod bench_doc;
 mod model;
 mod rules;
 

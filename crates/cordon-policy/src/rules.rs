@@ -211,30 +211,23 @@ impl BenchFigures {
     /// are ignored. A row without `measured_unix` (written before rows had their own dates)
     /// is dated by the document's `created_unix`.
     pub fn from_bench_json(text: &str) -> Result<Self, String> {
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| format!("bench JSON does not parse: {e}"))?;
-        let figures = v
-            .get("figures")
-            .and_then(|f| f.as_array())
-            .ok_or("bench JSON has no `figures` array")?;
-        let created = v.get("created_unix").and_then(|c| c.as_u64());
+        let doc = crate::bench_doc::BenchDoc::parse(text)?;
         let mut out = BenchFigures::default();
-        for f in figures {
-            let name = f
-                .get("tier")
-                .or_else(|| f.get("subject"))
-                .and_then(|s| s.as_str());
-            let Some(tier) = name.and_then(|n| n.parse::<Tier>().ok()) else {
+        for f in &doc.figures {
+            let Some(tier) = f.tier.or_else(|| f.subject.parse::<Tier>().ok()) else {
                 continue;
             };
-            let Some(us) = f.get("median_us").and_then(|m| m.as_u64()) else {
-                continue;
-            };
-            let when = f.get("measured_unix").and_then(|m| m.as_u64()).or(created);
-            if out.median_us.get(&tier).is_some_and(|old| *old <= us) {
+            if out
+                .median_us
+                .get(&tier)
+                .is_some_and(|old| *old <= f.median_us)
+            {
                 continue;
             }
-            out.median_us.insert(tier, us);
+            out.median_us.insert(tier, f.median_us);
+            let when = f
+                .measured_unix
+                .or((doc.created_unix > 0).then_some(doc.created_unix));
             match when {
                 Some(w) => out.measured_unix.insert(tier, w),
                 None => out.measured_unix.remove(&tier),

@@ -47,6 +47,10 @@ pub const WALL_NOTE: &str = "runtime tier: in-process QuickJS, the weakest wall 
     untrusted text";
 
 impl Backend for RuntimeBackend {
+    fn create_unprepared(&self, _spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>> {
+        None
+    }
+
     /// Nothing: a runtime sandbox lives only in the process that made it.
     fn recover(&self, _orphans: &[String]) -> Vec<String> {
         Vec::new()

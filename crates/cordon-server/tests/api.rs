@@ -70,6 +70,13 @@ fn ws_error(path: &str) -> impl Fn(cordon_guest::files::FileError) -> cordon_cor
 }
 
 impl Backend for FakeBackend {
+    fn create_unprepared(
+        &self,
+        _spec: &SandboxSpec,
+    ) -> Option<cordon_core::Result<Box<dyn Sandbox>>> {
+        None
+    }
+
     fn tier(&self) -> Tier {
         Tier::Container
     }

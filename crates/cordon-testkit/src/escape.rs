@@ -2,31 +2,37 @@
 
 use std::net::TcpListener;
 
-use cordon_core::{Backend, ExecRequest, Language, OutputStream, SandboxSpec};
+use cordon_core::{Backend, ExecRequest, Language, OutputStream, SandboxSpec, Tier};
 
 use crate::{run_once, text};
 
-/// Packet, raw IP, netlink-audit, vsock and AF_ALG sockets cannot be opened.
-pub fn raw_and_exotic_sockets_refused(b: &dyn Backend, spec: &SandboxSpec) {
-    let probe = r#"
-import socket
-cases = [('packet', 17, socket.SOCK_RAW, 0), ('raw-icmp', 2, socket.SOCK_RAW, 1),
-         ('raw-inet6', 10, socket.SOCK_RAW, 58), ('netlink-audit', 16, socket.SOCK_RAW, 9),
-         ('vsock', 40, socket.SOCK_STREAM, 0), ('alg', 38, socket.SOCK_SEQPACKET, 0),
-         ('packet-dgram', 17, socket.SOCK_DGRAM, 0)]
-for name, fam, typ, proto in cases:
-    try:
-        socket.socket(fam, typ, proto)
-        print('OPENED', name)
-    except OSError as e:
-        print('denied', name, e.errno)
-"#;
+/// Packet, raw IP, netlink-audit, vsock and AF_ALG sockets cannot be opened. Inside a VM
+/// (its own kernel serves the rest to its own processes) the sockets that need privilege
+/// there, raw and packet, must still be refused.
+pub fn raw_and_exotic_sockets_refused(b: &dyn Backend, spec: &SandboxSpec, wall: Wall) {
+    let mut cases = vec![
+        "('packet', 17, socket.SOCK_RAW, 0)",
+        "('raw-icmp', 2, socket.SOCK_RAW, 1)",
+        "('raw-inet6', 10, socket.SOCK_RAW, 58)",
+        "('packet-dgram', 17, socket.SOCK_DGRAM, 0)",
+    ];
+    if !wall.own_kernel {
+        cases.extend([
+            "('netlink-audit', 16, socket.SOCK_RAW, 9)",
+            "('vsock', 40, socket.SOCK_STREAM, 0)",
+            "('alg', 38, socket.SOCK_SEQPACKET, 0)",
+        ]);
+    }
+    let probe = format!(
+        "import socket\nfor name, fam, typ, proto in [{}]:\n    try:\n        socket.socket(fam, typ, proto)\n        print('OPENED', name)\n    except OSError as e:\n        print('denied', name, e.errno)\n",
+        cases.join(", ")
+    );
     let o = run_once(b, spec, &ExecRequest::code(Language::Python, probe));
     let out = text(&o.stdout);
     assert!(!out.contains("OPENED"), "{out}");
     assert_eq!(
         out.matches("denied").count(),
-        7,
+        cases.len(),
         "{out} {}",
         text(&o.stderr)
     );
@@ -157,18 +163,65 @@ pub fn env_canary_parent(child_test: &str) {
     );
 }
 
-// ------------------------------------------------------------- shared-kernel table
+// ------------------------------------------------------------------ the battery table
 
-/// What a case may expect of the tier's wall.
+/// What a case may expect of the tier's wall: the per-tier expectations of the table.
 #[derive(Debug, Clone, Copy)]
 pub struct Wall {
+    pub tier: Tier,
     /// The sandbox's system calls reach the host's kernel (the container tier): a refusal
     /// must come from its filter (EPERM) before the kernel's code runs at all.
     pub shares_host_kernel: bool,
+    /// The sandbox runs its own Linux kernel (microvm): what needs no privilege in there is
+    /// the guest's business; only what would need root is checked.
+    pub own_kernel: bool,
 }
 
-/// One case of the escape battery that every tier able to run it runs alike.
+impl Wall {
+    /// The wall of a native tier.
+    pub fn of(tier: Tier) -> Wall {
+        Wall {
+            tier,
+            shares_host_kernel: tier == Tier::Container,
+            own_kernel: tier == Tier::Microvm,
+        }
+    }
+}
+
+/// One case of the escape battery: its name and the probe every native tier runs, each
+/// held to its own [`Wall`]'s expectations.
 pub type Case = (&'static str, fn(&dyn Backend, &SandboxSpec, Wall));
+
+/// The escape battery: every case a native tier (container, gvisor, microvm) runs alike.
+/// Tier-specific checks (gVisor's own /proc, QEMU's confinement, the container's cgroup
+/// view) stay in each tier's test binary.
+pub const BATTERY: [Case; 10] = [
+    ("host files are not visible", host_files_invisible),
+    (
+        "writes outside /work and /tmp fail and stay out of other sandboxes",
+        writes_stay_inside,
+    ),
+    (
+        "the host's loopback and metadata addresses are unreachable",
+        |b, s, _| host_loopback_unreachable(b, s),
+    ),
+    (
+        "raw, packet and exotic sockets are refused",
+        raw_and_exotic_sockets_refused,
+    ),
+    (
+        "dangerous system calls are refused",
+        dangerous_syscalls_refused,
+    ),
+    (
+        "host processes are invisible and cannot be signalled",
+        |b, s, w| host_processes_unsignalable(b, s, if w.own_kernel { usize::MAX } else { 3 }),
+    ),
+    ("setuid binaries grant nothing", setuid_grants_nothing),
+    SHARED_KERNEL[0],
+    SHARED_KERNEL[1],
+    SHARED_KERNEL[2],
+];
 
 /// Cases about what one sandbox can do to the kernel everyone shares: counts charged to
 /// other users, socket families reached through another call, a file call that blocks.
@@ -200,9 +253,259 @@ pub fn run_table(table: &[Case], b: &dyn Backend, spec: &SandboxSpec, wall: Wall
     assert!(failed.is_empty(), "escape cases failed: {failed:?}");
 }
 
-/// Runs the [`SHARED_KERNEL`] table on a tier (see [`Wall`]).
-pub fn run_shared_kernel(b: &dyn Backend, spec: &SandboxSpec, shares_host_kernel: bool) {
-    run_table(&SHARED_KERNEL, b, spec, Wall { shares_host_kernel });
+/// Runs the whole [`BATTERY`] on a native tier.
+pub fn run_battery(b: &dyn Backend, spec: &SandboxSpec) {
+    run_table(&BATTERY, b, spec, Wall::of(spec.tier));
+}
+
+/// Nothing of the host's files shows: a canary written on the host now is absent, the
+/// host's shadow file is neither readable nor copied in, and its home directories are
+/// empty or absent.
+pub fn host_files_invisible(b: &dyn Backend, spec: &SandboxSpec, _wall: Wall) {
+    let canary = std::env::temp_dir().join(format!("cordon-escape-canary-{}", std::process::id()));
+    std::fs::write(&canary, "host-canary-content").unwrap();
+    let o = run_once(
+        b,
+        spec,
+        &ExecRequest::code(
+            Language::Bash,
+            format!(
+                "cat {c}; test -e {c} && echo CANARY-VISIBLE; cat /etc/shadow; \
+                 cat /work/../etc/shadow; ls -A /root /home 2>/dev/null; \
+                 cut -d' ' -f5 /proc/self/mountinfo | tr '\\n' ' '; echo; echo probe-ran",
+                c = canary.display()
+            ),
+        ),
+    );
+    std::fs::remove_file(&canary).unwrap();
+    let out = text(&o.stdout);
+    assert!(out.contains("probe-ran"), "{out} {}", text(&o.stderr));
+    assert!(
+        !out.contains("host-canary-content") && !out.contains("CANARY-VISIBLE"),
+        "{out}"
+    );
+    // No path of the host's (this checkout, the test's temporary directory) is a mount
+    // point in there.
+    let here = env!("CARGO_MANIFEST_DIR");
+    assert!(!out.contains(here), "{out}");
+    if let Ok(shadow) = std::fs::read_to_string("/etc/shadow") {
+        for line in shadow.lines().filter(|l| l.contains(":$")) {
+            assert!(!out.contains(line), "the host's shadow leaked: {out}");
+        }
+    }
+}
+
+/// Writing anywhere but /work and /tmp fails; /work and /tmp are writable, and what one
+/// sandbox writes there another sandbox does not see; nothing reaches the host's /usr.
+pub fn writes_stay_inside(b: &dyn Backend, spec: &SandboxSpec, _wall: Wall) {
+    let quiet = &mut |_: OutputStream, _: &[u8]| {};
+    let mut sb = b.create(spec).unwrap();
+    let tag = format!("cordon-escape-{}", std::process::id());
+    let o = sb
+        .exec(
+            &ExecRequest::code(
+                Language::Bash,
+                format!(
+                    "for p in /usr/{tag} /etc/{tag} /{tag} /bin/{tag} /proc/{tag} /dev/{tag} /usr/lib/{tag}; do \
+                     if echo hi > $p 2>/dev/null; then echo WROTE $p; fi; done; \
+                     echo ok > /work/w && echo ok > /tmp/t && echo inside-ok"
+                ),
+            ),
+            quiet,
+        )
+        .unwrap();
+    let out = text(&o.stdout);
+    // Both stay for the sandbox's next exec.
+    let kept = sb
+        .exec(
+            &ExecRequest::code(Language::Bash, "cat /work/w /tmp/t"),
+            quiet,
+        )
+        .unwrap();
+    let mut other = b.create(spec).unwrap();
+    let seen = other
+        .exec(
+            &ExecRequest::code(
+                Language::Bash,
+                "test -e /work/w && echo WORK-SHARED; test -e /tmp/t && echo TMP-SHARED; true",
+            ),
+            quiet,
+        )
+        .unwrap();
+    other.destroy().unwrap();
+    sb.destroy().unwrap();
+    assert!(!out.contains("WROTE"), "{out}");
+    assert!(out.contains("inside-ok"), "{out} {}", text(&o.stderr));
+    assert_eq!(text(&kept.stdout), "ok\nok\n", "{kept:?}");
+    assert_eq!(text(&seen.stdout), "", "{seen:?}");
+    for dir in ["/usr", "/etc", "/usr/lib", "/bin"] {
+        assert!(
+            !std::path::Path::new(dir).join(&tag).exists(),
+            "{dir}/{tag} reached the host"
+        );
+    }
+}
+
+/// Calls into kernel features a sandbox must not reach, with their numbers (x86-64) and
+/// arguments.
+const SYSCALLS: [(&str, [i64; 5]); 25] = [
+    ("ptrace-attach-1", [101, 16, 1, 0, 0]),
+    ("mount", [165, 0, 0, 0, 0]),
+    ("umount2", [166, 0, 0, 0, 0]),
+    ("unshare-user", [272, 0x1000_0000, 0, 0, 0]),
+    ("unshare-net", [272, 0x4000_0000, 0, 0, 0]),
+    ("setns", [308, 0, 0, 0, 0]),
+    ("keyctl", [250, 0, 0, 0, 0]),
+    ("add_key", [248, 0, 0, 0, 0]),
+    ("bpf", [321, 0, 0, 0, 0]),
+    ("io_uring_setup", [425, 1, 0, 0, 0]),
+    ("userfaultfd", [323, 0, 0, 0, 0]),
+    ("perf_event_open", [298, 0, 0, 0, 0]),
+    ("kexec_load", [246, 0, 0, 0, 0]),
+    ("init_module", [175, 0, 0, 0, 0]),
+    ("finit_module", [313, 0, 0, 0, 0]),
+    ("delete_module", [176, 0, 0, 0, 0]),
+    ("pivot_root", [155, 0, 0, 0, 0]),
+    ("chroot", [161, 0, 0, 0, 0]),
+    ("reboot", [169, 0xfee1_dead, 672_274_793, 0x0123_4567, 0]),
+    ("swapon", [167, 0, 0, 0, 0]),
+    ("clone-newuser", [56, 0x1000_0000 | 17, 0, 0, 0]),
+    ("clone-newpid", [56, 0x2000_0000 | 17, 0, 0, 0]),
+    ("clone3", [435, 0, 0, 0, 0]),
+    ("process_vm_readv", [310, 1, 0, 0, 0]),
+    ("open_by_handle_at", [304, 0, 0, 0, 0]),
+];
+
+/// What counts as refused for `call` on this wall: the errnos allowed, or `None` where the
+/// tier's own kernel serves the call to its sandbox (nothing of the host's is reached).
+fn refusal(wall: Wall, call: &str) -> Option<&'static [i32]> {
+    const EPERM: &[i32] = &[1];
+    // Not permitted or not in the kernel: EPERM, EACCES, ENODEV, ENOSYS, EOPNOTSUPP.
+    const REFUSED: &[i32] = &[1, 13, 19, 38, 95];
+    // Any failure: a call that needs privilege the sandbox's user lacks.
+    const FAILED: &[i32] = &[1, 2, 3, 9, 13, 14, 16, 19, 22, 25, 38, 95];
+    let privileged = [
+        "mount",
+        "umount2",
+        "kexec_load",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "pivot_root",
+        "chroot",
+        "reboot",
+        "swapon",
+        "open_by_handle_at",
+    ];
+    match wall.tier {
+        // Its filter answers first: ENOSYS for clone3 (so libc falls back to clone, whose
+        // flags the filter can read), EPERM for everything else.
+        Tier::Container if call == "clone3" => Some(&[38]),
+        Tier::Container => Some(EPERM),
+        // gVisor's kernel serves namespaces, io_uring, ptrace and clone within the sandbox;
+        // setns is given descriptor 0, which names no namespace (EINVAL, nothing done).
+        Tier::Gvisor => match call {
+            "ptrace-attach-1" | "unshare-user" | "unshare-net" | "io_uring_setup"
+            | "clone-newuser" | "clone-newpid" | "clone3" | "process_vm_readv" => None,
+            "setns" => Some(&[1, 13, 19, 22, 38, 95]),
+            _ => Some(REFUSED),
+        },
+        // The guest's own kernel: only what needs its root is checked.
+        _ => privileged.contains(&call).then_some(FAILED),
+    }
+}
+
+/// The kernel features in [`SYSCALLS`] are refused as the tier's wall says (each call from
+/// a fresh child, so a namespace one call made cannot lend the next its privileges), and the same
+/// through the tools a user would reach for: a mount made inside a namespace the sandbox
+/// may create stays there.
+pub fn dangerous_syscalls_refused(b: &dyn Backend, spec: &SandboxSpec, wall: Wall) {
+    let calls: Vec<String> = SYSCALLS
+        .iter()
+        .map(|(name, a)| {
+            format!(
+                "  '{name}': ({}, {}, {}, {}, {}),",
+                a[0], a[1], a[2], a[3], a[4]
+            )
+        })
+        .collect();
+    let probe = format!(
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\ncalls = {{\n{}\n}}\nfor name, (nr, a, b, c, d) in calls.items():\n  if os.fork() == 0:\n    r = libc.syscall(nr, ctypes.c_long(a), ctypes.c_long(b), ctypes.c_long(c), ctypes.c_long(d))\n    if r == 0 and name.startswith('clone'):\n      os._exit(0)\n    print(name, 'ALLOWED' if r >= 0 else ctypes.get_errno(), flush=True)\n    os._exit(0)\n  os.wait()\n",
+        calls.join("\n")
+    );
+    let o = run_once(b, spec, &ExecRequest::code(Language::Python, probe));
+    let out = text(&o.stdout);
+    assert_eq!(
+        out.lines().count(),
+        SYSCALLS.len(),
+        "{out} {}",
+        text(&o.stderr)
+    );
+    for line in out.lines() {
+        let (name, res) = line.split_once(' ').unwrap();
+        let Some(allowed) = refusal(wall, name) else {
+            continue;
+        };
+        assert_ne!(res, "ALLOWED", "{name} was allowed: {out}");
+        let errno: i32 = res.parse().unwrap();
+        assert!(
+            allowed.contains(&errno),
+            "{name}: errno {errno}, want one of {allowed:?}: {out}"
+        );
+    }
+    let tag = format!("cordon-ns-{}", std::process::id());
+    let o = run_once(
+        b,
+        spec,
+        &ExecRequest::code(
+            Language::Sh,
+            format!(
+                "mount -t tmpfs none /tmp 2>/dev/null && echo MOUNTED; \
+                 unshare -Urm sh -c 'mount -t tmpfs none /usr && touch /usr/{tag} && echo NS-MOUNT' 2>/dev/null; \
+                 test -e /usr/{tag} && echo LEAKED; echo probe-ran"
+            ),
+        ),
+    );
+    let out = text(&o.stdout);
+    assert!(out.contains("probe-ran"), "{out} {}", text(&o.stderr));
+    assert!(!out.contains("MOUNTED") && !out.contains("LEAKED"), "{out}");
+    if wall.shares_host_kernel {
+        assert!(
+            !out.contains("NS-MOUNT"),
+            "a user namespace was made: {out}"
+        );
+    }
+    assert!(!std::path::Path::new("/usr").join(&tag).exists());
+}
+
+/// A setuid program gives the sandbox's user nothing: `passwd -S root` and `su` fail, the
+/// user is never root, and where the tier shows the host's /usr it is read-only and
+/// nosuid.
+pub fn setuid_grants_nothing(b: &dyn Backend, spec: &SandboxSpec, wall: Wall) {
+    let o = run_once(
+        b,
+        spec,
+        &ExecRequest::code(
+            Language::Sh,
+            "command -v passwd >/dev/null && { passwd -S root; echo rc=$?; }; \
+             su -c id root </dev/null 2>/dev/null; grep ' /usr ' /proc/self/mountinfo; \
+             echo uid=$(id -u)",
+        ),
+    );
+    let out = text(&o.stdout);
+    assert!(!out.contains("rc=0"), "passwd succeeded: {out}");
+    assert!(!out.contains("uid=0"), "{out} {}", text(&o.stderr));
+    assert!(out.contains("uid="), "{out} {}", text(&o.stderr));
+    if !wall.own_kernel {
+        let usr = out
+            .lines()
+            .find(|l| l.contains(" /usr "))
+            .unwrap_or_default();
+        assert!(usr.contains("ro"), "/usr is writable: {usr}");
+        if wall.shares_host_kernel {
+            assert!(usr.contains("nosuid"), "/usr allows setuid: {usr}");
+        }
+    }
 }
 
 /// `socketpair()` opens nothing but unix pairs: a family the kernel lacks a pair for still

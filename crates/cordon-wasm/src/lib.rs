@@ -320,6 +320,10 @@ impl Default for WasmBackend {
 }
 
 impl Backend for WasmBackend {
+    fn create_unprepared(&self, _spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>> {
+        None
+    }
+
     /// Nothing: a wasm sandbox's scratch lives under the server's data dir, which the server
     /// clears itself at start.
     fn recover(&self, _orphans: &[String]) -> Vec<String> {

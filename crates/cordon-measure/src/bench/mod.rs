@@ -20,12 +20,16 @@ use cordon_core::{Backend, ExecRequest, Language, OutputStream, Sandbox, Sandbox
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use stats::{Budget, Stats};
+use cordon_policy::bench_doc::{
+    AgentRun, BenchDoc, Figure, FigureKind, LanguageFigures, MemoryFigure, PeerRatio, PeerReport,
+    PlanRecord, SampleBudget, Stats, Status, Throughput, TierReport,
+};
+use stats::Budget;
 
 use crate::Tiers;
 
 /// The schema of the JSON `cordon bench` writes (docs/bench.md).
-pub const SCHEMA: &str = "cordon-bench/1";
+pub use cordon_policy::bench_doc::SCHEMA;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -73,6 +77,23 @@ struct Plan {
 }
 
 impl Plan {
+    /// What the stored document says of the plan.
+    fn record(&self) -> PlanRecord {
+        PlanRecord {
+            quick: self.quick,
+            samples: SampleBudget {
+                max: self.samples.max,
+                min: self.samples.min,
+                budget: self.samples.budget.as_secs_f64(),
+            },
+            snippets: self.snippets,
+            agent_runs: self.agent_runs,
+            live_sandboxes_for_memory: self.live_sandboxes_for_memory,
+            throughput_window_s: self.throughput_window_s,
+            concurrency: self.concurrency,
+        }
+    }
+
     fn from_args(a: &BenchArgs) -> Result<Plan> {
         let (max, min, budget, snippets, runs, live, window) = if a.quick {
             (5, 3, 1.5, 10, 1, 2, 1.0)
@@ -109,69 +130,6 @@ impl Plan {
     }
 }
 
-/// One row of `figures`: the headline start-up figure of a subject (for a tier: create +
-/// trivial exec + destroy, what `--tier auto` ranks by).
-#[derive(Serialize)]
-struct Figure {
-    subject: String,
-    kind: &'static str,
-    /// For a `cli` row: the tier the whole-process run uses.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tier: Option<Tier>,
-    what: String,
-    median_us: u64,
-    p90_us: u64,
-    min_us: u64,
-    samples: usize,
-}
-
-#[derive(Serialize)]
-struct AgentRun {
-    snippets: usize,
-    /// The snippets' execs alone, in one live sandbox.
-    execs_total: Stats,
-    /// Create + the snippets + destroy: what one agent run costs.
-    per_run: Stats,
-}
-
-#[derive(Serialize)]
-struct MemoryFigure {
-    per_sandbox_bytes: u64,
-    live_sandboxes: usize,
-    method: &'static str,
-}
-
-#[derive(Serialize)]
-struct Throughput {
-    starts_per_sec: f64,
-    concurrency: usize,
-    window_s: f64,
-    completed: usize,
-}
-
-#[derive(Serialize)]
-struct PeerRatio {
-    peer: String,
-    /// `counterpart` (the peer that does this tier's kind of work) or `closest` (no
-    /// counterpart was measured: the peer whose median is nearest on a log scale).
-    basis: &'static str,
-    /// The tier's cold start median over the peer's median.
-    ratio: f64,
-}
-
-/// One language a tier runs, measured on its own (the wasm tier's JavaScript and Python).
-#[derive(Serialize)]
-struct LanguageFigures {
-    language: Language,
-    snippet: &'static str,
-    /// Create + the snippet + destroy, in this process.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cold_start: Option<Stats>,
-    /// The snippet in a sandbox that is already live.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    exec: Option<Stats>,
-}
-
 /// The languages measured on their own per tier: the wasm tier runs two interpreters whose
 /// costs differ by an order of magnitude.
 fn languages_of(tier: Tier) -> &'static [(Language, &'static str)] {
@@ -181,74 +139,12 @@ fn languages_of(tier: Tier) -> &'static [(Language, &'static str)] {
     }
 }
 
-#[derive(Serialize)]
-struct TierReport {
-    tier: Tier,
-    /// `measured`, `skipped` (unavailable here) or `failed` (errors below).
-    status: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    trivial: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cold_start: Option<Stats>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    warm_start: Option<Stats>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    exec: Option<Stats>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    agent_run: Option<AgentRun>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    memory: Option<MemoryFigure>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    throughput: Option<Throughput>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    peer: Option<PeerRatio>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    languages: Vec<LanguageFigures>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    errors: Vec<String>,
-}
-
-impl TierReport {
-    fn new(tier: Tier) -> Self {
-        TierReport {
-            tier,
-            status: "measured",
-            reason: None,
-            trivial: None,
-            cold_start: None,
-            warm_start: None,
-            exec: None,
-            agent_run: None,
-            memory: None,
-            throughput: None,
-            peer: None,
-            languages: Vec::new(),
-            errors: Vec::new(),
-        }
-    }
-
-    fn fail(&mut self, what: &str, e: &anyhow::Error, out: &Out) {
-        let msg = format!("{what}: {e:#}");
-        out.note(&format!("cordon bench: {} tier: {msg}", self.tier));
-        self.errors.push(msg);
-        self.status = "failed";
-    }
-}
-
-#[derive(Serialize)]
-struct PeerReport {
-    peer: String,
-    /// `measured`, `skipped` (cannot run here; reason says why and the fix) or `failed`.
-    status: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<String>,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    what: String,
-    counterpart_of: Vec<Tier>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cold_start: Option<Stats>,
+/// Marks a tier's report failed, with what failed, and says so on the terminal.
+fn fail(rep: &mut TierReport, what: &str, e: &anyhow::Error, out: &Out) {
+    let msg = format!("{what}: {e:#}");
+    out.note(&format!("cordon bench: {} tier: {msg}", rep.tier));
+    rep.errors.push(msg);
+    rep.status = Status::Failed;
 }
 
 /// Progress on stderr, and notes that must be seen whether or not the bar is drawn.
@@ -372,7 +268,7 @@ fn cli_subject(
     );
     Subject {
         name: name.into(),
-        kind: "cli",
+        kind: FigureKind::Cli,
         tier: Some(tier),
         what: format!("`{shown}`, {tier} tier, end to end (a whole CLI process; {note})"),
         run: Box::new(move || {
@@ -396,7 +292,7 @@ fn cli_subject(
 /// A subject of the interleaved start-up phase.
 struct Subject {
     name: String,
-    kind: &'static str,
+    kind: FigureKind,
     tier: Option<Tier>,
     what: String,
     run: Box<dyn FnMut() -> Result<()>>,
@@ -477,7 +373,7 @@ fn run_bench(
     for &tier in selected {
         let mut rep = TierReport::new(tier);
         let Some(backend) = build.backend(tier) else {
-            rep.status = "skipped";
+            rep.status = Status::Skipped;
             rep.reason = Some("this build of cordon has no such tier".into());
             out.note(&format!(
                 "cordon bench: SKIPPING tier {tier}: not in this build"
@@ -507,7 +403,7 @@ fn run_bench(
             out.note(&format!(
                 "cordon bench: SKIPPING tier {tier}: {reason}; see `cordon doctor`"
             ));
-            rep.status = "skipped";
+            rep.status = Status::Skipped;
             rep.reason = Some(reason);
             tiers.push(rep);
             continue;
@@ -524,7 +420,7 @@ fn run_bench(
                     report_index: tiers.len(),
                 });
             }
-            Err(e) => rep.fail("first sandbox", &e, &out),
+            Err(e) => fail(&mut rep, "first sandbox", &e, &out),
         }
         tiers.push(rep);
     }
@@ -536,7 +432,7 @@ fn run_bench(
         out.step(format!("{tier}: memory of live sandboxes"));
         match measure_memory(lt, plan.live_sandboxes_for_memory) {
             Ok(m) => tiers[lt.report_index].memory = Some(m),
-            Err(e) => tiers[lt.report_index].fail("memory", &e, &out),
+            Err(e) => fail(&mut tiers[lt.report_index], "memory", &e, &out),
         }
         out.done();
     }
@@ -552,11 +448,12 @@ fn run_bench(
         ));
         peer_reports.push(PeerReport {
             peer: m.name.to_string(),
-            status: "skipped",
+            status: Status::Skipped,
             reason: Some(m.reason),
             what: String::new(),
             counterpart_of: Vec::new(),
             cold_start: None,
+            measured_unix: None,
         });
     }
     let mut subjects: Vec<Subject> = Vec::new();
@@ -564,7 +461,7 @@ fn run_bench(
         let (b, spec, req) = (lt.backend.clone(), lt.spec.clone(), lt.trivial.clone());
         subjects.push(Subject {
             name: lt.spec.tier.to_string(),
-            kind: "tier",
+            kind: FigureKind::Tier,
             tier: None,
             what: format!(
                 "{} tier in-process: create + trivial exec + destroy",
@@ -618,7 +515,7 @@ fn run_bench(
                 counterparts.push((p.name.to_string(), p.counterpart_of.clone()));
                 subjects.push(Subject {
                     name: p.name.to_string(),
-                    kind: "peer",
+                    kind: FigureKind::Peer,
                     tier: None,
                     what: p.what.clone(),
                     run: Box::new(move || p.run()),
@@ -632,17 +529,18 @@ fn run_bench(
                 out.note(&format!("cordon bench: SKIPPING peer {}: {reason}", p.name));
                 peer_reports.push(PeerReport {
                     peer: p.name.to_string(),
-                    status: "skipped",
+                    status: Status::Skipped,
                     reason: Some(reason),
                     what: p.what.clone(),
                     counterpart_of: p.counterpart_of.clone(),
                     cold_start: None,
+                    measured_unix: None,
                 });
             }
         }
     }
     // The cordon-run subject has had no warm-up yet.
-    for s in subjects.iter_mut().filter(|s| s.kind == "cli") {
+    for s in subjects.iter_mut().filter(|s| s.kind == FigureKind::Cli) {
         if let Err(e) = (s.run)() {
             s.error = Some(format!("{e:#}"));
         }
@@ -686,27 +584,28 @@ fn run_bench(
                 p90_us: st.p90_us,
                 min_us: st.min_us,
                 samples: st.samples,
+                measured_unix: None,
             });
         }
         match s.kind {
-            "tier" => {
+            FigureKind::Tier => {
                 if let Some(rep) = tiers.iter_mut().find(|r| r.tier.as_str() == s.name) {
                     match &s.error {
-                        Some(e) => rep.fail("cold start", &anyhow::anyhow!("{e}"), &out),
+                        Some(e) => fail(rep, "cold start", &anyhow::anyhow!("{e}"), &out),
                         None => rep.cold_start = stats,
                     }
                 }
             }
-            "peer" => {
+            FigureKind::Peer => {
                 if let Some(e) = &s.error {
                     out.note(&format!("cordon bench: peer {} failed: {e}", s.name));
                 }
                 peer_reports.push(PeerReport {
                     peer: s.name.clone(),
                     status: if s.error.is_some() {
-                        "failed"
+                        Status::Failed
                     } else {
-                        "measured"
+                        Status::Measured
                     },
                     reason: s.error.clone(),
                     what: s.what.clone(),
@@ -716,6 +615,7 @@ fn run_bench(
                         .map(|(_, c)| c.clone())
                         .unwrap_or_default(),
                     cold_start: if s.error.is_some() { None } else { stats },
+                    measured_unix: None,
                 });
             }
             _ => {
@@ -739,13 +639,18 @@ fn run_bench(
         out.step(format!("{tier}: warm (pool) start"));
         match measure_warm(lt, &plan.samples) {
             Ok(s) => tiers[rep_i].warm_start = Stats::of(&s),
-            Err(e) => tiers[rep_i].fail("warm start", &e, &out),
+            Err(e) => fail(&mut tiers[rep_i], "warm start", &e, &out),
         }
         out.done();
+        match measure_unprepared(lt, &plan.samples) {
+            Some(Ok(s)) => tiers[rep_i].unprepared_start = Stats::of(&s),
+            Some(Err(e)) => fail(&mut tiers[rep_i], "start without its snapshot", &e, &out),
+            None => {}
+        }
         out.step(format!("{tier}: exec in a live sandbox"));
         match measure_exec(lt, &lt.trivial, &plan.samples) {
             Ok(s) => tiers[rep_i].exec = Stats::of(&s),
-            Err(e) => tiers[rep_i].fail("exec", &e, &out),
+            Err(e) => fail(&mut tiers[rep_i], "exec", &e, &out),
         }
         out.done();
         for &(language, snippet) in languages_of(tier) {
@@ -762,19 +667,22 @@ fn run_bench(
             match (cold, measure_exec(lt, &req, &plan.samples)) {
                 (Ok(cold_start), Ok(exec)) => tiers[rep_i].languages.push(LanguageFigures {
                     language,
-                    snippet,
+                    snippet: snippet.to_string(),
                     cold_start,
                     exec: Stats::of(&exec),
                 }),
-                (Err(e), _) | (_, Err(e)) => {
-                    tiers[rep_i].fail(&format!("{language} `{snippet}`"), &e, &out)
-                }
+                (Err(e), _) | (_, Err(e)) => fail(
+                    &mut tiers[rep_i],
+                    &format!("{language} `{snippet}`"),
+                    &e,
+                    &out,
+                ),
             }
         }
         out.step(format!("{tier}: agent run of {} snippets", plan.snippets));
         match measure_agent(lt, plan) {
             Ok(a) => tiers[rep_i].agent_run = a,
-            Err(e) => tiers[rep_i].fail("agent run", &e, &out),
+            Err(e) => fail(&mut tiers[rep_i], "agent run", &e, &out),
         }
         out.done();
         out.step(format!(
@@ -783,7 +691,7 @@ fn run_bench(
         ));
         match measure_throughput(lt, plan) {
             Ok(t) => tiers[rep_i].throughput = Some(t),
-            Err(e) => tiers[rep_i].fail("throughput", &e, &out),
+            Err(e) => fail(&mut tiers[rep_i], "throughput", &e, &out),
         }
         out.done();
     }
@@ -795,27 +703,28 @@ fn run_bench(
         }
     }
     let created = cordon_core::units::unix_now();
-    let mut report = serde_json::json!({
-        "schema": SCHEMA,
-        "cordon_version": env!("CARGO_PKG_VERSION"),
-        "host": hostname(),
-        "cores": plan.concurrency,
-        "memory_total_bytes": memory_total(),
-        "created_unix": created,
-        "plan": plan,
-        "iterations": plan.samples.max,
-        "figures": figures,
-        "tiers": tiers,
-        "peers": peer_reports,
-        "ratio_cordon_run_to_bwrap": serde_json::Value::Null,
-    });
+    let mut report = BenchDoc {
+        schema: SCHEMA.to_string(),
+        cordon_version: env!("CARGO_PKG_VERSION").to_string(),
+        host: hostname(),
+        cores: Some(plan.concurrency as u64),
+        memory_total_bytes: Some(memory_total()),
+        created_unix: created,
+        plan: Some(plan.record()),
+        iterations: Some(plan.samples.max),
+        figures: figures.clone(),
+        tiers: tiers.clone(),
+        peers: peer_reports,
+        ratio_cordon_run_to_bwrap: None,
+    };
     store::stamp(&mut report);
-    // What this run did not measure stays as stored, each row with its own date.
+    // What this run did not measure stays as stored, each row with its own date. A stored
+    // document that no longer reads (another schema) is replaced whole.
     let stored = std::fs::read_to_string(last)
         .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+        .and_then(|t| BenchDoc::parse(&t).ok());
     let report = store::merge(stored.as_ref(), report);
-    let ratio = report["ratio_cordon_run_to_bwrap"].as_f64();
+    let ratio = report.ratio_cordon_run_to_bwrap;
     let text = serde_json::to_string_pretty(&report)?;
     if let Some(dir) = last.parent() {
         std::fs::create_dir_all(dir).with_context(|| {
@@ -834,21 +743,18 @@ fn run_bench(
     if let Some(p) = &args.output {
         std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?;
     }
-    let bars: Vec<crate::chart::Bar> = report["figures"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|f| {
-            Some(crate::chart::Bar {
-                label: f["subject"].as_str()?.to_string(),
-                peer: f["kind"] == "peer",
-                value_us: f["median_us"].as_u64()?,
-            })
+    let bars: Vec<crate::chart::Bar> = report
+        .figures
+        .iter()
+        .map(|f| crate::chart::Bar {
+            label: f.subject.clone(),
+            peer: f.kind == FigureKind::Peer,
+            value_us: f.median_us,
         })
         .collect();
     crate::chart::bench_svg(chart_path, &bars, &hostname())
         .with_context(|| format!("drawing the chart {}", chart_path.display()))?;
-    let failed = tiers.iter().any(|t| t.status == "failed");
+    let failed = tiers.iter().any(|t| t.status == Status::Failed);
     if args.json {
         println!("{text}");
     } else {
@@ -876,7 +782,7 @@ fn run_bench(
             chart_path.display()
         );
     }
-    if figures.iter().all(|f| f.kind != "tier") {
+    if figures.iter().all(|f| f.kind != FigureKind::Tier) {
         bail!(
             "no tier could be measured on this host: see the SKIPPING lines above and `cordon doctor`"
         );
@@ -915,7 +821,7 @@ fn nearest_peer(tier: Tier, median_us: u64, peers: &[PeerReport]) -> Option<Peer
     };
     Some(PeerRatio {
         peer,
-        basis,
+        basis: basis.to_string(),
         ratio: median_us as f64 / m as f64,
     })
 }
@@ -951,7 +857,7 @@ fn measure_memory(lt: &LiveTier, n: usize) -> Result<MemoryFigure> {
     Ok(MemoryFigure {
         per_sandbox_bytes: peak.saturating_sub(baseline) / n.max(1) as u64,
         live_sandboxes: n,
-        method: memory::METHOD,
+        method: memory::METHOD.to_string(),
     })
 }
 
@@ -981,6 +887,41 @@ fn measure_warm(lt: &LiveTier, b: &Budget) -> Result<Vec<Duration>> {
 }
 
 /// `req` in one live sandbox, again and again (after one unmeasured run).
+/// Create + trivial exec + destroy where the tier starts without what it prepares ahead
+/// (`None` for tiers that prepare nothing). Each sample is a full start (a guest boot under
+/// emulation takes seconds), so the budget usually stops it at its minimum.
+fn measure_unprepared(lt: &LiveTier, b: &Budget) -> Option<Result<Vec<Duration>>> {
+    let first = Instant::now();
+    let mut sb = match lt.backend.create_unprepared(&lt.spec)? {
+        Ok(sb) => sb,
+        Err(e) => return Some(Err(e.into())),
+    };
+    let once = |sb: &mut Box<dyn Sandbox>| -> Result<()> {
+        let r = exec_ok(sb.as_mut(), &lt.trivial);
+        let d = sb.destroy();
+        r?;
+        d?;
+        Ok(())
+    };
+    if let Err(e) = once(&mut sb) {
+        return Some(Err(e));
+    }
+    let mut samples = vec![first.elapsed()];
+    let start = Instant::now();
+    while b.wants_more(samples.len(), start.elapsed()) {
+        let t = Instant::now();
+        let made = lt.backend.create_unprepared(&lt.spec)?;
+        let r = made
+            .map_err(anyhow::Error::from)
+            .and_then(|mut sb| once(&mut sb));
+        if let Err(e) = r {
+            return Some(Err(e));
+        }
+        samples.push(t.elapsed());
+    }
+    Some(Ok(samples))
+}
+
 fn measure_exec(lt: &LiveTier, req: &ExecRequest, b: &Budget) -> Result<Vec<Duration>> {
     let mut sb = lt.backend.create(&lt.spec)?;
     let r = (|| {
@@ -1082,7 +1023,7 @@ fn print_tables(figures: &[Figure], tiers: &[TierReport], ratio: Option<f64>, pl
         println!(
             "{:<22} {:<5} {:>10} {:>10} {:>10} {:>4}  {}",
             f.subject,
-            f.kind,
+            f.kind.as_str(),
             us(f.median_us),
             us(f.p90_us),
             us(f.min_us),
@@ -1103,7 +1044,7 @@ fn print_tables(figures: &[Figure], tiers: &[TierReport], ratio: Option<f64>, pl
     );
     let opt = |s: &Option<Stats>| s.map(|s| us(s.median_us)).unwrap_or_else(|| "-".into());
     for t in tiers {
-        if t.status == "skipped" {
+        if t.status == Status::Skipped {
             println!(
                 "{:<10} skipped: {}",
                 t.tier.as_str(),
@@ -1137,12 +1078,22 @@ fn print_tables(figures: &[Figure], tiers: &[TierReport], ratio: Option<f64>, pl
                 .as_ref()
                 .map(|p| format!("{:.2}x {} ({})", p.ratio, p.peer, p.basis))
                 .unwrap_or_else(|| "-".into()),
-            if t.status == "failed" {
+            if t.status == Status::Failed {
                 "  [some measurements failed]"
             } else {
                 ""
             }
         );
+    }
+    for t in tiers {
+        if let (Some(prepared), Some(unprepared)) = (&t.cold_start, &t.unprepared_start) {
+            println!(
+                "{:<10} cold without its prepared start (microvm: a full boot, not a restore): {} ({:.1}x the cold figure)",
+                t.tier.as_str(),
+                us(unprepared.median_us),
+                unprepared.median_us as f64 / prepared.median_us.max(1) as f64
+            );
+        }
     }
     for t in tiers {
         for l in &t.languages {

@@ -1,37 +1,9 @@
-//! Samples and their summary: medians, p90, min; and how many samples a subject gets.
+//! How many samples a subject gets (their summary, `Stats`, is part of the stored document:
+//! `cordon_policy::bench_doc`).
 
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-
-/// A summary of timed samples, in microseconds.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
-pub struct Stats {
-    pub median_us: u64,
-    pub p90_us: u64,
-    pub min_us: u64,
-    pub max_us: u64,
-    pub samples: usize,
-}
-
-impl Stats {
-    /// Summarizes samples; `None` for none.
-    pub fn of(samples: &[Duration]) -> Option<Stats> {
-        if samples.is_empty() {
-            return None;
-        }
-        let mut s: Vec<u64> = samples.iter().map(|d| d.as_micros() as u64).collect();
-        s.sort_unstable();
-        let pick = |q: f64| s[((s.len() as f64 - 1.0) * q).round() as usize];
-        Some(Stats {
-            median_us: pick(0.5),
-            p90_us: pick(0.9),
-            min_us: s[0],
-            max_us: s[s.len() - 1],
-            samples: s.len(),
-        })
-    }
-}
 
 /// How many samples a measurement takes: up to `max`, but once `budget` is spent it stops
 /// as soon as it has `min` (so a subject that takes seconds per run, like a QEMU boot under
@@ -71,6 +43,7 @@ impl Budget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cordon_policy::bench_doc::Stats;
 
     #[test]
     fn stats_pick_by_rank() {

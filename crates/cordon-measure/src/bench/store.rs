@@ -4,128 +4,123 @@
 //! not measure stays as it was, and each row keeps its own `measured_unix`. A stored document
 //! from another host, or of another schema, is replaced whole.
 
-use serde_json::{Map, Value};
-
 use cordon_core::Tier;
+use cordon_policy::bench_doc::{BenchDoc, Figure, FigureKind, Status};
 
 /// Dates every row of a run's document with the run's `created_unix`: the figures, and the
 /// tiers and peers it measured (a skipped or failed report has no figure to date).
-pub fn stamp(run: &mut Value) {
-    let Some(now) = run.get("created_unix").and_then(Value::as_u64) else {
-        return;
-    };
-    for (key, all) in [("figures", true), ("tiers", false), ("peers", false)] {
-        for row in rows_mut(run, key) {
-            if all || measured(row) {
-                row.insert("measured_unix".into(), now.into());
-            }
-        }
+pub fn stamp(run: &mut BenchDoc) {
+    let now = Some(run.created_unix);
+    for f in &mut run.figures {
+        f.measured_unix = now;
+    }
+    for t in run
+        .tiers
+        .iter_mut()
+        .filter(|t| t.status == Status::Measured)
+    {
+        t.measured_unix = now;
+    }
+    for p in run
+        .peers
+        .iter_mut()
+        .filter(|p| p.status == Status::Measured)
+    {
+        p.measured_unix = now;
     }
 }
 
 /// The document to store: `run` (already [`stamp`]ed) with the rows of `stored` it did not
 /// measure. `ratio_cordon_run_to_bwrap` is worked out again from the merged figures.
-pub fn merge(stored: Option<&Value>, mut run: Value) -> Value {
+pub fn merge(stored: Option<&BenchDoc>, mut run: BenchDoc) -> BenchDoc {
     let Some(stored) = stored.filter(|s| same_source(s, &run)) else {
         return run;
     };
-    let created = stored.get("created_unix").and_then(Value::as_u64);
-    let dated = |row: &Map<String, Value>| {
-        let mut row = row.clone();
-        if let Some(c) = created
-            && !row.contains_key("measured_unix")
-        {
-            row.insert("measured_unix".into(), c.into());
-        }
-        Value::Object(row)
-    };
+    // A row from before rows had dates takes its document's.
+    let created = (stored.created_unix > 0).then_some(stored.created_unix);
     // Figures: by subject; a stored one stays when this run has none of that name.
-    let mut figures: Vec<Value> = rows(&run, "figures").cloned().map(Value::Object).collect();
-    for old in rows(stored, "figures") {
-        if !rows(&run, "figures").any(|f| f.get("subject") == old.get("subject")) {
-            figures.push(dated(old));
+    for old in &stored.figures {
+        if run.figure(&old.subject).is_none() {
+            let mut old = old.clone();
+            old.measured_unix = old.measured_unix.or(created);
+            run.figures.push(old);
         }
     }
-    figures.sort_by_key(figure_order);
+    run.figures.sort_by_key(figure_order);
     // Tiers and peers: by name; a stored measured report stays unless this run measured it.
-    for (key, name) in [("tiers", "tier"), ("peers", "peer")] {
-        let mut out: Vec<Value> = Vec::new();
-        for new in rows(&run, key) {
-            let old = rows(stored, key).find(|o| o.get(name) == new.get(name));
-            match old {
-                Some(old) if measured(old) && !measured(new) => out.push(dated(old)),
-                _ => out.push(Value::Object(new.clone())),
-            }
-        }
-        for old in rows(stored, key) {
-            if !rows(&run, key).any(|n| n.get(name) == old.get(name)) {
-                out.push(dated(old));
-            }
-        }
-        if key == "tiers" {
-            out.sort_by_key(|t| {
-                let tier = t.get("tier").and_then(Value::as_str);
-                Tier::ALL
-                    .iter()
-                    .position(|x| Some(x.as_str()) == tier)
-                    .unwrap_or(usize::MAX)
-            });
-        } else {
-            out.sort_by_key(|p| peer_position(p.get("peer").and_then(Value::as_str)));
-        }
-        run[key] = Value::Array(out);
-    }
-    let median = |subject: &str| {
-        figures
-            .iter()
-            .find(|f| f.get("subject").and_then(Value::as_str) == Some(subject))
-            .and_then(|f| f.get("median_us"))
-            .and_then(Value::as_f64)
+    run.tiers = merged_rows(
+        std::mem::take(&mut run.tiers),
+        &stored.tiers,
+        |t| t.tier.as_str().to_string(),
+        |t| t.status == Status::Measured,
+        |t| t.measured_unix = t.measured_unix.or(created),
+    );
+    run.tiers
+        .sort_by_key(|t| tier_position(Some(t.tier.as_str())));
+    run.peers = merged_rows(
+        std::mem::take(&mut run.peers),
+        &stored.peers,
+        |p| p.peer.clone(),
+        |p| p.status == Status::Measured,
+        |p| p.measured_unix = p.measured_unix.or(created),
+    );
+    run.peers.sort_by_key(|p| peer_position(Some(&p.peer)));
+    let median = |subject: &str| run.figure(subject).map(|f| f.median_us as f64);
+    run.ratio_cordon_run_to_bwrap = match (median("cordon-run"), median("bwrap")) {
+        (Some(c), Some(b)) if b > 0.0 => Some(c / b),
+        _ => None,
     };
-    run["ratio_cordon_run_to_bwrap"] = match (median("cordon-run"), median("bwrap")) {
-        (Some(c), Some(b)) if b > 0.0 => (c / b).into(),
-        _ => Value::Null,
-    };
-    run["figures"] = Value::Array(figures);
     run
+}
+
+/// This run's rows, each replaced by the stored row of the same name when only the stored
+/// one was measured, then the stored rows this run has no row for (dated).
+fn merged_rows<T: Clone>(
+    new: Vec<T>,
+    stored: &[T],
+    name: impl Fn(&T) -> String,
+    measured: impl Fn(&T) -> bool,
+    date: impl Fn(&mut T),
+) -> Vec<T> {
+    let stored_row = |n: &str| stored.iter().find(|o| name(o) == n);
+    let mut out: Vec<T> = Vec::new();
+    for row in &new {
+        match stored_row(&name(row)) {
+            Some(old) if measured(old) && !measured(row) => {
+                let mut old = old.clone();
+                date(&mut old);
+                out.push(old);
+            }
+            _ => out.push(row.clone()),
+        }
+    }
+    for old in stored {
+        if !new.iter().any(|n| name(n) == name(old)) {
+            let mut old = old.clone();
+            date(&mut old);
+            out.push(old);
+        }
+    }
+    out
 }
 
 /// The stored rows a run did not measure (subject, when measured): what a text report lists
 /// as kept.
-pub fn kept(merged: &Value, run_created: u64) -> Vec<(String, u64)> {
-    rows(merged, "figures")
+pub fn kept(merged: &BenchDoc, run_created: u64) -> Vec<(String, u64)> {
+    merged
+        .figures
+        .iter()
         .filter_map(|f| {
-            let when = f.get("measured_unix").and_then(Value::as_u64)?;
-            let subject = f.get("subject").and_then(Value::as_str)?;
-            (when != run_created).then(|| (subject.to_string(), when))
+            let when = f.measured_unix?;
+            (when != run_created).then(|| (f.subject.clone(), when))
         })
         .collect()
 }
 
 /// Whether a stored document's figures may be merged with a run's: the same schema, made on
 /// the same host.
-fn same_source(stored: &Value, run: &Value) -> bool {
-    stored.get("schema") == run.get("schema") && stored.get("host") == run.get("host")
-}
-
-fn measured(row: &Map<String, Value>) -> bool {
-    row.get("status").and_then(Value::as_str) == Some("measured")
-}
-
-fn rows<'a>(doc: &'a Value, key: &str) -> impl Iterator<Item = &'a Map<String, Value>> {
-    doc.get(key)
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_object)
-}
-
-fn rows_mut<'a>(doc: &'a mut Value, key: &str) -> impl Iterator<Item = &'a mut Map<String, Value>> {
-    doc.get_mut(key)
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_object_mut)
+fn same_source(stored: &BenchDoc, run: &BenchDoc) -> bool {
+    stored.schema == run.schema && stored.host == run.host
 }
 
 fn peer_position(name: Option<&str>) -> usize {
@@ -135,23 +130,23 @@ fn peer_position(name: Option<&str>) -> usize {
         .unwrap_or(usize::MAX)
 }
 
+fn tier_position(name: Option<&str>) -> usize {
+    Tier::ALL
+        .iter()
+        .position(|t| Some(t.as_str()) == name)
+        .unwrap_or(usize::MAX)
+}
+
 /// The order the bench writes its figures in: tiers (each CLI row after its tier), then
 /// peers.
-fn figure_order(f: &Value) -> (usize, usize) {
-    let subject = f.get("subject").and_then(Value::as_str);
-    let tier_pos = |name: Option<&str>| {
-        Tier::ALL
-            .iter()
-            .position(|t| Some(t.as_str()) == name)
-            .unwrap_or(usize::MAX)
-    };
-    match f.get("kind").and_then(Value::as_str) {
-        Some("tier") => (0, tier_pos(subject) * 2),
-        Some("cli") => (
+fn figure_order(f: &Figure) -> (usize, usize) {
+    match f.kind {
+        FigureKind::Tier => (0, tier_position(Some(&f.subject)) * 2),
+        FigureKind::Cli => (
             0,
-            tier_pos(f.get("tier").and_then(Value::as_str)).saturating_mul(2) + 1,
+            tier_position(f.tier.map(Tier::as_str)).saturating_mul(2) + 1,
         ),
-        _ => (1, peer_position(subject)),
+        FigureKind::Peer => (1, peer_position(Some(&f.subject))),
     }
 }
 
@@ -159,7 +154,7 @@ fn figure_order(f: &Value) -> (usize, usize) {
 mod tests {
     use super::*;
     use cordon_policy::{Autonomy, BenchFigures, Host, Request, Rules, Shape, TierChoice, Trust};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     const T0: u64 = 1_700_000_000;
     const T1: u64 = T0 + 9 * 86_400;
@@ -172,20 +167,24 @@ mod tests {
     fn tier(t: &str, status: &str, cold: Option<u64>) -> Value {
         let mut v = json!({"tier": t, "status": status});
         if let Some(c) = cold {
-            v["cold_start"] = json!({"median_us": c});
+            v["cold_start"] =
+                json!({"median_us": c, "p90_us": c, "min_us": c, "max_us": c, "samples": 5});
         }
         v
     }
 
-    fn doc(created: u64, figures: Vec<Value>, tiers: Vec<Value>, peers: Vec<Value>) -> Value {
-        let mut d = json!({"schema": super::super::SCHEMA, "host": "h", "created_unix": created,
-                           "figures": figures, "tiers": tiers, "peers": peers});
+    fn doc(created: u64, figures: Vec<Value>, tiers: Vec<Value>, peers: Vec<Value>) -> BenchDoc {
+        let mut d: BenchDoc = serde_json::from_value(
+            json!({"schema": super::super::SCHEMA, "host": "h", "created_unix": created,
+                   "figures": figures, "tiers": tiers, "peers": peers}),
+        )
+        .unwrap();
         stamp(&mut d);
         d
     }
 
     /// The full set a first `cordon bench` stores: every tier and two peers.
-    fn full() -> Value {
+    fn full() -> BenchDoc {
         doc(
             T0,
             vec![
@@ -210,17 +209,16 @@ mod tests {
         )
     }
 
-    fn dated(d: &Value, subject: &str) -> (Option<u64>, Option<u64>) {
-        let f =
-            rows(d, "figures").find(|f| f.get("subject").and_then(Value::as_str) == Some(subject));
-        (
-            f.and_then(|f| f.get("median_us")).and_then(Value::as_u64),
-            f.and_then(|f| f.get("measured_unix"))
-                .and_then(Value::as_u64),
-        )
+    fn dated(d: &BenchDoc, subject: &str) -> (Option<u64>, Option<u64>) {
+        let f = d.figure(subject);
+        (f.map(|f| f.median_us), f.and_then(|f| f.measured_unix))
     }
 
-    fn chosen(d: &Value) -> Tier {
+    fn text(d: &BenchDoc) -> String {
+        serde_json::to_string(d).unwrap()
+    }
+
+    fn chosen(d: &BenchDoc) -> Tier {
         let rules = Rules::default_rules().unwrap();
         let req = Request {
             trust: Trust::Untrusted,
@@ -233,7 +231,7 @@ mod tests {
             available: [Tier::Wasm, Tier::Gvisor, Tier::Microvm]
                 .into_iter()
                 .collect(),
-            bench: Some(BenchFigures::from_bench_json(&d.to_string()).unwrap()),
+            bench: Some(BenchFigures::from_bench_json(&text(d)).unwrap()),
         };
         rules.decide(&req, &host).unwrap().chosen
     }
@@ -263,9 +261,7 @@ mod tests {
         ] {
             assert_eq!(dated(&merged, s), (Some(us), Some(T0)), "{s}");
         }
-        let subjects: Vec<&str> = rows(&merged, "figures")
-            .filter_map(|f| f.get("subject").and_then(Value::as_str))
-            .collect();
+        let subjects: Vec<&str> = merged.figures.iter().map(|f| f.subject.as_str()).collect();
         assert_eq!(
             subjects,
             [
@@ -279,13 +275,10 @@ mod tests {
                 "bwrap"
             ]
         );
-        let tiers: Vec<(&str, Option<u64>)> = rows(&merged, "tiers")
-            .map(|t| {
-                (
-                    t.get("tier").and_then(Value::as_str).unwrap(),
-                    t.get("measured_unix").and_then(Value::as_u64),
-                )
-            })
+        let tiers: Vec<(&str, Option<u64>)> = merged
+            .tiers
+            .iter()
+            .map(|t| (t.tier.as_str(), t.measured_unix))
             .collect();
         assert_eq!(
             tiers,
@@ -297,14 +290,14 @@ mod tests {
                 ("microvm", Some(T0)),
             ]
         );
-        assert_eq!(rows(&merged, "peers").count(), 2);
-        assert_eq!(merged["ratio_cordon_run_to_bwrap"].as_f64(), Some(2.0));
-        assert_eq!(merged["created_unix"].as_u64(), Some(T1));
+        assert_eq!(merged.peers.len(), 2);
+        assert_eq!(merged.ratio_cordon_run_to_bwrap, Some(2.0));
+        assert_eq!(merged.created_unix, T1);
         assert_eq!(kept(&merged, T1).len(), 7);
         // The partial bench did not change which tier is fastest: auto still picks wasm (the
         // old whole-file replace left only gvisor measured, so it ranked gvisor first).
         assert_eq!(chosen(&merged), before);
-        let figures = BenchFigures::from_bench_json(&merged.to_string()).unwrap();
+        let figures = BenchFigures::from_bench_json(&text(&merged)).unwrap();
         assert_eq!(figures.measured_unix.get(&Tier::Wasm), Some(&T0));
         assert_eq!(figures.measured_unix.get(&Tier::Gvisor), Some(&T1));
     }
@@ -323,32 +316,31 @@ mod tests {
             vec![json!({"peer": "bwrap", "status": "skipped"})],
         );
         let merged = merge(Some(&stored), run.clone());
-        let status = |key: &str, name: &str, id: &str| {
-            rows(&merged, key)
-                .find(|r| r.get(name).and_then(Value::as_str) == Some(id))
-                .and_then(|r| r.get("status").and_then(Value::as_str).map(String::from))
-        };
-        assert_eq!(
-            status("tiers", "tier", "gvisor").as_deref(),
-            Some("measured")
-        );
-        assert_eq!(
-            status("peers", "peer", "bwrap").as_deref(),
-            Some("measured")
-        );
+        let tier_status = merged
+            .tiers
+            .iter()
+            .find(|t| t.tier == Tier::Gvisor)
+            .map(|t| t.status);
+        assert_eq!(tier_status, Some(Status::Measured));
+        let peer_status = merged
+            .peers
+            .iter()
+            .find(|p| p.peer == "bwrap")
+            .map(|p| p.status);
+        assert_eq!(peer_status, Some(Status::Measured));
         assert_eq!(dated(&merged, "gvisor"), (Some(150_000), Some(T0)));
         assert_eq!(dated(&merged, "wasm"), (Some(1_500), Some(T1)));
 
         // Another host's figures, or no stored file: the run's document as it is.
         let mut other = stored.clone();
-        other["host"] = "elsewhere".into();
+        other.host = "elsewhere".into();
         assert_eq!(merge(Some(&other), run.clone()), run);
         assert_eq!(merge(None, run.clone()), run);
 
         // A stored file from before rows had dates: its rows take its created_unix.
         let mut undated = stored;
-        for f in rows_mut(&mut undated, "figures") {
-            f.remove("measured_unix");
+        for f in &mut undated.figures {
+            f.measured_unix = None;
         }
         let merged = merge(Some(&undated), run);
         assert_eq!(dated(&merged, "microvm"), (Some(40_000), Some(T0)));

@@ -266,11 +266,11 @@ fn bench_figures_reorder_auto_and_shape_changes_static_order() {
     let d = r.decide(&long, &host).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(d.chosen, Tier::Microvm);
 
-    let json = r#"{"figures":[
-        {"subject":"host","median_us":1000},
-        {"subject":"gvisor","median_us":150000},
-        {"subject":"microvm","median_us":40000},
-        {"subject":"microvm","median_us":45000}]}"#;
+    let json = r#"{"schema":"cordon-bench/1","created_unix":1,"figures":[
+        {"subject":"host","kind":"peer","median_us":1000},
+        {"subject":"gvisor","kind":"tier","median_us":150000},
+        {"subject":"microvm","kind":"tier","median_us":40000},
+        {"subject":"microvm","kind":"tier","median_us":45000}]}"#;
     host.bench = BenchFigures::from_bench_json(json).ok();
     assert_eq!(
         host.bench
@@ -283,7 +283,7 @@ fn bench_figures_reorder_auto_and_shape_changes_static_order() {
     assert_eq!(d.ranking.order, vec![Tier::Microvm, Tier::Gvisor]);
     // A measured tier outranks an unmeasured one; unmeasured ones follow the static order.
     host.bench =
-        BenchFigures::from_bench_json(r#"{"figures":[{"subject":"microvm","median_us":9}]}"#).ok();
+        BenchFigures::from_bench_json(r#"{"schema":"cordon-bench/1","created_unix":1,"figures":[{"subject":"microvm","kind":"tier","median_us":9}]}"#).ok();
     let d = r.decide(&q, &host).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(d.ranking.order, vec![Tier::Microvm, Tier::Gvisor]);
     assert!(BenchFigures::from_bench_json("{}").is_err());
@@ -297,9 +297,9 @@ fn each_figure_keeps_its_own_date_and_explain_shows_its_age() {
     // gvisor measured by this bench run; microvm kept from a run three days before (a row
     // with its own date), and a row without one takes the document's date.
     let json = format!(
-        r#"{{"created_unix":{now},"figures":[
-            {{"subject":"gvisor","median_us":150000}},
-            {{"subject":"microvm","median_us":40000,"measured_unix":{}}}]}}"#,
+        r#"{{"schema":"cordon-bench/1","created_unix":{now},"figures":[
+            {{"subject":"gvisor","kind":"tier","median_us":150000}},
+            {{"subject":"microvm","kind":"tier","median_us":40000,"measured_unix":{}}}]}}"#,
         now - 3 * 86_400
     );
     let host = Host {
