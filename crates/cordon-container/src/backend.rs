@@ -9,11 +9,12 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cordon_core::{
-    Backend, Capability, Error, ExecOutcome, ExecRequest, OutputSink, Probe, Result, Sandbox,
-    SandboxId, SandboxSpec, Termination, Tier, Weakening,
+    ArchiveReport, Backend, Capability, Error, ExecOutcome, ExecRequest, FileOp, FileReply,
+    OutputSink, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier, Weakening,
 };
 use cordon_guest::proto::{self, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode};
 use cordon_host::agent::{self, AgentConn, Filled};
+use cordon_host::files::{Answer, ConnIo, refuse_unscanned};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::cgroup::{self, SandboxCgroup};
@@ -602,24 +603,37 @@ impl ContainerSandbox {
         let reply = ctrl
             .send(req, body, deadline)
             .and_then(|()| ctrl.recv(deadline, max_reply.saturating_add(agent::HEADER_ROOM)));
-        match reply {
-            Ok(f) => Ok(f),
-            Err(agent::CallError::Timeout) => {
-                let secs = limit.as_secs_f64();
-                self.gone = Some(format!(
-                    "its agent did not answer a file call within {secs:.0} s"
-                ));
-                self.teardown();
-                Err(Error::Sandbox(format!(
-                    "the sandbox did not answer within {secs:.0} s and was stopped; create a new sandbox"
-                )))
-            }
-            Err(e) => {
-                self.gone = Some(format!("the sandbox agent stopped ({e})"));
-                self.teardown();
-                Err(sandbox_err("the sandbox agent stopped", e))
-            }
+        reply.map_err(|e| self.channel_failed(e))
+    }
+
+    /// One file call of several frames (directory operations, archives), each frame sent
+    /// or received within the call deadline; a channel failure ends the sandbox as in
+    /// [`Self::call`].
+    fn file_call<T>(&mut self, f: impl FnOnce(&mut ConnIo<'_>) -> Answer<T>) -> Result<T> {
+        let timeout = self.call_timeout;
+        let conn = self.ctrl()?;
+        match f(&mut ConnIo { conn, timeout }) {
+            Ok(answer) => answer,
+            Err(e) => Err(self.channel_failed(e)),
         }
+    }
+
+    /// The agent missed a deadline or its channel broke: the sandbox is torn down and
+    /// every later call says why.
+    fn channel_failed(&mut self, e: agent::CallError) -> Error {
+        if matches!(e, agent::CallError::Timeout) {
+            let secs = self.call_timeout.as_secs_f64();
+            self.gone = Some(format!(
+                "its agent did not answer a file call within {secs:.0} s"
+            ));
+            self.teardown();
+            return Error::Sandbox(format!(
+                "the sandbox did not answer within {secs:.0} s and was stopped; create a new sandbox"
+            ));
+        }
+        self.gone = Some(format!("the sandbox agent stopped ({e})"));
+        self.teardown();
+        sandbox_err("the sandbox agent stopped", e)
     }
 
     fn env_for(&self, req: &ExecRequest) -> BTreeMap<String, String> {
@@ -940,6 +954,27 @@ impl Sandbox for ContainerSandbox {
                 format!("{other:?}"),
             )),
         }
+    }
+
+    fn file_op(&mut self, op: &FileOp) -> Result<FileReply> {
+        self.file_call(|io| cordon_host::files::file_op(io, op))
+    }
+
+    fn put_archive(&mut self, dir: &str, tar: &mut dyn std::io::Read) -> Result<ArchiveReport> {
+        cordon_core::validate_sandbox_dir(dir)?;
+        let budget = self.spec.limits.disk_bytes;
+        self.file_call(|io| cordon_host::files::put_archive(io, dir, budget, tar))
+    }
+
+    fn get_archive(
+        &mut self,
+        dir: &str,
+        max_bytes: u64,
+        out: &mut dyn std::io::Write,
+    ) -> Result<ArchiveReport> {
+        cordon_core::validate_sandbox_dir(dir)?;
+        refuse_unscanned(&self.spec, dir)?;
+        self.file_call(|io| cordon_host::files::get_archive(io, dir, max_bytes, out))
     }
 
     fn start_us(&self) -> u64 {

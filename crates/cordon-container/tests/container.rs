@@ -446,6 +446,32 @@ fn stdin_files_in_and_out() {
 }
 
 #[test]
+fn file_api_round_trip_and_tar() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    cordon_testkit::files::round_trip(sb.as_mut());
+    sb.destroy().unwrap();
+}
+
+#[test]
+fn file_api_never_follows_planted_symlinks_or_opens_fifos() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    cordon_testkit::files::planted_links(sb.as_mut(), true);
+    sb.destroy().unwrap();
+}
+
+#[test]
+fn hostile_archives_are_refused_or_neutralised() {
+    let b = need_backend!();
+    let mut s = spec();
+    s.limits.disk_bytes = 8 << 20;
+    let mut sb = b.create(&s).unwrap();
+    cordon_testkit::files::hostile_archives(sb.as_mut(), s.limits.disk_bytes);
+    sb.destroy().unwrap();
+}
+
+#[test]
 fn missing_program_is_reported() {
     let b = need_backend!();
     let o = run_in(b, &spec(), &ExecRequest::argv(["no-such-program-xyz"]));

@@ -2,7 +2,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ExecOutcome, ExecRequest, OutputStream, Result, SandboxSpec, Tier};
+use crate::{
+    ArchiveReport, ExecOutcome, ExecRequest, FileOp, FileReply, OutputStream, Result, SandboxSpec,
+    Tier,
+};
 
 /// An unguessable sandbox id: `sb-` and 128 random bits in hex.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -191,6 +194,37 @@ pub trait Sandbox: Send {
     /// Reads a file under `/work`, at most `max_bytes`. Refuses paths outside it and symlinks.
     fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>>;
 
+    /// Lists, stats, removes, renames or makes a directory under `/work`, never through a
+    /// symlink (a symlink is reported, or removed or renamed itself). Tiers without a
+    /// workspace answer [`crate::Error::Unsupported`].
+    fn file_op(&mut self, op: &FileOp) -> Result<FileReply> {
+        Err(unsupported_files(op.name()))
+    }
+
+    /// Extracts the tar stream `tar` into the directory `dir` under `/work` (made if
+    /// missing). Entries leaving `dir` (absolute, `..`) stop it with
+    /// [`crate::Error::PathRefused`]; links, device nodes and FIFOs are skipped and
+    /// reported; setuid, setgid and sticky bits are dropped; past the sandbox's disk limit
+    /// it stops with an error. What was read of `tar` is consumed either way.
+    fn put_archive(&mut self, dir: &str, tar: &mut dyn std::io::Read) -> Result<ArchiveReport> {
+        let _ = (dir, tar);
+        Err(unsupported_files("uploading a directory"))
+    }
+
+    /// Writes the directory `dir` under `/work` to `out` as a tar stream, at most
+    /// `max_bytes` of file contents (refused before the first byte when the directory is
+    /// larger). Symlinks go in as links, never followed; FIFOs, sockets and devices are
+    /// skipped and never opened.
+    fn get_archive(
+        &mut self,
+        dir: &str,
+        max_bytes: u64,
+        out: &mut dyn std::io::Write,
+    ) -> Result<ArchiveReport> {
+        let _ = (dir, max_bytes, out);
+        Err(unsupported_files("downloading a directory"))
+    }
+
     /// Microseconds it took to create this sandbox.
     fn start_us(&self) -> u64;
 
@@ -216,6 +250,13 @@ pub trait Sandbox: Send {
     /// such resources ignore it.
     fn set_owner(&mut self, owner: &str) {
         let _ = owner;
+    }
+}
+
+fn unsupported_files(what: &str) -> crate::Error {
+    crate::Error::Unsupported {
+        what: format!("the file operation `{what}` on this tier"),
+        fix: "use the container, gvisor, microvm or wasm tier for a workspace with files".into(),
     }
 }
 

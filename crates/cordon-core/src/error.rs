@@ -25,6 +25,9 @@ pub enum Error {
     /// A file transfer could not complete.
     #[error("file {path:?}: {reason}")]
     File { path: String, reason: String },
+    /// The tier (or this sandbox's build of it) cannot do what was asked.
+    #[error("{what} is not supported here; fix: {fix}")]
+    Unsupported { what: String, fix: String },
     /// The sandbox is gone (destroyed, timed out or crashed) and cannot be used again.
     #[error("sandbox {id} is no longer running ({reason}); create a new sandbox")]
     Gone { id: String, reason: String },

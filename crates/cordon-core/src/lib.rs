@@ -8,6 +8,7 @@
 mod backend;
 mod error;
 mod exec;
+mod files;
 pub mod report;
 mod run;
 mod spec;
@@ -21,13 +22,14 @@ pub use exec::{
     Command, ExecOutcome, ExecRequest, OutputStream, SANDBOX_PATH, Termination, Timings, Usage,
     exit_code_for, sandbox_env,
 };
+pub use files::{ArchiveReport, FileEntry, FileKind, FileOp, FileReply, MAX_LIST_ENTRIES, Skipped};
 pub use report::{
     Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind,
 };
 pub use run::{FileIn, FileOut, run_once};
 pub use spec::{
     EgressPolicy, Grant, GrantSecret, Language, Limits, MintedToken, ResolvedTemplate, SandboxSpec,
-    SecretValue, Tier, TokenMinter, WORKDIR, Weakening, default_grant_header,
+    SecretValue, Tier, TokenMinter, WORKDIR, Weakening, default_grant_header, validate_sandbox_dir,
     validate_sandbox_path, validate_template_name,
 };
 

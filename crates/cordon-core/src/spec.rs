@@ -512,6 +512,17 @@ fn validate_env_name(key: &str) -> Result<()> {
     }
 }
 
+/// Validates a directory path inside the sandbox and returns it relative to [`WORKDIR`]:
+/// as [`validate_sandbox_path`], but `/work` itself (`/work`, `/work/`, `.`) is allowed and
+/// comes back empty.
+pub fn validate_sandbox_dir(path: &str) -> Result<String> {
+    let trimmed = path.trim_end_matches('/');
+    if trimmed == WORKDIR || path == "." || path == "./" {
+        return Ok(String::new());
+    }
+    validate_sandbox_path(path)
+}
+
 /// Validates a path inside the sandbox for a file in or out and returns it relative to
 /// [`WORKDIR`]. Relative paths are taken under `/work`. Anything that would leave `/work`
 /// (`..`, another absolute root, NUL) is refused. Symlinks are refused later, at open time,
@@ -586,6 +597,13 @@ mod tests {
             "a\0b",
         ] {
             assert!(validate_sandbox_path(bad).is_err(), "{bad:?} was accepted");
+        }
+        for root in ["/work", "/work/", ".", "/work//"] {
+            assert_eq!(validate_sandbox_dir(root).unwrap(), "", "{root:?}");
+        }
+        assert_eq!(validate_sandbox_dir("/work/a/").unwrap(), "a");
+        for bad in ["/", "/etc", "/work/..", "..", "/workx"] {
+            assert!(validate_sandbox_dir(bad).is_err(), "{bad:?} was accepted");
         }
     }
 

@@ -5,16 +5,21 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use cordon_core::{FileEntry, FileKind, FileReply, MAX_LIST_ENTRIES};
+use nix::dir::Dir;
 use nix::errno::Errno;
-use nix::fcntl::{FcntlArg, OFlag, OpenHow, ResolveFlag, fcntl, openat2};
-use nix::sys::stat::{Mode, fstat, mkdirat};
-use nix::unistd::{Gid, Uid, fchown};
+use nix::fcntl::{AtFlags, FcntlArg, OFlag, OpenHow, ResolveFlag, fcntl, openat2, renameat};
+use nix::sys::stat::{FileStat, Mode, fchmod, fstat, fstatat, mkdirat};
+use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, unlinkat};
 
 use crate::proto::ErrorCode;
+
+/// How deep a recursive remove or a download goes before it stops.
+pub(crate) const MAX_DEPTH: usize = 256;
 
 /// A refusal or failure, with the code the agent protocol carries and a message that names
 /// only the sandbox path.
@@ -39,20 +44,28 @@ impl Workspace {
         Ok(Workspace { root, uid, gid })
     }
 
-    fn open_beneath(&self, rel: &str, flags: OFlag, mode: Mode) -> Result<OwnedFd, Errno> {
-        let how = OpenHow::new()
-            .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-            .mode(mode)
-            .resolve(
-                ResolveFlag::RESOLVE_BENEATH
-                    | ResolveFlag::RESOLVE_NO_SYMLINKS
-                    | ResolveFlag::RESOLVE_NO_MAGICLINKS
-                    | ResolveFlag::RESOLVE_NO_XDEV,
-            );
-        openat2(self.root.as_fd(), rel, how)
+    pub(crate) fn open_beneath(
+        &self,
+        rel: &str,
+        flags: OFlag,
+        mode: Mode,
+    ) -> Result<OwnedFd, Errno> {
+        open_at(self.root.as_fd(), rel, flags, mode)
     }
 
-    fn hand_over(&self, fd: &OwnedFd) {
+    /// A directory beneath the root, readable (`rel` empty: the root itself).
+    pub(crate) fn open_dir(&self, rel: &str) -> Result<OwnedFd, Errno> {
+        let rel = if rel.is_empty() { "." } else { rel };
+        self.open_beneath(rel, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty())
+    }
+
+    /// The directory holding `rel` (not empty), and the last component's name.
+    fn parent_of<'a>(&self, rel: &'a str) -> Result<(OwnedFd, &'a str), Errno> {
+        let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        Ok((self.open_dir(dir)?, name))
+    }
+
+    pub(crate) fn hand_over(&self, fd: &OwnedFd) {
         let _ = fchown(
             fd,
             Some(Uid::from_raw(self.uid)),
@@ -66,59 +79,216 @@ impl Workspace {
     /// is refused), a symlink anywhere, a path leaving the workspace.
     pub fn put(&self, path: &str, mode: u32, data: &[u8]) -> Result<(), FileError> {
         let rel = check_path(path)?;
-        // Create parent directories one by one, each opened without following symlinks.
-        if let Some((dirs, _)) = rel.rsplit_once('/') {
-            let mut sofar = String::new();
-            for part in dirs.split('/') {
-                if !sofar.is_empty() {
-                    sofar.push('/');
-                }
-                sofar.push_str(part);
-                match self.open_beneath(&sofar, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty())
-                {
-                    Ok(_) => {}
-                    Err(Errno::ENOENT) => {
-                        mkdirat(
-                            self.root.as_fd(),
-                            sofar.as_str(),
-                            Mode::from_bits_truncate(0o755),
-                        )
-                        .map_err(|e| refuse_errno(path, e))?;
-                        let fd = self
-                            .open_beneath(
-                                &sofar,
-                                OFlag::O_DIRECTORY | OFlag::O_RDONLY,
-                                Mode::empty(),
-                            )
-                            .map_err(|e| refuse_errno(path, e))?;
-                        self.hand_over(&fd);
-                    }
-                    Err(e) => return Err(refuse_errno(path, e)),
-                }
+        let mut f = self.create_file(&rel, path, mode)?;
+        f.write_all(data).map_err(|e| write_error(path, &e))
+    }
+
+    /// Makes the directory `rel` and its missing parents, one by one, each opened without
+    /// following symlinks and handed to the sandbox user; existing directories are kept.
+    pub(crate) fn make_dirs(&self, rel: &str, shown: &str) -> Result<(), FileError> {
+        let mut sofar = String::new();
+        for part in rel.split('/') {
+            if !sofar.is_empty() {
+                sofar.push('/');
             }
+            sofar.push_str(part);
+            match self.open_beneath(&sofar, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty()) {
+                Ok(_) => {}
+                Err(Errno::ENOENT) => {
+                    match mkdirat(
+                        self.root.as_fd(),
+                        sofar.as_str(),
+                        Mode::from_bits_truncate(0o755),
+                    ) {
+                        Ok(()) | Err(Errno::EEXIST) => {}
+                        Err(e) => return Err(refuse_errno(shown, e)),
+                    }
+                    let fd = self
+                        .open_beneath(&sofar, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty())
+                        .map_err(|e| refuse_errno(shown, e))?;
+                    self.hand_over(&fd);
+                }
+                // Something that is not a directory: a symlink is refused as one.
+                Err(Errno::ENOTDIR) => {
+                    let st = fstatat(&self.root, sofar.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
+                    return Err(match st {
+                        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                            refuse_errno(shown, Errno::ELOOP)
+                        }
+                        _ => (
+                            ErrorCode::PathRefused,
+                            format!("{shown}: /work/{sofar} is not a directory"),
+                        ),
+                    });
+                }
+                Err(e) => return Err(refuse_errno(shown, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates or truncates the regular file `rel` (parents made), owned by the sandbox
+    /// user, with permission bits `mode & 0o777`. Refused: anything but a regular file at
+    /// the end (a FIFO is opened without blocking), a symlink anywhere.
+    pub(crate) fn create_file(&self, rel: &str, shown: &str, mode: u32) -> Result<File, FileError> {
+        if let Some((dirs, _)) = rel.rsplit_once('/') {
+            self.make_dirs(dirs, shown)?;
         }
         // Not O_TRUNC: only a file found to be regular is truncated.
         let fd = self
             .open_beneath(
-                &rel,
+                rel,
                 OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK,
                 Mode::from_bits_truncate(mode & 0o777),
             )
             .map_err(|e| match e {
                 // A FIFO without a reader (or a socket), a directory: not a file.
-                Errno::ENXIO | Errno::EISDIR => not_regular(path),
-                e => refuse_errno(path, e),
+                Errno::ENXIO | Errno::EISDIR => not_regular(shown),
+                e => refuse_errno(shown, e),
             })?;
-        let st = fstat(&fd).map_err(|e| refuse_errno(path, e))?;
+        let st = fstat(&fd).map_err(|e| refuse_errno(shown, e))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(not_regular(path));
+            return Err(not_regular(shown));
         }
-        fcntl(&fd, FcntlArg::F_SETFL(OFlag::empty())).map_err(|e| refuse_errno(path, e))?;
+        fcntl(&fd, FcntlArg::F_SETFL(OFlag::empty())).map_err(|e| refuse_errno(shown, e))?;
         self.hand_over(&fd);
-        let mut f = File::from(fd);
-        f.set_len(0).map_err(|e| write_error(path, &e))?;
+        let f = File::from(fd);
+        f.set_len(0).map_err(|e| write_error(shown, &e))?;
         let _ = f.set_permissions(std::fs::Permissions::from_mode(mode & 0o777));
-        f.write_all(data).map_err(|e| write_error(path, &e))
+        Ok(f)
+    }
+
+    /// Runs one [`cordon_core::FileOp`].
+    pub fn op(&self, op: &cordon_core::FileOp) -> Result<FileReply, FileError> {
+        use cordon_core::FileOp;
+        match op {
+            FileOp::List { path } => self.list(path),
+            FileOp::Stat { path } => self.stat(path).map(|entry| FileReply::Entry { entry }),
+            FileOp::Remove { path, recursive } => {
+                self.remove(path, *recursive).map(|()| FileReply::Done)
+            }
+            FileOp::Rename { from, to } => self.rename(from, to).map(|()| FileReply::Done),
+            FileOp::Mkdir { path, parents } => self.mkdir(path, *parents).map(|()| FileReply::Done),
+        }
+    }
+
+    /// The entries of a directory, sorted by name, at most [`MAX_LIST_ENTRIES`]; symlinks
+    /// are reported as symlinks, never followed.
+    pub fn list(&self, path: &str) -> Result<FileReply, FileError> {
+        let rel = check_dir(path)?;
+        let fd = self.open_dir(&rel).map_err(|e| dir_errno(path, e))?;
+        let mut names = read_names(&fd).map_err(|e| refuse_errno(path, e))?;
+        names.sort();
+        let truncated = names.len() > MAX_LIST_ENTRIES;
+        names.truncate(MAX_LIST_ENTRIES);
+        let mut entries = Vec::with_capacity(names.len());
+        for name in names {
+            // An entry removed since the directory was read is left out.
+            if let Ok(st) = fstatat(&fd, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                entries.push(entry_of(name, &st));
+            }
+        }
+        Ok(FileReply::Entries { entries, truncated })
+    }
+
+    /// One entry; a symlink is reported as one, not followed.
+    pub fn stat(&self, path: &str) -> Result<FileEntry, FileError> {
+        let rel = check_dir(path)?;
+        if rel.is_empty() {
+            let st = fstat(&self.root).map_err(|e| refuse_errno(path, e))?;
+            return Ok(entry_of(cordon_core::WORKDIR.to_string(), &st));
+        }
+        let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
+        let st = fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| refuse_errno(path, e))?;
+        Ok(entry_of(name.to_string(), &st))
+    }
+
+    /// Removes a file, a symlink (itself) or an empty directory; with `recursive`, a
+    /// directory and everything beneath it, each level opened without following symlinks.
+    pub fn remove(&self, path: &str, recursive: bool) -> Result<(), FileError> {
+        let rel = check_path(path)?;
+        let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
+        let st = fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| refuse_errno(path, e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return unlinkat(&parent, name, UnlinkatFlags::NoRemoveDir)
+                .map_err(|e| refuse_errno(path, e));
+        }
+        if recursive {
+            return remove_tree(parent.as_fd(), name, 0).map_err(|e| match e {
+                Errno::E2BIG => (
+                    ErrorCode::Io,
+                    format!("{path}: nested deeper than {MAX_DEPTH} levels; remove it in parts"),
+                ),
+                e => refuse_errno(path, e),
+            });
+        }
+        unlinkat(&parent, name, UnlinkatFlags::RemoveDir).map_err(|e| match e {
+            Errno::ENOTEMPTY | Errno::EEXIST => (
+                ErrorCode::Io,
+                format!(
+                    "{path} is a directory that is not empty; remove it with recursive set, or \
+                     empty it first"
+                ),
+            ),
+            e => refuse_errno(path, e),
+        })
+    }
+
+    /// Renames `from` to `to` (both under `/work`; a file at `to` is replaced). A symlink
+    /// is renamed itself; neither path may pass through one.
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), FileError> {
+        let rf = check_path(from)?;
+        let rt = check_path(to)?;
+        let (pf, nf) = self.parent_of(&rf).map_err(|e| refuse_errno(from, e))?;
+        let (pt, nt) = self.parent_of(&rt).map_err(|e| refuse_errno(to, e))?;
+        renameat(&pf, nf, &pt, nt).map_err(|e| match e {
+            Errno::ENOENT => (ErrorCode::NotFound, format!("{from} does not exist")),
+            Errno::EISDIR | Errno::ENOTDIR | Errno::ENOTEMPTY | Errno::EEXIST => (
+                ErrorCode::Io,
+                format!(
+                    "cannot rename {from} to {to}: {to} is a directory that is not empty, or \
+                     one of them is a directory and the other is not; remove {to} first"
+                ),
+            ),
+            Errno::EINVAL => (
+                ErrorCode::Io,
+                format!("cannot move {from} into itself ({to}); give another destination"),
+            ),
+            e => refuse_errno(from, e),
+        })
+    }
+
+    /// Makes a directory; with `parents`, its missing parents too, and an existing
+    /// directory is not an error.
+    pub fn mkdir(&self, path: &str, parents: bool) -> Result<(), FileError> {
+        let rel = check_path(path)?;
+        if parents {
+            return self.make_dirs(&rel, path);
+        }
+        let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
+        mkdirat(&parent, name, Mode::from_bits_truncate(0o755)).map_err(|e| match e {
+            Errno::EEXIST => (
+                ErrorCode::Io,
+                format!("{path} already exists; set parents to accept an existing directory"),
+            ),
+            Errno::ENOENT => (
+                ErrorCode::NotFound,
+                format!("the parent of {path} does not exist; set parents to make it too"),
+            ),
+            e => refuse_errno(path, e),
+        })?;
+        if let Ok(fd) = open_at(
+            parent.as_fd(),
+            name,
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        ) {
+            self.hand_over(&fd);
+            let _ = fchmod(&fd, Mode::from_bits_truncate(0o755));
+        }
+        Ok(())
     }
 
     /// Reads at most `max` bytes of `path`; the flag says there was more. Refused as
@@ -147,18 +317,119 @@ impl Workspace {
     }
 }
 
-fn check_path(path: &str) -> Result<String, FileError> {
+/// Opens `rel` beneath `dir`: never through a symlink, a magic link or onto another
+/// filesystem, never the last component if it is a symlink.
+pub(crate) fn open_at(
+    dir: BorrowedFd<'_>,
+    rel: &str,
+    flags: OFlag,
+    mode: Mode,
+) -> Result<OwnedFd, Errno> {
+    let how = OpenHow::new()
+        .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .mode(mode)
+        .resolve(
+            ResolveFlag::RESOLVE_BENEATH
+                | ResolveFlag::RESOLVE_NO_SYMLINKS
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                | ResolveFlag::RESOLVE_NO_XDEV,
+        );
+    openat2(dir, rel, how)
+}
+
+/// The names in a directory (not `.` and `..`), unsorted.
+pub(crate) fn read_names(dir: &OwnedFd) -> Result<Vec<String>, Errno> {
+    let mut d = Dir::from_fd(dir.try_clone().map_err(|_| Errno::EMFILE)?)?;
+    let mut names = Vec::new();
+    for entry in d.iter() {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy();
+        if name != "." && name != ".." {
+            names.push(name.into_owned());
+        }
+    }
+    Ok(names)
+}
+
+pub(crate) fn kind_of(st: &FileStat) -> FileKind {
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => FileKind::Dir,
+        libc::S_IFLNK => FileKind::Symlink,
+        libc::S_IFIFO => FileKind::Fifo,
+        libc::S_IFSOCK => FileKind::Socket,
+        libc::S_IFCHR => FileKind::CharDevice,
+        libc::S_IFBLK => FileKind::BlockDevice,
+        _ => FileKind::File,
+    }
+}
+
+pub(crate) fn entry_of(name: String, st: &FileStat) -> FileEntry {
+    FileEntry {
+        name,
+        kind: kind_of(st),
+        size: st.st_size.max(0) as u64,
+        mode: st.st_mode & 0o7777,
+        mtime_ms: st.st_mtime.saturating_mul(1000) + st.st_mtime_nsec / 1_000_000,
+    }
+}
+
+/// Removes the directory `name` in `parent` and everything beneath it; `E2BIG` past
+/// [`MAX_DEPTH`] levels.
+fn remove_tree(parent: BorrowedFd<'_>, name: &str, depth: usize) -> Result<(), Errno> {
+    if depth >= MAX_DEPTH {
+        return Err(Errno::E2BIG);
+    }
+    let dir = open_at(
+        parent,
+        name,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+        Mode::empty(),
+    )?;
+    for child in read_names(&dir)? {
+        let st = match fstatat(&dir, child.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::ENOENT) => continue,
+            Err(e) => return Err(e),
+        };
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            remove_tree(dir.as_fd(), &child, depth + 1)?;
+        } else {
+            match unlinkat(&dir, child.as_str(), UnlinkatFlags::NoRemoveDir) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    unlinkat(parent, name, UnlinkatFlags::RemoveDir)
+}
+
+pub(crate) fn check_path(path: &str) -> Result<String, FileError> {
     cordon_core::validate_sandbox_path(path).map_err(|e| (ErrorCode::PathRefused, e.to_string()))
 }
 
-fn not_regular(path: &str) -> FileError {
+pub(crate) fn check_dir(path: &str) -> Result<String, FileError> {
+    cordon_core::validate_sandbox_dir(path).map_err(|e| (ErrorCode::PathRefused, e.to_string()))
+}
+
+/// A directory that could not be opened as one.
+pub(crate) fn dir_errno(path: &str, e: Errno) -> FileError {
+    match e {
+        Errno::ENOTDIR => (
+            ErrorCode::PathRefused,
+            format!("{path} is not a directory; give a directory path"),
+        ),
+        e => refuse_errno(path, e),
+    }
+}
+
+pub(crate) fn not_regular(path: &str) -> FileError {
     (
         ErrorCode::PathRefused,
         format!("{path} is not a regular file (a FIFO, socket or directory); give a file path"),
     )
 }
 
-fn write_error(path: &str, e: &io::Error) -> FileError {
+pub(crate) fn write_error(path: &str, e: &io::Error) -> FileError {
     let what = if e.raw_os_error() == Some(libc::ENOSPC) {
         "no space left in /work (the sandbox's disk limit)".to_string()
     } else {
@@ -167,7 +438,7 @@ fn write_error(path: &str, e: &io::Error) -> FileError {
     (ErrorCode::Io, format!("writing {path}: {what}"))
 }
 
-fn refuse_errno(path: &str, e: Errno) -> FileError {
+pub(crate) fn refuse_errno(path: &str, e: Errno) -> FileError {
     match e {
         Errno::ELOOP | Errno::EXDEV => (
             ErrorCode::PathRefused,

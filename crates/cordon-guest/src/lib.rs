@@ -3,6 +3,7 @@
 //! Everything the host sends is checked; malformed frames are rejected.
 
 pub mod agent;
+pub mod archive;
 pub mod files;
 pub mod forwarder;
 pub mod proto;

@@ -18,6 +18,11 @@ pub const PROTOCOL_VERSION: u32 = 2;
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest JSON header either side accepts.
 pub const MAX_HEADER: usize = 1 << 20;
+/// Named in [`Reply::Configured`] by agents that serve [`Request::FileOp`], [`Request::PutArchive`]
+/// and [`Request::GetArchive`].
+pub const FEATURE_FILES: &str = "files";
+/// The largest piece of an archive one frame carries.
+pub const ARCHIVE_CHUNK: usize = 256 << 10;
 
 /// Errors of the wire protocol.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +104,27 @@ pub enum Request {
         path: String,
         max: u64,
     },
+    /// A [`cordon_core::FileOp`] on /work; answered by [`Reply::Files`] (agents whose hello
+    /// lists [`FEATURE_FILES`]).
+    FileOp {
+        op: cordon_core::FileOp,
+    },
+    /// Extract the tar stream that follows, as [`Request::ArchiveData`] frames ending with
+    /// an empty one, into the directory `path` under /work, at most `budget` bytes; answered
+    /// by [`Reply::Archive`] once the whole stream was read, whatever happened to it.
+    PutArchive {
+        path: String,
+        budget: u64,
+    },
+    /// A piece of an upload's tar stream (the body); an empty body ends it.
+    ArchiveData,
+    /// Write the directory `path` under /work as a tar stream: [`Reply::ArchiveData`]
+    /// frames, then [`Reply::Archive`] (or [`Reply::Error`]). At most `max` bytes of file
+    /// contents.
+    GetArchive {
+        path: String,
+        max: u64,
+    },
     /// Stop serving and exit.
     Shutdown,
     /// Per-sandbox settings for an agent that may have been started from a snapshot shared
@@ -152,6 +178,13 @@ pub enum Reply {
         version: u32,
         agent: String,
     },
+    /// The answer to [`Request::Configure`] from agents that list what they can do beyond
+    /// the protocol version's core ([`FEATURE_FILES`]); older agents answer [`Reply::Ok`].
+    /// (A microVM restored from a snapshot never says hello again, so this is where the
+    /// host learns what its agent can do.)
+    Configured {
+        features: Vec<String>,
+    },
     Started {
         id: u64,
     },
@@ -183,6 +216,13 @@ pub enum Reply {
     File {
         truncated: bool,
     },
+    /// The answer to [`Request::FileOp`]: the body holds a [`cordon_core::FileReply`] as
+    /// JSON (a listing may be larger than a header may be).
+    Files,
+    /// A piece of a download's tar stream (the body).
+    ArchiveData,
+    /// An archive moved: the body holds a [`cordon_core::ArchiveReport`] as JSON.
+    Archive,
     Ok,
     Error {
         code: ErrorCode,
@@ -343,6 +383,27 @@ mod tests {
         let f: Frame<Request> = read_frame(&mut &bytes[..]).unwrap();
         assert_eq!(f.header, req);
         assert_eq!(f.body, b"hello");
+    }
+
+    #[test]
+    fn file_ops_and_an_old_hello_decode() {
+        let req = Request::FileOp {
+            op: cordon_core::FileOp::Remove {
+                path: "/work/a".into(),
+                recursive: true,
+            },
+        };
+        let bytes = encode(&req, b"").unwrap();
+        assert_eq!(read_frame::<Request>(&mut &bytes[..]).unwrap().header, req);
+        let configured = encode(
+            &serde_json::json!({"type": "configured", "features": [FEATURE_FILES]}),
+            b"",
+        )
+        .unwrap();
+        assert!(matches!(
+            read_frame::<Reply>(&mut &configured[..]).unwrap().header,
+            Reply::Configured { features } if features == [FEATURE_FILES]
+        ));
     }
 
     #[test]

@@ -1133,6 +1133,38 @@ impl Sandbox for GvisorSandbox {
         Ok(clean)
     }
 
+    fn file_op(&mut self, op: &cordon_core::FileOp) -> Result<cordon_core::FileReply> {
+        self.workspace()?
+            .op(op)
+            .map_err(|(code, message)| cordon_host::agent::file_error(op.path(), code, message))
+    }
+
+    fn put_archive(
+        &mut self,
+        dir: &str,
+        tar: &mut dyn std::io::Read,
+    ) -> Result<cordon_core::ArchiveReport> {
+        cordon_core::validate_sandbox_dir(dir)?;
+        // /work is a tmpfs of the disk limit on the host: it stops a larger archive too.
+        let budget = self.spec.limits.disk_bytes;
+        self.workspace()?
+            .unpack(dir, tar, budget)
+            .map_err(|(code, message)| cordon_host::agent::file_error(dir, code, message))
+    }
+
+    fn get_archive(
+        &mut self,
+        dir: &str,
+        max_bytes: u64,
+        out: &mut dyn std::io::Write,
+    ) -> Result<cordon_core::ArchiveReport> {
+        cordon_core::validate_sandbox_dir(dir)?;
+        cordon_host::files::refuse_unscanned(&self.spec, dir)?;
+        self.workspace()?
+            .pack(dir, max_bytes, out)
+            .map_err(|(code, message)| cordon_host::agent::file_error(dir, code, message))
+    }
+
     fn start_us(&self) -> u64 {
         self.start_us
     }

@@ -206,6 +206,23 @@ fn timeout_and_output_limit_and_files() {
 }
 
 #[test]
+fn file_api_round_trip_links_fifos_and_hostile_archives() {
+    let b = need_backend!();
+    let mut spec = spec();
+    spec.limits.disk_bytes = 8 << 20;
+    // Each part in a fresh sandbox: the batteries look at what /work holds.
+    let mut sb = b.create(&spec).unwrap();
+    cordon_testkit::files::round_trip(sb.as_mut());
+    sb.destroy().unwrap();
+    let mut sb = b.create(&spec).unwrap();
+    cordon_testkit::files::planted_links(sb.as_mut(), false);
+    sb.destroy().unwrap();
+    let mut sb = b.create(&spec).unwrap();
+    cordon_testkit::files::hostile_archives(sb.as_mut(), spec.limits.disk_bytes);
+    sb.destroy().unwrap();
+}
+
+#[test]
 fn memory_bomb_is_out_of_memory_and_modest_use_is_not() {
     let b = need_backend!();
     let mut s = spec();

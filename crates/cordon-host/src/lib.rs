@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod cgroup;
 pub mod egress;
+pub mod files;
 pub mod idpool;
 mod sys;
 pub mod tied;

@@ -342,6 +342,7 @@ impl MicrovmBackend {
             egress: None,
             file_findings: Vec::new(),
             ram_bytes: params.ram_mib << 20,
+            files: false,
         };
         let dir = self.cfg.run_dir.join(id.short());
         let boot = self.cfg.boot_timeout;
@@ -608,6 +609,8 @@ pub struct MicrovmSandbox {
     /// Scan findings of files taken out, until reported.
     file_findings: Vec<cordon_core::Finding>,
     ram_bytes: u64,
+    /// The guest agent serves file operations and archives (its image is recent enough).
+    files: bool,
 }
 
 fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -729,6 +732,23 @@ impl MicrovmSandbox {
         self.check_call(r, what)
     }
 
+    /// One file call on the agent channel, each frame by the file deadline; refused at
+    /// once when the guest's agent predates file operations (it would stop at an unknown
+    /// request).
+    fn file_call<T>(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&mut cordon_host::files::ConnIo<'_>) -> cordon_host::files::Answer<T>,
+    ) -> Result<T> {
+        if !self.files {
+            return Err(cordon_host::files::agent_too_old(what));
+        }
+        let timeout = self.file_timeout;
+        let conn = self.ctrl()?;
+        let r = f(&mut cordon_host::files::ConnIo { conn, timeout });
+        self.check_call(r, what)?
+    }
+
     fn gone_err(&self) -> Error {
         Error::Gone {
             id: self.id.to_string(),
@@ -788,7 +808,12 @@ impl MicrovmSandbox {
         };
         let f = self.call(&req, &seed, timeout, HEADER_ROOM, "configuring the guest")?;
         match f.header {
+            // An agent built before agents listed features: no file operations.
             Reply::Ok => Ok(()),
+            Reply::Configured { features } => {
+                self.files = features.iter().any(|f| f == proto::FEATURE_FILES);
+                Ok(())
+            }
             Reply::Error { message, .. } => Err(sandbox_err("configuring the guest", message)),
             other => Err(sandbox_err(
                 "unexpected reply to configure",
@@ -1051,6 +1076,35 @@ impl Sandbox for MicrovmSandbox {
                 format!("{other:?}"),
             )),
         }
+    }
+
+    fn file_op(&mut self, op: &cordon_core::FileOp) -> Result<cordon_core::FileReply> {
+        self.file_call(op.name(), |io| cordon_host::files::file_op(io, op))
+    }
+
+    fn put_archive(
+        &mut self,
+        dir: &str,
+        tar: &mut dyn std::io::Read,
+    ) -> Result<cordon_core::ArchiveReport> {
+        cordon_core::validate_sandbox_dir(dir)?;
+        let budget = self.spec.limits.disk_bytes;
+        self.file_call("uploading a directory", |io| {
+            cordon_host::files::put_archive(io, dir, budget, tar)
+        })
+    }
+
+    fn get_archive(
+        &mut self,
+        dir: &str,
+        max_bytes: u64,
+        out: &mut dyn std::io::Write,
+    ) -> Result<cordon_core::ArchiveReport> {
+        cordon_core::validate_sandbox_dir(dir)?;
+        cordon_host::files::refuse_unscanned(&self.spec, dir)?;
+        self.file_call("downloading a directory", |io| {
+            cordon_host::files::get_archive(io, dir, max_bytes, out)
+        })
     }
 
     fn start_us(&self) -> u64 {

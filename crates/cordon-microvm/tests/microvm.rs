@@ -8,8 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use cordon_core::{
-    Error, ExecOutcome, ExecRequest, Language, OutputStream, Sandbox, SandboxSpec, Termination,
-    Tier,
+    Backend, Error, ExecOutcome, ExecRequest, Language, OutputStream, Sandbox, SandboxSpec,
+    Termination, Tier,
 };
 use cordon_microvm::{EgressTuning, MicrovmBackend, MicrovmConfig, MicrovmSandbox};
 
@@ -917,6 +917,60 @@ fn a_link_planted_over_a_template_snapshot_makes_root_touch_nothing_outside() {
     assert_eq!(stdout(&o), "FROM-THE-CHANNEL", "{o:?}");
     destroy_and_check(sb);
     si.victim_untouched();
+}
+
+/// The file battery in a microVM, when the image's agent serves file operations; an image
+/// built before them is skipped loudly (`cordon image build` picks up the new agent).
+#[test]
+fn file_api_round_trip_links_fifos_and_hostile_archives() {
+    let Some(env) = env() else {
+        return;
+    };
+    let s = spec();
+    let mut sb = env.backend.create(&s).unwrap();
+    if let Err(e @ Error::Unsupported { .. }) = sb.file_op(&cordon_core::FileOp::List {
+        path: "/work".into(),
+    }) {
+        if std::env::var("CORDON_REQUIRE_ALL").as_deref() == Ok("1") {
+            panic!("the microVM image predates file operations under CORDON_REQUIRE_ALL=1: {e}");
+        }
+        eprintln!("SKIPPING microvm file battery: {e}");
+        return;
+    }
+    cordon_testkit::files::round_trip(&mut *sb);
+    sb.destroy().unwrap();
+    let mut sb = env.backend.create(&s).unwrap();
+    cordon_testkit::files::planted_links(&mut *sb, true);
+    sb.destroy().unwrap();
+    let mut sb = env.backend.create(&s).unwrap();
+    cordon_testkit::files::hostile_archives(&mut *sb, s.limits.disk_bytes);
+    sb.destroy().unwrap();
+}
+
+#[test]
+fn an_agent_older_than_file_operations_is_refused_with_the_fix() {
+    // The stand-in answers `configure` as agents built before file operations did.
+    let Some(si) = stand_in("old-agent", |_| {}) else {
+        return;
+    };
+    let mut sb = si.backend.create_restored(&spec()).unwrap();
+    let list = sb.file_op(&cordon_core::FileOp::List {
+        path: "/work".into(),
+    });
+    let tar = sb.get_archive("/work", 1 << 20, &mut Vec::new());
+    let up = sb.put_archive("/work", &mut &[0u8; 1024][..]);
+    for r in [list.map(|_| ()), tar.map(|_| ()), up.map(|_| ())] {
+        match r {
+            Err(e @ Error::Unsupported { .. }) => {
+                assert!(e.to_string().contains("cordon image build"), "{e}")
+            }
+            other => panic!("expected the old agent to be refused: {other:?}"),
+        }
+    }
+    // Nothing was sent that the agent would stop at: the sandbox still runs.
+    let o = exec_argv(&mut sb, &["incoming"]).unwrap();
+    assert_eq!(stdout(&o), "FROM-THE-CHANNEL", "{o:?}");
+    destroy_and_check(sb);
 }
 
 #[test]

@@ -89,6 +89,20 @@ fn files_are_refused() {
         sb.get_file("/etc/passwd", 10),
         Err(Error::Invalid(_))
     ));
+    // No workspace: the directory calls say so, and name the tiers that have one.
+    let list = sb.file_op(&cordon_core::FileOp::List {
+        path: "/work".into(),
+    });
+    let tar = sb.get_archive("/work", 1 << 20, &mut Vec::new());
+    let up = sb.put_archive("/work", &mut &b""[..]);
+    for r in [list.map(|_| ()), tar.map(|_| ()), up.map(|_| ())] {
+        match r {
+            Err(e @ Error::Unsupported { .. }) => {
+                assert!(e.to_string().contains("container"), "{e}")
+            }
+            other => panic!("expected unsupported, got {other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -36,6 +36,13 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/sandboxes/{id}/exec"),
     ("put", "/v1/sandboxes/{id}/files/{path}"),
     ("get", "/v1/sandboxes/{id}/files/{path}"),
+    ("get", "/v1/sandboxes/{id}/files"),
+    ("delete", "/v1/sandboxes/{id}/files"),
+    ("get", "/v1/sandboxes/{id}/files/stat"),
+    ("post", "/v1/sandboxes/{id}/files/rename"),
+    ("post", "/v1/sandboxes/{id}/files/mkdir"),
+    ("put", "/v1/sandboxes/{id}/archive"),
+    ("get", "/v1/sandboxes/{id}/archive"),
     ("post", "/v1/run"),
     ("get", "/v1/audit"),
     ("post", "/mcp"),
@@ -151,7 +158,7 @@ impl FromRequestParts<Service> for MaybeAuth {
     }
 }
 
-fn json_rejection(r: JsonRejection) -> ApiError {
+pub(crate) fn json_rejection(r: JsonRejection) -> ApiError {
     match r.status() {
         StatusCode::PAYLOAD_TOO_LARGE => too_large(),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
@@ -179,11 +186,11 @@ fn bytes_rejection(r: BytesRejection) -> ApiError {
     }
 }
 
-fn query_rejection(r: QueryRejection) -> ApiError {
+pub(crate) fn query_rejection(r: QueryRejection) -> ApiError {
     ApiError::invalid(r.body_text())
 }
 
-fn parse_id(id: &str) -> Result<String, ApiError> {
+pub(crate) fn parse_id(id: &str) -> Result<String, ApiError> {
     SandboxId::parse(id)
         .map(|i| i.to_string())
         .ok_or_else(|| ApiError::not_found("sandbox"))
@@ -198,6 +205,13 @@ pub fn router(svc: Service) -> Router {
             get(get_file).put(put_file),
         )
         .layer(DefaultBodyLimit::max(limits.max_file_bytes));
+    // Archives stream; the service bounds them (http.max_archive_bytes) as they pass.
+    let archives = Router::new()
+        .route(
+            "/v1/sandboxes/{id}/archive",
+            get(crate::api_files::get_archive).put(crate::api_files::put_archive),
+        )
+        .layer(DefaultBodyLimit::disable());
     let (mcp, book) = crate::mcp::http_service(svc.clone());
     let mcp = Router::new()
         .nest_service("/mcp", mcp)
@@ -214,10 +228,24 @@ pub fn router(svc: Service) -> Router {
         .route("/v1/sandboxes", post(create).get(list))
         .route("/v1/sandboxes/{id}", get(info).delete(destroy))
         .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(crate::api_files::list).delete(crate::api_files::remove),
+        )
+        .route("/v1/sandboxes/{id}/files/stat", get(crate::api_files::stat))
+        .route(
+            "/v1/sandboxes/{id}/files/rename",
+            post(crate::api_files::rename),
+        )
+        .route(
+            "/v1/sandboxes/{id}/files/mkdir",
+            post(crate::api_files::mkdir),
+        )
         .route("/v1/run", post(run))
         .route("/v1/audit", get(audit))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .merge(files)
+        .merge(archives)
         .merge(mcp)
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)

@@ -63,6 +63,9 @@ pub struct HttpLimits {
     pub max_body_bytes: usize,
     /// Largest file upload or download, in bytes.
     pub max_file_bytes: usize,
+    /// Largest directory upload or download as a tar stream, in bytes (streamed, never
+    /// buffered whole; a download counts its files' contents).
+    pub max_archive_bytes: u64,
 }
 
 impl Default for HttpLimits {
@@ -70,6 +73,7 @@ impl Default for HttpLimits {
         HttpLimits {
             max_body_bytes: 8 << 20,
             max_file_bytes: 32 << 20,
+            max_archive_bytes: 256 << 20,
         }
     }
 }

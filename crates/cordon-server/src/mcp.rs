@@ -1,4 +1,5 @@
-//! MCP (rmcp): tools to run code, create a sandbox, exec, write and read files, destroy.
+//! MCP (rmcp): tools to run code, create a sandbox, exec, write and read files, list, stat,
+//! remove, rename and make directories, destroy.
 //! Served over stdio (`cordon mcp`, one local tenant) and streamable HTTP at `/mcp`
 //! (the API key's tenant, set by the auth middleware).
 
@@ -14,6 +15,8 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+use cordon_core::{FileOp, FileReply};
 
 use crate::ServerError;
 use crate::keys::Tenant;
@@ -119,6 +122,40 @@ pub struct FileArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ListArgs {
+    pub sandbox: String,
+    /// A directory: /work (the default) or beneath it.
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct RemoveArgs {
+    pub sandbox: String,
+    /// A path under /work (not /work itself).
+    pub path: String,
+    /// Remove a directory that is not empty, and everything beneath it.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct RenameArgs {
+    pub sandbox: String,
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct MkdirArgs {
+    pub sandbox: String,
+    pub path: String,
+    /// Make missing parents too; an existing directory is not an error.
+    #[serde(default)]
+    pub parents: bool,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct SandboxArgs {
     pub sandbox: String,
 }
@@ -132,6 +169,35 @@ fn drop_nulls(mut v: Value) -> Value {
         m.retain(|_, x| !x.is_null());
     }
     v
+}
+
+impl CordonMcp {
+    /// One file operation; the answer as the HTTP API gives it.
+    async fn file_op(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        sandbox: &str,
+        op: FileOp,
+    ) -> Result<String, String> {
+        let t = self.tenant(ctx)?;
+        let reply = self
+            .svc
+            .file_op(&t, sandbox, op.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        match reply {
+            FileReply::Entries { entries, truncated } => text(&crate::api_files::Listing {
+                path: op.path().to_string(),
+                entries,
+                truncated,
+            }),
+            FileReply::Entry { entry } => text(&crate::api_files::Stat {
+                path: op.path().to_string(),
+                entry,
+            }),
+            FileReply::Done => text(&json!({"op": op.name(), "path": op.path()})),
+        }
+    }
 }
 
 fn text(v: &impl serde::Serialize) -> Result<String, String> {
@@ -275,6 +341,73 @@ impl CordonMcp {
                 "base64": base64::engine::general_purpose::STANDARD.encode(e.into_bytes())}),
         };
         text(&v)
+    }
+
+    #[tool(
+        description = "List a directory under /work in a sandbox: {path, entries: [{name, kind, size, mode, mtime_ms}], truncated}. Symlinks are listed as symlinks, never followed."
+    )]
+    async fn list_files(
+        &self,
+        Parameters(a): Parameters<ListArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let path = a.path.unwrap_or_else(|| cordon_core::WORKDIR.to_string());
+        self.file_op(&ctx, &a.sandbox, FileOp::List { path }).await
+    }
+
+    #[tool(
+        description = "Stat a path under /work in a sandbox: {name, kind, size, mode, mtime_ms}; a symlink is reported as one, not followed."
+    )]
+    async fn stat_file(
+        &self,
+        Parameters(a): Parameters<FileArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let op = FileOp::Stat { path: a.path };
+        self.file_op(&ctx, &a.sandbox, op).await
+    }
+
+    #[tool(
+        description = "Remove a file, symlink or empty directory under /work in a sandbox; recursive removes a directory and everything beneath it."
+    )]
+    async fn remove_path(
+        &self,
+        Parameters(a): Parameters<RemoveArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let op = FileOp::Remove {
+            path: a.path,
+            recursive: a.recursive,
+        };
+        self.file_op(&ctx, &a.sandbox, op).await
+    }
+
+    #[tool(description = "Rename or move a path under /work in a sandbox.")]
+    async fn rename_path(
+        &self,
+        Parameters(a): Parameters<RenameArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let op = FileOp::Rename {
+            from: a.from,
+            to: a.to,
+        };
+        self.file_op(&ctx, &a.sandbox, op).await
+    }
+
+    #[tool(
+        description = "Make a directory under /work in a sandbox (parents: also missing parents)."
+    )]
+    async fn make_dir(
+        &self,
+        Parameters(a): Parameters<MkdirArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let op = FileOp::Mkdir {
+            path: a.path,
+            parents: a.parents,
+        };
+        self.file_op(&ctx, &a.sandbox, op).await
     }
 
     #[tool(description = "Destroy a sandbox (idempotent).")]

@@ -39,9 +39,34 @@ struct FakeSandbox {
     /// Minted grants' minters, so `mint` can stand in for the egress proxy.
     minters: Vec<Arc<dyn cordon_core::TokenMinter>>,
     files: HashMap<String, Vec<u8>>,
+    /// The workspace of the directory calls (list, archives, ...): the guest's own code on
+    /// a temporary directory.
+    work: tempfile::TempDir,
+    disk_bytes: u64,
     counters: Arc<Counters>,
     destroyed: bool,
     used: bool,
+}
+
+impl FakeSandbox {
+    fn workspace(&self) -> cordon_guest::files::Workspace {
+        let uid = nix::unistd::geteuid().as_raw();
+        let gid = nix::unistd::getegid().as_raw();
+        cordon_guest::files::Workspace::open(self.work.path(), uid, gid).unwrap()
+    }
+}
+
+fn ws_error(path: &str) -> impl Fn(cordon_guest::files::FileError) -> cordon_core::Error + '_ {
+    move |(code, reason)| match code {
+        cordon_guest::proto::ErrorCode::PathRefused => cordon_core::Error::PathRefused {
+            path: path.into(),
+            reason,
+        },
+        _ => cordon_core::Error::File {
+            path: path.into(),
+            reason,
+        },
+    }
 }
 
 impl Backend for FakeBackend {
@@ -88,6 +113,8 @@ impl Backend for FakeBackend {
                 })
                 .collect(),
             files: HashMap::new(),
+            work: tempfile::tempdir().unwrap(),
+            disk_bytes: spec.limits.disk_bytes,
             counters: self.0.clone(),
             destroyed: false,
             used: false,
@@ -218,6 +245,26 @@ impl Sandbox for FakeSandbox {
                 path: path.into(),
                 reason: "no such file".into(),
             })
+    }
+    fn file_op(&mut self, op: &cordon_core::FileOp) -> CoreResult<cordon_core::FileReply> {
+        self.workspace().op(op).map_err(ws_error(op.path()))
+    }
+    fn put_archive(
+        &mut self,
+        dir: &str,
+        tar: &mut dyn Read,
+    ) -> CoreResult<cordon_core::ArchiveReport> {
+        self.workspace()
+            .unpack(dir, tar, self.disk_bytes)
+            .map_err(ws_error(dir))
+    }
+    fn get_archive(
+        &mut self,
+        dir: &str,
+        max: u64,
+        out: &mut dyn Write,
+    ) -> CoreResult<cordon_core::ArchiveReport> {
+        self.workspace().pack(dir, max, out).map_err(ws_error(dir))
     }
     fn start_us(&self) -> u64 {
         1
@@ -1214,8 +1261,13 @@ mod mcp {
                 "create_sandbox",
                 "destroy",
                 "exec",
+                "list_files",
+                "make_dir",
                 "read_file",
+                "remove_path",
+                "rename_path",
                 "run",
+                "stat_file",
                 "write_file"
             ]
         );
@@ -1264,6 +1316,62 @@ mod mcp {
         let (ok, out) = tool(
             &client,
             "read_file",
+            json!({"sandbox": id, "path": "/etc/passwd"}),
+        )
+        .await;
+        assert!(!ok && out.contains("path_refused"), "{out}");
+        // Directories: make, list, stat, rename, remove.
+        let (ok, out) = tool(
+            &client,
+            "make_dir",
+            json!({"sandbox": id, "path": "/work/d/e", "parents": true}),
+        )
+        .await;
+        assert!(ok, "{out}");
+        let (ok, out) = tool(&client, "list_files", json!({"sandbox": id})).await;
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let names: Vec<&str> = v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert!(ok && names == ["d"], "{out}");
+        let (ok, out) = tool(
+            &client,
+            "stat_file",
+            json!({"sandbox": id, "path": "/work/d/e"}),
+        )
+        .await;
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert!(ok && v["kind"] == "dir" && v["name"] == "e", "{out}");
+        let (ok, out) = tool(
+            &client,
+            "rename_path",
+            json!({"sandbox": id, "from": "/work/d/e", "to": "/work/f"}),
+        )
+        .await;
+        assert!(ok, "{out}");
+        let (ok, out) = tool(
+            &client,
+            "remove_path",
+            json!({"sandbox": id, "path": "/work/d", "recursive": true}),
+        )
+        .await;
+        assert!(ok, "{out}");
+        let (ok, out) = tool(
+            &client,
+            "list_files",
+            json!({"sandbox": id, "path": "/work"}),
+        )
+        .await;
+        assert!(
+            ok && out.contains("\"name\": \"f\"") && !out.contains("\"d\""),
+            "{out}"
+        );
+        let (ok, out) = tool(
+            &client,
+            "stat_file",
             json!({"sandbox": id, "path": "/etc/passwd"}),
         )
         .await;
@@ -2150,4 +2258,336 @@ mod fuzz {
             }
         }
     }
+}
+
+/// A directory goes in as a tar stream, is listed, statted, renamed and removed through its
+/// routes, and comes out as a tar stream with the same bytes; archives are not bound by
+/// the single-file limit but by their own; hostile entries and wrong types are refused;
+/// every call has its audit row; another tenant gets 404 on every route.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_goes_in_and_out_as_a_tar_stream_and_other_tenants_get_404() {
+    use cordon_testkit::files::{TarEntry, read_tar, tarball};
+    use reqwest::Method as M;
+    use sha2::Digest;
+    let env = start_with(|c| c.http.max_archive_bytes = 1 << 20).await;
+    let id = env.create(ALICE, json!({"tier": "container"})).await;
+    let (s, v) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{id}/files/mkdir"),
+            ALICE,
+            Some(json!({"path": "/work/src/pkg", "parents": true})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // Larger than http.max_file_bytes (256 KiB here): archives have their own limit.
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let tar = tarball(&[
+        TarEntry::dir("lib/"),
+        TarEntry::file("lib/x.bin", &big),
+        TarEntry::file("top.txt", b"top"),
+    ]);
+    let up = |key: &'static str, body: Vec<u8>, ctype: &'static str, path: &str| {
+        env.req(
+            M::PUT,
+            &format!("/v1/sandboxes/{id}/archive?path={path}"),
+            key,
+        )
+        .header("content-type", ctype)
+        .body(body)
+        .send()
+    };
+    let r = up(ALICE, tar.clone(), "application/x-tar", "/work/src")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let rep: Value = r.json().await.unwrap();
+    assert_eq!(
+        (rep["files"].as_u64(), rep["dirs"].as_u64()),
+        (Some(2), Some(1)),
+        "{rep}"
+    );
+    assert_eq!(rep["bytes"], 300_003);
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/files?path=/work/src"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let names: Vec<(&str, &str)> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![("lib", "dir"), ("pkg", "dir"), ("top.txt", "file")]
+    );
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/files/stat?path=/work/src/lib/x.bin"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["kind"].as_str(), v["size"].as_u64(), v["mode"].as_u64()),
+        (Some("file"), Some(300_000), Some(0o644))
+    );
+    // Out again: the same bytes.
+    let r = env
+        .req(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/archive?path=/work/src"),
+            ALICE,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/x-tar");
+    let got = r.bytes().await.unwrap();
+    let found = read_tar(&got);
+    let paths: Vec<&str> = found.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, vec!["lib/", "lib/x.bin", "pkg/", "top.txt"]);
+    assert_eq!(found[1].data, big);
+    // Rename, remove.
+    let (s, v) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{id}/files/rename"),
+            ALICE,
+            Some(json!({"from": "/work/src/top.txt", "to": "/work/top.txt"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = env
+        .call(
+            M::DELETE,
+            &format!("/v1/sandboxes/{id}/files?path=/work/src"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!((s, v["code"].as_str()), (422, Some("file_error")), "{v}");
+    let (s, v) = env
+        .call(
+            M::DELETE,
+            &format!("/v1/sandboxes/{id}/files?path=/work/src&recursive=true"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = env
+        .call(M::GET, &format!("/v1/sandboxes/{id}/files"), ALICE, None)
+        .await;
+    assert_eq!(v["entries"][0]["name"], "top.txt", "{v}");
+    assert_eq!(v["entries"].as_array().unwrap().len(), 1, "{v}");
+    // Refusals.
+    let r = up(
+        ALICE,
+        tarball(&[TarEntry::file("../x", b"x")]),
+        "application/x-tar",
+        "/work",
+    )
+    .await
+    .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "path_refused", "{v}");
+    let r = up(ALICE, tar.clone(), "application/json", "/work")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let r = up(ALICE, tar.clone(), "application/x-tar", "/etc")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/files?path=/etc"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!((s, v["code"].as_str()), (400, Some("path_refused")), "{v}");
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/archive?path=/work/none"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!((s, v["code"].as_str()), (422, Some("file_error")), "{v}");
+    // Past http.max_archive_bytes, while it streams in.
+    let huge = vec![7u8; 1 << 20];
+    let r = up(
+        ALICE,
+        tarball(&[TarEntry::file("huge", &huge)]),
+        "application/x-tar",
+        "/work",
+    )
+    .await
+    .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["message"].as_str().unwrap().contains("max_archive_bytes"),
+        "{v}"
+    );
+    // The audit rows: the upload's digest is the archive's.
+    let (_, rows) = env
+        .call(
+            M::GET,
+            &format!("/v1/audit?sandbox={id}&kind=archive_put"),
+            ALICE,
+            None,
+        )
+        .await;
+    let sha = hex::encode(sha2::Sha256::digest(&tar));
+    assert!(
+        rows["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["detail"]["sha256"] == sha.as_str() && r["decision"] == "ok"),
+        "{rows}"
+    );
+    let (_, rows) = env
+        .call(
+            M::GET,
+            &format!("/v1/audit?sandbox={id}&kind=file_op"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert!(rows["events"].as_array().unwrap().len() >= 6, "{rows}");
+    // Another tenant: 404 on every route, like an unknown id.
+    let other: Vec<(M, String, Option<Value>)> = vec![
+        (M::GET, format!("/v1/sandboxes/{id}/files?path=/work"), None),
+        (
+            M::GET,
+            format!("/v1/sandboxes/{id}/files/stat?path=/work/top.txt"),
+            None,
+        ),
+        (
+            M::DELETE,
+            format!("/v1/sandboxes/{id}/files?path=/work/top.txt"),
+            None,
+        ),
+        (
+            M::POST,
+            format!("/v1/sandboxes/{id}/files/rename"),
+            Some(json!({"from": "/work/top.txt", "to": "/work/b"})),
+        ),
+        (
+            M::POST,
+            format!("/v1/sandboxes/{id}/files/mkdir"),
+            Some(json!({"path": "/work/b"})),
+        ),
+        (
+            M::GET,
+            format!("/v1/sandboxes/{id}/archive?path=/work"),
+            None,
+        ),
+    ];
+    for (m, path, body) in other {
+        let (s, v) = env.call(m.clone(), &path, BOB, body).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (404, Some("not_found")),
+            "{m} {path}: {v}"
+        );
+    }
+    let r = up(BOB, tar.clone(), "application/x-tar", "/work")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    // Alice's file is untouched by all that.
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/files/stat?path=/work/top.txt"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!((s, v["size"].as_u64()), (200, Some(3)), "{v}");
+}
+
+/// An upload whose body is still arriving holds the sandbox busy (an exec or another file
+/// call gets 409), and ends with the whole stream extracted once the client finishes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_archive_upload_in_flight_keeps_the_sandbox_busy() {
+    use cordon_testkit::files::{TarEntry, tarball};
+    use reqwest::Method as M;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = start().await;
+    let id = env.create(ALICE, json!({"tier": "container"})).await;
+    let tar = tarball(&[
+        TarEntry::file("a.txt", b"first"),
+        TarEntry::file("b.txt", b"second"),
+    ]);
+    let addr = env.base.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "PUT /v1/sandboxes/{id}/archive?path=/work/up HTTP/1.1\r\nHost: {addr}\r\n\
+         Authorization: Bearer {ALICE}\r\nContent-Type: application/x-tar\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let (first, rest) = tar.split_at(1024);
+    conn.write_all(format!("{:x}\r\n", first.len()).as_bytes())
+        .await
+        .unwrap();
+    conn.write_all(first).await.unwrap();
+    conn.write_all(b"\r\n").await.unwrap();
+    // The upload has claimed the sandbox while its body is still open.
+    let mut busy = false;
+    for _ in 0..250 {
+        let (_, info) = env
+            .call(M::GET, &format!("/v1/sandboxes/{id}"), ALICE, None)
+            .await;
+        if info["busy"] == true {
+            busy = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(busy, "the upload never claimed the sandbox");
+    let (s, e) = env.exec(ALICE, &id, json!({"argv": ["echo", "x"]})).await;
+    assert_eq!((s, e["code"].as_str()), (409, Some("sandbox_busy")), "{e}");
+    let (s, e) = env
+        .call(M::GET, &format!("/v1/sandboxes/{id}/files"), ALICE, None)
+        .await;
+    assert_eq!((s, e["code"].as_str()), (409, Some("sandbox_busy")), "{e}");
+    // The rest of the stream; the answer covers both files.
+    conn.write_all(format!("{:x}\r\n", rest.len()).as_bytes())
+        .await
+        .unwrap();
+    conn.write_all(rest).await.unwrap();
+    conn.write_all(b"\r\n0\r\n\r\n").await.unwrap();
+    let mut resp = String::new();
+    conn.read_to_string(&mut resp).await.unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(resp.contains("\"files\":2"), "{resp}");
+    let (s, v) = env
+        .call(
+            M::GET,
+            &format!("/v1/sandboxes/{id}/files?path=/work/up"),
+            ALICE,
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["entries"].as_array().unwrap().len(), 2, "{v}");
+    let (s, o) = env.exec(ALICE, &id, json!({"argv": ["echo", "x"]})).await;
+    assert_eq!(s, 200, "{o}");
 }

@@ -7,6 +7,7 @@
 
 pub mod egress;
 pub mod escape;
+pub mod files;
 pub mod fuzz;
 pub mod image;
 pub mod procs;

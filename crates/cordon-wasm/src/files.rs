@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use cordon_core::{Error, Result, validate_sandbox_path};
+use cordon_core::{ArchiveReport, Error, FileOp, FileReply, Result, validate_sandbox_path};
 
 use crate::host::{DiskLedger, ENTRY_COST};
 
@@ -122,4 +122,57 @@ pub(crate) fn get(root: &Path, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
         .read_to_end(&mut out)
         .map_err(|e| Error::io(format!("reading {path}"), e))?;
     Ok(out)
+}
+
+/// The scratch dir as a workspace: every call opens beneath it, never through a symlink
+/// (the guest cannot run meanwhile), files owned by this process's user.
+fn workspace(root: &Path) -> Result<cordon_guest::files::Workspace> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(root).map_err(|e| Error::io("the sandbox's /work", e))?;
+    cordon_guest::files::Workspace::open(root, m.uid(), m.gid())
+        .map_err(|e| Error::io("opening the sandbox's /work", e))
+}
+
+fn ws_error(path: &str) -> impl Fn(cordon_guest::files::FileError) -> Error + '_ {
+    move |(code, message)| match code {
+        cordon_guest::proto::ErrorCode::PathRefused => refuse(path, &message),
+        _ => Error::File {
+            path: path.to_string(),
+            reason: message,
+        },
+    }
+}
+
+pub(crate) fn op(root: &Path, ledger: &DiskLedger, op: &FileOp) -> Result<FileReply> {
+    let r = workspace(root)?.op(op).map_err(ws_error(op.path()));
+    if !matches!(op, FileOp::List { .. } | FileOp::Stat { .. }) {
+        ledger.remeasure(root);
+    }
+    r
+}
+
+pub(crate) fn unpack(
+    root: &Path,
+    disk_limit: u64,
+    ledger: &DiskLedger,
+    dir: &str,
+    tar: &mut dyn Read,
+) -> Result<ArchiveReport> {
+    let budget = disk_limit.saturating_sub(ledger.remeasure(root));
+    let r = workspace(root)?
+        .unpack(dir, tar, budget)
+        .map_err(ws_error(dir));
+    ledger.remeasure(root);
+    r
+}
+
+pub(crate) fn pack(
+    root: &Path,
+    dir: &str,
+    max_bytes: u64,
+    out: &mut dyn Write,
+) -> Result<ArchiveReport> {
+    workspace(root)?
+        .pack(dir, max_bytes, out)
+        .map_err(ws_error(dir))
 }

@@ -584,6 +584,30 @@ impl Sandbox for WasmSandbox {
         files::get(&root, path, max_bytes)
     }
 
+    fn file_op(&mut self, op: &cordon_core::FileOp) -> Result<cordon_core::FileReply> {
+        let root = self.scratch()?.to_path_buf();
+        files::op(&root, &self.disk, op)
+    }
+
+    fn put_archive(
+        &mut self,
+        dir: &str,
+        tar: &mut dyn std::io::Read,
+    ) -> Result<cordon_core::ArchiveReport> {
+        let root = self.scratch()?.to_path_buf();
+        files::unpack(&root, self.limits.disk_bytes, &self.disk, dir, tar)
+    }
+
+    fn get_archive(
+        &mut self,
+        dir: &str,
+        max_bytes: u64,
+        out: &mut dyn std::io::Write,
+    ) -> Result<cordon_core::ArchiveReport> {
+        let root = self.scratch()?.to_path_buf();
+        files::pack(&root, dir, max_bytes, out)
+    }
+
     fn start_us(&self) -> u64 {
         self.start_us
     }

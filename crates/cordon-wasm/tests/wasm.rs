@@ -899,3 +899,90 @@ fn compiling_a_user_module_is_bounded_by_the_exec_deadline_and_cached() {
     assert!(e.contains("function body"), "{e}");
     sb.destroy().unwrap();
 }
+
+#[test]
+fn file_api_and_archives_in_the_scratch_dir() {
+    use cordon_core::{FileKind, FileOp, FileReply};
+    use cordon_testkit::files::{TarEntry, read_tar, tarball};
+    let mut s = spec();
+    s.limits.disk_bytes = 4 << 20;
+    let mut sb = backend().create(&s).unwrap();
+    sb.file_op(&FileOp::Mkdir {
+        path: "/work/d/e".into(),
+        parents: true,
+    })
+    .unwrap();
+    sb.put_file("/work/d/e/f.txt", b"hello", 0o640).unwrap();
+    sb.file_op(&FileOp::Rename {
+        from: "/work/d/e/f.txt".into(),
+        to: "/work/d/g.txt".into(),
+    })
+    .unwrap();
+    let FileReply::Entries { entries, .. } = sb
+        .file_op(&FileOp::List {
+            path: "/work/d".into(),
+        })
+        .unwrap()
+    else {
+        panic!("not a listing")
+    };
+    let got: Vec<(&str, FileKind, u64)> = entries
+        .iter()
+        .map(|e| (e.name.as_str(), e.kind, e.size))
+        .collect();
+    assert_eq!(
+        got,
+        vec![("e", FileKind::Dir, got[0].2), ("g.txt", FileKind::File, 5)]
+    );
+    // The guest sees what the API did.
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(Language::Python, "print(open('/work/d/g.txt').read())"),
+    );
+    assert_eq!(out(&o), "hello\n", "{o:#?}");
+    let mut tar = Vec::new();
+    sb.get_archive("/work/d", 1 << 20, &mut tar).unwrap();
+    let paths: Vec<String> = read_tar(&tar).into_iter().map(|f| f.path).collect();
+    assert_eq!(paths, vec!["e/", "g.txt"]);
+    let r = sb.put_archive("/work/copy", &mut &tar[..]).unwrap();
+    assert_eq!((r.files, r.dirs, r.bytes), (1, 1, 5));
+    assert_eq!(sb.get_file("/work/copy/g.txt", 10).unwrap(), b"hello");
+    // Hostile entries: refused or neutralised, as on every tier.
+    for bad in ["../x", "/abs"] {
+        assert!(matches!(
+            sb.put_archive("/work/up", &mut &tarball(&[TarEntry::file(bad, b"x")])[..]),
+            Err(Error::PathRefused { .. })
+        ));
+    }
+    let r = sb
+        .put_archive(
+            "/work/up",
+            &mut &tarball(&[
+                TarEntry::link("ln", b'2', "/etc"),
+                TarEntry::file("ln/passwd", b"mine"),
+            ])[..],
+        )
+        .unwrap();
+    assert_eq!(r.skipped.len(), 1, "{r:?}");
+    assert_eq!(sb.get_file("/work/up/ln/passwd", 10).unwrap(), b"mine");
+    // Past the disk limit, counting what is there already.
+    let big = vec![1u8; 4 << 20];
+    let e = sb
+        .put_archive(
+            "/work/up",
+            &mut &tarball(&[TarEntry::file("big", &big)])[..],
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("disk limit"), "{e}");
+    sb.file_op(&FileOp::Remove {
+        path: "/work/d".into(),
+        recursive: true,
+    })
+    .unwrap();
+    assert!(
+        sb.file_op(&FileOp::Stat {
+            path: "/work/d".into()
+        })
+        .is_err()
+    );
+}

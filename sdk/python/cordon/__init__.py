@@ -8,15 +8,21 @@
         for event in sb.exec_stream("wc -l /work/a.csv"):
             print(event)
         print(sb.read_file("/work/a.csv"))
+        print(sb.files.list("/work"))
+        sb.files.upload_dir("./src", "/work/src")
+        sb.files.download_dir("/work/src", "./out")
 
 Standard library only (urllib). Errors raise `CordonError` subclasses chosen by the API's
 stable error code.
 """
 
 from .client import (
+    ArchiveReport,
     Cordon,
     CordonError,
     ExecResult,
+    FileEntry,
+    Files,
     InvalidRequest,
     NotFound,
     PathRefused,
@@ -28,12 +34,16 @@ from .client import (
     TierUnavailable,
     TooManySandboxes,
     Unauthorized,
+    Unsupported,
 )
 
 __all__ = [
+    "ArchiveReport",
     "Cordon",
     "CordonError",
     "ExecResult",
+    "FileEntry",
+    "Files",
     "InvalidRequest",
     "NotFound",
     "PathRefused",
@@ -45,4 +55,5 @@ __all__ = [
     "TierUnavailable",
     "TooManySandboxes",
     "Unauthorized",
+    "Unsupported",
 ]

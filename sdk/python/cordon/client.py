@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tarfile
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -61,6 +65,10 @@ class SandboxGone(CordonError):
     """The sandbox was destroyed."""
 
 
+class Unsupported(CordonError):
+    """The sandbox's tier (or its build) cannot do this; `fix` says what can."""
+
+
 _BY_CODE = {
     "unauthorized": Unauthorized,
     "not_found": NotFound,
@@ -74,6 +82,7 @@ _BY_CODE = {
     "too_many_sandboxes": TooManySandboxes,
     "sandbox_busy": SandboxBusy,
     "sandbox_gone": SandboxGone,
+    "unsupported": Unsupported,
 }
 
 
@@ -280,6 +289,125 @@ def _policy(trust: Optional[str], autonomy: Optional[str],
             if v is not None}
 
 
+@dataclass
+class FileEntry:
+    """One directory entry or what `stat` found (a symlink is reported, never followed)."""
+
+    name: str
+    kind: str  # file, dir, symlink, fifo, socket, char_device, block_device
+    size: int
+    mode: int
+    mtime_ms: int
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "FileEntry":
+        return cls(name=d["name"], kind=d["kind"], size=d["size"], mode=d["mode"],
+                   mtime_ms=d["mtime_ms"])
+
+
+@dataclass
+class ArchiveReport:
+    """What moving a directory as a tar stream did; `skipped` lists (path, reason)."""
+
+    files: int
+    dirs: int
+    bytes: int
+    symlinks: int = 0
+    skipped: List[Any] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ArchiveReport":
+        return cls(files=d["files"], dirs=d["dirs"], bytes=d["bytes"],
+                   symlinks=d.get("symlinks", 0),
+                   skipped=[(s["path"], s["reason"]) for s in d.get("skipped", [])])
+
+
+# Archives are spooled through a temporary file past this size, never held whole in memory.
+_SPOOL = 8 << 20
+_CHUNK = 256 << 10
+
+
+class Files:
+    """A sandbox's /work: `sandbox.files.list("/work")`, `stat`, `remove`, `rename`,
+    `mkdir`, and directories as tar streams (`upload_dir`, `download_dir`)."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sb = sandbox
+        self._base = f"/v1/sandboxes/{sandbox.id}"
+
+    def _q(self, route: str, **params: Any) -> str:
+        q = {k: ("true" if v is True else "false" if v is False else v)
+             for k, v in params.items() if v is not None}
+        return f"{self._base}/{route}?" + urllib.parse.urlencode(q)
+
+    def list(self, path: str = "/work") -> List[FileEntry]:
+        """The entries of a directory, sorted by name."""
+        d = self._sb.client._json("GET", self._q("files", path=path))
+        return [FileEntry.from_json(e) for e in d["entries"]]
+
+    def stat(self, path: str) -> FileEntry:
+        """One entry; a symlink is reported as one."""
+        return FileEntry.from_json(self._sb.client._json("GET", self._q("files/stat", path=path)))
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Removes a file, a symlink or an empty directory (any directory with `recursive`)."""
+        self._sb.client._json("DELETE", self._q("files", path=path, recursive=recursive))
+
+    def rename(self, src: str, dst: str) -> None:
+        """Renames or moves `src` to `dst` (a file at `dst` is replaced)."""
+        self._sb.client._json("POST", f"{self._base}/files/rename", {"from": src, "to": dst})
+
+    def mkdir(self, path: str, parents: bool = False) -> None:
+        """Makes a directory (with `parents`, missing parents too and no error if it exists)."""
+        self._sb.client._json("POST", f"{self._base}/files/mkdir",
+                              {"path": path, "parents": parents})
+
+    def upload_dir(self, local_dir: Union[str, "os.PathLike[str]"],
+                   path: str = "/work") -> ArchiveReport:
+        """Sends the local directory `local_dir` (its contents) into `path` as a tar stream.
+
+        Symlinks go in the archive as links; the server skips them (see `skipped`)."""
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL) as spool:
+            with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for name in sorted(os.listdir(local_dir)):
+                    tar.add(os.path.join(local_dir, name), arcname=name)
+            size = spool.tell()
+            spool.seek(0)
+            req = urllib.request.Request(
+                self._sb.client.url + self._q("archive", path=path), data=spool, method="PUT")
+            req.add_header("Authorization", f"Bearer {self._sb.client.api_key}")
+            req.add_header("Content-Type", "application/x-tar")
+            req.add_header("Content-Length", str(size))
+            try:
+                with urllib.request.urlopen(req, timeout=self._sb.client.timeout) as r:
+                    return ArchiveReport.from_json(json.loads(r.read()))
+            except urllib.error.HTTPError as e:
+                raise _error(e.code, e.read(), e.headers.get("Retry-After")) from None
+
+    def download_dir(self, path: str, local_dir: Union[str, "os.PathLike[str]"]) -> List[str]:
+        """Receives the directory `path` as a tar stream and extracts it into `local_dir`
+        (made if missing), with tarfile's `data` filter: entries that would leave
+        `local_dir`, links pointing out of it, devices are skipped. Returns what was
+        skipped."""
+        os.makedirs(local_dir, exist_ok=True)
+        skipped: List[str] = []
+
+        def keep(member: tarfile.TarInfo, dest: str) -> Optional[tarfile.TarInfo]:
+            try:
+                return tarfile.data_filter(member, dest)
+            except tarfile.FilterError:
+                skipped.append(member.name)
+                return None
+
+        with self._sb.client._open("GET", self._q("archive", path=path)) as r:
+            with tempfile.SpooledTemporaryFile(max_size=_SPOOL) as spool:
+                shutil.copyfileobj(r, spool, _CHUNK)
+                spool.seek(0)
+                with tarfile.open(fileobj=spool, mode="r:") as tar:
+                    tar.extractall(local_dir, filter=keep)
+        return skipped
+
+
 class Sandbox:
     """A live sandbox. A context manager: leaving the `with` block destroys it."""
 
@@ -287,6 +415,7 @@ class Sandbox:
         self.client = client
         self.info = dict(info)
         self.id: str = info["id"]
+        self.files = Files(self)
 
     def __enter__(self) -> "Sandbox":
         return self

@@ -312,3 +312,53 @@ def test_template_run_and_sandbox(alice, server, has_container):
     named = [t for t in rows if t]
     assert len(named) == 2 and all(t["name"] == "bb" and t["digest"].startswith("sha256:")
                                    for t in named), rows
+
+
+def test_directory_tar_round_trip_and_file_calls(alice, bob, has_container, tmp_path):
+    from cordon import Sandbox
+    src = tmp_path / "src"
+    (src / "pkg" / "sub").mkdir(parents=True)
+    (src / "a.txt").write_text("alpha\n")
+    big = bytes(range(256)) * 4096  # 1 MiB
+    (src / "big.bin").write_bytes(big)
+    (src / "pkg" / "sub" / "deep.txt").write_text("deep\n")
+    os.chmod(src / "pkg" / "sub" / "deep.txt", 0o600)
+    os.symlink("/etc/passwd", src / "link")
+    # A long non-ASCII name: tarfile writes it as a pax record.
+    long_name = "é" * 80 + ".txt"
+    (src / "pkg" / long_name).write_text("pax\n")
+    tiers = ["wasm"] + (["container"] if has_container else [])
+    for tier in tiers:
+        with alice.sandbox(tier=tier, ttl="2m") as sb:
+            rep = sb.files.upload_dir(src, "/work/proj")
+            assert (rep.files, rep.dirs, rep.bytes) == (4, 2, len(big) + 15), rep
+            # The symlink was not extracted: it is reported.
+            assert [p for p, _ in rep.skipped] == ["/work/proj/link"], rep
+            assert [(e.name, e.kind) for e in sb.files.list("/work/proj")] == [
+                ("a.txt", "file"), ("big.bin", "file"), ("pkg", "dir")]
+            st = sb.files.stat("/work/proj/pkg/sub/deep.txt")
+            assert (st.kind, st.size, st.mode) == ("file", 5, 0o600), st
+            sb.files.mkdir("/work/out/x", parents=True)
+            sb.files.rename("/work/proj/a.txt", "/work/out/x/a.txt")
+            # The program sees what the calls did.
+            if tier == "wasm":
+                r = sb.exec("print(open('/work/out/x/a.txt').read(), end='')", lang="python")
+            else:
+                r = sb.exec("cat /work/out/x/a.txt")
+            assert r.stdout == "alpha\n", r
+            out = tmp_path / f"out-{tier}"
+            assert sb.files.download_dir("/work", out) == []
+            assert (out / "proj" / "big.bin").read_bytes() == big
+            assert (out / "proj" / "pkg" / "sub" / "deep.txt").read_text() == "deep\n"
+            assert (out / "proj" / "pkg" / long_name).read_text() == "pax\n"
+            assert (out / "out" / "x" / "a.txt").read_text() == "alpha\n"
+            assert not (out / "proj" / "link").exists()
+            sb.files.remove("/work/proj", recursive=True)
+            assert [e.name for e in sb.files.list()] == ["out"]
+            with pytest.raises(PathRefused):
+                sb.files.list("/etc")
+            with pytest.raises(NotFound):
+                Sandbox(bob, {"id": sb.id}).files.list()
+            with pytest.raises(NotFound):
+                Sandbox(bob, {"id": sb.id}).files.download_dir("/work", tmp_path / "bob")
+            assert not (tmp_path / "bob").exists() or not any((tmp_path / "bob").iterdir())

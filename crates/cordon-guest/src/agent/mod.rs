@@ -38,6 +38,7 @@ use crate::sys;
 
 mod child;
 mod exec;
+mod files;
 
 use child::*;
 use exec::*;
@@ -126,6 +127,15 @@ impl Channel {
             Channel::Socket(s) => s.write_all(bytes),
             Channel::Port(f) => f.write_all(bytes),
             Channel::Pipes { tx, .. } => tx.write_all(bytes),
+        }
+    }
+
+    /// Reads bytes (descriptors sent along on a socket are dropped).
+    fn read_bytes(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Channel::Socket(s) => s.read(buf),
+            Channel::Port(f) => f.read(buf),
+            Channel::Pipes { rx, .. } => rx.read(buf),
         }
     }
 
@@ -303,6 +313,20 @@ impl Agent {
         let bytes = encode(reply, body)?;
         self.ctrl.write_all(&bytes)?;
         Ok(())
+    }
+
+    fn archive_reply(
+        &mut self,
+        result: Result<cordon_core::ArchiveReport, crate::files::FileError>,
+    ) -> Result<(), ProtoError> {
+        match result {
+            Ok(report) => {
+                let body = serde_json::to_vec(&report)
+                    .map_err(|e| ProtoError::Malformed(format!("encoding a report: {e}")))?;
+                self.send(&Reply::Archive, &body)
+            }
+            Err((code, msg)) => self.error(code, msg),
+        }
     }
 
     fn error(&mut self, code: ErrorCode, message: impl Into<String>) -> Result<(), ProtoError> {
@@ -547,6 +571,38 @@ impl Agent {
                 Ok((data, truncated)) => self.send(&Reply::File { truncated }, &data)?,
                 Err((code, msg)) => self.error(code, msg)?,
             },
+            Request::FileOp { op } => match self.work.op(&op) {
+                Ok(reply) => {
+                    let body = serde_json::to_vec(&reply)
+                        .map_err(|e| ProtoError::Malformed(format!("encoding a reply: {e}")))?;
+                    self.send(&Reply::Files, &body)?
+                }
+                Err((code, msg)) => self.error(code, msg)?,
+            },
+            Request::PutArchive { path, budget } => {
+                let (result, drained) = {
+                    let mut rd = files::UploadReader::new(&mut self.ctrl, &mut self.inbuf);
+                    let r = self.work.unpack(&path, &mut rd, budget);
+                    (r, rd.drain())
+                };
+                // A channel that broke, or a host that sent something else mid-upload.
+                drained?;
+                self.archive_reply(result)?;
+            }
+            Request::GetArchive { path, max } => {
+                let (result, flushed) = {
+                    let mut w = files::DownloadWriter::new(&mut self.ctrl);
+                    let r = self.work.pack(&path, max, &mut w);
+                    let f = w.flush_all();
+                    (r, f)
+                };
+                flushed?;
+                self.archive_reply(result)?;
+            }
+            Request::ArchiveData => self.error(
+                ErrorCode::BadRequest,
+                "archive data outside an upload; send put_archive first",
+            )?,
             Request::Configure {
                 hostname,
                 memory_bytes,
@@ -578,7 +634,8 @@ impl Agent {
                             cg.memory_bytes = memory_bytes;
                             cg.pids = pids;
                         }
-                        self.send(&Reply::Ok, b"")?
+                        let features = vec![crate::proto::FEATURE_FILES.to_string()];
+                        self.send(&Reply::Configured { features }, b"")?
                     }
                     Err(e) => self.error(ErrorCode::BadRequest, format!("configure: {e}"))?,
                 }

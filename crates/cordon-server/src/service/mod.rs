@@ -78,6 +78,7 @@ fn audit_err(e: ServerError) -> ApiError {
 
 mod admit;
 mod exec;
+mod files;
 mod pools;
 mod reaper;
 mod recovery;

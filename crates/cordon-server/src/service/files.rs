@@ -1,0 +1,289 @@
+//! File operations beyond one file in and out, and directories moved as tar streams. The
+//! sandbox is busy for the whole call, as for a file or an exec; the archive's bytes
+//! stream through bounded channels (never a whole archive in memory), each side bounded by
+//! `http.max_archive_bytes`; every call writes its audit row (archives with the stream's
+//! size and sha256) before its answer.
+
+use std::io::{self, Read, Write};
+
+use bytes::Bytes;
+use cordon_core::{ArchiveReport, FileOp, FileReply, validate_sandbox_dir};
+use futures_util::{Stream, StreamExt};
+use tokio_util::io::{StreamReader, SyncIoBridge};
+
+use super::*;
+
+/// A piece of a download on its way to the client, or how the download ended.
+enum Piece {
+    Data(Bytes),
+    End(Result<ArchiveReport, ApiError>),
+}
+
+/// How many pieces a download buffers between the sandbox and the client.
+const DOWNLOAD_QUEUE: usize = 4;
+/// The size of each piece sent to the client.
+const PIECE: usize = 256 << 10;
+
+/// Checks an op's paths before the sandbox is claimed.
+fn check_op(op: &FileOp) -> Result<(), ApiError> {
+    match op {
+        FileOp::List { path } | FileOp::Stat { path } => validate_sandbox_dir(path).map(drop)?,
+        FileOp::Remove { path, .. } | FileOp::Mkdir { path, .. } => {
+            validate_sandbox_path(path).map(drop)?
+        }
+        FileOp::Rename { from, to } => {
+            validate_sandbox_path(from)?;
+            validate_sandbox_path(to)?;
+        }
+    }
+    Ok(())
+}
+
+fn full_dir(dir: &str) -> Result<String, ApiError> {
+    let rel = validate_sandbox_dir(dir)?;
+    Ok(if rel.is_empty() {
+        "/work".to_string()
+    } else {
+        format!("/work/{rel}")
+    })
+}
+
+/// Reads the upload, counting and hashing it, refusing it past `max` bytes.
+struct Metered<R> {
+    inner: R,
+    bytes: u64,
+    max: u64,
+    sha: Sha256,
+}
+
+impl<R: Read> Read for Metered<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        if self.bytes > self.max {
+            return Err(io::Error::other(format!(
+                "the archive is larger than this server accepts (http.max_archive_bytes = {})",
+                self.max
+            )));
+        }
+        self.sha.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Sends a download to the client in pieces, counting and hashing it; fails once the
+/// client has gone.
+struct Sender {
+    tx: mpsc::Sender<Piece>,
+    buf: Vec<u8>,
+    bytes: u64,
+    sha: Sha256,
+}
+
+impl Sender {
+    fn send_buf(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let piece = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(PIECE)));
+        self.tx
+            .blocking_send(Piece::Data(piece))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))
+    }
+}
+
+impl Write for Sender {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.sha.update(data);
+        self.bytes += data.len() as u64;
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= PIECE {
+            self.send_buf()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send_buf()
+    }
+}
+
+impl Service {
+    /// Runs one file operation in a sandbox (list, stat, remove, rename, mkdir).
+    pub async fn file_op(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        op: FileOp,
+    ) -> Result<FileReply, ApiError> {
+        check_op(&op)?;
+        let guard = self.claim(tenant, id)?;
+        let s = guard.0.clone();
+        let audit = self.inner.audit.clone();
+        blocking(move || -> Result<FileReply, ApiError> {
+            let _busy = guard;
+            let r = {
+                let mut cell = lock(&s.sandbox);
+                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                sb.file_op(&op)
+            };
+            audit
+                .record(&NewEvent {
+                    tenant: Some(&s.tenant.0),
+                    sandbox: Some(&s.id),
+                    kind: "file_op",
+                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
+                    tier: Some(s.tier),
+                    detail: json!({"op": op,
+                        "error": r.as_ref().err().map(|e| e.to_string())}),
+                })
+                .map_err(audit_err)?;
+            r.map_err(ApiError::from)
+        })
+        .await?
+    }
+
+    /// Extracts a tar stream into the directory `dir` of a sandbox, as it arrives.
+    pub async fn put_archive<S>(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        dir: &str,
+        body: S,
+    ) -> Result<ArchiveReport, ApiError>
+    where
+        S: Stream<Item = Result<Bytes, io::Error>> + Send + Unpin + 'static,
+    {
+        let full = full_dir(dir)?;
+        let guard = self.claim(tenant, id)?;
+        let s = guard.0.clone();
+        let audit = self.inner.audit.clone();
+        let max = self.inner.cfg.http.max_archive_bytes;
+        // The body is read on the blocking thread as the sandbox takes it.
+        let src = SyncIoBridge::new(StreamReader::new(body));
+        blocking(move || -> Result<ArchiveReport, ApiError> {
+            let _busy = guard;
+            let mut src = Metered {
+                inner: src,
+                bytes: 0,
+                max,
+                sha: Sha256::new(),
+            };
+            let r = {
+                let mut cell = lock(&s.sandbox);
+                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                sb.put_archive(&full, &mut src)
+            };
+            // The rest (a tar's trailing blocks) is read too, so the size and digest are
+            // the whole stream's.
+            let _ = io::copy(&mut src, &mut io::sink());
+            let r = r.map_err(ApiError::from).map_err(|e| {
+                if src.bytes > max {
+                    ApiError::new(
+                        Code::PayloadTooLarge,
+                        format!(
+                            "the archive is larger than this server accepts \
+                             (http.max_archive_bytes = {max})"
+                        ),
+                        "send a smaller archive, in parts, or ask the operator to raise the limit",
+                    )
+                } else {
+                    e
+                }
+            });
+            let sha = hex::encode(std::mem::take(&mut src.sha).finalize());
+            audit
+                .record(&NewEvent {
+                    tenant: Some(&s.tenant.0),
+                    sandbox: Some(&s.id),
+                    kind: "archive_put",
+                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
+                    tier: Some(s.tier),
+                    detail: json!({"path": full, "bytes": src.bytes, "sha256": sha,
+                        "report": r.as_ref().ok(),
+                        "error": r.as_ref().err().map(|e| e.message.clone())}),
+                })
+                .map_err(audit_err)?;
+            r
+        })
+        .await?
+    }
+
+    /// Starts a download of the directory `dir` as a tar stream. An error found before the
+    /// first byte (no such directory, too large, refused) is the answer; one after it ends
+    /// the stream with an error (the client sees a cut-off body).
+    pub async fn get_archive(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        dir: &str,
+    ) -> Result<impl Stream<Item = Result<Bytes, io::Error>> + Send + 'static, ApiError> {
+        let full = full_dir(dir)?;
+        let guard = self.claim(tenant, id)?;
+        let s = guard.0.clone();
+        let audit = self.inner.audit.clone();
+        let max = self.inner.cfg.http.max_archive_bytes;
+        let (tx, mut rx) = mpsc::channel::<Piece>(DOWNLOAD_QUEUE);
+        let end = tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let _busy = guard;
+            let mut out = Sender {
+                tx,
+                buf: Vec::with_capacity(PIECE),
+                bytes: 0,
+                sha: Sha256::new(),
+            };
+            let r = {
+                let mut cell = lock(&s.sandbox);
+                match cell.as_mut() {
+                    None => Err(gone(&s.id)),
+                    Some(sb) => sb
+                        .get_archive(&full, max, &mut out)
+                        .map_err(ApiError::from)
+                        .and_then(|rep| {
+                            out.flush().map(|()| rep).map_err(|e| {
+                                ApiError::new(
+                                    Code::FileError,
+                                    format!("the download of {full} was cut off: {e}"),
+                                    "download it again",
+                                )
+                            })
+                        }),
+                }
+            };
+            let sha = hex::encode(std::mem::take(&mut out.sha).finalize());
+            let row = audit.record(&NewEvent {
+                tenant: Some(&s.tenant.0),
+                sandbox: Some(&s.id),
+                kind: "archive_get",
+                decision: Some(if r.is_ok() { "ok" } else { "error" }),
+                tier: Some(s.tier),
+                detail: json!({"path": full, "bytes": out.bytes, "sha256": sha,
+                    "report": r.as_ref().ok(),
+                    "error": r.as_ref().err().map(|e| e.message.clone())}),
+            });
+            let r = match row {
+                Ok(_) => r,
+                Err(e) => Err(audit_err(e)),
+            };
+            let _ = end.blocking_send(Piece::End(r));
+        });
+        // The first piece decides the status: data, or the error that came first.
+        let first = match rx.recv().await {
+            Some(Piece::Data(b)) => Some(b),
+            Some(Piece::End(Ok(_))) => None,
+            Some(Piece::End(Err(e))) => return Err(e),
+            None => return Err(ApiError::internal("the download's worker ended early")),
+        };
+        let head = futures_util::stream::iter(first.map(Ok));
+        let rest = futures_util::stream::unfold(Some(rx), |rx| async move {
+            let mut rx = rx?;
+            match rx.recv().await {
+                Some(Piece::Data(b)) => Some((Ok(b), Some(rx))),
+                Some(Piece::End(Ok(_))) | None => None,
+                Some(Piece::End(Err(e))) => Some((Err(io::Error::other(e.message)), None)),
+            }
+        });
+        Ok(head.chain(rest))
+    }
+}
