@@ -441,13 +441,7 @@ mod tests {
         assert_eq!((r.files, r.bytes), (1, 10_000));
     }
 
-    fn workspace() -> (tempfile::TempDir, Workspace) {
-        let dir = tempfile::tempdir().unwrap();
-        let uid = nix::unistd::geteuid().as_raw();
-        let gid = nix::unistd::getegid().as_raw();
-        let ws = Workspace::open(dir.path(), uid, gid).unwrap();
-        (dir, ws)
-    }
+    use crate::files::tests::workspace;
 
     /// One extension entry (`L` long name, `x` pax) followed by a file.
     fn with_extension(kind: u8, data: &[u8]) -> Vec<u8> {

@@ -460,10 +460,11 @@ pub(crate) fn refuse_errno(path: &str, e: Errno) -> FileError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn workspace() -> (tempfile::TempDir, Workspace) {
+    /// A workspace over a fresh temporary directory, owned by this process's ids.
+    pub(crate) fn workspace() -> (tempfile::TempDir, Workspace) {
         let dir = tempfile::tempdir().unwrap();
         let uid = nix::unistd::geteuid().as_raw();
         let gid = nix::unistd::getegid().as_raw();
