@@ -15,21 +15,20 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
-musl=x86_64-unknown-linux-musl
 if [ "$(uname -m)" != x86_64 ] || ! command -v musl-gcc >/dev/null \
-  || ! rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
-  log "static helpers: skipped (needs x86_64, musl-gcc and the $musl rust target; \`make setup\` installs them)"
+  || ! rustup target list --installed 2>/dev/null | grep -qx "$MUSL"; then
+  log "static helpers: skipped (needs x86_64, musl-gcc and the $MUSL rust target; \`make setup\` installs them)"
   exit 0
 fi
-if ! flock /tmp/cordon-cargo.lock cargo build -q --release --target "$musl" \
-  -p cordon --bin cordon -p cordon-sandbox-init --bin cordon-sandbox-init; then
+if ! build_musl_set; then
   log "static helpers: the musl build failed (above); keeping cargo's glibc builds"
   exit 0
 fi
+t=$(cargo_target_dir)
 for b in cordon cordon-sandbox-init; do
   # A new file, renamed over the old: cargo's build is a hard link to its deps/ copy,
   # which must stay as cargo made it.
-  cp "target/$musl/release/$b" "target/release/.$b.static"
-  mv -f "target/release/.$b.static" "target/release/$b"
+  cp "$t/$MUSL/release/$b" "$t/release/.$b.static"
+  mv -f "$t/release/.$b.static" "$t/release/$b"
 done
 log "static helpers: target/release/cordon and cordon-sandbox-init are static (musl) builds"

@@ -28,3 +28,36 @@ cordon_data_dir() {
   elif [ "$(id -u)" -eq 0 ]; then echo /var/lib/cordon;
   else echo "${XDG_DATA_HOME:-$HOME/.local/share}/cordon"; fi
 }
+
+# Where cargo puts its builds: $CARGO_TARGET_DIR, else the repository's target/.
+cargo_target_dir() {
+  if [ -n "${CARGO_TARGET_DIR:-}" ]; then echo "$CARGO_TARGET_DIR";
+  else echo "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target"; fi
+}
+
+# The static executables, built for this target (the front, the sandbox init, the microVM
+# guest agent).
+MUSL=x86_64-unknown-linux-musl
+
+# build_musl_set: the three static executables in one release build for $MUSL. One set, so
+# their shared dependencies compile once with one feature set; every caller (the guest
+# image, scripts/build-static.sh, scripts/static-smoke.sh) asks for exactly this set, so
+# after the first the others find it built.
+build_musl_set() {
+  flock /tmp/cordon-cargo.lock cargo build -q --release --target "$MUSL" \
+    -p cordon-guest --bin cordon-guest \
+    -p cordon --bin cordon \
+    -p cordon-sandbox-init --bin cordon-sandbox-init
+}
+
+# run_steps DIR LABEL: runs every DIR/NN-name.sh in order, logging each one's time.
+run_steps() {
+  local step name start
+  for step in "$1"/*.sh; do
+    [ -e "$step" ] || continue
+    name=$(basename "$step" .sh)
+    start=$(date +%s)
+    bash "$step"
+    log "$2: $name done in $(( $(date +%s) - start ))s"
+  done
+}

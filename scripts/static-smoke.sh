@@ -5,15 +5,15 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
-musl=x86_64-unknown-linux-musl
 if [ "$(uname -m)" != x86_64 ]; then
   log "static smoke test: SKIPPING, the static helpers are built for x86_64 only"
   [ "${CORDON_REQUIRE_ALL:-}" = 1 ] && { log "CORDON_REQUIRE_ALL=1: failing"; exit 1; }
   exit 0
 fi
-flock /tmp/cordon-cargo.lock cargo build -q --release --target "$musl" \
-  -p cordon --bin cordon -p cordon-sandbox-init --bin cordon-sandbox-init
-dir="target/$musl/release"
+# The same set the guest image step builds (scripts/lib.sh), so on `make test` this finds
+# it built.
+build_musl_set
+dir="$(cargo_target_dir)/$MUSL/release"
 for b in cordon cordon-sandbox-init; do
   if ! file "$dir/$b" | grep -q "static-pie linked"; then
     log "static smoke test: $dir/$b is not a static-pie executable: $(file "$dir/$b")"

@@ -13,4 +13,8 @@ if [ "$have" = "$CARGO_DENY_VERSION" ]; then
   exit 0
 fi
 log "installing cargo-deny $CARGO_DENY_VERSION (was: ${have:-none})"
-cargo install --locked --quiet --version "$CARGO_DENY_VERSION" cargo-deny
+# Its manifest's release profile is fat LTO in one codegen unit, which on two cores costs
+# minutes for a tool that runs for seconds: thin-local LTO and parallel codegen instead
+# (docs/adr/0009-one-build-in-make-test.md has the figures).
+CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+  flock /tmp/cordon-cargo.lock cargo install --locked --quiet --version "$CARGO_DENY_VERSION" cargo-deny

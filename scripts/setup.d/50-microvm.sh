@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # The microvm tier: QEMU 10 (bookworm-backports, added by reusing the mirror URI of the
 # existing Debian sources; no host is hard-coded), debootstrap and erofs-utils for the image
-# build, the musl target for the static guest agent, then `cordon image build` (itself
-# idempotent and content-addressed under $(cordon_data_dir)/microvm/).
+# build, and the musl target for the static guest agent. The image itself is built by
+# scripts/guests.d/microvm.sh (setup.sh runs it last; `make test` after its build).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
-repo=${CORDON_REPO:-$(cd "$here/../.." && pwd)}
 
 # 1. bookworm-backports, with the URI the host's Debian sources already use.
 bpo_list=/etc/apt/sources.list.d/cordon-backports.sources
@@ -52,14 +51,3 @@ if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-
   log "adding the rust target x86_64-unknown-linux-musl"
   rustup target add x86_64-unknown-linux-musl >/dev/null
 fi
-
-# 4. The guest image (kernel, rootfs, initramfs with the agent). `image build` checks its
-#    inputs' hashes first and returns in well under a second when everything is in place.
-cd "$repo"
-flock /tmp/cordon-cargo.lock cargo build -q --release -p cordon-guest --bin cordon-guest \
-  --target x86_64-unknown-linux-musl
-# The debug build of the full binary (`image build` is one of its commands; the `cordon`
-# front only runs sandboxes): `make test` builds it anyway, so CI compiles it once.
-flock /tmp/cordon-cargo.lock cargo build -q -p cordon-cli --bin cordon-full
-./target/debug/cordon-full image build \
-  --agent "$repo/target/x86_64-unknown-linux-musl/release/cordon-guest"

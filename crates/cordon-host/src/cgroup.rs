@@ -1,7 +1,9 @@
-//! The one cgroup manager of the native tiers, on cgroup v1 and v2 through cgroups-rs (whose
-//! `Hierarchy` trait, with its v1 and v2 implementations, is where the two versions differ
-//! in creating cgroups and setting limits; the counter files each version keeps are read
-//! here, as numbers, for every exec).
+//! The one cgroup manager of the native tiers, on cgroup v1 and v2: a sandbox's cgroup is a
+//! directory per hierarchy (v1: one per controller's mount; v2: one in the unified tree), its
+//! limits and counters files in it. The two versions differ only in where the directories
+//! are, which files hold a limit or a counter, and how a parent hands controllers down (v2's
+//! `cgroup.subtree_control`): the `Hierarchy` trait, with its `V1` and `V2` implementations,
+//! is where that difference lives, and the manager above it never asks which one it has.
 //!
 //! A sandbox's cgroup is `<parent>/<name>` under each hierarchy's root: memory (swap off),
 //! CPU quota and, where the tier asks, a process limit. The container and microvm tiers use
@@ -9,17 +11,14 @@
 //! without pids (runsc joins the cgroup Cordon made and sets nothing on it; on v1 it makes
 //! the other controllers' directories itself, so removal and the orphan sweep look in
 //! every hierarchy mounted).
+//!
+//! Written on the cgroup filesystem directly rather than through a crate: the one crate for
+//! it (cgroups-rs 0.5) carries a systemd D-Bus client (zbus, 31 crates) into every build,
+//! the static front's included, for none of what Cordon does (docs/adr/0009).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-use cgroups_rs::fs::MaxValue;
-use cgroups_rs::fs::cgroup::Cgroup;
-use cgroups_rs::fs::cpu::CpuController;
-use cgroups_rs::fs::hierarchies;
-use cgroups_rs::fs::memory::MemController;
-use cgroups_rs::fs::pid::PidController;
 
 use crate::HostError;
 
@@ -34,11 +33,17 @@ pub enum Version {
 }
 
 pub fn host_version() -> Version {
-    if hierarchies::is_cgroup2_unified_mode() {
-        Version::V2
-    } else {
-        Version::V1
-    }
+    version_in(&fs::read_to_string("/proc/self/mounts").unwrap_or_default())
+}
+
+/// v2 when the cgroup root is itself a cgroup2 mount (the unified layout); v1 otherwise
+/// (legacy and hybrid, whose cgroup2 mount below the root holds no controllers).
+fn version_in(mounts: &str) -> Version {
+    let unified = mounts.lines().any(|line| {
+        let mut f = line.split_whitespace().skip(1);
+        f.next() == Some(CGROUP_ROOT) && f.next() == Some("cgroup2")
+    });
+    if unified { Version::V2 } else { Version::V1 }
 }
 
 /// Counters read from a sandbox's cgroup (an exec's share is the difference across it).
@@ -88,8 +93,7 @@ pub struct Limits {
 
 /// A sandbox's control group.
 pub struct SandboxCgroup {
-    cg: Cgroup,
-    version: Version,
+    hier: &'static dyn Hierarchy,
     parent: String,
     name: String,
     /// Directory of each controller (one for v2).
@@ -113,42 +117,230 @@ struct CounterFiles {
     peak: Option<fs::File>,
 }
 
-impl CounterFiles {
-    fn open(version: Version, memory: &Path, pids: Option<&Path>, cpu: &Path) -> Self {
-        let ro = |p: PathBuf| fs::File::open(p).ok();
-        // Read-write where the kernel allows it (v1, and v2's memory.peak from Linux 6.12),
-        // so the peak can be reset; read-only otherwise (the peak is still read).
-        let rw = |p: PathBuf| {
-            fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&p)
-                .or_else(|_| fs::File::open(&p))
-                .ok()
-        };
-        match version {
-            Version::V1 => CounterFiles {
-                oom: ro(memory.join("memory.oom_control")),
-                failcnt: [
-                    ro(memory.join("memory.failcnt")),
-                    ro(memory.join("memory.memsw.failcnt")),
-                ],
-                pids: pids.and_then(|d| ro(d.join("pids.events"))),
-                // Only where cpu and cpuacct share a hierarchy (`cpu,cpuacct`, the usual
-                // layout): a separate cpuacct cgroup would cost a mkdir, a join and an rmdir
-                // per sandbox for a figure the agent measures anyway.
-                cpu: ro(cpu.join("cpuacct.usage")),
-                peak: rw(memory.join("memory.max_usage_in_bytes")),
-            },
-            Version::V2 => CounterFiles {
-                oom: ro(memory.join("memory.events")),
-                failcnt: [None, None],
-                pids: pids.and_then(|d| ro(d.join("pids.events"))),
-                cpu: ro(cpu.join("cpu.stat")),
-                peak: rw(memory.join("memory.peak")),
-            },
+/// Opens `path` read-only; `None` when it is missing.
+fn open_ro(path: PathBuf) -> Option<fs::File> {
+    fs::File::open(path).ok()
+}
+
+/// Opens `path` read-write where the kernel allows it (v1, and v2's memory.peak from Linux
+/// 6.12), so a peak can be reset; read-only otherwise (the peak is still read).
+fn open_rw(path: PathBuf) -> Option<fs::File> {
+    fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .or_else(|_| fs::File::open(&path))
+        .ok()
+}
+
+/// One write that sets a limit: the file (in the controller's directory), its value, and
+/// what failing it means (empty: a best-effort write whose failure is ignored).
+struct LimitWrite {
+    file: PathBuf,
+    value: String,
+    what: &'static str,
+}
+
+/// What differs between cgroup v1 and v2.
+trait Hierarchy: Sync {
+    fn version(&self) -> Version;
+    /// Where `kind`'s hierarchy is rooted, or `None` where that controller is not available.
+    fn root(&self, mounts: &str, kind: &str) -> Option<PathBuf>;
+    /// Makes `<root>/<parent>`, handing `kinds` down to its children where the version needs
+    /// it.
+    fn prepare_parent(&self, root: &Path, parent: &str, kinds: &[&str]) -> Result<(), HostError>;
+    /// The writes that set `limits` on a cgroup whose controllers are in `dirs`, in order.
+    fn limit_writes(&self, dirs: &Dirs<'_>, limits: &Limits) -> Vec<LimitWrite>;
+    fn open_counters(&self, dirs: &Dirs<'_>) -> CounterFiles;
+    /// Times a memory charge hit the limit, from the open files (`events`: the oom file's
+    /// text, already read).
+    fn limit_hits(&self, files: &CounterFiles, events: &str) -> u64;
+    /// Microseconds of CPU from the CPU counter file's text.
+    fn cpu_us(&self, text: &str) -> u64;
+}
+
+/// The directories of a sandbox cgroup's controllers.
+struct Dirs<'a> {
+    memory: &'a Path,
+    cpu: &'a Path,
+    pids: Option<&'a Path>,
+}
+
+/// cgroup v1: a hierarchy per mount, each with its controllers' files.
+struct V1;
+/// cgroup v2: one tree, controllers handed down through `cgroup.subtree_control`.
+struct V2;
+
+fn hierarchy(version: Version) -> &'static dyn Hierarchy {
+    match version {
+        Version::V1 => &V1,
+        Version::V2 => &V2,
+    }
+}
+
+impl Hierarchy for V1 {
+    fn version(&self) -> Version {
+        Version::V1
+    }
+
+    /// The mount listing `kind` among its options (`cpu,cpuacct` names both).
+    fn root(&self, mounts: &str, kind: &str) -> Option<PathBuf> {
+        v1_mounts(mounts)
+            .into_iter()
+            .find(|(_, options)| options.iter().any(|o| o == kind))
+            .map(|(dir, _)| dir)
+    }
+
+    fn prepare_parent(&self, root: &Path, parent: &str, _: &[&str]) -> Result<(), HostError> {
+        make_dir(&root.join(parent))
+    }
+
+    fn limit_writes(&self, dirs: &Dirs<'_>, limits: &Limits) -> Vec<LimitWrite> {
+        let (quota, period) = cpu_quota(limits.cpus);
+        let mut w = vec![write(
+            dirs.memory,
+            "memory.limit_in_bytes",
+            limits.memory,
+            MEM,
+        )];
+        // Swap off: memory+swap limited to the same figure. Hosts without swap accounting
+        // have no memsw file; there is no swap to bound then.
+        if dirs.memory.join("memory.memsw.limit_in_bytes").exists() {
+            w.push(write(
+                dirs.memory,
+                "memory.memsw.limit_in_bytes",
+                limits.memory,
+                SWAP,
+            ));
+        }
+        // Best effort (`what` empty): swappiness only matters with swap, which the memsw limit
+        // already bounds.
+        w.push(write(dirs.memory, "memory.swappiness", 0, ""));
+        w.push(write(dirs.cpu, "cpu.cfs_period_us", period, CPU));
+        w.push(write(dirs.cpu, "cpu.cfs_quota_us", quota, CPU));
+        if let (Some(pids), Some(dir)) = (limits.pids, dirs.pids) {
+            w.push(write(dir, "pids.max", pids, PIDS));
+        }
+        w
+    }
+
+    fn open_counters(&self, dirs: &Dirs<'_>) -> CounterFiles {
+        CounterFiles {
+            oom: open_ro(dirs.memory.join("memory.oom_control")),
+            failcnt: [
+                open_ro(dirs.memory.join("memory.failcnt")),
+                open_ro(dirs.memory.join("memory.memsw.failcnt")),
+            ],
+            pids: dirs.pids.and_then(|d| open_ro(d.join("pids.events"))),
+            // Only where cpu and cpuacct share a hierarchy (`cpu,cpuacct`, the usual layout):
+            // a separate cpuacct cgroup would cost a mkdir, a join and an rmdir per sandbox
+            // for a figure the agent measures anyway.
+            cpu: open_ro(dirs.cpu.join("cpuacct.usage")),
+            peak: open_rw(dirs.memory.join("memory.max_usage_in_bytes")),
         }
     }
+
+    fn limit_hits(&self, files: &CounterFiles, _: &str) -> u64 {
+        files
+            .failcnt
+            .iter()
+            .map(|c| parse_number(&read_open(c.as_ref())))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// `cpuacct.usage` is nanoseconds.
+    fn cpu_us(&self, text: &str) -> u64 {
+        parse_number(text) / 1000
+    }
+}
+
+impl Hierarchy for V2 {
+    fn version(&self) -> Version {
+        Version::V2
+    }
+
+    fn root(&self, _: &str, kind: &str) -> Option<PathBuf> {
+        let root = Path::new(CGROUP_ROOT);
+        let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        available
+            .split_whitespace()
+            .any(|c| c == kind)
+            .then(|| root.to_path_buf())
+    }
+
+    /// Hands `kinds` down from the root to `<parent>`'s children (each level's
+    /// `cgroup.subtree_control`); a level that already delegates them is left as it is.
+    fn prepare_parent(&self, root: &Path, parent: &str, kinds: &[&str]) -> Result<(), HostError> {
+        let parent_dir = root.join(parent);
+        make_dir(&parent_dir)?;
+        for level in [root, parent_dir.as_path()] {
+            let control = level.join("cgroup.subtree_control");
+            let on = fs::read_to_string(&control).unwrap_or_default();
+            let missing: Vec<String> = kinds
+                .iter()
+                .filter(|k| !on.split_whitespace().any(|c| c == **k))
+                .map(|k| format!("+{k}"))
+                .collect();
+            if !missing.is_empty() {
+                fs::write(&control, missing.join(" "))
+                    .map_err(|e| err("delegating the controllers to the sandbox cgroup", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn limit_writes(&self, dirs: &Dirs<'_>, limits: &Limits) -> Vec<LimitWrite> {
+        let (quota, period) = cpu_quota(limits.cpus);
+        let mut w = vec![write(dirs.memory, "memory.max", limits.memory, MEM)];
+        if dirs.memory.join("memory.swap.max").exists() {
+            w.push(write(dirs.memory, "memory.swap.max", 0, SWAP));
+        }
+        w.push(write(dirs.cpu, "cpu.max", format!("{quota} {period}"), CPU));
+        if let (Some(pids), Some(dir)) = (limits.pids, dirs.pids) {
+            w.push(write(dir, "pids.max", pids, PIDS));
+        }
+        w
+    }
+
+    fn open_counters(&self, dirs: &Dirs<'_>) -> CounterFiles {
+        CounterFiles {
+            // memory.events also counts the limit's hits (`max`).
+            oom: open_ro(dirs.memory.join("memory.events")),
+            failcnt: [None, None],
+            pids: dirs.pids.and_then(|d| open_ro(d.join("pids.events"))),
+            cpu: open_ro(dirs.cpu.join("cpu.stat")),
+            peak: open_rw(dirs.memory.join("memory.peak")),
+        }
+    }
+
+    fn limit_hits(&self, _: &CounterFiles, events: &str) -> u64 {
+        parse_keyed(events, "max")
+    }
+
+    fn cpu_us(&self, text: &str) -> u64 {
+        parse_keyed(text, "usage_usec")
+    }
+}
+
+const MEM: &str = "setting the memory limit";
+const SWAP: &str = "turning swap off for the sandbox";
+const CPU: &str = "setting the CPU quota";
+const PIDS: &str = "setting the process limit";
+
+fn write(dir: &Path, file: &str, value: impl ToString, what: &'static str) -> LimitWrite {
+    LimitWrite {
+        file: dir.join(file),
+        value: value.to_string(),
+        what,
+    }
+}
+
+/// The CFS quota and period (microseconds) that give `cpus` CPUs; at least 1% of one.
+fn cpu_quota(cpus: f64) -> (u64, u64) {
+    let period: u64 = 100_000;
+    let quota = (cpus * period as f64).round().max(1000.0) as u64;
+    (quota, period)
 }
 
 /// The whole content of an open cgroup file, read from its start (cgroupfs regenerates it
@@ -183,49 +375,64 @@ impl SandboxCgroup {
     /// Creates `<parent>/<name>` with `limits` set: memory and CPU always, the pids
     /// controller only with a process limit.
     pub fn create_in(parent: &str, name: &str, limits: &Limits) -> Result<Self, HostError> {
-        let version = host_version();
-        let hier = hierarchies::auto();
-        let path = format!("{parent}/{name}");
-        let mut controllers = vec!["memory", "cpu"];
+        let hier = hierarchy(host_version());
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let mut kinds = vec!["memory", "cpu"];
         if limits.pids.is_some() {
-            controllers.push("pids");
+            kinds.push("pids");
         }
-        let cg = Cgroup::new_with_specified_controllers(
-            hier,
-            &path,
-            Some(controllers.iter().map(|s| s.to_string()).collect()),
-        )
-        .map_err(|e| err("creating the sandbox cgroup", e))?;
-        let dir_of = |kind: &str| -> Option<PathBuf> {
-            cg.subsystems().iter().find_map(|s| {
-                let c = s.to_controller();
-                (s.controller_name() == kind).then(|| c.path().to_path_buf())
-            })
+        // Each controller's directory (v2: the same one for all), made with its parent.
+        let mut made: Vec<PathBuf> = Vec::new();
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for kind in &kinds {
+            let dir = hier
+                .root(&mounts, kind)
+                .ok_or_else(|| {
+                    HostError::Cgroup(format!(
+                        "the {kind} controller is not mounted; mount it (cgroup v1) or enable \
+                         it in the root's cgroup.subtree_control (v2)"
+                    ))
+                })
+                .and_then(|root| {
+                    let dir = root.join(parent).join(name);
+                    if !made.contains(&dir) {
+                        hier.prepare_parent(&root, parent, &kinds)?;
+                        make_dir(&dir)?;
+                        made.push(dir.clone());
+                    }
+                    Ok(dir)
+                });
+            match dir {
+                Ok(d) => dirs.push(d),
+                Err(e) => {
+                    for d in &made {
+                        let _ = fs::remove_dir(d);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut dirs = dirs.into_iter();
+        let (Some(memory_dir), Some(cpu_dir)) = (dirs.next(), dirs.next()) else {
+            return Err(err(
+                "creating the sandbox cgroup",
+                "no controller directory",
+            ));
         };
-        let need = |kind: &str| {
-            dir_of(kind).ok_or_else(|| {
-                HostError::Cgroup(format!(
-                    "the {kind} controller is not mounted; mount it (cgroup v1) or enable it in \
-                     the root's cgroup.subtree_control (v2)"
-                ))
-            })
-        };
-        let memory_dir = need("memory")?;
-        let cpu_dir = need("cpu")?;
-        let pids_dir = match limits.pids {
-            Some(_) => Some(need("pids")?),
-            None => None,
-        };
-        let files = CounterFiles::open(version, &memory_dir, pids_dir.as_deref(), &cpu_dir);
+        let pids_dir = dirs.next();
+        let files = hier.open_counters(&Dirs {
+            memory: &memory_dir,
+            cpu: &cpu_dir,
+            pids: pids_dir.as_deref(),
+        });
         let this = SandboxCgroup {
             memory_dir,
             pids_dir,
             cpu_dir,
             files,
-            version,
+            hier,
             parent: parent.to_string(),
             name: name.to_string(),
-            cg,
         };
         if let Err(e) = this.set_limits(limits) {
             this.remove();
@@ -240,47 +447,23 @@ impl SandboxCgroup {
     }
 
     fn set_limits(&self, limits: &Limits) -> Result<(), HostError> {
-        let Limits { memory, pids, cpus } = *limits;
-        let mem: &MemController = self
-            .cg
-            .controller_of()
-            .ok_or_else(|| err("memory controller", "missing"))?;
-        mem.set_limit(memory as i64)
-            .map_err(|e| err("setting the memory limit", e))?;
-        match self.version {
-            Version::V1 => {
-                // Swap off: memory+swap limited to the same figure. Hosts without swap
-                // accounting have no memsw file; there is no swap to bound then.
-                if self.memory_dir.join("memory.memsw.limit_in_bytes").exists() {
-                    mem.set_memswap_limit(memory as i64)
-                        .map_err(|e| err("turning swap off for the sandbox", e))?;
-                }
-                let _ = fs::write(self.memory_dir.join("memory.swappiness"), "0");
-            }
-            Version::V2 => {
-                if self.memory_dir.join("memory.swap.max").exists() {
-                    fs::write(self.memory_dir.join("memory.swap.max"), "0")
-                        .map_err(|e| err("turning swap off for the sandbox", e))?;
-                }
+        let dirs = Dirs {
+            memory: &self.memory_dir,
+            cpu: &self.cpu_dir,
+            pids: self.pids_dir.as_deref(),
+        };
+        for w in self.hier.limit_writes(&dirs, limits) {
+            match fs::write(&w.file, &w.value) {
+                Err(e) if !w.what.is_empty() => return Err(err(w.what, e)),
+                _ => {}
             }
         }
-        if let Some(pids) = pids {
-            let pid: &PidController = self
-                .cg
-                .controller_of()
-                .ok_or_else(|| err("pids controller", "missing"))?;
-            pid.set_pid_max(MaxValue::Value(pids as i64))
-                .map_err(|e| err("setting the process limit", e))?;
-        }
-        let cpu: &CpuController = self
-            .cg
-            .controller_of()
-            .ok_or_else(|| err("cpu controller", "missing"))?;
-        let period: u64 = 100_000;
-        let quota = (cpus * period as f64).round().max(1000.0) as i64;
-        cpu.set_cfs_quota_and_period(Some(quota), Some(period))
-            .map_err(|e| err("setting the CPU quota", e))?;
         Ok(())
+    }
+
+    /// The cgroup version this sandbox's cgroup is on.
+    pub fn version(&self) -> Version {
+        self.hier.version()
     }
 
     /// The `cgroup.procs` files a process writes its pid to, to join this cgroup.
@@ -294,29 +477,18 @@ impl SandboxCgroup {
     /// Reads the counters; missing files read as zero, except the CPU time, which is `None`
     /// without its file.
     pub fn counters(&self) -> Counters {
-        // The files were opened for this version (CounterFiles::open); only the CPU one
-        // differs in shape: v1's cpuacct.usage is nanoseconds, v2's cpu.stat is keyed.
+        // The files were opened by this version's `open_counters`; the limit's hits and the
+        // CPU time differ in shape between versions and are read by it.
         let f = &self.files;
         let oom = read_open(f.oom.as_ref());
         Counters {
             oom_kills: parse_keyed(&oom, "oom_kill"),
-            limit_hits: match self.version {
-                Version::V1 => f
-                    .failcnt
-                    .iter()
-                    .map(|c| parse_number(&read_open(c.as_ref())))
-                    .max()
-                    .unwrap_or(0),
-                Version::V2 => parse_keyed(&oom, "max"),
-            },
+            limit_hits: self.hier.limit_hits(f, &oom),
             pids_max_hits: self.pids_refusals(),
-            cpu_us: f.cpu.as_ref().map(|cpu| {
-                let text = read_open(Some(cpu));
-                match self.version {
-                    Version::V1 => parse_number(&text) / 1000,
-                    Version::V2 => parse_keyed(&text, "usage_usec"),
-                }
-            }),
+            cpu_us: f
+                .cpu
+                .as_ref()
+                .map(|cpu| self.hier.cpu_us(&read_open(Some(cpu)))),
             peak_memory: parse_number(&read_open(f.peak.as_ref())),
         }
     }
@@ -357,7 +529,6 @@ impl SandboxCgroup {
     /// Kills what is left in this cgroup's directories in every hierarchy (those a runtime
     /// made beside Cordon's too) and removes them.
     pub fn remove_everywhere(&self, patience: Duration) -> bool {
-        let _ = self.cg.delete();
         remove_dirs(&dirs_of(&self.parent, &self.name), patience)
     }
 
@@ -371,7 +542,6 @@ impl SandboxCgroup {
 
     /// Removes the cgroup directories (they must be empty).
     pub fn remove(&self) -> bool {
-        let _ = self.cg.delete();
         self.all_dirs()
             .iter()
             .all(|d| !d.exists() || fs::remove_dir(d).is_ok())
@@ -430,6 +600,15 @@ pub fn memory_controller() -> Option<(Version, PathBuf)> {
 }
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Makes a cgroup directory; one that exists already is fine.
+fn make_dir(dir: &Path) -> Result<(), HostError> {
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(err("creating the sandbox cgroup", e)),
+    }
+}
 
 /// Every cgroup v1 hierarchy in a mount table, with its controllers (and `name=` options).
 fn v1_mounts(mounts: &str) -> Vec<(PathBuf, Vec<String>)> {
@@ -597,6 +776,73 @@ mod tests {
             .map(Path::new)
         );
         assert!(v1[1].1.iter().any(|c| c == "memory"));
+    }
+
+    #[test]
+    fn the_version_is_the_roots_filesystem() {
+        let hybrid = "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n\
+            cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n";
+        assert_eq!(version_in(hybrid), Version::V1);
+        let unified = "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n";
+        assert_eq!(version_in(unified), Version::V2);
+        assert_eq!(version_in(""), Version::V1);
+        let v1 = "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct 0 0\n\
+            cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0\n";
+        assert_eq!(
+            V1.root(v1, "cpu").as_deref(),
+            Some(Path::new("/sys/fs/cgroup/cpu,cpuacct"))
+        );
+        assert_eq!(
+            V1.root(v1, "pids").as_deref(),
+            Some(Path::new("/sys/fs/cgroup/pids"))
+        );
+        assert_eq!(V1.root(v1, "memory"), None);
+    }
+
+    /// On this host's real cgroup filesystem: the limits are the files' contents, a process
+    /// joined through `procs_files` is counted, and removal leaves no directory behind.
+    #[test]
+    fn a_sandbox_cgroup_holds_its_limits_and_goes_away() {
+        if !crate::testing::root_or_skip("making cgroups") {
+            return;
+        }
+        let name = format!("unit-{}", std::process::id());
+        let limits = Limits {
+            memory: 48 << 20,
+            pids: Some(7),
+            cpus: 0.25,
+        };
+        let cg = SandboxCgroup::create_in("cordon-unit", &name, &limits).unwrap();
+        let (memory_file, cpu) = match cg.version() {
+            Version::V1 => ("memory.limit_in_bytes", {
+                let quota = number(&cg.cpu_dir.join("cpu.cfs_quota_us"));
+                let period = number(&cg.cpu_dir.join("cpu.cfs_period_us"));
+                (quota, period)
+            }),
+            Version::V2 => ("memory.max", {
+                let text = fs::read_to_string(cg.cpu_dir.join("cpu.max")).unwrap();
+                let mut it = text.split_whitespace().map(|v| v.parse::<u64>().unwrap());
+                (it.next().unwrap(), it.next().unwrap())
+            }),
+        };
+        assert_eq!(number(&cg.memory_dir.join(memory_file)), 48 << 20);
+        assert_eq!(cpu, (25_000, 100_000));
+        let pids_dir = cg.pids_dir.clone().unwrap();
+        assert_eq!(number(&pids_dir.join("pids.max")), 7);
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        for f in cg.procs_files() {
+            fs::write(f, child.id().to_string()).unwrap();
+        }
+        assert_eq!(cg.pids(), vec![child.id() as i32]);
+        assert!(cg.kill_and_remove(Duration::from_secs(5)));
+        let _ = child.wait();
+        assert!(dirs_of("cordon-unit", &name).is_empty());
+        for p in parents("cordon-unit") {
+            let _ = fs::remove_dir(p);
+        }
     }
 
     #[test]

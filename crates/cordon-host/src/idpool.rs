@@ -292,12 +292,7 @@ mod tests {
 
     #[test]
     fn a_directory_of_another_owner_or_a_symlink_is_refused() {
-        if !nix::unistd::geteuid().is_root() {
-            assert!(
-                std::env::var_os("CORDON_REQUIRE_ALL").is_none(),
-                "handing a directory to another owner needs root (CORDON_REQUIRE_ALL is set)"
-            );
-            eprintln!("\n!!!!! SKIPPING: handing a directory to another owner needs root !!!!!\n");
+        if !crate::testing::root_or_skip("handing a directory to another owner") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
