@@ -55,6 +55,12 @@ fn home_with_python_base(test: &str) -> Option<tempfile::TempDir> {
     };
     let home = tempfile::tempdir().unwrap();
     std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    // The microvm tier's guest image (kernel, initramfs) as built for the host; the
+    // template disks go to this data dir's own store.
+    let real = cordon_microvm::image::image_dir(&cordon_microvm::image::default_data_dir());
+    if real.is_dir() {
+        std::os::unix::fs::symlink(&real, home.path().join("microvm")).unwrap();
+    }
     let image = Image {
         layers: vec![(py, false), (pip, true)],
         env: vec!["PATH=/usr/bin:/bin".into()],
@@ -110,8 +116,8 @@ fn root_of(home: &Path, name: &str) -> std::path::PathBuf {
 }
 
 #[test]
-fn build_installs_a_wheel_from_a_loopback_index_and_runs_on_container_and_gvisor() {
-    let test = "build_installs_a_wheel_from_a_loopback_index_and_runs_on_container_and_gvisor";
+fn build_installs_a_wheel_from_a_loopback_index_and_runs_on_every_native_tier() {
+    let test = "build_installs_a_wheel_from_a_loopback_index_and_runs_on_every_native_tier";
     let Some(home) = home_with_python_base(test) else {
         return;
     };
@@ -170,8 +176,8 @@ fn build_installs_a_wheel_from_a_loopback_index_and_runs_on_container_and_gvisor
         "{ls}"
     );
 
-    // Code importing the package, with the template's PYTHONPATH, on both tiers.
-    for tier in ["container", "gvisor"] {
+    // Code importing the package, with the template's PYTHONPATH, on every native tier.
+    for tier in ["container", "gvisor", "microvm"] {
         let o = cordon(
             h,
             &[
@@ -282,4 +288,72 @@ fn a_build_step_cannot_reach_a_host_outside_its_allow_list() {
     );
     let o = cordon(h, &["template", "ls"]);
     assert!(!text(&o.stdout).contains("refused"), "{}", text(&o.stdout));
+}
+
+/// The microvm tier on an imported template: the guest boots the template's own disk (the
+/// agent is Cordon's, from the initramfs), a program of the template runs, its writes stay
+/// in the sandbox, and code in a language the template lacks is refused with the reason.
+#[test]
+fn an_imported_template_runs_on_the_microvm_tier_and_is_never_written() {
+    let test = "an_imported_template_runs_on_the_microvm_tier_and_is_never_written";
+    let Some(home) = home_with_python_base(test) else {
+        return;
+    };
+    let h = home.path();
+    if !h.join("microvm").exists() {
+        skip(test, "no microvm guest image (cordon image build)");
+        return;
+    }
+    let before = listing(&root_of(h, "pybase"));
+    let o = cordon(
+        h,
+        &[
+            "run",
+            "--tier",
+            "microvm",
+            "--template",
+            "pybase",
+            "--lang",
+            "python",
+            "-c",
+            "import sys, os\n\
+             open('/work/w', 'w').write('x')\n\
+             try:\n    open('/usr/bin/planted', 'w').write('x'); print('wrote')\n\
+             except OSError as e: print('refused', e.errno)\n\
+             print(sys.version_info[0], os.path.exists('/etc/debian_version'))",
+        ],
+    );
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // Python 3 from the template, and not the guest image's Debian root.
+    assert!(out.contains("refused "), "{out}");
+    assert!(out.trim_end().ends_with("3 False"), "{out}");
+    // A language the template has no interpreter for: refused, with the reason.
+    let o = cordon(
+        h,
+        &[
+            "run",
+            "--tier",
+            "microvm",
+            "--template",
+            "pybase",
+            "--lang",
+            "javascript",
+            "-c",
+            "1",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("has no javascript interpreter on its PATH"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(listing(&root_of(h, "pybase")), before);
+    // The disk is kept by digest in the store, and goes with the template.
+    let disks = h.join("templates/disks");
+    assert_eq!(std::fs::read_dir(&disks).unwrap().count(), 1);
+    let o = cordon(h, &["template", "rm", "pybase"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read_dir(&disks).unwrap().count(), 0);
 }
