@@ -55,11 +55,18 @@ fn home_with_python_base(test: &str) -> Option<tempfile::TempDir> {
     };
     let home = tempfile::tempdir().unwrap();
     std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    // The microvm tier's guest image (kernel, initramfs) as built for the host; the
-    // template disks go to this data dir's own store.
+    // The microvm tier's guest image (kernel, initramfs, root) as built for the host, each
+    // file linked: this data dir's snapshots and template disks stay its own.
     let real = cordon_microvm::image::image_dir(&cordon_microvm::image::default_data_dir());
-    if real.is_dir() {
-        std::os::unix::fs::symlink(&real, home.path().join("microvm")).unwrap();
+    if real.join("manifest.json").is_file() {
+        let mine = home.path().join("microvm");
+        std::fs::create_dir(&mine).unwrap();
+        for e in std::fs::read_dir(&real).unwrap().flatten() {
+            let name = e.file_name();
+            if name != "snapshots" && name != "run" {
+                std::os::unix::fs::symlink(e.path(), mine.join(name)).unwrap();
+            }
+        }
     }
     let image = Image {
         layers: vec![(py, false), (pip, true)],

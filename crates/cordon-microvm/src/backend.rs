@@ -298,7 +298,6 @@ impl MicrovmBackend {
             )));
         }
         let mut image = image::load(&self.cfg.data_dir)?;
-        let mut mode = mode;
         match (&spec.template, &spec.resolved_template) {
             (Some(name), None) => {
                 return Err(Error::Invalid(format!(
@@ -308,7 +307,8 @@ impl MicrovmBackend {
             }
             (_, Some(t)) => {
                 // The guest boots the template's own disk (made once per digest); the
-                // agent stays the initramfs's. Snapshots are of the image's root only.
+                // agent stays the initramfs's. Its snapshots are its own (the image's id,
+                // part of the snapshot key, carries the template's digest).
                 let disk = cordon_template::disk_image_path(&t.root).ok_or_else(|| {
                     Error::Invalid(format!(
                         "template {:?} is not a root of the template store",
@@ -325,7 +325,6 @@ impl MicrovmBackend {
                 })?;
                 image.rootfs = disk;
                 image.id = format!("{}-{}", image.id, t.digest);
-                mode = StartMode::ColdBoot;
             }
             (None, None) => {}
         }
