@@ -15,6 +15,7 @@ mod mcp;
 mod policy;
 mod serve;
 mod template;
+mod template_build;
 mod tiers;
 
 use anyhow::Result;

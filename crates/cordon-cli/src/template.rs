@@ -1,4 +1,4 @@
-//! `cordon template import|ls|rm|gc`: the template store under the data dir
+//! `cordon template import|build|ls|rm|gc`: the template store under the data dir
 //! (docs/templates.md).
 
 use std::path::PathBuf;
@@ -23,6 +23,10 @@ enum TemplateCmd {
     /// archive (`docker save`). The image is untrusted input: digests are checked, device
     /// nodes, FIFOs and set-id bits dropped, paths leaving the root refused.
     Import(ImportArgs),
+    /// Build a template: steps run in a container-tier sandbox over a base (a template,
+    /// `debian`), with only the egress allow-list given, then sealed. Cached by the digest
+    /// of its inputs.
+    Build(Box<crate::template_build::BuildArgs>),
     /// List the templates: name, digest, size, files, tiers, where each came from.
     Ls(LsArgs),
     /// Remove a template; layers and roots no template or live sandbox uses go with it.
@@ -69,6 +73,7 @@ pub fn template(args: TemplateArgs) -> Result<i32> {
     match args.command {
         TemplateCmd::Import(a) => import(&store, a),
         TemplateCmd::Ls(a) => ls(&store, a),
+        TemplateCmd::Build(a) => crate::template_build::build(&store, &data, *a),
         TemplateCmd::Rm { name } => {
             let gc = store.remove(&name)?;
             println!(
@@ -180,11 +185,11 @@ fn row(m: &Manifest) -> String {
 }
 
 /// `sha256:` and the first 12 hex digits.
-fn short(digest: &str) -> &str {
+pub(crate) fn short(digest: &str) -> &str {
     &digest[..digest.len().min(19)]
 }
 
-fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     match bytes {
         b if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
         b if b >= 1 << 20 => format!("{:.1}M", b as f64 / (1u64 << 20) as f64),

@@ -328,6 +328,7 @@ impl ContainerBackend {
             landlock,
             seccomp,
             template_root,
+            template_writable: spec.resolved_template.as_ref().is_some_and(|t| t.writable),
         };
         let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).take();
         let used_early = early.is_some();

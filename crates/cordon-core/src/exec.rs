@@ -301,6 +301,7 @@ mod tests {
             name: "t".into(),
             digest: "sha256:00".into(),
             root: "/nonexistent".into(),
+            writable: false,
             env: [
                 ("PATH", "/opt/py/bin:/usr/bin"),
                 ("HOME", "/root"),

@@ -409,6 +409,11 @@ pub struct ResolvedTemplate {
     pub languages: BTreeSet<Language>,
     /// Held for as long as the sandbox lives (a shared lock on the template's lease file).
     pub lease: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// Set only by `cordon template build`: `root` is the build's own working copy on the
+    /// host (never a template of the store), and the container tier mounts it writable as
+    /// the sandbox's root so a build step can install into it. Every other sandbox's
+    /// template root is read-only.
+    pub writable: bool,
 }
 
 impl ResolvedTemplate {

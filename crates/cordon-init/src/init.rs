@@ -58,6 +58,11 @@ pub struct InitSetup {
     /// one reads the same as before templates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_root: Option<PathBuf>,
+    /// `template_root` is a template build's own working copy (`cordon template build`):
+    /// it is the sandbox's root, writable, with Cordon's files bound over it, and Landlock
+    /// lets the step write anywhere in it. Never set for a template of the store.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub template_writable: bool,
 }
 
 /// What the host tells init once the sandbox's cgroup (and egress proxy) exist; the
@@ -306,7 +311,10 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: OwnedFd) -> Result
         )?;
     }
     let ruleset = if setup.landlock {
-        Some(landlock_rules::build(join.connect_port)?)
+        Some(landlock_rules::build(
+            join.connect_port,
+            setup.template_writable,
+        )?)
     } else {
         None
     };
@@ -417,6 +425,97 @@ fn bind_ro(src: &Path, dst: &Path, extra: MsFlags) -> Result<(), String> {
     mount(None::<&str>, dst, None::<&str>, flags, None::<&str>).map_err(e("read-only remount of"))
 }
 
+/// Binds `src` on `dst` writable, without set-id programs or device nodes.
+fn bind_rw(src: &Path, dst: &Path) -> Result<(), String> {
+    let e = |what: &'static str| move |err: nix::errno::Errno| format!("{what}: {err}");
+    mount(Some(src), dst, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(e("binding"))?;
+    let flags = MsFlags::MS_BIND
+        | MsFlags::MS_REMOUNT
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV
+        | locked_flags(src);
+    mount(None::<&str>, dst, None::<&str>, flags, None::<&str>).map_err(e("remounting"))
+}
+
+/// A build's writable root: every file of Cordon's generated layer `gen` bound over the
+/// same path of `root` (made, empty, where the root lacks it; never through a symbolic
+/// link of the root), `gen`'s `/dev` over the root's, and the mount points made. The
+/// root's own files stay as they are under the binds, so none of Cordon's files is
+/// sealed into the template.
+fn cover_build_root(layer: &Path, root: &Path) -> Result<(), String> {
+    let io = |what: String| move |e: io::Error| format!("{what}: {e}");
+    // The path `rel` under `root`, its directories made, refusing links on the way.
+    let make = |rel: &Path, dir: bool| -> Result<PathBuf, String> {
+        let mut at = root.to_path_buf();
+        let n = rel.components().count();
+        for (i, c) in rel.components().enumerate() {
+            at.push(c);
+            let last = i + 1 == n;
+            match fs::symlink_metadata(&at) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(format!(
+                        "the build's root has a symbolic link at /{}, where Cordon puts its own \
+                         files; build from a base without it",
+                        rel.display()
+                    ));
+                }
+                Ok(m) if !last && !m.is_dir() => {
+                    return Err(format!(
+                        "the build's root has a file at /{}, where Cordon needs a directory",
+                        rel.display()
+                    ));
+                }
+                Ok(_) => {}
+                Err(_) if !last || dir => {
+                    fs::create_dir(&at).map_err(io(format!("creating /{}", rel.display())))?
+                }
+                Err(_) => {
+                    fs::write(&at, b"").map_err(io(format!("creating /{}", rel.display())))?
+                }
+            }
+        }
+        Ok(at)
+    };
+    let bind = |from: &Path, to: &Path| -> Result<(), String> {
+        mount(Some(from), to, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(|e| {
+            format!(
+                "binding Cordon's {} in the build's root: {e}",
+                from.display()
+            )
+        })
+    };
+    for d in ["proc", "tmp", "work"] {
+        make(Path::new(d), true)?;
+    }
+    let dev = make(Path::new("dev"), true)?;
+    bind(&layer.join("dev"), &dev)?;
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        let dir = layer.join(&rel);
+        for entry in fs::read_dir(&dir).map_err(io(format!("listing {}", dir.display())))? {
+            let entry = entry.map_err(io(format!("listing {}", dir.display())))?;
+            let sub = rel.join(entry.file_name());
+            if rel.as_os_str().is_empty()
+                && ["dev", "proc", "tmp", "work"]
+                    .contains(&entry.file_name().to_str().unwrap_or(""))
+            {
+                continue;
+            }
+            let ft = entry
+                .file_type()
+                .map_err(io(format!("reading {}", sub.display())))?;
+            if ft.is_dir() {
+                make(&sub, true)?;
+                todo.push(sub);
+            } else if ft.is_file() {
+                let to = make(&sub, false)?;
+                bind(&entry.path(), &to)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn tmpfs(dst: &Path, opts: &str, flags: MsFlags) -> Result<(), String> {
     mount(Some("tmpfs"), dst, Some("tmpfs"), flags, Some(opts))
         .map_err(|e| format!("mounting tmpfs on {}: {e}", dst.display()))
@@ -475,6 +574,15 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
             "/proc/self/fd/{}",
             std::os::fd::AsRawFd::as_raw_fd(&fd)
         ));
+        if setup.template_writable {
+            // A build's working copy: bound writable where the root is made.
+            bind_rw(&src, Path::new(TEMPLATE_ROOT)).map_err(|e| {
+                let errno = e.rsplit(": ").next().unwrap_or("failed");
+                format!("binding the build's root: {errno}")
+            })?;
+            drop(fd);
+            return make_tree(Path::new(TEMPLATE_GEN), setup);
+        }
         bind_ro(&src, lower, MsFlags::MS_NODEV).map_err(|e| {
             let errno = e.rsplit(": ").next().unwrap_or("failed");
             format!("binding the template's root read-only: {errno}")
@@ -650,7 +758,13 @@ fn finish_root(join: &InitJoin, setup: &InitSetup) -> Result<(), String> {
         }
         fs::write(&inside, b"").map_err(io("creating the egress socket mount point".into()))?;
     }
-    let new = if template {
+    let new = if setup.template_writable {
+        // A build's root: its own writable tree, Cordon's files bound over it.
+        let root = Path::new(TEMPLATE_ROOT);
+        cover_build_root(Path::new(TEMPLATE_GEN), root)?;
+        mount_pieces(root, setup)?;
+        root
+    } else if template {
         // The root: Cordon's generated layer over the template's, read-only (an overlay
         // of lower layers only has no upper to write to). Writes go to /work and /tmp.
         let root = Path::new(TEMPLATE_ROOT);

@@ -12,8 +12,9 @@ use landlock::{
 /// The ABI whose filesystem and network rights Cordon requires (6.7+ kernels).
 pub const REQUIRED_ABI: ABI = ABI::V4;
 
-/// Builds the ruleset. Call inside the sandbox's root (after pivot_root).
-pub fn build(connect_port: Option<u16>) -> Result<RulesetCreated, String> {
+/// Builds the ruleset. Call inside the sandbox's root (after pivot_root). `writable_root`:
+/// a template build's step, which may write anywhere in its own root (its working copy).
+pub fn build(connect_port: Option<u16>, writable_root: bool) -> Result<RulesetCreated, String> {
     let fs_all = AccessFs::from_all(REQUIRED_ABI);
     let fs_read = AccessFs::from_read(REQUIRED_ABI);
     let rw_file = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
@@ -33,7 +34,10 @@ pub fn build(connect_port: Option<u16>) -> Result<RulesetCreated, String> {
         .map_err(|e| format!("creating the Landlock ruleset: {e}"))?;
     let path = |p: &str| PathFd::new(p).map_err(|e| format!("opening {p} for Landlock: {e}"));
     created = created
-        .add_rule(PathBeneath::new(path("/")?, fs_read))
+        .add_rule(PathBeneath::new(
+            path("/")?,
+            if writable_root { fs_all } else { fs_read },
+        ))
         .map_err(|e| e.to_string())?;
     for dir in ["/work", "/tmp", "/dev/shm"] {
         created = created

@@ -297,7 +297,37 @@ impl MicrovmBackend {
                 spec.tier
             )));
         }
-        let image = image::load(&self.cfg.data_dir)?;
+        let mut image = image::load(&self.cfg.data_dir)?;
+        match (&spec.template, &spec.resolved_template) {
+            (Some(name), None) => {
+                return Err(Error::Invalid(format!(
+                    "template {name:?} was not resolved before the create; resolve it with the \
+                     template store (cordon_template::Store::resolve_spec) first"
+                )));
+            }
+            (_, Some(t)) => {
+                // The guest boots the template's own disk (made once per digest); the
+                // agent stays the initramfs's. Its snapshots are its own (the image's id,
+                // part of the snapshot key, carries the template's digest).
+                let disk = cordon_template::disk_image_path(&t.root).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "template {:?} is not a root of the template store",
+                        t.name
+                    ))
+                })?;
+                image::template_disk(&t.root, &disk).map_err(|e| {
+                    tracing::error!(template = %t.name, "making the template's disk: {e}");
+                    Error::Sandbox(format!(
+                        "the disk image of template {:?} could not be made; the operator's log \
+                         says why",
+                        t.name
+                    ))
+                })?;
+                image.rootfs = disk;
+                image.id = format!("{}-{}", image.id, t.digest);
+            }
+            (None, None) => {}
+        }
         let mut params = self.params(spec, image);
         let snapshot = if mode == StartMode::Restore {
             params.incoming = true;
@@ -894,6 +924,11 @@ impl MicrovmSandbox {
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        if let (cordon_core::Command::Code { language, .. }, Some(t)) =
+            (&req.command, &self.spec.resolved_template)
+        {
+            t.check_language(*language)?;
+        }
         let argv = cordon_host::agent::argv_for(req, Tier::Microvm, false)?;
         let env = self.env_for(req);
         let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());

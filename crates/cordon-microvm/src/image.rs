@@ -328,29 +328,7 @@ pub fn build(
         progress(Progress::Detail("trimming and packing the root".into()));
         finish_root(&root)?;
         let raw = work.join("rootfs.ext4");
-        let bytes = dir_size(&root);
-        // Room for ext4's metadata; the filesystem is mounted read-only.
-        let size_mb = (bytes * 5 / 4) / (1 << 20) + 64;
-        run(
-            Command::new("mkfs.ext4")
-                .args([
-                    "-q",
-                    "-F",
-                    "-L",
-                    "cordon-root",
-                    "-b",
-                    "4096",
-                    "-O",
-                    "^has_journal",
-                    "-m",
-                    "0",
-                    "-d",
-                ])
-                .arg(&root)
-                .arg(&raw)
-                .arg(format!("{size_mb}M")),
-            "mkfs.ext4",
-        )?;
+        make_ext4(&root, &raw)?;
         let sha = file_sha(&raw).map_err(|e| MicrovmError::io("hashing the root", e))?;
         let name = format!("rootfs-{}.ext4", &sha[..16]);
         install(&raw, &dir.join(&name))?;
@@ -435,6 +413,79 @@ pub fn build(
         seconds: t0.elapsed().as_secs_f64(),
         sizes,
     })
+}
+
+/// Packs the tree `root` into the read-only ext4 image `out` (ownership and modes as they
+/// are in the tree), sized to what it holds plus room for ext4's metadata.
+pub fn make_ext4(root: &Path, out: &Path) -> Result<(), MicrovmError> {
+    let bytes = dir_size(root);
+    // Room for ext4's metadata; the filesystem is mounted read-only.
+    let size_mb = (bytes * 5 / 4) / (1 << 20) + 64;
+    run(
+        Command::new("mkfs.ext4")
+            .args([
+                "-q",
+                "-F",
+                "-L",
+                "cordon-root",
+                "-b",
+                "4096",
+                "-O",
+                "^has_journal",
+                "-m",
+                "0",
+                "-d",
+            ])
+            .arg(root)
+            .arg(out)
+            .arg(format!("{size_mb}M")),
+        "mkfs.ext4",
+    )?;
+    Ok(())
+}
+
+/// The mount points the guest agent needs in a root that a template may lack (made in
+/// the disk image, never in the template).
+const GUEST_MOUNT_POINTS: &[&str] = &["dev", "proc", "sys", "work", "tmp", "run"];
+
+/// The disk image of a template's root for the guest, at `disk` (made if missing, from
+/// `root`; an image is made once per template digest). The agent is not in it: it is the
+/// initramfs's, added by Cordon at boot.
+pub fn template_disk(root: &Path, disk: &Path) -> Result<(), MicrovmError> {
+    if disk.is_file() {
+        return Ok(());
+    }
+    let dir = disk
+        .parent()
+        .ok_or_else(|| MicrovmError::Image("a template disk needs a directory".into()))?;
+    fs::create_dir_all(dir).map_err(|e| MicrovmError::io("creating the template disks dir", e))?;
+    let tmp = tempdir_in(dir)?;
+    let raw = tmp.join("root.ext4");
+    let made = make_ext4(root, &raw).and_then(|()| {
+        let missing: Vec<&str> = GUEST_MOUNT_POINTS
+            .iter()
+            .copied()
+            .filter(|m| fs::symlink_metadata(root.join(m)).is_err())
+            .collect();
+        if !missing.is_empty() {
+            let cmds: String = missing.iter().map(|m| format!("mkdir /{m}\n")).collect();
+            let script = tmp.join("debugfs.cmds");
+            fs::write(&script, cmds)
+                .map_err(|e| MicrovmError::io("writing debugfs commands", e))?;
+            run(
+                Command::new("debugfs")
+                    .arg("-w")
+                    .arg("-f")
+                    .arg(&script)
+                    .arg(&raw),
+                "debugfs (making the guest's mount points)",
+            )?;
+        }
+        let _ = fs::set_permissions(&raw, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+        fs::rename(&raw, disk).map_err(|e| MicrovmError::io("installing a template disk", e))
+    });
+    let _ = fs::remove_dir_all(&tmp);
+    made
 }
 
 /// Removes artifacts the manifest no longer names (old kernels, roots, initramfs, modules).

@@ -132,17 +132,34 @@ pub struct ImportReport {
 }
 
 /// An image read from its file, its blobs checked.
-struct Parsed {
-    format: ImageFormat,
+pub(crate) struct Parsed {
+    pub(crate) format: ImageFormat,
     /// Layer blobs in the staging dir, bottom first, with their blob digests (hex).
-    layers: Vec<(PathBuf, String)>,
+    pub(crate) layers: Vec<(PathBuf, String)>,
     /// The config's diff ids (`sha256:<hex>` of each uncompressed layer).
-    diff_ids: Vec<String>,
-    defaults: ImageDefaults,
+    pub(crate) diff_ids: Vec<String>,
+    pub(crate) defaults: ImageDefaults,
 }
 
 /// A staging dir removed when the import ends, however it ends.
-struct Stage(PathBuf);
+pub(crate) struct Stage(pub(crate) PathBuf);
+
+impl Stage {
+    /// A fresh staging dir of the store (mode 0700).
+    pub(crate) fn new(store: &Store) -> Result<Stage> {
+        let mut rnd = [0u8; 8];
+        getrandom::fill(&mut rnd).map_err(|e| TemplateError::Io {
+            what: "naming a staging dir".into(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        let stage = Stage(store.staging_dir().join(hex::encode(rnd)));
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&stage.0)
+            .map_err(TemplateError::io("creating a staging dir"))?;
+        Ok(stage)
+    }
+}
 
 impl Drop for Stage {
     fn drop(&mut self) {
@@ -162,16 +179,7 @@ impl Store {
         if self.get(name).is_ok() {
             return Err(TemplateError::Exists(name.to_string()));
         }
-        let mut rnd = [0u8; 8];
-        getrandom::fill(&mut rnd).map_err(|e| TemplateError::Io {
-            what: "naming a staging dir".into(),
-            source: io::Error::other(e.to_string()),
-        })?;
-        let stage = Stage(self.staging_dir().join(hex::encode(rnd)));
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&stage.0)
-            .map_err(TemplateError::io("creating a staging dir"))?;
+        let stage = Stage::new(self)?;
         let unpacked = stage.0.join("image");
         unpack_outer(archive, &unpacked, limits)?;
         let parsed = if unpacked.join("index.json").is_file() {
@@ -183,6 +191,27 @@ impl Store {
                 "the file holds neither index.json nor manifest.json".into(),
             ));
         };
+        let file = archive
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let built_from = BuiltFrom::Import {
+            format: parsed.format,
+            file,
+        };
+        self.commit(&stage, name, parsed, built_from, limits)
+    }
+
+    /// Flattens the checked layers of `parsed` into a root (or reuses the root of the same
+    /// digest) and records the template `name`.
+    pub(crate) fn commit(
+        &self,
+        stage: &Stage,
+        name: &str,
+        parsed: Parsed,
+        built_from: BuiltFrom,
+        limits: &ImportLimits,
+    ) -> Result<ImportReport> {
         if parsed.layers.len() > limits.layers {
             return Err(TemplateError::Limit {
                 what: "layers",
@@ -265,21 +294,14 @@ impl Store {
                 let _ = fs::set_permissions(&to, fs::Permissions::from_mode(0o600));
             }
         }
-        let file = archive
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default();
         let manifest = Manifest {
             name: name.to_string(),
             digest: format!("sha256:{hex_digest}"),
             layers,
             size_bytes,
             files,
-            tiers: vec![Tier::Container, Tier::Gvisor],
-            built_from: BuiltFrom::Import {
-                format: parsed.format,
-                file,
-            },
+            tiers: vec![Tier::Container, Tier::Gvisor, Tier::Microvm],
+            built_from,
             created_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -417,7 +439,7 @@ fn create_new(path: &Path) -> io::Result<fs::File> {
 }
 
 /// Hex sha256 and size of a file.
-fn sha256_file(path: &Path) -> Result<(String, u64)> {
+pub(crate) fn sha256_file(path: &Path) -> Result<(String, u64)> {
     let mut f = fs::File::open(path).map_err(TemplateError::io("reading a blob"))?;
     let mut h = HashingReader::new(&mut f, u64::MAX);
     io::copy(&mut h, &mut io::sink()).map_err(TemplateError::io("reading a blob"))?;

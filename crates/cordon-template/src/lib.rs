@@ -6,14 +6,18 @@
 //! a lease that keeps the root while the sandbox lives). Importing OCI image layouts and
 //! docker archives (feature `import`) treats the image as hostile input.
 
+#[cfg(feature = "import")]
+mod build;
 mod error;
 #[cfg(feature = "import")]
 mod import;
 mod manifest;
 mod store;
 
+#[cfg(feature = "import")]
+pub use build::{BuildInputs, BuildRoot};
 pub use error::{Result, TemplateError};
 #[cfg(feature = "import")]
 pub use import::{DropReason, Dropped, ImportLimits, ImportReport, MOUNT_POINTS};
 pub use manifest::{BuiltFrom, Compression, ImageDefaults, ImageFormat, Layer, Manifest};
-pub use store::{GcReport, Lease, Store, find_program, resolve_in_root};
+pub use store::{GcReport, Lease, Store, disk_image_path, find_program, resolve_in_root};

@@ -55,6 +55,20 @@ pub enum Compression {
 pub enum BuiltFrom {
     /// Imported from a local image file (its file name only, never a host path).
     Import { format: ImageFormat, file: String },
+    /// Built by `cordon template build`: steps run over a base, sealed.
+    Build {
+        /// The base: `host`, `debian`, or `template NAME`.
+        base: String,
+        /// The base's identity (a template's digest, the Debian root's hash).
+        base_digest: String,
+        /// `sha256:<hex>` of the build's inputs (base, steps, env, allow-list): a build
+        /// with the same inputs is the same template.
+        inputs_digest: String,
+        /// The steps, in order.
+        steps: Vec<String>,
+        /// The egress allow-list the steps ran with.
+        allow: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +87,14 @@ impl fmt::Display for BuiltFrom {
                     ImageFormat::DockerArchive => "docker-archive",
                 };
                 write!(f, "import {format} {file}")
+            }
+            BuiltFrom::Build {
+                base,
+                inputs_digest,
+                ..
+            } => {
+                let short = &inputs_digest[..inputs_digest.len().min(19)];
+                write!(f, "build from {base}, inputs {short}")
             }
         }
     }

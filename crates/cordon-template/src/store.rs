@@ -202,6 +202,7 @@ impl Store {
             env: m.image.env.clone(),
             languages,
             lease: Some(Arc::new(lease)),
+            writable: false,
         })
     }
 
@@ -284,6 +285,15 @@ impl Store {
             remove_tree(&self.root_dir(&hex))?;
             report.roots_removed += 1;
         }
+        // Disk images made from roots that are gone.
+        if let Ok(names) = read_names(&self.dir.join("disks")) {
+            for disk in names {
+                let hex = disk.trim_end_matches(".ext4");
+                if !self.root_dir(hex).is_dir() {
+                    let _ = fs::remove_file(self.dir.join("disks").join(&disk));
+                }
+            }
+        }
         Ok(report)
     }
 }
@@ -311,6 +321,18 @@ pub(crate) fn remove_tree(dir: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(TemplateError::io("removing a template's root")(e)),
     }
+}
+
+/// Where a tier keeps a disk image made from `root`, a root of a template store (the
+/// microvm tier's ext4 of it): `disks/<hex>.ext4` of the same store, removed with the root.
+/// `None` when `root` is not a store's root.
+pub fn disk_image_path(root: &Path) -> Option<PathBuf> {
+    let hex = root.file_name()?.to_str()?;
+    let roots = root.parent()?;
+    if roots.file_name()? != "roots" {
+        return None;
+    }
+    Some(roots.parent()?.join("disks").join(format!("{hex}.ext4")))
 }
 
 /// Resolves `path` inside the tree `root` as a process chrooted there would: symlinks

@@ -435,3 +435,29 @@ pub fn write_hostile_image(dir: &std::path::Path, busybox: Vec<u8>) -> std::path
     std::fs::write(&file, hostile_image(Some(busybox)).oci_tar(false)).expect("writing the image");
     file
 }
+
+/// A layer holding the host's pip (`/usr/lib/python3/dist-packages/pip`, pure Python with
+/// its dependencies vendored), to go over [`python_layer`]. `None` when the host lacks it.
+pub fn pip_layer() -> Option<Vec<u8>> {
+    let top = std::path::Path::new("/usr/lib/python3/dist-packages/pip");
+    if !top.is_dir() {
+        return None;
+    }
+    let mut l = LayerBuilder::new();
+    let mut todo = vec![top.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).ok()?.flatten() {
+            let p = e.path();
+            let ft = e.file_type().ok()?;
+            if ft.is_dir() {
+                if e.file_name() != "__pycache__" {
+                    todo.push(p);
+                }
+            } else if ft.is_file() {
+                let data = std::fs::read(&p).ok()?;
+                l.long_file(p.strip_prefix("/").ok()?.to_str()?, 0o644, &data);
+            }
+        }
+    }
+    Some(l.finish())
+}

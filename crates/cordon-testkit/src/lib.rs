@@ -11,6 +11,7 @@ pub mod files;
 pub mod fuzz;
 pub mod image;
 pub mod procs;
+pub mod pyindex;
 
 use cordon_core::{Backend, ExecOutcome, ExecRequest, OutputStream, SandboxSpec};
 

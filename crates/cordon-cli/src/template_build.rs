@@ -1,0 +1,328 @@
+//! `cordon template build NAME --from BASE --run CMD ...`: each step runs in a
+//! container-tier sandbox whose root is a writable working copy of the base, kept on the
+//! host outside the sandbox's reach, with only the build's egress allow-list; the result
+//! is sealed into a template as an import is (docs/templates.md).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::template::short;
+use clap::Args;
+use cordon_container::{ContainerBackend, ContainerConfig};
+use cordon_core::{
+    ExecRequest, Language, OutputStream, ResolvedTemplate, Sandbox, SandboxSpec, Termination, Tier,
+};
+use cordon_host::idpool::IdPool;
+use cordon_server::audit::{Audit, NewEvent};
+use cordon_template::{BuildInputs, ImageDefaults, ImportLimits, Store};
+use serde::Serialize;
+
+#[derive(Args)]
+pub struct BuildArgs {
+    /// The new template's name (a-z, 0-9, '.', '_', '-').
+    name: String,
+    /// The base: a template (name or digest), `debian` (the Debian root debootstrap made
+    /// for the microvm tier, `cordon image build`), or `host`.
+    #[arg(long, value_name = "BASE")]
+    from: String,
+    /// A step: a shell command run in the build's sandbox (`sh -c`), in order.
+    #[arg(long = "run", value_name = "CMD", required = true)]
+    run: Vec<String>,
+    /// A host the steps may reach through the egress proxy (`host`, `*.suffix`, `:port`).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    allow_host: Vec<String>,
+    /// An address range the steps may reach (`10.0.0.0/8:443`); needed for private and
+    /// loopback addresses, which the egress guard refuses otherwise.
+    #[arg(long = "allow-cidr", value_name = "CIDR")]
+    allow_cidr: Vec<String>,
+    /// An environment variable of the steps and of every sandbox on the template.
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    env: Vec<(String, String)>,
+    /// Wall-clock limit of each step.
+    #[arg(long, default_value = "30m", value_parser = cordon_core::units::parse_duration)]
+    timeout: Duration,
+    /// Memory limit of the build's sandbox.
+    #[arg(long, default_value = "2G", value_parser = cordon_core::units::parse_size)]
+    memory: u64,
+    /// Largest root the build may seal (bytes of regular files), e.g. 8G.
+    #[arg(long, default_value = "16G", value_parser = cordon_core::units::parse_size)]
+    max_unpacked_bytes: u64,
+    /// Most entries the build may seal.
+    #[arg(long, default_value_t = 1_000_000)]
+    max_files: u64,
+    /// Print the manifest as JSON when done.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))?;
+    if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("{k:?} is not a variable name"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+/// The audit row of one build (kind `template_build`).
+#[derive(Serialize)]
+struct BuildAudit<'a> {
+    name: &'a str,
+    digest: Option<&'a str>,
+    inputs_digest: &'a str,
+    base: &'a str,
+    steps: usize,
+    duration_ms: u64,
+    result: &'a str,
+}
+
+pub fn build(store: &Store, data: &Path, a: BuildArgs) -> Result<i32> {
+    let t0 = Instant::now();
+    let (base_label, base) = match a.from.as_str() {
+        "host" => bail!(
+            "the `host` base is not supported by `cordon template build` yet: a template is a \
+             whole root, and the host's /usr is too large to copy into one; build from \
+             `debian` or from a template (`cordon template import`)"
+        ),
+        "debian" => ("debian".to_string(), debian_base(store, data)?),
+        name => (
+            format!("template {name}"),
+            store
+                .resolve_base(name)
+                .with_context(|| format!("resolving the base {name:?}"))?,
+        ),
+    };
+    let mut env: BTreeMap<String, String> = a.env.iter().cloned().collect();
+    let mut allow = a.allow_host.clone();
+    allow.extend(a.allow_cidr.iter().cloned());
+    let inputs = BuildInputs {
+        base: base_label.clone(),
+        base_digest: base.digest.clone(),
+        steps: a.run.clone(),
+        env: env.clone(),
+        allow: allow.clone(),
+    };
+    let inputs_digest = inputs.digest();
+    let audit = |digest: Option<&str>, result: &str| {
+        record_audit(
+            data,
+            &BuildAudit {
+                name: &a.name,
+                digest,
+                inputs_digest: &inputs_digest,
+                base: &base_label,
+                steps: a.run.len(),
+                duration_ms: t0.elapsed().as_millis() as u64,
+                result,
+            },
+        )
+    };
+    if let Some(m) = store.cached_build(&a.name, &inputs_digest)? {
+        audit(Some(&m.digest), "cached");
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&m)?);
+        } else {
+            println!(
+                "template {} {} is cached: built before from the same inputs ({}); no step ran",
+                m.name,
+                short(&m.digest),
+                short(&inputs_digest)
+            );
+        }
+        return Ok(0);
+    }
+
+    // The step sandbox's ids are leased here, so the working copy can be given to the
+    // uid its user maps to before the sandbox starts.
+    let system = IdPool::system();
+    let range = system.allocate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut cfg = ContainerConfig::discover();
+    cfg.ids = IdPool {
+        dir: system
+            .dir
+            .with_file_name("build-ids")
+            .join(range.base().to_string()),
+        first: range.base(),
+        slots: 1,
+    };
+    let owner = range.base() + cfg.sandbox_uid;
+    let work = store
+        .build_root(&base.root, owner)
+        .context("preparing the build's root")?;
+    // The base's environment, then the build's: steps and sandboxes on the template see it.
+    let mut tpl_env = base.env.clone();
+    tpl_env.append(&mut env);
+    let mut spec = SandboxSpec::new(Tier::Container);
+    spec.limits.timeout_ms = a.timeout.as_millis() as u64;
+    spec.limits.memory_bytes = a.memory;
+    spec.egress.allow = allow;
+    spec.template = Some(base.name.clone());
+    spec.resolved_template = Some(ResolvedTemplate {
+        name: base.name.clone(),
+        digest: base.digest.clone(),
+        root: work.root().to_path_buf(),
+        env: tpl_env.clone(),
+        languages: [Language::Sh].into_iter().collect(),
+        lease: base.lease.clone(),
+        writable: true,
+    });
+    let backend = ContainerBackend::new(cfg);
+    let mut sb = backend
+        .create_sandbox(&spec)
+        .context("starting the build's sandbox")?;
+    let n = a.run.len();
+    for (i, step) in a.run.iter().enumerate() {
+        eprintln!(
+            "cordon: [step {}/{n}] {step}  ({:.1} s)",
+            i + 1,
+            t0.elapsed().as_secs_f64()
+        );
+        let mut req = ExecRequest::argv(["/bin/sh", "-c", step.as_str()]);
+        req.cwd = Some("/".into());
+        // The step's output streams to stderr with the progress; stdout has the result only.
+        let mut sink = |_: OutputStream, data: &[u8]| {
+            let _ = std::io::stderr().write_all(data);
+        };
+        let ts = Instant::now();
+        let out = sb.exec(&req, &mut sink);
+        let failed = match &out {
+            Ok(o) if o.termination == Termination::Exited && o.exit_code == Some(0) => None,
+            Ok(o) => Some((
+                format!(
+                    "{:?}, exit code {}",
+                    o.termination,
+                    o.exit_code.map_or("none".into(), |c| c.to_string())
+                ),
+                o.exit_code.unwrap_or(1),
+            )),
+            Err(e) => Some((e.to_string(), 125)),
+        };
+        if let Some((why, code)) = failed {
+            let _ = sb.destroy();
+            audit(None, "failed");
+            eprintln!(
+                "cordon: [step {}/{n}] failed after {:.1} s ({why}); the build stopped, nothing \
+                 was sealed: fix the step and build again",
+                i + 1,
+                ts.elapsed().as_secs_f64()
+            );
+            return Ok(if code == 0 { 1 } else { code });
+        }
+    }
+    sb.destroy().context("ending the build's sandbox")?;
+    drop(sb);
+    drop(range);
+    eprintln!(
+        "cordon: sealing {}  ({:.1} s)",
+        a.name,
+        t0.elapsed().as_secs_f64()
+    );
+    let base_manifest = store.get(&base.name).ok();
+    let defaults = ImageDefaults {
+        env: tpl_env,
+        ..base_manifest.map(|m| m.image).unwrap_or_default()
+    };
+    let limits = ImportLimits {
+        unpacked_bytes: a.max_unpacked_bytes,
+        files: a.max_files,
+        ..ImportLimits::default()
+    };
+    let report = store
+        .seal_build(work, &a.name, &inputs, defaults, &limits)
+        .context("sealing the build")?;
+    let m = &report.manifest;
+    audit(Some(&m.digest), "built");
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(m)?);
+    } else {
+        println!(
+            "built {} {} ({}, {} files, inputs {}) in {:.2} s",
+            m.name,
+            short(&m.digest),
+            crate::template::human(m.size_bytes),
+            m.files,
+            short(&inputs_digest),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(0)
+}
+
+/// The Debian base: the root debootstrap made for the microvm tier's guest image
+/// (`cordon image build`), kept in the store as the template `debian-<hash>`.
+fn debian_base(store: &Store, data: &Path) -> Result<ResolvedTemplate> {
+    let image = cordon_microvm::image::load(data)
+        .or_else(|_| cordon_microvm::image::load(&cordon_microvm::image::default_data_dir()))
+        .context("the `debian` base is the microvm tier's Debian root")?;
+    let hash = image
+        .rootfs
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.rsplit('-').next())
+        .unwrap_or("root")
+        .to_string();
+    let name = format!("debian-{hash}");
+    if store.get(&name).is_err() {
+        eprintln!("cordon: importing the Debian root of the microvm image as {name}");
+        let tmp = store.dir().join("staging").join(format!("{name}.extract"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).context("making a staging dir")?;
+        let out = std::process::Command::new("debugfs")
+            .arg("-R")
+            .arg(format!("rdump / {}", tmp.display()))
+            .arg(&image.rootfs)
+            .output()
+            .context("running debugfs (e2fsprogs) to read the Debian root")?;
+        if !out.status.success() {
+            bail!(
+                "debugfs could not read the Debian root: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let work = store.build_root(&tmp, 0)?;
+        let _ = std::fs::remove_dir_all(&tmp);
+        let inputs = BuildInputs {
+            base: "debian".into(),
+            base_digest: hash.clone(),
+            steps: Vec::new(),
+            env: BTreeMap::new(),
+            allow: Vec::new(),
+        };
+        store.seal_build(
+            work,
+            &name,
+            &inputs,
+            ImageDefaults::default(),
+            &ImportLimits::default(),
+        )?;
+    }
+    Ok(store.resolve(&name)?)
+}
+
+fn record_audit(data: &Path, row: &BuildAudit<'_>) {
+    let path = data.join("audit.db");
+    let detail = match serde_json::to_value(row) {
+        Ok(v) => v,
+        Err(_) => return,
+    };
+    match Audit::open(&path) {
+        Ok(a) => {
+            if let Err(e) = a.record(&NewEvent {
+                tenant: None,
+                sandbox: None,
+                kind: "template_build",
+                decision: Some(row.result),
+                tier: Some(Tier::Container),
+                detail,
+            }) {
+                eprintln!("cordon: warning: the build's audit row was not written: {e}");
+            }
+        }
+        Err(e) => eprintln!("cordon: warning: the audit store could not be opened: {e}"),
+    }
+}

@@ -1,0 +1,366 @@
+//! `cordon template build` as a user types it: a step that `pip install`s a wheel the test
+//! made from an index the test serves on loopback, through Cordon's egress proxy (with an
+//! explicit allow for that one port), then code importing it on the container and gVisor
+//! tiers; the cache, the audit row, the base left untouched, and a step refused a host
+//! outside its allow-list.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use cordon_testkit::image::{Image, pip_layer, python_layer};
+use cordon_testkit::pyindex::{PyIndex, wheel};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cordon-full");
+
+fn require_all() -> bool {
+    std::env::var_os("CORDON_REQUIRE_ALL").is_some_and(|v| v == "1")
+}
+
+fn skip(test: &str, why: &str) {
+    assert!(
+        !require_all(),
+        "{test}: cannot run ({why}) and CORDON_REQUIRE_ALL=1"
+    );
+    eprintln!("SKIPPING {test}: {why}");
+}
+
+fn cordon(home: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("CORDON_HOME", home)
+        .env_remove("CORDON_POLICY")
+        .output()
+        .expect("running cordon-full")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A data dir of the test's own, passable like /var/lib/cordon, holding the template
+/// `pybase` (the host's Python and pip, no packages); `None` after a SKIPPING line.
+fn home_with_python_base(test: &str) -> Option<tempfile::TempDir> {
+    if !nix::unistd::geteuid().is_root() {
+        skip(test, "the container tier needs root");
+        return None;
+    }
+    let (Some(py), Some(pip)) = (python_layer(), pip_layer()) else {
+        skip(
+            test,
+            "the host lacks python3, bash, busybox or pip (apt-get install python3-pip busybox-static)",
+        );
+        return None;
+    };
+    let home = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    // The microvm tier's guest image (kernel, initramfs, root) as built for the host, each
+    // file linked: this data dir's snapshots and template disks stay its own.
+    let real = cordon_microvm::image::image_dir(&cordon_microvm::image::default_data_dir());
+    if real.join("manifest.json").is_file() {
+        let mine = home.path().join("microvm");
+        std::fs::create_dir(&mine).unwrap();
+        for e in std::fs::read_dir(&real).unwrap().flatten() {
+            let name = e.file_name();
+            if name != "snapshots" && name != "run" {
+                std::os::unix::fs::symlink(e.path(), mine.join(name)).unwrap();
+            }
+        }
+    }
+    let image = Image {
+        layers: vec![(py, false), (pip, true)],
+        env: vec!["PATH=/usr/bin:/bin".into()],
+    };
+    let file = home.path().join("pybase.tar");
+    std::fs::write(&file, image.docker_tar()).unwrap();
+    let o = cordon(
+        home.path(),
+        &[
+            "template",
+            "import",
+            file.to_str().unwrap(),
+            "--name",
+            "pybase",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    Some(home)
+}
+
+fn pip_step(port: u16) -> String {
+    format!(
+        "python3 -m pip install --no-cache-dir --disable-pip-version-check --no-input \
+         --index-url http://127.0.0.1:{port}/simple/ --target /opt/lib thepkg"
+    )
+}
+
+/// Every path under `dir` (relative), sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                todo.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn root_of(home: &Path, name: &str) -> std::path::PathBuf {
+    let m: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(home.join(format!("templates/names/{name}.json"))).unwrap(),
+    )
+    .unwrap();
+    let digest = m["digest"].as_str().unwrap();
+    home.join("templates/roots")
+        .join(digest.trim_start_matches("sha256:"))
+}
+
+#[test]
+fn build_installs_a_wheel_from_a_loopback_index_and_runs_on_every_native_tier() {
+    let test = "build_installs_a_wheel_from_a_loopback_index_and_runs_on_every_native_tier";
+    let Some(home) = home_with_python_base(test) else {
+        return;
+    };
+    let h = home.path();
+    let base_before = listing(&root_of(h, "pybase"));
+    let index = PyIndex::start(vec![wheel("thepkg", "VALUE = 'from-the-wheel'\n")]);
+    let step = pip_step(index.port);
+    let cidr = format!("127.0.0.1/32:{}", index.port);
+    let args = [
+        "template",
+        "build",
+        "data-py",
+        "--from",
+        "pybase",
+        "--run",
+        &step,
+        "--run",
+        "echo built-by-step-two > /opt/marker",
+        "--allow-cidr",
+        &cidr,
+        "--env",
+        "PYTHONPATH=/opt/lib",
+    ];
+    let o = cordon(h, &args);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}\n{}", text(&o.stdout));
+    assert!(
+        err.contains("[step 1/2]") && err.contains("[step 2/2]"),
+        "{err}"
+    );
+    assert!(
+        text(&o.stdout).starts_with("built data-py sha256:"),
+        "{}",
+        text(&o.stdout)
+    );
+    let seen = index.requests();
+    assert!(
+        seen.iter()
+            .any(|p| p == "/files/thepkg-1.0-py3-none-any.whl"),
+        "pip fetched no wheel from the index: {seen:?}"
+    );
+
+    // The same inputs again: cached, nothing runs, the index sees nothing.
+    let o = cordon(h, &args);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("is cached"), "{}", text(&o.stdout));
+    assert!(!text(&o.stderr).contains("[step"), "{}", text(&o.stderr));
+    assert_eq!(index.requests().len(), seen.len());
+
+    // `ls` says what it was built from and the inputs' digest.
+    let o = cordon(h, &["template", "ls"]);
+    let ls = text(&o.stdout);
+    let row = ls.lines().find(|l| l.starts_with("data-py ")).expect(&ls);
+    assert!(
+        row.contains("build from template pybase, inputs sha256:"),
+        "{ls}"
+    );
+
+    // Code importing the package, with the template's PYTHONPATH, on every native tier.
+    for tier in ["container", "gvisor", "microvm"] {
+        let o = cordon(
+            h,
+            &[
+                "run",
+                "--tier",
+                tier,
+                "--template",
+                "data-py",
+                "--lang",
+                "python",
+                "-c",
+                "import thepkg; print(thepkg.VALUE, open('/opt/marker').read().strip())",
+            ],
+        );
+        assert!(o.status.success(), "{tier}: {}", text(&o.stderr));
+        assert_eq!(
+            text(&o.stdout).trim(),
+            "from-the-wheel built-by-step-two",
+            "{tier}"
+        );
+    }
+
+    // The build's writes never reached its base.
+    assert_eq!(listing(&root_of(h, "pybase")), base_before);
+    let o = cordon(
+        h,
+        &[
+            "run",
+            "--template",
+            "pybase",
+            "--",
+            "sh",
+            "-c",
+            "test -e /opt/lib || test -e /opt/marker || echo clean",
+        ],
+    );
+    assert_eq!(text(&o.stdout).trim(), "clean", "{}", text(&o.stderr));
+
+    // One audit row per build: built, then cached.
+    let o = cordon(
+        h,
+        &[
+            "audit",
+            "--data-dir",
+            h.to_str().unwrap(),
+            "--kind",
+            "template_build",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let rows: Vec<serde_json::Value> = text(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let results: Vec<&str> = rows
+        .iter()
+        .map(|r| r["detail"]["result"].as_str().unwrap())
+        .collect();
+    assert!(
+        results.contains(&"built") && results.contains(&"cached"),
+        "{rows:?}"
+    );
+    for r in &rows {
+        assert_eq!(r["detail"]["name"], "data-py");
+        assert!(
+            r["detail"]["inputs_digest"]
+                .as_str()
+                .unwrap()
+                .starts_with("sha256:")
+        );
+    }
+}
+
+#[test]
+fn a_build_step_cannot_reach_a_host_outside_its_allow_list() {
+    let test = "a_build_step_cannot_reach_a_host_outside_its_allow_list";
+    let Some(home) = home_with_python_base(test) else {
+        return;
+    };
+    let h = home.path();
+    let index = PyIndex::start(vec![wheel("thepkg", "VALUE = 1\n")]);
+    // Allowed: another loopback port only; the index's port is not on the list.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let cidr = format!("127.0.0.1/32:{}", other.local_addr().unwrap().port());
+    let step = format!("{} --retries 0 --timeout 5", pip_step(index.port));
+    let o = cordon(
+        h,
+        &[
+            "template",
+            "build",
+            "refused",
+            "--from",
+            "pybase",
+            "--run",
+            &step,
+            "--allow-cidr",
+            &cidr,
+        ],
+    );
+    let err = text(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("[step 1/1] failed"), "{err}");
+    assert!(
+        index.requests().is_empty(),
+        "the index was reached: {:?}",
+        index.requests()
+    );
+    let o = cordon(h, &["template", "ls"]);
+    assert!(!text(&o.stdout).contains("refused"), "{}", text(&o.stdout));
+}
+
+/// The microvm tier on an imported template: the guest boots the template's own disk (the
+/// agent is Cordon's, from the initramfs), a program of the template runs, its writes stay
+/// in the sandbox, and code in a language the template lacks is refused with the reason.
+#[test]
+fn an_imported_template_runs_on_the_microvm_tier_and_is_never_written() {
+    let test = "an_imported_template_runs_on_the_microvm_tier_and_is_never_written";
+    let Some(home) = home_with_python_base(test) else {
+        return;
+    };
+    let h = home.path();
+    if !h.join("microvm").exists() {
+        skip(test, "no microvm guest image (cordon image build)");
+        return;
+    }
+    let before = listing(&root_of(h, "pybase"));
+    let o = cordon(
+        h,
+        &[
+            "run",
+            "--tier",
+            "microvm",
+            "--template",
+            "pybase",
+            "--lang",
+            "python",
+            "-c",
+            "import sys, os\n\
+             open('/work/w', 'w').write('x')\n\
+             try:\n    open('/usr/bin/planted', 'w').write('x'); print('wrote')\n\
+             except OSError as e: print('refused', e.errno)\n\
+             print(sys.version_info[0], os.path.exists('/etc/debian_version'))",
+        ],
+    );
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // Python 3 from the template, and not the guest image's Debian root.
+    assert!(out.contains("refused "), "{out}");
+    assert!(out.trim_end().ends_with("3 False"), "{out}");
+    // A language the template has no interpreter for: refused, with the reason.
+    let o = cordon(
+        h,
+        &[
+            "run",
+            "--tier",
+            "microvm",
+            "--template",
+            "pybase",
+            "--lang",
+            "javascript",
+            "-c",
+            "1",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("has no javascript interpreter on its PATH"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(listing(&root_of(h, "pybase")), before);
+    // The disk is kept by digest in the store, and goes with the template.
+    let disks = h.join("templates/disks");
+    assert_eq!(std::fs::read_dir(&disks).unwrap().count(), 1);
+    let o = cordon(h, &["template", "rm", "pybase"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read_dir(&disks).unwrap().count(), 0);
+}

@@ -1,0 +1,264 @@
+//! `cordon template build`'s store side: the build's working copy of its base (a host
+//! directory the step's sandbox gets as its writable root, never the base itself), the
+//! cache keyed by the digest of the build's inputs, and the seal, which packs the working
+//! copy into one layer and flattens it with the same rules as an import (device nodes,
+//! FIFOs and set-id bits dropped, links never followed, sizes and counts bounded).
+//! Running the steps is the caller's (a container-tier sandbox, `cordon-cli`).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt, lchown, symlink};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cordon_core::{ResolvedTemplate, validate_template_name};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Result, TemplateError};
+use crate::import::{ImportLimits, ImportReport, Parsed, Stage, sha256_file};
+use crate::manifest::{BuiltFrom, ImageDefaults, ImageFormat, Manifest};
+use crate::store::Store;
+
+/// Bumped whenever a build's result for the same inputs would differ.
+const BUILD_VERSION: &str = "cordon-template-build-v1";
+
+/// What a build is made of: two builds with the same inputs make the same template.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BuildInputs {
+    /// `host`, `debian` or `template NAME`.
+    pub base: String,
+    /// The base's identity: a template's digest, the Debian root's hash.
+    pub base_digest: String,
+    pub steps: Vec<String>,
+    /// Environment of the steps and of every sandbox on the template.
+    pub env: BTreeMap<String, String>,
+    /// The steps' egress allow-list (hosts and CIDRs).
+    pub allow: Vec<String>,
+}
+
+impl BuildInputs {
+    /// `sha256:<hex>` over Cordon's build version and the inputs.
+    pub fn digest(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(BUILD_VERSION.as_bytes());
+        h.update(b"\n");
+        // A struct of strings, vectors and a sorted map: its JSON is deterministic.
+        h.update(serde_json::to_vec(self).unwrap_or_default());
+        format!("sha256:{}", hex::encode(h.finalize()))
+    }
+}
+
+/// A build's working copy of its base, owned by the step sandbox's host uid; removed when
+/// dropped, however the build ends.
+pub struct BuildRoot {
+    stage: Stage,
+    root: PathBuf,
+}
+
+impl BuildRoot {
+    /// The working copy on the host (for the container tier; never shown to a tenant).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
+/// The egress socket's mount point, made in the working copy when the base lacks it.
+const EGRESS_MOUNT_POINT: &str = "run/cordon/egress.sock";
+
+impl Store {
+    /// The template `name` (or `sha256:<hex>` digest, or its first 12 hex digits) as a
+    /// build's base, resolved with its lease.
+    pub fn resolve_base(&self, name_or_digest: &str) -> Result<ResolvedTemplate> {
+        let wanted = name_or_digest
+            .strip_prefix("sha256:")
+            .unwrap_or(name_or_digest);
+        if validate_template_name(name_or_digest).is_ok() && self.get(name_or_digest).is_ok() {
+            return self.resolve(name_or_digest);
+        }
+        let found = self
+            .list()?
+            .into_iter()
+            .find(|m| wanted.len() >= 12 && m.digest_hex().starts_with(wanted));
+        match found {
+            Some(m) => self.resolve(&m.name),
+            None => Err(TemplateError::NotFound(name_or_digest.to_string())),
+        }
+    }
+
+    /// A build with these inputs made before: the template `name` if it is that build
+    /// (an error if `name` is another template), else a new name for the template of the
+    /// same inputs (its root shared). `None`: no such build yet.
+    pub fn cached_build(&self, name: &str, inputs_digest: &str) -> Result<Option<Manifest>> {
+        let same = |m: &Manifest| matches!(&m.built_from, BuiltFrom::Build { inputs_digest: d, .. } if d == inputs_digest);
+        match self.get(name) {
+            Ok(m) if same(&m) => return Ok(Some(m)),
+            Ok(_) => return Err(TemplateError::Exists(name.to_string())),
+            Err(TemplateError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let _guard = self.lock(true)?;
+        let Some(mut m) = self.list()?.into_iter().find(same) else {
+            return Ok(None);
+        };
+        if !self.root_dir(m.digest_hex()).is_dir() {
+            return Ok(None);
+        }
+        m.name = name.to_string();
+        m.created_unix = now();
+        self.write_manifest(&m)?;
+        Ok(Some(m))
+    }
+
+    /// A working copy of the root `base` for a build, owned by `owner` (the host uid the
+    /// step's sandbox user maps to) so that the step may write anywhere in it. The base is
+    /// only read.
+    pub fn build_root(&self, base: &Path, owner: u32) -> Result<BuildRoot> {
+        let stage = Stage::new(self)?;
+        // The stage is passable for the sandbox's ids (its root is bound by them).
+        fs::set_permissions(&stage.0, fs::Permissions::from_mode(0o711))
+            .map_err(TemplateError::io("preparing a build dir"))?;
+        let root = stage.0.join("root");
+        copy_tree(base, &root, owner).map_err(TemplateError::io("copying the build's base"))?;
+        Ok(BuildRoot { stage, root })
+    }
+
+    /// Seals a build's working copy (its sandbox gone) into the template `name`: packed
+    /// into one layer, then flattened as an import is.
+    pub fn seal_build(
+        &self,
+        build: BuildRoot,
+        name: &str,
+        inputs: &BuildInputs,
+        defaults: ImageDefaults,
+        limits: &ImportLimits,
+    ) -> Result<ImportReport> {
+        validate_template_name(name).map_err(|e| TemplateError::Invalid(e.to_string()))?;
+        let BuildRoot { stage, root } = build;
+        let sock = root.join(EGRESS_MOUNT_POINT);
+        if fs::symlink_metadata(&sock).is_ok_and(|m| m.is_file() && m.len() == 0) {
+            let _ = fs::remove_file(&sock);
+        }
+        let layer = stage.0.join("layer.tar");
+        pack(&root, &layer, limits)?;
+        crate::store::remove_tree(&root)?;
+        let (hex, _) = sha256_file(&layer)?;
+        let parsed = Parsed {
+            format: ImageFormat::OciLayout,
+            layers: vec![(layer, hex.clone())],
+            diff_ids: vec![format!("sha256:{hex}")],
+            defaults,
+        };
+        let built_from = BuiltFrom::Build {
+            base: inputs.base.clone(),
+            base_digest: inputs.base_digest.clone(),
+            inputs_digest: inputs.digest(),
+            steps: inputs.steps.clone(),
+            allow: inputs.allow.clone(),
+        };
+        self.commit(&stage, name, parsed, built_from, limits)
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Copies the tree `src` to `dst` (directories, regular files, symbolic links; nothing
+/// else), everything owned by `owner`. Links are copied as links, never followed.
+fn copy_tree(src: &Path, dst: &Path, owner: u32) -> io::Result<()> {
+    let mut todo = vec![(src.to_path_buf(), dst.to_path_buf())];
+    while let Some((from, to)) = todo.pop() {
+        let m = fs::symlink_metadata(&from)?;
+        let ft = m.file_type();
+        if ft.is_dir() {
+            fs::DirBuilder::new()
+                .mode((m.permissions().mode() & 0o7777) | 0o700)
+                .create(&to)?;
+            for e in fs::read_dir(&from)? {
+                let e = e?;
+                todo.push((e.path(), to.join(e.file_name())));
+            }
+        } else if ft.is_symlink() {
+            symlink(fs::read_link(&from)?, &to)?;
+        } else if ft.is_file() {
+            // The kernel's copy (copy_file_range); the mode comes with it.
+            fs::copy(&from, &to)?;
+        } else {
+            continue;
+        }
+        lchown(&to, Some(owner), Some(owner))?;
+        if ft.is_dir() || ft.is_file() {
+            // chown cleared set-id bits; keep the rest of the mode (dirs get u+rwx).
+            let mode = (m.permissions().mode() & 0o777) | if ft.is_dir() { 0o700 } else { 0 };
+            fs::set_permissions(&to, fs::Permissions::from_mode(mode))?;
+        }
+    }
+    Ok(())
+}
+
+/// Packs the tree `root` into the tar `out`: directories, regular files and symbolic links
+/// (links as links), in a stable order; anything else a step made (sockets, FIFOs) is left
+/// out. The import limits on entries and bytes apply.
+fn pack(root: &Path, out: &Path, limits: &ImportLimits) -> Result<()> {
+    let f = fs::File::create(out).map_err(TemplateError::io("writing the build's layer"))?;
+    let mut tar = tar::Builder::new(io::BufWriter::new(f));
+    tar.follow_symlinks(false);
+    let (mut files, mut bytes) = (0u64, 0u64);
+    let mut todo = vec![PathBuf::new()];
+    let werr = TemplateError::io("writing the build's layer");
+    while let Some(rel) = todo.pop() {
+        let dir = root.join(&rel);
+        let mut entries = fs::read_dir(&dir)
+            .and_then(|r| r.collect::<io::Result<Vec<_>>>())
+            .map_err(TemplateError::io("reading the build's root"))?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries.into_iter().rev() {
+            let sub = rel.join(e.file_name());
+            let ft = e
+                .file_type()
+                .map_err(TemplateError::io("reading the build's root"))?;
+            if !(ft.is_dir() || ft.is_file() || ft.is_symlink()) {
+                continue;
+            }
+            files += 1;
+            if files > limits.files {
+                return Err(TemplateError::Limit {
+                    what: "entries",
+                    flag: "files",
+                    limit: limits.files,
+                });
+            }
+            if ft.is_file() {
+                bytes = bytes.saturating_add(
+                    e.metadata()
+                        .map_err(TemplateError::io("reading the build's root"))?
+                        .len(),
+                );
+                if bytes > limits.unpacked_bytes {
+                    return Err(TemplateError::Limit {
+                        what: "uncompressed layer bytes",
+                        flag: "unpacked-bytes",
+                        limit: limits.unpacked_bytes,
+                    });
+                }
+            }
+            tar.append_path_with_name(e.path(), &sub)
+                .map_err(|e| TemplateError::Io {
+                    what: "packing the build's root".into(),
+                    source: e,
+                })?;
+            if ft.is_dir() {
+                todo.push(sub);
+            }
+        }
+    }
+    tar.into_inner()
+        .and_then(|mut w| io::Write::flush(&mut w))
+        .map_err(werr)?;
+    Ok(())
+}
