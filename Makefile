@@ -9,7 +9,9 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 # `make test` builds the workspace once: clippy's driver compiles the workspace's own crates
 # (dependencies keep rustc), so the test build is also the lint, with the same `-D warnings`
 # as `cargo clippy --workspace --all-targets -- -D warnings` (`make lint`). Why and what it
-# saves: docs/adr/0009-one-build-in-make-test.md.
+# saves: docs/adr/0009-one-build-in-make-test.md. `--all-targets` builds the examples as
+# tests; the second build makes them as programs (guests.sh runs examples/wizen), which the
+# test run would build anyway.
 LINTED = bash scripts/linted.sh
 
 .PHONY: setup build demo test lint bench clean
@@ -32,6 +34,7 @@ test:
 	CORDON_SETUP_GUESTS=later bash scripts/setup.sh
 	$(CARGO) fmt --all -- --check
 	$(LINTED) $(CARGO) test --workspace --all-targets --no-run
+	$(LINTED) $(CARGO) build --workspace --examples
 	bash scripts/guests.sh --bin-dir $(TARGET_DIR)/debug
 	$(CARGO) deny check licenses bans sources
 	$(LINTED) $(CARGO) test --workspace --no-fail-fast
