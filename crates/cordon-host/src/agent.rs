@@ -531,8 +531,9 @@ fn keep_output(
 const DRAIN_AFTER_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Drives one exec: hands over the request and its stdin by the exec's deadline, relays the
-/// output to `sink` within the caps, and stops the program for the timeout, the output caps
-/// or whatever `check` (the tier's own watch, called every tick) returns.
+/// output to `sink` within the caps, and stops the program for the timeout, the output caps,
+/// a sink whose reader went away ([`OutputSink::cancelled`]) or whatever `check` (the tier's
+/// own watch, called every tick) returns.
 pub fn run_framed(
     conn: &mut AgentConn,
     ex: &FramedExec<'_>,
@@ -602,6 +603,9 @@ pub fn run_framed(
                 Some(Termination::Timeout)
             } else if run.stdout_truncated || run.stderr_truncated {
                 Some(Termination::OutputLimit)
+            } else if exit.is_none() && sink.cancelled() {
+                // The client went away: the program is killed, the sandbox lives on.
+                Some(Termination::Cancelled)
             } else if exit.is_none() {
                 check()
             } else {

@@ -96,6 +96,8 @@ pub struct SandboxCgroup {
     memory_dir: PathBuf,
     pids_dir: Option<PathBuf>,
     cpu_dir: PathBuf,
+    /// Where the freezer is (v1: its own hierarchy; v2: the one directory).
+    freezer_dir: Option<PathBuf>,
     /// The counter files, open for the sandbox's life: each exec reads them twice, and an
     /// open descriptor saves a path walk through cgroupfs every time.
     files: CounterFiles,
@@ -190,6 +192,18 @@ impl SandboxCgroup {
         if limits.pids.is_some() {
             controllers.push("pids");
         }
+        // The freezer, for pause and resume: v2's `cgroup.freeze` is in every cgroup; v1's
+        // is a hierarchy of its own, joined where the host mounts it.
+        let freezer = match version {
+            Version::V2 => true,
+            Version::V1 => hier
+                .subsystems()
+                .iter()
+                .any(|s| s.controller_name() == "freezer"),
+        };
+        if freezer {
+            controllers.push("freezer");
+        }
         let cg = Cgroup::new_with_specified_controllers(
             hier,
             &path,
@@ -210,6 +224,7 @@ impl SandboxCgroup {
                 ))
             })
         };
+        let freezer_dir = dir_of("freezer");
         let memory_dir = need("memory")?;
         let cpu_dir = need("cpu")?;
         let pids_dir = match limits.pids {
@@ -218,6 +233,7 @@ impl SandboxCgroup {
         };
         let files = CounterFiles::open(version, &memory_dir, pids_dir.as_deref(), &cpu_dir);
         let this = SandboxCgroup {
+            freezer_dir,
             memory_dir,
             pids_dir,
             cpu_dir,
@@ -364,9 +380,51 @@ impl SandboxCgroup {
     fn all_dirs(&self) -> Vec<PathBuf> {
         let mut dirs = vec![self.memory_dir.clone(), self.cpu_dir.clone()];
         dirs.extend(self.pids_dir.clone());
+        dirs.extend(self.freezer_dir.clone());
         dirs.sort();
         dirs.dedup();
         dirs
+    }
+
+    fn freezer(&self) -> Result<&cgroups_rs::fs::freezer::FreezerController, HostError> {
+        self.cg
+            .controller_of::<cgroups_rs::fs::freezer::FreezerController>()
+            .filter(|_| self.freezer_dir.is_some())
+            .ok_or_else(|| {
+                HostError::Cgroup(
+                    "this host has no cgroup freezer; mount the v1 freezer controller (or use cgroup v2)"
+                        .into(),
+                )
+            })
+    }
+
+    /// Freezes every process of the cgroup (they keep their memory and use no CPU) and waits,
+    /// at most `patience`, until the kernel reports them all frozen.
+    pub fn freeze(&self, patience: Duration) -> Result<(), HostError> {
+        use cgroups_rs::FreezerState;
+        let f = self.freezer()?;
+        f.freeze().map_err(|e| err("freezing the sandbox", e))?;
+        let deadline = Instant::now() + patience;
+        loop {
+            match f.state() {
+                Ok(FreezerState::Frozen) => return Ok(()),
+                _ if Instant::now() >= deadline => {
+                    let _ = f.thaw();
+                    return Err(HostError::Cgroup(
+                        "the sandbox's processes did not all stop in time; it was left running"
+                            .into(),
+                    ));
+                }
+                _ => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+
+    /// Thaws a frozen cgroup; a thawed one is left as it is.
+    pub fn thaw(&self) -> Result<(), HostError> {
+        self.freezer()?
+            .thaw()
+            .map_err(|e| err("thawing the sandbox", e))
     }
 
     /// Removes the cgroup directories (they must be empty).
@@ -396,6 +454,12 @@ pub fn remove_dirs(dirs: &[PathBuf], patience: Duration) -> bool {
                     .collect();
                 if !subs.is_empty() && !remove_dirs(&subs, Duration::ZERO) {
                     left = true;
+                }
+            }
+            // A frozen process takes no signal (v1): thaw before the kill.
+            for (file, thawed) in [("freezer.state", "THAWED"), ("cgroup.freeze", "0")] {
+                if d.join(file).exists() {
+                    let _ = fs::write(d.join(file), thawed);
                 }
             }
             if d.join("cgroup.kill").exists() {
