@@ -998,11 +998,11 @@ impl GvisorSandbox {
                 reason: "destroyed".into(),
             });
         }
-        let Some(live) = self
+        let running = self
             .live
             .as_mut()
-            .filter(|l| matches!(l.runsc.try_wait(), Ok(None)))
-        else {
+            .is_some_and(|l| matches!(l.runsc.try_wait(), Ok(None)));
+        let Some(live) = self.live.as_mut().filter(|_| running) else {
             return Err(Error::Invalid(
                 "the sandbox is not running, so neither are its background execs; start them again"
                     .into(),
@@ -1034,11 +1034,11 @@ impl GvisorSandbox {
                 reason: "destroyed".into(),
             });
         }
-        let Some(live) = self
+        let running = self
             .live
             .as_mut()
-            .filter(|l| matches!(l.runsc.try_wait(), Ok(None)))
-        else {
+            .is_some_and(|l| matches!(l.runsc.try_wait(), Ok(None)));
+        let Some(live) = self.live.as_mut().filter(|_| running) else {
             return Err(Error::Invalid(format!(
                 "the sandbox is not running; nothing to {verb}"
             )));

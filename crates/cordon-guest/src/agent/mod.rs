@@ -302,6 +302,11 @@ impl Agent {
         match sys::fork_into(libc::CLONE_NEWPID | libc::CLONE_NEWNS)? {
             sys::Forked::Child => {
                 drop(ours);
+                // Copies of running execs' pipes held here would keep a program from ever
+                // seeing its stdin end (a background exec's, while this standby waits).
+                for fd in self.exec_fds() {
+                    let _ = nix::unistd::close(fd);
+                }
                 // With per-exec cgroups the agent moves the reaper alone into the exec's
                 // cgroup, so the program must be forked after that, by the reaper.
                 standby_main(&self.cfg, theirs, self.cgroups.is_none())
@@ -326,6 +331,26 @@ impl Agent {
                 })
             }
         }
+    }
+
+    /// The agent's own descriptors of running execs (their pipes, status pipes, pidfds).
+    fn exec_fds(&self) -> Vec<RawFd> {
+        let mut fds = Vec::new();
+        let runs = self
+            .background
+            .values()
+            .filter_map(|b| b.run.as_ref())
+            .chain(self.running.as_ref());
+        for run in runs {
+            fds.push(run.status.as_raw_fd());
+            fds.extend(run.pidfd.as_ref().map(|f| f.as_raw_fd()));
+            if let Some(fr) = &run.framed {
+                for f in [&fr.stdin, &fr.stdout, &fr.stderr].into_iter().flatten() {
+                    fds.push(f.as_raw_fd());
+                }
+            }
+        }
+        fds
     }
 
     fn send(&mut self, reply: &Reply, body: &[u8]) -> Result<(), ProtoError> {
