@@ -956,15 +956,7 @@ fn classify(o: Observed) -> (Termination, Option<i32>, Option<i32>) {
 
 impl GvisorSandbox {
     /// The argv, environment, working directory and per-process limits of an exec.
-    fn exec_parts(
-        &self,
-        req: &ExecRequest,
-    ) -> Result<(
-        Vec<String>,
-        std::collections::BTreeMap<String, String>,
-        String,
-        ProcLimits,
-    )> {
+    fn exec_parts(&self, req: &ExecRequest) -> Result<cordon_host::agent::ExecParts> {
         if let (cordon_core::Command::Code { language, .. }, Some(t)) =
             (&req.command, &self.spec.resolved_template)
         {
@@ -983,7 +975,12 @@ impl GvisorSandbox {
             // share one uid, so this bounds all of them at once.
             processes: u64::from(l.pids),
         };
-        Ok((argv, env, cwd, limits))
+        Ok(cordon_host::agent::ExecParts {
+            argv,
+            env,
+            cwd,
+            limits,
+        })
     }
 
     /// One call on a background exec over the running sandbox's agent channel; a channel
@@ -1073,7 +1070,12 @@ impl Sandbox for GvisorSandbox {
                 reason: "destroyed".into(),
             });
         }
-        let (argv, env, cwd, limits) = self.exec_parts(req)?;
+        let cordon_host::agent::ExecParts {
+            argv,
+            env,
+            cwd,
+            limits,
+        } = self.exec_parts(req)?;
         let t0 = Instant::now();
         // A runsc sandbox that was lost (its memory limit ended the sentry, or its agent
         // stopped answering) is started again: /work lives on the host and survives it.
@@ -1278,7 +1280,7 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn start_background(&mut self, req: &ExecRequest) -> Result<u64> {
-        let (argv, env, cwd, limits) = self.exec_parts(req)?;
+        let parts = self.exec_parts(req)?;
         if self.destroyed {
             return Err(Error::Gone {
                 id: self.id.as_str().into(),
@@ -1295,13 +1297,7 @@ impl Sandbox for GvisorSandbox {
         }
         let id = self.next_exec;
         self.next_exec += 1;
-        let request = Request::BgExec {
-            id,
-            argv,
-            env,
-            cwd,
-            limits,
-        };
+        let request = parts.background(id);
         self.bg_call(|io| cordon_host::procs::start(io, &request))?;
         Ok(id)
     }

@@ -297,6 +297,28 @@ pub fn argv_for(req: &ExecRequest, tier: Tier, node: bool) -> cordon_core::Resul
     })
 }
 
+/// What the agent needs to start a program, as a tier builds it from an exec request.
+#[derive(Debug, Clone)]
+pub struct ExecParts {
+    pub argv: Vec<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+    pub cwd: String,
+    pub limits: proto::ProcLimits,
+}
+
+impl ExecParts {
+    /// The [`Request::BgExec`] that starts it in the background as exec `id`.
+    pub fn background(self, id: u64) -> Request {
+        Request::BgExec {
+            id,
+            argv: self.argv,
+            env: self.env,
+            cwd: self.cwd,
+            limits: self.limits,
+        }
+    }
+}
+
 /// Maps an agent's refusal of a file operation to the API error.
 pub fn file_error(path: &str, code: ErrorCode, message: String) -> Error {
     match code {

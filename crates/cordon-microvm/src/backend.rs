@@ -894,10 +894,7 @@ impl MicrovmSandbox {
     }
 
     /// The argv, environment, working directory and per-process limits of an exec.
-    fn exec_parts(
-        &self,
-        req: &ExecRequest,
-    ) -> Result<(Vec<String>, BTreeMap<String, String>, String, ProcLimits)> {
+    fn exec_parts(&self, req: &ExecRequest) -> Result<cordon_host::agent::ExecParts> {
         let argv = cordon_host::agent::argv_for(req, Tier::Microvm, false)?;
         let env = self.env_for(req);
         let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());
@@ -908,11 +905,21 @@ impl MicrovmSandbox {
             address_space: 0,
             processes: 0,
         };
-        Ok((argv, env, cwd, proc_limits))
+        Ok(cordon_host::agent::ExecParts {
+            argv,
+            env,
+            cwd,
+            limits: proc_limits,
+        })
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
-        let (argv, env, cwd, proc_limits) = self.exec_parts(req)?;
+        let cordon_host::agent::ExecParts {
+            argv,
+            env,
+            cwd,
+            limits: proc_limits,
+        } = self.exec_parts(req)?;
         let limits = self.spec.limits.clone();
         let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(limits.timeout_ms));
         let id = self.next_exec;
@@ -1111,16 +1118,10 @@ impl Sandbox for MicrovmSandbox {
 
     fn start_background(&mut self, req: &ExecRequest) -> Result<u64> {
         self.ctrl()?;
-        let (argv, env, cwd, limits) = self.exec_parts(req)?;
+        let parts = self.exec_parts(req)?;
         let id = self.next_exec;
         self.next_exec += 1;
-        let request = Request::BgExec {
-            id,
-            argv,
-            env,
-            cwd,
-            limits,
-        };
+        let request = parts.background(id);
         self.file_call("a background exec", |io| {
             cordon_host::procs::start(io, &request)
         })?;
