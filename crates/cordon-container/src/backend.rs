@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use cordon_core::{
     ArchiveReport, Backend, Capability, Error, ExecOutcome, ExecRequest, FileOp, FileReply,
-    OutputSink, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier, Weakening,
+    OutputSink, Probe, ProcOutput, ProcSignal, Result, Sandbox, SandboxId, SandboxSpec,
+    Termination, Tier, Weakening,
 };
 use cordon_guest::proto::{self, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode};
 use cordon_host::agent::{self, AgentConn, Filled};
@@ -380,6 +381,7 @@ impl ContainerBackend {
             file_findings: Vec::new(),
             call_timeout: self.cfg.call_timeout,
             ids: Some(ids),
+            paused: false,
         };
         if let Err(e) = sent {
             sb.teardown();
@@ -467,6 +469,8 @@ pub struct ContainerSandbox {
     call_timeout: Duration,
     /// The sandbox's host id range, held until its last process is gone.
     ids: Option<crate::idpool::IdRange>,
+    /// Its processes are frozen.
+    paused: bool,
 }
 
 fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -654,6 +658,13 @@ impl ContainerSandbox {
         let mut killed = 0;
         let mut dying = Vec::new();
         let had_cgroup = self.cgroup.is_some();
+        if let Some(cg) = &self.cgroup
+            && self.paused
+        {
+            // Frozen processes take no signal until thawed (cgroup v1).
+            let _ = cg.thaw();
+            self.paused = false;
+        }
         if let Some(cg) = &self.cgroup {
             for pid in cg.pids() {
                 killed += 1;
@@ -725,7 +736,8 @@ impl ContainerSandbox {
         tracing::debug!("teardown: done");
     }
 
-    fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+    /// The argv, environment, working directory and per-process limits of an exec.
+    fn exec_parts(&self, req: &ExecRequest) -> Result<cordon_host::agent::ExecParts> {
         if let (cordon_core::Command::Code { language, .. }, Some(t)) =
             (&req.command, &self.spec.resolved_template)
         {
@@ -734,6 +746,29 @@ impl ContainerSandbox {
         let argv = cordon_host::agent::argv_for(req, Tier::Container, true)?;
         let env = self.env_for(req);
         let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());
+        let limits = &self.spec.limits;
+        let proc_limits = ProcLimits {
+            open_files: limits.open_files,
+            // A second layer only: the workspace's own size limit answers first (ENOSPC).
+            file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
+            address_space: 0,
+            processes: 0,
+        };
+        Ok(cordon_host::agent::ExecParts {
+            argv,
+            env,
+            cwd,
+            limits: proc_limits,
+        })
+    }
+
+    fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        let cordon_host::agent::ExecParts {
+            argv,
+            env,
+            cwd,
+            limits: proc_limits,
+        } = self.exec_parts(req)?;
         let limits = self.spec.limits.clone();
         let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(limits.timeout_ms));
         let id = self.next_exec;
@@ -751,13 +786,7 @@ impl ContainerSandbox {
             // The program's stdio are pipes whose ends go to the agent with the request: its
             // output never passes through the agent.
             stdio: StdioMode::Passed,
-            limits: ProcLimits {
-                open_files: limits.open_files,
-                // A second layer only: the workspace's own size limit answers first (ENOSPC).
-                file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
-                address_space: 0,
-                processes: 0,
-            },
+            limits: proc_limits,
             last: req.last,
         };
         let stdin = req.stdin.clone().unwrap_or_default();
@@ -976,6 +1005,50 @@ impl Sandbox for ContainerSandbox {
         cordon_core::validate_sandbox_dir(dir)?;
         refuse_unscanned(&self.spec, dir)?;
         self.file_call(|io| cordon_host::files::get_archive(io, dir, max_bytes, out))
+    }
+
+    fn start_background(&mut self, req: &ExecRequest) -> Result<u64> {
+        self.ctrl()?;
+        let parts = self.exec_parts(req)?;
+        let id = self.next_exec;
+        self.next_exec += 1;
+        let request = parts.background(id);
+        self.file_call(|io| cordon_host::procs::start(io, &request))?;
+        Ok(id)
+    }
+
+    fn read_background(&mut self, id: u64, from: [u64; 2], max: u64) -> Result<ProcOutput> {
+        self.file_call(|io| cordon_host::procs::read(io, id, from, max))
+    }
+
+    fn write_background(&mut self, id: u64, data: &[u8]) -> Result<()> {
+        self.file_call(|io| cordon_host::procs::write(io, id, data))
+    }
+
+    fn signal_background(&mut self, id: u64, signal: ProcSignal) -> Result<()> {
+        self.file_call(|io| cordon_host::procs::signal(io, id, signal))
+    }
+
+    fn pause(&mut self) -> Result<()> {
+        self.ctrl()?;
+        let Some(cg) = &self.cgroup else {
+            return Err(Error::Unsupported {
+                what: "pausing a sandbox that runs without cgroups".into(),
+                fix: "run Cordon where it can make cgroups (see `cordon doctor`)".into(),
+            });
+        };
+        cg.freeze(Duration::from_secs(5))?;
+        self.paused = true;
+        Ok(())
+    }
+
+    fn resume(&mut self) -> Result<()> {
+        self.ctrl()?;
+        if let Some(cg) = &self.cgroup {
+            cg.thaw()?;
+        }
+        self.paused = false;
+        Ok(())
     }
 
     fn start_us(&self) -> u64 {

@@ -3,8 +3,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    ArchiveReport, ExecOutcome, ExecRequest, FileOp, FileReply, OutputStream, Result, SandboxSpec,
-    Tier,
+    ArchiveReport, ExecOutcome, ExecRequest, FileOp, FileReply, OutputStream, ProcOutput,
+    ProcSignal, Result, SandboxSpec, Tier,
 };
 
 /// An unguessable sandbox id: `sb-` and 128 random bits in hex.
@@ -143,6 +143,13 @@ impl Probe {
 /// Receives output as it is produced, before the outcome.
 pub trait OutputSink {
     fn output(&mut self, stream: OutputStream, data: &[u8]);
+
+    /// Whoever reads the output went away (a client that disconnected): the exec should be
+    /// stopped ([`crate::Termination::Cancelled`]). Tiers look at it as often as they look
+    /// at their other reasons to stop.
+    fn cancelled(&self) -> bool {
+        false
+    }
 }
 
 impl<F: FnMut(OutputStream, &[u8])> OutputSink for F {
@@ -225,6 +232,55 @@ pub trait Sandbox: Send {
         Err(unsupported_files("downloading a directory"))
     }
 
+    /// Starts `req` in the background: its output is kept in the sandbox (the last
+    /// [`crate::BACKGROUND_KEEP`] bytes of each stream) and read with
+    /// [`Sandbox::read_background`]; the sandbox's limits hold for it as for any exec, and its
+    /// destroy ends it. Returns the exec's id in this sandbox. Tiers without a process
+    /// supervisor answer [`crate::Error::Unsupported`].
+    fn start_background(&mut self, req: &ExecRequest) -> Result<u64> {
+        let _ = req;
+        Err(unsupported_background())
+    }
+
+    /// What background exec `id` wrote from the stream offsets `from` (stdout, stderr) on,
+    /// at most `max` bytes of each, and its end once it has ended and all of its output is
+    /// in.
+    fn read_background(&mut self, id: u64, from: [u64; 2], max: u64) -> Result<ProcOutput> {
+        let _ = (id, from, max);
+        Err(unsupported_background())
+    }
+
+    /// Writes `data` to background exec `id`'s stdin; an empty `data` closes it.
+    fn write_background(&mut self, id: u64, data: &[u8]) -> Result<()> {
+        let _ = (id, data);
+        Err(unsupported_background())
+    }
+
+    /// Sends background exec `id` a signal: `Term` to its program's whole process tree,
+    /// `Kill` to end the tree at once.
+    fn signal_background(&mut self, id: u64, signal: ProcSignal) -> Result<()> {
+        let _ = (id, signal);
+        Err(unsupported_background())
+    }
+
+    /// Stops every process of the sandbox where it is, keeping its memory, until
+    /// [`Sandbox::resume`]: a paused sandbox uses no CPU. Tiers that cannot answer
+    /// [`crate::Error::Unsupported`].
+    fn pause(&mut self) -> Result<()> {
+        Err(crate::Error::Unsupported {
+            what: "pausing a sandbox of this tier".into(),
+            fix: "use the container, gvisor or microvm tier to pause and resume".into(),
+        })
+    }
+
+    /// Continues a paused sandbox's processes where they stopped.
+    fn resume(&mut self) -> Result<()> {
+        Err(crate::Error::Unsupported {
+            what: "resuming a sandbox of this tier".into(),
+            fix: "use the container, gvisor or microvm tier to pause and resume".into(),
+        })
+    }
+
     /// Microseconds it took to create this sandbox.
     fn start_us(&self) -> u64;
 
@@ -250,6 +306,13 @@ pub trait Sandbox: Send {
     /// such resources ignore it.
     fn set_owner(&mut self, owner: &str) {
         let _ = owner;
+    }
+}
+
+fn unsupported_background() -> crate::Error {
+    crate::Error::Unsupported {
+        what: "background execs on this tier".into(),
+        fix: "use the container, gvisor or microvm tier for background processes".into(),
     }
 }
 

@@ -113,6 +113,9 @@ pub enum Termination {
     DiskLimit,
     /// The host ended the sandbox (destroy, shutdown) before the program finished.
     Killed,
+    /// The client went away before the program finished; its whole process tree was killed
+    /// and the sandbox lives on.
+    Cancelled,
     /// The sandbox machinery failed; not caused by the program.
     SandboxFailure,
 }
@@ -128,6 +131,7 @@ impl Termination {
             Termination::OutputLimit => "output-limit",
             Termination::DiskLimit => "disk-limit",
             Termination::Killed => "killed",
+            Termination::Cancelled => "cancelled",
             Termination::SandboxFailure => "sandbox-failure",
         }
     }
@@ -180,6 +184,7 @@ pub fn exit_code_for(outcome: &ExecOutcome) -> i32 {
         Termination::OutputLimit => 121,
         Termination::DiskLimit => 120,
         Termination::Killed => 143,
+        Termination::Cancelled => 130,
         Termination::SandboxFailure => 125,
     }
 }

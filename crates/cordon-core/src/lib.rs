@@ -9,6 +9,7 @@ mod backend;
 mod error;
 mod exec;
 mod files;
+mod procs;
 pub mod report;
 mod run;
 mod spec;
@@ -23,6 +24,7 @@ pub use exec::{
     exit_code_for, sandbox_env,
 };
 pub use files::{ArchiveReport, FileEntry, FileKind, FileOp, FileReply, MAX_LIST_ENTRIES, Skipped};
+pub use procs::{BACKGROUND_KEEP, ProcExit, ProcOutput, ProcSignal};
 pub use report::{
     Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind,
 };

@@ -112,6 +112,10 @@ impl<'a> RedactingSink<'a> {
 }
 
 impl cordon_core::OutputSink for RedactingSink<'_> {
+    fn cancelled(&self) -> bool {
+        self.inner.cancelled()
+    }
+
     fn output(&mut self, stream: cordon_core::OutputStream, data: &[u8]) {
         let i = match stream {
             cordon_core::OutputStream::Stdout => 0,

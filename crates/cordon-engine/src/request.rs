@@ -144,6 +144,10 @@ pub struct SandboxRequest {
     /// Destroyed after this long without a request.
     #[serde(default)]
     pub idle_timeout: Option<Dur>,
+    /// The client's own labels (`GET /v1/sandboxes?label=k=v` filters by them); the service
+    /// bounds their number and sizes.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
     /// Grants the local operator gives inline (`cordon run --grant`); never from a body,
     /// and refused for any principal but the operator.
     #[serde(skip)]

@@ -296,6 +296,7 @@ fn sandbox_request(args: &RunArgs, exec: &ExecRequest) -> Result<SandboxRequest>
         template: args.template.clone(),
         ttl: None,
         idle_timeout: None,
+        labels: Default::default(),
         inline_grants,
         workload: cordon_engine::workload_of(
             &exec.command,

@@ -13,7 +13,7 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 /// Bumped on any incompatible change; both sides refuse a different version.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Largest frame either side accepts.
 pub const MAX_FRAME: usize = 64 << 20;
 /// Largest JSON header either side accepts.
@@ -125,6 +125,34 @@ pub enum Request {
         path: String,
         max: u64,
     },
+    /// Start a program in the background (new in version 3): its stdio are the agent's
+    /// pipes, its output kept in the agent (the last [`cordon_core::BACKGROUND_KEEP`] bytes
+    /// of each stream) for [`Request::BgRead`]; it runs beside the foreground exec and
+    /// other background ones. Answered by [`Reply::Started`] at once.
+    BgExec {
+        id: u64,
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: String,
+        limits: ProcLimits,
+    },
+    /// Output of background exec `id` from the given stream offsets, at most `max` bytes
+    /// of each; answered by [`Reply::BgOutput`].
+    BgRead {
+        id: u64,
+        stdout_from: u64,
+        stderr_from: u64,
+        max: u64,
+    },
+    /// Bytes (the body) for background exec `id`'s stdin; an empty body closes it.
+    BgStdin {
+        id: u64,
+    },
+    /// A signal for background exec `id`'s whole process tree.
+    BgSignal {
+        id: u64,
+        signal: cordon_core::ProcSignal,
+    },
     /// Stop serving and exit.
     Shutdown,
     /// Per-sandbox settings for an agent that may have been started from a snapshot shared
@@ -211,6 +239,16 @@ pub enum Reply {
         /// The program's own time, from its hand-off (or fork) to its exit, in µs.
         #[serde(default)]
         program_us: u64,
+    },
+    /// Output of a background exec: the body holds `stdout_len` bytes of stdout from offset
+    /// `stdout_from`, then stderr's from `stderr_from`; `exit` once it has ended and all of
+    /// its output was read.
+    BgOutput {
+        stdout_from: u64,
+        stdout_len: u64,
+        stderr_from: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit: Option<cordon_core::ProcExit>,
     },
     /// The body holds the file's bytes; `truncated` when it was larger than asked.
     File {

@@ -103,6 +103,29 @@ pub fn clear_ambient() -> io::Result<()> {
 
 /// Ends the calling process at once, without running destructors or atexit handlers (the
 /// right exit for a forked child).
+/// Makes SIGTERM to this process (a PID namespace's init: the exec's reaper) pass on to
+/// every other process of its namespace, so a terminate reaches the program's whole tree;
+/// without a handler the init would ignore it.
+pub fn forward_term_to_namespace() -> io::Result<()> {
+    extern "C" fn forward(_: libc::c_int) {
+        // SAFETY: kill(2) is async-signal-safe and takes only integers; -1 from a PID
+        // namespace's init means every other process of that namespace.
+        unsafe {
+            libc::kill(-1, libc::SIGTERM);
+        }
+    }
+    let action = nix::sys::signal::SigAction::new(
+        nix::sys::signal::SigHandler::Handler(forward),
+        nix::sys::signal::SaFlags::SA_RESTART,
+        nix::sys::signal::SigSet::empty(),
+    );
+    // SAFETY: the handler above only calls kill(2), which is async-signal-safe; it touches
+    // no Rust state.
+    unsafe { nix::sys::signal::sigaction(nix::sys::signal::Signal::SIGTERM, &action) }
+        .map(|_| ())
+        .map_err(io::Error::from)
+}
+
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and touches no Rust state.
     unsafe { libc::_exit(code) }

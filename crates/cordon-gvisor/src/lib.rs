@@ -429,6 +429,8 @@ struct Live {
     watch: NprocWatch,
     /// The last bytes runsc and the agent wrote on stderr (why a start failed).
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// `runsc pause` stopped it.
+    paused: bool,
 }
 
 /// How much of runsc's stderr is kept for diagnostics.
@@ -787,6 +789,7 @@ impl GvisorSandbox {
             cgroup,
             watch,
             stderr,
+            paused: false,
         });
         let deadline = Instant::now() + self.config.start_timeout;
         let hello = match self.live.as_mut() {
@@ -832,7 +835,14 @@ impl GvisorSandbox {
             cgroup,
             watch,
             stderr,
+            paused,
         } = live;
+        if paused {
+            // A paused sandbox is resumed first: its processes take the kill then.
+            let mut p = runsc_base(&self.config);
+            p.arg("resume").arg(&cid);
+            let _ = quiet(p).status();
+        }
         if graceful && matches!(runsc.try_wait(), Ok(None)) {
             let by = Instant::now() + Duration::from_millis(500);
             if conn.send(&Request::Shutdown, b"", by).is_ok() {
@@ -944,6 +954,110 @@ fn classify(o: Observed) -> (Termination, Option<i32>, Option<i32>) {
     (reason, o.code, o.signal)
 }
 
+impl GvisorSandbox {
+    /// The argv, environment, working directory and per-process limits of an exec.
+    fn exec_parts(&self, req: &ExecRequest) -> Result<cordon_host::agent::ExecParts> {
+        if let (cordon_core::Command::Code { language, .. }, Some(t)) =
+            (&req.command, &self.spec.resolved_template)
+        {
+            t.check_language(*language)?;
+        }
+        let argv = cordon_host::agent::argv_for(req, Tier::Gvisor, false)?;
+        let tier_env = self.egress.iter().flat_map(|e| e.env());
+        let env = cordon_core::sandbox_env(&self.spec, tier_env, req);
+        let cwd = req.cwd.clone().unwrap_or_else(|| "/work".into());
+        let l = &self.spec.limits;
+        let limits = ProcLimits {
+            open_files: l.open_files,
+            file_size: l.disk_bytes,
+            address_space: 0,
+            // gVisor's kernel enforces RLIMIT_NPROC per user: the sandbox's programs
+            // share one uid, so this bounds all of them at once.
+            processes: u64::from(l.pids),
+        };
+        Ok(cordon_host::agent::ExecParts {
+            argv,
+            env,
+            cwd,
+            limits,
+        })
+    }
+
+    /// One call on a background exec over the running sandbox's agent channel; a channel
+    /// that fails stops the sandbox (the next exec starts it again, without them).
+    fn bg_call<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn cordon_host::files::FrameIo) -> cordon_host::files::Answer<T>,
+    ) -> Result<T> {
+        if self.destroyed {
+            return Err(Error::Gone {
+                id: self.id.as_str().into(),
+                reason: "destroyed".into(),
+            });
+        }
+        let running = self
+            .live
+            .as_mut()
+            .is_some_and(|l| matches!(l.runsc.try_wait(), Ok(None)));
+        let Some(live) = self.live.as_mut().filter(|_| running) else {
+            return Err(Error::Invalid(
+                "the sandbox is not running, so neither are its background execs; start them again"
+                    .into(),
+            ));
+        };
+        let mut io = cordon_host::files::ConnIo {
+            conn: &mut live.conn,
+            timeout: BG_CALL_TIMEOUT,
+        };
+        match f(&mut io) {
+            Ok(answer) => answer,
+            Err(e) => {
+                let detail = self.stop_live();
+                tracing::warn!(sandbox = %self.id, "gvisor: {e}; runsc said: {detail}");
+                Err(Error::Sandbox(format!(
+                    "the sandbox agent failed ({e}); the next exec starts the sandbox again"
+                )))
+            }
+        }
+    }
+}
+
+impl GvisorSandbox {
+    /// `runsc pause` or `runsc resume` on the running sandbox.
+    fn runsc_on_live(&mut self, verb: &str) -> Result<()> {
+        if self.destroyed {
+            return Err(Error::Gone {
+                id: self.id.as_str().into(),
+                reason: "destroyed".into(),
+            });
+        }
+        let running = self
+            .live
+            .as_mut()
+            .is_some_and(|l| matches!(l.runsc.try_wait(), Ok(None)));
+        let Some(live) = self.live.as_mut().filter(|_| running) else {
+            return Err(Error::Invalid(format!(
+                "the sandbox is not running; nothing to {verb}"
+            )));
+        };
+        let mut p = runsc_base(&self.config);
+        p.arg(verb).arg(&live.cid);
+        match quiet(p).status() {
+            Ok(st) if st.success() => {
+                live.paused = verb == "pause";
+                Ok(())
+            }
+            Ok(st) => Err(Error::Sandbox(format!(
+                "runsc {verb} failed ({st}); see the server log"
+            ))),
+            Err(e) => Err(Error::io(format!("running runsc {verb}"), e)),
+        }
+    }
+}
+
+/// How long one call on a background exec may take over the agent channel.
+const BG_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Sandbox for GvisorSandbox {
     fn id(&self) -> &SandboxId {
         &self.id
@@ -956,12 +1070,12 @@ impl Sandbox for GvisorSandbox {
                 reason: "destroyed".into(),
             });
         }
-        if let (cordon_core::Command::Code { language, .. }, Some(t)) =
-            (&req.command, &self.spec.resolved_template)
-        {
-            t.check_language(*language)?;
-        }
-        let argv = cordon_host::agent::argv_for(req, Tier::Gvisor, false)?;
+        let cordon_host::agent::ExecParts {
+            argv,
+            env,
+            cwd,
+            limits,
+        } = self.exec_parts(req)?;
         let t0 = Instant::now();
         // A runsc sandbox that was lost (its memory limit ended the sentry, or its agent
         // stopped answering) is started again: /work lives on the host and survives it.
@@ -979,21 +1093,13 @@ impl Sandbox for GvisorSandbox {
         let l = self.spec.limits.clone();
         let id = self.next_exec;
         self.next_exec += 1;
-        let tier_env = self.egress.iter().flat_map(|e| e.env());
         let request = Request::Exec {
             id,
             argv,
-            env: cordon_core::sandbox_env(&self.spec, tier_env, req),
-            cwd: req.cwd.clone().unwrap_or_else(|| "/work".into()),
+            env,
+            cwd,
             stdio: StdioMode::Framed,
-            limits: ProcLimits {
-                open_files: l.open_files,
-                file_size: l.disk_bytes,
-                address_space: 0,
-                // gVisor's kernel enforces RLIMIT_NPROC per user: the sandbox's programs
-                // share one uid, so this bounds all of them at once.
-                processes: u64::from(l.pids),
-            },
+            limits,
             last: false,
         };
         let stdin = req.stdin.clone().unwrap_or_default();
@@ -1163,6 +1269,54 @@ impl Sandbox for GvisorSandbox {
         self.workspace()?
             .pack(dir, max_bytes, out)
             .map_err(|(code, message)| cordon_host::agent::file_error(dir, code, message))
+    }
+
+    fn pause(&mut self) -> Result<()> {
+        self.runsc_on_live("pause")
+    }
+
+    fn resume(&mut self) -> Result<()> {
+        self.runsc_on_live("resume")
+    }
+
+    fn start_background(&mut self, req: &ExecRequest) -> Result<u64> {
+        let parts = self.exec_parts(req)?;
+        if self.destroyed {
+            return Err(Error::Gone {
+                id: self.id.as_str().into(),
+                reason: "destroyed".into(),
+            });
+        }
+        if self
+            .live
+            .as_mut()
+            .is_none_or(|l| !matches!(l.runsc.try_wait(), Ok(None)))
+        {
+            self.stop_live();
+            self.start_live()?;
+        }
+        let id = self.next_exec;
+        self.next_exec += 1;
+        let request = parts.background(id);
+        self.bg_call(|io| cordon_host::procs::start(io, &request))?;
+        Ok(id)
+    }
+
+    fn read_background(
+        &mut self,
+        id: u64,
+        from: [u64; 2],
+        max: u64,
+    ) -> Result<cordon_core::ProcOutput> {
+        self.bg_call(|io| cordon_host::procs::read(io, id, from, max))
+    }
+
+    fn write_background(&mut self, id: u64, data: &[u8]) -> Result<()> {
+        self.bg_call(|io| cordon_host::procs::write(io, id, data))
+    }
+
+    fn signal_background(&mut self, id: u64, signal: cordon_core::ProcSignal) -> Result<()> {
+        self.bg_call(|io| cordon_host::procs::signal(io, id, signal))
     }
 
     fn start_us(&self) -> u64 {

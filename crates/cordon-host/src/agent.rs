@@ -297,6 +297,28 @@ pub fn argv_for(req: &ExecRequest, tier: Tier, node: bool) -> cordon_core::Resul
     })
 }
 
+/// What the agent needs to start a program, as a tier builds it from an exec request.
+#[derive(Debug, Clone)]
+pub struct ExecParts {
+    pub argv: Vec<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+    pub cwd: String,
+    pub limits: proto::ProcLimits,
+}
+
+impl ExecParts {
+    /// The [`Request::BgExec`] that starts it in the background as exec `id`.
+    pub fn background(self, id: u64) -> Request {
+        Request::BgExec {
+            id,
+            argv: self.argv,
+            env: self.env,
+            cwd: self.cwd,
+            limits: self.limits,
+        }
+    }
+}
+
 /// Maps an agent's refusal of a file operation to the API error.
 pub fn file_error(path: &str, code: ErrorCode, message: String) -> Error {
     match code {
@@ -531,8 +553,9 @@ fn keep_output(
 const DRAIN_AFTER_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Drives one exec: hands over the request and its stdin by the exec's deadline, relays the
-/// output to `sink` within the caps, and stops the program for the timeout, the output caps
-/// or whatever `check` (the tier's own watch, called every tick) returns.
+/// output to `sink` within the caps, and stops the program for the timeout, the output caps,
+/// a sink whose reader went away ([`OutputSink::cancelled`]) or whatever `check` (the tier's
+/// own watch, called every tick) returns.
 pub fn run_framed(
     conn: &mut AgentConn,
     ex: &FramedExec<'_>,
@@ -602,6 +625,9 @@ pub fn run_framed(
                 Some(Termination::Timeout)
             } else if run.stdout_truncated || run.stderr_truncated {
                 Some(Termination::OutputLimit)
+            } else if exit.is_none() && sink.cancelled() {
+                // The client went away: the program is killed, the sandbox lives on.
+                Some(Termination::Cancelled)
             } else if exit.is_none() {
                 check()
             } else {

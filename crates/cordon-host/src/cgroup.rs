@@ -100,6 +100,8 @@ pub struct SandboxCgroup {
     memory_dir: PathBuf,
     pids_dir: Option<PathBuf>,
     cpu_dir: PathBuf,
+    /// Where the freezer is (v1: its own hierarchy; v2: the one directory).
+    freezer_dir: Option<PathBuf>,
     /// The counter files, open for the sandbox's life: each exec reads them twice, and an
     /// open descriptor saves a path walk through cgroupfs every time.
     files: CounterFiles,
@@ -157,6 +159,12 @@ trait Hierarchy: Sync {
     fn limit_hits(&self, files: &CounterFiles, events: &str) -> u64;
     /// Microseconds of CPU from the CPU counter file's text.
     fn cpu_us(&self, text: &str) -> u64;
+    /// Where the freezer's hierarchy is rooted, or `None` where this host has none.
+    fn freezer_root(&self, mounts: &str) -> Option<PathBuf>;
+    /// The file and value that freeze (`true`) or thaw a cgroup whose freezer is in `dir`.
+    fn freeze_write(&self, frozen: bool) -> (&'static str, &'static str);
+    /// True once every process of the cgroup in `dir` is frozen.
+    fn is_frozen(&self, dir: &Path) -> bool;
 }
 
 /// The directories of a sandbox cgroup's controllers.
@@ -253,6 +261,19 @@ impl Hierarchy for V1 {
     fn cpu_us(&self, text: &str) -> u64 {
         parse_number(text) / 1000
     }
+
+    fn freezer_root(&self, mounts: &str) -> Option<PathBuf> {
+        self.root(mounts, "freezer")
+    }
+
+    fn freeze_write(&self, frozen: bool) -> (&'static str, &'static str) {
+        ("freezer.state", if frozen { "FROZEN" } else { "THAWED" })
+    }
+
+    /// `freezer.state` reads FREEZING until every task has stopped.
+    fn is_frozen(&self, dir: &Path) -> bool {
+        fs::read_to_string(dir.join("freezer.state")).is_ok_and(|s| s.trim() == "FROZEN")
+    }
 }
 
 impl Hierarchy for V2 {
@@ -320,6 +341,20 @@ impl Hierarchy for V2 {
 
     fn cpu_us(&self, text: &str) -> u64 {
         parse_keyed(text, "usage_usec")
+    }
+
+    /// Every v2 cgroup but the root has `cgroup.freeze`; no controller to hand down.
+    fn freezer_root(&self, _: &str) -> Option<PathBuf> {
+        Some(PathBuf::from(CGROUP_ROOT))
+    }
+
+    fn freeze_write(&self, frozen: bool) -> (&'static str, &'static str) {
+        ("cgroup.freeze", if frozen { "1" } else { "0" })
+    }
+
+    /// `cgroup.events` says `frozen 1` once the whole cgroup is.
+    fn is_frozen(&self, dir: &Path) -> bool {
+        keyed(&dir.join("cgroup.events"), "frozen") == 1
     }
 }
 
@@ -420,12 +455,33 @@ impl SandboxCgroup {
             ));
         };
         let pids_dir = dirs.next();
+        // The freezer, for pause and resume: v2's `cgroup.freeze` is in every cgroup; v1's
+        // is a hierarchy of its own, joined where the host mounts it (none: no pause).
+        let freezer_dir = match hier.freezer_root(&mounts) {
+            Some(root) => {
+                let dir = root.join(parent).join(name);
+                if !made.contains(&dir) {
+                    let made_it = hier
+                        .prepare_parent(&root, parent, &[])
+                        .and_then(|()| make_dir(&dir));
+                    if let Err(e) = made_it {
+                        for d in &made {
+                            let _ = fs::remove_dir(d);
+                        }
+                        return Err(e);
+                    }
+                }
+                Some(dir)
+            }
+            None => None,
+        };
         let files = hier.open_counters(&Dirs {
             memory: &memory_dir,
             cpu: &cpu_dir,
             pids: pids_dir.as_deref(),
         });
         let this = SandboxCgroup {
+            freezer_dir,
             memory_dir,
             pids_dir,
             cpu_dir,
@@ -535,9 +591,57 @@ impl SandboxCgroup {
     fn all_dirs(&self) -> Vec<PathBuf> {
         let mut dirs = vec![self.memory_dir.clone(), self.cpu_dir.clone()];
         dirs.extend(self.pids_dir.clone());
+        dirs.extend(self.freezer_dir.clone());
         dirs.sort();
         dirs.dedup();
         dirs
+    }
+
+    fn freezer(&self) -> Result<&Path, HostError> {
+        self.freezer_dir.as_deref().ok_or_else(|| {
+            HostError::Cgroup(
+                "this host has no cgroup freezer; mount the v1 freezer controller (or use cgroup v2)"
+                    .into(),
+            )
+        })
+    }
+
+    fn set_frozen(&self, frozen: bool) -> Result<(), HostError> {
+        let dir = self.freezer()?;
+        let (file, value) = self.hier.freeze_write(frozen);
+        fs::write(dir.join(file), value).map_err(|e| {
+            err(
+                if frozen {
+                    "freezing the sandbox"
+                } else {
+                    "thawing the sandbox"
+                },
+                e,
+            )
+        })
+    }
+
+    /// Freezes every process of the cgroup (they keep their memory and use no CPU) and waits,
+    /// at most `patience`, until the kernel reports them all frozen.
+    pub fn freeze(&self, patience: Duration) -> Result<(), HostError> {
+        self.set_frozen(true)?;
+        let dir = self.freezer()?;
+        let deadline = Instant::now() + patience;
+        while !self.hier.is_frozen(dir) {
+            if Instant::now() >= deadline {
+                let _ = self.set_frozen(false);
+                return Err(HostError::Cgroup(
+                    "the sandbox's processes did not all stop in time; it was left running".into(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Thaws a frozen cgroup; a thawed one is left as it is.
+    pub fn thaw(&self) -> Result<(), HostError> {
+        self.set_frozen(false)
     }
 
     /// Removes the cgroup directories (they must be empty).
@@ -566,6 +670,12 @@ pub fn remove_dirs(dirs: &[PathBuf], patience: Duration) -> bool {
                     .collect();
                 if !subs.is_empty() && !remove_dirs(&subs, Duration::ZERO) {
                     left = true;
+                }
+            }
+            // A frozen process takes no signal (v1): thaw before the kill.
+            for (file, thawed) in [("freezer.state", "THAWED"), ("cgroup.freeze", "0")] {
+                if d.join(file).exists() {
+                    let _ = fs::write(d.join(file), thawed);
                 }
             }
             if d.join("cgroup.kill").exists() {
@@ -837,6 +947,14 @@ mod tests {
             fs::write(f, child.id().to_string()).unwrap();
         }
         assert_eq!(cg.pids(), vec![child.id() as i32]);
+        // Pause and resume: the kernel reports the cgroup frozen, then running again; a
+        // frozen cgroup is still killed and removed (the kill thaws it first).
+        let freezer = cg.freezer_dir.clone().expect("this host has a freezer");
+        cg.freeze(Duration::from_secs(5)).unwrap();
+        assert!(cg.hier.is_frozen(&freezer));
+        cg.thaw().unwrap();
+        assert!(!cg.hier.is_frozen(&freezer));
+        cg.freeze(Duration::from_secs(5)).unwrap();
         assert!(cg.kill_and_remove(Duration::from_secs(5)));
         let _ = child.wait();
         assert!(dirs_of("cordon-unit", &name).is_empty());

@@ -923,7 +923,9 @@ impl MicrovmSandbox {
         cordon_core::sandbox_env(&self.spec, tier_env, req)
     }
 
-    fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+    /// The argv, environment, working directory and per-process limits of an exec (a
+    /// template without the exec's interpreter refuses it here, foreground or background).
+    fn exec_parts(&self, req: &ExecRequest) -> Result<cordon_host::agent::ExecParts> {
         if let (cordon_core::Command::Code { language, .. }, Some(t)) =
             (&req.command, &self.spec.resolved_template)
         {
@@ -932,6 +934,28 @@ impl MicrovmSandbox {
         let argv = cordon_host::agent::argv_for(req, Tier::Microvm, false)?;
         let env = self.env_for(req);
         let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());
+        let limits = &self.spec.limits;
+        let proc_limits = ProcLimits {
+            open_files: limits.open_files,
+            file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
+            address_space: 0,
+            processes: 0,
+        };
+        Ok(cordon_host::agent::ExecParts {
+            argv,
+            env,
+            cwd,
+            limits: proc_limits,
+        })
+    }
+
+    fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        let cordon_host::agent::ExecParts {
+            argv,
+            env,
+            cwd,
+            limits: proc_limits,
+        } = self.exec_parts(req)?;
         let limits = self.spec.limits.clone();
         let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(limits.timeout_ms));
         let id = self.next_exec;
@@ -943,12 +967,7 @@ impl MicrovmSandbox {
             env,
             cwd,
             stdio: StdioMode::Framed,
-            limits: ProcLimits {
-                open_files: limits.open_files,
-                file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
-                address_space: 0,
-                processes: 0,
-            },
+            limits: proc_limits,
             last: req.last,
         };
         let stdin = req.stdin.clone().unwrap_or_default();
@@ -1115,6 +1134,57 @@ impl Sandbox for MicrovmSandbox {
 
     fn file_op(&mut self, op: &cordon_core::FileOp) -> Result<cordon_core::FileReply> {
         self.file_call(op.name(), |io| cordon_host::files::file_op(io, op))
+    }
+
+    fn pause(&mut self) -> Result<()> {
+        self.ctrl()?;
+        let vm = self.vm.as_ref().ok_or_else(|| self.gone_err())?;
+        vm.qmp("stop", json!({}))
+            .map_err(|e| Error::Sandbox(format!("pausing the microVM: {e}")))?;
+        Ok(())
+    }
+
+    fn resume(&mut self) -> Result<()> {
+        self.ctrl()?;
+        let vm = self.vm.as_ref().ok_or_else(|| self.gone_err())?;
+        vm.qmp("cont", json!({}))
+            .map_err(|e| Error::Sandbox(format!("resuming the microVM: {e}")))?;
+        Ok(())
+    }
+
+    fn start_background(&mut self, req: &ExecRequest) -> Result<u64> {
+        self.ctrl()?;
+        let parts = self.exec_parts(req)?;
+        let id = self.next_exec;
+        self.next_exec += 1;
+        let request = parts.background(id);
+        self.file_call("a background exec", |io| {
+            cordon_host::procs::start(io, &request)
+        })?;
+        Ok(id)
+    }
+
+    fn read_background(
+        &mut self,
+        id: u64,
+        from: [u64; 2],
+        max: u64,
+    ) -> Result<cordon_core::ProcOutput> {
+        self.file_call("a background exec", |io| {
+            cordon_host::procs::read(io, id, from, max)
+        })
+    }
+
+    fn write_background(&mut self, id: u64, data: &[u8]) -> Result<()> {
+        self.file_call("a background exec", |io| {
+            cordon_host::procs::write(io, id, data)
+        })
+    }
+
+    fn signal_background(&mut self, id: u64, signal: cordon_core::ProcSignal) -> Result<()> {
+        self.file_call("a background exec", |io| {
+            cordon_host::procs::signal(io, id, signal)
+        })
     }
 
     fn put_archive(

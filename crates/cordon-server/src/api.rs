@@ -33,7 +33,14 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/sandboxes"),
     ("get", "/v1/sandboxes/{id}"),
     ("delete", "/v1/sandboxes/{id}"),
+    ("patch", "/v1/sandboxes/{id}"),
+    ("post", "/v1/sandboxes/{id}/pause"),
+    ("post", "/v1/sandboxes/{id}/resume"),
     ("post", "/v1/sandboxes/{id}/exec"),
+    ("get", "/v1/sandboxes/{id}/execs"),
+    ("get", "/v1/sandboxes/{id}/execs/{exec_id}"),
+    ("delete", "/v1/sandboxes/{id}/execs/{exec_id}"),
+    ("post", "/v1/sandboxes/{id}/execs/{exec_id}/stdin"),
     ("put", "/v1/sandboxes/{id}/files/{path}"),
     ("get", "/v1/sandboxes/{id}/files/{path}"),
     ("get", "/v1/sandboxes/{id}/files"),
@@ -226,8 +233,16 @@ pub fn router(svc: Service) -> Router {
         .route("/.well-known/jwks.json", get(jwks))
         .route("/v1/tokens/introspect", post(introspect))
         .route("/v1/sandboxes", post(create).get(list))
-        .route("/v1/sandboxes/{id}", get(info).delete(destroy))
+        .route("/v1/sandboxes/{id}", get(info).delete(destroy).patch(patch))
+        .route("/v1/sandboxes/{id}/pause", post(pause))
+        .route("/v1/sandboxes/{id}/resume", post(resume))
         .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/execs", get(list_execs))
+        .route(
+            "/v1/sandboxes/{id}/execs/{exec_id}",
+            get(attach).delete(stop_exec),
+        )
+        .route("/v1/sandboxes/{id}/execs/{exec_id}/stdin", post(exec_stdin))
         .route(
             "/v1/sandboxes/{id}/files",
             get(crate::api_files::list).delete(crate::api_files::remove),
@@ -440,8 +455,56 @@ async fn create(
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
-async fn list(State(svc): State<Service>, Auth(t): Auth) -> Json<serde_json::Value> {
-    Json(json!({ "sandboxes": svc.list(&t) }))
+/// `?label=k=v` (repeatable): only sandboxes carrying every such label.
+async fn list(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    axum::extract::RawQuery(q): axum::extract::RawQuery,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(q.as_deref().unwrap_or(""))
+        .map_err(|e| ApiError::invalid(format!("the query is not valid: {e}")))?;
+    let mut labels = Vec::new();
+    for (k, v) in pairs {
+        if k != "label" {
+            return Err(ApiError::invalid(format!(
+                "unknown query parameter {k:?}; the list takes label=key=value"
+            )));
+        }
+        let (lk, lv) = v
+            .split_once('=')
+            .ok_or_else(|| ApiError::invalid("give label=key=value"))?;
+        labels.push((lk.to_string(), lv.to_string()));
+    }
+    Ok(Json(json!({ "sandboxes": svc.list(&t, &labels) })))
+}
+
+async fn pause(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path(id): Path<String>,
+) -> Result<Json<crate::model::SandboxInfo>, ApiError> {
+    let id = parse_id(&id)?;
+    Ok(Json(svc.pause(&t, &id).await?))
+}
+
+async fn resume(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path(id): Path<String>,
+) -> Result<Json<crate::model::SandboxInfo>, ApiError> {
+    let id = parse_id(&id)?;
+    Ok(Json(svc.resume(&t, &id).await?))
+}
+
+async fn patch(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path(id): Path<String>,
+    body: Result<Json<crate::model::PatchRequest>, JsonRejection>,
+) -> Result<Json<crate::model::SandboxInfo>, ApiError> {
+    let id = parse_id(&id)?;
+    let Json(req) = body.map_err(json_rejection)?;
+    Ok(Json(svc.patch(&t, &id, req).await?))
 }
 
 async fn info(
@@ -493,6 +556,10 @@ async fn exec(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let Json(body) = body.map_err(json_rejection)?;
+    if body.background {
+        let info = svc.start_background(&t, &id, &body).await?;
+        return Ok((StatusCode::ACCEPTED, Json(info)).into_response());
+    }
     let m = mode(&headers, body.stream);
     let job = svc.begin_exec(&t, &id, &body)?;
     if m == Mode::Whole {
@@ -501,6 +568,95 @@ async fn exec(
     let (tx, rx) = mpsc::unbounded_channel();
     let fut = job.run(Some(tx));
     Ok(stream_response(m, rx, fut))
+}
+
+/// A background exec's id: `ex-` and a number.
+fn parse_exec_id(id: &str) -> Result<String, ApiError> {
+    id.strip_prefix("ex-")
+        .filter(|n| !n.is_empty() && n.len() <= 20 && n.bytes().all(|b| b.is_ascii_digit()))
+        .map(|_| id.to_string())
+        .ok_or_else(|| ApiError::not_found("background exec"))
+}
+
+async fn list_execs(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = parse_id(&id)?;
+    Ok(Json(json!({ "execs": svc.list_execs(&t, &id).await? })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AttachQuery {
+    #[serde(default)]
+    stream: Option<bool>,
+}
+
+/// Attaches to a background exec: replayed output, live output, then its outcome (NDJSON
+/// by default, SSE with `Accept: text/event-stream`, one JSON outcome with `?stream=false`).
+async fn attach(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path((id, exec_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    q: Result<Query<AttachQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id)?;
+    let exec_id = parse_exec_id(&exec_id)?;
+    let Query(q) = q.map_err(query_rejection)?;
+    let m = match mode(&headers, q.stream.unwrap_or(true)) {
+        Mode::Whole if q.stream.is_none() => Mode::Ndjson,
+        m => m,
+    };
+    if m == Mode::Whole {
+        return Ok(Json(svc.attach(&t, &id, &exec_id, None).await?).into_response());
+    }
+    // Refused before the stream starts when the exec is not this tenant's.
+    svc.list_execs_check(&t, &id, &exec_id)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let fut = async move { svc.attach(&t, &id, &exec_id, Some(tx)).await };
+    Ok(stream_response(m, rx, fut))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StopQuery {
+    #[serde(default)]
+    signal: Option<String>,
+}
+
+async fn stop_exec(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path((id, exec_id)): Path<(String, String)>,
+    q: Result<Query<StopQuery>, QueryRejection>,
+) -> Result<Json<crate::model::ExecInfo>, ApiError> {
+    let id = parse_id(&id)?;
+    let exec_id = parse_exec_id(&exec_id)?;
+    let Query(q) = q.map_err(query_rejection)?;
+    let kill = match q.signal.as_deref() {
+        None | Some("term") => false,
+        Some("kill") => true,
+        Some(_) => return Err(ApiError::invalid("signal must be term or kill")),
+    };
+    Ok(Json(svc.exec_signal(&t, &id, &exec_id, kill).await?))
+}
+
+async fn exec_stdin(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path((id, exec_id)): Path<(String, String)>,
+    body: Result<Json<crate::model::StdinBody>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = parse_id(&id)?;
+    let exec_id = parse_exec_id(&exec_id)?;
+    let Json(body) = body.map_err(json_rejection)?;
+    let data = body.bytes()?;
+    let n = data.len();
+    svc.exec_stdin(&t, &id, &exec_id, data, body.close).await?;
+    Ok(Json(json!({"bytes": n, "closed": body.close})))
 }
 
 async fn run(
@@ -595,6 +751,9 @@ fn stream_response(
         let result = loop {
             tokio::select! {
                 biased;
+                // The client went away: the exec's future is dropped (its sink sees the
+                // closed channel and the tier stops the program).
+                _ = out_tx.closed() => return,
                 Some(c) = rx.recv() => {
                     let i = idx(c.stream);
                     let text = carry[i].push(&c.data);

@@ -39,6 +39,13 @@ pub struct SessionLimits {
     pub retry_after_secs: u64,
     /// How often the reaper looks for expired sandboxes.
     pub reap_interval: Dur,
+    /// Background execs one sandbox may have running at once.
+    pub max_background_execs: usize,
+    /// How long a background exec asked to stop (DELETE) has after SIGTERM before SIGKILL.
+    pub kill_grace: Dur,
+    /// How long a sandbox may stay paused (its TTL clock stands still meanwhile); past it
+    /// the reaper destroys it.
+    pub paused_ttl: Dur,
 }
 
 impl Default for SessionLimits {
@@ -51,6 +58,9 @@ impl Default for SessionLimits {
             default_idle_timeout: Dur(Duration::from_secs(300)),
             retry_after_secs: 1,
             reap_interval: Dur(Duration::from_secs(1)),
+            max_background_execs: 8,
+            kill_grace: Dur(Duration::from_secs(5)),
+            paused_ttl: Dur(Duration::from_secs(3600)),
         }
     }
 }

@@ -46,8 +46,10 @@ pub enum Code {
     GrantUnavailable,
     LayerUnavailable,
     TooManySandboxes,
+    TooManyExecs,
     TooManyFailures,
     SandboxBusy,
+    SandboxPaused,
     SandboxGone,
     SandboxFailure,
     Unsupported,
@@ -71,8 +73,10 @@ impl Code {
             Code::PolicyDenied => StatusCode::FORBIDDEN,
             Code::TierUnavailable | Code::LayerUnavailable => StatusCode::UNPROCESSABLE_ENTITY,
             Code::GrantUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Code::TooManySandboxes | Code::TooManyFailures => StatusCode::TOO_MANY_REQUESTS,
-            Code::SandboxBusy => StatusCode::CONFLICT,
+            Code::TooManySandboxes | Code::TooManyExecs | Code::TooManyFailures => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            Code::SandboxBusy | Code::SandboxPaused => StatusCode::CONFLICT,
             Code::SandboxGone => StatusCode::GONE,
             Code::SandboxFailure | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Code::ShuttingDown | Code::StorageLow => StatusCode::SERVICE_UNAVAILABLE,
@@ -93,6 +97,8 @@ impl Code {
             Code::GrantUnavailable => "grant_unavailable",
             Code::LayerUnavailable => "layer_unavailable",
             Code::TooManySandboxes => "too_many_sandboxes",
+            Code::TooManyExecs => "too_many_execs",
+            Code::SandboxPaused => "sandbox_paused",
             Code::TooManyFailures => "too_many_failures",
             Code::SandboxBusy => "sandbox_busy",
             Code::SandboxGone => "sandbox_gone",

@@ -83,6 +83,9 @@ pub struct CreateArgs {
     /// A template (an image's read-only root filesystem) the sandbox's root is made from.
     #[serde(default)]
     pub template: Option<String>,
+    /// Labels to find it by later (list_sandboxes filters on them).
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -158,6 +161,47 @@ pub struct MkdirArgs {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct SandboxArgs {
     pub sandbox: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct StartArgs {
+    /// The sandbox id from create_sandbox.
+    pub sandbox: String,
+    /// Source code (with lang), or leave out and give argv.
+    #[serde(default)]
+    pub code: Option<String>,
+    #[serde(default)]
+    pub lang: Option<String>,
+    /// A program and its arguments, run without a shell.
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ExecIdArgs {
+    pub sandbox: String,
+    /// The background exec's id (ex-<n>) from start_background or list_execs.
+    pub exec: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct KillArgs {
+    pub sandbox: String,
+    pub exec: String,
+    /// SIGKILL at once instead of SIGTERM then SIGKILL after the server's grace.
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct UpdateArgs {
+    pub sandbox: String,
+    /// A new lifetime from its creation, such as "30m" (paused time is not counted).
+    #[serde(default)]
+    pub ttl: Option<String>,
+    /// A new idle timeout such as "10m".
+    #[serde(default)]
+    pub idle_timeout: Option<String>,
 }
 
 fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
@@ -269,6 +313,7 @@ impl CordonMcp {
             "allow_hosts": a.allow_hosts,
             "grants": a.grants,
             "template": a.template,
+            "labels": a.labels,
         })))?;
         text(&self.svc.create(&t, req).await.map_err(|e| e.to_string())?)
     }
@@ -408,6 +453,143 @@ impl CordonMcp {
             parents: a.parents,
         };
         self.file_op(&ctx, &a.sandbox, op).await
+    }
+
+    #[tool(
+        description = "Start code (lang + code) or a program (argv) in the background in a sandbox (a dev server, a watcher). Returns its exec id at once; read_exec shows its output, kill_exec stops it."
+    )]
+    async fn start_background(
+        &self,
+        Parameters(a): Parameters<StartArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let lang = match (&a.code, &a.lang) {
+            (Some(_), None) => Some("python".to_string()),
+            (_, l) => l.clone(),
+        };
+        let body: ExecBody = parse(drop_nulls(json!({
+            "code": a.code,
+            "lang": lang,
+            "argv": a.argv,
+            "background": true,
+        })))?;
+        text(
+            &self
+                .svc
+                .start_background(&t, &a.sandbox, &body)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    }
+
+    #[tool(
+        description = "List a sandbox's background execs: id, command, state (running or exited), started_ms, exit_code."
+    )]
+    async fn list_execs(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let v = self
+            .svc
+            .list_execs(&t, &a.sandbox)
+            .await
+            .map_err(|e| e.to_string())?;
+        text(&json!({ "execs": v }))
+    }
+
+    #[tool(
+        description = "Read a background exec's output so far (the last 1 MiB of each stream) and its state, without waiting."
+    )]
+    async fn read_exec(
+        &self,
+        Parameters(a): Parameters<ExecIdArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        text(
+            &self
+                .svc
+                .peek_exec(&t, &a.sandbox, &a.exec)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    }
+
+    #[tool(
+        description = "Stop a background exec: SIGTERM to its process tree, SIGKILL after a grace (force: at once)."
+    )]
+    async fn kill_exec(
+        &self,
+        Parameters(a): Parameters<KillArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        text(
+            &self
+                .svc
+                .exec_signal(&t, &a.sandbox, &a.exec, a.force)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    }
+
+    #[tool(
+        description = "Pause a sandbox: its processes stop (no CPU), its memory stays, its TTL clock stands still; execs are refused until resume_sandbox."
+    )]
+    async fn pause_sandbox(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        text(
+            &self
+                .svc
+                .pause(&t, &a.sandbox)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    }
+
+    #[tool(description = "Resume a paused sandbox; its processes continue where they stopped.")]
+    async fn resume_sandbox(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        text(
+            &self
+                .svc
+                .resume(&t, &a.sandbox)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    }
+
+    #[tool(
+        description = "Change a sandbox's ttl (from its creation) or idle_timeout, within the server's maxima."
+    )]
+    async fn update_sandbox(
+        &self,
+        Parameters(a): Parameters<UpdateArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let req: crate::model::PatchRequest = parse(drop_nulls(json!({
+            "ttl": a.ttl,
+            "idle_timeout": a.idle_timeout,
+        })))?;
+        text(
+            &self
+                .svc
+                .patch(&t, &a.sandbox, req)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
     }
 
     #[tool(description = "Destroy a sandbox (idempotent).")]

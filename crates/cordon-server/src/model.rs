@@ -55,6 +55,64 @@ pub struct ExecBody {
     /// Stream events as NDJSON (also chosen by `Accept: application/x-ndjson`).
     #[serde(default)]
     pub stream: bool,
+    /// Start it in the background: the answer is the exec's id at once; attach with
+    /// `GET /v1/sandboxes/{id}/execs/{exec_id}`.
+    #[serde(default)]
+    pub background: bool,
+}
+
+/// A background exec as listed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecInfo {
+    pub id: String,
+    /// What it runs: the argv, or the language and the code's first line (at most 200
+    /// characters).
+    pub command: String,
+    /// `running` or `exited`.
+    pub state: String,
+    pub started_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+}
+
+/// A background exec's output so far, read without waiting (MCP's read_exec).
+#[derive(Debug, Clone, Serialize)]
+pub struct ExecPeek {
+    #[serde(flatten)]
+    pub info: ExecInfo,
+    pub stdout: String,
+    pub stderr: String,
+    /// Bytes of each stream dropped before these (the sandbox keeps the last 1 MiB).
+    pub stdout_dropped: u64,
+    pub stderr_dropped: u64,
+}
+
+/// Bytes for a background exec's stdin.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdinBody {
+    #[serde(default)]
+    pub data: Option<String>,
+    #[serde(default)]
+    pub data_base64: Option<String>,
+    /// Close stdin after these bytes (the program sees end of file).
+    #[serde(default)]
+    pub close: bool,
+}
+
+impl StdinBody {
+    pub fn bytes(&self) -> Result<Vec<u8>, ApiError> {
+        match (&self.data, &self.data_base64) {
+            (Some(_), Some(_)) => Err(ApiError::invalid("give data or data_base64, not both")),
+            (Some(t), None) => Ok(t.clone().into_bytes()),
+            (None, Some(b)) => b64("data_base64", b),
+            (None, None) => Ok(Vec::new()),
+        }
+    }
 }
 
 fn b64(what: &str, s: &str) -> Result<Vec<u8>, ApiError> {
@@ -206,6 +264,7 @@ impl RunRequest {
             template: self.template,
             ttl: None,
             idle_timeout: None,
+            labels: BTreeMap::new(),
             inline_grants: Vec::new(),
             workload: Default::default(),
         };
@@ -221,6 +280,7 @@ impl RunRequest {
             stdin_base64: self.stdin_base64,
             timeout: self.timeout,
             stream: self.stream,
+            background: false,
         };
         (create, exec, self.files)
     }
@@ -244,4 +304,54 @@ pub struct SandboxInfo {
     /// Microseconds to create it (0 when it came from the warm pool).
     pub start_us: u64,
     pub busy: bool,
+    /// Its processes are stopped (POST .../pause); `state` is `paused` too.
+    pub paused: bool,
+    /// The labels given at create.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Most labels a sandbox carries, and the longest key and value.
+pub const MAX_LABELS: usize = 32;
+pub const MAX_LABEL_KEY: usize = 63;
+pub const MAX_LABEL_VALUE: usize = 256;
+
+/// Checks a sandbox's labels: at most [`MAX_LABELS`], keys of 1 to [`MAX_LABEL_KEY`] ASCII
+/// letters, digits and `._-/` starting with a letter or digit, values of at most
+/// [`MAX_LABEL_VALUE`] characters without control characters.
+pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if labels.len() > MAX_LABELS {
+        return Err(ApiError::invalid(format!(
+            "{} labels; a sandbox carries at most {MAX_LABELS}",
+            labels.len()
+        )));
+    }
+    for (k, v) in labels {
+        let key_ok = !k.is_empty()
+            && k.len() <= MAX_LABEL_KEY
+            && k.as_bytes()[0].is_ascii_alphanumeric()
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'));
+        if !key_ok {
+            return Err(ApiError::invalid(format!(
+                "label key {k:?} is not valid: 1 to {MAX_LABEL_KEY} letters, digits, '.', '_', '-' or '/', starting with a letter or digit"
+            )));
+        }
+        if v.chars().count() > MAX_LABEL_VALUE || v.chars().any(char::is_control) {
+            return Err(ApiError::invalid(format!(
+                "the value of label {k:?} must be at most {MAX_LABEL_VALUE} characters without control characters"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `PATCH /v1/sandboxes/{id}`: a new TTL (counted from the sandbox's creation, paused time
+/// not counted) or idle timeout, within the server's maxima.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchRequest {
+    #[serde(default)]
+    pub ttl: Option<Dur>,
+    #[serde(default)]
+    pub idle_timeout: Option<Dur>,
 }

@@ -18,6 +18,7 @@ stable error code.
 
 from .client import (
     ArchiveReport,
+    BackgroundExec,
     Cordon,
     CordonError,
     ExecResult,
@@ -30,8 +31,10 @@ from .client import (
     Sandbox,
     SandboxBusy,
     SandboxGone,
+    SandboxPaused,
     StreamEvent,
     TierUnavailable,
+    TooManyExecs,
     TooManySandboxes,
     Unauthorized,
     Unsupported,
@@ -39,6 +42,7 @@ from .client import (
 
 __all__ = [
     "ArchiveReport",
+    "BackgroundExec",
     "Cordon",
     "CordonError",
     "ExecResult",
@@ -51,8 +55,10 @@ __all__ = [
     "Sandbox",
     "SandboxBusy",
     "SandboxGone",
+    "SandboxPaused",
     "StreamEvent",
     "TierUnavailable",
+    "TooManyExecs",
     "TooManySandboxes",
     "Unauthorized",
     "Unsupported",

@@ -69,6 +69,14 @@ class Unsupported(CordonError):
     """The sandbox's tier (or its build) cannot do this; `fix` says what can."""
 
 
+class TooManyExecs(CordonError):
+    """The sandbox has its limit of background execs running."""
+
+
+class SandboxPaused(CordonError):
+    """The sandbox is paused: resume it first."""
+
+
 _BY_CODE = {
     "unauthorized": Unauthorized,
     "not_found": NotFound,
@@ -83,6 +91,8 @@ _BY_CODE = {
     "sandbox_busy": SandboxBusy,
     "sandbox_gone": SandboxGone,
     "unsupported": Unsupported,
+    "too_many_execs": TooManyExecs,
+    "sandbox_paused": SandboxPaused,
 }
 
 
@@ -173,9 +183,12 @@ class Cordon:
         with self._open(method, path, body, "application/json" if body is not None else None) as r:
             return json.loads(r.read())
 
-    def _stream(self, path: str, payload: Mapping[str, Any]) -> Iterator[StreamEvent]:
-        body = json.dumps(payload).encode()
-        with self._open("POST", path, body, "application/json", "application/x-ndjson") as r:
+    def _stream(self, path: str, payload: Optional[Mapping[str, Any]]) -> Iterator[StreamEvent]:
+        """POSTs `payload` (GETs `path` when it is None) and yields the NDJSON events."""
+        body = None if payload is None else json.dumps(payload).encode()
+        method = "GET" if payload is None else "POST"
+        ctype = None if payload is None else "application/json"
+        with self._open(method, path, body, ctype, "application/x-ndjson") as r:
             for line in r:
                 if not line.strip():
                     continue
@@ -242,7 +255,8 @@ class Cordon:
                        autonomy: Optional[str] = None,
                        shape: Optional[str] = None,
                        grants: Sequence[str] = (),
-                       template: Optional[str] = None) -> "Sandbox":
+                       template: Optional[str] = None,
+                       labels: Optional[Mapping[str, str]] = None) -> "Sandbox":
         """Creates a sandbox; prefer `with c.sandbox(...) as sb:` so it is always destroyed.
 
         `trust`, `autonomy` and `shape` are the tier policy's inputs, as for `run`.
@@ -256,6 +270,8 @@ class Cordon:
             payload["grants"] = list(grants)
         if template:
             payload["template"] = template
+        if labels:
+            payload["labels"] = dict(labels)
         if tier:
             payload["tier"] = tier
         if allow_hosts:
@@ -273,8 +289,12 @@ class Cordon:
 
     sandbox = create_sandbox
 
-    def list_sandboxes(self) -> List[Dict[str, Any]]:
-        return self._json("GET", "/v1/sandboxes")["sandboxes"]
+    def list_sandboxes(self, labels: Optional[Mapping[str, str]] = None) -> List[Dict[str, Any]]:
+        """Your sandboxes; with `labels`, only those carrying every one of them."""
+        q = ""
+        if labels:
+            q = "?" + urllib.parse.urlencode([("label", f"{k}={v}") for k, v in labels.items()])
+        return self._json("GET", "/v1/sandboxes" + q)["sandboxes"]
 
     def audit(self, *, sandbox: Optional[str] = None, kind: Optional[str] = None,
               after_id: Optional[int] = None, limit: int = 100) -> List[Dict[str, Any]]:
@@ -450,8 +470,16 @@ class Sandbox:
         return p
 
     def exec(self, code: Command, lang: Optional[str] = None, *, timeout: Optional[str] = None,
-             stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> ExecResult:
-        """Runs a shell command (a string), code in `lang`, or an argv (a list); waits for it."""
+             stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+             background: bool = False) -> Any:
+        """Runs a shell command (a string), code in `lang`, or an argv (a list); waits for it.
+
+        With `background=True` it returns a `BackgroundExec` at once instead (its stdin goes
+        through `send_stdin`)."""
+        if background:
+            if stdin is not None:
+                raise ValueError("a background exec takes its stdin through send_stdin()")
+            return self.exec_background(code, lang, env=env, timeout=timeout)
         p = self._exec_payload(code, lang, timeout, stdin, env)
         return ExecResult.from_json(self.client._json("POST", f"/v1/sandboxes/{self.id}/exec", p))
 
@@ -462,6 +490,98 @@ class Sandbox:
         p = self._exec_payload(code, lang, timeout, stdin, env)
         return self.client._stream(f"/v1/sandboxes/{self.id}/exec", p)
 
+    def exec_background(self, code: Command, lang: Optional[str] = None, *,
+                        env: Optional[Mapping[str, str]] = None,
+                        timeout: Optional[str] = None) -> "BackgroundExec":
+        """Starts a command in the background and returns its handle at once."""
+        p = self._exec_payload(code, lang, timeout, None, env)
+        p["background"] = True
+        info = self.client._json("POST", f"/v1/sandboxes/{self.id}/exec", p)
+        return BackgroundExec(self, info)
+
+    def execs(self) -> List["BackgroundExec"]:
+        """The sandbox's background execs, running or ended, oldest first."""
+        return [BackgroundExec(self, e)
+                for e in self.client._json("GET", f"/v1/sandboxes/{self.id}/execs")["execs"]]
+
+    def exec_handle(self, exec_id: str) -> "BackgroundExec":
+        """The handle of background exec `exec_id` (from `execs()` or an earlier start)."""
+        return BackgroundExec(self, {"id": exec_id})
+
+    def refresh(self) -> Dict[str, Any]:
+        """Reads its current state (live, paused, ...) into `info` and returns it."""
+        self.info = self.client._json("GET", f"/v1/sandboxes/{self.id}")
+        return self.info
+
+    def pause(self) -> Dict[str, Any]:
+        """Stops its processes where they are (no CPU); its TTL clock stands still."""
+        self.info = self.client._json("POST", f"/v1/sandboxes/{self.id}/pause", {})
+        return self.info
+
+    def resume(self) -> Dict[str, Any]:
+        """Continues a paused sandbox's processes."""
+        self.info = self.client._json("POST", f"/v1/sandboxes/{self.id}/resume", {})
+        return self.info
+
+    def update(self, *, ttl: Optional[str] = None,
+               idle_timeout: Optional[str] = None) -> Dict[str, Any]:
+        """Changes its TTL (from its creation) or idle timeout, within the server's maxima."""
+        p = {k: v for k, v in {"ttl": ttl, "idle_timeout": idle_timeout}.items()
+             if v is not None}
+        self.info = self.client._json("PATCH", f"/v1/sandboxes/{self.id}", p)
+        return self.info
+
     def destroy(self) -> None:
         """Destroys the sandbox; calling it again is fine."""
         self.client._json("DELETE", f"/v1/sandboxes/{self.id}")
+
+
+class BackgroundExec:
+    """A background exec: attach to its output, write to its stdin, stop it.
+
+    Iterating yields its output events (everything since its start that the sandbox kept,
+    then live output) and ends with its outcome event; `wait()` returns the outcome.
+    """
+
+    def __init__(self, sandbox: Sandbox, info: Mapping[str, Any]) -> None:
+        self.sandbox = sandbox
+        self.info = dict(info)
+        self.id: str = info["id"]
+
+    def _route(self, rest: str = "") -> str:
+        return f"/v1/sandboxes/{self.sandbox.id}/execs/{self.id}{rest}"
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        return self.sandbox.client._stream(self._route(), None)
+
+    def output(self) -> Iterator[StreamEvent]:
+        """Attaches: replayed output, live output, then the outcome event."""
+        return iter(self)
+
+    def wait(self) -> ExecResult:
+        """Waits for its end; its stdout and stderr are what the sandbox kept."""
+        return ExecResult.from_json(
+            self.sandbox.client._json("GET", self._route("?stream=false")))
+
+    def send_stdin(self, data: Union[str, bytes], close: bool = False) -> None:
+        """Writes to its stdin; `close` ends the stdin after these bytes."""
+        if isinstance(data, bytes):
+            import base64
+            p: Dict[str, Any] = {"data_base64": base64.b64encode(data).decode()}
+        else:
+            p = {"data": data}
+        p["close"] = close
+        self.sandbox.client._json("POST", self._route("/stdin"), p)
+
+    def kill(self, force: bool = False) -> Dict[str, Any]:
+        """SIGTERM to its process tree, SIGKILL after the server's grace (`force`: at once)."""
+        q = "?signal=kill" if force else ""
+        return self.sandbox.client._json("DELETE", self._route(q))
+
+    def status(self) -> Dict[str, Any]:
+        """Its entry in the sandbox's list (state, exit code)."""
+        for e in self.sandbox.client._json(
+                "GET", f"/v1/sandboxes/{self.sandbox.id}/execs")["execs"]:
+            if e["id"] == self.id:
+                return e
+        raise NotFound(404, "not_found", f"no background exec {self.id}")

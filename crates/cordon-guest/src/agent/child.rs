@@ -235,6 +235,8 @@ pub(super) fn reaper_main(
             }
         }
     };
+    // A terminate sent to the reaper (a background exec's) reaches the whole tree.
+    let _ = sys::forward_term_to_namespace();
     // Close our copies of the program's stdio so the host sees EOF when the tree is gone.
     for fd in 0..3 {
         let _ = nix::unistd::close(fd);

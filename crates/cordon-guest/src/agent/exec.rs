@@ -13,6 +13,21 @@ impl Agent {
         stdio: StdioMode,
         limits: &ProcLimits,
     ) -> io::Result<()> {
+        let run = self.launch(id, argv, env, cwd, stdio, limits)?;
+        self.running = Some(run);
+        Ok(())
+    }
+
+    /// Starts a program on a standby reaper (made now if none is ready).
+    pub(super) fn launch(
+        &mut self,
+        id: u64,
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+        cwd: &str,
+        stdio: StdioMode,
+        limits: &ProcLimits,
+    ) -> io::Result<Running> {
         if argv.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
         }
@@ -98,7 +113,7 @@ impl Agent {
         };
         drop(status_w);
         drop(child_stdio);
-        self.running = Some(Running {
+        Ok(Running {
             id,
             reaper: sb.pid,
             pidfd: sb.pidfd,
@@ -109,16 +124,21 @@ impl Agent {
             cgroup,
             // Set by the caller from the request.
             last: false,
-        });
-        Ok(())
+        })
     }
 
     /// Reads what the reaper wrote on its status pipe; true once the line is whole or the
     /// pipe closed (the reaper died without a report).
     pub(super) fn status_complete(&mut self) -> bool {
-        let Some(run) = self.running.as_mut() else {
-            return false;
-        };
+        self.running.as_mut().is_some_and(Running::status_complete)
+    }
+}
+
+impl Running {
+    /// Reads what the reaper wrote on its status pipe; true once the line is whole or the
+    /// pipe closed (the reaper died without a report).
+    pub(super) fn status_complete(&mut self) -> bool {
+        let run = self;
         let mut buf = [0u8; 256];
         loop {
             match (&run.status).read(&mut buf) {
@@ -135,45 +155,66 @@ impl Agent {
             }
         }
     }
+}
 
-    pub(super) fn relay_output(&mut self, which: usize) -> Result<(), ProtoError> {
-        let Some(run) = self.running.as_mut() else {
-            return Ok(());
-        };
-        let id = run.id;
-        let Some(fr) = run.framed.as_mut() else {
-            return Ok(());
-        };
+impl FramedIo {
+    /// One read of stdout (`which` 0) or stderr (1); `None` when nothing came (the stream
+    /// is marked closed at its end).
+    pub(super) fn read_chunk(&mut self, which: usize) -> Option<Vec<u8>> {
         let slot = if which == 0 {
-            &mut fr.stdout
+            &mut self.stdout
         } else {
-            &mut fr.stderr
+            &mut self.stderr
         };
-        let Some(f) = slot.as_mut() else {
-            return Ok(());
-        };
+        let f = slot.as_mut()?;
         let mut buf = vec![0u8; 64 * 1024];
         let n = match f.read(&mut buf) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return None,
             Err(_) => 0,
         };
         if n == 0 {
             *slot = None;
-            return Ok(());
+            return None;
         }
-        let stream = if which == 0 {
-            Stream::Stdout
+        buf.truncate(n);
+        Some(buf)
+    }
+
+    /// What is left in both output pipes once every writer is gone (the reaper reported).
+    pub(super) fn drain(&mut self) -> Vec<(Stream, Vec<u8>)> {
+        self.stdin = None;
+        let mut rest = Vec::new();
+        for (stream, slot) in [
+            (Stream::Stdout, &mut self.stdout),
+            (Stream::Stderr, &mut self.stderr),
+        ] {
+            if let Some(f) = slot.take() {
+                let mut data = Vec::new();
+                let _ = f.take(MAX_STDIN_BUFFER as u64).read_to_end(&mut data);
+                if !data.is_empty() {
+                    rest.push((stream, data));
+                }
+            }
+        }
+        rest
+    }
+
+    /// Queues bytes for stdin (an empty `data` closes it once the queue is written); false
+    /// when the queue is full.
+    pub(super) fn queue_stdin(&mut self, data: Vec<u8>) -> bool {
+        if data.is_empty() {
+            self.stdin_close = true;
+        } else if self.stdin_buf.len() + data.len() <= MAX_STDIN_BUFFER {
+            self.stdin_buf.extend(data);
         } else {
-            Stream::Stderr
-        };
-        self.send(&Reply::Output { id, stream }, &buf[..n])
+            return false;
+        }
+        true
     }
 
     pub(super) fn feed_stdin(&mut self) {
-        let Some(fr) = self.running.as_mut().and_then(|r| r.framed.as_mut()) else {
-            return;
-        };
+        let fr = self;
         let Some(w) = fr.stdin.as_mut() else {
             return;
         };
@@ -196,6 +237,30 @@ impl Agent {
             fr.stdin = None;
         }
     }
+}
+
+impl Agent {
+    pub(super) fn relay_output(&mut self, which: usize) -> Result<(), ProtoError> {
+        let Some(run) = self.running.as_mut() else {
+            return Ok(());
+        };
+        let id = run.id;
+        let Some(data) = run.framed.as_mut().and_then(|fr| fr.read_chunk(which)) else {
+            return Ok(());
+        };
+        let stream = if which == 0 {
+            Stream::Stdout
+        } else {
+            Stream::Stderr
+        };
+        self.send(&Reply::Output { id, stream }, &data)
+    }
+
+    pub(super) fn feed_stdin(&mut self) {
+        if let Some(fr) = self.running.as_mut().and_then(|r| r.framed.as_mut()) {
+            fr.feed_stdin();
+        }
+    }
 
     pub(super) fn finish_exec(&mut self) -> Result<(), ProtoError> {
         let Some(mut run) = self.running.take() else {
@@ -203,26 +268,38 @@ impl Agent {
         };
         // Relay whatever output is still buffered in framed pipes.
         if let Some(fr) = run.framed.as_mut() {
-            fr.stdin = None;
-            let mut rest: Vec<(Stream, Vec<u8>)> = Vec::new();
-            for (stream, slot) in [
-                (Stream::Stdout, &mut fr.stdout),
-                (Stream::Stderr, &mut fr.stderr),
-            ] {
-                if let Some(f) = slot.take() {
-                    let mut data = Vec::new();
-                    let _ = f.take(MAX_STDIN_BUFFER as u64).read_to_end(&mut data);
-                    if !data.is_empty() {
-                        rest.push((stream, data));
-                    }
-                }
-            }
-            for (stream, data) in rest {
+            for (stream, data) in fr.drain() {
                 for chunk in data.chunks(1 << 20) {
                     self.send(&Reply::Output { id: run.id, stream }, chunk)?;
                 }
             }
         }
+        let ended = self.conclude(run);
+        self.send(
+            &Reply::Exited {
+                id: ended.id,
+                code: ended.report.code,
+                signal: ended.report.signal,
+                cpu_us: ended.report.cpu_us,
+                max_rss_bytes: ended.report.max_rss_bytes,
+                disk_full: ended.disk_full,
+                oom_killed: ended.oom_killed,
+                pids_limited: ended.pids_limited,
+                program_us: ended.report.program_us,
+            },
+            b"",
+        )?;
+        // The next exec's reaper gets ready while the host reads this reply, unless the host
+        // said none follows (a one-shot run: the sandbox is torn down next).
+        if self.standby.is_none() && !ended.last {
+            self.standby = self.spawn_standby().ok();
+        }
+        Ok(())
+    }
+
+    /// An exec whose reaper reported (or died): its figures, and its reaper and cgroup
+    /// seen to.
+    pub(super) fn conclude(&mut self, run: Running) -> Ended {
         let report = String::from_utf8_lossy(&run.report).into_owned();
         let parsed = parse_report(&report);
         let Report {
@@ -265,27 +342,31 @@ impl Agent {
             pids_limited = c.1;
             max_rss_bytes = max_rss_bytes.max(c.2);
         }
-        self.send(
-            &Reply::Exited {
-                id: run.id,
+        Ended {
+            id: run.id,
+            last: run.last,
+            report: Report {
                 code,
                 signal,
-                cpu_us,
                 max_rss_bytes,
-                disk_full,
-                oom_killed,
-                pids_limited,
+                cpu_us,
                 program_us,
             },
-            b"",
-        )?;
-        // The next exec's reaper gets ready while the host reads this reply, unless the host
-        // said none follows (a one-shot run: the sandbox is torn down next).
-        if self.standby.is_none() && !run.last {
-            self.standby = self.spawn_standby().ok();
+            disk_full,
+            oom_killed,
+            pids_limited,
         }
-        Ok(())
     }
+}
+
+/// What [`Agent::conclude`] found of an exec.
+pub(super) struct Ended {
+    pub(super) id: u64,
+    pub(super) last: bool,
+    pub(super) report: Report,
+    pub(super) disk_full: bool,
+    pub(super) oom_killed: bool,
+    pub(super) pids_limited: bool,
 }
 
 impl ExecCgroups {

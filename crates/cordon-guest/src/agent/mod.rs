@@ -36,10 +36,12 @@ use crate::proto::{
 };
 use crate::sys;
 
+mod background;
 mod child;
 mod exec;
 mod files;
 
+use background::*;
 use child::*;
 use exec::*;
 
@@ -76,6 +78,15 @@ struct Running {
     cgroup: Option<PathBuf>,
     /// The host said no exec follows: no reaper is readied after this one.
     last: bool,
+}
+
+/// Where a background exec's descriptors are in one round's poll set.
+struct BgWatch {
+    id: u64,
+    status: usize,
+    pidfd: Option<usize>,
+    out: [Option<usize>; 2],
+    stdin: Option<usize>,
 }
 
 /// A reaper made ahead of its exec, waiting for the job on `chan`.
@@ -180,6 +191,8 @@ pub struct Agent {
     inbuf: FrameBuffer,
     fds: VecDeque<OwnedFd>,
     running: Option<Running>,
+    /// Background execs by id, running or ended and not yet dropped.
+    background: BTreeMap<u64, Background>,
     standby: Option<Standby>,
     /// Reapers that reported their program's end and are still exiting (namespace teardown).
     exiting: Vec<(Pid, Option<OwnedFd>)>,
@@ -232,6 +245,7 @@ impl Agent {
             inbuf: FrameBuffer::default(),
             fds: VecDeque::new(),
             running: None,
+            background: BTreeMap::new(),
             standby: None,
             exiting: Vec::new(),
             configure: None,
@@ -268,6 +282,11 @@ impl Agent {
         if let Some(run) = self.running.take() {
             pids.push(run.reaper);
         }
+        pids.extend(
+            std::mem::take(&mut self.background)
+                .into_values()
+                .filter_map(|bg| bg.run.map(|r| r.reaper)),
+        );
         pids.extend(self.exiting.drain(..).map(|(p, _)| p));
         for p in &pids {
             let _ = kill(*p, Signal::SIGKILL);
@@ -283,6 +302,11 @@ impl Agent {
         match sys::fork_into(libc::CLONE_NEWPID | libc::CLONE_NEWNS)? {
             sys::Forked::Child => {
                 drop(ours);
+                // Copies of running execs' pipes held here would keep a program from ever
+                // seeing its stdin end (a background exec's, while this standby waits).
+                for fd in self.exec_fds() {
+                    let _ = nix::unistd::close(fd);
+                }
                 // With per-exec cgroups the agent moves the reaper alone into the exec's
                 // cgroup, so the program must be forked after that, by the reaper.
                 standby_main(&self.cfg, theirs, self.cgroups.is_none())
@@ -307,6 +331,26 @@ impl Agent {
                 })
             }
         }
+    }
+
+    /// The agent's own descriptors of running execs (their pipes, status pipes, pidfds).
+    fn exec_fds(&self) -> Vec<RawFd> {
+        let mut fds = Vec::new();
+        let runs = self
+            .background
+            .values()
+            .filter_map(|b| b.run.as_ref())
+            .chain(self.running.as_ref());
+        for run in runs {
+            fds.push(run.status.as_raw_fd());
+            fds.extend(run.pidfd.as_ref().map(|f| f.as_raw_fd()));
+            if let Some(fr) = &run.framed {
+                for f in [&fr.stdin, &fr.stdout, &fr.stderr].into_iter().flatten() {
+                    fds.push(f.as_raw_fd());
+                }
+            }
+        }
+        fds
     }
 
     fn send(&mut self, reply: &Reply, body: &[u8]) -> Result<(), ProtoError> {
@@ -346,6 +390,8 @@ impl Agent {
         let mut exited_ready: Vec<usize> = Vec::new();
         let mut out_ready = [false; 2];
         let mut stdin_ready = false;
+        let mut bg_watch: Vec<BgWatch> = Vec::new();
+        let mut bg_ready: Vec<(u64, [bool; 2], bool, bool)> = Vec::new();
         {
             let mut fds = vec![PollFd::new(self.ctrl.as_fd(), PollFlags::POLLIN)];
             let mut idx_pid = None;
@@ -381,6 +427,36 @@ impl Agent {
                         fds.push(PollFd::new(w.as_fd(), PollFlags::POLLOUT));
                     }
                 }
+            }
+            for (id, bg) in &self.background {
+                let Some(run) = &bg.run else { continue };
+                let mut w = BgWatch {
+                    id: *id,
+                    status: fds.len(),
+                    pidfd: None,
+                    out: [None, None],
+                    stdin: None,
+                };
+                fds.push(PollFd::new(run.status.as_fd(), PollFlags::POLLIN));
+                if let Some(pidfd) = &run.pidfd {
+                    w.pidfd = Some(fds.len());
+                    fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
+                }
+                if let Some(fr) = &run.framed {
+                    for (i, f) in [&fr.stdout, &fr.stderr].into_iter().enumerate() {
+                        if let Some(f) = f {
+                            w.out[i] = Some(fds.len());
+                            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
+                        }
+                    }
+                    if let Some(wr) = &fr.stdin
+                        && (!fr.stdin_buf.is_empty() || fr.stdin_close)
+                    {
+                        w.stdin = Some(fds.len());
+                        fds.push(PollFd::new(wr.as_fd(), PollFlags::POLLOUT));
+                    }
+                }
+                bg_watch.push(w);
             }
             let wait = if unwatched {
                 PollTimeout::from(50u8)
@@ -421,6 +497,33 @@ impl Agent {
             }
             if let Some(i) = idx_in {
                 stdin_ready = hit(i);
+            }
+            for w in &bg_watch {
+                let out = w.out.map(|i| i.is_some_and(hit));
+                let stdin = w.stdin.is_some_and(hit);
+                let done = hit(w.status) || w.pidfd.is_some_and(hit);
+                if out.iter().any(|x| *x) || stdin || done {
+                    bg_ready.push((w.id, out, stdin, done));
+                }
+            }
+        }
+        for (id, out, stdin, done) in bg_ready {
+            for (k, ready) in out.into_iter().enumerate() {
+                if ready {
+                    self.relay_background(id, k);
+                }
+            }
+            if stdin {
+                self.feed_background(id);
+            }
+            if done
+                && self
+                    .background
+                    .get_mut(&id)
+                    .and_then(|bg| bg.run.as_mut())
+                    .is_some_and(Running::status_complete)
+            {
+                self.finish_background(id);
             }
         }
         for (k, ready) in out_ready.into_iter().enumerate() {
@@ -557,6 +660,34 @@ impl Agent {
                     }
                 }
             }
+            Request::BgExec {
+                id,
+                argv,
+                env,
+                cwd,
+                limits,
+            } => {
+                // Descriptors sent along are not for a background exec.
+                self.fds.clear();
+                match self.start_background(id, &argv, &env, &cwd, &limits) {
+                    Ok(()) => {
+                        self.send(&Reply::Started { id }, b"")?;
+                        // The next exec's reaper gets ready while the host reads the reply.
+                        if self.standby.is_none() {
+                            self.standby = self.spawn_standby().ok();
+                        }
+                    }
+                    Err((code, msg)) => self.error(code, msg)?,
+                }
+            }
+            Request::BgRead {
+                id,
+                stdout_from,
+                stderr_from,
+                max,
+            } => self.read_background(id, [stdout_from, stderr_from], max)?,
+            Request::BgStdin { id } => self.write_background(id, frame.body)?,
+            Request::BgSignal { id, signal } => self.signal_background(id, signal)?,
             Request::Kill { id } => {
                 if let Some(run) = self.running.as_ref().filter(|r| r.id == id) {
                     // Killing the PID namespace's init takes every process in it along.

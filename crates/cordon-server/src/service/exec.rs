@@ -301,6 +301,7 @@ pub(super) fn exec_blocking(
     s: &Session,
     req: &ExecRequest,
     chunks: Option<ChunkSender>,
+    gone_away: Arc<AtomicBool>,
 ) -> Result<ExecOutcome, ApiError> {
     let (digest, kind) = command_digest(req);
     let t0 = Instant::now();
@@ -309,13 +310,9 @@ pub(super) fn exec_blocking(
         match cell.as_mut() {
             None => Err(gone(&s.id)),
             Some(sb) => {
-                let mut send = |stream: OutputStream, data: &[u8]| {
-                    if let Some(tx) = &chunks {
-                        let _ = tx.send(Chunk {
-                            stream,
-                            data: data.to_vec(),
-                        });
-                    }
+                let mut send = ChunkSink {
+                    tx: chunks,
+                    gone_away,
                 };
                 // Streamed output passes a redactor that knows the grants' secrets before
                 // it reaches any client (NDJSON, SSE, MCP).
@@ -425,6 +422,40 @@ pub(super) fn exec_blocking(
     result
 }
 
+/// Where an exec's output goes: the streaming client's channel, if any. The client went
+/// away when its channel closed or its request was dropped (`gone_away`).
+struct ChunkSink {
+    tx: Option<ChunkSender>,
+    gone_away: Arc<AtomicBool>,
+}
+
+impl OutputSink for ChunkSink {
+    fn output(&mut self, stream: OutputStream, data: &[u8]) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Chunk {
+                stream,
+                data: data.to_vec(),
+            });
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.gone_away.load(Ordering::Relaxed) || self.tx.as_ref().is_some_and(|t| t.is_closed())
+    }
+}
+
+/// Marks a request's client as gone when the request's future is dropped before it
+/// completed (the connection closed); disarmed once the answer is ready.
+pub(super) struct GoneOnDrop(pub(super) Option<Arc<AtomicBool>>);
+
+impl Drop for GoneOnDrop {
+    fn drop(&mut self) {
+        if let Some(flag) = self.0.take() {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 /// A claimed exec, ready to run.
 pub struct ExecJob {
     pub(super) svc: Service,
@@ -438,8 +469,16 @@ impl ExecJob {
     pub async fn run(self, chunks: Option<ChunkSender>) -> Result<ExecOutcome, ApiError> {
         let ExecJob { svc, guard, req } = self;
         let s = guard.0.clone();
-        let r = blocking(move || exec_blocking(&svc, &s, &req, chunks)).await?;
-        drop(guard);
+        let flag = Arc::new(AtomicBool::new(false));
+        let mut on_drop = GoneOnDrop(Some(flag.clone()));
+        // The guard travels with the blocking work: the sandbox stays busy until the exec
+        // has really ended, even when the client left first.
+        let r = blocking(move || {
+            let _busy = guard;
+            exec_blocking(&svc, &s, &req, chunks, flag)
+        })
+        .await?;
+        on_drop.0 = None;
         r
     }
 }
@@ -480,7 +519,7 @@ impl RunJob {
                 let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
                 sb.put_file(path, data, *mode)?;
             }
-            exec_blocking(&svc2, &s, &req, chunks)
+            exec_blocking(&svc2, &s, &req, chunks, Arc::new(AtomicBool::new(false)))
         })
         .await;
         // The outcome does not wait for the teardown: the sandbox is out of every tenant's

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use cordon_core::{
-    Backend, Command, ExecOutcome, ExecRequest, OutputStream, Probe, Sandbox, SandboxSpec, Tier,
-    validate_sandbox_path,
+    Backend, Command, ExecOutcome, ExecRequest, OutputSink, OutputStream, Probe, Sandbox,
+    SandboxSpec, Tier, validate_sandbox_path,
 };
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -80,6 +80,7 @@ mod admit;
 mod exec;
 mod files;
 mod pools;
+mod procs;
 mod reaper;
 mod recovery;
 mod sessions;

@@ -7,6 +7,7 @@ impl Service {
 
     pub(super) async fn reaper(self) {
         let every = self.inner.cfg.sessions.reap_interval.0;
+        let paused_ttl = self.inner.cfg.sessions.paused_ttl.0;
         let mut last_retention: Option<Instant> = None;
         let mut last_trim: Option<Instant> = None;
         loop {
@@ -17,7 +18,7 @@ impl Service {
             let expired: Vec<(Arc<Session>, &'static str)> = lock(&self.inner.sessions)
                 .values()
                 .filter_map(|s| {
-                    let reason = s.expired()?;
+                    let reason = s.expired(paused_ttl)?;
                     s.begin_ending(reason).then(|| (s.clone(), reason))
                 })
                 .collect();

@@ -56,8 +56,11 @@ pub(super) struct Session {
     pub(super) spec: SandboxSpec,
     pub(super) created_ms: i64,
     pub(super) created: Instant,
-    pub(super) ttl: Duration,
-    pub(super) idle: Duration,
+    /// Its time to live and idle timeout in ms (PATCH changes them).
+    pub(super) ttl_ms: AtomicI64,
+    pub(super) idle_ms: AtomicI64,
+    /// The client's labels.
+    pub(super) labels: Mutex<BTreeMap<String, String>>,
     /// Milliseconds since `created` of the last request's end.
     pub(super) last_used: AtomicI64,
     pub(super) busy: AtomicBool,
@@ -72,6 +75,12 @@ pub(super) struct Session {
     pub(super) ending: OnceLock<&'static str>,
     /// Set once the destroy is done and audited; a second destroy waits on it.
     pub(super) ended: watch::Sender<bool>,
+    /// Background execs.
+    pub(super) procs: Mutex<super::procs::Procs>,
+    /// Since when it is paused, if it is.
+    pub(super) paused_at: Mutex<Option<Instant>>,
+    /// Milliseconds it spent paused before the current pause (its TTL clock stood still).
+    pub(super) paused_ms: AtomicI64,
     pub(super) _slot: Reservation,
 }
 
@@ -93,8 +102,9 @@ impl Session {
             spec,
             created_ms: now_ms(),
             created: Instant::now(),
-            ttl,
-            idle,
+            ttl_ms: AtomicI64::new(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)),
+            idle_ms: AtomicI64::new(i64::try_from(idle.as_millis()).unwrap_or(i64::MAX)),
+            labels: Mutex::new(BTreeMap::new()),
             last_used: AtomicI64::new(0),
             busy: AtomicBool::new(busy),
             source: acq.source,
@@ -103,6 +113,9 @@ impl Session {
             sandbox: Arc::new(Mutex::new(acq.sandbox)),
             ending: OnceLock::new(),
             ended: watch::channel(false).0,
+            procs: Mutex::default(),
+            paused_at: Mutex::new(None),
+            paused_ms: AtomicI64::new(0),
             _slot: slot,
         }
     }
@@ -124,8 +137,8 @@ impl Session {
     }
 
     pub(super) fn touch(&self) {
-        self.last_used
-            .store(self.created.elapsed().as_millis() as i64, Ordering::Relaxed);
+        let age = self.created.elapsed().as_millis() as i64 - self.paused_total_ms();
+        self.last_used.store(age, Ordering::Relaxed);
     }
 
     pub(super) fn info(&self) -> SandboxInfo {
@@ -134,13 +147,22 @@ impl Session {
             tier: self.tier,
             state: if self.ending.get().is_some() {
                 "destroying".into()
+            } else if self.is_paused() {
+                "paused".into()
             } else {
                 "live".into()
             },
             created_ms: self.created_ms,
-            expires_ms: self.created_ms + self.ttl.as_millis() as i64,
-            idle_timeout_ms: self.idle.as_millis() as u64,
-            last_used_ms: self.created_ms + self.last_used.load(Ordering::Relaxed),
+            expires_ms: self
+                .created_ms
+                .saturating_add(self.ttl_ms.load(Ordering::Relaxed))
+                .saturating_add(self.paused_total_ms()),
+            idle_timeout_ms: self.idle_ms.load(Ordering::Relaxed).max(0) as u64,
+            paused: self.is_paused(),
+            labels: lock(&self.labels).clone(),
+            last_used_ms: self.created_ms
+                + self.last_used.load(Ordering::Relaxed)
+                + self.paused_total_ms(),
             limits: self.spec.limits.clone(),
             allow_hosts: self.spec.egress.allow.clone(),
             source: self.source.into(),
@@ -149,16 +171,28 @@ impl Session {
         }
     }
 
-    /// Why the reaper should end it now, if it should.
-    pub(super) fn expired(&self) -> Option<&'static str> {
-        let age = self.created.elapsed();
-        if age >= self.ttl {
+    pub(super) fn is_paused(&self) -> bool {
+        lock(&self.paused_at).is_some()
+    }
+
+    /// Milliseconds it has spent paused, the current pause included.
+    pub(super) fn paused_total_ms(&self) -> i64 {
+        let now = lock(&self.paused_at).map_or(0, |at| at.elapsed().as_millis() as i64);
+        self.paused_ms.load(Ordering::Relaxed) + now
+    }
+
+    /// Why the reaper should end it now, if it should. A paused sandbox's TTL and idle
+    /// clocks stand still; it may stay paused for `paused_ttl`.
+    pub(super) fn expired(&self, paused_ttl: Duration) -> Option<&'static str> {
+        if let Some(at) = *lock(&self.paused_at) {
+            return (at.elapsed() >= paused_ttl).then_some("paused-ttl");
+        }
+        let age = self.created.elapsed().as_millis() as i64 - self.paused_total_ms();
+        if age >= self.ttl_ms.load(Ordering::Relaxed) {
             return Some("ttl");
         }
-        let idle_for = age
-            .as_millis()
-            .saturating_sub(self.last_used.load(Ordering::Relaxed).max(0) as u128);
-        if !self.busy.load(Ordering::Relaxed) && idle_for >= self.idle.as_millis() {
+        let idle_for = age - self.last_used.load(Ordering::Relaxed).max(0);
+        if !self.busy.load(Ordering::Relaxed) && idle_for >= self.idle_ms.load(Ordering::Relaxed) {
             return Some("idle");
         }
         None
@@ -185,6 +219,8 @@ impl Service {
         req: CreateRequest,
     ) -> Result<SandboxInfo, ApiError> {
         self.stopping()?;
+        crate::model::validate_labels(&req.labels)?;
+        let labels = req.labels.clone();
         let Admission {
             spec, ttl, idle, ..
         } = self.decide(tenant, &req, "create").await?;
@@ -213,6 +249,7 @@ impl Service {
             (ttl, idle),
             false,
         ));
+        *lock(&session.labels) = labels;
         let audit = self.inner.audit.clone();
         let (t, i, tier) = (tenant.0.clone(), id.clone(), spec.tier);
         let detail = json!({
@@ -284,15 +321,35 @@ impl Service {
                 "create a new sandbox",
             ));
         }
+        if let Err(e) = self.refuse_paused(&s) {
+            s.busy.store(false, Ordering::Release);
+            return Err(e);
+        }
         s.touch();
         Ok(BusyGuard(s))
     }
 
-    /// Sandboxes `tenant` holds.
-    pub fn list(&self, tenant: &Tenant) -> Vec<SandboxInfo> {
+    /// Refuses a call on a paused sandbox.
+    pub(super) fn refuse_paused(&self, s: &Session) -> Result<(), ApiError> {
+        if s.is_paused() {
+            return Err(ApiError::new(
+                Code::SandboxPaused,
+                "the sandbox is paused",
+                "resume it first: POST /v1/sandboxes/{id}/resume",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sandboxes `tenant` holds, those carrying every label of `labels` only.
+    pub fn list(&self, tenant: &Tenant, labels: &[(String, String)]) -> Vec<SandboxInfo> {
         let mut v: Vec<SandboxInfo> = lock(&self.inner.sessions)
             .values()
             .filter(|s| s.tenant == *tenant)
+            .filter(|s| {
+                let mine = lock(&s.labels);
+                labels.iter().all(|(k, v)| mine.get(k) == Some(v))
+            })
             .map(|s| s.info())
             .collect();
         v.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
@@ -407,5 +464,168 @@ impl Service {
             .get_or_create(&Metrics::tier(s.tier))
             .dec();
         res?.map(|_| ()).map_err(audit_err)
+    }
+}
+
+impl Service {
+    // ---- pause, resume, patch --------------------------------------------------------
+
+    /// Pauses a sandbox: its processes stop where they are (no CPU), its TTL clock stands
+    /// still against `sessions.paused_ttl`, execs and file calls are refused until resumed.
+    /// It keeps its place under the tenant's limits.
+    pub async fn pause(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ApiError> {
+        let guard = self.claim(tenant, id)?;
+        let s = guard.0.clone();
+        let t0 = Instant::now();
+        let r = blocking(move || {
+            let s = guard.0.clone();
+            let _busy = guard;
+            let mut cell = lock(&s.sandbox);
+            let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+            sb.pause().map_err(ApiError::from)?;
+            *lock(&s.paused_at) = Some(Instant::now());
+            Ok::<(), ApiError>(())
+        })
+        .await?;
+        let us = t0.elapsed().as_micros() as u64;
+        self.audit_lifecycle(&s, "pause", &r, us).await?;
+        r?;
+        Ok(s.info())
+    }
+
+    /// Resumes a paused sandbox; its processes continue where they stopped.
+    pub async fn resume(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ApiError> {
+        self.stopping()?;
+        let s = self.session(tenant, id)?;
+        if !s.is_paused() {
+            return Err(ApiError::new(
+                Code::InvalidRequest,
+                "the sandbox is not paused",
+                "pause it first (POST /v1/sandboxes/{id}/pause)",
+            ));
+        }
+        if s.busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(ApiError::new(
+                Code::SandboxBusy,
+                "the sandbox is being paused or resumed by another request",
+                "wait for it to finish",
+            ));
+        }
+        let guard = BusyGuard(s.clone());
+        let t0 = Instant::now();
+        let r = blocking(move || {
+            let s = guard.0.clone();
+            let _busy = guard;
+            let mut cell = lock(&s.sandbox);
+            let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+            sb.resume().map_err(ApiError::from)?;
+            if let Some(at) = lock(&s.paused_at).take() {
+                s.paused_ms
+                    .fetch_add(at.elapsed().as_millis() as i64, Ordering::Relaxed);
+            }
+            Ok::<(), ApiError>(())
+        })
+        .await?;
+        let us = t0.elapsed().as_micros() as u64;
+        self.audit_lifecycle(&s, "resume", &r, us).await?;
+        r?;
+        s.touch();
+        Ok(s.info())
+    }
+
+    async fn audit_lifecycle(
+        &self,
+        s: &Arc<Session>,
+        kind: &'static str,
+        r: &Result<(), ApiError>,
+        us: u64,
+    ) -> Result<(), ApiError> {
+        let audit = self.inner.audit.clone();
+        let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
+        let detail = json!({"us": us, "error": r.as_ref().err().map(|e| e.to_json())});
+        let ok = r.is_ok();
+        blocking(move || {
+            audit.record(&NewEvent {
+                tenant: Some(&t),
+                sandbox: Some(&i),
+                kind,
+                decision: Some(if ok { "ok" } else { "error" }),
+                tier: Some(tier),
+                detail,
+            })
+        })
+        .await?
+        .map(|_| ())
+        .map_err(audit_err)
+    }
+
+    /// Changes a sandbox's TTL (from its creation, paused time not counted) or idle
+    /// timeout, within the server's maxima.
+    pub async fn patch(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        req: crate::model::PatchRequest,
+    ) -> Result<SandboxInfo, ApiError> {
+        let s = self.session(tenant, id)?;
+        if s.ending.get().is_some() {
+            return Err(gone(&s.id));
+        }
+        let max_ttl = self.inner.cfg.sessions.max_ttl.0;
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        if let Some(ttl) = req.ttl {
+            if ttl.0.is_zero() || ttl.0 > max_ttl {
+                return Err(ApiError::new(
+                    Code::PolicyDenied,
+                    format!("the TTL must be between 1 ms and {} s", max_ttl.as_secs()),
+                    "give a shorter ttl (the server's sessions.max_ttl bounds it)",
+                ));
+            }
+            let age = s.created.elapsed().as_millis() as i64 - s.paused_total_ms();
+            if ms(ttl.0) <= age {
+                return Err(ApiError::invalid(format!(
+                    "the sandbox is {} s old already; give a TTL longer than its age",
+                    age / 1000
+                )));
+            }
+        }
+        if let Some(idle) = req.idle_timeout
+            && (idle.0.is_zero() || idle.0 > max_ttl)
+        {
+            return Err(ApiError::new(
+                Code::PolicyDenied,
+                format!(
+                    "the idle timeout must be between 1 ms and {} s",
+                    max_ttl.as_secs()
+                ),
+                "give a shorter idle_timeout (the server's sessions.max_ttl bounds it)",
+            ));
+        }
+        if let Some(ttl) = req.ttl {
+            s.ttl_ms.store(ms(ttl.0), Ordering::Relaxed);
+        }
+        if let Some(idle) = req.idle_timeout {
+            s.idle_ms.store(ms(idle.0), Ordering::Relaxed);
+        }
+        let audit = self.inner.audit.clone();
+        let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
+        let detail = json!({"ttl_ms": req.ttl.map(|d| ms(d.0)),
+            "idle_timeout_ms": req.idle_timeout.map(|d| ms(d.0))});
+        blocking(move || {
+            audit.record(&NewEvent {
+                tenant: Some(&t),
+                sandbox: Some(&i),
+                kind: "patch",
+                decision: Some("ok"),
+                tier: Some(tier),
+                detail,
+            })
+        })
+        .await?
+        .map_err(audit_err)?;
+        Ok(s.info())
     }
 }

@@ -1,0 +1,44 @@
+//! Background execs: what a tier reports of one ([`ProcOutput`]) and how one is signalled.
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes of each stream a sandbox keeps of a background exec: the last this many, so a
+/// client that attaches late sees the most recent output, and the count of bytes dropped
+/// before them.
+pub const BACKGROUND_KEEP: u64 = 1 << 20;
+
+/// A signal a client may send a background exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcSignal {
+    /// SIGTERM to every process of the exec (a server gets to shut down cleanly).
+    Term,
+    /// SIGKILL to the whole process tree.
+    Kill,
+}
+
+/// How a background exec ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcExit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub cpu_us: u64,
+    pub max_rss_bytes: u64,
+    #[serde(default)]
+    pub oom_killed: bool,
+    #[serde(default)]
+    pub pids_limited: bool,
+}
+
+/// A read of a background exec's output: the bytes of each stream from `*_from` (an offset
+/// into everything the stream ever carried; larger than asked when older bytes were
+/// dropped), and its end once it has ended and every byte of its output is in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcOutput {
+    pub stdout_from: u64,
+    pub stdout: Vec<u8>,
+    pub stderr_from: u64,
+    pub stderr: Vec<u8>,
+    pub exit: Option<ProcExit>,
+}

@@ -1,0 +1,217 @@
+//! Background execs: programs that run beside the foreground exec, each under its own
+//! reaper like any exec, their output kept here (the last [`BACKGROUND_KEEP`] bytes of each
+//! stream) until the host reads it.
+
+use cordon_core::{BACKGROUND_KEEP, ProcExit, ProcSignal};
+
+use super::*;
+
+/// Most background execs the agent keeps, running or ended and not yet dropped; past it
+/// the oldest ended one is dropped, and a start with every one still running is refused.
+pub(super) const MAX_BACKGROUND: usize = 64;
+
+/// The last [`BACKGROUND_KEEP`] bytes of a stream, and where they start in all it carried.
+#[derive(Default)]
+pub(super) struct Ring {
+    data: VecDeque<u8>,
+    start: u64,
+}
+
+impl Ring {
+    pub(super) fn push(&mut self, bytes: &[u8]) {
+        self.data.extend(bytes);
+        let over = self.data.len().saturating_sub(BACKGROUND_KEEP as usize);
+        if over > 0 {
+            self.data.drain(..over);
+            self.start += over as u64;
+        }
+    }
+
+    /// Up to `max` bytes from offset `from` (or from the oldest kept byte, if `from` was
+    /// dropped), and the offset they start at.
+    pub(super) fn read(&self, from: u64, max: u64) -> (u64, Vec<u8>) {
+        let at = from.clamp(self.start, self.end());
+        let skip = (at - self.start) as usize;
+        let take = (max as usize).min(self.data.len().saturating_sub(skip));
+        (at, self.data.range(skip..skip + take).copied().collect())
+    }
+
+    fn end(&self) -> u64 {
+        self.start + self.data.len() as u64
+    }
+}
+
+pub(super) struct Background {
+    /// The exec while it runs.
+    pub(super) run: Option<Running>,
+    pub(super) out: [Ring; 2],
+    /// Set once its reaper reported and every byte of output is in.
+    pub(super) exit: Option<ProcExit>,
+}
+
+impl Agent {
+    pub(super) fn start_background(
+        &mut self,
+        id: u64,
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+        cwd: &str,
+        limits: &ProcLimits,
+    ) -> Result<(), (ErrorCode, String)> {
+        if self.background.contains_key(&id) || self.running.as_ref().is_some_and(|r| r.id == id) {
+            return Err((ErrorCode::BadRequest, format!("exec id {id} is in use")));
+        }
+        if self.background.len() >= MAX_BACKGROUND {
+            let oldest_ended = self
+                .background
+                .iter()
+                .find(|(_, b)| b.exit.is_some())
+                .map(|(k, _)| *k);
+            match oldest_ended {
+                Some(k) => {
+                    self.background.remove(&k);
+                }
+                None => {
+                    return Err((
+                        ErrorCode::Busy,
+                        format!("{MAX_BACKGROUND} background execs are running; end one first"),
+                    ));
+                }
+            }
+        }
+        // Background output always passes through the agent (it is kept here), so the
+        // program's stdio are the agent's own pipes whatever the channel.
+        let run = self
+            .launch(id, argv, env, cwd, StdioMode::Framed, limits)
+            .map_err(|e| (ErrorCode::SpawnFailed, e.to_string()))?;
+        self.background.insert(
+            id,
+            Background {
+                run: Some(run),
+                out: Default::default(),
+                exit: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Answers [`Request::BgRead`].
+    pub(super) fn read_background(
+        &mut self,
+        id: u64,
+        from: [u64; 2],
+        max: u64,
+    ) -> Result<(), ProtoError> {
+        let max = max.min(BACKGROUND_KEEP);
+        let Some(bg) = self.background.get(&id) else {
+            return self.error(ErrorCode::NotFound, format!("no background exec {id}"));
+        };
+        let (out_from, mut body) = bg.out[0].read(from[0], max);
+        let (err_from, err) = bg.out[1].read(from[1], max);
+        let stdout_len = body.len() as u64;
+        // The end is told only with the last bytes, so a reader that sees it has them all.
+        let all_read = out_from + stdout_len == bg.out[0].end()
+            && err_from + err.len() as u64 == bg.out[1].end();
+        let exit = bg.exit.clone().filter(|_| all_read);
+        body.extend_from_slice(&err);
+        self.send(
+            &Reply::BgOutput {
+                stdout_from: out_from,
+                stdout_len,
+                stderr_from: err_from,
+                exit,
+            },
+            &body,
+        )
+    }
+
+    /// Answers [`Request::BgStdin`].
+    pub(super) fn write_background(&mut self, id: u64, data: Vec<u8>) -> Result<(), ProtoError> {
+        let queued = match self.background.get_mut(&id) {
+            None => Err(format!("no background exec {id}")),
+            Some(bg) if bg.exit.is_some() => Err(format!("background exec {id} has ended")),
+            Some(bg) => match bg.run.as_mut().and_then(|r| r.framed.as_mut()) {
+                Some(fr) if fr.stdin.is_some() && !fr.stdin_close => {
+                    if fr.queue_stdin(data) {
+                        Ok(())
+                    } else {
+                        Err("its stdin buffer is full; send less at a time".into())
+                    }
+                }
+                _ => Err(format!("background exec {id}'s stdin is closed")),
+            },
+        };
+        match queued {
+            Ok(()) => self.send(&Reply::Ok, b""),
+            Err(m) => self.error(ErrorCode::NotFound, m),
+        }
+    }
+
+    /// Answers [`Request::BgSignal`]: the reaper passes a terminate on to every process of
+    /// its namespace; a kill of the reaper takes the whole namespace with it.
+    pub(super) fn signal_background(
+        &mut self,
+        id: u64,
+        signal: ProcSignal,
+    ) -> Result<(), ProtoError> {
+        let Some(bg) = self.background.get(&id) else {
+            return self.error(ErrorCode::NotFound, format!("no background exec {id}"));
+        };
+        if let Some(run) = &bg.run {
+            let sig = match signal {
+                ProcSignal::Term => Signal::SIGTERM,
+                ProcSignal::Kill => Signal::SIGKILL,
+            };
+            let _ = kill(run.reaper, sig);
+        }
+        self.send(&Reply::Ok, b"")
+    }
+
+    /// Moves what background exec `id` wrote into its rings.
+    pub(super) fn relay_background(&mut self, id: u64, which: usize) {
+        if let Some(bg) = self.background.get_mut(&id)
+            && let Some(data) = bg
+                .run
+                .as_mut()
+                .and_then(|r| r.framed.as_mut())
+                .and_then(|fr| fr.read_chunk(which))
+        {
+            bg.out[which].push(&data);
+        }
+    }
+
+    pub(super) fn feed_background(&mut self, id: u64) {
+        if let Some(fr) = self
+            .background
+            .get_mut(&id)
+            .and_then(|bg| bg.run.as_mut())
+            .and_then(|r| r.framed.as_mut())
+        {
+            fr.feed_stdin();
+        }
+    }
+
+    /// A background exec's reaper reported (or died): the rest of its output and its end.
+    pub(super) fn finish_background(&mut self, id: u64) {
+        let Some(mut run) = self.background.get_mut(&id).and_then(|bg| bg.run.take()) else {
+            return;
+        };
+        let rest = run.framed.as_mut().map(FramedIo::drain).unwrap_or_default();
+        let ended = self.conclude(run);
+        let Some(bg) = self.background.get_mut(&id) else {
+            return;
+        };
+        for (stream, data) in rest {
+            let i = if stream == Stream::Stdout { 0 } else { 1 };
+            bg.out[i].push(&data);
+        }
+        bg.exit = Some(ProcExit {
+            code: ended.report.code,
+            signal: ended.report.signal,
+            cpu_us: ended.report.cpu_us,
+            max_rss_bytes: ended.report.max_rss_bytes,
+            oom_killed: ended.oom_killed,
+            pids_limited: ended.pids_limited,
+        });
+    }
+}

@@ -1,0 +1,535 @@
+//! Background execs: start, attach (replay, then live output, then the outcome), stdin,
+//! signals and the list. Each call locks the sandbox only for one short agent call, so a
+//! background exec never holds a sandbox the way a foreground one does.
+
+use cordon_core::{BACKGROUND_KEEP, ProcExit, ProcOutput, ProcSignal, Termination};
+
+use super::exec::command_digest;
+use super::*;
+use crate::model::ExecInfo;
+
+/// Bytes of each stream one attach read moves at most.
+const READ_CHUNK: u64 = 256 << 10;
+/// How long an attach waits between reads that found nothing new.
+const ATTACH_POLL: Duration = Duration::from_millis(40);
+
+/// One background exec of a session.
+pub(super) struct Proc {
+    pub(super) agent_id: u64,
+    pub(super) command: String,
+    pub(super) started_ms: i64,
+    pub(super) ended_ms: Option<i64>,
+    pub(super) exit: Option<ProcExit>,
+    /// A stop was asked for (DELETE): its end is reported as `killed`.
+    pub(super) stopped: bool,
+}
+
+/// A session's background execs by their API id (`ex-<n>`).
+#[derive(Default)]
+pub(super) struct Procs {
+    next: u64,
+    pub(super) by_id: BTreeMap<String, Proc>,
+}
+
+impl Proc {
+    fn info(&self, id: &str) -> ExecInfo {
+        ExecInfo {
+            id: id.to_string(),
+            command: self.command.clone(),
+            state: if self.exit.is_some() {
+                "exited".into()
+            } else {
+                "running".into()
+            },
+            started_ms: self.started_ms,
+            ended_ms: self.ended_ms,
+            exit_code: self.exit.as_ref().and_then(|e| e.code),
+            signal: self.exit.as_ref().and_then(|e| e.signal),
+        }
+    }
+}
+
+/// What a command is, for the list: the argv, or the language and the first line of code.
+fn summary(req: &ExecRequest) -> String {
+    let s = match &req.command {
+        Command::Argv(v) => v.join(" "),
+        Command::Code {
+            language, source, ..
+        } => format!(
+            "{}: {}",
+            language.as_str(),
+            source.lines().next().unwrap_or("")
+        ),
+        Command::Wasm { .. } => "wasm module".into(),
+    };
+    s.chars().take(200).collect()
+}
+
+fn no_exec() -> ApiError {
+    ApiError::new(
+        Code::NotFound,
+        "no background exec with that id in this sandbox",
+        "list them with GET /v1/sandboxes/{id}/execs",
+    )
+}
+
+/// Runs `f` on the session's sandbox (blocking until a foreground call on it is done).
+fn on_sandbox<T>(
+    s: &Session,
+    f: impl FnOnce(&mut Box<dyn Sandbox>) -> cordon_core::Result<T>,
+) -> Result<T, ApiError> {
+    let mut cell = lock(&s.sandbox);
+    let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+    f(sb).map_err(ApiError::from)
+}
+
+/// The outcome of an ended background exec.
+fn outcome_of(tier: Tier, p: &Proc, dropped: [u64; 2]) -> ExecOutcome {
+    let exit = p.exit.clone().unwrap_or_default();
+    let termination = if exit.oom_killed {
+        Termination::OutOfMemory
+    } else if exit.pids_limited {
+        Termination::ProcessLimit
+    } else if p.stopped && exit.signal.is_some() {
+        Termination::Killed
+    } else if exit.signal.is_some() {
+        Termination::Signalled
+    } else {
+        Termination::Exited
+    };
+    let mut o = ExecOutcome::new(tier, termination);
+    o.exit_code = exit.code;
+    o.signal = exit.signal;
+    o.usage.cpu_time_us = exit.cpu_us;
+    o.usage.peak_memory_bytes = exit.max_rss_bytes;
+    o.usage.wall_time_us = (p.ended_ms.unwrap_or(p.started_ms) - p.started_ms).max(0) as u64 * 1000;
+    o.stdout_truncated = dropped[0] > 0;
+    o.stderr_truncated = dropped[1] > 0;
+    for (name, n) in [("stdout", dropped[0]), ("stderr", dropped[1])] {
+        if n > 0 {
+            o.warnings.push(format!(
+                "the first {n} bytes of {name} were dropped: a background exec keeps the last {BACKGROUND_KEEP} bytes of each stream"
+            ));
+        }
+    }
+    o
+}
+
+impl Service {
+    /// Records a background exec's end the first time it is seen, with its audit row.
+    fn note_end(&self, s: &Session, id: &str, exit: ProcExit) -> Result<(), ApiError> {
+        let row = {
+            let mut procs = lock(&s.procs);
+            let Some(p) = procs.by_id.get_mut(id) else {
+                return Ok(());
+            };
+            if p.exit.is_some() {
+                return Ok(());
+            }
+            p.exit = Some(exit.clone());
+            p.ended_ms = Some(now_ms());
+            json!({"exec": id, "exit_code": exit.code, "signal": exit.signal,
+                "cpu_us": exit.cpu_us, "max_rss_bytes": exit.max_rss_bytes,
+                "oom_killed": exit.oom_killed, "pids_limited": exit.pids_limited,
+                "stopped": p.stopped})
+        };
+        self.inner
+            .audit
+            .record(&NewEvent {
+                tenant: Some(&s.tenant.0),
+                sandbox: Some(&s.id),
+                kind: "exec_background_end",
+                decision: Some("ok"),
+                tier: Some(s.tier),
+                detail: row,
+            })
+            .map(|_| ())
+            .map_err(audit_err)
+    }
+
+    /// Asks the agent about every background exec still thought running; blocking.
+    fn refresh(&self, s: &Session) -> Result<(), ApiError> {
+        let running: Vec<(String, u64)> = lock(&s.procs)
+            .by_id
+            .iter()
+            .filter(|(_, p)| p.exit.is_none())
+            .map(|(k, p)| (k.clone(), p.agent_id))
+            .collect();
+        for (id, agent) in running {
+            // From past the end: nothing to move, and the end if there is one.
+            let out = on_sandbox(s, |sb| sb.read_background(agent, [u64::MAX; 2], 0))?;
+            if let Some(exit) = out.exit {
+                self.note_end(s, &id, exit)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts an exec in the background and answers its id at once.
+    pub async fn start_background(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        body: &ExecBody,
+    ) -> Result<ExecInfo, ApiError> {
+        let req = body.to_request()?;
+        if req.stdin.is_some() {
+            return Err(ApiError::invalid(
+                "a background exec takes its stdin through POST .../execs/{exec_id}/stdin",
+            ));
+        }
+        let guard = self.claim(tenant, id)?;
+        self.refuse_paused(&guard.0)?;
+        let svc = self.clone();
+        blocking(move || -> Result<ExecInfo, ApiError> {
+            let s = guard.0.clone();
+            let _busy = guard;
+            svc.refresh(&s)?;
+            let cap = svc.inner.cfg.sessions.max_background_execs;
+            let live = lock(&s.procs)
+                .by_id
+                .values()
+                .filter(|p| p.exit.is_none())
+                .count();
+            if live >= cap {
+                svc.metrics().deny("background_execs");
+                return Err(ApiError::new(
+                    Code::TooManyExecs,
+                    format!("this sandbox has its limit of {cap} background execs running"),
+                    "stop one (DELETE /v1/sandboxes/{id}/execs/{exec_id}) or wait for one to end",
+                ));
+            }
+            let (digest, kind) = command_digest(&req);
+            let r = on_sandbox(&s, |sb| sb.start_background(&req));
+            let exec_id = r.as_ref().ok().map(|agent| {
+                let mut procs = lock(&s.procs);
+                procs.next += 1;
+                let exec_id = format!("ex-{}", procs.next);
+                procs.by_id.insert(
+                    exec_id.clone(),
+                    Proc {
+                        agent_id: *agent,
+                        command: summary(&req),
+                        started_ms: now_ms(),
+                        ended_ms: None,
+                        exit: None,
+                        stopped: false,
+                    },
+                );
+                exec_id
+            });
+            svc.inner
+                .audit
+                .record(&NewEvent {
+                    tenant: Some(&s.tenant.0),
+                    sandbox: Some(&s.id),
+                    kind: "exec_background",
+                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
+                    tier: Some(s.tier),
+                    detail: json!({"exec": exec_id, "command_sha256": digest,
+                        "command_kind": kind, "limits": s.spec.limits,
+                        "error": r.as_ref().err().map(|e| e.to_json())}),
+                })
+                .map_err(audit_err)?;
+            r?;
+            let exec_id = exec_id.unwrap_or_default();
+            let procs = lock(&s.procs);
+            procs
+                .by_id
+                .get(&exec_id)
+                .map(|p| p.info(&exec_id))
+                .ok_or_else(no_exec)
+        })
+        .await?
+    }
+
+    /// The sandbox's background execs, oldest first.
+    pub async fn list_execs(&self, tenant: &Tenant, id: &str) -> Result<Vec<ExecInfo>, ApiError> {
+        let s = self.session(tenant, id)?;
+        let svc = self.clone();
+        let s2 = s.clone();
+        // A paused sandbox's agent cannot answer; its list is what was last seen.
+        if !s.is_paused() {
+            blocking(move || svc.refresh(&s2)).await??;
+        }
+        let procs = lock(&s.procs);
+        let mut v: Vec<ExecInfo> = procs.by_id.iter().map(|(k, p)| p.info(k)).collect();
+        v.sort_by_key(|e| (e.started_ms, e.id.len(), e.id.clone()));
+        Ok(v)
+    }
+
+    /// Refuses an exec id that is not one of this tenant's sandbox's.
+    pub fn list_execs_check(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        exec_id: &str,
+    ) -> Result<(), ApiError> {
+        let s = self.session(tenant, id)?;
+        Self::agent_id(&s, exec_id).map(|_| ())
+    }
+
+    fn agent_id(s: &Session, exec_id: &str) -> Result<u64, ApiError> {
+        lock(&s.procs)
+            .by_id
+            .get(exec_id)
+            .map(|p| p.agent_id)
+            .ok_or_else(no_exec)
+    }
+
+    /// Attaches to a background exec: what it wrote since its start (within what the
+    /// sandbox keeps), then its live output, then its outcome. Output passes the grants'
+    /// redactor like any exec's. Without `chunks` the output is collected into the outcome
+    /// (within the sandbox's output caps).
+    pub async fn attach(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        exec_id: &str,
+        chunks: Option<ChunkSender>,
+    ) -> Result<ExecOutcome, ApiError> {
+        let s = self.session(tenant, id)?;
+        let agent = Self::agent_id(&s, exec_id)?;
+        let svc = self.clone();
+        let exec_id = exec_id.to_string();
+        blocking(move || svc.attach_blocking(&s, &exec_id, agent, chunks)).await?
+    }
+
+    fn attach_blocking(
+        &self,
+        s: &Session,
+        exec_id: &str,
+        agent: u64,
+        chunks: Option<ChunkSender>,
+    ) -> Result<ExecOutcome, ApiError> {
+        let mut collected: [Vec<u8>; 2] = Default::default();
+        let caps = [s.spec.limits.stdout_bytes, s.spec.limits.stderr_bytes];
+        let mut send = |stream: OutputStream, data: &[u8]| match &chunks {
+            Some(tx) => {
+                let _ = tx.send(Chunk {
+                    stream,
+                    data: data.to_vec(),
+                });
+            }
+            None => {
+                let i = usize::from(stream == OutputStream::Stderr);
+                let room = (caps[i] as usize).saturating_sub(collected[i].len());
+                collected[i].extend_from_slice(&data[..data.len().min(room)]);
+            }
+        };
+        let mut sink = cordon_egress::scan::RedactingSink::new(
+            cordon_egress::scan::known_secrets_of(&s.spec.grants),
+            &mut send,
+        );
+        let mut from = [0u64; 2];
+        let mut dropped = [0u64; 2];
+        let exit = loop {
+            if s.ending.get().is_some() {
+                return Err(gone(&s.id));
+            }
+            if chunks.as_ref().is_some_and(|t| t.is_closed()) {
+                // The client went away; the exec runs on.
+                return Err(ApiError::new(
+                    Code::InvalidRequest,
+                    "the client went away",
+                    "attach again",
+                ));
+            }
+            // Never waits for a foreground call: it is looked at again after a pause.
+            let out: Option<ProcOutput> = if s.is_paused() {
+                None
+            } else {
+                match s.sandbox.try_lock() {
+                    Ok(mut cell) => {
+                        let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                        Some(sb.read_background(agent, from, READ_CHUNK)?)
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => None,
+                    Err(std::sync::TryLockError::Poisoned(p)) => {
+                        let mut cell = p.into_inner();
+                        let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                        Some(sb.read_background(agent, from, READ_CHUNK)?)
+                    }
+                }
+            };
+            let Some(out) = out else {
+                std::thread::sleep(ATTACH_POLL);
+                continue;
+            };
+            let moved = !out.stdout.is_empty() || !out.stderr.is_empty();
+            for (i, (start, data, stream)) in [
+                (out.stdout_from, &out.stdout, OutputStream::Stdout),
+                (out.stderr_from, &out.stderr, OutputStream::Stderr),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                dropped[i] += start.saturating_sub(from[i]);
+                from[i] = start + data.len() as u64;
+                if !data.is_empty() {
+                    cordon_core::OutputSink::output(&mut sink, stream, data);
+                }
+            }
+            if let Some(exit) = out.exit {
+                break exit;
+            }
+            if !moved {
+                std::thread::sleep(ATTACH_POLL);
+            }
+        };
+        sink.finish();
+        drop(sink);
+        self.note_end(s, exec_id, exit)?;
+        let procs = lock(&s.procs);
+        let p = procs.by_id.get(exec_id).ok_or_else(no_exec)?;
+        let mut o = outcome_of(s.tier, p, dropped);
+        let [out, err] = collected;
+        o.stdout = out;
+        o.stderr = err;
+        Ok(o)
+    }
+
+    /// A background exec's output so far (what the sandbox keeps) and its state, at once.
+    pub async fn peek_exec(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        exec_id: &str,
+    ) -> Result<crate::model::ExecPeek, ApiError> {
+        let s = self.session(tenant, id)?;
+        self.refuse_paused(&s)?;
+        let agent = Self::agent_id(&s, exec_id)?;
+        let svc = self.clone();
+        let exec_id = exec_id.to_string();
+        blocking(move || {
+            let out = on_sandbox(&s, |sb| sb.read_background(agent, [0, 0], BACKGROUND_KEEP))?;
+            if let Some(exit) = out.exit.clone() {
+                svc.note_end(&s, &exec_id, exit)?;
+            }
+            let info = lock(&s.procs)
+                .by_id
+                .get(&exec_id)
+                .map(|p| p.info(&exec_id))
+                .ok_or_else(no_exec)?;
+            let (clean_out, clean_err) = {
+                let secrets = cordon_egress::scan::known_secrets_of(&s.spec.grants);
+                let mut got: [Vec<u8>; 2] = Default::default();
+                let mut keep = |stream: OutputStream, d: &[u8]| {
+                    got[usize::from(stream == OutputStream::Stderr)].extend_from_slice(d)
+                };
+                let mut sink = cordon_egress::scan::RedactingSink::new(secrets, &mut keep);
+                cordon_core::OutputSink::output(&mut sink, OutputStream::Stdout, &out.stdout);
+                cordon_core::OutputSink::output(&mut sink, OutputStream::Stderr, &out.stderr);
+                sink.finish();
+                drop(sink);
+                let [a, b] = got;
+                (a, b)
+            };
+            Ok(crate::model::ExecPeek {
+                info,
+                stdout: String::from_utf8_lossy(&clean_out).into_owned(),
+                stderr: String::from_utf8_lossy(&clean_err).into_owned(),
+                stdout_dropped: out.stdout_from,
+                stderr_dropped: out.stderr_from,
+            })
+        })
+        .await?
+    }
+
+    /// Writes to a background exec's stdin (and closes it when asked).
+    pub async fn exec_stdin(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        exec_id: &str,
+        data: Vec<u8>,
+        close: bool,
+    ) -> Result<(), ApiError> {
+        let s = self.session(tenant, id)?;
+        self.refuse_paused(&s)?;
+        let agent = Self::agent_id(&s, exec_id)?;
+        blocking(move || {
+            if !data.is_empty() {
+                on_sandbox(&s, |sb| sb.write_background(agent, &data))?;
+            }
+            if close {
+                on_sandbox(&s, |sb| sb.write_background(agent, b""))?;
+            }
+            Ok(())
+        })
+        .await?
+    }
+
+    /// Stops a background exec: SIGTERM to its process tree now, SIGKILL after the
+    /// configured grace if it still runs (`kill` sends SIGKILL at once).
+    pub async fn exec_signal(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        exec_id: &str,
+        kill: bool,
+    ) -> Result<ExecInfo, ApiError> {
+        let s = self.session(tenant, id)?;
+        self.refuse_paused(&s)?;
+        let agent = Self::agent_id(&s, exec_id)?;
+        let first = if kill {
+            ProcSignal::Kill
+        } else {
+            ProcSignal::Term
+        };
+        if let Some(p) = lock(&s.procs).by_id.get_mut(exec_id) {
+            p.stopped = true;
+        }
+        let s2 = s.clone();
+        blocking(move || on_sandbox(&s2, |sb| sb.signal_background(agent, first))).await??;
+        let audit = self.inner.audit.clone();
+        let (t, i, tier, e) = (
+            s.tenant.0.clone(),
+            s.id.clone(),
+            s.tier,
+            exec_id.to_string(),
+        );
+        blocking(move || {
+            audit.record(&NewEvent {
+                tenant: Some(&t),
+                sandbox: Some(&i),
+                kind: "exec_signal",
+                decision: Some(if kill { "kill" } else { "term" }),
+                tier: Some(tier),
+                detail: json!({"exec": e}),
+            })
+        })
+        .await?
+        .map_err(audit_err)?;
+        if !kill {
+            let grace = self.inner.cfg.sessions.kill_grace.0;
+            let svc = self.clone();
+            let s3 = s.clone();
+            let e = exec_id.to_string();
+            self.inner.destroys.spawn(async move {
+                tokio::time::sleep(grace).await;
+                let _ = blocking(move || -> Result<(), ApiError> {
+                    if s3.ending.get().is_some() || s3.is_paused() {
+                        return Ok(());
+                    }
+                    svc.refresh(&s3)?;
+                    let running = lock(&s3.procs)
+                        .by_id
+                        .get(&e)
+                        .is_some_and(|p| p.exit.is_none());
+                    if running {
+                        on_sandbox(&s3, |sb| sb.signal_background(agent, ProcSignal::Kill))?;
+                    }
+                    Ok(())
+                })
+                .await;
+            });
+        }
+        let procs = lock(&s.procs);
+        procs
+            .by_id
+            .get(exec_id)
+            .map(|p| p.info(exec_id))
+            .ok_or_else(no_exec)
+    }
+}
