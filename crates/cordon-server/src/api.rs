@@ -264,7 +264,26 @@ pub fn router(svc: Service) -> Router {
         .merge(mcp)
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
+        .layer(middleware::from_fn(close_after_refused_body))
         .with_state(svc)
+}
+
+/// A request with a body that is refused (4xx/5xx) may be answered before its body was
+/// read: the server then drops the connection, and a client that kept it for its next
+/// request would see that request fail. `Connection: close` tells it not to.
+async fn close_after_refused_body(req: Request, next: Next) -> Response {
+    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v != "0");
+    let mut res = next.run(req).await;
+    if has_body && (res.status().is_client_error() || res.status().is_server_error()) {
+        res.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
 }
 
 /// Authenticates MCP requests and binds each MCP session to the tenant that opened it:

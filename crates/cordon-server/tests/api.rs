@@ -1261,13 +1261,20 @@ mod mcp {
                 "create_sandbox",
                 "destroy",
                 "exec",
+                "kill_exec",
+                "list_execs",
                 "list_files",
                 "make_dir",
+                "pause_sandbox",
+                "read_exec",
                 "read_file",
                 "remove_path",
                 "rename_path",
+                "resume_sandbox",
                 "run",
+                "start_background",
                 "stat_file",
+                "update_sandbox",
                 "write_file"
             ]
         );
@@ -2409,6 +2416,12 @@ async fn a_directory_goes_in_and_out_as_a_tar_stream_and_other_tenants_get_404()
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+    // Refused before its body was read: the client is told not to reuse the connection
+    // (the next request on it would otherwise meet a closed socket).
+    assert_eq!(
+        r.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
     let (s, v) = env
         .call(
             M::GET,

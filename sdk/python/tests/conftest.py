@@ -22,7 +22,9 @@ def cordon_bin() -> str:
     b = os.environ.get("CORDON_BIN")
     if b:
         return b
-    for p in (ROOT / "target/debug/cordon", ROOT / "target/release/cordon"):
+    # Where cargo built it: $CARGO_TARGET_DIR when set (as `make test` honours), else target/.
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target")
+    for p in (target / "debug/cordon", target / "release/cordon"):
         if p.exists():
             return str(p)
     pytest.fail("no cordon binary: run `cargo build` or set CORDON_BIN")
