@@ -1263,3 +1263,85 @@ fn one_escaped_qemu_reaches_only_its_own_vm() {
     destroy_and_check(a);
     destroy_and_check(b);
 }
+
+/// Reads background exec `id` until `done` holds for what it has written (and its end, if
+/// any), polling a bounded number of times.
+fn read_until(
+    sb: &mut MicrovmSandbox,
+    id: u64,
+    done: impl Fn(&str, Option<&cordon_core::ProcExit>) -> bool,
+) -> (String, Option<cordon_core::ProcExit>) {
+    let mut out = String::new();
+    let mut from = [0u64; 2];
+    for _ in 0..600 {
+        let r = sb.read_background(id, from, 1 << 20).unwrap();
+        from = [
+            r.stdout_from + r.stdout.len() as u64,
+            r.stderr_from + r.stderr.len() as u64,
+        ];
+        out.push_str(&String::from_utf8_lossy(&r.stdout));
+        if done(&out, r.exit.as_ref()) {
+            return (out, r.exit);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("background exec {id} never got there; output so far: {out:?}");
+}
+
+/// Issue 20 on this tier: a background exec keeps running beside foreground execs, takes
+/// stdin, survives a pause and resume of the VM, and ends on TERM.
+#[test]
+fn background_execs_run_beside_foreground_ones_and_survive_a_pause() {
+    let Some(env) = env() else { return };
+    let mut sb = env.backend.create_restored(&spec()).unwrap();
+    let ticker = sb
+        .start_background(&ExecRequest::code(
+            Language::Bash,
+            "echo up; i=0; while :; do i=$((i+1)); echo $i > /work/ticks; sleep 0.2; done",
+        ))
+        .unwrap();
+    let (out, exit) = read_until(&mut sb, ticker, |o, _| o.contains("up"));
+    assert!(exit.is_none(), "{out:?}");
+    // A foreground exec beside it.
+    assert_eq!(
+        stdout(&run(&mut sb, Language::Bash, "echo fg")).trim(),
+        "fg"
+    );
+    // stdin of another background exec: written in two parts, then closed.
+    let cat = sb.start_background(&ExecRequest::argv(["cat"])).unwrap();
+    sb.write_background(cat, b"hello ").unwrap();
+    sb.write_background(cat, b"world").unwrap();
+    sb.write_background(cat, b"").unwrap();
+    let (out, exit) = read_until(&mut sb, cat, |_, e| e.is_some());
+    assert_eq!(out, "hello world");
+    assert_eq!(exit.unwrap().code, Some(0));
+    // Pause and resume: the ticker is the same process afterwards and goes on counting.
+    sb.pause().unwrap();
+    sb.resume().unwrap();
+    let ticks = |sb: &mut MicrovmSandbox| -> u64 {
+        stdout(&run(sb, Language::Bash, "cat /work/ticks"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let before = ticks(&mut sb);
+    let mut advanced = false;
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(100));
+        if ticks(&mut sb) > before {
+            advanced = true;
+            break;
+        }
+    }
+    assert!(
+        advanced,
+        "the background exec stopped counting after resume"
+    );
+    // TERM ends it, and its end says so.
+    sb.signal_background(ticker, cordon_core::ProcSignal::Term)
+        .unwrap();
+    let (_, exit) = read_until(&mut sb, ticker, |_, e| e.is_some());
+    assert_eq!(exit.unwrap().signal, Some(15));
+    destroy_and_check(sb);
+    finish(env);
+}
