@@ -1,0 +1,112 @@
+"""The MCP tools of long-lived sandboxes (background execs, pause and resume), spoken as an MCP
+client does: JSON-RPC over streamable HTTP to a real `cordon serve`, on the container tier."""
+import json
+import time
+import urllib.request
+
+import pytest
+
+from conftest import KEYS
+
+
+class Mcp:
+    """A minimal streamable-HTTP MCP client: one session, tool calls answered as JSON or SSE."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url = url.rstrip("/") + "/mcp"
+        self.key = key
+        self.session = None
+        self.next_id = 0
+        init = self.rpc("initialize", {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "cordon-sdk-test", "version": "0"}})
+        assert "serverInfo" in init, init
+        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def post(self, msg: dict):
+        headers = {"content-type": "application/json",
+                   "accept": "application/json, text/event-stream",
+                   "authorization": f"Bearer {self.key}"}
+        if self.session:
+            headers["mcp-session-id"] = self.session
+        req = urllib.request.Request(self.url, data=json.dumps(msg).encode(), headers=headers,
+                                     method="POST")
+        with urllib.request.urlopen(req, timeout=60) as r:
+            self.session = r.headers.get("mcp-session-id") or self.session
+            body = r.read().decode()
+            if r.headers.get("content-type", "").startswith("text/event-stream"):
+                events = [json.loads(line[5:]) for line in body.splitlines()
+                          if line.startswith("data:") and line[5:].strip()]
+                return next((e for e in events if e.get("id") == msg.get("id")), None)
+            return json.loads(body) if body.strip() else None
+
+    def rpc(self, method: str, params: dict) -> dict:
+        self.next_id += 1
+        reply = self.post({"jsonrpc": "2.0", "id": self.next_id, "method": method,
+                           "params": params})
+        assert reply is not None and "error" not in reply, reply
+        return reply["result"]
+
+    def tool(self, name: str, **args):
+        """(ok, parsed JSON or text) of one tool call."""
+        res = self.rpc("tools/call", {"name": name, "arguments": args})
+        text = "".join(c.get("text", "") for c in res.get("content", []))
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        return not res.get("isError", False), value
+
+
+def test_background_exec_and_pause_through_mcp_tools(server, has_container):
+    if not has_container:
+        pytest.skip("the container tier is not available here")
+    alice = Mcp(server.url, KEYS["alice"])
+    bob = Mcp(server.url, KEYS["bob"])
+    ok, created = alice.tool("create_sandbox", tier="container")
+    assert ok, created
+    sb = created["id"]
+    try:
+        ok, started = alice.tool(
+            "start_background", sandbox=sb, lang="bash",
+            code="echo ready; i=0; while :; do i=$((i+1)); echo $i > /work/n; sleep 0.1; done")
+        assert ok, started
+        ex = started["id"]
+        assert started["state"] == "running", started
+        # Its output, read without waiting: bounded polling until the first line is in.
+        for _ in range(100):
+            ok, peek = alice.tool("read_exec", sandbox=sb, exec=ex)
+            assert ok, peek
+            if "ready" in peek["stdout"]:
+                break
+            time.sleep(0.05)
+        assert "ready" in peek["stdout"], peek
+        ok, listed = alice.tool("list_execs", sandbox=sb)
+        assert ok and [e["id"] for e in listed["execs"]] == [ex], listed
+        # Another tenant sees nothing of it and cannot stop it.
+        ok, _ = bob.tool("read_exec", sandbox=sb, exec=ex)
+        assert not ok
+        ok, _ = bob.tool("kill_exec", sandbox=sb, exec=ex, force=True)
+        assert not ok
+        ok, _ = bob.tool("pause_sandbox", sandbox=sb)
+        assert not ok
+        # Pause: execs are refused; resume: the same background exec is still running.
+        ok, paused = alice.tool("pause_sandbox", sandbox=sb)
+        assert ok, paused
+        ok, refused = alice.tool("exec", sandbox=sb, lang="bash", code="echo no")
+        assert not ok and "paused" in str(refused), refused
+        ok, resumed = alice.tool("resume_sandbox", sandbox=sb)
+        assert ok, resumed
+        ok, peek = alice.tool("read_exec", sandbox=sb, exec=ex)
+        assert ok and peek["state"] == "running", peek
+        # Stopped with SIGKILL at once: its end is reported.
+        ok, stopped = alice.tool("kill_exec", sandbox=sb, exec=ex, force=True)
+        assert ok, stopped
+        for _ in range(100):
+            ok, peek = alice.tool("read_exec", sandbox=sb, exec=ex)
+            if peek["state"] == "exited":
+                break
+            time.sleep(0.05)
+        assert peek["state"] == "exited", peek
+    finally:
+        alice.tool("destroy", sandbox=sb)
