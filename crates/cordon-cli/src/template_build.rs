@@ -25,8 +25,8 @@ use serde::Serialize;
 pub struct BuildArgs {
     /// The new template's name (a-z, 0-9, '.', '_', '-').
     name: String,
-    /// The base: a template (name or digest), `debian` (the Debian root debootstrap made
-    /// for the microvm tier, `cordon image build`), or `host`.
+    /// The base: a template (name or digest), `debian` or `debian-base` (the Debian root
+    /// debootstrap made for the microvm tier, `cordon image build`), or `host`.
     #[arg(long, value_name = "BASE")]
     from: String,
     /// A step: a shell command run in the build's sandbox (`sh -c`), in order.
@@ -89,7 +89,7 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs) -> Result<i32> {
              whole root, and the host's /usr is too large to copy into one; build from \
              `debian` or from a template (`cordon template import`)"
         ),
-        "debian" => ("debian".to_string(), debian_base(store, data)?),
+        "debian" | "debian-base" => ("debian".to_string(), debian_base(store, data)?),
         name => (
             format!("template {name}"),
             store
