@@ -13,7 +13,7 @@ use cordon_core::{
     OutputSink, Probe, ProcOutput, ProcSignal, Result, Sandbox, SandboxId, SandboxSpec,
     Termination, Tier, Weakening,
 };
-use cordon_guest::proto::{self, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode};
+use cordon_guest::proto::{self, PROTOCOL_VERSION, Reply, Request, StdioMode};
 use cordon_host::agent::{self, AgentConn, Filled};
 use cordon_host::files::{Answer, ConnIo, refuse_unscanned};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -738,28 +738,14 @@ impl ContainerSandbox {
 
     /// The argv, environment, working directory and per-process limits of an exec.
     fn exec_parts(&self, req: &ExecRequest) -> Result<cordon_host::agent::ExecParts> {
-        if let (cordon_core::Command::Code { language, .. }, Some(t)) =
-            (&req.command, &self.spec.resolved_template)
-        {
-            t.check_language(*language)?;
-        }
-        let argv = cordon_host::agent::argv_for(req, Tier::Container, true)?;
-        let env = self.env_for(req);
-        let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());
-        let limits = &self.spec.limits;
-        let proc_limits = ProcLimits {
-            open_files: limits.open_files,
-            // A second layer only: the workspace's own size limit answers first (ENOSPC).
-            file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
-            address_space: 0,
-            processes: 0,
-        };
-        Ok(cordon_host::agent::ExecParts {
-            argv,
-            env,
-            cwd,
-            limits: proc_limits,
-        })
+        let limits = cordon_host::agent::ExecParts::workspace_limits(&self.spec.limits);
+        cordon_host::agent::ExecParts::new(
+            req,
+            &self.spec,
+            (Tier::Container, true),
+            self.env_for(req),
+            limits,
+        )
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {

@@ -957,15 +957,8 @@ fn classify(o: Observed) -> (Termination, Option<i32>, Option<i32>) {
 impl GvisorSandbox {
     /// The argv, environment, working directory and per-process limits of an exec.
     fn exec_parts(&self, req: &ExecRequest) -> Result<cordon_host::agent::ExecParts> {
-        if let (cordon_core::Command::Code { language, .. }, Some(t)) =
-            (&req.command, &self.spec.resolved_template)
-        {
-            t.check_language(*language)?;
-        }
-        let argv = cordon_host::agent::argv_for(req, Tier::Gvisor, false)?;
         let tier_env = self.egress.iter().flat_map(|e| e.env());
         let env = cordon_core::sandbox_env(&self.spec, tier_env, req);
-        let cwd = req.cwd.clone().unwrap_or_else(|| "/work".into());
         let l = &self.spec.limits;
         let limits = ProcLimits {
             open_files: l.open_files,
@@ -975,12 +968,7 @@ impl GvisorSandbox {
             // share one uid, so this bounds all of them at once.
             processes: u64::from(l.pids),
         };
-        Ok(cordon_host::agent::ExecParts {
-            argv,
-            env,
-            cwd,
-            limits,
-        })
+        cordon_host::agent::ExecParts::new(req, &self.spec, (Tier::Gvisor, false), env, limits)
     }
 
     /// One call on a background exec over the running sandbox's agent channel; a channel

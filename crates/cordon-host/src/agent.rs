@@ -307,6 +307,40 @@ pub struct ExecParts {
 }
 
 impl ExecParts {
+    /// An exec's parts as every agent tier builds them: a template without the exec's
+    /// interpreter refuses it here (foreground or background alike), the argv for `tier`
+    /// (`node`: see [`argv_for`]), the environment the tier made, `/work` unless the request
+    /// names a directory, and the per-process limits the tier chose.
+    pub fn new(
+        req: &ExecRequest,
+        spec: &cordon_core::SandboxSpec,
+        (tier, node): (Tier, bool),
+        env: std::collections::BTreeMap<String, String>,
+        limits: proto::ProcLimits,
+    ) -> cordon_core::Result<Self> {
+        if let (Command::Code { language, .. }, Some(t)) = (&req.command, &spec.resolved_template) {
+            t.check_language(*language)?;
+        }
+        Ok(ExecParts {
+            argv: argv_for(req, tier, node)?,
+            env,
+            cwd: req.cwd.clone().unwrap_or_else(|| "/work".to_string()),
+            limits,
+        })
+    }
+
+    /// The per-process limits of a tier whose workspace has a size limit of its own: open
+    /// files, and a file-size limit as a second layer only (the workspace answers ENOSPC
+    /// first).
+    pub fn workspace_limits(l: &cordon_core::Limits) -> proto::ProcLimits {
+        proto::ProcLimits {
+            open_files: l.open_files,
+            file_size: l.disk_bytes.max(l.tmp_bytes) + (1 << 20),
+            address_space: 0,
+            processes: 0,
+        }
+    }
+
     /// The [`Request::BgExec`] that starts it in the background as exec `id`.
     pub fn background(self, id: u64) -> Request {
         Request::BgExec {

@@ -12,7 +12,7 @@ use cordon_core::{
     Backend, Capability, Error, ExecOutcome, ExecRequest, OutputSink, Probe, Result, Sandbox,
     SandboxId, SandboxSpec, Termination, Tier,
 };
-use cordon_guest::proto::{self, PROTOCOL_VERSION, ProcLimits, Reply, Request, StdioMode};
+use cordon_guest::proto::{self, PROTOCOL_VERSION, Reply, Request, StdioMode};
 use cordon_host::cgroup::SandboxCgroup;
 use cordon_host::egress as shared_egress;
 use serde_json::json;
@@ -926,27 +926,14 @@ impl MicrovmSandbox {
     /// The argv, environment, working directory and per-process limits of an exec (a
     /// template without the exec's interpreter refuses it here, foreground or background).
     fn exec_parts(&self, req: &ExecRequest) -> Result<cordon_host::agent::ExecParts> {
-        if let (cordon_core::Command::Code { language, .. }, Some(t)) =
-            (&req.command, &self.spec.resolved_template)
-        {
-            t.check_language(*language)?;
-        }
-        let argv = cordon_host::agent::argv_for(req, Tier::Microvm, false)?;
-        let env = self.env_for(req);
-        let cwd = req.cwd.clone().unwrap_or_else(|| "/work".to_string());
-        let limits = &self.spec.limits;
-        let proc_limits = ProcLimits {
-            open_files: limits.open_files,
-            file_size: limits.disk_bytes.max(limits.tmp_bytes) + (1 << 20),
-            address_space: 0,
-            processes: 0,
-        };
-        Ok(cordon_host::agent::ExecParts {
-            argv,
-            env,
-            cwd,
-            limits: proc_limits,
-        })
+        let limits = cordon_host::agent::ExecParts::workspace_limits(&self.spec.limits);
+        cordon_host::agent::ExecParts::new(
+            req,
+            &self.spec,
+            (Tier::Microvm, false),
+            self.env_for(req),
+            limits,
+        )
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
