@@ -977,22 +977,10 @@ impl GvisorSandbox {
         &mut self,
         f: impl FnOnce(&mut dyn cordon_host::files::FrameIo) -> cordon_host::files::Answer<T>,
     ) -> Result<T> {
-        if self.destroyed {
-            return Err(Error::Gone {
-                id: self.id.as_str().into(),
-                reason: "destroyed".into(),
-            });
-        }
-        let running = self
-            .live
-            .as_mut()
-            .is_some_and(|l| matches!(l.runsc.try_wait(), Ok(None)));
-        let Some(live) = self.live.as_mut().filter(|_| running) else {
-            return Err(Error::Invalid(
-                "the sandbox is not running, so neither are its background execs; start them again"
-                    .into(),
-            ));
-        };
+        let live = self.running_live(|| {
+            "the sandbox is not running, so neither are its background execs; start them again"
+                .into()
+        })?;
         let mut io = cordon_host::files::ConnIo {
             conn: &mut live.conn,
             timeout: BG_CALL_TIMEOUT,
@@ -1011,8 +999,9 @@ impl GvisorSandbox {
 }
 
 impl GvisorSandbox {
-    /// `runsc pause` or `runsc resume` on the running sandbox.
-    fn runsc_on_live(&mut self, verb: &str) -> Result<()> {
+    /// The live sandbox while its runsc runs; `Gone` once destroyed, and `idle`'s message
+    /// when runsc is not running.
+    fn running_live(&mut self, idle: impl FnOnce() -> String) -> Result<&mut Live> {
         if self.destroyed {
             return Err(Error::Gone {
                 id: self.id.as_str().into(),
@@ -1023,12 +1012,17 @@ impl GvisorSandbox {
             .live
             .as_mut()
             .is_some_and(|l| matches!(l.runsc.try_wait(), Ok(None)));
-        let Some(live) = self.live.as_mut().filter(|_| running) else {
-            return Err(Error::Invalid(format!(
-                "the sandbox is not running; nothing to {verb}"
-            )));
-        };
+        self.live
+            .as_mut()
+            .filter(|_| running)
+            .ok_or_else(|| Error::Invalid(idle()))
+    }
+
+    /// `runsc pause` or `runsc resume` on the running sandbox.
+    fn runsc_on_live(&mut self, verb: &str) -> Result<()> {
         let mut p = runsc_base(&self.config);
+        let live =
+            self.running_live(|| format!("the sandbox is not running; nothing to {verb}"))?;
         p.arg(verb).arg(&live.cid);
         match quiet(p).status() {
             Ok(st) if st.success() => {
