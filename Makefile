@@ -11,7 +11,9 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 # as `cargo clippy --workspace --all-targets -- -D warnings` (`make lint`). Why and what it
 # saves: docs/adr/0009-one-build-in-make-test.md. `--all-targets` builds the examples as
 # tests; the second build makes them as programs (guests.sh runs examples/wizen), which the
-# test run would build anyway.
+# test run would build anyway. The tests then run side by side (scripts/run-tests.py: the
+# workspace's test binaries, its doc tests, cargo deny, the SDK's tests and the static
+# smoke, three at a time, longest first; docs/adr/0012-tests-side-by-side.md).
 LINTED = bash scripts/linted.sh
 
 .PHONY: setup build demo test lint bench clean
@@ -36,10 +38,11 @@ test:
 	$(LINTED) $(CARGO) test --workspace --all-targets --no-run
 	$(LINTED) $(CARGO) build --workspace --examples
 	bash scripts/guests.sh --bin-dir $(TARGET_DIR)/debug
-	$(CARGO) deny check licenses bans sources
-	$(LINTED) $(CARGO) test --workspace --no-fail-fast
-	cd sdk/python && python3 -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo 'sdk/python: pytest collected no tests' >&2; exit 1; fi; exit $$rc
-	bash scripts/static-smoke.sh
+	python3 scripts/run-tests.py \
+	  --also 'deny=$(CARGO) deny check licenses bans sources' \
+	  --also 'sdk=bash scripts/sdk-tests.sh' \
+	  --also 'static-smoke=bash scripts/static-smoke.sh' \
+	  -- $(LINTED) $(CARGO)
 
 lint:
 	$(CARGO) fmt --all -- --check

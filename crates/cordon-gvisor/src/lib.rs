@@ -487,6 +487,10 @@ impl GvisorSandbox {
         // First, so that a Cordon killed from here on leaves something the sweep can judge.
         std::fs::write(bundle.join(reap::OWNER_FILE), reap::owner_record())
             .map_err(|e| io("writing the owner record", e))?;
+        // And host-wide, before any runsc container or cgroup of it exists: sweeps from
+        // other data dirs see those and not this bundle.
+        reap::register(&self.config.state_root, &sid)
+            .map_err(|e| io("writing the host-wide owner record", e))?;
         let rootfs = bundle.join("rootfs");
         for d in [
             "usr",
@@ -1323,6 +1327,7 @@ impl Sandbox for GvisorSandbox {
             .map_err(|e| Error::io(format!("removing the bundle of {}", self.id), e));
         // runsc has been waited for: nothing runs as the sandbox's id.
         self.ids = None;
+        reap::unregister(&self.config.state_root, self.id.as_str());
         removed
     }
 }

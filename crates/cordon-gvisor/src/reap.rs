@@ -6,9 +6,18 @@
 //! cgroups and its bundle are removed by the next backend that creates a sandbox (or by
 //! [`crate::GvisorBackend::reap_orphans`]). Containers and cgroups named after a sandbox
 //! whose bundle no longer exists are orphans too.
+//!
+//! Bundles live under a data dir, but runsc's state root and the cgroup parent are the
+//! host's: two Cordon processes with different data dirs (`$CORDON_HOME`) see each other's
+//! containers and cgroups and never each other's bundles. So each sandbox's owner is also
+//! recorded host-wide, under `<state root>/owners/<sandbox id>`, before anything of it
+//! exists on the host and removed after everything else; a sweep asks that record first and
+//! reaps a container or cgroup only when its owner is gone. Before, a sweep from another
+//! data dir took every live sandbox of this one for an orphan and killed it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -73,6 +82,38 @@ fn dead_bundles(scratch: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Directory of the host-wide owner records, under runsc's state root.
+const OWNERS_DIR: &str = "owners";
+
+fn owner_path(state_root: &Path, sid: &str) -> std::path::PathBuf {
+    state_root.join(OWNERS_DIR).join(sid)
+}
+
+/// Records this process as the owner of sandbox `sid`, host-wide (see the module doc).
+pub fn register(state_root: &Path, sid: &str) -> std::io::Result<()> {
+    let dir = state_root.join(OWNERS_DIR);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(&dir)?;
+    let tmp = dir.join(format!(".{sid}.tmp"));
+    fs::write(&tmp, owner_record())?;
+    fs::rename(&tmp, dir.join(sid))
+}
+
+/// Removes sandbox `sid`'s host-wide owner record: the last thing its destroy does.
+pub fn unregister(state_root: &Path, sid: &str) {
+    let _ = fs::remove_file(owner_path(state_root, sid));
+}
+
+/// What the host-wide record says of sandbox `sid`: `Some(alive)`, or `None` when there is
+/// no record (a sandbox of a Cordon from before the record, or one already gone).
+fn registered_live(state_root: &Path, sid: &str) -> Option<bool> {
+    fs::read_to_string(owner_path(state_root, sid))
+        .ok()
+        .map(|rec| owner_alive(&rec))
+}
+
 /// The sandbox id a container or cgroup name (`sb-<hex>-<n>`) belongs to.
 pub fn sandbox_of(name: &str) -> Option<&str> {
     let (sid, n) = name.rsplit_once('-')?;
@@ -113,8 +154,12 @@ impl Sweep<'_> {
     /// Removes every orphan; returns what was removed, one line each.
     pub fn run(&self) -> Vec<String> {
         let dead = dead_bundles(self.scratch);
-        let orphan =
-            |name: &str| sandbox_of(name).is_some_and(|sid| !is_live(&self.scratch.join(sid)));
+        // The host-wide record decides; without one, this data dir's bundle does.
+        let live = |sid: &str| {
+            registered_live(self.state_root, sid)
+                .unwrap_or_else(|| is_live(&self.scratch.join(sid)))
+        };
+        let orphan = |name: &str| sandbox_of(name).is_some_and(|sid| !live(sid));
         let mut removed = Vec::new();
         for (cid, has_state) in containers_in(self.state_root) {
             if orphan(&cid) {
@@ -160,6 +205,17 @@ impl Sweep<'_> {
                 removed.push(format!("bundle {}", bundle.display()));
             }
         }
+        // Records of dead owners, once what they vouched for is gone (any data dir's).
+        for e in fs::read_dir(self.state_root.join(OWNERS_DIR))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let sid = e.file_name().to_string_lossy().into_owned();
+            if sid.starts_with("sb-") && registered_live(self.state_root, &sid) == Some(false) {
+                unregister(self.state_root, &sid);
+            }
+        }
         removed
     }
 }
@@ -175,6 +231,47 @@ mod tests {
         assert!(!owner_alive(&format!("{me} 1")), "a reused pid looks alive");
         assert!(!owner_alive("4194305 12"));
         assert!(!owner_alive("garbage"));
+    }
+
+    /// A container and cgroup of a live sandbox whose bundle is under another data dir
+    /// (another `$CORDON_HOME`) are not orphans; a dead owner's are. Before, any sandbox
+    /// whose bundle this sweep's data dir did not hold was deleted.
+    #[test]
+    fn a_sweep_spares_live_sandboxes_of_other_data_dirs() {
+        let state = tempfile::tempdir().unwrap();
+        let ours = tempfile::tempdir().unwrap();
+        let live = "sb-00000000000000000000000000000001";
+        let dead = "sb-00000000000000000000000000000002";
+        for sid in [live, dead] {
+            for ext in ["state", "lock"] {
+                fs::write(
+                    state.path().join(format!("{sid}-1_sandbox:{sid}-1.{ext}")),
+                    "",
+                )
+                .unwrap();
+            }
+            register(state.path(), sid).unwrap();
+        }
+        // The dead one's owner: this pid with a start time it never had.
+        fs::write(
+            owner_path(state.path(), dead),
+            format!("{} 1\n", std::process::id()),
+        )
+        .unwrap();
+        let deleted = std::cell::RefCell::new(Vec::new());
+        let delete = |cid: &str| deleted.borrow_mut().push(cid.to_string());
+        let removed = Sweep {
+            scratch: ours.path(),
+            state_root: state.path(),
+            cgroups: false,
+            delete: &delete,
+        }
+        .run();
+        assert_eq!(*deleted.borrow(), vec![format!("{dead}-1")], "{removed:?}");
+        assert!(owner_path(state.path(), live).exists());
+        assert!(!owner_path(state.path(), dead).exists());
+        unregister(state.path(), live);
+        assert!(!owner_path(state.path(), live).exists());
     }
 
     #[test]

@@ -94,6 +94,10 @@ fn traces_of(b: &GvisorBackend, id: &str) -> Vec<PathBuf> {
     if bundle.exists() {
         found.push(bundle);
     }
+    let owner = b.config().state_root.join("owners").join(id);
+    if owner.exists() {
+        found.push(owner);
+    }
     for root in [b.config().state_root.clone()] {
         for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
             if e.file_name().to_string_lossy().starts_with(id) {
@@ -808,6 +812,37 @@ fn a_killed_cordon_is_cleaned_up_by_the_next_one() {
             text(&cmd)
         );
     }
+}
+
+/// Two Cordon processes with different data dirs share runsc's state root and the cgroup
+/// parent but not their bundles: one's sweep must not take the other's live sandbox for an
+/// orphan. Before, a sweep from another `$CORDON_HOME` killed every live sandbox of this one
+/// (found by running the test suites side by side: `cordon bench` in one lost its gvisor
+/// sandbox to a create in another).
+#[test]
+fn a_sweep_from_another_data_dir_spares_live_sandboxes() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    let other_home = tempfile::tempdir().unwrap();
+    let mut c = config();
+    c.scratch_root = other_home.path().join("scratch").join("gvisor");
+    let other = GvisorBackend::new(c);
+    let reaped = other.reap_orphans();
+    assert!(
+        !reaped.iter().any(|r| r.contains(sb.id().as_str())),
+        "the other data dir's sweep reaped a live sandbox: {reaped:?}"
+    );
+    let o = exec(&mut sb, &ExecRequest::argv(["echo", "alive"]));
+    assert!(o.success(), "{o:?}");
+    assert_eq!(text(&o.stdout), "alive\n");
+    // Its create, which sweeps too, leaves this one running as well.
+    let o = run(&other, &spec(), ExecRequest::argv(["true"]));
+    assert!(o.success(), "{o:?}");
+    let o = exec(&mut sb, &ExecRequest::argv(["echo", "still"]));
+    assert_eq!(text(&o.stdout), "still\n", "{o:?}");
+    let id = sb.id().to_string();
+    sb.destroy().unwrap();
+    assert_eq!(traces_of(b, &id), Vec::<PathBuf>::new());
 }
 
 // ---------------------------------------------------------------- shared kernel, scratch

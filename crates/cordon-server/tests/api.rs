@@ -1939,7 +1939,8 @@ async fn the_edge_guards_metrics_health_and_key_guessing() {
         v["tiers"].is_object() && v["live_sandboxes"].is_number(),
         "{v}"
     );
-    assert!(env.metrics().await.contains("cordon_"));
+    let m = env.metrics().await;
+    assert!(m.contains("cordon_"), "{m}");
     // Guessing keys: after 5 failures this address is refused without a check.
     let mut codes = Vec::new();
     for i in 0..8 {

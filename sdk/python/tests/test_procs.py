@@ -178,6 +178,15 @@ def test_background_stdin_output_cap_and_limit(alice):
         out = big.wait()
         assert out.stdout_truncated and out.stdout.endswith("aEND\n"), out.raw.get("warnings")
         assert len(out.stdout) == 1 << 20
+        # Waited on from its start, while it writes: the same last MiB, not every byte the
+        # waiting reader happened to see (before: all 1.5 MB, more than the sandbox keeps).
+        slow = sb.exec("for i in $(seq 30); do head -c 50000 /dev/zero | tr '\\0' b; "
+                       "sleep 0.05; done; echo END", background=True)
+        out = slow.wait()
+        assert out.stdout_truncated and out.stdout.endswith("bEND\n"), out.raw.get("warnings")
+        assert len(out.stdout) == 1 << 20
+        assert any(f"first {1500004 - (1 << 20)} bytes of stdout" in w
+                   for w in out.raw.get("warnings", [])), out.raw.get("warnings")
         # The per-sandbox cap: the ninth running background exec is refused.
         sleepers = [sb.exec(["sleep", "600"], background=True) for _ in range(8)]
         with pytest.raises(TooManyExecs) as e:

@@ -302,8 +302,15 @@ impl Service {
         agent: u64,
         chunks: Option<ChunkSender>,
     ) -> Result<ExecOutcome, ApiError> {
+        // Collected (without `chunks`): the last bytes of each stream, as many as the sandbox
+        // keeps and the stream's cap allows, so the outcome is what an attach after the end
+        // would replay however far behind this reader fell meanwhile. Before, it was every
+        // byte this reader happened to see: more than the sandbox keeps when it read while
+        // the exec wrote, with a gap the warning did not tell.
         let mut collected: [Vec<u8>; 2] = Default::default();
-        let caps = [s.spec.limits.stdout_bytes, s.spec.limits.stderr_bytes];
+        let mut trimmed = [0u64; 2];
+        let window = [s.spec.limits.stdout_bytes, s.spec.limits.stderr_bytes]
+            .map(|cap| cap.min(BACKGROUND_KEEP) as usize);
         let mut send = |stream: OutputStream, data: &[u8]| match &chunks {
             Some(tx) => {
                 let _ = tx.send(Chunk {
@@ -313,8 +320,12 @@ impl Service {
             }
             None => {
                 let i = usize::from(stream == OutputStream::Stderr);
-                let room = (caps[i] as usize).saturating_sub(collected[i].len());
-                collected[i].extend_from_slice(&data[..data.len().min(room)]);
+                collected[i].extend_from_slice(data);
+                let over = collected[i].len().saturating_sub(window[i]);
+                if over > 0 {
+                    collected[i].drain(..over);
+                    trimmed[i] += over as u64;
+                }
             }
         };
         let mut sink = cordon_egress::scan::RedactingSink::new(
@@ -382,6 +393,11 @@ impl Service {
         self.note_end(s, exec_id, exit)?;
         let procs = lock(&s.procs);
         let p = procs.by_id.get(exec_id).ok_or_else(no_exec)?;
+        if chunks.is_none() {
+            // What the reader missed and what the window let go are one front: the output
+            // kept is the stream's last bytes.
+            dropped = [0, 1].map(|i| dropped[i] + trimmed[i]);
+        }
         let mut o = outcome_of(s.tier, p, dropped);
         let [out, err] = collected;
         o.stdout = out;

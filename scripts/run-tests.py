@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Runs every test of `make test` side by side: the workspace's test binaries, its doc tests
+and any extra suite given with --also, at most --jobs at a time, longest first.
+
+    scripts/run-tests.py [--jobs N] [--also NAME=COMMAND]... -- CARGO-COMMAND...
+
+CARGO-COMMAND is how cargo is called (`bash scripts/linted.sh cargo` in `make test`, so the
+listing below finds the build the lint made and compiles nothing). `cargo test --workspace`
+runs its test binaries one after another; most of them wait on sandboxes, VMs and servers
+rather than compute, so on two cores three at a time finish sooner (figures:
+docs/adr/0012-tests-side-by-side.md). Each binary runs as cargo would run it (from its
+package's directory, with the CARGO_* variables cargo gives a test at run time) and with
+every test in it, failures or not (cargo's --no-fail-fast). Each job's output is printed
+whole when it ends, so two jobs never interleave; a summary with every job's time and
+result comes last, and the exit status is 1 when any job failed.
+
+Durations are remembered in $CARGO_TARGET_DIR/run-tests-durations.json to order the next run;
+without that record the order falls back to the known slow suites first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Slowest first when nothing is recorded yet (seconds, from `make test` on this machine).
+KNOWN = {
+    "microvm": 110.0,
+    "cli": 75.0,
+    "sdk": 60.0,
+    "template_build": 35.0,
+    "gvisor": 30.0,
+    "wasm": 20.0,
+    "doc": 15.0,
+}
+
+
+@dataclass
+class Job:
+    name: str
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str] = field(default_factory=dict)
+    # Filled in when it ends.
+    seconds: float = 0.0
+    status: int | None = None
+
+
+def test_binaries(cargo: list[str]) -> list[Job]:
+    """The test executables `cargo test --workspace` would run, from cargo itself."""
+    out = subprocess.run(
+        cargo + ["test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"],
+        stdout=subprocess.PIPE,
+        check=False,
+    )
+    if out.returncode != 0:
+        sys.exit(f"run-tests: listing the test binaries failed (cargo exit {out.returncode}); "
+                 "run the cargo command above to see why")
+    jobs = []
+    for line in out.stdout.decode().splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+            continue
+        if not msg["profile"]["test"]:
+            continue
+        target = msg["target"]
+        pkg_dir = Path(msg["manifest_path"]).parent
+        package = msg["package_id"]
+        # `path+file:///…/crates/cordon-cli#cordon-cli@0.1.0` or `…#0.1.0` for a dir named
+        # like the package.
+        pkg_name = pkg_dir.name
+        if "#" in package and "@" in package.rsplit("#", 1)[1]:
+            pkg_name = package.rsplit("#", 1)[1].split("@", 1)[0]
+        kind = target["kind"][0]
+        name = target["name"] if kind == "test" else f"{pkg_name}:{kind}:{target['name']}"
+        jobs.append(Job(
+            name=name,
+            argv=[msg["executable"]],
+            cwd=pkg_dir,
+            env={"CARGO_MANIFEST_DIR": str(pkg_dir), "CARGO_PKG_NAME": pkg_name,
+                 "CARGO_CRATE_NAME": target["name"].replace("-", "_")},
+        ))
+    return jobs
+
+
+def order(jobs: list[Job], record: dict[str, float]) -> list[Job]:
+    def expected(j: Job) -> float:
+        return record.get(j.name, KNOWN.get(j.name, 1.0))
+    return sorted(jobs, key=expected, reverse=True)
+
+
+def run(jobs: list[Job], slots: int) -> None:
+    pending = list(jobs)
+    lock = threading.Lock()
+    printing = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                job = pending.pop(0)
+            with tempfile.TemporaryFile() as log:
+                start = time.monotonic()
+                env = dict(os.environ)
+                env.update(job.env)
+                try:
+                    job.status = subprocess.run(job.argv, cwd=job.cwd, env=env, stdout=log,
+                                                stderr=subprocess.STDOUT, check=False).returncode
+                except OSError as e:
+                    log.write(f"run-tests: could not start {job.argv[0]}: {e}\n".encode())
+                    job.status = 127
+                job.seconds = time.monotonic() - start
+                log.seek(0)
+                with printing:
+                    verdict = "ok" if job.status == 0 else f"FAILED (exit {job.status})"
+                    sys.stdout.write(f"\n===== {job.name}: {verdict} in {job.seconds:.1f}s =====\n")
+                    sys.stdout.flush()
+                    sys.stdout.buffer.write(log.read())
+                    sys.stdout.flush()
+
+    threads = [threading.Thread(target=worker) for _ in range(max(1, slots))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("CORDON_TEST_JOBS", "3")),
+                    help="jobs at a time (default: $CORDON_TEST_JOBS or 3)")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=COMMAND",
+                    help="another suite to run beside the binaries (a shell command)")
+    ap.add_argument("--no-doc", action="store_true", help="skip the doc tests")
+    ap.add_argument("cargo", nargs=argparse.REMAINDER, help="-- then how to call cargo")
+    args = ap.parse_args()
+    cargo = args.cargo[1:] if args.cargo[:1] == ["--"] else args.cargo
+    if not cargo:
+        ap.error("give the cargo command after --, e.g. -- cargo")
+    repo = Path(__file__).resolve().parent.parent
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or repo / "target")
+    record_path = target / "run-tests-durations.json"
+    try:
+        record = {k: float(v) for k, v in json.loads(record_path.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        record = {}
+
+    jobs = test_binaries(cargo)
+    if not args.no_doc:
+        # Doc tests compile with rustdoc against the libraries built above.
+        jobs.append(Job(name="doc", argv=cargo + ["test", "--workspace", "--doc"], cwd=repo))
+    for spec in args.also:
+        name, sep, command = spec.partition("=")
+        if not sep or not name or not command:
+            ap.error(f"--also wants NAME=COMMAND, got {spec!r}")
+        jobs.append(Job(name=name, argv=["bash", "-c", command], cwd=repo))
+
+    started = time.monotonic()
+    run(order(jobs, record), args.jobs)
+    wall = time.monotonic() - started
+
+    for j in jobs:
+        record[j.name] = round(j.seconds, 1)
+    try:
+        record_path.write_text(json.dumps(record, indent=1, sort_keys=True))
+    except OSError:
+        pass
+
+    failed = [j for j in jobs if j.status != 0]
+    busy = sum(j.seconds for j in jobs)
+    print(f"\n===== {len(jobs)} test jobs, {args.jobs} at a time: {wall:.0f}s "
+          f"(one after another: {busy:.0f}s) =====")
+    for j in sorted(jobs, key=lambda j: -j.seconds)[:12]:
+        print(f"  {j.seconds:7.1f}s  {'ok' if j.status == 0 else 'FAILED'}  {j.name}")
+    if failed:
+        print("FAILED: " + ", ".join(j.name for j in failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
