@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The guest artifacts the tiers run: the wasm guests and the microVM image
 # (scripts/guests.d/NN-*.sh, each idempotent and content-addressed: a second run with the same
-# inputs takes seconds). scripts/setup.sh runs this last.
+# inputs takes seconds; they run side by side). scripts/setup.sh runs this last.
 #
 #   scripts/guests.sh [--bin-dir DIR]
 #
@@ -18,4 +18,6 @@ if [ "${1:-}" = --bin-dir ]; then
   CORDON_BIN_DIR=$(cd "$2" && pwd)
   export CORDON_BIN_DIR
 fi
-run_steps "$here/guests.d" guests
+# The steps share nothing but the cargo lock: side by side, one's downloads overlap the
+# other's compiling.
+run_steps_side_by_side "$here/guests.d" guests

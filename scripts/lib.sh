@@ -50,6 +50,35 @@ build_musl_set() {
     -p cordon-sandbox-init --bin cordon-sandbox-init
 }
 
+# run_steps_side_by_side DIR LABEL: runs every DIR/NN-name.sh at once (steps that do not
+# depend on each other: the guests), each one's output kept and printed whole when it ends;
+# fails when any step failed. Their cargo builds still take turns (each takes
+# /tmp/cordon-cargo.lock), so one step's downloads and unpacking (debootstrap, pip) overlap
+# another's compiling.
+run_steps_side_by_side() {
+  local step name dir pids=() names=() logs=() starts=() i rc failed=0
+  dir=$(mktemp -d)
+  for step in "$1"/*.sh; do
+    [ -e "$step" ] || continue
+    name=$(basename "$step" .sh)
+    bash "$step" > "$dir/$name.log" 2>&1 &
+    pids+=("$!"); names+=("$name"); logs+=("$dir/$name.log"); starts+=("$(date +%s)")
+  done
+  for i in "${!pids[@]}"; do
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    cat "${logs[$i]}" >&2
+    if [ "$rc" -ne 0 ]; then
+      log "$2: ${names[$i]} FAILED (exit $rc)"
+      failed=1
+    else
+      log "$2: ${names[$i]} done in $(( $(date +%s) - starts[i] ))s (side by side)"
+    fi
+  done
+  rm -rf "$dir"
+  return "$failed"
+}
+
 # run_steps DIR LABEL: runs every DIR/NN-name.sh in order, logging each one's time.
 run_steps() {
   local step name start
