@@ -685,10 +685,13 @@ fn stale_or_tampered_cache_is_rebuilt_never_run() {
     };
     let run_js = |b: &WasmBackend| {
         let mut sb = b.create(&spec()).unwrap();
-        exec_in(
+        let o = exec_in(
             sb.as_mut(),
             &ExecRequest::code(Language::Javascript, "6 * 7"),
-        )
+        );
+        // The whole outcome when it is not 42 (a timeout and a crash read the same here).
+        assert_eq!(out(&o), "42\n", "{o:?}");
+        o
     };
     assert_eq!(out(&run_js(&WasmBackend::with_config(cfg()))), "42\n");
     let cached: Vec<_> = std::fs::read_dir(dst.join("cache"))
