@@ -94,6 +94,17 @@ struct Digests {
 }
 
 impl Digests {
+    /// The digests of a snapshot's files.
+    fn of(stream: &fs::File, ram: Option<&fs::File>) -> Result<Digests, MicrovmError> {
+        Ok(Digests {
+            stream: digest_of(stream).map_err(|e| io_err("reading a snapshot", e))?,
+            ram: ram
+                .map(digest_of_sparse)
+                .transpose()
+                .map_err(|e| io_err("reading a snapshot's memory", e))?,
+        })
+    }
+
     fn parse(text: &str) -> Option<Digests> {
         let mut lines = text.lines();
         let stream = lines.next()?.trim().to_string();
@@ -195,14 +206,7 @@ impl SnapshotStore {
             == Some(&id);
         if !known {
             let want = self.read_digest(&dir, key);
-            let have = Digests {
-                stream: digest_of(&stream).map_err(|e| io_err("reading a snapshot", e))?,
-                ram: ram
-                    .as_ref()
-                    .map(digest_of_sparse)
-                    .transpose()
-                    .map_err(|e| io_err("reading a snapshot's memory", e))?,
-            };
+            let have = Digests::of(&stream, ram.as_ref())?;
             let matches = want
                 .as_ref()
                 .is_some_and(|w| w.stream == have.stream && w.ram == have.ram);
@@ -445,14 +449,7 @@ impl SnapshotStore {
             }
             None => None,
         };
-        let sums = Digests {
-            stream: digest_of(&reader).map_err(|e| io_err("reading the snapshot back", e))?,
-            ram: ram_reader
-                .as_ref()
-                .map(digest_of_sparse)
-                .transpose()
-                .map_err(|e| io_err("reading the snapshot's memory back", e))?,
-        };
+        let sums = Digests::of(&reader, ram_reader.as_ref())?;
         let digest_tmp = format!("{name}.sha256");
         let fd = openat(
             &dir,

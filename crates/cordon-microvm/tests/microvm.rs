@@ -987,7 +987,7 @@ fn a_plain_file_planted_in_a_template_directory_is_never_restored_from() {
         let o = exec_argv(sb, &["incoming"]).unwrap();
         assert_eq!(stdout(&o), "FROM-THE-CHANNEL", "{o:?}");
     }
-    // The store holds one snapshot and its digest, both root's alone.
+    // The store holds one snapshot (its RAM file and stream) and its digest, root's alone.
     use std::os::unix::fs::MetadataExt;
     let dir = si.backend.config().snapshot_dir.clone();
     assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
@@ -997,19 +997,36 @@ fn a_plain_file_planted_in_a_template_directory_is_never_restored_from() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names.len(), 2, "{names:?}");
+    assert_eq!(names.len(), 3, "{names:?}");
     assert!(
-        names[0].ends_with(".sha256") && names[1].ends_with(".snap"),
+        names[0].ends_with(".ram") && names[1].ends_with(".sha256") && names[2].ends_with(".snap"),
         "{names:?}"
     );
     // A snapshot whose bytes change under it is not restored from: it is remade.
-    let snap = dir.join(&names[1]);
+    let snap = dir.join(&names[2]);
     std::fs::write(&snap, b"SWAPPED\n").unwrap();
     let fresh = MicrovmBackend::new(si.backend.config().clone());
     let mut c = fresh.create_restored(&spec()).unwrap();
     let o = exec_argv(&mut c, &["incoming"]).unwrap();
     assert_eq!(stdout(&o), "FROM-THE-CHANNEL", "{o:?}");
-    for sb in [a, b, c] {
+    // So is one whose RAM file changes: a new one is made (a new inode; the VMs mapping the
+    // old one keep it).
+    let ram = dir.join(&names[0]);
+    let old_ino = std::fs::metadata(&ram).unwrap().ino();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ram)
+        .and_then(|f| std::os::unix::fs::FileExt::write_at(&f, b"CHANGED", 4096))
+        .unwrap();
+    let fresh = MicrovmBackend::new(si.backend.config().clone());
+    let d = fresh.create_restored(&spec()).unwrap();
+    let (_, remade) = frozen_ram_file(&dir);
+    assert_ne!(
+        remade.ino(),
+        old_ino,
+        "a changed RAM file was restored from"
+    );
+    for sb in [a, b, c, d] {
         destroy_and_check(sb);
     }
 }
@@ -1139,7 +1156,12 @@ fn snapshots_are_collected_and_a_template_boot_holds_only_its_own_key() {
     // Each snapshot's RAM file goes with it.
     let rams: Vec<String> = ram_files(&si.backend.config().snapshot_dir)
         .iter()
-        .map(|p| p.file_name().unwrap().to_string_lossy().replace(".ram", ".snap"))
+        .map(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .replace(".ram", ".snap")
+        })
         .collect();
     assert_eq!(rams, second, "RAM files beside the snapshots");
     assert_eq!(
@@ -1405,7 +1427,9 @@ fn file_mapping(pid: i32, ino: u64) -> Option<Mapping> {
     let mut inside = false;
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
-        if f.first().is_some_and(|a| a.contains('-') && !a.ends_with(':')) {
+        if f.first()
+            .is_some_and(|a| a.contains('-') && !a.ends_with(':'))
+        {
             inside = f.get(4).and_then(|i| i.parse::<u64>().ok()) == Some(ino);
             if inside {
                 found = Some(found.unwrap_or(Mapping {
