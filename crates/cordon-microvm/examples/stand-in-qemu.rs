@@ -8,7 +8,8 @@
 //! - `plant-symlink`: while saving a snapshot, puts a link to `../victim` (next to the
 //!   stand-in's own directory) where a snapshot file would be, and `plant-file` a plain
 //!   file saying `PLANTED`;
-//! - `hang-template`: a template VM of more than 1 GiB of RAM never reaches its agent.
+//! - `hang-template`: a template VM of more than 1 GiB of RAM never reaches its agent;
+//! - `grow-ram`: while saving a snapshot, makes its RAM file (`/img/ram`) one page longer.
 //!
 //! Execs run probes named by their argv (see `exec`), reporting on stdout.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -183,6 +184,8 @@ fn say(conn: &mut UnixStream, id: u64, text: &str) {
 /// - `one-byte-frames N`: N output frames of one byte each;
 /// - `connect PATH`: whether a unix socket can be connected to;
 /// - `read PATH`: whether a file can be read (and its first bytes);
+/// - `write PATH`: whether a file can be opened for writing (without creating it);
+/// - `unlink PATH`: whether a file can be removed;
 /// - `ls PATH`: a directory's entries;
 /// - `whoami`: uid, pid and whether the process is dumpable;
 /// - `syscall NAME`: makes a system call QEMU has no use for and reports its result.
@@ -191,6 +194,13 @@ fn exec(conn: &mut UnixStream, id: u64, argv: &[String], args: &Args) {
     match arg(0).as_str() {
         "incoming" => {
             let text = match args.incoming.as_deref() {
+                // `-incoming defer`: the launcher hands the snapshot as descriptor 3 and
+                // names it in `migrate-incoming`.
+                Some("defer") => {
+                    // SAFETY: the launcher passed this descriptor to be read.
+                    let f = unsafe { std::fs::File::from_raw_fd(3) };
+                    first_line(f)
+                }
                 Some(s) if s.starts_with("fd:") => {
                     let fd: RawFd = s[3..].parse().unwrap();
                     // SAFETY: the launcher passed this descriptor to be read.
@@ -235,6 +245,19 @@ fn exec(conn: &mut UnixStream, id: u64, argv: &[String], args: &Args) {
         "read" => {
             let r = std::fs::read(arg(1))
                 .map(|b| String::from_utf8_lossy(&b[..b.len().min(32)]).into_owned());
+            say(conn, id, &format!("{r:?}"));
+            exited(conn, id, 0);
+        }
+        "write" => {
+            let r = std::fs::OpenOptions::new()
+                .write(true)
+                .open(arg(1))
+                .map(|_| "opened for writing");
+            say(conn, id, &format!("{r:?}"));
+            exited(conn, id, 0);
+        }
+        "unlink" => {
+            let r = std::fs::remove_file(arg(1)).map(|()| "removed");
             say(conn, id, &format!("{r:?}"));
             exited(conn, id, 0);
         }
@@ -363,6 +386,13 @@ fn migrate(uri: &str, fd: Option<RawFd>, how: &str) {
         "plant-file" => {
             std::fs::write(&tmp, b"PLANTED\n").and_then(|()| std::fs::rename(&tmp, &path))
         }
+        "grow-ram" => std::fs::OpenOptions::new()
+            .write(true)
+            .open("/img/ram")
+            .and_then(|f| {
+                let len = f.metadata()?.len();
+                f.set_len(len + 4096)
+            }),
         _ => Ok(()),
     };
     if let Err(e) = planted {

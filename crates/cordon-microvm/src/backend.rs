@@ -21,7 +21,7 @@ use crate::MicrovmError;
 use crate::egress::{EgressTuning, VmEgress};
 use crate::image::{self, Image};
 use crate::qemu::{self, Accel, RunAs, Vm, VmParams};
-use crate::snapshots::SnapshotStore;
+use crate::snapshots::{Snapshot, SnapshotStore};
 use cordon_host::agent::{self, AgentConn, CallError, HEADER_ROOM};
 
 /// Decides whether KVM is really usable here: `/dev/kvm` alone is not enough (a paravirtual
@@ -108,6 +108,11 @@ pub struct MicrovmConfig {
     /// sandbox's first real exec does not pay for translating the exec path's guest code
     /// (`CORDON_MICROVM_WARM_UP=0` turns it off). Nothing of it stays in the sandbox.
     pub warm_up: bool,
+    /// Snapshots keep the guest's RAM in a file of the snapshot store that every VM restored
+    /// from it maps private and copy-on-write, so the pages no VM writes are paid once
+    /// (`CORDON_MICROVM_SHARED_RAM=0` turns it off: snapshots of the old format, the whole
+    /// RAM in the stream, read into each VM's own memory).
+    pub shared_ram: bool,
 }
 
 impl MicrovmConfig {
@@ -133,6 +138,7 @@ impl MicrovmConfig {
             snapshot_max_bytes: 2 << 30,
             file_timeout: Duration::from_secs(60),
             warm_up: std::env::var("CORDON_MICROVM_WARM_UP").map_or(true, |v| v != "0"),
+            shared_ram: std::env::var("CORDON_MICROVM_SHARED_RAM").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -260,6 +266,7 @@ impl MicrovmBackend {
             image,
             incoming: false,
             egress: shared_egress::wanted(spec),
+            shared_ram: false,
         }
     }
 
@@ -331,6 +338,7 @@ impl MicrovmBackend {
         let mut params = self.params(spec, image);
         let snapshot = if mode == StartMode::Restore {
             params.incoming = true;
+            params.shared_ram = self.cfg.shared_ram;
             Some(self.ensure_snapshot(&params)?)
         } else {
             None
@@ -386,7 +394,16 @@ impl MicrovmBackend {
                 sb.egress = Some(VmEgress::start(id.as_str(), spec, &self.cfg.egress_tuning)?);
             }
             let run_as = sb.run_as()?;
-            let (vm, ctrl, port) = Vm::start(&params, &dir, run_as, procs, snapshot.as_ref())?;
+            let (vm, ctrl, port) = Vm::start(
+                &params,
+                &dir,
+                run_as,
+                procs,
+                snapshot.as_ref().map(|s| &s.stream),
+                snapshot
+                    .as_ref()
+                    .and_then(|s| s.ram.as_ref().zip(s.ram_path.as_deref())),
+            )?;
             drop(snapshot);
             sb.vm = Some(vm);
             sb.ctrl =
@@ -436,24 +453,24 @@ impl MicrovmBackend {
     /// The snapshot for `params`, opened read-only; a template VM is booted and saved when
     /// there is none. Only this key's lock is held through the boot: sandboxes of other
     /// shapes are created meanwhile.
-    pub fn ensure_snapshot(&self, params: &VmParams) -> Result<fs::File> {
+    pub fn ensure_snapshot(&self, params: &VmParams) -> Result<Snapshot> {
         let key = self.snapshot_key(params);
-        if let Some(f) = self.snapshots.open(&key)? {
-            return Ok(f);
+        if let Some(s) = self.snapshots.open(&key, params.shared_ram)? {
+            return Ok(s);
         }
         let lock = self.snapshots.key_lock(&key);
         let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = self.snapshots.open(&key)? {
-            return Ok(f);
+        if let Some(s) = self.snapshots.open(&key, params.shared_ram)? {
+            return Ok(s);
         }
         let t0 = Instant::now();
-        let (partial_file, partial) = self.snapshots.create_partial()?;
-        let made = self.make_snapshot(params, &partial_file);
-        let installed = made.and_then(|()| self.snapshots.install(&partial, partial_file, &key));
-        let file = match installed {
-            Ok(f) => f,
+        let partial = self
+            .snapshots
+            .create_partial(params.shared_ram.then_some(params.ram_mib << 20))?;
+        let snapshot = match self.make_snapshot(params, &partial) {
+            Ok(()) => self.snapshots.install(partial, &key)?,
             Err(e) => {
-                self.snapshots.discard_partial(&partial);
+                self.snapshots.discard_partial(partial);
                 return Err(e.into());
             }
         };
@@ -461,16 +478,18 @@ impl MicrovmBackend {
         if !removed.is_empty() {
             tracing::info!(?removed, "least recently used microvm snapshots removed");
         }
-        tracing::info!(snapshot = %key, seconds = t0.elapsed().as_secs_f64(), "microvm snapshot made");
-        Ok(file)
+        tracing::info!(snapshot = %key, seconds = t0.elapsed().as_secs_f64(), shared_ram = params.shared_ram, "microvm snapshot made");
+        Ok(snapshot)
     }
 
-    /// Boots a template VM to "agent ready" and has it write its state into `out`, a file
-    /// it gets only as a descriptor.
+    /// Boots a template VM to "agent ready" and has it write its state into the partial
+    /// snapshot's stream, a file it gets only as a descriptor; with its RAM in a file, the
+    /// guest's memory is that file (lent to the template's uid for its life, taken back
+    /// once its QEMU is dead) and the stream holds the device state only.
     fn make_snapshot(
         &self,
         params: &VmParams,
-        out: &fs::File,
+        partial: &crate::snapshots::Partial,
     ) -> std::result::Result<(), MicrovmError> {
         use std::os::fd::AsRawFd;
         let mut tpl = params.clone();
@@ -489,7 +508,15 @@ impl MicrovmBackend {
             gid: uid.uid,
         };
         let made = (|| -> std::result::Result<(), MicrovmError> {
-            let (mut vm, ctrl, _) = Vm::start(&tpl, &dir, run_as, Vec::new(), None)?;
+            self.snapshots.lend_ram(partial, run_as.uid)?;
+            let (mut vm, ctrl, _) = Vm::start(
+                &tpl,
+                &dir,
+                run_as,
+                Vec::new(),
+                None,
+                partial.ram.as_ref().zip(partial.ram_path.as_deref()),
+            )?;
             let mut ctrl =
                 AgentConn::new(ctrl).map_err(|e| MicrovmError::io("the agent socket", e))?;
             let deadline = Instant::now() + self.cfg.boot_timeout;
@@ -509,14 +536,22 @@ impl MicrovmBackend {
                     )));
                 }
             }
-            vm.qmp_many(&[
-                (
-                    "getfd",
-                    json!({"fdname": "snapshot"}),
-                    Some(out.as_raw_fd()),
-                ),
-                ("migrate", json!({"uri": "fd:snapshot"}), None),
-            ])?;
+            let mut commands = Vec::new();
+            if tpl.shared_ram {
+                // The RAM stays in its file: the stream carries the device state only.
+                commands.push((
+                    "migrate-set-capabilities",
+                    json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]}),
+                    None,
+                ));
+            }
+            commands.push((
+                "getfd",
+                json!({"fdname": "snapshot"}),
+                Some(partial.stream.as_raw_fd()),
+            ));
+            commands.push(("migrate", json!({"uri": "fd:snapshot"}), None));
+            vm.qmp_many(&commands)?;
             let deadline = Instant::now() + Duration::from_secs(120);
             loop {
                 let st = vm.qmp("query-migrate", json!({}))?;
@@ -537,10 +572,12 @@ impl MicrovmBackend {
             vm.kill();
             Ok(())
         })();
-        // QEMU is dead (killed or dropped) before its directory goes and its uid returns.
+        // QEMU is dead (killed or dropped) before the RAM file is taken back, its directory
+        // goes and its uid returns.
+        let reclaimed = self.snapshots.reclaim(partial);
         let _ = fs::remove_dir_all(&dir);
         drop(uid);
-        made
+        made.and(reclaimed)
     }
 
     /// Removes every snapshot (they are remade on demand).

@@ -24,6 +24,8 @@ pub const PORT_NAME: &str = "cordon.agent";
 pub const JAIL_VM_DIR: &str = "/vm";
 /// The descriptor a restoring QEMU reads its snapshot from.
 pub const INCOMING_FD: i32 = 3;
+/// Where QEMU sees the snapshot's RAM file, inside its private root.
+pub const JAIL_RAM: &str = "/img/ram";
 /// The most of QEMU's log and the guest console Cordon reads back (their last bytes).
 const LOG_TAIL: u64 = 64 << 10;
 
@@ -60,6 +62,11 @@ pub struct VmParams {
     /// Connect the egress port to a socket Cordon serves (`egress.sock`); otherwise its host
     /// end is QEMU's null device. Not part of the snapshot key: the device model is the same.
     pub egress: bool,
+    /// The guest's RAM is the snapshot's RAM file ([`JAIL_RAM`]), not anonymous memory: a
+    /// template maps it shared (the guest's memory is written into it) and saves only the
+    /// device state (`x-ignore-shared`); a restore maps it private, copy-on-write, from a
+    /// read-only descriptor, so the pages no VM writes are one copy in the page cache.
+    pub shared_ram: bool,
 }
 
 impl VmParams {
@@ -112,9 +119,14 @@ impl VmParams {
                 "max",
             ),
         };
+        let machine = if self.shared_ram {
+            format!("{machine},memory-backend=ram")
+        } else {
+            machine.to_string()
+        };
         let mut a: Vec<String> = [
             "-M",
-            machine,
+            &machine,
             "-accel",
             accel,
             "-cpu",
@@ -137,6 +149,24 @@ impl VmParams {
             self.vcpus.to_string(),
             "-m".into(),
             format!("{}M", self.ram_mib),
+        ]);
+        if self.shared_ram {
+            // `rom=off`: with `readonly=on` the default would make the guest's RAM read-only;
+            // here only the file is, and the private mapping of it is the guest's to write.
+            let sharing = if self.incoming {
+                "share=off,readonly=on,rom=off"
+            } else {
+                "share=on"
+            };
+            a.extend([
+                "-object".into(),
+                format!(
+                    "memory-backend-file,id=ram,size={}M,mem-path={JAIL_RAM},{sharing}",
+                    self.ram_mib
+                ),
+            ]);
+        }
+        a.extend([
             // The console goes to QEMU's stdout: a memory file Cordon opened (and reads with a
             // size cap), so no path in QEMU's directory is ever read back by root.
             "-chardev".into(),
@@ -176,7 +206,14 @@ impl VmParams {
             format!("unix:{},server=on,wait=off", d("qmp.sock")),
         ]);
         if self.incoming {
-            a.extend(["-incoming".into(), format!("fd:{INCOMING_FD}")]);
+            // With its RAM in a file, the `x-ignore-shared` capability must be set before the
+            // stream is read: QMP `migrate-incoming` does it (`Vm::start`).
+            let from = if self.shared_ram {
+                "defer".to_string()
+            } else {
+                format!("fd:{INCOMING_FD}")
+            };
+            a.extend(["-incoming".into(), from]);
         }
         a
     }
@@ -207,14 +244,23 @@ pub struct RunAs {
 impl Vm {
     /// Starts QEMU confined, in `dir` (created fresh, owned by the QEMU user, mode 0700), and
     /// connects to the agent's port. QEMU waits for that connection before it runs the guest.
-    /// `incoming` is the snapshot to restore from (`params.incoming`), opened by Cordon.
+    /// `incoming` is the snapshot to restore from (`params.incoming`), opened by Cordon;
+    /// `ram` the snapshot's RAM file (`params.shared_ram`) and its path in the store, which
+    /// is bound into QEMU's private root (writable only for a template) and checked there to
+    /// be the very file Cordon opened.
     pub fn start(
         params: &VmParams,
         dir: &Path,
         run_as: RunAs,
         cgroup_procs: Vec<PathBuf>,
         incoming: Option<&fs::File>,
+        ram: Option<(&fs::File, &Path)>,
     ) -> Result<(Vm, UnixStream, Option<UnixStream>), MicrovmError> {
+        if params.shared_ram != ram.is_some() {
+            return Err(MicrovmError::Qemu(
+                "a VM whose RAM is a file needs that file (internal error; report it)".into(),
+            ));
+        }
         if let Some(parent) = dir.parent() {
             fs::create_dir_all(parent)
                 .map_err(|e| MicrovmError::io("creating the VM run directory", e))?;
@@ -238,7 +284,7 @@ impl Vm {
             f.try_clone()
                 .map_err(|e| MicrovmError::io("QEMU's log descriptors", e))
         };
-        let jail = jail_for(params, dir)?;
+        let jail = jail_for(params, dir, ram)?;
         let mut cmd = Command::new("/qemu");
         cmd.arg0(&params.qemu)
             .args(params.args())
@@ -301,7 +347,31 @@ impl Vm {
             None
         };
         let agent = vm.connect("agent.sock", "agent")?;
+        if params.incoming && params.shared_ram {
+            vm.migrate_incoming()?;
+        }
         Ok((vm, agent, egress))
+    }
+
+    /// Starts loading the snapshot (descriptor [`INCOMING_FD`]) into a QEMU started with
+    /// `-incoming defer`, with `x-ignore-shared` on: the stream holds no RAM pages, the
+    /// guest's memory is the file already mapped. The guest runs once it is loaded.
+    fn migrate_incoming(&mut self) -> Result<(), MicrovmError> {
+        // QEMU serves QMP once the agent's connection let it go on.
+        drop(self.connect("qmp.sock", "QMP")?);
+        self.qmp_many(&[
+            (
+                "migrate-set-capabilities",
+                json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]}),
+                None,
+            ),
+            (
+                "migrate-incoming",
+                json!({"uri": format!("fd:{INCOMING_FD}")}),
+                None,
+            ),
+        ])?;
+        Ok(())
     }
 
     /// Connects to one of QEMU's server sockets in the VM directory, waiting for it. QEMU
@@ -409,9 +479,15 @@ impl Drop for Vm {
 /// QEMU's private root: a tmpfs (read-only once built) holding only its own directory
 /// (`/vm`), its image files (`/img`, read-only), its binary (`/qemu`), the host's `/usr`
 /// read-only (QEMU's libraries and firmware) with the usual links to it, `/dev/null`,
-/// `/dev/urandom` (and `/dev/kvm` on the KVM path) and the loader cache. No `/proc`, no
-/// other VM's directory, no snapshot store, nothing else of the host.
-fn jail_for(params: &VmParams, dir: &Path) -> Result<sys::Jail, MicrovmError> {
+/// `/dev/urandom` (and `/dev/kvm` on the KVM path) and the loader cache; with its RAM in a
+/// file, that one file at [`JAIL_RAM`] (read-only unless this is the template writing it;
+/// checked once bound to be the inode of Cordon's descriptor). No `/proc`, no other VM's
+/// directory, no snapshot store, nothing else of the host.
+fn jail_for(
+    params: &VmParams,
+    dir: &Path,
+    ram: Option<(&fs::File, &Path)>,
+) -> Result<sys::Jail, MicrovmError> {
     let parent = dir
         .parent()
         .ok_or_else(|| MicrovmError::Qemu("the VM directory has no parent".into()))?;
@@ -482,6 +558,17 @@ fn jail_for(params: &VmParams, dir: &Path) -> Result<sys::Jail, MicrovmError> {
             false,
         ));
     }
+    let mut expect = Vec::new();
+    if let Some((file, path)) = ram {
+        let m = file
+            .metadata()
+            .map_err(|e| MicrovmError::io("reading the snapshot's memory file", e))?;
+        files.push(under("img/ram")?);
+        binds.push((c(path)?, under("img/ram")?, !params.incoming, false));
+        // The store is root's alone, but a snapshot can be collected and remade between the
+        // open and the bind: the bound file must be the one Cordon opened and checked.
+        expect.push((under("img/ram")?, m.dev(), m.ino()));
+    }
     if params.accel == Accel::Kvm {
         files.push(under("dev/kvm")?);
         binds.push((c(Path::new("/dev/kvm"))?, under("dev/kvm")?, true, true));
@@ -493,6 +580,7 @@ fn jail_for(params: &VmParams, dir: &Path) -> Result<sys::Jail, MicrovmError> {
         files,
         links,
         binds,
+        expect,
         old: under(".old")?,
         workdir: CString::new(JAIL_VM_DIR).map_err(|_| MicrovmError::Qemu("bad path".into()))?,
     })

@@ -8,6 +8,16 @@
 //! write. A snapshot is installed with the SHA-256 of its bytes beside it, and its bytes are
 //! checked against that digest the first time this process restores from it. Snapshots
 //! are collected least recently used first, beyond a count and a total size.
+//!
+//! A snapshot taken with its RAM in a file (`<key>.ram`, beside the device state in
+//! `<key>.snap`) holds the guest's memory there instead of in the stream. Cordon creates that
+//! file too; the template's QEMU gets it (owned by its uid, bound into its private root) only
+//! for its life. Once that QEMU is dead the file is taken back: root's, mode 0444, one link,
+//! exactly the guest's RAM size, then hashed; the digest file records both digests. Restores
+//! map it private and copy-on-write, read-only: the page cache of pages no VM writes is
+//! shared by every VM of that snapshot. It is never written, truncated or replaced in place
+//! (a private mapping of a file changed underneath would change the running VMs' memory):
+//! a bad or collected one is only unlinked, and VMs mapping it keep its inode.
 
 use std::collections::HashMap;
 use std::fs;
@@ -28,6 +38,26 @@ use crate::MicrovmError;
 /// One file's identity: device, inode, size.
 type Identity = (u64, u64, u64);
 
+/// A snapshot opened for a restore: the device state (with the whole RAM when `ram` is
+/// `None`, the old format) and the RAM file.
+pub struct Snapshot {
+    pub stream: fs::File,
+    pub ram: Option<fs::File>,
+    /// Where `ram` is in the store (QEMU's private root binds it from there, and checks
+    /// that the bound file is `ram`'s inode).
+    pub ram_path: Option<PathBuf>,
+}
+
+/// A snapshot being made: files Cordon created in the store, not installed yet.
+pub struct Partial {
+    name: String,
+    pub stream: fs::File,
+    /// The RAM file (opened read-write), when the template's RAM is kept in a file.
+    pub ram: Option<fs::File>,
+    pub ram_path: Option<PathBuf>,
+    ram_bytes: u64,
+}
+
 /// See the module documentation.
 pub struct SnapshotStore {
     dir: PathBuf,
@@ -36,8 +66,8 @@ pub struct SnapshotStore {
     max_bytes: u64,
     /// One lock per key: a template boot holds only its own key's.
     making: Mutex<HashMap<String, Arc<Mutex<()>>>>,
-    /// Snapshots whose bytes matched their digest in this process.
-    verified: Mutex<HashMap<String, Identity>>,
+    /// Snapshots whose bytes (stream, RAM file) matched their digests in this process.
+    verified: Mutex<HashMap<String, (Identity, Option<Identity>)>>,
 }
 
 fn io_err(what: &str, e: impl Into<io::Error>) -> MicrovmError {
@@ -50,6 +80,47 @@ fn snap_name(key: &str) -> String {
 
 fn digest_name(key: &str) -> String {
     format!("{key}.sha256")
+}
+
+fn ram_name(key: &str) -> String {
+    format!("{key}.ram")
+}
+
+/// The digest file: the stream's digest on its first line and, for a snapshot whose RAM is
+/// a file, `ram <digest>` on the second. A snapshot of the old format has the first only.
+struct Digests {
+    stream: String,
+    ram: Option<String>,
+}
+
+impl Digests {
+    /// The digests of a snapshot's files.
+    fn of(stream: &fs::File, ram: Option<&fs::File>) -> Result<Digests, MicrovmError> {
+        Ok(Digests {
+            stream: digest_of(stream).map_err(|e| io_err("reading a snapshot", e))?,
+            ram: ram
+                .map(digest_of_sparse)
+                .transpose()
+                .map_err(|e| io_err("reading a snapshot's memory", e))?,
+        })
+    }
+
+    fn parse(text: &str) -> Option<Digests> {
+        let mut lines = text.lines();
+        let stream = lines.next()?.trim().to_string();
+        let ram = match lines.next() {
+            None => None,
+            Some(l) => Some(l.strip_prefix("ram ")?.trim().to_string()),
+        };
+        Some(Digests { stream, ram })
+    }
+
+    fn text(&self) -> String {
+        match &self.ram {
+            None => format!("{}\n", self.stream),
+            Some(r) => format!("{}\nram {r}\n", self.stream),
+        }
+    }
 }
 
 impl SnapshotStore {
@@ -103,34 +174,30 @@ impl SnapshotStore {
             .clone()
     }
 
-    /// The snapshot of `key`, opened read-only, if there is a good one. A file that is not a
-    /// plain root-owned file, or whose bytes do not match its digest, is removed.
-    pub fn open(&self, key: &str) -> Result<Option<fs::File>, MicrovmError> {
+    /// The snapshot of `key`, opened read-only, if there is a good one of the format asked
+    /// for (`with_ram`: its RAM in a file). A file that is not a plain root-owned file (a RAM
+    /// file: mode 0444), or whose bytes do not match its digest, is removed.
+    pub fn open(&self, key: &str, with_ram: bool) -> Result<Option<Snapshot>, MicrovmError> {
         let dir = self.open_dir()?;
-        let fd = match openat(
-            &dir,
-            snap_name(key).as_str(),
-            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(nix::errno::Errno::ENOENT) => return Ok(None),
-            Err(_) => {
-                self.remove(&dir, key);
-                return Ok(None);
-            }
-        };
-        let file = fs::File::from(fd);
-        let meta = file
-            .metadata()
-            .map_err(|e| io_err("reading a snapshot", e))?;
-        let owner = nix::unistd::geteuid().as_raw();
-        if !meta.is_file() || meta.uid() != owner || meta.nlink() != 1 || meta.mode() & 0o022 != 0 {
-            tracing::warn!(key, "a snapshot that is not a private file was removed");
-            self.remove(&dir, key);
+        let Some(stream) = self.open_private(&dir, &snap_name(key), key, 0o022)? else {
             return Ok(None);
-        }
-        let id = (meta.dev(), meta.ino(), meta.size());
+        };
+        let ram = if with_ram {
+            match self.open_private(&dir, &ram_name(key), key, 0o222)? {
+                Some(f) => Some(f),
+                None => {
+                    self.remove(&dir, key);
+                    return Ok(None);
+                }
+            }
+        } else {
+            None
+        };
+        let identity = |f: &fs::File| -> Result<Identity, MicrovmError> {
+            let m = f.metadata().map_err(|e| io_err("reading a snapshot", e))?;
+            Ok((m.dev(), m.ino(), m.size()))
+        };
+        let id = (identity(&stream)?, ram.as_ref().map(identity).transpose()?);
         let known = self
             .verified
             .lock()
@@ -139,8 +206,11 @@ impl SnapshotStore {
             == Some(&id);
         if !known {
             let want = self.read_digest(&dir, key);
-            let have = digest_of(&file).map_err(|e| io_err("reading a snapshot", e))?;
-            if want.as_deref() != Some(have.as_str()) {
+            let have = Digests::of(&stream, ram.as_ref())?;
+            let matches = want
+                .as_ref()
+                .is_some_and(|w| w.stream == have.stream && w.ram == have.ram);
+            if !matches {
                 tracing::warn!(key, "a snapshot did not match its digest and was removed");
                 self.remove(&dir, key);
                 return Ok(None);
@@ -151,11 +221,55 @@ impl SnapshotStore {
                 .insert(key.to_string(), id);
         }
         // Used now: the least recently used snapshots are collected first.
-        let _ = file.set_modified(SystemTime::now());
+        let _ = stream.set_modified(SystemTime::now());
+        let ram_path = ram.as_ref().map(|_| self.dir.join(ram_name(key)));
+        Ok(Some(Snapshot {
+            stream,
+            ram,
+            ram_path,
+        }))
+    }
+
+    /// One of `key`'s files, opened read-only, if it is a plain file of this user's with one
+    /// link and none of the `forbidden` mode bits; otherwise the snapshot is removed.
+    fn open_private(
+        &self,
+        dir: &OwnedFd,
+        name: &str,
+        key: &str,
+        forbidden: u32,
+    ) -> Result<Option<fs::File>, MicrovmError> {
+        let fd = match openat(
+            dir,
+            name,
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ENOENT) => return Ok(None),
+            Err(_) => {
+                self.remove(dir, key);
+                return Ok(None);
+            }
+        };
+        let file = fs::File::from(fd);
+        let meta = file
+            .metadata()
+            .map_err(|e| io_err("reading a snapshot", e))?;
+        let owner = nix::unistd::geteuid().as_raw();
+        if !meta.is_file()
+            || meta.uid() != owner
+            || meta.nlink() != 1
+            || meta.mode() & forbidden != 0
+        {
+            tracing::warn!(key, "a snapshot that is not a private file was removed");
+            self.remove(dir, key);
+            return Ok(None);
+        }
         Ok(Some(file))
     }
 
-    fn read_digest(&self, dir: &OwnedFd, key: &str) -> Option<String> {
+    fn read_digest(&self, dir: &OwnedFd, key: &str) -> Option<Digests> {
         let fd = openat(
             dir,
             digest_name(key).as_str(),
@@ -165,14 +279,16 @@ impl SnapshotStore {
         .ok()?;
         let mut text = String::new();
         fs::File::from(fd)
-            .take(128)
+            .take(512)
             .read_to_string(&mut text)
             .ok()?;
-        Some(text.trim().to_string())
+        Digests::parse(&text)
     }
 
     fn remove(&self, dir: &OwnedFd, key: &str) {
+        // Unlinked only, never truncated: VMs mapping the RAM file keep its inode.
         let _ = unlinkat(dir, snap_name(key).as_str(), UnlinkatFlags::NoRemoveDir);
+        let _ = unlinkat(dir, ram_name(key).as_str(), UnlinkatFlags::NoRemoveDir);
         let _ = unlinkat(dir, digest_name(key).as_str(), UnlinkatFlags::NoRemoveDir);
         self.verified
             .lock()
@@ -180,52 +296,161 @@ impl SnapshotStore {
             .remove(key);
     }
 
-    /// A new, empty, private file for a template VM to write its snapshot into, and its name.
-    pub fn create_partial(&self) -> Result<(fs::File, String), MicrovmError> {
+    /// New, empty, private files for a template VM to write its snapshot into: the stream
+    /// and, with `ram_bytes`, the RAM file of that size (sparse).
+    pub fn create_partial(&self, ram_bytes: Option<u64>) -> Result<Partial, MicrovmError> {
         let dir = self.open_dir()?;
         let mut suffix = [0u8; 6];
         getrandom::fill(&mut suffix)
             .map_err(|e| MicrovmError::Qemu(format!("no randomness: {e}")))?;
         let name = format!("partial-{}", hex::encode(suffix));
-        let fd = openat(
-            &dir,
-            name.as_str(),
-            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o600),
-        )
-        .map_err(|e| io_err("creating a snapshot file", e))?;
-        Ok((fs::File::from(fd), name))
+        let create = |name: &str, flags: OFlag| {
+            openat(
+                &dir,
+                name,
+                OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | flags,
+                Mode::from_bits_truncate(0o600),
+            )
+            .map(fs::File::from)
+            .map_err(|e| io_err("creating a snapshot file", e))
+        };
+        let stream = create(&name, OFlag::O_WRONLY)?;
+        let ram = match ram_bytes {
+            None => None,
+            Some(bytes) => {
+                let made = create(&format!("{name}.ram"), OFlag::O_RDWR).and_then(|f| {
+                    f.set_len(bytes)
+                        .map(|()| f)
+                        .map_err(|e| io_err("sizing a snapshot's memory file", e))
+                });
+                match made {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        let _ = unlinkat(&dir, name.as_str(), UnlinkatFlags::NoRemoveDir);
+                        let _ = unlinkat(
+                            &dir,
+                            format!("{name}.ram").as_str(),
+                            UnlinkatFlags::NoRemoveDir,
+                        );
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        Ok(Partial {
+            ram_path: ram.as_ref().map(|_| self.dir.join(format!("{name}.ram"))),
+            name,
+            stream,
+            ram,
+            ram_bytes: ram_bytes.unwrap_or(0),
+        })
+    }
+
+    /// Lends a partial snapshot's RAM file to the template's QEMU (its uid and gid), which
+    /// maps it shared for its life; [`SnapshotStore::reclaim`] takes it back.
+    pub fn lend_ram(&self, partial: &Partial, uid: u32) -> Result<(), MicrovmError> {
+        if let Some(ram) = &partial.ram {
+            nix::unistd::fchown(
+                ram,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(uid)),
+            )
+            .map_err(|e| io_err("lending the memory file to the template VM", e))?;
+        }
+        Ok(())
+    }
+
+    /// Takes a partial snapshot's RAM file back once the template's QEMU is dead: root's
+    /// again, mode 0444, and refused unless it is still one plain file of one link and
+    /// exactly the guest's RAM size with no more blocks than that.
+    pub fn reclaim(&self, partial: &Partial) -> Result<(), MicrovmError> {
+        let Some(ram) = &partial.ram else {
+            return Ok(());
+        };
+        let me = nix::unistd::geteuid();
+        nix::unistd::fchown(ram, Some(me), Some(nix::unistd::getegid()))
+            .and_then(|()| nix::sys::stat::fchmod(ram, Mode::from_bits_truncate(0o444)))
+            .map_err(|e| io_err("taking the memory file back from the template VM", e))?;
+        let m = ram
+            .metadata()
+            .map_err(|e| io_err("taking the memory file back from the template VM", e))?;
+        let blocks_bytes = m.blocks().saturating_mul(512);
+        if !m.is_file()
+            || m.nlink() != 1
+            || m.size() != partial.ram_bytes
+            || blocks_bytes > partial.ram_bytes + (1 << 20)
+        {
+            return Err(MicrovmError::Qemu(
+                "the template VM left its memory file changed in shape (size, links); the \
+                 snapshot was discarded and is remade on the next create"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Removes a partial snapshot that will not be installed.
-    pub fn discard_partial(&self, name: &str) {
+    pub fn discard_partial(&self, partial: Partial) {
+        self.discard(&partial.name);
+    }
+
+    fn discard(&self, name: &str) {
         if let Ok(dir) = self.open_dir() {
-            let _ = unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir);
+            for n in [
+                name.to_string(),
+                format!("{name}.ram"),
+                format!("{name}.sha256"),
+            ] {
+                let _ = unlinkat(&dir, n.as_str(), UnlinkatFlags::NoRemoveDir);
+            }
         }
     }
 
-    /// Installs a partial snapshot as `key`'s: its digest is recorded first, then it is
-    /// renamed into place. Returns it opened read-only.
-    pub fn install(
-        &self,
-        partial: &str,
-        file: fs::File,
-        key: &str,
-    ) -> Result<fs::File, MicrovmError> {
+    /// Installs a partial snapshot (see `install_files`); on failure its files are removed.
+    pub fn install(&self, partial: Partial, key: &str) -> Result<Snapshot, MicrovmError> {
+        let name = partial.name.clone();
+        self.install_files(partial, key)
+            .inspect_err(|_| self.discard(&name))
+    }
+
+    /// Installs a partial snapshot (its RAM file already reclaimed) as `key`'s: the digests
+    /// are recorded first, then the files are renamed into place (the RAM file before the
+    /// stream, which is what `open` looks for first). Returns it opened read-only.
+    fn install_files(&self, partial: Partial, key: &str) -> Result<Snapshot, MicrovmError> {
         let dir = self.open_dir()?;
-        file.sync_all()
+        let Partial {
+            name, stream, ram, ..
+        } = partial;
+        let ram_partial = format!("{name}.ram");
+        stream
+            .sync_all()
             .map_err(|e| io_err("writing the snapshot", e))?;
-        let reader = openat(
-            &dir,
-            partial,
-            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map(fs::File::from)
-        .map_err(|e| io_err("reading the snapshot back", e))?;
-        drop(file);
-        let sum = digest_of(&reader).map_err(|e| io_err("reading the snapshot back", e))?;
-        let digest_tmp = format!("{partial}.sha256");
+        if let Some(r) = &ram {
+            r.sync_all()
+                .map_err(|e| io_err("writing the snapshot's memory", e))?;
+        }
+        let reopen = |n: &str| {
+            openat(
+                &dir,
+                n,
+                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map(fs::File::from)
+            .map_err(|e| io_err("reading the snapshot back", e))
+        };
+        let reader = reopen(&name)?;
+        drop(stream);
+        let ram_reader = match ram {
+            Some(r) => {
+                let rr = reopen(&ram_partial)?;
+                drop(r);
+                Some(rr)
+            }
+            None => None,
+        };
+        let sums = Digests::of(&reader, ram_reader.as_ref())?;
+        let digest_tmp = format!("{name}.sha256");
         let fd = openat(
             &dir,
             digest_tmp.as_str(),
@@ -234,26 +459,45 @@ impl SnapshotStore {
         )
         .map_err(|e| io_err("recording the snapshot digest", e))?;
         let mut df = fs::File::from(fd);
-        df.write_all(sum.as_bytes())
+        df.write_all(sums.text().as_bytes())
             .and_then(|_| df.sync_all())
             .map_err(|e| io_err("recording the snapshot digest", e))?;
         renameat(&dir, digest_tmp.as_str(), &dir, digest_name(key).as_str())
             .map_err(|e| io_err("recording the snapshot digest", e))?;
-        renameat(&dir, partial, &dir, snap_name(key).as_str())
+        if ram_reader.is_some() {
+            renameat(&dir, ram_partial.as_str(), &dir, ram_name(key).as_str())
+                .map_err(|e| io_err("installing the snapshot's memory", e))?;
+        } else {
+            // A RAM file of an older snapshot of this key is not this one's.
+            let _ = unlinkat(&dir, ram_name(key).as_str(), UnlinkatFlags::NoRemoveDir);
+        }
+        renameat(&dir, name.as_str(), &dir, snap_name(key).as_str())
             .map_err(|e| io_err("installing the snapshot", e))?;
-        let meta = reader
-            .metadata()
-            .map_err(|e| io_err("reading the snapshot back", e))?;
+        let identity = |f: &fs::File| -> Result<Identity, MicrovmError> {
+            let m = f
+                .metadata()
+                .map_err(|e| io_err("reading the snapshot back", e))?;
+            Ok((m.dev(), m.ino(), m.size()))
+        };
+        let id = (
+            identity(&reader)?,
+            ram_reader.as_ref().map(identity).transpose()?,
+        );
         self.verified
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key.to_string(), (meta.dev(), meta.ino(), meta.size()));
-        Ok(reader)
+            .insert(key.to_string(), id);
+        Ok(Snapshot {
+            stream: reader,
+            ram_path: ram_reader.as_ref().map(|_| self.dir.join(ram_name(key))),
+            ram: ram_reader,
+        })
     }
 
-    /// Removes the least recently used snapshots (never `keep`) until at most `max_count`
-    /// remain and they take at most `max_bytes` together. Restored VMs keep reading theirs
-    /// through their own descriptors. Returns the keys removed.
+    /// Removes the least recently used snapshots (never `keep`), each with its RAM file, until
+    /// at most `max_count` remain and they take at most `max_bytes` together (a RAM file
+    /// counts its allocated blocks). Restored VMs keep reading theirs through their own
+    /// descriptors and mappings. Returns the keys removed.
     pub fn collect(&self, keep: &str) -> Vec<String> {
         let Ok(dir) = self.open_dir() else {
             return Vec::new();
@@ -267,7 +511,11 @@ impl SnapshotStore {
                 };
                 let Ok(meta) = e.metadata() else { continue };
                 let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                snaps.push((used, meta.len(), key.to_string()));
+                // A RAM file is sparse: what it takes on disk is its allocated blocks.
+                let ram = fs::symlink_metadata(self.dir.join(ram_name(key)))
+                    .map(|m| m.blocks().saturating_mul(512))
+                    .unwrap_or(0);
+                snaps.push((used, meta.len() + ram, key.to_string()));
             }
         }
         // Newest first; the one just made or used counts as newest.
@@ -297,6 +545,47 @@ impl SnapshotStore {
             _ => Ok(()),
         }
     }
+}
+
+/// SHA-256 of a sparse file's data, read through the descriptor: its size, then each data
+/// extent's offset, length and bytes (`SEEK_DATA`/`SEEK_HOLE`), so the holes of a guest's
+/// never-touched RAM cost nothing to hash. A change to any byte changes it.
+fn digest_of_sparse(f: &fs::File) -> io::Result<String> {
+    use nix::unistd::{Whence, lseek};
+    let size = f.metadata()?.len();
+    let mut h = Sha256::new();
+    h.update(size.to_le_bytes());
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    while off < size {
+        let start = match lseek(f, off as i64, Whence::SeekData) {
+            Ok(s) => s as u64,
+            // No data past `off`: the rest is a hole.
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let end = match lseek(f, start as i64, Whence::SeekHole) {
+            Ok(e) => (e as u64).min(size),
+            Err(e) => return Err(e.into()),
+        };
+        h.update(start.to_le_bytes());
+        h.update((end - start).to_le_bytes());
+        let mut at = start;
+        while at < end {
+            let want = ((end - at) as usize).min(buf.len());
+            let n = f.read_at(&mut buf[..want], at)?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the file shrank while it was hashed",
+                ));
+            }
+            h.update(&buf[..n]);
+            at += n as u64;
+        }
+        off = end;
+    }
+    Ok(hex::encode(h.finalize()))
 }
 
 /// SHA-256 of a whole file, read through the descriptor from offset 0.

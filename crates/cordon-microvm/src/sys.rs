@@ -41,6 +41,8 @@ pub struct Jail {
     pub links: Vec<(CString, CString)>,
     /// Bind mounts `(source, destination, writable, devices)`.
     pub binds: Vec<(CString, CString, bool, bool)>,
+    /// Bound files `(destination, device, inode)` that must be those inodes once bound.
+    pub expect: Vec<(CString, u64, u64)>,
     /// `root/.old`, where the host's root goes before it is detached.
     pub old: CString,
     /// Where QEMU starts, inside the new root.
@@ -191,6 +193,12 @@ fn enter_jail(j: &Jail) -> io::Result<()> {
             flags,
             None::<&CStr>,
         )?;
+    }
+    for (path, dev, ino) in &j.expect {
+        let st = nix::sys::stat::stat(path.as_c_str())?;
+        if st.st_dev != *dev || st.st_ino != *ino {
+            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+        }
     }
     nix::unistd::chdir(j.root.as_c_str())?;
     nix::unistd::pivot_root(c".", j.old.as_c_str())?;

@@ -987,7 +987,7 @@ fn a_plain_file_planted_in_a_template_directory_is_never_restored_from() {
         let o = exec_argv(sb, &["incoming"]).unwrap();
         assert_eq!(stdout(&o), "FROM-THE-CHANNEL", "{o:?}");
     }
-    // The store holds one snapshot and its digest, both root's alone.
+    // The store holds one snapshot (its RAM file and stream) and its digest, root's alone.
     use std::os::unix::fs::MetadataExt;
     let dir = si.backend.config().snapshot_dir.clone();
     assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
@@ -997,19 +997,36 @@ fn a_plain_file_planted_in_a_template_directory_is_never_restored_from() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names.len(), 2, "{names:?}");
+    assert_eq!(names.len(), 3, "{names:?}");
     assert!(
-        names[0].ends_with(".sha256") && names[1].ends_with(".snap"),
+        names[0].ends_with(".ram") && names[1].ends_with(".sha256") && names[2].ends_with(".snap"),
         "{names:?}"
     );
     // A snapshot whose bytes change under it is not restored from: it is remade.
-    let snap = dir.join(&names[1]);
+    let snap = dir.join(&names[2]);
     std::fs::write(&snap, b"SWAPPED\n").unwrap();
     let fresh = MicrovmBackend::new(si.backend.config().clone());
     let mut c = fresh.create_restored(&spec()).unwrap();
     let o = exec_argv(&mut c, &["incoming"]).unwrap();
     assert_eq!(stdout(&o), "FROM-THE-CHANNEL", "{o:?}");
-    for sb in [a, b, c] {
+    // So is one whose RAM file changes: a new one is made (a new inode; the VMs mapping the
+    // old one keep it).
+    let ram = dir.join(&names[0]);
+    let old_ino = std::fs::metadata(&ram).unwrap().ino();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ram)
+        .and_then(|f| std::os::unix::fs::FileExt::write_at(&f, b"CHANGED", 4096))
+        .unwrap();
+    let fresh = MicrovmBackend::new(si.backend.config().clone());
+    let d = fresh.create_restored(&spec()).unwrap();
+    let (_, remade) = frozen_ram_file(&dir);
+    assert_ne!(
+        remade.ino(),
+        old_ino,
+        "a changed RAM file was restored from"
+    );
+    for sb in [a, b, c, d] {
         destroy_and_check(sb);
     }
 }
@@ -1136,6 +1153,17 @@ fn snapshots_are_collected_and_a_template_boot_holds_only_its_own_key() {
     let second = snapshot_names(&si);
     assert_eq!(second.len(), 1, "{second:?}");
     assert_ne!(first, second, "the older snapshot was kept");
+    // Each snapshot's RAM file goes with it.
+    let rams: Vec<String> = ram_files(&si.backend.config().snapshot_dir)
+        .iter()
+        .map(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .replace(".ram", ".snap")
+        })
+        .collect();
+    assert_eq!(rams, second, "RAM files beside the snapshots");
     assert_eq!(
         stdout(&exec_argv(&mut a, &["incoming"]).unwrap()),
         "FROM-THE-CHANNEL"
@@ -1347,4 +1375,219 @@ fn background_execs_run_beside_foreground_ones_and_survive_a_pause() {
     assert_eq!(exit.unwrap().signal, Some(15));
     destroy_and_check(sb);
     finish(env);
+}
+
+/// The snapshot store's RAM files.
+fn ram_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "ram"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The one RAM file of the store, checked frozen: root's, mode 0444, one link.
+fn frozen_ram_file(dir: &Path) -> (std::path::PathBuf, std::fs::Metadata) {
+    use std::os::unix::fs::MetadataExt;
+    let files = ram_files(dir);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let m = std::fs::symlink_metadata(&files[0]).unwrap();
+    assert!(m.is_file());
+    assert_eq!(m.uid(), 0);
+    assert_eq!(m.mode() & 0o7777, 0o444);
+    assert_eq!(m.nlink(), 1);
+    (files[0].clone(), m)
+}
+
+fn sha256_of(path: &Path) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path).unwrap(), &mut h).unwrap();
+    hex::encode(h.finalize())
+}
+
+/// One QEMU's mapping of the file with inode `ino`, from `/proc/PID/smaps` (KiB).
+#[derive(Debug, Clone, Copy)]
+struct Mapping {
+    size: u64,
+    /// Pages of the mapping copied on write: this VM's own.
+    anonymous: u64,
+    /// Pages of the file also mapped by another process.
+    shared: u64,
+}
+
+fn file_mapping(pid: i32, ino: u64) -> Option<Mapping> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut found: Option<Mapping> = None;
+    let mut inside = false;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.first()
+            .is_some_and(|a| a.contains('-') && !a.ends_with(':'))
+        {
+            inside = f.get(4).and_then(|i| i.parse::<u64>().ok()) == Some(ino);
+            if inside {
+                found = Some(found.unwrap_or(Mapping {
+                    size: 0,
+                    anonymous: 0,
+                    shared: 0,
+                }));
+            }
+            continue;
+        }
+        let (Some(m), true) = (found.as_mut(), inside) else {
+            continue;
+        };
+        let kib = f.get(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        match f.first().copied() {
+            Some("Size:") => m.size += kib,
+            Some("Anonymous:") => m.anonymous += kib,
+            Some("Shared_Clean:") | Some("Shared_Dirty:") => m.shared += kib,
+            _ => {}
+        }
+    }
+    found
+}
+
+/// Three VMs restored from one snapshot map its RAM file private and copy-on-write: each
+/// maps the whole file, shares its pages with the others, and owns only the pages it wrote;
+/// one writing 100 MB changes neither the others nor the file.
+#[test]
+fn restored_vms_share_the_snapshot_memory_file_copy_on_write() {
+    let Some(env) = env() else {
+        return;
+    };
+    let mut s = spec();
+    s.limits.tmp_bytes = 128 << 20;
+    let mut vms: Vec<MicrovmSandbox> = (0..3)
+        .map(|_| env.backend.create_restored(&s).unwrap())
+        .collect();
+    let (ram, meta) = frozen_ram_file(&env.backend.config().snapshot_dir);
+    use std::os::unix::fs::MetadataExt;
+    let guest_kib = meta.len() / 1024;
+    let before = sha256_of(&ram);
+    let maps = |vms: &[MicrovmSandbox]| -> Vec<Mapping> {
+        vms.iter()
+            .map(|vm| {
+                let qemu = qemu_child(vm.qemu_pid().unwrap());
+                file_mapping(qemu, meta.ino()).expect("QEMU maps the snapshot's RAM file")
+            })
+            .collect()
+    };
+    let idle = maps(&vms);
+    for m in &idle {
+        assert_eq!(m.size, guest_kib, "the whole guest RAM is the file: {m:?}");
+        assert!(
+            m.anonymous < guest_kib / 4,
+            "an idle restored VM owns only the pages it wrote: {m:?} of {guest_kib} KiB"
+        );
+        assert!(m.shared > 0, "no page shared with the other VMs: {m:?}");
+    }
+
+    let o = exec_argv(
+        &mut vms[0],
+        &[
+            "sh",
+            "-c",
+            "head -c 100000000 /dev/zero > /tmp/big && wc -c < /tmp/big",
+        ],
+    )
+    .unwrap();
+    assert_eq!(stdout(&o).trim(), "100000000", "{o:?}");
+    let after = maps(&vms);
+    assert!(
+        after[0].anonymous >= idle[0].anonymous + 90 * 1024,
+        "the writer's pages are its own: {:?} -> {:?}",
+        idle[0],
+        after[0]
+    );
+    for (i, vm) in vms.iter_mut().enumerate().skip(1) {
+        let o = exec_argv(vm, &["sh", "-c", "test ! -e /tmp/big && echo clean"]).unwrap();
+        assert_eq!(stdout(&o).trim(), "clean", "VM {i}");
+        assert!(
+            after[i].anonymous < idle[i].anonymous + 32 * 1024,
+            "VM {i} grew with another's writes: {:?} -> {:?}",
+            idle[i],
+            after[i]
+        );
+    }
+    assert_eq!(sha256_of(&ram), before, "the RAM file changed");
+    let (_, again) = frozen_ram_file(&env.backend.config().snapshot_dir);
+    assert_eq!(
+        (again.ino(), again.mtime(), again.mtime_nsec()),
+        (meta.ino(), meta.mtime(), meta.mtime_nsec())
+    );
+    for vm in vms {
+        destroy_and_check(vm);
+    }
+    finish(env);
+}
+
+/// A restored QEMU sees the snapshot's RAM file read-only: it can read its memory, but
+/// neither write nor remove the file, and its uid cannot reach the store from the host.
+#[test]
+fn an_escaped_qemu_cannot_write_or_replace_the_snapshot_memory_file() {
+    let Some(si) = stand_in("plain", |_| {}) else {
+        return;
+    };
+    let mut a = si.backend.create_restored(&spec()).unwrap();
+    let dir = si.backend.config().snapshot_dir.clone();
+    let (ram, meta) = frozen_ram_file(&dir);
+    let before = sha256_of(&ram);
+    let mut out = |argv: &[&str]| stdout(&exec_argv(&mut a, argv).unwrap());
+    assert_eq!(out(&["incoming"]), "FROM-THE-CHANNEL");
+    assert!(out(&["ls", "/img"]).contains("\"ram\""));
+    assert!(out(&["read", "/img/ram"]).starts_with("Ok("));
+    for probe in ["write", "unlink"] {
+        let r = out(&[probe, "/img/ram"]);
+        assert!(r.starts_with("Err"), "{probe}: {r}");
+    }
+    let uid = a.qemu_uid().unwrap();
+    let probe = format!(
+        "for mode in ('r+b', 'rb'):\n  try:\n    open({:?}, mode); print('opened', mode)\n  \
+         except OSError as e: print('refused', mode, e.errno)\n",
+        ram.display().to_string()
+    );
+    use std::os::unix::process::CommandExt;
+    let o = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", &probe])
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("refused r+b 13") && text.contains("refused rb 13"),
+        "{text} {o:?}"
+    );
+    use std::os::unix::fs::MetadataExt;
+    let (_, after) = frozen_ram_file(&dir);
+    assert_eq!(after.ino(), meta.ino());
+    assert_eq!(sha256_of(&ram), before);
+    destroy_and_check(a);
+}
+
+/// A template VM that changes its RAM file's shape (here: one page longer) while it holds
+/// it gets no snapshot installed, and nothing of it stays in the store.
+#[test]
+fn a_template_that_reshapes_its_memory_file_gets_no_snapshot() {
+    let Some(si) = stand_in("grow-ram", |_| {}) else {
+        return;
+    };
+    let e = si.backend.create_restored(&spec()).err().expect("refused");
+    let msg = e.to_string();
+    assert!(msg.contains("memory file"), "{msg}");
+    assert!(
+        !msg.contains(&si.backend.config().snapshot_dir.display().to_string()),
+        "{msg}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&si.backend.config().snapshot_dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in the store: {left:?}");
 }

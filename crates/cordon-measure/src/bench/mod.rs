@@ -53,6 +53,9 @@ pub struct BenchArgs {
     /// (default 15; 1.5 with --quick).
     #[arg(long, value_name = "SECONDS")]
     budget: Option<f64>,
+    /// Sandboxes held live at once for the memory figure (default 4; 2 with --quick).
+    #[arg(long, value_name = "N")]
+    live: Option<usize>,
     /// Print one JSON object instead of the tables.
     #[arg(long)]
     json: bool,
@@ -111,6 +114,10 @@ impl Plan {
         let budget = a.budget.unwrap_or(budget);
         if !budget.is_finite() || budget < 0.0 {
             bail!("--budget must be a number of seconds >= 0 (e.g. --budget 10)");
+        }
+        let live = a.live.unwrap_or(live);
+        if live == 0 {
+            bail!("--live must be at least 1 (the memory figure is per live sandbox)");
         }
         let snippets = a.snippets.unwrap_or(snippets);
         if snippets == 0 {
