@@ -1058,7 +1058,10 @@ impl MicrovmSandbox {
         o.extra.accelerator = Some(self.accel.as_str().to_string());
         let exited = exit.is_some();
         let exit = exit.unwrap_or_default();
-        o.timings.program_us = exit.program_us;
+        // The guest's own clock measured the program: it is the guest's word, and a restored
+        // guest's clock under emulation can run ahead of the host's. Never more than the exec
+        // the host timed.
+        o.timings.program_us = exit.program_us.min(o.timings.run_us);
         o.exit_code = exit.code;
         o.signal = exit.signal;
         o.usage.cpu_time_us = exit.cpu_us;
