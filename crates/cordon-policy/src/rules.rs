@@ -210,19 +210,36 @@ impl BenchFigures {
     /// ...]`, where a subject named like a tier is that tier's figure. Other subjects (peers)
     /// are ignored. A row without `measured_unix` (written before rows had their own dates)
     /// is dated by the document's `created_unix`.
+    ///
+    /// A tier's own figure (the in-process row whose subject is the tier's name) is its
+    /// figure; other rows of the tier (a whole CLI process, a template) count only when it
+    /// has none, the fastest of them. Before, the fastest row of any kind won, so on a
+    /// loaded host a CLI row could stand for the tier.
     pub fn from_bench_json(text: &str) -> Result<Self, String> {
         let doc = crate::bench_doc::BenchDoc::parse(text)?;
         let mut out = BenchFigures::default();
+        let own = |f: &crate::bench_doc::Figure, tier: Tier| {
+            f.kind == crate::bench_doc::FigureKind::Tier && f.subject == tier.as_str()
+        };
+        let mut owned: BTreeSet<Tier> = BTreeSet::new();
         for f in &doc.figures {
             let Some(tier) = f.tier.or_else(|| f.subject.parse::<Tier>().ok()) else {
                 continue;
             };
-            if out
-                .median_us
-                .get(&tier)
-                .is_some_and(|old| *old <= f.median_us)
+            let is_own = own(f, tier);
+            if owned.contains(&tier) && !is_own {
+                continue;
+            }
+            if (is_own == owned.contains(&tier))
+                && out
+                    .median_us
+                    .get(&tier)
+                    .is_some_and(|old| *old <= f.median_us)
             {
                 continue;
+            }
+            if is_own {
+                owned.insert(tier);
             }
             out.median_us.insert(tier, f.median_us);
             let when = f

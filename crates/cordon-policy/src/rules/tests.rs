@@ -287,6 +287,17 @@ fn bench_figures_reorder_auto_and_shape_changes_static_order() {
     let d = r.decide(&q, &host).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(d.ranking.order, vec![Tier::Microvm, Tier::Gvisor]);
     assert!(BenchFigures::from_bench_json("{}").is_err());
+    // A tier's own row stands for it even when a whole-CLI row of it measured faster (a
+    // loaded host): before, the fastest row of any kind won. Without an own row, the
+    // fastest other row of the tier counts.
+    let json = r#"{"schema":"cordon-bench/1","created_unix":1,"figures":[
+        {"subject":"cordon-run","kind":"cli","tier":"container","median_us":80000},
+        {"subject":"container","kind":"tier","tier":"container","median_us":300000},
+        {"subject":"cordon-run-gvisor","kind":"cli","tier":"gvisor","median_us":200000},
+        {"subject":"cordon-run-gvisor-2","kind":"cli","tier":"gvisor","median_us":150000}]}"#;
+    let b = BenchFigures::from_bench_json(json).unwrap();
+    assert_eq!(b.median_us.get(&Tier::Container), Some(&300000));
+    assert_eq!(b.median_us.get(&Tier::Gvisor), Some(&150000));
 }
 
 #[test]
