@@ -410,8 +410,9 @@ impl SandboxCgroup {
     /// Creates `<parent>/<name>` with `limits` set: memory and CPU always, the pids
     /// controller only with a process limit.
     pub fn create_in(parent: &str, name: &str, limits: &Limits) -> Result<Self, HostError> {
-        let hier = hierarchy(host_version());
+        // One read of the mount table gives both the version and the controllers' roots.
         let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let hier = hierarchy(version_in(&mounts));
         let mut kinds = vec!["memory", "cpu"];
         if limits.pids.is_some() {
             kinds.push("pids");
