@@ -77,6 +77,7 @@ fn audit_err(e: ServerError) -> ApiError {
 }
 
 mod admit;
+mod contexts;
 mod exec;
 mod files;
 mod pools;
@@ -86,6 +87,7 @@ mod recovery;
 mod sessions;
 
 use exec::NewEventOwned;
+pub use contexts::{CellError, CellStatus};
 pub use exec::{ExecJob, RunJob};
 use pools::Pool;
 pub use recovery::scratch_dir;
