@@ -78,9 +78,7 @@ impl Code {
             Code::TooManySandboxes
             | Code::TooManyExecs
             | Code::TooManyContexts
-            | Code::TooManyFailures => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            | Code::TooManyFailures => StatusCode::TOO_MANY_REQUESTS,
             Code::SandboxBusy | Code::SandboxPaused | Code::ContextBusy => StatusCode::CONFLICT,
             Code::SandboxGone => StatusCode::GONE,
             Code::SandboxFailure | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,

@@ -86,8 +86,8 @@ mod reaper;
 mod recovery;
 mod sessions;
 
-use exec::NewEventOwned;
 pub use contexts::{CellError, CellStatus};
+use exec::NewEventOwned;
 pub use exec::{ExecJob, RunJob};
 use pools::Pool;
 pub use recovery::scratch_dir;

@@ -147,8 +147,8 @@ impl FrameReader {
         loop {
             match find(&self.buf, MARK) {
                 Some(0) => {
-                    let Some(end) = memchr::memchr(b'\n', &self.buf[self.scanned..])
-                        .map(|i| i + self.scanned)
+                    let Some(end) =
+                        memchr::memchr(b'\n', &self.buf[self.scanned..]).map(|i| i + self.scanned)
                     else {
                         self.scanned = self.buf.len();
                         if self.buf.len() > MAX_FRAME {
@@ -239,7 +239,10 @@ mod tests {
         rest.extend(done(2));
         let p = r.push(&rest);
         assert_eq!(p.len(), 1);
-        assert!(matches!(p[0], Piece::Frame(DriverFrame::Done { cell: 2, .. })));
+        assert!(matches!(
+            p[0],
+            Piece::Frame(DriverFrame::Done { cell: 2, .. })
+        ));
     }
 
     #[test]

@@ -627,7 +627,8 @@ impl Service {
         if slot.is_none() {
             // An earlier death left no interpreter: this cell gets a fresh one.
             *slot = Some(self.start_worker(s, ctx, "dead")?);
-            warnings.push("the context's interpreter had ended; this cell ran in a fresh one".into());
+            warnings
+                .push("the context's interpreter had ended; this cell ran in a fresh one".into());
         }
         let Some(w) = slot.as_mut() else {
             return Err(no_context());
