@@ -295,3 +295,57 @@ def test_wasm_refuses_contexts_and_gvisor_javascript_with_a_reason(alice):
             sb.create_context("javascript")
         assert "container" in e.value.fix
         assert sb.contexts() == []
+
+
+def test_a_microvm_context_keeps_state_and_survives_an_interrupt(alice):
+    need("microvm")
+    with alice.create_sandbox(tier="microvm", ttl="5m") as sb:
+        ctx = sb.create_context("python")
+        assert ctx.info["state"] == "ready", ctx.info
+        assert ctx.run("x = 41\nprint('in the vm')", timeout="60s").logs["stdout"] == [
+            "in the vm\n"]
+        assert ctx.run("x + 1", timeout="60s").text == "42"
+        r = ctx.run("import time\ntime.sleep(60)", timeout="2s")
+        assert r.status == "timeout" and not r.restarted, r
+        assert ctx.run("x", timeout="60s").text == "41"
+        r = ctx.run(PNG_CELL, timeout="60s")
+        assert png_chunks(base64.b64decode(r.main_result["image/png"]))[0][0] == b"IHDR"
+        # The microVM's guest has no Node.js: refused with the reason.
+        with pytest.raises(Unsupported):
+            sb.create_context("javascript")
+
+
+@pytest.mark.parametrize("tier", ["container", "gvisor", "microvm"])
+def test_cell_round_trip_figures(alice, server, tier):
+    """Prints the round trip of a `1+1` cell over the API (one kept-alive HTTP connection,
+    as an SDK in a loop would hold): `pytest -s -k figures`. No timed assertion."""
+    need(tier)
+    import http.client
+    import json
+    import statistics
+    from urllib.parse import urlparse
+    from conftest import KEYS
+    with alice.create_sandbox(tier=tier, ttl="5m") as sb:
+        ctx = sb.create_context("python")
+        u = urlparse(server.url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        headers = {"Authorization": f"Bearer {KEYS['alice']}",
+                   "Content-Type": "application/json"}
+        body = json.dumps({"code": "1+1"})
+        path = f"/v1/sandboxes/{sb.id}/contexts/{ctx.id}/run"
+        n = 200 if tier == "container" else 30
+        walls, inside = [], []
+        for i in range(n + 5):
+            t0 = time.perf_counter()
+            conn.request("POST", path, body, headers)
+            r = json.loads(conn.getresponse().read())
+            wall = time.perf_counter() - t0
+            assert r["text"] == "2", r
+            if i >= 5:
+                walls.append(wall * 1e3)
+                inside.append(r["duration_us"] / 1e3)
+        conn.close()
+        walls.sort()
+        print(f"\n[figures] {tier}: 1+1 cell over the API, {n} runs: median "
+              f"{statistics.median(walls):.2f} ms, p90 {walls[int(n * 0.9)]:.2f} ms; "
+              f"server-side (duration_us) median {statistics.median(inside):.2f} ms")
