@@ -22,6 +22,11 @@ fn parse_context_id(id: &str) -> Result<String, ApiError> {
         .ok_or_else(|| ApiError::not_found("code context"))
 }
 
+/// The sandbox and context ids of a context route.
+fn ids((id, cid): (String, String)) -> Result<(String, String), ApiError> {
+    Ok((parse_id(&id)?, parse_context_id(&cid)?))
+}
+
 pub(crate) async fn create(
     State(svc): State<Service>,
     Auth(t): Auth,
@@ -46,20 +51,18 @@ pub(crate) async fn list(
 pub(crate) async fn delete(
     State(svc): State<Service>,
     Auth(t): Auth,
-    Path((id, cid)): Path<(String, String)>,
+    Path(p): Path<(String, String)>,
 ) -> Result<Json<ContextInfo>, ApiError> {
-    let id = parse_id(&id)?;
-    let cid = parse_context_id(&cid)?;
+    let (id, cid) = ids(p)?;
     Ok(Json(svc.delete_context(&t, &id, &cid).await?))
 }
 
 pub(crate) async fn restart(
     State(svc): State<Service>,
     Auth(t): Auth,
-    Path((id, cid)): Path<(String, String)>,
+    Path(p): Path<(String, String)>,
 ) -> Result<Json<ContextInfo>, ApiError> {
-    let id = parse_id(&id)?;
-    let cid = parse_context_id(&cid)?;
+    let (id, cid) = ids(p)?;
     Ok(Json(svc.restart_context(&t, &id, &cid).await?))
 }
 
@@ -68,12 +71,11 @@ pub(crate) async fn restart(
 pub(crate) async fn run(
     State(svc): State<Service>,
     Auth(t): Auth,
-    Path((id, cid)): Path<(String, String)>,
+    Path(p): Path<(String, String)>,
     headers: HeaderMap,
     body: Result<Json<CellBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id)?;
-    let cid = parse_context_id(&cid)?;
+    let (id, cid) = ids(p)?;
     let Json(body) = body.map_err(json_rejection)?;
     let m = mode(&headers, body.stream);
     if m == Mode::Whole {

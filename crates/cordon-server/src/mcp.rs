@@ -281,6 +281,11 @@ fn text(v: &impl serde::Serialize) -> Result<String, String> {
     serde_json::to_string_pretty(v).map_err(|e| format!("internal: {e}"))
 }
 
+/// A service call's answer as a tool's: the JSON of its value, or its error's text.
+fn reply<T: serde::Serialize>(r: Result<T, crate::error::ApiError>) -> Result<String, String> {
+    text(&r.map_err(|e| e.to_string())?)
+}
+
 #[tool_router]
 impl CordonMcp {
     pub fn new(svc: Service, fixed: Option<Tenant>) -> Self {
@@ -541,13 +546,7 @@ impl CordonMcp {
         };
         let body: crate::model::CellBody =
             parse(drop_nulls(json!({"code": a.code, "timeout": a.timeout})))?;
-        text(
-            &self
-                .svc
-                .run_cell(&t, &a.sandbox, &cid, body, None)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.run_cell(&t, &a.sandbox, &cid, body, None).await)
     }
 
     #[tool(
@@ -560,13 +559,7 @@ impl CordonMcp {
     ) -> Result<String, String> {
         let t = self.tenant(&ctx)?;
         let body: crate::model::ContextBody = parse(json!({"lang": a.lang}))?;
-        text(
-            &self
-                .svc
-                .create_context(&t, &a.sandbox, &body)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.create_context(&t, &a.sandbox, &body).await)
     }
 
     #[tool(
@@ -594,13 +587,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<String, String> {
         let t = self.tenant(&ctx)?;
-        text(
-            &self
-                .svc
-                .restart_context(&t, &a.sandbox, &a.context)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.restart_context(&t, &a.sandbox, &a.context).await)
     }
 
     #[tool(description = "End a code context (its interpreter is killed).")]
@@ -610,13 +597,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<String, String> {
         let t = self.tenant(&ctx)?;
-        text(
-            &self
-                .svc
-                .delete_context(&t, &a.sandbox, &a.context)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.delete_context(&t, &a.sandbox, &a.context).await)
     }
 
     #[tool(

@@ -1258,10 +1258,13 @@ mod mcp {
         assert_eq!(
             names,
             [
+                "create_context",
                 "create_sandbox",
+                "delete_context",
                 "destroy",
                 "exec",
                 "kill_exec",
+                "list_contexts",
                 "list_execs",
                 "list_files",
                 "make_dir",
@@ -1270,8 +1273,10 @@ mod mcp {
                 "read_file",
                 "remove_path",
                 "rename_path",
+                "restart_context",
                 "resume_sandbox",
                 "run",
+                "run_code",
                 "start_background",
                 "stat_file",
                 "update_sandbox",
@@ -2616,7 +2621,11 @@ async fn context_routes_check_the_tenant_the_language_and_the_tier() {
         (M::GET, base.clone(), None),
         (M::DELETE, format!("{base}/ctx-1"), None),
         (M::POST, format!("{base}/ctx-1/restart"), None),
-        (M::POST, format!("{base}/ctx-1/run"), Some(json!({"code": "1"}))),
+        (
+            M::POST,
+            format!("{base}/ctx-1/run"),
+            Some(json!({"code": "1"})),
+        ),
     ] {
         let (s, v) = env.call(m.clone(), &p, BOB, body).await;
         assert_eq!(s, 404, "{m} {p}: {v}");
@@ -2624,16 +2633,27 @@ async fn context_routes_check_the_tenant_the_language_and_the_tier() {
     }
     // Unknown or malformed context ids are 404 for the owner too.
     for p in [format!("{base}/ctx-7/run"), format!("{base}/ex-1/run")] {
-        let (s, _) = env.call(M::POST, &p, ALICE, Some(json!({"code": "1"}))).await;
+        let (s, _) = env
+            .call(M::POST, &p, ALICE, Some(json!({"code": "1"})))
+            .await;
         assert_eq!(s, 404, "{p}");
     }
     // Only Python and JavaScript; unknown fields refused.
     let (s, v) = env
         .call(M::POST, &base, ALICE, Some(json!({"lang": "bash"})))
         .await;
-    assert_eq!((s, v["code"].as_str()), (400, Some("invalid_request")), "{v}");
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{v}"
+    );
     let (s, _) = env
-        .call(M::POST, &base, ALICE, Some(json!({"lang": "python", "x": 1})))
+        .call(
+            M::POST,
+            &base,
+            ALICE,
+            Some(json!({"lang": "python", "x": 1})),
+        )
         .await;
     assert_eq!(s, 400);
     // A tier without background execs (this fake one) refuses with the reason, and keeps

@@ -648,7 +648,15 @@ impl Service {
         let grace = self.inner.cfg.sessions.context_grace.0;
         let mut interrupted = false;
         let mut rounds = 0;
+        // Time the sandbox spent paused during the cell does not count against it.
+        let mut paused = Duration::ZERO;
         let ended = loop {
+            if s.is_paused() && s.ending.get().is_none() {
+                let at = Instant::now();
+                std::thread::sleep(Duration::from_millis(20));
+                paused += at.elapsed();
+                continue;
+            }
             let mut seen = Vec::new();
             let (moved, exit) = pump(s, w, &mut seen)?;
             let mut done = None;
@@ -669,7 +677,7 @@ impl Service {
             if let Some(exit) = exit {
                 break Err((exit, None));
             }
-            let waited = t0.elapsed();
+            let waited = t0.elapsed().saturating_sub(paused);
             if !interrupted && waited > timeout + INTERRUPT_SLACK {
                 interrupted = true;
                 let line = DriverRequest::Interrupt { cell }.line();
