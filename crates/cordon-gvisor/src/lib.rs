@@ -510,8 +510,14 @@ impl GvisorSandbox {
         }
         std::fs::write(rootfs.join(AGENT_INSIDE.trim_start_matches('/')), b"")
             .map_err(|e| io("making the agent's mount point", e))?;
-        // Mount points of the host /etc entries the root shows (see `config_json`).
-        for name in cordon_core::HOST_ETC {
+        // Mount points of the host /etc entries a root of the host's /usr shows (see
+        // `config_json`); a template has its own /etc.
+        let host_etc = if self.spec.resolved_template.is_none() {
+            &cordon_core::HOST_ETC[..]
+        } else {
+            &[]
+        };
+        for name in host_etc {
             let host = Path::new("/etc").join(name);
             let inside = rootfs.join("etc").join(name);
             if host.is_dir() {

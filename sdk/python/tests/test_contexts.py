@@ -166,6 +166,11 @@ def test_errors_output_order_and_rich_outputs(alice, tier):
             (w, h) = struct.unpack(">II", dict(png_chunks(p))[b"IHDR"][:8])
             assert w > 100 and h > 100, (w, h)
         assert not any("non-interactive" in t for t in r.logs["stderr"]), r.logs
+        # A subprocess of the cell draws with matplotlib too (the backend is Agg there).
+        r = sb.run_code("import subprocess\nsubprocess.run(['python3', '-c', "
+                        "'import matplotlib.pyplot as p; print(p.get_backend())'])"
+                        ".returncode", timeout="120s")
+        assert r.text == "0" and "".join(r.logs["stdout"]).lower() == "agg\n", r
 
 
 def test_a_javascript_context_keeps_its_variables(alice):

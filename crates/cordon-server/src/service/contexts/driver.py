@@ -259,34 +259,27 @@ def _driver():
                      "data": {"image/png": b64(buf.getvalue()), "text/plain": repr(fig)}})
         plt.close("all")
 
-    # A matplotlib backend whose show() hands figures to the cell's results.
-    shim = types.ModuleType("_cordon_driver")
-    shim.show_figures = show_figures
-    sys.modules["_cordon_driver"] = shim
-    backend_src = (
-        "from matplotlib.backend_bases import FigureManagerBase as FigureManager\n"
-        "from matplotlib.backends.backend_agg import FigureCanvasAgg as FigureCanvas\n"
-        "from _cordon_driver import show_figures as show\n")
-
-    class BackendFinder:
+    # matplotlib draws with Agg (also in subprocesses, through the environment); when this
+    # interpreter imports pyplot, its show() is made to hand figures to the cell's results.
+    class PyplotHook:
         @staticmethod
         def find_spec(name, path=None, target=None):
-            if name != "cordon_mpl_backend":
+            if name != "matplotlib.pyplot":
                 return None
-            import importlib.util
+            import importlib.machinery
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            real = spec.loader.exec_module
 
-            class Loader:
-                @staticmethod
-                def create_module(spec):
-                    return None
+            def exec_module(module):
+                real(module)
+                module.show = show_figures
+            spec.loader.exec_module = exec_module
+            return spec
 
-                @staticmethod
-                def exec_module(module):
-                    exec(backend_src, module.__dict__)
-            return importlib.util.spec_from_loader(name, Loader())
-
-    sys.meta_path.append(BackendFinder)
-    os.environ.setdefault("MPLBACKEND", "module://cordon_mpl_backend")
+    sys.meta_path.insert(0, PyplotHook)
+    os.environ.setdefault("MPLBACKEND", "Agg")
 
     def error_of(e, fname):
         tb = e.__traceback__
