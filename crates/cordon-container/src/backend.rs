@@ -382,6 +382,7 @@ impl ContainerBackend {
             call_timeout: self.cfg.call_timeout,
             ids: Some(ids),
             paused: false,
+            bg_counters: std::collections::HashMap::new(),
         };
         if let Err(e) = sent {
             sb.teardown();
@@ -471,6 +472,16 @@ pub struct ContainerSandbox {
     ids: Option<crate::idpool::IdRange>,
     /// Its processes are frozen.
     paused: bool,
+    /// The cgroup's OOM kills when each background exec started, then whether the OOM
+    /// killer ended it (see [`ContainerSandbox::bg_oom`]).
+    bg_counters: std::collections::HashMap<u64, BgOom>,
+}
+
+/// What the cgroup says of one background exec's memory.
+#[derive(Debug, Clone, Copy)]
+enum BgOom {
+    Started { oom_kills: u64 },
+    Ended { oom_killed: bool },
 }
 
 fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -538,6 +549,23 @@ fn start_init(cfg: &ContainerConfig) -> Result<Started> {
 }
 
 impl ContainerSandbox {
+    /// Whether the OOM killer ended background exec `id`, which ended by `signal`: the
+    /// agent cannot tell on this tier (the sandbox's cgroup is the host's), so the host
+    /// compares the cgroup's OOM count with the one at its start. A SIGKILL while that
+    /// count rose is taken for the OOM killer's (another process's OOM kill at the same
+    /// moment would be taken for it too); the first answer is kept.
+    fn bg_oom(&mut self, id: u64, signal: Option<i32>) -> bool {
+        let now = self.cgroup.as_ref().map(|c| c.counters());
+        let Some(entry) = self.bg_counters.get_mut(&id) else {
+            return false;
+        };
+        if let BgOom::Started { oom_kills } = *entry {
+            let oom = now.is_some_and(|c| signal == Some(9) && c.oom_kills > oom_kills);
+            *entry = BgOom::Ended { oom_killed: oom };
+        }
+        matches!(*entry, BgOom::Ended { oom_killed: true })
+    }
+
     /// Sends the init its join and waits for the agent's hello.
     fn start(&mut self, cfg: &ContainerConfig, join: &InitJoin) -> Result<()> {
         let Some(host) = self.init_sock.take() else {
@@ -999,12 +1027,24 @@ impl Sandbox for ContainerSandbox {
         let id = self.next_exec;
         self.next_exec += 1;
         let request = parts.background(id);
+        if let Some(c) = self.cgroup.as_ref().map(|c| c.counters()) {
+            self.bg_counters.insert(
+                id,
+                BgOom::Started {
+                    oom_kills: c.oom_kills,
+                },
+            );
+        }
         self.file_call(|io| cordon_host::procs::start(io, &request))?;
         Ok(id)
     }
 
     fn read_background(&mut self, id: u64, from: [u64; 2], max: u64) -> Result<ProcOutput> {
-        self.file_call(|io| cordon_host::procs::read(io, id, from, max))
+        let mut out = self.file_call(|io| cordon_host::procs::read(io, id, from, max))?;
+        if let Some(exit) = out.exit.as_mut() {
+            exit.oom_killed |= self.bg_oom(id, exit.signal);
+        }
+        Ok(out)
     }
 
     fn write_background(&mut self, id: u64, data: &[u8]) -> Result<()> {

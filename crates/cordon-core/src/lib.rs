@@ -30,9 +30,9 @@ pub use report::{
 };
 pub use run::{FileIn, FileOut, run_once};
 pub use spec::{
-    EgressPolicy, Grant, GrantSecret, Language, Limits, MintedToken, ResolvedTemplate, SandboxSpec,
-    SecretValue, Tier, TokenMinter, WORKDIR, Weakening, default_grant_header, validate_sandbox_dir,
-    validate_sandbox_path, validate_template_name,
+    EgressPolicy, Grant, GrantSecret, HOST_ETC, Language, Limits, MintedToken, ResolvedTemplate,
+    SandboxSpec, SecretValue, Tier, TokenMinter, WORKDIR, Weakening, default_grant_header,
+    validate_sandbox_dir, validate_sandbox_path, validate_template_name,
 };
 
 /// Cordon's data dir by default: `$CORDON_HOME`, else `/var/lib/cordon` for root, else

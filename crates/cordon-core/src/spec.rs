@@ -11,6 +11,12 @@ use crate::{Error, Result};
 /// The writable workspace inside every sandbox; files in and out must stay under it.
 pub const WORKDIR: &str = "/work";
 
+/// Entries of the host's `/etc` that a sandbox root made of the host's `/usr` shows,
+/// read-only: package data that `/usr` points into through symlinks (Debian's
+/// alternatives, through which numpy finds `libblas.so.3`; matplotlib's defaults). No other
+/// host `/etc` entry is ever visible, and none of these holds a secret.
+pub const HOST_ETC: [&str; 2] = ["alternatives", "matplotlibrc"];
+
 /// An isolation tier. Walls and costs differ; see the README's tier table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -514,6 +514,22 @@ impl GvisorSandbox {
         }
         std::fs::write(rootfs.join(AGENT_INSIDE.trim_start_matches('/')), b"")
             .map_err(|e| io("making the agent's mount point", e))?;
+        // Mount points of the host /etc entries a root of the host's /usr shows (see
+        // `config_json`); a template has its own /etc.
+        let host_etc = if self.spec.resolved_template.is_none() {
+            &cordon_core::HOST_ETC[..]
+        } else {
+            &[]
+        };
+        for name in host_etc {
+            let host = Path::new("/etc").join(name);
+            let inside = rootfs.join("etc").join(name);
+            if host.is_dir() {
+                std::fs::create_dir(&inside).map_err(|e| io("making /etc's mount points", e))?;
+            } else if host.is_file() {
+                std::fs::write(&inside, b"").map_err(|e| io("making /etc's mount points", e))?;
+            }
+        }
         for (name, content) in etc_files(self.uid) {
             std::fs::write(rootfs.join("etc").join(name), content)
                 .map_err(|e| io("writing /etc", e))?;
@@ -609,6 +625,16 @@ impl GvisorSandbox {
                 SANDBOX_PROXY_PORT.to_string(),
                 SOCKET_INSIDE.to_string(),
             ]);
+        }
+        if template.is_none() {
+            // The few host /etc entries that /usr points into, read-only (made in `build`).
+            for name in cordon_core::HOST_ETC {
+                let host = Path::new("/etc").join(name);
+                if host.exists() {
+                    let host = host.display().to_string();
+                    mounts.push(serde_json::json!({"destination": host, "type": "bind", "source": host, "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}));
+                }
+            }
         }
         if template.is_some() {
             // Cordon's /etc files (and the egress CA) over the template's own.

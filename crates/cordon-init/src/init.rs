@@ -607,6 +607,18 @@ fn build_root(setup: &InitSetup) -> Result<(), String> {
         }
     }
     make_tree(new, setup)?;
+    // The few host /etc entries that /usr points into, read-only.
+    for name in cordon_core::HOST_ETC {
+        let host = Path::new("/etc").join(name);
+        let inside = new.join("etc").join(name);
+        let made = match fs::metadata(&host) {
+            Ok(m) if m.is_dir() => fs::create_dir(&inside),
+            Ok(m) if m.is_file() => fs::write(&inside, b""),
+            _ => continue,
+        };
+        made.map_err(io(format!("creating {}", inside.display())))?;
+        bind_ro(&host, &inside, MsFlags::MS_NODEV | MsFlags::MS_NOEXEC)?;
+    }
     mount_pieces(new, setup)
 }
 

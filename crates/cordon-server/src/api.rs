@@ -50,6 +50,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/sandboxes/{id}/files/mkdir"),
     ("put", "/v1/sandboxes/{id}/archive"),
     ("get", "/v1/sandboxes/{id}/archive"),
+    ("post", "/v1/sandboxes/{id}/contexts"),
+    ("get", "/v1/sandboxes/{id}/contexts"),
+    ("delete", "/v1/sandboxes/{id}/contexts/{context_id}"),
+    ("post", "/v1/sandboxes/{id}/contexts/{context_id}/restart"),
+    ("post", "/v1/sandboxes/{id}/contexts/{context_id}/run"),
     ("post", "/v1/run"),
     ("get", "/v1/audit"),
     ("post", "/mcp"),
@@ -255,6 +260,22 @@ pub fn router(svc: Service) -> Router {
         .route(
             "/v1/sandboxes/{id}/files/mkdir",
             post(crate::api_files::mkdir),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts",
+            post(crate::api_contexts::create).get(crate::api_contexts::list),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{context_id}",
+            axum::routing::delete(crate::api_contexts::delete),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{context_id}/restart",
+            post(crate::api_contexts::restart),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{context_id}/run",
+            post(crate::api_contexts::run),
         )
         .route("/v1/run", post(run))
         .route("/v1/audit", get(audit))
@@ -546,13 +567,13 @@ async fn destroy(
 
 /// How a client wants an exec's result.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
     Whole,
     Ndjson,
     Sse,
 }
 
-fn mode(headers: &HeaderMap, stream: bool) -> Mode {
+pub(crate) fn mode(headers: &HeaderMap, stream: bool) -> Mode {
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -755,8 +776,19 @@ fn frame(mode: Mode, event: &str, payload: serde_json::Value) -> Bytes {
 /// Streams output chunks as they come, then the outcome (or the error) as the last event.
 fn stream_response(
     mode: Mode,
-    mut rx: mpsc::UnboundedReceiver<Chunk>,
+    rx: mpsc::UnboundedReceiver<Chunk>,
     fut: impl std::future::Future<Output = Result<ExecOutcome, ApiError>> + Send + 'static,
+) -> Response {
+    stream_events(mode, rx, fut, "outcome")
+}
+
+/// Streams output chunks as they come, then the end (or the error) as the last event:
+/// `last` names its event and the field that holds it.
+pub(crate) fn stream_events<T: serde::Serialize + Send + 'static>(
+    mode: Mode,
+    mut rx: mpsc::UnboundedReceiver<Chunk>,
+    fut: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+    last: &'static str,
 ) -> Response {
     let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     tokio::spawn(async move {
@@ -802,7 +834,7 @@ fn stream_response(
             }
         }
         let last = match result {
-            Ok(o) => frame(mode, "outcome", json!({"outcome": o})),
+            Ok(o) => frame(mode, last, json!({ last: o })),
             Err(e) => frame(mode, "error", json!({"error": e.to_json()})),
         };
         let _ = out_tx.send(Ok(last)).await;

@@ -46,6 +46,13 @@ pub struct SessionLimits {
     /// How long a sandbox may stay paused (its TTL clock stands still meanwhile); past it
     /// the reaper destroys it.
     pub paused_ttl: Dur,
+    /// Code contexts (long-lived interpreters) one sandbox may hold at once.
+    pub max_contexts: usize,
+    /// How long a cell past its timeout has to stop after its interrupt before its
+    /// interpreter is killed (and started again, its state lost).
+    pub context_grace: Dur,
+    /// How long a new context's interpreter has to start.
+    pub context_start_timeout: Dur,
 }
 
 impl Default for SessionLimits {
@@ -61,6 +68,9 @@ impl Default for SessionLimits {
             max_background_execs: 8,
             kill_grace: Dur(Duration::from_secs(5)),
             paused_ttl: Dur(Duration::from_secs(3600)),
+            max_contexts: 4,
+            context_grace: Dur(Duration::from_secs(2)),
+            context_start_timeout: Dur(Duration::from_secs(60)),
         }
     }
 }

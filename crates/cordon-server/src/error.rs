@@ -47,8 +47,10 @@ pub enum Code {
     LayerUnavailable,
     TooManySandboxes,
     TooManyExecs,
+    TooManyContexts,
     TooManyFailures,
     SandboxBusy,
+    ContextBusy,
     SandboxPaused,
     SandboxGone,
     SandboxFailure,
@@ -73,10 +75,11 @@ impl Code {
             Code::PolicyDenied => StatusCode::FORBIDDEN,
             Code::TierUnavailable | Code::LayerUnavailable => StatusCode::UNPROCESSABLE_ENTITY,
             Code::GrantUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Code::TooManySandboxes | Code::TooManyExecs | Code::TooManyFailures => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
-            Code::SandboxBusy | Code::SandboxPaused => StatusCode::CONFLICT,
+            Code::TooManySandboxes
+            | Code::TooManyExecs
+            | Code::TooManyContexts
+            | Code::TooManyFailures => StatusCode::TOO_MANY_REQUESTS,
+            Code::SandboxBusy | Code::SandboxPaused | Code::ContextBusy => StatusCode::CONFLICT,
             Code::SandboxGone => StatusCode::GONE,
             Code::SandboxFailure | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Code::ShuttingDown | Code::StorageLow => StatusCode::SERVICE_UNAVAILABLE,
@@ -98,6 +101,8 @@ impl Code {
             Code::LayerUnavailable => "layer_unavailable",
             Code::TooManySandboxes => "too_many_sandboxes",
             Code::TooManyExecs => "too_many_execs",
+            Code::TooManyContexts => "too_many_contexts",
+            Code::ContextBusy => "context_busy",
             Code::SandboxPaused => "sandbox_paused",
             Code::TooManyFailures => "too_many_failures",
             Code::SandboxBusy => "sandbox_busy",

@@ -9,6 +9,7 @@
 //! [`Backend`]: cordon_core::Backend
 
 pub mod api;
+pub mod api_contexts;
 pub mod api_files;
 pub mod audit;
 pub mod config;

@@ -194,6 +194,39 @@ pub struct KillArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct RunCodeArgs {
+    /// The sandbox id from create_sandbox.
+    pub sandbox: String,
+    /// One cell of code; the value of its last expression comes back as `text`.
+    pub code: String,
+    /// A context id (ctx-<n>) from create_context; left out: the sandbox's default context
+    /// of `lang`, made at its first use.
+    #[serde(default)]
+    pub context: Option<String>,
+    /// python (default) or javascript; only without `context`.
+    #[serde(default)]
+    pub lang: Option<String>,
+    /// The cell's timeout such as "30s"; past it the cell is interrupted and the context
+    /// keeps its state.
+    #[serde(default)]
+    pub timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ContextArgs {
+    pub sandbox: String,
+    /// python or javascript.
+    pub lang: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ContextIdArgs {
+    pub sandbox: String,
+    /// The context's id (ctx-<n>) from create_context or list_contexts.
+    pub context: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct UpdateArgs {
     pub sandbox: String,
     /// A new lifetime from its creation, such as "30m" (paused time is not counted).
@@ -246,6 +279,11 @@ impl CordonMcp {
 
 fn text(v: &impl serde::Serialize) -> Result<String, String> {
     serde_json::to_string_pretty(v).map_err(|e| format!("internal: {e}"))
+}
+
+/// A service call's answer as a tool's: the JSON of its value, or its error's text.
+fn reply<T: serde::Serialize>(r: Result<T, crate::error::ApiError>) -> Result<String, String> {
+    text(&r.map_err(|e| e.to_string())?)
 }
 
 #[tool_router]
@@ -481,6 +519,85 @@ impl CordonMcp {
                 .await
                 .map_err(|e| e.to_string())?,
         )
+    }
+
+    #[tool(
+        description = "Run a cell of Python (or JavaScript) in a sandbox's long-lived interpreter: variables, imports and open files persist from one call to the next. Returns status (ok, error, timeout, died), text (the last expression's value), results (MIME bundles: image/png base64 from matplotlib or _repr_png_, text/html, application/json), logs (stdout, stderr) and error (name, value, traceback)."
+    )]
+    async fn run_code(
+        &self,
+        Parameters(a): Parameters<RunCodeArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let cid = match a.context {
+            Some(c) => c,
+            None => {
+                let body: crate::model::ContextBody = parse(json!({
+                    "lang": a.lang.unwrap_or_else(|| "python".into()),
+                    "default": true,
+                }))?;
+                self.svc
+                    .create_context(&t, &a.sandbox, &body)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .id
+            }
+        };
+        let body: crate::model::CellBody =
+            parse(drop_nulls(json!({"code": a.code, "timeout": a.timeout})))?;
+        reply(self.svc.run_cell(&t, &a.sandbox, &cid, body, None).await)
+    }
+
+    #[tool(
+        description = "Start a code context (python or javascript) in a sandbox: a long-lived interpreter for run_code. Returns its id (ctx-<n>)."
+    )]
+    async fn create_context(
+        &self,
+        Parameters(a): Parameters<ContextArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let body: crate::model::ContextBody = parse(json!({"lang": a.lang}))?;
+        reply(self.svc.create_context(&t, &a.sandbox, &body).await)
+    }
+
+    #[tool(
+        description = "List a sandbox's code contexts: id, lang, state (ready, running, dead), execution_count."
+    )]
+    async fn list_contexts(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let v = self
+            .svc
+            .list_contexts(&t, &a.sandbox)
+            .map_err(|e| e.to_string())?;
+        text(&json!({ "contexts": v }))
+    }
+
+    #[tool(
+        description = "Restart a code context's interpreter: every variable and import is gone."
+    )]
+    async fn restart_context(
+        &self,
+        Parameters(a): Parameters<ContextIdArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        reply(self.svc.restart_context(&t, &a.sandbox, &a.context).await)
+    }
+
+    #[tool(description = "End a code context (its interpreter is killed).")]
+    async fn delete_context(
+        &self,
+        Parameters(a): Parameters<ContextIdArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        reply(self.svc.delete_context(&t, &a.sandbox, &a.context).await)
     }
 
     #[tool(

@@ -355,3 +355,89 @@ pub struct PatchRequest {
     #[serde(default)]
     pub idle_timeout: Option<Dur>,
 }
+
+/// `POST /v1/sandboxes/{id}/contexts`: a long-lived interpreter for code cells.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextBody {
+    /// `python` or `javascript`.
+    pub lang: String,
+    /// The sandbox's default context of this language: answered if it exists, made if not
+    /// (what `run_code` without a context uses).
+    #[serde(default)]
+    pub default: bool,
+}
+
+/// A code context as listed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ContextInfo {
+    pub id: String,
+    pub lang: Language,
+    /// The sandbox's default context of its language.
+    pub default: bool,
+    /// `ready`, `running` (a cell is running) or `dead` (its interpreter could not be
+    /// started again: restart it or delete it).
+    pub state: String,
+    pub created_ms: i64,
+    /// When its current interpreter started (a restart starts a new one).
+    pub started_ms: i64,
+    /// Cells run in its current interpreter.
+    pub execution_count: u64,
+    /// The interpreter's version (`3.11.2`, `v20.20.2`).
+    pub version: String,
+    /// How many times its interpreter was started again (restart, death, stuck cell).
+    pub restarts: u64,
+}
+
+/// `POST /v1/sandboxes/{id}/contexts/{context_id}/run`: one cell.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellBody {
+    pub code: String,
+    /// The cell's timeout (`"5s"` or seconds); default the sandbox's timeout, at most the
+    /// server's limit.
+    #[serde(default)]
+    pub timeout: Option<Dur>,
+    /// Stream events as NDJSON (also chosen by `Accept: application/x-ndjson`).
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// One rich output of a cell: MIME type to data (binary types base64, JSON as its text).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CellOutput {
+    /// The value of the cell's last expression (at most one per cell).
+    pub main: bool,
+    pub data: BTreeMap<String, String>,
+}
+
+/// A cell's standard output and error, in the order each was written.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CellLogs {
+    pub stdout: Vec<String>,
+    pub stderr: Vec<String>,
+}
+
+/// What a cell did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CellResult {
+    pub context: String,
+    /// `ok`, `error`, `timeout` (interrupted; the context keeps its state) or `died` (the
+    /// interpreter ended: out of memory, killed, or stuck past the grace after its
+    /// timeout; `restarted` says whether a fresh one took its place).
+    pub status: crate::service::CellStatus,
+    /// The text of the last expression's value (`text/plain` of the main output).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    pub results: Vec<CellOutput>,
+    pub logs: CellLogs,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::service::CellError>,
+    /// The cell's number in this interpreter (0 when it died).
+    pub execution_count: u64,
+    /// A fresh interpreter replaced the one that died: earlier state is gone.
+    pub restarted: bool,
+    pub duration_us: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}

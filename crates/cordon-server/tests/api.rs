@@ -1258,10 +1258,13 @@ mod mcp {
         assert_eq!(
             names,
             [
+                "create_context",
                 "create_sandbox",
+                "delete_context",
                 "destroy",
                 "exec",
                 "kill_exec",
+                "list_contexts",
                 "list_execs",
                 "list_files",
                 "make_dir",
@@ -1270,8 +1273,10 @@ mod mcp {
                 "read_file",
                 "remove_path",
                 "rename_path",
+                "restart_context",
                 "resume_sandbox",
                 "run",
+                "run_code",
                 "start_background",
                 "stat_file",
                 "update_sandbox",
@@ -2604,4 +2609,73 @@ async fn an_archive_upload_in_flight_keeps_the_sandbox_busy() {
     assert_eq!(v["entries"].as_array().unwrap().len(), 2, "{v}");
     let (s, o) = env.exec(ALICE, &id, json!({"argv": ["echo", "x"]})).await;
     assert_eq!(s, 200, "{o}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_routes_check_the_tenant_the_language_and_the_tier() {
+    let env = start().await;
+    let id = env.create(ALICE, json!({"tier": "container"})).await;
+    let base = format!("/v1/sandboxes/{id}/contexts");
+    // Another tenant: 404 on every context route, exactly like an unknown sandbox.
+    for (m, p, body) in [
+        (M::POST, base.clone(), Some(json!({"lang": "python"}))),
+        (M::GET, base.clone(), None),
+        (M::DELETE, format!("{base}/ctx-1"), None),
+        (M::POST, format!("{base}/ctx-1/restart"), None),
+        (
+            M::POST,
+            format!("{base}/ctx-1/run"),
+            Some(json!({"code": "1"})),
+        ),
+    ] {
+        let (s, v) = env.call(m.clone(), &p, BOB, body).await;
+        assert_eq!(s, 404, "{m} {p}: {v}");
+        assert_eq!(v["code"], "not_found");
+    }
+    // Unknown or malformed context ids are 404 for the owner too.
+    for p in [format!("{base}/ctx-7/run"), format!("{base}/ex-1/run")] {
+        let (s, _) = env
+            .call(M::POST, &p, ALICE, Some(json!({"code": "1"})))
+            .await;
+        assert_eq!(s, 404, "{p}");
+    }
+    // Only Python and JavaScript; unknown fields refused.
+    let (s, v) = env
+        .call(M::POST, &base, ALICE, Some(json!({"lang": "bash"})))
+        .await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{v}"
+    );
+    let (s, _) = env
+        .call(
+            M::POST,
+            &base,
+            ALICE,
+            Some(json!({"lang": "python", "x": 1})),
+        )
+        .await;
+    assert_eq!(s, 400);
+    // A tier without background execs (this fake one) refuses with the reason, and keeps
+    // no half-made context.
+    let (s, v) = env
+        .call(M::POST, &base, ALICE, Some(json!({"lang": "python"})))
+        .await;
+    assert_eq!((s, v["code"].as_str()), (422, Some("unsupported")), "{v}");
+    let (s, v) = env.call(M::GET, &base, ALICE, None).await;
+    assert_eq!((s, v["contexts"].as_array().map(Vec::len)), (200, Some(0)));
+    // The runtime tier has no contexts at all.
+    let rt = env.create(ALICE, json!({"tier": "runtime"})).await;
+    let (s, v) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{rt}/contexts"),
+            ALICE,
+            Some(json!({"lang": "javascript"})),
+        )
+        .await;
+    assert_eq!(s, 422, "{v}");
+    assert!(v["fix"].as_str().unwrap().contains("container"), "{v}");
+    env.server.shutdown().await;
 }

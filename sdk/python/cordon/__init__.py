@@ -11,6 +11,8 @@
         print(sb.files.list("/work"))
         sb.files.upload_dir("./src", "/work/src")
         sb.files.download_dir("/work/src", "./out")
+        sb.run_code("x = 41")                      # a long-lived interpreter: state persists
+        print(sb.run_code("x + 1").text)           # "42"
 
 Standard library only (urllib). Errors raise `CordonError` subclasses chosen by the API's
 stable error code.
@@ -19,9 +21,13 @@ stable error code.
 from .client import (
     ArchiveReport,
     BackgroundExec,
+    Context,
+    ContextBusy,
     Cordon,
     CordonError,
     ExecResult,
+    Execution,
+    ExecutionError,
     FileEntry,
     Files,
     InvalidRequest,
@@ -34,6 +40,7 @@ from .client import (
     SandboxPaused,
     StreamEvent,
     TierUnavailable,
+    TooManyContexts,
     TooManyExecs,
     TooManySandboxes,
     Unauthorized,
@@ -43,9 +50,13 @@ from .client import (
 __all__ = [
     "ArchiveReport",
     "BackgroundExec",
+    "Context",
+    "ContextBusy",
     "Cordon",
     "CordonError",
     "ExecResult",
+    "Execution",
+    "ExecutionError",
     "FileEntry",
     "Files",
     "InvalidRequest",
@@ -58,6 +69,7 @@ __all__ = [
     "SandboxPaused",
     "StreamEvent",
     "TierUnavailable",
+    "TooManyContexts",
     "TooManyExecs",
     "TooManySandboxes",
     "Unauthorized",

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 Command = Union[str, Sequence[str]]
 
@@ -77,6 +77,14 @@ class SandboxPaused(CordonError):
     """The sandbox is paused: resume it first."""
 
 
+class ContextBusy(CordonError):
+    """The code context is running another cell (one at a time per context)."""
+
+
+class TooManyContexts(CordonError):
+    """The sandbox holds its limit of code contexts: delete one first."""
+
+
 _BY_CODE = {
     "unauthorized": Unauthorized,
     "not_found": NotFound,
@@ -93,6 +101,8 @@ _BY_CODE = {
     "unsupported": Unsupported,
     "too_many_execs": TooManyExecs,
     "sandbox_paused": SandboxPaused,
+    "context_busy": ContextBusy,
+    "too_many_contexts": TooManyContexts,
 }
 
 
@@ -138,12 +148,60 @@ class ExecResult:
 
 
 @dataclass
+class ExecutionError:
+    """A cell's error: the exception's name and value, and its traceback."""
+
+    name: str
+    value: str
+    traceback: str
+
+
+@dataclass
+class Execution:
+    """What a code cell did.
+
+    `text` is the text of its last expression's value; `results` its rich outputs, each a
+    MIME bundle (a dict of MIME type to data: `image/png` base64, `application/json` as
+    JSON text, `text/html`, `text/plain`, ...), `display()` calls and the last value in
+    order (`main_result` is the last value's); `logs` its output (`{"stdout": [...],
+    "stderr": [...]}`); `error` set when it raised, timed out or its interpreter died.
+    `status` is ok, error, timeout (interrupted; the context keeps its state) or died
+    (`restarted` says whether a fresh interpreter took its place)."""
+
+    status: str
+    text: Optional[str]
+    results: List[Dict[str, str]]
+    logs: Dict[str, List[str]]
+    error: Optional[ExecutionError]
+    execution_count: int = 0
+    restarted: bool = False
+    main_result: Optional[Dict[str, str]] = None
+    warnings: List[str] = field(default_factory=list)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Execution":
+        e = d.get("error")
+        results = d.get("results", [])
+        main = next((r["data"] for r in results if r.get("main")), None)
+        return cls(
+            status=d["status"], text=d.get("text"), results=[r["data"] for r in results],
+            logs={"stdout": list(d.get("logs", {}).get("stdout", [])),
+                  "stderr": list(d.get("logs", {}).get("stderr", []))},
+            error=ExecutionError(e["name"], e["value"], e.get("traceback", "")) if e else None,
+            execution_count=d.get("execution_count", 0), restarted=d.get("restarted", False),
+            main_result=main, warnings=list(d.get("warnings", [])), raw=dict(d))
+
+
+@dataclass
 class StreamEvent:
-    """One streamed event: `type` is stdout, stderr or outcome (then `outcome` is set)."""
+    """One streamed event: `type` is stdout, stderr, outcome (then `outcome` is set) or,
+    for a code cell, result (then `result` is set)."""
 
     type: str
     data: str = ""
     outcome: Optional[ExecResult] = None
+    result: Optional[Execution] = None
 
 
 def _command(code: Command, lang: Optional[str]) -> Dict[str, Any]:
@@ -196,6 +254,8 @@ class Cordon:
                 t = ev["type"]
                 if t == "outcome":
                     yield StreamEvent("outcome", outcome=ExecResult.from_json(ev["outcome"]))
+                elif t == "result":
+                    yield StreamEvent("result", result=Execution.from_json(ev["result"]))
                 elif t == "error":
                     e = ev["error"]
                     raise _error(500, json.dumps(e).encode())
@@ -436,6 +496,7 @@ class Sandbox:
         self.info = dict(info)
         self.id: str = info["id"]
         self.files = Files(self)
+        self._default_contexts: Dict[str, "Context"] = {}
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -534,6 +595,97 @@ class Sandbox:
     def destroy(self) -> None:
         """Destroys the sandbox; calling it again is fine."""
         self.client._json("DELETE", f"/v1/sandboxes/{self.id}")
+
+    # -- code contexts -----------------------------------------------------------------
+
+    def create_context(self, lang: str = "python") -> "Context":
+        """Starts a long-lived interpreter (python or javascript) whose variables, imports
+        and open files persist from one cell to the next."""
+        info = self.client._json("POST", f"/v1/sandboxes/{self.id}/contexts", {"lang": lang})
+        return Context(self, info)
+
+    def contexts(self) -> List["Context"]:
+        """The sandbox's code contexts, oldest first."""
+        return [Context(self, c) for c in
+                self.client._json("GET", f"/v1/sandboxes/{self.id}/contexts")["contexts"]]
+
+    def default_context(self, lang: str = "python") -> "Context":
+        """The sandbox's default context of `lang` (made at its first use)."""
+        c = self._default_contexts.get(lang)
+        if c is None:
+            info = self.client._json("POST", f"/v1/sandboxes/{self.id}/contexts",
+                                     {"lang": lang, "default": True})
+            c = self._default_contexts[lang] = Context(self, info)
+        return c
+
+    def run_code(self, code: str, context: Optional["Context"] = None, lang: str = "python",
+                 *, timeout: Optional[Union[str, float]] = None,
+                 on_stdout: Optional[Callable[[str], Any]] = None,
+                 on_stderr: Optional[Callable[[str], Any]] = None) -> Execution:
+        """Runs a cell in `context` (default: the sandbox's default context of `lang`).
+
+        `timeout` ("5s" or seconds) interrupts the cell without losing the context;
+        `on_stdout`/`on_stderr` receive output as it comes."""
+        ctx = context if context is not None else self.default_context(lang)
+        return ctx.run(code, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
+
+
+class Context:
+    """A code context: a long-lived interpreter in a sandbox. `close()` ends it."""
+
+    def __init__(self, sandbox: Sandbox, info: Mapping[str, Any]) -> None:
+        self.sandbox = sandbox
+        self.info = dict(info)
+        self.id: str = info["id"]
+        self.lang: str = info.get("lang", "python")
+
+    def _route(self, rest: str = "") -> str:
+        return f"/v1/sandboxes/{self.sandbox.id}/contexts/{self.id}{rest}"
+
+    def _payload(self, code: str, timeout: Optional[Union[str, float]]) -> Dict[str, Any]:
+        p: Dict[str, Any] = {"code": code}
+        if timeout is not None:
+            p["timeout"] = timeout
+        return p
+
+    def run(self, code: str, *, timeout: Optional[Union[str, float]] = None,
+            on_stdout: Optional[Callable[[str], Any]] = None,
+            on_stderr: Optional[Callable[[str], Any]] = None) -> Execution:
+        """Runs one cell and returns what it did (see `Execution`)."""
+        if on_stdout is None and on_stderr is None:
+            return Execution.from_json(
+                self.sandbox.client._json("POST", self._route("/run"),
+                                          self._payload(code, timeout)))
+        for ev in self.run_stream(code, timeout=timeout):
+            if ev.type == "stdout" and on_stdout is not None:
+                on_stdout(ev.data)
+            elif ev.type == "stderr" and on_stderr is not None:
+                on_stderr(ev.data)
+            elif ev.type == "result" and ev.result is not None:
+                return ev.result
+        raise CordonError(500, "internal", "the stream ended without the cell's result")
+
+    def run_stream(self, code: str, *,
+                   timeout: Optional[Union[str, float]] = None) -> Iterator[StreamEvent]:
+        """Runs one cell, yielding stdout/stderr events as they come, then a result event."""
+        return self.sandbox.client._stream(self._route("/run"), self._payload(code, timeout))
+
+    def restart(self) -> Dict[str, Any]:
+        """Starts its interpreter again: every variable and import is gone."""
+        self.info = self.sandbox.client._json("POST", self._route("/restart"), {})
+        return self.info
+
+    def close(self) -> None:
+        """Ends the context (its interpreter is killed)."""
+        self.sandbox.client._json("DELETE", self._route())
+        self.sandbox._default_contexts = {
+            k: v for k, v in self.sandbox._default_contexts.items() if v.id != self.id}
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class BackgroundExec:

@@ -37,6 +37,17 @@ def host_pids_with(marker: str):
     return found
 
 
+def await_host_pids(marker: str, present: bool):
+    """Waits (5 s at most) until processes holding `marker` show (`present`) or are gone;
+    returns those found last."""
+    for _ in range(100):
+        found = host_pids_with(marker)
+        if bool(found) == present:
+            return found
+        time.sleep(0.05)
+    return host_pids_with(marker)
+
+
 FETCH = """
 import sys, time, urllib.request
 for _ in range(200):
@@ -149,19 +160,11 @@ def test_a_background_dev_server_is_reached_replayed_killed_and_ends_with_destro
         marker = f"cordon-bg-{uuid.uuid4().hex}"
         sb.exec(["python3", "-c", "import time; time.sleep(3600)", marker], background=True)
         if tier == "container":
-            for _ in range(100):
-                if host_pids_with(marker):
-                    break
-                time.sleep(0.05)
-            assert host_pids_with(marker), "the background process never showed"
+            assert await_host_pids(marker, True), "the background process never showed"
     finally:
         sb.destroy()
     if tier == "container":
-        for _ in range(100):
-            if not host_pids_with(marker):
-                break
-            time.sleep(0.05)
-        assert host_pids_with(marker) == [], "a background process outlived its sandbox"
+        assert await_host_pids(marker, False) == [], "a background process outlived its sandbox"
 
 
 def test_background_stdin_output_cap_and_limit(alice):

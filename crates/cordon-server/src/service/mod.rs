@@ -77,6 +77,7 @@ fn audit_err(e: ServerError) -> ApiError {
 }
 
 mod admit;
+mod contexts;
 mod exec;
 mod files;
 mod pools;
@@ -85,6 +86,7 @@ mod reaper;
 mod recovery;
 mod sessions;
 
+pub use contexts::{CellError, CellStatus};
 use exec::NewEventOwned;
 pub use exec::{ExecJob, RunJob};
 use pools::Pool;

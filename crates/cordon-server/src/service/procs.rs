@@ -74,7 +74,7 @@ fn no_exec() -> ApiError {
 }
 
 /// Runs `f` on the session's sandbox (blocking until a foreground call on it is done).
-fn on_sandbox<T>(
+pub(super) fn on_sandbox<T>(
     s: &Session,
     f: impl FnOnce(&mut Box<dyn Sandbox>) -> cordon_core::Result<T>,
 ) -> Result<T, ApiError> {

@@ -77,6 +77,8 @@ pub(super) struct Session {
     pub(super) ended: watch::Sender<bool>,
     /// Background execs.
     pub(super) procs: Mutex<super::procs::Procs>,
+    /// Code contexts (long-lived interpreters).
+    pub(super) contexts: Mutex<super::contexts::Contexts>,
     /// Since when it is paused, if it is.
     pub(super) paused_at: Mutex<Option<Instant>>,
     /// Milliseconds it spent paused before the current pause (its TTL clock stood still).
@@ -114,6 +116,7 @@ impl Session {
             ending: OnceLock::new(),
             ended: watch::channel(false).0,
             procs: Mutex::default(),
+            contexts: Mutex::default(),
             paused_at: Mutex::new(None),
             paused_ms: AtomicI64::new(0),
             _slot: slot,

@@ -1,0 +1,154 @@
+// Cordon's JavaScript context driver: a long-lived Node.js for code cells, started in the
+// sandbox as `node -e <this>` (a background exec, under every limit of the sandbox).
+// Requests arrive on stdin, one JSON object a line; frames leave on stdout, one a line:
+// "\x1ecordon " + JSON (see contexts/frames.rs). process.stdout/stderr writes (console
+// included) become stream frames; bytes a child process writes to the inherited stdout
+// pass through unframed and the host reads them as stdout. Cells run in this realm's
+// global scope (vm.runInThisContext) with a timeout; everything here is in a closure.
+(function () {
+  'use strict';
+  const fs = require('fs');
+  const vm = require('vm');
+  const util = require('util');
+  const MARK = '\x1ecordon ';
+  const st = { cell: 0, count: 0, busy: false, queue: [], timedOut: false, finish: null };
+
+  function writeAll(buf) {
+    let off = 0;
+    while (off < buf.length) {
+      try {
+        off += fs.writeSync(1, buf, off, buf.length - off);
+      } catch (e) {
+        if (e.code !== 'EAGAIN') throw e;
+      }
+    }
+  }
+  function send(obj) {
+    writeAll(Buffer.from(MARK + JSON.stringify(obj) + '\n', 'utf8'));
+  }
+  function stream(name) {
+    return function (chunk, encoding, cb) {
+      if (typeof encoding === 'function') { cb = encoding; encoding = undefined; }
+      const text = typeof chunk === 'string' ? chunk : Buffer.from(chunk).toString('utf8');
+      if (text.length) send({ t: 'stream', cell: st.cell, name, text });
+      if (typeof cb === 'function') process.nextTick(cb);
+      return true;
+    };
+  }
+  process.stdout.write = stream('stdout');
+  process.stderr.write = stream('stderr');
+
+  const REPRS = [['_repr_png_', 'image/png'], ['_repr_jpeg_', 'image/jpeg'],
+    ['_repr_svg_', 'image/svg+xml'], ['_repr_html_', 'text/html'],
+    ['_repr_markdown_', 'text/markdown'], ['_repr_json_', 'application/json']];
+
+  function bundle(value) {
+    const data = {};
+    if (value !== null && (typeof value === 'object' || typeof value === 'function')) {
+      for (const [attr, mime] of REPRS) {
+        const f = value[attr];
+        if (typeof f !== 'function') continue;
+        let v;
+        try { v = f.call(value); } catch (_) { continue; }
+        if (v === undefined || v === null) continue;
+        if (Buffer.isBuffer(v) || v instanceof Uint8Array) v = Buffer.from(v).toString('base64');
+        else if (typeof v !== 'string') v = JSON.stringify(v);
+        data[mime] = v;
+      }
+    }
+    data['text/plain'] = typeof value === 'string' ? value : util.inspect(value);
+    return data;
+  }
+
+  globalThis.display = function display(...values) {
+    for (const v of values) send({ t: 'display', cell: st.cell, data: bundle(v), main: false });
+  };
+
+  function errorOf(e) {
+    if (e instanceof Error || (e && typeof e === 'object' && 'stack' in e)) {
+      return { name: e.name || 'Error', value: String(e.message), traceback: String(e.stack || e) };
+    }
+    return { name: 'Error', value: String(e), traceback: 'Uncaught ' + util.inspect(e) };
+  }
+
+  function done(cell, status, error) {
+    if (st.cell !== cell || !st.busy) return;
+    st.busy = false;
+    send({ t: 'done', cell, status, error: error || null, count: st.count });
+    setImmediate(next);
+  }
+
+  function run(req) {
+    const cell = req.cell;
+    st.cell = cell;
+    st.busy = true;
+    st.count += 1;
+    const started = Date.now();
+    let value;
+    try {
+      value = vm.runInThisContext(req.code, {
+        filename: `<cell ${st.count}>`, timeout: req.timeout_ms, displayErrors: false,
+      });
+    } catch (e) {
+      if (e && (e.code === 'ERR_SCRIPT_EXECUTION_TIMEOUT' || e.code === 'ERR_SCRIPT_EXECUTION_TIMED_OUT')) {
+        return done(cell, 'timeout', { name: 'TimeoutError',
+          value: `the cell ran past its timeout of ${req.timeout_ms} ms and was interrupted; the context keeps its state`,
+          traceback: '' });
+      }
+      return done(cell, 'error', errorOf(e));
+    }
+    const settle = (v) => {
+      if (v !== undefined) {
+        globalThis._ = v;
+        send({ t: 'display', cell, data: bundle(v), main: true });
+      }
+      done(cell, 'ok', null);
+    };
+    if (value && typeof value.then === 'function') {
+      const left = Math.max(1, req.timeout_ms - (Date.now() - started));
+      const timer = setTimeout(() => done(cell, 'timeout', { name: 'TimeoutError',
+        value: `the cell's promise did not settle within its timeout of ${req.timeout_ms} ms`,
+        traceback: '' }), left);
+      value.then((v) => { clearTimeout(timer); if (st.cell === cell && st.busy) settle(v); },
+        (e) => { clearTimeout(timer); done(cell, 'error', errorOf(e)); });
+    } else {
+      settle(value);
+    }
+  }
+
+  function next() {
+    if (st.busy || st.queue.length === 0) return;
+    run(st.queue.shift());
+  }
+
+  process.on('uncaughtException', (e) => {
+    send({ t: 'stream', cell: st.cell, name: 'stderr',
+      text: 'Uncaught ' + (e && e.stack ? e.stack : String(e)) + '\n' });
+  });
+  process.on('unhandledRejection', (e) => {
+    send({ t: 'stream', cell: st.cell, name: 'stderr',
+      text: 'Unhandled rejection: ' + (e && e.stack ? e.stack : String(e)) + '\n' });
+  });
+
+  let buf = '';
+  process.stdin.setEncoding('utf8');
+  process.stdin.on('data', (d) => {
+    buf += d;
+    let i;
+    while ((i = buf.indexOf('\n')) >= 0) {
+      const req = JSON.parse(buf.slice(0, i));
+      buf = buf.slice(i + 1);
+      if (req.op === 'interrupt') {
+        if (st.busy && st.cell === req.cell) {
+          done(req.cell, 'timeout', { name: 'TimeoutError',
+            value: 'the cell was interrupted: it ran past its timeout', traceback: '' });
+        }
+      } else {
+        st.queue.push(req);
+      }
+    }
+    next();
+  });
+  process.stdin.on('end', () => process.exit(0));
+  send({ t: 'ready', lang: 'javascript', version: process.version, pid: process.pid });
+})();

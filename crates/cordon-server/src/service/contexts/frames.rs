@@ -1,0 +1,274 @@
+//! The protocol between the server and a context's driver (`driver.py`, `driver.js`).
+//!
+//! Requests go to the driver's stdin, one JSON object a line ([`DriverRequest`]). Frames
+//! come back on its stdout, one a line: [`MARK`] then the JSON of a [`DriverFrame`]. Bytes
+//! on that stdout outside a frame (a JavaScript child process writing to its inherited
+//! stdout) are the cell's stdout. A line is the unit of resynchronisation: when the agent
+//! dropped bytes of a long-unread stdout, [`FrameReader::gap`] skips to the next line.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// What starts every frame line.
+pub(super) const MARK: &[u8] = b"\x1ecordon ";
+
+/// Frames longer than this are dropped (with a warning): a rich output this large does
+/// not belong in an API answer.
+pub(super) const MAX_FRAME: usize = 32 << 20;
+
+/// A request to the driver.
+#[derive(Debug, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(super) enum DriverRequest<'a> {
+    /// Runs `code` as cell `cell`, interrupting it after `timeout_ms`.
+    Run {
+        cell: u64,
+        code: &'a str,
+        timeout_ms: u64,
+    },
+    /// Interrupts cell `cell` if it is still running.
+    Interrupt { cell: u64 },
+}
+
+impl DriverRequest<'_> {
+    pub(super) fn line(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec(self).unwrap_or_default();
+        v.push(b'\n');
+        v
+    }
+}
+
+/// A standard stream of a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum StreamName {
+    Stdout,
+    Stderr,
+}
+
+/// How a cell ended, as the driver saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CellStatus {
+    /// It ran to its end.
+    Ok,
+    /// It raised (threw) an error: `error` says which.
+    Error,
+    /// It ran past its timeout and was interrupted; the context keeps its state.
+    Timeout,
+    /// The interpreter ended during the cell (out of memory, killed, crashed, or stuck past
+    /// the grace after its timeout); a fresh one was started in its place.
+    Died,
+}
+
+/// A cell's error: the exception's (or thrown value's) name, its value and the traceback.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellError {
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
+}
+
+/// A frame from the driver.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case", deny_unknown_fields)]
+pub(super) enum DriverFrame {
+    /// The interpreter is up and waits for cells.
+    Ready {
+        lang: String,
+        version: String,
+        pid: u32,
+    },
+    /// Output of a cell (`cell` 0: between cells).
+    Stream {
+        cell: u64,
+        name: StreamName,
+        text: String,
+    },
+    /// A rich output: MIME type to data (binary types base64); `main` for the value of the
+    /// cell's last expression.
+    Display {
+        cell: u64,
+        data: BTreeMap<String, String>,
+        main: bool,
+    },
+    /// The cell ended; `count` is its number in this interpreter.
+    Done {
+        cell: u64,
+        status: CellStatus,
+        error: Option<CellError>,
+        count: u64,
+    },
+}
+
+/// A piece of the driver's stdout.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Piece {
+    /// Bytes outside any frame: stdout of the cell.
+    Raw(Vec<u8>),
+    Frame(DriverFrame),
+    /// A line that began as a frame but was not one (or was too long); the reason.
+    Bad(String),
+}
+
+/// Splits the driver's stdout into frames and raw bytes, incrementally.
+#[derive(Debug, Default)]
+pub(super) struct FrameReader {
+    buf: Vec<u8>,
+    /// How much of a frame in `buf` is known to hold no newline.
+    scanned: usize,
+    /// Bytes were lost: everything up to the next newline is dropped.
+    skipping: bool,
+}
+
+impl FrameReader {
+    /// Bytes were dropped before the next ones: the line they cut is lost.
+    pub(super) fn gap(&mut self) {
+        self.buf.clear();
+        self.scanned = 0;
+        self.skipping = true;
+    }
+
+    /// Takes the next bytes of stdout and returns the pieces complete so far.
+    pub(super) fn push(&mut self, mut data: &[u8]) -> Vec<Piece> {
+        let mut out = Vec::new();
+        if self.skipping {
+            match memchr::memchr(b'\n', data) {
+                Some(i) => {
+                    self.skipping = false;
+                    data = &data[i + 1..];
+                }
+                None => return out,
+            }
+        }
+        self.buf.extend_from_slice(data);
+        loop {
+            match find(&self.buf, MARK) {
+                Some(0) => {
+                    let Some(end) =
+                        memchr::memchr(b'\n', &self.buf[self.scanned..]).map(|i| i + self.scanned)
+                    else {
+                        self.scanned = self.buf.len();
+                        if self.buf.len() > MAX_FRAME {
+                            out.push(Piece::Bad(format!(
+                                "a rich output larger than {MAX_FRAME} bytes was dropped"
+                            )));
+                            self.gap();
+                        }
+                        return out;
+                    };
+                    self.scanned = 0;
+                    let line: Vec<u8> = self.buf.drain(..=end).collect();
+                    let json = &line[MARK.len()..line.len() - 1];
+                    out.push(match serde_json::from_slice::<DriverFrame>(json) {
+                        Ok(f) => Piece::Frame(f),
+                        Err(e) => Piece::Bad(format!("an unreadable frame from the driver: {e}")),
+                    });
+                }
+                Some(i) => {
+                    out.push(Piece::Raw(self.buf.drain(..i).collect()));
+                }
+                None => {
+                    // Keep a tail that may be the start of a mark.
+                    let keep = (1..MARK.len())
+                        .rev()
+                        .find(|n| self.buf.ends_with(&MARK[..*n]))
+                        .unwrap_or(0);
+                    let n = self.buf.len() - keep;
+                    if n > 0 {
+                        out.push(Piece::Raw(self.buf.drain(..n).collect()));
+                    }
+                    return out;
+                }
+            }
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    memchr::memmem::find(hay, needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(cell: u64) -> Vec<u8> {
+        let mut v = MARK.to_vec();
+        v.extend_from_slice(
+            format!(r#"{{"t":"done","cell":{cell},"status":"ok","error":null,"count":1}}"#)
+                .as_bytes(),
+        );
+        v.push(b'\n');
+        v
+    }
+
+    #[test]
+    fn frames_and_raw_bytes_split_across_reads() {
+        let mut all = b"raw out".to_vec();
+        all.extend(done(3));
+        all.extend(b"tail\n");
+        for cut in 0..all.len() {
+            let mut r = FrameReader::default();
+            let mut pieces = r.push(&all[..cut]);
+            pieces.extend(r.push(&all[cut..]));
+            let mut raw = Vec::new();
+            let mut frames = Vec::new();
+            for p in pieces {
+                match p {
+                    Piece::Raw(b) => raw.extend(b),
+                    Piece::Frame(f) => frames.push(f),
+                    Piece::Bad(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(raw, b"raw outtail\n", "cut at {cut}");
+            assert_eq!(frames.len(), 1, "cut at {cut}");
+            assert!(matches!(frames[0], DriverFrame::Done { cell: 3, .. }));
+        }
+    }
+
+    #[test]
+    fn a_gap_drops_the_cut_line_only() {
+        let mut r = FrameReader::default();
+        let f = done(1);
+        assert!(r.push(&f[..10]).is_empty());
+        r.gap();
+        let mut rest = f[20..].to_vec();
+        rest.extend(done(2));
+        let p = r.push(&rest);
+        assert_eq!(p.len(), 1);
+        assert!(matches!(
+            p[0],
+            Piece::Frame(DriverFrame::Done { cell: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_json_are_reported_not_trusted() {
+        let mut r = FrameReader::default();
+        let mut v = MARK.to_vec();
+        v.extend_from_slice(br#"{"t":"ready","lang":"python","version":"3","pid":1,"x":1}"#);
+        v.push(b'\n');
+        v.extend_from_slice(MARK);
+        v.extend_from_slice(b"{not json\n");
+        let p = r.push(&v);
+        assert_eq!(p.len(), 2);
+        assert!(p.iter().all(|p| matches!(p, Piece::Bad(_))));
+    }
+
+    #[test]
+    fn requests_are_one_line() {
+        let l = DriverRequest::Run {
+            cell: 1,
+            code: "a\nb",
+            timeout_ms: 5,
+        }
+        .line();
+        assert_eq!(
+            l,
+            b"{\"op\":\"run\",\"cell\":1,\"code\":\"a\\nb\",\"timeout_ms\":5}\n"
+        );
+    }
+}
