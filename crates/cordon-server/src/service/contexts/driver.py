@@ -36,6 +36,9 @@ def _driver():
 
     def enqueue(obj):
         with qlock:
+            # What fds 1 and 2 already hold was written before this (os.write, a finished
+            # subprocess): it goes first, or the reader thread would let this overtake it.
+            drain_locked()
             last = st.q[-1] if st.q else None
             if (obj["t"] == "stream" and last is not None and last["t"] == "stream"
                     and last["name"] == obj["name"] and len(last["text"]) < 65536):
