@@ -297,6 +297,7 @@ fn sandbox_request(args: &RunArgs, exec: &ExecRequest) -> Result<SandboxRequest>
         ttl: None,
         idle_timeout: None,
         labels: Default::default(),
+        volumes: Vec::new(),
         inline_grants,
         workload: cordon_engine::workload_of(
             &exec.command,

@@ -50,6 +50,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/sandboxes/{id}/files/mkdir"),
     ("put", "/v1/sandboxes/{id}/archive"),
     ("get", "/v1/sandboxes/{id}/archive"),
+    ("post", "/v1/volumes"),
+    ("get", "/v1/volumes"),
+    ("get", "/v1/volumes/{name}"),
+    ("delete", "/v1/volumes/{name}"),
     ("post", "/v1/run"),
     ("get", "/v1/audit"),
     ("post", "/mcp"),
@@ -256,6 +260,8 @@ pub fn router(svc: Service) -> Router {
             "/v1/sandboxes/{id}/files/mkdir",
             post(crate::api_files::mkdir),
         )
+        .route("/v1/volumes", post(create_volume).get(list_volumes))
+        .route("/v1/volumes/{name}", get(volume).delete(delete_volume))
         .route("/v1/run", post(run))
         .route("/v1/audit", get(audit))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
@@ -533,6 +539,39 @@ async fn info(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     Ok(Json(svc.info(&t, &id).await?).into_response())
+}
+
+async fn create_volume(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    body: Result<Json<crate::model::VolumeCreate>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(req) = body.map_err(json_rejection)?;
+    let info = svc.create_volume(&t, req).await?;
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+async fn list_volumes(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+) -> Result<Json<crate::model::VolumeList>, ApiError> {
+    Ok(Json(svc.volumes(&t).await?))
+}
+
+async fn volume(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path(name): Path<String>,
+) -> Result<Json<crate::model::VolumeInfo>, ApiError> {
+    Ok(Json(svc.volume(&t, &name).await?))
+}
+
+async fn delete_volume(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    Ok(Json(svc.delete_volume(&t, &name).await?))
 }
 
 async fn destroy(

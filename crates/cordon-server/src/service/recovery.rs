@@ -48,6 +48,8 @@ pub(super) fn open_and_recover(
     if let Some(h) = &hook {
         report.removed.extend(h(&rows));
     }
+    // After the tiers' cleanup: their sandboxes, which held binds of the volumes, are gone.
+    report.removed.extend(super::volumes::recover(dir, &audit)?);
     let scratch = dir.join("scratch");
     if let Ok(tiers) = std::fs::read_dir(&scratch) {
         for t in tiers.flatten() {
