@@ -1429,141 +1429,18 @@ fn escape_battery_on_a_template_root() {
 
 // ---- volumes (ADR 0011) -------------------------------------------------------------------
 
-/// `spec` with the leased volume mounted at `/work/{path}`.
-fn with_volume(
-    mut s: SandboxSpec,
-    lease: &std::sync::Arc<cordon_host::volume::VolumeLease>,
-    path: &str,
-) -> SandboxSpec {
-    let mut m =
-        cordon_core::VolumeMount::new("v", &format!("/work/{path}"), lease.read_only()).unwrap();
-    m.source = Some(cordon_core::VolumeSource {
-        host_dir: lease.host_dir().to_path_buf(),
-        lease: Some(lease.clone()),
-    });
-    s.volumes.push(m);
-    s
-}
-
-fn volume_store() -> (tempfile::TempDir, cordon_host::volume::VolumeStore) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = cordon_host::volume::VolumeStore::open(&dir.path().join("volumes")).unwrap();
-    (dir, store)
-}
-
 #[test]
-fn a_volume_outlives_its_sandbox_with_canonical_ids_and_its_quota() {
+fn volumes_outlive_their_sandboxes_with_canonical_ids_their_quota_and_no_way_out() {
     let b = need_backend!();
-    let (_dir, store) = volume_store();
-    store.create("t", "v", 16 << 20).unwrap();
-    let secret = _dir.path().join("host-secret");
-    std::fs::write(&secret, "host secret").unwrap();
-    // The first sandbox writes, and plants links to the host's tree and to a host file.
-    let lease = std::sync::Arc::new(store.mount("t", "v", false).unwrap());
-    let s = with_volume(spec(), &lease, "data");
-    let o = run_in(
-        b,
-        &s,
-        &ExecRequest::code(
-            Language::Bash,
-            format!(
-                "echo kept > /work/data/a && mkdir /work/data/d && ln -s / /work/data/root \
-                 && ln -s /etc /work/data/etc && ln -s {} /work/data/secret && stat -c %u:%g /work/data/a",
-                secret.display()
-            ),
-        ),
-    );
-    assert_eq!(o.exit_code, Some(0), "{}", text(&o.stderr));
-    assert_eq!(text(&o.stdout).trim(), "1000:1000");
-    let host_dir = lease.host_dir().to_path_buf();
-    drop(s);
-    drop(std::sync::Arc::try_unwrap(lease).unwrap());
-    assert!(!host_dir.exists(), "the lease's host mount is gone with it");
+    cordon_testkit::volumes::battery(b, spec);
+}
 
-    // Stored with the sandbox's inside ids, not its host range: any later sandbox owns them.
-    let lease = std::sync::Arc::new(store.mount("t", "v", true).unwrap());
-    use std::os::unix::fs::MetadataExt;
-    let md = std::fs::symlink_metadata(lease.host_dir().join("a")).unwrap();
-    assert_eq!((md.uid(), md.gid()), (1000, 1000));
-    assert!(
-        std::fs::symlink_metadata(lease.host_dir().join("secret"))
-            .unwrap()
-            .file_type()
-            .is_symlink()
-    );
-    // Read-only many: a second read-only lease; no read-write one, no delete meanwhile.
-    let second = store.mount("t", "v", true).unwrap();
-    assert!(matches!(
-        store.mount("t", "v", false),
-        Err(cordon_host::volume::VolumeError::InUse { .. })
-    ));
-    assert!(matches!(
-        store.delete("t", "v"),
-        Err(cordon_host::volume::VolumeError::InUse { .. })
-    ));
-    drop(second);
-    let s = with_volume(spec(), &lease, "in/data");
-    let o = run_in(
-        b,
-        &s,
-        &ExecRequest::code(
-            Language::Bash,
-            "cat /work/in/data/a; touch /work/in/data/b 2>&1 && echo WROTE; \
-             cat /work/in/data/secret 2>&1 || echo NO-SECRET; cat /work/in/data/etc/shadow 2>&1 || echo NO-SHADOW; \
-             echo ROOT: $(ls /work/in/data/root/) :END; stat -c %U /work/in/data/d; touch /work/in/x && echo PARENT-OK",
-        ),
-    );
-    let out = text(&o.stdout);
-    assert!(out.starts_with("kept\n"), "{out}");
-    assert!(
-        out.contains("Read-only file system") && !out.contains("WROTE"),
-        "{out}"
-    );
-    assert!(
-        !out.contains("host secret") && out.contains("NO-SECRET"),
-        "{out}"
-    );
-    assert!(out.contains("NO-SHADOW"), "{out}");
-    // The link to / is the sandbox's own root, never the host's.
-    let root = out
-        .split("ROOT:")
-        .nth(1)
-        .unwrap()
-        .split(":END")
-        .next()
-        .unwrap();
-    assert!(root.contains(" work ") && root.contains(" usr"), "{root}");
-    for host_only in [" boot ", " home ", " var ", " root "] {
-        assert!(!root.contains(host_only), "{root}");
-    }
-    assert!(
-        out.contains("sandbox\n") && out.contains("PARENT-OK"),
-        "{out}"
-    );
-    drop(s);
-    drop(std::sync::Arc::try_unwrap(lease).unwrap());
-
-    // Its quota is its file system's size: past it, ENOSPC and the disk-limit outcome.
-    let lease = std::sync::Arc::new(store.mount("t", "v", false).unwrap());
-    let s = with_volume(spec(), &lease, "data");
-    let o = run_in(
-        b,
-        &s,
-        &ExecRequest::code(
-            Language::Bash,
-            "dd if=/dev/zero of=/work/data/big bs=1M count=64",
-        ),
-    );
-    assert_eq!(o.termination, Termination::DiskLimit, "{o:?}");
-    assert!(
-        text(&o.stderr).contains("No space left"),
-        "{}",
-        text(&o.stderr)
-    );
-    drop(s);
-    drop(std::sync::Arc::try_unwrap(lease).unwrap());
-    store.delete("t", "v").unwrap();
-    assert!(store.list("t").unwrap().is_empty());
+/// What a volume adds to a create (ADR 0011): `cargo test -p cordon-container --test
+/// container volume_cost -- --nocapture`.
+#[test]
+fn volume_cost() {
+    let b = need_backend!();
+    cordon_testkit::volumes::print_cost(b, spec, 20);
 }
 
 #[test]

@@ -114,3 +114,46 @@ pub fn loop_attach(
     }
     Err(last)
 }
+
+/// A user namespace with the given id maps (`/proc/PID/uid_map` lines), as a descriptor
+/// for an idmapped mount: a child is cloned into a new user namespace, its maps written,
+/// the namespace opened, and the child let go. Root only (maps of other ids).
+pub fn userns_with_maps(uid_map: &str, gid_map: &str) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let (r, w) = nix::unistd::pipe()?;
+    let (r_raw, w_raw) = (r.as_raw_fd(), w.as_raw_fd());
+    // SAFETY: a clone without CLONE_VM is a fork into a new user namespace. This process
+    // may have other threads, so the child calls nothing but close(2), read(2) and
+    // _exit(2) (all async-signal-safe) on descriptors it inherited; it touches no lock
+    // and no allocation of the parent.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            0 as libc::c_ulong,
+        )
+    };
+    if pid == 0 {
+        let mut b = 0u8;
+        // SAFETY: see above; the child waits for the parent to close the pipe, then exits.
+        unsafe {
+            libc::close(w_raw);
+            libc::read(r_raw, (&mut b as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    drop(r);
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    let made = std::fs::write(format!("/proc/{pid}/uid_map"), uid_map)
+        .and_then(|()| std::fs::write(format!("/proc/{pid}/gid_map"), gid_map))
+        .and_then(|()| std::fs::File::open(format!("/proc/{pid}/ns/user")));
+    drop(w);
+    let _ = nix::sys::wait::waitpid(pid, None);
+    Ok(made?.into())
+}

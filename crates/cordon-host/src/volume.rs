@@ -333,6 +333,71 @@ impl VolumeStore {
     }
 }
 
+/// Binds a leased volume at `target` on the host with its ids mapped for a sandbox whose
+/// user is host id `host_uid` (uid and gid), as the gvisor tier runs its programs: the
+/// sandbox's files are stored as [`VOLUME_OWNER`], and the file system's root (0) stays
+/// root's. `read_only` makes the bind read-only whatever the lease.
+pub fn bind_mapped(
+    lease: &Path,
+    target: &Path,
+    host_uid: u32,
+    read_only: bool,
+) -> Result<(), VolumeError> {
+    let map = format!("0 0 1\n{VOLUME_OWNER} {host_uid} 1\n");
+    let userns = crate::sys::userns_with_maps(&map, &map)
+        .map_err(|e| VolumeError::host("mount (a user namespace for its ids)", e))?;
+    let m = cordon_guest::sys::open_tree_clone(lease)
+        .map_err(|e| VolumeError::host("mount (a copy of its mount)", e))?;
+    let mut set = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    if read_only {
+        set |= libc::MOUNT_ATTR_RDONLY;
+    }
+    cordon_guest::sys::mount_setattr(&m, set, Some(&userns))
+        .map_err(|e| VolumeError::host("mount (idmapped)", e))?;
+    cordon_guest::sys::move_mount_to(&m, target)
+        .map_err(|e| VolumeError::host("mount (attaching it)", e))
+}
+
+/// Detaches every mount at or beneath `dir` (deepest first), so a recursive removal of
+/// `dir` can never reach into a volume still mounted there; returns how many there were.
+pub fn unmount_all_under(dir: &Path) -> usize {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return 0;
+    };
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape_mountinfo(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.dedup();
+    points
+        .iter()
+        .filter(|p| nix::mount::umount2(p.as_path(), MntFlags::MNT_DETACH).is_ok())
+        .count()
+}
+
+/// `/proc/self/mountinfo` writes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
+        {
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn open_image(path: &Path, name: &str, write: bool) -> Result<File, VolumeError> {
     OpenOptions::new()
         .read(true)
@@ -421,5 +486,43 @@ impl Drop for VolumeLease {
             );
         }
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "volume released");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mountinfo("/a\\040b/c\\134d"), "/a b/c\\d");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+    }
+
+    /// A removal after `unmount_all_under` never reaches into what was mounted beneath.
+    #[test]
+    fn nothing_mounted_beneath_survives_for_a_removal_to_cross() {
+        if !crate::testing::root_or_skip("unmounting") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (outer, kept) = (dir.path().join("bundle"), dir.path().join("kept"));
+        std::fs::create_dir_all(outer.join("volume-0")).unwrap();
+        std::fs::create_dir(&kept).unwrap();
+        std::fs::write(kept.join("data"), "keep me").unwrap();
+        nix::mount::mount(
+            Some(&kept),
+            &outer.join("volume-0"),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        assert_eq!(unmount_all_under(&outer), 1);
+        std::fs::remove_dir_all(&outer).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(kept.join("data")).unwrap(),
+            "keep me"
+        );
     }
 }

@@ -38,6 +38,9 @@ from .client import (
     TooManySandboxes,
     Unauthorized,
     Unsupported,
+    VolumeExists,
+    VolumeInUse,
+    VolumeQuota,
 )
 
 __all__ = [
@@ -62,4 +65,7 @@ __all__ = [
     "TooManySandboxes",
     "Unauthorized",
     "Unsupported",
+    "VolumeExists",
+    "VolumeInUse",
+    "VolumeQuota",
 ]
