@@ -2,6 +2,7 @@
 container and gvisor tiers, and from one tier to the other), the quota as disk-full, read-only
 mounts, read-write exclusivity, another tenant's 404s, the tenant's ceiling, the MCP tools, and
 a kill -9 of the server while a volume is mounted."""
+import json
 import shutil
 import tempfile
 import uuid
@@ -99,17 +100,28 @@ def test_exclusive_tenant_checked_and_counted(alice, bob, volume):
     assert big not in [v["name"] for v in alice.volumes()["volumes"]]
 
 
+def _tool(mcp: Mcp, tool: str, **args):
+    """`Mcp.tool`, for tools whose arguments include `name`."""
+    res = mcp.rpc("tools/call", {"name": tool, "arguments": args})
+    text = "".join(c.get("text", "") for c in res.get("content", []))
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = text
+    return not res.get("isError", False), value
+
+
 def test_volume_tools_over_mcp_are_tenant_checked(server, has_container):
     if not has_container:
         pytest.skip("the container tier is not available here")
     alice, bob = Mcp(server.url, KEYS["alice"]), Mcp(server.url, KEYS["bob"])
     name = _name()
-    ok, v = alice.tool("create_volume", name=name, size="16M")
+    ok, v = _tool(alice, "create_volume", name=name, size="16M")
     assert ok and v["size"] == 16 << 20, v
     try:
         ok, listed = bob.tool("list_volumes")
         assert ok and name not in [x["name"] for x in listed["volumes"]], listed
-        ok, err = bob.tool("delete_volume", name=name)
+        ok, err = _tool(bob, "delete_volume", name=name)
         assert not ok and "no volume" in str(err), err
         ok, err = bob.tool("create_sandbox", tier="container",
                            volumes=[{"name": name, "path": "/work/v"}])
@@ -117,14 +129,14 @@ def test_volume_tools_over_mcp_are_tenant_checked(server, has_container):
         ok, sb = alice.tool("create_sandbox", tier="container",
                             volumes=[{"name": name, "path": "/work/v"}])
         assert ok, sb
-        ok, err = alice.tool("delete_volume", name=name)
+        ok, err = _tool(alice, "delete_volume", name=name)
         assert not ok and "mounted" in str(err), err
         ok, out = alice.tool("exec", sandbox=sb["id"], lang="bash",
                              code="echo mcp > /work/v/f && cat /work/v/f")
         assert ok and "mcp" in str(out), out
         assert alice.tool("destroy", sandbox=sb["id"])[0]
     finally:
-        ok, out = alice.tool("delete_volume", name=name)
+        ok, out = _tool(alice, "delete_volume", name=name)
         assert ok, out
 
 
