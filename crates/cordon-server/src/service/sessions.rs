@@ -82,7 +82,7 @@ pub(super) struct Session {
     /// Milliseconds it spent paused before the current pause (its TTL clock stood still).
     pub(super) paused_ms: AtomicI64,
     /// The volumes it mounts, let go once it is destroyed.
-    pub(super) volume_leases: Mutex<Vec<cordon_host::volume::VolumeLease>>,
+    pub(super) volume_leases: Mutex<super::volumes::Leases>,
     pub(super) _slot: Reservation,
 }
 
@@ -118,7 +118,7 @@ impl Session {
             procs: Mutex::default(),
             paused_at: Mutex::new(None),
             paused_ms: AtomicI64::new(0),
-            volume_leases: Mutex::new(Vec::new()),
+            volume_leases: Mutex::default(),
             _slot: slot,
         }
     }
@@ -249,7 +249,7 @@ impl Service {
         let acq = match self.acquire(&spec).await {
             Ok(a) => a,
             Err(e) => {
-                super::volumes::release(leases);
+                drop(leases);
                 self.record(NewEventOwned {
                     tenant: Some(tenant.0.clone()),
                     sandbox: None,
@@ -485,7 +485,7 @@ impl Service {
             };
             // Only now that the sandbox is gone (and with it its binds of them): the
             // volumes' host mounts go, and their locks with them.
-            let leases = std::mem::take(&mut *lock(&s2.volume_leases));
+            let leases = std::mem::take(&mut lock(&s2.volume_leases).0);
             let volumes = leases.len();
             drop(leases);
             if volumes > 0 {

@@ -255,9 +255,9 @@ impl Service {
         &self,
         tenant: &Tenant,
         spec: &mut SandboxSpec,
-    ) -> Result<Vec<VolumeLease>, ApiError> {
+    ) -> Result<Leases, ApiError> {
         if spec.volumes.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Leases::default());
         }
         for m in &spec.volumes {
             self.volume(tenant, &m.name).await?;
@@ -283,20 +283,28 @@ impl Service {
                 lease: None,
             });
         }
-        Ok(leases)
+        Ok(Leases(leases))
     }
 }
 
-/// Lets leases go off the async runtime (an unmount waits for the file system to go).
-pub(super) fn release(leases: Vec<VolumeLease>) {
-    if leases.is_empty() {
-        return;
-    }
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) => {
-            h.spawn_blocking(move || drop(leases));
+/// A sandbox's volume leases. Dropped anywhere (a failed or cancelled create, a session
+/// never destroyed), they are let go off the async runtime: an unmount waits for the file
+/// system, and the sandbox's own teardown, to be gone.
+#[derive(Default)]
+pub(super) struct Leases(pub(super) Vec<VolumeLease>);
+
+impl Drop for Leases {
+    fn drop(&mut self) {
+        let leases = std::mem::take(&mut self.0);
+        if leases.is_empty() {
+            return;
         }
-        Err(_) => drop(leases),
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn_blocking(move || drop(leases));
+            }
+            Err(_) => drop(leases),
+        }
     }
 }
 
