@@ -17,6 +17,7 @@ mod serve;
 mod template;
 mod template_build;
 mod tiers;
+mod volume;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -48,6 +49,9 @@ enum Cmd {
     /// Templates: read-only root filesystems a sandbox's root is made from
     /// (`cordon run --template NAME`): import, list, remove.
     Template(template::TemplateArgs),
+    /// Volumes: named file systems with a size quota that outlive sandboxes
+    /// (`cordon run --volume NAME:/work/PATH[:ro]`): create, list, remove.
+    Volume(volume::VolumeArgs),
     /// Build guest images (the microvm tier's kernel, root filesystem and agent).
     Image(image::ImageArgs),
     /// Serve the HTTP API (and MCP over HTTP) with sessions, warm pools and an audit store.
@@ -92,6 +96,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Cmd::Cost(args) => cordon_measure::cost::cost(*args, &data_dir()),
         Cmd::Image(args) => image::image(args),
         Cmd::Template(args) => template::template(args),
+        Cmd::Volume(args) => volume::volume(args),
         Cmd::Serve(args) => serve::serve(args),
         Cmd::Mcp(args) => mcp::mcp(args),
         Cmd::Audit(args) => audit::audit(args),

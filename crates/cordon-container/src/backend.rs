@@ -268,6 +268,7 @@ impl ContainerBackend {
     pub fn create_sandbox(&self, spec: &SandboxSpec) -> Result<ContainerSandbox> {
         let t0 = Instant::now();
         spec.validate()?;
+        volumes_of(spec)?;
         if spec.tier != Tier::Container {
             return Err(Error::Invalid(format!(
                 "the container backend was asked for a {} sandbox",
@@ -436,6 +437,8 @@ impl ContainerBackend {
                 .as_ref()
                 .map(|_| crate::egress::SANDBOX_PROXY_PORT),
             egress_socket: sb.egress.as_ref().map(|l| l.socket().to_path_buf()),
+            // Checked before anything was started (create_sandbox).
+            volumes: volumes_of(spec).unwrap_or_default(),
         };
         if let Err(e) = sb.start(&self.cfg, &join) {
             sb.teardown();
@@ -445,6 +448,25 @@ impl ContainerBackend {
         sb.start_us = t0.elapsed().as_micros() as u64;
         Ok(sb)
     }
+}
+
+/// The join's volumes: each must have been leased (its host mount filled in) first.
+fn volumes_of(spec: &SandboxSpec) -> Result<Vec<crate::init::InitVolume>> {
+    spec.volumes
+        .iter()
+        .map(|v| match &v.source {
+            Some(src) => Ok(crate::init::InitVolume {
+                host_dir: src.host_dir.clone(),
+                path: v.path.clone(),
+                read_only: v.read_only,
+            }),
+            None => Err(Error::Invalid(format!(
+                "volume {:?} was not leased before the create; lease it with \
+                 cordon_host::volume::VolumeStore::mount first",
+                v.name
+            ))),
+        })
+        .collect()
 }
 
 /// One container sandbox.

@@ -1426,3 +1426,35 @@ fn escape_battery_on_a_template_root() {
     let out = text(&o.stdout);
     assert_eq!(out.matches("refused 30").count(), 4, "{out}");
 }
+
+// ---- volumes (ADR 0011) -------------------------------------------------------------------
+
+#[test]
+fn volumes_outlive_their_sandboxes_with_canonical_ids_their_quota_and_no_way_out() {
+    let b = need_backend!();
+    cordon_testkit::volumes::battery(b, spec);
+}
+
+/// What a volume adds to a create (ADR 0011): `cargo test -p cordon-container --test
+/// container volume_cost -- --nocapture`.
+#[test]
+fn volume_cost() {
+    let b = need_backend!();
+    cordon_testkit::volumes::print_cost(b, spec, 20);
+}
+
+#[test]
+fn a_volume_must_be_leased_and_mount_points_stay_under_work() {
+    let b = need_backend!();
+    let mut s = spec();
+    s.volumes
+        .push(cordon_core::VolumeMount::new("v", "/work/data", false).unwrap());
+    let err = b.create(&s).err().expect("an unleased volume is refused");
+    assert!(matches!(err, Error::Invalid(_)), "{err}");
+    for bad in ["/etc", "/work/../etc", "/work", "/work/a/../../x", "data"] {
+        assert!(
+            cordon_core::VolumeMount::new("v", bad, false).is_err(),
+            "{bad}"
+        );
+    }
+}

@@ -14,6 +14,7 @@ pub mod report;
 mod run;
 mod spec;
 pub mod units;
+mod volume;
 
 pub use backend::{
     Backend, Capability, Interrupter, OutputSink, Probe, Sandbox, SandboxId, TierStatus,
@@ -33,6 +34,10 @@ pub use spec::{
     EgressPolicy, Grant, GrantSecret, HOST_ETC, Language, Limits, MintedToken, ResolvedTemplate,
     SandboxSpec, SecretValue, Tier, TokenMinter, WORKDIR, Weakening, default_grant_header,
     validate_sandbox_dir, validate_sandbox_path, validate_template_name,
+};
+pub use volume::{
+    MAX_MOUNTS, MIN_VOLUME_BYTES, VolumeMount, VolumeSource, validate_mounts, validate_volume_name,
+    validate_volume_path,
 };
 
 /// Cordon's data dir by default: `$CORDON_HOME`, else `/var/lib/cordon` for root, else

@@ -396,6 +396,10 @@ pub struct SandboxSpec {
     /// digest and default environment). Never read from a request.
     #[serde(skip)]
     pub resolved_template: Option<ResolvedTemplate>,
+    /// Volumes mounted under `/work` (docs/service.md#volumes); each one's host side is
+    /// filled in by whoever leased it before the tier runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::VolumeMount>,
 }
 
 /// A template the host resolved for one sandbox: what a tier needs to use it. The lease
@@ -469,6 +473,7 @@ impl SandboxSpec {
             owner: None,
             template: None,
             resolved_template: None,
+            volumes: Vec::new(),
         }
     }
 
@@ -480,6 +485,7 @@ impl SandboxSpec {
         for key in self.env.keys() {
             validate_env_name(key)?;
         }
+        crate::volume::validate_mounts(&self.volumes)?;
         for g in &self.grants {
             validate_env_name(&g.env_var)?;
             if g.hosts.is_empty() {

@@ -37,10 +37,19 @@ pub struct TenantRules {
     pub max_memory: Option<Size>,
     /// MCP sessions open at once. Default 8.
     pub max_mcp_sessions: Option<usize>,
+    /// Volumes' sizes (their quotas) added up, of all this tenant's volumes. Default 1 GiB.
+    pub max_volume_bytes: Option<Size>,
+    /// Volumes this tenant may have. Default 16.
+    pub max_volumes: Option<usize>,
     /// Walls this tenant's requests may agree to run without where the host cannot apply
     /// them (`allow_weaker`: landlock, seccomp, cgroups). Default none.
     pub allow_weaker: Option<Vec<cordon_core::Weakening>>,
 }
+
+/// A tenant's volumes' sizes added up, where the operator says nothing.
+pub const DEFAULT_MAX_VOLUME_BYTES: u64 = 1 << 30;
+/// A tenant's number of volumes, where the operator says nothing.
+pub const DEFAULT_MAX_VOLUMES: usize = 16;
 
 /// The server's own aggregate budgets: what all tenants' sandboxes add up to at most.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -188,6 +197,8 @@ pub struct Resolved {
     pub max_memory: Option<u64>,
     pub max_mcp_sessions: usize,
     pub allow_weaker: Vec<cordon_core::Weakening>,
+    pub max_volume_bytes: u64,
+    pub max_volumes: usize,
 }
 
 impl CeilingConfig {
@@ -228,6 +239,8 @@ impl CeilingConfig {
             max_memory: pick!(max_memory).map(|s| s.0),
             max_mcp_sessions: pick!(max_mcp_sessions).unwrap_or(8),
             allow_weaker: pick!(allow_weaker).unwrap_or_default(),
+            max_volume_bytes: pick!(max_volume_bytes).map_or(DEFAULT_MAX_VOLUME_BYTES, |s| s.0),
+            max_volumes: pick!(max_volumes).unwrap_or(DEFAULT_MAX_VOLUMES),
         }
     }
 
@@ -241,6 +254,8 @@ impl CeilingConfig {
             max_sandboxes: None,
             max_memory: None,
             max_mcp_sessions: usize::MAX,
+            max_volume_bytes: u64::MAX,
+            max_volumes: usize::MAX,
             allow_weaker: vec![
                 cordon_core::Weakening::Landlock,
                 cordon_core::Weakening::Seccomp,

@@ -518,6 +518,22 @@ impl Gate {
         if let Some(name) = &req.template {
             self.use_template(name, &mut spec, record)?;
         }
+        if !req.volumes.is_empty() && !matches!(spec.tier, Tier::Container | Tier::Gvisor) {
+            return Err(deny(
+                "volume-tier",
+                format!(
+                    "volumes are mounted on the container and gvisor tiers, not {}",
+                    spec.tier
+                ),
+                "ask for tier container or gvisor, or leave the volumes out",
+            ));
+        }
+        for v in &req.volumes {
+            spec.volumes.push(
+                cordon_core::VolumeMount::new(&v.name, &v.path, v.read_only)
+                    .map_err(|e| invalid(e.to_string()))?,
+            );
+        }
         spec.validate().map_err(|e| invalid(e.to_string()))?;
         Ok((spec, ttl, idle, decision))
     }

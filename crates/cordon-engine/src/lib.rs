@@ -24,7 +24,7 @@ pub use gate::{
     Admission, Denial, DenyCode, Gate, GateRecord, GateSettings, RulesSource, workload_of,
 };
 pub use ledger::{BudgetLimits, Full, Ledger, Reservation, host_memory_budget};
-pub use request::{GrantName, LimitsPatch, Principal, SandboxRequest, Workload};
+pub use request::{GrantName, LimitsPatch, Principal, SandboxRequest, VolumeRequest, Workload};
 pub use tokens::{Discovery, Introspection, Issuer, Jwks};
 
 /// Errors of setting the engine up (the operator's config).

@@ -148,6 +148,10 @@ pub struct SandboxRequest {
     /// bounds their number and sizes.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Volumes of the tenant's to mount (`POST /v1/volumes` makes them), each at a path
+    /// under `/work`; read-write for one sandbox at a time, read-only for many.
+    #[serde(default)]
+    pub volumes: Vec<VolumeRequest>,
     /// Grants the local operator gives inline (`cordon run --grant`); never from a body,
     /// and refused for any principal but the operator.
     #[serde(skip)]
@@ -156,6 +160,19 @@ pub struct SandboxRequest {
     /// gate tell pure computation from work that needs a shell.
     #[serde(skip)]
     pub workload: Workload,
+}
+
+/// One volume a create asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeRequest {
+    /// The volume's name.
+    pub name: String,
+    /// Its mount point: an absolute path under `/work` (`/work/data`), not `/work` itself.
+    pub path: String,
+    /// Read-only (many sandboxes may mount it so at once); default read-write (one).
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// What a request runs, as far as the tier decision cares.

@@ -94,6 +94,10 @@ pub struct RunArgs {
     /// Copy a host file in: HOST_PATH:SANDBOX_PATH (under /work; repeatable).
     #[arg(long = "file", value_name = "HOST:SANDBOX")]
     files: Vec<String>,
+    /// Mount a volume (`cordon volume create`) at a path under /work: NAME:/work/PATH,
+    /// read-write (this run's alone), or NAME:/work/PATH:ro (read-only; many may). Repeatable.
+    #[arg(long = "volume", value_name = "NAME:/work/PATH[:ro]")]
+    volumes: Vec<String>,
     /// Copy a file out after the run: SANDBOX_PATH:HOST_PATH (repeatable). Paths outside
     /// /work and symlinks are refused.
     #[arg(long = "out", value_name = "SANDBOX:HOST")]
@@ -297,6 +301,17 @@ fn sandbox_request(args: &RunArgs, exec: &ExecRequest) -> Result<SandboxRequest>
         ttl: None,
         idle_timeout: None,
         labels: Default::default(),
+        volumes: args
+            .volumes
+            .iter()
+            .map(|v| {
+                cordon_core::VolumeMount::parse_flag(v).map(|m| cordon_engine::VolumeRequest {
+                    path: m.inside(),
+                    name: m.name,
+                    read_only: m.read_only,
+                })
+            })
+            .collect::<cordon_core::Result<_>>()?,
         inline_grants,
         workload: cordon_engine::workload_of(
             &exec.command,
@@ -538,7 +553,11 @@ fn run_on(
     req: ExecRequest,
     backend: &dyn cordon_core::Backend,
 ) -> Result<i32> {
-    let Admission { spec, decision, .. } = adm;
+    let Admission {
+        mut spec, decision, ..
+    } = adm;
+    // Held until the sandbox is destroyed (run_once's end), then unmounted.
+    let _leases = lease_volumes(&mut spec)?;
     let mut files_in = Vec::new();
     for f in &args.files {
         let (host, inside) = split_pair(f, "--file")?;
@@ -627,6 +646,38 @@ fn run_on(
         return Ok(125);
     }
     Ok(exit_code_for(&outcome))
+}
+
+/// The local user's volumes (`cordon volume create`): owner [`LOCAL_VOLUME_OWNER`] in the
+/// data dir's volume store.
+pub fn volume_store() -> Result<cordon_host::volume::VolumeStore> {
+    cordon_host::volume::VolumeStore::open(&crate::data_dir().join("volumes"))
+        .context("opening the volume store (volumes need root: run cordon as root)")
+}
+
+/// Whose volumes `cordon run --volume` and `cordon volume` use.
+pub const LOCAL_VOLUME_OWNER: &str = "local";
+
+/// Leases and mounts each volume the spec names, filling in its host side.
+fn lease_volumes(
+    spec: &mut cordon_core::SandboxSpec,
+) -> Result<Vec<cordon_host::volume::VolumeLease>> {
+    if spec.volumes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let store = volume_store()?;
+    let mut leases = Vec::new();
+    for m in &mut spec.volumes {
+        let lease = store
+            .mount(LOCAL_VOLUME_OWNER, &m.name, m.read_only)
+            .with_context(|| format!("--volume {}:{}", m.name, m.inside()))?;
+        m.source = Some(cordon_core::VolumeSource {
+            host_dir: lease.host_dir().to_path_buf(),
+            lease: None,
+        });
+        leases.push(lease);
+    }
+    Ok(leases)
 }
 
 fn print_summary(o: &ExecOutcome, written: &[(String, String, usize)], errors: &[String]) {

@@ -367,6 +367,85 @@ unsafe impl<const N: usize> std::alloc::GlobalAlloc for BumpArena<N> {
     }
 }
 
+// ---- detached and idmapped mounts (volumes) ---------------------------------------------
+
+/// A detached copy of the mount at `path` (open_tree(2) with OPEN_TREE_CLONE, not
+/// recursive): attached nowhere until [`move_mount_to`], gone with its last descriptor.
+pub fn open_tree_clone(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: open_tree reads a NUL-terminated path that outlives the call and returns a
+    // new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Sets a detached mount's attributes (mount_setattr(2)): `MOUNT_ATTR_*` bits in `set`,
+/// and, with `idmap`, the user namespace whose id maps translate its files' owners (an
+/// idmapped mount: ids are stored as the namespace's inside ids).
+pub fn mount_setattr(
+    mount: &impl AsRawFd,
+    set: u64,
+    idmap: Option<&impl AsRawFd>,
+) -> io::Result<()> {
+    let attr = libc::mount_attr {
+        attr_set: set | idmap.map_or(0, |_| libc::MOUNT_ATTR_IDMAP),
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: idmap.map_or(0, |u| u.as_raw_fd() as u64),
+    };
+    let empty = c"";
+    // SAFETY: mount_setattr reads `attr` (the kernel's `struct mount_attr`, passed with its
+    // size) and an empty path; both outlive the call. No memory is written.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            mount.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Attaches a detached mount (from [`open_tree_clone`]) at `target` (move_mount(2)).
+pub fn move_mount_to(mount: &impl AsRawFd, target: &std::path::Path) -> io::Result<()> {
+    let c = std::ffi::CString::new(target.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let empty = c"";
+    // SAFETY: move_mount reads two NUL-terminated paths that outlive the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::BumpArena;

@@ -377,6 +377,7 @@ impl Backend for GvisorBackend {
             weakened,
             warnings,
             file_findings: Vec::new(),
+            volumes: Vec::new(),
         };
         if let Err(e) = sb.build(egress).and_then(|()| sb.start_live()) {
             let _ = sb.destroy();
@@ -414,6 +415,8 @@ pub struct GvisorSandbox {
     warnings: Vec<String>,
     /// Scan findings of files taken out, until reported.
     file_findings: Vec<cordon_core::Finding>,
+    /// The volumes' idmapped binds in the bundle: (bind, path inside, read-only).
+    volumes: Vec<(PathBuf, String, bool)>,
 }
 
 /// One running runsc sandbox with Cordon's agent as its first process.
@@ -479,6 +482,43 @@ fn etc_files(uid: u32) -> Vec<(&'static str, String)> {
 }
 
 impl GvisorSandbox {
+    /// Binds each leased volume into the bundle, idmapped so the sandbox's host uid writes
+    /// files stored as the volumes' canonical owner, and makes its mount point in the fresh
+    /// /work (nothing has run there yet, so no symlink can be in the way).
+    fn bind_volumes(&mut self) -> Result<()> {
+        for (i, v) in self.spec.volumes.iter().enumerate() {
+            let Some(src) = &v.source else {
+                return Err(Error::Invalid(format!(
+                    "volume {:?} was not leased before the create; lease it with \
+                     cordon_host::volume::VolumeStore::mount first",
+                    v.name
+                )));
+            };
+            let mut at = self.work.clone();
+            for c in v.path.split('/') {
+                at.push(c);
+                match std::fs::create_dir(&at) {
+                    Ok(()) => nix::unistd::chown(
+                        &at,
+                        Some(nix::unistd::Uid::from_raw(self.uid)),
+                        Some(nix::unistd::Gid::from_raw(self.uid)),
+                    )
+                    .map_err(|e| Error::io("making a volume's mount point", e.into()))?,
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(Error::io("making a volume's mount point", e)),
+                }
+            }
+            let bind = self.bundle.join(format!("volume-{i}"));
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&bind)
+                .map_err(|e| Error::io("making a volume's bind", e))?;
+            cordon_host::volume::bind_mapped(&src.host_dir, &bind, self.uid, v.read_only)?;
+            self.volumes.push((bind, v.path.clone(), v.read_only));
+        }
+        Ok(())
+    }
+
     /// Lays out the bundle: owner record, root skeleton, /etc, the /work tmpfs, egress.
     fn build(&mut self, egress: bool) -> Result<()> {
         let bundle = self.bundle.clone();
@@ -545,6 +585,7 @@ impl GvisorSandbox {
             cordon_guest::files::Workspace::open(&self.work, self.uid, self.uid)
                 .map_err(|e| io("opening /work", e))?,
         );
+        self.bind_volumes()?;
         if egress {
             // gVisor checks the sandbox user's permission on the socket itself (uids are
             // not remapped), so the socket and its 0700 directory belong to that uid.
@@ -611,6 +652,9 @@ impl GvisorSandbox {
             serde_json::json!({"destination": "/work", "type": "bind", "source": self.work.display().to_string(), "options": ["rbind", "rw", "nosuid", "nodev"]}),
             serde_json::json!({"destination": AGENT_INSIDE, "type": "bind", "source": self.config.agent.display().to_string(), "options": ["bind", "ro", "nosuid", "nodev"]}),
         ];
+        for (bind, path, ro) in &self.volumes {
+            mounts.push(serde_json::json!({"destination": format!("/work/{path}"), "type": "bind", "source": bind.display().to_string(), "options": ["rbind", if *ro { "ro" } else { "rw" }, "nosuid", "nodev"]}));
+        }
         if let Some(link) = &self.egress {
             let dir = link
                 .socket()
@@ -1162,7 +1206,11 @@ impl Sandbox for GvisorSandbox {
         let mut seen = Observed {
             stopped: run.stopped,
             forks_refused: refused > 0,
-            disk_full: workspace::full(&self.work),
+            disk_full: workspace::full(&self.work)
+                || self
+                    .volumes
+                    .iter()
+                    .any(|(bind, _, ro)| !ro && workspace::volume_full(bind)),
             ..Observed::default()
         };
         let mut out = ExecOutcome::new(Tier::Gvisor, Termination::Exited);
@@ -1348,7 +1396,13 @@ impl Sandbox for GvisorSandbox {
         // The proxy (and every placeholder with it) ends with the sandbox.
         self.egress = None;
         self.workspace = None;
+        // Before the bundle is removed: nothing under a volume's bind may be.
+        for (bind, _, _) in self.volumes.drain(..) {
+            workspace::unmount(&bind);
+        }
         workspace::unmount(&self.work);
+        // Whatever else is mounted in the bundle: the removal never crosses into a mount.
+        cordon_host::volume::unmount_all_under(&self.bundle);
         let removed = std::fs::remove_dir_all(&self.bundle)
             .map_err(|e| Error::io(format!("removing the bundle of {}", self.id), e));
         // runsc has been waited for: nothing runs as the sandbox's id.

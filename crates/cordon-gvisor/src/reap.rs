@@ -200,7 +200,8 @@ impl Sweep<'_> {
             {
                 removed.push(format!("egress socket {}", dir.display()));
             }
-            crate::workspace::unmount(&bundle.join("work"));
+            // Its /work and its volumes' binds: the removal must not reach into a volume.
+            cordon_host::volume::unmount_all_under(&bundle);
             if fs::remove_dir_all(&bundle).is_ok() {
                 removed.push(format!("bundle {}", bundle.display()));
             }

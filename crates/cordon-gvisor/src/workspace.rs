@@ -38,3 +38,12 @@ pub fn full(dir: &Path) -> bool {
         .map(|s| s.blocks_available() * s.fragment_size() <= 64 * 1024)
         .unwrap_or(false)
 }
+
+/// True when a volume (ext4) has refused or is about to refuse a write: ext4 keeps a
+/// reserve of a few percent for metadata and allocations in flight, so it counts as full
+/// below 4% free.
+pub fn volume_full(dir: &Path) -> bool {
+    nix::sys::statvfs::statvfs(dir)
+        .map(|s| s.blocks() > 0 && s.blocks_available().saturating_mul(25) < s.blocks())
+        .unwrap_or(false)
+}

@@ -1078,3 +1078,20 @@ fn a_template_is_the_root_and_writes_stay_in_the_sandbox() {
         b"hello from layer 1\n"
     );
 }
+
+/// A volume written here is stored with the canonical owner (1000), so a sandbox of any
+/// tier and host range reads and writes it next; read-only refuses writes; its quota is
+/// ENOSPC and the disk limit; a planted link reaches nothing of the host.
+#[test]
+fn volumes_outlive_their_sandboxes_with_canonical_ids_their_quota_and_no_way_out() {
+    let b = need_backend!();
+    cordon_testkit::volumes::battery(b, spec);
+}
+
+/// What a volume adds to a create (ADR 0011): `cargo test -p cordon-gvisor --test gvisor
+/// volume_cost -- --nocapture`.
+#[test]
+fn volume_cost() {
+    let b = need_backend!();
+    cordon_testkit::volumes::print_cost(b, spec, 8);
+}

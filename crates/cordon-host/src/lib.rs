@@ -13,6 +13,7 @@ pub mod idpool;
 pub mod procs;
 mod sys;
 pub mod tied;
+pub mod volume;
 
 /// What the unit tests share.
 #[cfg(test)]

@@ -88,6 +88,21 @@ pub struct InitJoin {
     /// `connect_port` relays to it.
     #[serde(default)]
     pub egress_socket: Option<PathBuf>,
+    /// Volumes to mount under /work, in order (ADR 0011). Left out when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<InitVolume>,
+}
+
+/// One volume of the join: its file system as the host mounted it (a root-only directory),
+/// bound into the sandbox idmapped through the sandbox's own user namespace, so the files
+/// its user writes are stored as its inside ids (1000), whatever host range it ran as.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitVolume {
+    pub host_dir: PathBuf,
+    /// Where, relative to /work (validated by the host: no `..`, not nested in another).
+    pub path: String,
+    pub read_only: bool,
 }
 
 /// Directories from the host bound read-only into the sandbox (or recreated as the same
@@ -98,6 +113,9 @@ const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 /// Where the sandbox root is built (a tmpfs over the host's /tmp path, in the sandbox's
 /// private mount namespace) before it becomes `/`.
 const ROOT_BUILT_AT: &str = "/tmp";
+
+/// Most volumes one sandbox mounts (the host refuses more: `cordon_core::MAX_MOUNTS`).
+const MAX_VOLUMES: usize = 8;
 
 /// Scheduling priority of every process of a sandbox (the host's default is 0).
 pub const SANDBOX_NICE: i32 = 5;
@@ -145,7 +163,8 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
     // goes first, and a busy sandbox cannot starve it. An idle host runs it at full speed.
     let _ = cordon_guest::sys::set_nice(SANDBOX_NICE);
     let (go_r, go_w) = nix::unistd::pipe()?;
-    let (to_child_r, to_child_w) = nix::unistd::pipe()?;
+    // A socket, not a pipe: the join carries the volumes' mounts as descriptors.
+    let (to_child_w, to_child_r) = UnixStream::pair()?;
     let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
@@ -220,9 +239,9 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
             let mut go = fs::File::from(go_w);
             go.write_all(b"g")?;
             drop(go);
-            // The child reads the setup and the join from this pipe; a child that failed
+            // The child reads the setup and the join from this socket; a child that failed
             // has reported why on the socket, and its exit status says the rest.
-            let mut to_child = fs::File::from(to_child_w);
+            let mut to_child = to_child_w;
             let setup: InitSetup = match from_host(&mut sock, "setup") {
                 Ok(setup) => setup,
                 Err(message) => return fail(&mut sock, message),
@@ -241,7 +260,15 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
                     );
                 }
             }
+            let mounts = match volume_mounts(child, &join.volumes) {
+                Ok(m) => m,
+                Err(message) => return fail(&mut sock, message),
+            };
             let _ = write_frame(&mut to_child, &join, b"");
+            if !mounts.is_empty() {
+                let _ = send_fds(&to_child, &mounts);
+            }
+            drop(mounts);
             drop(to_child);
             drop(sock);
             loop {
@@ -269,7 +296,81 @@ fn from_host<T: serde::de::DeserializeOwned>(
     }
 }
 
-fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: OwnedFd) -> Result<(), String> {
+/// The volumes' mounts for the sandbox `child`: a detached copy of each host mount, idmapped
+/// through the child's user namespace (its ids 0..65536 are the file system's 0..65536),
+/// read-only where asked, never suid or devices.
+fn volume_mounts(child: nix::unistd::Pid, volumes: &[InitVolume]) -> Result<Vec<OwnedFd>, String> {
+    if volumes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let userns = fs::File::open(format!("/proc/{child}/ns/user"))
+        .map_err(|e| format!("opening the sandbox's user namespace: {e}"))?;
+    volumes
+        .iter()
+        .map(|v| {
+            let m = cordon_guest::sys::open_tree_clone(&v.host_dir)
+                .map_err(|e| format!("volume at /work/{}: copying its mount: {e}", v.path))?;
+            let mut set = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+            if v.read_only {
+                set |= libc::MOUNT_ATTR_RDONLY;
+            }
+            cordon_guest::sys::mount_setattr(&m, set, Some(&userns)).map_err(|e| {
+                format!(
+                    "volume at /work/{}: mapping its ids (idmapped mount): {e}",
+                    v.path
+                )
+            })?;
+            Ok(m)
+        })
+        .collect()
+}
+
+/// Sends descriptors on one byte of their own.
+fn send_fds(to: &UnixStream, fds: &[OwnedFd]) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    use std::os::fd::AsRawFd;
+    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let iov = [io::IoSlice::new(b"v")];
+    sendmsg::<()>(
+        to.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&raw)],
+        MsgFlags::empty(),
+        None,
+    )?;
+    Ok(())
+}
+
+/// Takes `n` descriptors sent by [`send_fds`].
+fn recv_fds(from: &UnixStream, n: usize) -> Result<Vec<OwnedFd>, String> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    use std::os::fd::{AsRawFd, RawFd};
+    let mut buf = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; MAX_VOLUMES]);
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let msg = recvmsg::<()>(
+        from.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| format!("receiving the volumes' mounts: {e}"))?;
+    let mut fds = Vec::new();
+    for c in msg
+        .cmsgs()
+        .map_err(|e| format!("receiving the volumes' mounts: {e}"))?
+    {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            fds.extend(raw.into_iter().map(own_fd));
+        }
+    }
+    if fds.len() != n {
+        return Err(format!("expected {n} volume mounts, got {}", fds.len()));
+    }
+    Ok(fds)
+}
+
+fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: UnixStream) -> Result<(), String> {
     let ctx = |what: &str| {
         let what = what.to_string();
         move |e: nix::errno::Errno| format!("{what}: {e}")
@@ -286,7 +387,7 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: OwnedFd) -> Result
     // sandbox dies with the init process the host holds.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(ctx("pdeathsig"))?;
     crate::sys::loopback_up().map_err(|e| format!("bringing loopback up: {e}"))?;
-    let mut from_parent = fs::File::from(from_parent);
+    let mut from_parent = from_parent;
     let setup: InitSetup = read_frame(&mut from_parent)
         .map_err(|e| format!("waiting for the setup: {e}"))?
         .header;
@@ -297,13 +398,20 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: OwnedFd) -> Result
     let join: InitJoin = read_frame(&mut from_parent)
         .map_err(|e| format!("waiting to join the cgroup: {e}"))?
         .header;
+    let volumes = if join.volumes.is_empty() {
+        Vec::new()
+    } else if join.volumes.len() > MAX_VOLUMES {
+        return Err(format!("more than {MAX_VOLUMES} volumes"));
+    } else {
+        recv_fds(&from_parent, join.volumes.len())?
+    };
     drop(from_parent);
     // The cgroup namespace was made before the move, rooted at the host's cgroup: a fresh
     // one roots it at the sandbox's own, so /proc/self/cgroup shows no host path.
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
         .map_err(ctx("entering a cgroup namespace"))?;
     limit_user_counts()?;
-    finish_root(&join, &setup)?;
+    finish_root(&join, &setup, volumes)?;
     if let (Some(port), Some(_)) = (join.connect_port, &join.egress_socket) {
         cordon_guest::forwarder::spawn(
             port,
@@ -334,13 +442,74 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: OwnedFd) -> Result
         uid: setup.sandbox_uid,
         gid: setup.sandbox_uid,
         workdir: PathBuf::from("/work"),
-        scratch: vec![PathBuf::from("/work"), PathBuf::from("/tmp")],
+        // A full volume is a full disk too (its quota is its file system's size).
+        scratch: [PathBuf::from("/work"), PathBuf::from("/tmp")]
+            .into_iter()
+            .chain(
+                join.volumes
+                    .iter()
+                    .filter(|v| !v.read_only)
+                    .map(|v| Path::new("/work").join(&v.path)),
+            )
+            .collect(),
         mount_proc: true,
         confine: Some(confine),
     };
     let sock = sock.try_clone().map_err(|e| format!("agent socket: {e}"))?;
     let agent = Agent::new(cfg, sock).map_err(|e| format!("starting the agent: {e}"))?;
     agent.serve().map_err(|e| format!("agent: {e}"))
+}
+
+/// Attaches each volume's mount (idmapped by the host) at its path under the new root's
+/// /work: a fresh tmpfs nothing has run in yet, so no symlink can be on the way; the
+/// directories made for it belong to the sandbox's user. Mount points never lie inside
+/// another volume (the host refuses nested paths), so nothing is ever made in one.
+fn mount_volumes(
+    root: &Path,
+    uid: u32,
+    volumes: &[InitVolume],
+    fds: Vec<OwnedFd>,
+) -> Result<(), String> {
+    let work = root.join("work");
+    for (v, fd) in volumes.iter().zip(fds) {
+        if v.path
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..")
+        {
+            return Err(format!(
+                "volume path {:?} is not a plain path under /work",
+                v.path
+            ));
+        }
+        let mut at = work.clone();
+        for c in v.path.split('/') {
+            at.push(c);
+            match fs::create_dir(&at) {
+                Ok(()) => {
+                    nix::unistd::chown(&at, Some(Uid::from_raw(uid)), Some(Gid::from_raw(uid)))
+                        .map_err(|e| format!("volume at /work/{}: {e}", v.path))?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(format!(
+                        "volume at /work/{}: making its mount point: {e}",
+                        v.path
+                    ));
+                }
+            }
+        }
+        let md =
+            fs::symlink_metadata(&at).map_err(|e| format!("volume at /work/{}: {e}", v.path))?;
+        if !md.file_type().is_dir() {
+            return Err(format!(
+                "volume at /work/{}: its mount point is not a directory",
+                v.path
+            ));
+        }
+        cordon_guest::sys::move_mount_to(&fd, &at)
+            .map_err(|e| format!("volume at /work/{}: attaching it: {e}", v.path))?;
+    }
+    Ok(())
 }
 
 /// The sandbox's own per-user limits (`/proc/sys/user/*` of its user namespace), each
@@ -721,7 +890,7 @@ fn mount_pieces(root: &Path, setup: &InitSetup) -> Result<(), String> {
 
 /// The rest of the root, once the host's join has come: the egress proxy's files and
 /// socket, then the root turns read-only and becomes `/`.
-fn finish_root(join: &InitJoin, setup: &InitSetup) -> Result<(), String> {
+fn finish_root(join: &InitJoin, setup: &InitSetup, volumes: Vec<OwnedFd>) -> Result<(), String> {
     let io = |what: String| move |e: io::Error| format!("{what}: {e}");
     let template = setup.template_root.is_some();
     // Files go to the generated layer; with a template, mounts go to the overlay made next.
@@ -804,6 +973,7 @@ fn finish_root(join: &InitJoin, setup: &InitSetup) -> Result<(), String> {
         )
         .map_err(|e| format!("binding the egress socket: {e}"))?;
     }
+    mount_volumes(new, setup.sandbox_uid, &join.volumes, volumes)?;
     // The root itself becomes read-only, then we pivot into it and drop the host's tree.
     if !template {
         mount(

@@ -55,6 +55,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("delete", "/v1/sandboxes/{id}/contexts/{context_id}"),
     ("post", "/v1/sandboxes/{id}/contexts/{context_id}/restart"),
     ("post", "/v1/sandboxes/{id}/contexts/{context_id}/run"),
+    ("post", "/v1/volumes"),
+    ("get", "/v1/volumes"),
+    ("get", "/v1/volumes/{name}"),
+    ("delete", "/v1/volumes/{name}"),
     ("post", "/v1/run"),
     ("get", "/v1/audit"),
     ("post", "/mcp"),
@@ -277,6 +281,8 @@ pub fn router(svc: Service) -> Router {
             "/v1/sandboxes/{id}/contexts/{context_id}/run",
             post(crate::api_contexts::run),
         )
+        .route("/v1/volumes", post(create_volume).get(list_volumes))
+        .route("/v1/volumes/{name}", get(volume).delete(delete_volume))
         .route("/v1/run", post(run))
         .route("/v1/audit", get(audit))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
@@ -554,6 +560,39 @@ async fn info(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     Ok(Json(svc.info(&t, &id).await?).into_response())
+}
+
+async fn create_volume(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    body: Result<Json<crate::model::VolumeCreate>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(req) = body.map_err(json_rejection)?;
+    let info = svc.create_volume(&t, req).await?;
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+async fn list_volumes(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+) -> Result<Json<crate::model::VolumeList>, ApiError> {
+    Ok(Json(svc.volumes(&t).await?))
+}
+
+async fn volume(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path(name): Path<String>,
+) -> Result<Json<crate::model::VolumeInfo>, ApiError> {
+    Ok(Json(svc.volume(&t, &name).await?))
+}
+
+async fn delete_volume(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    Ok(Json(svc.delete_volume(&t, &name).await?))
 }
 
 async fn destroy(

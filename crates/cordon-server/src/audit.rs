@@ -40,7 +40,54 @@ const MIGRATIONS: &[&str] = &[
         end_reason TEXT
      );
      CREATE INDEX sandboxes_state ON sandboxes(state);",
+    // 2: volumes and who mounts them (docs/service.md#volumes).
+    "CREATE TABLE volumes (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        created_ms INTEGER NOT NULL,
+        PRIMARY KEY (tenant, name)
+     );
+     CREATE TABLE volume_mounts (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        sandbox TEXT NOT NULL,
+        read_only INTEGER NOT NULL,
+        since_ms INTEGER NOT NULL,
+        PRIMARY KEY (tenant, name, sandbox)
+     );
+     CREATE INDEX volume_mounts_sandbox ON volume_mounts(sandbox);",
 ];
+
+/// One volume as the store records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VolumeRow {
+    pub name: String,
+    pub size: u64,
+    pub created_ms: i64,
+    /// The sandboxes mounting it now.
+    pub mounts: Vec<MountRow>,
+}
+
+/// One sandbox mounting a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MountRow {
+    pub sandbox: String,
+    pub read_only: bool,
+    pub since_ms: i64,
+}
+
+/// Why a volume could not be recorded.
+#[derive(Debug)]
+pub enum VolumeRefusal {
+    Exists,
+    /// The tenant's count or total would pass its ceiling: (count, bytes) it has now.
+    Ceiling {
+        count: usize,
+        bytes: u64,
+    },
+    Store(ServerError),
+}
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
@@ -180,6 +227,144 @@ fn insert_sandbox(
 }
 
 impl Audit {
+    /// Records a new volume of `tenant`, if its count and total size stay within
+    /// `(max_count, max_bytes)` with it; checked and written under one lock and transaction.
+    pub fn volume_add(
+        &self,
+        tenant: &str,
+        name: &str,
+        size: u64,
+        (max_count, max_bytes): (usize, u64),
+    ) -> Result<(), VolumeRefusal> {
+        let store = |e: rusqlite::Error| VolumeRefusal::Store(e.into());
+        let mut c = lock(&self.conn);
+        let tx = c.transaction().map_err(store)?;
+        let exists: Option<i64> = tx
+            .query_row(
+                "SELECT 1 FROM volumes WHERE tenant = ?1 AND name = ?2",
+                params![tenant, name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(store)?;
+        if exists.is_some() {
+            return Err(VolumeRefusal::Exists);
+        }
+        let (count, bytes): (i64, i64) = tx
+            .query_row(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM volumes WHERE tenant = ?1",
+                params![tenant],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(store)?;
+        let (count, bytes) = (count as usize, bytes as u64);
+        if count + 1 > max_count || bytes.saturating_add(size) > max_bytes {
+            return Err(VolumeRefusal::Ceiling { count, bytes });
+        }
+        tx.execute(
+            "INSERT INTO volumes (tenant, name, size, created_ms) VALUES (?1, ?2, ?3, ?4)",
+            params![tenant, name, size as i64, now_ms()],
+        )
+        .map_err(store)?;
+        tx.commit().map_err(store)
+    }
+
+    /// Forgets a volume (and any mount row of it).
+    pub fn volume_remove(&self, tenant: &str, name: &str) -> Result<(), ServerError> {
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        tx.execute(
+            "DELETE FROM volume_mounts WHERE tenant = ?1 AND name = ?2",
+            params![tenant, name],
+        )?;
+        tx.execute(
+            "DELETE FROM volumes WHERE tenant = ?1 AND name = ?2",
+            params![tenant, name],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// `tenant`'s volumes by name, with their mounts; `name` picks one.
+    pub fn volumes(&self, tenant: &str, name: Option<&str>) -> Result<Vec<VolumeRow>, ServerError> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare_cached(
+            "SELECT name, size, created_ms FROM volumes
+             WHERE tenant = ?1 AND (?2 IS NULL OR name = ?2) ORDER BY name",
+        )?;
+        let mut rows = st
+            .query_map(params![tenant, name], |r| {
+                Ok(VolumeRow {
+                    name: r.get(0)?,
+                    size: r.get::<_, i64>(1)? as u64,
+                    created_ms: r.get(2)?,
+                    mounts: Vec::new(),
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut st = c.prepare_cached(
+            "SELECT sandbox, read_only, since_ms FROM volume_mounts
+             WHERE tenant = ?1 AND name = ?2 ORDER BY since_ms, sandbox",
+        )?;
+        for v in &mut rows {
+            v.mounts = st
+                .query_map(params![tenant, v.name], |r| {
+                    Ok(MountRow {
+                        sandbox: r.get(0)?,
+                        read_only: r.get::<_, i64>(1)? != 0,
+                        since_ms: r.get(2)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+        }
+        Ok(rows)
+    }
+
+    /// Every tenant's volumes as `(tenant, name)` (crash recovery compares them with the
+    /// host's files).
+    pub fn all_volumes(&self) -> Result<Vec<(String, String)>, ServerError> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare("SELECT tenant, name FROM volumes")?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Records that `sandbox` mounts these volumes of `tenant`, with `events`, in one
+    /// transaction.
+    pub fn volumes_mounted(
+        &self,
+        tenant: &str,
+        sandbox: &str,
+        mounts: &[(String, bool)],
+        events: &[NewEvent<'_>],
+    ) -> Result<(), ServerError> {
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        for (name, ro) in mounts {
+            tx.execute(
+                "INSERT OR REPLACE INTO volume_mounts (tenant, name, sandbox, read_only, since_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![tenant, name, sandbox, *ro as i64, now_ms()],
+            )?;
+        }
+        for e in events {
+            insert_event(&tx, e)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Forgets the mounts of `sandbox` (its destroy), or of every sandbox (a start: no
+    /// sandbox of an earlier server lives on). Returns how many there were.
+    pub fn volumes_unmounted(&self, sandbox: Option<&str>) -> Result<usize, ServerError> {
+        Ok(lock(&self.conn).execute(
+            "DELETE FROM volume_mounts WHERE ?1 IS NULL OR sandbox = ?1",
+            params![sandbox],
+        )?)
+    }
+
     /// Opens (creating and migrating) the store at `path`.
     pub fn open(path: &Path) -> Result<Self, ServerError> {
         let conn = Connection::open(path)?;

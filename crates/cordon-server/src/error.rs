@@ -57,6 +57,9 @@ pub enum Code {
     Unsupported,
     ShuttingDown,
     StorageLow,
+    VolumeExists,
+    VolumeInUse,
+    VolumeQuota,
     NoSuchRoute,
     MethodNotAllowed,
     Internal,
@@ -79,7 +82,12 @@ impl Code {
             | Code::TooManyExecs
             | Code::TooManyContexts
             | Code::TooManyFailures => StatusCode::TOO_MANY_REQUESTS,
-            Code::SandboxBusy | Code::SandboxPaused | Code::ContextBusy => StatusCode::CONFLICT,
+            Code::SandboxBusy
+            | Code::SandboxPaused
+            | Code::ContextBusy
+            | Code::VolumeExists
+            | Code::VolumeInUse => StatusCode::CONFLICT,
+            Code::VolumeQuota => StatusCode::FORBIDDEN,
             Code::SandboxGone => StatusCode::GONE,
             Code::SandboxFailure | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Code::ShuttingDown | Code::StorageLow => StatusCode::SERVICE_UNAVAILABLE,
@@ -111,6 +119,9 @@ impl Code {
             Code::Unsupported => "unsupported",
             Code::ShuttingDown => "shutting_down",
             Code::StorageLow => "storage_low",
+            Code::VolumeExists => "volume_exists",
+            Code::VolumeInUse => "volume_in_use",
+            Code::VolumeQuota => "volume_quota",
             Code::NoSuchRoute => "no_such_route",
             Code::MethodNotAllowed => "method_not_allowed",
             Code::Internal => "internal",
@@ -227,6 +238,28 @@ impl From<cordon_core::Error> for ApiError {
                 Code::SandboxFailure,
                 message,
                 "retry with a new sandbox; run `cordon doctor` if it persists",
+            ),
+        }
+    }
+}
+
+impl From<cordon_host::volume::VolumeError> for ApiError {
+    fn from(e: cordon_host::volume::VolumeError) -> Self {
+        use cordon_host::volume::VolumeError as V;
+        let message = e.to_string();
+        match e {
+            V::NotFound(_) => ApiError::new(
+                Code::NotFound,
+                message,
+                "list yours with GET /v1/volumes; other tenants' volumes are not visible",
+            ),
+            V::Exists(_) => ApiError::new(Code::VolumeExists, message, "pick another name"),
+            V::InUse { fix, .. } => ApiError::new(Code::VolumeInUse, message, fix),
+            V::Invalid(_) => ApiError::invalid(message),
+            V::Host { .. } => ApiError::new(
+                Code::Internal,
+                message,
+                "retry; if it persists, the operator finds the cause in the server log",
             ),
         }
     }

@@ -86,6 +86,32 @@ pub struct CreateArgs {
     /// Labels to find it by later (list_sandboxes filters on them).
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// Volumes of yours to mount (create_volume makes them): name, a path under /work,
+    /// read_only (many sandboxes may; read-write is one sandbox's alone).
+    #[serde(default)]
+    pub volumes: Vec<VolumeMountArgs>,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize, schemars::JsonSchema)]
+pub struct VolumeMountArgs {
+    pub name: String,
+    /// Its mount point, an absolute path under /work such as /work/data.
+    pub path: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct VolumeArgs {
+    /// 1 to 63 of a-z, 0-9, '_' and '-'.
+    pub name: String,
+    /// Its size, which is its quota, such as "256M" (at least 8M).
+    pub size: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct VolumeNameArgs {
+    pub name: String,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -352,8 +378,52 @@ impl CordonMcp {
             "grants": a.grants,
             "template": a.template,
             "labels": a.labels,
+            "volumes": a.volumes,
         })))?;
         text(&self.svc.create(&t, req).await.map_err(|e| e.to_string())?)
+    }
+
+    #[tool(
+        description = "Create a volume: a named file system of the given size (its quota) that outlives sandboxes; mount it with create_sandbox's volumes."
+    )]
+    async fn create_volume(
+        &self,
+        Parameters(a): Parameters<VolumeArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let req = parse(json!({"name": a.name, "size": a.size}))?;
+        text(
+            &self
+                .svc
+                .create_volume(&t, req)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    }
+
+    #[tool(
+        description = "List your volumes (size, bytes used, the sandboxes mounting each) and your volume quota."
+    )]
+    async fn list_volumes(&self, ctx: RequestContext<RoleServer>) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        text(&self.svc.volumes(&t).await.map_err(|e| e.to_string())?)
+    }
+
+    #[tool(description = "Delete a volume and its contents (refused while a sandbox mounts it).")]
+    async fn delete_volume(
+        &self,
+        Parameters(a): Parameters<VolumeNameArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        text(
+            &self
+                .svc
+                .delete_volume(&t, &a.name)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
     }
 
     #[tool(description = "Run code (lang + code) or a program (argv) in an existing sandbox.")]

@@ -265,6 +265,7 @@ impl RunRequest {
             ttl: None,
             idle_timeout: None,
             labels: BTreeMap::new(),
+            volumes: Vec::new(),
             inline_grants: Vec::new(),
             workload: Default::default(),
         };
@@ -440,4 +441,49 @@ pub struct CellResult {
     pub duration_us: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+}
+
+/// `POST /v1/volumes`'s body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeCreate {
+    /// 1 to 63 of `a-z 0-9 _ -`, starting with a letter or digit; unique per tenant.
+    pub name: String,
+    /// Its quota: the file system's size (`"256M"` or bytes), at least 8 MiB.
+    pub size: cordon_core::units::Size,
+}
+
+/// One volume as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    pub name: String,
+    /// Its quota in bytes: writes past it fail with ENOSPC inside the sandbox.
+    pub size: u64,
+    /// Bytes of the server's disk it holds now (it grows as it is written, up to `size`).
+    pub used: u64,
+    pub created_ms: i64,
+    /// The sandboxes mounting it now.
+    pub mounts: Vec<VolumeMountInfo>,
+}
+
+/// A sandbox mounting a volume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeMountInfo {
+    pub sandbox: String,
+    pub read_only: bool,
+    pub since_ms: i64,
+}
+
+/// `GET /v1/volumes`: the tenant's volumes and its volume ceiling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeList {
+    pub volumes: Vec<VolumeInfo>,
+    /// The volumes' sizes added up: what counts against `quota_bytes`.
+    pub used_bytes: u64,
+    /// The most `used_bytes` may be (the operator's `max_volume_bytes` for this tenant).
+    pub quota_bytes: u64,
+    /// Bytes of the server's disk the volumes hold now.
+    pub allocated_bytes: u64,
+    /// The most volumes this tenant may have.
+    pub max_volumes: usize,
 }

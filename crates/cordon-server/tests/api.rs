@@ -1261,12 +1261,15 @@ mod mcp {
                 "create_context",
                 "create_sandbox",
                 "delete_context",
+                "create_volume",
+                "delete_volume",
                 "destroy",
                 "exec",
                 "kill_exec",
                 "list_contexts",
                 "list_execs",
                 "list_files",
+                "list_volumes",
                 "make_dir",
                 "pause_sandbox",
                 "read_exec",
@@ -2677,5 +2680,294 @@ async fn context_routes_check_the_tenant_the_language_and_the_tier() {
         .await;
     assert_eq!(s, 422, "{v}");
     assert!(v["fix"].as_str().unwrap().contains("container"), "{v}");
+    env.server.shutdown().await;
+}
+
+// ---- volumes ------------------------------------------------------------------------------
+
+/// Volumes are loop-mounted ext4 file systems: the host side needs root.
+fn root_or_skip(what: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CORDON_REQUIRE_ALL").is_none(),
+        "{what} needs root (CORDON_REQUIRE_ALL is set)"
+    );
+    eprintln!("\n!!!!! SKIPPING: {what} needs root !!!!!\n");
+    false
+}
+
+fn volume_config(c: &mut Config) {
+    c.pools.clear();
+    c.tenants.insert(
+        "alice".into(),
+        cordon_engine::TenantRules {
+            trust: Some(cordon_policy::Trust::Trusted),
+            tiers: Some(Tier::ALL.to_vec()),
+            max_volume_bytes: Some(cordon_server::config::Size(64 << 20)),
+            max_volumes: Some(3),
+            ..Default::default()
+        },
+    );
+}
+
+/// The error code of a refused call, with its status.
+async fn refused(env: &Env, m: M, path: &str, key: &str, body: Option<Value>) -> (u16, String) {
+    let (s, v) = env.call(m, path, key, body).await;
+    (s, v["code"].as_str().unwrap_or_default().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_are_a_tenants_own_exclusive_when_written_counted_and_kept_across_restarts() {
+    if !root_or_skip("volumes") {
+        return;
+    }
+    let env = start_with(volume_config).await;
+    let mk = |name: &str, size: &str| json!({"name": name, "size": size});
+    let (s, v) = env
+        .call(M::POST, "/v1/volumes", ALICE, Some(mk("data", "32M")))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["size"], 32 << 20);
+    assert!(v["used"].as_u64().unwrap() < 32 << 20, "sparse: {v}");
+    assert_eq!(
+        refused(&env, M::POST, "/v1/volumes", ALICE, Some(mk("data", "16M"))).await,
+        (409, "volume_exists".into())
+    );
+    // The tenant's ceiling counts its volumes' sizes: 32 + 40 MiB > 64 MiB.
+    let (s, v) = env
+        .call(M::POST, "/v1/volumes", ALICE, Some(mk("big", "40M")))
+        .await;
+    assert_eq!(
+        (s, v["code"].as_str().unwrap()),
+        (403, "volume_quota"),
+        "{v}"
+    );
+    assert!(v["message"].as_str().unwrap().contains("ceiling"), "{v}");
+    for bad in [
+        mk("../x", "16M"),
+        mk("Data", "16M"),
+        mk("a.b", "16M"),
+        mk("small", "1M"),
+    ] {
+        assert_eq!(
+            refused(&env, M::POST, "/v1/volumes", ALICE, Some(bad))
+                .await
+                .0,
+            400
+        );
+    }
+    let (s, list) = env.call(M::GET, "/v1/volumes", ALICE, None).await;
+    assert_eq!(s, 200);
+    assert_eq!(list["used_bytes"], 32 << 20, "{list}");
+    assert_eq!(list["quota_bytes"], 64 << 20, "{list}");
+    assert_eq!(list["volumes"].as_array().unwrap().len(), 1);
+
+    // Another tenant never sees nor mounts it: 404 everywhere, and its own names are its own.
+    let (s, v) = env.call(M::GET, "/v1/volumes", BOB, None).await;
+    assert_eq!((s, v["volumes"].as_array().unwrap().len()), (200, 0), "{v}");
+    for m in [M::GET, M::DELETE] {
+        assert_eq!(
+            refused(&env, m, "/v1/volumes/data", BOB, None).await,
+            (404, "not_found".into())
+        );
+    }
+    let with = |name: &str, path: &str, ro: bool| json!({"tier": "container", "volumes": [{"name": name, "path": path, "read_only": ro}]});
+    assert_eq!(
+        refused(
+            &env,
+            M::POST,
+            "/v1/sandboxes",
+            BOB,
+            Some(with("data", "/work/d", true))
+        )
+        .await,
+        (404, "not_found".into())
+    );
+    let (s, _) = env
+        .call(M::POST, "/v1/volumes", BOB, Some(mk("data", "16M")))
+        .await;
+    assert_eq!(s, 201);
+
+    // Read-write is one sandbox's alone: no second mount of any kind, no delete meanwhile.
+    let writer = env.create(ALICE, with("data", "/work/data", false)).await;
+    let (_, v) = env.call(M::GET, "/v1/volumes/data", ALICE, None).await;
+    assert_eq!(v["mounts"][0]["sandbox"], writer.as_str(), "{v}");
+    assert_eq!(v["mounts"][0]["read_only"], false);
+    for ro in [false, true] {
+        assert_eq!(
+            refused(
+                &env,
+                M::POST,
+                "/v1/sandboxes",
+                ALICE,
+                Some(with("data", "/work/d", ro))
+            )
+            .await,
+            (409, "volume_in_use".into())
+        );
+    }
+    assert_eq!(
+        refused(&env, M::DELETE, "/v1/volumes/data", ALICE, None).await,
+        (409, "volume_in_use".into())
+    );
+    // Mount points stay under /work, plain, and apart; only tiers with a kernel wall.
+    for path in [
+        "/etc",
+        "/work",
+        "/work/../etc",
+        "/work/a/../../x",
+        "data",
+        "/tmp/x",
+    ] {
+        assert_eq!(
+            refused(
+                &env,
+                M::POST,
+                "/v1/sandboxes",
+                ALICE,
+                Some(with("data", path, true))
+            )
+            .await
+            .0,
+            400,
+            "{path}"
+        );
+    }
+    let (s, _) = env
+        .call(M::POST, "/v1/volumes", ALICE, Some(mk("other", "16M")))
+        .await;
+    assert_eq!(s, 201);
+    let nested = json!({"tier": "container", "volumes": [
+        {"name": "data", "path": "/work/a", "read_only": true},
+        {"name": "other", "path": "/work/a/b", "read_only": true}]});
+    assert_eq!(
+        refused(&env, M::POST, "/v1/sandboxes", ALICE, Some(nested))
+            .await
+            .0,
+        400
+    );
+    let on_runtime = json!({"tier": "runtime", "volumes": [{"name": "data", "path": "/work/d"}]});
+    assert_eq!(
+        refused(&env, M::POST, "/v1/sandboxes", ALICE, Some(on_runtime)).await,
+        (403, "policy_denied".into())
+    );
+    env.call(M::DELETE, &format!("/v1/sandboxes/{writer}"), ALICE, None)
+        .await;
+    let (_, v) = env.call(M::GET, "/v1/volumes/data", ALICE, None).await;
+    assert_eq!(v["mounts"], json!([]), "{v}");
+    // Read-only is many sandboxes'; a writer waits for them all.
+    let r1 = env.create(ALICE, with("data", "/work/data", true)).await;
+    let r2 = env.create(ALICE, with("data", "/work/in/data", true)).await;
+    let (_, v) = env.call(M::GET, "/v1/volumes/data", ALICE, None).await;
+    assert_eq!(v["mounts"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(
+        refused(
+            &env,
+            M::POST,
+            "/v1/sandboxes",
+            ALICE,
+            Some(with("data", "/work/d", false))
+        )
+        .await,
+        (409, "volume_in_use".into())
+    );
+    for id in [&r1, &r2] {
+        env.call(M::DELETE, &format!("/v1/sandboxes/{id}"), ALICE, None)
+            .await;
+    }
+    for (kind, other) in [("volume_create", "deny"), ("volume_mount", "error")] {
+        let (_, rows) = env
+            .call(
+                M::GET,
+                &format!("/v1/audit?kind={kind}&limit=100"),
+                ALICE,
+                None,
+            )
+            .await;
+        let decisions: Vec<&str> = rows["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["decision"].as_str().unwrap())
+            .collect();
+        assert!(
+            decisions.contains(&"ok") && decisions.contains(&other),
+            "{kind}: {decisions:?}"
+        );
+    }
+
+    // A server that died holding a mount: its mount row and the host mount it left are
+    // cleaned at the next start; the volumes and their contents stay.
+    let data_dir = env._dir.path().to_path_buf();
+    let cfg = {
+        let mut c = config(&data_dir);
+        volume_config(&mut c);
+        c
+    };
+    env.server.shutdown().await;
+    {
+        let audit = cordon_server::audit::Audit::open(&data_dir.join("audit.db")).unwrap();
+        audit
+            .volumes_mounted("alice", "sb-dead", &[("data".into(), false)], &[])
+            .unwrap();
+    }
+    let image = data_dir
+        .join("volumes/images")
+        .join(hex::encode("alice"))
+        .join("data.img");
+    let stale = data_dir.join("volumes/mnt/stale");
+    std::fs::create_dir_all(&stale).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-o", "loop,ro"])
+        .arg(&image)
+        .arg(&stale)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let server = Server::start(cfg, backends(&env.counters), None)
+        .await
+        .unwrap();
+    let base = format!("http://{}", server.addr());
+    let env = Env {
+        server,
+        counters: env.counters,
+        http: env.http,
+        base,
+        _dir: env._dir,
+    };
+    assert!(!stale.exists(), "the stale host mount was removed");
+    let (_, list) = env.call(M::GET, "/v1/volumes", ALICE, None).await;
+    let names: Vec<&str> = list["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["data", "other"], "{list}");
+    assert_eq!(list["volumes"][0]["mounts"], json!([]), "{list}");
+    let writer = env.create(ALICE, with("data", "/work/data", false)).await;
+    env.call(M::DELETE, &format!("/v1/sandboxes/{writer}"), ALICE, None)
+        .await;
+    let (s, v) = env.call(M::DELETE, "/v1/volumes/data", ALICE, None).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(!image.exists());
+    let (_, list) = env.call(M::GET, "/v1/volumes", ALICE, None).await;
+    assert_eq!(list["used_bytes"], 16 << 20, "{list}");
+    let (_, deletes) = env
+        .call(M::GET, "/v1/audit?kind=volume_delete", ALICE, None)
+        .await;
+    let decisions: Vec<&str> = deletes["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["decision"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        decisions.iter().filter(|d| **d == "ok").count(),
+        1,
+        "{decisions:?}"
+    );
     env.server.shutdown().await;
 }

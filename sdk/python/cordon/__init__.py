@@ -45,6 +45,9 @@ from .client import (
     TooManySandboxes,
     Unauthorized,
     Unsupported,
+    VolumeExists,
+    VolumeInUse,
+    VolumeQuota,
 )
 
 __all__ = [
@@ -74,4 +77,7 @@ __all__ = [
     "TooManySandboxes",
     "Unauthorized",
     "Unsupported",
+    "VolumeExists",
+    "VolumeInUse",
+    "VolumeQuota",
 ]

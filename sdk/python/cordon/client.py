@@ -85,6 +85,18 @@ class TooManyContexts(CordonError):
     """The sandbox holds its limit of code contexts: delete one first."""
 
 
+class VolumeExists(CordonError):
+    """You have a volume of that name already."""
+
+
+class VolumeInUse(CordonError):
+    """The volume is mounted: read-write by another sandbox, or by any to delete it."""
+
+
+class VolumeQuota(CordonError):
+    """The volume would pass your volume ceiling (count or bytes)."""
+
+
 _BY_CODE = {
     "unauthorized": Unauthorized,
     "not_found": NotFound,
@@ -103,6 +115,9 @@ _BY_CODE = {
     "sandbox_paused": SandboxPaused,
     "context_busy": ContextBusy,
     "too_many_contexts": TooManyContexts,
+    "volume_exists": VolumeExists,
+    "volume_in_use": VolumeInUse,
+    "volume_quota": VolumeQuota,
 }
 
 
@@ -316,16 +331,21 @@ class Cordon:
                        shape: Optional[str] = None,
                        grants: Sequence[str] = (),
                        template: Optional[str] = None,
-                       labels: Optional[Mapping[str, str]] = None) -> "Sandbox":
+                       labels: Optional[Mapping[str, str]] = None,
+                       volumes: Sequence[Union[str, Mapping[str, Any]]] = ()) -> "Sandbox":
         """Creates a sandbox; prefer `with c.sandbox(...) as sb:` so it is always destroyed.
 
         `trust`, `autonomy` and `shape` are the tier policy's inputs, as for `run`.
         `grants` names credentials of the server's grant catalogue: the sandbox gets a
         placeholder, the egress proxy puts the real secret (or a minted token) into requests
         to the grant's hosts. `template` names a template on the server (`cordon template
-        ls`) the sandbox's root is made from.
+        ls`) the sandbox's root is made from. `volumes` mounts volumes of yours, each
+        `"name:/work/path"`, `"name:/work/path:ro"` or `{"name", "path", "read_only"}`:
+        read-write for this sandbox alone, read-only for as many as like.
         """
         payload: Dict[str, Any] = _policy(trust, autonomy, shape)
+        if volumes:
+            payload["volumes"] = [_volume_mount(v) for v in volumes]
         if grants:
             payload["grants"] = list(grants)
         if template:
@@ -348,6 +368,24 @@ class Cordon:
         return Sandbox(self, info)
 
     sandbox = create_sandbox
+    create = create_sandbox
+
+    def create_volume(self, name: str, size: Union[int, str]) -> Dict[str, Any]:
+        """Creates a volume: an empty file system of `size` bytes (or "256M"), its quota."""
+        return self._json("POST", "/v1/volumes", {"name": name, "size": size})
+
+    def volumes(self) -> Dict[str, Any]:
+        """Your volumes (`volumes`), their sizes added up (`used_bytes`) and your ceiling
+        (`quota_bytes`, `max_volumes`)."""
+        return self._json("GET", "/v1/volumes")
+
+    def volume(self, name: str) -> Dict[str, Any]:
+        """One of your volumes: size, bytes used, the sandboxes mounting it."""
+        return self._json("GET", "/v1/volumes/" + urllib.parse.quote(name, safe=""))
+
+    def delete_volume(self, name: str) -> None:
+        """Deletes a volume and its contents; refused while a sandbox mounts it."""
+        self._json("DELETE", "/v1/volumes/" + urllib.parse.quote(name, safe=""))
 
     def list_sandboxes(self, labels: Optional[Mapping[str, str]] = None) -> List[Dict[str, Any]]:
         """Your sandboxes; with `labels`, only those carrying every one of them."""
@@ -361,6 +399,16 @@ class Cordon:
         q = {k: v for k, v in {"sandbox": sandbox, "kind": kind, "after_id": after_id,
                                "limit": limit}.items() if v is not None}
         return self._json("GET", "/v1/audit?" + urllib.parse.urlencode(q))["events"]
+
+
+def _volume_mount(v: Union[str, Mapping[str, Any]]) -> Dict[str, Any]:
+    if isinstance(v, str):
+        name, _, rest = v.partition(":")
+        path, ro = rest, False
+        if rest.endswith(":ro") or rest.endswith(":rw"):
+            path, ro = rest[:-3], rest.endswith(":ro")
+        return {"name": name, "path": path, "read_only": ro}
+    return dict(v)
 
 
 def _policy(trust: Optional[str], autonomy: Optional[str],

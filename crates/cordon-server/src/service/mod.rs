@@ -85,6 +85,7 @@ mod procs;
 mod reaper;
 mod recovery;
 mod sessions;
+mod volumes;
 
 pub use contexts::{CellError, CellStatus};
 use exec::NewEventOwned;
@@ -111,6 +112,8 @@ struct Inner {
     gate: Gate,
     /// Sandboxes and memory held, per tenant and in all.
     ledger: Ledger,
+    /// Tenants' volumes on the host.
+    volumes: cordon_host::volume::VolumeStore,
     /// Memory the warm pools hold, counted against the server's budget for their life.
     _pool_budget: Vec<Reservation>,
     /// Mints grant tokens and publishes their keys.
@@ -331,6 +334,7 @@ impl Service {
             );
         }
         let egress_rows = RowBudget::new(cfg.audit.max_egress_rows_per_minute);
+        let volume_store = volumes::open_store(&cfg.data_dir)?;
         let svc = Service {
             inner: Arc::new(Inner {
                 cfg,
@@ -344,6 +348,7 @@ impl Service {
                 pools,
                 gate,
                 ledger,
+                volumes: volume_store,
                 _pool_budget: pool_budget,
                 issuer,
                 throttle: crate::keys::Throttle::default(),

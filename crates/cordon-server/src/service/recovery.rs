@@ -48,7 +48,12 @@ pub(super) fn open_and_recover(
     if let Some(h) = &hook {
         report.removed.extend(h(&rows));
     }
+    // After the tiers' cleanup: their sandboxes, which held binds of the volumes, are gone.
+    report.removed.extend(super::volumes::recover(dir, &audit)?);
     let scratch = dir.join("scratch");
+    // Nothing left mounted under it (a volume's bind in a dead sandbox's bundle) may be
+    // reached by the removal below.
+    cordon_host::volume::unmount_all_under(&scratch);
     if let Ok(tiers) = std::fs::read_dir(&scratch) {
         for t in tiers.flatten() {
             let Ok(entries) = std::fs::read_dir(t.path()) else {

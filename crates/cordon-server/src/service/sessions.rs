@@ -83,6 +83,8 @@ pub(super) struct Session {
     pub(super) paused_at: Mutex<Option<Instant>>,
     /// Milliseconds it spent paused before the current pause (its TTL clock stood still).
     pub(super) paused_ms: AtomicI64,
+    /// The volumes it mounts, let go once it is destroyed.
+    pub(super) volume_leases: Mutex<super::volumes::Leases>,
     pub(super) _slot: Reservation,
 }
 
@@ -119,6 +121,7 @@ impl Session {
             contexts: Mutex::default(),
             paused_at: Mutex::new(None),
             paused_ms: AtomicI64::new(0),
+            volume_leases: Mutex::default(),
             _slot: slot,
         }
     }
@@ -225,12 +228,31 @@ impl Service {
         crate::model::validate_labels(&req.labels)?;
         let labels = req.labels.clone();
         let Admission {
-            spec, ttl, idle, ..
+            mut spec,
+            ttl,
+            idle,
+            ..
         } = self.decide(tenant, &req, "create").await?;
         let slot = self.reserve(tenant, &spec)?;
+        let leases = match self.lease_volumes(tenant, &mut spec).await {
+            Ok(l) => l,
+            Err(e) => {
+                self.record(NewEventOwned {
+                    tenant: Some(tenant.0.clone()),
+                    sandbox: None,
+                    kind: "volume_mount",
+                    decision: Some("error"),
+                    tier: Some(spec.tier),
+                    detail: json!({"volumes": spec.volumes, "error": e.to_json()}),
+                })
+                .await?;
+                return Err(e);
+            }
+        };
         let acq = match self.acquire(&spec).await {
             Ok(a) => a,
             Err(e) => {
+                drop(leases);
                 self.record(NewEventOwned {
                     tenant: Some(tenant.0.clone()),
                     sandbox: None,
@@ -253,8 +275,19 @@ impl Service {
             false,
         ));
         *lock(&session.labels) = labels;
+        *lock(&session.volume_leases) = leases;
         let audit = self.inner.audit.clone();
         let (t, i, tier) = (tenant.0.clone(), id.clone(), spec.tier);
+        let mounts: Vec<(String, bool)> = spec
+            .volumes
+            .iter()
+            .map(|v| (v.name.clone(), v.read_only))
+            .collect();
+        let mount_detail: Vec<serde_json::Value> = spec
+            .volumes
+            .iter()
+            .map(|v| json!({"name": v.name, "path": v.inside(), "read_only": v.read_only}))
+            .collect();
         let detail = json!({
             "source": session.source,
             "start_us": session.start_us,
@@ -273,6 +306,21 @@ impl Service {
                 tier: Some(tier),
                 detail,
             })?;
+            if !mounts.is_empty() {
+                audit.volumes_mounted(
+                    &t,
+                    &i,
+                    &mounts,
+                    &[NewEvent {
+                        tenant: Some(&t),
+                        sandbox: Some(&i),
+                        kind: "volume_mount",
+                        decision: Some("ok"),
+                        tier: Some(tier),
+                        detail: json!({"volumes": mount_detail}),
+                    }],
+                )?;
+            }
             Ok(())
         })
         .await?;
@@ -427,6 +475,7 @@ impl Service {
         let cell = s.sandbox.clone();
         let audit = self.inner.audit.clone();
         let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
+        let s2 = s.clone();
         let res = blocking(move || -> Result<serde_json::Value, ServerError> {
             let t0 = Instant::now();
             let taken = lock(&cell).take();
@@ -437,10 +486,19 @@ impl Service {
                 },
                 None => json!({"ok": true, "note": "already gone"}),
             };
+            // Only now that the sandbox is gone (and with it its binds of them): the
+            // volumes' host mounts go, and their locks with them.
+            let leases = std::mem::take(&mut lock(&s2.volume_leases).0);
+            let volumes = leases.len();
+            drop(leases);
+            if volumes > 0 {
+                audit.volumes_unmounted(Some(&i))?;
+            }
             let detail = json!({
                 "reason": reason,
                 "destroy_us": t0.elapsed().as_micros() as u64,
                 "result": outcome,
+                "volumes_released": volumes,
             });
             audit.sandbox_ended(&i, "destroyed", reason)?;
             audit.record(&NewEvent {
