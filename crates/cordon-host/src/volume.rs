@@ -160,21 +160,14 @@ impl VolumeStore {
                     String::from_utf8_lossy(&out.stderr).trim(),
                 ));
             }
-            nix::fcntl::renameat2(
-                nix::fcntl::AT_FDCWD,
-                &tmp,
-                nix::fcntl::AT_FDCWD,
-                &path,
-                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-            )
-            .map_err(|e| match e {
-                nix::errno::Errno::EEXIST => VolumeError::Exists(name.into()),
-                e => VolumeError::host("create", e),
+            // A link, not a rename: it refuses an existing name atomically on every libc
+            // (musl builds of this crate have no renameat2); the temporary name goes below.
+            std::fs::hard_link(&tmp, &path).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => VolumeError::Exists(name.into()),
+                _ => VolumeError::host("create", e),
             })
         })();
-        if made.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
+        let _ = std::fs::remove_file(&tmp);
         made?;
         self.facts(owner, name)
     }

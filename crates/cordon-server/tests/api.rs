@@ -1260,8 +1260,8 @@ mod mcp {
             [
                 "create_context",
                 "create_sandbox",
-                "delete_context",
                 "create_volume",
+                "delete_context",
                 "delete_volume",
                 "destroy",
                 "exec",
