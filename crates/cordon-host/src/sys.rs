@@ -139,7 +139,25 @@ pub fn userns_with_maps(uid_map: &str, gid_map: &str) -> std::io::Result<std::os
     if pid == 0 {
         let mut b = 0u8;
         // SAFETY: see above; the child waits for the parent to close the pipe, then exits.
+        // It first closes every descriptor but its end of the pipe (close_range(2) is a
+        // plain syscall): a copy of another thread's descriptor held here would keep that
+        // descriptor's flock, a volume lease the other thread has just let go.
         unsafe {
+            let keep = r_raw as libc::c_uint;
+            if keep > 3 {
+                libc::syscall(
+                    libc::SYS_close_range,
+                    3 as libc::c_uint,
+                    keep - 1,
+                    0 as libc::c_uint,
+                );
+            }
+            libc::syscall(
+                libc::SYS_close_range,
+                keep + 1,
+                libc::c_uint::MAX,
+                0 as libc::c_uint,
+            );
             libc::close(w_raw);
             libc::read(r_raw, (&mut b as *mut u8).cast(), 1);
             libc::_exit(0);

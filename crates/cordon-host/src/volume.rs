@@ -26,6 +26,9 @@ use std::time::{Duration, Instant};
 
 use nix::mount::{MntFlags, MsFlags};
 
+/// How long a lock conflict must last before a mount is refused (see [`VolumeStore::mount`]).
+const LOCK_SETTLE: Duration = Duration::from_millis(300);
+
 /// The uid and gid that own a new volume's root, and that the sandbox's user is inside
 /// every native tier: files are stored with these ids whatever host ids the sandbox had.
 pub const VOLUME_OWNER: u32 = 1000;
@@ -239,11 +242,23 @@ impl VolumeStore {
         let t0 = Instant::now();
         let path = self.image(owner, name)?;
         let file = open_image(&path, name, !read_only)?;
-        let locked = if read_only {
-            file.try_lock_shared()
-        } else {
-            file.try_lock()
+        let try_lock = || {
+            if read_only {
+                file.try_lock_shared()
+            } else {
+                file.try_lock()
+            }
         };
+        // A lease just let go can hold its lock a moment longer: the lock belongs to the
+        // image's open file, which the loop device references until the kernel drops it
+        // from a work queue after the device clears (measured: a few ms under load). So
+        // a conflict is only reported once it has lasted LOCK_SETTLE.
+        let mut locked = try_lock();
+        let settle = Instant::now() + LOCK_SETTLE;
+        while matches!(locked, Err(TryLockError::WouldBlock)) && Instant::now() < settle {
+            std::thread::sleep(Duration::from_millis(5));
+            locked = try_lock();
+        }
         match locked {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {

@@ -412,7 +412,8 @@ pub struct CellOutput {
     pub data: BTreeMap<String, String>,
 }
 
-/// A cell's standard output and error, in the order each was written.
+/// A cell's standard output and error, in the order each was written: pieces as they
+/// arrived, joined so that every item but the last ends a line.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CellLogs {
     pub stdout: Vec<String>,

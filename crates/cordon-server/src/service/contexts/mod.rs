@@ -845,7 +845,13 @@ impl CellCollector {
         } else {
             &mut self.logs.stderr
         };
-        logs.push(text);
+        // A piece that does not end a line continues the one before it, so where the
+        // driver's frames happened to break (print's text and its newline are two writes)
+        // does not show in the logs: every item but the last ends with a newline.
+        match logs.last_mut() {
+            Some(last) if !last.ends_with('\n') => last.push_str(&text),
+            _ => logs.push(text),
+        }
     }
 
     fn finish(
