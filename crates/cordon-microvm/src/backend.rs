@@ -113,6 +113,10 @@ pub struct MicrovmConfig {
     /// (`CORDON_MICROVM_SHARED_RAM=0` turns it off: snapshots of the old format, the whole
     /// RAM in the stream, read into each VM's own memory).
     pub shared_ram: bool,
+    /// Under TCG, QEMU's translated-code buffer in MiB (`CORDON_MICROVM_TCG_TB_MIB`): what
+    /// of it fills stays resident for each VM's life; a smaller one is flushed and refilled
+    /// more often (ADR 0013).
+    pub tcg_tb_mib: u32,
 }
 
 impl MicrovmConfig {
@@ -139,6 +143,11 @@ impl MicrovmConfig {
             file_timeout: Duration::from_secs(60),
             warm_up: std::env::var("CORDON_MICROVM_WARM_UP").map_or(true, |v| v != "0"),
             shared_ram: std::env::var("CORDON_MICROVM_SHARED_RAM").map_or(true, |v| v != "0"),
+            tcg_tb_mib: std::env::var("CORDON_MICROVM_TCG_TB_MIB")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n: &u32| (8..=2048).contains(n))
+                .unwrap_or(128),
         }
     }
 }
@@ -267,6 +276,7 @@ impl MicrovmBackend {
             incoming: false,
             egress: shared_egress::wanted(spec),
             shared_ram: false,
+            tcg_tb_mib: self.cfg.tcg_tb_mib,
         }
     }
 

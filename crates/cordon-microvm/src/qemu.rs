@@ -67,6 +67,9 @@ pub struct VmParams {
     /// device state (`x-ignore-shared`); a restore maps it private, copy-on-write, from a
     /// read-only descriptor, so the pages no VM writes are one copy in the page cache.
     pub shared_ram: bool,
+    /// Under TCG, the size of QEMU's translated-code buffer in MiB: the pages of it that
+    /// fill stay resident for the VM's life (ignored under KVM).
+    pub tcg_tb_mib: u32,
 }
 
 impl VmParams {
@@ -113,11 +116,12 @@ impl VmParams {
                 "host",
             ),
             // Under TCG the guest kernel needs the PIT to calibrate its clock.
-            Accel::Tcg => (
-                "microvm,isa-serial=on,acpi=on",
-                "tcg,thread=multi,tb-size=128",
-                "max",
-            ),
+            Accel::Tcg => ("microvm,isa-serial=on,acpi=on", "tcg", "max"),
+        };
+        let accel = if self.accel == Accel::Tcg {
+            format!("{accel},thread=multi,tb-size={}", self.tcg_tb_mib)
+        } else {
+            accel.to_string()
         };
         let machine = if self.shared_ram {
             format!("{machine},memory-backend=ram")
@@ -128,7 +132,7 @@ impl VmParams {
             "-M",
             &machine,
             "-accel",
-            accel,
+            &accel,
             "-cpu",
             cpu,
             "-nodefaults",
