@@ -48,6 +48,11 @@ pub struct BuildArgs {
     /// Memory limit of the build's sandbox.
     #[arg(long, default_value = "2G", value_parser = cordon_core::units::parse_size)]
     memory: u64,
+    /// Disk limit of the build: the base's copy and everything the steps write to the root
+    /// live in a file system of this size (sparse: it takes the host's disk only as it is
+    /// written); past it, writes fail with "No space left on device".
+    #[arg(long, default_value = "16G", value_parser = cordon_core::units::parse_size)]
+    disk: u64,
     /// Largest root the build may seal (bytes of regular files), e.g. 8G.
     #[arg(long, default_value = "16G", value_parser = cordon_core::units::parse_size)]
     max_unpacked_bytes: u64,
@@ -152,7 +157,7 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs) -> Result<i32> {
     };
     let owner = range.base() + cfg.sandbox_uid;
     let work = store
-        .build_root(&base.root, owner)
+        .build_root(&base.root, owner, Some(a.disk))
         .context("preparing the build's root")?;
     // The base's environment, then the build's: steps and sandboxes on the template see it.
     let mut tpl_env = base.env.clone();
@@ -203,6 +208,15 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs) -> Result<i32> {
             Err(e) => Some((e.to_string(), 125)),
         };
         if let Some((why, code)) = failed {
+            let hit_disk = matches!(&out, Ok(o) if o.termination == Termination::DiskLimit);
+            let why = if hit_disk || work.disk_full() {
+                format!(
+                    "{why}; the build's root is full: its disk limit is {} (give a larger --disk)",
+                    crate::template::human(a.disk)
+                )
+            } else {
+                why
+            };
             let _ = sb.destroy();
             audit(None, "failed");
             eprintln!(
@@ -284,7 +298,8 @@ fn debian_base(store: &Store, data: &Path) -> Result<ResolvedTemplate> {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let work = store.build_root(&tmp, 0)?;
+        // The operator's own Debian root, read once: no step runs on it, no disk limit.
+        let work = store.build_root(&tmp, 0, None)?;
         let _ = std::fs::remove_dir_all(&tmp);
         let inputs = BuildInputs {
             base: "debian".into(),

@@ -297,6 +297,73 @@ fn a_build_step_cannot_reach_a_host_outside_its_allow_list() {
     assert!(!text(&o.stdout).contains("refused"), "{}", text(&o.stdout));
 }
 
+/// A step's writes to the build's root are bounded by `--disk`: the step that writes past
+/// it fails with ENOSPC inside, the error names the limit, nothing is sealed, and nothing
+/// of the build is left on the host's disk.
+#[test]
+fn a_build_step_cannot_write_past_the_build_disk_limit() {
+    let test = "a_build_step_cannot_write_past_the_build_disk_limit";
+    let Some(home) = home_with_python_base(test) else {
+        return;
+    };
+    let h = home.path();
+    let free_before = nix::sys::statvfs::statvfs(h).unwrap().blocks_available();
+    // 400 MiB of disk (the base takes part of it); the step tries to write 1 GiB into the
+    // root (not /work or /tmp).
+    let o = cordon(
+        h,
+        &[
+            "template",
+            "build",
+            "flood",
+            "--from",
+            "pybase",
+            "--disk",
+            "400M",
+            "--run",
+            "mkdir -p /opt/flood && dd if=/dev/zero of=/opt/flood/big bs=1M count=1024",
+        ],
+    );
+    let err = text(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("disk limit is 400.0M") && err.contains("--disk"),
+        "{err}"
+    );
+    let o = cordon(h, &["template", "ls"]);
+    assert!(!text(&o.stdout).contains("flood"), "{}", text(&o.stdout));
+    // The build's image and mount are gone: nothing left staged, nothing mounted.
+    let staging = h.join("templates/staging");
+    let left: Vec<_> = std::fs::read_dir(&staging)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in staging: {left:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(staging.to_str().unwrap()),
+        "a build mount is left"
+    );
+    let free_after = nix::sys::statvfs::statvfs(h).unwrap().blocks_available();
+    let lost = free_before.saturating_sub(free_after) * 4096;
+    assert!(
+        lost < 100 << 20,
+        "the build kept {lost} bytes of the host's disk"
+    );
+    // A base that does not fit is refused before any step runs.
+    let o = cordon(
+        h,
+        &[
+            "template", "build", "tiny", "--from", "pybase", "--disk", "8M", "--run", "true",
+        ],
+    );
+    let err = text(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("does not fit in the build's disk limit"),
+        "{err}"
+    );
+}
+
 /// The microvm tier on an imported template: the guest boots the template's own disk (the
 /// agent is Cordon's, from the initramfs), a program of the template runs, its writes stay
 /// in the sandbox, and code in a language the template lacks is refused with the reason.

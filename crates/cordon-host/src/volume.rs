@@ -136,33 +136,8 @@ impl VolumeStore {
         let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
         let made = (|| -> Result<(), VolumeError> {
-            let f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&tmp)
-                .map_err(|e| VolumeError::host("create", e))?;
-            f.set_len(size)
-                .map_err(|e| VolumeError::host("create", e))?;
-            drop(f);
-            let out = Command::new(MKFS)
-                .env_clear()
-                .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
-                .args(["-q", "-F", "-m", "0", "-L", "cordon-volume", "-E"])
-                .arg(format!(
-                    "root_owner={VOLUME_OWNER}:{VOLUME_OWNER},nodiscard,lazy_itable_init=1,lazy_journal_init=1"
-                ))
-                .arg(&tmp)
-                .stdin(Stdio::null())
-                .output()
+            make_ext4(&tmp, size, VOLUME_OWNER, "cordon-volume")
                 .map_err(|e| VolumeError::host("create (mkfs.ext4; is e2fsprogs installed?)", e))?;
-            if !out.status.success() {
-                return Err(VolumeError::host(
-                    "create (mkfs.ext4)",
-                    String::from_utf8_lossy(&out.stderr).trim(),
-                ));
-            }
             // A link, not a rename: it refuses an existing name atomically on every libc
             // (musl builds of this crate have no renameat2); the temporary name goes below.
             std::fs::hard_link(&tmp, &path).map_err(|e| match e.kind() {
@@ -284,30 +259,8 @@ impl VolumeStore {
         }
         let dir = self.root.join("mnt").join(random_name()?);
         crate::idpool::private_dir(&dir).map_err(|e| VolumeError::host("mount", e))?;
-        let (dev, dev_path) = match crate::sys::loop_attach(&file, read_only) {
-            Ok(d) => d,
-            Err(e) => {
-                let _ = std::fs::remove_dir(&dir);
-                return Err(VolumeError::host("mount (loop device)", e));
-            }
-        };
-        let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME;
-        if read_only {
-            flags |= MsFlags::MS_RDONLY;
-        }
-        let mounted = nix::mount::mount(
-            Some(dev_path.as_str()),
-            &dir,
-            Some("ext4"),
-            flags,
-            Some("errors=remount-ro"),
-        );
-        // The mount holds the device now; on its unmount the device clears itself.
-        drop(dev);
-        if let Err(e) = mounted {
-            let _ = std::fs::remove_dir(&dir);
-            return Err(VolumeError::host("mount (ext4)", e));
-        }
+        let mount = LoopMount::attach(&file, &path, &dir, read_only)
+            .map_err(|e| VolumeError::host("mount (loop device, ext4)", e))?;
         tracing::debug!(
             us = t0.elapsed().as_micros() as u64,
             name,
@@ -315,9 +268,7 @@ impl VolumeStore {
             "volume mounted"
         );
         Ok(VolumeLease {
-            dir,
-            dev: dev_path,
-            image: path,
+            mount,
             read_only,
             _lock: file,
         })
@@ -434,9 +385,8 @@ fn random_name() -> Result<String, VolumeError> {
 /// taken down and the lock let go only when the loop device is free again, so the next
 /// read-write lease never meets a file system still mounted from the same image.
 pub struct VolumeLease {
-    dir: PathBuf,
-    dev: String,
-    image: PathBuf,
+    /// Dropped first: the lock goes only once the file system is unmounted everywhere.
+    mount: LoopMount,
     read_only: bool,
     _lock: File,
 }
@@ -453,7 +403,7 @@ impl VolumeLease {
     /// The volume's file system on the host (a root-only directory): the source of the
     /// sandbox's idmapped bind.
     pub fn host_dir(&self) -> &Path {
-        &self.dir
+        &self.mount.dir
     }
 
     pub fn read_only(&self) -> bool {
@@ -461,11 +411,147 @@ impl VolumeLease {
     }
 }
 
-impl Drop for VolumeLease {
+/// An ext4 image loop-mounted at a directory, unmounted when dropped.
+pub struct LoopMount {
+    dir: PathBuf,
+    dev: String,
+    image: PathBuf,
+}
+
+impl LoopMount {
+    /// Mounts the ext4 file system in `file` (the image at `image`) at `dir`, an existing
+    /// empty directory: nosuid, nodev, noatime, read-only where asked. The loop device
+    /// clears itself once the file system's last mount goes.
+    pub fn attach(file: &File, image: &Path, dir: &Path, read_only: bool) -> std::io::Result<Self> {
+        let (dev, dev_path) = crate::sys::loop_attach(file, read_only).inspect_err(|_| {
+            let _ = std::fs::remove_dir(dir);
+        })?;
+        let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME;
+        if read_only {
+            flags |= MsFlags::MS_RDONLY;
+        }
+        let mounted = nix::mount::mount(
+            Some(dev_path.as_str()),
+            dir,
+            Some("ext4"),
+            flags,
+            Some("errors=remount-ro"),
+        );
+        // The mount holds the device now; on its unmount the device clears itself.
+        drop(dev);
+        if let Err(e) = mounted {
+            let _ = std::fs::remove_dir(dir);
+            return Err(e.into());
+        }
+        Ok(LoopMount {
+            dir: dir.to_path_buf(),
+            dev: dev_path,
+            image: image.to_path_buf(),
+        })
+    }
+
+    /// Where it is mounted.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Makes an ext4 file system of `size` bytes in the new file `path` (0600, sparse: it takes
+/// the host's disk only as it is written), its root directory owned by `owner`.
+pub fn make_ext4(path: &Path, size: u64, owner: u32, label: &str) -> std::io::Result<()> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    f.set_len(size)?;
+    drop(f);
+    let out = Command::new(MKFS)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+        .args(["-q", "-F", "-m", "0", "-L", label, "-E"])
+        .arg(format!(
+            "root_owner={owner}:{owner},nodiscard,lazy_itable_init=1,lazy_journal_init=1"
+        ))
+        .arg(path)
+        .stdin(Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        return Err(std::io::Error::other(format!(
+            "mkfs.ext4: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// A size-limited scratch file system: an ext4 image of a fixed size, loop-mounted, that
+/// a writer can fill only up to that size (then `ENOSPC`); its image is removed when dropped.
+/// What a template build's steps write into (their working copy of the base).
+pub struct ScratchDisk {
+    mount: Option<LoopMount>,
+    image: PathBuf,
+}
+
+impl ScratchDisk {
+    /// Makes one of `size` bytes in `dir` (an existing private directory): the image at
+    /// `dir/disk.img`, mounted at `dir/fs` with its root owned by `owner`.
+    pub fn new(dir: &Path, size: u64, owner: u32) -> std::io::Result<Self> {
+        let image = dir.join("disk.img");
+        let at = dir.join("fs");
+        make_ext4(&image, size & !4095, owner, "cordon-scratch")?;
+        let made = std::fs::create_dir(&at).and_then(|()| {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&image)?;
+            LoopMount::attach(&file, &image, &at, false)
+        });
+        match made {
+            Ok(mount) => Ok(ScratchDisk {
+                mount: Some(mount),
+                image,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_dir(&at);
+                let _ = std::fs::remove_file(&image);
+                Err(e)
+            }
+        }
+    }
+
+    /// Where it is mounted.
+    pub fn dir(&self) -> &Path {
+        self.mount
+            .as_ref()
+            .map_or(Path::new("/nonexistent"), |m| m.dir())
+    }
+
+    /// Whether less than `margin` bytes are left in it (what a failed write ran into).
+    pub fn nearly_full(&self, margin: u64) -> bool {
+        nix::sys::statvfs::statvfs(self.dir())
+            .is_ok_and(|s| s.blocks_available().saturating_mul(s.fragment_size()) < margin)
+    }
+}
+
+impl Drop for ScratchDisk {
+    fn drop(&mut self) {
+        if let Some(m) = self.mount.take() {
+            let dir = m.dir.clone();
+            drop(m);
+            let _ = std::fs::remove_dir(&dir);
+        }
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+impl Drop for LoopMount {
     fn drop(&mut self) {
         let t0 = Instant::now();
         if let Err(e) = nix::mount::umount2(&self.dir, MntFlags::empty()) {
-            tracing::warn!(error = %e, "volume: unmount busy; detaching");
+            tracing::warn!(error = %e, "loop mount: unmount busy; detaching");
             let _ = nix::mount::umount2(&self.dir, MntFlags::MNT_DETACH);
         }
         let _ = std::fs::remove_dir(&self.dir);
@@ -490,10 +576,10 @@ impl Drop for VolumeLease {
         if ours() {
             tracing::error!(
                 dev = %self.dev,
-                "volume: its loop device is still in use 10 s after the unmount; releasing the lock anyway"
+                "loop mount: its loop device is still in use 10 s after the unmount"
             );
         }
-        tracing::debug!(us = t0.elapsed().as_micros() as u64, "volume released");
+        tracing::debug!(us = t0.elapsed().as_micros() as u64, "loop mount released");
     }
 }
 

@@ -53,14 +53,22 @@ impl BuildInputs {
 /// A build's working copy of its base, owned by the step sandbox's host uid; removed when
 /// dropped, however the build ends.
 pub struct BuildRoot {
-    stage: Stage,
     root: PathBuf,
+    /// The size-limited file system the working copy lives in, when the build has a disk
+    /// limit: unmounted (dropped) before the stage around it is removed.
+    disk: Option<cordon_host::volume::ScratchDisk>,
+    stage: Stage,
 }
 
 impl BuildRoot {
     /// The working copy on the host (for the container tier; never shown to a tenant).
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Whether the build's disk limit is (nearly) reached: what a step that failed ran into.
+    pub fn disk_full(&self) -> bool {
+        self.disk.as_ref().is_some_and(|d| d.nearly_full(1 << 20))
     }
 }
 
@@ -113,15 +121,41 @@ impl Store {
 
     /// A working copy of the root `base` for a build, owned by `owner` (the host uid the
     /// step's sandbox user maps to) so that the step may write anywhere in it. The base is
-    /// only read.
-    pub fn build_root(&self, base: &Path, owner: u32) -> Result<BuildRoot> {
+    /// only read. With `disk_bytes`, the copy lives in a file system of that size of its
+    /// own (an ext4 image, loop-mounted), so the base and everything the steps write fit in
+    /// it or fail with `ENOSPC`: a step cannot fill the host's disk.
+    pub fn build_root(
+        &self,
+        base: &Path,
+        owner: u32,
+        disk_bytes: Option<u64>,
+    ) -> Result<BuildRoot> {
         let stage = Stage::new(self)?;
         // The stage is passable for the sandbox's ids (its root is bound by them).
         fs::set_permissions(&stage.0, fs::Permissions::from_mode(0o711))
             .map_err(TemplateError::io("preparing a build dir"))?;
-        let root = stage.0.join("root");
-        copy_tree(base, &root, owner).map_err(TemplateError::io("copying the build's base"))?;
-        Ok(BuildRoot { stage, root })
+        let disk = match disk_bytes {
+            Some(size) => Some(
+                cordon_host::volume::ScratchDisk::new(&stage.0, size, owner).map_err(
+                    TemplateError::io("making the build's disk (mkfs.ext4, a loop device)"),
+                )?,
+            ),
+            None => None,
+        };
+        let root = disk
+            .as_ref()
+            .map_or(stage.0.as_path(), |d| d.dir())
+            .join("root");
+        copy_tree(base, &root, owner).map_err(|e| {
+            if e.raw_os_error() == Some(libc_enospc()) {
+                TemplateError::Invalid(
+                    "the base does not fit in the build's disk limit; give a larger --disk".into(),
+                )
+            } else {
+                TemplateError::io("copying the build's base")(e)
+            }
+        })?;
+        Ok(BuildRoot { root, disk, stage })
     }
 
     /// Seals a build's working copy (its sandbox gone) into the template `name`: packed
@@ -135,14 +169,19 @@ impl Store {
         limits: &ImportLimits,
     ) -> Result<ImportReport> {
         validate_template_name(name).map_err(|e| TemplateError::Invalid(e.to_string()))?;
-        let BuildRoot { stage, root } = build;
+        // Bound in this order so an early return drops the disk (unmounts) before the stage.
+        let BuildRoot { stage, disk, root } = build;
         let sock = root.join(EGRESS_MOUNT_POINT);
         if fs::symlink_metadata(&sock).is_ok_and(|m| m.is_file() && m.len() == 0) {
             let _ = fs::remove_file(&sock);
         }
         let layer = stage.0.join("layer.tar");
         pack(&root, &layer, limits)?;
-        crate::store::remove_tree(&root)?;
+        match disk {
+            // The working copy goes with its file system.
+            Some(disk) => drop(disk),
+            None => crate::store::remove_tree(&root)?,
+        }
         let (hex, _) = sha256_file(&layer)?;
         let parsed = Parsed {
             format: ImageFormat::OciLayout,
@@ -159,6 +198,11 @@ impl Store {
         };
         self.commit(&stage, name, parsed, built_from, limits)
     }
+}
+
+/// `ENOSPC`, the error of a write past a file system's size.
+fn libc_enospc() -> i32 {
+    nix::errno::Errno::ENOSPC as i32
 }
 
 fn now() -> u64 {
