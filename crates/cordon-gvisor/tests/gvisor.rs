@@ -1095,3 +1095,45 @@ fn volume_cost() {
     let b = need_backend!();
     cordon_testkit::volumes::print_cost(b, spec, 8);
 }
+
+/// The escape battery on a template root: the host's Python and bash and a static busybox
+/// imported as a template, then every case of `cordon_testkit::escape::BATTERY` held to this
+/// tier's wall, as on the container tier; the template's tree is unchanged afterwards.
+#[test]
+fn escape_battery_on_a_template_root() {
+    let b = need_backend!();
+    let home = tempfile::tempdir().unwrap();
+    let Some(file) = cordon_testkit::image::write_python_image(home.path()) else {
+        return;
+    };
+    let store = cordon_template::Store::open(home.path()).unwrap();
+    store
+        .import(&file, "python", &cordon_template::ImportLimits::default())
+        .unwrap();
+    let mut s = spec();
+    s.template = Some("python".into());
+    store.resolve_spec(&mut s).unwrap();
+    let root = s.resolved_template.as_ref().unwrap().root.clone();
+    let count = |dir: &std::path::Path| {
+        let mut n = 0usize;
+        let mut todo = vec![dir.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                n += 1;
+                if e.file_type().unwrap().is_dir() {
+                    todo.push(e.path());
+                }
+            }
+        }
+        n
+    };
+    let before = count(&root);
+    // Python runs from the template (which has no apt-get), not from the host.
+    let mut sb = b.create(&s).unwrap();
+    let probe = "import os; print(os.path.exists('/usr/bin/apt-get'))";
+    let o = exec(&mut sb, &ExecRequest::code(Language::Python, probe));
+    assert_eq!(text(&o.stdout), "False\n", "{o:?}");
+    sb.destroy().unwrap();
+    cordon_testkit::escape::run_battery(b, &s);
+    assert_eq!(count(&root), before, "the template's root changed");
+}

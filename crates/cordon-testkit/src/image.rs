@@ -430,6 +430,29 @@ fn normalize(p: &std::path::Path) -> Option<std::path::PathBuf> {
 
 /// Writes [`hostile_image`] with the given busybox layer as an OCI layout tar,
 /// `hostile.oci.tar` in `dir`, and returns its path.
+/// The host's Python, bash and a static busybox ([`python_layer`]) as an OCI layout tar
+/// `python.oci.tar` in `dir`, with `PATH=/usr/bin`: the image the tiers' escape battery runs
+/// on as a template. `None` (after a loud SKIPPING line) when the host lacks one of them; a
+/// panic then under `CORDON_REQUIRE_ALL=1`.
+pub fn write_python_image(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let Some(layer) = python_layer() else {
+        let msg =
+            "no python3, bash or /bin/busybox on the host; the template escape battery cannot run";
+        if std::env::var("CORDON_REQUIRE_ALL").as_deref() == Ok("1") {
+            panic!("{msg} (CORDON_REQUIRE_ALL=1)");
+        }
+        eprintln!("\n!!!!! SKIPPING: {msg} !!!!!\n");
+        return None;
+    };
+    let file = dir.join("python.oci.tar");
+    let image = Image {
+        layers: vec![(layer, false)],
+        env: vec!["PATH=/usr/bin".into()],
+    };
+    std::fs::write(&file, image.oci_tar(false)).expect("writing the image");
+    Some(file)
+}
+
 pub fn write_hostile_image(dir: &std::path::Path, busybox: Vec<u8>) -> std::path::PathBuf {
     let file = dir.join("hostile.oci.tar");
     std::fs::write(&file, hostile_image(Some(busybox)).oci_tar(false)).expect("writing the image");
