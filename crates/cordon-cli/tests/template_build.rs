@@ -297,6 +297,73 @@ fn a_build_step_cannot_reach_a_host_outside_its_allow_list() {
     assert!(!text(&o.stdout).contains("refused"), "{}", text(&o.stdout));
 }
 
+/// The issue's own example, with the index on loopback: a virtual environment made from the
+/// `debian` base (`python3 -m venv`, whose ensurepip brings pip), a package pip-installed into
+/// it from an index the test serves, the template's PATH naming the venv, then code importing
+/// the package with the venv's interpreter on the container and gvisor tiers.
+#[test]
+fn a_venv_built_from_the_debian_base_installs_from_a_loopback_index() {
+    let test = "a_venv_built_from_the_debian_base_installs_from_a_loopback_index";
+    let Some(home) = home_with_python_base(test) else {
+        return;
+    };
+    let h = home.path();
+    if !h.join("microvm/manifest.json").exists() {
+        skip(
+            test,
+            "no microvm image (the debian base is its root): run `make setup`",
+        );
+        return;
+    }
+    let index = PyIndex::start(vec![wheel("venvpkg", "VALUE = 'in-the-venv'\n")]);
+    let step = format!(
+        "python3 -m venv /opt/py && /opt/py/bin/pip install --no-cache-dir \
+         --disable-pip-version-check --no-input --index-url http://127.0.0.1:{}/simple/ venvpkg",
+        index.port
+    );
+    let cidr = format!("127.0.0.1/32:{}", index.port);
+    let o = cordon(
+        h,
+        &[
+            "template",
+            "build",
+            "data-py",
+            "--from",
+            "debian-base",
+            "--run",
+            &step,
+            "--allow-cidr",
+            &cidr,
+            "--env",
+            "PATH=/opt/py/bin:/usr/bin:/bin",
+        ],
+    );
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}\n{}", text(&o.stdout));
+    for tier in ["container", "gvisor"] {
+        let o = cordon(
+            h,
+            &[
+                "run",
+                "--tier",
+                tier,
+                "--template",
+                "data-py",
+                "--lang",
+                "python",
+                "-c",
+                "import sys, venvpkg; print(sys.prefix, venvpkg.VALUE)",
+            ],
+        );
+        assert_eq!(
+            text(&o.stdout),
+            "/opt/py in-the-venv\n",
+            "{tier}: {}",
+            text(&o.stderr)
+        );
+    }
+}
+
 /// A step's writes to the build's root are bounded by `--disk`: the step that writes past
 /// it fails with ENOSPC inside, the error names the limit, nothing is sealed, and nothing
 /// of the build is left on the host's disk.

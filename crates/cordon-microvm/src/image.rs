@@ -20,8 +20,9 @@ use crate::MicrovmError;
 pub const SUITE: &str = "bookworm";
 /// The kernel metapackage; its dependency names the real kernel package.
 pub const KERNEL_META: &str = "linux-image-cloud-amd64";
-/// Packages on top of debootstrap's minbase.
-pub const EXTRA_PACKAGES: &[&str] = &["python3"];
+/// Packages on top of debootstrap's minbase: Python 3 with `venv` (its ensurepip brings pip),
+/// so a template built `--from debian` can make a virtual environment and pip-install into it.
+pub const EXTRA_PACKAGES: &[&str] = &["python3", "python3-venv"];
 /// Modules the guest loads from its initramfs, dependencies first.
 pub const MODULES: &[&str] = &[
     "drivers/virtio/virtio_ring.ko",
@@ -295,7 +296,7 @@ pub fn build(
     progress(Progress::Step(
         2,
         steps,
-        "guest root (debootstrap minbase + python3, ext4)".into(),
+        "guest root (debootstrap minbase + python3 and venv, ext4)".into(),
     ));
     let mirror = opts.mirror.clone().or_else(apt_mirror).ok_or_else(|| {
         MicrovmError::Image("no Debian mirror found in the apt sources; pass --mirror".into())
