@@ -35,6 +35,24 @@ fn cordon(home: &Path, args: &[&str]) -> Output {
         .expect("running cordon-full")
 }
 
+/// `cordon run --tier TIER --template TEMPLATE --lang python -c CODE`.
+fn run_python(home: &Path, tier: &str, template: &str, code: &str) -> Output {
+    cordon(
+        home,
+        &[
+            "run",
+            "--tier",
+            tier,
+            "--template",
+            template,
+            "--lang",
+            "python",
+            "-c",
+            code,
+        ],
+    )
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -185,19 +203,11 @@ fn build_installs_a_wheel_from_a_loopback_index_and_runs_on_every_native_tier() 
 
     // Code importing the package, with the template's PYTHONPATH, on every native tier.
     for tier in ["container", "gvisor", "microvm"] {
-        let o = cordon(
+        let o = run_python(
             h,
-            &[
-                "run",
-                "--tier",
-                tier,
-                "--template",
-                "data-py",
-                "--lang",
-                "python",
-                "-c",
-                "import thepkg; print(thepkg.VALUE, open('/opt/marker').read().strip())",
-            ],
+            tier,
+            "data-py",
+            "import thepkg; print(thepkg.VALUE, open('/opt/marker').read().strip())",
         );
         assert!(o.status.success(), "{tier}: {}", text(&o.stderr));
         assert_eq!(
@@ -341,19 +351,11 @@ fn a_venv_built_from_the_debian_base_installs_from_a_loopback_index() {
     let err = text(&o.stderr);
     assert!(o.status.success(), "{err}\n{}", text(&o.stdout));
     for tier in ["container", "gvisor"] {
-        let o = cordon(
+        let o = run_python(
             h,
-            &[
-                "run",
-                "--tier",
-                tier,
-                "--template",
-                "data-py",
-                "--lang",
-                "python",
-                "-c",
-                "import sys, venvpkg; print(sys.prefix, venvpkg.VALUE)",
-            ],
+            tier,
+            "data-py",
+            "import sys, venvpkg; print(sys.prefix, venvpkg.VALUE)",
         );
         assert_eq!(
             text(&o.stdout),
