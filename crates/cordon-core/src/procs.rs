@@ -17,6 +17,32 @@ pub enum ProcSignal {
     Kill,
 }
 
+/// Most rows or columns a background exec's terminal may have.
+pub const PTY_MAX: u16 = 1000;
+
+/// The size of a background exec's pseudo-terminal, in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+impl PtySize {
+    /// Checks both sides are within `1..=`[`PTY_MAX`].
+    pub fn validate(&self) -> crate::Result<()> {
+        let ok = |n: u16| (1..=PTY_MAX).contains(&n);
+        if ok(self.rows) && ok(self.cols) {
+            Ok(())
+        } else {
+            Err(crate::Error::Invalid(format!(
+                "a terminal of {} rows and {} columns: give each between 1 and {PTY_MAX}",
+                self.rows, self.cols
+            )))
+        }
+    }
+}
+
 /// How a background exec ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -21,6 +21,8 @@ pub const MAX_HEADER: usize = 1 << 20;
 /// Named in [`Reply::Configured`] by agents that serve [`Request::FileOp`], [`Request::PutArchive`]
 /// and [`Request::GetArchive`].
 pub const FEATURE_FILES: &str = "files";
+/// `TERM` of a program on a pseudo-terminal unless its request sets one.
+pub const PTY_TERM: &str = "xterm-256color";
 /// The largest piece of an archive one frame carries.
 pub const ARCHIVE_CHUNK: usize = 256 << 10;
 
@@ -135,6 +137,17 @@ pub enum Request {
         env: BTreeMap<String, String>,
         cwd: String,
         limits: ProcLimits,
+        /// Run it on a pseudo-terminal of this size, allocated in the sandbox's own devpts:
+        /// its stdin, stdout and stderr and its controlling terminal; what it writes is
+        /// stdout, its stderr stays empty. `TERM` defaults to [`PTY_TERM`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pty: Option<cordon_core::PtySize>,
+    },
+    /// The new window size of background exec `id`'s pseudo-terminal (its program gets
+    /// `SIGWINCH`); answered by [`Reply::Ok`], or an error for an exec without one.
+    BgResize {
+        id: u64,
+        size: cordon_core::PtySize,
     },
     /// Output of background exec `id` from the given stream offsets, at most `max` bytes
     /// of each; answered by [`Reply::BgOutput`].
