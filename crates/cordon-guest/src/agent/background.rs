@@ -194,8 +194,7 @@ impl Agent {
             .run
             .as_ref()
             .and_then(|r| r.framed.as_ref())
-            .filter(|fr| fr.tty)
-            .and_then(|fr| fr.stdin.as_ref().or(fr.stdout.as_ref()));
+            .and_then(|fr| fr.tty.as_ref());
         // Where the kernel sends no SIGWINCH, the reaper passes one on to its namespace.
         let winch = self
             .cfg

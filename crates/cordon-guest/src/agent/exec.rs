@@ -65,7 +65,7 @@ impl Agent {
                         stdin: Some(File::from(in_w)),
                         stdin_buf: VecDeque::new(),
                         stdin_close: false,
-                        tty: false,
+                        tty: None,
                     }),
                 )
             }
@@ -160,16 +160,17 @@ impl Agent {
         // One open file shared by both ends here: non-blocking for stdin's writes, and the
         // output side treats "nothing yet" as such.
         let reader = master.try_clone()?;
+        let writer = master.try_clone()?;
         nix::fcntl::fcntl(&master, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
         Ok((
             [slave.try_clone()?, slave.try_clone()?, slave],
             Some(FramedIo {
                 stdout: Some(File::from(reader)),
                 stderr: None,
-                stdin: Some(File::from(master)),
+                stdin: Some(File::from(writer)),
                 stdin_buf: VecDeque::new(),
                 stdin_close: false,
-                tty: true,
+                tty: Some(File::from(master)),
             }),
         ))
     }
@@ -242,6 +243,7 @@ impl FramedIo {
     /// What is left in both output pipes once every writer is gone (the reaper reported).
     pub(super) fn drain(&mut self) -> Vec<(Stream, Vec<u8>)> {
         self.stdin = None;
+        self.tty = None;
         let mut rest = Vec::new();
         for (stream, slot) in [
             (Stream::Stdout, &mut self.stdout),
@@ -264,7 +266,7 @@ impl FramedIo {
         if data.is_empty() {
             // A terminal has no end of its own: its end-of-file character (^D) makes a read
             // at the start of a line return nothing, as a keyboard's ^D does.
-            if self.tty && !self.stdin_close {
+            if self.tty.is_some() && !self.stdin_close {
                 self.stdin_buf.push_back(EOF_CHAR);
             }
             self.stdin_close = true;

@@ -118,9 +118,10 @@ struct FramedIo {
     stdin: Option<File>,
     stdin_buf: VecDeque<u8>,
     stdin_close: bool,
-    /// `stdout` and `stdin` are one pseudo-terminal's master: closing stdin sends the
-    /// terminal's end-of-file character.
-    tty: bool,
+    /// On a pseudo-terminal: its master (`stdout` and `stdin` are copies of it), held until
+    /// the exec ends, so closing stdin sends the terminal's end-of-file character and never
+    /// hangs the terminal up; resizes act on it.
+    tty: Option<File>,
 }
 
 /// The host channel: a Unix socket (which can carry descriptors), a character device such
@@ -354,7 +355,10 @@ impl Agent {
             fds.push(run.status.as_raw_fd());
             fds.extend(run.pidfd.as_ref().map(|f| f.as_raw_fd()));
             if let Some(fr) = &run.framed {
-                for f in [&fr.stdin, &fr.stdout, &fr.stderr].into_iter().flatten() {
+                for f in [&fr.stdin, &fr.stdout, &fr.stderr, &fr.tty]
+                    .into_iter()
+                    .flatten()
+                {
                     fds.push(f.as_raw_fd());
                 }
             }
