@@ -68,3 +68,19 @@ pub struct ProcOutput {
     pub stderr: Vec<u8>,
     pub exit: Option<ProcExit>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_sizes_are_bounded() {
+        for (rows, cols) in [(1, 1), (24, 80), (PTY_MAX, PTY_MAX)] {
+            assert!(PtySize { rows, cols }.validate().is_ok());
+        }
+        for (rows, cols) in [(0, 80), (24, 0), (PTY_MAX + 1, 80), (24, u16::MAX)] {
+            let e = PtySize { rows, cols }.validate().unwrap_err().to_string();
+            assert!(e.contains("between 1 and 1000"), "{e}");
+        }
+    }
+}

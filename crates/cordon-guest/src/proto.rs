@@ -437,6 +437,38 @@ mod tests {
     }
 
     #[test]
+    fn a_terminal_travels_with_a_background_start_and_a_resize() {
+        let size = cordon_core::PtySize { rows: 24, cols: 80 };
+        let start = Request::BgExec {
+            id: 3,
+            argv: vec!["sh".into()],
+            env: BTreeMap::new(),
+            cwd: "/work".into(),
+            limits: ProcLimits {
+                open_files: 64,
+                file_size: 1 << 20,
+                address_space: 0,
+                processes: 0,
+            },
+            pty: Some(size),
+        };
+        for req in [start, Request::BgResize { id: 3, size }] {
+            let bytes = encode(&req, b"").unwrap();
+            assert_eq!(read_frame::<Request>(&mut &bytes[..]).unwrap().header, req);
+        }
+        // A start without one says nothing of it (what an agent before it reads), and a
+        // size with a stray field is refused.
+        let plain = serde_json::json!({"type": "bg_exec", "id": 1, "argv": ["true"], "env": {},
+            "cwd": "/work", "limits": {"open_files": 1, "file_size": 1, "address_space": 0}});
+        let f: Request = serde_json::from_value(plain).unwrap();
+        assert!(matches!(f, Request::BgExec { pty: None, .. }));
+        assert!(!serde_json::to_string(&f).unwrap().contains("pty"));
+        let odd = serde_json::json!({"type": "bg_resize", "id": 1,
+            "size": {"rows": 1, "cols": 1, "x": 0}});
+        assert!(serde_json::from_value::<Request>(odd).is_err());
+    }
+
+    #[test]
     fn file_ops_and_an_old_hello_decode() {
         let req = Request::FileOp {
             op: cordon_core::FileOp::Remove {

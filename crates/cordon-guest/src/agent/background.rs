@@ -80,17 +80,15 @@ impl Agent {
                 }
             }
         }
-        // Background output always passes through the agent (it is kept here), so the
-        // program's stdio are the agent's own pipes whatever the channel.
+        let mut env = env.clone();
         if let Some(size) = pty {
             size.validate()
                 .map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
-        }
-        let mut env = env.clone();
-        if pty.is_some() {
             env.entry("TERM".into())
                 .or_insert_with(|| crate::proto::PTY_TERM.into());
         }
+        // Background output always passes through the agent (it is kept here), so the
+        // program's stdio are the agent's own pipes (or its terminal) whatever the channel.
         let run = self
             .launch(id, argv, &env, cwd, StdioMode::Framed, limits, pty)
             .map_err(|e| (ErrorCode::SpawnFailed, e.to_string()))?;
