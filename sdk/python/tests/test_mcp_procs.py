@@ -58,14 +58,19 @@ class Mcp:
         return not res.get("isError", False), value
 
 
-def test_background_exec_and_pause_through_mcp_tools(server, has_container):
+def two_tenants_and_a_sandbox(server, has_container):
+    """MCP sessions of alice and bob, and a container sandbox of alice's."""
     if not has_container:
         pytest.skip("the container tier is not available here")
     alice = Mcp(server.url, KEYS["alice"])
     bob = Mcp(server.url, KEYS["bob"])
     ok, created = alice.tool("create_sandbox", tier="container")
     assert ok, created
-    sb = created["id"]
+    return alice, bob, created["id"]
+
+
+def test_background_exec_and_pause_through_mcp_tools(server, has_container):
+    alice, bob, sb = two_tenants_and_a_sandbox(server, has_container)
     try:
         ok, started = alice.tool(
             "start_background", sandbox=sb, lang="bash",
@@ -126,13 +131,7 @@ print("winch", *(got[0] if got else ("none", "none")), flush=True)
 
 
 def test_a_pty_exec_and_its_resize_through_mcp_tools(server, has_container):
-    if not has_container:
-        pytest.skip("the container tier is not available here")
-    alice = Mcp(server.url, KEYS["alice"])
-    bob = Mcp(server.url, KEYS["bob"])
-    ok, created = alice.tool("create_sandbox", tier="container")
-    assert ok, created
-    sb = created["id"]
+    alice, bob, sb = two_tenants_and_a_sandbox(server, has_container)
     try:
         ok, started = alice.tool("start_background", sandbox=sb, lang="python", code=PTY_WINCH,
                                  pty={"rows": 20, "cols": 70})
