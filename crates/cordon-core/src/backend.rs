@@ -263,6 +263,13 @@ pub trait Sandbox: Send {
         Err(unsupported_background())
     }
 
+    /// Sets the window size of background exec `id`'s pseudo-terminal (its program gets
+    /// `SIGWINCH`); an exec started without one is refused.
+    fn resize_background(&mut self, id: u64, size: crate::PtySize) -> Result<()> {
+        let _ = (id, size);
+        Err(unsupported_background())
+    }
+
     /// Stops every process of the sandbox where it is, keeping its memory, until
     /// [`Sandbox::resume`]: a paused sandbox uses no CPU. Tiers that cannot answer
     /// [`crate::Error::Unsupported`].

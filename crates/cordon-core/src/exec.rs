@@ -45,6 +45,10 @@ pub struct ExecRequest {
     /// Overrides the sandbox's timeout for this exec, in milliseconds.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// A background exec on a pseudo-terminal of this size (its stdin, stdout and stderr,
+    /// and its controlling terminal); foreground execs take none.
+    #[serde(default)]
+    pub pty: Option<crate::PtySize>,
     /// Set by one-shot runs: no exec follows in this sandbox, so the tier need not make
     /// anything ready for a next one. Never part of the API.
     #[serde(skip)]
@@ -80,6 +84,7 @@ impl ExecRequest {
             cwd: None,
             stdin: None,
             timeout_ms: None,
+            pty: None,
             last: false,
         }
     }

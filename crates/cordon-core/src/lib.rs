@@ -25,7 +25,7 @@ pub use exec::{
     exit_code_for, sandbox_env,
 };
 pub use files::{ArchiveReport, FileEntry, FileKind, FileOp, FileReply, MAX_LIST_ENTRIES, Skipped};
-pub use procs::{BACKGROUND_KEEP, ProcExit, ProcOutput, ProcSignal};
+pub use procs::{BACKGROUND_KEEP, PTY_MAX, ProcExit, ProcOutput, ProcSignal, PtySize};
 pub use report::{
     Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind,
 };

@@ -17,6 +17,32 @@ pub enum ProcSignal {
     Kill,
 }
 
+/// Most rows or columns a background exec's terminal may have.
+pub const PTY_MAX: u16 = 1000;
+
+/// The size of a background exec's pseudo-terminal, in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+impl PtySize {
+    /// Checks both sides are within `1..=`[`PTY_MAX`].
+    pub fn validate(&self) -> crate::Result<()> {
+        let ok = |n: u16| (1..=PTY_MAX).contains(&n);
+        if ok(self.rows) && ok(self.cols) {
+            Ok(())
+        } else {
+            Err(crate::Error::Invalid(format!(
+                "a terminal of {} rows and {} columns: give each between 1 and {PTY_MAX}",
+                self.rows, self.cols
+            )))
+        }
+    }
+}
+
 /// How a background exec ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -41,4 +67,20 @@ pub struct ProcOutput {
     pub stderr_from: u64,
     pub stderr: Vec<u8>,
     pub exit: Option<ProcExit>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_sizes_are_bounded() {
+        for (rows, cols) in [(1, 1), (24, 80), (PTY_MAX, PTY_MAX)] {
+            assert!(PtySize { rows, cols }.validate().is_ok());
+        }
+        for (rows, cols) in [(0, 80), (24, 0), (PTY_MAX + 1, 80), (24, u16::MAX)] {
+            let e = PtySize { rows, cols }.validate().unwrap_err().to_string();
+            assert!(e.contains("between 1 and 1000"), "{e}");
+        }
+    }
 }

@@ -21,6 +21,8 @@ pub const MAX_HEADER: usize = 1 << 20;
 /// Named in [`Reply::Configured`] by agents that serve [`Request::FileOp`], [`Request::PutArchive`]
 /// and [`Request::GetArchive`].
 pub const FEATURE_FILES: &str = "files";
+/// `TERM` of a program on a pseudo-terminal unless its request sets one.
+pub const PTY_TERM: &str = "xterm-256color";
 /// The largest piece of an archive one frame carries.
 pub const ARCHIVE_CHUNK: usize = 256 << 10;
 
@@ -135,6 +137,17 @@ pub enum Request {
         env: BTreeMap<String, String>,
         cwd: String,
         limits: ProcLimits,
+        /// Run it on a pseudo-terminal of this size, allocated in the sandbox's own devpts:
+        /// its stdin, stdout and stderr and its controlling terminal; what it writes is
+        /// stdout, its stderr stays empty. `TERM` defaults to [`PTY_TERM`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pty: Option<cordon_core::PtySize>,
+    },
+    /// The new window size of background exec `id`'s pseudo-terminal (its program gets
+    /// `SIGWINCH`); answered by [`Reply::Ok`], or an error for an exec without one.
+    BgResize {
+        id: u64,
+        size: cordon_core::PtySize,
     },
     /// Output of background exec `id` from the given stream offsets, at most `max` bytes
     /// of each; answered by [`Reply::BgOutput`].
@@ -421,6 +434,38 @@ mod tests {
         let f: Frame<Request> = read_frame(&mut &bytes[..]).unwrap();
         assert_eq!(f.header, req);
         assert_eq!(f.body, b"hello");
+    }
+
+    #[test]
+    fn a_terminal_travels_with_a_background_start_and_a_resize() {
+        let size = cordon_core::PtySize { rows: 24, cols: 80 };
+        let start = Request::BgExec {
+            id: 3,
+            argv: vec!["sh".into()],
+            env: BTreeMap::new(),
+            cwd: "/work".into(),
+            limits: ProcLimits {
+                open_files: 64,
+                file_size: 1 << 20,
+                address_space: 0,
+                processes: 0,
+            },
+            pty: Some(size),
+        };
+        for req in [start, Request::BgResize { id: 3, size }] {
+            let bytes = encode(&req, b"").unwrap();
+            assert_eq!(read_frame::<Request>(&mut &bytes[..]).unwrap().header, req);
+        }
+        // A start without one says nothing of it (what an agent before it reads), and a
+        // size with a stray field is refused.
+        let plain = serde_json::json!({"type": "bg_exec", "id": 1, "argv": ["true"], "env": {},
+            "cwd": "/work", "limits": {"open_files": 1, "file_size": 1, "address_space": 0}});
+        let f: Request = serde_json::from_value(plain).unwrap();
+        assert!(matches!(f, Request::BgExec { pty: None, .. }));
+        assert!(!serde_json::to_string(&f).unwrap().contains("pty"));
+        let odd = serde_json::json!({"type": "bg_resize", "id": 1,
+            "size": {"rows": 1, "cols": 1, "x": 0}});
+        assert!(serde_json::from_value::<Request>(odd).is_err());
     }
 
     #[test]

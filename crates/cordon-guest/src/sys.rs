@@ -103,15 +103,17 @@ pub fn clear_ambient() -> io::Result<()> {
 
 /// Ends the calling process at once, without running destructors or atexit handlers (the
 /// right exit for a forked child).
-/// Makes SIGTERM to this process (a PID namespace's init: the exec's reaper) pass on to
-/// every other process of its namespace, so a terminate reaches the program's whole tree;
-/// without a handler the init would ignore it.
-pub fn forward_term_to_namespace() -> io::Result<()> {
-    extern "C" fn forward(_: libc::c_int) {
+/// Makes SIGTERM and SIGWINCH to this process (a PID namespace's init: the exec's reaper)
+/// pass on to every other process of its namespace, so a terminate reaches the program's
+/// whole tree, and a terminal's resize reaches its programs where the kernel does not
+/// signal it (gVisor; SIGWINCH is ignored by default, so only programs that watch for it
+/// see it); without a handler the init would ignore both.
+pub fn forward_signals_to_namespace() -> io::Result<()> {
+    extern "C" fn forward(sig: libc::c_int) {
         // SAFETY: kill(2) is async-signal-safe and takes only integers; -1 from a PID
         // namespace's init means every other process of that namespace.
         unsafe {
-            libc::kill(-1, libc::SIGTERM);
+            libc::kill(-1, sig);
         }
     }
     let action = nix::sys::signal::SigAction::new(
@@ -119,11 +121,15 @@ pub fn forward_term_to_namespace() -> io::Result<()> {
         nix::sys::signal::SaFlags::SA_RESTART,
         nix::sys::signal::SigSet::empty(),
     );
-    // SAFETY: the handler above only calls kill(2), which is async-signal-safe; it touches
-    // no Rust state.
-    unsafe { nix::sys::signal::sigaction(nix::sys::signal::Signal::SIGTERM, &action) }
-        .map(|_| ())
-        .map_err(io::Error::from)
+    for sig in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGWINCH,
+    ] {
+        // SAFETY: the handler above only calls kill(2), which is async-signal-safe; it
+        // touches no Rust state.
+        unsafe { nix::sys::signal::sigaction(sig, &action) }.map_err(io::Error::from)?;
+    }
+    Ok(())
 }
 
 pub fn exit_now(code: i32) -> ! {
@@ -576,4 +582,49 @@ mod tests {
             t.join().unwrap();
         }
     }
+}
+
+nix::ioctl_write_ptr_bad!(tiocswinsz, libc::TIOCSWINSZ, libc::winsize);
+nix::ioctl_write_int_bad!(tiocsctty, libc::TIOCSCTTY);
+
+fn winsize(size: cordon_core::PtySize) -> libc::winsize {
+    libc::winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+/// A new pseudo-terminal of `size` from the devpts instance behind this mount namespace's
+/// `/dev/ptmx`: (master, slave), both close-on-exec. The slave is opened without becoming
+/// the caller's controlling terminal (`O_NOCTTY`).
+pub fn open_pty(size: cordon_core::PtySize) -> io::Result<(OwnedFd, OwnedFd)> {
+    let pty = nix::pty::openpty(Some(&winsize(size)), None)?;
+    for fd in [&pty.master, &pty.slave] {
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+    }
+    Ok((pty.master, pty.slave))
+}
+
+/// Sets a terminal's window size (TIOCSWINSZ); on a master, the slave's foreground process
+/// group gets `SIGWINCH`.
+pub fn set_window_size(fd: &impl AsRawFd, size: cordon_core::PtySize) -> io::Result<()> {
+    let ws = winsize(size);
+    // SAFETY: TIOCSWINSZ reads one `struct winsize` from the pointer, which points at a
+    // live, initialised local for the duration of the call; a descriptor that is not a
+    // terminal fails with ENOTTY.
+    unsafe { tiocswinsz(fd.as_raw_fd(), &ws) }?;
+    Ok(())
+}
+
+/// Makes the terminal on `fd` the controlling terminal of the calling session leader
+/// (TIOCSCTTY with 0: never stolen from another session).
+pub fn take_controlling_terminal(fd: RawFd) -> io::Result<()> {
+    // SAFETY: TIOCSCTTY takes an integer argument and touches no memory of ours.
+    unsafe { tiocsctty(fd, 0) }?;
+    Ok(())
 }

@@ -647,6 +647,8 @@ impl GvisorSandbox {
         let mut mounts = vec![
             serde_json::json!({"destination": "/proc", "type": "proc", "source": "proc"}),
             serde_json::json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "noexec", "size=64k"]}),
+            // The sandbox's terminals: a devpts instance of gVisor's own kernel (ADR 0014).
+            serde_json::json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
             serde_json::json!({"destination": usr, "type": "bind", "source": "/usr", "options": ["rbind", "ro", "nosuid", "nodev"]}),
             serde_json::json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", format!("size={}", l.tmp_bytes)]}),
             serde_json::json!({"destination": "/work", "type": "bind", "source": self.work.display().to_string(), "options": ["rbind", "rw", "nosuid", "nodev"]}),
@@ -1126,11 +1128,13 @@ impl Sandbox for GvisorSandbox {
                 reason: "destroyed".into(),
             });
         }
+        cordon_host::agent::refuse_foreground_pty(req)?;
         let cordon_host::agent::ExecParts {
             argv,
             env,
             cwd,
             limits,
+            pty: _,
         } = self.exec_parts(req)?;
         let t0 = Instant::now();
         // A runsc sandbox that was lost (its memory limit ended the sentry, or its agent
@@ -1373,6 +1377,10 @@ impl Sandbox for GvisorSandbox {
 
     fn write_background(&mut self, id: u64, data: &[u8]) -> Result<()> {
         self.bg_call(|io| cordon_host::procs::write(io, id, data))
+    }
+
+    fn resize_background(&mut self, id: u64, size: cordon_core::PtySize) -> Result<()> {
+        self.bg_call(|io| cordon_host::procs::resize(io, id, size))
     }
 
     fn signal_background(&mut self, id: u64, signal: cordon_core::ProcSignal) -> Result<()> {

@@ -304,6 +304,8 @@ pub struct ExecParts {
     pub env: std::collections::BTreeMap<String, String>,
     pub cwd: String,
     pub limits: proto::ProcLimits,
+    /// The request's pseudo-terminal (background execs only).
+    pub pty: Option<cordon_core::PtySize>,
 }
 
 impl ExecParts {
@@ -326,6 +328,7 @@ impl ExecParts {
             env,
             cwd: req.cwd.clone().unwrap_or_else(|| "/work".to_string()),
             limits,
+            pty: req.pty,
         })
     }
 
@@ -349,8 +352,22 @@ impl ExecParts {
             env: self.env,
             cwd: self.cwd,
             limits: self.limits,
+            pty: self.pty,
         }
     }
+}
+
+/// Refuses a foreground exec that asks for a pseudo-terminal: only background execs have
+/// one (their stdin and resizes come through calls of their own).
+pub fn refuse_foreground_pty(req: &ExecRequest) -> cordon_core::Result<()> {
+    if req.pty.is_some() {
+        return Err(Error::Invalid(
+            "a pseudo-terminal is for background execs only: start it with background: true, \
+             or leave out pty"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Maps an agent's refusal of a file operation to the API error.

@@ -2,7 +2,7 @@
 //! tier's agent channel ([`FrameIo`]). Answers come twice as in [`crate::files`]: the outer
 //! `Result` is the channel, the inner one the request.
 
-use cordon_core::{Error, ProcOutput, ProcSignal};
+use cordon_core::{Error, ProcOutput, ProcSignal, PtySize};
 use cordon_guest::proto::{ErrorCode, ProtoError, Reply, Request};
 
 use crate::agent::{CallError, HEADER_ROOM};
@@ -97,6 +97,15 @@ pub fn write(io: &mut dyn FrameIo, id: u64, data: &[u8]) -> Answer<()> {
 pub fn signal(io: &mut dyn FrameIo, id: u64, signal: ProcSignal) -> Answer<()> {
     io.send(&Request::BgSignal { id, signal }, b"")?;
     ok_or_refused(io, "a background signal")
+}
+
+/// A new window size for background exec `id`'s pseudo-terminal.
+pub fn resize(io: &mut dyn FrameIo, id: u64, size: PtySize) -> Answer<()> {
+    if let Err(e) = size.validate() {
+        return Ok(Err(e));
+    }
+    io.send(&Request::BgResize { id, size }, b"")?;
+    ok_or_refused(io, "a background resize")
 }
 
 fn ok_or_refused(io: &mut dyn FrameIo, what: &str) -> Answer<()> {

@@ -454,6 +454,7 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: UnixStream) -> Res
             .collect(),
         mount_proc: true,
         confine: Some(confine),
+        winch_on_resize: false,
     };
     let sock = sock.try_clone().map_err(|e| format!("agent socket: {e}"))?;
     let agent = Agent::new(cfg, sock).map_err(|e| format!("starting the agent: {e}"))?;
@@ -840,7 +841,10 @@ fn make_tree(at: &Path, setup: &InitSetup) -> Result<(), String> {
     ] {
         symlink(target, dev.join(link)).map_err(io(format!("linking /dev/{link}")))?;
     }
-    for d in ["dev/shm", "proc", "tmp", "work"] {
+    // Pseudo-terminals come from the sandbox's own devpts instance (mounted on dev/pts);
+    // ptmx is its multiplexer, never the host's.
+    symlink("pts/ptmx", dev.join("ptmx")).map_err(io("linking /dev/ptmx".into()))?;
+    for d in ["dev/shm", "dev/pts", "proc", "tmp", "work"] {
         fs::create_dir(at.join(d)).map_err(io(format!("creating /{d}")))?;
     }
     Ok(())
@@ -859,6 +863,17 @@ fn mount_pieces(root: &Path, setup: &InitSetup) -> Result<(), String> {
         )
         .map_err(|e| format!("binding /dev/{d}: {e}"))?;
     }
+    // A private devpts instance (always new inside the sandbox's user namespace; said
+    // anyway): only the sandbox's own terminals are in it, and anyone may open its ptmx.
+    mount(
+        Some("devpts"),
+        &root.join("dev/pts"),
+        Some("devpts"),
+        // Not nodev: its nodes are the terminals.
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .map_err(|e| format!("mounting devpts on /dev/pts: {e}"))?;
     let small = setup.tmp_bytes.min(64 << 20);
     tmpfs(
         &root.join("dev/shm"),

@@ -56,6 +56,12 @@ pub fn build(connect_port: Option<u16>, writable_root: bool) -> Result<RulesetCr
             .add_rule(PathBeneath::new(path(dev)?, rw_file))
             .map_err(|e| e.to_string())?;
     }
+    // The sandbox's own devpts (its terminals, and ptmx for new ones), where it has one.
+    if std::path::Path::new("/dev/pts/ptmx").exists() {
+        created = created
+            .add_rule(PathBeneath::new(path("/dev/pts")?, rw_file))
+            .map_err(|e| e.to_string())?;
+    }
     if let Some(port) = connect_port {
         created = created
             .add_rule(NetPort::new(port, AccessNet::ConnectTcp))

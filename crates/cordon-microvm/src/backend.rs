@@ -984,11 +984,13 @@ impl MicrovmSandbox {
     }
 
     fn run_exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        cordon_host::agent::refuse_foreground_pty(req)?;
         let cordon_host::agent::ExecParts {
             argv,
             env,
             cwd,
             limits: proc_limits,
+            pty: _,
         } = self.exec_parts(req)?;
         let limits = self.spec.limits.clone();
         let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(limits.timeout_ms));
@@ -1215,6 +1217,12 @@ impl Sandbox for MicrovmSandbox {
     fn write_background(&mut self, id: u64, data: &[u8]) -> Result<()> {
         self.file_call("a background exec", |io| {
             cordon_host::procs::write(io, id, data)
+        })
+    }
+
+    fn resize_background(&mut self, id: u64, size: cordon_core::PtySize) -> Result<()> {
+        self.file_call("a background exec", |io| {
+            cordon_host::procs::resize(io, id, size)
         })
     }
 

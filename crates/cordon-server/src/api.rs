@@ -41,6 +41,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/sandboxes/{id}/execs/{exec_id}"),
     ("delete", "/v1/sandboxes/{id}/execs/{exec_id}"),
     ("post", "/v1/sandboxes/{id}/execs/{exec_id}/stdin"),
+    ("post", "/v1/sandboxes/{id}/execs/{exec_id}/resize"),
     ("put", "/v1/sandboxes/{id}/files/{path}"),
     ("get", "/v1/sandboxes/{id}/files/{path}"),
     ("get", "/v1/sandboxes/{id}/files"),
@@ -252,6 +253,10 @@ pub fn router(svc: Service) -> Router {
             get(attach).delete(stop_exec),
         )
         .route("/v1/sandboxes/{id}/execs/{exec_id}/stdin", post(exec_stdin))
+        .route(
+            "/v1/sandboxes/{id}/execs/{exec_id}/resize",
+            post(resize_exec),
+        )
         .route(
             "/v1/sandboxes/{id}/files",
             get(crate::api_files::list).delete(crate::api_files::remove),
@@ -639,6 +644,11 @@ async fn exec(
         let info = svc.start_background(&t, &id, &body).await?;
         return Ok((StatusCode::ACCEPTED, Json(info)).into_response());
     }
+    if body.pty.is_some() {
+        return Err(ApiError::invalid(
+            "a pseudo-terminal is for background execs: add \"background\": true, or leave out pty",
+        ));
+    }
     let m = mode(&headers, body.stream);
     let job = svc.begin_exec(&t, &id, &body)?;
     if m == Mode::Whole {
@@ -736,6 +746,22 @@ async fn exec_stdin(
     let n = data.len();
     svc.exec_stdin(&t, &id, &exec_id, data, body.close).await?;
     Ok(Json(json!({"bytes": n, "closed": body.close})))
+}
+
+async fn resize_exec(
+    State(svc): State<Service>,
+    Auth(t): Auth,
+    Path((id, exec_id)): Path<(String, String)>,
+    body: Result<Json<crate::model::ResizeBody>, JsonRejection>,
+) -> Result<Json<crate::model::ExecInfo>, ApiError> {
+    let id = parse_id(&id)?;
+    let exec_id = parse_exec_id(&exec_id)?;
+    let Json(body) = body.map_err(json_rejection)?;
+    let size = cordon_core::PtySize {
+        rows: body.rows,
+        cols: body.cols,
+    };
+    Ok(Json(svc.exec_resize(&t, &id, &exec_id, size).await?))
 }
 
 async fn run(

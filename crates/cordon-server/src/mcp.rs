@@ -201,6 +201,26 @@ pub struct StartArgs {
     /// A program and its arguments, run without a shell.
     #[serde(default)]
     pub argv: Option<Vec<String>>,
+    /// Run it on a pseudo-terminal of this size (an interactive program: a REPL, an editor,
+    /// a TUI); its output is all stdout. resize_exec changes the size.
+    #[serde(default)]
+    pub pty: Option<PtyArgs>,
+}
+
+/// A terminal size in character cells, each 1 to 1000.
+#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, schemars::JsonSchema)]
+pub struct PtyArgs {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ResizeArgs {
+    pub sandbox: String,
+    /// The background exec's id (ex-<n>), started with pty.
+    pub exec: String,
+    pub rows: u16,
+    pub cols: u16,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -581,6 +601,7 @@ impl CordonMcp {
             "lang": lang,
             "argv": a.argv,
             "background": true,
+            "pty": a.pty,
         })))?;
         text(
             &self
@@ -700,6 +721,28 @@ impl CordonMcp {
             &self
                 .svc
                 .peek_exec(&t, &a.sandbox, &a.exec)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    }
+
+    #[tool(
+        description = "Resize a background exec's pseudo-terminal (one started with pty): its program gets SIGWINCH and sees the new rows and cols."
+    )]
+    async fn resize_exec(
+        &self,
+        Parameters(a): Parameters<ResizeArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, String> {
+        let t = self.tenant(&ctx)?;
+        let size = cordon_core::PtySize {
+            rows: a.rows,
+            cols: a.cols,
+        };
+        text(
+            &self
+                .svc
+                .exec_resize(&t, &a.sandbox, &a.exec, size)
                 .await
                 .map_err(|e| e.to_string())?,
         )

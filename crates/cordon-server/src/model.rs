@@ -59,6 +59,18 @@ pub struct ExecBody {
     /// `GET /v1/sandboxes/{id}/execs/{exec_id}`.
     #[serde(default)]
     pub background: bool,
+    /// A background exec on a pseudo-terminal of `{rows, cols}` (each 1 to 1000): its
+    /// stdin, stdout and stderr; resize it with `POST .../execs/{exec_id}/resize`.
+    #[serde(default)]
+    pub pty: Option<cordon_core::PtySize>,
+}
+
+/// A background exec's new terminal size.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeBody {
+    pub rows: u16,
+    pub cols: u16,
 }
 
 /// A background exec as listed.
@@ -77,6 +89,9 @@ pub struct ExecInfo {
     pub exit_code: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
+    /// Its pseudo-terminal's size, when it runs on one (the last resize's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<cordon_core::PtySize>,
 }
 
 /// A background exec's output so far, read without waiting (MCP's read_exec).
@@ -167,6 +182,7 @@ impl ExecBody {
             cwd: self.cwd.clone(),
             stdin,
             timeout_ms: self.timeout.map(|d| d.0.as_millis() as u64),
+            pty: self.pty,
             last: false,
         })
     }
@@ -282,6 +298,7 @@ impl RunRequest {
             timeout: self.timeout,
             stream: self.stream,
             background: false,
+            pty: None,
         };
         (create, exec, self.files)
     }

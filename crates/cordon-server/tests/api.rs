@@ -1276,6 +1276,7 @@ mod mcp {
                 "read_file",
                 "remove_path",
                 "rename_path",
+                "resize_exec",
                 "restart_context",
                 "resume_sandbox",
                 "run",

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 Command = Union[str, Sequence[str]]
 
@@ -580,15 +580,18 @@ class Sandbox:
 
     def exec(self, code: Command, lang: Optional[str] = None, *, timeout: Optional[str] = None,
              stdin: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-             background: bool = False) -> Any:
+             background: bool = False, pty: Optional[Tuple[int, int]] = None) -> Any:
         """Runs a shell command (a string), code in `lang`, or an argv (a list); waits for it.
 
         With `background=True` it returns a `BackgroundExec` at once instead (its stdin goes
-        through `send_stdin`)."""
+        through `send_stdin`); `pty=(rows, cols)` runs it on a pseudo-terminal of that size
+        (background execs only)."""
         if background:
             if stdin is not None:
                 raise ValueError("a background exec takes its stdin through send_stdin()")
-            return self.exec_background(code, lang, env=env, timeout=timeout)
+            return self.exec_background(code, lang, env=env, timeout=timeout, pty=pty)
+        if pty is not None:
+            raise ValueError("a pseudo-terminal is for background execs: pass background=True")
         p = self._exec_payload(code, lang, timeout, stdin, env)
         return ExecResult.from_json(self.client._json("POST", f"/v1/sandboxes/{self.id}/exec", p))
 
@@ -601,10 +604,17 @@ class Sandbox:
 
     def exec_background(self, code: Command, lang: Optional[str] = None, *,
                         env: Optional[Mapping[str, str]] = None,
-                        timeout: Optional[str] = None) -> "BackgroundExec":
-        """Starts a command in the background and returns its handle at once."""
+                        timeout: Optional[str] = None,
+                        pty: Optional[Tuple[int, int]] = None) -> "BackgroundExec":
+        """Starts a command in the background and returns its handle at once. With
+        `pty=(rows, cols)` it runs on a pseudo-terminal: its stdin, stdout and stderr (all its
+        output is stdout; `TERM` is `xterm-256color` unless `env` sets it); `resize` changes
+        the size, and closing its stdin sends ^D."""
         p = self._exec_payload(code, lang, timeout, None, env)
         p["background"] = True
+        if pty is not None:
+            rows, cols = pty
+            p["pty"] = {"rows": int(rows), "cols": int(cols)}
         info = self.client._json("POST", f"/v1/sandboxes/{self.id}/exec", p)
         return BackgroundExec(self, info)
 
@@ -772,6 +782,13 @@ class BackgroundExec:
             p = {"data": data}
         p["close"] = close
         self.sandbox.client._json("POST", self._route("/stdin"), p)
+
+    def resize(self, rows: int, cols: int) -> Dict[str, Any]:
+        """Sets its pseudo-terminal's size (it gets SIGWINCH); an exec started without `pty`
+        raises `Unsupported`."""
+        self.info = self.sandbox.client._json(
+            "POST", self._route("/resize"), {"rows": int(rows), "cols": int(cols)})
+        return self.info
 
     def kill(self, force: bool = False) -> Dict[str, Any]:
         """SIGTERM to its process tree, SIGKILL after the server's grace (`force`: at once)."""

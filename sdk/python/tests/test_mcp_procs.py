@@ -58,14 +58,19 @@ class Mcp:
         return not res.get("isError", False), value
 
 
-def test_background_exec_and_pause_through_mcp_tools(server, has_container):
+def two_tenants_and_a_sandbox(server, has_container):
+    """MCP sessions of alice and bob, and a container sandbox of alice's."""
     if not has_container:
         pytest.skip("the container tier is not available here")
     alice = Mcp(server.url, KEYS["alice"])
     bob = Mcp(server.url, KEYS["bob"])
     ok, created = alice.tool("create_sandbox", tier="container")
     assert ok, created
-    sb = created["id"]
+    return alice, bob, created["id"]
+
+
+def test_background_exec_and_pause_through_mcp_tools(server, has_container):
+    alice, bob, sb = two_tenants_and_a_sandbox(server, has_container)
     try:
         ok, started = alice.tool(
             "start_background", sandbox=sb, lang="bash",
@@ -108,5 +113,53 @@ def test_background_exec_and_pause_through_mcp_tools(server, has_container):
                 break
             time.sleep(0.05)
         assert peek["state"] == "exited", peek
+    finally:
+        alice.tool("destroy", sandbox=sb)
+
+
+PTY_WINCH = r"""
+import os, signal, time
+got = []
+signal.signal(signal.SIGWINCH, lambda *a: got.append(os.get_terminal_size()))
+print("size", *os.get_terminal_size(), "tty", os.isatty(1), flush=True)
+for _ in range(1200):
+    if got:
+        break
+    time.sleep(0.05)
+print("winch", *(got[0] if got else ("none", "none")), flush=True)
+"""
+
+
+def test_a_pty_exec_and_its_resize_through_mcp_tools(server, has_container):
+    alice, bob, sb = two_tenants_and_a_sandbox(server, has_container)
+    try:
+        ok, started = alice.tool("start_background", sandbox=sb, lang="python", code=PTY_WINCH,
+                                 pty={"rows": 20, "cols": 70})
+        assert ok and started["pty"] == {"rows": 20, "cols": 70}, started
+        ex = started["id"]
+        for _ in range(200):
+            ok, peek = alice.tool("read_exec", sandbox=sb, exec=ex)
+            if "size" in peek["stdout"]:
+                break
+            time.sleep(0.05)
+        assert "size 70 20 tty True" in peek["stdout"], peek
+        # Another tenant cannot resize it; bounds hold; then the program sees the new size.
+        ok, _ = bob.tool("resize_exec", sandbox=sb, exec=ex, rows=30, cols=90)
+        assert not ok
+        ok, refused = alice.tool("resize_exec", sandbox=sb, exec=ex, rows=0, cols=90)
+        assert not ok and "1000" in str(refused), refused
+        ok, resized = alice.tool("resize_exec", sandbox=sb, exec=ex, rows=30, cols=90)
+        assert ok and resized["pty"] == {"rows": 30, "cols": 90}, resized
+        for _ in range(200):
+            ok, peek = alice.tool("read_exec", sandbox=sb, exec=ex)
+            if peek["state"] == "exited":
+                break
+            time.sleep(0.05)
+        assert "winch 90 30" in peek["stdout"], peek
+        # An exec without a terminal has no size to change.
+        ok, plain = alice.tool("start_background", sandbox=sb, argv=["sleep", "30"])
+        assert ok, plain
+        ok, refused = alice.tool("resize_exec", sandbox=sb, exec=plain["id"], rows=30, cols=90)
+        assert not ok and "pty" in str(refused), refused
     finally:
         alice.tool("destroy", sandbox=sb)

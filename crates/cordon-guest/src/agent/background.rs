@@ -57,6 +57,7 @@ impl Agent {
         env: &BTreeMap<String, String>,
         cwd: &str,
         limits: &ProcLimits,
+        pty: Option<cordon_core::PtySize>,
     ) -> Result<(), (ErrorCode, String)> {
         if self.background.contains_key(&id) || self.running.as_ref().is_some_and(|r| r.id == id) {
             return Err((ErrorCode::BadRequest, format!("exec id {id} is in use")));
@@ -79,10 +80,17 @@ impl Agent {
                 }
             }
         }
+        let mut env = env.clone();
+        if let Some(size) = pty {
+            size.validate()
+                .map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
+            env.entry("TERM".into())
+                .or_insert_with(|| crate::proto::PTY_TERM.into());
+        }
         // Background output always passes through the agent (it is kept here), so the
-        // program's stdio are the agent's own pipes whatever the channel.
+        // program's stdio are the agent's own pipes (or its terminal) whatever the channel.
         let run = self
-            .launch(id, argv, env, cwd, StdioMode::Framed, limits)
+            .launch(id, argv, &env, cwd, StdioMode::Framed, limits, pty)
             .map_err(|e| (ErrorCode::SpawnFailed, e.to_string()))?;
         self.background.insert(
             id,
@@ -165,6 +173,49 @@ impl Agent {
             let _ = kill(run.reaper, sig);
         }
         self.send(&Reply::Ok, b"")
+    }
+
+    /// Answers [`Request::BgResize`]: TIOCSWINSZ on the exec's terminal, so its foreground
+    /// process group gets `SIGWINCH`.
+    pub(super) fn resize_background(
+        &mut self,
+        id: u64,
+        size: cordon_core::PtySize,
+    ) -> Result<(), ProtoError> {
+        if let Err(e) = size.validate() {
+            return self.error(ErrorCode::BadRequest, e.to_string());
+        }
+        let Some(bg) = self.background.get(&id) else {
+            return self.error(ErrorCode::NotFound, format!("no background exec {id}"));
+        };
+        let master = bg
+            .run
+            .as_ref()
+            .and_then(|r| r.framed.as_ref())
+            .and_then(|fr| fr.tty.as_ref());
+        // Where the kernel sends no SIGWINCH, the reaper passes one on to its namespace.
+        let winch = self
+            .cfg
+            .winch_on_resize
+            .then(|| bg.run.as_ref().map(|r| r.reaper))
+            .flatten();
+        let done = match master {
+            Some(m) => sys::set_window_size(m, size)
+                .map_err(|e| format!("resizing background exec {id}'s terminal: {e}"))
+                .map(|()| {
+                    if let Some(reaper) = winch {
+                        let _ = kill(reaper, Signal::SIGWINCH);
+                    }
+                }),
+            None if bg.exit.is_some() || bg.run.is_none() => {
+                Err(format!("background exec {id} has ended"))
+            }
+            None => Err(format!("background exec {id} has no terminal")),
+        };
+        match done {
+            Ok(()) => self.send(&Reply::Ok, b""),
+            Err(m) => self.error(ErrorCode::BadRequest, m),
+        }
     }
 
     /// Moves what background exec `id` wrote into its rings.

@@ -10,6 +10,8 @@ pub(super) struct ExecPlan {
     pub(super) env: Vec<CString>,
     pub(super) path_dirs: Vec<Vec<u8>>,
     pub(super) cwd: CString,
+    /// Its stdin is a terminal to take as the controlling terminal.
+    pub(super) tty: bool,
 }
 
 impl ExecPlan {
@@ -42,6 +44,7 @@ impl ExecPlan {
                 .map(|d| d.as_bytes().to_vec())
                 .collect(),
             cwd: cs(cwd)?,
+            tty: false,
         })
     }
 
@@ -52,6 +55,7 @@ impl ExecPlan {
             env: Vec::new(),
             path_dirs: Vec::new(),
             cwd: CString::default(),
+            tty: false,
         }
     }
 
@@ -171,7 +175,7 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: bool) -
         sys::exit_now(120)
     };
     let plan = match ExecPlan::new(&job.argv, &job.env, &job.cwd) {
-        Ok(p) => p,
+        Ok(p) => ExecPlan { tty: job.tty, ..p },
         Err(e) => {
             failed.get_or_insert(format!("bad exec request: {e}"));
             // Never used: the failure is reported below before the plan is.
@@ -235,8 +239,9 @@ pub(super) fn reaper_main(
             }
         }
     };
-    // A terminate sent to the reaper (a background exec's) reaches the whole tree.
-    let _ = sys::forward_term_to_namespace();
+    // A terminate sent to the reaper (a background exec's) reaches the whole tree, and so
+    // does a resize's SIGWINCH where the agent sends it.
+    let _ = sys::forward_signals_to_namespace();
     // Close our copies of the program's stdio so the host sees EOF when the tree is gone.
     for fd in 0..3 {
         let _ = nix::unistd::close(fd);
@@ -288,6 +293,7 @@ pub(super) fn program_main(cfg: &AgentConfig, plan: &ExecPlan, limits: &ProcLimi
         program_fail("closing inherited descriptors", &e);
     }
     leave_the_agent();
+    take_terminal(plan);
     // Limits before the privileges go (a VM's root may raise a hard limit); the working
     // directory after, as on the forked-ahead path: the program's own user must reach it.
     apply_limits(limits);
@@ -329,9 +335,14 @@ pub(super) fn program_standby(cfg: &AgentConfig, sock: UnixStream) -> ! {
         program_fail("dropping privileges", &e);
     }
     let plan = match ExecPlan::new(&job.argv, &job.env, &job.cwd) {
-        Ok(plan) => plan,
+        Ok(plan) => ExecPlan {
+            tty: job.tty,
+            ..plan
+        },
         Err(e) => program_fail("bad exec request", &e),
     };
+    // A session leader since `leave_the_agent`: its terminal becomes the controlling one.
+    take_terminal(&plan);
     // Lowering limits needs no privilege (and raising a hard limit needs one the sandbox's
     // root never has: CAP_SYS_RESOURCE in the host's user namespace).
     apply_limits(&job.limits);
@@ -383,6 +394,16 @@ pub(super) fn drop_privileges(cfg: &AgentConfig) -> io::Result<()> {
         .and_then(|_| setresuid(uid, uid, uid).map_err(io::Error::from))
         .and_then(|_| sys::clear_ambient())
         .and_then(|_| nix::sys::prctl::set_no_new_privs().map_err(io::Error::from))
+}
+
+/// On a pseudo-terminal, makes stdin's terminal the (new session's) controlling terminal,
+/// so the program gets `SIGWINCH`, `^C` and job control from it.
+pub(super) fn take_terminal(plan: &ExecPlan) {
+    if plan.tty
+        && let Err(e) = sys::take_controlling_terminal(0)
+    {
+        program_fail("taking the pseudo-terminal as the controlling terminal", &e);
+    }
 }
 
 pub(super) fn apply_limits(limits: &ProcLimits) {

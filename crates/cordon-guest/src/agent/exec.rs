@@ -13,12 +13,14 @@ impl Agent {
         stdio: StdioMode,
         limits: &ProcLimits,
     ) -> io::Result<()> {
-        let run = self.launch(id, argv, env, cwd, stdio, limits)?;
+        let run = self.launch(id, argv, env, cwd, stdio, limits, None)?;
         self.running = Some(run);
         Ok(())
     }
 
-    /// Starts a program on a standby reaper (made now if none is ready).
+    /// Starts a program on a standby reaper (made now if none is ready); with `pty`, on a
+    /// new pseudo-terminal (framed: the agent holds its master).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch(
         &mut self,
         id: u64,
@@ -27,12 +29,20 @@ impl Agent {
         cwd: &str,
         stdio: StdioMode,
         limits: &ProcLimits,
+        pty: Option<cordon_core::PtySize>,
     ) -> io::Result<Running> {
         if argv.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
         }
-        let (child_stdio, framed) = match stdio {
-            StdioMode::Passed => {
+        let (child_stdio, framed) = match (stdio, pty) {
+            (StdioMode::Framed, Some(size)) => self.open_terminal(size)?,
+            (StdioMode::Passed, Some(_)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a pseudo-terminal needs framed stdio",
+                ));
+            }
+            (StdioMode::Passed, None) => {
                 if self.fds.len() < 3 {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
@@ -42,7 +52,7 @@ impl Agent {
                 let mut take = || self.fds.pop_front().ok_or(io::ErrorKind::InvalidInput);
                 ([take()?, take()?, take()?], None)
             }
-            StdioMode::Framed => {
+            (StdioMode::Framed, None) => {
                 let (in_r, in_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
                 let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
                 let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
@@ -55,6 +65,7 @@ impl Agent {
                         stdin: Some(File::from(in_w)),
                         stdin_buf: VecDeque::new(),
                         stdin_close: false,
+                        tty: None,
                     }),
                 )
             }
@@ -74,6 +85,7 @@ impl Agent {
                 env: env.clone(),
                 cwd: cwd.to_string(),
                 limits: limits.clone(),
+                tty: pty.is_some(),
             },
             b"",
         )
@@ -127,6 +139,42 @@ impl Agent {
         })
     }
 
+    /// A pseudo-terminal of `size` for a program: the slave as its stdin, stdout and
+    /// stderr (owned by the sandbox user, so the program may reopen it), the master framed.
+    fn open_terminal(
+        &self,
+        size: cordon_core::PtySize,
+    ) -> io::Result<([OwnedFd; 3], Option<FramedIo>)> {
+        let (master, slave) = sys::open_pty(size).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot allocate a pseudo-terminal in the sandbox: {e}"),
+            )
+        })?;
+        // Best effort: the program's own user owns its terminal, as a login's does.
+        let _ = nix::unistd::fchown(
+            &slave,
+            Some(Uid::from_raw(self.cfg.uid)),
+            Some(Gid::from_raw(self.cfg.gid)),
+        );
+        // One open file shared by both ends here: non-blocking for stdin's writes, and the
+        // output side treats "nothing yet" as such.
+        let reader = master.try_clone()?;
+        let writer = master.try_clone()?;
+        nix::fcntl::fcntl(&master, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+        Ok((
+            [slave.try_clone()?, slave.try_clone()?, slave],
+            Some(FramedIo {
+                stdout: Some(File::from(reader)),
+                stderr: None,
+                stdin: Some(File::from(writer)),
+                stdin_buf: VecDeque::new(),
+                stdin_close: false,
+                tty: Some(File::from(master)),
+            }),
+        ))
+    }
+
     /// Reads what the reaper wrote on its status pipe; true once the line is whole or the
     /// pipe closed (the reaper died without a report).
     pub(super) fn status_complete(&mut self) -> bool {
@@ -157,6 +205,9 @@ impl Running {
     }
 }
 
+/// What closing a terminal's stdin writes: `VEOF`, ^D.
+const EOF_CHAR: u8 = 0x04;
+
 impl FramedIo {
     /// One read of stdout (`which` 0) or stderr (1); `None` when nothing came (the stream
     /// is marked closed at its end).
@@ -170,7 +221,15 @@ impl FramedIo {
         let mut buf = vec![0u8; 64 * 1024];
         let n = match f.read(&mut buf) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return None,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                ) =>
+            {
+                return None;
+            }
+            // A pseudo-terminal's master reads EIO once every slave descriptor is closed.
             Err(_) => 0,
         };
         if n == 0 {
@@ -184,6 +243,7 @@ impl FramedIo {
     /// What is left in both output pipes once every writer is gone (the reaper reported).
     pub(super) fn drain(&mut self) -> Vec<(Stream, Vec<u8>)> {
         self.stdin = None;
+        self.tty = None;
         let mut rest = Vec::new();
         for (stream, slot) in [
             (Stream::Stdout, &mut self.stdout),
@@ -204,6 +264,11 @@ impl FramedIo {
     /// when the queue is full.
     pub(super) fn queue_stdin(&mut self, data: Vec<u8>) -> bool {
         if data.is_empty() {
+            // A terminal has no end of its own: its end-of-file character (^D) makes a read
+            // at the start of a line return nothing, as a keyboard's ^D does.
+            if self.tty.is_some() && !self.stdin_close {
+                self.stdin_buf.push_back(EOF_CHAR);
+            }
             self.stdin_close = true;
         } else if self.stdin_buf.len() + data.len() <= MAX_STDIN_BUFFER {
             self.stdin_buf.extend(data);

@@ -63,6 +63,9 @@ pub struct AgentConfig {
     /// Mount a fresh `/proc` in each exec's PID namespace.
     pub mount_proc: bool,
     pub confine: Option<Confine>,
+    /// After a terminal's resize, send `SIGWINCH` to the exec's reaper, which passes it on
+    /// to every process of the exec: for kernels whose pseudo-terminals send none (gVisor's).
+    pub winch_on_resize: bool,
 }
 
 struct Running {
@@ -104,6 +107,9 @@ struct Job {
     env: BTreeMap<String, String>,
     cwd: String,
     limits: ProcLimits,
+    /// Its stdin is a terminal, to become the program's controlling terminal.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    tty: bool,
 }
 
 struct FramedIo {
@@ -112,6 +118,10 @@ struct FramedIo {
     stdin: Option<File>,
     stdin_buf: VecDeque<u8>,
     stdin_close: bool,
+    /// On a pseudo-terminal: its master (`stdout` and `stdin` are copies of it), held until
+    /// the exec ends, so closing stdin sends the terminal's end-of-file character and never
+    /// hangs the terminal up; resizes act on it.
+    tty: Option<File>,
 }
 
 /// The host channel: a Unix socket (which can carry descriptors), a character device such
@@ -345,7 +355,10 @@ impl Agent {
             fds.push(run.status.as_raw_fd());
             fds.extend(run.pidfd.as_ref().map(|f| f.as_raw_fd()));
             if let Some(fr) = &run.framed {
-                for f in [&fr.stdin, &fr.stdout, &fr.stderr].into_iter().flatten() {
+                for f in [&fr.stdin, &fr.stdout, &fr.stderr, &fr.tty]
+                    .into_iter()
+                    .flatten()
+                {
                     fds.push(f.as_raw_fd());
                 }
             }
@@ -666,10 +679,11 @@ impl Agent {
                 env,
                 cwd,
                 limits,
+                pty,
             } => {
                 // Descriptors sent along are not for a background exec.
                 self.fds.clear();
-                match self.start_background(id, &argv, &env, &cwd, &limits) {
+                match self.start_background(id, &argv, &env, &cwd, &limits, pty) {
                     Ok(()) => {
                         self.send(&Reply::Started { id }, b"")?;
                         // The next exec's reaper gets ready while the host reads the reply.
@@ -688,6 +702,7 @@ impl Agent {
             } => self.read_background(id, [stdout_from, stderr_from], max)?,
             Request::BgStdin { id } => self.write_background(id, frame.body)?,
             Request::BgSignal { id, signal } => self.signal_background(id, signal)?,
+            Request::BgResize { id, size } => self.resize_background(id, size)?,
             Request::Kill { id } => {
                 if let Some(run) = self.running.as_ref().filter(|r| r.id == id) {
                     // Killing the PID namespace's init takes every process in it along.

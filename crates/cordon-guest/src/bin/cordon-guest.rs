@@ -50,6 +50,7 @@ fn main() {
         scratch: vec![PathBuf::from("/work"), PathBuf::from("/tmp")],
         mount_proc: true,
         confine: None,
+        winch_on_resize: false,
     };
     let agent = match Agent::over_port(cfg, port) {
         Ok(a) => a,
@@ -173,6 +174,18 @@ fn boot() -> Result<File, String> {
         scratch | MsFlags::MS_NOEXEC,
         Some("size=16m,mode=1777"),
     )?;
+    // The guest's terminals: a devpts instance of its own, /dev/ptmx its multiplexer (the
+    // guest kernel is the sandbox's, so no terminal of the host is in it either way).
+    mnt(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )?;
+    let _ = fs::remove_file("/dev/ptmx");
+    std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx")
+        .map_err(|e| format!("linking /dev/ptmx: {e}"))?;
     let _ = nix::unistd::sethostname("sandbox");
     // Programs may serve each other on loopback; with egress the forwarder listens there.
     cordon_guest::sys::loopback_up().map_err(|e| format!("bringing loopback up: {e}"))?;

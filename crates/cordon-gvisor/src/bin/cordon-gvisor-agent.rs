@@ -44,6 +44,11 @@ fn main() {
         }
         Some(_) => usage(),
     }
+    // Pseudo-terminals (background execs with a pty) come from the sandbox's devpts:
+    // /dev/ptmx is its multiplexer, if runsc made none.
+    if std::fs::symlink_metadata("/dev/ptmx").is_err() {
+        let _ = std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx");
+    }
     let cfg = AgentConfig {
         name: "cordon-gvisor-agent".into(),
         uid,
@@ -53,6 +58,8 @@ fn main() {
         mount_proc: true,
         // gVisor's kernel is the wall: no Landlock or seccomp layer inside it.
         confine: None,
+        // gVisor's terminals send no SIGWINCH on a resize: the agent does.
+        winch_on_resize: true,
     };
     // The container's stdin and stdout, which runsc connects to the host: copies of them,
     // owned by the agent.

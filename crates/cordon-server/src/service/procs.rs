@@ -22,6 +22,8 @@ pub(super) struct Proc {
     pub(super) exit: Option<ProcExit>,
     /// A stop was asked for (DELETE): its end is reported as `killed`.
     pub(super) stopped: bool,
+    /// Its pseudo-terminal's size (the last resize's), when it runs on one.
+    pub(super) pty: Option<cordon_core::PtySize>,
 }
 
 /// A session's background execs by their API id (`ex-<n>`).
@@ -45,6 +47,7 @@ impl Proc {
             ended_ms: self.ended_ms,
             exit_code: self.exit.as_ref().and_then(|e| e.code),
             signal: self.exit.as_ref().and_then(|e| e.signal),
+            pty: self.pty,
         }
     }
 }
@@ -173,6 +176,9 @@ impl Service {
         body: &ExecBody,
     ) -> Result<ExecInfo, ApiError> {
         let req = body.to_request()?;
+        if let Some(size) = req.pty {
+            size.validate()?;
+        }
         if req.stdin.is_some() {
             return Err(ApiError::invalid(
                 "a background exec takes its stdin through POST .../execs/{exec_id}/stdin",
@@ -214,6 +220,7 @@ impl Service {
                         ended_ms: None,
                         exit: None,
                         stopped: false,
+                        pty: req.pty,
                     },
                 );
                 exec_id
@@ -474,6 +481,37 @@ impl Service {
             Ok(())
         })
         .await?
+    }
+
+    /// Sets a background exec's terminal size (its program gets `SIGWINCH`).
+    pub async fn exec_resize(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        exec_id: &str,
+        size: cordon_core::PtySize,
+    ) -> Result<ExecInfo, ApiError> {
+        size.validate()?;
+        let s = self.session(tenant, id)?;
+        self.refuse_paused(&s)?;
+        let agent = Self::agent_id(&s, exec_id)?;
+        let has_pty = lock(&s.procs)
+            .by_id
+            .get(exec_id)
+            .is_some_and(|p| p.pty.is_some());
+        if !has_pty {
+            return Err(ApiError::new(
+                Code::Unsupported,
+                "this background exec runs without a pseudo-terminal, so it has no size",
+                "start it with \"pty\": {\"rows\": R, \"cols\": C} to resize it later",
+            ));
+        }
+        let s2 = s.clone();
+        blocking(move || on_sandbox(&s2, |sb| sb.resize_background(agent, size))).await??;
+        let mut procs = lock(&s.procs);
+        let p = procs.by_id.get_mut(exec_id).ok_or_else(no_exec)?;
+        p.pty = Some(size);
+        Ok(p.info(exec_id))
     }
 
     /// Stops a background exec: SIGTERM to its process tree now, SIGKILL after the
