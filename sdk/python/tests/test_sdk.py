@@ -308,7 +308,16 @@ def test_template_run_and_sandbox(alice, server, has_container):
     assert r.stdout == "hello from the template\n", r
     with alice.sandbox(tier="container", template="bb") as sb:
         assert sb.exec("echo $GREETING $HOME").stdout == "from-the-image /work\n"
-    rows = [e["detail"].get("template") for e in alice.audit(kind="policy")]
+    # Every policy row of this tenant: a page holds at most 1000, oldest first, and the
+    # session's earlier tests wrote many.
+    events, after = [], None
+    for _ in range(100):
+        page = alice.audit(kind="policy", after_id=after, limit=1000)
+        if not page:
+            break
+        events += page
+        after = page[-1]["id"]
+    rows = [e["detail"].get("template") for e in events]
     named = [t for t in rows if t]
     assert len(named) == 2 and all(t["name"] == "bb" and t["digest"].startswith("sha256:")
                                    for t in named), rows
