@@ -30,7 +30,7 @@ pub const JAIL_RAM: &str = "/img/ram";
 const LOG_TAIL: u64 = 64 << 10;
 
 /// The accelerator QEMU runs guests with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Accel {
     /// Hardware virtualization through /dev/kvm.
@@ -67,6 +67,10 @@ pub struct VmParams {
     /// device state (`x-ignore-shared`); a restore maps it private, copy-on-write, from a
     /// read-only descriptor, so the pages no VM writes are one copy in the page cache.
     pub shared_ram: bool,
+    /// The guest's RAM is an anonymous memory backend named like the file backend: a VM
+    /// resumed from a state saved to disk by one whose RAM was a snapshot's file (the
+    /// stream then carries every page, under that backend's name).
+    pub named_ram: bool,
 }
 
 impl VmParams {
@@ -119,7 +123,7 @@ impl VmParams {
                 "max",
             ),
         };
-        let machine = if self.shared_ram {
+        let machine = if self.shared_ram || self.named_ram {
             format!("{machine},memory-backend=ram")
         } else {
             machine.to_string()
@@ -150,6 +154,12 @@ impl VmParams {
             "-m".into(),
             format!("{}M", self.ram_mib),
         ]);
+        if self.named_ram && !self.shared_ram {
+            a.extend([
+                "-object".into(),
+                format!("memory-backend-ram,id=ram,size={}M", self.ram_mib),
+            ]);
+        }
         if self.shared_ram {
             // `rom=off`: with `readonly=on` the default would make the guest's RAM read-only;
             // here only the file is, and the private mapping of it is the guest's to write.
@@ -371,6 +381,13 @@ impl Vm {
                 None,
             ),
         ])?;
+        Ok(())
+    }
+
+    /// Waits until QEMU serves QMP (it opens the socket once the agent's connection let
+    /// it go on).
+    pub fn await_qmp(&mut self) -> Result<(), MicrovmError> {
+        drop(self.connect("qmp.sock", "QMP")?);
         Ok(())
     }
 
