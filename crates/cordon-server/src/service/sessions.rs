@@ -151,6 +151,7 @@ impl Session {
     }
 
     pub(super) fn info(&self) -> SandboxInfo {
+        let on_disk = *lock(&self.on_disk);
         SandboxInfo {
             id: self.id.clone(),
             tier: self.tier,
@@ -168,8 +169,8 @@ impl Session {
                 .saturating_add(self.paused_total_ms()),
             idle_timeout_ms: self.idle_ms.load(Ordering::Relaxed).max(0) as u64,
             paused: self.is_paused(),
-            on_disk: lock(&self.on_disk).is_some(),
-            on_disk_bytes: *lock(&self.on_disk),
+            on_disk: on_disk.is_some(),
+            on_disk_bytes: on_disk,
             labels: lock(&self.labels).clone(),
             last_used_ms: self.created_ms
                 + self.last_used.load(Ordering::Relaxed)
@@ -765,7 +766,8 @@ impl Service {
         let detail = json!({"ttl_ms": req.ttl.map(|d| ms(d.0)),
             "idle_timeout_ms": req.idle_timeout.map(|d| ms(d.0))});
         // A session paused to disk keeps its new clocks for the next start too.
-        let kept = lock(&s.on_disk).map(|bytes| {
+        let on_disk = *lock(&s.on_disk);
+        let kept = on_disk.map(|bytes| {
             let mut row = s.paused_row(bytes);
             if let Some(at) = *lock(&s.paused_at) {
                 row.paused_since_ms = now_ms() - at.elapsed().as_millis() as i64;
