@@ -796,6 +796,62 @@ mod tests {
     }
 
     #[test]
+    fn keeps_sessions_paused_to_disk_until_they_end() {
+        let a = Audit::open_in_memory().unwrap();
+        a.sandbox_started("sb-p", Some("t"), Tier::Microvm, "live")
+            .unwrap();
+        let mut spec = cordon_core::SandboxSpec::new(Tier::Microvm);
+        spec.limits.memory_bytes = 123 << 20;
+        let row = PausedRow {
+            id: "sb-p".into(),
+            tenant: "t".into(),
+            tier: Tier::Microvm,
+            spec,
+            labels: [("team".to_string(), "red".to_string())].into(),
+            source: "cold".into(),
+            start_us: 7,
+            created_ms: 1_000,
+            ttl_ms: 60_000,
+            idle_ms: 30_000,
+            last_used_ms: 500,
+            paused_ms: 250,
+            paused_since_ms: 2_000,
+            on_disk_bytes: 99,
+        };
+        let event = NewEvent {
+            tenant: Some("t"),
+            sandbox: Some("sb-p"),
+            kind: "pause",
+            ..Default::default()
+        };
+        a.paused_put(&row, &event).unwrap();
+        // A second put (a patch while paused) replaces the first.
+        a.paused_put(&row, &event).unwrap();
+        let kept: Vec<_> = a
+            .paused_all()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(kept, vec![row]);
+        a.sandbox_ended("sb-p", "destroyed", "paused-ttl").unwrap();
+        assert!(a.paused_all().unwrap().is_empty());
+        // A row that does not decode is reported by id, not dropped silently.
+        lock(&a.conn)
+            .execute(
+                "INSERT INTO paused_sessions VALUES ('sb-x', 't', 'nope', '{}', '{}', 'cold',
+                 0, 0, 0, 0, 0, 0, 0, 0)",
+                [],
+            )
+            .unwrap();
+        let bad = a.paused_all().unwrap();
+        assert!(
+            matches!(&bad[..], [Err((id, _))] if id == "sb-x"),
+            "{bad:?}"
+        );
+    }
+
+    #[test]
     fn tracks_unfinished_sandboxes() {
         let a = Audit::open_in_memory().unwrap();
         a.sandbox_started("sb-a", Some("t"), Tier::Wasm, "live")
