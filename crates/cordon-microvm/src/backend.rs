@@ -1119,6 +1119,10 @@ impl MicrovmSandbox {
         }
         vm.qmp("cont", json!({})).map_err(|e| e.to_string())?;
         self.params = params;
+        // The guest's wall clock stood still while it was on disk: set it again (with fresh
+        // randomness for its CRNG; hostname and tmpfs sizes are the same as before).
+        self.configure(self.home.cfg.boot_timeout)
+            .map_err(|e| e.to_string())?;
         // The agent answers (and, under TCG, the exec path is translated again).
         let o = self
             .exec(

@@ -1735,7 +1735,21 @@ fn a_vm_paused_to_disk_holds_nothing_and_resumes_with_its_processes() {
     let other = MicrovmBackend::new(cfg.clone());
     let mut sb = other.revive_sandbox(&id).unwrap().unwrap();
     assert!(sb.qemu_pid().is_none());
+    // Long enough on disk for a stopped guest clock to show.
+    std::thread::sleep(Duration::from_secs(5));
     sb.resume().unwrap();
+    let guest: i64 = stdout(&run(&mut sb, Language::Bash, "date +%s"))
+        .trim()
+        .parse()
+        .unwrap();
+    let host = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (guest - host).abs() <= 2,
+        "guest clock {guest}, host {host}"
+    );
     assert!(still_ticking(&mut sb));
     sb.write_background(py, b"\n").unwrap();
     let (out, _) = read_until(&mut sb, py, |o, _| o.matches("again=").count() >= 2);
