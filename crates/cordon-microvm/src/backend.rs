@@ -1509,6 +1509,15 @@ impl Sandbox for MicrovmSandbox {
                     .into(),
             });
         }
+        if let Some(t) = &self.spec.resolved_template {
+            return Err(Error::Unsupported {
+                what: format!("pausing a microVM of template {:?} to disk", t.name),
+                fix: "pause it without to_disk: a template's lease and environment are held \
+                      by this server process and would not survive a restart; sandboxes \
+                      without a template can be paused to disk"
+                    .into(),
+            });
+        }
         let bytes = self.save_to_disk()?;
         self.on_disk = Some(bytes);
         Ok(bytes)
