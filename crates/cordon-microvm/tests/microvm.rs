@@ -1649,10 +1649,12 @@ fn a_vm_paused_to_disk_holds_nothing_and_resumes_with_its_processes() {
     let Some(env) = env() else { return };
     let mut sb = env.backend.create_restored(&spec()).unwrap();
     let id = sb.id().as_str().to_string();
+    // (Written aside and renamed: a reader never sees the file truncated.)
     let ticker = sb
         .start_background(&ExecRequest::code(
             Language::Bash,
-            "echo up; i=0; while :; do i=$((i+1)); echo $i > /work/ticks; sleep 0.2; done",
+            "echo up; i=0; while :; do i=$((i+1)); echo $i > /work/t; mv /work/t /work/ticks; \
+             sleep 0.2; done",
         ))
         .unwrap();
     read_until(&mut sb, ticker, |o, _| o.contains("up"));

@@ -521,7 +521,10 @@ async fn list(
             .ok_or_else(|| ApiError::invalid("give label=key=value"))?;
         labels.push((lk.to_string(), lv.to_string()));
     }
-    Ok(Json(json!({ "sandboxes": svc.list(&t, &labels) })))
+    Ok(Json(json!({
+        "sandboxes": svc.list(&t, &labels),
+        "on_disk_bytes": svc.on_disk_bytes(&t),
+    })))
 }
 
 /// An optional body: none (or an empty one) pauses in memory; `{"to_disk": true}` to disk.

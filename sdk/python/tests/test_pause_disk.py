@@ -15,7 +15,9 @@ from cordon import Cordon, CordonError, NotFound, Sandbox, SandboxPaused, Unsupp
 from conftest import KEYS, ServerProc, tier_available
 
 # A counter and a Python interpreter holding a random variable, each writing to /work.
-TICKER = "i=0; while :; do i=$((i+1)); echo $i > /work/ticks; sleep 0.2; done"
+# (Written aside and renamed: a reader never sees the file truncated.)
+TICKER = ("i=0; while :; do i=$((i+1)); echo $i > /work/ticks.t; mv /work/ticks.t /work/ticks; "
+          "sleep 0.2; done")
 HOLDER = ("import secrets, time\nx = secrets.token_hex(8)\n"
           "while True:\n    open('/work/x', 'w').write(x)\n    time.sleep(0.2)\n")
 
@@ -100,6 +102,9 @@ def test_pause_to_disk_survives_a_sigkill_and_restart(microvm):
         assert oct(paused_dir(d, sb.id).stat().st_mode & 0o777) == "0o700"
         listed = {i["id"]: i for i in alice.list_sandboxes()}
         assert listed[sb.id]["on_disk"] and listed[sb.id]["on_disk_bytes"] == info["on_disk_bytes"]
+        # The tenant's view counts it; another tenant's does not.
+        assert alice._json("GET", "/v1/sandboxes")["on_disk_bytes"] == info["on_disk_bytes"]
+        assert bob._json("GET", "/v1/sandboxes")["on_disk_bytes"] == 0
         for call in (lambda: bob._json("POST", f"/v1/sandboxes/{sb.id}/resume", {}),
                      lambda: bob._json("POST", f"/v1/sandboxes/{sb.id}/pause",
                                        {"to_disk": True}),

@@ -433,6 +433,15 @@ impl Service {
         v
     }
 
+    /// Bytes of disk `tenant`'s sandboxes paused to disk hold.
+    pub fn on_disk_bytes(&self, tenant: &Tenant) -> u64 {
+        lock(&self.inner.sessions)
+            .values()
+            .filter(|s| s.tenant == *tenant)
+            .filter_map(|s| *lock(&s.on_disk))
+            .sum()
+    }
+
     /// One sandbox of `tenant`; a destroyed one is reported as such.
     pub async fn info(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ApiError> {
         if let Ok(s) = self.session(tenant, id) {
