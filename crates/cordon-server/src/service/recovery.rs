@@ -134,25 +134,26 @@ impl Service {
     /// removed.
     pub(super) async fn revive_paused(&self, rows: Vec<PausedRow>) {
         for row in rows {
-            let id = row.id.clone();
+            let (id, tier, tenant) = (row.id.clone(), row.tier, row.tenant.clone());
             let why = match self.revive_one(row).await {
                 Ok(()) => continue,
                 Err(why) => why,
             };
             tracing::warn!(sandbox = %id, "a sandbox paused to disk was not kept: {why}");
             let audit = self.inner.audit.clone();
-            let backends = self.inner.backends.clone();
+            let backend = self.inner.backends.get(&tier).cloned();
             let _ = blocking(move || {
-                for b in backends.values() {
+                if let Some(b) = backend {
                     b.recover(std::slice::from_ref(&id));
                 }
                 let _ = audit.sandbox_ended(&id, "destroyed", "resume-failed");
                 audit.record(&NewEvent {
+                    tenant: Some(&tenant),
                     sandbox: Some(&id),
+                    tier: Some(tier),
                     kind: "destroy",
                     decision: Some("resume-failed"),
                     detail: json!({"reason": "resume-failed", "error": why}),
-                    ..Default::default()
                 })
             })
             .await;
@@ -177,8 +178,20 @@ impl Service {
             None => return Err("its tier keeps no state of it".into()),
         };
         let held = Held::new(sb);
+        // Its place under the limits (not the disk guard's: it is not new, and its disk is
+        // already spent). Limits lowered since it was paused can leave no room for it.
+        let rules = self
+            .inner
+            .gate
+            .rules_for(&Principal::Tenant(row.tenant.clone()));
         let slot = self
-            .reserve(&tenant, &row.spec)
+            .inner
+            .ledger
+            .reserve(
+                &row.tenant,
+                row.spec.limits.memory_bytes,
+                (rules.max_sandboxes, rules.max_memory),
+            )
             .map_err(|e| format!("over the tenant's budget at the restart: {}", e.message))?;
         let ms = |v: i64| Duration::from_millis(v.max(0) as u64);
         let now = now_ms();
