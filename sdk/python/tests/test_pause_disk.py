@@ -222,3 +222,27 @@ def test_to_disk_is_refused_off_microvm_and_with_egress(alice, microvm):
             sb.pause(to_disk=True)
         assert "without to_disk" in e.value.fix
         assert sb.exec("echo ok").stdout == "ok\n"
+
+
+def test_a_paused_sandbox_whose_manifest_was_tampered_is_ended_at_the_restart(microvm):
+    top = Path(tempfile.mkdtemp(prefix="cordon-ptam-"))
+    d = top / "data"
+    s = ServerProc(d, {}).start()
+    try:
+        alice = Cordon(s.url, KEYS["alice"])
+        sb = alice.create_sandbox(tier="microvm", ttl="10m")
+        sb.pause(to_disk=True)
+        s.kill9()
+        manifest = paused_dir(d, sb.id) / "manifest.json"
+        manifest.write_text(manifest.read_text().replace('"format"', '"formaat"'))
+        s = ServerProc(d, {}).start()
+        alice = Cordon(s.url, KEYS["alice"])
+        assert alice.list_sandboxes() == []
+        assert not paused_dir(d, sb.id).exists()
+        rows = alice.audit(sandbox=sb.id, kind="destroy", limit=10)
+        assert [r["decision"] for r in rows] == ["resume-failed"], rows
+        with pytest.raises(NotFound):
+            alice._json("POST", f"/v1/sandboxes/{sb.id}/resume", {})
+    finally:
+        s.stop()
+        shutil.rmtree(top, ignore_errors=True)
