@@ -639,17 +639,15 @@ impl MicrovmBackend {
             kernel_version: m.kernel_version,
             id: m.image_id,
         };
-        let params = VmParams {
-            qemu: self.cfg.qemu.clone(),
-            accel: m.accel,
-            vcpus: m.vcpus,
-            ram_mib: m.ram_mib,
-            image,
-            incoming: true,
-            egress: false,
-            shared_ram: false,
-            named_ram: m.named_ram,
-        };
+        // This backend's parameters for the spec, with the saved VM's shape over them.
+        let mut params = self.params(&m.spec, image);
+        params.accel = m.accel;
+        params.vcpus = m.vcpus;
+        params.ram_mib = m.ram_mib;
+        params.incoming = true;
+        params.egress = false;
+        params.shared_ram = false;
+        params.named_ram = m.named_ram;
         let mut warnings = Vec::new();
         if m.accel == Accel::Tcg {
             warnings.push(tcg_warning(&self.accel().1));
