@@ -246,3 +246,27 @@ def test_a_paused_sandbox_whose_manifest_was_tampered_is_ended_at_the_restart(mi
     finally:
         s.stop()
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_pause_sandbox_tool_takes_to_disk(server, microvm):
+    from test_mcp_procs import Mcp
+    alice = Mcp(server.url, KEYS["alice"])
+    ok, created = alice.tool("create_sandbox", tier="microvm")
+    assert ok, created
+    sb = created["id"]
+    try:
+        ok, paused = alice.tool("pause_sandbox", sandbox=sb, to_disk=True)
+        assert ok and paused["on_disk"] and paused["on_disk_bytes"] > 0, paused
+        ok, resumed = alice.tool("resume_sandbox", sandbox=sb)
+        assert ok and not resumed.get("on_disk"), resumed
+        ok, ran = alice.tool("exec", sandbox=sb, lang="bash", code="echo back")
+        assert ok and "back" in str(ran), ran
+    finally:
+        alice.tool("destroy", sandbox=sb)
+    ok, wasm = alice.tool("create_sandbox", tier="wasm")
+    assert ok, wasm
+    try:
+        ok, refused = alice.tool("pause_sandbox", sandbox=wasm["id"], to_disk=True)
+        assert not ok and "microvm" in str(refused), refused
+    finally:
+        alice.tool("destroy", sandbox=wasm["id"])
