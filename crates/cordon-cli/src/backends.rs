@@ -62,6 +62,10 @@ impl Backend for AnyBackend {
     fn create_unprepared(&self, spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>> {
         self.inner().create_unprepared(spec)
     }
+
+    fn revive(&self, id: &str) -> Option<Result<Box<dyn Sandbox>>> {
+        self.inner().revive(id)
+    }
 }
 
 /// Every tier this build has, for `cordon serve` and `cordon mcp`: wasm scratch dirs go
@@ -76,6 +80,12 @@ pub fn server_backends(data_dir: &std::path::Path) -> cordon_server::Backends {
                     ..cordon_wasm::WasmConfig::default()
                 },
             )),
+            // Sandboxes paused to disk live in the server's data dir, beside its records.
+            Tier::Microvm => {
+                let mut cfg = cordon_microvm::MicrovmConfig::discover();
+                cfg.paused_dir = data_dir.join("paused").join("microvm");
+                AnyBackend::Microvm(Box::new(cordon_microvm::MicrovmBackend::new(cfg)))
+            }
             other => match AnyBackend::for_tier(other) {
                 Some(b) => b,
                 None => continue,

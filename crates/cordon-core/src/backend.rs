@@ -181,6 +181,14 @@ pub trait Backend: Send + Sync {
     /// sandbox of a kind costs; `None` for a tier whose every start is [`Backend::create`].
     /// `cordon bench` reports both where they differ. No default, like `recover`.
     fn create_unprepared(&self, spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>>;
+
+    /// A sandbox that a previous process paused to disk ([`Sandbox::pause_to_disk`]),
+    /// holding nothing but its files until [`Sandbox::resume`] restores it; `None` where
+    /// this tier keeps no such sandbox of that id.
+    fn revive(&self, id: &str) -> Option<Result<Box<dyn Sandbox>>> {
+        let _ = id;
+        None
+    }
 }
 
 /// A handle another thread calls to end a sandbox's running exec at once (see
@@ -278,6 +286,24 @@ pub trait Sandbox: Send {
             what: "pausing a sandbox of this tier".into(),
             fix: "use the container, gvisor or microvm tier to pause and resume".into(),
         })
+    }
+
+    /// Pauses the sandbox and saves all of it (processes, memory, devices) to disk, so that
+    /// it holds no memory and no CPU on the host and outlives this process (see
+    /// [`Backend::revive`]); [`Sandbox::resume`] restores it. Returns the bytes it holds on
+    /// disk. Only the microvm tier can.
+    fn pause_to_disk(&mut self) -> Result<u64> {
+        Err(crate::Error::Unsupported {
+            what: "pausing a sandbox of this tier to disk".into(),
+            fix: "pause it without to_disk, or create it on the microvm tier, whose VMs can be \
+                  saved to disk"
+                .into(),
+        })
+    }
+
+    /// The bytes it holds on disk while paused to disk; `None` otherwise.
+    fn on_disk_bytes(&self) -> Option<u64> {
+        None
     }
 
     /// Continues a paused sandbox's processes where they stopped.

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -20,6 +21,7 @@ use serde_json::json;
 use crate::MicrovmError;
 use crate::egress::{EgressTuning, VmEgress};
 use crate::image::{self, Image};
+use crate::paused::{self, PausedStore};
 use crate::qemu::{self, Accel, RunAs, Vm, VmParams};
 use crate::snapshots::{Snapshot, SnapshotStore};
 use cordon_host::agent::{self, AgentConn, CallError, HEADER_ROOM};
@@ -87,6 +89,8 @@ pub struct MicrovmConfig {
     pub run_dir: PathBuf,
     /// Snapshots of agent-ready VMs.
     pub snapshot_dir: PathBuf,
+    /// Sandboxes paused to disk, one root-only directory each (`Sandbox::pause_to_disk`).
+    pub paused_dir: PathBuf,
     pub qemu: PathBuf,
     /// The accelerator; `None` probes.
     pub accel: Option<Accel>,
@@ -129,6 +133,7 @@ impl MicrovmConfig {
         MicrovmConfig {
             run_dir: mv.join("run"),
             snapshot_dir: mv.join("snapshots"),
+            paused_dir: mv.join("paused"),
             data_dir,
             qemu: std::env::var_os("CORDON_QEMU")
                 .map(PathBuf::from)
@@ -159,6 +164,7 @@ pub struct MicrovmBackend {
     qemu_version: OnceLock<Option<String>>,
     snapshots: SnapshotStore,
     uids: Arc<UidPool>,
+    paused: PausedStore,
 }
 
 /// The host uids of running VMs: each is leased to one VM and returned when its QEMU is dead.
@@ -227,6 +233,7 @@ impl MicrovmBackend {
                 count: count.max(1),
                 state: Mutex::new((BTreeSet::new(), 0)),
             }),
+            paused: PausedStore::new(cfg.paused_dir.clone()),
             cfg,
             accel: OnceLock::new(),
             qemu_version: OnceLock::new(),
@@ -277,6 +284,7 @@ impl MicrovmBackend {
             egress: shared_egress::wanted(spec),
             shared_ram: false,
             tcg_tb_mib: self.cfg.tcg_tb_mib,
+            named_ram: false,
         }
     }
 
@@ -373,6 +381,10 @@ impl MicrovmBackend {
         })?;
         let uid = UidPool::lease(&self.uids)?;
         let mut sb = MicrovmSandbox {
+            params: params.clone(),
+            home: self.home(),
+            on_disk: None,
+            pid: Arc::new(AtomicI32::new(0)),
             uid: Some(uid),
             file_timeout: self.cfg.file_timeout,
             id: id.clone(),
@@ -415,7 +427,7 @@ impl MicrovmBackend {
                     .and_then(|s| s.ram.as_ref().zip(s.ram_path.as_deref())),
             )?;
             drop(snapshot);
-            sb.vm = Some(vm);
+            sb.set_vm(vm);
             sb.ctrl =
                 Some(AgentConn::new(ctrl).map_err(|e| MicrovmError::io("the agent socket", e))?);
             if let (Some(e), Some(port)) = (sb.egress.as_mut(), port) {
@@ -594,6 +606,117 @@ impl MicrovmBackend {
     pub fn clear_snapshots(&self) -> io::Result<()> {
         self.snapshots.clear()
     }
+
+    /// What a sandbox needs to be resumed from disk later.
+    fn home(&self) -> Home {
+        Home {
+            cfg: self.cfg.clone(),
+            uids: self.uids.clone(),
+            qemu_version: self.qemu_version().cloned().unwrap_or_default(),
+            paused: self.paused.clone(),
+        }
+    }
+
+    /// The ids of sandboxes paused to disk in this backend's directory.
+    pub fn paused_ids(&self) -> Vec<String> {
+        self.paused.ids()
+    }
+
+    /// The sandbox `id` paused to disk by an earlier process (`None` if there is none),
+    /// from its manifest: it holds no VM until resumed, which checks its state's digest.
+    pub fn revive_sandbox(&self, id: &str) -> Result<Option<MicrovmSandbox>> {
+        match self.paused.manifest(id)? {
+            Some(m) => self.sandbox_from(m).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn sandbox_from(&self, m: paused::Manifest) -> Result<MicrovmSandbox> {
+        let id = SandboxId::parse(&m.id)
+            .ok_or_else(|| Error::Sandbox("a paused sandbox with a malformed id".into()))?;
+        let home = self.home();
+        if m.qemu_version != home.qemu_version {
+            return Err(Error::Sandbox(format!(
+                "sandbox {id} was saved by another QEMU ({}); this host runs {}: it cannot be \
+                 resumed, destroy it",
+                m.qemu_version, home.qemu_version
+            )));
+        }
+        let image = Image {
+            kernel: m.kernel,
+            initrd: m.initrd,
+            rootfs: m.rootfs,
+            kernel_version: m.kernel_version,
+            id: m.image_id,
+        };
+        // This backend's parameters for the spec, with the saved VM's shape over them.
+        let mut params = self.params(&m.spec, image);
+        params.accel = m.accel;
+        params.vcpus = m.vcpus;
+        params.ram_mib = m.ram_mib;
+        params.incoming = true;
+        params.egress = false;
+        params.shared_ram = false;
+        params.named_ram = m.named_ram;
+        let mut warnings = Vec::new();
+        if m.accel == Accel::Tcg {
+            warnings.push(tcg_warning(&self.accel().1));
+        }
+        Ok(MicrovmSandbox {
+            params,
+            home,
+            on_disk: Some(self.paused.bytes(id.as_str())),
+            pid: Arc::new(AtomicI32::new(0)),
+            uid: None,
+            file_timeout: self.cfg.file_timeout,
+            id,
+            spec: m.spec,
+            accel: m.accel,
+            vm: None,
+            ctrl: None,
+            cgroup: None,
+            start_us: m.start_us,
+            warnings,
+            gone: None,
+            failure: None,
+            next_exec: m.next_exec,
+            mode: StartMode::Restore,
+            egress: None,
+            file_findings: Vec::new(),
+            ram_bytes: m.ram_mib << 20,
+            files: m.files,
+        })
+    }
+}
+
+/// Waits until QEMU's outgoing migration has completed.
+fn await_migration(vm: &Vm, limit: Duration) -> std::result::Result<(), MicrovmError> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let st = vm.qmp("query-migrate", json!({}))?;
+        match st.get("status").and_then(|s| s.as_str()) {
+            Some("completed") => return Ok(()),
+            Some("failed") | Some("cancelled") => {
+                return Err(MicrovmError::Qemu(format!("the migration failed: {st}")));
+            }
+            _ => {}
+        }
+        if Instant::now() > deadline {
+            return Err(MicrovmError::Qemu(format!(
+                "the migration took over {} s",
+                limit.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// What a sandbox keeps of its backend to start its VM again after a pause to disk.
+struct Home {
+    cfg: MicrovmConfig,
+    uids: Arc<UidPool>,
+    qemu_version: String,
+    paused: PausedStore,
 }
 
 impl Backend for MicrovmBackend {
@@ -609,8 +732,20 @@ impl Backend for MicrovmBackend {
     /// Nothing of its own yet: QEMU is spawned tied to the process that starts it and dies
     /// with it; its cgroup, empty once QEMU is gone, is swept with the other empty sandbox
     /// cgroups by the container tier's recovery.
-    fn recover(&self, _orphans: &[String]) -> Vec<String> {
-        Vec::new()
+    /// Removes the paused-to-disk state of the dead server's sandboxes named (those the
+    /// server keeps are not named).
+    fn recover(&self, orphans: &[String]) -> Vec<String> {
+        orphans
+            .iter()
+            .filter(|id| self.paused.remove(id))
+            .map(|id| format!("paused microVM state of {id}"))
+            .collect()
+    }
+
+    fn revive(&self, id: &str) -> Option<Result<Box<dyn Sandbox>>> {
+        self.revive_sandbox(id)
+            .transpose()
+            .map(|r| r.map(|sb| Box::new(sb) as Box<dyn Sandbox>))
     }
 
     fn tier(&self) -> Tier {
@@ -664,6 +799,14 @@ impl Backend for MicrovmBackend {
 
 /// One microVM sandbox.
 pub struct MicrovmSandbox {
+    /// What its VM was started with.
+    params: VmParams,
+    home: Home,
+    /// Bytes it holds on disk while paused to disk (it has no VM then).
+    on_disk: Option<u64>,
+    /// Its QEMU's waiter pid (0: none), read by the interrupter: a resume from disk starts
+    /// another QEMU.
+    pid: Arc<AtomicI32>,
     id: SandboxId,
     spec: SandboxSpec,
     accel: Accel,
@@ -702,6 +845,12 @@ impl MicrovmSandbox {
     /// How this sandbox's VM came up.
     pub fn start_mode(&self) -> StartMode {
         self.mode
+    }
+
+    /// Where its state is while it is paused to disk (for tests and diagnostics).
+    pub fn paused_dir(&self) -> Option<PathBuf> {
+        self.on_disk
+            .map(|_| self.home.cfg.paused_dir.join(self.id.as_str()))
     }
 
     /// QEMU's process id (for tests and diagnostics).
@@ -824,6 +973,178 @@ impl MicrovmSandbox {
         let conn = self.ctrl()?;
         let r = f(&mut cordon_host::files::ConnIo { conn, timeout });
         self.check_call(r, what)?
+    }
+
+    fn set_vm(&mut self, vm: Vm) {
+        self.pid.store(vm.pid, Ordering::Release);
+        self.vm = Some(vm);
+    }
+
+    /// Stops the vCPUs, has QEMU write the whole VM (every RAM page, devices) into a new
+    /// state file of the paused store through a descriptor, ends QEMU (its memory, cgroup
+    /// and uid go) and records the manifest. On a failure before QEMU is ended, the VM
+    /// runs on and nothing is left on disk.
+    fn save_to_disk(&mut self) -> Result<u64> {
+        use std::os::fd::AsRawFd;
+        let pending = self.home.paused.create(self.id.as_str())?;
+        let vm = self.vm.as_ref().ok_or_else(|| self.gone_err())?;
+        let saved = (|| -> std::result::Result<(), MicrovmError> {
+            vm.qmp("stop", json!({}))?;
+            // A VM restored from a snapshot has `x-ignore-shared` on: off, so every page of
+            // its private copy of the snapshot's RAM goes into the stream.
+            vm.qmp_many(&[
+                (
+                    "migrate-set-capabilities",
+                    json!({"capabilities": [{"capability": "x-ignore-shared", "state": false}]}),
+                    None,
+                ),
+                (
+                    "getfd",
+                    json!({"fdname": "paused"}),
+                    Some(pending.state.as_raw_fd()),
+                ),
+                ("migrate", json!({"uri": "fd:paused"}), None),
+            ])?;
+            await_migration(vm, Duration::from_secs(600))
+        })();
+        if let Err(e) = saved {
+            self.home.paused.remove(self.id.as_str());
+            let _ = vm.qmp("cont", json!({}));
+            return Err(Error::Sandbox(format!(
+                "saving the microVM to disk failed ({e}); it runs on, paused nowhere: retry, or \
+                 pause it without to_disk"
+            )));
+        }
+        // QEMU is done with the descriptor: it ends, and with it the VM's memory and CPU.
+        self.teardown();
+        let manifest = paused::Manifest {
+            format: paused::FORMAT,
+            id: self.id.as_str().to_string(),
+            spec: self.spec.clone(),
+            qemu_version: self.home.qemu_version.clone(),
+            accel: self.accel,
+            vcpus: self.params.vcpus,
+            ram_mib: self.params.ram_mib,
+            named_ram: self.params.shared_ram || self.params.named_ram,
+            kernel: self.params.image.kernel.clone(),
+            initrd: self.params.image.initrd.clone(),
+            rootfs: self.params.image.rootfs.clone(),
+            image_id: self.params.image.id.clone(),
+            kernel_version: self.params.image.kernel_version.clone(),
+            next_exec: self.next_exec,
+            files: self.files,
+            start_us: self.start_us,
+            state_bytes: 0,
+            state_sha256: String::new(),
+        };
+        match self.home.paused.finish(pending, manifest) {
+            Ok(_) => Ok(self.home.paused.bytes(self.id.as_str())),
+            Err(e) => {
+                self.home.paused.remove(self.id.as_str());
+                tracing::error!(sandbox = %self.id, "recording a paused microVM: {e}");
+                self.gone = Some("its state could not be recorded on disk".into());
+                Err(Error::Sandbox(
+                    "the microVM's state could not be recorded on disk (the operator's log says \
+                     why) and the sandbox is lost; create a new sandbox"
+                        .into(),
+                ))
+            }
+        }
+    }
+
+    /// Starts a new confined QEMU from the state on disk (checked against its digest first:
+    /// a mismatch removes it and runs nothing), reconnects the agent and continues the
+    /// guest where it stopped. Any failure loses the sandbox (its files are removed).
+    fn resume_from_disk(&mut self) -> Result<()> {
+        let r = self.start_from_disk();
+        if let Err(e) = r {
+            self.teardown();
+            self.on_disk = None;
+            self.home.paused.remove(self.id.as_str());
+            tracing::warn!(sandbox = %self.id, "resuming from disk failed: {e}");
+            self.failure.get_or_insert_with(|| "resume-failed".into());
+            self.gone = Some(format!("its resume from disk failed: {e}"));
+            return Err(Error::Sandbox(format!(
+                "resuming the microVM from disk failed ({e}); the sandbox is lost, create a new \
+                 one"
+            )));
+        }
+        self.on_disk = None;
+        self.home.paused.remove(self.id.as_str());
+        Ok(())
+    }
+
+    fn start_from_disk(&mut self) -> std::result::Result<(), String> {
+        let (manifest, state) = self.home.paused.open_state(self.id.as_str()).map_err(|e| {
+            self.failure = Some("paused-state-refused".into());
+            e.to_string()
+        })?;
+        if manifest.qemu_version != self.home.qemu_version {
+            return Err("it was saved by another QEMU version".into());
+        }
+        let mut params = self.params.clone();
+        params.incoming = true;
+        params.egress = false;
+        params.named_ram = manifest.named_ram;
+        params.shared_ram = false;
+        let mem_limit = (params.ram_mib << 20) + (384 << 20);
+        let cgroup = SandboxCgroup::create(
+            &format!("vm-{}", self.id.short()),
+            mem_limit,
+            64 + 4 * params.vcpus,
+            self.spec.limits.cpus.max(params.vcpus as f64 * 0.5),
+        )
+        .map_err(|e| format!("QEMU's own cgroup: {e}"))?;
+        let procs = cgroup.procs_files();
+        self.cgroup = Some(cgroup);
+        self.uid = Some(UidPool::lease(&self.home.uids).map_err(|e| e.to_string())?);
+        let run_as = self.run_as().map_err(|e| e.to_string())?;
+        let dir = self.home.cfg.run_dir.join(self.id.short());
+        let (mut vm, ctrl, _) = Vm::start(&params, &dir, run_as, procs, Some(&state), None)
+            .map_err(|e| e.to_string())?;
+        drop(state);
+        let qmp = vm.await_qmp();
+        self.set_vm(vm);
+        qmp.map_err(|e| e.to_string())?;
+        self.ctrl = Some(AgentConn::new(ctrl).map_err(|e| format!("the agent socket: {e}"))?);
+        let vm = self.vm.as_ref().ok_or("no VM")?;
+        // The state was saved with the vCPUs stopped, so the loaded VM waits for `cont`.
+        let deadline = Instant::now() + self.home.cfg.boot_timeout;
+        loop {
+            let st = vm
+                .qmp("query-status", json!({}))
+                .map_err(|e| e.to_string())?;
+            match st.get("status").and_then(|s| s.as_str()) {
+                Some("inmigrate") => {}
+                Some("paused") | Some("postmigrate") | Some("prelaunch") => break,
+                Some("running") => break,
+                other => return Err(format!("the VM is {other:?} after loading its state")),
+            }
+            if Instant::now() > deadline {
+                return Err("loading the state took too long".into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        vm.qmp("cont", json!({})).map_err(|e| e.to_string())?;
+        self.params = params;
+        // The guest's wall clock stood still while it was on disk: set it again (with fresh
+        // randomness for its CRNG; hostname and tmpfs sizes are the same as before).
+        self.configure(self.home.cfg.boot_timeout)
+            .map_err(|e| e.to_string())?;
+        // The agent answers (and, under TCG, the exec path is translated again).
+        let o = self
+            .exec(
+                &ExecRequest::argv(["true"]),
+                &mut |_: cordon_core::OutputStream, _: &[u8]| {},
+            )
+            .map_err(|e| e.to_string())?;
+        if !o.success() {
+            return Err(format!(
+                "the guest did not run a check exec after the resume ({:?})",
+                o.termination
+            ));
+        }
+        Ok(())
     }
 
     fn gone_err(&self) -> Error {
@@ -952,6 +1273,7 @@ impl MicrovmSandbox {
         self.ctrl = None;
         // The tunnel and the proxy end (and every placeholder with them).
         self.egress = None;
+        self.pid.store(0, Ordering::Release);
         if let Some(mut vm) = self.vm.take() {
             vm.kill();
             let _ = fs::remove_dir_all(&vm.dir);
@@ -1183,7 +1505,42 @@ impl Sandbox for MicrovmSandbox {
         Ok(())
     }
 
+    fn pause_to_disk(&mut self) -> Result<u64> {
+        if let Some(bytes) = self.on_disk {
+            return Ok(bytes);
+        }
+        self.ctrl()?;
+        if self.egress.is_some() {
+            return Err(Error::Unsupported {
+                what: "pausing a microVM with egress to disk".into(),
+                fix: "pause it without to_disk: its egress proxy, CA and grants live in the \
+                      server's memory and would not survive; sandboxes without allow_hosts or \
+                      grants can be paused to disk"
+                    .into(),
+            });
+        }
+        if let Some(t) = &self.spec.resolved_template {
+            return Err(Error::Unsupported {
+                what: format!("pausing a microVM of template {:?} to disk", t.name),
+                fix: "pause it without to_disk: a template's lease and environment are held \
+                      by this server process and would not survive a restart; sandboxes \
+                      without a template can be paused to disk"
+                    .into(),
+            });
+        }
+        let bytes = self.save_to_disk()?;
+        self.on_disk = Some(bytes);
+        Ok(bytes)
+    }
+
+    fn on_disk_bytes(&self) -> Option<u64> {
+        self.on_disk
+    }
+
     fn resume(&mut self) -> Result<()> {
+        if self.on_disk.is_some() {
+            return self.resume_from_disk();
+        }
         self.ctrl()?;
         let vm = self.vm.as_ref().ok_or_else(|| self.gone_err())?;
         vm.qmp("cont", json!({}))
@@ -1265,8 +1622,13 @@ impl Sandbox for MicrovmSandbox {
         // QEMU is our child, reaped by destroy or by an exec's timeout. Only a busy sandbox is
         // interrupted, and a pid is handed out again only after the kernel's pid counter
         // wraps (sequential allocation), so the pid cannot name another process by then.
-        let pid = self.qemu_pid()?;
-        Some(std::sync::Arc::new(move || qemu::kill_vm(pid)))
+        let pid = self.pid.clone();
+        Some(std::sync::Arc::new(move || {
+            let p = pid.load(Ordering::Acquire);
+            if p > 0 {
+                qemu::kill_vm(p)
+            }
+        }))
     }
 
     fn report(&mut self) -> cordon_core::Details {
@@ -1281,13 +1643,20 @@ impl Sandbox for MicrovmSandbox {
             return Ok(());
         }
         self.teardown();
+        // Its state on disk, if it was paused there, goes with it.
+        self.on_disk = None;
+        self.home.paused.remove(self.id.as_str());
         self.gone = Some("destroyed".into());
         Ok(())
     }
 }
 
 impl Drop for MicrovmSandbox {
+    /// Destroys it, but a sandbox paused to disk holds no VM: its files stay for a later
+    /// process to revive (`Backend::revive`); only `destroy` removes them.
     fn drop(&mut self) {
-        let _ = self.destroy();
+        if self.on_disk.is_none() {
+            let _ = self.destroy();
+        }
     }
 }

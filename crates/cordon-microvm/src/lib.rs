@@ -17,6 +17,7 @@
 mod backend;
 mod egress;
 pub mod image;
+mod paused;
 mod qemu;
 mod seccomp;
 mod snapshots;

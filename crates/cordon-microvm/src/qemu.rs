@@ -30,7 +30,7 @@ pub const JAIL_RAM: &str = "/img/ram";
 const LOG_TAIL: u64 = 64 << 10;
 
 /// The accelerator QEMU runs guests with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Accel {
     /// Hardware virtualization through /dev/kvm.
@@ -70,6 +70,10 @@ pub struct VmParams {
     /// Under TCG, the size of QEMU's translated-code buffer in MiB: the pages of it that
     /// fill stay resident for the VM's life (ignored under KVM).
     pub tcg_tb_mib: u32,
+    /// The guest's RAM is an anonymous memory backend named like the file backend: a VM
+    /// resumed from a state saved to disk by one whose RAM was a snapshot's file (the
+    /// stream then carries every page, under that backend's name).
+    pub named_ram: bool,
 }
 
 impl VmParams {
@@ -123,7 +127,7 @@ impl VmParams {
         } else {
             accel.to_string()
         };
-        let machine = if self.shared_ram {
+        let machine = if self.shared_ram || self.named_ram {
             format!("{machine},memory-backend=ram")
         } else {
             machine.to_string()
@@ -154,6 +158,12 @@ impl VmParams {
             "-m".into(),
             format!("{}M", self.ram_mib),
         ]);
+        if self.named_ram && !self.shared_ram {
+            a.extend([
+                "-object".into(),
+                format!("memory-backend-ram,id=ram,size={}M", self.ram_mib),
+            ]);
+        }
         if self.shared_ram {
             // `rom=off`: with `readonly=on` the default would make the guest's RAM read-only;
             // here only the file is, and the private mapping of it is the guest's to write.
@@ -375,6 +385,13 @@ impl Vm {
                 None,
             ),
         ])?;
+        Ok(())
+    }
+
+    /// Waits until QEMU serves QMP (it opens the socket once the agent's connection let
+    /// it go on).
+    pub fn await_qmp(&mut self) -> Result<(), MicrovmError> {
+        drop(self.connect("qmp.sock", "QMP")?);
         Ok(())
     }
 

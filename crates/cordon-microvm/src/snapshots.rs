@@ -589,7 +589,7 @@ fn digest_of_sparse(f: &fs::File) -> io::Result<String> {
 }
 
 /// SHA-256 of a whole file, read through the descriptor from offset 0.
-fn digest_of(f: &fs::File) -> io::Result<String> {
+pub(crate) fn digest_of(f: &fs::File) -> io::Result<String> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut off = 0u64;

@@ -54,6 +54,7 @@ fn env_with(tuning: EgressTuning) -> Option<Env> {
     let mut cfg = MicrovmConfig::with_data_dir(data);
     cfg.run_dir = tmp.path().join("run");
     cfg.snapshot_dir = tmp.path().join("snapshots");
+    cfg.paused_dir = tmp.path().join("paused");
     cfg.egress_tuning = tuning;
     Some(Env {
         backend: MicrovmBackend::new(cfg),
@@ -1590,4 +1591,225 @@ fn a_template_that_reshapes_its_memory_file_gets_no_snapshot() {
         .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "left in the store: {left:?}");
+}
+
+/// PSS and RSS of a process in KiB (`/proc/PID/smaps_rollup`).
+fn pss_rss_kib(pid: i32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("Pss:"), field("Rss:"))
+}
+
+/// Processes in the cgroup of sandbox `id`'s QEMU (`vm-<short id>`). (Not by uid: tests
+/// running side by side have backends of their own, whose uid pools overlap.)
+fn processes_of_sandbox(id: &str) -> Vec<i32> {
+    let name = format!("vm-{}", &id[..19]);
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&name))
+        })
+        .collect()
+}
+
+fn ticks(sb: &mut MicrovmSandbox) -> u64 {
+    stdout(&run(sb, Language::Bash, "cat /work/ticks"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn still_ticking(sb: &mut MicrovmSandbox) -> bool {
+    let before = ticks(sb);
+    (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        ticks(sb) > before
+    })
+}
+
+/// Issue 20, pause to disk: the whole VM is saved into the paused store and its QEMU ends
+/// (no process of its uid, no memory); a resume in this process and one by another backend
+/// (a restarted server) find the background processes and an interpreter's variable alive;
+/// a tampered state is refused with nothing run from it; a destroy leaves no file. Prints
+/// the figures of ADR 0015.
+#[test]
+fn a_vm_paused_to_disk_holds_nothing_and_resumes_with_its_processes() {
+    let Some(env) = env() else { return };
+    let mut sb = env.backend.create_restored(&spec()).unwrap();
+    let id = sb.id().as_str().to_string();
+    // (Written aside and renamed: a reader never sees the file truncated.)
+    let ticker = sb
+        .start_background(&ExecRequest::code(
+            Language::Bash,
+            "echo up; i=0; while :; do i=$((i+1)); echo $i > /work/t; mv /work/t /work/ticks; \
+             sleep 0.2; done",
+        ))
+        .unwrap();
+    read_until(&mut sb, ticker, |o, _| o.contains("up"));
+    // An interpreter holding a variable, printing it on each line it reads.
+    let py = sb
+        .start_background(&ExecRequest::code(
+            Language::Python,
+            "import secrets, sys\nx = secrets.token_hex(8)\nprint('x=' + x, flush=True)\n\
+             for line in sys.stdin:\n    print('again=' + x, flush=True)\n",
+        ))
+        .unwrap();
+    let (out, _) = read_until(&mut sb, py, |o, _| o.contains('\n'));
+    let x = out.trim().strip_prefix("x=").unwrap().to_string();
+    // Dirty pages beyond the snapshot's: 32 MiB in /tmp.
+    run(
+        &mut sb,
+        Language::Bash,
+        "head -c 33554432 /dev/urandom > /tmp/fill",
+    );
+    let sum = stdout(&run(&mut sb, Language::Bash, "sha256sum /tmp/fill"));
+
+    let qemu = qemu_child(sb.qemu_pid().unwrap());
+    assert!(
+        !processes_of_sandbox(&id).is_empty(),
+        "QEMU is not found by its cgroup"
+    );
+    let (pss, rss) = pss_rss_kib(qemu);
+    let t0 = std::time::Instant::now();
+    let bytes = sb.pause_to_disk().unwrap();
+    let pause_ms = t0.elapsed().as_millis();
+    assert!(sb.qemu_pid().is_none() && !alive(qemu));
+    assert!(
+        processes_of_sandbox(&id).is_empty(),
+        "a process of the sandbox's QEMU"
+    );
+    let dir = sb.paused_dir().unwrap();
+    let meta = std::fs::metadata(&dir).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o700
+    );
+    assert!(
+        bytes > 32 << 20,
+        "{bytes} bytes on disk hold less than /tmp"
+    );
+    assert_eq!(sb.on_disk_bytes(), Some(bytes));
+    // Calls on it are refused, not run.
+    assert!(
+        sb.exec(
+            &ExecRequest::argv(["true"]),
+            &mut |_: OutputStream, _: &[u8]| {}
+        )
+        .is_err()
+    );
+
+    let t0 = std::time::Instant::now();
+    sb.resume().unwrap();
+    let resume_ms = t0.elapsed().as_millis();
+    assert!(!dir.exists(), "the state stays after the resume");
+    assert!(still_ticking(&mut sb));
+    sb.write_background(py, b"\n").unwrap();
+    let (out, _) = read_until(&mut sb, py, |o, _| o.contains("again="));
+    assert!(out.contains(&format!("again={x}")), "{out:?}");
+    assert_eq!(
+        stdout(&run(&mut sb, Language::Bash, "sha256sum /tmp/fill")),
+        sum
+    );
+    let (pss_after, rss_after) = pss_rss_kib(qemu_child(sb.qemu_pid().unwrap()));
+    println!(
+        "ADR 0015 figures: pause to disk {pause_ms} ms, {} MiB on disk (guest RAM {} MiB), \
+         resume from disk {resume_ms} ms (check exec included); QEMU before the pause: PSS {} \
+         MiB, RSS {} MiB; while paused to disk: no QEMU (0); after the resume: PSS {} MiB, \
+         RSS {} MiB",
+        bytes >> 20,
+        (128 + 64 + 16 + 160u64).div_ceil(128) * 128,
+        pss >> 10,
+        rss >> 10,
+        pss_after >> 10,
+        rss_after >> 10,
+    );
+
+    // A restarted server: another backend revives it from its files alone.
+    sb.pause_to_disk().unwrap();
+    let cfg = env.backend.config().clone();
+    std::mem::forget(sb);
+    let other = MicrovmBackend::new(cfg.clone());
+    let mut sb = other.revive_sandbox(&id).unwrap().unwrap();
+    assert!(sb.qemu_pid().is_none());
+    // Long enough on disk for a stopped guest clock to show.
+    std::thread::sleep(Duration::from_secs(5));
+    sb.resume().unwrap();
+    let guest: i64 = stdout(&run(&mut sb, Language::Bash, "date +%s"))
+        .trim()
+        .parse()
+        .unwrap();
+    let host = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (guest - host).abs() <= 2,
+        "guest clock {guest}, host {host}"
+    );
+    assert!(still_ticking(&mut sb));
+    sb.write_background(py, b"\n").unwrap();
+    let (out, _) = read_until(&mut sb, py, |o, _| o.matches("again=").count() >= 2);
+    assert!(out.contains(&format!("again={x}")), "{out:?}");
+    // Exec ids go on where they were: a new background exec does not take an old one's.
+    let third = sb.start_background(&ExecRequest::argv(["true"])).unwrap();
+    assert!(third > py);
+
+    // A tampered state: refused, the sandbox is lost, nothing is started from it.
+    sb.pause_to_disk().unwrap();
+    let state = sb.paused_dir().unwrap().join("state");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&state)
+            .unwrap();
+        f.write_at(b"\x00tampered\x00", 4096).unwrap();
+    }
+    let dir = sb.paused_dir().unwrap();
+    let e = sb.resume().unwrap_err();
+    assert!(e.to_string().contains("digest"), "{e}");
+    assert!(sb.qemu_pid().is_none());
+    assert!(!dir.exists(), "a refused state is removed");
+    assert_eq!(sb.failure(), Some("paused-state-refused"));
+    destroy_and_check(sb);
+
+    // Destroying a sandbox paused to disk removes its files.
+    let mut sb = env.backend.create_restored(&spec()).unwrap();
+    sb.pause_to_disk().unwrap();
+    let dir = sb.paused_dir().unwrap();
+    assert!(dir.exists());
+    sb.destroy().unwrap();
+    assert!(!dir.exists());
+    assert!(
+        std::fs::read_dir(&cfg.paused_dir).unwrap().next().is_none(),
+        "files left in the paused store"
+    );
+    finish(env);
+}
+
+/// A sandbox with egress is refused `to_disk` (its proxy lives in this process) and runs on.
+#[test]
+fn a_vm_with_egress_is_not_paused_to_disk() {
+    let Some(env) = env() else { return };
+    let mut s = spec();
+    s.egress.allow = vec!["example.com".into()];
+    let mut sb = env.backend.create_restored(&s).unwrap();
+    match sb.pause_to_disk() {
+        Err(Error::Unsupported { fix, .. }) => assert!(fix.contains("without to_disk"), "{fix}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        stdout(&run(&mut sb, Language::Bash, "echo ok")).trim(),
+        "ok"
+    );
+    destroy_and_check(sb);
+    finish(env);
 }

@@ -526,16 +526,31 @@ async fn list(
             .ok_or_else(|| ApiError::invalid("give label=key=value"))?;
         labels.push((lk.to_string(), lv.to_string()));
     }
-    Ok(Json(json!({ "sandboxes": svc.list(&t, &labels) })))
+    Ok(Json(json!({
+        "sandboxes": svc.list(&t, &labels),
+        "on_disk_bytes": svc.on_disk_bytes(&t),
+    })))
 }
 
+/// An optional body: none (or an empty one) pauses in memory; `{"to_disk": true}` to disk.
 async fn pause(
     State(svc): State<Service>,
     Auth(t): Auth,
     Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<crate::model::SandboxInfo>, ApiError> {
     let id = parse_id(&id)?;
-    Ok(Json(svc.pause(&t, &id).await?))
+    let body = body.map_err(bytes_rejection)?;
+    let req: crate::model::PauseRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        Default::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::invalid(format!(
+                "the pause body: {e}; give {{\"to_disk\": true}} or none"
+            ))
+        })?
+    };
+    Ok(Json(svc.pause(&t, &id, req.to_disk).await?))
 }
 
 async fn resume(

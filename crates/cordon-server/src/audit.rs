@@ -57,7 +57,50 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (tenant, name, sandbox)
      );
      CREATE INDEX volume_mounts_sandbox ON volume_mounts(sandbox);",
+    // 3: sandboxes paused to disk, kept across a restart (docs/service.md#pause-and-resume).
+    "CREATE TABLE paused_sessions (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        tier TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        source TEXT NOT NULL,
+        start_us INTEGER NOT NULL,
+        created_ms INTEGER NOT NULL,
+        ttl_ms INTEGER NOT NULL,
+        idle_ms INTEGER NOT NULL,
+        last_used_ms INTEGER NOT NULL,
+        paused_ms INTEGER NOT NULL,
+        paused_since_ms INTEGER NOT NULL,
+        on_disk_bytes INTEGER NOT NULL
+     );",
 ];
+
+/// A kept session as decoded, or its id and why it did not decode.
+pub type PausedDecoded = Result<PausedRow, (String, String)>;
+
+/// A session paused to disk, as the store keeps it for the next start: everything its
+/// session holds but the sandbox, which the tier revives from its own files.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PausedRow {
+    pub id: String,
+    pub tenant: String,
+    pub tier: Tier,
+    pub spec: cordon_core::SandboxSpec,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub source: String,
+    pub start_us: u64,
+    pub created_ms: i64,
+    pub ttl_ms: i64,
+    pub idle_ms: i64,
+    /// Milliseconds of its (unpaused) age at its last request's end.
+    pub last_used_ms: i64,
+    /// Milliseconds it spent paused before this pause.
+    pub paused_ms: i64,
+    /// When this pause began (ms since the epoch).
+    pub paused_since_ms: i64,
+    pub on_disk_bytes: u64,
+}
 
 /// One volume as the store records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -496,13 +539,98 @@ impl Audit {
         Ok(())
     }
 
-    /// Records that a sandbox ended (destroyed, reaped, recovered after a crash).
+    /// Records that a sandbox ended (destroyed, reaped, recovered after a crash); a
+    /// session paused to disk is forgotten with it.
     pub fn sandbox_ended(&self, id: &str, state: &str, reason: &str) -> Result<(), ServerError> {
-        lock(&self.conn).execute(
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        tx.execute(
             "UPDATE sandboxes SET state = ?2, ended_ms = ?3, end_reason = ?4 WHERE id = ?1",
             params![id, state, now_ms(), reason],
         )?;
+        tx.execute("DELETE FROM paused_sessions WHERE id = ?1", params![id])?;
+        tx.commit()?;
         Ok(())
+    }
+
+    /// Keeps a session paused to disk (and the `pause` row with it), replacing any earlier.
+    pub fn paused_put(&self, row: &PausedRow, event: &NewEvent<'_>) -> Result<(), ServerError> {
+        let spec = serde_json::to_string(&row.spec)
+            .map_err(|e| ServerError::Config(format!("encoding a sandbox spec: {e}")))?;
+        let labels = serde_json::to_string(&row.labels)
+            .map_err(|e| ServerError::Config(format!("encoding labels: {e}")))?;
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        tx.execute(
+            "INSERT OR REPLACE INTO paused_sessions (id, tenant, tier, spec, labels, source,
+               start_us, created_ms, ttl_ms, idle_ms, last_used_ms, paused_ms, paused_since_ms,
+               on_disk_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+            params![
+                row.id,
+                row.tenant,
+                row.tier.as_str(),
+                spec,
+                labels,
+                row.source,
+                row.start_us as i64,
+                row.created_ms,
+                row.ttl_ms,
+                row.idle_ms,
+                row.last_used_ms,
+                row.paused_ms,
+                row.paused_since_ms,
+                row.on_disk_bytes as i64,
+            ],
+        )?;
+        insert_event(&tx, event)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Forgets a session paused to disk (it was resumed).
+    pub fn paused_remove(&self, id: &str) -> Result<(), ServerError> {
+        lock(&self.conn).execute("DELETE FROM paused_sessions WHERE id = ?1", params![id])?;
+        Ok(())
+    }
+
+    /// The sessions paused to disk, oldest first. A row that does not decode is reported
+    /// by id with why, so the start can end it.
+    pub fn paused_all(&self) -> Result<Vec<PausedDecoded>, ServerError> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare(
+            "SELECT id, tenant, tier, spec, labels, source, start_us, created_ms, ttl_ms, idle_ms,
+               last_used_ms, paused_ms, paused_since_ms, on_disk_bytes
+             FROM paused_sessions ORDER BY created_ms",
+        )?;
+        let rows = st
+            .query_map([], |r| {
+                let id: String = r.get(0)?;
+                let text = |i: usize| r.get::<_, String>(i);
+                let (tier, spec, labels) = (text(2)?, text(3)?, text(4)?);
+                let decoded = (|| -> Result<PausedRow, String> {
+                    Ok(PausedRow {
+                        id: id.clone(),
+                        tenant: text(1).map_err(|e| e.to_string())?,
+                        tier: tier.parse().map_err(|_| format!("unknown tier {tier:?}"))?,
+                        spec: serde_json::from_str(&spec).map_err(|e| format!("its spec: {e}"))?,
+                        labels: serde_json::from_str(&labels)
+                            .map_err(|e| format!("its labels: {e}"))?,
+                        source: text(5).map_err(|e| e.to_string())?,
+                        start_us: r.get::<_, i64>(6).map_err(|e| e.to_string())?.max(0) as u64,
+                        created_ms: r.get(7).map_err(|e| e.to_string())?,
+                        ttl_ms: r.get(8).map_err(|e| e.to_string())?,
+                        idle_ms: r.get(9).map_err(|e| e.to_string())?,
+                        last_used_ms: r.get(10).map_err(|e| e.to_string())?,
+                        paused_ms: r.get(11).map_err(|e| e.to_string())?,
+                        paused_since_ms: r.get(12).map_err(|e| e.to_string())?,
+                        on_disk_bytes: r.get::<_, i64>(13).map_err(|e| e.to_string())?.max(0)
+                            as u64,
+                    })
+                })();
+                Ok(decoded.map_err(|why| (id, why)))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
     }
 
     /// The tenant and state of a sandbox the store knows, if any.
@@ -665,6 +793,62 @@ mod tests {
             .unwrap();
         assert_eq!(left.first().unwrap().id, deleted as i64 + 1);
         assert_eq!(a.trim_to(0).unwrap(), 0);
+    }
+
+    #[test]
+    fn keeps_sessions_paused_to_disk_until_they_end() {
+        let a = Audit::open_in_memory().unwrap();
+        a.sandbox_started("sb-p", Some("t"), Tier::Microvm, "live")
+            .unwrap();
+        let mut spec = cordon_core::SandboxSpec::new(Tier::Microvm);
+        spec.limits.memory_bytes = 123 << 20;
+        let row = PausedRow {
+            id: "sb-p".into(),
+            tenant: "t".into(),
+            tier: Tier::Microvm,
+            spec,
+            labels: [("team".to_string(), "red".to_string())].into(),
+            source: "cold".into(),
+            start_us: 7,
+            created_ms: 1_000,
+            ttl_ms: 60_000,
+            idle_ms: 30_000,
+            last_used_ms: 500,
+            paused_ms: 250,
+            paused_since_ms: 2_000,
+            on_disk_bytes: 99,
+        };
+        let event = NewEvent {
+            tenant: Some("t"),
+            sandbox: Some("sb-p"),
+            kind: "pause",
+            ..Default::default()
+        };
+        a.paused_put(&row, &event).unwrap();
+        // A second put (a patch while paused) replaces the first.
+        a.paused_put(&row, &event).unwrap();
+        let kept: Vec<_> = a
+            .paused_all()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(kept, vec![row]);
+        a.sandbox_ended("sb-p", "destroyed", "paused-ttl").unwrap();
+        assert!(a.paused_all().unwrap().is_empty());
+        // A row that does not decode is reported by id, not dropped silently.
+        lock(&a.conn)
+            .execute(
+                "INSERT INTO paused_sessions VALUES ('sb-x', 't', 'nope', '{}', '{}', 'cold',
+                 0, 0, 0, 0, 0, 0, 0, 0)",
+                [],
+            )
+            .unwrap();
+        let bad = a.paused_all().unwrap();
+        assert!(
+            matches!(&bad[..], [Err((id, _))] if id == "sb-x"),
+            "{bad:?}"
+        );
     }
 
     #[test]

@@ -190,6 +190,15 @@ pub struct SandboxArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct PauseArgs {
+    pub sandbox: String,
+    /// Save the whole sandbox to disk and free its memory (microvm only); it survives a
+    /// server restart.
+    #[serde(default)]
+    pub to_disk: bool,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct StartArgs {
     /// The sandbox id from create_sandbox.
     pub sandbox: String,
@@ -767,18 +776,18 @@ impl CordonMcp {
     }
 
     #[tool(
-        description = "Pause a sandbox: its processes stop (no CPU), its memory stays, its TTL clock stands still; execs are refused until resume_sandbox."
+        description = "Pause a sandbox: its processes stop (no CPU), its memory stays, its TTL clock stands still; execs are refused until resume_sandbox. to_disk (microvm only) saves it to disk and frees its memory; it survives a server restart."
     )]
     async fn pause_sandbox(
         &self,
-        Parameters(a): Parameters<SandboxArgs>,
+        Parameters(a): Parameters<PauseArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<String, String> {
         let t = self.tenant(&ctx)?;
         text(
             &self
                 .svc
-                .pause(&t, &a.sandbox)
+                .pause(&t, &a.sandbox, a.to_disk)
                 .await
                 .map_err(|e| e.to_string())?,
         )

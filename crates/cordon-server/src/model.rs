@@ -324,6 +324,12 @@ pub struct SandboxInfo {
     pub busy: bool,
     /// Its processes are stopped (POST .../pause); `state` is `paused` too.
     pub paused: bool,
+    /// Paused to disk (`{"to_disk": true}`, microvm): it holds no memory and no CPU on the
+    /// host, only `on_disk_bytes` of disk, and outlives a server restart.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_disk: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_disk_bytes: Option<u64>,
     /// The labels given at create.
     pub labels: BTreeMap<String, String>,
 }
@@ -361,6 +367,16 @@ pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError
         }
     }
     Ok(())
+}
+
+/// `POST /v1/sandboxes/{id}/pause`: an optional body; without one the sandbox is paused in
+/// memory.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseRequest {
+    /// Save the whole sandbox to disk and let go of its memory (microvm only).
+    #[serde(default)]
+    pub to_disk: bool,
 }
 
 /// `PATCH /v1/sandboxes/{id}`: a new TTL (counted from the sandbox's creation, paused time

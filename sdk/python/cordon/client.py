@@ -632,9 +632,14 @@ class Sandbox:
         self.info = self.client._json("GET", f"/v1/sandboxes/{self.id}")
         return self.info
 
-    def pause(self) -> Dict[str, Any]:
-        """Stops its processes where they are (no CPU); its TTL clock stands still."""
-        self.info = self.client._json("POST", f"/v1/sandboxes/{self.id}/pause", {})
+    def pause(self, to_disk: bool = False) -> Dict[str, Any]:
+        """Stops its processes where they are (no CPU); its TTL clock stands still.
+
+        `to_disk=True` (microvm tier) saves the whole sandbox to disk and frees its memory:
+        it is listed with `on_disk` and `on_disk_bytes`, survives a server restart, and
+        `resume()` restores it."""
+        body = {"to_disk": True} if to_disk else {}
+        self.info = self.client._json("POST", f"/v1/sandboxes/{self.id}/pause", body)
         return self.info
 
     def resume(self) -> Dict[str, Any]:

@@ -147,6 +147,9 @@ struct Acquired {
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct RecoveryReport {
     pub sandboxes: Vec<String>,
+    /// Sandboxes paused to disk, kept across the restart.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<String>,
     pub removed: Vec<String>,
     pub scratch: Vec<String>,
 }
@@ -160,7 +163,7 @@ impl Service {
         backends: Backends,
         recovery: Option<RecoveryHook>,
     ) -> Result<Self, ServerError> {
-        let (lock_file, audit, report) = tokio::task::spawn_blocking({
+        let (lock_file, audit, report, kept) = tokio::task::spawn_blocking({
             let cfg = cfg.clone();
             let backends = backends.clone();
             move || open_and_recover(&cfg, &backends, recovery)
@@ -366,6 +369,7 @@ impl Service {
                 tracing::warn!(tier = %pool.tier, "tier unavailable here: its warm pool stays empty");
             }
         }
+        svc.revive_paused(kept).await;
         svc.inner.background.spawn(svc.clone().reaper());
         Ok(svc)
     }
@@ -464,6 +468,13 @@ impl Service {
         let all: Vec<Arc<Session>> = lock(&self.inner.sessions).values().cloned().collect();
         let mut tasks = Vec::new();
         for s in all {
+            // Paused to disk: kept for the next start, its files and record left in place.
+            if lock(&s.on_disk).is_some() && !s.busy.load(Ordering::Acquire) {
+                let sb = lock(&s.sandbox).take();
+                blocking(move || drop(sb)).await.ok();
+                lock(&self.inner.sessions).remove(&s.id);
+                continue;
+            }
             let svc = self.clone();
             tasks.push(tokio::spawn(async move {
                 if s.begin_ending("shutdown") {

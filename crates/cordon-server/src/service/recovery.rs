@@ -1,6 +1,7 @@
 //! Start-up: the data dir, crash recovery, pool specs.
 
 use super::*;
+use crate::audit::PausedRow;
 
 // ---- startup ---------------------------------------------------------------------------
 
@@ -14,7 +15,7 @@ pub(super) fn open_and_recover(
     cfg: &Config,
     backends: &Backends,
     hook: Option<RecoveryHook>,
-) -> Result<(File, Audit, RecoveryReport), ServerError> {
+) -> Result<(File, Audit, RecoveryReport, Vec<PausedRow>), ServerError> {
     let dir = &cfg.data_dir;
     std::fs::create_dir_all(dir)
         .map_err(|e| ServerError::io(format!("creating the data dir {}", dir.display()), e))?;
@@ -31,7 +32,25 @@ pub(super) fn open_and_recover(
     let _ = std::fs::write(&lock_path, format!("{}\n", std::process::id()));
     let audit = Audit::open(&dir.join("audit.db"))?;
     let mut report = RecoveryReport::default();
-    let rows = audit.unfinished()?;
+    // Sessions paused to disk on a tier this server has are kept (revived once the service
+    // runs); a row that does not decode, or of a tier it lacks, ends like any other.
+    let mut kept = Vec::new();
+    for row in audit.paused_all()? {
+        match row {
+            Ok(r) if backends.contains_key(&r.tier) => kept.push(r),
+            Ok(r) => {
+                tracing::warn!(sandbox = %r.id, "a sandbox paused to disk on a tier this server lacks is removed")
+            }
+            Err((id, why)) => {
+                tracing::warn!(sandbox = %id, "a sandbox paused to disk whose record does not decode ({why}) is removed")
+            }
+        }
+    }
+    let rows: Vec<LiveRow> = audit
+        .unfinished()?
+        .into_iter()
+        .filter(|r| !kept.iter().any(|k| k.id == r.id))
+        .collect();
     report.sandboxes = rows.iter().map(|r| r.id.clone()).collect();
     // The hook runs even with no unfinished rows: a server killed while a sandbox was being
     // made (before its row was written) leaves host state no row names.
@@ -104,7 +123,110 @@ pub(super) fn open_and_recover(
         detail: json!({"pid": std::process::id(), "recovered": report.sandboxes.len()}),
         ..Default::default()
     })?;
-    Ok((lock_file, audit, report))
+    report.kept = kept.iter().map(|k| k.id.clone()).collect();
+    Ok((lock_file, audit, report, kept))
+}
+
+impl Service {
+    /// Brings back the sessions paused to disk that a previous server kept: each tier
+    /// revives its sandbox from its own files (holding nothing until resumed). One that
+    /// cannot be revived, or no longer fits the tenant's budget, is ended and its files
+    /// removed.
+    pub(super) async fn revive_paused(&self, rows: Vec<PausedRow>) {
+        for row in rows {
+            let (id, tier, tenant) = (row.id.clone(), row.tier, row.tenant.clone());
+            let why = match self.revive_one(row).await {
+                Ok(()) => continue,
+                Err(why) => why,
+            };
+            tracing::warn!(sandbox = %id, "a sandbox paused to disk was not kept: {why}");
+            let audit = self.inner.audit.clone();
+            let backend = self.inner.backends.get(&tier).cloned();
+            let _ = blocking(move || {
+                if let Some(b) = backend {
+                    b.recover(std::slice::from_ref(&id));
+                }
+                let _ = audit.sandbox_ended(&id, "destroyed", "resume-failed");
+                audit.record(&NewEvent {
+                    tenant: Some(&tenant),
+                    sandbox: Some(&id),
+                    tier: Some(tier),
+                    kind: "destroy",
+                    decision: Some("resume-failed"),
+                    detail: json!({"reason": "resume-failed", "error": why}),
+                })
+            })
+            .await;
+        }
+    }
+
+    async fn revive_one(&self, row: PausedRow) -> Result<(), String> {
+        let tenant = Tenant(row.tenant.clone());
+        let backend = self
+            .inner
+            .backends
+            .get(&row.tier)
+            .cloned()
+            .ok_or("no backend of its tier")?;
+        let id = row.id.clone();
+        let revived = blocking(move || backend.revive(&id))
+            .await
+            .map_err(|e| e.to_string())?;
+        let sb = match revived {
+            Some(Ok(sb)) => sb,
+            Some(Err(e)) => return Err(e.to_string()),
+            None => return Err("its tier keeps no state of it".into()),
+        };
+        let held = Held::new(sb);
+        // Its place under the limits (not the disk guard's: it is not new, and its disk is
+        // already spent). Limits lowered since it was paused can leave no room for it.
+        let rules = self
+            .inner
+            .gate
+            .rules_for(&Principal::Tenant(row.tenant.clone()));
+        let slot = self
+            .inner
+            .ledger
+            .reserve(
+                &row.tenant,
+                row.spec.limits.memory_bytes,
+                (rules.max_sandboxes, rules.max_memory),
+            )
+            .map_err(|e| format!("over the tenant's budget at the restart: {}", e.message))?;
+        let ms = |v: i64| Duration::from_millis(v.max(0) as u64);
+        let now = now_ms();
+        let ago = |t: i64| {
+            Instant::now()
+                .checked_sub(ms(now - t))
+                .unwrap_or_else(Instant::now)
+        };
+        let mut s = Session::new(
+            &tenant,
+            row.spec.clone(),
+            Acquired {
+                sandbox: held,
+                source: if row.source == "pool" { "pool" } else { "cold" },
+                start_us: row.start_us,
+            },
+            slot,
+            (ms(row.ttl_ms), ms(row.idle_ms)),
+            false,
+        );
+        s.created_ms = row.created_ms;
+        s.created = ago(row.created_ms);
+        *lock(&s.labels) = row.labels;
+        s.last_used.store(row.last_used_ms, Ordering::Relaxed);
+        s.paused_ms.store(row.paused_ms, Ordering::Relaxed);
+        *lock(&s.paused_at) = Some(ago(row.paused_since_ms));
+        *lock(&s.on_disk) = Some(row.on_disk_bytes);
+        self.inner
+            .metrics
+            .live
+            .get_or_create(&Metrics::tier(row.tier))
+            .inc();
+        lock(&self.inner.sessions).insert(row.id, Arc::new(s));
+        Ok(())
+    }
 }
 
 /// Checks a warm pool's spec as the gate checks a request's (the operator wrote it, so no

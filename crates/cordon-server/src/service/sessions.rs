@@ -83,6 +83,8 @@ pub(super) struct Session {
     pub(super) paused_at: Mutex<Option<Instant>>,
     /// Milliseconds it spent paused before the current pause (its TTL clock stood still).
     pub(super) paused_ms: AtomicI64,
+    /// Bytes it holds on disk while paused to disk.
+    pub(super) on_disk: Mutex<Option<u64>>,
     /// The volumes it mounts, let go once it is destroyed.
     pub(super) volume_leases: Mutex<super::volumes::Leases>,
     pub(super) _slot: Reservation,
@@ -121,6 +123,7 @@ impl Session {
             contexts: Mutex::default(),
             paused_at: Mutex::new(None),
             paused_ms: AtomicI64::new(0),
+            on_disk: Mutex::new(None),
             volume_leases: Mutex::default(),
             _slot: slot,
         }
@@ -148,6 +151,7 @@ impl Session {
     }
 
     pub(super) fn info(&self) -> SandboxInfo {
+        let on_disk = *lock(&self.on_disk);
         SandboxInfo {
             id: self.id.clone(),
             tier: self.tier,
@@ -165,6 +169,8 @@ impl Session {
                 .saturating_add(self.paused_total_ms()),
             idle_timeout_ms: self.idle_ms.load(Ordering::Relaxed).max(0) as u64,
             paused: self.is_paused(),
+            on_disk: on_disk.is_some(),
+            on_disk_bytes: on_disk,
             labels: lock(&self.labels).clone(),
             last_used_ms: self.created_ms
                 + self.last_used.load(Ordering::Relaxed)
@@ -174,6 +180,26 @@ impl Session {
             source: self.source.into(),
             start_us: self.start_us,
             busy: self.busy.load(Ordering::Relaxed),
+        }
+    }
+
+    /// What the store keeps of it while it is paused to disk.
+    pub(super) fn paused_row(&self, on_disk_bytes: u64) -> crate::audit::PausedRow {
+        crate::audit::PausedRow {
+            id: self.id.clone(),
+            tenant: self.tenant.0.clone(),
+            tier: self.tier,
+            spec: self.spec.clone(),
+            labels: lock(&self.labels).clone(),
+            source: self.source.to_string(),
+            start_us: self.start_us,
+            created_ms: self.created_ms,
+            ttl_ms: self.ttl_ms.load(Ordering::Relaxed),
+            idle_ms: self.idle_ms.load(Ordering::Relaxed),
+            last_used_ms: self.last_used.load(Ordering::Relaxed),
+            paused_ms: self.paused_ms.load(Ordering::Relaxed),
+            paused_since_ms: now_ms(),
+            on_disk_bytes,
         }
     }
 
@@ -407,6 +433,15 @@ impl Service {
         v
     }
 
+    /// Bytes of disk `tenant`'s sandboxes paused to disk hold.
+    pub fn on_disk_bytes(&self, tenant: &Tenant) -> u64 {
+        lock(&self.inner.sessions)
+            .values()
+            .filter(|s| s.tenant == *tenant)
+            .filter_map(|s| *lock(&s.on_disk))
+            .sum()
+    }
+
     /// One sandbox of `tenant`; a destroyed one is reported as such.
     pub async fn info(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ApiError> {
         if let Ok(s) = self.session(tenant, id) {
@@ -533,23 +568,68 @@ impl Service {
 
     /// Pauses a sandbox: its processes stop where they are (no CPU), its TTL clock stands
     /// still against `sessions.paused_ttl`, execs and file calls are refused until resumed.
-    /// It keeps its place under the tenant's limits.
-    pub async fn pause(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ApiError> {
+    /// It keeps its place under the tenant's limits. `to_disk` (microvm) saves all of it to
+    /// disk and lets go of its memory; its session is kept in the store, so it outlives a
+    /// server restart.
+    pub async fn pause(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        to_disk: bool,
+    ) -> Result<SandboxInfo, ApiError> {
         let guard = self.claim(tenant, id)?;
         let s = guard.0.clone();
         let t0 = Instant::now();
+        let audit = self.inner.audit.clone();
         let r = blocking(move || {
             let s = guard.0.clone();
             let _busy = guard;
             let mut cell = lock(&s.sandbox);
             let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
-            sb.pause().map_err(ApiError::from)?;
+            if !to_disk {
+                sb.pause().map_err(ApiError::from)?;
+                *lock(&s.paused_at) = Some(Instant::now());
+                return Ok(None);
+            }
+            let bytes = sb.pause_to_disk().map_err(ApiError::from)?;
             *lock(&s.paused_at) = Some(Instant::now());
-            Ok::<(), ApiError>(())
+            *lock(&s.on_disk) = Some(bytes);
+            // Kept for the next start, with its `pause` row, before it is reported paused.
+            let row = s.paused_row(bytes);
+            let detail = json!({"us": t0.elapsed().as_micros() as u64, "to_disk": true,
+                "on_disk_bytes": bytes});
+            let kept = audit.paused_put(
+                &row,
+                &NewEvent {
+                    tenant: Some(&row.tenant),
+                    sandbox: Some(&row.id),
+                    kind: "pause",
+                    decision: Some("ok"),
+                    tier: Some(row.tier),
+                    detail,
+                },
+            );
+            if let Err(e) = kept {
+                // Not kept: it must not stay paused where a restart would lose it.
+                let resumed = sb.resume();
+                *lock(&s.paused_at) = None;
+                *lock(&s.on_disk) = None;
+                tracing::error!(sandbox = %s.id, ?resumed, "keeping a paused session: {e}");
+                return Err(audit_err(e));
+            }
+            Ok(Some(bytes))
         })
         .await?;
         let us = t0.elapsed().as_micros() as u64;
-        self.audit_lifecycle(&s, "pause", &r, us).await?;
+        match &r {
+            // Its row went in with the session.
+            Ok(Some(_)) => {}
+            Ok(None) => self.audit_lifecycle(&s, "pause", &Ok(()), us).await?,
+            Err(e) => {
+                self.audit_lifecycle(&s, "pause", &Err(e.clone()), us)
+                    .await?
+            }
+        }
         r?;
         Ok(s.info())
     }
@@ -577,21 +657,40 @@ impl Service {
         }
         let guard = BusyGuard(s.clone());
         let t0 = Instant::now();
+        let audit = self.inner.audit.clone();
         let r = blocking(move || {
             let s = guard.0.clone();
             let _busy = guard;
             let mut cell = lock(&s.sandbox);
-            let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
-            sb.resume().map_err(ApiError::from)?;
+            let sb = cell.as_mut().ok_or_else(|| (gone(&s.id), false))?;
+            let from_disk = lock(&s.on_disk).is_some();
+            if let Err(e) = sb.resume() {
+                // A resume from disk that failed (a state refused, a VM that did not come
+                // back) lost the sandbox: it is destroyed below.
+                return Err((ApiError::from(e), from_disk));
+            }
+            if from_disk {
+                *lock(&s.on_disk) = None;
+                if let Err(e) = audit.paused_remove(&s.id) {
+                    tracing::warn!(sandbox = %s.id, "forgetting a resumed session: {e}");
+                }
+            }
             if let Some(at) = lock(&s.paused_at).take() {
                 s.paused_ms
                     .fetch_add(at.elapsed().as_millis() as i64, Ordering::Relaxed);
             }
-            Ok::<(), ApiError>(())
+            Ok::<(), (ApiError, bool)>(())
         })
         .await?;
         let us = t0.elapsed().as_micros() as u64;
+        let (r, lost) = match r {
+            Ok(()) => (Ok(()), false),
+            Err((e, lost)) => (Err(e), lost),
+        };
         self.audit_lifecycle(&s, "resume", &r, us).await?;
+        if lost && s.begin_ending("resume-failed") {
+            self.destroy_session(s.clone(), "resume-failed").await?;
+        }
         r?;
         s.touch();
         Ok(s.info())
@@ -675,15 +774,28 @@ impl Service {
         let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
         let detail = json!({"ttl_ms": req.ttl.map(|d| ms(d.0)),
             "idle_timeout_ms": req.idle_timeout.map(|d| ms(d.0))});
+        // A session paused to disk keeps its new clocks for the next start too.
+        let on_disk = *lock(&s.on_disk);
+        let kept = on_disk.map(|bytes| {
+            let mut row = s.paused_row(bytes);
+            if let Some(at) = *lock(&s.paused_at) {
+                row.paused_since_ms = now_ms() - at.elapsed().as_millis() as i64;
+            }
+            row
+        });
         blocking(move || {
-            audit.record(&NewEvent {
+            let event = NewEvent {
                 tenant: Some(&t),
                 sandbox: Some(&i),
                 kind: "patch",
                 decision: Some("ok"),
                 tier: Some(tier),
                 detail,
-            })
+            };
+            match &kept {
+                Some(row) => audit.paused_put(row, &event).map(|()| 0),
+                None => audit.record(&event),
+            }
         })
         .await?
         .map_err(audit_err)?;
