@@ -50,16 +50,34 @@ def still_ticking(sb) -> bool:
     return False
 
 
-def qemu_processes() -> list:
-    """Host QEMU processes (their command lines carry the jail's paths)."""
-    found = []
+def qemu_processes(server: int) -> list:
+    """QEMU processes descended from the server process `server` (other tests running side
+    by side start QEMUs of their own)."""
+    parent = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if b"qemu-system" in (d / "cmdline").read_bytes():
-                    found.append(int(d.name))
-            except OSError:
+                stat = (d / "stat").read_text()
+                parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 pass
+
+    def under(pid: int) -> bool:
+        for _ in range(64):
+            if pid == server:
+                return True
+            pid = parent.get(pid, 0)
+            if pid <= 1:
+                return False
+        return False
+
+    found = []
+    for pid in parent:
+        try:
+            if b"qemu-system" in Path(f"/proc/{pid}/cmdline").read_bytes() and under(pid):
+                found.append(pid)
+        except OSError:
+            pass
     return found
 
 
@@ -83,13 +101,13 @@ def test_pause_to_disk_survives_a_sigkill_and_restart(microvm):
     s = ServerProc(d, {}).start()
     try:
         alice, bob = Cordon(s.url, KEYS["alice"]), Cordon(s.url, KEYS["bob"])
-        before_qemus = set(qemu_processes())
+        before_qemus = set(qemu_processes(s.proc.pid))
         sb = alice.create_sandbox(tier="microvm", ttl="10m", labels={"run": "p"})
         start_holders(sb)
         x = read_x(sb)
         ctx = sb.create_context("python")
         assert ctx.run("y = 41 + 1").error is None
-        mine = set(qemu_processes()) - before_qemus
+        mine = set(qemu_processes(s.proc.pid)) - before_qemus
         assert mine, "no QEMU process for the sandbox"
 
         # In this server: pause to disk, QEMU gone, resume, everything alive.
@@ -97,7 +115,7 @@ def test_pause_to_disk_survives_a_sigkill_and_restart(microvm):
         info = sb.pause(to_disk=True)
         pause_ms = (time.monotonic() - t0) * 1000
         assert info["state"] == "paused" and info["on_disk"] and info["on_disk_bytes"] > 0, info
-        assert not (set(qemu_processes()) & mine), "the sandbox's QEMU still runs"
+        assert not (set(qemu_processes(s.proc.pid)) & mine), "the sandbox's QEMU still runs"
         assert paused_dir(d, sb.id).is_dir()
         assert oct(paused_dir(d, sb.id).stat().st_mode & 0o777) == "0o700"
         listed = {i["id"]: i for i in alice.list_sandboxes()}
@@ -161,11 +179,12 @@ def test_pause_to_disk_survives_a_sigkill_and_restart(microvm):
         with open(state, "r+b") as f:
             f.seek(8192)
             f.write(b"\x00tampered\x00")
-        qemus = set(qemu_processes())
+        qemus = set(qemu_processes(s.proc.pid))
         with pytest.raises(CordonError) as e:
             sb.resume()
         assert "create a new" in (e.value.fix + str(e.value)), e.value
-        assert not (set(qemu_processes()) - qemus), "a QEMU was started from tampered state"
+        assert not (set(qemu_processes(s.proc.pid)) - qemus), \
+            "a QEMU was started from tampered state"
         assert not paused_dir(d, sb.id).exists()
         assert sb.id not in {i["id"] for i in alice.list_sandboxes()}
 
