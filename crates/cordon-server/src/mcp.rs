@@ -422,13 +422,7 @@ impl CordonMcp {
     ) -> Result<String, String> {
         let t = self.tenant(&ctx)?;
         let req = parse(json!({"name": a.name, "size": a.size}))?;
-        text(
-            &self
-                .svc
-                .create_volume(&t, req)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.create_volume(&t, req).await)
     }
 
     #[tool(
@@ -446,13 +440,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<String, String> {
         let t = self.tenant(&ctx)?;
-        text(
-            &self
-                .svc
-                .delete_volume(&t, &a.name)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.delete_volume(&t, &a.name).await)
     }
 
     #[tool(description = "Run code (lang + code) or a program (argv) in an existing sandbox.")]
@@ -494,12 +482,10 @@ impl CordonMcp {
         } else {
             a.content.into_bytes()
         };
-        text(
-            &self
-                .svc
+        reply(
+            self.svc
                 .put_file(&t, &a.sandbox, &a.path, data, 0o644)
-                .await
-                .map_err(|e| e.to_string())?,
+                .await,
         )
     }
 
@@ -612,13 +598,7 @@ impl CordonMcp {
             "background": true,
             "pty": a.pty,
         })))?;
-        text(
-            &self
-                .svc
-                .start_background(&t, &a.sandbox, &body)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.start_background(&t, &a.sandbox, &body).await)
     }
 
     #[tool(
@@ -726,13 +706,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<String, String> {
         let t = self.tenant(&ctx)?;
-        text(
-            &self
-                .svc
-                .peek_exec(&t, &a.sandbox, &a.exec)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.peek_exec(&t, &a.sandbox, &a.exec).await)
     }
 
     #[tool(
@@ -748,13 +722,7 @@ impl CordonMcp {
             rows: a.rows,
             cols: a.cols,
         };
-        text(
-            &self
-                .svc
-                .exec_resize(&t, &a.sandbox, &a.exec, size)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.exec_resize(&t, &a.sandbox, &a.exec, size).await)
     }
 
     #[tool(
@@ -766,13 +734,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<String, String> {
         let t = self.tenant(&ctx)?;
-        text(
-            &self
-                .svc
-                .exec_signal(&t, &a.sandbox, &a.exec, a.force)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.exec_signal(&t, &a.sandbox, &a.exec, a.force).await)
     }
 
     #[tool(
@@ -784,13 +746,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<String, String> {
         let t = self.tenant(&ctx)?;
-        text(
-            &self
-                .svc
-                .pause(&t, &a.sandbox, a.to_disk)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.pause(&t, &a.sandbox, a.to_disk).await)
     }
 
     #[tool(description = "Resume a paused sandbox; its processes continue where they stopped.")]
@@ -800,13 +756,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<String, String> {
         let t = self.tenant(&ctx)?;
-        text(
-            &self
-                .svc
-                .resume(&t, &a.sandbox)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.resume(&t, &a.sandbox).await)
     }
 
     #[tool(
@@ -822,13 +772,7 @@ impl CordonMcp {
             "ttl": a.ttl,
             "idle_timeout": a.idle_timeout,
         })))?;
-        text(
-            &self
-                .svc
-                .patch(&t, &a.sandbox, req)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.patch(&t, &a.sandbox, req).await)
     }
 
     #[tool(description = "Destroy a sandbox (idempotent).")]
@@ -838,13 +782,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<String, String> {
         let t = self.tenant(&ctx)?;
-        text(
-            &self
-                .svc
-                .destroy(&t, &a.sandbox)
-                .await
-                .map_err(|e| e.to_string())?,
-        )
+        reply(self.svc.destroy(&t, &a.sandbox).await)
     }
 }
 
