@@ -2687,17 +2687,7 @@ async fn context_routes_check_the_tenant_the_language_and_the_tier() {
 // ---- volumes ------------------------------------------------------------------------------
 
 /// Volumes are loop-mounted ext4 file systems: the host side needs root.
-fn root_or_skip(what: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CORDON_REQUIRE_ALL").is_none(),
-        "{what} needs root (CORDON_REQUIRE_ALL is set)"
-    );
-    eprintln!("\n!!!!! SKIPPING: {what} needs root !!!!!\n");
-    false
-}
+use cordon_testkit::root_or_skip;
 
 fn volume_config(c: &mut Config) {
     c.pools.clear();

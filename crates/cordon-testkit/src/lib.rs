@@ -51,3 +51,18 @@ pub fn in_child_with_env(name: &str, var: &str) -> Option<String> {
     );
     None
 }
+
+/// True when running as root; otherwise says loudly that `what` is skipped, or fails when
+/// CI asks for every capability (`CORDON_REQUIRE_ALL`). For test crates; cordon-host's own
+/// unit tests keep a copy (this crate depends on cordon-host).
+pub fn root_or_skip(what: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CORDON_REQUIRE_ALL").is_none(),
+        "{what} needs root (CORDON_REQUIRE_ALL is set)"
+    );
+    eprintln!("\n!!!!! SKIPPING: {what} needs root !!!!!\n");
+    false
+}
