@@ -490,7 +490,9 @@ pub fn make_ext4(path: &Path, size: u64, owner: u32, label: &str) -> std::io::Re
 /// a writer can fill only up to that size (then `ENOSPC`); its image is removed when dropped.
 /// What a template build's steps write into (their working copy of the base).
 pub struct ScratchDisk {
-    mount: Option<LoopMount>,
+    /// Dropped after [`ScratchDisk`]'s own drop has unlinked the image: the loop device
+    /// keeps the file until the unmount, and the wait for it to clear knows a deleted one.
+    mount: LoopMount,
     image: PathBuf,
 }
 
@@ -510,10 +512,7 @@ impl ScratchDisk {
             LoopMount::attach(&file, &image, &at, false)
         });
         match made {
-            Ok(mount) => Ok(ScratchDisk {
-                mount: Some(mount),
-                image,
-            }),
+            Ok(mount) => Ok(ScratchDisk { mount, image }),
             Err(e) => {
                 let _ = std::fs::remove_dir(&at);
                 let _ = std::fs::remove_file(&image);
@@ -524,9 +523,7 @@ impl ScratchDisk {
 
     /// Where it is mounted.
     pub fn dir(&self) -> &Path {
-        self.mount
-            .as_ref()
-            .map_or(Path::new("/nonexistent"), |m| m.dir())
+        self.mount.dir()
     }
 
     /// Whether less than `margin` bytes are left in it (what a failed write ran into).
@@ -538,11 +535,8 @@ impl ScratchDisk {
 
 impl Drop for ScratchDisk {
     fn drop(&mut self) {
-        if let Some(m) = self.mount.take() {
-            let dir = m.dir.clone();
-            drop(m);
-            let _ = std::fs::remove_dir(&dir);
-        }
+        // The mount (a field) goes next: unmounted, its loop device cleared, its directory
+        // removed.
         let _ = std::fs::remove_file(&self.image);
     }
 }
