@@ -147,14 +147,15 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs) -> Result<i32> {
     let system = IdPool::system();
     let range = system.allocate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut cfg = ContainerConfig::discover();
-    cfg.ids = IdPool {
-        dir: system
+    cfg.ids = IdPool::new(
+        system
             .dir
             .with_file_name("build-ids")
             .join(range.base().to_string()),
-        first: range.base(),
-        slots: 1,
-    };
+        range.base(),
+        1,
+        cordon_host::idpool::RANGE,
+    );
     let owner = range.base() + cfg.sandbox_uid;
     let work = store
         .build_root(&base.root, owner, Some(a.disk))

@@ -15,8 +15,8 @@
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
@@ -60,15 +60,22 @@ impl IdPoolError {
     }
 }
 
-/// Where leases are kept and which ranges they cover.
+/// Where leases are kept and which ranges they cover: slot `i` is the ids
+/// `first + i * width .. first + (i + 1) * width`.
 #[derive(Debug, Clone)]
 pub struct IdPool {
     pub dir: PathBuf,
     pub first: u32,
     pub slots: u32,
+    /// Ids in one slot: [`RANGE`] for a sandbox's user namespace, 1 for a single uid (the
+    /// microvm tier's QEMUs).
+    pub width: u32,
+    /// Where this pool's next search starts (shared by its clones): each lease starts one
+    /// slot further, from a per-process offset.
+    next: Arc<AtomicU32>,
 }
 
-/// A leased range: `base..base + RANGE` belongs to one sandbox while this is held.
+/// A leased range: `base..base + width` belongs to one sandbox while this is held.
 #[derive(Debug)]
 pub struct IdRange {
     base: u32,
@@ -83,19 +90,26 @@ impl IdRange {
 }
 
 impl IdPool {
-    /// The system pool: leases under `/run/cordon/ids`.
-    pub fn system() -> Self {
-        let run = Path::new("/run");
-        let dir = if run.is_dir() {
-            run.join("cordon").join("ids")
-        } else {
-            std::env::temp_dir().join("cordon-ids")
-        };
+    /// A pool of `slots` slots of `width` ids from `first`, leased in `dir`.
+    pub fn new(dir: PathBuf, first: u32, slots: u32, width: u32) -> Self {
         IdPool {
             dir,
-            first: FIRST,
-            slots: SLOTS,
+            first,
+            slots: slots.max(1),
+            width: width.max(1),
+            next: Arc::new(AtomicU32::new(seed())),
         }
+    }
+
+    /// The system pool: leases under `/run/cordon/ids`.
+    pub fn system() -> Self {
+        IdPool::new(run_dir("ids"), FIRST, SLOTS, RANGE)
+    }
+
+    /// Single host uids `first..first + count`, leased under `/run/cordon/<name>`: one per
+    /// process (a microVM's QEMU), unique across every Cordon process on the host.
+    pub fn single_ids(name: &str, first: u32, count: u32) -> Self {
+        IdPool::new(run_dir(name), first, count, 1)
     }
 
     /// Leases a free range, starting the search at a different slot each time so that a
@@ -106,18 +120,19 @@ impl IdPool {
 
     fn allocate_avoiding(&self, reserved: &[(u32, u32)]) -> Result<IdRange, IdPoolError> {
         private_dir(&self.dir).map_err(IdPoolError::Dir)?;
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let seed = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_add(seed());
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..self.slots {
-            let slot = seed.wrapping_add(i) % self.slots;
-            let base = self.first + slot * RANGE;
+            let slot = start.wrapping_add(i) % self.slots;
+            let base = self.first + slot * self.width;
             if reserved
                 .iter()
-                .any(|&(lo, hi)| lo < base.saturating_add(RANGE) && base < hi)
+                .any(|&(lo, hi)| lo < base.saturating_add(self.width) && base < hi)
             {
                 continue;
             }
-            let path = self.dir.join(slot.to_string());
+            // Named by the first id, so pools over overlapping ids in one directory
+            // exclude each other.
+            let path = self.dir.join(base.to_string());
             let file = nix::fcntl::open(
                 &path,
                 OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
@@ -144,6 +159,16 @@ impl IdPool {
             }
         }
         Err(IdPoolError::Exhausted(self.slots))
+    }
+}
+
+/// `/run/cordon/<name>` (or under the temporary directory on a host without `/run`).
+fn run_dir(name: &str) -> PathBuf {
+    let run = Path::new("/run");
+    if run.is_dir() {
+        run.join("cordon").join(name)
+    } else {
+        std::env::temp_dir().join(format!("cordon-{name}"))
     }
 }
 
@@ -238,11 +263,7 @@ mod tests {
 
     fn pool(slots: u32) -> (tempfile::TempDir, IdPool) {
         let dir = tempfile::tempdir().unwrap();
-        let pool = IdPool {
-            dir: dir.path().join("ids"),
-            first: FIRST,
-            slots,
-        };
+        let pool = IdPool::new(dir.path().join("ids"), FIRST, slots, RANGE);
         (dir, pool)
     }
 
@@ -271,7 +292,7 @@ mod tests {
         // says so once it holds it, and is then killed, as a crashed Cordon would be.
         let mut holder = std::process::Command::new("flock")
             .arg("-o")
-            .arg(pool.dir.join("0"))
+            .arg(pool.dir.join(FIRST.to_string()))
             .args(["sh", "-c", "echo held; read _"])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())

@@ -9,7 +9,9 @@
 //!   stand-in's own directory) where a snapshot file would be, and `plant-file` a plain
 //!   file saying `PLANTED`;
 //! - `hang-template`: a template VM of more than 1 GiB of RAM never reaches its agent;
-//! - `grow-ram`: while saving a snapshot, makes its RAM file (`/img/ram`) one page longer.
+//! - `grow-ram`: while saving a snapshot, makes its RAM file (`/img/ram`) one page longer;
+//! - `stall-even-uid`: a cold boot (template or not) run as an even uid never reaches its
+//!   agent (the uid pool leases in order, so a boot and its retry get different parities).
 //!
 //! Execs run probes named by their argv (see `exec`), reporting on stdout.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -98,6 +100,14 @@ fn main() {
     let agent = UnixListener::bind(&args.agent).unwrap();
     let (mut conn, _) = agent.accept().unwrap();
     if how == "hang-template" && args.incoming.is_none() && args.ram_mib > 1024 {
+        loop {
+            std::thread::park();
+        }
+    }
+    if how == "stall-even-uid"
+        && args.incoming.is_none()
+        && nix::unistd::getuid().as_raw().is_multiple_of(2)
+    {
         loop {
             std::thread::park();
         }

@@ -1,21 +1,21 @@
 //! Host side of the microvm tier.
 
 use std::collections::BTreeMap;
-use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use cordon_core::{
     Backend, Capability, Error, ExecOutcome, ExecRequest, OutputSink, Probe, Result, Sandbox,
     SandboxId, SandboxSpec, Termination, Tier,
 };
-use cordon_guest::proto::{self, PROTOCOL_VERSION, Reply, Request, StdioMode};
+use cordon_guest::proto::{self, Frame, PROTOCOL_VERSION, Reply, Request, StdioMode};
 use cordon_host::cgroup::SandboxCgroup;
 use cordon_host::egress as shared_egress;
+use cordon_host::idpool::{IdPool, IdPoolError, IdRange};
 use serde_json::json;
 
 use crate::MicrovmError;
@@ -95,7 +95,8 @@ pub struct MicrovmConfig {
     /// The accelerator; `None` probes.
     pub accel: Option<Accel>,
     /// The host uids (and equal gids) QEMUs run as: `(first, count)`. Each VM gets one of
-    /// its own, never shared with another VM while it runs.
+    /// its own, never shared with another live VM of any Cordon process on the host (see
+    /// [`cordon_host::idpool`]); `count` bounds the microVMs running at once.
     pub uid_range: (u32, u32),
     /// How long a cold boot may take to reach the agent.
     pub boot_timeout: Duration,
@@ -139,7 +140,7 @@ impl MicrovmConfig {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("/usr/bin/qemu-system-x86_64")),
             accel: None,
-            uid_range: (0x7ffd_0000, 0x1_0000),
+            uid_range: (0x7ffd_0000, 0x1000),
             boot_timeout: Duration::from_secs(90),
             snapshots: true,
             egress_tuning: EgressTuning::default(),
@@ -163,53 +164,46 @@ pub struct MicrovmBackend {
     accel: OnceLock<(Accel, String)>,
     qemu_version: OnceLock<Option<String>>,
     snapshots: SnapshotStore,
-    uids: Arc<UidPool>,
+    uids: IdPool,
     paused: PausedStore,
 }
 
-/// The host uids of running VMs: each is leased to one VM and returned when its QEMU is dead.
-struct UidPool {
-    first: u32,
-    count: u32,
-    state: Mutex<(BTreeSet<u32>, u32)>,
+/// How one create attempt failed: a stalled cold boot is tried again.
+enum Attempt {
+    Stalled(String),
+    Failed(Error),
 }
 
-/// One VM's uid, returned to the pool when dropped (after its QEMU is gone).
-pub struct UidLease {
-    uid: u32,
-    pool: Arc<UidPool>,
-}
-
-impl UidPool {
-    fn lease(pool: &Arc<UidPool>) -> Result<UidLease> {
-        let mut g = pool.state.lock().unwrap_or_else(|p| p.into_inner());
-        let (used, next) = &mut *g;
-        for _ in 0..pool.count {
-            let uid = pool.first + *next % pool.count;
-            *next = (*next + 1) % pool.count;
-            if used.insert(uid) {
-                return Ok(UidLease {
-                    uid,
-                    pool: pool.clone(),
-                });
-            }
+impl Attempt {
+    fn into_error(self) -> Error {
+        match self {
+            Attempt::Stalled(why) => MicrovmError::BootStalled(why).into(),
+            Attempt::Failed(e) => e,
         }
-        Err(Error::Sandbox(format!(
-            "all {} QEMU uids are in use; destroy microVMs or widen the uid range",
-            pool.count
-        )))
     }
 }
 
-impl Drop for UidLease {
-    fn drop(&mut self) {
-        self.pool
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .0
-            .remove(&self.uid);
+impl From<Error> for Attempt {
+    fn from(e: Error) -> Self {
+        Attempt::Failed(e)
     }
+}
+
+impl From<MicrovmError> for Attempt {
+    fn from(e: MicrovmError) -> Self {
+        Attempt::Failed(e.into())
+    }
+}
+
+/// One VM's host uid from the pool: unique among the live QEMUs of every Cordon process on
+/// the host (a `flock` lease under `/run/cordon/qemu-uids`), returned once its QEMU is dead.
+fn lease_uid(pool: &IdPool) -> Result<IdRange> {
+    pool.allocate().map_err(|e| match e {
+        IdPoolError::Exhausted(n) => Error::Sandbox(format!(
+            "all {n} QEMU uids are in use; destroy microVMs or widen the uid range"
+        )),
+        other => other.into_core(),
+    })
 }
 
 /// How a VM came up.
@@ -228,11 +222,7 @@ impl MicrovmBackend {
                 cfg.snapshot_max_count,
                 cfg.snapshot_max_bytes,
             ),
-            uids: Arc::new(UidPool {
-                first,
-                count: count.max(1),
-                state: Mutex::new((BTreeSet::new(), 0)),
-            }),
+            uids: IdPool::single_ids("qemu-uids", first, count),
             paused: PausedStore::new(cfg.paused_dir.clone()),
             cfg,
             accel: OnceLock::new(),
@@ -314,21 +304,38 @@ impl MicrovmBackend {
         self.create_with(spec, mode)
     }
 
+    /// One create; a cold boot whose guest stalled before its agent answered (seen about
+    /// once in a few hundred TCG boots on a loaded host, with no console output) is booted
+    /// once more, with the stalled one's console in the log.
     fn create_with(&self, spec: &SandboxSpec, mode: StartMode) -> Result<MicrovmSandbox> {
+        match self.create_once(spec, mode) {
+            Err(Attempt::Stalled(why)) => {
+                tracing::warn!("a microvm cold boot stalled, booting it once more: {why}");
+                self.create_once(spec, mode).map_err(Attempt::into_error)
+            }
+            r => r.map_err(Attempt::into_error),
+        }
+    }
+
+    fn create_once(
+        &self,
+        spec: &SandboxSpec,
+        mode: StartMode,
+    ) -> std::result::Result<MicrovmSandbox, Attempt> {
         spec.validate()?;
         if spec.tier != Tier::Microvm {
-            return Err(Error::Invalid(format!(
+            return Err(Attempt::Failed(Error::Invalid(format!(
                 "the microvm backend was asked for a {} sandbox",
                 spec.tier
-            )));
+            ))));
         }
         let mut image = image::load(&self.cfg.data_dir)?;
         match (&spec.template, &spec.resolved_template) {
             (Some(name), None) => {
-                return Err(Error::Invalid(format!(
+                return Err(Attempt::Failed(Error::Invalid(format!(
                     "template {name:?} was not resolved before the create; resolve it with the \
                      template store (cordon_template::Store::resolve_spec) first"
-                )));
+                ))));
             }
             (_, Some(t)) => {
                 // The guest boots the template's own disk (made once per digest); the
@@ -379,7 +386,7 @@ impl MicrovmBackend {
             layer: "cgroups".into(),
             reason: format!("QEMU's own cgroup: {e}"),
         })?;
-        let uid = UidPool::lease(&self.uids)?;
+        let uid = lease_uid(&self.uids)?;
         let mut sb = MicrovmSandbox {
             params: params.clone(),
             home: self.home(),
@@ -397,6 +404,7 @@ impl MicrovmBackend {
             warnings,
             gone: None,
             failure: None,
+            last_words: None,
             next_exec: 1,
             mode,
             egress: None,
@@ -406,6 +414,7 @@ impl MicrovmBackend {
         };
         let dir = self.cfg.run_dir.join(id.short());
         let boot = self.cfg.boot_timeout;
+        let mut stalled = false;
         let result = (|| {
             let procs = sb
                 .cgroup
@@ -434,16 +443,27 @@ impl MicrovmBackend {
                 e.attach(port)?;
             }
             if mode == StartMode::ColdBoot {
-                sb.await_hello(boot)?;
+                let r = sb.ctrl()?.recv(Instant::now() + boot, HEADER_ROOM);
+                stalled = matches!(r, Err(CallError::Timeout));
+                sb.check_hello(r)?;
             }
             sb.configure(boot)
         })();
         if let Err(e) = result {
-            let diag = sb.vm.as_ref().map(|v| v.diagnostics()).unwrap_or_default();
+            let diag = sb
+                .vm
+                .as_ref()
+                .map(|v| v.diagnostics())
+                .or_else(|| sb.last_words.take())
+                .unwrap_or_default();
             sb.teardown();
-            return Err(Error::Sandbox(format!(
-                "the microVM did not come up: {e} ({diag})"
-            )));
+            let secs = t0.elapsed().as_secs_f64();
+            if stalled {
+                return Err(Attempt::Stalled(format!("after {secs:.1} s: {diag}")));
+            }
+            return Err(Attempt::Failed(Error::Sandbox(format!(
+                "the microVM did not come up after {secs:.1} s: {e} ({diag})"
+            ))));
         }
         // Under TCG a guest's first exec pays for translating every code path it takes (the
         // agent's exec handling, the reaper's fork, the loader): several times a later
@@ -461,9 +481,9 @@ impl MicrovmBackend {
                 }
                 Err(e) => {
                     sb.teardown();
-                    return Err(Error::Sandbox(format!(
+                    return Err(Attempt::Failed(Error::Sandbox(format!(
                         "the microVM did not run its warm-up exec: {e}"
-                    )));
+                    ))));
                 }
             }
         }
@@ -489,7 +509,14 @@ impl MicrovmBackend {
         let partial = self
             .snapshots
             .create_partial(params.shared_ram.then_some(params.ram_mib << 20))?;
-        let snapshot = match self.make_snapshot(params, &partial) {
+        let made = match self.make_snapshot(params, &partial) {
+            Err(MicrovmError::BootStalled(why)) => {
+                tracing::warn!("a microvm template boot stalled, booting it once more: {why}");
+                self.make_snapshot(params, &partial)
+            }
+            r => r,
+        };
+        let snapshot = match made {
             Ok(()) => self.snapshots.install(partial, &key)?,
             Err(e) => {
                 self.snapshots.discard_partial(partial);
@@ -524,10 +551,10 @@ impl MicrovmBackend {
             .cfg
             .run_dir
             .join(format!("snap-{}", hex::encode(suffix)));
-        let uid = UidPool::lease(&self.uids).map_err(|e| MicrovmError::Qemu(e.to_string()))?;
+        let uid = lease_uid(&self.uids).map_err(|e| MicrovmError::Qemu(e.to_string()))?;
         let run_as = RunAs {
-            uid: uid.uid,
-            gid: uid.uid,
+            uid: uid.base(),
+            gid: uid.base(),
         };
         let made = (|| -> std::result::Result<(), MicrovmError> {
             self.snapshots.lend_ram(partial, run_as.uid)?;
@@ -549,6 +576,13 @@ impl MicrovmBackend {
                     return Err(MicrovmError::Qemu(format!(
                         "unexpected first message from the guest agent: {:?}",
                         f.header
+                    )));
+                }
+                Err(CallError::Timeout) => {
+                    return Err(MicrovmError::BootStalled(format!(
+                        "the template VM, after {} s: {}",
+                        self.cfg.boot_timeout.as_secs(),
+                        vm.diagnostics()
                     )));
                 }
                 Err(e) => {
@@ -679,6 +713,7 @@ impl MicrovmBackend {
             warnings,
             gone: None,
             failure: None,
+            last_words: None,
             next_exec: m.next_exec,
             mode: StartMode::Restore,
             egress: None,
@@ -714,7 +749,7 @@ fn await_migration(vm: &Vm, limit: Duration) -> std::result::Result<(), MicrovmE
 /// What a sandbox keeps of its backend to start its VM again after a pause to disk.
 struct Home {
     cfg: MicrovmConfig,
-    uids: Arc<UidPool>,
+    uids: IdPool,
     qemu_version: String,
     paused: PausedStore,
 }
@@ -814,7 +849,7 @@ pub struct MicrovmSandbox {
     ctrl: Option<AgentConn>,
     cgroup: Option<SandboxCgroup>,
     /// The host uid its QEMU runs as; returned once QEMU is dead.
-    uid: Option<UidLease>,
+    uid: Option<IdRange>,
     /// The deadline of one file call.
     file_timeout: Duration,
     start_us: u64,
@@ -822,6 +857,9 @@ pub struct MicrovmSandbox {
     gone: Option<String>,
     /// Why the VM failed, when it did: guest-kernel-panic, agent-crash, vmm-crash, ...
     failure: Option<String>,
+    /// QEMU's log and the console's tail, read just before a failed call stopped the VM
+    /// (its files go with it): what a failed create reports.
+    last_words: Option<String>,
     next_exec: u64,
     mode: StartMode,
     /// The proxy and tunnel, when the spec allows any egress.
@@ -900,14 +938,14 @@ impl MicrovmSandbox {
 
     /// The host uid this sandbox's QEMU runs as.
     pub fn qemu_uid(&self) -> Option<u32> {
-        self.uid.as_ref().map(|u| u.uid)
+        self.uid.as_ref().map(|u| u.base())
     }
 
     fn run_as(&self) -> std::result::Result<RunAs, MicrovmError> {
         match &self.uid {
             Some(u) => Ok(RunAs {
-                uid: u.uid,
-                gid: u.uid,
+                uid: u.base(),
+                gid: u.base(),
             }),
             None => Err(MicrovmError::Qemu("no uid for QEMU".into())),
         }
@@ -920,6 +958,7 @@ impl MicrovmSandbox {
             Ok(v) => Ok(v),
             Err(CallError::Timeout) => {
                 self.gone = Some(format!("its agent did not finish {what} in time"));
+                self.last_words = self.vm.as_ref().map(|v| v.diagnostics());
                 self.teardown();
                 Err(Error::Sandbox(format!(
                     "{what}: the guest agent did not take or answer it in time; the microVM was stopped, create a new sandbox"
@@ -928,6 +967,7 @@ impl MicrovmSandbox {
             Err(CallError::Proto(e)) => {
                 self.failure = Some("agent-protocol".into());
                 self.gone = Some(format!("its agent broke the protocol ({e})"));
+                self.last_words = self.vm.as_ref().map(|v| v.diagnostics());
                 self.teardown();
                 Err(Error::Sandbox(format!(
                     "{what}: the guest agent broke the protocol ({e}); the microVM was stopped, create a new sandbox"
@@ -1097,7 +1137,7 @@ impl MicrovmSandbox {
         .map_err(|e| format!("QEMU's own cgroup: {e}"))?;
         let procs = cgroup.procs_files();
         self.cgroup = Some(cgroup);
-        self.uid = Some(UidPool::lease(&self.home.uids).map_err(|e| e.to_string())?);
+        self.uid = Some(lease_uid(&self.home.uids).map_err(|e| e.to_string())?);
         let run_as = self.run_as().map_err(|e| e.to_string())?;
         let dir = self.home.cfg.run_dir.join(self.id.short());
         let (mut vm, ctrl, _) = Vm::start(&params, &dir, run_as, procs, Some(&state), None)
@@ -1167,9 +1207,8 @@ impl MicrovmSandbox {
         }
     }
 
-    fn await_hello(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let r = self.ctrl()?.recv(deadline, HEADER_ROOM);
+    /// The agent's first frame (`r`, as received) must be its hello in this protocol.
+    fn check_hello(&mut self, r: std::result::Result<Frame<Reply>, CallError>) -> Result<()> {
         let f = self.check_call(r, "starting the guest")?;
         match f.header {
             Reply::Hello { version, .. } if version == PROTOCOL_VERSION => Ok(()),

@@ -40,6 +40,13 @@ pub enum MicrovmError {
     },
     #[error("qemu: {0}")]
     Qemu(String),
+    /// A cold boot whose agent never said hello by the boot deadline (QEMU still running):
+    /// the boot is tried once more before this reaches a caller.
+    #[error(
+        "the guest did not reach its agent in time ({0}); create the sandbox again, and if it \
+         keeps happening send the operator's log (it holds the guest console)"
+    )]
+    BootStalled(String),
 }
 
 impl MicrovmError {
@@ -61,6 +68,7 @@ impl From<MicrovmError> for cordon_core::Error {
             },
             MicrovmError::Io { what, source } => cordon_core::Error::Io { what, source },
             MicrovmError::Qemu(m) => cordon_core::Error::Sandbox(m),
+            e @ MicrovmError::BootStalled(_) => cordon_core::Error::Sandbox(e.to_string()),
         }
     }
 }

@@ -1209,6 +1209,65 @@ fn snapshots_are_collected_and_a_template_boot_holds_only_its_own_key() {
     }
 }
 
+#[test]
+fn a_stalled_cold_boot_is_booted_once_more() {
+    // The stand-in's guest never answers when its QEMU runs as an even uid. With two uids
+    // (kept apart from every other test's), the pool's leases alternate between them.
+    let stalling = |count: u32| {
+        stand_in("stall-even-uid", move |c| {
+            c.boot_timeout = Duration::from_secs(2);
+            c.uid_range = (0x7ffc_0000, count);
+        })
+    };
+    let Some(si) = stalling(2) else {
+        return;
+    };
+    // Each create comes up on the odd uid, so the lease after one is the even uid: the
+    // second create's first boot stalls, whichever uid the first started on.
+    for _ in 0..2 {
+        let sb = si.backend.create_cold(&spec()).unwrap();
+        assert_eq!(sb.qemu_uid().unwrap() % 2, 1);
+        destroy_and_check(sb);
+    }
+    // A snapshot's template VM stalls the same way; the restore then runs from its snapshot.
+    let mut sb = si.backend.create_restored(&spec()).unwrap();
+    assert_eq!(
+        stdout(&exec_argv(&mut sb, &["incoming"]).unwrap()),
+        "FROM-THE-CHANNEL"
+    );
+    destroy_and_check(sb);
+    drop(si);
+
+    // With one (even) uid the second boot stalls too: the create fails, saying what to do.
+    let Some(si) = stalling(1) else {
+        return;
+    };
+    let e = si.backend.create_cold(&spec()).err().unwrap().to_string();
+    assert!(e.contains("did not reach its agent in time"), "{e}");
+    assert!(e.contains("create the sandbox again"), "{e}");
+    assert!(!e.contains(&si.tmp.path().display().to_string()), "{e}");
+}
+
+#[test]
+fn concurrent_backends_never_run_two_qemus_as_one_uid() {
+    // Two backends (as two Cordon processes would have) over the same uid range: each VM
+    // gets a uid no live VM of the other has.
+    let pair = || stand_in("plain", |c| c.uid_range = (0x7ffc_1000, 2));
+    let (Some(a), Some(b)) = (pair(), pair()) else {
+        return;
+    };
+    let x = a.backend.create_cold(&spec()).unwrap();
+    let y = b.backend.create_cold(&spec()).unwrap();
+    assert_ne!(x.qemu_uid(), y.qemu_uid());
+    let e = a.backend.create_cold(&spec()).err().unwrap().to_string();
+    assert!(e.contains("QEMU uids are in use"), "{e}");
+    destroy_and_check(x);
+    let z = a.backend.create_cold(&spec()).unwrap();
+    assert_ne!(z.qemu_uid(), y.qemu_uid());
+    destroy_and_check(y);
+    destroy_and_check(z);
+}
+
 /// QEMU's pid: the child of the waiter that stays outside its PID namespace.
 fn qemu_child(waiter: i32) -> i32 {
     let text = std::fs::read_to_string(format!("/proc/{waiter}/task/{waiter}/children")).unwrap();
