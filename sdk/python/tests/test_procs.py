@@ -248,7 +248,13 @@ def test_a_foreground_exec_whose_client_disconnects_is_interrupted(alice, server
                 assert chunk, got
                 got += chunk
         else:
-            time.sleep(1.0)
+            # Nothing comes back before the end: wait until the server has taken the exec,
+            # then give the program a moment to write its first beat.
+            for _ in range(300):
+                if sb.refresh().get("busy"):
+                    break
+                time.sleep(0.1)
+            time.sleep(1.5)
         s.close()
         # Once the exec is gone the sandbox takes another; it is not left to its timeout.
         r = None
