@@ -32,6 +32,9 @@ demo: build
 	bash scripts/demo.sh
 
 ## Installs what is missing and runs every test (CI runs exactly this).
+# The static (musl) set is built unoptimised here: the tests need it built and working, not
+# fast (docs/adr/0016-static-set-unoptimised-in-make-test.md).
+test: export CORDON_MUSL_PROFILE = dev
 test:
 	CORDON_SETUP_GUESTS=later bash scripts/setup.sh
 	$(CARGO) fmt --all -- --check

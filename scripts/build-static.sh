@@ -28,7 +28,7 @@ t=$(cargo_target_dir)
 for b in cordon cordon-sandbox-init; do
   # A new file, renamed over the old: cargo's build is a hard link to its deps/ copy,
   # which must stay as cargo made it.
-  cp "$t/$MUSL/release/$b" "$t/release/.$b.static"
+  cp "$(musl_dir)/$b" "$t/release/.$b.static"
   mv -f "$t/release/.$b.static" "$t/release/$b"
 done
 log "static helpers: target/release/cordon and cordon-sandbox-init are static (musl) builds"

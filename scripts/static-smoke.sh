@@ -13,7 +13,7 @@ fi
 # The same set the guest image step builds (scripts/lib.sh), so on `make test` this finds
 # it built.
 build_musl_set
-dir="$(cargo_target_dir)/$MUSL/release"
+dir=$(musl_dir)
 for b in cordon cordon-sandbox-init; do
   if ! file "$dir/$b" | grep -q "static-pie linked"; then
     log "static smoke test: $dir/$b is not a static-pie executable: $(file "$dir/$b")"
