@@ -218,6 +218,11 @@ pub fn set_nice(nice: i32) -> io::Result<()> {
 /// only when they undo the latest allocation; the rest is kept until the process exits. Once
 /// the arena is used up (or for a request larger than an eighth of it), the system allocator
 /// serves, so a long-lived process stays bounded by `N` plus what it really uses.
+///
+/// Every claim is aligned to at least [`MIN_ALIGN`], as `malloc`'s are: crates that lay a C
+/// struct into a byte buffer rely on it (nix builds a `cmsghdr` in a `Vec<u8>` for
+/// `sendmsg`; byte-aligned, a debug build of the static front stopped on the misaligned
+/// write, and a release build wrote it misaligned).
 pub struct BumpArena<const N: usize> {
     buf: std::cell::UnsafeCell<[u8; N]>,
     /// End of the claimed part: the next claim starts here (or after, aligned).
@@ -225,6 +230,9 @@ pub struct BumpArena<const N: usize> {
     /// End of everything ever handed out: bytes past it are still the zeroes of `.bss`.
     high: std::sync::atomic::AtomicUsize,
 }
+
+/// The alignment of every claim from a [`BumpArena`] (`max_align_t` on x86-64).
+pub const MIN_ALIGN: usize = 16;
 
 // SAFETY: the arena hands out disjoint ranges of `buf`, claimed by compare-and-swap on
 // `next`; no range is given to two owners at once, so sharing it between threads is sound.
@@ -267,7 +275,8 @@ impl<const N: usize> BumpArena<N> {
         let base = self.base();
         let mut cur = self.next.load(Ordering::Relaxed);
         loop {
-            let start = (base + cur).checked_next_multiple_of(layout.align())? - base;
+            let align = layout.align().max(MIN_ALIGN);
+            let start = (base + cur).checked_next_multiple_of(align)? - base;
             let end = start.checked_add(layout.size()).filter(|e| *e <= N)?;
             match self
                 .next
@@ -486,6 +495,22 @@ mod tests {
             );
             a.dealloc(fresh, layout(256, 16));
             a.dealloc(z, layout(128, 8));
+        }
+    }
+
+    #[test]
+    fn every_claim_is_aligned_as_malloc_aligns_even_for_bytes() {
+        let a = Box::new(BumpArena::<4096>::new());
+        // SAFETY: (test) as above.
+        unsafe {
+            let ptrs: Vec<*mut u8> = (1..6).map(|n| a.alloc(layout(n, 1))).collect();
+            for p in &ptrs {
+                assert!(in_arena(&a, *p));
+                assert_eq!(*p as usize % super::MIN_ALIGN, 0, "{p:?}");
+            }
+            for (n, p) in ptrs.into_iter().enumerate().rev() {
+                a.dealloc(p, layout(n + 1, 1));
+            }
         }
     }
 

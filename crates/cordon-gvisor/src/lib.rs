@@ -347,6 +347,7 @@ impl Backend for GvisorBackend {
             })?;
         }
         self.reap_orphans();
+        let swept_us = t.elapsed().as_micros() as u64;
         let ids = self
             .config
             .ids
@@ -379,11 +380,14 @@ impl Backend for GvisorBackend {
             file_findings: Vec::new(),
             volumes: Vec::new(),
         };
-        if let Err(e) = sb.build(egress).and_then(|()| sb.start_live()) {
+        let built = sb.build(egress);
+        let built_us = t.elapsed().as_micros() as u64;
+        if let Err(e) = built.and_then(|()| sb.start_live()) {
             let _ = sb.destroy();
             return Err(e);
         }
         sb.start_us = t.elapsed().as_micros() as u64;
+        tracing::debug!(sandbox = %sb.id, swept_us, built_us, ready_us = sb.start_us, "gvisor: created");
         Ok(Box::new(sb))
     }
 }
@@ -919,6 +923,7 @@ impl GvisorSandbox {
             p.arg("resume").arg(&cid);
             let _ = quiet(p).status();
         }
+        let t = Instant::now();
         if graceful && matches!(runsc.try_wait(), Ok(None)) {
             let by = Instant::now() + Duration::from_millis(500);
             if conn.send(&Request::Shutdown, b"", by).is_ok() {
@@ -929,9 +934,12 @@ impl GvisorSandbox {
                 }
             }
         }
-        if matches!(runsc.try_wait(), Ok(None)) || has_state(&self.config, &cid) {
+        let exited_us = t.elapsed().as_micros() as u64;
+        let forced = matches!(runsc.try_wait(), Ok(None)) || has_state(&self.config, &cid);
+        if forced {
             force_delete(&self.config, &cid);
         }
+        let deleted_us = t.elapsed().as_micros() as u64;
         let _ = runsc.kill();
         let _ = runsc.wait();
         reap::remove_lock(&self.config.state_root, &cid);
@@ -941,6 +949,7 @@ impl GvisorSandbox {
         {
             tracing::warn!(cgroup = %cg.oci_path(), "could not remove a sandbox cgroup; the next create reaps it");
         }
+        tracing::debug!(%cid, graceful, exited_us, forced, deleted_us, done_us = t.elapsed().as_micros() as u64, "gvisor: runsc sandbox stopped");
         let tail = stderr.lock().unwrap_or_else(PoisonError::into_inner);
         String::from_utf8_lossy(&tail).trim().to_string()
     }
@@ -1400,7 +1409,9 @@ impl Sandbox for GvisorSandbox {
             return Ok(());
         }
         self.destroyed = true;
+        let t = Instant::now();
         self.stop_live_with(true);
+        let stopped_us = t.elapsed().as_micros() as u64;
         // The proxy (and every placeholder with it) ends with the sandbox.
         self.egress = None;
         self.workspace = None;
@@ -1416,6 +1427,7 @@ impl Sandbox for GvisorSandbox {
         // runsc has been waited for: nothing runs as the sandbox's id.
         self.ids = None;
         reap::unregister(&self.config.state_root, self.id.as_str());
+        tracing::debug!(sandbox = %self.id, stopped_us, destroyed_us = t.elapsed().as_micros() as u64, "gvisor: destroyed");
         removed
     }
 }

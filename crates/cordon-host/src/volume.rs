@@ -29,6 +29,22 @@ use nix::mount::{MntFlags, MsFlags};
 /// How long a lock conflict must last before a mount is refused (see [`VolumeStore::mount`]).
 const LOCK_SETTLE: Duration = Duration::from_millis(300);
 
+/// Takes a volume image's lock, reporting a conflict only once it has lasted LOCK_SETTLE.
+/// A lease just let go can hold its lock a moment longer: the lock belongs to the image's
+/// open file, which the loop device references until the kernel drops it from a work queue
+/// after the device clears (measured: a few ms under load, past 300 ms never seen).
+fn settled(
+    try_lock: impl Fn() -> Result<(), std::fs::TryLockError>,
+) -> Result<(), std::fs::TryLockError> {
+    let mut locked = try_lock();
+    let settle = Instant::now() + LOCK_SETTLE;
+    while matches!(locked, Err(std::fs::TryLockError::WouldBlock)) && Instant::now() < settle {
+        std::thread::sleep(Duration::from_millis(5));
+        locked = try_lock();
+    }
+    locked
+}
+
 /// The uid and gid that own a new volume's root, and that the sandbox's user is inside
 /// every native tier: files are stored with these ids whatever host ids the sandbox had.
 pub const VOLUME_OWNER: u32 = 1000;
@@ -191,7 +207,7 @@ impl VolumeStore {
     pub fn delete(&self, owner: &str, name: &str) -> Result<(), VolumeError> {
         let path = self.image(owner, name)?;
         let f = open_image(&path, name, false)?;
-        match f.try_lock() {
+        match settled(|| f.try_lock()) {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
                 return Err(VolumeError::InUse {
@@ -224,17 +240,7 @@ impl VolumeStore {
                 file.try_lock()
             }
         };
-        // A lease just let go can hold its lock a moment longer: the lock belongs to the
-        // image's open file, which the loop device references until the kernel drops it
-        // from a work queue after the device clears (measured: a few ms under load). So
-        // a conflict is only reported once it has lasted LOCK_SETTLE.
-        let mut locked = try_lock();
-        let settle = Instant::now() + LOCK_SETTLE;
-        while matches!(locked, Err(TryLockError::WouldBlock)) && Instant::now() < settle {
-            std::thread::sleep(Duration::from_millis(5));
-            locked = try_lock();
-        }
-        match locked {
+        match settled(try_lock) {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
                 return Err(if read_only {
