@@ -32,8 +32,8 @@ demo: build
 	bash scripts/demo.sh
 
 ## Installs what is missing and runs every test (CI runs exactly this).
-# The static (musl) set is built unoptimised here: the tests need it built and working, not
-# fast (docs/adr/0016-static-set-unoptimised-in-make-test.md).
+# The static (musl) front and init are built unoptimised here: the tests need them built and
+# working, not fast; the guest agent stays optimised (docs/adr/0016).
 test: export CORDON_MUSL_PROFILE = dev
 test:
 	CORDON_SETUP_GUESTS=later bash scripts/setup.sh

@@ -39,23 +39,34 @@ cargo_target_dir() {
 # guest agent).
 MUSL=x86_64-unknown-linux-musl
 
-# The cargo profile of the static set: release, except in `make test`, which sets
-# CORDON_MUSL_PROFILE=dev: the tests check that the set builds for musl and runs, and an
-# unoptimised build of it takes less than half the time of the release one (ADR 0016).
+# The cargo profile of the static front and init: release, except in `make test`, which sets
+# CORDON_MUSL_PROFILE=dev: the tests check that they build for musl and run, and an
+# unoptimised build takes less than half the time of the release one. The guest agent is
+# always a release build: every exec in a test microVM runs through it, emulated under TCG
+# (ADR 0016).
 MUSL_PROFILE=${CORDON_MUSL_PROFILE:-release}
 
-# build_musl_set: the three static executables in one build for $MUSL. One set, so their
-# shared dependencies compile once with one feature set; every caller (the guest image,
-# scripts/build-static.sh, scripts/static-smoke.sh) asks for exactly this set, so after the
-# first the others find it built.
+# build_musl_set: the three static executables for $MUSL. In release they are one build,
+# so their shared dependencies compile once with one feature set; every caller (the guest
+# image, scripts/build-static.sh, scripts/static-smoke.sh) asks for exactly this set, so
+# after the first the others find it built.
 build_musl_set() {
-  flock /tmp/cordon-cargo.lock cargo build -q --profile "$MUSL_PROFILE" --target "$MUSL" \
-    -p cordon-guest --bin cordon-guest \
-    -p cordon --bin cordon \
-    -p cordon-sandbox-init --bin cordon-sandbox-init
+  if [ "$MUSL_PROFILE" = release ]; then
+    flock /tmp/cordon-cargo.lock cargo build -q --release --target "$MUSL" \
+      -p cordon-guest --bin cordon-guest \
+      -p cordon --bin cordon \
+      -p cordon-sandbox-init --bin cordon-sandbox-init
+  else
+    flock /tmp/cordon-cargo.lock cargo build -q --release --target "$MUSL" \
+      -p cordon-guest --bin cordon-guest
+    flock /tmp/cordon-cargo.lock cargo build -q --profile "$MUSL_PROFILE" --target "$MUSL" \
+      -p cordon --bin cordon \
+      -p cordon-sandbox-init --bin cordon-sandbox-init
+  fi
 }
 
-# Where build_musl_set puts the set (cargo names the dev profile's directory `debug`).
+# Where build_musl_set puts the front and the init (cargo names the dev profile's
+# directory `debug`); the agent is always under `$MUSL/release`.
 musl_dir() {
   local p=$MUSL_PROFILE
   [ "$p" = dev ] && p=debug

@@ -19,4 +19,4 @@ else
   flock /tmp/cordon-cargo.lock cargo build -q -p cordon-cli --bin cordon-full
   full="$(cargo_target_dir)/debug/cordon-full"
 fi
-"$full" image build --agent "$(musl_dir)/cordon-guest"
+"$full" image build --agent "$(cargo_target_dir)/$MUSL/release/cordon-guest"
