@@ -162,8 +162,9 @@ impl IdPool {
     }
 }
 
-/// `/run/cordon/<name>` (or under the temporary directory on a host without `/run`).
-fn run_dir(name: &str) -> PathBuf {
+/// `/run/cordon/<name>` (or under the temporary directory on a host without `/run`): where
+/// host-wide leases and locks live (gone at reboot, as the processes holding them are).
+pub fn run_dir(name: &str) -> PathBuf {
     let run = Path::new("/run");
     if run.is_dir() {
         run.join("cordon").join(name)

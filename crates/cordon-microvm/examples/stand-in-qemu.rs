@@ -11,7 +11,8 @@
 //! - `hang-template`: a template VM of more than 1 GiB of RAM never reaches its agent;
 //! - `grow-ram`: while saving a snapshot, makes its RAM file (`/img/ram`) one page longer;
 //! - `stall-even-uid`: a cold boot (template or not) run as an even uid never reaches its
-//!   agent (the uid pool leases in order, so a boot and its retry get different parities).
+//!   agent (the uid pool leases in order, so a boot and its retry get different parities);
+//! - `slow-template`: a cold boot takes 1.5 s to reach its agent.
 //!
 //! Execs run probes named by their argv (see `exec`), reporting on stdout.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -111,6 +112,9 @@ fn main() {
         loop {
             std::thread::park();
         }
+    }
+    if how == "slow-template" && args.incoming.is_none() {
+        std::thread::sleep(std::time::Duration::from_millis(1500));
     }
     if args.incoming.is_none() {
         send(

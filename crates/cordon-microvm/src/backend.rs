@@ -500,8 +500,7 @@ impl MicrovmBackend {
         if let Some(s) = self.snapshots.open(&key, params.shared_ram)? {
             return Ok(s);
         }
-        let lock = self.snapshots.key_lock(&key);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _making = self.snapshots.lock_key(&key)?;
         if let Some(s) = self.snapshots.open(&key, params.shared_ram)? {
             return Ok(s);
         }

@@ -25,10 +25,10 @@ use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::SystemTime;
 
-use nix::fcntl::{OFlag, openat, renameat};
+use nix::fcntl::{Flock, FlockArg, OFlag, openat, renameat};
 use nix::sys::stat::Mode;
 use nix::unistd::{UnlinkatFlags, unlinkat};
 use sha2::{Digest, Sha256};
@@ -64,8 +64,6 @@ pub struct SnapshotStore {
     /// Most snapshots kept, and their largest total size in bytes.
     max_count: usize,
     max_bytes: u64,
-    /// One lock per key: a template boot holds only its own key's.
-    making: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// Snapshots whose bytes (stream, RAM file) matched their digests in this process.
     verified: Mutex<HashMap<String, (Identity, Option<Identity>)>>,
 }
@@ -129,7 +127,6 @@ impl SnapshotStore {
             dir,
             max_count: max_count.max(1),
             max_bytes,
-            making: Mutex::new(HashMap::new()),
             verified: Mutex::new(HashMap::new()),
         }
     }
@@ -164,14 +161,22 @@ impl SnapshotStore {
         Ok(fd)
     }
 
-    /// The lock of one key (held while its template boots and is saved).
-    pub fn key_lock(&self, key: &str) -> Arc<Mutex<()>> {
-        self.making
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key.to_string())
-            .or_default()
-            .clone()
+    /// The lock of one key, held while its template boots and is saved: an exclusive
+    /// `flock` on `/run/cordon/snapshot-keys/<key>.lock`, so one template boots per key
+    /// however many threads and Cordon processes (a server, a `cordon run` beside it) share
+    /// the store. Other keys' templates boot meanwhile. (A key names its shape, image and
+    /// QEMU, so two stores of one host share a lock only for the same snapshot.)
+    pub fn lock_key(&self, key: &str) -> Result<Flock<fs::File>, MicrovmError> {
+        let dir = cordon_host::idpool::run_dir("snapshot-keys");
+        cordon_host::idpool::private_dir(&dir).map_err(MicrovmError::Qemu)?;
+        let fd = nix::fcntl::open(
+            &dir.join(format!("{key}.lock")),
+            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| io_err("opening a snapshot's lock", e))?;
+        Flock::lock(fs::File::from(fd), FlockArg::LockExclusive)
+            .map_err(|(_, e)| io_err("locking a snapshot's key", e))
     }
 
     /// The snapshot of `key`, opened read-only, if there is a good one of the format asked

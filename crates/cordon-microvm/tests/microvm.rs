@@ -15,14 +15,30 @@ use cordon_microvm::{EgressTuning, MicrovmBackend, MicrovmConfig, MicrovmSandbox
 
 struct Env {
     backend: MicrovmBackend,
+    /// Whether its snapshot store is its own (else the data directory's, shared).
+    private_snapshots: bool,
     _tmp: tempfile::TempDir,
 }
 
 fn env() -> Option<Env> {
-    env_with(EgressTuning::default())
+    env_in(EgressTuning::default(), false)
 }
 
 fn env_with(tuning: EgressTuning) -> Option<Env> {
+    env_in(tuning, false)
+}
+
+/// An environment with a snapshot store of its own, for tests that look into the store.
+fn env_private() -> Option<Env> {
+    env_in(EgressTuning::default(), true)
+}
+
+/// Run directories live in a temporary directory of the test's own, so nothing of theirs
+/// can be left in the data directory. Snapshots are the data directory's store (a cache
+/// the server and the CLI share, keyed by shape and locked per key), so the suite boots
+/// one template VM per shape rather than one per test; `private` gives the test a store of
+/// its own.
+fn env_in(tuning: EgressTuning, private: bool) -> Option<Env> {
     let data = cordon_microvm::image::default_data_dir();
     let missing = if !nix::unistd::geteuid().is_root() {
         Some("not root".to_string())
@@ -40,8 +56,6 @@ fn env_with(tuning: EgressTuning) -> Option<Env> {
         eprintln!("SKIPPING microvm test: {why} (run scripts/setup.sh)");
         return None;
     }
-    // Run directories and snapshots of these tests live in a temporary directory of their
-    // own, so nothing of theirs can be left in the data directory.
     let tmp = tempfile::Builder::new()
         .prefix("cordon-mvt")
         .tempdir_in("/tmp")
@@ -53,11 +67,14 @@ fn env_with(tuning: EgressTuning) -> Option<Env> {
     .unwrap();
     let mut cfg = MicrovmConfig::with_data_dir(data);
     cfg.run_dir = tmp.path().join("run");
-    cfg.snapshot_dir = tmp.path().join("snapshots");
+    if private {
+        cfg.snapshot_dir = tmp.path().join("snapshots");
+    }
     cfg.paused_dir = tmp.path().join("paused");
     cfg.egress_tuning = tuning;
     Some(Env {
         backend: MicrovmBackend::new(cfg),
+        private_snapshots: private,
         _tmp: tmp,
     })
 }
@@ -111,8 +128,10 @@ fn finish(env: Env) {
         })
         .unwrap_or_default();
     assert!(left.is_empty(), "left in the run directory: {left:?}");
-    env.backend.clear_snapshots().unwrap();
-    assert!(!env.backend.config().snapshot_dir.exists());
+    if env.private_snapshots {
+        env.backend.clear_snapshots().unwrap();
+        assert!(!env.backend.config().snapshot_dir.exists());
+    }
 }
 
 /// The escape battery every native tier runs (`cordon_testkit::escape::BATTERY`), held to
@@ -1249,6 +1268,61 @@ fn a_stalled_cold_boot_is_booted_once_more() {
 }
 
 #[test]
+fn backends_sharing_a_snapshot_store_boot_one_template_per_shape() {
+    // Two backends (as a server and a `cordon run` beside it would be) over one store, each
+    // with its own run directory; their templates take 1.5 s to boot. With the key locked
+    // across them, at most one template VM runs at any moment, and the second create
+    // restores from the first one's snapshot.
+    let (Some(a), Some(mut b)) = (
+        stand_in("slow-template", |_| {}),
+        stand_in("slow-template", |_| {}),
+    ) else {
+        return;
+    };
+    let shared = a.backend.config().snapshot_dir.clone();
+    let mut cfg = b.backend.config().clone();
+    cfg.snapshot_dir = shared.clone();
+    b.backend = MicrovmBackend::new(cfg);
+    let run_dirs = [
+        a.backend.config().run_dir.clone(),
+        b.backend.config().run_dir.clone(),
+    ];
+    let templates_running = || {
+        run_dirs
+            .iter()
+            .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("snap-"))
+            .count()
+    };
+    let (ba, bb) = (
+        std::sync::Arc::new(a.backend),
+        std::sync::Arc::new(b.backend),
+    );
+    let (ca, cb) = (ba.clone(), bb.clone());
+    let ta = std::thread::spawn(move || ca.create_restored(&spec()).map(destroy_and_check));
+    let tb = std::thread::spawn(move || cb.create_restored(&spec()).map(destroy_and_check));
+    let mut most = 0;
+    for _ in 0..250 {
+        most = most.max(templates_running());
+        if ta.is_finished() && tb.is_finished() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ta.join().unwrap().unwrap();
+    tb.join().unwrap().unwrap();
+    assert_eq!(most, 1, "template VMs running at once");
+    let snaps = std::fs::read_dir(&shared)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".snap"))
+        .count();
+    assert_eq!(snaps, 1);
+    drop(a.tmp);
+    drop(b.tmp);
+}
+
+#[test]
 fn concurrent_backends_never_run_two_qemus_as_one_uid() {
     // Two backends (as two Cordon processes would have) over the same uid range: each VM
     // gets a uid no live VM of the other has.
@@ -1519,7 +1593,7 @@ fn file_mapping(pid: i32, ino: u64) -> Option<Mapping> {
 /// one writing 100 MB changes neither the others nor the file.
 #[test]
 fn restored_vms_share_the_snapshot_memory_file_copy_on_write() {
-    let Some(env) = env() else {
+    let Some(env) = env_private() else {
         return;
     };
     let mut s = spec();
