@@ -39,6 +39,9 @@ pub struct Refusals {
 pub struct NprocWatch {
     fifo: PathBuf,
     stop: Arc<AtomicBool>,
+    /// Written once to wake the reader when `stop` is set (it would otherwise notice only
+    /// at its next idle timeout, which a destroy used to wait out: ~20 ms).
+    wake: Option<std::os::fd::OwnedFd>,
     seen: Arc<Mutex<Refusals>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -58,14 +61,17 @@ impl NprocWatch {
             .map_err(|e| GvisorError::Runsc(format!("opening {}: {e}", fifo.display())))?;
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new(Refusals::default()));
+        let (wake_rx, wake) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| GvisorError::Runsc(format!("making the log reader's wake pipe: {e}")))?;
         let (stop2, seen2) = (stop.clone(), seen.clone());
         let thread = std::thread::Builder::new()
             .name("gvisor-nproc".into())
-            .spawn(move || read_log(file, &stop2, &seen2))
+            .spawn(move || read_log(file, &wake_rx, &stop2, &seen2))
             .map_err(|e| GvisorError::Runsc(format!("starting the log reader: {e}")))?;
         Ok(NprocWatch {
             fifo: fifo.to_path_buf(),
             stop,
+            wake: Some(wake),
             seen,
             thread: Some(thread),
         })
@@ -89,6 +95,8 @@ impl NprocWatch {
 
     fn stop_now(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        // Closing the write end wakes the reader's poll (the read end hangs up).
+        self.wake = None;
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -102,7 +110,12 @@ impl Drop for NprocWatch {
     }
 }
 
-fn read_log(mut file: std::fs::File, stop: &AtomicBool, seen: &Mutex<Refusals>) {
+fn read_log(
+    mut file: std::fs::File,
+    wake: &std::os::fd::OwnedFd,
+    stop: &AtomicBool,
+    seen: &Mutex<Refusals>,
+) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut line: Vec<u8> = Vec::new();
     loop {
@@ -129,16 +142,24 @@ fn read_log(mut file: std::fs::File, stop: &AtomicBool, seen: &Mutex<Refusals>) 
             // No data: no writer yet, runsc gone (EOF), or nothing new (EAGAIN).
             _ if stopping => return,
             // Wait for data without spinning: a live sandbox holds this reader for its
-            // whole life, mostly idle. poll wakes at once for data; with the writer gone
-            // (hang-up alone) it would return at once too, so that case sleeps instead.
+            // whole life, mostly idle. poll wakes at once for data or a stop; with the
+            // writer gone (hang-up alone) the log would wake it at once too, so then only
+            // the stop is waited for.
             _ => {
-                let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLIN)];
+                let mut fds = [
+                    PollFd::new(file.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+                ];
                 let woke = poll(&mut fds, PollTimeout::from(IDLE_WAIT_MS));
                 let data = fds[0]
                     .revents()
                     .is_some_and(|r| r.contains(PollFlags::POLLIN));
-                if (matches!(woke, Ok(n) if n > 0) && !data) || woke.is_err() {
-                    std::thread::sleep(Duration::from_millis(u64::from(IDLE_WAIT_MS)));
+                let stopped = fds[1].revents().is_some_and(|r| !r.is_empty());
+                if !stopped && ((matches!(woke, Ok(n) if n > 0) && !data) || woke.is_err()) {
+                    let mut only_wake = [PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
+                    if poll(&mut only_wake, PollTimeout::from(IDLE_WAIT_MS)).is_err() {
+                        std::thread::sleep(Duration::from_millis(u64::from(IDLE_WAIT_MS)));
+                    }
                 }
             }
         }
