@@ -168,7 +168,14 @@ impl SnapshotStore {
     /// QEMU, so two stores of one host share a lock only for the same snapshot.)
     pub fn lock_key(&self, key: &str) -> Result<Flock<fs::File>, MicrovmError> {
         let dir = cordon_host::idpool::run_dir("snapshot-keys");
-        cordon_host::idpool::private_dir(&dir).map_err(MicrovmError::Qemu)?;
+        cordon_host::idpool::private_dir(&dir).map_err(|e| {
+            // The detail names host paths: the operator's log only.
+            tracing::error!("microvm snapshot key locks: {e}");
+            MicrovmError::Qemu(
+                "the snapshot key locks' directory could not be made; the operator's log says why"
+                    .into(),
+            )
+        })?;
         let fd = nix::fcntl::open(
             &dir.join(format!("{key}.lock")),
             OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
