@@ -3,6 +3,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::unistd::Pid;
 
@@ -61,8 +62,23 @@ pub fn close_from(first: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// Set once this process (or an ancestor it was forked from) has emptied its bounding set.
+static BOUNDING_SET_EMPTY: AtomicBool = AtomicBool::new(false);
+
 /// Drops every capability from the bounding set, so nothing exec'd can regain one.
+///
+/// The set is inherited across `fork` and can never grow back, so after one complete drop
+/// the agent's children skip the ~40 calls (each a trap into gVisor's sentry on its ptrace
+/// platform). One capability is still read first: a new user namespace would have reset
+/// the whole set to full, and then the drop is done again.
 pub fn drop_bounding_set() -> io::Result<()> {
+    if BOUNDING_SET_EMPTY.load(Ordering::Relaxed) {
+        // SAFETY: prctl(PR_CAPBSET_READ, cap) reads only its integer arguments.
+        let held = unsafe { libc::prctl(libc::PR_CAPBSET_READ, 0 as libc::c_ulong, 0, 0, 0) };
+        if held == 0 {
+            return Ok(());
+        }
+    }
     for cap in 0..=63 {
         // SAFETY: prctl(PR_CAPBSET_DROP, cap) reads only its integer arguments.
         let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
@@ -75,6 +91,7 @@ pub fn drop_bounding_set() -> io::Result<()> {
             return Err(err);
         }
     }
+    BOUNDING_SET_EMPTY.store(true, Ordering::Relaxed);
     Ok(())
 }
 

@@ -968,6 +968,41 @@ fn a_scratch_dir_another_user_made_is_refused() {
     assert_eq!(std::fs::read_dir(&theirs).unwrap().count(), 0);
 }
 
+/// Every exec's program holds no capability, not even in its bounding set: the first exec (its reaper made with the sandbox) and later ones (reapers
+/// made after the agent emptied its own bounding set once, so each program only checks it).
+#[test]
+fn every_exec_runs_without_capabilities_and_an_empty_bounding_set() {
+    let b = need_backend!();
+    let mut sb = b.create(&spec()).unwrap();
+    for round in 0..3 {
+        let o = exec(
+            &mut sb,
+            &ExecRequest::code(
+                Language::Sh,
+                "grep -E '^(CapInh|CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status",
+            ),
+        );
+        let out = text(&o.stdout);
+        for cap in ["CapInh", "CapEff", "CapPrm", "CapBnd"] {
+            assert!(
+                out.contains(&format!("{cap}:\t0000000000000000")),
+                "exec {round}: {cap} not empty: {out}"
+            );
+        }
+        // gVisor's kernel has no ambient set (no line); if it shows one, it is empty.
+        assert!(
+            !out.contains("CapAmb:") || out.contains("CapAmb:\t0000000000000000"),
+            "exec {round}: {out}"
+        );
+        // Nor a NoNewPrivs line (the agent sets it all the same).
+        assert!(
+            !out.contains("NoNewPrivs:") || out.contains("NoNewPrivs:\t1"),
+            "exec {round}: {out}"
+        );
+    }
+    sb.destroy().unwrap();
+}
+
 /// Programs run as an id that no host account has (not uid 1000, a login user here), and
 /// two live sandboxes run as different ids.
 #[test]

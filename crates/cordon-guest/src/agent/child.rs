@@ -133,7 +133,7 @@ pub(super) fn receive_job(chan: &UnixStream) -> Option<(Job, Vec<OwnedFd>)> {
 /// for. It mounts its `/proc`, takes on the tier's confinement and (with `prefork`) forks
 /// the program's process, which drops its privileges at once; then it waits for its job
 /// and runs it as [`reaper_main`]. Never returns.
-pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: bool) -> ! {
+pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<UnixStream>) -> ! {
     let mut failed: Option<String> = None;
     if cfg.mount_proc {
         let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
@@ -150,20 +150,20 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: bool) -
         failed = Some(format!("the sandbox's filters could not be applied: {e}"));
     }
     // The program's process is forked now too, off the exec's critical path; it waits for
-    // the job on its own socket. Without it (no prefork, or the fork failed) the reaper
-    // forks the program once the job is here.
+    // the job on its own socket, which the agent sends it. Without it (no prefork, or the
+    // fork failed) the reaper forks the program once the job is here. Only after the
+    // confinement above: a failure there leaves no program (its socket is dropped here,
+    // so the agent's hand-over to it fails or is discarded).
     let mut program = None;
     if failed.is_none()
-        && prefork
-        && let Ok((ours, theirs)) = UnixStream::pair()
+        && let Some(sock) = prefork
     {
         match sys::fork_into(0) {
             Ok(sys::Forked::Child) => {
                 drop(chan);
-                drop(ours);
-                program_standby(cfg, theirs)
+                program_standby(cfg, sock)
             }
-            Ok(sys::Forked::Parent(pid)) => program = Some((pid, ours)),
+            Ok(sys::Forked::Parent(pid)) => program = Some(pid),
             Err(_) => {}
         }
     }
@@ -182,16 +182,14 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: bool) -
             ExecPlan::empty()
         }
     };
-    // Hand the job to the pre-forked program; if it is gone, fork a new one below.
+    // The pre-forked program has its job from the agent; if it did not get it, it is
+    // replaced by one forked below.
     let mut forked = None;
-    if failed.is_none()
-        && let Some((pid, sock)) = program
-    {
-        let bytes = encode(&job, b"").unwrap_or_default();
-        let fds = [a.as_raw_fd(), b.as_raw_fd(), c.as_raw_fd()];
-        let handed = Instant::now();
-        if !bytes.is_empty() && send_job(&sock, &bytes, &fds).is_ok() {
-            forked = Some((pid, handed));
+    if let Some(pid) = program {
+        if failed.is_none() && job.direct {
+            let since = Duration::from_micros(monotonic_us().saturating_sub(job.handed_us));
+            let now = Instant::now();
+            forked = Some((pid, now.checked_sub(since).unwrap_or(now)));
         } else {
             let _ = kill(pid, Signal::SIGKILL);
         }

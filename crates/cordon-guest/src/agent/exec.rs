@@ -79,17 +79,17 @@ impl Agent {
         let (status_r, status_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
         nix::fcntl::fcntl(&status_r, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
         let cpu_before_us = children_cpu_us();
-        let job = encode(
-            &Job {
-                argv: argv.to_vec(),
-                env: env.clone(),
-                cwd: cwd.to_string(),
-                limits: limits.clone(),
-                tty: pty.is_some(),
-            },
-            b"",
-        )
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let mut job = Job {
+            argv: argv.to_vec(),
+            env: env.clone(),
+            cwd: cwd.to_string(),
+            limits: limits.clone(),
+            tty: pty.is_some(),
+            direct: false,
+            handed_us: 0,
+        };
+        let for_program = encode(&job, b"")
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let fds = [
             child_stdio[0].as_raw_fd(),
             child_stdio[1].as_raw_fd(),
@@ -107,7 +107,18 @@ impl Agent {
                 Some(dir) => std::fs::write(dir.join("cgroup.procs"), sb.pid.to_string()),
                 None => Ok(()),
             };
-            match joined.and_then(|_| send_job(&sb.chan, &job, &fds)) {
+            // The program's process first (it is on the critical path), then its reaper,
+            // told whether the program has its job. A send refused here means that process
+            // is gone (its reaper forks another).
+            job.handed_us = monotonic_us();
+            job.direct = sb
+                .program
+                .as_ref()
+                .is_some_and(|p| send_job(p, &for_program, &fds[..3]).is_ok());
+            let sent = encode(&job, b"")
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+                .and_then(|for_reaper| joined.and_then(|_| send_job(&sb.chan, &for_reaper, &fds)));
+            match sent {
                 Ok(()) => {
                     standby = Some(sb);
                     break;

@@ -16,7 +16,7 @@ use std::io::{self, IoSliceMut, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -97,6 +97,12 @@ struct Standby {
     pid: Pid,
     pidfd: Option<OwnedFd>,
     chan: UnixStream,
+    /// The program's process the reaper forks ahead waits for its job on the other end:
+    /// the agent hands it over itself, so the program does not wait for the reaper to
+    /// wake and pass it on (on gVisor's ptrace platform each such wake costs 1-3 ms).
+    /// None with per-exec cgroups, where the program is forked only once the reaper is in
+    /// its exec's cgroup.
+    program: Option<UnixStream>,
 }
 
 /// What a standby reaper is sent (with the program's stdin, stdout, stderr and the status
@@ -110,6 +116,22 @@ struct Job {
     /// Its stdin is a terminal, to become the program's controlling terminal.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     tty: bool,
+    /// (To a reaper) the agent already handed this job to the program's process the
+    /// reaper forked ahead; without it, that process is replaced by one the reaper forks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    direct: bool,
+    /// When the agent handed the job to the program (`CLOCK_MONOTONIC`, µs): the reaper
+    /// may get its own copy only after the program has run, and times it from here.
+    #[serde(default)]
+    handed_us: u64,
+}
+
+/// `CLOCK_MONOTONIC` in microseconds: the clock `Instant` reads, comparable across the
+/// agent's processes.
+fn monotonic_us() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000)
+        .unwrap_or(0)
 }
 
 struct FramedIo {
@@ -272,6 +294,10 @@ impl Agent {
             },
             b"",
         )?;
+        // The bounding set is emptied once here, for every process the agent forks: each
+        // program's own drop then costs one check instead of a call per capability. A
+        // failure leaves it to each program, which drops it (or fails) as before.
+        let _ = crate::sys::drop_bounding_set();
         // Ready the first exec's reaper while the host reads the hello. A failure here is
         // retried (and reported) when an exec asks for it.
         self.standby = self.spawn_standby().ok();
@@ -309,6 +335,12 @@ impl Agent {
     /// Forks the next exec's reaper into its namespaces; it prepares and waits for a job.
     fn spawn_standby(&self) -> io::Result<Standby> {
         let (ours, theirs) = UnixStream::pair()?;
+        // With per-exec cgroups the agent moves the reaper alone into the exec's cgroup,
+        // so the program must be forked after that, by the reaper: nothing is forked ahead.
+        let program = match self.cgroups {
+            None => Some(UnixStream::pair()?),
+            Some(_) => None,
+        };
         match sys::fork_into(libc::CLONE_NEWPID | libc::CLONE_NEWNS)? {
             sys::Forked::Child => {
                 drop(ours);
@@ -317,12 +349,11 @@ impl Agent {
                 for fd in self.exec_fds() {
                     let _ = nix::unistd::close(fd);
                 }
-                // With per-exec cgroups the agent moves the reaper alone into the exec's
-                // cgroup, so the program must be forked after that, by the reaper.
-                standby_main(&self.cfg, theirs, self.cgroups.is_none())
+                standby_main(&self.cfg, theirs, program.map(|(_, far)| far))
             }
             sys::Forked::Parent(pid) => {
                 drop(theirs);
+                let program = program.map(|(near, _)| near);
                 let pidfd = match sys::pidfd_open(pid) {
                     Ok(fd) => Some(fd),
                     // gVisor has no pidfd_open: the reaper's end is seen on its status pipe
@@ -338,6 +369,7 @@ impl Agent {
                     pid,
                     pidfd,
                     chan: ours,
+                    program,
                 })
             }
         }
