@@ -716,7 +716,8 @@ impl ContainerSandbox {
             self.paused = false;
         }
         if let Some(cg) = &self.cgroup {
-            for pid in cg.pids() {
+            let agent = self.outer.as_ref().and_then(|o| sandbox_init_of(o.id()));
+            for pid in kill_order(cg.pids(), agent) {
                 killed += 1;
                 match crate::sys::kill_by_pidfd(pid) {
                     Ok(Some(pidfd)) => dying.push(pidfd),
@@ -1141,8 +1142,65 @@ impl Sandbox for ContainerSandbox {
     }
 }
 
+/// The sandbox's PID 1 (its agent): the one child of the outer init `outer`.
+fn sandbox_init_of(outer: u32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{outer}/task/{outer}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The order a teardown kills a sandbox's processes in: its PID 1 (the agent) first. Its
+/// death takes every process of its PID namespace with it, and once it is dead nothing
+/// reports to the host. Killed one by one in the cgroup's order instead (ascending pids,
+/// which wrap at `pid_max`), an exec's program could be killed before the shell waiting on
+/// it, which then saw its child die and reported an ordinary exit (`Killed`, 137) through
+/// the agent while the destroy was still under way.
+fn kill_order(mut pids: Vec<i32>, agent: Option<i32>) -> Vec<i32> {
+    pids.sort_by_key(|p| Some(*p) != agent);
+    pids
+}
+
 impl Drop for ContainerSandbox {
     fn drop(&mut self) {
         let _ = self.destroy();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_teardown_kills_the_sandbox_init_first_even_after_pids_wrapped() {
+        // After pids wrapped, the exec's processes have lower pids than the agent.
+        assert_eq!(
+            kill_order(vec![301, 302, 30000, 30001], Some(30000)),
+            vec![30000, 301, 302, 30001]
+        );
+        assert_eq!(kill_order(vec![5, 6], None), vec![5, 6]);
+        assert_eq!(kill_order(vec![5, 6], Some(9)), vec![5, 6]);
+    }
+
+    #[test]
+    fn the_sandbox_init_is_the_outer_inits_child() {
+        let mut outer = Command::new("sh")
+            .args(["-c", "sleep 5 & echo $!; wait"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(outer.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let child: i32 = line.trim().parse().unwrap();
+        assert_eq!(sandbox_init_of(outer.id()), Some(child));
+        let _ = Command::new("kill").arg(child.to_string()).status();
+        outer.wait().unwrap();
+        assert_eq!(sandbox_init_of(outer.id()), None);
     }
 }
