@@ -385,6 +385,21 @@ fn bench_quick_end_to_end_feeds_the_policy() {
         measured.len(),
         "peers are not tiers"
     );
+    // The wasm tier's languages each carry a run of snippets in one live sandbox (10 with
+    // --quick), which takes longer than one exec of the same snippet.
+    for t in v["tiers"].as_array().unwrap() {
+        if t["tier"] != "wasm" || t["status"] != "measured" {
+            continue;
+        }
+        let langs = t["languages"].as_array().expect("wasm languages");
+        assert_eq!(langs.len(), 2, "{t}");
+        for l in langs {
+            assert_eq!(l["run_snippets"], 10, "{l}");
+            let run = l["run"]["median_us"].as_u64().expect("a run figure");
+            let one = l["exec"]["median_us"].as_u64().unwrap();
+            assert!(run >= one, "{l}");
+        }
+    }
 
     // --tier auto ranks by those figures: the fastest allowed tier is chosen.
     let explain = |home: &Path, available: &str| -> Value {

@@ -209,6 +209,12 @@ pub struct LanguageFigures {
     /// The snippet in a sandbox that is already live.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<Stats>,
+    /// `run_snippets` execs of the snippet back to back in one live sandbox (the shape of
+    /// an agent run), each sample the total.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<Stats>,
+    #[serde(default)]
+    pub run_snippets: usize,
 }
 
 /// Everything measured of one tier.

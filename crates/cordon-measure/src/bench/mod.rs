@@ -684,14 +684,21 @@ fn run_bench(
                     Ok(t.elapsed())
                 })
                 .map(|v| Stats::of(&v));
-            match (cold, measure_exec(lt, &req, &plan.samples)) {
-                (Ok(cold_start), Ok(exec)) => tiers[rep_i].languages.push(LanguageFigures {
+            let figures = cold.and_then(|cold_start| {
+                let exec = measure_exec(lt, &req, &plan.samples)?;
+                let run = measure_snippets(lt, &req, plan.snippets, &plan.samples)?;
+                Ok(LanguageFigures {
                     language,
                     snippet: snippet.to_string(),
                     cold_start,
                     exec: Stats::of(&exec),
-                }),
-                (Err(e), _) | (_, Err(e)) => fail(
+                    run: Stats::of(&run),
+                    run_snippets: plan.snippets,
+                })
+            });
+            match figures {
+                Ok(f) => tiers[rep_i].languages.push(f),
+                Err(e) => fail(
                     &mut tiers[rep_i],
                     &format!("{language} `{snippet}`"),
                     &e,
@@ -957,12 +964,24 @@ fn measure_unprepared(lt: &LiveTier, b: &Budget) -> Option<Result<Vec<Duration>>
 }
 
 fn measure_exec(lt: &LiveTier, req: &ExecRequest, b: &Budget) -> Result<Vec<Duration>> {
+    measure_snippets(lt, req, 1, b)
+}
+
+/// `n` execs of `req` back to back in one live sandbox, each sample their total.
+fn measure_snippets(
+    lt: &LiveTier,
+    req: &ExecRequest,
+    n: usize,
+    b: &Budget,
+) -> Result<Vec<Duration>> {
     let mut sb = lt.backend.create(&lt.spec)?;
     let r = (|| {
         exec_ok(sb.as_mut(), req)?;
         b.sample(|| {
             let t = Instant::now();
-            exec_ok(sb.as_mut(), req)?;
+            for _ in 0..n {
+                exec_ok(sb.as_mut(), req)?;
+            }
             Ok(t.elapsed())
         })
     })();
@@ -1132,12 +1151,14 @@ fn print_tables(figures: &[Figure], tiers: &[TierReport], ratio: Option<f64>, pl
     for t in tiers {
         for l in &t.languages {
             println!(
-                "{:<10} {} `{}`: cold {} (in-process create + exec + destroy), exec {} (live sandbox)",
+                "{:<10} {} `{}`: cold {} (in-process create + exec + destroy), exec {} (live sandbox), {} in one sandbox {}",
                 t.tier.as_str(),
                 l.language,
                 l.snippet,
                 opt(&l.cold_start),
-                opt(&l.exec)
+                opt(&l.exec),
+                l.run_snippets,
+                opt(&l.run)
             );
         }
     }
