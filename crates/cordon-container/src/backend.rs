@@ -1123,6 +1123,11 @@ impl Sandbox for ContainerSandbox {
             .and_then(|c| c.procs_files().first().cloned());
         let outer = self.outer.as_ref().map(|c| c.id() as i32);
         Some(std::sync::Arc::new(move || {
+            // The sandbox's PID 1 first, as in a teardown (`kill_order`): its death ends its
+            // whole PID namespace before any process of an exec can report an ordinary exit.
+            if let Some(agent) = outer.and_then(|o| sandbox_init_of(o.unsigned_abs())) {
+                crate::sys::kill_pid(agent);
+            }
             if let Some(p) = &procs {
                 crate::cgroup::kill_listed(p);
             }
