@@ -66,6 +66,8 @@ pub const AGENT_BINARY: &str = "cordon-gvisor-agent";
 /// A process-limit refusal that keeps recurring this long after the first one stops the
 /// exec (a fork bomb would otherwise run until its timeout).
 const NPROC_GRACE: Duration = Duration::from_secs(2);
+/// How long an exec's end waits for the fork-refusal log reader to catch up.
+const NPROC_SYNC: Duration = Duration::from_millis(250);
 
 /// Where runsc is and where its state goes.
 #[derive(Debug, Clone)]
@@ -1203,6 +1205,12 @@ impl Sandbox for GvisorSandbox {
             .then_some(Termination::ProcessLimit)
         };
         let driven = agent::run_framed(&mut live.conn, &plan, sink, &mut fork_bomb);
+        // A program that did not exit 0 may have ended at a refused fork, which the log
+        // reader may not have read yet: it catches up first (a clean exit skips the wait).
+        let clean = matches!(&driven, Ok(r) if matches!(&r.ended, agent::Ended::Exited(e) if e.code == Some(0)));
+        if !clean {
+            live.watch.sync(NPROC_SYNC);
+        }
         let refused = live.watch.refusals().count;
         let after = live.cgroup.as_ref().map(|c| c.counters());
         let run = match driven {

@@ -12,8 +12,8 @@ use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,11 @@ pub struct NprocWatch {
     /// at its next idle timeout, which a destroy used to wait out: ~20 ms).
     wake: Option<std::os::fd::OwnedFd>,
     seen: Arc<Mutex<Refusals>>,
+    /// One byte per [`NprocWatch::sync`] asks the reader to drain the log and say so.
+    sync_tx: std::os::fd::OwnedFd,
+    asked: AtomicU64,
+    /// How many sync requests the reader has answered, after draining the log.
+    answered: Arc<(Mutex<u64>, Condvar)>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -63,18 +68,50 @@ impl NprocWatch {
         let seen = Arc::new(Mutex::new(Refusals::default()));
         let (wake_rx, wake) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| GvisorError::Runsc(format!("making the log reader's wake pipe: {e}")))?;
-        let (stop2, seen2) = (stop.clone(), seen.clone());
+        let (sync_rx, sync_tx) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(|e| {
+                    GvisorError::Runsc(format!("making the log reader's sync pipe: {e}"))
+                })?;
+        let answered = Arc::new((Mutex::new(0u64), Condvar::new()));
+        let (stop2, seen2, answered2) = (stop.clone(), seen.clone(), answered.clone());
         let thread = std::thread::Builder::new()
             .name("gvisor-nproc".into())
-            .spawn(move || read_log(file, &wake_rx, &stop2, &seen2))
+            .spawn(move || {
+                let ends = Ends {
+                    wake: &wake_rx,
+                    sync: &sync_rx,
+                    answered: &answered2,
+                };
+                read_log(file, &ends, &stop2, &seen2)
+            })
             .map_err(|e| GvisorError::Runsc(format!("starting the log reader: {e}")))?;
         Ok(NprocWatch {
             fifo: fifo.to_path_buf(),
             stop,
             wake: Some(wake),
             seen,
+            sync_tx,
+            asked: AtomicU64::new(0),
+            answered,
             thread: Some(thread),
         })
+    }
+
+    /// Waits (at most `patience`) until the reader has read everything the sentry wrote
+    /// before this call. The sentry logs a refused fork as the call returns, before the
+    /// program can exit, but the reader thread may not have run since: without this, an
+    /// exec that ended at its first refusal was now and then counted as an ordinary exit.
+    pub fn sync(&self, patience: Duration) {
+        let n = self.asked.fetch_add(1, Ordering::SeqCst) + 1;
+        if nix::unistd::write(&self.sync_tx, &[1]).is_err() {
+            return;
+        }
+        let (done, cv) = &*self.answered;
+        let guard = done.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = cv
+            .wait_timeout_while(guard, patience, |answered| *answered < n)
+            .unwrap_or_else(PoisonError::into_inner);
     }
 
     pub fn refusals(&self) -> Refusals {
@@ -110,14 +147,20 @@ impl Drop for NprocWatch {
     }
 }
 
-fn read_log(
-    mut file: std::fs::File,
-    wake: &std::os::fd::OwnedFd,
-    stop: &AtomicBool,
-    seen: &Mutex<Refusals>,
-) {
+/// The reader's other descriptors: the stop's wake pipe and the sync requests.
+struct Ends<'a> {
+    wake: &'a std::os::fd::OwnedFd,
+    sync: &'a std::os::fd::OwnedFd,
+    answered: &'a (Mutex<u64>, Condvar),
+}
+
+fn read_log(mut file: std::fs::File, ends: &Ends<'_>, stop: &AtomicBool, seen: &Mutex<Refusals>) {
+    let wake = ends.wake;
     let mut buf = vec![0u8; 64 * 1024];
     let mut line: Vec<u8> = Vec::new();
+    // Sync requests taken but not yet answered: answered after the next read that finds
+    // nothing more, which comes after the request was made.
+    let mut pending = 0u64;
     loop {
         // Read the flag before reading, so the last read after it was set drains everything.
         let stopping = stop.load(Ordering::SeqCst);
@@ -140,30 +183,61 @@ fn read_log(
                 continue;
             }
             // No data: no writer yet, runsc gone (EOF), or nothing new (EAGAIN).
-            _ if stopping => return,
-            // Wait for data without spinning: a live sandbox holds this reader for its
-            // whole life, mostly idle. poll wakes at once for data or a stop; with the
-            // writer gone (hang-up alone) the log would wake it at once too, so then only
-            // the stop is waited for.
             _ => {
+                if stopping {
+                    answer(ends.answered, pending);
+                    return;
+                }
+                // This read found nothing more, and it came after the pending requests were
+                // taken: everything written before them has been read.
+                answer(ends.answered, pending);
+                pending = 0;
+                let mut bytes = [0u8; 64];
+                let got = nix::unistd::read(ends.sync, &mut bytes).unwrap_or(0);
+                if got > 0 {
+                    // Read the log once more before answering.
+                    pending = got as u64;
+                    continue;
+                }
+                // Wait for data without spinning: a live sandbox holds this reader for its
+                // whole life, mostly idle. poll wakes at once for data, a stop or a sync
+                // request; with the writer gone (hang-up alone) the log would wake it at
+                // once too, so then only the stop and sync requests are waited for.
                 let mut fds = [
                     PollFd::new(file.as_fd(), PollFlags::POLLIN),
                     PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(ends.sync.as_fd(), PollFlags::POLLIN),
                 ];
                 let woke = poll(&mut fds, PollTimeout::from(IDLE_WAIT_MS));
                 let data = fds[0]
                     .revents()
                     .is_some_and(|r| r.contains(PollFlags::POLLIN));
                 let stopped = fds[1].revents().is_some_and(|r| !r.is_empty());
-                if !stopped && ((matches!(woke, Ok(n) if n > 0) && !data) || woke.is_err()) {
-                    let mut only_wake = [PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
-                    if poll(&mut only_wake, PollTimeout::from(IDLE_WAIT_MS)).is_err() {
+                let asked = fds[2].revents().is_some_and(|r| !r.is_empty());
+                if !stopped
+                    && !asked
+                    && ((matches!(woke, Ok(n) if n > 0) && !data) || woke.is_err())
+                {
+                    let mut idle = [
+                        PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+                        PollFd::new(ends.sync.as_fd(), PollFlags::POLLIN),
+                    ];
+                    if poll(&mut idle, PollTimeout::from(IDLE_WAIT_MS)).is_err() {
                         std::thread::sleep(Duration::from_millis(u64::from(IDLE_WAIT_MS)));
                     }
                 }
             }
         }
     }
+}
+
+fn answer(answered: &(Mutex<u64>, Condvar), n: u64) {
+    if n == 0 {
+        return;
+    }
+    let (done, cv) = answered;
+    *done.lock().unwrap_or_else(PoisonError::into_inner) += n;
+    cv.notify_all();
 }
 
 /// True for a strace exit line of a traced call that failed with `EAGAIN`, e.g.
@@ -206,6 +280,33 @@ mod tests {
         assert!(!is_refusal(
             "I1129 boot.go:1] Args: [runsc-sandbox --strace-syscalls=clone]"
         ));
+    }
+
+    #[test]
+    fn a_sync_returns_once_everything_written_before_it_is_counted() {
+        let dir = std::env::temp_dir().join(format!("cordon-nproc-sync-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("log");
+        let w = NprocWatch::start(&fifo).unwrap();
+        let mut f = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+        use std::io::Write;
+        for round in 1..=20u64 {
+            writeln!(
+                f,
+                "x] [ 1: 1] a X clone(0x11) = 0 (0x0) errno=11 (try again) (1µs)"
+            )
+            .unwrap();
+            // Answered at once (not after its patience), and after the line was read.
+            let t = Instant::now();
+            w.sync(Duration::from_secs(10));
+            assert!(t.elapsed() < Duration::from_secs(5), "round {round}");
+            assert_eq!(w.refusals().count, round);
+        }
+        // With nothing new to read, a sync still answers.
+        w.sync(Duration::from_secs(10));
+        drop(f);
+        assert_eq!(w.finish().count, 20);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -894,7 +894,15 @@ fn stand_in(behaviour: &str, tune: impl FnOnce(&mut MicrovmConfig)) -> Option<St
     .unwrap();
     std::fs::create_dir(root.join("bin")).unwrap();
     let qemu = root.join("bin").join(format!("qemu-{behaviour}"));
-    std::fs::copy(stand_in_binary(), &qemu).unwrap();
+    // Copied by a child process, so no descriptor open for writing on it is ever in this
+    // one: a fork by a test running beside this one would inherit it until its exec, and
+    // the stand-in's own exec then fails with "Text file busy".
+    let copied = std::process::Command::new("cp")
+        .arg(stand_in_binary())
+        .arg(&qemu)
+        .status()
+        .unwrap();
+    assert!(copied.success(), "cp of the stand-in QEMU failed");
     let victim = root.join("victim");
     std::fs::write(&victim, VICTIM).unwrap();
     std::fs::set_permissions(&victim, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
