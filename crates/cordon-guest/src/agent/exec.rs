@@ -126,6 +126,11 @@ impl Agent {
                 Err(_) => {
                     let _ = kill(sb.pid, Signal::SIGKILL);
                     let _ = waitpid(sb.pid, None);
+                    // The program's process had its job and may have started on it (the
+                    // reaper's end takes it down): the exec fails rather than run twice.
+                    if job.direct {
+                        break;
+                    }
                 }
             }
         }
