@@ -1121,18 +1121,18 @@ impl Sandbox for ContainerSandbox {
             .cgroup
             .as_ref()
             .and_then(|c| c.procs_files().first().cloned());
-        let outer = self.outer.as_ref().map(|c| c.id() as i32);
+        let outer = self.outer.as_ref().map(|c| c.id());
         Some(std::sync::Arc::new(move || {
             // The sandbox's PID 1 first, as in a teardown (`kill_order`): its death ends its
             // whole PID namespace before any process of an exec can report an ordinary exit.
-            if let Some(agent) = outer.and_then(|o| sandbox_init_of(o.unsigned_abs())) {
+            if let Some(agent) = outer.and_then(sandbox_init_of) {
                 crate::sys::kill_pid(agent);
             }
             if let Some(p) = &procs {
                 crate::cgroup::kill_listed(p);
             }
             if let Some(pid) = outer {
-                crate::sys::kill_pid(pid);
+                crate::sys::kill_pid(pid as i32);
             }
         }))
     }

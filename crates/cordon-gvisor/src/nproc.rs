@@ -282,12 +282,18 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn a_sync_returns_once_everything_written_before_it_is_counted() {
-        let dir = std::env::temp_dir().join(format!("cordon-nproc-sync-{}", std::process::id()));
+    /// A watch on a FIFO in a directory of its own (removed by the caller).
+    fn watch_in(name: &str) -> (PathBuf, PathBuf, NprocWatch) {
+        let dir = std::env::temp_dir().join(format!("cordon-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let fifo = dir.join("log");
         let w = NprocWatch::start(&fifo).unwrap();
+        (dir, fifo, w)
+    }
+
+    #[test]
+    fn a_sync_returns_once_everything_written_before_it_is_counted() {
+        let (dir, fifo, w) = watch_in("nproc-sync");
         let mut f = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
         use std::io::Write;
         for round in 1..=20u64 {
@@ -311,10 +317,7 @@ mod tests {
 
     #[test]
     fn the_watch_counts_lines_written_to_its_fifo() {
-        let dir = std::env::temp_dir().join(format!("cordon-nproc-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let fifo = dir.join("log");
-        let w = NprocWatch::start(&fifo).unwrap();
+        let (dir, fifo, w) = watch_in("nproc");
         {
             let mut f = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
             use std::io::Write;

@@ -88,8 +88,9 @@ impl Agent {
             direct: false,
             handed_us: 0,
         };
-        let for_program = encode(&job, b"")
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let encoded = |job: &Job| {
+            encode(job, b"").map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+        };
         let fds = [
             child_stdio[0].as_raw_fd(),
             child_stdio[1].as_raw_fd(),
@@ -111,12 +112,11 @@ impl Agent {
             // told whether the program has its job. A send refused here means that process
             // is gone (its reaper forks another).
             job.handed_us = monotonic_us();
-            job.direct = sb
-                .program
-                .as_ref()
-                .is_some_and(|p| send_job(p, &for_program, &fds[..3]).is_ok());
-            let sent = encode(&job, b"")
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+            job.direct = false;
+            if let Some(program) = &sb.program {
+                job.direct = send_job(program, &encoded(&job)?, &fds[..3]).is_ok();
+            }
+            let sent = encoded(&job)
                 .and_then(|for_reaper| joined.and_then(|_| send_job(&sb.chan, &for_reaper, &fds)));
             match sent {
                 Ok(()) => {
