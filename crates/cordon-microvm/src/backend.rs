@@ -122,6 +122,10 @@ pub struct MicrovmConfig {
     /// of it fills stays resident for each VM's life; a smaller one is flushed and refilled
     /// more often (ADR 0013).
     pub tcg_tb_mib: u32,
+    /// A restored VM's QEMU gets only the kernel's boot header as `-kernel`, not the whole
+    /// kernel it would keep a private copy of (`image::restore_kernel`, ADR 0018;
+    /// `CORDON_MICROVM_RESTORE_HEADER=0` gives it the whole kernel).
+    pub restore_header: bool,
 }
 
 impl MicrovmConfig {
@@ -154,6 +158,8 @@ impl MicrovmConfig {
                 .and_then(|v| v.parse().ok())
                 .filter(|n: &u32| (8..=2048).contains(n))
                 .unwrap_or(128),
+            restore_header: std::env::var("CORDON_MICROVM_RESTORE_HEADER")
+                .map_or(true, |v| v != "0"),
         }
     }
 }
@@ -254,7 +260,10 @@ impl MicrovmBackend {
             .as_ref()
     }
 
-    fn params(&self, spec: &SandboxSpec, image: Image) -> VmParams {
+    fn params(&self, spec: &SandboxSpec, mut image: Image) -> VmParams {
+        if !self.cfg.restore_header {
+            image.restore_kernel = None;
+        }
         let l = &spec.limits;
         let host_cpus = std::thread::available_parallelism()
             .map(|n| n.get() as u32)
@@ -676,6 +685,7 @@ impl MicrovmBackend {
             )));
         }
         let image = Image {
+            restore_kernel: crate::image::restore_kernel(&m.kernel),
             kernel: m.kernel,
             initrd: m.initrd,
             rootfs: m.rootfs,

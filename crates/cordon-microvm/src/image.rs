@@ -58,6 +58,9 @@ pub struct Image {
     pub kernel_version: String,
     /// A short id of the three artifacts together (snapshots are keyed by it).
     pub id: String,
+    /// What a restored VM's QEMU gets as its kernel: the kernel's boot header only
+    /// ([`restore_kernel`]); `None` where none could be made (then the whole kernel).
+    pub restore_kernel: Option<PathBuf>,
 }
 
 /// The microvm directory under Cordon's data directory.
@@ -91,6 +94,7 @@ pub fn load(data_dir: &Path) -> Result<Image, MicrovmError> {
         rootfs: dir.join(&m.rootfs),
         kernel_version: m.kernel_version.clone(),
         id: short_hash(format!("{} {} {}", m.kernel, m.initrd, m.rootfs).as_bytes()),
+        restore_kernel: restore_kernel(&dir.join(&m.kernel)),
     };
     for p in [&img.kernel, &img.initrd, &img.rootfs] {
         if !p.is_file() {
@@ -101,6 +105,80 @@ pub fn load(data_dir: &Path) -> Result<Image, MicrovmError> {
         }
     }
     Ok(img)
+}
+
+/// Ending of a kernel's restore header, the file beside it.
+const RESTORE_SUFFIX: &str = ".restore-header";
+/// What of the kernel after its real-mode setup sectors the restore header keeps.
+const RESTORE_TAIL: usize = 4096;
+
+/// The file a restored VM's QEMU is given as `-kernel`: the kernel's first bytes (its boot
+/// header, the real-mode setup sectors and one page after them), made beside the kernel on
+/// first use. A restored VM never boots a kernel: its memory already holds the running one.
+/// But QEMU's x86 `-kernel` loader reads the whole file into memory it allocates and keeps
+/// for the VM's life (for the firmware to copy at a boot that never comes): 13.5 MiB of
+/// every VM's own memory for Debian's cloud kernel. The header keeps the loader's checks
+/// and the device model (option ROMs, firmware configuration entries) the same as the
+/// template's, so the snapshot's device state loads unchanged. `None` for a kernel that is
+/// not a bzImage or when the file cannot be written (a restore then gets the whole kernel).
+pub fn restore_kernel(kernel: &Path) -> Option<PathBuf> {
+    let mut name = kernel.file_name()?.to_os_string();
+    name.push(RESTORE_SUFFIX);
+    let stub = kernel.with_file_name(name);
+    if stub.is_file() {
+        return Some(stub);
+    }
+    match write_restore_kernel(kernel, &stub) {
+        Ok(true) => Some(stub),
+        Ok(false) => None,
+        Err(e) => {
+            tracing::debug!(kernel = %kernel.display(), error = %e, "no restore header for the kernel: restores get the whole kernel");
+            None
+        }
+    }
+}
+
+/// How many of a kernel's first bytes its restore header keeps; `None` unless `head` (the
+/// file's start, at least 1 KiB of it) is a Linux x86 boot image ("HdrS" at 0x202).
+fn restore_header_len(head: &[u8], file_len: usize) -> Option<usize> {
+    if head.len() < 0x206 || &head[0x202..0x206] != b"HdrS" {
+        return None;
+    }
+    // setup_sects at 0x1f1; 0 means 4 (boot protocol). The boot sector comes before them.
+    let sects = match head[0x1f1] {
+        0 => 4,
+        n => usize::from(n),
+    };
+    let len = (sects + 1) * 512 + RESTORE_TAIL;
+    (len < file_len).then_some(len)
+}
+
+/// Writes `stub` (0444, atomically) from `kernel`; `Ok(false)` when `kernel` is no bzImage.
+fn write_restore_kernel(kernel: &Path, stub: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::File::open(kernel)?;
+    let file_len = usize::try_from(f.metadata()?.len()).unwrap_or(usize::MAX);
+    let mut head = vec![0u8; 1024];
+    f.read_exact(&mut head)?;
+    let Some(len) = restore_header_len(&head, file_len) else {
+        return Ok(false);
+    };
+    let mut data = head;
+    data.resize(len, 0);
+    f.read_exact(&mut data[1024..])?;
+    let tmp = stub.with_extension(format!("tmp-{}", std::process::id()));
+    let mut out = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .open(&tmp)?;
+    let written = out.write_all(&data).and_then(|()| out.sync_all());
+    drop(out);
+    if let Err(e) = written.and_then(|()| fs::rename(&tmp, stub)) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(true)
 }
 
 fn short_hash(data: &[u8]) -> String {
@@ -501,7 +579,8 @@ fn prune(dir: &Path, m: &Manifest) {
         let artifact = ["vmlinuz-", "rootfs-", "initrd-", "modules-", ".work-"]
             .iter()
             .any(|p| name.starts_with(p));
-        if !artifact || [&m.kernel, &m.initrd, &m.rootfs, &keep_mods].contains(&&name) {
+        let header = format!("{}{RESTORE_SUFFIX}", m.kernel);
+        if !artifact || [&m.kernel, &m.initrd, &m.rootfs, &keep_mods, &header].contains(&&name) {
             continue;
         }
         let p = e.path();
@@ -663,6 +742,70 @@ pub fn newc_archive(files: &[(String, Vec<u8>, u32)]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file shaped like a bzImage: "HdrS" at 0x202, `sects` setup sectors, `len` bytes.
+    fn bzimage(sects: u8, len: usize) -> Vec<u8> {
+        let mut k: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        k[0x1f1] = sects;
+        k[0x202..0x206].copy_from_slice(b"HdrS");
+        k
+    }
+
+    #[test]
+    fn a_restore_header_is_the_boot_sector_setup_sectors_and_a_page() {
+        let k = bzimage(27, 1 << 20);
+        assert_eq!(restore_header_len(&k, k.len()), Some(28 * 512 + 4096));
+        // setup_sects 0 means 4.
+        let k = bzimage(0, 1 << 20);
+        assert_eq!(restore_header_len(&k, k.len()), Some(5 * 512 + 4096));
+        // Not a boot image (an ELF vmlinux), or too short to be worth a header: none.
+        let mut elf = bzimage(27, 1 << 20);
+        elf[0x202..0x206].copy_from_slice(b"\x7fELF");
+        assert_eq!(restore_header_len(&elf, elf.len()), None);
+        let small = bzimage(27, 8 << 10);
+        assert_eq!(restore_header_len(&small, small.len()), None);
+    }
+
+    #[test]
+    fn the_restore_header_is_made_once_beside_the_kernel_read_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let kernel = d.path().join("vmlinuz-abc");
+        let k = bzimage(27, 3 << 20);
+        fs::write(&kernel, &k).unwrap();
+        let stub = restore_kernel(&kernel).expect("a header for a bzImage");
+        assert_eq!(stub, d.path().join("vmlinuz-abc.restore-header"));
+        let got = fs::read(&stub).unwrap();
+        assert_eq!(got.len(), 28 * 512 + 4096);
+        assert_eq!(
+            &got[..],
+            &k[..got.len()],
+            "the kernel's first bytes, unchanged"
+        );
+        let mode = fs::metadata(&stub).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o444);
+        // Kept by the prune of old artifacts; a second call finds it.
+        let m = Manifest {
+            kernel: "vmlinuz-abc".into(),
+            ..Manifest::default()
+        };
+        prune(d.path(), &m);
+        assert_eq!(restore_kernel(&kernel), Some(stub.clone()));
+        let left: Vec<_> = fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left.len(), 2, "no temporary file left: {left:?}");
+
+        let elf = d.path().join("vmlinuz-elf");
+        fs::write(
+            &elf,
+            b"\x7fELF not a boot image, long enough to read a kilobyte of it".repeat(40),
+        )
+        .unwrap();
+        assert_eq!(restore_kernel(&elf), None);
+    }
 
     #[test]
     fn cpio_layout() {

@@ -538,11 +538,16 @@ fn jail_for(
         under("dev/null")?,
         under("dev/urandom")?,
     ];
+    // A restore never boots the kernel; QEMU gets only its boot header (`restore_kernel`).
+    let kernel = match (&params.image.restore_kernel, params.incoming) {
+        (Some(header), true) => header,
+        _ => &params.image.kernel,
+    };
     let mut links = Vec::new();
     let mut binds = vec![
         (c(Path::new("/usr"))?, under("usr")?, false, false),
         (c(dir)?, under("vm")?, true, false),
-        (c(&params.image.kernel)?, under("img/kernel")?, false, false),
+        (c(kernel)?, under("img/kernel")?, false, false),
         (c(&params.image.initrd)?, under("img/initrd")?, false, false),
         (c(&params.image.rootfs)?, under("img/rootfs")?, false, false),
         (

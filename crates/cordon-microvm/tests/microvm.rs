@@ -1622,6 +1622,29 @@ fn restored_vms_share_the_snapshot_memory_file_copy_on_write() {
             .collect()
     };
     let idle = maps(&vms);
+    // A restore never boots its kernel, and QEMU keeps a private copy of the file it is
+    // given as `-kernel` for the VM's life: each restored QEMU sees only the boot header.
+    let image = cordon_microvm::image::load(&cordon_microvm::image::default_data_dir()).unwrap();
+    let kernel = std::fs::read(&image.kernel).unwrap();
+    assert!(
+        kernel.len() > 1 << 20,
+        "a real kernel: {} bytes",
+        kernel.len()
+    );
+    for vm in &vms {
+        let qemu = qemu_child(vm.qemu_pid().unwrap());
+        let seen = std::fs::read(format!("/proc/{qemu}/root/img/kernel")).unwrap();
+        assert!(
+            seen.len() < 64 << 10,
+            "a restored QEMU was given the whole kernel ({} bytes)",
+            seen.len()
+        );
+        assert_eq!(
+            &seen[..],
+            &kernel[..seen.len()],
+            "the kernel's own first bytes"
+        );
+    }
     for m in &idle {
         assert_eq!(m.size, guest_kib, "the whole guest RAM is the file: {m:?}");
         assert!(
