@@ -18,13 +18,35 @@ use cordon_guest::{Agent, AgentConfig};
 
 const SOCKET_VAR: &str = "CORDON_AGENT_TEST_SOCKET";
 const WORK_VAR: &str = "CORDON_AGENT_TEST_WORK";
+const MODE_VAR: &str = "CORDON_AGENT_TEST_MODE";
 
-/// The agent's side: runs only when the test below starts this binary for it.
+/// The agent's side: runs only when a test below starts this binary for it. Its
+/// confinement hook, by `CORDON_AGENT_TEST_MODE`: `refuse` fails, as a Landlock or seccomp
+/// layer the kernel refused; `order` fails only if the reaper calling it already has a
+/// child, i.e. if a program process was forked before the confinement was applied.
 #[test]
 fn agent_process() {
-    let (Some(socket), Some(work)) = (std::env::var_os(SOCKET_VAR), std::env::var_os(WORK_VAR))
-    else {
+    let (Some(socket), Some(work), Ok(mode)) = (
+        std::env::var_os(SOCKET_VAR),
+        std::env::var_os(WORK_VAR),
+        std::env::var(MODE_VAR),
+    ) else {
         return;
+    };
+    let confine: cordon_guest::agent::Confine = match mode.as_str() {
+        "refuse" => Box::new(|| Err(std::io::Error::other("refused on purpose"))),
+        "order" => Box::new(|| {
+            let children = std::fs::read_to_string("/proc/thread-self/children")?;
+            if children.trim().is_empty() {
+                Ok(())
+            } else {
+                Err(std::io::Error::other(format!(
+                    "the reaper already has children ({}) when its confinement is applied",
+                    children.trim()
+                )))
+            }
+        }),
+        other => panic!("unknown {MODE_VAR} {other}"),
     };
     let cfg = AgentConfig {
         name: "agent-test".into(),
@@ -33,10 +55,7 @@ fn agent_process() {
         workdir: PathBuf::from(work),
         scratch: Vec::new(),
         mount_proc: false,
-        // The tier's confinement fails, as a Landlock or seccomp layer the kernel refused.
-        confine: Some(Box::new(|| {
-            Err(std::io::Error::other("refused on purpose"))
-        })),
+        confine: Some(confine),
         winch_on_resize: false,
     };
     let sock = UnixStream::connect(socket).unwrap();
@@ -44,27 +63,29 @@ fn agent_process() {
     std::process::exit(0);
 }
 
-/// A program whose reaper could not take on the tier's confinement never runs, not even
-/// the process forked ahead that the agent hands the job to itself: the exec fails with
-/// the reason, and what the program would have done did not happen.
-#[test]
-fn a_program_never_runs_when_the_confinement_fails() {
+/// An agent process in `mode`, connected; `None` (skipped) without root.
+struct Driven {
+    dir: tempfile::TempDir,
+    child: std::process::Child,
+    conn: UnixStream,
+}
+
+fn start_agent(mode: &str) -> Option<Driven> {
     if !nix::unistd::geteuid().is_root() {
         assert!(
             std::env::var("CORDON_REQUIRE_ALL").as_deref() != Ok("1"),
             "the agent test needs root (namespaces, setuid) under CORDON_REQUIRE_ALL=1"
         );
         eprintln!("SKIPPING: the agent test needs root");
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     std::fs::create_dir(&work).unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let marker = dir.path().join("ran");
     let socket = dir.path().join("agent.sock");
     let listener = UnixListener::bind(&socket).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    let child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "agent_process",
@@ -73,6 +94,7 @@ fn a_program_never_runs_when_the_confinement_fails() {
         ])
         .env(SOCKET_VAR, &socket)
         .env(WORK_VAR, &work)
+        .env(MODE_VAR, mode)
         .spawn()
         .unwrap();
     let (mut conn, _) = listener.accept().unwrap();
@@ -84,17 +106,18 @@ fn a_program_never_runs_when_the_confinement_fails() {
         "{:?}",
         hello.header
     );
-    let mut stderr = Vec::new();
-    for id in 1..=2u64 {
+    Some(Driven { dir, child, conn })
+}
+
+impl Driven {
+    /// Runs `script` under `/bin/sh -c` as exec `id`: its exit code, stdout and stderr.
+    fn exec(&mut self, id: u64, script: &str) -> (Option<i32>, String, String) {
+        let conn = &mut self.conn;
         write_frame(
-            &mut conn,
+            conn,
             &Request::Exec {
                 id,
-                argv: vec![
-                    "/bin/sh".into(),
-                    "-c".into(),
-                    format!("touch {}", marker.display()),
-                ],
+                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
                 env: BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]),
                 cwd: "/".into(),
                 stdio: StdioMode::Framed,
@@ -109,32 +132,77 @@ fn a_program_never_runs_when_the_confinement_fails() {
             b"",
         )
         .unwrap();
-        write_frame(&mut conn, &Request::Stdin { id }, b"").unwrap();
+        write_frame(conn, &Request::Stdin { id }, b"").unwrap();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
         let deadline = Instant::now() + Duration::from_secs(30);
-        let exited = loop {
+        let code = loop {
             assert!(Instant::now() < deadline, "no exit for exec {id}");
-            let f = read_frame::<Reply>(&mut conn).unwrap();
+            let f = read_frame::<Reply>(conn).unwrap();
             match f.header {
+                Reply::Output {
+                    stream: Stream::Stdout,
+                    ..
+                } => out.extend(f.body),
                 Reply::Output {
                     stream: Stream::Stderr,
                     ..
-                } => stderr.extend(f.body),
+                } => err.extend(f.body),
                 Reply::Exited { id: done, code, .. } if done == id => break code,
                 Reply::Error { .. } => panic!("exec {id}: {:?}", f.header),
                 _ => {}
             }
         };
-        // The second exec takes a standby made after the first: both fail the same way.
-        assert_eq!(exited, Some(125), "exec {id}");
+        (
+            code,
+            String::from_utf8_lossy(&out).into_owned(),
+            String::from_utf8_lossy(&err).into_owned(),
+        )
     }
-    let text = String::from_utf8_lossy(&stderr);
-    assert!(text.contains("filters could not be applied"), "{text}");
-    drop(conn);
-    let _ = child.wait();
+
+    fn finish(mut self) {
+        drop(self.conn);
+        let _ = self.child.wait();
+    }
+}
+
+/// A program whose reaper could not take on the tier's confinement never runs, not even
+/// the process forked ahead that the agent hands the job to itself: the exec fails with
+/// the reason, and what the program would have done did not happen.
+#[test]
+fn a_program_never_runs_when_the_confinement_fails() {
+    let Some(mut agent) = start_agent("refuse") else {
+        return;
+    };
+    let marker = agent.dir.path().join("ran");
+    let mut stderr = String::new();
+    for id in 1..=2u64 {
+        let (code, _, err) = agent.exec(id, &format!("touch {}", marker.display()));
+        stderr.push_str(&err);
+        // The second exec takes a standby made after the first: both fail the same way.
+        assert_eq!(code, Some(125), "exec {id}: {err}");
+    }
+    assert!(stderr.contains("filters could not be applied"), "{stderr}");
+    agent.finish();
     // Give a program that escaped the failure every chance to have run.
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         !marker.exists(),
         "the program ran although the confinement failed"
     );
+}
+
+/// The program's process (forked ahead, or at the job) exists only once the reaper's
+/// confinement is on: the hook finds the reaper without children for every exec, so each
+/// exec runs. A reaper that forked the program first fails these execs with the hook's
+/// reason, which a fast kill of the early program would not hide.
+#[test]
+fn the_program_is_forked_only_after_the_confinement() {
+    let Some(mut agent) = start_agent("order") else {
+        return;
+    };
+    for id in 1..=3u64 {
+        let (code, out, err) = agent.exec(id, "echo ran");
+        assert_eq!((code, out.as_str()), (Some(0), "ran\n"), "exec {id}: {err}");
+    }
+    agent.finish();
 }
