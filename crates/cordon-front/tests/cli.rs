@@ -361,6 +361,25 @@ fn bench_quick_end_to_end_feeds_the_policy() {
         .map(|f| f["subject"].as_str().unwrap().to_string())
         .collect();
     check_bench_chart(&chart, &subjects);
+    // The wasm tier's whole-CLI figures run the `cordon` front beside cordon-full, as a
+    // user's `cordon run` does, and say so.
+    let wasm_cli: Vec<&Value> = v["figures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| {
+            f["subject"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("cordon-run-wasm"))
+        })
+        .collect();
+    if require_all() {
+        assert_eq!(wasm_cli.len(), 2, "{subjects:?}");
+    }
+    for f in wasm_cli {
+        let what = f["what"].as_str().unwrap();
+        assert!(what.contains("through the `cordon` front"), "{what}");
+    }
 
     // last.json round-trips through the policy's reader: each measured tier's cold start.
     let figures = cordon_policy::BenchFigures::from_bench_json(&last_text).unwrap();
