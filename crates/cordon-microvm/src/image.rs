@@ -573,13 +573,13 @@ fn prune(dir: &Path, m: &Manifest) {
         "modules-{}",
         m.inputs.get("kernel").cloned().unwrap_or_default()
     );
+    let header = format!("{}{RESTORE_SUFFIX}", m.kernel);
     let Ok(rd) = fs::read_dir(dir) else { return };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let artifact = ["vmlinuz-", "rootfs-", "initrd-", "modules-", ".work-"]
             .iter()
             .any(|p| name.starts_with(p));
-        let header = format!("{}{RESTORE_SUFFIX}", m.kernel);
         if !artifact || [&m.kernel, &m.initrd, &m.rootfs, &keep_mods, &header].contains(&&name) {
             continue;
         }
