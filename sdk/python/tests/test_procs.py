@@ -236,7 +236,10 @@ def _raw_exec(url: str, sandbox: str, payload: dict, stream: bool) -> socket.soc
 def test_a_foreground_exec_whose_client_disconnects_is_interrupted(alice, server, stream):
     need("container")
     with alice.create_sandbox(tier="container", ttl="5m") as sb:
-        beat = "while true; do date +%s%N > /work/beat; echo tick; sleep 0.1; done"
+        # Each beat is renamed into place: a kill between the shell's truncation of the file
+        # and `date`'s write would otherwise leave it empty ("missing" below).
+        beat = ("while true; do date +%s%N > /work/beat.new && mv /work/beat.new /work/beat; "
+                "echo tick; sleep 0.1; done")
         s = _raw_exec(server.url, sb.id, {"lang": "sh", "code": beat, "timeout": "600s"},
                       stream)
         # It runs: its first output arrives (streaming), or it has had a moment to start.
