@@ -417,6 +417,12 @@ fn bench_quick_end_to_end_feeds_the_policy() {
             let run = l["run"]["median_us"].as_u64().expect("a run figure");
             let one = l["exec"]["median_us"].as_u64().unwrap();
             assert!(run >= one, "{l}");
+            // And an exec after an agent's pause, measured as such.
+            assert_eq!(l["pause_ms"], 20, "{l}");
+            assert!(
+                l["exec_after_pause"]["median_us"].as_u64().unwrap() > 0,
+                "{l}"
+            );
         }
     }
 

@@ -215,6 +215,13 @@ pub struct LanguageFigures {
     pub run: Option<Stats>,
     #[serde(default)]
     pub run_snippets: usize,
+    /// The snippet in a live sandbox after a pause of `pause_ms` since its last answer (an
+    /// agent reading the answer before its next snippet): what background work between execs
+    /// (the wasm tier's standby instance, ADR 0019) saves shows here, not in `exec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_after_pause: Option<Stats>,
+    #[serde(default)]
+    pub pause_ms: u64,
 }
 
 /// Everything measured of one tier.

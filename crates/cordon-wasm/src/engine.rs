@@ -31,6 +31,10 @@ pub(crate) const WASM_STACK: usize = 1 << 20;
 pub struct PoolSize {
     pub concurrent_execs: u32,
     pub per_owner: u32,
+    /// Python instances made ahead of their execs (one per sandbox at most, `per_owner` per
+    /// owner at most); each holds a pool slot of its own beside `concurrent_execs`. 0 turns
+    /// them off (ADR 0019).
+    pub standby_instances: u32,
 }
 
 impl Default for PoolSize {
@@ -38,12 +42,20 @@ impl Default for PoolSize {
         PoolSize {
             concurrent_execs: 16,
             per_owner: 8,
+            standby_instances: 16,
         }
     }
 }
 
 pub(crate) fn new_engine(fuel: bool, pool: PoolSize) -> Result<Engine, WasmError> {
-    let n = pool.concurrent_execs.max(1);
+    // Standby instances, and spent ones waiting for their reset, have pool slots of their
+    // own, so running execs keep theirs (the backend counts those itself).
+    let spare = if pool.standby_instances > 0 {
+        pool.standby_instances + crate::standby::MAX_PENDING_DISPOSALS
+    } else {
+        0
+    };
+    let n = pool.concurrent_execs.max(1) + spare;
     let mut p = PoolingAllocationConfig::default();
     p.total_component_instances(n)
         .total_core_instances(n * 32)

@@ -24,6 +24,7 @@ mod files;
 mod host;
 mod quota;
 mod run;
+mod standby;
 mod sys;
 
 use std::path::{Path, PathBuf};
@@ -41,7 +42,7 @@ pub use artifacts::{Guest, data_dir};
 pub use engine::PoolSize;
 pub use error::WasmError;
 
-use run::{Linkers, Program};
+use run::{Instantiated, Linkers, Program};
 
 /// Where the backend finds guests and puts scratch dirs.
 #[derive(Debug, Clone)]
@@ -54,11 +55,16 @@ pub struct WasmConfig {
 }
 
 impl Default for WasmConfig {
+    /// `CORDON_WASM_STANDBY=0` in the environment turns standby instances off (ADR 0019).
     fn default() -> Self {
+        let mut pool = PoolSize::default();
+        if std::env::var_os("CORDON_WASM_STANDBY").is_some_and(|v| v == "0") {
+            pool.standby_instances = 0;
+        }
         WasmConfig {
             data_dir: data_dir(),
             scratch_root: std::env::temp_dir(),
-            pool: PoolSize::default(),
+            pool,
         }
     }
 }
@@ -215,6 +221,8 @@ struct Inner {
     running: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     plain: OnceLock<std::result::Result<EngineSet, String>>,
     fuel: OnceLock<std::result::Result<EngineSet, String>>,
+    /// Make Python instances ahead of their execs and reset spent ones after.
+    workers: standby::Workers,
 }
 
 /// One running exec's hold on its owner's share; released when dropped.
@@ -235,6 +243,13 @@ impl Inner {
             .running
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let all = self.config.pool.concurrent_execs.max(1);
+        if running.values().sum::<u32>() >= all {
+            return Err(Error::Sandbox(format!(
+                "this server already runs {all} wasm execs at once; retry in a moment, or ask \
+                 the operator for a larger pool"
+            )));
+        }
         let n = running.entry(owner.to_string()).or_insert(0);
         if *n >= share {
             return Err(Error::Sandbox(format!(
@@ -291,6 +306,10 @@ impl WasmBackend {
     pub fn with_config(config: WasmConfig) -> Self {
         WasmBackend {
             inner: Arc::new(Inner {
+                workers: standby::Workers::new(
+                    config.pool.standby_instances,
+                    config.pool.per_owner,
+                ),
                 config,
                 running: Default::default(),
                 plain: OnceLock::new(),
@@ -305,6 +324,11 @@ impl WasmBackend {
             .engines(false)?
             .guest(&self.inner.config.data_dir, guest)
             .map(|_| ())
+    }
+
+    /// Python instances made ahead of their execs that this backend holds now (ADR 0019).
+    pub fn standby_held(&self) -> u32 {
+        self.inner.workers.held()
     }
 
     /// The data dir this backend reads guests from.
@@ -393,14 +417,23 @@ impl Backend for WasmBackend {
             .enable_time()
             .build()
             .map_err(|e| Error::io("starting the sandbox's event loop", e))?;
+        let disk = Arc::new(host::DiskLedger::default());
         Ok(Box::new(WasmSandbox {
             id: SandboxId::random()?,
             inner: self.inner.clone(),
             limits: spec.limits.clone(),
             env: spec.env.clone(),
             owner: spec.owner.clone().unwrap_or_default(),
+            setup: Arc::new(run::Setup {
+                scratch: scratch.path().to_path_buf(),
+                limits: spec.limits.clone(),
+                fuel: spec.limits.fuel,
+                disk: disk.clone(),
+            }),
             scratch: Some(scratch),
-            disk: Arc::new(host::DiskLedger::default()),
+            disk,
+            standby: standby::Standby::default(),
+            execs: 0,
             rt,
             start_us: started.elapsed().as_micros() as u64,
         }))
@@ -438,6 +471,12 @@ pub struct WasmSandbox {
     scratch: Option<tempfile::TempDir>,
     /// What its scratch dir holds, counted at every write (execs and file puts).
     disk: Arc<host::DiskLedger>,
+    /// What every exec's instance is made with.
+    setup: Arc<run::Setup>,
+    /// The next Python exec's instance, made ahead (from the second exec on).
+    standby: standby::Standby,
+    /// Execs run so far.
+    execs: u64,
     rt: tokio::runtime::Runtime,
     start_us: u64,
 }
@@ -466,7 +505,7 @@ impl Sandbox for WasmSandbox {
     fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
         let started = Instant::now();
         let cpu0 = sys::thread_cpu_ns();
-        let scratch = self.scratch()?.to_path_buf();
+        self.scratch()?;
         if let Some(cwd) = &req.cwd
             && cwd.trim_end_matches('/') != cordon_core::WORKDIR
         {
@@ -478,7 +517,8 @@ impl Sandbox for WasmSandbox {
         let data_dir = &self.inner.config.data_dir;
         let timeout =
             std::time::Duration::from_millis(req.timeout_ms.unwrap_or(self.limits.timeout_ms));
-        let (program, args) = match &req.command {
+        let deadline = started + timeout;
+        let (program, args, python) = match &req.command {
             Command::Code {
                 language: Language::Python,
                 source,
@@ -486,7 +526,7 @@ impl Sandbox for WasmSandbox {
             } => {
                 let mut a = vec!["python".to_string(), "-c".to_string(), source.clone()];
                 a.extend(args.iter().cloned());
-                (engines.guest(data_dir, Guest::Python)?, a)
+                (engines.guest(data_dir, Guest::Python)?, a, true)
             }
             Command::Code {
                 language: Language::Javascript,
@@ -495,7 +535,7 @@ impl Sandbox for WasmSandbox {
             } => {
                 let mut a = vec!["js".to_string(), source.clone()];
                 a.extend(args.iter().cloned());
-                (engines.guest(data_dir, Guest::Javascript)?, a)
+                (engines.guest(data_dir, Guest::Javascript)?, a, false)
             }
             Command::Code { language, .. } => {
                 return Err(Error::Invalid(format!(
@@ -514,8 +554,8 @@ impl Sandbox for WasmSandbox {
                 let mut a = vec!["main.wasm".to_string()];
                 a.extend(args.iter().cloned());
                 // Compiling counts against the exec's own deadline.
-                match engines.user_program(module, started + timeout)? {
-                    Some(p) => (p, a),
+                match engines.user_program(module, deadline)? {
+                    Some(p) => (p, a, false),
                     None => return Ok(compile_timeout(started, self.start_us)),
                 }
             }
@@ -528,23 +568,48 @@ impl Sandbox for WasmSandbox {
         merged.extend(req.env.clone());
         env.retain(|(k, _)| !merged.contains_key(k));
         env.extend(merged);
-        let timeout = timeout.saturating_sub(started.elapsed());
-        let _slot = self.inner.take_slot(&self.owner)?;
-        let raw = run::run(
-            &self.rt,
-            &engines.engine,
-            &program,
-            run::Params {
-                args,
-                env,
-                stdin: req.stdin.clone().unwrap_or_default(),
-                scratch: &scratch,
-                limits: &self.limits,
-                timeout,
-                fuel: self.limits.fuel,
-                disk: self.disk.clone(),
-            },
-        )?;
+        let slot = self.inner.take_slot(&self.owner)?;
+        let made = match python.then(|| self.standby.take(deadline)).flatten() {
+            Some(ready) => Instantiated::Ready(ready),
+            None => run::instantiate(&self.rt, &engines.engine, &program, &self.setup, deadline)?,
+        };
+        self.execs += 1;
+        let raw = match made {
+            Instantiated::Ended(raw) => *raw,
+            Instantiated::Ready(ready) => {
+                let (raw, spent) = run::run(
+                    &self.rt,
+                    ready,
+                    &self.setup,
+                    run::Params {
+                        args,
+                        env,
+                        stdin: req.stdin.clone().unwrap_or_default(),
+                    },
+                    deadline,
+                )?;
+                // From the second exec on, a worker makes the next exec's instance and
+                // resets this one's pool slot (the engine has spare slots for that) while the
+                // answer goes back; otherwise the slot is reset here before the exec's place
+                // is given back.
+                if python && self.execs > 1 && self.inner.workers.enabled() {
+                    self.standby.request(
+                        &self.inner.workers,
+                        &self.owner,
+                        standby::Job {
+                            engine: engines.engine.clone(),
+                            program: program.clone(),
+                            setup: self.setup.clone(),
+                        },
+                    );
+                    self.inner.workers.dispose(Box::new(spent));
+                } else {
+                    drop(spent);
+                }
+                drop(slot);
+                raw
+            }
+        };
         if !raw.stdout.is_empty() {
             sink.output(OutputStream::Stdout, &raw.stdout);
         }
@@ -613,6 +678,7 @@ impl Sandbox for WasmSandbox {
     }
 
     fn destroy(&mut self) -> Result<()> {
+        self.standby.clear(&self.inner.workers);
         if let Some(dir) = self.scratch.take() {
             let path = dir.path().to_path_buf();
             dir.close()

@@ -1,7 +1,7 @@
 //! One exec: a fresh store with its own WASI context, limits and captured stdio; the
 //! program runs to an outcome under the epoch deadline and an outer wall-clock timeout.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -85,19 +85,6 @@ pub(crate) enum Program {
     Module(InstancePre<P1State>),
 }
 
-/// What one exec gets.
-pub(crate) struct Params<'a> {
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub stdin: Vec<u8>,
-    pub scratch: &'a Path,
-    pub limits: &'a Limits,
-    pub timeout: Duration,
-    pub fuel: Option<u64>,
-    /// The sandbox's disk count, shared by its execs and file puts.
-    pub disk: Arc<DiskLedger>,
-}
-
 /// WASI resources (open files and directories, their streams, pollables) an exec may hold
 /// at once beyond `Limits.open_files`: each open file or directory holds one host
 /// descriptor, so this bounds the host descriptors one sandbox can take.
@@ -124,21 +111,154 @@ pub(crate) struct Raw {
 /// the outer timeout drops the whole call.
 const GRACE: Duration = Duration::from_millis(50);
 
-pub(crate) fn run(
+/// What an instance is made with before its exec is known: the sandbox's own setup.
+pub(crate) struct Setup {
+    pub scratch: PathBuf,
+    pub limits: Limits,
+    pub fuel: Option<u64>,
+    /// The sandbox's disk count, shared by its execs and file puts.
+    pub disk: Arc<DiskLedger>,
+}
+
+/// What one exec gets besides its sandbox's setup.
+pub(crate) struct Params {
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub stdin: Vec<u8>,
+}
+
+/// An instance made but not yet run: its own new store, whose WASI context gives the guest
+/// nothing (no arguments, environment, stdio or directory) until the exec's own context
+/// replaces it. Nothing of it is ever shared: one `Ready` serves exactly one exec.
+pub(crate) struct Ready {
+    flags: Arc<Flags>,
+    made: Made,
+}
+
+enum Made {
+    Component {
+        store: Store<P2State>,
+        cmd: wasmtime_wasi::p2::bindings::Command,
+    },
+    Module {
+        store: Store<P1State>,
+        inst: wasmtime::Instance,
+    },
+}
+
+/// An instance whose exec has ended. Dropping it resets its pool slot (copying back the
+/// pages the guest wrote), which the caller may leave to another thread.
+pub(crate) struct Spent(#[allow(dead_code)] Made);
+
+/// The result of making an instance: one ready to run, or how the exec ended without one
+/// (the memory limit refused its memories, the pool was full, the deadline passed).
+pub(crate) enum Instantiated {
+    Ready(Ready),
+    Ended(Box<Raw>),
+}
+
+/// Makes a fresh instance of `program` for one exec of the sandbox set up as `setup`, with
+/// the sandbox's memory, table and instance limits, within `deadline`.
+pub(crate) fn instantiate(
     rt: &tokio::runtime::Runtime,
     engine: &Engine,
     program: &Program,
-    p: Params<'_>,
-) -> Result<Raw, cordon_core::Error> {
+    setup: &Setup,
+    deadline: Instant,
+) -> Result<Instantiated, cordon_core::Error> {
     let flags = Arc::new(Flags::default());
-    let stdout = Capture::new(p.limits.stdout_bytes, flags.clone());
-    let stderr = Capture::new(p.limits.stderr_bytes, flags.clone());
     let quota = Arc::new(DiskQuota::new(
-        p.scratch.to_path_buf(),
-        p.limits.disk_bytes,
-        p.disk.clone(),
+        setup.scratch.clone(),
+        setup.limits.disk_bytes,
+        setup.disk.clone(),
         flags.clone(),
     ));
+    let limiter = Limiter {
+        memory_bytes: usize::try_from(setup.limits.memory_bytes).unwrap_or(usize::MAX),
+        table_elements: MAX_TABLE_ELEMENTS,
+        flags: flags.clone(),
+        total_memory: 0,
+        peak_memory: 0,
+    };
+    let outer = deadline.saturating_duration_since(Instant::now()) + GRACE;
+    let made = match program {
+        Program::Component(pre) => {
+            let mut table = ResourceTable::new();
+            table.set_max_capacity(resource_cap(&setup.limits));
+            let state = P2State {
+                ctx: WasiCtxBuilder::new().build(),
+                table,
+                limiter,
+                quota,
+            };
+            let mut store = Store::new(engine, state);
+            store.limiter(|s| &mut s.limiter);
+            arm(&mut store, deadline, flags.clone(), setup.fuel)?;
+            let r = rt.block_on(async {
+                tokio::time::timeout(outer, pre.instantiate_async(&mut store)).await
+            });
+            match r {
+                Ok(Ok(cmd)) => Ok(Made::Component { store, cmd }),
+                Ok(Err(e)) => Err((Some(e), store.data().limiter.peak_memory)),
+                Err(_elapsed) => Err((None, store.data().limiter.peak_memory)),
+            }
+        }
+        Program::Module(pre) => {
+            let mut ctx = WasiCtxBuilder::new().build_p1();
+            ctx.ctx()
+                .table
+                .set_max_capacity(resource_cap(&setup.limits));
+            let state = P1State {
+                ctx,
+                limiter,
+                quota,
+            };
+            let mut store = Store::new(engine, state);
+            store.limiter(|s| &mut s.limiter);
+            arm(&mut store, deadline, flags.clone(), setup.fuel)?;
+            let r = rt.block_on(async {
+                tokio::time::timeout(outer, pre.instantiate_async(&mut store)).await
+            });
+            match r {
+                Ok(Ok(inst)) => Ok(Made::Module { store, inst }),
+                Ok(Err(e)) => Err((Some(e), store.data().limiter.peak_memory)),
+                Err(_elapsed) => Err((None, store.data().limiter.peak_memory)),
+            }
+        }
+    };
+    Ok(match made {
+        Ok(made) => Instantiated::Ready(Ready { flags, made }),
+        Err((e, peak)) => {
+            let result = match e {
+                Some(e) => Ok(Err(e)),
+                None => Err(()),
+            };
+            Instantiated::Ended(Box::new(conclude(
+                result,
+                &flags,
+                (Vec::new(), false),
+                (Vec::new(), false),
+                peak,
+                setup.limits.open_files,
+            )))
+        }
+    })
+}
+
+/// Runs one exec in `ready`, an instance made for this sandbox (just now, or ahead of time):
+/// the exec's own WASI context (its arguments, environment, stdin, captured stdout and
+/// stderr, `/work`) replaces the empty one, and its deadline and fuel are set afresh.
+pub(crate) fn run(
+    rt: &tokio::runtime::Runtime,
+    ready: Ready,
+    setup: &Setup,
+    p: Params,
+    deadline: Instant,
+) -> Result<(Raw, Spent), cordon_core::Error> {
+    let Ready { flags, made } = ready;
+    let limits = &setup.limits;
+    let stdout = Capture::new(limits.stdout_bytes, flags.clone());
+    let stderr = Capture::new(limits.stderr_bytes, flags.clone());
     let mut b = WasiCtxBuilder::new();
     b.args(&p.args)
         .envs(&p.env)
@@ -153,65 +273,61 @@ pub(crate) fn run(
         // sandbox's own scratch dir, bounded by the disk quota, where nothing can block for
         // long (no FIFOs or devices can appear there); the deadline is checked on return.
         .allow_blocking_current_thread(true);
-    b.preopened_dir(p.scratch, "/work", FsPerms::ReadWrite)
+    b.preopened_dir(&setup.scratch, "/work", FsPerms::ReadWrite)
         .map_err(|e| cordon_core::Error::Sandbox(format!("could not open the scratch dir: {e}")))?;
-    let limiter = Limiter {
-        memory_bytes: usize::try_from(p.limits.memory_bytes).unwrap_or(usize::MAX),
-        table_elements: MAX_TABLE_ELEMENTS,
-        flags: flags.clone(),
-        total_memory: 0,
-        peak_memory: 0,
-    };
-    let deadline = Instant::now() + p.timeout;
-    let outer = p.timeout + GRACE;
-    let (result, peak) = match program {
-        Program::Component(pre) => {
-            let mut table = ResourceTable::new();
-            table.set_max_capacity(resource_cap(p.limits));
-            let state = P2State {
-                ctx: b.build(),
-                table,
-                limiter,
-                quota,
-            };
-            let mut store = Store::new(engine, state);
-            store.limiter(|s| &mut s.limiter);
-            arm(&mut store, deadline, flags.clone(), p.fuel)?;
+    let outer = deadline.saturating_duration_since(Instant::now()) + GRACE;
+    let (result, peak, spent) = match made {
+        Made::Component { mut store, cmd } => {
+            store.data_mut().ctx = b.build();
+            arm(&mut store, deadline, flags.clone(), setup.fuel)?;
             let r = rt.block_on(async {
                 tokio::time::timeout(outer, async {
-                    let cmd = pre.instantiate_async(&mut store).await?;
                     let r = cmd.wasi_cli_run().call_run(&mut store).await?;
                     Ok::<i32, wasmtime::Error>(if r.is_ok() { 0 } else { 1 })
                 })
                 .await
             });
-            (r, store.data().limiter.peak_memory)
+            let peak = store.data().limiter.peak_memory;
+            (r, peak, Made::Component { store, cmd })
         }
-        Program::Module(pre) => {
+        Made::Module { mut store, inst } => {
             let mut ctx = b.build_p1();
-            ctx.ctx().table.set_max_capacity(resource_cap(p.limits));
-            let state = P1State {
-                ctx,
-                limiter,
-                quota,
-            };
-            let mut store = Store::new(engine, state);
-            store.limiter(|s| &mut s.limiter);
-            arm(&mut store, deadline, flags.clone(), p.fuel)?;
+            ctx.ctx().table.set_max_capacity(resource_cap(limits));
+            store.data_mut().ctx = ctx;
+            arm(&mut store, deadline, flags.clone(), setup.fuel)?;
             let r = rt.block_on(async {
                 tokio::time::timeout(outer, async {
-                    let inst = pre.instantiate_async(&mut store).await?;
                     let start = inst.get_typed_func::<(), ()>(&mut store, "_start")?;
                     start.call_async(&mut store, ()).await?;
                     Ok::<i32, wasmtime::Error>(0)
                 })
                 .await
             });
-            (r, store.data().limiter.peak_memory)
+            let peak = store.data().limiter.peak_memory;
+            (r, peak, Made::Module { store, inst })
         }
     };
-    let (out, out_trunc) = stdout.take();
-    let (err, err_trunc) = stderr.take();
+    let raw = conclude(
+        result.map_err(|_| ()),
+        &flags,
+        stdout.take(),
+        stderr.take(),
+        peak,
+        limits.open_files,
+    );
+    Ok((raw, Spent(spent)))
+}
+
+/// How an exec ended, from the guest's result (`Err` for the outer timeout) and the flags it
+/// raised.
+fn conclude(
+    result: std::result::Result<wasmtime::Result<i32>, ()>,
+    flags: &Flags,
+    (out, out_trunc): (Vec<u8>, bool),
+    (err, err_trunc): (Vec<u8>, bool),
+    peak: usize,
+    open_files: u64,
+) -> Raw {
     let mut raw = Raw {
         termination: Termination::Exited,
         exit_code: None,
@@ -224,9 +340,9 @@ pub(crate) fn run(
         warnings: Vec::new(),
     };
     match result {
-        Err(_elapsed) => raw.termination = Termination::Timeout,
+        Err(()) => raw.termination = Termination::Timeout,
         Ok(Ok(code)) => raw.exit_code = Some(code),
-        Ok(Err(e)) => classify(&e, &mut raw, p.limits.open_files),
+        Ok(Err(e)) => classify(&e, &mut raw, open_files),
     }
     let failed = match raw.termination {
         Termination::Exited => raw.exit_code != Some(0),
@@ -251,7 +367,7 @@ pub(crate) fn run(
     if raw.termination != Termination::Signalled {
         raw.signal = None;
     }
-    Ok(raw)
+    raw
 }
 
 /// Sets the deadline, the output-limit check and fuel on a fresh store.

@@ -784,6 +784,7 @@ fn one_tenants_execs_cannot_take_every_instance_slot() {
         pool: cordon_wasm::PoolSize {
             concurrent_execs: 4,
             per_owner: 2,
+            ..Default::default()
         },
         ..WasmConfig::default()
     });
@@ -992,4 +993,115 @@ fn file_api_and_archives_in_the_scratch_dir() {
         })
         .is_err()
     );
+}
+
+/// A backend of its own (its standby count is this test's alone).
+fn own_backend(pool: cordon_wasm::PoolSize) -> WasmBackend {
+    backend(); // the guests are there
+    let b = WasmBackend::with_config(WasmConfig {
+        pool,
+        ..WasmConfig::default()
+    });
+    b.warm(Guest::Python).unwrap();
+    b
+}
+
+/// Polls (bounded) until the backend holds `n` standby instances.
+fn standby_settles(b: &WasmBackend, n: u32) -> u32 {
+    for _ in 0..200 {
+        if b.standby_held() == n {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    b.standby_held()
+}
+
+#[test]
+fn a_standby_instance_runs_each_exec_with_that_execs_own_inputs() {
+    let b = own_backend(cordon_wasm::PoolSize::default());
+    let mut sb = b.create(&spec()).unwrap();
+    let src = "import os, sys\nprint(sys.argv[1], os.environ.get('ROUND'), sys.stdin.read(), \
+               open('/work/round.txt').read(), os.environ.get('LEFT', 'none'))";
+    for round in 0..6 {
+        sb.put_file("round.txt", format!("file{round}").as_bytes(), 0o644)
+            .unwrap();
+        let mut req = ExecRequest::new(cordon_core::Command::Code {
+            language: Language::Python,
+            source: src.into(),
+            args: vec![format!("arg{round}")],
+        });
+        req.env.insert("ROUND".into(), round.to_string());
+        if round == 1 {
+            // Only this exec gets it; the instance made during it must not.
+            req.env.insert("LEFT".into(), "leaked".into());
+        }
+        req.stdin = Some(format!("in{round}").into_bytes());
+        let o = exec_in(sb.as_mut(), &req);
+        let left = if round == 1 { "leaked" } else { "none" };
+        assert_eq!(
+            out(&o),
+            format!("arg{round} {round} in{round} file{round} {left}\n"),
+            "round {round}: {o:#?}"
+        );
+        if round >= 1 {
+            // From the second exec on, the next exec's instance is made ahead.
+            assert_eq!(standby_settles(&b, 1), 1, "round {round}");
+        } else {
+            assert_eq!(b.standby_held(), 0, "a single exec gets no standby");
+        }
+    }
+    // A JavaScript exec between Python ones neither uses nor spoils it.
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(Language::Javascript, "console.log(7)"),
+    );
+    assert_eq!(out(&o), "7\n", "{o:#?}");
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(Language::Python, "print(8)"),
+    );
+    assert_eq!(out(&o), "8\n", "{o:#?}");
+    sb.destroy().unwrap();
+    assert_eq!(standby_settles(&b, 0), 0, "destroy gives the standby back");
+}
+
+#[test]
+fn standby_instances_are_bounded_and_never_take_a_running_execs_place() {
+    // One running exec at a time; two standbys for the backend, one per tenant.
+    let b = own_backend(cordon_wasm::PoolSize {
+        concurrent_execs: 1,
+        per_owner: 1,
+        standby_instances: 2,
+    });
+    let spec_for = |owner: &str| {
+        let mut s = spec();
+        s.owner = Some(owner.to_string());
+        s
+    };
+    let mut held = Vec::new();
+    for (owner, expect) in [("a", 1), ("a", 1), ("b", 2), ("c", 2)] {
+        let mut sb = b.create(&spec_for(owner)).unwrap();
+        for i in 0..3 {
+            let o = exec_in(
+                sb.as_mut(),
+                &ExecRequest::code(Language::Python, "print('ok')"),
+            );
+            assert_eq!(out(&o), "ok\n", "tenant {owner}, exec {i}: {o:#?}");
+        }
+        assert_eq!(standby_settles(&b, expect), expect, "after tenant {owner}");
+        held.push(sb);
+    }
+    // Every sandbox still runs, standby or not.
+    for sb in &mut held {
+        let o = exec_in(
+            sb.as_mut(),
+            &ExecRequest::code(Language::Python, "print(2)"),
+        );
+        assert_eq!(out(&o), "2\n", "{o:#?}");
+    }
+    for mut sb in held {
+        sb.destroy().unwrap();
+    }
+    assert_eq!(standby_settles(&b, 0), 0);
 }

@@ -695,6 +695,7 @@ fn run_bench(
             let figures = cold.and_then(|cold_start| {
                 let exec = measure_exec(lt, &req, &plan.samples)?;
                 let run = measure_snippets(lt, &req, plan.snippets, &plan.samples)?;
+                let paused = measure_after_pause(lt, &req, PAUSE, &plan.samples)?;
                 Ok(LanguageFigures {
                     language,
                     snippet: snippet.to_string(),
@@ -702,6 +703,8 @@ fn run_bench(
                     exec: Stats::of(&exec),
                     run: Stats::of(&run),
                     run_snippets: plan.snippets,
+                    exec_after_pause: Stats::of(&paused),
+                    pause_ms: PAUSE.as_millis() as u64,
                 })
             });
             match figures {
@@ -975,6 +978,21 @@ fn measure_exec(lt: &LiveTier, req: &ExecRequest, b: &Budget) -> Result<Vec<Dura
     measure_snippets(lt, req, 1, b)
 }
 
+/// The pause before each sample of [`measure_after_pause`]: shorter than any agent's think
+/// time, long enough for work a tier does between execs.
+const PAUSE: Duration = Duration::from_millis(20);
+
+/// `req` in one live sandbox, each sample taken `pause` after the last answer (after two
+/// unmeasured runs, so that a tier that prepares from the second exec on has).
+fn measure_after_pause(
+    lt: &LiveTier,
+    req: &ExecRequest,
+    pause: Duration,
+    b: &Budget,
+) -> Result<Vec<Duration>> {
+    measure_live(lt, req, 1, pause, b)
+}
+
 /// `n` execs of `req` back to back in one live sandbox, each sample their total.
 fn measure_snippets(
     lt: &LiveTier,
@@ -982,10 +1000,26 @@ fn measure_snippets(
     n: usize,
     b: &Budget,
 ) -> Result<Vec<Duration>> {
+    measure_live(lt, req, n, Duration::ZERO, b)
+}
+
+/// `n` execs of `req` back to back in one live sandbox, each sample their total, taken
+/// `pause` after the last answer (after one unmeasured run, two with a pause).
+fn measure_live(
+    lt: &LiveTier,
+    req: &ExecRequest,
+    n: usize,
+    pause: Duration,
+    b: &Budget,
+) -> Result<Vec<Duration>> {
     let mut sb = lt.backend.create(&lt.spec)?;
     let r = (|| {
         exec_ok(sb.as_mut(), req)?;
+        if !pause.is_zero() {
+            exec_ok(sb.as_mut(), req)?;
+        }
         b.sample(|| {
+            std::thread::sleep(pause);
             let t = Instant::now();
             for _ in 0..n {
                 exec_ok(sb.as_mut(), req)?;
@@ -1159,12 +1193,14 @@ fn print_tables(figures: &[Figure], tiers: &[TierReport], ratio: Option<f64>, pl
     for t in tiers {
         for l in &t.languages {
             println!(
-                "{:<10} {} `{}`: cold {} (in-process create + exec + destroy), exec {} (live sandbox), {} in one sandbox {}",
+                "{:<10} {} `{}`: cold {} (in-process create + exec + destroy), exec {} (live sandbox), {} after a {} ms pause, {} in one sandbox {}",
                 t.tier.as_str(),
                 l.language,
                 l.snippet,
                 opt(&l.cold_start),
                 opt(&l.exec),
+                opt(&l.exec_after_pause),
+                l.pause_ms,
                 l.run_snippets,
                 opt(&l.run)
             );
