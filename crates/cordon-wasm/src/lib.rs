@@ -593,6 +593,10 @@ impl Sandbox for WasmSandbox {
                 // answer goes back; otherwise the slot is reset here before the exec's place
                 // is given back.
                 if python && self.execs > 1 && self.inner.workers.enabled() {
+                    // The spent store first: the worker drops it before it makes the next
+                    // instance, which then gets the slot just reset, with the pages it
+                    // keeps resident.
+                    self.inner.workers.dispose(Box::new(spent));
                     self.standby.request(
                         &self.inner.workers,
                         &self.owner,
@@ -602,7 +606,6 @@ impl Sandbox for WasmSandbox {
                             setup: self.setup.clone(),
                         },
                     );
-                    self.inner.workers.dispose(Box::new(spent));
                 } else {
                     drop(spent);
                 }

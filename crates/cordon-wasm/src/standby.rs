@@ -15,9 +15,9 @@
 //! arguments, environment, stdio or directory) until the exec's context replaces it; it
 //! serves exactly one exec and is never shared. Making it runs no snippet code. The costs
 //! are bounded: one standby per sandbox, [`crate::PoolSize::standby_instances`] per backend
-//! and `per_owner` per tenant (each holds one more pool slot, about 100 KiB resident, beside
-//! the running execs' slots); one unused for [`IDLE`] is dropped; a sandbox that has run
-//! only one exec (a `cordon run`) never gets one.
+//! and `per_owner` per tenant (each holds one more pool slot beside the running execs' slots,
+//! with the pages its instantiation wrote); one unused for [`IDLE`] is dropped; a sandbox that
+//! has run only one exec (a `cordon run`) never gets one.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
@@ -356,7 +356,10 @@ fn make(rt: &tokio::runtime::Runtime, m: Make) -> Option<Weak<Cell>> {
         }
         *state = State::Making(ticket);
     }
-    let deadline = Instant::now() + Duration::from_millis(job.setup.limits.timeout_ms);
+    // Making an instance takes milliseconds; the sandbox's own timeout bounds it (an hour at
+    // most, whatever the limit says).
+    let bound = Duration::from_millis(job.setup.limits.timeout_ms).min(Duration::from_secs(3600));
+    let deadline = Instant::now() + bound;
     let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         run::instantiate(rt, &job.engine, &job.program, &job.setup, deadline)
     }));
