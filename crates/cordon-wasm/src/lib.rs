@@ -217,23 +217,33 @@ impl EngineSet {
 
 struct Inner {
     config: WasmConfig,
-    /// Execs running per owner (their share of the engine's instance slots).
-    running: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    /// Execs running, per owner (their share of the engines' instance slots) and per engine.
+    running: std::sync::Mutex<Running>,
     plain: OnceLock<std::result::Result<EngineSet, String>>,
     fuel: OnceLock<std::result::Result<EngineSet, String>>,
     /// Make Python instances ahead of their execs and reset spent ones after.
     workers: standby::Workers,
 }
 
-/// One running exec's hold on its owner's share; released when dropped.
+#[derive(Default)]
+struct Running {
+    per_owner: std::collections::HashMap<String, u32>,
+    /// Per engine: without fuel, with fuel (each has a pool of its own).
+    per_engine: [u32; 2],
+}
+
+/// One running exec's hold on its owner's share and its engine's slots; released when
+/// dropped.
 struct OwnerSlot {
     inner: Arc<Inner>,
     owner: String,
+    fuel: bool,
 }
 
 impl Inner {
-    /// Takes one of `owner`'s instance slots, or says why not.
-    fn take_slot(self: &Arc<Self>, owner: &str) -> Result<OwnerSlot> {
+    /// Takes one of `owner`'s instance slots on the engine with or without `fuel`, or says
+    /// why not.
+    fn take_slot(self: &Arc<Self>, owner: &str, fuel: bool) -> Result<OwnerSlot> {
         let share = self
             .config
             .pool
@@ -244,13 +254,13 @@ impl Inner {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let all = self.config.pool.concurrent_execs.max(1);
-        if running.values().sum::<u32>() >= all {
+        if running.per_engine[usize::from(fuel)] >= all {
             return Err(Error::Sandbox(format!(
                 "this server already runs {all} wasm execs at once; retry in a moment, or ask \
                  the operator for a larger pool"
             )));
         }
-        let n = running.entry(owner.to_string()).or_insert(0);
+        let n = running.per_owner.entry(owner.to_string()).or_insert(0);
         if *n >= share {
             return Err(Error::Sandbox(format!(
                 "this tenant already runs {share} wasm execs at once, its share of the \
@@ -260,9 +270,11 @@ impl Inner {
             )));
         }
         *n += 1;
+        running.per_engine[usize::from(fuel)] += 1;
         Ok(OwnerSlot {
             inner: self.clone(),
             owner: owner.to_string(),
+            fuel,
         })
     }
 
@@ -281,10 +293,12 @@ impl Drop for OwnerSlot {
             .running
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = running.get_mut(&self.owner) {
+        let e = &mut running.per_engine[usize::from(self.fuel)];
+        *e = e.saturating_sub(1);
+        if let Some(n) = running.per_owner.get_mut(&self.owner) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                running.remove(&self.owner);
+                running.per_owner.remove(&self.owner);
             }
         }
     }
@@ -568,31 +582,38 @@ impl Sandbox for WasmSandbox {
         merged.extend(req.env.clone());
         env.retain(|(k, _)| !merged.contains_key(k));
         env.extend(merged);
-        let slot = self.inner.take_slot(&self.owner)?;
-        let made = match python.then(|| self.standby.take(deadline)).flatten() {
-            Some(ready) => Instantiated::Ready(ready),
-            None => run::instantiate(&self.rt, &engines.engine, &program, &self.setup, deadline)?,
+        let slot = self
+            .inner
+            .take_slot(&self.owner, self.limits.fuel.is_some())?;
+        let params = run::Params {
+            args,
+            env,
+            stdin: req.stdin.clone().unwrap_or_default(),
+        };
+        let (made, params) = match python.then(|| self.standby.take(deadline)).flatten() {
+            Some(ready) => (Instantiated::Ready(ready), Some(params)),
+            None => (
+                run::instantiate(
+                    &self.rt,
+                    &engines.engine,
+                    &program,
+                    &self.setup,
+                    Some(params),
+                    deadline,
+                )?,
+                None,
+            ),
         };
         self.execs += 1;
         let raw = match made {
             Instantiated::Ended(raw) => *raw,
             Instantiated::Ready(ready) => {
-                let (raw, spent) = run::run(
-                    &self.rt,
-                    ready,
-                    &self.setup,
-                    run::Params {
-                        args,
-                        env,
-                        stdin: req.stdin.clone().unwrap_or_default(),
-                    },
-                    deadline,
-                )?;
+                let (raw, spent) = run::run(&self.rt, ready, &self.setup, params, deadline)?;
                 // From the second exec on, a worker makes the next exec's instance and
                 // resets this one's pool slot (the engine has spare slots for that) while the
                 // answer goes back; otherwise the slot is reset here before the exec's place
                 // is given back.
-                if python && self.execs > 1 && self.inner.workers.enabled() {
+                if python && self.execs > 1 && !req.last && self.inner.workers.enabled() {
                     // The spent store first: the worker drops it before it makes the next
                     // instance, which then gets the slot just reset, with the pages it
                     // keeps resident.

@@ -127,12 +127,16 @@ pub(crate) struct Params {
     pub stdin: Vec<u8>,
 }
 
-/// An instance made but not yet run: its own new store, whose WASI context gives the guest
-/// nothing (no arguments, environment, stdio or directory) until the exec's own context
-/// replaces it. Nothing of it is ever shared: one `Ready` serves exactly one exec.
+/// An instance made but not yet run, in its own new store. One made ahead of its exec (a
+/// standby) has a WASI context that gives the guest nothing (no arguments, environment, stdio
+/// or directory) until the exec's own context replaces it; one made for a known exec has that
+/// exec's context from the start. Nothing of it is ever shared: one `Ready` serves exactly one
+/// exec.
 pub(crate) struct Ready {
     flags: Arc<Flags>,
     made: Made,
+    /// The exec's captured stdout and stderr, when it was made with the exec's context.
+    io: Option<(Capture, Capture)>,
 }
 
 enum Made {
@@ -151,19 +155,84 @@ enum Made {
 pub(crate) struct Spent(#[allow(dead_code)] Made);
 
 /// The result of making an instance: one ready to run, or how the exec ended without one
-/// (the memory limit refused its memories, the pool was full, the deadline passed).
+/// (the memory limit refused its memories, the pool was full, the deadline passed, a start
+/// function trapped).
 pub(crate) enum Instantiated {
     Ready(Ready),
     Ended(Box<Raw>),
 }
 
-/// Makes a fresh instance of `program` for one exec of the sandbox set up as `setup`, with
-/// the sandbox's memory, table and instance limits, within `deadline`.
+/// One exec's WASI context, with its captured stdout and stderr.
+struct Io {
+    ctx: WasiCtxBuilder,
+    stdout: Capture,
+    stderr: Capture,
+}
+
+impl Io {
+    /// The exec's own context: its arguments, environment, stdin, captured and capped
+    /// stdout and stderr, the sandbox's scratch dir as `/work`, no network.
+    fn exec(setup: &Setup, p: Params, flags: &Arc<Flags>) -> Result<Io, cordon_core::Error> {
+        let stdout = Capture::new(setup.limits.stdout_bytes, flags.clone());
+        let stderr = Capture::new(setup.limits.stderr_bytes, flags.clone());
+        let mut b = WasiCtxBuilder::new();
+        b.args(&p.args)
+            .envs(&p.env)
+            .stdin(MemoryInputPipe::new(p.stdin))
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            // Filesystem calls run on this thread, not handed to tokio's blocking pool and
+            // back (two thread switches per call, over 0.1 ms of every Python exec). They only
+            // reach the sandbox's own scratch dir, bounded by the disk quota, where nothing can
+            // block for long (no FIFOs or devices can appear there); the deadline is checked
+            // on return.
+            .allow_blocking_current_thread(true);
+        b.preopened_dir(&setup.scratch, "/work", FsPerms::ReadWrite)
+            .map_err(|e| {
+                cordon_core::Error::Sandbox(format!("could not open the scratch dir: {e}"))
+            })?;
+        Ok(Io {
+            ctx: b,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// A context that grants nothing, for an instance whose exec is not known yet (its
+    /// captures are placeholders: nothing is attached to them).
+    fn empty(flags: &Arc<Flags>) -> Io {
+        let mut b = WasiCtxBuilder::new();
+        b.allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        Io {
+            ctx: b,
+            stdout: Capture::new(0, flags.clone()),
+            stderr: Capture::new(0, flags.clone()),
+        }
+    }
+}
+
+/// The time left before `deadline` plus [`GRACE`]: the whole exec, instantiation and run,
+/// ends by `deadline + GRACE` at the latest.
+fn outer(deadline: Instant) -> Duration {
+    (deadline + GRACE).saturating_duration_since(Instant::now())
+}
+
+/// Makes a fresh instance of `program` for the sandbox set up as `setup`, with the sandbox's
+/// memory, table and instance limits and fuel, within `deadline`: for the exec `exec` (whose
+/// context any start function of the program already sees, and whose fuel covers
+/// instantiation and run together), or, with `None`, ahead of an exec not known yet (only
+/// for Cordon's own guests, which run no code of a user's at instantiation).
 pub(crate) fn instantiate(
     rt: &tokio::runtime::Runtime,
     engine: &Engine,
     program: &Program,
     setup: &Setup,
+    exec: Option<Params>,
     deadline: Instant,
 ) -> Result<Instantiated, cordon_core::Error> {
     let flags = Arc::new(Flags::default());
@@ -180,13 +249,22 @@ pub(crate) fn instantiate(
         total_memory: 0,
         peak_memory: 0,
     };
-    let outer = deadline.saturating_duration_since(Instant::now()) + GRACE;
+    let known = exec.is_some();
+    let io = match exec {
+        Some(p) => Io::exec(setup, p, &flags)?,
+        None => Io::empty(&flags),
+    };
+    let Io {
+        mut ctx,
+        stdout,
+        stderr,
+    } = io;
     let made = match program {
         Program::Component(pre) => {
             let mut table = ResourceTable::new();
             table.set_max_capacity(resource_cap(&setup.limits));
             let state = P2State {
-                ctx: WasiCtxBuilder::new().build(),
+                ctx: ctx.build(),
                 table,
                 limiter,
                 quota,
@@ -195,7 +273,7 @@ pub(crate) fn instantiate(
             store.limiter(|s| &mut s.limiter);
             arm(&mut store, deadline, flags.clone(), setup.fuel)?;
             let r = rt.block_on(async {
-                tokio::time::timeout(outer, pre.instantiate_async(&mut store)).await
+                tokio::time::timeout(outer(deadline), pre.instantiate_async(&mut store)).await
             });
             match r {
                 Ok(Ok(cmd)) => Ok(Made::Component { store, cmd }),
@@ -204,12 +282,10 @@ pub(crate) fn instantiate(
             }
         }
         Program::Module(pre) => {
-            let mut ctx = WasiCtxBuilder::new().build_p1();
-            ctx.ctx()
-                .table
-                .set_max_capacity(resource_cap(&setup.limits));
+            let mut p1 = ctx.build_p1();
+            p1.ctx().table.set_max_capacity(resource_cap(&setup.limits));
             let state = P1State {
-                ctx,
+                ctx: p1,
                 limiter,
                 quota,
             };
@@ -217,7 +293,7 @@ pub(crate) fn instantiate(
             store.limiter(|s| &mut s.limiter);
             arm(&mut store, deadline, flags.clone(), setup.fuel)?;
             let r = rt.block_on(async {
-                tokio::time::timeout(outer, pre.instantiate_async(&mut store)).await
+                tokio::time::timeout(outer(deadline), pre.instantiate_async(&mut store)).await
             });
             match r {
                 Ok(Ok(inst)) => Ok(Made::Module { store, inst }),
@@ -227,7 +303,11 @@ pub(crate) fn instantiate(
         }
     };
     Ok(match made {
-        Ok(made) => Instantiated::Ready(Ready { flags, made }),
+        Ok(made) => Instantiated::Ready(Ready {
+            flags,
+            made,
+            io: known.then_some((stdout, stderr)),
+        }),
         Err((e, peak)) => {
             let result = match e {
                 Some(e) => Ok(Err(e)),
@@ -236,8 +316,8 @@ pub(crate) fn instantiate(
             Instantiated::Ended(Box::new(conclude(
                 result,
                 &flags,
-                (Vec::new(), false),
-                (Vec::new(), false),
+                stdout.take(),
+                stderr.take(),
                 peak,
                 setup.limits.open_files,
             )))
@@ -245,43 +325,44 @@ pub(crate) fn instantiate(
     })
 }
 
-/// Runs one exec in `ready`, an instance made for this sandbox (just now, or ahead of time):
-/// the exec's own WASI context (its arguments, environment, stdin, captured stdout and
-/// stderr, `/work`) replaces the empty one, and its deadline and fuel are set afresh.
+/// Runs one exec in `ready`, an instance made for this sandbox: one made for this exec (with
+/// `p` given to [`instantiate`]) runs as it is; in one made ahead, the exec's own context
+/// (`p` here) replaces the empty one, and its deadline and fuel are set afresh.
 pub(crate) fn run(
     rt: &tokio::runtime::Runtime,
     ready: Ready,
     setup: &Setup,
-    p: Params,
+    p: Option<Params>,
     deadline: Instant,
 ) -> Result<(Raw, Spent), cordon_core::Error> {
-    let Ready { flags, made } = ready;
+    let Ready { flags, made, io } = ready;
     let limits = &setup.limits;
-    let stdout = Capture::new(limits.stdout_bytes, flags.clone());
-    let stderr = Capture::new(limits.stderr_bytes, flags.clone());
-    let mut b = WasiCtxBuilder::new();
-    b.args(&p.args)
-        .envs(&p.env)
-        .stdin(MemoryInputPipe::new(p.stdin))
-        .stdout(stdout.clone())
-        .stderr(stderr.clone())
-        .allow_tcp(false)
-        .allow_udp(false)
-        .allow_ip_name_lookup(false)
-        // Filesystem calls run on this thread, not handed to tokio's blocking pool and back
-        // (two thread switches per call, over 0.1 ms of every Python exec). They only reach the
-        // sandbox's own scratch dir, bounded by the disk quota, where nothing can block for
-        // long (no FIFOs or devices can appear there); the deadline is checked on return.
-        .allow_blocking_current_thread(true);
-    b.preopened_dir(&setup.scratch, "/work", FsPerms::ReadWrite)
-        .map_err(|e| cordon_core::Error::Sandbox(format!("could not open the scratch dir: {e}")))?;
-    let outer = deadline.saturating_duration_since(Instant::now()) + GRACE;
+    let (swap, stdout, stderr) = match (io, p) {
+        (Some((stdout, stderr)), _) => (None, stdout, stderr),
+        (None, Some(p)) => {
+            let Io {
+                ctx,
+                stdout,
+                stderr,
+            } = Io::exec(setup, p, &flags)?;
+            (Some(ctx), stdout, stderr)
+        }
+        (None, None) => {
+            return Err(cordon_core::Error::Sandbox(
+                "the wasm tier lost an exec's inputs between instantiation and run; retry the \
+                 exec"
+                    .into(),
+            ));
+        }
+    };
     let (result, peak, spent) = match made {
         Made::Component { mut store, cmd } => {
-            store.data_mut().ctx = b.build();
-            arm(&mut store, deadline, flags.clone(), setup.fuel)?;
+            if let Some(mut ctx) = swap {
+                store.data_mut().ctx = ctx.build();
+                arm(&mut store, deadline, flags.clone(), setup.fuel)?;
+            }
             let r = rt.block_on(async {
-                tokio::time::timeout(outer, async {
+                tokio::time::timeout(outer(deadline), async {
                     let r = cmd.wasi_cli_run().call_run(&mut store).await?;
                     Ok::<i32, wasmtime::Error>(if r.is_ok() { 0 } else { 1 })
                 })
@@ -291,12 +372,14 @@ pub(crate) fn run(
             (r, peak, Made::Component { store, cmd })
         }
         Made::Module { mut store, inst } => {
-            let mut ctx = b.build_p1();
-            ctx.ctx().table.set_max_capacity(resource_cap(limits));
-            store.data_mut().ctx = ctx;
-            arm(&mut store, deadline, flags.clone(), setup.fuel)?;
+            if let Some(mut ctx) = swap {
+                let mut p1 = ctx.build_p1();
+                p1.ctx().table.set_max_capacity(resource_cap(limits));
+                store.data_mut().ctx = p1;
+                arm(&mut store, deadline, flags.clone(), setup.fuel)?;
+            }
             let r = rt.block_on(async {
-                tokio::time::timeout(outer, async {
+                tokio::time::timeout(outer(deadline), async {
                     let start = inst.get_typed_func::<(), ()>(&mut store, "_start")?;
                     start.call_async(&mut store, ()).await?;
                     Ok::<i32, wasmtime::Error>(0)

@@ -53,10 +53,11 @@ struct Cell {
 enum State {
     #[default]
     Empty,
-    /// Asked for; no worker has started it (an exec that comes first makes its own).
-    Queued(u64),
+    /// Asked for; no worker has started it (an exec that comes first makes its own, and the
+    /// budget is given back at once).
+    Queued(u64, Hold),
     /// A worker is making it (an exec that comes waits for it).
-    Making(u64),
+    Making(u64, Hold),
     Ready {
         ready: Ready,
         hold: Hold,
@@ -72,9 +73,9 @@ impl Standby {
         loop {
             match std::mem::take(&mut *state) {
                 State::Ready { ready, .. } => return Some(ready),
-                State::Empty | State::Queued(_) => return None,
-                State::Making(ticket) => {
-                    *state = State::Making(ticket);
+                State::Empty | State::Queued(..) => return None,
+                State::Making(ticket, hold) => {
+                    *state = State::Making(ticket, hold);
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         // Abandoned: the worker drops what it makes.
@@ -103,13 +104,12 @@ impl Standby {
             return;
         };
         let ticket = workers.ticket();
-        *state = State::Queued(ticket);
+        *state = State::Queued(ticket, hold);
         drop(state);
         workers.push(Make {
             cell: Arc::downgrade(&self.cell),
             ticket,
             job,
-            hold,
         });
     }
 
@@ -133,7 +133,6 @@ struct Make {
     cell: Weak<Cell>,
     ticket: u64,
     job: Job,
-    hold: Hold,
 }
 
 /// One standby instance's place in the backend's and its owner's budgets.
@@ -165,6 +164,9 @@ struct Budget {
 struct Queue {
     makes: VecDeque<Make>,
     disposals: Vec<Box<dyn Send>>,
+    /// Spent stores handed over and not yet dropped (queued or being dropped): each holds
+    /// one of the engine's spare pool slots.
+    pending: u32,
     /// Cells that may hold a ready instance, checked for [`IDLE`] ones.
     idle: Vec<Weak<Cell>>,
     threads: usize,
@@ -241,12 +243,13 @@ impl Workers {
     /// the workers are that far behind.
     pub fn dispose(&self, what: Box<dyn Send>) -> bool {
         let mut q = lock(&self.shared.queue);
-        if q.closed || q.disposals.len() >= MAX_PENDING_DISPOSALS as usize {
+        if q.closed || q.pending >= MAX_PENDING_DISPOSALS {
             drop(q);
             drop(what);
             return false;
         }
         q.disposals.push(what);
+        q.pending += 1;
         self.wake(q);
         true
     }
@@ -272,20 +275,49 @@ impl Drop for Workers {
         let mut q = lock(&self.shared.queue);
         q.closed = true;
         let makes = std::mem::take(&mut q.makes);
+        // With no worker left to drop them, what is queued is dropped here.
+        let orphans = if q.threads == 0 {
+            q.pending = 0;
+            (
+                std::mem::take(&mut q.disposals),
+                std::mem::take(&mut q.idle),
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
         drop(q);
         drop(makes);
+        drop(orphans.0);
+        for c in orphans.1 {
+            expire(&c, Duration::ZERO);
+        }
         self.shared.work.notify_all();
     }
+}
+
+/// A worker thread's place in the count, given back however the thread ends.
+struct Alive<'a>(&'a Shared);
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        let mut q = lock(&self.0.queue);
+        q.threads = q.threads.saturating_sub(1);
+    }
+}
+
+/// Runs `f`, a drop of guest state, keeping the worker alive if it panics.
+fn quietly(f: impl FnOnce()) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
 }
 
 /// A worker: drops spent stores first (they hold pool slots), then makes standby instances,
 /// and drops those unused for [`IDLE`].
 fn work(shared: &Shared) {
+    let _alive = Alive(shared);
     let Ok(rt) = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
     else {
-        lock(&shared.queue).threads -= 1;
         return;
     };
     let mut last_scan = Instant::now();
@@ -296,15 +328,17 @@ fn work(shared: &Shared) {
             last_scan = Instant::now();
             let idle = std::mem::take(&mut q.idle);
             drop(q);
-            let kept: Vec<_> = idle.into_iter().filter(|c| !expire(c, IDLE)).collect();
+            let mut kept = Vec::new();
+            quietly(|| kept = idle.into_iter().filter(|c| !expire(c, IDLE)).collect());
             q = lock(&shared.queue);
             q.idle.extend(kept);
             continue;
         }
         if let Some(d) = q.disposals.pop() {
             drop(q);
-            drop(d);
+            quietly(|| drop(d));
             q = lock(&shared.queue);
+            q.pending = q.pending.saturating_sub(1);
             continue;
         }
         if let Some(m) = q.makes.pop_front() {
@@ -319,12 +353,13 @@ fn work(shared: &Shared) {
             continue;
         }
         if q.closed {
-            q.threads -= 1;
             let idle = std::mem::take(&mut q.idle);
             drop(q);
-            for c in idle {
-                expire(&c, Duration::ZERO);
-            }
+            quietly(|| {
+                for c in idle {
+                    expire(&c, Duration::ZERO);
+                }
+            });
             return;
         }
         q = if q.idle.is_empty() {
@@ -342,43 +377,43 @@ fn work(shared: &Shared) {
 
 /// Makes one standby instance; the cell to watch for idleness when one was put there.
 fn make(rt: &tokio::runtime::Runtime, m: Make) -> Option<Weak<Cell>> {
-    let Make {
-        cell,
-        ticket,
-        job,
-        hold,
-    } = m;
+    let Make { cell, ticket, job } = m;
     let c = cell.upgrade()?;
     {
         let mut state = lock(&c.state);
-        if !matches!(*state, State::Queued(t) if t == ticket) {
-            return None;
+        match std::mem::take(&mut *state) {
+            State::Queued(t, hold) if t == ticket => *state = State::Making(ticket, hold),
+            other => {
+                *state = other;
+                return None;
+            }
         }
-        *state = State::Making(ticket);
     }
     // Making an instance takes milliseconds; the sandbox's own timeout bounds it (an hour at
     // most, whatever the limit says).
     let bound = Duration::from_millis(job.setup.limits.timeout_ms).min(Duration::from_secs(3600));
     let deadline = Instant::now() + bound;
     let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run::instantiate(rt, &job.engine, &job.program, &job.setup, deadline)
+        run::instantiate(rt, &job.engine, &job.program, &job.setup, None, deadline)
     }));
     let mut state = lock(&c.state);
-    let ours = matches!(*state, State::Making(t) if t == ticket);
-    let kept = match made {
-        Ok(Ok(Instantiated::Ready(ready))) if ours => {
-            *state = State::Ready {
-                ready,
-                hold,
-                since: Instant::now(),
-            };
-            true
-        }
-        // A failed instantiation is left to the exec, which makes its own and reports why.
-        _ => {
-            if ours {
-                *state = State::Empty;
+    let kept = match std::mem::take(&mut *state) {
+        State::Making(t, hold) if t == ticket => match made {
+            Ok(Ok(Instantiated::Ready(ready))) => {
+                *state = State::Ready {
+                    ready,
+                    hold,
+                    since: Instant::now(),
+                };
+                true
             }
+            // A failed instantiation is left to the exec, which makes its own and reports
+            // why; the budget is given back.
+            _ => false,
+        },
+        // Abandoned, cleared or asked for again meanwhile: what was made is dropped.
+        other => {
+            *state = other;
             false
         }
     };

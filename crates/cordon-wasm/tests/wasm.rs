@@ -1105,3 +1105,86 @@ fn standby_instances_are_bounded_and_never_take_a_running_execs_place() {
     }
     assert_eq!(standby_settles(&b, 0), 0);
 }
+
+/// A module whose `start` function (run at instantiation) writes to stdout, then burns
+/// `start_loops` iterations; its `_start` burns `run_loops`.
+fn start_section_module(start_loops: u32, run_loops: u32) -> Vec<u8> {
+    wat::parse_str(format!(
+        r#"
+(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "from start\n")
+  (func $burn (param $n i32)
+    (block $done
+      (loop $again
+        (br_if $done (i32.eqz (local.get $n)))
+        (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+        (br $again))))
+  (func $init
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 11))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+    (call $burn (i32.const {start_loops})))
+  (start $init)
+  (func (export "_start") (call $burn (i32.const {run_loops}))))
+"#
+    ))
+    .unwrap()
+}
+
+#[test]
+fn a_user_modules_start_function_runs_inside_the_execs_context_and_fuel() {
+    let mut s = spec();
+    s.limits.fuel = Some(12_000_000);
+    let mut sb = backend().create(&s).unwrap();
+    // What the start function writes is the exec's output, captured like the rest.
+    let o = exec_in(
+        sb.as_mut(),
+        &wasm_req(start_section_module(0, 1_000_000), &[]),
+    );
+    assert!(o.success(), "{o:#?}");
+    assert_eq!(out(&o), "from start\n");
+    // The fuel covers instantiation and run together: each half fits, both do not.
+    let o = exec_in(
+        sb.as_mut(),
+        &wasm_req(start_section_module(1_000_000, 0), &[]),
+    );
+    assert!(o.success(), "{o:#?}");
+    let o = exec_in(
+        sb.as_mut(),
+        &wasm_req(start_section_module(1_000_000, 1_000_000), &[]),
+    );
+    assert_eq!(o.termination, Termination::Timeout, "{o:#?}");
+    assert!(o.warnings.iter().any(|w| w.contains("fuel")), "{o:#?}");
+}
+
+#[test]
+fn an_exec_marked_last_leaves_no_standby_behind() {
+    let b = own_backend(cordon_wasm::PoolSize::default());
+    let mut sb = b.create(&spec()).unwrap();
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(Language::Python, "print(1)"),
+    );
+    assert_eq!(out(&o), "1\n");
+    let mut req = ExecRequest::code(Language::Python, "print(2)");
+    req.last = true;
+    let o = exec_in(sb.as_mut(), &req);
+    assert_eq!(out(&o), "2\n");
+    assert_eq!(
+        b.standby_held(),
+        0,
+        "nothing is made for an exec that never comes"
+    );
+    // Without the mark, the second exec makes one.
+    let mut sb2 = b.create(&spec()).unwrap();
+    for i in 0..2 {
+        let o = exec_in(
+            sb2.as_mut(),
+            &ExecRequest::code(Language::Python, "print(3)"),
+        );
+        assert_eq!(out(&o), "3\n", "exec {i}");
+    }
+    assert_eq!(standby_settles(&b, 1), 1);
+}
