@@ -590,8 +590,13 @@ impl Sandbox for WasmSandbox {
             env,
             stdin: req.stdin.clone().unwrap_or_default(),
         };
+        // CPU time spent for this exec on another thread (its standby's making).
+        let mut elsewhere_ns = 0;
         let (made, params) = match python.then(|| self.standby.take(deadline)).flatten() {
-            Some(ready) => (Instantiated::Ready(ready), Some(params)),
+            Some(ready) => {
+                elsewhere_ns = ready.cpu_ns();
+                (Instantiated::Ready(ready), Some(params))
+            }
             None => (
                 run::instantiate(
                     &self.rt,
@@ -650,7 +655,10 @@ impl Sandbox for WasmSandbox {
         o.stderr_truncated = raw.stderr_truncated;
         o.warnings = raw.warnings;
         o.usage = Usage {
-            cpu_time_us: sys::thread_cpu_ns().saturating_sub(cpu0) / 1000,
+            cpu_time_us: sys::thread_cpu_ns()
+                .saturating_sub(cpu0)
+                .saturating_add(elsewhere_ns)
+                / 1000,
             peak_memory_bytes: raw.peak_memory,
             wall_time_us: wall,
         };

@@ -137,6 +137,16 @@ pub(crate) struct Ready {
     made: Made,
     /// The exec's captured stdout and stderr, when it was made with the exec's context.
     io: Option<(Capture, Capture)>,
+    /// CPU time the making took, on the thread that made it.
+    cpu_ns: u64,
+}
+
+impl Ready {
+    /// CPU time making this instance took (counted in an exec's usage when another thread
+    /// made it).
+    pub fn cpu_ns(&self) -> u64 {
+        self.cpu_ns
+    }
 }
 
 enum Made {
@@ -235,6 +245,7 @@ pub(crate) fn instantiate(
     exec: Option<Params>,
     deadline: Instant,
 ) -> Result<Instantiated, cordon_core::Error> {
+    let cpu0 = crate::sys::thread_cpu_ns();
     let flags = Arc::new(Flags::default());
     let quota = Arc::new(DiskQuota::new(
         setup.scratch.clone(),
@@ -307,6 +318,7 @@ pub(crate) fn instantiate(
             flags,
             made,
             io: known.then_some((stdout, stderr)),
+            cpu_ns: crate::sys::thread_cpu_ns().saturating_sub(cpu0),
         }),
         Err((e, peak)) => {
             let result = match e {
@@ -335,7 +347,9 @@ pub(crate) fn run(
     p: Option<Params>,
     deadline: Instant,
 ) -> Result<(Raw, Spent), cordon_core::Error> {
-    let Ready { flags, made, io } = ready;
+    let Ready {
+        flags, made, io, ..
+    } = ready;
     let limits = &setup.limits;
     let (swap, stdout, stderr) = match (io, p) {
         (Some((stdout, stderr)), _) => (None, stdout, stderr),
