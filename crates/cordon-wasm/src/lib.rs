@@ -441,7 +441,6 @@ impl Backend for WasmBackend {
             setup: Arc::new(run::Setup {
                 scratch: scratch.path().to_path_buf(),
                 limits: spec.limits.clone(),
-                fuel: spec.limits.fuel,
                 disk: disk.clone(),
             }),
             scratch: Some(scratch),
@@ -592,28 +591,25 @@ impl Sandbox for WasmSandbox {
         };
         // CPU time spent for this exec on another thread (its standby's making).
         let mut elsewhere_ns = 0;
-        let (made, params) = match python.then(|| self.standby.take(deadline)).flatten() {
+        let made = match python.then(|| self.standby.take(deadline)).flatten() {
             Some(ready) => {
                 elsewhere_ns = ready.cpu_ns();
-                (Instantiated::Ready(ready), Some(params))
+                Instantiated::Ready(ready.bind(&self.setup, params, deadline)?)
             }
-            None => (
-                run::instantiate(
-                    &self.rt,
-                    &engines.engine,
-                    &program,
-                    &self.setup,
-                    Some(params),
-                    deadline,
-                )?,
-                None,
-            ),
+            None => run::instantiate(
+                &self.rt,
+                &engines.engine,
+                &program,
+                &self.setup,
+                params,
+                deadline,
+            )?,
         };
         self.execs += 1;
         let raw = match made {
             Instantiated::Ended(raw) => *raw,
-            Instantiated::Ready(ready) => {
-                let (raw, spent) = run::run(&self.rt, ready, &self.setup, params, deadline)?;
+            Instantiated::Ready(bound) => {
+                let (raw, spent) = run::run(&self.rt, bound, &self.setup, deadline)?;
                 // From the second exec on, a worker makes the next exec's instance and
                 // resets this one's pool slot (the engine has spare slots for that) while the
                 // answer goes back; otherwise the slot is reset here before the exec's place

@@ -115,7 +115,6 @@ const GRACE: Duration = Duration::from_millis(50);
 pub(crate) struct Setup {
     pub scratch: PathBuf,
     pub limits: Limits,
-    pub fuel: Option<u64>,
     /// The sandbox's disk count, shared by its execs and file puts.
     pub disk: Arc<DiskLedger>,
 }
@@ -127,26 +126,22 @@ pub(crate) struct Params {
     pub stdin: Vec<u8>,
 }
 
-/// An instance made but not yet run, in its own new store. One made ahead of its exec (a
-/// standby) has a WASI context that gives the guest nothing (no arguments, environment, stdio
-/// or directory) until the exec's own context replaces it; one made for a known exec has that
-/// exec's context from the start. Nothing of it is ever shared: one `Ready` serves exactly one
-/// exec.
+/// An instance made ahead of its exec (a standby), in its own new store, whose WASI context
+/// gives the guest nothing (no arguments, environment, stdio or directory) until
+/// [`Ready::bind`] gives it one exec's. Never shared: it serves exactly one exec.
 pub(crate) struct Ready {
     flags: Arc<Flags>,
     made: Made,
-    /// The exec's captured stdout and stderr, when it was made with the exec's context.
-    io: Option<(Capture, Capture)>,
     /// CPU time the making took, on the thread that made it.
     cpu_ns: u64,
 }
 
-impl Ready {
-    /// CPU time making this instance took (counted in an exec's usage when another thread
-    /// made it).
-    pub fn cpu_ns(&self) -> u64 {
-        self.cpu_ns
-    }
+/// An instance with its exec's context, its deadline and fuel set: ready to run.
+pub(crate) struct Bound {
+    flags: Arc<Flags>,
+    made: Made,
+    stdout: Capture,
+    stderr: Capture,
 }
 
 enum Made {
@@ -164,66 +159,49 @@ enum Made {
 /// pages the guest wrote), which the caller may leave to another thread.
 pub(crate) struct Spent(#[allow(dead_code)] Made);
 
-/// The result of making an instance: one ready to run, or how the exec ended without one
-/// (the memory limit refused its memories, the pool was full, the deadline passed, a start
-/// function trapped).
+/// The result of making an instance for an exec: one ready to run, or how the exec ended
+/// without one (the memory limit refused its memories, the pool was full, the deadline
+/// passed, a start function trapped).
 pub(crate) enum Instantiated {
-    Ready(Ready),
+    Ready(Bound),
     Ended(Box<Raw>),
 }
 
-/// One exec's WASI context, with its captured stdout and stderr.
-struct Io {
-    ctx: WasiCtxBuilder,
-    stdout: Capture,
-    stderr: Capture,
+/// One exec's WASI context: its arguments, environment, stdin, captured and capped stdout
+/// and stderr, the sandbox's scratch dir as `/work`, no network.
+fn exec_ctx(
+    setup: &Setup,
+    p: Params,
+    flags: &Arc<Flags>,
+) -> Result<(WasiCtxBuilder, Capture, Capture), cordon_core::Error> {
+    let stdout = Capture::new(setup.limits.stdout_bytes, flags.clone());
+    let stderr = Capture::new(setup.limits.stderr_bytes, flags.clone());
+    let mut b = WasiCtxBuilder::new();
+    b.args(&p.args)
+        .envs(&p.env)
+        .stdin(MemoryInputPipe::new(p.stdin))
+        .stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        // Filesystem calls run on this thread, not handed to tokio's blocking pool and back
+        // (two thread switches per call, over 0.1 ms of every Python exec). They only reach the
+        // sandbox's own scratch dir, bounded by the disk quota, where nothing can block for
+        // long (no FIFOs or devices can appear there); the deadline is checked on return.
+        .allow_blocking_current_thread(true);
+    b.preopened_dir(&setup.scratch, "/work", FsPerms::ReadWrite)
+        .map_err(|e| cordon_core::Error::Sandbox(format!("could not open the scratch dir: {e}")))?;
+    Ok((b, stdout, stderr))
 }
 
-impl Io {
-    /// The exec's own context: its arguments, environment, stdin, captured and capped
-    /// stdout and stderr, the sandbox's scratch dir as `/work`, no network.
-    fn exec(setup: &Setup, p: Params, flags: &Arc<Flags>) -> Result<Io, cordon_core::Error> {
-        let stdout = Capture::new(setup.limits.stdout_bytes, flags.clone());
-        let stderr = Capture::new(setup.limits.stderr_bytes, flags.clone());
-        let mut b = WasiCtxBuilder::new();
-        b.args(&p.args)
-            .envs(&p.env)
-            .stdin(MemoryInputPipe::new(p.stdin))
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            // Filesystem calls run on this thread, not handed to tokio's blocking pool and
-            // back (two thread switches per call, over 0.1 ms of every Python exec). They only
-            // reach the sandbox's own scratch dir, bounded by the disk quota, where nothing can
-            // block for long (no FIFOs or devices can appear there); the deadline is checked
-            // on return.
-            .allow_blocking_current_thread(true);
-        b.preopened_dir(&setup.scratch, "/work", FsPerms::ReadWrite)
-            .map_err(|e| {
-                cordon_core::Error::Sandbox(format!("could not open the scratch dir: {e}"))
-            })?;
-        Ok(Io {
-            ctx: b,
-            stdout,
-            stderr,
-        })
-    }
-
-    /// A context that grants nothing, for an instance whose exec is not known yet (its
-    /// captures are placeholders: nothing is attached to them).
-    fn empty(flags: &Arc<Flags>) -> Io {
-        let mut b = WasiCtxBuilder::new();
-        b.allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false);
-        Io {
-            ctx: b,
-            stdout: Capture::new(0, flags.clone()),
-            stderr: Capture::new(0, flags.clone()),
-        }
-    }
+/// A WASI context that grants nothing, for an instance whose exec is not known yet.
+fn empty_ctx() -> WasiCtxBuilder {
+    let mut b = WasiCtxBuilder::new();
+    b.allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false);
+    b
 }
 
 /// The time left before `deadline` plus [`GRACE`]: the whole exec, instantiation and run,
@@ -232,21 +210,18 @@ fn outer(deadline: Instant) -> Duration {
     (deadline + GRACE).saturating_duration_since(Instant::now())
 }
 
-/// Makes a fresh instance of `program` for the sandbox set up as `setup`, with the sandbox's
-/// memory, table and instance limits and fuel, within `deadline`: for the exec `exec` (whose
-/// context any start function of the program already sees, and whose fuel covers
-/// instantiation and run together), or, with `None`, ahead of an exec not known yet (only
-/// for Cordon's own guests, which run no code of a user's at instantiation).
-pub(crate) fn instantiate(
+/// A new store for `program` with the sandbox's memory, table and instance limits, fuel and
+/// deadline, and the WASI context `ctx`, and an instance in it; or why there is none, with
+/// the memory its store reached.
+fn make(
     rt: &tokio::runtime::Runtime,
     engine: &Engine,
     program: &Program,
     setup: &Setup,
-    exec: Option<Params>,
+    mut ctx: WasiCtxBuilder,
+    flags: &Arc<Flags>,
     deadline: Instant,
-) -> Result<Instantiated, cordon_core::Error> {
-    let cpu0 = crate::sys::thread_cpu_ns();
-    let flags = Arc::new(Flags::default());
+) -> Result<Result<Made, (Option<wasmtime::Error>, usize)>, cordon_core::Error> {
     let quota = Arc::new(DiskQuota::new(
         setup.scratch.clone(),
         setup.limits.disk_bytes,
@@ -260,17 +235,7 @@ pub(crate) fn instantiate(
         total_memory: 0,
         peak_memory: 0,
     };
-    let known = exec.is_some();
-    let io = match exec {
-        Some(p) => Io::exec(setup, p, &flags)?,
-        None => Io::empty(&flags),
-    };
-    let Io {
-        mut ctx,
-        stdout,
-        stderr,
-    } = io;
-    let made = match program {
+    Ok(match program {
         Program::Component(pre) => {
             let mut table = ResourceTable::new();
             table.set_max_capacity(resource_cap(&setup.limits));
@@ -282,7 +247,7 @@ pub(crate) fn instantiate(
             };
             let mut store = Store::new(engine, state);
             store.limiter(|s| &mut s.limiter);
-            arm(&mut store, deadline, flags.clone(), setup.fuel)?;
+            arm(&mut store, deadline, flags.clone(), setup.limits.fuel)?;
             let r = rt.block_on(async {
                 tokio::time::timeout(outer(deadline), pre.instantiate_async(&mut store)).await
             });
@@ -302,7 +267,7 @@ pub(crate) fn instantiate(
             };
             let mut store = Store::new(engine, state);
             store.limiter(|s| &mut s.limiter);
-            arm(&mut store, deadline, flags.clone(), setup.fuel)?;
+            arm(&mut store, deadline, flags.clone(), setup.limits.fuel)?;
             let r = rt.block_on(async {
                 tokio::time::timeout(outer(deadline), pre.instantiate_async(&mut store)).await
             });
@@ -312,69 +277,117 @@ pub(crate) fn instantiate(
                 Err(_elapsed) => Err((None, store.data().limiter.peak_memory)),
             }
         }
-    };
-    Ok(match made {
-        Ok(made) => Instantiated::Ready(Ready {
-            flags,
-            made,
-            io: known.then_some((stdout, stderr)),
-            cpu_ns: crate::sys::thread_cpu_ns().saturating_sub(cpu0),
-        }),
-        Err((e, peak)) => {
-            let result = match e {
-                Some(e) => Ok(Err(e)),
-                None => Err(()),
-            };
-            Instantiated::Ended(Box::new(conclude(
-                result,
+    })
+}
+
+/// Makes a fresh instance of `program` for the exec `p` of the sandbox set up as `setup`,
+/// within `deadline`. Any start function of the program runs inside that exec's context, and
+/// the exec's fuel covers instantiation and run together.
+pub(crate) fn instantiate(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    program: &Program,
+    setup: &Setup,
+    p: Params,
+    deadline: Instant,
+) -> Result<Instantiated, cordon_core::Error> {
+    let flags = Arc::new(Flags::default());
+    let (ctx, stdout, stderr) = exec_ctx(setup, p, &flags)?;
+    Ok(
+        match make(rt, engine, program, setup, ctx, &flags, deadline)? {
+            Ok(made) => Instantiated::Ready(Bound {
+                flags,
+                made,
+                stdout,
+                stderr,
+            }),
+            Err((e, peak)) => Instantiated::Ended(Box::new(conclude(
+                e.map_or(Err(()), |e| Ok(Err(e))),
                 &flags,
                 stdout.take(),
                 stderr.take(),
                 peak,
                 setup.limits.open_files,
-            )))
-        }
-    })
+            ))),
+        },
+    )
 }
 
-/// Runs one exec in `ready`, an instance made for this sandbox: one made for this exec (with
-/// `p` given to [`instantiate`]) runs as it is; in one made ahead, the exec's own context
-/// (`p` here) replaces the empty one, and its deadline and fuel are set afresh.
+/// Makes an instance of `program` ahead of an exec not known yet, for the sandbox set up as
+/// `setup` (only for Cordon's own guests, which run no code of a user's at instantiation).
+/// `None` when it could not be made: the exec then makes its own and reports why.
+pub(crate) fn instantiate_ahead(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    program: &Program,
+    setup: &Setup,
+    deadline: Instant,
+) -> Result<Option<Ready>, cordon_core::Error> {
+    let cpu0 = crate::sys::thread_cpu_ns();
+    let flags = Arc::new(Flags::default());
+    let made = make(rt, engine, program, setup, empty_ctx(), &flags, deadline)?;
+    Ok(made.ok().map(|made| Ready {
+        flags,
+        made,
+        cpu_ns: crate::sys::thread_cpu_ns().saturating_sub(cpu0),
+    }))
+}
+
+impl Ready {
+    /// CPU time making this instance took (counted in the exec's usage, since another thread
+    /// made it).
+    pub fn cpu_ns(&self) -> u64 {
+        self.cpu_ns
+    }
+
+    /// Gives the instance the exec `p`'s own context in place of the empty one, and sets its
+    /// deadline and fuel afresh.
+    pub fn bind(
+        self,
+        setup: &Setup,
+        p: Params,
+        deadline: Instant,
+    ) -> Result<Bound, cordon_core::Error> {
+        let Ready { flags, made, .. } = self;
+        let (mut ctx, stdout, stderr) = exec_ctx(setup, p, &flags)?;
+        let made = match made {
+            Made::Component { mut store, cmd } => {
+                store.data_mut().ctx = ctx.build();
+                arm(&mut store, deadline, flags.clone(), setup.limits.fuel)?;
+                Made::Component { store, cmd }
+            }
+            Made::Module { mut store, inst } => {
+                let mut p1 = ctx.build_p1();
+                p1.ctx().table.set_max_capacity(resource_cap(&setup.limits));
+                store.data_mut().ctx = p1;
+                arm(&mut store, deadline, flags.clone(), setup.limits.fuel)?;
+                Made::Module { store, inst }
+            }
+        };
+        Ok(Bound {
+            flags,
+            made,
+            stdout,
+            stderr,
+        })
+    }
+}
+
+/// Runs one exec in `bound`, an instance made for this sandbox and given the exec's context.
 pub(crate) fn run(
     rt: &tokio::runtime::Runtime,
-    ready: Ready,
+    bound: Bound,
     setup: &Setup,
-    p: Option<Params>,
     deadline: Instant,
 ) -> Result<(Raw, Spent), cordon_core::Error> {
-    let Ready {
-        flags, made, io, ..
-    } = ready;
-    let limits = &setup.limits;
-    let (swap, stdout, stderr) = match (io, p) {
-        (Some((stdout, stderr)), _) => (None, stdout, stderr),
-        (None, Some(p)) => {
-            let Io {
-                ctx,
-                stdout,
-                stderr,
-            } = Io::exec(setup, p, &flags)?;
-            (Some(ctx), stdout, stderr)
-        }
-        (None, None) => {
-            return Err(cordon_core::Error::Sandbox(
-                "the wasm tier lost an exec's inputs between instantiation and run; retry the \
-                 exec"
-                    .into(),
-            ));
-        }
-    };
+    let Bound {
+        flags,
+        made,
+        stdout,
+        stderr,
+    } = bound;
     let (result, peak, spent) = match made {
         Made::Component { mut store, cmd } => {
-            if let Some(mut ctx) = swap {
-                store.data_mut().ctx = ctx.build();
-                arm(&mut store, deadline, flags.clone(), setup.fuel)?;
-            }
             let r = rt.block_on(async {
                 tokio::time::timeout(outer(deadline), async {
                     let r = cmd.wasi_cli_run().call_run(&mut store).await?;
@@ -386,12 +399,6 @@ pub(crate) fn run(
             (r, peak, Made::Component { store, cmd })
         }
         Made::Module { mut store, inst } => {
-            if let Some(mut ctx) = swap {
-                let mut p1 = ctx.build_p1();
-                p1.ctx().table.set_max_capacity(resource_cap(limits));
-                store.data_mut().ctx = p1;
-                arm(&mut store, deadline, flags.clone(), setup.fuel)?;
-            }
             let r = rt.block_on(async {
                 tokio::time::timeout(outer(deadline), async {
                     let start = inst.get_typed_func::<(), ()>(&mut store, "_start")?;
@@ -410,7 +417,7 @@ pub(crate) fn run(
         stdout.take(),
         stderr.take(),
         peak,
-        limits.open_files,
+        setup.limits.open_files,
     );
     Ok((raw, Spent(spent)))
 }

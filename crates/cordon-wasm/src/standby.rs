@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use wasmtime::Engine;
 
-use crate::run::{self, Instantiated, Program, Ready, Setup};
+use crate::run::{self, Program, Ready, Setup};
 
 /// How long a standby instance is kept for an exec that has not come.
 pub(crate) const IDLE: Duration = Duration::from_secs(30);
@@ -239,19 +239,18 @@ impl Workers {
     }
 
     /// Hands a spent store to a worker to drop (resetting its pool slot, which the engine
-    /// sizes for [`MAX_PENDING_DISPOSALS`] of them). False, with `what` dropped here, when
-    /// the workers are that far behind.
-    pub fn dispose(&self, what: Box<dyn Send>) -> bool {
+    /// sizes for [`MAX_PENDING_DISPOSALS`] of them); drops it here when the workers are that
+    /// far behind.
+    pub fn dispose(&self, what: Box<dyn Send>) {
         let mut q = lock(&self.shared.queue);
         if q.closed || q.pending >= MAX_PENDING_DISPOSALS {
             drop(q);
             drop(what);
-            return false;
+            return;
         }
         q.disposals.push(what);
         q.pending += 1;
         self.wake(q);
-        true
     }
 
     /// Wakes a worker, starting one if fewer run than there may be.
@@ -394,12 +393,12 @@ fn make(rt: &tokio::runtime::Runtime, m: Make) -> Option<Weak<Cell>> {
     let bound = Duration::from_millis(job.setup.limits.timeout_ms).min(Duration::from_secs(3600));
     let deadline = Instant::now() + bound;
     let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run::instantiate(rt, &job.engine, &job.program, &job.setup, None, deadline)
+        run::instantiate_ahead(rt, &job.engine, &job.program, &job.setup, deadline)
     }));
     let mut state = lock(&c.state);
     let kept = match std::mem::take(&mut *state) {
         State::Making(t, hold) if t == ticket => match made {
-            Ok(Ok(Instantiated::Ready(ready))) => {
+            Ok(Ok(Some(ready))) => {
                 *state = State::Ready {
                     ready,
                     hold,
