@@ -378,7 +378,9 @@ def _driver():
                 line, buf = buf.split(b"\n", 1)
                 req = json.loads(line)
                 if req["op"] == "interrupt":
-                    interrupt(req["cell"])
+                    # The server's own interrupt, sent when the cell ran past its timeout
+                    # and the watchdog above had not fired yet (a starved thread): a timeout.
+                    on_timeout(req["cell"])
                 else:
                     pending.append(req)
                     ready.release()

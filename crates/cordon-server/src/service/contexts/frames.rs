@@ -245,6 +245,81 @@ mod tests {
         ));
     }
 
+    /// Frames of a running driver, read on a thread of their own.
+    fn frames_of(mut out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<DriverFrame> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::Read as _;
+            let mut r = FrameReader::default();
+            let mut buf = [0u8; 65536];
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 {
+                    return;
+                }
+                for p in r.push(&buf[..n]) {
+                    if let Piece::Frame(f) = p
+                        && tx.send(f).is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        });
+        rx
+    }
+
+    /// The next frame that `want` picks, within 30 s.
+    fn next_frame(
+        rx: &std::sync::mpsc::Receiver<DriverFrame>,
+        want: impl Fn(&DriverFrame) -> bool,
+    ) -> DriverFrame {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(f) if want(&f) => return f,
+                Ok(_) => continue,
+                Err(e) => panic!("no frame from the driver: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_servers_interrupt_of_a_cell_past_its_timeout_is_a_timeout() {
+        // The Python driver itself, on the host's python3. The server sends its interrupt
+        // only when a cell ran past its timeout and the driver's own watchdog had not fired
+        // (a starved thread under load); the cell must end `timeout`, not as an error.
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", super::super::PYTHON_DRIVER])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 runs");
+        let rx = frames_of(child.stdout.take().expect("stdout"));
+        let mut stdin = child.stdin.take().expect("stdin");
+        next_frame(&rx, |f| matches!(f, DriverFrame::Ready { .. }));
+        let run = DriverRequest::Run {
+            cell: 1,
+            code: "print('started', flush=True)\nimport time\ntime.sleep(30)",
+            timeout_ms: 60_000,
+        };
+        stdin.write_all(&run.line()).expect("request");
+        // The cell is running once its first output is framed.
+        next_frame(&rx, |f| matches!(f, DriverFrame::Stream { cell: 1, .. }));
+        stdin
+            .write_all(&DriverRequest::Interrupt { cell: 1 }.line())
+            .expect("interrupt");
+        let done = next_frame(&rx, |f| matches!(f, DriverFrame::Done { cell: 1, .. }));
+        let _ = child.kill();
+        let _ = child.wait();
+        let DriverFrame::Done { status, error, .. } = done else {
+            unreachable!()
+        };
+        assert_eq!(status, CellStatus::Timeout, "{error:?}");
+    }
+
     #[test]
     fn unknown_fields_and_bad_json_are_reported_not_trusted() {
         let mut r = FrameReader::default();
