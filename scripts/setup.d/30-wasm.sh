@@ -1,12 +1,36 @@
 #!/usr/bin/env bash
-# The wasm tier's toolchain: Debian's clang 19 and wasi-libc (QuickJS to wasm32-wasip1), the
-# rust target, and python3-venv for componentize-py. The guests themselves are built by
-# scripts/guests.d/wasm.sh (setup.sh runs it last; `make test` runs it after its build, with
-# the tools that build made).
+# The wasm tier's toolchain: Debian's clang 19 and wasi-libc (QuickJS and CPython to
+# wasm32-wasi), the rust target, and the source of the CPython the Python guest is built from
+# (Debian's python3.13 source package, so a deb-src entry). The guests themselves are built by
+# scripts/guests.d/30-wasm.sh (setup.sh runs it last; `make test` runs it after its build,
+# with the tools that build made).
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
-apt_install clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc llvm python3-venv
-if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
-  log "adding the rust target wasm32-wasip1"
-  rustup target add wasm32-wasip1 >/dev/null
+apt_install clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc llvm xz-utils
+# The backports build of wasi-libc (2024): it has __wasilibc_reset_preopens and the environ
+# hooks a pre-initialized program needs to read its exec's preopens and environment afresh
+# (guests/python/main.c); bookworm's 2022 build has neither.
+if ! dpkg-query -W -f='${Version}' wasi-libc 2>/dev/null | grep -q '~bpo12'; then
+  log "installing wasi-libc from bookworm-backports"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
+    -t bookworm-backports wasi-libc >/dev/null
+fi
+# Source packages (apt-get source --download-only): bookworm's and trixie's, from the archive
+# this machine's own bookworm entry names, checked by apt against its signed indexes like any
+# package.
+src=/etc/apt/sources.list.d/cordon-src.sources
+if [ ! -f "$src" ] || ! apt-cache showsrc python3.13 2>/dev/null | grep -q '^Package: python3.13'; then
+  archive=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '
+    /^[[:space:]]*$/ { uris = "" }
+    /^URIs:/ { uris = $2 }
+    /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == "bookworm" && uris != "") { print uris; exit } }')
+  if [ -z "$archive" ]; then
+    archive=$(awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
+  fi
+  [ -n "$archive" ] || { log "no apt entry for bookworm found: add one, then run setup again"; exit 1; }
+  log "adding Debian's source indexes (the wasm tier's CPython is built from python3.13's)"
+  printf '%s\n' 'Types: deb-src' "URIs: $archive" 'Suites: bookworm trixie' \
+    'Components: main' 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' |
+    $SUDO tee "$src" >/dev/null
+  $SUDO apt-get update -q >/dev/null
 fi

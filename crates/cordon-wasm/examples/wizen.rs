@@ -1,13 +1,23 @@
-//! Pre-initializes the JavaScript guest (a setup-time tool, run by `scripts/setup.d/30-wasm.sh`):
-//! `wizen IN.wasm OUT.wasm`.
+//! Pre-initializes the wasm tier's guests (a setup-time tool, run by
+//! `scripts/guests.d/30-wasm.sh`): `wizen IN.wasm OUT.wasm` for the JavaScript guest,
+//! `wizen --preopen HOST_DIR=GUEST_DIR IN.wasm OUT.wasm` for the Python guest.
 //!
-//! The guest (`guests/js`, a WASI reactor) exports `cordon_init`, which builds the QuickJS
-//! runtime, context and console, and `cordon_run`, which evaluates the snippet. Wizer runs
-//! `cordon_init` once and snapshots the instance's memory and globals into a new module whose
-//! `_start` is `cordon_run`; every exec of the wasm tier then starts from that state instead
-//! of building the interpreter again.
+//! A guest is a WASI reactor exporting `cordon_init`, which builds the interpreter (QuickJS's
+//! runtime, context and console; CPython with its preloaded modules), and `cordon_run`, which
+//! runs one snippet. Wizer runs `cordon_init` once and snapshots the instance's memory and
+//! globals into a new module whose `_start` is `cordon_run`; every exec of the wasm tier then
+//! starts from that state instead of building the interpreter again.
 //!
-//! Nothing of this machine may end up in the snapshot: during `cordon_init` every WASI import
+//! Nothing of this machine may end up in the snapshot.
+//!
+//! With `--preopen` (Python) the guest gets a real WASI context that grants exactly one
+//! directory, read only: the standard library CPython imports its modules from. It has no
+//! arguments, no environment, no stdin, stdout discarded, stderr inherited (so a failed import
+//! is reported), both clocks read 0 and randomness is a constant. The guest itself forgets the
+//! directory and the environment in every run (guests/python/main.c), and the standard library
+//! is not in the sandbox then.
+//!
+//! Without it (JavaScript) every WASI import
 //! traps except two, which return constants: `clock_time_get` reads time 0 (QuickJS seeds
 //! `Math.random`, its hash seed and `performance.timeOrigin` from the clock when a context is
 //! created; the guest replaces `Math.random` and re-creates `performance` in every run) and
@@ -18,38 +28,77 @@
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result, bail};
+use std::time::Duration;
+
 use wasmtime::{Config, Engine, Extern, Instance, Linker, Module, Store, Val};
-use wasmtime_wizer::{InstanceState, SnapshotVal, ValType, Wizer};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::{FsPerms, HostMonotonicClock, HostWallClock, WasiCtxBuilder};
+use wasmtime_wizer::{InstanceState, ModuleContext, SnapshotVal, ValType, Wizer};
 
 /// The guest's exports.
 const INIT: &str = "cordon_init";
 const RUN: &str = "cordon_run";
 
 fn main() -> Result<()> {
-    let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
-    let [input, output] = args.as_slice() else {
-        bail!("usage: wizen IN.wasm OUT.wasm (the JavaScript guest built from guests/js)");
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let preopen = match args.first().map(String::as_str) {
+        Some("--preopen") if args.len() > 1 => {
+            let spec = args.remove(1);
+            args.remove(0);
+            let Some((host, guest)) = spec.split_once('=') else {
+                bail!("--preopen takes HOST_DIR=GUEST_DIR, not {spec:?}");
+            };
+            Some((PathBuf::from(host), guest.to_string()))
+        }
+        _ => None,
     };
-    let wasm = std::fs::read(input).with_context(|| format!("reading {}", input.display()))?;
-    let out = preinitialize(&wasm)?;
+    let [input, output] = args.as_slice() else {
+        bail!(
+            "usage: wizen [--preopen HOST_DIR=GUEST_DIR] IN.wasm OUT.wasm (a guest built from \
+             guests/js or guests/python)"
+        );
+    };
+    let (input, output) = (PathBuf::from(input), PathBuf::from(output));
+    let wasm = std::fs::read(&input).with_context(|| format!("reading {}", input.display()))?;
+    let out = match preopen {
+        Some((host, guest)) => preinitialize_with_wasi(&wasm, &host, &guest)?,
+        None => preinitialize(&wasm)?,
+    };
     let tmp = output.with_extension("tmp");
     std::fs::write(&tmp, &out).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, output).with_context(|| format!("writing {}", output.display()))?;
+    std::fs::rename(&tmp, &output).with_context(|| format!("writing {}", output.display()))?;
     Ok(())
 }
 
-fn preinitialize(wasm: &[u8]) -> Result<Vec<u8>> {
+/// Wizer set up for the guests' exports, its view of the guest, and the instrumented guest
+/// compiled by a new engine.
+fn instrument(wasm: &[u8]) -> Result<(Wizer, ModuleContext<'_>, Engine, Module)> {
     let mut wizer = Wizer::new();
     wizer.init_func(INIT).func_rename("_start", RUN);
     let (cx, instrumented) = wizer
         .instrument(wasm)
         .map_err(|e| anyhow::anyhow!("{e:#}"))
         .context("the guest cannot be pre-initialized")?;
-
     let engine = Engine::new(&Config::new()).map_err(|e| anyhow::anyhow!("{e:#}"))?;
     let module = Module::new(&engine, &instrumented)
         .map_err(|e| anyhow::anyhow!("{e:#}"))
         .context("compiling the instrumented guest")?;
+    Ok((wizer, cx, engine, module))
+}
+
+/// Runs the guest's init on an instance.
+fn run_init<T: 'static>(store: &mut Store<T>, instance: Instance) -> Result<()> {
+    let init = instance
+        .get_typed_func::<(), ()>(&mut *store, INIT)
+        .map_err(|e| anyhow::anyhow!("{e:#}"))
+        .with_context(|| format!("the guest has no `{INIT}` export"))?;
+    init.call(&mut *store, ())
+        .map_err(|e| anyhow::anyhow!("{e:#}"))
+        .with_context(|| format!("the guest's `{INIT}` failed"))
+}
+
+fn preinitialize(wasm: &[u8]) -> Result<Vec<u8>> {
+    let (wizer, cx, engine, module) = instrument(wasm)?;
     let mut linker: Linker<()> = Linker::new(&engine);
     for import in module.imports() {
         let Some(ty) = import.ty().func().cloned() else {
@@ -110,22 +159,82 @@ fn preinitialize(wasm: &[u8]) -> Result<Vec<u8>> {
         .instantiate(&mut store, &module)
         .map_err(|e| anyhow::anyhow!("{e:#}"))
         .context("instantiating the guest")?;
-    let init = instance
-        .get_typed_func::<(), ()>(&mut store, INIT)
-        .map_err(|e| anyhow::anyhow!("{e:#}"))
-        .with_context(|| format!("the guest has no `{INIT}` export"))?;
-    init.call(&mut store, ())
-        .map_err(|e| anyhow::anyhow!("{e:#}"))
-        .with_context(|| format!("the guest's `{INIT}` failed"))?;
+    run_init(&mut store, instance)?;
+    snapshot(&wizer, &cx, &mut store, instance)
+}
 
+/// Clocks that read 0 while a guest is pre-initialized.
+struct Epoch;
+
+impl HostWallClock for Epoch {
+    fn resolution(&self) -> Duration {
+        Duration::from_nanos(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+impl HostMonotonicClock for Epoch {
+    fn resolution(&self) -> u64 {
+        1
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+/// Runs `cordon_init` with a WASI context that grants `host` read only at `guest` and nothing
+/// else of this machine (see the module's documentation), then snapshots the instance.
+fn preinitialize_with_wasi(wasm: &[u8], host: &std::path::Path, guest: &str) -> Result<Vec<u8>> {
+    let (wizer, cx, engine, module) = instrument(wasm)?;
+    let mut linker: Linker<WasiP1Ctx> = Linker::new(&engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s| s)
+        .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    let mut b = WasiCtxBuilder::new();
+    b.inherit_stderr()
+        .wall_clock(Epoch)
+        .monotonic_clock(Epoch)
+        .secure_random(wasmtime_wasi::Deterministic::new(vec![0x5a]))
+        .insecure_random(wasmtime_wasi::Deterministic::new(vec![0xa5]))
+        .insecure_random_seed(0)
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false);
+    b.preopened_dir(host, guest, FsPerms::ReadOnly)
+        .map_err(|e| anyhow::anyhow!("{e:#}"))
+        .with_context(|| format!("opening {}", host.display()))?;
+    let mut store = Store::new(&engine, b.build_p1());
+    let instance = linker
+        .instantiate(&mut store, &module)
+        .map_err(|e| anyhow::anyhow!("{e:#}"))
+        .context("instantiating the guest")?;
+    // A reactor's constructors (the C library's) run before its init.
+    if let Ok(initialize) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
+        initialize
+            .call(&mut store, ())
+            .map_err(|e| anyhow::anyhow!("{e:#}"))
+            .context("the guest's `_initialize` failed")?;
+    }
+    run_init(&mut store, instance)?;
+    snapshot(&wizer, &cx, &mut store, instance)
+}
+
+/// Snapshots an initialized instance into the new module.
+fn snapshot<T: Send + 'static>(
+    wizer: &Wizer,
+    cx: &ModuleContext<'_>,
+    store: &mut Store<T>,
+    instance: Instance,
+) -> Result<Vec<u8>> {
     let mut state = Snapshot {
-        store: &mut store,
+        store,
         instance,
         missing: Vec::new(),
     };
     let rt = tokio::runtime::Builder::new_current_thread().build()?;
     let out = rt
-        .block_on(wizer.snapshot(&cx, &mut state))
+        .block_on(wizer.snapshot(cx, &mut state))
         .map_err(|e| anyhow::anyhow!("{e:#}"))
         .context("snapshotting the initialized guest")?;
     if !state.missing.is_empty() {
@@ -135,14 +244,14 @@ fn preinitialize(wasm: &[u8]) -> Result<Vec<u8>> {
 }
 
 /// What Wizer reads from the initialized instance: its globals and memories.
-struct Snapshot<'a> {
-    store: &'a mut Store<()>,
+struct Snapshot<'a, T: 'static> {
+    store: &'a mut Store<T>,
     instance: Instance,
     /// Exports Wizer asked for that were not there (reported after the snapshot).
     missing: Vec<String>,
 }
 
-impl InstanceState for Snapshot<'_> {
+impl<T: Send> InstanceState for Snapshot<'_, T> {
     async fn global_get(&mut self, name: &str, _: ValType) -> SnapshotVal {
         let value = self
             .instance

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! guests/manifest.json                 {"python": "python-<sha256>.wasm", "javascript": ...}
-//! guests/python-<sha256>.wasm          componentize-py component (content-addressed)
+//! guests/python-<sha256>.wasm          CPython wasm32-wasi module (content-addressed)
 //! guests/js-<sha256>.wasm              QuickJS wasm32-wasip1 module (content-addressed)
 //! guests/cache/<name>-<src>-<engine>.cwasm         precompiled for this engine
 //! guests/cache/<name>-<src>-<engine>.cwasm.sha256  hash of the .cwasm, written with it
@@ -37,7 +37,7 @@ use crate::error::WasmError;
 /// The guests setup builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Guest {
-    /// CPython 3.14 as a `wasi:cli/command` component (componentize-py).
+    /// CPython 3.13 as a pre-initialized `wasm32-wasi` module (guests/python, ADR 0020).
     Python,
     /// QuickJS as a `wasm32-wasip1` command module.
     Javascript,
@@ -138,13 +138,6 @@ pub(crate) fn engine_fingerprint(engine: &wasmtime::Engine) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
     format!("{:016x}", h.finish())
-}
-
-/// What kind of code a cache entry holds.
-#[derive(Clone, Copy)]
-pub(crate) enum Kind {
-    Module,
-    Component,
 }
 
 /// Verified precompiled code: the open cache file, to be mapped (its identity matched the
@@ -251,7 +244,6 @@ pub(crate) fn load<T>(
     data_dir: &Path,
     guest: Guest,
     source: &Source,
-    kind: Kind,
     from_file: impl Fn(&std::fs::File) -> wasmtime::Result<T>,
     from_bytes: impl Fn(&[u8]) -> wasmtime::Result<T>,
 ) -> Result<T, WasmError> {
@@ -264,7 +256,7 @@ pub(crate) fn load<T>(
     let mut map = true;
     let mut removed = false;
     loop {
-        match precompiled(engine, data_dir, guest, source, kind, map)? {
+        match precompiled(engine, data_dir, guest, source, map)? {
             Precompiled::File(f) => match from_file(&f) {
                 Ok(t) => return Ok(t),
                 Err(_) => map = false,
@@ -290,7 +282,6 @@ fn precompiled(
     data_dir: &Path,
     guest: Guest,
     source: &Source,
-    kind: Kind,
     map: bool,
 ) -> Result<Precompiled, WasmError> {
     let paths = cache_paths(engine, data_dir, guest, source);
@@ -309,14 +300,12 @@ fn precompiled(
             path: source.path.clone(),
         });
     }
-    let compiled = match kind {
-        Kind::Module => engine.precompile_module(&wasm),
-        Kind::Component => engine.precompile_component(&wasm),
-    }
-    .map_err(|e| WasmError::Load {
-        guest: guest.as_str(),
-        reason: format!("{e:#}"),
-    })?;
+    let compiled = engine
+        .precompile_module(&wasm)
+        .map_err(|e| WasmError::Load {
+            guest: guest.as_str(),
+            reason: format!("{e:#}"),
+        })?;
     // Best effort: a read-only data dir still runs, it just compiles every process.
     let CachePaths {
         dir,

@@ -5,9 +5,9 @@
 //! no directory but its own scratch dir preopened as `/work` (size-limited by a quota that
 //! every WASI write goes through), stdin from the request, stdout/stderr captured and capped.
 //!
-//! It runs three kinds of program: Python (a componentize-py CPython component), JavaScript
-//! (QuickJS built to `wasm32-wasip1`) and a user's own WASI preview 1 command module or
-//! preview 2 command component. The two guests are built by `scripts/setup.sh` into
+//! It runs three kinds of program: Python (CPython 3.13 built to `wasm32-wasi`), JavaScript
+//! (QuickJS built to `wasm32-wasip1`), both pre-initialized WASI modules, and a user's own
+//! WASI preview 1 command module or preview 2 command component. The two guests are built by `scripts/setup.sh` into
 //! `<data dir>/guests/` (see [`data_dir`]), verified by content hash, precompiled once per
 //! engine configuration into a verified cache and instantiated from `InstancePre` /
 //! `CommandPre` with the pooling allocator and copy-on-write memory images.
@@ -114,34 +114,17 @@ impl EngineSet {
             reason: format!("{e:#}"),
         };
         let engine = &self.engine;
-        match guest {
-            Guest::Python => {
-                let c = artifacts::load(
-                    engine,
-                    data_dir,
-                    guest,
-                    &source,
-                    artifacts::Kind::Component,
-                    |f| sys::component_file(engine, f),
-                    |b| sys::component(engine, b),
-                )?;
-                let pre = self.linkers.p2.instantiate_pre(&c).map_err(load_err)?;
-                Ok(Program::Component(CommandPre::new(pre).map_err(load_err)?))
-            }
-            Guest::Javascript => {
-                let m = artifacts::load(
-                    engine,
-                    data_dir,
-                    guest,
-                    &source,
-                    artifacts::Kind::Module,
-                    |f| sys::module_file(engine, f),
-                    |b| sys::module(engine, b),
-                )?;
-                let pre = self.linkers.p1.instantiate_pre(&m).map_err(load_err)?;
-                Ok(Program::Module(pre))
-            }
-        }
+        // Both guests are pre-initialized WASI preview 1 modules (ADR 0020).
+        let m = artifacts::load(
+            engine,
+            data_dir,
+            guest,
+            &source,
+            |f| sys::module_file(engine, f),
+            |b| sys::module(engine, b),
+        )?;
+        let pre = self.linkers.p1.instantiate_pre(&m).map_err(load_err)?;
+        Ok(Program::Module(pre))
     }
 
     /// Compiles (bounded, see [`compile`]) and links a user's module or component; errors say
@@ -404,7 +387,7 @@ impl Backend for WasmBackend {
                 "capability-based WebAssembly sandbox: no network, no subprocesses, no host \
                  files; only its own size-limited /work"
                     .into(),
-                "Python here is CPython 3.14 with a preloaded part of the standard library \
+                "Python here is CPython 3.13 with a preloaded part of the standard library \
                  only; third-party packages need the container tier"
                     .into(),
             ],
@@ -446,7 +429,7 @@ impl Backend for WasmBackend {
             scratch: Some(scratch),
             disk,
             standby: standby::Standby::default(),
-            execs: 0,
+            last_end: None,
             rt,
             start_us: started.elapsed().as_micros() as u64,
         }))
@@ -486,10 +469,10 @@ pub struct WasmSandbox {
     disk: Arc<host::DiskLedger>,
     /// What every exec's instance is made with.
     setup: Arc<run::Setup>,
-    /// The next Python exec's instance, made ahead (from the second exec on).
+    /// The next Python exec's instance, made ahead (after an exec that followed a pause).
     standby: standby::Standby,
-    /// Execs run so far.
-    execs: u64,
+    /// When the last exec ended.
+    last_end: Option<Instant>,
     rt: tokio::runtime::Runtime,
     start_us: u64,
 }
@@ -517,6 +500,11 @@ impl Sandbox for WasmSandbox {
 
     fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
         let started = Instant::now();
+        // Whether this exec came after a pause (an agent reading the last answer), which
+        // predicts one after it too (ADR 0019, ADR 0020).
+        let paced = self
+            .last_end
+            .is_some_and(|end| started.saturating_duration_since(end) >= standby::PAUSE);
         let cpu0 = sys::thread_cpu_ns();
         self.scratch()?;
         if let Some(cwd) = &req.cwd
@@ -605,16 +593,16 @@ impl Sandbox for WasmSandbox {
                 deadline,
             )?,
         };
-        self.execs += 1;
         let raw = match made {
             Instantiated::Ended(raw) => *raw,
             Instantiated::Ready(bound) => {
                 let (raw, spent) = run::run(&self.rt, bound, &self.setup, deadline)?;
-                // From the second exec on, a worker makes the next exec's instance and
-                // resets this one's pool slot (the engine has spare slots for that) while the
-                // answer goes back; otherwise the slot is reset here before the exec's place
-                // is given back.
-                if python && self.execs > 1 && !req.last && self.inner.workers.enabled() {
+                // When this exec came after a pause, the next one is expected to as well: a
+                // worker resets this one's pool slot and makes the next exec's instance (the
+                // engine has spare slots for that) while the answer is read. Back to back,
+                // the slot is reset here before the exec's place is given back: sharing the
+                // two cores with a worker would cost the next exec more than the reset.
+                if python && paced && !req.last && self.inner.workers.enabled() {
                     // The spent store first: the worker drops it before it makes the next
                     // instance, which then gets the slot just reset, with the pages it
                     // keeps resident.
@@ -642,6 +630,7 @@ impl Sandbox for WasmSandbox {
             sink.output(OutputStream::Stderr, &raw.stderr);
         }
         let wall = started.elapsed().as_micros() as u64;
+        self.last_end = Some(Instant::now());
         let mut o = ExecOutcome::new(Tier::Wasm, raw.termination);
         o.exit_code = raw.exit_code;
         o.signal = raw.signal;

@@ -7,8 +7,10 @@
 //! the next snippet: from its second exec on, as an exec ends, a sandbox asks a worker for the
 //! next exec's instance and hands it the spent store to reset, then answers. While the caller
 //! reads the answer and decides what to run next (an agent's think time), the worker makes
-//! the instance; the next exec pays for its run alone. Back-to-back execs gain nothing: the
-//! next one waits for the instance being made.
+//! the instance; the next exec pays for its run alone. Back-to-back execs would gain nothing
+//! (the next one would wait for the instance being made) and lose the core the worker takes,
+//! so only an exec that itself came after a pause ([`PAUSE`]) hands its store over and asks
+//! for the next instance.
 //!
 //! Nothing of the wall changes. A standby instance is a new store of the sandbox's own
 //! setup (limits, fuel, scratch quota) whose WASI context gives the guest nothing (no
@@ -26,6 +28,13 @@ use std::time::{Duration, Instant};
 use wasmtime::Engine;
 
 use crate::run::{self, Program, Ready, Setup};
+
+/// How long after the previous exec ended an exec must come for the sandbox to count as paced
+/// by a caller that reads each answer before its next request: only then are its spent store's
+/// reset and the next instance left to a worker. Back-to-back execs reset their own slot: a
+/// worker sharing the two cores of this host costs the next exec more than the reset does
+/// (ADR 0020's figures).
+pub(crate) const PAUSE: Duration = Duration::from_millis(5);
 
 /// How long a standby instance is kept for an exec that has not come.
 pub(crate) const IDLE: Duration = Duration::from_secs(30);

@@ -2,49 +2,29 @@
 //! code, and reading the calling thread's CPU clock.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 
-use wasmtime::component::Component;
 use wasmtime::{Engine, Module};
 
-/// Deserializes a precompiled component.
-pub(crate) fn component(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Component> {
-    // SAFETY: `bytes` came from `Engine::precompile_component` of an engine with this
+/// Deserializes a precompiled core module.
+pub(crate) fn module(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Module> {
+    // SAFETY: `bytes` came from `Engine::precompile_module` of an engine with this
     // configuration, either just now or read back from the cache and checked against the
     // SHA-256 recorded when it was written (artifacts::precompiled), from the same buffer
     // we pass here, so nothing can change it between the check and the use. wasmtime also
     // checks the header, version and engine settings and refuses a mismatch.
-    unsafe { Component::deserialize(engine, bytes) }
-}
-
-/// Deserializes a precompiled core module.
-pub(crate) fn module(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Module> {
-    // SAFETY: as for `component`: the bytes are our own `precompile_module` output, verified
-    // against their recorded hash from this same buffer.
     unsafe { Module::deserialize(engine, bytes) }
-}
-
-/// Maps a precompiled component from a cache file already opened and checked.
-pub(crate) fn component_file(engine: &Engine, file: &File) -> wasmtime::Result<Component> {
-    // wasmtime 48 takes a component file only by path: the descriptor's own entry in
-    // /proc/self/fd reopens the very inode that was checked, whatever the cache path now
-    // names.
-    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
-    // SAFETY: `file` is the cache entry this engine wrote: artifacts::cached opened it once,
-    // found it owned by this user or root and writable by no one else, and its device,
-    // inode, size, mtime and ctime equal to those recorded (with its SHA-256) right after
-    // it was written with `Engine::precompile_component`'s output, so its bytes are that
-    // output. Only this user or root can change it while it is mapped, and the cache never
-    // rewrites a file in place (new entries are renamed over). wasmtime also checks the
-    // header, version and engine settings and refuses a mismatch.
-    unsafe { Component::deserialize_file(engine, path) }
 }
 
 /// Maps a precompiled core module from a cache file already opened and checked.
 pub(crate) fn module_file(engine: &Engine, file: &File) -> wasmtime::Result<Module> {
     let file = file.try_clone()?;
-    // SAFETY: as for `component_file`: the open file is the checked cache entry this
-    // engine wrote with `Engine::precompile_module`.
+    // SAFETY: `file` is the cache entry this engine wrote: artifacts::cached opened it once,
+    // found it owned by this user or root and writable by no one else, and its device,
+    // inode, size, mtime and ctime equal to those recorded (with its SHA-256) right after
+    // it was written with `Engine::precompile_module`'s output, so its bytes are that
+    // output. Only this user or root can change it while it is mapped, and the cache never
+    // rewrites a file in place (new entries are renamed over). wasmtime also checks the
+    // header, version and engine settings and refuses a mismatch.
     unsafe { Module::deserialize_open_file(engine, file) }
 }
 

@@ -171,6 +171,69 @@ fn javascript_runs_see_fresh_randomness_and_the_current_time() {
 }
 
 #[test]
+fn python_draws_fresh_randomness_in_every_exec() {
+    // The guest starts from a snapshot taken when it was built: whatever state it drew then
+    // would repeat in every exec unless each exec draws its own.
+    let src = "import random, uuid, os, tempfile\n\
+               print(random.random(), random.getrandbits(64), uuid.uuid4(), os.urandom(8).hex())";
+    let mut sb = backend().create(&spec()).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let o = exec_in(sb.as_mut(), &ExecRequest::code(Language::Python, src));
+        assert!(o.success(), "{o:#?}");
+        seen.push(out(&o));
+    }
+    sb.destroy().unwrap();
+    let other = py(src);
+    seen.push(out(&other));
+    for (i, a) in seen.iter().enumerate() {
+        for b in &seen[i + 1..] {
+            for (x, y) in a.split_whitespace().zip(b.split_whitespace()) {
+                assert_ne!(x, y, "two execs drew the same value: {seen:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn python_holds_nothing_of_its_build() {
+    // The standard library was readable while the guest was built; in a sandbox it is not.
+    let o = py("import sys\nprint(sys.version_info[:2])\n\
+                open('/usr/local/lib/python3.13/os.py').read()");
+    contained(&o);
+    assert_eq!(out(&o), "(3, 13)\n");
+    assert!(err(&o).contains("FileNotFoundError"), "{}", err(&o));
+    let o = py("import os\nprint(os.listdir('/usr/local/lib/python3.13'))");
+    contained(&o);
+    assert!(err(&o).contains("FileNotFoundError"), "{}", err(&o));
+    // A module the snapshot does not hold is refused with the tier's message, not looked up.
+    let o = py("import tabnanny");
+    contained(&o);
+    assert!(err(&o).contains("--tier container"), "{}", err(&o));
+    // Its files, environment and working directory are the exec's own.
+    let o = py("import os\nopen('mine.txt', 'w').write('x')\n\
+                print(os.getcwd(), sorted(os.listdir('/work')), os.environ.get('HOME'))");
+    assert!(o.success(), "{o:#?}");
+    assert_eq!(out(&o), "/work ['mine.txt'] /work\n");
+}
+
+#[test]
+fn python_encodes_with_every_codec() {
+    // Codecs are imported on first use; the guest preloads them all.
+    let o = py(
+        "print('é€'.encode('utf-16-le').hex(), 'é'.encode('latin-1'), \
+                b'\\x80'.decode('cp1252'), 'bücher.example'.encode('idna'), \
+                __import__('codecs').encode('abc', 'rot13'), \
+                'ß'.encode('cp437'), 'ä'.encode('mac_roman'), 'テ'.encode('shift_jis'))",
+    );
+    assert!(o.success(), "{}", err(&o));
+    assert_eq!(
+        out(&o),
+        "e900ac20 b'\\xe9' € b'xn--bcher-kva.example' nop b'\\xe1' b'\\x8a' b'\\x83e'\n"
+    );
+}
+
+#[test]
 fn missing_module_names_the_limits_and_the_tier_to_use() {
     for m in ["numpy", "socket", "subprocess", "_socket", "ctypes"] {
         let o = py(&format!("import {m}"));
@@ -556,18 +619,51 @@ fn user_p1_module_runs() {
     assert_eq!(out(&o), "hello from wasm\n");
 }
 
+/// Prints its last argument and a newline (a WASI preview 1 command module).
+const ECHO_LAST_ARG_P1: &str = r#"
+(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "args_sizes_get" (func $args_sizes_get (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "args_get" (func $args_get (param i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 96) "\n")
+  (func (export "_start") (local $argc i32) (local $last i32)
+    (if (call $args_sizes_get (i32.const 100) (i32.const 104)) (then unreachable))
+    (if (call $args_get (i32.const 200) (i32.const 1024)) (then unreachable))
+    (local.set $argc (i32.load (i32.const 100)))
+    (local.set $last (i32.load (i32.add (i32.const 196) (i32.mul (local.get $argc) (i32.const 4)))))
+    ;; the last argument without its NUL, then the newline: one write each (the adapter
+    ;; writes one buffer per call)
+    (i32.store (i32.const 0) (local.get $last))
+    (i32.store (i32.const 4) (i32.sub (i32.sub (i32.add (i32.const 1024) (i32.load (i32.const 104))) (local.get $last)) (i32.const 1)))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))
+    (i32.store (i32.const 0) (i32.const 96))
+    (i32.store (i32.const 4) (i32.const 1))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))))
+"#;
+
 #[test]
 fn user_p2_component_runs() {
-    // The Python guest is itself a wasi:cli/command component.
-    let dir = backend().data_dir().join("guests");
-    let manifest: std::collections::BTreeMap<String, String> =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
-    let bytes = std::fs::read(dir.join(&manifest["python"])).unwrap();
+    // A wasi:cli/command component: the module above behind wasmtime's preview 1 adapter.
+    let module = wat::parse_str(ECHO_LAST_ARG_P1).unwrap();
+    let component = wit_component::ComponentEncoder::default()
+        .module(&module)
+        .unwrap()
+        .adapter(
+            "wasi_snapshot_preview1",
+            wasi_preview1_component_adapter_provider::WASI_SNAPSHOT_PREVIEW1_COMMAND_ADAPTER,
+        )
+        .unwrap()
+        .validate(true)
+        .encode()
+        .unwrap();
+    assert_eq!(
+        &component[4..8],
+        &[0x0d, 0x00, 0x01, 0x00],
+        "not a component"
+    );
     let mut sb = backend().create(&spec()).unwrap();
-    // Compiling a user's program counts against the exec's timeout: give this big one time.
-    let mut req = wasm_req(bytes, &["-c", "print(6 * 7)"]);
-    req.timeout_ms = Some(300_000);
-    let o = exec_in(sb.as_mut(), &req);
+    let o = exec_in(sb.as_mut(), &wasm_req(component, &["x", "42"]));
     assert!(o.success(), "{o:#?}");
     assert_eq!(out(&o), "42\n");
 }
@@ -1006,6 +1102,12 @@ fn own_backend(pool: cordon_wasm::PoolSize) -> WasmBackend {
     b
 }
 
+/// What an agent does between two execs: reads the answer. A sandbox makes standby
+/// instances only for execs that come after such a pause.
+fn agent_pause() {
+    std::thread::sleep(std::time::Duration::from_millis(20));
+}
+
 /// Polls (bounded) until the backend holds `n` standby instances.
 fn standby_settles(b: &WasmBackend, n: u32) -> u32 {
     for _ in 0..200 {
@@ -1037,6 +1139,7 @@ fn a_standby_instance_runs_each_exec_with_that_execs_own_inputs() {
             req.env.insert("LEFT".into(), "leaked".into());
         }
         req.stdin = Some(format!("in{round}").into_bytes());
+        agent_pause();
         let o = exec_in(sb.as_mut(), &req);
         let left = if round == 1 { "leaked" } else { "none" };
         assert_eq!(
@@ -1045,7 +1148,8 @@ fn a_standby_instance_runs_each_exec_with_that_execs_own_inputs() {
             "round {round}: {o:#?}"
         );
         if round >= 1 {
-            // From the second exec on, the next exec's instance is made ahead.
+            // From the second exec on (each after a pause), the next exec's instance is
+            // made ahead.
             assert_eq!(standby_settles(&b, 1), 1, "round {round}");
         } else {
             assert_eq!(b.standby_held(), 0, "a single exec gets no standby");
@@ -1083,6 +1187,7 @@ fn standby_instances_are_bounded_and_never_take_a_running_execs_place() {
     for (owner, expect) in [("a", 1), ("a", 1), ("b", 2), ("c", 2)] {
         let mut sb = b.create(&spec_for(owner)).unwrap();
         for i in 0..3 {
+            agent_pause();
             let o = exec_in(
                 sb.as_mut(),
                 &ExecRequest::code(Language::Python, "print('ok')"),
@@ -1170,6 +1275,7 @@ fn an_exec_marked_last_leaves_no_standby_behind() {
     assert_eq!(out(&o), "1\n");
     let mut req = ExecRequest::code(Language::Python, "print(2)");
     req.last = true;
+    agent_pause();
     let o = exec_in(sb.as_mut(), &req);
     assert_eq!(out(&o), "2\n");
     assert_eq!(
@@ -1180,11 +1286,36 @@ fn an_exec_marked_last_leaves_no_standby_behind() {
     // Without the mark, the second exec makes one.
     let mut sb2 = b.create(&spec()).unwrap();
     for i in 0..2 {
+        agent_pause();
         let o = exec_in(
             sb2.as_mut(),
             &ExecRequest::code(Language::Python, "print(3)"),
         );
         assert_eq!(out(&o), "3\n", "exec {i}");
     }
+    assert_eq!(standby_settles(&b, 1), 1);
+}
+
+#[test]
+fn back_to_back_execs_reset_their_own_slot_and_make_nothing_ahead() {
+    // A caller that sends its next exec as soon as the last one answers gains nothing from
+    // a standby (it would wait for it) and would share the cores with the worker making it.
+    let b = own_backend(cordon_wasm::PoolSize::default());
+    let mut sb = b.create(&spec()).unwrap();
+    for i in 0..5 {
+        let o = exec_in(
+            sb.as_mut(),
+            &ExecRequest::code(Language::Python, "print(4)"),
+        );
+        assert_eq!(out(&o), "4\n", "exec {i}");
+        assert_eq!(b.standby_held(), 0, "exec {i}");
+    }
+    // The same sandbox paced by a reader gets one.
+    agent_pause();
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(Language::Python, "print(5)"),
+    );
+    assert_eq!(out(&o), "5\n");
     assert_eq!(standby_settles(&b, 1), 1);
 }

@@ -1,19 +1,22 @@
-"""Cordon's Python guest for the wasm tier.
+"""Cordon's Python guest for the wasm tier: the part written in Python.
 
-Built with componentize-py into a `wasi:cli/command` component. componentize-py snapshots this
-module after its top level ran, so only modules imported here exist at run time: the runner
-preloads a broad part of the standard library (see PRELOAD) and installs a finder that turns
-any other import into a clear error naming the tier's limits and the tier to use instead.
+guests/python/main.c imports this module while the guest is built (under Wizer, with the
+standard library readable), and the snapshot taken then is where every exec starts. So only
+modules imported here exist at run time: the standard library is not in the sandbox. This
+module preloads a broad part of it (see PRELOAD, and every codec) and installs finders that
+turn any other import into a clear error naming the tier's limits and the tier to use instead.
 
-At run time: argv is `python -c SOURCE [ARGS...]`; the environment is exactly what the host
-passed; the working directory is /work when the host preopened it. The source runs as
-`__main__`; an uncaught exception prints a traceback and exits with status 1; `sys.exit(n)`
-exits with n.
+Each exec calls `main(args, env)`: args is `python -c SOURCE [ARGS...]`, env the exec's
+`NAME=value` strings, exactly what the host passed. The working directory is /work (main.c sets it). The source runs as `__main__`; an uncaught exception prints a traceback and
+gives status 1; `sys.exit(n)` gives n.
 """
 
 import builtins
+import gc
 import importlib.abc
 import os
+import pkgutil
+import random
 import sys
 import traceback
 
@@ -33,7 +36,9 @@ PRELOAD = [
     "urllib.parse", "uuid", "warnings", "weakref", "xml.dom.minidom", "xml.etree.ElementTree",
     "zipfile", "zlib", "zoneinfo", "bz2", "lzma", "sqlite3", "queue", "sched", "heapq",
     "wave", "plistlib", "configparser", "filecmp", "fileinput", "textwrap", "unittest",
-    "doctest", "contextvars",
+    "doctest", "contextvars", "encodings.idna", "unicodedata", "copyreg", "shelve",
+    "dbm", "code", "codeop", "pdb", "cProfile", "profile", "pstats", "tracemalloc",
+    "string.templatelib", "annotationlib", "concurrent.futures", "threading",
 ]
 
 # Modules that exist in CPython's WASI build but cannot work in this tier (no network, no
@@ -52,16 +57,26 @@ for _name in PRELOAD:
     except Exception:  # noqa: BLE001 - recorded and reported, not hidden
         UNAVAILABLE.append(_name)
 
+# Every codec: `str.encode` and `bytes.decode` import theirs on first use.
+import encodings  # noqa: E402
+
+for _info in pkgutil.iter_modules(encodings.__path__, "encodings."):
+    try:
+        __import__(_info.name)
+    except Exception:  # noqa: BLE001 - a codec of another platform (mbcs, oem)
+        pass
+
 AVAILABLE = sorted({n for n in PRELOAD if n not in UNAVAILABLE})
+VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def _missing(fullname):
     top = fullname.partition(".")[0]
     return ModuleNotFoundError(
-        f"No module named {fullname!r}: Cordon's wasm tier runs a WebAssembly CPython 3.14 "
-        f"with the standard library only, and without network, subprocesses, threads or "
-        f"foreign code (no third-party packages). Use --tier container (or a stronger tier) "
-        f"for {top!r}.",
+        f"No module named {fullname!r}: Cordon's wasm tier runs a WebAssembly CPython "
+        f"{VERSION} with a preloaded part of the standard library, and without network, "
+        f"subprocesses, threads or foreign code (no third-party packages). Use --tier "
+        f"container (or a stronger tier) for {top!r}.",
         name=fullname,
     )
 
@@ -85,11 +100,14 @@ class _CordonMissing(importlib.abc.MetaPathFinder):
 for _name in list(sys.modules):
     if _name in BLOCKED:
         del sys.modules[_name]
+# Nothing is read from a directory at run time: the standard library is not there.
+sys.path_importer_cache.clear()
+sys.path[:] = []
+sys.meta_path[:] = [
+    f for f in sys.meta_path if getattr(f, "__name__", "") != "PathFinder"
+]
 sys.meta_path.insert(0, _CordonBlocked())
 sys.meta_path.append(_CordonMissing())
-
-from wit_world import exports  # noqa: E402
-from wit_world.imports import environment  # noqa: E402
 
 
 def _exit_status(code):
@@ -101,17 +119,20 @@ def _exit_status(code):
     return 1
 
 
-def _main():
-    args = environment.get_arguments()
+def main(args, env):
+    """One exec; returns its exit status."""
     source = args[2] if len(args) > 2 else ""
     sys.argv = ["-c"] + list(args[3:])
-    os.environ.clear()
-    for key, value in environment.get_environment():
-        os.environ[key] = value
-    try:
-        os.chdir("/work")
-    except OSError:
-        pass
+    # The C library read the exec's environment already (main.c); this is the mapping over it,
+    # filled without putenv calls that would write it again.
+    data = os.environ._data
+    data.clear()
+    for entry in env:
+        key, sep, value = entry.partition("=")
+        if sep:
+            data[key.encode("utf-8", "surrogateescape")] = value.encode("utf-8", "surrogateescape")
+    # The snapshot fixed the generator's state: every exec draws its own seed.
+    random.seed(int.from_bytes(os.urandom(32), "little"))
     scope = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
     try:
         code = compile(source, "<string>", "exec")
@@ -119,8 +140,10 @@ def _main():
         status = 0
     except SystemExit as e:
         status = _exit_status(e.code)
-    except BaseException:  # noqa: BLE001 - the snippet's own error, printed like CPython
-        traceback.print_exc()
+    except BaseException as e:  # noqa: BLE001 - the snippet's own error, printed like CPython
+        # Without this function's own frame, as `python -c` prints it.
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+        traceback.print_exception(type(e), e, tb)
         status = 1
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -130,8 +153,8 @@ def _main():
     return status
 
 
-class Run(exports.Run):
-    def run(self) -> None:
-        status = _main()
-        if status != 0:
-            os._exit(status)
+# The preloaded heap is the snapshot's: collected once here, then kept out of every collection
+# an exec's allocations trigger (a full collection would otherwise write to every object's
+# header, copying the whole heap into the exec's memory page by page).
+gc.collect()
+gc.freeze()
