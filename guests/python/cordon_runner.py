@@ -38,7 +38,7 @@ PRELOAD = [
     "wave", "plistlib", "configparser", "filecmp", "fileinput", "textwrap", "unittest",
     "doctest", "contextvars", "encodings.idna", "unicodedata", "copyreg", "shelve",
     "dbm", "code", "codeop", "pdb", "cProfile", "profile", "pstats", "tracemalloc",
-    "string.templatelib", "annotationlib", "concurrent.futures", "threading",
+    "concurrent.futures", "threading",
 ]
 
 # Modules that exist in CPython's WASI build but cannot work in this tier (no network, no
