@@ -2,13 +2,15 @@
 
 guests/python/main.c imports this module while the guest is built (under Wizer, with the
 standard library readable), and the snapshot taken then is where every exec starts. So only
-modules imported here exist at run time: the standard library is not in the sandbox. This
-module preloads a broad part of it (see PRELOAD, and every codec) and installs finders that
-turn any other import into a clear error naming the tier's limits and the tier to use instead.
+modules imported here exist at run time, besides the snippet's own modules in its working
+directory: the standard library is not in the sandbox. This module preloads a broad part of
+it (see PRELOAD, and every codec) and installs finders that turn any other import into a
+clear error naming the tier's limits and the tier to use instead.
 
 Each exec calls `main(args, env)`: args is `python -c SOURCE [ARGS...]`, env the exec's
-`NAME=value` strings, exactly what the host passed. The working directory is /work (main.c sets it). The source runs as `__main__`; an uncaught exception prints a traceback and
-gives status 1; `sys.exit(n)` gives n.
+`NAME=value` strings, exactly what the host passed. The working directory is /work (main.c
+sets it). The source runs as `__main__`; an uncaught exception prints a traceback and gives
+status 1; `sys.exit(n)` gives n.
 """
 
 import builtins
@@ -100,12 +102,10 @@ class _CordonMissing(importlib.abc.MetaPathFinder):
 for _name in list(sys.modules):
     if _name in BLOCKED:
         del sys.modules[_name]
-# Nothing is read from a directory at run time: the standard library is not there.
+# The standard library is not there at run time: the only directory imports search is the
+# working directory (/work, the snippet's own files), as `python -c` puts it first.
 sys.path_importer_cache.clear()
-sys.path[:] = []
-sys.meta_path[:] = [
-    f for f in sys.meta_path if getattr(f, "__name__", "") != "PathFinder"
-]
+sys.path[:] = [""]
 sys.meta_path.insert(0, _CordonBlocked())
 sys.meta_path.append(_CordonMissing())
 

@@ -210,6 +210,18 @@ fn python_holds_nothing_of_its_build() {
     let o = py("import tabnanny");
     contained(&o);
     assert!(err(&o).contains("--tier container"), "{}", err(&o));
+    // The snippet's own modules import from its working directory, as with `python -c`;
+    // they do not shadow what the snapshot holds.
+    let mut sb = backend().create(&spec()).unwrap();
+    sb.put_file("helper.py", b"X = 42\n", 0o644).unwrap();
+    sb.put_file("json.py", b"raise SystemExit(9)\n", 0o644)
+        .unwrap();
+    let o = exec_in(
+        sb.as_mut(),
+        &ExecRequest::code(Language::Python, "import helper, json\nprint(helper.X)"),
+    );
+    assert_eq!(out(&o), "42\n", "{}", err(&o));
+    sb.destroy().unwrap();
     // Its files, environment and working directory are the exec's own.
     let o = py("import os\nopen('mine.txt', 'w').write('x')\n\
                 print(os.getcwd(), sorted(os.listdir('/work')), os.environ.get('HOME'))");
