@@ -156,7 +156,9 @@ if ! up_to_date python "$py_inputs"; then
   if [ ! -x "$native/python" ]; then
     log "building CPython $PY_VERSION for this machine (the cross build's build Python)"
     mkdir -p "$native"
-    (cd "$native" && ../../configure -q >"$tools/native.log" 2>&1 && make -j"$(nproc)" -s >>"$tools/native.log" 2>&1) || {
+    # The interpreter alone: the cross build runs its scripts with the build's own
+    # standard library and no extension module of this machine's build.
+    (cd "$native" && ../../configure -q >"$tools/native.log" 2>&1 && make -j"$(nproc)" -s python >>"$tools/native.log" 2>&1) || {
       tail -30 "$tools/native.log" >&2; exit 1; }
   fi
   # zlib and SQLite for wasm32-wasi, as static libraries CPython's configure finds and the
