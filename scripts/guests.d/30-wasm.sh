@@ -138,7 +138,10 @@ SQLITE_DEB_VERSION=$(newest_source sqlite3)
 [ -n "$PY_DEB_VERSION" ] && [ -n "$ZLIB_DEB_VERSION" ] && [ -n "$SQLITE_DEB_VERSION" ] || {
   log "no source packages found: run scripts/setup.d/30-wasm.sh (it adds the source indexes)"; exit 1; }
 PY_VERSION=${PY_DEB_VERSION%%-*}
-deps="zlib $ZLIB_DEB_VERSION sqlite3 $SQLITE_DEB_VERSION"
+# CPython's build info (sys.version) carries the upstream release's date, from its tarball,
+# not the build's: clang takes __DATE__ and __TIME__ from SOURCE_DATE_EPOCH. (Two builds still
+# differ in their snapshot's bytes: ADR 0020.)
+deps="zlib $ZLIB_DEB_VERSION sqlite3 $SQLITE_DEB_VERSION source-date"
 py_inputs=$(cd "$repo/guests/python" && INPUTS_EXTRA="cpython $PY_VERSION $deps wasmtime-wizer $WASMTIME_WIZER_VERSION" \
   inputs_hash main.c cordon_runner.py ../../crates/cordon-wasm/examples/wizen.rs)
 if ! up_to_date python "$py_inputs"; then
@@ -152,6 +155,8 @@ if ! up_to_date python "$py_inputs"; then
     [ -d "$src" ] || { log "the python$PY_SERIES source did not unpack into $src"; exit 1; }
     touch "$src/.cordon-unpacked"
   fi
+  SOURCE_DATE_EPOCH=$(stat -c %Y "$src/configure")
+  export SOURCE_DATE_EPOCH
   native="$src/cross-build/build"
   if [ ! -x "$native/python" ]; then
     log "building CPython $PY_VERSION for this machine (the cross build's build Python)"
