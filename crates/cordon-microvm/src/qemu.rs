@@ -643,7 +643,25 @@ fn private_binary(qemu: &Path, run_dir: &Path) -> Result<PathBuf, MicrovmError> 
     let mut suffix = [0u8; 6];
     getrandom::fill(&mut suffix).map_err(|e| MicrovmError::Qemu(format!("no randomness: {e}")))?;
     let tmp = dir.join(format!(".tmp-{}", hex::encode(suffix)));
-    fs::copy(qemu, &tmp).map_err(|e| MicrovmError::io("copying QEMU's binary", e))?;
+    // Copied by a child process, so no descriptor open for writing on the copy ever exists in
+    // this one: a fork by another thread (another sandbox starting) would inherit it until its
+    // exec, and QEMU's own exec of the copy would then fail with "Text file busy".
+    let copied = Command::new("/bin/cp")
+        .arg("--")
+        .arg(qemu)
+        .arg(&tmp)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| MicrovmError::io("copying QEMU's binary", e))?;
+    if !copied.success() {
+        let _ = fs::remove_file(&tmp);
+        return Err(MicrovmError::Qemu(format!(
+            "copying QEMU's binary failed ({copied}); check that the run directory has room"
+        )));
+    }
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o711))
         .and_then(|()| fs::rename(&tmp, &bin))
         .map_err(|e| {
