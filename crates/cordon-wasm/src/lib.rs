@@ -7,10 +7,11 @@
 //!
 //! It runs three kinds of program: Python (CPython 3.13 built to `wasm32-wasi`), JavaScript
 //! (QuickJS built to `wasm32-wasip1`), both pre-initialized WASI modules, and a user's own
-//! WASI preview 1 command module or preview 2 command component. The two guests are built by `scripts/setup.sh` into
-//! `<data dir>/guests/` (see [`data_dir`]), verified by content hash, precompiled once per
-//! engine configuration into a verified cache and instantiated from `InstancePre` /
-//! `CommandPre` with the pooling allocator and copy-on-write memory images.
+//! WASI preview 1 command module or preview 2 command component. The two guests are built
+//! by `scripts/setup.sh` into `<data dir>/guests/` (see [`data_dir`]), verified by content
+//! hash, precompiled once per engine configuration into a verified cache and instantiated
+//! from `InstancePre` (a user's component from `CommandPre`) with the pooling allocator and
+//! copy-on-write memory images.
 //!
 //! Limits: memory (a `ResourceLimiter` on all linear memories), wall clock (epoch deadline
 //! plus an outer timeout for a guest blocked in a host call), optional fuel, table elements
