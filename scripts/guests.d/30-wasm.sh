@@ -105,7 +105,7 @@ fi
 
 # newest_source PKG: the newest version of source package PKG the indexes offer.
 newest_source() {
-  apt-cache showsrc "$1" 2>/dev/null | awk '/^Version:/ { print $2 }' | sort -V | tail -1
+  { apt-cache showsrc "$1" 2>/dev/null || true; } | awk '/^Version:/ { print $2 }' | sort -V | tail -1
 }
 
 # unpack_source PKG DEST: unpacks the upstream tarball of source package PKG into DEST (one
@@ -113,7 +113,7 @@ newest_source() {
 # only the upstream tarball is used, so a newer revision whose other files the mirror no
 # longer has still serves, and so does an older version when the newest has no tarball.
 unpack_source() {
-  local pkg=$1 dest=$2 dl v orig top
+  local pkg=$1 dest=$2 dl v orig="" top
   dl=$(mktemp -d)
   for v in $(apt-cache showsrc "$pkg" 2>/dev/null | awk '/^Version:/ { print $2 }' | sort -rV); do
     (cd "$dl" && apt-get source -q --download-only "$pkg=$v" >/dev/null 2>&1) || true
