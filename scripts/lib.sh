@@ -22,6 +22,39 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# add_bookworm_backports: on bookworm, adds the bookworm-backports suite (QEMU 10, runsc 2024,
+# wasi-libc 2024) with the mirror URI the host's Debian sources already use, so no host is
+# hard-coded; once. The next apt update (apt_install's, or apt_update_once) reads it.
+add_bookworm_backports() {
+  local bpo_list=/etc/apt/sources.list.d/cordon-backports.sources uri=""
+  if [ -r /etc/os-release ] && grep -q 'VERSION_CODENAME=bookworm' /etc/os-release &&
+     [ ! -e "$bpo_list" ] && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    if [ -r /etc/apt/sources.list.d/debian.sources ]; then
+      uri=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }' \
+        /etc/apt/sources.list.d/debian.sources)
+    fi
+    if [ -z "$uri" ] && [ -r /etc/apt/sources.list ]; then
+      uri=$(awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }' /etc/apt/sources.list)
+    fi
+    if [ -n "$uri" ]; then
+      log "adding bookworm-backports from $uri"
+      printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+        "$uri" | $SUDO tee "$bpo_list" >/dev/null
+      rm -f /tmp/.cordon-apt-updated
+    else
+      log "no Debian mirror URI found in the apt sources: staying on bookworm's packages"
+    fi
+  fi
+}
+
+# apt_update_once: `apt-get update`, at most once per setup run (again after a suite was added).
+apt_update_once() {
+  if [ ! -e /tmp/.cordon-apt-updated ]; then
+    $SUDO apt-get update -q >/dev/null
+    touch /tmp/.cordon-apt-updated
+  fi
+}
+
 # Where Cordon keeps built guest artifacts (wasm components, microVM images).
 cordon_data_dir() {
   if [ -n "${CORDON_HOME:-}" ]; then echo "$CORDON_HOME";

@@ -10,7 +10,15 @@ apt_install clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc llvm xz-utils
 # The backports build of wasi-libc (2024): it has __wasilibc_reset_preopens and the environ
 # hooks a pre-initialized program needs to read its exec's preopens and environment afresh
 # (guests/python/main.c); bookworm's 2022 build has neither.
-if ! dpkg-query -W -f='${Version}' wasi-libc 2>/dev/null | grep -q '~bpo12'; then
+installed=$(dpkg-query -W -f='${Version}' wasi-libc 2>/dev/null || true)
+if [[ $installed != *"~bpo12"* ]]; then
+  add_bookworm_backports
+  apt_update_once
+  policy=$(apt-cache policy wasi-libc 2>/dev/null || true)
+  if ! grep -q bookworm-backports <<<"$policy"; then
+    log "no wasi-libc in bookworm-backports: the Python guest needs its 2024 build (__wasilibc_reset_preopens); add that suite to apt's sources and run setup again"
+    exit 1
+  fi
   log "installing wasi-libc from bookworm-backports"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
     -t bookworm-backports wasi-libc >/dev/null
@@ -19,7 +27,9 @@ fi
 # this machine's own bookworm entry names, checked by apt against its signed indexes like any
 # package.
 src=/etc/apt/sources.list.d/cordon-src.sources
-if [ ! -f "$src" ] || ! apt-cache showsrc python3.13 2>/dev/null | grep -q '^Package: python3.13'; then
+# (Read whole before grep: `grep -q` would stop apt-cache mid-output, a failure under pipefail.)
+sources=$(apt-cache showsrc python3.13 2>/dev/null || true)
+if [ ! -f "$src" ] || ! grep -q '^Package: python3.13' <<<"$sources"; then
   archive=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '
     /^[[:space:]]*$/ { uris = "" }
     /^URIs:/ { uris = $2 }

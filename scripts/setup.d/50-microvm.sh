@@ -7,34 +7,12 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
 
-# 1. bookworm-backports, with the URI the host's Debian sources already use.
-bpo_list=/etc/apt/sources.list.d/cordon-backports.sources
-if [ -r /etc/os-release ] && grep -q 'VERSION_CODENAME=bookworm' /etc/os-release &&
-   [ ! -e "$bpo_list" ] && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-  uri=""
-  if [ -r /etc/apt/sources.list.d/debian.sources ]; then
-    uri=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }' \
-      /etc/apt/sources.list.d/debian.sources)
-  fi
-  if [ -z "$uri" ] && [ -r /etc/apt/sources.list ]; then
-    uri=$(awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }' /etc/apt/sources.list)
-  fi
-  if [ -n "$uri" ]; then
-    log "adding bookworm-backports from $uri (QEMU 10)"
-    printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
-      "$uri" | $SUDO tee "$bpo_list" >/dev/null
-    rm -f /tmp/.cordon-apt-updated
-  else
-    log "no Debian mirror URI found in the apt sources: staying on bookworm's QEMU"
-  fi
-fi
+# 1. bookworm-backports, with the URI the host's Debian sources already use (lib.sh).
+add_bookworm_backports
 
 # 2. QEMU (from backports where the suite exists), image tools.
 if ! dpkg-query -W -f='${Status}' qemu-system-x86 2>/dev/null | grep -q "install ok installed"; then
-  if [ ! -e /tmp/.cordon-apt-updated ]; then
-    $SUDO apt-get update -q >/dev/null
-    touch /tmp/.cordon-apt-updated
-  fi
+  apt_update_once
   target=()
   policy=$(apt-cache policy qemu-system-x86 2>/dev/null || true)
   if grep -q bookworm-backports <<<"$policy"; then
