@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The wasm tier's toolchain: Debian's clang 19 and wasi-libc (QuickJS and CPython to
 # wasm32-wasi), the rust target, and the source of the CPython the Python guest is built from
-# (Debian's python3.13 source package, so a deb-src entry). The guests themselves are built by
+# (Debian's python3.13 source package, so a deb-src entry; tclsh makes SQLite's one-file
+# source from its source package). The guests themselves are built by
 # scripts/guests.d/30-wasm.sh (setup.sh runs it last; `make test` runs it after its build,
 # with the tools that build made).
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
-apt_install clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc llvm xz-utils
+apt_install clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc llvm xz-utils tcl8.6
 # The backports build of wasi-libc (2024): it has __wasilibc_reset_preopens and the environ
 # hooks a pre-initialized program needs to read its exec's preopens and environment afresh
 # (guests/python/main.c); bookworm's 2022 build has neither.
