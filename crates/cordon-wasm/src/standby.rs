@@ -1,11 +1,12 @@
 //! Python instances made ahead of the exec that runs them, and spent ones torn down after it
 //! has answered, both on the backend's worker threads (ADR 0019).
 //!
-//! A Python exec spends about as long making its instance (a new store, the pool slot's
-//! memory image, the ~6 500 function references of its shared table) as running the
-//! snippet, and its slot's reset when the store drops comes on top. None of that depends on
-//! the next snippet: from its second exec on, as an exec ends, a sandbox asks a worker for the
-//! next exec's instance and hands it the spent store to reset, then answers. While the caller
+//! Making a Python exec's instance (a new store in a pool slot with the guest's memory image)
+//! and resetting the slot when the store drops do not depend on the next snippet. With the
+//! componentize-py guest the making cost as much as the run; with the snapshotted static
+//! guest (ADR 0020) it costs microseconds, and the reset of the pages the run wrote is what
+//! is left. So as an exec that followed a pause ends, a sandbox hands the spent store to a
+//! worker to reset and asks it for the next exec's instance, then answers. While the caller
 //! reads the answer and decides what to run next (an agent's think time), the worker makes
 //! the instance; the next exec pays for its run alone. Back-to-back execs would gain nothing
 //! (the next one would wait for the instance being made) and lose the core the worker takes,
