@@ -22,20 +22,30 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# debian_mirror_uri: the archive URI this machine's own bookworm entry names (deb822 sources,
+# else the one-line sources.list), or nothing; so no host is hard-coded anywhere.
+debian_mirror_uri() {
+  local uri
+  # awk reads its input whole (no `exit`): a reader that stops early fails the pipe.
+  uri=$({ cat /etc/apt/sources.list.d/*.sources 2>/dev/null || true; } | awk '
+    /^[[:space:]]*$/ { uris = "" }
+    /^URIs:/ { uris = $2 }
+    /^Suites:/ && found == "" { for (i = 2; i <= NF; i++) if ($i == "bookworm" && uris != "") found = uris }
+    END { print found }')
+  if [ -z "$uri" ] && [ -r /etc/apt/sources.list ]; then
+    uri=$(awk '$1 == "deb" && $3 == "bookworm" && found == "" { found = $2 } END { print found }' /etc/apt/sources.list)
+  fi
+  echo "$uri"
+}
+
 # add_bookworm_backports: on bookworm, adds the bookworm-backports suite (QEMU 10, runsc 2024,
-# wasi-libc 2024) with the mirror URI the host's Debian sources already use, so no host is
-# hard-coded; once. The next apt update (apt_install's, or apt_update_once) reads it.
+# wasi-libc 2024) with the mirror URI the host's Debian sources already use
+# (debian_mirror_uri); once. The next apt update (apt_install's, or apt_update_once) reads it.
 add_bookworm_backports() {
   local bpo_list=/etc/apt/sources.list.d/cordon-backports.sources uri=""
   if [ -r /etc/os-release ] && grep -q 'VERSION_CODENAME=bookworm' /etc/os-release &&
      [ ! -e "$bpo_list" ] && ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    if [ -r /etc/apt/sources.list.d/debian.sources ]; then
-      uri=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }' \
-        /etc/apt/sources.list.d/debian.sources)
-    fi
-    if [ -z "$uri" ] && [ -r /etc/apt/sources.list ]; then
-      uri=$(awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }' /etc/apt/sources.list)
-    fi
+    uri=$(debian_mirror_uri)
     if [ -n "$uri" ]; then
       log "adding bookworm-backports from $uri"
       printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \

@@ -36,9 +36,9 @@ PRELOAD = [
     "shutil", "statistics", "string", "stringprep", "struct", "tempfile", "textwrap", "time",
     "timeit", "tokenize", "tomllib", "traceback", "types", "typing", "unicodedata",
     "urllib.parse", "uuid", "warnings", "weakref", "xml.dom.minidom", "xml.etree.ElementTree",
-    "zipfile", "zlib", "zoneinfo", "bz2", "lzma", "sqlite3", "queue", "sched", "heapq",
-    "wave", "plistlib", "configparser", "filecmp", "fileinput", "textwrap", "unittest",
-    "doctest", "contextvars", "encodings.idna", "unicodedata", "copyreg", "shelve",
+    "zipfile", "zlib", "zoneinfo", "bz2", "lzma", "sqlite3", "queue", "sched",
+    "wave", "plistlib", "configparser", "filecmp", "fileinput", "unittest",
+    "doctest", "contextvars", "encodings.idna", "copyreg", "shelve",
     "dbm", "code", "codeop", "pdb", "cProfile", "profile", "pstats", "tracemalloc",
     "concurrent.futures", "threading",
 ]

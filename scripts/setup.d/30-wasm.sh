@@ -31,17 +31,12 @@ src=/etc/apt/sources.list.d/cordon-src.sources
 # (Read whole before grep: `grep -q` would stop apt-cache mid-output, a failure under pipefail.)
 sources=$(apt-cache showsrc python3.13 2>/dev/null || true)
 if [ ! -f "$src" ] || ! grep -q '^Package: python3.13' <<<"$sources"; then
-  archive=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '
-    /^[[:space:]]*$/ { uris = "" }
-    /^URIs:/ { uris = $2 }
-    /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == "bookworm" && uris != "") { print uris; exit } }')
-  if [ -z "$archive" ]; then
-    archive=$(awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
-  fi
+  archive=$(debian_mirror_uri)
   [ -n "$archive" ] || { log "no apt entry for bookworm found: add one, then run setup again"; exit 1; }
   log "adding Debian's source indexes (the wasm tier's CPython is built from python3.13's)"
   printf '%s\n' 'Types: deb-src' "URIs: $archive" 'Suites: bookworm trixie' \
     'Components: main' 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' |
     $SUDO tee "$src" >/dev/null
-  $SUDO apt-get update -q >/dev/null
+  rm -f /tmp/.cordon-apt-updated
+  apt_update_once
 fi
