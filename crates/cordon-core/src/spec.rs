@@ -13,9 +13,13 @@ pub const WORKDIR: &str = "/work";
 
 /// Entries of the host's `/etc` that a sandbox root made of the host's `/usr` shows,
 /// read-only: package data that `/usr` points into through symlinks (Debian's
-/// alternatives, through which numpy finds `libblas.so.3`; matplotlib's defaults). No other
-/// host `/etc` entry is ever visible, and none of these holds a secret.
-pub const HOST_ETC: [&str; 2] = ["alternatives", "matplotlibrc"];
+/// alternatives, through which numpy finds `libblas.so.3`; matplotlib's defaults), and the
+/// dynamic linker's index of the libraries under that same `/usr` (`ld.so.cache`, which
+/// `ldconfig` makes from it). Without the index every dynamically linked program searches
+/// each library through a dozen directories that do not exist, a failed `openat` and
+/// `stat` at a time, which under gVisor's ptrace platform is a trap into the sentry each.
+/// No other host `/etc` entry is ever visible, and none of these holds a secret.
+pub const HOST_ETC: [&str; 3] = ["alternatives", "matplotlibrc", "ld.so.cache"];
 
 /// An isolation tier. Walls and costs differ; see the README's tier table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -362,6 +362,12 @@ fn coreutils_ls_and_stat_work() {
 }
 
 #[test]
+fn programs_find_their_libraries_through_the_linkers_cache() {
+    let b = need_backend!();
+    cordon_testkit::libraries_found_through_the_linkers_cache(b, &spec());
+}
+
+#[test]
 fn host_files_outside_the_root_are_not_visible() {
     let b = need_backend!();
     let canary = std::env::temp_dir().join(format!("cordon-gvisor-canary-{}", std::process::id()));

@@ -521,21 +521,18 @@ pub(super) fn cpu_us_of(u: &nix::sys::resource::Usage) -> u64 {
 }
 
 pub(super) fn is_full(p: &Path) -> bool {
-    match statvfs(p) {
+    // One statfs(2) gives both the counts and the file system's type.
+    match nix::sys::statfs::statfs(p) {
         Ok(s) if s.blocks() > 0 => {
             let avail = s.blocks_available();
             // ext4 (a volume) refuses a write while a little is still free: its reserve for
             // metadata and allocations in flight, ~3% of a small file system. Below 4% free
             // it counts as full; a tmpfs is full at 0.
-            avail == 0 || (is_ext4(p) && avail.saturating_mul(25) < s.blocks())
+            let ext4 = s.filesystem_type() == nix::sys::statfs::EXT4_SUPER_MAGIC;
+            avail == 0 || (ext4 && avail.saturating_mul(25) < s.blocks())
         }
         _ => false,
     }
-}
-
-fn is_ext4(p: &Path) -> bool {
-    nix::sys::statfs::statfs(p)
-        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::EXT4_SUPER_MAGIC)
 }
 
 /// What a reaper reports of its exec on the status pipe.

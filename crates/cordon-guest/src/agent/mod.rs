@@ -25,7 +25,6 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::resource::{Resource, UsageWho, getrusage, setrlimit};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-use nix::sys::statvfs::statvfs;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Gid, Pid, Uid, setgroups, setresgid, setresuid, setsid};
 
