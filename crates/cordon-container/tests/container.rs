@@ -486,6 +486,12 @@ fn missing_program_is_reported() {
 // ---------------------------------------------------------------- escape battery
 
 #[test]
+fn sequential_execs_start_clean() {
+    let b = need_backend!();
+    cordon_testkit::sequential_execs_start_clean(b, &spec());
+}
+
+#[test]
 fn programs_find_their_libraries_through_the_linkers_cache() {
     let b = need_backend!();
     cordon_testkit::libraries_found_through_the_linkers_cache(b, &spec());

@@ -50,12 +50,58 @@ pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// A child's end, from wait4(2): its status and the resources it and its waited-for
+/// descendants used.
+pub struct Reaped {
+    pub pid: Pid,
+    pub status: nix::sys::wait::WaitStatus,
+    /// User plus system CPU time, in microseconds.
+    pub cpu_us: u64,
+    /// Largest resident set, in KiB.
+    pub max_rss_kb: u64,
+}
+
+/// Waits for any child (`__WALL`), with its resource usage: a reaper that serves several
+/// execs sums its own exec's children this way, where `getrusage(RUSAGE_CHILDREN)` would
+/// count every exec it ever served.
+pub fn wait_any() -> io::Result<Reaped> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain old data for which all-zero bytes are a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 writes only to the status and rusage it is given, both live locals of
+    // the right types.
+    let pid = unsafe { libc::wait4(-1, &mut status, libc::__WALL, &mut usage) };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let pid = Pid::from_raw(pid);
+    let status = nix::sys::wait::WaitStatus::from_raw(pid, status).map_err(io::Error::from)?;
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Ok(Reaped {
+        pid,
+        status,
+        cpu_us: us(usage.ru_utime) + us(usage.ru_stime),
+        max_rss_kb: usage.ru_maxrss as u64,
+    })
+}
+
 /// Closes every descriptor from `first` up (close_range(2)). The last one is given as
 /// `INT_MAX`, the largest descriptor there can be: gVisor refuses a larger bound (EINVAL).
 pub fn close_from(first: u32) -> io::Result<()> {
     // SAFETY: close_range only closes descriptors; callers own every descriptor >= first
     // (it is used in a freshly forked child just before exec).
     let r = unsafe { libc::syscall(libc::SYS_close_range, first, i32::MAX as u32, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Closes the descriptors `first` to `last` (close_range(2)).
+pub fn close_between(first: u32, last: u32) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors; callers own every descriptor in the
+    // range (it is used in a freshly forked child).
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -124,13 +170,16 @@ pub fn clear_ambient() -> io::Result<()> {
 /// pass on to every other process of its namespace, so a terminate reaches the program's
 /// whole tree, and a terminal's resize reaches its programs where the kernel does not
 /// signal it (gVisor; SIGWINCH is ignored by default, so only programs that watch for it
-/// see it); without a handler the init would ignore both.
+/// see it); without a handler the init would ignore both. A process forked from the
+/// reaper inherits the handler until it execs; there it passes nothing on.
 pub fn forward_signals_to_namespace() -> io::Result<()> {
     extern "C" fn forward(sig: libc::c_int) {
-        // SAFETY: kill(2) is async-signal-safe and takes only integers; -1 from a PID
-        // namespace's init means every other process of that namespace.
+        // SAFETY: getpid(2) and kill(2) are async-signal-safe and take only integers; -1
+        // from a PID namespace's init means every other process of that namespace.
         unsafe {
-            libc::kill(-1, sig);
+            if libc::getpid() == 1 {
+                libc::kill(-1, sig);
+            }
         }
     }
     let action = nix::sys::signal::SigAction::new(

@@ -91,3 +91,40 @@ pub fn libraries_found_through_the_linkers_cache(b: &dyn Backend, spec: &Sandbox
         "a library was searched for: {out}"
     );
 }
+
+/// Execs in one live sandbox follow each other cleanly: what one exec left running is gone
+/// before the next starts (a tier may serve them from one process namespace), and each
+/// reports its own CPU time, never its predecessors'.
+pub fn sequential_execs_start_clean(b: &dyn Backend, spec: &SandboxSpec) {
+    let mut sb = b.create(spec).unwrap();
+    let mut sink = |_: OutputStream, _: &[u8]| {};
+    let burn = ExecRequest::code(
+        Language::Python,
+        "import subprocess, time\n\
+         subprocess.Popen(['sleep', '1000'], start_new_session=True)\n\
+         subprocess.Popen(['sh', '-c', '(sleep 1001 &)'])\n\
+         while time.process_time() < 0.4: pass\n\
+         print('burned')",
+    );
+    let look = ExecRequest::code(
+        Language::Sh,
+        "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done; echo looked",
+    );
+    for round in 0..2 {
+        let o = sb.exec(&burn, &mut sink).unwrap();
+        assert_eq!(text(&o.stdout), "burned\n", "{o:?}");
+        assert!(o.usage.cpu_time_us >= 300_000, "round {round}: {o:?}");
+        let o = sb.exec(&look, &mut sink).unwrap();
+        let out = text(&o.stdout);
+        assert!(out.ends_with("looked\n"), "{o:?}");
+        assert!(
+            !out.lines().any(|l| l == "sleep" || l == "python3"),
+            "round {round}: a process of the last exec is still there: {out}"
+        );
+        assert!(
+            o.usage.cpu_time_us < 200_000,
+            "round {round}: the exec was charged its predecessor's CPU: {o:?}"
+        );
+    }
+    sb.destroy().unwrap();
+}

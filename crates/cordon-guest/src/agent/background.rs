@@ -89,9 +89,12 @@ impl Agent {
         }
         // Background output always passes through the agent (it is kept here), so the
         // program's stdio are the agent's own pipes (or its terminal) whatever the channel.
-        let run = self
+        let mut run = self
             .launch(id, argv, &env, cwd, StdioMode::Framed, limits, pty)
             .map_err(|e| (ErrorCode::SpawnFailed, e.to_string()))?;
+        // A background exec's reaper exits once it has reported: only a foreground exec's
+        // serves the next one.
+        run.chan = None;
         self.background.insert(
             id,
             Background {

@@ -92,18 +92,19 @@ pub(super) fn send_job(chan: &UnixStream, job: &[u8], fds: &[RawFd]) -> io::Resu
 /// Receives the job (and its four descriptors) on a standby reaper's socket; `None` when the
 /// agent closed it without one.
 pub(super) fn receive_job(chan: &UnixStream) -> Option<(Job, Vec<OwnedFd>)> {
+    receive_job_with(chan, MsgFlags::MSG_CMSG_CLOEXEC)
+}
+
+/// [`receive_job`] with the given `recvmsg` flags: without `MSG_CMSG_CLOEXEC` the
+/// descriptors survive an exec.
+fn receive_job_with(chan: &UnixStream, flags: MsgFlags) -> Option<(Job, Vec<OwnedFd>)> {
     let mut frames = FrameBuffer::default();
     let mut fds = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let mut cmsg = nix::cmsg_space!([RawFd; 4]);
         let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = match recvmsg::<()>(
-            chan.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
+        let msg = match recvmsg::<()>(chan.as_raw_fd(), &mut iov, Some(&mut cmsg), flags) {
             Ok(m) => m,
             Err(Errno::EINTR) => continue,
             Err(_) => return None,
@@ -129,10 +130,21 @@ pub(super) fn receive_job(chan: &UnixStream) -> Option<(Job, Vec<OwnedFd>)> {
     }
 }
 
+/// Where a reaper that serves exec after exec keeps its job socket: above the program's
+/// stdio and status pipe (0-3), which are renumbered for each job.
+const REAPER_CHAN_FD: RawFd = 4;
+
 /// A standby reaper: PID 1 of the next exec's namespace, made before the exec is asked
 /// for. It mounts its `/proc`, takes on the tier's confinement and (with `prefork`) forks
 /// the program's process, which drops its privileges at once; then it waits for its job
-/// and runs it as [`reaper_main`]. Never returns.
+/// and runs it as [`run_job`]. Never returns.
+///
+/// With the program forked ahead (no per-exec cgroups), the reaper serves exec after exec
+/// in its namespaces: once it has reported one (its whole tree killed and reaped), it
+/// forks the next program's process and sends the agent that process's socket over
+/// `chan`. The agent keeps the reaper as its next standby, or closes `chan` and the
+/// reaper exits. An exec then costs no new namespaces, `/proc` mount or reaper process
+/// (ADR 0021).
 pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<UnixStream>) -> ! {
     let mut failed: Option<String> = None;
     if cfg.mount_proc {
@@ -149,58 +161,141 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
     {
         failed = Some(format!("the sandbox's filters could not be applied: {e}"));
     }
-    // The program's process is forked now too, off the exec's critical path; it waits for
-    // the job on its own socket, which the agent sends it. Without it (no prefork, or the
-    // fork failed) the reaper forks the program once the job is here. Only after the
-    // confinement above: a failure there leaves no program (its socket is dropped here,
-    // so the agent's hand-over to it fails or is discarded).
-    let mut program = None;
-    if failed.is_none()
-        && let Some(sock) = prefork
-    {
-        match sys::fork_into(0) {
-            Ok(sys::Forked::Child) => {
-                drop(chan);
-                program_standby(cfg, sock)
+    // A terminate sent to the reaper (a background exec's) reaches the whole tree, and so
+    // does a resize's SIGWINCH where the agent sends it.
+    let _ = sys::forward_signals_to_namespace();
+    let reusable = prefork.is_some() && failed.is_none();
+    let chan = if reusable {
+        match keep_at(chan, REAPER_CHAN_FD) {
+            Some(c) => c,
+            None => sys::exit_now(120),
+        }
+    } else {
+        chan
+    };
+    let mut next = prefork;
+    loop {
+        // The program's process is forked now too, off the exec's critical path; it waits
+        // for the job on its own socket, which the agent sends it. Without it (no prefork,
+        // or the fork failed) the reaper forks the program once the job is here. Only
+        // after the confinement above: a failure there leaves no program (its socket is
+        // dropped here, so the agent's hand-over to it fails or is discarded).
+        let mut program = None;
+        if failed.is_none()
+            && let Some(sock) = next.take()
+        {
+            match sys::fork_into(0) {
+                Ok(sys::Forked::Child) => {
+                    drop(chan);
+                    program_standby(cfg, sock)
+                }
+                Ok(sys::Forked::Parent(pid)) => program = Some(pid),
+                Err(_) => {}
             }
-            Ok(sys::Forked::Parent(pid)) => program = Some(pid),
-            Err(_) => {}
         }
-    }
-    let Some((job, fds)) = receive_job(&chan) else {
-        sys::exit_now(0)
-    };
-    drop(chan);
-    let Ok([a, b, c, status]) = <[OwnedFd; 4]>::try_from(fds) else {
-        sys::exit_now(120)
-    };
-    let plan = match ExecPlan::new(&job.argv, &job.env, &job.cwd) {
-        Ok(p) => ExecPlan { tty: job.tty, ..p },
-        Err(e) => {
-            failed.get_or_insert(format!("bad exec request: {e}"));
-            // Never used: the failure is reported below before the plan is.
-            ExecPlan::empty()
-        }
-    };
-    // The pre-forked program has its job from the agent; if it did not get it, it is
-    // replaced by one forked below.
-    let mut forked = None;
-    if let Some(pid) = program {
-        if failed.is_none() && job.direct {
+        let Some((job, fds)) = receive_job(&chan) else {
+            sys::exit_now(0)
+        };
+        let mut job_failed = failed.clone();
+        // Its program has the job and its stdio: the reaper got the status pipe alone, and
+        // only waits for the tree and reports (see `wait_and_report`).
+        if reusable && job.direct && program.is_some() && fds.len() == 1 {
+            let Some(pid) = program else {
+                sys::exit_now(120)
+            };
+            let Some(status) = fds.into_iter().next() else {
+                sys::exit_now(120)
+            };
             let since = Duration::from_micros(monotonic_us().saturating_sub(job.handed_us));
             let now = Instant::now();
-            forked = Some((pid, now.checked_sub(since).unwrap_or(now)));
-        } else {
-            let _ = kill(pid, Signal::SIGKILL);
+            wait_and_report(
+                pid,
+                now.checked_sub(since).unwrap_or(now),
+                File::from(status),
+            );
+            next = next_program(&chan);
+            continue;
         }
+        let Ok([a, b, c, status]) = <[OwnedFd; 4]>::try_from(fds) else {
+            sys::exit_now(120)
+        };
+        let plan = match ExecPlan::new(&job.argv, &job.env, &job.cwd) {
+            Ok(p) => ExecPlan { tty: job.tty, ..p },
+            Err(e) => {
+                job_failed.get_or_insert(format!("bad exec request: {e}"));
+                // Never used: the failure is reported below before the plan is.
+                ExecPlan::empty()
+            }
+        };
+        // The pre-forked program has its job from the agent; if it did not get it, it is
+        // replaced by one forked below.
+        let mut forked = None;
+        if let Some(pid) = program {
+            if job_failed.is_none() && job.direct {
+                let since = Duration::from_micros(monotonic_us().saturating_sub(job.handed_us));
+                let now = Instant::now();
+                forked = Some((pid, now.checked_sub(since).unwrap_or(now)));
+            } else {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+        }
+        let serve_more = reusable && job_failed.is_none();
+        if !serve_more {
+            drop(chan);
+            run_job(
+                cfg,
+                &plan,
+                &job.limits,
+                [a, b, c],
+                status,
+                job_failed,
+                forked,
+                4,
+            );
+            // What is left is this namespace's teardown, which nobody waits for when the
+            // program was forked ahead (no per-exec cgroup to remove): let the host's
+            // reading of the report go first.
+            if forked.is_some() {
+                let _ = sys::set_nice(19);
+            }
+            sys::exit_now(0)
+        }
+        run_job(cfg, &plan, &job.limits, [a, b, c], status, None, forked, 5);
+        next = next_program(&chan);
     }
-    reaper_main(cfg, &plan, &job.limits, [a, b, c], status, failed, forked)
+}
+
+/// Readies a reaper for its next exec: the next program's socket goes to the agent first
+/// (it may send the job before the process exists; the job waits in the socket), and the
+/// end the process is forked with is returned. A closed `chan` means the agent did not
+/// keep this reaper: it exits.
+fn next_program(chan: &UnixStream) -> Option<UnixStream> {
+    let Ok((near, far)) = UnixStream::pair() else {
+        sys::exit_now(0)
+    };
+    if send_job(chan, b"p", &[near.as_raw_fd()]).is_err() {
+        sys::exit_now(0)
+    }
+    Some(far)
+}
+
+/// Moves `chan` to descriptor `fd` (closing whatever copy it had); `None` if it cannot.
+fn keep_at(chan: UnixStream, fd: RawFd) -> Option<UnixStream> {
+    let raw = std::os::fd::IntoRawFd::into_raw_fd(chan);
+    if raw != fd {
+        sys::dup2_to(&raw, fd).ok()?;
+        let _ = nix::unistd::close(raw);
+    }
+    Some(UnixStream::from(sys::own_fd(fd)))
 }
 
 /// The reaper, job in hand: PID 1 of the exec's namespace. `forked` is the program's
 /// process when it was forked ahead and already has its job, with the moment it was
-/// handed over. Never returns.
-pub(super) fn reaper_main(
+/// handed over. Every descriptor from `keep_below` up is closed first. Returns once the
+/// exec's whole tree has been reaped and reported on the status pipe (or the failure
+/// reported); the program's own process never returns from here.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_job(
     cfg: &AgentConfig,
     plan: &ExecPlan,
     limits: &ProcLimits,
@@ -208,12 +303,13 @@ pub(super) fn reaper_main(
     status: OwnedFd,
     failed: Option<String>,
     forked: Option<(Pid, Instant)>,
-) -> ! {
+    keep_below: u32,
+) {
     // Move what we keep to fixed numbers: stdio to 0-2, the status pipe to 3. First lift
     // every descriptor above the range, so no dup2 below lands on one still needed.
     let [a, b, c] = stdio;
     renumber_from_zero([a, b, c, status]);
-    if sys::close_from(4).is_err() {
+    if sys::close_from(keep_below).is_err() {
         sys::exit_now(120);
     }
     // fd 3 is ours: dup2'd above.
@@ -221,7 +317,10 @@ pub(super) fn reaper_main(
     if let Some(e) = failed {
         let _ = writeln!(io::stderr(), "cordon: {e}");
         let _ = status.write_all(b"exit 125 0 0\n");
-        sys::exit_now(0);
+        for fd in 0..3 {
+            let _ = nix::unistd::close(fd);
+        }
+        return;
     }
     let (child, started) = match forked {
         Some(forked) => forked,
@@ -237,34 +336,37 @@ pub(super) fn reaper_main(
             }
         }
     };
-    // A terminate sent to the reaper (a background exec's) reaches the whole tree, and so
-    // does a resize's SIGWINCH where the agent sends it.
-    let _ = sys::forward_signals_to_namespace();
     // Close our copies of the program's stdio so the host sees EOF when the tree is gone.
     for fd in 0..3 {
         let _ = nix::unistd::close(fd);
     }
+    wait_and_report(child, started, status);
+}
+
+/// Waits for the program `child` (handed its job at `started`) and then for every process
+/// left in the namespace, killed once the program is done; reports on `status`.
+fn wait_and_report(child: Pid, started: Instant, mut status: File) {
     let mut main_status = None;
     let mut program_us = 0u64;
+    // The whole tree's figures, summed over this exec's children as each is reaped (the
+    // reaper may have served execs before).
+    let (mut rss_kb, mut cpu_us) = (0u64, 0u64);
     loop {
-        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
-            Ok(ws) => {
-                if ws.pid() == Some(child) {
-                    main_status = Some(ws);
+        match sys::wait_any() {
+            Ok(r) => {
+                cpu_us += r.cpu_us;
+                rss_kb = rss_kb.max(r.max_rss_kb);
+                if r.pid == child {
+                    main_status = Some(r.status);
                     program_us = started.elapsed().as_micros() as u64;
                     // The program is done: end everything it left behind.
                     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
                 }
             }
-            Err(Errno::EINTR) => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
             Err(_) => break,
         }
     }
-    // Every process of the exec has been waited for: these are the whole tree's figures.
-    let (rss_kb, cpu_us) = match getrusage(UsageWho::RUSAGE_CHILDREN) {
-        Ok(u) => (u.max_rss() as u64, cpu_us_of(&u)),
-        Err(_) => (0, 0),
-    };
     let line = match main_status {
         Some(WaitStatus::Exited(_, code)) => {
             format!("exit {code} {rss_kb} {cpu_us} {program_us}\n")
@@ -275,13 +377,6 @@ pub(super) fn reaper_main(
         _ => format!("signal 9 {rss_kb} {cpu_us} {program_us}\n"),
     };
     let _ = status.write_all(line.as_bytes());
-    // What is left is this namespace's teardown, which nobody waits for when the program
-    // was forked ahead (no per-exec cgroup to remove): let the host's reading of the report
-    // go first.
-    if forked.is_some() {
-        let _ = sys::set_nice(19);
-    }
-    sys::exit_now(0)
 }
 
 /// The program's own process, between fork and exec, forked once the job is known. Never
@@ -313,22 +408,32 @@ pub(super) fn program_standby(cfg: &AgentConfig, sock: UnixStream) -> ! {
         }
         let _ = nix::unistd::close(raw);
     }
-    if sys::close_from(4).is_err() {
+    // 0-2 too: the job's stdin, stdout and stderr then arrive there, in order (the kernel
+    // gives passed descriptors the lowest free numbers), with nothing left to move.
+    if sys::close_from(4).is_err() || sys::close_between(0, 2).is_err() {
         sys::exit_now(120);
     }
     let sock = UnixStream::from(sys::own_fd(3));
     leave_the_agent();
     let dropped = drop_privileges(cfg);
     // No job: the reaper went away (then so does this namespace) or sent a bad one, which
-    // the reaper reports as this process's exit status.
-    let Some((job, fds)) = receive_job(&sock) else {
+    // the reaper reports as this process's exit status. Received without close-on-exec:
+    // these are the program's own.
+    let Some((job, fds)) = receive_job_with(&sock, MsgFlags::empty()) else {
         sys::exit_now(120)
     };
     drop(sock);
     let Ok(stdio) = <[OwnedFd; 3]>::try_from(fds) else {
         sys::exit_now(120)
     };
-    renumber_from_zero(stdio);
+    if stdio.iter().map(AsRawFd::as_raw_fd).eq(0..3) {
+        // Already in place: kept open for the program.
+        for fd in stdio {
+            let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);
+        }
+    } else {
+        renumber_from_zero(stdio);
+    }
     if let Err(e) = dropped {
         program_fail("dropping privileges", &e);
     }

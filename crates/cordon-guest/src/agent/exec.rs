@@ -100,10 +100,15 @@ impl Agent {
         // A standby that died (or never came up) is replaced once.
         let mut standby = None;
         for _ in 0..2 {
-            let sb = match self.standby.take() {
+            let mut sb = match self.standby.take() {
                 Some(sb) => sb,
                 None => self.spawn_standby()?,
             };
+            // A reaper kept from the last exec sent its next program's socket when it was
+            // ready; if it is not here yet, the job goes by the reaper, which forks anew.
+            if sb.program.is_none() && self.cgroups.is_none() {
+                sb.program = take_program_socket(&sb.chan);
+            }
             let joined = match &cgroup {
                 Some(dir) => std::fs::write(dir.join("cgroup.procs"), sb.pid.to_string()),
                 None => Ok(()),
@@ -116,8 +121,12 @@ impl Agent {
             if let Some(program) = &sb.program {
                 job.direct = send_job(program, &encoded(&job)?, &fds[..3]).is_ok();
             }
+            // A reaper whose program has its job needs only the status pipe: it does
+            // nothing with the program's stdio but close it, which is work done beside the
+            // program's start.
+            let for_reaper = if job.direct { &fds[3..] } else { &fds[..] };
             let sent = encoded(&job)
-                .and_then(|for_reaper| joined.and_then(|_| send_job(&sb.chan, &for_reaper, &fds)));
+                .and_then(|job| joined.and_then(|_| send_job(&sb.chan, &job, for_reaper)));
             match sent {
                 Ok(()) => {
                     standby = Some(sb);
@@ -152,6 +161,7 @@ impl Agent {
             cgroup,
             // Set by the caller from the request.
             last: false,
+            chan: self.cgroups.is_none().then_some(sb.chan),
         })
     }
 
@@ -394,7 +404,20 @@ impl Agent {
             // namespaces' teardown) remains, which need not hold up the reply. An exec
             // cgroup is removed below, so then it is waited for.
             Some(r) if run.cgroup.is_none() => {
-                self.exiting.push((run.reaper, run.pidfd));
+                match run.chan {
+                    // The reaper serves the next exec: its tree is gone, and it is
+                    // forking that exec's program (ADR 0021).
+                    Some(chan) if self.standby.is_none() && !run.last => {
+                        self.standby = Some(Standby {
+                            pid: run.reaper,
+                            pidfd: run.pidfd,
+                            chan,
+                            program: None,
+                        });
+                    }
+                    // Its closed socket tells it to exit.
+                    _ => self.exiting.push((run.reaper, run.pidfd)),
+                }
                 r
             }
             Some(r) => {
@@ -506,6 +529,39 @@ impl ExecCgroups {
         }
         (oom, pids, peak)
     }
+}
+
+/// The newest program socket a kept reaper sent on `chan` (one byte with the descriptor,
+/// per program it forked ahead), without waiting; older ones belong to programs it has
+/// since replaced and are closed here.
+fn take_program_socket(chan: &UnixStream) -> Option<UnixStream> {
+    let mut newest = None;
+    // Bounded: a reaper sends one per exec it served.
+    for _ in 0..64 {
+        let mut byte = [0u8; 1];
+        let mut cmsg = nix::cmsg_space!([RawFd; 1]);
+        let mut iov = [IoSliceMut::new(&mut byte)];
+        let msg = match recvmsg::<()>(
+            chan.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(m) if m.bytes == 1 => m,
+            _ => break,
+        };
+        if let Ok(cmsgs) = msg.cmsgs() {
+            for c in cmsgs {
+                if let ControlMessageOwned::ScmRights(raw) = c {
+                    // The kernel installed these descriptors for us (SCM_RIGHTS).
+                    for fd in raw {
+                        newest = Some(UnixStream::from(sys::own_fd(fd)));
+                    }
+                }
+            }
+        }
+    }
+    newest
 }
 
 pub(super) fn children_cpu_us() -> u64 {

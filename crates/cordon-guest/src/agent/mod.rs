@@ -42,7 +42,6 @@ mod files;
 
 use background::*;
 use child::*;
-use exec::*;
 
 /// Confinement hook, run in each exec's reaper after its `/proc` is mounted and before the
 /// program is forked, so both are confined by it.
@@ -80,6 +79,9 @@ struct Running {
     cgroup: Option<PathBuf>,
     /// The host said no exec follows: no reaper is readied after this one.
     last: bool,
+    /// The reaper's job socket, for a foreground exec whose reaper may serve the next one
+    /// (see [`child::standby_main`]); dropping it lets the reaper exit once it reported.
+    chan: Option<UnixStream>,
 }
 
 /// Where a background exec's descriptors are in one round's poll set.
