@@ -1313,14 +1313,44 @@ fn back_to_back_execs_reset_their_own_slot_and_make_nothing_ahead() {
     // A caller that sends its next exec as soon as the last one answers gains nothing from
     // a standby (it would wait for it) and would share the cores with the worker making it.
     let b = own_backend(cordon_wasm::PoolSize::default());
+    // On a loaded machine (the test suite runs side by side) this process can be kept off
+    // the CPU for longer than the pause that counts as an agent's, between one answer and
+    // the next request: such a gap rightly earns a standby. A fresh sandbox is tried again
+    // then, up to three times; one run of five execs must make none.
+    let mut clean = false;
+    for _attempt in 0..3 {
+        let mut sb = b.create(&spec()).unwrap();
+        let mut made = 0;
+        for i in 0..5 {
+            let o = exec_in(
+                sb.as_mut(),
+                &ExecRequest::code(Language::Python, "print(4)"),
+            );
+            assert_eq!(out(&o), "4\n", "exec {i}");
+            made += b.standby_held();
+        }
+        sb.destroy().unwrap();
+        if made == 0 {
+            clean = true;
+            break;
+        }
+        assert_eq!(
+            standby_settles(&b, 0),
+            0,
+            "a destroyed sandbox gives its standby back"
+        );
+    }
+    assert!(
+        clean,
+        "back-to-back execs made a standby in three runs of five"
+    );
     let mut sb = b.create(&spec()).unwrap();
-    for i in 0..5 {
+    for i in 0..2 {
         let o = exec_in(
             sb.as_mut(),
             &ExecRequest::code(Language::Python, "print(4)"),
         );
         assert_eq!(out(&o), "4\n", "exec {i}");
-        assert_eq!(b.standby_held(), 0, "exec {i}");
     }
     // The same sandbox paced by a reader gets one.
     agent_pause();

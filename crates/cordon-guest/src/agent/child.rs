@@ -173,7 +173,9 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
     } else {
         chan
     };
-    let mut next = prefork;
+    // A reaper that failed its set-up forks no program: the socket is dropped now, so the
+    // agent's hand-over to it fails (or is discarded) and the job comes here.
+    let mut next = if failed.is_none() { prefork } else { None };
     loop {
         // The program's process is forked now too, off the exec's critical path; it waits
         // for the job on its own socket, which the agent sends it. Without it (no prefork,
@@ -196,16 +198,26 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
         let Some((job, fds)) = receive_job(&chan) else {
             sys::exit_now(0)
         };
+        let Ok([a, b, c, status]) = <[OwnedFd; 4]>::try_from(fds) else {
+            sys::exit_now(120)
+        };
         let mut job_failed = failed.clone();
-        // Its program has the job and its stdio: the reaper got the status pipe alone, and
-        // only waits for the tree and reports (see `wait_and_report`).
-        if reusable && job.direct && program.is_some() && fds.len() == 1 {
-            let Some(pid) = program else {
-                sys::exit_now(120)
-            };
-            let Some(status) = fds.into_iter().next() else {
-                sys::exit_now(120)
-            };
+        // Its program has the job and its stdio: the reaper drops its copies of the stdio
+        // (one call when they arrived on 0-2, as they do here) and only waits for the tree
+        // and reports, doing as little as it can beside the program's start.
+        if reusable
+            && job.direct
+            && let Some(pid) = program
+        {
+            if [&a, &b, &c].iter().map(|f| f.as_raw_fd()).eq(0..3)
+                && sys::close_between(0, 2).is_ok()
+            {
+                for fd in [a, b, c] {
+                    let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);
+                }
+            } else {
+                drop((a, b, c));
+            }
             let since = Duration::from_micros(monotonic_us().saturating_sub(job.handed_us));
             let now = Instant::now();
             wait_and_report(
@@ -216,9 +228,6 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
             next = next_program(&chan);
             continue;
         }
-        let Ok([a, b, c, status]) = <[OwnedFd; 4]>::try_from(fds) else {
-            sys::exit_now(120)
-        };
         let plan = match ExecPlan::new(&job.argv, &job.env, &job.cwd) {
             Ok(p) => ExecPlan { tty: job.tty, ..p },
             Err(e) => {

@@ -121,12 +121,10 @@ impl Agent {
             if let Some(program) = &sb.program {
                 job.direct = send_job(program, &encoded(&job)?, &fds[..3]).is_ok();
             }
-            // A reaper whose program has its job needs only the status pipe: it does
-            // nothing with the program's stdio but close it, which is work done beside the
-            // program's start.
-            let for_reaper = if job.direct { &fds[3..] } else { &fds[..] };
-            let sent = encoded(&job)
-                .and_then(|job| joined.and_then(|_| send_job(&sb.chan, &job, for_reaper)));
+            // The reaper gets the stdio too: one that failed its set-up reports on the
+            // program's stderr.
+            let sent =
+                encoded(&job).and_then(|job| joined.and_then(|_| send_job(&sb.chan, &job, &fds)));
             match sent {
                 Ok(()) => {
                     standby = Some(sb);
