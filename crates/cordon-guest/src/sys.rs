@@ -54,11 +54,21 @@ pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
 /// descendants used.
 pub struct Reaped {
     pub pid: Pid,
-    pub status: nix::sys::wait::WaitStatus,
+    pub end: End,
     /// User plus system CPU time, in microseconds.
     pub cpu_us: u64,
     /// Largest resident set, in KiB.
     pub max_rss_kb: u64,
+}
+
+/// How a reaped child ended. Any signal number is kept, real-time ones included (which
+/// `nix`'s `WaitStatus` cannot represent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Exited(i32),
+    Signaled(i32),
+    /// Stopped or continued: not an end.
+    Other,
 }
 
 /// Waits for any child (`__WALL`), with its resource usage: a reaper that serves several
@@ -75,11 +85,17 @@ pub fn wait_any() -> io::Result<Reaped> {
         return Err(io::Error::last_os_error());
     }
     let pid = Pid::from_raw(pid);
-    let status = nix::sys::wait::WaitStatus::from_raw(pid, status).map_err(io::Error::from)?;
+    let end = if libc::WIFEXITED(status) {
+        End::Exited(libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        End::Signaled(libc::WTERMSIG(status))
+    } else {
+        End::Other
+    };
     let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
     Ok(Reaped {
         pid,
-        status,
+        end,
         cpu_us: us(usage.ru_utime) + us(usage.ru_stime),
         max_rss_kb: usage.ru_maxrss as u64,
     })
@@ -171,14 +187,21 @@ pub fn clear_ambient() -> io::Result<()> {
 /// whole tree, and a terminal's resize reaches its programs where the kernel does not
 /// signal it (gVisor; SIGWINCH is ignored by default, so only programs that watch for it
 /// see it); without a handler the init would ignore both. A process forked from the
-/// reaper inherits the handler until it execs; there it passes nothing on.
+/// reaper inherits the handler until it execs; there the signal takes its default action,
+/// as if no handler were installed.
 pub fn forward_signals_to_namespace() -> io::Result<()> {
     extern "C" fn forward(sig: libc::c_int) {
-        // SAFETY: getpid(2) and kill(2) are async-signal-safe and take only integers; -1
-        // from a PID namespace's init means every other process of that namespace.
+        // SAFETY: getpid(2), sigaction(2) and kill(2) are async-signal-safe; -1 from a PID
+        // namespace's init means every other process of that namespace. The action struct
+        // is a zeroed local (SIG_DFL, no flags, empty mask).
         unsafe {
             if libc::getpid() == 1 {
                 libc::kill(-1, sig);
+            } else {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+                libc::kill(libc::getpid(), sig);
             }
         }
     }

@@ -110,6 +110,16 @@ pub fn sequential_execs_start_clean(b: &dyn Backend, spec: &SandboxSpec) {
         Language::Sh,
         "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done; echo looked",
     );
+    // A program ended by a real-time signal (which `nix`'s wait status cannot represent)
+    // leaves a daemon: its exec still ends with the whole tree.
+    let rt = ExecRequest::code(
+        Language::Python,
+        "import os, signal, subprocess\n\
+         subprocess.Popen(['sleep', '1002'], start_new_session=True)\n\
+         os.kill(os.getpid(), signal.SIGRTMIN)",
+    );
+    let o = sb.exec(&rt, &mut sink).unwrap();
+    assert!(o.signal.is_some_and(|s| s >= 32), "{o:?}");
     for round in 0..2 {
         let o = sb.exec(&burn, &mut sink).unwrap();
         assert_eq!(text(&o.stdout), "burned\n", "{o:?}");

@@ -165,17 +165,19 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
     // does a resize's SIGWINCH where the agent sends it.
     let _ = sys::forward_signals_to_namespace();
     let reusable = prefork.is_some() && failed.is_none();
-    let chan = if reusable {
-        match keep_at(chan, REAPER_CHAN_FD) {
-            Some(c) => c,
-            None => sys::exit_now(120),
-        }
-    } else {
-        chan
-    };
     // A reaper that failed its set-up forks no program: the socket is dropped now, so the
     // agent's hand-over to it fails (or is discarded) and the job comes here.
-    let mut next = if failed.is_none() { prefork } else { None };
+    let prefork = if failed.is_none() { prefork } else { None };
+    let (chan, mut next) = match prefork {
+        // A reaper that lives on keeps nothing of the agent's but its own two sockets:
+        // not the agent's channel, nor any exec's pipes (a copy held here would keep a
+        // reader from its EOF for as long as the reaper lives).
+        Some(sock) if reusable => match keep_only(chan, sock) {
+            Some((chan, sock)) => (chan, Some(sock)),
+            None => sys::exit_now(120),
+        },
+        other => (chan, other),
+    };
     loop {
         // The program's process is forked now too, off the exec's critical path; it waits
         // for the job on its own socket, which the agent sends it. Without it (no prefork,
@@ -288,14 +290,26 @@ fn next_program(chan: &UnixStream) -> Option<UnixStream> {
     Some(far)
 }
 
-/// Moves `chan` to descriptor `fd` (closing whatever copy it had); `None` if it cannot.
-fn keep_at(chan: UnixStream, fd: RawFd) -> Option<UnixStream> {
-    let raw = std::os::fd::IntoRawFd::into_raw_fd(chan);
-    if raw != fd {
-        sys::dup2_to(&raw, fd).ok()?;
-        let _ = nix::unistd::close(raw);
-    }
-    Some(UnixStream::from(sys::own_fd(fd)))
+/// Puts `chan` on [`REAPER_CHAN_FD`] and `sock` on the descriptor after it, and closes
+/// every other descriptor; `None` if it cannot. Both are first lifted above the range, so
+/// neither dup2 lands on the other.
+fn keep_only(chan: UnixStream, sock: UnixStream) -> Option<(UnixStream, UnixStream)> {
+    let lift = |s: UnixStream| {
+        nix::fcntl::fcntl(&s, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(64))
+            .ok()
+            .map(sys::own_fd)
+    };
+    let (chan, sock) = (lift(chan)?, lift(sock)?);
+    let first = REAPER_CHAN_FD;
+    sys::dup2_to(&chan, first).ok()?;
+    sys::dup2_to(&sock, first + 1).ok()?;
+    drop((chan, sock));
+    sys::close_between(0, first as u32 - 1).ok()?;
+    sys::close_from(first as u32 + 2).ok()?;
+    Some((
+        UnixStream::from(sys::own_fd(first)),
+        UnixStream::from(sys::own_fd(first + 1)),
+    ))
 }
 
 /// The reaper, job in hand: PID 1 of the exec's namespace. `forked` is the program's
@@ -365,23 +379,24 @@ fn wait_and_report(child: Pid, started: Instant, mut status: File) {
             Ok(r) => {
                 cpu_us += r.cpu_us;
                 rss_kb = rss_kb.max(r.max_rss_kb);
-                if r.pid == child {
-                    main_status = Some(r.status);
+                if r.pid == child && r.end != sys::End::Other {
+                    main_status = Some(r.end);
                     program_us = started.elapsed().as_micros() as u64;
                     // The program is done: end everything it left behind.
                     let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
                 }
             }
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Err(_) => break,
+            // Only "no child left" ends the wait: every process of the namespace is gone.
+            Err(e) if e.raw_os_error() == Some(libc::ECHILD) => break,
+            Err(_) => continue,
         }
     }
     let line = match main_status {
-        Some(WaitStatus::Exited(_, code)) => {
+        Some(sys::End::Exited(code)) => {
             format!("exit {code} {rss_kb} {cpu_us} {program_us}\n")
         }
-        Some(WaitStatus::Signaled(_, sig, _)) => {
-            format!("signal {} {rss_kb} {cpu_us} {program_us}\n", sig as i32)
+        Some(sys::End::Signaled(sig)) => {
+            format!("signal {sig} {rss_kb} {cpu_us} {program_us}\n")
         }
         _ => format!("signal 9 {rss_kb} {cpu_us} {program_us}\n"),
     };

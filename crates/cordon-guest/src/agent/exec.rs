@@ -160,6 +160,7 @@ impl Agent {
             // Set by the caller from the request.
             last: false,
             chan: self.cgroups.is_none().then_some(sb.chan),
+            served_cpu_us: sb.served_cpu_us,
         })
     }
 
@@ -411,6 +412,7 @@ impl Agent {
                             pidfd: run.pidfd,
                             chan,
                             program: None,
+                            served_cpu_us: run.served_cpu_us.saturating_add(r.cpu_us),
                         });
                     }
                     // Its closed socket tells it to exit.
@@ -426,7 +428,9 @@ impl Agent {
             // exit means every process of the exec is gone; wait for that.
             None => {
                 let _ = waitpid(run.reaper, None);
-                let cpu = children_cpu_us().saturating_sub(run.cpu_before_us);
+                let cpu = children_cpu_us()
+                    .saturating_sub(run.cpu_before_us)
+                    .saturating_sub(run.served_cpu_us);
                 Report {
                     code: None,
                     signal: Some(9),

@@ -82,6 +82,8 @@ struct Running {
     /// The reaper's job socket, for a foreground exec whose reaper may serve the next one
     /// (see [`child::standby_main`]); dropping it lets the reaper exit once it reported.
     chan: Option<UnixStream>,
+    /// [`Standby::served_cpu_us`] of its reaper.
+    served_cpu_us: u64,
 }
 
 /// Where a background exec's descriptors are in one round's poll set.
@@ -104,6 +106,9 @@ struct Standby {
     /// None with per-exec cgroups, where the program is forked only once the reaper is in
     /// its exec's cgroup.
     program: Option<UnixStream>,
+    /// CPU time of the execs this reaper already served and reported: not the next one's,
+    /// should the reaper die without a report (its whole life is then counted).
+    served_cpu_us: u64,
 }
 
 /// What a standby reaper is sent (with the program's stdin, stdout, stderr and the status
@@ -371,6 +376,7 @@ impl Agent {
                     pidfd,
                     chan: ours,
                     program,
+                    served_cpu_us: 0,
                 })
             }
         }
@@ -386,6 +392,7 @@ impl Agent {
             .chain(self.running.as_ref());
         for run in runs {
             fds.push(run.status.as_raw_fd());
+            fds.extend(run.chan.as_ref().map(|c| c.as_raw_fd()));
             fds.extend(run.pidfd.as_ref().map(|f| f.as_raw_fd()));
             if let Some(fr) = &run.framed {
                 for f in [&fr.stdin, &fr.stdout, &fr.stderr, &fr.tty]
