@@ -38,7 +38,7 @@ fn main() {
         .iter()
         .map(|a| {
             let mut c = GvisorConfig::discover();
-            c.agent = a.into();
+            c.agent = std::fs::canonicalize(a).expect("an agent binary");
             GvisorBackend::new(c)
         })
         .collect();

@@ -108,8 +108,11 @@ impl GvisorConfig {
                     .find(|c| c.is_file())
             })
             .unwrap_or_else(|| PathBuf::from("/usr/bin/runsc"));
+        // Absolute: it is the source of a bind in the bundle, which runsc resolves from
+        // its own working directory.
         let agent = std::env::var_os("CORDON_GVISOR_AGENT")
             .map(PathBuf::from)
+            .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
             .or_else(|| {
                 let exe = std::env::current_exe().ok()?;
                 let dir = exe.parent()?;
