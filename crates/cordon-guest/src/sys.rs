@@ -104,13 +104,7 @@ pub fn wait_any() -> io::Result<Reaped> {
 /// Closes every descriptor from `first` up (close_range(2)). The last one is given as
 /// `INT_MAX`, the largest descriptor there can be: gVisor refuses a larger bound (EINVAL).
 pub fn close_from(first: u32) -> io::Result<()> {
-    // SAFETY: close_range only closes descriptors; callers own every descriptor >= first
-    // (it is used in a freshly forked child just before exec).
-    let r = unsafe { libc::syscall(libc::SYS_close_range, first, i32::MAX as u32, 0) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    close_between(first, i32::MAX as u32)
 }
 
 /// Closes the descriptors `first` to `last` (close_range(2)).

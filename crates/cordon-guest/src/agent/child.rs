@@ -95,6 +95,28 @@ pub(super) fn receive_job(chan: &UnixStream) -> Option<(Job, Vec<OwnedFd>)> {
     receive_job_with(chan, MsgFlags::MSG_CMSG_CLOEXEC)
 }
 
+/// One recvmsg(2) on `fd` into `buf`: the bytes read and the descriptors passed along
+/// (up to eight), owned.
+pub(super) fn recv_with_fds(
+    fd: RawFd,
+    buf: &mut [u8],
+    flags: MsgFlags,
+) -> nix::Result<(usize, Vec<OwnedFd>)> {
+    let mut cmsg = nix::cmsg_space!([RawFd; 8]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(fd, &mut iov, Some(&mut cmsg), flags)?;
+    let mut fds = Vec::new();
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for c in cmsgs {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // The kernel installed these descriptors for us (SCM_RIGHTS).
+                fds.extend(raw.into_iter().map(sys::own_fd));
+            }
+        }
+    }
+    Ok((msg.bytes, fds))
+}
+
 /// [`receive_job`] with the given `recvmsg` flags: without `MSG_CMSG_CLOEXEC` the
 /// descriptors survive an exec.
 fn receive_job_with(chan: &UnixStream, flags: MsgFlags) -> Option<(Job, Vec<OwnedFd>)> {
@@ -102,22 +124,12 @@ fn receive_job_with(chan: &UnixStream, flags: MsgFlags) -> Option<(Job, Vec<Owne
     let mut fds = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let mut cmsg = nix::cmsg_space!([RawFd; 4]);
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = match recvmsg::<()>(chan.as_raw_fd(), &mut iov, Some(&mut cmsg), flags) {
-            Ok(m) => m,
+        let (n, passed) = match recv_with_fds(chan.as_raw_fd(), &mut buf, flags) {
+            Ok(r) => r,
             Err(Errno::EINTR) => continue,
             Err(_) => return None,
         };
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                if let ControlMessageOwned::ScmRights(raw) = c {
-                    // The kernel installed these descriptors for us (SCM_RIGHTS).
-                    fds.extend(raw.into_iter().map(sys::own_fd));
-                }
-            }
-        }
-        let n = msg.bytes;
+        fds.extend(passed);
         if n == 0 {
             return None;
         }
@@ -203,33 +215,32 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
         let Ok([a, b, c, status]) = <[OwnedFd; 4]>::try_from(fds) else {
             sys::exit_now(120)
         };
-        let mut job_failed = failed.clone();
-        // Its program has the job and its stdio: the reaper drops its copies of the stdio
-        // (one call when they arrived on 0-2, as they do here) and only waits for the tree
-        // and reports, doing as little as it can beside the program's start.
-        if reusable
-            && job.direct
-            && let Some(pid) = program
-        {
-            if [&a, &b, &c].iter().map(|f| f.as_raw_fd()).eq(0..3)
-                && sys::close_between(0, 2).is_ok()
-            {
-                for fd in [a, b, c] {
-                    let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);
+        // Only a reaper that serves exec after exec forks its program ahead.
+        if let Some(pid) = program {
+            if job.direct {
+                // The program has its job and its stdio: the reaper drops its copies (one
+                // call when they arrived on 0-2, as they do here) and only waits for the
+                // tree and reports, doing as little as it can beside the program's start.
+                if on_zero_to_two(&[&a, &b, &c]) && sys::close_between(0, 2).is_ok() {
+                    for fd in [a, b, c] {
+                        let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);
+                    }
+                } else {
+                    drop((a, b, c));
                 }
-            } else {
-                drop((a, b, c));
+                // Timed from the agent's hand-over (the job may be read after the program
+                // ran).
+                let since = Duration::from_micros(monotonic_us().saturating_sub(job.handed_us));
+                let now = Instant::now();
+                let handed = now.checked_sub(since).unwrap_or(now);
+                wait_and_report(pid, handed, File::from(status));
+                next = next_program(&chan);
+                continue;
             }
-            let since = Duration::from_micros(monotonic_us().saturating_sub(job.handed_us));
-            let now = Instant::now();
-            wait_and_report(
-                pid,
-                now.checked_sub(since).unwrap_or(now),
-                File::from(status),
-            );
-            next = next_program(&chan);
-            continue;
+            // It did not get its job: one is forked below instead.
+            let _ = kill(pid, Signal::SIGKILL);
         }
+        let mut job_failed = failed.clone();
         let plan = match ExecPlan::new(&job.argv, &job.env, &job.cwd) {
             Ok(p) => ExecPlan { tty: job.tty, ..p },
             Err(e) => {
@@ -238,42 +249,20 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
                 ExecPlan::empty()
             }
         };
-        // The pre-forked program has its job from the agent; if it did not get it, it is
-        // replaced by one forked below.
-        let mut forked = None;
-        if let Some(pid) = program {
-            if job_failed.is_none() && job.direct {
-                let since = Duration::from_micros(monotonic_us().saturating_sub(job.handed_us));
-                let now = Instant::now();
-                forked = Some((pid, now.checked_sub(since).unwrap_or(now)));
-            } else {
-                let _ = kill(pid, Signal::SIGKILL);
-            }
+        if reusable && job_failed.is_none() {
+            run_job(cfg, &plan, &job.limits, [a, b, c], status, None, 5);
+            next = next_program(&chan);
+            continue;
         }
-        let serve_more = reusable && job_failed.is_none();
-        if !serve_more {
-            drop(chan);
-            run_job(
-                cfg,
-                &plan,
-                &job.limits,
-                [a, b, c],
-                status,
-                job_failed,
-                forked,
-                4,
-            );
-            // What is left is this namespace's teardown, which nobody waits for when the
-            // program was forked ahead (no per-exec cgroup to remove): let the host's
-            // reading of the report go first.
-            if forked.is_some() {
-                let _ = sys::set_nice(19);
-            }
-            sys::exit_now(0)
-        }
-        run_job(cfg, &plan, &job.limits, [a, b, c], status, None, forked, 5);
-        next = next_program(&chan);
+        drop(chan);
+        run_job(cfg, &plan, &job.limits, [a, b, c], status, job_failed, 4);
+        sys::exit_now(0)
     }
+}
+
+/// True when `fds` are descriptors 0, 1, 2, ... in order.
+fn on_zero_to_two(fds: &[&OwnedFd]) -> bool {
+    fds.iter().map(|f| f.as_raw_fd()).eq(0..fds.len() as RawFd)
 }
 
 /// Readies a reaper for its next exec: the next program's socket goes to the agent first
@@ -285,6 +274,9 @@ fn next_program(chan: &UnixStream) -> Option<UnixStream> {
         sys::exit_now(0)
     };
     if send_job(chan, b"p", &[near.as_raw_fd()]).is_err() {
+        // Not kept: what is left is this namespace's teardown, which nobody waits for;
+        // the host's reading of the report goes first.
+        let _ = sys::set_nice(19);
         sys::exit_now(0)
     }
     Some(far)
@@ -312,12 +304,10 @@ fn keep_only(chan: UnixStream, sock: UnixStream) -> Option<(UnixStream, UnixStre
     ))
 }
 
-/// The reaper, job in hand: PID 1 of the exec's namespace. `forked` is the program's
-/// process when it was forked ahead and already has its job, with the moment it was
-/// handed over. Every descriptor from `keep_below` up is closed first. Returns once the
-/// exec's whole tree has been reaped and reported on the status pipe (or the failure
-/// reported); the program's own process never returns from here.
-#[allow(clippy::too_many_arguments)]
+/// The reaper, job in hand: PID 1 of the exec's namespace, which forks the program now.
+/// Every descriptor from `keep_below` up is closed first. Returns once the exec's whole
+/// tree has been reaped and reported on the status pipe (or the failure reported); the
+/// program's own process never returns from here.
 pub(super) fn run_job(
     cfg: &AgentConfig,
     plan: &ExecPlan,
@@ -325,7 +315,6 @@ pub(super) fn run_job(
     stdio: [OwnedFd; 3],
     status: OwnedFd,
     failed: Option<String>,
-    forked: Option<(Pid, Instant)>,
     keep_below: u32,
 ) {
     // Move what we keep to fixed numbers: stdio to 0-2, the status pipe to 3. First lift
@@ -340,24 +329,16 @@ pub(super) fn run_job(
     if let Some(e) = failed {
         let _ = writeln!(io::stderr(), "cordon: {e}");
         let _ = status.write_all(b"exit 125 0 0\n");
-        for fd in 0..3 {
-            let _ = nix::unistd::close(fd);
-        }
         return;
     }
-    let (child, started) = match forked {
-        Some(forked) => forked,
-        None => {
-            let started = Instant::now();
-            match sys::fork_into(0) {
-                Ok(sys::Forked::Child) => {
-                    drop(status);
-                    program_main(cfg, plan, limits)
-                }
-                Ok(sys::Forked::Parent(pid)) => (pid, started),
-                Err(_) => sys::exit_now(120),
-            }
+    let started = Instant::now();
+    let child = match sys::fork_into(0) {
+        Ok(sys::Forked::Child) => {
+            drop(status);
+            program_main(cfg, plan, limits)
         }
+        Ok(sys::Forked::Parent(pid)) => pid,
+        Err(_) => sys::exit_now(120),
     };
     // Close our copies of the program's stdio so the host sees EOF when the tree is gone.
     for fd in 0..3 {
@@ -450,7 +431,7 @@ pub(super) fn program_standby(cfg: &AgentConfig, sock: UnixStream) -> ! {
     let Ok(stdio) = <[OwnedFd; 3]>::try_from(fds) else {
         sys::exit_now(120)
     };
-    if stdio.iter().map(AsRawFd::as_raw_fd).eq(0..3) {
+    if on_zero_to_two(&[&stdio[0], &stdio[1], &stdio[2]]) {
         // Already in place: kept open for the program.
         for fd in stdio {
             let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);

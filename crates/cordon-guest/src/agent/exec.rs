@@ -541,26 +541,14 @@ fn take_program_socket(chan: &UnixStream) -> Option<UnixStream> {
     // Bounded: a reaper sends one per exec it served.
     for _ in 0..64 {
         let mut byte = [0u8; 1];
-        let mut cmsg = nix::cmsg_space!([RawFd; 1]);
-        let mut iov = [IoSliceMut::new(&mut byte)];
-        let msg = match recvmsg::<()>(
-            chan.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(m) if m.bytes == 1 => m,
-            _ => break,
-        };
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                if let ControlMessageOwned::ScmRights(raw) = c {
-                    // The kernel installed these descriptors for us (SCM_RIGHTS).
-                    for fd in raw {
-                        newest = Some(UnixStream::from(sys::own_fd(fd)));
-                    }
+        let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC;
+        match recv_with_fds(chan.as_raw_fd(), &mut byte, flags) {
+            Ok((1, fds)) => {
+                if let Some(fd) = fds.into_iter().last() {
+                    newest = Some(UnixStream::from(fd));
                 }
             }
+            _ => break,
         }
     }
     newest

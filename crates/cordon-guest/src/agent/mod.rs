@@ -627,33 +627,13 @@ impl Agent {
             self.inbuf.push(&buf[..n]);
             return Ok(true);
         }
-        let mut cmsg = nix::cmsg_space!([RawFd; 8]);
-        let (n, fds) = {
-            let mut iov = [IoSliceMut::new(&mut buf)];
-            let msg = match recvmsg::<()>(
-                self.ctrl.as_fd().as_raw_fd(),
-                &mut iov,
-                Some(&mut cmsg),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            ) {
-                Ok(m) => m,
-                Err(Errno::EINTR | Errno::EAGAIN) => return Ok(true),
-                Err(e) => return Err(io::Error::from(e).into()),
-            };
-            let mut fds = Vec::new();
-            if let Ok(cmsgs) = msg.cmsgs() {
-                for c in cmsgs {
-                    if let ControlMessageOwned::ScmRights(raw) = c {
-                        fds.extend(raw);
-                    }
-                }
-            }
-            (msg.bytes, fds)
+        let fd = self.ctrl.as_fd().as_raw_fd();
+        let (n, fds) = match recv_with_fds(fd, &mut buf, MsgFlags::MSG_CMSG_CLOEXEC) {
+            Ok(r) => r,
+            Err(Errno::EINTR | Errno::EAGAIN) => return Ok(true),
+            Err(e) => return Err(io::Error::from(e).into()),
         };
-        for raw in fds {
-            // The kernel installed these descriptors for us (SCM_RIGHTS).
-            self.fds.push_back(sys::own_fd(raw));
-        }
+        self.fds.extend(fds);
         if n == 0 {
             return Ok(false);
         }
