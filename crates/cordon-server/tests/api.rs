@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -2961,4 +2961,71 @@ async fn volumes_are_a_tenants_own_exclusive_when_written_counted_and_kept_acros
         "{decisions:?}"
     );
     env.server.shutdown().await;
+}
+
+/// A download that has reached its client has let go of the sandbox: the next call, sent
+/// the moment the body ended, is served and never refused as busy. (The worker used to
+/// send the stream's end before it cleared the busy flag; a quick client then got 409.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_download_has_freed_the_sandbox() {
+    use cordon_testkit::files::{TarEntry, tarball};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = start().await;
+    let id = env.create(ALICE, json!({"tier": "container"})).await;
+    let tar = tarball(&[TarEntry::file("a.txt", b"alpha")]);
+    let r = env
+        .req(
+            M::PUT,
+            &format!("/v1/sandboxes/{id}/archive?path=/work"),
+            ALICE,
+        )
+        .header("content-type", "application/x-tar")
+        .body(tar)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Threads that keep both cores busy make the scheduler preempt the server's worker
+    // at any point, as a loaded host does; the window between the two steps then opens.
+    let stop = Arc::new(AtomicBool::new(false));
+    let burners: Vec<_> = (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+            })
+        })
+        .collect();
+    // The download and the next call are pipelined on one connection: the server reads
+    // the second the moment it has written the first's last byte.
+    let addr = env.base.trim_start_matches("http://").to_string();
+    let mut refused = Vec::new();
+    for round in 0..300 {
+        let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let two = format!(
+            "GET /v1/sandboxes/{id}/archive?path=/work HTTP/1.1\r\nHost: {addr}\r\n\
+             Authorization: Bearer {ALICE}\r\n\r\n\
+             GET /v1/sandboxes/{id}/files/stat?path=/work/a.txt HTTP/1.1\r\nHost: {addr}\r\n\
+             Authorization: Bearer {ALICE}\r\nConnection: close\r\n\r\n"
+        );
+        conn.write_all(two.as_bytes()).await.unwrap();
+        let mut resp = Vec::new();
+        conn.read_to_end(&mut resp).await.unwrap();
+        let text = String::from_utf8_lossy(&resp);
+        let statuses: Vec<&str> = text
+            .match_indices("HTTP/1.1 ")
+            .map(|(i, _)| &text[i + 9..i + 12])
+            .collect();
+        if statuses != ["200", "200"] {
+            refused.push(format!("round {round}: {statuses:?}"));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for b in burners {
+        b.join().unwrap();
+    }
+    assert!(refused.is_empty(), "{refused:?}");
 }

@@ -226,7 +226,7 @@ impl Service {
         let (tx, mut rx) = mpsc::channel::<Piece>(DOWNLOAD_QUEUE);
         let end = tx.clone();
         tokio::task::spawn_blocking(move || {
-            let _busy = guard;
+            let busy = guard;
             let mut out = Sender {
                 tx,
                 buf: Vec::with_capacity(PIECE),
@@ -266,6 +266,9 @@ impl Service {
                 Ok(_) => r,
                 Err(e) => Err(audit_err(e)),
             };
+            // The sandbox is free before the stream's end is sent: a client that sends
+            // its next call the moment the body ends must not find it busy.
+            drop(busy);
             let _ = end.blocking_send(Piece::End(r));
         });
         // The first piece decides the status: data, or the error that came first.
