@@ -426,6 +426,35 @@ fn bench_quick_end_to_end_feeds_the_policy() {
         }
     }
 
+    // Tiers whose trivial snippet is a program carry the fork+exec floor inside a live
+    // sandbox: a shell's loop of the program by its path, 10 execs a sample with --quick.
+    for t in v["tiers"].as_array().unwrap() {
+        if t["status"] != "measured" {
+            continue;
+        }
+        let floor = &t["exec_floor"];
+        if t["trivial"] == "argv `true`" {
+            let program = floor["program"].as_str().expect("a floor's program");
+            assert!(program.ends_with("bin/true"), "{t}");
+            assert_eq!(floor["execs"], 10, "{t}");
+            assert!(floor["per_exec"]["samples"].as_u64().unwrap() >= 1, "{t}");
+            assert!(floor["per_exec"]["median_us"].as_u64().unwrap() > 0, "{t}");
+        } else {
+            assert!(floor.is_null(), "{t}");
+        }
+    }
+    if require_all() {
+        for tier in ["container", "gvisor", "microvm"] {
+            let t = v["tiers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["tier"] == tier)
+                .unwrap();
+            assert!(t["exec_floor"].is_object(), "CORDON_REQUIRE_ALL: {t}");
+        }
+    }
+
     // --tier auto ranks by those figures: the fastest allowed tier is chosen.
     let explain = |home: &Path, available: &str| -> Value {
         let o = cordon(

@@ -224,6 +224,18 @@ pub struct LanguageFigures {
     pub pause_ms: u64,
 }
 
+/// What one fork and exec of a program costs inside a live sandbox, with no Cordon on the
+/// way: a shell in the sandbox runs `program` `execs` times in a loop. Each sample is the
+/// difference between that loop and an empty one, per exec, so the exec's round trip through
+/// the tier cancels out. The floor below the tier's `exec` figure: it follows the host's
+/// speed as the exec does, so `exec` minus the floor is the part Cordon adds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecFloor {
+    pub program: String,
+    pub execs: usize,
+    pub per_exec: Stats,
+}
+
 /// Everything measured of one tier.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TierReport {
@@ -244,6 +256,10 @@ pub struct TierReport {
     pub warm_start: Option<Stats>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<Stats>,
+    /// The fork+exec floor inside the sandbox, for tiers whose trivial snippet is a
+    /// program (absent for language-only tiers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec_floor: Option<ExecFloor>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_run: Option<AgentRun>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -272,6 +288,7 @@ impl TierReport {
             unprepared_start: None,
             warm_start: None,
             exec: None,
+            exec_floor: None,
             agent_run: None,
             memory: None,
             throughput: None,

@@ -21,8 +21,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 use cordon_policy::bench_doc::{
-    AgentRun, BenchDoc, Figure, FigureKind, LanguageFigures, MemoryFigure, PeerRatio, PeerReport,
-    PlanRecord, SampleBudget, Stats, Status, Throughput, TierReport,
+    AgentRun, BenchDoc, ExecFloor, Figure, FigureKind, LanguageFigures, MemoryFigure, PeerRatio,
+    PeerReport, PlanRecord, SampleBudget, Stats, Status, Throughput, TierReport,
 };
 use stats::Budget;
 
@@ -680,6 +680,11 @@ fn run_bench(
             Ok(s) => tiers[rep_i].exec = Stats::of(&s),
             Err(e) => fail(&mut tiers[rep_i], "exec", &e, &out),
         }
+        match measure_floor(lt, plan) {
+            Some(Ok(f)) => tiers[rep_i].exec_floor = Some(f),
+            Some(Err(e)) => fail(&mut tiers[rep_i], "exec floor", &e, &out),
+            None => {}
+        }
         out.done();
         for &(language, snippet) in languages_of(tier) {
             out.step(format!("{tier}: {language} cold start and exec"));
@@ -974,6 +979,74 @@ fn measure_unprepared(lt: &LiveTier, b: &Budget) -> Option<Result<Vec<Duration>>
     Some(Ok(samples))
 }
 
+/// The fork+exec floor inside one live sandbox ([`ExecFloor`]), for tiers whose trivial
+/// snippet is one program (`None` for the others). Each sample times a shell's loop of
+/// `plan.snippets` runs of the program and an empty loop, one after the other, through the
+/// tier: their difference is the loop's execs alone.
+fn measure_floor(lt: &LiveTier, plan: &Plan) -> Option<Result<ExecFloor>> {
+    let cordon_core::Command::Argv(argv) = &lt.trivial.command else {
+        return None;
+    };
+    let [name] = argv.as_slice() else {
+        return None;
+    };
+    let n = plan.snippets;
+    // The program by its path: the shell's own `true` is a builtin and would fork nothing.
+    let script = |count: usize| {
+        ExecRequest::argv([
+            "sh".to_string(),
+            "-c".to_string(),
+            format!(
+                "for p in /usr/bin/{name} /bin/{name}; do [ -x \"$p\" ] && break; done; \
+                 i=0; while [ $i -lt {count} ]; do \"$p\" || exit 3; i=$((i+1)); done; \
+                 echo \"$p\""
+            ),
+        ])
+    };
+    let (full, empty) = (script(n), script(0));
+    let budget = Budget {
+        max: plan.samples.max.min(5),
+        min: plan.samples.min.min(3).min(plan.samples.max),
+        budget: plan.samples.budget,
+    };
+    let timed = |sb: &mut dyn Sandbox, req: &ExecRequest| -> Result<(Duration, String)> {
+        let t = Instant::now();
+        let o = sb.exec(req, &mut |_: OutputStream, _: &[u8]| {})?;
+        let el = t.elapsed();
+        if !o.success() {
+            bail!(
+                "a shell loop of `{name}` did not succeed: {:?} {}",
+                o.termination,
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+        }
+        Ok((el, String::from_utf8_lossy(&o.stdout).trim().to_string()))
+    };
+    let r = (|| {
+        let mut sb = lt.backend.create(&lt.spec)?;
+        let r = (|| {
+            let (_, program) = timed(sb.as_mut(), &full)?;
+            timed(sb.as_mut(), &empty)?;
+            let v = budget.sample(|| {
+                let (with, _) = timed(sb.as_mut(), &full)?;
+                let (without, _) = timed(sb.as_mut(), &empty)?;
+                Ok(with.saturating_sub(without) / n as u32)
+            })?;
+            Ok::<_, anyhow::Error>((program, v))
+        })();
+        let d = sb.destroy();
+        let (program, v) = r?;
+        d?;
+        let per_exec = Stats::of(&v).context("no sample of the exec floor was taken")?;
+        Ok(ExecFloor {
+            program,
+            execs: n,
+            per_exec,
+        })
+    })();
+    Some(r)
+}
+
 fn measure_exec(lt: &LiveTier, req: &ExecRequest, b: &Budget) -> Result<Vec<Duration>> {
     measure_snippets(lt, req, 1, b)
 }
@@ -1187,6 +1260,28 @@ fn print_tables(figures: &[Figure], tiers: &[TierReport], ratio: Option<f64>, pl
                 t.tier.as_str(),
                 us(unprepared.median_us),
                 unprepared.median_us as f64 / prepared.median_us.max(1) as f64
+            );
+        }
+    }
+    for t in tiers {
+        if let Some(f) = &t.exec_floor {
+            let over = t
+                .exec
+                .map(|e| {
+                    format!(
+                        "; the exec above is {} over it",
+                        us(e.median_us.saturating_sub(f.per_exec.median_us))
+                    )
+                })
+                .unwrap_or_default();
+            println!(
+                "{:<10} exec floor: a shell in the live sandbox forks and execs {} in {} \
+                 (median of {} samples of {}){over}",
+                t.tier.as_str(),
+                f.program,
+                us(f.per_exec.median_us),
+                f.per_exec.samples,
+                f.execs
             );
         }
     }
