@@ -4,6 +4,7 @@
 //! the host however many tenants ask at once.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Budgets of one server.
@@ -22,6 +23,9 @@ pub struct Full {
     pub message: String,
     /// True when the tenant's own limit is full (false: the server's).
     pub tenant: bool,
+    /// True when the places being given back now (sandboxes whose teardown has begun,
+    /// [`Reservation::leave`]) would make room: the caller may wait for them.
+    pub pending: bool,
 }
 
 #[derive(Debug, Default)]
@@ -29,6 +33,14 @@ struct Counts {
     sandboxes: usize,
     memory: u64,
     per_tenant: BTreeMap<String, (usize, u64)>,
+    /// Of those, the places being given back: in all, and per tenant.
+    leaving: (usize, u64),
+    leaving_per_tenant: BTreeMap<String, (usize, u64)>,
+}
+
+/// `(sandboxes, memory)` less `(sandboxes, memory)`.
+fn less(a: (usize, u64), b: (usize, u64)) -> (usize, u64) {
+    (a.0.saturating_sub(b.0), a.1.saturating_sub(b.1))
 }
 
 /// The ledger.
@@ -44,11 +56,45 @@ pub struct Reservation {
     counts: Arc<Mutex<Counts>>,
     tenant: Option<String>,
     memory: u64,
+    leaving: AtomicBool,
+}
+
+impl Reservation {
+    /// Marks the place as being given back: its sandbox's teardown has begun and nothing
+    /// will run in it again. A refusal that this place's return would lift says so
+    /// ([`Full::pending`]), so a sequential client is not refused for a sandbox it has
+    /// already let go of. Idempotent.
+    pub fn leave(&self) {
+        if self.leaving.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = usize::from(self.tenant.is_some());
+        c.leaving.0 += n;
+        c.leaving.1 += self.memory;
+        if let Some(t) = &self.tenant {
+            let e = c.leaving_per_tenant.entry(t.clone()).or_insert((0, 0));
+            e.0 += 1;
+            e.1 += self.memory;
+        }
+    }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if *self.leaving.get_mut() {
+            let n = usize::from(self.tenant.is_some());
+            c.leaving = less(c.leaving, (n, self.memory));
+            if let Some(t) = &self.tenant
+                && let Some(e) = c.leaving_per_tenant.get_mut(t)
+            {
+                *e = less(*e, (1, self.memory));
+                if *e == (0, 0) {
+                    c.leaving_per_tenant.remove(t);
+                }
+            }
+        }
         c.memory = c.memory.saturating_sub(self.memory);
         if let Some(t) = &self.tenant {
             c.sandboxes = c.sandboxes.saturating_sub(1);
@@ -107,7 +153,29 @@ impl Ledger {
             .0
             .unwrap_or(self.limits.max_sandboxes_per_tenant)
             .min(self.limits.max_sandboxes_per_tenant);
-        let full = |message: String, tenant: bool| Err(Full { message, tenant });
+        // Whether every limit holds for held places `all` (server) and `own` (tenant's).
+        let fits = |all: (usize, u64), own: (usize, u64)| {
+            all.0 < self.limits.max_sandboxes
+                && own.0 < max_mine
+                && tenant_max
+                    .1
+                    .is_none_or(|max| own.1.saturating_add(memory) <= max)
+                && all.1.saturating_add(memory) <= self.limits.max_memory
+        };
+        let pending = fits(
+            less((c.sandboxes, c.memory), c.leaving),
+            less(
+                (mine, my_mem),
+                c.leaving_per_tenant.get(tenant).copied().unwrap_or((0, 0)),
+            ),
+        );
+        let full = |message: String, tenant: bool| {
+            Err(Full {
+                message,
+                tenant,
+                pending,
+            })
+        };
         if c.sandboxes >= self.limits.max_sandboxes {
             return full(
                 format!(
@@ -148,6 +216,7 @@ impl Ledger {
             counts: self.counts.clone(),
             tenant: Some(tenant.to_string()),
             memory,
+            leaving: AtomicBool::new(false),
         })
     }
 
@@ -161,6 +230,7 @@ impl Ledger {
                     self.limits.max_memory
                 ),
                 tenant: false,
+                pending: false,
             });
         }
         c.memory += memory;
@@ -168,6 +238,7 @@ impl Ledger {
             counts: self.counts.clone(),
             tenant: None,
             memory,
+            leaving: AtomicBool::new(false),
         })
     }
 
@@ -211,5 +282,41 @@ mod tests {
         let _c = l.reserve("c", 500, (None, None)).unwrap();
         let _pool = l.reserve_pool(100).unwrap();
         assert!(l.reserve_pool(1).is_err(), "1000 of 1000 bytes held");
+    }
+
+    #[test]
+    fn a_refusal_says_whether_places_being_given_back_would_lift_it() {
+        let l = Ledger::new(BudgetLimits {
+            max_sandboxes: 3,
+            max_sandboxes_per_tenant: 1,
+            max_memory: 1000,
+        });
+        let a = l.reserve("a", 100, (None, None)).unwrap();
+        let e = l.reserve("a", 100, (None, None)).unwrap_err();
+        assert!(e.tenant && !e.pending, "a held place: {e:?}");
+        a.leave();
+        a.leave();
+        let e = l.reserve("a", 100, (None, None)).unwrap_err();
+        assert!(e.tenant && e.pending, "a place on its way back: {e:?}");
+        // Another tenant's departing place lifts nothing of a's own limit.
+        let b = l.reserve("b", 100, (None, None)).unwrap();
+        b.leave();
+        drop(a);
+        let a2 = l.reserve("a", 100, (None, None)).unwrap();
+        let e = l.reserve("a", 100, (None, None)).unwrap_err();
+        assert!(!e.pending, "{e:?}");
+        // The server's memory: only what is leaving counts as coming back.
+        let c = l.reserve("c", 700, (None, None)).unwrap();
+        let e = l.reserve("d", 200, (None, None)).unwrap_err();
+        assert!(!e.tenant && e.pending, "b's 100 bytes are leaving: {e:?}");
+        let e = l.reserve("d", 300, (None, None)).unwrap_err();
+        assert!(!e.pending, "100 bytes leaving are not enough: {e:?}");
+        c.leave();
+        let e = l.reserve("d", 300, (None, None)).unwrap_err();
+        assert!(e.pending, "{e:?}");
+        drop((b, c));
+        let _d = l.reserve("d", 300, (None, None)).unwrap();
+        drop(a2);
+        assert_eq!(l.held("a"), ((1, 300), (0, 0)));
     }
 }

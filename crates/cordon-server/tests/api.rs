@@ -3029,3 +3029,51 @@ async fn a_finished_download_has_freed_the_sandbox() {
     }
     assert!(refused.is_empty(), "{refused:?}");
 }
+
+/// A tenant at its limit that runs one-shot runs one after another is never refused: a
+/// run's sandbox is torn down after its answer, and the next run waits for that teardown
+/// instead of answering 429 (a sequential client never holds two sandboxes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_one_shot_runs_at_the_limit_wait_for_the_last_teardown() {
+    let env = start_with(|c| {
+        c.sessions.max_sandboxes_per_tenant = 1;
+    })
+    .await;
+    // A teardown as slow as a gVisor sandbox's stop.
+    env.counters.destroy_delay_ms.store(150, Ordering::SeqCst);
+    for round in 0..4 {
+        let (s, v) = env
+            .call(
+                M::POST,
+                "/v1/run",
+                ALICE,
+                Some(json!({"argv": ["echo", "x"]})),
+            )
+            .await;
+        assert_eq!(s, 200, "round {round}: {v}");
+    }
+    // A sandbox the tenant holds is refused for: only teardowns are waited for.
+    let held = env.create(ALICE, json!({})).await;
+    let run = || async {
+        env.call(
+            M::POST,
+            "/v1/run",
+            ALICE,
+            Some(json!({"argv": ["echo", "x"]})),
+        )
+        .await
+    };
+    let (s, v) = run().await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (429, Some("too_many_sandboxes")),
+        "{v}"
+    );
+    // A delete answers once its teardown is done: the place is free at once.
+    let (s, _) = env
+        .call(M::DELETE, &format!("/v1/sandboxes/{held}"), ALICE, None)
+        .await;
+    assert_eq!(s, 200);
+    let (s, v) = run().await;
+    assert_eq!(s, 200, "{v}");
+}

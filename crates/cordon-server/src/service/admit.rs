@@ -65,8 +65,12 @@ impl Service {
         }
     }
 
-    /// Reserves a place under the budgets, or says when to retry.
-    pub(super) fn reserve(
+    /// Reserves a place under the budgets, or says when to retry. A refusal that places
+    /// being given back would lift (sandboxes whose teardown has begun, such as the one-shot
+    /// run a client has just had its answer from) waits for them, up to
+    /// [`TEARDOWN_WAIT`]: a client that runs one thing after another is never refused for
+    /// a sandbox it has already let go of.
+    pub(super) async fn reserve(
         &self,
         tenant: &Tenant,
         spec: &SandboxSpec,
@@ -76,11 +80,20 @@ impl Service {
             .inner
             .gate
             .rules_for(&Principal::Tenant(tenant.0.clone()));
-        match self.inner.ledger.reserve(
-            &tenant.0,
-            spec.limits.memory_bytes,
-            (rules.max_sandboxes, rules.max_memory),
-        ) {
+        let deadline = Instant::now() + TEARDOWN_WAIT;
+        let reserved = loop {
+            match self.inner.ledger.reserve(
+                &tenant.0,
+                spec.limits.memory_bytes,
+                (rules.max_sandboxes, rules.max_memory),
+            ) {
+                Err(full) if full.pending && Instant::now() < deadline => {
+                    tokio::time::sleep(TEARDOWN_POLL).await;
+                }
+                other => break other,
+            }
+        };
+        match reserved {
             Ok(r) => Ok(r),
             Err(full) => {
                 self.inner.metrics.deny("too_many_sandboxes");

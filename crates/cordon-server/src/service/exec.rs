@@ -135,7 +135,7 @@ impl Service {
         let (adm, policy_row) = self.decide_later(tenant, &create, "run").await?;
         let spec = adm.spec;
         let placed: Result<_, ApiError> = async {
-            let slot = self.reserve(tenant, &spec)?;
+            let slot = self.reserve(tenant, &spec).await?;
             Ok((slot, self.acquire(&spec).await?))
         }
         .await;
@@ -524,7 +524,10 @@ impl RunJob {
         .await;
         // The outcome does not wait for the teardown: the sandbox is out of every tenant's
         // reach already (it never was in the session map), its destroy row is written by
-        // the task, and its place under the limits is freed when that finishes.
+        // the task, and its place under the limits is freed when that finishes. It is
+        // marked as on its way back before the answer goes: the client's next run, which
+        // may come at once, waits for that place rather than being refused.
+        session.slot.leave();
         let tracker = svc.inner.destroys.clone();
         tracker.spawn(async move {
             // Let the response go out first: tearing the sandbox down (its processes'

@@ -57,6 +57,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// How long a one-shot run's sandbox waits after its exec before it is destroyed (it is out
 /// of every tenant's reach by then), so the destroy does not compete with the response.
 const ONE_SHOT_DESTROY_DELAY: Duration = Duration::from_millis(2);
+/// How long a new sandbox waits for places under the limits that are being given back
+/// (teardowns under way) before it is refused, and how often it looks.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(10);
+const TEARDOWN_POLL: Duration = Duration::from_millis(5);
 
 /// How long a warm pool waits after a take before refilling, while it still holds others.
 const REFILL_DEBOUNCE: Duration = Duration::from_millis(25);

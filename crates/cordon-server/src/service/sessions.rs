@@ -87,7 +87,7 @@ pub(super) struct Session {
     pub(super) on_disk: Mutex<Option<u64>>,
     /// The volumes it mounts, let go once it is destroyed.
     pub(super) volume_leases: Mutex<super::volumes::Leases>,
-    pub(super) _slot: Reservation,
+    pub(super) slot: Reservation,
 }
 
 impl Session {
@@ -125,7 +125,7 @@ impl Session {
             paused_ms: AtomicI64::new(0),
             on_disk: Mutex::new(None),
             volume_leases: Mutex::default(),
-            _slot: slot,
+            slot,
         }
     }
 
@@ -259,7 +259,7 @@ impl Service {
             idle,
             ..
         } = self.decide(tenant, &req, "create").await?;
-        let slot = self.reserve(tenant, &spec)?;
+        let slot = self.reserve(tenant, &spec).await?;
         let leases = match self.lease_volumes(tenant, &mut spec).await {
             Ok(l) => l,
             Err(e) => {
@@ -499,6 +499,9 @@ impl Service {
         s: Arc<Session>,
         reason: &'static str,
     ) -> Result<(), ApiError> {
+        // Its place under the limits is on its way back: a new sandbox that only this
+        // place keeps out waits for the teardown instead of being refused.
+        s.slot.leave();
         // Tokens minted for it are refused from now on (introspection answers inactive).
         self.inner.issuer.end_sandbox(&s.id);
         // A running exec holds the sandbox: end it rather than wait for its timeout.
