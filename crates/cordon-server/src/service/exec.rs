@@ -527,7 +527,7 @@ impl RunJob {
         // the task, and its place under the limits is freed when that finishes. It is
         // marked as on its way back before the answer goes: the client's next run, which
         // may come at once, waits for that place rather than being refused.
-        session.slot.leave();
+        session.leaving();
         let tracker = svc.inner.destroys.clone();
         tracker.spawn(async move {
             // Let the response go out first: tearing the sandbox down (its processes'

@@ -87,7 +87,9 @@ pub(super) struct Session {
     pub(super) on_disk: Mutex<Option<u64>>,
     /// The volumes it mounts, let go once it is destroyed.
     pub(super) volume_leases: Mutex<super::volumes::Leases>,
-    pub(super) slot: Reservation,
+    /// Its place under the limits, given back once its destroy has ended (not when the
+    /// last reference to the session goes, which a stream or task may hold longer).
+    pub(super) slot: Mutex<Option<Reservation>>,
 }
 
 impl Session {
@@ -125,7 +127,15 @@ impl Session {
             paused_ms: AtomicI64::new(0),
             on_disk: Mutex::new(None),
             volume_leases: Mutex::default(),
-            slot,
+            slot: Mutex::new(Some(slot)),
+        }
+    }
+
+    /// Marks its place under the limits as on its way back: a new sandbox that only this
+    /// place keeps out waits for the teardown instead of being refused.
+    pub(super) fn leaving(&self) {
+        if let Some(r) = lock(&self.slot).as_ref() {
+            r.leave();
         }
     }
 
@@ -499,9 +509,7 @@ impl Service {
         s: Arc<Session>,
         reason: &'static str,
     ) -> Result<(), ApiError> {
-        // Its place under the limits is on its way back: a new sandbox that only this
-        // place keeps out waits for the teardown instead of being refused.
-        s.slot.leave();
+        s.leaving();
         // Tokens minted for it are refused from now on (introspection answers inactive).
         self.inner.issuer.end_sandbox(&s.id);
         // A running exec holds the sandbox: end it rather than wait for its timeout.
@@ -556,6 +564,8 @@ impl Service {
                 map.remove(&s.id);
             }
         }
+        // The sandbox is gone: its place is free now.
+        drop(lock(&s.slot).take());
         s.ended.send_replace(true);
         self.inner
             .metrics
