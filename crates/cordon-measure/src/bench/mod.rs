@@ -681,9 +681,8 @@ fn run_bench(
             Err(e) => fail(&mut tiers[rep_i], "exec", &e, &out),
         }
         match measure_floor(lt, plan) {
-            Some(Ok(f)) => tiers[rep_i].exec_floor = Some(f),
-            Some(Err(e)) => fail(&mut tiers[rep_i], "exec floor", &e, &out),
-            None => {}
+            Ok(f) => tiers[rep_i].exec_floor = f,
+            Err(e) => fail(&mut tiers[rep_i], "exec floor", &e, &out),
         }
         out.done();
         for &(language, snippet) in languages_of(tier) {
@@ -983,12 +982,12 @@ fn measure_unprepared(lt: &LiveTier, b: &Budget) -> Option<Result<Vec<Duration>>
 /// snippet is one program (`None` for the others). Each sample times a shell's loop of
 /// `plan.snippets` runs of the program and an empty loop, one after the other, through the
 /// tier: their difference is the loop's execs alone.
-fn measure_floor(lt: &LiveTier, plan: &Plan) -> Option<Result<ExecFloor>> {
+fn measure_floor(lt: &LiveTier, plan: &Plan) -> Result<Option<ExecFloor>> {
     let cordon_core::Command::Argv(argv) = &lt.trivial.command else {
-        return None;
+        return Ok(None);
     };
     let [name] = argv.as_slice() else {
-        return None;
+        return Ok(None);
     };
     let n = plan.snippets;
     // The program by its path: the shell's own `true` is a builtin and would fork nothing.
@@ -1022,29 +1021,26 @@ fn measure_floor(lt: &LiveTier, plan: &Plan) -> Option<Result<ExecFloor>> {
         }
         Ok((el, String::from_utf8_lossy(&o.stdout).trim().to_string()))
     };
+    let mut sb = lt.backend.create(&lt.spec)?;
     let r = (|| {
-        let mut sb = lt.backend.create(&lt.spec)?;
-        let r = (|| {
-            let (_, program) = timed(sb.as_mut(), &full)?;
-            timed(sb.as_mut(), &empty)?;
-            let v = budget.sample(|| {
-                let (with, _) = timed(sb.as_mut(), &full)?;
-                let (without, _) = timed(sb.as_mut(), &empty)?;
-                Ok(with.saturating_sub(without) / n as u32)
-            })?;
-            Ok::<_, anyhow::Error>((program, v))
-        })();
-        let d = sb.destroy();
-        let (program, v) = r?;
-        d?;
-        let per_exec = Stats::of(&v).context("no sample of the exec floor was taken")?;
-        Ok(ExecFloor {
-            program,
-            execs: n,
-            per_exec,
-        })
+        let (_, program) = timed(sb.as_mut(), &full)?;
+        timed(sb.as_mut(), &empty)?;
+        let v = budget.sample(|| {
+            let (with, _) = timed(sb.as_mut(), &full)?;
+            let (without, _) = timed(sb.as_mut(), &empty)?;
+            Ok(with.saturating_sub(without) / n as u32)
+        })?;
+        Ok::<_, anyhow::Error>((program, v))
     })();
-    Some(r)
+    let d = sb.destroy();
+    let (program, v) = r?;
+    d?;
+    let per_exec = Stats::of(&v).context("no sample of the exec floor was taken")?;
+    Ok(Some(ExecFloor {
+        program,
+        execs: n,
+        per_exec,
+    }))
 }
 
 fn measure_exec(lt: &LiveTier, req: &ExecRequest, b: &Budget) -> Result<Vec<Duration>> {
