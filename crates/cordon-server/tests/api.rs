@@ -3077,3 +3077,33 @@ async fn sequential_one_shot_runs_at_the_limit_wait_for_the_last_teardown() {
     let (s, v) = run().await;
     assert_eq!(s, 200, "{v}");
 }
+
+/// A run waiting for a teardown's place ends when the server begins to stop: it is
+/// answered `shutting_down`, and no sandbox is made after the shutdown began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_waiting_for_a_teardown_ends_with_the_server() {
+    let env = start_with(|c| {
+        c.sessions.max_sandboxes_per_tenant = 1;
+    })
+    .await;
+    env.counters.destroy_delay_ms.store(1500, Ordering::SeqCst);
+    let run = json!({"argv": ["echo", "x"]});
+    let (s, v) = env.call(M::POST, "/v1/run", ALICE, Some(run.clone())).await;
+    assert_eq!(s, 200, "{v}");
+    let waiting = env.req(M::POST, "/v1/run", ALICE).json(&run).send();
+    let svc = env.server.service().clone();
+    let stop = async {
+        // The second run is waiting for the first's teardown by now.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        svc.shutdown().await;
+    };
+    let (r, ()) = tokio::join!(waiting, stop);
+    let v: Value = r.unwrap().json().await.unwrap();
+    assert_eq!(v["code"], "shutting_down", "{v}");
+    // Whatever was made was torn down: nothing was made behind the shutdown's back.
+    let c = &env.counters;
+    assert_eq!(
+        c.created.load(Ordering::SeqCst),
+        c.destroyed.load(Ordering::SeqCst)
+    );
+}

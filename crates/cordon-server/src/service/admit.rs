@@ -89,6 +89,8 @@ impl Service {
             ) {
                 Err(full) if full.pending && Instant::now() < deadline => {
                     tokio::time::sleep(TEARDOWN_POLL).await;
+                    // A server that began to stop meanwhile answers so at once.
+                    self.stopping()?;
                 }
                 other => break other,
             }
