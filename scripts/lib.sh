@@ -65,6 +65,21 @@ apt_update_once() {
   fi
 }
 
+# rustup_target_add TARGET...: adds the rust targets that are not installed yet. These
+# machines set RUSTUP_AUTO_INSTALL=0, so a target a build names is never fetched on its own:
+# every target any build uses is added here, by a setup step (scripts/check-setup.py checks
+# that no build names one that no step adds).
+rustup_target_add() {
+  local t installed
+  installed=$(rustup target list --installed 2>/dev/null || true)
+  for t in "$@"; do
+    if ! grep -qx "$t" <<<"$installed"; then
+      log "adding the rust target $t"
+      rustup target add "$t" >/dev/null
+    fi
+  done
+}
+
 # Where Cordon keeps built guest artifacts (wasm components, microVM images).
 cordon_data_dir() {
   if [ -n "${CORDON_HOME:-}" ]; then echo "$CORDON_HOME";

@@ -8,6 +8,8 @@
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 apt_install clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc llvm xz-utils tcl8.6
+# The JavaScript guest (guests/js) is a Rust crate built for this target.
+rustup_target_add wasm32-wasip1
 # The backports build of wasi-libc (2024): it has __wasilibc_reset_preopens and the environ
 # hooks a pre-initialized program needs to read its exec's preopens and environment afresh
 # (guests/python/main.c); bookworm's 2022 build has neither.

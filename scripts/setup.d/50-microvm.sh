@@ -25,7 +25,4 @@ fi
 apt_install debootstrap erofs-utils cpio zstd xz-utils
 
 # 3. The static guest agent's target.
-if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
-  log "adding the rust target x86_64-unknown-linux-musl"
-  rustup target add x86_64-unknown-linux-musl >/dev/null
-fi
+rustup_target_add "$MUSL"
