@@ -15,37 +15,52 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 # workspace's test binaries, its doc tests, cargo deny, the SDK's tests and the static
 # smoke, three at a time, longest first; docs/adr/0012-tests-side-by-side.md).
 LINTED = bash scripts/linted.sh
+# Each step runs as a timed phase: a table of the phases' times at the end, and on a failure
+# the phase, what the machine is missing and the command that fixes it (scripts/phase.sh).
+export CORDON_PHASE_LOG ?= $(abspath $(TARGET_DIR))/phases.tsv
+PHASE = bash scripts/phase.sh
 
-.PHONY: setup build demo test lint bench clean
+.PHONY: setup check-setup build demo test lint bench clean
 
 setup:
 	bash scripts/setup.sh
 
+## Every rust target, program, cargo tool and Python module a build or test uses is installed
+## by a setup step and present on this machine (setup.sh ends with this too).
+check-setup:
+	python3 scripts/check-setup.py
+
 build:
-	CORDON_SETUP_GUESTS=later bash scripts/setup.sh
-	$(CARGO) build --release --workspace --bins
-	bash scripts/guests.sh --bin-dir $(TARGET_DIR)/release
-	bash scripts/build-static.sh
+	@$(PHASE) --begin
+	@$(PHASE) setup -- env CORDON_SETUP_GUESTS=later bash scripts/setup.sh
+	@$(PHASE) build -- $(CARGO) build --release --workspace --bins
+	@$(PHASE) guests -- bash scripts/guests.sh --bin-dir $(TARGET_DIR)/release
+	@$(PHASE) static -- bash scripts/build-static.sh
+	@$(PHASE) --report
 
 ## Installs what is missing, builds, and runs an untrusted Python snippet in the container tier.
 demo: build
-	bash scripts/demo.sh
+	@$(PHASE) demo -- bash scripts/demo.sh
+	@$(PHASE) --report
 
 ## Installs what is missing and runs every test (CI runs exactly this).
 # The static (musl) front and init are built unoptimised here: the tests need them built and
 # working, not fast; the guest agent stays optimised (docs/adr/0016).
 test: export CORDON_MUSL_PROFILE = dev
 test:
-	CORDON_SETUP_GUESTS=later bash scripts/setup.sh
-	$(CARGO) fmt --all -- --check
-	$(LINTED) $(CARGO) test --workspace --all-targets --no-run
-	$(LINTED) $(CARGO) build --workspace --examples
-	bash scripts/guests.sh --bin-dir $(TARGET_DIR)/debug
-	python3 scripts/run-tests.py \
+	@$(PHASE) --begin
+	@$(PHASE) setup -- env CORDON_SETUP_GUESTS=later bash scripts/setup.sh
+	@$(PHASE) fmt -- $(CARGO) fmt --all -- --check
+	@$(PHASE) build -- $(LINTED) $(CARGO) test --workspace --all-targets --no-run
+	@$(PHASE) examples -- $(LINTED) $(CARGO) build --workspace --examples
+	@$(PHASE) guests -- bash scripts/guests.sh --bin-dir $(TARGET_DIR)/debug
+	@$(PHASE) tests -- python3 scripts/run-tests.py \
 	  --also 'deny=$(CARGO) deny check licenses bans sources' \
 	  --also 'sdk=bash scripts/sdk-tests.sh' \
 	  --also 'static-smoke=bash scripts/static-smoke.sh' \
+	  --also 'check-setup=python3 -m pytest -q scripts/tests' \
 	  -- $(LINTED) $(CARGO)
+	@$(PHASE) --report
 
 lint:
 	$(CARGO) fmt --all -- --check

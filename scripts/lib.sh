@@ -80,6 +80,19 @@ rustup_target_add() {
   done
 }
 
+# pip_install SPEC...: installs the Python packages (requirement specifiers) the host's
+# python3 does not have yet, for the tests that run on it.
+pip_install() {
+  local spec name missing=()
+  for spec in "$@"; do
+    name=${spec%%[<>=!~;[ ]*}
+    python3 -m pip show -q "$name" >/dev/null 2>&1 || missing+=("$spec")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing ${missing[*]} (pip)"
+  python3 -m pip install --quiet --disable-pip-version-check "${missing[@]}"
+}
+
 # Where Cordon keeps built guest artifacts (wasm components, microVM images).
 cordon_data_dir() {
   if [ -n "${CORDON_HOME:-}" ]; then echo "$CORDON_HOME";

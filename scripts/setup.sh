@@ -11,6 +11,9 @@ export CORDON_REPO=$(cd "$here/.." && pwd)
 # shellcheck source=scripts/lib.sh
 . "$here/lib.sh"
 run_steps "$here/setup.d" setup
+# Everything any build or test uses is named by a step above and is now on this machine; a
+# piece that is not fails here, by name, rather than a build later (scripts/check-setup.py).
+python3 "$here/check-setup.py"
 if [ "${CORDON_SETUP_GUESTS:-}" != later ]; then
   bash "$here/guests.sh"
 fi

@@ -3,7 +3,11 @@
 # there (and python3-matplotlib: code contexts return its figures as PNG, and the SDK
 # tests check that); bubblewrap and crun are peers `cordon bench` compares against; musl-tools builds
 # the static helpers (scripts/build-static.sh) and the guest agent; busybox-static is the
-# static shell the template tests and the tiers' escape battery build their images from.
+# static shell the template tests and the tiers' escape battery build their images from;
+# runc is the OCI peer beside crun; make, file and procps are used by the build and tests
+# (most images have them; scripts/check-setup.py asks that every package a script or test
+# uses is named by a setup step, whether or not the image happens to carry it).
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
-apt_install python3 python3-matplotlib bash coreutils bubblewrap crun iproute2 curl ca-certificates musl-tools busybox-static
+apt_install python3 python3-matplotlib bash coreutils bubblewrap crun runc iproute2 curl \
+  ca-certificates musl-tools busybox-static make file procps

@@ -1,0 +1,87 @@
+"""scripts/check-setup.py against trees that use what setup does not install.
+
+Each test copies the repository's scripts (and what the check reads) into a temporary tree,
+changes one thing, and runs the check with --no-present: what is used is compared with what
+setup.d declares, so the verdict does not depend on what this machine happens to have."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CHECK = REPO / "scripts" / "check-setup.py"
+
+
+def tree(tmp: Path) -> Path:
+    root = tmp / "repo"
+    shutil.copytree(REPO / "scripts", root / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    for f in ("Makefile", ".ci/run", ".cargo/config.toml"):
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / f, root / f)
+    return root
+
+
+def check(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(CHECK), "--repo", str(root), "--no-present"],
+                          capture_output=True, text=True, check=False)
+
+
+def test_the_scripts_as_they_are_pass(tmp_path: Path) -> None:
+    r = check(tree(tmp_path))
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_target_no_step_adds_fails(tmp_path: Path) -> None:
+    root = tree(tmp_path)
+    step = root / "scripts" / "guests.d" / "70-arm.sh"
+    step.write_text("#!/usr/bin/env bash\ncargo build --release --target aarch64-unknown-linux-gnu\n")
+    r = check(root)
+    assert r.returncode == 1
+    assert "rust target aarch64-unknown-linux-gnu" in r.stderr
+    assert "scripts/guests.d/70-arm.sh:2" in r.stderr
+
+
+def test_dropping_the_wasm_target_step_fails(tmp_path: Path) -> None:
+    # The tree as it was before the wasm step added its target: the JavaScript guest's build
+    # names wasm32-wasip1 and nothing adds it.
+    root = tree(tmp_path)
+    wasm = root / "scripts" / "setup.d" / "30-wasm.sh"
+    text = wasm.read_text()
+    assert "rustup_target_add wasm32-wasip1" in text
+    wasm.write_text(text.replace("rustup_target_add wasm32-wasip1", ""))
+    r = check(root)
+    assert r.returncode == 1
+    assert "rust target wasm32-wasip1" in r.stderr
+    assert "scripts/guests.d/30-wasm.sh" in r.stderr
+
+
+def test_a_program_no_step_installs_fails(tmp_path: Path) -> None:
+    root = tree(tmp_path)
+    # bubblewrap is on this machine (setup installs it); a tree whose setup no longer names
+    # it, while a script still runs bwrap, must fail whatever the machine has.
+    base = root / "scripts" / "setup.d" / "10-base.sh"
+    base.write_text(base.read_text().replace(" bubblewrap", ""))
+    (root / "scripts" / "peer.sh").write_text("#!/usr/bin/env bash\nbwrap --unshare-all true\n")
+    r = check(root)
+    assert r.returncode == 1
+    assert "program `bwrap` (Debian package bubblewrap)" in r.stderr
+
+
+def test_a_python_module_no_step_installs_fails(tmp_path: Path) -> None:
+    root = tree(tmp_path)
+    (root / "scripts" / "tests" / "test_extra.py").write_text("import pytest\nimport yaml\n")
+    r = check(root)
+    assert r.returncode == 1
+    assert "Python module `yaml`" in r.stderr
+    assert "pytest" not in r.stderr
+
+
+def test_a_cargo_tool_no_step_installs_fails(tmp_path: Path) -> None:
+    root = tree(tmp_path)
+    (root / "scripts" / "audit.sh").write_text("#!/usr/bin/env bash\ncargo audit --deny warnings\n")
+    r = check(root)
+    assert r.returncode == 1
+    assert "`cargo audit`" in r.stderr
