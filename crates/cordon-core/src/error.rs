@@ -31,6 +31,11 @@ pub enum Error {
     /// The sandbox is gone (destroyed, timed out or crashed) and cannot be used again.
     #[error("sandbox {id} is no longer running ({reason}); create a new sandbox")]
     Gone { id: String, reason: String },
+    /// A resource the server shares between tenants (descriptors, compile slots) is at this
+    /// tenant's share, or full, for now: the same request may pass once some is given back.
+    /// `what` says which and what to do.
+    #[error("{what}")]
+    Busy { what: String, retry_after_secs: u64 },
     /// The sandbox machinery failed; the sandboxed code did not cause this.
     #[error("sandbox failure: {0}")]
     Sandbox(String),

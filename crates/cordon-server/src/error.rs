@@ -49,6 +49,7 @@ pub enum Code {
     TooManyExecs,
     TooManyContexts,
     TooManyFailures,
+    ResourceBusy,
     SandboxBusy,
     ContextBusy,
     SandboxPaused,
@@ -60,6 +61,7 @@ pub enum Code {
     VolumeExists,
     VolumeInUse,
     VolumeQuota,
+    PausedQuota,
     NoSuchRoute,
     MethodNotAllowed,
     Internal,
@@ -81,13 +83,14 @@ impl Code {
             Code::TooManySandboxes
             | Code::TooManyExecs
             | Code::TooManyContexts
-            | Code::TooManyFailures => StatusCode::TOO_MANY_REQUESTS,
+            | Code::TooManyFailures
+            | Code::ResourceBusy => StatusCode::TOO_MANY_REQUESTS,
             Code::SandboxBusy
             | Code::SandboxPaused
             | Code::ContextBusy
             | Code::VolumeExists
             | Code::VolumeInUse => StatusCode::CONFLICT,
-            Code::VolumeQuota => StatusCode::FORBIDDEN,
+            Code::VolumeQuota | Code::PausedQuota => StatusCode::FORBIDDEN,
             Code::SandboxGone => StatusCode::GONE,
             Code::SandboxFailure | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Code::ShuttingDown | Code::StorageLow => StatusCode::SERVICE_UNAVAILABLE,
@@ -113,6 +116,7 @@ impl Code {
             Code::ContextBusy => "context_busy",
             Code::SandboxPaused => "sandbox_paused",
             Code::TooManyFailures => "too_many_failures",
+            Code::ResourceBusy => "resource_busy",
             Code::SandboxBusy => "sandbox_busy",
             Code::SandboxGone => "sandbox_gone",
             Code::SandboxFailure => "sandbox_failure",
@@ -122,6 +126,7 @@ impl Code {
             Code::VolumeExists => "volume_exists",
             Code::VolumeInUse => "volume_in_use",
             Code::VolumeQuota => "volume_quota",
+            Code::PausedQuota => "paused_quota",
             Code::NoSuchRoute => "no_such_route",
             Code::MethodNotAllowed => "method_not_allowed",
             Code::Internal => "internal",
@@ -234,6 +239,18 @@ impl From<cordon_core::Error> for ApiError {
             ),
             E::Gone { .. } => ApiError::new(Code::SandboxGone, message, "create a new sandbox"),
             E::Unsupported { fix, .. } => ApiError::new(Code::Unsupported, message, fix),
+            E::Busy {
+                retry_after_secs, ..
+            } => {
+                let mut e = ApiError::new(
+                    Code::ResourceBusy,
+                    message,
+                    "retry after the seconds Retry-After gives; this tenant's share of the \
+                     server's resource is in use by its own other requests",
+                );
+                e.retry_after = Some(retry_after_secs.max(1));
+                e
+            }
             E::Sandbox(_) | E::Io { .. } => ApiError::new(
                 Code::SandboxFailure,
                 message,

@@ -53,6 +53,11 @@ pub struct WasmConfig {
     /// Parent of each sandbox's scratch dir (default: the system temp dir).
     pub scratch_root: PathBuf,
     pub pool: PoolSize,
+    /// Host descriptors the backend's execs may hold at once, all owners together (each exec
+    /// reserves its `open_files` + 64 before it runs; see [`FdBudget`]). `None`: the process's
+    /// descriptor limit, raised to its hard limit at start, less a quarter (at least 1024)
+    /// kept for the rest of the process.
+    pub descriptors: Option<u64>,
 }
 
 impl Default for WasmConfig {
@@ -66,6 +71,7 @@ impl Default for WasmConfig {
             data_dir: data_dir(),
             scratch_root: std::env::temp_dir(),
             pool,
+            descriptors: None,
         }
     }
 }
@@ -75,7 +81,7 @@ impl Default for WasmConfig {
 struct EngineSet {
     engine: Engine,
     linkers: Linkers,
-    /// Users' programs: compile slot and cache by content.
+    /// Users' programs: compile slot (shared fairly between owners) and cache by content.
     compiler: compile::Compiler,
     python: OnceLock<std::result::Result<Program, String>>,
     javascript: OnceLock<std::result::Result<Program, String>>,
@@ -130,7 +136,12 @@ impl EngineSet {
 
     /// Compiles (bounded, see [`compile`]) and links a user's module or component; errors say
     /// what is wrong with it. `None` when the deadline passed while it compiled.
-    fn user_program(&self, bytes: &[u8], deadline: Instant) -> Result<Option<Program>> {
+    fn user_program(
+        &self,
+        owner: &str,
+        bytes: &[u8],
+        deadline: Instant,
+    ) -> Result<Option<Program>> {
         let invalid = |what: &str, e: wasmtime::Error| {
             Error::Invalid(format!(
                 "{what}: {e:#}; the wasm tier runs WASI preview 1 command modules and preview 2 \
@@ -146,28 +157,41 @@ impl EngineSet {
         // The version field after the magic: 1 for a core module, 0x0d + layer 1 for a
         // component.
         let is_component = bytes[4..8] == [0x0d, 0x00, 0x01, 0x00];
-        let compiled = match self
-            .compiler
-            .compile(&self.engine, bytes, is_component, deadline)
-        {
-            Ok(c) => c,
-            Err(compile::CompileError::Timeout) => return Ok(None),
-            Err(compile::CompileError::Busy) => {
-                return Err(Error::Sandbox(
-                    "too many WebAssembly programs are waiting to be compiled on this server; \
-                     retry in a moment"
-                        .into(),
-                ));
-            }
-            Err(compile::CompileError::Invalid(e)) => {
-                let what = if is_component {
-                    "the component does not compile"
-                } else {
-                    "the module does not compile"
-                };
-                return Err(invalid(what, wasmtime::format_err!("{e}")));
-            }
-        };
+        let compiled =
+            match self
+                .compiler
+                .compile(&self.engine, owner, bytes, is_component, deadline)
+            {
+                Ok(c) => c,
+                Err(compile::CompileError::Timeout) => return Ok(None),
+                Err(compile::CompileError::Busy { mine, all }) => {
+                    let what = if mine {
+                        format!(
+                            "this tenant already has {} WebAssembly programs waiting to be \
+                         compiled, its share of the server's compile queue; wait for them to \
+                         finish, then send this one again",
+                            compile::MAX_WAITING_PER_OWNER
+                        )
+                    } else {
+                        format!(
+                            "the server's compile queue is full ({all} programs of several \
+                         tenants wait); send this one again in a moment"
+                        )
+                    };
+                    return Err(Error::Busy {
+                        what,
+                        retry_after_secs: 1,
+                    });
+                }
+                Err(compile::CompileError::Invalid(e)) => {
+                    let what = if is_component {
+                        "the component does not compile"
+                    } else {
+                        "the module does not compile"
+                    };
+                    return Err(invalid(what, wasmtime::format_err!("{e}")));
+                }
+            };
         let m = match compiled {
             compile::Compiled::Module(m) => m,
             compile::Compiled::Component(c) => {
@@ -201,6 +225,8 @@ impl EngineSet {
 
 struct Inner {
     config: WasmConfig,
+    /// Host descriptors execs may reserve, all owners together and each owner.
+    fds: FdBudget,
     /// Execs running, per owner (their share of the engines' instance slots) and per engine.
     running: std::sync::Mutex<Running>,
     plain: OnceLock<std::result::Result<EngineSet, String>>,
@@ -211,23 +237,56 @@ struct Inner {
 
 #[derive(Default)]
 struct Running {
-    per_owner: std::collections::HashMap<String, u32>,
+    /// Per owner: execs running, host descriptors they reserved.
+    per_owner: std::collections::HashMap<String, (u32, u64)>,
     /// Per engine: without fuel, with fuel (each has a pool of its own).
     per_engine: [u32; 2],
+    /// Host descriptors every running exec reserved together.
+    fds: u64,
 }
 
-/// One running exec's hold on its owner's share and its engine's slots; released when
-/// dropped.
+/// The host descriptors the tier's execs may hold at once. Each open WASI file or directory
+/// is a host descriptor of the server's process, so without a bound shared by all execs one
+/// tenant's concurrent execs (each within its own `open_files`) could take the whole
+/// process's table, and every other tenant's request would fail with EMFILE. Each exec
+/// reserves its cap (`open_files` + 64) before it runs; `share` bounds one owner's
+/// reservations (the same fraction of the total as its share of instance slots), so the
+/// others keep theirs.
+#[derive(Debug, Clone, Copy)]
+struct FdBudget {
+    total: u64,
+    share: u64,
+}
+
+impl FdBudget {
+    fn new(config: &WasmConfig) -> Self {
+        let total = config.descriptors.unwrap_or_else(|| {
+            let limit = sys::raise_nofile_limit();
+            limit.saturating_sub((limit / 4).max(1024))
+        });
+        let pool = config.pool;
+        let share = total.saturating_mul(u64::from(pool.per_owner.max(1)))
+            / u64::from(pool.concurrent_execs.max(1));
+        FdBudget {
+            total,
+            share: share.min(total),
+        }
+    }
+}
+
+/// One running exec's hold on its owner's share, its engine's slots and its descriptors;
+/// released when dropped.
 struct OwnerSlot {
     inner: Arc<Inner>,
     owner: String,
     fuel: bool,
+    fds: u64,
 }
 
 impl Inner {
-    /// Takes one of `owner`'s instance slots on the engine with or without `fuel`, or says
-    /// why not.
-    fn take_slot(self: &Arc<Self>, owner: &str, fuel: bool) -> Result<OwnerSlot> {
+    /// Takes one of `owner`'s instance slots on the engine with or without `fuel` and `fds`
+    /// host descriptors, or says why not.
+    fn take_slot(self: &Arc<Self>, owner: &str, fuel: bool, fds: u64) -> Result<OwnerSlot> {
         let share = self
             .config
             .pool
@@ -239,26 +298,66 @@ impl Inner {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let all = self.config.pool.concurrent_execs.max(1);
         if running.per_engine[usize::from(fuel)] >= all {
-            return Err(Error::Sandbox(format!(
-                "this server already runs {all} wasm execs at once; retry in a moment, or ask \
-                 the operator for a larger pool"
+            return Err(Error::Busy {
+                what: format!(
+                    "this server already runs {all} wasm execs at once; retry in a moment, or \
+                     ask the operator for a larger pool"
+                ),
+                retry_after_secs: 1,
+            });
+        }
+        let budget = self.fds;
+        let (n, held) = running.per_owner.get(owner).copied().unwrap_or_default();
+        if n >= share {
+            return Err(Error::Busy {
+                what: format!(
+                    "this tenant already runs {share} wasm execs at once, its share of the \
+                     {} this server runs; wait for one to end, or ask the operator for a \
+                     larger share",
+                    self.config.pool.concurrent_execs
+                ),
+                retry_after_secs: 1,
+            });
+        }
+        if fds > budget.total {
+            return Err(Error::Invalid(format!(
+                "an exec that may open {fds} files and directories is more than this server's \
+                 wasm tier holds at once ({}); ask for a lower open_files",
+                budget.total
             )));
         }
-        let n = running.per_owner.entry(owner.to_string()).or_insert(0);
-        if *n >= share {
-            return Err(Error::Sandbox(format!(
-                "this tenant already runs {share} wasm execs at once, its share of the \
-                 {} this server runs; wait for one to end, or ask the operator for a larger \
-                 share",
-                self.config.pool.concurrent_execs
-            )));
+        if held.saturating_add(fds) > budget.share {
+            return Err(Error::Busy {
+                what: format!(
+                    "this tenant's running wasm execs hold {held} of its {} host descriptors \
+                     (each exec reserves its open_files plus {}, here {fds}); wait for one to \
+                     end, or ask for a lower open_files",
+                    budget.share,
+                    run::RESOURCE_SLACK
+                ),
+                retry_after_secs: 1,
+            });
         }
-        *n += 1;
+        if running.fds.saturating_add(fds) > budget.total {
+            return Err(Error::Busy {
+                what: format!(
+                    "the wasm execs running on this server hold {} of its {} host \
+                     descriptors; retry in a moment, or ask for a lower open_files",
+                    running.fds, budget.total
+                ),
+                retry_after_secs: 1,
+            });
+        }
+        running
+            .per_owner
+            .insert(owner.to_string(), (n + 1, held + fds));
         running.per_engine[usize::from(fuel)] += 1;
+        running.fds += fds;
         Ok(OwnerSlot {
             inner: self.clone(),
             owner: owner.to_string(),
             fuel,
+            fds,
         })
     }
 
@@ -279,8 +378,10 @@ impl Drop for OwnerSlot {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let e = &mut running.per_engine[usize::from(self.fuel)];
         *e = e.saturating_sub(1);
-        if let Some(n) = running.per_owner.get_mut(&self.owner) {
+        running.fds = running.fds.saturating_sub(self.fds);
+        if let Some((n, fds)) = running.per_owner.get_mut(&self.owner) {
             *n = n.saturating_sub(1);
+            *fds = fds.saturating_sub(self.fds);
             if *n == 0 {
                 running.per_owner.remove(&self.owner);
             }
@@ -304,6 +405,7 @@ impl WasmBackend {
     pub fn with_config(config: WasmConfig) -> Self {
         WasmBackend {
             inner: Arc::new(Inner {
+                fds: FdBudget::new(&config),
                 workers: standby::Workers::new(
                     config.pool.standby_instances,
                     config.pool.per_owner,
@@ -556,7 +658,7 @@ impl Sandbox for WasmSandbox {
                 let mut a = vec!["main.wasm".to_string()];
                 a.extend(args.iter().cloned());
                 // Compiling counts against the exec's own deadline.
-                match engines.user_program(module, deadline)? {
+                match engines.user_program(&self.owner, module, deadline)? {
                     Some(p) => (p, a, false),
                     None => return Ok(compile_timeout(started, self.start_us)),
                 }
@@ -570,9 +672,11 @@ impl Sandbox for WasmSandbox {
         merged.extend(req.env.clone());
         env.retain(|(k, _)| !merged.contains_key(k));
         env.extend(merged);
-        let slot = self
-            .inner
-            .take_slot(&self.owner, self.limits.fuel.is_some())?;
+        let slot = self.inner.take_slot(
+            &self.owner,
+            self.limits.fuel.is_some(),
+            run::resource_cap(&self.limits) as u64,
+        )?;
         let params = run::Params {
             args,
             env,

@@ -88,9 +88,9 @@ pub(crate) enum Program {
 /// WASI resources (open files and directories, their streams, pollables) an exec may hold
 /// at once beyond `Limits.open_files`: each open file or directory holds one host
 /// descriptor, so this bounds the host descriptors one sandbox can take.
-const RESOURCE_SLACK: u64 = 64;
+pub(crate) const RESOURCE_SLACK: u64 = 64;
 
-fn resource_cap(limits: &Limits) -> usize {
+pub(crate) fn resource_cap(limits: &Limits) -> usize {
     usize::try_from(limits.open_files.saturating_add(RESOURCE_SLACK)).unwrap_or(usize::MAX)
 }
 

@@ -45,3 +45,30 @@ pub(crate) fn thread_cpu_ns() -> u64 {
     let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
     secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
+
+/// Raises this process's soft descriptor limit to its hard limit (capped at 2^20) and returns
+/// the soft limit in force after it (the old one when it cannot be raised).
+pub(crate) fn raise_nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit that lives across the call; RLIMIT_NOFILE is
+    // a resource every Linux kernel knows. On failure `lim` is left as it was.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    let want = lim.rlim_max.min(1 << 20);
+    if lim.rlim_cur < want {
+        let raised = libc::rlimit {
+            rlim_cur: want,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit read above with only the soft limit raised to
+        // at most the hard limit, which an unprivileged process may do.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = want;
+        }
+    }
+    lim.rlim_cur
+}

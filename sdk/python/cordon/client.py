@@ -57,6 +57,11 @@ class TooManySandboxes(CordonError):
     """A concurrency limit is full; `retry_after` says when to try again."""
 
 
+class ResourceBusy(CordonError):
+    """Your share of a resource the server shares between tenants (host descriptors, the
+    compile queue) is in use by your own other requests; `retry_after` says when to retry."""
+
+
 class SandboxBusy(CordonError):
     """The sandbox is running another request."""
 
@@ -109,6 +114,7 @@ _BY_CODE = {
     "layer_unavailable": TierUnavailable,
     "too_many_sandboxes": TooManySandboxes,
     "sandbox_busy": SandboxBusy,
+    "resource_busy": ResourceBusy,
     "sandbox_gone": SandboxGone,
     "unsupported": Unsupported,
     "too_many_execs": TooManyExecs,

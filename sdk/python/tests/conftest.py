@@ -2,12 +2,14 @@
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -58,8 +60,11 @@ def tier_available(tier: str) -> bool:
 
 
 class ServerProc:
-    def __init__(self, data_dir: Path, pools: dict, extra: str = "") -> None:
+    def __init__(self, data_dir: Path, pools: dict, extra: str = "",
+                 nofile: Optional[int] = None) -> None:
         self.data_dir = data_dir
+        # The server's descriptor limit (soft and hard), as an operator's unit file sets it.
+        self.nofile = nofile
         self.config = data_dir.parent / (data_dir.name + ".toml")
         keys = "".join(f'[[keys]]\ntenant = "{t}"\nkey = "{k}"\n' for t, k in KEYS.items())
         pool_lines = "".join(f"{t} = {n}\n" for t, n in pools.items())
@@ -75,8 +80,12 @@ class ServerProc:
         self.url = ""
 
     def start(self) -> "ServerProc":
+        def limits() -> None:
+            if self.nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
         self.proc = subprocess.Popen([cordon_bin(), "serve", "--config", str(self.config)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=limits)
         line = self.proc.stdout.readline()
         if "listening on" not in line:
             err = self.proc.stderr.read() if self.proc.poll() is not None else ""
