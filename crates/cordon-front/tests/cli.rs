@@ -1263,6 +1263,41 @@ fn run_out_refuses_a_directory_others_may_write() {
     assert_eq!(std::fs::read_dir(shared.path()).unwrap().count(), 1);
 }
 
+/// `--out` through a path one of whose parent directories a local user swapped for a link to
+/// a directory only root may write: refused, nothing lands behind the link (before, root
+/// followed the link and wrote the sandbox's bytes there).
+#[test]
+fn run_out_refuses_a_link_in_a_parent_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let test = "run_out_refuses_a_link_in_a_parent_directory";
+    if !container_tier_here(test) {
+        return;
+    }
+    let home = temp_home();
+    let top = tempfile::tempdir().unwrap();
+    let private = top.path().join("etc-cron.d");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let user = top.path().join("home-bob");
+    std::fs::create_dir(&user).unwrap();
+    std::os::unix::fs::symlink(&private, user.join("results")).unwrap();
+    let out = format!("/work/job:{}", user.join("results").join("job").display());
+    let args = [
+        "run",
+        "--out",
+        &out,
+        "--",
+        "sh",
+        "-c",
+        "echo '* * * * * root id' > job",
+    ];
+    let o = cordon(home.path(), &args);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(err.contains("is a symbolic link"), "{err}");
+    assert_eq!(std::fs::read_dir(&private).unwrap().count(), 0, "{err}");
+}
+
 /// `cordon template import|ls|rm` and `cordon run --template` as a user types them, on an
 /// image file the test writes (the hostile busybox image of the template tests).
 #[test]
