@@ -41,10 +41,17 @@ pub struct TenantRules {
     pub max_volume_bytes: Option<Size>,
     /// Volumes this tenant may have. Default 16.
     pub max_volumes: Option<usize>,
+    /// Bytes this tenant's sandboxes paused to disk may hold in the server's data dir, all
+    /// together (each counted at its memory and disk limits while it is saved, then at what
+    /// it took). Default 4 GiB.
+    pub max_paused_bytes: Option<Size>,
     /// Walls this tenant's requests may agree to run without where the host cannot apply
     /// them (`allow_weaker`: landlock, seccomp, cgroups). Default none.
     pub allow_weaker: Option<Vec<cordon_core::Weakening>>,
 }
+
+/// What a tenant's sandboxes paused to disk may hold, where the operator says nothing.
+pub const DEFAULT_MAX_PAUSED_BYTES: u64 = 4 << 30;
 
 /// A tenant's volumes' sizes added up, where the operator says nothing.
 pub const DEFAULT_MAX_VOLUME_BYTES: u64 = 1 << 30;
@@ -199,6 +206,7 @@ pub struct Resolved {
     pub allow_weaker: Vec<cordon_core::Weakening>,
     pub max_volume_bytes: u64,
     pub max_volumes: usize,
+    pub max_paused_bytes: u64,
 }
 
 impl CeilingConfig {
@@ -241,6 +249,7 @@ impl CeilingConfig {
             allow_weaker: pick!(allow_weaker).unwrap_or_default(),
             max_volume_bytes: pick!(max_volume_bytes).map_or(DEFAULT_MAX_VOLUME_BYTES, |s| s.0),
             max_volumes: pick!(max_volumes).unwrap_or(DEFAULT_MAX_VOLUMES),
+            max_paused_bytes: pick!(max_paused_bytes).map_or(DEFAULT_MAX_PAUSED_BYTES, |s| s.0),
         }
     }
 
@@ -256,6 +265,7 @@ impl CeilingConfig {
             max_mcp_sessions: usize::MAX,
             max_volume_bytes: u64::MAX,
             max_volumes: usize::MAX,
+            max_paused_bytes: u64::MAX,
             allow_weaker: vec![
                 cordon_core::Weakening::Landlock,
                 cordon_core::Weakening::Seccomp,

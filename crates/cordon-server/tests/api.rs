@@ -43,6 +43,10 @@ struct FakeSandbox {
     /// a temporary directory.
     work: tempfile::TempDir,
     disk_bytes: u64,
+    memory_bytes: u64,
+    /// Bytes "saved" by a pause to disk (nothing is written: the service's accounting of
+    /// them is what the tests look at).
+    on_disk: Option<u64>,
     counters: Arc<Counters>,
     destroyed: bool,
     used: bool,
@@ -115,6 +119,8 @@ impl Backend for FakeBackend {
             files: HashMap::new(),
             work: tempfile::tempdir().unwrap(),
             disk_bytes: spec.limits.disk_bytes,
+            memory_bytes: spec.limits.memory_bytes,
+            on_disk: None,
             counters: self.0.clone(),
             destroyed: false,
             used: false,
@@ -125,6 +131,18 @@ impl Backend for FakeBackend {
 impl Sandbox for FakeSandbox {
     fn id(&self) -> &SandboxId {
         &self.id
+    }
+    fn pause_to_disk(&mut self) -> CoreResult<u64> {
+        let bytes = self.memory_bytes / 2;
+        self.on_disk = Some(bytes);
+        Ok(bytes)
+    }
+    fn on_disk_bytes(&self) -> Option<u64> {
+        self.on_disk
+    }
+    fn resume(&mut self) -> CoreResult<()> {
+        self.on_disk = None;
+        Ok(())
     }
     fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> CoreResult<ExecOutcome> {
         let was_used = self.used;
@@ -3106,4 +3124,133 @@ async fn a_run_waiting_for_a_teardown_ends_with_the_server() {
         c.created.load(Ordering::SeqCst),
         c.destroyed.load(Ordering::SeqCst)
     );
+}
+
+/// Pausing to disk writes the sandbox's whole state into the server's data dir: it is held
+/// to the tenant's `max_paused_bytes` (each pause counted at its memory and disk limits
+/// until saved, then at what it took, other tenants unaffected) and to the room on disk.
+/// Before, any number of a tenant's sandboxes could be paused to disk until the disk was
+/// full.
+#[tokio::test(flavor = "multi_thread")]
+async fn pausing_to_disk_is_held_to_the_tenants_budget_and_the_room_on_disk() {
+    let limits = json!({"memory_bytes": 64u64 << 20, "disk_bytes": 32u64 << 20});
+    let env = start_with(|c| {
+        c.pools.clear();
+        c.tenant_defaults.max_paused_bytes = Some(cordon_server::config::Size(120 << 20));
+    })
+    .await;
+    let mut ids = Vec::new();
+    for key in [ALICE, ALICE, BOB] {
+        let (s, v) = env
+            .call(
+                M::POST,
+                "/v1/sandboxes",
+                key,
+                Some(json!({"tier": "container", "limits": limits})),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        ids.push(v["id"].as_str().unwrap().to_string());
+    }
+    let path = |i: usize| format!("/v1/sandboxes/{}/pause", ids[i]);
+    let (s, v) = env
+        .call(M::POST, &path(0), ALICE, Some(json!({"to_disk": true})))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // 32 MiB held + 96 MiB > 120 MiB.
+    let (s, v) = env
+        .call(M::POST, &path(1), ALICE, Some(json!({"to_disk": true})))
+        .await;
+    assert_eq!(s, 403, "{v}");
+    assert_eq!(v["code"], "paused_quota", "{v}");
+    assert!(v["message"].as_str().unwrap().contains("32 MiB"), "{v}");
+    // Another tenant's budget is its own.
+    let (s, v) = env
+        .call(M::POST, &path(2), BOB, Some(json!({"to_disk": true})))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // Resuming the first gives its room back.
+    let resume = format!("/v1/sandboxes/{}/resume", ids[0]);
+    let (s, v) = env.call(M::POST, &resume, ALICE, None).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = env
+        .call(M::POST, &path(1), ALICE, Some(json!({"to_disk": true})))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    env.server.shutdown().await;
+}
+
+/// A pause to disk whose state could not fit in the data dir's file system (keeping
+/// `audit.min_free_disk` free) is refused up front with storage_low, naming no host path.
+#[tokio::test(flavor = "multi_thread")]
+async fn pausing_to_disk_needs_room_on_the_data_dirs_file_system() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(
+            std::env::var_os("CORDON_REQUIRE_ALL").is_none_or(|v| v != "1"),
+            "mounting a small file system needs root and CORDON_REQUIRE_ALL=1"
+        );
+        eprintln!("SKIPPING pausing_to_disk_needs_room_on_the_data_dirs_file_system: not root");
+        return;
+    }
+    let small = tempfile::tempdir().unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        small.path(),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=64m"),
+    )
+    .unwrap();
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _unmount = Unmount(small.path().to_path_buf());
+    let data = small.path().join("data");
+    let env = start_with(|c| {
+        c.pools.clear();
+        c.data_dir = data.clone();
+        c.audit.min_free_disk = cordon_server::config::Size(1 << 20);
+    })
+    .await;
+    let create = |mib: u64| {
+        json!({"tier": "container",
+               "limits": {"memory_bytes": mib << 20, "disk_bytes": 8u64 << 20}})
+    };
+    let (s, v) = env
+        .call(M::POST, "/v1/sandboxes", ALICE, Some(create(128)))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let big = v["id"].as_str().unwrap().to_string();
+    let (s, v) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{big}/pause"),
+            ALICE,
+            Some(json!({"to_disk": true})),
+        )
+        .await;
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(v["code"], "storage_low", "{v}");
+    assert!(
+        !v.to_string().contains(small.path().to_str().unwrap()),
+        "{v}"
+    );
+    let (s, v) = env
+        .call(M::POST, "/v1/sandboxes", ALICE, Some(create(16)))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let (s, v) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{id}/pause"),
+            ALICE,
+            Some(json!({"to_disk": true})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    env.server.shutdown().await;
 }

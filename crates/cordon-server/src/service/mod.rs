@@ -102,6 +102,9 @@ use sessions::{BusyGuard, Session};
 
 struct Inner {
     cfg: Config,
+    /// Pauses to disk under way: session id -> (tenant, bytes its state may take), counted
+    /// against the tenant's `max_paused_bytes` until the save ends.
+    paused_pending: Mutex<HashMap<String, (String, u64)>>,
     backends: Backends,
     probes: BTreeMap<Tier, Probe>,
     audit: Arc<Audit>,
@@ -345,6 +348,7 @@ impl Service {
         let svc = Service {
             inner: Arc::new(Inner {
                 cfg,
+                paused_pending: Mutex::default(),
                 backends,
                 probes,
                 egress_rows,

@@ -576,6 +576,18 @@ impl Service {
     }
 }
 
+/// A pause to disk's hold on its tenant's paused-state budget while it saves.
+struct PausePending {
+    svc: Service,
+    id: String,
+}
+
+impl Drop for PausePending {
+    fn drop(&mut self) {
+        lock(&self.svc.inner.paused_pending).remove(&self.id);
+    }
+}
+
 impl Service {
     // ---- pause, resume, patch --------------------------------------------------------
 
@@ -592,6 +604,11 @@ impl Service {
     ) -> Result<SandboxInfo, ApiError> {
         let guard = self.claim(tenant, id)?;
         let s = guard.0.clone();
+        let _pending = if to_disk {
+            Some(self.paused_room(tenant, &s)?)
+        } else {
+            None
+        };
         let t0 = Instant::now();
         let audit = self.inner.audit.clone();
         let r = blocking(move || {
@@ -645,6 +662,76 @@ impl Service {
         }
         r?;
         Ok(s.info())
+    }
+
+    /// Before a pause to disk: its state (counted at the sandbox's memory and disk limits,
+    /// the most it can take) must fit under the tenant's `max_paused_bytes` beside what its
+    /// other sandboxes paused to disk hold, and the data dir's file system must keep
+    /// `audit.min_free_disk` free after writing it. A sandbox already on disk takes no more.
+    /// The room is held (against concurrent pauses of the tenant) until the guard drops.
+    fn paused_room(&self, tenant: &Tenant, s: &Session) -> Result<PausePending, ApiError> {
+        let pending = PausePending {
+            svc: self.clone(),
+            id: s.id.clone(),
+        };
+        if lock(&s.on_disk).is_some() {
+            return Ok(pending);
+        }
+        let want = s
+            .spec
+            .limits
+            .memory_bytes
+            .saturating_add(s.spec.limits.disk_bytes);
+        let mut reserved = lock(&self.inner.paused_pending);
+        let on_disk: u64 = lock(&self.inner.sessions)
+            .values()
+            .filter(|o| o.tenant == *tenant && o.id != s.id)
+            .filter_map(|o| *lock(&o.on_disk))
+            .sum();
+        let held = reserved
+            .iter()
+            .filter(|(id, (t, _))| *t == tenant.0 && **id != s.id)
+            .map(|(_, (_, b))| *b)
+            .fold(on_disk, u64::saturating_add);
+        let budget = self
+            .inner
+            .gate
+            .rules_for(&cordon_engine::Principal::Tenant(tenant.0.clone()))
+            .max_paused_bytes;
+        if held.saturating_add(want) > budget {
+            self.inner.metrics.deny("paused_quota");
+            return Err(ApiError::new(
+                Code::PausedQuota,
+                format!(
+                    "pausing this sandbox to disk could take {} MiB (its memory and disk \
+                     limits), and this tenant's sandboxes paused to disk already hold {} MiB \
+                     of its {} MiB",
+                    want >> 20,
+                    held >> 20,
+                    budget >> 20
+                ),
+                "pause it in memory (no to_disk), or resume or destroy a sandbox paused to \
+                 disk first; the operator sets max_paused_bytes",
+            ));
+        }
+        let dir = &self.inner.cfg.data_dir;
+        if let Ok(v) = nix::sys::statvfs::statvfs(dir) {
+            let free = v.blocks_available().saturating_mul(v.fragment_size());
+            let need = want.saturating_add(self.inner.cfg.audit.min_free_disk.0);
+            if free < need {
+                tracing::error!(free, need, "no room to pause a sandbox to disk");
+                self.inner.metrics.deny("storage_low");
+                let mut e = ApiError::new(
+                    Code::StorageLow,
+                    "the server has no room on disk to keep this sandbox's state",
+                    "pause it in memory (no to_disk), or retry later",
+                );
+                e.retry_after = Some(60);
+                return Err(e);
+            }
+        }
+        reserved.insert(s.id.clone(), (tenant.0.clone(), want));
+        Ok(pending)
     }
 
     /// Resumes a paused sandbox; its processes continue where they stopped.
