@@ -300,7 +300,11 @@ mod tests {
             &[Tier::Container, Tier::Gvisor, Tier::Microvm],
             data().path(),
         );
-        assert!(matches!(d, Ok(Some(Ok(ref d))) if d.chosen == Tier::Gvisor));
+        let chosen = match d {
+            Ok(Some(Ok(d))) => Some(d.chosen),
+            _ => None,
+        };
+        assert_eq!(chosen, Some(Tier::Gvisor));
     }
 
     #[test]
@@ -345,9 +349,11 @@ mod tests {
         let mut i = input(Trust::Trusted, Autonomy::Compute);
         i.policy = Some(p.clone());
         let d = decide(&i, TierChoice::Auto, &[], Some(&Tier::ALL), &Tier::ALL, dir);
-        assert!(
-            matches!(d, Ok(Some(Ok(ref d))) if d.chosen == Tier::Microvm && d.policy.revision == "default-2026-11")
-        );
+        let chosen = match &d {
+            Ok(Some(Ok(d))) => Some((d.chosen, d.policy.revision.as_str())),
+            _ => None,
+        };
+        assert_eq!(chosen, Some((Tier::Microvm, "default-2026-11")));
 
         let bad = strict.replace("allowed = [\"microvm\"]\n", "allowed = [\"gvisor\"]\n");
         std::fs::write(&p, bad).unwrap_or_else(|e| panic!("{e}"));

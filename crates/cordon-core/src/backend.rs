@@ -162,6 +162,12 @@ impl<F: FnMut(OutputStream, &[u8])> OutputSink for F {
 pub trait Backend: Send + Sync {
     fn tier(&self) -> Tier;
 
+    /// What this tier can do ([`Tier::features`]): every "can this tier do X" check and
+    /// "unsupported" message derives from it.
+    fn features(&self) -> crate::Features {
+        self.tier().features()
+    }
+
     /// Checks what this host offers the tier. Cheap enough to run once per process.
     fn probe(&self) -> Probe;
 
@@ -282,10 +288,7 @@ pub trait Sandbox: Send {
     /// [`Sandbox::resume`]: a paused sandbox uses no CPU. Tiers that cannot answer
     /// [`crate::Error::Unsupported`].
     fn pause(&mut self) -> Result<()> {
-        Err(crate::Error::Unsupported {
-            what: "pausing a sandbox of this tier".into(),
-            fix: "use the container, gvisor or microvm tier to pause and resume".into(),
-        })
+        Err(crate::Feature::Pause.unsupported_here("pausing a sandbox"))
     }
 
     /// Pauses the sandbox and saves all of it (processes, memory, devices) to disk, so that
@@ -293,12 +296,7 @@ pub trait Sandbox: Send {
     /// [`Backend::revive`]); [`Sandbox::resume`] restores it. Returns the bytes it holds on
     /// disk. Only the microvm tier can.
     fn pause_to_disk(&mut self) -> Result<u64> {
-        Err(crate::Error::Unsupported {
-            what: "pausing a sandbox of this tier to disk".into(),
-            fix: "pause it without to_disk, or create it on the microvm tier, whose VMs can be \
-                  saved to disk"
-                .into(),
-        })
+        Err(crate::Feature::PauseToDisk.unsupported_here("pausing a sandbox to disk"))
     }
 
     /// The bytes it holds on disk while paused to disk; `None` otherwise.
@@ -308,10 +306,7 @@ pub trait Sandbox: Send {
 
     /// Continues a paused sandbox's processes where they stopped.
     fn resume(&mut self) -> Result<()> {
-        Err(crate::Error::Unsupported {
-            what: "resuming a sandbox of this tier".into(),
-            fix: "use the container, gvisor or microvm tier to pause and resume".into(),
-        })
+        Err(crate::Feature::Pause.unsupported_here("resuming a sandbox"))
     }
 
     /// Microseconds it took to create this sandbox.
@@ -343,17 +338,11 @@ pub trait Sandbox: Send {
 }
 
 fn unsupported_background() -> crate::Error {
-    crate::Error::Unsupported {
-        what: "background execs on this tier".into(),
-        fix: "use the container, gvisor or microvm tier for background processes".into(),
-    }
+    crate::Feature::Background.unsupported_here("a background exec")
 }
 
 fn unsupported_files(what: &str) -> crate::Error {
-    crate::Error::Unsupported {
-        what: format!("the file operation `{what}` on this tier"),
-        fix: "use the container, gvisor, microvm or wasm tier for a workspace with files".into(),
-    }
+    crate::Feature::Files.unsupported_here(format!("the file operation `{what}`"))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 mod backend;
 mod error;
 mod exec;
+mod features;
 mod files;
 mod procs;
 pub mod report;
@@ -24,6 +25,7 @@ pub use exec::{
     Command, ExecOutcome, ExecRequest, OutputStream, SANDBOX_PATH, Termination, Timings, Usage,
     exit_code_for, sandbox_env,
 };
+pub use features::{Feature, Features};
 pub use files::{ArchiveReport, FileEntry, FileKind, FileOp, FileReply, MAX_LIST_ENTRIES, Skipped};
 pub use procs::{BACKGROUND_KEEP, PTY_MAX, ProcExit, ProcOutput, ProcSignal, PtySize};
 pub use report::{

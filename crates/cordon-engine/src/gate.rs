@@ -432,11 +432,11 @@ impl Gate {
         spec.owner = tenant.map(str::to_string);
         record.limits = Some(spec.limits.clone());
         spec.validate().map_err(|e| invalid(e.to_string()))?;
-        if matches!(tier, Tier::Runtime | Tier::Wasm) && network {
+        if network && !tier.features().network {
             return Err(deny(
                 "tier-network",
                 format!("the {tier} tier has no network, so allow_hosts and grants cannot apply"),
-                "use tier container (or stronger) for code that needs the network",
+                cordon_core::Feature::Network.fix(),
             ));
         }
         if tenant.is_some() {
@@ -518,14 +518,14 @@ impl Gate {
         if let Some(name) = &req.template {
             self.use_template(name, &mut spec, record)?;
         }
-        if !req.volumes.is_empty() && !matches!(spec.tier, Tier::Container | Tier::Gvisor) {
+        if !req.volumes.is_empty() && !spec.tier.features().volumes {
             return Err(deny(
                 "volume-tier",
+                format!("the {} tier mounts no volumes", spec.tier),
                 format!(
-                    "volumes are mounted on the container and gvisor tiers, not {}",
-                    spec.tier
+                    "{}, or leave the volumes out",
+                    cordon_core::Feature::Volumes.fix()
                 ),
-                "ask for tier container or gvisor, or leave the volumes out",
             ));
         }
         for v in &req.volumes {
@@ -779,12 +779,12 @@ pub fn workload_of(command: &Command, has_files: bool) -> Workload {
 
 type Refused = (DenyCode, String, String, String);
 
-fn deny(rule: &str, message: impl Into<String>, fix: &str) -> Refused {
+fn deny(rule: &str, message: impl Into<String>, fix: impl Into<String>) -> Refused {
     (
         DenyCode::PolicyDenied,
         rule.to_string(),
         message.into(),
-        fix.to_string(),
+        fix.into(),
     )
 }
 
@@ -964,11 +964,7 @@ mod tests {
     fn a_request_that_says_nothing_gets_a_kernel_boundary() {
         let g = gate("", GRANTS);
         let a = g.admit(&alice(), &req("{}"), "create").unwrap();
-        assert!(
-            matches!(a.spec.tier, Tier::Gvisor | Tier::Microvm),
-            "{:?}",
-            a.spec.tier
-        );
+        assert!(a.spec.tier.features().own_kernel, "{:?}", a.spec.tier);
         assert_eq!(a.record.trust, Some(Trust::Untrusted));
         // Pure computation may run on wasm.
         let mut r = req("{}");
@@ -1190,7 +1186,7 @@ mod tests {
             if rules.trust == Trust::Untrusted {
                 assert_eq!(a.record.trust, Some(Trust::Untrusted), "{t}: trust raised");
             }
-            if matches!(spec.tier, Tier::Runtime | Tier::Wasm) {
+            if !spec.tier.features().network {
                 assert!(
                     spec.egress.allow.is_empty() && spec.grants.is_empty(),
                     "{t}: {spec:?}"

@@ -243,16 +243,14 @@ fn tier_of(args: &RunArgs) -> Tier {
     }
 }
 
-/// Whether a tier can run this kind of request at all (the runtime tier runs JavaScript,
-/// the wasm tier Python, JavaScript and modules), so `auto` never picks one that cannot.
+/// Whether a tier can run this kind of request at all (its features: a module, code in
+/// the language, or a program), so `auto` never picks one that cannot.
 fn tier_fits(args: &RunArgs, tier: Tier) -> bool {
-    match tier {
-        Tier::Runtime => args.wasm.is_none() && args.lang == Some(Language::Javascript),
-        Tier::Wasm => {
-            args.wasm.is_some()
-                || matches!(args.lang, Some(Language::Python | Language::Javascript))
-        }
-        _ => args.wasm.is_none(),
+    let f = tier.features();
+    match (&args.wasm, args.lang) {
+        (Some(_), _) => f.wasm_modules,
+        (None, Some(lang)) => f.runs(lang),
+        (None, None) => f.programs,
     }
 }
 

@@ -237,7 +237,7 @@ pub(super) fn check_pool_spec(spec: &SandboxSpec, gate: &Gate) -> Result<(), Str
     for entry in spec.egress.allow.iter().chain(&spec.egress.deny) {
         cordon_egress::Pattern::parse(entry).map_err(|e| e.to_string())?;
     }
-    if matches!(spec.tier, Tier::Runtime | Tier::Wasm) && !spec.egress.is_closed() {
+    if !spec.tier.features().network && !spec.egress.is_closed() {
         return Err(format!(
             "the {} tier has no network, so allow_hosts cannot apply",
             spec.tier

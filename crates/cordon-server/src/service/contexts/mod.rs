@@ -447,12 +447,9 @@ impl Service {
         self.stopping()?;
         let lang = parse_lang(&body.lang)?;
         let s = self.session(tenant, id)?;
-        if !matches!(s.tier, Tier::Container | Tier::Gvisor | Tier::Microvm) {
-            return Err(ApiError::new(
-                Code::Unsupported,
-                format!("the {} tier has no code contexts", s.tier),
-                "use the container, gvisor or microvm tier for code contexts; \
-                 the wasm tier runs each exec in a fresh instance",
+        if !s.tier.features().contexts {
+            return Err(ApiError::from(
+                cordon_core::Feature::Contexts.unsupported(s.tier, "a code context"),
             ));
         }
         self.refuse_paused(&s)?;
