@@ -453,9 +453,9 @@ def check(repo: Path, present: bool) -> list[str]:
             continue
         path = which(cmd)
         if path is None:
-            problems.append(f"program `{cmd}`: used at {where(uses)}, but it is not on this machine and no setup "
-                            "step installs the package that holds it; fix: add that package to an `apt_install` "
-                            "line in scripts/setup.d")
+            problems.append(f"program `{cmd}`: used at {where(uses)}, but it is not on this machine; fix: "
+                            "`make setup`, and if no setup step installs the package that holds it, add that "
+                            "package to an `apt_install` line in scripts/setup.d")
             continue
         pkg = dpkg_owner(path)
         if pkg is None:
@@ -487,7 +487,13 @@ def check(repo: Path, present: bool) -> list[str]:
                 problems.append(f"Debian package {p} ({w}) is not installed; fix: `make setup` "
                                 f"(or `apt-get install {p}`)")
         for p, w in sorted(decl.pip.items()):
-            if run([sys.executable, "-m", "pip", "show", "-q", p]).strip() == "":
+            try:
+                from importlib.metadata import PackageNotFoundError, distribution
+                distribution(p)
+                have = True
+            except PackageNotFoundError:
+                have = False
+            if not have:
                 problems.append(f"Python package {p} ({w}) is not installed for {sys.executable}; fix: `make setup`")
         for b, w in sorted(decl.cargo_bins.items()):
             if which(b) is None:
