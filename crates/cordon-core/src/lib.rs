@@ -6,6 +6,7 @@
 //! pools and multi-step tasks work. This crate never touches the OS.
 
 mod backend;
+mod ending;
 mod error;
 mod exec;
 mod features;
@@ -20,6 +21,7 @@ mod volume;
 pub use backend::{
     Backend, Capability, Interrupter, OutputSink, Probe, Sandbox, SandboxId, TierStatus,
 };
+pub use ending::{Evidence, ExitReport, classify};
 pub use error::{Error, Result};
 pub use exec::{
     Command, ExecOutcome, ExecRequest, OutputStream, SANDBOX_PATH, Termination, Timings, Usage,
