@@ -867,7 +867,12 @@ impl ContainerSandbox {
         let run = match driven {
             Ok(run) => run,
             Err(agent::ExecError::SpawnFailed(message)) if pids_hit => {
-                let mut o = ExecOutcome::new(Tier::Container, Termination::ProcessLimit);
+                // The program never started: the refused fork is what ended the exec.
+                let seen = cordon_core::Evidence {
+                    forks_refused: true,
+                    ..cordon_core::Evidence::default()
+                };
+                let mut o = ExecOutcome::new(Tier::Container, cordon_core::classify(&seen));
                 o.stderr = format!("cordon: {message}\n").into_bytes();
                 return Ok(o);
             }
@@ -880,6 +885,8 @@ impl ContainerSandbox {
                 return Err(sandbox_err("malformed frame from the sandbox agent", why));
             }
         };
+        // What the driver and the agent saw; the sandbox's cgroup adds its counters below.
+        let mut seen = run.evidence();
         let exited = match run.ended {
             agent::Ended::Exited(exit) => Some(exit),
             agent::Ended::KillUnanswered | agent::Ended::Abandoned => {
@@ -903,50 +910,32 @@ impl ContainerSandbox {
         o.warnings = self.warnings.clone();
         o.usage.wall_time_us = wall.as_micros() as u64;
         o.timings.run_us = wall.as_micros() as u64;
-        let (mut disk_full, mut agent_cpu, mut rss) = (false, 0, 0);
-        let reported = exited.is_some();
+        let (mut agent_cpu, mut rss) = (0, 0);
         if let Some(exit) = exited {
             o.timings.program_us = exit.program_us;
             o.exit_code = exit.code;
             o.signal = exit.signal;
-            disk_full = exit.disk_full;
             agent_cpu = exit.cpu_us;
             rss = exit.max_rss_bytes;
         }
-        let (oom, pids_hit) = match (&before, &after) {
+        match (&before, &after) {
             (Some(b), Some(a)) => {
                 o.usage.cpu_time_us = match (a.cpu_us, b.cpu_us) {
                     (Some(a), Some(b)) => a.saturating_sub(b),
                     _ => agent_cpu,
                 };
                 o.usage.peak_memory_bytes = a.peak_memory.max(rss);
-                (a.oom_kills > b.oom_kills, a.pids_max_hits > b.pids_max_hits)
+                // The sandbox's cgroup counted an OOM kill or a refused fork during this
+                // exec (of any of its processes, not only the main one).
+                seen.oom_killed |= a.oom_kills > b.oom_kills;
+                seen.forks_refused |= a.pids_max_hits > b.pids_max_hits;
             }
             _ => {
                 o.usage.cpu_time_us = agent_cpu;
                 o.usage.peak_memory_bytes = rss;
-                (false, false)
             }
-        };
-        let clean = o.exit_code == Some(0);
-        o.termination = if let Some(r) = run.stopped {
-            r
-        } else if oom {
-            // A process of this exec was killed for memory, even if the main one survived.
-            Termination::OutOfMemory
-        } else if pids_hit {
-            // The process limit refused a fork during this exec (a fork bomb, however its
-            // main process ended).
-            Termination::ProcessLimit
-        } else if o.signal == Some(libc::SIGXFSZ) || (disk_full && !clean) {
-            Termination::DiskLimit
-        } else if !reported && self.gone.is_some() {
-            Termination::SandboxFailure
-        } else if o.signal.is_some() {
-            Termination::Signalled
-        } else {
-            Termination::Exited
-        };
+        }
+        o.termination = cordon_core::classify(&seen);
         // Everything leaving the sandbox is scanned: known secrets redacted, credential
         // formats flagged.
         crate::egress::scan_outcome(&mut o, self.egress.as_mut());
@@ -1177,6 +1166,19 @@ impl Drop for ContainerSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Core's classification names the file-size signal by number: it must be this host's.
+    #[test]
+    fn the_file_size_signal_is_the_disk_limit() {
+        let seen = cordon_core::Evidence {
+            reported: Some(cordon_core::ExitReport {
+                code: None,
+                signal: Some(libc::SIGXFSZ),
+            }),
+            ..cordon_core::Evidence::default()
+        };
+        assert_eq!(cordon_core::classify(&seen), Termination::DiskLimit);
+    }
 
     #[test]
     fn a_teardown_kills_the_sandbox_init_first_even_after_pids_wrapped() {

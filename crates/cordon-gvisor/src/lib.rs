@@ -1008,42 +1008,6 @@ fn keep_tail(mut r: impl Read + Send + 'static, tail: Arc<Mutex<Vec<u8>>>) {
     }
 }
 
-/// How an exec ended, from what was observed.
-#[derive(Debug, Clone, Copy, Default)]
-struct Observed {
-    /// A reason Cordon stopped the exec for (timeout, output cap, fork bomb).
-    stopped: Option<Termination>,
-    /// The program's exit code, or the signal that ended it, as the agent reported them.
-    code: Option<i32>,
-    signal: Option<i32>,
-    /// The agent reported no end: the runsc sandbox died or stopped answering.
-    lost: bool,
-    oom: bool,
-    forks_refused: bool,
-    disk_full: bool,
-}
-
-/// Termination reason, exit code and signal.
-fn classify(o: Observed) -> (Termination, Option<i32>, Option<i32>) {
-    const SIGXFSZ: i32 = 25;
-    let reason = if let Some(t) = o.stopped {
-        t
-    } else if o.oom {
-        Termination::OutOfMemory
-    } else if o.forks_refused {
-        Termination::ProcessLimit
-    } else if o.signal == Some(SIGXFSZ) || (o.disk_full && o.code != Some(0)) {
-        Termination::DiskLimit
-    } else if o.lost {
-        Termination::SandboxFailure
-    } else if o.signal.is_some() {
-        Termination::Signalled
-    } else {
-        Termination::Exited
-    };
-    (reason, o.code, o.signal)
-}
-
 impl GvisorSandbox {
     /// The argv, environment, working directory and per-process limits of an exec.
     fn exec_parts(&self, req: &ExecRequest) -> Result<cordon_host::agent::ExecParts> {
@@ -1227,34 +1191,31 @@ impl Sandbox for GvisorSandbox {
                 )));
             }
         };
-        let mut seen = Observed {
-            stopped: run.stopped,
-            forks_refused: refused > 0,
-            disk_full: workspace::full(&self.work)
-                || self
-                    .volumes
-                    .iter()
-                    .any(|(bind, _, ro)| !ro && workspace::volume_full(bind)),
-            ..Observed::default()
-        };
+        // What the driver and the agent saw; the log of refused forks, the workspace and
+        // the sandbox's cgroup add theirs.
+        let mut seen = run.evidence();
+        seen.forks_refused |= refused > 0;
+        seen.disk_full |= workspace::full(&self.work)
+            || self
+                .volumes
+                .iter()
+                .any(|(bind, _, ro)| !ro && workspace::volume_full(bind));
         let mut out = ExecOutcome::new(Tier::Gvisor, Termination::Exited);
         let mut lost_why = None;
         match run.ended {
             agent::Ended::Exited(exit) => {
-                seen.code = exit.code;
-                seen.signal = exit.signal;
-                seen.disk_full |= exit.disk_full;
+                out.exit_code = exit.code;
+                out.signal = exit.signal;
                 out.usage.cpu_time_us = exit.cpu_us;
                 out.usage.peak_memory_bytes = exit.max_rss_bytes;
                 out.timings.program_us = exit.program_us;
             }
             agent::Ended::KillUnanswered | agent::Ended::Abandoned => {
                 // The program is stopped with the whole runsc sandbox.
-                seen.signal = Some(9);
+                out.signal = Some(9);
                 lost_why = Some("its agent did not answer a kill in time".to_string());
             }
             agent::Ended::Lost(e) => {
-                seen.lost = true;
                 lost_why = Some(format!("the runsc sandbox ended during the exec ({e})"));
             }
         }
@@ -1265,12 +1226,12 @@ impl Sandbox for GvisorSandbox {
         if let (Some(b), Some(a)) = (before, after) {
             out.usage.peak_memory_bytes = out.usage.peak_memory_bytes.max(a.peak_memory);
             let hits: Counters = a.since(&b);
-            seen.oom = hits.out_of_memory(seen.lost || seen.signal == Some(9));
+            // The cgroup holds the sentry too: a limit hit with the program (or the whole
+            // runsc sandbox) dead of SIGKILL is the memory limit's doing.
+            seen.oom_killed |= hits.out_of_memory(seen.agent_lost() || out.signal == Some(9));
         }
-        let (termination, exit, signal) = classify(seen);
+        let termination = cordon_core::classify(&seen);
         out.termination = termination;
-        out.exit_code = exit;
-        out.signal = signal;
         out.timings.run_us = t0.elapsed().as_micros() as u64;
         out.usage.wall_time_us = out.timings.run_us;
         out.timings.start_us = self.start_us;
@@ -1452,66 +1413,6 @@ impl Drop for GvisorSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn seen(code: i32) -> Observed {
-        Observed {
-            code: Some(code),
-            ..Observed::default()
-        }
-    }
-
-    fn killed(signal: i32) -> Observed {
-        Observed {
-            signal: Some(signal),
-            ..Observed::default()
-        }
-    }
-
-    #[test]
-    fn classification_follows_what_was_observed() {
-        assert_eq!(classify(seen(0)), (Termination::Exited, Some(0), None));
-        assert_eq!(classify(seen(7)), (Termination::Exited, Some(7), None));
-        assert_eq!(
-            classify(killed(15)),
-            (Termination::Signalled, None, Some(15))
-        );
-        let oom = Observed {
-            oom: true,
-            ..killed(9)
-        };
-        assert_eq!(classify(oom).0, Termination::OutOfMemory);
-        let bomb = Observed {
-            forks_refused: true,
-            ..seen(1)
-        };
-        assert_eq!(classify(bomb).0, Termination::ProcessLimit);
-        // A limit Cordon stopped the exec for wins over what followed.
-        let stopped = Observed {
-            stopped: Some(Termination::Timeout),
-            forks_refused: true,
-            ..killed(9)
-        };
-        assert_eq!(classify(stopped).0, Termination::Timeout);
-        let full = Observed {
-            disk_full: true,
-            ..seen(1)
-        };
-        assert_eq!(classify(full).0, Termination::DiskLimit);
-        assert_eq!(classify(killed(25)).0, Termination::DiskLimit);
-        let full_ok = Observed {
-            disk_full: true,
-            ..seen(0)
-        };
-        assert_eq!(classify(full_ok).0, Termination::Exited);
-        // The runsc sandbox ended under the exec: a failure, unless its memory limit did it.
-        let lost = Observed {
-            lost: true,
-            ..Observed::default()
-        };
-        assert_eq!(classify(lost), (Termination::SandboxFailure, None, None));
-        let lost_to_memory = Observed { oom: true, ..lost };
-        assert_eq!(classify(lost_to_memory).0, Termination::OutOfMemory);
-    }
 
     #[test]
     fn etc_has_no_host_secrets_and_names_the_sandbox_user() {

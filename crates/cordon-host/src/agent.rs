@@ -22,7 +22,8 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use cordon_core::{
-    Command, Error, ExecRequest, Language, OutputSink, OutputStream, Termination, Tier,
+    Command, Error, Evidence, ExecRequest, ExitReport, Language, OutputSink, OutputStream,
+    Termination, Tier,
 };
 use cordon_guest::proto::{self, ErrorCode, Frame, ProtoError, Reply, Request, StdioMode, Stream};
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
@@ -441,6 +442,29 @@ pub struct FramedRun {
     pub stderr: Vec<u8>,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
+}
+
+impl FramedRun {
+    /// What the driver and the agent saw of the exec's end, for [`cordon_core::classify`]:
+    /// Cordon's reason to stop it, the agent's report (none when the agent reported no end)
+    /// and what the agent found itself (its exec cgroup's OOM kills and refused forks, a full
+    /// scratch filesystem). The tier adds what its own watch and counters saw.
+    pub fn evidence(&self) -> Evidence {
+        let mut e = Evidence {
+            stopped: self.stopped,
+            ..Evidence::default()
+        };
+        if let Ended::Exited(x) = &self.ended {
+            e.reported = Some(ExitReport {
+                code: x.code,
+                signal: x.signal,
+            });
+            e.oom_killed = x.oom_killed;
+            e.forks_refused = x.pids_limited;
+            e.disk_full = x.disk_full;
+        }
+        e
+    }
 }
 
 /// Why an exec did not run: the channel is between frames only for [`ExecError::SpawnFailed`]
@@ -1167,6 +1191,54 @@ mod tests {
         let r = quiet_run(&mut conn, &plan(&req, true, Duration::from_secs(20), 64));
         agent.join().unwrap();
         assert!(matches!(r, Err(ExecError::Protocol(_))), "{r:?}");
+    }
+
+    #[test]
+    fn evidence_carries_the_stop_the_report_and_what_the_agent_found() {
+        let run = |ended, stopped| FramedRun {
+            ended,
+            stopped,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+        };
+        let reported = Exit {
+            code: None,
+            signal: Some(9),
+            oom_killed: true,
+            pids_limited: true,
+            disk_full: true,
+            ..Exit::default()
+        };
+        let e = run(Ended::Exited(reported), None).evidence();
+        assert_eq!(
+            e,
+            Evidence {
+                stopped: None,
+                reported: Some(ExitReport {
+                    code: None,
+                    signal: Some(9),
+                }),
+                oom_killed: true,
+                forks_refused: true,
+                disk_full: true,
+            }
+        );
+        assert_eq!(cordon_core::classify(&e), Termination::OutOfMemory);
+        // No report: the agent was lost, whatever stopped the program.
+        for ended in [
+            Ended::Lost(CallError::Closed),
+            Ended::KillUnanswered,
+            Ended::Abandoned,
+        ] {
+            let e = run(ended, Some(Termination::Timeout)).evidence();
+            assert!(e.agent_lost(), "{e:?}");
+            assert_eq!(e.stopped, Some(Termination::Timeout));
+            assert_eq!(cordon_core::classify(&e), Termination::Timeout);
+        }
+        let e = run(Ended::Lost(CallError::Closed), None).evidence();
+        assert_eq!(cordon_core::classify(&e), Termination::SandboxFailure);
     }
 
     #[test]

@@ -1403,7 +1403,9 @@ impl MicrovmSandbox {
                 return Err(sandbox_err("the guest agent refused the exec", why));
             }
         };
-        let mut lost = false;
+        // What the driver and the guest agent saw (the agent reads the exec's own cgroup in
+        // the guest: OOM kills and refused forks come with its report).
+        let seen = run.evidence();
         let exit = match run.ended {
             agent::Ended::Exited(exit) => Some(exit),
             agent::Ended::Abandoned => {
@@ -1419,11 +1421,9 @@ impl MicrovmSandbox {
             agent::Ended::Lost(CallError::Timeout | CallError::Proto(_)) => {
                 self.gone = Some("its agent channel failed during an exec".into());
                 self.teardown();
-                lost = true;
                 None
             }
             agent::Ended::Lost(_) => {
-                lost = true;
                 self.diagnose("the agent channel closed during an exec");
                 None
             }
@@ -1438,7 +1438,6 @@ impl MicrovmSandbox {
         o.usage.wall_time_us = wall.as_micros() as u64;
         o.timings.run_us = wall.as_micros() as u64;
         o.extra.accelerator = Some(self.accel.as_str().to_string());
-        let exited = exit.is_some();
         let exit = exit.unwrap_or_default();
         // The guest's own clock measured the program: it is the guest's word, and a restored
         // guest's clock under emulation can run ahead of the host's. Never more than the exec
@@ -1448,22 +1447,7 @@ impl MicrovmSandbox {
         o.signal = exit.signal;
         o.usage.cpu_time_us = exit.cpu_us;
         o.usage.peak_memory_bytes = exit.max_rss_bytes;
-        let clean = o.exit_code == Some(0);
-        o.termination = if let Some(r) = run.stopped {
-            r
-        } else if lost || (!exited && self.gone.is_some()) {
-            Termination::SandboxFailure
-        } else if exit.oom_killed && !clean {
-            Termination::OutOfMemory
-        } else if exit.pids_limited && !clean {
-            Termination::ProcessLimit
-        } else if o.signal == Some(libc::SIGXFSZ) || (exit.disk_full && !clean) {
-            Termination::DiskLimit
-        } else if o.signal.is_some() {
-            Termination::Signalled
-        } else {
-            Termination::Exited
-        };
+        o.termination = cordon_core::classify(&seen);
         shared_egress::scan_outcome(&mut o, self.egress.as_mut().map(|e| &mut e.link));
         if o.termination == Termination::SandboxFailure {
             let why = self.gone.clone().unwrap_or_else(|| "unknown".into());
