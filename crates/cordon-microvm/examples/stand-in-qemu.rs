@@ -202,7 +202,9 @@ fn say(conn: &mut UnixStream, id: u64, text: &str) {
 /// - `unlink PATH`: whether a file can be removed;
 /// - `ls PATH`: a directory's entries;
 /// - `whoami`: uid, pid and whether the process is dumpable;
-/// - `syscall NAME`: makes a system call QEMU has no use for and reports its result.
+/// - `syscall NAME`: makes a system call QEMU has no use for and reports its result;
+/// - `eat-memory`: touches memory until the kernel kills the stand-in for its cgroup's
+///   limit (a QEMU the host's memory limit ends mid-exec).
 fn exec(conn: &mut UnixStream, id: u64, argv: &[String], args: &Args) {
     let arg = |i: usize| argv.get(i).cloned().unwrap_or_default();
     match arg(0).as_str() {
@@ -232,6 +234,14 @@ fn exec(conn: &mut UnixStream, id: u64, argv: &[String], args: &Args) {
         "stop-reading" => loop {
             std::thread::park();
         },
+        "eat-memory" => {
+            let mut kept: Vec<Vec<u8>> = Vec::new();
+            loop {
+                // Each page written, so the memory is charged to the cgroup.
+                kept.push(vec![1u8; 16 << 20]);
+                std::hint::black_box(&kept);
+            }
+        }
         "stop-reading-after" => {
             exited(conn, id, 0);
             loop {

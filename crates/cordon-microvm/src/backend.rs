@@ -1405,7 +1405,16 @@ impl MicrovmSandbox {
         };
         // What the driver and the guest agent saw (the agent reads the exec's own cgroup in
         // the guest: OOM kills and refused forks come with its report).
-        let seen = run.evidence();
+        let mut seen = run.evidence();
+        if seen.agent_lost() {
+            // QEMU is the only process of its cgroup, made with the VM: an OOM kill counted
+            // there is the memory limit ending the VM, and the agent with it. Read before a
+            // teardown removes the cgroup.
+            seen.oom_killed |= self
+                .cgroup
+                .as_ref()
+                .is_some_and(|c| c.counters().oom_kills > 0);
+        }
         let exit = match run.ended {
             agent::Ended::Exited(exit) => Some(exit),
             agent::Ended::Abandoned => {
@@ -1449,6 +1458,12 @@ impl MicrovmSandbox {
         o.usage.peak_memory_bytes = exit.max_rss_bytes;
         o.termination = cordon_core::classify(&seen);
         shared_egress::scan_outcome(&mut o, self.egress.as_mut().map(|e| &mut e.link));
+        if o.termination == Termination::OutOfMemory && seen.agent_lost() {
+            o.warnings.push(
+                "the microVM's memory limit ended it (QEMU was killed for memory); destroy this sandbox and create another"
+                    .into(),
+            );
+        }
         if o.termination == Termination::SandboxFailure {
             let why = self.gone.clone().unwrap_or_else(|| "unknown".into());
             o.warnings.push(format!("the microVM failed: {why}"));

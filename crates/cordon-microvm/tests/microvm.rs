@@ -1125,6 +1125,31 @@ fn a_guest_that_stops_reading_cannot_hold_a_call_past_its_deadline() {
     assert!(e.contains("in time"), "{e}");
 }
 
+/// The host's memory limit ending QEMU mid-exec loses the agent with it: the exec ended for
+/// memory (as on the other tiers, `cordon_core::classify`), not a sandbox failure.
+#[test]
+fn a_qemu_its_memory_limit_ends_is_out_of_memory_not_a_failure() {
+    let Some(si) = stand_in("plain", |_| {}) else {
+        return;
+    };
+    let mut sb = si.backend.create_cold(&spec()).unwrap();
+    let pid = sb.qemu_pid().unwrap();
+    let o = returns_within(Duration::from_secs(120), move || {
+        let o = exec_argv(&mut sb, &["eat-memory"]).unwrap();
+        destroy_and_check(sb);
+        o
+    });
+    assert_eq!(o.termination, Termination::OutOfMemory, "{o:?}");
+    assert!(
+        o.warnings
+            .iter()
+            .any(|w| w.contains("memory limit ended it")),
+        "{:?}",
+        o.warnings
+    );
+    assert!(!alive(pid), "QEMU survived its memory limit");
+}
+
 #[test]
 fn a_file_larger_than_the_maximum_asked_for_is_refused_on_the_host() {
     let Some(si) = stand_in("plain", |_| {}) else {
