@@ -80,12 +80,14 @@ class ServerProc:
         self.url = ""
 
     def start(self) -> "ServerProc":
+        # (A test may build one with __new__ and set only what it needs.)
+        nofile = getattr(self, "nofile", None)
+
         def limits() -> None:
-            if self.nofile is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
         self.proc = subprocess.Popen([cordon_bin(), "serve", "--config", str(self.config)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     preexec_fn=limits)
+                                     preexec_fn=limits if nofile is not None else None)
         line = self.proc.stdout.readline()
         if "listening on" not in line:
             err = self.proc.stderr.read() if self.proc.poll() is not None else ""
