@@ -319,7 +319,7 @@ def scan(repo: Path) -> Found:
             except (UnicodeDecodeError, OSError):
                 pass
     for name in list(found.commands):
-        if name in functions or name in bash_reserved() or name in WRAPPERS - {"timeout", "flock", "setsid", "stdbuf", "unbuffer", "xargs", "env", "nice", "nohup", "sudo"}:
+        if name in functions or name in bash_reserved():
             del found.commands[name]
     return found
 

@@ -117,12 +117,8 @@ impl Service {
         if need == 0 {
             return Ok(());
         }
-        let free = match nix::sys::statvfs::statvfs(&self.inner.cfg.data_dir) {
-            Ok(v) => v.blocks_available().saturating_mul(v.fragment_size()),
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the data dir's free space");
-                return Ok(());
-            }
+        let Some(free) = self.data_dir_free() else {
+            return Ok(());
         };
         if free >= need {
             return Ok(());
@@ -132,13 +128,28 @@ impl Service {
             need,
             "the data dir's file system is nearly full: new sandboxes are refused"
         );
-        self.inner.metrics.deny("storage_low");
-        let mut e = ApiError::new(
-            Code::StorageLow,
+        Err(self.storage_low(
             "the server is low on storage and takes no new sandboxes for now",
             "retry later; the operator has been told (free space under audit.min_free_disk)",
-        );
+        ))
+    }
+
+    /// Free bytes on the data dir's file system; `None` (logged) when it cannot be read.
+    pub(super) fn data_dir_free(&self) -> Option<u64> {
+        match nix::sys::statvfs::statvfs(&self.inner.cfg.data_dir) {
+            Ok(v) => Some(v.blocks_available().saturating_mul(v.fragment_size())),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the data dir's free space");
+                None
+            }
+        }
+    }
+
+    /// The `503 storage_low` refusal (naming no host path), counted in the metrics.
+    pub(super) fn storage_low(&self, message: &str, fix: &str) -> ApiError {
+        self.inner.metrics.deny("storage_low");
+        let mut e = ApiError::new(Code::StorageLow, message, fix);
         e.retry_after = Some(60);
-        Err(e)
+        e
     }
 }

@@ -714,21 +714,15 @@ impl Service {
                  disk first; the operator sets max_paused_bytes",
             ));
         }
-        let dir = &self.inner.cfg.data_dir;
-        if let Ok(v) = nix::sys::statvfs::statvfs(dir) {
-            let free = v.blocks_available().saturating_mul(v.fragment_size());
-            let need = want.saturating_add(self.inner.cfg.audit.min_free_disk.0);
-            if free < need {
-                tracing::error!(free, need, "no room to pause a sandbox to disk");
-                self.inner.metrics.deny("storage_low");
-                let mut e = ApiError::new(
-                    Code::StorageLow,
-                    "the server has no room on disk to keep this sandbox's state",
-                    "pause it in memory (no to_disk), or retry later",
-                );
-                e.retry_after = Some(60);
-                return Err(e);
-            }
+        let need = want.saturating_add(self.inner.cfg.audit.min_free_disk.0);
+        if let Some(free) = self.data_dir_free()
+            && free < need
+        {
+            tracing::error!(free, need, "no room to pause a sandbox to disk");
+            return Err(self.storage_low(
+                "the server has no room on disk to keep this sandbox's state",
+                "pause it in memory (no to_disk), or retry later",
+            ));
         }
         reserved.insert(s.id.clone(), (tenant.0.clone(), want));
         Ok(pending)
