@@ -124,11 +124,11 @@ def server(has_container):
 
 @pytest.fixture
 def alice(server):
-    from cordon import Cordon
+    from cordon_sandbox import Cordon
     return Cordon(server.url, api_key=KEYS["alice"])
 
 
 @pytest.fixture
 def bob(server):
-    from cordon import Cordon
+    from cordon_sandbox import Cordon
     return Cordon(server.url, api_key=KEYS["bob"])

@@ -12,7 +12,7 @@ import zlib
 
 import pytest
 
-from cordon import ContextBusy, InvalidRequest, NotFound, Sandbox, Unsupported
+from cordon_sandbox import ContextBusy, InvalidRequest, NotFound, Unsupported
 from conftest import tier_available
 from test_procs import await_host_pids
 
@@ -69,7 +69,7 @@ def test_a_context_keeps_state_survives_an_interrupt_and_restarts_clean(alice, t
     need(tier)
     with alice.create_sandbox(tier=tier, ttl="5m") as sb:
         ctx = sb.create_context("python")
-        assert ctx.id.startswith("ctx-") and ctx.info["state"] == "ready", ctx.info
+        assert ctx.id.startswith("ctx-") and ctx.info.state == "ready", ctx.info
         assert sb.run_code("x = 41\nimport json", context=ctx).error is None
         r = sb.run_code("x + 1", context=ctx)
         assert r.status == "ok" and r.text == "42", r
@@ -96,10 +96,10 @@ def test_a_context_keeps_state_survives_an_interrupt_and_restarts_clean(alice, t
         assert r.status == "timeout" and sb.run_code("x * 2", context=ctx).text == "82"
         # Restart clears everything.
         info = ctx.restart()
-        assert info["restarts"] == 1 and info["execution_count"] == 0, info
+        assert info.restarts == 1 and info.execution_count == 0, info
         r = sb.run_code("x", context=ctx)
         assert r.status == "error" and r.error.name == "NameError", r
-        kinds = [e["kind"] for e in alice.audit(sandbox=sb.id, limit=1000)]
+        kinds = [e.kind for e in alice.audit(sandbox=sb.id, limit=1000)]
         for k in ("context_start", "context_run", "context_stop"):
             assert k in kinds, kinds
 
@@ -186,7 +186,7 @@ def test_a_javascript_context_keeps_its_variables(alice):
     need("container")
     with alice.create_sandbox(tier="container", ttl="5m") as sb:
         ctx = sb.create_context("javascript")
-        assert ctx.info["version"].startswith("v"), ctx.info
+        assert ctx.info.version.startswith("v"), ctx.info
         r = ctx.run("var total = 40; let kept = 2; console.log('hi'); console.error('oops')")
         assert r.status == "ok" and r.logs == {"stdout": ["hi\n"], "stderr": ["oops\n"]}, r
         r = ctx.run("total + kept")
@@ -206,9 +206,9 @@ def test_another_tenant_gets_404_on_every_context_route(alice, bob):
     need("container")
     with alice.create_sandbox(tier="container", ttl="5m") as sb:
         ctx = sb.create_context("python")
-        theirs = Sandbox(bob, {"id": sb.id})
-        from cordon import Context
-        their_ctx = Context(theirs, {"id": ctx.id})
+        theirs = bob.sandbox_handle(sb.id)
+        from cordon_sandbox import Context, ContextInfo
+        their_ctx = Context(theirs, ContextInfo(id=ctx.id, lang="python", state=""))
         for call in (lambda: theirs.create_context("python"), theirs.contexts,
                      lambda: their_ctx.run("1"), lambda: list(their_ctx.run_stream("1")),
                      their_ctx.restart, their_ctx.close):
@@ -216,7 +216,7 @@ def test_another_tenant_gets_404_on_every_context_route(alice, bob):
                 call()
         # Unknown ids are 404 too, and the context is untouched.
         with pytest.raises(NotFound):
-            Context(sb, {"id": "ctx-999"}).run("1")
+            Context(sb, ContextInfo(id="ctx-999", lang="python", state="")).run("1")
         assert [c.id for c in sb.contexts()] == [ctx.id]
         assert ctx.run("1 + 1").text == "2"
 
@@ -311,7 +311,7 @@ def test_a_microvm_context_keeps_state_and_survives_an_interrupt(alice):
     need("microvm")
     with alice.create_sandbox(tier="microvm", ttl="5m") as sb:
         ctx = sb.create_context("python")
-        assert ctx.info["state"] == "ready", ctx.info
+        assert ctx.info.state == "ready", ctx.info
         assert ctx.run("x = 41\nprint('in the vm')", timeout="60s").logs["stdout"] == [
             "in the vm\n"]
         assert ctx.run("x + 1", timeout="60s").text == "42"

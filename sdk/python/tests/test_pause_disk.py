@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cordon import Cordon, CordonError, NotFound, Sandbox, SandboxPaused, Unsupported
+from cordon_sandbox import Cordon, CordonError, NotFound, SandboxPaused, Unsupported
 from conftest import KEYS, ServerProc, tier_available
 
 # A counter and a Python interpreter holding a random variable, each writing to /work.
@@ -114,19 +114,19 @@ def test_pause_to_disk_survives_a_sigkill_and_restart(microvm):
         t0 = time.monotonic()
         info = sb.pause(to_disk=True)
         pause_ms = (time.monotonic() - t0) * 1000
-        assert info["state"] == "paused" and info["on_disk"] and info["on_disk_bytes"] > 0, info
+        assert info.state == "paused" and info.on_disk and info.on_disk_bytes > 0, info
         assert not (set(qemu_processes(s.proc.pid)) & mine), "the sandbox's QEMU still runs"
         assert paused_dir(d, sb.id).is_dir()
         assert oct(paused_dir(d, sb.id).stat().st_mode & 0o777) == "0o700"
-        listed = {i["id"]: i for i in alice.list_sandboxes()}
-        assert listed[sb.id]["on_disk"] and listed[sb.id]["on_disk_bytes"] == info["on_disk_bytes"]
+        listed = {i.id: i for i in alice.list_sandboxes()}
+        assert listed[sb.id].on_disk and listed[sb.id].on_disk_bytes == info.on_disk_bytes
         # The tenant's view counts it; another tenant's does not.
-        assert alice._json("GET", "/v1/sandboxes")["on_disk_bytes"] == info["on_disk_bytes"]
-        assert bob._json("GET", "/v1/sandboxes")["on_disk_bytes"] == 0
-        for call in (lambda: bob._json("POST", f"/v1/sandboxes/{sb.id}/resume", {}),
-                     lambda: bob._json("POST", f"/v1/sandboxes/{sb.id}/pause",
+        assert alice.sandboxes().on_disk_bytes == info.on_disk_bytes
+        assert bob.sandboxes().on_disk_bytes == 0
+        for call in (lambda: bob.request("POST", f"/v1/sandboxes/{sb.id}/resume", {}),
+                     lambda: bob.request("POST", f"/v1/sandboxes/{sb.id}/pause",
                                        {"to_disk": True}),
-                     lambda: bob._json("GET", f"/v1/sandboxes/{sb.id}")):
+                     lambda: bob.request("GET", f"/v1/sandboxes/{sb.id}")):
             with pytest.raises(NotFound):
                 call()
         with pytest.raises(SandboxPaused):
@@ -135,30 +135,30 @@ def test_pause_to_disk_survives_a_sigkill_and_restart(microvm):
         info = sb.resume()
         resume_ms = (time.monotonic() - t0) * 1000
         print(f"\nmicrovm via the API: pause to disk {pause_ms:.0f} ms, resume {resume_ms:.0f} ms, "
-              f"{info.get('on_disk_bytes')} / {listed[sb.id]['on_disk_bytes']} bytes on disk")
-        assert info["state"] == "live" and not info.get("on_disk"), info
+              f"{info.on_disk_bytes} / {listed[sb.id].on_disk_bytes} bytes on disk")
+        assert info.state == "live" and not info.on_disk, info
         assert not paused_dir(d, sb.id).exists()
         assert still_ticking(sb) and read_x(sb) == x
         assert ctx.run("y").text == "42"
-        kinds = [e["kind"] for e in alice.audit(sandbox=sb.id, limit=1000)]
+        kinds = [e.kind for e in alice.audit(sandbox=sb.id, limit=1000)]
         assert "pause" in kinds and "resume" in kinds
         pause_rows = [e for e in alice.audit(sandbox=sb.id, kind="pause", limit=100)]
-        assert any(e["detail"].get("to_disk") for e in pause_rows), pause_rows
+        assert any(e.detail.get("to_disk") for e in pause_rows), pause_rows
 
         # Across a SIGKILL and a restart on the same data dir.
         sb.pause(to_disk=True)
         s.kill9()
         s = ServerProc(d, {}).start()
         alice, bob = Cordon(s.url, KEYS["alice"]), Cordon(s.url, KEYS["bob"])
-        listed = {i["id"]: i for i in alice.list_sandboxes()}
+        listed = {i.id: i for i in alice.list_sandboxes()}
         assert sb.id in listed, listed
         kept = listed[sb.id]
-        assert kept["state"] == "paused" and kept["on_disk"] and kept["labels"] == {"run": "p"}
-        assert kept["created_ms"] == info["created_ms"]
+        assert kept.state == "paused" and kept.on_disk and kept.labels == {"run": "p"}
+        assert kept.created_ms == info.created_ms
         assert bob.list_sandboxes() == []
         with pytest.raises(NotFound):
-            bob._json("POST", f"/v1/sandboxes/{sb.id}/resume", {})
-        sb = Sandbox(alice, kept)
+            bob.request("POST", f"/v1/sandboxes/{sb.id}/resume", {})
+        sb = alice.sandbox_handle(kept.id)
         sb.resume()
         assert still_ticking(sb) and read_x(sb) == x
 
@@ -168,8 +168,8 @@ def test_pause_to_disk_survives_a_sigkill_and_restart(microvm):
         assert paused_dir(d, sb.id).is_dir(), "a graceful stop removed a paused sandbox"
         s = ServerProc(d, {}).start()
         alice = Cordon(s.url, KEYS["alice"])
-        sb = Sandbox(alice, alice._json("GET", f"/v1/sandboxes/{sb.id}"))
-        assert sb.info["on_disk"]
+        sb = alice.get_sandbox(sb.id)
+        assert sb.info.on_disk
         sb.resume()
         assert still_ticking(sb) and read_x(sb) == x
 
@@ -186,7 +186,7 @@ def test_pause_to_disk_survives_a_sigkill_and_restart(microvm):
         assert not (set(qemu_processes(s.proc.pid)) - qemus), \
             "a QEMU was started from tampered state"
         assert not paused_dir(d, sb.id).exists()
-        assert sb.id not in {i["id"] for i in alice.list_sandboxes()}
+        assert sb.id not in {i.id for i in alice.list_sandboxes()}
 
         # Destroy removes the files.
         sb2 = alice.create_sandbox(tier="microvm", ttl="10m")
@@ -218,13 +218,13 @@ def test_paused_ttl_removes_a_sandbox_paused_to_disk_even_after_a_restart(microv
         s.data_dir, s.config, s.proc, s.url = d, top / "data.toml", None, ""
         s.start()
         alice = Cordon(s.url, KEYS["alice"])
-        assert [i["id"] for i in alice.list_sandboxes()] == [sb.id]
+        assert [i.id for i in alice.list_sandboxes()] == [sb.id]
         deadline = time.time() + 30
         while alice.list_sandboxes() and time.time() < deadline:
             time.sleep(0.2)
         assert alice.list_sandboxes() == []
         assert not paused_dir(d, sb.id).exists()
-        reasons = [e["decision"] for e in alice.audit(sandbox=sb.id, kind="destroy", limit=10)]
+        reasons = [e.decision for e in alice.audit(sandbox=sb.id, kind="destroy", limit=10)]
         assert "paused-ttl" in reasons, reasons
     finally:
         s.stop()
@@ -259,9 +259,9 @@ def test_a_paused_sandbox_whose_manifest_was_tampered_is_ended_at_the_restart(mi
         assert alice.list_sandboxes() == []
         assert not paused_dir(d, sb.id).exists()
         rows = alice.audit(sandbox=sb.id, kind="destroy", limit=10)
-        assert [r["decision"] for r in rows] == ["resume-failed"], rows
+        assert [r.decision for r in rows] == ["resume-failed"], rows
         with pytest.raises(NotFound):
-            alice._json("POST", f"/v1/sandboxes/{sb.id}/resume", {})
+            alice.request("POST", f"/v1/sandboxes/{sb.id}/resume", {})
     finally:
         s.stop()
         shutil.rmtree(top, ignore_errors=True)

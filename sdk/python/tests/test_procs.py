@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from cordon import (CordonError, InvalidRequest, NotFound, Sandbox, SandboxBusy, SandboxPaused,
+from cordon_sandbox import (CordonError, InvalidRequest, NotFound, SandboxBusy, SandboxPaused,
                     TooManyExecs,
                     Unsupported)
 from conftest import KEYS, tier_available
@@ -136,16 +136,16 @@ def test_a_background_dev_server_is_reached_replayed_killed_and_ends_with_destro
                 break
         assert "GET /hello.txt" in seen
         listed = {e.id: e.info for e in sb.execs()}
-        assert listed[srv.id]["state"] == "running"
-        assert listed[srv.id]["command"].startswith("python3 -u")
+        assert listed[srv.id].state == "running"
+        assert listed[srv.id].command.startswith("python3 -u")
         # Another tenant can neither see, attach to, write to nor stop it.
-        theirs = Sandbox(bob, {"id": sb.id})
+        theirs = bob.sandbox_handle(sb.id)
         for call in (theirs.execs, lambda: theirs.exec_handle(srv.id).wait(),
                      lambda: theirs.exec_handle(srv.id).send_stdin("x"),
                      lambda: theirs.exec_handle(srv.id).kill(force=True)):
             with pytest.raises(NotFound):
                 call()
-        assert sb.execs()[0].info["state"] == "running"
+        assert sb.execs()[0].info.state == "running"
         # Kill: SIGTERM ends it; the outcome says it was stopped.
         srv.kill()
         out = srv.wait()
@@ -153,7 +153,7 @@ def test_a_background_dev_server_is_reached_replayed_killed_and_ends_with_destro
         assert "GET /hello.txt" in out.stderr
         r = sb.exec(fetch("/hello.txt", 3))
         assert "unreachable" in r.stdout, r
-        kinds = [e["kind"] for e in alice.audit(sandbox=sb.id, limit=1000)]
+        kinds = [e.kind for e in alice.audit(sandbox=sb.id, limit=1000)]
         for k in ("exec_background", "exec_signal", "exec_background_end"):
             assert k in kinds, kinds
         # Destroy ends every background exec.
@@ -254,7 +254,7 @@ def test_a_foreground_exec_whose_client_disconnects_is_interrupted(alice, server
             # Nothing comes back before the end: wait until the server has taken the exec,
             # then give the program a moment to write its first beat.
             for _ in range(300):
-                if sb.refresh().get("busy"):
+                if sb.refresh().busy:
                     break
                 time.sleep(0.1)
             time.sleep(1.5)
@@ -272,7 +272,7 @@ def test_a_foreground_exec_whose_client_disconnects_is_interrupted(alice, server
         assert r is not None, "the disconnected exec still holds the sandbox"
         assert r.stdout == "stopped\n", r
         rows = [e for e in alice.audit(sandbox=sb.id, kind="exec", limit=100)]
-        assert any(e.get("decision") == "cancelled" for e in rows), rows
+        assert any(e.decision == "cancelled" for e in rows), rows
 
 
 def host_cpu_ticks(marker: str) -> int:
@@ -320,10 +320,10 @@ def test_a_paused_sandbox_uses_no_cpu_and_resumes_with_its_process(alice, bob, t
         t0 = time.monotonic()
         info = sb.pause()
         pause_ms = (time.monotonic() - t0) * 1000
-        assert info["state"] == "paused" and info["paused"], info
+        assert info.state == "paused" and info.paused, info
         # Another tenant can neither resume nor pause it.
-        for call in (lambda: bob._json("POST", f"/v1/sandboxes/{sb.id}/resume", {}),
-                     lambda: bob._json("POST", f"/v1/sandboxes/{sb.id}/pause", {})):
+        for call in (lambda: bob.request("POST", f"/v1/sandboxes/{sb.id}/resume", {}),
+                     lambda: bob.request("POST", f"/v1/sandboxes/{sb.id}/pause", {})):
             with pytest.raises(NotFound):
                 call()
         with pytest.raises(SandboxPaused) as e:
@@ -339,7 +339,7 @@ def test_a_paused_sandbox_uses_no_cpu_and_resumes_with_its_process(alice, bob, t
         resume_ms = (time.monotonic() - t0) * 1000
         print(f"\n{tier}: pause {pause_ms:.1f} ms, resume {resume_ms:.1f} ms, "
               f"CPU ticks while paused {c2 - c1}")
-        assert info["state"] == "live" and not info["paused"]
+        assert info.state == "live" and not info.paused
         if tier == "container":
             # The frozen loop got no CPU at all.
             assert c2 == c1, (c1, c2)
@@ -356,9 +356,9 @@ def test_a_paused_sandbox_uses_no_cpu_and_resumes_with_its_process(alice, bob, t
                 break
             time.sleep(0.05)
         assert later > after, "the loop did not continue after resume"
-        states = {e.id: e.info["state"] for e in sb.execs()}
+        states = {e.id: e.info.state for e in sb.execs()}
         assert states[busy.id] == "running"
-        kinds = [e["kind"] for e in alice.audit(sandbox=sb.id, limit=1000)]
+        kinds = [e.kind for e in alice.audit(sandbox=sb.id, limit=1000)]
         assert "pause" in kinds and "resume" in kinds
 
 
@@ -366,10 +366,10 @@ def test_labels_filter_the_list_and_patch_moves_the_ttl(alice, bob):
     a = alice.create_sandbox(tier="wasm", labels={"team": "red", "run": "x1"})
     b = alice.create_sandbox(tier="wasm", labels={"team": "blue"})
     try:
-        assert a.info["labels"] == {"team": "red", "run": "x1"}
-        red = [s["id"] for s in alice.list_sandboxes(labels={"team": "red"})]
+        assert a.info.labels == {"team": "red", "run": "x1"}
+        red = [s.id for s in alice.list_sandboxes(labels={"team": "red"})]
         assert red == [a.id]
-        both = [s["id"] for s in alice.list_sandboxes(labels={"team": "red", "run": "x1"})]
+        both = [s.id for s in alice.list_sandboxes(labels={"team": "red", "run": "x1"})]
         assert both == [a.id]
         assert alice.list_sandboxes(labels={"team": "red", "run": "x2"}) == []
         # Another tenant's list never shows them, whatever the filter.
@@ -379,14 +379,14 @@ def test_labels_filter_the_list_and_patch_moves_the_ttl(alice, bob):
             with pytest.raises(InvalidRequest):
                 alice.create_sandbox(tier="wasm", labels=bad)
         # PATCH: a longer TTL moves the expiry; past the server's maximum it is refused.
-        old = a.info["expires_ms"]
+        old = a.info.expires_ms
         new = a.update(ttl="50m", idle_timeout="20m")
-        assert new["expires_ms"] > old and new["idle_timeout_ms"] == 20 * 60 * 1000
+        assert new.expires_ms > old and new.idle_timeout_ms == 20 * 60 * 1000
         with pytest.raises(CordonError) as e:
             a.update(ttl="1000h")
         assert e.value.code == "policy_denied"
         with pytest.raises(NotFound):
-            Sandbox(bob, {"id": a.id}).update(ttl="30m")
+            bob.sandbox_handle(a.id).update(ttl="30m")
         # The wasm tier cannot pause: a clear answer naming the tiers that can.
         with pytest.raises(Unsupported) as e:
             a.pause()

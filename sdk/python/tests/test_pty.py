@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from cordon import InvalidRequest, Unsupported
+from cordon_sandbox import InvalidRequest, Unsupported
 from conftest import tier_available
 from test_procs import await_host_pids
 
@@ -55,7 +55,7 @@ def test_a_pty_exec_runs_on_a_terminal_of_its_size(alice, tier):
     need(tier)
     with alice.create_sandbox(tier=tier, ttl="5m") as sb:
         p = sb.exec(["python3", "-c", TERMINAL], background=True, pty=(30, 100))
-        assert p.info["pty"] == {"rows": 30, "cols": 100}, p.info
+        assert p.info.pty == (30, 100), p.info
         r = p.wait()
         out = text(r.stdout)
         assert r.termination == "exited" and r.exit_code == 0, r
@@ -91,11 +91,11 @@ def test_a_resize_reaches_the_program_as_sigwinch(alice, tier):
         p = sb.exec(["python3", "-c", WINCH], background=True, pty=(24, 80))
         wait_for_output(p, "ready")
         info = p.resize(40, 132)
-        assert info["pty"] == {"rows": 40, "cols": 132}, info
+        assert info.pty == (40, 132), info
         r = p.wait()
         # terminal_size is (columns, lines).
         assert "winch 132 40" in text(r.stdout), r
-        assert p.status()["pty"] == {"rows": 40, "cols": 132}
+        assert p.status().pty == (40, 132)
 
 
 def test_resizes_are_refused_clearly(alice):
@@ -116,7 +116,7 @@ def test_resizes_are_refused_clearly(alice):
         with pytest.raises(ValueError):
             sb.exec(["true"], pty=(24, 80))
         with pytest.raises(InvalidRequest) as e:
-            alice._json("POST", f"/v1/sandboxes/{sb.id}/exec",
+            alice.request("POST", f"/v1/sandboxes/{sb.id}/exec",
                         {"argv": ["true"], "pty": {"rows": 24, "cols": 80}})
         assert "background" in e.value.fix or "background" in str(e.value)
         for p in (plain, term):

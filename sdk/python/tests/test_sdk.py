@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cordon import (Cordon, CordonError, InvalidRequest, NotFound, PathRefused, PolicyDenied, StreamEvent,
+from cordon_sandbox import (Cordon, CordonError, InvalidRequest, NotFound, PathRefused, PolicyDenied, StreamEvent,
                     Unauthorized)
 from conftest import KEYS, ServerProc, cordon_bin
 
@@ -47,7 +47,7 @@ def test_wasm_sandbox_files_and_stream(alice):
         assert "".join(e.data for e in events if e.type == "stdout") == "out\n"
         assert "".join(e.data for e in events if e.type == "stderr") == "err\n"
         assert sb.read_file("/work/a.csv") == b"x\n1\n2\n"
-        assert [s["id"] for s in alice.list_sandboxes()] == [sb.id]
+        assert [s.id for s in alice.list_sandboxes()] == [sb.id]
     assert alice.list_sandboxes() == []
     sb.destroy()  # idempotent
 
@@ -61,17 +61,17 @@ def test_errors_map_to_exceptions(alice, bob, server):
         assert sb.exec("print(open('/work/mine').read())", lang="python").stdout == "1\n"
         with pytest.raises(NotFound):
             Cordon(server.url, api_key=KEYS["bob"]).__class__(server.url, KEYS["bob"]) \
-                ._json("GET", f"/v1/sandboxes/{sb.id}")
+                .request("GET", f"/v1/sandboxes/{sb.id}")
         with pytest.raises(PathRefused):
             sb.read_file("/etc/passwd")
         with pytest.raises(PathRefused):
             sb.write_file("/work/../etc/x", b"no")
     with pytest.raises(InvalidRequest):
-        alice._json("POST", "/v1/sandboxes", {"tier": "wasm", "privileged": True})
+        alice.request("POST", "/v1/sandboxes", {"tier": "wasm", "privileged": True})
     with pytest.raises(PolicyDenied):
         alice.create_sandbox(tier="wasm", allow_hosts=["example.test"])
-    assert not [e for e in bob.audit() if e.get("tenant") == "alice"]
-    kinds = {e["kind"] for e in alice.audit(sandbox=sb.id, limit=1000)}
+    assert not [e for e in bob.audit() if e.tenant == "alice"]
+    kinds = {e.kind for e in alice.audit(sandbox=sb.id, limit=1000)}
     assert {"create", "exec", "file_put", "destroy"} <= kinds, kinds
     # The refusal above is a policy row of alice's too.
     rows, after = [], 0
@@ -80,9 +80,9 @@ def test_errors_map_to_exceptions(alice, bob, server):
         if not page:
             break
         rows += page
-        after = page[-1]["id"]
-    refusals = [e for e in rows if e.get("decision") == "deny"
-                and "example.test" in json.dumps(e.get("detail"))]
+        after = page[-1].id
+    refusals = [e for e in rows if e.decision == "deny"
+                and "example.test" in json.dumps(e.detail)]
     assert refusals, "the policy refusal was not audited"
 
 
@@ -204,8 +204,8 @@ def test_tier_policy_picks_and_refuses(alice):
         alice.create_sandbox(tier="container", trust="untrusted", autonomy="compute")
     assert "untrusted-needs-kernel-boundary" in str(e.value)
     denials = [ev for ev in alice.audit(kind="policy", limit=1000)
-               if ev.get("decision") == "deny"]
-    assert any("untrusted-needs-kernel-boundary" in json.dumps(ev) for ev in denials)
+               if ev.decision == "deny"]
+    assert any("untrusted-needs-kernel-boundary" in json.dumps(ev.detail) for ev in denials)
 
 
 def test_destroy_ends_a_running_exec_at_once(alice, has_container):
@@ -316,15 +316,14 @@ def test_template_run_and_sandbox(alice, server, has_container):
         if not page:
             break
         events += page
-        after = page[-1]["id"]
-    rows = [e["detail"].get("template") for e in events]
+        after = page[-1].id
+    rows = [e.detail.get("template") for e in events]
     named = [t for t in rows if t]
     assert len(named) == 2 and all(t["name"] == "bb" and t["digest"].startswith("sha256:")
                                    for t in named), rows
 
 
 def test_directory_tar_round_trip_and_file_calls(alice, bob, has_container, tmp_path):
-    from cordon import Sandbox
     src = tmp_path / "src"
     (src / "pkg" / "sub").mkdir(parents=True)
     (src / "a.txt").write_text("alpha\n")
@@ -367,7 +366,7 @@ def test_directory_tar_round_trip_and_file_calls(alice, bob, has_container, tmp_
             with pytest.raises(PathRefused):
                 sb.files.list("/etc")
             with pytest.raises(NotFound):
-                Sandbox(bob, {"id": sb.id}).files.list()
+                bob.sandbox_handle(sb.id).files.list()
             with pytest.raises(NotFound):
-                Sandbox(bob, {"id": sb.id}).files.download_dir("/work", tmp_path / "bob")
+                bob.sandbox_handle(sb.id).files.download_dir("/work", tmp_path / "bob")
             assert not (tmp_path / "bob").exists() or not any((tmp_path / "bob").iterdir())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import KEYS, ServerProc, tier_available
-from cordon import (Cordon, NotFound, PolicyDenied, InvalidRequest, VolumeExists, VolumeInUse,
+from cordon_sandbox import (Cordon, NotFound, PolicyDenied, InvalidRequest, VolumeExists, VolumeInUse,
                     VolumeQuota)
 from test_mcp_procs import Mcp
 
@@ -44,8 +44,8 @@ def test_written_by_one_sandbox_read_by_the_next_bounded_and_read_only(alice, vo
                     "ln -s / /work/data/root && cat /work/data/a", lang="bash")
         assert r.exit_code == 0, r.stderr
         v = alice.volume(volume)
-        assert [m["sandbox"] for m in v["mounts"]] == [sb.id] and not v["mounts"][0]["read_only"]
-    assert alice.volume(volume)["mounts"] == []
+        assert [m.sandbox for m in v.mounts] == [sb.id] and not v.mounts[0].read_only
+    assert alice.volume(volume).mounts == []
     with alice.sandbox(tier=second, volumes=[{"name": volume, "path": "/work/in/v",
                                               "read_only": True}]) as sb:
         r = sb.exec("cat /work/in/v/a; touch /work/in/v/b 2>&1 || echo REFUSED; "
@@ -61,7 +61,7 @@ def test_written_by_one_sandbox_read_by_the_next_bounded_and_read_only(alice, vo
         r = sb.exec("dd if=/dev/zero of=/work/data/big bs=1M count=64", lang="bash")
         assert r.termination == "disk-limit", (r.termination, r.stderr)
         assert "No space left" in r.stderr
-    assert alice.volume(volume)["used"] > 8 << 20
+    assert alice.volume(volume).used > 8 << 20
 
 
 def test_exclusive_tenant_checked_and_counted(alice, bob, volume):
@@ -75,9 +75,9 @@ def test_exclusive_tenant_checked_and_counted(alice, bob, volume):
     # Read-only many at once.
     with alice.sandbox(tier="container", volumes=[f"{volume}:/work/a:ro"]), \
             alice.sandbox(tier="container", volumes=[f"{volume}:/work/b:ro"]):
-        assert len(alice.volume(volume)["mounts"]) == 2
+        assert len(alice.volume(volume).mounts) == 2
     # Another tenant: not found, everywhere.
-    assert volume not in [v["name"] for v in bob.volumes()["volumes"]]
+    assert volume not in [v.name for v in bob.volumes().volumes]
     for call in (lambda: bob.volume(volume), lambda: bob.delete_volume(volume),
                  lambda: bob.sandbox(tier="container", volumes=[f"{volume}:/work/d:ro"])):
         with pytest.raises(NotFound):
@@ -92,12 +92,12 @@ def test_exclusive_tenant_checked_and_counted(alice, bob, volume):
         alice.create_volume(volume, "16M")
     # The ceiling (1 GiB by default) counts the sizes of the tenant's volumes.
     listed = alice.volumes()
-    assert listed["quota_bytes"] == 1 << 30
-    assert listed["used_bytes"] >= 16 << 20
+    assert listed.quota_bytes == 1 << 30
+    assert listed.used_bytes >= 16 << 20
     big = _name()
     with pytest.raises(VolumeQuota):
-        alice.create_volume(big, (1 << 30) - listed["used_bytes"] + (1 << 20))
-    assert big not in [v["name"] for v in alice.volumes()["volumes"]]
+        alice.create_volume(big, (1 << 30) - listed.used_bytes + (1 << 20))
+    assert big not in [v.name for v in alice.volumes().volumes]
 
 
 def _tool(mcp: Mcp, tool: str, **args):
@@ -155,11 +155,11 @@ def test_kill9_while_mounted_then_restart_keeps_the_volume(has_container):
         s = ServerProc(d, {}).start()
         c = Cordon(s.url, KEYS["alice"])
         v = c.volume("kept")
-        assert v["mounts"] == [], v
+        assert v.mounts == [], v
         with c.sandbox(tier="container", volumes=["kept:/work/k"]) as sb2:
             assert sb2.exec("cat /work/k/f", lang="bash").stdout == "survived\n"
         c.delete_volume("kept")
-        assert c.volumes()["volumes"] == []
+        assert c.volumes().volumes == []
     finally:
         s.stop()
         shutil.rmtree(top, ignore_errors=True)
