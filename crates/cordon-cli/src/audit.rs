@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use cordon_core::units::parse_duration;
+use cordon_engine::audit::{Audit, Query, now_ms};
 use cordon_server::Config;
-use cordon_server::audit::{Audit, Query, now_ms};
 
 #[derive(Args)]
 #[command(after_help = "\

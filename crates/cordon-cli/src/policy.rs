@@ -139,23 +139,33 @@ pub fn audit_record(
     decided: &std::result::Result<cordon_engine::Admission, cordon_engine::Denial>,
     data_dir: &Path,
 ) -> Result<()> {
-    use cordon_server::audit::{Audit, NewEvent};
+    use cordon_engine::audit::{Audit, AuditEvent, NewEvent};
     let dir = data_dir.join("cli");
     let record = || -> Result<()> {
         std::fs::create_dir_all(&dir)?;
         let store = Audit::open(&dir.join("audit.db"))?;
         let user = std::env::var("USER").unwrap_or_else(|_| "local".to_string());
-        let (decision, tier, detail) = match decided {
-            Ok(a) => ("allow", Some(a.spec.tier), serde_json::to_value(&a.record)?),
-            Err(d) => ("deny", d.record.tier, serde_json::to_value(&*d.record)?),
+        let (tier, event) = match decided {
+            Ok(a) => (
+                Some(a.spec.tier),
+                AuditEvent::Policy {
+                    allowed: true,
+                    record: Box::new(a.record.clone()),
+                },
+            ),
+            Err(d) => (
+                d.record.tier,
+                AuditEvent::Policy {
+                    allowed: false,
+                    record: d.record.clone(),
+                },
+            ),
         };
         store.record(&NewEvent {
             tenant: Some(&format!("cli:{user}")),
             sandbox: None,
-            kind: "policy",
-            decision: Some(decision),
             tier,
-            detail,
+            event,
         })?;
         Ok(())
     };

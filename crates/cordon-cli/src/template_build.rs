@@ -16,10 +16,9 @@ use cordon_container::{ContainerBackend, ContainerConfig};
 use cordon_core::{
     ExecRequest, Language, OutputStream, ResolvedTemplate, Sandbox, SandboxSpec, Termination, Tier,
 };
+use cordon_engine::audit::{Audit, AuditEvent, NewEvent, TemplateBuilt};
 use cordon_host::idpool::IdPool;
-use cordon_server::audit::{Audit, NewEvent};
 use cordon_template::{BuildInputs, ImageDefaults, ImportLimits, Store};
-use serde::Serialize;
 
 #[derive(Args)]
 pub struct BuildArgs {
@@ -74,18 +73,6 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
     Ok((k.to_string(), v.to_string()))
 }
 
-/// The audit row of one build (kind `template_build`).
-#[derive(Serialize)]
-struct BuildAudit<'a> {
-    name: &'a str,
-    digest: Option<&'a str>,
-    inputs_digest: &'a str,
-    base: &'a str,
-    steps: usize,
-    duration_ms: u64,
-    result: &'a str,
-}
-
 pub fn build(store: &Store, data: &Path, a: BuildArgs) -> Result<i32> {
     let t0 = Instant::now();
     let (base_label, base) = match a.from.as_str() {
@@ -116,14 +103,14 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs) -> Result<i32> {
     let audit = |digest: Option<&str>, result: &str| {
         record_audit(
             data,
-            &BuildAudit {
-                name: &a.name,
-                digest,
-                inputs_digest: &inputs_digest,
-                base: &base_label,
+            TemplateBuilt {
+                name: a.name.clone(),
+                digest: digest.map(str::to_string),
+                inputs_digest: inputs_digest.clone(),
+                base: base_label.clone(),
                 steps: a.run.len(),
                 duration_ms: t0.elapsed().as_millis() as u64,
-                result,
+                result: result.to_string(),
             },
         )
     };
@@ -320,21 +307,15 @@ fn debian_base(store: &Store, data: &Path) -> Result<ResolvedTemplate> {
     Ok(store.resolve(&name)?)
 }
 
-fn record_audit(data: &Path, row: &BuildAudit<'_>) {
+fn record_audit(data: &Path, row: TemplateBuilt) {
     let path = data.join("audit.db");
-    let detail = match serde_json::to_value(row) {
-        Ok(v) => v,
-        Err(_) => return,
-    };
     match Audit::open(&path) {
         Ok(a) => {
             if let Err(e) = a.record(&NewEvent {
                 tenant: None,
                 sandbox: None,
-                kind: "template_build",
-                decision: Some(row.result),
                 tier: Some(Tier::Container),
-                detail,
+                event: AuditEvent::TemplateBuild(row),
             }) {
                 eprintln!("cordon: warning: the build's audit row was not written: {e}");
             }

@@ -11,6 +11,7 @@
 //! Catalogue grants may forward a stored secret or mint a short-lived token per sandbox
 //! ([`tokens`]).
 
+pub mod audit;
 pub mod catalogue;
 pub mod ceiling;
 pub mod gate;

@@ -9,8 +9,8 @@ use serde::Serialize;
 pub enum ServerError {
     #[error("configuration: {0}")]
     Config(String),
-    #[error("audit store: {0}; check that the data dir is writable and not on a full disk")]
-    Audit(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Audit(#[from] cordon_engine::audit::StoreError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -181,6 +181,16 @@ impl ApiError {
             message,
             "retry; if it persists, look at the server log and the audit store",
         )
+    }
+
+    /// The error as an audit row records it.
+    pub fn failure(&self) -> cordon_engine::audit::Failure {
+        cordon_engine::audit::Failure {
+            code: self.code.as_str().to_string(),
+            message: self.message.clone(),
+            fix: self.fix.clone(),
+            rule: self.rule.clone(),
+        }
     }
 
     pub fn to_json(&self) -> serde_json::Value {

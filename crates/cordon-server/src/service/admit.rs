@@ -41,10 +41,11 @@ impl Service {
                 let row = NewEventOwned {
                     tenant: Some(tenant.0.clone()),
                     sandbox: None,
-                    kind: "policy",
-                    decision: Some("allow"),
                     tier: Some(adm.spec.tier),
-                    detail: serde_json::to_value(&adm.record).unwrap_or_default(),
+                    event: AuditEvent::Policy {
+                        allowed: true,
+                        record: Box::new(adm.record.clone()),
+                    },
                 };
                 Ok((adm, row))
             }
@@ -52,10 +53,11 @@ impl Service {
                 self.record(NewEventOwned {
                     tenant: Some(tenant.0.clone()),
                     sandbox: None,
-                    kind: "policy",
-                    decision: Some("deny"),
                     tier: d.record.tier,
-                    detail: serde_json::to_value(&*d.record).unwrap_or_default(),
+                    event: AuditEvent::Policy {
+                        allowed: false,
+                        record: d.record.clone(),
+                    },
                 })
                 .await?;
                 let e = ApiError::from(d);

@@ -59,11 +59,15 @@ impl Service {
                 .record(&NewEvent {
                     tenant: Some(&s.tenant.0),
                     sandbox: Some(&s.id),
-                    kind: "file_put",
-                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
                     tier: Some(s.tier),
-                    detail: json!({"path": p, "bytes": n, "sha256": digest, "mode": mode,
-                        "error": r.as_ref().err().map(|e| e.to_string())}),
+                    event: AuditEvent::FilePut(Transfer {
+                        path: p,
+                        bytes: Some(n as u64),
+                        sha256: Some(digest),
+                        mode: Some(mode),
+                        report: None,
+                        error: r.as_ref().err().map(|e| e.to_string()),
+                    }),
                 })
                 .map_err(audit_err)?;
             r.map_err(ApiError::from)
@@ -96,13 +100,15 @@ impl Service {
                 .record(&NewEvent {
                     tenant: Some(&s.tenant.0),
                     sandbox: Some(&s.id),
-                    kind: "file_get",
-                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
                     tier: Some(s.tier),
-                    detail: json!({"path": full,
-                        "bytes": r.as_ref().map(|d| d.len()).ok(),
-                        "sha256": r.as_ref().map(|d| hex::encode(Sha256::digest(d))).ok(),
-                        "error": r.as_ref().err().map(|e| e.to_string())}),
+                    event: AuditEvent::FileGet(Transfer {
+                        path: full,
+                        bytes: r.as_ref().map(|d| d.len() as u64).ok(),
+                        sha256: r.as_ref().map(|d| hex::encode(Sha256::digest(d))).ok(),
+                        mode: None,
+                        report: None,
+                        error: r.as_ref().err().map(|e| e.to_string()),
+                    }),
                 })
                 .map_err(audit_err)?;
             r.map_err(ApiError::from)
@@ -149,17 +155,23 @@ impl Service {
         };
         let id = acq.sandbox.id();
         let tier = spec.tier;
-        let detail = json!({"source": acq.source, "start_us": acq.start_us, "limits": spec.limits, "one_shot": true});
+        let created = Created {
+            source: acq.source.to_string(),
+            start_us: acq.start_us,
+            limits: spec.limits.clone(),
+            allow_hosts: None,
+            ttl_ms: None,
+            idle_timeout_ms: None,
+            one_shot: true,
+        };
         // Written with the exec's own hop, before the program runs (see RunJob::run).
         let rows = vec![
             policy_row,
             NewEventOwned {
                 tenant: Some(tenant.0.clone()),
                 sandbox: Some(id.clone()),
-                kind: "create",
-                decision: Some("ok"),
                 tier: Some(tier),
-                detail,
+                event: AuditEvent::Create(created),
             },
         ];
         self.inner
@@ -189,10 +201,8 @@ impl Service {
 pub(super) struct NewEventOwned {
     pub(super) tenant: Option<String>,
     pub(super) sandbox: Option<String>,
-    pub(super) kind: &'static str,
-    pub(super) decision: Option<&'static str>,
     pub(super) tier: Option<Tier>,
-    pub(super) detail: serde_json::Value,
+    pub(super) event: AuditEvent,
 }
 
 impl NewEventOwned {
@@ -200,10 +210,8 @@ impl NewEventOwned {
         NewEvent {
             tenant: self.tenant.as_deref(),
             sandbox: self.sandbox.as_deref(),
-            kind: self.kind,
-            decision: self.decision,
             tier: self.tier,
-            detail: self.detail.clone(),
+            event: self.event.clone(),
         }
     }
 }
@@ -331,31 +339,30 @@ pub(super) fn exec_blocking(
         Command::Code { language, .. } => Some(language.as_str()),
         _ => None,
     };
-    let detail = match &result {
-        Ok(o) => json!({
-            "command_sha256": digest,
-            "command_kind": kind,
-            "lang": lang,
-            "limits": s.spec.limits,
-            "timeout_ms": req.timeout_ms,
-            "termination": o.termination,
-            "exit_code": o.exit_code,
-            "signal": o.signal,
-            "usage": o.usage,
-            "timings": o.timings,
-            "stdout_bytes": o.stdout.len(),
-            "stderr_bytes": o.stderr.len(),
-            "stdout_truncated": o.stdout_truncated,
-            "stderr_truncated": o.stderr_truncated,
-            "weakened": o.weakened,
-        }),
-        Err(e) => json!({
-            "command_sha256": digest,
-            "command_kind": kind,
-            "lang": lang,
-            "limits": s.spec.limits,
-            "error": e.to_json(),
-        }),
+    let command = AuditCommand {
+        command_sha256: digest,
+        command_kind: kind.to_string(),
+        lang: lang.map(str::to_string),
+        limits: s.spec.limits.clone(),
+    };
+    let record = ExecRecord {
+        command,
+        result: match &result {
+            Ok(o) => ExecResult::Ended(ExecEnd {
+                timeout_ms: req.timeout_ms,
+                termination: o.termination,
+                exit_code: o.exit_code,
+                signal: o.signal,
+                usage: o.usage.clone(),
+                timings: o.timings.clone(),
+                stdout_bytes: o.stdout.len(),
+                stderr_bytes: o.stderr.len(),
+                stdout_truncated: o.stdout_truncated,
+                stderr_truncated: o.stderr_truncated,
+                weakened: o.weakened.clone(),
+            }),
+            Err(e) => ExecResult::Failed { error: e.failure() },
+        },
     };
     // The exec's row, its egress decisions (folded: a flood is one row per distinct
     // decision with a count, ordinary rows capped per exec and per tenant a minute, the rest
@@ -364,13 +371,8 @@ pub(super) fn exec_blocking(
     let mut rows = vec![NewEvent {
         tenant: Some(&s.tenant.0),
         sandbox: Some(&s.id),
-        kind: "exec",
-        decision: Some(match &result {
-            Ok(o) => o.termination.as_str(),
-            Err(_) => "error",
-        }),
         tier: Some(s.tier),
-        detail,
+        event: AuditEvent::Exec(record),
     }];
     let egress = match &mut result {
         Ok(o) => fold_egress(svc, &s.tenant.0, &mut o.extra.egress),
@@ -380,27 +382,23 @@ pub(super) fn exec_blocking(
         rows.push(NewEvent {
             tenant: Some(&s.tenant.0),
             sandbox: Some(&s.id),
-            kind: "egress",
-            decision: Some(ev.decision.as_str()),
             tier: Some(s.tier),
-            detail: serde_json::to_value(ev).unwrap_or_default(),
+            event: AuditEvent::Egress(ev.clone()),
         });
         if let (Some(grants), cordon_core::EgressDecision::Allow) = (&ev.grant, ev.decision) {
             for name in grants.split(',') {
                 rows.push(NewEvent {
                     tenant: Some(&s.tenant.0),
                     sandbox: Some(&s.id),
-                    kind: "grant_use",
-                    decision: Some("allow"),
                     tier: Some(s.tier),
-                    detail: json!({
-                        "grant": name,
-                        "host": ev.host,
-                        "port": ev.port,
-                        "method": ev.method,
-                        "path": ev.path,
-                        "status": ev.status,
-                        "count": ev.count,
+                    event: AuditEvent::GrantUse(GrantUse {
+                        grant: name.to_string(),
+                        host: ev.host.clone(),
+                        port: ev.port,
+                        method: ev.method.clone(),
+                        path: ev.path.clone(),
+                        status: ev.status,
+                        count: ev.count,
                     }),
                 });
             }

@@ -131,11 +131,11 @@ impl Service {
                 .record(&NewEvent {
                     tenant: Some(&s.tenant.0),
                     sandbox: Some(&s.id),
-                    kind: "file_op",
-                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
                     tier: Some(s.tier),
-                    detail: json!({"op": op,
-                        "error": r.as_ref().err().map(|e| e.to_string())}),
+                    event: AuditEvent::FileOp {
+                        op: op.clone(),
+                        error: r.as_ref().err().map(|e| e.to_string()),
+                    },
                 })
                 .map_err(audit_err)?;
             r.map_err(ApiError::from)
@@ -196,12 +196,15 @@ impl Service {
                 .record(&NewEvent {
                     tenant: Some(&s.tenant.0),
                     sandbox: Some(&s.id),
-                    kind: "archive_put",
-                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
                     tier: Some(s.tier),
-                    detail: json!({"path": full, "bytes": src.bytes, "sha256": sha,
-                        "report": r.as_ref().ok(),
-                        "error": r.as_ref().err().map(|e| e.message.clone())}),
+                    event: AuditEvent::ArchivePut(Transfer {
+                        path: full.clone(),
+                        bytes: Some(src.bytes),
+                        sha256: Some(sha),
+                        mode: None,
+                        report: r.as_ref().ok().cloned(),
+                        error: r.as_ref().err().map(|e| e.message.clone()),
+                    }),
                 })
                 .map_err(audit_err)?;
             r
@@ -255,12 +258,15 @@ impl Service {
             let row = audit.record(&NewEvent {
                 tenant: Some(&s.tenant.0),
                 sandbox: Some(&s.id),
-                kind: "archive_get",
-                decision: Some(if r.is_ok() { "ok" } else { "error" }),
                 tier: Some(s.tier),
-                detail: json!({"path": full, "bytes": out.bytes, "sha256": sha,
-                    "report": r.as_ref().ok(),
-                    "error": r.as_ref().err().map(|e| e.message.clone())}),
+                event: AuditEvent::ArchiveGet(Transfer {
+                    path: full.clone(),
+                    bytes: Some(out.bytes),
+                    sha256: Some(sha),
+                    mode: None,
+                    report: r.as_ref().ok().cloned(),
+                    error: r.as_ref().err().map(|e| e.message.clone()),
+                }),
             });
             let r = match row {
                 Ok(_) => r,

@@ -26,7 +26,11 @@ use cordon_engine::{
 };
 
 use crate::ServerError;
-use crate::audit::{Audit, Event, LiveRow, NewEvent, Query, RowBudget, now_ms};
+use crate::audit::{
+    Audit, AuditEvent, BackgroundEnd, Command as AuditCommand, ContextRun, ContextStop, Created,
+    Destroyed, Event, ExecEnd, ExecRecord, ExecResult, GrantUse, Lifecycle, LiveRow, Mounted,
+    NewEvent, Query, RowBudget, TeardownResult, Transfer, VolumeOutcome, now_ms,
+};
 use crate::config::Config;
 use crate::error::{ApiError, Code};
 use crate::keys::{Keys, Tenant};
@@ -74,7 +78,7 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("a worker thread failed: {e}")))
 }
 
-fn audit_err(e: ServerError) -> ApiError {
+fn audit_err(e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(format!(
         "the audit row could not be written ({e}); nothing was reported without it"
     ))
@@ -150,16 +154,7 @@ struct Acquired {
     start_us: u64,
 }
 
-/// What a crash recovery found and removed.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct RecoveryReport {
-    pub sandboxes: Vec<String>,
-    /// Sandboxes paused to disk, kept across the restart.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub kept: Vec<String>,
-    pub removed: Vec<String>,
-    pub scratch: Vec<String>,
-}
+pub use crate::audit::RecoveryReport;
 
 impl Service {
     /// Opens the data dir (taking its lock), recovers from a crash, starts the reaper and
@@ -504,11 +499,7 @@ impl Service {
         }
         let audit = self.inner.audit.clone();
         let _ = blocking(move || {
-            audit.record(&NewEvent {
-                kind: "shutdown",
-                detail: json!({"graceful": true}),
-                ..Default::default()
-            })
+            audit.record(&NewEvent::server(AuditEvent::Shutdown { graceful: true }))
         })
         .await;
     }

@@ -131,20 +131,24 @@ impl Service {
             }
             p.exit = Some(exit.clone());
             p.ended_ms = Some(now_ms());
-            json!({"exec": id, "exit_code": exit.code, "signal": exit.signal,
-                "cpu_us": exit.cpu_us, "max_rss_bytes": exit.max_rss_bytes,
-                "oom_killed": exit.oom_killed, "pids_limited": exit.pids_limited,
-                "stopped": p.stopped})
+            BackgroundEnd {
+                exec: id.to_string(),
+                exit_code: exit.code,
+                signal: exit.signal,
+                cpu_us: exit.cpu_us,
+                max_rss_bytes: exit.max_rss_bytes,
+                oom_killed: exit.oom_killed,
+                pids_limited: exit.pids_limited,
+                stopped: p.stopped,
+            }
         };
         self.inner
             .audit
             .record(&NewEvent {
                 tenant: Some(&s.tenant.0),
                 sandbox: Some(&s.id),
-                kind: "exec_background_end",
-                decision: Some("ok"),
                 tier: Some(s.tier),
-                detail: row,
+                event: AuditEvent::ExecBackgroundEnd(row),
             })
             .map(|_| ())
             .map_err(audit_err)
@@ -230,12 +234,17 @@ impl Service {
                 .record(&NewEvent {
                     tenant: Some(&s.tenant.0),
                     sandbox: Some(&s.id),
-                    kind: "exec_background",
-                    decision: Some(if r.is_ok() { "ok" } else { "error" }),
                     tier: Some(s.tier),
-                    detail: json!({"exec": exec_id, "command_sha256": digest,
-                        "command_kind": kind, "limits": s.spec.limits,
-                        "error": r.as_ref().err().map(|e| e.to_json())}),
+                    event: AuditEvent::ExecBackground {
+                        exec: exec_id.clone(),
+                        command: AuditCommand {
+                            command_sha256: digest,
+                            command_kind: kind.to_string(),
+                            lang: None,
+                            limits: s.spec.limits.clone(),
+                        },
+                        error: r.as_ref().err().map(ApiError::failure),
+                    },
                 })
                 .map_err(audit_err)?;
             r?;
@@ -547,10 +556,11 @@ impl Service {
             audit.record(&NewEvent {
                 tenant: Some(&t),
                 sandbox: Some(&i),
-                kind: "exec_signal",
-                decision: Some(if kill { "kill" } else { "term" }),
                 tier: Some(tier),
-                detail: json!({"exec": e}),
+                event: AuditEvent::ExecSignal {
+                    exec: e.to_string(),
+                    kill,
+                },
             })
         })
         .await?

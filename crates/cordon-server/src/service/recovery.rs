@@ -106,23 +106,18 @@ pub(super) fn open_and_recover(
             audit.record(&NewEvent {
                 tenant: r.tenant.as_deref(),
                 sandbox: Some(&r.id),
-                kind: "destroy",
-                decision: Some("recovered"),
                 tier: r.tier.parse().ok(),
-                detail: json!({"reason": "crash-recovery", "state_was": r.state}),
+                event: AuditEvent::Recovered {
+                    state_was: r.state.clone(),
+                },
             })?;
         }
-        audit.record(&NewEvent {
-            kind: "recovery",
-            detail: serde_json::to_value(&report).unwrap_or_default(),
-            ..Default::default()
-        })?;
+        audit.record(&NewEvent::server(AuditEvent::Recovery(report.clone())))?;
     }
-    audit.record(&NewEvent {
-        kind: "startup",
-        detail: json!({"pid": std::process::id(), "recovered": report.sandboxes.len()}),
-        ..Default::default()
-    })?;
+    audit.record(&NewEvent::server(AuditEvent::Startup {
+        pid: std::process::id(),
+        recovered: report.sandboxes.len(),
+    }))?;
     report.kept = kept.iter().map(|k| k.id.clone()).collect();
     Ok((lock_file, audit, report, kept))
 }
@@ -151,9 +146,7 @@ impl Service {
                     tenant: Some(&tenant),
                     sandbox: Some(&id),
                     tier: Some(tier),
-                    kind: "destroy",
-                    decision: Some("resume-failed"),
-                    detail: json!({"reason": "resume-failed", "error": why}),
+                    event: AuditEvent::ResumeFailed { error: why },
                 })
             })
             .await;

@@ -276,10 +276,11 @@ impl Service {
                 self.record(NewEventOwned {
                     tenant: Some(tenant.0.clone()),
                     sandbox: None,
-                    kind: "volume_mount",
-                    decision: Some("error"),
                     tier: Some(spec.tier),
-                    detail: json!({"volumes": spec.volumes, "error": e.to_json()}),
+                    event: AuditEvent::VolumeMountFailed {
+                        volumes: spec.volumes.clone(),
+                        error: e.failure(),
+                    },
                 })
                 .await?;
                 return Err(e);
@@ -292,10 +293,8 @@ impl Service {
                 self.record(NewEventOwned {
                     tenant: Some(tenant.0.clone()),
                     sandbox: None,
-                    kind: "create",
-                    decision: Some("error"),
                     tier: Some(spec.tier),
-                    detail: json!({"error": e.to_json()}),
+                    event: AuditEvent::CreateFailed { error: e.failure() },
                 })
                 .await?;
                 return Err(e);
@@ -319,28 +318,31 @@ impl Service {
             .iter()
             .map(|v| (v.name.clone(), v.read_only))
             .collect();
-        let mount_detail: Vec<serde_json::Value> = spec
+        let mounted: Vec<Mounted> = spec
             .volumes
             .iter()
-            .map(|v| json!({"name": v.name, "path": v.inside(), "read_only": v.read_only}))
+            .map(|v| Mounted {
+                name: v.name.clone(),
+                path: v.inside(),
+                read_only: v.read_only,
+            })
             .collect();
-        let detail = json!({
-            "source": session.source,
-            "start_us": session.start_us,
-            "limits": spec.limits,
-            "allow_hosts": spec.egress.allow,
-            "ttl_ms": ttl.as_millis() as u64,
-            "idle_timeout_ms": idle.as_millis() as u64,
-        });
+        let created = Created {
+            source: session.source.to_string(),
+            start_us: session.start_us,
+            limits: spec.limits.clone(),
+            allow_hosts: Some(spec.egress.allow.clone()),
+            ttl_ms: Some(ttl.as_millis() as u64),
+            idle_timeout_ms: Some(idle.as_millis() as u64),
+            one_shot: false,
+        };
         let written = blocking(move || -> Result<(), ServerError> {
             audit.sandbox_started(&i, Some(&t), tier, "live")?;
             audit.record(&NewEvent {
                 tenant: Some(&t),
                 sandbox: Some(&i),
-                kind: "create",
-                decision: Some("ok"),
                 tier: Some(tier),
-                detail,
+                event: AuditEvent::Create(created),
             })?;
             if !mounts.is_empty() {
                 audit.volumes_mounted(
@@ -350,10 +352,8 @@ impl Service {
                     &[NewEvent {
                         tenant: Some(&t),
                         sandbox: Some(&i),
-                        kind: "volume_mount",
-                        decision: Some("ok"),
                         tier: Some(tier),
-                        detail: json!({"volumes": mount_detail}),
+                        event: AuditEvent::VolumeMount { volumes: mounted },
                     }],
                 )?;
             }
@@ -522,15 +522,27 @@ impl Service {
         let audit = self.inner.audit.clone();
         let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
         let s2 = s.clone();
-        let res = blocking(move || -> Result<serde_json::Value, ServerError> {
+        let res = blocking(move || -> Result<(), ServerError> {
             let t0 = Instant::now();
             let taken = lock(&cell).take();
             let outcome = match taken {
                 Some(mut sb) => match sb.destroy() {
-                    Ok(()) => json!({"ok": true}),
-                    Err(e) => json!({"ok": false, "error": e.to_string()}),
+                    Ok(()) => TeardownResult {
+                        ok: true,
+                        error: None,
+                        note: None,
+                    },
+                    Err(e) => TeardownResult {
+                        ok: false,
+                        error: Some(e.to_string()),
+                        note: None,
+                    },
                 },
-                None => json!({"ok": true, "note": "already gone"}),
+                None => TeardownResult {
+                    ok: true,
+                    error: None,
+                    note: Some("already gone".into()),
+                },
             };
             // Only now that the sandbox is gone (and with it its binds of them): the
             // volumes' host mounts go, and their locks with them.
@@ -540,22 +552,20 @@ impl Service {
             if volumes > 0 {
                 audit.volumes_unmounted(Some(&i))?;
             }
-            let detail = json!({
-                "reason": reason,
-                "destroy_us": t0.elapsed().as_micros() as u64,
-                "result": outcome,
-                "volumes_released": volumes,
-            });
+            let destroyed = Destroyed {
+                reason: reason.to_string(),
+                destroy_us: t0.elapsed().as_micros() as u64,
+                result: outcome,
+                volumes_released: volumes,
+            };
             audit.sandbox_ended(&i, "destroyed", reason)?;
             audit.record(&NewEvent {
                 tenant: Some(&t),
                 sandbox: Some(&i),
-                kind: "destroy",
-                decision: Some(reason),
                 tier: Some(tier),
-                detail: detail.clone(),
+                event: AuditEvent::Destroy(destroyed),
             })?;
-            Ok(detail)
+            Ok(())
         })
         .await;
         {
@@ -572,7 +582,7 @@ impl Service {
             .live
             .get_or_create(&Metrics::tier(s.tier))
             .dec();
-        res?.map(|_| ()).map_err(audit_err)
+        res?.map_err(audit_err)
     }
 }
 
@@ -626,17 +636,17 @@ impl Service {
             *lock(&s.on_disk) = Some(bytes);
             // Kept for the next start, with its `pause` row, before it is reported paused.
             let row = s.paused_row(bytes);
-            let detail = json!({"us": t0.elapsed().as_micros() as u64, "to_disk": true,
-                "on_disk_bytes": bytes});
+            let event = AuditEvent::PausedToDisk {
+                us: t0.elapsed().as_micros() as u64,
+                on_disk_bytes: bytes,
+            };
             let kept = audit.paused_put(
                 &row,
                 &NewEvent {
                     tenant: Some(&row.tenant),
                     sandbox: Some(&row.id),
-                    kind: "pause",
-                    decision: Some("ok"),
                     tier: Some(row.tier),
-                    detail,
+                    event,
                 },
             );
             if let Err(e) = kept {
@@ -654,9 +664,12 @@ impl Service {
         match &r {
             // Its row went in with the session.
             Ok(Some(_)) => {}
-            Ok(None) => self.audit_lifecycle(&s, "pause", &Ok(()), us).await?,
+            Ok(None) => {
+                self.audit_lifecycle(&s, Lifecycle::Pause, &Ok(()), us)
+                    .await?
+            }
             Err(e) => {
-                self.audit_lifecycle(&s, "pause", &Err(e.clone()), us)
+                self.audit_lifecycle(&s, Lifecycle::Pause, &Err(e.clone()), us)
                     .await?
             }
         }
@@ -781,7 +794,7 @@ impl Service {
             Ok(()) => (Ok(()), false),
             Err((e, lost)) => (Err(e), lost),
         };
-        self.audit_lifecycle(&s, "resume", &r, us).await?;
+        self.audit_lifecycle(&s, Lifecycle::Resume, &r, us).await?;
         if lost && s.begin_ending("resume-failed") {
             self.destroy_session(s.clone(), "resume-failed").await?;
         }
@@ -793,22 +806,23 @@ impl Service {
     async fn audit_lifecycle(
         &self,
         s: &Arc<Session>,
-        kind: &'static str,
+        action: Lifecycle,
         r: &Result<(), ApiError>,
         us: u64,
     ) -> Result<(), ApiError> {
         let audit = self.inner.audit.clone();
         let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
-        let detail = json!({"us": us, "error": r.as_ref().err().map(|e| e.to_json())});
-        let ok = r.is_ok();
+        let event = AuditEvent::Lifecycle {
+            action,
+            us,
+            error: r.as_ref().err().map(ApiError::failure),
+        };
         blocking(move || {
             audit.record(&NewEvent {
                 tenant: Some(&t),
                 sandbox: Some(&i),
-                kind,
-                decision: Some(if ok { "ok" } else { "error" }),
                 tier: Some(tier),
-                detail,
+                event,
             })
         })
         .await?
@@ -866,8 +880,10 @@ impl Service {
         }
         let audit = self.inner.audit.clone();
         let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
-        let detail = json!({"ttl_ms": req.ttl.map(|d| ms(d.0)),
-            "idle_timeout_ms": req.idle_timeout.map(|d| ms(d.0))});
+        let event = AuditEvent::Patch {
+            ttl_ms: req.ttl.map(|d| ms(d.0)),
+            idle_timeout_ms: req.idle_timeout.map(|d| ms(d.0)),
+        };
         // A session paused to disk keeps its new clocks for the next start too.
         let on_disk = *lock(&s.on_disk);
         let kept = on_disk.map(|bytes| {
@@ -881,10 +897,8 @@ impl Service {
             let event = NewEvent {
                 tenant: Some(&t),
                 sandbox: Some(&i),
-                kind: "patch",
-                decision: Some("ok"),
                 tier: Some(tier),
-                detail,
+                event,
             };
             match &kept {
                 Some(row) => audit.paused_put(row, &event).map(|()| 0),

@@ -130,9 +130,11 @@ impl Service {
                 );
                 self.record_volume(
                     tenant,
-                    "volume_create",
-                    "deny",
-                    json!({"name": req.name, "size": size, "error": e.to_json()}),
+                    AuditEvent::VolumeCreate {
+                        name: req.name.clone(),
+                        size,
+                        outcome: VolumeOutcome::Denied(e.failure()),
+                    },
                 )
                 .await?;
                 return Err(e);
@@ -159,9 +161,11 @@ impl Service {
                 let e = ApiError::from(e);
                 self.record_volume(
                     tenant,
-                    "volume_create",
-                    "error",
-                    json!({"name": req.name, "size": size, "error": e.to_json()}),
+                    AuditEvent::VolumeCreate {
+                        name: req.name.clone(),
+                        size,
+                        outcome: VolumeOutcome::Failed(e.failure()),
+                    },
                 )
                 .await?;
                 return Err(e);
@@ -169,28 +173,25 @@ impl Service {
         };
         self.record_volume(
             tenant,
-            "volume_create",
-            "ok",
-            json!({"name": req.name, "size": size, "us": us}),
+            AuditEvent::VolumeCreate {
+                name: req.name.clone(),
+                size,
+                outcome: VolumeOutcome::Done {
+                    us: Some(us),
+                    size: None,
+                },
+            },
         )
         .await?;
         self.volume(tenant, &facts.name).await
     }
 
-    async fn record_volume(
-        &self,
-        tenant: &Tenant,
-        kind: &'static str,
-        decision: &'static str,
-        detail: serde_json::Value,
-    ) -> Result<(), ApiError> {
+    async fn record_volume(&self, tenant: &Tenant, event: AuditEvent) -> Result<(), ApiError> {
         self.record(NewEventOwned {
             tenant: Some(tenant.0.clone()),
             sandbox: None,
-            kind,
-            decision: Some(decision),
             tier: None,
-            detail,
+            event,
         })
         .await
         .map(|_| ())
@@ -239,12 +240,18 @@ impl Service {
             audit.volume_remove(&t, &n).map_err(audit_err)
         })
         .await?;
-        let (decision, detail) = match &deleted {
-            Ok(()) => ("ok", json!({"name": name, "size": v.size})),
-            Err(e) => ("error", json!({"name": name, "error": e.to_json()})),
+        let outcome = match &deleted {
+            Ok(()) => VolumeOutcome::Done {
+                us: None,
+                size: Some(v.size),
+            },
+            Err(e) => VolumeOutcome::Failed(e.failure()),
         };
-        self.record_volume(tenant, "volume_delete", decision, detail)
-            .await?;
+        let event = AuditEvent::VolumeDelete {
+            name: name.to_string(),
+            outcome,
+        };
+        self.record_volume(tenant, event).await?;
         deleted?;
         Ok(json!({"name": name, "deleted": true}))
     }

@@ -62,6 +62,18 @@ pub enum CellStatus {
     Died,
 }
 
+impl CellStatus {
+    /// As it is written on the wire and in the audit.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CellStatus::Ok => "ok",
+            CellStatus::Error => "error",
+            CellStatus::Timeout => "timeout",
+            CellStatus::Died => "died",
+        }
+    }
+}
+
 /// A cell's error: the exception's (or thrown value's) name, its value and the traceback.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -270,14 +270,13 @@ impl Service {
         self.context(&s, cid).map(|_| ())
     }
 
-    fn record_row(&self, s: &Session, kind: &'static str, ok: bool, detail: serde_json::Value) {
+    fn record_row(&self, s: &Session, event: AuditEvent) {
+        let kind = event.kind();
         let r = self.inner.audit.record(&NewEvent {
             tenant: Some(&s.tenant.0),
             sandbox: Some(&s.id),
-            kind,
-            decision: Some(if ok { "ok" } else { "error" }),
             tier: Some(s.tier),
-            detail,
+            event,
         });
         if let Err(e) = r {
             tracing::error!("the {kind} audit row could not be written: {e}");
@@ -313,11 +312,13 @@ impl Service {
         });
         self.record_row(
             s,
-            "context_start",
-            r.is_ok(),
-            json!({"context": ctx.id, "lang": ctx.lang.as_str(), "reason": reason,
-                "version": r.as_ref().ok().map(|(_, v)| v.clone()),
-                "error": r.as_ref().err().map(|e| e.to_json())}),
+            AuditEvent::ContextStart {
+                context: ctx.id.clone(),
+                lang: ctx.lang.as_str().to_string(),
+                reason: reason.to_string(),
+                version: r.as_ref().ok().map(|(_, v)| v.clone()),
+                error: r.as_ref().err().map(ApiError::failure),
+            },
         );
         let (w, version) = r?;
         let mut m = lock(&ctx.meta);
@@ -393,13 +394,16 @@ impl Service {
         lock(&ctx.meta).alive = false;
         self.record_row(
             s,
-            "context_stop",
-            true,
-            json!({"context": ctx.id, "reason": reason,
-                "exit_code": exit.and_then(|e| e.code), "signal": exit.and_then(|e| e.signal),
-                "oom_killed": exit.is_some_and(|e| e.oom_killed),
-                "pids_limited": exit.is_some_and(|e| e.pids_limited),
-                "cpu_us": exit.map(|e| e.cpu_us), "max_rss_bytes": exit.map(|e| e.max_rss_bytes)}),
+            AuditEvent::ContextStop(ContextStop {
+                context: ctx.id.clone(),
+                reason: reason.to_string(),
+                exit_code: exit.and_then(|e| e.code),
+                signal: exit.and_then(|e| e.signal),
+                oom_killed: exit.is_some_and(|e| e.oom_killed),
+                pids_limited: exit.is_some_and(|e| e.pids_limited),
+                cpu_us: exit.map(|e| e.cpu_us),
+                max_rss_bytes: exit.map(|e| e.max_rss_bytes),
+            }),
         );
     }
 
@@ -731,13 +735,16 @@ impl Service {
         let r = out.finish(status, error, count, restarted, t0.elapsed());
         self.record_row(
             s,
-            "context_run",
-            true,
-            json!({"context": ctx.id, "cell": count,
-                "code_sha256": hex::encode(Sha256::digest(code.as_bytes())),
-                "status": r.status, "error": r.error.as_ref().map(|e| &e.name),
-                "restarted": r.restarted, "duration_us": r.duration_us,
-                "timeout_ms": timeout_ms}),
+            AuditEvent::ContextRun(ContextRun {
+                context: ctx.id.clone(),
+                cell: count,
+                code_sha256: hex::encode(Sha256::digest(code.as_bytes())),
+                status: r.status.as_str().to_string(),
+                error: r.error.as_ref().map(|e| e.name.clone()),
+                restarted: r.restarted,
+                duration_us: r.duration_us,
+                timeout_ms,
+            }),
         );
         Ok(r)
     }

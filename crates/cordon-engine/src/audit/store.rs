@@ -1,0 +1,901 @@
+//! The audit store: SQLite (WAL) with numbered schema migrations and retention.
+//!
+//! Every decision is one row in `events`, written before the response that reports it. The
+//! `sandboxes` table tracks each sandbox's state so the next start after a crash knows
+//! which ones a dead server left behind. Calls block: async callers use `spawn_blocking`.
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cordon_core::Tier;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use super::event::AuditEvent;
+
+/// Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
+const MIGRATIONS: &[&str] = &[
+    // 1: events and sandboxes.
+    "CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time_ms INTEGER NOT NULL,
+        tenant TEXT,
+        sandbox TEXT,
+        kind TEXT NOT NULL,
+        decision TEXT,
+        tier TEXT,
+        detail TEXT NOT NULL
+     );
+     CREATE INDEX events_tenant_id ON events(tenant, id);
+     CREATE INDEX events_sandbox ON events(sandbox);
+     CREATE INDEX events_time ON events(time_ms);
+     CREATE TABLE sandboxes (
+        id TEXT PRIMARY KEY,
+        tenant TEXT,
+        tier TEXT NOT NULL,
+        state TEXT NOT NULL,
+        created_ms INTEGER NOT NULL,
+        ended_ms INTEGER,
+        end_reason TEXT
+     );
+     CREATE INDEX sandboxes_state ON sandboxes(state);",
+    // 2: volumes and who mounts them (docs/service.md#volumes).
+    "CREATE TABLE volumes (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        created_ms INTEGER NOT NULL,
+        PRIMARY KEY (tenant, name)
+     );
+     CREATE TABLE volume_mounts (
+        tenant TEXT NOT NULL,
+        name TEXT NOT NULL,
+        sandbox TEXT NOT NULL,
+        read_only INTEGER NOT NULL,
+        since_ms INTEGER NOT NULL,
+        PRIMARY KEY (tenant, name, sandbox)
+     );
+     CREATE INDEX volume_mounts_sandbox ON volume_mounts(sandbox);",
+    // 3: sandboxes paused to disk, kept across a restart (docs/service.md#pause-and-resume).
+    "CREATE TABLE paused_sessions (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        tier TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        source TEXT NOT NULL,
+        start_us INTEGER NOT NULL,
+        created_ms INTEGER NOT NULL,
+        ttl_ms INTEGER NOT NULL,
+        idle_ms INTEGER NOT NULL,
+        last_used_ms INTEGER NOT NULL,
+        paused_ms INTEGER NOT NULL,
+        paused_since_ms INTEGER NOT NULL,
+        on_disk_bytes INTEGER NOT NULL
+     );",
+];
+
+/// A kept session as decoded, or its id and why it did not decode.
+pub type PausedDecoded = Result<PausedRow, (String, String)>;
+
+/// A session paused to disk, as the store keeps it for the next start: everything its
+/// session holds but the sandbox, which the tier revives from its own files.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PausedRow {
+    pub id: String,
+    pub tenant: String,
+    pub tier: Tier,
+    pub spec: cordon_core::SandboxSpec,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub source: String,
+    pub start_us: u64,
+    pub created_ms: i64,
+    pub ttl_ms: i64,
+    pub idle_ms: i64,
+    /// Milliseconds of its (unpaused) age at its last request's end.
+    pub last_used_ms: i64,
+    /// Milliseconds it spent paused before this pause.
+    pub paused_ms: i64,
+    /// When this pause began (ms since the epoch).
+    pub paused_since_ms: i64,
+    pub on_disk_bytes: u64,
+}
+
+/// One volume as the store records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VolumeRow {
+    pub name: String,
+    pub size: u64,
+    pub created_ms: i64,
+    /// The sandboxes mounting it now.
+    pub mounts: Vec<MountRow>,
+}
+
+/// One sandbox mounting a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MountRow {
+    pub sandbox: String,
+    pub read_only: bool,
+    pub since_ms: i64,
+}
+
+/// Why a volume could not be recorded.
+#[derive(Debug)]
+pub enum VolumeRefusal {
+    Exists,
+    /// The tenant's count or total would pass its ceiling: (count, bytes) it has now.
+    Ceiling {
+        count: usize,
+        bytes: u64,
+    },
+    Store(StoreError),
+}
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: usize = MIGRATIONS.len();
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// One audit row as stored and returned by the query API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: i64,
+    pub time_ms: i64,
+    pub tenant: Option<String>,
+    pub sandbox: Option<String>,
+    pub kind: String,
+    pub decision: Option<String>,
+    pub tier: Option<String>,
+    pub detail: serde_json::Value,
+}
+
+/// A row to write: who, which sandbox and tier, and the event.
+#[derive(Debug, Clone)]
+pub struct NewEvent<'a> {
+    pub tenant: Option<&'a str>,
+    pub sandbox: Option<&'a str>,
+    pub tier: Option<Tier>,
+    pub event: AuditEvent,
+}
+
+impl<'a> NewEvent<'a> {
+    /// A row of no tenant's, sandbox's or tier's (the server's own: start, stop, recovery).
+    pub fn server(event: AuditEvent) -> Self {
+        NewEvent {
+            tenant: None,
+            sandbox: None,
+            tier: None,
+            event,
+        }
+    }
+}
+
+/// Why the store could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("audit store: {0}; check that the data dir is writable and not on a full disk")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("audit store: {0}")]
+    Config(String),
+    #[error("audit store: encoding a row: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// A query: rows of one tenant (or all, from the CLI), optionally of one sandbox or kind.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Query {
+    #[serde(default)]
+    pub sandbox: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Only rows with an id above this (paging).
+    #[serde(default)]
+    pub after_id: Option<i64>,
+    /// Only rows at or after this time (ms since the epoch).
+    #[serde(default)]
+    pub since_ms: Option<i64>,
+    /// At most this many rows (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+/// A sandbox the store believes is alive (or pooled).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveRow {
+    pub id: String,
+    pub tenant: Option<String>,
+    pub tier: String,
+    pub state: String,
+}
+
+/// Each tenant's egress rows a minute: what one tenant's flood may add to the store.
+pub struct RowBudget {
+    per_minute: u32,
+    used: Mutex<std::collections::HashMap<String, (std::time::Instant, u32)>>,
+}
+
+impl RowBudget {
+    pub fn new(per_minute: u32) -> Self {
+        RowBudget {
+            per_minute,
+            used: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Takes up to `want` rows of `tenant`'s budget for this minute; returns how many it got.
+    pub fn take(&self, tenant: &str, want: usize) -> usize {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        // Forget tenants whose minute is over, so the map stays as small as the active set.
+        if used.len() > 1024 {
+            used.retain(|_, (start, _)| now.duration_since(*start).as_secs() < 60);
+        }
+        let (start, n) = used.entry(tenant.to_string()).or_insert((now, 0));
+        if now.duration_since(*start).as_secs() >= 60 {
+            *start = now;
+            *n = 0;
+        }
+        let left = self.per_minute.saturating_sub(*n) as usize;
+        let got = want.min(left);
+        *n = n.saturating_add(u32::try_from(got).unwrap_or(u32::MAX));
+        got
+    }
+}
+
+/// The store.
+pub struct Audit {
+    conn: Mutex<Connection>,
+}
+
+fn lock(m: &Mutex<Connection>) -> std::sync::MutexGuard<'_, Connection> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn insert_event(c: &Connection, e: &NewEvent<'_>) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "INSERT INTO events (time_ms, tenant, sandbox, kind, decision, tier, detail)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        now_ms(),
+        e.tenant,
+        e.sandbox,
+        e.event.kind(),
+        e.event.decision(),
+        e.tier.map(|t| t.as_str()),
+        e.event.detail()?
+    ])?;
+    Ok(())
+}
+
+fn insert_sandbox(
+    c: &Connection,
+    id: &str,
+    tenant: Option<&str>,
+    tier: Tier,
+    state: &str,
+) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "INSERT INTO sandboxes (id, tenant, tier, state, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT(id) DO UPDATE SET tenant = excluded.tenant, state = excluded.state",
+    )?
+    .execute(params![id, tenant, tier.as_str(), state, now_ms()])?;
+    Ok(())
+}
+
+impl Audit {
+    /// Records a new volume of `tenant`, if its count and total size stay within
+    /// `(max_count, max_bytes)` with it; checked and written under one lock and transaction.
+    pub fn volume_add(
+        &self,
+        tenant: &str,
+        name: &str,
+        size: u64,
+        (max_count, max_bytes): (usize, u64),
+    ) -> Result<(), VolumeRefusal> {
+        let store = |e: rusqlite::Error| VolumeRefusal::Store(StoreError::Sqlite(e));
+        let mut c = lock(&self.conn);
+        let tx = c.transaction().map_err(store)?;
+        let exists: Option<i64> = tx
+            .query_row(
+                "SELECT 1 FROM volumes WHERE tenant = ?1 AND name = ?2",
+                params![tenant, name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(store)?;
+        if exists.is_some() {
+            return Err(VolumeRefusal::Exists);
+        }
+        let (count, bytes): (i64, i64) = tx
+            .query_row(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM volumes WHERE tenant = ?1",
+                params![tenant],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(store)?;
+        let (count, bytes) = (count as usize, bytes as u64);
+        if count + 1 > max_count || bytes.saturating_add(size) > max_bytes {
+            return Err(VolumeRefusal::Ceiling { count, bytes });
+        }
+        tx.execute(
+            "INSERT INTO volumes (tenant, name, size, created_ms) VALUES (?1, ?2, ?3, ?4)",
+            params![tenant, name, size as i64, now_ms()],
+        )
+        .map_err(store)?;
+        tx.commit().map_err(store)
+    }
+
+    /// Forgets a volume (and any mount row of it).
+    pub fn volume_remove(&self, tenant: &str, name: &str) -> Result<(), StoreError> {
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        tx.execute(
+            "DELETE FROM volume_mounts WHERE tenant = ?1 AND name = ?2",
+            params![tenant, name],
+        )?;
+        tx.execute(
+            "DELETE FROM volumes WHERE tenant = ?1 AND name = ?2",
+            params![tenant, name],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// `tenant`'s volumes by name, with their mounts; `name` picks one.
+    pub fn volumes(&self, tenant: &str, name: Option<&str>) -> Result<Vec<VolumeRow>, StoreError> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare_cached(
+            "SELECT name, size, created_ms FROM volumes
+             WHERE tenant = ?1 AND (?2 IS NULL OR name = ?2) ORDER BY name",
+        )?;
+        let mut rows = st
+            .query_map(params![tenant, name], |r| {
+                Ok(VolumeRow {
+                    name: r.get(0)?,
+                    size: r.get::<_, i64>(1)? as u64,
+                    created_ms: r.get(2)?,
+                    mounts: Vec::new(),
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut st = c.prepare_cached(
+            "SELECT sandbox, read_only, since_ms FROM volume_mounts
+             WHERE tenant = ?1 AND name = ?2 ORDER BY since_ms, sandbox",
+        )?;
+        for v in &mut rows {
+            v.mounts = st
+                .query_map(params![tenant, v.name], |r| {
+                    Ok(MountRow {
+                        sandbox: r.get(0)?,
+                        read_only: r.get::<_, i64>(1)? != 0,
+                        since_ms: r.get(2)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+        }
+        Ok(rows)
+    }
+
+    /// Every tenant's volumes as `(tenant, name)` (crash recovery compares them with the
+    /// host's files).
+    pub fn all_volumes(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare("SELECT tenant, name FROM volumes")?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Records that `sandbox` mounts these volumes of `tenant`, with `events`, in one
+    /// transaction.
+    pub fn volumes_mounted(
+        &self,
+        tenant: &str,
+        sandbox: &str,
+        mounts: &[(String, bool)],
+        events: &[NewEvent<'_>],
+    ) -> Result<(), StoreError> {
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        for (name, ro) in mounts {
+            tx.execute(
+                "INSERT OR REPLACE INTO volume_mounts (tenant, name, sandbox, read_only, since_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![tenant, name, sandbox, *ro as i64, now_ms()],
+            )?;
+        }
+        for e in events {
+            insert_event(&tx, e)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Forgets the mounts of `sandbox` (its destroy), or of every sandbox (a start: no
+    /// sandbox of an earlier server lives on). Returns how many there were.
+    pub fn volumes_unmounted(&self, sandbox: Option<&str>) -> Result<usize, StoreError> {
+        Ok(lock(&self.conn).execute(
+            "DELETE FROM volume_mounts WHERE ?1 IS NULL OR sandbox = ?1",
+            params![sandbox],
+        )?)
+    }
+
+    /// Opens (creating and migrating) the store at `path`.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        Self::setup(conn)
+    }
+
+    /// Opens the store read-only-ish for the CLI (still migrates a fresh file).
+    pub fn open_in_memory() -> Result<Self, StoreError> {
+        Self::setup(Connection::open_in_memory()?)
+    }
+
+    fn setup(mut conn: Connection) -> Result<Self, StoreError> {
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        let version = usize::try_from(version).unwrap_or(0);
+        if version > MIGRATIONS.len() {
+            return Err(StoreError::Config(format!(
+                "the audit store has schema version {version}, newer than this cordon ({}); use a newer cordon",
+                MIGRATIONS.len()
+            )));
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version) {
+            let tx = conn.transaction()?;
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(Audit {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    pub fn schema_version(&self) -> Result<i64, StoreError> {
+        Ok(lock(&self.conn).pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+
+    /// Writes one row and returns its id.
+    pub fn record(&self, e: &NewEvent<'_>) -> Result<i64, StoreError> {
+        let c = lock(&self.conn);
+        insert_event(&c, e)?;
+        Ok(c.last_insert_rowid())
+    }
+
+    /// Writes rows in one transaction (one commit for an exec and all it reports).
+    pub fn record_all(&self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        for e in events {
+            insert_event(&tx, e)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Bytes the store's live pages take (free pages a delete left are reused, so they do
+    /// not count).
+    pub fn used_bytes(&self) -> Result<u64, StoreError> {
+        let c = lock(&self.conn);
+        let pages: i64 = c.pragma_query_value(None, "page_count", |r| r.get(0))?;
+        let free: i64 = c.pragma_query_value(None, "freelist_count", |r| r.get(0))?;
+        let size: i64 = c.pragma_query_value(None, "page_size", |r| r.get(0))?;
+        Ok(u64::try_from((pages - free).max(0) * size).unwrap_or(0))
+    }
+
+    /// Deletes the oldest events until the store's live pages fit in `max_bytes` (with a
+    /// tenth to spare, so the next minute's rows do not trip it again); returns rows
+    /// deleted. A bound of 0 keeps everything.
+    pub fn trim_to(&self, max_bytes: u64) -> Result<usize, StoreError> {
+        if max_bytes == 0 {
+            return Ok(0);
+        }
+        let target = max_bytes - max_bytes / 10;
+        let mut deleted = 0;
+        // Bounded: each round deletes the share of rows the excess is of the store (at least
+        // 100, at most 50,000); a store that cannot shrink below the bound by deleting events
+        // (a huge sandboxes table) stops when no event is left.
+        for _ in 0..10_000 {
+            let used = self.used_bytes()?;
+            if used <= target {
+                break;
+            }
+            let c = lock(&self.conn);
+            let rows: i64 = c.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
+            let share = (used - target) as f64 / used as f64;
+            let chunk = ((rows as f64 * share).ceil() as i64).clamp(100, 50_000);
+            let n = c.execute(
+                "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT ?1)",
+                params![chunk],
+            )?;
+            drop(c);
+            if n == 0 {
+                break;
+            }
+            deleted += n;
+        }
+        Ok(deleted)
+    }
+
+    /// Records that a sandbox exists (state `live` or `pooled`).
+    pub fn sandbox_started(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        tier: Tier,
+        state: &str,
+    ) -> Result<(), StoreError> {
+        insert_sandbox(&lock(&self.conn), id, tenant, tier, state)
+    }
+
+    /// Records that a sandbox is live for `tenant` and writes `events`, all in one
+    /// transaction (one commit instead of one per row).
+    pub fn sandbox_started_with(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        tier: Tier,
+        events: &[NewEvent<'_>],
+    ) -> Result<(), StoreError> {
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        insert_sandbox(&tx, id, tenant, tier, "live")?;
+        for e in events {
+            insert_event(&tx, e)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Records that a sandbox ended (destroyed, reaped, recovered after a crash); a
+    /// session paused to disk is forgotten with it.
+    pub fn sandbox_ended(&self, id: &str, state: &str, reason: &str) -> Result<(), StoreError> {
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        tx.execute(
+            "UPDATE sandboxes SET state = ?2, ended_ms = ?3, end_reason = ?4 WHERE id = ?1",
+            params![id, state, now_ms(), reason],
+        )?;
+        tx.execute("DELETE FROM paused_sessions WHERE id = ?1", params![id])?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Keeps a session paused to disk (and the `pause` row with it), replacing any earlier.
+    pub fn paused_put(&self, row: &PausedRow, event: &NewEvent<'_>) -> Result<(), StoreError> {
+        let spec = serde_json::to_string(&row.spec)
+            .map_err(|e| StoreError::Config(format!("encoding a sandbox spec: {e}")))?;
+        let labels = serde_json::to_string(&row.labels)
+            .map_err(|e| StoreError::Config(format!("encoding labels: {e}")))?;
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        tx.execute(
+            "INSERT OR REPLACE INTO paused_sessions (id, tenant, tier, spec, labels, source,
+               start_us, created_ms, ttl_ms, idle_ms, last_used_ms, paused_ms, paused_since_ms,
+               on_disk_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+            params![
+                row.id,
+                row.tenant,
+                row.tier.as_str(),
+                spec,
+                labels,
+                row.source,
+                row.start_us as i64,
+                row.created_ms,
+                row.ttl_ms,
+                row.idle_ms,
+                row.last_used_ms,
+                row.paused_ms,
+                row.paused_since_ms,
+                row.on_disk_bytes as i64,
+            ],
+        )?;
+        insert_event(&tx, event)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Forgets a session paused to disk (it was resumed).
+    pub fn paused_remove(&self, id: &str) -> Result<(), StoreError> {
+        lock(&self.conn).execute("DELETE FROM paused_sessions WHERE id = ?1", params![id])?;
+        Ok(())
+    }
+
+    /// The sessions paused to disk, oldest first. A row that does not decode is reported
+    /// by id with why, so the start can end it.
+    pub fn paused_all(&self) -> Result<Vec<PausedDecoded>, StoreError> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare(
+            "SELECT id, tenant, tier, spec, labels, source, start_us, created_ms, ttl_ms, idle_ms,
+               last_used_ms, paused_ms, paused_since_ms, on_disk_bytes
+             FROM paused_sessions ORDER BY created_ms",
+        )?;
+        let rows = st
+            .query_map([], |r| {
+                let id: String = r.get(0)?;
+                let text = |i: usize| r.get::<_, String>(i);
+                let (tier, spec, labels) = (text(2)?, text(3)?, text(4)?);
+                let decoded = (|| -> Result<PausedRow, String> {
+                    Ok(PausedRow {
+                        id: id.clone(),
+                        tenant: text(1).map_err(|e| e.to_string())?,
+                        tier: tier.parse().map_err(|_| format!("unknown tier {tier:?}"))?,
+                        spec: serde_json::from_str(&spec).map_err(|e| format!("its spec: {e}"))?,
+                        labels: serde_json::from_str(&labels)
+                            .map_err(|e| format!("its labels: {e}"))?,
+                        source: text(5).map_err(|e| e.to_string())?,
+                        start_us: r.get::<_, i64>(6).map_err(|e| e.to_string())?.max(0) as u64,
+                        created_ms: r.get(7).map_err(|e| e.to_string())?,
+                        ttl_ms: r.get(8).map_err(|e| e.to_string())?,
+                        idle_ms: r.get(9).map_err(|e| e.to_string())?,
+                        last_used_ms: r.get(10).map_err(|e| e.to_string())?,
+                        paused_ms: r.get(11).map_err(|e| e.to_string())?,
+                        paused_since_ms: r.get(12).map_err(|e| e.to_string())?,
+                        on_disk_bytes: r.get::<_, i64>(13).map_err(|e| e.to_string())?.max(0)
+                            as u64,
+                    })
+                })();
+                Ok(decoded.map_err(|why| (id, why)))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// The tenant and state of a sandbox the store knows, if any.
+    pub fn sandbox_state(&self, id: &str) -> Result<Option<(Option<String>, String)>, StoreError> {
+        Ok(lock(&self.conn)
+            .query_row(
+                "SELECT tenant, state FROM sandboxes WHERE id = ?1",
+                params![id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+    }
+
+    /// Sandboxes still marked live or pooled: after a crash, what the dead server left.
+    pub fn unfinished(&self) -> Result<Vec<LiveRow>, StoreError> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare(
+            "SELECT id, tenant, tier, state FROM sandboxes WHERE state IN ('live', 'pooled') ORDER BY created_ms",
+        )?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(LiveRow {
+                    id: r.get(0)?,
+                    tenant: r.get(1)?,
+                    tier: r.get(2)?,
+                    state: r.get(3)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Rows matching `q`; `tenant = None` means every tenant (the CLI, never the API).
+    pub fn query(&self, tenant: Option<&str>, q: &Query) -> Result<Vec<Event>, StoreError> {
+        let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+        let c = lock(&self.conn);
+        let mut st = c.prepare(
+            "SELECT id, time_ms, tenant, sandbox, kind, decision, tier, detail FROM events
+             WHERE (?1 IS NULL OR tenant = ?1)
+               AND (?2 IS NULL OR sandbox = ?2)
+               AND (?3 IS NULL OR kind = ?3)
+               AND id > ?4
+               AND time_ms >= ?5
+             ORDER BY id LIMIT ?6",
+        )?;
+        let rows = st
+            .query_map(
+                params![
+                    tenant,
+                    q.sandbox,
+                    q.kind,
+                    q.after_id.unwrap_or(0),
+                    q.since_ms.unwrap_or(0),
+                    limit
+                ],
+                |r| {
+                    let detail: String = r.get(7)?;
+                    Ok(Event {
+                        id: r.get(0)?,
+                        time_ms: r.get(1)?,
+                        tenant: r.get(2)?,
+                        sandbox: r.get(3)?,
+                        kind: r.get(4)?,
+                        decision: r.get(5)?,
+                        tier: r.get(6)?,
+                        detail: serde_json::from_str(&detail).unwrap_or(serde_json::Value::Null),
+                    })
+                },
+            )?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Deletes events older than `days` days and ended sandboxes as old; returns rows deleted.
+    pub fn apply_retention(&self, days: u64) -> Result<usize, StoreError> {
+        if days == 0 {
+            return Ok(0);
+        }
+        let cutoff = now_ms() - (days as i64).saturating_mul(86_400_000);
+        let c = lock(&self.conn);
+        let n = c.execute("DELETE FROM events WHERE time_ms < ?1", params![cutoff])?;
+        let m = c.execute(
+            "DELETE FROM sandboxes WHERE ended_ms IS NOT NULL AND ended_ms < ?1",
+            params![cutoff],
+        )?;
+        Ok(n + m)
+    }
+
+    /// Deletes events before `cutoff_ms` (for retention tests and the CLI).
+    pub fn delete_before(&self, cutoff_ms: i64) -> Result<usize, StoreError> {
+        Ok(
+            lock(&self.conn)
+                .execute("DELETE FROM events WHERE time_ms < ?1", params![cutoff_ms])?,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrates_records_queries_by_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.db");
+        let a = Audit::open(&path).unwrap();
+        assert_eq!(a.schema_version().unwrap(), SCHEMA_VERSION as i64);
+        let start = AuditEvent::Startup {
+            pid: 1,
+            recovered: 0,
+        };
+        let stop = AuditEvent::Shutdown { graceful: true };
+        for (t, ev) in [("alice", &start), ("bob", &start), ("alice", &stop)] {
+            a.record(&NewEvent {
+                tenant: Some(t),
+                sandbox: Some("sb-1"),
+                tier: None,
+                event: ev.clone(),
+            })
+            .unwrap();
+        }
+        drop(a);
+        // Reopening does not re-run migrations and keeps the rows.
+        let a = Audit::open(&path).unwrap();
+        let alice = a.query(Some("alice"), &Query::default()).unwrap();
+        assert_eq!(alice.len(), 2);
+        assert!(alice.iter().all(|e| e.tenant.as_deref() == Some("alice")));
+        let q = Query {
+            kind: Some("shutdown".into()),
+            ..Default::default()
+        };
+        let rows = a.query(Some("alice"), &q).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].detail, serde_json::json!({"graceful": true}));
+        assert_eq!(a.query(None, &Query::default()).unwrap().len(), 3);
+        assert_eq!(a.delete_before(now_ms() + 1000).unwrap(), 3);
+    }
+
+    #[test]
+    fn the_store_is_kept_under_its_size_bound_oldest_rows_first() {
+        let a = Audit::open_in_memory().unwrap();
+        let pad = "x".repeat(1000);
+        let rows: Vec<NewEvent<'_>> = (0..4000)
+            .map(|_| NewEvent {
+                tenant: Some("t"),
+                sandbox: None,
+                tier: None,
+                event: AuditEvent::ResumeFailed { error: pad.clone() },
+            })
+            .collect();
+        a.record_all(&rows).unwrap();
+        let before = a.used_bytes().unwrap();
+        assert!(before > 4_000_000, "{before}");
+        let deleted = a.trim_to(1_000_000).unwrap();
+        assert!(deleted > 0 && deleted < 4000, "{deleted}");
+        assert!(a.used_bytes().unwrap() <= 1_000_000);
+        // The newest rows are the ones kept.
+        let left = a
+            .query(
+                None,
+                &Query {
+                    limit: Some(1000),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(left.first().unwrap().id, deleted as i64 + 1);
+        assert_eq!(a.trim_to(0).unwrap(), 0);
+    }
+
+    #[test]
+    fn keeps_sessions_paused_to_disk_until_they_end() {
+        let a = Audit::open_in_memory().unwrap();
+        a.sandbox_started("sb-p", Some("t"), Tier::Microvm, "live")
+            .unwrap();
+        let mut spec = cordon_core::SandboxSpec::new(Tier::Microvm);
+        spec.limits.memory_bytes = 123 << 20;
+        let row = PausedRow {
+            id: "sb-p".into(),
+            tenant: "t".into(),
+            tier: Tier::Microvm,
+            spec,
+            labels: [("team".to_string(), "red".to_string())].into(),
+            source: "cold".into(),
+            start_us: 7,
+            created_ms: 1_000,
+            ttl_ms: 60_000,
+            idle_ms: 30_000,
+            last_used_ms: 500,
+            paused_ms: 250,
+            paused_since_ms: 2_000,
+            on_disk_bytes: 99,
+        };
+        let event = NewEvent {
+            tenant: Some("t"),
+            sandbox: Some("sb-p"),
+            tier: Some(Tier::Microvm),
+            event: AuditEvent::PausedToDisk {
+                us: 1,
+                on_disk_bytes: 99,
+            },
+        };
+        a.paused_put(&row, &event).unwrap();
+        // A second put (a patch while paused) replaces the first.
+        a.paused_put(&row, &event).unwrap();
+        let kept: Vec<_> = a
+            .paused_all()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(kept, vec![row]);
+        a.sandbox_ended("sb-p", "destroyed", "paused-ttl").unwrap();
+        assert!(a.paused_all().unwrap().is_empty());
+        // A row that does not decode is reported by id, not dropped silently.
+        lock(&a.conn)
+            .execute(
+                "INSERT INTO paused_sessions VALUES ('sb-x', 't', 'nope', '{}', '{}', 'cold',
+                 0, 0, 0, 0, 0, 0, 0, 0)",
+                [],
+            )
+            .unwrap();
+        let bad = a.paused_all().unwrap();
+        assert!(
+            matches!(&bad[..], [Err((id, _))] if id == "sb-x"),
+            "{bad:?}"
+        );
+    }
+
+    #[test]
+    fn tracks_unfinished_sandboxes() {
+        let a = Audit::open_in_memory().unwrap();
+        a.sandbox_started("sb-a", Some("t"), Tier::Wasm, "live")
+            .unwrap();
+        a.sandbox_started("sb-b", None, Tier::Wasm, "pooled")
+            .unwrap();
+        a.sandbox_started("sb-c", Some("t"), Tier::Wasm, "live")
+            .unwrap();
+        a.sandbox_ended("sb-c", "destroyed", "client").unwrap();
+        let left: Vec<_> = a.unfinished().unwrap().into_iter().map(|r| r.id).collect();
+        assert_eq!(left, vec!["sb-a".to_string(), "sb-b".to_string()]);
+        assert_eq!(
+            a.sandbox_state("sb-c").unwrap(),
+            Some((Some("t".into()), "destroyed".into()))
+        );
+    }
+}
