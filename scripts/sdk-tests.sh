@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# The Python SDK's tests against the workspace's build (sdk/python/tests/conftest.py finds
-# the `cordon` binary under $CARGO_TARGET_DIR or target/). pytest's "no tests collected"
-# (exit 5) is a failure here: a suite that silently vanished must not pass.
+# The SDKs' tests against the workspace's build: the Python SDK's (pytest; arguments go to
+# pytest) and the TypeScript SDK's (node's test runner). Both find the `cordon` binary under
+# $CARGO_TARGET_DIR or target/ (or $CORDON_BIN). pytest's "no tests collected" (exit 5) is a
+# failure here: a suite that silently vanished must not pass. Both suites always run; the
+# exit status is a failure when either failed.
 set -euo pipefail
-cd "$(dirname "$0")/../sdk/python"
+root=$(cd "$(dirname "$0")/.." && pwd)
 rc=0
-python3 -m pytest -q "$@" || rc=$?
+(cd "$root/sdk/python" && python3 -m pytest -q "$@") || rc=$?
 if [ "$rc" -eq 5 ]; then
   echo 'sdk/python: pytest collected no tests' >&2
-  exit 1
+  rc=1
 fi
-exit "$rc"
+ts=0
+(cd "$root/sdk/typescript" && node --test tests/) || ts=$?
+if [ "$ts" -ne 0 ]; then
+  echo "sdk/typescript: node --test failed ($ts)" >&2
+fi
+[ "$rc" -eq 0 ] && [ "$ts" -eq 0 ]
