@@ -68,8 +68,8 @@ class Body:
         if isinstance(d, (bytes, bytearray, memoryview)):
             return bytes(d)
         if hasattr(d, "read"):
-            return iter(lambda: d.read(CHUNK), b"")  # type: ignore[union-attr]
-        return iter(d)  # type: ignore[arg-type]
+            return iter(lambda: d.read(CHUNK), b"")
+        return iter(d)
 
     def aio(self) -> Union[bytes, AsyncIterator[bytes]]:
         d = self.data
@@ -118,7 +118,8 @@ def event(line: bytes) -> Optional[StreamEvent]:
     return StreamEvent(t, data=ev.get("data", ""))
 
 
-def _request(client: Any, call: Call[Any], content: Any, accept: Optional[str]) -> httpx.Request:
+def _request(client: Union[httpx.Client, httpx.AsyncClient], call: Call[Any], content: Any,
+             accept: Optional[str]) -> httpx.Request:
     headers = dict(call.headers)
     if accept:
         headers["Accept"] = accept
@@ -184,7 +185,7 @@ class SyncTransport:
         with self.open(call) as resp:
             return call.parse(json.loads(resp.read()))
 
-    def bytes(self, call: Call[Any]) -> bytes:
+    def read(self, call: Call[Any]) -> bytes:
         with self.open(call) as resp:
             return resp.read()
 
@@ -242,7 +243,7 @@ class AsyncTransport:
         async with self.open(call) as resp:
             return call.parse(json.loads(await resp.aread()))
 
-    async def bytes(self, call: Call[Any]) -> bytes:
+    async def read(self, call: Call[Any]) -> bytes:
         async with self.open(call) as resp:
             return await resp.aread()
 

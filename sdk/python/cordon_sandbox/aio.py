@@ -55,7 +55,7 @@ class AsyncCordon:
         return await self._t.json(ops.health())
 
     async def metrics(self) -> str:
-        return (await self._t.bytes(ops.metrics())).decode()
+        return (await self._t.read(ops.metrics())).decode()
 
     async def run(self, code: Command, lang: Optional[str] = "python", *,
                   tier: Optional[str] = None, timeout: Optional[Duration] = None,
@@ -232,7 +232,7 @@ class AsyncSandbox:
         return await self._t.json(ops.write_file(self.id, path, data, mode))
 
     async def read_file(self, path: str) -> bytes:
-        return await self._t.bytes(ops.read_file(self.id, path))
+        return await self._t.read(ops.read_file(self.id, path))
 
     async def exec(self, code: Command, lang: Optional[str] = None, *,
                    timeout: Optional[Duration] = None,

@@ -59,7 +59,7 @@ class Cordon:
 
     def metrics(self) -> str:
         """The server's Prometheus metrics (OpenMetrics text)."""
-        return self._t.bytes(ops.metrics()).decode()
+        return self._t.read(ops.metrics()).decode()
 
     def run(self, code: Command, lang: Optional[str] = "python", *,
             tier: Optional[str] = None, timeout: Optional[Duration] = None,
@@ -219,7 +219,7 @@ class Files:
         call = ops.read_file(self._sb.id, path)
         if hasattr(local, "write"):
             return self._t.download(call, local)  # type: ignore[arg-type]
-        with open(local, "wb") as f:  # type: ignore[arg-type]
+        with open(local, "wb") as f:
             return self._t.download(call, f)
 
     def upload_archive(self, tar: Data, path: str = "/work") -> ArchiveReport:
@@ -275,7 +275,7 @@ class Sandbox:
 
     def read_file(self, path: str) -> bytes:
         """Reads a file under /work (`files.download` streams one to disk)."""
-        return self._t.bytes(ops.read_file(self.id, path))
+        return self._t.read(ops.read_file(self.id, path))
 
     def exec(self, code: Command, lang: Optional[str] = None, *,
              timeout: Optional[Duration] = None, stdin: Optional[Union[str, bytes]] = None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Dict, Optional, Type
+from typing import Any, Dict, Mapping, Optional, Type
 
 
 class CordonError(Exception):
@@ -193,7 +193,7 @@ def from_body(status: int, body: bytes, retry_after: Optional[str] = None) -> Co
                            "check the server's URL (CORDON_URL)")
 
 
-def from_json(status: int, d: dict, retry_after: Optional[str] = None) -> CordonError:
+def from_json(status: int, d: Mapping[str, Any], retry_after: Optional[str] = None) -> CordonError:
     cls = BY_CODE.get(d["code"], CordonError)
     return cls(status, d["code"], d["message"], d.get("fix", ""), retry_after_secs(retry_after),
                d.get("rule"))

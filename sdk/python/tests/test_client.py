@@ -183,3 +183,60 @@ def test_the_readme_example_runs_after_pip_install(server, has_container, tmp_pa
     assert "not_found True" in lines, lines
     assert "['0', '2', '4']" in lines, lines
     assert lines[-1] == "outcome exited" and "stdout 1" in lines, lines
+
+
+def test_the_package_and_its_readme_example_type_check(tmp_path):
+    """Typed answers: mypy --strict over the package and over the README's example, which
+    uses the models' fields (a misspelt field or a wrong type fails here)."""
+    example = tmp_path / "readme_example.py"
+    example.write_text(readme_example(SDK / "README.md"))
+    out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-error-summary",
+                          "--cache-dir", str(tmp_path / "cache"), str(SDK / "cordon_sandbox"),
+                          str(example)],
+                         capture_output=True, text=True, cwd=SDK, env=dict(os.environ, MYPYPATH=str(SDK)),
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    bad = tmp_path / "bad.py"
+    bad.write_text("from cordon_sandbox import Cordon\n"
+                   "def f(c: Cordon) -> int:\n"
+                   "    return c.run('1').exit_status\n")
+    out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--cache-dir",
+                          str(tmp_path / "cache"), str(bad)], capture_output=True, text=True,
+                         cwd=SDK, env=dict(os.environ, MYPYPATH=str(SDK)), timeout=300)
+    assert out.returncode == 1 and "exit_status" in out.stdout, out.stdout
+
+
+def test_figures_exec_round_trip_sync_and_async(server):
+    """Prints (never asserts) the SDK's exec round trip on one kept-alive connection, and
+    eight sandboxes' execs in flight at once from one async client. Run with
+    `pytest -s -k figures tests/test_client.py`."""
+    import asyncio
+    import statistics
+    import time
+
+    from cordon_sandbox import AsyncCordon
+
+    n = 50
+    with Cordon(server.url, KEYS["alice"]) as c, c.sandbox(tier="wasm") as sb:
+        walls = []
+        for _ in range(n + 5):
+            t0 = time.perf_counter()
+            assert sb.exec("pass", lang="python").ok
+            walls.append((time.perf_counter() - t0) * 1e3)
+        walls = sorted(walls[5:])
+
+    async def together() -> float:
+        async with AsyncCordon(server.url, KEYS["alice"]) as ac:
+            sbs = await asyncio.gather(*(ac.sandbox(tier="wasm") for _ in range(8)))
+            try:
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    await asyncio.gather(*(s.exec("pass", lang="python") for s in sbs))
+                return (time.perf_counter() - t0) * 1e3 / 40
+            finally:
+                await asyncio.gather(*(s.destroy() for s in sbs))
+
+    per_exec = asyncio.run(together())
+    print(f"\n[figures] wasm exec of Python `pass` through the sync SDK, {n} in a row: median "
+          f"{statistics.median(walls):.2f} ms, p90 {walls[int(n * 0.9)]:.2f} ms; async, 8 "
+          f"sandboxes at once, 40 execs: {per_exec:.2f} ms of wall time per exec")
