@@ -1,5 +1,5 @@
-//! How an exec ended: one classification for every tier that runs programs through an agent
-//! (container, gvisor, microvm).
+//! How an exec ended: one classification for every tier (container, gvisor and microvm
+//! through their agents, wasm from its guest's end) and for background execs.
 //!
 //! Each tier only gathers the [`Evidence`] in its own way (the agent's report, cgroup
 //! counters, a log of refused forks, a look at the workspace) and asks [`classify`] what it
@@ -74,8 +74,10 @@ impl Evidence {
 /// 6. **A signal** in the report: [`Termination::Signalled`].
 /// 7. Otherwise the program exited by itself: [`Termination::Exited`].
 ///
-/// [`Termination::Killed`] is not a conclusion of this function: no tier observes a
-/// foreground exec being killed on request apart from losing its agent.
+/// [`Termination::Killed`] comes only as a stop: a background exec a client's signal ended
+/// (the server's process table); no tier observes a foreground exec killed on request
+/// apart from losing its agent. The wasm tier's evidence is its guest's end: a trap is a
+/// reported signal, a host error a lost agent, a full resource table a refused fork.
 pub fn classify(e: &Evidence) -> Termination {
     let clean = e.reported.is_some_and(|r| r.clean());
     let signal = e.reported.and_then(|r| r.signal);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cordon_core::{Limits, Termination};
+use cordon_core::{Evidence, ExitReport, Limits, Termination};
 use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, InstancePre, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::p1::WasiP1Ctx;
@@ -446,25 +446,44 @@ fn conclude(
     match result {
         Err(()) => raw.termination = Termination::Timeout,
         Ok(Ok(code)) => raw.exit_code = Some(code),
-        Ok(Err(e)) => classify(&e, &mut raw, open_files),
+        Ok(Err(e)) => read_error(&e, &mut raw, open_files),
     }
+    // What the guest's end says, as evidence for the one classification every tier uses
+    // (cordon_core::classify): a stop of Cordon's (the deadline, fuel, the output cap), the
+    // guest's exit or trap (reported as a signal), a host error (the sandbox failed), the
+    // resource table full (the tier's process limit), and a refused memory grow or disk
+    // write when the guest then failed.
+    let stopped = match raw.termination {
+        Termination::Timeout | Termination::OutputLimit | Termination::Cancelled => {
+            Some(raw.termination)
+        }
+        _ if flags.output_limit.load(Ordering::Relaxed)
+            && raw.termination != Termination::ProcessLimit =>
+        {
+            Some(Termination::OutputLimit)
+        }
+        _ => None,
+    };
+    let reported = match raw.termination {
+        Termination::Exited | Termination::Signalled => Some(ExitReport {
+            code: raw.exit_code,
+            signal: raw.signal,
+        }),
+        _ => None,
+    };
     let failed = match raw.termination {
         Termination::Exited => raw.exit_code != Some(0),
         Termination::Signalled | Termination::SandboxFailure => true,
         _ => false,
     };
-    if flags.output_limit.load(Ordering::Relaxed)
-        && matches!(
-            raw.termination,
-            Termination::Exited | Termination::Signalled | Termination::SandboxFailure
-        )
-    {
-        raw.termination = Termination::OutputLimit;
-    } else if failed && flags.memory_refused.load(Ordering::Relaxed) {
-        raw.termination = Termination::OutOfMemory;
-    } else if failed && flags.disk_refused.load(Ordering::Relaxed) {
-        raw.termination = Termination::DiskLimit;
-    }
+    let evidence = Evidence {
+        stopped,
+        reported,
+        oom_killed: failed && flags.memory_refused.load(Ordering::Relaxed),
+        forks_refused: raw.termination == Termination::ProcessLimit,
+        disk_full: failed && flags.disk_refused.load(Ordering::Relaxed),
+    };
+    raw.termination = cordon_core::classify(&evidence);
     if raw.termination != Termination::Exited {
         raw.exit_code = None;
     }
@@ -499,8 +518,9 @@ fn arm<T: 'static>(
     Ok(())
 }
 
-/// Maps an error out of the guest to a termination reason.
-fn classify(e: &wasmtime::Error, raw: &mut Raw, open_files: u64) {
+/// Reads an error out of the guest: how it ended as far as the error says (a stop, an exit,
+/// a trap, the resource table full, or a host failure); [`conclude`] classifies.
+fn read_error(e: &wasmtime::Error, raw: &mut Raw, open_files: u64) {
     for cause in e.chain() {
         if let Some(wasmtime::component::ResourceTableError::Full) =
             cause.downcast_ref::<wasmtime::component::ResourceTableError>()

@@ -89,17 +89,19 @@ pub(super) fn on_sandbox<T>(
 /// The outcome of an ended background exec.
 fn outcome_of(tier: Tier, p: &Proc, dropped: [u64; 2]) -> ExecOutcome {
     let exit = p.exit.clone().unwrap_or_default();
-    let termination = if exit.oom_killed {
-        Termination::OutOfMemory
-    } else if exit.pids_limited {
-        Termination::ProcessLimit
-    } else if p.stopped && exit.signal.is_some() {
-        Termination::Killed
-    } else if exit.signal.is_some() {
-        Termination::Signalled
-    } else {
-        Termination::Exited
-    };
+    // The one classification every tier uses (cordon_core::classify), with a background
+    // exec's own evidence: a client's signal that ended it is Cordon's stop (`Killed`); one
+    // it outlived (it exited by itself) is not.
+    let termination = cordon_core::classify(&cordon_core::Evidence {
+        stopped: (p.stopped && exit.signal.is_some()).then_some(Termination::Killed),
+        reported: Some(cordon_core::ExitReport {
+            code: exit.code,
+            signal: exit.signal,
+        }),
+        oom_killed: exit.oom_killed,
+        forks_refused: exit.pids_limited,
+        disk_full: false,
+    });
     let mut o = ExecOutcome::new(tier, termination);
     o.exit_code = exit.code;
     o.signal = exit.signal;
