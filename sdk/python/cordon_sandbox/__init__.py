@@ -27,7 +27,7 @@ from .errors import (ContextBusy, CordonError, FileError, GrantUnavailable, Inte
                      Unauthorized, Unsupported, VolumeExists, VolumeInUse, VolumeQuota)
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
                      Execution, ExecutionError, FileDone, FileEntry, FileWritten, Health,
-                     Limits, Listing, PoolStatus, SandboxInfo, SandboxList, StdinWritten,
+                     Jwks, Limits, Listing, OidcConfiguration, PoolStatus, SandboxInfo, SandboxList, StdinWritten,
                      StreamEvent, Timings, TokenInfo, Usage, Volume, VolumeDeleted,
                      VolumeList, VolumeMountInfo)
 
@@ -38,8 +38,8 @@ __all__ = [
     "AsyncSandbox", "AuditEvent", "BackgroundExec", "Context", "ContextBusy", "ContextInfo",
     "Cordon", "CordonError", "Destroyed", "ExecInfo", "ExecResult", "Execution",
     "ExecutionError", "FileDone", "FileEntry", "FileError", "FileWritten", "Files",
-    "GrantUnavailable", "Health", "InternalError", "InvalidRequest", "LayerUnavailable",
-    "Limits", "Listing", "NotFound", "PathRefused", "PausedQuota", "PayloadTooLarge",
+    "GrantUnavailable", "Health", "InternalError", "InvalidRequest", "Jwks", "LayerUnavailable",
+    "Limits", "Listing", "NotFound", "OidcConfiguration", "PathRefused", "PausedQuota", "PayloadTooLarge",
     "PolicyDenied", "PoolStatus", "ResourceBusy", "Sandbox", "SandboxBusy", "SandboxFailure",
     "SandboxGone", "SandboxInfo", "SandboxList", "SandboxPaused", "ShuttingDown",
     "StdinWritten", "StorageLow", "StreamEvent", "TierUnavailable", "Timings", "TokenInfo",

@@ -12,8 +12,8 @@ from typing import (IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, 
 
 from ._transport import Body, Call, Data
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
-                     Execution, FileDone, FileEntry, FileWritten, Health, Limits, Listing,
-                     SandboxInfo, SandboxList, StdinWritten, TokenInfo, Volume, VolumeDeleted,
+                     Execution, FileDone, FileEntry, FileWritten, Health, Jwks, Limits, Listing,
+                     OidcConfiguration, SandboxInfo, SandboxList, StdinWritten, TokenInfo, Volume, VolumeDeleted,
                      VolumeList)
 
 T = TypeVar("T")
@@ -143,12 +143,12 @@ def introspect_token(token: str) -> Call[TokenInfo]:
     return Call("POST", "/v1/tokens/introspect", TokenInfo.from_json, json={"token": token})
 
 
-def openid_configuration() -> Call[Dict[str, Any]]:
-    return Call("GET", "/.well-known/openid-configuration", _ident)
+def openid_configuration() -> Call[OidcConfiguration]:
+    return Call("GET", "/.well-known/openid-configuration", OidcConfiguration.from_json)
 
 
-def jwks() -> Call[Dict[str, Any]]:
-    return Call("GET", "/.well-known/jwks.json", _ident)
+def jwks() -> Call[Jwks]:
+    return Call("GET", "/.well-known/jwks.json", Jwks.from_json)
 
 
 def raw(method: str, path: str, body: Any) -> Call[Any]:

@@ -24,7 +24,8 @@ from ._transport import AsyncTransport, Data, settings, spool_file
 from .client import PathLike
 from .errors import CordonError, NotFound
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
-                     Execution, FileDone, FileEntry, FileWritten, Health, Listing, SandboxInfo,
+                     Execution, FileDone, FileEntry, FileWritten, Health, Jwks, Listing,
+                     OidcConfiguration, SandboxInfo,
                      SandboxList, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted,
                      VolumeList)
 
@@ -142,10 +143,10 @@ class AsyncCordon:
     async def introspect_token(self, token: str) -> TokenInfo:
         return await self._t.json(ops.introspect_token(token))
 
-    async def openid_configuration(self) -> Dict[str, Any]:
+    async def openid_configuration(self) -> OidcConfiguration:
         return await self._t.json(ops.openid_configuration())
 
-    async def jwks(self) -> Dict[str, Any]:
+    async def jwks(self) -> Jwks:
         return await self._t.json(ops.jwks())
 
 

@@ -5,8 +5,8 @@ code `Context`s and `BackgroundExec`s. `cordon_sandbox.aio` has the same surface
 from __future__ import annotations
 
 import os
-from typing import (IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
-                    Union)
+from typing import (IO, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional,
+                    Sequence, Tuple, Union, overload)
 
 import httpx
 
@@ -15,7 +15,8 @@ from ._ops import Command, Duration, LimitsArg, VolumeArg
 from ._transport import Data, SyncTransport, settings, spool_file
 from .errors import CordonError, NotFound
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
-                     Execution, FileDone, FileEntry, FileWritten, Health, Listing, SandboxInfo,
+                     Execution, FileDone, FileEntry, FileWritten, Health, Jwks, Listing,
+                     OidcConfiguration, SandboxInfo,
                      SandboxList, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted,
                      VolumeList)
 
@@ -166,11 +167,11 @@ class Cordon:
         """Whether a token this server minted for a sandbox is active, and its claims."""
         return self._t.json(ops.introspect_token(token))
 
-    def openid_configuration(self) -> Dict[str, Any]:
+    def openid_configuration(self) -> OidcConfiguration:
         """The OIDC discovery document of the server's minted tokens."""
         return self._t.json(ops.openid_configuration())
 
-    def jwks(self) -> Dict[str, Any]:
+    def jwks(self) -> Jwks:
         """The public keys minted tokens verify with."""
         return self._t.json(ops.jwks())
 
@@ -277,10 +278,24 @@ class Sandbox:
         """Reads a file under /work (`files.download` streams one to disk)."""
         return self._t.read(ops.read_file(self.id, path))
 
+    @overload
     def exec(self, code: Command, lang: Optional[str] = None, *,
              timeout: Optional[Duration] = None, stdin: Optional[Union[str, bytes]] = None,
              env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-             background: bool = False, pty: Optional[Tuple[int, int]] = None) -> Any:
+             background: Literal[False] = False, pty: None = None) -> ExecResult: ...
+
+    @overload
+    def exec(self, code: Command, lang: Optional[str] = None, *,
+             timeout: Optional[Duration] = None, stdin: None = None,
+             env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+             background: Literal[True], pty: Optional[Tuple[int, int]] = None
+             ) -> "BackgroundExec": ...
+
+    def exec(self, code: Command, lang: Optional[str] = None, *,
+             timeout: Optional[Duration] = None, stdin: Optional[Union[str, bytes]] = None,
+             env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+             background: bool = False,
+             pty: Optional[Tuple[int, int]] = None) -> Union[ExecResult, "BackgroundExec"]:
         """Runs a shell command (a string), code in `lang`, or an argv (a list); waits for
         it and returns its `ExecResult`.
 

@@ -460,6 +460,35 @@ class AuditEvent:
 
 
 @dataclass
+class OidcConfiguration:
+    """The OIDC discovery document of the tokens the server mints for sandboxes."""
+
+    issuer: str
+    jwks_uri: str
+    introspection_endpoint: str = ""
+    id_token_signing_alg_values_supported: List[str] = field(default_factory=list)
+    claims_supported: List[str] = field(default_factory=list)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Json) -> "OidcConfiguration":
+        return cls(d["issuer"], d["jwks_uri"], d.get("introspection_endpoint", ""),
+                   list(d.get("id_token_signing_alg_values_supported", [])),
+                   list(d.get("claims_supported", [])), dict(d))
+
+
+@dataclass
+class Jwks:
+    """The public keys minted tokens verify with (each a JWK: kty, crv, x, y, kid, ...)."""
+
+    keys: List[Dict[str, Any]]
+
+    @classmethod
+    def from_json(cls, d: Json) -> "Jwks":
+        return cls([dict(k) for k in d.get("keys", [])])
+
+
+@dataclass
 class TokenInfo:
     """Token introspection (RFC 7662): `active`, and for an active token its claims."""
 

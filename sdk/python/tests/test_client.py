@@ -105,6 +105,20 @@ def test_answers_are_typed_models(alice):
         alice.get_sandbox(sb.id)
 
 
+def test_metrics_and_the_minted_tokens_documents(alice):
+    m = alice.metrics()
+    assert "cordon_pool_ready" in m and m.rstrip().endswith("# EOF"), m[-500:]
+    conf = alice.openid_configuration()
+    assert conf.jwks_uri.endswith("/.well-known/jwks.json") and conf.issuer, conf
+    assert "ES256" in conf.id_token_signing_alg_values_supported, conf
+    keys = alice.jwks().keys
+    assert keys and all(k["kty"] == "EC" and k["kid"] for k in keys), keys
+    # A token this server did not mint is not active (and says nothing else).
+    bogus = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"
+    info = alice.introspect_token(bogus)
+    assert info.active is False and info.claims == {}, info
+
+
 def test_a_429_with_retry_after_is_sent_once_more():
     """One sandbox per tenant: a second create is refused with 429 and Retry-After (1 s).
     The client waits that long and sends it once more; a place freed meanwhile takes it."""

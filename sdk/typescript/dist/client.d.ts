@@ -2,7 +2,7 @@
  * The client: `Cordon` (the service), `Sandbox` (one live sandbox), its `Files`, code
  * `Context`s and `BackgroundExec`s. Only the platform's `fetch`, streams and text codecs.
  */
-import type { ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, Destroyed, Duration, ExecInfo, ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Listing, PtySize, RunOptions, SandboxInfo, SandboxList, SandboxSpec, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted, VolumeList } from "./models.js";
+import type { ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, Destroyed, Duration, ExecInfo, ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Jwks, Listing, OidcConfiguration, PtySize, RunOptions, SandboxInfo, SandboxList, SandboxSpec, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted, VolumeList } from "./models.js";
 export declare const DEFAULT_URL = "http://127.0.0.1:7070";
 /** A 429's Retry-After longer than this is not waited for: the error is thrown at once. */
 export declare const MAX_RETRY_WAIT_SECS = 60;
@@ -88,10 +88,10 @@ export declare class Cordon {
     }): Promise<AuditEvent[]>;
     /** Whether a token this server minted for a sandbox is active, and its claims. */
     introspectToken(token: string): Promise<TokenInfo>;
-    openidConfiguration(): Promise<Record<string, unknown>>;
-    jwks(): Promise<{
-        keys: Record<string, unknown>[];
-    }>;
+    /** The OIDC discovery document of the tokens the server mints for sandboxes. */
+    openidConfiguration(): Promise<OidcConfiguration>;
+    /** The public keys minted tokens verify with. */
+    jwks(): Promise<Jwks>;
 }
 /** A sandbox's /work: list, stat, remove, rename, mkdir, directories as tar streams. */
 export declare class Files {

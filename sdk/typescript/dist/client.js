@@ -267,9 +267,11 @@ export class Cordon {
     introspectToken(token) {
         return this.json({ method: "POST", path: "/v1/tokens/introspect", json: { token } });
     }
+    /** The OIDC discovery document of the tokens the server mints for sandboxes. */
     openidConfiguration() {
         return this.json({ method: "GET", path: "/.well-known/openid-configuration" });
     }
+    /** The public keys minted tokens verify with. */
     jwks() {
         return this.json({ method: "GET", path: "/.well-known/jwks.json" });
     }

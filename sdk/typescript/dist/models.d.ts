@@ -231,6 +231,24 @@ export interface AuditEvent {
     tier: string | null;
     detail: Record<string, unknown>;
 }
+/** The OIDC discovery document of the tokens the server mints for sandboxes. */
+export interface OidcConfiguration {
+    issuer: string;
+    jwks_uri: string;
+    introspection_endpoint: string;
+    id_token_signing_alg_values_supported: string[];
+    response_types_supported: string[];
+    subject_types_supported: string[];
+    claims_supported: string[];
+}
+/** The public keys minted tokens verify with. */
+export interface Jwks {
+    keys: {
+        kty: string;
+        kid: string;
+        [field: string]: unknown;
+    }[];
+}
 export interface TokenInfo {
     active: boolean;
     [claim: string]: unknown;

@@ -6,7 +6,8 @@
 import { CordonError, errorFrom, errorFromText, retryAfterSecs, type ErrorBody } from "./errors.js";
 import type {
   ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, Destroyed, Duration, ExecInfo,
-  ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Lang, Listing, PtySize,
+  ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Jwks, Lang, Listing,
+  OidcConfiguration, PtySize,
   RunOptions, SandboxInfo, SandboxList, SandboxSpec, StdinWritten, StreamEvent, TokenInfo,
   Volume, VolumeDeleted, VolumeList, VolumeMount,
 } from "./models.js";
@@ -327,11 +328,13 @@ export class Cordon {
     return this.json({ method: "POST", path: "/v1/tokens/introspect", json: { token } });
   }
 
-  openidConfiguration(): Promise<Record<string, unknown>> {
+  /** The OIDC discovery document of the tokens the server mints for sandboxes. */
+  openidConfiguration(): Promise<OidcConfiguration> {
     return this.json({ method: "GET", path: "/.well-known/openid-configuration" });
   }
 
-  jwks(): Promise<{ keys: Record<string, unknown>[] }> {
+  /** The public keys minted tokens verify with. */
+  jwks(): Promise<Jwks> {
     return this.json({ method: "GET", path: "/.well-known/jwks.json" });
   }
 }

@@ -160,6 +160,46 @@ describe("against cordon serve", () => {
     assert.ok((await bob.audit({ sandbox: sb.id })).length === 0);
   });
 
+  test("metrics and the minted tokens' documents", async () => {
+    const m = await alice.metrics();
+    assert.ok(m.includes("cordon_pool_ready") && m.trimEnd().endsWith("# EOF"), m.slice(-300));
+    const conf = await alice.openidConfiguration();
+    assert.ok(conf.issuer && conf.jwks_uri.endsWith("/.well-known/jwks.json"), JSON.stringify(conf));
+    assert.ok(conf.id_token_signing_alg_values_supported.includes("ES256"));
+    const { keys } = await alice.jwks();
+    assert.ok(keys.length > 0 && keys.every((k) => k.kty === "EC" && k.kid), JSON.stringify(keys));
+    assert.deepEqual(await alice.introspectToken("eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"), { active: false });
+  });
+
+  test("volumes: made, mounted, kept, refused while mounted, deleted (container)", async (t) => {
+    if (!hasContainer) {
+      t.skip("container tier unavailable here (see the SKIPPING line)");
+      return;
+    }
+    const name = `ts-${process.pid}`;
+    const v = await alice.createVolume(name, "16M");
+    assert.equal(v.name, name);
+    assert.equal(v.size, 16 << 20);
+    try {
+      await assert.rejects(alice.createVolume(name, "16M"), (e) => e.code === "volume_exists");
+      await alice.withSandbox({ tier: "container", volumes: [`${name}:/work/v`] }, async (sb) => {
+        assert.equal((await sb.exec("echo kept > /work/v/f && cat /work/v/f")).stdout, "kept\n");
+        assert.deepEqual((await alice.volume(name)).mounts.map((m) => [m.sandbox, m.read_only]), [[sb.id, false]]);
+        await assert.rejects(alice.deleteVolume(name), (e) => e.code === "volume_in_use");
+      });
+      await alice.withSandbox({ tier: "container", volumes: [{ name, path: "/work/ro", read_only: true }] }, async (sb) => {
+        assert.equal((await sb.exec("cat /work/ro/f")).stdout, "kept\n");
+        assert.notEqual((await sb.exec("echo x > /work/ro/g")).exit_code, 0);
+      });
+      const listed = await alice.volumes();
+      assert.ok(listed.volumes.some((x) => x.name === name) && listed.quota_bytes > 0, JSON.stringify(listed));
+      assert.deepEqual((await bob.volumes()).volumes.filter((x) => x.name === name), []);
+      await assert.rejects(bob.volume(name), NotFound);
+    } finally {
+      assert.deepEqual(await alice.deleteVolume(name), { name, deleted: true });
+    }
+  });
+
   test("timeoutMs bounds a whole call, and a stream only until its head", async () => {
     const quick = new Cordon({ url: server.url, apiKey: KEYS.alice, timeoutMs: 1500 });
     await quick.withSandbox({ tier: "wasm" }, async (sb) => {
