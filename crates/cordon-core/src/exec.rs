@@ -92,6 +92,7 @@ impl ExecRequest {
 
 /// Which output stream a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum OutputStream {
     Stdout,
@@ -100,6 +101,7 @@ pub enum OutputStream {
 
 /// Why an exec ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum Termination {
     /// The program exited by itself; see the exit code.
@@ -196,6 +198,7 @@ pub fn exit_code_for(outcome: &ExecOutcome) -> i32 {
 
 /// Resources one exec used.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Usage {
     /// User + system CPU time, in microseconds.
     pub cpu_time_us: u64,
@@ -207,6 +210,7 @@ pub struct Usage {
 
 /// Where the time went, in microseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Timings {
     /// Time to create the sandbox (zero for a warm one taken from a pool).
     pub start_us: u64,
@@ -225,6 +229,7 @@ pub struct Timings {
 
 /// The result of one exec. Identical in shape for every tier.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ExecOutcome {
     pub tier: Tier,
     pub termination: Termination,
@@ -232,9 +237,13 @@ pub struct ExecOutcome {
     pub exit_code: Option<i32>,
     /// Signal number when the program was ended by a signal.
     pub signal: Option<i32>,
+    /// Standard output as text (invalid UTF-8 replaced).
     #[serde(serialize_with = "ser_lossy", deserialize_with = "de_bytes")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub stdout: Vec<u8>,
+    /// Standard error as text (invalid UTF-8 replaced).
     #[serde(serialize_with = "ser_lossy", deserialize_with = "de_bytes")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub stderr: Vec<u8>,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,

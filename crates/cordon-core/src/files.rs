@@ -11,6 +11,7 @@ pub const MAX_LIST_ENTRIES: usize = 10_000;
 /// What a directory entry is. Only files and directories are ever opened or read; the
 /// other kinds are reported, never followed or opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FileKind {
     File,
@@ -25,6 +26,7 @@ pub enum FileKind {
 /// One directory entry, or what `stat` found (never through a symlink: a symlink is
 /// reported as one).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct FileEntry {
     /// The entry's name in its directory (`/work` for the workspace itself).

@@ -22,6 +22,7 @@ pub const PTY_MAX: u16 = 1000;
 
 /// The size of a background exec's pseudo-terminal, in character cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PtySize {
     pub rows: u16,

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// What a decision was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum EgressDecision {
     /// The request or tunnel was let through.
@@ -28,6 +29,7 @@ pub enum EgressDecision {
 
 /// What kind of traffic the event is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum EgressKind {
     /// An absolute-form plain-HTTP request.
@@ -42,6 +44,7 @@ pub enum EgressKind {
 
 /// One audit event. `path` never includes the query string; no header value is ever logged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct EgressEvent {
     /// Milliseconds since the Unix epoch.
     pub time_ms: u64,
@@ -347,6 +350,7 @@ impl EgressDecision {
 
 /// What kind of thing a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FindingKind {
     /// A real secret value the host knows (raw, base64 or hex): always redacted.
@@ -373,6 +377,7 @@ pub enum FindingKind {
 
 /// One finding. Offsets refer to the scanned input; the matched value is never stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Finding {
     /// What was found.
     pub kind: FindingKind,
@@ -394,6 +399,7 @@ pub struct Finding {
 
 /// The details of one outcome (serialized as its `extra` object).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Details {
     /// Credential formats and known secrets found in what left the sandbox.

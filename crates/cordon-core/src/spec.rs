@@ -23,6 +23,7 @@ pub const HOST_ETC: [&str; 3] = ["alternatives", "matplotlibrc", "ld.so.cache"];
 
 /// An isolation tier. Walls and costs differ; see the README's tier table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
     /// In-process language runtime (QuickJS): the weakest wall, trusted static snippets only.
@@ -94,6 +95,7 @@ impl FromStr for Tier {
 
 /// A language whose source Cordon knows how to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Language {
     Python,
@@ -146,6 +148,7 @@ impl FromStr for Language {
 
 /// Resource limits. Every one is enforced, not advisory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Wall-clock limit of one exec, in milliseconds.
@@ -336,6 +339,7 @@ impl EgressPolicy {
 
 /// A wall the caller explicitly agreed to run without. The result is marked weaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Weakening {
     Landlock,

@@ -51,6 +51,40 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Dur {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A duration: \"250ms\", \"30s\", \"10m\", \"1h\", or a number of seconds.",
+            "anyOf": [
+                {"type": "string"},
+                {"type": "integer", "minimum": 0}
+            ]
+        })
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Size {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ByteSize".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A byte size: \"256M\", \"1.5GiB\", \"64k\", or a number of bytes.",
+            "anyOf": [
+                {"type": "string"},
+                {"type": "integer", "minimum": 0}
+            ]
+        })
+    }
+}
+
 impl Serialize for Size {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_u64(self.0)

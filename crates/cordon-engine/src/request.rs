@@ -28,6 +28,7 @@ impl Principal {
 
 /// Limits a request may give; any left out come from the server's defaults.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsPatch {
     pub timeout_ms: Option<u64>,
@@ -74,6 +75,8 @@ impl LimitsPatch {
 /// An object (a whole grant with a `secret` source, as older clients sent) is refused with
 /// a message that says so and echoes nothing of it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(transparent))]
 pub struct GrantName(pub String);
 
 impl<'de> Deserialize<'de> for GrantName {
@@ -102,6 +105,7 @@ impl<'de> Deserialize<'de> for GrantName {
 /// What to create: a sandbox spec's inputs and its lifetime. `POST /v1/sandboxes`'s body,
 /// the creating half of `POST /v1/run`, MCP's create tool and `cordon run`'s flags.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SandboxRequest {
     /// A tier, or `auto` (the policy picks). Left out: the server's default tier where the
@@ -164,6 +168,7 @@ pub struct SandboxRequest {
 
 /// One volume a create asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct VolumeRequest {
     /// The volume's name.

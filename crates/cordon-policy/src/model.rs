@@ -10,6 +10,7 @@ macro_rules! named_enum {
     ($(#[$m:meta])* $name:ident, $what:literal, { $($(#[$vm:meta])* $variant:ident = $s:literal),+ $(,)? }) => {
         $(#[$m])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
         pub enum $name {
             $($(#[$vm])* #[serde(rename = $s)] $variant),+
         }
@@ -110,6 +111,23 @@ impl FromStr for TierChoice {
 impl Serialize for TierChoice {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for TierChoice {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "TierChoice".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut names = vec!["auto"];
+        names.extend(Tier::ALL.iter().map(|t| t.as_str()));
+        schemars::json_schema!({
+            "description": "A tier, or auto (the policy picks from trust and autonomy).",
+            "type": "string",
+            "enum": names
+        })
     }
 }
 

@@ -369,7 +369,13 @@ async fn mcp_auth(
     }
     let deleting = req.method() == axum::http::Method::DELETE;
     req.extensions_mut().insert(t.clone());
-    let resp = next.run(req).await;
+    let mut resp = next.run(req).await;
+    // rmcp answers a session's DELETE with 202; MCP clients (the official Python SDK among
+    // them) take 200 or 204 as the session ended and warn on anything else.
+    if deleting && resp.status() == StatusCode::ACCEPTED {
+        *resp.status_mut() = StatusCode::NO_CONTENT;
+        *resp.body_mut() = Body::empty();
+    }
     match (&session, resp.headers().get("mcp-session-id")) {
         (None, Some(new)) => {
             if let Ok(id) = new.to_str() {
@@ -511,7 +517,7 @@ async fn list(
     State(svc): State<Service>,
     Auth(t): Auth,
     axum::extract::RawQuery(q): axum::extract::RawQuery,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<crate::model::SandboxList>, ApiError> {
     let pairs: Vec<(String, String)> = serde_urlencoded::from_str(q.as_deref().unwrap_or(""))
         .map_err(|e| ApiError::invalid(format!("the query is not valid: {e}")))?;
     let mut labels = Vec::new();
@@ -526,10 +532,10 @@ async fn list(
             .ok_or_else(|| ApiError::invalid("give label=key=value"))?;
         labels.push((lk.to_string(), lv.to_string()));
     }
-    Ok(Json(json!({
-        "sandboxes": svc.list(&t, &labels),
-        "on_disk_bytes": svc.on_disk_bytes(&t),
-    })))
+    Ok(Json(crate::model::SandboxList {
+        sandboxes: svc.list(&t, &labels),
+        on_disk_bytes: svc.on_disk_bytes(&t),
+    }))
 }
 
 /// An optional body: none (or an empty one) pauses in memory; `{"to_disk": true}` to disk.
@@ -611,7 +617,7 @@ async fn delete_volume(
     State(svc): State<Service>,
     Auth(t): Auth,
     Path(name): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<crate::model::VolumeDeleted>, ApiError> {
     Ok(Json(svc.delete_volume(&t, &name).await?))
 }
 
@@ -619,7 +625,7 @@ async fn destroy(
     State(svc): State<Service>,
     Auth(t): Auth,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<crate::model::Destroyed>, ApiError> {
     let id = parse_id(&id)?;
     Ok(Json(svc.destroy(&t, &id).await?))
 }
@@ -686,9 +692,11 @@ async fn list_execs(
     State(svc): State<Service>,
     Auth(t): Auth,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<crate::model::ExecList>, ApiError> {
     let id = parse_id(&id)?;
-    Ok(Json(json!({ "execs": svc.list_execs(&t, &id).await? })))
+    Ok(Json(crate::model::ExecList {
+        execs: svc.list_execs(&t, &id).await?,
+    }))
 }
 
 #[derive(Deserialize)]
@@ -753,14 +761,17 @@ async fn exec_stdin(
     Auth(t): Auth,
     Path((id, exec_id)): Path<(String, String)>,
     body: Result<Json<crate::model::StdinBody>, JsonRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<crate::model::StdinWritten>, ApiError> {
     let id = parse_id(&id)?;
     let exec_id = parse_exec_id(&exec_id)?;
     let Json(body) = body.map_err(json_rejection)?;
     let data = body.bytes()?;
     let n = data.len();
     svc.exec_stdin(&t, &id, &exec_id, data, body.close).await?;
-    Ok(Json(json!({"bytes": n, "closed": body.close})))
+    Ok(Json(crate::model::StdinWritten {
+        bytes: n as u64,
+        closed: body.close,
+    }))
 }
 
 async fn resize_exec(
@@ -952,7 +963,7 @@ async fn put_file(
     Path((id, path)): Path<(String, String)>,
     q: Result<Query<FileQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<crate::model::FileWritten>, ApiError> {
     let id = parse_id(&id)?;
     let Query(q) = q.map_err(query_rejection)?;
     let body = body.map_err(bytes_rejection)?;
@@ -983,7 +994,7 @@ async fn audit(
     State(svc): State<Service>,
     Auth(t): Auth,
     q: Result<Query<AuditQuery>, QueryRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<crate::model::AuditEvents>, ApiError> {
     let Query(q) = q.map_err(query_rejection)?;
     if let Some(s) = &q.sandbox
         && SandboxId::parse(s).is_none()
@@ -993,7 +1004,7 @@ async fn audit(
         ));
     }
     let events = svc.audit_query(&t, q).await?;
-    Ok(Json(json!({ "events": events })))
+    Ok(Json(crate::model::AuditEvents { events }))
 }
 
 #[cfg(test)]

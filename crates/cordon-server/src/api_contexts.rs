@@ -6,7 +6,6 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::api::{Auth, Mode, json_rejection, mode, parse_id, stream_events};
@@ -43,9 +42,11 @@ pub(crate) async fn list(
     State(svc): State<Service>,
     Auth(t): Auth,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<crate::model::ContextList>, ApiError> {
     let id = parse_id(&id)?;
-    Ok(Json(json!({ "contexts": svc.list_contexts(&t, &id)? })))
+    Ok(Json(crate::model::ContextList {
+        contexts: svc.list_contexts(&t, &id)?,
+    }))
 }
 
 pub(crate) async fn delete(

@@ -57,7 +57,7 @@ pub(crate) struct MkdirBody {
 }
 
 /// A directory's entries.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct Listing {
     pub path: String,
     pub entries: Vec<FileEntry>,
@@ -66,7 +66,7 @@ pub struct Listing {
 }
 
 /// One entry, with the path asked about.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct Stat {
     pub path: String,
     #[serde(flatten)]
@@ -74,7 +74,7 @@ pub struct Stat {
 }
 
 /// What a remove, rename or mkdir did.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct Done {
     pub op: &'static str,
     pub path: String,
@@ -86,19 +86,52 @@ fn unexpected(r: FileReply) -> ApiError {
     ApiError::internal(format!("the sandbox answered a file call with {r:?}"))
 }
 
-async fn done(
+/// A remove, rename or mkdir (the API's routes and MCP's tools).
+pub(crate) async fn file_done(
     svc: &Service,
     t: &crate::keys::Tenant,
     id: &str,
     op: FileOp,
-) -> Result<Json<Done>, ApiError> {
+) -> Result<Done, ApiError> {
     let name = op.name();
     let (path, to) = match &op {
         FileOp::Rename { from, to } => (from.clone(), Some(to.clone())),
         other => (other.path().to_string(), None),
     };
     match svc.file_op(t, id, op).await? {
-        FileReply::Done => Ok(Json(Done { op: name, path, to })),
+        FileReply::Done => Ok(Done { op: name, path, to }),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// A directory's listing (the API's route and MCP's tool).
+pub(crate) async fn list_dir(
+    svc: &Service,
+    t: &crate::keys::Tenant,
+    id: &str,
+    path: String,
+) -> Result<Listing, ApiError> {
+    let op = FileOp::List { path: path.clone() };
+    match svc.file_op(t, id, op).await? {
+        FileReply::Entries { entries, truncated } => Ok(Listing {
+            path,
+            entries,
+            truncated,
+        }),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// One path's entry, never through a symlink (the API's route and MCP's tool).
+pub(crate) async fn stat_path(
+    svc: &Service,
+    t: &crate::keys::Tenant,
+    id: &str,
+    path: String,
+) -> Result<Stat, ApiError> {
+    let op = FileOp::Stat { path: path.clone() };
+    match svc.file_op(t, id, op).await? {
+        FileReply::Entry { entry } => Ok(Stat { path, entry }),
         other => Err(unexpected(other)),
     }
 }
@@ -111,17 +144,7 @@ pub(crate) async fn list(
 ) -> Result<Json<Listing>, ApiError> {
     let id = parse_id(&id)?;
     let Query(q) = q.map_err(query_rejection)?;
-    let op = FileOp::List {
-        path: q.path.clone(),
-    };
-    match svc.file_op(&t, &id, op).await? {
-        FileReply::Entries { entries, truncated } => Ok(Json(Listing {
-            path: q.path,
-            entries,
-            truncated,
-        })),
-        other => Err(unexpected(other)),
-    }
+    Ok(Json(list_dir(&svc, &t, &id, q.path).await?))
 }
 
 pub(crate) async fn stat(
@@ -132,16 +155,7 @@ pub(crate) async fn stat(
 ) -> Result<Json<Stat>, ApiError> {
     let id = parse_id(&id)?;
     let Query(q) = q.map_err(query_rejection)?;
-    let op = FileOp::Stat {
-        path: q.path.clone(),
-    };
-    match svc.file_op(&t, &id, op).await? {
-        FileReply::Entry { entry } => Ok(Json(Stat {
-            path: q.path,
-            entry,
-        })),
-        other => Err(unexpected(other)),
-    }
+    Ok(Json(stat_path(&svc, &t, &id, q.path).await?))
 }
 
 pub(crate) async fn remove(
@@ -156,7 +170,7 @@ pub(crate) async fn remove(
         path: q.path,
         recursive: q.recursive,
     };
-    done(&svc, &t, &id, op).await
+    file_done(&svc, &t, &id, op).await.map(Json)
 }
 
 pub(crate) async fn rename(
@@ -167,7 +181,7 @@ pub(crate) async fn rename(
 ) -> Result<Json<Done>, ApiError> {
     let id = parse_id(&id)?;
     let Json(b) = body.map_err(json_rejection)?;
-    done(
+    file_done(
         &svc,
         &t,
         &id,
@@ -177,6 +191,7 @@ pub(crate) async fn rename(
         },
     )
     .await
+    .map(Json)
 }
 
 pub(crate) async fn mkdir(
@@ -191,7 +206,7 @@ pub(crate) async fn mkdir(
         path: b.path,
         parents: b.parents,
     };
-    done(&svc, &t, &id, op).await
+    file_done(&svc, &t, &id, op).await.map(Json)
 }
 
 /// Extracts the request's tar stream into `?path=` (made if missing) as it arrives.

@@ -1,26 +1,35 @@
-//! MCP (rmcp): tools to run code, create a sandbox, exec, write and read files, list, stat,
-//! remove, rename and make directories, destroy.
+//! MCP (rmcp): the API's capabilities as tools. Each tool takes the API's own typed bodies
+//! (or a sandbox id beside one), answers with the API's own typed answers as structured
+//! content (its `outputSchema` is the answer type's JSON Schema) and as text, and carries a
+//! title and the read-only, destructive and idempotent hints.
 //! Served over stdio (`cordon mcp`, one local tenant) and streamable HTTP at `/mcp`
 //! (the API key's tenant, set by the auth middleware).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::Engine as _;
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::wrapper::Parameters;
+use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
-use cordon_core::{FileOp, FileReply};
+use cordon_core::units::Dur;
+use cordon_core::{ExecOutcome, FileOp, Language, SandboxId};
 
 use crate::ServerError;
+use crate::api_files::{Done, Listing, Stat};
+use crate::audit::Query as AuditQuery;
 use crate::keys::Tenant;
-use crate::model::{CreateRequest, ExecBody, RunRequest};
+use crate::model::{
+    AuditEvents, CellBody, CellResult, ContextBody, ContextInfo, ContextList, CreateRequest,
+    Destroyed, ExecBody, ExecInfo, ExecList, ExecPeek, FileWritten, PatchRequest, RunRequest,
+    SandboxInfo, SandboxList, VolumeCreate, VolumeDeleted, VolumeInfo, VolumeList,
+};
 use crate::service::Service;
 
 /// The MCP server: every tool acts for one tenant.
@@ -32,107 +41,69 @@ pub struct CordonMcp {
     tool_router: ToolRouter<Self>,
 }
 
+/// A tool's answer: the API's typed answer, or the API error's text (`code: message; hint`).
+/// Each tool spells its type out as `Result<Json<T>, String>`: rmcp's macro reads the
+/// output schema from there (an alias would hide it).
+fn answer<T>(r: Result<T, crate::error::ApiError>) -> Result<Json<T>, String> {
+    r.map(Json).map_err(|e| e.to_string())
+}
+
+/// One sandbox, by the id create_sandbox answered.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct RunArgs {
-    /// The source code to run.
-    pub code: String,
-    /// python, bash, sh or javascript (default python).
+#[serde(deny_unknown_fields)]
+pub struct SandboxArgs {
+    /// The sandbox's id (sb-...) from create_sandbox or list_sandboxes.
+    pub sandbox: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListSandboxesArgs {
+    /// Only sandboxes carrying every one of these labels.
     #[serde(default)]
-    pub lang: Option<String>,
-    /// runtime, wasm, container, gvisor or microvm (default: the server's), or auto (the
-    /// policy picks from trust and autonomy).
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecArgs {
+    /// The sandbox's id from create_sandbox.
+    pub sandbox: String,
+    /// Source code (its language in lang, default python), or leave out and give argv.
     #[serde(default)]
-    pub tier: Option<String>,
-    /// Where the code's input came from: trusted or untrusted (give with autonomy to let
-    /// the tier policy pick or check the tier).
+    pub code: Option<String>,
     #[serde(default)]
-    pub trust: Option<String>,
-    /// What the code may do: compute, read-files, write-files, install-packages, internet.
+    pub lang: Option<Language>,
+    /// A program and its arguments, run without a shell.
     #[serde(default)]
-    pub autonomy: Option<String>,
-    /// Timeout such as "10s".
+    pub argv: Option<Vec<String>>,
+    /// Arguments after the code.
     #[serde(default)]
-    pub timeout: Option<String>,
+    pub args: Vec<String>,
+    /// Environment variables of this exec.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Its working directory, under /work.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Past this the exec's whole process tree is killed (at most the sandbox's timeout).
+    #[serde(default)]
+    pub timeout: Option<Dur>,
     /// Standard input as text.
     #[serde(default)]
     pub stdin: Option<String>,
 }
 
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct CreateArgs {
-    #[serde(default)]
-    pub tier: Option<String>,
-    /// trusted or untrusted (with autonomy: the tier policy picks or checks the tier).
-    #[serde(default)]
-    pub trust: Option<String>,
-    /// compute, read-files, write-files, install-packages or internet.
-    #[serde(default)]
-    pub autonomy: Option<String>,
-    /// Lifetime such as "10m".
-    #[serde(default)]
-    pub ttl: Option<String>,
-    /// Destroyed after this long unused, such as "5m".
-    #[serde(default)]
-    pub idle_timeout: Option<String>,
-    /// Hosts the sandbox may reach; none by default.
-    #[serde(default)]
-    pub allow_hosts: Vec<String>,
-    /// Grants of the server's catalogue, by name.
-    #[serde(default)]
-    pub grants: Vec<String>,
-    /// A template (an image's read-only root filesystem) the sandbox's root is made from.
-    #[serde(default)]
-    pub template: Option<String>,
-    /// Labels to find it by later (list_sandboxes filters on them).
-    #[serde(default)]
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// Volumes of yours to mount (create_volume makes them): name, a path under /work,
-    /// read_only (many sandboxes may; read-write is one sandbox's alone).
-    #[serde(default)]
-    pub volumes: Vec<VolumeMountArgs>,
-}
-
-#[derive(Debug, Deserialize, serde::Serialize, schemars::JsonSchema)]
-pub struct VolumeMountArgs {
-    pub name: String,
-    /// Its mount point, an absolute path under /work such as /work/data.
-    pub path: String,
-    #[serde(default)]
-    pub read_only: bool,
+/// Python when code comes without its language (the tools' documented default).
+fn code_lang(code: &Option<String>, lang: Option<Language>) -> Option<Language> {
+    match (code, lang) {
+        (Some(_), None) => Some(Language::Python),
+        (_, l) => l,
+    }
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct VolumeArgs {
-    /// 1 to 63 of a-z, 0-9, '_' and '-'.
-    pub name: String,
-    /// Its size, which is its quota, such as "256M" (at least 8M).
-    pub size: String,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct VolumeNameArgs {
-    pub name: String,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct ExecArgs {
-    /// The sandbox id from create_sandbox.
-    pub sandbox: String,
-    /// Source code (with lang), or leave out and give argv.
-    #[serde(default)]
-    pub code: Option<String>,
-    #[serde(default)]
-    pub lang: Option<String>,
-    /// A program and its arguments, run without a shell.
-    #[serde(default)]
-    pub argv: Option<Vec<String>>,
-    #[serde(default)]
-    pub timeout: Option<String>,
-    #[serde(default)]
-    pub stdin: Option<String>,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WriteFileArgs {
     pub sandbox: String,
     /// A path under /work.
@@ -144,13 +115,25 @@ pub struct WriteFileArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct FileArgs {
     pub sandbox: String,
     /// A path under /work.
     pub path: String,
 }
 
+/// A file read out of a sandbox: `text` when it is UTF-8, else `base64`.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct FileContent {
+    pub path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base64: Option<String>,
+}
+
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ListArgs {
     pub sandbox: String,
     /// A directory: /work (the default) or beneath it.
@@ -159,6 +142,7 @@ pub struct ListArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RemoveArgs {
     pub sandbox: String,
     /// A path under /work (not /work itself).
@@ -169,6 +153,7 @@ pub struct RemoveArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RenameArgs {
     pub sandbox: String,
     pub from: String,
@@ -176,6 +161,7 @@ pub struct RenameArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct MkdirArgs {
     pub sandbox: String,
     pub path: String,
@@ -185,11 +171,7 @@ pub struct MkdirArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct SandboxArgs {
-    pub sandbox: String,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct PauseArgs {
     pub sandbox: String,
     /// Save the whole sandbox to disk and free its memory (microvm only); it survives a
@@ -199,40 +181,41 @@ pub struct PauseArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct StartArgs {
-    /// The sandbox id from create_sandbox.
+    /// The sandbox's id from create_sandbox.
     pub sandbox: String,
-    /// Source code (with lang), or leave out and give argv.
+    /// Source code (its language in lang, default python), or leave out and give argv.
     #[serde(default)]
     pub code: Option<String>,
     #[serde(default)]
-    pub lang: Option<String>,
+    pub lang: Option<Language>,
     /// A program and its arguments, run without a shell.
     #[serde(default)]
     pub argv: Option<Vec<String>>,
+    /// Environment variables of this exec.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
     /// Run it on a pseudo-terminal of this size (an interactive program: a REPL, an editor,
     /// a TUI); its output is all stdout. resize_exec changes the size.
     #[serde(default)]
-    pub pty: Option<PtyArgs>,
-}
-
-/// A terminal size in character cells, each 1 to 1000.
-#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, schemars::JsonSchema)]
-pub struct PtyArgs {
-    pub rows: u16,
-    pub cols: u16,
+    pub pty: Option<cordon_core::PtySize>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ResizeArgs {
     pub sandbox: String,
     /// The background exec's id (ex-<n>), started with pty.
     pub exec: String,
+    /// Rows, 1 to 1000.
     pub rows: u16,
+    /// Columns, 1 to 1000.
     pub cols: u16,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExecIdArgs {
     pub sandbox: String,
     /// The background exec's id (ex-<n>) from start_background or list_execs.
@@ -240,6 +223,7 @@ pub struct ExecIdArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct KillArgs {
     pub sandbox: String,
     pub exec: String,
@@ -249,8 +233,9 @@ pub struct KillArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RunCodeArgs {
-    /// The sandbox id from create_sandbox.
+    /// The sandbox's id from create_sandbox.
     pub sandbox: String,
     /// One cell of code; the value of its last expression comes back as `text`.
     pub code: String,
@@ -260,21 +245,38 @@ pub struct RunCodeArgs {
     pub context: Option<String>,
     /// python (default) or javascript; only without `context`.
     #[serde(default)]
-    pub lang: Option<String>,
-    /// The cell's timeout such as "30s"; past it the cell is interrupted and the context
-    /// keeps its state.
+    pub lang: Option<ContextLang>,
+    /// The cell's timeout; past it the cell is interrupted and the context keeps its state.
     #[serde(default)]
-    pub timeout: Option<String>,
+    pub timeout: Option<Dur>,
+}
+
+/// The languages of code contexts.
+#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ContextLang {
+    Python,
+    Javascript,
+}
+
+impl ContextLang {
+    fn as_str(self) -> &'static str {
+        match self {
+            ContextLang::Python => "python",
+            ContextLang::Javascript => "javascript",
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ContextArgs {
     pub sandbox: String,
-    /// python or javascript.
-    pub lang: String,
+    pub lang: ContextLang,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ContextIdArgs {
     pub sandbox: String,
     /// The context's id (ctx-<n>) from create_context or list_contexts.
@@ -282,63 +284,15 @@ pub struct ContextIdArgs {
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct UpdateArgs {
     pub sandbox: String,
-    /// A new lifetime from its creation, such as "30m" (paused time is not counted).
+    /// A new lifetime from its creation (paused time is not counted).
     #[serde(default)]
-    pub ttl: Option<String>,
-    /// A new idle timeout such as "10m".
+    pub ttl: Option<Dur>,
+    /// A new idle timeout.
     #[serde(default)]
-    pub idle_timeout: Option<String>,
-}
-
-fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
-    serde_json::from_value(v).map_err(|e| format!("invalid_request: {e}"))
-}
-
-fn drop_nulls(mut v: Value) -> Value {
-    if let Value::Object(m) = &mut v {
-        m.retain(|_, x| !x.is_null());
-    }
-    v
-}
-
-impl CordonMcp {
-    /// One file operation; the answer as the HTTP API gives it.
-    async fn file_op(
-        &self,
-        ctx: &RequestContext<RoleServer>,
-        sandbox: &str,
-        op: FileOp,
-    ) -> Result<String, String> {
-        let t = self.tenant(ctx)?;
-        let reply = self
-            .svc
-            .file_op(&t, sandbox, op.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        match reply {
-            FileReply::Entries { entries, truncated } => text(&crate::api_files::Listing {
-                path: op.path().to_string(),
-                entries,
-                truncated,
-            }),
-            FileReply::Entry { entry } => text(&crate::api_files::Stat {
-                path: op.path().to_string(),
-                entry,
-            }),
-            FileReply::Done => text(&json!({"op": op.name(), "path": op.path()})),
-        }
-    }
-}
-
-fn text(v: &impl serde::Serialize) -> Result<String, String> {
-    serde_json::to_string_pretty(v).map_err(|e| format!("internal: {e}"))
-}
-
-/// A service call's answer as a tool's: the JSON of its value, or its error's text.
-fn reply<T: serde::Serialize>(r: Result<T, crate::error::ApiError>) -> Result<String, String> {
-    text(&r.map_err(|e| e.to_string())?)
+    pub idle_timeout: Option<Dur>,
 }
 
 #[tool_router]
@@ -362,127 +316,216 @@ impl CordonMcp {
     }
 
     #[tool(
-        description = "Run code once in a fresh sandbox (created, run, destroyed). Returns the outcome: termination, exit_code, stdout, stderr, usage."
+        title = "Run code once",
+        description = "Run code once in a fresh sandbox (created, run, destroyed): lang + code (lang defaults to python), argv, or wasm_base64, with the create fields of create_sandbox (tier, trust, autonomy, limits, allow_hosts, grants, template) and files to place first. Returns the outcome: termination, exit_code, signal, stdout, stderr, usage, timings.",
+        annotations(
+            title = "Run code once",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn run(
         &self,
-        Parameters(a): Parameters<RunArgs>,
+        Parameters(mut req): Parameters<RunRequest>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<ExecOutcome>, String> {
         let t = self.tenant(&ctx)?;
-        let req: RunRequest = parse(drop_nulls(json!({
-            "code": a.code,
-            "lang": a.lang.unwrap_or_else(|| "python".into()),
-            "tier": a.tier,
-            "trust": a.trust,
-            "autonomy": a.autonomy,
-            "timeout": a.timeout,
-            "stdin": a.stdin,
-        })))?;
+        req.lang = code_lang(&req.code, req.lang);
+        req.stream = false;
         let (create, exec, files) = req.split();
         let job = self
             .svc
             .begin_run(&t, create, &exec, files)
             .await
             .map_err(|e| e.to_string())?;
-        text(&job.run(None).await.map_err(|e| e.to_string())?)
+        answer(job.run(None).await)
     }
 
     #[tool(
-        description = "Create a sandbox that lives across calls (until destroy, its ttl or idle timeout). Returns its id."
+        title = "Create a sandbox",
+        description = "Create a sandbox that lives across calls (until destroy, its ttl or its idle timeout): the body of POST /v1/sandboxes. Returns the sandbox (its id, tier, limits, expiry).",
+        annotations(
+            title = "Create a sandbox",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn create_sandbox(
         &self,
-        Parameters(a): Parameters<CreateArgs>,
+        Parameters(req): Parameters<CreateRequest>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<SandboxInfo>, String> {
         let t = self.tenant(&ctx)?;
-        let req: CreateRequest = parse(drop_nulls(json!({
-            "tier": a.tier,
-            "trust": a.trust,
-            "autonomy": a.autonomy,
-            "ttl": a.ttl,
-            "idle_timeout": a.idle_timeout,
-            "allow_hosts": a.allow_hosts,
-            "grants": a.grants,
-            "template": a.template,
-            "labels": a.labels,
-            "volumes": a.volumes,
-        })))?;
-        text(&self.svc.create(&t, req).await.map_err(|e| e.to_string())?)
+        answer(self.svc.create(&t, req).await)
     }
 
     #[tool(
-        description = "Create a volume: a named file system of the given size (its quota) that outlives sandboxes; mount it with create_sandbox's volumes."
+        title = "List sandboxes",
+        description = "List your live sandboxes (id, tier, state, limits, expiry, labels), optionally only those carrying every given label.",
+        annotations(
+            title = "List sandboxes",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn list_sandboxes(
+        &self,
+        Parameters(a): Parameters<ListSandboxesArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<SandboxList>, String> {
+        let t = self.tenant(&ctx)?;
+        let labels: Vec<(String, String)> = a.labels.into_iter().collect();
+        Ok(Json(SandboxList {
+            sandboxes: self.svc.list(&t, &labels),
+            on_disk_bytes: self.svc.on_disk_bytes(&t),
+        }))
+    }
+
+    #[tool(
+        title = "Describe a sandbox",
+        description = "One live sandbox of yours: its tier, state, limits, expiry, idle timeout and labels.",
+        annotations(
+            title = "Describe a sandbox",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn get_sandbox(
+        &self,
+        Parameters(a): Parameters<SandboxArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<SandboxInfo>, String> {
+        let t = self.tenant(&ctx)?;
+        answer(self.svc.info(&t, &a.sandbox).await)
+    }
+
+    #[tool(
+        title = "Create a volume",
+        description = "Create a volume: a named file system of the given size (its quota) that outlives sandboxes; mount it with create_sandbox's volumes.",
+        annotations(
+            title = "Create a volume",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn create_volume(
         &self,
-        Parameters(a): Parameters<VolumeArgs>,
+        Parameters(req): Parameters<VolumeCreate>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<VolumeInfo>, String> {
         let t = self.tenant(&ctx)?;
-        let req = parse(json!({"name": a.name, "size": a.size}))?;
-        reply(self.svc.create_volume(&t, req).await)
+        answer(self.svc.create_volume(&t, req).await)
     }
 
     #[tool(
-        description = "List your volumes (size, bytes used, the sandboxes mounting each) and your volume quota."
+        title = "List volumes",
+        description = "List your volumes (size, bytes used, the sandboxes mounting each) and your volume quota.",
+        annotations(
+            title = "List volumes",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn list_volumes(&self, ctx: RequestContext<RoleServer>) -> Result<String, String> {
+    async fn list_volumes(
+        &self,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<VolumeList>, String> {
         let t = self.tenant(&ctx)?;
-        text(&self.svc.volumes(&t).await.map_err(|e| e.to_string())?)
+        answer(self.svc.volumes(&t).await)
     }
 
-    #[tool(description = "Delete a volume and its contents (refused while a sandbox mounts it).")]
+    #[tool(
+        title = "Delete a volume",
+        description = "Delete a volume and its contents (refused while a sandbox mounts it).",
+        annotations(
+            title = "Delete a volume",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
     async fn delete_volume(
         &self,
         Parameters(a): Parameters<VolumeNameArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<VolumeDeleted>, String> {
         let t = self.tenant(&ctx)?;
-        reply(self.svc.delete_volume(&t, &a.name).await)
+        answer(self.svc.delete_volume(&t, &a.name).await)
     }
 
-    #[tool(description = "Run code (lang + code) or a program (argv) in an existing sandbox.")]
+    #[tool(
+        title = "Run in a sandbox",
+        description = "Run code (lang + code; lang defaults to python) or a program (argv) in an existing sandbox and wait for it. Returns the outcome: termination, exit_code, signal, stdout, stderr, usage, timings.",
+        annotations(
+            title = "Run in a sandbox",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
+    )]
     async fn exec(
         &self,
         Parameters(a): Parameters<ExecArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<ExecOutcome>, String> {
         let t = self.tenant(&ctx)?;
-        let lang = match (&a.code, &a.lang) {
-            (Some(_), None) => Some("python".to_string()),
-            (_, l) => l.clone(),
+        let body = ExecBody {
+            lang: code_lang(&a.code, a.lang),
+            code: a.code,
+            argv: a.argv,
+            args: a.args,
+            env: a.env,
+            cwd: a.cwd,
+            timeout: a.timeout,
+            stdin: a.stdin,
+            ..ExecBody::default()
         };
-        let body: ExecBody = parse(drop_nulls(json!({
-            "code": a.code,
-            "lang": lang,
-            "argv": a.argv,
-            "timeout": a.timeout,
-            "stdin": a.stdin,
-        })))?;
         let job = self
             .svc
             .begin_exec(&t, &a.sandbox, &body)
             .map_err(|e| e.to_string())?;
-        text(&job.run(None).await.map_err(|e| e.to_string())?)
+        answer(job.run(None).await)
     }
 
-    #[tool(description = "Write a file under /work in a sandbox.")]
+    #[tool(
+        title = "Write a file",
+        description = "Write a file under /work in a sandbox (replacing one that is there). content is text, or base64 with base64: true.",
+        annotations(
+            title = "Write a file",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
     async fn write_file(
         &self,
         Parameters(a): Parameters<WriteFileArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<FileWritten>, String> {
         let t = self.tenant(&ctx)?;
         let data = if a.base64 {
             base64::engine::general_purpose::STANDARD
                 .decode(&a.content)
-                .map_err(|e| format!("invalid_request: content is not base64: {e}"))?
+                .map_err(|e| format!("invalid_request: content is not base64: {e}; send standard base64, or text with base64: false"))?
         } else {
             a.content.into_bytes()
         };
-        reply(
+        answer(
             self.svc
                 .put_file(&t, &a.sandbox, &a.path, data, 0o644)
                 .await,
@@ -490,133 +533,204 @@ impl CordonMcp {
     }
 
     #[tool(
-        description = "Read a file under /work in a sandbox. Returns {path, text} or {path, base64} for binary content."
+        title = "Read a file",
+        description = "Read a file under /work in a sandbox. Returns {path, text}, or {path, base64} for content that is not UTF-8.",
+        annotations(
+            title = "Read a file",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn read_file(
         &self,
         Parameters(a): Parameters<FileArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<FileContent>, String> {
         let t = self.tenant(&ctx)?;
         let data = self
             .svc
             .get_file(&t, &a.sandbox, &a.path)
             .await
             .map_err(|e| e.to_string())?;
-        let v = match String::from_utf8(data) {
-            Ok(s) => json!({"path": a.path, "text": s}),
-            Err(e) => json!({"path": a.path,
-                "base64": base64::engine::general_purpose::STANDARD.encode(e.into_bytes())}),
-        };
-        text(&v)
+        Ok(Json(match String::from_utf8(data) {
+            Ok(s) => FileContent {
+                path: a.path,
+                text: Some(s),
+                base64: None,
+            },
+            Err(e) => FileContent {
+                path: a.path,
+                text: None,
+                base64: Some(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
+            },
+        }))
     }
 
     #[tool(
-        description = "List a directory under /work in a sandbox: {path, entries: [{name, kind, size, mode, mtime_ms}], truncated}. Symlinks are listed as symlinks, never followed."
+        title = "List files",
+        description = "List a directory under /work in a sandbox: {path, entries: [{name, kind, size, mode, mtime_ms}], truncated}. Symlinks are listed as symlinks, never followed.",
+        annotations(
+            title = "List files",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn list_files(
         &self,
         Parameters(a): Parameters<ListArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<Listing>, String> {
+        let t = self.tenant(&ctx)?;
         let path = a.path.unwrap_or_else(|| cordon_core::WORKDIR.to_string());
-        self.file_op(&ctx, &a.sandbox, FileOp::List { path }).await
+        answer(crate::api_files::list_dir(&self.svc, &t, &a.sandbox, path).await)
     }
 
     #[tool(
-        description = "Stat a path under /work in a sandbox: {name, kind, size, mode, mtime_ms}; a symlink is reported as one, not followed."
+        title = "Stat a path",
+        description = "Stat a path under /work in a sandbox: {path, name, kind, size, mode, mtime_ms}; a symlink is reported as one, not followed.",
+        annotations(
+            title = "Stat a path",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn stat_file(
         &self,
         Parameters(a): Parameters<FileArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
-        let op = FileOp::Stat { path: a.path };
-        self.file_op(&ctx, &a.sandbox, op).await
+    ) -> Result<Json<Stat>, String> {
+        let t = self.tenant(&ctx)?;
+        answer(crate::api_files::stat_path(&self.svc, &t, &a.sandbox, a.path).await)
     }
 
     #[tool(
-        description = "Remove a file, symlink or empty directory under /work in a sandbox; recursive removes a directory and everything beneath it."
+        title = "Remove a path",
+        description = "Remove a file, symlink or empty directory under /work in a sandbox; recursive removes a directory and everything beneath it.",
+        annotations(
+            title = "Remove a path",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn remove_path(
         &self,
         Parameters(a): Parameters<RemoveArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<Done>, String> {
         let op = FileOp::Remove {
             path: a.path,
             recursive: a.recursive,
         };
-        self.file_op(&ctx, &a.sandbox, op).await
+        self.file_done(&ctx, &a.sandbox, op).await
     }
 
-    #[tool(description = "Rename or move a path under /work in a sandbox.")]
+    #[tool(
+        title = "Rename a path",
+        description = "Rename or move a path under /work in a sandbox.",
+        annotations(
+            title = "Rename a path",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
     async fn rename_path(
         &self,
         Parameters(a): Parameters<RenameArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<Done>, String> {
         let op = FileOp::Rename {
             from: a.from,
             to: a.to,
         };
-        self.file_op(&ctx, &a.sandbox, op).await
+        self.file_done(&ctx, &a.sandbox, op).await
     }
 
     #[tool(
-        description = "Make a directory under /work in a sandbox (parents: also missing parents)."
+        title = "Make a directory",
+        description = "Make a directory under /work in a sandbox (parents: also missing parents).",
+        annotations(
+            title = "Make a directory",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn make_dir(
         &self,
         Parameters(a): Parameters<MkdirArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<Done>, String> {
         let op = FileOp::Mkdir {
             path: a.path,
             parents: a.parents,
         };
-        self.file_op(&ctx, &a.sandbox, op).await
+        self.file_done(&ctx, &a.sandbox, op).await
     }
 
     #[tool(
-        description = "Start code (lang + code) or a program (argv) in the background in a sandbox (a dev server, a watcher). Returns its exec id at once; read_exec shows its output, kill_exec stops it."
+        title = "Start in the background",
+        description = "Start code (lang + code; lang defaults to python) or a program (argv) in the background in a sandbox (a dev server, a watcher). Returns its exec id at once; read_exec shows its output, kill_exec stops it.",
+        annotations(
+            title = "Start in the background",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn start_background(
         &self,
         Parameters(a): Parameters<StartArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<ExecInfo>, String> {
         let t = self.tenant(&ctx)?;
-        let lang = match (&a.code, &a.lang) {
-            (Some(_), None) => Some("python".to_string()),
-            (_, l) => l.clone(),
+        let body = ExecBody {
+            lang: code_lang(&a.code, a.lang),
+            code: a.code,
+            argv: a.argv,
+            env: a.env,
+            background: true,
+            pty: a.pty,
+            ..ExecBody::default()
         };
-        let body: ExecBody = parse(drop_nulls(json!({
-            "code": a.code,
-            "lang": lang,
-            "argv": a.argv,
-            "background": true,
-            "pty": a.pty,
-        })))?;
-        reply(self.svc.start_background(&t, &a.sandbox, &body).await)
+        answer(self.svc.start_background(&t, &a.sandbox, &body).await)
     }
 
     #[tool(
-        description = "Run a cell of Python (or JavaScript) in a sandbox's long-lived interpreter: variables, imports and open files persist from one call to the next. Returns status (ok, error, timeout, died), text (the last expression's value), results (MIME bundles: image/png base64 from matplotlib or _repr_png_, text/html, application/json), logs (stdout, stderr) and error (name, value, traceback)."
+        title = "Run a code cell",
+        description = "Run a cell of Python (or JavaScript) in a sandbox's long-lived interpreter: variables, imports and open files persist from one call to the next. Returns status (ok, error, timeout, died), text (the last expression's value), results (MIME bundles: image/png base64 from matplotlib or _repr_png_, text/html, application/json), logs (stdout, stderr) and error (name, value, traceback).",
+        annotations(
+            title = "Run a code cell",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn run_code(
         &self,
         Parameters(a): Parameters<RunCodeArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<CellResult>, String> {
         let t = self.tenant(&ctx)?;
         let cid = match a.context {
             Some(c) => c,
             None => {
-                let body: crate::model::ContextBody = parse(json!({
-                    "lang": a.lang.unwrap_or_else(|| "python".into()),
-                    "default": true,
-                }))?;
+                let body = ContextBody {
+                    lang: a.lang.unwrap_or(ContextLang::Python).as_str().to_string(),
+                    default: true,
+                };
                 self.svc
                     .create_context(&t, &a.sandbox, &body)
                     .await
@@ -624,165 +738,323 @@ impl CordonMcp {
                     .id
             }
         };
-        let body: crate::model::CellBody =
-            parse(drop_nulls(json!({"code": a.code, "timeout": a.timeout})))?;
-        reply(self.svc.run_cell(&t, &a.sandbox, &cid, body, None).await)
+        let body = CellBody {
+            code: a.code,
+            timeout: a.timeout,
+            stream: false,
+        };
+        answer(self.svc.run_cell(&t, &a.sandbox, &cid, body, None).await)
     }
 
     #[tool(
-        description = "Start a code context (python or javascript) in a sandbox: a long-lived interpreter for run_code. Returns its id (ctx-<n>)."
+        title = "Start a code context",
+        description = "Start a code context (python or javascript) in a sandbox: a long-lived interpreter for run_code. Returns it with its id (ctx-<n>).",
+        annotations(
+            title = "Start a code context",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn create_context(
         &self,
         Parameters(a): Parameters<ContextArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<ContextInfo>, String> {
         let t = self.tenant(&ctx)?;
-        let body: crate::model::ContextBody = parse(json!({"lang": a.lang}))?;
-        reply(self.svc.create_context(&t, &a.sandbox, &body).await)
+        let body = ContextBody {
+            lang: a.lang.as_str().to_string(),
+            default: false,
+        };
+        answer(self.svc.create_context(&t, &a.sandbox, &body).await)
     }
 
     #[tool(
-        description = "List a sandbox's code contexts: id, lang, state (ready, running, dead), execution_count."
+        title = "List code contexts",
+        description = "List a sandbox's code contexts: id, lang, state (ready, running, dead), execution_count.",
+        annotations(
+            title = "List code contexts",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn list_contexts(
         &self,
         Parameters(a): Parameters<SandboxArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<ContextList>, String> {
         let t = self.tenant(&ctx)?;
-        let v = self
-            .svc
-            .list_contexts(&t, &a.sandbox)
-            .map_err(|e| e.to_string())?;
-        text(&json!({ "contexts": v }))
+        answer(
+            self.svc
+                .list_contexts(&t, &a.sandbox)
+                .map(|contexts| ContextList { contexts }),
+        )
     }
 
     #[tool(
-        description = "Restart a code context's interpreter: every variable and import is gone."
+        title = "Restart a code context",
+        description = "Restart a code context's interpreter: every variable and import is gone.",
+        annotations(
+            title = "Restart a code context",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn restart_context(
         &self,
         Parameters(a): Parameters<ContextIdArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<ContextInfo>, String> {
         let t = self.tenant(&ctx)?;
-        reply(self.svc.restart_context(&t, &a.sandbox, &a.context).await)
+        answer(self.svc.restart_context(&t, &a.sandbox, &a.context).await)
     }
 
-    #[tool(description = "End a code context (its interpreter is killed).")]
+    #[tool(
+        title = "End a code context",
+        description = "End a code context (its interpreter is killed).",
+        annotations(
+            title = "End a code context",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
     async fn delete_context(
         &self,
         Parameters(a): Parameters<ContextIdArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<ContextInfo>, String> {
         let t = self.tenant(&ctx)?;
-        reply(self.svc.delete_context(&t, &a.sandbox, &a.context).await)
+        answer(self.svc.delete_context(&t, &a.sandbox, &a.context).await)
     }
 
     #[tool(
-        description = "List a sandbox's background execs: id, command, state (running or exited), started_ms, exit_code."
+        title = "List background execs",
+        description = "List a sandbox's background execs: id, command, state (running or exited), started_ms, exit_code.",
+        annotations(
+            title = "List background execs",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn list_execs(
         &self,
         Parameters(a): Parameters<SandboxArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<ExecList>, String> {
         let t = self.tenant(&ctx)?;
-        let v = self
-            .svc
-            .list_execs(&t, &a.sandbox)
-            .await
-            .map_err(|e| e.to_string())?;
-        text(&json!({ "execs": v }))
+        answer(
+            self.svc
+                .list_execs(&t, &a.sandbox)
+                .await
+                .map(|execs| ExecList { execs }),
+        )
     }
 
     #[tool(
-        description = "Read a background exec's output so far (the last 1 MiB of each stream) and its state, without waiting."
+        title = "Read a background exec",
+        description = "Read a background exec's output so far (the last 1 MiB of each stream) and its state, without waiting.",
+        annotations(
+            title = "Read a background exec",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn read_exec(
         &self,
         Parameters(a): Parameters<ExecIdArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<ExecPeek>, String> {
         let t = self.tenant(&ctx)?;
-        reply(self.svc.peek_exec(&t, &a.sandbox, &a.exec).await)
+        answer(self.svc.peek_exec(&t, &a.sandbox, &a.exec).await)
     }
 
     #[tool(
-        description = "Resize a background exec's pseudo-terminal (one started with pty): its program gets SIGWINCH and sees the new rows and cols."
+        title = "Resize a terminal",
+        description = "Resize a background exec's pseudo-terminal (one started with pty): its program gets SIGWINCH and sees the new rows and cols.",
+        annotations(
+            title = "Resize a terminal",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn resize_exec(
         &self,
         Parameters(a): Parameters<ResizeArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<ExecInfo>, String> {
         let t = self.tenant(&ctx)?;
         let size = cordon_core::PtySize {
             rows: a.rows,
             cols: a.cols,
         };
-        reply(self.svc.exec_resize(&t, &a.sandbox, &a.exec, size).await)
+        answer(self.svc.exec_resize(&t, &a.sandbox, &a.exec, size).await)
     }
 
     #[tool(
-        description = "Stop a background exec: SIGTERM to its process tree, SIGKILL after a grace (force: at once)."
+        title = "Stop a background exec",
+        description = "Stop a background exec: SIGTERM to its process tree, SIGKILL after a grace (force: at once).",
+        annotations(
+            title = "Stop a background exec",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn kill_exec(
         &self,
         Parameters(a): Parameters<KillArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<ExecInfo>, String> {
         let t = self.tenant(&ctx)?;
-        reply(self.svc.exec_signal(&t, &a.sandbox, &a.exec, a.force).await)
+        answer(self.svc.exec_signal(&t, &a.sandbox, &a.exec, a.force).await)
     }
 
     #[tool(
-        description = "Pause a sandbox: its processes stop (no CPU), its memory stays, its TTL clock stands still; execs are refused until resume_sandbox. to_disk (microvm only) saves it to disk and frees its memory; it survives a server restart."
+        title = "Pause a sandbox",
+        description = "Pause a sandbox: its processes stop (no CPU), its memory stays, its TTL clock stands still; execs are refused until resume_sandbox. to_disk (microvm only) saves it to disk and frees its memory; it survives a server restart.",
+        annotations(
+            title = "Pause a sandbox",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn pause_sandbox(
         &self,
         Parameters(a): Parameters<PauseArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<SandboxInfo>, String> {
         let t = self.tenant(&ctx)?;
-        reply(self.svc.pause(&t, &a.sandbox, a.to_disk).await)
+        answer(self.svc.pause(&t, &a.sandbox, a.to_disk).await)
     }
 
-    #[tool(description = "Resume a paused sandbox; its processes continue where they stopped.")]
+    #[tool(
+        title = "Resume a sandbox",
+        description = "Resume a paused sandbox; its processes continue where they stopped.",
+        annotations(
+            title = "Resume a sandbox",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
     async fn resume_sandbox(
         &self,
         Parameters(a): Parameters<SandboxArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<SandboxInfo>, String> {
         let t = self.tenant(&ctx)?;
-        reply(self.svc.resume(&t, &a.sandbox).await)
+        answer(self.svc.resume(&t, &a.sandbox).await)
     }
 
     #[tool(
-        description = "Change a sandbox's ttl (from its creation) or idle_timeout, within the server's maxima."
+        title = "Change a sandbox's lifetime",
+        description = "Change a sandbox's ttl (from its creation) or idle_timeout, within the server's maxima.",
+        annotations(
+            title = "Change a sandbox's lifetime",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn update_sandbox(
         &self,
         Parameters(a): Parameters<UpdateArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<SandboxInfo>, String> {
         let t = self.tenant(&ctx)?;
-        let req: crate::model::PatchRequest = parse(drop_nulls(json!({
-            "ttl": a.ttl,
-            "idle_timeout": a.idle_timeout,
-        })))?;
-        reply(self.svc.patch(&t, &a.sandbox, req).await)
+        let req = PatchRequest {
+            ttl: a.ttl,
+            idle_timeout: a.idle_timeout,
+        };
+        answer(self.svc.patch(&t, &a.sandbox, req).await)
     }
 
-    #[tool(description = "Destroy a sandbox (idempotent).")]
+    #[tool(
+        title = "Destroy a sandbox",
+        description = "Destroy a sandbox and everything in it (idempotent: destroying it again answers already: true).",
+        annotations(
+            title = "Destroy a sandbox",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
     async fn destroy(
         &self,
         Parameters(a): Parameters<SandboxArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<String, String> {
+    ) -> Result<Json<Destroyed>, String> {
         let t = self.tenant(&ctx)?;
-        reply(self.svc.destroy(&t, &a.sandbox).await)
+        answer(self.svc.destroy(&t, &a.sandbox).await)
+    }
+
+    #[tool(
+        title = "Read the audit log",
+        description = "Your audit rows, oldest first: every create, exec, file call, egress decision and destroy, with its decision and detail. Filter by sandbox, kind (create, exec, egress, destroy, ...), since_ms, after_id (paging); limit defaults to 100, at most 1000.",
+        annotations(
+            title = "Read the audit log",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn audit(
+        &self,
+        Parameters(q): Parameters<AuditQuery>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<AuditEvents>, String> {
+        let t = self.tenant(&ctx)?;
+        if let Some(s) = &q.sandbox
+            && SandboxId::parse(s).is_none()
+        {
+            return Err("invalid_request: sandbox must be an id like sb-<32 hex digits>".into());
+        }
+        answer(
+            self.svc
+                .audit_query(&t, q)
+                .await
+                .map(|events| AuditEvents { events }),
+        )
+    }
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeNameArgs {
+    /// The volume's name.
+    pub name: String,
+}
+
+impl CordonMcp {
+    /// A remove, rename or mkdir, answered as the API answers it.
+    async fn file_done(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        sandbox: &str,
+        op: FileOp,
+    ) -> Result<Json<Done>, String> {
+        let t = self.tenant(ctx)?;
+        answer(crate::api_files::file_done(&self.svc, &t, sandbox, op).await)
     }
 }
 

@@ -23,7 +23,7 @@ pub use cordon_engine::{GrantName, LimitsPatch};
 pub type CreateRequest = cordon_engine::SandboxRequest;
 
 /// What to run: code in a language, an argv, or a WebAssembly module.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecBody {
     #[serde(default, deserialize_with = "de_lang")]
@@ -66,7 +66,7 @@ pub struct ExecBody {
 }
 
 /// A background exec's new terminal size.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResizeBody {
     pub rows: u16,
@@ -74,7 +74,7 @@ pub struct ResizeBody {
 }
 
 /// A background exec as listed.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ExecInfo {
     pub id: String,
     /// What it runs: the argv, or the language and the code's first line (at most 200
@@ -95,7 +95,7 @@ pub struct ExecInfo {
 }
 
 /// A background exec's output so far, read without waiting (MCP's read_exec).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ExecPeek {
     #[serde(flatten)]
     pub info: ExecInfo,
@@ -107,7 +107,7 @@ pub struct ExecPeek {
 }
 
 /// Bytes for a background exec's stdin.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StdinBody {
     #[serde(default)]
@@ -189,7 +189,7 @@ impl ExecBody {
 }
 
 /// A file placed in a one-shot run's sandbox before the exec.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunFile {
     pub path: String,
@@ -215,7 +215,7 @@ impl RunFile {
 }
 
 /// `POST /v1/run`: create, exec once, destroy.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     #[serde(default)]
@@ -305,7 +305,7 @@ impl RunRequest {
 }
 
 /// What the API says about one sandbox.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SandboxInfo {
     pub id: String,
     pub tier: Tier,
@@ -371,7 +371,7 @@ pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError
 
 /// `POST /v1/sandboxes/{id}/pause`: an optional body; without one the sandbox is paused in
 /// memory.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PauseRequest {
     /// Save the whole sandbox to disk and let go of its memory (microvm only).
@@ -381,7 +381,7 @@ pub struct PauseRequest {
 
 /// `PATCH /v1/sandboxes/{id}`: a new TTL (counted from the sandbox's creation, paused time
 /// not counted) or idle timeout, within the server's maxima.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PatchRequest {
     #[serde(default)]
@@ -391,7 +391,7 @@ pub struct PatchRequest {
 }
 
 /// `POST /v1/sandboxes/{id}/contexts`: a long-lived interpreter for code cells.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ContextBody {
     /// `python` or `javascript`.
@@ -403,7 +403,7 @@ pub struct ContextBody {
 }
 
 /// A code context as listed.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ContextInfo {
     pub id: String,
     pub lang: Language,
@@ -424,7 +424,7 @@ pub struct ContextInfo {
 }
 
 /// `POST /v1/sandboxes/{id}/contexts/{context_id}/run`: one cell.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CellBody {
     pub code: String,
@@ -438,7 +438,7 @@ pub struct CellBody {
 }
 
 /// One rich output of a cell: MIME type to data (binary types base64, JSON as its text).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct CellOutput {
     /// The value of the cell's last expression (at most one per cell).
     pub main: bool,
@@ -447,14 +447,14 @@ pub struct CellOutput {
 
 /// A cell's standard output and error, in the order each was written: pieces as they
 /// arrived, joined so that every item but the last ends a line.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CellLogs {
     pub stdout: Vec<String>,
     pub stderr: Vec<String>,
 }
 
 /// What a cell did.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CellResult {
     pub context: String,
     /// `ok`, `error`, `timeout` (interrupted; the context keeps its state) or `died` (the
@@ -478,7 +478,7 @@ pub struct CellResult {
 }
 
 /// `POST /v1/volumes`'s body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeCreate {
     /// 1 to 63 of `a-z 0-9 _ -`, starting with a letter or digit; unique per tenant.
@@ -488,7 +488,7 @@ pub struct VolumeCreate {
 }
 
 /// One volume as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct VolumeInfo {
     pub name: String,
     /// Its quota in bytes: writes past it fail with ENOSPC inside the sandbox.
@@ -501,7 +501,7 @@ pub struct VolumeInfo {
 }
 
 /// A sandbox mounting a volume.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct VolumeMountInfo {
     pub sandbox: String,
     pub read_only: bool,
@@ -509,7 +509,7 @@ pub struct VolumeMountInfo {
 }
 
 /// `GET /v1/volumes`: the tenant's volumes and its volume ceiling.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct VolumeList {
     pub volumes: Vec<VolumeInfo>,
     /// The volumes' sizes added up: what counts against `quota_bytes`.
@@ -520,4 +520,71 @@ pub struct VolumeList {
     pub allocated_bytes: u64,
     /// The most volumes this tenant may have.
     pub max_volumes: usize,
+}
+
+/// `GET /v1/sandboxes`: the tenant's live sandboxes.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<SandboxInfo>,
+    /// Bytes of the server's disk the tenant's sandboxes paused to disk hold.
+    pub on_disk_bytes: u64,
+}
+
+/// What a destroy did: `already` when the sandbox had been destroyed before this call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Destroyed {
+    pub id: String,
+    /// Always `destroyed`.
+    pub state: String,
+    pub already: bool,
+}
+
+impl Destroyed {
+    pub fn new(id: &str, already: bool) -> Self {
+        Destroyed {
+            id: id.to_string(),
+            state: "destroyed".into(),
+            already,
+        }
+    }
+}
+
+/// `DELETE /v1/volumes/{name}`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct VolumeDeleted {
+    pub name: String,
+    pub deleted: bool,
+}
+
+/// A file written into a sandbox: its sandbox path and size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct FileWritten {
+    pub path: String,
+    pub bytes: u64,
+}
+
+/// A sandbox's background execs.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct ExecList {
+    pub execs: Vec<ExecInfo>,
+}
+
+/// A sandbox's code contexts.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct ContextList {
+    pub contexts: Vec<ContextInfo>,
+}
+
+/// Bytes written to a background exec's stdin.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct StdinWritten {
+    pub bytes: u64,
+    /// Its stdin was closed after them.
+    pub closed: bool,
+}
+
+/// `GET /v1/audit`: audit rows, oldest first.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct AuditEvents {
+    pub events: Vec<crate::audit::Event>,
 }

@@ -1276,6 +1276,7 @@ mod mcp {
         assert_eq!(
             names,
             [
+                "audit",
                 "create_context",
                 "create_sandbox",
                 "create_volume",
@@ -1283,10 +1284,12 @@ mod mcp {
                 "delete_volume",
                 "destroy",
                 "exec",
+                "get_sandbox",
                 "kill_exec",
                 "list_contexts",
                 "list_execs",
                 "list_files",
+                "list_sandboxes",
                 "list_volumes",
                 "make_dir",
                 "pause_sandbox",
@@ -1305,6 +1308,31 @@ mod mcp {
                 "write_file"
             ]
         );
+        // Every tool: a title, the three hints, and an object output schema.
+        for t in &tools {
+            assert!(t.title.is_some(), "{} has no title", t.name);
+            let a = t.annotations.as_ref().expect("annotations");
+            assert!(
+                a.read_only_hint.is_some()
+                    && a.destructive_hint.is_some()
+                    && a.idempotent_hint.is_some(),
+                "{} lacks a hint: {a:?}",
+                t.name
+            );
+            let out = t.output_schema.as_ref().expect("an output schema");
+            assert_eq!(out.get("type"), Some(&json!("object")), "{}", t.name);
+        }
+        // Enums in the input schemas: the create tool's tier, trust and autonomy.
+        let create = tools.iter().find(|t| t.name == "create_sandbox").unwrap();
+        let schema = serde_json::to_string(&create.input_schema).unwrap();
+        for v in [
+            "\"gvisor\"",
+            "\"auto\"",
+            "\"untrusted\"",
+            "\"install-packages\"",
+        ] {
+            assert!(schema.contains(v), "{v} not in {schema}");
+        }
 
         let (ok, out) = tool(
             &client,
@@ -1313,7 +1341,11 @@ mod mcp {
         )
         .await;
         assert!(ok, "{out}");
-        assert!(out.contains("\"stdout\": \"42\\n\""), "{out}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&out).unwrap()["stdout"],
+            "42\n",
+            "{out}"
+        );
 
         let (ok, out) = tool(
             &client,
@@ -1339,14 +1371,22 @@ mod mcp {
             json!({"sandbox": id, "path": "/work/n.txt"}),
         )
         .await;
-        assert!(ok && out.contains("\"text\": \"hello\""), "{out}");
+        assert!(ok, "{out}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&out).unwrap()["text"],
+            "hello"
+        );
         let (ok, out) = tool(
             &client,
             "exec",
             json!({"sandbox": id, "argv": ["cat", "/work/n.txt"]}),
         )
         .await;
-        assert!(ok && out.contains("\"stdout\": \"hello\""), "{out}");
+        assert!(ok, "{out}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&out).unwrap()["stdout"],
+            "hello"
+        );
         let (ok, out) = tool(
             &client,
             "read_file",
@@ -1399,10 +1439,14 @@ mod mcp {
             json!({"sandbox": id, "path": "/work"}),
         )
         .await;
-        assert!(
-            ok && out.contains("\"name\": \"f\"") && !out.contains("\"d\""),
-            "{out}"
-        );
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let names: Vec<&str> = v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert!(ok && names == ["f"], "{out}");
         let (ok, out) = tool(
             &client,
             "stat_file",

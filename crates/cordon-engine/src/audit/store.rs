@@ -144,6 +144,7 @@ pub fn now_ms() -> i64 {
 
 /// One audit row as stored and returned by the query API.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Event {
     pub id: i64,
     pub time_ms: i64,
@@ -189,6 +190,7 @@ pub enum StoreError {
 
 /// A query: rows of one tenant (or all, from the CLI), optionally of one sandbox or kind.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Query {
     #[serde(default)]

@@ -37,7 +37,7 @@ impl Service {
         path: &str,
         data: Vec<u8>,
         mode: u32,
-    ) -> Result<serde_json::Value, ApiError> {
+    ) -> Result<crate::model::FileWritten, ApiError> {
         let rel = validate_sandbox_path(path)?;
         let full = format!("/work/{rel}");
         let guard = self.claim(tenant, id)?;
@@ -73,7 +73,10 @@ impl Service {
             r.map_err(ApiError::from)
         })
         .await??;
-        Ok(json!({"path": full, "bytes": n}))
+        Ok(crate::model::FileWritten {
+            path: full,
+            bytes: n as u64,
+        })
     }
 
     /// Reads a file out of a sandbox (under /work), at most the configured size.

@@ -14,7 +14,6 @@ use cordon_core::{
     Backend, Command, ExecOutcome, ExecRequest, OutputSink, OutputStream, Probe, Sandbox,
     SandboxSpec, Tier, validate_sandbox_path,
 };
-use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;

@@ -462,7 +462,11 @@ impl Service {
 
     /// Destroys a sandbox; destroying one already destroyed succeeds again. A sandbox the
     /// reaper is destroying is waited for and then reported as already destroyed.
-    pub async fn destroy(&self, tenant: &Tenant, id: &str) -> Result<serde_json::Value, ApiError> {
+    pub async fn destroy(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+    ) -> Result<crate::model::Destroyed, ApiError> {
         let s = {
             let map = lock(&self.inner.sessions);
             match map.get(id) {
@@ -481,11 +485,11 @@ impl Service {
                     .spawn(async move { svc.destroy_session(s, "client").await })
                     .await
                     .map_err(|e| ApiError::internal(format!("the destroy task failed: {e}")))??;
-                Ok(json!({"id": id, "state": "destroyed", "already": false}))
+                Ok(crate::model::Destroyed::new(id, false))
             }
             Some(s) => {
                 s.wait_ended().await;
-                Ok(json!({"id": id, "state": "destroyed", "already": true}))
+                Ok(crate::model::Destroyed::new(id, true))
             }
             None => {
                 let audit = self.inner.audit.clone();
@@ -495,7 +499,7 @@ impl Service {
                     .map_err(audit_err)?;
                 match known {
                     Some((Some(owner), state)) if owner == tenant.0 && state != "live" => {
-                        Ok(json!({"id": id, "state": "destroyed", "already": true}))
+                        Ok(crate::model::Destroyed::new(id, true))
                     }
                     _ => Err(ApiError::not_found("sandbox")),
                 }

@@ -225,7 +225,7 @@ impl Service {
         &self,
         tenant: &Tenant,
         name: &str,
-    ) -> Result<serde_json::Value, ApiError> {
+    ) -> Result<crate::model::VolumeDeleted, ApiError> {
         self.stopping()?;
         let v = self.volume(tenant, name).await?;
         let store = self.inner.volumes.clone();
@@ -253,7 +253,10 @@ impl Service {
         };
         self.record_volume(tenant, event).await?;
         deleted?;
-        Ok(json!({"name": name, "deleted": true}))
+        Ok(crate::model::VolumeDeleted {
+            name: name.to_string(),
+            deleted: true,
+        })
     }
 
     /// Leases the volumes a create asks for and fills in their host side; the leases are

@@ -48,7 +48,7 @@ pub(super) enum StreamName {
 }
 
 /// How a cell ended, as the driver saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum CellStatus {
     /// It ran to its end.
@@ -75,7 +75,7 @@ impl CellStatus {
 }
 
 /// A cell's error: the exception's (or thrown value's) name, its value and the traceback.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CellError {
     pub name: String,
