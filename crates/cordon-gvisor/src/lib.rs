@@ -27,6 +27,7 @@
 //! `127.0.0.1:3128` inside, started by the agent. A killed Cordon's leftovers (runsc state,
 //! cgroups, bundles) are reaped by the next backend ([`reap`]).
 
+mod bundle;
 mod nproc;
 pub mod reap;
 mod sys;
@@ -448,12 +449,7 @@ struct Live {
 /// How much of runsc's stderr is kept for diagnostics.
 const STDERR_TAIL: usize = 4096;
 
-/// Where the agent binary is bound inside the sandbox.
-const AGENT_INSIDE: &str = "/.cordon/agent";
-
-/// Where the host's `/usr` is bound in a sandbox on a template: the agent (a program of the
-/// host) loads its C library from there; the sandbox's programs come from the template.
-const TEMPLATE_HOST_USR: &str = "/.cordon/usr";
+use bundle::AGENT_INSIDE;
 
 /// Regular files under `dir`, recursively.
 fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
@@ -628,85 +624,67 @@ impl GvisorSandbox {
         Ok(())
     }
 
-    /// The OCI bundle's config: the agent as the container's first process, as the
-    /// sandbox's root inside gVisor (namespaces for each exec's reaper); every program it
-    /// starts runs as the sandbox's uid, without capabilities.
-    fn config_json(&self, cgroup: Option<&SandboxCgroup>) -> Result<serde_json::Value> {
-        let l = &self.spec.limits;
-        let mem = l.memory_bytes as i64;
+    /// The OCI bundle's config for one start (crate::bundle has every field and why).
+    fn config(&self, cgroup: Option<&SandboxCgroup>) -> Result<oci_spec::runtime::Spec> {
         let template = self.spec.resolved_template.as_ref();
-        // With a template the root is the template's (under runsc's overlay, its upper in
-        // the sentry's memory); the host's /usr is bound only at a private path, for the
-        // agent's own loader and C library.
-        let usr = if template.is_some() {
-            TEMPLATE_HOST_USR
-        } else {
-            "/usr"
+        let egress = match &self.egress {
+            Some(link) => Some(bundle::Egress {
+                host_dir: link
+                    .socket()
+                    .parent()
+                    .ok_or_else(|| Error::Sandbox("the egress socket has no directory".into()))?,
+                inside_dir: Path::new(SOCKET_INSIDE)
+                    .parent()
+                    .ok_or_else(|| Error::Sandbox("bad egress socket path".into()))?,
+                socket_inside: SOCKET_INSIDE,
+                port: SANDBOX_PROXY_PORT,
+            }),
+            None => None,
         };
-        let mut args = match template {
-            Some(_) => vec![
-                format!("{TEMPLATE_HOST_USR}/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
-                "--library-path".to_string(),
-                format!("{TEMPLATE_HOST_USR}/lib/x86_64-linux-gnu"),
-                AGENT_INSIDE.to_string(),
-                self.uid.to_string(),
-            ],
-            None => vec![AGENT_INSIDE.to_string(), self.uid.to_string()],
+        // Without a template: the few host /etc entries that /usr points into, read-only
+        // (made in `build`). With one: Cordon's /etc files (and the egress CA) over the
+        // template's own.
+        let (host_etc, etc_overlays) = match template {
+            None => (
+                cordon_core::HOST_ETC
+                    .iter()
+                    .map(|name| Path::new("/etc").join(name))
+                    .filter(|p| p.exists())
+                    .collect(),
+                Vec::new(),
+            ),
+            Some(_) => {
+                let etc = self.bundle.join("rootfs/etc");
+                let files =
+                    files_under(&etc).map_err(|e| Error::io("listing the bundle's /etc", e))?;
+                let overlays = files
+                    .into_iter()
+                    .map(|file| {
+                        let rel = file.strip_prefix(&etc).unwrap_or(&file);
+                        (Path::new("/etc").join(rel), file.clone())
+                    })
+                    .collect();
+                (Vec::new(), overlays)
+            }
         };
-        let mut mounts = vec![
-            serde_json::json!({"destination": "/proc", "type": "proc", "source": "proc"}),
-            serde_json::json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "noexec", "size=64k"]}),
-            // The sandbox's terminals: a devpts instance of gVisor's own kernel (ADR 0014).
-            serde_json::json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
-            serde_json::json!({"destination": usr, "type": "bind", "source": "/usr", "options": ["rbind", "ro", "nosuid", "nodev"]}),
-            serde_json::json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", format!("size={}", l.tmp_bytes)]}),
-            serde_json::json!({"destination": "/work", "type": "bind", "source": self.work.display().to_string(), "options": ["rbind", "rw", "nosuid", "nodev"]}),
-            serde_json::json!({"destination": AGENT_INSIDE, "type": "bind", "source": self.config.agent.display().to_string(), "options": ["bind", "ro", "nosuid", "nodev"]}),
-        ];
-        for (bind, path, ro) in &self.volumes {
-            mounts.push(serde_json::json!({"destination": format!("/work/{path}"), "type": "bind", "source": bind.display().to_string(), "options": ["rbind", if *ro { "ro" } else { "rw" }, "nosuid", "nodev"]}));
-        }
-        if let Some(link) = &self.egress {
-            let dir = link
-                .socket()
-                .parent()
-                .ok_or_else(|| Error::Sandbox("the egress socket has no directory".into()))?;
-            let inside = Path::new(SOCKET_INSIDE)
-                .parent()
-                .ok_or_else(|| Error::Sandbox("bad egress socket path".into()))?;
-            mounts.push(serde_json::json!({"destination": inside.display().to_string(), "type": "bind", "source": dir.display().to_string(), "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}));
-            args.extend([
-                "--egress".to_string(),
-                SANDBOX_PROXY_PORT.to_string(),
-                SOCKET_INSIDE.to_string(),
-            ]);
-        }
-        if template.is_none() {
-            // The few host /etc entries that /usr points into, read-only (made in `build`).
-            for name in cordon_core::HOST_ETC {
-                let host = Path::new("/etc").join(name);
-                if host.exists() {
-                    let host = host.display().to_string();
-                    mounts.push(serde_json::json!({"destination": host, "type": "bind", "source": host, "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}));
-                }
-            }
-        }
-        if template.is_some() {
-            // Cordon's /etc files (and the egress CA) over the template's own.
-            let etc = self.bundle.join("rootfs/etc");
-            for file in files_under(&etc).map_err(|e| Error::io("listing the bundle's /etc", e))? {
-                let rel = file.strip_prefix(&etc).unwrap_or(&file);
-                mounts.push(serde_json::json!({"destination": Path::new("/etc").join(rel).display().to_string(), "type": "bind", "source": file.display().to_string(), "options": ["bind", "ro", "nosuid", "nodev"]}));
-            }
-        }
+        let spec = bundle::config(&bundle::Inputs {
+            uid: self.uid,
+            limits: &self.spec.limits,
+            work: &self.work,
+            agent: &self.config.agent,
+            volumes: &self.volumes,
+            egress,
+            template_root: template.map(|t| t.root.as_path()),
+            host_etc,
+            etc_overlays,
+            cgroups_path: cgroup.map(SandboxCgroup::oci_path),
+        })?;
         if let Some(t) = template {
             // runsc makes a missing bind destination in the root it is given: every one must
             // be in the template already (import makes them), or the template would change.
-            for m in &mounts {
-                let dest = m["destination"].as_str().unwrap_or_default();
-                if m["type"] == "bind"
-                    && cordon_template::resolve_in_root(&t.root, dest).is_none_or(|p| !p.exists())
-                {
+            for dest in bundle::bind_destinations(&spec) {
+                let dest = dest.to_string_lossy();
+                if cordon_template::resolve_in_root(&t.root, &dest).is_none_or(|p| !p.exists()) {
                     return Err(Error::Invalid(format!(
                         "template {:?} lacks the mount point {dest} the gvisor tier needs; \
                          import it again with this version of cordon (cordon template rm, then \
@@ -716,55 +694,7 @@ impl GvisorSandbox {
                 }
             }
         }
-        let mut linux = serde_json::json!({
-            "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
-            "resources": {
-                "memory": {"limit": mem, "swap": mem},
-                "cpu": {"period": 100000u64, "quota": (l.cpus * 100000.0) as i64}
-            }
-        });
-        if let Some(cg) = cgroup {
-            linux["cgroupsPath"] = serde_json::json!(cg.oci_path());
-        }
-        // What the agent needs inside gVisor's kernel and nothing more: namespaces and
-        // /proc mounts for each exec's reaper, taking the sandbox's uid, killing a reaper.
-        // Programs lose every one of them (and the bounding set) before they run.
-        // CAP_DAC_OVERRIDE: the forwarder (the agent's child, outside every exec) opens the
-        // egress socket, whose directory is the sandbox uid's alone.
-        let caps = [
-            "CAP_SYS_ADMIN",
-            "CAP_DAC_OVERRIDE",
-            "CAP_SETUID",
-            "CAP_SETGID",
-            "CAP_SETPCAP",
-            "CAP_KILL",
-        ];
-        Ok(serde_json::json!({
-            "ociVersion": "1.0.2",
-            "process": {
-                "terminal": false,
-                "user": {"uid": 0, "gid": 0},
-                "args": args,
-                "env": ["PATH=/usr/bin:/bin", "HOME=/"],
-                "cwd": "/",
-                "capabilities": {
-                    "bounding": caps,
-                    "effective": caps,
-                    "permitted": caps,
-                },
-                "noNewPrivileges": true,
-                "rlimits": [
-                    {"type": "RLIMIT_NOFILE", "hard": l.open_files.max(1024), "soft": l.open_files.max(1024)}
-                ]
-            },
-            "root": match template {
-                Some(t) => serde_json::json!({"path": t.root.display().to_string(), "readonly": false}),
-                None => serde_json::json!({"path": "rootfs", "readonly": true}),
-            },
-            "hostname": "cordon",
-            "mounts": mounts,
-            "linux": linux
-        }))
+        Ok(spec)
     }
 
     /// Starts the runsc sandbox with the agent and waits for its hello.
@@ -796,15 +726,16 @@ impl GvisorSandbox {
                 cg.remove_everywhere(Duration::from_secs(2));
             }
         };
-        let cfg = match self.config_json(cgroup.as_ref()) {
+        let cfg = match self.config(cgroup.as_ref()).and_then(|c| {
+            serde_json::to_vec(&c).map_err(|e| Error::Sandbox(format!("encoding config.json: {e}")))
+        }) {
             Ok(c) => c,
             Err(e) => {
                 remove_cgroup(&cgroup);
                 return Err(e);
             }
         };
-        if let Err(e) = write_private(&self.bundle.join("config.json"), cfg.to_string().as_bytes())
-        {
+        if let Err(e) = write_private(&self.bundle.join("config.json"), &cfg) {
             remove_cgroup(&cgroup);
             return Err(Error::io("writing config.json", e));
         }
