@@ -13,6 +13,7 @@ use crate::backends;
 #[command(after_help = "\
 EXAMPLES
   cordon serve --new-key alice >> keys.txt      # a key for tenant alice (give it to alice)
+  cordon serve --new-key alice --e2b >> keys.txt  # a key in E2B's form (e2b_ + 40 hex) for E2B's SDKs
   cordon serve --config cordon.toml             # binds 127.0.0.1:7070 unless `bind` says otherwise
 
 See docs/service.md for the configuration file and docs/openapi.json for the API.")]
@@ -27,6 +28,10 @@ pub struct ServeArgs {
     /// hashed form to put in a config, then exit.
     #[arg(long, value_name = "TENANT")]
     new_key: Option<String>,
+    /// With --new-key: a key in E2B's form (`e2b_` and 40 hex digits), which every E2B SDK
+    /// version accepts (docs/e2b.md).
+    #[arg(long, requires = "new_key")]
+    e2b: bool,
     /// Measure API round trips on loopback per tier (warm pool against cold start) with a
     /// server in this process, print medians and exit.
     #[arg(long)]
@@ -48,7 +53,11 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         );
     }
     if let Some(tenant) = args.new_key {
-        let key = keys::generate_key()?;
+        let key = if args.e2b {
+            keys::generate_e2b_key()?
+        } else {
+            keys::generate_key()?
+        };
         println!("{tenant}:{key}");
         eprintln!(
             "hashed form for a config or key file: {tenant}:sha256:{}",
@@ -88,6 +97,9 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
             if server.tls() { "https" } else { "http" },
             server.addr()
         )?;
+        if let Some(addr) = server.e2b_addr() {
+            writeln!(out, "cordon: e2b listening on http://{addr}")?;
+        }
         out.flush()?;
         wait_for_signal().await;
         eprintln!("cordon: shutting down: destroying every sandbox");

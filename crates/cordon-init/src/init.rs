@@ -844,9 +844,12 @@ fn make_tree(at: &Path, setup: &InitSetup) -> Result<(), String> {
     // Pseudo-terminals come from the sandbox's own devpts instance (mounted on dev/pts);
     // ptmx is its multiplexer, never the host's.
     symlink("pts/ptmx", dev.join("ptmx")).map_err(io("linking /dev/ptmx".into()))?;
-    for d in ["dev/shm", "dev/pts", "proc", "tmp", "work"] {
+    for d in ["dev/shm", "dev/pts", "proc", "tmp", "work", "home"] {
         fs::create_dir(at.join(d)).map_err(io(format!("creating /{d}")))?;
     }
+    // `/home/user` names the workspace, as code written for E2B's sandboxes expects (a link
+    // in the read-only root: nothing new is reachable through it).
+    symlink("/work", at.join("home/user")).map_err(io("linking /home/user".into()))?;
     Ok(())
 }
 

@@ -192,6 +192,37 @@ pub struct Config {
     /// The API edge: key rules, failed-key slow-down, what needs a key.
     #[serde(default)]
     pub edge: EdgeConfig,
+    /// The E2B-compatible listener (`[e2b]`, off unless the table is present): E2B's SDKs
+    /// speak to it unchanged, every call going through the same gate (docs/e2b.md).
+    #[serde(default)]
+    pub e2b: Option<E2bConfig>,
+}
+
+/// The E2B-compatible listener: its address, which Cordon template each E2B template name
+/// means and which tier its sandboxes get (the operator's choice, never the client's).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct E2bConfig {
+    /// Where it listens (plain HTTP/1.1 as the SDKs speak it; loopback by default).
+    #[serde(default = "default_e2b_listen")]
+    pub listen: SocketAddr,
+    /// E2B template name to Cordon template name (`cordon template ls`); `""` is the
+    /// tier's own root. `base` and `code-interpreter-v1` mean the tier's root unless
+    /// mapped here; any other name must be mapped.
+    #[serde(default)]
+    pub templates: BTreeMap<String, String>,
+    /// The tier of E2B sandboxes (`auto` lets the policy choose); left out, the server's
+    /// default tier where the policy allows it, as for a native create without a tier.
+    #[serde(default)]
+    pub tier: Option<cordon_policy::TierChoice>,
+    /// Limits of E2B sandboxes beyond the server's `default_limits` (E2B's SDKs cannot
+    /// ask for any).
+    #[serde(default)]
+    pub limits: cordon_engine::LimitsPatch,
+}
+
+fn default_e2b_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 49982))
 }
 
 /// The issuer of minted grant tokens.
@@ -339,6 +370,7 @@ impl Config {
             oidc: OidcConfig::default(),
             tls: None,
             edge: EdgeConfig::default(),
+            e2b: None,
         }
     }
 
@@ -409,6 +441,16 @@ impl Config {
                 "bind = {} is beyond loopback without [tls]: API keys would cross the network in clear; \
                  add [tls] cert_file and key_file, or set edge.allow_plaintext_remote = true behind a TLS proxy",
                 self.bind
+            ));
+        }
+        if let Some(e) = &self.e2b
+            && !e.listen.ip().is_loopback()
+            && !self.edge.allow_plaintext_remote
+        {
+            return bad(format!(
+                "e2b.listen = {} is beyond loopback: E2B's SDKs send their API key in clear over \
+                 plain HTTP; listen on loopback, or set edge.allow_plaintext_remote = true behind a TLS proxy",
+                e.listen
             ));
         }
         for (tier, n) in &self.pools {

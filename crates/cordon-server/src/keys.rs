@@ -35,6 +35,15 @@ pub fn generate_key() -> Result<String, ServerError> {
     Ok(format!("ck_{}", hex::encode(b)))
 }
 
+/// A new random API key in E2B's form, `e2b_` and 40 hex digits (160 bits): some E2B SDK
+/// versions refuse a key of another form before sending it. It is an ordinary key of its
+/// tenant (the key file holds it like any other).
+pub fn generate_e2b_key() -> Result<String, ServerError> {
+    let mut b = [0u8; 20];
+    getrandom::fill(&mut b).map_err(|e| ServerError::Config(format!("no randomness: {e}")))?;
+    Ok(format!("e2b_{}", hex::encode(b)))
+}
+
 fn valid_tenant(t: &str) -> bool {
     !t.is_empty()
         && t.len() <= 64

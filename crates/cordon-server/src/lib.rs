@@ -13,6 +13,7 @@ pub mod api_contexts;
 pub mod api_files;
 pub mod audit;
 pub mod config;
+pub mod e2b;
 mod error;
 pub mod keys;
 pub mod mcp;
@@ -34,6 +35,10 @@ pub struct Server {
     addr: SocketAddr,
     tls: bool,
     task: tokio::task::JoinHandle<Result<(), std::io::Error>>,
+    e2b: Option<(
+        SocketAddr,
+        tokio::task::JoinHandle<Result<(), std::io::Error>>,
+    )>,
 }
 
 impl Server {
@@ -55,6 +60,7 @@ impl Server {
             ));
         }
         let bind = config.bind;
+        let e2b_listen = config.e2b.as_ref().map(|e| e.listen);
         let tls = match &config.tls {
             Some(t) => Some(tls::server_config(&t.cert_file, &t.key_file)?),
             None => None,
@@ -66,6 +72,10 @@ impl Server {
         let addr = listener
             .local_addr()
             .map_err(|e| ServerError::io("reading the bound address", e))?;
+        let e2b = match e2b_listen {
+            Some(at) => Some(e2b::serve(svc.clone(), at).await?),
+            None => None,
+        };
         let app = api::router(svc.clone()).into_make_service_with_connect_info::<api::PeerAddr>();
         let stop = svc.cancelled();
         let is_tls = tls.is_some();
@@ -90,11 +100,17 @@ impl Server {
             addr,
             tls: is_tls,
             task,
+            e2b,
         })
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where the E2B-compatible listener is (when `[e2b]` turned it on).
+    pub fn e2b_addr(&self) -> Option<SocketAddr> {
+        self.e2b.as_ref().map(|(a, _)| *a)
     }
 
     /// Whether the API is served over TLS.
@@ -110,5 +126,8 @@ impl Server {
     pub async fn shutdown(self) {
         self.svc.shutdown().await;
         let _ = tokio::time::timeout(std::time::Duration::from_secs(10), self.task).await;
+        if let Some((_, t)) = self.e2b {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), t).await;
+        }
     }
 }

@@ -104,7 +104,8 @@ pub fn battery(b: &dyn Backend, base: impl Fn() -> SandboxSpec) {
         .next()
         .unwrap();
     assert!(root.contains(" work ") && root.contains(" usr"), "{root}");
-    for host_only in [" boot ", " home ", " var ", " root "] {
+    // (A sandbox root may have its own /home: the container tier's link of E2B's home.)
+    for host_only in [" boot ", " var ", " root "] {
         assert!(
             !root.contains(host_only),
             "the link to / reached the host's root: {root}"

@@ -1,0 +1,497 @@
+//! E2B's control plane (`X-API-KEY`): create, connect (and resume), detail, list, kill,
+//! timeout, pause, each through the native service call. What Cordon does not serve is
+//! refused in E2B's error shape, saying what Cordon does instead.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::Uri;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use cordon_core::units::Dur;
+
+use super::wire::{ConnectBody, NewSandbox, SandboxDetail, SandboxOut, TimeoutBody};
+use super::{E2b, E2bBox, ENVD_VERSION, api_error, e2b_error, rfc3339};
+use crate::api::parse_id;
+use crate::error::{ApiError, Code};
+use crate::keys::Tenant;
+use crate::model::{CreateRequest, PatchRequest, SandboxInfo, validate_labels};
+
+/// E2B's default sandbox timeout, seconds.
+const DEFAULT_TIMEOUT_S: u64 = 300;
+
+type Peer = super::From;
+
+fn body_json<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, Response> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| e2b_error(StatusCode::BAD_REQUEST, format!("the request body: {e}")))
+}
+
+impl Default for TimeoutBody {
+    fn default() -> Self {
+        TimeoutBody {
+            timeout: DEFAULT_TIMEOUT_S,
+        }
+    }
+}
+
+/// The Cordon template an E2B template name means.
+fn template_of(e: &E2b, name: &str) -> Result<Option<String>, Response> {
+    // `name:tag` and `team/name` aliases name the same template.
+    let base = name.rsplit('/').next().unwrap_or(name);
+    let base = base.split(':').next().unwrap_or(base);
+    let mapped = e
+        .cfg
+        .templates
+        .get(name)
+        .or_else(|| e.cfg.templates.get(base));
+    match mapped {
+        Some(t) if t.is_empty() => Ok(None),
+        Some(t) => Ok(Some(t.clone())),
+        None if base == "base" || base == "code-interpreter-v1" => Ok(None),
+        None => Err(e2b_error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "template {name:?} is not one this server maps: Cordon does not build E2B templates; the operator maps E2B template names to Cordon templates in [e2b.templates] (`cordon template build` makes one)"
+            ),
+        )),
+    }
+}
+
+fn refuse(what: &str, instead: &str) -> Response {
+    e2b_error(
+        StatusCode::BAD_REQUEST,
+        format!("{what} is not supported by Cordon's E2B listener: {instead}"),
+    )
+}
+
+pub(super) async fn create(
+    State(e): State<E2b>,
+    from: Peer,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let t = match e.tenant(&headers, from.0) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let req: NewSandbox = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(err) => {
+            return e2b_error(StatusCode::BAD_REQUEST, format!("the request body: {err}"));
+        }
+    };
+    if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
+        return refuse(
+            "volumeMounts",
+            "Cordon's volumes are made and mounted through its own API (POST /v1/volumes, \"volumes\" in a native create)",
+        );
+    }
+    if req.mcp.is_some() {
+        return refuse(
+            "mcp",
+            "Cordon serves MCP itself (POST /mcp on its API, or `cordon mcp`); no MCP gateway runs inside a sandbox",
+        );
+    }
+    if req.secrets.is_some() {
+        return refuse(
+            "secrets",
+            "a sandbox gets credentials only as grants of the operator's catalogue, swapped in by the egress proxy (docs/service.md)",
+        );
+    }
+    if req.auto_pause == Some(true) {
+        return refuse(
+            "autoPause",
+            "a Cordon sandbox is destroyed at its timeout; pause it yourself with pause() before then",
+        );
+    }
+    let template = match template_of(&e, &req.template_id) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_S).max(1);
+    let metadata = req.metadata.unwrap_or_default();
+    if let Err(err) = validate_labels(&metadata) {
+        return api_error(err);
+    }
+    // Egress stays deny-by-default: E2B's network options can only narrow it. Hosts asked
+    // for go to the gate like a native create's, which refuses any beyond the ceiling.
+    let mut allow_hosts = Vec::new();
+    let mut deny_hosts = Vec::new();
+    if let Some(n) = &req.network {
+        if n.rules.is_some() {
+            return refuse(
+                "network.rules",
+                "credentials reach a host only as grants of the operator's catalogue, which Cordon's egress proxy swaps in and masks on the way back (docs/service.md)",
+            );
+        }
+        if n.egress_proxy.is_some() {
+            return refuse(
+                "network.egressProxy",
+                "a sandbox's egress always goes through Cordon's own allow-list proxy",
+            );
+        }
+        allow_hosts = n.allow_out.clone().unwrap_or_default();
+        deny_hosts = n.deny_out.clone().unwrap_or_default();
+    }
+    if req.allow_internet_access == Some(false) {
+        allow_hosts.clear();
+    }
+    let ttl = Dur(Duration::from_secs(timeout));
+    let create = CreateRequest {
+        tier: e.cfg.tier,
+        limits: e.cfg.limits.clone(),
+        env: req.env_vars.unwrap_or_default(),
+        allow_hosts,
+        deny_hosts,
+        template,
+        ttl: Some(ttl),
+        // E2B has no idle timeout: the sandbox lives until its timeout.
+        idle_timeout: Some(ttl),
+        labels: metadata,
+        ..Default::default()
+    };
+    let info = match e.svc.create(&t, create).await {
+        Ok(i) => i,
+        Err(err) => return api_error(err),
+    };
+    e.sweep().await;
+    let b = e.adopt(&t, &info.id, &req.template_id, (timeout * 1000) as i64);
+    (StatusCode::CREATED, Json(sandbox_out(&t, &info, &b))).into_response()
+}
+
+fn sandbox_out(t: &Tenant, info: &SandboxInfo, b: &E2bBox) -> SandboxOut {
+    SandboxOut {
+        template_id: b.template.clone(),
+        sandbox_id: info.id.clone(),
+        client_id: t.0.clone(),
+        envd_version: ENVD_VERSION,
+        envd_access_token: b.token.clone(),
+        traffic_access_token: None,
+        domain: None,
+        alias: None,
+    }
+}
+
+fn detail_of(t: &Tenant, info: &SandboxInfo, b: Option<&E2bBox>) -> SandboxDetail {
+    SandboxDetail {
+        template_id: b
+            .map(|b| b.template.clone())
+            .unwrap_or_else(|| "base".into()),
+        sandbox_id: info.id.clone(),
+        client_id: t.0.clone(),
+        alias: None,
+        started_at: rfc3339(info.created_ms),
+        end_at: rfc3339(info.expires_ms),
+        cpu_count: info.limits.cpus.ceil().max(1.0) as u32,
+        memory_mb: info.limits.memory_bytes >> 20,
+        disk_size_mb: info.limits.disk_bytes >> 20,
+        state: if info.paused { "paused" } else { "running" },
+        envd_version: ENVD_VERSION,
+        metadata: info.labels.clone(),
+        envd_access_token: b.map(|b| b.token.clone()),
+        domain: None,
+    }
+}
+
+fn not_found(id: &str) -> Response {
+    e2b_error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "sandbox {id} not found (list yours with Sandbox.list; other tenants' sandboxes are not visible)"
+        ),
+    )
+}
+
+/// The tenant and the checked id of a call about one sandbox.
+async fn about(
+    e: &E2b,
+    from: &Peer,
+    headers: &HeaderMap,
+    id: &str,
+) -> Result<(Tenant, String, SandboxInfo), Response> {
+    let t = e.tenant(headers, from.0)?;
+    let id = parse_id(id).map_err(|_| not_found(id))?;
+    match e.svc.info(&t, &id).await {
+        Ok(i) if i.state == "live" || i.state == "paused" => Ok((t, id, i)),
+        _ => Err(not_found(&id)),
+    }
+}
+
+pub(super) async fn detail(
+    State(e): State<E2b>,
+    from: Peer,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    match about(&e, &from, &headers, &id).await {
+        Ok((t, id, info)) => Json(detail_of(&t, &info, e.box_of(&id).as_deref())).into_response(),
+        Err(r) => r,
+    }
+}
+
+pub(super) async fn kill(
+    State(e): State<E2b>,
+    from: Peer,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let (t, id, _) = match about(&e, &from, &headers, &id).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    match e.svc.destroy(&t, &id).await {
+        Ok(_) => {
+            e.forget(&id);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(err) if err.code == Code::NotFound => not_found(&id),
+        Err(err) => api_error(err),
+    }
+}
+
+/// Sets the TTL so the sandbox ends `secs` from now (E2B's timeouts count from the call;
+/// Cordon's TTL from the creation, paused time not counted).
+async fn extend(
+    e: &E2b,
+    t: &Tenant,
+    id: &str,
+    info: &SandboxInfo,
+    secs: u64,
+    only_longer: bool,
+) -> Result<SandboxInfo, ApiError> {
+    let now = super::now_ms();
+    let b = e.box_of(id);
+    let ttl_now = b
+        .as_ref()
+        .map(|b| b.ttl_ms.load(Ordering::Relaxed))
+        .unwrap_or(info.expires_ms - info.created_ms);
+    let paused_total = (info.expires_ms - info.created_ms - ttl_now).max(0);
+    let age = (now - info.created_ms - paused_total).max(0);
+    let want = age + (secs as i64) * 1000;
+    if only_longer && info.expires_ms >= now + (secs as i64) * 1000 {
+        return Ok(info.clone());
+    }
+    let ttl = Dur(Duration::from_millis(want.max(1) as u64));
+    let r = e
+        .svc
+        .patch(
+            t,
+            id,
+            PatchRequest {
+                ttl: Some(ttl),
+                idle_timeout: Some(ttl),
+            },
+        )
+        .await?;
+    if let Some(b) = b {
+        b.ttl_ms.store(want, Ordering::Relaxed);
+    }
+    Ok(r)
+}
+
+pub(super) async fn set_timeout(
+    State(e): State<E2b>,
+    from: Peer,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let (t, id, info) = match about(&e, &from, &headers, &id).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let req: TimeoutBody = match body_json(&body) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    match extend(&e, &t, &id, &info, req.timeout.max(1), false).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(err) => api_error(err),
+    }
+}
+
+pub(super) async fn pause(
+    State(e): State<E2b>,
+    from: Peer,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let (t, id, info) = match about(&e, &from, &headers, &id).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if info.paused {
+        return e2b_error(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already paused"),
+        );
+    }
+    match super::retry_busy(|| e.svc.pause(&t, &id, false)).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(err) => api_error(err),
+    }
+}
+
+/// Connect: answers the sandbox (with its access token), resuming it when paused (201)
+/// and extending, never shortening, its timeout when one is given.
+pub(super) async fn connect(
+    State(e): State<E2b>,
+    from: Peer,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let (t, id, mut info) = match about(&e, &from, &headers, &id).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let req: ConnectBody = match body_json(&body) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let mut status = StatusCode::OK;
+    if info.paused {
+        info = match e.svc.resume(&t, &id).await {
+            Ok(i) => i,
+            Err(err) => return api_error(err),
+        };
+        status = StatusCode::CREATED;
+    }
+    let b = e.adopt(&t, &id, "base", info.expires_ms - info.created_ms);
+    if let Some(secs) = req.timeout {
+        match extend(&e, &t, &id, &info, secs.max(1), true).await {
+            Ok(i) => info = i,
+            Err(err) => return api_error(err),
+        }
+    }
+    (status, Json(sandbox_out(&t, &info, &b))).into_response()
+}
+
+/// `GET /v2/sandboxes` (and `/sandboxes`): `metadata` (`k=v&k2=v2`, URL-encoded once
+/// more), `state` (`running,paused`), `limit`, `nextToken` (an offset here).
+pub(super) async fn list(
+    State(e): State<E2b>,
+    from: Peer,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Response {
+    let t = match e.tenant(&headers, from.0) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let pairs: Vec<(String, String)> = match serde_urlencoded::from_str(q.as_deref().unwrap_or(""))
+    {
+        Ok(p) => p,
+        Err(err) => return e2b_error(StatusCode::BAD_REQUEST, format!("the query: {err}")),
+    };
+    let mut labels = Vec::new();
+    let mut states: Option<Vec<String>> = None;
+    let mut limit = usize::MAX;
+    let mut offset = 0usize;
+    for (k, v) in pairs {
+        match k.as_str() {
+            "metadata" | "query" => {
+                let inner: Vec<(String, String)> = match serde_urlencoded::from_str(&v) {
+                    Ok(p) => p,
+                    Err(err) => {
+                        return e2b_error(StatusCode::BAD_REQUEST, format!("metadata: {err}"));
+                    }
+                };
+                labels.extend(inner);
+            }
+            "state" => {
+                states = Some(v.split(',').map(|s| s.trim().to_string()).collect());
+            }
+            "limit" => limit = v.parse().unwrap_or(usize::MAX).max(1),
+            "nextToken" => offset = v.parse().unwrap_or(0),
+            _ => {}
+        }
+    }
+    let mut all: Vec<SandboxInfo> = e
+        .svc
+        .list(&t, &labels)
+        .into_iter()
+        .filter(|i| i.state == "live" || i.state == "paused")
+        .filter(|i| {
+            let s = if i.paused { "paused" } else { "running" };
+            states.as_ref().is_none_or(|v| v.iter().any(|x| x == s))
+        })
+        .collect();
+    all.sort_by_key(|i| (i.created_ms, i.id.clone()));
+    let total = all.len();
+    let page: Vec<SandboxDetail> = all
+        .iter()
+        .skip(offset)
+        .take(limit)
+        .map(|i| detail_of(&t, i, e.box_of(&i.id).as_deref()))
+        .collect();
+    let mut resp = Json(page).into_response();
+    let next = offset.saturating_add(limit);
+    if next < total
+        && let Ok(v) = HeaderValue::from_str(&next.to_string())
+    {
+        resp.headers_mut().insert("x-next-token", v);
+    }
+    resp
+}
+
+/// Sandbox metrics: Cordon reports usage per exec and as Prometheus metrics, not as E2B's
+/// time series.
+pub(super) async fn metrics(
+    State(e): State<E2b>,
+    from: Peer,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(r) = about(&e, &from, &headers, &id).await {
+        return r;
+    }
+    e2b_error(
+        StatusCode::NOT_IMPLEMENTED,
+        "sandbox metrics are not served by Cordon's E2B listener: Cordon reports CPU time and peak memory per exec and the server's figures at /metrics (Prometheus) of its API",
+    )
+}
+
+/// Routes of E2B's API that Cordon does not serve, each with what Cordon does instead.
+pub(super) async fn refused(
+    State(e): State<E2b>,
+    from: Peer,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    if let Err(r) = e.tenant(&headers, from.0) {
+        return r;
+    }
+    let path = uri.path();
+    let instead = if path.contains("/templates") {
+        "Cordon does not build E2B templates; build one with `cordon template build` (or import an OCI image with `cordon template import`) and map its name in [e2b.templates]"
+    } else if path.starts_with("/volumes") {
+        "Cordon's volumes are made through its own API (POST /v1/volumes) and mounted by a native create"
+    } else if path.starts_with("/secrets") {
+        "a sandbox gets credentials only as grants of the operator's catalogue, swapped in by the egress proxy"
+    } else if path.contains("/snapshots") || path.contains("/fork") {
+        "Cordon has no snapshots or forks of a sandbox: pause() keeps one sandbox's state, and templates give many sandboxes the same start"
+    } else if path.ends_with("/network") {
+        "a sandbox's egress allow-list is fixed at its create, within the operator's ceiling; create a new sandbox with the hosts it needs"
+    } else if path.ends_with("/refreshes") {
+        "use set_timeout to extend a sandbox"
+    } else if path.contains("/logs") {
+        "Cordon keeps an audit row of every call (GET /v1/audit); a command's output is its stream"
+    } else {
+        "docs/e2b.md lists what Cordon's E2B listener serves"
+    };
+    e2b_error(
+        StatusCode::NOT_IMPLEMENTED,
+        format!(
+            "{} {path} is not served by Cordon's E2B listener: {instead}",
+            "this route"
+        ),
+    )
+}

@@ -1,0 +1,951 @@
+//! envd, E2B's in-sandbox daemon, as Cordon serves it from the host: processes (Connect
+//! RPC over Cordon's background execs: start, connect, list, input, signals, a PTY's size),
+//! the file system (Connect RPC over Cordon's file operations) and `/files` (over its file
+//! calls). Every call is the native service call, audited as such.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::FromRequest;
+use axum::extract::{Multipart, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use cordon_core::units::Dur;
+use cordon_core::{FileEntry, FileKind, FileOp, FileReply, OutputStream, Termination};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use super::connect::{
+    self, ConnectError, decode_stream_request, decode_unary, end_stream, envelope, split_envelopes,
+    stream_error, unary,
+};
+use super::wire::*;
+use super::{
+    E2b, E2bBox, ENVD_PORT, ProcRecord, api_error, check_reachable, check_user, connect_error,
+    e2b_error, lock, retry_busy, rfc3339, to_e2b_path, to_sandbox_path,
+};
+use crate::error::{ApiError, Code};
+use crate::model::ExecBody;
+use crate::service::Chunk;
+
+/// envd's default keepalive interval when the client asks for none.
+const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
+/// The deepest `ListDir` walks.
+const MAX_DEPTH: u32 = 16;
+/// The most entries a deep `ListDir` answers.
+const MAX_ENTRIES: usize = 10_000;
+
+fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+fn unb64(s: &str) -> Result<Vec<u8>, ConnectError> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .map_err(|e| ConnectError::invalid(format!("input is not base64: {e}")))
+}
+
+/// `GET /health`: the sandbox's daemon answers while the sandbox runs (502 otherwise, as
+/// E2B's proxy does); without sandbox headers, the listener itself.
+pub(super) async fn health(State(e): State<E2b>, headers: HeaderMap) -> Response {
+    if headers.contains_key("e2b-sandbox-id")
+        && let Err(r) = e.sandbox(&headers, ENVD_PORT, false).await
+    {
+        return r;
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+fn is_stream(method: &str) -> bool {
+    matches!(method, "Start" | "Connect" | "StreamInput" | "WatchDir")
+}
+
+/// `/process.Process/{method}`.
+pub(super) async fn process(
+    State(e): State<E2b>,
+    Path(method): Path<String>,
+    req: Request,
+) -> Response {
+    let headers = req.headers().clone();
+    let (id, b) = match e.sandbox(&headers, ENVD_PORT, true).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let fail = |err: ConnectError| {
+        if is_stream(&method) {
+            stream_error(&err)
+        } else {
+            err.into_response()
+        }
+    };
+    if let Err(err) = check_user(&headers, None) {
+        return fail(err);
+    }
+    if method == "StreamInput" {
+        return stream_input(&e, &id, &b, &headers, req.into_body()).await;
+    }
+    let body = match Bytes::from_request(req, &()).await {
+        Ok(b) => b,
+        Err(r) => {
+            return fail(ConnectError::invalid(format!(
+                "reading the request: {}",
+                r.body_text()
+            )));
+        }
+    };
+    let r = match method.as_str() {
+        "Start" => {
+            return start(&e, id, &b, &headers, &body)
+                .await
+                .unwrap_or_else(|e| stream_error(&e));
+        }
+        "Connect" => {
+            return attach_existing(&e, id, &b, &headers, &body)
+                .await
+                .unwrap_or_else(|e| stream_error(&e));
+        }
+        "List" => list(&e, &id, &b).await,
+        "SendInput" => send_input(&e, &id, &b, &headers, &body).await,
+        "CloseStdin" => close_stdin(&e, &id, &b, &headers, &body).await,
+        "SendSignal" => send_signal(&e, &id, &b, &headers, &body).await,
+        "Update" => update(&e, &id, &b, &headers, &body).await,
+        other => Err(ConnectError::unimplemented(format!(
+            "process.Process/{other} is not served by Cordon's E2B listener"
+        ))),
+    };
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn pid_of(exec_id: &str) -> Option<u32> {
+    exec_id.strip_prefix("ex-").and_then(|n| n.parse().ok())
+}
+
+/// The process a selector names: by pid (any of the sandbox's background execs) or by tag.
+fn find(b: &E2bBox, sel: &ProcessSelector) -> Result<(u32, ProcRecord), ConnectError> {
+    let procs = lock(&b.procs);
+    if let Some(pid) = sel.pid {
+        return Ok(match procs.get(&pid) {
+            Some(r) => (pid, r.clone()),
+            None => (
+                pid,
+                ProcRecord {
+                    exec_id: format!("ex-{pid}"),
+                    config: ProcessConfig::default(),
+                    tag: None,
+                    pty: false,
+                },
+            ),
+        });
+    }
+    if let Some(tag) = &sel.tag {
+        return procs
+            .iter()
+            .find(|(_, r)| r.tag.as_deref() == Some(tag.as_str()))
+            .map(|(p, r)| (*p, r.clone()))
+            .ok_or_else(|| ConnectError::not_found(format!("no process with tag {tag:?}")));
+    }
+    Err(ConnectError::invalid("name the process by pid or tag"))
+}
+
+fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+async fn start(
+    e: &E2b,
+    id: String,
+    b: &E2bBox,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ConnectError> {
+    let req: StartRequest = decode_stream_request(headers, body)?;
+    // Connect-Timeout-Ms is the process's lifetime (none: the sandbox's exec timeout).
+    let max = e.svc.config().max_limits.timeout_ms;
+    let timeout = header_u64(headers, "connect-timeout-ms")
+        .filter(|t| *t > 0)
+        .map(|t| Dur(Duration::from_millis(t.min(max))));
+    let keepalive = header_u64(headers, "keepalive-ping-interval")
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_KEEPALIVE);
+    let cwd = req
+        .process
+        .cwd
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .map(to_sandbox_path)
+        .unwrap_or_else(|| "/work".to_string());
+    let mut argv = vec![req.process.cmd.clone()];
+    argv.extend(req.process.args.iter().cloned());
+    let pty = req.pty.map(|p| {
+        let s = p.size.unwrap_or(PtySizeMsg { cols: 80, rows: 24 });
+        cordon_core::PtySize {
+            rows: s.rows,
+            cols: s.cols,
+        }
+    });
+    let exec = ExecBody {
+        argv: Some(argv),
+        env: req.process.envs.clone(),
+        cwd: Some(cwd),
+        background: true,
+        pty,
+        timeout,
+        ..Default::default()
+    };
+    let info = retry_busy(|| e.svc.start_background(&b.tenant, &id, &exec))
+        .await
+        .map_err(connect_error)?;
+    let pid = pid_of(&info.id)
+        .ok_or_else(|| ConnectError::new("internal", "an exec id without a number"))?;
+    lock(&b.procs).insert(
+        pid,
+        ProcRecord {
+            exec_id: info.id.clone(),
+            config: req.process.clone(),
+            tag: req.tag.clone(),
+            pty: pty.is_some(),
+        },
+    );
+    // Without `stdin: true` the process reads end of file at once, as under envd.
+    // (A process that has ended already needs no end of file.)
+    if pty.is_none() && req.stdin != Some(true) {
+        let _ = e
+            .svc
+            .exec_stdin(&b.tenant, &id, &info.id, Vec::new(), true)
+            .await;
+    }
+    Ok(events(e, b, id, info.id, pid, pty.is_some(), keepalive))
+}
+
+async fn attach_existing(
+    e: &E2b,
+    id: String,
+    b: &E2bBox,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ConnectError> {
+    let req: ProcessRequest = decode_stream_request(headers, body)?;
+    let (pid, rec) = find(b, &req.process)?;
+    e.svc
+        .list_execs_check(&b.tenant, &id, &rec.exec_id)
+        .map_err(|_| ConnectError::not_found(format!("process with pid {pid} not found")))?;
+    let keepalive = header_u64(headers, "keepalive-ping-interval")
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_KEEPALIVE);
+    Ok(events(e, b, id, rec.exec_id, pid, rec.pty, keepalive))
+}
+
+/// A process's events: its start, its output as it comes (replayed from its start, as
+/// much as the sandbox keeps), keepalives, and its end (or the error that ended it), then
+/// the end-of-stream message. The client going away leaves the process running.
+fn events(
+    e: &E2b,
+    b: &E2bBox,
+    id: String,
+    exec_id: String,
+    pid: u32,
+    pty: bool,
+    keepalive: Duration,
+) -> Response {
+    let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    let svc = e.svc.clone();
+    let tenant = b.tenant.clone();
+    tokio::spawn(async move {
+        if out_tx
+            .send(Ok(envelope(&EventMsg {
+                event: ProcessEvent::Start { pid },
+            })))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
+        let fut = async move { svc.attach(&tenant, &id, &exec_id, Some(tx)).await };
+        let mut done = std::pin::pin!(fut);
+        let mut tick = tokio::time::interval(keepalive);
+        tick.tick().await;
+        let data = |c: Chunk| {
+            let mut d = DataEvent::default();
+            let text = Some(b64(&c.data));
+            match (pty, c.stream) {
+                (true, _) => d.pty = text,
+                (false, OutputStream::Stdout) => d.stdout = text,
+                (false, OutputStream::Stderr) => d.stderr = text,
+            }
+            envelope(&EventMsg {
+                event: ProcessEvent::Data(d),
+            })
+        };
+        let result = loop {
+            tokio::select! {
+                biased;
+                _ = out_tx.closed() => return,
+                Some(c) = rx.recv() => {
+                    let _ = out_tx.send(Ok(data(c))).await;
+                }
+                _ = tick.tick() => {
+                    let _ = out_tx.send(Ok(envelope(&EventMsg { event: ProcessEvent::Keepalive {} }))).await;
+                }
+                r = &mut done => break r,
+            }
+        };
+        while let Ok(c) = rx.try_recv() {
+            let _ = out_tx.send(Ok(data(c))).await;
+        }
+        let last = match result {
+            Ok(o) if o.termination == Termination::Timeout => end_stream(Some(&ConnectError::new(
+                "deadline_exceeded",
+                "the process ran past its timeout (the call's Connect-Timeout-Ms) and Cordon killed its process tree",
+            ))),
+            Ok(o) => {
+                let _ = out_tx
+                    .send(Ok(envelope(&EventMsg {
+                        event: ProcessEvent::End(end_event(&o)),
+                    })))
+                    .await;
+                end_stream(None)
+            }
+            Err(err) => end_stream(Some(&connect_error(err))),
+        };
+        let _ = out_tx.send(Ok(last)).await;
+    });
+    let stream = futures_util::stream::unfold(out_rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    connect::stream_response(Body::from_stream(stream))
+}
+
+fn signal_name(sig: i32) -> String {
+    match sig {
+        9 => "killed".into(),
+        15 => "terminated".into(),
+        2 => "interrupt".into(),
+        1 => "hangup".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+/// How a process ended, as envd reports it (Go's `ProcessState`: a signal gives exit code
+/// -1); a Cordon limit that stopped it is named in `error`.
+fn end_event(o: &cordon_core::ExecOutcome) -> EndEvent {
+    let limit = |what: &str, code: i32| EndEvent {
+        exit_code: o.exit_code.unwrap_or(code),
+        exited: o.exit_code.is_some(),
+        status: format!("exit status {}", o.exit_code.unwrap_or(code)),
+        error: Some(format!("Cordon stopped it: {what}")),
+    };
+    match o.termination {
+        Termination::Exited => {
+            let c = o.exit_code.unwrap_or(0);
+            EndEvent {
+                exit_code: c,
+                exited: true,
+                status: format!("exit status {c}"),
+                error: None,
+            }
+        }
+        Termination::Signalled | Termination::Killed | Termination::Cancelled => EndEvent {
+            exit_code: -1,
+            exited: false,
+            status: format!("signal: {}", signal_name(o.signal.unwrap_or(9))),
+            error: None,
+        },
+        Termination::OutOfMemory => limit("out of memory (the sandbox's memory limit)", 137),
+        Termination::ProcessLimit => limit("the sandbox's process limit", 122),
+        Termination::OutputLimit => limit("more output than the sandbox's output limit", 121),
+        Termination::DiskLimit => limit("the sandbox's disk limit", 120),
+        Termination::Timeout => limit("its timeout", 124),
+        Termination::SandboxFailure => limit("the sandbox failed", 125),
+    }
+}
+
+async fn list(e: &E2b, id: &str, b: &E2bBox) -> Result<Response, ConnectError> {
+    let execs = e
+        .svc
+        .list_execs(&b.tenant, id)
+        .await
+        .map_err(connect_error)?;
+    let procs = lock(&b.procs);
+    let processes = execs
+        .into_iter()
+        .filter(|x| x.state == "running")
+        .filter_map(|x| {
+            let pid = pid_of(&x.id)?;
+            Some(match procs.get(&pid) {
+                Some(r) => ProcessInfo {
+                    config: r.config.clone(),
+                    pid,
+                    tag: r.tag.clone(),
+                },
+                None => ProcessInfo {
+                    config: ProcessConfig {
+                        cmd: x.command.clone(),
+                        ..Default::default()
+                    },
+                    pid,
+                    tag: None,
+                },
+            })
+        })
+        .collect();
+    Ok(unary(&ListResponse { processes }))
+}
+
+async fn send_input(
+    e: &E2b,
+    id: &str,
+    b: &E2bBox,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ConnectError> {
+    let req: SendInputRequest = decode_unary(headers, body)?;
+    let (_, rec) = find(b, &req.process)?;
+    let data = match (&req.input.stdin, &req.input.pty) {
+        (Some(s), _) | (None, Some(s)) => unb64(s)?,
+        (None, None) => Vec::new(),
+    };
+    write_input(e, id, b, &rec, data, false).await?;
+    Ok(unary(&Empty {}))
+}
+
+async fn write_input(
+    e: &E2b,
+    id: &str,
+    b: &E2bBox,
+    rec: &ProcRecord,
+    data: Vec<u8>,
+    close: bool,
+) -> Result<(), ConnectError> {
+    e.svc
+        .exec_stdin(&b.tenant, id, &rec.exec_id, data, close)
+        .await
+        .map_err(|err| match err.code {
+            Code::NotFound => ConnectError::not_found("process not found"),
+            _ => connect_error(err),
+        })
+}
+
+async fn close_stdin(
+    e: &E2b,
+    id: &str,
+    b: &E2bBox,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ConnectError> {
+    let req: ProcessRequest = decode_unary(headers, body)?;
+    let (_, rec) = find(b, &req.process)?;
+    write_input(e, id, b, &rec, Vec::new(), true).await?;
+    Ok(unary(&Empty {}))
+}
+
+async fn send_signal(
+    e: &E2b,
+    id: &str,
+    b: &E2bBox,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ConnectError> {
+    let req: SendSignalRequest = decode_unary(headers, body)?;
+    let kill = match req.signal.as_str() {
+        "SIGNAL_SIGKILL" => true,
+        "SIGNAL_SIGTERM" => false,
+        other => {
+            return Err(ConnectError::invalid(format!(
+                "signal {other:?}: Cordon sends SIGNAL_SIGTERM or SIGNAL_SIGKILL"
+            )));
+        }
+    };
+    let (pid, rec) = find(b, &req.process)?;
+    let running = e
+        .svc
+        .list_execs(&b.tenant, id)
+        .await
+        .map_err(connect_error)?
+        .iter()
+        .any(|x| x.id == rec.exec_id && x.state == "running");
+    if !running {
+        return Err(ConnectError::not_found(format!(
+            "process with pid {pid} not found"
+        )));
+    }
+    e.svc
+        .exec_signal(&b.tenant, id, &rec.exec_id, kill)
+        .await
+        .map_err(connect_error)?;
+    Ok(unary(&Empty {}))
+}
+
+async fn update(
+    e: &E2b,
+    id: &str,
+    b: &E2bBox,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ConnectError> {
+    let req: UpdateRequest = decode_unary(headers, body)?;
+    let (_, rec) = find(b, &req.process)?;
+    if let Some(size) = req.pty.and_then(|p| p.size) {
+        e.svc
+            .exec_resize(
+                &b.tenant,
+                id,
+                &rec.exec_id,
+                cordon_core::PtySize {
+                    rows: size.rows,
+                    cols: size.cols,
+                },
+            )
+            .await
+            .map_err(connect_error)?;
+    }
+    Ok(unary(&Empty {}))
+}
+
+/// `StreamInput`: a client stream (`start`, then `data` messages), each written to the
+/// process's stdin as it arrives; answered with one empty message.
+async fn stream_input(e: &E2b, id: &str, b: &E2bBox, headers: &HeaderMap, body: Body) -> Response {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !ct.starts_with("application/connect+json") {
+        return stream_error(&ConnectError::unimplemented(
+            "StreamInput takes application/connect+json (the Connect protocol's JSON codec)",
+        ));
+    }
+    let mut data = body.into_data_stream();
+    let mut buf = Vec::new();
+    let mut target: Option<ProcRecord> = None;
+    let r: Result<(), ConnectError> = async {
+        while let Some(piece) = data.next().await {
+            let piece = piece
+                .map_err(|e| ConnectError::new("canceled", format!("reading the stream: {e}")))?;
+            buf.extend_from_slice(&piece);
+            if buf.len() > connect::MAX_MESSAGE + 5 {
+                return Err(ConnectError::new(
+                    "resource_exhausted",
+                    "a message larger than Cordon reads",
+                ));
+            }
+            let (msgs, end) = split_envelopes(&mut buf)?;
+            for m in msgs {
+                let msg: StreamInputMsg = serde_json::from_slice(&m).map_err(|err| {
+                    ConnectError::invalid(format!("a StreamInput message: {err}"))
+                })?;
+                match msg {
+                    StreamInputMsg::Start { process } => target = Some(find(b, &process)?.1),
+                    StreamInputMsg::Data { input } => {
+                        let rec = target
+                            .as_ref()
+                            .ok_or_else(|| ConnectError::invalid("data before start"))?;
+                        let bytes = match (&input.stdin, &input.pty) {
+                            (Some(s), _) | (None, Some(s)) => unb64(s)?,
+                            (None, None) => Vec::new(),
+                        };
+                        write_input(e, id, b, rec, bytes, false).await?;
+                    }
+                    StreamInputMsg::Keepalive {} => {}
+                }
+            }
+            if end {
+                break;
+            }
+        }
+        Ok(())
+    }
+    .await;
+    let mut out = Vec::new();
+    match r {
+        Ok(()) => {
+            out.extend_from_slice(&envelope(&Empty {}));
+            out.extend_from_slice(&end_stream(None));
+        }
+        Err(err) => out.extend_from_slice(&end_stream(Some(&err))),
+    }
+    connect::stream_response(Body::from(out))
+}
+
+// ---- filesystem --------------------------------------------------------------------
+
+fn kind_name(k: FileKind) -> &'static str {
+    match k {
+        FileKind::File => "FILE_TYPE_FILE",
+        FileKind::Dir => "FILE_TYPE_DIRECTORY",
+        FileKind::Symlink => "FILE_TYPE_SYMLINK",
+        _ => "FILE_TYPE_UNSPECIFIED",
+    }
+}
+
+fn permissions(kind: FileKind, mode: u32) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(match kind {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'L',
+        _ => '-',
+    });
+    for shift in [6u32, 3, 0] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+/// An entry as envd reports it; `path` is the sandbox path of the entry.
+fn entry_info(entry: &FileEntry, path: &str) -> EntryInfo {
+    let shown = to_e2b_path(path);
+    let name = shown.rsplit('/').next().unwrap_or("").to_string();
+    EntryInfo {
+        name,
+        kind: kind_name(entry.kind),
+        path: shown,
+        size: entry.size.to_string(),
+        mode: entry.mode,
+        permissions: permissions(entry.kind, entry.mode),
+        owner: "user".into(),
+        group: "user".into(),
+        modified_time: rfc3339(entry.mtime_ms),
+    }
+}
+
+async fn file_op(e: &E2b, b: &E2bBox, id: &str, op: FileOp) -> Result<FileReply, ApiError> {
+    retry_busy(|| e.svc.file_op(&b.tenant, id, op.clone())).await
+}
+
+async fn stat(e: &E2b, b: &E2bBox, id: &str, path: &str) -> Result<EntryInfo, ConnectError> {
+    match file_op(
+        e,
+        b,
+        id,
+        FileOp::Stat {
+            path: path.to_string(),
+        },
+    )
+    .await
+    .map_err(connect_error)?
+    {
+        FileReply::Entry { entry } => Ok(entry_info(&entry, path)),
+        _ => Err(ConnectError::new("internal", "stat answered no entry")),
+    }
+}
+
+fn reachable(p: &str) -> Result<(), ConnectError> {
+    check_reachable(p).map_err(connect_error)
+}
+
+fn join(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
+}
+
+/// `/filesystem.Filesystem/{method}`.
+pub(super) async fn filesystem(
+    State(e): State<E2b>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (id, b) = match e.sandbox(&headers, ENVD_PORT, true).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if is_stream(&method) {
+        return stream_error(&ConnectError::unimplemented(
+            "Cordon does not watch directories; poll with files.list (or run inotifywait through commands.run where the template has it)",
+        ));
+    }
+    if let Err(err) = check_user(&headers, None) {
+        return err.into_response();
+    }
+    let r: Result<Response, ConnectError> = async {
+        match method.as_str() {
+            "Stat" => {
+                let req: PathRequest = decode_unary(&headers, &body)?;
+                let p = to_sandbox_path(&req.path);
+                reachable(&p)?;
+                Ok(unary(&EntryResponse {
+                    entry: stat(&e, &b, &id, &p).await?,
+                }))
+            }
+            "ListDir" => {
+                let req: ListDirRequest = decode_unary(&headers, &body)?;
+                let p = to_sandbox_path(&req.path);
+                reachable(&p)?;
+                let depth = req.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
+                let mut entries = Vec::new();
+                let mut queue = vec![(p, 1u32)];
+                while let Some((dir, d)) = queue.pop() {
+                    let reply = file_op(&e, &b, &id, FileOp::List { path: dir.clone() })
+                        .await
+                        .map_err(connect_error)?;
+                    let FileReply::Entries { entries: list, .. } = reply else {
+                        return Err(ConnectError::new("internal", "list answered no entries"));
+                    };
+                    for ent in list {
+                        let path = join(&dir, &ent.name);
+                        if ent.kind == FileKind::Dir && d < depth {
+                            queue.push((path.clone(), d + 1));
+                        }
+                        entries.push(entry_info(&ent, &path));
+                        if entries.len() >= MAX_ENTRIES {
+                            return Ok(unary(&ListDirResponse { entries }));
+                        }
+                    }
+                }
+                Ok(unary(&ListDirResponse { entries }))
+            }
+            "MakeDir" => {
+                let req: PathRequest = decode_unary(&headers, &body)?;
+                let p = to_sandbox_path(&req.path);
+                reachable(&p)?;
+                if stat(&e, &b, &id, &p).await.is_ok() {
+                    return Err(ConnectError::new(
+                        "already_exists",
+                        format!("directory {} already exists", to_e2b_path(&p)),
+                    ));
+                }
+                file_op(
+                    &e,
+                    &b,
+                    &id,
+                    FileOp::Mkdir {
+                        path: p.clone(),
+                        parents: true,
+                    },
+                )
+                .await
+                .map_err(connect_error)?;
+                Ok(unary(&EntryResponse {
+                    entry: stat(&e, &b, &id, &p).await?,
+                }))
+            }
+            "Move" => {
+                let req: MoveRequest = decode_unary(&headers, &body)?;
+                let from = to_sandbox_path(&req.source);
+                let to = to_sandbox_path(&req.destination);
+                reachable(&from)?;
+                reachable(&to)?;
+                file_op(
+                    &e,
+                    &b,
+                    &id,
+                    FileOp::Rename {
+                        from,
+                        to: to.clone(),
+                    },
+                )
+                .await
+                .map_err(connect_error)?;
+                Ok(unary(&EntryResponse {
+                    entry: stat(&e, &b, &id, &to).await?,
+                }))
+            }
+            "Remove" => {
+                let req: PathRequest = decode_unary(&headers, &body)?;
+                let p = to_sandbox_path(&req.path);
+                reachable(&p)?;
+                file_op(
+                    &e,
+                    &b,
+                    &id,
+                    FileOp::Remove {
+                        path: p,
+                        recursive: true,
+                    },
+                )
+                .await
+                .map_err(connect_error)?;
+                Ok(unary(&Empty {}))
+            }
+            "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
+                Err(ConnectError::unimplemented(
+                    "Cordon does not watch directories; poll with files.list",
+                ))
+            }
+            other => Err(ConnectError::unimplemented(format!(
+                "filesystem.Filesystem/{other} is not served by Cordon's E2B listener"
+            ))),
+        }
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+// ---- /files ------------------------------------------------------------------------
+
+/// A refusal of a `/files` call: E2B's error shape with the status the SDKs map (404 for
+/// a file that is not there).
+fn files_error(err: ApiError) -> Response {
+    if err.code == Code::FileError && err.message.contains("does not exist") {
+        return e2b_error(StatusCode::NOT_FOUND, super::shown_paths(&err.message));
+    }
+    if err.code == Code::PathRefused {
+        return e2b_error(
+            StatusCode::BAD_REQUEST,
+            super::shown_paths(&format!("{} ({})", err.message, err.fix)),
+        );
+    }
+    api_error(err)
+}
+
+fn user_of(q: &FilesQuery) -> Result<(), Response> {
+    check_user(&HeaderMap::new(), q.username.as_deref())
+        .map_err(|e| e2b_error(StatusCode::UNAUTHORIZED, e.message))
+}
+
+/// `GET /files?path=`: the file's bytes.
+pub(super) async fn get_file(
+    State(e): State<E2b>,
+    headers: HeaderMap,
+    Query(q): Query<FilesQuery>,
+) -> Response {
+    let (id, b) = match e.sandbox(&headers, ENVD_PORT, true).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if let Err(r) = user_of(&q) {
+        return r;
+    }
+    let p = to_sandbox_path(q.path.as_deref().unwrap_or(""));
+    if let Err(err) = check_reachable(&p) {
+        return files_error(err);
+    }
+    match retry_busy(|| e.svc.get_file(&b.tenant, &id, &p)).await {
+        Ok(data) => ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response(),
+        Err(err) => files_error(err),
+    }
+}
+
+async fn write_one(
+    e: &E2b,
+    b: &E2bBox,
+    id: &str,
+    path: &str,
+    data: Vec<u8>,
+) -> Result<WriteInfo, Response> {
+    let p = to_sandbox_path(path);
+    check_reachable(&p).map_err(files_error)?;
+    retry_busy(|| e.svc.put_file(&b.tenant, id, &p, data.clone(), 0o644))
+        .await
+        .map_err(files_error)?;
+    let shown = to_e2b_path(&p);
+    Ok(WriteInfo {
+        name: shown.rsplit('/').next().unwrap_or("").to_string(),
+        kind: "file",
+        path: shown,
+    })
+}
+
+/// `POST /files`: `multipart/form-data` (one part per file, its file name the destination
+/// when no `path` is given) or a raw `application/octet-stream` body for `path`.
+pub(super) async fn post_files(
+    State(e): State<E2b>,
+    Query(q): Query<FilesQuery>,
+    req: Request,
+) -> Response {
+    let headers = req.headers().clone();
+    let (id, b) = match e.sandbox(&headers, ENVD_PORT, true).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if let Err(r) = user_of(&q) {
+        return r;
+    }
+    if headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| !v.eq_ignore_ascii_case("identity"))
+    {
+        return e2b_error(
+            StatusCode::BAD_REQUEST,
+            "compressed uploads are not taken by Cordon's E2B listener; write without gzip",
+        );
+    }
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let mut written = Vec::new();
+    if ct.starts_with("multipart/form-data") {
+        let mut mp = match Multipart::from_request(req, &()).await {
+            Ok(m) => m,
+            Err(err) => return e2b_error(StatusCode::BAD_REQUEST, err.body_text()),
+        };
+        loop {
+            let field = match mp.next_field().await {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(err) => return e2b_error(err.status(), err.body_text()),
+            };
+            let name = field.file_name().map(str::to_string);
+            let data = match field.bytes().await {
+                Ok(d) => d,
+                Err(err) => return e2b_error(err.status(), err.body_text()),
+            };
+            let path = match (&q.path, name) {
+                (Some(p), _) if !p.is_empty() => p.clone(),
+                (_, Some(n)) if !n.is_empty() => n,
+                _ => {
+                    return e2b_error(
+                        StatusCode::BAD_REQUEST,
+                        "a file part without a destination: give ?path= or the part's file name",
+                    );
+                }
+            };
+            match write_one(&e, &b, &id, &path, data.to_vec()).await {
+                Ok(w) => written.push(w),
+                Err(r) => return r,
+            }
+        }
+    } else {
+        let Some(path) = q.path.clone().filter(|p| !p.is_empty()) else {
+            return e2b_error(StatusCode::BAD_REQUEST, "a raw upload needs ?path=");
+        };
+        let data = match Bytes::from_request(req, &()).await {
+            Ok(d) => d,
+            Err(err) => return e2b_error(err.status(), err.body_text()),
+        };
+        match write_one(&e, &b, &id, &path, data.to_vec()).await {
+            Ok(w) => written.push(w),
+            Err(r) => return r,
+        }
+    }
+    Json(written).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permissions_read_like_ls() {
+        assert_eq!(permissions(FileKind::File, 0o644), "-rw-r--r--");
+        assert_eq!(permissions(FileKind::Dir, 0o755), "drwxr-xr-x");
+    }
+
+    #[test]
+    fn a_signal_ends_with_minus_one() {
+        let mut o =
+            cordon_core::ExecOutcome::new(cordon_core::Tier::Container, Termination::Signalled);
+        o.signal = Some(9);
+        let ev = end_event(&o);
+        assert_eq!(
+            (ev.exit_code, ev.exited, ev.status.as_str()),
+            (-1, false, "signal: killed")
+        );
+        let mut o =
+            cordon_core::ExecOutcome::new(cordon_core::Tier::Container, Termination::Exited);
+        o.exit_code = Some(3);
+        assert_eq!(end_event(&o).status, "exit status 3");
+    }
+}

@@ -1,0 +1,322 @@
+//! E2B's code interpreter (port 49999) over Cordon's code contexts: `/execute` streams a
+//! cell's output as NDJSON lines, `/contexts` makes, lists, deletes and restarts contexts.
+//! Python and JavaScript run; the other kernels E2B's image has do not exist here.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use tokio::sync::mpsc;
+
+use super::wire::{ContextCreate, ContextOut, ExecuteRequest, OutputLine, ResultOut};
+use super::{E2b, E2bBox, HOME, INTERP_PORT, api_error, e2b_error, now_ms, rfc3339};
+use crate::model::{CellBody, CellOutput, ContextBody, ContextInfo};
+use crate::service::{CellStatus, Chunk};
+
+/// A line every this long while a cell is quiet (E2B's server does the same).
+const KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// Cordon's language name for E2B's.
+fn language(l: Option<&str>) -> Result<&'static str, Response> {
+    match l.unwrap_or("python") {
+        "python" | "py" | "" => Ok("python"),
+        "javascript" | "js" => Ok("javascript"),
+        other => Err(e2b_error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "language {other:?}: Cordon's code contexts run python and javascript; run other languages with commands.run"
+            ),
+        )),
+    }
+}
+
+fn context_out(c: &ContextInfo) -> ContextOut {
+    ContextOut {
+        id: c.id.clone(),
+        language: c.lang.as_str().to_string(),
+        cwd: HOME.to_string(),
+    }
+}
+
+fn valid_context_id(cid: &str) -> bool {
+    cid.strip_prefix("ctx-")
+        .is_some_and(|n| !n.is_empty() && n.len() <= 20 && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn no_context(cid: &str) -> Response {
+    e2b_error(StatusCode::NOT_FOUND, format!("context {cid} not found"))
+}
+
+/// A rich output under the SDKs' field names.
+fn result_line(o: &CellOutput) -> OutputLine {
+    let mut r = ResultOut {
+        is_main_result: o.main,
+        ..Default::default()
+    };
+    for (mime, data) in &o.data {
+        let v = Some(data.clone());
+        match mime.as_str() {
+            "text/plain" => r.text = v,
+            "text/html" => r.html = v,
+            "text/markdown" => r.markdown = v,
+            "image/svg+xml" => r.svg = v,
+            "image/png" => r.png = v,
+            "image/jpeg" => r.jpeg = v,
+            "application/pdf" => r.pdf = v,
+            "text/latex" => r.latex = v,
+            "application/javascript" => r.javascript = v,
+            "application/json" => r.json = serde_json::from_str(data).ok(),
+            _ => {
+                r.extra.insert(mime.clone(), data.clone());
+            }
+        }
+    }
+    OutputLine::Result(Box::new(r))
+}
+
+fn line(l: &OutputLine) -> Bytes {
+    let mut v = serde_json::to_vec(l).unwrap_or_default();
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+async fn default_context(e: &E2b, b: &E2bBox, id: &str, lang: &str) -> Result<String, Response> {
+    let body = ContextBody {
+        lang: lang.to_string(),
+        default: true,
+    };
+    e.svc
+        .create_context(&b.tenant, id, &body)
+        .await
+        .map(|c| c.id)
+        .map_err(api_error)
+}
+
+/// `POST /execute`: the cell's output as NDJSON lines, its results, its error, its number,
+/// and `end_of_execution`.
+pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
+    let (id, b) = match e.sandbox(&headers, INTERP_PORT, true).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let req: ExecuteRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(err) => return e2b_error(StatusCode::BAD_REQUEST, format!("the request body: {err}")),
+    };
+    if req.context_id.is_some() && req.language.is_some() {
+        return e2b_error(
+            StatusCode::BAD_REQUEST,
+            "give context_id or language, not both",
+        );
+    }
+    if req.env_vars.as_ref().is_some_and(|v| !v.is_empty()) {
+        return e2b_error(
+            StatusCode::BAD_REQUEST,
+            "envs for one run_code are not taken by Cordon: a context's environment is the sandbox's (give envs at create), or set os.environ in the cell",
+        );
+    }
+    let cid = match &req.context_id {
+        Some(c) if valid_context_id(c) => c.clone(),
+        Some(c) => return no_context(c),
+        None => {
+            let lang = match language(req.language.as_deref()) {
+                Ok(l) => l,
+                Err(r) => return r,
+            };
+            match default_context(&e, &b, &id, lang).await {
+                Ok(c) => c,
+                Err(r) => return r,
+            }
+        }
+    };
+    if e.svc.context_check(&b.tenant, &id, &cid).is_err() {
+        return no_context(&cid);
+    }
+    let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    let svc = e.svc.clone();
+    let tenant = b.tenant.clone();
+    let cell = CellBody {
+        code: req.code,
+        timeout: None,
+        stream: true,
+    };
+    tokio::spawn(async move {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
+        let fut = async move { svc.run_cell(&tenant, &id, &cid, cell, Some(tx)).await };
+        let mut done = std::pin::pin!(fut);
+        let mut tick = tokio::time::interval(KEEPALIVE);
+        tick.tick().await;
+        let text = |c: Chunk| {
+            let text = String::from_utf8_lossy(&c.data).into_owned();
+            let timestamp = rfc3339(now_ms());
+            line(&match c.stream {
+                cordon_core::OutputStream::Stdout => OutputLine::Stdout { text, timestamp },
+                cordon_core::OutputStream::Stderr => OutputLine::Stderr { text, timestamp },
+            })
+        };
+        let result = loop {
+            tokio::select! {
+                biased;
+                _ = out_tx.closed() => return,
+                Some(c) = rx.recv() => { let _ = out_tx.send(Ok(text(c))).await; }
+                _ = tick.tick() => { let _ = out_tx.send(Ok(line(&OutputLine::Keepalive))).await; }
+                r = &mut done => break r,
+            }
+        };
+        while let Ok(c) = rx.try_recv() {
+            let _ = out_tx.send(Ok(text(c))).await;
+        }
+        let mut lines = Vec::new();
+        match result {
+            Ok(r) => {
+                lines.extend(r.results.iter().map(result_line));
+                match r.status {
+                    CellStatus::Ok => {}
+                    CellStatus::Error => {
+                        if let Some(err) = r.error {
+                            lines.push(OutputLine::Error {
+                                name: err.name,
+                                value: err.value,
+                                traceback: err.traceback,
+                            });
+                        }
+                    }
+                    CellStatus::Timeout => lines.push(OutputLine::Error {
+                        name: "TimeoutError".into(),
+                        value: "the cell ran past its timeout (the sandbox's exec timeout) and was interrupted; the context keeps its state".into(),
+                        traceback: String::new(),
+                    }),
+                    CellStatus::Died => lines.push(OutputLine::Error {
+                        name: "DeadKernelError".into(),
+                        value: if r.restarted {
+                            "the interpreter ended during the cell (out of memory or killed); a fresh one took its place and earlier state is gone".into()
+                        } else {
+                            "the interpreter ended during the cell (out of memory or killed)".into()
+                        },
+                        traceback: String::new(),
+                    }),
+                }
+                if r.execution_count > 0 {
+                    lines.push(OutputLine::NumberOfExecutions {
+                        execution_count: r.execution_count,
+                    });
+                }
+            }
+            Err(err) => lines.push(OutputLine::Error {
+                name: "CordonError".into(),
+                value: super::message_of(&err),
+                traceback: String::new(),
+            }),
+        }
+        lines.push(OutputLine::EndOfExecution);
+        for l in &lines {
+            let _ = out_tx.send(Ok(line(l))).await;
+        }
+    });
+    let stream = futures_util::stream::unfold(out_rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    resp
+}
+
+/// `POST /contexts`.
+pub(super) async fn create(State(e): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
+    let (id, b) = match e.sandbox(&headers, INTERP_PORT, false).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let req: ContextCreate = if body.iter().all(u8::is_ascii_whitespace) {
+        ContextCreate::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(err) => {
+                return e2b_error(StatusCode::BAD_REQUEST, format!("the request body: {err}"));
+            }
+        }
+    };
+    let lang = match language(req.language.as_deref()) {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    if let Some(cwd) = req.cwd.as_deref()
+        && !cwd.is_empty()
+        && cwd.trim_end_matches('/') != HOME
+    {
+        return e2b_error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "cwd {cwd:?}: a Cordon context starts in {HOME}; change directory in a cell (os.chdir)"
+            ),
+        );
+    }
+    let body = ContextBody {
+        lang: lang.to_string(),
+        default: false,
+    };
+    match e.svc.create_context(&b.tenant, &id, &body).await {
+        Ok(c) => Json(context_out(&c)).into_response(),
+        Err(err) => api_error(err),
+    }
+}
+
+/// `GET /contexts`.
+pub(super) async fn list(State(e): State<E2b>, headers: HeaderMap) -> Response {
+    let (id, b) = match e.sandbox(&headers, INTERP_PORT, false).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    match e.svc.list_contexts(&b.tenant, &id) {
+        Ok(v) => Json(v.iter().map(context_out).collect::<Vec<_>>()).into_response(),
+        Err(err) => api_error(err),
+    }
+}
+
+/// `DELETE /contexts/{id}`.
+pub(super) async fn delete(
+    State(e): State<E2b>,
+    headers: HeaderMap,
+    Path(cid): Path<String>,
+) -> Response {
+    let (id, b) = match e.sandbox(&headers, INTERP_PORT, false).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if !valid_context_id(&cid) {
+        return no_context(&cid);
+    }
+    match e.svc.delete_context(&b.tenant, &id, &cid).await {
+        Ok(_) => Json(()).into_response(),
+        Err(err) if err.code == crate::Code::NotFound => no_context(&cid),
+        Err(err) => api_error(err),
+    }
+}
+
+/// `POST /contexts/{id}/restart`.
+pub(super) async fn restart(
+    State(e): State<E2b>,
+    headers: HeaderMap,
+    Path(cid): Path<String>,
+) -> Response {
+    let (id, b) = match e.sandbox(&headers, INTERP_PORT, false).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if !valid_context_id(&cid) {
+        return no_context(&cid);
+    }
+    match e.svc.restart_context(&b.tenant, &id, &cid).await {
+        Ok(_) => Json(()).into_response(),
+        Err(err) if err.code == crate::Code::NotFound => no_context(&cid),
+        Err(err) => api_error(err),
+    }
+}

@@ -1,0 +1,595 @@
+//! The E2B-compatible listener (`[e2b]` in the config): E2B's own SDKs (`e2b`,
+//! `e2b-code-interpreter`, Python and JavaScript) speak to it unchanged with
+//! `E2B_API_URL` and `E2B_SANDBOX_URL` set to its address.
+//!
+//! A thin adapter: every E2B call becomes the same [`Service`] call a native route makes,
+//! so the operator's ceiling, the tier policy, the limits and the audit apply exactly as
+//! to a native call. The E2B API key is one of its tenant's keys; the E2B template name is
+//! mapped to a Cordon template by the operator; the tier is the operator's (`e2b.tier`) or
+//! the policy's, never the client's. Routes are told apart by path (the control plane's,
+//! envd's and the code interpreter's never overlap); envd and code-interpreter calls name
+//! their sandbox by the `E2b-Sandbox-Id` / `E2b-Sandbox-Port` headers and prove it with
+//! the sandbox's access token (`X-Access-Token`).
+//!
+//! E2B's user `user` (home `/home/user`) and `root` are both the sandbox's one
+//! unprivileged user: E2B's home is Cordon's workspace `/work`, which file paths are
+//! mapped onto. What Cordon cannot honour is refused in E2B's error shape, saying what
+//! Cordon does instead (docs/e2b.md).
+
+// Handlers answer their refusals as ready responses; they are the cold path of a call.
+#![allow(clippy::result_large_err)]
+
+mod connect;
+mod control;
+mod envd;
+mod interp;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicI64;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::config::E2bConfig;
+use crate::error::{ApiError, Code};
+use crate::keys::Tenant;
+use crate::service::Service;
+use crate::{ServerError, api::PeerAddr};
+
+pub use connect::ConnectError;
+
+/// The envd version Cordon answers: the SDK features it switches on are the ones served
+/// here (octet-stream uploads, `close_stdin`, no file metadata or watch entries).
+pub const ENVD_VERSION: &str = "0.5.7";
+/// envd's port, as the `E2b-Sandbox-Port` header names it.
+pub const ENVD_PORT: u16 = 49983;
+/// The code interpreter's port.
+pub const INTERP_PORT: u16 = 49999;
+/// E2B's default user's home: Cordon's workspace, `/work`.
+pub const HOME: &str = "/home/user";
+const WORK: &str = "/work";
+
+/// What the adapter keeps of a sandbox E2B's SDKs use.
+pub(crate) struct E2bBox {
+    pub tenant: Tenant,
+    /// The envd access token the create (or connect) answered.
+    pub token: String,
+    pub template: String,
+    /// The TTL last set, in ms (E2B's timeouts count from the call).
+    pub ttl_ms: AtomicI64,
+    /// Processes started through envd: pid (the number of Cordon's exec id) to how.
+    pub procs: Mutex<HashMap<u32, ProcRecord>>,
+}
+
+#[derive(Clone)]
+pub(crate) struct ProcRecord {
+    pub exec_id: String,
+    pub config: wire::ProcessConfig,
+    pub tag: Option<String>,
+    pub pty: bool,
+}
+
+/// The adapter's state.
+#[derive(Clone)]
+pub(crate) struct E2b {
+    pub svc: Service,
+    pub cfg: Arc<E2bConfig>,
+    boxes: Arc<Mutex<HashMap<String, Arc<E2bBox>>>>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Binds the E2B listener and serves it until the service stops.
+pub async fn serve(
+    svc: Service,
+    at: SocketAddr,
+) -> Result<
+    (
+        SocketAddr,
+        tokio::task::JoinHandle<Result<(), std::io::Error>>,
+    ),
+    ServerError,
+> {
+    let cfg = svc
+        .config()
+        .e2b
+        .clone()
+        .ok_or_else(|| ServerError::Config("[e2b] is not configured".into()))?;
+    let listener = tokio::net::TcpListener::bind(at)
+        .await
+        .map_err(|e| ServerError::io(format!("listening on {at} (e2b.listen)"), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServerError::io("reading the E2B listener's address", e))?;
+    let state = E2b {
+        svc: svc.clone(),
+        cfg: Arc::new(cfg),
+        boxes: Arc::default(),
+    };
+    let app = router(state).into_make_service_with_connect_info::<PeerAddr>();
+    let stop = svc.cancelled();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+    });
+    Ok((addr, task))
+}
+
+fn router(state: E2b) -> Router {
+    let limits = state.svc.config().http.clone();
+    let files = Router::new()
+        .route("/files", get(envd::get_file).post(envd::post_files))
+        .layer(DefaultBodyLimit::max(limits.max_file_bytes));
+    Router::new()
+        // The control plane (X-API-KEY).
+        .route("/sandboxes", post(control::create).get(control::list))
+        .route("/v2/sandboxes", post(control::create).get(control::list))
+        .route(
+            "/sandboxes/{id}",
+            get(control::detail).delete(control::kill),
+        )
+        .route("/sandboxes/{id}/timeout", post(control::set_timeout))
+        .route("/sandboxes/{id}/pause", post(control::pause))
+        .route("/sandboxes/{id}/resume", post(control::connect))
+        .route("/sandboxes/{id}/connect", post(control::connect))
+        .route("/v2/sandboxes/{id}/connect", post(control::connect))
+        .route("/sandboxes/{id}/metrics", get(control::metrics))
+        .route(
+            "/sandboxes/{id}/{*rest}",
+            axum::routing::any(control::refused),
+        )
+        .route("/templates", axum::routing::any(control::refused))
+        .route("/templates/{*rest}", axum::routing::any(control::refused))
+        .route("/v2/templates", axum::routing::any(control::refused))
+        .route(
+            "/v2/templates/{*rest}",
+            axum::routing::any(control::refused),
+        )
+        .route("/v3/templates", axum::routing::any(control::refused))
+        .route("/volumes", axum::routing::any(control::refused))
+        .route("/volumes/{*rest}", axum::routing::any(control::refused))
+        .route("/secrets", axum::routing::any(control::refused))
+        .route("/secrets/{*rest}", axum::routing::any(control::refused))
+        .route("/snapshots", axum::routing::any(control::refused))
+        .route("/snapshots/{*rest}", axum::routing::any(control::refused))
+        // envd (port 49983).
+        .route("/health", get(envd::health))
+        .route("/process.Process/{method}", post(envd::process))
+        .route("/filesystem.Filesystem/{method}", post(envd::filesystem))
+        // The code interpreter (port 49999).
+        .route("/execute", post(interp::execute))
+        .route("/contexts", post(interp::create).get(interp::list))
+        .route("/contexts/{id}", axum::routing::delete(interp::delete))
+        .route("/contexts/{id}/restart", post(interp::restart))
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .merge(files)
+        .fallback(no_route)
+        .with_state(state)
+}
+
+async fn no_route() -> Response {
+    e2b_error(
+        StatusCode::NOT_FOUND,
+        "no such route on Cordon's E2B listener; docs/e2b.md lists what it serves",
+    )
+}
+
+/// E2B's error body with its status.
+pub(crate) fn e2b_error(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = wire::ErrorBody {
+        code: status.as_u16(),
+        message: message.into(),
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// A Cordon refusal in E2B's error shape: the same status, the message and the fix.
+pub(crate) fn api_error(e: ApiError) -> Response {
+    let mut resp = e2b_error(e.code.status(), message_of(&e));
+    if let Some(secs) = e.retry_after
+        && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+    {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    resp
+}
+
+fn message_of(e: &ApiError) -> String {
+    let mut m = shown_paths(&e.message);
+    if !e.fix.is_empty() {
+        m.push_str(" (Cordon: ");
+        m.push_str(&e.fix);
+        m.push(')');
+    }
+    if let Some(rule) = &e.rule {
+        m.push_str(&format!(" [rule {rule}]"));
+    }
+    m
+}
+
+/// A Cordon error as a Connect error.
+pub(crate) fn connect_error(e: ApiError) -> ConnectError {
+    let code = match e.code {
+        Code::NotFound | Code::SandboxGone => "not_found",
+        Code::FileError if e.message.contains("does not exist") => "not_found",
+        Code::Unauthorized => "unauthenticated",
+        Code::InvalidRequest
+        | Code::PathRefused
+        | Code::PayloadTooLarge
+        | Code::UnsupportedMediaType => "invalid_argument",
+        Code::PolicyDenied | Code::VolumeQuota | Code::PausedQuota => "permission_denied",
+        Code::TooManySandboxes
+        | Code::TooManyExecs
+        | Code::TooManyContexts
+        | Code::TooManyFailures
+        | Code::ResourceBusy => "resource_exhausted",
+        Code::SandboxBusy | Code::ContextBusy | Code::SandboxPaused => "failed_precondition",
+        Code::Unsupported | Code::TierUnavailable | Code::LayerUnavailable => "unimplemented",
+        Code::ShuttingDown | Code::StorageLow => "unavailable",
+        _ => "internal",
+    };
+    ConnectError::new(code, message_of(&e))
+}
+
+/// Cordon's workspace paths in a message, as E2B's SDKs name them.
+pub(crate) fn shown_paths(m: &str) -> String {
+    let mut out = String::with_capacity(m.len());
+    let mut rest = m;
+    while let Some(i) = rest.find(WORK) {
+        let after = &rest[i + WORK.len()..];
+        let boundary = after
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.'));
+        out.push_str(&rest[..i]);
+        out.push_str(if boundary { HOME } else { WORK });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// An E2B path as Cordon's file API takes it: E2B's home `/home/user` is the workspace
+/// `/work`, and relative paths are taken in it. Anything else is passed on as it is (the
+/// file API refuses what is outside `/work`).
+pub(crate) fn to_sandbox_path(p: &str) -> String {
+    if p.is_empty() || p == "." {
+        return WORK.to_string();
+    }
+    if let Some(rest) = p.strip_prefix(HOME)
+        && (rest.is_empty() || rest.starts_with('/'))
+    {
+        return format!("{WORK}{rest}");
+    }
+    if p == "~" {
+        return WORK.to_string();
+    }
+    if let Some(rest) = p.strip_prefix("~/") {
+        return format!("{WORK}/{rest}");
+    }
+    if p.starts_with('/') {
+        return p.to_string();
+    }
+    format!("{WORK}/{}", p.trim_start_matches("./"))
+}
+
+/// A workspace path as E2B's SDKs expect to see it.
+pub(crate) fn to_e2b_path(p: &str) -> String {
+    match p.strip_prefix(WORK) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("{HOME}{rest}"),
+        _ => p.to_string(),
+    }
+}
+
+/// Whether a path is one Cordon's file API reaches (the workspace); its refusal says what
+/// to do instead.
+pub(crate) fn check_reachable(p: &str) -> Result<(), ApiError> {
+    if p == WORK || p.starts_with("/work/") {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        Code::PathRefused,
+        format!("{p} is outside /home/user, the only tree Cordon's file API reaches"),
+        "keep files under /home/user (the sandbox's workspace, /work); read or write elsewhere \
+         with commands.run",
+    ))
+}
+
+/// RFC 3339 for milliseconds since the epoch.
+pub(crate) fn rfc3339(ms: i64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+pub(crate) fn now_ms() -> i64 {
+    crate::audit::now_ms()
+}
+
+/// Retries a call the sandbox refused as busy with another call (E2B's SDKs send calls
+/// to one sandbox at once; Cordon serves one foreground call at a time), a bounded number
+/// of times.
+pub(crate) async fn retry_busy<T, F, Fut>(mut f: F) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ApiError>>,
+{
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Err(e) if e.code == Code::SandboxBusy && tries < 3000 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The address a request came from, for the failed-key slow-down (none in-process).
+pub(crate) struct From(pub Option<IpAddr>);
+
+impl axum::extract::FromRequestParts<E2b> for From {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &E2b,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(From(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<PeerAddr>>()
+                .map(|c| c.0.0.ip()),
+        ))
+    }
+}
+
+impl E2b {
+    /// The tenant of a control-plane call (`X-API-KEY`), with the same failed-key
+    /// slow-down as the native API.
+    pub fn tenant(&self, headers: &HeaderMap, from: Option<IpAddr>) -> Result<Tenant, Response> {
+        let svc = &self.svc;
+        let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) else {
+            svc.metrics().deny("unauthorized");
+            return Err(e2b_error(
+                StatusCode::UNAUTHORIZED,
+                "no API key given; set E2B_API_KEY to a key from the Cordon server's key file",
+            ));
+        };
+        let allowed = svc.config().edge.failures_before_slowdown;
+        if let Some(ip) = from
+            && let Some(wait) = svc.throttle().check(ip, allowed)
+        {
+            svc.metrics().deny("key_backoff");
+            let mut r = e2b_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many failed API keys from your address; wait and send a valid key",
+            );
+            if let Ok(v) = HeaderValue::from_str(&wait.to_string()) {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            return Err(r);
+        }
+        match svc.keys().tenant_for(key.trim()) {
+            Some(t) => Ok(t),
+            None => {
+                if let Some(ip) = from {
+                    svc.throttle().fail(ip);
+                }
+                svc.metrics().deny("unauthorized");
+                Err(e2b_error(
+                    StatusCode::UNAUTHORIZED,
+                    "the API key is not valid; set E2B_API_KEY to a key from the Cordon server's key file",
+                ))
+            }
+        }
+    }
+
+    pub fn box_of(&self, id: &str) -> Option<Arc<E2bBox>> {
+        lock(&self.boxes).get(id).cloned()
+    }
+
+    /// The adapter's record of a sandbox, made (with a fresh access token) if the sandbox
+    /// was made another way.
+    pub fn adopt(&self, tenant: &Tenant, id: &str, template: &str, ttl_ms: i64) -> Arc<E2bBox> {
+        let mut all = lock(&self.boxes);
+        if let Some(b) = all.get(id)
+            && b.tenant == *tenant
+        {
+            return b.clone();
+        }
+        let b = Arc::new(E2bBox {
+            tenant: tenant.clone(),
+            token: new_token(),
+            template: template.to_string(),
+            ttl_ms: AtomicI64::new(ttl_ms),
+            procs: Mutex::default(),
+        });
+        all.insert(id.to_string(), b.clone());
+        b
+    }
+
+    pub fn forget(&self, id: &str) {
+        lock(&self.boxes).remove(id);
+    }
+
+    /// Drops the records of sandboxes the service no longer has.
+    pub async fn sweep(&self) {
+        let all: Vec<(String, Tenant)> = lock(&self.boxes)
+            .iter()
+            .map(|(k, b)| (k.clone(), b.tenant.clone()))
+            .collect();
+        for (id, t) in all {
+            if self.svc.info(&t, &id).await.is_err() {
+                self.forget(&id);
+            }
+        }
+    }
+
+    /// The sandbox an envd or code-interpreter call names by its headers, checked: the
+    /// port is the one of the route's daemon, the sandbox runs, and (when `token`) the
+    /// access token is the sandbox's. The refusal is E2B's proxy's (502 for a sandbox it
+    /// cannot reach) or 401.
+    pub async fn sandbox(
+        &self,
+        headers: &HeaderMap,
+        port: u16,
+        token: bool,
+    ) -> Result<(String, Arc<E2bBox>), Response> {
+        let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+        let Some(id) = h("e2b-sandbox-id") else {
+            return Err(e2b_error(
+                StatusCode::BAD_REQUEST,
+                "no E2b-Sandbox-Id header: set E2B_SANDBOX_URL to this listener's address so the SDK names the sandbox",
+            ));
+        };
+        let want = h("e2b-sandbox-port").and_then(|p| p.parse::<u16>().ok());
+        if want != Some(port) {
+            return Err(e2b_error(
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "The sandbox is running but port is not open: Cordon serves envd on {ENVD_PORT} and the code interpreter on {INTERP_PORT} only; other ports are not reachable"
+                ),
+            ));
+        }
+        let not_found = || {
+            (
+                StatusCode::BAD_GATEWAY,
+                axum::Json(wire::NotFoundBody {
+                    sandbox_id: id.to_string(),
+                    message: "The sandbox was not found",
+                    code: 502,
+                }),
+            )
+                .into_response()
+        };
+        let Some(b) = self.box_of(id) else {
+            return Err(not_found());
+        };
+        if token {
+            let given = h("x-access-token").unwrap_or("");
+            if !constant_eq(given.as_bytes(), b.token.as_bytes()) {
+                return Err(e2b_error(
+                    StatusCode::UNAUTHORIZED,
+                    "the access token (X-Access-Token) is not this sandbox's; use the envdAccessToken its create or connect answered",
+                ));
+            }
+        }
+        match self.svc.info(&b.tenant, id).await {
+            Ok(i) if i.state == "live" => Ok((id.to_string(), b)),
+            Ok(_) => Err(not_found()),
+            Err(_) => {
+                self.forget(id);
+                Err(not_found())
+            }
+        }
+    }
+}
+
+/// The user an envd call runs as: `Authorization: Basic base64("<user>:")`, absent for
+/// the default user. `user` and `root` exist; both are the sandbox's one unprivileged user.
+pub(crate) fn check_user(
+    headers: &HeaderMap,
+    query_user: Option<&str>,
+) -> Result<(), ConnectError> {
+    use base64::Engine as _;
+    let name = match (query_user, headers.get(header::AUTHORIZATION)) {
+        (Some(u), _) => Some(u.to_string()),
+        (None, Some(v)) => {
+            let v = v.to_str().unwrap_or("");
+            let b = v.strip_prefix("Basic ").unwrap_or("");
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .map_err(|_| {
+                    ConnectError::new(
+                        "unauthenticated",
+                        "the Authorization header is not Basic base64(\"<user>:\")",
+                    )
+                })?;
+            let s = String::from_utf8_lossy(&raw).into_owned();
+            Some(s.split(':').next().unwrap_or("").to_string())
+        }
+        (None, None) => None,
+    };
+    match name.as_deref() {
+        None | Some("") | Some("user") | Some("root") => Ok(()),
+        Some(other) => Err(ConnectError::new(
+            "unauthenticated",
+            format!(
+                "invalid username {other:?}: a Cordon sandbox has the users user and root (both its one unprivileged user)"
+            ),
+        )),
+    }
+}
+
+fn constant_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn new_token() -> String {
+    let mut b = [0u8; 24];
+    if getrandom::fill(&mut b).is_err() {
+        // No randomness: a token nobody can present.
+        return format!("unusable-{}", now_ms());
+    }
+    hex::encode(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn home_is_the_workspace() {
+        assert_eq!(to_sandbox_path("/home/user"), "/work");
+        assert_eq!(to_sandbox_path("/home/user/a/b.txt"), "/work/a/b.txt");
+        assert_eq!(to_sandbox_path("a.txt"), "/work/a.txt");
+        assert_eq!(to_sandbox_path("./a.txt"), "/work/a.txt");
+        assert_eq!(to_sandbox_path("/home/username"), "/home/username");
+        assert_eq!(to_sandbox_path("/etc/passwd"), "/etc/passwd");
+        assert_eq!(to_e2b_path("/work/x"), "/home/user/x");
+        assert_eq!(to_e2b_path("/work"), "/home/user");
+        assert_eq!(to_e2b_path("/workx"), "/workx");
+        assert!(check_reachable("/etc/passwd").is_err());
+        assert!(check_reachable("/workx").is_err());
+        assert!(check_reachable("/work/a").is_ok());
+    }
+
+    #[test]
+    fn messages_name_e2b_paths() {
+        assert_eq!(
+            shown_paths("/work/a does not exist under /work"),
+            "/home/user/a does not exist under /home/user"
+        );
+        assert_eq!(shown_paths("/workspace"), "/workspace");
+    }
+
+    #[test]
+    fn users() {
+        let mut h = HeaderMap::new();
+        assert!(check_user(&h, None).is_ok());
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic cm9vdDo="),
+        );
+        assert!(check_user(&h, None).is_ok());
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic bWFsbG9yeTo="),
+        );
+        assert_eq!(check_user(&h, None).unwrap_err().code, "unauthenticated");
+        assert!(check_user(&HeaderMap::new(), Some("mallory")).is_err());
+    }
+}

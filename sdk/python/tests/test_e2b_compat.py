@@ -1,0 +1,307 @@
+"""E2B's own published Python SDKs (`e2b`, `e2b-code-interpreter`, pinned by
+scripts/setup.d/45-e2b-sdks.sh) run their quick-start flows unchanged against a real
+`cordon serve` with its `[e2b]` listener on loopback.
+
+Every byte stays on this machine: the SDK's URLs are set to the loopback listener here, at
+import, before the SDK is imported (it reads them when a sandbox is made), and the test
+fails if the SDK was imported before that."""
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+assert "e2b" not in sys.modules, "the E2B SDK must not be imported before its URLs are set"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+PORT = _free_port()
+ORIGIN = f"http://127.0.0.1:{PORT}"
+E2B_KEY = "e2b_" + "0123456789abcdef" * 2 + "01234567"
+os.environ["E2B_API_URL"] = ORIGIN
+os.environ["E2B_SANDBOX_URL"] = ORIGIN
+os.environ["E2B_DOMAIN"] = "localhost"
+os.environ["E2B_API_KEY"] = E2B_KEY
+os.environ.pop("E2B_DEBUG", None)
+
+from conftest import KEYS, ServerProc, tier_available  # noqa: E402
+
+TIERS = ["container"]
+
+
+def e2b_server(tier: str) -> ServerProc:
+    d = Path(tempfile.mkdtemp(prefix=f"cordon-e2b-{tier}-"))
+    extra = (f'[[keys]]\ntenant = "alice"\nkey = "{E2B_KEY}"\n'
+             f'[e2b]\nlisten = "127.0.0.1:{PORT}"\ntier = "{tier}"\n')
+    s = ServerProc(d / "data", {}, extra=extra)
+    # The E2B listener's table goes after the keys (TOML tables close what came before).
+    text = s.config.read_text().replace("[pools]\n", "")
+    s.config.write_text(text.replace(f'default_tier = "wasm"', f'default_tier = "{tier}"'))
+    s.start()
+    s.tmp = d
+    return s
+
+
+@pytest.fixture(scope="module", params=TIERS)
+def server(request):
+    tier = request.param
+    if not tier_available(tier):
+        pytest.skip(f"{tier} tier unavailable here")
+    s = e2b_server(tier)
+    s.tier = tier
+    yield s
+    s.stop()
+    shutil.rmtree(s.tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def sbx(server):
+    from e2b import Sandbox
+    s = Sandbox.create(timeout=300)
+    yield s
+    try:
+        s.kill()
+    except Exception:
+        pass
+
+
+def test_commands(sbx):
+    from e2b import CommandExitException
+    r = sbx.commands.run("echo hello; echo oops >&2; pwd")
+    assert r.exit_code == 0
+    assert r.stdout == "hello\n/home/user\n" or r.stdout == "hello\n/work\n"
+    assert r.stderr == "oops\n"
+    with pytest.raises(CommandExitException) as e:
+        sbx.commands.run("echo bye; exit 3")
+    assert e.value.exit_code == 3
+    assert e.value.stdout == "bye\n"
+    # Background, then wait.
+    h = sbx.commands.run("sleep 0.5; echo done", background=True)
+    assert h.pid > 0
+    assert h.wait().stdout == "done\n"
+    # Background, killed.
+    h = sbx.commands.run("sleep 60", background=True)
+    assert any(p.pid == h.pid for p in sbx.commands.list())
+    assert h.kill() is True
+    with pytest.raises(CommandExitException):
+        h.wait()
+    assert not any(p.pid == h.pid for p in sbx.commands.list())
+    # Standard input.
+    h = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "to stdin\n")
+    sbx.commands.close_stdin(h.pid)
+    assert h.wait().stdout == "to stdin\n"
+    # Environment and working directory.
+    r = sbx.commands.run("echo $GREETING; pwd", envs={"GREETING": "hi"}, cwd="/tmp")
+    assert r.stdout == "hi\n/tmp\n"
+    # The call's timeout is the process's lifetime.
+    from e2b import TimeoutException
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 30", timeout=1)
+
+
+def test_pty(sbx):
+    from e2b import PtySize
+    out = bytearray()
+    h = sbx.pty.create(PtySize(rows=24, cols=80), timeout=30)
+    sbx.pty.resize(h.pid, PtySize(rows=30, cols=100))
+    sbx.pty.send_stdin(h.pid, b"stty size; echo pty-$((40+2)); exit\n")
+    r = h.wait(on_pty=lambda d: out.extend(d))
+    assert r.exit_code == 0
+    assert b"pty-42" in out
+    assert b"30 100" in out
+
+
+def test_files(sbx):
+    f = sbx.files
+    info = f.write("/home/user/hello.txt", "hello file")
+    assert info.path == "/home/user/hello.txt"
+    assert f.read("/home/user/hello.txt") == "hello file"
+    assert f.read("hello.txt") == "hello file"
+    assert sbx.commands.run("cat /home/user/hello.txt").stdout == "hello file"
+    f.write("data.bin", b"\x00\x01\xff")
+    assert f.read("/home/user/data.bin", format="bytes") == b"\x00\x01\xff"
+    assert f.make_dir("/home/user/d/e") is True
+    assert f.make_dir("/home/user/d/e") is False
+    f.write("/home/user/d/e/x.txt", "x")
+    names = sorted(e.name for e in f.list("/home/user"))
+    assert names == ["d", "data.bin", "hello.txt"]
+    deep = sorted(e.path for e in f.list("/home/user/d", depth=2))
+    assert deep == ["/home/user/d/e", "/home/user/d/e/x.txt"]
+    assert f.exists("/home/user/hello.txt")
+    assert not f.exists("/home/user/nope.txt")
+    moved = f.rename("/home/user/hello.txt", "/home/user/moved.txt")
+    assert moved.path == "/home/user/moved.txt"
+    assert not f.exists("/home/user/hello.txt")
+    assert f.read("/home/user/moved.txt") == "hello file"
+    f.remove("/home/user/d")
+    assert not f.exists("/home/user/d")
+    from e2b import NotFoundException
+    with pytest.raises(NotFoundException):
+        f.read("/home/user/nope.txt")
+    # Outside the home Cordon's file API refuses, saying what to do instead.
+    from e2b import SandboxException
+    with pytest.raises(SandboxException) as e:
+        f.read("/etc/passwd")
+    assert "commands.run" in str(e.value)
+    entries = f.write_files([
+        {"path": "/home/user/m1.txt", "data": "one"},
+        {"path": "/home/user/m2.txt", "data": "two"},
+    ])
+    assert sorted(x.path for x in entries) == ["/home/user/m1.txt", "/home/user/m2.txt"]
+    assert f.read("/home/user/m2.txt") == "two"
+
+
+def test_lifecycle(server):
+    from e2b import Sandbox
+    s = Sandbox.create(timeout=120, metadata={"suite": "e2b-compat"}, envs={"FROM_CREATE": "yes"})
+    try:
+        assert s.commands.run("echo $FROM_CREATE").stdout == "yes\n"
+        assert s.is_running()
+        s.set_timeout(60)
+        info = s.get_info()
+        left = info.end_at.timestamp() - time.time()
+        assert 30 < left <= 62, left
+        assert info.metadata == {"suite": "e2b-compat"}
+        listed = Sandbox.list(query=None).next_items()
+        assert s.sandbox_id in [x.sandbox_id for x in listed]
+        # connect: a second handle on the same sandbox.
+        s.files.write("kept.txt", "kept")
+        s2 = Sandbox.connect(s.sandbox_id)
+        assert s2.files.read("kept.txt") == "kept"
+        # pause, then connect resumes it with its files and processes' state.
+        h = s.commands.run("sleep 300", background=True)
+        assert s.pause() is True
+        assert not s.is_running()
+        paused = [x for x in Sandbox.list().next_items() if x.sandbox_id == s.sandbox_id]
+        assert paused and paused[0].state.value == "paused"
+        s3 = Sandbox.connect(s.sandbox_id)
+        assert s3.is_running()
+        assert s3.files.read("kept.txt") == "kept"
+        assert any(p.pid == h.pid for p in s3.commands.list())
+    finally:
+        assert s.kill() is True
+    assert s.sandbox_id not in [x.sandbox_id for x in Sandbox.list().next_items()]
+    assert Sandbox.kill(s.sandbox_id) is False
+
+
+def test_refusals_say_what_cordon_does_instead(server):
+    from e2b import Sandbox, SandboxException, AuthenticationException
+    with pytest.raises(SandboxException) as e:
+        Sandbox.create(template="some-unmapped-template")
+    assert "e2b.templates" in str(e.value)
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="e2b_" + "f" * 40)
+
+
+def test_code_interpreter(server):
+    from e2b_code_interpreter import Sandbox
+    s = Sandbox.create(timeout=300)
+    try:
+        ex = s.run_code("x = 41\nprint('side')\nx + 1")
+        assert ex.error is None, ex.error
+        assert ex.logs.stdout == ["side\n"]
+        assert ex.text == "42"
+        assert s.run_code("x * 2").text == "82"
+        ex = s.run_code(
+            "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+            "plt.plot([1, 2, 3], [1, 4, 9])\nplt.show()")
+        assert ex.error is None, ex.error
+        pngs = [r.png for r in ex.results if r.png]
+        assert pngs and pngs[0].startswith("iVBORw0KGgo")
+        err = s.run_code("1 / 0")
+        assert err.error is not None and err.error.name == "ZeroDivisionError"
+        ctx = s.create_code_context(language="python")
+        assert s.run_code("y = 5", context=ctx).error is None
+        assert s.run_code("y + 1", context=ctx).text == "6"
+        assert s.run_code("'y' in dir()").text == "False"
+        js = s.run_code("const a = 20; a + 22", language="javascript")
+        assert js.text == "42", js
+        assert ctx.id in [c.id for c in s.list_code_contexts()]
+        s.remove_code_context(ctx)
+        assert ctx.id not in [c.id for c in s.list_code_contexts()]
+    finally:
+        s.kill()
+
+
+def _call(method: str, path: str, headers: dict, body: bytes = b"") -> tuple:
+    """A raw request to the E2B listener (loopback only): status and body."""
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(ORIGIN + path, data=body or None, method=method,
+                                 headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_envd_needs_the_sandboxs_access_token(sbx):
+    """A caller that knows a sandbox's id but not its access token reaches nothing in it."""
+    import json
+    base = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983",
+            "Content-Type": "application/json"}
+    for token in (None, "0" * 48):
+        h = dict(base)
+        if token:
+            h["X-Access-Token"] = token
+        status, body = _call("POST", "/filesystem.Filesystem/ListDir", h,
+                             json.dumps({"path": "/home/user"}).encode())
+        assert status == 401, (status, body)
+        status, _ = _call("GET", "/files?path=/home/user/x", h)
+        assert status == 401
+        ci = dict(h, **{"E2b-Sandbox-Port": "49999"})
+        status, _ = _call("POST", "/execute", ci, json.dumps({"code": "1"}).encode())
+        assert status == 401
+    # The SDK's own token works.
+    assert sbx.files.list("/home/user") is not None
+
+
+def test_another_tenant_cannot_reach_a_sandbox(sbx):
+    """Bob's key (a valid key of another tenant) neither sees nor kills alice's sandbox."""
+    from e2b import Sandbox
+    bob = KEYS["bob"]
+    assert sbx.sandbox_id not in [x.sandbox_id for x in Sandbox.list(api_key=bob).next_items()]
+    status, body = _call("GET", f"/sandboxes/{sbx.sandbox_id}", {"X-API-KEY": bob})
+    assert status == 404, body
+    status, _ = _call("POST", f"/sandboxes/{sbx.sandbox_id}/connect",
+                      {"X-API-KEY": bob, "Content-Type": "application/json"}, b"{}")
+    assert status == 404
+    assert Sandbox.kill(sbx.sandbox_id, api_key=bob) is False
+    assert sbx.is_running()
+
+
+def test_network_options_only_narrow(server):
+    """An SDK's allow-list cannot reach past the tenant's egress ceiling (private ranges stay
+    refused unless the operator names them), and egress stays denied by default."""
+    from e2b import Sandbox, SandboxException
+    with pytest.raises(SandboxException) as e:
+        Sandbox.create(network={"allow_out": ["10.1.2.3"]}, timeout=60)
+    assert "403" in str(e.value) or "ceiling" in str(e.value) or "private" in str(e.value)
+    s = Sandbox.create(allow_internet_access=True, timeout=60)
+    try:
+        # What the native API says of the same sandbox: no host allowed.
+        import json
+        native = server.url + f"/v1/sandboxes/{s.sandbox_id}"
+        import urllib.request
+        req = urllib.request.Request(native, headers={"Authorization": f"Bearer {E2B_KEY}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert json.loads(r.read())["allow_hosts"] == []
+    finally:
+        s.kill()
+    with pytest.raises(SandboxException) as e:
+        Sandbox.create(network={"allow_out": ["api.example.com"],
+                                "rules": {"api.example.com": [{"transform": {"headers": {"A": "b"}}}]}},
+                       timeout=60)
+    assert "catalogue" in str(e.value)
