@@ -1,0 +1,112 @@
+//! Container start through podman, runc against cordon-oci, in one run: `podman run --rm
+//! <busybox image> true` timed end to end (podman's own work is in both), alternating the
+//! two runtimes so the host's load falls on both alike. Prints the figures; asserts nothing
+//! about them. `cargo bench -p cordon-oci --bench podman_start` (root, podman, runc; the
+//! sandbox init built beside cordon-oci: `cargo build -p cordon-oci -p cordon-sandbox-init`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+fn main() {
+    let runs: usize = std::env::var("CORDON_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15);
+    // The bench binary is target/<profile>/deps/podman_start-*: cordon-oci sits two up.
+    let exe = std::env::current_exe().unwrap();
+    let oci = exe.parent().unwrap().parent().unwrap().join("cordon-oci");
+    if !oci.is_file() || !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "SKIPPING: needs root and {} (cargo build -p cordon-oci -p cordon-sandbox-init)",
+            oci.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("rootfs");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.join("bin/true")).unwrap();
+    let tar = dir.path().join("rootfs.tar");
+    assert!(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&root)
+            .args(["-cf"])
+            .arg(&tar)
+            .arg(".")
+            .status()
+            .unwrap()
+            .success()
+    );
+    let base: Vec<String> = vec![
+        "--root".into(),
+        dir.path().join("storage").display().to_string(),
+        "--runroot".into(),
+        dir.path().join("run").display().to_string(),
+        "--cgroup-manager".into(),
+        "cgroupfs".into(),
+        "--events-backend".into(),
+        "file".into(),
+    ];
+    let image = "localhost/cordon-oci-bench:1";
+    let out = Command::new("podman")
+        .args(&base)
+        .arg("import")
+        .arg(&tar)
+        .arg(image)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let start = |runtime: &Path| -> f64 {
+        let t0 = Instant::now();
+        let out = Command::new("podman")
+            .args(&base)
+            .arg("--runtime")
+            .arg(runtime)
+            .args(["run", "--rm", "--network", "none"])
+            .args([
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+            ])
+            .args([image, "true"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            runtime.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        t0.elapsed().as_secs_f64() * 1000.0
+    };
+    let runc = Path::new("/usr/sbin/runc");
+    // One of each first, not counted: podman's and the page cache's first-time costs.
+    start(runc);
+    start(&oci);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        a.push(start(runc));
+        b.push(start(&oci));
+    }
+    let show = |name: &str, v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        println!(
+            "podman run --rm true, {name:<10}: median {:7.1} ms  min {:7.1} ms  max {:7.1} ms  ({} runs)",
+            v[v.len() / 2],
+            v[0],
+            v[v.len() - 1],
+            v.len()
+        );
+    };
+    show("runc", &mut a);
+    show("cordon-oci", &mut b);
+}

@@ -1,0 +1,472 @@
+//! An OCI bundle: its `config.json` read, checked against what Cordon gives, and turned into
+//! one Cordon request and one process.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use cordon_engine::{GrantName, LimitsPatch, SandboxRequest};
+use oci_spec::runtime::{Capability, LinuxNamespaceType, Process, Spec};
+use serde::{Deserialize, Serialize};
+
+use crate::{OciError, Result};
+
+/// The annotations Cordon reads (a container's or, through containerd's CRI plugin, its
+/// pod's). Any other `cordon.` key is refused, so a misspelt one never goes unnoticed.
+pub mod annotation {
+    /// Hosts the workload may reach through Cordon's egress proxy, comma-separated
+    /// (`cordon run --allow-host` patterns). Without it the workload reaches nothing.
+    pub const ALLOW_HOSTS: &str = "cordon.allow-hosts";
+    /// Hosts always refused, comma-separated.
+    pub const DENY_HOSTS: &str = "cordon.deny-hosts";
+    /// Grants of the node's catalogue, by name, comma-separated.
+    pub const GRANTS: &str = "cordon.grants";
+    /// The tier (`container`).
+    pub const TIER: &str = "cordon.tier";
+    /// Limits the bundle does not set: sizes like `256M`, a count, CPUs like `0.5`.
+    pub const MEMORY: &str = "cordon.memory";
+    pub const PIDS: &str = "cordon.pids";
+    pub const CPUS: &str = "cordon.cpus";
+    /// Size of the writable `/work` and of `/tmp`.
+    pub const DISK: &str = "cordon.disk";
+    pub const TMP: &str = "cordon.tmp";
+    pub const ALL: [&str; 9] = [
+        ALLOW_HOSTS,
+        DENY_HOSTS,
+        GRANTS,
+        TIER,
+        MEMORY,
+        PIDS,
+        CPUS,
+        DISK,
+        TMP,
+    ];
+    pub const PREFIX: &str = "cordon.";
+}
+
+/// The process to run, as Cordon runs it: argv, environment, working directory, terminal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessSpec {
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: String,
+    pub terminal: bool,
+}
+
+impl ProcessSpec {
+    /// The parts of an OCI `process` Cordon uses. Its user, capabilities and rlimits are
+    /// not: the program runs as the tier's unprivileged user with no capabilities at all.
+    pub fn from_oci(p: &Process) -> Result<Self> {
+        let args = p.args().clone().unwrap_or_default();
+        if args.is_empty() {
+            return Err(OciError::Invalid(
+                "the process has no args: give the program to run (the image's entrypoint or a command)"
+                    .into(),
+            ));
+        }
+        let mut env = BTreeMap::new();
+        for kv in p.env().iter().flatten() {
+            match kv.split_once('=') {
+                Some((k, v)) if !k.is_empty() => {
+                    env.insert(k.to_string(), v.to_string());
+                }
+                _ => {
+                    return Err(OciError::Invalid(format!(
+                        "environment entry {kv:?} is not KEY=VALUE; fix the container's env"
+                    )));
+                }
+            }
+        }
+        let cwd = p.cwd().to_string_lossy().into_owned();
+        Ok(ProcessSpec {
+            args,
+            env,
+            cwd: if cwd.is_empty() { "/".into() } else { cwd },
+            terminal: p.terminal().unwrap_or(false),
+        })
+    }
+}
+
+/// Reads `<bundle>/config.json`.
+pub fn load(bundle: &Path) -> Result<Spec> {
+    let path = bundle.join("config.json");
+    Spec::load(&path).map_err(|e| {
+        OciError::Invalid(format!(
+            "reading the bundle's config.json ({}): {e}; the caller must write an OCI runtime config there",
+            path.display()
+        ))
+    })
+}
+
+/// The bundle's root filesystem on the host.
+pub fn rootfs(spec: &Spec, bundle: &Path) -> Result<PathBuf> {
+    let root = spec.root().as_ref().ok_or_else(|| {
+        OciError::Invalid("the bundle's config.json has no root; name the root filesystem".into())
+    })?;
+    let p = root.path();
+    Ok(if p.is_absolute() {
+        p.clone()
+    } else {
+        bundle.join(p)
+    })
+}
+
+fn refused(what: impl Into<String>, fix: impl Into<String>) -> OciError {
+    OciError::Refused {
+        what: what.into(),
+        fix: fix.into(),
+    }
+}
+
+/// Mount destinations the engines generate for every container (names, resolver, their own
+/// markers, shared memory, Kubernetes' termination log and service account token). Cordon
+/// does not mount them: the sandbox has its own `/etc/hosts` and `/dev/shm`, no resolver
+/// (there is no route), and no credential enters it unless a grant says so.
+const ENGINE_MOUNTS: [&str; 9] = [
+    "/etc/hosts",
+    "/etc/hostname",
+    "/etc/resolv.conf",
+    "/run/.containerenv",
+    "/.dockerenv",
+    "/dev/shm",
+    "/dev/termination-log",
+    "/var/run/secrets/kubernetes.io/serviceaccount",
+    "/run/secrets",
+];
+
+/// Filesystems the engines mount that the tier gives on its own terms (its own /proc, /dev,
+/// devpts, no /sys) or that hold nothing of the host's.
+const OWN_FILESYSTEMS: [&str; 7] = [
+    "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2",
+];
+
+/// Capabilities whose request means privileged mode: refused even though no capability
+/// reaches the workload, so a bundle that depends on them fails at create, not later.
+const PRIVILEGED_CAPS: [Capability; 4] = [
+    Capability::SysAdmin,
+    Capability::SysModule,
+    Capability::SysRawio,
+    Capability::SysPtrace,
+];
+
+/// Refuses what Cordon does not give a container: privileged mode, a host namespace (a
+/// namespace type left out, or one joined by a path that is the host's), host devices and
+/// host paths. None of them is allowed by any node config: a bundle that needs them runs
+/// on runc, not behind Cordon.
+pub fn check(spec: &Spec) -> Result<()> {
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    if annotations
+        .get("io.podman.annotations.privileged")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    {
+        return Err(refused(
+            "it asks for privileged mode",
+            "run it without --privileged; Cordon never runs a container privileged",
+        ));
+    }
+    if let Some(caps) = spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.capabilities().as_ref())
+    {
+        let sets = [
+            caps.bounding(),
+            caps.effective(),
+            caps.permitted(),
+            caps.inheritable(),
+            caps.ambient(),
+        ];
+        for set in sets.into_iter().flatten() {
+            if let Some(c) = PRIVILEGED_CAPS.iter().find(|c| set.contains(c)) {
+                return Err(refused(
+                    format!("it asks for privileged mode (capability {c})"),
+                    "drop the capability (and --privileged); under Cordon a workload has no capabilities on the host",
+                ));
+            }
+        }
+    }
+    let Some(linux) = spec.linux() else {
+        return Err(OciError::Invalid(
+            "the bundle's config.json has no linux section; cordon-oci runs Linux containers only"
+                .into(),
+        ));
+    };
+    let namespaces = linux.namespaces().clone().unwrap_or_default();
+    for (kind, name) in [
+        (LinuxNamespaceType::Pid, "pid"),
+        (LinuxNamespaceType::Network, "network"),
+        (LinuxNamespaceType::Ipc, "ipc"),
+        (LinuxNamespaceType::Uts, "uts"),
+        (LinuxNamespaceType::Mount, "mount"),
+    ] {
+        match namespaces.iter().find(|n| n.typ() == kind) {
+            None => {
+                return Err(refused(
+                    format!("it asks for the host's {name} namespace"),
+                    format!(
+                        "give the container its own {name} namespace (drop --{name}=host or hostNetwork/hostPID/hostIPC)"
+                    ),
+                ));
+            }
+            Some(ns) => {
+                if let Some(path) = ns.path()
+                    && is_host_namespace(path, name)
+                {
+                    return Err(refused(
+                        format!("it asks to join the host's {name} namespace"),
+                        format!("give the container its own {name} namespace"),
+                    ));
+                }
+            }
+        }
+    }
+    if linux.devices().as_ref().is_some_and(|d| !d.is_empty()) {
+        return Err(refused(
+            "it asks for host devices",
+            "remove the devices (--device, --privileged); the sandbox has its own /dev/null, zero, full, random, urandom and tty",
+        ));
+    }
+    for m in spec.mounts().iter().flatten() {
+        let dest = m.destination().to_string_lossy();
+        let dest = dest.trim_end_matches('/');
+        let bind = m.typ().as_deref() == Some("bind")
+            || m.options()
+                .iter()
+                .flatten()
+                .any(|o| o == "bind" || o == "rbind");
+        if ENGINE_MOUNTS.contains(&dest) {
+            continue;
+        }
+        if bind {
+            return Err(refused(
+                format!("it asks for a host path at {dest}"),
+                "remove the volume or bind mount; files enter a Cordon sandbox through its API, never as host mounts",
+            ));
+        }
+        let typ = m.typ().as_deref().unwrap_or("");
+        if !OWN_FILESYSTEMS.contains(&typ) {
+            return Err(refused(
+                format!("it asks for a {typ:?} mount at {dest}"),
+                "remove the mount; a Cordon sandbox has its own /proc, /dev, /tmp and /work",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the namespace at `path` is the host's: the one this runtime runs in (the node's,
+/// as the caller sees it) or init's, where it can be read.
+fn is_host_namespace(path: &Path, name: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let proc_name = match name {
+        "network" => "net",
+        "mount" => "mnt",
+        other => other,
+    };
+    let Ok(asked) = std::fs::metadata(path) else {
+        // A path that cannot be read is not joined either: the sandbox makes its own.
+        return false;
+    };
+    ["self", "1"].iter().any(|who| {
+        std::fs::metadata(format!("/proc/{who}/ns/{proc_name}"))
+            .is_ok_and(|h| h.ino() == asked.ino() && h.dev() == asked.dev())
+    })
+}
+
+fn list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+fn bad_annotation(key: &str, value: &str, want: &str) -> OciError {
+    OciError::Invalid(format!(
+        "annotation {key}={value:?}: {want}; fix the container's (or pod's) annotations"
+    ))
+}
+
+/// The Cordon request a bundle makes: its limits (memory, pids, CPU quota), then the
+/// `cordon.*` annotations (an annotation and a bundle limit together: the smaller holds).
+pub fn request(spec: &Spec) -> Result<SandboxRequest> {
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    let mut req = SandboxRequest::default();
+    let mut limits = LimitsPatch::default();
+    if let Some(res) = spec.linux().as_ref().and_then(|l| l.resources().as_ref()) {
+        if let Some(m) = res.memory().as_ref().and_then(|m| m.limit())
+            && m > 0
+        {
+            limits.memory_bytes = Some(m as u64);
+        }
+        if let Some(p) = res.pids().as_ref().map(|p| p.limit())
+            && p > 0
+        {
+            limits.pids = Some(u32::try_from(p).unwrap_or(u32::MAX));
+        }
+        if let Some(cpu) = res.cpu()
+            && let (Some(q), Some(period)) = (cpu.quota(), cpu.period())
+            && q > 0
+            && period > 0
+        {
+            limits.cpus = Some(q as f64 / period as f64);
+        }
+    }
+    let min_u64 = |a: Option<u64>, b: u64| Some(a.map_or(b, |a| a.min(b)));
+    let mut keys: Vec<&String> = annotations.keys().collect();
+    keys.sort();
+    for key in keys {
+        let value = &annotations[key];
+        if !key.starts_with(annotation::PREFIX) {
+            continue;
+        }
+        let size = || {
+            cordon_core::units::parse_size(value)
+                .map_err(|_| bad_annotation(key, value, "give a size such as 256M or 1G"))
+        };
+        match key.as_str() {
+            annotation::ALLOW_HOSTS => req.allow_hosts = list(value),
+            annotation::DENY_HOSTS => req.deny_hosts = list(value),
+            annotation::GRANTS => req.grants = list(value).into_iter().map(GrantName).collect(),
+            annotation::TIER => match value.as_str() {
+                "container" => {
+                    req.tier = Some(cordon_policy::TierChoice::Tier(
+                        cordon_core::Tier::Container,
+                    ))
+                }
+                "gvisor" | "microvm" => {
+                    return Err(refused(
+                        format!("it asks for the {value} tier"),
+                        "cordon-oci runs the container tier only so far; leave cordon.tier out or set it to container",
+                    ));
+                }
+                _ => return Err(bad_annotation(key, value, "the tier is container")),
+            },
+            annotation::MEMORY => limits.memory_bytes = min_u64(limits.memory_bytes, size()?),
+            annotation::DISK => limits.disk_bytes = Some(size()?),
+            annotation::TMP => limits.tmp_bytes = Some(size()?),
+            annotation::PIDS => {
+                let n: u32 = value
+                    .parse()
+                    .map_err(|_| bad_annotation(key, value, "give a number of processes"))?;
+                limits.pids = Some(limits.pids.map_or(n, |p| p.min(n)));
+            }
+            annotation::CPUS => {
+                let n: f64 = value
+                    .parse()
+                    .ok()
+                    .filter(|n: &f64| n.is_finite() && *n > 0.0)
+                    .ok_or_else(|| bad_annotation(key, value, "give CPUs such as 0.5 or 2"))?;
+                limits.cpus = Some(limits.cpus.map_or(n, |c| c.min(n)));
+            }
+            _ => {
+                return Err(OciError::Invalid(format!(
+                    "unknown annotation {key}; Cordon reads {}",
+                    annotation::ALL.join(", ")
+                )));
+            }
+        }
+    }
+    req.limits = limits;
+    Ok(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: serde_json::Value) -> Spec {
+        let mut base = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "root": {"path": "rootfs"},
+            "process": {"args": ["sh"], "cwd": "/", "env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}},
+            "linux": {"namespaces": [
+                {"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+                {"type": "uts"}, {"type": "mount"}
+            ]}
+        });
+        merge(&mut base, json);
+        serde_json::from_value(base).unwrap()
+    }
+
+    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+        match (a, b) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (a, b) => *a = b,
+        }
+    }
+
+    fn refusal(s: &Spec) -> String {
+        match check(s) {
+            Err(OciError::Refused { what, .. }) => what,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_plain_bundle_passes() {
+        check(&spec(serde_json::json!({}))).unwrap();
+    }
+
+    #[test]
+    fn host_namespaces_are_refused() {
+        let s = spec(serde_json::json!({"linux": {"namespaces": [
+            {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}
+        ]}}));
+        assert!(refusal(&s).contains("network"));
+        let s = spec(serde_json::json!({"linux": {"namespaces": [
+            {"type": "pid", "path": "/proc/self/ns/pid"}, {"type": "network"}, {"type": "ipc"},
+            {"type": "uts"}, {"type": "mount"}
+        ]}}));
+        assert!(refusal(&s).contains("join the host's pid"));
+    }
+
+    #[test]
+    fn privileged_devices_and_host_paths_are_refused() {
+        let s =
+            spec(serde_json::json!({"process": {"capabilities": {"bounding": ["CAP_SYS_ADMIN"]}}}));
+        assert!(refusal(&s).contains("privileged"));
+        let s =
+            spec(serde_json::json!({"annotations": {"io.podman.annotations.privileged": "TRUE"}}));
+        assert!(refusal(&s).contains("privileged"));
+        let s = spec(serde_json::json!({"linux": {"devices": [
+            {"path": "/dev/sda", "type": "b", "major": 8, "minor": 0}
+        ]}}));
+        assert!(refusal(&s).contains("devices"));
+        let s = spec(serde_json::json!({"mounts": [
+            {"destination": "/data", "type": "bind", "source": "/", "options": ["rbind"]}
+        ]}));
+        assert!(refusal(&s).contains("/data"));
+        // The engine's own files are not mounted, and not refused.
+        let s = spec(serde_json::json!({"mounts": [
+            {"destination": "/etc/hosts", "type": "bind", "source": "/x/hosts", "options": ["bind"]},
+            {"destination": "/proc", "type": "proc", "source": "proc"}
+        ]}));
+        check(&s).unwrap();
+    }
+
+    #[test]
+    fn limits_come_from_the_bundle_then_the_annotations() {
+        let s = spec(serde_json::json!({
+            "linux": {"resources": {"memory": {"limit": 67108864}, "pids": {"limit": 50}}},
+            "annotations": {"cordon.memory": "32M", "cordon.disk": "8M",
+                            "cordon.allow-hosts": "a.example, b.example", "other": "x"}
+        }));
+        let r = request(&s).unwrap();
+        assert_eq!(r.limits.memory_bytes, Some(32 << 20));
+        assert_eq!(r.limits.pids, Some(50));
+        assert_eq!(r.limits.disk_bytes, Some(8 << 20));
+        assert_eq!(r.allow_hosts, vec!["a.example", "b.example"]);
+        let s = spec(serde_json::json!({"annotations": {"cordon.memroy": "1G"}}));
+        assert!(
+            request(&s)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown annotation")
+        );
+    }
+}

@@ -1,0 +1,98 @@
+//! `cordon-oci`: an OCI runtime with runc's command line, so containerd, Docker, Podman and
+//! (through containerd) Kubernetes run a bundle behind Cordon's container tier instead of
+//! runc's walls.
+//!
+//! A bundle's `config.json` is read with the `oci-spec` types, checked ([`bundle::check`]:
+//! privileged mode, host namespaces, host devices and host paths are refused), turned into a
+//! Cordon request (its resources, then the `cordon.*` annotations) and admitted by the same
+//! gate as `cordon run` and `cordon serve`, under the node's ceiling ([`node::NodeConfig`]).
+//! Each container is one Cordon sandbox held by a monitor process ([`monitor`]) that the
+//! caller sees as the container's process: its exit status is the workload's. The other
+//! commands reach the monitor over a socket in the state directory ([`ctl`]).
+
+pub mod bundle;
+pub mod ctl;
+pub mod monitor;
+pub mod node;
+pub mod state;
+mod sys;
+
+/// What `cordon-oci` reports to its caller. Every message says what to do; none names a
+/// host path of the node beyond what the caller itself gave.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    /// The bundle asks for something Cordon does not give (`what`), with the way out.
+    #[error("cordon-oci refuses this container: {what}; {fix}")]
+    Refused { what: String, fix: String },
+    /// The bundle or a request could not be read.
+    #[error("{0}")]
+    Invalid(String),
+    /// No container of that id.
+    #[error("container {0:?} does not exist; `cordon-oci list` shows the containers of this root")]
+    NotFound(String),
+    /// The container is in a state that does not allow the command.
+    #[error("{0}")]
+    State(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Core(#[from] cordon_core::Error),
+}
+
+impl OciError {
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        OciError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, OciError>;
+
+/// The readiness pipe a `create` (or a detached `exec`) handed its child by number.
+pub fn ready_pipe(fd: i32) -> std::io::Result<std::fs::File> {
+    sys::inherited(fd).map(std::fs::File::from)
+}
+
+/// Ends this process as a workload ended by `signal` (see the monitor).
+pub fn die_by(signal: i32) -> ! {
+    sys::die_by(signal)
+}
+
+/// A container id as runc accepts it: letters, digits, `_`, `-`, `.`, not starting with a
+/// dot, at most 1024 bytes. Anything else (a `/`, `..`) would name a path outside the root.
+pub fn check_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 1024
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(OciError::Invalid(format!(
+            "invalid container id {id:?}: use letters, digits, '_', '-' and '.' (not first)"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_that_name_paths_are_refused() {
+        for bad in ["", "../x", "a/b", ".hidden", "..", "a b", "x\0"] {
+            assert!(check_id(bad).is_err(), "{bad:?} was accepted");
+        }
+        for good in ["abc", "c4fad014de91", "my_ctr-1.2"] {
+            assert!(check_id(good).is_ok(), "{good:?} was refused");
+        }
+    }
+}

@@ -1,0 +1,707 @@
+//! `cordon-oci`: runc's command line over Cordon's container tier (see the library's docs and
+//! docs/kubernetes.md).
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Parser, Subcommand};
+use cordon_oci::bundle::ProcessSpec;
+use cordon_oci::ctl::{Conn, Reply, Request};
+use cordon_oci::monitor;
+use cordon_oci::node::NodeConfig;
+use cordon_oci::state::{Root, Status};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cordon-oci",
+    version,
+    about = "An OCI runtime (runc's command line) that runs each container as a Cordon sandbox"
+)]
+struct Cli {
+    /// Where container state is kept.
+    #[arg(long, global = true)]
+    root: Option<PathBuf>,
+    /// Where errors are logged (besides stderr).
+    #[arg(long, global = true)]
+    log: Option<PathBuf>,
+    /// text or json.
+    #[arg(long = "log-format", global = true, default_value = "text")]
+    log_format: String,
+    /// Accepted for runc compatibility; Cordon manages its own cgroups.
+    #[arg(long = "systemd-cgroup", global = true)]
+    systemd_cgroup: bool,
+    #[arg(long, global = true)]
+    debug: bool,
+    /// The node's Cordon config (default $CORDON_OCI_CONFIG, else /etc/cordon/oci.toml).
+    #[arg(long = "cordon-config", global = true)]
+    cordon_config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Create a container from a bundle (its process waits for `start`).
+    Create(CreateArgs),
+    /// Run the created container's process.
+    Start { id: String },
+    /// Create and start a container; without --detach, wait for it and exit as it did.
+    Run {
+        #[command(flatten)]
+        create: CreateArgs,
+        #[arg(short, long)]
+        detach: bool,
+    },
+    /// The container's state as JSON.
+    State { id: String },
+    /// Send a signal (TERM or KILL) to the container's process.
+    Kill {
+        id: String,
+        #[arg(default_value = "SIGTERM")]
+        signal: String,
+        #[arg(short, long)]
+        all: bool,
+    },
+    /// Remove a stopped container (--force: stop it first).
+    Delete {
+        id: String,
+        #[arg(short, long)]
+        force: bool,
+    },
+    /// Run another process in a running container.
+    Exec(ExecArgs),
+    /// The container's processes (host pids).
+    Ps {
+        id: String,
+        #[arg(short, long, default_value = "table")]
+        format: String,
+        /// ps options (ignored).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        ps_args: Vec<String>,
+    },
+    /// Containers under the root.
+    List {
+        #[arg(short, long, default_value = "table")]
+        format: String,
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// What this runtime supports, as JSON.
+    Features,
+    #[command(name = "__monitor", hide = true)]
+    Monitor {
+        id: String,
+        #[arg(long)]
+        bundle: PathBuf,
+        #[arg(long)]
+        ready_fd: i32,
+    },
+    #[command(name = "__exec", hide = true)]
+    ExecMonitor {
+        id: String,
+        #[arg(long)]
+        process_json: String,
+        #[arg(long)]
+        ready_fd: i32,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct CreateArgs {
+    id: String,
+    #[arg(short, long, default_value = ".")]
+    bundle: PathBuf,
+    #[arg(long)]
+    pid_file: Option<PathBuf>,
+    #[arg(long)]
+    console_socket: Option<PathBuf>,
+    #[arg(long)]
+    no_pivot: bool,
+    #[arg(long)]
+    no_new_keyring: bool,
+    #[arg(long, default_value_t = 0)]
+    preserve_fds: u32,
+}
+
+#[derive(clap::Args, Debug)]
+struct ExecArgs {
+    id: String,
+    /// The process (an OCI process JSON file).
+    #[arg(short, long)]
+    process: Option<PathBuf>,
+    #[arg(short, long)]
+    detach: bool,
+    #[arg(long)]
+    pid_file: Option<PathBuf>,
+    #[arg(short, long)]
+    tty: bool,
+    #[arg(long)]
+    console_socket: Option<PathBuf>,
+    #[arg(long)]
+    cwd: Option<String>,
+    #[arg(short, long)]
+    env: Vec<String>,
+    #[arg(short, long)]
+    user: Option<String>,
+    #[arg(long)]
+    no_new_privs: bool,
+    #[arg(long, default_value_t = 0)]
+    preserve_fds: u32,
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let log = Log {
+        path: cli.log.clone(),
+        json: cli.log_format == "json",
+    };
+    let code = match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            let msg = format!("{e:#}");
+            log.error(&msg);
+            eprintln!("cordon-oci: {msg}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+/// Errors go to `--log` too: containerd's shim reads the reason of a failed create there.
+struct Log {
+    path: Option<PathBuf>,
+    json: bool,
+}
+
+impl Log {
+    fn error(&self, msg: &str) {
+        let Some(p) = &self.path else { return };
+        let line = if self.json {
+            #[derive(serde::Serialize)]
+            struct Line<'a> {
+                level: &'a str,
+                msg: &'a str,
+                time: String,
+            }
+            serde_json::to_string(&Line {
+                level: "error",
+                msg,
+                time: cordon_oci::state::now_rfc3339(),
+            })
+            .unwrap_or_default()
+        } else {
+            format!("error: {msg}")
+        };
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<i32> {
+    let root = Root::new(cli.root.as_deref());
+    let cfg = cli.cordon_config.as_deref();
+    match cli.command {
+        Cmd::Create(a) => {
+            create(&root, cfg, &a)?;
+            Ok(0)
+        }
+        Cmd::Run { create: a, detach } => {
+            let child = create(&root, cfg, &a)?;
+            start(&root, &a.id)?;
+            if detach {
+                return Ok(0);
+            }
+            wait_as(child)
+        }
+        Cmd::Start { id } => {
+            start(&root, &id)?;
+            Ok(0)
+        }
+        Cmd::State { id } => {
+            let r = root.load(&id)?;
+            let status = r.status_now();
+            #[derive(serde::Serialize)]
+            #[serde(rename_all = "camelCase")]
+            struct State<'a> {
+                oci_version: &'a str,
+                id: &'a str,
+                status: Status,
+                pid: i32,
+                bundle: &'a Path,
+                rootfs: PathBuf,
+                created: &'a str,
+                owner: &'a str,
+                annotations: &'a std::collections::BTreeMap<String, String>,
+            }
+            let rootfs = cordon_oci::bundle::load(&r.bundle)
+                .ok()
+                .and_then(|s| cordon_oci::bundle::rootfs(&s, &r.bundle).ok())
+                .unwrap_or_default();
+            let s = State {
+                oci_version: "1.0.2",
+                id: &r.id,
+                status,
+                pid: if status == Status::Stopped { 0 } else { r.pid },
+                bundle: &r.bundle,
+                rootfs,
+                created: &r.created,
+                owner: "",
+                annotations: &r.annotations,
+            };
+            println!("{}", serde_json::to_string_pretty(&s)?);
+            Ok(0)
+        }
+        Cmd::Kill { id, signal, all: _ } => {
+            kill(&root, &id, parse_signal(&signal)?)?;
+            Ok(0)
+        }
+        Cmd::Delete { id, force } => {
+            delete(&root, &id, force)?;
+            Ok(0)
+        }
+        Cmd::Exec(a) => exec(&root, &a),
+        Cmd::Ps { id, format, .. } => {
+            let r = root.load(&id)?;
+            let pids = if r.alive() {
+                match Conn::connect(&root.dir(&id)).and_then(|c| c.call(&Request::Ps, &[])) {
+                    Ok(Reply::Pids { pids }) => pids,
+                    _ => r
+                        .sandbox
+                        .as_deref()
+                        .map(monitor::sandbox_pids)
+                        .unwrap_or_default(),
+                }
+            } else {
+                Vec::new()
+            };
+            if format == "json" {
+                println!("{}", serde_json::to_string(&pids)?);
+            } else {
+                println!("PID");
+                for p in pids {
+                    println!("{p}");
+                }
+            }
+            Ok(0)
+        }
+        Cmd::List { format, quiet } => {
+            let records: Vec<_> = root
+                .ids()
+                .iter()
+                .filter_map(|i| root.load(i).ok())
+                .collect();
+            if quiet {
+                for r in &records {
+                    println!("{}", r.id);
+                }
+            } else if format == "json" {
+                #[derive(serde::Serialize)]
+                struct Item<'a> {
+                    id: &'a str,
+                    pid: i32,
+                    status: Status,
+                    bundle: &'a Path,
+                    created: &'a str,
+                }
+                let items: Vec<Item> = records
+                    .iter()
+                    .map(|r| Item {
+                        id: &r.id,
+                        pid: r.pid,
+                        status: r.status_now(),
+                        bundle: &r.bundle,
+                        created: &r.created,
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string(&items)?);
+            } else {
+                println!("ID\tPID\tSTATUS\tBUNDLE");
+                for r in &records {
+                    println!(
+                        "{}\t{}\t{:?}\t{}",
+                        r.id,
+                        r.pid,
+                        r.status_now(),
+                        r.bundle.display()
+                    );
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Features => {
+            println!("{}", serde_json::to_string_pretty(&features())?);
+            Ok(0)
+        }
+        Cmd::Monitor {
+            id,
+            bundle,
+            ready_fd,
+        } => run_monitor(&root, cfg, id, bundle, ready_fd),
+        Cmd::ExecMonitor {
+            id,
+            process_json,
+            ready_fd,
+        } => {
+            let process: ProcessSpec =
+                serde_json::from_str(&process_json).context("reading the process")?;
+            let ready = cordon_oci_ready(ready_fd)?;
+            exec_in(&root, &id, &process, Some(ready))
+        }
+    }
+}
+
+fn cordon_oci_ready(fd: i32) -> Result<std::fs::File> {
+    cordon_oci::ready_pipe(fd).context("the readiness pipe")
+}
+
+/// `create`: starts the monitor (which makes the sandbox) and waits until it says the
+/// container is created or why not. Returns the monitor, a child of this process.
+fn create(root: &Root, cfg: Option<&Path>, a: &CreateArgs) -> Result<std::process::Child> {
+    if a.console_socket.is_some() {
+        bail!(
+            "cordon-oci refuses this container: it asks for a terminal (--console-socket); run it without a terminal (no -t) for now"
+        );
+    }
+    let bundle = std::fs::canonicalize(&a.bundle)
+        .with_context(|| format!("the bundle {}", a.bundle.display()))?;
+    let dir = root.create_dir(&a.id)?;
+    let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // The write end goes to the monitor (and only there).
+    nix::fcntl::fcntl(
+        &tx,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("--root").arg(&root.0);
+    if let Some(c) = cfg {
+        cmd.arg("--cordon-config").arg(c);
+    }
+    cmd.arg("__monitor")
+        .arg(&a.id)
+        .arg("--bundle")
+        .arg(&bundle)
+        .arg("--ready-fd")
+        .arg(tx.as_raw_fd().to_string());
+    let child = cmd.spawn();
+    drop(tx);
+    let child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(anyhow!("starting the container's monitor: {e}"));
+        }
+    };
+    let mut said = String::new();
+    let _ = std::fs::File::from(rx).read_to_string(&mut said);
+    if said.trim() != "ok" {
+        let mut child = child;
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        let why = said.trim().strip_prefix("error: ").unwrap_or(said.trim());
+        if why.is_empty() {
+            bail!("the container's monitor ended before the container was created");
+        }
+        bail!("{why}");
+    }
+    if let Some(p) = &a.pid_file {
+        write_pid_file(p, child.id())?;
+    }
+    Ok(child)
+}
+
+fn write_pid_file(p: &Path, pid: u32) -> Result<()> {
+    let tmp = p.with_extension("cordon-tmp");
+    std::fs::write(&tmp, pid.to_string())
+        .and_then(|()| std::fs::rename(&tmp, p))
+        .with_context(|| format!("writing the pid file {}", p.display()))
+}
+
+/// The monitor process: makes the sandbox, says so on the readiness pipe, serves.
+fn run_monitor(
+    root: &Root,
+    cfg: Option<&Path>,
+    id: String,
+    bundle: PathBuf,
+    ready_fd: i32,
+) -> Result<i32> {
+    let mut ready = cordon_oci_ready(ready_fd)?;
+    // Its own session: the caller's terminal signals do not reach it.
+    let _ = nix::unistd::setsid();
+    let made = NodeConfig::load(cfg).and_then(|node| {
+        let setup = monitor::Setup {
+            root: root.clone(),
+            id: id.clone(),
+            bundle,
+            node,
+        };
+        let (sandbox, process, record) = monitor::prepare(&setup)?;
+        let listener = cordon_oci::ctl::Listener::bind(&root.dir(&id))
+            .map_err(|e| cordon_oci::OciError::io("binding the control socket", e))?;
+        root.save(&record)?;
+        Ok((sandbox, process, record, listener))
+    });
+    match made {
+        Ok((sandbox, process, record, listener)) => {
+            let _ = ready.write_all(b"ok\n");
+            drop(ready);
+            monitor::serve(root, sandbox, process, record, listener)
+        }
+        Err(e) => {
+            let _ = writeln!(ready, "error: {e}");
+            Ok(1)
+        }
+    }
+}
+
+fn start(root: &Root, id: &str) -> Result<()> {
+    let r = root.load(id)?;
+    if !r.alive() {
+        bail!("container {id:?} is stopped; delete it and create it again");
+    }
+    match Conn::connect(&root.dir(id))
+        .and_then(|c| c.call(&Request::Start, &[]))
+        .context("reaching the container's monitor")?
+    {
+        Reply::Ok => Ok(()),
+        Reply::Error { message } => bail!("{message}"),
+        other => bail!("unexpected answer from the container's monitor: {other:?}"),
+    }
+}
+
+fn parse_signal(s: &str) -> Result<i32> {
+    if let Ok(n) = s.parse::<i32>() {
+        return Ok(n);
+    }
+    let name = s.to_ascii_uppercase();
+    let name = if name.starts_with("SIG") {
+        name
+    } else {
+        format!("SIG{name}")
+    };
+    name.parse::<nix::sys::signal::Signal>()
+        .map(|s| s as i32)
+        .map_err(|_| anyhow!("unknown signal {s:?}; give a name (TERM, KILL) or a number"))
+}
+
+fn kill(root: &Root, id: &str, signal: i32) -> Result<()> {
+    let r = root.load(id)?;
+    if !r.alive() {
+        bail!("container {id:?} is not running");
+    }
+    match Conn::connect(&root.dir(id)).and_then(|c| c.call(&Request::Signal { signal }, &[])) {
+        Ok(Reply::Ok) => Ok(()),
+        Ok(Reply::Error { message }) => bail!("{message}"),
+        Ok(other) => bail!("unexpected answer from the container's monitor: {other:?}"),
+        // A monitor that does not answer is killed: its sandbox goes with it.
+        Err(_) if signal == libc::SIGKILL => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(r.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            Ok(())
+        }
+        Err(e) => Err(anyhow!("reaching the container's monitor: {e}")),
+    }
+}
+
+fn delete(root: &Root, id: &str, force: bool) -> Result<()> {
+    let r = match root.load(id) {
+        Ok(r) => r,
+        // Nothing to delete: runc answers the same for a forced delete.
+        Err(cordon_oci::OciError::NotFound(_)) if force => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if r.alive() {
+        if !force && r.status_now() != Status::Created {
+            bail!("container {id:?} is running; stop it first (kill) or use delete --force");
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(r.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        // Its end is the caller's to reap; this waits only until it is gone (bounded).
+        for _ in 0..500 {
+            if !r.alive() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    monitor::sweep(&r);
+    std::fs::remove_dir_all(root.dir(id))
+        .or_else(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .context("removing the container's state")?;
+    Ok(())
+}
+
+fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
+    if a.tty || a.console_socket.is_some() {
+        bail!("cordon-oci gives no terminal yet: run the exec without -t");
+    }
+    let mut process = match &a.process {
+        Some(p) => {
+            let text = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+            let oci: oci_spec::runtime::Process =
+                serde_json::from_slice(&text).context("the process file is not an OCI process")?;
+            ProcessSpec::from_oci(&oci)?
+        }
+        None => ProcessSpec {
+            args: a.args.clone(),
+            env: Default::default(),
+            cwd: "/".into(),
+            terminal: false,
+        },
+    };
+    if process.terminal {
+        bail!("cordon-oci gives no terminal yet: run the exec without -t");
+    }
+    if let Some(c) = &a.cwd {
+        process.cwd = c.clone();
+    }
+    for kv in &a.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--env {kv:?} is not KEY=VALUE"))?;
+        process.env.insert(k.into(), v.into());
+    }
+    if process.args.is_empty() {
+        bail!("exec needs a command: give its arguments or --process");
+    }
+    let r = root.load(&a.id)?;
+    if r.status_now() != Status::Running {
+        bail!("container {:?} is not running; start it first", a.id);
+    }
+    if !a.detach {
+        return exec_in(root, &a.id, &process, None);
+    }
+    // Detached: a process of our own relays the exec and ends as it does; its pid is the
+    // exec's for the caller.
+    let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    nix::fcntl::fcntl(
+        &tx,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )?;
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .arg("--root")
+        .arg(&root.0)
+        .arg("__exec")
+        .arg(&a.id)
+        .arg("--process-json")
+        .arg(serde_json::to_string(&process)?)
+        .arg("--ready-fd")
+        .arg(tx.as_raw_fd().to_string())
+        .spawn()
+        .context("starting the exec's relay")?;
+    drop(tx);
+    let mut said = String::new();
+    let _ = std::fs::File::from(rx).read_to_string(&mut said);
+    if said.trim() != "ok" {
+        let why = said.trim().strip_prefix("error: ").unwrap_or(said.trim());
+        bail!(
+            "{}",
+            if why.is_empty() {
+                "the exec did not start"
+            } else {
+                why
+            }
+        );
+    }
+    if let Some(p) = &a.pid_file {
+        write_pid_file(p, child.id())?;
+    }
+    Ok(0)
+}
+
+/// Runs `process` in the container with this process's stdio and returns (or ends) as it
+/// ended.
+fn exec_in(
+    root: &Root,
+    id: &str,
+    process: &ProcessSpec,
+    ready: Option<std::fs::File>,
+) -> Result<i32> {
+    let started = Conn::connect(&root.dir(id))
+        .context("reaching the container's monitor")
+        .and_then(|c| {
+            match c.call(
+                &Request::Exec {
+                    process: process.clone(),
+                },
+                &monitor::own_stdio(),
+            )? {
+                Reply::Ok => Ok(c),
+                Reply::Error { message } => Err(anyhow!("{message}")),
+                other => Err(anyhow!("unexpected answer: {other:?}")),
+            }
+        });
+    let conn = match (started, ready) {
+        (Ok(c), Some(mut r)) => {
+            let _ = r.write_all(b"ok\n");
+            c
+        }
+        (Ok(c), None) => c,
+        (Err(e), Some(mut r)) => {
+            let _ = writeln!(r, "error: {e:#}");
+            return Ok(1);
+        }
+        (Err(e), None) => return Err(e),
+    };
+    match conn.recv::<Reply>() {
+        Ok(Some((Reply::Exited { code, signal }, _))) => match (code, signal) {
+            (_, Some(s)) => cordon_oci::die_by(s),
+            (Some(c), None) => Ok(c),
+            (None, None) => Ok(0),
+        },
+        // The monitor went away: the container (and the exec) with it.
+        _ => cordon_oci::die_by(libc::SIGKILL),
+    }
+}
+
+/// Waits for our monitor child and ends as it did.
+fn wait_as(mut child: std::process::Child) -> Result<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    let st = child.wait()?;
+    match (st.code(), st.signal()) {
+        (Some(c), _) => Ok(c),
+        (None, Some(s)) => cordon_oci::die_by(s),
+        _ => Ok(1),
+    }
+}
+
+/// What `features` reports (the OCI runtime features document).
+fn features() -> serde_json::Value {
+    serde_json::json!({
+        "ociVersionMin": "1.0.0",
+        "ociVersionMax": "1.1.0",
+        "hooks": [],
+        "mountOptions": [],
+        "linux": {
+            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "user", "uts"],
+            "capabilities": [],
+            "cgroup": {"v1": true, "v2": true, "systemd": false, "systemdUser": false},
+            "seccomp": {"enabled": true},
+            "apparmor": {"enabled": false},
+            "selinux": {"enabled": false},
+            "intelRdt": {"enabled": false}
+        },
+        "annotations": {
+            "run.oci.cordon.tier": "container",
+            "run.oci.cordon.annotations": cordon_oci::bundle::annotation::ALL.join(",")
+        }
+    })
+}

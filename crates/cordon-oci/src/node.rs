@@ -1,0 +1,142 @@
+//! The node's Cordon config for `cordon-oci`: whose ceiling a container runs under, the
+//! grant catalogue it may name, and the default and largest limits. Read from
+//! `--cordon-config`, else `$CORDON_OCI_CONFIG`, else `/etc/cordon/oci.toml` when it exists;
+//! with no file, every default of the gate holds (the container tier, no private ranges, no
+//! grants).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cordon_engine::{CeilingConfig, Gate, GateSettings, RulesSource, TenantRules};
+use serde::Deserialize;
+
+use crate::{OciError, Result};
+
+/// Where the node's config is read from when nothing names one.
+pub const DEFAULT_PATH: &str = "/etc/cordon/oci.toml";
+
+/// The principal every container is admitted as (its ceiling is `[ceiling]`).
+pub const TENANT: &str = "oci";
+
+/// The file's contents.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// The ceiling of every container on this node: trust (default `trusted` here: see
+    /// `ceiling_config`), tiers, egress ceiling, the walls it may run without (cordon.toml's
+    /// tenant rules).
+    pub ceiling: TenantRules,
+    /// The operator's grant catalogue (cordon.toml's `[[grant]]` entries); a container names
+    /// grants of it by the `cordon.grants` annotation.
+    #[serde(rename = "grant")]
+    pub grants: Vec<cordon_engine::GrantEntry>,
+    /// Limits a container gets where neither its bundle nor its annotations set one.
+    pub default_limits: Option<cordon_engine::LimitsPatch>,
+    /// The largest limits a container may have.
+    pub max_limits: Option<cordon_engine::LimitsPatch>,
+}
+
+impl NodeConfig {
+    /// The config named by `flag`, else `$CORDON_OCI_CONFIG`, else [`DEFAULT_PATH`] if it
+    /// exists, else the defaults.
+    pub fn load(flag: Option<&Path>) -> Result<Self> {
+        let named = flag
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("CORDON_OCI_CONFIG").map(PathBuf::from));
+        let path = match named {
+            Some(p) => p,
+            None if Path::new(DEFAULT_PATH).is_file() => PathBuf::from(DEFAULT_PATH),
+            None => return Ok(NodeConfig::default()),
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            OciError::io(
+                format!("reading the node's Cordon config {}", path.display()),
+                e,
+            )
+        })?;
+        Self::parse(&text).map_err(|m| {
+            OciError::Invalid(format!(
+                "the node's Cordon config {}: {m}; fix the file (docs/kubernetes.md lists its keys)",
+                path.display()
+            ))
+        })
+    }
+
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
+        let cfg: NodeConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        cfg.ceiling_config().validate().map_err(|e| e.to_string())?;
+        Ok(cfg)
+    }
+
+    fn ceiling_config(&self) -> CeilingConfig {
+        let mut c = CeilingConfig::default();
+        let mut rules = self.ceiling.clone();
+        // The node's operator chose this runtime for the pods that name it: its workloads
+        // get the container tier (the only one cordon-oci runs so far) unless the config
+        // says `trust = "untrusted"`, which then refuses them all (the policy wants a
+        // kernel boundary for untrusted code).
+        rules.trust.get_or_insert(cordon_policy::Trust::Trusted);
+        c.tenants.insert(TENANT.to_string(), rules);
+        c
+    }
+
+    /// The gate a container is admitted by.
+    pub fn gate(&self) -> Result<Gate> {
+        let catalogue = cordon_engine::Catalogue::load(&self.grants, None)
+            .map_err(|e| OciError::Invalid(format!("the node's grant catalogue: {e}")))?;
+        let mut settings = GateSettings::default();
+        if let Some(d) = &self.default_limits {
+            settings.default_limits = d.apply(&settings.default_limits);
+        }
+        if let Some(m) = &self.max_limits {
+            settings.max_limits = m.apply(&settings.max_limits);
+        }
+        Ok(Gate::new(
+            settings,
+            self.ceiling_config(),
+            Arc::new(catalogue),
+            RulesSource::Shipped,
+            None,
+        )
+        .with_tiers(
+            [cordon_core::Tier::Container].into_iter().collect(),
+            Vec::new(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example in docs/kubernetes.md is a config this parser takes.
+    #[test]
+    fn the_documented_example_parses() {
+        let doc = include_str!("../../../docs/kubernetes.md");
+        let start = doc.find("```toml\n[ceiling]").expect("the example") + "```toml\n".len();
+        let body = &doc[start..];
+        let body = &body[..body.find("```").expect("its end")];
+        let cfg = NodeConfig::parse(body).unwrap();
+        assert_eq!(cfg.grants.len(), 1);
+        cfg.gate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        assert!(NodeConfig::parse("privileged = true\n").is_err());
+        assert!(NodeConfig::parse("[ceiling]\nallow_privileged = true\n").is_err());
+    }
+
+    #[test]
+    fn an_untrusted_node_refuses_the_container_tier_and_a_default_node_admits_it() {
+        let req = cordon_engine::SandboxRequest::default();
+        let who = cordon_engine::Principal::Tenant(TENANT.into());
+        let default = NodeConfig::default().gate().unwrap();
+        assert_eq!(
+            default.admit(&who, &req, "t").unwrap().spec.tier,
+            cordon_core::Tier::Container
+        );
+        let untrusted = NodeConfig::parse("[ceiling]\ntrust = \"untrusted\"\n").unwrap();
+        assert!(untrusted.gate().unwrap().admit(&who, &req, "t").is_err());
+    }
+}

@@ -1,0 +1,179 @@
+//! Each container's state under the runtime root (`--root`): `<root>/<id>/state.json`
+//! (written whole, by rename), the monitor's socket `ctl.sock` and the mount point of the
+//! root filesystem. It outlives the caller (containerd's shim asks for `state` later) and,
+//! under `/run`, not the node.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{OciError, Result};
+
+/// The runtime root when `--root` is not given.
+pub const DEFAULT_ROOT: &str = "/run/cordon-oci";
+
+/// A container's status as the OCI runtime spec names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Creating,
+    Created,
+    Running,
+    Stopped,
+}
+
+/// What is kept of one container.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Record {
+    pub id: String,
+    pub bundle: PathBuf,
+    /// The monitor's pid and its start time (clock ticks since boot, `/proc/<pid>/stat`
+    /// field 22): a pid alone may name another process once the monitor is gone.
+    pub pid: i32,
+    pub pid_start: u64,
+    pub status: Status,
+    /// RFC 3339, UTC.
+    pub created: String,
+    pub annotations: BTreeMap<String, String>,
+    /// The Cordon sandbox behind it (its cgroup's name), once made.
+    #[serde(default)]
+    pub sandbox: Option<String>,
+    /// How the workload ended, once it has.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+}
+
+/// The runtime root.
+#[derive(Debug, Clone)]
+pub struct Root(pub PathBuf);
+
+impl Root {
+    pub fn new(path: Option<&Path>) -> Root {
+        Root(path.map_or_else(|| PathBuf::from(DEFAULT_ROOT), Path::to_path_buf))
+    }
+
+    pub fn dir(&self, id: &str) -> PathBuf {
+        self.0.join(id)
+    }
+
+    /// Makes the root (mode 0711: the sandbox's ids pass through to the root filesystem's
+    /// mount point, and list nothing) and the container's directory, which must be new.
+    pub fn create_dir(&self, id: &str) -> Result<PathBuf> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        crate::check_id(id)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(&self.0)
+            .map_err(|e| {
+                OciError::io(format!("making the runtime root {}", self.0.display()), e)
+            })?;
+        let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o711));
+        let dir = self.dir(id);
+        match std::fs::DirBuilder::new().mode(0o711).create(&dir) {
+            Ok(()) => Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(OciError::State(
+                format!("container {id:?} already exists; delete it first or pick another id"),
+            )),
+            Err(e) => Err(OciError::io("making the container's state directory", e)),
+        }
+    }
+
+    pub fn load(&self, id: &str) -> Result<Record> {
+        crate::check_id(id)?;
+        let path = self.dir(id).join("state.json");
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(OciError::NotFound(id.to_string()));
+            }
+            Err(e) => return Err(OciError::io("reading the container's state", e)),
+        };
+        serde_json::from_slice(&text).map_err(|e| {
+            OciError::Invalid(format!(
+                "the state of container {id:?} is damaged ({e}); `cordon-oci delete --force {id}` removes it"
+            ))
+        })
+    }
+
+    pub fn save(&self, r: &Record) -> Result<()> {
+        let dir = self.dir(&r.id);
+        let tmp = dir.join("state.json.tmp");
+        let body = serde_json::to_vec(r)
+            .map_err(|e| OciError::Invalid(format!("encoding the state: {e}")))?;
+        std::fs::write(&tmp, body)
+            .and_then(|()| std::fs::rename(&tmp, dir.join("state.json")))
+            .map_err(|e| OciError::io("writing the container's state", e))
+    }
+
+    /// Ids of every container under the root.
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = std::fs::read_dir(&self.0)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| crate::check_id(n).is_ok())
+            .collect();
+        ids.sort();
+        ids
+    }
+}
+
+/// The start time of process `pid` (`/proc/<pid>/stat` field 22), if it is alive and not a
+/// zombie.
+pub fn start_time(pid: i32) -> Option<u64> {
+    if pid <= 0 {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may hold spaces and parentheses: the fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first() == Some(&"Z") || fields.first() == Some(&"X") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+impl Record {
+    /// Whether its monitor (the container's process) is still the process it was.
+    pub fn alive(&self) -> bool {
+        start_time(self.pid) == Some(self.pid_start)
+    }
+
+    /// Its status now: what the monitor wrote while it lives, stopped once it is gone.
+    pub fn status_now(&self) -> Status {
+        if self.alive() {
+            self.status
+        } else {
+            Status::Stopped
+        }
+    }
+}
+
+/// Now, as RFC 3339 in UTC.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_a_start_time_and_pid_zero_none() {
+        assert!(start_time(std::process::id() as i32).is_some());
+        assert_eq!(start_time(0), None);
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        let t = now_rfc3339();
+        assert!(t.starts_with("20") && t.ends_with('Z') && t.as_bytes()[10] == b'T');
+    }
+}

@@ -1,0 +1,315 @@
+//! cordon-oci driven by the engines that call runc: podman (an image imported from a
+//! busybox tarball the test writes, storage of its own). Needs root, podman and busybox
+//! (scripts/setup.d/70-oci.sh, 10-base.sh); without them the tests say SKIPPING, and fail
+//! under CORDON_REQUIRE_ALL.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+const OCI: &str = env!("CARGO_BIN_EXE_cordon-oci");
+const IMAGE: &str = "localhost/cordon-oci-test:1";
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Whether `what` can run here; loud skip, or a failure under CORDON_REQUIRE_ALL.
+fn have(what: &str, ok: bool) -> bool {
+    if ok {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CORDON_REQUIRE_ALL").is_none(),
+        "{what} is missing (CORDON_REQUIRE_ALL is set): run scripts/setup.sh"
+    );
+    eprintln!("\n!!!!! SKIPPING: {what} is missing !!!!!\n");
+    false
+}
+
+fn on_path(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The sandbox init beside the runtime (`cargo test --workspace` builds it; alone:
+/// `cargo build -p cordon-sandbox-init`).
+fn init_beside() -> bool {
+    let init = Path::new(OCI).with_file_name("cordon-sandbox-init");
+    assert!(
+        init.is_file(),
+        "{} is missing: build it first with `cargo build -p cordon-sandbox-init`",
+        init.display()
+    );
+    true
+}
+
+/// A busybox root filesystem as a tar archive, at `dir/rootfs.tar`.
+fn busybox_tar(dir: &Path) -> PathBuf {
+    let root = dir.join("rootfs");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    for applet in [
+        "sh", "echo", "cat", "sleep", "ls", "id", "true", "false", "dd", "kill", "wc", "head",
+    ] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+    }
+    let tar = dir.join("rootfs.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    tar
+}
+
+/// Podman with storage of its own and the busybox image imported into it; `None` where
+/// podman cannot run here.
+struct Podman {
+    _dir: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+fn podman() -> Option<&'static Podman> {
+    static P: OnceLock<Option<Podman>> = OnceLock::new();
+    P.get_or_init(|| {
+        let root = nix::unistd::geteuid().is_root();
+        if !have("root", root)
+            || !have("podman", on_path("podman"))
+            || !have("runc", on_path("runc"))
+            || !have("busybox", Path::new("/bin/busybox").is_file())
+            || !init_beside()
+        {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let tar = busybox_tar(dir.path());
+        let args: Vec<String> = vec![
+            "--root".into(),
+            dir.path().join("storage").display().to_string(),
+            "--runroot".into(),
+            dir.path().join("run").display().to_string(),
+            "--cgroup-manager".into(),
+            "cgroupfs".into(),
+            "--events-backend".into(),
+            "file".into(),
+        ];
+        let out = Command::new("podman")
+            .args(&args)
+            .arg("import")
+            .arg(&tar)
+            .arg(IMAGE)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "podman import: {}", text(&out.stderr));
+        Some(Podman { _dir: dir, args })
+    })
+    .as_ref()
+}
+
+impl Podman {
+    /// `podman --runtime <runtime> <args>`, with the ulimits podman 4.3 needs under this
+    /// host's hard limits (for `run` and `create`).
+    fn cmd(&self, runtime: &str, args: &[&str]) -> Output {
+        let mut c = Command::new("timeout");
+        c.arg("120")
+            .arg("podman")
+            .args(&self.args)
+            .arg("--runtime")
+            .arg(runtime);
+        let mut args = args.iter();
+        if let Some(sub) = args.next() {
+            c.arg(sub);
+            if *sub == "run" || *sub == "create" {
+                c.args([
+                    "--ulimit",
+                    "nofile=1024:1024",
+                    "--ulimit",
+                    "nproc=1024:1024",
+                ]);
+            }
+        }
+        c.args(args);
+        c.output().unwrap()
+    }
+
+    fn oci(&self, args: &[&str]) -> Output {
+        self.cmd(OCI, args)
+    }
+}
+
+#[test]
+fn podman_runs_a_container_with_its_output_and_exit_code() {
+    let Some(p) = podman() else { return };
+    let out = p.oci(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        IMAGE,
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 3",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "out\n");
+    assert!(text(&out.stderr).contains("err\n"), "{}", text(&out.stderr));
+    // A workload ended by a signal is reported as such (128 + 15).
+    let out = p.oci(&["run", "--rm", IMAGE, "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    // Standard input reaches the workload.
+    let out = {
+        let mut c = Command::new("podman");
+        c.args(&p.args)
+            .args(["--runtime", OCI, "run", "--rm", "-i"])
+            .args([
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+            ])
+            .args([IMAGE, "wc", "-c"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(b"12345").unwrap();
+        child.wait_with_output().unwrap()
+    };
+    assert_eq!(text(&out.stdout).trim(), "5");
+}
+
+#[test]
+fn podman_exec_kill_and_rm_on_a_running_container() {
+    let Some(p) = podman() else { return };
+    let out = p.oci(&[
+        "run",
+        "-d",
+        "--name",
+        "oci-exec-kill",
+        IMAGE,
+        "sleep",
+        "300",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let out = p.oci(&["exec", "oci-exec-kill", "sh", "-c", "echo inside; exit 4"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "inside\n");
+    // The process runs as the sandbox's unprivileged user, whatever the image says.
+    let out = p.oci(&["exec", "oci-exec-kill", "id", "-u"]);
+    assert_eq!(text(&out.stdout).trim(), "1000");
+    // The runtime's own view: running, and its pid is alive.
+    let state = Command::new(OCI).args(["state", &id]).output().unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&state.stdout).unwrap();
+    assert_eq!(state["status"], "running", "{state}");
+    let pid = state["pid"].as_i64().unwrap() as i32;
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+    let out = p.oci(&["kill", "oci-exec-kill"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = p.oci(&["wait", "oci-exec-kill"]);
+    assert_eq!(text(&out.stdout).trim(), "137", "{}", text(&out.stderr));
+    let out = p.oci(&["rm", "oci-exec-kill"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Nothing of it is left: its state, its monitor.
+    assert!(!Path::new("/run/cordon-oci").join(&id).exists());
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| !c.contains("__monitor"))
+    );
+}
+
+#[test]
+fn podman_memory_limit_from_the_bundle_is_enforced() {
+    let Some(p) = podman() else { return };
+    // A 100 MiB buffer under a 32 MiB limit: the OOM killer ends it (137).
+    let out = p.oci(&[
+        "run",
+        "--rm",
+        "--memory",
+        "32m",
+        IMAGE,
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=100M",
+        "count=1",
+    ]);
+    assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
+    // The same under 256 MiB runs.
+    let out = p.oci(&[
+        "run",
+        "--rm",
+        "--memory",
+        "256m",
+        IMAGE,
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=100M",
+        "count=1",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[test]
+fn podman_privileged_host_namespaces_and_host_paths_are_refused() {
+    let Some(p) = podman() else { return };
+    for (flags, says) in [
+        (&["--privileged"][..], "privileged mode"),
+        (&["--cap-add", "SYS_ADMIN"][..], "privileged mode"),
+        (&["--network", "host"][..], "host's network namespace"),
+        (&["--pid", "host"][..], "host's pid namespace"),
+        (&["-v", "/etc:/hostetc"][..], "host path at /hostetc"),
+        (&["--device", "/dev/zero"][..], "host devices"),
+    ] {
+        let mut args = vec!["run", "--rm"];
+        args.extend_from_slice(flags);
+        args.extend([IMAGE, "echo", "ran"]);
+        let out = p.oci(&args);
+        assert!(!out.status.success(), "{flags:?} ran");
+        assert!(!text(&out.stdout).contains("ran"), "{flags:?} ran");
+        let err = text(&out.stderr);
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+}
+
+/// The runtime's own command line, without an engine: a traversing id is refused before
+/// anything is made, and an unknown container is named.
+#[test]
+fn ids_that_name_paths_are_refused_by_every_command() {
+    let root = tempfile::tempdir().unwrap();
+    for cmd in [
+        &["state", "../../etc"][..],
+        &["delete", "../x"],
+        &["start", "a/b"],
+    ] {
+        let out = Command::new(OCI)
+            .arg("--root")
+            .arg(root.path())
+            .args(cmd)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(
+            text(&out.stderr).contains("invalid container id"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let out = Command::new(OCI)
+        .arg("--root")
+        .arg(root.path())
+        .args(["state", "nosuch"])
+        .output()
+        .unwrap();
+    assert!(text(&out.stderr).contains("does not exist"));
+}

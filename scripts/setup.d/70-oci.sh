@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# OCI callers: cordon-oci (crates/cordon-oci) is tested as the runtime of the engines that
+# call runc: podman (with runc, the baseline of the start-up comparison), containerd (ctr and
+# its CRI plugin) and the docker.io daemon. The tests start each on a private socket and data
+# directory; none is enabled as a service here. uidmap gives podman newuidmap; iptables is
+# what docker.io's daemon calls (its tests run with bridge and iptables off).
+set -euo pipefail
+. "$(dirname "$0")/../lib.sh"
+apt_install podman containerd docker.io runc uidmap iptables
