@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The SDKs' tests against the workspace's build: the Python SDK's (pytest; arguments go to
-# pytest) and the TypeScript SDK's (node's test runner). Both find the `cordon` binary under
+# pytest), the TypeScript SDK's (node's test runner) and E2B's JavaScript SDKs against the
+# E2B listener (sdk/e2b-js). Both find the `cordon` binary under
 # $CARGO_TARGET_DIR or target/ (or $CORDON_BIN). pytest's "no tests collected" (exit 5) is a
 # failure here: a suite that silently vanished must not pass. Both suites always run; the
 # exit status is a failure when either failed.
@@ -17,4 +18,10 @@ ts=0
 if [ "$ts" -ne 0 ]; then
   echo "sdk/typescript: node --test failed ($ts)" >&2
 fi
-[ "$rc" -eq 0 ] && [ "$ts" -eq 0 ]
+# E2B's own JavaScript SDKs against the E2B listener (docs/e2b.md).
+e2b=0
+(cd "$root/sdk/e2b-js" && node --test test.mjs) || e2b=$?
+if [ "$e2b" -ne 0 ]; then
+  echo "sdk/e2b-js: node --test failed ($e2b)" >&2
+fi
+[ "$rc" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$e2b" -eq 0 ]
