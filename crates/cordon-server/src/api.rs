@@ -62,6 +62,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("delete", "/v1/volumes/{name}"),
     ("post", "/v1/run"),
     ("get", "/v1/audit"),
+    ("get", "/v1/events"),
+    ("get", "/dashboard"),
+    ("get", "/dashboard/dashboard.js"),
+    ("get", "/dashboard/dashboard.css"),
     ("post", "/mcp"),
     ("get", "/.well-known/openid-configuration"),
     ("get", "/.well-known/jwks.json"),
@@ -290,6 +294,10 @@ pub fn router(svc: Service) -> Router {
         .route("/v1/volumes/{name}", get(volume).delete(delete_volume))
         .route("/v1/run", post(run))
         .route("/v1/audit", get(audit))
+        .route("/v1/events", get(crate::dashboard::events))
+        .route("/dashboard", get(crate::dashboard::page))
+        .route("/dashboard/dashboard.js", get(crate::dashboard::script))
+        .route("/dashboard/dashboard.css", get(crate::dashboard::style))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .merge(files)
         .merge(archives)

@@ -269,6 +269,9 @@ pub struct EdgeConfig {
     /// Serve plain HTTP on a non-loopback address (default false: such a bind without
     /// `[tls]` stops the start).
     pub allow_plaintext_remote: bool,
+    /// Tenants whose keys see every tenant's sandboxes and audit rows on the dashboard
+    /// (`/dashboard`, `GET /v1/events`): the operator's own. Every other key sees its own.
+    pub dashboard_operators: Vec<String>,
 }
 
 impl Default for EdgeConfig {
@@ -278,6 +281,7 @@ impl Default for EdgeConfig {
             failures_before_slowdown: 5,
             metrics_need_key: true,
             allow_plaintext_remote: false,
+            dashboard_operators: Vec::new(),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod api_contexts;
 pub mod api_files;
 pub mod audit;
 pub mod config;
+pub mod dashboard;
 pub mod e2b;
 mod error;
 pub mod keys;

@@ -1069,6 +1069,147 @@ async fn one_shot_run_on_the_real_runtime_tier() {
     env.server.shutdown().await;
 }
 
+/// The dashboard's event stream of `key` until `done` holds for the events read so far
+/// (or 10 s pass): each event's name and data.
+async fn dashboard_events(
+    env: &Env,
+    key: &str,
+    done: impl Fn(&[(String, Value)]) -> bool,
+) -> Vec<(String, Value)> {
+    let mut resp = env
+        .req(M::GET, "/v1/events", key)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut text = String::new();
+    let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done(&events) {
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk())
+            .await
+            .expect("the events came in 10 s")
+            .unwrap()
+            .expect("the stream stays open");
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = text.find("\n\n") {
+            let frame: String = text.drain(..end + 2).collect();
+            let mut name = String::new();
+            let mut data = String::new();
+            for line in frame.lines() {
+                if let Some(n) = line.strip_prefix("event:") {
+                    name = n.trim().to_string();
+                } else if let Some(d) = line.strip_prefix("data:") {
+                    data.push_str(d.trim_start());
+                }
+            }
+            if !data.is_empty() {
+                events.push((name, serde_json::from_str(&data).unwrap()));
+            }
+        }
+    }
+    events
+}
+
+/// The ids of the live sandboxes in the last snapshot, and every audit row's sandbox.
+fn seen_ids(events: &[(String, Value)]) -> (Vec<String>, Vec<String>) {
+    let live = events
+        .iter()
+        .rev()
+        .find(|(n, _)| n == "stats")
+        .map(|(_, v)| {
+            v["sandboxes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["id"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let rows = events
+        .iter()
+        .filter(|(n, _)| n == "audit")
+        .filter_map(|(_, v)| v["sandbox"].as_str().map(str::to_string))
+        .collect();
+    (live, rows)
+}
+
+/// A tenant's dashboard stream carries its own sandboxes and audit rows only; a tenant the
+/// operator names in `edge.dashboard_operators` sees every tenant's; no key, no stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_events_are_the_tenants_own_unless_an_operators() {
+    let env = start_with(|c| c.edge.dashboard_operators = vec!["bob".into()]).await;
+    let a = env.create(ALICE, json!({"tier": "container"})).await;
+    let b = env.create(BOB, json!({"tier": "container"})).await;
+    let (s, v) = env
+        .call(
+            M::POST,
+            &format!("/v1/sandboxes/{b}/exec"),
+            BOB,
+            Some(json!({"argv": ["echo", "bob's"]})),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+
+    let has = |id: &str| {
+        let id = id.to_string();
+        move |ev: &[(String, Value)]| {
+            let (live, rows) = seen_ids(ev);
+            live.contains(&id) && rows.contains(&id)
+        }
+    };
+    let alice = dashboard_events(&env, ALICE, has(&a)).await;
+    let (live, rows) = seen_ids(&alice);
+    assert!(
+        !live.contains(&b) && !rows.contains(&b),
+        "alice sees bob's: {alice:?}"
+    );
+    let stats = &alice.iter().find(|(n, _)| n == "stats").unwrap().1;
+    assert_eq!(stats["scope"], "tenant");
+    assert_eq!(
+        stats["live"],
+        json!([{"tier": "container", "tenant": "alice", "count": 1}])
+    );
+    assert!(
+        alice
+            .iter()
+            .all(|(n, v)| n != "audit" || v["tenant"] == "alice"),
+        "{alice:?}"
+    );
+
+    let bob = dashboard_events(&env, BOB, |ev| has(&a)(ev) && has(&b)(ev)).await;
+    let stats = &bob.iter().find(|(n, _)| n == "stats").unwrap().1;
+    assert_eq!(stats["scope"], "all");
+    assert_eq!(stats["pools"][0]["tier"], "container");
+
+    let r = env
+        .http
+        .get(format!("{}/v1/events", env.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    // The page is served to anyone (it holds no data), with a policy that keeps it to
+    // itself.
+    let r = env
+        .http
+        .get(format!("{}/dashboard", env.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let csp = r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"),
+        "{csp}"
+    );
+    env.server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openapi_file_matches_the_routes() {
     let text = std::fs::read_to_string(concat!(
@@ -1112,6 +1253,14 @@ async fn openapi_file_matches_the_routes() {
             .send()
             .await
             .unwrap();
+        let stream = r
+            .headers()
+            .get("content-type")
+            .is_some_and(|v| v.to_str().unwrap().starts_with("text/event-stream"));
+        if stream {
+            // The dashboard's event stream: served, and it runs until the server stops.
+            continue;
+        }
         let text = r.text().await.unwrap();
         assert!(
             !text.contains("no_such_route") && !text.contains("method_not_allowed"),

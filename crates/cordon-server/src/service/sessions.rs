@@ -429,6 +429,18 @@ impl Service {
     }
 
     /// Sandboxes `tenant` holds, those carrying every label of `labels` only.
+    /// Live sandboxes of `tenant`, or of every tenant when none is given (an operator's
+    /// dashboard), each with its tenant, oldest first.
+    pub fn live_sandboxes(&self, tenant: Option<&Tenant>) -> Vec<(Tenant, SandboxInfo)> {
+        let mut v: Vec<(Tenant, SandboxInfo)> = lock(&self.inner.sessions)
+            .values()
+            .filter(|s| tenant.is_none_or(|t| s.tenant == *t))
+            .map(|s| (s.tenant.clone(), s.info()))
+            .collect();
+        v.sort_by(|a, b| (a.1.created_ms, &a.1.id).cmp(&(b.1.created_ms, &b.1.id)));
+        v
+    }
+
     pub fn list(&self, tenant: &Tenant, labels: &[(String, String)]) -> Vec<SandboxInfo> {
         let mut v: Vec<SandboxInfo> = lock(&self.inner.sessions)
             .values()
