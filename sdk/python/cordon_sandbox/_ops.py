@@ -4,11 +4,8 @@ the async clients both send these."""
 from __future__ import annotations
 
 import base64
-import os
-import tarfile
 import urllib.parse
-from typing import (IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar,
-                    Union)
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from ._transport import Body, Call, Data
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
@@ -307,33 +304,6 @@ def put_archive(sid: str, path: str, tar: Data) -> Call[ArchiveReport]:
 
 def get_archive(sid: str, path: str) -> Call[None]:
     return Call("GET", _sb(sid, "/archive"), _none, params=[("path", path)])
-
-
-def tar_dir(local_dir: Union[str, "os.PathLike[str]"], out: IO[bytes]) -> None:
-    """Writes the contents of `local_dir` into `out` as an uncompressed PAX tar; symlinks go
-    in as links (the server skips them and lists them as skipped)."""
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(os.listdir(local_dir)):
-            tar.add(os.path.join(local_dir, name), arcname=name)
-
-
-def untar(src: IO[bytes], local_dir: Union[str, "os.PathLike[str]"]) -> List[str]:
-    """Extracts a tar into `local_dir` (made if missing) with tarfile's `data` filter: an
-    entry that would leave `local_dir`, a link pointing out of it, a device is skipped.
-    Returns the names skipped."""
-    os.makedirs(local_dir, exist_ok=True)
-    skipped: List[str] = []
-
-    def keep(member: tarfile.TarInfo, dest: str) -> Optional[tarfile.TarInfo]:
-        try:
-            return tarfile.data_filter(member, dest)
-        except tarfile.FilterError:
-            skipped.append(member.name)
-            return None
-
-    with tarfile.open(fileobj=src, mode="r:") as tar:
-        tar.extractall(local_dir, filter=keep)
-    return skipped
 
 
 # -- code contexts -------------------------------------------------------------------------

@@ -262,9 +262,3 @@ class AsyncTransport:
                 n += len(chunk)
         return n
 
-
-def spool_file() -> IO[bytes]:
-    """Where a tar archive is built or received: memory up to 8 MiB, then a temporary file."""
-    import tempfile
-    return tempfile.SpooledTemporaryFile(max_size=8 << 20)
-

@@ -20,7 +20,8 @@ import httpx
 
 from . import _ops as ops
 from ._ops import Command, Duration, LimitsArg, VolumeArg
-from ._transport import AsyncTransport, Data, settings, spool_file
+from . import _tar
+from ._transport import CHUNK, AsyncTransport, Data, settings
 from .client import PathLike
 from .errors import CordonError, NotFound
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
@@ -200,16 +201,25 @@ class AsyncFiles:
         return await self._t.download(ops.get_archive(self._sb.id, path), out)
 
     async def upload_dir(self, local_dir: PathLike, path: str = "/work") -> ArchiveReport:
-        with spool_file() as spool:
-            await asyncio.to_thread(ops.tar_dir, local_dir, spool)
-            spool.seek(0)
-            return await self.upload_archive(spool, path)
+        """The tar is written by a worker thread as it is sent (see `Files.upload_dir`)."""
+        with _tar.TarPipe(local_dir) as src:
+            return await self.upload_archive(src, path)
 
     async def download_dir(self, path: str, local_dir: PathLike) -> List[str]:
-        with spool_file() as spool:
-            await self.download_archive(path, spool)
-            spool.seek(0)
-            return await asyncio.to_thread(ops.untar, spool, local_dir)
+        """Extracted by a worker thread as the chunks arrive (see `Files.download_dir`)."""
+        reader = _tar.QueueReader()
+        job = asyncio.ensure_future(asyncio.to_thread(_tar.untar_queue, reader, local_dir))
+        try:
+            async with self._t.open(ops.get_archive(self._sb.id, path)) as resp:
+                async for chunk in resp.aiter_bytes(CHUNK):
+                    if not await asyncio.to_thread(reader.put, chunk):
+                        break
+        except BaseException:
+            await asyncio.to_thread(reader.put, None)
+            await asyncio.gather(job, return_exceptions=True)
+            raise
+        await asyncio.to_thread(reader.put, None)
+        return await job
 
 
 class AsyncSandbox:

@@ -4,6 +4,7 @@ code `Context`s and `BackgroundExec`s. `cordon_sandbox.aio` has the same surface
 
 from __future__ import annotations
 
+import io
 import os
 from typing import (IO, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional,
                     Sequence, Tuple, Union, overload)
@@ -12,7 +13,8 @@ import httpx
 
 from . import _ops as ops
 from ._ops import Command, Duration, LimitsArg, VolumeArg
-from ._transport import Data, SyncTransport, settings, spool_file
+from . import _tar
+from ._transport import CHUNK, Data, SyncTransport, settings
 from .errors import CordonError, NotFound
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
                      Execution, FileDone, FileEntry, FileWritten, Health, Jwks, Listing,
@@ -232,24 +234,21 @@ class Files:
         return self._t.download(ops.get_archive(self._sb.id, path), out)
 
     def upload_dir(self, local_dir: PathLike, path: str = "/work") -> ArchiveReport:
-        """Sends the local directory `local_dir` (its contents) into `path` as a tar stream
-        (spooled through a temporary file past 8 MiB, never whole in memory).
+        """Sends the local directory `local_dir` (its contents) into `path` as a tar stream,
+        written by a worker thread as it is sent (never whole in memory nor on disk).
 
         Symlinks go in the archive as links; the server skips them (see `skipped`)."""
-        with spool_file() as spool:
-            ops.tar_dir(local_dir, spool)
-            spool.seek(0)
-            return self.upload_archive(spool, path)
+        with _tar.TarPipe(local_dir) as src:
+            return self.upload_archive(src, path)
 
     def download_dir(self, path: str, local_dir: PathLike) -> List[str]:
         """Receives the directory `path` as a tar stream and extracts it into `local_dir`
         (made if missing), with tarfile's `data` filter: entries that would leave
         `local_dir`, links pointing out of it, devices are skipped. Returns what was
-        skipped."""
-        with spool_file() as spool:
-            self.download_archive(path, spool)
-            spool.seek(0)
-            return ops.untar(spool, local_dir)
+        skipped. Extracted as it arrives (never whole in memory nor on disk)."""
+        with self._t.open(ops.get_archive(self._sb.id, path)) as resp:
+            src = io.BufferedReader(_tar.IterReader(resp.iter_bytes(CHUNK)))
+            return _tar.untar(src, local_dir)
 
 
 class Sandbox:

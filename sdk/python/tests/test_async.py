@@ -117,3 +117,33 @@ def test_async_background_exec_and_code_context(server, has_container):
                 assert (await ctx.restart()).restarts == 1
                 assert (await ctx.close()).state == "deleted"
     run(main())
+
+
+def test_async_directories_stream_without_a_spool(server, tmp_path, monkeypatch):
+    """As the sync test: a tar written by a thread as it is sent, and one extracted by a
+    thread as its chunks arrive (more than the hand-over queue holds), no temporary file."""
+    import tempfile as tf
+
+    def refused(*a, **k):
+        raise AssertionError("an archive was spooled to a temporary file")
+    monkeypatch.setattr(tf, "SpooledTemporaryFile", refused)
+    monkeypatch.setattr(tf, "TemporaryFile", refused)
+    src = tmp_path / "src"
+    src.mkdir()
+    blobs = {f"f{i}.bin": os.urandom(1 << 20) for i in range(8)}  # 8 MiB: 32+ chunks
+    for name, data in blobs.items():
+        (src / name).write_bytes(data)
+
+    async def main() -> None:
+        async with AsyncCordon(server.url, KEYS["alice"]) as c:
+            async with await c.sandbox(tier="wasm", limits={"disk_bytes": 64 << 20}) as sb:
+                rep = await sb.files.upload_dir(src, "/work/in")
+                assert (rep.files, rep.bytes) == (8, 8 << 20), rep
+                assert await sb.files.download_dir("/work/in", tmp_path / "out") == []
+                assert (await sb.files.stat("/work/in/f0.bin")).size == 1 << 20
+                with pytest.raises(NotFound):
+                    await c.sandbox_handle("sb-" + "0" * 32).files.download_dir(
+                        "/work", tmp_path / "none")
+    run(main())
+    for name, data in blobs.items():
+        assert (tmp_path / "out" / name).read_bytes() == data, name

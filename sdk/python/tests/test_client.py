@@ -84,6 +84,35 @@ def test_uploads_and_downloads_stream(alice, tmp_path):
         assert sb.read_file("/work/up.bin") == blob[:100_000]
 
 
+def test_directories_stream_without_a_spool(alice, tmp_path, monkeypatch):
+    """A directory goes up as a thread writes its tar and comes down extracted as it
+    arrives: no temporary file is made on the way (earlier versions spooled each archive)."""
+    import tempfile as tf
+
+    def refused(*a, **k):
+        raise AssertionError("an archive was spooled to a temporary file")
+    monkeypatch.setattr(tf, "SpooledTemporaryFile", refused)
+    monkeypatch.setattr(tf, "TemporaryFile", refused)
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    blobs = {f"d/f{i}.bin": os.urandom(1 << 20) for i in range(12)}  # 12 MiB
+    for name, data in blobs.items():
+        (src / name).write_bytes(data)
+    (src / "small.txt").write_text("s\n")
+    with alice.sandbox(tier="wasm", limits={"disk_bytes": 128 << 20}) as sb:
+        rep = sb.files.upload_dir(src, "/work/in")
+        assert (rep.files, rep.bytes) == (13, 12 * (1 << 20) + 2), rep
+        assert sb.files.download_dir("/work/in", tmp_path / "out") == []
+        for name, data in blobs.items():
+            assert (tmp_path / "out" / name).read_bytes() == data, name
+        assert (tmp_path / "out" / "small.txt").read_text() == "s\n"
+        # The download was read to its end: the next call finds the sandbox free at once.
+        assert sb.files.stat("/work/in/small.txt").size == 2
+        # A local directory that cannot be read fails the upload with the local error.
+        with pytest.raises(FileNotFoundError):
+            sb.files.upload_dir(tmp_path / "missing", "/work/none")
+
+
 def test_answers_are_typed_models(alice):
     with alice.sandbox(tier="wasm", labels={"t": "typed"}, limits={"memory_bytes": 256 << 20}) as sb:
         assert isinstance(sb.info, SandboxInfo) and sb.info.state == "live"
