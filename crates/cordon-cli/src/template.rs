@@ -13,6 +13,17 @@ pub struct TemplateArgs {
     /// Cordon's data directory (default: $CORDON_HOME, /var/lib/cordon as root).
     #[arg(long, value_name = "DIR", global = true)]
     data_dir: Option<PathBuf>,
+    /// The template store's budget on the host's disk: every root, kept layer and microvm
+    /// disk together. An import or build whose root would take the store past it ends as
+    /// DiskLimit and leaves nothing (default 64G).
+    #[arg(
+        long,
+        value_name = "SIZE",
+        global = true,
+        env = "CORDON_TEMPLATE_STORE_BYTES",
+        value_parser = parse_size
+    )]
+    max_store_bytes: Option<u64>,
     #[command(subcommand)]
     command: TemplateCmd,
 }
@@ -70,10 +81,13 @@ fn parse_size(s: &str) -> Result<u64, String> {
 pub fn template(args: TemplateArgs) -> Result<i32> {
     let data = args.data_dir.unwrap_or_else(crate::data_dir);
     let store = Store::open(&data).context("opening the template store")?;
+    let store_bytes = args
+        .max_store_bytes
+        .unwrap_or(cordon_template::DEFAULT_STORE_BYTES);
     match args.command {
-        TemplateCmd::Import(a) => import(&store, a),
+        TemplateCmd::Import(a) => import(&store, a, store_bytes),
         TemplateCmd::Ls(a) => ls(&store, a),
-        TemplateCmd::Build(a) => crate::template_build::build(&store, &data, *a),
+        TemplateCmd::Build(a) => crate::template_build::build(&store, &data, *a, store_bytes),
         TemplateCmd::Rm { name } => {
             let gc = store.remove(&name)?;
             println!(
@@ -87,9 +101,10 @@ pub fn template(args: TemplateArgs) -> Result<i32> {
         TemplateCmd::Gc => {
             let gc = store.gc()?;
             println!(
-                "{} layers and {} roots freed{}",
+                "{} layers, {} roots and {} staging dirs of dead builds or imports freed{}",
                 gc.layers_removed,
                 gc.roots_removed,
+                gc.staging_removed,
                 in_use(gc.roots_in_use)
             );
             Ok(0)
@@ -105,8 +120,11 @@ fn in_use(n: usize) -> String {
     }
 }
 
-fn import(store: &Store, a: ImportArgs) -> Result<i32> {
-    let mut limits = ImportLimits::default();
+fn import(store: &Store, a: ImportArgs, store_bytes: u64) -> Result<i32> {
+    let mut limits = ImportLimits {
+        store_bytes,
+        ..ImportLimits::default()
+    };
     if let Some(v) = a.max_archive_bytes {
         limits.archive_bytes = v;
     }
@@ -117,9 +135,19 @@ fn import(store: &Store, a: ImportArgs) -> Result<i32> {
         limits.files = v;
     }
     let t0 = Instant::now();
-    let report = store
-        .import(&a.file, &a.name, &limits)
-        .with_context(|| format!("importing {}", a.file.display()))?;
+    let report = match store.import(&a.file, &a.name, &limits) {
+        Ok(r) => r,
+        Err(e @ cordon_template::TemplateError::DiskLimit { .. }) => {
+            eprintln!(
+                "cordon: importing {} ended as DiskLimit: {e}",
+                a.file.display()
+            );
+            return Ok(crate::template_build::DISK_LIMIT_EXIT);
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!("importing {}", a.file.display())));
+        }
+    };
     let took = t0.elapsed();
     for d in &report.dropped {
         eprintln!(

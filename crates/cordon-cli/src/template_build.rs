@@ -18,7 +18,10 @@ use cordon_core::{
 };
 use cordon_engine::audit::{Audit, AuditEvent, NewEvent, TemplateBuilt};
 use cordon_host::idpool::IdPool;
-use cordon_template::{BuildInputs, ImageDefaults, ImportLimits, Store};
+use cordon_template::{BuildInputs, ImageDefaults, ImportLimits, Store, TemplateError};
+
+/// The exit status of a run that ended at its disk limit (as `cordon run`'s).
+pub(crate) const DISK_LIMIT_EXIT: i32 = 120;
 
 #[derive(Args)]
 pub struct BuildArgs {
@@ -73,15 +76,31 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
     Ok((k.to_string(), v.to_string()))
 }
 
-pub fn build(store: &Store, data: &Path, a: BuildArgs) -> Result<i32> {
+pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Result<i32> {
     let t0 = Instant::now();
+    let limits = ImportLimits {
+        unpacked_bytes: a.max_unpacked_bytes,
+        files: a.max_files,
+        store_bytes,
+        ..ImportLimits::default()
+    };
     let (base_label, base) = match a.from.as_str() {
         "host" => bail!(
             "the `host` base is not supported by `cordon template build` yet: a template is a \
              whole root, and the host's /usr is too large to copy into one; build from \
              `debian` or from a template (`cordon template import`)"
         ),
-        "debian" | "debian-base" => ("debian".to_string(), debian_base(store, data)?),
+        "debian" | "debian-base" => (
+            "debian".to_string(),
+            debian_base(
+                store,
+                data,
+                &ImportLimits {
+                    store_bytes,
+                    ..ImportLimits::default()
+                },
+            )?,
+        ),
         name => (
             format!("template {name}"),
             store
@@ -229,14 +248,15 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs) -> Result<i32> {
         env: tpl_env,
         ..base_manifest.map(|m| m.image).unwrap_or_default()
     };
-    let limits = ImportLimits {
-        unpacked_bytes: a.max_unpacked_bytes,
-        files: a.max_files,
-        ..ImportLimits::default()
+    let report = match store.seal_build(work, &a.name, &inputs, defaults, &limits) {
+        Ok(r) => r,
+        Err(e @ TemplateError::DiskLimit { .. }) => {
+            audit(None, "failed");
+            eprintln!("cordon: sealing {} ended as DiskLimit: {e}", a.name);
+            return Ok(DISK_LIMIT_EXIT);
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context("sealing the build")),
     };
-    let report = store
-        .seal_build(work, &a.name, &inputs, defaults, &limits)
-        .context("sealing the build")?;
     let m = &report.manifest;
     audit(Some(&m.digest), "built");
     if a.json {
@@ -257,7 +277,7 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs) -> Result<i32> {
 
 /// The Debian base: the root debootstrap made for the microvm tier's guest image
 /// (`cordon image build`), kept in the store as the template `debian-<hash>`.
-fn debian_base(store: &Store, data: &Path) -> Result<ResolvedTemplate> {
+fn debian_base(store: &Store, data: &Path, limits: &ImportLimits) -> Result<ResolvedTemplate> {
     let image = cordon_microvm::image::load(data)
         .or_else(|_| cordon_microvm::image::load(&cordon_microvm::image::default_data_dir()))
         .context("the `debian` base is the microvm tier's Debian root")?;
@@ -271,9 +291,11 @@ fn debian_base(store: &Store, data: &Path) -> Result<ResolvedTemplate> {
     let name = format!("debian-{hash}");
     if store.get(&name).is_err() {
         eprintln!("cordon: importing the Debian root of the microvm image as {name}");
-        let tmp = store.dir().join("staging").join(format!("{name}.extract"));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).context("making a staging dir")?;
+        // A staging dir of the store's own (locked while it lives, so `template gc` leaves
+        // it alone; removed however this ends).
+        let stage = cordon_template::Stage::new(store)?;
+        let tmp = stage.path().join("root");
+        std::fs::create_dir(&tmp).context("making a staging dir")?;
         let out = std::process::Command::new("debugfs")
             .arg("-R")
             .arg(format!("rdump / {}", tmp.display()))
@@ -288,7 +310,7 @@ fn debian_base(store: &Store, data: &Path) -> Result<ResolvedTemplate> {
         }
         // The operator's own Debian root, read once: no step runs on it, no disk limit.
         let work = store.build_root(&tmp, 0, None)?;
-        let _ = std::fs::remove_dir_all(&tmp);
+        drop(stage);
         let inputs = BuildInputs {
             base: "debian".into(),
             base_digest: hash.clone(),
@@ -296,13 +318,7 @@ fn debian_base(store: &Store, data: &Path) -> Result<ResolvedTemplate> {
             env: BTreeMap::new(),
             allow: Vec::new(),
         };
-        store.seal_build(
-            work,
-            &name,
-            &inputs,
-            ImageDefaults::default(),
-            &ImportLimits::default(),
-        )?;
+        store.seal_build(work, &name, &inputs, ImageDefaults::default(), limits)?;
     }
     Ok(store.resolve(&name)?)
 }

@@ -789,7 +789,17 @@ impl ContainerSandbox {
 
     /// The argv, environment, working directory and per-process limits of an exec.
     fn exec_parts(&self, req: &ExecRequest) -> Result<cordon_host::agent::ExecParts> {
-        let limits = cordon_host::agent::ExecParts::workspace_limits(&self.spec.limits);
+        let mut limits = cordon_host::agent::ExecParts::workspace_limits(&self.spec.limits);
+        if self
+            .spec
+            .resolved_template
+            .as_ref()
+            .is_some_and(|t| t.writable)
+        {
+            // A build's root is a file system of the build's own size (`--disk`): it answers
+            // ENOSPC itself, and a file as large as it (a sparse one larger) is the step's.
+            limits.file_size = u64::MAX;
+        }
         cordon_host::agent::ExecParts::new(
             req,
             &self.spec,

@@ -5,10 +5,10 @@
 //! FIFOs and set-id bits dropped, links never followed, sizes and counts bounded).
 //! Running the steps is the caller's (a container-tier sandbox, `cordon-cli`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt, lchown, symlink};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt, lchown, symlink};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,8 +17,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Result, TemplateError};
-use crate::import::{ImportLimits, ImportReport, Parsed, Stage, sha256_file};
-use crate::manifest::{BuiltFrom, ImageDefaults, ImageFormat, Manifest};
+use crate::import::{FLATTEN_VERSION, Flatten, ImportLimits, ImportReport, Installed, Stage};
+use crate::manifest::{BuiltFrom, Compression, ImageDefaults, Layer, Manifest};
 use crate::store::Store;
 
 /// Bumped whenever a build's result for the same inputs would differ.
@@ -57,6 +57,8 @@ pub struct BuildRoot {
     /// The size-limited file system the working copy lives in, when the build has a disk
     /// limit: unmounted (dropped) before the stage around it is removed.
     disk: Option<cordon_host::volume::ScratchDisk>,
+    /// The size of `disk`.
+    disk_bytes: Option<u64>,
     stage: Stage,
 }
 
@@ -76,8 +78,9 @@ impl BuildRoot {
 const EGRESS_MOUNT_POINT: &str = "run/cordon/egress.sock";
 
 impl Store {
-    /// The template `name` (or `sha256:<hex>` digest, or its first 12 hex digits) as a
-    /// build's base, resolved with its lease.
+    /// The template `name` (or `sha256:<hex>` digest, or a prefix of at least 12 hex digits
+    /// that starts the digest of one template only) as a build's base, resolved with its
+    /// lease. A prefix that several digests start with is refused, with them listed.
     pub fn resolve_base(&self, name_or_digest: &str) -> Result<ResolvedTemplate> {
         let wanted = name_or_digest
             .strip_prefix("sha256:")
@@ -85,13 +88,45 @@ impl Store {
         if validate_template_name(name_or_digest).is_ok() && self.get(name_or_digest).is_ok() {
             return self.resolve(name_or_digest);
         }
-        let found = self
-            .list()?
-            .into_iter()
-            .find(|m| wanted.len() >= 12 && m.digest_hex().starts_with(wanted));
-        match found {
-            Some(m) => self.resolve(&m.name),
-            None => Err(TemplateError::NotFound(name_or_digest.to_string())),
+        let is_hex = wanted.len() >= 12
+            && wanted.len() <= 64
+            && wanted
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        if !is_hex {
+            return Err(TemplateError::NotFound(name_or_digest.to_string()));
+        }
+        // Names of the same digest share one root: one digest is one base.
+        let mut found: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for m in self.list()? {
+            if m.digest_hex().starts_with(wanted) {
+                found
+                    .entry(m.digest_hex().to_string())
+                    .or_default()
+                    .push(m.name);
+            }
+        }
+        match found.len() {
+            0 => Err(TemplateError::NotFound(name_or_digest.to_string())),
+            1 => {
+                let names = found.into_values().next().unwrap_or_default();
+                match names.first() {
+                    Some(n) => self.resolve(n),
+                    None => Err(TemplateError::NotFound(name_or_digest.to_string())),
+                }
+            }
+            _ => Err(TemplateError::Ambiguous {
+                prefix: wanted.to_string(),
+                candidates: found
+                    .iter()
+                    .map(|(hex, names)| {
+                        // Enough digits to tell each apart, and its names.
+                        let n = distinct_prefix(hex, found.keys()).min(hex.len());
+                        format!("sha256:{} ({})", &hex[..n], names.join(", "))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            }),
         }
     }
 
@@ -130,6 +165,8 @@ impl Store {
         owner: u32,
         disk_bytes: Option<u64>,
     ) -> Result<BuildRoot> {
+        // What dead imports and builds left goes first: it is not the store's to keep.
+        self.sweep_staging()?;
         let stage = Stage::new(self)?;
         // The stage is passable for the sandbox's ids (its root is bound by them).
         fs::set_permissions(&stage.0, fs::Permissions::from_mode(0o711))
@@ -145,7 +182,8 @@ impl Store {
         let root = disk
             .as_ref()
             .map_or(stage.0.as_path(), |d| d.dir())
-            .join("root");
+            // Not `root`: the seal flattens into the stage's `root`.
+            .join("work");
         copy_tree(base, &root, owner).map_err(|e| {
             if e.raw_os_error() == Some(libc_enospc()) {
                 TemplateError::Invalid(
@@ -155,7 +193,12 @@ impl Store {
                 TemplateError::io("copying the build's base")(e)
             }
         })?;
-        Ok(BuildRoot { root, disk, stage })
+        Ok(BuildRoot {
+            root,
+            disk,
+            disk_bytes,
+            stage,
+        })
     }
 
     /// Seals a build's working copy (its sandbox gone) into the template `name`: packed
@@ -170,25 +213,53 @@ impl Store {
     ) -> Result<ImportReport> {
         validate_template_name(name).map_err(|e| TemplateError::Invalid(e.to_string()))?;
         // Bound in this order so an early return drops the disk (unmounts) before the stage.
-        let BuildRoot { stage, disk, root } = build;
+        let BuildRoot {
+            stage,
+            disk,
+            root,
+            disk_bytes,
+        } = build;
         let sock = root.join(EGRESS_MOUNT_POINT);
         if fs::symlink_metadata(&sock).is_ok_and(|m| m.is_file() && m.len() == 0) {
             let _ = fs::remove_file(&sock);
         }
-        let layer = stage.0.join("layer.tar");
-        pack(&root, &layer, limits)?;
+        // What the new root may write: the build's disk limit and the store's budget.
+        let budget = self.write_budget(disk_bytes, 0, limits)?;
+        let mut flat = Flatten::new(&stage, limits, budget, true)?;
+        // The working copy is packed into a tar stream (its digest is the template's) and
+        // flattened from it as it is made: no layer file is written, and hard links go
+        // through as links.
+        let (reader, writer) =
+            io::pipe().map_err(TemplateError::io("streaming the build's layer"))?;
+        let hex = std::thread::scope(|scope| {
+            let packer = scope.spawn(|| pack(&root, writer, limits));
+            let flattened = flat.entries(0, reader);
+            let packed = packer.join().unwrap_or_else(|_| {
+                Err(TemplateError::Io {
+                    what: "packing the build's root".into(),
+                    source: io::Error::other("the packing thread panicked"),
+                })
+            });
+            match (packed, flattened) {
+                // The packer's own limits first; a flatten that stopped (its budget) ends
+                // the packer with a broken pipe, which says nothing more.
+                (Err(e @ TemplateError::Limit { .. }), _) => Err(e),
+                (_, Err(e)) => Err(e),
+                (Err(e), Ok(_)) => Err(e),
+                (Ok(()), Ok(hex)) => Ok(hex),
+            }
+        })?;
         match disk {
             // The working copy goes with its file system.
             Some(disk) => drop(disk),
             None => crate::store::remove_tree(&root)?,
         }
-        let (hex, _) = sha256_file(&layer)?;
-        let parsed = Parsed {
-            format: ImageFormat::OciLayout,
-            layers: vec![(layer, hex.clone())],
-            diff_ids: vec![format!("sha256:{hex}")],
-            defaults,
-        };
+        let digest = format!("sha256:{hex}");
+        let mut h = Sha256::new();
+        h.update(FLATTEN_VERSION.as_bytes());
+        h.update(b"\n");
+        h.update(digest.as_bytes());
+        let hex_digest = hex::encode(h.finalize());
         let built_from = BuiltFrom::Build {
             base: inputs.base.clone(),
             base_digest: inputs.base_digest.clone(),
@@ -196,8 +267,40 @@ impl Store {
             steps: inputs.steps.clone(),
             allow: inputs.allow.clone(),
         };
-        self.commit(&stage, name, parsed, built_from, limits)
+        // One layer, the whole root; its blob is not kept (the root is the template).
+        let layers = vec![Layer {
+            digest: digest.clone(),
+            diff_id: digest,
+            size_bytes: flat.stream_bytes,
+            compression: Compression::None,
+        }];
+        self.install(
+            flat,
+            &hex_digest,
+            Installed {
+                name,
+                layers,
+                kept: &[],
+                built_from,
+                defaults,
+            },
+        )
     }
+}
+
+/// How many leading digits of `hex` tell it apart from every other of `all` (at least 12).
+fn distinct_prefix<'a>(hex: &str, all: impl Iterator<Item = &'a String>) -> usize {
+    all.filter(|o| o.as_str() != hex)
+        .map(|o| {
+            hex.bytes()
+                .zip(o.bytes())
+                .take_while(|(a, b)| a == b)
+                .count()
+                + 1
+        })
+        .max()
+        .unwrap_or(0)
+        .max(12)
 }
 
 /// `ENOSPC`, the error of a write past a file system's size.
@@ -245,14 +348,16 @@ fn copy_tree(src: &Path, dst: &Path, owner: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Packs the tree `root` into the tar `out`: directories, regular files and symbolic links
-/// (links as links), in a stable order; anything else a step made (sockets, FIFOs) is left
-/// out. The import limits on entries and bytes apply.
-fn pack(root: &Path, out: &Path, limits: &ImportLimits) -> Result<()> {
-    let f = fs::File::create(out).map_err(TemplateError::io("writing the build's layer"))?;
-    let mut tar = tar::Builder::new(io::BufWriter::new(f));
+/// Packs the tree `root` into the tar stream `out`: directories, regular files, symbolic
+/// links (as links) and hard links (a file's second name as a link to its first), in a
+/// stable order; anything else a step made (sockets, FIFOs) is left out. The import limits
+/// on entries and bytes apply (a hard-linked file's bytes once).
+fn pack(root: &Path, out: impl io::Write, limits: &ImportLimits) -> Result<()> {
+    let mut tar = tar::Builder::new(io::BufWriter::with_capacity(1 << 16, out));
     tar.follow_symlinks(false);
     let (mut files, mut bytes) = (0u64, 0u64);
+    // (device, inode) of each file with several names: the first name packed.
+    let mut first_names: HashMap<(u64, u64), PathBuf> = HashMap::new();
     let mut todo = vec![PathBuf::new()];
     let werr = TemplateError::io("writing the build's layer");
     while let Some(rel) = todo.pop() {
@@ -278,11 +383,25 @@ fn pack(root: &Path, out: &Path, limits: &ImportLimits) -> Result<()> {
                 });
             }
             if ft.is_file() {
-                bytes = bytes.saturating_add(
-                    e.metadata()
-                        .map_err(TemplateError::io("reading the build's root"))?
-                        .len(),
-                );
+                let m = e
+                    .metadata()
+                    .map_err(TemplateError::io("reading the build's root"))?;
+                if m.nlink() > 1 {
+                    if let Some(first) = first_names.get(&(m.dev(), m.ino())) {
+                        let mut h = tar::Header::new_gnu();
+                        h.set_metadata(&m);
+                        h.set_entry_type(tar::EntryType::Link);
+                        h.set_size(0);
+                        tar.append_link(&mut h, &sub, first)
+                            .map_err(|e| TemplateError::Io {
+                                what: "packing the build's root".into(),
+                                source: e,
+                            })?;
+                        continue;
+                    }
+                    first_names.insert((m.dev(), m.ino()), sub.clone());
+                }
+                bytes = bytes.saturating_add(m.len());
                 if bytes > limits.unpacked_bytes {
                     return Err(TemplateError::Limit {
                         what: "uncompressed layer bytes",

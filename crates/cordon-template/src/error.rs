@@ -39,6 +39,23 @@ pub enum TemplateError {
         flag: &'static str,
         limit: u64,
     },
+    /// Sealing a build or importing an image would write more to the host's disk than the
+    /// build's disk limit or the template store's budget allow; nothing was kept.
+    #[error(
+        "the template would take more than {limit} of the host's disk ({what}); nothing was kept: {fix}"
+    )]
+    DiskLimit {
+        /// The bound, for people (`400.0M`).
+        limit: String,
+        /// Which bound: the build's `--disk`, or the store's budget.
+        what: String,
+        fix: String,
+    },
+    /// A digest prefix names several templates of different digests.
+    #[error(
+        "{prefix:?} is the start of the digests of several templates ({candidates}); give more of the digest (or the whole `sha256:...`), or the template's name"
+    )]
+    Ambiguous { prefix: String, candidates: String },
     /// The template is used by a live sandbox and cannot be removed yet.
     #[error(
         "template {0:?} is in use by a live sandbox; it is removed by the next `cordon template gc` after the sandbox ends"

@@ -7,12 +7,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fs;
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, symlink};
+use std::io::{self, BufRead, BufReader, Read, Seek, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt, symlink};
 use std::path::{Component, Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cordon_core::{Tier, validate_template_name};
+use nix::fcntl::{Flock, FlockArg};
 use oci_spec::image::{
     Arch, Descriptor, DigestAlgorithm, ImageConfiguration, ImageIndex, ImageManifest, MediaType, Os,
 };
@@ -24,7 +25,8 @@ use crate::manifest::{BuiltFrom, Compression, ImageDefaults, ImageFormat, Layer,
 use crate::store::{Store, remove_tree};
 
 /// Bumped whenever flattening changes what a root holds: part of every template digest.
-const FLATTEN_VERSION: &str = "cordon-template-flatten-v2";
+/// v3: whiteouts of `./` and `/` paths applied; files of zeros stored as holes.
+pub(crate) const FLATTEN_VERSION: &str = "cordon-template-flatten-v3";
 
 /// The mount points Cordon's tiers put their own files and filesystems on, made in every
 /// root at import where the image lacks them (empty; never through a link the image made),
@@ -62,7 +64,15 @@ pub struct ImportLimits {
     pub files: u64,
     /// Layers.
     pub layers: usize,
+    /// The template store's budget: what every template's root, the kept layers and the
+    /// microvm disks may take of the host's disk together. An import or a build whose
+    /// root would take the store past it ends as [`TemplateError::DiskLimit`] and leaves
+    /// nothing.
+    pub store_bytes: u64,
 }
+
+/// The default of [`ImportLimits::store_bytes`]: 64 GiB.
+pub const DEFAULT_STORE_BYTES: u64 = 64 << 30;
 
 impl Default for ImportLimits {
     fn default() -> Self {
@@ -71,6 +81,7 @@ impl Default for ImportLimits {
             unpacked_bytes: 16 << 30,
             files: 1_000_000,
             layers: 256,
+            store_bytes: DEFAULT_STORE_BYTES,
         }
     }
 }
@@ -141,22 +152,43 @@ pub(crate) struct Parsed {
     pub(crate) defaults: ImageDefaults,
 }
 
-/// A staging dir removed when the import ends, however it ends.
-pub(crate) struct Stage(pub(crate) PathBuf);
+/// A staging dir removed when the import ends, however it ends. It holds an exclusive
+/// `flock` on itself while it lives: a staging dir whose lock can be taken is a dead
+/// build's or import's, which [`Store::gc`] removes (with whatever it left mounted).
+pub struct Stage(
+    pub(crate) PathBuf,
+    #[allow(dead_code)] Option<Flock<fs::File>>,
+);
 
 impl Stage {
-    /// A fresh staging dir of the store (mode 0700).
-    pub(crate) fn new(store: &Store) -> Result<Stage> {
+    /// The staging dir (for the operator's own work, e.g. reading a root out of an image
+    /// before [`Store::build_root`] copies it; never shown to a tenant).
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// A fresh staging dir of the store (mode 0700), removed when dropped.
+    pub fn new(store: &Store) -> Result<Stage> {
         let mut rnd = [0u8; 8];
         getrandom::fill(&mut rnd).map_err(|e| TemplateError::Io {
             what: "naming a staging dir".into(),
             source: io::Error::other(e.to_string()),
         })?;
-        let stage = Stage(store.staging_dir().join(hex::encode(rnd)));
+        // Made and locked under the store's lock: a sweep never sees it unlocked.
+        let _guard = store.lock(false)?;
+        let mut stage = Stage(store.staging_dir().join(hex::encode(rnd)), None);
         fs::DirBuilder::new()
             .mode(0o700)
             .create(&stage.0)
             .map_err(TemplateError::io("creating a staging dir"))?;
+        let dir = fs::File::open(&stage.0).map_err(TemplateError::io("opening a staging dir"))?;
+        let lock = Flock::lock(dir, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+            TemplateError::Io {
+                what: "locking a staging dir".into(),
+                source: e.into(),
+            }
+        })?;
+        stage.1 = Some(lock);
         Ok(stage)
     }
 }
@@ -179,6 +211,8 @@ impl Store {
         if self.get(name).is_ok() {
             return Err(TemplateError::Exists(name.to_string()));
         }
+        // What dead imports and builds left goes first: it is not the store's to keep.
+        self.sweep_staging()?;
         let stage = Stage::new(self)?;
         let unpacked = stage.0.join("image");
         unpack_outer(archive, &unpacked, limits)?;
@@ -199,7 +233,51 @@ impl Store {
             format: parsed.format,
             file,
         };
-        self.commit(&stage, name, parsed, built_from, limits)
+        // The layer blobs are kept in the store: they spend its budget too.
+        let mut blobs = 0u64;
+        for (blob, _) in &parsed.layers {
+            blobs = blobs.saturating_add(
+                fs::metadata(blob)
+                    .map_err(TemplateError::io("reading a layer"))?
+                    .len(),
+            );
+        }
+        let budget = self.write_budget(None, blobs, limits)?;
+        self.commit(&stage, name, parsed, built_from, limits, budget)
+    }
+
+    /// What a new root may write on the host: the store's budget less what the store
+    /// holds already and `more` (blobs the same import keeps), and at most `disk` (a
+    /// build's disk limit).
+    pub(crate) fn write_budget(
+        &self,
+        disk: Option<u64>,
+        more: u64,
+        limits: &ImportLimits,
+    ) -> Result<WriteBudget> {
+        let used = self.usage()?.saturating_add(more);
+        let left = limits.store_bytes.saturating_sub(used);
+        let store = WriteBudget {
+            bytes: left,
+            limit: human(limits.store_bytes),
+            what: format!(
+                "the template store's budget, {} already used",
+                human(used.min(limits.store_bytes))
+            ),
+            fix: "remove templates you no longer need (`cordon template rm NAME`, then \
+                  `cordon template gc`), or raise the budget (--max-store-bytes, or \
+                  CORDON_TEMPLATE_STORE_BYTES)"
+                .into(),
+        };
+        Ok(match disk {
+            Some(d) if d < left => WriteBudget {
+                bytes: d,
+                limit: human(d),
+                what: "the build's disk limit, --disk".into(),
+                fix: "write less in the build's steps, or give a larger --disk".into(),
+            },
+            _ => store,
+        })
     }
 
     /// Flattens the checked layers of `parsed` into a root (or reuses the root of the same
@@ -211,6 +289,7 @@ impl Store {
         parsed: Parsed,
         built_from: BuiltFrom,
         limits: &ImportLimits,
+        budget: WriteBudget,
     ) -> Result<ImportReport> {
         if parsed.layers.len() > limits.layers {
             return Err(TemplateError::Limit {
@@ -234,29 +313,18 @@ impl Store {
         }
         let hex_digest = hex::encode(h.finalize());
         let existing = self.root_dir(&hex_digest).is_dir();
-        let root = stage.0.join("root");
-        let mut flat = Flatten {
-            root: root.clone(),
-            dropped: Vec::new(),
-            setid_cleared: 0,
-            files: 0,
-            unpacked: 0,
-            limits: limits.clone(),
-        };
-        if !existing {
-            fs::DirBuilder::new()
-                .mode(0o755)
-                .create(&root)
-                .map_err(TemplateError::io("creating a template root"))?;
-        }
+        let mut flat = Flatten::new(stage, limits, budget, !existing)?;
         let mut layers = Vec::new();
         for (i, ((blob, blob_hex), diff_id)) in
             parsed.layers.iter().zip(&parsed.diff_ids).enumerate()
         {
             let (compression, got) = if existing {
+                // Only hashed, and bounded as a flatten is: a bomb stops at the limit.
                 let (c, mut r) = open_layer(blob)?;
-                let mut hr = HashingReader::new(&mut r, u64::MAX);
+                let budget = limits.unpacked_bytes.saturating_sub(flat.unpacked);
+                let mut hr = HashingReader::new(&mut r, budget);
                 io::copy(&mut hr, &mut io::sink()).map_err(layer_io(i))?;
+                flat.unpacked = flat.unpacked.saturating_add(hr.count);
                 (c, hr.finish())
             } else {
                 flat.apply(i, blob)?
@@ -277,44 +345,120 @@ impl Store {
                 compression,
             });
         }
-        if !existing {
+        let kept = parsed.layers;
+        self.install(
+            flat,
+            &hex_digest,
+            Installed {
+                name,
+                layers,
+                kept: &kept,
+                built_from,
+                defaults: parsed.defaults,
+            },
+        )
+    }
+
+    /// Moves a flattened root into the store under its digest (or keeps the one already
+    /// there), moves the `kept` layer blobs, and records the manifest. Everything that can
+    /// fail on the root (measuring it, its paths' lengths) is done before it is moved, and
+    /// a failure after the move takes it out again: no root is ever left without a name.
+    pub(crate) fn install(
+        &self,
+        flat: Flatten,
+        hex_digest: &str,
+        t: Installed<'_>,
+    ) -> Result<ImportReport> {
+        if flat.made {
             flat.seal()?;
         }
-        let _guard = self.lock(true)?;
-        let dest = self.root_dir(&hex_digest);
-        let reused_root = dest.is_dir();
-        if !reused_root {
-            fs::rename(&root, &dest).map_err(TemplateError::io("storing a template root"))?;
-        }
-        let (files, size_bytes) = count_tree(&dest)?;
-        for ((blob, blob_hex), _) in parsed.layers.iter().zip(&layers) {
-            let to = self.layer_path(blob_hex);
-            if !to.exists() {
-                fs::rename(blob, &to).map_err(TemplateError::io("storing a layer"))?;
-                let _ = fs::set_permissions(&to, fs::Permissions::from_mode(0o600));
-            }
-        }
-        let manifest = Manifest {
-            name: name.to_string(),
-            digest: format!("sha256:{hex_digest}"),
-            layers,
-            size_bytes,
-            files,
-            tiers: vec![Tier::Container, Tier::Gvisor, Tier::Microvm],
-            built_from,
-            created_unix: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            image: parsed.defaults,
+        // Measured where it is: a failure here leaves nothing but the stage.
+        let staged = if flat.made {
+            Some(count_tree(&flat.root)?)
+        } else {
+            None
         };
-        self.write_manifest(&manifest)?;
+        let _guard = self.lock(true)?;
+        let dest = self.root_dir(hex_digest);
+        let reused_root = dest.is_dir();
+        let (counts, moved) = match staged {
+            Some(c) if !reused_root => {
+                fs::rename(&flat.root, &dest)
+                    .map_err(TemplateError::io("storing a template root"))?;
+                (c, true)
+            }
+            _ => (count_tree(&dest)?, false),
+        };
+        let recorded = (|| {
+            for ((blob, blob_hex), _) in t.kept.iter().zip(&t.layers) {
+                let to = self.layer_path(blob_hex);
+                if !to.exists() {
+                    fs::rename(blob, &to).map_err(TemplateError::io("storing a layer"))?;
+                    let _ = fs::set_permissions(&to, fs::Permissions::from_mode(0o600));
+                }
+            }
+            let manifest = Manifest {
+                name: t.name.to_string(),
+                digest: format!("sha256:{hex_digest}"),
+                layers: t.layers,
+                size_bytes: counts.bytes,
+                files: counts.files,
+                stored_bytes: counts.stored,
+                tiers: vec![Tier::Container, Tier::Gvisor, Tier::Microvm],
+                built_from: t.built_from,
+                created_unix: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0),
+                image: t.defaults,
+            };
+            self.write_manifest(&manifest)?;
+            Ok(manifest)
+        })();
+        let manifest = match recorded {
+            Ok(m) => m,
+            Err(e) => {
+                if moved {
+                    let _ = remove_tree(&dest);
+                }
+                return Err(e);
+            }
+        };
         Ok(ImportReport {
             manifest,
             dropped: flat.dropped,
             setid_cleared: flat.setid_cleared,
             reused_root,
         })
+    }
+}
+
+/// What [`Store::install`] records besides the root.
+pub(crate) struct Installed<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) layers: Vec<Layer>,
+    /// Layer blobs (in the stage) to keep in the store, with their digests (hex).
+    pub(crate) kept: &'a [(PathBuf, String)],
+    pub(crate) built_from: BuiltFrom,
+    pub(crate) defaults: ImageDefaults,
+}
+
+/// What a flatten may write on the host (file data, holes not counted, each hard-linked
+/// file once), and how to say so when it is reached.
+pub(crate) struct WriteBudget {
+    pub(crate) bytes: u64,
+    pub(crate) limit: String,
+    pub(crate) what: String,
+    pub(crate) fix: String,
+}
+
+/// Bytes for people: `400.0M`.
+pub(crate) fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1}M", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1}K", b as f64 / 1024.0),
+        b => format!("{b}B"),
     }
 }
 
@@ -662,12 +806,19 @@ impl<R: Read> Read for HashingReader<R> {
 }
 
 /// Layers applied one after the other onto one directory.
-struct Flatten {
+pub(crate) struct Flatten {
     root: PathBuf,
+    /// Whether the root is made here (else only hashed: a root of that digest exists).
+    made: bool,
     dropped: Vec<Dropped>,
     setid_cleared: u64,
     files: u64,
     unpacked: u64,
+    /// Bytes written on the host: file data (holes skipped), and a block per directory.
+    written: u64,
+    /// Bytes of the last layer stream read by [`Flatten::entries`].
+    pub(crate) stream_bytes: u64,
+    budget: WriteBudget,
     limits: ImportLimits,
 }
 
@@ -678,11 +829,61 @@ enum Place {
 }
 
 impl Flatten {
+    /// A flatten into `stage`'s `root` (made when `make`; else the layers are only hashed).
+    pub(crate) fn new(
+        stage: &Stage,
+        limits: &ImportLimits,
+        budget: WriteBudget,
+        make: bool,
+    ) -> Result<Flatten> {
+        let root = stage.0.join("root");
+        if make {
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(&root)
+                .map_err(TemplateError::io("creating a template root"))?;
+        }
+        Ok(Flatten {
+            root,
+            made: make,
+            dropped: Vec::new(),
+            setid_cleared: 0,
+            files: 0,
+            unpacked: 0,
+            written: 0,
+            stream_bytes: 0,
+            budget,
+            limits: limits.clone(),
+        })
+    }
+
+    /// Counts `n` bytes written on the host against the budget.
+    fn spend(&mut self, n: u64) -> Result<()> {
+        self.written = self.written.saturating_add(n);
+        if self.written > self.budget.bytes {
+            return Err(TemplateError::DiskLimit {
+                limit: self.budget.limit.clone(),
+                what: self.budget.what.clone(),
+                fix: self.budget.fix.clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// Applies layer `i` from `blob`: whiteouts first (they hide what lower layers made),
     /// then its entries. Returns the hex digest of the uncompressed layer.
     fn apply(&mut self, i: usize, blob: &Path) -> Result<(Compression, String)> {
-        // Pass 1: the whiteouts.
+        // Pass 1: the whiteouts, read within the same bound as the entries (a layer that
+        // inflates past it stops there, not at its end).
         let (_, r) = open_layer(blob)?;
+        let budget = self.limits.unpacked_bytes.saturating_sub(self.unpacked);
+        self.whiteouts(i, HashingReader::new(r, budget))?;
+        let (compression, r) = open_layer(blob)?;
+        Ok((compression, self.entries(i, r)?))
+    }
+
+    /// Applies the whiteouts and opaque markers of layer `i` to what lower layers made.
+    fn whiteouts(&mut self, i: usize, r: impl Read) -> Result<()> {
         let mut ar = tar::Archive::new(r);
         for entry in ar.entries().map_err(layer_io(i))? {
             let e = entry.map_err(layer_io(i))?;
@@ -693,7 +894,14 @@ impl Flatten {
             let Some(hidden) = name.strip_prefix(".wh.") else {
                 continue;
             };
-            let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            // `./dir/.wh.x` and `/dir/.wh.x` name `dir/x` as `dir/.wh.x` does (as entries'
+            // paths do); a parent that leaves the root hides nothing.
+            let parent = path.parent().unwrap_or(Path::new(""));
+            let parent = match clean(parent) {
+                Some(p) => p,
+                None if parent.components().any(|c| c == Component::ParentDir) => continue,
+                None => PathBuf::new(),
+            };
             let dir = match self.place(&parent, true) {
                 Place::At(d) => d,
                 Place::Drop(_) => continue,
@@ -711,8 +919,12 @@ impl Flatten {
                 remove_any(&dir.join(hidden))?;
             }
         }
-        // Pass 2: the entries, hashing the uncompressed stream.
-        let (compression, r) = open_layer(blob)?;
+        Ok(())
+    }
+
+    /// Applies the entries of layer `i` from its uncompressed (or gzip-decoded) stream `r`,
+    /// hashing the stream: returns its hex digest.
+    pub(crate) fn entries(&mut self, i: usize, r: impl Read) -> Result<String> {
         let budget = self.limits.unpacked_bytes.saturating_sub(self.unpacked);
         let mut hr = HashingReader::new(r, budget);
         let mut ar = tar::Archive::new(&mut hr);
@@ -764,6 +976,7 @@ impl Flatten {
                     let perm = sanitize(mode, true, &mut self.setid_cleared);
                     if !fs::symlink_metadata(&to).is_ok_and(|m| m.is_dir()) {
                         remove_any(&to)?;
+                        self.spend(DIR_BYTES)?;
                         fs::DirBuilder::new()
                             .mode(0o755)
                             .create(&to)
@@ -772,13 +985,23 @@ impl Flatten {
                     fs::set_permissions(&to, fs::Permissions::from_mode(perm))
                         .map_err(TemplateError::io("setting a directory's mode"))?;
                 }
-                T::Regular | T::Continuous => {
+                // A sparse file (GNU's sparse entry, as tar writes one) is read back whole, its
+                // holes as zeros, and written with its holes again.
+                T::Regular | T::Continuous | T::GNUSparse => {
+                    // A sparse entry's length is what it expands to, not what the stream
+                    // carries: bounded here, before its zeros are read.
                     self.unpacked = self.unpacked.saturating_add(e.size());
+                    if self.unpacked > self.limits.unpacked_bytes {
+                        return Err(TemplateError::Limit {
+                            what: "uncompressed layer bytes",
+                            flag: "unpacked-bytes",
+                            limit: self.limits.unpacked_bytes,
+                        });
+                    }
                     remove_any(&to)?;
                     let perm = sanitize(mode, false, &mut self.setid_cleared);
                     let mut out = create_new(&to).map_err(TemplateError::io("creating a file"))?;
-                    io::copy(&mut e, &mut out).map_err(layer_io(i))?;
-                    out.flush().map_err(TemplateError::io("writing a file"))?;
+                    self.write_sparse(i, &mut e, &mut out)?;
                     fs::set_permissions(&to, fs::Permissions::from_mode(perm))
                         .map_err(TemplateError::io("setting a file's mode"))?;
                 }
@@ -822,7 +1045,47 @@ impl Flatten {
         }
         // The rest of the stream (end-of-archive blocks, padding) is part of the digest.
         io::copy(&mut hr, &mut io::sink()).map_err(layer_io(i))?;
-        Ok((compression, hr.finish()))
+        self.stream_bytes = hr.count;
+        Ok(hr.finish())
+    }
+
+    /// Copies a file's data from `src` to the new file `out`, leaving a hole where a whole
+    /// block is zeros (a sparse file stays sparse, and a file of zeros costs the host
+    /// nothing): only the blocks written spend the budget.
+    fn write_sparse(&mut self, i: usize, src: &mut impl Read, out: &mut fs::File) -> Result<()> {
+        let mut buf = vec![0u8; SPARSE_BLOCK];
+        let mut len = 0u64;
+        loop {
+            // A whole block (or the file's end), so holes fall on block boundaries.
+            let mut n = 0;
+            while n < buf.len() {
+                match src.read(&mut buf[n..]) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(layer_io(i)(e)),
+                }
+            }
+            if n == 0 {
+                break;
+            }
+            len += n as u64;
+            if buf[..n].iter().all(|&b| b == 0) {
+                out.seek(io::SeekFrom::Current(n as i64))
+                    .map_err(TemplateError::io("writing a file"))?;
+            } else {
+                self.spend(n as u64)?;
+                out.write_all(&buf[..n])
+                    .map_err(TemplateError::io("writing a file"))?;
+            }
+            if n < buf.len() {
+                break;
+            }
+        }
+        // A hole at the end is made by the length.
+        out.set_len(len)
+            .map_err(TemplateError::io("writing a file"))?;
+        Ok(())
     }
 
     /// Makes the [`MOUNT_POINTS`] the image lacks.
@@ -908,26 +1171,46 @@ fn remove_any(p: &Path) -> Result<()> {
     }
 }
 
-/// Entries and regular-file bytes of a tree.
-fn count_tree(root: &Path) -> Result<(u64, u64)> {
-    let (mut files, mut bytes) = (0u64, 0u64);
+/// What [`count_tree`] measures.
+pub(crate) struct Counts {
+    /// Entries.
+    pub(crate) files: u64,
+    /// Bytes of regular files (their lengths, as `ls` shows them).
+    pub(crate) bytes: u64,
+    /// Bytes allocated on the disk, each inode once.
+    pub(crate) stored: u64,
+}
+
+/// Entries, regular-file bytes and allocated bytes of a tree.
+pub(crate) fn count_tree(root: &Path) -> Result<Counts> {
+    let err = || TemplateError::io("measuring a template");
+    let mut c = Counts {
+        files: 0,
+        bytes: 0,
+        stored: fs::symlink_metadata(root).map_err(err())?.blocks() * 512,
+    };
+    let mut seen = std::collections::HashSet::new();
     let mut todo = vec![root.to_path_buf()];
     while let Some(dir) = todo.pop() {
-        for entry in fs::read_dir(&dir).map_err(TemplateError::io("measuring a template"))? {
-            let entry = entry.map_err(TemplateError::io("measuring a template"))?;
-            let m = entry
-                .file_type()
-                .map_err(TemplateError::io("measuring a template"))?;
-            files += 1;
+        for entry in fs::read_dir(&dir).map_err(err())? {
+            let entry = entry.map_err(err())?;
+            let m = entry.metadata().map_err(err())?;
+            c.files += 1;
             if m.is_dir() {
                 todo.push(entry.path());
             } else if m.is_file() {
-                bytes += entry
-                    .metadata()
-                    .map_err(TemplateError::io("measuring a template"))?
-                    .len();
+                c.bytes += m.len();
+            }
+            if m.nlink() < 2 || m.is_dir() || seen.insert((m.dev(), m.ino())) {
+                c.stored += m.blocks() * 512;
             }
         }
     }
-    Ok((files, bytes))
+    Ok(c)
 }
+
+/// What a directory costs the budget.
+const DIR_BYTES: u64 = 4096;
+
+/// The unit a file is copied in: a block of zeros this long becomes a hole.
+const SPARSE_BLOCK: usize = 64 << 10;

@@ -18,6 +18,8 @@ mod store;
 pub use build::{BuildInputs, BuildRoot};
 pub use error::{Result, TemplateError};
 #[cfg(feature = "import")]
-pub use import::{DropReason, Dropped, ImportLimits, ImportReport, MOUNT_POINTS};
+pub use import::{
+    DEFAULT_STORE_BYTES, DropReason, Dropped, ImportLimits, ImportReport, MOUNT_POINTS, Stage,
+};
 pub use manifest::{BuiltFrom, Compression, ImageDefaults, ImageFormat, Layer, Manifest};
 pub use store::{GcReport, Lease, Store, disk_image_path, find_program, resolve_in_root};

@@ -20,6 +20,11 @@ pub struct Manifest {
     pub size_bytes: u64,
     /// Entries (files, directories, links) in the flattened root.
     pub files: u64,
+    /// Bytes the flattened root takes on the host's disk (blocks allocated, each hard-linked
+    /// file once, holes of sparse files not counted): what it spends of the store's budget.
+    /// 0 in manifests written before it was recorded (`size_bytes` counts then).
+    #[serde(default)]
+    pub stored_bytes: u64,
     /// The tiers that can run a sandbox on this template.
     pub tiers: Vec<Tier>,
     pub built_from: BuiltFrom,

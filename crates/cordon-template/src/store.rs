@@ -13,7 +13,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -36,6 +36,9 @@ pub struct GcReport {
     pub roots_removed: usize,
     /// Roots no template names that a live sandbox still uses (collected later).
     pub roots_in_use: usize,
+    /// Staging dirs of builds and imports that died mid-way (their scratch file systems
+    /// unmounted, their loop devices freed).
+    pub staging_removed: usize,
 }
 
 /// A shared lock on a template root's lease file, held while a sandbox uses the root.
@@ -242,10 +245,78 @@ impl Store {
         self.gc()
     }
 
-    /// Removes layers and roots no template uses, and roots no live sandbox holds.
+    /// What the store takes of the host's disk: each root once (as its manifest recorded
+    /// it), the kept layer blobs and the microvm tier's disks.
+    pub fn usage(&self) -> Result<u64> {
+        let mut roots = std::collections::HashMap::new();
+        for m in self.list()? {
+            let bytes = if m.stored_bytes > 0 {
+                m.stored_bytes
+            } else {
+                m.size_bytes
+            };
+            roots.insert(m.digest_hex().to_string(), bytes);
+        }
+        let mut total: u64 = roots.values().sum();
+        for sub in ["layers", "disks"] {
+            let Ok(dir) = fs::read_dir(self.dir.join(sub)) else {
+                continue;
+            };
+            for e in dir.flatten() {
+                if let Ok(m) = e.metadata() {
+                    total = total.saturating_add(m.blocks() * 512);
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// Removes what builds and imports that died mid-way left in `staging/`: a staging dir
+    /// whose lock nobody holds (a live one holds it until it is removed). Whatever is
+    /// mounted under it (a build's scratch ext4) is unmounted first, which frees its loop
+    /// device. Returns how many were removed.
+    #[cfg(feature = "import")]
+    pub fn sweep_staging(&self) -> Result<usize> {
+        let _guard = self.lock(true)?;
+        Ok(self.sweep_staging_locked())
+    }
+
+    /// [`Store::sweep_staging`] under the store's exclusive lock, which a new staging dir
+    /// holds shared until it is locked itself.
+    #[cfg(feature = "import")]
+    fn sweep_staging_locked(&self) -> usize {
+        let Ok(dir) = fs::read_dir(self.staging_dir()) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for e in dir.flatten() {
+            let p = e.path();
+            let Ok(f) = fs::File::open(&p) else {
+                continue;
+            };
+            // Held: a live build or import.
+            let Ok(lock) = Flock::lock(f, FlockArg::LockExclusiveNonblock) else {
+                continue;
+            };
+            cordon_host::volume::unmount_all_under(&p);
+            if remove_tree(&p).is_ok() {
+                removed += 1;
+            }
+            drop(lock);
+        }
+        removed
+    }
+
+    /// Removes layers and roots no template uses, and roots no live sandbox holds, and
+    /// what dead builds and imports left in `staging/`.
     pub fn gc(&self) -> Result<GcReport> {
         let _guard = self.lock(true)?;
+        #[cfg_attr(not(feature = "import"), allow(unused_mut))]
         let mut report = GcReport::default();
+        #[cfg(feature = "import")]
+        {
+            report.staging_removed = self.sweep_staging_locked();
+        }
         let mut roots = HashSet::new();
         let mut layers = HashSet::new();
         for m in self.list()? {

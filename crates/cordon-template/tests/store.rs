@@ -284,3 +284,261 @@ fn resolve_finds_the_interpreters_on_the_images_path() {
     assert!(!err.contains(&t.path().display().to_string()), "{err}");
     r.check_language(Language::Sh).unwrap();
 }
+
+/// An image of one layer per builder, uncompressed unless `gz`.
+fn image_of(layers: Vec<(Vec<u8>, bool)>) -> Image {
+    Image {
+        layers,
+        env: vec!["PATH=/bin".into()],
+    }
+}
+
+/// Bytes that do not compress and are not zeros.
+fn noise(len: usize, seed: u8) -> Vec<u8> {
+    let mut x = u32::from(seed) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x >> 8) as u8 | 1
+        })
+        .collect()
+}
+
+/// Issue 35 item 6: whiteouts and opaque markers written `./dir/.wh.x` or `/.wh.x` (as tar
+/// writes paths of `tar -C dir .`) hide what lower layers made, as `dir/.wh.x` does.
+#[test]
+fn whiteouts_with_dot_and_slash_paths_hide_what_lower_layers_made() {
+    let (t, s) = store();
+    let lower = LayerBuilder::new()
+        .dir("dir", 0o755)
+        .file("dir/a", 0o644, b"a")
+        .file("dir/kept", 0o644, b"k")
+        .file("gone", 0o644, b"g")
+        .dir("opq", 0o755)
+        .file("opq/old", 0o644, b"o")
+        .finish();
+    let upper = LayerBuilder::new()
+        .file("./dir/.wh.a", 0o644, b"")
+        .file("/.wh.gone", 0o644, b"")
+        .file("./opq/.wh..wh..opq", 0o644, b"")
+        .file("./opq/new", 0o644, b"n")
+        .finish();
+    let file = write(
+        t.path(),
+        "wh.tar",
+        &image_of(vec![(lower, false), (upper, true)]).oci_tar(false),
+    );
+    s.import(&file, "wh", &ImportLimits::default()).unwrap();
+    let root = root_of(&s, "wh");
+    assert!(
+        fs::symlink_metadata(root.join("dir/a")).is_err(),
+        "dir/a stayed"
+    );
+    assert!(
+        fs::symlink_metadata(root.join("gone")).is_err(),
+        "gone stayed"
+    );
+    assert!(
+        fs::symlink_metadata(root.join("opq/old")).is_err(),
+        "opq/old stayed"
+    );
+    assert_eq!(fs::read(root.join("dir/kept")).unwrap(), b"k");
+    assert_eq!(fs::read(root.join("opq/new")).unwrap(), b"n");
+    assert!(fs::symlink_metadata(root.join("opq/.wh..wh..opq")).is_err());
+}
+
+/// Issue 35 item 12: a gzip layer is bounded while it inflates, in the whiteout pass too.
+/// The layer holds a 4 MiB file and then bytes that are no tar header: read to its end
+/// before any limit applies, the import fails as an unreadable tar; bounded as it streams,
+/// it stops at the 1 MiB limit and says so.
+#[test]
+fn a_layer_is_bounded_while_it_inflates_not_after() {
+    let (t, s) = store();
+    let mut layer = LayerBuilder::new()
+        .file("big", 0o644, &vec![0u8; 4 << 20])
+        .finish();
+    // Past the entry: a header block of garbage where the end of the archive would be.
+    layer.truncate(512 + (4 << 20));
+    layer.extend_from_slice(&[0xa5; 1024]);
+    let file = write(
+        t.path(),
+        "bomb.tar",
+        &image_of(vec![(layer, true)]).oci_tar(false),
+    );
+    let limits = ImportLimits {
+        unpacked_bytes: 1 << 20,
+        ..ImportLimits::default()
+    };
+    let err = s.import(&file, "bomb", &limits).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TemplateError::Limit {
+                flag: "unpacked-bytes",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(s.list().unwrap().is_empty());
+    assert_eq!(fs::read_dir(s.dir().join("staging")).unwrap().count(), 0);
+}
+
+/// Issue 35 item 11: a digest prefix two templates' digests start with names neither: it
+/// is refused, listing both with enough digits to tell them apart; a longer prefix or the
+/// whole digest picks one.
+#[test]
+fn a_digest_prefix_two_templates_share_is_refused_with_both_listed() {
+    let (t, s) = store();
+    let file = write(
+        t.path(),
+        "a.tar",
+        &image_of(vec![(
+            LayerBuilder::new().file("a", 0o644, b"a").finish(),
+            false,
+        )])
+        .oci_tar(false),
+    );
+    s.import(&file, "a", &ImportLimits::default()).unwrap();
+    let a = s.get("a").unwrap();
+    let hex_a = a.digest_hex().to_string();
+    // A second template whose digest shares a's first 12 digits and differs at the 13th.
+    let mut hex_b = hex_a.clone().into_bytes();
+    hex_b[12] = if hex_b[12] == b'0' { b'1' } else { b'0' };
+    let hex_b = String::from_utf8(hex_b).unwrap();
+    let mut b: serde_json::Value =
+        serde_json::from_slice(&fs::read(s.dir().join("names/a.json")).unwrap()).unwrap();
+    b["name"] = "b".into();
+    b["digest"] = format!("sha256:{hex_b}").into();
+    fs::write(
+        s.dir().join("names/b.json"),
+        serde_json::to_vec(&b).unwrap(),
+    )
+    .unwrap();
+    fs::create_dir(s.dir().join("roots").join(&hex_b)).unwrap();
+
+    let err = s.resolve_base(&hex_a[..12]).unwrap_err();
+    assert!(matches!(err, TemplateError::Ambiguous { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("sha256:{} (a)", &hex_a[..13]))
+            && msg.contains(&format!("sha256:{} (b)", &hex_b[..13])),
+        "{msg}"
+    );
+    assert!(msg.contains("give more of the digest"), "{msg}");
+    assert!(!msg.contains(&t.path().display().to_string()), "{msg}");
+    assert_eq!(s.resolve_base(&hex_a[..13]).unwrap().name, "a");
+    assert_eq!(
+        s.resolve_base(&format!("sha256:{hex_b}")).unwrap().name,
+        "b"
+    );
+    // Too short a prefix names nothing.
+    assert!(matches!(
+        s.resolve_base(&hex_a[..8]),
+        Err(TemplateError::NotFound(_))
+    ));
+}
+
+/// Issue 35 item 8: a tree whose longest path fits under PATH_MAX in the staging dir but
+/// not under `roots/<digest>` (41 bytes longer) is measured before it is moved: the import
+/// ends with a named template, never with a root no manifest names.
+#[test]
+fn a_tree_too_deep_for_the_roots_path_never_leaves_an_unnamed_root() {
+    let (t, s) = store();
+    // <store>/staging/<16 hex>/root/<path>: keep the whole at 4090 bytes.
+    let staged = s.dir().join("staging").display().to_string().len() + 1 + 16 + "/root/".len();
+    let len = 4090 - staged;
+    let mut path = String::new();
+    while path.len() + 201 < len {
+        path.push_str(&"d".repeat(200));
+        path.push('/');
+    }
+    path.push_str(&"f".repeat(len - path.len()));
+    assert_eq!(path.len(), len);
+    let layer = LayerBuilder::new()
+        .long_file(&path, 0o644, b"deep")
+        .finish();
+    let file = write(
+        t.path(),
+        "deep.tar",
+        &image_of(vec![(layer, false)]).oci_tar(false),
+    );
+    let done = s.import(&file, "deep", &ImportLimits::default());
+    let roots = fs::read_dir(s.dir().join("roots")).unwrap().count();
+    match done {
+        Ok(report) => {
+            assert_eq!(roots, 1);
+            assert_eq!(s.list().unwrap().len(), 1);
+            assert!(report.manifest.files > 20, "{:?}", report.manifest);
+        }
+        Err(e) => panic!("the import failed ({e}) with {roots} roots left in the store"),
+    }
+    assert_eq!(fs::read_dir(s.dir().join("staging")).unwrap().count(), 0);
+}
+
+/// Issue 35 item 3, the import side: an import whose root would take the store past its
+/// budget ends as DiskLimit, naming the budget and the fix, and leaves nothing (no name,
+/// root, layer or staging dir); a file of zeros is stored as a hole and costs nothing.
+#[test]
+fn an_import_past_the_store_budget_ends_as_disk_limit_and_leaves_nothing() {
+    let (t, s) = store();
+    let first = LayerBuilder::new()
+        .file("a", 0o644, &noise(1 << 20, 1))
+        .finish();
+    let fa = write(
+        t.path(),
+        "a.tar",
+        &image_of(vec![(first, true)]).oci_tar(false),
+    );
+    s.import(&fa, "a", &ImportLimits::default()).unwrap();
+    let used = s.usage().unwrap();
+    assert!(used >= 3 << 19, "a's root and its layer: {used}");
+    let count = |d: &str| fs::read_dir(s.dir().join(d)).unwrap().count();
+    let (roots, layers) = (count("roots"), count("layers"));
+
+    // 64 MiB of zeros and 3 MiB of data, under a budget of what is used + 3.5 MiB of
+    // which the layer blob (compressed) takes some: over it.
+    let second = LayerBuilder::new()
+        .file("zeros", 0o644, &vec![0u8; 64 << 20])
+        .file("data", 0o644, &noise(3 << 20, 2))
+        .finish();
+    let fb = write(
+        t.path(),
+        "b.tar",
+        &image_of(vec![(second.clone(), true)]).oci_tar(false),
+    );
+    let budget = ImportLimits {
+        store_bytes: used + (3 << 20) + (1 << 19),
+        ..ImportLimits::default()
+    };
+    let err = s.import(&fb, "b", &budget).unwrap_err();
+    assert!(matches!(err, TemplateError::DiskLimit { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("template store's budget") && msg.contains("--max-store-bytes"),
+        "{msg}"
+    );
+    assert!(!msg.contains(&t.path().display().to_string()), "{msg}");
+    assert!(matches!(s.get("b"), Err(TemplateError::NotFound(_))));
+    assert_eq!((count("roots"), count("layers")), (roots, layers));
+    assert_eq!(count("staging"), 0);
+
+    // With room for the data (and not for the zeros, were they written): stored, and the
+    // 64 MiB of zeros is a hole.
+    let room = ImportLimits {
+        store_bytes: used + (12 << 20),
+        ..ImportLimits::default()
+    };
+    let report = s.import(&fb, "b", &room).unwrap();
+    let zeros = fs::metadata(root_of(&s, "b").join("zeros")).unwrap();
+    assert_eq!(zeros.len(), 64 << 20);
+    assert!(zeros.blocks() * 512 < 1 << 20, "{} blocks", zeros.blocks());
+    assert!(
+        report.manifest.stored_bytes < 5 << 20,
+        "{}",
+        report.manifest.stored_bytes
+    );
+    assert_eq!(report.manifest.size_bytes, (64 << 20) + (3 << 20));
+}
