@@ -28,9 +28,11 @@ use crate::node::NodeConfig;
 use crate::state::{Record, Root, Status};
 use crate::{OciError, Result};
 
-/// Where the bundle's root filesystem is bound in the monitor's own mount namespace, inside
-/// the container's state directory (whose parents the sandbox's ids can pass).
-pub const ROOTFS_MOUNT: &str = "rootfs";
+/// Where the bundle's root filesystem is bound, in the monitor's own mount namespace: a
+/// tmpfs of its own over this (empty) directory, whose parents the sandbox's ids can pass
+/// whatever the modes above the engine's state directory (containerd's are 0700). The host
+/// sees only the empty directory.
+pub const ROOTS_AT: &str = "/run/cordon-oci-roots";
 
 /// What the monitor is started with.
 pub struct Setup {
@@ -79,9 +81,7 @@ pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)>
             fix: d.fix.clone(),
         })?;
     let mut sandbox_spec = admitted.spec;
-    let dir = setup.root.dir(&setup.id);
-    let mount_at = dir.join(ROOTFS_MOUNT);
-    bind_rootfs(&rootfs, &mount_at)?;
+    let mount_at = bind_rootfs(&rootfs)?;
     sandbox_spec.resolved_template = Some(cordon_core::ResolvedTemplate {
         name: format!("oci:{}", setup.id),
         digest: String::new(),
@@ -114,17 +114,19 @@ pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)>
     Ok((Box::new(sandbox), process, record))
 }
 
-/// A private mount namespace for the monitor (and the sandbox's init it starts), and the
-/// bundle's root bound at `at` in it: the sandbox's ids open the root there, whatever the
-/// modes of the directories above the caller's copy. It goes away with the monitor.
-fn bind_rootfs(rootfs: &Path, at: &Path) -> Result<()> {
+/// A private mount namespace for the monitor (and the sandbox's init it starts), with the
+/// bundle's root bound under [`ROOTS_AT`] in it; returns where. It goes away with the
+/// monitor.
+fn bind_rootfs(rootfs: &Path) -> Result<PathBuf> {
     use nix::mount::{MsFlags, mount};
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| {
-        OciError::io(
-            "making the monitor's mount namespace (run cordon-oci as root)",
-            e.into(),
-        )
-    })?;
+    use std::os::unix::fs::DirBuilderExt;
+    let m = |what: &str| {
+        let what = what.to_string();
+        move |e: nix::Error| OciError::io(what, e.into())
+    };
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(m(
+        "making the monitor's mount namespace (run cordon-oci as root)",
+    ))?;
     mount(
         None::<&str>,
         "/",
@@ -132,11 +134,26 @@ fn bind_rootfs(rootfs: &Path, at: &Path) -> Result<()> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| OciError::io("making the monitor's mounts private", e.into()))?;
-    std::fs::create_dir_all(at).map_err(|e| OciError::io("making the root's mount point", e))?;
+    .map_err(m("making the monitor's mounts private"))?;
+    let base = Path::new(ROOTS_AT);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(base)
+        .map_err(|e| OciError::io(format!("making {ROOTS_AT}"), e))?;
+    mount(
+        Some("tmpfs"),
+        base,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("size=64k,mode=0711"),
+    )
+    .map_err(m("mounting the roots' tmpfs"))?;
+    let at = base.join("root");
+    std::fs::create_dir(&at).map_err(|e| OciError::io("making the root's mount point", e))?;
     mount(
         Some(rootfs),
-        at,
+        &at,
         None::<&str>,
         MsFlags::MS_BIND | MsFlags::MS_REC,
         None::<&str>,
@@ -146,7 +163,8 @@ fn bind_rootfs(rootfs: &Path, at: &Path) -> Result<()> {
             format!("binding the bundle's root filesystem {}", rootfs.display()),
             e.into(),
         )
-    })
+    })?;
+    Ok(at)
 }
 
 fn dup_file(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<File> {

@@ -1,4 +1,4 @@
-//! cordon-oci driven by the engines that call runc: podman (an image imported from a
+//! cordon-oci driven by the engines that call runc: podman and containerd (an image imported from a
 //! busybox tarball the test writes, storage of its own). Needs root, podman and busybox
 //! (scripts/setup.d/70-oci.sh, 10-base.sh); without them the tests say SKIPPING, and fail
 //! under CORDON_REQUIRE_ALL.
@@ -306,4 +306,177 @@ fn ids_that_name_paths_are_refused_by_every_command() {
         .output()
         .unwrap();
     assert!(text(&out.stderr).contains("does not exist"));
+}
+
+/// A containerd of the test's own: its root, state and sockets in a temporary directory,
+/// the CRI plugin off. Dropped, it stops, with every shim it started.
+struct Containerd {
+    dir: tempfile::TempDir,
+    daemon: std::process::Child,
+}
+
+impl Containerd {
+    fn start() -> Containerd {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let config = format!(
+            "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
+             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+             [grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n",
+            root = d.join("root").display(),
+            state = d.join("state").display(),
+            sock = d.join("c.sock").display(),
+        );
+        std::fs::write(d.join("config.toml"), config).unwrap();
+        let daemon = Command::new("containerd")
+            .arg("--config")
+            .arg(d.join("config.toml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(d.join("containerd.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let c = Containerd { dir, daemon };
+        // Bounded: containerd answers within seconds here.
+        for _ in 0..300 {
+            if c.ctr(&["version"]).status.success() {
+                return c;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!(
+            "containerd did not answer: {}",
+            std::fs::read_to_string(c.dir.path().join("containerd.log")).unwrap_or_default()
+        );
+    }
+
+    fn sock(&self) -> PathBuf {
+        self.dir.path().join("c.sock")
+    }
+
+    fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("timeout")
+            .args(["120", "ctr", "--address"])
+            .arg(self.sock())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        // The shims of this containerd name its socket on their command line.
+        let sock = self.sock().display().to_string();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            if text(&cmd).contains(&sock) && pid != self.daemon.id() as i32 {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+    }
+}
+
+/// The podman image as a docker archive, for containerd and Docker to import.
+fn image_archive(p: &Podman, dir: &Path) -> PathBuf {
+    let tar = dir.join("image.tar");
+    let out = Command::new("podman")
+        .args(&p.args)
+        .args(["save", "-o"])
+        .arg(&tar)
+        .arg(IMAGE)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "podman save: {}", text(&out.stderr));
+    tar
+}
+
+#[test]
+fn containerd_runs_a_container_through_the_runc_shim_with_cordon_as_its_binary() {
+    let Some(p) = podman() else { return };
+    if !have(
+        "containerd and ctr",
+        on_path("containerd") && on_path("ctr"),
+    ) {
+        return;
+    }
+    let c = Containerd::start();
+    let archive = image_archive(p, c.dir.path());
+    let out = c.ctr(&["image", "import", archive.to_str().unwrap()]);
+    assert!(out.status.success(), "ctr import: {}", text(&out.stderr));
+    let runc_root = c.dir.path().join("runc-root");
+    let shim = [
+        "--runc-binary",
+        OCI,
+        "--runc-root",
+        runc_root.to_str().unwrap(),
+    ];
+    let run = |args: &[&str]| {
+        let mut all = vec!["run"];
+        all.extend_from_slice(&shim);
+        all.extend_from_slice(args);
+        c.ctr(&all)
+    };
+    let out = run(&["--rm", IMAGE, "c-once", "sh", "-c", "echo from-ctr; exit 5"]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "from-ctr\n");
+    // A long-lived task: exec into it, list its processes, kill it.
+    let out = run(&["-d", IMAGE, "c-long", "sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = c.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e1",
+        "c-long",
+        "sh",
+        "-c",
+        "echo exec-out; exit 6",
+    ]);
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "exec-out\n");
+    let out = c.ctr(&["task", "ps", "c-long"]);
+    assert!(
+        text(&out.stdout).lines().count() >= 2,
+        "{}",
+        text(&out.stdout)
+    );
+    // The runtime's state is where the shim said (the root, then the namespace).
+    assert!(runc_root.join("default/c-long/state.json").is_file());
+    let out = c.ctr(&["task", "kill", "--signal", "SIGKILL", "c-long"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut stopped = false;
+    for _ in 0..100 {
+        let ls = text(&c.ctr(&["task", "ls"]).stdout);
+        if ls
+            .lines()
+            .any(|l| l.starts_with("c-long") && l.contains("STOPPED"))
+        {
+            stopped = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(stopped, "the task did not stop");
+    assert!(c.ctr(&["task", "delete", "c-long"]).status.success());
+    assert!(c.ctr(&["container", "delete", "c-long"]).status.success());
+    assert!(
+        !runc_root.join("default/c-long").exists(),
+        "its state was left"
+    );
+    // The walls hold: privileged is refused here too, with the reason in ctr's error.
+    let out = run(&["--rm", "--privileged", IMAGE, "c-priv", "true"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("privileged"),
+        "{}",
+        text(&out.stderr)
+    );
 }
