@@ -13,8 +13,8 @@ on a 429 with `Retry-After`).
 from __future__ import annotations
 
 import asyncio
-from typing import (IO, Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence,
-                    Tuple, Union)
+from typing import (IO, Any, AsyncIterator, Callable, Dict, List, Literal, Mapping, Optional,
+                    Sequence, Tuple, Union, overload)
 
 import httpx
 
@@ -245,12 +245,35 @@ class AsyncSandbox:
     async def read_file(self, path: str) -> bytes:
         return await self._t.read(ops.read_file(self.id, path))
 
+    @overload
     async def exec(self, code: Command, lang: Optional[str] = None, *,
                    timeout: Optional[Duration] = None,
                    stdin: Optional[Union[str, bytes]] = None,
-                   env: Optional[Mapping[str, str]] = None,
-                   cwd: Optional[str] = None) -> ExecResult:
-        """Runs a command and waits for it (`exec_background` starts one in the background)."""
+                   env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                   background: Literal[False] = False, pty: None = None) -> ExecResult: ...
+
+    @overload
+    async def exec(self, code: Command, lang: Optional[str] = None, *,
+                   timeout: Optional[Duration] = None, stdin: None = None,
+                   env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                   background: Literal[True], pty: Optional[Tuple[int, int]] = None
+                   ) -> "AsyncBackgroundExec": ...
+
+    async def exec(self, code: Command, lang: Optional[str] = None, *,
+                   timeout: Optional[Duration] = None,
+                   stdin: Optional[Union[str, bytes]] = None,
+                   env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                   background: bool = False, pty: Optional[Tuple[int, int]] = None
+                   ) -> Union[ExecResult, "AsyncBackgroundExec"]:
+        """Runs a command and waits for it; with `background=True` starts it and returns its
+        handle at once (see `Sandbox.exec`)."""
+        if background:
+            if stdin is not None:
+                raise ValueError("a background exec takes its stdin through send_stdin()")
+            return await self.exec_background(code, lang, env=env, cwd=cwd, timeout=timeout,
+                                              pty=pty)
+        if pty is not None:
+            raise ValueError("a pseudo-terminal is for background execs: pass background=True")
         body = ops.exec_body(code, lang, timeout=timeout, stdin=stdin, env=env, cwd=cwd)
         return await self._t.json(ops.exec_(self.id, body))
 

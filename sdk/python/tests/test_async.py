@@ -97,7 +97,7 @@ def test_async_background_exec_and_code_context(server, has_container):
     async def main() -> None:
         async with AsyncCordon(server.url, KEYS["alice"]) as c:
             async with await c.sandbox(tier="container", ttl="5m") as sb:
-                cat = await sb.exec_background(["cat"])
+                cat = await sb.exec(["cat"], background=True)
                 assert cat.id.startswith("ex-") and cat.info.state == "running"
                 assert (await cat.send_stdin("hello\n")).bytes == 6
                 await cat.send_stdin(b"bytes\n", close=True)
