@@ -2,9 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use cordon_core::{Backend, Probe, Tier, TierStatus};
-
-use crate::backends::AnyBackend;
+use cordon_core::{Probe, Tier, TierStatus};
 
 #[derive(Args)]
 pub struct DoctorArgs {
@@ -16,17 +14,7 @@ pub struct DoctorArgs {
 pub fn doctor(args: DoctorArgs) -> Result<i32> {
     let report: Vec<Probe> = Tier::ALL
         .iter()
-        .map(|&tier| match AnyBackend::for_tier(tier) {
-            Some(b) => b.probe(),
-            None => Probe {
-                tier,
-                status: TierStatus::Unavailable,
-                capabilities: Vec::new(),
-                notes: vec![format!(
-                    "the {tier} tier is not part of this build of cordon yet"
-                )],
-            },
-        })
+        .map(|&tier| cordon_tiers::Tiers.probe(tier))
         .collect();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -8,7 +8,6 @@
 //! `cordon-measure`'s, which gets the tiers through its `Tiers` trait.
 
 mod audit;
-mod backends;
 mod doctor;
 mod image;
 mod mcp;
@@ -16,7 +15,6 @@ mod policy;
 mod serve;
 mod template;
 mod template_build;
-mod tiers;
 mod volume;
 
 use anyhow::Result;
@@ -90,9 +88,9 @@ pub fn full_main() -> ! {
 
 fn dispatch(cli: Cli) -> Result<i32> {
     match cli.command {
-        Cmd::Run(args) => cordon_front::run::run(*args, &tiers::FullTiers),
+        Cmd::Run(args) => cordon_front::run::run(*args, &cordon_tiers::Tiers),
         Cmd::Doctor(args) => doctor::doctor(args),
-        Cmd::Bench(args) => cordon_measure::bench::bench(args, &tiers::FullTiers, &data_dir()),
+        Cmd::Bench(args) => cordon_measure::bench::bench(args, &cordon_tiers::Tiers, &data_dir()),
         Cmd::Cost(args) => cordon_measure::cost::cost(*args, &data_dir()),
         Cmd::Image(args) => image::image(args),
         Cmd::Template(args) => template::template(args),

@@ -6,8 +6,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use cordon_server::{Config, Keys, Service, Tenant};
 
-use crate::backends;
-
 #[derive(Args)]
 pub struct McpArgs {
     /// A configuration file (TOML); its limits, pools and data dir are used, not its keys
@@ -45,7 +43,7 @@ pub fn mcp(args: McpArgs) -> Result<i32> {
         cfg.policy
             .bench_file
             .get_or_insert_with(|| cordon_policy::bench_file(&crate::data_dir()));
-        let backends = backends::server_backends(&cfg.data_dir);
+        let backends = cordon_tiers::Tiers.server_backends(&cfg.data_dir);
         let svc = Service::start(cfg, Keys::default(), backends, None).await?;
         let io = (tokio::io::stdin(), tokio::io::stdout());
         let served = cordon_server::mcp::serve_io(svc.clone(), Tenant("local".into()), io).await;

@@ -6,12 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use cordon_core::{Backend, Tier};
-use cordon_policy::{
-    BenchFigures, Decision, Host, Refusal, Request, Rules, Shape, TierChoice, bench_file,
-};
-
-use crate::backends::AnyBackend;
+use cordon_core::Tier;
+use cordon_policy::{Decision, Host, Refusal, Request, Rules, Shape, TierChoice};
 
 #[derive(Args)]
 pub struct PolicyArgs {
@@ -72,30 +68,6 @@ pub fn load_rules(path: Option<&Path>) -> Result<(Rules, String)> {
     }
 }
 
-/// This host: which tiers probe available (and fit the request), and the bench figures
-/// stored in `data_dir`, if any.
-pub fn probe_host(only: Option<&[Tier]>, fits: &[Tier], data_dir: &Path) -> Host {
-    let available = match only {
-        Some(ts) => ts.iter().copied().filter(|t| fits.contains(t)).collect(),
-        None => fits
-            .iter()
-            .copied()
-            .filter(|t| AnyBackend::for_tier(*t).is_some_and(|b| b.probe().available()))
-            .collect(),
-    };
-    let file = bench_file(data_dir);
-    let bench = std::fs::read_to_string(&file).ok().and_then(|text| {
-        match BenchFigures::from_bench_json(&text) {
-            Ok(b) => Some(b),
-            Err(e) => {
-                tracing::warn!("ignoring {}: {e}", file.display());
-                None
-            }
-        }
-    });
-    Host { available, bench }
-}
-
 /// Decides a request; `None` when no --trust/--autonomy were given. `only` replaces the
 /// probe (what-if); `fits` are the tiers that can run the request at all; the bench figures
 /// come from `data_dir`.
@@ -128,53 +100,10 @@ pub fn decide(
     {
         return Ok(Some(Err(r)));
     }
-    Ok(Some(rules.decide(&req, &probe_host(only, fits, data_dir))))
-}
-
-/// Records a `cordon run` gate decision (allowed or refused) before anything runs, in
-/// `<data dir>/cli/audit.db` (the same store format as the server's: `cordon audit
-/// --data-dir <data dir>/cli`). A decision that cannot be recorded stops the run: nothing
-/// runs unaudited.
-pub fn audit_record(
-    decided: &std::result::Result<cordon_engine::Admission, cordon_engine::Denial>,
-    data_dir: &Path,
-) -> Result<()> {
-    use cordon_engine::audit::{Audit, AuditEvent, NewEvent};
-    let dir = data_dir.join("cli");
-    let record = || -> Result<()> {
-        std::fs::create_dir_all(&dir)?;
-        let store = Audit::open(&dir.join("audit.db"))?;
-        let user = std::env::var("USER").unwrap_or_else(|_| "local".to_string());
-        let (tier, event) = match decided {
-            Ok(a) => (
-                Some(a.spec.tier),
-                AuditEvent::Policy {
-                    allowed: true,
-                    record: Box::new(a.record.clone()),
-                },
-            ),
-            Err(d) => (
-                d.record.tier,
-                AuditEvent::Policy {
-                    allowed: false,
-                    record: d.record.clone(),
-                },
-            ),
-        };
-        store.record(&NewEvent {
-            tenant: Some(&format!("cli:{user}")),
-            sandbox: None,
-            tier,
-            event,
-        })?;
-        Ok(())
-    };
-    record().with_context(|| {
-        format!(
-            "recording the policy decision in {}/audit.db (make the data dir writable, or set CORDON_HOME to one that is)",
-            dir.display()
-        )
-    })
+    Ok(Some(rules.decide(
+        &req,
+        &cordon_tiers::Tiers.probe_host(only, fits, data_dir),
+    )))
 }
 
 /// Prints a refusal on stderr (and as JSON on stdout with `json`); the exit status is 125.
@@ -287,7 +216,7 @@ mod tests {
         let planted = data();
         std::fs::create_dir_all(planted.path().join("bench")).unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(
-            bench_file(planted.path()),
+            cordon_policy::bench_file(planted.path()),
             r#"{"schema":"cordon-bench/1","created_unix":1,"figures":[{"subject":"gvisor","kind":"tier","median_us":1},{"subject":"wasm","kind":"tier","median_us":9000}]}"#,
         )
         .unwrap_or_else(|e| panic!("{e}"));

@@ -7,8 +7,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use cordon_server::{Config, Server, keys};
 
-use crate::backends;
-
 #[derive(Args)]
 #[command(after_help = "\
 EXAMPLES
@@ -49,7 +47,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         return cordon_measure::serve_bench::bench(
             args.iterations.max(1),
             &args.tiers,
-            &crate::tiers::FullTiers,
+            &cordon_tiers::Tiers,
         );
     }
     if let Some(tenant) = args.new_key {
@@ -88,7 +86,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let backends = backends::server_backends(&cfg.data_dir);
+        let backends = cordon_tiers::Tiers.server_backends(&cfg.data_dir);
         let server = Server::start(cfg, backends, None).await?;
         let mut out = std::io::stdout();
         writeln!(

@@ -19,6 +19,12 @@ pub const WORKDIR: &str = "/work";
 /// each library through a dozen directories that do not exist, a failed `openat` and
 /// `stat` at a time, which under gVisor's ptrace platform is a trap into the sentry each.
 /// No other host `/etc` entry is ever visible, and none of these holds a secret.
+/// Where a server keeps a tier's scratch dirs under its data dir (the tier makes them there,
+/// the server's crash recovery removes what a dead server left).
+pub fn scratch_dir(data_dir: &std::path::Path, tier: crate::Tier) -> std::path::PathBuf {
+    data_dir.join("scratch").join(tier.as_str())
+}
+
 pub const HOST_ETC: [&str; 3] = ["alternatives", "matplotlibrc", "ld.so.cache"];
 
 /// An isolation tier. Walls and costs differ; see the README's tier table.

@@ -14,21 +14,10 @@ use cordon_engine::{
     Admission, Gate, GateSettings, LimitsPatch, Principal, RulesSource, SandboxRequest,
 };
 
-/// What `cordon run` needs of the binary it runs in beyond the container tier: the other
-/// tiers, and the policy step's probe and audit record. `cordon-full` has them all; the front
-/// has none and hands any run that needs them to `cordon-full`.
-pub trait Tiers {
-    /// The backend of a tier, or `None` when this binary has no such tier.
-    fn backend(&self, tier: Tier) -> Option<Box<dyn cordon_core::Backend>>;
-    /// Which of `fits` this host has, and the bench figures in `data_dir`.
-    fn probe_host(&self, fits: &[Tier], data_dir: &std::path::Path) -> cordon_policy::Host;
-    /// Records a gate decision of the policy step before anything runs.
-    fn audit(
-        &self,
-        decided: &std::result::Result<Admission, cordon_engine::Denial>,
-        data_dir: &std::path::Path,
-    ) -> Result<()>;
-}
+/// The tiers of the binary `cordon run` runs in: the front carries the container tier alone
+/// (and hands runs that need more to `cordon-full` before they get here); `cordon-full`
+/// carries every tier and the policy step's audit (crate `cordon-tiers`, a feature per tier).
+pub use cordon_tiers::Tiers;
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -320,7 +309,7 @@ fn sandbox_request(args: &RunArgs, exec: &ExecRequest) -> Result<SandboxRequest>
 
 /// The local operator's gate: every tier, trust as the flags say, the same checks as the
 /// server's (limits, egress entries, the tier policy when --trust and --autonomy are given).
-fn local_gate(args: &RunArgs, req: &SandboxRequest, tiers: &dyn Tiers) -> Result<Gate> {
+fn local_gate(args: &RunArgs, req: &SandboxRequest, tiers: &Tiers) -> Result<Gate> {
     let rules = match &args.policy.policy {
         Some(p) => RulesSource::Text(
             std::fs::read_to_string(p)
@@ -372,7 +361,7 @@ fn local_gate(args: &RunArgs, req: &SandboxRequest, tiers: &dyn Tiers) -> Result
     {
         return Ok(first);
     }
-    let host = tiers.probe_host(&fits, &crate::data_dir());
+    let host = tiers.probe_host(None, &fits, &crate::data_dir());
     Ok(gate(host.available, host.bench))
 }
 
@@ -401,7 +390,7 @@ fn report_denial(d: &cordon_engine::Denial, json: bool) -> Result<i32> {
 /// or the exit status of a refusal (printed).
 fn admit(
     args: &RunArgs,
-    tiers: &dyn Tiers,
+    tiers: &Tiers,
 ) -> Result<std::result::Result<(Admission, ExecRequest), i32>> {
     let exec = build_request(args)?;
     let req = sandbox_request(args, &exec)?;
@@ -418,7 +407,7 @@ fn admit(
 }
 
 /// `cordon run` with every tier `tiers` has.
-pub fn run(args: RunArgs, tiers: &dyn Tiers) -> Result<i32> {
+pub fn run(args: RunArgs, tiers: &Tiers) -> Result<i32> {
     let (adm, exec) = match admit(&args, tiers)? {
         Ok(a) => a,
         Err(code) => return Ok(code),
@@ -473,7 +462,7 @@ pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
     }
     crate::init_logging();
     let backend = early.unwrap_or_else(backend);
-    let ran = admit(&args, &ContainerOnly).and_then(|a| match a {
+    let ran = admit(&args, &Tiers).and_then(|a| match a {
         Ok((adm, exec)) => run_on(&args, adm, exec, &backend),
         Err(code) => Ok(code),
     });
@@ -484,35 +473,6 @@ pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
             125
         }
     })
-}
-
-/// The front's tiers: the container tier alone, and no policy step (the front hands runs
-/// with one to `cordon-full` before they get here).
-struct ContainerOnly;
-
-impl Tiers for ContainerOnly {
-    fn backend(&self, tier: Tier) -> Option<Box<dyn cordon_core::Backend>> {
-        (tier == Tier::Container).then(|| {
-            Box::new(cordon_container::ContainerBackend::new(
-                cordon_container::ContainerConfig::discover(),
-            )) as Box<dyn cordon_core::Backend>
-        })
-    }
-
-    fn probe_host(&self, _fits: &[Tier], _data_dir: &std::path::Path) -> cordon_policy::Host {
-        cordon_policy::Host::with_available([Tier::Container])
-    }
-
-    fn audit(
-        &self,
-        _decided: &std::result::Result<Admission, cordon_engine::Denial>,
-        _data_dir: &std::path::Path,
-    ) -> Result<()> {
-        bail!(
-            "the policy step runs in {}: run `cordon run` through it",
-            crate::FULL_BINARY
-        )
-    }
 }
 
 /// Whether `cordon run`'s arguments, before any `--`, leave it on the container tier: no

@@ -3,9 +3,8 @@
 //! by), `cordon cost` (hosted or self-hosted, from the last bench), the SVG charts of both,
 //! and `cordon serve --bench` (API round trips on loopback).
 //!
-//! The tiers measured are the caller's ([`Tiers`]): this crate names no tier's backend, so
-//! a new tier needs no change here, and `cordon-full` (crate `cordon-cli`) passes every tier
-//! it has. Paths under the data dir are the caller's too: it passes the data dir in.
+//! The tiers measured are the build's ([`Tiers`], the `cordon-tiers` facade): this crate
+//! names no tier's backend, so a new tier needs no change here. Paths under the data dir are the caller's too: it passes the data dir in.
 
 pub mod bench;
 mod chart;
@@ -13,15 +12,5 @@ pub mod cost;
 pub mod serve_bench;
 mod sys;
 
-use std::path::Path;
-
-use cordon_core::{Backend, Tier};
-
-/// The tiers of the build being measured.
-pub trait Tiers {
-    /// The backend of a tier, or `None` when this build has no such tier.
-    fn backend(&self, tier: Tier) -> Option<Box<dyn Backend>>;
-    /// Every tier of this build for a server whose data dir is `data_dir` (`cordon serve
-    /// --bench` starts one per tier measured).
-    fn server_backends(&self, data_dir: &Path) -> cordon_server::Backends;
-}
+/// The tiers of the build being measured (the binary's own, crate `cordon-tiers`).
+pub use cordon_tiers::Tiers;

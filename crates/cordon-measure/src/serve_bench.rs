@@ -84,7 +84,7 @@ fn trivial(tier: Tier) -> &'static str {
 
 /// `cordon serve --bench`: `iterations` round trips of each kind per tier of `tiers` (only
 /// those in `only`, when it names any).
-pub fn bench(iterations: usize, only: &[Tier], tiers: &dyn Tiers) -> Result<i32> {
+pub fn bench(iterations: usize, only: &[Tier], tiers: &Tiers) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -191,7 +191,7 @@ struct Created {
 /// this tier's; `None` when the tier is unavailable here.
 fn bench_tier(
     rt: &tokio::runtime::Runtime,
-    tiers: &dyn Tiers,
+    tiers: &Tiers,
     tier: Tier,
     iterations: usize,
 ) -> Result<Option<Medians>> {

@@ -320,7 +320,7 @@ struct LiveTier {
 }
 
 /// `cordon bench` over the tiers `tiers` has; its figures go to `<data_dir>/bench/`.
-pub fn bench(args: BenchArgs, tiers: &dyn Tiers, data_dir: &Path) -> Result<i32> {
+pub fn bench(args: BenchArgs, tiers: &Tiers, data_dir: &Path) -> Result<i32> {
     let plan = Plan::from_args(&args)?;
     let chart_path = match &args.chart {
         Some(p) if p.extension().is_none_or(|e| e != "svg") => bail!(
@@ -367,7 +367,7 @@ pub fn bench(args: BenchArgs, tiers: &dyn Tiers, data_dir: &Path) -> Result<i32>
 
 fn run_bench(
     args: &BenchArgs,
-    build: &dyn Tiers,
+    build: &Tiers,
     plan: &Plan,
     selected: &[Tier],
     peer_names: &[String],

@@ -7,9 +7,7 @@ use crate::audit::PausedRow;
 
 /// The scratch root a tier's backend should use, under the data dir, so that a restart
 /// after a crash can remove what a dead server left there.
-pub fn scratch_dir(data_dir: &Path, tier: Tier) -> PathBuf {
-    data_dir.join("scratch").join(tier.as_str())
-}
+pub use cordon_core::scratch_dir;
 
 pub(super) fn open_and_recover(
     cfg: &Config,

@@ -1,0 +1,291 @@
+//! The tiers of this build behind one facade: a cargo feature per tier (`runtime`, `wasm`,
+//! `container`, `gvisor`, `microvm`), so a binary carries exactly the tiers it names and every
+//! caller (`cordon run`, `cordon serve`, `cordon doctor`, the policy step, the measuring
+//! tools) asks one place what the build has.
+//!
+//! Each tier is one arm of an exhaustive `match` on [`Tier`]: a new tier fails to compile here
+//! until it says how it is made, and nowhere else names a tier's backend.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use cordon_core::{Backend, Probe, Tier, TierStatus};
+use cordon_policy::{BenchFigures, Host, bench_file};
+
+/// Where a backend keeps what it leaves on the host: nowhere of its own (a one-shot run, a
+/// probe), or a server's data dir (its scratch dirs and paused sandboxes there, so a restart
+/// after a crash finds them).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(
+    not(any(feature = "wasm", feature = "microvm")),
+    allow(dead_code, reason = "only the wasm and microvm tiers keep files in a server's data dir")
+)]
+enum Place<'a> {
+    Process,
+    Server(&'a Path),
+}
+
+/// The tiers of this build.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tiers;
+
+impl Tiers {
+    /// The backend of `tier`, or `None` when this build does not carry it.
+    pub fn backend(&self, tier: Tier) -> Option<Box<dyn Backend>> {
+        make(tier, Place::Process)
+    }
+
+    /// The tiers this build carries.
+    pub fn compiled(&self) -> Vec<Tier> {
+        Tier::ALL.iter().copied().filter(|&t| carried(t)).collect()
+    }
+
+    /// What `tier` needs and what this host has (`cordon doctor`); a tier this build does not
+    /// carry is unavailable, and says so.
+    pub fn probe(&self, tier: Tier) -> Probe {
+        match self.backend(tier) {
+            Some(b) => b.probe(),
+            None => Probe {
+                tier,
+                status: TierStatus::Unavailable,
+                capabilities: Vec::new(),
+                notes: vec![format!(
+                    "the {tier} tier is not part of this build of cordon; use cordon-full, \
+                     which carries every tier"
+                )],
+            },
+        }
+    }
+
+    /// The host as the policy step sees it: which of `fits` are available (`only` replaces
+    /// the probe, for what-if questions) and the last bench's figures in `data_dir`.
+    pub fn probe_host(&self, only: Option<&[Tier]>, fits: &[Tier], data_dir: &Path) -> Host {
+        let available = match only {
+            Some(ts) => ts.iter().copied().filter(|t| fits.contains(t)).collect(),
+            None => fits
+                .iter()
+                .copied()
+                .filter(|t| self.backend(*t).is_some_and(|b| b.probe().available()))
+                .collect(),
+        };
+        let file = bench_file(data_dir);
+        let bench =
+            std::fs::read_to_string(&file).ok().and_then(
+                |text| match BenchFigures::from_bench_json(&text) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        tracing::warn!("ignoring {}: {e}", file.display());
+                        None
+                    }
+                },
+            );
+        Host { available, bench }
+    }
+
+    /// Every tier of this build for a server whose data dir is `data_dir`.
+    pub fn server_backends(&self, data_dir: &Path) -> BTreeMap<Tier, Arc<dyn Backend>> {
+        Tier::ALL
+            .iter()
+            .filter_map(|&t| make(t, Place::Server(data_dir)).map(|b| (t, Arc::from(b))))
+            .collect()
+    }
+
+    /// Records a decision of `cordon run`'s policy step in `<data dir>/cli/audit.db` (the
+    /// server's store format: `cordon audit --data-dir <data dir>/cli`) before anything runs.
+    pub fn audit(
+        &self,
+        decided: &Result<cordon_engine::Admission, cordon_engine::Denial>,
+        data_dir: &Path,
+    ) -> Result<(), AuditError> {
+        audit::record(decided, data_dir)
+    }
+}
+
+/// The policy step's decision could not be recorded: nothing runs unaudited.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error(
+        "recording the policy decision in {dir}/audit.db: {reason}; make the data dir \
+         writable, or set CORDON_HOME to one that is"
+    )]
+    Store { dir: String, reason: String },
+    #[error(
+        "the policy step's audit is not part of this build of cordon: run `cordon run` \
+         through cordon-full"
+    )]
+    NotCarried,
+}
+
+#[cfg(feature = "audit")]
+mod audit {
+    use std::path::Path;
+
+    use cordon_engine::audit::{Audit, AuditEvent, NewEvent};
+
+    use super::AuditError;
+
+    pub(super) fn record(
+        decided: &Result<cordon_engine::Admission, cordon_engine::Denial>,
+        data_dir: &Path,
+    ) -> Result<(), AuditError> {
+        let dir = data_dir.join("cli");
+        let fail = |reason: String| AuditError::Store {
+            dir: dir.display().to_string(),
+            reason,
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
+        let store = Audit::open(&dir.join("audit.db")).map_err(|e| fail(e.to_string()))?;
+        let user = std::env::var("USER").unwrap_or_else(|_| "local".to_string());
+        let (tier, event) = match decided {
+            Ok(a) => (
+                Some(a.spec.tier),
+                AuditEvent::Policy {
+                    allowed: true,
+                    record: Box::new(a.record.clone()),
+                },
+            ),
+            Err(d) => (
+                d.record.tier,
+                AuditEvent::Policy {
+                    allowed: false,
+                    record: d.record.clone(),
+                },
+            ),
+        };
+        store
+            .record(&NewEvent {
+                tenant: Some(&format!("cli:{user}")),
+                sandbox: None,
+                tier,
+                event,
+            })
+            .map(drop)
+            .map_err(|e| fail(e.to_string()))
+    }
+}
+
+#[cfg(not(feature = "audit"))]
+mod audit {
+    use std::path::Path;
+
+    use super::AuditError;
+
+    pub(super) fn record(
+        _decided: &Result<cordon_engine::Admission, cordon_engine::Denial>,
+        _data_dir: &Path,
+    ) -> Result<(), AuditError> {
+        Err(AuditError::NotCarried)
+    }
+}
+
+/// Whether this build carries `tier`.
+fn carried(tier: Tier) -> bool {
+    match tier {
+        Tier::Runtime => cfg!(feature = "runtime"),
+        Tier::Wasm => cfg!(feature = "wasm"),
+        Tier::Container => cfg!(feature = "container"),
+        Tier::Gvisor => cfg!(feature = "gvisor"),
+        Tier::Microvm => cfg!(feature = "microvm"),
+    }
+}
+
+/// The backend of `tier` for `place`, if this build carries it.
+fn make(tier: Tier, place: Place<'_>) -> Option<Box<dyn Backend>> {
+    match tier {
+        Tier::Runtime => runtime(place),
+        Tier::Wasm => wasm(place),
+        Tier::Container => container(place),
+        Tier::Gvisor => gvisor(place),
+        Tier::Microvm => microvm(place),
+    }
+}
+
+#[cfg(feature = "runtime")]
+fn runtime(_: Place<'_>) -> Option<Box<dyn Backend>> {
+    Some(Box::new(cordon_runtime::RuntimeBackend::new()))
+}
+
+#[cfg(feature = "wasm")]
+fn wasm(place: Place<'_>) -> Option<Box<dyn Backend>> {
+    Some(Box::new(match place {
+        Place::Process => cordon_wasm::WasmBackend::new(),
+        // Scratch dirs under the server's data dir, so a restart after a crash removes what
+        // was left.
+        Place::Server(data_dir) => cordon_wasm::WasmBackend::with_config(cordon_wasm::WasmConfig {
+            scratch_root: cordon_core::scratch_dir(data_dir, Tier::Wasm),
+            ..cordon_wasm::WasmConfig::default()
+        }),
+    }))
+}
+
+#[cfg(feature = "container")]
+fn container(_: Place<'_>) -> Option<Box<dyn Backend>> {
+    Some(Box::new(cordon_container::ContainerBackend::new(
+        cordon_container::ContainerConfig::discover(),
+    )))
+}
+
+#[cfg(feature = "gvisor")]
+fn gvisor(_: Place<'_>) -> Option<Box<dyn Backend>> {
+    Some(Box::new(cordon_gvisor::GvisorBackend::new(
+        cordon_gvisor::GvisorConfig::discover(),
+    )))
+}
+
+#[cfg(feature = "microvm")]
+fn microvm(place: Place<'_>) -> Option<Box<dyn Backend>> {
+    let mut cfg = cordon_microvm::MicrovmConfig::discover();
+    if let Place::Server(data_dir) = place {
+        // Sandboxes paused to disk live in the server's data dir, beside its records.
+        cfg.paused_dir = data_dir.join("paused").join("microvm");
+    }
+    Some(Box::new(cordon_microvm::MicrovmBackend::new(cfg)))
+}
+
+#[cfg(not(feature = "runtime"))]
+fn runtime(_: Place<'_>) -> Option<Box<dyn Backend>> {
+    None
+}
+
+#[cfg(not(feature = "wasm"))]
+fn wasm(_: Place<'_>) -> Option<Box<dyn Backend>> {
+    None
+}
+
+#[cfg(not(feature = "container"))]
+fn container(_: Place<'_>) -> Option<Box<dyn Backend>> {
+    None
+}
+
+#[cfg(not(feature = "gvisor"))]
+fn gvisor(_: Place<'_>) -> Option<Box<dyn Backend>> {
+    None
+}
+
+#[cfg(not(feature = "microvm"))]
+fn microvm(_: Place<'_>) -> Option<Box<dyn Backend>> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_carries_the_tiers_its_features_name() {
+        let t = Tiers;
+        for tier in Tier::ALL {
+            assert_eq!(t.backend(tier).is_some(), carried(tier), "{tier}");
+            assert_eq!(t.compiled().contains(&tier), carried(tier), "{tier}");
+            if let Some(b) = t.backend(tier) {
+                assert_eq!(b.tier(), tier);
+            } else {
+                assert_eq!(t.probe(tier).status, TierStatus::Unavailable);
+            }
+        }
+        let dir = std::env::temp_dir();
+        let served = t.server_backends(&dir);
+        assert_eq!(served.keys().copied().collect::<Vec<_>>(), t.compiled());
+    }
+}
