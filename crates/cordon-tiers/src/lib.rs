@@ -19,7 +19,10 @@ use cordon_policy::{BenchFigures, Host, bench_file};
 #[derive(Debug, Clone, Copy)]
 #[cfg_attr(
     not(any(feature = "wasm", feature = "microvm")),
-    allow(dead_code, reason = "only the wasm and microvm tiers keep files in a server's data dir")
+    allow(
+        dead_code,
+        reason = "only the wasm and microvm tiers keep files in a server's data dir"
+    )
 )]
 enum Place<'a> {
     Process,
@@ -243,30 +246,25 @@ fn microvm(place: Place<'_>) -> Option<Box<dyn Backend>> {
     Some(Box::new(cordon_microvm::MicrovmBackend::new(cfg)))
 }
 
-#[cfg(not(feature = "runtime"))]
-fn runtime(_: Place<'_>) -> Option<Box<dyn Backend>> {
-    None
+/// The tiers this build leaves out: each answers `None`.
+macro_rules! absent {
+    ($($name:ident: $feature:literal),* $(,)?) => {
+        $(
+            #[cfg(not(feature = $feature))]
+            fn $name(_: Place<'_>) -> Option<Box<dyn Backend>> {
+                None
+            }
+        )*
+    };
 }
 
-#[cfg(not(feature = "wasm"))]
-fn wasm(_: Place<'_>) -> Option<Box<dyn Backend>> {
-    None
-}
-
-#[cfg(not(feature = "container"))]
-fn container(_: Place<'_>) -> Option<Box<dyn Backend>> {
-    None
-}
-
-#[cfg(not(feature = "gvisor"))]
-fn gvisor(_: Place<'_>) -> Option<Box<dyn Backend>> {
-    None
-}
-
-#[cfg(not(feature = "microvm"))]
-fn microvm(_: Place<'_>) -> Option<Box<dyn Backend>> {
-    None
-}
+absent!(
+    runtime: "runtime",
+    wasm: "wasm",
+    container: "container",
+    gvisor: "gvisor",
+    microvm: "microvm",
+);
 
 #[cfg(test)]
 mod tests {
