@@ -20,7 +20,7 @@ LINTED = bash scripts/linted.sh
 export CORDON_PHASE_LOG ?= $(abspath $(TARGET_DIR))/phases.tsv
 PHASE = bash scripts/phase.sh
 
-.PHONY: setup check-setup build demo test lint bench clean
+.PHONY: setup check-setup build demo test lint bench clean openapi
 
 setup:
 	bash scripts/setup.sh
@@ -65,6 +65,11 @@ test:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## docs/openapi.json again from the server's router and wire types (a test fails when the
+## checked-in file differs from the generated one).
+openapi:
+	CORDON_UPDATE_OPENAPI=1 $(CARGO) test -p cordon-server --test api -- openapi_is_generated_from_the_router
 
 ## Start-up figures of every tier beside its peers on this host.
 bench: build

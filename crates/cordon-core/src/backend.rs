@@ -93,6 +93,7 @@ impl Capability {
 
 /// Whether a tier can run here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum TierStatus {
     Available,

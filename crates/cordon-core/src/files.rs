@@ -106,6 +106,7 @@ pub enum FileReply {
 
 /// An archive entry left out, and why (a symlink, a device node, ...).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Skipped {
     pub path: String,
@@ -114,6 +115,7 @@ pub struct Skipped {
 
 /// What moving a directory as a tar stream did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ArchiveReport {
     pub files: u64,

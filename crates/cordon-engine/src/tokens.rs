@@ -24,6 +24,7 @@ use crate::GateError;
 
 /// The claims of a minted token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Claims {
     pub iss: String,
     /// The sandbox the token was minted for.
@@ -43,6 +44,7 @@ pub struct Claims {
 
 /// One public key in JWK form (P-256).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Jwk {
     pub kty: String,
     pub crv: String,
@@ -56,12 +58,14 @@ pub struct Jwk {
 
 /// The JWKS document.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Jwks {
     pub keys: Vec<Jwk>,
 }
 
 /// The OIDC discovery document (the fields a verifier reads).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Discovery {
     pub issuer: String,
     pub jwks_uri: String,
@@ -74,6 +78,7 @@ pub struct Discovery {
 
 /// An RFC 7662 introspection answer: `active` and, when active, the claims.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Introspection {
     pub active: bool,
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]

@@ -1,5 +1,5 @@
-//! The HTTP API (axum). Every route is listed in [`ROUTES`], which `docs/openapi.json`
-//! must match (checked by a test).
+//! The HTTP API (axum). Every route is added through [`crate::openapi::Api`], which records
+//! its operation: `docs/openapi.json` is generated from those (checked by a test).
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -12,7 +12,6 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use cordon_core::{ExecOutcome, OutputStream, SandboxId};
 use serde::Deserialize;
@@ -23,54 +22,8 @@ use crate::audit::Query as AuditQuery;
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
 use crate::model::{CreateRequest, ExecBody, RunRequest};
+use crate::openapi::{Api, Op};
 use crate::service::{Chunk, Service};
-
-/// Every route: method and path template (OpenAPI style).
-pub const ROUTES: &[(&str, &str)] = &[
-    ("get", "/v1/health"),
-    ("get", "/metrics"),
-    ("post", "/v1/sandboxes"),
-    ("get", "/v1/sandboxes"),
-    ("get", "/v1/sandboxes/{id}"),
-    ("delete", "/v1/sandboxes/{id}"),
-    ("patch", "/v1/sandboxes/{id}"),
-    ("post", "/v1/sandboxes/{id}/pause"),
-    ("post", "/v1/sandboxes/{id}/resume"),
-    ("post", "/v1/sandboxes/{id}/exec"),
-    ("get", "/v1/sandboxes/{id}/execs"),
-    ("get", "/v1/sandboxes/{id}/execs/{exec_id}"),
-    ("delete", "/v1/sandboxes/{id}/execs/{exec_id}"),
-    ("post", "/v1/sandboxes/{id}/execs/{exec_id}/stdin"),
-    ("post", "/v1/sandboxes/{id}/execs/{exec_id}/resize"),
-    ("put", "/v1/sandboxes/{id}/files/{path}"),
-    ("get", "/v1/sandboxes/{id}/files/{path}"),
-    ("get", "/v1/sandboxes/{id}/files"),
-    ("delete", "/v1/sandboxes/{id}/files"),
-    ("get", "/v1/sandboxes/{id}/files/stat"),
-    ("post", "/v1/sandboxes/{id}/files/rename"),
-    ("post", "/v1/sandboxes/{id}/files/mkdir"),
-    ("put", "/v1/sandboxes/{id}/archive"),
-    ("get", "/v1/sandboxes/{id}/archive"),
-    ("post", "/v1/sandboxes/{id}/contexts"),
-    ("get", "/v1/sandboxes/{id}/contexts"),
-    ("delete", "/v1/sandboxes/{id}/contexts/{context_id}"),
-    ("post", "/v1/sandboxes/{id}/contexts/{context_id}/restart"),
-    ("post", "/v1/sandboxes/{id}/contexts/{context_id}/run"),
-    ("post", "/v1/volumes"),
-    ("get", "/v1/volumes"),
-    ("get", "/v1/volumes/{name}"),
-    ("delete", "/v1/volumes/{name}"),
-    ("post", "/v1/run"),
-    ("get", "/v1/audit"),
-    ("get", "/v1/events"),
-    ("get", "/dashboard"),
-    ("get", "/dashboard/dashboard.js"),
-    ("get", "/dashboard/dashboard.css"),
-    ("post", "/mcp"),
-    ("get", "/.well-known/openid-configuration"),
-    ("get", "/.well-known/jwks.json"),
-    ("post", "/v1/tokens/introspect"),
-];
 
 /// The authenticated tenant of a request (`Authorization: Bearer <key>`).
 pub struct Auth(pub Tenant);
@@ -219,94 +172,416 @@ pub(crate) fn parse_id(id: &str) -> Result<String, ApiError> {
 
 /// Builds the router (API + metrics + MCP over streamable HTTP).
 pub fn router(svc: Service) -> Router {
+    documented(svc).0
+}
+
+/// The router and the operations of its routes (what `docs/openapi.json` documents).
+pub fn documented(svc: Service) -> (Router, Vec<Op>) {
+    use crate::error::Code as C;
+    use crate::model as m;
+    use crate::openapi::SANDBOX;
     let limits = svc.config().http.clone();
-    let files = Router::new()
-        .route(
-            "/v1/sandboxes/{id}/files/{*path}",
-            get(get_file).put(put_file),
+    let files = Api::default()
+        .op(
+            Op::put("/v1/sandboxes/{id}/files/{*path}", "putFile", "files")
+                .summary("Write a file (raw body, at most http.max_file_bytes)")
+                .query::<FileQuery>()
+                .body("application/octet-stream", None)
+                .ok::<m::FileWritten>(200, "written")
+                .errors(SANDBOX)
+                .errors(&[
+                    C::PathRefused,
+                    C::FileError,
+                    C::SandboxBusy,
+                    C::PayloadTooLarge,
+                ]),
+            put_file,
         )
-        .layer(DefaultBodyLimit::max(limits.max_file_bytes));
+        .op(
+            Op::get("/v1/sandboxes/{id}/files/{*path}", "getFile", "files")
+                .summary("Read a file (at most http.max_file_bytes)")
+                .answer(200, "its bytes", "application/octet-stream", None)
+                .errors(SANDBOX)
+                .errors(&[C::PathRefused, C::FileError, C::SandboxBusy]),
+            get_file,
+        )
+        .map(|r| r.layer(DefaultBodyLimit::max(limits.max_file_bytes)));
     // Archives stream; the service bounds them (http.max_archive_bytes) as they pass.
-    let archives = Router::new()
-        .route(
-            "/v1/sandboxes/{id}/archive",
-            get(crate::api_files::get_archive).put(crate::api_files::put_archive),
+    let archives = Api::default()
+        .op(
+            Op::get("/v1/sandboxes/{id}/archive", "getArchive", "files")
+                .summary("Download a directory as a tar stream (streamed; files, directories and symlinks as links, never followed; FIFOs, sockets and devices skipped). Refused before the first byte when its files hold more than http.max_archive_bytes, or when the sandbox holds grants (422 unsupported: download files one by one, each is scanned). An error after the first byte cuts the stream off.")
+                .query::<crate::api_files::DirQuery>()
+                .answer(200, "the tar stream", "application/x-tar", None)
+                .errors(SANDBOX)
+                .errors(&[C::PathRefused, C::FileError, C::Unsupported, C::SandboxBusy, C::PayloadTooLarge]),
+            crate::api_files::get_archive,
         )
-        .layer(DefaultBodyLimit::disable());
+        .op(
+            Op::put("/v1/sandboxes/{id}/archive", "putArchive", "files")
+                .summary("Upload a directory as an uncompressed tar stream (streamed, at most http.max_archive_bytes and the sandbox's disk limit) into `path` (made if missing). Entries that leave it (absolute, '..') stop the upload with 400 path_refused; links, devices and FIFOs are skipped and reported; setuid/setgid/sticky bits are dropped.")
+                .query::<crate::api_files::DirQuery>()
+                .body("application/x-tar", None)
+                .ok::<cordon_core::ArchiveReport>(200, "what was written and skipped")
+                .errors(SANDBOX)
+                .errors(&[C::PathRefused, C::FileError, C::Unsupported, C::SandboxBusy, C::PayloadTooLarge, C::UnsupportedMediaType]),
+            crate::api_files::put_archive,
+        )
+        .map(|r| r.layer(DefaultBodyLimit::disable()));
     let (mcp, book) = crate::mcp::http_service(svc.clone());
-    let mcp = Router::new()
+    let mcp_router = Router::new()
         .nest_service("/mcp", mcp)
         .layer(middleware::from_fn_with_state(
             (svc.clone(), book),
             mcp_auth,
         ));
-    Router::new()
-        .route("/v1/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/.well-known/openid-configuration", get(discovery))
-        .route("/.well-known/jwks.json", get(jwks))
-        .route("/v1/tokens/introspect", post(introspect))
-        .route("/v1/sandboxes", post(create).get(list))
-        .route("/v1/sandboxes/{id}", get(info).delete(destroy).patch(patch))
-        .route("/v1/sandboxes/{id}/pause", post(pause))
-        .route("/v1/sandboxes/{id}/resume", post(resume))
-        .route("/v1/sandboxes/{id}/exec", post(exec))
-        .route("/v1/sandboxes/{id}/execs", get(list_execs))
-        .route(
-            "/v1/sandboxes/{id}/execs/{exec_id}",
-            get(attach).delete(stop_exec),
+    let mcp_ops = vec![
+        Op::post("/mcp", "mcp", "server")
+            .summary("MCP over streamable HTTP (JSON-RPC 2.0; the tools of docs/service.md#mcp, each with a title, hints, an input and an output schema). The session (Mcp-Session-Id) belongs to the key's tenant; at most max_mcp_sessions each")
+            .body("application/json", None)
+            .answer(200, "a JSON-RPC answer, or an SSE stream of them", "application/json", None)
+            .answer(200, "a JSON-RPC answer, or an SSE stream of them", "text/event-stream", None)
+            .errors(&[C::NotFound, C::TooManySandboxes]),
+        Op::delete("/mcp", "mcpEnd", "server")
+            .summary("End an MCP session (Mcp-Session-Id); 204")
+            .answer(204, "ended", "application/json", None)
+            .errors(&[C::NotFound]),
+    ];
+    let api = Api::default()
+        .op(
+            Op::get("/v1/health", "health", "server")
+                .summary("Liveness for anyone ({\"status\": \"ok\"}); with a valid key also the version, the tiers' status, pool fill and live sandboxes")
+                .public()
+                .ok::<Health>(200, "the server is up"),
+            health,
         )
-        .route("/v1/sandboxes/{id}/execs/{exec_id}/stdin", post(exec_stdin))
-        .route(
-            "/v1/sandboxes/{id}/execs/{exec_id}/resize",
-            post(resize_exec),
+        .op(
+            Op::get("/metrics", "metrics", "server")
+                .summary("Prometheus metrics (OpenMetrics text); needs a key unless edge.metrics_need_key = false")
+                .answer(200, "the metrics", "application/openmetrics-text", None),
+            metrics,
         )
-        .route(
-            "/v1/sandboxes/{id}/files",
-            get(crate::api_files::list).delete(crate::api_files::remove),
+        .op(
+            Op::get("/.well-known/openid-configuration", "oidcDiscovery", "tokens")
+                .summary("OIDC discovery document of the issuer of minted grant tokens (issuer, jwks_uri, introspection_endpoint, ES256)")
+                .public()
+                .ok::<cordon_engine::Discovery>(200, "the discovery document"),
+            discovery,
         )
-        .route("/v1/sandboxes/{id}/files/stat", get(crate::api_files::stat))
-        .route(
-            "/v1/sandboxes/{id}/files/rename",
-            post(crate::api_files::rename),
+        .op(
+            Op::get("/.well-known/jwks.json", "jwks", "tokens")
+                .summary("The public keys (P-256, ES256) that verify minted grant tokens: the current key and those whose tokens may still be alive")
+                .public()
+                .ok::<cordon_engine::Jwks>(200, "the keys"),
+            jwks,
         )
-        .route(
-            "/v1/sandboxes/{id}/files/mkdir",
-            post(crate::api_files::mkdir),
+        .op(
+            Op::post("/v1/tokens/introspect", "introspectToken", "tokens")
+                .summary("RFC 7662 introspection of a minted grant token: active while its sandbox lives and it has not expired (the token is the caller's credential: no key)")
+                .public()
+                .body("application/x-www-form-urlencoded", Some(crate::openapi::schema::<IntrospectForm>))
+                .body("application/json", Some(crate::openapi::schema::<IntrospectForm>))
+                .ok::<cordon_engine::Introspection>(200, "active, and the claims when active")
+                .errors(&[C::InvalidRequest]),
+            introspect,
         )
-        .route(
-            "/v1/sandboxes/{id}/contexts",
-            post(crate::api_contexts::create).get(crate::api_contexts::list),
+        .op(
+            Op::post("/v1/sandboxes", "createSandbox", "sandboxes")
+                .summary("Create a sandbox (fresh from the warm pool when the spec is the pool's), through the operator's ceiling and the tier policy")
+                .json::<CreateRequest>()
+                .ok::<m::SandboxInfo>(201, "created")
+                .errors(CREATE),
+            create,
         )
-        .route(
-            "/v1/sandboxes/{id}/contexts/{context_id}",
-            axum::routing::delete(crate::api_contexts::delete),
+        .op(
+            Op::get("/v1/sandboxes", "listSandboxes", "sandboxes")
+                .summary("List my live sandboxes, optionally only those carrying every given label")
+                .query_param("label", "key=value; repeat it to ask for several labels", json!({"type": "string"}))
+                .ok::<m::SandboxList>(200, "my sandboxes")
+                .errors(&[C::InvalidRequest]),
+            list,
         )
-        .route(
-            "/v1/sandboxes/{id}/contexts/{context_id}/restart",
-            post(crate::api_contexts::restart),
+        .op(
+            Op::get("/v1/sandboxes/{id}", "getSandbox", "sandboxes")
+                .summary("One of my live sandboxes")
+                .ok::<m::SandboxInfo>(200, "the sandbox")
+                .errors(&[C::NotFound]),
+            info,
         )
-        .route(
-            "/v1/sandboxes/{id}/contexts/{context_id}/run",
-            post(crate::api_contexts::run),
+        .op(
+            Op::delete("/v1/sandboxes/{id}", "destroySandbox", "sandboxes")
+                .summary("Destroy (idempotent: destroying a destroyed sandbox of mine succeeds with already=true)")
+                .ok::<m::Destroyed>(200, "destroyed")
+                .errors(&[C::NotFound]),
+            destroy,
         )
-        .route("/v1/volumes", post(create_volume).get(list_volumes))
-        .route("/v1/volumes/{name}", get(volume).delete(delete_volume))
-        .route("/v1/run", post(run))
-        .route("/v1/audit", get(audit))
-        .route("/v1/events", get(crate::dashboard::events))
-        .route("/dashboard", get(crate::dashboard::page))
-        .route("/dashboard/dashboard.js", get(crate::dashboard::script))
-        .route("/dashboard/dashboard.css", get(crate::dashboard::style))
-        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .op(
+            Op::patch("/v1/sandboxes/{id}", "updateSandbox", "sandboxes")
+                .summary("Change a sandbox's TTL (from its creation, paused time not counted) or idle timeout, within the server's maxima")
+                .json::<m::PatchRequest>()
+                .ok::<m::SandboxInfo>(200, "the sandbox")
+                .errors(SANDBOX),
+            patch,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/pause", "pauseSandbox", "sandboxes")
+                .summary("Pause: every process stops where it is (no CPU), memory kept, TTL clock stopped; with to_disk (microvm) the whole sandbox is saved to disk, its memory freed, and it survives a server restart")
+                .json::<m::PauseRequest>()
+                .body_optional()
+                .ok::<m::SandboxInfo>(200, "paused")
+                .errors(SANDBOX)
+                .errors(&[C::SandboxBusy, C::Unsupported, C::PausedQuota, C::StorageLow, C::SandboxFailure]),
+            pause,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/resume", "resumeSandbox", "sandboxes")
+                .summary("Resume a paused sandbox")
+                .ok::<m::SandboxInfo>(200, "running again")
+                .errors(SANDBOX)
+                .errors(&[C::SandboxFailure]),
+            resume,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/exec", "exec", "execs")
+                .summary("Exec in a sandbox: lang + code, argv or wasm_base64. One JSON outcome; with stream: true or Accept: application/x-ndjson, stdout/stderr events as they come and a last outcome (or error) event (SSE with Accept: text/event-stream); with background: true its id at once (202)")
+                .json::<ExecBody>()
+                .ok::<ExecOutcome>(200, "the outcome, or the stream of events")
+                .answer(200, "the outcome, or the stream of events", "application/x-ndjson", None)
+                .answer(200, "the outcome, or the stream of events", "text/event-stream", None)
+                .ok::<m::ExecInfo>(202, "started in the background")
+                .errors(SANDBOX)
+                .errors(&[C::SandboxBusy, C::TooManyExecs, C::Unsupported, C::SandboxFailure]),
+            exec,
+        )
+        .op(
+            Op::get("/v1/sandboxes/{id}/execs", "listExecs", "execs")
+                .summary("The sandbox's background execs")
+                .ok::<m::ExecList>(200, "its background execs")
+                .errors(SANDBOX),
+            list_execs,
+        )
+        .op(
+            Op::get("/v1/sandboxes/{id}/execs/{exec_id}", "attachExec", "execs")
+                .summary("Attach to a background exec: its output so far, then live, then its outcome (NDJSON; SSE with Accept: text/event-stream; one JSON outcome with stream=false)")
+                .query::<AttachQuery>()
+                .ok::<ExecOutcome>(200, "the outcome, or the stream of events")
+                .answer(200, "the outcome, or the stream of events", "application/x-ndjson", None)
+                .answer(200, "the outcome, or the stream of events", "text/event-stream", None)
+                .errors(SANDBOX),
+            attach,
+        )
+        .op(
+            Op::delete("/v1/sandboxes/{id}/execs/{exec_id}", "stopExec", "execs")
+                .summary("Stop a background exec: SIGTERM to its process tree, SIGKILL after sessions.kill_grace (signal=kill: at once)")
+                .query::<StopQuery>()
+                .ok::<m::ExecInfo>(200, "the exec")
+                .errors(SANDBOX),
+            stop_exec,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/execs/{exec_id}/stdin", "execStdin", "execs")
+                .summary("Write to a background exec's stdin (data or data_base64), and close it with close: true")
+                .json::<m::StdinBody>()
+                .ok::<m::StdinWritten>(200, "written")
+                .errors(SANDBOX),
+            exec_stdin,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/execs/{exec_id}/resize", "resizeExec", "execs")
+                .summary("Resize a background exec's pseudo-terminal (TIOCSWINSZ: its program gets SIGWINCH)")
+                .json::<m::ResizeBody>()
+                .ok::<m::ExecInfo>(200, "the exec")
+                .errors(SANDBOX),
+            resize_exec,
+        )
+        .op(
+            Op::get("/v1/sandboxes/{id}/files", "listFiles", "files")
+                .summary("List a directory under /work (its entries; symlinks reported, never followed)")
+                .query::<crate::api_files::DirQuery>()
+                .ok::<crate::api_files::Listing>(200, "the entries")
+                .errors(SANDBOX)
+                .errors(&[C::PathRefused, C::FileError, C::SandboxBusy, C::Unsupported]),
+            crate::api_files::list,
+        )
+        .op(
+            Op::delete("/v1/sandboxes/{id}/files", "removeFile", "files")
+                .summary("Remove a file, a symlink (the link itself) or an empty directory; with recursive=true a directory and everything beneath it")
+                .query::<crate::api_files::RemoveQuery>()
+                .ok::<crate::api_files::Done>(200, "removed")
+                .errors(SANDBOX)
+                .errors(&[C::PathRefused, C::FileError, C::SandboxBusy, C::Unsupported]),
+            crate::api_files::remove,
+        )
+        .op(
+            Op::get("/v1/sandboxes/{id}/files/stat", "statFile", "files")
+                .summary("One entry (a symlink is reported as one, not followed)")
+                .query::<crate::api_files::StatQuery>()
+                .ok::<crate::api_files::Stat>(200, "the entry")
+                .errors(SANDBOX)
+                .errors(&[C::PathRefused, C::FileError, C::SandboxBusy, C::Unsupported]),
+            crate::api_files::stat,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/files/rename", "renameFile", "files")
+                .summary("Rename or move under /work (a file at `to` is replaced); neither path may pass through a symlink")
+                .json::<crate::api_files::RenameBody>()
+                .ok::<crate::api_files::Done>(200, "renamed")
+                .errors(SANDBOX)
+                .errors(&[C::PathRefused, C::FileError, C::SandboxBusy, C::Unsupported]),
+            crate::api_files::rename,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/files/mkdir", "makeDir", "files")
+                .summary("Make a directory under /work; with parents, missing parents too and no error when it exists")
+                .json::<crate::api_files::MkdirBody>()
+                .ok::<crate::api_files::Done>(200, "made")
+                .errors(SANDBOX)
+                .errors(&[C::PathRefused, C::FileError, C::SandboxBusy, C::Unsupported]),
+            crate::api_files::mkdir,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/contexts", "createContext", "contexts")
+                .summary("Start a code context: a long-lived Python or JavaScript interpreter whose state persists between cells (container, gvisor, microvm; JavaScript: container)")
+                .json::<m::ContextBody>()
+                .ok::<m::ContextInfo>(201, "started")
+                .errors(SANDBOX)
+                .errors(&[C::TooManyContexts, C::Unsupported, C::SandboxFailure]),
+            crate::api_contexts::create,
+        )
+        .op(
+            Op::get("/v1/sandboxes/{id}/contexts", "listContexts", "contexts")
+                .summary("The sandbox's code contexts")
+                .ok::<m::ContextList>(200, "its contexts")
+                .errors(SANDBOX),
+            crate::api_contexts::list,
+        )
+        .op(
+            Op::delete("/v1/sandboxes/{id}/contexts/{context_id}", "deleteContext", "contexts")
+                .summary("End a code context (its interpreter is killed; a cell running in it ends as died)")
+                .ok::<m::ContextInfo>(200, "ended")
+                .errors(SANDBOX),
+            crate::api_contexts::delete,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/contexts/{context_id}/restart", "restartContext", "contexts")
+                .summary("Start the context's interpreter again: its variables and imports are gone")
+                .ok::<m::ContextInfo>(200, "restarted")
+                .errors(SANDBOX)
+                .errors(&[C::ContextBusy, C::SandboxFailure]),
+            crate::api_contexts::restart,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/contexts/{context_id}/run", "runCell", "contexts")
+                .summary("Run a cell: one JSON result, or (stream: true or Accept: application/x-ndjson; SSE with Accept: text/event-stream) stdout/stderr events as they come and a last result (or error) event. One cell at a time per context (409 context_busy)")
+                .json::<m::CellBody>()
+                .ok::<m::CellResult>(200, "the cell's result, or the stream of events")
+                .answer(200, "the cell's result, or the stream of events", "application/x-ndjson", None)
+                .answer(200, "the cell's result, or the stream of events", "text/event-stream", None)
+                .errors(SANDBOX)
+                .errors(&[C::ContextBusy, C::SandboxFailure]),
+            crate::api_contexts::run,
+        )
+        .op(
+            Op::post("/v1/volumes", "createVolume", "volumes")
+                .summary("Create a volume of mine: an empty file system of `size` bytes (its quota) that outlives sandboxes; refused past my ceiling (403 volume_quota) or with a name I have (409 volume_exists)")
+                .json::<m::VolumeCreate>()
+                .ok::<m::VolumeInfo>(201, "created")
+                .errors(&[C::VolumeExists, C::VolumeQuota, C::StorageLow, C::ShuttingDown, C::Unsupported]),
+            create_volume,
+        )
+        .op(
+            Op::get("/v1/volumes", "listVolumes", "volumes")
+                .summary("My volumes, with the bytes they count against my volume ceiling")
+                .ok::<m::VolumeList>(200, "my volumes"),
+            list_volumes,
+        )
+        .op(
+            Op::get("/v1/volumes/{name}", "getVolume", "volumes")
+                .summary("One of my volumes (another tenant's is 404)")
+                .ok::<m::VolumeInfo>(200, "the volume")
+                .errors(&[C::NotFound]),
+            volume,
+        )
+        .op(
+            Op::delete("/v1/volumes/{name}", "deleteVolume", "volumes")
+                .summary("Delete one of my volumes and its contents; refused while a sandbox mounts it (409 volume_in_use)")
+                .ok::<m::VolumeDeleted>(200, "deleted")
+                .errors(&[C::NotFound, C::VolumeInUse, C::ShuttingDown]),
+            delete_volume,
+        )
+        .op(
+            Op::post("/v1/run", "run", "run")
+                .summary("One-shot: create, put files, exec, destroy; one JSON outcome or streamed events as for exec")
+                .json::<RunRequest>()
+                .ok::<ExecOutcome>(200, "the outcome, or the stream of events")
+                .answer(200, "the outcome, or the stream of events", "application/x-ndjson", None)
+                .answer(200, "the outcome, or the stream of events", "text/event-stream", None)
+                .errors(CREATE)
+                .errors(&[C::PathRefused, C::FileError, C::TooManyExecs]),
+            run,
+        )
+        .op(
+            Op::get("/v1/audit", "audit", "audit")
+                .summary("My audit rows, oldest first (policy, create, exec, file_put, file_get, egress, grant_use, destroy, ...)")
+                .query::<AuditQuery>()
+                .ok::<m::AuditEvents>(200, "the rows"),
+            audit,
+        )
+        .op(
+            Op::get("/v1/events", "events", "server")
+                .summary("The dashboard's server-sent event stream: a `stats` event every second (live sandboxes with their tier and tenant, counts per tier and tenant, pool fill: the Snapshot schema) and an `audit` event for each audit row as it is written (the last 200 of the past 15 minutes first). The key's tenant's own; every tenant's for the tenants named in edge.dashboard_operators. It ends when the server stops.")
+                .answer(200, "the stream", "text/event-stream", Some(crate::openapi::schema::<crate::dashboard::Snapshot>)),
+            crate::dashboard::events,
+        )
+        .op(
+            Op::get("/dashboard", "dashboard", "server")
+                .summary("The dashboard page (read-only; it holds no data: it reads the API with the key the user gives it)")
+                .public()
+                .answer(200, "the page", "text/html", None),
+            crate::dashboard::page,
+        )
+        .op(
+            Op::get("/dashboard/dashboard.js", "dashboardScript", "server")
+                .summary("The dashboard's script")
+                .public()
+                .answer(200, "the script", "text/javascript", None),
+            crate::dashboard::script,
+        )
+        .op(
+            Op::get("/dashboard/dashboard.css", "dashboardStyle", "server")
+                .summary("The dashboard's style")
+                .public()
+                .answer(200, "the style", "text/css", None),
+            crate::dashboard::style,
+        )
+        .map(|r| r.layer(DefaultBodyLimit::max(limits.max_body_bytes)))
         .merge(files)
-        .merge(archives)
-        .merge(mcp)
+        .merge(archives);
+    let Api { router, mut ops } = api;
+    ops.extend(mcp_ops);
+    let router = router
+        .merge(mcp_router)
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .layer(middleware::from_fn(close_after_refused_body))
-        .with_state(svc)
+        .with_state(svc);
+    (router, ops)
 }
+
+/// The errors of a create (and of a one-shot run's create).
+const CREATE: &[Code] = &[
+    Code::NotFound,
+    Code::PolicyDenied,
+    Code::TierUnavailable,
+    Code::GrantUnavailable,
+    Code::LayerUnavailable,
+    Code::TooManySandboxes,
+    Code::ResourceBusy,
+    Code::VolumeInUse,
+    Code::StorageLow,
+    Code::ShuttingDown,
+    Code::SandboxFailure,
+];
 
 /// A request with a body that is refused (4xx/5xx) may be answered before its body was
 /// read: the server then drops the connection, and a client that kept it for its next
@@ -406,8 +681,9 @@ async fn jwks(State(svc): State<Service>) -> Json<cordon_engine::Jwks> {
     Json(svc.issuer().jwks())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 struct IntrospectForm {
+    /// The minted token (a JWT).
     token: String,
 }
 
@@ -465,35 +741,62 @@ async fn no_method() -> ApiError {
     )
 }
 
+/// `GET /v1/health`: the status to anyone; the rest only with a valid key.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Each tier's status on this host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<std::collections::BTreeMap<cordon_core::Tier, cordon_core::TierStatus>>,
+    /// Each warm pool's size and the sandboxes ready in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pools: Option<std::collections::BTreeMap<cordon_core::Tier, PoolHealth>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live_sandboxes: Option<usize>,
+}
+
+/// One warm pool.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct PoolHealth {
+    pub size: usize,
+    pub ready: usize,
+}
+
 /// Health: `{"status": "ok"}` to anyone; the tiers, pools and counts only with a valid key
 /// (or to anyone when the operator sets `edge.metrics_need_key = false`).
-async fn health(State(svc): State<Service>, MaybeAuth(t): MaybeAuth) -> Json<serde_json::Value> {
+async fn health(State(svc): State<Service>, MaybeAuth(t): MaybeAuth) -> Json<Health> {
+    let mut h = Health {
+        status: "ok".into(),
+        version: None,
+        tiers: None,
+        pools: None,
+        live_sandboxes: None,
+    };
     if t.is_none() && svc.config().edge.metrics_need_key {
-        return Json(json!({"status": "ok"}));
+        return Json(h);
     }
-    let tiers: serde_json::Map<String, serde_json::Value> = svc
-        .probes()
-        .iter()
-        .map(|(t, p)| (t.as_str().to_string(), json!(p.status)))
-        .collect();
-    let pools: serde_json::Map<String, serde_json::Value> = svc
-        .config()
-        .pools
-        .iter()
-        .map(|(t, size)| {
-            (
-                t.as_str().to_string(),
-                json!({"size": size, "ready": svc.pool_ready(*t)}),
-            )
-        })
-        .collect();
-    Json(json!({
-        "status": "ok",
-        "version": env!("CARGO_PKG_VERSION"),
-        "tiers": tiers,
-        "pools": pools,
-        "live_sandboxes": svc.live_count(),
-    }))
+    h.version = Some(env!("CARGO_PKG_VERSION").into());
+    h.tiers = Some(svc.probes().iter().map(|(t, p)| (*t, p.status)).collect());
+    h.pools = Some(
+        svc.config()
+            .pools
+            .iter()
+            .map(|(t, size)| {
+                (
+                    *t,
+                    PoolHealth {
+                        size: *size,
+                        ready: svc.pool_ready(*t),
+                    },
+                )
+            })
+            .collect(),
+    );
+    h.live_sandboxes = Some(svc.live_count());
+    Json(h)
 }
 
 async fn metrics(State(svc): State<Service>, MaybeAuth(t): MaybeAuth) -> Response {
@@ -707,9 +1010,10 @@ async fn list_execs(
     }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct AttachQuery {
+    /// false: wait and answer the outcome as one JSON object; true (the default): stream.
     #[serde(default)]
     stream: Option<bool>,
 }
@@ -740,9 +1044,10 @@ async fn attach(
     Ok(stream_response(m, rx, fut))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct StopQuery {
+    /// `term` (the default: SIGTERM, then SIGKILL after the grace) or `kill` (at once).
     #[serde(default)]
     signal: Option<String>,
 }
@@ -953,9 +1258,10 @@ pub(crate) fn stream_events<T: serde::Serialize + Send + 'static>(
     resp
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct FileQuery {
+    /// Octal permission bits such as `644` (the default) or `755`.
     #[serde(default)]
     mode: Option<String>,
 }

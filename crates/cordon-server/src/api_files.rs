@@ -16,7 +16,7 @@ use crate::error::{ApiError, Code};
 use crate::service::Service;
 
 /// `?path=` naming a directory; `/work` when left out.
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DirQuery {
     #[serde(default = "work")]
@@ -27,13 +27,13 @@ fn work() -> String {
     cordon_core::WORKDIR.to_string()
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StatQuery {
     path: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RemoveQuery {
     path: String,
@@ -41,14 +41,14 @@ pub(crate) struct RemoveQuery {
     recursive: bool,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RenameBody {
     from: String,
     to: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct MkdirBody {
     path: String,

@@ -31,7 +31,7 @@ impl ServerError {
 }
 
 /// Stable error codes of the API. Clients match on these, never on messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Code {
     Unauthorized,
@@ -136,7 +136,8 @@ impl Code {
 
 /// An API error: `{ "code", "message", "fix" }` (and `rule` for a refusal by a named rule)
 /// with an HTTP status from the code.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[schemars(rename = "Error")]
 pub struct ApiError {
     pub code: Code,
     pub message: String,

@@ -20,6 +20,7 @@ pub mod keys;
 pub mod mcp;
 pub mod metrics;
 pub mod model;
+pub mod openapi;
 pub mod service;
 pub mod tls;
 
