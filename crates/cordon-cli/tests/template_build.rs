@@ -486,9 +486,20 @@ fn an_imported_template_runs_on_the_microvm_tier_and_is_never_written() {
         text(&o.stderr)
     );
     assert_eq!(listing(&root_of(h, "pybase")), before);
-    // The disk is kept by digest in the store, and goes with the template.
+    // The disk is kept by digest in the store, and goes with the template. It and its
+    // directory are root's alone (issue 35 item 7): QEMU reads it through a descriptor.
     let disks = h.join("templates/disks");
     assert_eq!(std::fs::read_dir(&disks).unwrap().count(), 1);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&disks), 0o700, "the disks dir is listable");
+    for d in std::fs::read_dir(&disks).unwrap().flatten() {
+        assert_eq!(
+            mode(&d.path()),
+            0o600,
+            "{:?} is readable by others",
+            d.file_name()
+        );
+    }
     let o = cordon(h, &["template", "rm", "pybase"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert_eq!(std::fs::read_dir(&disks).unwrap().count(), 0);

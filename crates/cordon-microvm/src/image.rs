@@ -529,15 +529,26 @@ const GUEST_MOUNT_POINTS: &[&str] = &["dev", "proc", "sys", "work", "tmp", "run"
 
 /// The disk image of a template's root for the guest, at `disk` (made if missing, from
 /// `root`; an image is made once per template digest). The agent is not in it: it is the
-/// initramfs's, added by Cordon at boot.
+/// initramfs's, added by Cordon at boot. The disks and their directory are root's alone
+/// (0600, 0700), like the rest of the data dir: QEMU reads a disk through a descriptor
+/// Cordon opens, never by its path.
 pub fn template_disk(root: &Path, disk: &Path) -> Result<(), MicrovmError> {
-    if disk.is_file() {
-        return Ok(());
-    }
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let dir = disk
         .parent()
         .ok_or_else(|| MicrovmError::Image("a template disk needs a directory".into()))?;
-    fs::create_dir_all(dir).map_err(|e| MicrovmError::io("creating the template disks dir", e))?;
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(MicrovmError::io("creating the template disks dir", e)),
+    }
+    // A store made before they were private is made so here.
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .map_err(|e| MicrovmError::io("making the template disks dir private", e))?;
+    if disk.is_file() {
+        return fs::set_permissions(disk, fs::Permissions::from_mode(0o600))
+            .map_err(|e| MicrovmError::io("making a template disk private", e));
+    }
     let tmp = tempdir_in(dir)?;
     let raw = tmp.join("root.ext4");
     let made = make_ext4(root, &raw).and_then(|()| {
@@ -560,7 +571,7 @@ pub fn template_disk(root: &Path, disk: &Path) -> Result<(), MicrovmError> {
                 "debugfs (making the guest's mount points)",
             )?;
         }
-        let _ = fs::set_permissions(&raw, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+        let _ = fs::set_permissions(&raw, fs::Permissions::from_mode(0o600));
         fs::rename(&raw, disk).map_err(|e| MicrovmError::io("installing a template disk", e))
     });
     let _ = fs::remove_dir_all(&tmp);

@@ -4,7 +4,7 @@ use std::ffi::CString;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -24,6 +24,11 @@ pub const PORT_NAME: &str = "cordon.agent";
 pub const JAIL_VM_DIR: &str = "/vm";
 /// The descriptor a restoring QEMU reads its snapshot from.
 pub const INCOMING_FD: i32 = 3;
+/// The descriptor QEMU reads the root disk from (`-add-fd`, fd set [`ROOT_FDSET`]): Cordon
+/// opens the disk, QEMU never gets its path.
+pub const ROOT_DISK_FD: i32 = 4;
+/// The fd set of the root disk's descriptor.
+const ROOT_FDSET: u32 = 4;
 /// Where QEMU sees the snapshot's RAM file, inside its private root.
 pub const JAIL_RAM: &str = "/img/ram";
 /// The most of QEMU's log and the guest console Cordon reads back (their last bytes).
@@ -193,8 +198,10 @@ impl VmParams {
             "/img/initrd".into(),
             "-append".into(),
             self.cmdline(),
+            "-add-fd".into(),
+            format!("fd={ROOT_DISK_FD},set={ROOT_FDSET},opaque=root-disk"),
             "-drive".into(),
-            "id=root,file=/img/rootfs,format=raw,if=none,readonly=on".into(),
+            format!("id=root,file=/dev/fdset/{ROOT_FDSET},format=raw,if=none,readonly=on"),
             "-device".into(),
             "virtio-blk-device,drive=root".into(),
             "-device".into(),
@@ -319,6 +326,14 @@ impl Vm {
                 ));
             }
         };
+        // The root disk, opened here as root (QEMU's uid may not read it: a template's disk
+        // is root's alone), numbered above the fixed targets.
+        let disk = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&params.image.rootfs)
+            .and_then(|f| sys::dup_at_least(&f, ROOT_DISK_FD + 1))
+            .map_err(|e| MicrovmError::io("opening the guest's root disk", e))?;
         let groups = if params.accel == Accel::Kvm {
             fs::metadata("/dev/kvm")
                 .map(|m| vec![m.gid()])
@@ -334,6 +349,7 @@ impl Vm {
                 groups,
                 cgroup_procs: procs,
                 incoming: incoming_fd.map(|fd| (fd, INCOMING_FD)),
+                root_disk: Some((disk.as_raw_fd(), ROOT_DISK_FD)),
                 jail,
                 seccomp: crate::seccomp::filter()?,
             },
@@ -534,7 +550,6 @@ fn jail_for(
         under("qemu")?,
         under("img/kernel")?,
         under("img/initrd")?,
-        under("img/rootfs")?,
         under("dev/null")?,
         under("dev/urandom")?,
     ];
@@ -549,7 +564,6 @@ fn jail_for(
         (c(dir)?, under("vm")?, true, false),
         (c(kernel)?, under("img/kernel")?, false, false),
         (c(&params.image.initrd)?, under("img/initrd")?, false, false),
-        (c(&params.image.rootfs)?, under("img/rootfs")?, false, false),
         (
             c(&private_binary(&params.qemu, parent)?)?,
             under("qemu")?,

@@ -22,6 +22,10 @@ pub struct Confinement {
     /// A descriptor QEMU inherits (`from`, opened by Cordon) under a fixed number (`to`):
     /// the snapshot a restore reads.
     pub incoming: Option<(RawFd, RawFd)>,
+    /// The root disk QEMU reads (`from`, opened read-only by Cordon, numbered above `to`
+    /// and the snapshot's number) under a fixed number (`to`): QEMU never opens the disk's
+    /// path, so the disk may be root's alone (mode 0600).
+    pub root_disk: Option<(RawFd, RawFd)>,
     /// The private root QEMU is moved into.
     pub jail: Jail,
     /// Cordon's system call allow-list, installed last before exec.
@@ -47,6 +51,20 @@ pub struct Jail {
     pub old: CString,
     /// Where QEMU starts, inside the new root.
     pub workdir: CString,
+}
+
+/// `file` opened again (a new descriptor of the same open file) numbered `min` or above,
+/// close-on-exec: a descriptor a child's fixed numbers below `min` cannot land on.
+pub fn dup_at_least(file: &std::fs::File, min: RawFd) -> io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a descriptor `file` owns returns a new descriptor or
+    // -1; it touches no memory.
+    let fd = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor nothing else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// A file in memory (`memfd`), for logs QEMU writes and Cordon reads: no path exists that
@@ -112,7 +130,12 @@ pub fn confine(cmd: &mut Command, c: Confinement) {
         // After the credential change, which clears it.
         nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
         nix::sys::prctl::set_no_new_privs()?;
+        // The snapshot's first: the disk's descriptor is numbered above both targets, so
+        // neither move can close it.
         if let Some((from, to)) = c.incoming {
+            inherit_fd(from, to)?;
+        }
+        if let Some((from, to)) = c.root_disk {
             inherit_fd(from, to)?;
         }
         if seccompiler::apply_filter(&c.seccomp).is_err() {
