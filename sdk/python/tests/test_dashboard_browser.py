@@ -157,7 +157,10 @@ def test_dashboard_shows_a_new_sandbox_and_its_exec_live(server, has_container):
         b.wait_for("document.getElementById('conn').textContent === 'live'", "a live stream")
         # The key left the address bar at once.
         assert "key=" not in b.eval("location.href")
-        assert b.eval("document.getElementById('who').textContent") == "tenant alice"
+        # Who the page speaks for comes with the stream's first snapshot (up to a second
+        # after the stream opens), not with the opening itself.
+        b.wait_for("document.getElementById('who').textContent === 'tenant alice'",
+                   "the first snapshot naming the tenant")
 
         sb = api(server, "POST", "/v1/sandboxes", KEYS["alice"],
                  {"tier": "container", "ttl": "5m", "labels": {"by": "dashboard-test"}})
