@@ -1341,6 +1341,12 @@ async fn shutdown_destroys_everything_and_restart_recovers_leftovers() {
     }
     let scratch = cordon_server::scratch_dir(dir.path(), Tier::Wasm).join("cordon-wasm-left");
     std::fs::create_dir_all(scratch.join("sub")).unwrap();
+    // A template build killed mid-way: its staging dir, locked by nobody (issue 35 item 5;
+    // the scratch mount a real one leaves is covered by the CLI's
+    // gc_frees_what_a_killed_build_left_mounted_and_staged, the same sweep).
+    let staged = dir.path().join("templates/staging/0123456789abcdef");
+    std::fs::create_dir_all(staged.join("fs/work")).unwrap();
+    std::fs::write(staged.join("disk.img"), b"left").unwrap();
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let hook: cordon_server::RecoveryHook = {
         let seen = seen.clone();
@@ -1362,6 +1368,10 @@ async fn shutdown_destroys_everything_and_restart_recovers_leftovers() {
         ["sb-dead1", "sb-dead2"]
     );
     assert!(!scratch.exists());
+    assert!(
+        !staged.exists(),
+        "a dead build's staging dir survived the restart"
+    );
     let rows = svc
         .audit()
         .query(
@@ -1385,7 +1395,8 @@ async fn shutdown_destroys_everything_and_restart_recovers_leftovers() {
             "fake: sb-dead1",
             "fake: sb-dead2",
             "cgroup cordon/sb-dead1",
-            "cgroup cordon/sb-dead2"
+            "cgroup cordon/sb-dead2",
+            "template staging: 1 dirs of dead builds or imports"
         ]
     );
     assert!(svc.audit().unfinished().unwrap().is_empty());

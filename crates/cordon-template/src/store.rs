@@ -275,7 +275,7 @@ impl Store {
     /// whose lock nobody holds (a live one holds it until it is removed). Whatever is
     /// mounted under it (a build's scratch ext4) is unmounted first, which frees its loop
     /// device. Returns how many were removed.
-    #[cfg(feature = "import")]
+    #[cfg(feature = "sweep")]
     pub fn sweep_staging(&self) -> Result<usize> {
         let _guard = self.lock(true)?;
         Ok(self.sweep_staging_locked())
@@ -283,7 +283,7 @@ impl Store {
 
     /// [`Store::sweep_staging`] under the store's exclusive lock, which a new staging dir
     /// holds shared until it is locked itself.
-    #[cfg(feature = "import")]
+    #[cfg(feature = "sweep")]
     fn sweep_staging_locked(&self) -> usize {
         let Ok(dir) = fs::read_dir(self.staging_dir()) else {
             return 0;
@@ -311,9 +311,9 @@ impl Store {
     /// what dead builds and imports left in `staging/`.
     pub fn gc(&self) -> Result<GcReport> {
         let _guard = self.lock(true)?;
-        #[cfg_attr(not(feature = "import"), allow(unused_mut))]
+        #[cfg_attr(not(feature = "sweep"), allow(unused_mut))]
         let mut report = GcReport::default();
-        #[cfg(feature = "import")]
+        #[cfg(feature = "sweep")]
         {
             report.staging_removed = self.sweep_staging_locked();
         }

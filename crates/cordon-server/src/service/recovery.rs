@@ -92,6 +92,20 @@ pub(super) fn open_and_recover(
     for tier in Tier::ALL {
         let _ = std::fs::create_dir_all(scratch_dir(dir, tier));
     }
+    // What template builds and imports (the operator's commands) that died mid-way left:
+    // their staging dirs, the scratch ext4 mounted there and so its loop device. A live
+    // one's dir is locked and stays.
+    let swept = cordon_template::Store::open(dir)
+        .and_then(|s| s.sweep_staging())
+        .unwrap_or_else(|e| {
+            tracing::warn!("sweeping the template store's staging dir: {e}");
+            0
+        });
+    if swept > 0 {
+        report.removed.push(format!(
+            "template staging: {swept} dirs of dead builds or imports"
+        ));
+    }
     if !report.sandboxes.is_empty() || !report.scratch.is_empty() || !report.removed.is_empty() {
         for r in &rows {
             audit.sandbox_ended(
