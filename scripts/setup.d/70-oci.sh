@@ -3,7 +3,8 @@
 # call runc: podman (with runc, the baseline of the start-up comparison), containerd (ctr and
 # its CRI plugin) and the docker.io daemon. The tests start each on a private socket and data
 # directory; none is enabled as a service here. uidmap gives podman newuidmap; iptables is
-# what docker.io's daemon calls (its tests run with bridge and iptables off).
+# what docker.io's daemon calls (its tests run with bridge and iptables off);
+# containernetworking-plugins gives the CRI test's pods their (loopback-only) CNI network.
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
-apt_install podman containerd docker.io runc uidmap iptables
+apt_install podman containerd docker.io runc uidmap iptables containernetworking-plugins tar

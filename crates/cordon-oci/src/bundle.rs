@@ -267,10 +267,45 @@ fn is_host_namespace(path: &Path, name: &str) -> bool {
         // A path that cannot be read is not joined either: the sandbox makes its own.
         return false;
     };
+    if names_a_monitor(path) {
+        // A pod's other containers are told to join its sandbox container's namespaces,
+        // by the pid the runtime reported for it: under Cordon that is the pod sandbox's
+        // monitor, a host process. Nothing is joined (each container has its own), so
+        // this is no request for the host's.
+        return false;
+    }
     ["self", "1"].iter().any(|who| {
         std::fs::metadata(format!("/proc/{who}/ns/{proc_name}"))
             .is_ok_and(|h| h.ino() == asked.ino() && h.dev() == asked.dev())
     })
+}
+
+/// Whether `path` is `/proc/<pid>/ns/...` of a cordon-oci monitor (this same program).
+fn names_a_monitor(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mut parts = path.components().skip(1);
+    let (Some(proc_), Some(pid)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    if proc_.as_os_str() != "proc"
+        || !pid
+            .as_os_str()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+    {
+        return false;
+    }
+    let pid = pid.as_os_str().to_string_lossy();
+    let same_program = match (
+        std::fs::metadata(format!("/proc/{pid}/exe")),
+        std::fs::metadata("/proc/self/exe"),
+    ) {
+        (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+        _ => false,
+    };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    same_program && cmdline.split(|b| *b == 0).any(|a| a == b"__monitor")
 }
 
 fn list(v: &str) -> Vec<String> {

@@ -260,8 +260,8 @@ fn dispatch(cli: Cli) -> Result<i32> {
             println!("{}", serde_json::to_string_pretty(&s)?);
             Ok(0)
         }
-        Cmd::Kill { id, signal, all: _ } => {
-            kill(&root, &id, parse_signal(&signal)?)?;
+        Cmd::Kill { id, signal, all } => {
+            kill(&root, &id, parse_signal(&signal)?, all)?;
             Ok(0)
         }
         Cmd::Delete { id, force } => {
@@ -492,9 +492,15 @@ fn parse_signal(s: &str) -> Result<i32> {
         .map_err(|_| anyhow!("unknown signal {s:?}; give a name (TERM, KILL) or a number"))
 }
 
-fn kill(root: &Root, id: &str, signal: i32) -> Result<()> {
+fn kill(root: &Root, id: &str, signal: i32, all: bool) -> Result<()> {
     let r = root.load(id)?;
     if !r.alive() {
+        // `kill --all` after the container's process ended (containerd's shim does it to
+        // end what the process left): whatever its cgroup still holds is removed.
+        if all {
+            monitor::sweep(&r);
+            return Ok(());
+        }
         bail!("container {id:?} is not running");
     }
     match Conn::connect(&root.dir(id)).and_then(|c| c.call(&Request::Signal { signal }, &[])) {

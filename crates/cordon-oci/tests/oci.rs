@@ -1,9 +1,13 @@
-//! cordon-oci driven by the engines that call runc: podman and containerd (an image imported from a
-//! busybox tarball the test writes, storage of its own). Needs root, podman and busybox
+//! cordon-oci driven by the engines that call runc: podman, containerd through `ctr` and
+//! through its CRI plugin as the kubelet drives it (an image imported from a busybox tarball
+//! the test writes, storage of its own). Needs root, podman and busybox
 //! (scripts/setup.d/70-oci.sh, 10-base.sh); without them the tests say SKIPPING, and fail
 //! under CORDON_REQUIRE_ALL.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod cri;
+
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -316,17 +320,62 @@ struct Containerd {
 }
 
 impl Containerd {
-    fn start() -> Containerd {
+    /// With `cri`, its CRI plugin on, with a runtime handler `cordon` (the runc shim,
+    /// cordon-oci as its binary, `cordon.*` pod annotations passed on), `pause` as the
+    /// pods' sandbox image and a loopback-only CNI network.
+    fn start(cri: Option<&str>) -> Containerd {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let config = format!(
+        let mut config = format!(
             "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
-             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
              [grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n",
             root = d.join("root").display(),
             state = d.join("state").display(),
             sock = d.join("c.sock").display(),
         );
+        match cri {
+            None => config.insert_str(0, "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n"),
+            Some(pause) => {
+                // The pod's network: loopback (the distribution's plugin) and a stand-in
+                // plugin that reports an eth0 without making one, so the CRI plugin has
+                // the address it wants and nothing is set up on the host. Cordon gives the
+                // workload its own loopback-only namespace whatever the pod's.
+                let cni = d.join("cni");
+                let bin = d.join("cni-bin");
+                std::fs::create_dir_all(&cni).unwrap();
+                std::fs::create_dir_all(&bin).unwrap();
+                std::os::unix::fs::symlink("/usr/lib/cni/loopback", bin.join("loopback")).unwrap();
+                let stand_in = bin.join("cordon-test-net");
+                std::fs::write(
+                    &stand_in,
+                    "#!/bin/sh\ncat >/dev/null\n[ \"$CNI_COMMAND\" = ADD ] || exit 0\n\
+                     printf '{\"cniVersion\":\"0.4.0\",\"interfaces\":[{\"name\":\"eth0\",\"sandbox\":\"%s\"}],\
+                     \"ips\":[{\"version\":\"4\",\"address\":\"192.0.2.2/24\",\"interface\":0}]}' \"$CNI_NETNS\"\n",
+                )
+                .unwrap();
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755))
+                    .unwrap();
+                std::fs::write(
+                    cni.join("10-cordon-test.conflist"),
+                    r#"{"cniVersion": "0.4.0", "name": "cordon-test", "plugins": [{"type": "loopback"}, {"type": "cordon-test-net"}]}"#,
+                )
+                .unwrap();
+                let p = "plugins.\"io.containerd.grpc.v1.cri\"";
+                let rt = format!("{p}.containerd.runtimes.cordon");
+                config.push_str(&format!(
+                    "[{p}]\n  sandbox_image = \"{pause}\"\n  stream_server_address = \"127.0.0.1\"\n\
+                     [{p}.cni]\n  bin_dir = \"{bin}\"\n  conf_dir = \"{cni}\"\n\
+                     [{p}.containerd]\n  default_runtime_name = \"cordon\"\n\
+                     [{rt}]\n  runtime_type = \"io.containerd.runc.v2\"\n\
+                       pod_annotations = [\"cordon.*\"]\n  container_annotations = [\"cordon.*\"]\n\
+                     [{rt}.options]\n  BinaryName = \"{OCI}\"\n  Root = \"{runc_root}\"\n",
+                    cni = cni.display(),
+                    bin = bin.display(),
+                    runc_root = d.join("runc-root").display(),
+                ));
+            }
+        }
         std::fs::write(d.join("config.toml"), config).unwrap();
         let daemon = Command::new("containerd")
             .arg("--config")
@@ -349,6 +398,14 @@ impl Containerd {
         );
     }
 
+    /// The end of containerd's log, for a failure's message.
+    fn log(&self) -> String {
+        let log =
+            std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().filter(|l| !l.contains("level=info")).collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
     fn sock(&self) -> PathBuf {
         self.dir.path().join("c.sock")
     }
@@ -365,33 +422,34 @@ impl Containerd {
 
 impl Drop for Containerd {
     fn drop(&mut self) {
-        // The shims of this containerd name its socket on their command line.
-        let sock = self.sock().display().to_string();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            if text(&cmd).contains(&sock) && pid != self.daemon.id() as i32 {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+        // Containers a failed test left: their monitors outlive a killed shim (as runc's
+        // containers do), so they are deleted here.
+        for ns in ["default", "k8s.io"] {
+            let root = self.dir.path().join("runc-root").join(ns);
+            for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+                let _ = Command::new(OCI)
+                    .arg("--root")
+                    .arg(&root)
+                    .args(["delete", "--force"])
+                    .arg(e.file_name())
+                    .output();
             }
         }
+        // The shims of this containerd name its socket on their command line.
+        kill_naming(&self.sock().display().to_string(), self.daemon.id());
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
     }
 }
 
-/// The podman image as a docker archive, for containerd and Docker to import.
-fn image_archive(p: &Podman, dir: &Path) -> PathBuf {
-    let tar = dir.join("image.tar");
+/// A podman image as a docker archive, for containerd and Docker to import.
+fn image_archive(p: &Podman, dir: &Path, image: &str) -> PathBuf {
+    let tar = dir.join(format!("{}.tar", image.replace(['/', ':'], "_")));
     let out = Command::new("podman")
         .args(&p.args)
         .args(["save", "-o"])
         .arg(&tar)
-        .arg(IMAGE)
+        .arg(image)
         .output()
         .unwrap();
     assert!(out.status.success(), "podman save: {}", text(&out.stderr));
@@ -407,8 +465,8 @@ fn containerd_runs_a_container_through_the_runc_shim_with_cordon_as_its_binary()
     ) {
         return;
     }
-    let c = Containerd::start();
-    let archive = image_archive(p, c.dir.path());
+    let c = Containerd::start(None);
+    let archive = image_archive(p, c.dir.path(), IMAGE);
     let out = c.ctr(&["image", "import", archive.to_str().unwrap()]);
     assert!(out.status.success(), "ctr import: {}", text(&out.stderr));
     let runc_root = c.dir.path().join("runc-root");
@@ -476,6 +534,328 @@ fn containerd_runs_a_container_through_the_runc_shim_with_cordon_as_its_binary()
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("privileged"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// The pods' sandbox image: the busybox root with a command that waits (a pause).
+const PAUSE: &str = "localhost/cordon-oci-pause:1";
+
+#[test]
+fn cri_runs_a_pod_with_the_cordon_handler_and_refuses_one_over_the_ceiling() {
+    let Some(p) = podman() else { return };
+    if !have("containerd", on_path("containerd") && on_path("ctr"))
+        || !have(
+            "the CNI loopback plugin",
+            Path::new("/usr/lib/cni/loopback").is_file(),
+        )
+    {
+        return;
+    }
+    let tar = busybox_tar(&tempfile::tempdir().unwrap().keep());
+    let out = Command::new("podman")
+        .args(&p.args)
+        .args(["import", "--change", "CMD [\"/bin/sleep\", \"100000\"]"])
+        .arg(&tar)
+        .arg(PAUSE)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let c = Containerd::start(Some(PAUSE));
+    for image in [IMAGE, PAUSE] {
+        let archive = image_archive(p, c.dir.path(), image);
+        let out = c.ctr(&["-n", "k8s.io", "image", "import", archive.to_str().unwrap()]);
+        assert!(out.status.success(), "ctr import: {}", text(&out.stderr));
+    }
+    let logs = c.dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Bounded: a stuck call fails the test rather than holding the build lock.
+    let flow = async {
+        use cri::*;
+        let mut api = Cri::connect(c.sock()).await.unwrap();
+        let pod = |name: &str, annotations: &[(&str, &str)]| PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.into(),
+                uid: format!("uid-{name}"),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            hostname: name.into(),
+            log_directory: logs.display().to_string(),
+            labels: HashMap::new(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        // A pod that asks for more than the node's ceiling: refused, the reason in the
+        // CRI error.
+        let refused = api
+            .call::<_, RunPodSandboxResponse>(
+                "RunPodSandbox",
+                RunPodSandboxRequest {
+                    config: Some(pod("greedy", &[("cordon.memory", "64G")])),
+                    runtime_handler: "cordon".into(),
+                },
+            )
+            .await
+            .unwrap_err();
+        let msg = refused.message();
+        assert!(msg.contains("cordon-oci refuses this container"), "{msg}");
+        assert!(msg.contains("memory"), "{msg}");
+        let config = pod("agent", &[("cordon.memory", "64M")]);
+        let ran: RunPodSandboxResponse = api
+            .call(
+                "RunPodSandbox",
+                RunPodSandboxRequest {
+                    config: Some(config.clone()),
+                    runtime_handler: "cordon".into(),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", c.log()));
+        let pod_id = ran.pod_sandbox_id;
+        let created: ContainerId = api
+            .call(
+                "CreateContainer",
+                CreateContainerRequest {
+                    pod_sandbox_id: pod_id.clone(),
+                    config: Some(ContainerConfig {
+                        metadata: Some(ContainerMetadata {
+                            name: "task".into(),
+                            attempt: 0,
+                        }),
+                        image: Some(ImageSpec {
+                            image: IMAGE.into(),
+                        }),
+                        command: vec!["sleep".into(), "300".into()],
+                        args: vec![],
+                        envs: vec![KeyValue {
+                            key: "TASK".into(),
+                            value: "cri".into(),
+                        }],
+                        annotations: HashMap::new(),
+                        log_path: "task.log".into(),
+                    }),
+                    sandbox_config: Some(config.clone()),
+                },
+            )
+            .await
+            .unwrap();
+        let id = created.container_id;
+        let _: Empty = api
+            .call(
+                "StartContainer",
+                ContainerId {
+                    container_id: id.clone(),
+                },
+            )
+            .await
+            .unwrap();
+        let exec = |cmd: &[&str]| ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            timeout: 60,
+        };
+        let out: ExecSyncResponse = api
+            .call("ExecSync", exec(&["sh", "-c", "echo $TASK; id -u; exit 3"]))
+            .await
+            .unwrap();
+        assert_eq!(out.exit_code, 3, "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "cri\n1000\n");
+        let st: ContainerStatusResponse = api
+            .call(
+                "ContainerStatus",
+                ContainerId {
+                    container_id: id.clone(),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(st.status.unwrap().state, CONTAINER_RUNNING);
+        let _: Empty = api
+            .call(
+                "StopPodSandbox",
+                PodSandboxId {
+                    pod_sandbox_id: pod_id.clone(),
+                },
+            )
+            .await
+            .unwrap();
+        let st: ContainerStatusResponse = api
+            .call(
+                "ContainerStatus",
+                ContainerId {
+                    container_id: id.clone(),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(st.status.unwrap().state, CONTAINER_EXITED);
+        let _: Empty = api
+            .call(
+                "RemovePodSandbox",
+                PodSandboxId {
+                    pod_sandbox_id: pod_id,
+                },
+            )
+            .await
+            .unwrap();
+    };
+    rt.block_on(async {
+        tokio::time::timeout(std::time::Duration::from_secs(180), flow)
+            .await
+            .unwrap_or_else(|_| panic!("the CRI calls took over 180 s\n{}", c.log()))
+    });
+}
+
+/// Kills every process whose command line names `marker` (the shims a daemon of this test
+/// started: they name its socket or state directory), except `but`.
+fn kill_naming(marker: &str, but: u32) {
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if text(&cmd).contains(marker) && pid != but as i32 && pid != std::process::id() as i32 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// A Docker daemon of the test's own: data root, exec root and socket in a temporary
+/// directory, no bridge and no iptables, a runtime `cordon` that is cordon-oci. Dropped,
+/// it stops, with its containerd and shims.
+struct Dockerd {
+    dir: tempfile::TempDir,
+    daemon: std::process::Child,
+}
+
+impl Dockerd {
+    fn start() -> Dockerd {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let config = serde_json::json!({
+            "data-root": d.join("data"),
+            "exec-root": d.join("exec"),
+            "pidfile": d.join("docker.pid"),
+            "hosts": [format!("unix://{}", d.join("docker.sock").display())],
+            "bridge": "none",
+            "iptables": false,
+            "ip6tables": false,
+            "ip-forward": false,
+            "ip-masq": false,
+            "userland-proxy": false,
+            "exec-opts": ["native.cgroupdriver=cgroupfs"],
+            "runtimes": {"cordon": {"path": OCI}},
+        });
+        std::fs::write(d.join("daemon.json"), config.to_string()).unwrap();
+        let daemon = Command::new("dockerd")
+            .arg("--config-file")
+            .arg(d.join("daemon.json"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(d.join("dockerd.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let docker = Dockerd { dir, daemon };
+        for _ in 0..300 {
+            if docker.docker(&["version"]).status.success() {
+                return docker;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!(
+            "dockerd did not answer: {}",
+            std::fs::read_to_string(docker.dir.path().join("dockerd.log")).unwrap_or_default()
+        );
+    }
+
+    fn docker(&self, args: &[&str]) -> Output {
+        Command::new("timeout")
+            .args(["120", "docker", "-H"])
+            .arg(format!(
+                "unix://{}",
+                self.dir.path().join("docker.sock").display()
+            ))
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.daemon.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        for _ in 0..100 {
+            if matches!(self.daemon.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        kill_naming(&self.dir.path().display().to_string(), 0);
+    }
+}
+
+#[test]
+fn docker_runs_a_container_with_runtime_cordon() {
+    let Some(p) = podman() else { return };
+    if !have(
+        "dockerd and docker",
+        on_path("dockerd") && on_path("docker"),
+    ) {
+        return;
+    }
+    let d = Dockerd::start();
+    let archive = image_archive(p, d.dir.path(), IMAGE);
+    let out = d.docker(&["load", "-i", archive.to_str().unwrap()]);
+    assert!(out.status.success(), "docker load: {}", text(&out.stderr));
+    let run = ["run", "--runtime", "cordon", "--network", "none"];
+    let with = |more: &[&str]| {
+        let mut all = run.to_vec();
+        all.extend_from_slice(more);
+        d.docker(&all)
+    };
+    let out = with(&["--rm", IMAGE, "sh", "-c", "echo from-docker; exit 7"]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "from-docker\n");
+    let out = with(&["-d", "--name", "d-long", IMAGE, "sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.docker(&["exec", "d-long", "sh", "-c", "echo dexec; id -u; exit 8"]);
+    assert_eq!(out.status.code(), Some(8), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "dexec\n1000\n");
+    assert!(d.docker(&["kill", "d-long"]).status.success());
+    let out = d.docker(&["wait", "d-long"]);
+    assert_eq!(text(&out.stdout).trim(), "137", "{}", text(&out.stderr));
+    assert!(d.docker(&["rm", "d-long"]).status.success());
+    let out = with(&[
+        "--rm",
+        "--memory",
+        "32m",
+        IMAGE,
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=100M",
+        "count=1",
+    ]);
+    assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
+    let out = with(&["--rm", "--privileged", IMAGE, "echo", "ran"]);
+    assert!(!out.status.success() && !text(&out.stdout).contains("ran"));
+    assert!(
+        text(&out.stderr).contains("privileged mode"),
         "{}",
         text(&out.stderr)
     );
