@@ -58,6 +58,7 @@ fn busybox_tar(dir: &Path) -> PathBuf {
     std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
     for applet in [
         "sh", "echo", "cat", "sleep", "ls", "id", "true", "false", "dd", "kill", "wc", "head",
+        "touch", "mknod", "wget", "grep", "mount", "chroot",
     ] {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
     }
@@ -858,5 +859,58 @@ fn docker_runs_a_container_with_runtime_cordon() {
         text(&out.stderr).contains("privileged mode"),
         "{}",
         text(&out.stderr)
+    );
+}
+
+/// A few of the escape battery's walls, seen through podman and cordon-oci (the whole
+/// battery runs against the tier itself, crates/cordon-container): the host's processes,
+/// the host's loopback, a writable root, device nodes, mounts, /sys.
+#[test]
+fn podman_workload_stays_inside_the_walls() {
+    let Some(p) = podman() else { return };
+    // A listener on the host's loopback that the workload must not reach.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!(
+        "echo procs=$(ls /proc | grep -c '^[0-9]'); \
+         touch /rootfile 2>/dev/null && echo root-writable; \
+         mknod /tmp/sda b 8 0 2>/dev/null && echo mknod-ok; \
+         mount -t tmpfs x /tmp 2>/dev/null && echo mount-ok; \
+         ls /sys/class 2>/dev/null && echo sys-visible; \
+         wget -q -T 2 -O- http://127.0.0.1:{port}/ 2>/dev/null && echo reached-host; \
+         touch /tmp/ok && echo tmp-writable"
+    );
+    let out = p.oci(&[
+        "run",
+        "--rm",
+        "--cap-add",
+        "NET_ADMIN",
+        IMAGE,
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said} {}", text(&out.stderr));
+    let procs: usize = said
+        .lines()
+        .find_map(|l| l.strip_prefix("procs="))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a process count");
+    assert!(procs < 10, "the workload sees {procs} processes: {said}");
+    for breach in [
+        "root-writable",
+        "mknod-ok",
+        "mount-ok",
+        "sys-visible",
+        "reached-host",
+    ] {
+        assert!(!said.contains(breach), "{breach}: {said}");
+    }
+    assert!(said.contains("tmp-writable"), "{said}");
+    assert!(
+        listener.accept().is_err(),
+        "the host's loopback was reached"
     );
 }
