@@ -546,6 +546,9 @@ fn start_init(cfg: &ContainerConfig) -> Result<Started> {
     // The agent socket is the init's stdin: no pre-exec hook is needed, so the standard
     // library can use posix_spawn (vfork) rather than fork this whole process.
     let mut cmd = Command::new(&cfg.init_path);
+    // The sandbox's PID 1 is this process: its argv is readable inside (/proc/1/cmdline),
+    // so it carries its name, never the host path it was started from.
+    std::os::unix::process::CommandExt::arg0(&mut cmd, crate::INIT_BINARY);
     cmd.env_clear()
         .stdin(Stdio::from(OwnedFd::from(child)))
         .stdout(Stdio::null())

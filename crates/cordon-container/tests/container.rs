@@ -1458,3 +1458,26 @@ fn a_volume_must_be_leased_and_mount_points_stay_under_work() {
         );
     }
 }
+
+/// No process a sandbox can see names a host path: its PID 1 (the sandbox init, started
+/// from a path on the host) shows only its name in /proc/1/cmdline.
+#[test]
+fn the_sandboxs_processes_do_not_show_the_hosts_paths() {
+    let Some(b) = backend() else { return };
+    let o = sh(
+        b,
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
+    );
+    assert_eq!(o.termination, Termination::Exited, "{}", text(&o.stderr));
+    let seen = text(&o.stdout);
+    let host = init_path();
+    let dir = host.parent().unwrap().to_string_lossy().into_owned();
+    assert!(
+        !seen.contains(&dir),
+        "a host path is visible inside: {seen}"
+    );
+    assert!(
+        seen.contains(cordon_container::INIT_BINARY),
+        "the init is not among the processes: {seen}"
+    );
+}
