@@ -53,6 +53,55 @@ struct Proc {
     conn: Option<Conn>,
 }
 
+/// Writes a gate decision on container `id` into the node's audit store.
+pub fn record_decision(
+    node: &NodeConfig,
+    id: &str,
+    decided: &std::result::Result<cordon_engine::Admission, cordon_engine::Denial>,
+) -> Result<()> {
+    use cordon_engine::audit::{Audit, AuditEvent, NewEvent};
+    let path = node
+        .audit
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(crate::node::DEFAULT_AUDIT));
+    let fail = |e: String| {
+        OciError::Invalid(format!(
+            "recording the gate's decision in {}: {e}; make its directory writable or name \
+             another with `audit` in the node config",
+            path.display()
+        ))
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
+    }
+    let store = Audit::open(&path).map_err(|e| fail(e.to_string()))?;
+    let (tier, event) = match decided {
+        Ok(a) => (
+            Some(a.spec.tier),
+            AuditEvent::Policy {
+                allowed: true,
+                record: Box::new(a.record.clone()),
+            },
+        ),
+        Err(d) => (
+            d.record.tier,
+            AuditEvent::Policy {
+                allowed: false,
+                record: d.record.clone(),
+            },
+        ),
+    };
+    store
+        .record(&NewEvent {
+            tenant: Some(crate::node::TENANT),
+            sandbox: Some(id),
+            tier,
+            event,
+        })
+        .map(drop)
+        .map_err(|e| fail(e.to_string()))
+}
+
 /// Makes the sandbox for the bundle. Errors are the caller's to report (`create` prints
 /// them); nothing is left running.
 pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)> {
@@ -70,16 +119,17 @@ pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)>
     let rootfs = bundle::rootfs(&spec, &setup.bundle)?;
     let req = bundle::request(&spec)?;
     let gate = setup.node.gate()?;
-    let admitted = gate
-        .admit(
-            &Principal::Tenant(crate::node::TENANT.into()),
-            &req,
-            "oci create",
-        )
-        .map_err(|d| OciError::Refused {
-            what: format!("{} (rule {})", d.message, d.rule),
-            fix: d.fix.clone(),
-        })?;
+    let decided = gate.admit(
+        &Principal::Tenant(crate::node::TENANT.into()),
+        &req,
+        "oci create",
+    );
+    // Recorded before anything runs; a decision that cannot be recorded stops the container.
+    record_decision(&setup.node, &setup.id, &decided)?;
+    let admitted = decided.map_err(|d| OciError::Refused {
+        what: format!("{} (rule {})", d.message, d.rule),
+        fix: d.fix.clone(),
+    })?;
     let mut sandbox_spec = admitted.spec;
     let mount_at = bind_rootfs(&rootfs)?;
     sandbox_spec.resolved_template = Some(cordon_core::ResolvedTemplate {

@@ -15,6 +15,10 @@ use crate::{OciError, Result};
 /// Where the node's config is read from when nothing names one.
 pub const DEFAULT_PATH: &str = "/etc/cordon/oci.toml";
 
+/// Where the node's audit store is kept when the config names none: every gate decision on a
+/// container is one row there (`cordon audit --data-dir /var/lib/cordon/oci`).
+pub const DEFAULT_AUDIT: &str = "/var/lib/cordon/oci/audit.db";
+
 /// The principal every container is admitted as (its ceiling is `[ceiling]`).
 pub const TENANT: &str = "oci";
 
@@ -34,6 +38,8 @@ pub struct NodeConfig {
     pub default_limits: Option<cordon_engine::LimitsPatch>,
     /// The largest limits a container may have.
     pub max_limits: Option<cordon_engine::LimitsPatch>,
+    /// The node's audit store (default [`DEFAULT_AUDIT`]).
+    pub audit: Option<PathBuf>,
 }
 
 impl NodeConfig {
@@ -119,6 +125,42 @@ mod tests {
         let cfg = NodeConfig::parse(body).unwrap();
         assert_eq!(cfg.grants.len(), 1);
         cfg.gate().unwrap();
+    }
+
+    #[test]
+    fn every_gate_decision_is_a_row_in_the_nodes_audit_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = NodeConfig {
+            audit: Some(dir.path().join("a/audit.db")),
+            ..NodeConfig::parse("[ceiling]\ntrust = \"untrusted\"\n").unwrap()
+        };
+        let who = cordon_engine::Principal::Tenant(TENANT.into());
+        let gate = node.gate().unwrap();
+        let denied = gate.admit(&who, &cordon_engine::SandboxRequest::default(), "t");
+        assert!(denied.is_err());
+        crate::monitor::record_decision(&node, "ctr-1", &denied).unwrap();
+        let allowed = NodeConfig::default().gate().unwrap().admit(
+            &who,
+            &cordon_engine::SandboxRequest::default(),
+            "t",
+        );
+        crate::monitor::record_decision(&node, "ctr-2", &allowed).unwrap();
+        let store = cordon_engine::audit::Audit::open(&dir.path().join("a/audit.db")).unwrap();
+        let rows = store
+            .query(None, &cordon_engine::audit::Query::default())
+            .unwrap();
+        let seen: Vec<(Option<&str>, Option<&str>, &str)> = rows
+            .iter()
+            .map(|r| (r.sandbox.as_deref(), r.decision.as_deref(), r.kind.as_str()))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (Some("ctr-1"), Some("deny"), "policy"),
+                (Some("ctr-2"), Some("allow"), "policy")
+            ]
+        );
+        assert!(rows.iter().all(|r| r.tenant.as_deref() == Some(TENANT)));
     }
 
     #[test]
