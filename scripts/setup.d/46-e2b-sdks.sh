@@ -15,7 +15,23 @@ pip_install 'pytest>=7,<9'
 js="$(cd "$(dirname "$0")/../../sdk/e2b-js" && pwd)"
 if [ ! -f "$js/node_modules/e2b/package.json" ] ||
    [ ! -f "$js/node_modules/@e2b/code-interpreter/package.json" ] ||
-   [ "$js/package-lock.json" -nt "$js/node_modules/.package-lock.json" ]; then
+   ! cmp -s "$js/package-lock.json" "$js/node_modules/.cordon-installed-lock"; then
   log "installing the E2B JavaScript SDKs (npm ci in sdk/e2b-js)"
-  (cd "$js" && npm ci --no-audit --no-fund --loglevel=error)
+  (cd "$js" && npm ci --no-audit --no-fund --loglevel=error &&
+     cp package-lock.json node_modules/.cordon-installed-lock)
+fi
+# The wheels of the E2B base template for tiers whose root is Debian's (microvm): matplotlib
+# and what it needs, for Debian's Python 3.11, pinned. The test serves them from a loopback
+# index to `cordon template build`: no sandbox reaches a public index.
+wheels="$(cordon_data_dir)/e2b-wheels"
+pins="matplotlib==3.9.2 numpy==2.4.6 pillow==13.0.0 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 packaging==26.4 pyparsing==3.3.3 python-dateutil==4.0.0 tzdata==2026.6"
+if [ "$(cat "$wheels/.pins" 2>/dev/null)" != "$pins" ]; then
+  log "downloading the E2B base template's wheels into $wheels (pip download)"
+  mkdir -p "$wheels"
+  # shellcheck disable=SC2086
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any \
+    -d "$wheels" $pins
+  printf '%s' "$pins" > "$wheels/.pins"
 fi

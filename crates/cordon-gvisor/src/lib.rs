@@ -544,6 +544,7 @@ impl GvisorSandbox {
             "tmp",
             "work",
             "etc",
+            "home",
             "run/cordon",
             ".cordon",
         ] {
@@ -554,6 +555,8 @@ impl GvisorSandbox {
             ("lib", "usr/lib"),
             ("lib64", "usr/lib64"),
             ("sbin", "usr/sbin"),
+            // E2B's home names the workspace, as code written for E2B expects.
+            ("home/user", "/work"),
         ] {
             std::os::unix::fs::symlink(to, rootfs.join(link)).map_err(|e| io("linking", e))?;
         }

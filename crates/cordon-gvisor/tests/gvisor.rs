@@ -403,12 +403,13 @@ fn host_files_outside_the_root_are_not_visible() {
         .collect();
     etc.sort();
     assert_eq!(lines.next(), Some(etc.join(" ").as_str()), "{out}");
-    let top = "/bin /dev /etc /lib /lib64 /proc /run /sbin /sys /tmp /usr /work";
+    let top = "/bin /dev /etc /home /lib /lib64 /proc /run /sbin /sys /tmp /usr /work";
     assert_eq!(lines.next(), Some(top), "{out}");
-    // Unexpanded globs: none of these directories exist.
+    // Unexpanded globs: none of these directories exist (/home holds only the link of
+    // E2B's home to the workspace).
     assert_eq!(
         lines.next(),
-        Some("/root/* /home/* /boot/* /var/*"),
+        Some("/root/* /home/user /boot/* /var/*"),
         "{out}"
     );
     assert!(!out.contains("host-canary-content"), "{out}");
@@ -418,7 +419,7 @@ fn host_files_outside_the_root_are_not_visible() {
     );
     assert_eq!(err.matches("shadow: No such file").count(), 3, "{err}");
     assert!(err.contains("/proc/1/root/etc/shadow"), "{err}");
-    let root = "bin dev etc lib lib64 proc run sbin sys tmp usr work";
+    let root = "bin dev etc home lib lib64 proc run sbin sys tmp usr work";
     let up: Vec<String> = root.split(' ').map(|d| format!("/work/../{d}")).collect();
     assert_eq!(
         lines.next(),
