@@ -179,8 +179,15 @@ async fn start(
         .cwd
         .as_deref()
         .filter(|c| !c.is_empty())
-        .map(to_sandbox_path)
-        .unwrap_or_else(|| "/work".to_string());
+        // As given: `/home/user` is a link to the workspace in the sandbox's root.
+        .map(|c| {
+            if c.starts_with('/') {
+                c.to_string()
+            } else {
+                format!("{}/{c}", super::HOME)
+            }
+        })
+        .unwrap_or_else(|| super::HOME.to_string());
     let mut argv = vec![req.process.cmd.clone()];
     argv.extend(req.process.args.iter().cloned());
     let pty = req.pty.map(|p| {
@@ -190,9 +197,13 @@ async fn start(
             cols: s.cols,
         }
     });
+    // The shell names its directory by PWD when PWD is that directory: `/home/user`, not
+    // the workspace the link resolves to.
+    let mut env = req.process.envs.clone();
+    env.entry("PWD".to_string()).or_insert_with(|| cwd.clone());
     let exec = ExecBody {
         argv: Some(argv),
-        env: req.process.envs.clone(),
+        env,
         cwd: Some(cwd),
         background: true,
         pty,
