@@ -75,22 +75,7 @@ pub fn record_decision(
         std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
     }
     let store = Audit::open(&path).map_err(|e| fail(e.to_string()))?;
-    let (tier, event) = match decided {
-        Ok(a) => (
-            Some(a.spec.tier),
-            AuditEvent::Policy {
-                allowed: true,
-                record: Box::new(a.record.clone()),
-            },
-        ),
-        Err(d) => (
-            d.record.tier,
-            AuditEvent::Policy {
-                allowed: false,
-                record: d.record.clone(),
-            },
-        ),
-    };
+    let (tier, event) = AuditEvent::of_decision(decided);
     store
         .record(&NewEvent {
             tenant: Some(crate::node::TENANT),

@@ -140,22 +140,7 @@ mod audit {
         std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
         let store = Audit::open(&dir.join("audit.db")).map_err(|e| fail(e.to_string()))?;
         let user = std::env::var("USER").unwrap_or_else(|_| "local".to_string());
-        let (tier, event) = match decided {
-            Ok(a) => (
-                Some(a.spec.tier),
-                AuditEvent::Policy {
-                    allowed: true,
-                    record: Box::new(a.record.clone()),
-                },
-            ),
-            Err(d) => (
-                d.record.tier,
-                AuditEvent::Policy {
-                    allowed: false,
-                    record: d.record.clone(),
-                },
-            ),
-        };
+        let (tier, event) = AuditEvent::of_decision(decided);
         store
             .record(&NewEvent {
                 tenant: Some(&format!("cli:{user}")),

@@ -320,6 +320,29 @@ pub enum VolumeOutcome {
 }
 
 impl AuditEvent {
+    /// The row of a gate decision, and the tier it names (the admitted one, or the refused
+    /// request's, if it named one).
+    pub fn of_decision(
+        decided: &Result<crate::Admission, crate::Denial>,
+    ) -> (Option<cordon_core::Tier>, AuditEvent) {
+        match decided {
+            Ok(a) => (
+                Some(a.spec.tier),
+                AuditEvent::Policy {
+                    allowed: true,
+                    record: Box::new(a.record.clone()),
+                },
+            ),
+            Err(d) => (
+                d.record.tier,
+                AuditEvent::Policy {
+                    allowed: false,
+                    record: d.record.clone(),
+                },
+            ),
+        }
+    }
+
     /// The `kind` column.
     pub fn kind(&self) -> &'static str {
         use AuditEvent as E;
