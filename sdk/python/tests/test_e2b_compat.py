@@ -95,7 +95,10 @@ def e2b_server(tier: str) -> ServerProc:
         build_base_template(d / "data")
         templates = '[e2b.templates]\nbase = "e2b-base"\n"code-interpreter-v1" = "e2b-base"\n'
     extra = (f'[[keys]]\ntenant = "alice"\nkey = "{E2B_KEY}"\n'
-             f'[e2b]\nlisten = "127.0.0.1:{PORT}"\ntier = "{tier}"\n{templates}')
+             f'[e2b]\nlisten = "127.0.0.1:{PORT}"\ntier = "{tier}"\n'
+             # A cell's timeout is the sandbox's exec timeout: matplotlib's first import
+             # builds its font cache, slow on a loaded host.
+             f'limits = {{ timeout_ms = 180000 }}\n{templates}')
     s = ServerProc(d / "data", {}, extra=extra)
     # No warm pool: every E2B sandbox is made for its create.
     text = s.config.read_text().replace("[pools]\n", "")
@@ -197,8 +200,10 @@ def test_files(sbx):
     assert moved.path == "/home/user/moved.txt"
     assert not f.exists("/home/user/hello.txt")
     assert f.read("/home/user/moved.txt") == "hello file"
+    assert f.get_info("/home/user/d").size == 0
     f.remove("/home/user/d")
     assert not f.exists("/home/user/d")
+    f.remove("/home/user/never-there")  # as envd: not an error
     from e2b import NotFoundException
     with pytest.raises(NotFoundException):
         f.read("/home/user/nope.txt")

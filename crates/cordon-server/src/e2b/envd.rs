@@ -620,7 +620,12 @@ fn entry_info(entry: &FileEntry, path: &str) -> EntryInfo {
         name,
         kind: kind_name(entry.kind),
         path: shown,
-        size: entry.size.to_string(),
+        // envd reports a directory's size as 0.
+        size: if entry.kind == FileKind::Dir {
+            "0".to_string()
+        } else {
+            entry.size.to_string()
+        },
         mode: entry.mode,
         permissions: permissions(entry.kind, entry.mode),
         owner: "user".into(),
@@ -764,18 +769,15 @@ pub(super) async fn filesystem(
                 let req: PathRequest = decode_unary(&headers, &body)?;
                 let p = to_sandbox_path(&req.path);
                 reachable(&p)?;
-                file_op(
-                    &e,
-                    &b,
-                    &id,
-                    FileOp::Remove {
-                        path: p,
-                        recursive: true,
-                    },
-                )
-                .await
-                .map_err(connect_error)?;
-                Ok(unary(&Empty {}))
+                let op = FileOp::Remove {
+                    path: p,
+                    recursive: true,
+                };
+                // As envd: removing what is not there is not an error.
+                match file_op(&e, &b, &id, op).await.map_err(connect_error) {
+                    Err(err) if err.code != "not_found" => Err(err),
+                    _ => Ok(unary(&Empty {})),
+                }
             }
             "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
                 Err(ConnectError::unimplemented(
