@@ -36,30 +36,18 @@ impl Service {
         what: &str,
     ) -> Result<(Admission, NewEventOwned), ApiError> {
         let who = Principal::Tenant(tenant.0.clone());
-        match self.inner.gate.admit(&who, req, what) {
-            Ok(adm) => {
-                let row = NewEventOwned {
-                    tenant: Some(tenant.0.clone()),
-                    sandbox: None,
-                    tier: Some(adm.spec.tier),
-                    event: AuditEvent::Policy {
-                        allowed: true,
-                        record: Box::new(adm.record.clone()),
-                    },
-                };
-                Ok((adm, row))
-            }
+        let decided = self.inner.gate.admit(&who, req, what);
+        let (tier, event) = AuditEvent::of_decision(&decided);
+        let row = NewEventOwned {
+            tenant: Some(tenant.0.clone()),
+            sandbox: None,
+            tier,
+            event,
+        };
+        match decided {
+            Ok(adm) => Ok((adm, row)),
             Err(d) => {
-                self.record(NewEventOwned {
-                    tenant: Some(tenant.0.clone()),
-                    sandbox: None,
-                    tier: d.record.tier,
-                    event: AuditEvent::Policy {
-                        allowed: false,
-                        record: d.record.clone(),
-                    },
-                })
-                .await?;
+                self.record(row).await?;
                 let e = ApiError::from(d);
                 self.inner.metrics.deny(e.code.as_str());
                 Err(e)
