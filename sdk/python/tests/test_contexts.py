@@ -138,6 +138,12 @@ def test_errors_output_order_and_rich_outputs(alice, tier):
                         ("stdout", "three\nfour\nfive\n")], events
         assert "".join(r.logs["stdout"]) == "one\nthree\nfour\nfive\n", r.logs
         assert r.logs["stderr"] == ["two\n"], r.logs
+        # A line written in pieces (print's text and its end, a write without a newline
+        # and the rest 20 ms later) leaves as one chunk, as E2B's SDKs expect of a print.
+        chunks = []
+        r = sb.run_code("import sys, time\nsys.stdout.write('a')\ntime.sleep(0.02)\n"
+                        "print('b')\nprint('c')", on_stdout=chunks.append)
+        assert chunks in (["ab\n", "c\n"], ["ab\nc\n"]), chunks
         # Streaming: the first line arrives before the cell ends.
         seen = []
         for ev in sb.default_context().run_stream(

@@ -16,7 +16,9 @@ def _driver():
     proto_in = os.dup(0)
     me = os.getpid()
     main_ident = threading.get_ident()
-    st = types.SimpleNamespace(cell=0, in_cell=False, timed_out=False, count=0, q=[], qsize=0)
+    st = types.SimpleNamespace(cell=0, in_cell=False, timed_out=False, count=0, q=[], qsize=0,
+                               tail_since=0.0)
+    HOLD = 0.1
     qlock = threading.Lock()   # the queue of frames and the pipes' reads
     wlock = threading.Lock()   # writes to proto_out
     wake = threading.Event()
@@ -39,21 +41,36 @@ def _driver():
             # What fds 1 and 2 already hold was written before this (os.write, a finished
             # subprocess): it goes first, or the reader thread would let this overtake it.
             drain_locked()
-            last = st.q[-1] if st.q else None
-            if (obj["t"] == "stream" and last is not None and last["t"] == "stream"
-                    and last["name"] == obj["name"] and len(last["text"]) < 65536):
-                last["text"] += obj["text"]
-            else:
-                st.q.append(obj)
-            st.qsize += len(obj.get("text", "")) + 64
+            push_locked(obj)
             big = st.qsize > 262144
         if big:
             wake.set()
 
-    def flush():
+    def push_locked(obj):
+        # Consecutive writes to one stream become one frame (print writes its text and its
+        # end separately); a new frame's first write is when its hold time starts.
+        last = st.q[-1] if st.q else None
+        if (obj["t"] == "stream" and last is not None and last["t"] == "stream"
+                and last["name"] == obj["name"] and last["cell"] == obj["cell"]
+                and len(last["text"]) < 65536):
+            last["text"] += obj["text"]
+        else:
+            st.q.append(obj)
+            st.tail_since = time.monotonic()
+        st.qsize += len(obj.get("text", "")) + 64
+
+    def flush(hold=False):
+        # hold: the flusher's tick keeps back a last stream frame that has no line end yet
+        # for up to HOLD seconds, so a line written in pieces leaves as one piece of output.
         with wlock:
             with qlock:
-                q, st.q, st.qsize = st.q, [], 0
+                q, keep = st.q, []
+                if (hold and q and q[-1]["t"] == "stream"
+                        and not q[-1]["text"].endswith("\n")
+                        and time.monotonic() - st.tail_since < HOLD):
+                    keep = [q.pop()]
+                st.q = keep
+                st.qsize = sum(len(o["text"]) + 64 for o in keep)
             if q:
                 write_all(b"".join(frame(o) for o in q))
 
@@ -61,7 +78,7 @@ def _driver():
         while True:
             wake.wait(0.01)
             wake.clear()
-            flush()
+            flush(hold=True)
 
     # fds 1 and 2: pipes whose bytes become stream frames.
     readers = {}
@@ -91,8 +108,7 @@ def _driver():
                     break
                 text = dec.decode(b)
                 if text:
-                    st.q.append({"t": "stream", "cell": st.cell, "name": name, "text": text})
-                    st.qsize += len(text) + 64
+                    push_locked({"t": "stream", "cell": st.cell, "name": name, "text": text})
 
     def pipe_reader():
         fds = list(readers)
