@@ -9,8 +9,6 @@
 //! [`Backend`]: cordon_core::Backend
 
 pub mod api;
-pub mod api_contexts;
-pub mod api_files;
 pub mod audit;
 pub mod config;
 pub mod dashboard;

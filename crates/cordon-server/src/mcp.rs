@@ -22,7 +22,7 @@ use cordon_core::units::Dur;
 use cordon_core::{ExecOutcome, FileOp, Language, SandboxId};
 
 use crate::ServerError;
-use crate::api_files::{Done, Listing, Stat};
+use crate::api::files::{Done, Listing, Stat};
 use crate::audit::Query as AuditQuery;
 use crate::keys::Tenant;
 use crate::model::{
@@ -586,7 +586,7 @@ impl CordonMcp {
     ) -> Result<Json<Listing>, String> {
         let t = self.tenant(&ctx)?;
         let path = a.path.unwrap_or_else(|| cordon_core::WORKDIR.to_string());
-        answer(crate::api_files::list_dir(&self.svc, &t, &a.sandbox, path).await)
+        answer(crate::api::files::list_dir(&self.svc, &t, &a.sandbox, path).await)
     }
 
     #[tool(
@@ -606,7 +606,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Stat>, String> {
         let t = self.tenant(&ctx)?;
-        answer(crate::api_files::stat_path(&self.svc, &t, &a.sandbox, a.path).await)
+        answer(crate::api::files::stat_path(&self.svc, &t, &a.sandbox, a.path).await)
     }
 
     #[tool(
@@ -1054,7 +1054,7 @@ impl CordonMcp {
         op: FileOp,
     ) -> Result<Json<Done>, String> {
         let t = self.tenant(ctx)?;
-        answer(crate::api_files::file_done(&self.svc, &t, sandbox, op).await)
+        answer(crate::api::files::file_done(&self.svc, &t, sandbox, op).await)
     }
 }
 

@@ -3,14 +3,18 @@
 
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
 
-use crate::api::{Auth, Mode, json_rejection, mode, parse_id, stream_events};
-use crate::error::ApiError;
+use super::extract::{Auth, json_rejection, parse_id};
+use super::stream::{Mode, mode, stream_events};
+use crate::config::HttpLimits;
+use crate::error::{ApiError, Code};
+use crate::model as m;
 use crate::model::{CellBody, ContextBody, ContextInfo};
+use crate::openapi::{Api, Op, SANDBOX};
 use crate::service::Service;
 
 /// A context's id: `ctx-` and a number.
@@ -87,4 +91,52 @@ pub(crate) async fn run(
     let (tx, rx) = mpsc::unbounded_channel();
     let fut = async move { svc.run_cell(&t, &id, &cid, body, Some(tx)).await };
     Ok(stream_events(m, rx, fut, "result"))
+}
+
+/// This resource's routes and their operations.
+pub(super) fn routes(limits: &HttpLimits) -> Api {
+    Api::default()
+        .op(
+            Op::post("/v1/sandboxes/{id}/contexts", "createContext", "contexts")
+                .summary("Start a code context: a long-lived Python or JavaScript interpreter whose state persists between cells (container, gvisor, microvm; JavaScript: container)")
+                .json::<m::ContextBody>()
+                .ok::<m::ContextInfo>(201, "started")
+                .errors(SANDBOX)
+                .errors(&[Code::TooManyContexts, Code::Unsupported, Code::SandboxFailure]),
+            create,
+        )
+        .op(
+            Op::get("/v1/sandboxes/{id}/contexts", "listContexts", "contexts")
+                .summary("The sandbox's code contexts")
+                .ok::<m::ContextList>(200, "its contexts")
+                .errors(SANDBOX),
+            list,
+        )
+        .op(
+            Op::delete("/v1/sandboxes/{id}/contexts/{context_id}", "deleteContext", "contexts")
+                .summary("End a code context (its interpreter is killed; a cell running in it ends as died)")
+                .ok::<m::ContextInfo>(200, "ended")
+                .errors(SANDBOX),
+            delete,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/contexts/{context_id}/restart", "restartContext", "contexts")
+                .summary("Start the context's interpreter again: its variables and imports are gone")
+                .ok::<m::ContextInfo>(200, "restarted")
+                .errors(SANDBOX)
+                .errors(&[Code::ContextBusy, Code::SandboxFailure]),
+            restart,
+        )
+        .op(
+            Op::post("/v1/sandboxes/{id}/contexts/{context_id}/run", "runCell", "contexts")
+                .summary("Run a cell: one JSON result, or (stream: true or Accept: application/x-ndjson; SSE with Accept: text/event-stream) stdout/stderr events as they come and a last result (or error) event. One cell at a time per context (409 context_busy)")
+                .json::<m::CellBody>()
+                .ok::<m::CellResult>(200, "the cell's result, or the stream of events")
+                .answer(200, "the cell's result, or the stream of events", "application/x-ndjson", None)
+                .answer(200, "the cell's result, or the stream of events", "text/event-stream", None)
+                .errors(SANDBOX)
+                .errors(&[Code::ContextBusy, Code::SandboxFailure]),
+            run,
+        )
+        .map(|r| r.layer(DefaultBodyLimit::max(limits.max_body_bytes)))
 }
