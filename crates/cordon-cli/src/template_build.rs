@@ -14,7 +14,7 @@ use crate::template::short;
 use clap::Args;
 use cordon_container::{ContainerBackend, ContainerConfig};
 use cordon_core::{
-    ExecRequest, Language, OutputStream, ResolvedTemplate, Sandbox, SandboxSpec, Termination, Tier,
+    ExecRequest, Language, OutputStream, ResolvedTemplate, Sandbox, Termination, Tier,
 };
 use cordon_engine::audit::{Audit, AuditEvent, NewEvent, TemplateBuilt};
 use cordon_host::idpool::IdPool;
@@ -133,6 +133,24 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
             },
         )
     };
+    // The gate every `cordon run` and server create passes: the operator's ceiling (limits,
+    // egress entries), the template, the tier. Its spec is the build's; a refusal ends the
+    // build before anything runs, cached or not, and both are audit rows.
+    let decided = build_gate(store).admit(
+        &cordon_engine::Principal::Operator,
+        &build_request(&a, &base.name, &env, &allow),
+        "template build",
+    );
+    record_decision(data, &decided);
+    let admitted = match decided {
+        Ok(adm) => adm,
+        Err(d) => {
+            audit(None, "refused");
+            eprintln!("cordon: refused ({}): {}", d.rule, d.message);
+            eprintln!("cordon: fix: {}", d.fix);
+            return Ok(REFUSED_EXIT);
+        }
+    };
     if let Some(m) = store.cached_build(&a.name, &inputs_digest)? {
         audit(Some(&m.digest), "cached");
         if a.json {
@@ -169,11 +187,9 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
     // The base's environment, then the build's: steps and sandboxes on the template see it.
     let mut tpl_env = base.env.clone();
     tpl_env.append(&mut env);
-    let mut spec = SandboxSpec::new(Tier::Container);
-    spec.limits.timeout_ms = a.timeout.as_millis() as u64;
-    spec.limits.memory_bytes = a.memory;
-    spec.egress.allow = allow;
-    spec.template = Some(base.name.clone());
+    // The admitted spec, its root swapped for the build's writable working copy of the
+    // same base (the gate resolved the base's read-only root).
+    let mut spec = admitted.spec;
     spec.resolved_template = Some(ResolvedTemplate {
         name: base.name.clone(),
         digest: base.digest.clone(),
@@ -323,15 +339,65 @@ fn debian_base(store: &Store, data: &Path, limits: &ImportLimits) -> Result<Reso
     Ok(store.resolve(&name)?)
 }
 
+/// The exit status of a build the gate refused (as `cordon run`'s refusal).
+pub(crate) const REFUSED_EXIT: i32 = 125;
+
+/// The local operator's gate for a build: the container tier only (a build's root is a
+/// container-tier working copy), the template store, no catalogue, no policy step.
+fn build_gate(store: &Store) -> cordon_engine::Gate {
+    cordon_engine::Gate::new(
+        cordon_engine::GateSettings::default(),
+        cordon_engine::CeilingConfig::default(),
+        std::sync::Arc::new(cordon_engine::Catalogue::empty()),
+        cordon_engine::RulesSource::Shipped,
+        None,
+    )
+    .with_tiers([Tier::Container].into_iter().collect(), Vec::new())
+    .with_templates(store.clone())
+}
+
+/// What a build asks the gate for: its steps' sandbox, as `cordon run --tier container
+/// --template BASE` with the build's limits, environment and egress entries would.
+fn build_request(
+    a: &BuildArgs,
+    base: &str,
+    env: &BTreeMap<String, String>,
+    allow: &[String],
+) -> cordon_engine::SandboxRequest {
+    cordon_engine::SandboxRequest {
+        tier: Some(cordon_policy::TierChoice::Tier(Tier::Container)),
+        limits: cordon_engine::LimitsPatch {
+            timeout_ms: Some(a.timeout.as_millis() as u64),
+            memory_bytes: Some(a.memory),
+            ..Default::default()
+        },
+        env: env.clone(),
+        allow_hosts: allow.to_vec(),
+        template: Some(base.to_string()),
+        workload: cordon_engine::Workload::Program,
+        ..Default::default()
+    }
+}
+
+/// The gate's decision as a `policy` row beside the build's own row.
+fn record_decision(data: &Path, decided: &Result<cordon_engine::Admission, cordon_engine::Denial>) {
+    let (tier, event) = AuditEvent::of_decision(decided);
+    record(data, tier, event);
+}
+
 fn record_audit(data: &Path, row: TemplateBuilt) {
+    record(data, Some(Tier::Container), AuditEvent::TemplateBuild(row));
+}
+
+fn record(data: &Path, tier: Option<Tier>, event: AuditEvent) {
     let path = data.join("audit.db");
     match Audit::open(&path) {
         Ok(a) => {
             if let Err(e) = a.record(&NewEvent {
                 tenant: None,
                 sandbox: None,
-                tier: Some(Tier::Container),
-                event: AuditEvent::TemplateBuild(row),
+                tier,
+                event,
             }) {
                 eprintln!("cordon: warning: the build's audit row was not written: {e}");
             }

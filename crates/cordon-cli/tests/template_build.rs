@@ -307,6 +307,77 @@ fn a_build_step_cannot_reach_a_host_outside_its_allow_list() {
     assert!(!text(&o.stdout).contains("refused"), "{}", text(&o.stdout));
 }
 
+/// A build passes the same gate as `cordon run` and a server's create: a request the gate
+/// refuses (a memory limit below the least a sandbox takes, an egress entry that is no
+/// host pattern) ends with the rule and the fix before any step runs, and every decision
+/// is a `policy` row of the data dir's audit store.
+#[test]
+fn a_build_the_gate_refuses_runs_no_step_and_is_audited() {
+    let test = "a_build_the_gate_refuses_runs_no_step_and_is_audited";
+    let Some(home) = home_with_python_base(test) else {
+        return;
+    };
+    let h = home.path();
+    let marker = h.join("ran");
+    let step = format!("echo x > /dev/null; touch {}", marker.display());
+    for (extra, why) in [
+        (["--memory", "4M"], "memory limit is below 8 MiB"),
+        (["--allow-host", "no host!"], "no host!"),
+    ] {
+        let mut args = vec![
+            "template", "build", "over", "--from", "pybase", "--run", &step,
+        ];
+        args.extend(extra);
+        let o = cordon(h, &args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{extra:?}: {err}");
+        assert!(
+            err.contains("refused (request)") && err.contains(why),
+            "{err}"
+        );
+        assert!(err.contains("cordon: fix: "), "{err}");
+        assert!(!err.contains("[step 1/1]"), "a step ran: {err}");
+    }
+    assert!(!marker.exists());
+    let o = cordon(h, &["template", "ls"]);
+    assert!(!text(&o.stdout).contains("over"), "{}", text(&o.stdout));
+    // Both refusals and one admitted build are `policy` rows of the data dir's store.
+    let o = cordon(
+        h,
+        &[
+            "template", "build", "fine", "--from", "pybase", "--run", "true",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = cordon(
+        h,
+        &[
+            "audit",
+            "--data-dir",
+            h.to_str().unwrap(),
+            "--kind",
+            "policy",
+            "--json",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let rows: Vec<&str> = out.lines().collect();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for why in ["memory limit is below 8 MiB", "no host!"] {
+        let row = rows.iter().find(|r| r.contains(why));
+        assert!(
+            row.is_some_and(|r| r.contains("template build") && r.contains("\"deny\"")),
+            "no refusal row for {why}: {rows:?}"
+        );
+    }
+    assert!(
+        rows.iter()
+            .any(|r| r.contains("template build") && r.contains("allow")),
+        "no admitted row: {rows:?}"
+    );
+}
+
 /// The issue's own example, with the index on loopback: a virtual environment made from the
 /// `debian` base (`python3 -m venv`, whose ensurepip brings pip), a package pip-installed into
 /// it from an index the test serves, the template's PATH naming the venv, then code importing
