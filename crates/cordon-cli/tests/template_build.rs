@@ -53,6 +53,17 @@ fn run_python(home: &Path, tier: &str, template: &str, code: &str) -> Output {
     )
 }
 
+/// `cordon audit --data-dir HOME --kind KIND --json`, which must succeed.
+fn audit_rows(home: &Path, kind: &str) -> Output {
+    let dir = home.to_str().unwrap();
+    let o = cordon(
+        home,
+        &["audit", "--data-dir", dir, "--kind", kind, "--json"],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    o
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -234,18 +245,7 @@ fn build_installs_a_wheel_from_a_loopback_index_and_runs_on_every_native_tier() 
     assert_eq!(text(&o.stdout).trim(), "clean", "{}", text(&o.stderr));
 
     // One audit row per build: built, then cached.
-    let o = cordon(
-        h,
-        &[
-            "audit",
-            "--data-dir",
-            h.to_str().unwrap(),
-            "--kind",
-            "template_build",
-            "--json",
-        ],
-    );
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = audit_rows(h, "template_build");
     let rows: Vec<serde_json::Value> = text(&o.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -349,18 +349,7 @@ fn a_build_the_gate_refuses_runs_no_step_and_is_audited() {
         ],
     );
     assert!(o.status.success(), "{}", text(&o.stderr));
-    let o = cordon(
-        h,
-        &[
-            "audit",
-            "--data-dir",
-            h.to_str().unwrap(),
-            "--kind",
-            "policy",
-            "--json",
-        ],
-    );
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = audit_rows(h, "policy");
     let out = text(&o.stdout);
     let rows: Vec<&str> = out.lines().collect();
     assert_eq!(rows.len(), 3, "{rows:?}");
