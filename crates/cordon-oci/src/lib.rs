@@ -10,6 +10,7 @@
 //! caller sees as the container's process: its exit status is the workload's. The other
 //! commands reach the monitor over a socket in the state directory ([`ctl`]).
 
+pub mod audit;
 pub mod bundle;
 pub mod ctl;
 pub mod monitor;
@@ -41,6 +42,12 @@ pub enum OciError {
     },
     #[error(transparent)]
     Core(#[from] cordon_core::Error),
+    /// A row of the node's audit store could not be written.
+    #[error(transparent)]
+    Audit(#[from] audit::AuditError),
+    /// The node's Cordon config could not be taken.
+    #[error(transparent)]
+    Config(#[from] node::ConfigError),
 }
 
 impl OciError {

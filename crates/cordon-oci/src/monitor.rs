@@ -53,40 +53,6 @@ struct Proc {
     conn: Option<Conn>,
 }
 
-/// Writes a gate decision on container `id` into the node's audit store.
-pub fn record_decision(
-    node: &NodeConfig,
-    id: &str,
-    decided: &std::result::Result<cordon_engine::Admission, cordon_engine::Denial>,
-) -> Result<()> {
-    use cordon_engine::audit::{Audit, AuditEvent, NewEvent};
-    let path = node
-        .audit
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(crate::node::DEFAULT_AUDIT));
-    let fail = |e: String| {
-        OciError::Invalid(format!(
-            "recording the gate's decision in {}: {e}; make its directory writable or name \
-             another with `audit` in the node config",
-            path.display()
-        ))
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
-    }
-    let store = Audit::open(&path).map_err(|e| fail(e.to_string()))?;
-    let (tier, event) = AuditEvent::of_decision(decided);
-    store
-        .record(&NewEvent {
-            tenant: Some(crate::node::TENANT),
-            sandbox: Some(id),
-            tier,
-            event,
-        })
-        .map(drop)
-        .map_err(|e| fail(e.to_string()))
-}
-
 /// Makes the sandbox for the bundle. Errors are the caller's to report (`create` prints
 /// them); nothing is left running.
 pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)> {
@@ -110,7 +76,7 @@ pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)>
         "oci create",
     );
     // Recorded before anything runs; a decision that cannot be recorded stops the container.
-    record_decision(&setup.node, &setup.id, &decided)?;
+    let audit = crate::audit::record_decision(&setup.node, &setup.id, &decided)?;
     let admitted = decided.map_err(|d| OciError::Refused {
         what: format!("{} (rule {})", d.message, d.rule),
         fix: d.fix.clone(),
@@ -145,7 +111,9 @@ pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)>
         sandbox: Some(sandbox.id().as_str().to_string()),
         exit_code: None,
     };
-    // The backend's sandbox owns everything; the backend itself holds nothing more.
+    // The backend's sandbox owns everything; the backend itself holds nothing more. Its
+    // proxy's decisions go to the node's audit store as they are made.
+    let sandbox = crate::audit::Audited::new(Box::new(sandbox), audit, &setup.id);
     Ok((Box::new(sandbox), process, record))
 }
 

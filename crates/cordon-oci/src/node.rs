@@ -22,6 +22,22 @@ pub const DEFAULT_AUDIT: &str = "/var/lib/cordon/oci/audit.db";
 /// The principal every container is admitted as (its ceiling is `[ceiling]`).
 pub const TENANT: &str = "oci";
 
+/// Why the node's config was not taken. Its text names no host path (a container's
+/// creator sees it in the refusal): the node's operator knows which file it is.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "the node's Cordon config does not parse: {0}; fix the file (docs/kubernetes.md lists its keys)"
+    )]
+    Toml(#[from] toml::de::Error),
+    #[error(
+        "the node's Cordon config has a bad [ceiling]: {0}; fix the file (docs/kubernetes.md lists its keys)"
+    )]
+    Ceiling(#[source] cordon_engine::GateError),
+    #[error("the node's grant catalogue: {0}; fix its [[grant]] entries")]
+    Catalogue(#[source] cordon_engine::GateError),
+}
+
 /// The file's contents.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -60,17 +76,15 @@ impl NodeConfig {
                 e,
             )
         })?;
-        Self::parse(&text).map_err(|m| {
-            OciError::Invalid(format!(
-                "the node's Cordon config {}: {m}; fix the file (docs/kubernetes.md lists its keys)",
-                path.display()
-            ))
-        })
+        Ok(Self::parse(&text)?)
     }
 
-    pub fn parse(text: &str) -> std::result::Result<Self, String> {
-        let cfg: NodeConfig = toml::from_str(text).map_err(|e| e.to_string())?;
-        cfg.ceiling_config().validate().map_err(|e| e.to_string())?;
+    /// The config in `text`, every entry checked.
+    pub fn parse(text: &str) -> std::result::Result<Self, ConfigError> {
+        let cfg: NodeConfig = toml::from_str(text)?;
+        cfg.ceiling_config()
+            .validate()
+            .map_err(ConfigError::Ceiling)?;
         Ok(cfg)
     }
 
@@ -88,8 +102,8 @@ impl NodeConfig {
 
     /// The gate a container is admitted by.
     pub fn gate(&self) -> Result<Gate> {
-        let catalogue = cordon_engine::Catalogue::load(&self.grants, None)
-            .map_err(|e| OciError::Invalid(format!("the node's grant catalogue: {e}")))?;
+        let catalogue =
+            cordon_engine::Catalogue::load(&self.grants, None).map_err(ConfigError::Catalogue)?;
         let mut settings = GateSettings::default();
         if let Some(d) = &self.default_limits {
             settings.default_limits = d.apply(&settings.default_limits);
@@ -138,13 +152,13 @@ mod tests {
         let gate = node.gate().unwrap();
         let denied = gate.admit(&who, &cordon_engine::SandboxRequest::default(), "t");
         assert!(denied.is_err());
-        crate::monitor::record_decision(&node, "ctr-1", &denied).unwrap();
+        crate::audit::record_decision(&node, "ctr-1", &denied).unwrap();
         let allowed = NodeConfig::default().gate().unwrap().admit(
             &who,
             &cordon_engine::SandboxRequest::default(),
             "t",
         );
-        crate::monitor::record_decision(&node, "ctr-2", &allowed).unwrap();
+        crate::audit::record_decision(&node, "ctr-2", &allowed).unwrap();
         let store = cordon_engine::audit::Audit::open(&dir.path().join("a/audit.db")).unwrap();
         let rows = store
             .query(None, &cordon_engine::audit::Query::default())
@@ -167,6 +181,24 @@ mod tests {
     fn unknown_keys_are_refused() {
         assert!(NodeConfig::parse("privileged = true\n").is_err());
         assert!(NodeConfig::parse("[ceiling]\nallow_privileged = true\n").is_err());
+    }
+
+    /// A config that does not parse, or whose ceiling is bad, keeps the error that says why
+    /// as its source.
+    #[test]
+    fn config_errors_keep_their_source() {
+        use std::error::Error as _;
+        let e = NodeConfig::parse("[ceiling\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Toml(_)), "{e:?}");
+        assert!(e.source().is_some_and(|s| s.is::<toml::de::Error>()));
+        let e = NodeConfig::parse("[ceiling]\negress = [\"10.0.0.0/33\"]\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Ceiling(_)), "{e:?}");
+        assert!(
+            e.source()
+                .is_some_and(|s| s.is::<cordon_engine::GateError>())
+        );
+        let wrapped = OciError::from(e);
+        assert!(wrapped.source().is_some(), "{wrapped:?}");
     }
 
     #[test]

@@ -58,7 +58,7 @@ fn busybox_tar(dir: &Path) -> PathBuf {
     std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
     for applet in [
         "sh", "echo", "cat", "sleep", "ls", "id", "true", "false", "dd", "kill", "wc", "head",
-        "touch", "mknod", "wget", "grep", "mount", "chroot",
+        "touch", "mknod", "wget", "grep", "mount", "chroot", "env",
     ] {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
     }
@@ -148,6 +148,62 @@ impl Podman {
     fn oci(&self, args: &[&str]) -> Output {
         self.cmd(OCI, args)
     }
+
+    /// `podman --runtime cordon-oci` with the node's Cordon config at `config` (podman
+    /// passes a `--runtime-flag` on to every call of the runtime but its cleanup's).
+    fn oci_under(&self, config: &Path, args: &[&str]) -> Output {
+        let mut all = vec!["--runtime-flag".to_string()];
+        all.push(format!("cordon-config={}", config.display()));
+        all.extend(args.iter().map(|a| a.to_string()));
+        let mut c = Command::new("timeout");
+        c.arg("120")
+            .arg("podman")
+            .args(&self.args)
+            .args(["--runtime", OCI]);
+        let (flags, rest) = all.split_at(2);
+        c.args(flags);
+        let mut rest = rest.iter();
+        if let Some(sub) = rest.next() {
+            c.arg(sub);
+            if sub == "run" || sub == "create" {
+                c.args([
+                    "--ulimit",
+                    "nofile=1024:1024",
+                    "--ulimit",
+                    "nproc=1024:1024",
+                ]);
+            }
+        }
+        c.args(rest);
+        c.output().unwrap()
+    }
+}
+
+/// A node config in `dir` (its audit store there too) with `body` after the audit line.
+fn node_config(dir: &Path, body: &str) -> PathBuf {
+    let path = dir.join("oci.toml");
+    std::fs::write(
+        &path,
+        format!("audit = \"{}\"\n{body}", dir.join("audit.db").display()),
+    )
+    .unwrap();
+    path
+}
+
+/// The rows of the node's audit store a [`node_config`] in `dir` names, oldest first.
+fn audit_rows(dir: &Path) -> Vec<cordon_engine::audit::Event> {
+    let store = cordon_engine::audit::Audit::open(&dir.join("audit.db")).unwrap();
+    let mut rows = store
+        .query(
+            None,
+            &cordon_engine::audit::Query {
+                limit: Some(1000),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    rows.sort_by_key(|r| r.id);
+    rows
 }
 
 #[test]
@@ -913,4 +969,126 @@ fn podman_workload_stays_inside_the_walls() {
         listener.accept().is_err(),
         "the host's loopback was reached"
     );
+}
+
+/// Egress from a container through podman, as `cordon run --allow-host` gives it: with the
+/// `cordon.allow-hosts` annotation naming a loopback upstream the test runs, the workload
+/// reaches it through Cordon's proxy (and only through it); another port, an unlisted
+/// name, the metadata address and a private address get the proxy's 403; each decision is
+/// an `egress` row in the node's audit store. Without the annotation there is no proxy and
+/// no route at all.
+#[test]
+fn podman_egress_reaches_allowed_hosts_through_the_proxy_only() {
+    let Some(p) = podman() else { return };
+    let up = cordon_testkit::egress::Upstream::start();
+    let port = up.port;
+    let dir = tempfile::tempdir().unwrap();
+    let config = node_config(
+        dir.path(),
+        "[ceiling]\negress = [\"*\", \"127.0.0.1/32\"]\n",
+    );
+    let refused = [
+        (
+            "other-port",
+            format!("http://127.0.0.1:{}/", port.wrapping_add(1)),
+        ),
+        ("unlisted", "http://unlisted.example/".to_string()),
+        (
+            "metadata",
+            "http://169.254.169.254/latest/meta-data/".to_string(),
+        ),
+        ("private", "http://10.0.0.1/".to_string()),
+    ];
+    let mut script = format!("wget -q -O- http://127.0.0.1:{port}/allowed; echo; ");
+    for (label, url) in &refused {
+        script.push_str(&format!("echo \"{label} $(wget -q -O- {url} 2>&1)\"; "));
+    }
+    // Past the proxy: the sandbox's own loopback has nothing on the upstream's port.
+    script.push_str(&format!(
+        "env -u http_proxy -u HTTP_PROXY wget -q -T 3 -O- http://127.0.0.1:{port}/direct \
+         2>/dev/null || echo direct-refused"
+    ));
+    let allow = format!("cordon.allow-hosts=127.0.0.1/32:{port}");
+    let out = p.oci_under(
+        &config,
+        &[
+            "run",
+            "--rm",
+            "--annotation",
+            &allow,
+            IMAGE,
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said} {}", text(&out.stderr));
+    assert!(
+        said.starts_with(&format!("{}\n", cordon_testkit::egress::Upstream::BODY)),
+        "{said} {}",
+        text(&out.stderr)
+    );
+    for (label, _) in &refused {
+        let line = said
+            .lines()
+            .find(|l| l.starts_with(&format!("{label} ")))
+            .unwrap_or_default();
+        assert!(line.contains("403"), "{label}: {said}");
+    }
+    assert!(said.contains("direct-refused"), "{said}");
+    let seen = up.requests();
+    assert_eq!(seen.len(), 1, "the upstream saw {seen:?}");
+    assert!(seen[0].starts_with("GET /allowed "), "{seen:?}");
+    // Each decision is a row of the node's audit store, after the gate's.
+    let rows = audit_rows(dir.path());
+    assert_eq!(rows.first().map(|r| r.kind.as_str()), Some("policy"));
+    let egress: Vec<(String, String)> = rows
+        .iter()
+        .filter(|r| r.kind == "egress")
+        .map(|r| {
+            (
+                r.decision.clone().unwrap_or_default(),
+                r.detail["host"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        egress.contains(&("allow".into(), "127.0.0.1".into())),
+        "{egress:?}"
+    );
+    for host in ["unlisted.example", "169.254.169.254", "10.0.0.1"] {
+        assert!(
+            egress.contains(&("deny".into(), host.into())),
+            "{host}: {egress:?}"
+        );
+    }
+    assert!(rows.iter().all(|r| r.sandbox == rows[0].sandbox));
+
+    // No annotation: no proxy variables, no route, nothing reached.
+    let out = p.oci_under(
+        &config,
+        &[
+            "run",
+            "--rm",
+            IMAGE,
+            "sh",
+            "-c",
+            &format!(
+                "env | grep -ci proxy; wc -l < /proc/net/route; \
+                 http_proxy=http://127.0.0.1:3128 wget -q -T 3 -O- http://127.0.0.1:{port}/via-proxy \
+                 2>/dev/null || echo no-proxy; \
+                 wget -q -T 3 -O- http://127.0.0.1:{port}/direct 2>/dev/null || echo no-route"
+            ),
+        ],
+    );
+    let said = text(&out.stdout);
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(
+        lines,
+        ["0", "1", "no-proxy", "no-route"],
+        "{said} {}",
+        text(&out.stderr)
+    );
+    assert_eq!(up.requests().len(), 1, "{:?}", up.requests());
 }

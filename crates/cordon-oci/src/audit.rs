@@ -1,0 +1,292 @@
+//! The node's audit store as `cordon-oci` writes it: the gate's decision on each container
+//! (a `policy` row, with the node allowances it used) and every decision of the container's
+//! egress proxy (an `egress` row each, folded as `cordon serve` folds them, and a
+//! `grant_use` row per request that carried a grant). Read with `cordon audit --data-dir`.
+
+use std::path::{Path, PathBuf};
+
+use cordon_core::{Details, EgressDecision, EgressEvent, EgressFold, ExecOutcome, ExecRequest};
+use cordon_core::{OutputSink, ProcOutput, ProcSignal, Sandbox, SandboxId};
+use cordon_engine::audit::{Audit, AuditEvent, GrantUse, NewEvent, StoreError};
+
+use crate::Result;
+use crate::node::{DEFAULT_AUDIT, NodeConfig, TENANT};
+
+/// At most this many distinct ordinary egress rows per drain: a flood beyond them is one
+/// `truncated` row with a count (exfiltration and grant rows always go in).
+const MAX_EGRESS_ROWS: usize = 200;
+
+/// The node's audit store, open.
+pub struct NodeAudit {
+    store: Audit,
+}
+
+/// Why a row could not be written. A decision that cannot be recorded stops the container.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "recording in the node's audit store: {source}; make its directory writable or name \
+     another with `audit` in the node config"
+)]
+pub struct AuditError {
+    #[source]
+    source: AuditFailure,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditFailure {
+    #[error("{0}")]
+    Dir(#[source] std::io::Error),
+    #[error("{0}")]
+    Store(#[source] StoreError),
+}
+
+impl From<AuditFailure> for AuditError {
+    fn from(source: AuditFailure) -> Self {
+        AuditError { source }
+    }
+}
+
+impl NodeAudit {
+    /// The store the node's config names (default [`DEFAULT_AUDIT`]), made if missing.
+    pub fn open(node: &NodeConfig) -> std::result::Result<Self, AuditError> {
+        let path = node
+            .audit
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_AUDIT));
+        Self::open_at(&path)
+    }
+
+    fn open_at(path: &Path) -> std::result::Result<Self, AuditError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(AuditFailure::Dir)?;
+        }
+        let store = Audit::open(path).map_err(AuditFailure::Store)?;
+        Ok(NodeAudit { store })
+    }
+
+    /// A gate decision on container `id` (its record names the node allowances it used).
+    pub fn decision(
+        &self,
+        id: &str,
+        decided: &std::result::Result<cordon_engine::Admission, cordon_engine::Denial>,
+    ) -> std::result::Result<(), AuditError> {
+        let (tier, event) = AuditEvent::of_decision(decided);
+        self.store
+            .record(&NewEvent {
+                tenant: Some(TENANT),
+                sandbox: Some(id),
+                tier,
+                event,
+            })
+            .map(drop)
+            .map_err(|e| AuditFailure::Store(e).into())
+    }
+
+    /// Egress decisions of container `id`'s proxy, folded, with a `grant_use` row for
+    /// each allowed request that carried a grant.
+    pub fn egress(
+        &self,
+        id: &str,
+        events: Vec<EgressEvent>,
+    ) -> std::result::Result<(), AuditError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let mut fold = EgressFold::new(MAX_EGRESS_ROWS);
+        for ev in events {
+            fold.push(ev);
+        }
+        let tier = Some(cordon_core::Tier::Container);
+        let mut rows = Vec::new();
+        for ev in fold.take() {
+            if let (Some(grants), EgressDecision::Allow) = (&ev.grant, ev.decision) {
+                for name in grants.split(',') {
+                    rows.push(AuditEvent::GrantUse(GrantUse {
+                        grant: name.to_string(),
+                        host: ev.host.clone(),
+                        port: ev.port,
+                        method: ev.method.clone(),
+                        path: ev.path.clone(),
+                        status: ev.status,
+                        count: ev.count,
+                    }));
+                }
+            }
+            rows.push(AuditEvent::Egress(ev));
+        }
+        let rows: Vec<NewEvent> = rows
+            .into_iter()
+            .map(|event| NewEvent {
+                tenant: Some(TENANT),
+                sandbox: Some(id),
+                tier,
+                event,
+            })
+            .collect();
+        self.store
+            .record_all(&rows)
+            .map_err(|e| AuditFailure::Store(e).into())
+    }
+}
+
+/// A container's sandbox whose egress decisions go into the node's audit store as they
+/// are made: drained whenever the monitor reads or signals a process and when the sandbox
+/// is destroyed. Everything else is the sandbox's own.
+pub struct Audited {
+    inner: Box<dyn Sandbox>,
+    audit: NodeAudit,
+    container: String,
+    /// What a drain took from the sandbox's report besides its egress decisions (which are
+    /// in the store, not kept here), for the next caller of [`Sandbox::report`].
+    kept: Details,
+}
+
+impl Audited {
+    pub fn new(inner: Box<dyn Sandbox>, audit: NodeAudit, container: &str) -> Self {
+        Audited {
+            inner,
+            audit,
+            container: container.to_string(),
+            kept: Details::default(),
+        }
+    }
+
+    /// Records the egress decisions made since the last drain. A row that cannot be
+    /// written is reported on the monitor's stderr (the engine's log); the container runs on.
+    fn drain(&mut self) {
+        let mut d = self.inner.report();
+        let events = std::mem::take(&mut d.egress);
+        if let Err(e) = self.audit.egress(&self.container, events) {
+            eprintln!("cordon-oci: container {}: {e}", self.container);
+        }
+        self.kept.merge(d);
+    }
+}
+
+impl Sandbox for Audited {
+    fn id(&self) -> &SandboxId {
+        self.inner.id()
+    }
+
+    fn exec(
+        &mut self,
+        req: &ExecRequest,
+        sink: &mut dyn OutputSink,
+    ) -> cordon_core::Result<ExecOutcome> {
+        let o = self.inner.exec(req, sink);
+        self.drain();
+        o
+    }
+
+    fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> cordon_core::Result<()> {
+        self.inner.put_file(path, data, mode)
+    }
+
+    fn get_file(&mut self, path: &str, max_bytes: u64) -> cordon_core::Result<Vec<u8>> {
+        self.inner.get_file(path, max_bytes)
+    }
+
+    fn file_op(&mut self, op: &cordon_core::FileOp) -> cordon_core::Result<cordon_core::FileReply> {
+        self.inner.file_op(op)
+    }
+
+    fn put_archive(
+        &mut self,
+        dir: &str,
+        tar: &mut dyn std::io::Read,
+    ) -> cordon_core::Result<cordon_core::ArchiveReport> {
+        self.inner.put_archive(dir, tar)
+    }
+
+    fn get_archive(
+        &mut self,
+        dir: &str,
+        max_bytes: u64,
+        out: &mut dyn std::io::Write,
+    ) -> cordon_core::Result<cordon_core::ArchiveReport> {
+        self.inner.get_archive(dir, max_bytes, out)
+    }
+
+    fn start_background(&mut self, req: &ExecRequest) -> cordon_core::Result<u64> {
+        self.inner.start_background(req)
+    }
+
+    fn read_background(
+        &mut self,
+        id: u64,
+        from: [u64; 2],
+        max: u64,
+    ) -> cordon_core::Result<ProcOutput> {
+        let out = self.inner.read_background(id, from, max);
+        self.drain();
+        out
+    }
+
+    fn write_background(&mut self, id: u64, data: &[u8]) -> cordon_core::Result<()> {
+        self.inner.write_background(id, data)
+    }
+
+    fn signal_background(&mut self, id: u64, signal: ProcSignal) -> cordon_core::Result<()> {
+        let r = self.inner.signal_background(id, signal);
+        self.drain();
+        r
+    }
+
+    fn resize_background(
+        &mut self,
+        id: u64,
+        size: cordon_core::PtySize,
+    ) -> cordon_core::Result<()> {
+        self.inner.resize_background(id, size)
+    }
+
+    fn pause(&mut self) -> cordon_core::Result<()> {
+        self.inner.pause()
+    }
+
+    fn pause_to_disk(&mut self) -> cordon_core::Result<u64> {
+        self.inner.pause_to_disk()
+    }
+
+    fn on_disk_bytes(&self) -> Option<u64> {
+        self.inner.on_disk_bytes()
+    }
+
+    fn resume(&mut self) -> cordon_core::Result<()> {
+        self.inner.resume()
+    }
+
+    fn start_us(&self) -> u64 {
+        self.inner.start_us()
+    }
+
+    fn destroy(&mut self) -> cordon_core::Result<()> {
+        // The last decisions first: the proxy goes with the sandbox.
+        self.drain();
+        self.inner.destroy()
+    }
+
+    fn report(&mut self) -> Details {
+        self.drain();
+        std::mem::take(&mut self.kept)
+    }
+
+    fn interrupter(&self) -> Option<cordon_core::Interrupter> {
+        self.inner.interrupter()
+    }
+
+    fn set_owner(&mut self, owner: &str) {
+        self.inner.set_owner(owner)
+    }
+}
+
+/// Opens the node's store and records a gate decision on container `id`.
+pub fn record_decision(
+    node: &NodeConfig,
+    id: &str,
+    decided: &std::result::Result<cordon_engine::Admission, cordon_engine::Denial>,
+) -> Result<NodeAudit> {
+    let audit = NodeAudit::open(node)?;
+    audit.decision(id, decided)?;
+    Ok(audit)
+}
