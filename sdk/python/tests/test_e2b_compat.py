@@ -329,8 +329,21 @@ def test_envd_needs_the_sandboxs_access_token(sbx):
         ci = dict(h, **{"E2b-Sandbox-Port": "49999"})
         status, _ = _call("POST", "/execute", ci, json.dumps({"code": "1"}).encode())
         assert status == 401
-    # The SDK's own token works.
+        # The code interpreter's context routes, where E2B's SDKs send the traffic token.
+        if token:
+            ci = dict(ci, **{"E2B-Traffic-Access-Token": token})
+        for method, path, body in (("POST", "/contexts", b"{}"), ("GET", "/contexts", b""),
+                                   ("POST", "/contexts/ctx-0/restart", b""),
+                                   ("DELETE", "/contexts/ctx-0", b"")):
+            status, answer = _call(method, path, ci, body)
+            assert status == 401, (method, path, status, answer)
+    # The SDK's own tokens work: the create answered both.
+    assert sbx.traffic_access_token and sbx.traffic_access_token != sbx._envd_access_token
     assert sbx.files.list("/home/user") is not None
+    ci = dict(base, **{"E2b-Sandbox-Port": "49999",
+                       "E2B-Traffic-Access-Token": sbx.traffic_access_token})
+    status, answer = _call("GET", "/contexts", ci)
+    assert status == 200, (status, answer)
 
 
 def test_another_tenant_cannot_reach_a_sandbox(sbx):

@@ -173,7 +173,7 @@ fn sandbox_out(t: &Tenant, info: &SandboxInfo, b: &E2bBox) -> SandboxOut {
         client_id: t.0.clone(),
         envd_version: ENVD_VERSION,
         envd_access_token: b.token.clone(),
-        traffic_access_token: None,
+        traffic_access_token: Some(b.traffic.clone()),
         domain: None,
         alias: None,
     }

@@ -24,8 +24,8 @@ use super::connect::{
 };
 use super::wire::*;
 use super::{
-    E2b, E2bBox, ENVD_PORT, ProcRecord, api_error, check_reachable, check_user, connect_error,
-    e2b_error, lock, retry_busy, rfc3339, to_e2b_path, to_sandbox_path,
+    Auth, E2b, E2bBox, ENVD_PORT, ProcRecord, api_error, check_reachable, check_user,
+    connect_error, e2b_error, lock, retry_busy, rfc3339, to_e2b_path, to_sandbox_path,
 };
 use crate::error::{ApiError, Code};
 use crate::model::ExecBody;
@@ -52,7 +52,7 @@ fn unb64(s: &str) -> Result<Vec<u8>, ConnectError> {
 /// E2B's proxy does); without sandbox headers, the listener itself.
 pub(super) async fn health(State(e): State<E2b>, headers: HeaderMap) -> Response {
     if headers.contains_key("e2b-sandbox-id")
-        && let Err(r) = e.sandbox(&headers, ENVD_PORT, false).await
+        && let Err(r) = e.sandbox(&headers, ENVD_PORT, Auth::Liveness).await
     {
         return r;
     }
@@ -70,7 +70,7 @@ pub(super) async fn process(
     req: Request,
 ) -> Response {
     let headers = req.headers().clone();
-    let (id, b) = match e.sandbox(&headers, ENVD_PORT, true).await {
+    let (id, b) = match e.sandbox(&headers, ENVD_PORT, Auth::Envd).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -670,7 +670,7 @@ pub(super) async fn filesystem(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (id, b) = match e.sandbox(&headers, ENVD_PORT, true).await {
+    let (id, b) = match e.sandbox(&headers, ENVD_PORT, Auth::Envd).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -821,7 +821,7 @@ pub(super) async fn get_file(
     headers: HeaderMap,
     Query(q): Query<FilesQuery>,
 ) -> Response {
-    let (id, b) = match e.sandbox(&headers, ENVD_PORT, true).await {
+    let (id, b) = match e.sandbox(&headers, ENVD_PORT, Auth::Envd).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -866,7 +866,7 @@ pub(super) async fn post_files(
     req: Request,
 ) -> Response {
     let headers = req.headers().clone();
-    let (id, b) = match e.sandbox(&headers, ENVD_PORT, true).await {
+    let (id, b) = match e.sandbox(&headers, ENVD_PORT, Auth::Envd).await {
         Ok(x) => x,
         Err(r) => return r,
     };

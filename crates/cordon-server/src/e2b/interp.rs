@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
 
 use super::wire::{ContextCreate, ContextOut, ExecuteRequest, OutputLine, ResultOut};
-use super::{E2b, E2bBox, HOME, INTERP_PORT, api_error, e2b_error, now_ms, rfc3339};
+use super::{Auth, E2b, E2bBox, HOME, INTERP_PORT, api_error, e2b_error, now_ms, rfc3339};
 use crate::model::{CellBody, CellOutput, ContextBody, ContextInfo};
 use crate::service::{CellStatus, Chunk};
 
@@ -99,7 +99,7 @@ async fn default_context(e: &E2b, b: &E2bBox, id: &str, lang: &str) -> Result<St
 /// `POST /execute`: the cell's output as NDJSON lines, its results, its error, its number,
 /// and `end_of_execution`.
 pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
-    let (id, b) = match e.sandbox(&headers, INTERP_PORT, true).await {
+    let (id, b) = match e.sandbox(&headers, INTERP_PORT, Auth::Envd).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -230,7 +230,7 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
 
 /// `POST /contexts`.
 pub(super) async fn create(State(e): State<E2b>, headers: HeaderMap, body: Bytes) -> Response {
-    let (id, b) = match e.sandbox(&headers, INTERP_PORT, false).await {
+    let (id, b) = match e.sandbox(&headers, INTERP_PORT, Auth::Traffic).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -271,7 +271,7 @@ pub(super) async fn create(State(e): State<E2b>, headers: HeaderMap, body: Bytes
 
 /// `GET /contexts`.
 pub(super) async fn list(State(e): State<E2b>, headers: HeaderMap) -> Response {
-    let (id, b) = match e.sandbox(&headers, INTERP_PORT, false).await {
+    let (id, b) = match e.sandbox(&headers, INTERP_PORT, Auth::Traffic).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -287,7 +287,7 @@ pub(super) async fn delete(
     headers: HeaderMap,
     Path(cid): Path<String>,
 ) -> Response {
-    let (id, b) = match e.sandbox(&headers, INTERP_PORT, false).await {
+    let (id, b) = match e.sandbox(&headers, INTERP_PORT, Auth::Traffic).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -307,7 +307,7 @@ pub(super) async fn restart(
     headers: HeaderMap,
     Path(cid): Path<String>,
 ) -> Response {
-    let (id, b) = match e.sandbox(&headers, INTERP_PORT, false).await {
+    let (id, b) = match e.sandbox(&headers, INTERP_PORT, Auth::Traffic).await {
         Ok(x) => x,
         Err(r) => return r,
     };

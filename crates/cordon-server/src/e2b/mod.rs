@@ -61,6 +61,10 @@ pub(crate) struct E2bBox {
     pub tenant: Tenant,
     /// The envd access token the create (or connect) answered.
     pub token: String,
+    /// The traffic access token the create (or connect) answered: the code interpreter's
+    /// context routes need it (E2B's SDKs send it as `E2B-Traffic-Access-Token` there, and
+    /// no envd token).
+    pub traffic: String,
     pub template: String,
     /// The TTL last set, in ms (E2B's timeouts count from the call).
     pub ttl_ms: AtomicI64,
@@ -413,6 +417,7 @@ impl E2b {
         let b = Arc::new(E2bBox {
             tenant: tenant.clone(),
             token: new_token(),
+            traffic: new_token(),
             template: template.to_string(),
             ttl_ms: AtomicI64::new(ttl_ms),
             procs: Mutex::default(),
@@ -439,14 +444,14 @@ impl E2b {
     }
 
     /// The sandbox an envd or code-interpreter call names by its headers, checked: the
-    /// port is the one of the route's daemon, the sandbox runs, and (when `token`) the
-    /// access token is the sandbox's. The refusal is E2B's proxy's (502 for a sandbox it
-    /// cannot reach) or 401.
+    /// port is the one of the route's daemon, the sandbox runs, and the call carries the
+    /// token `auth` names. The refusal is E2B's proxy's (502 for a sandbox it cannot
+    /// reach) or 401.
     pub async fn sandbox(
         &self,
         headers: &HeaderMap,
         port: u16,
-        token: bool,
+        auth: Auth,
     ) -> Result<(String, Arc<E2bBox>), Response> {
         let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
         let Some(id) = h("e2b-sandbox-id") else {
@@ -478,12 +483,25 @@ impl E2b {
         let Some(b) = self.box_of(id) else {
             return Err(not_found());
         };
-        if token {
-            let given = h("x-access-token").unwrap_or("");
-            if !constant_eq(given.as_bytes(), b.token.as_bytes()) {
+        let is = |name: &str, want: &str| {
+            h(name).is_some_and(|given| constant_eq(given.as_bytes(), want.as_bytes()))
+        };
+        match auth {
+            Auth::Liveness => {}
+            Auth::Envd if is("x-access-token", &b.token) => {}
+            Auth::Envd => {
                 return Err(e2b_error(
                     StatusCode::UNAUTHORIZED,
                     "the access token (X-Access-Token) is not this sandbox's; use the envdAccessToken its create or connect answered",
+                ));
+            }
+            Auth::Traffic
+                if is("e2b-traffic-access-token", &b.traffic) || is("x-access-token", &b.token) => {
+            }
+            Auth::Traffic => {
+                return Err(e2b_error(
+                    StatusCode::UNAUTHORIZED,
+                    "the traffic access token (E2B-Traffic-Access-Token) is not this sandbox's; use the trafficAccessToken its create or connect answered",
                 ));
             }
         }
@@ -496,6 +514,18 @@ impl E2b {
             }
         }
     }
+}
+
+/// Which of a sandbox's tokens a call must carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Auth {
+    /// None: the call only learns whether the sandbox runs (`GET /health`).
+    Liveness,
+    /// The envd access token (`X-Access-Token`): envd's calls and `/execute`.
+    Envd,
+    /// The traffic access token (`E2B-Traffic-Access-Token`), or the envd token: the code
+    /// interpreter's context routes, where E2B's SDKs send only the former.
+    Traffic,
 }
 
 /// The user an envd call runs as: `Authorization: Basic base64("<user>:")`, absent for
