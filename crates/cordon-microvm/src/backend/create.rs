@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicI32;
 use std::time::Instant;
 
-use cordon_core::{Error, ExecRequest, Result, Sandbox, SandboxId, SandboxSpec, Tier};
+use cordon_core::{Error, ExecRequest, Result, SandboxId, SandboxSpec, Tier};
 use cordon_host::agent::{AgentConn, CallError, HEADER_ROOM};
 use cordon_host::cgroup::SandboxCgroup;
 
@@ -232,7 +232,7 @@ impl MicrovmBackend {
         // exec. One `true` here takes that off the first real exec, so a sandbox from a
         // warm pool answers at its steady speed; its reaper and namespaces go with it.
         if accel == Accel::Tcg && self.cfg.warm_up {
-            let warm = sb.exec(
+            let warm = sb.run_exec(
                 &ExecRequest::argv(["true"]),
                 &mut |_: cordon_core::OutputStream, _: &[u8]| {},
             );

@@ -30,11 +30,13 @@ impl MicrovmSandbox {
         )
     }
 
+    /// `Sandbox::exec`: a gone sandbox refuses it before anything else.
     pub(super) fn run_exec(
         &mut self,
         req: &ExecRequest,
         sink: &mut dyn OutputSink,
     ) -> Result<ExecOutcome> {
+        self.ctrl()?;
         cordon_host::agent::refuse_foreground_pty(req)?;
         let cordon_host::agent::ExecParts {
             argv,

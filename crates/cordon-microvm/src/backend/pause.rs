@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicI32;
 use std::time::{Duration, Instant};
 
-use cordon_core::{Error, ExecRequest, Result, Sandbox, SandboxId};
+use cordon_core::{Error, ExecRequest, Result, SandboxId};
 use cordon_host::agent::AgentConn;
 use cordon_host::cgroup::SandboxCgroup;
 use serde_json::json;
@@ -269,7 +269,7 @@ impl MicrovmSandbox {
             .map_err(|e| e.to_string())?;
         // The agent answers (and, under TCG, the exec path is translated again).
         let o = self
-            .exec(
+            .run_exec(
                 &ExecRequest::argv(["true"]),
                 &mut |_: cordon_core::OutputStream, _: &[u8]| {},
             )

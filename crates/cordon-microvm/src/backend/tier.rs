@@ -99,7 +99,6 @@ impl Sandbox for MicrovmSandbox {
     }
 
     fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
-        self.ctrl()?;
         self.run_exec(req, sink)
     }
 
