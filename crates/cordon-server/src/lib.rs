@@ -90,7 +90,7 @@ impl Server {
                 })
             }
             None => tokio::spawn(async move {
-                axum::serve(listener, app)
+                axum::serve(NoDelay(listener), app)
                     .with_graceful_shutdown(async move { stop.cancelled().await })
                     .await
             }),
@@ -129,5 +129,27 @@ impl Server {
         if let Some((_, t)) = self.e2b {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(10), t).await;
         }
+    }
+}
+
+/// A listener whose connections send each write at once (`TCP_NODELAY`): a streamed answer
+/// (exec output, SSE, E2B's code interpreter) is many small writes, and with Nagle's
+/// algorithm each waits for the client's delayed ACK of the one before (~40 ms).
+pub(crate) struct NoDelay(pub tokio::net::TcpListener);
+
+impl axum::serve::Listener for NoDelay {
+    type Io = tokio::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (tcp, addr) = axum::serve::Listener::accept(&mut self.0).await;
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%addr, "TCP_NODELAY on an accepted connection: {e}");
+        }
+        (tcp, addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
     }
 }

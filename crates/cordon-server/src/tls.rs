@@ -81,6 +81,10 @@ impl TlsListener {
                         continue;
                     }
                 };
+                // Each write leaves at once (see `no_delay`).
+                if let Err(e) = stream.set_nodelay(true) {
+                    tracing::debug!(%addr, "TCP_NODELAY: {e}");
+                }
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_DEADLINE, acceptor.accept(stream)).await {

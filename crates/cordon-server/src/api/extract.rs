@@ -29,6 +29,14 @@ impl
     }
 }
 
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::NoDelay>>
+    for PeerAddr
+{
+    fn connect_info(s: axum::serve::IncomingStream<'_, crate::NoDelay>) -> Self {
+        PeerAddr(*s.remote_addr())
+    }
+}
+
 impl
     axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::tls::TlsListener>>
     for PeerAddr

@@ -122,7 +122,7 @@ pub async fn serve(
     let app = router(state).into_make_service_with_connect_info::<PeerAddr>();
     let stop = svc.cancelled();
     let task = tokio::spawn(async move {
-        axum::serve(listener, app)
+        axum::serve(crate::NoDelay(listener), app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
     });
