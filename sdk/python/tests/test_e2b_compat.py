@@ -346,6 +346,37 @@ def test_envd_needs_the_sandboxs_access_token(sbx):
     assert status == 200, (status, answer)
 
 
+def test_signed_file_urls(sbx):
+    """download_url/upload_url: a plain HTTP client with no header reads and writes through
+    a signed URL; a signature past its expiry, for the other operation or another path, or
+    tampered with is 401."""
+    import httpx
+    from e2b.sandbox.signature import get_signature
+    path = "/home/user/signed.txt"
+    up = sbx.upload_url(path)
+    assert up.startswith(ORIGIN) and "signature=v1_" in up, up
+    r = httpx.post(up, files={"file": ("signed.txt", b"through a signed URL\n")}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert sbx.files.read(path) == "through a signed URL\n"
+    down = sbx.download_url(path, use_signature_expiration=60)
+    assert "signature_expiration=" in down, down
+    r = httpx.get(down, timeout=30)
+    assert (r.status_code, r.content) == (200, b"through a signed URL\n"), r.text
+    # A read signature does not write; a signature for one path does not read another.
+    assert httpx.post(down, files={"file": ("x", b"no")}, timeout=30).status_code == 401
+    assert sbx.files.read(path) == "through a signed URL\n"
+    other = sbx.download_url("/home/user/other.txt").replace("other.txt", "signed.txt")
+    assert httpx.get(other, timeout=30).status_code == 401
+    tampered = down.replace("signature=v1_", "signature=v1_A")
+    assert httpx.get(tampered, timeout=30).status_code == 401
+    # Expired: a signature made (with the sandbox's own token) for a time already past.
+    sig = get_signature(path, "read", None, sbx._envd_access_token, -10)
+    r = httpx.get(f"{ORIGIN}/files", params={"path": path, "signature": sig["signature"],
+                                            "signature_expiration": sig["expiration"]},
+                  timeout=30)
+    assert r.status_code == 401 and "expired" in r.text, r.text
+
+
 def test_another_tenant_cannot_reach_a_sandbox(sbx):
     """Bob's key (a valid key of another tenant) neither sees nor kills alice's sandbox."""
     from e2b import Sandbox

@@ -821,7 +821,11 @@ pub(super) async fn get_file(
     headers: HeaderMap,
     Query(q): Query<FilesQuery>,
 ) -> Response {
-    let (id, b) = match e.sandbox(&headers, ENVD_PORT, Auth::Envd).await {
+    let who = match q.signature {
+        Some(_) => e.signed(&q, "read").await,
+        None => e.sandbox(&headers, ENVD_PORT, Auth::Envd).await,
+    };
+    let (id, b) = match who {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -866,7 +870,11 @@ pub(super) async fn post_files(
     req: Request,
 ) -> Response {
     let headers = req.headers().clone();
-    let (id, b) = match e.sandbox(&headers, ENVD_PORT, Auth::Envd).await {
+    let who = match q.signature {
+        Some(_) => e.signed(&q, "write").await,
+        None => e.sandbox(&headers, ENVD_PORT, Auth::Envd).await,
+    };
+    let (id, b) = match who {
         Ok(x) => x,
         Err(r) => return r,
     };

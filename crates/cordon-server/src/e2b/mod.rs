@@ -505,6 +505,63 @@ impl E2b {
                 ));
             }
         }
+        self.live(id, b).await
+    }
+
+    /// The sandbox a signed file URL (`download_url`, `upload_url` of E2B's SDKs) was made
+    /// for: the signature is v1, `sha256("path:operation:user:envdAccessToken[:expiry]")`,
+    /// so it names its sandbox by the token it was made with, and the URL needs no header.
+    /// A signature past its expiry, made for the other operation or another path, or with
+    /// no sandbox's token is 401.
+    pub async fn signed(
+        &self,
+        q: &wire::FilesQuery,
+        operation: &str,
+    ) -> Result<(String, Arc<E2bBox>), Response> {
+        let refused = |why: &str| e2b_error(StatusCode::UNAUTHORIZED, why);
+        let given = q.signature.as_deref().unwrap_or("");
+        if let Some(exp) = q.signature_expiration
+            && exp < now_ms() / 1000
+        {
+            return Err(refused(
+                "the signed URL has expired: make a new one (download_url/upload_url)",
+            ));
+        }
+        let boxes: Vec<(String, Arc<E2bBox>)> = lock(&self.boxes)
+            .iter()
+            .map(|(id, b)| (id.clone(), b.clone()))
+            .collect();
+        let found = boxes.into_iter().find(|(_, b)| {
+            let want = file_signature(
+                q.path.as_deref().unwrap_or(""),
+                operation,
+                q.username.as_deref().unwrap_or(""),
+                &b.token,
+                q.signature_expiration,
+            );
+            constant_eq(given.as_bytes(), want.as_bytes())
+        });
+        let Some((id, b)) = found else {
+            return Err(refused(
+                "the signature is not valid for this path and operation of any sandbox: make the URL with the SDK's download_url/upload_url",
+            ));
+        };
+        self.live(&id, b).await
+    }
+
+    /// The sandbox, when the service still runs it (502, as E2B's proxy, when not).
+    async fn live(&self, id: &str, b: Arc<E2bBox>) -> Result<(String, Arc<E2bBox>), Response> {
+        let not_found = || {
+            (
+                StatusCode::BAD_GATEWAY,
+                axum::Json(wire::NotFoundBody {
+                    sandbox_id: id.to_string(),
+                    message: "The sandbox was not found",
+                    code: 502,
+                }),
+            )
+                .into_response()
+        };
         match self.svc.info(&b.tenant, id).await {
             Ok(i) if i.state == "live" => Ok((id.to_string(), b)),
             Ok(_) => Err(not_found()),
@@ -514,6 +571,28 @@ impl E2b {
             }
         }
     }
+}
+
+/// E2B's v1 file-URL signature: `v1_` and the unpadded base64 of
+/// `sha256("path:operation:user:token")`, `:expiry` (Unix seconds) appended when it has one.
+pub(crate) fn file_signature(
+    path: &str,
+    operation: &str,
+    user: &str,
+    token: &str,
+    expiry: Option<i64>,
+) -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let raw = match expiry {
+        Some(x) => format!("{path}:{operation}:{user}:{token}:{x}"),
+        None => format!("{path}:{operation}:{user}:{token}"),
+    };
+    let digest = sha2::Sha256::digest(raw.as_bytes());
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+    )
 }
 
 /// Which of a sandbox's tokens a call must carry.
@@ -580,6 +659,25 @@ fn new_token() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The values E2B's Python SDK (`e2b.sandbox.signature.get_signature`) computes.
+    #[test]
+    fn file_signatures_are_e2bs() {
+        assert_eq!(
+            file_signature("/home/user/a.txt", "read", "", "tok", None),
+            "v1_Zkbb3914oLJLvMBzCAHQhm2ydBLxbSx2eQUR/kLdvIY"
+        );
+        assert_eq!(
+            file_signature(
+                "/home/user/a.txt",
+                "write",
+                "user",
+                "tok",
+                Some(1_700_000_000)
+            ),
+            "v1_x09R0+VxB2mRzkxWcRyFCpiJmFv0okUrtgQ6q12G0jM"
+        );
+    }
 
     #[test]
     fn home_is_the_workspace() {

@@ -339,8 +339,9 @@ pub struct FilesQuery {
     pub username: Option<String>,
     #[serde(default)]
     pub signature: Option<String>,
+    /// Unix seconds after which the signature is refused.
     #[serde(default)]
-    pub signature_expiration: Option<IgnoredAny>,
+    pub signature_expiration: Option<i64>,
 }
 
 // ---- code interpreter --------------------------------------------------------------
