@@ -469,17 +469,7 @@ impl E2b {
                 ),
             ));
         }
-        let not_found = || {
-            (
-                StatusCode::BAD_GATEWAY,
-                axum::Json(wire::NotFoundBody {
-                    sandbox_id: id.to_string(),
-                    message: "The sandbox was not found",
-                    code: 502,
-                }),
-            )
-                .into_response()
-        };
+        let not_found = || sandbox_not_found(id);
         let Some(b) = self.box_of(id) else {
             return Err(not_found());
         };
@@ -551,17 +541,7 @@ impl E2b {
 
     /// The sandbox, when the service still runs it (502, as E2B's proxy, when not).
     async fn live(&self, id: &str, b: Arc<E2bBox>) -> Result<(String, Arc<E2bBox>), Response> {
-        let not_found = || {
-            (
-                StatusCode::BAD_GATEWAY,
-                axum::Json(wire::NotFoundBody {
-                    sandbox_id: id.to_string(),
-                    message: "The sandbox was not found",
-                    code: 502,
-                }),
-            )
-                .into_response()
-        };
+        let not_found = || sandbox_not_found(id);
         match self.svc.info(&b.tenant, id).await {
             Ok(i) if i.state == "live" => Ok((id.to_string(), b)),
             Ok(_) => Err(not_found()),
@@ -571,6 +551,19 @@ impl E2b {
             }
         }
     }
+}
+
+/// E2B's proxy's answer for a sandbox it cannot reach.
+fn sandbox_not_found(id: &str) -> Response {
+    (
+        StatusCode::BAD_GATEWAY,
+        axum::Json(wire::NotFoundBody {
+            sandbox_id: id.to_string(),
+            message: "The sandbox was not found",
+            code: 502,
+        }),
+    )
+        .into_response()
 }
 
 /// E2B's v1 file-URL signature: `v1_` and the unpadded base64 of
