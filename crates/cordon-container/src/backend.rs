@@ -331,6 +331,7 @@ impl ContainerBackend {
             seccomp,
             template_root,
             template_writable: spec.resolved_template.as_ref().is_some_and(|t| t.writable),
+            devices: spec.devices.clone(),
         };
         let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).take();
         let used_early = early.is_some();

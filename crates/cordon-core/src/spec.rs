@@ -414,6 +414,12 @@ pub struct SandboxSpec {
     /// filled in by whoever leased it before the tier runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::VolumeMount>,
+    /// Host device nodes bound into the sandbox's `/dev` at the same path, as names under
+    /// `/dev` (`fuse`, `net/tun`): only what a node's operator allowed by name (cordon-oci's
+    /// `[[allow.device]]`), checked by whoever sets it. Never read from a request; the
+    /// container tier gives them.
+    #[serde(skip)]
+    pub devices: Vec<String>,
 }
 
 /// A template the host resolved for one sandbox: what a tier needs to use it. The lease
@@ -488,6 +494,7 @@ impl SandboxSpec {
             template: None,
             resolved_template: None,
             volumes: Vec::new(),
+            devices: Vec::new(),
         }
     }
 

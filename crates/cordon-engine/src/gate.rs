@@ -92,6 +92,35 @@ pub struct GateRecord {
     /// The tier policy's decision (or refusal), where it ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier_policy: Option<PolicyOutcome>,
+    /// What the node's operator allowed this request by naming it exactly (cordon-oci's
+    /// `[allow]` entries), marked on the decision as `allow_weaker` is.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub node_allowances: Vec<NodeAllowance>,
+}
+
+/// One exact thing a node's operator allowed a container that Cordon refuses by default
+/// (docs/kubernetes.md, "The node's allowances"); recorded with the gate's decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum NodeAllowance {
+    /// A host device node bound at the same path in the sandbox's `/dev`.
+    Device {
+        path: String,
+        /// `c` or `b`.
+        device_type: String,
+        major: i64,
+        minor: i64,
+    },
+    /// A host directory bound at `at` under `/work`, read-only unless `writable`.
+    HostPath {
+        path: String,
+        at: String,
+        writable: bool,
+    },
+    /// A capability the bundle lists, accepted; the program still holds none.
+    Capability { name: String },
+    /// A host namespace the bundle asks for, accepted; the workload runs in its own.
+    HostNamespace { namespace: String },
 }
 
 /// What the tier policy said.
@@ -292,6 +321,7 @@ impl Gate {
             rule: None,
             reason: None,
             tier_policy: None,
+            node_allowances: Vec::new(),
         };
         match self.decide(who, &rules, req, &mut record) {
             Ok((spec, ttl, idle, decision)) => Ok(Admission {

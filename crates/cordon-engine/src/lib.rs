@@ -22,7 +22,8 @@ pub mod tokens;
 pub use catalogue::Catalogue;
 pub use ceiling::{CeilingConfig, GrantEntry, Resolved, TenantRules};
 pub use gate::{
-    Admission, Denial, DenyCode, Gate, GateRecord, GateSettings, RulesSource, workload_of,
+    Admission, Denial, DenyCode, Gate, GateRecord, GateSettings, NodeAllowance, RulesSource,
+    workload_of,
 };
 pub use ledger::{BudgetLimits, Full, Ledger, Reservation, host_memory_budget};
 pub use request::{GrantName, LimitsPatch, Principal, SandboxRequest, VolumeRequest, Workload};

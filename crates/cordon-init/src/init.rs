@@ -63,6 +63,30 @@ pub struct InitSetup {
     /// lets the step write anywhere in it. Never set for a template of the store.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub template_writable: bool,
+    /// Host device nodes the operator allowed by name (cordon-oci's node allowances), as
+    /// names under `/dev` (`fuse`, `net/tun`): each bound from the host's `/dev` at the
+    /// same path, readable and writable as its own mode says.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+}
+
+/// A name under `/dev` for an extra device: plain components only, never one of the
+/// sandbox's own devices or links.
+fn check_device_name(name: &str) -> Result<(), String> {
+    let plain = !name.is_empty()
+        && name
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+    let first = name.split('/').next().unwrap_or_default();
+    let own = DEVICES.contains(&name)
+        || ["fd", "stdin", "stdout", "stderr", "ptmx", "pts", "shm"].contains(&first);
+    if plain && !own {
+        Ok(())
+    } else {
+        Err(format!(
+            "device /dev/{name} cannot be given: not a plain extra device name"
+        ))
+    }
 }
 
 /// What the host tells init once the sandbox's cgroup (and egress proxy) exist; the
@@ -422,6 +446,7 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: UnixStream) -> Res
         Some(landlock_rules::build(
             join.connect_port,
             setup.template_writable,
+            &setup.devices,
         )?)
     } else {
         None
@@ -844,6 +869,14 @@ fn make_tree(at: &Path, setup: &InitSetup) -> Result<(), String> {
     // Pseudo-terminals come from the sandbox's own devpts instance (mounted on dev/pts);
     // ptmx is its multiplexer, never the host's.
     symlink("pts/ptmx", dev.join("ptmx")).map_err(io("linking /dev/ptmx".into()))?;
+    for name in &setup.devices {
+        check_device_name(name)?;
+        let at = dev.join(name);
+        if let Some(parent) = at.parent() {
+            fs::create_dir_all(parent).map_err(io(format!("creating /dev/{name}")))?;
+        }
+        fs::write(&at, b"").map_err(io(format!("creating /dev/{name}")))?;
+    }
     for d in ["dev/shm", "dev/pts", "proc", "tmp", "work", "home"] {
         fs::create_dir(at.join(d)).map_err(io(format!("creating /{d}")))?;
     }
@@ -865,6 +898,20 @@ fn mount_pieces(root: &Path, setup: &InitSetup) -> Result<(), String> {
             None::<&str>,
         )
         .map_err(|e| format!("binding /dev/{d}: {e}"))?;
+    }
+    // The devices the operator allowed by name: the host's nodes themselves (their
+    // mount keeps the host's /dev's flags; the sandbox's ids open them as the node's mode
+    // says).
+    for name in &setup.devices {
+        check_device_name(name)?;
+        mount(
+            Some(&Path::new("/dev").join(name)),
+            &root.join("dev").join(name),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("binding /dev/{name}: {e}"))?;
     }
     // A private devpts instance (always new inside the sandbox's user namespace; said
     // anyway): only the sandbox's own terminals are in it, and anyone may open its ptmx.

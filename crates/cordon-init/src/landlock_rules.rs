@@ -14,7 +14,13 @@ pub const REQUIRED_ABI: ABI = ABI::V4;
 
 /// Builds the ruleset. Call inside the sandbox's root (after pivot_root). `writable_root`:
 /// a template build's step, which may write anywhere in its own root (its working copy).
-pub fn build(connect_port: Option<u16>, writable_root: bool) -> Result<RulesetCreated, String> {
+/// `devices`: extra device nodes under `/dev` (names such as `fuse`), read and written as
+/// the sandbox's own devices are.
+pub fn build(
+    connect_port: Option<u16>,
+    writable_root: bool,
+    devices: &[String],
+) -> Result<RulesetCreated, String> {
     let fs_all = AccessFs::from_all(REQUIRED_ABI);
     let fs_read = AccessFs::from_read(REQUIRED_ABI);
     let rw_file = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
@@ -54,6 +60,11 @@ pub fn build(connect_port: Option<u16>, writable_root: bool) -> Result<RulesetCr
     ] {
         created = created
             .add_rule(PathBeneath::new(path(dev)?, rw_file))
+            .map_err(|e| e.to_string())?;
+    }
+    for name in devices {
+        created = created
+            .add_rule(PathBeneath::new(path(&format!("/dev/{name}"))?, rw_file))
             .map_err(|e| e.to_string())?;
     }
     // The sandbox's own devpts (its terminals, and ptmx for new ones), where it has one.

@@ -4,10 +4,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use cordon_engine::{GrantName, LimitsPatch, SandboxRequest};
+use cordon_engine::{GrantName, LimitsPatch, NodeAllowance, SandboxRequest};
 use oci_spec::runtime::{Capability, LinuxNamespaceType, Process, Spec};
 use serde::{Deserialize, Serialize};
 
+use crate::allow::Granted;
+use crate::node::{Allow, NamespaceKind};
 use crate::{OciError, Result};
 
 /// The annotations Cordon reads (a container's or, through containerd's CRI plugin, its
@@ -140,20 +142,22 @@ const OWN_FILESYSTEMS: [&str; 7] = [
     "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2",
 ];
 
-/// Capabilities whose request means privileged mode: refused even though no capability
-/// reaches the workload, so a bundle that depends on them fails at create, not later.
-const PRIVILEGED_CAPS: [Capability; 4] = [
+/// Capabilities whose request means privileged mode: refused (unless the node's config
+/// names them) even though no capability reaches the workload, so a bundle that depends on
+/// them fails at create, not later.
+pub(crate) const PRIVILEGED_CAPS: [Capability; 4] = [
     Capability::SysAdmin,
     Capability::SysModule,
     Capability::SysRawio,
     Capability::SysPtrace,
 ];
 
-/// Refuses what Cordon does not give a container: privileged mode, a host namespace (a
-/// namespace type left out, or one joined by a path that is the host's), host devices and
-/// host paths. None of them is allowed by any node config: a bundle that needs them runs
-/// on runc, not behind Cordon.
-pub fn check(spec: &Spec) -> Result<()> {
+/// Refuses what Cordon does not give a container unless the node's allowances (`allow`)
+/// name that exact thing: a privileged capability, a host namespace (a namespace type left
+/// out, or one joined by a path that is the host's), a host device, a host path. Privileged
+/// mode is refused whatever the node says. Returns what the allowances gave.
+pub fn check(spec: &Spec, allow: &Allow) -> Result<Granted> {
+    let mut granted = Granted::default();
     let annotations = spec.annotations().clone().unwrap_or_default();
     if annotations
         .get("io.podman.annotations.privileged")
@@ -161,7 +165,7 @@ pub fn check(spec: &Spec) -> Result<()> {
     {
         return Err(refused(
             "it asks for privileged mode",
-            "run it without --privileged; Cordon never runs a container privileged",
+            "run it without --privileged; Cordon never runs a container privileged, whatever the node's config",
         ));
     }
     if let Some(caps) = spec
@@ -177,11 +181,16 @@ pub fn check(spec: &Spec) -> Result<()> {
             caps.ambient(),
         ];
         for set in sets.into_iter().flatten() {
-            if let Some(c) = PRIVILEGED_CAPS.iter().find(|c| set.contains(c)) {
-                return Err(refused(
-                    format!("it asks for privileged mode (capability {c})"),
-                    "drop the capability (and --privileged); under Cordon a workload has no capabilities on the host",
-                ));
+            for c in PRIVILEGED_CAPS.iter().filter(|c| set.contains(c)) {
+                if !allow.capabilities.contains(c) {
+                    return Err(refused(
+                        format!("it asks for privileged mode (capability {c})"),
+                        "drop the capability (and --privileged); under Cordon a workload has no capabilities on the host",
+                    ));
+                }
+                granted.note(NodeAllowance::Capability {
+                    name: format!("CAP_{c}"),
+                });
             }
         }
     }
@@ -192,56 +201,51 @@ pub fn check(spec: &Spec) -> Result<()> {
         ));
     };
     let namespaces = linux.namespaces().clone().unwrap_or_default();
-    for (kind, name) in [
-        (LinuxNamespaceType::Pid, "pid"),
-        (LinuxNamespaceType::Network, "network"),
-        (LinuxNamespaceType::Ipc, "ipc"),
-        (LinuxNamespaceType::Uts, "uts"),
-        (LinuxNamespaceType::Mount, "mount"),
+    for (kind, allowed) in [
+        (LinuxNamespaceType::Pid, NamespaceKind::Pid),
+        (LinuxNamespaceType::Network, NamespaceKind::Network),
+        (LinuxNamespaceType::Ipc, NamespaceKind::Ipc),
+        (LinuxNamespaceType::Uts, NamespaceKind::Uts),
+        (LinuxNamespaceType::Mount, NamespaceKind::Mount),
     ] {
-        match namespaces.iter().find(|n| n.typ() == kind) {
-            None => {
-                return Err(refused(
-                    format!("it asks for the host's {name} namespace"),
-                    format!(
-                        "give the container its own {name} namespace (drop --{name}=host or hostNetwork/hostPID/hostIPC)"
-                    ),
-                ));
-            }
-            Some(ns) => {
-                if let Some(path) = ns.path()
-                    && is_host_namespace(path, name)
-                {
-                    return Err(refused(
-                        format!("it asks to join the host's {name} namespace"),
-                        format!("give the container its own {name} namespace"),
-                    ));
-                }
-            }
+        let name = allowed.name();
+        let asks = match namespaces.iter().find(|n| n.typ() == kind) {
+            None => Some(format!("it asks for the host's {name} namespace")),
+            Some(ns) => ns
+                .path()
+                .as_ref()
+                .filter(|path| is_host_namespace(path, name))
+                .map(|_| format!("it asks to join the host's {name} namespace")),
+        };
+        let Some(what) = asks else { continue };
+        if !allow.namespaces.contains(&allowed) {
+            return Err(refused(
+                what,
+                format!("give the container its own {name} namespace"),
+            ));
         }
+        // Allowed: it runs in its own namespace of that kind all the same.
+        granted.note(NodeAllowance::HostNamespace {
+            namespace: name.to_string(),
+        });
     }
-    if linux.devices().as_ref().is_some_and(|d| !d.is_empty()) {
-        return Err(refused(
-            "it asks for host devices",
-            "remove the devices (--device, --privileged); the sandbox has its own /dev/null, zero, full, random, urandom and tty",
-        ));
+    for d in linux.devices().iter().flatten() {
+        crate::allow::device(d, &allow.devices, &mut granted)?;
     }
     for m in spec.mounts().iter().flatten() {
         let dest = m.destination().to_string_lossy();
         let dest = dest.trim_end_matches('/');
+        let options = m.options().clone().unwrap_or_default();
         let bind = m.typ().as_deref() == Some("bind")
-            || m.options()
-                .iter()
-                .flatten()
-                .any(|o| o == "bind" || o == "rbind");
+            || options.iter().any(|o| o == "bind" || o == "rbind");
         if ENGINE_MOUNTS.contains(&dest) {
             continue;
         }
         if bind {
-            return Err(refused(
-                format!("it asks for a host path at {dest}"),
-                "remove the volume or bind mount; files enter a Cordon sandbox through its API, never as host mounts",
-            ));
+            let source = m.source().clone().unwrap_or_default();
+            let read_only = options.iter().any(|o| o == "ro");
+            crate::allow::host_path(&source, dest, read_only, &allow.host_paths, &mut granted)?;
+            continue;
         }
         let typ = m.typ().as_deref().unwrap_or("");
         if !OWN_FILESYSTEMS.contains(&typ) {
@@ -251,7 +255,7 @@ pub fn check(spec: &Spec) -> Result<()> {
             ));
         }
     }
-    Ok(())
+    Ok(granted)
 }
 
 /// Whether the namespace at `path` is the host's: the one this runtime runs in (the node's,
@@ -436,7 +440,11 @@ mod tests {
     }
 
     fn refusal(s: &Spec) -> String {
-        match check(s) {
+        refusal_under(s, &Allow::default())
+    }
+
+    fn refusal_under(s: &Spec, allow: &Allow) -> String {
+        match check(s, allow) {
             Err(OciError::Refused { what, .. }) => what,
             other => panic!("not refused: {other:?}"),
         }
@@ -444,7 +452,7 @@ mod tests {
 
     #[test]
     fn a_plain_bundle_passes() {
-        check(&spec(serde_json::json!({}))).unwrap();
+        check(&spec(serde_json::json!({})), &Allow::default()).unwrap();
     }
 
     #[test]
@@ -471,7 +479,7 @@ mod tests {
         let s = spec(serde_json::json!({"linux": {"devices": [
             {"path": "/dev/sda", "type": "b", "major": 8, "minor": 0}
         ]}}));
-        assert!(refusal(&s).contains("devices"));
+        assert!(refusal(&s).contains("host device"));
         let s = spec(serde_json::json!({"mounts": [
             {"destination": "/data", "type": "bind", "source": "/", "options": ["rbind"]}
         ]}));
@@ -481,7 +489,170 @@ mod tests {
             {"destination": "/etc/hosts", "type": "bind", "source": "/x/hosts", "options": ["bind"]},
             {"destination": "/proc", "type": "proc", "source": "proc"}
         ]}));
-        check(&s).unwrap();
+        check(&s, &Allow::default()).unwrap();
+    }
+
+    /// Each allowance admits exactly what it names: the refused request passes once the
+    /// node names it, and a near miss (another capability, namespace, device, number, path,
+    /// place, a writable bind of a read-only entry, a `..` or a symbolic link) stays refused.
+    #[test]
+    fn node_allowances_admit_exactly_what_they_name() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::os::unix::fs::symlink(&data, dir.path().join("link")).unwrap();
+        // A device every Linux host has, by its real numbers here.
+        let null = std::fs::metadata("/dev/kmsg").unwrap().rdev();
+        let (major, minor) = (
+            nix::sys::stat::major(null) as i64,
+            nix::sys::stat::minor(null) as i64,
+        );
+        let allow = crate::node::NodeConfig::parse(&format!(
+            "[allow]\ncapabilities = [\"SYS_PTRACE\"]\nnamespaces = [\"uts\"]\n\
+             [[allow.device]]\npath = \"/dev/kmsg\"\ntype = \"c\"\nmajor = {major}\nminor = {minor}\n\
+             [[allow.device]]\npath = \"/dev/mem\"\ntype = \"c\"\nmajor = {major}\nminor = {}\n\
+             [[allow.host_path]]\npath = \"{d}\"\nat = \"/work/data\"\n\
+             [[allow.host_path]]\npath = \"{l}\"\nat = \"/work/link\"\n",
+            minor + 100,
+            d = data.display(),
+            l = dir.path().join("link").display(),
+        ))
+        .unwrap()
+        .allow;
+        let caps =
+            |c: &str| spec(serde_json::json!({"process": {"capabilities": {"bounding": [c]}}}));
+        assert!(refusal(&caps("CAP_SYS_PTRACE")).contains("SYS_PTRACE"));
+        let g = check(&caps("CAP_SYS_PTRACE"), &allow).unwrap();
+        assert_eq!(
+            g.record,
+            vec![NodeAllowance::Capability {
+                name: "CAP_SYS_PTRACE".into()
+            }]
+        );
+        assert!(refusal_under(&caps("CAP_SYS_ADMIN"), &allow).contains("SYS_ADMIN"));
+        let without = |kind: &str| {
+            let all = ["pid", "network", "ipc", "uts", "mount"];
+            let ns: Vec<_> = all
+                .iter()
+                .filter(|k| **k != kind)
+                .map(|k| serde_json::json!({"type": k}))
+                .collect();
+            spec(serde_json::json!({"linux": {"namespaces": ns}}))
+        };
+        assert!(refusal(&without("uts")).contains("host's uts"));
+        let g = check(&without("uts"), &allow).unwrap();
+        assert_eq!(
+            g.record,
+            vec![NodeAllowance::HostNamespace {
+                namespace: "uts".into()
+            }]
+        );
+        assert!(refusal_under(&without("network"), &allow).contains("host's network"));
+        let device = |path: &str, minor: i64| {
+            spec(serde_json::json!({"linux": {
+                "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+                               {"type": "uts"}, {"type": "mount"}],
+                "devices": [{"path": path, "type": "c", "major": major, "minor": minor}]
+            }}))
+        };
+        let g = check(&device("/dev/kmsg", minor), &allow).unwrap();
+        assert_eq!(g.devices, vec!["kmsg".to_string()]);
+        // Another device, other numbers, and an entry the host's node does not match.
+        assert!(refusal_under(&device("/dev/full", minor), &allow).contains("/dev/full"));
+        assert!(refusal_under(&device("/dev/kmsg", minor + 1), &allow).contains("/dev/kmsg"));
+        assert!(
+            refusal_under(&device("/dev/mem", minor + 100), &allow)
+                .contains("not that device on this node")
+        );
+        let bind = |source: &str, dest: &str, ro: bool| {
+            let mut options = vec!["rbind"];
+            if ro {
+                options.push("ro");
+            }
+            spec(serde_json::json!({"mounts": [
+                {"destination": dest, "type": "bind", "source": source, "options": options}
+            ]}))
+        };
+        let d = data.display().to_string();
+        assert!(refusal(&bind(&d, "/work/data", true)).contains("host path at /work/data"));
+        let g = check(&bind(&d, "/work/data", true), &allow).unwrap();
+        assert_eq!(g.host_paths.len(), 1);
+        assert_eq!(
+            g.record,
+            vec![NodeAllowance::HostPath {
+                path: d.clone(),
+                at: "/work/data".into(),
+                writable: false
+            }]
+        );
+        for (source, dest, ro, says) in [
+            (d.clone(), "/work/other", true, "host path at /work/other"),
+            (
+                d.clone(),
+                "/work/data",
+                false,
+                "the node allows it read-only",
+            ),
+            (
+                format!("{d}/../data"),
+                "/work/data",
+                true,
+                "not a plain absolute path",
+            ),
+            (
+                dir.path().join("link").display().to_string(),
+                "/work/link",
+                true,
+                "symbolic link",
+            ),
+        ] {
+            let r = refusal_under(&bind(&source, dest, ro), &allow);
+            assert!(r.contains(says), "{source} at {dest}: {r}");
+        }
+    }
+
+    /// What no node config can allow is refused when the config is read, with the reason.
+    #[test]
+    fn what_cannot_be_made_safe_cannot_be_allowed() {
+        for (body, says) in [
+            ("[allow]\nnamespaces = [\"pid\"]\n", "hostPID"),
+            ("[allow]\nnamespaces = [\"mount\"]\n", "host's mounts"),
+            (
+                "[allow]\ncapabilities = [\"SYS_MODULE\"]\n",
+                "host's kernel",
+            ),
+            (
+                "[allow]\ncapabilities = [\"NET_ADMIN\"]\n",
+                "without an entry",
+            ),
+            (
+                "[[allow.device]]\npath = \"/etc/passwd\"\ntype = \"c\"\nmajor = 1\nminor = 3\n",
+                "under /dev",
+            ),
+            (
+                "[[allow.device]]\npath = \"/dev/x\"\ntype = \"p\"\nmajor = 1\nminor = 3\n",
+                "type is c",
+            ),
+            (
+                "[[allow.device]]\npath = \"/dev/pts/0\"\ntype = \"c\"\nmajor = 136\nminor = 0\n",
+                "has its own",
+            ),
+            (
+                "[[allow.host_path]]\npath = \"/srv/../etc\"\nat = \"/work/x\"\n",
+                "plain absolute path",
+            ),
+            (
+                "[[allow.host_path]]\npath = \"/srv/x\"\nat = \"/etc\"\n",
+                "under /work",
+            ),
+            ("[allow]\nprivileged = true\n", "unknown field"),
+        ] {
+            let e = crate::node::NodeConfig::parse(body)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{body}: {e}");
+        }
     }
 
     #[test]

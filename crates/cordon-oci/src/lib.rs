@@ -10,6 +10,7 @@
 //! caller sees as the container's process: its exit status is the workload's. The other
 //! commands reach the monitor over a socket in the state directory ([`ctl`]).
 
+pub mod allow;
 pub mod audit;
 pub mod bundle;
 pub mod ctl;

@@ -57,7 +57,7 @@ struct Proc {
 /// them); nothing is left running.
 pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)> {
     let spec = bundle::load(&setup.bundle)?;
-    bundle::check(&spec)?;
+    let granted = bundle::check(&spec, &setup.node.allow)?;
     let process = ProcessSpec::from_oci(spec.process().as_ref().ok_or_else(|| {
         OciError::Invalid("the bundle's config.json has no process; name the program to run".into())
     })?)?;
@@ -70,11 +70,16 @@ pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)>
     let rootfs = bundle::rootfs(&spec, &setup.bundle)?;
     let req = bundle::request(&spec)?;
     let gate = setup.node.gate()?;
-    let decided = gate.admit(
+    let mut decided = gate.admit(
         &Principal::Tenant(crate::node::TENANT.into()),
         &req,
         "oci create",
     );
+    // The node's allowances the bundle uses, marked on the decision.
+    match &mut decided {
+        Ok(a) => a.record.node_allowances = granted.record.clone(),
+        Err(d) => d.record.node_allowances = granted.record.clone(),
+    }
     // Recorded before anything runs; a decision that cannot be recorded stops the container.
     let audit = crate::audit::record_decision(&setup.node, &setup.id, &decided)?;
     let admitted = decided.map_err(|d| OciError::Refused {
@@ -83,6 +88,8 @@ pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)>
     })?;
     let mut sandbox_spec = admitted.spec;
     let mount_at = bind_rootfs(&rootfs)?;
+    sandbox_spec.volumes = crate::allow::bind_host_paths(granted.host_paths, Path::new(ROOTS_AT))?;
+    sandbox_spec.devices = granted.devices;
     sandbox_spec.resolved_template = Some(cordon_core::ResolvedTemplate {
         name: format!("oci:{}", setup.id),
         digest: String::new(),

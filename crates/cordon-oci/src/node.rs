@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cordon_engine::{CeilingConfig, Gate, GateSettings, RulesSource, TenantRules};
+use oci_spec::runtime::{Capability, LinuxDeviceType};
 use serde::Deserialize;
 
 use crate::{OciError, Result};
@@ -26,6 +27,8 @@ pub const TENANT: &str = "oci";
 /// creator sees it in the refusal): the node's operator knows which file it is.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error("the node's Cordon config cannot allow {entry}: {why}")]
+    Allow { entry: String, why: String },
     #[error(
         "the node's Cordon config does not parse: {0}; fix the file (docs/kubernetes.md lists its keys)"
     )]
@@ -56,6 +59,200 @@ pub struct NodeConfig {
     pub max_limits: Option<cordon_engine::LimitsPatch>,
     /// The node's audit store (default [`DEFAULT_AUDIT`]).
     pub audit: Option<PathBuf>,
+    /// What a container may ask for that Cordon refuses by default, each entry one exact
+    /// thing.
+    pub allow: Allow,
+}
+
+/// The node's allowances (`[allow]`): each entry names one exact thing a bundle may ask for
+/// that cordon-oci otherwise refuses. Privileged mode, the host's PID and mount namespaces
+/// and the capabilities that act on the host's kernel are never allowed (see
+/// docs/kubernetes.md). Every allowance a container uses is marked on the gate's decision
+/// in the node's audit store.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Allow {
+    /// Privileged capabilities (`SYS_ADMIN`, `SYS_PTRACE`) a bundle may list without being
+    /// refused. The program still holds no capability: Cordon never gives one, on the host
+    /// or in the workload's own user namespace.
+    pub capabilities: Vec<Capability>,
+    /// Host namespaces (`uts`, `ipc`, `network`) a bundle may ask for (podman's `--uts
+    /// host`, a pod's `hostNetwork`) without being refused: the workload runs in its own
+    /// namespace of that kind all the same, never the host's.
+    pub namespaces: Vec<NamespaceKind>,
+    /// Host devices, each by its path, type and numbers.
+    #[serde(rename = "device")]
+    pub devices: Vec<DeviceAllow>,
+    /// Host directories, each bound at one place under `/work`.
+    #[serde(rename = "host_path")]
+    pub host_paths: Vec<HostPathAllow>,
+}
+
+/// A namespace kind a bundle may ask to share with the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NamespaceKind {
+    Uts,
+    Ipc,
+    Network,
+    Pid,
+    Mount,
+}
+
+impl NamespaceKind {
+    /// Its name in OCI's `linux.namespaces`.
+    pub fn name(self) -> &'static str {
+        match self {
+            NamespaceKind::Uts => "uts",
+            NamespaceKind::Ipc => "ipc",
+            NamespaceKind::Network => "network",
+            NamespaceKind::Pid => "pid",
+            NamespaceKind::Mount => "mount",
+        }
+    }
+}
+
+/// A host device a container may have: the node at `path` on the host, of `type` (`c` or
+/// `b`) and numbers `major`:`minor`, bound at the same path in the sandbox's `/dev`. A
+/// bundle's device entry must match all four, and so must the host's node when the
+/// container is created.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceAllow {
+    pub path: PathBuf,
+    #[serde(rename = "type")]
+    pub typ: LinuxDeviceType,
+    pub major: i64,
+    pub minor: i64,
+}
+
+/// A host directory a container may have bound: the directory `path` on the host (no
+/// symbolic link anywhere in it), at `at` under `/work` in the sandbox, read-only unless
+/// `writable`. A bundle's bind mount must name both exactly (and ask read-only unless the
+/// entry is writable).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostPathAllow {
+    pub path: PathBuf,
+    pub at: String,
+    #[serde(default)]
+    pub writable: bool,
+}
+
+/// Capabilities that act on the host's kernel or hardware whatever namespace holds them:
+/// no node config allows them.
+const HOST_CAPS: [Capability; 4] = [
+    Capability::SysModule,
+    Capability::SysRawio,
+    Capability::SysBoot,
+    Capability::SysTime,
+];
+
+/// What the sandbox's `/dev` has of its own: no allowance names them.
+const SANDBOX_DEV: [&str; 13] = [
+    "null", "zero", "full", "random", "urandom", "tty", "fd", "stdin", "stdout", "stderr", "ptmx",
+    "pts", "shm",
+];
+
+/// Whether `p` is absolute with plain components only (no `.`, `..`, empty or trailing
+/// ones): the form every path of an allowance and of a bundle's request must have.
+pub fn plain_absolute(p: &Path) -> bool {
+    use std::path::Component;
+    let text = p.to_string_lossy();
+    p.is_absolute()
+        && text.len() > 1
+        && !text.contains("//")
+        && !text.ends_with('/')
+        && p.components()
+            .skip(1)
+            .all(|c| matches!(c, Component::Normal(_)))
+}
+
+impl Allow {
+    fn validate(&self) -> std::result::Result<(), ConfigError> {
+        let bad = |entry: String, why: &str| {
+            Err(ConfigError::Allow {
+                entry,
+                why: why.to_string(),
+            })
+        };
+        for c in &self.capabilities {
+            if HOST_CAPS.contains(c) {
+                return bad(
+                    format!("capability {c}"),
+                    "it acts on the host's kernel or hardware whatever namespace holds it; \
+                     a container that needs it runs on runc, not behind Cordon",
+                );
+            }
+            if !crate::bundle::PRIVILEGED_CAPS.contains(c) {
+                return bad(
+                    format!("capability {c}"),
+                    "cordon-oci refuses only SYS_ADMIN and SYS_PTRACE among the capabilities \
+                     a node may allow; any other is accepted without an entry (and not given)",
+                );
+            }
+        }
+        for n in &self.namespaces {
+            let why = match n {
+                NamespaceKind::Pid => {
+                    "the host's processes would be visible to the workload and signalled by \
+                     it; a pod with hostPID runs on runc, not behind Cordon"
+                }
+                NamespaceKind::Mount => {
+                    "the host's mounts would be the workload's; a container that needs them \
+                     runs on runc, not behind Cordon"
+                }
+                _ => continue,
+            };
+            return bad(format!("namespace {}", n.name()), why);
+        }
+        for d in &self.devices {
+            let entry = format!("device {}", d.path.display());
+            if !plain_absolute(&d.path)
+                || !d.path.starts_with("/dev")
+                || d.path == Path::new("/dev")
+            {
+                return bad(
+                    entry,
+                    "name the device by its plain absolute path under /dev",
+                );
+            }
+            let name = d.path.strip_prefix("/dev").unwrap_or(&d.path);
+            let first = name.iter().next().and_then(|c| c.to_str()).unwrap_or("");
+            if SANDBOX_DEV.contains(&first) {
+                return bad(
+                    entry,
+                    "the sandbox has its own (null, zero, full, random, urandom, tty, its \
+                     terminals and shared memory); name another device",
+                );
+            }
+            if !matches!(d.typ, LinuxDeviceType::C | LinuxDeviceType::B) {
+                return bad(entry, "its type is c (character) or b (block)");
+            }
+            if d.major < 0 || d.minor < 0 {
+                return bad(entry, "its major and minor numbers are not negative");
+            }
+        }
+        if self.host_paths.len() > cordon_core::MAX_MOUNTS {
+            return bad(
+                "host_path".into(),
+                "at most 8 host paths (a sandbox's mounts under /work)",
+            );
+        }
+        for h in &self.host_paths {
+            let entry = format!("host_path {}", h.path.display());
+            if !plain_absolute(&h.path) {
+                return bad(
+                    entry,
+                    "name the directory by its plain absolute path (no '.', '..' or trailing '/')",
+                );
+            }
+            if let Err(e) = cordon_core::validate_volume_path(&h.at) {
+                return bad(entry, &format!("its `at`: {e}"));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl NodeConfig {
@@ -85,6 +282,7 @@ impl NodeConfig {
         cfg.ceiling_config()
             .validate()
             .map_err(ConfigError::Ceiling)?;
+        cfg.allow.validate()?;
         Ok(cfg)
     }
 
@@ -139,6 +337,11 @@ mod tests {
         let cfg = NodeConfig::parse(body).unwrap();
         assert_eq!(cfg.grants.len(), 1);
         cfg.gate().unwrap();
+        let start = doc.find("```toml\n[allow]").expect("the allowances") + "```toml\n".len();
+        let body = &doc[start..];
+        let body = &body[..body.find("```").expect("its end")];
+        let allow = NodeConfig::parse(body).unwrap().allow;
+        assert_eq!((allow.devices.len(), allow.host_paths.len()), (1, 1));
     }
 
     #[test]

@@ -324,7 +324,7 @@ fn podman_privileged_host_namespaces_and_host_paths_are_refused() {
         (&["--network", "host"][..], "host's network namespace"),
         (&["--pid", "host"][..], "host's pid namespace"),
         (&["-v", "/etc:/hostetc"][..], "host path at /hostetc"),
-        (&["--device", "/dev/zero"][..], "host devices"),
+        (&["--device", "/dev/zero"][..], "a host device"),
     ] {
         let mut args = vec!["run", "--rm"];
         args.extend_from_slice(flags);
@@ -1091,4 +1091,192 @@ fn podman_egress_reaches_allowed_hosts_through_the_proxy_only() {
         text(&out.stderr)
     );
     assert_eq!(up.requests().len(), 1, "{:?}", up.requests());
+}
+
+/// A device node the test makes in the host's `/dev` (the null device's numbers, open to
+/// all), removed when dropped.
+struct TestDevice(PathBuf);
+
+impl TestDevice {
+    fn make() -> TestDevice {
+        use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+        let path = PathBuf::from(format!("/dev/cordon-test-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        mknod(
+            &path,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            makedev(1, 3),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .unwrap();
+        TestDevice(path)
+    }
+}
+
+impl Drop for TestDevice {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The node's allowances through podman: each refused request passes once the node's
+/// config names that exact thing, and gets it (a host directory read-only or writable
+/// under /work, a host device in /dev; a capability or a host namespace accepted while the
+/// workload still has none and its own); each near miss stays refused; every allowance
+/// used is marked on the gate's decision in the node's audit store.
+#[test]
+fn podman_node_allowances_admit_exactly_what_they_name() {
+    let Some(p) = podman() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ro = d.join("models");
+    let rw = d.join("out");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::create_dir(&rw).unwrap();
+    std::fs::write(ro.join("weights.txt"), "host-data\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&rw, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::os::unix::fs::symlink(&ro, d.join("link")).unwrap();
+    std::fs::create_dir(d.join("secret")).unwrap();
+    let dev = TestDevice::make();
+    let devname = dev.0.display().to_string();
+    let body = format!(
+        "[allow]\ncapabilities = [\"SYS_PTRACE\"]\nnamespaces = [\"uts\"]\n\
+         [[allow.device]]\npath = \"{devname}\"\ntype = \"c\"\nmajor = 1\nminor = 3\n\
+         [[allow.host_path]]\npath = \"{ro}\"\nat = \"/work/models\"\n\
+         [[allow.host_path]]\npath = \"{rw}\"\nat = \"/work/out\"\nwritable = true\n\
+         [[allow.host_path]]\npath = \"{link}\"\nat = \"/work/link\"\n",
+        ro = ro.display(),
+        rw = rw.display(),
+        link = d.join("link").display(),
+    );
+    let empty = tempfile::tempdir().unwrap();
+    let bare = node_config(empty.path(), "");
+    let config = node_config(d, &body);
+    let vol = |host: &Path, at: &str, mode: &str| format!("{}:{at}{mode}", host.display());
+    let models = vol(&ro, "/work/models", ":ro");
+    let out = vol(&rw, "/work/out", "");
+    let device = devname.clone();
+    let run = |cfg: &Path, flags: &[&str], script: &str| {
+        let mut args = vec!["run", "--rm"];
+        args.extend_from_slice(flags);
+        args.extend([IMAGE, "sh", "-c", script]);
+        p.oci_under(cfg, &args)
+    };
+    // Refused on a node that names nothing; admitted, and given, on one that names it.
+    let asks: [(&[&str], &str); 5] = [
+        (&["-v", &models], "a host path at /work/models"),
+        (&["-v", &out], "a host path at /work/out"),
+        (&["--device", &device], "a host device"),
+        (&["--cap-add", "SYS_PTRACE"], "SYS_PTRACE"),
+        (&["--uts", "host"], "host's uts namespace"),
+    ];
+    for (flags, says) in asks {
+        let o = run(&bare, flags, "echo ran");
+        let err = text(&o.stderr);
+        assert!(
+            !o.status.success() && !text(&o.stdout).contains("ran"),
+            "{flags:?} ran"
+        );
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+    let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let o = run(
+        &config,
+        &[
+            "-v",
+            &models,
+            "-v",
+            &out,
+            "--device",
+            &device,
+            "--cap-add",
+            "SYS_PTRACE",
+            "--uts",
+            "host",
+        ],
+        &format!(
+            "cat /work/models/weights.txt; \
+             touch /work/models/x 2>/dev/null && echo RO-WRITTEN; \
+             echo from-the-workload > /work/out/result.txt && echo rw-written; \
+             echo hi > {devname} && cat {devname} && echo device-used; \
+             grep CapEff /proc/self/status; cat /proc/sys/kernel/hostname"
+        ),
+    );
+    let said = text(&o.stdout);
+    assert!(o.status.success(), "{said} {}", text(&o.stderr));
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines[0], "host-data", "{said}");
+    assert!(!said.contains("RO-WRITTEN"), "{said}");
+    assert!(
+        said.contains("rw-written\n") && said.contains("device-used\n"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(rw.join("result.txt")).unwrap(),
+        "from-the-workload\n"
+    );
+    // The capability and the host's UTS namespace were accepted, not given.
+    assert!(said.contains("CapEff:\t0000000000000000"), "{said}");
+    assert_ne!(lines.last().copied(), Some(host_name.trim()), "{said}");
+    // Near misses stay refused: another device, capability, namespace, directory, place,
+    // a writable bind of a read-only entry, a `..` path, a symbolic link.
+    let dotdot = format!("{}/../secret:/work/models:ro", ro.display());
+    let link = vol(&d.join("link"), "/work/link", ":ro");
+    let other_place = vol(&ro, "/work/elsewhere", ":ro");
+    let writable = vol(&ro, "/work/models", "");
+    let secret = vol(&d.join("secret"), "/work/models", ":ro");
+    let near: [(&[&str], &str); 8] = [
+        (&["--device", "/dev/zero"], "a host device"),
+        (&["--cap-add", "SYS_ADMIN"], "SYS_ADMIN"),
+        (&["--network", "host"], "host's network namespace"),
+        (&["-v", &other_place], "host path at /work/elsewhere"),
+        (&["-v", &writable], "read-only"),
+        (&["-v", &dotdot], "host path at /work/models"),
+        (&["-v", &secret], "host path at /work/models"),
+        (&["-v", &link], "host path at /work/link"),
+    ];
+    for (flags, says) in near {
+        let o = run(&config, flags, "echo ran");
+        let err = text(&o.stderr);
+        assert!(
+            !o.status.success() && !text(&o.stdout).contains("ran"),
+            "{flags:?} ran"
+        );
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+    // The allowances used are marked on the admitted container's decision.
+    let rows = audit_rows(d);
+    let marked: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r.kind == "policy" && r.decision.as_deref() == Some("allow"))
+        .filter_map(|r| r.detail["node_allowances"].as_array())
+        .flatten()
+        .collect();
+    let kinds: Vec<&str> = marked.iter().filter_map(|a| a["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "capability",
+            "host_namespace",
+            "device",
+            "host_path",
+            "host_path"
+        ],
+        "{marked:?}"
+    );
+    assert!(
+        marked.iter().any(|a| a["kind"] == "host_path"
+            && a["path"] == ro.display().to_string()
+            && a["writable"] == false),
+        "{marked:?}"
+    );
+    assert!(
+        marked
+            .iter()
+            .any(|a| a["kind"] == "device" && a["path"] == devname.as_str()),
+        "{marked:?}"
+    );
 }

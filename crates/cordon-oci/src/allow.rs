@@ -1,0 +1,219 @@
+//! What a container gets through the node's allowances ([`crate::node::Allow`]): the host
+//! devices and host directories its bundle asked for and the node named exactly, checked
+//! against the host as the container is created, and the record of every allowance used.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+
+use cordon_engine::NodeAllowance;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+use oci_spec::runtime::{LinuxDevice, LinuxDeviceType};
+
+use crate::node::{DeviceAllow, HostPathAllow};
+use crate::{OciError, Result};
+
+/// What a bundle was given beyond Cordon's defaults.
+#[derive(Debug, Default)]
+pub struct Granted {
+    /// Every allowance used, for the gate's decision.
+    pub record: Vec<NodeAllowance>,
+    /// Host devices for the sandbox's `/dev`, as names under it.
+    pub devices: Vec<String>,
+    /// Host directories, each open, for a place under `/work`.
+    pub host_paths: Vec<HostDir>,
+}
+
+impl Granted {
+    pub(crate) fn note(&mut self, a: NodeAllowance) {
+        if !self.record.contains(&a) {
+            self.record.push(a);
+        }
+    }
+}
+
+/// A host directory opened for its bind: the exact directory the node allowed. Its bind is
+/// made of the same directory opened again (as this one was) in the monitor's own mount
+/// namespace, where a mount of the host's namespace cannot be bound from.
+#[derive(Debug)]
+pub struct HostDir {
+    dir: OwnedFd,
+    path: std::path::PathBuf,
+    /// Where it goes, under `/work`.
+    pub at: String,
+    pub writable: bool,
+}
+
+fn refused(what: String, fix: &str) -> OciError {
+    OciError::Refused {
+        what,
+        fix: fix.to_string(),
+    }
+}
+
+/// The host device `d` (a bundle's entry) if the node allows exactly it: the same path,
+/// type and numbers as an `[[allow.device]]` entry, and the host's node at that path is
+/// that device (no symbolic link). Returns its name under `/dev`.
+pub fn device(d: &LinuxDevice, allowed: &[DeviceAllow], granted: &mut Granted) -> Result<()> {
+    let path = d.path();
+    let asked = format!(
+        "a host device, {} ({} {}:{})",
+        path.display(),
+        d.typ().as_str(),
+        d.major(),
+        d.minor()
+    );
+    let fix = "remove the device (--device, --privileged), or ask the node's operator to name \
+               exactly it (path, type, major and minor) in [[allow.device]]";
+    let Some(entry) = allowed.iter().find(|a| {
+        a.path == *path && a.typ == d.typ() && a.major == d.major() && a.minor == d.minor()
+    }) else {
+        return Err(refused(format!("it asks for {asked}"), fix));
+    };
+    // The node itself, as it is now: a device of that type and those numbers.
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let on_host = std::fs::symlink_metadata(&entry.path).ok().filter(|m| {
+        let ft = m.file_type();
+        let kind_ok = match entry.typ {
+            LinuxDeviceType::C => ft.is_char_device(),
+            LinuxDeviceType::B => ft.is_block_device(),
+            _ => false,
+        };
+        let rdev = m.rdev();
+        kind_ok
+            && nix::sys::stat::major(rdev) as i64 == entry.major
+            && nix::sys::stat::minor(rdev) as i64 == entry.minor
+    });
+    if on_host.is_none() {
+        return Err(refused(
+            format!("it asks for {asked}, which is not that device on this node"),
+            "the node's operator must fix its [[allow.device]] entry or the node's /dev",
+        ));
+    }
+    let name = entry
+        .path
+        .strip_prefix("/dev")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    granted.devices.push(name);
+    granted.note(NodeAllowance::Device {
+        path: entry.path.display().to_string(),
+        device_type: entry.typ.as_str().to_string(),
+        major: entry.major,
+        minor: entry.minor,
+    });
+    Ok(())
+}
+
+/// The bind mount of host `source` at `dest` (read-only when `read_only`), if the node
+/// allows exactly it: an `[[allow.host_path]]` entry with that path and `at`, writable if
+/// the bind is not read-only. The directory is opened now, refusing a symbolic link
+/// anywhere in its path, so the bind is of what was checked.
+pub fn host_path(
+    source: &Path,
+    dest: &str,
+    read_only: bool,
+    allowed: &[HostPathAllow],
+    granted: &mut Granted,
+) -> Result<()> {
+    let fix = "remove the volume or bind mount (files enter a Cordon sandbox through its API), \
+               or ask the node's operator to name exactly this directory and its place under \
+               /work in [[allow.host_path]]";
+    let asked = || format!("it asks for a host path at {dest} ({})", source.display());
+    if !crate::node::plain_absolute(source) {
+        return Err(refused(
+            format!("{}, which is not a plain absolute path", asked()),
+            fix,
+        ));
+    }
+    let Some(entry) = allowed.iter().find(|a| a.path == source && a.at == dest) else {
+        return Err(refused(asked(), fix));
+    };
+    if !read_only && !entry.writable {
+        return Err(refused(
+            format!("{} writable, and the node allows it read-only", asked()),
+            "mount it read-only (`:ro`, `readOnly: true`)",
+        ));
+    }
+    let dir = open_dir(source).map_err(|e| {
+        refused(
+            format!(
+                "{}, which cannot be opened as a directory without following a symbolic link ({e})",
+                asked()
+            ),
+            "the node's operator must name the directory itself, with no symbolic link in its path",
+        )
+    })?;
+    granted.host_paths.push(HostDir {
+        dir,
+        path: source.to_path_buf(),
+        at: dest.to_string(),
+        writable: !read_only,
+    });
+    granted.note(NodeAllowance::HostPath {
+        path: source.display().to_string(),
+        at: dest.to_string(),
+        writable: !read_only,
+    });
+    Ok(())
+}
+
+/// Opens the directory at the absolute `path` refusing every symbolic link on the way.
+fn open_dir(path: &Path) -> nix::Result<OwnedFd> {
+    let root = nix::fcntl::open(
+        "/",
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    nix::fcntl::openat2(
+        &root,
+        rel,
+        OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_BENEATH),
+    )
+}
+
+fn same_file(a: &OwnedFd, b: &OwnedFd) -> bool {
+    match (nix::sys::stat::fstat(a), nix::sys::stat::fstat(b)) {
+        (Ok(x), Ok(y)) => x.st_dev == y.st_dev && x.st_ino == y.st_ino,
+        _ => false,
+    }
+}
+
+/// Binds each granted directory under `base` (in the monitor's own mount namespace, where
+/// the sandbox's init opens it) and returns the sandbox's mounts of them under `/work`.
+pub fn bind_host_paths(dirs: Vec<HostDir>, base: &Path) -> Result<Vec<cordon_core::VolumeMount>> {
+    use nix::mount::{MsFlags, mount};
+    let mut mounts = Vec::new();
+    for (i, d) in dirs.into_iter().enumerate() {
+        let target = base.join(format!("host-{i}"));
+        std::fs::create_dir(&target)
+            .map_err(|e| OciError::io("making a host path's mount point", e))?;
+        // The same directory as checked, or nothing.
+        let again = open_dir(&d.path).ok().filter(|f| same_file(f, &d.dir));
+        let Some(again) = again else {
+            return Err(refused(
+                format!("its host path for {} changed while it was created", d.at),
+                "create the container again",
+            ));
+        };
+        let source = format!("/proc/self/fd/{}", again.as_raw_fd());
+        mount(
+            Some(source.as_str()),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| OciError::io(format!("binding the host path for {}", d.at), e.into()))?;
+        let mut m = cordon_core::VolumeMount::new(&format!("host-{i}"), &d.at, !d.writable)?;
+        m.source = Some(cordon_core::VolumeSource {
+            host_dir: target,
+            lease: None,
+        });
+        mounts.push(m);
+    }
+    cordon_core::validate_mounts(&mounts)?;
+    Ok(mounts)
+}
