@@ -9,7 +9,7 @@
 mod backend;
 mod sys;
 
-pub use backend::{ContainerBackend, ContainerConfig, ContainerSandbox, INIT_BINARY};
+pub use backend::{ContainerBackend, ContainerConfig, ContainerSandbox, INIT_BINARY, Terminal};
 // The host side shared with the other native tiers lives in cordon-host; the sandbox side
 // (the init, its seccomp filter and Landlock rules) in cordon-sandbox-init.
 use cordon_host::{cgroup, egress, idpool};

@@ -69,6 +69,14 @@ fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
+fn framed() -> StdioMode {
+    StdioMode::Framed
+}
+
+fn is_framed(m: &StdioMode) -> bool {
+    *m == StdioMode::Framed
+}
+
 /// Host → agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -142,6 +150,14 @@ pub enum Request {
         /// stdout, its stderr stays empty. `TERM` defaults to [`PTY_TERM`].
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pty: Option<cordon_core::PtySize>,
+        /// [`StdioMode::Passed`]: three descriptors came with the request (`SCM_RIGHTS`) and
+        /// are the program's stdin, stdout and stderr themselves; nothing of its I/O passes
+        /// through the agent and [`Request::BgRead`] reports only its end. With `pty` too,
+        /// they are one terminal the host opened in the sandbox's own devpts, which the
+        /// program takes as its controlling terminal (its size is the host's to set).
+        /// Absent: [`StdioMode::Framed`], the agent's pipes as above.
+        #[serde(default = "framed", skip_serializing_if = "is_framed")]
+        stdio: StdioMode,
     },
     /// The new window size of background exec `id`'s pseudo-terminal (its program gets
     /// `SIGWINCH`); answered by [`Reply::Ok`], or an error for an exec without one.
@@ -165,6 +181,14 @@ pub enum Request {
     BgSignal {
         id: u64,
         signal: cordon_core::ProcSignal,
+    },
+    /// Signal number `signal` (1 to 64) for background exec `id`'s program itself, as if
+    /// sent to it alone (`all`: to every process of the exec). Answered by [`Reply::Ok`].
+    BgRaise {
+        id: u64,
+        signal: i32,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        all: bool,
     },
     /// Stop serving and exit.
     Shutdown,
@@ -451,6 +475,7 @@ mod tests {
                 processes: 0,
             },
             pty: Some(size),
+            stdio: StdioMode::Framed,
         };
         for req in [start, Request::BgResize { id: 3, size }] {
             let bytes = encode(&req, b"").unwrap();
@@ -461,8 +486,38 @@ mod tests {
         let plain = serde_json::json!({"type": "bg_exec", "id": 1, "argv": ["true"], "env": {},
             "cwd": "/work", "limits": {"open_files": 1, "file_size": 1, "address_space": 0}});
         let f: Request = serde_json::from_value(plain).unwrap();
-        assert!(matches!(f, Request::BgExec { pty: None, .. }));
-        assert!(!serde_json::to_string(&f).unwrap().contains("pty"));
+        assert!(matches!(
+            f,
+            Request::BgExec {
+                pty: None,
+                stdio: StdioMode::Framed,
+                ..
+            }
+        ));
+        let said = serde_json::to_string(&f).unwrap();
+        assert!(!said.contains("pty") && !said.contains("stdio"), "{said}");
+        // Passed descriptors and a raised signal say so.
+        let passed = serde_json::json!({"type": "bg_exec", "id": 1, "argv": ["true"], "env": {},
+            "cwd": "/work", "limits": {"open_files": 1, "file_size": 1, "address_space": 0},
+            "stdio": "passed"});
+        let f: Request = serde_json::from_value(passed).unwrap();
+        assert!(matches!(
+            f,
+            Request::BgExec {
+                stdio: StdioMode::Passed,
+                ..
+            }
+        ));
+        let raise = Request::BgRaise {
+            id: 1,
+            signal: 10,
+            all: false,
+        };
+        let bytes = encode(&raise, b"").unwrap();
+        assert_eq!(
+            read_frame::<Request>(&mut &bytes[..]).unwrap().header,
+            raise
+        );
         let odd = serde_json::json!({"type": "bg_resize", "id": 1,
             "size": {"rows": 1, "cols": 1, "x": 0}});
         assert!(serde_json::from_value::<Request>(odd).is_err());

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use nix::unistd::Pid;
 
@@ -212,7 +212,106 @@ pub fn forward_signals_to_namespace() -> io::Result<()> {
         // touches no Rust state.
         unsafe { nix::sys::signal::sigaction(sig, &action) }.map_err(io::Error::from)?;
     }
+    // The relay: a signal queued by the agent carries the number of the one to deliver.
+    let relay = libc::sigaction {
+        sa_sigaction: relay as *const () as libc::sighandler_t,
+        sa_flags: libc::SA_SIGINFO | libc::SA_RESTART,
+        // SAFETY: an all-zero sigset_t is a valid (empty) set; it is filled below.
+        sa_mask: unsafe { std::mem::zeroed() },
+        sa_restorer: None,
+    };
+    // SAFETY: `relay` only reads the siginfo the kernel passes, loads an atomic and calls
+    // getpid(2) and kill(2), all async-signal-safe; the action struct is a local that
+    // outlives the call.
+    let r = unsafe { libc::sigaction(RELAY_SIGNAL, &relay, std::ptr::null_mut()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
     Ok(())
+}
+
+/// Restores the default action of every signal an ancestor left ignored (SIGPIPE, by the
+/// runtime of the agent itself), in a forked child about to exec. Handlers need no reset:
+/// exec resets them.
+pub fn default_signal_actions() {
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: sigaction(2) with a null new action only reads the current one into a
+        // zeroed local.
+        let ignored = unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+        };
+        if ignored {
+            // SAFETY: installing SIG_DFL runs no code of ours.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    }
+}
+
+/// The signal the agent sends an exec's reaper to have it deliver another to its program
+/// ([`relay_signal`]): the last real-time signal, which neither glibc nor musl uses.
+pub const RELAY_SIGNAL: libc::c_int = 64;
+/// In a relayed value: deliver to every process of the exec, not the program alone.
+const RELAY_ALL: usize = 1 << 8;
+/// `si_code` of a signal sent with sigqueue(3).
+const SI_QUEUE: libc::c_int = -1;
+
+/// The program's pid in the reaper's namespace, while it runs (0: none yet, or reaped).
+static RELAY_TARGET: AtomicI32 = AtomicI32::new(0);
+
+/// Names the reaper's program, the process a relayed signal goes to (0: none).
+pub fn set_relay_target(pid: i32) {
+    RELAY_TARGET.store(pid, Ordering::SeqCst);
+}
+
+unsafe extern "C" {
+    // Both glibc and musl export it; the libc crate declares it for other systems only.
+    fn sigqueue(pid: libc::pid_t, sig: libc::c_int, value: libc::sigval) -> libc::c_int;
+}
+
+/// Has exec reaper `reaper` deliver `signal` to its program (`all`: to every process of
+/// its namespace). The reaper is its PID namespace's init, so a signal sent to the program
+/// by number from here would need its pid there; the reaper knows it.
+pub fn relay_signal(reaper: Pid, signal: libc::c_int, all: bool) -> io::Result<()> {
+    let value = (signal as usize & 0xff) | if all { RELAY_ALL } else { 0 };
+    let v = libc::sigval {
+        sival_ptr: value as *mut libc::c_void,
+    };
+    // SAFETY: sigqueue(3) takes its arguments by value and only makes the system call.
+    let r = unsafe { sigqueue(reaper.as_raw(), RELAY_SIGNAL, v) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The reaper's handler of [`RELAY_SIGNAL`]: only a value queued from outside its PID
+/// namespace (the agent's: the kernel reports such a sender as pid 0, whatever it claims)
+/// is acted on; a process forked from the reaper ignores it until it execs.
+extern "C" fn relay(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    if info.is_null() {
+        return;
+    }
+    // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler; for SI_QUEUE its
+    // pid and value fields are the ones set. getpid(2) and kill(2) are async-signal-safe.
+    unsafe {
+        let info = &*info;
+        if libc::getpid() != 1 || info.si_code != SI_QUEUE || info.si_pid() != 0 {
+            return;
+        }
+        let value = info.si_value().sival_ptr as usize;
+        let sig = (value & 0xff) as libc::c_int;
+        let target = RELAY_TARGET.load(Ordering::SeqCst);
+        if value & RELAY_ALL != 0 || target <= 0 {
+            libc::kill(-1, sig);
+        } else {
+            libc::kill(target, sig);
+        }
+    }
 }
 
 pub fn exit_now(code: i32) -> ! {

@@ -347,6 +347,12 @@ impl ExecParts {
 
     /// The [`Request::BgExec`] that starts it in the background as exec `id`.
     pub fn background(self, id: u64) -> Request {
+        self.background_with(id, StdioMode::Framed)
+    }
+
+    /// [`ExecParts::background`] with its stdio `stdio` ([`StdioMode::Passed`]: the
+    /// host's descriptors go with the request).
+    pub fn background_with(self, id: u64, stdio: StdioMode) -> Request {
         Request::BgExec {
             id,
             argv: self.argv,
@@ -354,6 +360,7 @@ impl ExecParts {
             cwd: self.cwd,
             limits: self.limits,
             pty: self.pty,
+            stdio,
         }
     }
 }

@@ -19,6 +19,20 @@ use crate::agent::{AgentConn, CallError, HEADER_ROOM, file_error};
 /// One tier's agent channel, each send and receive bounded by the tier's own deadline.
 pub trait FrameIo {
     fn send(&mut self, req: &Request, body: &[u8]) -> Result<(), CallError>;
+    /// Sends one frame with descriptors attached (`SCM_RIGHTS`); a channel that cannot
+    /// carry descriptors refuses.
+    fn send_with_fds(
+        &mut self,
+        req: &Request,
+        body: &[u8],
+        fds: &[std::os::fd::RawFd],
+    ) -> Result<(), CallError> {
+        let _ = (req, body, fds);
+        Err(CallError::Io(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this agent channel cannot carry descriptors",
+        )))
+    }
     /// The next frame, refused from its length when longer than `max_frame`.
     fn recv(&mut self, max_frame: usize) -> Result<Frame<Reply>, CallError>;
 }
@@ -32,6 +46,16 @@ pub struct ConnIo<'a> {
 impl FrameIo for ConnIo<'_> {
     fn send(&mut self, req: &Request, body: &[u8]) -> Result<(), CallError> {
         self.conn.send(req, body, Instant::now() + self.timeout)
+    }
+
+    fn send_with_fds(
+        &mut self,
+        req: &Request,
+        body: &[u8],
+        fds: &[std::os::fd::RawFd],
+    ) -> Result<(), CallError> {
+        self.conn
+            .send_with_fds(req, body, fds, Instant::now() + self.timeout)
     }
 
     fn recv(&mut self, max_frame: usize) -> Result<Frame<Reply>, CallError> {

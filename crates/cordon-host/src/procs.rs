@@ -25,6 +25,21 @@ fn refused(code: ErrorCode, message: String) -> Error {
 /// Starts the [`Request::BgExec`] `request`; answered as soon as it runs.
 pub fn start(io: &mut dyn FrameIo, request: &Request) -> Answer<()> {
     io.send(request, b"")?;
+    started(io)
+}
+
+/// Starts the [`Request::BgExec`] `request` (its stdio [`StdioMode::Passed`](cordon_guest::proto::StdioMode::Passed))
+/// with `stdio`, the program's stdin, stdout and stderr, attached.
+pub fn start_passed(
+    io: &mut dyn FrameIo,
+    request: &Request,
+    stdio: [std::os::fd::RawFd; 3],
+) -> Answer<()> {
+    io.send_with_fds(request, b"", &stdio)?;
+    started(io)
+}
+
+fn started(io: &mut dyn FrameIo) -> Answer<()> {
     let f = io.recv(HEADER_ROOM)?;
     match f.header {
         Reply::Started { .. } => Ok(Ok(())),
@@ -96,6 +111,13 @@ pub fn write(io: &mut dyn FrameIo, id: u64, data: &[u8]) -> Answer<()> {
 /// A signal for background exec `id`'s process tree.
 pub fn signal(io: &mut dyn FrameIo, id: u64, signal: ProcSignal) -> Answer<()> {
     io.send(&Request::BgSignal { id, signal }, b"")?;
+    ok_or_refused(io, "a background signal")
+}
+
+/// Signal number `signal` for background exec `id`'s program (`all`: every process of
+/// it).
+pub fn raise(io: &mut dyn FrameIo, id: u64, signal: i32, all: bool) -> Answer<()> {
+    io.send(&Request::BgRaise { id, signal, all }, b"")?;
     ok_or_refused(io, "a background signal")
 }
 

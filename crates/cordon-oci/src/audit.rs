@@ -131,9 +131,10 @@ impl NodeAudit {
 
 /// A container's sandbox whose egress decisions go into the node's audit store as they
 /// are made: drained whenever the monitor reads or signals a process and when the sandbox
-/// is destroyed. Everything else is the sandbox's own.
-pub struct Audited {
-    inner: Box<dyn Sandbox>,
+/// is destroyed. Everything else is the sandbox's own (the container tier's own calls, such
+/// as a start with passed stdio, through [`Audited::inner`]).
+pub struct Audited<S: Sandbox = Box<dyn Sandbox>> {
+    inner: S,
     audit: NodeAudit,
     container: String,
     /// What a drain took from the sandbox's report besides its egress decisions (which are
@@ -141,14 +142,19 @@ pub struct Audited {
     kept: Details,
 }
 
-impl Audited {
-    pub fn new(inner: Box<dyn Sandbox>, audit: NodeAudit, container: &str) -> Self {
+impl<S: Sandbox> Audited<S> {
+    pub fn new(inner: S, audit: NodeAudit, container: &str) -> Self {
         Audited {
             inner,
             audit,
             container: container.to_string(),
             kept: Details::default(),
         }
+    }
+
+    /// The sandbox itself, for what the [`Sandbox`] trait does not say.
+    pub fn inner(&mut self) -> &mut S {
+        &mut self.inner
     }
 
     /// Records the egress decisions made since the last drain. A row that cannot be
@@ -163,7 +169,7 @@ impl Audited {
     }
 }
 
-impl Sandbox for Audited {
+impl<S: Sandbox> Sandbox for Audited<S> {
     fn id(&self) -> &SandboxId {
         self.inner.id()
     }

@@ -53,6 +53,10 @@ pub struct ProcessSpec {
     pub env: BTreeMap<String, String>,
     pub cwd: String,
     pub terminal: bool,
+    /// The terminal's size when it is made (`process.consoleSize`); the engine may
+    /// resize it later through the master it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console_size: Option<cordon_core::PtySize>,
 }
 
 impl ProcessSpec {
@@ -85,6 +89,14 @@ impl ProcessSpec {
             env,
             cwd: if cwd.is_empty() { "/".into() } else { cwd },
             terminal: p.terminal().unwrap_or(false),
+            console_size: p
+                .console_size()
+                .as_ref()
+                .map(|b| cordon_core::PtySize {
+                    rows: u16::try_from(b.height()).unwrap_or(cordon_core::PTY_MAX),
+                    cols: u16::try_from(b.width()).unwrap_or(cordon_core::PTY_MAX),
+                })
+                .filter(|s| s.validate().is_ok()),
         })
     }
 }

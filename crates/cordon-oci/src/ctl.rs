@@ -26,10 +26,16 @@ const MAX_MESSAGE: usize = 1 << 20;
 pub enum Request {
     /// Run the container's process.
     Start,
-    /// Deliver a signal to the container's process (15 or 9).
-    Signal { signal: i32 },
+    /// Deliver signal number `signal` (1 to 64) to the container's process as itself
+    /// (`all`: to every process of the container).
+    Signal {
+        signal: i32,
+        #[serde(default)]
+        all: bool,
+    },
     /// Run another process in the container; its stdin, stdout and stderr come with the
-    /// request. Answered by `ok` once it runs, then `exited`.
+    /// request and are the process's own. Answered by `ok` once it runs (`console`, with
+    /// the master attached, when the process asks for a terminal), then `exited`.
     Exec { process: ProcessSpec },
     /// The host pids of every process of the container.
     Ps,
@@ -39,6 +45,11 @@ pub enum Request {
 #[serde(tag = "reply", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Reply {
     Ok,
+    /// The process runs on a terminal of the sandbox's devpts whose master comes with this
+    /// message; `name` is its slave's path inside.
+    Console {
+        name: String,
+    },
     Error {
         message: String,
     },
@@ -205,5 +216,48 @@ impl Listener {
 impl AsFd for Listener {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.0.as_fd()
+    }
+}
+
+/// Connects to an engine's console socket (`--console-socket`), where it waits for a
+/// terminal's master; a path too long for a socket address is reached through an open
+/// descriptor of its directory.
+pub fn connect_console(path: &Path) -> io::Result<std::os::unix::net::UnixStream> {
+    if path.as_os_str().len() < 100 {
+        return std::os::unix::net::UnixStream::connect(path);
+    }
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the console socket's path names no file",
+        ));
+    };
+    let d = open_dir(dir)?;
+    let short = Path::new(&format!("/proc/self/fd/{}", d.as_raw_fd())).join(name);
+    std::os::unix::net::UnixStream::connect(short)
+}
+
+/// Sends a terminal's master over a console socket as runc does: one message whose bytes
+/// are the terminal's name and whose `SCM_RIGHTS` carry the master.
+pub fn send_console(
+    sock: &impl AsFd,
+    name: &str,
+    master: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<()> {
+    let fds = [master.as_raw_fd()];
+    let iov = [io::IoSlice::new(name.as_bytes())];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    loop {
+        match socket::sendmsg::<()>(
+            sock.as_fd().as_raw_fd(),
+            &iov,
+            &cmsg,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(_) => return Ok(()),
+        }
     }
 }

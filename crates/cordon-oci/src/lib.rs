@@ -67,6 +67,12 @@ pub fn ready_pipe(fd: i32) -> std::io::Result<std::fs::File> {
     sys::inherited(fd).map(std::fs::File::from)
 }
 
+/// Another descriptor a `create` handed the monitor by number (the console socket it
+/// connected to), made close-on-exec.
+pub fn inherited_fd(fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
+    sys::inherited(fd)
+}
+
 /// Ends this process as a workload ended by `signal` (see the monitor).
 pub fn die_by(signal: i32) -> ! {
     sys::die_by(signal)

@@ -56,7 +56,8 @@ enum Cmd {
     },
     /// The container's state as JSON.
     State { id: String },
-    /// Send a signal (TERM or KILL) to the container's process.
+    /// Send a signal (a name such as TERM, USR1, SIGWINCH, or a number) to the
+    /// container's process (--all: to every process of the container).
     Kill {
         id: String,
         #[arg(default_value = "SIGTERM")]
@@ -97,6 +98,9 @@ enum Cmd {
         bundle: PathBuf,
         #[arg(long)]
         ready_fd: i32,
+        /// The console socket `create` connected to, by descriptor number.
+        #[arg(long)]
+        console_fd: Option<i32>,
     },
     #[command(name = "__exec", hide = true)]
     ExecMonitor {
@@ -105,6 +109,8 @@ enum Cmd {
         process_json: String,
         #[arg(long)]
         ready_fd: i32,
+        #[arg(long)]
+        console_socket: Option<PathBuf>,
     },
 }
 
@@ -345,16 +351,18 @@ fn dispatch(cli: Cli) -> Result<i32> {
             id,
             bundle,
             ready_fd,
-        } => run_monitor(&root, cfg, id, bundle, ready_fd),
+            console_fd,
+        } => run_monitor(&root, cfg, id, bundle, ready_fd, console_fd),
         Cmd::ExecMonitor {
             id,
             process_json,
             ready_fd,
+            console_socket,
         } => {
             let process: ProcessSpec =
                 serde_json::from_str(&process_json).context("reading the process")?;
             let ready = cordon_oci_ready(ready_fd)?;
-            exec_in(&root, &id, &process, Some(ready))
+            exec_in(&root, &id, &process, console_socket.as_deref(), Some(ready))
         }
     }
 }
@@ -366,13 +374,26 @@ fn cordon_oci_ready(fd: i32) -> Result<std::fs::File> {
 /// `create`: starts the monitor (which makes the sandbox) and waits until it says the
 /// container is created or why not. Returns the monitor, a child of this process.
 fn create(root: &Root, cfg: Option<&Path>, a: &CreateArgs) -> Result<std::process::Child> {
-    if a.console_socket.is_some() {
-        bail!(
-            "cordon-oci refuses this container: it asks for a terminal (--console-socket); run it without a terminal (no -t) for now"
-        );
-    }
     let bundle = std::fs::canonicalize(&a.bundle)
         .with_context(|| format!("the bundle {}", a.bundle.display()))?;
+    // The engine's console socket is reached here, in the engine's own view of the file
+    // system; the monitor (in a mount namespace of its own) is handed the connection.
+    let console = match &a.console_socket {
+        Some(p) => {
+            let sock = cordon_oci::ctl::connect_console(p).with_context(|| {
+                format!(
+                    "connecting to the console socket {}; the engine must listen there",
+                    p.display()
+                )
+            })?;
+            nix::fcntl::fcntl(
+                &sock,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+            )?;
+            Some(sock)
+        }
+        None => None,
+    };
     let dir = root.create_dir(&a.id)?;
     let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     // The write end goes to the monitor (and only there).
@@ -391,8 +412,12 @@ fn create(root: &Root, cfg: Option<&Path>, a: &CreateArgs) -> Result<std::proces
         .arg(&bundle)
         .arg("--ready-fd")
         .arg(tx.as_raw_fd().to_string());
+    if let Some(c) = &console {
+        cmd.arg("--console-fd").arg(c.as_raw_fd().to_string());
+    }
     let child = cmd.spawn();
     drop(tx);
+    drop(console);
     let child = match child {
         Ok(c) => c,
         Err(e) => {
@@ -432,8 +457,13 @@ fn run_monitor(
     id: String,
     bundle: PathBuf,
     ready_fd: i32,
+    console_fd: Option<i32>,
 ) -> Result<i32> {
     let mut ready = cordon_oci_ready(ready_fd)?;
+    let console = console_fd
+        .map(cordon_oci::inherited_fd)
+        .transpose()
+        .context("the console socket")?;
     // Its own session: the caller's terminal signals do not reach it.
     let _ = nix::unistd::setsid();
     let made = NodeConfig::load(cfg).and_then(|node| {
@@ -442,18 +472,19 @@ fn run_monitor(
             id: id.clone(),
             bundle,
             node,
+            console,
         };
-        let (sandbox, process, record) = monitor::prepare(&setup)?;
+        let prepared = monitor::prepare(setup)?;
         let listener = cordon_oci::ctl::Listener::bind(&root.dir(&id))
             .map_err(|e| cordon_oci::OciError::io("binding the control socket", e))?;
-        root.save(&record)?;
-        Ok((sandbox, process, record, listener))
+        root.save(&prepared.record)?;
+        Ok((prepared, listener))
     });
     match made {
-        Ok((sandbox, process, record, listener)) => {
+        Ok((prepared, listener)) => {
             let _ = ready.write_all(b"ok\n");
             drop(ready);
-            monitor::serve(root, sandbox, process, record, listener)
+            monitor::serve(root, prepared, listener)
         }
         Err(e) => {
             let _ = writeln!(ready, "error: {e}");
@@ -479,6 +510,9 @@ fn start(root: &Root, id: &str) -> Result<()> {
 
 fn parse_signal(s: &str) -> Result<i32> {
     if let Ok(n) = s.parse::<i32>() {
+        if !(1..=64).contains(&n) {
+            bail!("signal {n} does not exist; give a name (TERM, USR1) or a number from 1 to 64");
+        }
         return Ok(n);
     }
     let name = s.to_ascii_uppercase();
@@ -503,7 +537,7 @@ fn kill(root: &Root, id: &str, signal: i32, all: bool) -> Result<()> {
         }
         bail!("container {id:?} is not running");
     }
-    match Conn::connect(&root.dir(id)).and_then(|c| c.call(&Request::Signal { signal }, &[])) {
+    match Conn::connect(&root.dir(id)).and_then(|c| c.call(&Request::Signal { signal, all }, &[])) {
         Ok(Reply::Ok) => Ok(()),
         Ok(Reply::Error { message }) => bail!("{message}"),
         Ok(other) => bail!("unexpected answer from the container's monitor: {other:?}"),
@@ -556,9 +590,6 @@ fn delete(root: &Root, id: &str, force: bool) -> Result<()> {
 }
 
 fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
-    if a.tty || a.console_socket.is_some() {
-        bail!("cordon-oci gives no terminal yet: run the exec without -t");
-    }
     let mut process = match &a.process {
         Some(p) => {
             let text = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
@@ -570,11 +601,14 @@ fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
             args: a.args.clone(),
             env: Default::default(),
             cwd: "/".into(),
-            terminal: false,
+            terminal: a.tty,
+            console_size: None,
         },
     };
-    if process.terminal {
-        bail!("cordon-oci gives no terminal yet: run the exec without -t");
+    if process.terminal && a.console_socket.is_none() {
+        bail!(
+            "the process asks for a terminal but no --console-socket was given; give one (the engine's), or run it without -t"
+        );
     }
     if let Some(c) = &a.cwd {
         process.cwd = c.clone();
@@ -593,7 +627,7 @@ fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
         bail!("container {:?} is not running; start it first", a.id);
     }
     if !a.detach {
-        return exec_in(root, &a.id, &process, None);
+        return exec_in(root, &a.id, &process, a.console_socket.as_deref(), None);
     }
     // Detached: a process of our own relays the exec and ends as it does; its pid is the
     // exec's for the caller.
@@ -602,7 +636,8 @@ fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
         &tx,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
     )?;
-    let child = std::process::Command::new(std::env::current_exe()?)
+    let mut relay = std::process::Command::new(std::env::current_exe()?);
+    relay
         .arg("--root")
         .arg(&root.0)
         .arg("__exec")
@@ -610,9 +645,11 @@ fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
         .arg("--process-json")
         .arg(serde_json::to_string(&process)?)
         .arg("--ready-fd")
-        .arg(tx.as_raw_fd().to_string())
-        .spawn()
-        .context("starting the exec's relay")?;
+        .arg(tx.as_raw_fd().to_string());
+    if let Some(c) = &a.console_socket {
+        relay.arg("--console-socket").arg(c);
+    }
+    let child = relay.spawn().context("starting the exec's relay")?;
     drop(tx);
     let mut said = String::new();
     let _ = std::fs::File::from(rx).read_to_string(&mut said);
@@ -633,28 +670,51 @@ fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Runs `process` in the container with this process's stdio and returns (or ends) as it
+/// Runs `process` in the container with this process's stdio as its own (or, with a
+/// terminal, on a terminal whose master goes to `console`) and returns (or ends) as it
 /// ended.
 fn exec_in(
     root: &Root,
     id: &str,
     process: &ProcessSpec,
+    console: Option<&Path>,
     ready: Option<std::fs::File>,
 ) -> Result<i32> {
-    let started = Conn::connect(&root.dir(id))
-        .context("reaching the container's monitor")
-        .and_then(|c| {
-            match c.call(
-                &Request::Exec {
-                    process: process.clone(),
-                },
-                &monitor::own_stdio(),
-            )? {
-                Reply::Ok => Ok(c),
-                Reply::Error { message } => Err(anyhow!("{message}")),
-                other => Err(anyhow!("unexpected answer: {other:?}")),
+    let started = (|| {
+        // Reached first: an engine that is not listening fails the exec before it runs.
+        let console = match (process.terminal, console) {
+            (true, Some(p)) => Some(cordon_oci::ctl::connect_console(p).with_context(|| {
+                format!(
+                    "connecting to the console socket {}; the engine must listen there",
+                    p.display()
+                )
+            })?),
+            _ => None,
+        };
+        let c = Conn::connect(&root.dir(id)).context("reaching the container's monitor")?;
+        c.send(
+            &Request::Exec {
+                process: process.clone(),
+            },
+            &monitor::own_stdio(),
+        )?;
+        let (reply, fds) = c
+            .recv::<Reply>()?
+            .ok_or_else(|| anyhow!("the container's monitor closed the connection"))?;
+        match (reply, console) {
+            (Reply::Ok, _) => Ok(c),
+            (Reply::Console { name }, Some(sock)) => {
+                let master = fds
+                    .first()
+                    .ok_or_else(|| anyhow!("the container's monitor sent no terminal"))?;
+                cordon_oci::ctl::send_console(&sock, &name, std::os::fd::AsFd::as_fd(master))
+                    .context("sending the terminal to the console socket")?;
+                Ok(c)
             }
-        });
+            (Reply::Error { message }, _) => Err(anyhow!("{message}")),
+            (other, _) => Err(anyhow!("unexpected answer: {other:?}")),
+        }
+    })();
     let conn = match (started, ready) {
         (Ok(c), Some(mut r)) => {
             let _ = r.write_all(b"ok\n");

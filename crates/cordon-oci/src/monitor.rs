@@ -2,7 +2,10 @@
 //! admits the bundle through the gate, makes the Cordon sandbox (the container tier, the
 //! bundle's root filesystem as its read-only root), reports ready, and then serves the
 //! control socket: the container's process and each `exec` run as background execs of the
-//! sandbox, their output relayed to the descriptors the caller gave. When the container's
+//! sandbox whose stdin, stdout and stderr are the descriptors the caller gave, passed into
+//! the sandbox as they are (a pipe, a FIFO, a terminal of the sandbox's devpts whose
+//! master went to the caller's console socket): no byte of their I/O passes through the
+//! monitor, nothing is copied or capped. When the container's
 //! process ends the sandbox is destroyed and the monitor ends the same way (exit code or
 //! signal), which is what the caller's `waitpid` reports.
 //!
@@ -10,18 +13,18 @@
 //! tied to the monitor: killed, it takes the sandbox with it (the inits' parent-death
 //! signal), and `delete` removes the cgroup it may leave.
 
-use std::fs::File;
-use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cordon_core::{ExecRequest, ProcSignal, Sandbox};
+use cordon_container::ContainerSandbox;
+use cordon_core::{ExecRequest, ProcSignal, PtySize, Sandbox};
 use cordon_engine::Principal;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::SignalFd;
 
+use crate::audit::Audited;
 use crate::bundle::{self, ProcessSpec};
 use crate::ctl::{Conn, Listener, Reply, Request};
 use crate::node::NodeConfig;
@@ -40,32 +43,46 @@ pub struct Setup {
     pub id: String,
     pub bundle: PathBuf,
     pub node: NodeConfig,
+    /// The engine's console socket, connected by `create` (`--console-socket`): a process
+    /// with a terminal gets its master there.
+    pub console: Option<OwnedFd>,
 }
 
-/// One process of the container: the first is the container's own.
+/// One process of the container: the first is the container's own. Its stdin, stdout and
+/// stderr are the caller's own descriptors, passed to the sandbox; none is held here.
 struct Proc {
     bg: u64,
-    stdin: Option<File>,
-    stdout: File,
-    stderr: File,
-    from: [u64; 2],
     /// An exec's connection: its end is told how the process ended; its closing kills it.
     conn: Option<Conn>,
 }
 
-/// Makes the sandbox for the bundle. Errors are the caller's to report (`create` prints
-/// them); nothing is left running.
-pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)> {
+/// What [`prepare`] made: the sandbox, the container's process, its record and, for a
+/// process with a terminal, the terminal's slave (its master went to the console socket).
+pub struct Prepared {
+    pub sandbox: Audited<ContainerSandbox>,
+    pub process: ProcessSpec,
+    pub record: Record,
+    pub terminal: Option<OwnedFd>,
+}
+
+/// The terminal size a process gets when its bundle names none.
+const DEFAULT_CONSOLE: PtySize = PtySize { rows: 24, cols: 80 };
+
+/// Makes the sandbox for the bundle and, for a process with a terminal, the terminal
+/// (its master sent to the console socket). Errors are the caller's to report (`create`
+/// prints them); nothing is left running.
+pub fn prepare(setup: Setup) -> Result<Prepared> {
     let spec = bundle::load(&setup.bundle)?;
     let granted = bundle::check(&spec, &setup.node.allow)?;
     let process = ProcessSpec::from_oci(spec.process().as_ref().ok_or_else(|| {
         OciError::Invalid("the bundle's config.json has no process; name the program to run".into())
     })?)?;
-    if process.terminal {
-        return Err(OciError::Refused {
-            what: "it asks for a terminal".into(),
-            fix: "run it without a terminal (no -t / tty: false) for now".into(),
-        });
+    if process.terminal && setup.console.is_none() {
+        return Err(OciError::Invalid(
+            "the process asks for a terminal but no --console-socket was given; give one \
+             (the engine's), or run the process without a terminal"
+                .into(),
+        ));
     }
     let rootfs = bundle::rootfs(&spec, &setup.bundle)?;
     let req = bundle::request(&spec)?;
@@ -101,7 +118,11 @@ pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)>
     });
     let backend =
         cordon_container::ContainerBackend::new(cordon_container::ContainerConfig::discover());
-    let sandbox = backend.create_sandbox(&sandbox_spec)?;
+    let mut sandbox = backend.create_sandbox(&sandbox_spec)?;
+    let terminal = match (&setup.console, process.terminal) {
+        (Some(console), true) => Some(console_for(&mut sandbox, console, &process)?),
+        _ => None,
+    };
     let record = Record {
         id: setup.id.clone(),
         bundle: setup.bundle.clone(),
@@ -120,8 +141,30 @@ pub fn prepare(setup: &Setup) -> Result<(Box<dyn Sandbox>, ProcessSpec, Record)>
     };
     // The backend's sandbox owns everything; the backend itself holds nothing more. Its
     // proxy's decisions go to the node's audit store as they are made.
-    let sandbox = crate::audit::Audited::new(Box::new(sandbox), audit, &setup.id);
-    Ok((Box::new(sandbox), process, record))
+    let sandbox = Audited::new(sandbox, audit, &setup.id);
+    Ok(Prepared {
+        sandbox,
+        process,
+        record,
+        terminal,
+    })
+}
+
+/// A terminal in the sandbox for `process`: its master goes to the engine over `console`
+/// (as runc sends it), its slave is returned for the process.
+fn console_for(
+    sandbox: &mut ContainerSandbox,
+    console: &impl AsFd,
+    process: &ProcessSpec,
+) -> Result<OwnedFd> {
+    let t = sandbox.open_terminal(process.console_size.unwrap_or(DEFAULT_CONSOLE))?;
+    crate::ctl::send_console(console, &t.name, t.master.as_fd()).map_err(|e| {
+        OciError::io(
+            "sending the terminal to the console socket (is the engine still listening?)",
+            e,
+        )
+    })?;
+    Ok(t.slave)
 }
 
 /// A private mount namespace for the monitor (and the sandbox's init it starts), with the
@@ -177,10 +220,6 @@ fn bind_rootfs(rootfs: &Path) -> Result<PathBuf> {
     Ok(at)
 }
 
-fn dup_file(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<File> {
-    Ok(File::from(fd.try_clone_to_owned()?))
-}
-
 fn exec_request(p: &ProcessSpec) -> ExecRequest {
     let mut req = ExecRequest::argv(p.args.clone());
     req.env = p.env.clone();
@@ -188,24 +227,66 @@ fn exec_request(p: &ProcessSpec) -> ExecRequest {
     req
 }
 
+/// Signals the monitor takes for the container's process when it is sent them itself (an
+/// engine may signal the pid it knows for the container): each is passed on as itself.
+const FORWARDED: [Signal; 20] = [
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGALRM,
+    Signal::SIGTERM,
+    Signal::SIGSTKFLT,
+    Signal::SIGCONT,
+    Signal::SIGTSTP,
+    Signal::SIGTTIN,
+    Signal::SIGTTOU,
+    Signal::SIGURG,
+    Signal::SIGXCPU,
+    Signal::SIGXFSZ,
+    Signal::SIGVTALRM,
+    Signal::SIGPROF,
+    Signal::SIGWINCH,
+    Signal::SIGIO,
+    Signal::SIGPWR,
+];
+
+/// Whether `signal` ends a process by default: sent before the container's process ran,
+/// it ends the container (as runc's waiting init would end).
+fn ends_by_default(signal: i32) -> bool {
+    ![
+        libc::SIGCHLD,
+        libc::SIGCONT,
+        libc::SIGURG,
+        libc::SIGWINCH,
+        libc::SIGSTOP,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+    ]
+    .contains(&signal)
+}
+
+/// The shortest and longest waits between two looks at whether a process ended: short
+/// after a start (a short-lived process ends quickly), growing while nothing happens, so
+/// an idle container costs a look every quarter second.
+const LOOK_MIN_MS: u16 = 5;
+const LOOK_MAX_MS: u16 = 250;
+
 /// The monitor's life once the sandbox is up: serve the control socket until the
 /// container's process ends, then destroy the sandbox and end as it did.
-pub fn serve(
-    root: &Root,
-    mut sandbox: Box<dyn Sandbox>,
-    process: ProcessSpec,
-    mut record: Record,
-    listener: Listener,
-) -> ! {
-    // The caller's signals for the container (conmon and the shims forward them) are read
-    // as data, not handled asynchronously.
+pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
+    let Prepared {
+        mut sandbox,
+        process,
+        mut record,
+        mut terminal,
+    } = prepared;
+    // The signals an engine sends the container's pid are read as data, not handled
+    // asynchronously.
     let mut mask = SigSet::empty();
-    for s in [
-        Signal::SIGTERM,
-        Signal::SIGINT,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-    ] {
+    for s in FORWARDED {
         mask.add(s);
     }
     let _ = mask.thread_block();
@@ -217,125 +298,96 @@ pub fn serve(
     let mut procs: Vec<Proc> = Vec::new();
     let mut main: Option<u64> = None;
     let mut ended: Option<(Option<i32>, Option<i32>)> = None;
+    let mut look_ms = LOOK_MIN_MS;
     while ended.is_none() {
-        let running = !procs.is_empty();
         let mut fds = vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
         if let Some(s) = &sigfd {
             fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
         }
         let fixed = fds.len();
-        for p in &procs {
-            if let Some(i) = &p.stdin {
-                fds.push(PollFd::new(i.as_fd(), PollFlags::POLLIN));
+        // An exec's connection turns readable when its caller goes away.
+        let watched: Vec<usize> = (0..procs.len())
+            .filter(|i| procs[*i].conn.is_some())
+            .collect();
+        for i in &watched {
+            if let Some(c) = &procs[*i].conn {
+                fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
             }
         }
-        let timeout = if running { 10u16 } else { 1000 };
+        let timeout = if procs.is_empty() { 1000 } else { look_ms };
         let _ = poll(&mut fds, PollTimeout::from(timeout));
         let ready: Vec<bool> = fds
             .iter()
             .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
             .collect();
         drop(fds);
-        // Signals: TERM, INT, HUP, QUIT end the container's process as SIGTERM does.
+        look_ms = look_ms.saturating_mul(3).div_ceil(2).min(LOOK_MAX_MS);
         if sigfd.is_some() && ready[1] {
-            while let Some(Ok(Some(_))) = sigfd.as_ref().map(|s| s.read_signal()) {}
-            match main {
-                Some(bg) => {
-                    let _ = sandbox.signal_background(bg, ProcSignal::Term);
+            while let Some(Ok(Some(info))) = sigfd.as_ref().map(|s| s.read_signal()) {
+                let signal = info.ssi_signo as i32;
+                match main {
+                    Some(bg) => {
+                        let _ = sandbox.inner().raise_background(bg, signal, false);
+                    }
+                    None if ends_by_default(signal) => ended = Some((None, Some(signal))),
+                    None => {}
                 }
-                None => ended = Some((None, Some(libc::SIGTERM))),
             }
         }
         if ready[0]
             && let Ok(conn) = listener.accept()
         {
             let _ = conn.set_timeout(Some(Duration::from_secs(5)));
-            if let Some(done) = handle(
-                &mut *sandbox,
-                &conn,
-                &mut procs,
-                &mut main,
-                &process,
+            let mut cx = Ctx {
+                sandbox: &mut sandbox,
+                procs: &mut procs,
+                main: &mut main,
+                process: &process,
+                terminal: &mut terminal,
                 root,
-                &mut record,
-            ) {
+                record: &mut record,
+            };
+            if let Some(done) = handle(&mut cx, &conn) {
                 ended = Some(done);
             }
+            look_ms = LOOK_MIN_MS;
         }
-        // Input for the processes.
-        let mut k = fixed;
-        for p in procs.iter_mut() {
-            if p.stdin.is_none() {
-                continue;
+        // Exec connections closed by their caller (the exec's relay was killed).
+        for (k, i) in watched.iter().enumerate() {
+            if ready.get(fixed + k).copied().unwrap_or(false) {
+                let p = &mut procs[*i];
+                let _ = sandbox.signal_background(p.bg, ProcSignal::Kill);
+                p.conn = None;
             }
-            let readable = ready.get(k).copied().unwrap_or(false);
-            k += 1;
-            if !readable {
-                continue;
-            }
-            let mut buf = vec![0u8; 64 << 10];
-            let n = p.stdin.as_mut().map_or(Ok(0), |f| f.read(&mut buf));
-            let data = match n {
-                Ok(n) => &buf[..n],
-                Err(_) => &[][..],
-            };
-            if data.is_empty() {
-                p.stdin = None;
-            }
-            let _ = sandbox.write_background(p.bg, data);
         }
-        // Exec connections closed by their caller (the exec's monitor was killed).
+        // Ends: the agent tells a process's end once it has been reaped with its tree.
         let mut i = 0;
         while i < procs.len() {
-            let p = &mut procs[i];
-            if let Some(c) = &p.conn {
-                let mut f = [PollFd::new(c.as_fd(), PollFlags::POLLIN)];
-                if poll(&mut f, PollTimeout::ZERO).unwrap_or(0) > 0 {
-                    let _ = sandbox.signal_background(p.bg, ProcSignal::Kill);
-                    p.conn = None;
-                }
-            }
-            i += 1;
-        }
-        // Output, and ends.
-        let mut i = 0;
-        while i < procs.len() {
-            let p = &mut procs[i];
-            let out = match sandbox.read_background(p.bg, p.from, 256 << 10) {
-                Ok(o) => o,
-                Err(_) => {
-                    // The sandbox is gone: its processes with it.
-                    cordon_core::ProcOutput {
-                        exit: Some(cordon_core::ProcExit {
-                            signal: Some(libc::SIGKILL),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }
-                }
+            let bg = procs[i].bg;
+            let exit = match sandbox.read_background(bg, [0, 0], 0) {
+                Ok(o) => o.exit,
+                // The sandbox is gone: its processes with it.
+                Err(_) => Some(cordon_core::ProcExit {
+                    signal: Some(libc::SIGKILL),
+                    ..Default::default()
+                }),
             };
-            let _ = p.stdout.write_all(&out.stdout);
-            let _ = p.stderr.write_all(&out.stderr);
-            p.from = [
-                out.stdout_from + out.stdout.len() as u64,
-                out.stderr_from + out.stderr.len() as u64,
-            ];
-            if let Some(exit) = out.exit {
-                let signal = if exit.oom_killed {
-                    Some(libc::SIGKILL)
-                } else {
-                    exit.signal
-                };
-                let (code, signal) = (exit.code.filter(|_| signal.is_none()), signal);
-                if Some(p.bg) == main {
-                    ended = Some((code, signal));
-                } else if let Some(c) = &p.conn {
-                    let _ = c.send(&Reply::Exited { code, signal }, &[]);
-                }
-                procs.remove(i);
+            let Some(exit) = exit else {
+                i += 1;
                 continue;
+            };
+            let signal = if exit.oom_killed {
+                Some(libc::SIGKILL)
+            } else {
+                exit.signal
+            };
+            let (code, signal) = (exit.code.filter(|_| signal.is_none()), signal);
+            if Some(bg) == main {
+                ended = Some((code, signal));
+            } else if let Some(c) = &procs[i].conn {
+                let _ = c.send(&Reply::Exited { code, signal }, &[]);
             }
-            i += 1;
+            procs.remove(i);
         }
     }
     let (code, signal) = ended.unwrap_or((None, Some(libc::SIGKILL)));
@@ -363,93 +415,136 @@ pub fn serve(
     }
 }
 
+/// What a control request may touch.
+struct Ctx<'a> {
+    sandbox: &'a mut Audited<ContainerSandbox>,
+    procs: &'a mut Vec<Proc>,
+    main: &'a mut Option<u64>,
+    process: &'a ProcessSpec,
+    /// The container's process's terminal slave, until it starts.
+    terminal: &'a mut Option<OwnedFd>,
+    root: &'a Root,
+    record: &'a mut Record,
+}
+
 /// One control request. Returns how the container ended when the request ended it (a
 /// signal before it started).
-fn handle(
-    sandbox: &mut dyn Sandbox,
-    conn: &Conn,
-    procs: &mut Vec<Proc>,
-    main: &mut Option<u64>,
-    process: &ProcessSpec,
-    root: &Root,
-    record: &mut Record,
-) -> Option<(Option<i32>, Option<i32>)> {
+fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
     let (req, fds) = match conn.recv::<Request>() {
         Ok(Some(r)) => r,
         _ => return None,
     };
     let err = |m: String| Reply::Error { message: m };
     let (reply, ended) = match req {
-        Request::Start if main.is_some() => (err("the container was started already".into()), None),
+        Request::Start if cx.main.is_some() => {
+            (err("the container was started already".into()), None)
+        }
         Request::Start => {
-            // The monitor's own stdio: what the caller gave for the container's process.
-            match start_proc(
-                sandbox,
-                process,
-                [
-                    dup_file(std::io::stdin().as_fd()).ok(),
-                    dup_file(std::io::stdout().as_fd()).ok(),
-                    dup_file(std::io::stderr().as_fd()).ok(),
-                ],
-            ) {
-                Ok(p) => {
-                    *main = Some(p.bg);
-                    procs.push(p);
-                    record.status = Status::Running;
-                    let _ = root.save(record);
+            // The caller's descriptors for the container's process: the monitor's own stdio
+            // (what `create` was given), or its terminal.
+            let req = exec_request(cx.process);
+            let started = match cx.terminal.as_ref() {
+                Some(t) => {
+                    cx.sandbox
+                        .inner()
+                        .start_attached(&req, [t.as_fd(), t.as_fd(), t.as_fd()], true)
+                }
+                None => cx.sandbox.inner().start_attached(
+                    &req,
+                    [
+                        std::io::stdin().as_fd(),
+                        std::io::stdout().as_fd(),
+                        std::io::stderr().as_fd(),
+                    ],
+                    false,
+                ),
+            };
+            match started {
+                Ok(bg) => {
+                    // The process holds its terminal now; the monitor keeps no copy.
+                    *cx.terminal = None;
+                    *cx.main = Some(bg);
+                    cx.procs.push(Proc { bg, conn: None });
+                    cx.record.status = Status::Running;
+                    let _ = cx.root.save(cx.record);
                     (Reply::Ok, None)
                 }
                 Err(e) => (err(format!("starting the container's process: {e}")), None),
             }
         }
-        Request::Signal { signal } => {
-            let sig = match signal {
-                libc::SIGKILL => Some(ProcSignal::Kill),
-                libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT => {
-                    Some(ProcSignal::Term)
-                }
-                _ => None,
-            };
-            match (sig, *main) {
-                (None, _) => (
-                    err(format!(
-                        "signal {signal} is not delivered by cordon-oci; send SIGTERM (15) or SIGKILL (9)"
-                    )),
-                    None,
-                ),
-                (Some(s), Some(bg)) => match sandbox.signal_background(bg, s) {
-                    Ok(()) => (Reply::Ok, None),
-                    Err(e) => (err(format!("signalling the container: {e}")), None),
-                },
-                // Not started: the container ends here.
-                (Some(_), None) => (Reply::Ok, Some((None, Some(signal)))),
-            }
-        }
+        Request::Signal { signal, .. } if !(1..=64).contains(&signal) => (
+            err(format!(
+                "signal {signal} does not exist; give a name (TERM, USR1) or a number from 1 to 64"
+            )),
+            None,
+        ),
+        Request::Signal { signal, all } => match *cx.main {
+            Some(bg) => match cx.sandbox.inner().raise_background(bg, signal, all) {
+                Ok(()) => (Reply::Ok, None),
+                Err(e) => (err(format!("signalling the container: {e}")), None),
+            },
+            // Not started: a signal that ends a process ends the container here.
+            None if ends_by_default(signal) => (Reply::Ok, Some((None, Some(signal)))),
+            None => (Reply::Ok, None),
+        },
+        Request::Exec { .. } if cx.main.is_none() => (
+            err("the container is not running; start it first".into()),
+            None,
+        ),
         Request::Exec { process } => {
-            let mut fds = fds.into_iter().map(File::from);
-            let stdio = [fds.next(), fds.next(), fds.next()];
-            if main.is_none() {
-                (
-                    err("the container is not running; start it first".into()),
-                    None,
-                )
+            let req = exec_request(&process);
+            let started = if process.terminal {
+                cx.sandbox
+                    .inner()
+                    .open_terminal(process.console_size.unwrap_or(DEFAULT_CONSOLE))
+                    .map_err(OciError::from)
+                    .and_then(|t| {
+                        let slave = t.slave.as_fd();
+                        let bg = cx
+                            .sandbox
+                            .start_attached(&req, [slave, slave, slave], true)?;
+                        Ok((bg, Some(t)))
+                    })
             } else {
-                match start_proc(sandbox, &process, stdio) {
-                    Ok(mut p) => {
-                        let _ = conn.send(&Reply::Ok, &[]);
-                        if let Ok(c) = conn_clone(conn) {
-                            p.conn = Some(c);
-                        }
-                        procs.push(p);
-                        return None;
-                    }
-                    Err(e) => (err(format!("starting the process: {e}")), None),
+                match stdio_of(&fds) {
+                    Ok(stdio) => cx
+                        .sandbox
+                        .inner()
+                        .start_attached(&req, stdio, false)
+                        .map(|bg| (bg, None))
+                        .map_err(OciError::from),
+                    Err(e) => Err(e),
                 }
+            };
+            // The process holds what it was given; none is kept here.
+            drop(fds);
+            match started {
+                Ok((bg, terminal)) => {
+                    let sent = match &terminal {
+                        Some(t) => conn.send(
+                            &Reply::Console {
+                                name: t.name.clone(),
+                            },
+                            &[t.master.as_raw_fd()],
+                        ),
+                        None => conn.send(&Reply::Ok, &[]),
+                    };
+                    drop(terminal);
+                    let conn = sent.and_then(|()| conn_clone(conn)).ok();
+                    if conn.is_none() {
+                        // Its caller is gone already: so is the process.
+                        let _ = cx.sandbox.signal_background(bg, ProcSignal::Kill);
+                    }
+                    cx.procs.push(Proc { bg, conn });
+                    return None;
+                }
+                Err(e) => (err(format!("starting the process: {e}")), None),
             }
         }
         Request::Ps => (
             Reply::Pids {
-                pids: record
+                pids: cx
+                    .record
                     .sandbox
                     .as_deref()
                     .map(sandbox_pids)
@@ -462,30 +557,19 @@ fn handle(
     ended
 }
 
+/// An exec's stdin, stdout and stderr, as they came with its request.
+fn stdio_of(fds: &[OwnedFd]) -> Result<[BorrowedFd<'_>; 3]> {
+    match fds {
+        [a, b, c, ..] => Ok([a.as_fd(), b.as_fd(), c.as_fd()]),
+        _ => Err(OciError::Invalid(
+            "the process's stdin, stdout and stderr were not passed".into(),
+        )),
+    }
+}
+
 fn conn_clone(c: &Conn) -> std::io::Result<Conn> {
     let fd: OwnedFd = c.as_fd().try_clone_to_owned()?;
     Ok(crate::ctl::Conn::from_owned(fd))
-}
-
-fn start_proc(
-    sandbox: &mut dyn Sandbox,
-    process: &ProcessSpec,
-    [stdin, stdout, stderr]: [Option<File>; 3],
-) -> Result<Proc> {
-    let (Some(stdout), Some(stderr)) = (stdout, stderr) else {
-        return Err(OciError::Invalid(
-            "the process's stdout and stderr were not passed".into(),
-        ));
-    };
-    let bg = sandbox.start_background(&exec_request(process))?;
-    Ok(Proc {
-        bg,
-        stdin,
-        stdout,
-        stderr,
-        from: [0, 0],
-        conn: None,
-    })
 }
 
 /// The host pids of every process in the sandbox's cgroup.

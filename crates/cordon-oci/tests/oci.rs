@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cri;
+mod passthrough;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -50,6 +50,7 @@ pub(super) struct Background {
 }
 
 impl Agent {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn start_background(
         &mut self,
         id: u64,
@@ -58,6 +59,7 @@ impl Agent {
         cwd: &str,
         limits: &ProcLimits,
         pty: Option<cordon_core::PtySize>,
+        stdio: StdioMode,
     ) -> Result<(), (ErrorCode, String)> {
         if self.background.contains_key(&id) || self.running.as_ref().is_some_and(|r| r.id == id) {
             return Err((ErrorCode::BadRequest, format!("exec id {id} is in use")));
@@ -87,10 +89,19 @@ impl Agent {
             env.entry("TERM".into())
                 .or_insert_with(|| crate::proto::PTY_TERM.into());
         }
-        // Background output always passes through the agent (it is kept here), so the
-        // program's stdio are the agent's own pipes (or its terminal) whatever the channel.
+        // Framed: the output passes through the agent (it is kept here), so the program's
+        // stdio are the agent's own pipes (or its terminal) whatever the channel. Passed:
+        // the host's descriptors are the program's, and nothing is kept here.
+        if stdio == StdioMode::Passed && self.fds.len() < 3 {
+            return Err((
+                ErrorCode::BadRequest,
+                "passed stdio needs three descriptors with the request (a channel that \
+                 cannot carry descriptors cannot pass them)"
+                    .into(),
+            ));
+        }
         let mut run = self
-            .launch(id, argv, &env, cwd, StdioMode::Framed, limits, pty)
+            .launch(id, argv, &env, cwd, stdio, limits, pty)
             .map_err(|e| (ErrorCode::SpawnFailed, e.to_string()))?;
         // A background exec's reaper exits once it has reported: only a foreground exec's
         // serves the next one.
@@ -176,6 +187,40 @@ impl Agent {
             let _ = kill(run.reaper, sig);
         }
         self.send(&Reply::Ok, b"")
+    }
+
+    /// Answers [`Request::BgRaise`]: the exec's reaper (PID 1 of its namespace, which
+    /// takes no signal for its program from outside) is sent [`sys::RELAY_SIGNAL`] with the
+    /// signal's number as its value, and passes that signal on to its program, or to every
+    /// process of the exec.
+    pub(super) fn raise_background(
+        &mut self,
+        id: u64,
+        signal: i32,
+        all: bool,
+    ) -> Result<(), ProtoError> {
+        if !(1..=64).contains(&signal) {
+            return self.error(
+                ErrorCode::BadRequest,
+                format!("signal {signal} does not exist; give a number from 1 to 64"),
+            );
+        }
+        let Some(bg) = self.background.get(&id) else {
+            return self.error(ErrorCode::NotFound, format!("no background exec {id}"));
+        };
+        let Some(run) = &bg.run else {
+            return self.error(
+                ErrorCode::NotFound,
+                format!("background exec {id} has ended"),
+            );
+        };
+        match sys::relay_signal(run.reaper, signal, all) {
+            Ok(()) => self.send(&Reply::Ok, b""),
+            Err(e) => self.error(
+                ErrorCode::Io,
+                format!("signalling background exec {id}: {e}"),
+            ),
+        }
     }
 
     /// Answers [`Request::BgResize`]: TIOCSWINSZ on the exec's terminal, so its foreground

@@ -205,7 +205,11 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
                     drop(chan);
                     program_standby(cfg, sock)
                 }
-                Ok(sys::Forked::Parent(pid)) => program = Some(pid),
+                Ok(sys::Forked::Parent(pid)) => {
+                    // A signal relayed before the job came is this process's.
+                    sys::set_relay_target(pid.as_raw());
+                    program = Some(pid)
+                }
                 Err(_) => {}
             }
         }
@@ -337,7 +341,10 @@ pub(super) fn run_job(
             drop(status);
             program_main(cfg, plan, limits)
         }
-        Ok(sys::Forked::Parent(pid)) => pid,
+        Ok(sys::Forked::Parent(pid)) => {
+            sys::set_relay_target(pid.as_raw());
+            pid
+        }
         Err(_) => sys::exit_now(120),
     };
     // Close our copies of the program's stdio so the host sees EOF when the tree is gone.
@@ -361,6 +368,8 @@ fn wait_and_report(child: Pid, started: Instant, mut status: File) {
                 cpu_us += r.cpu_us;
                 rss_kb = rss_kb.max(r.max_rss_kb);
                 if r.pid == child && r.end != sys::End::Other {
+                    // Reaped: its pid may name another process from now on.
+                    sys::set_relay_target(0);
                     main_status = Some(r.end);
                     program_us = started.elapsed().as_micros() as u64;
                     // The program is done: end everything it left behind.
@@ -550,6 +559,10 @@ pub(super) fn exec_program(plan: &ExecPlan) -> ! {
     if let Err(e) = sys::close_from(3) {
         program_fail("closing inherited descriptors", &e);
     }
+    // The agent's runtime ignores SIGPIPE, and an ignored signal stays ignored across
+    // exec: the program starts with every signal's default action, as anywhere else (a
+    // writer into a closed pipe ends by SIGPIPE).
+    sys::default_signal_actions();
     let mut last = Errno::ENOENT;
     for cand in plan.candidates() {
         match nix::unistd::execve(&cand, &plan.argv, &plan.env) {

@@ -700,10 +700,16 @@ impl Agent {
                 cwd,
                 limits,
                 pty,
+                stdio,
             } => {
-                // Descriptors sent along are not for a background exec.
+                // Descriptors sent along are the program's own only when it says so.
+                if stdio != StdioMode::Passed {
+                    self.fds.clear();
+                }
+                let started = self.start_background(id, &argv, &env, &cwd, &limits, pty, stdio);
+                // Whatever the start made of them, none is left for a later request.
                 self.fds.clear();
-                match self.start_background(id, &argv, &env, &cwd, &limits, pty) {
+                match started {
                     Ok(()) => {
                         self.send(&Reply::Started { id }, b"")?;
                         // The next exec's reaper gets ready while the host reads the reply.
@@ -722,6 +728,7 @@ impl Agent {
             } => self.read_background(id, [stdout_from, stderr_from], max)?,
             Request::BgStdin { id } => self.write_background(id, frame.body)?,
             Request::BgSignal { id, signal } => self.signal_background(id, signal)?,
+            Request::BgRaise { id, signal, all } => self.raise_background(id, signal, all)?,
             Request::BgResize { id, size } => self.resize_background(id, size)?,
             Request::Kill { id } => {
                 if let Some(run) = self.running.as_ref().filter(|r| r.id == id) {
