@@ -335,6 +335,31 @@ fn a_program_reading_stdin_without_any_sees_eof() {
     assert_eq!(text(&o.stdout).trim(), "300000");
 }
 
+/// A program starts with every signal's default action, whatever its agent ignores: a
+/// writer into a closed pipe ends by SIGPIPE (`yes | head` ends) instead of looping on EPIPE.
+#[test]
+fn a_program_starts_with_no_signal_ignored() {
+    let b = need_backend!();
+    let o = run_in(
+        b,
+        &spec(),
+        &ExecRequest::argv(["grep", "SigIgn", "/proc/self/status"]),
+    );
+    assert_eq!(o.exit_code, Some(0), "{o:?}");
+    let mask = text(&o.stdout);
+    let mask = u64::from_str_radix(mask.trim().trim_start_matches("SigIgn:").trim(), 16)
+        .unwrap_or_else(|_| panic!("{mask:?}"));
+    assert_eq!(
+        mask & (1 << (libc::SIGPIPE - 1)),
+        0,
+        "SIGPIPE ignored: {mask:x}"
+    );
+    let o = sh(b, "yes | head -c 3");
+    assert_eq!(o.termination, Termination::Exited, "{o:?}");
+    assert_eq!(text(&o.stdout), "y\ny");
+    assert!(o.stderr.is_empty(), "{}", text(&o.stderr));
+}
+
 /// CPU time counts the whole tree an exec started, a grandchild's busy loop included, on
 /// every cgroup layout (on cgroup v1 with cpuacct apart from cpu it is the agent's figure).
 #[test]

@@ -133,7 +133,7 @@ impl NodeAudit {
 /// are made: drained whenever the monitor reads or signals a process and when the sandbox
 /// is destroyed. Everything else is the sandbox's own (the container tier's own calls, such
 /// as a start with passed stdio, through [`Audited::inner`]).
-pub struct Audited<S: Sandbox = Box<dyn Sandbox>> {
+pub struct Audited<S: Sandbox> {
     inner: S,
     audit: NodeAudit,
     container: String,

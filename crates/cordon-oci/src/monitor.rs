@@ -500,9 +500,10 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
                     .map_err(OciError::from)
                     .and_then(|t| {
                         let slave = t.slave.as_fd();
-                        let bg = cx
-                            .sandbox
-                            .start_attached(&req, [slave, slave, slave], true)?;
+                        let bg =
+                            cx.sandbox
+                                .inner()
+                                .start_attached(&req, [slave, slave, slave], true)?;
                         Ok((bg, Some(t)))
                     })
             } else {
