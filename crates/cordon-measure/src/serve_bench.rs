@@ -253,7 +253,7 @@ fn measure(server: &Server, tier: Tier, iterations: usize, key: &str) -> Result<
     // sent the moment its pool is refilled would find the CPUs busy or just gone idle.
     let settle = || {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while (svc.pool_ready(tier) < 2 || svc.destroys_in_flight() > 0)
+        while (svc.pools().ready(tier) < 2 || svc.destroys_in_flight() > 0)
             && Instant::now() < deadline
         {
             std::thread::sleep(Duration::from_millis(1));

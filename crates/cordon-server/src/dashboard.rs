@@ -149,7 +149,7 @@ fn now_ms() -> i64 {
 }
 
 fn snapshot(svc: &Service, scope: &Scope) -> Snapshot {
-    let live = svc.live_sandboxes(scope.only());
+    let live = svc.sessions().live_sandboxes(scope.only());
     let mut counts: Vec<LiveCount> = Vec::new();
     for (t, s) in &live {
         match counts
@@ -179,7 +179,7 @@ fn snapshot(svc: &Service, scope: &Scope) -> Snapshot {
             (size > 0).then(|| PoolFill {
                 tier: *tier,
                 size,
-                ready: svc.pool_ready(*tier),
+                ready: svc.pools().ready(*tier),
             })
         })
         .collect();

@@ -3,6 +3,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use std::sync::Arc;
 
 /// Errors of the service's setup (config, data dir, audit store).
 #[derive(Debug, thiserror::Error)]
@@ -147,6 +148,12 @@ pub struct ApiError {
     pub rule: Option<String>,
     #[serde(skip)]
     pub retry_after: Option<u64>,
+    /// What caused it, for the server's log and for callers that walk
+    /// [`std::error::Error::source`]: never sent to the client (a store's or a host call's
+    /// error may name host paths).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 impl ApiError {
@@ -157,7 +164,23 @@ impl ApiError {
             fix: fix.into(),
             rule: None,
             retry_after: None,
+            source: None,
         }
+    }
+
+    /// An internal error with the error that caused it kept as its source: the client sees
+    /// `message` only, the log the whole chain.
+    pub fn internal_from(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        ApiError::internal(message).with_source(source)
+    }
+
+    /// Keeps `source` as the cause of this error (not shown to the client).
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
     }
 
     pub fn not_found(what: &str) -> Self {
@@ -208,6 +231,14 @@ impl std::fmt::Display for ApiError {
             self.message,
             self.fix
         )
+    }
+}
+
+impl std::error::Error for ApiError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -295,6 +326,11 @@ impl From<cordon_host::volume::VolumeError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if let Some(cause) = &self.source {
+            // The client gets the message; the operator the cause, which may name host
+            // paths no tenant sees.
+            tracing::error!(code = self.code.as_str(), message = %self.message, cause = %Chain(cause.as_ref()), "request failed");
+        }
         let mut resp = (self.code.status(), axum::Json(self.to_json())).into_response();
         if let Some(secs) = self.retry_after
             && let Ok(v) = HeaderValue::from_str(&secs.to_string())
@@ -302,5 +338,20 @@ impl IntoResponse for ApiError {
             resp.headers_mut().insert(header::RETRY_AFTER, v);
         }
         resp
+    }
+}
+
+/// An error and its sources, one after another, for the log.
+pub(crate) struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            write!(f, ": {e}")?;
+            next = e.source();
+        }
+        Ok(())
     }
 }

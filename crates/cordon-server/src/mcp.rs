@@ -337,6 +337,7 @@ impl CordonMcp {
         let (create, exec, files) = req.split();
         let job = self
             .svc
+            .execs()
             .begin_run(&t, create, &exec, files)
             .await
             .map_err(|e| e.to_string())?;
@@ -360,7 +361,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<SandboxInfo>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.create(&t, req).await)
+        answer(self.svc.sessions().create(&t, req).await)
     }
 
     #[tool(
@@ -382,8 +383,8 @@ impl CordonMcp {
         let t = self.tenant(&ctx)?;
         let labels: Vec<(String, String)> = a.labels.into_iter().collect();
         Ok(Json(SandboxList {
-            sandboxes: self.svc.list(&t, &labels),
-            on_disk_bytes: self.svc.on_disk_bytes(&t),
+            sandboxes: self.svc.sessions().list(&t, &labels),
+            on_disk_bytes: self.svc.sessions().on_disk_bytes(&t),
         }))
     }
 
@@ -404,7 +405,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<SandboxInfo>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.info(&t, &a.sandbox).await)
+        answer(self.svc.sessions().info(&t, &a.sandbox).await)
     }
 
     #[tool(
@@ -424,7 +425,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<VolumeInfo>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.create_volume(&t, req).await)
+        answer(self.svc.volumes().create(&t, req).await)
     }
 
     #[tool(
@@ -443,7 +444,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<VolumeList>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.volumes(&t).await)
+        answer(self.svc.volumes().list(&t).await)
     }
 
     #[tool(
@@ -463,7 +464,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<VolumeDeleted>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.delete_volume(&t, &a.name).await)
+        answer(self.svc.volumes().delete(&t, &a.name).await)
     }
 
     #[tool(
@@ -496,6 +497,7 @@ impl CordonMcp {
         };
         let job = self
             .svc
+            .execs()
             .begin_exec(&t, &a.sandbox, &body)
             .map_err(|e| e.to_string())?;
         answer(job.run(None).await)
@@ -527,6 +529,7 @@ impl CordonMcp {
         };
         answer(
             self.svc
+                .files()
                 .put_file(&t, &a.sandbox, &a.path, data, 0o644)
                 .await,
         )
@@ -551,6 +554,7 @@ impl CordonMcp {
         let t = self.tenant(&ctx)?;
         let data = self
             .svc
+            .files()
             .get_file(&t, &a.sandbox, &a.path)
             .await
             .map_err(|e| e.to_string())?;
@@ -704,7 +708,12 @@ impl CordonMcp {
             pty: a.pty,
             ..ExecBody::default()
         };
-        answer(self.svc.start_background(&t, &a.sandbox, &body).await)
+        answer(
+            self.svc
+                .procs()
+                .start_background(&t, &a.sandbox, &body)
+                .await,
+        )
     }
 
     #[tool(
@@ -732,6 +741,7 @@ impl CordonMcp {
                     default: true,
                 };
                 self.svc
+                    .contexts()
                     .create_context(&t, &a.sandbox, &body)
                     .await
                     .map_err(|e| e.to_string())?
@@ -743,7 +753,12 @@ impl CordonMcp {
             timeout: a.timeout,
             stream: false,
         };
-        answer(self.svc.run_cell(&t, &a.sandbox, &cid, body, None).await)
+        answer(
+            self.svc
+                .contexts()
+                .run_cell(&t, &a.sandbox, &cid, body, None)
+                .await,
+        )
     }
 
     #[tool(
@@ -767,7 +782,12 @@ impl CordonMcp {
             lang: a.lang.as_str().to_string(),
             default: false,
         };
-        answer(self.svc.create_context(&t, &a.sandbox, &body).await)
+        answer(
+            self.svc
+                .contexts()
+                .create_context(&t, &a.sandbox, &body)
+                .await,
+        )
     }
 
     #[tool(
@@ -789,6 +809,7 @@ impl CordonMcp {
         let t = self.tenant(&ctx)?;
         answer(
             self.svc
+                .contexts()
                 .list_contexts(&t, &a.sandbox)
                 .map(|contexts| ContextList { contexts }),
         )
@@ -811,7 +832,12 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ContextInfo>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.restart_context(&t, &a.sandbox, &a.context).await)
+        answer(
+            self.svc
+                .contexts()
+                .restart_context(&t, &a.sandbox, &a.context)
+                .await,
+        )
     }
 
     #[tool(
@@ -831,7 +857,12 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ContextInfo>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.delete_context(&t, &a.sandbox, &a.context).await)
+        answer(
+            self.svc
+                .contexts()
+                .delete_context(&t, &a.sandbox, &a.context)
+                .await,
+        )
     }
 
     #[tool(
@@ -853,6 +884,7 @@ impl CordonMcp {
         let t = self.tenant(&ctx)?;
         answer(
             self.svc
+                .procs()
                 .list_execs(&t, &a.sandbox)
                 .await
                 .map(|execs| ExecList { execs }),
@@ -876,7 +908,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ExecPeek>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.peek_exec(&t, &a.sandbox, &a.exec).await)
+        answer(self.svc.procs().peek_exec(&t, &a.sandbox, &a.exec).await)
     }
 
     #[tool(
@@ -900,7 +932,12 @@ impl CordonMcp {
             rows: a.rows,
             cols: a.cols,
         };
-        answer(self.svc.exec_resize(&t, &a.sandbox, &a.exec, size).await)
+        answer(
+            self.svc
+                .procs()
+                .exec_resize(&t, &a.sandbox, &a.exec, size)
+                .await,
+        )
     }
 
     #[tool(
@@ -920,7 +957,12 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ExecInfo>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.exec_signal(&t, &a.sandbox, &a.exec, a.force).await)
+        answer(
+            self.svc
+                .procs()
+                .exec_signal(&t, &a.sandbox, &a.exec, a.force)
+                .await,
+        )
     }
 
     #[tool(
@@ -940,7 +982,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<SandboxInfo>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.pause(&t, &a.sandbox, a.to_disk).await)
+        answer(self.svc.sessions().pause(&t, &a.sandbox, a.to_disk).await)
     }
 
     #[tool(
@@ -960,7 +1002,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<SandboxInfo>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.resume(&t, &a.sandbox).await)
+        answer(self.svc.sessions().resume(&t, &a.sandbox).await)
     }
 
     #[tool(
@@ -984,7 +1026,7 @@ impl CordonMcp {
             ttl: a.ttl,
             idle_timeout: a.idle_timeout,
         };
-        answer(self.svc.patch(&t, &a.sandbox, req).await)
+        answer(self.svc.sessions().patch(&t, &a.sandbox, req).await)
     }
 
     #[tool(
@@ -1004,7 +1046,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Destroyed>, String> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.destroy(&t, &a.sandbox).await)
+        answer(self.svc.sessions().destroy(&t, &a.sandbox).await)
     }
 
     #[tool(

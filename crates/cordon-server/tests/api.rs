@@ -538,7 +538,7 @@ impl Env {
 
     async fn wait_pool(&self, n: usize) {
         for _ in 0..200 {
-            if self.server.service().pool_ready(Tier::Container) >= n {
+            if self.server.service().pools().ready(Tier::Container) >= n {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -1065,7 +1065,7 @@ async fn one_shot_run_on_the_real_runtime_tier() {
         .call(M::POST, "/v1/run", ALICE, Some(json!({"files": [{"path": "/work/x", "content": "hi"}], "argv": ["cat", "/work/x"]})))
         .await;
     assert_eq!((s, o["stdout"].as_str()), (200, Some("hi")), "{o}");
-    assert_eq!(env.server.service().live_count(), 0);
+    assert_eq!(env.server.service().sessions().count(), 0);
     env.server.shutdown().await;
 }
 
@@ -1322,7 +1322,10 @@ async fn shutdown_destroys_everything_and_restart_recovers_leftovers() {
     let svc = server.service().clone();
     let alice = Tenant("alice".into());
     for _ in 0..3 {
-        svc.create(&alice, Default::default()).await.unwrap();
+        svc.sessions()
+            .create(&alice, Default::default())
+            .await
+            .unwrap();
     }
     server.shutdown().await;
     assert_eq!(counters.created.load(Ordering::SeqCst), 3);
@@ -2321,7 +2324,7 @@ async fn tier_policy_picks_refuses_and_audits() {
             assert_eq!(e["rule"], "untrusted-needs-kernel-boundary", "{e}");
         }
     }
-    assert_eq!(env.server.service().live_count(), 0);
+    assert_eq!(env.server.service().sessions().count(), 0);
     // Every decision above is in the audit: one allow, two denials naming their rules.
     let (s, rows) = env
         .call(M::GET, "/v1/audit?kind=policy&limit=100", ALICE, None)

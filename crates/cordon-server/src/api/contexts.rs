@@ -38,7 +38,7 @@ pub(crate) async fn create(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let Json(body) = body.map_err(json_rejection)?;
-    let info = svc.create_context(&t, &id, &body).await?;
+    let info = svc.contexts().create_context(&t, &id, &body).await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
@@ -49,7 +49,7 @@ pub(crate) async fn list(
 ) -> Result<Json<crate::model::ContextList>, ApiError> {
     let id = parse_id(&id)?;
     Ok(Json(crate::model::ContextList {
-        contexts: svc.list_contexts(&t, &id)?,
+        contexts: svc.contexts().list_contexts(&t, &id)?,
     }))
 }
 
@@ -59,7 +59,7 @@ pub(crate) async fn delete(
     Path(p): Path<(String, String)>,
 ) -> Result<Json<ContextInfo>, ApiError> {
     let (id, cid) = ids(p)?;
-    Ok(Json(svc.delete_context(&t, &id, &cid).await?))
+    Ok(Json(svc.contexts().delete_context(&t, &id, &cid).await?))
 }
 
 pub(crate) async fn restart(
@@ -68,7 +68,7 @@ pub(crate) async fn restart(
     Path(p): Path<(String, String)>,
 ) -> Result<Json<ContextInfo>, ApiError> {
     let (id, cid) = ids(p)?;
-    Ok(Json(svc.restart_context(&t, &id, &cid).await?))
+    Ok(Json(svc.contexts().restart_context(&t, &id, &cid).await?))
 }
 
 /// Runs a cell: the whole result, or `stdout`/`stderr` events as they come and a last
@@ -84,12 +84,12 @@ pub(crate) async fn run(
     let Json(body) = body.map_err(json_rejection)?;
     let m = mode(&headers, body.stream);
     if m == Mode::Whole {
-        return Ok(Json(svc.run_cell(&t, &id, &cid, body, None).await?).into_response());
+        return Ok(Json(svc.contexts().run_cell(&t, &id, &cid, body, None).await?).into_response());
     }
     // Refused before the stream starts when the context is not this tenant's.
-    svc.context_check(&t, &id, &cid)?;
+    svc.contexts().context_check(&t, &id, &cid)?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let fut = async move { svc.run_cell(&t, &id, &cid, body, Some(tx)).await };
+    let fut = async move { svc.contexts().run_cell(&t, &id, &cid, body, Some(tx)).await };
     Ok(stream_events(m, rx, fut, "result"))
 }
 

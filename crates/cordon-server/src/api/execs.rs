@@ -60,7 +60,7 @@ async fn exec(
     let id = parse_id(&id)?;
     let Json(body) = body.map_err(json_rejection)?;
     if body.background {
-        let info = svc.start_background(&t, &id, &body).await?;
+        let info = svc.procs().start_background(&t, &id, &body).await?;
         return Ok((StatusCode::ACCEPTED, Json(info)).into_response());
     }
     if body.pty.is_some() {
@@ -69,7 +69,7 @@ async fn exec(
         ));
     }
     let m = mode(&headers, body.stream);
-    let job = svc.begin_exec(&t, &id, &body)?;
+    let job = svc.execs().begin_exec(&t, &id, &body)?;
     if m == Mode::Whole {
         return Ok(Json(job.run(None).await?).into_response());
     }
@@ -87,7 +87,7 @@ async fn run(
     let Json(req) = body.map_err(json_rejection)?;
     let (create, exec, files) = req.split();
     let m = mode(&headers, exec.stream);
-    let job = svc.begin_run(&t, create, &exec, files).await?;
+    let job = svc.execs().begin_run(&t, create, &exec, files).await?;
     if m == Mode::Whole {
         return Ok(Json(job.run(None).await?).into_response());
     }

@@ -101,7 +101,7 @@ pub(crate) async fn file_done(
         FileOp::Rename { from, to } => (from.clone(), Some(to.clone())),
         other => (other.path().to_string(), None),
     };
-    match svc.file_op(t, id, op).await? {
+    match svc.files().file_op(t, id, op).await? {
         FileReply::Done => Ok(Done { op: name, path, to }),
         other => Err(unexpected(other)),
     }
@@ -115,7 +115,7 @@ pub(crate) async fn list_dir(
     path: String,
 ) -> Result<Listing, ApiError> {
     let op = FileOp::List { path: path.clone() };
-    match svc.file_op(t, id, op).await? {
+    match svc.files().file_op(t, id, op).await? {
         FileReply::Entries { entries, truncated } => Ok(Listing {
             path,
             entries,
@@ -133,7 +133,7 @@ pub(crate) async fn stat_path(
     path: String,
 ) -> Result<Stat, ApiError> {
     let op = FileOp::Stat { path: path.clone() };
-    match svc.file_op(t, id, op).await? {
+    match svc.files().file_op(t, id, op).await? {
         FileReply::Entry { entry } => Ok(Stat { path, entry }),
         other => Err(unexpected(other)),
     }
@@ -235,7 +235,9 @@ pub(crate) async fn put_archive(
         ));
     }
     let stream = body.into_data_stream().map_err(std::io::Error::other);
-    Ok(Json(svc.put_archive(&t, &id, &q.path, stream).await?))
+    Ok(Json(
+        svc.files().put_archive(&t, &id, &q.path, stream).await?,
+    ))
 }
 
 /// Streams the directory `?path=` (default `/work`) as a tar archive.
@@ -247,7 +249,7 @@ pub(crate) async fn get_archive(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let Query(q) = q.map_err(query_rejection)?;
-    let stream = svc.get_archive(&t, &id, &q.path).await?;
+    let stream = svc.files().get_archive(&t, &id, &q.path).await?;
     let mut resp = Body::from_stream(stream).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -388,7 +390,8 @@ async fn put_file(
             .ok_or_else(|| ApiError::invalid("mode must be octal permission bits like 644"))?,
     };
     Ok(Json(
-        svc.put_file(&t, &id, &file_path(&path), body.to_vec(), mode)
+        svc.files()
+            .put_file(&t, &id, &file_path(&path), body.to_vec(), mode)
             .await?,
     ))
 }
@@ -399,6 +402,6 @@ async fn get_file(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let data = svc.get_file(&t, &id, &file_path(&path)).await?;
+    let data = svc.files().get_file(&t, &id, &file_path(&path)).await?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
 }

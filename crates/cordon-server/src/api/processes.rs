@@ -82,7 +82,7 @@ async fn list_execs(
 ) -> Result<Json<crate::model::ExecList>, ApiError> {
     let id = parse_id(&id)?;
     Ok(Json(crate::model::ExecList {
-        execs: svc.list_execs(&t, &id).await?,
+        execs: svc.procs().list_execs(&t, &id).await?,
     }))
 }
 
@@ -111,12 +111,12 @@ async fn attach(
         m => m,
     };
     if m == Mode::Whole {
-        return Ok(Json(svc.attach(&t, &id, &exec_id, None).await?).into_response());
+        return Ok(Json(svc.procs().attach(&t, &id, &exec_id, None).await?).into_response());
     }
     // Refused before the stream starts when the exec is not this tenant's.
-    svc.list_execs_check(&t, &id, &exec_id)?;
+    svc.procs().list_execs_check(&t, &id, &exec_id)?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let fut = async move { svc.attach(&t, &id, &exec_id, Some(tx)).await };
+    let fut = async move { svc.procs().attach(&t, &id, &exec_id, Some(tx)).await };
     Ok(stream_response(m, rx, fut))
 }
 
@@ -142,7 +142,9 @@ async fn stop_exec(
         Some("kill") => true,
         Some(_) => return Err(ApiError::invalid("signal must be term or kill")),
     };
-    Ok(Json(svc.exec_signal(&t, &id, &exec_id, kill).await?))
+    Ok(Json(
+        svc.procs().exec_signal(&t, &id, &exec_id, kill).await?,
+    ))
 }
 
 async fn exec_stdin(
@@ -156,7 +158,9 @@ async fn exec_stdin(
     let Json(body) = body.map_err(json_rejection)?;
     let data = body.bytes()?;
     let n = data.len();
-    svc.exec_stdin(&t, &id, &exec_id, data, body.close).await?;
+    svc.procs()
+        .exec_stdin(&t, &id, &exec_id, data, body.close)
+        .await?;
     Ok(Json(crate::model::StdinWritten {
         bytes: n as u64,
         closed: body.close,
@@ -176,5 +180,7 @@ async fn resize_exec(
         rows: body.rows,
         cols: body.cols,
     };
-    Ok(Json(svc.exec_resize(&t, &id, &exec_id, size).await?))
+    Ok(Json(
+        svc.procs().exec_resize(&t, &id, &exec_id, size).await?,
+    ))
 }

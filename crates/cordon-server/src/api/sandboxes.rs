@@ -102,7 +102,7 @@ async fn create(
     body: Result<Json<CreateRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(json_rejection)?;
-    let info = svc.create(&t, req).await?;
+    let info = svc.sessions().create(&t, req).await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
@@ -127,8 +127,8 @@ async fn list(
         labels.push((lk.to_string(), lv.to_string()));
     }
     Ok(Json(crate::model::SandboxList {
-        sandboxes: svc.list(&t, &labels),
-        on_disk_bytes: svc.on_disk_bytes(&t),
+        sandboxes: svc.sessions().list(&t, &labels),
+        on_disk_bytes: svc.sessions().on_disk_bytes(&t),
     }))
 }
 
@@ -150,7 +150,7 @@ async fn pause(
             ))
         })?
     };
-    Ok(Json(svc.pause(&t, &id, req.to_disk).await?))
+    Ok(Json(svc.sessions().pause(&t, &id, req.to_disk).await?))
 }
 
 async fn resume(
@@ -159,7 +159,7 @@ async fn resume(
     Path(id): Path<String>,
 ) -> Result<Json<crate::model::SandboxInfo>, ApiError> {
     let id = parse_id(&id)?;
-    Ok(Json(svc.resume(&t, &id).await?))
+    Ok(Json(svc.sessions().resume(&t, &id).await?))
 }
 
 async fn patch(
@@ -170,7 +170,7 @@ async fn patch(
 ) -> Result<Json<crate::model::SandboxInfo>, ApiError> {
     let id = parse_id(&id)?;
     let Json(req) = body.map_err(json_rejection)?;
-    Ok(Json(svc.patch(&t, &id, req).await?))
+    Ok(Json(svc.sessions().patch(&t, &id, req).await?))
 }
 
 async fn info(
@@ -179,7 +179,7 @@ async fn info(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    Ok(Json(svc.info(&t, &id).await?).into_response())
+    Ok(Json(svc.sessions().info(&t, &id).await?).into_response())
 }
 
 async fn destroy(
@@ -188,5 +188,5 @@ async fn destroy(
     Path(id): Path<String>,
 ) -> Result<Json<crate::model::Destroyed>, ApiError> {
     let id = parse_id(&id)?;
-    Ok(Json(svc.destroy(&t, &id).await?))
+    Ok(Json(svc.sessions().destroy(&t, &id).await?))
 }

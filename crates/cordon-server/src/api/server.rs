@@ -209,13 +209,13 @@ async fn health(State(svc): State<Service>, MaybeAuth(t): MaybeAuth) -> Json<Hea
                     *t,
                     PoolHealth {
                         size: *size,
-                        ready: svc.pool_ready(*t),
+                        ready: svc.pools().ready(*t),
                     },
                 )
             })
             .collect(),
     );
-    h.live_sandboxes = Some(svc.live_count());
+    h.live_sandboxes = Some(svc.sessions().count());
     Json(h)
 }
 

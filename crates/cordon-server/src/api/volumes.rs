@@ -55,7 +55,7 @@ async fn create_volume(
     body: Result<Json<crate::model::VolumeCreate>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(json_rejection)?;
-    let info = svc.create_volume(&t, req).await?;
+    let info = svc.volumes().create(&t, req).await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
@@ -63,7 +63,7 @@ async fn list_volumes(
     State(svc): State<Service>,
     Auth(t): Auth,
 ) -> Result<Json<crate::model::VolumeList>, ApiError> {
-    Ok(Json(svc.volumes(&t).await?))
+    Ok(Json(svc.volumes().list(&t).await?))
 }
 
 async fn volume(
@@ -71,7 +71,7 @@ async fn volume(
     Auth(t): Auth,
     Path(name): Path<String>,
 ) -> Result<Json<crate::model::VolumeInfo>, ApiError> {
-    Ok(Json(svc.volume(&t, &name).await?))
+    Ok(Json(svc.volumes().get(&t, &name).await?))
 }
 
 async fn delete_volume(
@@ -79,5 +79,5 @@ async fn delete_volume(
     Auth(t): Auth,
     Path(name): Path<String>,
 ) -> Result<Json<crate::model::VolumeDeleted>, ApiError> {
-    Ok(Json(svc.delete_volume(&t, &name).await?))
+    Ok(Json(svc.volumes().delete(&t, &name).await?))
 }

@@ -157,7 +157,7 @@ pub(super) async fn create(
         labels: metadata,
         ..Default::default()
     };
-    let info = match e.svc.create(&t, create).await {
+    let info = match e.svc.sessions().create(&t, create).await {
         Ok(i) => i,
         Err(err) => return api_error(err),
     };
@@ -218,7 +218,7 @@ async fn about(
 ) -> Result<(Tenant, String, SandboxInfo), Response> {
     let t = e.tenant(headers, from.0)?;
     let id = parse_id(id).map_err(|_| not_found(id))?;
-    match e.svc.info(&t, &id).await {
+    match e.svc.sessions().info(&t, &id).await {
         Ok(i) if i.state == "live" || i.state == "paused" => Ok((t, id, i)),
         _ => Err(not_found(&id)),
     }
@@ -246,7 +246,7 @@ pub(super) async fn kill(
         Ok(x) => x,
         Err(r) => return r,
     };
-    match e.svc.destroy(&t, &id).await {
+    match e.svc.sessions().destroy(&t, &id).await {
         Ok(_) => {
             e.forget(&id);
             StatusCode::NO_CONTENT.into_response()
@@ -281,6 +281,7 @@ async fn extend(
     let ttl = Dur(Duration::from_millis(want.max(1) as u64));
     let r = e
         .svc
+        .sessions()
         .patch(
             t,
             id,
@@ -333,7 +334,7 @@ pub(super) async fn pause(
             format!("sandbox {id} is already paused"),
         );
     }
-    match super::retry_busy(|| e.svc.pause(&t, &id, false)).await {
+    match super::retry_busy(|| e.svc.sessions().pause(&t, &id, false)).await {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(err) => api_error(err),
     }
@@ -358,7 +359,7 @@ pub(super) async fn connect(
     };
     let mut status = StatusCode::OK;
     if info.paused {
-        info = match e.svc.resume(&t, &id).await {
+        info = match e.svc.sessions().resume(&t, &id).await {
             Ok(i) => i,
             Err(err) => return api_error(err),
         };
@@ -416,6 +417,7 @@ pub(super) async fn list(
     }
     let mut all: Vec<SandboxInfo> = e
         .svc
+        .sessions()
         .list(&t, &labels)
         .into_iter()
         .filter(|i| i.state == "live" || i.state == "paused")

@@ -210,7 +210,7 @@ async fn start(
         timeout,
         ..Default::default()
     };
-    let info = retry_busy(|| e.svc.start_background(&b.tenant, &id, &exec))
+    let info = retry_busy(|| e.svc.procs().start_background(&b.tenant, &id, &exec))
         .await
         .map_err(connect_error)?;
     let pid = pid_of(&info.id)
@@ -229,6 +229,7 @@ async fn start(
     if pty.is_none() && req.stdin != Some(true) {
         let _ = e
             .svc
+            .procs()
             .exec_stdin(&b.tenant, &id, &info.id, Vec::new(), true)
             .await;
     }
@@ -245,6 +246,7 @@ async fn attach_existing(
     let req: ProcessRequest = decode_stream_request(headers, body)?;
     let (pid, rec) = find(b, &req.process)?;
     e.svc
+        .procs()
         .list_execs_check(&b.tenant, &id, &rec.exec_id)
         .map_err(|_| ConnectError::not_found(format!("process with pid {pid} not found")))?;
     let keepalive = header_u64(headers, "keepalive-ping-interval")
@@ -280,7 +282,7 @@ fn events(
             return;
         }
         let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
-        let fut = async move { svc.attach(&tenant, &id, &exec_id, Some(tx)).await };
+        let fut = async move { svc.procs().attach(&tenant, &id, &exec_id, Some(tx)).await };
         let mut done = std::pin::pin!(fut);
         let mut tick = tokio::time::interval(keepalive);
         tick.tick().await;
@@ -382,6 +384,7 @@ fn end_event(o: &cordon_core::ExecOutcome) -> EndEvent {
 async fn list(e: &E2b, id: &str, b: &E2bBox) -> Result<Response, ConnectError> {
     let execs = e
         .svc
+        .procs()
         .list_execs(&b.tenant, id)
         .await
         .map_err(connect_error)?;
@@ -437,6 +440,7 @@ async fn write_input(
     close: bool,
 ) -> Result<(), ConnectError> {
     e.svc
+        .procs()
         .exec_stdin(&b.tenant, id, &rec.exec_id, data, close)
         .await
         .map_err(|err| match err.code {
@@ -478,6 +482,7 @@ async fn send_signal(
     let (pid, rec) = find(b, &req.process)?;
     let running = e
         .svc
+        .procs()
         .list_execs(&b.tenant, id)
         .await
         .map_err(connect_error)?
@@ -489,6 +494,7 @@ async fn send_signal(
         )));
     }
     e.svc
+        .procs()
         .exec_signal(&b.tenant, id, &rec.exec_id, kill)
         .await
         .map_err(connect_error)?;
@@ -506,6 +512,7 @@ async fn update(
     let (_, rec) = find(b, &req.process)?;
     if let Some(size) = req.pty.and_then(|p| p.size) {
         e.svc
+            .procs()
             .exec_resize(
                 &b.tenant,
                 id,
@@ -635,7 +642,7 @@ fn entry_info(entry: &FileEntry, path: &str) -> EntryInfo {
 }
 
 async fn file_op(e: &E2b, b: &E2bBox, id: &str, op: FileOp) -> Result<FileReply, ApiError> {
-    retry_busy(|| e.svc.file_op(&b.tenant, id, op.clone())).await
+    retry_busy(|| e.svc.files().file_op(&b.tenant, id, op.clone())).await
 }
 
 async fn stat(e: &E2b, b: &E2bBox, id: &str, path: &str) -> Result<EntryInfo, ConnectError> {
@@ -836,7 +843,7 @@ pub(super) async fn get_file(
     if let Err(err) = check_reachable(&p) {
         return files_error(err);
     }
-    match retry_busy(|| e.svc.get_file(&b.tenant, &id, &p)).await {
+    match retry_busy(|| e.svc.files().get_file(&b.tenant, &id, &p)).await {
         Ok(data) => ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response(),
         Err(err) => files_error(err),
     }
@@ -851,9 +858,13 @@ async fn write_one(
 ) -> Result<WriteInfo, Response> {
     let p = to_sandbox_path(path);
     check_reachable(&p).map_err(files_error)?;
-    retry_busy(|| e.svc.put_file(&b.tenant, id, &p, data.clone(), 0o644))
-        .await
-        .map_err(files_error)?;
+    retry_busy(|| {
+        e.svc
+            .files()
+            .put_file(&b.tenant, id, &p, data.clone(), 0o644)
+    })
+    .await
+    .map_err(files_error)?;
     let shown = to_e2b_path(&p);
     Ok(WriteInfo {
         name: shown.rsplit('/').next().unwrap_or("").to_string(),

@@ -90,6 +90,7 @@ async fn default_context(e: &E2b, b: &E2bBox, id: &str, lang: &str) -> Result<St
         default: true,
     };
     e.svc
+        .contexts()
         .create_context(&b.tenant, id, &body)
         .await
         .map(|c| c.id)
@@ -133,7 +134,11 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
             }
         }
     };
-    if e.svc.context_check(&b.tenant, &id, &cid).is_err() {
+    if e.svc
+        .contexts()
+        .context_check(&b.tenant, &id, &cid)
+        .is_err()
+    {
         return no_context(&cid);
     }
     let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
@@ -146,7 +151,11 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
     };
     tokio::spawn(async move {
         let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
-        let fut = async move { svc.run_cell(&tenant, &id, &cid, cell, Some(tx)).await };
+        let fut = async move {
+            svc.contexts()
+                .run_cell(&tenant, &id, &cid, cell, Some(tx))
+                .await
+        };
         let mut done = std::pin::pin!(fut);
         let mut tick = tokio::time::interval(KEEPALIVE);
         tick.tick().await;
@@ -263,7 +272,7 @@ pub(super) async fn create(State(e): State<E2b>, headers: HeaderMap, body: Bytes
         lang: lang.to_string(),
         default: false,
     };
-    match e.svc.create_context(&b.tenant, &id, &body).await {
+    match e.svc.contexts().create_context(&b.tenant, &id, &body).await {
         Ok(c) => Json(context_out(&c)).into_response(),
         Err(err) => api_error(err),
     }
@@ -275,7 +284,7 @@ pub(super) async fn list(State(e): State<E2b>, headers: HeaderMap) -> Response {
         Ok(x) => x,
         Err(r) => return r,
     };
-    match e.svc.list_contexts(&b.tenant, &id) {
+    match e.svc.contexts().list_contexts(&b.tenant, &id) {
         Ok(v) => Json(v.iter().map(context_out).collect::<Vec<_>>()).into_response(),
         Err(err) => api_error(err),
     }
@@ -294,7 +303,7 @@ pub(super) async fn delete(
     if !valid_context_id(&cid) {
         return no_context(&cid);
     }
-    match e.svc.delete_context(&b.tenant, &id, &cid).await {
+    match e.svc.contexts().delete_context(&b.tenant, &id, &cid).await {
         Ok(_) => Json(()).into_response(),
         Err(err) if err.code == crate::Code::NotFound => no_context(&cid),
         Err(err) => api_error(err),
@@ -314,7 +323,7 @@ pub(super) async fn restart(
     if !valid_context_id(&cid) {
         return no_context(&cid);
     }
-    match e.svc.restart_context(&b.tenant, &id, &cid).await {
+    match e.svc.contexts().restart_context(&b.tenant, &id, &cid).await {
         Ok(_) => Json(()).into_response(),
         Err(err) if err.code == crate::Code::NotFound => no_context(&cid),
         Err(err) => api_error(err),

@@ -437,7 +437,7 @@ impl E2b {
             .map(|(k, b)| (k.clone(), b.tenant.clone()))
             .collect();
         for (id, t) in all {
-            if self.svc.info(&t, &id).await.is_err() {
+            if self.svc.sessions().info(&t, &id).await.is_err() {
                 self.forget(&id);
             }
         }
@@ -542,7 +542,7 @@ impl E2b {
     /// The sandbox, when the service still runs it (502, as E2B's proxy, when not).
     async fn live(&self, id: &str, b: Arc<E2bBox>) -> Result<(String, Arc<E2bBox>), Response> {
         let not_found = || sandbox_not_found(id);
-        match self.svc.info(&b.tenant, id).await {
+        match self.svc.sessions().info(&b.tenant, id).await {
             Ok(i) if i.state == "live" => Ok((id.to_string(), b)),
             Ok(_) => Err(not_found()),
             Err(_) => {

@@ -1,18 +1,52 @@
 //! Admission: the gate's decision, the tenant's and the server's budgets, the disk guard.
+//! Below every other component: it knows the gate, the ledger and the audit, no sandbox.
 
-use super::*;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-impl Service {
-    // ---- policy ----------------------------------------------------------------------
+use cordon_core::SandboxSpec;
+use cordon_engine::{Admission, Gate, Ledger, Principal, Reservation, Resolved};
 
+use super::common::{Life, NewEventOwned, Recorder};
+use crate::audit::AuditEvent;
+use crate::error::{ApiError, Code};
+use crate::keys::Tenant;
+use crate::metrics::Metrics;
+use crate::model::CreateRequest;
+
+/// How long a new sandbox waits for places under the limits that are being given back
+/// (teardowns under way) before it is refused, and how often it looks.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(10);
+const TEARDOWN_POLL: Duration = Duration::from_millis(5);
+
+/// The gate's decisions and the places under the budgets.
+#[derive(Clone)]
+pub struct Admit {
+    /// The gate every create and run passes: the operator's ceiling, the grant catalogue
+    /// and the tier policy.
+    pub(super) gate: Arc<Gate>,
+    /// Sandboxes and memory held, per tenant and in all.
+    pub(super) ledger: Arc<Ledger>,
+    pub(super) audit: Recorder,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) life: Life,
+    pub(super) data_dir: PathBuf,
+    /// `audit.min_free_disk`: the free space new sandboxes leave the data dir.
+    pub(super) min_free_disk: u64,
+    /// The Retry-After of a refusal for a full budget.
+    pub(super) retry_after_secs: u64,
+}
+
+impl Admit {
     /// The gate every create and run passes.
     pub fn gate(&self) -> &Gate {
-        &self.inner.gate
+        &self.gate
     }
 
-    /// The token issuer of minted grants.
-    pub fn issuer(&self) -> &Arc<Issuer> {
-        &self.inner.issuer
+    /// A tenant's rules, the operator's ceiling's defaults applied.
+    pub(super) fn rules(&self, tenant: &Tenant) -> Resolved {
+        self.gate.rules_for(&Principal::Tenant(tenant.0.clone()))
     }
 
     /// Turns a create request into a spec, or refuses it. Every decision is audited.
@@ -23,7 +57,7 @@ impl Service {
         what: &str,
     ) -> Result<Admission, ApiError> {
         let (adm, row) = self.decide_later(tenant, req, what).await?;
-        self.record(row).await?;
+        self.audit.record(row).await?;
         Ok(adm)
     }
 
@@ -36,7 +70,7 @@ impl Service {
         what: &str,
     ) -> Result<(Admission, NewEventOwned), ApiError> {
         let who = Principal::Tenant(tenant.0.clone());
-        let decided = self.inner.gate.admit(&who, req, what);
+        let decided = self.gate.admit(&who, req, what);
         let (tier, event) = AuditEvent::of_decision(&decided);
         let row = NewEventOwned {
             tenant: Some(tenant.0.clone()),
@@ -47,9 +81,9 @@ impl Service {
         match decided {
             Ok(adm) => Ok((adm, row)),
             Err(d) => {
-                self.record(row).await?;
+                self.audit.record(row).await?;
                 let e = ApiError::from(d);
-                self.inner.metrics.deny(e.code.as_str());
+                self.metrics.deny(e.code.as_str());
                 Err(e)
             }
         }
@@ -66,13 +100,10 @@ impl Service {
         spec: &SandboxSpec,
     ) -> Result<Reservation, ApiError> {
         self.disk_guard()?;
-        let rules = self
-            .inner
-            .gate
-            .rules_for(&Principal::Tenant(tenant.0.clone()));
+        let rules = self.rules(tenant);
         let deadline = Instant::now() + TEARDOWN_WAIT;
         let reserved = loop {
-            match self.inner.ledger.reserve(
+            match self.ledger.reserve(
                 &tenant.0,
                 spec.limits.memory_bytes,
                 (rules.max_sandboxes, rules.max_memory),
@@ -80,7 +111,7 @@ impl Service {
                 Err(full) if full.pending && Instant::now() < deadline => {
                     tokio::time::sleep(TEARDOWN_POLL).await;
                     // A server that began to stop meanwhile answers so at once.
-                    self.stopping()?;
+                    self.life.stopping()?;
                 }
                 other => break other,
             }
@@ -88,13 +119,13 @@ impl Service {
         match reserved {
             Ok(r) => Ok(r),
             Err(full) => {
-                self.inner.metrics.deny("too_many_sandboxes");
+                self.metrics.deny("too_many_sandboxes");
                 let mut e = ApiError::new(
                     Code::TooManySandboxes,
                     full.message,
                     "destroy sandboxes you no longer need, or retry after the Retry-After seconds",
                 );
-                e.retry_after = Some(self.inner.cfg.sessions.retry_after_secs.max(1));
+                e.retry_after = Some(self.retry_after_secs.max(1));
                 Err(e)
             }
         }
@@ -103,7 +134,7 @@ impl Service {
     /// Refuses a new sandbox while the data dir's file system is nearly full: the audit
     /// store must be able to write what every running sandbox does.
     pub(super) fn disk_guard(&self) -> Result<(), ApiError> {
-        let need = self.inner.cfg.audit.min_free_disk.0;
+        let need = self.min_free_disk;
         if need == 0 {
             return Ok(());
         }
@@ -126,7 +157,7 @@ impl Service {
 
     /// Free bytes on the data dir's file system; `None` (logged) when it cannot be read.
     pub(super) fn data_dir_free(&self) -> Option<u64> {
-        match nix::sys::statvfs::statvfs(&self.inner.cfg.data_dir) {
+        match nix::sys::statvfs::statvfs(&self.data_dir) {
             Ok(v) => Some(v.blocks_available().saturating_mul(v.fragment_size())),
             Err(e) => {
                 tracing::warn!(error = %e, "reading the data dir's free space");
@@ -137,7 +168,7 @@ impl Service {
 
     /// The `503 storage_low` refusal (naming no host path), counted in the metrics.
     pub(super) fn storage_low(&self, message: &str, fix: &str) -> ApiError {
-        self.inner.metrics.deny("storage_low");
+        self.metrics.deny("storage_low");
         let mut e = ApiError::new(Code::StorageLow, message, fix);
         e.retry_after = Some(60);
         e

@@ -1,9 +1,60 @@
-//! Execs, file calls and one-shot runs, and the audit rows they write.
+//! Execs and one-shot runs, and the audit rows they write (the exec, its egress
+//! decisions, the grants it used). Uses the sessions (a claimed sandbox), and for a run
+//! the admission and the pools as a create does.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-impl Service {
-    // ---- exec and files --------------------------------------------------------------
+use cordon_core::{
+    Command, ExecOutcome, ExecRequest, OutputSink, OutputStream, validate_sandbox_path,
+};
+use sha2::{Digest, Sha256};
+
+use super::common::{Chunk, ChunkSender, NewEventOwned, audit_err, blocking, gone, lock};
+use super::pools::Pools;
+use super::sessions::{BusyGuard, Session, Sessions};
+use crate::audit::{
+    AuditEvent, Command as AuditCommand, Created, ExecEnd, ExecRecord, ExecResult, GrantUse,
+    NewEvent, RowBudget,
+};
+use crate::error::{ApiError, Code};
+use crate::keys::Tenant;
+use crate::metrics::{Metrics, TerminationLabels};
+use crate::model::{CreateRequest, ExecBody, RunFile};
+
+/// How long a one-shot run's sandbox waits after its exec before it is destroyed (it is out
+/// of every tenant's reach by then), so the destroy does not compete with the response.
+const ONE_SHOT_DESTROY_DELAY: Duration = Duration::from_millis(2);
+
+/// Execs in tenants' sandboxes and one-shot runs.
+#[derive(Clone)]
+pub struct Execs {
+    sessions: Sessions,
+    pools: Pools,
+    /// Each tenant's egress rows a minute.
+    egress_rows: Arc<RowBudget>,
+    /// `max_limits.timeout_ms`: the longest exec timeout a request may give.
+    max_timeout_ms: u64,
+    /// `audit.max_egress_rows_per_exec` and `audit.max_egress_rows_per_minute`.
+    egress_caps: (usize, u32),
+}
+
+impl Execs {
+    pub(super) fn new(
+        sessions: Sessions,
+        pools: Pools,
+        max_timeout_ms: u64,
+        egress_caps: (usize, u32),
+    ) -> Self {
+        Execs {
+            sessions,
+            pools,
+            egress_rows: Arc::new(RowBudget::new(egress_caps.1)),
+            max_timeout_ms,
+            egress_caps,
+        }
+    }
 
     /// Starts an exec: checks the request and claims the sandbox. The returned job runs it.
     pub fn begin_exec(
@@ -13,8 +64,8 @@ impl Service {
         body: &ExecBody,
     ) -> Result<ExecJob, ApiError> {
         let req = body.to_request()?;
-        let guard = self.claim(tenant, id)?;
-        let max = self.inner.cfg.max_limits.timeout_ms;
+        let guard = self.sessions.claim(tenant, id)?;
+        let max = self.max_timeout_ms;
         if req.timeout_ms.is_some_and(|t| t == 0 || t > max) {
             return Err(ApiError::new(
                 Code::PolicyDenied,
@@ -23,101 +74,10 @@ impl Service {
             ));
         }
         Ok(ExecJob {
-            svc: self.clone(),
+            execs: self.clone(),
             guard,
             req,
         })
-    }
-
-    /// Writes a file into a sandbox (under /work).
-    pub async fn put_file(
-        &self,
-        tenant: &Tenant,
-        id: &str,
-        path: &str,
-        data: Vec<u8>,
-        mode: u32,
-    ) -> Result<crate::model::FileWritten, ApiError> {
-        let rel = validate_sandbox_path(path)?;
-        let full = format!("/work/{rel}");
-        let guard = self.claim(tenant, id)?;
-        let s = guard.0.clone();
-        let audit = self.inner.audit.clone();
-        let p = full.clone();
-        let n = data.len();
-        // The sandbox stays busy until the blocking call has ended, even if the client
-        // gives up first: the guard travels with the work, not with the request.
-        blocking(move || -> Result<(), ApiError> {
-            let _busy = guard;
-            let digest = hex::encode(Sha256::digest(&data));
-            let r = {
-                let mut cell = lock(&s.sandbox);
-                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
-                sb.put_file(&p, &data, mode)
-            };
-            audit
-                .record(&NewEvent {
-                    tenant: Some(&s.tenant.0),
-                    sandbox: Some(&s.id),
-                    tier: Some(s.tier),
-                    event: AuditEvent::FilePut(Transfer {
-                        path: p,
-                        bytes: Some(n as u64),
-                        sha256: Some(digest),
-                        mode: Some(mode),
-                        report: None,
-                        error: r.as_ref().err().map(|e| e.to_string()),
-                    }),
-                })
-                .map_err(audit_err)?;
-            r.map_err(ApiError::from)
-        })
-        .await??;
-        Ok(crate::model::FileWritten {
-            path: full,
-            bytes: n as u64,
-        })
-    }
-
-    /// Reads a file out of a sandbox (under /work), at most the configured size.
-    pub async fn get_file(
-        &self,
-        tenant: &Tenant,
-        id: &str,
-        path: &str,
-    ) -> Result<Vec<u8>, ApiError> {
-        let rel = validate_sandbox_path(path)?;
-        let full = format!("/work/{rel}");
-        let guard = self.claim(tenant, id)?;
-        let s = guard.0.clone();
-        let audit = self.inner.audit.clone();
-        let max = self.inner.cfg.http.max_file_bytes as u64;
-        let data = blocking(move || -> Result<Vec<u8>, ApiError> {
-            let _busy = guard;
-            let r = {
-                let mut cell = lock(&s.sandbox);
-                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
-                sb.get_file(&full, max)
-            };
-            audit
-                .record(&NewEvent {
-                    tenant: Some(&s.tenant.0),
-                    sandbox: Some(&s.id),
-                    tier: Some(s.tier),
-                    event: AuditEvent::FileGet(Transfer {
-                        path: full,
-                        bytes: r.as_ref().map(|d| d.len() as u64).ok(),
-                        sha256: r.as_ref().map(|d| hex::encode(Sha256::digest(d))).ok(),
-                        mode: None,
-                        report: None,
-                        error: r.as_ref().err().map(|e| e.to_string()),
-                    }),
-                })
-                .map_err(audit_err)?;
-            r.map_err(ApiError::from)
-        })
-        .await??;
-        Ok(data)
     }
 
     // ---- one-shot run ----------------------------------------------------------------
@@ -130,7 +90,7 @@ impl Service {
         body: &ExecBody,
         files: Vec<RunFile>,
     ) -> Result<RunJob, ApiError> {
-        self.stopping()?;
+        self.sessions.stopping()?;
         let mut req = body.to_request()?;
         // A one-shot run's sandbox is destroyed after this exec.
         req.last = true;
@@ -141,18 +101,19 @@ impl Service {
         }
         let mut create = create;
         create.workload = cordon_engine::workload_of(&req.command, !files.is_empty());
-        let (adm, policy_row) = self.decide_later(tenant, &create, "run").await?;
+        let admit = &self.sessions.admit;
+        let (adm, policy_row) = admit.decide_later(tenant, &create, "run").await?;
         let spec = adm.spec;
         let placed: Result<_, ApiError> = async {
-            let slot = self.reserve(tenant, &spec).await?;
-            Ok((slot, self.acquire(&spec).await?))
+            let slot = admit.reserve(tenant, &spec).await?;
+            Ok((slot, self.pools.acquire(&spec).await?))
         }
         .await;
         let (slot, acq) = match placed {
             Ok(placed) => placed,
             // Without a sandbox there is no exec hop to carry the decision: write it now.
             Err(e) => {
-                self.record(policy_row).await?;
+                self.sessions.audit.record(policy_row).await?;
                 return Err(e);
             }
         };
@@ -177,7 +138,7 @@ impl Service {
                 event: AuditEvent::Create(created),
             },
         ];
-        self.inner
+        self.sessions
             .metrics
             .live
             .get_or_create(&Metrics::tier(tier))
@@ -191,31 +152,12 @@ impl Service {
             true,
         ));
         Ok(RunJob {
-            svc: self.clone(),
+            execs: self.clone(),
             session,
             req,
             inputs,
             rows,
         })
-    }
-}
-
-/// An owned audit row, to move into a blocking task.
-pub(super) struct NewEventOwned {
-    pub(super) tenant: Option<String>,
-    pub(super) sandbox: Option<String>,
-    pub(super) tier: Option<Tier>,
-    pub(super) event: AuditEvent,
-}
-
-impl NewEventOwned {
-    pub(super) fn borrowed(&self) -> NewEvent<'_> {
-        NewEvent {
-            tenant: self.tenant.as_deref(),
-            sandbox: self.sandbox.as_deref(),
-            tier: self.tier,
-            event: self.event.clone(),
-        }
     }
 }
 
@@ -256,8 +198,8 @@ pub(super) fn command_digest(req: &ExecRequest) -> (String, &'static str) {
 /// (the outcome keeps that folded list), then holds ordinary rows to the tenant's budget a
 /// minute: returns the rows to store, ending with one `truncated` row for all that were only
 /// counted. Exfiltration and grant rows are never held back.
-pub(super) fn fold_egress(
-    svc: &Service,
+fn fold_egress(
+    execs: &Execs,
     tenant: &str,
     events: &mut Vec<cordon_core::EgressEvent>,
 ) -> Vec<cordon_core::EgressEvent> {
@@ -265,7 +207,7 @@ pub(super) fn fold_egress(
     if events.is_empty() {
         return Vec::new();
     }
-    let mut fold = EgressFold::new(svc.inner.cfg.audit.max_egress_rows_per_exec);
+    let mut fold = EgressFold::new(execs.egress_caps.0);
     for ev in events.drain(..) {
         fold.push(ev);
     }
@@ -274,7 +216,7 @@ pub(super) fn fold_egress(
         .iter()
         .filter(|e| !e.is_protected() && e.decision != EgressDecision::Truncated)
         .count();
-    let mut budget = svc.inner.egress_rows.take(tenant, ordinary);
+    let mut budget = execs.egress_rows.take(tenant, ordinary);
     let mut stored = Vec::with_capacity(events.len());
     let mut counted: Option<cordon_core::EgressEvent> = None;
     for ev in events.iter() {
@@ -297,9 +239,7 @@ pub(super) fn fold_egress(
     if let Some(mut t) = counted {
         t.reason = Some(format!(
             "{} egress events were counted, not itemised: past {} rows for one exec or {} a minute for the tenant",
-            t.count,
-            svc.inner.cfg.audit.max_egress_rows_per_exec,
-            svc.inner.cfg.audit.max_egress_rows_per_minute
+            t.count, execs.egress_caps.0, execs.egress_caps.1
         ));
         stored.push(t);
     }
@@ -307,8 +247,8 @@ pub(super) fn fold_egress(
 }
 
 /// Runs one exec in a locked sandbox and writes its audit rows; blocking.
-pub(super) fn exec_blocking(
-    svc: &Service,
+fn exec_blocking(
+    execs: &Execs,
     s: &Session,
     req: &ExecRequest,
     chunks: Option<ChunkSender>,
@@ -337,7 +277,7 @@ pub(super) fn exec_blocking(
             }
         }
     };
-    let audit = &svc.inner.audit;
+    let audit = &execs.sessions.audit.store;
     let lang = match &req.command {
         Command::Code { language, .. } => Some(language.as_str()),
         _ => None,
@@ -378,7 +318,7 @@ pub(super) fn exec_blocking(
         event: AuditEvent::Exec(record),
     }];
     let egress = match &mut result {
-        Ok(o) => fold_egress(svc, &s.tenant.0, &mut o.extra.egress),
+        Ok(o) => fold_egress(execs, &s.tenant.0, &mut o.extra.egress),
         Err(_) => Vec::new(),
     };
     for ev in &egress {
@@ -409,7 +349,7 @@ pub(super) fn exec_blocking(
     }
     audit.record_all(&rows).map_err(audit_err)?;
     if let Ok(o) = &result {
-        let m = &svc.inner.metrics;
+        let m = &execs.sessions.metrics;
         m.terminations
             .get_or_create(&TerminationLabels {
                 tier: s.tier.as_str().into(),
@@ -447,7 +387,7 @@ impl OutputSink for ChunkSink {
 
 /// Marks a request's client as gone when the request's future is dropped before it
 /// completed (the connection closed); disarmed once the answer is ready.
-pub(super) struct GoneOnDrop(pub(super) Option<Arc<AtomicBool>>);
+struct GoneOnDrop(Option<Arc<AtomicBool>>);
 
 impl Drop for GoneOnDrop {
     fn drop(&mut self) {
@@ -459,16 +399,16 @@ impl Drop for GoneOnDrop {
 
 /// A claimed exec, ready to run.
 pub struct ExecJob {
-    pub(super) svc: Service,
-    pub(super) guard: BusyGuard,
-    pub(super) req: ExecRequest,
+    execs: Execs,
+    guard: BusyGuard,
+    req: ExecRequest,
 }
 
 impl ExecJob {
     /// Runs the exec, streaming output chunks to `chunks` if given. The audit row is written
     /// before this returns.
     pub async fn run(self, chunks: Option<ChunkSender>) -> Result<ExecOutcome, ApiError> {
-        let ExecJob { svc, guard, req } = self;
+        let ExecJob { execs, guard, req } = self;
         let s = guard.0.clone();
         let flag = Arc::new(AtomicBool::new(false));
         let mut on_drop = GoneOnDrop(Some(flag.clone()));
@@ -476,7 +416,7 @@ impl ExecJob {
         // has really ended, even when the client left first.
         let r = blocking(move || {
             let _busy = guard;
-            exec_blocking(&svc, &s, &req, chunks, flag)
+            exec_blocking(&execs, &s, &req, chunks, flag)
         })
         .await?;
         on_drop.0 = None;
@@ -486,33 +426,35 @@ impl ExecJob {
 
 /// A one-shot run with its sandbox, ready to run.
 pub struct RunJob {
-    pub(super) svc: Service,
-    pub(super) session: Arc<Session>,
-    pub(super) req: ExecRequest,
-    pub(super) inputs: Vec<(String, Vec<u8>, u32)>,
+    execs: Execs,
+    session: Arc<Session>,
+    req: ExecRequest,
+    inputs: Vec<(String, Vec<u8>, u32)>,
     /// The policy decision and the create, written before anything runs.
-    pub(super) rows: Vec<NewEventOwned>,
+    rows: Vec<NewEventOwned>,
 }
 
 impl RunJob {
     /// Puts the files in, execs, destroys the sandbox (always), and returns the outcome.
     pub async fn run(self, chunks: Option<ChunkSender>) -> Result<ExecOutcome, ApiError> {
         let RunJob {
-            svc,
+            execs,
             session,
             req,
             inputs,
             rows,
         } = self;
         let s = session.clone();
-        let svc2 = svc.clone();
+        let execs2 = execs.clone();
         let start_us = session.start_us;
         let r = blocking(move || -> Result<ExecOutcome, ApiError> {
             // One hop and one commit for the rows, then the files and the program: nothing
             // of the request's runs before its policy decision and create are on record.
             let events: Vec<NewEvent<'_>> = rows.iter().map(|r| r.borrowed()).collect();
-            svc2.inner
+            execs2
+                .sessions
                 .audit
+                .store
                 .sandbox_started_with(&s.id, Some(&s.tenant.0), s.tier, &events)
                 .map_err(audit_err)?;
             for (path, data, mode) in &inputs {
@@ -520,7 +462,7 @@ impl RunJob {
                 let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
                 sb.put_file(path, data, *mode)?;
             }
-            exec_blocking(&svc2, &s, &req, chunks, Arc::new(AtomicBool::new(false)))
+            exec_blocking(&execs2, &s, &req, chunks, Arc::new(AtomicBool::new(false)))
         })
         .await;
         // The outcome does not wait for the teardown: the sandbox is out of every tenant's
@@ -529,12 +471,13 @@ impl RunJob {
         // marked as on its way back before the answer goes: the client's next run, which
         // may come at once, waits for that place rather than being refused.
         session.leaving();
-        let tracker = svc.inner.destroys.clone();
+        let tracker = execs.sessions.life.destroys.clone();
+        let sessions = execs.sessions.clone();
         tracker.spawn(async move {
             // Let the response go out first: tearing the sandbox down (its processes'
             // exits, namespace and cgroup teardown) would otherwise compete with writing it.
             tokio::time::sleep(ONE_SHOT_DESTROY_DELAY).await;
-            if let Err(e) = svc.destroy_session(session, "one-shot").await {
+            if let Err(e) = sessions.destroy_session(session, "one-shot").await {
                 tracing::warn!(error = %e, "destroying a one-shot sandbox");
             }
         });

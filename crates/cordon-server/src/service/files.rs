@@ -7,11 +7,27 @@
 use std::io::{self, Read, Write};
 
 use bytes::Bytes;
-use cordon_core::{ArchiveReport, FileOp, FileReply, validate_sandbox_dir};
+use cordon_core::{ArchiveReport, FileOp, FileReply, validate_sandbox_dir, validate_sandbox_path};
 use futures_util::{Stream, StreamExt};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
-use super::*;
+use super::common::{audit_err, blocking, gone, lock};
+use super::sessions::Sessions;
+use crate::audit::{AuditEvent, NewEvent, Transfer};
+use crate::error::{ApiError, Code};
+use crate::keys::Tenant;
+
+/// Files in and out of tenants' sandboxes. Uses the sessions (a claimed sandbox).
+#[derive(Clone)]
+pub struct Files {
+    sessions: Sessions,
+    /// `http.max_file_bytes`: the largest file read out.
+    max_file_bytes: u64,
+    /// `http.max_archive_bytes`: the largest archive either way.
+    max_archive_bytes: u64,
+}
 
 /// A piece of a download on its way to the client, or how the download ended.
 enum Piece {
@@ -108,7 +124,106 @@ impl Write for Sender {
     }
 }
 
-impl Service {
+impl Files {
+    pub(super) fn new(sessions: Sessions, max_file_bytes: u64, max_archive_bytes: u64) -> Self {
+        Files {
+            sessions,
+            max_file_bytes,
+            max_archive_bytes,
+        }
+    }
+
+    /// Writes a file into a sandbox (under /work).
+    pub async fn put_file(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        path: &str,
+        data: Vec<u8>,
+        mode: u32,
+    ) -> Result<crate::model::FileWritten, ApiError> {
+        let rel = validate_sandbox_path(path)?;
+        let full = format!("/work/{rel}");
+        let guard = self.sessions.claim(tenant, id)?;
+        let s = guard.0.clone();
+        let audit = self.sessions.audit.store.clone();
+        let p = full.clone();
+        let n = data.len();
+        // The sandbox stays busy until the blocking call has ended, even if the client
+        // gives up first: the guard travels with the work, not with the request.
+        blocking(move || -> Result<(), ApiError> {
+            let _busy = guard;
+            let digest = hex::encode(Sha256::digest(&data));
+            let r = {
+                let mut cell = lock(&s.sandbox);
+                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                sb.put_file(&p, &data, mode)
+            };
+            audit
+                .record(&NewEvent {
+                    tenant: Some(&s.tenant.0),
+                    sandbox: Some(&s.id),
+                    tier: Some(s.tier),
+                    event: AuditEvent::FilePut(Transfer {
+                        path: p,
+                        bytes: Some(n as u64),
+                        sha256: Some(digest),
+                        mode: Some(mode),
+                        report: None,
+                        error: r.as_ref().err().map(|e| e.to_string()),
+                    }),
+                })
+                .map_err(audit_err)?;
+            r.map_err(ApiError::from)
+        })
+        .await??;
+        Ok(crate::model::FileWritten {
+            path: full,
+            bytes: n as u64,
+        })
+    }
+
+    /// Reads a file out of a sandbox (under /work), at most the configured size.
+    pub async fn get_file(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        path: &str,
+    ) -> Result<Vec<u8>, ApiError> {
+        let rel = validate_sandbox_path(path)?;
+        let full = format!("/work/{rel}");
+        let guard = self.sessions.claim(tenant, id)?;
+        let s = guard.0.clone();
+        let audit = self.sessions.audit.store.clone();
+        let max = self.max_file_bytes;
+        let data = blocking(move || -> Result<Vec<u8>, ApiError> {
+            let _busy = guard;
+            let r = {
+                let mut cell = lock(&s.sandbox);
+                let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+                sb.get_file(&full, max)
+            };
+            audit
+                .record(&NewEvent {
+                    tenant: Some(&s.tenant.0),
+                    sandbox: Some(&s.id),
+                    tier: Some(s.tier),
+                    event: AuditEvent::FileGet(Transfer {
+                        path: full,
+                        bytes: r.as_ref().map(|d| d.len() as u64).ok(),
+                        sha256: r.as_ref().map(|d| hex::encode(Sha256::digest(d))).ok(),
+                        mode: None,
+                        report: None,
+                        error: r.as_ref().err().map(|e| e.to_string()),
+                    }),
+                })
+                .map_err(audit_err)?;
+            r.map_err(ApiError::from)
+        })
+        .await??;
+        Ok(data)
+    }
+
     /// Runs one file operation in a sandbox (list, stat, remove, rename, mkdir).
     pub async fn file_op(
         &self,
@@ -117,9 +232,9 @@ impl Service {
         op: FileOp,
     ) -> Result<FileReply, ApiError> {
         check_op(&op)?;
-        let guard = self.claim(tenant, id)?;
+        let guard = self.sessions.claim(tenant, id)?;
         let s = guard.0.clone();
-        let audit = self.inner.audit.clone();
+        let audit = self.sessions.audit.store.clone();
         blocking(move || -> Result<FileReply, ApiError> {
             let _busy = guard;
             let r = {
@@ -155,10 +270,10 @@ impl Service {
         S: Stream<Item = Result<Bytes, io::Error>> + Send + Unpin + 'static,
     {
         let full = full_dir(dir)?;
-        let guard = self.claim(tenant, id)?;
+        let guard = self.sessions.claim(tenant, id)?;
         let s = guard.0.clone();
-        let audit = self.inner.audit.clone();
-        let max = self.inner.cfg.http.max_archive_bytes;
+        let audit = self.sessions.audit.store.clone();
+        let max = self.max_archive_bytes;
         // The body is read on the blocking thread as the sandbox takes it.
         let src = SyncIoBridge::new(StreamReader::new(body));
         blocking(move || -> Result<ArchiveReport, ApiError> {
@@ -222,10 +337,10 @@ impl Service {
         dir: &str,
     ) -> Result<impl Stream<Item = Result<Bytes, io::Error>> + Send + 'static, ApiError> {
         let full = full_dir(dir)?;
-        let guard = self.claim(tenant, id)?;
+        let guard = self.sessions.claim(tenant, id)?;
         let s = guard.0.clone();
-        let audit = self.inner.audit.clone();
-        let max = self.inner.cfg.http.max_archive_bytes;
+        let audit = self.sessions.audit.store.clone();
+        let max = self.max_archive_bytes;
         let (tx, mut rx) = mpsc::channel::<Piece>(DOWNLOAD_QUEUE);
         let end = tx.clone();
         tokio::task::spawn_blocking(move || {

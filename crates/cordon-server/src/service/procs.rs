@@ -2,11 +2,21 @@
 //! signals and the list. Each call locks the sandbox only for one short agent call, so a
 //! background exec never holds a sandbox the way a foreground one does.
 
-use cordon_core::{BACKGROUND_KEEP, ProcExit, ProcOutput, ProcSignal, Termination};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
+use cordon_core::{
+    BACKGROUND_KEEP, Command, ExecOutcome, ExecRequest, OutputStream, ProcExit, ProcOutput,
+    ProcSignal, Sandbox, Termination, Tier,
+};
+
+use super::common::{Chunk, ChunkSender, audit_err, blocking, gone, lock};
 use super::exec::command_digest;
-use super::*;
-use crate::model::ExecInfo;
+use super::sessions::{Session, Sessions};
+use crate::audit::{AuditEvent, BackgroundEnd, Command as AuditCommand, NewEvent, now_ms};
+use crate::error::{ApiError, Code};
+use crate::keys::Tenant;
+use crate::model::{ExecBody, ExecInfo};
 
 /// Bytes of each stream one attach read moves at most.
 const READ_CHUNK: u64 = 256 << 10;
@@ -28,7 +38,7 @@ pub(super) struct Proc {
 
 /// A session's background execs by their API id (`ex-<n>`).
 #[derive(Default)]
-pub(super) struct Procs {
+struct Table {
     next: u64,
     pub(super) by_id: BTreeMap<String, Proc>,
 }
@@ -120,11 +130,30 @@ fn outcome_of(tier: Tier, p: &Proc, dropped: [u64; 2]) -> ExecOutcome {
     o
 }
 
-impl Service {
+/// Background execs in tenants' sandboxes. Uses the sessions.
+#[derive(Clone)]
+pub struct Procs {
+    sessions: Sessions,
+    /// `sessions.max_background_execs`: how many may run in one sandbox.
+    max_running: usize,
+    /// `sessions.kill_grace`: from a stop's SIGTERM to its SIGKILL.
+    kill_grace: Duration,
+}
+
+impl Procs {
+    pub(super) fn new(sessions: Sessions, max_running: usize, kill_grace: Duration) -> Self {
+        Procs {
+            sessions,
+            max_running,
+            kill_grace,
+        }
+    }
+
     /// Records a background exec's end the first time it is seen, with its audit row.
     fn note_end(&self, s: &Session, id: &str, exit: ProcExit) -> Result<(), ApiError> {
         let row = {
-            let mut procs = lock(&s.procs);
+            let table = s.state::<Table>();
+            let mut procs = lock(&table);
             let Some(p) = procs.by_id.get_mut(id) else {
                 return Ok(());
             };
@@ -144,8 +173,9 @@ impl Service {
                 stopped: p.stopped,
             }
         };
-        self.inner
+        self.sessions
             .audit
+            .store
             .record(&NewEvent {
                 tenant: Some(&s.tenant.0),
                 sandbox: Some(&s.id),
@@ -158,7 +188,7 @@ impl Service {
 
     /// Asks the agent about every background exec still thought running; blocking.
     fn refresh(&self, s: &Session) -> Result<(), ApiError> {
-        let running: Vec<(String, u64)> = lock(&s.procs)
+        let running: Vec<(String, u64)> = lock(&s.state::<Table>())
             .by_id
             .iter()
             .filter(|(_, p)| p.exit.is_none())
@@ -190,21 +220,21 @@ impl Service {
                 "a background exec takes its stdin through POST .../execs/{exec_id}/stdin",
             ));
         }
-        let guard = self.claim(tenant, id)?;
-        self.refuse_paused(&guard.0)?;
+        let guard = self.sessions.claim(tenant, id)?;
+        self.sessions.refuse_paused(&guard.0)?;
         let svc = self.clone();
         blocking(move || -> Result<ExecInfo, ApiError> {
             let s = guard.0.clone();
             let _busy = guard;
             svc.refresh(&s)?;
-            let cap = svc.inner.cfg.sessions.max_background_execs;
-            let live = lock(&s.procs)
+            let cap = svc.max_running;
+            let live = lock(&s.state::<Table>())
                 .by_id
                 .values()
                 .filter(|p| p.exit.is_none())
                 .count();
             if live >= cap {
-                svc.metrics().deny("background_execs");
+                svc.sessions.metrics.deny("background_execs");
                 return Err(ApiError::new(
                     Code::TooManyExecs,
                     format!("this sandbox has its limit of {cap} background execs running"),
@@ -214,7 +244,8 @@ impl Service {
             let (digest, kind) = command_digest(&req);
             let r = on_sandbox(&s, |sb| sb.start_background(&req));
             let exec_id = r.as_ref().ok().map(|agent| {
-                let mut procs = lock(&s.procs);
+                let table = s.state::<Table>();
+                let mut procs = lock(&table);
                 procs.next += 1;
                 let exec_id = format!("ex-{}", procs.next);
                 procs.by_id.insert(
@@ -231,8 +262,9 @@ impl Service {
                 );
                 exec_id
             });
-            svc.inner
+            svc.sessions
                 .audit
+                .store
                 .record(&NewEvent {
                     tenant: Some(&s.tenant.0),
                     sandbox: Some(&s.id),
@@ -251,7 +283,8 @@ impl Service {
                 .map_err(audit_err)?;
             r?;
             let exec_id = exec_id.unwrap_or_default();
-            let procs = lock(&s.procs);
+            let table = s.state::<Table>();
+            let procs = lock(&table);
             procs
                 .by_id
                 .get(&exec_id)
@@ -263,14 +296,15 @@ impl Service {
 
     /// The sandbox's background execs, oldest first.
     pub async fn list_execs(&self, tenant: &Tenant, id: &str) -> Result<Vec<ExecInfo>, ApiError> {
-        let s = self.session(tenant, id)?;
+        let s = self.sessions.session(tenant, id)?;
         let svc = self.clone();
         let s2 = s.clone();
         // A paused sandbox's agent cannot answer; its list is what was last seen.
         if !s.is_paused() {
             blocking(move || svc.refresh(&s2)).await??;
         }
-        let procs = lock(&s.procs);
+        let table = s.state::<Table>();
+        let procs = lock(&table);
         let mut v: Vec<ExecInfo> = procs.by_id.iter().map(|(k, p)| p.info(k)).collect();
         v.sort_by_key(|e| (e.started_ms, e.id.len(), e.id.clone()));
         Ok(v)
@@ -283,12 +317,12 @@ impl Service {
         id: &str,
         exec_id: &str,
     ) -> Result<(), ApiError> {
-        let s = self.session(tenant, id)?;
+        let s = self.sessions.session(tenant, id)?;
         Self::agent_id(&s, exec_id).map(|_| ())
     }
 
     fn agent_id(s: &Session, exec_id: &str) -> Result<u64, ApiError> {
-        lock(&s.procs)
+        lock(&s.state::<Table>())
             .by_id
             .get(exec_id)
             .map(|p| p.agent_id)
@@ -306,7 +340,7 @@ impl Service {
         exec_id: &str,
         chunks: Option<ChunkSender>,
     ) -> Result<ExecOutcome, ApiError> {
-        let s = self.session(tenant, id)?;
+        let s = self.sessions.session(tenant, id)?;
         let agent = Self::agent_id(&s, exec_id)?;
         let svc = self.clone();
         let exec_id = exec_id.to_string();
@@ -409,7 +443,8 @@ impl Service {
         sink.finish();
         drop(sink);
         self.note_end(s, exec_id, exit)?;
-        let procs = lock(&s.procs);
+        let table = s.state::<Table>();
+        let procs = lock(&table);
         let p = procs.by_id.get(exec_id).ok_or_else(no_exec)?;
         if chunks.is_none() {
             // What the reader missed and what the window let go are one front: the output
@@ -430,8 +465,8 @@ impl Service {
         id: &str,
         exec_id: &str,
     ) -> Result<crate::model::ExecPeek, ApiError> {
-        let s = self.session(tenant, id)?;
-        self.refuse_paused(&s)?;
+        let s = self.sessions.session(tenant, id)?;
+        self.sessions.refuse_paused(&s)?;
         let agent = Self::agent_id(&s, exec_id)?;
         let svc = self.clone();
         let exec_id = exec_id.to_string();
@@ -440,7 +475,7 @@ impl Service {
             if let Some(exit) = out.exit.clone() {
                 svc.note_end(&s, &exec_id, exit)?;
             }
-            let info = lock(&s.procs)
+            let info = lock(&s.state::<Table>())
                 .by_id
                 .get(&exec_id)
                 .map(|p| p.info(&exec_id))
@@ -479,8 +514,8 @@ impl Service {
         data: Vec<u8>,
         close: bool,
     ) -> Result<(), ApiError> {
-        let s = self.session(tenant, id)?;
-        self.refuse_paused(&s)?;
+        let s = self.sessions.session(tenant, id)?;
+        self.sessions.refuse_paused(&s)?;
         let agent = Self::agent_id(&s, exec_id)?;
         blocking(move || {
             if !data.is_empty() {
@@ -503,10 +538,10 @@ impl Service {
         size: cordon_core::PtySize,
     ) -> Result<ExecInfo, ApiError> {
         size.validate()?;
-        let s = self.session(tenant, id)?;
-        self.refuse_paused(&s)?;
+        let s = self.sessions.session(tenant, id)?;
+        self.sessions.refuse_paused(&s)?;
         let agent = Self::agent_id(&s, exec_id)?;
-        let has_pty = lock(&s.procs)
+        let has_pty = lock(&s.state::<Table>())
             .by_id
             .get(exec_id)
             .is_some_and(|p| p.pty.is_some());
@@ -519,7 +554,8 @@ impl Service {
         }
         let s2 = s.clone();
         blocking(move || on_sandbox(&s2, |sb| sb.resize_background(agent, size))).await??;
-        let mut procs = lock(&s.procs);
+        let table = s.state::<Table>();
+        let mut procs = lock(&table);
         let p = procs.by_id.get_mut(exec_id).ok_or_else(no_exec)?;
         p.pty = Some(size);
         Ok(p.info(exec_id))
@@ -534,20 +570,20 @@ impl Service {
         exec_id: &str,
         kill: bool,
     ) -> Result<ExecInfo, ApiError> {
-        let s = self.session(tenant, id)?;
-        self.refuse_paused(&s)?;
+        let s = self.sessions.session(tenant, id)?;
+        self.sessions.refuse_paused(&s)?;
         let agent = Self::agent_id(&s, exec_id)?;
         let first = if kill {
             ProcSignal::Kill
         } else {
             ProcSignal::Term
         };
-        if let Some(p) = lock(&s.procs).by_id.get_mut(exec_id) {
+        if let Some(p) = lock(&s.state::<Table>()).by_id.get_mut(exec_id) {
             p.stopped = true;
         }
         let s2 = s.clone();
         blocking(move || on_sandbox(&s2, |sb| sb.signal_background(agent, first))).await??;
-        let audit = self.inner.audit.clone();
+        let audit = self.sessions.audit.store.clone();
         let (t, i, tier, e) = (
             s.tenant.0.clone(),
             s.id.clone(),
@@ -568,18 +604,18 @@ impl Service {
         .await?
         .map_err(audit_err)?;
         if !kill {
-            let grace = self.inner.cfg.sessions.kill_grace.0;
+            let grace = self.kill_grace;
             let svc = self.clone();
             let s3 = s.clone();
             let e = exec_id.to_string();
-            self.inner.destroys.spawn(async move {
+            self.sessions.life.destroys.spawn(async move {
                 tokio::time::sleep(grace).await;
                 let _ = blocking(move || -> Result<(), ApiError> {
                     if s3.ending.get().is_some() || s3.is_paused() {
                         return Ok(());
                     }
                     svc.refresh(&s3)?;
-                    let running = lock(&s3.procs)
+                    let running = lock(&s3.state::<Table>())
                         .by_id
                         .get(&e)
                         .is_some_and(|p| p.exit.is_none());
@@ -591,7 +627,8 @@ impl Service {
                 .await;
             });
         }
-        let procs = lock(&s.procs);
+        let table = s.state::<Table>();
+        let procs = lock(&table);
         procs
             .by_id
             .get(exec_id)

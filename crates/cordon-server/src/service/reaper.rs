@@ -1,39 +1,57 @@
-//! The reaper: TTLs, idle timeouts, audit retention and the store's size bound.
+//! The reaper: TTLs, idle timeouts, audit retention and the store's size bound. Uses the
+//! sessions; nothing uses it.
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-impl Service {
-    // ---- background tasks ------------------------------------------------------------
+use super::sessions::{Session, Sessions};
 
-    pub(super) async fn reaper(self) {
-        let every = self.inner.cfg.sessions.reap_interval.0;
-        let paused_ttl = self.inner.cfg.sessions.paused_ttl.0;
+/// What the reaper does and how often.
+pub(super) struct Reaper {
+    pub(super) sessions: Sessions,
+    /// `sessions.reap_interval`.
+    pub(super) every: Duration,
+    /// `sessions.paused_ttl`: how long a sandbox may stay paused.
+    pub(super) paused_ttl: Duration,
+    /// `audit.max_size`, in bytes.
+    pub(super) max_size: u64,
+    /// `audit.retention_days`.
+    pub(super) retention_days: u64,
+}
+
+impl Reaper {
+    pub(super) async fn run(self) {
+        let every = self.every;
+        let paused_ttl = self.paused_ttl;
+        let life = self.sessions.life.clone();
         let mut last_retention: Option<Instant> = None;
         let mut last_trim: Option<Instant> = None;
         loop {
             tokio::select! {
-                _ = self.inner.cancel.cancelled() => return,
+                _ = life.cancel.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
-            let expired: Vec<(Arc<Session>, &'static str)> = lock(&self.inner.sessions)
-                .values()
+            let expired: Vec<(Arc<Session>, &'static str)> = self
+                .sessions
+                .all()
+                .into_iter()
                 .filter_map(|s| {
                     let reason = s.expired(paused_ttl)?;
-                    s.begin_ending(reason).then(|| (s.clone(), reason))
+                    s.begin_ending(reason).then_some((s, reason))
                 })
                 .collect();
             for (s, reason) in expired {
-                let svc = self.clone();
-                self.inner.destroys.spawn(async move {
-                    if let Err(e) = svc.destroy_session(s, reason).await {
+                let sessions = self.sessions.clone();
+                life.destroys.spawn(async move {
+                    if let Err(e) = sessions.destroy_session(s, reason).await {
                         tracing::warn!(error = %e, "reaping a sandbox");
                     }
                 });
             }
             if last_trim.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
                 last_trim = Some(Instant::now());
-                let audit = self.inner.audit.clone();
-                let max = self.inner.cfg.audit.max_size.0;
+                let audit = self.sessions.audit.store.clone();
+                let max = self.max_size;
                 match tokio::task::spawn_blocking(move || audit.trim_to(max)).await {
                     Ok(Ok(0)) => {}
                     Ok(Ok(n)) => tracing::warn!(
@@ -46,8 +64,8 @@ impl Service {
             }
             if last_retention.is_none_or(|t| t.elapsed() > Duration::from_secs(3600)) {
                 last_retention = Some(Instant::now());
-                let audit = self.inner.audit.clone();
-                let days = self.inner.cfg.audit.retention_days;
+                let audit = self.sessions.audit.store.clone();
+                let days = self.retention_days;
                 if let Ok(Err(e)) =
                     tokio::task::spawn_blocking(move || audit.apply_retention(days)).await
                 {

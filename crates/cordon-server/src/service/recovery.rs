@@ -1,13 +1,32 @@
-//! Start-up: the data dir, crash recovery, pool specs.
+//! Start-up: the data dir, crash recovery, and the sessions paused to disk that a
+//! previous server kept. Uses the sessions and the pools (the tiers' backends); nothing
+//! uses it but the service's start.
 
-use super::*;
-use crate::audit::PausedRow;
+use std::fs::File;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-// ---- startup ---------------------------------------------------------------------------
+use cordon_core::Tier;
+
+use super::common::{blocking, lock};
+use super::pools::Backends;
+use super::pools::{Acquired, Held, Pools};
+use super::sessions::{Session, Sessions};
+use crate::ServerError;
+use crate::audit::{Audit, AuditEvent, LiveRow, NewEvent, PausedRow, RecoveryReport, now_ms};
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::keys::Tenant;
 
 /// The scratch root a tier's backend should use, under the data dir, so that a restart
 /// after a crash can remove what a dead server left there.
 pub use cordon_core::scratch_dir;
+
+/// Cleans up what a crashed server left of sandboxes of the given rows (cgroups,
+/// processes, tier-specific files); returns one line per thing removed. Injected by the
+/// caller, which knows the tiers.
+pub type RecoveryHook = Arc<dyn Fn(&[LiveRow]) -> Vec<String> + Send + Sync>;
 
 pub(super) fn open_and_recover(
     cfg: &Config,
@@ -134,7 +153,28 @@ pub(super) fn open_and_recover(
     Ok((lock_file, audit, report, kept))
 }
 
-impl Service {
+/// Why a session paused to disk was not revived (its files are removed, its end audited).
+#[derive(Debug, thiserror::Error)]
+enum ReviveError {
+    #[error("no backend of its tier")]
+    NoBackend,
+    #[error("{0}")]
+    Worker(#[source] ApiError),
+    #[error("{0}")]
+    Tier(#[source] cordon_core::Error),
+    #[error("its tier keeps no state of it")]
+    NoState,
+    #[error("over the tenant's budget at the restart: {0}")]
+    OverBudget(String),
+}
+
+/// Brings back what a previous server kept.
+pub(super) struct Recovery {
+    pub(super) sessions: Sessions,
+    pub(super) pools: Pools,
+}
+
+impl Recovery {
     /// Brings back the sessions paused to disk that a previous server kept: each tier
     /// revives its sandbox from its own files (holding nothing until resumed). One that
     /// cannot be revived, or no longer fits the tenant's budget, is ended and its files
@@ -147,8 +187,8 @@ impl Service {
                 Err(why) => why,
             };
             tracing::warn!(sandbox = %id, "a sandbox paused to disk was not kept: {why}");
-            let audit = self.inner.audit.clone();
-            let backend = self.inner.backends.get(&tier).cloned();
+            let audit = self.sessions.audit.store.clone();
+            let backend = self.pools.backend(tier);
             let _ = blocking(move || {
                 if let Some(b) = backend {
                     b.recover(std::slice::from_ref(&id));
@@ -158,46 +198,40 @@ impl Service {
                     tenant: Some(&tenant),
                     sandbox: Some(&id),
                     tier: Some(tier),
-                    event: AuditEvent::ResumeFailed { error: why },
+                    event: AuditEvent::ResumeFailed {
+                        error: why.to_string(),
+                    },
                 })
             })
             .await;
         }
     }
 
-    async fn revive_one(&self, row: PausedRow) -> Result<(), String> {
+    async fn revive_one(&self, row: PausedRow) -> Result<(), ReviveError> {
         let tenant = Tenant(row.tenant.clone());
-        let backend = self
-            .inner
-            .backends
-            .get(&row.tier)
-            .cloned()
-            .ok_or("no backend of its tier")?;
+        let backend = self.pools.backend(row.tier).ok_or(ReviveError::NoBackend)?;
         let id = row.id.clone();
         let revived = blocking(move || backend.revive(&id))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(ReviveError::Worker)?;
         let sb = match revived {
             Some(Ok(sb)) => sb,
-            Some(Err(e)) => return Err(e.to_string()),
-            None => return Err("its tier keeps no state of it".into()),
+            Some(Err(e)) => return Err(ReviveError::Tier(e)),
+            None => return Err(ReviveError::NoState),
         };
         let held = Held::new(sb);
         // Its place under the limits (not the disk guard's: it is not new, and its disk is
         // already spent). Limits lowered since it was paused can leave no room for it.
-        let rules = self
-            .inner
-            .gate
-            .rules_for(&Principal::Tenant(row.tenant.clone()));
-        let slot = self
-            .inner
+        let admit = &self.sessions.admit;
+        let rules = admit.rules(&tenant);
+        let slot = admit
             .ledger
             .reserve(
                 &row.tenant,
                 row.spec.limits.memory_bytes,
                 (rules.max_sandboxes, rules.max_memory),
             )
-            .map_err(|e| format!("over the tenant's budget at the restart: {}", e.message))?;
+            .map_err(|e| ReviveError::OverBudget(e.message))?;
         let ms = |v: i64| Duration::from_millis(v.max(0) as u64);
         let now = now_ms();
         let ago = |t: i64| {
@@ -224,29 +258,7 @@ impl Service {
         s.paused_ms.store(row.paused_ms, Ordering::Relaxed);
         *lock(&s.paused_at) = Some(ago(row.paused_since_ms));
         *lock(&s.on_disk) = Some(row.on_disk_bytes);
-        self.inner
-            .metrics
-            .live
-            .get_or_create(&Metrics::tier(row.tier))
-            .inc();
-        lock(&self.inner.sessions).insert(row.id, Arc::new(s));
+        self.sessions.insert(s);
         Ok(())
     }
-}
-
-/// Checks a warm pool's spec as the gate checks a request's (the operator wrote it, so no
-/// ceiling applies; a spec that could never be served is refused at start).
-pub(super) fn check_pool_spec(spec: &SandboxSpec, gate: &Gate) -> Result<(), String> {
-    spec.validate().map_err(|e| e.to_string())?;
-    gate.check_max_limits(&spec.limits)?;
-    for entry in spec.egress.allow.iter().chain(&spec.egress.deny) {
-        cordon_egress::Pattern::parse(entry).map_err(|e| e.to_string())?;
-    }
-    if !spec.tier.features().network && !spec.egress.is_closed() {
-        return Err(format!(
-            "the {} tier has no network, so allow_hosts cannot apply",
-            spec.tier
-        ));
-    }
-    Ok(())
 }

@@ -1,50 +1,29 @@
-//! Live sandboxes held by tenants: create, claim, list, destroy.
+//! Live sandboxes held by tenants: create, claim, list, pause, resume, change, destroy.
+//! Uses the admission (the gate, the budgets), the pools (a fresh sandbox), the volumes
+//! (their leases) and the audit; every component that works in a sandbox uses this one.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering, fence};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-/// A sandbox that is destroyed off the async runtime if it is ever dropped still alive
-/// (a cancelled request, an early return): a backend's destroy blocks, and some backends
-/// own resources that must not be dropped on a runtime thread.
-pub struct Held(pub(super) Option<Box<dyn Sandbox>>);
+use axum::http::Extensions;
+use cordon_core::{SandboxSpec, Tier};
+use cordon_engine::{Admission, Issuer, Reservation};
+use tokio::sync::watch;
 
-impl Held {
-    pub(super) fn new(sb: Box<dyn Sandbox>) -> Self {
-        Held(Some(sb))
-    }
-
-    pub(super) fn as_mut(&mut self) -> Option<&mut Box<dyn Sandbox>> {
-        self.0.as_mut()
-    }
-
-    pub(super) fn take(&mut self) -> Option<Box<dyn Sandbox>> {
-        self.0.take()
-    }
-
-    pub(super) fn id(&self) -> String {
-        self.0
-            .as_ref()
-            .map(|s| s.id().to_string())
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Some(mut sb) = self.0.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(h) => {
-                    h.spawn_blocking(move || {
-                        let _ = sb.destroy();
-                        drop(sb);
-                    });
-                }
-                Err(_) => {
-                    let _ = sb.destroy();
-                }
-            }
-        }
-    }
-}
+use super::admit::Admit;
+use super::common::{Life, NewEventOwned, Recorder, audit_err, blocking, gone, lock};
+use super::pools::{Acquired, Held, Pools};
+use super::volumes::Volumes;
+use crate::ServerError;
+use crate::audit::{
+    AuditEvent, Created, Destroyed, Lifecycle, Mounted, NewEvent, TeardownResult, now_ms,
+};
+use crate::error::{ApiError, Code};
+use crate::keys::Tenant;
+use crate::metrics::Metrics;
+use crate::model::{CreateRequest, SandboxInfo};
 
 pub(super) type SandboxCell = Arc<Mutex<Held>>;
 
@@ -75,10 +54,10 @@ pub(super) struct Session {
     pub(super) ending: OnceLock<&'static str>,
     /// Set once the destroy is done and audited; a second destroy waits on it.
     pub(super) ended: watch::Sender<bool>,
-    /// Background execs.
-    pub(super) procs: Mutex<super::procs::Procs>,
-    /// Code contexts (long-lived interpreters).
-    pub(super) contexts: Mutex<super::contexts::Contexts>,
+    /// What the components above keep of it (its background execs, its code contexts),
+    /// one value of each type: it goes with the session, and the session names none of
+    /// their types (they depend on it, not it on them).
+    state: Mutex<Extensions>,
     /// Since when it is paused, if it is.
     pub(super) paused_at: Mutex<Option<Instant>>,
     /// Milliseconds it spent paused before the current pause (its TTL clock stood still).
@@ -121,14 +100,24 @@ impl Session {
             sandbox: Arc::new(Mutex::new(acq.sandbox)),
             ending: OnceLock::new(),
             ended: watch::channel(false).0,
-            procs: Mutex::default(),
-            contexts: Mutex::default(),
+            state: Mutex::default(),
             paused_at: Mutex::new(None),
             paused_ms: AtomicI64::new(0),
             on_disk: Mutex::new(None),
             volume_leases: Mutex::default(),
             slot: Mutex::new(Some(slot)),
         }
+    }
+
+    /// A component's state of this session (`T`'s default at first).
+    pub(super) fn state<T: Default + Send + 'static>(&self) -> Arc<Mutex<T>> {
+        let mut all = lock(&self.state);
+        if let Some(s) = all.get::<Arc<Mutex<T>>>() {
+            return s.clone();
+        }
+        let s = Arc::new(Mutex::new(T::default()));
+        all.insert(s.clone());
+        s
     }
 
     /// Marks its place under the limits as on its way back: a new sandbox that only this
@@ -251,8 +240,105 @@ impl Drop for BusyGuard {
     }
 }
 
-impl Service {
-    // ---- sessions --------------------------------------------------------------------
+/// The live sandboxes by id, each with its tenant.
+type Map = Arc<Mutex<HashMap<String, Arc<Session>>>>;
+
+/// Tenants' live sandboxes.
+#[derive(Clone)]
+pub struct Sessions {
+    map: Map,
+    /// Pauses to disk under way: session id -> (tenant, bytes its state may take), counted
+    /// against the tenant's `max_paused_bytes` until the save ends.
+    paused_pending: Arc<Mutex<HashMap<String, (String, u64)>>>,
+    /// Mints grant tokens; a destroyed sandbox's are refused from then on.
+    issuer: Arc<Issuer>,
+    pub(super) admit: Admit,
+    pools: Pools,
+    volumes: Volumes,
+    pub(super) audit: Recorder,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) life: Life,
+    /// `sessions.max_ttl`: what a PATCH may give.
+    max_ttl: Duration,
+}
+
+impl Sessions {
+    pub(super) fn new(
+        issuer: Arc<Issuer>,
+        admit: Admit,
+        pools: Pools,
+        volumes: Volumes,
+        max_ttl: Duration,
+    ) -> Self {
+        Sessions {
+            map: Map::default(),
+            paused_pending: Arc::default(),
+            issuer,
+            audit: admit.audit.clone(),
+            metrics: admit.metrics.clone(),
+            life: admit.life.clone(),
+            admit,
+            pools,
+            volumes,
+            max_ttl,
+        }
+    }
+
+    /// Fails once the server has begun to stop.
+    pub(super) fn stopping(&self) -> Result<(), ApiError> {
+        self.life.stopping()
+    }
+
+    /// Number of sandboxes tenants hold.
+    pub fn count(&self) -> usize {
+        lock(&self.map).len()
+    }
+
+    /// Every session (shutdown, the reaper).
+    pub(super) fn all(&self) -> Vec<Arc<Session>> {
+        lock(&self.map).values().cloned().collect()
+    }
+
+    /// Adds a session (a sandbox revived from disk).
+    pub(super) fn insert(&self, s: Session) {
+        self.metrics
+            .live
+            .get_or_create(&Metrics::tier(s.tier))
+            .inc();
+        lock(&self.map).insert(s.id.clone(), Arc::new(s));
+    }
+
+    /// Shutdown: destroys every session but those paused to disk, which are kept (their
+    /// files and record left in place) for the next start.
+    pub(super) async fn shutdown(&self) {
+        let mut tasks = Vec::new();
+        for s in self.all() {
+            if lock(&s.on_disk).is_some() && !s.busy.load(Ordering::Acquire) {
+                let sb = lock(&s.sandbox).take();
+                blocking(move || drop(sb)).await.ok();
+                self.forget(&s.id);
+                continue;
+            }
+            let me = self.clone();
+            tasks.push(tokio::spawn(async move {
+                if s.begin_ending("shutdown") {
+                    me.destroy_session(s, "shutdown").await
+                } else {
+                    // Another destroy (the reaper's or a client's) is under way.
+                    s.wait_ended().await;
+                    Ok(())
+                }
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// Forgets a session without a destroy (one paused to disk, kept for the next start).
+    pub(super) fn forget(&self, id: &str) {
+        lock(&self.map).remove(id);
+    }
 
     /// Creates a sandbox for `tenant`.
     pub async fn create(
@@ -268,35 +354,37 @@ impl Service {
             ttl,
             idle,
             ..
-        } = self.decide(tenant, &req, "create").await?;
-        let slot = self.reserve(tenant, &spec).await?;
-        let leases = match self.lease_volumes(tenant, &mut spec).await {
+        } = self.admit.decide(tenant, &req, "create").await?;
+        let slot = self.admit.reserve(tenant, &spec).await?;
+        let leases = match self.volumes.lease(tenant, &mut spec).await {
             Ok(l) => l,
             Err(e) => {
-                self.record(NewEventOwned {
-                    tenant: Some(tenant.0.clone()),
-                    sandbox: None,
-                    tier: Some(spec.tier),
-                    event: AuditEvent::VolumeMountFailed {
-                        volumes: spec.volumes.clone(),
-                        error: e.failure(),
-                    },
-                })
-                .await?;
+                self.audit
+                    .record(NewEventOwned {
+                        tenant: Some(tenant.0.clone()),
+                        sandbox: None,
+                        tier: Some(spec.tier),
+                        event: AuditEvent::VolumeMountFailed {
+                            volumes: spec.volumes.clone(),
+                            error: e.failure(),
+                        },
+                    })
+                    .await?;
                 return Err(e);
             }
         };
-        let acq = match self.acquire(&spec).await {
+        let acq = match self.pools.acquire(&spec).await {
             Ok(a) => a,
             Err(e) => {
                 drop(leases);
-                self.record(NewEventOwned {
-                    tenant: Some(tenant.0.clone()),
-                    sandbox: None,
-                    tier: Some(spec.tier),
-                    event: AuditEvent::CreateFailed { error: e.failure() },
-                })
-                .await?;
+                self.audit
+                    .record(NewEventOwned {
+                        tenant: Some(tenant.0.clone()),
+                        sandbox: None,
+                        tier: Some(spec.tier),
+                        event: AuditEvent::CreateFailed { error: e.failure() },
+                    })
+                    .await?;
                 return Err(e);
             }
         };
@@ -311,7 +399,7 @@ impl Service {
         ));
         *lock(&session.labels) = labels;
         *lock(&session.volume_leases) = leases;
-        let audit = self.inner.audit.clone();
+        let audit = self.audit.store.clone();
         let (t, i, tier) = (tenant.0.clone(), id.clone(), spec.tier);
         let mounts: Vec<(String, bool)> = spec
             .volumes
@@ -365,18 +453,17 @@ impl Service {
             self.destroy_session(session, "audit-failure").await.ok();
             return Err(audit_err(e));
         }
-        self.inner
-            .metrics
+        self.metrics
             .live
             .get_or_create(&Metrics::tier(spec.tier))
             .inc();
         let info = session.info();
-        lock(&self.inner.sessions).insert(id, session);
+        lock(&self.map).insert(id, session);
         Ok(info)
     }
 
     pub(super) fn session(&self, tenant: &Tenant, id: &str) -> Result<Arc<Session>, ApiError> {
-        let s = lock(&self.inner.sessions).get(id).cloned();
+        let s = lock(&self.map).get(id).cloned();
         match s {
             Some(s) if s.tenant == *tenant => Ok(s),
             _ => Err(ApiError::not_found("sandbox")),
@@ -428,11 +515,10 @@ impl Service {
         Ok(())
     }
 
-    /// Sandboxes `tenant` holds, those carrying every label of `labels` only.
     /// Live sandboxes of `tenant`, or of every tenant when none is given (an operator's
     /// dashboard), each with its tenant, oldest first.
     pub fn live_sandboxes(&self, tenant: Option<&Tenant>) -> Vec<(Tenant, SandboxInfo)> {
-        let mut v: Vec<(Tenant, SandboxInfo)> = lock(&self.inner.sessions)
+        let mut v: Vec<(Tenant, SandboxInfo)> = lock(&self.map)
             .values()
             .filter(|s| tenant.is_none_or(|t| s.tenant == *t))
             .map(|s| (s.tenant.clone(), s.info()))
@@ -441,8 +527,9 @@ impl Service {
         v
     }
 
+    /// Sandboxes `tenant` holds, those carrying every label of `labels` only.
     pub fn list(&self, tenant: &Tenant, labels: &[(String, String)]) -> Vec<SandboxInfo> {
-        let mut v: Vec<SandboxInfo> = lock(&self.inner.sessions)
+        let mut v: Vec<SandboxInfo> = lock(&self.map)
             .values()
             .filter(|s| s.tenant == *tenant)
             .filter(|s| {
@@ -457,7 +544,7 @@ impl Service {
 
     /// Bytes of disk `tenant`'s sandboxes paused to disk hold.
     pub fn on_disk_bytes(&self, tenant: &Tenant) -> u64 {
-        lock(&self.inner.sessions)
+        lock(&self.map)
             .values()
             .filter(|s| s.tenant == *tenant)
             .filter_map(|s| *lock(&s.on_disk))
@@ -480,7 +567,7 @@ impl Service {
         id: &str,
     ) -> Result<crate::model::Destroyed, ApiError> {
         let s = {
-            let map = lock(&self.inner.sessions);
+            let map = lock(&self.map);
             match map.get(id) {
                 Some(s) if s.tenant == *tenant => Some(s.clone()),
                 Some(_) => return Err(ApiError::not_found("sandbox")),
@@ -492,11 +579,11 @@ impl Service {
                 // Detached from this request: a client that goes away mid-request must not
                 // leave the sandbox half destroyed and listed as `destroying` for ever.
                 let svc = self.clone();
-                self.inner
+                self.life
                     .destroys
                     .spawn(async move { svc.destroy_session(s, "client").await })
                     .await
-                    .map_err(|e| ApiError::internal(format!("the destroy task failed: {e}")))??;
+                    .map_err(|e| ApiError::internal_from("the destroy task failed", e))??;
                 Ok(crate::model::Destroyed::new(id, false))
             }
             Some(s) => {
@@ -504,7 +591,7 @@ impl Service {
                 Ok(crate::model::Destroyed::new(id, true))
             }
             None => {
-                let audit = self.inner.audit.clone();
+                let audit = self.audit.store.clone();
                 let i = id.to_string();
                 let known = blocking(move || audit.sandbox_state(&i))
                     .await?
@@ -527,7 +614,7 @@ impl Service {
     ) -> Result<(), ApiError> {
         s.leaving();
         // Tokens minted for it are refused from now on (introspection answers inactive).
-        self.inner.issuer.end_sandbox(&s.id);
+        self.issuer.end_sandbox(&s.id);
         // A running exec holds the sandbox: end it rather than wait for its timeout.
         if s.busy.load(Ordering::Acquire)
             && let Some(interrupt) = &s.interrupt
@@ -535,7 +622,7 @@ impl Service {
             interrupt();
         }
         let cell = s.sandbox.clone();
-        let audit = self.inner.audit.clone();
+        let audit = self.audit.store.clone();
         let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
         let s2 = s.clone();
         let res = blocking(move || -> Result<(), ServerError> {
@@ -585,7 +672,7 @@ impl Service {
         })
         .await;
         {
-            let mut map = lock(&self.inner.sessions);
+            let mut map = lock(&self.map);
             if map.get(&s.id).is_some_and(|m| Arc::ptr_eq(m, &s)) {
                 map.remove(&s.id);
             }
@@ -593,8 +680,7 @@ impl Service {
         // The sandbox is gone: its place is free now.
         drop(lock(&s.slot).take());
         s.ended.send_replace(true);
-        self.inner
-            .metrics
+        self.metrics
             .live
             .get_or_create(&Metrics::tier(s.tier))
             .dec();
@@ -604,19 +690,17 @@ impl Service {
 
 /// A pause to disk's hold on its tenant's paused-state budget while it saves.
 struct PausePending {
-    svc: Service,
+    pending: Arc<Mutex<HashMap<String, (String, u64)>>>,
     id: String,
 }
 
 impl Drop for PausePending {
     fn drop(&mut self) {
-        lock(&self.svc.inner.paused_pending).remove(&self.id);
+        lock(&self.pending).remove(&self.id);
     }
 }
 
-impl Service {
-    // ---- pause, resume, patch --------------------------------------------------------
-
+impl Sessions {
     /// Pauses a sandbox: its processes stop where they are (no CPU), its TTL clock stands
     /// still against `sessions.paused_ttl`, execs and file calls are refused until resumed.
     /// It keeps its place under the tenant's limits. `to_disk` (microvm) saves all of it to
@@ -636,7 +720,7 @@ impl Service {
             None
         };
         let t0 = Instant::now();
-        let audit = self.inner.audit.clone();
+        let audit = self.audit.store.clone();
         let r = blocking(move || {
             let s = guard.0.clone();
             let _busy = guard;
@@ -700,7 +784,7 @@ impl Service {
     /// The room is held (against concurrent pauses of the tenant) until the guard drops.
     fn paused_room(&self, tenant: &Tenant, s: &Session) -> Result<PausePending, ApiError> {
         let pending = PausePending {
-            svc: self.clone(),
+            pending: self.paused_pending.clone(),
             id: s.id.clone(),
         };
         if lock(&s.on_disk).is_some() {
@@ -711,8 +795,8 @@ impl Service {
             .limits
             .memory_bytes
             .saturating_add(s.spec.limits.disk_bytes);
-        let mut reserved = lock(&self.inner.paused_pending);
-        let on_disk: u64 = lock(&self.inner.sessions)
+        let mut reserved = lock(&self.paused_pending);
+        let on_disk: u64 = lock(&self.map)
             .values()
             .filter(|o| o.tenant == *tenant && o.id != s.id)
             .filter_map(|o| *lock(&o.on_disk))
@@ -722,13 +806,9 @@ impl Service {
             .filter(|(id, (t, _))| *t == tenant.0 && **id != s.id)
             .map(|(_, (_, b))| *b)
             .fold(on_disk, u64::saturating_add);
-        let budget = self
-            .inner
-            .gate
-            .rules_for(&cordon_engine::Principal::Tenant(tenant.0.clone()))
-            .max_paused_bytes;
+        let budget = self.admit.rules(tenant).max_paused_bytes;
         if held.saturating_add(want) > budget {
-            self.inner.metrics.deny("paused_quota");
+            self.metrics.deny("paused_quota");
             return Err(ApiError::new(
                 Code::PausedQuota,
                 format!(
@@ -743,12 +823,12 @@ impl Service {
                  disk first; the operator sets max_paused_bytes",
             ));
         }
-        let need = want.saturating_add(self.inner.cfg.audit.min_free_disk.0);
-        if let Some(free) = self.data_dir_free()
+        let need = want.saturating_add(self.admit.min_free_disk);
+        if let Some(free) = self.admit.data_dir_free()
             && free < need
         {
             tracing::error!(free, need, "no room to pause a sandbox to disk");
-            return Err(self.storage_low(
+            return Err(self.admit.storage_low(
                 "the server has no room on disk to keep this sandbox's state",
                 "pause it in memory (no to_disk), or retry later",
             ));
@@ -780,7 +860,7 @@ impl Service {
         }
         let guard = BusyGuard(s.clone());
         let t0 = Instant::now();
-        let audit = self.inner.audit.clone();
+        let audit = self.audit.store.clone();
         let r = blocking(move || {
             let s = guard.0.clone();
             let _busy = guard;
@@ -826,7 +906,7 @@ impl Service {
         r: &Result<(), ApiError>,
         us: u64,
     ) -> Result<(), ApiError> {
-        let audit = self.inner.audit.clone();
+        let audit = self.audit.store.clone();
         let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
         let event = AuditEvent::Lifecycle {
             action,
@@ -858,7 +938,7 @@ impl Service {
         if s.ending.get().is_some() {
             return Err(gone(&s.id));
         }
-        let max_ttl = self.inner.cfg.sessions.max_ttl.0;
+        let max_ttl = self.max_ttl;
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         if let Some(ttl) = req.ttl {
             if ttl.0.is_zero() || ttl.0 > max_ttl {
@@ -894,7 +974,7 @@ impl Service {
         if let Some(idle) = req.idle_timeout {
             s.idle_ms.store(ms(idle.0), Ordering::Relaxed);
         }
-        let audit = self.inner.audit.clone();
+        let audit = self.audit.store.clone();
         let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
         let event = AuditEvent::Patch {
             ttl_ms: req.ttl.map(|d| ms(d.0)),

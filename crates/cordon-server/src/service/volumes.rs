@@ -5,11 +5,29 @@
 //! the host's lock on each image (`cordon_host::volume`) is what makes a read-write mount
 //! exclusive, whoever else holds it.
 
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cordon_core::SandboxSpec;
 use cordon_host::volume::{VolumeLease, VolumeStore};
 
-use super::*;
-use crate::audit::{VolumeRefusal, VolumeRow};
+use super::admit::Admit;
+use super::common::{NewEventOwned, audit_err, blocking};
+use crate::ServerError;
+use crate::audit::{Audit, AuditEvent, VolumeOutcome, VolumeRefusal, VolumeRow};
+use crate::error::{ApiError, Code};
+use crate::keys::Tenant;
 use crate::model::{VolumeCreate, VolumeInfo, VolumeList, VolumeMountInfo};
+
+/// Tenants' volumes: the store on the host and their rows in the audit store. Uses the
+/// admission (the disk guard, the tenant's ceiling); the sessions use it for their leases.
+#[derive(Clone)]
+pub struct Volumes {
+    store: VolumeStore,
+    admit: Admit,
+    audit: Arc<Audit>,
+}
 
 /// The volume store under a data dir.
 pub(super) fn open_store(data_dir: &Path) -> Result<VolumeStore, ServerError> {
@@ -59,11 +77,13 @@ fn info(row: VolumeRow, used: u64) -> VolumeInfo {
     }
 }
 
-impl Service {
-    fn volume_rules(&self, tenant: &Tenant) -> cordon_engine::Resolved {
-        self.inner
-            .gate
-            .rules_for(&Principal::Tenant(tenant.0.clone()))
+impl Volumes {
+    pub(super) fn new(store: VolumeStore, admit: Admit, audit: Arc<Audit>) -> Self {
+        Volumes {
+            store,
+            admit,
+            audit,
+        }
     }
 
     async fn volume_rows(
@@ -71,8 +91,8 @@ impl Service {
         tenant: &Tenant,
         name: Option<&str>,
     ) -> Result<Vec<VolumeInfo>, ApiError> {
-        let audit = self.inner.audit.clone();
-        let store = self.inner.volumes.clone();
+        let audit = self.audit.clone();
+        let store = self.store.clone();
         let (t, n) = (tenant.0.clone(), name.map(str::to_string));
         blocking(move || -> Result<Vec<VolumeInfo>, ServerError> {
             let rows = audit.volumes(&t, n.as_deref())?;
@@ -89,12 +109,8 @@ impl Service {
     }
 
     /// Creates a volume of `tenant`, within its ceiling (`max_volumes`, `max_volume_bytes`).
-    pub async fn create_volume(
-        &self,
-        tenant: &Tenant,
-        req: VolumeCreate,
-    ) -> Result<VolumeInfo, ApiError> {
-        self.stopping()?;
+    pub async fn create(&self, tenant: &Tenant, req: VolumeCreate) -> Result<VolumeInfo, ApiError> {
+        self.admit.life.stopping()?;
         cordon_core::validate_volume_name(&req.name).map_err(ApiError::from)?;
         let size = req.size.0 & !4095;
         if size < cordon_core::MIN_VOLUME_BYTES {
@@ -103,9 +119,9 @@ impl Service {
                 cordon_core::MIN_VOLUME_BYTES >> 20
             )));
         }
-        self.disk_guard()?;
-        let rules = self.volume_rules(tenant);
-        let audit = self.inner.audit.clone();
+        self.admit.disk_guard()?;
+        let rules = self.admit.rules(tenant);
+        let audit = self.audit.clone();
         let (t, n) = (tenant.0.clone(), req.name.clone());
         let added = blocking(move || {
             audit.volume_add(&t, &n, size, (rules.max_volumes, rules.max_volume_bytes))
@@ -117,7 +133,7 @@ impl Service {
                 return Err(cordon_host::volume::VolumeError::Exists(req.name).into());
             }
             Err(VolumeRefusal::Ceiling { count, bytes }) => {
-                self.inner.metrics.deny("volume_quota");
+                self.admit.metrics.deny("volume_quota");
                 let e = ApiError::new(
                     Code::VolumeQuota,
                     format!(
@@ -141,8 +157,8 @@ impl Service {
             }
             Err(VolumeRefusal::Store(e)) => return Err(audit_err(e)),
         }
-        let store = self.inner.volumes.clone();
-        let audit = self.inner.audit.clone();
+        let store = self.store.clone();
+        let audit = self.audit.clone();
         let (t, n) = (tenant.0.clone(), req.name.clone());
         let t0 = Instant::now();
         let made = blocking(move || {
@@ -183,24 +199,26 @@ impl Service {
             },
         )
         .await?;
-        self.volume(tenant, &facts.name).await
+        self.get(tenant, &facts.name).await
     }
 
     async fn record_volume(&self, tenant: &Tenant, event: AuditEvent) -> Result<(), ApiError> {
-        self.record(NewEventOwned {
-            tenant: Some(tenant.0.clone()),
-            sandbox: None,
-            tier: None,
-            event,
-        })
-        .await
-        .map(|_| ())
+        self.admit
+            .audit
+            .record(NewEventOwned {
+                tenant: Some(tenant.0.clone()),
+                sandbox: None,
+                tier: None,
+                event,
+            })
+            .await
+            .map(|_| ())
     }
 
     /// `tenant`'s volumes and its ceiling.
-    pub async fn volumes(&self, tenant: &Tenant) -> Result<VolumeList, ApiError> {
+    pub async fn list(&self, tenant: &Tenant) -> Result<VolumeList, ApiError> {
         let volumes = self.volume_rows(tenant, None).await?;
-        let rules = self.volume_rules(tenant);
+        let rules = self.admit.rules(tenant);
         Ok(VolumeList {
             used_bytes: volumes.iter().map(|v| v.size).sum(),
             allocated_bytes: volumes.iter().map(|v| v.used).sum(),
@@ -211,7 +229,7 @@ impl Service {
     }
 
     /// One volume of `tenant` (another tenant's is not found).
-    pub async fn volume(&self, tenant: &Tenant, name: &str) -> Result<VolumeInfo, ApiError> {
+    pub async fn get(&self, tenant: &Tenant, name: &str) -> Result<VolumeInfo, ApiError> {
         cordon_core::validate_volume_name(name).map_err(|_| not_found(name))?;
         self.volume_rows(tenant, Some(name))
             .await?
@@ -221,15 +239,15 @@ impl Service {
     }
 
     /// Deletes a volume no sandbox mounts (refused while one does).
-    pub async fn delete_volume(
+    pub async fn delete(
         &self,
         tenant: &Tenant,
         name: &str,
     ) -> Result<crate::model::VolumeDeleted, ApiError> {
-        self.stopping()?;
-        let v = self.volume(tenant, name).await?;
-        let store = self.inner.volumes.clone();
-        let audit = self.inner.audit.clone();
+        self.admit.life.stopping()?;
+        let v = self.get(tenant, name).await?;
+        let store = self.store.clone();
+        let audit = self.audit.clone();
         let (t, n) = (tenant.0.clone(), name.to_string());
         let deleted = blocking(move || -> Result<(), ApiError> {
             match store.delete(&t, &n) {
@@ -261,7 +279,7 @@ impl Service {
 
     /// Leases the volumes a create asks for and fills in their host side; the leases are
     /// held by the session and let go once its sandbox is destroyed.
-    pub(super) async fn lease_volumes(
+    pub(super) async fn lease(
         &self,
         tenant: &Tenant,
         spec: &mut SandboxSpec,
@@ -270,9 +288,9 @@ impl Service {
             return Ok(Leases::default());
         }
         for m in &spec.volumes {
-            self.volume(tenant, &m.name).await?;
+            self.get(tenant, &m.name).await?;
         }
-        let store = self.inner.volumes.clone();
+        let store = self.store.clone();
         let wanted: Vec<(String, bool)> = spec
             .volumes
             .iter()

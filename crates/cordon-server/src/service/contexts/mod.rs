@@ -8,12 +8,20 @@
 //! background exec's output, so they are read while the cell runs, never left to pile up)
 //! and turns them into a [`CellResult`].
 
-use std::sync::atomic::AtomicU64;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use cordon_core::{Language, ProcExit, ProcSignal};
+use cordon_core::{ExecRequest, Language, OutputStream, ProcExit, ProcSignal};
+use sha2::{Digest, Sha256};
 
+use super::common::{Chunk, ChunkSender, blocking, gone, lock};
 use super::procs::on_sandbox;
-use super::*;
+use super::sessions::{Session, Sessions};
+use crate::audit::{AuditEvent, ContextRun, ContextStop, NewEvent, now_ms};
+use crate::error::{ApiError, Code};
+use crate::keys::Tenant;
 use crate::model::{CellBody, CellLogs, CellOutput, CellResult, ContextBody, ContextInfo};
 
 mod frames;
@@ -36,7 +44,7 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 
 /// A session's contexts by their API id (`ctx-<n>`).
 #[derive(Default)]
-pub(super) struct Contexts {
+struct Table {
     next: u64,
     by_id: BTreeMap<String, Arc<Context>>,
 }
@@ -255,9 +263,34 @@ fn death(exit: &ProcExit, s: &Session, stuck: Option<(u64, Duration)>) -> CellEr
     }
 }
 
-impl Service {
+/// Code contexts in tenants' sandboxes. Uses the sessions, and the background execs'
+/// one agent call at a time.
+#[derive(Clone)]
+pub struct Contexts {
+    sessions: Sessions,
+    limits: ContextLimits,
+}
+
+/// What the configuration bounds of contexts.
+#[derive(Clone, Copy)]
+pub(super) struct ContextLimits {
+    /// `sessions.max_contexts`: contexts in one sandbox.
+    pub(super) max_contexts: usize,
+    /// `sessions.context_start_timeout`: how long an interpreter has to start.
+    pub(super) start_timeout: Duration,
+    /// `sessions.context_grace`: a cell past its timeout, from interrupt to kill.
+    pub(super) grace: Duration,
+    /// `max_limits.timeout_ms`: the longest cell timeout a request may give.
+    pub(super) max_timeout_ms: u64,
+}
+
+impl Contexts {
+    pub(super) fn new(sessions: Sessions, limits: ContextLimits) -> Self {
+        Contexts { sessions, limits }
+    }
+
     fn context(&self, s: &Session, cid: &str) -> Result<Arc<Context>, ApiError> {
-        lock(&s.contexts)
+        lock(&s.state::<Table>())
             .by_id
             .get(cid)
             .cloned()
@@ -266,13 +299,13 @@ impl Service {
 
     /// Refuses a context id that is not one of this tenant's sandbox's.
     pub fn context_check(&self, tenant: &Tenant, id: &str, cid: &str) -> Result<(), ApiError> {
-        let s = self.session(tenant, id)?;
+        let s = self.sessions.session(tenant, id)?;
         self.context(&s, cid).map(|_| ())
     }
 
     fn record_row(&self, s: &Session, event: AuditEvent) {
         let kind = event.kind();
-        let r = self.inner.audit.record(&NewEvent {
+        let r = self.sessions.audit.store.record(&NewEvent {
             tenant: Some(&s.tenant.0),
             sandbox: Some(&s.id),
             tier: Some(s.tier),
@@ -330,7 +363,7 @@ impl Service {
     }
 
     fn await_ready(&self, s: &Session, ctx: &Context, w: &mut Worker) -> Result<String, ApiError> {
-        let deadline = Instant::now() + self.inner.cfg.sessions.context_start_timeout.0;
+        let deadline = Instant::now() + self.limits.start_timeout;
         let mut said = String::new();
         let mut rounds = 0;
         loop {
@@ -365,7 +398,7 @@ impl Service {
                     format!(
                         "the {} interpreter of the context did not start within {} s",
                         ctx.lang.as_str(),
-                        self.inner.cfg.sessions.context_start_timeout.0.as_secs()
+                        self.limits.start_timeout.as_secs()
                     ),
                     "retry; a busy sandbox (or a microVM's first start) may need longer: \
                      sessions.context_start_timeout",
@@ -411,13 +444,13 @@ impl Service {
     /// refused), within the sandbox's cap.
     fn new_context(
         &self,
-        all: &mut Contexts,
+        all: &mut Table,
         lang: Language,
         default: bool,
     ) -> Result<Arc<Context>, ApiError> {
-        let cap = self.inner.cfg.sessions.max_contexts;
+        let cap = self.limits.max_contexts;
         if all.by_id.len() >= cap {
-            self.metrics().deny("contexts");
+            self.sessions.metrics.deny("contexts");
             return Err(ApiError::new(
                 Code::TooManyContexts,
                 format!("this sandbox holds its limit of {cap} code contexts"),
@@ -448,21 +481,22 @@ impl Service {
         id: &str,
         body: &ContextBody,
     ) -> Result<ContextInfo, ApiError> {
-        self.stopping()?;
+        self.sessions.stopping()?;
         let lang = parse_lang(&body.lang)?;
-        let s = self.session(tenant, id)?;
+        let s = self.sessions.session(tenant, id)?;
         if !s.tier.features().contexts {
             return Err(ApiError::from(
                 cordon_core::Feature::Contexts.unsupported(s.tier, "a code context"),
             ));
         }
-        self.refuse_paused(&s)?;
+        self.sessions.refuse_paused(&s)?;
         if s.ending.get().is_some() {
             return Err(gone(&s.id));
         }
         // Found or made under one lock, so two requests for the default make one.
         let (ctx, existing) = {
-            let mut all = lock(&s.contexts);
+            let table = s.state::<Table>();
+            let mut all = lock(&table);
             let found = all
                 .by_id
                 .values()
@@ -485,7 +519,7 @@ impl Service {
                     Err(_) => return Ok(c.info()),
                 }
             };
-            if !lock(&s.contexts).by_id.contains_key(&c.id) {
+            if !lock(&s.state::<Table>()).by_id.contains_key(&c.id) {
                 return Err(ApiError::new(
                     Code::SandboxFailure,
                     "the sandbox's default context could not be started",
@@ -507,7 +541,7 @@ impl Service {
         })
         .await?;
         if let Err(e) = r {
-            lock(&s.contexts).by_id.remove(&ctx.id);
+            lock(&s.state::<Table>()).by_id.remove(&ctx.id);
             return Err(e);
         }
         Ok(ctx.info())
@@ -515,8 +549,9 @@ impl Service {
 
     /// The sandbox's contexts, oldest first.
     pub fn list_contexts(&self, tenant: &Tenant, id: &str) -> Result<Vec<ContextInfo>, ApiError> {
-        let s = self.session(tenant, id)?;
-        let all = lock(&s.contexts);
+        let s = self.sessions.session(tenant, id)?;
+        let table = s.state::<Table>();
+        let all = lock(&table);
         let mut v: Vec<&Arc<Context>> = all.by_id.values().collect();
         v.sort_by_key(|c| (c.created_ms, c.id.len(), c.id.clone()));
         Ok(v.into_iter().map(|c| c.info()).collect())
@@ -529,9 +564,12 @@ impl Service {
         id: &str,
         cid: &str,
     ) -> Result<ContextInfo, ApiError> {
-        let s = self.session(tenant, id)?;
-        self.refuse_paused(&s)?;
-        let ctx = lock(&s.contexts).by_id.remove(cid).ok_or_else(no_context)?;
+        let s = self.sessions.session(tenant, id)?;
+        self.sessions.refuse_paused(&s)?;
+        let ctx = lock(&s.state::<Table>())
+            .by_id
+            .remove(cid)
+            .ok_or_else(no_context)?;
         ctx.closed.store(true, Ordering::Release);
         let svc = self.clone();
         let c2 = ctx.clone();
@@ -553,9 +591,9 @@ impl Service {
         id: &str,
         cid: &str,
     ) -> Result<ContextInfo, ApiError> {
-        self.stopping()?;
-        let s = self.session(tenant, id)?;
-        self.refuse_paused(&s)?;
+        self.sessions.stopping()?;
+        let s = self.sessions.session(tenant, id)?;
+        self.sessions.refuse_paused(&s)?;
         let ctx = self.context(&s, cid)?;
         let busy = CtxBusy::take(&ctx)?;
         let svc = self.clone();
@@ -586,14 +624,14 @@ impl Service {
         body: CellBody,
         chunks: Option<ChunkSender>,
     ) -> Result<CellResult, ApiError> {
-        self.stopping()?;
-        let s = self.session(tenant, id)?;
-        self.refuse_paused(&s)?;
+        self.sessions.stopping()?;
+        let s = self.sessions.session(tenant, id)?;
+        self.sessions.refuse_paused(&s)?;
         if s.ending.get().is_some() {
             return Err(gone(&s.id));
         }
         let ctx = self.context(&s, cid)?;
-        let max = self.inner.cfg.max_limits.timeout_ms;
+        let max = self.limits.max_timeout_ms;
         let timeout_ms = match body.timeout {
             Some(d) => u64::try_from(d.0.as_millis()).unwrap_or(u64::MAX),
             None => s.spec.limits.timeout_ms,
@@ -646,7 +684,7 @@ impl Service {
         let mut out = CellCollector::new(s, ctx, chunks);
         out.warnings = warnings;
         let timeout = Duration::from_millis(timeout_ms);
-        let grace = self.inner.cfg.sessions.context_grace.0;
+        let grace = self.limits.grace;
         let mut interrupted = false;
         let mut rounds = 0;
         // Time the sandbox spent paused during the cell does not count against it.
