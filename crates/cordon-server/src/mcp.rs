@@ -11,7 +11,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
-use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
+use rmcp::model::{ContentBlock, Implementation, IntoContents, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -24,6 +24,7 @@ use cordon_core::{ExecOutcome, FileOp, Language, SandboxId};
 use crate::ServerError;
 use crate::api::files::{Done, Listing, Stat};
 use crate::audit::Query as AuditQuery;
+use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
 use crate::model::{
     AuditEvents, CellBody, CellResult, ContextBody, ContextInfo, ContextList, CreateRequest,
@@ -41,11 +42,37 @@ pub struct CordonMcp {
     tool_router: ToolRouter<Self>,
 }
 
-/// A tool's answer: the API's typed answer, or the API error's text (`code: message; hint`).
-/// Each tool spells its type out as `Result<Json<T>, String>`: rmcp's macro reads the
-/// output schema from there (an alias would hide it).
-fn answer<T>(r: Result<T, crate::error::ApiError>) -> Result<Json<T>, String> {
-    r.map(Json).map_err(|e| e.to_string())
+/// A tool's answer: the API's typed answer, or the API error. Each tool spells its type
+/// out as `Result<Json<T>, ToolError>`: rmcp's macro reads the output schema from there (an
+/// alias would hide it).
+fn answer<T>(r: Result<T, ApiError>) -> Result<Json<T>, ToolError> {
+    r.map(Json).map_err(ToolError)
+}
+
+/// A tool's error: the API error, which the agent reads as its text (`code: message (fix:
+/// ...)`, in a tool result marked as an error); its source stays for the server's log.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ToolError(#[source] pub ApiError);
+
+impl From<ApiError> for ToolError {
+    fn from(e: ApiError) -> Self {
+        ToolError(e)
+    }
+}
+
+impl IntoContents for ToolError {
+    fn into_contents(self) -> Vec<ContentBlock> {
+        if let Some(cause) = &self.0.source {
+            tracing::error!(
+                code = self.0.code.as_str(),
+                message = %self.0.message,
+                cause = %crate::error::Chain(cause.as_ref()),
+                "MCP tool failed"
+            );
+        }
+        vec![ContentBlock::text(self.0.to_string())]
+    }
 }
 
 /// One sandbox, by the id create_sandbox answered.
@@ -305,14 +332,20 @@ impl CordonMcp {
         }
     }
 
-    fn tenant(&self, ctx: &RequestContext<RoleServer>) -> Result<Tenant, String> {
+    fn tenant(&self, ctx: &RequestContext<RoleServer>) -> Result<Tenant, ToolError> {
         if let Some(t) = &self.fixed {
             return Ok(t.clone());
         }
         ctx.extensions
             .get::<axum::http::request::Parts>()
             .and_then(|p| p.extensions.get::<Tenant>().cloned())
-            .ok_or_else(|| "unauthorized: no API key on this MCP session".to_string())
+            .ok_or_else(|| {
+                ToolError(ApiError::new(
+                    Code::Unauthorized,
+                    "no API key on this MCP session",
+                    "open the session with `Authorization: Bearer <api key>`",
+                ))
+            })
     }
 
     #[tool(
@@ -330,17 +363,12 @@ impl CordonMcp {
         &self,
         Parameters(mut req): Parameters<RunRequest>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ExecOutcome>, String> {
+    ) -> Result<Json<ExecOutcome>, ToolError> {
         let t = self.tenant(&ctx)?;
         req.lang = code_lang(&req.code, req.lang);
         req.stream = false;
         let (create, exec, files) = req.split();
-        let job = self
-            .svc
-            .execs()
-            .begin_run(&t, create, &exec, files)
-            .await
-            .map_err(|e| e.to_string())?;
+        let job = self.svc.execs().begin_run(&t, create, &exec, files).await?;
         answer(job.run(None).await)
     }
 
@@ -359,7 +387,7 @@ impl CordonMcp {
         &self,
         Parameters(req): Parameters<CreateRequest>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<SandboxInfo>, String> {
+    ) -> Result<Json<SandboxInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(self.svc.sessions().create(&t, req).await)
     }
@@ -379,7 +407,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<ListSandboxesArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<SandboxList>, String> {
+    ) -> Result<Json<SandboxList>, ToolError> {
         let t = self.tenant(&ctx)?;
         let labels: Vec<(String, String)> = a.labels.into_iter().collect();
         Ok(Json(SandboxList {
@@ -403,7 +431,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<SandboxArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<SandboxInfo>, String> {
+    ) -> Result<Json<SandboxInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(self.svc.sessions().info(&t, &a.sandbox).await)
     }
@@ -423,7 +451,7 @@ impl CordonMcp {
         &self,
         Parameters(req): Parameters<VolumeCreate>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<VolumeInfo>, String> {
+    ) -> Result<Json<VolumeInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(self.svc.volumes().create(&t, req).await)
     }
@@ -442,7 +470,7 @@ impl CordonMcp {
     async fn list_volumes(
         &self,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<VolumeList>, String> {
+    ) -> Result<Json<VolumeList>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(self.svc.volumes().list(&t).await)
     }
@@ -462,7 +490,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<VolumeNameArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<VolumeDeleted>, String> {
+    ) -> Result<Json<VolumeDeleted>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(self.svc.volumes().delete(&t, &a.name).await)
     }
@@ -482,7 +510,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<ExecArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ExecOutcome>, String> {
+    ) -> Result<Json<ExecOutcome>, ToolError> {
         let t = self.tenant(&ctx)?;
         let body = ExecBody {
             lang: code_lang(&a.code, a.lang),
@@ -495,11 +523,7 @@ impl CordonMcp {
             stdin: a.stdin,
             ..ExecBody::default()
         };
-        let job = self
-            .svc
-            .execs()
-            .begin_exec(&t, &a.sandbox, &body)
-            .map_err(|e| e.to_string())?;
+        let job = self.svc.execs().begin_exec(&t, &a.sandbox, &body)?;
         answer(job.run(None).await)
     }
 
@@ -518,12 +542,16 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<WriteFileArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<FileWritten>, String> {
+    ) -> Result<Json<FileWritten>, ToolError> {
         let t = self.tenant(&ctx)?;
         let data = if a.base64 {
             base64::engine::general_purpose::STANDARD
                 .decode(&a.content)
-                .map_err(|e| format!("invalid_request: content is not base64: {e}; send standard base64, or text with base64: false"))?
+                .map_err(|e| {
+                    ToolError(ApiError::invalid(format!(
+                        "content is not base64: {e}; send standard base64, or text with base64: false"
+                    )))
+                })?
         } else {
             a.content.into_bytes()
         };
@@ -550,14 +578,9 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<FileArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<FileContent>, String> {
+    ) -> Result<Json<FileContent>, ToolError> {
         let t = self.tenant(&ctx)?;
-        let data = self
-            .svc
-            .files()
-            .get_file(&t, &a.sandbox, &a.path)
-            .await
-            .map_err(|e| e.to_string())?;
+        let data = self.svc.files().get_file(&t, &a.sandbox, &a.path).await?;
         Ok(Json(match String::from_utf8(data) {
             Ok(s) => FileContent {
                 path: a.path,
@@ -587,7 +610,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<ListArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<Listing>, String> {
+    ) -> Result<Json<Listing>, ToolError> {
         let t = self.tenant(&ctx)?;
         let path = a.path.unwrap_or_else(|| cordon_core::WORKDIR.to_string());
         answer(crate::api::files::list_dir(&self.svc, &t, &a.sandbox, path).await)
@@ -608,7 +631,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<FileArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<Stat>, String> {
+    ) -> Result<Json<Stat>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(crate::api::files::stat_path(&self.svc, &t, &a.sandbox, a.path).await)
     }
@@ -628,7 +651,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<RemoveArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<Done>, String> {
+    ) -> Result<Json<Done>, ToolError> {
         let op = FileOp::Remove {
             path: a.path,
             recursive: a.recursive,
@@ -651,7 +674,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<RenameArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<Done>, String> {
+    ) -> Result<Json<Done>, ToolError> {
         let op = FileOp::Rename {
             from: a.from,
             to: a.to,
@@ -674,7 +697,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<MkdirArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<Done>, String> {
+    ) -> Result<Json<Done>, ToolError> {
         let op = FileOp::Mkdir {
             path: a.path,
             parents: a.parents,
@@ -697,7 +720,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<StartArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ExecInfo>, String> {
+    ) -> Result<Json<ExecInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         let body = ExecBody {
             lang: code_lang(&a.code, a.lang),
@@ -731,7 +754,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<RunCodeArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<CellResult>, String> {
+    ) -> Result<Json<CellResult>, ToolError> {
         let t = self.tenant(&ctx)?;
         let cid = match a.context {
             Some(c) => c,
@@ -743,8 +766,7 @@ impl CordonMcp {
                 self.svc
                     .contexts()
                     .create_context(&t, &a.sandbox, &body)
-                    .await
-                    .map_err(|e| e.to_string())?
+                    .await?
                     .id
             }
         };
@@ -776,7 +798,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<ContextArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ContextInfo>, String> {
+    ) -> Result<Json<ContextInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         let body = ContextBody {
             lang: a.lang.as_str().to_string(),
@@ -805,7 +827,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<SandboxArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ContextList>, String> {
+    ) -> Result<Json<ContextList>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(
             self.svc
@@ -830,7 +852,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<ContextIdArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ContextInfo>, String> {
+    ) -> Result<Json<ContextInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(
             self.svc
@@ -855,7 +877,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<ContextIdArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ContextInfo>, String> {
+    ) -> Result<Json<ContextInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(
             self.svc
@@ -880,7 +902,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<SandboxArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ExecList>, String> {
+    ) -> Result<Json<ExecList>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(
             self.svc
@@ -906,7 +928,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<ExecIdArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ExecPeek>, String> {
+    ) -> Result<Json<ExecPeek>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(self.svc.procs().peek_exec(&t, &a.sandbox, &a.exec).await)
     }
@@ -926,7 +948,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<ResizeArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ExecInfo>, String> {
+    ) -> Result<Json<ExecInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         let size = cordon_core::PtySize {
             rows: a.rows,
@@ -955,7 +977,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<KillArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ExecInfo>, String> {
+    ) -> Result<Json<ExecInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(
             self.svc
@@ -980,7 +1002,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<PauseArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<SandboxInfo>, String> {
+    ) -> Result<Json<SandboxInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(self.svc.sessions().pause(&t, &a.sandbox, a.to_disk).await)
     }
@@ -1000,7 +1022,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<SandboxArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<SandboxInfo>, String> {
+    ) -> Result<Json<SandboxInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(self.svc.sessions().resume(&t, &a.sandbox).await)
     }
@@ -1020,7 +1042,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<UpdateArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<SandboxInfo>, String> {
+    ) -> Result<Json<SandboxInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
         let req = PatchRequest {
             ttl: a.ttl,
@@ -1044,7 +1066,7 @@ impl CordonMcp {
         &self,
         Parameters(a): Parameters<SandboxArgs>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<Destroyed>, String> {
+    ) -> Result<Json<Destroyed>, ToolError> {
         let t = self.tenant(&ctx)?;
         answer(self.svc.sessions().destroy(&t, &a.sandbox).await)
     }
@@ -1064,12 +1086,14 @@ impl CordonMcp {
         &self,
         Parameters(q): Parameters<AuditQuery>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<AuditEvents>, String> {
+    ) -> Result<Json<AuditEvents>, ToolError> {
         let t = self.tenant(&ctx)?;
         if let Some(s) = &q.sandbox
             && SandboxId::parse(s).is_none()
         {
-            return Err("invalid_request: sandbox must be an id like sb-<32 hex digits>".into());
+            return Err(ToolError(ApiError::invalid(
+                "sandbox must be an id like sb-<32 hex digits>",
+            )));
         }
         answer(
             self.svc
@@ -1094,7 +1118,7 @@ impl CordonMcp {
         ctx: &RequestContext<RoleServer>,
         sandbox: &str,
         op: FileOp,
-    ) -> Result<Json<Done>, String> {
+    ) -> Result<Json<Done>, ToolError> {
         let t = self.tenant(ctx)?;
         answer(crate::api::files::file_done(&self.svc, &t, sandbox, op).await)
     }
@@ -1193,15 +1217,10 @@ where
     let running = CordonMcp::new(svc, Some(tenant))
         .serve(io)
         .await
-        .map_err(|e| {
-            ServerError::io(
-                "starting the MCP session",
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
+        .map_err(|e| ServerError::io("starting the MCP session", std::io::Error::other(e)))?;
     running
         .waiting()
         .await
-        .map_err(|e| ServerError::io("MCP session", std::io::Error::other(e.to_string())))?;
+        .map_err(|e| ServerError::io("MCP session", std::io::Error::other(e)))?;
     Ok(())
 }

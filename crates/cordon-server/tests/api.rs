@@ -50,6 +50,9 @@ struct FakeSandbox {
     counters: Arc<Counters>,
     destroyed: bool,
     used: bool,
+    /// The spec it was made with (all but its owner, which a take from a pool sets), as
+    /// `spec` prints it.
+    made: String,
 }
 
 impl FakeSandbox {
@@ -124,6 +127,16 @@ impl Backend for FakeBackend {
             counters: self.0.clone(),
             destroyed: false,
             used: false,
+            made: format!(
+                "{:?} {:?} {:?} {:?} {:?} {:?} {}",
+                spec.tier,
+                spec.limits,
+                spec.egress,
+                spec.env,
+                spec.allow_weaker,
+                spec.template,
+                spec.grants.len()
+            ),
         }))
     }
 }
@@ -154,6 +167,7 @@ impl Sandbox for FakeSandbox {
             Command::Argv(v) if v[0] == "echo" => format!("{}\n", v[1..].join(" ")).into_bytes(),
             Command::Argv(v) if v[0] == "cat" => self.files.get(&v[1]).cloned().unwrap_or_default(),
             Command::Argv(v) if v[0] == "used" => format!("{was_used}\n").into_bytes(),
+            Command::Argv(v) if v[0] == "spec" => format!("{}\n", self.made).into_bytes(),
             // Mints a token as the egress proxy would for a request to the grant's host (the
             // real proxy never shows it to the sandbox; this fake prints it for the test).
             Command::Argv(v) if v[0] == "mint" => {
@@ -2467,6 +2481,92 @@ async fn pool_specs_the_policy_refuses_stop_the_start() {
             .expect("the server started with a pool it must refuse")
             .to_string();
         assert!(e.contains("warm pool") && e.contains(want), "{e}");
+        assert_eq!(counters.created.load(Ordering::SeqCst), 0);
+    }
+}
+
+/// A warm pool's spec is the gate's admission of the create that takes from it: a pooled
+/// sandbox is made exactly as that create would make it cold (the sandbox reports the spec
+/// it was made with), and the runtime tier's pool, whose heap the gate caps below the
+/// default memory, serves the plain create it could never match before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_sandbox_is_what_a_cold_create_makes() {
+    async fn made(env: &Env, tier: &str) -> Value {
+        let (s, v) = env
+            .call(
+                M::POST,
+                "/v1/sandboxes",
+                ALICE,
+                Some(json!({ "tier": tier })),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v
+    }
+    let pooled = start_with(|c| {
+        c.pools.insert(Tier::Runtime, 1);
+    })
+    .await;
+    pooled.wait_pool(2).await;
+    for _ in 0..200 {
+        if pooled.server.service().pools().ready(Tier::Runtime) >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let cold = start_with(|c| c.pools.clear()).await;
+    let mut reports = Vec::new();
+    for env in [&pooled, &cold] {
+        let v = made(env, "container").await;
+        let id = v["id"].as_str().unwrap().to_string();
+        let (s, out) = env.exec(ALICE, &id, json!({"argv": ["spec"]})).await;
+        assert_eq!(s, 200, "{out}");
+        reports.push((v["source"].clone(), out["stdout"].clone()));
+    }
+    assert_eq!(reports[0].0, "pool", "{reports:?}");
+    assert_eq!(reports[1].0, "cold", "{reports:?}");
+    assert_eq!(
+        reports[0].1, reports[1].1,
+        "the pooled sandbox was made with another spec than a cold create's"
+    );
+    let runtime: Vec<Value> = [made(&pooled, "runtime").await, made(&cold, "runtime").await].into();
+    assert_eq!(runtime[0]["source"], "pool", "{runtime:?}");
+    assert_eq!(runtime[1]["source"], "cold", "{runtime:?}");
+    assert_eq!(runtime[0]["limits"], runtime[1]["limits"], "{runtime:?}");
+    pooled.server.shutdown().await;
+    cold.server.shutdown().await;
+}
+
+/// A warm pool the gate would refuse every tenant (an allow-list past the operator's egress
+/// ceiling, a tier the ceiling does not open) stops the start with the gate's rule and
+/// reason, before any sandbox is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_over_the_ceiling_is_refused_at_start_with_the_gates_reason() {
+    let private = cordon_server::config::SpecPool {
+        tier: Tier::Container,
+        size: 1,
+        limits: Default::default(),
+        allow_hosts: vec!["10.0.0.1".into()],
+        deny_hosts: Vec::new(),
+        template: None,
+    };
+    for case in ["egress", "tiers"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path());
+        let rule = if case == "egress" {
+            cfg.spec_pools.push(private.clone());
+            "ceiling.egress"
+        } else {
+            cfg.tenant_defaults.tiers = Some(vec![Tier::Runtime, Tier::Wasm]);
+            "ceiling.tiers"
+        };
+        let counters = Arc::new(Counters::default());
+        let e = Server::start(cfg, backends(&counters), None)
+            .await
+            .err()
+            .expect("the server started with a pool the gate refuses")
+            .to_string();
+        assert!(e.contains("warm pool") && e.contains(rule), "{e}");
         assert_eq!(counters.created.load(Ordering::SeqCst), 0);
     }
 }

@@ -190,7 +190,7 @@ impl Service {
         let templates = cordon_template::Store::open(&cfg.data_dir).map_err(|e| {
             ServerError::Config(format!("the template store under the data dir: {e}"))
         })?;
-        let gate = gate.with_templates(templates.clone());
+        let gate = gate.with_templates(templates);
         gate.load_rules().map_err(|e| {
             ServerError::Config(match &cfg.policy.rules_file {
                 Some(p) => format!("the policy file {}: {e}", p.display()),
@@ -215,7 +215,6 @@ impl Service {
             probes,
             &gate,
             &ledger,
-            &templates,
             (audit.clone(), metrics.clone(), life.clone()),
         )?;
         let admit = Admit {

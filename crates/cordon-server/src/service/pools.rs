@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cordon_core::{Backend, Probe, Sandbox, SandboxSpec, Tier};
-use cordon_engine::{Gate, Ledger, Reservation};
+use cordon_engine::{Denial, DenyCode, Gate, Ledger, Principal, Reservation};
+use cordon_policy::TierChoice;
 use tokio::sync::Notify;
 
 use super::common::{Life, blocking, lock};
@@ -16,9 +17,19 @@ use crate::audit::Audit;
 use crate::config::Config;
 use crate::error::{ApiError, Code};
 use crate::metrics::{Metrics, StartLabels};
+use crate::model::CreateRequest;
 
 /// The backends the service may use, one per tier, injected by the caller.
 pub type Backends = BTreeMap<Tier, Arc<dyn Backend>>;
+
+/// Why a refill made no sandbox (logged; the pool backs off and tries again).
+#[derive(Debug, thiserror::Error)]
+enum RefillError {
+    #[error("the tier could not make a sandbox: {0}")]
+    Create(#[source] cordon_core::Error),
+    #[error("the pooled sandbox's row could not be written: {0}")]
+    Audit(#[source] crate::audit::StoreError),
+}
 
 /// How long a warm pool waits after a take before refilling, while it still holds others.
 const REFILL_DEBOUNCE: Duration = Duration::from_millis(25);
@@ -98,43 +109,49 @@ pub struct Pools {
 }
 
 impl Pools {
-    /// The pools the configuration asks for, each spec checked as the gate checks a
-    /// request's, their memory reserved against the server's budget.
+    /// The pools the configuration asks for, their memory reserved against the server's
+    /// budget. Each pool's spec is the gate's admission of the request a create makes for
+    /// one of its sandboxes (its tier, limits, lists and template), so a pooled sandbox is
+    /// exactly what that create would have made cold; a pool the gate would refuse every
+    /// tenant stops the start with the gate's reason.
     pub(super) fn configure(
         cfg: &Config,
         backends: Backends,
         probes: BTreeMap<Tier, Probe>,
         gate: &Gate,
         ledger: &Ledger,
-        templates: &cordon_template::Store,
         (audit, metrics, life): (Arc<Audit>, Arc<Metrics>, Life),
     ) -> Result<Self, ServerError> {
-        // The default spec of each pooled tier, then the `[[pool]]` specs, built as a
-        // request with the same tier, limits and lists builds its spec, so it takes one.
+        // The default spec of each pooled tier, then the `[[pool]]` specs.
         let defaults = cfg.pools.iter().map(|(tier, size)| {
-            let mut spec = SandboxSpec::new(*tier);
-            spec.limits = cfg.default_limits.clone();
-            (spec, *size)
+            (
+                CreateRequest {
+                    tier: Some(TierChoice::Tier(*tier)),
+                    ..Default::default()
+                },
+                *size,
+            )
         });
-        let mut others = Vec::new();
-        for p in &cfg.spec_pools {
-            let mut spec = SandboxSpec::new(p.tier);
-            spec.limits = p.limits.apply(&cfg.default_limits);
-            spec.egress = cordon_core::EgressPolicy {
-                allow: p.allow_hosts.clone(),
-                deny: p.deny_hosts.clone(),
-            };
-            // A pool's template is resolved once, at start; the pool's spec holds its lease
-            // for as long as the server runs.
-            spec.template = p.template.clone();
-            templates.resolve_spec(&mut spec).map_err(|e| {
-                ServerError::Config(format!("a warm pool of the {} tier: {e}", p.tier))
-            })?;
-            others.push((spec, p.size));
-        }
+        let others = cfg.spec_pools.iter().map(|p| {
+            (
+                CreateRequest {
+                    tier: Some(TierChoice::Tier(p.tier)),
+                    limits: p.limits.clone(),
+                    allow_hosts: p.allow_hosts.clone(),
+                    deny_hosts: p.deny_hosts.clone(),
+                    // Resolved once, at start: the pool's spec holds the template's lease
+                    // for as long as the server runs.
+                    template: p.template.clone(),
+                    ..Default::default()
+                },
+                p.size,
+            )
+        });
         let mut pools: Vec<Arc<Pool>> = Vec::new();
-        for (spec, size) in defaults.chain(others) {
-            let tier = spec.tier;
+        for (req, size) in defaults.chain(others) {
+            let Some(TierChoice::Tier(tier)) = req.tier else {
+                continue;
+            };
             if size == 0 {
                 continue;
             }
@@ -143,14 +160,22 @@ impl Pools {
                     "a warm pool of the {tier} tier is configured but this build has no {tier} tier"
                 )));
             }
+            let spec = match admit_pool(cfg, gate, &req) {
+                Ok(spec) => spec,
+                Err(d) if d.code == DenyCode::TierUnavailable => {
+                    tracing::warn!(%tier, reason = %d.message, "tier unavailable here: its warm pool stays empty");
+                    continue;
+                }
+                Err(d) => {
+                    return Err(ServerError::Config(format!(
+                        "a warm pool of the {tier} tier: the gate refuses it for every tenant ({}): {}; {}",
+                        d.rule, d.message, d.fix
+                    )));
+                }
+            };
             if pools.iter().any(|p| p.spec == spec) {
                 return Err(ServerError::Config(format!(
                     "two warm pools of the {tier} tier hold the same spec; merge them into one"
-                )));
-            }
-            if let Err(e) = check_pool_spec(&spec, gate) {
-                return Err(ServerError::Config(format!(
-                    "a warm pool of the {tier} tier: {e}"
                 )));
             }
             pools.push(Arc::new(Pool {
@@ -314,16 +339,17 @@ impl Pools {
             let audit = self.audit.clone();
             let tier = pool.tier;
             let t0 = Instant::now();
-            let made = tokio::task::spawn_blocking(move || -> Result<Box<dyn Sandbox>, String> {
-                let sb = backend.create(&spec).map_err(|e| e.to_string())?;
-                if let Err(e) = audit.sandbox_started(sb.id().as_str(), None, tier, "pooled") {
-                    let mut sb = sb;
-                    let _ = sb.destroy();
-                    return Err(e.to_string());
-                }
-                Ok(sb)
-            })
-            .await;
+            let made =
+                tokio::task::spawn_blocking(move || -> Result<Box<dyn Sandbox>, RefillError> {
+                    let sb = backend.create(&spec).map_err(RefillError::Create)?;
+                    if let Err(e) = audit.sandbox_started(sb.id().as_str(), None, tier, "pooled") {
+                        let mut sb = sb;
+                        let _ = sb.destroy();
+                        return Err(RefillError::Audit(e));
+                    }
+                    Ok(sb)
+                })
+                .await;
             match made {
                 Ok(Ok(sb)) => {
                     failures = 0;
@@ -375,19 +401,26 @@ impl Pools {
     }
 }
 
-/// Checks a warm pool's spec as the gate checks a request's (the operator wrote it, so no
-/// ceiling applies; a spec that could never be served is refused at start).
-fn check_pool_spec(spec: &SandboxSpec, gate: &Gate) -> Result<(), String> {
-    spec.validate().map_err(|e| e.to_string())?;
-    gate.check_max_limits(&spec.limits)?;
-    for entry in spec.egress.allow.iter().chain(&spec.egress.deny) {
-        cordon_egress::Pattern::parse(entry).map_err(|e| e.to_string())?;
-    }
-    if !spec.tier.features().network && !spec.egress.is_closed() {
-        return Err(format!(
-            "the {} tier has no network, so allow_hosts cannot apply",
-            spec.tier
-        ));
-    }
-    Ok(())
+/// The spec of a pool: the gate's admission of `req` for a tenant the operator's ceiling
+/// does not name (its defaults) or, failing that, for the first named tenant it admits, as
+/// that tenant's create would be admitted; the sandboxes are nobody's until taken. The
+/// refusal, when every tenant is refused, is the defaults'.
+fn admit_pool(cfg: &Config, gate: &Gate, req: &CreateRequest) -> Result<SandboxSpec, Denial> {
+    let admit = |name: &str| gate.admit(&Principal::Tenant(name.to_string()), req, "pool");
+    // No tenant is named "": this one has the ceiling's defaults.
+    let refused = match admit("") {
+        Ok(adm) => return Ok(unowned(adm.spec)),
+        Err(d) => d,
+    };
+    cfg.tenants
+        .keys()
+        .find_map(|name| admit(name).ok())
+        .map(|adm| unowned(adm.spec))
+        .ok_or(refused)
+}
+
+/// A pool's sandboxes are nobody's until a create takes one (and sets its owner).
+fn unowned(mut spec: SandboxSpec) -> SandboxSpec {
+    spec.owner = None;
+    spec
 }
