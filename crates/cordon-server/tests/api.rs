@@ -2443,12 +2443,7 @@ async fn a_pool_of_a_template_serves_creates_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
     cfg.spec_pools.push(pool("missing"));
-    let counters = Arc::new(Counters::default());
-    let err = Server::start(cfg, backends(&counters), None)
-        .await
-        .err()
-        .expect("a pool of a missing template must stop the start")
-        .to_string();
+    let err = refused_start(cfg).await;
     assert!(err.contains("no template named \"missing\""), "{err}");
 }
 
@@ -2474,15 +2469,21 @@ async fn pool_specs_the_policy_refuses_stop_the_start() {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = config(dir.path());
         cfg.spec_pools = pools;
-        let counters = Arc::new(Counters::default());
-        let e = Server::start(cfg, backends(&counters), None)
-            .await
-            .err()
-            .expect("the server started with a pool it must refuse")
-            .to_string();
+        let e = refused_start(cfg).await;
         assert!(e.contains("warm pool") && e.contains(want), "{e}");
-        assert_eq!(counters.created.load(Ordering::SeqCst), 0);
     }
+}
+
+/// The error of a server's start that must fail before it makes any sandbox.
+async fn refused_start(cfg: Config) -> String {
+    let counters = Arc::new(Counters::default());
+    let e = Server::start(cfg, backends(&counters), None)
+        .await
+        .err()
+        .expect("the server started with a configuration it must refuse")
+        .to_string();
+    assert_eq!(counters.created.load(Ordering::SeqCst), 0, "{e}");
+    e
 }
 
 /// A warm pool's spec is the gate's admission of the create that takes from it: a pooled
@@ -2560,14 +2561,8 @@ async fn a_pool_over_the_ceiling_is_refused_at_start_with_the_gates_reason() {
             cfg.tenant_defaults.tiers = Some(vec![Tier::Runtime, Tier::Wasm]);
             "ceiling.tiers"
         };
-        let counters = Arc::new(Counters::default());
-        let e = Server::start(cfg, backends(&counters), None)
-            .await
-            .err()
-            .expect("the server started with a pool the gate refuses")
-            .to_string();
+        let e = refused_start(cfg).await;
         assert!(e.contains("warm pool") && e.contains(rule), "{e}");
-        assert_eq!(counters.created.load(Ordering::SeqCst), 0);
     }
 }
 
