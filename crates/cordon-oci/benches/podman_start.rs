@@ -1,7 +1,8 @@
 //! Container start through podman, runc against cordon-oci, in one run: `podman run --rm
 //! <busybox image> true` timed end to end (podman's own work is in both), alternating the
 //! two runtimes so the host's load falls on both alike. Prints the figures; asserts nothing
-//! about them. `cargo bench -p cordon-oci --bench podman_start` (root, podman, runc; the
+//! about them. Then the same for 64 MiB of output (`yes | head`), every byte counted.
+//! `cargo bench -p cordon-oci --bench podman_start` (root, podman, runc; the
 //! sandbox init built beside cordon-oci: `cargo build -p cordon-oci -p cordon-sandbox-init`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -104,6 +105,66 @@ fn main() {
             v[v.len() / 2],
             v[0],
             v[v.len() - 1],
+            v.len()
+        );
+    };
+    show("runc", &mut a);
+    show("cordon-oci", &mut b);
+    // Output: 64 MiB written as fast as `yes | head` goes, read from podman's stdout, each
+    // byte counted (under cordon-oci the engine's own pipe is the workload's stdout).
+    let io_runs: usize = std::env::var("CORDON_BENCH_IO_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    const BYTES: usize = 64 << 20;
+    let write = |runtime: &Path| -> f64 {
+        use std::io::Read;
+        let t0 = Instant::now();
+        let mut child = Command::new("podman")
+            .args(&base)
+            .arg("--runtime")
+            .arg(runtime)
+            .args(["run", "--rm", "--network", "none"])
+            .args([
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+            ])
+            .args([image, "busybox", "sh", "-c"])
+            .arg(format!(
+                "busybox yes 0123456789abcdef | busybox head -c {BYTES}"
+            ))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut out = child.stdout.take().unwrap();
+        loop {
+            match out.read(&mut buf).unwrap() {
+                0 => break,
+                n => got += n,
+            }
+        }
+        assert!(child.wait().unwrap().success(), "{}", runtime.display());
+        assert_eq!(got, BYTES, "{}: bytes that arrived", runtime.display());
+        t0.elapsed().as_secs_f64()
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..io_runs {
+        a.push(write(runc));
+        b.push(write(&oci));
+    }
+    let show = |name: &str, v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let mib = (BYTES >> 20) as f64;
+        println!(
+            "podman run, 64 MiB of output, {name:<10}: median {:6.2} s ({:6.1} MiB/s)  min {:6.2} s  ({} runs, every byte arrived)",
+            v[v.len() / 2],
+            mib / v[v.len() / 2],
+            v[0],
             v.len()
         );
     };
