@@ -13,8 +13,9 @@
 //!  └─ common: Recorder (audit), Life (stopping, background tasks), Chunk, helpers
 //! ```
 //!
-//! No component knows [`Service`] or one above it; a check in this module's tests fails
-//! if a service module imports its parent's items wholesale again (`use super::*`).
+//! No component knows [`Service`] or one above it: this module's tests fail when a
+//! component names a module not below it (their `USES` table is this drawing), or imports
+//! its parent's items wholesale again (`use super::*`).
 //!
 //! Backend calls block (syscalls, child processes), so every one runs in `spawn_blocking`.
 
@@ -419,40 +420,100 @@ impl Service {
 
 #[cfg(test)]
 mod tests {
+    use std::path::{Path, PathBuf};
+
+    /// Which sibling modules each component may use: the graph in this module's docs (and
+    /// docs/design.md), one way, from the front doors down to the shared parts.
+    const USES: &[(&str, &[&str])] = &[
+        ("common", &[]),
+        ("admit", &["common"]),
+        ("pools", &["common"]),
+        ("volumes", &["admit", "common"]),
+        ("sessions", &["admit", "common", "pools", "volumes"]),
+        ("exec", &["common", "pools", "sessions"]),
+        ("files", &["common", "sessions"]),
+        ("procs", &["common", "exec", "sessions"]),
+        ("contexts", &["common", "procs", "sessions"]),
+        ("reaper", &["sessions"]),
+        ("recovery", &["common", "pools", "sessions", "volumes"]),
+    ];
+
+    /// The product code of each component's own file (its tests, after `#[cfg(test)]`,
+    /// left out): `(component, file, text)`.
+    fn components() -> Vec<(&'static str, PathBuf, String)> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/service");
+        USES.iter()
+            .map(|(name, _)| {
+                let flat = dir.join(format!("{name}.rs"));
+                let file = if flat.exists() {
+                    flat
+                } else {
+                    dir.join(name).join("mod.rs")
+                };
+                let text = std::fs::read_to_string(&file).unwrap();
+                let product = text.split("#[cfg(test)]").next().unwrap_or("").to_string();
+                (*name, file, product)
+            })
+            .collect()
+    }
+
     /// The service's modules import what they use by name: none takes its parent's
     /// items wholesale (`use super::*`), which is how the components once reached into one
     /// another's state. Test modules (after `#[cfg(test)]`) may.
     #[test]
     fn no_service_module_imports_its_parent_wholesale() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/service");
         let mut offenders = Vec::new();
-        let mut seen = 0;
-        let mut stack = vec![dir];
-        while let Some(d) = stack.pop() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    stack.push(p);
-                    continue;
-                }
-                if p.extension().is_none_or(|x| x != "rs") {
-                    continue;
-                }
-                seen += 1;
-                let text = std::fs::read_to_string(&p).unwrap();
-                let product = text.split("#[cfg(test)]").next().unwrap_or("");
-                for (n, line) in product.lines().enumerate() {
-                    let l = line.trim();
-                    if l.starts_with("use super::*") || l.starts_with("pub use super::*") {
-                        offenders.push(format!("{}:{}", p.display(), n + 1));
-                    }
+        for (_, file, text) in components() {
+            for (n, line) in text.lines().enumerate() {
+                let l = line.trim();
+                if l.starts_with("use super::*") || l.starts_with("pub use super::*") {
+                    offenders.push(format!("{}:{}", file.display(), n + 1));
                 }
             }
         }
-        assert!(seen >= 12, "found only {seen} service modules");
         assert!(
             offenders.is_empty(),
             "`use super::*` in the service's modules (import what you use by name): {offenders:?}"
+        );
+    }
+
+    /// Every component names only the components below it (`super::<module>`), and never
+    /// the service itself (`super::Service`, `super::Inner`): the dependencies go one way.
+    #[test]
+    fn components_use_only_the_components_below_them() {
+        // A new module takes its place in the graph before it is checked.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/service");
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let stem = p.file_stem().unwrap().to_string_lossy().to_string();
+            if stem != "mod" {
+                assert!(
+                    USES.iter().any(|(n, _)| *n == stem),
+                    "service/{stem} is not in USES: add it with the components it uses"
+                );
+            }
+        }
+        let mut offenders = Vec::new();
+        for (name, file, text) in components() {
+            let allowed = USES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, u)| *u)
+                .unwrap();
+            for (i, _) in text.match_indices("super::") {
+                let rest = &text[i + "super::".len()..];
+                let used: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !allowed.contains(&used.as_str()) {
+                    offenders.push(format!("{}: super::{used}", file.display()));
+                }
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "a service component uses one that is not below it (see USES and docs/design.md): {offenders:?}"
         );
     }
 }
