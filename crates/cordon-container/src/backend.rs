@@ -112,6 +112,8 @@ impl ContainerBackend {
     }
 
     fn seccomp(&self) -> &std::result::Result<SeccompPolicy, String> {
+        // Cached and shown as the seccomp layer's reason (`Error::LayerUnavailable` and the
+        // probe carry text): the typed error ends here.
         self.seccomp
             .get_or_init(|| SeccompPolicy::default_policy().map_err(|e| e.to_string()))
     }
@@ -259,6 +261,7 @@ fn userns_works() -> std::result::Result<(), String> {
 fn cgroup_probe() -> std::result::Result<String, String> {
     let version = cgroup::host_version();
     let name = format!("probe-{}", std::process::id());
+    // A probe's answer is the text `cordon doctor` shows.
     let cg = SandboxCgroup::create(&name, 64 << 20, 8, 0.5).map_err(|e| e.to_string())?;
     cg.remove();
     Ok(format!("{version:?}: memory, pids, cpu"))
@@ -389,7 +392,7 @@ impl ContainerBackend {
         };
         if let Err(e) = sent {
             sb.teardown();
-            return Err(sandbox_err("sending the setup", e));
+            return Err(Error::failed("sending the setup", e));
         }
         // The proxy before the cgroup: its start (a CA, a listener) takes a while, and the
         // cgroup should be empty for as short a time as possible before the sandbox joins
@@ -510,8 +513,10 @@ enum BgOom {
     Ended { oom_killed: bool },
 }
 
-fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Sandbox(format!("{what}: {e}"))
+/// A reply the agent should not have sent at this point. The reply is no error of its own,
+/// so there is no source to keep (`Error::Failed`): it is shown in the message.
+fn unexpected_reply(what: &str, reply: &Reply) -> Error {
+    Error::Sandbox(format!("{what}: {reply:?}"))
 }
 
 impl Drop for ContainerBackend {
@@ -572,7 +577,7 @@ fn start_init(cfg: &ContainerConfig) -> Result<Started> {
     if let Err(e) = proto::write_frame(&mut host, &begin, b"") {
         let _ = outer.kill();
         let _ = outer.wait();
-        return Err(sandbox_err("starting the sandbox init", e));
+        return Err(Error::failed("starting the sandbox init", e));
     }
     Ok((outer, host, ids))
 }
@@ -740,7 +745,8 @@ impl ContainerSandbox {
             return Err(Error::Sandbox("the sandbox init was not started".into()));
         };
         let mut host = host;
-        proto::write_frame(&mut host, join, b"").map_err(|e| sandbox_err("sending the join", e))?;
+        proto::write_frame(&mut host, join, b"")
+            .map_err(|e| Error::failed("sending the join", e))?;
         host.set_read_timeout(Some(cfg.start_timeout))
             .map_err(|e| Error::io("agent socket", e))?;
         let hello = proto::read_frame::<Reply>(&mut host);
@@ -749,6 +755,7 @@ impl ContainerSandbox {
         match hello {
             Ok(f) => match f.header {
                 Reply::Hello { version, .. } if version == PROTOCOL_VERSION => {}
+                // A mismatch and the init's own words: messages, with no error to keep.
                 Reply::Hello { version, .. } => {
                     return Err(Error::Sandbox(format!(
                         "sandbox init speaks protocol {version}, this cordon {PROTOCOL_VERSION}; rebuild both from one source tree"
@@ -760,13 +767,13 @@ impl ContainerSandbox {
                     )));
                 }
                 other => {
-                    return Err(sandbox_err(
+                    return Err(unexpected_reply(
                         "unexpected first message from the sandbox",
-                        format!("{other:?}"),
+                        &other,
                     ));
                 }
             },
-            Err(e) => return Err(sandbox_err("the sandbox did not come up", e)),
+            Err(e) => return Err(Error::failed("the sandbox did not come up", e)),
         }
         self.ctrl = Some(AgentConn::new(host).map_err(|e| Error::io("agent socket", e))?);
         Ok(())
@@ -828,13 +835,14 @@ impl ContainerSandbox {
                 "its agent did not answer a file call within {secs:.0} s"
             ));
             self.teardown();
+            // The deadline is this process's own decision: the message says all of it.
             return Error::Sandbox(format!(
                 "the sandbox did not answer within {secs:.0} s and was stopped; create a new sandbox"
             ));
         }
         self.gone = Some(format!("the sandbox agent stopped ({e})"));
         self.teardown();
-        sandbox_err("the sandbox agent stopped", e)
+        Error::failed("the sandbox agent stopped", e)
     }
 
     fn env_for(&self, req: &ExecRequest) -> BTreeMap<String, String> {
@@ -1033,12 +1041,12 @@ impl ContainerSandbox {
                 return Ok(o);
             }
             Err(e @ (agent::ExecError::SpawnFailed(_) | agent::ExecError::Refused(_))) => {
-                return Err(Error::Sandbox(e.to_string()));
+                return Err(Error::failed("starting the exec", e));
             }
-            Err(agent::ExecError::Protocol(why)) => {
-                self.gone = Some(format!("its agent broke the protocol ({why})"));
+            Err(e @ agent::ExecError::Protocol(_)) => {
+                self.gone = Some(format!("its agent broke the protocol ({e})"));
                 self.teardown();
-                return Err(sandbox_err("malformed frame from the sandbox agent", why));
+                return Err(Error::failed("malformed frame from the sandbox agent", e));
             }
         };
         // What the driver and the agent saw; the sandbox's cgroup adds its counters below.
@@ -1130,10 +1138,7 @@ impl Sandbox for ContainerSandbox {
             Reply::Error { code, message } => {
                 Err(cordon_host::agent::file_error(path, code, message))
             }
-            other => Err(sandbox_err(
-                "unexpected reply to a file write",
-                format!("{other:?}"),
-            )),
+            other => Err(unexpected_reply("unexpected reply to a file write", &other)),
         }
     }
 
@@ -1163,10 +1168,7 @@ impl Sandbox for ContainerSandbox {
             Reply::Error { code, message } => {
                 Err(cordon_host::agent::file_error(path, code, message))
             }
-            other => Err(sandbox_err(
-                "unexpected reply to a file read",
-                format!("{other:?}"),
-            )),
+            other => Err(unexpected_reply("unexpected reply to a file read", &other)),
         }
     }
 

@@ -16,7 +16,7 @@ impl SandboxId {
     pub fn random() -> Result<Self> {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes)
-            .map_err(|e| crate::Error::Sandbox(format!("no randomness for a sandbox id: {e}")))?;
+            .map_err(|e| crate::Error::failed("no randomness for a sandbox id", e))?;
         Ok(SandboxId(format!("sb-{}", hex::encode(bytes))))
     }
 

@@ -1,5 +1,8 @@
 use crate::Tier;
 
+/// An error kept as the source of another, whatever its type.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Errors shared by every backend. Each message says what went wrong and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -36,9 +39,20 @@ pub enum Error {
     /// `what` says which and what to do.
     #[error("{what}")]
     Busy { what: String, retry_after_secs: u64 },
-    /// The sandbox machinery failed; the sandboxed code did not cause this.
+    /// The sandbox machinery failed; the sandboxed code did not cause this. For a failure
+    /// with no error of its own (a state, a refusal, a message the guest sent); one caused by
+    /// an error is [`Error::Failed`], which keeps it.
     #[error("sandbox failure: {0}")]
     Sandbox(String),
+    /// A step of the sandbox machinery failed with an error of its own, kept as the source
+    /// (`std::error::Error::source`); the sandboxed code did not cause this. `what` names
+    /// the step and, where there is one, what to do.
+    #[error("sandbox failure: {what}: {source}")]
+    Failed {
+        what: String,
+        #[source]
+        source: BoxError,
+    },
     /// An OS call on the host failed.
     #[error("{what}: {source}")]
     Io {
@@ -56,6 +70,40 @@ impl Error {
             source,
         }
     }
+
+    /// A step of the sandbox machinery that failed with `source`.
+    pub fn failed(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Failed {
+            what: what.into(),
+            source: Box::new(source),
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::Error;
+
+    #[test]
+    fn a_failed_step_keeps_its_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the pipe closed");
+        let e = Error::failed("sending the join", io);
+        assert_eq!(
+            e.to_string(),
+            "sandbox failure: sending the join: the pipe closed"
+        );
+        let source = e.source().expect("the io error is kept");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("as the io error it was");
+        assert_eq!(io.kind(), std::io::ErrorKind::BrokenPipe);
+        assert!(Error::Sandbox("a message".into()).source().is_none());
+    }
+}

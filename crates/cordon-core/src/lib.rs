@@ -22,7 +22,7 @@ pub use backend::{
     Backend, Capability, Interrupter, OutputSink, Probe, Sandbox, SandboxId, TierStatus,
 };
 pub use ending::{Evidence, ExitReport, classify};
-pub use error::{Error, Result};
+pub use error::{BoxError, Error, Result};
 pub use exec::{
     Command, ExecOutcome, ExecRequest, OutputStream, SANDBOX_PATH, Termination, Timings, Usage,
     exit_code_for, sandbox_env,

@@ -189,6 +189,8 @@ fn read_source(grant: &str, src: &SecretSource) -> Result<SecretValue, String> {
         value.pop();
     }
     let v = SecretValue::new(value);
+    // This function's error is the operator's message (it may name the file or variable),
+    // read as text by the catalogue's load: no caller looks past it.
     cordon_egress::check_secret(grant, v.expose()).map_err(|e| e.to_string())?;
     Ok(v)
 }

@@ -267,6 +267,8 @@ impl Gate {
                 RulesSource::Shipped => {
                     Rules::default_rules().map_err(|e| format!("the shipped policy: {e}"))
                 }
+                // `load_rules` answers a message the server and the CLI put in their own
+                // (naming the policy file); the error is cached and handed to every caller.
                 RulesSource::Text(t) => Rules::from_toml(t).map_err(|e| e.to_string()),
             })
             .as_ref()

@@ -349,6 +349,8 @@ impl TokenMinter for Minter {
             grant: self.grant.clone(),
             scope: self.scope.clone(),
         };
+        // `TokenMinter` (cordon-egress) reports a failed mint as the reason of its
+        // `Error::Secret`, a message: the typed error ends here.
         let token = self.issuer.mint(claims).map_err(|e| e.to_string())?;
         Ok(MintedToken {
             value: SecretValue::new(token),

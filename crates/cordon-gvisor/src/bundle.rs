@@ -56,7 +56,10 @@ pub(crate) struct Egress<'a> {
 }
 
 fn oci(what: &str) -> impl Fn(oci_spec::OciSpecError) -> Error + '_ {
-    move |e| Error::Sandbox(format!("building the runsc config ({what}): {e}"))
+    move |e| Error::Failed {
+        what: format!("building the runsc config ({what})"),
+        source: Box::new(e),
+    }
 }
 
 /// One mount; `options` as runsc reads them.

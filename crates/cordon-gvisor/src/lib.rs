@@ -59,6 +59,14 @@ pub enum GvisorError {
     Workspace(String),
     #[error("runsc: {0}")]
     Runsc(String),
+    /// A host call of the tier failed. `what` names it and never a host path (a tenant may
+    /// read it); the path goes to the operator's log.
+    #[error("{what}: {source}")]
+    Host {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Name of the in-sandbox agent binary, looked up next to the running executable.
@@ -730,7 +738,7 @@ impl GvisorSandbox {
             }
         };
         let cfg = match self.config(cgroup.as_ref()).and_then(|c| {
-            serde_json::to_vec(&c).map_err(|e| Error::Sandbox(format!("encoding config.json: {e}")))
+            serde_json::to_vec(&c).map_err(|e| Error::failed("encoding config.json", e))
         }) {
             Ok(c) => c,
             Err(e) => {
@@ -747,7 +755,7 @@ impl GvisorSandbox {
             Ok(w) => w,
             Err(e) => {
                 remove_cgroup(&cgroup);
-                return Err(Error::Sandbox(e.to_string()));
+                return Err(Error::failed("watching the sandbox's process limit", e));
             }
         };
         let mut cmd = runsc_base(&self.config);
@@ -829,6 +837,8 @@ impl GvisorSandbox {
         };
         let detail = self.stop_live();
         tracing::warn!(sandbox = %self.id, "gvisor: {failed}; runsc said: {detail}");
+        // runsc's own words may name host paths: they go to the log, the tenant gets this
+        // message (with no source to keep).
         Err(Error::Sandbox(format!(
             "{failed}; see `cordon doctor` (runsc's own message is in the server log)"
         )))
@@ -978,9 +988,10 @@ impl GvisorSandbox {
             Err(e) => {
                 let detail = self.stop_live();
                 tracing::warn!(sandbox = %self.id, "gvisor: {e}; runsc said: {detail}");
-                Err(Error::Sandbox(format!(
-                    "the sandbox agent failed ({e}); the next exec starts the sandbox again"
-                )))
+                Err(Error::failed(
+                    "the sandbox agent failed (the next exec starts the sandbox again)",
+                    e,
+                ))
             }
         }
     }
@@ -1017,6 +1028,7 @@ impl GvisorSandbox {
                 live.paused = verb == "pause";
                 Ok(())
             }
+            // An exit status is no error of its own (`ExitStatusError` is unstable).
             Ok(st) => Err(Error::Sandbox(format!(
                 "runsc {verb} failed ({st}); see the server log"
             ))),
@@ -1116,13 +1128,16 @@ impl Sandbox for GvisorSandbox {
         let after = live.cgroup.as_ref().map(|c| c.counters());
         let run = match driven {
             Ok(run) => run,
-            Err(e @ agent::ExecError::SpawnFailed(_)) => return Err(Error::Sandbox(e.to_string())),
+            Err(e @ agent::ExecError::SpawnFailed(_)) => {
+                return Err(Error::failed("starting the exec", e));
+            }
             Err(e) => {
                 let detail = self.stop_live();
                 tracing::warn!(sandbox = %self.id, "gvisor: {e}; runsc said: {detail}");
-                return Err(Error::Sandbox(format!(
-                    "the sandbox agent failed ({e}); the next exec starts the sandbox again"
-                )));
+                return Err(Error::failed(
+                    "the sandbox agent failed (the next exec starts the sandbox again)",
+                    e,
+                ));
             }
         };
         // What the driver and the agent saw; the log of refused forks, the workspace and

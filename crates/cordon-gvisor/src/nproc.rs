@@ -51,27 +51,38 @@ pub struct NprocWatch {
     thread: Option<JoinHandle<()>>,
 }
 
+/// A host call on `path` that failed: the path goes to the operator's log, the error (what
+/// and why, no path) to the caller.
+fn host_path_error(what: &'static str, path: &Path, source: std::io::Error) -> GvisorError {
+    tracing::warn!(path = %path.display(), "gvisor: {what}: {source}");
+    GvisorError::Host { what, source }
+}
+
 impl NprocWatch {
     /// Makes the FIFO at `fifo` and starts reading it.
     pub fn start(fifo: &Path) -> Result<NprocWatch, GvisorError> {
         let _ = std::fs::remove_file(fifo);
         nix::unistd::mkfifo(fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .map_err(|e| GvisorError::Runsc(format!("making {}: {e}", fifo.display())))?;
+            .map_err(|e| host_path_error("making the sentry log's FIFO", fifo, e.into()))?;
         // Opened for reading without blocking, so runsc's open for writing finds a reader
         // and our open does not wait for a writer.
         let file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
             .open(fifo)
-            .map_err(|e| GvisorError::Runsc(format!("opening {}: {e}", fifo.display())))?;
+            .map_err(|e| host_path_error("opening the sentry log's FIFO", fifo, e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new(Refusals::default()));
-        let (wake_rx, wake) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| GvisorError::Runsc(format!("making the log reader's wake pipe: {e}")))?;
+        let (wake_rx, wake) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| GvisorError::Host {
+                what: "making the log reader's wake pipe",
+                source: e.into(),
+            })?;
         let (sync_rx, sync_tx) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
-                .map_err(|e| {
-                    GvisorError::Runsc(format!("making the log reader's sync pipe: {e}"))
+                .map_err(|e| GvisorError::Host {
+                    what: "making the log reader's sync pipe",
+                    source: e.into(),
                 })?;
         let answered = Arc::new((Mutex::new(0u64), Condvar::new()));
         let (stop2, seen2, answered2) = (stop.clone(), seen.clone(), answered.clone());
@@ -85,7 +96,10 @@ impl NprocWatch {
                 };
                 read_log(file, &ends, &stop2, &seen2)
             })
-            .map_err(|e| GvisorError::Runsc(format!("starting the log reader: {e}")))?;
+            .map_err(|source| GvisorError::Host {
+                what: "starting the log reader",
+                source,
+            })?;
         Ok(NprocWatch {
             fifo: fifo.to_path_buf(),
             stop,
@@ -262,6 +276,28 @@ pub fn is_refusal(line: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tenant's error names the step and keeps the host's error as its source, but not
+    /// the FIFO's host path (it was in the message before).
+    #[test]
+    fn a_failed_watch_keeps_its_source_and_hides_the_host_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("no-such-dir").join("sentry-1.log");
+        let Err(e) = NprocWatch::start(&fifo) else {
+            panic!("a FIFO in a missing directory was made");
+        };
+        let e = cordon_core::Error::failed("watching the sandbox's process limit", e);
+        let shown = e.to_string();
+        assert!(!shown.contains(&*dir.path().to_string_lossy()), "{shown}");
+        assert!(shown.contains("making the sentry log's FIFO"), "{shown}");
+        let source = std::error::Error::source(&e).expect("the tier's error is kept");
+        let gvisor = source
+            .downcast_ref::<GvisorError>()
+            .expect("as the tier's error");
+        let io = std::error::Error::source(gvisor).expect("and the host's error under it");
+        let io = io.downcast_ref::<std::io::Error>().expect("an io error");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    }
 
     #[test]
     fn refusals_are_recognised_and_successes_are_not() {

@@ -48,7 +48,9 @@ impl IdPoolError {
     /// The error a tenant may see: the host paths go to the operator's log only.
     pub fn into_core(self) -> cordon_core::Error {
         match self {
-            IdPoolError::Exhausted(_) => cordon_core::Error::Sandbox(self.to_string()),
+            IdPoolError::Exhausted(_) => {
+                cordon_core::Error::failed("leasing the sandbox's host ids", self)
+            }
             other => {
                 tracing::error!("host id pool: {other}");
                 cordon_core::Error::Sandbox(
@@ -266,6 +268,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pool = IdPool::new(dir.path().join("ids"), FIRST, slots, RANGE);
         (dir, pool)
+    }
+
+    #[test]
+    fn an_exhausted_pool_is_the_source_of_the_tenants_error() {
+        let e = IdPoolError::Exhausted(2).into_core();
+        let source = std::error::Error::source(&e).expect("the pool's error is kept");
+        assert!(matches!(
+            source.downcast_ref::<IdPoolError>(),
+            Some(IdPoolError::Exhausted(2))
+        ));
+        assert!(e.to_string().contains("destroy some sandboxes"), "{e}");
+        // The error naming a host directory is the operator's: none reaches the tenant.
+        let e = IdPoolError::Lock {
+            dir: "/run/cordon/ids".into(),
+            err: nix::errno::Errno::EACCES,
+        }
+        .into_core();
+        assert!(!e.to_string().contains("/run/cordon"), "{e}");
+        assert!(std::error::Error::source(&e).is_none());
     }
 
     #[test]

@@ -43,6 +43,8 @@ fn started(io: &mut dyn FrameIo) -> Answer<()> {
     let f = io.recv(HEADER_ROOM)?;
     match f.header {
         Reply::Started { .. } => Ok(Ok(())),
+        // `message` is the guest agent's own words, not an error of this process: there is
+        // no source to keep (`Error::Failed`), so it stays a message.
         Reply::Error {
             code: ErrorCode::SpawnFailed,
             message,

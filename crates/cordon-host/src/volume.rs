@@ -90,7 +90,7 @@ impl From<VolumeError> for cordon_core::Error {
     fn from(e: VolumeError) -> Self {
         match e {
             VolumeError::Invalid(m) => cordon_core::Error::Invalid(m),
-            other => cordon_core::Error::Sandbox(other.to_string()),
+            other => cordon_core::Error::failed("a volume of the sandbox", other),
         }
     }
 }

@@ -443,11 +443,12 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: UnixStream) -> Res
         )?;
     }
     let ruleset = if setup.landlock {
-        Some(landlock_rules::build(
-            join.connect_port,
-            setup.template_writable,
-            &setup.devices,
-        )?)
+        // The init reports its failures to the host as text over its socket: the typed
+        // error ends here as its message.
+        Some(
+            landlock_rules::build(join.connect_port, setup.template_writable, &setup.devices)
+                .map_err(|e| e.to_string())?,
+        )
     } else {
         None
     };

@@ -12,6 +12,42 @@ use landlock::{
 /// The ABI whose filesystem and network rights Cordon requires (6.7+ kernels).
 pub const REQUIRED_ABI: ABI = ABI::V4;
 
+/// Why the Landlock ruleset could not be built; each keeps the landlock crate's error.
+#[derive(Debug, thiserror::Error)]
+pub enum LandlockError {
+    #[error("Landlock ABI {abi:?} rights are not supported: {source}")]
+    Rights {
+        abi: ABI,
+        #[source]
+        source: landlock::RulesetError,
+    },
+    #[error("{what}: {source}")]
+    Ruleset {
+        what: String,
+        #[source]
+        source: landlock::RulesetError,
+    },
+    #[error("opening {path} for Landlock: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: landlock::PathFdError,
+    },
+}
+
+fn step(what: impl Into<String>) -> impl FnOnce(landlock::RulesetError) -> LandlockError {
+    let what = what.into();
+    move |source| LandlockError::Ruleset { what, source }
+}
+
+/// A path of the sandbox's root (after pivot_root: never a host path), opened for a rule.
+fn open(path: &str) -> Result<PathFd, LandlockError> {
+    PathFd::new(path).map_err(|source| LandlockError::Open {
+        path: path.to_string(),
+        source,
+    })
+}
+
 /// Builds the ruleset. Call inside the sandbox's root (after pivot_root). `writable_root`:
 /// a template build's step, which may write anywhere in its own root (its working copy).
 /// `devices`: extra device nodes under `/dev` (names such as `fuse`), read and written as
@@ -20,7 +56,7 @@ pub fn build(
     connect_port: Option<u16>,
     writable_root: bool,
     devices: &[String],
-) -> Result<RulesetCreated, String> {
+) -> Result<RulesetCreated, LandlockError> {
     let fs_all = AccessFs::from_all(REQUIRED_ABI);
     let fs_read = AccessFs::from_read(REQUIRED_ABI);
     let rw_file = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
@@ -28,27 +64,29 @@ pub fn build(
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(fs_all)
         .and_then(|r| r.handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp))
-        .map_err(|e| format!("Landlock ABI {REQUIRED_ABI:?} rights are not supported: {e}"))?;
+        .map_err(|source| LandlockError::Rights {
+            abi: REQUIRED_ABI,
+            source,
+        })?;
     // Scopes (ABI 6) where the kernel has them; never required.
     let ruleset = ruleset
         .set_compatibility(CompatLevel::BestEffort)
         .scope(Scope::Signal | Scope::AbstractUnixSocket)
-        .map_err(|e| format!("Landlock scopes: {e}"))?
+        .map_err(step("Landlock scopes"))?
         .set_compatibility(CompatLevel::HardRequirement);
     let mut created = ruleset
         .create()
-        .map_err(|e| format!("creating the Landlock ruleset: {e}"))?;
-    let path = |p: &str| PathFd::new(p).map_err(|e| format!("opening {p} for Landlock: {e}"));
+        .map_err(step("creating the Landlock ruleset"))?;
     created = created
         .add_rule(PathBeneath::new(
-            path("/")?,
+            open("/")?,
             if writable_root { fs_all } else { fs_read },
         ))
-        .map_err(|e| e.to_string())?;
+        .map_err(step("the Landlock rule for /"))?;
     for dir in ["/work", "/tmp", "/dev/shm"] {
         created = created
-            .add_rule(PathBeneath::new(path(dir)?, fs_all))
-            .map_err(|e| e.to_string())?;
+            .add_rule(PathBeneath::new(open(dir)?, fs_all))
+            .map_err(step(format!("the Landlock rule for {dir}")))?;
     }
     for dev in [
         "/dev/null",
@@ -59,24 +97,25 @@ pub fn build(
         "/dev/urandom",
     ] {
         created = created
-            .add_rule(PathBeneath::new(path(dev)?, rw_file))
-            .map_err(|e| e.to_string())?;
+            .add_rule(PathBeneath::new(open(dev)?, rw_file))
+            .map_err(step(format!("the Landlock rule for {dev}")))?;
     }
     for name in devices {
+        let dev = format!("/dev/{name}");
         created = created
-            .add_rule(PathBeneath::new(path(&format!("/dev/{name}"))?, rw_file))
-            .map_err(|e| e.to_string())?;
+            .add_rule(PathBeneath::new(open(&dev)?, rw_file))
+            .map_err(step(format!("the Landlock rule for {dev}")))?;
     }
     // The sandbox's own devpts (its terminals, and ptmx for new ones), where it has one.
     if std::path::Path::new("/dev/pts/ptmx").exists() {
         created = created
-            .add_rule(PathBeneath::new(path("/dev/pts")?, rw_file))
-            .map_err(|e| e.to_string())?;
+            .add_rule(PathBeneath::new(open("/dev/pts")?, rw_file))
+            .map_err(step("the Landlock rule for /dev/pts"))?;
     }
     if let Some(port) = connect_port {
         created = created
             .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
-            .map_err(|e| e.to_string())?;
+            .map_err(step(format!("the Landlock rule for TCP port {port}")))?;
     }
     Ok(created)
 }
@@ -98,4 +137,19 @@ pub fn enforce(ruleset: &RulesetCreated) -> std::io::Result<()> {
 /// The Landlock ABI this kernel offers, or an explanation of why none.
 pub fn probe() -> Result<i32, String> {
     crate::sys::landlock_abi()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LandlockError, open};
+
+    #[test]
+    fn a_path_that_cannot_be_opened_keeps_the_crates_error() {
+        let Err(e) = open("/no/such/cordon/path") else {
+            panic!("a missing path was opened");
+        };
+        assert!(matches!(&e, LandlockError::Open { path, .. } if path == "/no/such/cordon/path"));
+        let source = std::error::Error::source(&e).expect("the landlock crate's error is kept");
+        assert!(source.downcast_ref::<landlock::PathFdError>().is_some());
+    }
 }

@@ -40,6 +40,13 @@ pub enum MicrovmError {
     },
     #[error("qemu: {0}")]
     Qemu(String),
+    /// A step of the tier failed with an error of its own, kept as the source.
+    #[error("{what}: {source}")]
+    Failed {
+        what: String,
+        #[source]
+        source: cordon_core::BoxError,
+    },
     /// A cold boot whose agent never said hello by the boot deadline (QEMU still running):
     /// the boot is tried once more before this reaches a caller.
     #[error(
@@ -50,6 +57,17 @@ pub enum MicrovmError {
 }
 
 impl MicrovmError {
+    /// A step that failed with `source`.
+    pub fn failed(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        MicrovmError::Failed {
+            what: what.into(),
+            source: Box::new(source),
+        }
+    }
+
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         MicrovmError::Io {
             what: what.into(),
@@ -68,7 +86,28 @@ impl From<MicrovmError> for cordon_core::Error {
             },
             MicrovmError::Io { what, source } => cordon_core::Error::Io { what, source },
             MicrovmError::Qemu(m) => cordon_core::Error::Sandbox(m),
+            MicrovmError::Failed { what, source } => cordon_core::Error::Failed { what, source },
             e @ MicrovmError::BootStalled(_) => cordon_core::Error::Sandbox(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MicrovmError;
+
+    #[test]
+    fn a_failed_step_keeps_its_source_through_the_core_error() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "the socket closed");
+        let e: cordon_core::Error = MicrovmError::failed("QMP stop", io).into();
+        assert_eq!(
+            e.to_string(),
+            "sandbox failure: QMP stop: the socket closed"
+        );
+        let source = std::error::Error::source(&e).expect("the io error is kept");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("as an io error");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionReset);
     }
 }

@@ -153,7 +153,7 @@ impl PausedStore {
         manifest.state_sha256 =
             crate::snapshots::digest_of(&state).map_err(|e| io_err("hashing the state", e))?;
         let text = serde_json::to_vec_pretty(&manifest)
-            .map_err(|e| MicrovmError::Qemu(format!("encoding the manifest: {e}")))?;
+            .map_err(|e| MicrovmError::failed("encoding the manifest", e))?;
         let _ = unlinkat(&dir, MANIFEST_TMP, UnlinkatFlags::NoRemoveDir);
         let fd = openat(
             &dir,
@@ -184,9 +184,8 @@ impl PausedStore {
         f.take(1 << 20)
             .read_to_string(&mut text)
             .map_err(|e| io_err("reading the sandbox's manifest", e))?;
-        let m: Manifest = serde_json::from_str(&text).map_err(|e| {
-            MicrovmError::Qemu(format!("the sandbox's manifest is unreadable: {e}"))
-        })?;
+        let m: Manifest = serde_json::from_str(&text)
+            .map_err(|e| MicrovmError::failed("the sandbox's manifest is unreadable", e))?;
         if m.format != FORMAT || m.id != id {
             return Err(MicrovmError::Qemu(
                 "the sandbox's manifest is of another format or sandbox".into(),

@@ -655,7 +655,7 @@ fn private_binary(qemu: &Path, run_dir: &Path) -> Result<PathBuf, MicrovmError> 
         return Ok(bin);
     }
     let mut suffix = [0u8; 6];
-    getrandom::fill(&mut suffix).map_err(|e| MicrovmError::Qemu(format!("no randomness: {e}")))?;
+    getrandom::fill(&mut suffix).map_err(|e| MicrovmError::failed("no randomness", e))?;
     let tmp = dir.join(format!(".tmp-{}", hex::encode(suffix)));
     // Copied by a child process, so no descriptor open for writing on the copy ever exists in
     // this one: a fork by another thread (another sandbox starting) would inherit it until its
@@ -743,7 +743,7 @@ pub fn qmp_session(
     commands: &[(&str, Value, Option<std::os::fd::RawFd>)],
 ) -> Result<Value, MicrovmError> {
     let name = commands.last().map(|c| c.0).unwrap_or("qmp");
-    let err = |e: std::io::Error| MicrovmError::Qemu(format!("QMP {name}: {e}"));
+    let err = |e: std::io::Error| MicrovmError::failed(format!("QMP {name}"), e);
     let s = connect_owned(sock, uid).map_err(err)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .map_err(err)?;
@@ -779,7 +779,7 @@ pub fn qmp_session(
                 )));
             }
             let v: Value = serde_json::from_str(&line)
-                .map_err(|e| MicrovmError::Qemu(format!("QMP {command}: bad reply: {e}")))?;
+                .map_err(|e| MicrovmError::failed(format!("QMP {command}: bad reply"), e))?;
             if let Some(e) = v.get("error") {
                 return Err(MicrovmError::Qemu(format!("QMP {command}: {e}")));
             }

@@ -8,7 +8,7 @@
 //! `perf_event_open`, `process_vm_*`, `userfaultfd`, ...) is absent.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
 
@@ -179,7 +179,7 @@ const ALLOWED: &[libc::c_long] = &[
 
 /// The compiled filter (built once).
 pub fn filter() -> Result<BpfProgram, MicrovmError> {
-    static PROGRAM: OnceLock<Result<BpfProgram, String>> = OnceLock::new();
+    static PROGRAM: OnceLock<Result<BpfProgram, Arc<seccompiler::BackendError>>> = OnceLock::new();
     PROGRAM
         .get_or_init(|| {
             let rules = ALLOWED
@@ -193,8 +193,8 @@ pub fn filter() -> Result<BpfProgram, MicrovmError> {
                 TargetArch::x86_64,
             )
             .and_then(BpfProgram::try_from)
-            .map_err(|e| e.to_string())
+            .map_err(Arc::new)
         })
         .clone()
-        .map_err(|e| MicrovmError::Qemu(format!("QEMU's system call filter: {e}")))
+        .map_err(|e| MicrovmError::failed("QEMU's system call filter", e))
 }

@@ -313,8 +313,7 @@ impl SnapshotStore {
     pub fn create_partial(&self, ram_bytes: Option<u64>) -> Result<Partial, MicrovmError> {
         let dir = self.open_dir()?;
         let mut suffix = [0u8; 6];
-        getrandom::fill(&mut suffix)
-            .map_err(|e| MicrovmError::Qemu(format!("no randomness: {e}")))?;
+        getrandom::fill(&mut suffix).map_err(|e| MicrovmError::failed("no randomness", e))?;
         let name = format!("partial-{}", hex::encode(suffix));
         let create = |name: &str, flags: OFlag| {
             openat(

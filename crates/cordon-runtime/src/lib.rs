@@ -210,7 +210,7 @@ fn eval(source: &str, args: &[String], limits: &Limits, timeout: Duration) -> Ra
             return raw;
         }
     };
-    let status: std::result::Result<i32, String> = ctx.with(|ctx| {
+    let status: std::result::Result<i32, rquickjs::Error> = ctx.with(|ctx| {
         let out = out.clone();
         let flooded = flooded.clone();
         let write = move |fd: i32, text: rquickjs::String<'_>| -> rquickjs::Result<()> {
@@ -222,16 +222,14 @@ fn eval(source: &str, args: &[String], limits: &Limits, timeout: Duration) -> Ra
             }
             Ok(())
         };
-        let setup: Function = ctx.eval(PRELUDE).map_err(|e| e.to_string())?;
-        let write_fn = Function::new(ctx.clone(), write).map_err(|e| e.to_string())?;
-        let inspect: Function = setup.call((write_fn.clone(),)).map_err(|e| e.to_string())?;
-        let argv = Array::new(ctx.clone()).map_err(|e| e.to_string())?;
+        let setup: Function = ctx.eval(PRELUDE)?;
+        let write_fn = Function::new(ctx.clone(), write)?;
+        let inspect: Function = setup.call((write_fn.clone(),))?;
+        let argv = Array::new(ctx.clone())?;
         for (i, a) in args.iter().enumerate() {
-            argv.set(i, a.as_str()).map_err(|e| e.to_string())?;
+            argv.set(i, a.as_str())?;
         }
-        ctx.globals()
-            .set("scriptArgs", argv)
-            .map_err(|e| e.to_string())?;
+        ctx.globals().set("scriptArgs", argv)?;
         let mut status = match ctx.eval::<Value, _>(source) {
             Ok(v) if v.is_undefined() => 0,
             Ok(v) => {

@@ -293,7 +293,7 @@ impl From<cordon_core::Error> for ApiError {
                 e.retry_after = Some(retry_after_secs.max(1));
                 e
             }
-            E::Sandbox(_) | E::Io { .. } => ApiError::new(
+            E::Sandbox(_) | E::Failed { .. } | E::Io { .. } => ApiError::new(
                 Code::SandboxFailure,
                 message,
                 "retry with a new sandbox; run `cordon doctor` if it persists",

@@ -43,7 +43,26 @@ impl From<WasmError> for cordon_core::Error {
                 reason: e.to_string(),
                 fix: "run scripts/setup.sh".to_string(),
             },
-            other => cordon_core::Error::Sandbox(other.to_string()),
+            other => cordon_core::Error::failed("the wasm tier", other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WasmError;
+
+    #[test]
+    fn the_tiers_error_is_the_source_of_the_core_error() {
+        let e: cordon_core::Error = WasmError::Engine("no pooling allocator".into()).into();
+        assert_eq!(
+            e.to_string(),
+            "sandbox failure: the wasm tier: could not set up the wasm engine: no pooling allocator"
+        );
+        let source = std::error::Error::source(&e).expect("the wasm error is kept");
+        assert!(matches!(
+            source.downcast_ref::<WasmError>(),
+            Some(WasmError::Engine(_))
+        ));
     }
 }

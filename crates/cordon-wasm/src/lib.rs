@@ -83,8 +83,8 @@ struct EngineSet {
     linkers: Linkers,
     /// Users' programs: compile slot (shared fairly between owners) and cache by content.
     compiler: compile::Compiler,
-    python: OnceLock<std::result::Result<Program, String>>,
-    javascript: OnceLock<std::result::Result<Program, String>>,
+    python: OnceLock<std::result::Result<Program, Arc<WasmError>>>,
+    javascript: OnceLock<std::result::Result<Program, Arc<WasmError>>>,
 }
 
 impl EngineSet {
@@ -105,11 +105,11 @@ impl EngineSet {
             Guest::Python => &self.python,
             Guest::Javascript => &self.javascript,
         };
-        cell.get_or_init(|| self.load(data_dir, guest).map_err(|e| e.to_string()))
+        cell.get_or_init(|| self.load(data_dir, guest).map_err(Arc::new))
             .clone()
-            .map_err(|reason| Error::Unavailable {
+            .map_err(|e| Error::Unavailable {
                 tier: Tier::Wasm,
-                reason,
+                reason: e.to_string(),
                 fix: "run scripts/setup.sh".into(),
             })
     }
@@ -229,8 +229,8 @@ struct Inner {
     fds: FdBudget,
     /// Execs running, per owner (their share of the engines' instance slots) and per engine.
     running: std::sync::Mutex<Running>,
-    plain: OnceLock<std::result::Result<EngineSet, String>>,
-    fuel: OnceLock<std::result::Result<EngineSet, String>>,
+    plain: OnceLock<std::result::Result<EngineSet, Arc<WasmError>>>,
+    fuel: OnceLock<std::result::Result<EngineSet, Arc<WasmError>>>,
     /// Make Python instances ahead of their execs and reset spent ones after.
     workers: standby::Workers,
 }
@@ -363,9 +363,9 @@ impl Inner {
 
     fn engines(&self, fuel: bool) -> Result<&EngineSet> {
         let cell = if fuel { &self.fuel } else { &self.plain };
-        cell.get_or_init(|| EngineSet::new(fuel, self.config.pool).map_err(|e| e.to_string()))
+        cell.get_or_init(|| EngineSet::new(fuel, self.config.pool).map_err(Arc::new))
             .as_ref()
-            .map_err(|e| Error::Sandbox(e.clone()))
+            .map_err(|e| Error::failed("setting up the wasm tier", e.clone()))
     }
 }
 

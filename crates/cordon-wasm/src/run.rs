@@ -191,7 +191,10 @@ fn exec_ctx(
         // long (no FIFOs or devices can appear there); the deadline is checked on return.
         .allow_blocking_current_thread(true);
     b.preopened_dir(&setup.scratch, "/work", FsPerms::ReadWrite)
-        .map_err(|e| cordon_core::Error::Sandbox(format!("could not open the scratch dir: {e}")))?;
+        .map_err(|e| cordon_core::Error::Failed {
+            what: "could not open the scratch dir".into(),
+            source: e.into(),
+        })?;
     Ok((b, stdout, stderr))
 }
 
@@ -501,9 +504,10 @@ fn arm<T: 'static>(
     fuel: Option<u64>,
 ) -> Result<(), cordon_core::Error> {
     if let Some(f) = fuel {
-        store
-            .set_fuel(f)
-            .map_err(|e| cordon_core::Error::Sandbox(format!("could not set fuel: {e:#}")))?;
+        store.set_fuel(f).map_err(|e| cordon_core::Error::Failed {
+            what: "could not set fuel".into(),
+            source: e.into(),
+        })?;
     }
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(move |_| {

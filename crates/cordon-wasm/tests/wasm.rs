@@ -913,6 +913,7 @@ fn one_tenants_execs_cannot_take_every_instance_slot() {
                     &ExecRequest::code(Language::Python, "import time\ntime.sleep(6)"),
                     &mut sink,
                 );
+                // A message for the test's assertion (the error crosses a thread).
                 r.map(|o| o.termination).map_err(|e| e.to_string())
             })
         })

@@ -394,11 +394,13 @@ pub async fn https_client(
         .await
         .map_err(|(c, t)| format!("CONNECT {c}: {t}"))?;
     let connector = tokio_rustls::TlsConnector::from(tls_client_config(ca_pem));
+    // A test client: its failures are messages for the test's assertion.
     let name = ServerName::try_from(sni.to_string()).map_err(|e| e.to_string())?;
     let tls = connector
         .connect(name, s)
         .await
         .map_err(|e| format!("TLS: {e}"))?;
+    // As above: a message for the test's assertion.
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .map_err(|e| e.to_string())?;

@@ -77,7 +77,22 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 /// A kept session as decoded, or its id and why it did not decode.
-pub type PausedDecoded = Result<PausedRow, (String, String)>;
+pub type PausedDecoded = Result<PausedRow, (String, PausedRowError)>;
+
+/// Why a kept session's row does not decode.
+#[derive(Debug, thiserror::Error)]
+pub enum PausedRowError {
+    #[error("{0}")]
+    Column(#[from] rusqlite::Error),
+    #[error("unknown tier {0:?}")]
+    Tier(String),
+    #[error("its {what}: {source}")]
+    Json {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
 
 /// A session paused to disk, as the store keeps it for the next start: everything its
 /// session holds but the sandbox, which the tier revives from its own files.
@@ -630,24 +645,27 @@ impl Audit {
                 let id: String = r.get(0)?;
                 let text = |i: usize| r.get::<_, String>(i);
                 let (tier, spec, labels) = (text(2)?, text(3)?, text(4)?);
-                let decoded = (|| -> Result<PausedRow, String> {
+                let json = |what: &'static str| {
+                    move |source: serde_json::Error| PausedRowError::Json { what, source }
+                };
+                let decoded = (|| -> Result<PausedRow, PausedRowError> {
                     Ok(PausedRow {
                         id: id.clone(),
-                        tenant: text(1).map_err(|e| e.to_string())?,
-                        tier: tier.parse().map_err(|_| format!("unknown tier {tier:?}"))?,
-                        spec: serde_json::from_str(&spec).map_err(|e| format!("its spec: {e}"))?,
-                        labels: serde_json::from_str(&labels)
-                            .map_err(|e| format!("its labels: {e}"))?,
-                        source: text(5).map_err(|e| e.to_string())?,
-                        start_us: r.get::<_, i64>(6).map_err(|e| e.to_string())?.max(0) as u64,
-                        created_ms: r.get(7).map_err(|e| e.to_string())?,
-                        ttl_ms: r.get(8).map_err(|e| e.to_string())?,
-                        idle_ms: r.get(9).map_err(|e| e.to_string())?,
-                        last_used_ms: r.get(10).map_err(|e| e.to_string())?,
-                        paused_ms: r.get(11).map_err(|e| e.to_string())?,
-                        paused_since_ms: r.get(12).map_err(|e| e.to_string())?,
-                        on_disk_bytes: r.get::<_, i64>(13).map_err(|e| e.to_string())?.max(0)
-                            as u64,
+                        tenant: text(1)?,
+                        tier: tier
+                            .parse()
+                            .map_err(|_| PausedRowError::Tier(tier.clone()))?,
+                        spec: serde_json::from_str(&spec).map_err(json("spec"))?,
+                        labels: serde_json::from_str(&labels).map_err(json("labels"))?,
+                        source: text(5)?,
+                        start_us: r.get::<_, i64>(6)?.max(0) as u64,
+                        created_ms: r.get(7)?,
+                        ttl_ms: r.get(8)?,
+                        idle_ms: r.get(9)?,
+                        last_used_ms: r.get(10)?,
+                        paused_ms: r.get(11)?,
+                        paused_since_ms: r.get(12)?,
+                        on_disk_bytes: r.get::<_, i64>(13)?.max(0) as u64,
                     })
                 })();
                 Ok(decoded.map_err(|why| (id, why)))
@@ -869,18 +887,34 @@ mod tests {
         a.sandbox_ended("sb-p", "destroyed", "paused-ttl").unwrap();
         assert!(a.paused_all().unwrap().is_empty());
         // A row that does not decode is reported by id, not dropped silently.
-        lock(&a.conn)
-            .execute(
-                "INSERT INTO paused_sessions VALUES ('sb-x', 't', 'nope', '{}', '{}', 'cold',
-                 0, 0, 0, 0, 0, 0, 0, 0)",
-                [],
-            )
-            .unwrap();
+        let put_raw = |id: &str, tier: &str, spec: &str| {
+            lock(&a.conn)
+                .execute(
+                    "INSERT INTO paused_sessions VALUES (?1, 't', ?2, ?3, '{}', 'cold',
+                     0, 0, 0, 0, 0, 0, 0, 0)",
+                    params![id, tier, spec],
+                )
+                .unwrap();
+        };
+        put_raw("sb-x", "nope", "{}");
         let bad = a.paused_all().unwrap();
         assert!(
-            matches!(&bad[..], [Err((id, _))] if id == "sb-x"),
+            matches!(&bad[..], [Err((id, PausedRowError::Tier(_)))] if id == "sb-x"),
             "{bad:?}"
         );
+        // One whose spec does not parse keeps the parser's error as the source of why.
+        lock(&a.conn)
+            .execute("DELETE FROM paused_sessions", [])
+            .unwrap();
+        put_raw("sb-y", "wasm", "{");
+        let bad = a.paused_all().unwrap();
+        let [Err((id, why))] = &bad[..] else {
+            panic!("{bad:?}");
+        };
+        assert_eq!(id, "sb-y");
+        assert!(why.to_string().starts_with("its spec: "), "{why}");
+        let source = std::error::Error::source(why).expect("the parser's error is kept");
+        assert!(source.downcast_ref::<serde_json::Error>().is_some());
     }
 
     #[test]

@@ -309,6 +309,7 @@ fn qemu(scratch: &Path) -> Result<Peer, String> {
     let bin = which("qemu-system-x86_64")
         .ok_or("qemu-system-x86_64 is not installed (scripts/setup.d/50-microvm.sh)")?;
     let data = cordon_microvm::image::default_data_dir();
+    // Why a peer cannot be measured is a line of the bench's report: text.
     let image = cordon_microvm::image::load(&data).map_err(|e| e.to_string())?;
     let (accel, why) = cordon_microvm::probe_accel();
     let kvm = accel == cordon_microvm::Accel::Kvm;

@@ -8,7 +8,7 @@ use cordon_core::{Error, Result};
 use cordon_guest::proto::{self, Frame, PROTOCOL_VERSION, Reply, Request};
 use cordon_host::agent::{AgentConn, CallError, HEADER_ROOM};
 
-use super::state::{MicrovmSandbox, sandbox_err};
+use super::state::{MicrovmSandbox, sandbox_msg};
 
 impl MicrovmSandbox {
     /// Writes raw bytes to the agent channel, bypassing the frame encoder (to test that the
@@ -32,6 +32,7 @@ impl MicrovmSandbox {
                 self.gone = Some(format!("its agent did not finish {what} in time"));
                 self.last_words = self.vm.as_ref().map(|v| v.diagnostics());
                 self.teardown();
+                // The deadline is this process's own: the message says all of it.
                 Err(Error::Sandbox(format!(
                     "{what}: the guest agent did not take or answer it in time; the microVM was stopped, create a new sandbox"
                 )))
@@ -41,12 +42,17 @@ impl MicrovmSandbox {
                 self.gone = Some(format!("its agent broke the protocol ({e})"));
                 self.last_words = self.vm.as_ref().map(|v| v.diagnostics());
                 self.teardown();
-                Err(Error::Sandbox(format!(
-                    "{what}: the guest agent broke the protocol ({e}); the microVM was stopped, create a new sandbox"
-                )))
+                Err(Error::Failed {
+                    what: format!(
+                        "{what}: the guest agent broke the protocol (the microVM was stopped, create a new sandbox)"
+                    ),
+                    source: Box::new(e),
+                })
             }
             Err(e) => {
                 let why = self.diagnose(&e.to_string());
+                // The diagnosis (the guest's console, QEMU's end) says more than the
+                // channel's error, which it repeats when it finds nothing better.
                 Err(Error::Sandbox(format!("the guest agent stopped: {why}")))
             }
         }
@@ -108,10 +114,11 @@ impl MicrovmSandbox {
         let f = self.check_call(r, "starting the guest")?;
         match f.header {
             Reply::Hello { version, .. } if version == PROTOCOL_VERSION => Ok(()),
+            // A version mismatch: a message, with no error to keep.
             Reply::Hello { version, .. } => Err(Error::Sandbox(format!(
                 "the guest agent speaks protocol {version}, this cordon {PROTOCOL_VERSION}; rebuild the image (`cordon image build`)"
             ))),
-            other => Err(sandbox_err(
+            other => Err(sandbox_msg(
                 "unexpected first message from the guest",
                 format!("{other:?}"),
             )),
@@ -121,7 +128,7 @@ impl MicrovmSandbox {
     /// Gives the guest its identity, limits, clock and fresh randomness.
     pub(super) fn configure(&mut self, timeout: Duration) -> Result<()> {
         let mut seed = [0u8; 64];
-        getrandom::fill(&mut seed).map_err(|e| Error::Sandbox(format!("no randomness: {e}")))?;
+        getrandom::fill(&mut seed).map_err(|e| Error::failed("no randomness", e))?;
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -147,8 +154,8 @@ impl MicrovmSandbox {
                 self.files = features.iter().any(|f| f == proto::FEATURE_FILES);
                 Ok(())
             }
-            Reply::Error { message, .. } => Err(sandbox_err("configuring the guest", message)),
-            other => Err(sandbox_err(
+            Reply::Error { message, .. } => Err(sandbox_msg("configuring the guest", message)),
+            other => Err(sandbox_msg(
                 "unexpected reply to configure",
                 format!("{other:?}"),
             )),

@@ -111,6 +111,7 @@ impl MicrovmBackend {
                 })?;
                 image::template_disk(&t.root, &disk).map_err(|e| {
                     tracing::error!(template = %t.name, "making the template's disk: {e}");
+                    // The error names host paths: it goes to the log, not to the tenant.
                     Error::Sandbox(format!(
                         "the disk image of template {:?} could not be made; the operator's log \
                          says why",
@@ -223,9 +224,10 @@ impl MicrovmBackend {
             if stalled {
                 return Err(Attempt::Stalled(format!("after {secs:.1} s: {diag}")));
             }
-            return Err(Attempt::Failed(Error::Sandbox(format!(
-                "the microVM did not come up after {secs:.1} s: {e} ({diag})"
-            ))));
+            return Err(Attempt::Failed(Error::Failed {
+                what: format!("the microVM did not come up after {secs:.1} s ({diag})"),
+                source: Box::new(e),
+            }));
         }
         // Under TCG a guest's first exec pays for translating every code path it takes (the
         // agent's exec handling, the reaper's fork, the loader): several times a later
@@ -243,9 +245,10 @@ impl MicrovmBackend {
                 }
                 Err(e) => {
                     sb.teardown();
-                    return Err(Attempt::Failed(Error::Sandbox(format!(
-                        "the microVM did not run its warm-up exec: {e}"
-                    ))));
+                    return Err(Attempt::Failed(Error::failed(
+                        "the microVM did not run its warm-up exec",
+                        e,
+                    )));
                 }
             }
         }

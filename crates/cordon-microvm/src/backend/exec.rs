@@ -9,7 +9,7 @@ use cordon_guest::proto::{Request, StdioMode};
 use cordon_host::agent::{self, CallError};
 use cordon_host::egress as shared_egress;
 
-use super::state::{MicrovmSandbox, sandbox_err};
+use super::state::MicrovmSandbox;
 
 impl MicrovmSandbox {
     pub(super) fn env_for(&self, req: &ExecRequest) -> BTreeMap<String, String> {
@@ -75,15 +75,14 @@ impl MicrovmSandbox {
         let driven = agent::run_framed(self.ctrl()?, &plan, sink, &mut || None);
         let run = match driven {
             Ok(run) => run,
-            Err(agent::ExecError::Protocol(why)) => {
+            Err(e @ agent::ExecError::Protocol(_)) => {
                 self.failure = Some("agent-protocol".into());
-                self.gone = Some(format!("its agent broke the protocol: {why}"));
+                self.gone = Some(format!("its agent broke the protocol: {e}"));
                 self.teardown();
-                return Err(sandbox_err("the guest agent broke the protocol", why));
+                return Err(Error::failed("the guest agent broke the protocol", e));
             }
-            Err(e @ agent::ExecError::SpawnFailed(_)) => return Err(Error::Sandbox(e.to_string())),
-            Err(agent::ExecError::Refused(why)) => {
-                return Err(sandbox_err("the guest agent refused the exec", why));
+            Err(e @ (agent::ExecError::SpawnFailed(_) | agent::ExecError::Refused(_))) => {
+                return Err(Error::failed("starting the exec", e));
             }
         };
         // What the driver and the guest agent saw (the agent reads the exec's own cgroup in

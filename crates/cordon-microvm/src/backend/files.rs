@@ -5,7 +5,7 @@ use cordon_guest::proto::{self, Reply, Request};
 use cordon_host::agent::HEADER_ROOM;
 use cordon_host::egress as shared_egress;
 
-use super::state::{MicrovmSandbox, sandbox_err};
+use super::state::{MicrovmSandbox, sandbox_msg};
 
 impl MicrovmSandbox {
     /// `Sandbox::put_file`.
@@ -21,7 +21,7 @@ impl MicrovmSandbox {
             Reply::Error { code, message } => {
                 Err(cordon_host::agent::file_error(path, code, message))
             }
-            other => Err(sandbox_err(
+            other => Err(sandbox_msg(
                 "unexpected reply to a file write",
                 format!("{other:?}"),
             )),
@@ -58,7 +58,7 @@ impl MicrovmSandbox {
             Reply::Error { code, message } => {
                 Err(cordon_host::agent::file_error(path, code, message))
             }
-            other => Err(sandbox_err(
+            other => Err(sandbox_msg(
                 "unexpected reply to a file read",
                 format!("{other:?}"),
             )),

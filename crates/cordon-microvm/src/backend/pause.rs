@@ -38,6 +38,7 @@ impl MicrovmBackend {
             .ok_or_else(|| Error::Sandbox("a paused sandbox with a malformed id".into()))?;
         let home = self.home();
         if m.qemu_version != home.qemu_version {
+            // A version mismatch: a message, with no error to keep.
             return Err(Error::Sandbox(format!(
                 "sandbox {id} was saved by another QEMU ({}); this host runs {}: it cannot be \
                  resumed, destroy it",
@@ -146,10 +147,11 @@ impl MicrovmSandbox {
         if let Err(e) = saved {
             self.home.paused.remove(self.id.as_str());
             let _ = vm.qmp("cont", json!({}));
-            return Err(Error::Sandbox(format!(
-                "saving the microVM to disk failed ({e}); it runs on, paused nowhere: retry, or \
-                 pause it without to_disk"
-            )));
+            return Err(Error::failed(
+                "saving the microVM to disk failed (it runs on, paused nowhere: retry, or pause \
+                 it without to_disk)",
+                e,
+            ));
         }
         // QEMU is done with the descriptor: it ends, and with it the VM's memory and CPU.
         self.teardown();
@@ -200,23 +202,26 @@ impl MicrovmSandbox {
             tracing::warn!(sandbox = %self.id, "resuming from disk failed: {e}");
             self.failure.get_or_insert_with(|| "resume-failed".into());
             self.gone = Some(format!("its resume from disk failed: {e}"));
-            return Err(Error::Sandbox(format!(
-                "resuming the microVM from disk failed ({e}); the sandbox is lost, create a new \
-                 one"
-            )));
+            return Err(Error::failed(
+                "resuming the microVM from disk failed (the sandbox is lost, create a new one)",
+                e,
+            ));
         }
         self.on_disk = None;
         self.home.paused.remove(self.id.as_str());
         Ok(())
     }
 
-    pub(super) fn start_from_disk(&mut self) -> std::result::Result<(), String> {
-        let (manifest, state) = self.home.paused.open_state(self.id.as_str()).map_err(|e| {
-            self.failure = Some("paused-state-refused".into());
-            e.to_string()
-        })?;
+    pub(super) fn start_from_disk(&mut self) -> Result<()> {
+        let (manifest, state) = self
+            .home
+            .paused
+            .open_state(self.id.as_str())
+            .inspect_err(|_| self.failure = Some("paused-state-refused".into()))?;
         if manifest.qemu_version != self.home.qemu_version {
-            return Err("it was saved by another QEMU version".into());
+            return Err(Error::Sandbox(
+                "it was saved by another QEMU version".into(),
+            ));
         }
         let mut params = self.params.clone();
         params.incoming = true;
@@ -230,55 +235,58 @@ impl MicrovmSandbox {
             64 + 4 * params.vcpus,
             self.spec.limits.cpus.max(params.vcpus as f64 * 0.5),
         )
-        .map_err(|e| format!("QEMU's own cgroup: {e}"))?;
+        .map_err(|e| Error::failed("QEMU's own cgroup", e))?;
         let procs = cgroup.procs_files();
         self.cgroup = Some(cgroup);
-        self.uid = Some(lease_uid(&self.home.uids).map_err(|e| e.to_string())?);
-        let run_as = self.run_as().map_err(|e| e.to_string())?;
+        self.uid = Some(lease_uid(&self.home.uids)?);
+        let run_as = self.run_as()?;
         let dir = self.home.cfg.run_dir.join(self.id.short());
-        let (mut vm, ctrl, _) = Vm::start(&params, &dir, run_as, procs, Some(&state), None)
-            .map_err(|e| e.to_string())?;
+        let (mut vm, ctrl, _) = Vm::start(&params, &dir, run_as, procs, Some(&state), None)?;
         drop(state);
         let qmp = vm.await_qmp();
         self.set_vm(vm);
-        qmp.map_err(|e| e.to_string())?;
-        self.ctrl = Some(AgentConn::new(ctrl).map_err(|e| format!("the agent socket: {e}"))?);
-        let vm = self.vm.as_ref().ok_or("no VM")?;
+        qmp?;
+        self.ctrl = Some(AgentConn::new(ctrl).map_err(|e| Error::io("the agent socket", e))?);
+        let vm = self
+            .vm
+            .as_ref()
+            .ok_or_else(|| Error::Sandbox("no VM".into()))?;
         // The state was saved with the vCPUs stopped, so the loaded VM waits for `cont`.
         let deadline = Instant::now() + self.home.cfg.boot_timeout;
         loop {
-            let st = vm
-                .qmp("query-status", json!({}))
-                .map_err(|e| e.to_string())?;
+            let st = vm.qmp("query-status", json!({}))?;
             match st.get("status").and_then(|s| s.as_str()) {
                 Some("inmigrate") => {}
                 Some("paused") | Some("postmigrate") | Some("prelaunch") => break,
                 Some("running") => break,
-                other => return Err(format!("the VM is {other:?} after loading its state")),
+                // QEMU's answer, no error of its own: a message.
+                other => {
+                    return Err(Error::Sandbox(format!(
+                        "the VM is {other:?} after loading its state"
+                    )));
+                }
             }
             if Instant::now() > deadline {
-                return Err("loading the state took too long".into());
+                return Err(Error::Sandbox("loading the state took too long".into()));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        vm.qmp("cont", json!({})).map_err(|e| e.to_string())?;
+        vm.qmp("cont", json!({}))?;
         self.params = params;
         // The guest's wall clock stood still while it was on disk: set it again (with fresh
         // randomness for its CRNG; hostname and tmpfs sizes are the same as before).
-        self.configure(self.home.cfg.boot_timeout)
-            .map_err(|e| e.to_string())?;
+        self.configure(self.home.cfg.boot_timeout)?;
         // The agent answers (and, under TCG, the exec path is translated again).
-        let o = self
-            .run_exec(
-                &ExecRequest::argv(["true"]),
-                &mut |_: cordon_core::OutputStream, _: &[u8]| {},
-            )
-            .map_err(|e| e.to_string())?;
+        let o = self.run_exec(
+            &ExecRequest::argv(["true"]),
+            &mut |_: cordon_core::OutputStream, _: &[u8]| {},
+        )?;
         if !o.success() {
-            return Err(format!(
+            // How the check ended, no error of its own: a message.
+            return Err(Error::Sandbox(format!(
                 "the guest did not run a check exec after the resume ({:?})",
                 o.termination
-            ));
+            )));
         }
         Ok(())
     }
@@ -290,7 +298,7 @@ impl MicrovmSandbox {
         self.ctrl()?;
         let vm = self.vm.as_ref().ok_or_else(|| self.gone_err())?;
         vm.qmp("stop", json!({}))
-            .map_err(|e| Error::Sandbox(format!("pausing the microVM: {e}")))?;
+            .map_err(|e| Error::failed("pausing the microVM", e))?;
         Ok(())
     }
 
@@ -331,7 +339,7 @@ impl MicrovmSandbox {
         self.ctrl()?;
         let vm = self.vm.as_ref().ok_or_else(|| self.gone_err())?;
         vm.qmp("cont", json!({}))
-            .map_err(|e| Error::Sandbox(format!("resuming the microVM: {e}")))?;
+            .map_err(|e| Error::failed("resuming the microVM", e))?;
         Ok(())
     }
 }

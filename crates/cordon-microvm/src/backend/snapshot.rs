@@ -69,13 +69,13 @@ impl MicrovmBackend {
         tpl.incoming = false;
         tpl.egress = false;
         let mut suffix = [0u8; 6];
-        getrandom::fill(&mut suffix)
-            .map_err(|e| MicrovmError::Qemu(format!("no randomness: {e}")))?;
+        getrandom::fill(&mut suffix).map_err(|e| MicrovmError::failed("no randomness", e))?;
         let dir = self
             .cfg
             .run_dir
             .join(format!("snap-{}", hex::encode(suffix)));
-        let uid = lease_uid(&self.uids).map_err(|e| MicrovmError::Qemu(e.to_string()))?;
+        let uid = lease_uid(&self.uids)
+            .map_err(|e| MicrovmError::failed("leasing the template VM's uid", e))?;
         let run_as = RunAs {
             uid: uid.base(),
             gid: uid.base(),
@@ -110,10 +110,13 @@ impl MicrovmBackend {
                     )));
                 }
                 Err(e) => {
-                    return Err(MicrovmError::Qemu(format!(
-                        "the template VM did not reach the agent: {e} ({})",
-                        vm.diagnostics()
-                    )));
+                    return Err(MicrovmError::Failed {
+                        what: format!(
+                            "the template VM did not reach the agent ({})",
+                            vm.diagnostics()
+                        ),
+                        source: Box::new(e),
+                    });
                 }
             }
             let mut commands = Vec::new();

@@ -39,9 +39,10 @@ pub struct MicrovmBackend {
 /// the host (a `flock` lease under `/run/cordon/qemu-uids`), returned once its QEMU is dead.
 pub(super) fn lease_uid(pool: &IdPool) -> Result<IdRange> {
     pool.allocate().map_err(|e| match e {
-        IdPoolError::Exhausted(n) => Error::Sandbox(format!(
-            "all {n} QEMU uids are in use; destroy microVMs or widen the uid range"
-        )),
+        e @ IdPoolError::Exhausted(_) => Error::failed(
+            "all QEMU uids are in use (destroy microVMs or widen the uid range)",
+            e,
+        ),
         other => other.into_core(),
     })
 }
@@ -185,8 +186,10 @@ pub struct MicrovmSandbox {
     pub(super) files: bool,
 }
 
-pub(super) fn sandbox_err(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Sandbox(format!("{what}: {e}"))
+/// A failure with no error of its own to keep as a source (`Error::Failed` keeps one): a
+/// reply the guest agent should not have sent, or its own words.
+pub(super) fn sandbox_msg(what: &str, detail: impl std::fmt::Display) -> Error {
+    Error::Sandbox(format!("{what}: {detail}"))
 }
 
 impl MicrovmSandbox {
