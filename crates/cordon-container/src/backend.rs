@@ -644,10 +644,13 @@ impl ContainerSandbox {
         size.validate()?;
         self.ctrl()?;
         let fail = |what: &str, e: rustix::io::Errno| {
-            Error::Sandbox(format!(
-                "cannot open a terminal in the sandbox ({what}: {e}); run the process \
-                 without a terminal"
-            ))
+            Error::failed(
+                format!(
+                    "cannot open a terminal in the sandbox ({what}; run the process without a \
+                     terminal)"
+                ),
+                e,
+            )
         };
         let agent = self
             .outer
