@@ -600,12 +600,15 @@ impl ContainerSandbox {
     /// program's own descriptors: nothing of its I/O passes through the agent or the host,
     /// and no byte is kept or capped; [`Sandbox::read_background`] reports only its end.
     /// With `terminal`, the three are one [`Terminal`]'s slave, which becomes the program's
-    /// controlling terminal. The sandbox's limits, walls and reaper hold as for any exec.
+    /// controlling terminal. With `user`, the program runs as that user of the sandbox's
+    /// user namespace (never id 0: refused) instead of the sandbox's own. The sandbox's
+    /// limits, walls and reaper hold as for any exec.
     pub fn start_attached(
         &mut self,
         req: &ExecRequest,
         stdio: [std::os::fd::BorrowedFd<'_>; 3],
         terminal: bool,
+        user: Option<cordon_guest::proto::ProcUser>,
     ) -> Result<u64> {
         use std::os::fd::AsRawFd;
         self.ctrl()?;
@@ -614,7 +617,10 @@ impl ContainerSandbox {
         parts.pty = terminal.then_some(cordon_core::PtySize { rows: 24, cols: 80 });
         let id = self.next_exec;
         self.next_exec += 1;
-        let request = parts.background_with(id, StdioMode::Passed);
+        let mut request = parts.background_with(id, StdioMode::Passed);
+        if let Request::BgExec { user: u, .. } = &mut request {
+            *u = user;
+        }
         if let Some(c) = self.cgroup.as_ref().map(|c| c.counters()) {
             self.bg_counters.insert(
                 id,

@@ -10,6 +10,8 @@ mod backend;
 mod sys;
 
 pub use backend::{ContainerBackend, ContainerConfig, ContainerSandbox, INIT_BINARY, Terminal};
+/// Who a program started with [`ContainerSandbox::start_attached`] runs as.
+pub use cordon_guest::proto::ProcUser;
 // The host side shared with the other native tiers lives in cordon-host; the sandbox side
 // (the init, its seccomp filter and Landlock rules) in cordon-sandbox-init.
 use cordon_host::{cgroup, egress, idpool};

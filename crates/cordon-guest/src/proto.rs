@@ -65,6 +65,18 @@ pub struct ProcLimits {
     pub processes: u64,
 }
 
+/// Who a program runs as inside the sandbox's user namespace, when not the sandbox's own
+/// user: never id 0 (the agent's), always within the sandbox's mapped ids.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcUser {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups besides `gid`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<u32>,
+}
+
 fn is_zero(v: &u64) -> bool {
     *v == 0
 }
@@ -158,6 +170,9 @@ pub enum Request {
         /// Absent: [`StdioMode::Framed`], the agent's pipes as above.
         #[serde(default = "framed", skip_serializing_if = "is_framed")]
         stdio: StdioMode,
+        /// Run it as this user instead of the sandbox's (an OCI image's `process.user`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<ProcUser>,
     },
     /// The new window size of background exec `id`'s pseudo-terminal (its program gets
     /// `SIGWINCH`); answered by [`Reply::Ok`], or an error for an exec without one.
@@ -476,6 +491,7 @@ mod tests {
             },
             pty: Some(size),
             stdio: StdioMode::Framed,
+            user: None,
         };
         for req in [start, Request::BgResize { id: 3, size }] {
             let bytes = encode(&req, b"").unwrap();

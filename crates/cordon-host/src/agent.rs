@@ -361,6 +361,7 @@ impl ExecParts {
             limits: self.limits,
             pty: self.pty,
             stdio,
+            user: None,
         }
     }
 }

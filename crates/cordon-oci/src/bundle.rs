@@ -57,6 +57,58 @@ pub struct ProcessSpec {
     /// resize it later through the master it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub console_size: Option<cordon_core::PtySize>,
+    /// Who it runs as inside the sandbox's user namespace (`process.user`) when that is not
+    /// root; `None`: the sandbox's own unprivileged user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<ProcessUser>,
+}
+
+/// A process's own user: uid, gid and supplementary groups, each from 1 to
+/// [`MAX_ID`]. Id 0 is never given (it is the sandbox agent's): a root uid runs as the
+/// sandbox's user, a group 0 becomes the sandbox's group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessUser {
+    pub uid: u32,
+    pub gid: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<u32>,
+}
+
+/// The largest id a process may run as: the sandbox's user namespace maps 65536 ids.
+pub const MAX_ID: u32 = 65535;
+/// The sandbox's own user and group.
+pub const SANDBOX_ID: u32 = 1000;
+
+impl ProcessUser {
+    /// The user a process asks for (`uid`, `gid`, `groups`) as it runs: `None` for root.
+    pub fn of(uid: u32, gid: u32, groups: &[u32]) -> Result<Option<Self>> {
+        if uid == 0 {
+            return Ok(None);
+        }
+        for (what, id) in [("uid", uid), ("gid", gid)]
+            .into_iter()
+            .chain(groups.iter().map(|g| ("additional gid", *g)))
+        {
+            if id > MAX_ID {
+                return Err(OciError::Invalid(format!(
+                    "the process's {what} {id} is outside the sandbox's ids (0 to {MAX_ID}); \
+                     run it as a lower id"
+                )));
+            }
+        }
+        let own = |g: u32| if g == 0 { SANDBOX_ID } else { g };
+        let gid = own(gid);
+        let mut extra: Vec<u32> = groups.iter().map(|g| own(*g)).collect();
+        extra.sort_unstable();
+        extra.dedup();
+        extra.retain(|g| *g != gid);
+        Ok(Some(ProcessUser {
+            uid,
+            gid,
+            groups: extra,
+        }))
+    }
 }
 
 impl ProcessSpec {
@@ -84,7 +136,14 @@ impl ProcessSpec {
             }
         }
         let cwd = p.cwd().to_string_lossy().into_owned();
+        let u = p.user();
+        let user = ProcessUser::of(
+            u.uid(),
+            u.gid(),
+            u.additional_gids().as_deref().unwrap_or_default(),
+        )?;
         Ok(ProcessSpec {
+            user,
             args,
             env,
             cwd: if cwd.is_empty() { "/".into() } else { cwd },
@@ -459,6 +518,22 @@ mod tests {
         match check(s, allow) {
             Err(OciError::Refused { what, .. }) => what,
             other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_process_user_is_kept_but_never_id_0() {
+        assert_eq!(ProcessUser::of(0, 0, &[]).unwrap(), None);
+        assert_eq!(ProcessUser::of(0, 5, &[6]).unwrap(), None);
+        let u = ProcessUser::of(1234, 0, &[0, 3456, 3456, 1000])
+            .unwrap()
+            .unwrap();
+        assert_eq!((u.uid, u.gid, u.groups), (1234, SANDBOX_ID, vec![3456]));
+        let u = ProcessUser::of(7, 8, &[8, 9]).unwrap().unwrap();
+        assert_eq!(u.groups, vec![9]);
+        for (uid, gid, groups) in [(70000, 1, vec![]), (1, 70000, vec![]), (1, 1, vec![65536])] {
+            let e = ProcessUser::of(uid, gid, &groups).unwrap_err().to_string();
+            assert!(e.contains("outside the sandbox's ids"), "{e}");
         }
     }
 

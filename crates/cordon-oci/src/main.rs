@@ -603,8 +603,23 @@ fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
             cwd: "/".into(),
             terminal: a.tty,
             console_size: None,
+            user: None,
         },
     };
+    if let Some(u) = &a.user {
+        // uid[:gid], by number (names would need the image's /etc/passwd).
+        let (uid, gid) = match u.split_once(':') {
+            Some((uid, gid)) => (uid, Some(gid)),
+            None => (u.as_str(), None),
+        };
+        let num = |s: &str| {
+            s.parse::<u32>()
+                .map_err(|_| anyhow!("--user {u:?}: give uid[:gid] as numbers"))
+        };
+        let uid = num(uid)?;
+        let gid = gid.map(num).transpose()?.unwrap_or(uid);
+        process.user = cordon_oci::bundle::ProcessUser::of(uid, gid, &[])?;
+    }
     if process.terminal && a.console_socket.is_none() {
         bail!(
             "the process asks for a terminal but no --console-socket was given; give one (the engine's), or run it without -t"

@@ -444,11 +444,12 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
             // (what `create` was given), or its terminal.
             let req = exec_request(cx.process);
             let started = match cx.terminal.as_ref() {
-                Some(t) => {
-                    cx.sandbox
-                        .inner()
-                        .start_attached(&req, [t.as_fd(), t.as_fd(), t.as_fd()], true)
-                }
+                Some(t) => cx.sandbox.inner().start_attached(
+                    &req,
+                    [t.as_fd(), t.as_fd(), t.as_fd()],
+                    true,
+                    user_of(cx.process),
+                ),
                 None => cx.sandbox.inner().start_attached(
                     &req,
                     [
@@ -457,6 +458,7 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
                         std::io::stderr().as_fd(),
                     ],
                     false,
+                    user_of(cx.process),
                 ),
             };
             match started {
@@ -500,10 +502,12 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
                     .map_err(OciError::from)
                     .and_then(|t| {
                         let slave = t.slave.as_fd();
-                        let bg =
-                            cx.sandbox
-                                .inner()
-                                .start_attached(&req, [slave, slave, slave], true)?;
+                        let bg = cx.sandbox.inner().start_attached(
+                            &req,
+                            [slave, slave, slave],
+                            true,
+                            user_of(&process),
+                        )?;
                         Ok((bg, Some(t)))
                     })
             } else {
@@ -511,7 +515,7 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
                     Ok(stdio) => cx
                         .sandbox
                         .inner()
-                        .start_attached(&req, stdio, false)
+                        .start_attached(&req, stdio, false, user_of(&process))
                         .map(|bg| (bg, None))
                         .map_err(OciError::from),
                     Err(e) => Err(e),
@@ -556,6 +560,15 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
     };
     let _ = conn.send(&reply, &[]);
     ended
+}
+
+/// Who the process runs as in the sandbox (`None`: the sandbox's own user).
+fn user_of(p: &ProcessSpec) -> Option<cordon_container::ProcUser> {
+    p.user.as_ref().map(|u| cordon_container::ProcUser {
+        uid: u.uid,
+        gid: u.gid,
+        groups: u.groups.clone(),
+    })
 }
 
 /// An exec's stdin, stdout and stderr, as they came with its request.

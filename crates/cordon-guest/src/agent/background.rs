@@ -60,6 +60,7 @@ impl Agent {
         limits: &ProcLimits,
         pty: Option<cordon_core::PtySize>,
         stdio: StdioMode,
+        user: Option<crate::proto::ProcUser>,
     ) -> Result<(), (ErrorCode, String)> {
         if self.background.contains_key(&id) || self.running.as_ref().is_some_and(|r| r.id == id) {
             return Err((ErrorCode::BadRequest, format!("exec id {id} is in use")));
@@ -101,7 +102,7 @@ impl Agent {
             ));
         }
         let mut run = self
-            .launch(id, argv, &env, cwd, stdio, limits, pty)
+            .launch_as(id, argv, &env, cwd, stdio, limits, pty, user)
             .map_err(|e| (ErrorCode::SpawnFailed, e.to_string()))?;
         // A background exec's reaper exits once it has reported: only a foreground exec's
         // serves the next one.

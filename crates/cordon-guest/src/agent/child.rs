@@ -12,6 +12,8 @@ pub(super) struct ExecPlan {
     pub(super) cwd: CString,
     /// Its stdin is a terminal to take as the controlling terminal.
     pub(super) tty: bool,
+    /// Who it runs as, when not the sandbox's user.
+    pub(super) user: Option<crate::proto::ProcUser>,
 }
 
 impl ExecPlan {
@@ -45,6 +47,7 @@ impl ExecPlan {
                 .collect(),
             cwd: cs(cwd)?,
             tty: false,
+            user: None,
         })
     }
 
@@ -56,6 +59,7 @@ impl ExecPlan {
             path_dirs: Vec::new(),
             cwd: CString::default(),
             tty: false,
+            user: None,
         }
     }
 
@@ -246,7 +250,11 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
         }
         let mut job_failed = failed.clone();
         let plan = match ExecPlan::new(&job.argv, &job.env, &job.cwd) {
-            Ok(p) => ExecPlan { tty: job.tty, ..p },
+            Ok(p) => ExecPlan {
+                tty: job.tty,
+                user: job.user.clone(),
+                ..p
+            },
             Err(e) => {
                 job_failed.get_or_insert(format!("bad exec request: {e}"));
                 // Never used: the failure is reported below before the plan is.
@@ -404,7 +412,7 @@ pub(super) fn program_main(cfg: &AgentConfig, plan: &ExecPlan, limits: &ProcLimi
     // Limits before the privileges go (a VM's root may raise a hard limit); the working
     // directory after, as on the forked-ahead path: the program's own user must reach it.
     apply_limits(limits);
-    if let Err(e) = drop_privileges(cfg) {
+    if let Err(e) = drop_privileges(cfg, plan.user.as_ref()) {
         program_fail("dropping privileges", &e);
     }
     enter_cwd(plan);
@@ -429,7 +437,7 @@ pub(super) fn program_standby(cfg: &AgentConfig, sock: UnixStream) -> ! {
     }
     let sock = UnixStream::from(sys::own_fd(3));
     leave_the_agent();
-    let dropped = drop_privileges(cfg);
+    let dropped = drop_privileges(cfg, None);
     // No job: the reaper went away (then so does this namespace) or sent a bad one, which
     // the reaper reports as this process's exit status. Received without close-on-exec:
     // these are the program's own.
@@ -500,11 +508,27 @@ pub(super) fn leave_the_agent() {
     }
 }
 
-/// The sandbox user, every capability gone, `no_new_privs`.
-pub(super) fn drop_privileges(cfg: &AgentConfig) -> io::Result<()> {
-    let uid = Uid::from_raw(cfg.uid);
-    let gid = Gid::from_raw(cfg.gid);
-    setgroups(&[gid])
+/// The sandbox user (or `user`, never id 0), every capability gone, `no_new_privs`.
+pub(super) fn drop_privileges(
+    cfg: &AgentConfig,
+    user: Option<&crate::proto::ProcUser>,
+) -> io::Result<()> {
+    let (uid, gid, mut groups) = match user {
+        Some(u) if u.uid != 0 && u.gid != 0 && !u.groups.contains(&0) => (
+            Uid::from_raw(u.uid),
+            Gid::from_raw(u.gid),
+            u.groups.iter().map(|g| Gid::from_raw(*g)).collect(),
+        ),
+        Some(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "a program never runs as user or group 0",
+            ));
+        }
+        None => (Uid::from_raw(cfg.uid), Gid::from_raw(cfg.gid), Vec::new()),
+    };
+    groups.insert(0, gid);
+    setgroups(&groups)
         .and_then(|_| setresgid(gid, gid, gid))
         .map_err(io::Error::from)
         .and_then(|_| sys::drop_bounding_set())

@@ -31,6 +31,23 @@ impl Agent {
         limits: &ProcLimits,
         pty: Option<cordon_core::PtySize>,
     ) -> io::Result<Running> {
+        self.launch_as(id, argv, env, cwd, stdio, limits, pty, None)
+    }
+
+    /// [`Agent::launch`] as `user` (checked by the caller: never id 0) instead of the
+    /// sandbox's user.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_as(
+        &mut self,
+        id: u64,
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+        cwd: &str,
+        stdio: StdioMode,
+        limits: &ProcLimits,
+        pty: Option<cordon_core::PtySize>,
+        user: Option<crate::proto::ProcUser>,
+    ) -> io::Result<Running> {
         if argv.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
         }
@@ -80,6 +97,9 @@ impl Agent {
             cwd: cwd.to_string(),
             limits: limits.clone(),
             tty: pty.is_some(),
+            // The program's process forked ahead has dropped to the sandbox's user already:
+            // a job with a user of its own goes by the reaper, which forks one for it.
+            user,
             direct: false,
             handed_us: 0,
         };
@@ -113,7 +133,7 @@ impl Agent {
             // is gone (its reaper forks another).
             job.handed_us = monotonic_us();
             job.direct = false;
-            if let Some(program) = &sb.program {
+            if let Some(program) = sb.program.as_ref().filter(|_| job.user.is_none()) {
                 job.direct = send_job(program, &encoded(&job)?, &fds[..3]).is_ok();
             }
             // The reaper gets the stdio too: one that failed its set-up reports on the

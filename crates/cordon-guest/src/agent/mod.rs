@@ -122,6 +122,9 @@ struct Job {
     /// Its stdin is a terminal, to become the program's controlling terminal.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     tty: bool,
+    /// Who it runs as, when not the sandbox's user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    user: Option<crate::proto::ProcUser>,
     /// (To a reaper) the agent already handed this job to the program's process the
     /// reaper forked ahead; without it, that process is replaced by one the reaper forks.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -130,6 +133,18 @@ struct Job {
     /// may get its own copy only after the program has run, and times it from here.
     #[serde(default)]
     handed_us: u64,
+}
+
+/// A background exec's own user: never id 0, the agent's own (its files, its processes).
+fn check_user(u: &crate::proto::ProcUser) -> Result<(), String> {
+    if u.uid == 0 || u.gid == 0 || u.groups.contains(&0) {
+        return Err(
+            "a program never runs as user or group 0 here (the agent's); \
+                    give other ids"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// `CLOCK_MONOTONIC` in microseconds: the clock `Instant` reads, comparable across the
@@ -701,12 +716,16 @@ impl Agent {
                 limits,
                 pty,
                 stdio,
+                user,
             } => {
                 // Descriptors sent along are the program's own only when it says so.
                 if stdio != StdioMode::Passed {
                     self.fds.clear();
                 }
-                let started = self.start_background(id, &argv, &env, &cwd, &limits, pty, stdio);
+                let started = match user.as_ref().map(check_user) {
+                    Some(Err(m)) => Err((ErrorCode::BadRequest, m)),
+                    _ => self.start_background(id, &argv, &env, &cwd, &limits, pty, stdio, user),
+                };
                 // Whatever the start made of them, none is left for a later request.
                 self.fds.clear();
                 match started {

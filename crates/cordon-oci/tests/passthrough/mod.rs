@@ -1,6 +1,7 @@
 //! The container's I/O as the engines hand it over: stdout and stderr are the engine's own
 //! descriptors inside the sandbox (every byte of a fast writer arrives, nothing is capped),
-//! terminals (`-t`, `--console-socket`), and every signal `kill` names delivered as itself.
+//! terminals (`-t`, `--console-socket`), every signal `kill` names delivered as itself, and
+//! the image's user as the process runs.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -338,4 +339,60 @@ fn the_console_socket_gets_the_master_of_a_terminal_the_workload_answers_on() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(oci(&["delete", "--force", "tty1"]).success(), "{}", log());
+}
+
+#[test]
+fn podman_runs_the_images_user_inside_the_sandbox() {
+    let Some(p) = podman() else { return };
+    let ids = "busybox id -u; busybox id -g; busybox id -G";
+    let out = p.oci(&[
+        "run",
+        "--rm",
+        "--user",
+        "1234:2345",
+        "--group-add",
+        "3456",
+        IMAGE,
+        "sh",
+        "-c",
+        ids,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "1234\n2345\n2345 3456\n");
+    // Root in the image is the sandbox's unprivileged user (id 0 is its agent's), and so is
+    // group 0 beside another user.
+    let out = p.oci(&["run", "--rm", IMAGE, "sh", "-c", ids]);
+    assert_eq!(
+        text(&out.stdout),
+        "1000\n1000\n1000\n",
+        "{}",
+        text(&out.stderr)
+    );
+    let out = p.oci(&["run", "--rm", "--user", "1001:0", IMAGE, "sh", "-c", ids]);
+    assert_eq!(
+        text(&out.stdout),
+        "1001\n1000\n1000\n",
+        "{}",
+        text(&out.stderr)
+    );
+    // An id the sandbox's user namespace does not map is refused with the reason.
+    let out = p.oci(&["run", "--rm", "--user", "70000", IMAGE, "true"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("outside the sandbox's ids"),
+        "{}",
+        text(&out.stderr)
+    );
+    // An exec's own user.
+    let name = "oci-user-exec";
+    let out = p.oci(&["run", "-d", "--name", name, IMAGE, "sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = p.oci(&["exec", "--user", "4321:4322", name, "sh", "-c", ids]);
+    assert_eq!(
+        text(&out.stdout),
+        "4321\n4322\n4322\n",
+        "{}",
+        text(&out.stderr)
+    );
+    let _ = p.oci(&["rm", "-f", name]);
 }
