@@ -22,6 +22,11 @@ use std::time::{Duration, Instant};
 
 use crate::HostError;
 
+/// The calling thread's own view of the mounts: a process whose threads see different
+/// mount namespaces (cordon-oci's monitor shows its first thread only the container's root)
+/// finds the cgroup hierarchies where this thread does.
+const MOUNTS: &str = "/proc/thread-self/mounts";
+
 /// Name of the parent cgroup under which every sandbox's cgroup lives.
 pub const PARENT: &str = "cordon";
 
@@ -33,7 +38,7 @@ pub enum Version {
 }
 
 pub fn host_version() -> Version {
-    version_in(&fs::read_to_string("/proc/self/mounts").unwrap_or_default())
+    version_in(&fs::read_to_string(MOUNTS).unwrap_or_default())
 }
 
 /// v2 when the cgroup root is itself a cgroup2 mount (the unified layout); v1 otherwise
@@ -411,7 +416,7 @@ impl SandboxCgroup {
     /// controller only with a process limit.
     pub fn create_in(parent: &str, name: &str, limits: &Limits) -> Result<Self, HostError> {
         // One read of the mount table gives both the version and the controllers' roots.
-        let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let mounts = fs::read_to_string(MOUNTS).unwrap_or_default();
         let hier = hierarchy(version_in(&mounts));
         let mut kinds = vec!["memory", "cpu"];
         if limits.pids.is_some() {
@@ -703,7 +708,7 @@ pub fn remove_dirs(dirs: &[PathBuf], patience: Duration) -> bool {
 pub fn memory_controller() -> Option<(Version, PathBuf)> {
     match host_version() {
         Version::V2 => Some((Version::V2, PathBuf::from(CGROUP_ROOT))),
-        Version::V1 => v1_mounts(&fs::read_to_string("/proc/self/mounts").ok()?)
+        Version::V1 => v1_mounts(&fs::read_to_string(MOUNTS).ok()?)
             .into_iter()
             .find(|(_, controllers)| controllers.iter().any(|c| c == "memory"))
             .map(|(dir, _)| (Version::V1, dir)),
@@ -739,7 +744,7 @@ fn v1_mounts(mounts: &str) -> Vec<(PathBuf, Vec<String>)> {
 pub fn parents(parent: &str) -> Vec<PathBuf> {
     match host_version() {
         Version::V2 => vec![Path::new(CGROUP_ROOT).join(parent)],
-        Version::V1 => v1_mounts(&fs::read_to_string("/proc/self/mounts").unwrap_or_default())
+        Version::V1 => v1_mounts(&fs::read_to_string(MOUNTS).unwrap_or_default())
             .into_iter()
             .map(|(dir, _)| dir.join(parent))
             .collect(),

@@ -329,6 +329,63 @@ pub fn check(spec: &Spec, allow: &Allow) -> Result<Granted> {
     Ok(granted)
 }
 
+/// Makes the bundle's root filesystem read-only at its own path in the monitor's mount
+/// namespace (the host's view is untouched), after the sandbox's root was bound from it.
+/// A caller that copies files into the running container by joining the mount namespace of
+/// its process (`podman cp`) then fails at once: its copy would otherwise land in the
+/// image's files under the sandbox's own `/work` and `/tmp`, where the workload never sees
+/// it, and be reported as done.
+pub fn seal_rootfs(rootfs: &Path) -> Result<()> {
+    use nix::mount::{MsFlags, mount};
+    let fail = |e: nix::Error| OciError::io("sealing the bundle's root filesystem", e.into());
+    mount(
+        Some(rootfs),
+        rootfs,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(fail)?;
+    mount(
+        None::<&str>,
+        rootfs,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .map_err(fail)
+}
+
+/// Gives the calling thread (the monitor's first, whose mount namespace a caller joins to
+/// copy files into a running container: `podman cp` copies at the root of
+/// `/proc/<pid>/ns/mnt`) a mount namespace of its own whose root is the bundle's root
+/// filesystem, read-only ([`seal_rootfs`]): such a copy then meets the image's files and
+/// fails to write, instead of landing at that path on the node. The monitor's other threads
+/// keep the node's view (a new mount namespace takes the calling thread's file system
+/// context with it, nothing more).
+pub fn show_callers_only_the_rootfs(rootfs: &Path) -> Result<()> {
+    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+    let fail = |what: &'static str| {
+        move |e: nix::Error| {
+            OciError::io(format!("{what} (the callers' view of the root)"), e.into())
+        }
+    };
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(fail("unshare"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(fail("making mounts private"))?;
+    nix::unistd::chdir(rootfs).map_err(fail("chdir"))?;
+    nix::unistd::pivot_root(".", ".").map_err(fail("pivot_root"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(fail("detaching the node's root"))?;
+    nix::unistd::chdir("/").map_err(fail("chdir"))?;
+    Ok(())
+}
+
 /// Whether the namespace at `path` is the host's: the one this runtime runs in (the node's,
 /// as the caller sees it) or init's, where it can be read.
 fn is_host_namespace(path: &Path, name: &str) -> bool {

@@ -482,9 +482,27 @@ fn run_monitor(
     });
     match made {
         Ok((prepared, listener)) => {
+            let bundle = prepared.record.bundle.clone();
+            let rootfs = cordon_oci::bundle::load(&bundle)
+                .and_then(|s| cordon_oci::bundle::rootfs(&s, &bundle));
+            let root = root.clone();
+            // The container is served from a thread of its own, in the node's view; this
+            // first thread (the one a caller's `podman cp` joins) sees only the bundle's
+            // root, read-only, and waits. Every signal is blocked here: the server thread
+            // reads the container's.
+            let server =
+                std::thread::spawn(move || -> () { monitor::serve(&root, prepared, listener) });
+            let _ = nix::sys::signal::SigSet::all().thread_block();
+            let shown = rootfs.and_then(|r| cordon_oci::bundle::show_callers_only_the_rootfs(&r));
+            if let Err(e) = shown {
+                // Fail closed: the container goes with its monitor.
+                let _ = writeln!(ready, "error: {e}");
+                cordon_oci::die_by(libc::SIGKILL);
+            }
             let _ = ready.write_all(b"ok\n");
             drop(ready);
-            monitor::serve(root, prepared, listener)
+            let _ = server.join();
+            Ok(1)
         }
         Err(e) => {
             let _ = writeln!(ready, "error: {e}");

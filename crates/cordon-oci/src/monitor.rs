@@ -105,6 +105,7 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
     })?;
     let mut sandbox_spec = admitted.spec;
     let mount_at = bind_rootfs(&rootfs)?;
+    bundle::seal_rootfs(&rootfs)?;
     sandbox_spec.volumes = crate::allow::bind_host_paths(granted.host_paths, Path::new(ROOTS_AT))?;
     sandbox_spec.devices = granted.devices;
     sandbox_spec.resolved_template = Some(cordon_core::ResolvedTemplate {

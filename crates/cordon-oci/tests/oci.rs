@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cri;
+mod escape;
 mod passthrough;
 
 use std::collections::HashMap;
@@ -919,57 +920,76 @@ fn docker_runs_a_container_with_runtime_cordon() {
     );
 }
 
-/// A few of the escape battery's walls, seen through podman and cordon-oci (the whole
-/// battery runs against the tier itself, crates/cordon-container): the host's processes,
-/// the host's loopback, a writable root, device nodes, mounts, /sys.
+/// The image the escape battery runs on: the host's Python, bash and a static busybox
+/// (`cordon_testkit::image::python_layer`, as the tiers' template battery), imported.
+const BATTERY_IMAGE: &str = "localhost/cordon-oci-battery:1";
+
+/// The whole escape battery (`cordon_testkit::escape::BATTERY`, every case held to the
+/// container tier's wall) through the OCI path: each sandbox a container that podman runs
+/// with cordon-oci (asking for `NET_ADMIN`, which it does not get), each probe a `podman
+/// exec`, each file call a `podman cp`. Then what the battery does not look at: the
+/// workload cannot write its root, make a device node, mount, or see `/sys` (under runc
+/// the same script sees `/sys`).
 #[test]
-fn podman_workload_stays_inside_the_walls() {
+fn podman_workload_passes_the_escape_battery() {
     let Some(p) = podman() else { return };
-    // A listener on the host's loopback that the workload must not reach.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let script = format!(
-        "echo procs=$(ls /proc | grep -c '^[0-9]'); \
-         touch /rootfile 2>/dev/null && echo root-writable; \
-         mknod /tmp/sda b 8 0 2>/dev/null && echo mknod-ok; \
-         mount -t tmpfs x /tmp 2>/dev/null && echo mount-ok; \
-         ls /sys/class 2>/dev/null && echo sys-visible; \
-         wget -q -T 2 -O- http://127.0.0.1:{port}/ 2>/dev/null && echo reached-host; \
-         touch /tmp/ok && echo tmp-writable"
+    let Some(layer) = cordon_testkit::image::python_layer() else {
+        have("python3, bash and /bin/busybox on the host", false);
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tar = dir.path().join("battery.tar");
+    std::fs::write(&tar, layer).unwrap();
+    let out = Command::new("podman")
+        .args(&p.args)
+        .args(["import", "--change", "ENV PATH=/usr/bin"])
+        .arg(&tar)
+        .arg(BATTERY_IMAGE)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "podman import: {}", text(&out.stderr));
+    let mut podman = vec!["podman".to_string()];
+    podman.extend(p.args.iter().cloned());
+    podman.extend(["--runtime".to_string(), OCI.to_string()]);
+    let b = escape::PodmanOci {
+        podman,
+        image: BATTERY_IMAGE.into(),
+        run_args: [
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--cap-add",
+            "NET_ADMIN",
+        ]
+        .map(String::from)
+        .to_vec(),
+    };
+    let spec = cordon_core::SandboxSpec::new(cordon_core::Tier::Container);
+    // The container tier's wall, with one difference of the path: a caller's files move
+    // by `podman cp`, which never enters the sandbox (see cordon-oci's rootfs seal).
+    let wall = cordon_testkit::escape::Wall {
+        agent_files: false,
+        ..cordon_testkit::escape::Wall::of(cordon_core::Tier::Container)
+    };
+    cordon_testkit::escape::run_table(&cordon_testkit::escape::BATTERY, &b, &spec, wall);
+    let o = cordon_testkit::run_once(
+        &b,
+        &spec,
+        &cordon_core::ExecRequest::code(
+            cordon_core::Language::Sh,
+            "touch /rootfile 2>/dev/null && echo root-writable; \
+             mknod /tmp/sda b 8 0 2>/dev/null && echo mknod-ok; \
+             mount -t tmpfs x /tmp 2>/dev/null && echo mount-ok; \
+             ls /sys/class 2>/dev/null && echo sys-visible; \
+             touch /tmp/ok && echo tmp-writable",
+        ),
     );
-    let out = p.oci(&[
-        "run",
-        "--rm",
-        "--cap-add",
-        "NET_ADMIN",
-        IMAGE,
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let said = text(&out.stdout);
-    assert!(out.status.success(), "{said} {}", text(&out.stderr));
-    let procs: usize = said
-        .lines()
-        .find_map(|l| l.strip_prefix("procs="))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("a process count");
-    assert!(procs < 10, "the workload sees {procs} processes: {said}");
-    for breach in [
-        "root-writable",
-        "mknod-ok",
-        "mount-ok",
-        "sys-visible",
-        "reached-host",
-    ] {
+    let said = text(&o.stdout);
+    for breach in ["root-writable", "mknod-ok", "mount-ok", "sys-visible"] {
         assert!(!said.contains(breach), "{breach}: {said}");
     }
-    assert!(said.contains("tmp-writable"), "{said}");
-    assert!(
-        listener.accept().is_err(),
-        "the host's loopback was reached"
-    );
+    assert!(said.contains("tmp-writable"), "{said} {}", text(&o.stderr));
 }
 
 /// Egress from a container through podman, as `cordon run --allow-host` gives it: with the
@@ -1279,5 +1299,52 @@ fn podman_node_allowances_admit_exactly_what_they_name() {
             .iter()
             .any(|a| a["kind"] == "device" && a["path"] == devname.as_str()),
         "{marked:?}"
+    );
+}
+
+/// `podman cp` into a running container joins the mount namespace of the container's
+/// process (cordon-oci's monitor, a process of the node) and copies at its root: it must
+/// meet the container's own files, never the node's. Before, a copy to a container path
+/// landed at that path on the node, and a copy out read the node's file.
+#[test]
+fn podman_cp_into_a_running_container_never_reaches_the_node() {
+    let Some(p) = podman() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let dropped = dir.path().join("dropped");
+    let secret = dir.path().join("node-secret");
+    std::fs::write(&secret, "node-only").unwrap();
+    let from = dir.path().join("from");
+    std::fs::write(&from, "payload").unwrap();
+    let out = p.oci(&["run", "-d", "--name", "oci-cp", IMAGE, "sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let into = p.oci(&[
+        "cp",
+        from.to_str().unwrap(),
+        &format!("oci-cp:{}", dropped.display()),
+    ]);
+    let back = dir.path().join("back");
+    let out_of = p.oci(&[
+        "cp",
+        &format!("oci-cp:{}", secret.display()),
+        back.to_str().unwrap(),
+    ]);
+    // The image's own files can still be copied out.
+    let image_file = dir.path().join("busybox");
+    let ok = p.oci(&["cp", "oci-cp:/bin/busybox", image_file.to_str().unwrap()]);
+    let _ = p.oci(&["rm", "-f", "oci-cp"]);
+    assert!(
+        !dropped.exists(),
+        "podman cp wrote the node's {}",
+        dropped.display()
+    );
+    assert!(!into.status.success(), "{}", text(&into.stdout));
+    assert!(
+        !back.exists() && !out_of.status.success(),
+        "podman cp read the node's file"
+    );
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    assert_eq!(
+        std::fs::metadata(&image_file).unwrap().len(),
+        std::fs::metadata("/bin/busybox").unwrap().len()
     );
 }

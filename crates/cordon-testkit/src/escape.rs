@@ -175,6 +175,12 @@ pub struct Wall {
     /// The sandbox runs its own Linux kernel (microvm): what needs no privilege in there is
     /// the guest's business; only what would need root is checked.
     pub own_kernel: bool,
+    /// File calls go through Cordon's agent into the sandbox's own `/work` (every tier's
+    /// backend). False for a caller that has no such call and copies files with its own
+    /// tool (`podman cp` into a container cordon-oci runs), which never reaches the
+    /// sandbox's `/work`: there each copy must fail at once rather than land somewhere the
+    /// workload never sees.
+    pub agent_files: bool,
 }
 
 impl Wall {
@@ -183,6 +189,7 @@ impl Wall {
         Wall {
             tier,
             shares_host_kernel: tier == Tier::Container,
+            agent_files: true,
             own_kernel: tier == Tier::Microvm,
         }
     }
@@ -707,7 +714,8 @@ fn host_can_queue_a_signal() -> Result<(), String> {
 /// without blocking and takes only regular files. Where it lives in the sandbox's own
 /// kernel (gVisor's sentry keeps FIFOs to itself) the host sees no FIFO and the put
 /// writes a regular file. Before, the write blocked the agent in `open()` for as long as
-/// nobody read the FIFO, so the call never returned.
+/// nobody read the FIFO, so the call never returned. Through a caller without file calls
+/// ([`Wall::agent_files`] false) both copies fail at once.
 pub fn fifo_put_fails_promptly(b: &dyn Backend, spec: &SandboxSpec, wall: Wall) {
     let mut sb = b.create(spec).unwrap();
     let o = sb
@@ -737,7 +745,18 @@ pub fn fifo_put_fails_promptly(b: &dyn Backend, spec: &SandboxSpec, wall: Wall) 
     fn refused<T>(r: &cordon_core::Result<T>) -> bool {
         matches!(r, Err(cordon_core::Error::PathRefused { reason, .. }) if reason.contains("not a regular file"))
     }
-    if wall.shares_host_kernel || put.is_err() {
+    if !wall.agent_files {
+        // The caller's own copy cannot reach the sandbox's FIFO (or anything of its /work):
+        // it says so at once, neither blocking nor pretending to have delivered.
+        assert!(
+            put.is_err(),
+            "a copy into the sandbox's /work succeeded: {put:?}"
+        );
+        assert!(
+            get.is_err(),
+            "a copy out of the sandbox's /work succeeded: {get:?}"
+        );
+    } else if wall.shares_host_kernel || put.is_err() {
         assert!(refused(&put), "{put:?}");
         assert!(refused(&get), "{get:?}");
     } else {

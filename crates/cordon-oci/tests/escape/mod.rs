@@ -1,0 +1,314 @@
+//! The escape battery's backend through the OCI path: each sandbox is a container that
+//! `podman --runtime cordon-oci` runs (a long `sleep` as its process), each exec a `podman
+//! exec` into it with its output streamed as it comes, its file calls `podman cp` (the
+//! caller's own way to move files), its interrupter a `podman kill`. So every case of
+//! `cordon_testkit::escape::BATTERY` reaches the workload the way a caller's does.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cordon_core::{
+    Backend, Command as Cmd, Error, ExecOutcome, ExecRequest, OutputSink, OutputStream, Probe,
+    Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier,
+};
+
+/// How long an exec may take when its request names no timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Containers of one image through one podman and one runtime.
+pub struct PodmanOci {
+    /// `podman` and its global arguments (storage, runtime, runtime flags).
+    pub podman: Vec<String>,
+    pub image: String,
+    /// Arguments `podman run` needs here (the ulimits).
+    pub run_args: Vec<String>,
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+impl PodmanOci {
+    fn cmd(&self) -> Command {
+        let mut c = Command::new("timeout");
+        c.arg("120").args(&self.podman);
+        c
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+impl Backend for PodmanOci {
+    fn tier(&self) -> Tier {
+        Tier::Container
+    }
+
+    fn probe(&self) -> Probe {
+        Probe::from_capabilities(Tier::Container, Vec::new(), Vec::new())
+    }
+
+    fn recover(&self, _orphans: &[String]) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn create_unprepared(&self, _spec: &SandboxSpec) -> Option<Result<Box<dyn Sandbox>>> {
+        None
+    }
+
+    fn create(&self, _spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        let name = format!(
+            "escape-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let out = self
+            .cmd()
+            .args(["run", "-d", "--name", &name])
+            .args(&self.run_args)
+            .args([&self.image, "sleep", "100000"])
+            .output()
+            .map_err(|e| Error::Sandbox(format!("podman run: {e}")))?;
+        if !out.status.success() {
+            return Err(Error::Sandbox(format!("podman run: {}", text(&out.stderr))));
+        }
+        Ok(Box::new(Container {
+            id: SandboxId::random()?,
+            name,
+            podman: self.podman.clone(),
+            files: tempfile::tempdir().map_err(|e| Error::Sandbox(e.to_string()))?,
+            gone: false,
+        }))
+    }
+}
+
+/// One running container.
+pub struct Container {
+    id: SandboxId,
+    name: String,
+    podman: Vec<String>,
+    /// Where file calls stage what `podman cp` carries.
+    files: tempfile::TempDir,
+    gone: bool,
+}
+
+impl Container {
+    fn podman(&self) -> Command {
+        podman_cmd(&self.podman)
+    }
+}
+
+fn podman_cmd(podman: &[String]) -> Command {
+    let mut c = Command::new("timeout");
+    c.arg("120").args(podman);
+    c
+}
+
+/// `podman kill` of the container: it ends with its sandbox, and so does a running exec.
+fn kill(podman: &[String], name: &str) {
+    let _ = podman_cmd(podman)
+        .args(["kill", "--signal", "KILL", name])
+        .output();
+}
+
+impl Sandbox for Container {
+    fn id(&self) -> &SandboxId {
+        &self.id
+    }
+
+    fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
+        let argv: Vec<String> = match &req.command {
+            Cmd::Argv(a) => a.clone(),
+            Cmd::Code {
+                language,
+                source,
+                args,
+            } => {
+                let mut v = vec![language.program().to_string(), "-c".into(), source.clone()];
+                v.extend(args.iter().cloned());
+                v
+            }
+            Cmd::Wasm { .. } => {
+                return Err(Error::Invalid(
+                    "a wasm program does not run through podman".into(),
+                ));
+            }
+        };
+        let mut c = self.podman();
+        c.arg("exec");
+        for (k, v) in &req.env {
+            c.arg("-e").arg(format!("{k}={v}"));
+        }
+        if let Some(cwd) = &req.cwd {
+            c.arg("-w").arg(cwd);
+        }
+        c.arg(&self.name)
+            .args(&argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let started = Instant::now();
+        let mut child = c
+            .spawn()
+            .map_err(|e| Error::Sandbox(format!("podman exec: {e}")))?;
+        let mut stderr = child.stderr.take().expect("piped");
+        let err_reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = stderr.read_to_end(&mut v);
+            v
+        });
+        // Stdout as it comes, on this thread (the sink may act while the exec runs); a
+        // reader thread hands it over so the deadline is kept.
+        let mut stdout_pipe = child.stdout.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            loop {
+                match stdout_pipe.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if tx.send(buf[..n].to_vec()).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        let deadline = started
+            + req
+                .timeout_ms
+                .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
+        let mut stdout = Vec::new();
+        let mut timed_out = false;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+                Ok(chunk) => {
+                    sink.output(OutputStream::Stdout, &chunk);
+                    stdout.extend_from_slice(&chunk);
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if !timed_out {
+                        timed_out = true;
+                        kill(&self.podman, &self.name);
+                        self.gone = true;
+                    }
+                }
+            }
+        }
+        let status = child
+            .wait()
+            .map_err(|e| Error::Sandbox(format!("podman exec: {e}")))?;
+        let stderr = err_reader.join().unwrap_or_default();
+        sink.output(OutputStream::Stderr, &stderr);
+        use std::os::unix::process::ExitStatusExt;
+        let mut o = ExecOutcome::new(
+            Tier::Container,
+            if timed_out {
+                Termination::Timeout
+            } else {
+                Termination::Exited
+            },
+        );
+        // podman exec ends as its process did: 128+N for a signal.
+        match (status.code(), status.signal()) {
+            (Some(c), _) if c > 128 && c < 160 => {
+                o.termination = Termination::Signalled;
+                o.signal = Some(c - 128);
+            }
+            (Some(c), _) => o.exit_code = Some(c),
+            (None, s) => {
+                o.termination = Termination::Signalled;
+                o.signal = s;
+            }
+        }
+        o.stdout = stdout;
+        o.stderr = stderr;
+        o.timings.run_us = started.elapsed().as_micros() as u64;
+        Ok(o)
+    }
+
+    /// `podman cp` of the data into the container at `path` (under `/work`).
+    fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
+        let at = inside(path);
+        let staged = self.files.path().join("put");
+        std::fs::write(&staged, data).map_err(|e| file_err(&at, e.to_string()))?;
+        let _ = mode;
+        let out = self
+            .podman()
+            .arg("cp")
+            .arg(&staged)
+            .arg(format!("{}:{at}", self.name))
+            .output()
+            .map_err(|e| file_err(&at, e.to_string()))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(file_err(&at, text(&out.stderr)))
+        }
+    }
+
+    /// `podman cp` of `path` (under `/work`) out of the container.
+    fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
+        let at = inside(path);
+        let staged = self.files.path().join("got");
+        let _ = std::fs::remove_file(&staged);
+        let out = self
+            .podman()
+            .arg("cp")
+            .arg(format!("{}:{at}", self.name))
+            .arg(&staged)
+            .output()
+            .map_err(|e| file_err(&at, e.to_string()))?;
+        if !out.status.success() {
+            return Err(file_err(&at, text(&out.stderr)));
+        }
+        let data = std::fs::read(&staged).map_err(|e| file_err(&at, e.to_string()))?;
+        Ok(data.into_iter().take(max_bytes as usize).collect())
+    }
+
+    fn start_us(&self) -> u64 {
+        0
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        let out = self.podman().args(["rm", "-f", &self.name]).output();
+        self.gone = true;
+        match out {
+            Ok(o) if o.status.success() => Ok(()),
+            Ok(o) => Err(Error::Sandbox(format!("podman rm: {}", text(&o.stderr)))),
+            Err(e) => Err(Error::Sandbox(format!("podman rm: {e}"))),
+        }
+    }
+
+    fn interrupter(&self) -> Option<cordon_core::Interrupter> {
+        let podman = self.podman.clone();
+        let name = self.name.clone();
+        Some(std::sync::Arc::new(move || kill(&podman, &name)))
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        if !self.gone {
+            let _ = self.destroy();
+        }
+    }
+}
+
+fn inside(path: &str) -> String {
+    if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("/work/{path}")
+    }
+}
+
+fn file_err(path: &str, reason: String) -> Error {
+    Error::File {
+        path: path.to_string(),
+        reason: reason.trim().to_string(),
+    }
+}
