@@ -20,6 +20,13 @@ pub enum ServerError {
     },
     #[error("another cordon server is using the data dir {0}; stop it or give another data_dir")]
     Locked(String),
+    /// A part of the service could not start; `source` says why.
+    #[error("{what}: {source}")]
+    Start {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
 }
 
 impl ServerError {
@@ -27,6 +34,17 @@ impl ServerError {
         ServerError::Io {
             what: what.into(),
             source,
+        }
+    }
+
+    /// A part of the service (`what`) that could not start, with the error that stopped it.
+    pub fn start(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        ServerError::Start {
+            what: what.into(),
+            source: source.into(),
         }
     }
 }

@@ -2474,6 +2474,26 @@ async fn pool_specs_the_policy_refuses_stop_the_start() {
     }
 }
 
+/// A part of the service that cannot start stops the server with the error that stopped
+/// it kept as its source (here the volume store, whose directory is a file), not only its
+/// text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_fails_keeps_the_cause_as_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    std::fs::write(dir.path().join("volumes"), b"not a directory").unwrap();
+    let counters = Arc::new(Counters::default());
+    let e = Server::start(cfg, backends(&counters), None)
+        .await
+        .err()
+        .expect("the server started without its volume store");
+    assert!(e.to_string().contains("the volume store"), "{e}");
+    assert!(
+        std::error::Error::source(&e).is_some(),
+        "the cause was flattened into text: {e:?}"
+    );
+}
+
 /// The error of a server's start that must fail before it makes any sandbox.
 async fn refused_start(cfg: Config) -> String {
     let counters = Arc::new(Counters::default());

@@ -101,7 +101,7 @@ impl Service {
             move || recovery::open_and_recover(&cfg, &backends, recovery)
         })
         .await
-        .map_err(|e| ServerError::Config(format!("startup worker failed: {e}")))??;
+        .map_err(|e| ServerError::start("the startup worker", e))??;
         if !report.sandboxes.is_empty() || !report.scratch.is_empty() || !report.removed.is_empty()
         {
             tracing::warn!(
@@ -121,7 +121,7 @@ impl Service {
             }
         })
         .await
-        .map_err(|e| ServerError::Config(format!("probe worker failed: {e}")))?;
+        .map_err(|e| ServerError::start("the tiers' probe worker", e))?;
         let rules = match &cfg.policy.rules_file {
             Some(p) => {
                 let text = std::fs::read_to_string(p).map_err(|e| {
@@ -150,10 +150,10 @@ impl Service {
                 cfg.oidc.rotate_every.0,
                 cfg.oidc.max_token_life.0,
             )
-            .map_err(|e| ServerError::Config(e.to_string()))?,
+            .map_err(|e| ServerError::start("the token issuer of minted grants", e))?,
         );
         let catalogue = Catalogue::load(&cfg.grants, Some(issuer.clone()))
-            .map_err(|e| ServerError::Config(e.to_string()))?;
+            .map_err(|e| ServerError::start("the grant catalogue ([[grant]])", e))?;
         let available = probes
             .iter()
             .filter(|(t, p)| p.available() && backends.contains_key(t))
@@ -188,9 +188,8 @@ impl Service {
             bench,
         )
         .with_tiers(available, unavailable);
-        let templates = cordon_template::Store::open(&cfg.data_dir).map_err(|e| {
-            ServerError::Config(format!("the template store under the data dir: {e}"))
-        })?;
+        let templates = cordon_template::Store::open(&cfg.data_dir)
+            .map_err(|e| ServerError::start("the template store under the data dir", e))?;
         let gate = gate.with_templates(templates);
         gate.load_rules().map_err(|e| {
             ServerError::Config(match &cfg.policy.rules_file {

@@ -32,7 +32,7 @@ pub struct Volumes {
 /// The volume store under a data dir.
 pub(super) fn open_store(data_dir: &Path) -> Result<VolumeStore, ServerError> {
     VolumeStore::open(&data_dir.join("volumes"))
-        .map_err(|e| ServerError::Config(format!("the volume store under the data dir: {e}")))
+        .map_err(|e| ServerError::start("the volume store under the data dir", e))
 }
 
 /// Crash recovery: what a dead server left mounted is unmounted (its sandboxes are gone,
