@@ -515,19 +515,28 @@ fn image_archive(p: &Podman, dir: &Path, image: &str) -> PathBuf {
     tar
 }
 
-#[test]
-fn containerd_runs_a_container_through_the_runc_shim_with_cordon_as_its_binary() {
-    let Some(p) = podman() else { return };
+/// A private containerd with the test image imported (`None` after a SKIPPING line when
+/// podman, containerd or ctr is missing).
+fn containerd_with_image() -> Option<Containerd> {
+    let p = podman()?;
     if !have(
         "containerd and ctr",
         on_path("containerd") && on_path("ctr"),
     ) {
-        return;
+        return None;
     }
     let c = Containerd::start(None);
     let archive = image_archive(p, c.dir.path(), IMAGE);
     let out = c.ctr(&["image", "import", archive.to_str().unwrap()]);
     assert!(out.status.success(), "ctr import: {}", text(&out.stderr));
+    Some(c)
+}
+
+#[test]
+fn containerd_runs_a_container_through_the_runc_shim_with_cordon_as_its_binary() {
+    let Some(c) = containerd_with_image() else {
+        return;
+    };
     let runc_root = c.dir.path().join("runc-root");
     let shim = [
         "--runc-binary",

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{Containerd, IMAGE, OCI, have, image_archive, on_path, podman, text};
+use super::{IMAGE, OCI, containerd_with_image, have, podman, text};
 
 /// 64 MiB: sixty-four times the most a sandbox keeps of a background exec's stream.
 const BIG: usize = 64 << 20;
@@ -82,17 +82,9 @@ fn podman_output_of_a_fast_writer_arrives_whole() {
 
 #[test]
 fn ctr_output_of_a_fast_writer_arrives_whole() {
-    let Some(p) = podman() else { return };
-    if !have(
-        "containerd and ctr",
-        on_path("containerd") && on_path("ctr"),
-    ) {
+    let Some(c) = containerd_with_image() else {
         return;
-    }
-    let c = Containerd::start(None);
-    let archive = image_archive(p, c.dir.path(), IMAGE);
-    let out = c.ctr(&["image", "import", archive.to_str().unwrap()]);
-    assert!(out.status.success(), "ctr import: {}", text(&out.stderr));
+    };
     let runc_root = c.dir.path().join("runc-root");
     let run = |id: &str, script: &str| {
         c.ctr(&[
