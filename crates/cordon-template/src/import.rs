@@ -255,29 +255,49 @@ impl Store {
         more: u64,
         limits: &ImportLimits,
     ) -> Result<WriteBudget> {
-        let used = self.usage()?.saturating_add(more);
+        let used = self
+            .usage()?
+            .saturating_add(self.staged_spent(None))
+            .saturating_add(more);
         let left = limits.store_bytes.saturating_sub(used);
-        let store = WriteBudget {
-            bytes: left,
-            limit: human(limits.store_bytes),
-            what: format!(
-                "the template store's budget, {} already used",
-                human(used.min(limits.store_bytes))
+        let (bytes, limit, what, fix) = match disk {
+            Some(d) if d < left => (
+                d,
+                human(d),
+                "the build's disk limit, --disk".to_string(),
+                "write less in the build's steps, or give a larger --disk".to_string(),
             ),
-            fix: "remove templates you no longer need (`cordon template rm NAME`, then \
-                  `cordon template gc`), or raise the budget (--max-store-bytes, or \
-                  CORDON_TEMPLATE_STORE_BYTES)"
-                .into(),
+            _ => {
+                let (limit, what, fix) = store_budget_words(used, limits.store_bytes);
+                (left, limit, what, fix)
+            }
         };
-        Ok(match disk {
-            Some(d) if d < left => WriteBudget {
-                bytes: d,
-                limit: human(d),
-                what: "the build's disk limit, --disk".into(),
-                fix: "write less in the build's steps, or give a larger --disk".into(),
-            },
-            _ => store,
+        Ok(WriteBudget {
+            bytes,
+            limit,
+            what,
+            fix,
+            kept: more,
+            store: self.clone(),
+            store_bytes: limits.store_bytes,
         })
+    }
+
+    /// What the builds and imports running now have written in their staging dirs (and
+    /// the layer blobs they will keep), as each last published it, but `own`: the bytes a
+    /// new root will add to the store that [`Store::usage`] does not count yet. A dir
+    /// whose count cannot be read counts nothing (it has written nothing yet); a dead one
+    /// counts until the next sweep (at the start of every build and import) removes it.
+    pub(crate) fn staged_spent(&self, own: Option<&Path>) -> u64 {
+        let Ok(dir) = fs::read_dir(self.staging_dir()) else {
+            return 0;
+        };
+        dir.flatten()
+            .filter(|e| own != Some(e.path().as_path()))
+            .filter_map(|e| fs::read(e.path().join(SPENT_FILE)).ok())
+            .filter_map(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+            .map(u64::from_le_bytes)
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Flattens the checked layers of `parsed` into a root (or reuses the root of the same
@@ -381,6 +401,27 @@ impl Store {
         let _guard = self.lock(true)?;
         let dest = self.root_dir(hex_digest);
         let reused_root = dest.is_dir();
+        // The store's budget once more, under the lock every install takes: builds and
+        // imports that ran side by side each began from the store as it stood then.
+        let adding = t
+            .kept
+            .iter()
+            .filter(|(_, hex)| !self.layer_path(hex).exists())
+            .filter_map(|(blob, _)| fs::metadata(blob).ok())
+            .map(|m| m.blocks() * 512)
+            .fold(
+                staged
+                    .as_ref()
+                    .filter(|_| !reused_root)
+                    .map_or(0, |c| c.stored),
+                u64::saturating_add,
+            );
+        if adding > 0 {
+            let used = self.usage()?;
+            if used.saturating_add(adding) > flat.limits.store_bytes {
+                return Err(store_budget_spent(used, flat.limits.store_bytes));
+            }
+        }
         let (counts, moved) = match staged {
             Some(c) if !reused_root => {
                 fs::rename(&flat.root, &dest)
@@ -444,12 +485,47 @@ pub(crate) struct Installed<'a> {
 }
 
 /// What a flatten may write on the host (file data, holes not counted, each hard-linked
-/// file once), and how to say so when it is reached.
+/// file once), and how to say so when it is reached; and the store's whole budget, which
+/// builds and imports running side by side share: each looks again as it writes
+/// ([`Flatten::spend`]) and once more when its root goes in ([`Store::install`]).
 pub(crate) struct WriteBudget {
     pub(crate) bytes: u64,
     pub(crate) limit: String,
     pub(crate) what: String,
     pub(crate) fix: String,
+    /// Layer blobs the same import keeps (in its stage until it is installed).
+    pub(crate) kept: u64,
+    pub(crate) store: Store,
+    pub(crate) store_bytes: u64,
+}
+
+/// The file in a staging dir where its flatten publishes what it has written (8 bytes,
+/// little-endian), for the builds and imports beside it.
+const SPENT_FILE: &str = ".spent";
+
+/// How often (bytes written) a flatten publishes its count and looks at the store's
+/// budget again: what side-by-side builds can overshoot it by, at most, each.
+const LOOK_EVERY: u64 = 8 << 20;
+
+/// The store's budget for people: its bound, what is used of it, and the fix.
+fn store_budget_words(used: u64, budget: u64) -> (String, String, String) {
+    (
+        human(budget),
+        format!(
+            "the template store's budget, {} already used",
+            human(used.min(budget))
+        ),
+        "remove templates you no longer need (`cordon template rm NAME`, then \
+         `cordon template gc`), or raise the budget (--max-store-bytes, or \
+         CORDON_TEMPLATE_STORE_BYTES)"
+            .into(),
+    )
+}
+
+/// The store's budget is spent: `used` of `budget`.
+fn store_budget_spent(used: u64, budget: u64) -> TemplateError {
+    let (limit, what, fix) = store_budget_words(used, budget);
+    TemplateError::DiskLimit { limit, what, fix }
 }
 
 /// Bytes for people: `400.0M`.
@@ -820,6 +896,10 @@ pub(crate) struct Flatten {
     pub(crate) stream_bytes: u64,
     budget: WriteBudget,
     limits: ImportLimits,
+    /// The staging dir, where [`SPENT_FILE`] is published.
+    stage: PathBuf,
+    /// `written` at which the store's budget is looked at next.
+    next_look: u64,
 }
 
 /// Where a checked path lands.
@@ -854,10 +934,14 @@ impl Flatten {
             stream_bytes: 0,
             budget,
             limits: limits.clone(),
+            stage: stage.0.clone(),
+            next_look: LOOK_EVERY,
         })
     }
 
-    /// Counts `n` bytes written on the host against the budget.
+    /// Counts `n` bytes written on the host against the budget. Every [`LOOK_EVERY`]
+    /// bytes the count is published in the stage and the store's whole budget looked at
+    /// again, with what the builds and imports beside this one have written meanwhile.
     fn spend(&mut self, n: u64) -> Result<()> {
         self.written = self.written.saturating_add(n);
         if self.written > self.budget.bytes {
@@ -866,6 +950,26 @@ impl Flatten {
                 what: self.budget.what.clone(),
                 fix: self.budget.fix.clone(),
             });
+        }
+        if self.written >= self.next_look {
+            self.next_look = self.written.saturating_add(LOOK_EVERY);
+            self.look_at_store()?;
+        }
+        Ok(())
+    }
+
+    /// Publishes what this flatten spends (written and kept) and refuses to go on when,
+    /// with the store's templates and every other running build and import, it is past
+    /// the store's budget.
+    fn look_at_store(&self) -> Result<()> {
+        let mine = self.written.saturating_add(self.budget.kept);
+        fs::write(self.stage.join(SPENT_FILE), mine.to_le_bytes())
+            .map_err(TemplateError::io("publishing a flatten's count"))?;
+        let store = &self.budget.store;
+        let others = store.staged_spent(Some(&self.stage));
+        let used = store.usage()?.saturating_add(others);
+        if used.saturating_add(mine) > self.budget.store_bytes {
+            return Err(store_budget_spent(used, self.budget.store_bytes));
         }
         Ok(())
     }

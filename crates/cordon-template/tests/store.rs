@@ -478,6 +478,66 @@ fn a_tree_too_deep_for_the_roots_path_never_leaves_an_unnamed_root() {
     assert_eq!(fs::read_dir(s.dir().join("staging")).unwrap().count(), 0);
 }
 
+/// Issue 35 item 3, side by side: two imports that each fit the store's budget alone but
+/// not together, started at once. Each used to take its share from the store as it stood
+/// when it began, so both went in and the store ended past its budget; now at most one
+/// does, the other ends as DiskLimit and leaves nothing, and the store stays within it.
+#[test]
+fn imports_side_by_side_share_the_store_budget() {
+    let (t, s) = store();
+    let files: Vec<_> = (0..2u8)
+        .map(|i| {
+            let layer = LayerBuilder::new()
+                .file("data", 0o644, &noise(24 << 20, 10 + i))
+                .finish();
+            write(
+                t.path(),
+                &format!("{i}.tar"),
+                &image_of(vec![(layer, false)]).oci_tar(false),
+            )
+        })
+        .collect();
+    // Each import keeps its 24 MiB layer blob and writes a 24 MiB root: 48 MiB alone,
+    // 96 MiB together, under a budget of 72 MiB.
+    let limits = ImportLimits {
+        store_bytes: 72 << 20,
+        ..ImportLimits::default()
+    };
+    let start = std::sync::Barrier::new(2);
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let runs: Vec<_> = files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let (s, limits, start) = (&s, &limits, &start);
+                scope.spawn(move || {
+                    start.wait();
+                    s.import(f, &format!("t{i}"), limits)
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert!(ok <= 1, "both imports went in");
+    for r in &results {
+        if let Err(e) = r {
+            assert!(matches!(e, TemplateError::DiskLimit { .. }), "{e}");
+            assert!(e.to_string().contains("template store's budget"), "{e}");
+        }
+    }
+    let used = s.usage().unwrap();
+    assert!(used <= limits.store_bytes, "the store holds {used} bytes");
+    assert_eq!(fs::read_dir(s.dir().join("staging")).unwrap().count(), 0);
+    // Alone, each fits: the one refused goes in once the other is removed.
+    if let Some(i) = results.iter().position(|r| r.is_ok()) {
+        s.remove(&format!("t{i}")).unwrap();
+        s.gc().unwrap();
+    }
+    let j = results.iter().position(|r| r.is_err()).unwrap_or(0);
+    s.import(&files[j], &format!("t{j}"), &limits).unwrap();
+}
+
 /// Issue 35 item 3, the import side: an import whose root would take the store past its
 /// budget ends as DiskLimit, naming the budget and the fix, and leaves nothing (no name,
 /// root, layer or staging dir); a file of zeros is stored as a hole and costs nothing.
