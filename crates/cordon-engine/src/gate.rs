@@ -303,7 +303,58 @@ impl Gate {
         what: &str,
     ) -> Result<Admission, Denial> {
         let rules = self.rules_for(who);
-        let mut record = GateRecord {
+        let mut record = Self::record(who, &rules, req, what);
+        match self.decide(who, &rules, req, &mut record) {
+            Ok((spec, ttl, idle, decision)) => Ok(Admission {
+                spec,
+                ttl,
+                idle,
+                record,
+                decision,
+            }),
+            Err((code, rule, message, fix)) => Err(Self::denial(record, code, rule, message, fix)),
+        }
+    }
+
+    /// A refusal a front door made before the gate (cordon-oci's bundle check: privileged
+    /// mode, a host namespace, a host device), with the record a refusal of the gate has, so
+    /// it is an audit row like the gate's own decisions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn refusal(
+        &self,
+        who: &Principal,
+        req: &SandboxRequest,
+        what: &str,
+        code: DenyCode,
+        rule: &str,
+        message: &str,
+        fix: &str,
+    ) -> Denial {
+        let record = Self::record(who, &self.rules_for(who), req, what);
+        Self::denial(record, code, rule.into(), message.into(), fix.into())
+    }
+
+    fn denial(
+        mut record: GateRecord,
+        code: DenyCode,
+        rule: String,
+        message: String,
+        fix: String,
+    ) -> Denial {
+        record.rule = Some(rule.clone());
+        record.reason = Some(message.clone());
+        Denial {
+            code,
+            rule,
+            message,
+            fix,
+            record: Box::new(record),
+        }
+    }
+
+    /// The record of a decision on `req`, before it is decided.
+    fn record(who: &Principal, rules: &Resolved, req: &SandboxRequest, what: &str) -> GateRecord {
+        GateRecord {
             request: what.to_string(),
             principal: who.name().to_string(),
             trust_ceiling: rules.trust,
@@ -324,26 +375,6 @@ impl Gate {
             reason: None,
             tier_policy: None,
             node_allowances: Vec::new(),
-        };
-        match self.decide(who, &rules, req, &mut record) {
-            Ok((spec, ttl, idle, decision)) => Ok(Admission {
-                spec,
-                ttl,
-                idle,
-                record,
-                decision,
-            }),
-            Err((code, rule, message, fix)) => {
-                record.rule = Some(rule.clone());
-                record.reason = Some(message.clone());
-                Err(Denial {
-                    code,
-                    rule,
-                    message,
-                    fix,
-                    record: Box::new(record),
-                })
-            }
         }
     }
 

@@ -163,7 +163,11 @@ impl<S: Sandbox> Audited<S> {
         let mut d = self.inner.report();
         let events = std::mem::take(&mut d.egress);
         if let Err(e) = self.audit.egress(&self.container, events) {
-            eprintln!("cordon-oci: container {}: {e}", self.container);
+            // Never a panic: the engine may have closed the monitor's stderr.
+            let _ = std::io::Write::write_fmt(
+                &mut std::io::stderr(),
+                format_args!("cordon-oci: container {}: {e}\n", self.container),
+            );
         }
         self.kept.merge(d);
     }
@@ -295,4 +299,43 @@ pub fn record_decision(
     let audit = NodeAudit::open(node)?;
     audit.decision(id, decided)?;
     Ok(audit)
+}
+
+/// Records a refusal made before the gate (the bundle's check or its annotations: privileged
+/// mode, a host namespace, a host device, an unknown annotation) as a `policy` row refused,
+/// like the gate's own refusals; `req` is what the bundle asked for, as far as it was read.
+/// Any other error is not a decision and records nothing.
+pub fn record_refusal(
+    node: &NodeConfig,
+    id: &str,
+    req: &cordon_engine::SandboxRequest,
+    refused: &crate::OciError,
+) -> Result<()> {
+    use cordon_engine::DenyCode;
+    let (code, rule, message, fix) = match refused {
+        crate::OciError::Refused { what, fix } => (
+            DenyCode::PolicyDenied,
+            "oci.bundle",
+            what.as_str(),
+            fix.as_str(),
+        ),
+        crate::OciError::Invalid(what) => (
+            DenyCode::InvalidRequest,
+            "request",
+            what.as_str(),
+            "fix the container's config.json or its annotations",
+        ),
+        _ => return Ok(()),
+    };
+    let gate = node.gate()?;
+    let denial = gate.refusal(
+        &cordon_engine::Principal::Tenant(TENANT.into()),
+        req,
+        "oci create",
+        code,
+        rule,
+        message,
+        fix,
+    );
+    record_decision(node, id, &Err(denial)).map(drop)
 }

@@ -34,7 +34,8 @@ struct Cli {
     systemd_cgroup: bool,
     #[arg(long, global = true)]
     debug: bool,
-    /// The node's Cordon config (default $CORDON_OCI_CONFIG, else /etc/cordon/oci.toml).
+    /// The node's Cordon config (default $CORDON_OCI_CONFIG, else /etc/cordon/oci.toml;
+    /// through podman: --runtime-flag cordon-config=PATH).
     #[arg(long = "cordon-config", global = true)]
     cordon_config: Option<PathBuf>,
     #[command(subcommand)]
@@ -159,6 +160,29 @@ struct ExecArgs {
     args: Vec<String>,
 }
 
+/// Prints a line on stdout. A stdout its reader closed (`cordon-oci state ID | head -c1`)
+/// ends the command quietly ([`ClosedStdout`]); it never panics.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        say_line(&format!($($arg)*))?
+    };
+}
+
+/// Stdout was closed by its reader: the command ends with 141 (as a shell reports a program
+/// ended by SIGPIPE), saying nothing.
+#[derive(Debug, thiserror::Error)]
+#[error("stdout was closed")]
+struct ClosedStdout;
+
+fn say_line(line: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{line}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ClosedStdout.into()),
+        Err(e) => Err(anyhow!("writing to stdout: {e}")),
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     let log = Log {
@@ -167,10 +191,11 @@ fn main() {
     };
     let code = match dispatch(cli) {
         Ok(code) => code,
+        Err(e) if e.is::<ClosedStdout>() => 128 + libc::SIGPIPE,
         Err(e) => {
             let msg = format!("{e:#}");
             log.error(&msg);
-            eprintln!("cordon-oci: {msg}");
+            let _ = writeln!(std::io::stderr(), "cordon-oci: {msg}");
             1
         }
     };
@@ -263,7 +288,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
                 owner: "",
                 annotations: &r.annotations,
             };
-            println!("{}", serde_json::to_string_pretty(&s)?);
+            say!("{}", serde_json::to_string_pretty(&s)?);
             Ok(0)
         }
         Cmd::Kill { id, signal, all } => {
@@ -290,11 +315,11 @@ fn dispatch(cli: Cli) -> Result<i32> {
                 Vec::new()
             };
             if format == "json" {
-                println!("{}", serde_json::to_string(&pids)?);
+                say!("{}", serde_json::to_string(&pids)?);
             } else {
-                println!("PID");
+                say!("PID");
                 for p in pids {
-                    println!("{p}");
+                    say!("{p}");
                 }
             }
             Ok(0)
@@ -307,7 +332,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
                 .collect();
             if quiet {
                 for r in &records {
-                    println!("{}", r.id);
+                    say!("{}", r.id);
                 }
             } else if format == "json" {
                 #[derive(serde::Serialize)]
@@ -328,11 +353,11 @@ fn dispatch(cli: Cli) -> Result<i32> {
                         created: &r.created,
                     })
                     .collect();
-                println!("{}", serde_json::to_string(&items)?);
+                say!("{}", serde_json::to_string(&items)?);
             } else {
-                println!("ID\tPID\tSTATUS\tBUNDLE");
+                say!("ID\tPID\tSTATUS\tBUNDLE");
                 for r in &records {
-                    println!(
+                    say!(
                         "{}\t{}\t{:?}\t{}",
                         r.id,
                         r.pid,
@@ -344,7 +369,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Features => {
-            println!("{}", serde_json::to_string_pretty(&features())?);
+            say!("{}", serde_json::to_string_pretty(&features())?);
             Ok(0)
         }
         Cmd::Monitor {

@@ -73,7 +73,7 @@ const DEFAULT_CONSOLE: PtySize = PtySize { rows: 24, cols: 80 };
 /// prints them); nothing is left running.
 pub fn prepare(setup: Setup) -> Result<Prepared> {
     let spec = bundle::load(&setup.bundle)?;
-    let granted = bundle::check(&spec, &setup.node.allow)?;
+    let (granted, req) = checked(&setup, &spec)?;
     let process = ProcessSpec::from_oci(spec.process().as_ref().ok_or_else(|| {
         OciError::Invalid("the bundle's config.json has no process; name the program to run".into())
     })?)?;
@@ -85,7 +85,6 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
         ));
     }
     let rootfs = bundle::rootfs(&spec, &setup.bundle)?;
-    let req = bundle::request(&spec)?;
     let gate = setup.node.gate()?;
     let mut decided = gate.admit(
         &Principal::Tenant(crate::node::TENANT.into()),
@@ -149,6 +148,23 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
         record,
         terminal,
     })
+}
+
+/// The bundle checked ([`bundle::check`]) and read into a request. A refusal is recorded
+/// in the node's audit store, as the gate's are, before it is returned.
+fn checked(
+    setup: &Setup,
+    spec: &oci_spec::runtime::Spec,
+) -> Result<(crate::allow::Granted, cordon_engine::SandboxRequest)> {
+    let req = bundle::request(spec);
+    match bundle::check(spec, &setup.node.allow).and_then(|g| Ok((g, req?))) {
+        Ok(done) => Ok(done),
+        Err(e) => {
+            let asked = bundle::request(spec).unwrap_or_default();
+            crate::audit::record_refusal(&setup.node, &setup.id, &asked, &e)?;
+            Err(e)
+        }
+    }
 }
 
 /// A terminal in the sandbox for `process`: its master goes to the engine over `console`

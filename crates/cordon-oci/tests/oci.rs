@@ -371,6 +371,197 @@ fn ids_that_name_paths_are_refused_by_every_command() {
     assert!(text(&out.stderr).contains("does not exist"));
 }
 
+/// A reader that closes its end early (`cordon-oci state ID | head -c1`) ends every
+/// printing command quietly with 141 (as a shell reports SIGPIPE): never a panic.
+#[test]
+fn a_closed_stdout_ends_every_command_quietly() {
+    let root = tempfile::tempdir().unwrap();
+    let r = cordon_oci::state::Root::new(Some(root.path()));
+    std::fs::create_dir_all(r.dir("c1")).unwrap();
+    r.save(&cordon_oci::state::Record {
+        id: "c1".into(),
+        bundle: root.path().to_path_buf(),
+        pid: 1,
+        pid_start: 1,
+        status: cordon_oci::state::Status::Stopped,
+        created: cordon_oci::state::now_rfc3339(),
+        annotations: Default::default(),
+        sandbox: None,
+        exit_code: Some(0),
+    })
+    .unwrap();
+    for cmd in [
+        &["state", "c1"][..],
+        &["list"],
+        &["list", "--format", "json"],
+        &["ps", "c1"],
+        &["features"],
+    ] {
+        // A pipe whose reading end is closed before the command writes.
+        let (rx, tx) = nix::unistd::pipe().unwrap();
+        drop(rx);
+        let out = Command::new(OCI)
+            .arg("--root")
+            .arg(root.path())
+            .args(cmd)
+            .stdout(std::process::Stdio::from(tx))
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked"), "{cmd:?}: {err}");
+        assert_eq!(out.status.code(), Some(141), "{cmd:?}: {err}");
+        assert_eq!(err, "", "{cmd:?}");
+    }
+}
+
+/// A bundle refused before the gate (privileged mode, a host namespace, a host device, an
+/// unknown annotation) is a refused `policy` row of the node's audit store, with the reason,
+/// like a refusal of the gate itself.
+#[test]
+fn refusals_of_the_bundle_check_are_audit_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = node_config(dir.path(), "");
+    let node = cordon_oci::node::NodeConfig::load(Some(&config)).unwrap();
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    let namespaces =
+        r#"[{"type":"pid"},{"type":"network"},{"type":"ipc"},{"type":"uts"},{"type":"mount"}]"#;
+    let cases = [
+        (
+            "priv",
+            format!(
+                r#""process": {{"args": ["sh"], "cwd": "/", "user": {{"uid": 0, "gid": 0}}, "capabilities": {{"bounding": ["CAP_SYS_ADMIN"]}}}}, "linux": {{"namespaces": {namespaces}}}"#
+            ),
+            "privileged mode",
+        ),
+        (
+            "hostnet",
+            r#""process": {"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0}}, "linux": {"namespaces": [{"type":"pid"},{"type":"ipc"},{"type":"uts"},{"type":"mount"}]}"#.to_string(),
+            "host's network namespace",
+        ),
+        (
+            "dev",
+            format!(
+                r#""process": {{"args": ["sh"], "cwd": "/", "user": {{"uid": 0, "gid": 0}}}}, "linux": {{"namespaces": {namespaces}, "devices": [{{"path": "/dev/sda", "type": "b", "major": 8, "minor": 0}}]}}"#
+            ),
+            "/dev/sda",
+        ),
+        (
+            "annot",
+            format!(
+                r#""process": {{"args": ["sh"], "cwd": "/", "user": {{"uid": 0, "gid": 0}}}}, "linux": {{"namespaces": {namespaces}}}, "annotations": {{"cordon.memroy": "1G"}}"#
+            ),
+            "unknown annotation",
+        ),
+    ];
+    for (id, body, says) in &cases {
+        std::fs::write(
+            bundle.join("config.json"),
+            format!(r#"{{"ociVersion": "1.0.2", "root": {{"path": "rootfs"}}, {body}}}"#),
+        )
+        .unwrap();
+        let e = cordon_oci::monitor::prepare(cordon_oci::monitor::Setup {
+            root: cordon_oci::state::Root::new(Some(&dir.path().join("state"))),
+            id: id.to_string(),
+            bundle: bundle.clone(),
+            node: node.clone(),
+            console: None,
+        })
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains(says), "{id}: {e}");
+    }
+    let rows = audit_rows(dir.path());
+    assert_eq!(rows.len(), cases.len(), "{rows:?}");
+    for (row, (id, _, says)) in rows.iter().zip(&cases) {
+        assert_eq!(row.kind, "policy");
+        assert_eq!(row.sandbox.as_deref(), Some(*id));
+        assert_eq!(row.decision.as_deref(), Some("deny"), "{row:?}");
+        let detail = row.detail.to_string();
+        assert!(detail.contains(says), "{id}: {detail}");
+        assert!(detail.contains("oci create"), "{id}: {detail}");
+    }
+}
+
+/// Each way docs/kubernetes.md gives to name the node's config is the one read: a
+/// privileged bundle's refusal lands in the audit store that config names. `--cordon-config`
+/// and `$CORDON_OCI_CONFIG` on a direct call, and `/etc/cordon/oci.toml` when nothing names
+/// one (in a mount namespace of the test's own, whose `/etc` is a tmpfs: the host's is
+/// untouched). Podman's `--runtime-flag cordon-config=...` is the podman tests' way
+/// (`Podman::oci_under`).
+#[test]
+fn each_documented_way_of_naming_the_node_config_is_read() {
+    if !have("root", nix::unistd::geteuid().is_root()) || !have("unshare", on_path("unshare")) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    std::fs::write(
+        bundle.join("config.json"),
+        r#"{"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+            "process": {"args": ["sh"], "cwd": "/", "user": {"uid": 0, "gid": 0},
+                        "capabilities": {"bounding": ["CAP_SYS_ADMIN"]}},
+            "linux": {"namespaces": [{"type":"pid"},{"type":"network"},{"type":"ipc"},
+                                     {"type":"uts"},{"type":"mount"}]}}"#,
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    for way in ["flag", "env", "default"] {
+        let at = dir.path().join(way);
+        std::fs::create_dir_all(&at).unwrap();
+        let config = node_config(&at, "");
+        let mut c = match way {
+            "default" => {
+                let mut c = Command::new("unshare");
+                c.args(["-m", "--propagation", "private", "sh", "-c"])
+                    .arg(
+                        "mount -t tmpfs cordon-test /etc && mkdir /etc/cordon && \
+                         cp \"$1\" /etc/cordon/oci.toml && shift && exec \"$@\"",
+                    )
+                    .arg("sh")
+                    .arg(&config)
+                    .arg(OCI);
+                c
+            }
+            _ => Command::new(OCI),
+        };
+        c.env_remove("CORDON_OCI_CONFIG");
+        match way {
+            "flag" => {
+                c.arg("--cordon-config").arg(&config);
+            }
+            "env" => {
+                c.env("CORDON_OCI_CONFIG", &config);
+            }
+            _ => {}
+        }
+        let out = c
+            .arg("--root")
+            .arg(&state)
+            .args(["create", "--bundle"])
+            .arg(&bundle)
+            .arg(format!("cfg-{way}"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{way}");
+        assert!(
+            text(&out.stderr).contains("privileged"),
+            "{way}: {}",
+            text(&out.stderr)
+        );
+        let rows = audit_rows(&at);
+        assert_eq!(rows.len(), 1, "{way}: {rows:?}");
+        assert_eq!(
+            rows[0].sandbox.as_deref(),
+            Some(format!("cfg-{way}").as_str())
+        );
+        assert_eq!(rows[0].decision.as_deref(), Some("deny"));
+    }
+}
+
 /// A containerd of the test's own: its root, state and sockets in a temporary directory,
 /// the CRI plugin off. Dropped, it stops, with every shim it started.
 struct Containerd {
