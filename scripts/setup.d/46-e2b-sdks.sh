@@ -10,6 +10,8 @@ if ! have_py e2b 2.63.0 || ! have_py e2b-code-interpreter 2.11.5; then
   python3 -m pip install --quiet --disable-pip-version-check e2b==2.63.0 e2b-code-interpreter==2.11.5
 fi
 pip_install 'pytest>=7,<9'
+# E2B's own test suites (scripts/e2b-suites.sh) have async tests and fixtures.
+pip_install 'pytest-asyncio>=1.1,<2'
 # The JavaScript SDKs, pinned by sdk/e2b-js/package-lock.json (e2b 2.51.0,
 # @e2b/code-interpreter 2.8.0).
 js="$(cd "$(dirname "$0")/../../sdk/e2b-js" && pwd)"

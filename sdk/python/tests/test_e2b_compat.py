@@ -83,7 +83,7 @@ def build_base_template(data_dir: Path) -> None:
 HOST_ROOT = {"container", "gvisor"}
 
 
-def e2b_server(tier: str) -> ServerProc:
+def e2b_server(tier: str, port: int = PORT, exec_timeout_ms: int = 180000) -> ServerProc:
     d = Path(tempfile.mkdtemp(prefix=f"cordon-e2b-{tier}-"))
     templates = ""
     if tier not in HOST_ROOT:
@@ -95,10 +95,10 @@ def e2b_server(tier: str) -> ServerProc:
         build_base_template(d / "data")
         templates = '[e2b.templates]\nbase = "e2b-base"\n"code-interpreter-v1" = "e2b-base"\n'
     extra = (f'[[keys]]\ntenant = "alice"\nkey = "{E2B_KEY}"\n'
-             f'[e2b]\nlisten = "127.0.0.1:{PORT}"\ntier = "{tier}"\n'
+             f'[e2b]\nlisten = "127.0.0.1:{port}"\ntier = "{tier}"\n'
              # A cell's timeout is the sandbox's exec timeout: matplotlib's first import
              # builds its font cache, slow on a loaded host.
-             f'limits = {{ timeout_ms = 180000 }}\n{templates}')
+             f'limits = {{ timeout_ms = {exec_timeout_ms} }}\n{templates}')
     s = ServerProc(d / "data", {}, extra=extra)
     # No warm pool: every E2B sandbox is made for its create.
     text = s.config.read_text().replace("[pools]\n", "")
@@ -218,6 +218,63 @@ def test_files(sbx):
     ])
     assert sorted(x.path for x in entries) == ["/home/user/m1.txt", "/home/user/m2.txt"]
     assert f.read("/home/user/m2.txt") == "two"
+
+
+def test_list_walks_as_envd(sbx):
+    """files.list(depth > 1) answers as envd walks: depth first, each directory's entries by
+    name, a directory's own entries right after it (E2B's suite: test_files_list.py)."""
+    f = sbx.files
+    for d in ("w/b", "w/a/z", "w/a/y"):
+        f.make_dir(d)
+    f.write("w/c.txt", "c")
+    got = [e.path.removeprefix("/home/user/w/") for e in f.list("w", depth=2)]
+    assert got == ["a", "a/y", "a/z", "b", "c.txt"]
+
+
+def test_stream_input(sbx):
+    """commands.stream_input: envd's StreamInput, chunks in order, then close_stdin."""
+    h = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.stream_input(h.pid, ["streamed ", b"in", "put\n"])
+    sbx.commands.close_stdin(h.pid)
+    assert h.wait().stdout == "streamed input\n"
+
+
+def test_a_killed_sandbox_ends_its_commands_as_not_running(sbx):
+    """A command waited on when its sandbox is killed raises the SDK's not-running error,
+    as under E2B (the stream ends `unavailable`, /health answers 502 "was not found";
+    E2B's suite: test_sandbox_killed_during_run.py)."""
+    from e2b import SandboxNotRunningException
+    h = sbx.commands.run("sleep 60", background=True)
+    sbx.kill()
+    with pytest.raises(SandboxNotRunningException) as e:
+        h.wait()
+    assert "killed or reached its end of life" in str(e.value)
+
+
+def test_a_commands_timeout_is_its_lifetime():
+    """As envd runs a process under a context with the call's deadline: past `timeout` the
+    process is killed (not only the client's wait ended), and `timeout=0` is no timeout,
+    so it runs past the sandbox's exec timeout (1.5 s on this server)."""
+    if not tier_available("container"):
+        pytest.skip("container tier unavailable here")
+    from e2b import Sandbox, TimeoutException
+    port = _free_port()
+    origin = f"http://127.0.0.1:{port}"
+    srv = e2b_server("container", port=port, exec_timeout_ms=1500)
+    try:
+        s = Sandbox.create(timeout=60, api_url=origin, sandbox_url=origin)
+        try:
+            with pytest.raises(TimeoutException):
+                s.commands.run("sleep 2; echo ran-on > /home/user/marker", timeout=1)
+            time.sleep(3)
+            assert not s.files.exists("/home/user/marker"), "the process outlived its timeout"
+            r = s.commands.run("sleep 2; echo outlived", timeout=0)
+            assert r.stdout == "outlived\n"
+        finally:
+            s.kill()
+    finally:
+        srv.stop()
+        shutil.rmtree(srv.tmp, ignore_errors=True)
 
 
 def test_lifecycle(server):

@@ -4,6 +4,8 @@
 //! calls). Every call is the native service call, audited as such.
 
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Json;
@@ -136,6 +138,7 @@ fn find(b: &E2bBox, sel: &ProcessSelector) -> Result<(u32, ProcRecord), ConnectE
                     config: ProcessConfig::default(),
                     tag: None,
                     pty: false,
+                    timed_out: Default::default(),
                 },
             ),
         });
@@ -165,7 +168,8 @@ async fn start(
     body: &[u8],
 ) -> Result<Response, ConnectError> {
     let req: StartRequest = decode_stream_request(headers, body)?;
-    // Connect-Timeout-Ms is the process's lifetime (none: the sandbox's exec timeout).
+    // Connect-Timeout-Ms is the process's lifetime, as envd runs it under a context with
+    // that deadline (none, or 0: until the sandbox ends).
     let max = e.svc.config().max_limits.timeout_ms;
     let timeout = header_u64(headers, "connect-timeout-ms")
         .filter(|t| *t > 0)
@@ -215,6 +219,7 @@ async fn start(
         .map_err(connect_error)?;
     let pid = pid_of(&info.id)
         .ok_or_else(|| ConnectError::new("internal", "an exec id without a number"))?;
+    let timed_out = Arc::new(AtomicBool::new(false));
     lock(&b.procs).insert(
         pid,
         ProcRecord {
@@ -222,8 +227,12 @@ async fn start(
             config: req.process.clone(),
             tag: req.tag.clone(),
             pty: pty.is_some(),
+            timed_out: timed_out.clone(),
         },
     );
+    if let Some(Dur(lifetime)) = timeout {
+        kill_at_deadline(e, b, &id, &info.id, lifetime, timed_out);
+    }
     // Without `stdin: true` the process reads end of file at once, as under envd.
     // (A process that has ended already needs no end of file.)
     if pty.is_none() && req.stdin != Some(true) {
@@ -234,6 +243,32 @@ async fn start(
             .await;
     }
     Ok(events(e, b, id, info.id, pid, pty.is_some(), keepalive))
+}
+
+/// Kills the process `lifetime` after its start if it still runs (a background exec
+/// carries no timeout of its own; the sandbox's end stops it too).
+fn kill_at_deadline(
+    e: &E2b,
+    b: &E2bBox,
+    id: &str,
+    exec_id: &str,
+    lifetime: Duration,
+    timed_out: Arc<AtomicBool>,
+) {
+    let svc = e.svc.clone();
+    let (tenant, id, exec_id) = (b.tenant.clone(), id.to_string(), exec_id.to_string());
+    tokio::spawn(async move {
+        tokio::time::sleep(lifetime).await;
+        let running = svc
+            .procs()
+            .list_execs(&tenant, &id)
+            .await
+            .is_ok_and(|l| l.iter().any(|x| x.id == exec_id && x.state == "running"));
+        if running {
+            timed_out.store(true, Ordering::SeqCst);
+            let _ = svc.procs().exec_signal(&tenant, &id, &exec_id, true).await;
+        }
+    });
 }
 
 async fn attach_existing(
@@ -271,6 +306,10 @@ fn events(
     let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     let svc = e.svc.clone();
     let tenant = b.tenant.clone();
+    let timed_out = lock(&b.procs)
+        .get(&pid)
+        .map(|r| r.timed_out.clone())
+        .unwrap_or_default();
     tokio::spawn(async move {
         if out_tx
             .send(Ok(envelope(&EventMsg {
@@ -315,10 +354,12 @@ fn events(
             let _ = out_tx.send(Ok(data(c))).await;
         }
         let last = match result {
-            Ok(o) if o.termination == Termination::Timeout => end_stream(Some(&ConnectError::new(
-                "deadline_exceeded",
-                "the process ran past its timeout (the call's Connect-Timeout-Ms) and Cordon killed its process tree",
-            ))),
+            Ok(o) if o.termination == Termination::Timeout || timed_out.load(Ordering::SeqCst) => {
+                end_stream(Some(&ConnectError::new(
+                    "deadline_exceeded",
+                    "the process ran past its timeout (the call's Connect-Timeout-Ms) and Cordon killed it",
+                )))
+            }
             Ok(o) => {
                 let _ = out_tx
                     .send(Ok(envelope(&EventMsg {
@@ -670,6 +711,30 @@ fn join(dir: &str, name: &str) -> String {
     format!("{}/{name}", dir.trim_end_matches('/'))
 }
 
+/// A directory's entries by name (byte order), as envd's walk reads them.
+async fn list_sorted(
+    e: &E2b,
+    b: &E2bBox,
+    id: &str,
+    dir: &str,
+) -> Result<std::collections::VecDeque<FileEntry>, ConnectError> {
+    let reply = file_op(
+        e,
+        b,
+        id,
+        FileOp::List {
+            path: dir.to_string(),
+        },
+    )
+    .await
+    .map_err(connect_error)?;
+    let FileReply::Entries { mut entries, .. } = reply else {
+        return Err(ConnectError::new("internal", "list answered no entries"));
+    };
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(entries.into())
+}
+
 /// `/filesystem.Filesystem/{method}`.
 pub(super) async fn filesystem(
     State(e): State<E2b>,
@@ -704,24 +769,24 @@ pub(super) async fn filesystem(
                 let p = to_sandbox_path(&req.path);
                 reachable(&p)?;
                 let depth = req.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
+                // As envd walks: depth first, each directory's entries by name, a
+                // directory's own entries right after it.
                 let mut entries = Vec::new();
-                let mut queue = vec![(p, 1u32)];
-                while let Some((dir, d)) = queue.pop() {
-                    let reply = file_op(&e, &b, &id, FileOp::List { path: dir.clone() })
-                        .await
-                        .map_err(connect_error)?;
-                    let FileReply::Entries { entries: list, .. } = reply else {
-                        return Err(ConnectError::new("internal", "list answered no entries"));
+                let mut frames = vec![(p.clone(), 1u32, list_sorted(&e, &b, &id, &p).await?)];
+                while let Some((dir, d, pending)) = frames.last_mut() {
+                    let Some(ent) = pending.pop_front() else {
+                        frames.pop();
+                        continue;
                     };
-                    for ent in list {
-                        let path = join(&dir, &ent.name);
-                        if ent.kind == FileKind::Dir && d < depth {
-                            queue.push((path.clone(), d + 1));
-                        }
-                        entries.push(entry_info(&ent, &path));
-                        if entries.len() >= MAX_ENTRIES {
-                            return Ok(unary(&ListDirResponse { entries }));
-                        }
+                    let (dir, d) = (dir.clone(), *d);
+                    let path = join(&dir, &ent.name);
+                    entries.push(entry_info(&ent, &path));
+                    if entries.len() >= MAX_ENTRIES {
+                        break;
+                    }
+                    if ent.kind == FileKind::Dir && d < depth {
+                        let below = list_sorted(&e, &b, &id, &path).await?;
+                        frames.push((path, d + 1, below));
                     }
                 }
                 Ok(unary(&ListDirResponse { entries }))

@@ -27,7 +27,7 @@ pub mod wire;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -78,6 +78,9 @@ pub(crate) struct ProcRecord {
     pub config: wire::ProcessConfig,
     pub tag: Option<String>,
     pub pty: bool,
+    /// Set when Cordon killed the process at its deadline (the call's Connect-Timeout-Ms):
+    /// its stream then ends `deadline_exceeded`, as envd's does.
+    pub timed_out: Arc<AtomicBool>,
 }
 
 /// The adapter's state.
@@ -224,7 +227,10 @@ fn message_of(e: &ApiError) -> String {
 /// A Cordon error as a Connect error.
 pub(crate) fn connect_error(e: ApiError) -> ConnectError {
     let code = match e.code {
-        Code::NotFound | Code::SandboxGone => "not_found",
+        Code::NotFound => "not_found",
+        // As when envd's sandbox goes away under a call: the SDKs then ask /health, which
+        // answers 502 "was not found", and raise their sandbox-not-running error.
+        Code::SandboxGone => "unavailable",
         Code::FileError if e.message.contains("does not exist") => "not_found",
         Code::Unauthorized => "unauthenticated",
         Code::InvalidRequest
