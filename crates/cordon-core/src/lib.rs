@@ -37,7 +37,8 @@ pub use run::{FileIn, FileOut, run_once};
 pub use spec::{
     EgressPolicy, Grant, GrantSecret, HOST_ETC, Language, Limits, MintedToken, ResolvedTemplate,
     SandboxSpec, SecretValue, Tier, TokenMinter, WORKDIR, Weakening, default_grant_header,
-    scratch_dir, validate_sandbox_dir, validate_sandbox_path, validate_template_name,
+    scratch_dir, validate_env_name, validate_sandbox_dir, validate_sandbox_path,
+    validate_template_name,
 };
 pub use volume::{
     MAX_MOUNTS, MIN_VOLUME_BYTES, VolumeMount, VolumeSource, validate_mounts, validate_volume_name,

@@ -537,7 +537,8 @@ pub fn validate_template_name(name: &str) -> Result<()> {
     }
 }
 
-fn validate_env_name(key: &str) -> Result<()> {
+/// An environment variable name: letters, digits and `_`, not starting with a digit.
+pub fn validate_env_name(key: &str) -> Result<()> {
     let ok = !key.is_empty()
         && !key.starts_with(|c: char| c.is_ascii_digit())
         && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');

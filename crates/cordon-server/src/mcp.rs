@@ -774,6 +774,7 @@ impl CordonMcp {
             code: a.code,
             timeout: a.timeout,
             stream: false,
+            env: Default::default(),
         };
         answer(
             self.svc

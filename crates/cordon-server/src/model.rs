@@ -435,6 +435,10 @@ pub struct CellBody {
     /// Stream events as NDJSON (also chosen by `Accept: application/x-ndjson`).
     #[serde(default)]
     pub stream: bool,
+    /// Environment variables set for this cell only: the context's own values (or their
+    /// absence) come back when the cell ends.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
 }
 
 /// One rich output of a cell: MIME type to data (binary types base64, JSON as its text).

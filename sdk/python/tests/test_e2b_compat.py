@@ -337,6 +337,20 @@ def test_code_interpreter(server):
         assert pngs and pngs[0].startswith("iVBORw0KGgo")
         err = s.run_code("1 / 0")
         assert err.error is not None and err.error.name == "ZeroDivisionError"
+        # run_code(envs=...): set for that cell only, as E2B's interpreter sets them.
+        code = "import os\nprint(os.environ.get('CELL_ONLY', 'unset'))"
+        ex = s.run_code(code, envs={"CELL_ONLY": "for-this-cell"})
+        assert ex.error is None, ex.error
+        assert ex.logs.stdout == ["for-this-cell\n"]
+        assert s.run_code(code).logs.stdout == ["unset\n"]
+        # A cell written indented (as E2B's documentation writes them) runs as IPython runs
+        # it: leading blank lines and the first line's indent come off.
+        ex = s.run_code("""
+            z = 6
+            z * 7
+            """)
+        assert ex.error is None, ex.error
+        assert ex.text == "42"
         ctx = s.create_code_context(language="python")
         assert s.run_code("y = 5", context=ctx).error is None
         assert s.run_code("y + 1", context=ctx).text == "6"
@@ -344,6 +358,11 @@ def test_code_interpreter(server):
         if server.tier == "container":
             js = s.run_code("const a = 20; a + 22", language="javascript")
             assert js.text == "42", js
+            js = s.run_code("console.log(process.env.CELL_ONLY)", language="javascript",
+                            envs={"CELL_ONLY": "js-cell"})
+            assert js.logs.stdout == ["js-cell\n"], js
+            js = s.run_code("console.log(process.env.CELL_ONLY)", language="javascript")
+            assert js.logs.stdout == ["undefined\n"], js
         else:
             # No JavaScript runtime in this tier's root: refused, saying where one is.
             with pytest.raises(SandboxException) as e:

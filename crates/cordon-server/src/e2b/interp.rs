@@ -114,12 +114,6 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
             "give context_id or language, not both",
         );
     }
-    if req.env_vars.as_ref().is_some_and(|v| !v.is_empty()) {
-        return e2b_error(
-            StatusCode::BAD_REQUEST,
-            "envs for one run_code are not taken by Cordon: a context's environment is the sandbox's (give envs at create), or set os.environ in the cell",
-        );
-    }
     let cid = match &req.context_id {
         Some(c) if valid_context_id(c) => c.clone(),
         Some(c) => return no_context(c),
@@ -144,10 +138,12 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
     let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     let svc = e.svc.clone();
     let tenant = b.tenant.clone();
+    // run_code(envs=...): set for this cell only, as E2B's interpreter does.
     let cell = CellBody {
         code: req.code,
         timeout: None,
         stream: true,
+        env: req.env_vars.unwrap_or_default(),
     };
     tokio::spawn(async move {
         let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();

@@ -71,9 +71,28 @@
     return { name: 'Error', value: String(e), traceback: 'Uncaught ' + util.inspect(e) };
   }
 
+  // A cell's own environment (run_code's envs): set while it runs, then the context's
+  // values (or their absence) come back.
+  function setEnv(env) {
+    const saved = {};
+    for (const [k, v] of Object.entries(env || {})) {
+      saved[k] = Object.prototype.hasOwnProperty.call(process.env, k) ? process.env[k] : undefined;
+      process.env[k] = v;
+    }
+    st.savedEnv = saved;
+  }
+
+  function restoreEnv() {
+    for (const [k, v] of Object.entries(st.savedEnv || {})) {
+      if (v === undefined) delete process.env[k]; else process.env[k] = v;
+    }
+    st.savedEnv = null;
+  }
+
   function done(cell, status, error) {
     if (st.cell !== cell || !st.busy) return;
     st.busy = false;
+    restoreEnv();
     send({ t: 'done', cell, status, error: error || null, count: st.count });
     setImmediate(next);
   }
@@ -83,6 +102,7 @@
     st.cell = cell;
     st.busy = true;
     st.count += 1;
+    setEnv(req.env);
     const started = Date.now();
     let value;
     try {

@@ -314,6 +314,33 @@ def _driver():
 
     loop = []
 
+    def cleaned(code):
+        # As IPython cleans a cell before it runs it: leading blank lines go, and when the
+        # first line is indented, that indent comes off every line that starts with it.
+        lines = code.splitlines(True)
+        while lines and not lines[0].strip():
+            lines.pop(0)
+        if lines:
+            first = lines[0]
+            indent = first[:len(first) - len(first.lstrip(" \t"))]
+            if indent:
+                lines = [l[len(indent):] if l.startswith(indent) else l for l in lines]
+        return "".join(lines)
+
+    def run_with_env(cell, code, timeout_ms, env):
+        # A cell's own environment (run_code's envs): set while it runs, then the context's
+        # values (or their absence) come back.
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            run(cell, cleaned(code), timeout_ms)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
     def run(cell, code, timeout_ms):
         st.count += 1
         fname = f"<cell {st.count}>"
@@ -412,7 +439,7 @@ def _driver():
         try:
             ready.acquire()
             req = pending.pop(0)
-            run(req["cell"], req["code"], req["timeout_ms"])
+            run_with_env(req["cell"], req["code"], req["timeout_ms"], req.get("env") or {})
         except KeyboardInterrupt:
             continue
 

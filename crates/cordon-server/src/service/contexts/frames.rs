@@ -21,11 +21,14 @@ pub(super) const MAX_FRAME: usize = 32 << 20;
 #[derive(Debug, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub(super) enum DriverRequest<'a> {
-    /// Runs `code` as cell `cell`, interrupting it after `timeout_ms`.
+    /// Runs `code` as cell `cell`, interrupting it after `timeout_ms`, with `env` set for
+    /// the cell only.
     Run {
         cell: u64,
         code: &'a str,
         timeout_ms: u64,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        env: &'a BTreeMap<String, String>,
     },
     /// Interrupts cell `cell` if it is still running.
     Interrupt { cell: u64 },
@@ -316,6 +319,7 @@ mod tests {
             cell: 1,
             code: "print('started', flush=True)\nimport time\ntime.sleep(30)",
             timeout_ms: 60_000,
+            env: &BTreeMap::new(),
         };
         stdin.write_all(&run.line()).expect("request");
         // The cell is running once its first output is framed.
@@ -330,6 +334,46 @@ mod tests {
             unreachable!()
         };
         assert_eq!(status, CellStatus::Timeout, "{error:?}");
+    }
+
+    #[test]
+    fn a_cells_env_is_set_for_that_cell_only() {
+        // The Python driver on the host's python3: FOO is the cell's while it runs; after
+        // it, the context's own value (here none) is back, and PATH is untouched.
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", super::super::PYTHON_DRIVER])
+            .env_remove("FOO")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 runs");
+        let rx = frames_of(child.stdout.take().expect("stdout"));
+        let mut stdin = child.stdin.take().expect("stdin");
+        next_frame(&rx, |f| matches!(f, DriverFrame::Ready { .. }));
+        let env = BTreeMap::from([("FOO".to_string(), "for-the-cell".to_string())]);
+        let code = "import os\nprint(os.environ.get('FOO', 'unset'), bool(os.environ.get('PATH')))";
+        for (cell, env) in [(1, &env), (2, &BTreeMap::new())] {
+            let run = DriverRequest::Run {
+                cell,
+                code,
+                timeout_ms: 10_000,
+                env,
+            };
+            stdin.write_all(&run.line()).expect("request");
+        }
+        let mut out = [String::new(), String::new()];
+        loop {
+            match next_frame(&rx, |_| true) {
+                DriverFrame::Stream { cell, text, .. } => out[cell as usize - 1].push_str(&text),
+                DriverFrame::Done { cell: 2, .. } => break,
+                _ => {}
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(out, ["for-the-cell True\n", "unset True\n"]);
     }
 
     #[test]
@@ -351,6 +395,7 @@ mod tests {
             cell: 1,
             code: "a\nb",
             timeout_ms: 5,
+            env: &BTreeMap::new(),
         }
         .line();
         assert_eq!(

@@ -643,11 +643,19 @@ impl Contexts {
                 "give a shorter timeout",
             ));
         }
+        for (k, v) in &body.env {
+            cordon_core::validate_env_name(k)?;
+            if v.contains('\0') {
+                return Err(ApiError::invalid(format!(
+                    "the value of environment variable {k} holds a NUL byte; leave it out"
+                )));
+            }
+        }
         let busy = CtxBusy::take(&ctx)?;
         let svc = self.clone();
         blocking(move || {
             let _busy = busy;
-            svc.run_blocking(&s, &ctx, &body.code, timeout_ms, chunks)
+            svc.run_blocking(&s, &ctx, &body.code, &body.env, timeout_ms, chunks)
         })
         .await?
     }
@@ -657,6 +665,7 @@ impl Contexts {
         s: &Session,
         ctx: &Context,
         code: &str,
+        env: &BTreeMap<String, String>,
         timeout_ms: u64,
         chunks: Option<ChunkSender>,
     ) -> Result<CellResult, ApiError> {
@@ -678,6 +687,7 @@ impl Contexts {
             cell,
             code,
             timeout_ms,
+            env,
         }
         .line();
         on_sandbox(s, |sb| sb.write_background(w.agent, &line))?;
