@@ -173,6 +173,13 @@ pub enum Request {
         /// Run it as this user instead of the sandbox's (an OCI image's `process.user`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<ProcUser>,
+        /// Keep every byte of its output (framed stdio): the agent stops reading a stream
+        /// while it holds [`cordon_core::BACKGROUND_KEEP`] bytes of it not yet read, so the
+        /// program waits on its pipe instead of its output being dropped, and a
+        /// [`Request::BgRead`] from an offset releases what lies before it. For a host
+        /// that relays the output to a reader of its own (cordon-oci).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        hold: bool,
     },
     /// The new window size of background exec `id`'s pseudo-terminal (its program gets
     /// `SIGWINCH`); answered by [`Reply::Ok`], or an error for an exec without one.
@@ -492,6 +499,7 @@ mod tests {
             pty: Some(size),
             stdio: StdioMode::Framed,
             user: None,
+            hold: true,
         };
         for req in [start, Request::BgResize { id: 3, size }] {
             let bytes = encode(&req, b"").unwrap();
@@ -511,7 +519,10 @@ mod tests {
             }
         ));
         let said = serde_json::to_string(&f).unwrap();
-        assert!(!said.contains("pty") && !said.contains("stdio"), "{said}");
+        assert!(
+            !said.contains("pty") && !said.contains("stdio") && !said.contains("hold"),
+            "{said}"
+        );
         // Passed descriptors and a raised signal say so.
         let passed = serde_json::json!({"type": "bg_exec", "id": 1, "argv": ["true"], "env": {},
             "cwd": "/work", "limits": {"open_files": 1, "file_size": 1, "address_space": 0},

@@ -263,6 +263,20 @@ const SI_QUEUE: libc::c_int = -1;
 /// The program's pid in the reaper's namespace, while it runs (0: none yet, or reaped).
 static RELAY_TARGET: AtomicI32 = AtomicI32::new(0);
 
+/// The agent's own pid, noted before it forks any reaper (which inherits it): the sender a
+/// reaper takes a relayed signal from besides pid 0. A Linux kernel reports a sender
+/// outside the receiver's PID namespace as pid 0; gVisor's passes on the pid the sender
+/// gave (sigqueue(3) gives its own). Either can be claimed by a sender of rt_sigqueueinfo
+/// alike: what keeps the relay the agent's is that no program may signal its reaper (the
+/// program runs as another user, without capabilities).
+static RELAY_SENDER: AtomicI32 = AtomicI32::new(0);
+
+/// Notes this process (the agent) as the sender of relayed signals; called before the
+/// first reaper is forked.
+pub fn note_relay_sender() {
+    RELAY_SENDER.store(std::process::id() as i32, Ordering::SeqCst);
+}
+
 /// Names the reaper's program, the process a relayed signal goes to (0: none).
 pub fn set_relay_target(pid: i32) {
     RELAY_TARGET.store(pid, Ordering::SeqCst);
@@ -300,7 +314,11 @@ extern "C" fn relay(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut li
     // pid and value fields are the ones set. getpid(2) and kill(2) are async-signal-safe.
     unsafe {
         let info = &*info;
-        if libc::getpid() != 1 || info.si_code != SI_QUEUE || info.si_pid() != 0 {
+        let sender = info.si_pid();
+        if libc::getpid() != 1
+            || info.si_code != SI_QUEUE
+            || (sender != 0 && sender != RELAY_SENDER.load(Ordering::SeqCst))
+        {
             return;
         }
         let value = info.si_value().sival_ptr as usize;

@@ -86,6 +86,14 @@ impl Backend for GvisorBackend {
     }
 
     fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
+        Ok(Box::new(self.create_sandbox(spec)?))
+    }
+}
+
+impl GvisorBackend {
+    /// [`Backend::create`], typed: a caller that needs the tier's own calls on the sandbox
+    /// (cordon-oci) keeps it as it is.
+    pub fn create_sandbox(&self, spec: &SandboxSpec) -> Result<GvisorSandbox> {
         let t = Instant::now();
         if !self.config.runsc.is_file() || !nix::unistd::geteuid().is_root() {
             return Err(Error::Unavailable {
@@ -186,6 +194,6 @@ impl Backend for GvisorBackend {
         }
         sb.start_us = t.elapsed().as_micros() as u64;
         tracing::debug!(sandbox = %sb.id, swept_us, built_us, ready_us = sb.start_us, "gvisor: created");
-        Ok(Box::new(sb))
+        Ok(sb)
     }
 }

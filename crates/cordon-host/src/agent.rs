@@ -362,6 +362,7 @@ impl ExecParts {
             pty: self.pty,
             stdio,
             user: None,
+            hold: false,
         }
     }
 }

@@ -1,7 +1,10 @@
 //! Container start through podman, runc against cordon-oci, in one run: `podman run --rm
 //! <busybox image> true` timed end to end (podman's own work is in both), alternating the
-//! two runtimes so the host's load falls on both alike. Prints the figures; asserts nothing
-//! about them. Then the same for 64 MiB of output (`yes | head`), every byte counted.
+//! runtimes so the host's load falls on all alike: runc, cordon-oci on the container tier,
+//! and (where the node can run them) on the gvisor and microvm tiers (`cordon.tier`; fewer
+//! runs of microvm, `CORDON_BENCH_MICROVM_RUNS`, default 3: it boots under TCG here).
+//! Prints the figures; asserts nothing about them. Then the same for 64 MiB of output (`yes
+//! | head`), every byte counted, and the size of a microvm container's disk.
 //! `cargo bench -p cordon-oci --bench podman_start` (root, podman, runc; the
 //! sandbox init built beside cordon-oci: `cargo build -p cordon-oci -p cordon-sandbox-init`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -65,13 +68,14 @@ fn main() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let start = |runtime: &Path| -> f64 {
+    let start = |runtime: &Path, tier: Option<&str>| -> f64 {
         let t0 = Instant::now();
         let out = Command::new("podman")
             .args(&base)
             .arg("--runtime")
             .arg(runtime)
             .args(["run", "--rm", "--network", "none"])
+            .args(tier_args(tier))
             .args([
                 "--ulimit",
                 "nofile=1024:1024",
@@ -91,17 +95,38 @@ fn main() {
     };
     let runc = Path::new("/usr/sbin/runc");
     // One of each first, not counted: podman's and the page cache's first-time costs.
-    start(runc);
-    start(&oci);
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
-        a.push(start(runc));
-        b.push(start(&oci));
+    let gvisor = Command::new("sh")
+        .args(["-c", "command -v runsc"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let microvm = cordon_microvm::image::load(&cordon_microvm::image::default_data_dir()).is_ok();
+    if !gvisor || !microvm {
+        eprintln!("note: no runsc or no microvm guest image here: those rows are left out");
+    }
+    let vm_runs: usize = std::env::var("CORDON_BENCH_MICROVM_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    start(runc, None);
+    start(&oci, None);
+    let (mut a, mut b, mut g, mut m) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..runs {
+        a.push(start(runc, None));
+        b.push(start(&oci, None));
+        if gvisor {
+            g.push(start(&oci, Some("gvisor")));
+        }
+        if microvm && i < vm_runs {
+            m.push(start(&oci, Some("microvm")));
+        }
     }
     let show = |name: &str, v: &mut Vec<f64>| {
+        if v.is_empty() {
+            return;
+        }
         v.sort_by(f64::total_cmp);
         println!(
-            "podman run --rm true, {name:<10}: median {:7.1} ms  min {:7.1} ms  max {:7.1} ms  ({} runs)",
+            "podman run --rm true, {name:<18}: median {:7.1} ms  min {:7.1} ms  max {:7.1} ms  ({} runs)",
             v[v.len() / 2],
             v[0],
             v[v.len() - 1],
@@ -110,6 +135,11 @@ fn main() {
     };
     show("runc", &mut a);
     show("cordon-oci", &mut b);
+    show("cordon-oci gvisor", &mut g);
+    show("cordon-oci microvm", &mut m);
+    if microvm {
+        disk_size(&base, &oci, image);
+    }
     // Output: 64 MiB written as fast as `yes | head` goes, read from podman's stdout, each
     // byte counted (under cordon-oci the engine's own pipe is the workload's stdout).
     let io_runs: usize = std::env::var("CORDON_BENCH_IO_RUNS")
@@ -117,7 +147,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     const BYTES: usize = 64 << 20;
-    let write = |runtime: &Path| -> f64 {
+    let write = |runtime: &Path, tier: Option<&str>| -> f64 {
         use std::io::Read;
         let t0 = Instant::now();
         let mut child = Command::new("podman")
@@ -125,6 +155,7 @@ fn main() {
             .arg("--runtime")
             .arg(runtime)
             .args(["run", "--rm", "--network", "none"])
+            .args(tier_args(tier))
             .args([
                 "--ulimit",
                 "nofile=1024:1024",
@@ -152,16 +183,25 @@ fn main() {
         assert_eq!(got, BYTES, "{}: bytes that arrived", runtime.display());
         t0.elapsed().as_secs_f64()
     };
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..io_runs {
-        a.push(write(runc));
-        b.push(write(&oci));
+    let (mut a, mut b, mut g, mut m) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..io_runs {
+        a.push(write(runc, None));
+        b.push(write(&oci, None));
+        if gvisor {
+            g.push(write(&oci, Some("gvisor")));
+        }
+        if microvm && i < vm_runs {
+            m.push(write(&oci, Some("microvm")));
+        }
     }
     let show = |name: &str, v: &mut Vec<f64>| {
+        if v.is_empty() {
+            return;
+        }
         v.sort_by(f64::total_cmp);
         let mib = (BYTES >> 20) as f64;
         println!(
-            "podman run, 64 MiB of output, {name:<10}: median {:6.2} s ({:6.1} MiB/s)  min {:6.2} s  ({} runs, every byte arrived)",
+            "podman run, 64 MiB of output, {name:<18}: median {:6.2} s ({:6.1} MiB/s)  min {:6.2} s  ({} runs, every byte arrived)",
             v[v.len() / 2],
             mib / v[v.len() / 2],
             v[0],
@@ -170,4 +210,52 @@ fn main() {
     };
     show("runc", &mut a);
     show("cordon-oci", &mut b);
+    show("cordon-oci gvisor", &mut g);
+    show("cordon-oci microvm", &mut m);
+}
+
+/// `--annotation cordon.tier=<tier>` for a tier other than the default.
+fn tier_args(tier: Option<&str>) -> Vec<String> {
+    tier.map(|t| vec!["--annotation".to_string(), format!("cordon.tier={t}")])
+        .unwrap_or_default()
+}
+
+/// The disk a microvm container's root becomes (in its state directory, made at create,
+/// removed with the container): its size and what it takes on the state directory's
+/// filesystem, read while a container runs.
+fn disk_size(base: &[String], oci: &Path, image: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let out = Command::new("podman")
+        .args(base)
+        .arg("--runtime")
+        .arg(oci)
+        .args(["run", "-d", "--network", "none"])
+        .args([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ])
+        .args(tier_args(Some("microvm")))
+        .args([image, "busybox", "sleep", "60"])
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let disk = Path::new("/run/cordon-oci")
+        .join(&id)
+        .join("disk/root.ext4");
+    match std::fs::metadata(&disk) {
+        Ok(m) => println!(
+            "microvm container's disk (a busybox image): {:.1} MiB, {:.1} MiB allocated in /run",
+            m.len() as f64 / (1 << 20) as f64,
+            (m.blocks() * 512) as f64 / (1 << 20) as f64
+        ),
+        Err(e) => eprintln!("no disk at {}: {e}", disk.display()),
+    }
+    let _ = Command::new("podman")
+        .args(base)
+        .arg("--runtime")
+        .arg(oci)
+        .args(["rm", "-f", &id])
+        .output();
 }

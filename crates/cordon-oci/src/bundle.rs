@@ -22,7 +22,8 @@ pub mod annotation {
     pub const DENY_HOSTS: &str = "cordon.deny-hosts";
     /// Grants of the node's catalogue, by name, comma-separated.
     pub const GRANTS: &str = "cordon.grants";
-    /// The tier (`container`).
+    /// The tier: `container`, `gvisor` or `microvm` (default: the node config's `tier`,
+    /// else `container`).
     pub const TIER: &str = "cordon.tier";
     /// Limits the bundle does not set: sizes like `256M`, a count, CPUs like `0.5`.
     pub const MEMORY: &str = "cordon.memory";
@@ -495,20 +496,15 @@ pub fn request(spec: &Spec) -> Result<SandboxRequest> {
             annotation::ALLOW_HOSTS => req.allow_hosts = list(value),
             annotation::DENY_HOSTS => req.deny_hosts = list(value),
             annotation::GRANTS => req.grants = list(value).into_iter().map(GrantName).collect(),
-            annotation::TIER => match value.as_str() {
-                "container" => {
-                    req.tier = Some(cordon_policy::TierChoice::Tier(
-                        cordon_core::Tier::Container,
-                    ))
-                }
-                "gvisor" | "microvm" => {
-                    return Err(refused(
-                        format!("it asks for the {value} tier"),
-                        "cordon-oci runs the container tier only so far; leave cordon.tier out or set it to container",
-                    ));
-                }
-                _ => return Err(bad_annotation(key, value, "the tier is container")),
-            },
+            annotation::TIER => {
+                let tier = crate::tiers::TIERS
+                    .into_iter()
+                    .find(|t| t.as_str() == value)
+                    .ok_or_else(|| {
+                        bad_annotation(key, value, "the tier is container, gvisor or microvm")
+                    })?;
+                req.tier = Some(cordon_policy::TierChoice::Tier(tier));
+            }
             annotation::MEMORY => limits.memory_bytes = min_u64(limits.memory_bytes, size()?),
             annotation::DISK => limits.disk_bytes = Some(size()?),
             annotation::TMP => limits.tmp_bytes = Some(size()?),
@@ -811,6 +807,22 @@ mod tests {
         assert_eq!(r.limits.pids, Some(50));
         assert_eq!(r.limits.disk_bytes, Some(8 << 20));
         assert_eq!(r.allow_hosts, vec!["a.example", "b.example"]);
+        for (tier, want) in [
+            ("container", cordon_core::Tier::Container),
+            ("gvisor", cordon_core::Tier::Gvisor),
+            ("microvm", cordon_core::Tier::Microvm),
+        ] {
+            let s = spec(serde_json::json!({"annotations": {"cordon.tier": tier}}));
+            assert_eq!(
+                request(&s).unwrap().tier,
+                Some(cordon_policy::TierChoice::Tier(want))
+            );
+        }
+        for other in ["wasm", "runtime", "auto", "GVISOR"] {
+            let s = spec(serde_json::json!({"annotations": {"cordon.tier": other}}));
+            let e = request(&s).unwrap_err().to_string();
+            assert!(e.contains("container, gvisor or microvm"), "{other}: {e}");
+        }
         let s = spec(serde_json::json!({"annotations": {"cordon.memroy": "1G"}}));
         assert!(
             request(&s)

@@ -18,6 +18,7 @@ pub mod monitor;
 pub mod node;
 pub mod state;
 mod sys;
+pub mod tiers;
 
 /// What `cordon-oci` reports to its caller. Every message says what to do; none names a
 /// host path of the node beyond what the caller itself gave.

@@ -824,7 +824,7 @@ fn features() -> serde_json::Value {
             "intelRdt": {"enabled": false}
         },
         "annotations": {
-            "run.oci.cordon.tier": "container",
+            "run.oci.cordon.tiers": "container,gvisor,microvm",
             "run.oci.cordon.annotations": cordon_oci::bundle::annotation::ALL.join(",")
         }
     })

@@ -17,8 +17,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cordon_container::ContainerSandbox;
-use cordon_core::{ExecRequest, ProcSignal, PtySize, Sandbox};
+use cordon_core::{ExecRequest, ProcSignal, PtySize, Sandbox, Tier};
 use cordon_engine::Principal;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
@@ -29,6 +28,7 @@ use crate::bundle::{self, ProcessSpec};
 use crate::ctl::{Conn, Listener, Reply, Request};
 use crate::node::NodeConfig;
 use crate::state::{Record, Root, Status};
+use crate::tiers::{Relay, Started, TierSandbox};
 use crate::{OciError, Result};
 
 /// Where the bundle's root filesystem is bound, in the monitor's own mount namespace: a
@@ -54,12 +54,14 @@ struct Proc {
     bg: u64,
     /// An exec's connection: its end is told how the process ended; its closing kills it.
     conn: Option<Conn>,
+    /// On a tier that cannot take the caller's descriptors: the copy to and from them.
+    relay: Option<Relay>,
 }
 
 /// What [`prepare`] made: the sandbox, the container's process, its record and, for a
 /// process with a terminal, the terminal's slave (its master went to the console socket).
 pub struct Prepared {
-    pub sandbox: Audited<ContainerSandbox>,
+    pub sandbox: Audited<TierSandbox>,
     pub process: ProcessSpec,
     pub record: Record,
     pub terminal: Option<OwnedFd>,
@@ -73,7 +75,7 @@ const DEFAULT_CONSOLE: PtySize = PtySize { rows: 24, cols: 80 };
 /// prints them); nothing is left running.
 pub fn prepare(setup: Setup) -> Result<Prepared> {
     let spec = bundle::load(&setup.bundle)?;
-    let (granted, req) = checked(&setup, &spec)?;
+    let (granted, mut req) = checked(&setup, &spec)?;
     let process = ProcessSpec::from_oci(spec.process().as_ref().ok_or_else(|| {
         OciError::Invalid("the bundle's config.json has no process; name the program to run".into())
     })?)?;
@@ -85,7 +87,10 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
         ));
     }
     let rootfs = bundle::rootfs(&spec, &setup.bundle)?;
-    let gate = setup.node.gate()?;
+    let wanted = crate::node::wanted_tier(&req, &setup.node);
+    // The tier runs as asked (or as the node's default): the gate admits it or refuses.
+    req.tier = Some(cordon_policy::TierChoice::Tier(wanted));
+    let gate = setup.node.gate_for(wanted)?;
     let mut decided = gate.admit(
         &Principal::Tenant(crate::node::TENANT.into()),
         &req,
@@ -103,8 +108,27 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
         fix: d.fix.clone(),
     })?;
     let mut sandbox_spec = admitted.spec;
-    let mount_at = bind_rootfs(&rootfs)?;
+    if sandbox_spec.tier != Tier::Container {
+        if process.terminal {
+            return Err(crate::tiers::no_terminal(sandbox_spec.tier));
+        }
+        if !granted.host_paths.is_empty() || !granted.devices.is_empty() {
+            return Err(OciError::Refused {
+                what: format!(
+                    "it asks for a host path or device on the {} tier",
+                    sandbox_spec.tier
+                ),
+                fix: "run it on the container tier (the node's [allow] entries are for it), or \
+                      without the mount or device"
+                    .into(),
+            });
+        }
+    }
+    let mut mount_at = bind_rootfs(&rootfs)?;
     bundle::seal_rootfs(&rootfs)?;
+    if sandbox_spec.tier == Tier::Gvisor {
+        mount_at = crate::tiers::with_mount_points(&mount_at)?;
+    }
     sandbox_spec.volumes = crate::allow::bind_host_paths(granted.host_paths, Path::new(ROOTS_AT))?;
     sandbox_spec.devices = granted.devices;
     sandbox_spec.resolved_template = Some(cordon_core::ResolvedTemplate {
@@ -116,9 +140,7 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
         lease: None,
         writable: false,
     });
-    let backend =
-        cordon_container::ContainerBackend::new(cordon_container::ContainerConfig::discover());
-    let mut sandbox = backend.create_sandbox(&sandbox_spec)?;
+    let mut sandbox = crate::tiers::create(&sandbox_spec, &setup.root.dir(&setup.id))?;
     let terminal = match (&setup.console, process.terminal) {
         (Some(console), true) => Some(console_for(&mut sandbox, console, &process)?),
         _ => None,
@@ -138,6 +160,7 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
             .collect(),
         sandbox: Some(sandbox.id().as_str().to_string()),
         exit_code: None,
+        tier: Some(sandbox.tier()),
     };
     // The backend's sandbox owns everything; the backend itself holds nothing more. Its
     // proxy's decisions go to the node's audit store as they are made.
@@ -170,7 +193,7 @@ fn checked(
 /// A terminal in the sandbox for `process`: its master goes to the engine over `console`
 /// (as runc sends it), its slave is returned for the process.
 fn console_for(
-    sandbox: &mut ContainerSandbox,
+    sandbox: &mut TierSandbox,
     console: &impl AsFd,
     process: &ProcessSpec,
 ) -> Result<OwnedFd> {
@@ -290,6 +313,8 @@ fn ends_by_default(signal: i32) -> bool {
 /// an idle container costs a look every quarter second.
 const LOOK_MIN_MS: u16 = 5;
 const LOOK_MAX_MS: u16 = 250;
+/// The longest wait between two looks at a relayed process's output while it is quiet.
+const RELAY_LOOK_MAX_MS: u16 = 50;
 
 /// The monitor's life once the sandbox is up: serve the control socket until the
 /// container's process ends, then destroy the sandbox and end as it did.
@@ -316,6 +341,7 @@ pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
     let mut main: Option<u64> = None;
     let mut ended: Option<(Option<i32>, Option<i32>)> = None;
     let mut look_ms = LOOK_MIN_MS;
+    let mut relay_moved = false;
     while ended.is_none() {
         let mut fds = vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
         if let Some(s) = &sigfd {
@@ -331,7 +357,29 @@ pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
                 fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
             }
         }
-        let timeout = if procs.is_empty() { 1000 } else { look_ms };
+        // A relayed process's stdin, while the caller has more of it.
+        let fed: Vec<usize> = (0..procs.len())
+            .filter(|i| {
+                procs[*i]
+                    .relay
+                    .as_ref()
+                    .is_some_and(|r| r.stdin().is_some())
+            })
+            .collect();
+        for i in &fed {
+            if let Some(fd) = procs[*i].relay.as_ref().and_then(Relay::stdin) {
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
+            }
+        }
+        let timeout = if procs.is_empty() {
+            1000
+        } else if relay_moved {
+            0
+        } else if procs.iter().any(|p| p.relay.is_some()) {
+            look_ms.min(RELAY_LOOK_MAX_MS)
+        } else {
+            look_ms
+        };
         let _ = poll(&mut fds, PollTimeout::from(timeout));
         let ready: Vec<bool> = fds
             .iter()
@@ -344,7 +392,7 @@ pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
                 let signal = info.ssi_signo as i32;
                 match main {
                     Some(bg) => {
-                        let _ = sandbox.inner().raise_background(bg, signal, false);
+                        let _ = sandbox.inner().raise(bg, signal, false);
                     }
                     None if ends_by_default(signal) => ended = Some((None, Some(signal))),
                     None => {}
@@ -377,12 +425,32 @@ pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
                 p.conn = None;
             }
         }
-        // Ends: the agent tells a process's end once it has been reaped with its tree.
+        // Ends: the agent tells a process's end once it has been reaped with its tree (a
+        // relayed one's with the last of its output, copied on the way).
+        let stdin_ready: Vec<usize> = fed
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| {
+                ready
+                    .get(fixed + watched.len() + k)
+                    .copied()
+                    .unwrap_or(false)
+            })
+            .map(|(_, i)| *i)
+            .collect();
+        relay_moved = false;
         let mut i = 0;
         while i < procs.len() {
             let bg = procs[i].bg;
-            let exit = match sandbox.read_background(bg, [0, 0], 0) {
-                Ok(o) => o.exit,
+            let looked = match procs[i].relay.as_mut() {
+                Some(r) => r.pass(&mut sandbox, bg, stdin_ready.contains(&i)).map(|p| {
+                    relay_moved |= p.moved;
+                    p.exit
+                }),
+                None => sandbox.read_background(bg, [0, 0], 0).map(|o| o.exit),
+            };
+            let exit = match looked {
+                Ok(exit) => exit,
                 // The sandbox is gone: its processes with it.
                 Err(_) => Some(cordon_core::ProcExit {
                     signal: Some(libc::SIGKILL),
@@ -434,7 +502,7 @@ pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
 
 /// What a control request may touch.
 struct Ctx<'a> {
-    sandbox: &'a mut Audited<ContainerSandbox>,
+    sandbox: &'a mut Audited<TierSandbox>,
     procs: &'a mut Vec<Proc>,
     main: &'a mut Option<u64>,
     process: &'a ProcessSpec,
@@ -461,13 +529,9 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
             // (what `create` was given), or its terminal.
             let req = exec_request(cx.process);
             let started = match cx.terminal.as_ref() {
-                Some(t) => cx.sandbox.inner().start_attached(
-                    &req,
-                    [t.as_fd(), t.as_fd(), t.as_fd()],
-                    true,
-                    user_of(cx.process),
-                ),
-                None => cx.sandbox.inner().start_attached(
+                Some(t) => start(cx.sandbox.inner(), &req, [t.as_fd(); 3], true, cx.process),
+                None => start(
+                    cx.sandbox.inner(),
                     &req,
                     [
                         std::io::stdin().as_fd(),
@@ -475,15 +539,19 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
                         std::io::stderr().as_fd(),
                     ],
                     false,
-                    user_of(cx.process),
+                    cx.process,
                 ),
             };
             match started {
-                Ok(bg) => {
+                Ok((bg, relay)) => {
                     // The process holds its terminal now; the monitor keeps no copy.
                     *cx.terminal = None;
                     *cx.main = Some(bg);
-                    cx.procs.push(Proc { bg, conn: None });
+                    cx.procs.push(Proc {
+                        bg,
+                        conn: None,
+                        relay,
+                    });
                     cx.record.status = Status::Running;
                     let _ = cx.root.save(cx.record);
                     (Reply::Ok, None)
@@ -498,7 +566,7 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
             None,
         ),
         Request::Signal { signal, all } => match *cx.main {
-            Some(bg) => match cx.sandbox.inner().raise_background(bg, signal, all) {
+            Some(bg) => match cx.sandbox.inner().raise(bg, signal, all) {
                 Ok(()) => (Reply::Ok, None),
                 Err(e) => (err(format!("signalling the container: {e}")), None),
             },
@@ -516,32 +584,22 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
                 cx.sandbox
                     .inner()
                     .open_terminal(process.console_size.unwrap_or(DEFAULT_CONSOLE))
-                    .map_err(OciError::from)
                     .and_then(|t| {
                         let slave = t.slave.as_fd();
-                        let bg = cx.sandbox.inner().start_attached(
-                            &req,
-                            [slave, slave, slave],
-                            true,
-                            user_of(&process),
-                        )?;
-                        Ok((bg, Some(t)))
+                        let (bg, relay) =
+                            start(cx.sandbox.inner(), &req, [slave; 3], true, &process)?;
+                        Ok((bg, Some(t), relay))
                     })
             } else {
-                match stdio_of(&fds) {
-                    Ok(stdio) => cx
-                        .sandbox
-                        .inner()
-                        .start_attached(&req, stdio, false, user_of(&process))
-                        .map(|bg| (bg, None))
-                        .map_err(OciError::from),
-                    Err(e) => Err(e),
-                }
+                stdio_of(&fds).and_then(|stdio| {
+                    start(cx.sandbox.inner(), &req, stdio, false, &process)
+                        .map(|(bg, relay)| (bg, None, relay))
+                })
             };
             // The process holds what it was given; none is kept here.
             drop(fds);
             match started {
-                Ok((bg, terminal)) => {
+                Ok((bg, terminal, relay)) => {
                     let sent = match &terminal {
                         Some(t) => conn.send(
                             &Reply::Console {
@@ -557,7 +615,7 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
                         // Its caller is gone already: so is the process.
                         let _ = cx.sandbox.signal_background(bg, ProcSignal::Kill);
                     }
-                    cx.procs.push(Proc { bg, conn });
+                    cx.procs.push(Proc { bg, conn, relay });
                     return None;
                 }
                 Err(e) => (err(format!("starting the process: {e}")), None),
@@ -577,6 +635,26 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
     };
     let _ = conn.send(&reply, &[]);
     ended
+}
+
+/// Starts `req` with `stdio` on the sandbox's tier: passed into the sandbox, or relayed by
+/// the monitor (the relay holds its own copies of them).
+fn start(
+    sandbox: &mut TierSandbox,
+    req: &ExecRequest,
+    stdio: [BorrowedFd<'_>; 3],
+    terminal: bool,
+    process: &ProcessSpec,
+) -> Result<(u64, Option<Relay>)> {
+    let relay = if sandbox.relays() {
+        Some(Relay::new(stdio)?)
+    } else {
+        None
+    };
+    match sandbox.start(req, stdio, terminal, user_of(process))? {
+        Started::Passed(bg) => Ok((bg, None)),
+        Started::Relayed(bg) => Ok((bg, relay)),
+    }
 }
 
 /// Who the process runs as in the sandbox (`None`: the sandbox's own user).
@@ -615,14 +693,24 @@ pub fn sandbox_pids(sandbox: &str) -> Vec<i32> {
 }
 
 /// Removes what a container whose monitor is gone may have left: its sandbox's cgroup (and
-/// any process still in it). Returns whether anything was left.
+/// any process still in it), on the gvisor and microvm tiers what the tier's own sweep
+/// finds of sandboxes whose owner is gone (a runsc sandbox, a VM's directory and cgroup).
+/// Returns whether anything was left.
 pub fn sweep(record: &Record) -> bool {
     let Some(name) = &record.sandbox else {
         return false;
     };
+    let mut left = false;
+    if let Some(tier) = record.tier.filter(|t| *t != Tier::Container) {
+        let removed = crate::tiers::sweep(tier, name);
+        for r in &removed {
+            eprintln!("cordon-oci: container {}: removed {r}", record.id);
+        }
+        left |= !removed.is_empty();
+    }
     let dirs = cordon_host::cgroup::dirs_of(cordon_host::cgroup::PARENT, name);
     if dirs.is_empty() {
-        return false;
+        return left;
     }
     cordon_host::cgroup::remove_dirs(&dirs, Duration::from_secs(5));
     true

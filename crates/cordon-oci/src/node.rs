@@ -20,6 +20,15 @@ pub const DEFAULT_PATH: &str = "/etc/cordon/oci.toml";
 /// container is one row there (`cordon audit --data-dir /var/lib/cordon/oci`).
 pub const DEFAULT_AUDIT: &str = "/var/lib/cordon/oci/audit.db";
 
+/// The tier a container asks for: its `cordon.tier` annotation, else the node's `tier`,
+/// else the container tier.
+pub fn wanted_tier(req: &cordon_engine::SandboxRequest, node: &NodeConfig) -> cordon_core::Tier {
+    match req.tier {
+        Some(cordon_policy::TierChoice::Tier(t)) => t,
+        _ => node.tier.unwrap_or(cordon_core::Tier::Container),
+    }
+}
+
 /// The principal every container is admitted as (its ceiling is `[ceiling]`).
 pub const TENANT: &str = "oci";
 
@@ -59,6 +68,9 @@ pub struct NodeConfig {
     pub max_limits: Option<cordon_engine::LimitsPatch>,
     /// The node's audit store (default [`DEFAULT_AUDIT`]).
     pub audit: Option<PathBuf>,
+    /// The tier a container runs on when its annotations name none (default
+    /// `container`); `[ceiling] tiers` says which tiers a container may ask for.
+    pub tier: Option<cordon_core::Tier>,
     /// What a container may ask for that Cordon refuses by default, each entry one exact
     /// thing.
     pub allow: Allow,
@@ -283,6 +295,14 @@ impl NodeConfig {
             .validate()
             .map_err(ConfigError::Ceiling)?;
         cfg.allow.validate()?;
+        if let Some(t) = cfg.tier
+            && !crate::tiers::TIERS.contains(&t)
+        {
+            return Err(ConfigError::Allow {
+                entry: format!("tier = \"{t}\""),
+                why: "cordon-oci runs the container, gvisor and microvm tiers".into(),
+            });
+        }
         Ok(cfg)
     }
 
@@ -290,18 +310,26 @@ impl NodeConfig {
         let mut c = CeilingConfig::default();
         let mut rules = self.ceiling.clone();
         // The node's operator chose this runtime for the pods that name it: its workloads
-        // get the container tier (the only one cordon-oci runs so far) unless the config
-        // says `trust = "untrusted"`, which then refuses them all (the policy wants a
-        // kernel boundary for untrusted code).
+        // are trusted unless the config says `trust = "untrusted"`, which then refuses the
+        // container tier (the policy wants a kernel boundary for untrusted code) and admits
+        // gvisor and microvm.
         rules.trust.get_or_insert(cordon_policy::Trust::Trusted);
         c.tenants.insert(TENANT.to_string(), rules);
         c
     }
 
-    /// The gate a container is admitted by.
+    /// The gate a container on the container tier is admitted by.
     pub fn gate(&self) -> Result<Gate> {
+        self.gate_for(cordon_core::Tier::Container)
+    }
+
+    /// The gate a container that asks for `wanted` is admitted by: the container tier is
+    /// open on every node, `wanted` when the node can run it (else the gate refuses it with
+    /// the reason).
+    pub fn gate_for(&self, wanted: cordon_core::Tier) -> Result<Gate> {
         let catalogue =
             cordon_engine::Catalogue::load(&self.grants, None).map_err(ConfigError::Catalogue)?;
+        let (available, unavailable) = crate::tiers::availability(wanted);
         let mut settings = GateSettings::default();
         if let Some(d) = &self.default_limits {
             settings.default_limits = d.apply(&settings.default_limits);
@@ -316,10 +344,7 @@ impl NodeConfig {
             RulesSource::Shipped,
             None,
         )
-        .with_tiers(
-            [cordon_core::Tier::Container].into_iter().collect(),
-            Vec::new(),
-        ))
+        .with_tiers(available, unavailable))
     }
 }
 
@@ -331,11 +356,12 @@ mod tests {
     #[test]
     fn the_documented_example_parses() {
         let doc = include_str!("../../../docs/kubernetes.md");
-        let start = doc.find("```toml\n[ceiling]").expect("the example") + "```toml\n".len();
+        let start = doc.find("```toml\ntier = ").expect("the example") + "```toml\n".len();
         let body = &doc[start..];
         let body = &body[..body.find("```").expect("its end")];
         let cfg = NodeConfig::parse(body).unwrap();
         assert_eq!(cfg.grants.len(), 1);
+        assert_eq!(cfg.tier, Some(cordon_core::Tier::Container));
         cfg.gate().unwrap();
         let start = doc.find("```toml\n[allow]").expect("the allowances") + "```toml\n".len();
         let body = &doc[start..];
@@ -378,6 +404,27 @@ mod tests {
             ]
         );
         assert!(rows.iter().all(|r| r.tenant.as_deref() == Some(TENANT)));
+    }
+
+    /// The tier a container asks for: its annotation, else the node's `tier`, else the
+    /// container tier; a node default cordon-oci does not run is refused when read.
+    #[test]
+    fn the_wanted_tier_is_the_annotations_then_the_nodes() {
+        use cordon_core::Tier;
+        let plain = cordon_engine::SandboxRequest::default();
+        let asks = cordon_engine::SandboxRequest {
+            tier: Some(cordon_policy::TierChoice::Tier(Tier::Microvm)),
+            ..Default::default()
+        };
+        let default = NodeConfig::default();
+        let gvisor = NodeConfig::parse("tier = \"gvisor\"\n").unwrap();
+        assert_eq!(wanted_tier(&plain, &default), Tier::Container);
+        assert_eq!(wanted_tier(&plain, &gvisor), Tier::Gvisor);
+        assert_eq!(wanted_tier(&asks, &gvisor), Tier::Microvm);
+        let e = NodeConfig::parse("tier = \"wasm\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("container, gvisor and microvm"), "{e}");
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub struct Record {
     /// How the workload ended, once it has.
     #[serde(default)]
     pub exit_code: Option<i32>,
+    /// The tier its sandbox runs on (absent: the container tier).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<cordon_core::Tier>,
 }
 
 /// The runtime root.

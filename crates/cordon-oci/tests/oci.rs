@@ -8,6 +8,7 @@
 mod cri;
 mod escape;
 mod passthrough;
+mod tiers;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -388,6 +389,7 @@ fn a_closed_stdout_ends_every_command_quietly() {
         annotations: Default::default(),
         sandbox: None,
         exit_code: Some(0),
+        tier: None,
     })
     .unwrap();
     for cmd in [

@@ -11,20 +11,45 @@ use super::*;
 pub(super) const MAX_BACKGROUND: usize = 64;
 
 /// The last [`BACKGROUND_KEEP`] bytes of a stream, and where they start in all it carried.
+/// A held ring drops nothing: it is [`Ring::full`] at that many unread bytes (the agent then
+/// stops reading the stream) and a read releases what lies before its offset.
 #[derive(Default)]
 pub(super) struct Ring {
     data: VecDeque<u8>,
     start: u64,
+    held: bool,
 }
 
 impl Ring {
+    fn held() -> Self {
+        Ring {
+            held: true,
+            ..Ring::default()
+        }
+    }
+
     pub(super) fn push(&mut self, bytes: &[u8]) {
         self.data.extend(bytes);
         let over = self.data.len().saturating_sub(BACKGROUND_KEEP as usize);
-        if over > 0 {
+        if over > 0 && !self.held {
             self.data.drain(..over);
             self.start += over as u64;
         }
+    }
+
+    /// Whether the agent stops reading this stream until the host reads.
+    pub(super) fn full(&self) -> bool {
+        self.held && self.data.len() as u64 >= BACKGROUND_KEEP
+    }
+
+    /// A held ring's bytes before `upto` were read by the host: they go.
+    fn release(&mut self, upto: u64) {
+        if !self.held {
+            return;
+        }
+        let n = upto.saturating_sub(self.start).min(self.data.len() as u64);
+        self.data.drain(..n as usize);
+        self.start += n;
     }
 
     /// Up to `max` bytes from offset `from` (or from the oldest kept byte, if `from` was
@@ -58,8 +83,7 @@ impl Agent {
         env: &BTreeMap<String, String>,
         cwd: &str,
         limits: &ProcLimits,
-        pty: Option<cordon_core::PtySize>,
-        stdio: StdioMode,
+        (pty, stdio, hold): (Option<cordon_core::PtySize>, StdioMode, bool),
         user: Option<crate::proto::ProcUser>,
     ) -> Result<(), (ErrorCode, String)> {
         if self.background.contains_key(&id) || self.running.as_ref().is_some_and(|r| r.id == id) {
@@ -111,7 +135,11 @@ impl Agent {
             id,
             Background {
                 run: Some(run),
-                out: Default::default(),
+                out: if hold {
+                    [Ring::held(), Ring::held()]
+                } else {
+                    Default::default()
+                },
                 exit: None,
             },
         );
@@ -126,9 +154,11 @@ impl Agent {
         max: u64,
     ) -> Result<(), ProtoError> {
         let max = max.min(BACKGROUND_KEEP);
-        let Some(bg) = self.background.get(&id) else {
+        let Some(bg) = self.background.get_mut(&id) else {
             return self.error(ErrorCode::NotFound, format!("no background exec {id}"));
         };
+        bg.out[0].release(from[0]);
+        bg.out[1].release(from[1]);
         let (out_from, mut body) = bg.out[0].read(from[0], max);
         let (err_from, err) = bg.out[1].read(from[1], max);
         let stdout_len = body.len() as u64;
@@ -313,5 +343,38 @@ impl Agent {
             oom_killed: ended.oom_killed,
             pids_limited: ended.pids_limited,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plain ring keeps the last bytes; a held one drops nothing, says when it is full
+    /// and lets go only of what the host read.
+    #[test]
+    fn a_held_ring_drops_nothing_and_releases_what_was_read() {
+        let keep = BACKGROUND_KEEP as usize;
+        let mut plain = Ring::default();
+        plain.push(&vec![1u8; keep]);
+        plain.push(&[2u8; 10]);
+        assert!(!plain.full());
+        assert_eq!(plain.read(0, 4).0, 10, "the oldest bytes were dropped");
+        let mut held = Ring::held();
+        held.push(&vec![1u8; keep - 1]);
+        assert!(!held.full());
+        held.push(&[2u8; 10]);
+        assert!(held.full());
+        let (at, data) = held.read(0, 4);
+        assert_eq!((at, data), (0, vec![1u8; 4]), "nothing was dropped");
+        let (at, data) = held.read(keep as u64 - 1, 20);
+        assert_eq!((at, data), (keep as u64 - 1, vec![2u8; 10]));
+        held.release(keep as u64);
+        assert!(!held.full());
+        assert_eq!(held.read(0, 100).0, keep as u64, "read bytes are let go");
+        assert_eq!(held.read(0, 100).1.len(), 9);
+        // A release past the end keeps the offsets true.
+        held.release(u64::MAX);
+        assert_eq!(held.read(0, 100), (keep as u64 + 9, Vec::new()));
     }
 }

@@ -308,6 +308,7 @@ impl Agent {
 
     /// Runs until the host closes the channel or asks to shut down.
     pub fn serve(mut self) -> Result<(), ProtoError> {
+        crate::sys::note_relay_sender();
         self.send(
             &Reply::Hello {
                 version: PROTOCOL_VERSION,
@@ -512,7 +513,10 @@ impl Agent {
                 }
                 if let Some(fr) = &run.framed {
                     for (i, f) in [&fr.stdout, &fr.stderr].into_iter().enumerate() {
-                        if let Some(f) = f {
+                        // A held stream that holds all it may waits for the host's read.
+                        if let Some(f) = f
+                            && !bg.out[i].full()
+                        {
                             w.out[i] = Some(fds.len());
                             fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
                         }
@@ -717,6 +721,7 @@ impl Agent {
                 pty,
                 stdio,
                 user,
+                hold,
             } => {
                 // Descriptors sent along are the program's own only when it says so.
                 if stdio != StdioMode::Passed {
@@ -724,7 +729,15 @@ impl Agent {
                 }
                 let started = match user.as_ref().map(check_user) {
                     Some(Err(m)) => Err((ErrorCode::BadRequest, m)),
-                    _ => self.start_background(id, &argv, &env, &cwd, &limits, pty, stdio, user),
+                    _ => self.start_background(
+                        id,
+                        &argv,
+                        &env,
+                        &cwd,
+                        &limits,
+                        (pty, stdio, hold),
+                        user,
+                    ),
                 };
                 // Whatever the start made of them, none is left for a later request.
                 self.fds.clear();

@@ -53,6 +53,11 @@ pub struct MicrovmConfig {
     /// kernel it would keep a private copy of (`image::restore_kernel`, ADR 0018;
     /// `CORDON_MICROVM_RESTORE_HEADER=0` gives it the whole kernel).
     pub restore_header: bool,
+    /// The disk a resolved template whose root is not in the template store boots (an OCI
+    /// bundle's root under cordon-oci: one disk per bundle, in its state directory, which
+    /// removes it with the container), made from the root if missing. `None`: such a
+    /// template is refused.
+    pub root_disk: Option<PathBuf>,
 }
 
 impl MicrovmConfig {
@@ -87,6 +92,7 @@ impl MicrovmConfig {
                 .unwrap_or(128),
             restore_header: std::env::var("CORDON_MICROVM_RESTORE_HEADER")
                 .map_or(true, |v| v != "0"),
+            root_disk: None,
         }
     }
 }

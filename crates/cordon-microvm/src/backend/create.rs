@@ -103,12 +103,14 @@ impl MicrovmBackend {
                 // The guest boots the template's own disk (made once per digest); the
                 // agent stays the initramfs's. Its snapshots are its own (the image's id,
                 // part of the snapshot key, carries the template's digest).
-                let disk = cordon_template::disk_image_path(&t.root).ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "template {:?} is not a root of the template store",
-                        t.name
-                    ))
-                })?;
+                let disk = cordon_template::disk_image_path(&t.root)
+                    .or_else(|| self.cfg.root_disk.clone())
+                    .ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "template {:?} is not a root of the template store",
+                            t.name
+                        ))
+                    })?;
                 image::template_disk(&t.root, &disk).map_err(|e| {
                     tracing::error!(template = %t.name, "making the template's disk: {e}");
                     // The error names host paths: it goes to the log, not to the tenant.

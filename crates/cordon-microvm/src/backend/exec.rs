@@ -171,3 +171,39 @@ impl MicrovmSandbox {
         Ok(id)
     }
 }
+
+impl MicrovmSandbox {
+    /// Starts `req` in the background for a host that relays its output to a reader of its
+    /// own (cordon-oci): its output is held in the agent until read, never dropped (the
+    /// program waits on its pipe instead), and it runs as `user` when one is given.
+    pub fn start_relayed(
+        &mut self,
+        req: &ExecRequest,
+        user: Option<cordon_guest::proto::ProcUser>,
+    ) -> Result<u64> {
+        self.ctrl()?;
+        let parts = self.exec_parts(req)?;
+        let id = self.next_exec;
+        self.next_exec += 1;
+        let mut request = parts.background(id);
+        if let cordon_guest::proto::Request::BgExec {
+            hold, user: who, ..
+        } = &mut request
+        {
+            *hold = true;
+            *who = user;
+        }
+        self.file_call("a background exec", |io| {
+            cordon_host::procs::start(io, &request)
+        })?;
+        Ok(id)
+    }
+
+    /// Sends signal number `signal` to background exec `id`'s program (`all`: to every
+    /// process of it), as itself.
+    pub fn raise_background(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {
+        self.file_call("a background exec", |io| {
+            cordon_host::procs::raise(io, id, signal, all)
+        })
+    }
+}

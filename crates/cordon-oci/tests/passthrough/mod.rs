@@ -12,30 +12,30 @@ use std::time::{Duration, Instant};
 use super::{IMAGE, OCI, containerd_with_image, have, podman, text};
 
 /// 64 MiB: sixty-four times the most a sandbox keeps of a background exec's stream.
-const BIG: usize = 64 << 20;
+pub(super) const BIG: usize = 64 << 20;
 /// Each stream of the interleaved writer.
 const HALF: usize = 16 << 20;
-const LINE: &str = "0123456789abcdefghijklmnopqrstuvwxyz\n";
+pub(super) const LINE: &str = "0123456789abcdefghijklmnopqrstuvwxyz\n";
 
 /// What `busybox yes <line> | head -c <n>` writes.
-fn pattern(line: &str, n: usize) -> Vec<u8> {
+pub(super) fn pattern(line: &str, n: usize) -> Vec<u8> {
     let with_nl = format!("{line}\n");
     with_nl.bytes().cycle().take(n).collect()
 }
 
 /// A writer as fast as the machine goes, and two interleaved ones on stdout and stderr.
-fn fast_writer() -> String {
+pub(super) fn fast_writer() -> String {
     format!("busybox yes {} | busybox head -c {BIG}", LINE.trim_end())
 }
 
-fn interleaved_writers() -> String {
+pub(super) fn interleaved_writers() -> String {
     format!(
         "busybox yes OUT | busybox head -c {HALF} & busybox yes ERR | busybox head -c {HALF} >&2; wait"
     )
 }
 
 /// `got` is exactly `want`; on a difference, says where (never prints megabytes).
-fn assert_same(what: &str, got: &[u8], want: &[u8]) {
+pub(super) fn assert_same(what: &str, got: &[u8], want: &[u8]) {
     if got == want {
         return;
     }
@@ -53,7 +53,7 @@ fn assert_same(what: &str, got: &[u8], want: &[u8]) {
 
 /// The interleaved writers' streams each arrived whole (stderr may carry an engine's own
 /// lines besides: each of the writer's lines is counted).
-fn assert_interleaved(what: &str, stdout: &[u8], stderr: &[u8]) {
+pub(super) fn assert_interleaved(what: &str, stdout: &[u8], stderr: &[u8]) {
     assert_same(&format!("{what} stdout"), stdout, &pattern("OUT", HALF));
     let errs = stderr
         .split(|b| *b == b'\n')
@@ -111,7 +111,7 @@ fn ctr_output_of_a_fast_writer_arrives_whole() {
 }
 
 /// Polls `podman logs` until `want` is in them (bounded).
-fn logs_until(p: &super::Podman, name: &str, want: &str) -> String {
+pub(super) fn logs_until(p: &super::Podman, name: &str, want: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let out = p.oci(&["logs", name]);

@@ -1,0 +1,505 @@
+//! The tier a container runs on: which tiers this node can run (probed when a bundle asks
+//! for one), making the sandbox on the tier the gate chose, and a process's start on it.
+//!
+//! The container tier takes the caller's descriptors into the sandbox as they are
+//! ([`Started::Passed`]). The gvisor and microvm tiers cannot take a host descriptor: a
+//! process there is a background exec whose output the agent holds until the monitor has
+//! read it (never dropped: the program waits on its pipe instead), and the monitor copies
+//! between it and the caller's descriptors ([`Relay`]).
+
+use std::collections::BTreeSet;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use cordon_container::{ContainerSandbox, ProcUser};
+use cordon_core::{
+    Backend, Details, ExecOutcome, ExecRequest, OutputSink, ProcOutput, ProcSignal, PtySize,
+    Sandbox, SandboxId, SandboxSpec, Tier,
+};
+use cordon_gvisor::GvisorSandbox;
+use cordon_microvm::MicrovmSandbox;
+
+use crate::{OciError, Result};
+
+/// The tiers cordon-oci runs a bundle on.
+pub const TIERS: [Tier; 3] = [Tier::Container, Tier::Gvisor, Tier::Microvm];
+
+/// The largest root filesystem a bundle may have on the microvm tier: its disk is made
+/// from it once per container, in the container's state directory.
+pub const MAX_ROOT_DISK: u64 = 4 << 30;
+
+/// One container's sandbox, on its tier.
+pub enum TierSandbox {
+    Container(Box<ContainerSandbox>),
+    Gvisor(Box<GvisorSandbox>),
+    Microvm(Box<MicrovmSandbox>),
+}
+
+macro_rules! each {
+    ($self:expr, $s:ident => $e:expr) => {
+        match $self {
+            TierSandbox::Container($s) => $e,
+            TierSandbox::Gvisor($s) => $e,
+            TierSandbox::Microvm($s) => $e,
+        }
+    };
+}
+
+/// The tiers this node can run for a bundle that asks for `wanted`: the container tier
+/// always, another tier when its probe says so (else its reason, which the gate gives
+/// back in its refusal).
+pub fn availability(wanted: Tier) -> (BTreeSet<Tier>, Vec<(Tier, String)>) {
+    let mut available: BTreeSet<Tier> = [Tier::Container].into_iter().collect();
+    let mut unavailable = Vec::new();
+    let probe = match wanted {
+        Tier::Gvisor => Some(gvisor_backend().probe()),
+        Tier::Microvm => Some(microvm_backend(None).probe()),
+        _ => None,
+    };
+    if let Some(p) = probe {
+        if p.available() {
+            available.insert(wanted);
+        } else {
+            let why: Vec<String> = p
+                .capabilities
+                .iter()
+                .filter(|c| !c.ok && c.required)
+                .map(|c| match &c.fix {
+                    Some(fix) => format!("{} is missing ({fix})", c.name),
+                    None => format!("{} is missing", c.name),
+                })
+                .collect();
+            unavailable.push((
+                wanted,
+                format!("this node cannot run it: {}", why.join("; ")),
+            ));
+        }
+    }
+    (available, unavailable)
+}
+
+fn gvisor_backend() -> cordon_gvisor::GvisorBackend {
+    cordon_gvisor::GvisorBackend::new(cordon_gvisor::GvisorConfig::discover())
+}
+
+fn microvm_backend(disk: Option<PathBuf>) -> cordon_microvm::MicrovmBackend {
+    let mut cfg = cordon_microvm::MicrovmConfig::discover();
+    // Each bundle's root is a disk of its own: a snapshot per bundle would be made with a
+    // cold boot anyway and then kept in the shared store, so every VM boots.
+    cfg.snapshots = false;
+    cfg.root_disk = disk;
+    cordon_microvm::MicrovmBackend::new(cfg)
+}
+
+/// Where a microvm container's disk is made, in its state directory `dir`.
+pub fn disk_in(dir: &Path) -> PathBuf {
+    dir.join("disk").join("root.ext4")
+}
+
+/// Makes the sandbox for `spec` on the tier the gate chose (`spec.tier`). `state` is the
+/// container's state directory (the microvm tier's disk goes there).
+pub fn create(spec: &SandboxSpec, state: &Path) -> Result<TierSandbox> {
+    match spec.tier {
+        Tier::Container => {
+            let backend = cordon_container::ContainerBackend::new(
+                cordon_container::ContainerConfig::discover(),
+            );
+            Ok(TierSandbox::Container(Box::new(
+                backend.create_sandbox(spec)?,
+            )))
+        }
+        Tier::Gvisor => Ok(TierSandbox::Gvisor(Box::new(
+            gvisor_backend().create_sandbox(spec)?,
+        ))),
+        Tier::Microvm => {
+            if let Some(t) = &spec.resolved_template {
+                bounded_size(&t.root, MAX_ROOT_DISK)?;
+            }
+            let backend = microvm_backend(Some(disk_in(state)));
+            Ok(TierSandbox::Microvm(Box::new(backend.create_cold(spec)?)))
+        }
+        other => Err(OciError::Invalid(format!(
+            "cordon-oci does not run the {other} tier; set cordon.tier to container, gvisor or microvm"
+        ))),
+    }
+}
+
+/// The bundle's root (bound at `root`, read-only) as the gvisor tier takes a template's:
+/// with the mount points the tiers bind their own files on (those a template import makes,
+/// [`cordon_template::MOUNT_POINTS`]) where the image lacks them. They are made in a small
+/// tmpfs of the monitor's own, layered over the image by a read-only overlay: the image is
+/// never written. Returns where the overlay is, in the monitor's mount namespace.
+pub fn with_mount_points(root: &Path) -> Result<PathBuf> {
+    use nix::mount::{MsFlags, mount};
+    use std::os::unix::fs::DirBuilderExt;
+    let base = root
+        .parent()
+        .ok_or_else(|| OciError::Invalid("the root's mount point has no parent".into()))?;
+    let m = |what: &'static str| move |e: nix::Error| OciError::io(what, e.into());
+    let skel = base.join("skel");
+    let at = base.join("tier-root");
+    for d in [&skel, &at] {
+        std::fs::create_dir(d)
+            .map_err(|e| OciError::io("making the tier root's mount points", e))?;
+    }
+    mount(
+        Some("tmpfs"),
+        &skel,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("size=1m,mode=0755"),
+    )
+    .map_err(m("mounting the tier root's mount points"))?;
+    for (rel, dir) in cordon_template::MOUNT_POINTS {
+        let rel = Path::new(rel);
+        // Where the image has it, or a link on the way to it, the image's holds.
+        let mut walked = PathBuf::new();
+        let mut linked = false;
+        for c in rel.components() {
+            walked.push(c);
+            match root.join(&walked).symlink_metadata() {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    linked = true;
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        if linked || root.join(rel).symlink_metadata().is_ok() {
+            continue;
+        }
+        let made = skel.join(rel);
+        let parents = made.parent().map_or(Ok(()), |p| {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(p)
+        });
+        let done = parents.and_then(|()| {
+            if dir {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(&made)
+            } else {
+                std::fs::File::create(&made).map(drop)
+            }
+        });
+        done.map_err(|e| OciError::io("making a mount point of the tier's root", e))?;
+    }
+    let lower = format!("lowerdir={}:{}", skel.display(), root.display());
+    mount(
+        Some("overlay"),
+        &at,
+        Some("overlay"),
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(lower.as_str()),
+    )
+    .map_err(m(
+        "layering the tier root's mount points over the image (overlayfs)",
+    ))?;
+    Ok(at)
+}
+
+/// Refuses a root filesystem larger than `max` bytes (counted until it is passed, never
+/// following a symbolic link).
+fn bounded_size(root: &Path, max: u64) -> Result<()> {
+    let mut total = 0u64;
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| OciError::io("reading the bundle's root filesystem", e))?;
+        for e in entries.flatten() {
+            let Ok(meta) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                todo.push(e.path());
+            } else {
+                total = total.saturating_add(meta.len());
+            }
+            if total > max {
+                return Err(OciError::Refused {
+                    what: format!(
+                        "its root filesystem is larger than the microvm tier's {} MiB disk",
+                        max >> 20
+                    ),
+                    fix: "use a smaller image, or the container or gvisor tier".into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes what a container whose monitor is gone may have left on `tier` (its runsc
+/// sandbox, a VM's directory and cgroup): the tier's own sweep of sandboxes whose owning
+/// process is gone. Returns one line per thing removed.
+pub fn sweep(tier: Tier, sandbox: &str) -> Vec<String> {
+    match tier {
+        Tier::Gvisor => gvisor_backend().recover(&[sandbox.to_string()]),
+        Tier::Microvm => microvm_backend(None).recover(&[sandbox.to_string()]),
+        _ => Vec::new(),
+    }
+}
+
+/// How a process of the container was started.
+pub enum Started {
+    /// The caller's descriptors are the process's own (the container tier).
+    Passed(u64),
+    /// The process's I/O is copied by the monitor ([`Relay`]).
+    Relayed(u64),
+}
+
+impl TierSandbox {
+    /// The tier it runs on.
+    pub fn tier(&self) -> Tier {
+        match self {
+            TierSandbox::Container(_) => Tier::Container,
+            TierSandbox::Gvisor(_) => Tier::Gvisor,
+            TierSandbox::Microvm(_) => Tier::Microvm,
+        }
+    }
+
+    /// Whether a process's I/O is copied by the monitor rather than passed.
+    pub fn relays(&self) -> bool {
+        !matches!(self, TierSandbox::Container(_))
+    }
+
+    /// Starts `req` with `stdio` as its stdin, stdout and stderr (`terminal`: one terminal
+    /// of the sandbox's devpts, the container tier only), as `user`.
+    pub fn start(
+        &mut self,
+        req: &ExecRequest,
+        stdio: [BorrowedFd<'_>; 3],
+        terminal: bool,
+        user: Option<ProcUser>,
+    ) -> Result<Started> {
+        match self {
+            TierSandbox::Container(s) => Ok(Started::Passed(
+                s.start_attached(req, stdio, terminal, user)?,
+            )),
+            _ if terminal => Err(no_terminal(self.tier())),
+            TierSandbox::Gvisor(s) => Ok(Started::Relayed(s.start_relayed(req, user)?)),
+            TierSandbox::Microvm(s) => Ok(Started::Relayed(s.start_relayed(req, user)?)),
+        }
+    }
+
+    /// Sends signal number `signal` to process `id` (`all`: to every process of it).
+    pub fn raise(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {
+        Ok(match self {
+            TierSandbox::Container(s) => s.raise_background(id, signal, all),
+            TierSandbox::Gvisor(s) => s.raise_background(id, signal, all),
+            TierSandbox::Microvm(s) => s.raise_background(id, signal, all),
+        }?)
+    }
+
+    /// A terminal in the sandbox's devpts (the container tier only).
+    pub fn open_terminal(&mut self, size: PtySize) -> Result<cordon_container::Terminal> {
+        match self {
+            TierSandbox::Container(s) => Ok(s.open_terminal(size)?),
+            _ => Err(no_terminal(self.tier())),
+        }
+    }
+}
+
+/// Why a process with a terminal is refused on `tier`.
+pub fn no_terminal(tier: Tier) -> OciError {
+    OciError::Invalid(format!(
+        "a terminal (-t, a console socket) is not given on the {tier} tier under cordon-oci yet; \
+         run the process without one, or on the container tier"
+    ))
+}
+
+impl Sandbox for TierSandbox {
+    fn id(&self) -> &SandboxId {
+        each!(self, s => s.id())
+    }
+
+    fn exec(
+        &mut self,
+        req: &ExecRequest,
+        sink: &mut dyn OutputSink,
+    ) -> cordon_core::Result<ExecOutcome> {
+        each!(self, s => s.exec(req, sink))
+    }
+
+    fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> cordon_core::Result<()> {
+        each!(self, s => s.put_file(path, data, mode))
+    }
+
+    fn get_file(&mut self, path: &str, max_bytes: u64) -> cordon_core::Result<Vec<u8>> {
+        each!(self, s => s.get_file(path, max_bytes))
+    }
+
+    fn start_background(&mut self, req: &ExecRequest) -> cordon_core::Result<u64> {
+        each!(self, s => s.start_background(req))
+    }
+
+    fn read_background(
+        &mut self,
+        id: u64,
+        from: [u64; 2],
+        max: u64,
+    ) -> cordon_core::Result<ProcOutput> {
+        each!(self, s => s.read_background(id, from, max))
+    }
+
+    fn write_background(&mut self, id: u64, data: &[u8]) -> cordon_core::Result<()> {
+        each!(self, s => s.write_background(id, data))
+    }
+
+    fn signal_background(&mut self, id: u64, signal: ProcSignal) -> cordon_core::Result<()> {
+        each!(self, s => s.signal_background(id, signal))
+    }
+
+    fn resize_background(&mut self, id: u64, size: PtySize) -> cordon_core::Result<()> {
+        each!(self, s => s.resize_background(id, size))
+    }
+
+    fn start_us(&self) -> u64 {
+        each!(self, s => s.start_us())
+    }
+
+    fn destroy(&mut self) -> cordon_core::Result<()> {
+        each!(self, s => s.destroy())
+    }
+
+    fn report(&mut self) -> Details {
+        each!(self, s => s.report())
+    }
+}
+
+/// Most bytes of each stream one read of a relayed process takes.
+const READ_MAX: u64 = cordon_core::BACKGROUND_KEEP;
+
+/// Most bytes one look takes from the caller's stdin for a relayed process (what the
+/// agent queues for it at once).
+const STDIN_CHUNK: usize = 64 * 1024;
+
+/// The copy between a relayed process and the caller's descriptors: its output, read from
+/// the agent from where the last read ended (which lets go of what was read), written to
+/// the caller's stdout and stderr as it comes; the caller's stdin passed on until it ends.
+pub struct Relay {
+    from: [u64; 2],
+    out: [OwnedFd; 2],
+    stdin: Option<OwnedFd>,
+    /// Stdin read but not yet taken by the agent; an empty one is its end.
+    pending: Option<Vec<u8>>,
+}
+
+/// What one pass of a [`Relay`] saw.
+#[derive(Debug, Default)]
+pub struct Pass {
+    /// Output arrived or stdin moved: look again soon.
+    pub moved: bool,
+    /// How the process ended, once every byte of its output was copied.
+    pub exit: Option<cordon_core::ProcExit>,
+}
+
+impl Relay {
+    /// A relay to (copies of) `stdio`.
+    pub fn new(stdio: [BorrowedFd<'_>; 3]) -> Result<Self> {
+        let dup = |fd: BorrowedFd<'_>| {
+            fd.try_clone_to_owned()
+                .map_err(|e| OciError::io("keeping the process's stdio", e))
+        };
+        Ok(Relay {
+            from: [0, 0],
+            out: [dup(stdio[1])?, dup(stdio[2])?],
+            stdin: Some(dup(stdio[0])?),
+            pending: None,
+        })
+    }
+
+    /// The caller's stdin while there is more of it to pass on (the monitor polls it).
+    pub fn stdin(&self) -> Option<BorrowedFd<'_>> {
+        self.stdin
+            .as_ref()
+            .filter(|_| self.pending.is_none())
+            .map(|f| f.as_fd())
+    }
+
+    /// Copies what process `id` wrote since the last pass (every byte of it: the agent
+    /// holds what was not read) and, with `stdin_ready`, what the caller's stdin holds.
+    pub fn pass(
+        &mut self,
+        sandbox: &mut impl Sandbox,
+        id: u64,
+        stdin_ready: bool,
+    ) -> cordon_core::Result<Pass> {
+        let mut pass = Pass::default();
+        if stdin_ready && self.pending.is_none() {
+            self.read_stdin();
+        }
+        if let Some(data) = &self.pending {
+            // The agent may take none now (its buffer for the process is full, or the
+            // process closed its stdin): tried again on the next pass, dropped at its end.
+            if sandbox.write_background(id, data).is_ok() || data.is_empty() {
+                self.pending = None;
+                pass.moved = true;
+            }
+        }
+        // A few reads in a row while output keeps coming; the monitor's other work waits
+        // no longer than that.
+        for _ in 0..8 {
+            let o = sandbox.read_background(id, self.from, READ_MAX)?;
+            let got = !o.stdout.is_empty() || !o.stderr.is_empty();
+            for (k, (at, data)) in [(o.stdout_from, &o.stdout), (o.stderr_from, &o.stderr)]
+                .into_iter()
+                .enumerate()
+            {
+                // A held stream starts where the last read ended.
+                self.from[k] = at + data.len() as u64;
+                // A caller that went away takes no more; the process runs on.
+                let _ = write_all(self.out[k].as_fd(), data);
+            }
+            if o.exit.is_some() {
+                pass.exit = o.exit;
+                return Ok(pass);
+            }
+            if !got {
+                break;
+            }
+            pass.moved = true;
+        }
+        Ok(pass)
+    }
+
+    /// Reads what the caller's stdin holds now; its end closes the process's stdin.
+    fn read_stdin(&mut self) {
+        let Some(fd) = &self.stdin else { return };
+        let mut buf = vec![0u8; STDIN_CHUNK];
+        match nix::unistd::read(fd, &mut buf) {
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+            Ok(0) | Err(_) => {
+                self.stdin = None;
+                self.pending = Some(Vec::new());
+            }
+            Ok(n) => {
+                buf.truncate(n);
+                self.pending = Some(buf);
+            }
+        }
+    }
+}
+
+/// Writes all of `data` to `fd`, waiting while a non-blocking descriptor is full.
+fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) -> std::io::Result<()> {
+    use nix::errno::Errno;
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    while !data.is_empty() {
+        match nix::unistd::write(fd, data) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => {
+                let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
+                poll(&mut fds, PollTimeout::from(1000u16))?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}

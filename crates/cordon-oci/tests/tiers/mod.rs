@@ -1,0 +1,285 @@
+//! The `cordon.tier` annotation through podman: a bundle on the gvisor and on the microvm
+//! tier (its output and exit code, its stdin, `podman exec`, `podman kill`, every byte of a
+//! fast writer, the workload really on that tier), a tier the node's ceiling closes
+//! refused with the reason, a tier the node cannot run refused with the probe's, and
+//! nothing left of the sandbox once the container is removed.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use super::passthrough::{
+    BIG, LINE, assert_interleaved, assert_same, fast_writer, interleaved_writers, pattern,
+};
+use super::{IMAGE, OCI, Podman, have, node_config, podman, text};
+
+/// `podman run --annotation cordon.tier=<tier>` with `args` after the image's flags.
+fn run_on(p: &Podman, tier: &str, args: &[&str]) -> std::process::Output {
+    let annotation = format!("cordon.tier={tier}");
+    let mut all = vec!["run", "--annotation", annotation.as_str()];
+    all.extend_from_slice(args);
+    p.oci(&all)
+}
+
+/// The gvisor tier can run here (runsc, and its agent beside the runtime).
+fn gvisor_here() -> bool {
+    let agent = Path::new(OCI).with_file_name("cordon-gvisor-agent");
+    have("runsc", super::on_path("runsc"))
+        && have(
+            "cordon-gvisor-agent beside cordon-oci (cargo build --workspace --bins)",
+            agent.is_file(),
+        )
+}
+
+/// The microvm tier can run here (QEMU and the guest image, `scripts/guests.sh`).
+fn microvm_here() -> bool {
+    let image = cordon_microvm::image::load(&cordon_microvm::image::default_data_dir());
+    have("qemu-system-x86_64", super::on_path("qemu-system-x86_64"))
+        && have(
+            "the microvm guest image (bash scripts/guests.sh)",
+            image.is_ok(),
+        )
+}
+
+/// The sandbox a container's record names (read while it runs).
+fn sandbox_of(id: &str) -> String {
+    let record: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(Path::new("/run/cordon-oci").join(id).join("state.json")).unwrap(),
+    )
+    .unwrap();
+    record["sandbox"].as_str().unwrap().to_string()
+}
+
+/// Every process whose command line names `needle`.
+fn processes_naming(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = text(&cmd).replace('\0', " ");
+        if cmd.contains(needle) {
+            found.push(cmd);
+        }
+    }
+    found
+}
+
+/// Output, exit codes, stdin, a fast writer, exec, kill and removal on `tier`; `on_tier`
+/// is a command whose output shows the workload runs there, `shows` what it must say.
+fn the_tier_runs_a_container_as_the_container_tier_does(
+    p: &Podman,
+    tier: &str,
+    on_tier: &str,
+    shows: impl Fn(&str) -> bool,
+) {
+    let out = run_on(
+        p,
+        tier,
+        &[
+            "--rm",
+            IMAGE,
+            "sh",
+            "-c",
+            &format!("{on_tier}; echo out; echo err >&2; exit 3"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.ends_with("out\n"), "{said}");
+    assert!(shows(&said), "{tier}: not on the tier: {said}");
+    assert!(text(&out.stderr).contains("err\n"), "{}", text(&out.stderr));
+    // Standard input reaches the workload, and its end is its end.
+    let mut c = Command::new("podman");
+    c.args(&p.args)
+        .args(["--runtime", OCI, "run", "--rm", "-i"])
+        .args(["--annotation", &format!("cordon.tier={tier}")])
+        .args([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ])
+        .args([IMAGE, "wc", "-c"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&vec![b'x'; 300_000]).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout).trim(), "300000", "{tier}: stdin");
+    // Every byte of a writer as fast as the machine goes: 64 times what the agent keeps
+    // of a stream, so a copy that let it drop any would show.
+    let out = run_on(p, tier, &["--rm", IMAGE, "sh", "-c", &fast_writer()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(out.stdout.len(), BIG, "{tier}: bytes through podman");
+    assert_same(
+        &format!("{tier} stdout"),
+        &out.stdout,
+        &pattern(LINE.trim_end(), BIG),
+    );
+    let out = run_on(
+        p,
+        tier,
+        &["--rm", IMAGE, "sh", "-c", &interleaved_writers()],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_interleaved(tier, &out.stdout, &out.stderr);
+    // A running container: exec, a signal by name, kill, removal.
+    let name = format!("oci-tier-{tier}");
+    let script = "trap 'echo got USR1' USR1; echo ready; while :; do sleep 0.1; done";
+    let out = run_on(p, tier, &["-d", "--name", &name, IMAGE, "sh", "-c", script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let sandbox = sandbox_of(&id);
+    let out = p.oci(&["exec", &name, "sh", "-c", "echo inside; exit 4"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "inside\n");
+    let said = super::passthrough::logs_until(p, &name, "ready");
+    assert!(said.contains("ready"), "{said}");
+    let out = p.oci(&["kill", "--signal", "USR1", &name]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = super::passthrough::logs_until(p, &name, "got USR1");
+    assert!(
+        said.contains("got USR1"),
+        "{tier}: USR1 was not delivered: {said}"
+    );
+    let out = p.oci(&["kill", &name]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = p.oci(&["wait", &name]);
+    assert_eq!(text(&out.stdout).trim(), "137", "{}", text(&out.stderr));
+    let out = p.oci(&["rm", &name]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Nothing of it is left: its state (the microvm's disk in it), no runsc sandbox or
+    // QEMU of it.
+    assert!(!Path::new("/run/cordon-oci").join(&id).exists());
+    let left = processes_naming(&sandbox[..19]);
+    assert!(left.is_empty(), "{tier}: left running: {left:?}");
+}
+
+#[test]
+fn podman_runs_a_container_on_the_gvisor_tier() {
+    let Some(p) = podman() else { return };
+    if !gvisor_here() {
+        return;
+    }
+    the_tier_runs_a_container_as_the_container_tier_does(p, "gvisor", "busybox dmesg", |s| {
+        s.contains("Starting gVisor")
+    });
+}
+
+#[test]
+fn podman_runs_a_container_on_the_microvm_tier() {
+    let Some(p) = podman() else { return };
+    if !microvm_here() {
+        return;
+    }
+    // The guest's own kernel: not the node's.
+    let host = std::fs::read_to_string("/proc/version").unwrap();
+    the_tier_runs_a_container_as_the_container_tier_does(p, "microvm", "cat /proc/version", |s| {
+        s.starts_with("Linux version") && !s.contains(host.trim())
+    });
+}
+
+/// A tier the node's ceiling closes is refused with the gate's rule; a tier the node
+/// cannot run, with what its probe found missing; a tier cordon-oci does not run, as a bad
+/// annotation. Each says so on the caller's stderr and nothing runs.
+#[test]
+fn podman_refuses_a_tier_the_node_closes_or_cannot_run() {
+    let Some(p) = podman() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let closed = node_config(dir.path(), "[ceiling]\ntiers = [\"container\"]\n");
+    let out = p.oci_under(
+        &closed,
+        &[
+            "run",
+            "--rm",
+            "--annotation",
+            "cordon.tier=gvisor",
+            IMAGE,
+            "echo",
+            "ran",
+        ],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(!text(&out.stdout).contains("ran"));
+    let said = text(&out.stderr);
+    assert!(said.contains("cordon-oci refuses this container"), "{said}");
+    assert!(said.contains("gvisor"), "{said}");
+    // The container tier stays open under it.
+    let out = p.oci_under(&closed, &["run", "--rm", IMAGE, "echo", "ran"]);
+    assert_eq!(text(&out.stdout), "ran\n", "{}", text(&out.stderr));
+    // The node's default tier when the annotation names none.
+    let gvisor = node_config(dir.path(), "tier = \"gvisor\"\n");
+    if gvisor_here() {
+        let out = p.oci_under(&gvisor, &["run", "--rm", IMAGE, "busybox", "dmesg"]);
+        assert!(
+            text(&out.stdout).contains("Starting gVisor"),
+            "{} {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+    let out = run_on(p, "wasm", &["--rm", IMAGE, "echo", "ran"]);
+    assert!(!text(&out.stdout).contains("ran"));
+    assert!(
+        text(&out.stderr).contains("the tier is container, gvisor or microvm"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A tier this node cannot run (its probe finds no QEMU: `CORDON_QEMU` names none) is
+/// refused at `create` with what is missing, and nothing of the container is left.
+#[test]
+fn a_tier_the_node_cannot_run_is_refused_with_the_probes_reason() {
+    if !have("root", nix::unistd::geteuid().is_root()) || !super::init_beside() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs/bin")).unwrap();
+    std::fs::copy("/bin/busybox", bundle.join("rootfs/bin/busybox")).unwrap();
+    std::fs::write(
+        bundle.join("config.json"),
+        serde_json::json!({
+            "ociVersion": "1.0.2",
+            "root": {"path": "rootfs"},
+            "process": {"args": ["/bin/busybox", "true"], "cwd": "/", "env": [],
+                        "user": {"uid": 0, "gid": 0}},
+            "annotations": {"cordon.tier": "microvm"},
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+                                     {"type": "uts"}, {"type": "mount"}]}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let config = node_config(dir.path(), "");
+    let root = dir.path().join("state");
+    let out = Command::new(OCI)
+        .env("CORDON_QEMU", dir.path().join("no-qemu"))
+        .arg("--root")
+        .arg(&root)
+        .arg("--cordon-config")
+        .arg(&config)
+        .args(["create", "--bundle"])
+        .arg(&bundle)
+        .arg("no-qemu")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(said.contains("microvm"), "{said}");
+    assert!(said.contains("this node cannot run it"), "{said}");
+    assert!(said.contains("qemu"), "{said}");
+    assert!(
+        !root.join("no-qemu").exists(),
+        "the container's state was left"
+    );
+}
