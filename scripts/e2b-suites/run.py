@@ -81,6 +81,8 @@ class Server:
         self.proc = subprocess.Popen([cordon_bin(), "serve", "--config", str(config)],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.proc.stdout.readline()
+        # The native API's address (the same tenant's key works there).
+        self.native = line.strip().rsplit(" ", 1)[-1]
         if "listening on" not in line:
             self.stop()
             sys.exit(f"e2b-suites: cordon serve did not start: {line!r}; "
@@ -202,6 +204,8 @@ def main() -> int:
         sys.exit("e2b-suites: no suite found: give a checkout holding packages/python-sdk/tests "
                  "(e2b-dev/E2B) or python/tests (e2b-dev/code-interpreter)")
 
+    # A TERM (a CI timeout) stops the server too, through the `finally` below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = Server(a.tier)
     print(f"cordon serve: E2B listener {server.origin}, tier {a.tier}, log "
           f"{server.tmp / 'serve.log'}", flush=True)

@@ -762,6 +762,7 @@ impl CordonMcp {
                 let body = ContextBody {
                     lang: a.lang.unwrap_or(ContextLang::Python).as_str().to_string(),
                     default: true,
+                    cwd: None,
                 };
                 self.svc
                     .contexts()
@@ -804,6 +805,7 @@ impl CordonMcp {
         let body = ContextBody {
             lang: a.lang.as_str().to_string(),
             default: false,
+            cwd: None,
         };
         answer(
             self.svc

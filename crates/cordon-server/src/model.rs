@@ -400,6 +400,10 @@ pub struct ContextBody {
     /// (what `run_code` without a context uses).
     #[serde(default)]
     pub default: bool,
+    /// The directory its interpreter starts in (an absolute path that exists in the
+    /// sandbox); default the workspace, `/work`. Not for a default context.
+    #[serde(default)]
+    pub cwd: Option<String>,
 }
 
 /// A code context as listed.
@@ -409,6 +413,8 @@ pub struct ContextInfo {
     pub lang: Language,
     /// The sandbox's default context of its language.
     pub default: bool,
+    /// The directory its interpreter started in.
+    pub cwd: String,
     /// `ready`, `running` (a cell is running) or `dead` (its interpreter could not be
     /// started again: restart it or delete it).
     pub state: String,

@@ -351,6 +351,15 @@ def test_code_interpreter(server):
             """)
         assert ex.error is None, ex.error
         assert ex.text == "42"
+        # A context's cwd: its interpreter starts there (made if missing in the workspace).
+        sub = s.create_code_context(language="python", cwd="/home/user/project")
+        assert sub.cwd == "/home/user/project"
+        ex = s.run_code("open('here.txt', 'w').write('x')", context=sub)
+        assert ex.error is None, ex.error
+        assert s.files.read("/home/user/project/here.txt") == "x"
+        listed = {c.id: c.cwd for c in s.list_code_contexts()}
+        assert listed[sub.id] == "/home/user/project"
+        s.remove_code_context(sub)
         ctx = s.create_code_context(language="python")
         assert s.run_code("y = 5", context=ctx).error is None
         assert s.run_code("y + 1", context=ctx).text == "6"

@@ -13,7 +13,10 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
 
 use super::wire::{ContextCreate, ContextOut, ExecuteRequest, OutputLine, ResultOut};
-use super::{Auth, E2b, E2bBox, HOME, INTERP_PORT, api_error, e2b_error, now_ms, rfc3339};
+use super::{
+    Auth, E2b, E2bBox, HOME, INTERP_PORT, WORK, api_error, e2b_error, now_ms, rfc3339, to_e2b_path,
+    to_sandbox_path,
+};
 use crate::model::{CellBody, CellOutput, ContextBody, ContextInfo};
 use crate::service::{CellStatus, Chunk};
 
@@ -38,7 +41,7 @@ fn context_out(c: &ContextInfo) -> ContextOut {
     ContextOut {
         id: c.id.clone(),
         language: c.lang.as_str().to_string(),
-        cwd: HOME.to_string(),
+        cwd: to_e2b_path(&c.cwd),
     }
 }
 
@@ -88,6 +91,7 @@ async fn default_context(e: &E2b, b: &E2bBox, id: &str, lang: &str) -> Result<St
     let body = ContextBody {
         lang: lang.to_string(),
         default: true,
+        cwd: None,
     };
     e.svc
         .contexts()
@@ -253,20 +257,34 @@ pub(super) async fn create(State(e): State<E2b>, headers: HeaderMap, body: Bytes
         Ok(l) => l,
         Err(r) => return r,
     };
-    if let Some(cwd) = req.cwd.as_deref()
-        && !cwd.is_empty()
-        && cwd.trim_end_matches('/') != HOME
-    {
-        return e2b_error(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "cwd {cwd:?}: a Cordon context starts in {HOME}; change directory in a cell (os.chdir)"
-            ),
-        );
-    }
+    // The context's directory, as E2B names it (`/home/user` is a link to the workspace
+    // in the sandbox's root). One in the workspace is made if missing, as E2B's
+    // interpreter starts there even when it is new.
+    let cwd = match req.cwd.as_deref().map(|c| c.trim_end_matches('/')) {
+        None | Some("") => None,
+        Some(c) if c == HOME => None,
+        Some(c) => {
+            let inside = to_sandbox_path(c);
+            if inside.starts_with(&format!("{WORK}/")) {
+                let op = cordon_core::FileOp::Mkdir {
+                    path: inside,
+                    parents: true,
+                };
+                if let Err(err) = e.svc.files().file_op(&b.tenant, &id, op).await {
+                    return api_error(err);
+                }
+            }
+            Some(if c.starts_with('/') {
+                c.to_string()
+            } else {
+                format!("{HOME}/{c}")
+            })
+        }
+    };
     let body = ContextBody {
         lang: lang.to_string(),
         default: false,
+        cwd,
     };
     match e.svc.contexts().create_context(&b.tenant, &id, &body).await {
         Ok(c) => Json(context_out(&c)).into_response(),

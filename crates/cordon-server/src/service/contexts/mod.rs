@@ -54,6 +54,8 @@ pub(super) struct Context {
     id: String,
     lang: Language,
     default: bool,
+    /// The directory its interpreter starts in (None: the workspace).
+    cwd: Option<String>,
     created_ms: i64,
     /// A cell or a restart is under way: one at a time.
     busy: AtomicBool,
@@ -144,6 +146,10 @@ impl Context {
             id: self.id.clone(),
             lang: self.lang,
             default: self.default,
+            cwd: self
+                .cwd
+                .clone()
+                .unwrap_or_else(|| cordon_core::WORKDIR.to_string()),
             state: if self.busy.load(Ordering::Acquire) {
                 "running".into()
             } else if m.alive {
@@ -319,7 +325,8 @@ impl Contexts {
     /// Starts an interpreter for `ctx` and waits for its driver to say it is ready;
     /// blocking. Writes the `context_start` row.
     fn start_worker(&self, s: &Session, ctx: &Context, reason: &str) -> Result<Worker, ApiError> {
-        let req = ExecRequest::code(ctx.lang, driver_of(ctx.lang));
+        let mut req = ExecRequest::code(ctx.lang, driver_of(ctx.lang));
+        req.cwd = ctx.cwd.clone();
         let started = on_sandbox(s, |sb| sb.start_background(&req)).map_err(|e| {
             if e.code == Code::InvalidRequest {
                 // The tier's userland (or the template) has no such interpreter.
@@ -447,6 +454,7 @@ impl Contexts {
         all: &mut Table,
         lang: Language,
         default: bool,
+        cwd: Option<String>,
     ) -> Result<Arc<Context>, ApiError> {
         let cap = self.limits.max_contexts;
         if all.by_id.len() >= cap {
@@ -462,6 +470,7 @@ impl Contexts {
             id: format!("ctx-{}", all.next),
             lang,
             default,
+            cwd,
             created_ms: now_ms(),
             busy: AtomicBool::new(true),
             closed: AtomicBool::new(false),
@@ -483,6 +492,18 @@ impl Contexts {
     ) -> Result<ContextInfo, ApiError> {
         self.sessions.stopping()?;
         let lang = parse_lang(&body.lang)?;
+        if let Some(cwd) = &body.cwd {
+            if body.default {
+                return Err(ApiError::invalid(
+                    "a default context starts in the workspace: leave out cwd, or make a context of your own",
+                ));
+            }
+            if !cwd.starts_with('/') || cwd.contains('\0') || cwd.split('/').any(|p| p == "..") {
+                return Err(ApiError::invalid(format!(
+                    "cwd {cwd:?} is not an absolute path without '..'; give one such as /work/project"
+                )));
+            }
+        }
         let s = self.sessions.session(tenant, id)?;
         if !s.tier.features().contexts {
             return Err(ApiError::from(
@@ -504,7 +525,10 @@ impl Contexts {
                 .cloned();
             match found {
                 Some(c) => (c, true),
-                None => (self.new_context(&mut all, lang, body.default)?, false),
+                None => (
+                    self.new_context(&mut all, lang, body.default, body.cwd.clone())?,
+                    false,
+                ),
             }
         };
         if existing {
