@@ -308,19 +308,34 @@ pub fn bind_mapped(
     host_uid: u32,
     read_only: bool,
 ) -> Result<(), VolumeError> {
-    let map = format!("0 0 1\n{VOLUME_OWNER} {host_uid} 1\n");
-    let userns = crate::sys::userns_with_maps(&map, &map)
+    let map = IdMap::new(&format!("0 0 1\n{VOLUME_OWNER} {host_uid} 1\n"))
         .map_err(|e| VolumeError::host("mount (a user namespace for its ids)", e))?;
-    let m = cordon_guest::sys::open_tree_clone(lease)
-        .map_err(|e| VolumeError::host("mount (a copy of its mount)", e))?;
-    let mut set = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
-    if read_only {
-        set |= libc::MOUNT_ATTR_RDONLY;
+    map.bind(lease, target, read_only)
+        .map_err(|e| VolumeError::host("mount (idmapped)", e))
+}
+
+/// The id maps of idmapped mounts: a user namespace whose maps (`uid_map` lines, the same
+/// for gids: file system id, host id, count) say which host id each file system id is seen
+/// as through a mount made with it. Root only.
+pub struct IdMap(std::os::fd::OwnedFd);
+
+impl IdMap {
+    pub fn new(map: &str) -> std::io::Result<Self> {
+        crate::sys::userns_with_maps(map, map).map(IdMap)
     }
-    cordon_guest::sys::mount_setattr(&m, set, Some(&userns))
-        .map_err(|e| VolumeError::host("mount (idmapped)", e))?;
-    cordon_guest::sys::move_mount_to(&m, target)
-        .map_err(|e| VolumeError::host("mount (attaching it)", e))
+
+    /// Binds the mount at (or the directory tree under) `src` at `target`, an existing
+    /// directory, with its owners mapped: never set-id programs or device nodes, read-only
+    /// where asked. Submounts of `src` are not taken.
+    pub fn bind(&self, src: &Path, target: &Path, read_only: bool) -> std::io::Result<()> {
+        let m = cordon_guest::sys::open_tree_clone(src)?;
+        let mut set = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+        if read_only {
+            set |= libc::MOUNT_ATTR_RDONLY;
+        }
+        cordon_guest::sys::mount_setattr(&m, set, Some(&self.0))?;
+        cordon_guest::sys::move_mount_to(&m, target)
+    }
 }
 
 /// Detaches every mount at or beneath `dir` (deepest first), so a recursive removal of

@@ -620,6 +620,7 @@ fn delete(root: &Root, id: &str, force: bool) -> Result<()> {
         }
     }
     monitor::sweep(&r);
+    cordon_oci::rootfs::sweep(id);
     std::fs::remove_dir_all(root.dir(id))
         .or_else(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {

@@ -67,6 +67,9 @@ pub struct Prepared {
     pub terminal: Option<OwnedFd>,
 }
 
+/// Where a writable root's writes go (docs/adr/0023-oci-writable-root.md).
+const UPPER: crate::rootfs::Upper = crate::rootfs::Upper::Disk;
+
 /// The terminal size a process gets when its bundle names none.
 const DEFAULT_CONSOLE: PtySize = PtySize { rows: 24, cols: 80 };
 
@@ -125,6 +128,14 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
         }
     }
     let mut mount_at = bind_rootfs(&rootfs)?;
+    // `root.readonly: false` on the container tier: the image's root, writable, its writes
+    // in a layer of its own (the other tiers keep it read-only).
+    let writable = (sandbox_spec.tier == Tier::Container && crate::rootfs::asked(&spec))
+        .then(|| {
+            let size = sandbox_spec.limits.disk_bytes;
+            crate::rootfs::mount(&rootfs, Path::new(ROOTS_AT), &setup.id, size, UPPER)
+        })
+        .transpose()?;
     bundle::seal_rootfs(&rootfs)?;
     if sandbox_spec.tier == Tier::Gvisor {
         mount_at = crate::tiers::with_mount_points(&mount_at)?;
@@ -134,13 +145,16 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
     sandbox_spec.resolved_template = Some(cordon_core::ResolvedTemplate {
         name: format!("oci:{}", setup.id),
         digest: String::new(),
-        root: mount_at,
+        root: writable.as_ref().map_or(mount_at, |w| w.root.clone()),
         env: Default::default(),
         languages: Default::default(),
         lease: None,
-        writable: false,
+        writable: writable.is_some(),
     });
-    let mut sandbox = crate::tiers::create(&sandbox_spec, &setup.root.dir(&setup.id))?;
+    let ids = writable.as_ref().map(|w| crate::rootfs::pool(&w.ids));
+    let mut sandbox = crate::tiers::create(&sandbox_spec, &setup.root.dir(&setup.id), ids)?;
+    // Its ids stay leased until the monitor ends.
+    std::mem::forget(writable);
     let terminal = match (&setup.console, process.terminal) {
         (Some(console), true) => Some(console_for(&mut sandbox, console, &process)?),
         _ => None,

@@ -97,13 +97,21 @@ pub fn disk_in(dir: &Path) -> PathBuf {
 }
 
 /// Makes the sandbox for `spec` on the tier the gate chose (`spec.tier`). `state` is the
-/// container's state directory (the microvm tier's disk goes there).
-pub fn create(spec: &SandboxSpec, state: &Path) -> Result<TierSandbox> {
+/// container's state directory (the microvm tier's disk goes there). `ids`: the pool the
+/// container tier takes the sandbox's host ids from, when they must be those a writable
+/// root was made for (`rootfs::pool`).
+pub fn create(
+    spec: &SandboxSpec,
+    state: &Path,
+    ids: Option<cordon_host::idpool::IdPool>,
+) -> Result<TierSandbox> {
     match spec.tier {
         Tier::Container => {
-            let backend = cordon_container::ContainerBackend::new(
-                cordon_container::ContainerConfig::discover(),
-            );
+            let mut config = cordon_container::ContainerConfig::discover();
+            if let Some(ids) = ids {
+                config.ids = ids;
+            }
+            let backend = cordon_container::ContainerBackend::new(config);
             Ok(TierSandbox::Container(Box::new(
                 backend.create_sandbox(spec)?,
             )))

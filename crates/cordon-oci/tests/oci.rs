@@ -65,6 +65,10 @@ fn busybox_tar(dir: &Path) -> PathBuf {
     ] {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
     }
+    // An image's own /etc and /usr/lib, for a writable root to write into.
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::write(root.join("etc/motd"), "image\n").unwrap();
+    std::fs::create_dir_all(root.join("usr/lib/cordon-test")).unwrap();
     let tar = dir.join("rootfs.tar");
     let st = Command::new("tar")
         .arg("-C")
@@ -743,9 +747,30 @@ fn containerd_runs_a_container_through_the_runc_shim_with_cordon_as_its_binary()
         all.extend_from_slice(args);
         c.ctr(&all)
     };
-    let out = run(&["--rm", IMAGE, "c-once", "sh", "-c", "echo from-ctr; exit 5"]);
+    // Its root is writable (containerd's default), the write its own: the next container of
+    // the image, and containerd's snapshots on the node, never see it.
+    let out = run(&[
+        "--rm",
+        IMAGE,
+        "c-once",
+        "sh",
+        "-c",
+        "echo from-ctr; echo w > /etc/ctr-w && cat /etc/ctr-w; exit 5",
+    ]);
     assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "from-ctr\n");
+    assert_eq!(text(&out.stdout), "from-ctr\nw\n");
+    let out = run(&["--rm", IMAGE, "c-next", "sh", "-c", "test ! -e /etc/ctr-w"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let found = Command::new("find")
+        .arg(c.dir.path())
+        .args(["-name", "ctr-w"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&found.stdout),
+        "",
+        "a write reached containerd's storage"
+    );
     // A long-lived task: exec into it, list its processes, kill it.
     let out = run(&["-d", IMAGE, "c-long", "sleep", "300"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -1129,9 +1154,10 @@ const BATTERY_IMAGE: &str = "localhost/cordon-oci-battery:1";
 /// The whole escape battery (`cordon_testkit::escape::BATTERY`, every case held to the
 /// container tier's wall) through the OCI path: each sandbox a container that podman runs
 /// with cordon-oci (asking for `NET_ADMIN`, which it does not get), each probe a `podman
-/// exec`, each file call a `podman cp`. Then what the battery does not look at: the
-/// workload cannot write its root, make a device node, mount, or see `/sys` (under runc
-/// the same script sees `/sys`).
+/// exec`, each file call a `podman cp`; the root writable, as podman asks by default (a
+/// write into it stays in its container). Then what the battery does not look at, with
+/// `--read-only`: the workload cannot write its root, make a device node, mount, or see
+/// `/sys` (under runc the same script sees `/sys`).
 #[test]
 fn podman_workload_passes_the_escape_battery() {
     let Some(p) = podman() else { return };
@@ -1170,13 +1196,27 @@ fn podman_workload_passes_the_escape_battery() {
     let spec = cordon_core::SandboxSpec::new(cordon_core::Tier::Container);
     // The container tier's wall, with one difference of the path: a caller's files move
     // by `podman cp`, which never enters the sandbox (see cordon-oci's rootfs seal).
+    // Podman's default root is writable (`root.readonly: false`): a write into it must stay
+    // in that container.
     let wall = cordon_testkit::escape::Wall {
         agent_files: false,
+        writable_root: true,
         ..cordon_testkit::escape::Wall::of(cordon_core::Tier::Container)
     };
     cordon_testkit::escape::run_table(&cordon_testkit::escape::BATTERY, &b, &spec, wall);
+    // With `--read-only`, no write reaches the root at all.
+    let read_only = escape::PodmanOci {
+        podman: b.podman.clone(),
+        image: b.image.clone(),
+        run_args: b
+            .run_args
+            .iter()
+            .cloned()
+            .chain(["--read-only".to_string()])
+            .collect(),
+    };
     let o = cordon_testkit::run_once(
-        &b,
+        &read_only,
         &spec,
         &cordon_core::ExecRequest::code(
             cordon_core::Language::Sh,
@@ -1548,5 +1588,175 @@ fn podman_cp_into_a_running_container_never_reaches_the_node() {
     assert_eq!(
         std::fs::metadata(&image_file).unwrap().len(),
         std::fs::metadata("/bin/busybox").unwrap().len()
+    );
+}
+
+/// The loop devices backed by container `id`'s upper layer (its image, unlinked once
+/// mounted, is named for the container).
+fn upper_loops(id: &str) -> Vec<String> {
+    let image = format!("{}/{id}.img", cordon_oci::rootfs::UPPERS);
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/sys/block").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Ok(b) = std::fs::read_to_string(e.path().join("loop/backing_file"))
+            && b.trim_end().trim_end_matches(" (deleted)") == image
+        {
+            found.push(name);
+        }
+    }
+    found
+}
+
+/// `root.readonly: false` (podman's default): the workload writes the image's `/etc` and
+/// `/usr/lib` and reads its writes back; the image's root is its own user (1000) as a root
+/// process runs; nothing reaches the image's layers or podman's container layer (under runc
+/// the same write lands in podman's storage), another container of the image sees none of
+/// it, past the disk limit (`cordon.disk`) a write fails with ENOSPC, `--read-only` still
+/// refuses every write, and after `podman rm`, or a killed monitor and `delete`, no loop
+/// device, mount or file of the upper layer is left.
+#[test]
+fn podman_writable_root_keeps_its_writes_to_itself_within_its_bound() {
+    let Some(p) = podman() else { return };
+    let storage = p._dir.path().join("storage");
+    let found_in_storage = |name: &str| -> bool {
+        let out = Command::new("find")
+            .arg(&storage)
+            .args(["-name", name])
+            .output()
+            .unwrap();
+        !text(&out.stdout).trim().is_empty()
+    };
+    let write = "echo written > /etc/cordon-w && mkdir -p /usr/lib/cordon-test/d && \
+                 echo deep > /usr/lib/cordon-test/d/cordon-w2 && \
+                 cat /etc/cordon-w /usr/lib/cordon-test/d/cordon-w2 /etc/motd && \
+                 ls -lnd /etc /etc/motd | while read m l u g r; do echo owner $u:$g; done";
+    let out = p.oci(&[
+        "run",
+        "-d",
+        "--name",
+        "oci-wroot",
+        IMAGE,
+        "sh",
+        "-c",
+        &format!("{write} && sleep 300"),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let logs = || {
+        for _ in 0..100 {
+            let out = p.oci(&["logs", "oci-wroot"]);
+            if text(&out.stdout).contains("owner") {
+                return text(&out.stdout);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("the workload wrote nothing");
+    };
+    let said = logs();
+    assert_eq!(
+        said, "written\ndeep\nimage\nowner 1000:1000\nowner 1000:1000\n",
+        "{said}"
+    );
+    // While it runs: its upper layer is a loop device of its own, whose image is unlinked.
+    assert_eq!(upper_loops(&id).len(), 1, "{:?}", upper_loops(&id));
+    assert!(
+        !Path::new(cordon_oci::rootfs::UPPERS)
+            .join(format!("{id}.img"))
+            .exists()
+    );
+    // Another container of the same image sees none of it.
+    let out = p.oci(&[
+        "run",
+        "--rm",
+        IMAGE,
+        "sh",
+        "-c",
+        "test ! -e /etc/cordon-w && test ! -e /usr/lib/cordon-test/d && cat /etc/motd",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "image\n");
+    // Nothing reached the node's storage: the image's layer nor podman's container layer.
+    assert!(
+        !found_in_storage("cordon-w"),
+        "a write reached podman's storage"
+    );
+    assert!(
+        !found_in_storage("cordon-w2"),
+        "a write reached podman's storage"
+    );
+    // A write past the disk limit fails with ENOSPC, and the root stays usable.
+    let out = p.oci(&[
+        "run", "--rm", "--annotation", "cordon.disk=16M", IMAGE, "sh", "-c",
+        "dd if=/dev/zero of=/usr/lib/big bs=1M count=64; echo rc=$?; rm /usr/lib/big && echo again > /etc/x && cat /etc/x",
+    ]);
+    let (o, e) = (text(&out.stdout), text(&out.stderr));
+    assert!(e.contains("No space left on device"), "{o}{e}");
+    assert!(o.contains("rc=1") && o.ends_with("again\n"), "{o}{e}");
+    // --read-only: exactly as before, no write anywhere in the root.
+    let out = p.oci(&[
+        "run",
+        "--rm",
+        "--read-only",
+        IMAGE,
+        "sh",
+        "-c",
+        "touch /etc/x || touch /usr/lib/x || touch /x; echo rc=$?",
+    ]);
+    assert_eq!(text(&out.stdout), "rc=1\n", "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("Read-only file system"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Removed: no loop device, no image file, no monitor holding the mounts.
+    let state = Command::new(OCI).args(["state", &id]).output().unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&state.stdout).unwrap();
+    let monitor = state["pid"].as_i64().unwrap();
+    let out = p.oci(&["rm", "-f", "oci-wroot"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let gone = || {
+        (0..500).any(|_| {
+            let none = upper_loops(&id).is_empty();
+            if !none {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            none
+        })
+    };
+    assert!(gone(), "loop devices left: {:?}", upper_loops(&id));
+    assert!(
+        !Path::new(&format!("/proc/{monitor}/ns")).exists()
+            || std::fs::read_to_string(format!("/proc/{monitor}/cmdline"))
+                .is_ok_and(|c| !c.contains("__monitor"))
+    );
+    // A killed monitor: its mounts go with its namespace; `delete` finds nothing left.
+    let out = p.oci(&[
+        "run",
+        "-d",
+        "--name",
+        "oci-wroot-k",
+        IMAGE,
+        "sh",
+        "-c",
+        "echo x > /etc/y; sleep 300",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    assert_eq!(upper_loops(&id).len(), 1);
+    let state = Command::new(OCI).args(["state", &id]).output().unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&state.stdout).unwrap();
+    let monitor = state["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(monitor),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(gone(), "loop devices left: {:?}", upper_loops(&id));
+    let out = p.oci(&["rm", "-f", "oci-wroot-k"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !Path::new(cordon_oci::rootfs::UPPERS)
+            .join(format!("{id}.img"))
+            .exists()
     );
 }

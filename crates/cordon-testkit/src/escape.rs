@@ -181,6 +181,10 @@ pub struct Wall {
     /// sandbox's `/work`: there each copy must fail at once rather than land somewhere the
     /// workload never sees.
     pub agent_files: bool,
+    /// The sandbox's root is its own and writable (an OCI bundle's `root.readonly: false`
+    /// through cordon-oci): a write into it succeeds, and must stay in that sandbox: no
+    /// other sandbox sees it, nor the host. `/proc` and `/dev` stay closed.
+    pub writable_root: bool,
 }
 
 impl Wall {
@@ -191,6 +195,7 @@ impl Wall {
             shares_host_kernel: tier == Tier::Container,
             agent_files: true,
             own_kernel: tier == Tier::Microvm,
+            writable_root: false,
         }
     }
 }
@@ -302,9 +307,10 @@ pub fn host_files_invisible(b: &dyn Backend, spec: &SandboxSpec, _wall: Wall) {
     }
 }
 
-/// Writing anywhere but /work and /tmp fails; /work and /tmp are writable, and what one
-/// sandbox writes there another sandbox does not see; nothing reaches the host's /usr.
-pub fn writes_stay_inside(b: &dyn Backend, spec: &SandboxSpec, _wall: Wall) {
+/// Writing anywhere but /work and /tmp fails (with a writable root: anywhere but `/proc`
+/// and `/dev`); /work and /tmp are writable, and what one sandbox writes there (or in its
+/// writable root) another sandbox does not see; nothing reaches the host's /usr.
+pub fn writes_stay_inside(b: &dyn Backend, spec: &SandboxSpec, wall: Wall) {
     let quiet = &mut |_: OutputStream, _: &[u8]| {};
     let mut sb = b.create(spec).unwrap();
     let tag = format!("cordon-escape-{}", std::process::id());
@@ -334,14 +340,25 @@ pub fn writes_stay_inside(b: &dyn Backend, spec: &SandboxSpec, _wall: Wall) {
         .exec(
             &ExecRequest::code(
                 Language::Bash,
-                "test -e /work/w && echo WORK-SHARED; test -e /tmp/t && echo TMP-SHARED; true",
+                format!(
+                    "test -e /work/w && echo WORK-SHARED; test -e /tmp/t && echo TMP-SHARED; \
+                     for p in /usr/{tag} /etc/{tag} /{tag} /bin/{tag} /usr/lib/{tag}; do \
+                     test -e $p && echo SHARED $p; done; true"
+                ),
             ),
             quiet,
         )
         .unwrap();
     other.destroy().unwrap();
     sb.destroy().unwrap();
-    assert!(!out.contains("WROTE"), "{out}");
+    if wall.writable_root {
+        for closed in [format!("/proc/{tag}"), format!("/dev/{tag}")] {
+            assert!(!out.contains(&format!("WROTE {closed}")), "{out}");
+        }
+        assert!(out.contains(&format!("WROTE /usr/{tag}")), "{out}");
+    } else {
+        assert!(!out.contains("WROTE"), "{out}");
+    }
     assert!(out.contains("inside-ok"), "{out} {}", text(&o.stderr));
     assert_eq!(text(&kept.stdout), "ok\nok\n", "{kept:?}");
     assert_eq!(text(&seen.stdout), "", "{seen:?}");
