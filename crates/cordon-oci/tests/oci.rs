@@ -69,6 +69,24 @@ fn busybox_tar(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(root.join("etc")).unwrap();
     std::fs::write(root.join("etc/motd"), "image\n").unwrap();
     std::fs::create_dir_all(root.join("usr/lib/cordon-test")).unwrap();
+    // An image's set-id program (of its uid 5) and device node (the host's null device):
+    // without effect in the sandbox, writable root or not.
+    let suid = root.join("usr/lib/cordon-test/bin");
+    std::fs::create_dir_all(&suid).unwrap();
+    std::fs::copy("/bin/busybox", suid.join("id")).unwrap();
+    std::os::unix::fs::chown(suid.join("id"), Some(5), Some(5)).unwrap();
+    std::fs::set_permissions(
+        suid.join("id"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o6755),
+    )
+    .unwrap();
+    nix::sys::stat::mknod(
+        &root.join("etc/nulldev"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .unwrap();
     let tar = dir.join("rootfs.tar");
     let st = Command::new("tar")
         .arg("-C")
@@ -1657,6 +1675,24 @@ fn podman_writable_root_keeps_its_writes_to_itself_within_its_bound() {
         said, "written\ndeep\nimage\nowner 1000:1000\nowner 1000:1000\n",
         "{said}"
     );
+    // The image's set-id program runs as the workload's own user; its device node opens
+    // for nothing (nodev), for reading or writing.
+    let out = p.oci(&[
+        "exec",
+        "oci-wroot",
+        "sh",
+        "-c",
+        "/usr/lib/cordon-test/bin/id; ls -ln /usr/lib/cordon-test/bin/id | cut -c1-10; \
+         cat /etc/nulldev && echo READ; echo x > /etc/nulldev && echo WROTE; true",
+    ]);
+    let said = text(&out.stdout);
+    assert!(
+        said.starts_with("uid=1000(sandbox) gid=1000(sandbox) "),
+        "{said}"
+    );
+    assert!(!said.contains("euid") && !said.contains("egid"), "{said}");
+    assert!(said.contains("-rwsr-sr-x"), "{said}");
+    assert!(!said.contains("READ") && !said.contains("WROTE"), "{said}");
     // While it runs: its upper layer is a loop device of its own, whose image is unlinked.
     assert_eq!(upper_loops(&id).len(), 1, "{:?}", upper_loops(&id));
     assert!(
