@@ -140,9 +140,11 @@ pub fn mount_for(
     std::fs::create_dir(&root).map_err(|e| OciError::io("making the root's mount point", e))?;
     let lowerdir: Vec<String> = lower.iter().map(|l| l.display().to_string()).collect();
     // index off: a layer the engine's own overlay writes to (its container layer) is one of
-    // these lower layers, read-only here.
+    // these lower layers, read-only here. The layers' directory redirects are followed (as
+    // the engine's overlay follows them), none is made; metadata-only copies are not
+    // followed (a file the engine's overlay copied up so is unreadable here).
     let options = format!(
-        "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=off",
+        "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=follow",
         lowerdir.join(":"),
         upper_dir.display(),
         work.display()
@@ -191,11 +193,14 @@ fn disk(at: &Path, id: &str, size: u64) -> Result<()> {
             cordon_host::volume::LoopMount::attach(&file, &image, at, false)
         });
     let _ = std::fs::remove_file(&image);
-    let mount = made.map_err(|e| {
-        OciError::io(
-            "making the writable root's disk (mkfs.ext4, a loop device)",
-            e,
-        )
+    // Said by kind only: mkfs's own words name the image's path on the node.
+    let mount = made.map_err(|e| OciError::Refused {
+        what: format!(
+            "its writable root's disk could not be made ({})",
+            e.kind()
+        ),
+        fix: "the node needs mkfs.ext4 (e2fsprogs), a free loop device and room under               /var/lib/cordon/oci; or run it with a read-only root (--read-only)"
+            .into(),
     })?;
     // Held for the monitor's life: its namespace's end unmounts it.
     std::mem::forget(mount);
