@@ -111,21 +111,18 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
         fix: d.fix.clone(),
     })?;
     let mut sandbox_spec = admitted.spec;
-    if sandbox_spec.tier != Tier::Container {
-        if process.terminal {
-            return Err(crate::tiers::no_terminal(sandbox_spec.tier));
-        }
-        if !granted.host_paths.is_empty() || !granted.devices.is_empty() {
-            return Err(OciError::Refused {
-                what: format!(
-                    "it asks for a host path or device on the {} tier",
-                    sandbox_spec.tier
-                ),
-                fix: "run it on the container tier (the node's [allow] entries are for it), or \
-                      without the mount or device"
-                    .into(),
-            });
-        }
+    if sandbox_spec.tier != Tier::Container
+        && (!granted.host_paths.is_empty() || !granted.devices.is_empty())
+    {
+        return Err(OciError::Refused {
+            what: format!(
+                "it asks for a host path or device on the {} tier",
+                sandbox_spec.tier
+            ),
+            fix: "run it on the container tier (the node's [allow] entries are for it), or \
+                  without the mount or device"
+                .into(),
+        });
     }
     let mut mount_at = bind_rootfs(&rootfs)?;
     // `root.readonly: false` on the container tier: the image's root, writable, its writes
@@ -661,7 +658,7 @@ fn start(
     process: &ProcessSpec,
 ) -> Result<(u64, Option<Relay>)> {
     let relay = if sandbox.relays() {
-        Some(Relay::new(stdio)?)
+        Some(Relay::new(stdio, terminal)?)
     } else {
         None
     };

@@ -5,7 +5,9 @@
 //! ([`Started::Passed`]). The gvisor and microvm tiers cannot take a host descriptor: a
 //! process there is a background exec whose output the agent holds until the monitor has
 //! read it (never dropped: the program waits on its pipe instead), and the monitor copies
-//! between it and the caller's descriptors ([`Relay`]).
+//! between it and the caller's descriptors ([`Relay`]). A terminal there is the tier's own
+//! (the agent's pseudo-terminal in the sandbox), bridged to a pair the monitor makes, whose
+//! master goes to the engine and whose slave, in raw mode, the monitor copies to and from.
 
 use std::collections::BTreeSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -284,13 +286,22 @@ impl TierSandbox {
         terminal: bool,
         user: Option<ProcUser>,
     ) -> Result<Started> {
-        match self {
-            TierSandbox::Container(s) => Ok(Started::Passed(
+        if let TierSandbox::Container(s) = self {
+            return Ok(Started::Passed(
                 s.start_attached(req, stdio, terminal, user)?,
+            ));
+        }
+        // On a terminal: the tier's own, of the size the engine gave the monitor's.
+        let mut req = req.clone();
+        if terminal {
+            req.pty = Some(window_size(stdio[1]).unwrap_or(DEFAULT_SIZE));
+        }
+        match self {
+            TierSandbox::Gvisor(s) => Ok(Started::Relayed(s.start_relayed(&req, user)?)),
+            TierSandbox::Microvm(s) => Ok(Started::Relayed(s.start_relayed(&req, user)?)),
+            TierSandbox::Container(_) => Err(OciError::Invalid(
+                "the container tier passes its descriptors".into(),
             )),
-            _ if terminal => Err(no_terminal(self.tier())),
-            TierSandbox::Gvisor(s) => Ok(Started::Relayed(s.start_relayed(req, user)?)),
-            TierSandbox::Microvm(s) => Ok(Started::Relayed(s.start_relayed(req, user)?)),
         }
     }
 
@@ -303,21 +314,67 @@ impl TierSandbox {
         }?)
     }
 
-    /// A terminal in the sandbox's devpts (the container tier only).
+    /// A terminal for a process: on the container tier one of the sandbox's devpts; on
+    /// the others a pair of the monitor's own, its slave in raw mode, which the monitor
+    /// bridges to the tier's own terminal in the sandbox ([`Relay`]).
     pub fn open_terminal(&mut self, size: PtySize) -> Result<cordon_container::Terminal> {
         match self {
             TierSandbox::Container(s) => Ok(s.open_terminal(size)?),
-            _ => Err(no_terminal(self.tier())),
+            _ => host_terminal(size),
         }
     }
 }
 
-/// Why a process with a terminal is refused on `tier`.
-pub fn no_terminal(tier: Tier) -> OciError {
-    OciError::Invalid(format!(
-        "a terminal (-t, a console socket) is not given on the {tier} tier under cordon-oci yet; \
-         run the process without one, or on the container tier"
-    ))
+/// The size a terminal gets when nothing says one.
+const DEFAULT_SIZE: PtySize = PtySize { rows: 24, cols: 80 };
+
+/// A pseudo-terminal pair of the monitor's own of `size`: the master for the engine, the
+/// slave in raw mode (the sandbox's terminal does the line discipline; this one only
+/// carries bytes and the engine's window size).
+fn host_terminal(size: PtySize) -> Result<cordon_container::Terminal> {
+    use rustix::pty::OpenptFlags;
+    let fail = |what: &str| {
+        let what = format!("making the process's terminal ({what}); run it without one");
+        move |e: rustix::io::Errno| OciError::io(what, e.into())
+    };
+    let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+    let master = rustix::pty::openpt(flags).map_err(fail("openpt"))?;
+    rustix::pty::grantpt(&master).map_err(fail("grantpt"))?;
+    rustix::pty::unlockpt(&master).map_err(fail("unlockpt"))?;
+    let slave = rustix::pty::ioctl_tiocgptpeer(&master, flags).map_err(fail("its slave"))?;
+    let name = rustix::pty::ptsname(&master, Vec::new())
+        .map_err(fail("its name"))?
+        .to_string_lossy()
+        .into_owned();
+    let mut mode = rustix::termios::tcgetattr(&slave).map_err(fail("its mode"))?;
+    mode.make_raw();
+    rustix::termios::tcsetattr(&slave, rustix::termios::OptionalActions::Now, &mode)
+        .map_err(fail("raw mode"))?;
+    rustix::termios::tcsetwinsize(
+        &master,
+        rustix::termios::Winsize {
+            ws_row: size.rows,
+            ws_col: size.cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        },
+    )
+    .map_err(fail("its size"))?;
+    Ok(cordon_container::Terminal {
+        master,
+        slave,
+        name,
+    })
+}
+
+/// The window size of the terminal `fd` (`None`: not a terminal, or no valid size).
+fn window_size(fd: BorrowedFd<'_>) -> Option<PtySize> {
+    let w = rustix::termios::tcgetwinsize(fd).ok()?;
+    let size = PtySize {
+        rows: w.ws_row,
+        cols: w.ws_col,
+    };
+    size.validate().ok().map(|()| size)
 }
 
 impl Sandbox for TierSandbox {
@@ -395,6 +452,8 @@ pub struct Relay {
     stdin: Option<OwnedFd>,
     /// Stdin read but not yet taken by the agent; an empty one is its end.
     pending: Option<Vec<u8>>,
+    /// On a terminal: the window size the sandbox's terminal was last given.
+    size: Option<PtySize>,
 }
 
 /// What one pass of a [`Relay`] saw.
@@ -407,8 +466,9 @@ pub struct Pass {
 }
 
 impl Relay {
-    /// A relay to (copies of) `stdio`.
-    pub fn new(stdio: [BorrowedFd<'_>; 3]) -> Result<Self> {
+    /// A relay to (copies of) `stdio` (`terminal`: one terminal of the monitor's, whose
+    /// window size is passed on as the engine changes it).
+    pub fn new(stdio: [BorrowedFd<'_>; 3], terminal: bool) -> Result<Self> {
         let dup = |fd: BorrowedFd<'_>| {
             fd.try_clone_to_owned()
                 .map_err(|e| OciError::io("keeping the process's stdio", e))
@@ -418,6 +478,7 @@ impl Relay {
             out: [dup(stdio[1])?, dup(stdio[2])?],
             stdin: Some(dup(stdio[0])?),
             pending: None,
+            size: terminal.then(|| window_size(stdio[1]).unwrap_or(DEFAULT_SIZE)),
         })
     }
 
@@ -438,6 +499,14 @@ impl Relay {
         stdin_ready: bool,
     ) -> cordon_core::Result<Pass> {
         let mut pass = Pass::default();
+        // The engine resized its terminal: so is the sandbox's.
+        if let Some(last) = self.size
+            && let Some(now) = window_size(self.out[0].as_fd())
+            && now != last
+            && sandbox.resize_background(id, now).is_ok()
+        {
+            self.size = Some(now);
+        }
         if stdin_ready && self.pending.is_none() {
             self.read_stdin();
         }

@@ -187,6 +187,56 @@ fn podman_runs_a_container_on_the_microvm_tier() {
     });
 }
 
+/// `-t` on `tier`: `podman run -t` and `podman exec -t` run on a terminal (the tier's own
+/// in the sandbox, bridged to the monitor's), and through an engine's console socket a
+/// line typed reaches the workload and its answer and the bundle's size come back.
+fn the_tier_gives_a_terminal(p: &Podman, tier: &str) {
+    let out = run_on(
+        p,
+        tier,
+        &[
+            "--rm",
+            "-t",
+            IMAGE,
+            "sh",
+            "-c",
+            "busybox tty; [ -t 0 ] && [ -t 1 ] && echo both-terminals",
+        ],
+    );
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said} {}", text(&out.stderr));
+    assert!(said.contains("/dev/pts/"), "{tier}: {said}");
+    assert!(said.contains("both-terminals"), "{tier}: {said}");
+    let name = format!("oci-tty-{tier}");
+    let out = run_on(p, tier, &["-d", "--name", &name, IMAGE, "sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = p.oci(&["exec", "-t", &name, "sh", "-c", "busybox tty; exit 4"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("/dev/pts/"),
+        "{}",
+        text(&out.stdout)
+    );
+    let _ = p.oci(&["rm", "-f", &name]);
+    super::passthrough::console_socket_round_trip(Some(tier));
+}
+
+#[test]
+fn podman_gives_a_terminal_on_the_gvisor_tier() {
+    let Some(p) = podman() else { return };
+    if gvisor_here() {
+        the_tier_gives_a_terminal(p, "gvisor");
+    }
+}
+
+#[test]
+fn podman_gives_a_terminal_on_the_microvm_tier() {
+    let Some(p) = podman() else { return };
+    if microvm_here() {
+        the_tier_gives_a_terminal(p, "microvm");
+    }
+}
+
 /// A tier the node's ceiling closes is refused with the gate's rule; a tier the node
 /// cannot run, with what its probe found missing; a tier cordon-oci does not run, as a bad
 /// annotation. Each says so on the caller's stderr and nothing runs.
