@@ -776,6 +776,7 @@ impl CordonMcp {
             timeout: a.timeout,
             stream: false,
             env: Default::default(),
+            interrupt_when_unread: false,
         };
         answer(
             self.svc

@@ -445,6 +445,11 @@ pub struct CellBody {
     /// absence) come back when the cell ends.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Interrupt the cell when the reader of its streamed output goes away (E2B's
+    /// interpreter does; set by the E2B listener, not part of the native API).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub interrupt_when_unread: bool,
 }
 
 /// One rich output of a cell: MIME type to data (binary types base64, JSON as its text).

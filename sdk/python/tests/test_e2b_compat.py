@@ -343,6 +343,13 @@ def test_code_interpreter(server):
         assert ex.error is None, ex.error
         assert ex.logs.stdout == ["for-this-cell\n"]
         assert s.run_code(code).logs.stdout == ["unset\n"]
+        # A cell whose client gives up (its own timeout) is interrupted, and the next cell
+        # of the context waits for it to end rather than failing, as E2B's interpreter
+        # queues them (E2B's suite: test_interrupt.py, test_timeout.py).
+        from e2b import TimeoutException
+        with pytest.raises(TimeoutException):
+            s.run_code("import time\ntime.sleep(120)", timeout=2)
+        assert s.run_code("1 + 1", timeout=60).text == "2"
         # A cell written indented (as E2B's documentation writes them) runs as IPython runs
         # it: leading blank lines and the first line's indent come off.
         ex = s.run_code("""

@@ -148,13 +148,26 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
         timeout: None,
         stream: true,
         env: req.env_vars.unwrap_or_default(),
+        // As E2B's interpreter: a client gone (its own timeout) interrupts the cell.
+        interrupt_when_unread: true,
     };
     tokio::spawn(async move {
         let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
+        // The context runs one cell at a time; as E2B's kernel queues executions, this one
+        // waits for the one before it (an interrupted one ends within its grace).
         let fut = async move {
-            svc.contexts()
-                .run_cell(&tenant, &id, &cid, cell, Some(tx))
-                .await
+            loop {
+                let r = svc
+                    .contexts()
+                    .run_cell(&tenant, &id, &cid, cell.clone(), Some(tx.clone()))
+                    .await;
+                match r {
+                    Err(err) if err.code == crate::Code::ContextBusy => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    r => break r,
+                }
+            }
         };
         let mut done = std::pin::pin!(fut);
         let mut tick = tokio::time::interval(KEEPALIVE);

@@ -679,7 +679,7 @@ impl Contexts {
         let svc = self.clone();
         blocking(move || {
             let _busy = busy;
-            svc.run_blocking(&s, &ctx, &body.code, &body.env, timeout_ms, chunks)
+            svc.run_blocking(&s, &ctx, &body, timeout_ms, chunks)
         })
         .await?
     }
@@ -688,8 +688,7 @@ impl Contexts {
         &self,
         s: &Session,
         ctx: &Context,
-        code: &str,
-        env: &BTreeMap<String, String>,
+        body: &CellBody,
         timeout_ms: u64,
         chunks: Option<ChunkSender>,
     ) -> Result<CellResult, ApiError> {
@@ -709,9 +708,9 @@ impl Contexts {
         w.next_cell += 1;
         let line = DriverRequest::Run {
             cell,
-            code,
+            code: &body.code,
             timeout_ms,
-            env,
+            env: &body.env,
         }
         .line();
         on_sandbox(s, |sb| sb.write_background(w.agent, &line))?;
@@ -751,7 +750,9 @@ impl Contexts {
                 break Err((exit, None));
             }
             let waited = t0.elapsed().saturating_sub(paused);
-            if !interrupted && waited > timeout + INTERRUPT_SLACK {
+            let unread =
+                body.interrupt_when_unread && out.chunks.as_ref().is_some_and(|c| c.is_closed());
+            if !interrupted && (unread || waited > timeout + INTERRUPT_SLACK) {
                 interrupted = true;
                 let line = DriverRequest::Interrupt { cell }.line();
                 let _ = on_sandbox(s, |sb| sb.write_background(w.agent, &line));
@@ -810,7 +811,7 @@ impl Contexts {
             AuditEvent::ContextRun(ContextRun {
                 context: ctx.id.clone(),
                 cell: count,
-                code_sha256: hex::encode(Sha256::digest(code.as_bytes())),
+                code_sha256: hex::encode(Sha256::digest(body.code.as_bytes())),
                 status: r.status.as_str().to_string(),
                 error: r.error.as_ref().map(|e| e.name.clone()),
                 restarted: r.restarted,
