@@ -49,7 +49,8 @@ fn sandbox_of(id: &str) -> String {
     record["sandbox"].as_str().unwrap().to_string()
 }
 
-/// Every process whose command line names `needle`.
+/// Every process whose command line or cgroup names `needle` (runsc's name the sandbox,
+/// QEMU's cgroup is the VM's).
 fn processes_naming(needle: &str) -> Vec<String> {
     let mut found = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -61,7 +62,8 @@ fn processes_naming(needle: &str) -> Vec<String> {
             continue;
         };
         let cmd = text(&cmd).replace('\0', " ");
-        if cmd.contains(needle) {
+        let cgroup = std::fs::read_to_string(e.path().join("cgroup")).unwrap_or_default();
+        if cmd.contains(needle) || cgroup.contains(needle) {
             found.push(cmd);
         }
     }
@@ -161,6 +163,52 @@ fn the_tier_runs_a_container_as_the_container_tier_does(
     assert!(!Path::new("/run/cordon-oci").join(&id).exists());
     let left = processes_naming(&sandbox[..19]);
     assert!(left.is_empty(), "{tier}: left running: {left:?}");
+    // A killed monitor takes its runsc sandbox or VM with it, and the removal that follows
+    // leaves nothing of it.
+    let out = run_on(p, tier, &["-d", "--name", &name, IMAGE, "sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let sandbox = sandbox_of(&id);
+    let state = Command::new(OCI).args(["state", &id]).output().unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&state.stdout).unwrap();
+    let monitor = state["pid"].as_i64().unwrap() as i32;
+    assert!(
+        !processes_naming(&sandbox[..19]).is_empty(),
+        "{tier}: nothing runs"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(monitor),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !processes_naming(&sandbox[..19]).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let left = processes_naming(&sandbox[..19]);
+    assert!(
+        left.is_empty(),
+        "{tier}: left running by a killed monitor: {left:?}"
+    );
+    let out = p.oci(&["rm", "-f", &name]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!Path::new("/run/cordon-oci").join(&id).exists());
+    // No cgroup of it either (the gvisor tier's per start, QEMU's per VM).
+    let cgroups = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "find /sys/fs/cgroup -maxdepth 4 -type d -name '*{}*' 2>/dev/null",
+            &sandbox[3..19]
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(text(&cgroups.stdout), "", "{tier}: cgroups left");
+    if tier == "microvm" {
+        let run = cordon_microvm::MicrovmConfig::discover()
+            .run_dir
+            .join(&sandbox[..19]);
+        assert!(!run.exists(), "the VM's directory was left");
+    }
 }
 
 #[test]
