@@ -381,3 +381,68 @@ fn a_tier_the_node_cannot_run_is_refused_with_the_probes_reason() {
         "the container's state was left"
     );
 }
+
+/// The escape battery through podman with the workload on the gvisor tier: every case of
+/// `cordon_testkit::escape::BATTERY` held to gVisor's wall, through the same adapter as the
+/// container tier's (`podman exec`, `podman kill`, `podman cp`).
+#[test]
+fn podman_workload_on_the_gvisor_tier_passes_the_escape_battery() {
+    let Some(p) = podman() else { return };
+    if !gvisor_here() {
+        return;
+    }
+    let Some(layer) = cordon_testkit::image::python_layer() else {
+        have("python3, bash and /bin/busybox on the host", false);
+        return;
+    };
+    const IMAGE: &str = "localhost/cordon-oci-battery-gvisor:1";
+    let dir = tempfile::tempdir().unwrap();
+    let tar = dir.path().join("battery.tar");
+    std::fs::write(&tar, layer).unwrap();
+    let out = Command::new("podman")
+        .args(&p.args)
+        .args(["import", "--change", "ENV PATH=/usr/bin"])
+        .arg(&tar)
+        .arg(IMAGE)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "podman import: {}", text(&out.stderr));
+    let mut podman = vec!["podman".to_string()];
+    podman.extend(p.args.iter().cloned());
+    podman.extend(["--runtime".to_string(), OCI.to_string()]);
+    let b = super::escape::PodmanOci {
+        podman,
+        image: IMAGE.into(),
+        run_args: [
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--cap-add",
+            "NET_ADMIN",
+            "--annotation",
+            "cordon.tier=gvisor",
+        ]
+        .map(String::from)
+        .to_vec(),
+    };
+    let mut spec = cordon_core::SandboxSpec::new(cordon_core::Tier::Gvisor);
+    // The bundle's root is the sandbox's as a template's is (gVisor's own overlay over it,
+    // writable in the sentry's memory; the image's files stay root's).
+    spec.resolved_template = Some(cordon_core::ResolvedTemplate {
+        name: "oci".into(),
+        digest: String::new(),
+        root: dir.path().to_path_buf(),
+        env: Default::default(),
+        languages: Default::default(),
+        lease: None,
+        writable: false,
+    });
+    // gVisor's wall, with the path's one difference: a caller's files move by `podman cp`,
+    // which never enters the sandbox.
+    let wall = cordon_testkit::escape::Wall {
+        agent_files: false,
+        ..cordon_testkit::escape::Wall::of(cordon_core::Tier::Gvisor)
+    };
+    cordon_testkit::escape::run_table(&cordon_testkit::escape::BATTERY, &b, &spec, wall);
+}
