@@ -82,11 +82,12 @@ impl NodeAudit {
             .map_err(|e| AuditFailure::Store(e).into())
     }
 
-    /// Egress decisions of container `id`'s proxy, folded, with a `grant_use` row for
-    /// each allowed request that carried a grant.
+    /// Egress decisions of container `id`'s proxy (its sandbox on `tier`), folded, with a
+    /// `grant_use` row for each allowed request that carried a grant.
     pub fn egress(
         &self,
         id: &str,
+        tier: cordon_core::Tier,
         events: Vec<EgressEvent>,
     ) -> std::result::Result<(), AuditError> {
         if events.is_empty() {
@@ -96,7 +97,7 @@ impl NodeAudit {
         for ev in events {
             fold.push(ev);
         }
-        let tier = Some(cordon_core::Tier::Container);
+        let tier = Some(tier);
         let mut rows = Vec::new();
         for ev in fold.take() {
             if let (Some(grants), EgressDecision::Allow) = (&ev.grant, ev.decision) {
@@ -137,17 +138,20 @@ pub struct Audited<S: Sandbox> {
     inner: S,
     audit: NodeAudit,
     container: String,
+    /// The tier its sandbox runs on (its egress rows say so).
+    tier: cordon_core::Tier,
     /// What a drain took from the sandbox's report besides its egress decisions (which are
     /// in the store, not kept here), for the next caller of [`Sandbox::report`].
     kept: Details,
 }
 
 impl<S: Sandbox> Audited<S> {
-    pub fn new(inner: S, audit: NodeAudit, container: &str) -> Self {
+    pub fn new(inner: S, audit: NodeAudit, container: &str, tier: cordon_core::Tier) -> Self {
         Audited {
             inner,
             audit,
             container: container.to_string(),
+            tier,
             kept: Details::default(),
         }
     }
@@ -162,7 +166,7 @@ impl<S: Sandbox> Audited<S> {
     fn drain(&mut self) {
         let mut d = self.inner.report();
         let events = std::mem::take(&mut d.egress);
-        if let Err(e) = self.audit.egress(&self.container, events) {
+        if let Err(e) = self.audit.egress(&self.container, self.tier, events) {
             // Never a panic: the engine may have closed the monitor's stderr.
             let _ = std::io::Write::write_fmt(
                 &mut std::io::stderr(),

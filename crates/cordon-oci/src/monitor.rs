@@ -175,7 +175,8 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
     };
     // The backend's sandbox owns everything; the backend itself holds nothing more. Its
     // proxy's decisions go to the node's audit store as they are made.
-    let sandbox = Audited::new(sandbox, audit, &setup.id);
+    let tier = sandbox.tier();
+    let sandbox = Audited::new(sandbox, audit, &setup.id, tier);
     Ok(Prepared {
         sandbox,
         process,

@@ -446,3 +446,80 @@ fn podman_workload_on_the_gvisor_tier_passes_the_escape_battery() {
     };
     cordon_testkit::escape::run_table(&cordon_testkit::escape::BATTERY, &b, &spec, wall);
 }
+
+/// Egress from a workload on the gvisor tier, as `cordon run --tier gvisor --allow-host`
+/// gives it: the allowed loopback upstream reached through Cordon's proxy, an unlisted
+/// name refused (403), and each decision an `egress` row of the node's audit store that
+/// names the gvisor tier.
+#[test]
+fn podman_egress_on_the_gvisor_tier_goes_through_the_proxy_and_is_audited() {
+    let Some(p) = podman() else { return };
+    if !gvisor_here() {
+        return;
+    }
+    let up = cordon_testkit::egress::Upstream::start();
+    let port = up.port;
+    let dir = tempfile::tempdir().unwrap();
+    let config = node_config(
+        dir.path(),
+        "[ceiling]\negress = [\"*\", \"127.0.0.1/32\"]\n",
+    );
+    let script = format!(
+        "wget -q -O- http://127.0.0.1:{port}/allowed; echo; \
+         echo \"unlisted $(wget -q -O- http://unlisted.example/ 2>&1)\""
+    );
+    let allow = format!("cordon.allow-hosts=127.0.0.1/32:{port}");
+    let out = p.oci_under(
+        &config,
+        &[
+            "run",
+            "--rm",
+            "--annotation",
+            &allow,
+            "--annotation",
+            "cordon.tier=gvisor",
+            IMAGE,
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said} {}", text(&out.stderr));
+    assert!(
+        said.starts_with(&format!("{}\n", cordon_testkit::egress::Upstream::BODY)),
+        "{said} {}",
+        text(&out.stderr)
+    );
+    let line = said
+        .lines()
+        .find(|l| l.starts_with("unlisted "))
+        .unwrap_or_default();
+    assert!(line.contains("403"), "{said}");
+    let seen = up.requests();
+    assert_eq!(seen.len(), 1, "the upstream saw {seen:?}");
+    let rows = super::audit_rows(dir.path());
+    assert_eq!(
+        rows.first().map(|r| r.tier.as_deref()),
+        Some(Some("gvisor"))
+    );
+    let egress: Vec<(Option<&str>, Option<&str>, &str)> = rows
+        .iter()
+        .filter(|r| r.kind == "egress")
+        .map(|r| {
+            (
+                r.tier.as_deref(),
+                r.decision.as_deref(),
+                r.detail["host"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert!(
+        egress.contains(&(Some("gvisor"), Some("allow"), "127.0.0.1")),
+        "{egress:?}"
+    );
+    assert!(
+        egress.contains(&(Some("gvisor"), Some("deny"), "unlisted.example")),
+        "{egress:?}"
+    );
+}
