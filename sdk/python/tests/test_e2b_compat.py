@@ -404,6 +404,25 @@ def _call(method: str, path: str, headers: dict, body: bytes = b"") -> tuple:
         return e.code, e.read()
 
 
+def test_a_killed_sandbox_ends_its_cell_as_killed(server):
+    """run_code waiting on a cell when its sandbox is killed raises the SDK's sandbox-killed
+    error, as under E2B: the answer breaks off and /health answers 502 (E2B's suite:
+    test_killed.py); it used to return an execution with an error."""
+    import threading
+    from e2b import TimeoutException
+    from e2b_code_interpreter import Sandbox
+    s = Sandbox.create(timeout=300)
+    assert s.run_code("1").text == "1"  # the context's start is not what is measured
+    t = threading.Timer(2.0, s.kill)
+    t.start()
+    try:
+        with pytest.raises(TimeoutException) as e:
+            s.run_code("import time\ntime.sleep(60)")
+        assert "killed while the request was in progress" in str(e.value)
+    finally:
+        t.cancel()
+
+
 def test_envd_needs_the_sandboxs_access_token(sbx):
     """A caller that knows a sandbox's id but not its access token reaches nothing in it."""
     import json

@@ -2,7 +2,6 @@
 //! cell's output as NDJSON lines, `/contexts` makes, lists, deletes and restarts contexts.
 //! Python and JavaScript run; the other kernels E2B's image has do not exist here.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Json;
@@ -139,7 +138,7 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
     {
         return no_context(&cid);
     }
-    let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let svc = e.svc.clone();
     let tenant = b.tenant.clone();
     // run_code(envs=...): set for this cell only, as E2B's interpreter does.
@@ -151,6 +150,7 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
         // As E2B's interpreter: a client gone (its own timeout) interrupts the cell.
         interrupt_when_unread: true,
     };
+    let (svc2, tenant2, id2) = (svc.clone(), tenant.clone(), id.clone());
     tokio::spawn(async move {
         let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
         // The context runs one cell at a time; as E2B's kernel queues executions, this one
@@ -191,6 +191,23 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
         };
         while let Ok(c) = rx.try_recv() {
             let _ = out_tx.send(Ok(text(c))).await;
+        }
+        // The sandbox ended under the cell: as when E2B's sandbox goes away under a request,
+        // the answer breaks off; the SDK then asks /health (502) and raises its
+        // sandbox-killed error instead of returning an execution.
+        let ended = match &result {
+            Ok(r) => r.status == CellStatus::Died,
+            Err(err) => err.code == crate::Code::SandboxGone,
+        };
+        if ended
+            && !matches!(svc2.sessions().info(&tenant2, &id2).await, Ok(i) if i.state == "live")
+        {
+            let _ = out_tx
+                .send(Err(std::io::Error::other(
+                    "the sandbox ended under the cell",
+                )))
+                .await;
+            return;
         }
         let mut lines = Vec::new();
         match result {
