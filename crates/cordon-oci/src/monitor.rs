@@ -383,6 +383,12 @@ pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
                 fds.push(PollFd::new(fd, PollFlags::POLLIN));
             }
         }
+        // Room on the caller's stdout or stderr for output that waits for it.
+        for p in &procs {
+            for fd in p.relay.iter().flat_map(Relay::out_waiting) {
+                fds.push(PollFd::new(fd, PollFlags::POLLOUT));
+            }
+        }
         let timeout = if procs.is_empty() {
             1000
         } else if relay_moved {

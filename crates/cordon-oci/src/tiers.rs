@@ -466,10 +466,17 @@ const STDIN_CHUNK: usize = 64 * 1024;
 
 /// The copy between a relayed process and the caller's descriptors: its output, read from
 /// the agent from where the last read ended (which lets go of what was read), written to
-/// the caller's stdout and stderr as it comes; the caller's stdin passed on until it ends.
+/// the caller's stdout and stderr as they take it, never blocking the monitor (while the
+/// caller has not taken one read, the next waits in the agent, and so does the program);
+/// the caller's stdin passed on until it ends.
 pub struct Relay {
     from: [u64; 2],
     out: [OwnedFd; 2],
+    /// Output read from the agent that the caller has not taken yet, and how much of it
+    /// it took, per stream.
+    unwritten: [(Vec<u8>, usize); 2],
+    /// The process's end, read with its last output, told once that is written.
+    ended: Option<cordon_core::ProcExit>,
     stdin: Option<OwnedFd>,
     /// Stdin read but not yet taken by the agent; an empty one is its end.
     pending: Option<Vec<u8>>,
@@ -497,6 +504,8 @@ impl Relay {
         Ok(Relay {
             from: [0, 0],
             out: [dup(stdio[1])?, dup(stdio[2])?],
+            unwritten: Default::default(),
+            ended: None,
             stdin: Some(dup(stdio[0])?),
             pending: None,
             size: terminal.then(|| window_size(stdio[1]).unwrap_or(DEFAULT_SIZE)),
@@ -509,6 +518,55 @@ impl Relay {
             .as_ref()
             .filter(|_| self.pending.is_none())
             .map(|f| f.as_fd())
+    }
+
+    /// The caller's stdout and stderr while output waits for them (the monitor polls them
+    /// for room).
+    pub fn out_waiting(&self) -> Vec<BorrowedFd<'_>> {
+        (0..2)
+            .filter(|k| self.waits(*k))
+            .map(|k| self.out[k].as_fd())
+            .collect()
+    }
+
+    fn waits(&self, k: usize) -> bool {
+        self.unwritten[k].1 < self.unwritten[k].0.len()
+    }
+
+    /// Writes what waits, as much as each descriptor takes without blocking: a piece of at
+    /// most `PIPE_BUF` bytes whenever it polls writable (a pipe takes that much whole).
+    /// A caller that went away takes no more: what it would have had is dropped, and the
+    /// process runs on. Returns whether anything was written.
+    fn flush(&mut self) -> bool {
+        use nix::errno::Errno;
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let mut wrote = false;
+        for k in 0..2 {
+            while self.waits(k) {
+                let fd = self.out[k].as_fd();
+                let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
+                if !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0) {
+                    break;
+                }
+                let gone = fds[0].revents().is_some_and(|r| {
+                    r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL)
+                });
+                let (data, at) = &self.unwritten[k];
+                let piece = &data[*at..data.len().min(*at + libc::PIPE_BUF)];
+                match (gone, nix::unistd::write(fd, piece)) {
+                    (false, Ok(n)) => {
+                        self.unwritten[k].1 += n;
+                        wrote = true;
+                    }
+                    (false, Err(Errno::EINTR | Errno::EAGAIN)) => break,
+                    _ => self.unwritten[k] = Default::default(),
+                }
+            }
+            if !self.waits(k) {
+                self.unwritten[k] = Default::default();
+            }
+        }
+        wrote
     }
 
     /// Copies what process `id` wrote since the last pass (every byte of it: the agent
@@ -539,28 +597,51 @@ impl Relay {
                 pass.moved = true;
             }
         }
-        // A few reads in a row while output keeps coming; the monitor's other work waits
-        // no longer than that.
+        pass.moved |= self.flush();
+        // What the caller has not taken yet holds the rest in the agent.
+        if self.waits(0) || self.waits(1) {
+            return Ok(pass);
+        }
+        if let Some(exit) = self.ended.take() {
+            pass.exit = Some(exit);
+            return Ok(pass);
+        }
+        // A few reads in a row while output keeps coming and the caller takes it; the
+        // monitor's other work waits no longer than that.
         for _ in 0..8 {
-            let o = sandbox.read_background(id, self.from, READ_MAX)?;
-            let got = !o.stdout.is_empty() || !o.stderr.is_empty();
-            for (k, (at, data)) in [(o.stdout_from, &o.stdout), (o.stderr_from, &o.stderr)]
+            let cordon_core::ProcOutput {
+                stdout_from,
+                stdout,
+                stderr_from,
+                stderr,
+                exit,
+            } = sandbox.read_background(id, self.from, READ_MAX)?;
+            let got = !stdout.is_empty() || !stderr.is_empty();
+            for (k, (at, data)) in [(stdout_from, stdout), (stderr_from, stderr)]
                 .into_iter()
                 .enumerate()
             {
                 // A held stream starts where the last read ended.
                 self.from[k] = at + data.len() as u64;
-                // A caller that went away takes no more; the process runs on.
-                let _ = write_all(self.out[k].as_fd(), data);
+                self.unwritten[k] = (data, 0);
             }
-            if o.exit.is_some() {
-                pass.exit = o.exit;
+            self.flush();
+            let waiting = self.waits(0) || self.waits(1);
+            if exit.is_some() {
+                if waiting {
+                    self.ended = exit;
+                } else {
+                    pass.exit = exit;
+                }
                 return Ok(pass);
             }
             if !got {
                 break;
             }
             pass.moved = true;
+            if waiting {
+                break;
+            }
         }
         Ok(pass)
     }
@@ -581,23 +662,4 @@ impl Relay {
             }
         }
     }
-}
-
-/// Writes all of `data` to `fd`, waiting while a non-blocking descriptor is full.
-fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) -> std::io::Result<()> {
-    use nix::errno::Errno;
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    while !data.is_empty() {
-        match nix::unistd::write(fd, data) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => data = &data[n..],
-            Err(Errno::EINTR) => {}
-            Err(Errno::EAGAIN) => {
-                let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
-                poll(&mut fds, PollTimeout::from(1000u16))?;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
 }

@@ -523,3 +523,127 @@ fn podman_egress_on_the_gvisor_tier_goes_through_the_proxy_and_is_audited() {
         "{egress:?}"
     );
 }
+
+/// containerd's runc shim with cordon-oci as its binary (`ctr run --annotation
+/// cordon.tier=gvisor`): output, exit code, and every byte of a fast writer through the
+/// shim's own pipes.
+#[test]
+fn ctr_runs_a_container_on_the_gvisor_tier() {
+    let Some(c) = super::containerd_with_image() else {
+        return;
+    };
+    if !gvisor_here() {
+        return;
+    }
+    let runc_root = c.dir.path().join("runc-root");
+    let run = |id: &str, script: &str| {
+        c.ctr(&[
+            "run",
+            "--runc-binary",
+            OCI,
+            "--runc-root",
+            runc_root.to_str().unwrap(),
+            "--annotation",
+            "cordon.tier=gvisor",
+            "--rm",
+            IMAGE,
+            id,
+            "sh",
+            "-c",
+            script,
+        ])
+    };
+    let out = run("g-dmesg", "busybox dmesg; echo err >&2; exit 5");
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("Starting gVisor"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run("g-big", &fast_writer());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(out.stdout.len(), BIG, "bytes through ctr");
+    assert_same(
+        "ctr gvisor stdout",
+        &out.stdout,
+        &pattern(LINE.trim_end(), BIG),
+    );
+}
+
+/// A caller that stops reading the process's stdout (the monitor's own, a pipe here) holds
+/// the process at its pipe in the agent, never the monitor: `exec` and `state` still
+/// answer while gigabytes wait to be written.
+#[test]
+fn a_caller_that_stops_reading_never_stalls_the_monitor() {
+    if !have("root", nix::unistd::geteuid().is_root()) || !super::init_beside() || !gvisor_here() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs/bin")).unwrap();
+    std::fs::copy("/bin/busybox", bundle.join("rootfs/bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", bundle.join("rootfs/bin/sh")).unwrap();
+    std::fs::write(
+        bundle.join("config.json"),
+        serde_json::json!({
+            "ociVersion": "1.0.2",
+            "root": {"path": "rootfs"},
+            "process": {"args": ["/bin/busybox", "yes"], "cwd": "/", "env": ["PATH=/bin"],
+                        "user": {"uid": 0, "gid": 0}},
+            "annotations": {"cordon.tier": "gvisor"},
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+                                     {"type": "uts"}, {"type": "mount"}]}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let config = node_config(dir.path(), "");
+    let root = dir.path().join("state");
+    let oci = |args: &[&str]| {
+        let mut c = Command::new("timeout");
+        c.args(["30", OCI])
+            .arg("--root")
+            .arg(&root)
+            .arg("--cordon-config")
+            .arg(&config)
+            .args(args);
+        c
+    };
+    // Its stdout: a pipe this test never reads.
+    let (rx, tx) = nix::unistd::pipe().unwrap();
+    let created = oci(&["create", "--bundle", bundle.to_str().unwrap(), "stall"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(tx))
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(created.success());
+    assert!(oci(&["start", "stall"]).status().unwrap().success());
+    // `yes` fills the pipe at once; then the agent holds what it writes.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    // (Its stdio: /dev/null, which the monitor may hold without holding up this test.)
+    let exec = oci(&["exec", "stall", "/bin/busybox", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    let answered = exec.code() == Some(0);
+    if !answered {
+        let _ = oci(&["delete", "--force", "stall"]).status();
+    }
+    assert!(answered, "the monitor did not answer an exec: {exec}");
+    let state = oci(&["state", "stall"]).output().unwrap();
+    assert!(
+        text(&state.stdout).contains("\"running\""),
+        "{}",
+        text(&state.stdout)
+    );
+    drop(rx);
+    assert!(
+        oci(&["delete", "--force", "stall"])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
