@@ -220,9 +220,9 @@ fn tier_args(tier: Option<&str>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The disk a microvm container's root becomes (in its state directory, made at create,
-/// removed with the container): its size and what it takes on the state directory's
-/// filesystem, read while a container runs.
+/// The disk a microvm container's root becomes (made at create under the node's disk,
+/// unlinked once QEMU holds it): its size and what it takes on the node's disk, read
+/// through the descriptor of a running container's QEMU.
 fn disk_size(base: &[String], oci: &Path, image: &str) {
     use std::os::unix::fs::MetadataExt;
     let out = Command::new("podman")
@@ -241,16 +241,24 @@ fn disk_size(base: &[String], oci: &Path, image: &str) {
         .output()
         .unwrap();
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let disk = Path::new("/run/cordon-oci")
-        .join(&id)
-        .join("disk/root.ext4");
-    match std::fs::metadata(&disk) {
-        Ok(m) => println!(
-            "microvm container's disk (a busybox image): {:.1} MiB, {:.1} MiB allocated in /run",
+    let wanted = format!("{}/{id}/root.ext4", cordon_oci::tiers::DISKS);
+    // Bounded: the processes of the node, each's descriptors.
+    let held = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|p| std::fs::read_dir(p.path().join("fd")).ok())
+        .flat_map(|fds| fds.flatten())
+        .find(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().starts_with(&wanted))
+        });
+    match held.map(|fd| std::fs::metadata(fd.path())) {
+        Some(Ok(m)) => println!(
+            "microvm container's disk (a busybox image): {:.1} MiB, {:.1} MiB allocated on the node's disk",
             m.len() as f64 / (1 << 20) as f64,
             (m.blocks() * 512) as f64 / (1 << 20) as f64
         ),
-        Err(e) => eprintln!("no disk at {}: {e}", disk.display()),
+        _ => eprintln!("no process holds the disk {wanted}"),
     }
     let _ = Command::new("podman")
         .args(base)

@@ -621,6 +621,7 @@ fn delete(root: &Root, id: &str, force: bool) -> Result<()> {
     }
     monitor::sweep(&r);
     cordon_oci::rootfs::sweep(id);
+    cordon_oci::tiers::sweep_disk(id);
     std::fs::remove_dir_all(root.dir(id))
         .or_else(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {

@@ -149,7 +149,7 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
         writable: writable.is_some(),
     });
     let ids = writable.as_ref().map(|w| crate::rootfs::pool(&w.ids));
-    let mut sandbox = crate::tiers::create(&sandbox_spec, &setup.root.dir(&setup.id), ids)?;
+    let mut sandbox = crate::tiers::create(&sandbox_spec, &setup.id, ids)?;
     // Its ids stay leased until the monitor ends.
     std::mem::forget(writable);
     let terminal = match (&setup.console, process.terminal) {

@@ -27,7 +27,7 @@ use crate::{OciError, Result};
 pub const TIERS: [Tier; 3] = [Tier::Container, Tier::Gvisor, Tier::Microvm];
 
 /// The largest root filesystem a bundle may have on the microvm tier: its disk is made
-/// from it once per container, in the container's state directory.
+/// from it once per container, under [`DISKS`].
 pub const MAX_ROOT_DISK: u64 = 4 << 30;
 
 /// One container's sandbox, on its tier.
@@ -93,18 +93,29 @@ fn microvm_backend(disk: Option<PathBuf>) -> cordon_microvm::MicrovmBackend {
     cordon_microvm::MicrovmBackend::new(cfg)
 }
 
-/// Where a microvm container's disk is made, in its state directory `dir`.
-pub fn disk_in(dir: &Path) -> PathBuf {
-    dir.join("disk").join("root.ext4")
+/// Where microvm containers' disks are made: on the node's disk. A container's state may
+/// be on a tmpfs (podman's is under /run), where a disk of up to [`MAX_ROOT_DISK`] would
+/// be the node's memory, counted nowhere.
+pub const DISKS: &str = "/var/lib/cordon/oci/disks";
+
+/// The directory of container `id`'s microvm disk (`check_id` keeps `id` one name).
+fn disk_dir(id: &str) -> PathBuf {
+    Path::new(DISKS).join(id)
 }
 
-/// Makes the sandbox for `spec` on the tier the gate chose (`spec.tier`). `state` is the
-/// container's state directory (the microvm tier's disk goes there). `ids`: the pool the
+/// Removes container `id`'s microvm disk, if one is left (its VM holds it by descriptor
+/// once started, so only a monitor killed while it made the disk leaves one).
+pub fn sweep_disk(id: &str) {
+    let _ = std::fs::remove_dir_all(disk_dir(id));
+}
+
+/// Makes the sandbox for `spec` on the tier the gate chose (`spec.tier`) for container
+/// `id` (the microvm tier's disk is named by it). `ids`: the pool the
 /// container tier takes the sandbox's host ids from, when they must be those a writable
 /// root was made for (`rootfs::pool`).
 pub fn create(
     spec: &SandboxSpec,
-    state: &Path,
+    id: &str,
     ids: Option<cordon_host::idpool::IdPool>,
 ) -> Result<TierSandbox> {
     match spec.tier {
@@ -125,8 +136,22 @@ pub fn create(
             if let Some(t) = &spec.resolved_template {
                 bounded_size(&t.root, MAX_ROOT_DISK)?;
             }
-            let backend = microvm_backend(Some(disk_in(state)));
-            Ok(TierSandbox::Microvm(Box::new(backend.create_cold(spec)?)))
+            // Made fresh: a disk a killed monitor left under the same id is not this image.
+            sweep_disk(id);
+            {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(DISKS)
+                    .map_err(|e| OciError::io("making the microvm disks' directory", e))?;
+            }
+            let disk = disk_dir(id).join("root.ext4");
+            let made = microvm_backend(Some(disk)).create_cold(spec);
+            // QEMU reads the disk by the descriptor it was given: the file goes now, so
+            // nothing of it outlives the VM, a crash or a reboot included.
+            sweep_disk(id);
+            Ok(TierSandbox::Microvm(Box::new(made?)))
         }
         other => Err(OciError::Invalid(format!(
             "cordon-oci does not run the {other} tier; set cordon.tier to container, gvisor or microvm"

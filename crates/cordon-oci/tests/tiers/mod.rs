@@ -158,9 +158,9 @@ fn the_tier_runs_a_container_as_the_container_tier_does(
     assert_eq!(text(&out.stdout).trim(), "137", "{}", text(&out.stderr));
     let out = p.oci(&["rm", &name]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    // Nothing of it is left: its state (the microvm's disk in it), no runsc sandbox or
-    // QEMU of it.
+    // Nothing of it is left: its state, its microvm disk, no runsc sandbox or QEMU of it.
     assert!(!Path::new("/run/cordon-oci").join(&id).exists());
+    assert!(!Path::new(cordon_oci::tiers::DISKS).join(&id).exists());
     let left = processes_naming(&sandbox[..19]);
     assert!(left.is_empty(), "{tier}: left running: {left:?}");
     // A killed monitor takes its runsc sandbox or VM with it, and the removal that follows
@@ -175,6 +175,11 @@ fn the_tier_runs_a_container_as_the_container_tier_does(
     assert!(
         !processes_naming(&sandbox[..19]).is_empty(),
         "{tier}: nothing runs"
+    );
+    // A running VM holds its disk by descriptor alone: no file of it is on the node.
+    assert!(
+        !Path::new(cordon_oci::tiers::DISKS).join(&id).exists(),
+        "{tier}: the disk's file outlived the start"
     );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(monitor),
