@@ -71,6 +71,11 @@ impl Backend for PodmanOci {
             .output()
             .map_err(|e| Error::Sandbox(format!("podman run: {e}")))?;
         if !out.status.success() {
+            // A run that failed after podman made the container (a start that failed late
+            // leaves it "Exited (-1)" with its monitor up) must not outlive the test.
+            let _ = podman_cmd(&self.podman)
+                .args(["rm", "-f", "-t", "0", &name])
+                .output();
             return Err(Error::Sandbox(format!("podman run: {}", text(&out.stderr))));
         }
         Ok(Box::new(Container {
