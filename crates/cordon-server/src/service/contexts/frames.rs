@@ -299,22 +299,34 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_servers_interrupt_of_a_cell_past_its_timeout_is_a_timeout() {
-        // The Python driver itself, on the host's python3. The server sends its interrupt
-        // only when a cell ran past its timeout and the driver's own watchdog had not fired
-        // (a starved thread under load); the cell must end `timeout`, not as an error.
-        use std::io::Write as _;
+    /// The Python driver itself on the host's python3 (no `FOO` in its environment), once
+    /// it said it is ready: the child, its frames and its stdin.
+    fn python_driver() -> (
+        std::process::Child,
+        std::sync::mpsc::Receiver<DriverFrame>,
+        std::process::ChildStdin,
+    ) {
         let mut child = std::process::Command::new("python3")
             .args(["-c", super::super::PYTHON_DRIVER])
+            .env_remove("FOO")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("python3 runs");
         let rx = frames_of(child.stdout.take().expect("stdout"));
-        let mut stdin = child.stdin.take().expect("stdin");
+        let stdin = child.stdin.take().expect("stdin");
         next_frame(&rx, |f| matches!(f, DriverFrame::Ready { .. }));
+        (child, rx, stdin)
+    }
+
+    #[test]
+    fn the_servers_interrupt_of_a_cell_past_its_timeout_is_a_timeout() {
+        // The Python driver itself, on the host's python3. The server sends its interrupt
+        // only when a cell ran past its timeout and the driver's own watchdog had not fired
+        // (a starved thread under load); the cell must end `timeout`, not as an error.
+        use std::io::Write as _;
+        let (mut child, rx, mut stdin) = python_driver();
         let run = DriverRequest::Run {
             cell: 1,
             code: "print('started', flush=True)\nimport time\ntime.sleep(30)",
@@ -341,17 +353,7 @@ mod tests {
         // The Python driver on the host's python3: FOO is the cell's while it runs; after
         // it, the context's own value (here none) is back, and PATH is untouched.
         use std::io::Write as _;
-        let mut child = std::process::Command::new("python3")
-            .args(["-c", super::super::PYTHON_DRIVER])
-            .env_remove("FOO")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("python3 runs");
-        let rx = frames_of(child.stdout.take().expect("stdout"));
-        let mut stdin = child.stdin.take().expect("stdin");
-        next_frame(&rx, |f| matches!(f, DriverFrame::Ready { .. }));
+        let (mut child, rx, mut stdin) = python_driver();
         let env = BTreeMap::from([("FOO".to_string(), "for-the-cell".to_string())]);
         let code = "import os\nprint(os.environ.get('FOO', 'unset'), bool(os.environ.get('PATH')))";
         for (cell, env) in [(1, &env), (2, &BTreeMap::new())] {
