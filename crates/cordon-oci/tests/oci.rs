@@ -1184,33 +1184,7 @@ fn podman_workload_passes_the_escape_battery() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let tar = dir.path().join("battery.tar");
-    std::fs::write(&tar, layer).unwrap();
-    let out = Command::new("podman")
-        .args(&p.args)
-        .args(["import", "--change", "ENV PATH=/usr/bin"])
-        .arg(&tar)
-        .arg(BATTERY_IMAGE)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "podman import: {}", text(&out.stderr));
-    let mut podman = vec!["podman".to_string()];
-    podman.extend(p.args.iter().cloned());
-    podman.extend(["--runtime".to_string(), OCI.to_string()]);
-    let b = escape::PodmanOci {
-        podman,
-        image: BATTERY_IMAGE.into(),
-        run_args: [
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-            "--cap-add",
-            "NET_ADMIN",
-        ]
-        .map(String::from)
-        .to_vec(),
-    };
+    let b = escape::PodmanOci::imported(&p.args, OCI, &layer, dir.path(), BATTERY_IMAGE, &[]);
     let spec = cordon_core::SandboxSpec::new(cordon_core::Tier::Container);
     // The container tier's wall, with one difference of the path: a caller's files move
     // by `podman cp`, which never enters the sandbox (see cordon-oci's rootfs seal).

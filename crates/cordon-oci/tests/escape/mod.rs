@@ -26,6 +26,55 @@ pub struct PodmanOci {
     pub run_args: Vec<String>,
 }
 
+impl PodmanOci {
+    /// The battery's image: `layer` written into `dir` and imported as `image` into the
+    /// storage podman's global arguments `args` name; its containers run on the runtime
+    /// `oci` with the ulimits podman needs here, NET_ADMIN (the battery's network cases)
+    /// and `extra`.
+    pub fn imported(
+        args: &[String],
+        oci: &str,
+        layer: &[u8],
+        dir: &std::path::Path,
+        image: &str,
+        extra: &[&str],
+    ) -> PodmanOci {
+        let tar = dir.join("battery.tar");
+        std::fs::write(&tar, layer).unwrap();
+        let out = Command::new("podman")
+            .args(args)
+            .args(["import", "--change", "ENV PATH=/usr/bin"])
+            .arg(&tar)
+            .arg(image)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "podman import: {}", text(&out.stderr));
+        let podman = ["podman"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(args.iter().cloned())
+            .chain(["--runtime".to_string(), oci.to_string()])
+            .collect();
+        let run_args = [
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--cap-add",
+            "NET_ADMIN",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect();
+        PodmanOci {
+            podman,
+            image: image.into(),
+            run_args,
+        }
+    }
+}
+
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
 impl PodmanOci {

@@ -402,35 +402,14 @@ fn podman_workload_on_the_gvisor_tier_passes_the_escape_battery() {
     };
     const IMAGE: &str = "localhost/cordon-oci-battery-gvisor:1";
     let dir = tempfile::tempdir().unwrap();
-    let tar = dir.path().join("battery.tar");
-    std::fs::write(&tar, layer).unwrap();
-    let out = Command::new("podman")
-        .args(&p.args)
-        .args(["import", "--change", "ENV PATH=/usr/bin"])
-        .arg(&tar)
-        .arg(IMAGE)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "podman import: {}", text(&out.stderr));
-    let mut podman = vec!["podman".to_string()];
-    podman.extend(p.args.iter().cloned());
-    podman.extend(["--runtime".to_string(), OCI.to_string()]);
-    let b = super::escape::PodmanOci {
-        podman,
-        image: IMAGE.into(),
-        run_args: [
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-            "--cap-add",
-            "NET_ADMIN",
-            "--annotation",
-            "cordon.tier=gvisor",
-        ]
-        .map(String::from)
-        .to_vec(),
-    };
+    let b = super::escape::PodmanOci::imported(
+        &p.args,
+        OCI,
+        &layer,
+        dir.path(),
+        IMAGE,
+        &["--annotation", "cordon.tier=gvisor"],
+    );
     let mut spec = cordon_core::SandboxSpec::new(cordon_core::Tier::Gvisor);
     // The bundle's root is the sandbox's as a template's is (gVisor's own overlay over it,
     // writable in the sentry's memory; the image's files stay root's).
