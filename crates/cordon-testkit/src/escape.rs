@@ -274,7 +274,13 @@ pub fn run_battery(b: &dyn Backend, spec: &SandboxSpec) {
 /// host's shadow file is neither readable nor copied in, and its home directories are
 /// empty or absent.
 pub fn host_files_invisible(b: &dyn Backend, spec: &SandboxSpec, _wall: Wall) {
-    let canary = std::env::temp_dir().join(format!("cordon-escape-canary-{}", std::process::id()));
+    // One name per call: batteries of two tiers may run side by side in one test binary.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let canary = std::env::temp_dir().join(format!(
+        "cordon-escape-canary-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     std::fs::write(&canary, "host-canary-content").unwrap();
     let o = run_once(
         b,
