@@ -19,7 +19,7 @@ use tar::{EntryType, Header};
 
 use crate::files::{
     FileError, MAX_DEPTH, Workspace, check_dir, dir_errno, kind_of, open_at, read_names,
-    refuse_errno, write_error,
+    refuse_errno, walk_from, write_error,
 };
 use crate::proto::ErrorCode;
 
@@ -133,10 +133,7 @@ impl Workspace {
                     report.bytes += n;
                 }
                 EntryType::Directory => {
-                    self.make_dirs(&target, &shown)?;
-                    let fd = self
-                        .open_dir(&target)
-                        .map_err(|e| refuse_errno(&shown, e))?;
+                    let fd = self.make_dirs(&target, &shown)?;
                     // The owner keeps rwx, so what follows can go in.
                     let _ = fchmod(&fd, Mode::from_bits_truncate((mode & 0o777) | 0o700));
                     report.dirs += 1;
@@ -225,14 +222,20 @@ impl Workspace {
                     report.symlinks += 1;
                 }
                 _ => {
-                    // Opened again beneath the top, never through a symlink, without
-                    // blocking; it must still be a regular file.
-                    let fd = match open_at(
-                        top.as_fd(),
-                        &item.rel,
-                        OFlag::O_RDONLY | OFlag::O_NONBLOCK,
-                        Mode::empty(),
-                    ) {
+                    // Opened again beneath the top, one component at a time, never
+                    // through a symlink, without blocking; it must still be a regular file.
+                    let (parent, name) = item.rel.rsplit_once('/').unwrap_or(("", &item.rel));
+                    let opened = walk_from(top.as_fd(), parent, None)
+                        .map_err(|s| s.errno)
+                        .and_then(|p| {
+                            open_at(
+                                p.as_fd(),
+                                name,
+                                OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+                                Mode::empty(),
+                            )
+                        });
+                    let fd = match opened {
                         Ok(fd) => fd,
                         Err(e) => {
                             report.skipped.push(Skipped {

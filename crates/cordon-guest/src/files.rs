@@ -1,6 +1,7 @@
-//! Files in and out of a sandbox's workspace, opened beneath its root: never through a
-//! symlink or onto another filesystem, never blocking on a FIFO the sandbox planted, and
-//! only ever a regular file. Used by the agent inside a sandbox and by tiers that reach
+//! Files in and out of a sandbox's workspace, opened beneath its root one component at a
+//! time (every `*at` call takes a directory descriptor and one name, never a path the
+//! kernel would resolve again): never through a symlink or onto another filesystem, never
+//! blocking on a FIFO the sandbox planted, and only ever a regular file. Used by the agent inside a sandbox and by tiers that reach
 //! the workspace from the host (gvisor).
 
 use std::fs::File;
@@ -44,19 +45,18 @@ impl Workspace {
         Ok(Workspace { root, uid, gid })
     }
 
-    pub(crate) fn open_beneath(
-        &self,
-        rel: &str,
-        flags: OFlag,
-        mode: Mode,
-    ) -> Result<OwnedFd, Errno> {
-        open_at(self.root.as_fd(), rel, flags, mode)
+    /// The directory `rel` beneath the root (`rel` empty: the root itself), opened one
+    /// component at a time, each beneath the descriptor of the one before and never through
+    /// a symlink, so nothing the sandbox swaps in while the walk runs is followed; with
+    /// `create`, missing directories are made on the way (each handed to the sandbox user).
+    /// An error names the prefix of `rel` where the walk stopped.
+    pub(crate) fn walk(&self, rel: &str, create: bool) -> Result<OwnedFd, Stuck> {
+        walk_from(self.root.as_fd(), rel, create.then_some(self))
     }
 
     /// A directory beneath the root, readable (`rel` empty: the root itself).
     pub(crate) fn open_dir(&self, rel: &str) -> Result<OwnedFd, Errno> {
-        let rel = if rel.is_empty() { "." } else { rel };
-        self.open_beneath(rel, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty())
+        self.walk(rel, false).map_err(|s| s.errno)
     }
 
     /// The directory holding `rel` (not empty), and the last component's name.
@@ -83,69 +83,37 @@ impl Workspace {
         f.write_all(data).map_err(|e| write_error(path, &e))
     }
 
-    /// Makes the directory `rel` and its missing parents, one by one, each opened without
-    /// following symlinks and handed to the sandbox user; existing directories are kept.
-    pub(crate) fn make_dirs(&self, rel: &str, shown: &str) -> Result<(), FileError> {
-        let mut sofar = String::new();
-        for part in rel.split('/') {
-            if !sofar.is_empty() {
-                sofar.push('/');
-            }
-            sofar.push_str(part);
-            match self.open_beneath(&sofar, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty()) {
-                Ok(_) => {}
-                Err(Errno::ENOENT) => {
-                    match mkdirat(
-                        self.root.as_fd(),
-                        sofar.as_str(),
-                        Mode::from_bits_truncate(0o755),
-                    ) {
-                        Ok(()) | Err(Errno::EEXIST) => {}
-                        Err(e) => return Err(refuse_errno(shown, e)),
-                    }
-                    let fd = self
-                        .open_beneath(&sofar, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty())
-                        .map_err(|e| refuse_errno(shown, e))?;
-                    self.hand_over(&fd);
-                }
-                // Something that is not a directory: a symlink is refused as one.
-                Err(Errno::ENOTDIR) => {
-                    let st = fstatat(&self.root, sofar.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW);
-                    return Err(match st {
-                        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
-                            refuse_errno(shown, Errno::ELOOP)
-                        }
-                        _ => (
-                            ErrorCode::PathRefused,
-                            format!("{shown}: /work/{sofar} is not a directory"),
-                        ),
-                    });
-                }
-                Err(e) => return Err(refuse_errno(shown, e)),
-            }
-        }
-        Ok(())
+    /// Makes the directory `rel` and its missing parents, one by one, each opened beneath
+    /// the one before without following symlinks and handed to the sandbox user; existing
+    /// directories are kept. Returns the directory, held open.
+    pub(crate) fn make_dirs(&self, rel: &str, shown: &str) -> Result<OwnedFd, FileError> {
+        self.walk(rel, true).map_err(|s| match s.errno {
+            Errno::ENOTDIR => (
+                ErrorCode::PathRefused,
+                format!("{shown}: /work/{} is not a directory", s.at),
+            ),
+            e => refuse_errno(shown, e),
+        })
     }
 
     /// Creates or truncates the regular file `rel` (parents made), owned by the sandbox
     /// user, with permission bits `mode & 0o777`. Refused: anything but a regular file at
     /// the end (a FIFO is opened without blocking), a symlink anywhere.
     pub(crate) fn create_file(&self, rel: &str, shown: &str, mode: u32) -> Result<File, FileError> {
-        if let Some((dirs, _)) = rel.rsplit_once('/') {
-            self.make_dirs(dirs, shown)?;
-        }
+        let (dirs, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        let parent = self.make_dirs(dirs, shown)?;
         // Not O_TRUNC: only a file found to be regular is truncated.
-        let fd = self
-            .open_beneath(
-                rel,
-                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK,
-                Mode::from_bits_truncate(mode & 0o777),
-            )
-            .map_err(|e| match e {
-                // A FIFO without a reader (or a socket), a directory: not a file.
-                Errno::ENXIO | Errno::EISDIR => not_regular(shown),
-                e => refuse_errno(shown, e),
-            })?;
+        let fd = open_at(
+            parent.as_fd(),
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK,
+            Mode::from_bits_truncate(mode & 0o777),
+        )
+        .map_err(|e| match e {
+            // A FIFO without a reader (or a socket), a directory: not a file.
+            Errno::ENXIO | Errno::EISDIR => not_regular(shown),
+            e => refuse_errno(shown, e),
+        })?;
         let st = fstat(&fd).map_err(|e| refuse_errno(shown, e))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(not_regular(shown));
@@ -265,7 +233,7 @@ impl Workspace {
     pub fn mkdir(&self, path: &str, parents: bool) -> Result<(), FileError> {
         let rel = check_path(path)?;
         if parents {
-            return self.make_dirs(&rel, path);
+            return self.make_dirs(&rel, path).map(drop);
         }
         let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
         mkdirat(&parent, name, Mode::from_bits_truncate(0o755)).map_err(|e| match e {
@@ -295,12 +263,17 @@ impl Workspace {
     /// [`Workspace::put`] refuses.
     pub fn get(&self, path: &str, max: u64) -> Result<(Vec<u8>, bool), FileError> {
         let rel = check_path(path)?;
-        let fd = self
-            .open_beneath(&rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty())
-            .map_err(|e| match e {
-                Errno::ENXIO => not_regular(path),
-                e => refuse_errno(path, e),
-            })?;
+        let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
+        let fd = open_at(
+            parent.as_fd(),
+            name,
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::ENXIO => not_regular(path),
+            e => refuse_errno(path, e),
+        })?;
         let st = fstat(&fd).map_err(|e| refuse_errno(path, e))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(not_regular(path));
@@ -317,14 +290,80 @@ impl Workspace {
     }
 }
 
-/// Opens `rel` beneath `dir`: never through a symlink, a magic link or onto another
-/// filesystem, never the last component if it is a symlink.
+/// Where a walk stopped: the error, and the prefix of the path it was walking.
+#[derive(Debug)]
+pub(crate) struct Stuck {
+    pub(crate) errno: Errno,
+    pub(crate) at: String,
+}
+
+/// The directory `rel` beneath `top` (`rel` empty: `top` again), one component at a time
+/// (see [`Workspace::walk`]); with `make`, missing directories are made and handed to its
+/// user. A component that is a symlink is `ELOOP`, one that is not a directory `ENOTDIR`.
+pub(crate) fn walk_from(
+    top: BorrowedFd<'_>,
+    rel: &str,
+    make: Option<&Workspace>,
+) -> Result<OwnedFd, Stuck> {
+    let dir_flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY;
+    let stuck = |errno, end: usize| Stuck {
+        errno,
+        at: rel[..end].to_string(),
+    };
+    let mut cur = open_at(top, ".", dir_flags, Mode::empty()).map_err(|e| stuck(e, 0))?;
+    if rel.is_empty() {
+        return Ok(cur);
+    }
+    let mut end = 0;
+    for part in rel.split('/') {
+        end += if end == 0 { part.len() } else { part.len() + 1 };
+        let next = match open_at(cur.as_fd(), part, dir_flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) if make.is_some() => {
+                let made = match mkdirat(&cur, part, Mode::from_bits_truncate(0o755)) {
+                    Ok(()) => true,
+                    Err(Errno::EEXIST) => false,
+                    Err(e) => return Err(stuck(e, end)),
+                };
+                let fd = open_at(cur.as_fd(), part, dir_flags, Mode::empty())
+                    .map_err(|e| stuck(e, end))?;
+                if let (true, Some(ws)) = (made, make) {
+                    ws.hand_over(&fd);
+                }
+                fd
+            }
+            // A symlink opened with O_DIRECTORY is ENOTDIR: told apart by a look at the
+            // name itself (in the directory held, never through a link).
+            Err(Errno::ENOTDIR) => {
+                let st = fstatat(&cur, part, AtFlags::AT_SYMLINK_NOFOLLOW);
+                return Err(match st {
+                    Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                        stuck(Errno::ELOOP, end)
+                    }
+                    _ => stuck(Errno::ENOTDIR, end),
+                });
+            }
+            Err(e) => return Err(stuck(e, end)),
+        };
+        cur = next;
+    }
+    Ok(cur)
+}
+
+/// Opens the entry `name` (one component: no `/`) in `dir`: never through a symlink, a
+/// magic link or onto another filesystem, never `name` itself if it is a symlink. A path
+/// of several components is `EINVAL`: those are walked with [`walk_from`], one directory
+/// descriptor at a time, so the kernel never resolves a path the sandbox could change
+/// under it.
 pub(crate) fn open_at(
     dir: BorrowedFd<'_>,
-    rel: &str,
+    name: &str,
     flags: OFlag,
     mode: Mode,
 ) -> Result<OwnedFd, Errno> {
+    if name.contains('/') || name.is_empty() || name == ".." {
+        return Err(Errno::EINVAL);
+    }
     let how = OpenHow::new()
         .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
         .mode(mode)
@@ -334,7 +373,7 @@ pub(crate) fn open_at(
                 | ResolveFlag::RESOLVE_NO_MAGICLINKS
                 | ResolveFlag::RESOLVE_NO_XDEV,
         );
-    openat2(dir, rel, how)
+    openat2(dir, name, how)
 }
 
 /// The names in a directory (not `.` and `..`), unsorted.
@@ -531,5 +570,27 @@ pub(crate) mod tests {
             ErrorCode::PathRefused
         );
         assert_eq!(ws.get("d", 10).unwrap_err().0, ErrorCode::PathRefused);
+    }
+
+    #[test]
+    fn only_one_name_reaches_an_at_call() {
+        let (dir, ws) = workspace();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        let flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY;
+        let root = ws.root.as_fd();
+        for name in ["a/b", "", "..", "/a"] {
+            let got = open_at(root, name, flags, Mode::empty()).map(drop);
+            assert_eq!(got, Err(Errno::EINVAL), "{name:?}");
+        }
+        assert!(open_at(root, "a", flags, Mode::empty()).is_ok());
+        assert!(ws.walk("a/b", false).is_ok());
+        // Where a walk stops is named by the prefix walked.
+        std::fs::write(dir.path().join("a/f"), b"").unwrap();
+        std::os::unix::fs::symlink("b", dir.path().join("a/l")).unwrap();
+        let s = ws.walk("a/f/x", true).unwrap_err();
+        assert_eq!((s.errno, s.at.as_str()), (Errno::ENOTDIR, "a/f"));
+        let s = ws.walk("a/l/x", true).unwrap_err();
+        assert_eq!((s.errno, s.at.as_str()), (Errno::ELOOP, "a/l"));
+        assert!(!dir.path().join("a/b/x").exists());
     }
 }

@@ -206,3 +206,150 @@ fn the_program_is_forked_only_after_the_confinement() {
     }
     agent.finish();
 }
+
+const FLIP_VAR: &str = "CORDON_AGENT_TEST_FLIP";
+
+/// The flipping process of `nested_file_calls_beside_a_flipped_symlink_stay_in_the_workspace`:
+/// runs only when that test starts this binary for it. In the directory `CORDON_AGENT_TEST_FLIP`
+/// it swaps `p` (a directory) and `q` (a symlink to a host directory) atomically, over and
+/// over, as a sandbox process does in `/work`; it says `ready` after the first swap, and
+/// stops after a bounded number of swaps or when its parent ends.
+#[test]
+fn flipper_process() {
+    let Some(dir) = std::env::var_os(FLIP_VAR) else {
+        return;
+    };
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    let dir = PathBuf::from(dir);
+    let (p, q) = (dir.join("p"), dir.join("q"));
+    for i in 0..200_000_000u64 {
+        renameat2(AT_FDCWD, &p, AT_FDCWD, &q, RenameFlags::RENAME_EXCHANGE).unwrap();
+        if i == 0 {
+            println!("ready");
+        }
+    }
+    std::process::exit(0);
+}
+
+/// A process flipping `work/p` and `work/q` (made by the caller) until killed; returns
+/// once it has made its first swap.
+fn start_flipper(work: &std::path::Path) -> std::process::Child {
+    use std::io::BufRead;
+    let mut flipper = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "flipper_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(FLIP_VAR, work)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(flipper.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("ready") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the flipping process ended before its first swap"
+        );
+    }
+    flipper
+}
+
+/// What is in `dir` (at most 10 names shown), asserting it is empty.
+fn assert_empty(dir: &std::path::Path, what: &str) {
+    let found: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        found.is_empty(),
+        "{what} made {} entries in the host directory the symlink points to: {:?}",
+        found.len(),
+        &found[..found.len().min(10)]
+    );
+}
+
+/// An archive of two nested directories and a file in a third.
+fn nested_archive() -> Vec<u8> {
+    let mut archive = tar::Builder::new(Vec::new());
+    for name in ["t/u/v/", "t/u/w/"] {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        h.set_cksum();
+        archive.append_data(&mut h, name, std::io::empty()).unwrap();
+    }
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(0o644);
+    h.set_size(2);
+    h.set_cksum();
+    archive.append_data(&mut h, "t/x/y/f", &b"hi"[..]).unwrap();
+    archive.into_inner().unwrap()
+}
+
+/// The three calls with missing parents under `/work/p`, `n` times each (`i` from
+/// `first`): whether each call of the last round succeeded.
+fn nested_calls(ws: &cordon_guest::files::Workspace, first: u32, n: u32) -> [bool; 3] {
+    let archive = nested_archive();
+    let mut ok = [false; 3];
+    for i in first..first + n {
+        // Each call either succeeds (p was a directory at each step) or is refused (a
+        // symlink was met); which one does not matter, where its directories went does.
+        ok = [
+            ws.mkdir(&format!("/work/p/m{i}/a/b"), true).is_ok(),
+            ws.put(&format!("/work/p/f{i}/a/f"), 0o644, b"x").is_ok(),
+            ws.unpack(&format!("/work/p/u{i}/a"), &mut &archive[..], 1 << 20)
+                .is_ok(),
+        ];
+    }
+    ok
+}
+
+/// Ends the flipping process and leaves `work/p` the directory.
+fn stop_flipper(mut flipper: std::process::Child, work: &std::path::Path) {
+    let _ = flipper.kill();
+    let _ = flipper.wait();
+    let p = work.join("p");
+    if std::fs::symlink_metadata(&p)
+        .unwrap()
+        .file_type()
+        .is_symlink()
+    {
+        use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+        renameat2(
+            AT_FDCWD,
+            &p,
+            AT_FDCWD,
+            &work.join("q"),
+            RenameFlags::RENAME_EXCHANGE,
+        )
+        .unwrap();
+    }
+}
+
+/// A sandbox process flipping `/work/p` between a directory and a symlink to a host
+/// directory while the host makes nested directories, writes files and unpacks archives
+/// beneath `/work/p` (10,000 calls of each kind): nothing is ever made in the host
+/// directory. Before the walk by descriptors, `mkdirat` on `p/...` followed the symlink
+/// swapped in after the check of `p`, and the host directory filled within seconds.
+#[test]
+fn nested_file_calls_beside_a_flipped_symlink_stay_in_the_workspace() {
+    let work = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::create_dir(work.path().join("p")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), work.path().join("q")).unwrap();
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    let ws = cordon_guest::files::Workspace::open(work.path(), uid, gid).unwrap();
+    let flipper = start_flipper(work.path());
+    nested_calls(&ws, 0, 10_000);
+    stop_flipper(flipper, work.path());
+    assert_empty(outside.path(), "the file calls");
+    // The same calls succeed once the flipping stops.
+    assert_eq!(nested_calls(&ws, 10_000, 1), [true; 3]);
+}
