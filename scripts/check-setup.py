@@ -14,7 +14,9 @@ both sides from the tree itself, so it holds on any machine:
   `subprocess` argv in Python), every cargo subcommand, and every Python module imported or run
   with `-m` by the host's Python (not the standard library, not the repository's own);
 - **installed by setup**, read from scripts/setup.d: the arguments of `apt_install`,
-  `apt-get install`, `rustup_target_add`, `pip_install` and `cargo install`.
+  `apt-get install`, `rustup_target_add`, `pip_install` and `cargo install`, and the programs
+  `go_build MODULE VERSION NAME=PACKAGE…` builds from pinned Go modules (the cluster's, in
+  $(cordon_data_dir)/k8s/bin).
 
 A program is accounted for when the Debian package that holds it (dpkg -S) is installed by a
 setup step, or is part of every Debian system (Essential, or Priority required), or when it is
@@ -44,6 +46,7 @@ from pathlib import Path
 IMAGE_TOOLS = {
     "cargo", "rustc", "rustup", "rustfmt", "rustdoc", "cargo-fmt", "cargo-clippy",
     "clippy-driver", "cargo-nextest", "git", "python3", "pip", "pip3", "node", "npm", "npx",
+    "go", "gofmt",
 }
 # Python modules the machine's CPython comes with beyond its standard library.
 IMAGE_MODULES = {"__future__", "pip"}
@@ -89,6 +92,7 @@ class Declared:
     targets: dict[str, str] = field(default_factory=dict)
     pip: dict[str, str] = field(default_factory=dict)
     cargo_bins: dict[str, str] = field(default_factory=dict)
+    go_bins: dict[str, str] = field(default_factory=dict)
 
 
 def run(argv: list[str]) -> str:
@@ -377,6 +381,11 @@ def declared(repo: Path) -> Declared:
                         if not a.startswith("-") and (r := resolve(a)):
                             name = re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0]
                             d.pip.setdefault(canonical(name), f"{rel}:{n}")
+                elif w == "go_build":
+                    for a in args[2:]:
+                        name, eq, _pkg = a.partition("=")
+                        if eq and COMMAND_WORD.match(name):
+                            d.go_bins.setdefault(name, f"{rel}:{n}")
                 elif w == "install" and i and words[i - 1] == "cargo":
                     skip = False
                     for a in args:
@@ -387,6 +396,17 @@ def declared(repo: Path) -> Declared:
                         elif not a.startswith("-") and (r := resolve(a)):
                             d.cargo_bins.setdefault(r, f"{rel}:{n}")
     return d
+
+
+def go_bin_dir() -> Path:
+    """Where go_build links what it builds (scripts/lib.sh: go_bin_dir, cordon_data_dir)."""
+    if os.environ.get("CORDON_HOME"):
+        data = Path(os.environ["CORDON_HOME"])
+    elif os.geteuid() == 0:
+        data = Path("/var/lib/cordon")
+    else:
+        data = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local/share") / "cordon"
+    return data / "k8s" / "bin"
 
 
 def canonical(name: str) -> str:
@@ -451,6 +471,8 @@ def check(repo: Path, present: bool) -> list[str]:
     for cmd, uses in sorted(found.commands.items()):
         if cmd in IMAGE_TOOLS or f"cargo-{cmd.removeprefix('cargo-')}" in cargo_bin_names and cmd.startswith("cargo-"):
             continue
+        if cmd in decl.go_bins:  # built by setup from its Go modules; present: checked below
+            continue
         path = which(cmd)
         if path is None:
             problems.append(f"program `{cmd}`: used at {where(uses)}, but it is not on this machine; fix: "
@@ -498,6 +520,9 @@ def check(repo: Path, present: bool) -> list[str]:
         for b, w in sorted(decl.cargo_bins.items()):
             if which(b) is None:
                 problems.append(f"{b} ({w}) is not installed; fix: `make setup`")
+        for b, w in sorted(decl.go_bins.items()):
+            if not os.access(go_bin_dir() / b, os.X_OK):
+                problems.append(f"{b} ({w}) is not built in {go_bin_dir()}; fix: `make setup`")
     return problems
 
 
@@ -513,7 +538,7 @@ def main() -> int:
         found, decl = scan(repo), declared(repo)
         for kind in ("targets", "cargo_subcommands", "commands", "modules"):
             print(f"used {kind}: {' '.join(sorted(getattr(found, kind)))}")
-        for kind in ("apt", "targets", "pip", "cargo_bins"):
+        for kind in ("apt", "targets", "pip", "cargo_bins", "go_bins"):
             print(f"setup installs {kind}: {' '.join(sorted(getattr(decl, kind)))}")
     problems = check(repo, present=not args.no_present)
     if problems:

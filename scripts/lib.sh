@@ -100,6 +100,49 @@ cordon_data_dir() {
   else echo "${XDG_DATA_HOME:-$HOME/.local/share}/cordon"; fi
 }
 
+# Where setup puts the programs it builds from Go modules (scripts/k8s/modules): links to
+# builds cached by version under the data dir (go_build). scripts/k8s.sh runs them from here.
+go_bin_dir() { echo "$(cordon_data_dir)/k8s/bin"; }
+
+# go_build MODULE VERSION NAME=PACKAGE...: builds each PACKAGE of the pinned module
+# scripts/k8s/modules/MODULE (a wrapper whose go.mod and go.sum pin VERSION and all it needs)
+# once, into $(cordon_data_dir)/k8s/build/MODULE-VERSION-HASH (HASH of the go.mod, go.sum,
+# sources, Go version and flags), and links it as $(go_bin_dir)/NAME. Each build is nice'd,
+# -trimpath and stripped, reuses Go's build cache, and prints its time (a row of the phase table
+# too, under setup's). $GO_BUILD_LDFLAGS adds linker flags (a version stamp). A second run
+# builds nothing. scripts/check-setup.py reads these lines: each NAME is a program setup provides.
+go_build() {
+  local module=$1 version=$2 src hash out spec name pkg start secs ldflags
+  shift 2
+  src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/k8s/modules/$module"
+  if ! grep -qw -- "$version" "$src/go.mod"; then
+    log "go_build: $src/go.mod does not pin $version; fix: update the wrapper module and the ADR together"
+    return 1
+  fi
+  ldflags="-s -w ${GO_BUILD_LDFLAGS:-}"
+  hash=$({ cat "$src/go.mod" "$src/go.sum" "$src"/*.go 2>/dev/null || true; go version; echo "$ldflags"; } |
+    sha256sum | cut -c1-12)
+  out="$(cordon_data_dir)/k8s/build/$module-$version-$hash"
+  mkdir -p "$out" "$(go_bin_dir)"
+  for spec in "$@"; do
+    name=${spec%%=*}
+    pkg=${spec#*=}
+    if [ ! -x "$out/$name" ]; then
+      log "building $name ($pkg, $module $version) from its Go modules"
+      start=$(date +%s)
+      (cd "$src" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0 nice -n 10 \
+        go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$out/$name.part" "$pkg")
+      mv "$out/$name.part" "$out/$name"
+      secs=$(( $(date +%s) - start ))
+      log "built $name in ${secs}s"
+      if [ -n "${CORDON_PHASE_LOG:-}" ]; then
+        printf '  go %s\t%s\tok (in setup)\tpart\n' "$name" "$secs" >> "$CORDON_PHASE_LOG"
+      fi
+    fi
+    ln -sfn "$out/$name" "$(go_bin_dir)/$name"
+  done
+}
+
 # Where cargo puts its builds: $CARGO_TARGET_DIR, else the repository's target/.
 cargo_target_dir() {
   if [ -n "${CARGO_TARGET_DIR:-}" ]; then echo "$CARGO_TARGET_DIR";

@@ -6,6 +6,9 @@
 #   scripts/phase.sh NAME -- CMD...     runs CMD as the phase NAME and records its time
 #   scripts/phase.sh --report           prints the table
 #
+# A row whose fourth field is `part` is a piece of a phase (each Go build in setup, go_build in
+# scripts/lib.sh): printed, not added to the total.
+#
 # When CMD fails, it prints the phase, the command, what setup should have provided and is
 # missing on this machine (scripts/check-setup.py), and the command that fixes it; then the
 # table so far, and exits with CMD's status.
@@ -16,7 +19,7 @@ log_file=${CORDON_PHASE_LOG:-/tmp/cordon-phases.tsv}
 report() {
   [ -s "$log_file" ] || return 0
   awk -F'\t' '
-    { name[NR] = $1; secs[NR] = $2; st[NR] = $3; total += $2 }
+    { name[NR] = $1; secs[NR] = $2; st[NR] = $3; if ($4 != "part") total += $2 }
     END {
       printf "[cordon] phases:\n"
       for (i = 1; i <= NR; i++) printf "[cordon]   %-12s %6ds  %s\n", name[i], secs[i], st[i]

@@ -85,3 +85,18 @@ def test_a_cargo_tool_no_step_installs_fails(tmp_path: Path) -> None:
     r = check(root)
     assert r.returncode == 1
     assert "`cargo audit`" in r.stderr
+
+
+def test_a_program_built_from_go_modules_is_accounted_for_by_its_go_build(tmp_path: Path) -> None:
+    root = tree(tmp_path)
+    (root / "scripts" / "node.sh").write_text("#!/usr/bin/env bash\nkubelet --version\ncrictl ps\n")
+    assert check(root).returncode == 0, check(root).stderr
+    step = root / "scripts" / "setup.d" / "80-k8s.sh"
+    text = step.read_text()
+    assert "crictl=sigs.k8s.io/cri-tools/cmd/crictl" in text
+    step.write_text(text.replace("crictl=sigs.k8s.io/cri-tools/cmd/crictl", ""))
+    r = check(root)
+    assert r.returncode == 1
+    assert "program `crictl`" in r.stderr
+    assert "scripts/node.sh:3" in r.stderr
+    assert "kubelet" not in r.stderr
