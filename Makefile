@@ -59,6 +59,7 @@ test:
 	  --also 'sdk=bash scripts/sdk-tests.sh' \
 	  --also 'static-smoke=bash scripts/static-smoke.sh' \
 	  --also 'check-setup=python3 -m pytest -q scripts/tests' \
+	  --also 'k8s=python3 -m pytest -q scripts/k8s/tests' \
 	  -- $(LINTED) $(CARGO)
 	@$(PHASE) --report
 

@@ -39,6 +39,7 @@ KNOWN = {
     "template_build": 70.0,
     "gvisor": 50.0,
     "check-setup": 50.0,
+    "k8s": 50.0,
     "wasm": 20.0,
     "doc": 15.0,
 }

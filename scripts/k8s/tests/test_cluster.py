@@ -1,0 +1,249 @@
+"""The one-node cluster of scripts/k8s.sh, brought up for real (issue 45; docs/kubernetes.md).
+
+One job of `make test` (scripts/run-tests.py --also k8s=...): the cluster comes up once for
+the module, the tests run against it in order, and the last one takes it down and checks that
+nothing of it is left on the node. Needs root and the programs setup builds from their Go
+modules (scripts/setup.d/80-k8s.sh); without them it SKIPS loudly, or fails under
+CORDON_REQUIRE_ALL=1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+K8S = REPO / "scripts" / "k8s.sh"
+
+
+def sh(*argv: str, check: bool = True, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(["bash", str(K8S), *argv], input=stdin, capture_output=True, text=True,
+                       check=False, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"scripts/k8s.sh {' '.join(argv)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def kubectl(*args: str, check: bool = True, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return sh("kubectl", *args, check=check, stdin=stdin, timeout=timeout)
+
+
+def lib(expr: str) -> str:
+    """A value scripts/lib.sh computes (the data dir, the Go programs' directory)."""
+    return subprocess.run(["bash", "-c", f". {REPO}/scripts/lib.sh; {expr}"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def cordon_oci() -> Path:
+    """The workspace's debug build of cordon-oci (make test's), which the node's Cordon
+    handlers run (with cordon-sandbox-init and cordon-gvisor-agent beside it)."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+    if not target.is_absolute():
+        target = REPO / target
+    return target / "debug" / "cordon-oci"
+
+
+def missing_capability() -> str | None:
+    if os.geteuid() != 0:
+        return "not root"
+    bin_dir = Path(lib("go_bin_dir"))
+    for b in ("kube-apiserver", "kubelet", "etcd", "kubectl", "crictl", "pause"):
+        if not os.access(bin_dir / b, os.X_OK):
+            return f"{bin_dir / b} is not built (make setup)"
+    for b in ("cordon-oci", "cordon-sandbox-init", "cordon-gvisor-agent"):
+        if not os.access(cordon_oci().parent / b, os.X_OK):
+            return f"{cordon_oci().parent / b} is not built (cargo build --workspace --bins)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    why = missing_capability()
+    if why:
+        if os.environ.get("CORDON_REQUIRE_ALL") == "1":
+            pytest.fail(f"the cluster cannot run here: {why}")
+        print(f"\nSKIPPING the cluster tests: {why}", flush=True)
+        pytest.skip(why)
+    if sh("status", check=False).returncode == 0:
+        sh("down")
+    sh("up", "--cordon-oci", str(cordon_oci()), timeout=600)
+    yield
+    # The last test takes it down and checks; this is for a run stopped before it.
+    if sh("status", check=False).returncode == 0:
+        sh("down", check=False)
+
+
+def apply(manifest: str) -> None:
+    kubectl("apply", "-f", "-", stdin=manifest)
+
+
+def wait_ready(pod: str, seconds: int = 180) -> None:
+    r = kubectl("wait", "--for=condition=Ready", f"pod/{pod}", f"--timeout={seconds}s", check=False,
+                timeout=seconds + 30)
+    if r.returncode != 0:
+        describe = kubectl("describe", "pod", pod, check=False).stdout
+        raise AssertionError(f"pod {pod} did not become Ready:\n{r.stderr}\n{describe}")
+
+
+DEFAULT_POD = """
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: {name}-config}}
+data: {{greeting: "hello from a configMap"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, labels: {{app: {name}}}}}
+spec:
+  {runtime_class}
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: web
+    image: cordon.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    ports: [{{containerPort: 8080}}]
+    readinessProbe:
+      httpGet: {{path: /index.html, port: 8080}}
+      periodSeconds: 1
+    volumeMounts:
+    - {{name: scratch, mountPath: /scratch}}
+    - {{name: config, mountPath: /config, readOnly: true}}
+  volumes:
+  - name: scratch
+    emptyDir: {{sizeLimit: 16Mi}}
+  - name: config
+    configMap: {{name: {name}-config}}
+"""
+
+
+def test_the_node_is_ready_with_the_runtime_classes(cluster) -> None:
+    nodes = json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    assert [n["metadata"]["name"] for n in nodes] == ["cordon-node"]
+    info = nodes[0]["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == "v1.35.4", info
+    assert info["containerRuntimeVersion"].startswith("containerd://1.6"), info
+    classes = kubectl("get", "runtimeclass", "-o", "jsonpath={.items[*].handler}").stdout.split()
+    assert sorted(classes) == ["cordon", "cordon-gvisor", "cordon-microvm"]
+
+
+def test_a_default_pod_is_ready_on_runc(cluster) -> None:
+    apply(DEFAULT_POD.format(name="default-runc", runtime_class=""))
+    wait_ready("default-runc")
+    token = kubectl("exec", "default-runc", "--", "cat",
+                    "/var/run/secrets/kubernetes.io/serviceaccount/token").stdout
+    assert token.count(".") == 2, f"not a service account token: {token[:80]!r}"
+    assert kubectl("exec", "default-runc", "--", "cat", "/config/greeting").stdout == "hello from a configMap"
+    kubectl("exec", "default-runc", "--", "sh", "-c", "echo x > /scratch/f && cat /scratch/f")
+    ro = kubectl("exec", "default-runc", "--", "sh", "-c", "echo x > /config/new", check=False)
+    assert ro.returncode != 0, "a readOnly configMap volume took a write"
+    logs = kubectl("logs", "default-runc").stdout
+    assert "error" not in logs.lower(), logs
+
+
+def test_a_deployment_answers_through_its_service(cluster) -> None:
+    apply("""
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: web
+        image: cordon.local/busybox:1
+        imagePullPolicy: Never
+        command: ["sh", "-c", "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
+        readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+""")
+    kubectl("rollout", "status", "deployment/web", "--timeout=180s", timeout=210)
+    ip = kubectl("get", "service", "web", "-o", "jsonpath={.spec.clusterIP}").stdout
+    assert ip.startswith("10.96."), ip
+    names = set(kubectl("get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].metadata.name}").stdout.split())
+    assert len(names) == 2
+    # From the first pod of the default test, through the Service's address (kube-proxy's rules
+    # in the node's namespace), until each replica has answered once.
+    seen: set[str] = set()
+    for _ in range(40):
+        # busybox's nc: its static wget crashes on a non-loopback address (glibc's static NSS).
+        r = kubectl("exec", "default-runc", "--", "sh", "-c",
+                    f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {ip} 80", check=False)
+        if r.returncode == 0 and r.stdout.startswith("HTTP/1.") and " 200 " in r.stdout.splitlines()[0]:
+            seen.add(r.stdout.strip().splitlines()[-1])
+        if seen == names:
+            break
+    assert seen == names, f"answers through the Service came from {seen}, not from every replica {names}"
+
+
+PLAIN_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  runtimeClassName: {runtime_class}
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: task
+    image: cordon.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo started on $(uname -s); exec sleep 1000"]
+"""
+
+
+@pytest.mark.parametrize("runtime_class", ["cordon", "cordon-gvisor"])
+def test_a_pod_without_volumes_runs_behind_cordons_walls(cluster, runtime_class: str) -> None:
+    # The pod's sandbox (pause) and its container both on cordon-oci: no capability, the
+    # sandbox's own user, and on gvisor gVisor's kernel. A pod with the kubelet's volumes (the
+    # default pod above) is issue 45's next step: cordon-oci still refuses them as host paths.
+    name = f"plain-{runtime_class}"
+    apply(PLAIN_POD.format(name=name, runtime_class=runtime_class))
+    wait_ready(name)
+    status = kubectl("exec", name, "--", "sh", "-c", "grep CapEff /proc/self/status; id -u").stdout.split()
+    assert status[:2] == ["CapEff:", "0000000000000000"], status
+    # The container tier's workload is the sandbox's user 1000; gVisor's sandbox shows it
+    # under the id range the monitor leased. Never root.
+    assert status[2] != "0" and (status[2] == "1000" or runtime_class != "cordon"), status
+    dmesg = kubectl("exec", name, "--", "dmesg", check=False).stdout
+    assert ("gVisor" in dmesg) == (runtime_class == "cordon-gvisor"), dmesg[:200]
+    assert kubectl("logs", name).stdout.startswith("started on Linux")
+    kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
+
+
+def test_down_leaves_nothing(cluster) -> None:
+    state = Path(lib("cordon_data_dir")) / "k8s" / "cluster"
+    pids = [int(p.read_text()) for p in Path("/run/cordon-k8s").glob("*.pid")]
+    assert pids, "no process of the cluster was recorded"
+    sh("down")
+    assert not Path("/run/netns/cordon-k8s").exists(), "the node's network namespace is left"
+    assert not state.exists(), f"{state} is left"
+    assert not Path("/run/cordon-k8s").exists(), "/run/cordon-k8s is left"
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(state) not in mounts and "/run/cordon-k8s" not in mounts, "a mount of the cluster is left"
+    left = [p for p in pids if Path(f"/proc/{p}").exists()]
+    assert not left, f"processes of the cluster are left: {left}"
+    logs = [str(f) for f in Path("/var/log/containers").glob("*.log") if str(state) in os.readlink(f)]
+    assert not logs, f"the kubelet's links to its containers' logs are left: {logs}"
+    cgroups = [str(d) for d in Path("/sys/fs/cgroup").glob("*/cordon-k8s")]
+    assert not cgroups, f"cgroups of the cluster are left: {cgroups}"
+    # No shim or container process of the node's runtimes outlives it.
+    time.sleep(0.5)
+    shims = subprocess.run(["pgrep", "-f", "containerd-shim.*cordon-k8s"], capture_output=True,
+                           text=True, check=False).stdout.split()
+    assert not shims, f"containerd shims of the cluster are left: {shims}"
