@@ -75,35 +75,24 @@ pub fn known_secrets_of(grants: &[cordon_core::Grant]) -> Vec<KnownSecret> {
 /// [`RedactingSink::finish`] at the end to release what is held back.
 pub struct RedactingSink<'a> {
     inner: &'a mut dyn cordon_core::OutputSink,
-    streams: [StreamRedactor; 2],
+    redactor: Redactor,
 }
 
 impl<'a> RedactingSink<'a> {
     pub fn new(secrets: Vec<KnownSecret>, inner: &'a mut dyn cordon_core::OutputSink) -> Self {
-        let needles: Vec<zeroize::Zeroizing<Vec<u8>>> = secrets
-            .iter()
-            .flat_map(|s| s.forms())
-            .map(zeroize::Zeroizing::new)
-            .collect();
         RedactingSink {
             inner,
-            streams: [
-                StreamRedactor::new(needles.clone()),
-                StreamRedactor::new(needles),
-            ],
+            redactor: Redactor::new(&secrets),
         }
     }
 
     /// Releases what is held back on both streams.
     pub fn finish(&mut self) {
-        for (i, stream) in [
+        for stream in [
             cordon_core::OutputStream::Stdout,
             cordon_core::OutputStream::Stderr,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let rest = self.streams[i].finish();
+        ] {
+            let rest = self.redactor.finish(stream);
             if !rest.is_empty() {
                 self.inner.output(stream, &rest);
             }
@@ -117,20 +106,58 @@ impl cordon_core::OutputSink for RedactingSink<'_> {
     }
 
     fn output(&mut self, stream: cordon_core::OutputStream, data: &[u8]) {
-        let i = match stream {
-            cordon_core::OutputStream::Stdout => 0,
-            cordon_core::OutputStream::Stderr => 1,
-        };
-        // No secret to look for (a sandbox without grants): pass the bytes straight on,
-        // with no hold-back and no copy on the streaming path.
-        if self.streams[i].needles.is_empty() {
-            self.inner.output(stream, data);
-            return;
-        }
-        let out = self.streams[i].push(data);
+        let out = self.redactor.push(stream, data);
         if !out.is_empty() {
             self.inner.output(stream, &out);
         }
+    }
+}
+
+/// What [`RedactingSink`] does, owned (and `Send`): a caller that reads output in steps
+/// across an `await` keeps one of these between them instead of a sink that borrows.
+pub struct Redactor {
+    streams: [StreamRedactor; 2],
+}
+
+impl Redactor {
+    pub fn new(secrets: &[KnownSecret]) -> Self {
+        let needles: Vec<zeroize::Zeroizing<Vec<u8>>> = secrets
+            .iter()
+            .flat_map(|s| s.forms())
+            .map(zeroize::Zeroizing::new)
+            .collect();
+        Redactor {
+            streams: [
+                StreamRedactor::new(needles.clone()),
+                StreamRedactor::new(needles),
+            ],
+        }
+    }
+
+    fn index(stream: cordon_core::OutputStream) -> usize {
+        match stream {
+            cordon_core::OutputStream::Stdout => 0,
+            cordon_core::OutputStream::Stderr => 1,
+        }
+    }
+
+    /// Feeds one stream's chunk; returns what can be released now (masked). No secret to
+    /// look for (a sandbox without grants): the bytes pass straight on, nothing held back.
+    pub fn push<'d>(
+        &mut self,
+        stream: cordon_core::OutputStream,
+        data: &'d [u8],
+    ) -> std::borrow::Cow<'d, [u8]> {
+        let s = &mut self.streams[Self::index(stream)];
+        if s.needles.is_empty() {
+            return std::borrow::Cow::Borrowed(data);
+        }
+        std::borrow::Cow::Owned(s.push(data))
+    }
+
+    /// Releases what one stream holds back (its end).
+    pub fn finish(&mut self, stream: cordon_core::OutputStream) -> Vec<u8> {
+        self.streams[Self::index(stream)].finish()
     }
 }
 

@@ -32,8 +32,9 @@ pub struct TenantRules {
     pub egress: Option<Vec<String>>,
     /// Live sandboxes at once. Default: `sessions.max_sandboxes_per_tenant`.
     pub max_sandboxes: Option<usize>,
-    /// Memory of this tenant's live sandboxes added up (their memory limits). Default: the
-    /// server's whole memory budget.
+    /// Memory of this tenant's live sandboxes added up (their memory limits). Default: a
+    /// quarter of the server's memory budget, or its `max_sandboxes_per_tenant /
+    /// max_sandboxes` when that is more, so one tenant leaves room for the others.
     pub max_memory: Option<Size>,
     /// MCP sessions open at once. Default 8.
     pub max_mcp_sessions: Option<usize>,

@@ -147,6 +147,12 @@ impl Ledger {
         memory: u64,
         tenant_max: (Option<usize>, Option<u64>),
     ) -> Result<Reservation, Full> {
+        // A tenant the operator gave no memory budget has its default share, never the
+        // whole server's.
+        let tenant_max = (
+            tenant_max.0,
+            Some(tenant_max.1.unwrap_or_else(|| self.default_tenant_memory())),
+        );
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let (mine, my_mem) = c.per_tenant.get(tenant).copied().unwrap_or((0, 0));
         let max_mine = tenant_max
@@ -220,6 +226,19 @@ impl Ledger {
         })
     }
 
+    /// The memory budget of a tenant the operator gave none (`max_memory` in its rules):
+    /// a quarter of the server's budget, or the tenant's proportion of the sandboxes
+    /// (`max_sandboxes_per_tenant / max_sandboxes`) when that is more (a server for one
+    /// tenant gives it all), as the other budgets leave room for the other tenants. Before,
+    /// it was the whole budget, and one tenant's idle sandboxes refused every other
+    /// tenant's create.
+    pub fn default_tenant_memory(&self) -> u64 {
+        let l = &self.limits;
+        let all = l.max_sandboxes.max(1) as u128;
+        let per = (l.max_sandboxes_per_tenant.min(l.max_sandboxes) as u128).max(all.div_ceil(4));
+        u64::try_from(u128::from(l.max_memory) * per / all).unwrap_or(l.max_memory)
+    }
+
     /// Holds memory for the server's own use (warm pools), outside any tenant's count.
     pub fn reserve_pool(&self, memory: u64) -> Result<Reservation, Full> {
         let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
@@ -255,6 +274,40 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tenant the operator gave the whole memory budget.
+    const WHOLE: (Option<usize>, Option<u64>) = (None, Some(1000));
+
+    /// Issue 44: by default one tenant's share was the whole server budget, so 11 idle
+    /// sandboxes of one tenant refused every other tenant's create. Without a budget of
+    /// its own a tenant holds at most its default share, and another tenant's create fits.
+    #[test]
+    fn a_tenant_without_a_budget_leaves_room_for_the_others() {
+        let l = Ledger::new(BudgetLimits {
+            max_sandboxes: 64,
+            max_sandboxes_per_tenant: 16,
+            max_memory: 4096,
+        });
+        assert_eq!(l.default_tenant_memory(), 1024);
+        let mut held = Vec::new();
+        let refusal = loop {
+            match l.reserve("a", 100, (None, None)) {
+                Ok(r) => held.push(r),
+                Err(e) => break e,
+            }
+            assert!(held.len() <= 16, "a took {} sandboxes", held.len());
+        };
+        println!("a holds {} sandboxes: {refusal}", held.len());
+        assert!(refusal.tenant, "{refusal}");
+        assert!(refusal.message.contains("your budget"), "{refusal}");
+        assert_eq!(held.len(), 10);
+        for _ in 0..3 {
+            held.push(
+                l.reserve("b", 300, (None, None))
+                    .unwrap_or_else(|e| panic!("b: {e}")),
+            );
+        }
+    }
 
     #[test]
     fn memory_and_counts_are_bounded_per_tenant_and_in_all() {
@@ -306,16 +359,16 @@ mod tests {
         let e = l.reserve("a", 100, (None, None)).unwrap_err();
         assert!(!e.pending, "{e:?}");
         // The server's memory: only what is leaving counts as coming back.
-        let c = l.reserve("c", 700, (None, None)).unwrap();
-        let e = l.reserve("d", 200, (None, None)).unwrap_err();
+        let c = l.reserve("c", 700, WHOLE).unwrap();
+        let e = l.reserve("d", 200, WHOLE).unwrap_err();
         assert!(!e.tenant && e.pending, "b's 100 bytes are leaving: {e:?}");
-        let e = l.reserve("d", 300, (None, None)).unwrap_err();
+        let e = l.reserve("d", 300, WHOLE).unwrap_err();
         assert!(!e.pending, "100 bytes leaving are not enough: {e:?}");
         c.leave();
-        let e = l.reserve("d", 300, (None, None)).unwrap_err();
+        let e = l.reserve("d", 300, WHOLE).unwrap_err();
         assert!(e.pending, "{e:?}");
         drop((b, c));
-        let _d = l.reserve("d", 300, (None, None)).unwrap();
+        let _d = l.reserve("d", 300, WHOLE).unwrap();
         drop(a2);
         assert_eq!(l.held("a"), ((1, 300), (0, 0)));
     }

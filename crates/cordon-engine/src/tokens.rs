@@ -96,8 +96,10 @@ struct SigningKey {
 struct State {
     /// Newest first.
     keys: Vec<SigningKey>,
-    /// Sandboxes whose tokens are refused from now on.
+    /// Sandboxes whose tokens are refused from now on, and when each ended (oldest first,
+    /// for the pruning: an entry goes once every token it could have had is expired).
     ended: HashSet<String>,
+    ended_order: std::collections::VecDeque<(u64, String)>,
     /// jti -> sandbox, for tokens still alive.
     issued: BTreeMap<String, (String, u64)>,
 }
@@ -118,6 +120,9 @@ impl std::fmt::Debug for Issuer {
             .finish_non_exhaustive()
     }
 }
+
+/// The least time an ended sandbox is remembered, whatever the tokens' life.
+const ENDED_KEPT_SECS: u64 = 60;
 
 fn now_secs() -> u64 {
     SystemTime::now()
@@ -178,6 +183,7 @@ impl Issuer {
             state: Mutex::new(State {
                 keys: vec![new_key()?],
                 ended: HashSet::new(),
+                ended_order: std::collections::VecDeque::new(),
                 issued: BTreeMap::new(),
             }),
         })
@@ -214,7 +220,34 @@ impl Issuer {
         }
         let now = now_secs();
         st.issued.retain(|_, (_, exp)| *exp > now);
+        self.prune_ended(st, now);
         Ok(())
+    }
+
+    /// Forgets ended sandboxes whose every token has expired (they ended more than
+    /// `max_token_life` ago, and a minimum of [`ENDED_KEPT_SECS`]): nothing of theirs can
+    /// be presented any more, and the set stays as large as the last hour's ends.
+    fn prune_ended(&self, st: &mut State, now: u64) {
+        let keep = self.max_token_life.as_secs().max(ENDED_KEPT_SECS);
+        while let Some((at, _)) = st.ended_order.front() {
+            if at.saturating_add(keep) > now {
+                break;
+            }
+            if let Some((_, sb)) = st.ended_order.pop_front() {
+                st.ended.remove(&sb);
+            }
+        }
+    }
+
+    /// How many ended sandboxes the issuer remembers (tests).
+    pub fn ended_count(&self) -> usize {
+        self.lock().ended.len()
+    }
+
+    /// Prunes as at `now` (seconds since the epoch; tests).
+    pub fn prune_ended_at(&self, now: u64) {
+        let mut st = self.lock();
+        self.prune_ended(&mut st, now);
     }
 
     /// Rotates now (tests, and an operator's manual rotation).
@@ -306,8 +339,12 @@ impl Issuer {
     /// Refuses every token of `sandbox` from now on (called when it is destroyed).
     pub fn end_sandbox(&self, sandbox: &str) {
         let mut st = self.lock();
+        let now = now_secs();
         st.issued.retain(|_, (sb, _)| sb != sandbox);
-        st.ended.insert(sandbox.to_string());
+        if st.ended.insert(sandbox.to_string()) {
+            st.ended_order.push_back((now, sandbox.to_string()));
+        }
+        self.prune_ended(&mut st, now);
     }
 }
 
@@ -373,6 +410,30 @@ mod tests {
             lifetime: life,
             not_after: SystemTime::now() + Duration::from_secs(120),
         }
+    }
+
+    /// Issue 44: the set of ended sandboxes was never pruned (one entry per sandbox the
+    /// server ever destroyed). An entry goes once every token of its sandbox has expired;
+    /// until then the sandbox's mints are refused.
+    #[test]
+    fn ended_sandboxes_are_forgotten_once_their_tokens_expired() {
+        let life = Duration::from_secs(600);
+        let issuer =
+            Arc::new(Issuer::new("https://cordon.test", Duration::from_secs(3600), life).unwrap());
+        let m = minter(&issuer, Duration::from_secs(300));
+        for i in 0..10_000 {
+            issuer.end_sandbox(&format!("sb-{i}"));
+        }
+        assert_eq!(issuer.ended_count(), 10_000);
+        assert!(
+            m.mint("sb-7").is_err(),
+            "an ended sandbox's mint went through"
+        );
+        // Before its tokens' life is over, nothing is forgotten.
+        issuer.prune_ended_at(now_secs() + 599);
+        assert_eq!(issuer.ended_count(), 10_000);
+        issuer.prune_ended_at(now_secs() + 601);
+        assert_eq!(issuer.ended_count(), 0, "the ended set is never pruned");
     }
 
     #[test]

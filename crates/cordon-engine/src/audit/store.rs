@@ -74,6 +74,14 @@ const MIGRATIONS: &[&str] = &[
         paused_since_ms INTEGER NOT NULL,
         on_disk_bytes INTEGER NOT NULL
      );",
+    // 4: an index for every filter of a query, each ending in the id the rows are ordered
+    // by, so a query reads the rows it answers and no others however large the store
+    // (before, a tenant's kind or sandbox filter walked every row after `after_id`).
+    "CREATE INDEX events_tenant_kind_id ON events(tenant, kind, id);
+     CREATE INDEX events_tenant_sandbox_id ON events(tenant, sandbox, id);
+     CREATE INDEX events_kind_id ON events(kind, id);
+     DROP INDEX events_sandbox;
+     CREATE INDEX events_sandbox_id ON events(sandbox, id);",
 ];
 
 /// A kept session as decoded, or its id and why it did not decode.
@@ -266,10 +274,23 @@ impl RowBudget {
     }
 }
 
-/// The store.
+/// The store: one connection that writes, and read-only connections beside it for the
+/// queries (WAL: a reader sees the last commit and never waits for the writer, nor the
+/// writer for it), so however long a query takes, the rows of every running request are
+/// written meanwhile.
 pub struct Audit {
     conn: Mutex<Connection>,
+    /// The store's file (none in memory: the queries then use the writing connection).
+    path: Option<std::path::PathBuf>,
+    /// Read-only connections not in use (at most [`IDLE_READERS`] are kept).
+    readers: Mutex<Vec<Connection>>,
 }
+
+/// Idle read connections kept for the next queries.
+const IDLE_READERS: usize = 4;
+/// Rows one statement of a trim deletes at most: the writer's lock is let go between
+/// them, so the rows of running requests are written while a large trim goes on.
+const TRIM_CHUNK: i64 = 5_000;
 
 fn lock(m: &Mutex<Connection>) -> std::sync::MutexGuard<'_, Connection> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -449,12 +470,44 @@ impl Audit {
     /// Opens (creating and migrating) the store at `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let conn = Connection::open(path)?;
-        Self::setup(conn)
+        let mut a = Self::setup(conn)?;
+        a.path = Some(path.to_path_buf());
+        Ok(a)
     }
 
     /// Opens the store read-only-ish for the CLI (still migrates a fresh file).
     pub fn open_in_memory() -> Result<Self, StoreError> {
         Self::setup(Connection::open_in_memory()?)
+    }
+
+    /// Runs `f` on a read-only connection of its own (the writing one for a store in
+    /// memory).
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let Some(path) = &self.path else {
+            return f(&lock(&self.conn));
+        };
+        let idle = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let conn = match idle {
+            Some(c) => c,
+            None => {
+                let c = Connection::open_with_flags(
+                    path,
+                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                        | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                c.busy_timeout(std::time::Duration::from_secs(5))?;
+                c
+            }
+        };
+        let r = f(&conn);
+        let mut idle = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < IDLE_READERS {
+            idle.push(conn);
+        }
+        r
     }
 
     fn setup(mut conn: Connection) -> Result<Self, StoreError> {
@@ -478,6 +531,8 @@ impl Audit {
         }
         Ok(Audit {
             conn: Mutex::new(conn),
+            path: None,
+            readers: Mutex::new(Vec::new()),
         })
     }
 
@@ -513,36 +568,61 @@ impl Audit {
         Ok(u64::try_from((pages - free).max(0) * size).unwrap_or(0))
     }
 
-    /// Deletes the oldest events until the store's live pages fit in `max_bytes` (with a
-    /// tenth to spare, so the next minute's rows do not trip it again); returns rows
-    /// deleted. A bound of 0 keeps everything.
+    /// Deletes events until the store's live pages fit in `max_bytes` (with a tenth to
+    /// spare, so the next minute's rows do not trip it again); returns rows deleted. A
+    /// bound of 0 keeps everything.
+    ///
+    /// Each tenant's rows are bounded by its own share, never by another's flood: the rows
+    /// that fit are shared out fairly (a tenant with fewer rows than an equal share keeps
+    /// them all, the rest is split evenly among the others; the server's own rows count as
+    /// one more tenant), and only a tenant past its share loses rows, its oldest first.
     pub fn trim_to(&self, max_bytes: u64) -> Result<usize, StoreError> {
         if max_bytes == 0 {
             return Ok(0);
         }
         let target = max_bytes - max_bytes / 10;
         let mut deleted = 0;
-        // Bounded: each round deletes the share of rows the excess is of the store (at least
-        // 100, at most 50,000); a store that cannot shrink below the bound by deleting events
-        // (a huge sandboxes table) stops when no event is left.
-        for _ in 0..10_000 {
+        // Bounded: a store that cannot shrink below the bound by deleting events (a huge
+        // sandboxes table) stops when a round deletes nothing.
+        for _ in 0..20 {
             let used = self.used_bytes()?;
             if used <= target {
                 break;
             }
-            let c = lock(&self.conn);
-            let rows: i64 = c.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
-            let share = (used - target) as f64 / used as f64;
-            let chunk = ((rows as f64 * share).ceil() as i64).clamp(100, 50_000);
-            let n = c.execute(
-                "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT ?1)",
-                params![chunk],
-            )?;
-            drop(c);
-            if n == 0 {
+            let counts: Vec<(Option<String>, i64)> = {
+                let c = lock(&self.conn);
+                let mut st = c.prepare("SELECT tenant, count(*) FROM events GROUP BY tenant")?;
+                st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?
+            };
+            let rows: i64 = counts.iter().map(|(_, n)| n).sum();
+            if rows == 0 {
                 break;
             }
-            deleted += n;
+            // The rows that fit, at the store's mean row size.
+            let fit = ((rows as f64) * (target as f64 / used as f64)).floor() as i64;
+            let shares = fair_shares(&counts.iter().map(|(_, n)| *n).collect::<Vec<_>>(), fit);
+            let mut round = 0;
+            for ((tenant, n), share) in counts.iter().zip(shares) {
+                let mut over = n - share;
+                while over > 0 {
+                    let chunk = over.min(TRIM_CHUNK);
+                    let gone = lock(&self.conn).execute(
+                        "DELETE FROM events WHERE id IN
+                           (SELECT id FROM events WHERE tenant IS ?1 ORDER BY id LIMIT ?2)",
+                        params![tenant, chunk],
+                    )?;
+                    if gone == 0 {
+                        break;
+                    }
+                    over -= gone as i64;
+                    round += gone;
+                }
+            }
+            if round == 0 {
+                break;
+            }
+            deleted += round;
         }
         Ok(deleted)
     }
@@ -705,29 +785,17 @@ impl Audit {
     }
 
     /// Rows matching `q`; `tenant = None` means every tenant (the CLI, never the API).
+    ///
+    /// Run on a read connection of its own, with only the filters given in its SQL so the
+    /// planner takes the index of each (migration 4): a query reads the rows it answers,
+    /// never the whole store. `since_ms` starts at the first row written at or after it
+    /// (ids follow the write order; a clock stepped back may hide rows written after it).
     pub fn query(&self, tenant: Option<&str>, q: &Query) -> Result<Vec<Event>, StoreError> {
-        let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-        let c = lock(&self.conn);
-        let mut st = c.prepare(
-            "SELECT id, time_ms, tenant, sandbox, kind, decision, tier, detail FROM events
-             WHERE (?1 IS NULL OR tenant = ?1)
-               AND (?2 IS NULL OR sandbox = ?2)
-               AND (?3 IS NULL OR kind = ?3)
-               AND id > ?4
-               AND time_ms >= ?5
-             ORDER BY id LIMIT ?6",
-        )?;
-        let rows = st
-            .query_map(
-                params![
-                    tenant,
-                    q.sandbox,
-                    q.kind,
-                    q.after_id.unwrap_or(0),
-                    q.since_ms.unwrap_or(0),
-                    limit
-                ],
-                |r| {
+        let (sql, values) = query_sql(tenant, q);
+        self.read(|c| {
+            let mut st = c.prepare_cached(&sql)?;
+            let rows = st
+                .query_map(rusqlite::params_from_iter(values.iter()), |r| {
                     let detail: String = r.get(7)?;
                     Ok(Event {
                         id: r.get(0)?,
@@ -739,10 +807,10 @@ impl Audit {
                         tier: r.get(6)?,
                         detail: serde_json::from_str(&detail).unwrap_or(serde_json::Value::Null),
                     })
-                },
-            )?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(rows)
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
     }
 
     /// Deletes events older than `days` days and ended sandboxes as old; returns rows deleted.
@@ -767,6 +835,54 @@ impl Audit {
                 .execute("DELETE FROM events WHERE time_ms < ?1", params![cutoff_ms])?,
         )
     }
+}
+
+/// A query's SQL with only the filters it has, and their values in order.
+fn query_sql(tenant: Option<&str>, q: &Query) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let mut sql = String::from(
+        "SELECT id, time_ms, tenant, sandbox, kind, decision, tier, detail FROM events WHERE id > ?",
+    );
+    let mut values = vec![Value::Integer(q.after_id.unwrap_or(0))];
+    for (col, v) in [
+        ("tenant", tenant),
+        ("sandbox", q.sandbox.as_deref()),
+        ("kind", q.kind.as_deref()),
+    ] {
+        if let Some(v) = v {
+            sql.push_str(&format!(" AND {col} = ?"));
+            values.push(Value::Text(v.to_string()));
+        }
+    }
+    if let Some(since) = q.since_ms.filter(|s| *s > 0) {
+        sql.push_str(
+            " AND time_ms >= ? AND id >= (SELECT id FROM events INDEXED BY events_time
+               WHERE time_ms >= ? ORDER BY time_ms LIMIT 1)",
+        );
+        values.push(Value::Integer(since));
+        values.push(Value::Integer(since));
+    }
+    sql.push_str(" ORDER BY id LIMIT ?");
+    values.push(Value::Integer(i64::from(
+        q.limit.unwrap_or(100).clamp(1, 1000),
+    )));
+    (sql, values)
+}
+
+/// Shares `fit` rows out among tenants holding `counts` rows (max-min fair: a tenant under
+/// an equal share keeps all it has, what it leaves is split among the others). Returns
+/// each tenant's share, in the order given.
+fn fair_shares(counts: &[i64], fit: i64) -> Vec<i64> {
+    let mut order: Vec<usize> = (0..counts.len()).collect();
+    order.sort_by_key(|&i| counts[i]);
+    let mut shares = vec![0; counts.len()];
+    let mut left = fit.max(0);
+    for (k, &i) in order.iter().enumerate() {
+        let equal = left / (counts.len() - k) as i64;
+        shares[i] = counts[i].min(equal);
+        left -= shares[i];
+    }
+    shares
 }
 
 #[cfg(test)]
@@ -840,6 +956,182 @@ mod tests {
             .unwrap();
         assert_eq!(left.first().unwrap().id, deleted as i64 + 1);
         assert_eq!(a.trim_to(0).unwrap(), 0);
+    }
+
+    fn rows_of<'a>(tenant: Option<&'a str>, n: usize, pad: &str) -> Vec<NewEvent<'a>> {
+        (0..n)
+            .map(|_| NewEvent {
+                tenant,
+                sandbox: None,
+                tier: None,
+                event: AuditEvent::ResumeFailed {
+                    error: pad.to_string(),
+                },
+            })
+            .collect()
+    }
+
+    /// Issue 44: one tenant's refused requests evicted all of another tenant's rows. Here
+    /// bob's 200 rows are the oldest in a store alice floods past its bound: the trim takes
+    /// alice's oldest rows and leaves every one of bob's (and the server's own).
+    #[test]
+    fn a_tenants_flood_evicts_its_own_rows_never_anothers() {
+        let a = Audit::open_in_memory().unwrap();
+        let pad = "x".repeat(1000);
+        a.record_all(&rows_of(Some("bob"), 200, &pad)).unwrap();
+        a.record_all(&rows_of(None, 50, &pad)).unwrap();
+        for _ in 0..8 {
+            a.record_all(&rows_of(Some("alice"), 1000, &pad)).unwrap();
+        }
+        let deleted = a.trim_to(2_000_000).unwrap();
+        println!("trim deleted {deleted} rows");
+        assert!(a.used_bytes().unwrap() <= 2_000_000);
+        let all = |t: Option<&str>| {
+            let q = Query {
+                limit: Some(1000),
+                ..Default::default()
+            };
+            a.query(t, &q).unwrap()
+        };
+        assert_eq!(all(Some("bob")).len(), 200, "bob's rows were evicted");
+        let server = all(None).iter().filter(|e| e.tenant.is_none()).count();
+        assert_eq!(server, 50, "the server's rows were evicted");
+        // alice lost her oldest rows, kept her newest.
+        let alice = a.query(
+            Some("alice"),
+            &Query {
+                limit: Some(1000),
+                after_id: Some(0),
+                ..Default::default()
+            },
+        );
+        let alice = alice.unwrap();
+        assert!(!alice.is_empty() && alice.len() < 1000, "{}", alice.len());
+        assert!(alice[0].id > 250 + 1000, "{}", alice[0].id);
+        assert_eq!(fair_shares(&[10, 500, 40], 90), vec![10, 40, 40]);
+        assert_eq!(fair_shares(&[10, 20], 100), vec![10, 20]);
+    }
+
+    /// Issue 44: a tenant's audit query walked the whole store on the one connection. Each
+    /// filter a query can give is answered from an index that yields its rows in id order
+    /// (no scan of the table, no sort of what matched).
+    #[test]
+    fn every_query_filter_is_answered_from_an_index() {
+        let a = Audit::open_in_memory().unwrap();
+        let s = |v: &str| Some(v.to_string());
+        let cases: Vec<(Option<&str>, Query)> = vec![
+            (Some("t"), Query::default()),
+            (
+                Some("t"),
+                Query {
+                    kind: s("exec"),
+                    ..Default::default()
+                },
+            ),
+            (
+                Some("t"),
+                Query {
+                    sandbox: s("sb-1"),
+                    ..Default::default()
+                },
+            ),
+            (
+                Some("t"),
+                Query {
+                    kind: s("exec"),
+                    sandbox: s("sb-1"),
+                    ..Default::default()
+                },
+            ),
+            (
+                Some("t"),
+                Query {
+                    since_ms: Some(5),
+                    ..Default::default()
+                },
+            ),
+            (
+                Some("t"),
+                Query {
+                    kind: s("exec"),
+                    since_ms: Some(5),
+                    after_id: Some(9),
+                    ..Default::default()
+                },
+            ),
+            (
+                None,
+                Query {
+                    kind: s("exec"),
+                    ..Default::default()
+                },
+            ),
+            (
+                None,
+                Query {
+                    sandbox: s("sb-1"),
+                    ..Default::default()
+                },
+            ),
+        ];
+        let c = lock(&a.conn);
+        for (tenant, q) in cases {
+            let (sql, values) = query_sql(tenant, &q);
+            let mut st = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let plan: Vec<String> = st
+                .query_map(rusqlite::params_from_iter(values.iter()), |r| {
+                    r.get::<_, String>(3)
+                })
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let plan = plan.join(" | ");
+            println!("{tenant:?} {q:?}: {plan}");
+            assert!(
+                !plan.contains("TEMP B-TREE"),
+                "sorts what it matched: {plan}"
+            );
+            assert!(!plan.contains("SCAN "), "walks the table: {plan}");
+            let given = [
+                ("tenant", tenant.is_some()),
+                ("sandbox", q.sandbox.is_some() && tenant.is_none()),
+                ("kind", q.kind.is_some() && q.sandbox.is_none()),
+            ];
+            for (col, given) in given {
+                if given {
+                    assert!(
+                        plan.contains(&format!("{col}=?")),
+                        "{col} is not looked up by index: {plan}"
+                    );
+                }
+            }
+            if q.sandbox.is_some() || q.kind.is_some() {
+                assert!(
+                    plan.contains("sandbox=?") || plan.contains("kind=?"),
+                    "{plan}"
+                );
+            }
+        }
+    }
+
+    /// Issue 44: a long query held the store's one connection, and every request that
+    /// writes a row waited for it. A write made while a query is under way goes through.
+    #[test]
+    fn a_query_under_way_never_holds_up_a_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Audit::open(&dir.path().join("audit.db")).unwrap();
+        a.record_all(&rows_of(Some("t"), 10, "x")).unwrap();
+        let seen = a
+            .read(|c| {
+                // Inside the read: on the old single connection this write waited for
+                // the lock its own query held, for ever.
+                let id = a.record(&rows_of(Some("u"), 1, "y")[0])?;
+                let n: i64 = c.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
+                Ok((id, n))
+            })
+            .unwrap();
+        assert_eq!(seen.0, 11);
+        assert_eq!(a.query(Some("u"), &Query::default()).unwrap().len(), 1);
     }
 
     #[test]
