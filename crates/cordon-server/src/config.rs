@@ -53,6 +53,11 @@ pub struct SessionLimits {
     pub context_grace: Dur,
     /// How long a new context's interpreter has to start.
     pub context_start_timeout: Dur,
+    /// Attach streams (native attaches, E2B's envd `Start` and `Connect` streams) one
+    /// tenant may have open at once; past it `429 resource_busy`.
+    pub max_attach_streams_per_tenant: usize,
+    /// Attach streams open at once on one sandbox; past it `429 resource_busy`.
+    pub max_attach_streams_per_sandbox: usize,
 }
 
 impl Default for SessionLimits {
@@ -71,6 +76,8 @@ impl Default for SessionLimits {
             max_contexts: 4,
             context_grace: Dur(Duration::from_secs(2)),
             context_start_timeout: Dur(Duration::from_secs(60)),
+            max_attach_streams_per_tenant: 32,
+            max_attach_streams_per_sandbox: 16,
         }
     }
 }
@@ -104,8 +111,10 @@ impl Default for HttpLimits {
 pub struct AuditConfig {
     /// Rows older than this many days are deleted (0 keeps everything).
     pub retention_days: u64,
-    /// The store's rows are kept under this size: past it the oldest rows go first
-    /// (checked every minute; 0 for no size bound).
+    /// The store's rows are kept under this size (checked every minute; 0 for no size
+    /// bound). Past it each tenant keeps a fair share of the rows that fit (the server's
+    /// own rows count as one more tenant): only a tenant past its share loses rows, its
+    /// oldest first, so one tenant's flood never evicts another's rows.
     pub max_size: Size,
     /// New sandboxes are refused (503 storage_low) while the data dir's file system has less
     /// free space than this, so the audit store can always write what running ones do.
@@ -115,6 +124,12 @@ pub struct AuditConfig {
     pub max_egress_rows_per_minute: u32,
     /// Most distinct egress rows one exec reports; past it the tier's fold counts the rest.
     pub max_egress_rows_per_exec: usize,
+    /// Audit queries (`GET /v1/audit`) one tenant may have under way at once; past it
+    /// `429 resource_busy`.
+    pub max_reads_per_tenant: usize,
+    /// Event streams (`GET /v1/events`, the dashboard) one tenant may have open at once;
+    /// past it `429 resource_busy`.
+    pub max_event_streams_per_tenant: usize,
 }
 
 impl Default for AuditConfig {
@@ -125,6 +140,8 @@ impl Default for AuditConfig {
             min_free_disk: Size(256 << 20),
             max_egress_rows_per_minute: 6000,
             max_egress_rows_per_exec: cordon_core::report::DEFAULT_FOLD_ROWS,
+            max_reads_per_tenant: 2,
+            max_event_streams_per_tenant: 4,
         }
     }
 }
@@ -270,8 +287,20 @@ pub struct EdgeConfig {
     /// `[tls]` stops the start).
     pub allow_plaintext_remote: bool,
     /// Tenants whose keys see every tenant's sandboxes and audit rows on the dashboard
-    /// (`/dashboard`, `GET /v1/events`): the operator's own. Every other key sees its own.
+    /// (`/dashboard`, `GET /v1/events`), `/metrics` and the server-wide health: the
+    /// operator's own. Every other key sees its own.
     pub dashboard_operators: Vec<String>,
+    /// Connections one listener (the API, the E2B listener) holds at once; kept under half
+    /// the process's descriptor limit. Past it a new connection closes an idle one (the
+    /// address holding the most connections first); refused only when every connection
+    /// has a request under way.
+    pub max_connections: usize,
+    /// Connections from one source address at once; past it a new one from that address
+    /// closes that address's idle one.
+    pub max_connections_per_source: usize,
+    /// How long a connection may wait for a request's head: idle between requests, or a
+    /// head sent slowly. Past it the connection is closed.
+    pub idle_timeout: Dur,
 }
 
 impl Default for EdgeConfig {
@@ -282,6 +311,9 @@ impl Default for EdgeConfig {
             metrics_need_key: true,
             allow_plaintext_remote: false,
             dashboard_operators: Vec::new(),
+            max_connections: 4096,
+            max_connections_per_source: 512,
+            idle_timeout: Dur(Duration::from_secs(30)),
         }
     }
 }
@@ -433,6 +465,25 @@ impl Config {
         if self.sessions.max_sandboxes == 0 || self.sessions.max_sandboxes_per_tenant == 0 {
             return bad(
                 "sessions.max_sandboxes and max_sandboxes_per_tenant must be at least 1".into(),
+            );
+        }
+        if self.edge.max_connections == 0
+            || self.edge.max_connections_per_source == 0
+            || self.edge.idle_timeout.0.is_zero()
+        {
+            return bad(
+                "edge.max_connections, max_connections_per_source and idle_timeout must be more than zero"
+                    .into(),
+            );
+        }
+        if self.sessions.max_attach_streams_per_tenant == 0
+            || self.sessions.max_attach_streams_per_sandbox == 0
+            || self.audit.max_reads_per_tenant == 0
+            || self.audit.max_event_streams_per_tenant == 0
+        {
+            return bad(
+                "sessions.max_attach_streams_per_tenant and _per_sandbox, audit.max_reads_per_tenant and max_event_streams_per_tenant must be at least 1"
+                    .into(),
             );
         }
         if self.sessions.reap_interval.0.is_zero() {

@@ -248,6 +248,8 @@ async fn replay(svc: &Service, scope: &Scope) -> (VecDeque<Event>, i64) {
 }
 
 struct Follow {
+    /// The tenant's place for one event stream, given back when the stream ends.
+    _slot: crate::service::Slot,
     svc: Service,
     scope: Scope,
     pending: VecDeque<SseEvent>,
@@ -267,9 +269,11 @@ fn sse<T: Serialize>(name: &str, v: &T) -> SseEvent {
 pub(crate) async fn events(
     State(svc): State<Service>,
     Auth(t): Auth,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, crate::ApiError> {
+    let slot = svc.event_stream_slot(&t)?;
     let scope = Scope::of(&svc, t);
     let start = Follow {
+        _slot: slot,
         svc,
         scope,
         pending: VecDeque::new(),
@@ -308,5 +312,5 @@ pub(crate) async fn events(
             }
         }
     });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }

@@ -15,6 +15,7 @@ pub mod dashboard;
 pub mod e2b;
 mod error;
 pub mod keys;
+pub mod listen;
 pub mod mcp;
 pub mod metrics;
 pub mod model;
@@ -76,25 +77,17 @@ impl Server {
             Some(at) => Some(e2b::serve(svc.clone(), at).await?),
             None => None,
         };
-        let app = api::router(svc.clone()).into_make_service_with_connect_info::<api::PeerAddr>();
-        let stop = svc.cancelled();
+        let app = api::router(svc.clone());
         let is_tls = tls.is_some();
-        let task = match tls {
-            Some(cfg) => {
-                let listener = tls::TlsListener::new(listener, cfg)
-                    .map_err(|e| ServerError::io("starting the TLS listener", e))?;
-                tokio::spawn(async move {
-                    axum::serve(listener, app)
-                        .with_graceful_shutdown(async move { stop.cancelled().await })
-                        .await
-                })
-            }
-            None => tokio::spawn(async move {
-                axum::serve(NoDelay(listener), app)
-                    .with_graceful_shutdown(async move { stop.cancelled().await })
-                    .await
-            }),
-        };
+        let tls = tls.map(|cfg| tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(cfg)));
+        let limits = listen::ConnLimits::of(&svc.config().edge);
+        let task = listen::serve(
+            listener,
+            app,
+            tls,
+            listen::Registry::new(limits),
+            svc.cancelled(),
+        );
         Ok(Server {
             svc,
             addr,
@@ -129,27 +122,5 @@ impl Server {
         if let Some((_, t)) = self.e2b {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(10), t).await;
         }
-    }
-}
-
-/// A listener whose connections send each write at once (`TCP_NODELAY`): a streamed answer
-/// (exec output, SSE, E2B's code interpreter) is many small writes, and with Nagle's
-/// algorithm each waits for the client's delayed ACK of the one before (~40 ms).
-pub(crate) struct NoDelay(pub tokio::net::TcpListener);
-
-impl axum::serve::Listener for NoDelay {
-    type Io = tokio::net::TcpStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let (tcp, addr) = axum::serve::Listener::accept(&mut self.0).await;
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(%addr, "TCP_NODELAY on an accepted connection: {e}");
-        }
-        (tcp, addr)
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.0.local_addr()
     }
 }

@@ -433,6 +433,8 @@ async fn new_sandboxes_are_refused_while_the_disk_is_nearly_full() {
 /// The tenants' API keys (at least `edge.min_key_len` long).
 const ALICE: &str = "key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0";
 const BOB: &str = "key-bob-00112233445566778899aabbccddeeff";
+/// The operator's own tenant (`edge.dashboard_operators`): it reads `/metrics`.
+const OPS: &str = "key-ops-ffeeddccbbaa99887766554433221100";
 
 struct Env {
     server: Server,
@@ -466,7 +468,13 @@ fn config(dir: &std::path::Path) -> Config {
             key: None,
             sha256: Some(cordon_server::keys::hash_key(BOB)),
         },
+        cordon_server::config::KeyEntry {
+            tenant: "ops".into(),
+            key: Some(OPS.into()),
+            sha256: None,
+        },
     ];
+    cfg.edge.dashboard_operators = vec!["ops".into()];
     cfg.sessions.reap_interval = Dur(Duration::from_millis(50));
     cfg.http.max_body_bytes = 64 << 10;
     cfg.http.max_file_bytes = 256 << 10;
@@ -537,11 +545,11 @@ impl Env {
         v["id"].as_str().unwrap().to_string()
     }
 
-    /// The Prometheus text of `/metrics` (a key is needed).
+    /// The Prometheus text of `/metrics` (an operator's key is needed).
     async fn metrics(&self) -> String {
         self.http
             .get(format!("{}/metrics", self.base))
-            .bearer_auth(ALICE)
+            .bearer_auth(OPS)
             .send()
             .await
             .unwrap()
@@ -2227,6 +2235,24 @@ async fn the_edge_guards_metrics_health_and_key_guessing() {
         v["tiers"].is_object() && v["live_sandboxes"].is_number(),
         "{v}"
     );
+    // Issue 44: /metrics and the detailed health showed server-wide and other tenants'
+    // figures to any tenant's key. A tenant's key sees its own sandboxes, no pools, and
+    // is refused /metrics; the operator's key sees the server.
+    env.create(BOB, json!({"tier": "container"})).await;
+    env.create(BOB, json!({"tier": "container"})).await;
+    env.create(ALICE, json!({"tier": "container"})).await;
+    let (_, v) = env.call(M::GET, "/v1/health", ALICE, None).await;
+    assert_eq!(v["live_sandboxes"], 1, "alice sees others' sandboxes: {v}");
+    assert!(v.get("pools").is_none(), "alice sees the pools: {v}");
+    let (_, v) = env.call(M::GET, "/v1/health", OPS, None).await;
+    assert_eq!(v["live_sandboxes"], 3, "{v}");
+    assert!(v["pools"].is_object(), "{v}");
+    let (s, e) = env.call(M::GET, "/metrics", ALICE, None).await;
+    assert_eq!((s, e["code"].as_str()), (403, Some("policy_denied")), "{e}");
+    assert!(
+        e["fix"].as_str().unwrap().contains("dashboard_operators"),
+        "{e}"
+    );
     let m = env.metrics().await;
     assert!(m.contains("cordon_"), "{m}");
     // Guessing keys: after 5 failures this address is refused without a check.
@@ -2239,7 +2265,14 @@ async fn the_edge_guards_metrics_health_and_key_guessing() {
     }
     assert_eq!(&codes[..5], &[401; 5], "{codes:?}");
     assert!(codes[5..].iter().all(|c| *c == 429), "{codes:?}");
+    // Issue 44: the back-off refused valid keys too, so a keyless client sharing the
+    // address (loopback, the TLS proxy) locked every tenant out. A valid key is never
+    // slowed down, on the native API and MCP alike; the failing attempts still are.
     let (s, e) = env.call(M::GET, "/v1/sandboxes", ALICE, None).await;
+    assert_eq!(s, 200, "a valid key was slowed down: {e}");
+    let (s, e) = env.call(M::GET, "/v1/sandboxes", BOB, None).await;
+    assert_eq!(s, 200, "a valid key was slowed down: {e}");
+    let (s, e) = env.call(M::GET, "/v1/sandboxes", "guess-9", None).await;
     assert_eq!(
         (s, e["code"].as_str()),
         (429, Some("too_many_failures")),
@@ -3614,5 +3647,266 @@ async fn pausing_to_disk_needs_room_on_the_data_dirs_file_system() {
         )
         .await;
     assert_eq!(s, 200, "{v}");
+    env.server.shutdown().await;
+}
+
+/// Issue 44: by default a tenant's memory share was the whole server budget, so one
+/// tenant's idle sandboxes refused every other tenant's create. Without a budget of its
+/// own a tenant stops at its default share (a quarter here) and the other still creates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_sandboxes_leave_memory_for_the_others() {
+    let env = start_with(|c| {
+        c.budgets.max_memory = Some(cordon_server::config::Size(4 << 30));
+        c.pools.clear();
+    })
+    .await;
+    let mut held = 0;
+    let refusal = loop {
+        let (s, v) = env
+            .call(
+                M::POST,
+                "/v1/sandboxes",
+                ALICE,
+                Some(json!({"tier": "container", "limits": {"memory_bytes": 256u64 << 20}})),
+            )
+            .await;
+        if s != 201 {
+            break v;
+        }
+        held += 1;
+        assert!(held <= 16, "alice took {held} sandboxes");
+    };
+    println!("alice holds {held} sandboxes of 256 MiB: {refusal}");
+    assert_eq!(refusal["code"], "too_many_sandboxes", "{refusal}");
+    assert!(
+        refusal["message"].as_str().unwrap().contains("your budget"),
+        "{refusal}"
+    );
+    for _ in 0..3 {
+        let (s, v) = env
+            .call(
+                M::POST,
+                "/v1/sandboxes",
+                BOB,
+                Some(json!({"tier": "container", "limits": {"memory_bytes": 256u64 << 20}})),
+            )
+            .await;
+        assert_eq!(s, 201, "bob was refused beside alice's sandboxes: {v}");
+    }
+    env.server.shutdown().await;
+}
+
+/// Issue 44: 40 event streams of one tenant pushed another's run from 0.2 s to 12-20 s.
+/// A tenant holds at most `audit.max_event_streams_per_tenant` streams (429 resource_busy
+/// past it, a place given back when one closes), and the other tenant's stream opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_streams_are_capped_per_tenant() {
+    let env = start_with(|c| c.audit.max_event_streams_per_tenant = 2).await;
+    let open = |key: &'static str| {
+        env.req(M::GET, "/v1/events", key)
+            .header("accept", "text/event-stream")
+            .send()
+    };
+    let a1 = open(ALICE).await.unwrap();
+    let a2 = open(ALICE).await.unwrap();
+    assert_eq!((a1.status().as_u16(), a2.status().as_u16()), (200, 200));
+    let a3 = open(ALICE).await.unwrap();
+    assert_eq!(a3.status(), 429);
+    let v: Value = a3.json().await.unwrap();
+    assert_eq!(v["code"], "resource_busy", "{v}");
+    let b = open(BOB).await.unwrap();
+    assert_eq!(b.status(), 200, "bob's stream was refused");
+    drop(a1);
+    // The place comes back once the server sees the stream closed (bounded wait).
+    let mut reopened = None;
+    for _ in 0..100 {
+        let r = open(ALICE).await.unwrap();
+        if r.status() == 200 {
+            reopened = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        reopened.is_some(),
+        "a closed stream's place never came back"
+    );
+    drop((a2, b, reopened));
+    env.server.shutdown().await;
+}
+
+/// Issue 44: audit queries walked the whole store on its one connection, so another
+/// tenant's run waited behind them. With 200,000 rows of alice's, eight of her filtered
+/// queries at once leave bob's runs served (each query reads only its rows, on a
+/// connection of its own); a query past her cap of concurrent reads is 429 resource_busy.
+/// The figures are printed, not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_queries_of_one_tenant_do_not_hold_up_another() {
+    let env = start_with(|c| c.pools.clear()).await;
+    let audit = env.server.service().audit().clone();
+    tokio::task::spawn_blocking(move || {
+        for _ in 0..20 {
+            let rows: Vec<cordon_server::audit::NewEvent<'_>> = (0..10_000)
+                .map(|_| cordon_server::audit::NewEvent {
+                    tenant: Some("alice"),
+                    sandbox: None,
+                    tier: None,
+                    event: cordon_server::audit::AuditEvent::ResumeFailed {
+                        error: "x".repeat(200),
+                    },
+                })
+                .collect();
+            audit.record_all(&rows).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    let run = |key: &'static str| {
+        env.call(
+            M::POST,
+            "/v1/run",
+            key,
+            Some(json!({"tier": "container", "argv": ["echo", "hi"]})),
+        )
+    };
+    let mut base = Vec::new();
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        let (s, o) = run(BOB).await;
+        assert_eq!(s, 200, "{o}");
+        base.push(t.elapsed());
+    }
+    let queries: Vec<_> = (0..8)
+        .map(|i| {
+            let (http, base) = (env.http.clone(), env.base.clone());
+            tokio::spawn(async move {
+                let kind = if i % 2 == 0 { "exec" } else { "create" };
+                let r = http
+                    .get(format!("{base}/v1/audit?kind={kind}&since_ms=1&limit=1000"))
+                    .bearer_auth(ALICE)
+                    .send()
+                    .await
+                    .unwrap();
+                r.status().as_u16()
+            })
+        })
+        .collect();
+    let mut loaded = Vec::new();
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        let (s, o) = run(BOB).await;
+        assert_eq!(s, 200, "bob's run failed beside alice's queries: {o}");
+        loaded.push(t.elapsed());
+    }
+    let mut codes = Vec::new();
+    for q in queries {
+        codes.push(q.await.unwrap());
+    }
+    println!(
+        "bob's run: {base:?} alone, {loaded:?} beside 8 of alice's queries; their codes {codes:?}"
+    );
+    assert!(codes.iter().all(|c| *c == 200 || *c == 429), "{codes:?}");
+    env.server.shutdown().await;
+}
+
+/// Issue 44: the E2B listener dropped a refused request's connection (its body unread)
+/// without `Connection: close`, so an SDK's pool sent its next call on a dead connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_e2b_listener_says_close_on_a_refused_body() {
+    let env = start_with(|c| {
+        c.e2b = Some(cordon_server::config::E2bConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            templates: BTreeMap::new(),
+            tier: None,
+            limits: Default::default(),
+        })
+    })
+    .await;
+    let at = env.server.e2b_addr().unwrap();
+    let r = env
+        .http
+        .post(format!("http://{at}/sandboxes"))
+        .header("x-api-key", "not-a-key")
+        .json(&json!({"templateID": "base", "pad": "x".repeat(4096)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        r.headers().get("connection").and_then(|v| v.to_str().ok()),
+        Some("close"),
+        "{:?}",
+        r.headers()
+    );
+    env.server.shutdown().await;
+}
+
+/// Issue 44: no listener capped connections or closed idle and slow ones: 20,000 idle
+/// keyless connections took every descriptor. Past the cap from one address a new
+/// connection closes an idle one of that address (one that never sent a request first);
+/// a connection with nothing under way is closed after `edge.idle_timeout`, as is one
+/// sending its head slowly; a client with a request to send always gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_connections_are_capped_and_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = start_with(|c| {
+        c.edge.max_connections_per_source = 16;
+        c.edge.max_connections = 64;
+        c.edge.idle_timeout = Dur(Duration::from_secs(1));
+    })
+    .await;
+    let addr = env.server.addr();
+    // 200 idle connections from loopback, more than the per-source and listener caps.
+    let mut idle = Vec::new();
+    for _ in 0..200 {
+        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // bob's calls still go through, from the same address.
+    for _ in 0..5 {
+        let (s, v) = env.call(M::GET, "/v1/sandboxes", BOB, None).await;
+        assert_eq!(s, 200, "bob was shut out by idle connections: {v}");
+    }
+    // The server closed idle connections to make room: at most the cap stay open.
+    let mut open = 0;
+    for c in &mut idle {
+        let mut b = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(20), c.read(&mut b)).await {
+            Err(_) => open += 1,
+            Ok(Ok(0)) | Ok(Err(_)) => {}
+            Ok(Ok(_)) => panic!("an idle connection got bytes"),
+        }
+    }
+    println!("{open} of 200 idle connections still open");
+    assert!(
+        open <= 16,
+        "{open} idle connections from one address stay open"
+    );
+    // A slow head and an idle connection are closed past the idle timeout.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /v1/health HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let quiet = tokio::net::TcpStream::connect(addr).await.unwrap();
+    for (name, mut c) in [("slow", slow), ("idle", quiet)] {
+        let mut buf = Vec::new();
+        let r = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                // The slow client sends a byte of its head every 200 ms.
+                if name == "slow" {
+                    let _ = c.write_all(b"X").await;
+                }
+                let mut b = [0u8; 512];
+                match tokio::time::timeout(Duration::from_millis(200), c.read(&mut b)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) => return,
+                    Ok(Ok(n)) => buf.extend_from_slice(&b[..n]),
+                    Err(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(r.is_ok(), "the {name} connection was never closed");
+        println!("{name}: closed after {:?}", String::from_utf8_lossy(&buf));
+    }
+    drop(idle);
     env.server.shutdown().await;
 }

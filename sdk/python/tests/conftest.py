@@ -61,7 +61,7 @@ def tier_available(tier: str) -> bool:
 
 class ServerProc:
     def __init__(self, data_dir: Path, pools: dict, extra: str = "",
-                 nofile: Optional[int] = None) -> None:
+                 nofile: Optional[int] = None, sessions: str = "") -> None:
         self.data_dir = data_dir
         # The server's descriptor limit (soft and hard), as an operator's unit file sets it.
         self.nofile = nofile
@@ -70,7 +70,7 @@ class ServerProc:
         pool_lines = "".join(f"{t} = {n}\n" for t, n in pools.items())
         self.config.write_text(
             f'data_dir = "{data_dir}"\nbind = "127.0.0.1:0"\ndefault_tier = "wasm"\n{keys}'
-            f"[sessions]\nreap_interval = \"100ms\"\n"
+            f"[sessions]\nreap_interval = \"100ms\"\n{sessions}"
             # The operator trusts the test tenants with every tier (the gate's refusals
             # for untrusted tenants are tested in crates/cordon-server and cordon-engine).
             f'[tenant_defaults]\ntrust = "trusted"\n'

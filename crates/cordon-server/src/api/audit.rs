@@ -20,9 +20,10 @@ pub(super) fn routes(limits: &HttpLimits) -> Api {
     Api::default()
         .op(
             Op::get("/v1/audit", "audit", "audit")
-                .summary("My audit rows, oldest first (policy, create, exec, file_put, file_get, egress, grant_use, destroy, ...)")
+                .summary("My audit rows, oldest first (policy, create, exec, file_put, file_get, egress, grant_use, destroy, ...); at most audit.max_reads_per_tenant queries of a tenant under way at once (429 resource_busy past it)")
                 .query::<AuditQuery>()
-                .ok::<m::AuditEvents>(200, "the rows"),
+                .ok::<m::AuditEvents>(200, "the rows")
+                .errors(&[crate::error::Code::ResourceBusy]),
             audit,
         )
         .map(|r| r.layer(DefaultBodyLimit::max(limits.max_body_bytes)))

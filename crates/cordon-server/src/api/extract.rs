@@ -20,32 +20,6 @@ pub struct Auth(pub Tenant);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
 
-impl
-    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
-    for PeerAddr
-{
-    fn connect_info(s: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        PeerAddr(*s.remote_addr())
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::NoDelay>>
-    for PeerAddr
-{
-    fn connect_info(s: axum::serve::IncomingStream<'_, crate::NoDelay>) -> Self {
-        PeerAddr(*s.remote_addr())
-    }
-}
-
-impl
-    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::tls::TlsListener>>
-    for PeerAddr
-{
-    fn connect_info(s: axum::serve::IncomingStream<'_, crate::tls::TlsListener>) -> Self {
-        PeerAddr(*s.remote_addr())
-    }
-}
-
 pub(crate) fn unauthorized(msg: &str) -> ApiError {
     ApiError::new(
         Code::Unauthorized,
@@ -65,19 +39,6 @@ pub fn authenticate(
         svc.metrics().deny("unauthorized");
         return Err(unauthorized("no API key given"));
     };
-    let allowed = svc.config().edge.failures_before_slowdown;
-    if let Some(ip) = peer
-        && let Some(wait) = svc.throttle().check(ip, allowed)
-    {
-        svc.metrics().deny("key_backoff");
-        let mut e = ApiError::new(
-            Code::TooManyFailures,
-            "too many failed API keys from your address",
-            "wait for the Retry-After seconds and send a valid key",
-        );
-        e.retry_after = Some(wait);
-        return Err(e);
-    }
     let key = v
         .to_str()
         .ok()
@@ -86,15 +47,18 @@ pub fn authenticate(
                 .or_else(|| s.strip_prefix("bearer "))
         })
         .map(str::trim);
-    match key.and_then(|k| svc.keys().tenant_for(k)) {
-        Some(t) => Ok(t),
-        None => {
-            if let Some(ip) = peer {
-                svc.throttle().fail(ip);
-            }
-            svc.metrics().deny("unauthorized");
-            Err(unauthorized("the API key is not valid"))
+    match svc.key_attempt(key, peer) {
+        Ok(t) => Ok(t),
+        Err(crate::service::KeyRefused::Backoff(wait)) => {
+            let mut e = ApiError::new(
+                Code::TooManyFailures,
+                "too many failed API keys from your address",
+                "wait for the Retry-After seconds and send a valid key",
+            );
+            e.retry_after = Some(wait);
+            Err(e)
         }
+        Err(crate::service::KeyRefused::Invalid) => Err(unauthorized("the API key is not valid")),
     }
 }
 

@@ -64,7 +64,7 @@ pub fn documented(svc: Service) -> (Router, Vec<Op>) {
 /// A request with a body that is refused (4xx/5xx) may be answered before its body was
 /// read: the server then drops the connection, and a client that kept it for its next
 /// request would see that request fail. `Connection: close` tells it not to.
-async fn close_after_refused_body(req: Request, next: Next) -> Response {
+pub(crate) async fn close_after_refused_body(req: Request, next: Next) -> Response {
     let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
         || req
             .headers()

@@ -32,12 +32,13 @@ pub(super) fn routes(limits: &HttpLimits) -> Api {
         )
         .op(
             Op::get("/v1/sandboxes/{id}/execs/{exec_id}", "attachExec", "execs")
-                .summary("Attach to a background exec: its output so far, then live, then its outcome (NDJSON; SSE with Accept: text/event-stream; one JSON outcome with stream=false)")
+                .summary("Attach to a background exec: its output so far, then live, then its outcome (NDJSON; SSE with Accept: text/event-stream; one JSON outcome with stream=false). A tenant has at most sessions.max_attach_streams_per_tenant attaches open, a sandbox sessions.max_attach_streams_per_sandbox (429 resource_busy past them)")
                 .query::<AttachQuery>()
                 .ok::<ExecOutcome>(200, "the outcome, or the stream of events")
                 .answer(200, "the outcome, or the stream of events", "application/x-ndjson", None)
                 .answer(200, "the outcome, or the stream of events", "text/event-stream", None)
-                .errors(SANDBOX),
+                .errors(SANDBOX)
+                .errors(&[crate::error::Code::ResourceBusy]),
             attach,
         )
         .op(
@@ -111,12 +112,18 @@ async fn attach(
         m => m,
     };
     if m == Mode::Whole {
-        return Ok(Json(svc.procs().attach(&t, &id, &exec_id, None).await?).into_response());
+        return Ok(Json(svc.procs().attach(&t, &id, &exec_id, None, None).await?).into_response());
     }
-    // Refused before the stream starts when the exec is not this tenant's.
+    // Refused before the stream starts when the exec is not this tenant's, or when the
+    // tenant or the sandbox has its limit of streams open (429 resource_busy).
     svc.procs().list_execs_check(&t, &id, &exec_id)?;
+    let slot = svc.procs().attach_slot(&t, &id)?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let fut = async move { svc.procs().attach(&t, &id, &exec_id, Some(tx)).await };
+    let fut = async move {
+        svc.procs()
+            .attach(&t, &id, &exec_id, Some(tx), Some(slot))
+            .await
+    };
     Ok(stream_response(m, rx, fut))
 }
 

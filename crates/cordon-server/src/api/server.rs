@@ -23,21 +23,22 @@ pub(super) fn routes(limits: &HttpLimits) -> Api {
     Api::default()
         .op(
             Op::get("/v1/health", "health", "server")
-                .summary("Liveness for anyone ({\"status\": \"ok\"}); with a valid key also the version, the tiers' status, pool fill and live sandboxes")
+                .summary("Liveness for anyone ({\"status\": \"ok\"}); with a valid key also the version, the tiers' status and the key's tenant's live sandboxes; with an operator's key (edge.dashboard_operators) the pools' fill and every tenant's live sandboxes")
                 .public()
                 .ok::<Health>(200, "the server is up"),
             health,
         )
         .op(
             Op::get("/metrics", "metrics", "server")
-                .summary("Prometheus metrics (OpenMetrics text); needs a key unless edge.metrics_need_key = false")
+                .summary("Prometheus metrics (OpenMetrics text): every tenant's figures, so an operator's key (edge.dashboard_operators) unless edge.metrics_need_key = false; 403 policy_denied for any other tenant's key")
                 .answer(200, "the metrics", "application/openmetrics-text", None),
             metrics,
         )
         .op(
             Op::get("/v1/events", "events", "server")
-                .summary("The dashboard's server-sent event stream: a `stats` event every second (live sandboxes with their tier and tenant, counts per tier and tenant, pool fill: the Snapshot schema) and an `audit` event for each audit row as it is written (the last 200 of the past 15 minutes first). The key's tenant's own; every tenant's for the tenants named in edge.dashboard_operators. It ends when the server stops.")
-                .answer(200, "the stream", "text/event-stream", Some(crate::openapi::schema::<crate::dashboard::Snapshot>)),
+                .summary("The dashboard's server-sent event stream: a `stats` event every second (live sandboxes with their tier and tenant, counts per tier and tenant, pool fill: the Snapshot schema) and an `audit` event for each audit row as it is written (the last 200 of the past 15 minutes first). The key's tenant's own; every tenant's for the tenants named in edge.dashboard_operators. It ends when the server stops. A tenant has at most audit.max_event_streams_per_tenant open (429 resource_busy past it).")
+                .answer(200, "the stream", "text/event-stream", Some(crate::openapi::schema::<crate::dashboard::Snapshot>))
+                .errors(&[Code::ResourceBusy]),
             crate::dashboard::events,
         )
         .op(
@@ -185,8 +186,16 @@ pub struct PoolHealth {
     pub ready: usize,
 }
 
-/// Health: `{"status": "ok"}` to anyone; the tiers, pools and counts only with a valid key
-/// (or to anyone when the operator sets `edge.metrics_need_key = false`).
+/// Whether `t` is one of the operator's keys (`edge.dashboard_operators`): those see the
+/// server-wide figures (every tenant's sandboxes, the pools, `/metrics`).
+fn is_operator(svc: &Service, t: &crate::keys::Tenant) -> bool {
+    svc.config().edge.dashboard_operators.contains(&t.0)
+}
+
+/// Health: `{"status": "ok"}` to anyone; the version and the tiers with a valid key; the
+/// server-wide figures (pool fill, every tenant's live sandboxes) only to the operator's
+/// keys, or to anyone when the operator sets `edge.metrics_need_key = false`. Any other
+/// tenant's key sees its own live sandboxes.
 async fn health(State(svc): State<Service>, MaybeAuth(t): MaybeAuth) -> Json<Health> {
     let mut h = Health {
         status: "ok".into(),
@@ -195,11 +204,17 @@ async fn health(State(svc): State<Service>, MaybeAuth(t): MaybeAuth) -> Json<Hea
         pools: None,
         live_sandboxes: None,
     };
-    if t.is_none() && svc.config().edge.metrics_need_key {
+    let open = !svc.config().edge.metrics_need_key;
+    if t.is_none() && !open {
         return Json(h);
     }
     h.version = Some(env!("CARGO_PKG_VERSION").into());
     h.tiers = Some(svc.probes().iter().map(|(t, p)| (*t, p.status)).collect());
+    let whole = open || t.as_ref().is_some_and(|t| is_operator(&svc, t));
+    if !whole {
+        h.live_sandboxes = t.map(|t| svc.sessions().live_sandboxes(Some(&t)).len());
+        return Json(h);
+    }
     h.pools = Some(
         svc.config()
             .pools
@@ -219,9 +234,21 @@ async fn health(State(svc): State<Service>, MaybeAuth(t): MaybeAuth) -> Json<Hea
     Json(h)
 }
 
+/// `/metrics`: every tenant's figures, so only the operator's keys read them (or anyone,
+/// with `edge.metrics_need_key = false`).
 async fn metrics(State(svc): State<Service>, MaybeAuth(t): MaybeAuth) -> Response {
-    if t.is_none() && svc.config().edge.metrics_need_key {
-        return unauthorized("/metrics needs an API key").into_response();
+    if svc.config().edge.metrics_need_key {
+        let Some(t) = t else {
+            return unauthorized("/metrics needs an API key").into_response();
+        };
+        if !is_operator(&svc, &t) {
+            return ApiError::new(
+                Code::PolicyDenied,
+                "/metrics shows every tenant's figures; only the operator's keys read it",
+                "use a key of a tenant named in edge.dashboard_operators (or set edge.metrics_need_key = false to publish the metrics)",
+            )
+            .into_response();
+        }
     }
     (
         [(

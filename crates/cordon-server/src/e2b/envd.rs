@@ -31,7 +31,7 @@ use super::{
 };
 use crate::error::{ApiError, Code};
 use crate::model::ExecBody;
-use crate::service::Chunk;
+use crate::service::{AttachSlot, Chunk};
 
 /// envd's default keepalive interval when the client asks for none.
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
@@ -168,6 +168,13 @@ async fn start(
     body: &[u8],
 ) -> Result<Response, ConnectError> {
     let req: StartRequest = decode_stream_request(headers, body)?;
+    // The stream's place is taken before the process starts: a refusal (the tenant's or
+    // the sandbox's streams at their limit) leaves nothing running.
+    let slot = e
+        .svc
+        .procs()
+        .attach_slot(&b.tenant, &id)
+        .map_err(connect_error)?;
     // Connect-Timeout-Ms is the process's lifetime, as envd runs it under a context with
     // that deadline (none, or 0: until the sandbox ends).
     let max = e.svc.config().max_limits.timeout_ms;
@@ -242,7 +249,14 @@ async fn start(
             .exec_stdin(&b.tenant, &id, &info.id, Vec::new(), true)
             .await;
     }
-    Ok(events(e, b, id, info.id, pid, pty.is_some(), keepalive))
+    Ok(events(
+        e,
+        b,
+        (id, info.id, pid),
+        pty.is_some(),
+        keepalive,
+        slot,
+    ))
 }
 
 /// Kills the process `lifetime` after its start if it still runs (a background exec
@@ -284,11 +298,23 @@ async fn attach_existing(
         .procs()
         .list_execs_check(&b.tenant, &id, &rec.exec_id)
         .map_err(|_| ConnectError::not_found(format!("process with pid {pid} not found")))?;
+    let slot = e
+        .svc
+        .procs()
+        .attach_slot(&b.tenant, &id)
+        .map_err(connect_error)?;
     let keepalive = header_u64(headers, "keepalive-ping-interval")
         .filter(|s| *s > 0)
         .map(Duration::from_secs)
         .unwrap_or(DEFAULT_KEEPALIVE);
-    Ok(events(e, b, id, rec.exec_id, pid, rec.pty, keepalive))
+    Ok(events(
+        e,
+        b,
+        (id, rec.exec_id, pid),
+        rec.pty,
+        keepalive,
+        slot,
+    ))
 }
 
 /// A process's events: its start, its output as it comes (replayed from its start, as
@@ -297,11 +323,10 @@ async fn attach_existing(
 fn events(
     e: &E2b,
     b: &E2bBox,
-    id: String,
-    exec_id: String,
-    pid: u32,
+    (id, exec_id, pid): (String, String, u32),
     pty: bool,
     keepalive: Duration,
+    slot: AttachSlot,
 ) -> Response {
     let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     let svc = e.svc.clone();
@@ -321,7 +346,11 @@ fn events(
             return;
         }
         let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
-        let fut = async move { svc.procs().attach(&tenant, &id, &exec_id, Some(tx)).await };
+        let fut = async move {
+            svc.procs()
+                .attach(&tenant, &id, &exec_id, Some(tx), Some(slot))
+                .await
+        };
         let mut done = std::pin::pin!(fut);
         let mut tick = tokio::time::interval(keepalive);
         tick.tick().await;

@@ -122,13 +122,14 @@ pub async fn serve(
         cfg: Arc::new(cfg),
         boxes: Arc::default(),
     };
-    let app = router(state).into_make_service_with_connect_info::<PeerAddr>();
-    let stop = svc.cancelled();
-    let task = tokio::spawn(async move {
-        axum::serve(crate::NoDelay(listener), app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-    });
+    let limits = crate::listen::ConnLimits::of(&svc.config().edge);
+    let task = crate::listen::serve(
+        listener,
+        router(state),
+        None,
+        crate::listen::Registry::new(limits),
+        svc.cancelled(),
+    );
     Ok((addr, task))
 }
 
@@ -181,6 +182,12 @@ fn router(state: E2b) -> Router {
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .merge(files)
         .fallback(no_route)
+        // A refused request's body may be left unread, and the connection then dropped:
+        // say so (`Connection: close`), as the native API does, so an SDK's pool does not
+        // send its next call on it.
+        .layer(axum::middleware::from_fn(
+            crate::api::close_after_refused_body,
+        ))
         .with_state(state)
 }
 
@@ -378,32 +385,22 @@ impl E2b {
                 "no API key given; set E2B_API_KEY to a key from the Cordon server's key file",
             ));
         };
-        let allowed = svc.config().edge.failures_before_slowdown;
-        if let Some(ip) = from
-            && let Some(wait) = svc.throttle().check(ip, allowed)
-        {
-            svc.metrics().deny("key_backoff");
-            let mut r = e2b_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too many failed API keys from your address; wait and send a valid key",
-            );
-            if let Ok(v) = HeaderValue::from_str(&wait.to_string()) {
-                r.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            return Err(r);
-        }
-        match svc.keys().tenant_for(key.trim()) {
-            Some(t) => Ok(t),
-            None => {
-                if let Some(ip) = from {
-                    svc.throttle().fail(ip);
+        match svc.key_attempt(Some(key.trim()), from) {
+            Ok(t) => Ok(t),
+            Err(crate::service::KeyRefused::Backoff(wait)) => {
+                let mut r = e2b_error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many failed API keys from your address; wait and send a valid key",
+                );
+                if let Ok(v) = HeaderValue::from_str(&wait.to_string()) {
+                    r.headers_mut().insert(header::RETRY_AFTER, v);
                 }
-                svc.metrics().deny("unauthorized");
-                Err(e2b_error(
-                    StatusCode::UNAUTHORIZED,
-                    "the API key is not valid; set E2B_API_KEY to a key from the Cordon server's key file",
-                ))
+                Err(r)
             }
+            Err(crate::service::KeyRefused::Invalid) => Err(e2b_error(
+                StatusCode::UNAUTHORIZED,
+                "the API key is not valid; set E2B_API_KEY to a key from the Cordon server's key file",
+            )),
         }
     }
 

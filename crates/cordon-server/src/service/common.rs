@@ -131,3 +131,68 @@ impl Life {
         self.cancel.cancel();
     }
 }
+
+/// Places of one kind (attach streams, audit reads, event streams) held at once, counted
+/// per key (a tenant, a sandbox): a key at its cap is refused with `429 resource_busy`
+/// naming what is full, and a place is given back when its [`Slot`] is dropped (the stream
+/// ended or its client went away).
+#[derive(Clone)]
+pub struct Slots {
+    what: &'static str,
+    fix: &'static str,
+    held: Arc<Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+/// One place held in [`Slots`].
+pub struct Slot {
+    held: Arc<Mutex<std::collections::HashMap<String, usize>>>,
+    key: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut held = lock(&self.held);
+        if let Some(n) = held.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl Slots {
+    /// `what` names the place in a refusal ("attach streams of yours"); `fix` says what to do.
+    pub fn new(what: &'static str, fix: &'static str) -> Self {
+        Slots {
+            what,
+            fix,
+            held: Arc::default(),
+        }
+    }
+
+    /// Takes a place of `key`'s when it holds fewer than `cap`.
+    pub fn take(&self, key: &str, cap: usize) -> Result<Slot, ApiError> {
+        let mut held = lock(&self.held);
+        let n = held.entry(key.to_string()).or_insert(0);
+        if *n >= cap {
+            let mut e = ApiError::new(
+                Code::ResourceBusy,
+                format!("{} are at their limit of {cap}", self.what),
+                self.fix,
+            );
+            e.retry_after = Some(1);
+            return Err(e);
+        }
+        *n += 1;
+        Ok(Slot {
+            held: self.held.clone(),
+            key: key.to_string(),
+        })
+    }
+
+    /// Places `key` holds now.
+    pub fn held(&self, key: &str) -> usize {
+        lock(&self.held).get(key).copied().unwrap_or(0)
+    }
+}

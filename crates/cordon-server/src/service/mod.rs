@@ -47,17 +47,26 @@ mod sessions;
 mod volumes;
 
 pub use admit::Admit;
-pub use common::{Chunk, ChunkSender};
+pub use common::{Chunk, ChunkSender, Slot, Slots};
 pub use contexts::{CellError, CellStatus, Contexts};
 pub use exec::{ExecJob, Execs, RunJob};
 pub use files::Files;
 pub use pools::{Backends, Held, Pools};
-pub use procs::Procs;
+pub use procs::{AttachCaps, AttachSlot, Procs};
 pub use recovery::{RecoveryHook, scratch_dir};
 pub use sessions::Sessions;
 pub use volumes::Volumes;
 
 pub use crate::audit::RecoveryReport;
+
+/// Why a presented key was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRefused {
+    /// Not a key of this server's.
+    Invalid,
+    /// Not a key, from an address in its back-off: wait this many seconds.
+    Backoff(u64),
+}
 
 /// The components and what the front doors read of the server.
 struct Inner {
@@ -77,6 +86,9 @@ struct Inner {
     procs: Procs,
     contexts: Contexts,
     life: common::Life,
+    /// Audit queries and event streams each tenant has under way.
+    audit_reads: Slots,
+    event_streams: Slots,
     _lock: File,
 }
 
@@ -259,6 +271,10 @@ impl Service {
             sessions.clone(),
             cfg.sessions.max_background_execs,
             cfg.sessions.kill_grace.0,
+            procs::AttachCaps {
+                per_tenant: cfg.sessions.max_attach_streams_per_tenant,
+                per_sandbox: cfg.sessions.max_attach_streams_per_sandbox,
+            },
         );
         let contexts = Contexts::new(
             sessions.clone(),
@@ -303,6 +319,14 @@ impl Service {
                 procs,
                 contexts,
                 life,
+                audit_reads: Slots::new(
+                    "your audit queries under way",
+                    "wait for your other audit queries to answer, and page with after_id",
+                ),
+                event_streams: Slots::new(
+                    "your event streams (GET /v1/events) open at once",
+                    "close dashboards or event streams you no longer watch",
+                ),
                 _lock: lock_file,
             }),
         })
@@ -310,6 +334,34 @@ impl Service {
 
     pub fn config(&self) -> &Config {
         &self.inner.cfg
+    }
+
+    /// The tenant of a presented key (none when the header held none in its expected
+    /// form, a failing attempt too), with the failed-key back-off of its source address
+    /// `peer` (none in-process). A valid key is never slowed down, whoever failed from its
+    /// address before (a keyless client on loopback or behind the TLS proxy shares its
+    /// address with every tenant): the back-off answers the failing attempts only, each of
+    /// which counts.
+    pub fn key_attempt(
+        &self,
+        key: Option<&str>,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<Tenant, KeyRefused> {
+        if let Some(t) = key.and_then(|k| self.keys().tenant_for(k)) {
+            return Ok(t);
+        }
+        if let Some(ip) = peer {
+            let wait = self
+                .throttle()
+                .check(ip, self.config().edge.failures_before_slowdown);
+            self.throttle().fail(ip);
+            if let Some(wait) = wait {
+                self.metrics().deny("key_backoff");
+                return Err(KeyRefused::Backoff(wait));
+            }
+        }
+        self.metrics().deny("unauthorized");
+        Err(KeyRefused::Invalid)
     }
 
     /// Failed-key back-off per source address.
@@ -390,11 +442,27 @@ impl Service {
 
     /// Audit rows of `tenant`.
     pub async fn audit_query(&self, tenant: &Tenant, q: Query) -> Result<Vec<Event>, ApiError> {
+        // At most audit.max_reads_per_tenant under way per tenant: each is one blocking
+        // thread and one read connection while it runs.
+        let _slot = self
+            .inner
+            .audit_reads
+            .take(&tenant.0, self.inner.cfg.audit.max_reads_per_tenant)
+            .inspect_err(|_| self.inner.metrics.deny("audit_reads"))?;
         let audit = self.inner.audit.clone();
         let t = tenant.0.clone();
         common::blocking(move || audit.query(Some(&t), &q))
             .await?
             .map_err(common::audit_err)
+    }
+
+    /// A place for one event stream of `tenant` (`GET /v1/events`), held while it is open:
+    /// `429 resource_busy` past `audit.max_event_streams_per_tenant`.
+    pub fn event_stream_slot(&self, tenant: &Tenant) -> Result<Slot, ApiError> {
+        self.inner
+            .event_streams
+            .take(&tenant.0, self.inner.cfg.audit.max_event_streams_per_tenant)
+            .inspect_err(|_| self.inner.metrics.deny("event_streams"))
     }
 
     /// Graceful shutdown: refuses new work, destroys every sandbox and empties the pools.

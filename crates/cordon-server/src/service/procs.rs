@@ -10,7 +10,7 @@ use cordon_core::{
     ProcSignal, Sandbox, Termination, Tier,
 };
 
-use super::common::{Chunk, ChunkSender, audit_err, blocking, gone, lock};
+use super::common::{Chunk, ChunkSender, Slot, Slots, audit_err, blocking, gone, lock};
 use super::exec::command_digest;
 use super::sessions::{Session, Sessions};
 use crate::audit::{AuditEvent, BackgroundEnd, Command as AuditCommand, NewEvent, now_ms};
@@ -20,8 +20,19 @@ use crate::model::{ExecBody, ExecInfo};
 
 /// Bytes of each stream one attach read moves at most.
 const READ_CHUNK: u64 = 256 << 10;
-/// How long an attach waits between reads that found nothing new.
+/// How long an attach waits after a read that found nothing new: the first wait, doubled
+/// after each such read up to [`ATTACH_POLL_MAX`] (an idle stream costs a few agent reads
+/// a second, not 25).
 const ATTACH_POLL: Duration = Duration::from_millis(40);
+const ATTACH_POLL_MAX: Duration = Duration::from_millis(320);
+
+/// How many attach streams (native attaches, E2B's envd `Start` and `Connect`) one tenant
+/// and one sandbox may have open at once.
+#[derive(Debug, Clone, Copy)]
+pub struct AttachCaps {
+    pub per_tenant: usize,
+    pub per_sandbox: usize,
+}
 
 /// One background exec of a session.
 pub(super) struct Proc {
@@ -130,6 +141,12 @@ fn outcome_of(tier: Tier, p: &Proc, dropped: [u64; 2]) -> ExecOutcome {
     o
 }
 
+/// A place held for one attach stream: its tenant's and its sandbox's.
+pub struct AttachSlot {
+    _tenant: Slot,
+    _sandbox: Slot,
+}
+
 /// Background execs in tenants' sandboxes. Uses the sessions.
 #[derive(Clone)]
 pub struct Procs {
@@ -138,15 +155,48 @@ pub struct Procs {
     max_running: usize,
     /// `sessions.kill_grace`: from a stop's SIGTERM to its SIGKILL.
     kill_grace: Duration,
+    caps: AttachCaps,
+    /// Attach streams open, per tenant and per sandbox.
+    by_tenant: Slots,
+    by_sandbox: Slots,
 }
 
 impl Procs {
-    pub(super) fn new(sessions: Sessions, max_running: usize, kill_grace: Duration) -> Self {
+    pub(super) fn new(
+        sessions: Sessions,
+        max_running: usize,
+        kill_grace: Duration,
+        caps: AttachCaps,
+    ) -> Self {
         Procs {
             sessions,
             max_running,
             kill_grace,
+            caps,
+            by_tenant: Slots::new(
+                "your attach streams (attaches and E2B process streams) open at once",
+                "close streams you no longer read, or wait for their execs to end",
+            ),
+            by_sandbox: Slots::new(
+                "this sandbox's attach streams open at once",
+                "close streams of this sandbox you no longer read",
+            ),
         }
+    }
+
+    /// Takes a place for one attach stream of `tenant` on sandbox `id` (given back when
+    /// the stream ends): `429 resource_busy` past `sessions.max_attach_streams_per_tenant`
+    /// or `..._per_sandbox`. Taken before a stream's answer starts, so the refusal is the
+    /// answer's status.
+    pub fn attach_slot(&self, tenant: &Tenant, id: &str) -> Result<AttachSlot, ApiError> {
+        let t = self.by_tenant.take(&tenant.0, self.caps.per_tenant);
+        let t = t.inspect_err(|_| self.sessions.metrics.deny("attach_streams"))?;
+        let s = self.by_sandbox.take(id, self.caps.per_sandbox);
+        let s = s.inspect_err(|_| self.sessions.metrics.deny("attach_streams"))?;
+        Ok(AttachSlot {
+            _tenant: t,
+            _sandbox: s,
+        })
     }
 
     /// Records a background exec's end the first time it is seen, with its audit row.
@@ -333,27 +383,25 @@ impl Procs {
     /// sandbox keeps), then its live output, then its outcome. Output passes the grants'
     /// redactor like any exec's. Without `chunks` the output is collected into the outcome
     /// (within the sandbox's output caps).
+    ///
+    /// The attach holds a place of its tenant's and its sandbox's ([`Procs::attach_slot`];
+    /// `slot` when the caller took it before its answer began) and no thread while it
+    /// waits: each read of the agent is one short blocking call, and the waits between
+    /// them are timers.
     pub async fn attach(
         &self,
         tenant: &Tenant,
         id: &str,
         exec_id: &str,
         chunks: Option<ChunkSender>,
+        slot: Option<AttachSlot>,
     ) -> Result<ExecOutcome, ApiError> {
         let s = self.sessions.session(tenant, id)?;
         let agent = Self::agent_id(&s, exec_id)?;
-        let svc = self.clone();
-        let exec_id = exec_id.to_string();
-        blocking(move || svc.attach_blocking(&s, &exec_id, agent, chunks)).await?
-    }
-
-    fn attach_blocking(
-        &self,
-        s: &Session,
-        exec_id: &str,
-        agent: u64,
-        chunks: Option<ChunkSender>,
-    ) -> Result<ExecOutcome, ApiError> {
+        let _slot = match slot {
+            Some(slot) => slot,
+            None => self.attach_slot(tenant, id)?,
+        };
         // Collected (without `chunks`): the last bytes of each stream, as many as the sandbox
         // keeps and the stream's cap allows, so the outcome is what an attach after the end
         // would replay however far behind this reader fell meanwhile. Before, it was every
@@ -380,12 +428,12 @@ impl Procs {
                 }
             }
         };
-        let mut sink = cordon_egress::scan::RedactingSink::new(
-            cordon_egress::scan::known_secrets_of(&s.spec.grants),
-            &mut send,
+        let mut redactor = cordon_egress::scan::Redactor::new(
+            &cordon_egress::scan::known_secrets_of(&s.spec.grants),
         );
         let mut from = [0u64; 2];
         let mut dropped = [0u64; 2];
+        let mut wait = ATTACH_POLL;
         let exit = loop {
             if s.ending.get().is_some() {
                 return Err(gone(&s.id));
@@ -402,21 +450,26 @@ impl Procs {
             let out: Option<ProcOutput> = if s.is_paused() {
                 None
             } else {
-                match s.sandbox.try_lock() {
-                    Ok(mut cell) => {
-                        let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
-                        Some(sb.read_background(agent, from, READ_CHUNK)?)
+                let s2 = s.clone();
+                blocking(move || -> Result<Option<ProcOutput>, ApiError> {
+                    match s2.sandbox.try_lock() {
+                        Ok(mut cell) => {
+                            let sb = cell.as_mut().ok_or_else(|| gone(&s2.id))?;
+                            Ok(Some(sb.read_background(agent, from, READ_CHUNK)?))
+                        }
+                        Err(std::sync::TryLockError::WouldBlock) => Ok(None),
+                        Err(std::sync::TryLockError::Poisoned(p)) => {
+                            let mut cell = p.into_inner();
+                            let sb = cell.as_mut().ok_or_else(|| gone(&s2.id))?;
+                            Ok(Some(sb.read_background(agent, from, READ_CHUNK)?))
+                        }
                     }
-                    Err(std::sync::TryLockError::WouldBlock) => None,
-                    Err(std::sync::TryLockError::Poisoned(p)) => {
-                        let mut cell = p.into_inner();
-                        let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
-                        Some(sb.read_background(agent, from, READ_CHUNK)?)
-                    }
-                }
+                })
+                .await??
             };
             let Some(out) = out else {
-                std::thread::sleep(ATTACH_POLL);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(ATTACH_POLL_MAX);
                 continue;
             };
             let moved = !out.stdout.is_empty() || !out.stderr.is_empty();
@@ -430,19 +483,31 @@ impl Procs {
                 dropped[i] += start.saturating_sub(from[i]);
                 from[i] = start + data.len() as u64;
                 if !data.is_empty() {
-                    cordon_core::OutputSink::output(&mut sink, stream, data);
+                    let clean = redactor.push(stream, data);
+                    if !clean.is_empty() {
+                        send(stream, &clean);
+                    }
                 }
             }
             if let Some(exit) = out.exit {
                 break exit;
             }
-            if !moved {
-                std::thread::sleep(ATTACH_POLL);
+            if moved {
+                wait = ATTACH_POLL;
+            } else {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(ATTACH_POLL_MAX);
             }
         };
-        sink.finish();
-        drop(sink);
-        self.note_end(s, exec_id, exit)?;
+        for stream in [OutputStream::Stdout, OutputStream::Stderr] {
+            let rest = redactor.finish(stream);
+            if !rest.is_empty() {
+                send(stream, &rest);
+            }
+        }
+        let svc = self.clone();
+        let (s2, e2) = (s.clone(), exec_id.to_string());
+        blocking(move || svc.note_end(&s2, &e2, exit)).await??;
         let table = s.state::<Table>();
         let procs = lock(&table);
         let p = procs.by_id.get(exec_id).ok_or_else(no_exec)?;
