@@ -181,7 +181,7 @@ def test_attach_streams_are_capped_per_sandbox_and_tenant(srv):
         if b"resource_exhausted" not in answer:
             break
         time.sleep(0.1)
-    assert base64.b64encode(b"e2b-ran") in answer or b"e2b-ran" in answer, answer
+    assert base64.b64encode(b"e2b-ran\n") in answer and b"exit status 0" in answer, answer
     for sb in boxes:
         sb.destroy()
 
