@@ -4,7 +4,8 @@
 #
 #   scripts/k8s.sh up [--cordon-oci PATH]   certificates, etcd, the control plane, containerd
 #                                           (runc, cordon, cordon-gvisor, cordon-microvm), the
-#                                           node, its RuntimeClasses and the local images
+#                                           node, its RuntimeClasses, the local images and
+#                                           agent-sandbox's CRDs and controller
 #   scripts/k8s.sh down                     stops it all and leaves nothing behind
 #   scripts/k8s.sh kubectl ARGS...          the cluster's kubectl, in its namespace
 #   scripts/k8s.sh crictl ARGS...           crictl against the node's containerd
@@ -48,7 +49,7 @@ need_root() {
 need_binaries() {
   local b
   for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl \
-    crictl bridge host-local loopback portmap pause; do
+    crictl bridge host-local loopback portmap pause agent-sandbox-controller; do
     if [ ! -x "$BIN/$b" ]; then
       log "k8s.sh: $BIN/$b is missing; fix: \`make setup\` (scripts/setup.d/80-k8s.sh builds it)"
       exit 1
@@ -391,7 +392,32 @@ metadata: {name: cordon-microvm}
 handler: cordon-microvm
 EOF
   wait_for kube-controller-manager 60 kubectl_admin get serviceaccount default
+  start_agent_sandbox
   log "k8s: node $NODE Ready in $(( $(date +%s) - t0 ))s (scripts/k8s.sh kubectl get pods -A; logs in $LOGS)"
+}
+
+# agent-sandbox's CRDs (setup's copy from its module) and its controller, on the node as a
+# process with a kubeconfig of its own. Its webhook is off, so the CRDs' conversion is None:
+# every object is written and read at the storage version (v1beta1).
+start_agent_sandbox() {
+  local crds crd
+  crds=$(readlink -f "$(cordon_data_dir)/k8s/crds/agent-sandbox")
+  if [ ! -s "$crds/agents.x-k8s.io_sandboxes.yaml" ]; then
+    log "k8s.sh: agent-sandbox's CRDs are missing in $crds; fix: \`make setup\`"
+    return 1
+  fi
+  log "k8s: agent-sandbox's CRDs and controller"
+  kubectl_admin apply --server-side -f "$crds" >/dev/null
+  for crd in $(kubectl_admin get crd -o name | grep 'agents\.x-k8s\.io$'); do
+    kubectl_admin patch "$crd" --type=json \
+      -p '[{"op":"replace","path":"/spec/conversion","value":{"strategy":"None"}}]' >/dev/null
+  done
+  kubectl_admin wait --for condition=established crd --all --timeout=60s >/dev/null
+  start agent-sandbox-controller env KUBECONFIG="$STATE/agent-sandbox.kubeconfig" \
+    agent-sandbox-controller --enable-webhook=false --manage-webhook-certs=false \
+    --leader-elect=false --extensions --metrics-bind-address 127.0.0.1:18080 \
+    --health-probe-bind-address 127.0.0.1:18081
+  wait_for agent-sandbox-controller 60 in_netns curl -sf http://127.0.0.1:18081/readyz
 }
 
 # stop NAME: SIGTERM to the process $RUN/NAME.pid names, SIGKILL after 10 s.
@@ -511,5 +537,5 @@ case "${1:-}" in
     shift; need_binaries
     is_up || { log "k8s.sh: the cluster is not up; fix: scripts/k8s.sh up"; exit 1; }
     in_netns crictl --runtime-endpoint "unix://$CONTAINERD_SOCK" "$@" ;;
-  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -44,3 +44,4 @@ if [ ! -s "$crds/agents.x-k8s.io_sandboxes.yaml" ]; then
   chmod 644 "$crds"/*.yaml
   log "agent-sandbox's CRDs in $crds"
 fi
+ln -sfn "$(basename "$crds")" "$(dirname "$crds")/agent-sandbox"

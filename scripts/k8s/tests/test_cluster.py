@@ -226,6 +226,93 @@ def test_a_pod_without_volumes_runs_behind_cordons_walls(cluster, runtime_class:
     kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
 
 
+TASK_POD = """
+    spec:
+      runtimeClassName: cordon
+      automountServiceAccountToken: false
+      enableServiceLinks: false
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: agent
+        image: cordon.local/busybox:1
+        imagePullPolicy: Never
+        command: ["sh", "-c", "exec sleep 100000"]
+"""
+
+
+def pods_gone(selector: str, seconds: int = 90) -> list[str]:
+    """The pods `selector` still names after up to `seconds` (none, once they are deleted)."""
+    left: list[str] = []
+    for _ in range(seconds):
+        left = kubectl("get", "pods", "-l", selector, "-o", "name").stdout.split()
+        if not left:
+            break
+        time.sleep(1)
+    return left
+
+
+def test_an_agent_sandbox_on_cordon_is_created_reached_and_deleted(cluster) -> None:
+    apply("""
+apiVersion: agents.x-k8s.io/v1beta1
+kind: Sandbox
+metadata: {name: task-1, labels: {test: task-1}}
+spec:
+  podTemplate:
+    metadata: {labels: {test: task-1}}
+""" + TASK_POD)
+    kubectl("wait", "--for=condition=Ready", "sandbox/task-1", "--timeout=120s", timeout=150)
+    pod = kubectl("get", "pod", "task-1", "-o", "json")
+    assert json.loads(pod.stdout)["spec"]["runtimeClassName"] == "cordon"
+    assert kubectl("get", "pods", "-l", "test=task-1", "-o", "name").stdout.split() == ["pod/task-1"]
+    out = kubectl("exec", "task-1", "--", "sh", "-c", "echo reached; grep CapEff /proc/self/status").stdout.split()
+    assert out == ["reached", "CapEff:", "0000000000000000"], out
+    kubectl("delete", "sandbox", "task-1", "--timeout=60s", timeout=90)
+    assert pods_gone("test=task-1") == [], "the sandbox's pod outlived it"
+
+
+def test_an_agent_sandbox_warm_pool_on_cordon_serves_a_claim(cluster) -> None:
+    apply("""
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxTemplate
+metadata: {name: cordon-task}
+spec:
+  podTemplate:
+    metadata: {labels: {test: pool}}
+""" + TASK_POD + """
+---
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxWarmPool
+metadata: {name: cordon-pool}
+spec:
+  replicas: 2
+  sandboxTemplateRef: {name: cordon-task}
+""")
+    ready = ""
+    for _ in range(120):
+        ready = kubectl("get", "sandboxwarmpool", "cordon-pool", "-o", "jsonpath={.status.readyReplicas}").stdout
+        if ready == "2":
+            break
+        time.sleep(1)
+    assert ready == "2", f"the warm pool has {ready or 0} ready sandboxes, not 2"
+    warm = set(kubectl("get", "pods", "-l", "test=pool", "-o", "jsonpath={.items[*].metadata.name}").stdout.split())
+    assert len(warm) == 2, warm
+    apply("""
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxClaim
+metadata: {name: claim-1}
+spec:
+  warmPoolRef: {name: cordon-pool}
+""")
+    kubectl("wait", "--for=condition=Ready", "sandboxclaim/claim-1", "--timeout=120s", timeout=150)
+    got = kubectl("get", "sandboxclaim", "claim-1", "-o", "jsonpath={.status.sandbox.name}").stdout
+    assert got in warm, f"the claim got {got!r}, not one of the warm pool's sandboxes {warm}"
+    assert kubectl("exec", got, "--", "echo", "claimed").stdout.strip() == "claimed"
+    kubectl("delete", "sandboxclaim", "claim-1", "--timeout=60s", timeout=90)
+    kubectl("delete", "sandboxwarmpool", "cordon-pool", "--timeout=60s", timeout=90)
+    kubectl("delete", "sandboxtemplate", "cordon-task", "--timeout=60s", timeout=90)
+    assert pods_gone("test=pool") == [], "the warm pool's pods outlived it"
+
+
 def test_down_leaves_nothing(cluster) -> None:
     state = Path(lib("cordon_data_dir")) / "k8s" / "cluster"
     pids = [int(p.read_text()) for p in Path("/run/cordon-k8s").glob("*.pid")]
