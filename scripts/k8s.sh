@@ -10,6 +10,8 @@
 #   scripts/k8s.sh kubectl ARGS...          the cluster's kubectl, in its namespace
 #   scripts/k8s.sh crictl ARGS...           crictl against the node's containerd
 #   scripts/k8s.sh status                   says whether the cluster is up
+#   scripts/k8s.sh crash|restart kubelet|containerd
+#                                           SIGKILL it as a crash would; start it again
 #
 # The whole node lives in a network namespace of its own (cordon-k8s): its only links are a
 # port-less bridge holding the node's address and the pods' bridge, so no pod or Service
@@ -365,14 +367,11 @@ up() {
     --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --profiling=false
   log "k8s: starting containerd"
-  start containerd containerd --config "$STATE/containerd/config.toml"
-  wait_for containerd 60 in_netns ctr --address "$CONTAINERD_SOCK" version
+  start_containerd
   import_images
   log "k8s: starting the node"
   make_cgroup_root
-  start kubelet kubelet --config "$STATE/kubelet/config.yaml" \
-    --kubeconfig "$STATE/kubelet.kubeconfig" --root-dir "$STATE/kubelet" \
-    --hostname-override "$NODE" --node-ip "$NODE_IP"
+  start_kubelet
   start kube-proxy kube-proxy --config "$STATE/kube-proxy.yaml"
   wait_for kubelet 120 kubectl_admin wait --for=condition=Ready "node/$NODE" --timeout=1s
   kubectl_admin apply -f - >/dev/null <<EOF
@@ -418,6 +417,34 @@ start_agent_sandbox() {
     --leader-elect=false --extensions --metrics-bind-address 127.0.0.1:18080 \
     --health-probe-bind-address 127.0.0.1:18081
   wait_for agent-sandbox-controller 60 in_netns curl -sf http://127.0.0.1:18081/readyz
+}
+
+start_containerd() {
+  start containerd containerd --config "$STATE/containerd/config.toml"
+  wait_for containerd 60 in_netns ctr --address "$CONTAINERD_SOCK" version
+}
+
+start_kubelet() {
+  start kubelet kubelet --config "$STATE/kubelet/config.yaml" \
+    --kubeconfig "$STATE/kubelet.kubeconfig" --root-dir "$STATE/kubelet" \
+    --hostname-override "$NODE" --node-ip "$NODE_IP"
+}
+
+# crash NAME: SIGKILL to the kubelet or containerd, as a crash would end it (what it started,
+# pods and shims, stays); restart NAME: starts it again as up did.
+crash() {
+  local f=$RUN/$1.pid
+  case $1 in kubelet | containerd) ;; *) log "k8s.sh crash: kubelet or containerd, not $1"; exit 2 ;; esac
+  [ -s "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null || true
+  rm -f "$f"
+}
+
+restart() {
+  case $1 in
+    kubelet) [ -s "$RUN/kubelet.pid" ] || start_kubelet ;;
+    containerd) [ -s "$RUN/containerd.pid" ] || start_containerd ;;
+    *) log "k8s.sh restart: kubelet or containerd, not $1"; exit 2 ;;
+  esac
 }
 
 # stop NAME: SIGTERM to the process $RUN/NAME.pid names, SIGKILL after 10 s.
@@ -529,6 +556,10 @@ case "${1:-}" in
   up) shift; need_root; need_binaries; up "$@" ;;
   down) need_root; need_binaries; down ;;
   status) status ;;
+  crash | restart)
+    need_root; need_binaries
+    is_up || { log "k8s.sh: the cluster is not up; fix: scripts/k8s.sh up"; exit 1; }
+    "$1" "${2:-}" ;;
   kubectl)
     shift; need_binaries
     is_up || { log "k8s.sh: the cluster is not up; fix: scripts/k8s.sh up"; exit 1; }

@@ -313,6 +313,52 @@ spec:
     assert pods_gone("test=pool") == [], "the warm pool's pods outlived it"
 
 
+def containers(names: list[str]) -> dict[str, tuple[str, int]]:
+    """Each pod's container id and restart count."""
+    out = {}
+    for name in names:
+        st = json.loads(kubectl("get", "pod", name, "-o", "json").stdout)["status"]["containerStatuses"][0]
+        out[name] = (st.get("containerID", ""), st["restartCount"])
+    return out
+
+
+def test_pods_live_through_a_crash_of_the_kubelet_and_of_containerd(cluster) -> None:
+    names = ["survivor-runc", "survivor-cordon"]
+    apply(PLAIN_POD.format(name=names[0], runtime_class="null"))
+    apply(PLAIN_POD.format(name=names[1], runtime_class="cordon"))
+    for n in names:
+        wait_ready(n)
+    before = containers(names)
+    for component in ("kubelet", "containerd"):
+        sh("crash", component)
+        sh("restart", component)
+        kubectl("wait", "--for=condition=Ready", "node/cordon-node", "--timeout=120s", timeout=150)
+        for n in names:
+            wait_ready(n)
+            # The same container, never restarted, and still served (exec goes through both),
+            # once the restarted kubelet knows its pods again (until then the API server's
+            # status is its predecessor's and an exec answers "pod does not exist").
+            r = None
+            for _ in range(60):
+                r = kubectl("exec", n, "--", "echo", "alive", check=False)
+                if r.returncode == 0:
+                    break
+                time.sleep(1)
+            assert r is not None and r.stdout.strip() == "alive", (component, n, r and r.stderr)
+        assert containers(names) == before, f"after a crash of {component}"
+    for n in names:
+        kubectl("delete", "pod", n, "--timeout=60s", timeout=90)
+    # Their sandboxes stopped (the kubelet's garbage collector removes them later; down
+    # checks that nothing is left at all).
+    sandboxes: list[str] = []
+    for _ in range(60):
+        sandboxes = sh("crictl", "pods", "--name", "survivor-", "--state", "ready", "-q").stdout.split()
+        if not sandboxes:
+            break
+        time.sleep(1)
+    assert not sandboxes, f"pod sandboxes still running after their pods were deleted: {sandboxes}"
+
+
 def test_down_leaves_nothing(cluster) -> None:
     state = Path(lib("cordon_data_dir")) / "k8s" / "cluster"
     pids = [int(p.read_text()) for p in Path("/run/cordon-k8s").glob("*.pid")]
