@@ -207,10 +207,10 @@ spec:
 """
 
 
-@pytest.mark.parametrize("runtime_class", ["cordon", "cordon-gvisor"])
+@pytest.mark.parametrize("runtime_class", ["cordon", "cordon-gvisor", "cordon-microvm"])
 def test_a_pod_without_volumes_runs_behind_cordons_walls(cluster, runtime_class: str) -> None:
     # The pod's sandbox (pause) and its container both on cordon-oci: no capability, the
-    # sandbox's own user, and on gvisor gVisor's kernel. A pod with the kubelet's volumes (the
+    # sandbox's own user, on gvisor gVisor's kernel, on microvm the guest's. A pod with the kubelet's volumes (the
     # default pod above) is issue 45's next step: cordon-oci still refuses them as host paths.
     name = f"plain-{runtime_class}"
     apply(PLAIN_POD.format(name=name, runtime_class=runtime_class))
@@ -222,6 +222,12 @@ def test_a_pod_without_volumes_runs_behind_cordons_walls(cluster, runtime_class:
     assert status[2] != "0" and (status[2] == "1000" or runtime_class != "cordon"), status
     dmesg = kubectl("exec", name, "--", "dmesg", check=False).stdout
     assert ("gVisor" in dmesg) == (runtime_class == "cordon-gvisor"), dmesg[:200]
+    # The container tier shares the node's kernel; the microVM's guest runs its own.
+    kernel = kubectl("exec", name, "--", "uname", "-r").stdout.strip()
+    if runtime_class == "cordon":
+        assert kernel == os.uname().release, kernel
+    if runtime_class == "cordon-microvm":
+        assert kernel != os.uname().release, kernel
     assert kubectl("logs", name).stdout.startswith("started on Linux")
     kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
 
