@@ -307,6 +307,10 @@ up() {
       *) log "k8s.sh up: unknown argument $1"; exit 2 ;;
     esac
   done
+  if is_up; then
+    log "the cluster is already up (scripts/k8s.sh down first to start it again)"
+    return 0
+  fi
   if [ -z "$oci" ]; then
     for oci in "$(cargo_target_dir)/release/cordon-oci" "$(cargo_target_dir)/debug/cordon-oci" ""; do
       [ -x "$oci" ] && break
@@ -317,9 +321,9 @@ up() {
       "fix: \`cargo build -p cordon-oci\` or pass --cordon-oci PATH (runc pods run without it)"
     oci=/bin/false
   fi
-  if is_up; then
-    log "the cluster is already up (scripts/k8s.sh down first to start it again)"
-    return 0
+  if [ -e "/run/netns/$NETNS" ] || [ -e "$RUN" ] || [ -e "$STATE" ]; then
+    log "k8s: a cluster that did not come up whole is left; taking it down first"
+    down
   fi
   local t0
   t0=$(date +%s)

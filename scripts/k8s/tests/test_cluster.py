@@ -70,7 +70,11 @@ def cluster():
         pytest.skip(why)
     if sh("status", check=False).returncode == 0:
         sh("down")
-    sh("up", "--cordon-oci", str(cordon_oci()), timeout=600)
+    try:
+        sh("up", "--cordon-oci", str(cordon_oci()), timeout=600)
+    except (AssertionError, subprocess.TimeoutExpired):
+        sh("down", check=False)  # nothing of a cluster that did not come up whole is left
+        raise
     yield
     # The last test takes it down and checks; this is for a run stopped before it.
     if sh("status", check=False).returncode == 0:
