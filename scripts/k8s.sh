@@ -180,7 +180,8 @@ EOF
   # One wrapper per Cordon handler: the shim runs its BinaryName with no arguments of ours, so
   # the tier is named by the node config the wrapper hands cordon-oci.
   for tier in container gvisor microvm; do
-    printf 'tier = "%s"\n' "$tier" >"$STATE/oci/$tier.toml"
+    # The node's audit store is the cluster's own, so down removes it with the rest.
+    printf 'tier = "%s"\naudit = "%s"\n' "$tier" "$STATE/oci/audit.db" >"$STATE/oci/$tier.toml"
     printf '#!/bin/sh\nexec %s --cordon-config %s "$@"\n' "$oci" "$STATE/oci/$tier.toml" \
       >"$STATE/oci/cordon-oci-$tier"
     chmod 755 "$STATE/oci/cordon-oci-$tier"
@@ -216,6 +217,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
       SystemdCgroup = false
+      Root = "$RUN/runc"
 EOF
     for tier in container gvisor microvm; do
       local handler=cordon-$tier
@@ -228,9 +230,13 @@ EOF
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.$handler.options]
       BinaryName = "$STATE/oci/cordon-oci-$tier"
       SystemdCgroup = false
+      Root = "$RUN/runc"
 EOF
     done
   } >"$STATE/containerd/config.toml"
+
+  printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 30\n' \
+    "$CONTAINERD_SOCK" "$CONTAINERD_SOCK" >"$STATE/crictl.yaml"
 
   cat >"$STATE/kubelet/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -528,7 +534,7 @@ down() {
   if [ -S "$CONTAINERD_SOCK" ] && [ -s "$RUN/containerd.pid" ]; then
     # The pods first, while the runtime and CNI can still tear them down.
     stop kubelet
-    in_netns crictl --runtime-endpoint "unix://$CONTAINERD_SOCK" --timeout 30s rmp -fa >/dev/null 2>&1 || true
+    in_netns crictl --config "$STATE/crictl.yaml" rmp -fa >/dev/null 2>&1 || true
   fi
   for n in agent-sandbox-controller kube-proxy kubelet kube-scheduler kube-controller-manager \
     kube-apiserver containerd etcd; do
@@ -571,6 +577,6 @@ case "${1:-}" in
   crictl)
     shift; need_binaries
     is_up || { log "k8s.sh: the cluster is not up; fix: scripts/k8s.sh up"; exit 1; }
-    in_netns crictl --runtime-endpoint "unix://$CONTAINERD_SOCK" "$@" ;;
+    in_netns crictl --config "$STATE/crictl.yaml" "$@" ;;
   *) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
