@@ -66,6 +66,7 @@ fn main() {
                     256 << 20,
                     upper,
                     1 << 30,
+                    cordon_oci::rootfs::Owners::Image,
                 )
                 .unwrap();
                 let us = t0.elapsed().as_secs_f64() * 1000.0;

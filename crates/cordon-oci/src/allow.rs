@@ -217,3 +217,136 @@ pub fn bind_host_paths(dirs: Vec<HostDir>, base: &Path) -> Result<Vec<cordon_cor
     cordon_core::validate_mounts(&mounts)?;
     Ok(mounts)
 }
+
+/// A bundle's root filesystem, checked ([`root`]): the directory it names (links
+/// followed), its identity, and whether it is a node directory the node's `[allow] rootfs`
+/// names rather than a root the engine made.
+#[derive(Debug, Clone)]
+pub struct CheckedRoot {
+    /// The directory, every symbolic link on the way resolved.
+    pub path: std::path::PathBuf,
+    dev: u64,
+    ino: u64,
+    /// A node directory (allowed by name), not the engine's: its root-owned files are
+    /// never mapped to the workload.
+    pub node_dir: bool,
+}
+
+impl CheckedRoot {
+    /// The same directory opened again (in the monitor's own mount namespace, where a
+    /// mount of the node's namespace cannot be bound from), or a refusal if it changed.
+    pub fn reopen(&self) -> Result<OwnedFd> {
+        nix::fcntl::open(
+            &self.path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            nix::sys::stat::Mode::empty(),
+        )
+        .ok()
+        .filter(|f| {
+            nix::sys::stat::fstat(f).is_ok_and(|s| s.st_dev == self.dev && s.st_ino == self.ino)
+        })
+        .ok_or_else(|| {
+            refused(
+                "its root filesystem changed while it was created".into(),
+                "create the container again",
+            )
+        })
+    }
+}
+
+/// Why a root was refused, and the way out.
+const ROOT_FIX: &str = "run an image through the engine (its root is then the engine's own \
+     overlay mount), not a directory of the node (podman --rootfs, ctr --rootfs, a \
+     hand-written root.path); or ask the node's operator to name exactly that directory in \
+     [allow] rootfs";
+
+/// Checks the root filesystem a bundle names (`path`, as the bundle gives it): the root of
+/// an overlay mount (the engine's own storage: podman's and Docker's graph drivers,
+/// containerd's overlayfs snapshotter), or a directory the node's `[allow] rootfs` names
+/// exactly (`allowed`, noted in `granted` as a host path at `/`). Anything else is refused,
+/// a symbolic link to a node directory included: with a writable root, the image's files
+/// owned by root are the workload's user's, and a node directory's would be too.
+pub fn root(
+    path: &Path,
+    allowed: &[std::path::PathBuf],
+    writable: bool,
+    granted: &mut Granted,
+) -> Result<CheckedRoot> {
+    let unreadable = |e: std::io::Error| {
+        refused(
+            format!(
+                "its root filesystem cannot be opened as a directory ({})",
+                e.kind()
+            ),
+            "give the bundle a root filesystem the engine made",
+        )
+    };
+    let canonical = std::fs::canonicalize(path).map_err(unreadable)?;
+    let dir = nix::fcntl::open(
+        &canonical,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| unreadable(e.into()))?;
+    let st = nix::sys::stat::fstat(&dir).map_err(|e| unreadable(e.into()))?;
+    let (dev, ino) = (st.st_dev, st.st_ino);
+    let checked = |node_dir| CheckedRoot {
+        path: canonical.clone(),
+        dev,
+        ino,
+        node_dir,
+    };
+    if engine_overlay(&canonical, dev) {
+        return Ok(checked(false));
+    }
+    let named = allowed.iter().find(|a| {
+        open_dir(a).is_ok_and(|f| {
+            nix::sys::stat::fstat(&f).is_ok_and(|s| s.st_dev == dev && s.st_ino == ino)
+        })
+    });
+    let Some(entry) = named else {
+        return Err(refused(
+            "its root filesystem is not one the engine made (an overlay mount of its \
+             storage), and the node's [allow] rootfs does not name it"
+                .into(),
+            ROOT_FIX,
+        ));
+    };
+    granted.note(NodeAllowance::HostPath {
+        path: entry.display().to_string(),
+        at: "/".into(),
+        writable,
+    });
+    Ok(checked(true))
+}
+
+/// Whether `dir` (a canonical path of device `dev`) is the root of an overlay mount: the
+/// last mount at that point in this mount namespace's table (the one seen there) is an
+/// overlay, of that device.
+fn engine_overlay(dir: &Path, dev: u64) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let mut seen = None;
+    for line in info.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fields: Vec<&str> = left.split(' ').collect();
+        let (Some(numbers), Some(point)) = (fields.get(2), fields.get(4)) else {
+            continue;
+        };
+        if Path::new(&crate::rootfs::unescape(point)) != dir {
+            continue;
+        }
+        let fstype = right.split(' ').next().unwrap_or("");
+        let same_dev = numbers.split_once(':').is_some_and(|(ma, mi)| {
+            match (ma.parse::<u64>(), mi.parse::<u64>()) {
+                (Ok(ma), Ok(mi)) => nix::sys::stat::makedev(ma, mi) == dev,
+                _ => false,
+            }
+        });
+        seen = Some(fstype == "overlay" && same_dev);
+    }
+    seen.unwrap_or(false)
+}

@@ -78,7 +78,7 @@ const DEFAULT_CONSOLE: PtySize = PtySize { rows: 24, cols: 80 };
 /// prints them); nothing is left running.
 pub fn prepare(setup: Setup) -> Result<Prepared> {
     let spec = bundle::load(&setup.bundle)?;
-    let (granted, mut req) = checked(&setup, &spec)?;
+    let (granted, mut req, root) = checked(&setup, &spec)?;
     let process = ProcessSpec::from_oci(spec.process().as_ref().ok_or_else(|| {
         OciError::Invalid("the bundle's config.json has no process; name the program to run".into())
     })?)?;
@@ -89,7 +89,8 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
                 .into(),
         ));
     }
-    let rootfs = bundle::rootfs(&spec, &setup.bundle)?;
+    // The directory checked, every link on the way resolved.
+    let rootfs = root.path.clone();
     let wanted = crate::node::wanted_tier(&req, &setup.node);
     // The tier runs as asked (or as the node's default): the gate admits it or refuses.
     req.tier = Some(cordon_policy::TierChoice::Tier(wanted));
@@ -124,13 +125,19 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
                 .into(),
         });
     }
-    let mut mount_at = bind_rootfs(&rootfs)?;
+    let mut mount_at = bind_rootfs(&root)?;
     // `root.readonly: false` on the container tier: the image's root, writable, its writes
     // in a layer of its own (the other tiers keep it read-only).
     let writable = (sandbox_spec.tier == Tier::Container && crate::rootfs::asked(&spec))
         .then(|| {
             let size = sandbox_spec.limits.disk_bytes;
-            crate::rootfs::mount(&rootfs, Path::new(ROOTS_AT), &setup.id, size, UPPER)
+            // A node directory's root-owned files stay root's (never the workload's).
+            let owners = if root.node_dir {
+                crate::rootfs::Owners::Node
+            } else {
+                crate::rootfs::Owners::Image
+            };
+            crate::rootfs::mount(&rootfs, Path::new(ROOTS_AT), &setup.id, size, UPPER, owners)
         })
         .transpose()?;
     bundle::seal_rootfs(&rootfs)?;
@@ -185,14 +192,29 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
     })
 }
 
-/// The bundle checked ([`bundle::check`]) and read into a request. A refusal is recorded
-/// in the node's audit store, as the gate's are, before it is returned.
+/// The bundle checked ([`bundle::check`]), read into a request, and its root filesystem
+/// checked ([`crate::allow::root`]). A refusal is recorded in the node's audit store, as
+/// the gate's are, before it is returned.
 fn checked(
     setup: &Setup,
     spec: &oci_spec::runtime::Spec,
-) -> Result<(crate::allow::Granted, cordon_engine::SandboxRequest)> {
+) -> Result<(
+    crate::allow::Granted,
+    cordon_engine::SandboxRequest,
+    crate::allow::CheckedRoot,
+)> {
     let req = bundle::request(spec);
-    match bundle::check(spec, &setup.node.allow).and_then(|g| Ok((g, req?))) {
+    let all = bundle::check(spec, &setup.node.allow).and_then(|mut g| {
+        let req = req?;
+        let root = crate::allow::root(
+            &bundle::rootfs(spec, &setup.bundle)?,
+            &setup.node.allow.rootfs,
+            crate::rootfs::asked(spec),
+            &mut g,
+        )?;
+        Ok((g, req, root))
+    });
+    match all {
         Ok(done) => Ok(done),
         Err(e) => {
             let asked = bundle::request(spec).unwrap_or_default();
@@ -222,7 +244,7 @@ fn console_for(
 /// A private mount namespace for the monitor (and the sandbox's init it starts), with the
 /// bundle's root bound under [`ROOTS_AT`] in it; returns where. It goes away with the
 /// monitor.
-fn bind_rootfs(rootfs: &Path) -> Result<PathBuf> {
+fn bind_rootfs(root: &crate::allow::CheckedRoot) -> Result<PathBuf> {
     use nix::mount::{MsFlags, mount};
     use std::os::unix::fs::DirBuilderExt;
     let m = |what: &str| {
@@ -256,19 +278,17 @@ fn bind_rootfs(rootfs: &Path) -> Result<PathBuf> {
     .map_err(m("mounting the roots' tmpfs"))?;
     let at = base.join("root");
     std::fs::create_dir(&at).map_err(|e| OciError::io("making the root's mount point", e))?;
+    // The directory that was checked, or nothing.
+    let dir = root.reopen()?;
+    let source = format!("/proc/self/fd/{}", dir.as_raw_fd());
     mount(
-        Some(rootfs),
+        Some(source.as_str()),
         &at,
         None::<&str>,
         MsFlags::MS_BIND | MsFlags::MS_REC,
         None::<&str>,
     )
-    .map_err(|e| {
-        OciError::io(
-            format!("binding the bundle's root filesystem {}", rootfs.display()),
-            e.into(),
-        )
-    })?;
+    .map_err(|e| OciError::io("binding the bundle's root filesystem", e.into()))?;
     Ok(at)
 }
 

@@ -98,6 +98,11 @@ pub struct Allow {
     /// Host directories, each bound at one place under `/work`.
     #[serde(rename = "host_path")]
     pub host_paths: Vec<HostPathAllow>,
+    /// Node directories a bundle may name as its root filesystem (`root.path`, podman's and
+    /// ctr's `--rootfs`), each by its plain absolute path. Any other root must be the
+    /// engine's own (an overlay mount of its storage). The directory's root-owned files
+    /// stay root's (never the workload's user's, even with a writable root).
+    pub rootfs: Vec<PathBuf>,
 }
 
 /// A namespace kind a bundle may ask to share with the host.
@@ -250,6 +255,14 @@ impl Allow {
                 "host_path".into(),
                 "at most 8 host paths (a sandbox's mounts under /work)",
             );
+        }
+        for r in &self.rootfs {
+            if !plain_absolute(r) {
+                return bad(
+                    format!("rootfs {}", r.display()),
+                    "name the directory by its plain absolute path (no '.', '..' or trailing '/')",
+                );
+            }
         }
         for h in &self.host_paths {
             let entry = format!("host_path {}", h.path.display());

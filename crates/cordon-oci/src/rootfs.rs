@@ -49,6 +49,16 @@ pub fn asked(spec: &Spec) -> bool {
         .is_some_and(|r| !r.readonly().unwrap_or(false))
 }
 
+/// Whose files a writable root's layers hold, and so how their owners are mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owners {
+    /// An image's, from the engine's storage: its root (0) is the sandbox's user.
+    Image,
+    /// A node directory's (`[allow] rootfs`): its root-owned files are the sandbox's root
+    /// (its agent, which makes the root's mount points), never the workload's user's.
+    Node,
+}
+
 /// A writable root made, and the host id range it was made for (held for the monitor's
 /// life: the sandbox must be created with exactly these ids).
 pub struct Writable {
@@ -63,11 +73,18 @@ const SANDBOX_UID: u32 = crate::bundle::SANDBOX_ID;
 /// Makes the writable root over `rootfs` under `base` (the monitor's roots tmpfs) for
 /// container `id`, its upper layer of `size` bytes. Call in the monitor's own mount
 /// namespace.
-pub fn mount(rootfs: &Path, base: &Path, id: &str, size: u64, upper: Upper) -> Result<Writable> {
+pub fn mount(
+    rootfs: &Path,
+    base: &Path,
+    id: &str,
+    size: u64,
+    upper: Upper,
+    owners: Owners,
+) -> Result<Writable> {
     let ids = cordon_host::idpool::IdPool::system()
         .allocate()
         .map_err(|e| OciError::Core(e.into_core()))?;
-    let root = mount_for(rootfs, base, id, size, upper, ids.base())?;
+    let root = mount_for(rootfs, base, id, size, upper, ids.base(), owners)?;
     Ok(Writable { root, ids })
 }
 
@@ -90,9 +107,10 @@ pub fn mount_for(
     size: u64,
     upper: Upper,
     id_base: u32,
+    owners: Owners,
 ) -> Result<PathBuf> {
     let layers = layers(rootfs)?;
-    let map = cordon_host::volume::IdMap::new(&id_map(id_base))
+    let map = cordon_host::volume::IdMap::new(&id_map(id_base, owners))
         .map_err(|e| OciError::io("a user namespace for the image's ids", e))?;
     let mut lower = Vec::with_capacity(layers.len());
     for (i, layer) in layers.iter().enumerate() {
@@ -160,14 +178,20 @@ pub fn mount_for(
     Ok(root)
 }
 
-/// The map of the image's ids onto the container's host range from `base`: 0 is the
-/// sandbox's user, `n` is `n` (1 to 65535, but the sandbox's user's own id).
-pub fn id_map(base: u32) -> String {
+/// The map of the layers' ids onto the container's host range from `base`: `n` is `n` (1
+/// to 65535, but the sandbox's user's own id, which is nobody); an image's 0 is the
+/// sandbox's user (a root process of the image runs as it), a node directory's 0 is the
+/// sandbox's root, never the workload's user.
+pub fn id_map(base: u32, owners: Owners) -> String {
     let u = SANDBOX_UID;
     let top = cordon_host::idpool::RANGE;
+    let root = match owners {
+        Owners::Image => base + u,
+        Owners::Node => base,
+    };
+    let root = format!("0 {root} 1\n");
     format!(
-        "0 {} 1\n1 {} {}\n{} {} {}\n",
-        base + u,
+        "{root}1 {} {}\n{} {} {}\n",
         base + 1,
         u - 1,
         u + 1,
@@ -280,7 +304,7 @@ fn unusable(why: &str) -> OciError {
 }
 
 /// A path of the mount table with its octal escapes (`\040`) undone.
-fn unescape(s: &str) -> String {
+pub(crate) fn unescape(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -305,8 +329,13 @@ mod tests {
 
     #[test]
     fn the_image_root_is_the_sandbox_user_and_no_id_is_mapped_twice() {
-        let m = id_map(200_000);
+        let m = id_map(200_000, Owners::Image);
         assert_eq!(m, "0 201000 1\n1 200001 999\n1001 201001 64535\n");
+        // A node directory's root is the sandbox's root, not its user.
+        assert_eq!(
+            id_map(200_000, Owners::Node),
+            "0 200000 1\n1 200001 999\n1001 201001 64535\n"
+        );
         let total: u32 = m
             .lines()
             .map(|l| l.split(' ').nth(2).unwrap().parse::<u32>().unwrap())

@@ -7,6 +7,7 @@
 
 mod cri;
 mod escape;
+mod node_files;
 mod passthrough;
 mod tiers;
 
@@ -213,6 +214,15 @@ fn node_config(dir: &Path, body: &str) -> PathBuf {
     )
     .unwrap();
     path
+}
+
+/// The node config lines that name `bundle`'s `rootfs` as a root a bundle may have: a
+/// hand-written bundle's root is a node directory, not the engine's (issue 44, item 4).
+fn allow_rootfs(bundle: &Path) -> String {
+    format!(
+        "[allow]\nrootfs = [\"{}\"]\n",
+        bundle.join("rootfs").display()
+    )
 }
 
 /// The rows of the node's audit store a [`node_config`] in `dir` names, oldest first.

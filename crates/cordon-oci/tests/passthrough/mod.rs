@@ -269,6 +269,7 @@ pub(super) fn console_socket_round_trip(tier: Option<&str>) {
     // Inside another tier the terminal is the tier's own, of another name.
     let same_name = tier.is_none();
     let state = dir.path().join("state");
+    let config = super::node_config(dir.path(), &super::allow_rootfs(&bundle));
     let console = dir.path().join("console.sock");
     let listener = std::os::unix::net::UnixListener::bind(&console).unwrap();
     let oci = |args: &[&str]| {
@@ -277,6 +278,8 @@ pub(super) fn console_socket_round_trip(tier: Option<&str>) {
         Command::new(OCI)
             .arg("--root")
             .arg(&state)
+            .arg("--cordon-config")
+            .arg(&config)
             .args(args)
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().unwrap())

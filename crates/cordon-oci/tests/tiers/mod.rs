@@ -363,7 +363,7 @@ fn a_tier_the_node_cannot_run_is_refused_with_the_probes_reason() {
         .to_string(),
     )
     .unwrap();
-    let config = node_config(dir.path(), "");
+    let config = node_config(dir.path(), &super::allow_rootfs(&bundle));
     let root = dir.path().join("state");
     let out = Command::new(OCI)
         .env("CORDON_QEMU", dir.path().join("no-qemu"))
@@ -581,7 +581,7 @@ fn a_caller_that_stops_reading_never_stalls_the_monitor() {
         .to_string(),
     )
     .unwrap();
-    let config = node_config(dir.path(), "");
+    let config = node_config(dir.path(), &super::allow_rootfs(&bundle));
     let root = dir.path().join("state");
     let oci = |args: &[&str]| {
         let mut c = Command::new("timeout");
