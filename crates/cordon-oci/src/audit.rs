@@ -57,10 +57,38 @@ impl NodeAudit {
     }
 
     fn open_at(path: &Path) -> std::result::Result<Self, AuditError> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(AuditFailure::Dir)?;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        // Root's alone: the rows name every container, its annotations, the hosts it
+        // reached and the node allowances it used. A directory made here is 0700; the
+        // store and its journal files are 0600 (SQLite gives its journals the store's mode;
+        // a store made before this is made private here).
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(AuditFailure::Dir)?;
         }
+        let private = std::fs::Permissions::from_mode(0o600);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .and_then(|f| f.set_permissions(private.clone()))
+            .map_err(AuditFailure::Dir)?;
         let store = Audit::open(path).map_err(AuditFailure::Store)?;
+        for journal in ["-wal", "-shm", "-journal"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(journal);
+            match std::fs::set_permissions(&p, private.clone()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(AuditFailure::Dir(e).into());
+                }
+                _ => {}
+            }
+        }
         Ok(NodeAudit { store })
     }
 
@@ -342,4 +370,52 @@ pub fn record_refusal(
         fix,
     );
     record_decision(node, id, &Err(denial)).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    /// The node's audit store, its journal files and a directory made for it are root's
+    /// alone, a store made wider before included: another local user reads no row of it
+    /// (issue 44, item 17).
+    #[test]
+    fn the_nodes_audit_store_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("made/audit.db");
+        let node = NodeConfig {
+            audit: Some(path.clone()),
+            ..NodeConfig::default()
+        };
+        let who = cordon_engine::Principal::Tenant(TENANT.into());
+        let decided =
+            node.gate()
+                .unwrap()
+                .admit(&who, &cordon_engine::SandboxRequest::default(), "t");
+        record_decision(&node, "c1", &decided).unwrap();
+        assert_eq!(mode(&dir.path().join("made")), 0o700);
+        for f in ["audit.db", "audit.db-wal", "audit.db-shm"] {
+            let p = dir.path().join("made").join(f);
+            if f == "audit.db" || p.exists() {
+                assert_eq!(mode(&p), 0o600, "{f}");
+            }
+        }
+        // A store another version left readable by all is made private when opened.
+        let old = dir.path().join("old.db");
+        drop(Audit::open(&old).unwrap());
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let node = NodeConfig {
+            audit: Some(old.clone()),
+            ..NodeConfig::default()
+        };
+        record_decision(&node, "c2", &decided).unwrap();
+        assert_eq!(mode(&old), 0o600);
+    }
 }

@@ -106,7 +106,9 @@ impl Root {
         let tmp = dir.join("state.json.tmp");
         let body = serde_json::to_vec(r)
             .map_err(|e| OciError::Invalid(format!("encoding the state: {e}")))?;
-        std::fs::write(&tmp, body)
+        // Root's alone (0600): the record names the bundle, the annotations and the
+        // sandbox; the directory above lets every user pass, and ids are no secret.
+        write_private(&tmp, &body)
             .and_then(|()| std::fs::rename(&tmp, dir.join("state.json")))
             .map_err(|e| OciError::io("writing the container's state", e))
     }
@@ -123,6 +125,23 @@ impl Root {
         ids.sort();
         ids
     }
+}
+
+/// Writes `body` to a new file at `path` that only its owner may read (0600 from its
+/// making: a left `.tmp` of another mode is replaced, not reused).
+fn write_private(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(body)
 }
 
 /// The start time of process `pid` (`/proc/<pid>/stat` field 22), if it is alive and not a
@@ -172,6 +191,38 @@ mod tests {
     fn this_process_has_a_start_time_and_pid_zero_none() {
         assert!(start_time(std::process::id() as i32).is_some());
         assert_eq!(start_time(0), None);
+    }
+
+    /// A container's record is root's alone: another local user reads nothing of it,
+    /// though the state directories let every user pass (issue 44, item 17).
+    #[test]
+    fn the_state_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(Some(&dir.path().join("r")));
+        root.create_dir("c1").unwrap();
+        let record = Record {
+            id: "c1".into(),
+            bundle: "/b".into(),
+            pid: 1,
+            pid_start: 1,
+            status: Status::Created,
+            created: now_rfc3339(),
+            annotations: BTreeMap::new(),
+            sandbox: None,
+            exit_code: None,
+            tier: None,
+        };
+        // A left temporary file of a wider mode is not reused.
+        std::fs::write(root.dir("c1").join("state.json.tmp"), "x").unwrap();
+        root.save(&record).unwrap();
+        root.save(&record).unwrap();
+        let mode = std::fs::metadata(root.dir("c1").join("state.json"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "state.json is {mode:o}");
+        assert_eq!(root.load("c1").unwrap().id, "c1");
     }
 
     #[test]

@@ -3,9 +3,143 @@
 //! descriptors, an exec's environment on a command line, its record and audit rows readable
 //! by every local user, and what a killed monitor leaves in /run and /var/lib.
 
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
 
-use super::{node_config, podman, text};
+use super::{OCI, have, node_config, podman, text};
+
+/// A hand-written bundle of the busybox root (`dir/bundle`, its root `rootfs`), a node
+/// config in `dir` that names that root in `[allow] rootfs` (plus `extra`), and a runtime
+/// root of the test's own.
+struct Direct {
+    dir: tempfile::TempDir,
+    bundle: PathBuf,
+    config: PathBuf,
+    root: PathBuf,
+}
+
+impl Direct {
+    fn new(args: &[&str], readonly: bool, annotations: serde_json::Value, extra: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(&bundle).unwrap();
+        super::busybox_tar(&bundle);
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::json!({
+                "ociVersion": "1.0.2",
+                "root": {"path": "rootfs", "readonly": readonly},
+                "process": {"args": args, "cwd": "/", "env": ["PATH=/bin"],
+                            "user": {"uid": 0, "gid": 0}},
+                "annotations": annotations,
+                "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+                                         {"type": "uts"}, {"type": "mount"}]}
+            })
+            .to_string(),
+        )
+        .unwrap();
+        let config = node_config(
+            dir.path(),
+            &format!("{extra}{}", super::allow_rootfs(&bundle)),
+        );
+        let root = dir.path().join("state");
+        Direct {
+            dir,
+            bundle,
+            config,
+            root,
+        }
+    }
+
+    fn oci(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("timeout");
+        c.args(["60", OCI])
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--cordon-config")
+            .arg(&self.config)
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// `create` with the monitor's stdio on a file (the monitor outlives the call).
+    fn create(&self, id: &str) -> Command {
+        let log = std::fs::File::create(self.dir.path().join(format!("{id}.log"))).unwrap();
+        let mut c = self.oci(&["create", "--bundle", self.bundle.to_str().unwrap(), id]);
+        c.stdout(log.try_clone().unwrap()).stderr(log);
+        c
+    }
+
+    fn log(&self, id: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{id}.log"))).unwrap_or_default()
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.oci(args).output().unwrap()
+    }
+
+    /// The container's record, as its state file holds it.
+    fn record(&self, id: &str) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.root.join(id).join("state.json")).unwrap())
+            .unwrap()
+    }
+}
+
+fn setup() -> bool {
+    have("root", nix::unistd::geteuid().is_root())
+        && have("busybox", Path::new("/bin/busybox").is_file())
+        && super::init_beside()
+}
+
+/// Item 17: the container's record and the node's audit store are root's alone: another
+/// local user reads neither, though the directories above let every user pass.
+#[test]
+fn the_record_and_the_audit_rows_are_roots_alone() {
+    if !setup() || !have("setpriv", super::on_path("setpriv")) {
+        return;
+    }
+    let d = Direct::new(&["sleep", "300"], true, serde_json::json!({}), "");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(d.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(
+        d.create("private").status().unwrap().success(),
+        "{}",
+        d.log("private")
+    );
+    let as_nobody = |path: &Path| {
+        Command::new("setpriv")
+            .args([
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                "cat",
+            ])
+            .arg(path)
+            .output()
+            .unwrap()
+    };
+    // Root reads it.
+    assert_eq!(d.record("private")["status"], "created");
+    let state = d.root.join("private/state.json");
+    let audit = d.dir.path().join("audit.db");
+    let read = [as_nobody(&state), as_nobody(&audit)];
+    let _ = d.run(&["delete", "--force", "private"]);
+    for (what, out) in ["state.json", "audit.db"].iter().zip(&read) {
+        assert!(
+            !out.status.success() && out.stdout.is_empty(),
+            "another user read the container's {what}: {} bytes",
+            out.stdout.len()
+        );
+        assert!(
+            text(&out.stderr).contains("Permission denied"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}
 
 /// Item 4: a node directory is no container's root unless the node's `[allow] rootfs`
 /// names it (podman `--rootfs`, a hand-written bundle's `root.path`, or a link to one), and
