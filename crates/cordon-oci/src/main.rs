@@ -106,8 +106,10 @@ enum Cmd {
     #[command(name = "__exec", hide = true)]
     ExecMonitor {
         id: String,
+        /// A pipe the process (JSON) is read from, by descriptor number: never on the
+        /// command line, which every local user can read.
         #[arg(long)]
-        process_json: String,
+        process_fd: i32,
         #[arg(long)]
         ready_fd: i32,
         #[arg(long)]
@@ -380,13 +382,19 @@ fn dispatch(cli: Cli) -> Result<i32> {
         } => run_monitor(&root, cfg, id, bundle, ready_fd, console_fd),
         Cmd::ExecMonitor {
             id,
-            process_json,
+            process_fd,
             ready_fd,
             console_socket,
         } => {
-            let process: ProcessSpec =
-                serde_json::from_str(&process_json).context("reading the process")?;
             let ready = cordon_oci_ready(ready_fd)?;
+            let mut json = Vec::new();
+            std::fs::File::from(
+                cordon_oci::inherited_fd(process_fd).context("the process's pipe")?,
+            )
+            .read_to_end(&mut json)
+            .context("reading the process")?;
+            let process: ProcessSpec =
+                serde_json::from_slice(&json).context("reading the process")?;
             exec_in(&root, &id, &process, console_socket.as_deref(), Some(ready))
         }
     }
@@ -696,14 +704,21 @@ fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
         &tx,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
     )?;
+    // The process (its environment included) goes to the relay through a pipe: a command
+    // line is every local user's to read (/proc/<pid>/cmdline).
+    let (process_rx, process_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    nix::fcntl::fcntl(
+        &process_rx,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )?;
     let mut relay = std::process::Command::new(std::env::current_exe()?);
     relay
         .arg("--root")
         .arg(&root.0)
         .arg("__exec")
         .arg(&a.id)
-        .arg("--process-json")
-        .arg(serde_json::to_string(&process)?)
+        .arg("--process-fd")
+        .arg(process_rx.as_raw_fd().to_string())
         .arg("--ready-fd")
         .arg(tx.as_raw_fd().to_string());
     if let Some(c) = &a.console_socket {
@@ -711,6 +726,9 @@ fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
     }
     let child = relay.spawn().context("starting the exec's relay")?;
     drop(tx);
+    drop(process_rx);
+    // A relay that ended before reading it says why on the readiness pipe.
+    let _ = std::fs::File::from(process_tx).write_all(&serde_json::to_vec(&process)?);
     let mut said = String::new();
     let _ = std::fs::File::from(rx).read_to_string(&mut said);
     if said.trim() != "ok" {

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use super::{OCI, have, node_config, podman, text};
+use super::{IMAGE, OCI, have, node_config, podman, text};
 
 /// A hand-written bundle of the busybox root (`dir/bundle`, its root `rootfs`), a node
 /// config in `dir` that names that root in `[allow] rootfs` (plus `extra`), and a runtime
@@ -139,6 +139,62 @@ fn the_record_and_the_audit_rows_are_roots_alone() {
             text(&out.stderr)
         );
     }
+}
+
+/// Whether a process's command line holds `needle`, and which.
+fn command_lines_holding(needle: &str) -> Vec<(i32, String)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let cmd = text(&std::fs::read(e.path().join("cmdline")).ok()?).replace('\0', " ");
+            cmd.contains(needle).then_some((pid, cmd))
+        })
+        .collect()
+}
+
+/// Item 10: an exec's process (its environment included) is never on a command line,
+/// which every local user reads: podman's `exec -d -e`, as the engine runs it (conmon
+/// calls `exec --detach --process FILE`), with the exec running.
+#[test]
+fn an_execs_environment_is_never_on_a_command_line() {
+    let Some(p) = podman() else { return };
+    let name = "oci-exec-env";
+    let _ = p.oci(&["rm", "-f", name]);
+    let out = p.oci(&["run", "-d", "--name", name, IMAGE, "sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let secret = format!("cordon-exec-secret-{}", std::process::id());
+    // The exec keeps its variable where the next exec reads it, and runs on.
+    let out = p.oci(&[
+        "exec",
+        "-d",
+        "-e",
+        &format!("TOKEN={secret}"),
+        name,
+        "sh",
+        "-c",
+        "echo \"$TOKEN\" > /tmp/token; sleep 300",
+    ]);
+    // The exec runs: its relay is up (and, on the old code, holds the process in argv).
+    let ran = out.status.success();
+    let seen = command_lines_holding(&secret);
+    let env = p.oci(&[
+        "exec",
+        name,
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 600 ] && [ ! -s /tmp/token ]; do sleep 0.1; i=$((i+1)); done; \
+         cat /tmp/token",
+    ]);
+    let _ = p.oci(&["rm", "-f", name]);
+    assert!(ran, "{}", text(&out.stderr));
+    assert!(
+        text(&env.stdout).contains(&secret),
+        "the exec did not get its environment: {}",
+        text(&env.stderr)
+    );
+    assert!(seen.is_empty(), "on a command line: {seen:?}");
 }
 
 /// Item 4: a node directory is no container's root unless the node's `[allow] rootfs`
