@@ -75,6 +75,13 @@ pub fn inherited_fd(fd: i32) -> std::io::Result<std::os::fd::OwnedFd> {
     sys::inherited(fd)
 }
 
+/// Closes every descriptor this process inherited above stderr but `keep` (the ones it
+/// was told the numbers of): the caller's other open files never reach the sandbox. Call
+/// first thing in the monitor and the exec relay.
+pub fn close_inherited(keep: &[i32]) -> std::io::Result<()> {
+    sys::close_inherited(keep)
+}
+
 /// Ends this process as a workload ended by `signal` (see the monitor).
 pub fn die_by(signal: i32) -> ! {
     sys::die_by(signal)

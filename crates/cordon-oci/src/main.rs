@@ -240,6 +240,27 @@ impl Log {
 }
 
 fn dispatch(cli: Cli) -> Result<i32> {
+    // The monitor and the exec relay hold nothing of their caller's but what they were
+    // told of: its other open descriptors would reach the sandbox's process 1 and helpers.
+    match &cli.command {
+        Cmd::Monitor {
+            ready_fd,
+            console_fd,
+            ..
+        } => cordon_oci::close_inherited(
+            &[Some(*ready_fd), *console_fd]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>(),
+        ),
+        Cmd::ExecMonitor {
+            ready_fd,
+            process_fd,
+            ..
+        } => cordon_oci::close_inherited(&[*ready_fd, *process_fd]),
+        _ => Ok(()),
+    }
+    .context("closing the caller's descriptors")?;
     let root = Root::new(cli.root.as_deref());
     let cfg = cli.cordon_config.as_deref();
     match cli.command {

@@ -51,3 +51,28 @@ pub fn die_by(signal: i32) -> ! {
     }
     std::process::exit(128 + signal)
 }
+
+/// Closes every descriptor this process inherited above stderr but those in `keep`: what
+/// the caller (an engine, a shell, `--preserve-fds`) left open must not reach the sandbox,
+/// whose helpers (its init, runsc, QEMU) inherit what the monitor holds. Call first, before
+/// this process opens anything of its own.
+pub fn close_inherited(keep: &[RawFd]) -> std::io::Result<()> {
+    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    // The directory's own descriptor (in the list) is closed by now.
+    for fd in open {
+        if fd <= 2 || keep.contains(&fd) {
+            continue;
+        }
+        // SAFETY: nothing in this process owns a descriptor it inherited and was not told
+        // about (`keep` are the ones it was told about): this runs before any `OwnedFd` or
+        // `File` of the process exists beyond those, so no owner sees its number closed
+        // under it. A number already closed (the listing's own) fails with EBADF, ignored.
+        unsafe {
+            libc::close(fd);
+        }
+    }
+    Ok(())
+}

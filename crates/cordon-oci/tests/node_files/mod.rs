@@ -92,6 +92,92 @@ fn setup() -> bool {
         && super::init_beside()
 }
 
+/// Every pid whose parent chain leads to `top` (`top` included).
+fn tree(top: i32) -> Vec<i32> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
+        if let Some(ppid) = rest.split(' ').nth(1).and_then(|p| p.parse::<i32>().ok()) {
+            parent.insert(pid, ppid);
+        }
+    }
+    parent
+        .keys()
+        .copied()
+        .filter(|p| {
+            let mut at = *p;
+            for _ in 0..64 {
+                if at == top {
+                    return true;
+                }
+                match parent.get(&at) {
+                    Some(pp) if *pp > 0 => at = *pp,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}
+
+/// The processes (of `pids`) that hold a descriptor of the file at `path`.
+fn holders(pids: &[i32], path: &Path) -> Vec<i32> {
+    pids.iter()
+        .copied()
+        .filter(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == path))
+        })
+        .collect()
+}
+
+/// Item 15: a descriptor the caller left open (an engine's `--preserve-fds`, a shell's
+/// redirection) reaches neither the monitor nor anything it starts: not the sandbox's
+/// process 1, not its init, not the container's process.
+#[test]
+fn the_callers_open_descriptors_never_reach_the_sandbox() {
+    if !setup() {
+        return;
+    }
+    let d = Direct::new(&["sleep", "300"], true, serde_json::json!({}), "");
+    let secret = d.dir.path().join("caller-secret");
+    std::fs::write(&secret, "the caller's\n").unwrap();
+    let file = std::fs::File::open(&secret).unwrap();
+    // Inherited by the runtime as an engine's own descriptor would be.
+    nix::fcntl::fcntl(
+        &file,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .unwrap();
+    let created = d.create("fds").status().unwrap();
+    drop(file);
+    assert!(created.success(), "{}", d.log("fds"));
+    assert!(
+        d.run(&["start", "fds"]).status.success(),
+        "{}",
+        d.log("fds")
+    );
+    let monitor = d.record("fds")["pid"].as_i64().unwrap() as i32;
+    let all = tree(monitor);
+    // The monitor, the sandbox's init and its process 1 at least.
+    assert!(all.len() >= 3, "the container's processes: {all:?}");
+    let held = holders(&all, &secret);
+    let _ = d.run(&["delete", "--force", "fds"]);
+    assert!(
+        held.is_empty(),
+        "the caller's descriptor reached {held:?} of the container's processes {all:?}"
+    );
+}
+
 /// Item 17: the container's record and the node's audit store are root's alone: another
 /// local user reads neither, though the directories above let every user pass.
 #[test]
