@@ -55,6 +55,29 @@ fn listening_unix_sockets() -> std::collections::BTreeSet<PathBuf> {
         .collect()
 }
 
+/// Removes what the proxy of sandbox `sandbox_id` left when the process that ran it was
+/// killed: its socket directory (when nothing listens on its socket) and the CA bundle its
+/// init copies. Returns whether anything was removed. For an owner that knows its
+/// sandbox is gone (cordon-oci's `delete` after a killed monitor), at once, with no grace.
+pub fn remove_left(sandbox_id: &str) -> bool {
+    // A name, never a path: ids are `sb-` and hex.
+    if sandbox_id.is_empty() || sandbox_id.contains('/') || sandbox_id.starts_with('.') {
+        return false;
+    }
+    let dir = socket_dir().join(sandbox_id);
+    let socket = dir.join("egress.sock");
+    if listening_unix_sockets().contains(&socket) {
+        return false;
+    }
+    let mut removed = false;
+    if dir.exists() {
+        let _ = std::fs::remove_file(&socket);
+        removed |= std::fs::remove_dir(&dir).is_ok();
+    }
+    removed |= std::fs::remove_file(bundle_dir().join(format!("{sandbox_id}.pem"))).is_ok();
+    removed
+}
+
 /// Removes the socket directories of proxies that are gone: what a killed Cordon process
 /// left (its proxies died with it). A directory is stale when its socket file exists and
 /// nothing listens on it, or when it has had no socket for longer than a proxy takes to

@@ -484,6 +484,8 @@ fn create(root: &Root, cfg: Option<&Path>, a: &CreateArgs) -> Result<std::proces
     if said.trim() != "ok" {
         let mut child = child;
         let _ = child.wait();
+        // A monitor killed mid-create leaves what it was making.
+        sweep_files(&a.id);
         let _ = std::fs::remove_dir_all(&dir);
         let why = said.trim().strip_prefix("error: ").unwrap_or(said.trim());
         if why.is_empty() {
@@ -520,20 +522,26 @@ fn run_monitor(
         .context("the console socket")?;
     // Its own session: the caller's terminal signals do not reach it.
     let _ = nix::unistd::setsid();
-    let made = NodeConfig::load(cfg).and_then(|node| {
-        let setup = monitor::Setup {
-            root: root.clone(),
-            id: id.clone(),
-            bundle,
-            node,
-            console,
-        };
-        let prepared = monitor::prepare(setup)?;
-        let listener = cordon_oci::ctl::Listener::bind(&root.dir(&id))
-            .map_err(|e| cordon_oci::OciError::io("binding the control socket", e))?;
-        root.save(&prepared.record)?;
-        Ok((prepared, listener))
-    });
+    // The container's directory is this monitor's while it lives (released when it ends).
+    let held = root.hold(&id);
+    let made = held
+        .and_then(|held| Ok((held, NodeConfig::load(cfg)?)))
+        .and_then(|(held, node)| {
+            // Kept for the process's life: leaked, never unlocked before the end.
+            std::mem::forget(held);
+            let setup = monitor::Setup {
+                root: root.clone(),
+                id: id.clone(),
+                bundle,
+                node,
+                console,
+            };
+            let prepared = monitor::prepare(setup)?;
+            let listener = cordon_oci::ctl::Listener::bind(&root.dir(&id))
+                .map_err(|e| cordon_oci::OciError::io("binding the control socket", e))?;
+            root.save(&prepared.record)?;
+            Ok((prepared, listener))
+        });
     match made {
         Ok((prepared, listener)) => {
             let bundle = prepared.record.bundle.clone();
@@ -628,7 +636,19 @@ fn kill(root: &Root, id: &str, signal: i32, all: bool) -> Result<()> {
 fn delete(root: &Root, id: &str, force: bool) -> Result<()> {
     let r = match root.load(id) {
         Ok(r) => r,
-        // Nothing to delete: runc answers the same for a forced delete.
+        // No record: its monitor was killed before it wrote one (while it made the
+        // writable root's image or a microvm disk, say). What it may have left is named by
+        // the container's id; then nothing else is left to delete, as runc answers a
+        // forced delete.
+        Err(cordon_oci::OciError::NotFound(_)) if !root.held(id) => {
+            sweep_files(id);
+            let _ = std::fs::remove_dir_all(root.dir(id));
+            if force {
+                return Ok(());
+            }
+            return Err(cordon_oci::OciError::NotFound(id.to_string()).into());
+        }
+        // Its monitor is making it: nothing to delete yet, as runc answers a forced delete.
         Err(cordon_oci::OciError::NotFound(_)) if force => return Ok(()),
         Err(e) => return Err(e.into()),
     };
@@ -649,8 +669,7 @@ fn delete(root: &Root, id: &str, force: bool) -> Result<()> {
         }
     }
     monitor::sweep(&r);
-    cordon_oci::rootfs::sweep(id);
-    cordon_oci::tiers::sweep_disk(id);
+    sweep_files(id);
     std::fs::remove_dir_all(root.dir(id))
         .or_else(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -661,6 +680,16 @@ fn delete(root: &Root, id: &str, force: bool) -> Result<()> {
         })
         .context("removing the container's state")?;
     Ok(())
+}
+
+/// Removes the node files a monitor of container `id` killed mid-create may have left: its
+/// writable root's upper image and its microvm disk (each named by the id; one being made
+/// by a live monitor of the same id cannot exist: the id's state directory is its own).
+fn sweep_files(id: &str) {
+    if cordon_oci::check_id(id).is_ok() {
+        cordon_oci::rootfs::sweep(id);
+        cordon_oci::tiers::sweep_disk(id);
+    }
 }
 
 fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {

@@ -747,11 +747,20 @@ pub fn sweep(record: &Record) -> bool {
         left |= !removed.is_empty();
     }
     let dirs = cordon_host::cgroup::dirs_of(cordon_host::cgroup::PARENT, name);
-    if dirs.is_empty() {
-        return left;
+    if !dirs.is_empty() {
+        cordon_host::cgroup::remove_dirs(&dirs, Duration::from_secs(5));
+        left = true;
     }
-    cordon_host::cgroup::remove_dirs(&dirs, Duration::from_secs(5));
-    true
+    // Its proxy's socket directory and CA bundle under /run (the proxy ran in the
+    // monitor), once nothing of the sandbox is left to hold them.
+    if cordon_host::egress::remove_left(name) {
+        eprintln!(
+            "cordon-oci: container {}: removed its egress proxy's socket and CA bundle",
+            record.id
+        );
+        left = true;
+    }
+    left
 }
 
 /// Raw descriptor numbers of the calling process's stdio, for an `exec` request.

@@ -84,6 +84,30 @@ impl Root {
         }
     }
 
+    /// Marks container `id`'s directory as its monitor's for the monitor's life (a lock
+    /// the kernel lets go of when the monitor ends, killed or not): a `delete` of a
+    /// container without a record leaves alone what a live monitor is making.
+    pub fn hold(&self, id: &str) -> Result<nix::fcntl::Flock<std::fs::File>> {
+        crate::check_id(id)?;
+        let dir = std::fs::File::open(self.dir(id))
+            .map_err(|e| OciError::io("opening the container's state directory", e))?;
+        nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(
+            |(_, e)| {
+                OciError::State(format!(
+                    "container {id:?} is held by another monitor ({e}); delete it first or pick another id"
+                ))
+            },
+        )
+    }
+
+    /// Whether a live monitor holds container `id`'s directory ([`Root::hold`]).
+    pub fn held(&self, id: &str) -> bool {
+        let Ok(dir) = std::fs::File::open(self.dir(id)) else {
+            return false;
+        };
+        nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err()
+    }
+
     pub fn load(&self, id: &str) -> Result<Record> {
         crate::check_id(id)?;
         let path = self.dir(id).join("state.json");

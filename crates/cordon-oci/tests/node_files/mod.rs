@@ -320,28 +320,21 @@ fn a_node_directory_is_no_root_unless_the_node_names_it_and_its_root_files_stay_
     let link = dir.path().join("link");
     std::os::unix::fs::symlink(&node_dir, &link).unwrap();
     let read = "cat /etc/node-secret; echo rc=$?; cat /etc/motd; touch /etc/w; echo w=$?";
+    let run = |config: &Path, root: &Path| {
+        let root = root.to_str().unwrap();
+        let out = p.oci_under(config, &["run", "--rm", "--rootfs", root, "sh", "-c", read]);
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
     let unnamed = node_config(dir.path(), "");
     for root in [&node_dir, &link] {
-        let out = p.oci_under(
-            &unnamed,
-            &[
-                "run",
-                "--rm",
-                "--rootfs",
-                root.to_str().unwrap(),
-                "sh",
-                "-c",
-                read,
-            ],
-        );
-        let (o, e) = (text(&out.stdout), text(&out.stderr));
+        let (ran, o, e) = run(&unnamed, root);
+        let at = root.display();
         assert!(
             !o.contains("node-secret-value"),
-            "{}: read the node's secret: {o}",
-            root.display()
+            "{at}: read the node's secret: {o}"
         );
-        assert!(!out.status.success(), "{}: ran: {o}", root.display());
-        assert!(e.contains("[allow] rootfs"), "{}: {e}", root.display());
+        assert!(!ran, "{at}: ran: {o}");
+        assert!(e.contains("[allow] rootfs"), "{at}: {e}");
     }
     // Named: it runs, and its root's files stay root's (the sandbox's root's inside: the
     // workload reads what all may read and writes nowhere root owns).
@@ -349,19 +342,7 @@ fn a_node_directory_is_no_root_unless_the_node_names_it_and_its_root_files_stay_
         dir.path(),
         &format!("[allow]\nrootfs = [\"{}\"]\n", node_dir.display()),
     );
-    let out = p.oci_under(
-        &named,
-        &[
-            "run",
-            "--rm",
-            "--rootfs",
-            node_dir.to_str().unwrap(),
-            "sh",
-            "-c",
-            read,
-        ],
-    );
-    let (o, e) = (text(&out.stdout), text(&out.stderr));
+    let (_, o, e) = run(&named, &node_dir);
     assert!(
         !o.contains("node-secret-value"),
         "read the node's secret: {o}"
@@ -370,4 +351,144 @@ fn a_node_directory_is_no_root_unless_the_node_names_it_and_its_root_files_stay_
     assert!(o.contains("rc=1\nimage\nw=1\n"), "{o}{e}");
     // Nothing the workload wrote reached the node directory.
     assert!(!node_dir.join("etc/w").exists());
+}
+
+/// Where a killed monitor's proxy leaves its socket directory and CA bundle.
+fn egress_left(sandbox: &str) -> Vec<PathBuf> {
+    [
+        PathBuf::from("/run/cordon/egress").join(sandbox),
+        PathBuf::from("/run/cordon/egress-ca").join(format!("{sandbox}.pem")),
+    ]
+    .into_iter()
+    .filter(|p| p.exists())
+    .collect()
+}
+
+/// Item 14, the proxy: a monitor killed while its container has egress leaves its proxy's
+/// socket directory and CA bundle in /run; `delete` removes both.
+#[test]
+fn delete_removes_the_proxy_files_a_killed_monitor_left() {
+    if !setup() {
+        return;
+    }
+    let d = Direct::new(
+        &["sleep", "300"],
+        true,
+        serde_json::json!({"cordon.allow-hosts": "example.com"}),
+        "[ceiling]\negress = [\"*\"]\n",
+    );
+    assert!(
+        d.create("egress-k").status().unwrap().success(),
+        "{}",
+        d.log("egress-k")
+    );
+    let record = d.record("egress-k");
+    let sandbox = record["sandbox"].as_str().unwrap().to_string();
+    assert_eq!(
+        egress_left(&sandbox).len(),
+        2,
+        "the proxy's files while it runs"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(record["pid"].as_i64().unwrap() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let out = d.run(&["delete", "--force", "egress-k"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let left = egress_left(&sandbox);
+    assert!(left.is_empty(), "left after delete: {left:?}");
+}
+
+/// The pid of the monitor of container `id` (a `__monitor` process naming it), if any.
+fn monitor_of(id: &str) -> Option<i32> {
+    command_lines_holding(&format!("__monitor {id} "))
+        .first()
+        .map(|(pid, _)| *pid)
+}
+
+/// Item 14, the disk: a monitor killed while it makes its writable root's image (a sparse
+/// file of the disk limit's size, 16 GiB here) leaves it under /var/lib, and no record
+/// names it; the failed `create` and `delete` of that id remove it.
+#[test]
+fn a_monitor_killed_while_it_makes_its_disk_leaves_no_image() {
+    if !setup() || !have("mkfs.ext4", super::on_path("mkfs.ext4")) {
+        return;
+    }
+    let d = Direct::new(
+        &["sleep", "300"],
+        false,
+        serde_json::json!({"cordon.disk": "16G"}),
+        "",
+    );
+    let mut caught = 0;
+    for attempt in 0..5 {
+        let id = format!("disk-k{attempt}-{}", std::process::id());
+        let image = Path::new(cordon_oci::rootfs::UPPERS).join(format!("{id}.img"));
+        let mut create = d.create(&id).spawn().unwrap();
+        // Its monitor first, then the image (made, not yet unlinked): then it is killed.
+        let mut monitor = None;
+        let mut killed = false;
+        loop {
+            match monitor {
+                None => monitor = monitor_of(&id),
+                Some(m) if image.exists() => {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(m),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                    killed = image.exists();
+                    break;
+                }
+                Some(_) => {}
+            }
+            if create.try_wait().unwrap().is_some() {
+                break;
+            }
+        }
+        let created = create.wait().unwrap();
+        if !killed {
+            // Too quick to catch this time: it ran; remove it and try again.
+            let _ = d.run(&["delete", "--force", &id]);
+            continue;
+        }
+        caught += 1;
+        assert!(
+            !created.success(),
+            "create succeeded with its monitor killed"
+        );
+        let out = d.run(&["delete", "--force", &id]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(!image.exists(), "the writable root's image was left");
+        assert!(!d.root.join(&id).exists(), "the container's state was left");
+        break;
+    }
+    assert!(caught > 0, "the monitor was never caught making its image");
+}
+
+/// Item 14 for a directory the caller cannot see the record of: a monitor killed before
+/// it wrote its record leaves a microvm disk's directory named by the id; `delete` of that
+/// id removes it (as a monitor killed mid-way leaves it).
+#[test]
+fn delete_of_an_id_without_a_record_removes_its_left_disk() {
+    if !have("root", nix::unistd::geteuid().is_root()) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("state");
+    let id = format!("disk-left-{}", std::process::id());
+    let disk = Path::new(cordon_oci::tiers::DISKS).join(&id);
+    std::fs::create_dir_all(&disk).unwrap();
+    std::fs::write(disk.join("root.ext4"), b"").unwrap();
+    // Its state directory as `create` made it, with no record in it.
+    std::fs::create_dir_all(root.join(&id)).unwrap();
+    let out = Command::new(OCI)
+        .arg("--root")
+        .arg(&root)
+        .args(["delete", "--force", &id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!disk.exists(), "the microvm disk was left");
+    assert!(!root.join(&id).exists(), "the state directory was left");
 }
