@@ -38,8 +38,13 @@ build:
 	@$(PHASE) static -- bash scripts/build-static.sh
 	@$(PHASE) --report
 
-## Installs what is missing, builds, and runs an untrusted Python snippet in the container tier.
-demo: build
+## Installs what is missing, builds only what the demo runs (the front and the container tier's
+## init), and runs an untrusted Python snippet in the container tier. Every other tier:
+## `target/release/cordon setup wasm|gvisor|microvm|all` (scripts/setup-tier.sh); all: `make build`.
+demo:
+	@$(PHASE) --begin
+	@$(PHASE) setup -- bash scripts/setup.sh base
+	@$(PHASE) build -- bash scripts/build-front.sh
 	@$(PHASE) demo -- bash scripts/demo.sh
 	@$(PHASE) --report
 

@@ -25,6 +25,7 @@ if ! build_musl_set; then
   exit 0
 fi
 t=$(cargo_target_dir)
+mkdir -p "$t/release"
 for b in cordon cordon-sandbox-init; do
   # A new file, renamed over the old: cargo's build is a hard link to its deps/ copy,
   # which must stay as cargo made it.

@@ -2,6 +2,8 @@
 """What the builds and tests use, against what setup installs.
 
     scripts/check-setup.py [--repo DIR] [--no-present]
+    scripts/check-setup.py --steps 10-base,20-host-tuning
+
 
 Cordon's machines are never fresh: a rust target, a Debian package or a tool installed by hand
 once hides a setup step that a new machine (and so a newcomer, and CI) lacks. This check reads
@@ -24,6 +26,9 @@ one of the tools this kind of machine comes with (IMAGE_TOOLS; docs of the machi
 used item setup does not install fails the check, naming the file and line that uses it and
 the fix. Unless --no-present is given, every item setup declares must also be present now
 (setup.sh runs this at its end, so a missing piece fails setup by name, never a build later).
+With --steps (what a partial setup, `scripts/setup.sh PART...`, ran), only what those steps
+declare is checked to be present: the rest of the tree may use what a later `cordon setup TIER`
+installs.
 Exit status: 0 when all is accounted for, 1 otherwise.
 """
 
@@ -41,12 +46,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Tools every machine of this kind has before anything is installed, outside Debian's packages
-# (the rustup toolchain and its proxies, the image's CPython, git and node under /usr/local).
+# Tools every machine of this kind (`polyglot`) has before anything is installed, outside
+# Debian's packages: the rustup toolchain and its proxies, the image's CPython, git, node under
+# /usr/local and Go under /usr/local/go. cargo-nextest is not one of them (the earlier kind had
+# it; this one does not), so nothing may use it unless a step installs it.
 IMAGE_TOOLS = {
     "cargo", "rustc", "rustup", "rustfmt", "rustdoc", "cargo-fmt", "cargo-clippy",
-    "clippy-driver", "cargo-nextest", "git", "python3", "pip", "pip3", "node", "npm", "npx",
-    "go", "gofmt",
+    "clippy-driver", "git", "python3", "pip", "pip3", "node", "npm", "npx", "go", "gofmt",
 }
 # Python modules the machine's CPython comes with beyond its standard library.
 IMAGE_MODULES = {"__future__", "pip"}
@@ -56,7 +62,7 @@ CARGO_BUILTIN = {
     "generate-lockfile", "help", "info", "init", "install", "locate-project", "login",
     "logout", "metadata", "new", "owner", "package", "pkgid", "publish", "remove", "report",
     "run", "rustc", "rustdoc", "search", "test", "tree", "uninstall", "update", "vendor",
-    "verify-project", "version", "yank", "nextest",
+    "verify-project", "version", "yank",
 }
 TRIPLE = re.compile(r"\b(?:x86_64|aarch64|i686|riscv64gc|wasm32|wasm64|armv7|arm)-[a-z0-9_]+(?:-[a-z0-9_.]+){0,2}\b")
 COMMAND_WORD = re.compile(r"^[A-Za-z][A-Za-z0-9._+-]*$")
@@ -168,9 +174,41 @@ def bash_reserved() -> frozenset[str]:
     return frozenset(run(["bash", "-c", "compgen -b; compgen -k"]).split())
 
 
+def strip_arithmetic(line: str) -> str:
+    """`line` with each `$(( … ))` replaced by the command substitutions inside it (their
+    commands still run; the arithmetic's names are variables, not commands)."""
+    out, i = [], 0
+    while (start := line.find("$((", i)) != -1:
+        depth, j = 0, start + 1
+        while j < len(line):
+            if line[j] == "(":
+                depth += 1
+            elif line[j] == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        inner = line[start + 3:j - 1]
+        subs = []
+        k = 0
+        while (m := inner.find("$(", k)) != -1:
+            d, e = 0, m + 1
+            while e < len(inner):
+                d += {"(": 1, ")": -1}.get(inner[e], 0)
+                if d == 0:
+                    break
+                e += 1
+            subs.append(inner[m:e + 1])
+            k = e + 1
+        out.append(line[i:start] + (" ".join(subs) if subs else "0"))
+        i = j + 1
+    out.append(line[i:])
+    return "".join(out)
+
+
 def shell_commands(line: str) -> list[str]:
     """The command words of one logical shell line."""
-    words = shell_words(line)
+    words = shell_words(strip_arithmetic(line))
     cmds = []
     expect = True
     skip = 0
@@ -345,7 +383,8 @@ def shell_vars(repo: Path) -> dict[str, str]:
     return values
 
 
-def declared(repo: Path) -> Declared:
+def declared(repo: Path, steps: set[str] | None = None) -> Declared:
+    """What the setup steps install; only the steps named in `steps` (file stems) when given."""
     d = Declared()
     values = shell_vars(repo)
 
@@ -356,6 +395,8 @@ def declared(repo: Path) -> Declared:
         return None if "$" in w else w
 
     for f in sorted((repo / "scripts/setup.d").glob("*.sh")):
+        if steps is not None and f.stem not in steps:
+            continue
         rel = str(f.relative_to(repo))
         for n, line in shell_lines(f.read_text()):
             words = shell_words(line)
@@ -498,31 +539,38 @@ def check(repo: Path, present: bool) -> list[str]:
             problems.append(f"Python module `{mod}`: imported at {where(uses)}, but no setup step installs "
                             f"{'/'.join(sorted(names))}; fix: `pip_install` it in scripts/setup.d")
     if present:
-        installed_targets = set(run(["rustup", "target", "list", "--installed"]).split())
-        for t, w in sorted(decl.targets.items()):
-            if t not in installed_targets:
-                problems.append(f"rust target {t} ({w}) is not installed; fix: `rustup target add {t}` "
-                                "or `make setup`")
-        for p, w in sorted(decl.apt.items()):
-            status = run(["dpkg-query", "-W", "-f=${Status}", p])
-            if "install ok installed" not in status:
-                problems.append(f"Debian package {p} ({w}) is not installed; fix: `make setup` "
-                                f"(or `apt-get install {p}`)")
-        for p, w in sorted(decl.pip.items()):
-            try:
-                from importlib.metadata import PackageNotFoundError, distribution
-                distribution(p)
-                have = True
-            except PackageNotFoundError:
-                have = False
-            if not have:
-                problems.append(f"Python package {p} ({w}) is not installed for {sys.executable}; fix: `make setup`")
-        for b, w in sorted(decl.cargo_bins.items()):
-            if which(b) is None:
-                problems.append(f"{b} ({w}) is not installed; fix: `make setup`")
-        for b, w in sorted(decl.go_bins.items()):
-            if not os.access(go_bin_dir() / b, os.X_OK):
-                problems.append(f"{b} ({w}) is not built in {go_bin_dir()}; fix: `make setup`")
+        problems += missing_here(decl)
+    return problems
+
+
+def missing_here(decl: Declared) -> list[str]:
+    """What the steps declare that this machine does not have."""
+    problems: list[str] = []
+    installed_targets = set(run(["rustup", "target", "list", "--installed"]).split())
+    for t, w in sorted(decl.targets.items()):
+        if t not in installed_targets:
+            problems.append(f"rust target {t} ({w}) is not installed; fix: `rustup target add {t}` "
+                            "or `make setup`")
+    for p, w in sorted(decl.apt.items()):
+        status = run(["dpkg-query", "-W", "-f=${Status}", p])
+        if "install ok installed" not in status:
+            problems.append(f"Debian package {p} ({w}) is not installed; fix: `make setup` "
+                            f"(or `apt-get install {p}`)")
+    for p, w in sorted(decl.pip.items()):
+        try:
+            from importlib.metadata import PackageNotFoundError, distribution
+            distribution(p)
+            have = True
+        except PackageNotFoundError:
+            have = False
+        if not have:
+            problems.append(f"Python package {p} ({w}) is not installed for {sys.executable}; fix: `make setup`")
+    for b, w in sorted(decl.cargo_bins.items()):
+        if which(b) is None:
+            problems.append(f"{b} ({w}) is not installed; fix: `make setup`")
+    for b, w in sorted(decl.go_bins.items()):
+        if not os.access(go_bin_dir() / b, os.X_OK):
+            problems.append(f"{b} ({w}) is not built in {go_bin_dir()}; fix: `make setup`")
     return problems
 
 
@@ -532,8 +580,21 @@ def main() -> int:
     ap.add_argument("--no-present", action="store_true",
                     help="only compare what is used with what setup declares; do not check this machine")
     ap.add_argument("--list", action="store_true", help="print what is used and declared, then check")
+    ap.add_argument("--steps", help="only check that what these setup steps (comma-separated names, "
+                    "e.g. 10-base,20-host-tuning) declare is present: a partial setup's check")
     args = ap.parse_args()
     repo = args.repo.resolve()
+    if args.steps is not None:
+        steps = {s.strip().removesuffix(".sh") for s in args.steps.split(",") if s.strip()}
+        problems = missing_here(declared(repo, steps))
+        for p in problems:
+            print(f"  - {p}", file=sys.stderr)
+        if problems:
+            print(f"check-setup: {len(problems)} thing(s) the steps {', '.join(sorted(steps))} install "
+                  "are missing", file=sys.stderr)
+            return 1
+        print(f"check-setup: what the steps {', '.join(sorted(steps))} install is present", file=sys.stderr)
+        return 0
     if args.list:
         found, decl = scan(repo), declared(repo)
         for kind in ("targets", "cargo_subcommands", "commands", "modules"):

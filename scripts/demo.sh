@@ -27,5 +27,18 @@ echo
 echo "== a fork bomb, stopped by the process limit"
 "$CORDON" run --lang bash --pids 32 --timeout 10s -- 'b() { b | b & }; b; wait' || echo "(exit status $? = process-limit)"
 echo
-echo "== cordon doctor"
-"$CORDON" doctor
+if [ -x ./target/release/cordon-full ]; then
+  echo "== cordon doctor"
+  "$CORDON" doctor
+else
+  cat <<'MSG'
+== the other tiers
+This demo built only the container tier. Each other tier is made ready by one command, which
+installs its packages and builds its parts (a request for a tier that is not ready fails at once
+and names the same command):
+  ./target/release/cordon setup wasm       # WebAssembly: Python and JavaScript in wasmtime
+  ./target/release/cordon setup gvisor     # gVisor (runsc): a user-space kernel
+  ./target/release/cordon setup microvm    # QEMU microVMs: a kernel of their own
+  ./target/release/cordon setup all        # every tier, the server and every command (make build)
+MSG
+fi

@@ -166,17 +166,51 @@ MUSL_PROFILE=${CORDON_MUSL_PROFILE:-release}
 # after the first the others find it built.
 build_musl_set() {
   if [ "$MUSL_PROFILE" = release ]; then
-    flock /tmp/cordon-cargo.lock cargo build -q --release --target "$MUSL" \
+    cargo_progress "static front, init and guest agent" build --release --target "$MUSL" \
       -p cordon-guest --bin cordon-guest \
       -p cordon --bin cordon \
       -p cordon-sandbox-init --bin cordon-sandbox-init
   else
-    flock /tmp/cordon-cargo.lock cargo build -q --release --target "$MUSL" \
+    cargo_progress "static guest agent" build --release --target "$MUSL" \
       -p cordon-guest --bin cordon-guest
-    flock /tmp/cordon-cargo.lock cargo build -q --profile "$MUSL_PROFILE" --target "$MUSL" \
+    cargo_progress "static front and init" build --profile "$MUSL_PROFILE" --target "$MUSL" \
       -p cordon --bin cordon \
       -p cordon-sandbox-init --bin cordon-sandbox-init
   fi
+}
+
+# cargo_progress LABEL ARGS...: `cargo ARGS...` under the cargo lock, saying how far it is:
+# every 15 s, and at its end, how many crates it has compiled of about how many it builds
+# (`cargo tree` of the same packages), and the time. Cargo's warnings and errors pass through;
+# its per-crate lines do not. Exits with cargo's status.
+cargo_progress() {
+  local - label=$1 total=0 n=0 last=$SECONDS start=$SECONDS line rc=0 a prev="" tree=()
+  shift
+  for a in "$@"; do
+    case "$prev" in -p|--package|--target|--features) tree+=("$prev" "$a") ;; esac
+    case "$a" in --workspace|--all-features) tree+=("$a") ;; esac
+    prev=$a
+  done
+  total=$(cargo tree -q --prefix none -e normal,build -f '{p}' "${tree[@]}" 2>/dev/null | sort -u | wc -l || echo 0)
+  log "$label: cargo $1 (about $total crates)"
+  set +e
+  { flock /tmp/cordon-cargo.lock cargo "$@" --color never 2>&1 1>&3 3>&- | {
+      while IFS= read -r line; do
+        case "$line" in
+          *"Compiling "*) n=$(( n + 1 )) ;;
+          *"Blocking waiting"*) log "$label: waiting for another cargo build to finish" ;;
+          *"Finished "*|*"Fresh "*|*"Download"*|*"Updating "*|*"Locking "*|*"Adding "*) ;;
+          *) printf '%s\n' "$line" >&2 ;;
+        esac
+        if [ $(( SECONDS - last )) -ge 15 ]; then
+          last=$SECONDS
+          log "$label: $n of about $total crates compiled, $((SECONDS - start))s"
+        fi
+      done
+      log "$label: $n crates compiled (the rest were built already), $((SECONDS - start))s"
+    }
+    rc=${PIPESTATUS[0]}; } 3>&1
+  return "$rc"
 }
 
 # Where build_musl_set puts the front and the init (cargo names the dev profile's
@@ -216,14 +250,44 @@ run_steps_side_by_side() {
   return "$failed"
 }
 
-# run_steps DIR LABEL: runs every DIR/NN-name.sh in order, logging each one's time.
-run_steps() {
-  local step name start
-  for step in "$1"/*.sh; do
+# step_part STEP: the part a setup step belongs to, from its `# part: NAME` line (base, wasm,
+# gvisor, microvm, oci, test); a step without one is part of `test`.
+step_part() {
+  local p
+  p=$(sed -n 's/^# part: *\([a-z0-9-]*\).*/\1/p' "$1" | head -n 1)
+  echo "${p:-test}"
+}
+
+# select_steps DIR [PART...]: the paths of DIR/NN-name.sh in order; with PARTs, only the steps
+# of those parts and of `base`.
+select_steps() {
+  local dir=$1 step part p want
+  shift
+  for step in "$dir"/*.sh; do
     [ -e "$step" ] || continue
+    if [ $# -gt 0 ]; then
+      part=$(step_part "$step")
+      want=0
+      for p in base "$@"; do [ "$p" = "$part" ] && want=1; done
+      [ "$want" = 1 ] || continue
+    fi
+    echo "$step"
+  done
+}
+
+# run_steps DIR LABEL [PART...]: runs the steps select_steps picks, in order, logging each
+# one's place (i of n) and time.
+run_steps() {
+  local dir=$1 label=$2 step name start i=0 n steps=()
+  shift 2
+  mapfile -t steps < <(select_steps "$dir" "$@")
+  n=${#steps[@]}
+  for step in "${steps[@]}"; do
+    i=$(( i + 1 ))
     name=$(basename "$step" .sh)
     start=$(date +%s)
+    log "$label: $name ($i of $n)"
     bash "$step"
-    log "$2: $name done in $(( $(date +%s) - start ))s"
+    log "$label: $name done in $(( $(date +%s) - start ))s"
   done
 }

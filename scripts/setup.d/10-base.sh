@@ -7,7 +7,10 @@
 # runc is the OCI peer beside crun; make, file and procps are used by the build and tests
 # (most images have them; scripts/check-setup.py asks that every package a script or test
 # uses is named by a setup step, whether or not the image happens to carry it).
+# part: base
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 apt_install python3 python3-matplotlib bash coreutils bubblewrap crun runc iproute2 curl \
   ca-certificates musl-tools busybox-static make file procps
+# The static front and init (`make demo` builds them for this target; scripts/build-front.sh).
+rustup_target_add "$MUSL"

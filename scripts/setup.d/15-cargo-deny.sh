@@ -3,6 +3,7 @@
 # sources against deny.toml. Built from the crates registry once (several minutes on two
 # cores), pinned so every machine checks with the same rules; skipped when that version is
 # already installed.
+# part: test
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 

@@ -5,6 +5,7 @@
 # option `favordynmods` keeps that lock in its slow-reader mode instead, making migrations
 # cheap at a small cost to fork/exit. Applied to the v2 mount (the root on v2 hosts, the
 # empty `unified` mount on hybrid ones); harmless where it is already set or unsupported.
+# part: base
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 [ "$(id -u)" -eq 0 ] || { log "not root: skipping cgroup tuning"; exit 0; }

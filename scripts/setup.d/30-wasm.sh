@@ -5,6 +5,7 @@
 # source from its source package). The guests themselves are built by
 # scripts/guests.d/30-wasm.sh (setup.sh runs it last; `make test` runs it after its build,
 # with the tools that build made).
+# part: wasm
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 apt_install clang-19 lld-19 libclang-rt-19-dev-wasm32 wasi-libc llvm xz-utils tcl8.6

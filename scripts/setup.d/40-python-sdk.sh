@@ -4,6 +4,7 @@
 # so that `pip install --no-build-isolation` of the SDK (the README test)
 # builds it with the host's setuptools, without a download. Idempotent: installs only what
 # is missing.
+# part: test
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 pip_install 'pytest>=7,<9' 'httpx>=0.27,<1' 'wheel>=0.40' 'mypy>=1.10,<2'

@@ -5,6 +5,7 @@
 # jsonschema, which check docs/openapi.json and live answers against it; and Debian's Chromium, which the
 # dashboard test runs headless against a live server. Idempotent: installs only what is
 # missing.
+# part: test
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 pip_install 'mcp==2.3.0' anyio httpx2 'openapi-spec-validator==0.9.0' jsonschema

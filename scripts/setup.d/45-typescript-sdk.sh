@@ -3,6 +3,7 @@
 # package.json pins), into sdk/typescript/node_modules: its tests compare the checked-in
 # dist/ with a fresh tsc build and type-check the README's example. node and npm come with
 # the machine. Idempotent: installs only when the installed version is not the pinned one.
+# part: test
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 dir=$(cd "$(dirname "$0")/../../sdk/typescript" && pwd)

@@ -2,6 +2,7 @@
 # The E2B compatibility tests (sdk/python/tests/test_e2b_compat.py, sdk/e2b-js/test.mjs) run
 # E2B's own published SDKs, pinned, against a local `cordon serve` (docs/e2b.md).
 # Idempotent: installs only what is missing or at another version.
+# part: test
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 have_py() { local v; v=$(python3 -m pip show "$1" 2>/dev/null || true); [[ $v == *$'\nVersion: '"$2"$'\n'* ]]; }

@@ -3,6 +3,7 @@
 # existing Debian sources; no host is hard-coded), debootstrap and erofs-utils for the image
 # build, and the musl target for the static guest agent. The image itself is built by
 # scripts/guests.d/microvm.sh (setup.sh runs it last; `make test` after its build).
+# part: microvm
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"

@@ -5,6 +5,7 @@
 # Why backports (docs/gvisor.md, measured on this kind of host): the 2024 build runs
 # coreutils `ls` and `stat` (the 2022 build's statx refuses their flags), and an exec in a
 # live sandbox is faster on it (ptrace platform).
+# part: gvisor
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 

@@ -5,6 +5,7 @@
 # directory; none is enabled as a service here. uidmap gives podman newuidmap; iptables is
 # what docker.io's daemon calls (its tests run with bridge and iptables off);
 # containernetworking-plugins gives the CRI test's pods their (loopback-only) CNI network.
+# part: oci
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 apt_install podman containerd docker.io runc uidmap iptables containernetworking-plugins tar

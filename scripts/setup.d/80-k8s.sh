@@ -5,6 +5,7 @@
 # the data dir (go_build in scripts/lib.sh; a second run builds nothing). Go 1.26 and its
 # module proxy come with this kind of machine. containerd, runc, iptables and the rest of the
 # node's programs are Debian's; this step installs the ones the cluster adds.
+# part: test
 set -euo pipefail
 . "$(dirname "$0")/../lib.sh"
 

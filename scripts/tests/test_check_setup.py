@@ -100,3 +100,69 @@ def test_a_program_built_from_go_modules_is_accounted_for_by_its_go_build(tmp_pa
     assert "program `crictl`" in r.stderr
     assert "scripts/node.sh:3" in r.stderr
     assert "kubelet" not in r.stderr
+
+
+def test_cargo_nextest_is_not_one_of_the_machines_tools(tmp_path: Path) -> None:
+    # This kind of machine does not come with cargo-nextest (the earlier kind did): a script
+    # that uses it must have a step that installs it.
+    root = tree(tmp_path)
+    (root / "scripts" / "fast-tests.sh").write_text("#!/usr/bin/env bash\ncargo nextest run\n")
+    r = check(root)
+    assert r.returncode == 1
+    assert "`cargo nextest`" in r.stderr
+
+
+def test_a_partial_setup_checks_only_its_own_steps(tmp_path: Path) -> None:
+    root = tree(tmp_path)
+    # A step of the wasm part that declares a package no machine has: the base part's check
+    # passes (it does not run that step), the wasm part's names the package.
+    (root / "scripts" / "setup.d" / "35-extra.sh").write_text(
+        "#!/usr/bin/env bash\n# part: wasm\nset -euo pipefail\napt_install cordon-no-such-package\n")
+    base = subprocess.run([sys.executable, str(CHECK), "--repo", str(root), "--steps", "10-base,20-host-tuning"],
+                          capture_output=True, text=True, check=False)
+    assert base.returncode == 0, base.stderr
+    wasm = subprocess.run([sys.executable, str(CHECK), "--repo", str(root), "--steps", "10-base,35-extra"],
+                          capture_output=True, text=True, check=False)
+    assert wasm.returncode == 1
+    assert "Debian package cordon-no-such-package (scripts/setup.d/35-extra.sh:4) is not installed" in wasm.stderr
+
+
+def test_setup_parts_pick_their_steps_and_the_base(tmp_path: Path) -> None:
+    script = (f". {REPO}/scripts/lib.sh; "
+              "for p in '' base wasm 'gvisor microvm'; do echo \"[$p]\"; "
+              f"select_steps {REPO}/scripts/setup.d $p | xargs -n1 basename; done")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    groups: dict[str, list[str]] = {}
+    key = ""
+    for line in out.splitlines():
+        if line.startswith("["):
+            key = line.strip("[]")
+            groups[key] = []
+        else:
+            groups[key].append(line.removesuffix(".sh"))
+    every = sorted(p.stem for p in (REPO / "scripts" / "setup.d").glob("*.sh"))
+    assert groups[""] == every, "no part: every step"
+    assert groups["base"] == ["10-base", "20-host-tuning"]
+    assert groups["wasm"] == ["10-base", "20-host-tuning", "30-wasm"]
+    assert groups["gvisor microvm"] == ["10-base", "20-host-tuning", "50-microvm", "60-gvisor"]
+    # Every step names its part, so none falls into `test` by omission.
+    for step in (REPO / "scripts" / "setup.d").glob("*.sh"):
+        assert "\n# part: " in step.read_text(), f"{step.name} has no `# part:` line"
+
+
+def test_setup_refuses_an_unknown_part() -> None:
+    r = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh"), "kvm"], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 2
+    assert "no part 'kvm'" in r.stderr
+
+
+def test_arithmetic_names_are_variables_but_its_substitutions_run(tmp_path: Path) -> None:
+    root = tree(tmp_path)
+    (root / "scripts" / "count.sh").write_text(
+        "#!/usr/bin/env bash\nn=$(( n + 1 ))\nif [ $(( SECONDS - n )) -ge 1 ]; then :; fi\n"
+        "m=$(( $(cordon-no-such-tool) + 1 ))\n")
+    r = check(root)
+    assert r.returncode == 1
+    assert "program `cordon-no-such-tool`" in r.stderr
+    assert "program `n`" not in r.stderr and "program `SECONDS`" not in r.stderr

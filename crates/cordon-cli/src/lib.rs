@@ -60,6 +60,12 @@ enum Cmd {
     Audit(audit::AuditArgs),
     /// Which tier a request may use and why: `cordon policy explain --trust T --autonomy A`.
     Policy(policy::PolicyArgs),
+    /// Make tiers ready before they are asked for: their packages, build and guest artifacts
+    /// (container, wasm, gvisor, microvm, or all; from Cordon's source tree).
+    Setup {
+        /// Tiers to make ready (no TIER: all).
+        tiers: Vec<std::ffi::OsString>,
+    },
 }
 
 #[cfg(not(test))]
@@ -99,5 +105,6 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Cmd::Mcp(args) => mcp::mcp(args),
         Cmd::Audit(args) => audit::audit(args),
         Cmd::Policy(args) => policy::policy(args),
+        Cmd::Setup { tiers } => Ok(cordon_front::setup::run(&tiers)),
     }
 }

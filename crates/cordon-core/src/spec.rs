@@ -63,6 +63,13 @@ impl Tier {
         }
     }
 
+    /// The command that makes this tier ready on a host (its packages, its build, its guest
+    /// artifacts: scripts/setup-tier.sh): the fix every "this tier's parts are missing"
+    /// error names, so no request ever waits on a build.
+    pub fn setup_command(self) -> String {
+        format!("cordon setup {}", self.as_str())
+    }
+
     /// One line on where this tier's wall is.
     pub fn wall(self) -> &'static str {
         match self {

@@ -8,6 +8,7 @@
 
 pub mod outfile;
 pub mod run;
+pub mod setup;
 
 use std::path::PathBuf;
 

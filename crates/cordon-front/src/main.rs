@@ -18,15 +18,16 @@ fn main() {
     {
         std::process::exit(code);
     }
+    // `cordon setup` is the front's: it is how `cordon-full` comes to be.
+    if args.get(1).is_some_and(|a| a == "setup") {
+        std::process::exit(cordon_front::setup::run(&args[2..]));
+    }
     let full = std::env::current_exe()
         .ok()
         .and_then(|exe| Some(exe.parent()?.join(cordon_front::FULL_BINARY)))
         .filter(|p| p.is_file());
     let Some(full) = full else {
-        eprintln!(
-            "cordon: error: {} was not found next to this cordon; install both binaries side by side (`cargo build --release` builds them together)",
-            cordon_front::FULL_BINARY
-        );
+        eprintln!("{}", cordon_front::setup::not_built_message(&args));
         std::process::exit(125);
     };
     let err = std::process::Command::new(&full)

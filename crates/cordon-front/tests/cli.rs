@@ -821,21 +821,61 @@ fn the_front_runs_container_runs_alone_and_hands_the_rest_over() {
     assert_eq!(v["stdout"], "front\n", "{v}");
     assert_eq!(v["tier"], "container", "{v}");
     assert_eq!(o.status.code(), Some(3));
-    // Anything else needs cordon-full, which is not there: a clear error, exit 125.
-    for args in [
-        &["doctor"][..],
-        &[
-            "run", "--tier", "wasm", "--lang", "python", "-c", "print(1)",
-        ][..],
+    // Anything else needs cordon-full, which is not there (as after `make demo`): a clear
+    // error at once, exit 125, naming the command that makes it ready.
+    for (args, fix) in [
+        (&["doctor"][..], "`cordon setup container`"),
+        (
+            &[
+                "run", "--tier", "wasm", "--lang", "python", "-c", "print(1)",
+            ][..],
+            "the wasm tier is not set up on this machine: run `cordon setup wasm`",
+        ),
+        (
+            &["run", "--tier", "gvisor", "--", "true"][..],
+            "run `cordon setup gvisor`",
+        ),
+        (
+            &["run", "--tier=microvm", "--", "true"][..],
+            "run `cordon setup microvm`",
+        ),
     ] {
         let o = run(args);
         assert_eq!(o.status.code(), Some(125), "{args:?}: {}", text(&o.stderr));
         assert!(
-            text(&o.stderr).contains("cordon-full was not found next to this cordon"),
+            text(&o.stderr).contains(fix),
             "{args:?}: {}",
             text(&o.stderr)
         );
     }
+    // `cordon setup` refuses what is not a tier before it runs anything.
+    let o = run(&["setup", "kvm"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("no tier 'kvm'"), "{}", text(&o.stderr));
+}
+
+/// With `cordon-full` built but a tier's guest artifacts missing (a data dir no setup filled),
+/// a request for that tier fails at once, never building anything, and names `cordon setup
+/// TIER`; `cordon doctor` lists the missing parts with the same command.
+#[test]
+fn a_tier_whose_parts_are_missing_fails_at_once_naming_its_setup() {
+    // A data dir with nothing built in it.
+    let home = tempfile::tempdir().unwrap();
+    let o = cordon(
+        home.path(),
+        &["run", "--tier", "wasm", "--lang", "python", "-c", "print(1)"],
+    );
+    assert!(!o.status.success(), "{}", text(&o.stdout));
+    assert!(
+        text(&o.stderr).contains("cordon setup wasm"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = cordon(home.path(), &["doctor"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("fix: run `cordon setup wasm`"), "{out}");
+    assert!(out.contains("fix: run `cordon setup microvm`"), "{out}");
 }
 
 /// Log lines written to a pipe (a CI log, a script capturing stderr) are plain text: no

@@ -40,7 +40,7 @@ impl Backend for GvisorBackend {
                     name: "runsc".into(),
                     ok: runsc_ok,
                     detail: self.config.runsc.display().to_string(),
-                    fix: Some("apt-get install runsc (scripts/setup.d/60-gvisor.sh)".into()),
+                    fix: Some(format!("run `{}`", Tier::Gvisor.setup_command())),
                     required: true,
                 },
                 Capability {
@@ -72,8 +72,9 @@ impl Backend for GvisorBackend {
                     ok: agent_ok,
                     detail: self.config.agent.display().to_string(),
                     fix: Some(format!(
-                        "build it (cargo build --workspace --bins) and keep {AGENT_BINARY} \
-                         next to cordon, or set CORDON_GVISOR_AGENT"
+                        "run `{}` (it builds {AGENT_BINARY} next to cordon), or set \
+                         CORDON_GVISOR_AGENT",
+                        Tier::Gvisor.setup_command()
                     )),
                     required: true,
                 },
@@ -99,7 +100,10 @@ impl GvisorBackend {
             return Err(Error::Unavailable {
                 tier: Tier::Gvisor,
                 reason: "runsc is missing or cordon is not root".into(),
-                fix: "run scripts/setup.d/60-gvisor.sh and run as root; see `cordon doctor`".into(),
+                fix: format!(
+                    "run `{}` and run cordon as root; see `cordon doctor`",
+                    Tier::Gvisor.setup_command()
+                ),
             });
         }
         let egress = !spec.egress.allow.is_empty() || !spec.grants.is_empty();
@@ -109,8 +113,9 @@ impl GvisorBackend {
                 tier: Tier::Gvisor,
                 reason: format!("its in-sandbox agent ({AGENT_BINARY}) is not installed"),
                 fix: format!(
-                    "build it (cargo build --workspace --bins) and keep {AGENT_BINARY} next \
-                     to cordon, or set CORDON_GVISOR_AGENT"
+                    "run `{}` (it builds {AGENT_BINARY} next to cordon), or set \
+                     CORDON_GVISOR_AGENT",
+                    Tier::Gvisor.setup_command()
                 ),
             });
         }

@@ -84,7 +84,7 @@ pub fn load(data_dir: &Path) -> Result<Image, MicrovmError> {
     let dir = image_dir(data_dir);
     let m = read_manifest(&dir).ok_or_else(|| {
         MicrovmError::Image(format!(
-            "no guest image in {}; build it with `cordon image build`",
+            "no guest image in {}; run `cordon setup microvm` to build it",
             dir.display()
         ))
     })?;

@@ -82,7 +82,7 @@ impl From<MicrovmError> for cordon_core::Error {
             MicrovmError::Image(m) => cordon_core::Error::Unavailable {
                 tier: cordon_core::Tier::Microvm,
                 reason: m,
-                fix: "run `cordon image build` (or scripts/setup.sh)".into(),
+                fix: format!("run `{}`", cordon_core::Tier::Microvm.setup_command()),
             },
             MicrovmError::Io { what, source } => cordon_core::Error::Io { what, source },
             MicrovmError::Qemu(m) => cordon_core::Error::Sandbox(m),

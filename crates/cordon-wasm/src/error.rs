@@ -5,23 +5,25 @@ use std::path::PathBuf;
 pub enum WasmError {
     /// A guest artifact that setup builds is not there.
     #[error(
-        "the {guest} guest is not installed (looked for {path}); run scripts/setup.sh to build it"
+        "the {guest} guest is not installed (looked for {path}); run `cordon setup wasm` to build it"
     )]
     MissingGuest { guest: &'static str, path: PathBuf },
     /// The manifest of built guests could not be read.
-    #[error("guest manifest {path} is unreadable ({reason}); run scripts/setup.sh to rebuild it")]
+    #[error(
+        "guest manifest {path} is unreadable ({reason}); run `cordon setup wasm` to rebuild it"
+    )]
     Manifest { path: PathBuf, reason: String },
     /// A guest artifact does not match the hash it is named by: changed after setup built it.
     #[error(
         "guest artifact {path} does not match its content hash (tampered with or corrupt); \
-         run scripts/setup.sh to rebuild it"
+         run `cordon setup wasm` to rebuild it"
     )]
     Tampered { path: PathBuf },
     /// The wasm engine could not be configured.
     #[error("could not set up the wasm engine: {0}")]
     Engine(String),
     /// A guest could not be compiled or linked.
-    #[error("could not load the {guest} guest: {reason}; run scripts/setup.sh to rebuild it")]
+    #[error("could not load the {guest} guest: {reason}; run `cordon setup wasm` to rebuild it")]
     Load { guest: &'static str, reason: String },
     /// A host file operation failed.
     #[error("{what} {path}: {source}")]
@@ -41,7 +43,7 @@ impl From<WasmError> for cordon_core::Error {
             | WasmError::Tampered { .. } => cordon_core::Error::Unavailable {
                 tier: cordon_core::Tier::Wasm,
                 reason: e.to_string(),
-                fix: "run scripts/setup.sh".to_string(),
+                fix: format!("run `{}`", cordon_core::Tier::Wasm.setup_command()),
             },
             other => cordon_core::Error::failed("the wasm tier", other),
         }

@@ -110,7 +110,7 @@ impl EngineSet {
             .map_err(|e| Error::Unavailable {
                 tier: Tier::Wasm,
                 reason: e.to_string(),
-                fix: "run scripts/setup.sh".into(),
+                fix: format!("run `{}`", Tier::Wasm.setup_command()),
             })
     }
 
@@ -477,7 +477,11 @@ impl Backend for WasmBackend {
             match artifacts::locate(dir, guest) {
                 Ok(src) => caps.push(Capability::ok(name, src.path.display().to_string())),
                 Err(e) => {
-                    let mut c = Capability::missing(name, e.to_string(), "run scripts/setup.sh");
+                    let mut c = Capability::missing(
+                        name,
+                        e.to_string(),
+                        format!("run `{}`", Tier::Wasm.setup_command()),
+                    );
                     c.required = false;
                     caps.push(c);
                 }

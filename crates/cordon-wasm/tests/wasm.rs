@@ -20,7 +20,7 @@ fn backend() -> &'static WasmBackend {
         assert_eq!(
             probe.status,
             TierStatus::Available,
-            "the wasm tier's guests are missing: run scripts/setup.sh first. Probe: {probe:#?}"
+            "the wasm tier's guests are missing: run `cordon setup wasm` (or scripts/setup.sh) first. Probe: {probe:#?}"
         );
         for g in Guest::ALL {
             b.warm(g)
@@ -849,7 +849,7 @@ fn stale_or_tampered_cache_is_rebuilt_never_run() {
         .find(|c| c.name == "python guest")
         .unwrap();
     assert!(
-        !py.ok && py.fix.as_deref() == Some("run scripts/setup.sh"),
+        !py.ok && py.fix.as_deref() == Some("run `cordon setup wasm`"),
         "{py:?}"
     );
 }

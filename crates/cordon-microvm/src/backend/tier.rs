@@ -55,7 +55,7 @@ impl Backend for MicrovmBackend {
             None => Capability::missing(
                 "qemu",
                 format!("{} not found", self.cfg.qemu.display()),
-                "apt-get install -t bookworm-backports qemu-system-x86 (scripts/setup.sh does it)",
+                format!("run `{}`", Tier::Microvm.setup_command()),
             ),
         });
         caps.push(match image::load(&self.cfg.data_dir) {
@@ -63,7 +63,11 @@ impl Backend for MicrovmBackend {
                 "guest image",
                 format!("kernel {}, {}", img.kernel_version, img.rootfs.display()),
             ),
-            Err(e) => Capability::missing("guest image", e.to_string(), "cordon image build"),
+            Err(e) => Capability::missing(
+                "guest image",
+                e.to_string(),
+                format!("run `{}`", Tier::Microvm.setup_command()),
+            ),
         });
         caps.push(if nix::unistd::geteuid().is_root() {
             Capability::ok("root", "QEMU can be confined (user, namespaces, cgroup)")
