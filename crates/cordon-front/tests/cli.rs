@@ -851,7 +851,11 @@ fn the_front_runs_container_runs_alone_and_hands_the_rest_over() {
     // `cordon setup` refuses what is not a tier before it runs anything.
     let o = run(&["setup", "kvm"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
-    assert!(text(&o.stderr).contains("no tier 'kvm'"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("no tier 'kvm'"),
+        "{}",
+        text(&o.stderr)
+    );
 }
 
 /// With `cordon-full` built but a tier's guest artifacts missing (a data dir no setup filled),
@@ -863,7 +867,9 @@ fn a_tier_whose_parts_are_missing_fails_at_once_naming_its_setup() {
     let home = tempfile::tempdir().unwrap();
     let o = cordon(
         home.path(),
-        &["run", "--tier", "wasm", "--lang", "python", "-c", "print(1)"],
+        &[
+            "run", "--tier", "wasm", "--lang", "python", "-c", "print(1)",
+        ],
     );
     assert!(!o.status.success(), "{}", text(&o.stdout));
     assert!(

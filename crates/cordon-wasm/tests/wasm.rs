@@ -838,7 +838,9 @@ fn stale_or_tampered_cache_is_rebuilt_never_run() {
     let mut sb = b.create(&spec()).unwrap();
     let mut sink = |_: cordon_core::OutputStream, _: &[u8]| {};
     match sb.exec(&ExecRequest::code(Language::Javascript, "1"), &mut sink) {
-        Err(e @ Error::Unavailable { .. }) => assert!(e.to_string().contains("setup.sh"), "{e}"),
+        Err(e @ Error::Unavailable { .. }) => {
+            assert!(e.to_string().contains("cordon setup wasm"), "{e}")
+        }
         other => panic!("expected the tampered guest to be refused, got {other:?}"),
     }
     // And the probe reports the missing Python guest with the fix.
