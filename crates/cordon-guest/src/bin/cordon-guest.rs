@@ -106,11 +106,14 @@ fn boot() -> Result<File, String> {
     mnt("sysfs", "/sys", "sysfs", plain | MsFlags::MS_NODEV, None)?;
     load_modules(Path::new("/modules"))?;
     wait_for("the root disk /dev/vda", || Path::new("/dev/vda").exists())?;
+    // The root's own device nodes and set-id programs do nothing (an image's, through
+    // cordon-oci: its /dev/kmsg, a node of the raw root disk): the guest's devices are its
+    // devtmpfs's, and no program gains ids from its file.
     mnt(
         "/dev/vda",
         "/newroot",
         "ext4",
-        MsFlags::MS_RDONLY,
+        MsFlags::MS_RDONLY | MsFlags::MS_NODEV | MsFlags::MS_NOSUID,
         Some("noload"),
     )?;
     for m in ["/dev", "/proc", "/sys"] {

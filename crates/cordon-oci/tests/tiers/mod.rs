@@ -240,6 +240,36 @@ fn podman_runs_a_container_on_the_microvm_tier() {
     });
 }
 
+/// Issue 44, item 16: on the microvm tier an image's device node (the test image's
+/// `/etc/nulldev`, the node of the null device) opens to nothing and its set-id program
+/// (`/usr/lib/cordon-test/bin/id`, of uid 5) gains no ids: the guest's root is mounted
+/// `nodev,nosuid` (a node of the raw root disk or `/dev/kmsg` in an image would otherwise
+/// work in the guest).
+#[test]
+fn podman_microvm_images_device_nodes_and_set_id_programs_do_nothing() {
+    let Some(p) = podman() else { return };
+    if !microvm_here() {
+        return;
+    }
+    let out = run_on(
+        p,
+        "microvm",
+        &[
+            "--rm",
+            "--read-only",
+            IMAGE,
+            "sh",
+            "-c",
+            "echo x > /etc/nulldev; echo w=$?; cat /etc/nulldev; echo r=$?; \
+             /usr/lib/cordon-test/bin/id",
+        ],
+    );
+    let (o, e) = (text(&out.stdout), text(&out.stderr));
+    assert!(o.contains("w=1\n") && o.contains("r=1\n"), "{o}{e}");
+    assert!(e.contains("Permission denied"), "{o}{e}");
+    assert!(o.contains("uid=1000") && !o.contains("euid"), "{o}{e}");
+}
+
 /// `-t` on `tier`: `podman run -t` and `podman exec -t` run on a terminal (the tier's own
 /// in the sandbox, bridged to the monitor's), and through an engine's console socket a
 /// line typed reaches the workload and its answer and the bundle's size come back.
