@@ -274,28 +274,8 @@ fn bounded_size(root: &Path, max: u64) -> Result<()> {
 pub fn sweep(tier: Tier, sandbox: &str) -> Vec<String> {
     match tier {
         Tier::Gvisor => gvisor_backend().recover(&[sandbox.to_string()]),
-        Tier::Microvm => {
-            let backend = microvm_backend(None);
-            let mut removed = backend.recover(&[sandbox.to_string()]);
-            // QEMU died with the monitor; its cgroup and its directory (sockets, console
-            // log) are the VM's, named by the sandbox's short id.
-            let Some(id) = cordon_core::SandboxId::parse(sandbox) else {
-                return removed;
-            };
-            let dirs = cordon_host::cgroup::dirs_of(
-                cordon_host::cgroup::PARENT,
-                &format!("vm-{}", id.short()),
-            );
-            if !dirs.is_empty() {
-                cordon_host::cgroup::remove_dirs(&dirs, std::time::Duration::from_secs(5));
-                removed.push(format!("microvm: the cgroup of {}", id.short()));
-            }
-            let run = backend.config().run_dir.join(id.short());
-            if run.is_dir() && std::fs::remove_dir_all(&run).is_ok() {
-                removed.push(format!("microvm: the directory of {}", id.short()));
-            }
-            removed
-        }
+        // QEMU died with the monitor; the tier's own sweep removes its cgroup and directory.
+        Tier::Microvm => microvm_backend(None).recover(&[sandbox.to_string()]),
         _ => Vec::new(),
     }
 }

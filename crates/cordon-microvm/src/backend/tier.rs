@@ -25,17 +25,33 @@ impl Backend for MicrovmBackend {
         )
     }
 
-    /// Nothing of its own yet: QEMU is spawned tied to the process that starts it and dies
-    /// with it; its cgroup, empty once QEMU is gone, is swept with the other empty sandbox
-    /// cgroups by the container tier's recovery.
-    /// Removes the paused-to-disk state of the dead server's sandboxes named (those the
-    /// server keeps are not named).
+    /// QEMU is spawned tied to the process that starts it and dies with it; what it leaves
+    /// of each sandbox named (whose owner is gone) is removed: its paused-to-disk state
+    /// (those the server keeps are not named), its cgroup and its run directory (sockets,
+    /// console log), both named by the sandbox's short id.
     fn recover(&self, orphans: &[String]) -> Vec<String> {
-        orphans
-            .iter()
-            .filter(|id| self.paused.remove(id))
-            .map(|id| format!("paused microVM state of {id}"))
-            .collect()
+        let mut removed = Vec::new();
+        for name in orphans {
+            if self.paused.remove(name) {
+                removed.push(format!("paused microVM state of {name}"));
+            }
+            let Some(id) = SandboxId::parse(name) else {
+                continue;
+            };
+            let dirs = cordon_host::cgroup::dirs_of(
+                cordon_host::cgroup::PARENT,
+                &format!("vm-{}", id.short()),
+            );
+            if !dirs.is_empty() {
+                cordon_host::cgroup::remove_dirs(&dirs, std::time::Duration::from_secs(5));
+                removed.push(format!("microvm: the cgroup of {}", id.short()));
+            }
+            let run = self.cfg.run_dir.join(id.short());
+            if run.is_dir() && std::fs::remove_dir_all(&run).is_ok() {
+                removed.push(format!("microvm: the directory of {}", id.short()));
+            }
+        }
+        removed
     }
 
     fn revive(&self, id: &str) -> Option<Result<Box<dyn Sandbox>>> {
