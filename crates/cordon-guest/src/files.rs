@@ -45,6 +45,11 @@ impl Workspace {
         Ok(Workspace { root, uid, gid })
     }
 
+    /// The workspace's directory, held open.
+    pub(crate) fn root_fd(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
+    }
+
     /// The directory `rel` beneath the root (`rel` empty: the root itself), opened one
     /// component at a time, each beneath the descriptor of the one before and never through
     /// a symlink, so nothing the sandbox swaps in while the walk runs is followed; with

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod archive;
+pub mod confined;
 pub mod files;
 pub mod forwarder;
 pub mod proto;

@@ -135,18 +135,7 @@ pub fn drop_bounding_set() -> io::Result<()> {
             return Ok(());
         }
     }
-    for cap in 0..=63 {
-        // SAFETY: prctl(PR_CAPBSET_DROP, cap) reads only its integer arguments.
-        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-        if r < 0 {
-            let err = io::Error::last_os_error();
-            // EINVAL: the kernel knows no capability with this number; we are done.
-            if err.raw_os_error() == Some(libc::EINVAL) {
-                break;
-            }
-            return Err(err);
-        }
-    }
+    thread_drop_bounding_set()?;
     BOUNDING_SET_EMPTY.store(true, Ordering::Relaxed);
     Ok(())
 }
@@ -580,6 +569,125 @@ unsafe impl<const N: usize> std::alloc::GlobalAlloc for BumpArena<N> {
         }
         new
     }
+}
+
+// ---- one confined thread (the host side of the gvisor and wasm file calls) -------------
+
+/// Sets the calling thread's supplementary groups to none and its real, effective and
+/// saved ids to `uid` and `gid`. Only this thread: these are the raw system calls, whereas
+/// libc's wrappers change every thread of the process. A thread that leaves uid 0 this way
+/// loses its effective and permitted capabilities.
+pub fn thread_set_ids(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: setgroups(0, NULL) reads no memory (an empty list); it changes the calling
+    // thread's credentials only.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_setgroups,
+            0 as libc::size_t,
+            std::ptr::null::<libc::gid_t>(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: setresgid and setresuid take three integer ids and touch no memory.
+    let r = unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, gid) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    let r = unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `struct __user_cap_header_struct` of capget(2)/capset(2).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct`; version 3 passes two (capabilities 0-31 and 32-63).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Empties the calling thread's bounding set, so no `exec` could regain a capability
+/// (needs CAP_SETPCAP). Only this thread; unlike [`drop_bounding_set`], nothing is noted
+/// for the process.
+pub fn thread_drop_bounding_set() -> io::Result<()> {
+    for cap in 0..=63 {
+        // SAFETY: prctl(PR_CAPBSET_DROP, cap) reads only its integer arguments.
+        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        if r < 0 {
+            let err = io::Error::last_os_error();
+            // EINVAL: the kernel knows no capability with this number; we are done.
+            if err.raw_os_error() == Some(libc::EINVAL) {
+                return Ok(());
+            }
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// Empties the calling thread's effective, permitted, inheritable and ambient capability
+/// sets. Only this thread.
+pub fn thread_clear_capabilities() -> io::Result<()> {
+    clear_ambient()?;
+    let mut header = CapHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData::default(); 2];
+    // SAFETY: capset reads the header and two data structs of the kernel's layout (version
+    // 3), all of which outlive the call; pid 0 is the calling thread.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            data.as_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's effective and permitted capability sets, as bit masks.
+pub fn thread_capabilities() -> io::Result<(u64, u64)> {
+    let mut header = CapHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget reads the header and writes two data structs of the kernel's layout
+    // (version 3), all owned here and outliving the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let wide = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    Ok((
+        wide(data[0].effective, data[1].effective),
+        wide(data[0].permitted, data[1].permitted),
+    ))
 }
 
 // ---- detached and idmapped mounts (volumes) ---------------------------------------------

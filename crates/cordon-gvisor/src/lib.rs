@@ -199,8 +199,9 @@ pub struct GvisorSandbox {
     uid: u32,
     /// The sandbox's lease on `uid`, given back once its last process is gone.
     ids: Option<cordon_host::idpool::IdRange>,
-    /// `/work`, held open: file calls are opened beneath it.
-    workspace: Option<cordon_guest::files::Workspace>,
+    /// `/work`: each file call runs on a thread confined to it (its own mount namespace
+    /// holding `/work` alone, the sandbox's uid, no capabilities) and walks beneath it.
+    workspace: Option<cordon_guest::confined::ConfinedWorkspace>,
     config: GvisorConfig,
     spec: SandboxSpec,
     bundle: PathBuf,

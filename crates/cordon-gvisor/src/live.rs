@@ -214,8 +214,8 @@ impl GvisorSandbox {
         String::from_utf8_lossy(&tail).trim().to_string()
     }
 
-    /// `/work`, held open since the sandbox was built.
-    pub(crate) fn workspace(&self) -> Result<&cordon_guest::files::Workspace> {
+    /// `/work`, whose file calls run confined to it.
+    pub(crate) fn workspace(&self) -> Result<&cordon_guest::confined::ConfinedWorkspace> {
         match (&self.workspace, self.destroyed) {
             (Some(w), false) => Ok(w),
             _ => Err(Error::Gone {

@@ -150,7 +150,7 @@ impl GvisorSandbox {
             }
         })?;
         self.workspace = Some(
-            cordon_guest::files::Workspace::open(&self.work, self.uid, self.uid)
+            cordon_guest::confined::ConfinedWorkspace::new(&self.work, self.uid, self.uid)
                 .map_err(|e| io("opening /work", e))?,
         );
         self.bind_volumes()?;

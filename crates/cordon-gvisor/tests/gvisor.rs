@@ -1185,3 +1185,88 @@ fn escape_battery_on_a_template_root() {
     cordon_testkit::escape::run_battery(b, &s);
     assert_eq!(count(&root), before, "the template's root changed");
 }
+
+/// Issue 44, item 1, end to end: a program in the sandbox turns `/work/p` from a directory
+/// into a symlink to a host directory and back, over and over, while the host makes nested
+/// directories, writes files and unpacks archives beneath `/work/p` through the tier's
+/// file API. Nothing is made in the host directory. Before the walk by descriptors the
+/// server's `mkdirat` on `p/...` followed the swapped-in symlink and made root-owned
+/// directories there.
+#[test]
+fn a_sandbox_swapping_a_directory_for_a_host_link_makes_nothing_on_the_host() {
+    let b = need_backend!();
+    let outside = tempfile::tempdir().unwrap();
+    let mut spec = spec();
+    spec.limits.timeout_ms = 600_000;
+    let mut sb = b.create(&spec).unwrap();
+    // gVisor has no RENAME_EXCHANGE: `p` goes from the directory to nothing to the link
+    // to nothing, by renames, a bounded number of times; whatever the host made at `p`
+    // meanwhile is removed.
+    let flipper = format!(
+        "import os, shutil\n\
+         os.mkdir('/work/p')\n\
+         os.symlink({:?}, '/work/l')\n\
+         def into_p(src):\n    \
+             for _ in range(1000):\n        \
+                 try:\n            \
+                     return os.rename(src, '/work/p')\n        \
+                 except OSError:\n            \
+                     shutil.rmtree('/work/p', ignore_errors=True)\n    \
+             os.rename(src, '/work/p')\n\
+         for i in range(2_000_000):\n    \
+             os.rename('/work/p', '/work/d')\n    \
+             into_p('/work/l')\n    \
+             os.rename('/work/p', '/work/l')\n    \
+             into_p('/work/d')\n    \
+             if i == 0:\n        \
+                 open('/work/ready', 'w').close()\n",
+        outside.path().display().to_string()
+    );
+    sb.put_file("/work/flip.py", flipper.as_bytes(), 0o644)
+        .unwrap();
+    let mut req = ExecRequest::code(Language::Bash, "exec python3 /work/flip.py");
+    req.timeout_ms = Some(600_000);
+    let id = sb.start_background(&req).unwrap();
+    let mut polls = 0;
+    while sb
+        .file_op(&cordon_core::FileOp::Stat {
+            path: "/work/ready".into(),
+        })
+        .is_err()
+    {
+        polls += 1;
+        if polls > 600 {
+            let out = sb.read_background(id, [0, 0], 4096);
+            panic!("the flipping program never started: {out:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    use cordon_testkit::files::{TarEntry, tarball};
+    let tar = tarball(&[TarEntry::dir("t/u/"), TarEntry::file("t/x/f", b"hi")]);
+    for i in 0..3_000 {
+        // Each call succeeds or is refused, as the swap falls; neither matters here.
+        let _ = sb.file_op(&cordon_core::FileOp::Mkdir {
+            path: format!("/work/p/m{i}/a/b"),
+            parents: true,
+        });
+        let _ = sb.put_file(&format!("/work/p/f{i}/a/f"), b"x", 0o644);
+        let _ = sb.put_archive(&format!("/work/p/u{i}/a"), &mut &tar[..]);
+    }
+    // The program was still swapping at the end.
+    let out = sb.read_background(id, [0, 0], 4096).unwrap();
+    assert!(
+        out.exit.is_none(),
+        "the flipping program ended early: {out:?}"
+    );
+    sb.destroy().unwrap();
+    let made: Vec<_> = std::fs::read_dir(outside.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        made.is_empty(),
+        "the file API made {} entries in the host directory: {:?}",
+        made.len(),
+        &made[..made.len().min(10)]
+    );
+}

@@ -1,7 +1,8 @@
 //! Files in and out of a sandbox's scratch dir (`/work`), through the agent's
 //! [`Workspace`](cordon_guest::files::Workspace): walked one component at a time by
 //! descriptor, refusing symlinks anywhere on the path, so a component swapped while a call
-//! runs is never followed.
+//! runs is never followed; each call on a thread confined to the scratch dir
+//! ([`ConfinedWorkspace`]: a mount namespace holding it alone, no capabilities).
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -9,6 +10,8 @@ use std::path::Path;
 use cordon_core::{
     ArchiveReport, Error, FileKind, FileOp, FileReply, Result, validate_sandbox_path,
 };
+
+use cordon_guest::confined::ConfinedWorkspace;
 
 use crate::host::{DiskLedger, ENTRY_COST};
 
@@ -28,16 +31,24 @@ pub(crate) fn put(
     mode: u32,
 ) -> Result<()> {
     validate_sandbox_path(path)?;
-    let ws = workspace(root)?;
-    let existing = match ws.stat(path) {
-        Ok(e) if e.kind == FileKind::File => e.size,
-        _ => 0,
-    };
-    let after = ledger
-        .remeasure(root)
-        .saturating_sub(existing)
-        .saturating_add(data.len() as u64 + ENTRY_COST);
-    if after > disk_limit {
+    let used = ledger.remeasure(root);
+    // One confined call: the file's size now, the check, the write.
+    let after = workspace(root)?
+        .run(|ws| {
+            let existing = match ws.stat(path) {
+                Ok(e) if e.kind == FileKind::File => e.size,
+                _ => 0,
+            };
+            let after = used
+                .saturating_sub(existing)
+                .saturating_add(data.len() as u64 + ENTRY_COST);
+            if after > disk_limit {
+                return Ok(None);
+            }
+            ws.put(path, mode, data).map(|()| Some(after))
+        })
+        .map_err(ws_error(path))?;
+    let Some(after) = after else {
         return Err(Error::File {
             path: path.to_string(),
             reason: format!(
@@ -45,9 +56,9 @@ pub(crate) fn put(
                 disk_limit
             ),
         });
-    }
+    };
     ledger.set(after);
-    ws.put(path, mode, data).map_err(ws_error(path))
+    Ok(())
 }
 
 pub(crate) fn get(root: &Path, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
@@ -64,12 +75,12 @@ pub(crate) fn get(root: &Path, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
     Ok(data)
 }
 
-/// The scratch dir as a workspace: every call opens beneath it, never through a symlink,
-/// files owned by the scratch dir's owner.
-fn workspace(root: &Path) -> Result<cordon_guest::files::Workspace> {
+/// The scratch dir as a confined workspace: every call opens beneath it, never through a
+/// symlink, on a thread that reaches nothing else; files owned by the scratch dir's owner.
+fn workspace(root: &Path) -> Result<ConfinedWorkspace> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(root).map_err(|e| Error::io("the sandbox's /work", e))?;
-    cordon_guest::files::Workspace::open(root, m.uid(), m.gid())
+    let m = std::fs::symlink_metadata(root).map_err(|e| Error::io("the sandbox's /work", e))?;
+    ConfinedWorkspace::new(root, m.uid(), m.gid())
         .map_err(|e| Error::io("opening the sandbox's /work", e))
 }
 
