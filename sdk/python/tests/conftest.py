@@ -17,7 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[3]
 KEYS = {"alice": "ck_test_alice_key_0123456789abcdef0123456789",
-        "bob": "ck_test_bob_key_0123456789abcdef0123456789ab"}
+        "bob": "ck_test_bob_key_0123456789abcdef0123456789ab",
+        # The operator's own tenant (edge.dashboard_operators): /metrics and the pools.
+        "ops": "ck_test_ops_key_0123456789abcdef0123456789ab"}
 
 
 def cordon_bin() -> str:
@@ -70,7 +72,8 @@ class ServerProc:
         pool_lines = "".join(f"{t} = {n}\n" for t, n in pools.items())
         self.config.write_text(
             f'data_dir = "{data_dir}"\nbind = "127.0.0.1:0"\ndefault_tier = "wasm"\n{keys}'
-            f"[sessions]\nreap_interval = \"100ms\"\n{sessions}"
+            + ("" if "[edge]" in extra else '[edge]\ndashboard_operators = ["ops"]\n')
+            + f"[sessions]\nreap_interval = \"100ms\"\n{sessions}"
             # The operator trusts the test tenants with every tier (the gate's refusals
             # for untrusted tenants are tested in crates/cordon-server and cordon-engine).
             f'[tenant_defaults]\ntrust = "trusted"\n'

@@ -161,7 +161,10 @@ describe("against cordon serve", () => {
   });
 
   test("metrics and the minted tokens' documents", async () => {
-    const m = await alice.metrics();
+    // The server-wide figures are the operator's (issue 44): a tenant's key is refused.
+    await assert.rejects(alice.metrics(), (e) => e.status === 403);
+    const ops = new Cordon({ url: server.url, apiKey: KEYS.ops });
+    const m = await ops.metrics();
     assert.ok(m.includes("cordon_pool_ready") && m.trimEnd().endsWith("# EOF"), m.slice(-300));
     const conf = await alice.openidConfiguration();
     assert.ok(conf.issuer && conf.jwks_uri.endsWith("/.well-known/jwks.json"), JSON.stringify(conf));

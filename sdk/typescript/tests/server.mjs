@@ -11,6 +11,8 @@ export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../../..")
 export const KEYS = {
   alice: "ck_test_alice_key_0123456789abcdef0123456789",
   bob: "ck_test_bob_key_0123456789abcdef0123456789ab",
+  // The operator's own tenant (edge.dashboard_operators): /metrics and the pools.
+  ops: "ck_test_ops_key_0123456789abcdef0123456789ab",
 };
 
 export function cordonBin() {
@@ -44,6 +46,7 @@ export async function startServer({ pools = { wasm: 1 }, extra = "" } = {}) {
   const poolLines = Object.entries(pools).map(([t, n]) => `${t} = ${n}\n`).join("");
   writeFileSync(config,
     `data_dir = "${data}"\nbind = "127.0.0.1:0"\ndefault_tier = "wasm"\n${keys}` +
+    `[edge]\ndashboard_operators = ["ops"]\n` +
     `[sessions]\nreap_interval = "100ms"\n` +
     `[tenant_defaults]\ntrust = "trusted"\ntiers = ["runtime", "wasm", "container", "gvisor", "microvm"]\n` +
     `${extra}[pools]\n${poolLines}`);

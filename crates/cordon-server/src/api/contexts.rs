@@ -88,9 +88,10 @@ pub(crate) async fn run(
     }
     // Refused before the stream starts when the context is not this tenant's.
     svc.contexts().context_check(&t, &id, &cid)?;
+    let gate = svc.output_gate(&t);
     let (tx, rx) = mpsc::unbounded_channel();
     let fut = async move { svc.contexts().run_cell(&t, &id, &cid, body, Some(tx)).await };
-    Ok(stream_events(m, rx, fut, "result"))
+    Ok(stream_events(m, rx, fut, "result", gate))
 }
 
 /// This resource's routes and their operations.

@@ -75,7 +75,7 @@ async fn exec(
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let fut = job.run(Some(tx));
-    Ok(stream_response(m, rx, fut))
+    Ok(stream_response(m, rx, fut, svc.output_gate(&t)))
 }
 
 async fn run(
@@ -93,5 +93,5 @@ async fn run(
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let fut = job.run(Some(tx));
-    Ok(stream_response(m, rx, fut))
+    Ok(stream_response(m, rx, fut, svc.output_gate(&t)))
 }

@@ -30,6 +30,7 @@ pub mod volumes;
 
 pub(crate) use extract::parse_id;
 pub use extract::{Auth, MaybeAuth, PeerAddr, authenticate};
+pub(crate) use stream::OFF_WORKERS;
 
 /// Builds the router (API + metrics + MCP over streamable HTTP).
 pub fn router(svc: Service) -> Router {

@@ -118,13 +118,14 @@ async fn attach(
     // tenant or the sandbox has its limit of streams open (429 resource_busy).
     svc.procs().list_execs_check(&t, &id, &exec_id)?;
     let slot = svc.procs().attach_slot(&t, &id)?;
+    let gate = svc.output_gate(&t);
     let (tx, rx) = mpsc::unbounded_channel();
     let fut = async move {
         svc.procs()
             .attach(&t, &id, &exec_id, Some(tx), Some(slot))
             .await
     };
-    Ok(stream_response(m, rx, fut))
+    Ok(stream_response(m, rx, fut, gate))
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]

@@ -84,8 +84,11 @@ impl Utf8Carry {
 }
 
 /// Output chunks this large are decoded and framed on the blocking pool, never on the
-/// async workers every other request shares.
-const OFF_WORKERS: usize = 64 << 10;
+/// async workers every other request shares, one of a tenant's at a time (its [`Gate`]).
+pub(crate) const OFF_WORKERS: usize = 64 << 10;
+
+/// A tenant's one place for encoding a large chunk (`Service::output_gate`).
+pub(crate) type Gate = std::sync::Arc<tokio::sync::Semaphore>;
 
 /// One output chunk as its frame (none when it completed no character yet).
 async fn output_frame(
@@ -93,6 +96,7 @@ async fn output_frame(
     name: &'static str,
     carry: &mut Utf8Carry,
     data: Vec<u8>,
+    gate: &Gate,
 ) -> Option<Bytes> {
     let big = data.len() > OFF_WORKERS;
     let encode = move |mut c: Utf8Carry| {
@@ -102,6 +106,8 @@ async fn output_frame(
     };
     let taken = std::mem::take(carry);
     let (f, back) = if big {
+        // One large chunk of a tenant's at a time (`Service::output_gate`).
+        let _turn = gate.acquire().await.ok();
         // A worker that panicked loses this chunk's text, never the stream.
         tokio::task::spawn_blocking(move || encode(taken))
             .await
@@ -152,8 +158,9 @@ pub(crate) fn stream_response(
     mode: Mode,
     rx: mpsc::UnboundedReceiver<Chunk>,
     fut: impl std::future::Future<Output = Result<ExecOutcome, ApiError>> + Send + 'static,
+    gate: Gate,
 ) -> Response {
-    stream_events(mode, rx, fut, "outcome")
+    stream_events(mode, rx, fut, "outcome", gate)
 }
 
 /// Streams output chunks as they come, then the end (or the error) as the last event:
@@ -163,6 +170,7 @@ pub(crate) fn stream_events<T: serde::Serialize + Send + 'static>(
     mut rx: mpsc::UnboundedReceiver<Chunk>,
     fut: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
     last: &'static str,
+    gate: Gate,
 ) -> Response {
     let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     tokio::spawn(async move {
@@ -181,7 +189,7 @@ pub(crate) fn stream_events<T: serde::Serialize + Send + 'static>(
                 _ = out_tx.closed() => return,
                 Some(c) = rx.recv() => {
                     let i = idx(c.stream);
-                    if let Some(f) = output_frame(mode, name(i), &mut carry[i], c.data).await {
+                    if let Some(f) = output_frame(mode, name(i), &mut carry[i], c.data, &gate).await {
                         let _ = out_tx.send(Ok(f)).await;
                     }
                 }
@@ -191,7 +199,7 @@ pub(crate) fn stream_events<T: serde::Serialize + Send + 'static>(
         // Output sent before the exec ended but not yet forwarded.
         while let Ok(c) = rx.try_recv() {
             let i = idx(c.stream);
-            if let Some(f) = output_frame(mode, name(i), &mut carry[i], c.data).await {
+            if let Some(f) = output_frame(mode, name(i), &mut carry[i], c.data, &gate).await {
                 let _ = out_tx.send(Ok(f)).await;
             }
         }

@@ -331,6 +331,7 @@ fn events(
     let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     let svc = e.svc.clone();
     let tenant = b.tenant.clone();
+    let gate = svc.output_gate(&tenant);
     let timed_out = lock(&b.procs)
         .get(&pid)
         .map(|r| r.timed_out.clone())
@@ -354,24 +355,26 @@ fn events(
         let mut done = std::pin::pin!(fut);
         let mut tick = tokio::time::interval(keepalive);
         tick.tick().await;
+        // A large chunk is encoded on the blocking pool, one of the tenant's at a time
+        // (as the native streams', `api::stream`).
         let data = |c: Chunk| {
-            let mut d = DataEvent::default();
-            let text = Some(b64(&c.data));
-            match (pty, c.stream) {
-                (true, _) => d.pty = text,
-                (false, OutputStream::Stdout) => d.stdout = text,
-                (false, OutputStream::Stderr) => d.stderr = text,
+            let gate = gate.clone();
+            async move {
+                if c.data.len() <= crate::api::OFF_WORKERS {
+                    return data_event(pty, c);
+                }
+                let _turn = gate.acquire().await.ok();
+                tokio::task::spawn_blocking(move || data_event(pty, c))
+                    .await
+                    .unwrap_or_default()
             }
-            envelope(&EventMsg {
-                event: ProcessEvent::Data(d),
-            })
         };
         let result = loop {
             tokio::select! {
                 biased;
                 _ = out_tx.closed() => return,
                 Some(c) = rx.recv() => {
-                    let _ = out_tx.send(Ok(data(c))).await;
+                    let _ = out_tx.send(Ok(data(c).await)).await;
                 }
                 _ = tick.tick() => {
                     let _ = out_tx.send(Ok(envelope(&EventMsg { event: ProcessEvent::Keepalive {} }))).await;
@@ -380,7 +383,7 @@ fn events(
             }
         };
         while let Ok(c) = rx.try_recv() {
-            let _ = out_tx.send(Ok(data(c))).await;
+            let _ = out_tx.send(Ok(data(c).await)).await;
         }
         let last = match result {
             Ok(o) if o.termination == Termination::Timeout || timed_out.load(Ordering::SeqCst) => {
@@ -405,6 +408,20 @@ fn events(
         rx.recv().await.map(|item| (item, rx))
     });
     connect::stream_response(Body::from_stream(stream))
+}
+
+/// One output chunk as envd's data event (base64, as envd sends bytes).
+fn data_event(pty: bool, c: Chunk) -> Bytes {
+    let mut d = DataEvent::default();
+    let text = Some(b64(&c.data));
+    match (pty, c.stream) {
+        (true, _) => d.pty = text,
+        (false, OutputStream::Stdout) => d.stdout = text,
+        (false, OutputStream::Stderr) => d.stderr = text,
+    }
+    envelope(&EventMsg {
+        event: ProcessEvent::Data(d),
+    })
 }
 
 fn signal_name(sig: i32) -> String {

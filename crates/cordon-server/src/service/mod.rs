@@ -89,6 +89,8 @@ struct Inner {
     /// Audit queries and event streams each tenant has under way.
     audit_reads: Slots,
     event_streams: Slots,
+    /// Each tenant's one place for encoding a large output chunk (`api::stream`).
+    output_gates: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
     _lock: File,
 }
 
@@ -327,6 +329,7 @@ impl Service {
                     "your event streams (GET /v1/events) open at once",
                     "close dashboards or event streams you no longer watch",
                 ),
+                output_gates: Default::default(),
                 _lock: lock_file,
             }),
         })
@@ -454,6 +457,22 @@ impl Service {
         common::blocking(move || audit.query(Some(&t), &q))
             .await?
             .map_err(common::audit_err)
+    }
+
+    /// `tenant`'s one place for encoding a large chunk of streamed output (UTF-8 repair
+    /// and framing on the blocking pool): however many streams a tenant reads at once, its
+    /// output's encoding takes one thread at a time, one core of the host's at most. One
+    /// per tenant with a key, so the map is as large as the key file.
+    pub fn output_gate(&self, tenant: &Tenant) -> Arc<tokio::sync::Semaphore> {
+        let mut gates = self
+            .inner
+            .output_gates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        gates
+            .entry(tenant.0.clone())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
+            .clone()
     }
 
     /// A place for one event stream of `tenant` (`GET /v1/events`), held while it is open:
