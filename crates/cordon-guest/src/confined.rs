@@ -6,15 +6,16 @@
 //! a path the kernel resolves on this thread, a race the walk missed included, reaches
 //! nothing but the workspace, and nothing it makes is root's.
 //!
-//! A process that cannot make a mount namespace (not root) confines the thread with
-//! Landlock instead (reads and writes beneath the workspace only); without either, the
-//! call is refused.
+//! A process that cannot make a mount namespace (not root, or root without CAP_SYS_ADMIN)
+//! confines the thread with Landlock instead (reads and writes beneath the workspace only);
+//! without either, the call is refused.
 //!
 //! Credentials, capabilities, the root directory and the mount namespace are the thread's
 //! own in Linux; the thread ends with the call, so nothing of it is left to another.
 
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::{Scope, ScopedJoinHandle};
 
@@ -62,7 +63,7 @@ impl ConfinedWorkspace {
             nix::sys::stat::Mode::empty(),
         )?;
         let st = fstat(&fd)?;
-        let wall = if nix::unistd::geteuid().is_root() {
+        let wall = if nix::unistd::geteuid().is_root() && may_unshare_mounts() {
             Wall::Namespace
         } else if landlock_available() {
             Wall::Landlock
@@ -334,6 +335,19 @@ fn enter_namespace(dir: &Path) -> io::Result<()> {
     nix::mount::umount2(".", MntFlags::MNT_DETACH)?;
     nix::unistd::chdir("/")?;
     Ok(())
+}
+
+/// Whether this process may make mount namespaces (root may not, in a container without
+/// CAP_SYS_ADMIN): tried once, on a thread that ends with the namespace.
+fn may_unshare_mounts() -> bool {
+    static MAY: OnceLock<bool> = OnceLock::new();
+    *MAY.get_or_init(|| {
+        std::thread::spawn(|| {
+            nix::sched::unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS).is_ok()
+        })
+        .join()
+        .unwrap_or(false)
+    })
 }
 
 fn landlock_available() -> bool {

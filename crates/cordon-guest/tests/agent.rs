@@ -560,3 +560,53 @@ fn the_confinement_alone_keeps_the_old_race_in_the_workspace() {
         [true; 3]
     );
 }
+
+/// A process that may not make a mount namespace (here a thread that is no longer root:
+/// credentials are per thread) confines its calls with Landlock: a path the kernel
+/// resolves through a symlink to a host directory the sandbox user may write is refused,
+/// and the calls themselves still work.
+#[test]
+fn an_unprivileged_process_confines_its_calls_with_landlock() {
+    use cordon_guest::confined::{ConfinedWorkspace, Wall};
+    let Some((_top, work, outside)) = confined_setup() else {
+        return;
+    };
+    nix::unistd::chown(
+        outside.path(),
+        Some(nix::unistd::Uid::from_raw(65534)),
+        Some(nix::unistd::Gid::from_raw(65534)),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(outside.path(), work.join("abs")).unwrap();
+    let outside_path = outside.path().to_path_buf();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            cordon_guest::sys::thread_set_ids(65534, 65534).unwrap();
+            let cw = ConfinedWorkspace::new(&work, 65534, 65534).unwrap();
+            assert_eq!(cw.wall(), Wall::Landlock);
+            let (through, direct) = cw
+                .run(|_ws| {
+                    let mode = nix::sys::stat::Mode::from_bits_truncate(0o755);
+                    Ok((
+                        nix::unistd::mkdir(&work.join("abs/through-link"), mode),
+                        nix::unistd::mkdir(&outside_path.join("direct"), mode),
+                    ))
+                })
+                .unwrap();
+            assert_eq!(through, Err(nix::errno::Errno::EACCES));
+            assert_eq!(direct, Err(nix::errno::Errno::EACCES));
+            cw.put("/work/a/b", 0o644, b"x").unwrap();
+            assert_eq!(cw.get("/work/a/b", 10).unwrap(), (b"x".to_vec(), false));
+            // The Landlock domain was the call's thread's alone: this one still writes there.
+            let mode = nix::sys::stat::Mode::from_bits_truncate(0o755);
+            nix::unistd::mkdir(&outside_path.join("before"), mode).unwrap();
+        })
+        .join()
+        .unwrap();
+    });
+    let made: Vec<_> = std::fs::read_dir(outside.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(made, ["before"]);
+}
