@@ -584,13 +584,7 @@ fn start_init(cfg: &ContainerConfig) -> Result<Started> {
 
 /// A pseudo-terminal of the sandbox's own devpts, opened by the host for a caller that
 /// holds the master itself (an OCI engine's console).
-pub struct Terminal {
-    pub master: OwnedFd,
-    /// Its program's end, to pass to [`ContainerSandbox::start_attached`].
-    pub slave: OwnedFd,
-    /// The slave's path as the sandbox sees it (`/dev/pts/N`).
-    pub name: String,
-}
+pub use cordon_core::Terminal;
 
 /// The major and minor numbers of a pseudo-terminal multiplexer (`ptmx`).
 const PTMX: (u32, u32) = (5, 2);
@@ -1234,6 +1228,24 @@ impl Sandbox for ContainerSandbox {
 
     fn resize_background(&mut self, id: u64, size: cordon_core::PtySize) -> Result<()> {
         self.file_call(|io| cordon_host::procs::resize(io, id, size))
+    }
+
+    fn start_attached(
+        &mut self,
+        req: &ExecRequest,
+        stdio: [std::os::fd::BorrowedFd<'_>; 3],
+        terminal: bool,
+        user: Option<cordon_core::ProcUser>,
+    ) -> Result<u64> {
+        ContainerSandbox::start_attached(self, req, stdio, terminal, user)
+    }
+
+    fn open_terminal(&mut self, size: cordon_core::PtySize) -> Result<Terminal> {
+        ContainerSandbox::open_terminal(self, size)
+    }
+
+    fn raise_background(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {
+        ContainerSandbox::raise_background(self, id, signal, all)
     }
 
     fn signal_background(&mut self, id: u64, signal: ProcSignal) -> Result<()> {

@@ -202,6 +202,29 @@ pub trait Backend: Send + Sync {
 /// [`Sandbox::interrupter`]).
 pub type Interrupter = std::sync::Arc<dyn Fn() + Send + Sync>;
 
+/// Who a program runs as inside the sandbox's user namespace, when not the sandbox's own
+/// user: never id 0 (the agent's), always within the sandbox's mapped ids.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcUser {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups besides `gid`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<u32>,
+}
+
+/// A pseudo-terminal of a sandbox's own, opened from the host for a caller that holds the
+/// master itself (an OCI engine's console): see [`Sandbox::open_terminal`].
+#[derive(Debug)]
+pub struct Terminal {
+    pub master: std::os::fd::OwnedFd,
+    /// Its program's end, to pass to [`Sandbox::start_attached`].
+    pub slave: std::os::fd::OwnedFd,
+    /// The slave's path as the sandbox sees it (`/dev/pts/N`).
+    pub name: String,
+}
+
 /// One live sandbox. Dropping it destroys it too; `destroy` reports how that went.
 pub trait Sandbox: Send {
     fn id(&self) -> &SandboxId;
@@ -282,6 +305,49 @@ pub trait Sandbox: Send {
     /// `SIGWINCH`); an exec started without one is refused.
     fn resize_background(&mut self, id: u64, size: crate::PtySize) -> Result<()> {
         let _ = (id, size);
+        Err(unsupported_background())
+    }
+
+    /// Starts `req` in the background with `stdio` (stdin, stdout, stderr) as the
+    /// program's own descriptors, passed into the sandbox as they are: nothing of its I/O
+    /// passes through the agent or the host (`terminal`: the three are one terminal of the
+    /// sandbox's own, from [`Sandbox::open_terminal`]), as `user` (`None`: the sandbox's
+    /// own user). Its end is read with [`Sandbox::read_background`]. Tiers with
+    /// [`crate::Feature::Attached`] (cordon-oci passes an engine's descriptors this way).
+    fn start_attached(
+        &mut self,
+        req: &ExecRequest,
+        stdio: [std::os::fd::BorrowedFd<'_>; 3],
+        terminal: bool,
+        user: Option<ProcUser>,
+    ) -> Result<u64> {
+        let _ = (req, stdio, terminal, user);
+        Err(crate::Feature::Attached.unsupported_here("a process on the caller's own descriptors"))
+    }
+
+    /// A new pseudo-terminal of `size` of the sandbox's own, opened from the host for a
+    /// caller that holds its master: its slave is for [`Sandbox::start_attached`]. Tiers
+    /// with [`crate::Feature::Attached`].
+    fn open_terminal(&mut self, size: crate::PtySize) -> Result<Terminal> {
+        let _ = size;
+        Err(crate::Feature::Attached.unsupported_here("a terminal the caller holds"))
+    }
+
+    /// Starts `req` in the background for a host that relays its output to a reader of its
+    /// own: its output is held in the sandbox until read, never dropped (the program waits
+    /// on its pipe instead), and it runs as `user` when one is given. Tiers with
+    /// [`crate::Feature::Held`] (cordon-oci relays a process this way where no host
+    /// descriptor can be passed in).
+    fn start_relayed(&mut self, req: &ExecRequest, user: Option<ProcUser>) -> Result<u64> {
+        let _ = (req, user);
+        Err(crate::Feature::Held
+            .unsupported_here("a background process whose output is held until read"))
+    }
+
+    /// Sends signal number `signal` (1 to 64) to background exec `id`'s program as itself
+    /// (`all`: to every process of its tree).
+    fn raise_background(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {
+        let _ = (id, signal, all);
         Err(unsupported_background())
     }
 

@@ -38,6 +38,11 @@ pub struct Features {
     /// A kernel of its own between the code and the host's (a user-space kernel or a
     /// virtual machine): a boundary against an adversary, not only hygiene.
     pub own_kernel: bool,
+    /// A process on the caller's own descriptors, passed into the sandbox as they are
+    /// (and a terminal of the sandbox's own for it).
+    pub attached: bool,
+    /// A background process whose output is held in the sandbox until read.
+    pub held: bool,
 }
 
 const ALL_LANGUAGES: &[Language] = &[
@@ -61,10 +66,12 @@ pub enum Feature {
     Programs,
     WasmModules,
     OwnKernel,
+    Attached,
+    Held,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 11] = [
+    pub const ALL: [Feature; 13] = [
         Feature::Network,
         Feature::Files,
         Feature::Volumes,
@@ -76,6 +83,8 @@ impl Feature {
         Feature::Programs,
         Feature::WasmModules,
         Feature::OwnKernel,
+        Feature::Attached,
+        Feature::Held,
     ];
 
     /// What it is, as an error message names it.
@@ -92,6 +101,8 @@ impl Feature {
             Feature::Programs => "programs run by their argv",
             Feature::WasmModules => "WebAssembly programs of your own",
             Feature::OwnKernel => "a kernel of its own",
+            Feature::Attached => "processes on the caller's own descriptors",
+            Feature::Held => "background processes whose output is held until read",
         }
     }
 
@@ -150,6 +161,8 @@ impl Features {
             Feature::Programs => self.programs,
             Feature::WasmModules => self.wasm_modules,
             Feature::OwnKernel => self.own_kernel,
+            Feature::Attached => self.attached,
+            Feature::Held => self.held,
         }
     }
 
@@ -175,6 +188,8 @@ impl Tier {
             languages: &[],
             wasm_modules: false,
             own_kernel: false,
+            attached: false,
+            held: false,
         };
         // The three program tiers share the agent: files, background execs with a terminal,
         // pause, contexts and programs from their root.
@@ -202,16 +217,19 @@ impl Tier {
             },
             Tier::Container => Features {
                 volumes: true,
+                attached: true,
                 ..PROGRAMS
             },
             Tier::Gvisor => Features {
                 volumes: true,
                 own_kernel: true,
+                held: true,
                 ..PROGRAMS
             },
             Tier::Microvm => Features {
                 pause_to_disk: true,
                 own_kernel: true,
+                held: true,
                 ..PROGRAMS
             },
         }

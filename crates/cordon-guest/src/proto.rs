@@ -65,17 +65,9 @@ pub struct ProcLimits {
     pub processes: u64,
 }
 
-/// Who a program runs as inside the sandbox's user namespace, when not the sandbox's own
-/// user: never id 0 (the agent's), always within the sandbox's mapped ids.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProcUser {
-    pub uid: u32,
-    pub gid: u32,
-    /// Supplementary groups besides `gid`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub groups: Vec<u32>,
-}
+/// Who a program runs as inside the sandbox's user namespace (the type every tier's
+/// `Sandbox` takes, carried on the wire as it is).
+pub use cordon_core::ProcUser;
 
 fn is_zero(v: &u64) -> bool {
     *v == 0

@@ -285,6 +285,18 @@ impl Sandbox for GvisorSandbox {
         self.bg_call(|io| cordon_host::procs::resize(io, id, size))
     }
 
+    fn start_relayed(
+        &mut self,
+        req: &ExecRequest,
+        user: Option<cordon_core::ProcUser>,
+    ) -> Result<u64> {
+        GvisorSandbox::start_relayed(self, req, user)
+    }
+
+    fn raise_background(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {
+        GvisorSandbox::raise_background(self, id, signal, all)
+    }
+
     fn signal_background(&mut self, id: u64, signal: cordon_core::ProcSignal) -> Result<()> {
         self.bg_call(|io| cordon_host::procs::signal(io, id, signal))
     }

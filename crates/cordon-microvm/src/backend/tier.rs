@@ -177,6 +177,18 @@ impl Sandbox for MicrovmSandbox {
         })
     }
 
+    fn start_relayed(
+        &mut self,
+        req: &ExecRequest,
+        user: Option<cordon_core::ProcUser>,
+    ) -> Result<u64> {
+        MicrovmSandbox::start_relayed(self, req, user)
+    }
+
+    fn raise_background(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {
+        MicrovmSandbox::raise_background(self, id, signal, all)
+    }
+
     fn signal_background(&mut self, id: u64, signal: cordon_core::ProcSignal) -> Result<()> {
         self.file_call("a background exec", |io| {
             cordon_host::procs::signal(io, id, signal)
