@@ -99,7 +99,11 @@ fn main() {
         .args(["-c", "command -v runsc"])
         .output()
         .is_ok_and(|o| o.status.success());
-    let microvm = cordon_microvm::image::load(&cordon_microvm::image::default_data_dir()).is_ok();
+    let microvm = cordon_tiers::Tiers
+        .probe(cordon_core::Tier::Microvm)
+        .capabilities
+        .iter()
+        .any(|c| c.name == "guest image" && c.ok);
     if !gvisor || !microvm {
         eprintln!("note: no runsc or no microvm guest image here: those rows are left out");
     }

@@ -162,8 +162,8 @@ impl NodeAudit {
 /// are made: drained whenever the monitor reads or signals a process and when the sandbox
 /// is destroyed. Everything else is the sandbox's own (the container tier's own calls, such
 /// as a start with passed stdio, through [`Audited::inner`]).
-pub struct Audited<S: Sandbox> {
-    inner: S,
+pub struct Audited {
+    inner: Box<dyn Sandbox>,
     audit: NodeAudit,
     container: String,
     /// The tier its sandbox runs on (its egress rows say so).
@@ -173,8 +173,13 @@ pub struct Audited<S: Sandbox> {
     kept: Details,
 }
 
-impl<S: Sandbox> Audited<S> {
-    pub fn new(inner: S, audit: NodeAudit, container: &str, tier: cordon_core::Tier) -> Self {
+impl Audited {
+    pub fn new(
+        inner: Box<dyn Sandbox>,
+        audit: NodeAudit,
+        container: &str,
+        tier: cordon_core::Tier,
+    ) -> Self {
         Audited {
             inner,
             audit,
@@ -184,9 +189,15 @@ impl<S: Sandbox> Audited<S> {
         }
     }
 
-    /// The sandbox itself, for what the [`Sandbox`] trait does not say.
-    pub fn inner(&mut self) -> &mut S {
-        &mut self.inner
+    /// The tier its sandbox runs on.
+    pub fn tier(&self) -> cordon_core::Tier {
+        self.tier
+    }
+
+    /// The sandbox itself (a process started on it is read through [`Audited`], whose
+    /// reads record its egress decisions).
+    pub fn inner(&mut self) -> &mut dyn Sandbox {
+        self.inner.as_mut()
     }
 
     /// Records the egress decisions made since the last drain. A row that cannot be
@@ -205,7 +216,7 @@ impl<S: Sandbox> Audited<S> {
     }
 }
 
-impl<S: Sandbox> Sandbox for Audited<S> {
+impl Sandbox for Audited {
     fn id(&self) -> &SandboxId {
         self.inner.id()
     }
@@ -266,6 +277,37 @@ impl<S: Sandbox> Sandbox for Audited<S> {
 
     fn write_background(&mut self, id: u64, data: &[u8]) -> cordon_core::Result<()> {
         self.inner.write_background(id, data)
+    }
+
+    fn start_attached(
+        &mut self,
+        req: &ExecRequest,
+        stdio: [std::os::fd::BorrowedFd<'_>; 3],
+        terminal: bool,
+        user: Option<cordon_core::ProcUser>,
+    ) -> cordon_core::Result<u64> {
+        self.inner.start_attached(req, stdio, terminal, user)
+    }
+
+    fn open_terminal(
+        &mut self,
+        size: cordon_core::PtySize,
+    ) -> cordon_core::Result<cordon_core::Terminal> {
+        self.inner.open_terminal(size)
+    }
+
+    fn start_relayed(
+        &mut self,
+        req: &ExecRequest,
+        user: Option<cordon_core::ProcUser>,
+    ) -> cordon_core::Result<u64> {
+        self.inner.start_relayed(req, user)
+    }
+
+    fn raise_background(&mut self, id: u64, signal: i32, all: bool) -> cordon_core::Result<()> {
+        let r = self.inner.raise_background(id, signal, all);
+        self.drain();
+        r
     }
 
     fn signal_background(&mut self, id: u64, signal: ProcSignal) -> cordon_core::Result<()> {

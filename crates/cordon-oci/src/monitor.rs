@@ -28,7 +28,7 @@ use crate::bundle::{self, ProcessSpec};
 use crate::ctl::{Conn, Listener, Reply, Request};
 use crate::node::NodeConfig;
 use crate::state::{Record, Root, Status};
-use crate::tiers::{Relay, Started, TierSandbox};
+use crate::tiers::{Relay, Started};
 use crate::{OciError, Result};
 
 /// Where the bundle's root filesystem is bound, in the monitor's own mount namespace: a
@@ -61,7 +61,7 @@ struct Proc {
 /// What [`prepare`] made: the sandbox, the container's process, its record and, for a
 /// process with a terminal, the terminal's slave (its master went to the console socket).
 pub struct Prepared {
-    pub sandbox: Audited<TierSandbox>,
+    pub sandbox: Audited,
     pub process: ProcessSpec,
     pub record: Record,
     pub terminal: Option<OwnedFd>,
@@ -159,8 +159,9 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
     let mut sandbox = crate::tiers::create(&sandbox_spec, &setup.id, ids)?;
     // Its ids stay leased until the monitor ends.
     std::mem::forget(writable);
+    let tier = sandbox_spec.tier;
     let terminal = match (&setup.console, process.terminal) {
-        (Some(console), true) => Some(console_for(&mut sandbox, console, &process)?),
+        (Some(console), true) => Some(console_for(sandbox.as_mut(), tier, console, &process)?),
         _ => None,
     };
     let record = Record {
@@ -178,11 +179,10 @@ pub fn prepare(setup: Setup) -> Result<Prepared> {
             .collect(),
         sandbox: Some(sandbox.id().as_str().to_string()),
         exit_code: None,
-        tier: Some(sandbox.tier()),
+        tier: Some(tier),
     };
     // The backend's sandbox owns everything; the backend itself holds nothing more. Its
     // proxy's decisions go to the node's audit store as they are made.
-    let tier = sandbox.tier();
     let sandbox = Audited::new(sandbox, audit, &setup.id, tier);
     Ok(Prepared {
         sandbox,
@@ -227,11 +227,13 @@ fn checked(
 /// A terminal in the sandbox for `process`: its master goes to the engine over `console`
 /// (as runc sends it), its slave is returned for the process.
 fn console_for(
-    sandbox: &mut TierSandbox,
+    sandbox: &mut dyn Sandbox,
+    tier: Tier,
     console: &impl AsFd,
     process: &ProcessSpec,
 ) -> Result<OwnedFd> {
-    let t = sandbox.open_terminal(process.console_size.unwrap_or(DEFAULT_CONSOLE))?;
+    let size = process.console_size.unwrap_or(DEFAULT_CONSOLE);
+    let t = crate::tiers::open_terminal(sandbox, tier, size)?;
     crate::ctl::send_console(console, &t.name, t.master.as_fd()).map_err(|e| {
         OciError::io(
             "sending the terminal to the console socket (is the engine still listening?)",
@@ -430,7 +432,7 @@ pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
                 let signal = info.ssi_signo as i32;
                 match main {
                     Some(bg) => {
-                        let _ = sandbox.inner().raise(bg, signal, false);
+                        let _ = sandbox.inner().raise_background(bg, signal, false);
                     }
                     None if ends_by_default(signal) => ended = Some((None, Some(signal))),
                     None => {}
@@ -540,7 +542,7 @@ pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
 
 /// What a control request may touch.
 struct Ctx<'a> {
-    sandbox: &'a mut Audited<TierSandbox>,
+    sandbox: &'a mut Audited,
     procs: &'a mut Vec<Proc>,
     main: &'a mut Option<u64>,
     process: &'a ProcessSpec,
@@ -567,9 +569,9 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
             // (what `create` was given), or its terminal.
             let req = exec_request(cx.process);
             let started = match cx.terminal.as_ref() {
-                Some(t) => start(cx.sandbox.inner(), &req, [t.as_fd(); 3], true, cx.process),
+                Some(t) => start(cx.sandbox, &req, [t.as_fd(); 3], true, cx.process),
                 None => start(
-                    cx.sandbox.inner(),
+                    cx.sandbox,
                     &req,
                     [
                         std::io::stdin().as_fd(),
@@ -604,7 +606,7 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
             None,
         ),
         Request::Signal { signal, all } => match *cx.main {
-            Some(bg) => match cx.sandbox.inner().raise(bg, signal, all) {
+            Some(bg) => match cx.sandbox.inner().raise_background(bg, signal, all) {
                 Ok(()) => (Reply::Ok, None),
                 Err(e) => (err(format!("signalling the container: {e}")), None),
             },
@@ -619,18 +621,16 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
         Request::Exec { process } => {
             let req = exec_request(&process);
             let started = if process.terminal {
-                cx.sandbox
-                    .inner()
-                    .open_terminal(process.console_size.unwrap_or(DEFAULT_CONSOLE))
-                    .and_then(|t| {
-                        let slave = t.slave.as_fd();
-                        let (bg, relay) =
-                            start(cx.sandbox.inner(), &req, [slave; 3], true, &process)?;
-                        Ok((bg, Some(t), relay))
-                    })
+                let tier = cx.sandbox.tier();
+                let size = process.console_size.unwrap_or(DEFAULT_CONSOLE);
+                crate::tiers::open_terminal(cx.sandbox.inner(), tier, size).and_then(|t| {
+                    let slave = t.slave.as_fd();
+                    let (bg, relay) = start(cx.sandbox, &req, [slave; 3], true, &process)?;
+                    Ok((bg, Some(t), relay))
+                })
             } else {
                 stdio_of(&fds).and_then(|stdio| {
-                    start(cx.sandbox.inner(), &req, stdio, false, &process)
+                    start(cx.sandbox, &req, stdio, false, &process)
                         .map(|(bg, relay)| (bg, None, relay))
                 })
             };
@@ -678,26 +678,28 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
 /// Starts `req` with `stdio` on the sandbox's tier: passed into the sandbox, or relayed by
 /// the monitor (the relay holds its own copies of them).
 fn start(
-    sandbox: &mut TierSandbox,
+    sandbox: &mut Audited,
     req: &ExecRequest,
     stdio: [BorrowedFd<'_>; 3],
     terminal: bool,
     process: &ProcessSpec,
 ) -> Result<(u64, Option<Relay>)> {
-    let relay = if sandbox.relays() {
+    let tier = sandbox.tier();
+    let relay = if crate::tiers::relays(tier) {
         Some(Relay::new(stdio, terminal)?)
     } else {
         None
     };
-    match sandbox.start(req, stdio, terminal, user_of(process))? {
+    let user = user_of(process);
+    match crate::tiers::start(sandbox.inner(), tier, req, stdio, terminal, user)? {
         Started::Passed(bg) => Ok((bg, None)),
         Started::Relayed(bg) => Ok((bg, relay)),
     }
 }
 
 /// Who the process runs as in the sandbox (`None`: the sandbox's own user).
-fn user_of(p: &ProcessSpec) -> Option<cordon_container::ProcUser> {
-    p.user.as_ref().map(|u| cordon_container::ProcUser {
+fn user_of(p: &ProcessSpec) -> Option<cordon_core::ProcUser> {
+    p.user.as_ref().map(|u| cordon_core::ProcUser {
         uid: u.uid,
         gid: u.gid,
         groups: u.groups.clone(),

@@ -13,13 +13,8 @@ use std::collections::BTreeSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use cordon_container::{ContainerSandbox, ProcUser};
-use cordon_core::{
-    Backend, Details, ExecOutcome, ExecRequest, OutputSink, ProcOutput, ProcSignal, PtySize,
-    Sandbox, SandboxId, SandboxSpec, Tier,
-};
-use cordon_gvisor::GvisorSandbox;
-use cordon_microvm::MicrovmSandbox;
+use cordon_core::{ExecRequest, ProcUser, PtySize, Sandbox, SandboxSpec, Terminal, Tier};
+use cordon_tiers::{Own, Tiers};
 
 use crate::{OciError, Result};
 
@@ -30,34 +25,13 @@ pub const TIERS: [Tier; 3] = [Tier::Container, Tier::Gvisor, Tier::Microvm];
 /// from it once per container, under [`DISKS`].
 pub const MAX_ROOT_DISK: u64 = 4 << 30;
 
-/// One container's sandbox, on its tier.
-pub enum TierSandbox {
-    Container(Box<ContainerSandbox>),
-    Gvisor(Box<GvisorSandbox>),
-    Microvm(Box<MicrovmSandbox>),
-}
-
-macro_rules! each {
-    ($self:expr, $s:ident => $e:expr) => {
-        match $self {
-            TierSandbox::Container($s) => $e,
-            TierSandbox::Gvisor($s) => $e,
-            TierSandbox::Microvm($s) => $e,
-        }
-    };
-}
-
 /// The tiers this node can run for a bundle that asks for `wanted`: the container tier
 /// always, another tier when its probe says so (else its reason, which the gate gives
 /// back in its refusal).
 pub fn availability(wanted: Tier) -> (BTreeSet<Tier>, Vec<(Tier, String)>) {
     let mut available: BTreeSet<Tier> = [Tier::Container].into_iter().collect();
     let mut unavailable = Vec::new();
-    let probe = match wanted {
-        Tier::Gvisor => Some(gvisor_backend().probe()),
-        Tier::Microvm => Some(microvm_backend(None).probe()),
-        _ => None,
-    };
+    let probe = (wanted != Tier::Container).then(|| Tiers.probe(wanted));
     if let Some(p) = probe {
         if p.available() {
             available.insert(wanted);
@@ -78,19 +52,6 @@ pub fn availability(wanted: Tier) -> (BTreeSet<Tier>, Vec<(Tier, String)>) {
         }
     }
     (available, unavailable)
-}
-
-fn gvisor_backend() -> cordon_gvisor::GvisorBackend {
-    cordon_gvisor::GvisorBackend::new(cordon_gvisor::GvisorConfig::discover())
-}
-
-fn microvm_backend(disk: Option<PathBuf>) -> cordon_microvm::MicrovmBackend {
-    let mut cfg = cordon_microvm::MicrovmConfig::discover();
-    // Each bundle's root is a disk of its own: a snapshot per bundle would be made with a
-    // cold boot anyway and then kept in the shared store, so every VM boots.
-    cfg.snapshots = false;
-    cfg.root_disk = disk;
-    cordon_microvm::MicrovmBackend::new(cfg)
 }
 
 /// Where microvm containers' disks are made: on the node's disk. A container's state may
@@ -117,46 +78,45 @@ pub fn create(
     spec: &SandboxSpec,
     id: &str,
     ids: Option<cordon_host::idpool::IdPool>,
-) -> Result<TierSandbox> {
-    match spec.tier {
-        Tier::Container => {
-            let mut config = cordon_container::ContainerConfig::discover();
-            if let Some(ids) = ids {
-                config.ids = ids;
-            }
-            let backend = cordon_container::ContainerBackend::new(config);
-            Ok(TierSandbox::Container(Box::new(
-                backend.create_sandbox(spec)?,
-            )))
+) -> Result<Box<dyn Sandbox>> {
+    let mut own = Own {
+        ids,
+        root_disk: None,
+    };
+    let disk = spec.tier == Tier::Microvm;
+    if disk {
+        if let Some(t) = &spec.resolved_template {
+            bounded_size(&t.root, MAX_ROOT_DISK)?;
         }
-        Tier::Gvisor => Ok(TierSandbox::Gvisor(Box::new(
-            gvisor_backend().create_sandbox(spec)?,
-        ))),
-        Tier::Microvm => {
-            if let Some(t) = &spec.resolved_template {
-                bounded_size(&t.root, MAX_ROOT_DISK)?;
-            }
-            // Made fresh: a disk a killed monitor left under the same id is not this image.
-            sweep_disk(id);
-            {
-                use std::os::unix::fs::DirBuilderExt;
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(DISKS)
-                    .map_err(|e| OciError::io("making the microvm disks' directory", e))?;
-            }
-            let disk = disk_dir(id).join("root.ext4");
-            let made = microvm_backend(Some(disk)).create_cold(spec);
-            // QEMU reads the disk by the descriptor it was given: the file goes now, so
-            // nothing of it outlives the VM, a crash or a reboot included.
-            sweep_disk(id);
-            Ok(TierSandbox::Microvm(Box::new(made?)))
+        // Made fresh: a disk a killed monitor left under the same id is not this image.
+        sweep_disk(id);
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(DISKS)
+                .map_err(|e| OciError::io("making the microvm disks' directory", e))?;
         }
-        other => Err(OciError::Invalid(format!(
-            "cordon-oci does not run the {other} tier; set cordon.tier to container, gvisor or microvm"
-        ))),
+        own.root_disk = Some(disk_dir(id).join("root.ext4"));
     }
+    let backend = TIERS
+        .contains(&spec.tier)
+        .then(|| Tiers.backend_for(spec.tier, &own))
+        .flatten()
+        .ok_or_else(|| {
+            OciError::Invalid(format!(
+                "cordon-oci does not run the {} tier; set cordon.tier to container, gvisor or microvm",
+                spec.tier
+            ))
+        })?;
+    let made = backend.create(spec);
+    if disk {
+        // QEMU reads the disk by the descriptor it was given: the file goes now, so
+        // nothing of it outlives the VM, a crash or a reboot included.
+        sweep_disk(id);
+    }
+    Ok(made?)
 }
 
 /// The bundle's root (bound at `root`, read-only) as the gvisor tier takes a template's:
@@ -272,10 +232,8 @@ fn bounded_size(root: &Path, max: u64) -> Result<()> {
 /// sandbox, a VM's directory and cgroup): the tier's own sweep of sandboxes whose owning
 /// process is gone. Returns one line per thing removed.
 pub fn sweep(tier: Tier, sandbox: &str) -> Vec<String> {
-    match tier {
-        Tier::Gvisor => gvisor_backend().recover(&[sandbox.to_string()]),
-        // QEMU died with the monitor; the tier's own sweep removes its cgroup and directory.
-        Tier::Microvm => microvm_backend(None).recover(&[sandbox.to_string()]),
+    match Tiers.backend(tier) {
+        Some(b) if tier != Tier::Container => b.recover(&[sandbox.to_string()]),
         _ => Vec::new(),
     }
 }
@@ -288,66 +246,43 @@ pub enum Started {
     Relayed(u64),
 }
 
-impl TierSandbox {
-    /// The tier it runs on.
-    pub fn tier(&self) -> Tier {
-        match self {
-            TierSandbox::Container(_) => Tier::Container,
-            TierSandbox::Gvisor(_) => Tier::Gvisor,
-            TierSandbox::Microvm(_) => Tier::Microvm,
-        }
-    }
+/// Whether a process's I/O on `tier` is copied by the monitor rather than passed.
+pub fn relays(tier: Tier) -> bool {
+    !tier.features().attached
+}
 
-    /// Whether a process's I/O is copied by the monitor rather than passed.
-    pub fn relays(&self) -> bool {
-        !matches!(self, TierSandbox::Container(_))
+/// Starts `req` in `sandbox` (on `tier`) with `stdio` as its stdin, stdout and stderr
+/// (`terminal`: one terminal, of the sandbox's devpts where the tier passes descriptors,
+/// else the monitor's), as `user`.
+pub fn start(
+    sandbox: &mut dyn Sandbox,
+    tier: Tier,
+    req: &ExecRequest,
+    stdio: [BorrowedFd<'_>; 3],
+    terminal: bool,
+    user: Option<ProcUser>,
+) -> Result<Started> {
+    if !relays(tier) {
+        return Ok(Started::Passed(
+            sandbox.start_attached(req, stdio, terminal, user)?,
+        ));
     }
-
-    /// Starts `req` with `stdio` as its stdin, stdout and stderr (`terminal`: one terminal
-    /// of the sandbox's devpts, the container tier only), as `user`.
-    pub fn start(
-        &mut self,
-        req: &ExecRequest,
-        stdio: [BorrowedFd<'_>; 3],
-        terminal: bool,
-        user: Option<ProcUser>,
-    ) -> Result<Started> {
-        if let TierSandbox::Container(s) = self {
-            return Ok(Started::Passed(
-                s.start_attached(req, stdio, terminal, user)?,
-            ));
-        }
-        // On a terminal: the tier's own, of the size the engine gave the monitor's.
-        let mut req = req.clone();
-        if terminal {
-            req.pty = Some(window_size(stdio[1]).unwrap_or(DEFAULT_SIZE));
-        }
-        match self {
-            TierSandbox::Gvisor(s) => Ok(Started::Relayed(s.start_relayed(&req, user)?)),
-            TierSandbox::Microvm(s) => Ok(Started::Relayed(s.start_relayed(&req, user)?)),
-            TierSandbox::Container(_) => Err(OciError::Invalid(
-                "the container tier passes its descriptors".into(),
-            )),
-        }
+    // On a terminal: the tier's own, of the size the engine gave the monitor's.
+    let mut req = req.clone();
+    if terminal {
+        req.pty = Some(window_size(stdio[1]).unwrap_or(DEFAULT_SIZE));
     }
+    Ok(Started::Relayed(sandbox.start_relayed(&req, user)?))
+}
 
-    /// Sends signal number `signal` to process `id` (`all`: to every process of it).
-    pub fn raise(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {
-        Ok(match self {
-            TierSandbox::Container(s) => s.raise_background(id, signal, all),
-            TierSandbox::Gvisor(s) => s.raise_background(id, signal, all),
-            TierSandbox::Microvm(s) => s.raise_background(id, signal, all),
-        }?)
-    }
-
-    /// A terminal for a process: on the container tier one of the sandbox's devpts; on
-    /// the others a pair of the monitor's own, its slave in raw mode, which the monitor
-    /// bridges to the tier's own terminal in the sandbox ([`Relay`]).
-    pub fn open_terminal(&mut self, size: PtySize) -> Result<cordon_container::Terminal> {
-        match self {
-            TierSandbox::Container(s) => Ok(s.open_terminal(size)?),
-            _ => host_terminal(size),
-        }
+/// A terminal for a process: where the tier passes descriptors, one of the sandbox's
+/// devpts; elsewhere a pair of the monitor's own, its slave in raw mode, which the monitor
+/// bridges to the tier's own terminal in the sandbox ([`Relay`]).
+pub fn open_terminal(sandbox: &mut dyn Sandbox, tier: Tier, size: PtySize) -> Result<Terminal> {
+    if relays(tier) {
+        host_terminal(size)
+    } else {
+        Ok(sandbox.open_terminal(size)?)
     }
 }
 
@@ -357,7 +292,7 @@ const DEFAULT_SIZE: PtySize = PtySize { rows: 24, cols: 80 };
 /// A pseudo-terminal pair of the monitor's own of `size`: the master for the engine, the
 /// slave in raw mode (the sandbox's terminal does the line discipline; this one only
 /// carries bytes and the engine's window size).
-fn host_terminal(size: PtySize) -> Result<cordon_container::Terminal> {
+fn host_terminal(size: PtySize) -> Result<Terminal> {
     use rustix::pty::OpenptFlags;
     let fail = |what: &str| {
         let what = format!("making the process's terminal ({what}); run it without one");
@@ -386,7 +321,7 @@ fn host_terminal(size: PtySize) -> Result<cordon_container::Terminal> {
         },
     )
     .map_err(fail("its size"))?;
-    Ok(cordon_container::Terminal {
+    Ok(Terminal {
         master,
         slave,
         name,
@@ -401,65 +336,6 @@ fn window_size(fd: BorrowedFd<'_>) -> Option<PtySize> {
         cols: w.ws_col,
     };
     size.validate().ok().map(|()| size)
-}
-
-impl Sandbox for TierSandbox {
-    fn id(&self) -> &SandboxId {
-        each!(self, s => s.id())
-    }
-
-    fn exec(
-        &mut self,
-        req: &ExecRequest,
-        sink: &mut dyn OutputSink,
-    ) -> cordon_core::Result<ExecOutcome> {
-        each!(self, s => s.exec(req, sink))
-    }
-
-    fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> cordon_core::Result<()> {
-        each!(self, s => s.put_file(path, data, mode))
-    }
-
-    fn get_file(&mut self, path: &str, max_bytes: u64) -> cordon_core::Result<Vec<u8>> {
-        each!(self, s => s.get_file(path, max_bytes))
-    }
-
-    fn start_background(&mut self, req: &ExecRequest) -> cordon_core::Result<u64> {
-        each!(self, s => s.start_background(req))
-    }
-
-    fn read_background(
-        &mut self,
-        id: u64,
-        from: [u64; 2],
-        max: u64,
-    ) -> cordon_core::Result<ProcOutput> {
-        each!(self, s => s.read_background(id, from, max))
-    }
-
-    fn write_background(&mut self, id: u64, data: &[u8]) -> cordon_core::Result<()> {
-        each!(self, s => s.write_background(id, data))
-    }
-
-    fn signal_background(&mut self, id: u64, signal: ProcSignal) -> cordon_core::Result<()> {
-        each!(self, s => s.signal_background(id, signal))
-    }
-
-    fn resize_background(&mut self, id: u64, size: PtySize) -> cordon_core::Result<()> {
-        each!(self, s => s.resize_background(id, size))
-    }
-
-    fn start_us(&self) -> u64 {
-        each!(self, s => s.start_us())
-    }
-
-    fn destroy(&mut self) -> cordon_core::Result<()> {
-        each!(self, s => s.destroy())
-    }
-
-    fn report(&mut self) -> Details {
-        each!(self, s => s.report())
-    }
 }
 
 /// Most bytes of each stream one read of a relayed process takes.
@@ -578,7 +454,7 @@ impl Relay {
     /// holds what was not read) and, with `stdin_ready`, what the caller's stdin holds.
     pub fn pass(
         &mut self,
-        sandbox: &mut impl Sandbox,
+        sandbox: &mut dyn Sandbox,
         id: u64,
         stdin_ready: bool,
     ) -> cordon_core::Result<Pass> {

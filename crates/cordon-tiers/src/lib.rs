@@ -27,6 +27,22 @@ use cordon_policy::{BenchFigures, Host, bench_file};
 enum Place<'a> {
     Process,
     Server(&'a Path),
+    /// One sandbox of a root of its own (cordon-oci's container: see [`Own`]).
+    Own(&'a Own),
+}
+
+/// What a front door that makes one sandbox of a root of its own (cordon-oci: a bundle's
+/// root per container) sets on the backend it makes it with. Every field left `None` is
+/// the tier's default.
+#[derive(Debug, Default)]
+pub struct Own {
+    /// The host id pool the container tier takes the sandbox's ids from: one range made
+    /// for the root (a writable root's idmapped layers are mapped onto exactly it).
+    pub ids: Option<cordon_host::idpool::IdPool>,
+    /// Where the microvm tier makes the root's disk (each root is a disk of its own, made
+    /// at every start; no snapshot: one would be made with a cold boot and kept in the
+    /// shared store, so every VM boots).
+    pub root_disk: Option<std::path::PathBuf>,
 }
 
 /// The tiers of this build.
@@ -37,6 +53,12 @@ impl Tiers {
     /// The backend of `tier`, or `None` when this build does not carry it.
     pub fn backend(&self, tier: Tier) -> Option<Box<dyn Backend>> {
         make(tier, Place::Process)
+    }
+
+    /// The backend of `tier` for one sandbox of a root of its own (`own`), or `None` when
+    /// this build does not carry it.
+    pub fn backend_for(&self, tier: Tier, own: &Own) -> Option<Box<dyn Backend>> {
+        make(tier, Place::Own(own))
     }
 
     /// The tiers this build carries.
@@ -197,7 +219,7 @@ fn runtime(_: Place<'_>) -> Option<Box<dyn Backend>> {
 #[cfg(feature = "wasm")]
 fn wasm(place: Place<'_>) -> Option<Box<dyn Backend>> {
     Some(Box::new(match place {
-        Place::Process => cordon_wasm::WasmBackend::new(),
+        Place::Process | Place::Own(_) => cordon_wasm::WasmBackend::new(),
         // Scratch dirs under the server's data dir, so a restart after a crash removes what
         // was left.
         Place::Server(data_dir) => cordon_wasm::WasmBackend::with_config(cordon_wasm::WasmConfig {
@@ -208,10 +230,12 @@ fn wasm(place: Place<'_>) -> Option<Box<dyn Backend>> {
 }
 
 #[cfg(feature = "container")]
-fn container(_: Place<'_>) -> Option<Box<dyn Backend>> {
-    Some(Box::new(cordon_container::ContainerBackend::new(
-        cordon_container::ContainerConfig::discover(),
-    )))
+fn container(place: Place<'_>) -> Option<Box<dyn Backend>> {
+    let mut config = cordon_container::ContainerConfig::discover();
+    if let Place::Own(Own { ids: Some(ids), .. }) = place {
+        config.ids = ids.clone();
+    }
+    Some(Box::new(cordon_container::ContainerBackend::new(config)))
 }
 
 #[cfg(feature = "gvisor")]
@@ -224,9 +248,14 @@ fn gvisor(_: Place<'_>) -> Option<Box<dyn Backend>> {
 #[cfg(feature = "microvm")]
 fn microvm(place: Place<'_>) -> Option<Box<dyn Backend>> {
     let mut cfg = cordon_microvm::MicrovmConfig::discover();
-    if let Place::Server(data_dir) = place {
+    match place {
         // Sandboxes paused to disk live in the server's data dir, beside its records.
-        cfg.paused_dir = data_dir.join("paused").join("microvm");
+        Place::Server(data_dir) => cfg.paused_dir = data_dir.join("paused").join("microvm"),
+        Place::Own(own) => {
+            cfg.snapshots = false;
+            cfg.root_disk = own.root_disk.clone();
+        }
+        Place::Process => {}
     }
     Some(Box::new(cordon_microvm::MicrovmBackend::new(cfg)))
 }

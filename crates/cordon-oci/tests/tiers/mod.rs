@@ -32,12 +32,15 @@ fn gvisor_here() -> bool {
 
 /// The microvm tier can run here (QEMU and the guest image, `scripts/guests.sh`).
 fn microvm_here() -> bool {
-    let image = cordon_microvm::image::load(&cordon_microvm::image::default_data_dir());
+    // The tier's own probe (through the facade, as cordon-oci asks it) says whether the
+    // guest image loads.
+    let probe = cordon_tiers::Tiers.probe(cordon_core::Tier::Microvm);
+    let image = probe
+        .capabilities
+        .iter()
+        .any(|c| c.name == "guest image" && c.ok);
     have("qemu-system-x86_64", super::on_path("qemu-system-x86_64"))
-        && have(
-            "the microvm guest image (bash scripts/guests.sh)",
-            image.is_ok(),
-        )
+        && have("the microvm guest image (bash scripts/guests.sh)", image)
 }
 
 /// The sandbox a container's record names (read while it runs).
@@ -209,8 +212,9 @@ fn the_tier_runs_a_container_as_the_container_tier_does(
         .unwrap();
     assert_eq!(text(&cgroups.stdout), "", "{tier}: cgroups left");
     if tier == "microvm" {
-        let run = cordon_microvm::MicrovmConfig::discover()
-            .run_dir
+        // The tier's run directory (`<data dir>/microvm/run`), one per VM by short id.
+        let run = cordon_core::default_data_dir()
+            .join("microvm/run")
             .join(&sandbox[..19]);
         assert!(!run.exists(), "the VM's directory was left");
     }
