@@ -30,7 +30,7 @@ mod sys;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cordon_core::{
     Backend, Capability, Command, Error, ExecOutcome, ExecRequest, Language, Limits, OutputSink,
@@ -58,7 +58,15 @@ pub struct WasmConfig {
     /// descriptor limit, raised to its hard limit at start, less a quarter (at least 1024)
     /// kept for the rest of the process.
     pub descriptors: Option<u64>,
+    /// How long after its sandbox's previous exec ended an exec must come to count as paced
+    /// by a caller that reads each answer, so that a standby instance is made after it
+    /// (default [`STANDBY_PAUSE`]; ADR 0019, ADR 0020). Execs that come sooner are
+    /// back-to-back: they reset their own slot and make nothing ahead.
+    pub standby_pause: Duration,
 }
+
+/// The default [`WasmConfig::standby_pause`].
+pub const STANDBY_PAUSE: Duration = standby::PAUSE;
 
 impl Default for WasmConfig {
     /// `CORDON_WASM_STANDBY=0` in the environment turns standby instances off (ADR 0019).
@@ -72,6 +80,7 @@ impl Default for WasmConfig {
             scratch_root: std::env::temp_dir(),
             pool,
             descriptors: None,
+            standby_pause: STANDBY_PAUSE,
         }
     }
 }
@@ -609,9 +618,9 @@ impl Sandbox for WasmSandbox {
         let started = Instant::now();
         // Whether this exec came after a pause (an agent reading the last answer), which
         // predicts one after it too (ADR 0019, ADR 0020).
-        let paced = self
-            .last_end
-            .is_some_and(|end| started.saturating_duration_since(end) >= standby::PAUSE);
+        let paced = self.last_end.is_some_and(|end| {
+            started.saturating_duration_since(end) >= self.inner.config.standby_pause
+        });
         let cpu0 = sys::thread_cpu_ns();
         self.scratch()?;
         if let Some(cwd) = &req.cwd

@@ -34,7 +34,7 @@ use crate::run::{self, Program, Ready, Setup};
 /// by a caller that reads each answer before its next request: only then are its spent store's
 /// reset and the next instance left to a worker. Back-to-back execs reset their own slot: a
 /// worker sharing the two cores of this host costs the next exec more than the reset does
-/// (ADR 0020's figures).
+/// (ADR 0020's figures). The default of [`crate::WasmConfig::standby_pause`].
 pub(crate) const PAUSE: Duration = Duration::from_millis(5);
 
 /// How long a standby instance is kept for an exec that has not come.
