@@ -567,16 +567,6 @@ fn env_canary_never_appears() {
 }
 
 #[test]
-fn tcp_bind_is_refused() {
-    let b = need_backend!();
-    let o = py(
-        b,
-        "import socket\ns = socket.socket()\ntry:\n  s.bind(('127.0.0.1', 8080)); s.listen(); print('BOUND')\nexcept OSError as e:\n  print('denied', e.errno)",
-    );
-    assert!(text(&o.stdout).starts_with("denied"), "{}", text(&o.stdout));
-}
-
-#[test]
 fn proc_mem_of_another_process_is_refused() {
     let b = need_backend!();
     let o = py(
@@ -1012,10 +1002,113 @@ fn without_an_allow_list_nothing_is_reachable_and_direct_sockets_fail() {
     assert_eq!(up.requests().len(), 0);
 }
 
+/// The forwarder gone (the OOM killer may take it: it runs in the sandbox's cgroup), its port
+/// stays held by the sandbox's agent: a program's bind fails and a connection reaches no
+/// program. Before, the agent dropped its copy of the listener once it had forked the
+/// forwarder, and a program could then serve as the proxy.
+#[test]
+fn the_proxy_port_stays_held_once_the_forwarder_is_gone() {
+    let b = need_backend!();
+    let mut sb = b
+        .create(&egress_spec(&["pypi.example.test".into()]))
+        .unwrap();
+    let id = sb.id().to_string();
+    // The listening loopback socket of the sandbox's network namespace (only the
+    // forwarder's: no program runs yet), by inode, from a process of the sandbox.
+    let pids = cgroup_pids(&id);
+    let netns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).ok();
+    let inside = *pids
+        .iter()
+        .find(|p| netns(&p.to_string()) != netns("self"))
+        .expect("no process in the sandbox's network namespace");
+    let tcp = std::fs::read_to_string(format!("/proc/{inside}/net/tcp")).unwrap();
+    let (port, inode) = tcp
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f[3] == "0A" && f[1].starts_with("0100007F:"))
+        .map(|f| {
+            let port = u16::from_str_radix(&f[1][9..], 16).unwrap();
+            (port, f[9].to_string())
+        })
+        .expect("no listener on the sandbox's loopback");
+    let socket = format!("socket:[{inode}]");
+    let holders: Vec<i32> = pids
+        .iter()
+        .copied()
+        .filter(|p| {
+            std::fs::read_dir(format!("/proc/{p}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| {
+                    std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == socket)
+                })
+        })
+        .collect();
+    let ppid = |p: i32| -> i32 {
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // The forwarder is the holder that is no other holder's parent (the agent forked it).
+    let forwarder = *holders
+        .iter()
+        .find(|&&p| !holders.iter().any(|&q| ppid(q) == p))
+        .unwrap_or_else(|| panic!("no forwarder among {holders:?} of {pids:?}"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(forwarder),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let mut gone = false;
+    for _ in 0..500 {
+        if !cgroup_pids(&id).contains(&forwarder) {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(gone, "the forwarder {forwarder} did not end");
+    let o = sb
+        .exec(
+            &ExecRequest::code(
+                Language::Python,
+                format!(
+                    "import errno, socket\nfor addr in ('127.0.0.1', '0.0.0.0'):\n  s = socket.socket()\n  s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n  s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n  try:\n    s.bind((addr, {port})); s.listen(); print('TOOK', addr)\n  except OSError as e:\n    print('held', addr, errno.errorcode[e.errno])\n"
+                ),
+            ),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    sb.destroy().unwrap();
+    let out = text(&o.stdout);
+    assert_eq!(
+        out,
+        "held 127.0.0.1 EADDRINUSE\nheld 0.0.0.0 EADDRINUSE\n",
+        "{out}{}",
+        text(&o.stderr)
+    );
+}
+
 #[test]
 fn grant_placeholder_is_not_the_secret_and_cannot_leave_for_other_hosts() {
     let b = need_backend!();
     cordon_testkit::egress::grant_placeholder_stays_inside(b, spec());
+}
+
+/// Issue 47: a server a background exec starts on the sandbox's own loopback is reached by
+/// a later exec (Landlock refused every bind and connect but the forwarder's: EACCES); the
+/// forwarder's port stays its own; nothing gets out directly.
+#[test]
+fn own_loopback_servers_are_reached_and_the_proxy_port_is_held() {
+    let b = need_backend!();
+    cordon_testkit::egress::own_loopback_servers(b, spec());
 }
 
 /// A server makes sandboxes on worker threads that come and go (tokio retires idle blocking

@@ -4,30 +4,82 @@
 //! cannot see or signal it) and dies with the sandbox.
 
 use std::io;
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-use crate::sys::{Forked, exit_now, fork_into};
+use crate::sys::{Forked, exclusive_listener, exit_now, fork_into};
 
-/// Binds the listener and forks the forwarder process. Call once the sandbox's root and
-/// loopback are set up, while the caller is still single-threaded.
+/// Binds the listeners and forks the forwarder process. Call once the sandbox's root and
+/// loopback are set up, before any program of the sandbox runs, while the caller is still
+/// single-threaded. The caller keeps its copies of the listeners for the rest of its life
+/// (it is the sandbox's agent): the port stays bound, and no program can take it, even if
+/// the forwarder itself dies (connections then wait, they reach no one else).
 pub fn spawn(port: u16, socket: &Path) -> Result<(), String> {
-    let listener = TcpListener::bind(("127.0.0.1", port))
-        .map_err(|e| format!("egress forwarder cannot listen on 127.0.0.1:{port}: {e}"))?;
+    let listeners = listen(port)?;
     match fork_into(0).map_err(|e| format!("starting the egress forwarder: {e}"))? {
         Forked::Child => {
-            // Closes every inherited descriptor but the listener (the agent socket above all).
-            let keep = std::os::fd::AsRawFd::as_raw_fd(&listener);
+            // Closes every inherited descriptor but the listeners (the agent socket above all).
+            let keep: Vec<i32> = listeners
+                .iter()
+                .map(std::os::fd::AsRawFd::as_raw_fd)
+                .collect();
             for fd in 0..1024 {
-                if fd != keep {
+                if !keep.contains(&fd) {
                     let _ = nix::unistd::close(fd);
                 }
             }
-            serve(listener, socket.to_path_buf());
+            let socket = socket.to_path_buf();
+            let mut listeners = listeners.into_iter();
+            if let Some(v4) = listeners.next() {
+                for other in listeners {
+                    let socket = socket.clone();
+                    let _ = std::thread::Builder::new()
+                        .stack_size(64 * 1024)
+                        .spawn(move || serve(other, socket));
+                }
+                serve(v4, socket);
+            }
             exit_now(0)
         }
-        Forked::Parent(_) => Ok(()),
+        Forked::Parent(_) => {
+            hold(listeners);
+            Ok(())
+        }
+    }
+}
+
+/// The forwarder's listeners on the sandbox's loopback: `127.0.0.1:<port>` (the address the
+/// proxy variables name) and, where the sandbox has IPv6, `[::1]:<port>` too, so that no
+/// program can serve a client that names `localhost` there. Each is listening before any
+/// program runs, without `SO_REUSEADDR` or `SO_REUSEPORT`, so a later bind of that port on that address or a
+/// wildcard fails (`EADDRINUSE`), whatever socket options the program sets.
+pub fn listen(port: u16) -> Result<Vec<TcpListener>, String> {
+    let v4 = exclusive_listener((Ipv4Addr::LOCALHOST, port).into())
+        .map_err(|e| format!("egress forwarder cannot listen on 127.0.0.1:{port}: {e}"))?;
+    let mut all = vec![v4];
+    match exclusive_listener((Ipv6Addr::LOCALHOST, port).into()) {
+        Ok(v6) => all.push(v6),
+        // No IPv6 in this sandbox: no program can bind there either.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT | libc::EPROTONOSUPPORT)
+            ) => {}
+        Err(e) => {
+            return Err(format!(
+                "egress forwarder cannot listen on [::1]:{port}: {e}"
+            ));
+        }
+    }
+    Ok(all)
+}
+
+/// Keeps the listeners open in the calling process until it exits (its descriptors are
+/// close-on-exec: no program it starts inherits them).
+pub fn hold(listeners: Vec<TcpListener>) {
+    for l in listeners {
+        std::mem::forget(l);
     }
 }
 

@@ -961,3 +961,81 @@ pub fn take_controlling_terminal(fd: RawFd) -> io::Result<()> {
     unsafe { tiocsctty(fd, 0) }?;
     Ok(())
 }
+
+/// A TCP listener on `addr` made without `SO_REUSEADDR` or `SO_REUSEPORT` (std's
+/// `TcpListener::bind` sets `SO_REUSEADDR`): no later socket may bind that address and port,
+/// or a wildcard over it, whatever options it sets; gVisor's netstack lets a second
+/// `SO_REUSEADDR` socket bind a wildcard beside a listening one. An IPv6 one is `V6ONLY`.
+pub fn exclusive_listener(addr: std::net::SocketAddr) -> io::Result<std::net::TcpListener> {
+    let family = match addr {
+        std::net::SocketAddr::V4(_) => libc::AF_INET,
+        std::net::SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // SAFETY: socket(2) with constant arguments; the result is checked and wrapped.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let sock = own_fd(fd);
+    let r = match addr {
+        std::net::SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: bind(2) reads a sockaddr_in of the given size from our stack.
+            unsafe {
+                libc::bind(
+                    sock.as_raw_fd(),
+                    std::ptr::from_ref(&sin).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            }
+        }
+        std::net::SocketAddr::V6(a) => {
+            let on: libc::c_int = 1;
+            // SAFETY: setsockopt(2) reads one c_int from our stack.
+            let r = unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_V6ONLY,
+                    std::ptr::from_ref(&on).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: bind(2) reads a sockaddr_in6 of the given size from our stack.
+            unsafe {
+                libc::bind(
+                    sock.as_raw_fd(),
+                    std::ptr::from_ref(&sin6).cast(),
+                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            }
+        }
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: listen(2) on a socket we own; no memory is passed.
+    if unsafe { libc::listen(sock.as_raw_fd(), 128) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(std::net::TcpListener::from(sock))
+}

@@ -569,6 +569,14 @@ fn grant_placeholder_is_not_the_secret_and_cannot_leave_for_other_hosts() {
     cordon_testkit::egress::grant_placeholder_stays_inside(b, spec());
 }
 
+/// A server a background exec starts on the sandbox's loopback (gVisor's netstack, runsc
+/// `--network=none`) is reached by a later exec; the forwarder's port stays its own.
+#[test]
+fn own_loopback_servers_are_reached_and_the_proxy_port_is_held() {
+    let b = need_backend!();
+    cordon_testkit::egress::own_loopback_servers(b, spec());
+}
+
 #[test]
 fn egress_socket_is_per_sandbox_and_goes_with_it() {
     let b = need_backend!();

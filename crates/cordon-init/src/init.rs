@@ -105,7 +105,8 @@ pub struct InitJoin {
     /// and hard-linked to the others.
     #[serde(default)]
     pub extra_copies: Vec<(PathBuf, String)>,
-    /// Loopback port Landlock lets programs connect to (the egress forwarder).
+    /// Loopback port the egress forwarder listens on (held by it for the sandbox's life: no
+    /// program can bind it).
     #[serde(default)]
     pub connect_port: Option<u16>,
     /// Host path of the egress proxy's unix socket, bound into the sandbox; a forwarder on
@@ -446,7 +447,7 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: UnixStream) -> Res
         // The init reports its failures to the host as text over its socket: the typed
         // error ends here as its message.
         Some(
-            landlock_rules::build(join.connect_port, setup.template_writable, &setup.devices)
+            landlock_rules::build(setup.template_writable, &setup.devices)
                 .map_err(|e| e.to_string())?,
         )
     } else {

@@ -1,15 +1,21 @@
 //! The container tier's Landlock ruleset: read and execute everywhere in the sandbox's own
-//! root, write only in `/work`, `/tmp`, `/dev/shm` and the few device files; no TCP bind, and
-//! TCP connect only to the egress forwarder's port when egress is on; no signals or abstract
-//! unix sockets outside the sandbox (where the kernel supports scoping).
+//! root, write only in `/work`, `/tmp`, `/dev/shm` and the few device files; no signals or
+//! abstract unix sockets outside the sandbox (where the kernel supports scoping).
+//!
+//! TCP is not Landlock's: the sandbox's network namespace is its own (loopback only, no
+//! route, made by init), so programs bind and connect there freely (a dev server reached by
+//! a later exec), and nothing leads out of it (issue 47). Landlock's network rules name
+//! ports, never addresses, and allow only what they list, so they could not say "any port
+//! but the egress forwarder's"; that port is held by the forwarder, bound before any program
+//! runs and kept open by the agent for the sandbox's life (`cordon_guest::forwarder`).
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
-    RestrictionStatus, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus,
-    Scope,
+    ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, RestrictionStatus,
+    Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
-/// The ABI whose filesystem and network rights Cordon requires (6.7+ kernels).
+/// The ABI whose filesystem rights Cordon requires (6.7+ kernels: the same ABI as before
+/// TCP was left to the network namespace, so no kernel that ran sandboxes stops).
 pub const REQUIRED_ABI: ABI = ABI::V4;
 
 /// Why the Landlock ruleset could not be built; each keeps the landlock crate's error.
@@ -52,18 +58,13 @@ fn open(path: &str) -> Result<PathFd, LandlockError> {
 /// a template build's step, which may write anywhere in its own root (its working copy).
 /// `devices`: extra device nodes under `/dev` (names such as `fuse`), read and written as
 /// the sandbox's own devices are.
-pub fn build(
-    connect_port: Option<u16>,
-    writable_root: bool,
-    devices: &[String],
-) -> Result<RulesetCreated, LandlockError> {
+pub fn build(writable_root: bool, devices: &[String]) -> Result<RulesetCreated, LandlockError> {
     let fs_all = AccessFs::from_all(REQUIRED_ABI);
     let fs_read = AccessFs::from_read(REQUIRED_ABI);
     let rw_file = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
     let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(fs_all)
-        .and_then(|r| r.handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp))
         .map_err(|source| LandlockError::Rights {
             abi: REQUIRED_ABI,
             source,
@@ -111,11 +112,6 @@ pub fn build(
         created = created
             .add_rule(PathBeneath::new(open("/dev/pts")?, rw_file))
             .map_err(step("the Landlock rule for /dev/pts"))?;
-    }
-    if let Some(port) = connect_port {
-        created = created
-            .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
-            .map_err(step(format!("the Landlock rule for TCP port {port}")))?;
     }
     Ok(created)
 }

@@ -391,6 +391,14 @@ fn json_out(o: &ExecOutcome) -> serde_json::Value {
     })
 }
 
+/// Issue 47 on this tier: a server a background exec starts on the guest's loopback is
+/// reached by a later exec; the forwarder's port stays its own; nothing gets out directly.
+#[test]
+fn own_loopback_servers_are_reached_and_the_proxy_port_is_held() {
+    let Some(env) = env() else { return };
+    cordon_testkit::egress::own_loopback_servers(&env.backend, spec());
+}
+
 #[test]
 fn egress_reaches_only_allowed_hosts_through_the_proxy() {
     let Some(env) = env_with(tuning(

@@ -209,3 +209,151 @@ pub fn grant_placeholder_stays_inside(b: &dyn Backend, mut spec: SandboxSpec) {
     sb.destroy().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// This host's address on its route out (a UDP socket's source for a documentation address:
+/// nothing is sent), when it has one that is not loopback.
+fn host_address() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// The later exec of [`own_loopback_servers`]: reaches the server, attacks the forwarder's
+/// port, then tries the way out.
+const OWN_SERVERS_CLIENT: &str = r#"
+import errno, http.client, os, socket, sys, time, urllib.parse, urllib.request
+def name(e):
+    return errno.errorcode.get(e.errno, str(e.errno))
+last = None
+for _ in range(600):
+    try:
+        socket.create_connection(('127.0.0.1', 8123), timeout=5).close()
+        last = None
+        break
+    except OSError as e:
+        last = e
+        # Not listening yet: the server is starting; anything else is an answer.
+        if e.errno != errno.ECONNREFUSED:
+            break
+        time.sleep(0.05)
+if last is None:
+    c = http.client.HTTPConnection('127.0.0.1', 8123, timeout=10)
+    c.request('GET', '/hello.txt')
+    r = c.getresponse()
+    print('own-server', r.status, r.read().decode().strip())
+else:
+    print('own-server-unreached', name(last))
+port = urllib.parse.urlparse(os.environ['HTTP_PROXY']).port
+for fam, addr, v6only in ((socket.AF_INET, '127.0.0.1', 0), (socket.AF_INET, '0.0.0.0', 0),
+                          (socket.AF_INET6, '::', 0), (socket.AF_INET6, '::', 1),
+                          (socket.AF_INET6, '::1', 1)):
+    what = f'[{addr}]' + ('v6only' if v6only else '')
+    try:
+        s = socket.socket(fam, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if fam == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+        s.bind((addr, port))
+        s.listen()
+        print('TOOK', what)
+    except OSError as e:
+        print('held', what, name(e))
+up = int(sys.argv[1])
+print('via-proxy', urllib.request.urlopen(f'http://127.0.0.1:{up}/own', timeout=10).read().decode())
+for host, p in ((sys.argv[2], int(sys.argv[3])), ('127.0.0.1', up)):
+    try:
+        socket.create_connection((host, p), timeout=3)
+        print('DIRECT', host)
+    except OSError as e:
+        print('direct-refused', host, name(e))
+"#;
+
+/// A sandbox's own servers (issue 47): a server a background exec starts on the sandbox's
+/// loopback is reached by a later exec; the egress forwarder's port cannot be taken by a
+/// program (on `127.0.0.1`, a wildcard or IPv6, with `SO_REUSEADDR` and `SO_REUSEPORT`), and
+/// the proxy still answers after the attempts; a direct connection to this host's own
+/// non-loopback address, or to the host's loopback, reaches nothing.
+pub fn own_loopback_servers(b: &dyn Backend, mut spec: SandboxSpec) {
+    let up = Upstream::start();
+    let p = up.port;
+    spec.egress.allow = vec![format!("127.0.0.1/32:{p}")];
+    // A listener on this host's address out, which a sandbox sharing the host's network
+    // would reach (a documentation address where the host has none).
+    let outside = host_address().and_then(|ip| TcpListener::bind((ip, 0)).ok());
+    let (out_host, out_port) = match &outside {
+        Some(l) => {
+            let a = l.local_addr().unwrap();
+            l.set_nonblocking(true).unwrap();
+            (a.ip().to_string(), a.port())
+        }
+        None => ("192.0.2.1".to_string(), 80),
+    };
+    let mut sb = b.create(&spec).unwrap();
+    let server = sb
+        .start_background(&ExecRequest::code(
+            Language::Bash,
+            "cd /tmp && echo own-server-page > hello.txt && exec python3 -m http.server 8123 --bind 127.0.0.1",
+        ))
+        .unwrap();
+    let o = sb
+        .exec(
+            &ExecRequest::argv([
+                "python3".to_string(),
+                "-u".to_string(),
+                "-c".to_string(),
+                OWN_SERVERS_CLIENT.to_string(),
+                p.to_string(),
+                out_host.clone(),
+                out_port.to_string(),
+            ]),
+            &mut |_: OutputStream, _: &[u8]| {},
+        )
+        .unwrap();
+    let server_out = sb
+        .read_background(server, [0, 0], 64 << 10)
+        .map(|p| format!("{}{} ({:?})", text(&p.stdout), text(&p.stderr), p.exit))
+        .unwrap_or_default();
+    sb.destroy().unwrap();
+    let out = text(&o.stdout);
+    let why = format!(
+        "{out}\nstderr: {}\n({:?})\nthe server's output: {server_out}",
+        text(&o.stderr),
+        o.termination
+    );
+    assert!(
+        out.contains("own-server 200 own-server-page"),
+        "a later exec did not reach the server: {why}"
+    );
+    assert!(
+        !out.contains("TOOK"),
+        "a program took the proxy's port: {why}"
+    );
+    // The forwarder holds the port (not merely a rule refusing every bind).
+    for line in ["held [127.0.0.1] EADDRINUSE", "held [0.0.0.0] EADDRINUSE"] {
+        assert!(out.contains(line), "missing {line:?}: {why}");
+    }
+    assert!(
+        out.contains(&format!("via-proxy {}", Upstream::BODY)),
+        "the proxy no longer answers: {why}"
+    );
+    assert!(
+        !out.contains("DIRECT"),
+        "a direct connection got out: {why}"
+    );
+    for host in [out_host.as_str(), "127.0.0.1"] {
+        assert!(
+            out.contains(&format!("direct-refused {host} ")),
+            "missing the direct try of {host}: {why}"
+        );
+    }
+    if let Some(l) = outside {
+        assert!(
+            l.accept().is_err(),
+            "a sandbox reached this host's address {out_host}:{out_port}"
+        );
+    }
+    let seen = up.requests();
+    assert_eq!(seen.len(), 1, "the upstream saw {seen:?}");
+}

@@ -320,12 +320,16 @@ fn start_egress(e: &EgressSetup) -> io::Result<()> {
         .write(true)
         .open(&dev)
         .map_err(|err| ctx(&format!("opening {}", dev.display()), err))?;
-    let listener = TcpListener::bind(("127.0.0.1", e.port))
-        .map_err(|err| ctx(&format!("listening on 127.0.0.1:{}", e.port), err))?;
+    // Listening before any program runs, the agent keeping its copies for the sandbox's
+    // life: no program can take the port, even once the forwarder is gone.
+    let listeners = cordon_guest::forwarder::listen(e.port).map_err(io::Error::other)?;
     match cordon_guest::sys::fork_into(0)? {
-        cordon_guest::sys::Forked::Parent(_) => Ok(()),
+        cordon_guest::sys::Forked::Parent(_) => {
+            cordon_guest::forwarder::hold(listeners);
+            Ok(())
+        }
         cordon_guest::sys::Forked::Child => {
-            let code = match forward(listener, port) {
+            let code = match forward(listeners, port) {
                 Ok(()) => 0,
                 Err(err) => {
                     eprintln!("cordon-guest: egress forwarder: {err}");
@@ -337,11 +341,12 @@ fn start_egress(e: &EgressSetup) -> io::Result<()> {
     }
 }
 
-/// The forwarder process: keeps only its listener, the port and stderr (the console), drops
-/// to `nobody`, then serves until the tunnel ends.
-fn forward(listener: TcpListener, port: File) -> io::Result<()> {
+/// The forwarder process: keeps only its listeners, the port and stderr (the console),
+/// drops to `nobody`, then serves until the tunnel ends.
+fn forward(listeners: Vec<TcpListener>, port: File) -> io::Result<()> {
     use std::os::fd::AsRawFd;
-    let keep = [listener.as_raw_fd(), port.as_raw_fd(), 2];
+    let mut keep: Vec<i32> = listeners.iter().map(AsRawFd::as_raw_fd).collect();
+    keep.extend([port.as_raw_fd(), 2]);
     for fd in 0..1024 {
         if !keep.contains(&fd) {
             let _ = nix::unistd::close(fd);
@@ -354,21 +359,34 @@ fn forward(listener: TcpListener, port: File) -> io::Result<()> {
     nix::unistd::setresuid(nobody, nobody, nobody)?;
     nix::sys::prctl::set_no_new_privs()?;
     let reader = port.try_clone()?;
-    let tunnel = Tunnel::start(
+    let tunnel = std::sync::Arc::new(Tunnel::start(
         Box::new(reader),
         Box::new(port),
         None,
         // The port reads empty while its host end is not (yet) connected.
         OnEof::Retry,
         Box::new(|| {}),
-    )?;
-    for conn in listener.incoming() {
-        if tunnel.is_dead() {
-            break;
+    )?);
+    let serve = |listener: TcpListener, tunnel: std::sync::Arc<Tunnel>| {
+        for conn in listener.incoming() {
+            if tunnel.is_dead() {
+                break;
+            }
+            let Ok(tcp) = conn else { continue };
+            let _ = tcp.set_nodelay(true);
+            let _ = tunnel.carry(Box::new(tcp));
         }
-        let Ok(tcp) = conn else { continue };
-        let _ = tcp.set_nodelay(true);
-        let _ = tunnel.carry(Box::new(tcp));
+    };
+    let mut listeners = listeners.into_iter();
+    let Some(first) = listeners.next() else {
+        return Ok(());
+    };
+    for other in listeners {
+        let tunnel = tunnel.clone();
+        std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || serve(other, tunnel))?;
     }
+    serve(first, tunnel);
     Ok(())
 }
