@@ -98,6 +98,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         if let Some(addr) = server.e2b_addr() {
             writeln!(out, "cordon: e2b listening on http://{addr}")?;
         }
+        writeln!(out, "cordon: {}", server.service().capacity())?;
         out.flush()?;
         wait_for_signal().await;
         eprintln!("cordon: shutting down: destroying every sandbox");

@@ -14,6 +14,9 @@ pub struct BudgetLimits {
     pub max_sandboxes_per_tenant: usize,
     /// Memory of every live and pooled sandbox added up.
     pub max_memory: u64,
+    /// The process's descriptors live sandboxes may hold, all tiers together (each holds
+    /// its tier's cost, [`Ledger::hold_descriptors`]); `u64::MAX`: unbounded.
+    pub max_descriptors: u64,
 }
 
 /// Why a reservation was refused; `tenant` tells whose limit is full.
@@ -36,6 +39,8 @@ struct Counts {
     /// Of those, the places being given back: in all, and per tenant.
     leaving: (usize, u64),
     leaving_per_tenant: BTreeMap<String, (usize, u64)>,
+    /// The process's descriptors live sandboxes hold.
+    descriptors: u64,
 }
 
 /// `(sandboxes, memory)` less `(sandboxes, memory)`.
@@ -57,6 +62,8 @@ pub struct Reservation {
     tenant: Option<String>,
     memory: u64,
     leaving: AtomicBool,
+    /// The process's descriptors this sandbox holds ([`Ledger::hold_descriptors`]).
+    descriptors: u64,
 }
 
 impl Reservation {
@@ -96,6 +103,7 @@ impl Drop for Reservation {
             }
         }
         c.memory = c.memory.saturating_sub(self.memory);
+        c.descriptors = c.descriptors.saturating_sub(self.descriptors);
         if let Some(t) = &self.tenant {
             c.sandboxes = c.sandboxes.saturating_sub(1);
             if let Some(e) = c.per_tenant.get_mut(t) {
@@ -223,6 +231,7 @@ impl Ledger {
             tenant: Some(tenant.to_string()),
             memory,
             leaving: AtomicBool::new(false),
+            descriptors: 0,
         })
     }
 
@@ -258,7 +267,37 @@ impl Ledger {
             tenant: None,
             memory,
             leaving: AtomicBool::new(false),
+            descriptors: 0,
         })
+    }
+
+    /// Adds `n` of the process's descriptors to what `place`'s sandbox holds, or says why
+    /// not: the descriptors every live sandbox holds may not pass `max_descriptors`, so the
+    /// server keeps what it needs to accept connections and answer the others.
+    pub fn hold_descriptors(&self, place: &mut Reservation, n: u64) -> Result<(), Full> {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if c.descriptors.saturating_add(n) > self.limits.max_descriptors {
+            return Err(Full {
+                message: format!(
+                    "the server's live sandboxes hold {} of the {} descriptors its descriptor \
+                     limit leaves them, and this sandbox needs {n} more",
+                    c.descriptors, self.limits.max_descriptors
+                ),
+                tenant: false,
+                pending: false,
+            });
+        }
+        c.descriptors += n;
+        place.descriptors += n;
+        Ok(())
+    }
+
+    /// The process's descriptors live sandboxes hold now.
+    pub fn descriptors_held(&self) -> u64 {
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .descriptors
     }
 
     /// Sandboxes and memory held now: in all, and by `tenant`.
@@ -286,6 +325,7 @@ mod tests {
         let l = Ledger::new(BudgetLimits {
             max_sandboxes: 64,
             max_sandboxes_per_tenant: 16,
+            max_descriptors: u64::MAX,
             max_memory: 4096,
         });
         assert_eq!(l.default_tenant_memory(), 1024);
@@ -314,6 +354,7 @@ mod tests {
         let l = Ledger::new(BudgetLimits {
             max_sandboxes: 3,
             max_sandboxes_per_tenant: 2,
+            max_descriptors: u64::MAX,
             max_memory: 1000,
         });
         let a1 = l.reserve("a", 400, (None, None)).unwrap();
@@ -342,6 +383,7 @@ mod tests {
         let l = Ledger::new(BudgetLimits {
             max_sandboxes: 3,
             max_sandboxes_per_tenant: 1,
+            max_descriptors: u64::MAX,
             max_memory: 1000,
         });
         let a = l.reserve("a", 100, (None, None)).unwrap();
@@ -371,5 +413,31 @@ mod tests {
         let _d = l.reserve("d", 300, WHOLE).unwrap();
         drop(a2);
         assert_eq!(l.held("a"), ((1, 300), (0, 0)));
+    }
+
+    #[test]
+    fn descriptors_are_held_until_the_sandbox_goes() {
+        let l = Ledger::new(BudgetLimits {
+            max_sandboxes: 10,
+            max_sandboxes_per_tenant: 10,
+            max_memory: 1000,
+            max_descriptors: 20,
+        });
+        let mut a = l.reserve("t", 1, (None, None)).unwrap();
+        l.hold_descriptors(&mut a, 8).unwrap();
+        let mut b = l.reserve("t", 1, (None, None)).unwrap();
+        l.hold_descriptors(&mut b, 8).unwrap();
+        let mut c = l.reserve("t", 1, (None, None)).unwrap();
+        let full = l.hold_descriptors(&mut c, 8).unwrap_err();
+        assert!(
+            full.message.contains("16 of the 20 descriptors"),
+            "{}",
+            full.message
+        );
+        assert_eq!(l.descriptors_held(), 16);
+        drop(a);
+        l.hold_descriptors(&mut c, 8).unwrap();
+        drop((b, c));
+        assert_eq!(l.descriptors_held(), 0);
     }
 }

@@ -237,11 +237,16 @@ pub fn private_dir(dir: &Path) -> Result<(), String> {
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| {
-        format!(
+    .map_err(|e| match e {
+        nix::errno::Errno::EMFILE | nix::errno::Errno::ENFILE => format!(
+            "opening {}: too many open files ({e}); the process is at its descriptor limit: \
+             destroy sandboxes, or raise the limit (`ulimit -n`)",
+            dir.display()
+        ),
+        _ => format!(
             "{} is not a plain directory ({e}); remove it (a symlink or file there is refused) and retry",
             dir.display()
-        )
+        ),
     })?;
     let st = nix::sys::stat::fstat(&fd).map_err(|e| format!("{}: {e}", dir.display()))?;
     let me = nix::unistd::geteuid().as_raw();

@@ -93,6 +93,8 @@ class ServerProc:
                                      preexec_fn=limits if nofile is not None else None)
         line = self.proc.stdout.readline()
         if "listening on" not in line:
+            if not line:  # stdout closed: the server is exiting; read why
+                self.proc.wait(timeout=60)
             err = self.proc.stderr.read() if self.proc.poll() is not None else ""
             raise RuntimeError(f"cordon serve did not start: {line!r} {err}")
         self.url = line.strip().rsplit(" ", 1)[-1]

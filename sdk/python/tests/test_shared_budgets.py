@@ -6,6 +6,7 @@ make it, with a second tenant whose requests must still be served."""
 from __future__ import annotations
 
 import base64
+import re
 import shutil
 import tempfile
 import threading
@@ -153,3 +154,106 @@ def test_one_tenants_compiles_cannot_fill_the_queue_for_others(server_20k):
         assert "compile" in str(e), str(e)
     for r in ran:
         assert r["exit_code"] == 0, r
+
+
+def test_a_server_at_its_descriptor_limit_refuses_creates_and_keeps_answering():
+    """Issue 49: a server with a low descriptor limit says at start how many sandboxes it
+    can hold, refuses a max_sandboxes above that, and once full refuses creates with the
+    reason while health, lists, execs and destroys go on; destroys make room again. Before,
+    nothing refused the creates: the server ran out of descriptors and every accept failed."""
+    from conftest import container_available, tier_available
+    from cordon_sandbox import Cordon
+    if not container_available():
+        pytest.skip("the container tier is not available here")
+    d = Path(tempfile.mkdtemp(prefix="cordon-deaf-"))
+    try:
+        # More sandboxes than 256 descriptors hold: refused at start, with the fix.
+        allowed = _allowed(d / "over", 256)
+        # A sandbox's processes cannot open more files than the server's hard limit.
+        SMALL = {"open_files": 128}
+        # One less than the limit holds, as the baseline may differ by a few descriptors.
+        n = allowed - 1
+        assert n >= 2, allowed
+        s = ServerProc(d / "data", {}, nofile=256,
+                       sessions=f"max_sandboxes = {n}\nmax_sandboxes_per_tenant = {n}\n").start()
+        try:
+            # It says at start what its descriptors hold.
+            said = s.proc.stdout.readline()
+            assert "descriptor limit (256" in said and "container (8 each)" in said, said
+            alice = Cordon(s.url, KEYS["alice"], retries=0)
+            # Fill it (bounded: a server that never refuses fails here).
+            held, refusal = _fill(alice, "container", n + 40, SMALL)
+            assert refusal is not None, f"{len(held)} creates, none refused"
+            assert refusal.status in (429, 503), (refusal.status, str(refusal))
+            assert refusal.code in ("resource_busy", "too_many_sandboxes"), refusal.code
+            assert refusal.retry_after and refusal.retry_after >= 1, refusal
+            assert "sandbox" in str(refusal), str(refusal)
+            assert held, "no create succeeded under 256 descriptors"
+            # Everything else goes on at the limit.
+            assert alice.health(), "health"
+            listed = {i.id for i in alice.list_sandboxes()}
+            assert {sb.id for sb in held} <= listed, listed
+            r = held[0].exec("echo still here", "sh")
+            assert r.exit_code == 0 and r.stdout == "still here\n", r
+            # Destroys answer, and make room for new sandboxes.
+            for sb in held[: max(1, len(held) // 2)]:
+                sb.destroy()
+            again = alice.create_sandbox(tier="container", limits=SMALL)
+            assert again.exec("echo again", "sh").stdout == "again\n"
+            again.destroy()
+            for sb in held[max(1, len(held) // 2):]:
+                sb.destroy()
+        finally:
+            s.stop()
+        # gVisor sandboxes hold more descriptors each (14 against 8), so on a server whose
+        # max_sandboxes its descriptors allow in container sandboxes, the descriptor budget
+        # refuses them first. (runsc itself needs more than 256 descriptors.)
+        if tier_available("gvisor"):
+            n = _allowed(d / "over-1024", 1024) - 1
+            s = ServerProc(d / "gvisor", {}, nofile=1024,
+                           sessions=f"max_sandboxes = {n}\nmax_sandboxes_per_tenant = {n}\n"
+                           ).start()
+            try:
+                alice = Cordon(s.url, KEYS["alice"], retries=0)
+                held, refusal = _fill(alice, "gvisor", n + 1, SMALL)
+                assert refusal is not None and held, (len(held), n)
+                assert len(held) < n, (len(held), n)
+                assert refusal.status == 429 and refusal.code == "resource_busy", refusal
+                assert "descriptor" in str(refusal) and "ulimit -n" in str(refusal), refusal
+                assert refusal.retry_after and refusal.retry_after >= 1, refusal
+                assert alice.health(), "health"
+                assert {sb.id for sb in held} <= {i.id for i in alice.list_sandboxes()}
+                assert held[0].exec("echo on gvisor", "sh").stdout == "on gvisor\n"
+                held.pop().destroy()
+                held.append(alice.create_sandbox(tier="gvisor", limits=SMALL))
+                for sb in held:
+                    sb.destroy()
+            finally:
+                s.stop()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _fill(client, tier: str, most: int, limits: dict) -> tuple:
+    """Creates sandboxes of `tier` until one is refused (at most `most`): those made, and
+    the refusal (None if none was refused)."""
+    from cordon_sandbox import CordonError
+    held = []
+    for _ in range(most):
+        try:
+            held.append(client.create_sandbox(tier=tier, limits=limits))
+        except CordonError as e:
+            return held, e
+    return held, None
+
+
+def _allowed(data: Path, nofile: int) -> int:
+    """How many container sandboxes a server with `nofile` descriptors says it holds: its
+    refusal at start of a max_sandboxes above that names the number."""
+    with pytest.raises(RuntimeError) as start:
+        ServerProc(data, {}, nofile=nofile, sessions="max_sandboxes = 100000\n").start()
+    why = str(start.value)
+    assert "ulimit -n" in why and "max_sandboxes" in why, why
+    m = re.search(r"lower sessions.max_sandboxes to (\d+)", why)
+    assert m, why
+    return int(m.group(1))

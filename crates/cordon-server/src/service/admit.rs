@@ -117,7 +117,35 @@ impl Admit {
             }
         };
         match reserved {
-            Ok(r) => Ok(r),
+            Ok(mut r) => {
+                let n = super::descriptors::per_sandbox(spec.tier);
+                if n == 0 {
+                    return Ok(r);
+                }
+                match self.ledger.hold_descriptors(&mut r, n) {
+                    Ok(()) => Ok(r),
+                    Err(full) => {
+                        self.metrics.deny("resource_busy");
+                        tracing::warn!(
+                            tier = %spec.tier,
+                            "a create was refused: {}",
+                            full.message
+                        );
+                        let mut e = ApiError::new(
+                            Code::ResourceBusy,
+                            format!(
+                                "this server cannot hold another {} sandbox: {}",
+                                spec.tier, full.message
+                            ),
+                            "destroy sandboxes you no longer need, or retry after the \
+                             Retry-After seconds; the operator can raise the server's \
+                             descriptor limit (ulimit -n)",
+                        );
+                        e.retry_after = Some(self.retry_after_secs.max(1));
+                        Err(e)
+                    }
+                }
+            }
             Err(full) => {
                 self.metrics.deny("too_many_sandboxes");
                 let mut e = ApiError::new(

@@ -7,7 +7,7 @@
 //!  ├─ Contexts ─┐
 //!  ├─ Procs  ───┤ (contexts use procs' one agent call at a time)
 //!  ├─ Files  ───┤
-//!  ├─ Execs  ───┼─► Sessions ─► Volumes ─► Admit (gate, ledger, disk guard)
+//!  ├─ Execs  ───┼─► Sessions ─► Volumes ─► Admit (gate, ledger, disk guard) ─► descriptors
 //!  │            │      └──────► Pools (backends, warm pools)
 //!  ├─ Reaper, Recovery (start-up) ─► Sessions, Pools
 //!  └─ common: Recorder (audit), Life (stopping, background tasks), Chunk, helpers
@@ -37,6 +37,7 @@ use crate::metrics::Metrics;
 mod admit;
 mod common;
 mod contexts;
+mod descriptors;
 mod exec;
 mod files;
 mod pools;
@@ -91,6 +92,8 @@ struct Inner {
     event_streams: Slots,
     /// Each tenant's one place for encoding a large output chunk (`api::stream`).
     output_gates: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// What the descriptor limit allows, as `cordon serve` says it at start.
+    capacity: String,
     _lock: File,
 }
 
@@ -101,6 +104,11 @@ pub struct Service {
 }
 
 impl Service {
+    /// What the process's descriptor limit allows of each tier's live sandboxes.
+    pub fn capacity(&self) -> &str {
+        &self.inner.capacity
+    }
+
     /// Opens the data dir (taking its lock), recovers from a crash, starts the reaper and
     /// warm pools. Must be called inside a tokio runtime.
     pub async fn start(
@@ -211,7 +219,9 @@ impl Service {
                 None => e,
             })
         })?;
+        let fds = descriptor_plan(&cfg, &probes, &backends)?;
         let ledger = Ledger::new(BudgetLimits {
+            max_descriptors: fds.plan.sandboxes,
             max_sandboxes: cfg.sessions.max_sandboxes,
             max_sandboxes_per_tenant: cfg.sessions.max_sandboxes_per_tenant,
             max_memory: cfg
@@ -306,6 +316,7 @@ impl Service {
         );
         Ok(Service {
             inner: Arc::new(Inner {
+                capacity: fds.summary.clone(),
                 cfg,
                 keys,
                 throttle: crate::keys::Throttle::default(),
@@ -504,6 +515,65 @@ impl Service {
     }
 }
 
+/// Shares the process's descriptor limit between the listeners' connections, a reserve and
+/// live sandboxes; says how many sandboxes of each tier that allows, and refuses a
+/// `sessions.max_sandboxes` above what it allows of the cheapest tier that holds any.
+fn descriptor_plan(
+    cfg: &Config,
+    probes: &BTreeMap<cordon_core::Tier, cordon_core::Probe>,
+    backends: &Backends,
+) -> Result<Capacity, ServerError> {
+    descriptors::raise_limit();
+    let per_listener = crate::listen::ConnLimits::of(&cfg.edge).max_connections as u64;
+    let listeners = 1 + u64::from(cfg.e2b.is_some());
+    let plan = descriptors::Plan::of_process(per_listener.saturating_mul(listeners));
+    let tiers: Vec<_> = probes
+        .iter()
+        .filter(|(t, p)| p.available() && backends.contains_key(t))
+        .filter_map(|(t, _)| plan.allows(*t).map(|n| (*t, n)))
+        .collect();
+    let said: Vec<String> = tiers
+        .iter()
+        .map(|(t, n)| format!("{n} {t} ({} each)", descriptors::per_sandbox(*t)))
+        .collect();
+    let summary = format!(
+        "its descriptor limit ({}, less {} for connections and {} in reserve) holds {}",
+        plan.limit,
+        plan.connections,
+        plan.reserve,
+        if said.is_empty() {
+            "any number of sandboxes of this host's tiers".to_string()
+        } else {
+            format!("{} live sandboxes", said.join(", or "))
+        }
+    );
+    tracing::info!("{summary}");
+    if let Some((tier, n)) = tiers.iter().max_by_key(|(_, n)| *n)
+        && cfg.sessions.max_sandboxes as u64 > *n
+    {
+        return Err(ServerError::Config(format!(
+            "sessions.max_sandboxes is {} but this process's descriptor limit ({}, less {} \
+             for connections, {} kept in reserve and {} open at start) holds at most {n} live \
+             {tier} sandboxes of {} descriptors each: raise the limit (`ulimit -n`, or \
+             LimitNOFILE= in the unit) to at least {}, or lower sessions.max_sandboxes to {n}",
+            cfg.sessions.max_sandboxes,
+            plan.limit,
+            plan.connections,
+            plan.reserve,
+            plan.baseline,
+            descriptors::per_sandbox(*tier),
+            plan.limit + (cfg.sessions.max_sandboxes as u64 - n) * descriptors::per_sandbox(*tier),
+        )));
+    }
+    Ok(Capacity { plan, summary })
+}
+
+/// The descriptor plan and what it allows, said at start.
+struct Capacity {
+    plan: descriptors::Plan,
+    summary: String,
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
@@ -512,7 +582,8 @@ mod tests {
     /// docs/design.md), one way, from the front doors down to the shared parts.
     const USES: &[(&str, &[&str])] = &[
         ("common", &[]),
-        ("admit", &["common"]),
+        ("descriptors", &[]),
+        ("admit", &["common", "descriptors"]),
         ("pools", &["common"]),
         ("volumes", &["admit", "common"]),
         ("sessions", &["admit", "common", "pools", "volumes"]),
