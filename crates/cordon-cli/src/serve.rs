@@ -88,18 +88,21 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     rt.block_on(async move {
         let backends = cordon_tiers::Tiers.server_backends(&cfg.data_dir);
         let server = Server::start(cfg, backends, None).await?;
-        let mut out = std::io::stdout();
-        writeln!(
-            out,
-            "cordon: listening on {}://{}",
+        // One write of every start-up line: a caller that reads the first line (the address)
+        // and closes the pipe must never make a later line's write fail (EPIPE) and so end
+        // the server; a stdout that is gone is no reason to stop serving.
+        let mut lines = format!(
+            "cordon: listening on {}://{}\n",
             if server.tls() { "https" } else { "http" },
             server.addr()
-        )?;
+        );
         if let Some(addr) = server.e2b_addr() {
-            writeln!(out, "cordon: e2b listening on http://{addr}")?;
+            lines.push_str(&format!("cordon: e2b listening on http://{addr}\n"));
         }
-        writeln!(out, "cordon: {}", server.service().capacity())?;
-        out.flush()?;
+        lines.push_str(&format!("cordon: {}\n", server.service().capacity()));
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(lines.as_bytes()).and_then(|()| out.flush());
+        drop(out);
         wait_for_signal().await;
         eprintln!("cordon: shutting down: destroying every sandbox");
         server.shutdown().await;
