@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     ArchiveReport, ExecOutcome, ExecRequest, FileOp, FileReply, OutputStream, ProcOutput,
-    ProcSignal, Result, SandboxSpec, Tier,
+    ProcSignal, Result, SandboxSpec, SnapshotDir, SnapshotImage, SnapshotMode, Tier,
 };
 
 /// An unguessable sandbox id: `sb-` and 128 random bits in hex.
@@ -196,6 +196,41 @@ pub trait Backend: Send + Sync {
         let _ = id;
         None
     }
+
+    /// Starts a new sandbox from a snapshot this tier wrote ([`Sandbox::snapshot`]), in the
+    /// image's directory `dir`; called any number of times on one image (a fork of N is N
+    /// calls, possibly from several threads at once), each call independent of the others
+    /// and of the source, which may be running, destroyed, or from before a restart.
+    ///
+    /// `spec` is the new sandbox's, as for [`Backend::create`]: its limits, environment,
+    /// egress policy, grants (with their secrets resolved for the new sandbox: re-minted by
+    /// the server, never the source's), volumes, template (the source's, resolved again by
+    /// the server) and owner. The tier applies every wall of `spec` exactly as `create`
+    /// does, and gives the sandbox a fresh identity: a new [`SandboxId`], its own egress
+    /// proxy (new grant placeholders, so the source's are worthless in it), and where the
+    /// tier has them a new MAC, hostname and a reseeded kernel random pool. What the new
+    /// sandbox has of the source's state follows [`SnapshotImage::mode`]:
+    /// - [`SnapshotMode::Full`](crate::SnapshotMode::Full): its memory, processes (code
+    ///   contexts and background execs, their ids kept) and files as at the snapshot;
+    /// - [`SnapshotMode::Filesystem`](crate::SnapshotMode::Filesystem): the files of the
+    ///   workspace and of what the root let it write; no process; contexts start fresh.
+    ///
+    /// Changes in one sandbox started from an image are seen by no other and never reach
+    /// the image (each gets its own copy or copy-on-write layer). An image of another tier
+    /// or an unknown [`SnapshotImage::format`] is refused with [`crate::Error::Invalid`].
+    /// The default refuses with the mode's feature's error, naming the tiers that can.
+    fn start_from_snapshot(
+        &self,
+        image: &SnapshotImage,
+        dir: &SnapshotDir,
+        spec: &SandboxSpec,
+    ) -> Result<Box<dyn Sandbox>> {
+        let _ = (dir, spec);
+        Err(image
+            .mode
+            .feature()
+            .unsupported(self.tier(), "starting a sandbox from a snapshot"))
+    }
 }
 
 /// A handle another thread calls to end a sandbox's running exec at once (see
@@ -369,6 +404,30 @@ pub trait Sandbox: Send {
     /// The bytes it holds on disk while paused to disk; `None` otherwise.
     fn on_disk_bytes(&self) -> Option<u64> {
         None
+    }
+
+    /// Writes a snapshot of this sandbox of `mode` into `dir` (made by the server: empty,
+    /// root-only, under its data dir; the tier writes nowhere else that outlives the call)
+    /// and returns what it wrote, for [`Backend::start_from_snapshot`].
+    ///
+    /// The sandbox keeps running: it is paused for the shortest time the tier allows (its
+    /// processes frozen while its state is copied or checkpointed, or not at all where the
+    /// tier can copy without), then continues exactly as before, its processes, files, limits
+    /// and deadlines untouched; a sandbox the caller had paused stays paused. On an error the
+    /// sandbox runs on as before and the server deletes `dir`.
+    ///
+    /// [`SnapshotMode::Full`](crate::SnapshotMode::Full) keeps memory, processes and files;
+    /// [`SnapshotMode::Filesystem`](crate::SnapshotMode::Filesystem) the workspace and
+    /// whatever the root let the sandbox write (see [`crate::SnapshotMode`]). Neither keeps
+    /// anything of the host's secrets: grants' secrets, minted tokens and the egress proxy's
+    /// state stay out of `dir`. A mode the tier lacks is refused before anything is
+    /// written: the default refuses both with the mode's feature's error, naming the tiers
+    /// that can (a tier that lacks one mode for a reason of its own says that reason).
+    fn snapshot(&mut self, mode: SnapshotMode, dir: &SnapshotDir) -> Result<SnapshotImage> {
+        let _ = dir;
+        Err(mode
+            .feature()
+            .unsupported_here(format!("a {mode} snapshot")))
     }
 
     /// Continues a paused sandbox's processes where they stopped.

@@ -43,6 +43,12 @@ pub struct Features {
     pub attached: bool,
     /// A background process whose output is held in the sandbox until read.
     pub held: bool,
+    /// A snapshot of memory, processes and files ([`crate::SnapshotMode::Full`]) and
+    /// sandboxes started from it.
+    pub snapshot_full: bool,
+    /// A snapshot of the files ([`crate::SnapshotMode::Filesystem`]) and sandboxes started
+    /// from it.
+    pub snapshot_files: bool,
 }
 
 const ALL_LANGUAGES: &[Language] = &[
@@ -68,10 +74,12 @@ pub enum Feature {
     OwnKernel,
     Attached,
     Held,
+    SnapshotFull,
+    SnapshotFiles,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 13] = [
+    pub const ALL: [Feature; 15] = [
         Feature::Network,
         Feature::Files,
         Feature::Volumes,
@@ -85,6 +93,8 @@ impl Feature {
         Feature::OwnKernel,
         Feature::Attached,
         Feature::Held,
+        Feature::SnapshotFull,
+        Feature::SnapshotFiles,
     ];
 
     /// What it is, as an error message names it.
@@ -103,6 +113,10 @@ impl Feature {
             Feature::OwnKernel => "a kernel of its own",
             Feature::Attached => "processes on the caller's own descriptors",
             Feature::Held => "background processes whose output is held until read",
+            Feature::SnapshotFull => {
+                "full snapshots (memory, processes and files) and forks from them"
+            }
+            Feature::SnapshotFiles => "filesystem snapshots and forks from them",
         }
     }
 
@@ -163,6 +177,8 @@ impl Features {
             Feature::OwnKernel => self.own_kernel,
             Feature::Attached => self.attached,
             Feature::Held => self.held,
+            Feature::SnapshotFull => self.snapshot_full,
+            Feature::SnapshotFiles => self.snapshot_files,
         }
     }
 
@@ -190,6 +206,8 @@ impl Tier {
             own_kernel: false,
             attached: false,
             held: false,
+            snapshot_full: false,
+            snapshot_files: false,
         };
         // The three program tiers share the agent: files, background execs with a terminal,
         // pause, contexts and programs from their root.
@@ -215,9 +233,12 @@ impl Tier {
                 wasm_modules: true,
                 ..NONE
             },
+            // Container: files only; a full snapshot would need CRIU inside Cordon's walls
+            // (see `cordon-container`'s snapshot module for why not).
             Tier::Container => Features {
                 volumes: true,
                 attached: true,
+                snapshot_files: true,
                 ..PROGRAMS
             },
             Tier::Gvisor => Features {

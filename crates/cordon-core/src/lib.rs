@@ -14,6 +14,7 @@ mod files;
 mod procs;
 pub mod report;
 mod run;
+mod snapshot;
 mod spec;
 pub mod units;
 mod volume;
@@ -35,6 +36,7 @@ pub use report::{
     Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind,
 };
 pub use run::{FileIn, FileOut, run_once};
+pub use snapshot::{MAX_FORKS, SnapshotDir, SnapshotImage, SnapshotMode};
 pub use spec::{
     EgressPolicy, Grant, GrantSecret, HOST_ETC, Language, Limits, MintedToken, ResolvedTemplate,
     SandboxSpec, SecretValue, Tier, TokenMinter, WORKDIR, Weakening, default_grant_header,
