@@ -435,8 +435,13 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: UnixStream) -> Res
     // one roots it at the sandbox's own, so /proc/self/cgroup shows no host path.
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
         .map_err(ctx("entering a cgroup namespace"))?;
-    limit_user_counts()?;
     finish_root(&join, &setup, volumes)?;
+    // After the pivot: /proc is the sandbox's own (its PID namespace's instance), so the
+    // lookups below walk only its own entries. Through the host's /proc every live user
+    // namespace's /proc/sys/user entries share one dentry hash chain, and each write here
+    // walked them all: a create cost time in proportion to the live sandboxes (ADR 0026).
+    // Nothing of the sandbox runs yet: the agent starts below.
+    limit_user_counts()?;
     if let (Some(port), Some(_)) = (join.connect_port, &join.egress_socket) {
         cordon_guest::forwarder::spawn(
             port,
