@@ -107,20 +107,18 @@ pub struct SandboxCgroup {
     cpu_dir: PathBuf,
     /// Where the freezer is (v1: its own hierarchy; v2: the one directory).
     freezer_dir: Option<PathBuf>,
-    /// The counter files, open for the sandbox's life: each exec reads them twice, and an
-    /// open descriptor saves a path walk through cgroupfs every time.
-    files: CounterFiles,
 }
 
-/// Open counter files (`None` where a file is missing: it reads as zero).
+/// Counter files, opened for one reading (`None` where a file is missing: it reads as
+/// zero). None is held for the sandbox's life: five descriptors per live sandbox on v1
+/// cost more (the server's descriptor budget, and every spawn's copy of its descriptor
+/// table) than the few microseconds of a path walk through cgroupfs per read (issue 49).
 struct CounterFiles {
     /// v1 `memory.oom_control`, v2 `memory.events` (which also counts the limit's hits).
     oom: Option<fs::File>,
     /// v1 `memory.failcnt` and `memory.memsw.failcnt`.
     failcnt: [Option<fs::File>; 2],
-    pids: Option<fs::File>,
     cpu: Option<fs::File>,
-    /// Read-write: writing 0 resets the peak.
     peak: Option<fs::File>,
 }
 
@@ -159,6 +157,8 @@ trait Hierarchy: Sync {
     /// The writes that set `limits` on a cgroup whose controllers are in `dirs`, in order.
     fn limit_writes(&self, dirs: &Dirs<'_>, limits: &Limits) -> Vec<LimitWrite>;
     fn open_counters(&self, dirs: &Dirs<'_>) -> CounterFiles;
+    /// The memory controller's peak file (writing 0 resets it).
+    fn peak_file(&self) -> &'static str;
     /// Times a memory charge hit the limit, from the open files (`events`: the oom file's
     /// text, already read).
     fn limit_hits(&self, files: &CounterFiles, events: &str) -> u64;
@@ -244,13 +244,16 @@ impl Hierarchy for V1 {
                 open_ro(dirs.memory.join("memory.failcnt")),
                 open_ro(dirs.memory.join("memory.memsw.failcnt")),
             ],
-            pids: dirs.pids.and_then(|d| open_ro(d.join("pids.events"))),
             // Only where cpu and cpuacct share a hierarchy (`cpu,cpuacct`, the usual layout):
             // a separate cpuacct cgroup would cost a mkdir, a join and an rmdir per sandbox
             // for a figure the agent measures anyway.
             cpu: open_ro(dirs.cpu.join("cpuacct.usage")),
-            peak: open_rw(dirs.memory.join("memory.max_usage_in_bytes")),
+            peak: open_ro(dirs.memory.join(self.peak_file())),
         }
+    }
+
+    fn peak_file(&self) -> &'static str {
+        "memory.max_usage_in_bytes"
     }
 
     fn limit_hits(&self, files: &CounterFiles, _: &str) -> u64 {
@@ -334,10 +337,13 @@ impl Hierarchy for V2 {
             // memory.events also counts the limit's hits (`max`).
             oom: open_ro(dirs.memory.join("memory.events")),
             failcnt: [None, None],
-            pids: dirs.pids.and_then(|d| open_ro(d.join("pids.events"))),
             cpu: open_ro(dirs.cpu.join("cpu.stat")),
-            peak: open_rw(dirs.memory.join("memory.peak")),
+            peak: open_ro(dirs.memory.join(self.peak_file())),
         }
+    }
+
+    fn peak_file(&self) -> &'static str {
+        "memory.peak"
     }
 
     fn limit_hits(&self, _: &CounterFiles, events: &str) -> u64 {
@@ -481,17 +487,11 @@ impl SandboxCgroup {
             }
             None => None,
         };
-        let files = hier.open_counters(&Dirs {
-            memory: &memory_dir,
-            cpu: &cpu_dir,
-            pids: pids_dir.as_deref(),
-        });
         let this = SandboxCgroup {
             freezer_dir,
             memory_dir,
             pids_dir,
             cpu_dir,
-            files,
             hier,
             parent: parent.to_string(),
             name: name.to_string(),
@@ -508,13 +508,16 @@ impl SandboxCgroup {
         format!("/{}/{}", self.parent, self.name)
     }
 
-    fn set_limits(&self, limits: &Limits) -> Result<(), HostError> {
-        let dirs = Dirs {
+    fn dirs(&self) -> Dirs<'_> {
+        Dirs {
             memory: &self.memory_dir,
             cpu: &self.cpu_dir,
             pids: self.pids_dir.as_deref(),
-        };
-        for w in self.hier.limit_writes(&dirs, limits) {
+        }
+    }
+
+    fn set_limits(&self, limits: &Limits) -> Result<(), HostError> {
+        for w in self.hier.limit_writes(&self.dirs(), limits) {
             match fs::write(&w.file, &w.value) {
                 Err(e) if !w.what.is_empty() => return Err(err(w.what, e)),
                 _ => {}
@@ -539,9 +542,9 @@ impl SandboxCgroup {
     /// Reads the counters; missing files read as zero, except the CPU time, which is `None`
     /// without its file.
     pub fn counters(&self) -> Counters {
-        // The files were opened by this version's `open_counters`; the limit's hits and the
+        // The files are opened by this version's `open_counters`; the limit's hits and the
         // CPU time differ in shape between versions and are read by it.
-        let f = &self.files;
+        let f = &self.hier.open_counters(&self.dirs());
         let oom = read_open(f.oom.as_ref());
         Counters {
             oom_kills: parse_keyed(&oom, "oom_kill"),
@@ -557,13 +560,15 @@ impl SandboxCgroup {
 
     /// Forks the process limit has refused so far (one file read: the watch during an exec).
     pub fn pids_refusals(&self) -> u64 {
-        parse_keyed(&read_open(self.files.pids.as_ref()), "max")
+        self.pids_dir
+            .as_ref()
+            .map_or(0, |d| keyed(&d.join("pids.events"), "max"))
     }
 
     /// Resets the peak-memory mark so the next exec's peak is its own (where supported).
     pub fn reset_peak(&self) {
         use std::os::unix::fs::FileExt;
-        if let Some(f) = &self.files.peak {
+        if let Some(f) = open_rw(self.memory_dir.join(self.hier.peak_file())) {
             let _ = f.write_at(b"0", 0);
         }
     }
