@@ -49,6 +49,21 @@ pub struct Features {
     /// A snapshot of the files ([`crate::SnapshotMode::Filesystem`]) and sandboxes started
     /// from it.
     pub snapshot_files: bool,
+    /// An OCI bundle's process run as a container's (cordon-oci): a root of the bundle's
+    /// own and a process on the caller's I/O, passed ([`Features::attached`]) or relayed
+    /// ([`Features::held`]).
+    pub oci: bool,
+    /// Host directories bound into the sandbox at any path (a node's `[allow] host_path`).
+    pub host_paths: bool,
+    /// Host devices bound into the sandbox's `/dev` (a node's `[allow] device`).
+    pub host_devices: bool,
+    /// A writable root: the image's root, its writes in a layer of the sandbox's own.
+    pub writable_root: bool,
+    /// A root that must hold the mount points the tier binds its own files on (a
+    /// template's root has them; an OCI bundle's gets them layered over the image).
+    pub root_mount_points: bool,
+    /// A root that is a disk made from the image (bounded in size), not a directory.
+    pub root_disk: bool,
 }
 
 const ALL_LANGUAGES: &[Language] = &[
@@ -76,10 +91,16 @@ pub enum Feature {
     Held,
     SnapshotFull,
     SnapshotFiles,
+    Oci,
+    HostPaths,
+    HostDevices,
+    WritableRoot,
+    RootMountPoints,
+    RootDisk,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 15] = [
+    pub const ALL: [Feature; 21] = [
         Feature::Network,
         Feature::Files,
         Feature::Volumes,
@@ -95,6 +116,12 @@ impl Feature {
         Feature::Held,
         Feature::SnapshotFull,
         Feature::SnapshotFiles,
+        Feature::Oci,
+        Feature::HostPaths,
+        Feature::HostDevices,
+        Feature::WritableRoot,
+        Feature::RootMountPoints,
+        Feature::RootDisk,
     ];
 
     /// What it is, as an error message names it.
@@ -117,6 +144,12 @@ impl Feature {
                 "full snapshots (memory, processes and files) and forks from them"
             }
             Feature::SnapshotFiles => "filesystem snapshots and forks from them",
+            Feature::Oci => "OCI bundles (cordon-oci)",
+            Feature::HostPaths => "host directories",
+            Feature::HostDevices => "host devices",
+            Feature::WritableRoot => "a writable root",
+            Feature::RootMountPoints => "a root that must hold the tier's mount points",
+            Feature::RootDisk => "a root that is a disk",
         }
     }
 
@@ -179,6 +212,12 @@ impl Features {
             Feature::Held => self.held,
             Feature::SnapshotFull => self.snapshot_full,
             Feature::SnapshotFiles => self.snapshot_files,
+            Feature::Oci => self.oci,
+            Feature::HostPaths => self.host_paths,
+            Feature::HostDevices => self.host_devices,
+            Feature::WritableRoot => self.writable_root,
+            Feature::RootMountPoints => self.root_mount_points,
+            Feature::RootDisk => self.root_disk,
         }
     }
 
@@ -208,10 +247,17 @@ impl Tier {
             held: false,
             snapshot_full: false,
             snapshot_files: false,
+            oci: false,
+            host_paths: false,
+            host_devices: false,
+            writable_root: false,
+            root_mount_points: false,
+            root_disk: false,
         };
         // The three program tiers share the agent: files, background execs with a terminal,
-        // pause, contexts and programs from their root.
+        // pause, contexts and programs from their root, and run OCI bundles.
         const PROGRAMS: Features = Features {
+            oci: true,
             network: true,
             files: true,
             background: true,
@@ -239,15 +285,20 @@ impl Tier {
                 volumes: true,
                 attached: true,
                 snapshot_files: true,
+                host_paths: true,
+                host_devices: true,
+                writable_root: true,
                 ..PROGRAMS
             },
             Tier::Gvisor => Features {
                 volumes: true,
                 own_kernel: true,
                 held: true,
+                root_mount_points: true,
                 ..PROGRAMS
             },
             Tier::Microvm => Features {
+                root_disk: true,
                 pause_to_disk: true,
                 own_kernel: true,
                 held: true,
@@ -299,5 +350,25 @@ mod tests {
         assert!(!Tier::Runtime.features().runs(Language::Python));
         assert!(Tier::Gvisor.features().has(Feature::OwnKernel));
         assert!(!Tier::Container.features().has(Feature::OwnKernel));
+    }
+
+    /// A tier that runs OCI bundles runs a process on the caller's I/O, one way or the
+    /// other; the root facts are each one tier's.
+    #[test]
+    fn oci_tiers_pass_or_relay_the_callers_io() {
+        for t in Feature::Oci.tiers() {
+            let f = t.features();
+            assert!(f.attached != f.held, "{t}");
+        }
+        assert_eq!(
+            Feature::Oci.fix(),
+            "use the container, gvisor or microvm tiers for OCI bundles (cordon-oci)"
+        );
+        assert!(
+            Feature::WritableRoot
+                .tiers()
+                .iter()
+                .all(|t| !t.features().root_disk)
+        );
     }
 }

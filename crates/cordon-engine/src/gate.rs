@@ -779,6 +779,11 @@ impl Gate {
                     TierChoice::Auto,
                 ]
             }
+            // Nothing named, nothing open, and the default tier would have been: why it
+            // cannot run here says more than that no tier is available.
+            None if open.is_empty() && rules.tiers.contains(&self.settings.default_tier) => {
+                return Err(self.unavailable(self.settings.default_tier));
+            }
             None => vec![TierChoice::Auto],
         };
         let mut last = None;

@@ -497,7 +497,7 @@ pub fn request(spec: &Spec) -> Result<SandboxRequest> {
             annotation::DENY_HOSTS => req.deny_hosts = list(value),
             annotation::GRANTS => req.grants = list(value).into_iter().map(GrantName).collect(),
             annotation::TIER => {
-                let tier = crate::tiers::TIERS
+                let tier = crate::tiers::oci_tiers()
                     .into_iter()
                     .find(|t| t.as_str() == value)
                     .ok_or_else(|| {

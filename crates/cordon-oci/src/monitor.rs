@@ -14,39 +14,21 @@
 //! signal), and `delete` removes the cgroup it may leave.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cordon_core::{ExecRequest, ProcSignal, PtySize, Sandbox, Tier};
-use cordon_engine::Principal;
+use cordon_core::{ExecRequest, ProcSignal, Sandbox};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::SignalFd;
 
 use crate::audit::Audited;
-use crate::bundle::{self, ProcessSpec};
+use crate::bundle::ProcessSpec;
 use crate::ctl::{Conn, Listener, Reply, Request};
-use crate::node::NodeConfig;
 use crate::state::{Record, Root, Status};
 use crate::tiers::{Relay, Started};
 use crate::{OciError, Result};
 
-/// Where the bundle's root filesystem is bound, in the monitor's own mount namespace: a
-/// tmpfs of its own over this (empty) directory, whose parents the sandbox's ids can pass
-/// whatever the modes above the engine's state directory (containerd's are 0700). The host
-/// sees only the empty directory.
-pub const ROOTS_AT: &str = "/run/cordon-oci-roots";
-
-/// What the monitor is started with.
-pub struct Setup {
-    pub root: Root,
-    pub id: String,
-    pub bundle: PathBuf,
-    pub node: NodeConfig,
-    /// The engine's console socket, connected by `create` (`--console-socket`): a process
-    /// with a terminal gets its master there.
-    pub console: Option<OwnedFd>,
-}
+pub use crate::prepare::{Prepared, ROOTS_AT, Setup, prepare};
 
 /// One process of the container: the first is the container's own. Its stdin, stdout and
 /// stderr are the caller's own descriptors, passed to the sandbox; none is held here.
@@ -56,242 +38,6 @@ struct Proc {
     conn: Option<Conn>,
     /// On a tier that cannot take the caller's descriptors: the copy to and from them.
     relay: Option<Relay>,
-}
-
-/// What [`prepare`] made: the sandbox, the container's process, its record and, for a
-/// process with a terminal, the terminal's slave (its master went to the console socket).
-pub struct Prepared {
-    pub sandbox: Audited,
-    pub process: ProcessSpec,
-    pub record: Record,
-    pub terminal: Option<OwnedFd>,
-}
-
-/// Where a writable root's writes go (docs/adr/0023-oci-writable-root.md).
-const UPPER: crate::rootfs::Upper = crate::rootfs::Upper::Disk;
-
-/// The terminal size a process gets when its bundle names none.
-const DEFAULT_CONSOLE: PtySize = PtySize { rows: 24, cols: 80 };
-
-/// Makes the sandbox for the bundle and, for a process with a terminal, the terminal
-/// (its master sent to the console socket). Errors are the caller's to report (`create`
-/// prints them); nothing is left running.
-pub fn prepare(setup: Setup) -> Result<Prepared> {
-    let spec = bundle::load(&setup.bundle)?;
-    let (granted, mut req, root) = checked(&setup, &spec)?;
-    let process = ProcessSpec::from_oci(spec.process().as_ref().ok_or_else(|| {
-        OciError::Invalid("the bundle's config.json has no process; name the program to run".into())
-    })?)?;
-    if process.terminal && setup.console.is_none() {
-        return Err(OciError::Invalid(
-            "the process asks for a terminal but no --console-socket was given; give one \
-             (the engine's), or run the process without a terminal"
-                .into(),
-        ));
-    }
-    // The directory checked, every link on the way resolved.
-    let rootfs = root.path.clone();
-    let wanted = crate::node::wanted_tier(&req, &setup.node);
-    // The tier runs as asked (or as the node's default): the gate admits it or refuses.
-    req.tier = Some(cordon_policy::TierChoice::Tier(wanted));
-    let gate = setup.node.gate_for(wanted)?;
-    let mut decided = gate.admit(
-        &Principal::Tenant(crate::node::TENANT.into()),
-        &req,
-        "oci create",
-    );
-    // The node's allowances the bundle uses, marked on the decision.
-    match &mut decided {
-        Ok(a) => a.record.node_allowances = granted.record.clone(),
-        Err(d) => d.record.node_allowances = granted.record.clone(),
-    }
-    // Recorded before anything runs; a decision that cannot be recorded stops the container.
-    let audit = crate::audit::record_decision(&setup.node, &setup.id, &decided)?;
-    let admitted = decided.map_err(|d| OciError::Refused {
-        what: format!("{} (rule {})", d.message, d.rule),
-        fix: d.fix.clone(),
-    })?;
-    let mut sandbox_spec = admitted.spec;
-    if sandbox_spec.tier != Tier::Container
-        && (!granted.host_paths.is_empty() || !granted.devices.is_empty())
-    {
-        return Err(OciError::Refused {
-            what: format!(
-                "it asks for a host path or device on the {} tier",
-                sandbox_spec.tier
-            ),
-            fix: "run it on the container tier (the node's [allow] entries are for it), or \
-                  without the mount or device"
-                .into(),
-        });
-    }
-    let mut mount_at = bind_rootfs(&root)?;
-    // `root.readonly: false` on the container tier: the image's root, writable, its writes
-    // in a layer of its own (the other tiers keep it read-only).
-    let writable = (sandbox_spec.tier == Tier::Container && crate::rootfs::asked(&spec))
-        .then(|| {
-            let size = sandbox_spec.limits.disk_bytes;
-            // A node directory's root-owned files stay root's (never the workload's).
-            let owners = if root.node_dir {
-                crate::rootfs::Owners::Node
-            } else {
-                crate::rootfs::Owners::Image
-            };
-            crate::rootfs::mount(&rootfs, Path::new(ROOTS_AT), &setup.id, size, UPPER, owners)
-        })
-        .transpose()?;
-    bundle::seal_rootfs(&rootfs)?;
-    if sandbox_spec.tier == Tier::Gvisor {
-        mount_at = crate::tiers::with_mount_points(&mount_at)?;
-    }
-    sandbox_spec.volumes = crate::allow::bind_host_paths(granted.host_paths, Path::new(ROOTS_AT))?;
-    sandbox_spec.devices = granted.devices;
-    sandbox_spec.resolved_template = Some(cordon_core::ResolvedTemplate {
-        name: format!("oci:{}", setup.id),
-        digest: String::new(),
-        root: writable.as_ref().map_or(mount_at, |w| w.root.clone()),
-        env: Default::default(),
-        languages: Default::default(),
-        lease: None,
-        writable: writable.is_some(),
-    });
-    let ids = writable.as_ref().map(|w| crate::rootfs::pool(&w.ids));
-    let mut sandbox = crate::tiers::create(&sandbox_spec, &setup.id, ids)?;
-    // Its ids stay leased until the monitor ends.
-    std::mem::forget(writable);
-    let tier = sandbox_spec.tier;
-    let terminal = match (&setup.console, process.terminal) {
-        (Some(console), true) => Some(console_for(sandbox.as_mut(), tier, console, &process)?),
-        _ => None,
-    };
-    let record = Record {
-        id: setup.id.clone(),
-        bundle: setup.bundle.clone(),
-        pid: std::process::id() as i32,
-        pid_start: crate::state::start_time(std::process::id() as i32).unwrap_or(0),
-        status: Status::Created,
-        created: crate::state::now_rfc3339(),
-        annotations: spec
-            .annotations()
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .collect(),
-        sandbox: Some(sandbox.id().as_str().to_string()),
-        exit_code: None,
-        tier: Some(tier),
-    };
-    // The backend's sandbox owns everything; the backend itself holds nothing more. Its
-    // proxy's decisions go to the node's audit store as they are made.
-    let sandbox = Audited::new(sandbox, audit, &setup.id, tier);
-    Ok(Prepared {
-        sandbox,
-        process,
-        record,
-        terminal,
-    })
-}
-
-/// The bundle checked ([`bundle::check`]), read into a request, and its root filesystem
-/// checked ([`crate::allow::root`]). A refusal is recorded in the node's audit store, as
-/// the gate's are, before it is returned.
-fn checked(
-    setup: &Setup,
-    spec: &oci_spec::runtime::Spec,
-) -> Result<(
-    crate::allow::Granted,
-    cordon_engine::SandboxRequest,
-    crate::allow::CheckedRoot,
-)> {
-    let req = bundle::request(spec);
-    let all = bundle::check(spec, &setup.node.allow).and_then(|mut g| {
-        let req = req?;
-        let root = crate::allow::root(
-            &bundle::rootfs(spec, &setup.bundle)?,
-            &setup.node.allow.rootfs,
-            crate::rootfs::asked(spec),
-            &mut g,
-        )?;
-        Ok((g, req, root))
-    });
-    match all {
-        Ok(done) => Ok(done),
-        Err(e) => {
-            let asked = bundle::request(spec).unwrap_or_default();
-            crate::audit::record_refusal(&setup.node, &setup.id, &asked, &e)?;
-            Err(e)
-        }
-    }
-}
-
-/// A terminal in the sandbox for `process`: its master goes to the engine over `console`
-/// (as runc sends it), its slave is returned for the process.
-fn console_for(
-    sandbox: &mut dyn Sandbox,
-    tier: Tier,
-    console: &impl AsFd,
-    process: &ProcessSpec,
-) -> Result<OwnedFd> {
-    let size = process.console_size.unwrap_or(DEFAULT_CONSOLE);
-    let t = crate::tiers::open_terminal(sandbox, tier, size)?;
-    crate::ctl::send_console(console, &t.name, t.master.as_fd()).map_err(|e| {
-        OciError::io(
-            "sending the terminal to the console socket (is the engine still listening?)",
-            e,
-        )
-    })?;
-    Ok(t.slave)
-}
-
-/// A private mount namespace for the monitor (and the sandbox's init it starts), with the
-/// bundle's root bound under [`ROOTS_AT`] in it; returns where. It goes away with the
-/// monitor.
-fn bind_rootfs(root: &crate::allow::CheckedRoot) -> Result<PathBuf> {
-    use nix::mount::{MsFlags, mount};
-    use std::os::unix::fs::DirBuilderExt;
-    let m = |what: &str| {
-        let what = what.to_string();
-        move |e: nix::Error| OciError::io(what, e.into())
-    };
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(m(
-        "making the monitor's mount namespace (run cordon-oci as root)",
-    ))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(m("making the monitor's mounts private"))?;
-    let base = Path::new(ROOTS_AT);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o711)
-        .create(base)
-        .map_err(|e| OciError::io(format!("making {ROOTS_AT}"), e))?;
-    mount(
-        Some("tmpfs"),
-        base,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some("size=64k,mode=0711"),
-    )
-    .map_err(m("mounting the roots' tmpfs"))?;
-    let at = base.join("root");
-    std::fs::create_dir(&at).map_err(|e| OciError::io("making the root's mount point", e))?;
-    // The directory that was checked, or nothing.
-    let dir = root.reopen()?;
-    let source = format!("/proc/self/fd/{}", dir.as_raw_fd());
-    mount(
-        Some(source.as_str()),
-        &at,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| OciError::io("binding the bundle's root filesystem", e.into()))?;
-    Ok(at)
 }
 
 fn exec_request(p: &ProcessSpec) -> ExecRequest {
@@ -622,7 +368,9 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
             let req = exec_request(&process);
             let started = if process.terminal {
                 let tier = cx.sandbox.tier();
-                let size = process.console_size.unwrap_or(DEFAULT_CONSOLE);
+                let size = process
+                    .console_size
+                    .unwrap_or(crate::prepare::DEFAULT_CONSOLE);
                 crate::tiers::open_terminal(cx.sandbox.inner(), tier, size).and_then(|t| {
                     let slave = t.slave.as_fd();
                     let (bg, relay) = start(cx.sandbox, &req, [slave; 3], true, &process)?;
@@ -741,7 +489,7 @@ pub fn sweep(record: &Record) -> bool {
         return false;
     };
     let mut left = false;
-    if let Some(tier) = record.tier.filter(|t| *t != Tier::Container) {
+    if let Some(tier) = record.tier {
         let removed = crate::tiers::sweep(tier, name);
         for r in &removed {
             eprintln!("cordon-oci: container {}: removed {r}", record.id);

@@ -20,15 +20,6 @@ pub const DEFAULT_PATH: &str = "/etc/cordon/oci.toml";
 /// container is one row there (`cordon audit --data-dir /var/lib/cordon/oci`).
 pub const DEFAULT_AUDIT: &str = "/var/lib/cordon/oci/audit.db";
 
-/// The tier a container asks for: its `cordon.tier` annotation, else the node's `tier`,
-/// else the container tier.
-pub fn wanted_tier(req: &cordon_engine::SandboxRequest, node: &NodeConfig) -> cordon_core::Tier {
-    match req.tier {
-        Some(cordon_policy::TierChoice::Tier(t)) => t,
-        _ => node.tier.unwrap_or(cordon_core::Tier::Container),
-    }
-}
-
 /// The principal every container is admitted as (its ceiling is `[ceiling]`).
 pub const TENANT: &str = "oci";
 
@@ -309,7 +300,7 @@ impl NodeConfig {
             .map_err(ConfigError::Ceiling)?;
         cfg.allow.validate()?;
         if let Some(t) = cfg.tier
-            && !crate::tiers::TIERS.contains(&t)
+            && !t.features().oci
         {
             return Err(ConfigError::Allow {
                 entry: format!("tier = \"{t}\""),
@@ -331,19 +322,25 @@ impl NodeConfig {
         c
     }
 
-    /// The gate a container on the container tier is admitted by.
+    /// The gate a container that names no tier is admitted by.
     pub fn gate(&self) -> Result<Gate> {
-        self.gate_for(cordon_core::Tier::Container)
+        self.gate_for(None)
     }
 
-    /// The gate a container that asks for `wanted` is admitted by: the container tier is
-    /// open on every node, `wanted` when the node can run it (else the gate refuses it with
-    /// the reason).
-    pub fn gate_for(&self, wanted: cordon_core::Tier) -> Result<Gate> {
+    /// The gate a container is admitted by, which chooses its tier: the one it `asked`
+    /// for (its `cordon.tier`), else the node's `tier`, else the gate's default, as the
+    /// ceiling and the policy allow. The tier it would take is probed (a tier without a
+    /// kernel of its own is open on every node); when the node cannot run it, the gate
+    /// refuses it with the reason.
+    pub fn gate_for(&self, asked: Option<cordon_core::Tier>) -> Result<Gate> {
         let catalogue =
             cordon_engine::Catalogue::load(&self.grants, None).map_err(ConfigError::Catalogue)?;
-        let (available, unavailable) = crate::tiers::availability(wanted);
         let mut settings = GateSettings::default();
+        if let Some(t) = self.tier {
+            settings.default_tier = t;
+        }
+        let (available, unavailable) =
+            crate::tiers::availability(asked.unwrap_or(settings.default_tier));
         if let Some(d) = &self.default_limits {
             settings.default_limits = d.apply(&settings.default_limits);
         }
@@ -419,21 +416,33 @@ mod tests {
         assert!(rows.iter().all(|r| r.tenant.as_deref() == Some(TENANT)));
     }
 
-    /// The tier a container asks for: its annotation, else the node's `tier`, else the
-    /// container tier; a node default cordon-oci does not run is refused when read.
+    /// The gate chooses the tier: the annotation's, else the node's `tier` (the gate's
+    /// default), else the container tier; a node default cordon-oci does not run is refused
+    /// when read.
     #[test]
-    fn the_wanted_tier_is_the_annotations_then_the_nodes() {
+    fn the_gate_chooses_the_annotations_tier_then_the_nodes() {
         use cordon_core::Tier;
+        let who = cordon_engine::Principal::Tenant(TENANT.into());
         let plain = cordon_engine::SandboxRequest::default();
-        let asks = cordon_engine::SandboxRequest {
-            tier: Some(cordon_policy::TierChoice::Tier(Tier::Microvm)),
-            ..Default::default()
-        };
         let default = NodeConfig::default();
         let gvisor = NodeConfig::parse("tier = \"gvisor\"\n").unwrap();
-        assert_eq!(wanted_tier(&plain, &default), Tier::Container);
-        assert_eq!(wanted_tier(&plain, &gvisor), Tier::Gvisor);
-        assert_eq!(wanted_tier(&asks, &gvisor), Tier::Microvm);
+        assert_eq!(
+            default.gate().unwrap().settings().default_tier,
+            Tier::Container
+        );
+        assert_eq!(gvisor.gate().unwrap().settings().default_tier, Tier::Gvisor);
+        let chosen = default.gate().unwrap().admit(&who, &plain, "t").unwrap();
+        assert_eq!(chosen.spec.tier, Tier::Container);
+        // A node whose default is gvisor, asked for the container tier: the gate gives it.
+        let asks = cordon_engine::SandboxRequest {
+            tier: Some(cordon_policy::TierChoice::Tier(Tier::Container)),
+            ..Default::default()
+        };
+        let chosen = gvisor.gate_for(Some(Tier::Container)).unwrap();
+        assert_eq!(
+            chosen.admit(&who, &asks, "t").unwrap().spec.tier,
+            Tier::Container
+        );
         let e = NodeConfig::parse("tier = \"wasm\"\n")
             .unwrap_err()
             .to_string();

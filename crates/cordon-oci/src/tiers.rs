@@ -13,25 +13,34 @@ use std::collections::BTreeSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use cordon_core::{ExecRequest, ProcUser, PtySize, Sandbox, SandboxSpec, Terminal, Tier};
+use cordon_core::{ExecRequest, Feature, ProcUser, PtySize, Sandbox, SandboxSpec, Terminal, Tier};
 use cordon_tiers::{Own, Tiers};
 
 use crate::{OciError, Result};
 
-/// The tiers cordon-oci runs a bundle on.
-pub const TIERS: [Tier; 3] = [Tier::Container, Tier::Gvisor, Tier::Microvm];
+/// The tiers cordon-oci runs a bundle on (those whose [`cordon_core::Features`] say `oci`).
+pub fn oci_tiers() -> Vec<Tier> {
+    Feature::Oci.tiers()
+}
 
 /// The largest root filesystem a bundle may have on the microvm tier: its disk is made
 /// from it once per container, under [`DISKS`].
 pub const MAX_ROOT_DISK: u64 = 4 << 30;
 
-/// The tiers this node can run for a bundle that asks for `wanted`: the container tier
-/// always, another tier when its probe says so (else its reason, which the gate gives
-/// back in its refusal).
+/// The tiers this node can run for a bundle the gate would put on `wanted` (the tier it
+/// names, else the node's default): `wanted` alone, when it has no kernel of its own (it
+/// needs what cordon-oci itself needs: root and the host's namespaces) or its probe says
+/// so (else its reason, which the gate gives back in its refusal). No other tier is open,
+/// so the gate never falls back to a tier the bundle and the node did not name.
 pub fn availability(wanted: Tier) -> (BTreeSet<Tier>, Vec<(Tier, String)>) {
-    let mut available: BTreeSet<Tier> = [Tier::Container].into_iter().collect();
+    let mut available = BTreeSet::new();
     let mut unavailable = Vec::new();
-    let probe = (wanted != Tier::Container).then(|| Tiers.probe(wanted));
+    let probe = if wanted.features().own_kernel {
+        Some(Tiers.probe(wanted))
+    } else {
+        available.insert(wanted);
+        None
+    };
     if let Some(p) = probe {
         if p.available() {
             available.insert(wanted);
@@ -83,7 +92,7 @@ pub fn create(
         ids,
         root_disk: None,
     };
-    let disk = spec.tier == Tier::Microvm;
+    let disk = spec.tier.features().root_disk;
     if disk {
         if let Some(t) = &spec.resolved_template {
             bounded_size(&t.root, MAX_ROOT_DISK)?;
@@ -100,8 +109,7 @@ pub fn create(
         }
         own.root_disk = Some(disk_dir(id).join("root.ext4"));
     }
-    let backend = TIERS
-        .contains(&spec.tier)
+    let backend = (spec.tier.features().oci)
         .then(|| Tiers.backend_for(spec.tier, &own))
         .flatten()
         .ok_or_else(|| {
@@ -228,12 +236,14 @@ fn bounded_size(root: &Path, max: u64) -> Result<()> {
     Ok(())
 }
 
-/// Removes what a container whose monitor is gone may have left on `tier` (its runsc
-/// sandbox, a VM's directory and cgroup): the tier's own sweep of sandboxes whose owning
-/// process is gone. Returns one line per thing removed.
+/// Removes what a container whose monitor is gone may have left on `tier` where the tier
+/// has a kernel of its own (its runsc sandbox, a VM's directory and cgroup): the tier's
+/// own sweep of sandboxes whose owning process is gone. A tier without one leaves only the
+/// sandbox's cgroup and proxy files, which the monitor's sweep removes. Returns one line
+/// per thing removed.
 pub fn sweep(tier: Tier, sandbox: &str) -> Vec<String> {
     match Tiers.backend(tier) {
-        Some(b) if tier != Tier::Container => b.recover(&[sandbox.to_string()]),
+        Some(b) if tier.features().own_kernel => b.recover(&[sandbox.to_string()]),
         _ => Vec::new(),
     }
 }

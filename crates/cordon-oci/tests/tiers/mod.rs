@@ -373,52 +373,62 @@ fn podman_refuses_a_tier_the_node_closes_or_cannot_run() {
 }
 
 /// A tier this node cannot run (its probe finds no QEMU: `CORDON_QEMU` names none) is
-/// refused at `create` with what is missing, and nothing of the container is left.
+/// refused at `create` with what is missing, and nothing of the container is left: named by
+/// the bundle's annotation, or the node's default tier for a bundle that names none (the
+/// gate, which chooses the tier, never falls back to another).
 #[test]
 fn a_tier_the_node_cannot_run_is_refused_with_the_probes_reason() {
     if !have("root", nix::unistd::geteuid().is_root()) || !super::init_beside() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let bundle = dir.path().join("bundle");
-    std::fs::create_dir_all(bundle.join("rootfs/bin")).unwrap();
-    std::fs::copy("/bin/busybox", bundle.join("rootfs/bin/busybox")).unwrap();
-    std::fs::write(
-        bundle.join("config.json"),
-        serde_json::json!({
-            "ociVersion": "1.0.2",
-            "root": {"path": "rootfs"},
-            "process": {"args": ["/bin/busybox", "true"], "cwd": "/", "env": [],
-                        "user": {"uid": 0, "gid": 0}},
-            "annotations": {"cordon.tier": "microvm"},
-            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
-                                     {"type": "uts"}, {"type": "mount"}]}
-        })
-        .to_string(),
-    )
-    .unwrap();
-    let config = node_config(dir.path(), &super::allow_rootfs(&bundle));
-    let root = dir.path().join("state");
-    let out = Command::new(OCI)
-        .env("CORDON_QEMU", dir.path().join("no-qemu"))
-        .arg("--root")
-        .arg(&root)
-        .arg("--cordon-config")
-        .arg(&config)
-        .args(["create", "--bundle"])
-        .arg(&bundle)
-        .arg("no-qemu")
-        .output()
+    for (annotations, node) in [
+        (serde_json::json!({"cordon.tier": "microvm"}), ""),
+        (serde_json::json!({}), "tier = \"microvm\"\n"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(bundle.join("rootfs/bin")).unwrap();
+        std::fs::copy("/bin/busybox", bundle.join("rootfs/bin/busybox")).unwrap();
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::json!({
+                "ociVersion": "1.0.2",
+                "root": {"path": "rootfs"},
+                "process": {"args": ["/bin/busybox", "true"], "cwd": "/", "env": [],
+                            "user": {"uid": 0, "gid": 0}},
+                "annotations": annotations,
+                "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+                                         {"type": "uts"}, {"type": "mount"}]}
+            })
+            .to_string(),
+        )
         .unwrap();
-    assert!(!out.status.success());
-    let said = text(&out.stderr);
-    assert!(said.contains("microvm"), "{said}");
-    assert!(said.contains("this node cannot run it"), "{said}");
-    assert!(said.contains("qemu"), "{said}");
-    assert!(
-        !root.join("no-qemu").exists(),
-        "the container's state was left"
-    );
+        let config = node_config(
+            dir.path(),
+            &format!("{node}{}", super::allow_rootfs(&bundle)),
+        );
+        let root = dir.path().join("state");
+        let out = Command::new(OCI)
+            .env("CORDON_QEMU", dir.path().join("no-qemu"))
+            .arg("--root")
+            .arg(&root)
+            .arg("--cordon-config")
+            .arg(&config)
+            .args(["create", "--bundle"])
+            .arg(&bundle)
+            .arg("no-qemu")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{node}: it was created");
+        let said = text(&out.stderr);
+        assert!(said.contains("microvm"), "{node}: {said}");
+        assert!(said.contains("this node cannot run it"), "{node}: {said}");
+        assert!(said.contains("qemu"), "{node}: {said}");
+        assert!(
+            !root.join("no-qemu").exists(),
+            "{node}: the container's state was left"
+        );
+    }
 }
 
 /// The escape battery through podman with the workload on the gvisor tier: every case of
