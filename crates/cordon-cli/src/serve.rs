@@ -40,9 +40,22 @@ pub struct ServeArgs {
     /// With --bench: only these tiers (comma-separated; default every tier this build has).
     #[arg(long, value_delimiter = ',', requires = "bench")]
     tiers: Vec<cordon_core::Tier>,
+    /// With --bench: create, exec and destroy p50/p99 with this many sandboxes live
+    /// (comma-separated, ascending: 10,1000,2000) of the one tier --tiers names (default
+    /// container), then destroys them all and says what is left.
+    #[arg(long, value_delimiter = ',', requires = "bench")]
+    scale: Vec<usize>,
 }
 
 pub fn serve(args: ServeArgs) -> Result<i32> {
+    if args.bench && !args.scale.is_empty() {
+        let tier = args
+            .tiers
+            .first()
+            .copied()
+            .unwrap_or(cordon_core::Tier::Container);
+        return cordon_measure::scale_bench::bench(&args.scale, tier, &cordon_tiers::Tiers);
+    }
     if args.bench {
         return cordon_measure::serve_bench::bench(
             args.iterations.max(1),

@@ -13,14 +13,14 @@ use cordon_server::{Config, Server};
 
 use crate::Tiers;
 
-struct Client {
+pub(crate) struct Client {
     reader: BufReader<TcpStream>,
     writer: TcpStream,
     key: String,
 }
 
 impl Client {
-    fn connect(addr: std::net::SocketAddr, key: &str) -> Result<Self> {
+    pub(crate) fn connect(addr: std::net::SocketAddr, key: &str) -> Result<Self> {
         let s = TcpStream::connect(addr)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(60)))?;
@@ -31,11 +31,15 @@ impl Client {
         })
     }
 
-    fn post(&mut self, path: &str, body: &str) -> Result<(u16, String)> {
+    pub(crate) fn post(&mut self, path: &str, body: &str) -> Result<(u16, String)> {
+        self.send("POST", path, body)
+    }
+
+    pub(crate) fn send(&mut self, method: &str, path: &str, body: &str) -> Result<(u16, String)> {
         // One write per request, as a real client sends it (no Nagle: each write would be
         // a packet of its own).
         let request = format!(
-            "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             self.key,
             body.len()
         );
@@ -187,19 +191,11 @@ struct Created {
     id: String,
 }
 
-/// Medians of warm run, cold run and exec for one tier, with a server whose only pool is
-/// this tier's; `None` when the tier is unavailable here.
-fn bench_tier(
-    rt: &tokio::runtime::Runtime,
-    tiers: &Tiers,
-    tier: Tier,
-    iterations: usize,
-) -> Result<Option<Medians>> {
-    let dir =
-        std::env::temp_dir().join(format!("cordon-serve-bench-{}-{tier}", std::process::id()));
-    let mut cfg = Config::with_data_dir(&dir);
+/// A server on a free loopback port with data under `dir`, and the key of its one tenant,
+/// `bench`, of this run's own, which may use every tier by name.
+pub(crate) fn bench_config(dir: &std::path::Path) -> Result<(Config, String)> {
+    let mut cfg = Config::with_data_dir(dir);
     cfg.bind = "127.0.0.1:0".parse()?;
-    // A key of this run's own; the operator's bench tenant may use every tier by name.
     let key = cordon_server::keys::generate_key()?;
     cfg.keys = vec![cordon_server::config::KeyEntry {
         tenant: "bench".into(),
@@ -214,6 +210,20 @@ fn bench_tier(
             ..Default::default()
         },
     );
+    Ok((cfg, key))
+}
+
+/// Medians of warm run, cold run and exec for one tier, with a server whose only pool is
+/// this tier's; `None` when the tier is unavailable here.
+fn bench_tier(
+    rt: &tokio::runtime::Runtime,
+    tiers: &Tiers,
+    tier: Tier,
+    iterations: usize,
+) -> Result<Option<Medians>> {
+    let dir =
+        std::env::temp_dir().join(format!("cordon-serve-bench-{}-{tier}", std::process::id()));
+    let (mut cfg, key) = bench_config(&dir)?;
     cfg.pools.insert(tier, 2);
     let backends = tiers.server_backends(&dir);
     let server = rt.block_on(Server::start(cfg, backends, None))?;

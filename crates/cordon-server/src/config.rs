@@ -30,6 +30,10 @@ pub struct KeyEntry {
 pub struct SessionLimits {
     /// Live sandboxes in all (warm pools not counted).
     pub max_sandboxes: usize,
+    /// Whether the operator set `max_sandboxes` (the file names it): one above what the
+    /// descriptor limit holds is then refused at start; the default is lowered instead.
+    #[serde(skip)]
+    pub max_sandboxes_set: bool,
     /// Live sandboxes per tenant.
     pub max_sandboxes_per_tenant: usize,
     pub default_ttl: Dur,
@@ -60,10 +64,23 @@ pub struct SessionLimits {
     pub max_attach_streams_per_sandbox: usize,
 }
 
+/// The keys of a configuration whose presence matters beyond their value (every other key
+/// ignored here; `Config` checks them).
+#[derive(Deserialize)]
+struct SetKeys {
+    sessions: Option<SetSessions>,
+}
+
+#[derive(Deserialize)]
+struct SetSessions {
+    max_sandboxes: Option<usize>,
+}
+
 impl Default for SessionLimits {
     fn default() -> Self {
         SessionLimits {
             max_sandboxes: 64,
+            max_sandboxes_set: false,
             max_sandboxes_per_tenant: 16,
             default_ttl: Dur(Duration::from_secs(600)),
             max_ttl: Dur(Duration::from_secs(3600)),
@@ -414,6 +431,8 @@ impl Config {
     pub fn parse(text: &str, base: &Path) -> Result<Self, ServerError> {
         let mut cfg: Config =
             toml::from_str(text).map_err(|e| ServerError::Config(e.to_string()))?;
+        cfg.sessions.max_sandboxes_set = toml::from_str::<SetKeys>(text)
+            .is_ok_and(|k| k.sessions.is_some_and(|s| s.max_sandboxes.is_some()));
         if cfg.data_dir.is_relative() {
             cfg.data_dir = base.join(&cfg.data_dir);
         }
@@ -532,6 +551,20 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whether_max_sandboxes_was_set_is_known() {
+        let base = Path::new("/");
+        let parse = |sessions: &str| Config::parse(&format!("data_dir = \"/d\"\n{sessions}"), base);
+        let unset = parse("[sessions]\nmax_sandboxes_per_tenant = 4\n").unwrap();
+        assert!(!unset.sessions.max_sandboxes_set);
+        assert_eq!(unset.sessions.max_sandboxes, 64);
+        assert!(!parse("").unwrap().sessions.max_sandboxes_set);
+        let set = parse("[sessions]\nmax_sandboxes = 64\n").unwrap();
+        assert!(set.sessions.max_sandboxes_set);
+        // Not a key a file may give.
+        assert!(parse("[sessions]\nmax_sandboxes_set = true\n").is_err());
+    }
 
     #[test]
     fn parses_and_refuses_unknown_keys() {

@@ -6,6 +6,7 @@ make it, with a second tenant whose requests must still be served."""
 from __future__ import annotations
 
 import base64
+import os
 import re
 import shutil
 import tempfile
@@ -179,7 +180,7 @@ def test_a_server_at_its_descriptor_limit_refuses_creates_and_keeps_answering():
         try:
             # It says at start what its descriptors hold.
             said = s.proc.stdout.readline()
-            assert "descriptor limit (256" in said and "container (8 each)" in said, said
+            assert "descriptor limit (256" in said and "container (3 each)" in said, said
             alice = Cordon(s.url, KEYS["alice"], retries=0)
             # Fill it (bounded: a server that never refuses fails here).
             held, refusal = _fill(alice, "container", n + 40, SMALL)
@@ -234,6 +235,38 @@ def test_a_server_at_its_descriptor_limit_refuses_creates_and_keeps_answering():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_an_unset_max_sandboxes_is_lowered_to_what_the_descriptors_hold():
+    """Issue 49: a server whose descriptor limit holds fewer sandboxes than the default
+    sessions.max_sandboxes (64) and whose operator set none starts, says it lowered it, and
+    refuses the create past it; one the operator set above it is still refused at start."""
+    from conftest import container_available
+    from cordon_sandbox import Cordon
+    if not container_available():
+        pytest.skip("the container tier is not available here")
+    d = Path(tempfile.mkdtemp(prefix="cordon-lowered-"))
+    try:
+        allowed = _allowed(d / "over", 256)
+        assert 1 <= allowed < 64, allowed
+        s = ServerProc(d / "data", {}, nofile=256,
+                       sessions="max_sandboxes_per_tenant = 64\n").start()
+        try:
+            said = s.proc.stdout.readline()
+            assert f"sessions.max_sandboxes (unset) lowered to {allowed}" in said, said
+            alice = Cordon(s.url, KEYS["alice"], retries=0)
+            held, refusal = _fill(alice, "container", allowed + 1, {"open_files": 64})
+            try:
+                assert len(held) == allowed and refusal is not None, (len(held), refusal)
+                assert refusal.status in (429, 503), (refusal.status, str(refusal))
+                assert alice.health()
+            finally:
+                for sb in held:
+                    sb.destroy()
+        finally:
+            s.stop()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _fill(client, tier: str, most: int, limits: dict) -> tuple:
     """Creates sandboxes of `tier` until one is refused (at most `most`): those made, and
     the refusal (None if none was refused)."""
@@ -257,3 +290,49 @@ def _allowed(data: Path, nofile: int) -> int:
     m = re.search(r"lower sessions.max_sandboxes to (\d+)", why)
     assert m, why
     return int(m.group(1))
+
+
+def _open_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_the_descriptor_constants_are_what_a_sandbox_holds():
+    """Issue 49: the descriptors the budget charges a live sandbox of each tier (said at
+    start, `container (3 each)`) are what one holds in the server, counted in
+    /proc/<server>/fd across a few creates: never fewer (the server would run out before it
+    refuses), and not more than one over (a holding removed leaves the constant behind)."""
+    from conftest import container_available, tier_available
+    from cordon_sandbox import Cordon
+    counts = {"container": 10, "gvisor": 3, "microvm": 2}
+    tiers = [t for t in counts
+             if (container_available() if t == "container" else tier_available(t))]
+    if not tiers:
+        pytest.skip("no tier that holds descriptors is available here")
+    d = Path(tempfile.mkdtemp(prefix="cordon-fds-"))
+    s = ServerProc(d / "data", {}, nofile=20000,
+                   sessions="max_sandboxes = 100\nmax_sandboxes_per_tenant = 100\n").start()
+    try:
+        said = s.proc.stdout.readline()
+        alice = Cordon(s.url, KEYS["alice"], retries=0)
+        for tier in tiers:
+            m = re.search(rf"(\d+) {tier} \((\d+) each\)", said)
+            assert m, (tier, said)
+            charged = int(m.group(2))
+            # One create and destroy first: the client's connection and the tier's
+            # once-only descriptors (its pool's directory, a cached probe) are opened.
+            alice.create_sandbox(tier=tier).destroy()
+            before = _open_descriptors(s.proc.pid)
+            n = counts[tier]
+            held = [alice.create_sandbox(tier=tier) for _ in range(n)]
+            try:
+                per = (_open_descriptors(s.proc.pid) - before) / n
+            finally:
+                for sb in held:
+                    sb.destroy()
+            assert per <= charged, f"a {tier} sandbox holds {per} descriptors, charged {charged}"
+            assert charged - per <= 1, (
+                f"a {tier} sandbox holds {per} descriptors, charged {charged}: lower the "
+                "constant (cordon-server's descriptors::per_sandbox)")
+    finally:
+        s.stop()
+        shutil.rmtree(d, ignore_errors=True)

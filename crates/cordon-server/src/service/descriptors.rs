@@ -6,16 +6,20 @@
 use cordon_core::Tier;
 
 /// Descriptors of the server's process one live sandbox of `tier` holds, measured by
-/// counting /proc/<server>/fd before and after ten creates on a 2-core host: container 8
-/// (its sockets, the id range's lock, cgroup event files), gvisor 14, microvm 10. The wasm
-/// tier's sandboxes hold none between execs (its execs reserve theirs in the tier's own
-/// budget, `WasmConfig::descriptors`); the runtime tier's run in the server's process.
+/// counting /proc/<server>/fd before and after creates (the SDK test
+/// `test_the_descriptor_constants_are_what_a_sandbox_holds` checks each against that count):
+/// container 3 (its init's and agent's sockets, the id range's lock), gvisor 10 (the runsc
+/// processes' pipes, the id range's lock, the sentry's log), microvm 6 (its sockets, the
+/// QEMU uid's lock, two memfds). No cgroup file is held (they are opened for each reading).
+/// The wasm tier's sandboxes hold none between execs (its execs reserve theirs in the
+/// tier's own budget, `WasmConfig::descriptors`); the runtime tier's run in the server's
+/// process.
 pub fn per_sandbox(tier: Tier) -> u64 {
     match tier {
         Tier::Runtime | Tier::Wasm => 0,
-        Tier::Container => 8,
-        Tier::Microvm => 10,
-        Tier::Gvisor => 14,
+        Tier::Container => 3,
+        Tier::Microvm => 6,
+        Tier::Gvisor => 10,
     }
 }
 
@@ -88,7 +92,7 @@ mod tests {
         let p = Plan::new(256, 20, 128);
         assert_eq!(p.reserve, 64);
         assert_eq!(p.sandboxes, 44);
-        assert_eq!(p.allows(Tier::Container), Some(5));
+        assert_eq!(p.allows(Tier::Container), Some(14));
         assert_eq!(p.allows(Tier::Wasm), None);
         let tiny = Plan::new(100, 20, 50);
         assert_eq!(tiny.sandboxes, 0);

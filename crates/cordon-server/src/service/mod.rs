@@ -219,7 +219,8 @@ impl Service {
                 None => e,
             })
         })?;
-        let fds = descriptor_plan(&cfg, &probes, &backends)?;
+        let mut cfg = cfg;
+        let fds = descriptor_plan(&mut cfg, &probes, &backends)?;
         let ledger = Ledger::new(BudgetLimits {
             max_descriptors: fds.plan.sandboxes,
             max_sandboxes: cfg.sessions.max_sandboxes,
@@ -517,9 +518,10 @@ impl Service {
 
 /// Shares the process's descriptor limit between the listeners' connections, a reserve and
 /// live sandboxes; says how many sandboxes of each tier that allows, and refuses a
-/// `sessions.max_sandboxes` above what it allows of the cheapest tier that holds any.
+/// `sessions.max_sandboxes` above what it allows of the cheapest tier that holds any (one
+/// left at its default is lowered to that, with a warning).
 fn descriptor_plan(
-    cfg: &Config,
+    cfg: &mut Config,
     probes: &BTreeMap<cordon_core::Tier, cordon_core::Probe>,
     backends: &Backends,
 ) -> Result<Capacity, ServerError> {
@@ -551,6 +553,21 @@ fn descriptor_plan(
     if let Some((tier, n)) = tiers.iter().max_by_key(|(_, n)| *n)
         && cfg.sessions.max_sandboxes as u64 > *n
     {
+        if !cfg.sessions.max_sandboxes_set {
+            let lowered = usize::try_from(*n).unwrap_or(usize::MAX).max(1);
+            tracing::warn!(
+                "sessions.max_sandboxes (unset, default {}) is lowered to {lowered}: this \
+                 process's descriptor limit ({}) holds at most {n} live {tier} sandboxes; raise \
+                 the limit (`ulimit -n`, or LimitNOFILE= in the unit) for more",
+                cfg.sessions.max_sandboxes,
+                plan.limit,
+            );
+            cfg.sessions.max_sandboxes = lowered;
+            let summary = format!(
+                "{summary}; sessions.max_sandboxes (unset) lowered to {lowered} from its default"
+            );
+            return Ok(Capacity { plan, summary });
+        }
         return Err(ServerError::Config(format!(
             "sessions.max_sandboxes is {} but this process's descriptor limit ({}, less {} \
              for connections, {} kept in reserve and {} open at start) holds at most {n} live \
