@@ -290,11 +290,13 @@ impl Tier {
                 writable_root: true,
                 ..PROGRAMS
             },
+            // Gvisor: full snapshots (runsc checkpoint and restore, ADR 0027).
             Tier::Gvisor => Features {
                 volumes: true,
                 own_kernel: true,
                 held: true,
                 root_mount_points: true,
+                snapshot_full: true,
                 ..PROGRAMS
             },
             Tier::Microvm => Features {

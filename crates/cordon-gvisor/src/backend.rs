@@ -89,6 +89,22 @@ impl Backend for GvisorBackend {
     fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
         Ok(Box::new(self.create_sandbox(spec)?))
     }
+
+    fn start_from_snapshot(
+        &self,
+        image: &cordon_core::SnapshotImage,
+        dir: &cordon_core::SnapshotDir,
+        spec: &SandboxSpec,
+    ) -> Result<Box<dyn Sandbox>> {
+        match image.mode {
+            cordon_core::SnapshotMode::Full => {
+                Ok(Box::new(self.start_from_full(image, dir, spec)?))
+            }
+            mode => Err(mode
+                .feature()
+                .unsupported(self.tier(), "starting a sandbox from a snapshot")),
+        }
+    }
 }
 
 impl GvisorBackend {
@@ -96,6 +112,29 @@ impl GvisorBackend {
     /// (cordon-oci) keeps it as it is.
     pub fn create_sandbox(&self, spec: &SandboxSpec) -> Result<GvisorSandbox> {
         let t = Instant::now();
+        let walls = self.preflight(spec)?;
+        let swept_us = t.elapsed().as_micros() as u64;
+        let ids = self
+            .config
+            .ids
+            .allocate()
+            .map_err(cordon_host::idpool::IdPoolError::into_core)?;
+        let egress = !spec.egress.allow.is_empty() || !spec.grants.is_empty();
+        let mut sb = self.new_sandbox(spec, ids, walls)?;
+        let built = sb.build(egress);
+        let built_us = t.elapsed().as_micros() as u64;
+        if let Err(e) = built.and_then(|()| sb.start_live()) {
+            let _ = sb.destroy();
+            return Err(e);
+        }
+        sb.start_us = t.elapsed().as_micros() as u64;
+        tracing::debug!(sandbox = %sb.id, swept_us, built_us, ready_us = sb.start_us, "gvisor: created");
+        Ok(sb)
+    }
+
+    /// What every new sandbox checks first (runsc, root, the agent, the template, the memory
+    /// controller, root-only state directories), then the orphan sweep: the walls it gets.
+    pub(crate) fn preflight(&self, spec: &SandboxSpec) -> Result<Walls> {
         if !self.config.runsc.is_file() || !nix::unistd::geteuid().is_root() {
             return Err(Error::Unavailable {
                 tier: Tier::Gvisor,
@@ -106,7 +145,6 @@ impl GvisorBackend {
                 ),
             });
         }
-        let egress = !spec.egress.allow.is_empty() || !spec.grants.is_empty();
         if !self.config.agent.is_file() {
             tracing::error!(agent = %self.config.agent.display(), "gvisor: the agent binary is missing");
             return Err(Error::Unavailable {
@@ -158,19 +196,33 @@ impl GvisorBackend {
             })?;
         }
         self.reap_orphans();
-        let swept_us = t.elapsed().as_micros() as u64;
-        let ids = self
-            .config
-            .ids
-            .allocate()
-            .map_err(cordon_host::idpool::IdPoolError::into_core)?;
+        Ok(Walls {
+            cgroups,
+            weakened,
+            warnings,
+        })
+    }
+
+    /// A sandbox of `spec` running as `ids`, with its (empty, root-only) bundle directory
+    /// made; nothing built or started yet.
+    pub(crate) fn new_sandbox(
+        &self,
+        spec: &SandboxSpec,
+        ids: cordon_host::idpool::IdRange,
+        walls: Walls,
+    ) -> Result<GvisorSandbox> {
+        let Walls {
+            cgroups,
+            weakened,
+            warnings,
+        } = walls;
         let id = SandboxId::random()?;
         let bundle = self.config.scratch_root.join(id.as_str());
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&bundle)
             .map_err(|e| Error::io(format!("creating the bundle of {id}"), e))?;
-        let mut sb = GvisorSandbox {
+        Ok(GvisorSandbox {
             id,
             uid: ids.base(),
             ids: Some(ids),
@@ -190,15 +242,14 @@ impl GvisorBackend {
             warnings,
             file_findings: Vec::new(),
             volumes: Vec::new(),
-        };
-        let built = sb.build(egress);
-        let built_us = t.elapsed().as_micros() as u64;
-        if let Err(e) = built.and_then(|()| sb.start_live()) {
-            let _ = sb.destroy();
-            return Err(e);
-        }
-        sb.start_us = t.elapsed().as_micros() as u64;
-        tracing::debug!(sandbox = %sb.id, swept_us, built_us, ready_us = sb.start_us, "gvisor: created");
-        Ok(sb)
+        })
     }
+}
+
+/// What [`GvisorBackend::preflight`] found a new sandbox gets: a memory cgroup or not (and
+/// the weakening and warning that says so).
+pub(crate) struct Walls {
+    cgroups: bool,
+    weakened: Vec<Weakening>,
+    warnings: Vec<String>,
 }

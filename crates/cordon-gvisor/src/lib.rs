@@ -38,6 +38,7 @@ mod nproc;
 pub mod reap;
 mod root;
 mod runsc;
+pub mod snapshot;
 mod sys;
 mod tier;
 mod workspace;

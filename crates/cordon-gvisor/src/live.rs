@@ -21,6 +21,13 @@ use crate::{CGROUP_PARENT, GvisorSandbox, Live, STDERR_TAIL, reap, sys};
 impl GvisorSandbox {
     /// Starts the runsc sandbox with the agent and waits for its hello.
     pub(crate) fn start_live(&mut self) -> Result<()> {
+        self.start_live_from(None)
+    }
+
+    /// As [`Self::start_live`], or, with `restore` (a `runsc checkpoint` image), restores
+    /// the runsc sandbox from it: its agent is already past its hello, so a hello is sent
+    /// to it instead and its answer awaited.
+    pub(crate) fn start_live_from(&mut self, restore: Option<&Path>) -> Result<()> {
         self.starts += 1;
         let cid = format!("{}-{}", self.id.as_str(), self.starts);
         let l = self.spec.limits.clone();
@@ -69,24 +76,15 @@ impl GvisorSandbox {
                 return Err(Error::failed("watching the sandbox's process limit", e));
             }
         };
-        let mut cmd = runsc_base(&self.config);
-        if self.egress.is_some() {
-            // Lets the gofer open host unix sockets the sandbox can see: only the egress
-            // proxy's, bound read-only at /run/cordon.
-            cmd.arg("--host-uds=open");
-        }
-        if cgroup.is_none() {
-            cmd.arg("--ignore-cgroups");
-        }
-        if self.spec.resolved_template.is_some() {
-            // The template's root stays as it is on the host: the sandbox's writes to it go
-            // to an overlay upper in the sentry's memory, charged to the sandbox's cgroup.
-            cmd.arg("--overlay2=root:memory");
-        }
+        let mut cmd = self.runsc_flags(cgroup.is_some());
         cmd.arg(format!("--debug-log={}", log.display()))
             .args(["--debug-command=boot", "--strace"])
-            .arg(format!("--strace-syscalls={}", nproc::TRACED))
-            .args(["run", "--bundle"])
+            .arg(format!("--strace-syscalls={}", nproc::TRACED));
+        match restore {
+            None => cmd.arg("run"),
+            Some(image) => cmd.args(["restore", "--image-path"]).arg(image),
+        };
+        cmd.arg("--bundle")
             .arg(&self.bundle)
             .arg(&cid)
             .stdin(Stdio::piped())
@@ -131,11 +129,23 @@ impl GvisorSandbox {
         });
         let deadline = Instant::now() + self.config.start_timeout;
         let hello = match self.live.as_mut() {
+            // A restored agent said hello to its source's host long ago: it answers one.
+            Some(live) if restore.is_some() => live
+                .conn
+                .send(
+                    &Request::Hello {
+                        version: PROTOCOL_VERSION,
+                    },
+                    b"",
+                    deadline,
+                )
+                .and_then(|()| live.conn.recv(deadline, HEADER_ROOM)),
             Some(live) => live.conn.recv(deadline, HEADER_ROOM),
             None => Err(CallError::Closed),
         };
         let failed = match hello.map(|f| f.header) {
             Ok(Reply::Hello { version, .. }) if version == PROTOCOL_VERSION => return Ok(()),
+            Ok(Reply::Ok) if restore.is_some() => return Ok(()),
             Ok(Reply::Hello { version, .. }) => format!(
                 "the sandbox agent speaks protocol {version}, this cordon {PROTOCOL_VERSION}; rebuild both from one source tree"
             ),
@@ -153,6 +163,26 @@ impl GvisorSandbox {
         Err(Error::Sandbox(format!(
             "{failed}; see `cordon doctor` (runsc's own message is in the server log)"
         )))
+    }
+
+    /// runsc's command line with the flags every call on this sandbox's container repeats
+    /// (`runsc checkpoint --leave-running` needs those of its `run`).
+    pub(crate) fn runsc_flags(&self, cgroup: bool) -> std::process::Command {
+        let mut cmd = runsc_base(&self.config);
+        if self.egress.is_some() {
+            // Lets the gofer open host unix sockets the sandbox can see: only the egress
+            // proxy's, bound read-only at /run/cordon.
+            cmd.arg("--host-uds=open");
+        }
+        if !cgroup {
+            cmd.arg("--ignore-cgroups");
+        }
+        if self.spec.resolved_template.is_some() {
+            // The template's root stays as it is on the host: the sandbox's writes to it go
+            // to an overlay upper in the sentry's memory, charged to the sandbox's cgroup.
+            cmd.arg("--overlay2=root:memory");
+        }
+        cmd
     }
 
     /// Ends the runsc sandbox (every process in it) and removes its runsc state and

@@ -237,6 +237,19 @@ impl Sandbox for GvisorSandbox {
             .map_err(|(code, message)| cordon_host::agent::file_error(dir, code, message))
     }
 
+    fn snapshot(
+        &mut self,
+        mode: cordon_core::SnapshotMode,
+        dir: &cordon_core::SnapshotDir,
+    ) -> Result<cordon_core::SnapshotImage> {
+        match mode {
+            cordon_core::SnapshotMode::Full => self.snapshot_full(dir),
+            cordon_core::SnapshotMode::Filesystem => Err(mode
+                .feature()
+                .unsupported_here(format!("a {mode} snapshot"))),
+        }
+    }
+
     fn pause(&mut self) -> Result<()> {
         self.runsc_on_live("pause")
     }

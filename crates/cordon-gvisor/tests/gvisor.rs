@@ -1278,3 +1278,49 @@ fn a_sandbox_swapping_a_directory_for_a_host_link_makes_nothing_on_the_host() {
         &made[..made.len().min(10)]
     );
 }
+
+/// A full snapshot (runsc checkpoint, /work copied while paused) and three sandboxes
+/// restored from it at once: the Python variable, the background counter and the file are in
+/// each, a change in one is in no other nor in the source, and each restored process draws
+/// its own random bytes.
+#[test]
+fn three_forks_of_a_full_snapshot_have_its_state_and_their_own() {
+    let b = need_backend!();
+    cordon_testkit::snapshot::three_forks(b, &spec(), None);
+}
+
+/// Sandboxes restored from a full snapshot each reach egress through a proxy of their own,
+/// the source's being gone; a restored background process's connections go there too.
+#[test]
+fn forks_of_a_full_snapshot_have_their_own_egress() {
+    let b = need_backend!();
+    cordon_testkit::snapshot::forks_have_their_own_egress(b, spec());
+}
+
+/// Figures for ADR 0027 (run by hand: `cargo test -p cordon-gvisor --test gvisor --
+/// --ignored --nocapture snapshot_figures`).
+#[test]
+#[ignore = "prints figures; run by hand"]
+fn snapshot_figures() {
+    let b = need_backend!();
+    let mut s = spec();
+    s.limits.memory_bytes = 1 << 30;
+    let memory_of = |id: &cordon_core::SandboxId| {
+        let cg = Path::new("/sys/fs/cgroup")
+            .join(cordon_gvisor::CGROUP_PARENT)
+            .join(format!("{id}-1"));
+        ["memory.current", "memory.usage_in_bytes"]
+            .iter()
+            .find_map(|f| std::fs::read_to_string(cg.join(f)).ok())
+            .or_else(|| {
+                std::fs::read_to_string(
+                    Path::new("/sys/fs/cgroup/memory")
+                        .join(cordon_gvisor::CGROUP_PARENT)
+                        .join(format!("{id}-1/memory.usage_in_bytes")),
+                )
+                .ok()
+            })
+            .and_then(|v| v.trim().parse().ok())
+    };
+    cordon_testkit::snapshot::figures(b, &s, 256, &memory_of);
+}

@@ -12,11 +12,12 @@
 //! sweep. Ranges overlapping an id of `/etc/passwd`, `/etc/group`, `/etc/subuid` or
 //! `/etc/subgid` are never leased.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
@@ -42,13 +43,16 @@ pub enum IdPoolError {
         "leasing a host id range in {dir}: {err}; check that the directory is writable by root"
     )]
     Lock { dir: String, err: nix::errno::Errno },
+    /// [`IdPool::lease_exact`]: the range is another sandbox's, or not one of the pool's.
+    #[error("{0}")]
+    Taken(String),
 }
 
 impl IdPoolError {
     /// The error a tenant may see: the host paths go to the operator's log only.
     pub fn into_core(self) -> cordon_core::Error {
         match self {
-            IdPoolError::Exhausted(_) => {
+            IdPoolError::Exhausted(_) | IdPoolError::Taken(_) => {
                 cordon_core::Error::failed("leasing the sandbox's host ids", self)
             }
             other => {
@@ -77,11 +81,12 @@ pub struct IdPool {
     next: Arc<AtomicU32>,
 }
 
-/// A leased range: `base..base + width` belongs to one sandbox while this is held.
+/// A leased range: `base..base + width` belongs to one sandbox while this is held (or to
+/// the sandboxes sharing it: [`IdRange::share`]).
 #[derive(Debug)]
 pub struct IdRange {
     base: u32,
-    _lease: Flock<File>,
+    lease: Arc<Flock<File>>,
 }
 
 impl IdRange {
@@ -89,6 +94,37 @@ impl IdRange {
     pub fn base(&self) -> u32 {
         self.base
     }
+
+    /// The same lease for another sandbox that must run as these ids (a fork restored from
+    /// a checkpoint of this one, whose processes' ids are in its memory): the range is free
+    /// again only once every holder has dropped it.
+    pub fn share(&self) -> IdRange {
+        IdRange {
+            base: self.base,
+            lease: self.lease.clone(),
+        }
+    }
+}
+
+/// Leases held by this process, by slot file: [`IdPool::lease_exact`] shares a live one.
+type Held = Mutex<HashMap<PathBuf, Weak<Flock<File>>>>;
+
+fn held() -> &'static Held {
+    static HELD: OnceLock<Held> = OnceLock::new();
+    HELD.get_or_init(Mutex::default)
+}
+
+/// Remembers a lease this process took, so that [`IdPool::lease_exact`] can share it.
+fn remember(
+    held: &mut HashMap<PathBuf, Weak<Flock<File>>>,
+    path: PathBuf,
+    base: u32,
+    lease: Flock<File>,
+) -> IdRange {
+    let lease = Arc::new(lease);
+    held.retain(|_, w| w.strong_count() > 0);
+    held.insert(path, Arc::downgrade(&lease));
+    IdRange { base, lease }
 }
 
 impl IdPool {
@@ -135,32 +171,63 @@ impl IdPool {
             // Named by the first id, so pools over overlapping ids in one directory
             // exclude each other.
             let path = self.dir.join(base.to_string());
-            let file = nix::fcntl::open(
-                &path,
-                OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                Mode::from_bits_truncate(0o600),
-            )
-            .map_err(|err| IdPoolError::Lock {
-                dir: self.dir.display().to_string(),
-                err,
-            })?;
-            match Flock::lock(File::from(file), FlockArg::LockExclusiveNonblock) {
-                Ok(lease) => {
-                    return Ok(IdRange {
-                        base,
-                        _lease: lease,
-                    });
-                }
-                Err((_, nix::errno::Errno::EWOULDBLOCK)) => continue,
-                Err((_, err)) => {
-                    return Err(IdPoolError::Lock {
-                        dir: self.dir.display().to_string(),
-                        err,
-                    });
-                }
+            if let Some(lease) = self.try_lock(&path)? {
+                let mut held = held().lock().unwrap_or_else(PoisonError::into_inner);
+                return Ok(remember(&mut held, path, base, lease));
             }
         }
         Err(IdPoolError::Exhausted(self.slots))
+    }
+
+    /// The lock on the slot file `path`, or None while another holds it.
+    fn try_lock(&self, path: &Path) -> Result<Option<Flock<File>>, IdPoolError> {
+        let lock_err = |err| IdPoolError::Lock {
+            dir: self.dir.display().to_string(),
+            err,
+        };
+        let file = nix::fcntl::open(
+            path,
+            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(lock_err)?;
+        match Flock::lock(File::from(file), FlockArg::LockExclusiveNonblock) {
+            Ok(lease) => Ok(Some(lease)),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, err)) => Err(lock_err(err)),
+        }
+    }
+
+    /// Leases exactly the range starting at `base` (a sandbox restored from a checkpoint
+    /// runs as the ids its source ran as): shared with the live sandbox of this process
+    /// that holds it (the source, or another sandbox restored from it), else taken when
+    /// free. A range another process holds, or that is not one of the pool's, is refused.
+    pub fn lease_exact(&self, base: u32) -> Result<IdRange, IdPoolError> {
+        let slot = base
+            .checked_sub(self.first)
+            .map(|o| (o / self.width, o % self.width));
+        if !matches!(slot, Some((s, 0)) if s < self.slots) {
+            return Err(IdPoolError::Taken(
+                "the snapshot's host ids are not one of this host's sandbox ranges; take the \
+                 snapshot again on this host"
+                    .into(),
+            ));
+        }
+        private_dir(&self.dir).map_err(IdPoolError::Dir)?;
+        let path = self.dir.join(base.to_string());
+        // Held across the lock, so two restores of one image never both try the file.
+        let mut held = held().lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(lease) = held.get(&path).and_then(Weak::upgrade) {
+            return Ok(IdRange { base, lease });
+        }
+        match self.try_lock(&path)? {
+            Some(lease) => Ok(remember(&mut held, path, base, lease)),
+            None => Err(IdPoolError::Taken(
+                "the host ids the snapshot's processes run as are leased to another sandbox \
+                 now; try again once it has ended, or take a filesystem snapshot"
+                    .into(),
+            )),
+        }
     }
 }
 
@@ -307,6 +374,58 @@ mod tests {
         assert_eq!(pool.allocate().unwrap().base(), freed);
         let mode = std::fs::metadata(&pool.dir).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn an_exact_lease_shares_a_live_one_and_is_free_after_the_last_holder() {
+        let (_d, pool) = pool(2);
+        let a = pool.allocate().unwrap();
+        let base = a.base();
+        // The live lease is shared, not refused.
+        let fork = pool.lease_exact(base).unwrap();
+        let shared = a.share();
+        assert_eq!((fork.base(), shared.base()), (base, base));
+        drop(a);
+        drop(shared);
+        // One holder left: the range is still leased.
+        let other = pool.allocate().unwrap();
+        assert_ne!(other.base(), base);
+        assert!(matches!(pool.allocate(), Err(IdPoolError::Exhausted(2))));
+        drop(fork);
+        assert_eq!(pool.allocate().unwrap().base(), base);
+        // Free and exact: taken.
+        assert_eq!(pool.lease_exact(base).unwrap().base(), base);
+        // Not a range of the pool.
+        for bad in [base + 1, FIRST - RANGE, FIRST + 2 * RANGE] {
+            assert!(
+                matches!(pool.lease_exact(bad), Err(IdPoolError::Taken(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_range_another_process_holds_is_refused_exactly() {
+        let (_d, pool) = pool(1);
+        private_dir(&pool.dir).unwrap();
+        let mut holder = std::process::Command::new("flock")
+            .arg("-o")
+            .arg(pool.dir.join(FIRST.to_string()))
+            .args(["sh", "-c", "echo held; read _"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let e = pool.lease_exact(FIRST).unwrap_err();
+        assert!(matches!(e, IdPoolError::Taken(_)), "{e}");
+        holder.kill().unwrap();
+        holder.wait().unwrap();
     }
 
     #[test]

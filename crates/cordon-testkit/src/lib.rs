@@ -12,6 +12,7 @@ pub mod fuzz;
 pub mod image;
 pub mod procs;
 pub mod pyindex;
+pub mod snapshot;
 pub mod volumes;
 
 use cordon_core::{Backend, ExecOutcome, ExecRequest, Language, OutputStream, SandboxSpec};
