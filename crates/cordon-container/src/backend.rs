@@ -1248,6 +1248,11 @@ impl Sandbox for ContainerSandbox {
         ContainerSandbox::raise_background(self, id, signal, all)
     }
 
+    fn open_port(&mut self, port: u16) -> Result<std::os::unix::net::UnixStream> {
+        cordon_host::egress::check_own_port(port)?;
+        self.file_call(|io| cordon_host::ports::open(io, port))
+    }
+
     fn signal_background(&mut self, id: u64, signal: ProcSignal) -> Result<()> {
         self.file_call(|io| cordon_host::procs::signal(io, id, signal))
     }

@@ -261,6 +261,9 @@ pub struct Terminal {
 }
 
 /// One live sandbox. Dropping it destroys it too; `destroy` reports how that went.
+/// The first byte of a [`Sandbox::open_port`] stream when the connection was made.
+pub const PORT_CONNECTED: u8 = 0;
+
 pub trait Sandbox: Send {
     fn id(&self) -> &SandboxId;
 
@@ -377,6 +380,17 @@ pub trait Sandbox: Send {
         let _ = (req, user);
         Err(crate::Feature::Held
             .unsupported_here("a background process whose output is held until read"))
+    }
+
+    /// A connection to `port` on the sandbox's own loopback, where a program of the sandbox
+    /// listens: a stream socket whose other end the sandbox relays, byte for byte, to
+    /// `127.0.0.1:port` (or `[::1]:port`) inside. The first byte read from it says whether
+    /// the connection was made: [`PORT_CONNECTED`], or another value when nothing listens
+    /// there (then the socket ends). It closes when the sandbox ends. The egress proxy's
+    /// port is refused. Tiers with [`crate::Feature::Ports`].
+    fn open_port(&mut self, port: u16) -> Result<std::os::unix::net::UnixStream> {
+        let _ = port;
+        Err(crate::Feature::Ports.unsupported_here("a connection to a port in the sandbox"))
     }
 
     /// Sends signal number `signal` (1 to 64) to background exec `id`'s program as itself

@@ -64,6 +64,9 @@ pub struct Features {
     pub root_mount_points: bool,
     /// A root that is a disk made from the image (bounded in size), not a directory.
     pub root_disk: bool,
+    /// Connections from outside to a port a program serves on the sandbox's own loopback
+    /// (E2B's `get_host`, the native port route).
+    pub ports: bool,
 }
 
 const ALL_LANGUAGES: &[Language] = &[
@@ -97,10 +100,11 @@ pub enum Feature {
     WritableRoot,
     RootMountPoints,
     RootDisk,
+    Ports,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 21] = [
+    pub const ALL: [Feature; 22] = [
         Feature::Network,
         Feature::Files,
         Feature::Volumes,
@@ -122,6 +126,7 @@ impl Feature {
         Feature::WritableRoot,
         Feature::RootMountPoints,
         Feature::RootDisk,
+        Feature::Ports,
     ];
 
     /// What it is, as an error message names it.
@@ -150,6 +155,7 @@ impl Feature {
             Feature::WritableRoot => "a writable root",
             Feature::RootMountPoints => "a root that must hold the tier's mount points",
             Feature::RootDisk => "a root that is a disk",
+            Feature::Ports => "connections to a port served inside the sandbox",
         }
     }
 
@@ -218,6 +224,7 @@ impl Features {
             Feature::WritableRoot => self.writable_root,
             Feature::RootMountPoints => self.root_mount_points,
             Feature::RootDisk => self.root_disk,
+            Feature::Ports => self.ports,
         }
     }
 
@@ -253,6 +260,7 @@ impl Tier {
             writable_root: false,
             root_mount_points: false,
             root_disk: false,
+            ports: false,
         };
         // The three program tiers share the agent: files, background execs with a terminal,
         // pause, contexts and programs from their root, and run OCI bundles.
@@ -288,6 +296,7 @@ impl Tier {
                 host_paths: true,
                 host_devices: true,
                 writable_root: true,
+                ports: true,
                 ..PROGRAMS
             },
             // Gvisor: full snapshots (runsc checkpoint and restore, ADR 0027).

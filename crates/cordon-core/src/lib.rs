@@ -20,8 +20,8 @@ pub mod units;
 mod volume;
 
 pub use backend::{
-    Backend, Capability, Interrupter, OutputSink, Probe, ProcUser, Sandbox, SandboxId, Terminal,
-    TierStatus,
+    Backend, Capability, Interrupter, OutputSink, PORT_CONNECTED, Probe, ProcUser, Sandbox,
+    SandboxId, Terminal, TierStatus,
 };
 pub use ending::{Evidence, ExitReport, classify};
 pub use error::{BoxError, Error, Result};

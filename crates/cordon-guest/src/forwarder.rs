@@ -98,7 +98,12 @@ fn serve(listener: TcpListener, socket: PathBuf) {
 }
 
 fn relay(tcp: TcpStream, socket: &Path) -> io::Result<()> {
-    let unix = UnixStream::connect(socket)?;
+    pipe(tcp, UnixStream::connect(socket)?)
+}
+
+/// Copies bytes both ways between a TCP connection and a unix stream until both
+/// directions have ended (each end's write side shut when its source ends).
+pub(crate) fn pipe(tcp: TcpStream, unix: UnixStream) -> io::Result<()> {
     let (mut t_read, mut u_write) = (tcp.try_clone()?, unix.try_clone()?);
     let up = std::thread::Builder::new()
         .stack_size(64 * 1024)

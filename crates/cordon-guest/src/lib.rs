@@ -7,6 +7,7 @@ pub mod archive;
 pub mod confined;
 pub mod files;
 pub mod forwarder;
+pub mod ports;
 pub mod proto;
 pub mod sys;
 pub mod tunnel;

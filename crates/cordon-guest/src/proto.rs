@@ -204,6 +204,14 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         all: bool,
     },
+    /// Connect the stream socket that came with the request (`SCM_RIGHTS`) to `port` on
+    /// the sandbox's own loopback: the agent's port relay connects `127.0.0.1:port` (or
+    /// `[::1]:port`), writes [`cordon_core::PORT_CONNECTED`] (or another byte when nothing
+    /// listens there, and ends it) on the socket, then relays bytes both ways. Answered by
+    /// [`Reply::Ok`] once the relay has the socket. Agents on a socket channel only.
+    PortOpen {
+        port: u16,
+    },
     /// Stop serving and exit.
     Shutdown,
     /// Per-sandbox settings for an agent that may have been started from a snapshot shared

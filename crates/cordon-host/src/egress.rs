@@ -12,6 +12,19 @@ use cordon_egress::{EgressProxy, ProxyConfig, ProxyHandle};
 
 /// Where the forwarder listens inside the sandbox.
 pub const SANDBOX_PROXY_PORT: u16 = cordon_egress::DEFAULT_SANDBOX_PROXY_PORT;
+
+/// Refuses a connection from outside to a port of the sandbox that is not a program's:
+/// port 0, or the egress proxy's forwarder (a client outside would reach the proxy, and the
+/// grants it injects, as the sandbox).
+pub fn check_own_port(port: u16) -> cordon_core::Result<()> {
+    if port == 0 || port == SANDBOX_PROXY_PORT {
+        return Err(cordon_core::Error::Invalid(format!(
+            "port {port} is not one a program of the sandbox serves (port {SANDBOX_PROXY_PORT} \
+             is the sandbox's egress proxy); name the port your server listens on"
+        )));
+    }
+    Ok(())
+}
 /// Where the proxy's socket appears inside the sandbox.
 pub const SOCKET_INSIDE: &str = cordon_guest::proto::EGRESS_SOCKET_INSIDE;
 

@@ -10,6 +10,7 @@ pub mod cgroup;
 pub mod egress;
 pub mod files;
 pub mod idpool;
+pub mod ports;
 pub mod procs;
 mod sys;
 pub mod tied;

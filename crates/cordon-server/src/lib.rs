@@ -20,6 +20,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod openapi;
+mod portproxy;
 pub mod service;
 pub mod tls;
 

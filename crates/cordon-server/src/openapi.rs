@@ -241,6 +241,14 @@ fn path_param(name: &str) -> (&'static str, Value) {
             json!({"type": "string"}),
         ),
         "name" => ("The volume's name.", json!({"type": "string"})),
+        "port" => (
+            "A port a program of the sandbox listens on (1 to 65535; not the egress proxy's).",
+            json!({"type": "integer", "minimum": 1, "maximum": 65535}),
+        ),
+        "rest" => (
+            "The path the program is asked for, after the port.",
+            json!({"type": "string"}),
+        ),
         "path" => (
             "The file's sandbox path without its leading slash (`work/data.csv` names /work/data.csv).",
             json!({"type": "string"}),

@@ -266,6 +266,13 @@ pub enum AuditEvent {
     },
     ArchivePut(Transfer),
     ArchiveGet(Transfer),
+    /// A connection from outside to a port served on the sandbox's own loopback (`via`:
+    /// the listener it came through, `e2b` or `api`), or its refusal.
+    PortOpen {
+        port: u16,
+        via: String,
+        error: Option<String>,
+    },
     ExecBackground {
         exec: Option<String>,
         command: Command,
@@ -369,6 +376,7 @@ impl AuditEvent {
             E::FileOp { .. } => "file_op",
             E::ArchivePut(_) => "archive_put",
             E::ArchiveGet(_) => "archive_get",
+            E::PortOpen { .. } => "port_open",
             E::ExecBackground { .. } => "exec_background",
             E::ExecBackgroundEnd(_) => "exec_background_end",
             E::ExecSignal { .. } => "exec_signal",
@@ -401,6 +409,7 @@ impl AuditEvent {
         "file_op",
         "archive_put",
         "archive_get",
+        "port_open",
         "exec_background",
         "exec_background_end",
         "exec_signal",
@@ -439,7 +448,7 @@ impl AuditEvent {
             E::FilePut(t) | E::FileGet(t) | E::ArchivePut(t) | E::ArchiveGet(t) => {
                 ok_or_error(t.error.is_some())
             }
-            E::FileOp { error, .. } => ok_or_error(error.is_some()),
+            E::FileOp { error, .. } | E::PortOpen { error, .. } => ok_or_error(error.is_some()),
             E::ExecBackground { error, .. } => ok_or_error(error.is_some()),
             E::ContextStart { error, .. } => ok_or_error(error.is_some()),
             E::ExecSignal { kill, .. } => Some(if *kill { "kill" } else { "term" }),
@@ -494,6 +503,10 @@ impl AuditEvent {
                 .with("idle_timeout_ms", idle_timeout_ms)),
             E::FilePut(t) | E::FileGet(t) | E::ArchivePut(t) | E::ArchiveGet(t) => to(t),
             E::FileOp { op, error } => to(&Detail::new().with("op", op).with("error", error)),
+            E::PortOpen { port, via, error } => to(&Detail::new()
+                .with("port", port)
+                .with("via", via)
+                .with("error", error)),
             E::ExecBackground {
                 exec,
                 command,

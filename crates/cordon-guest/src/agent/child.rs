@@ -101,7 +101,7 @@ pub(super) fn receive_job(chan: &UnixStream) -> Option<(Job, Vec<OwnedFd>)> {
 
 /// One recvmsg(2) on `fd` into `buf`: the bytes read and the descriptors passed along
 /// (up to eight), owned.
-pub(super) fn recv_with_fds(
+pub(crate) fn recv_with_fds(
     fd: RawFd,
     buf: &mut [u8],
     flags: MsgFlags,

@@ -41,6 +41,7 @@ mod exec;
 mod files;
 
 use background::*;
+pub(crate) use child::recv_with_fds;
 use child::*;
 
 /// Confinement hook, run in each exec's reaper after its `/proc` is mounted and before the
@@ -251,6 +252,8 @@ pub struct Agent {
     exiting: Vec<(Pid, Option<OwnedFd>)>,
     configure: Option<ConfigureHook>,
     cgroups: Option<ExecCgroups>,
+    /// The port relay ([`crate::ports`]), forked at the first [`Request::PortOpen`].
+    ports: Option<crate::ports::Relay>,
 }
 
 const MAX_STDIN_BUFFER: usize = 16 << 20;
@@ -303,6 +306,7 @@ impl Agent {
             exiting: Vec::new(),
             configure: None,
             cgroups: None,
+            ports: None,
         })
     }
 
@@ -626,6 +630,19 @@ impl Agent {
         Ok(false)
     }
 
+    /// Hands a connection to the port relay, forking it first (again, if it died).
+    fn hand_port(&mut self, port: u16, conn: &OwnedFd) -> io::Result<()> {
+        if let Some(r) = &self.ports
+            && r.hand(port, conn).is_ok()
+        {
+            return Ok(());
+        }
+        let relay = crate::ports::Relay::spawn()?;
+        let r = relay.hand(port, conn);
+        self.ports = Some(relay);
+        r
+    }
+
     /// Reads what the host sent, with any descriptors attached; false on close.
     fn read_ctrl(&mut self) -> Result<bool, ProtoError> {
         let mut buf = vec![0u8; 64 * 1024];
@@ -843,6 +860,21 @@ impl Agent {
                         self.send(&Reply::Configured { features }, b"")?
                     }
                     Err(e) => self.error(ErrorCode::BadRequest, format!("configure: {e}"))?,
+                }
+            }
+            Request::PortOpen { port } => {
+                let conn = self.fds.pop_front();
+                self.fds.clear();
+                match conn.map(|c| self.hand_port(port, &c)) {
+                    Some(Ok(())) => self.send(&Reply::Ok, b"")?,
+                    Some(Err(e)) => self.error(
+                        ErrorCode::Io,
+                        format!("the port relay cannot take the connection: {e}"),
+                    )?,
+                    None => self.error(
+                        ErrorCode::BadRequest,
+                        "no connection came with the port request",
+                    )?,
                 }
             }
             Request::Shutdown => {

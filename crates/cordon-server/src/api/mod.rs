@@ -21,6 +21,7 @@ pub mod contexts;
 pub mod execs;
 mod extract;
 pub mod files;
+pub mod ports;
 pub mod processes;
 pub mod sandboxes;
 pub mod server;
@@ -49,7 +50,8 @@ pub fn documented(svc: Service) -> (Router, Vec<Op>) {
         .merge(files::routes(&limits))
         .merge(contexts::routes(&limits))
         .merge(volumes::routes(&limits))
-        .merge(audit::routes(&limits));
+        .merge(audit::routes(&limits))
+        .merge(ports::routes());
     let (mcp_router, mcp_ops) = server::mcp(&svc);
     let Api { router, mut ops } = api;
     ops.extend(mcp_ops);

@@ -23,6 +23,7 @@ mod connect;
 mod control;
 mod envd;
 mod interp;
+mod ports;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -182,6 +183,11 @@ fn router(state: E2b) -> Router {
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .merge(files)
         .fallback(no_route)
+        // A sandbox's own servers (`get_host(port)`), before any route reads the headers.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            ports::route,
+        ))
         // A refused request's body may be left unread, and the connection then dropped:
         // say so (`Connection: close`), as the native API does, so an SDK's pool does not
         // send its next call on it.
@@ -557,7 +563,7 @@ impl E2b {
 }
 
 /// E2B's proxy's answer for a sandbox it cannot reach.
-fn sandbox_not_found(id: &str) -> Response {
+pub(crate) fn sandbox_not_found(id: &str) -> Response {
     (
         StatusCode::BAD_GATEWAY,
         axum::Json(wire::NotFoundBody {
@@ -639,7 +645,7 @@ pub(crate) fn check_user(
     }
 }
 
-fn constant_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

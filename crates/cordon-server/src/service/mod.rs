@@ -41,6 +41,7 @@ mod descriptors;
 mod exec;
 mod files;
 mod pools;
+mod ports;
 mod procs;
 mod reaper;
 mod recovery;
@@ -53,6 +54,7 @@ pub use contexts::{CellError, CellStatus, Contexts};
 pub use exec::{ExecJob, Execs, RunJob};
 pub use files::Files;
 pub use pools::{Backends, Held, Pools};
+pub use ports::{MAX_PORT_CONNS, Opened, PortConn};
 pub use procs::{AttachCaps, AttachSlot, Procs};
 pub use recovery::{RecoveryHook, scratch_dir};
 pub use sessions::Sessions;
@@ -606,6 +608,7 @@ mod tests {
         ("sessions", &["admit", "common", "pools", "volumes"]),
         ("exec", &["common", "pools", "sessions"]),
         ("files", &["common", "sessions"]),
+        ("ports", &["common", "sessions"]),
         ("procs", &["common", "exec", "sessions"]),
         ("contexts", &["common", "procs", "sessions"]),
         ("reaper", &["sessions"]),
