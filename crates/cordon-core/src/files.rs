@@ -38,6 +38,9 @@ pub struct FileEntry {
     pub mode: u32,
     /// Last modification, milliseconds since the Unix epoch.
     pub mtime_ms: i64,
+    /// Where a symlink points, its text as written (never followed); none for other kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 /// One operation on the workspace.

@@ -158,7 +158,11 @@ impl Workspace {
         for name in names {
             // An entry removed since the directory was read is left out.
             if let Ok(st) = fstatat(&fd, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
-                entries.push(entry_of(name, &st));
+                let target = link_text(&fd, &name, &st);
+                entries.push(FileEntry {
+                    target,
+                    ..entry_of(name, &st)
+                });
             }
         }
         Ok(FileReply::Entries { entries, truncated })
@@ -174,7 +178,10 @@ impl Workspace {
         let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
         let st = fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .map_err(|e| refuse_errno(path, e))?;
-        Ok(entry_of(name.to_string(), &st))
+        Ok(FileEntry {
+            target: link_text(&parent, name, &st),
+            ..entry_of(name.to_string(), &st)
+        })
     }
 
     /// Removes a file, a symlink (itself) or an empty directory; with `recursive`, a
@@ -414,7 +421,18 @@ pub(crate) fn entry_of(name: String, st: &FileStat) -> FileEntry {
         size: st.st_size.max(0) as u64,
         mode: st.st_mode & 0o7777,
         mtime_ms: st.st_mtime.saturating_mul(1000) + st.st_mtime_nsec / 1_000_000,
+        target: None,
     }
+}
+
+/// A symlink's text (read, never followed), for the entry `name` in `dir` that `st` is of.
+fn link_text(dir: &OwnedFd, name: &str, st: &FileStat) -> Option<String> {
+    if kind_of(st) != FileKind::Symlink {
+        return None;
+    }
+    nix::fcntl::readlinkat(dir, name)
+        .ok()
+        .map(|t| t.to_string_lossy().into_owned())
 }
 
 /// Removes the directory `name` in `parent` and everything beneath it; `E2BIG` past

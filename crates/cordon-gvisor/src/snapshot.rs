@@ -178,10 +178,10 @@ impl GvisorSandbox {
             "--compression=none",
             "--image-path",
         ])
-            .arg(dir.join(STATE))
-            .arg(&live.cid)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
+        .arg(dir.join(STATE))
+        .arg(&live.cid)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
         let out = cmd
             .output()
             .map_err(|e| Error::io("running runsc checkpoint", e))?;

@@ -8,7 +8,6 @@ host; another tenant cannot reach it; the egress proxy's port is refused; after 
 nothing answers. Every byte stays on loopback (the listeners' own addresses)."""
 
 import json
-import shutil
 import sys
 import time
 import urllib.error
@@ -19,8 +18,8 @@ import pytest
 assert "e2b" not in sys.modules or "test_e2b_compat" in sys.modules, \
     "the E2B SDK must not be imported before its URLs are set"
 
-from conftest import KEYS, tier_available  # noqa: E402
-from test_e2b_compat import ORIGIN, e2b_server  # noqa: E402  (sets the SDK's URLs)
+from conftest import KEYS  # noqa: E402
+from test_e2b_compat import ORIGIN, serving  # noqa: E402  (sets the SDK's URLs)
 
 # The tiers whose sandboxes serve their own ports to the outside.
 PORT_TIERS = ("container",)
@@ -39,12 +38,7 @@ def _get(url: str, headers: dict) -> tuple:
 
 @pytest.fixture(scope="module", params=PORT_TIERS)
 def server(request):
-    if not tier_available(request.param):
-        pytest.skip(f"{request.param} tier unavailable here")
-    s = e2b_server(request.param)
-    yield s
-    s.stop()
-    shutil.rmtree(s.tmp, ignore_errors=True)
+    yield from serving(request.param)
 
 
 def _serve(sbx, port: int) -> None:

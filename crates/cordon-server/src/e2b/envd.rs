@@ -714,17 +714,18 @@ fn entry_info(entry: &FileEntry, path: &str) -> EntryInfo {
         name,
         kind: kind_name(entry.kind),
         path: shown,
-        // envd reports a directory's size as 0.
-        size: if entry.kind == FileKind::Dir {
-            "0".to_string()
-        } else {
-            entry.size.to_string()
-        },
+        // A directory's size is its own (st_size), as envd reports it.
+        size: entry.size.to_string(),
         mode: entry.mode,
         permissions: permissions(entry.kind, entry.mode),
         owner: "user".into(),
         group: "user".into(),
         modified_time: rfc3339(entry.mtime_ms),
+        is_symlink: entry.kind == FileKind::Symlink,
+        symlink_target: entry
+            .target
+            .as_deref()
+            .map(|t| to_e2b_path(&super::link_target(path, t))),
     }
 }
 
@@ -955,6 +956,15 @@ pub(super) async fn get_file(
         return files_error(err);
     }
     match retry_busy(|| e.svc.files().get_file(&b.tenant, &id, &p)).await {
+        Ok(data) if super::gzip::accepted(&headers) => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream"),
+                (header::CONTENT_ENCODING, "gzip"),
+                (header::VARY, "Accept-Encoding"),
+            ],
+            super::gzip::deflate(&data),
+        )
+            .into_response(),
         Ok(data) => ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response(),
         Err(err) => files_error(err),
     }
@@ -1003,16 +1013,10 @@ pub(super) async fn post_files(
     if let Err(r) = user_of(&q) {
         return r;
     }
-    if headers
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| !v.eq_ignore_ascii_case("identity"))
-    {
-        return e2b_error(
-            StatusCode::BAD_REQUEST,
-            "compressed uploads are not taken by Cordon's E2B listener; write without gzip",
-        );
-    }
+    let encoding = match super::gzip::of_upload(&headers) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -1020,6 +1024,12 @@ pub(super) async fn post_files(
         .to_string();
     let mut written = Vec::new();
     if ct.starts_with("multipart/form-data") {
+        if encoding == super::gzip::Encoding::Gzip {
+            return e2b_error(
+                StatusCode::BAD_REQUEST,
+                "a gzip upload is one file as application/octet-stream with ?path=",
+            );
+        }
         let mut mp = match Multipart::from_request(req, &()).await {
             Ok(m) => m,
             Err(err) => return e2b_error(StatusCode::BAD_REQUEST, err.body_text()),
@@ -1058,7 +1068,16 @@ pub(super) async fn post_files(
             Ok(d) => d,
             Err(err) => return e2b_error(err.status(), err.body_text()),
         };
-        match write_one(&e, &b, &id, &path, data.to_vec()).await {
+        let data = match encoding {
+            super::gzip::Encoding::Identity => data.to_vec(),
+            super::gzip::Encoding::Gzip => {
+                match super::gzip::inflate(&data, e.svc.config().http.max_file_bytes as u64) {
+                    Ok(d) => d,
+                    Err(r) => return r,
+                }
+            }
+        };
+        match write_one(&e, &b, &id, &path, data).await {
             Ok(w) => written.push(w),
             Err(r) => return r,
         }

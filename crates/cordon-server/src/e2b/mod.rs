@@ -22,6 +22,7 @@
 mod connect;
 mod control;
 mod envd;
+mod gzip;
 mod interp;
 mod ports;
 pub mod wire;
@@ -312,6 +313,27 @@ pub(crate) fn to_e2b_path(p: &str) -> String {
         Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("{HOME}{rest}"),
         _ => p.to_string(),
     }
+}
+
+/// Where the symlink at `link` (an absolute path) pointing at `target` leads, as an
+/// absolute path with `.` and `..` taken lexically (never followed further).
+pub(crate) fn link_target(link: &str, target: &str) -> String {
+    let base = if target.starts_with('/') {
+        String::new()
+    } else {
+        link.rsplit_once('/').map_or("", |(dir, _)| dir).to_string()
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for p in base.split('/').chain(target.split('/')) {
+        match p {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
 }
 
 /// Whether a path is one Cordon's file API reaches (the workspace); its refusal says what
@@ -695,6 +717,14 @@ mod tests {
         assert!(check_reachable("/etc/passwd").is_err());
         assert!(check_reachable("/workx").is_err());
         assert!(check_reachable("/work/a").is_ok());
+    }
+
+    #[test]
+    fn link_targets_are_absolute() {
+        assert_eq!(link_target("/work/d/l", "t.txt"), "/work/d/t.txt");
+        assert_eq!(link_target("/work/d/l", "../x/./y"), "/work/x/y");
+        assert_eq!(link_target("/work/d/l", "/etc/passwd"), "/etc/passwd");
+        assert_eq!(link_target("/work/l", "../../.."), "/");
     }
 
     #[test]

@@ -309,6 +309,12 @@ pub struct EntryInfo {
     pub owner: String,
     pub group: String,
     pub modified_time: String,
+    /// The entry is a symlink (envd ≥ 0.6; the pinned SDKs then show it as one).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub is_symlink: bool,
+    /// Where a symlink points, as an absolute path (E2B's form).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
