@@ -92,6 +92,13 @@ fn run_levels(
             live = level;
         }
         let ids = list(&mut c)?;
+        if let Some(id) = ids.first()
+            && !cgroup_dirs().iter().any(|d| d.contains(id.as_str()))
+        {
+            println!(
+                "(no cgroup is named by sandbox {id}: the check of what is left cannot see cgroups)"
+            );
+        }
         let (mut creates, mut execs, mut destroys) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..SAMPLES {
             let t = Instant::now();
@@ -140,14 +147,22 @@ fn create_body(tier: Tier) -> String {
     )
 }
 
+/// Every sandbox this run created: what is left behind is looked for by these names.
+static CREATED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 fn create_one(c: &mut Client, body: &str) -> Result<String> {
     let (s, b) = c.post("/v1/sandboxes", body)?;
     if s != 201 {
         bail!("create failed ({s}): {b}");
     }
-    Ok(serde_json::from_str::<Created>(&b)
+    let id = serde_json::from_str::<Created>(&b)
         .with_context(|| format!("the create response has no id: {b}"))?
-        .id)
+        .id;
+    CREATED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(id.clone());
+    Ok(id)
 }
 
 fn destroy(c: &mut Client, id: &str) -> Result<()> {
@@ -297,13 +312,25 @@ impl Leftovers {
         }
     }
 
+    /// What appeared since `before`: processes of this one, the rest naming a sandbox this
+    /// run created (another program's sandboxes and mounts come and go meanwhile).
     fn minus(&self, before: &Leftovers) -> Leftovers {
-        let new = |a: &BTreeSet<String>, b: &BTreeSet<String>| a.difference(b).cloned().collect();
+        let ours = CREATED.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let new = |a: &BTreeSet<String>, b: &BTreeSet<String>| -> BTreeSet<String> {
+            a.difference(b)
+                .filter(|p| ours.iter().any(|id| p.contains(id.as_str())))
+                .cloned()
+                .collect()
+        };
         Leftovers {
-            processes: new(&self.processes, &before.processes),
+            processes: self
+                .processes
+                .difference(&before.processes)
+                .cloned()
+                .collect(),
             cgroups: new(&self.cgroups, &before.cgroups),
             mounts: new(&self.mounts, &before.mounts),
-            leases: new(&self.leases, &before.leases),
+            leases: self.leases.difference(&before.leases).cloned().collect(),
             files: new(&self.files, &before.files),
             mem_available: self.mem_available,
         }
