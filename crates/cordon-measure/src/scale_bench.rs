@@ -90,6 +90,8 @@ fn run_levels(
         if level > live {
             fill(server.addr(), key, &create, level - live)?;
             live = level;
+            // A connection idle through a long fill may have been closed by the server.
+            c = Client::connect(server.addr(), key)?;
         }
         let ids = list(&mut c)?;
         if let Some(id) = ids.first()
