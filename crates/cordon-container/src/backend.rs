@@ -242,6 +242,15 @@ impl Backend for ContainerBackend {
     fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
         Ok(Box::new(self.create_sandbox(spec)?))
     }
+
+    fn start_from_snapshot(
+        &self,
+        image: &cordon_core::SnapshotImage,
+        dir: &cordon_core::SnapshotDir,
+        spec: &SandboxSpec,
+    ) -> Result<Box<dyn Sandbox>> {
+        Ok(Box::new(crate::snapshot::start(self, image, dir, spec)?))
+    }
 }
 
 fn userns_works() -> std::result::Result<(), String> {
@@ -820,7 +829,20 @@ impl ContainerSandbox {
     /// One file call of several frames (directory operations, archives), each frame sent
     /// or received within the call deadline; a channel failure ends the sandbox as in
     /// [`Self::call`].
-    fn file_call<T>(&mut self, f: impl FnOnce(&mut ConnIo<'_>) -> Answer<T>) -> Result<T> {
+    /// The workspace's size limit (what a snapshot of it may hold at most).
+    pub(crate) fn disk_limit(&self) -> u64 {
+        self.spec.limits.disk_bytes
+    }
+
+    /// Its processes are frozen (its agent too: no file call is answered until a resume).
+    pub(crate) fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    pub(crate) fn file_call<T>(
+        &mut self,
+        f: impl FnOnce(&mut ConnIo<'_>) -> Answer<T>,
+    ) -> Result<T> {
         let timeout = self.call_timeout;
         let conn = self.ctrl()?;
         match f(&mut ConnIo { conn, timeout }) {
@@ -1255,6 +1277,14 @@ impl Sandbox for ContainerSandbox {
 
     fn signal_background(&mut self, id: u64, signal: ProcSignal) -> Result<()> {
         self.file_call(|io| cordon_host::procs::signal(io, id, signal))
+    }
+
+    fn snapshot(
+        &mut self,
+        mode: cordon_core::SnapshotMode,
+        dir: &cordon_core::SnapshotDir,
+    ) -> Result<cordon_core::SnapshotImage> {
+        crate::snapshot::take(self, mode, dir)
     }
 
     fn pause(&mut self) -> Result<()> {

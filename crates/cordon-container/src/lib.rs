@@ -7,6 +7,7 @@
 //! binary ([`init::main`]) builds the sandbox and runs the agent from `cordon-guest`.
 
 mod backend;
+mod snapshot;
 mod sys;
 
 pub use backend::{ContainerBackend, ContainerConfig, ContainerSandbox, INIT_BINARY, Terminal};
