@@ -46,6 +46,10 @@ pub struct TenantRules {
     /// together (each counted at its memory and disk limits while it is saved, then at what
     /// it took). Default 4 GiB.
     pub max_paused_bytes: Option<Size>,
+    /// Bytes this tenant's snapshots may hold in the server's data dir, all together (each
+    /// counted at its sandbox's limits while it is taken, then at what it took). Default
+    /// 4 GiB.
+    pub max_snapshot_bytes: Option<Size>,
     /// Walls this tenant's requests may agree to run without where the host cannot apply
     /// them (`allow_weaker`: landlock, seccomp, cgroups). Default none.
     pub allow_weaker: Option<Vec<cordon_core::Weakening>>,
@@ -53,6 +57,9 @@ pub struct TenantRules {
 
 /// What a tenant's sandboxes paused to disk may hold, where the operator says nothing.
 pub const DEFAULT_MAX_PAUSED_BYTES: u64 = 4 << 30;
+
+/// What a tenant's snapshots may hold, where the operator says nothing.
+pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
 
 /// A tenant's volumes' sizes added up, where the operator says nothing.
 pub const DEFAULT_MAX_VOLUME_BYTES: u64 = 1 << 30;
@@ -208,6 +215,7 @@ pub struct Resolved {
     pub max_volume_bytes: u64,
     pub max_volumes: usize,
     pub max_paused_bytes: u64,
+    pub max_snapshot_bytes: u64,
 }
 
 impl CeilingConfig {
@@ -251,6 +259,8 @@ impl CeilingConfig {
             max_volume_bytes: pick!(max_volume_bytes).map_or(DEFAULT_MAX_VOLUME_BYTES, |s| s.0),
             max_volumes: pick!(max_volumes).unwrap_or(DEFAULT_MAX_VOLUMES),
             max_paused_bytes: pick!(max_paused_bytes).map_or(DEFAULT_MAX_PAUSED_BYTES, |s| s.0),
+            max_snapshot_bytes: pick!(max_snapshot_bytes)
+                .map_or(DEFAULT_MAX_SNAPSHOT_BYTES, |s| s.0),
         }
     }
 
@@ -267,6 +277,7 @@ impl CeilingConfig {
             max_volume_bytes: u64::MAX,
             max_volumes: usize::MAX,
             max_paused_bytes: u64::MAX,
+            max_snapshot_bytes: u64::MAX,
             allow_weaker: vec![
                 cordon_core::Weakening::Landlock,
                 cordon_core::Weakening::Seccomp,

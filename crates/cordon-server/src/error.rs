@@ -81,6 +81,8 @@ pub enum Code {
     VolumeInUse,
     VolumeQuota,
     PausedQuota,
+    SnapshotExists,
+    SnapshotQuota,
     NoSuchRoute,
     MethodNotAllowed,
     Internal,
@@ -108,8 +110,9 @@ impl Code {
             | Code::SandboxPaused
             | Code::ContextBusy
             | Code::VolumeExists
-            | Code::VolumeInUse => StatusCode::CONFLICT,
-            Code::VolumeQuota | Code::PausedQuota => StatusCode::FORBIDDEN,
+            | Code::VolumeInUse
+            | Code::SnapshotExists => StatusCode::CONFLICT,
+            Code::VolumeQuota | Code::PausedQuota | Code::SnapshotQuota => StatusCode::FORBIDDEN,
             Code::SandboxGone => StatusCode::GONE,
             Code::SandboxFailure | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Code::ShuttingDown | Code::StorageLow => StatusCode::SERVICE_UNAVAILABLE,
@@ -146,6 +149,8 @@ impl Code {
             Code::VolumeInUse => "volume_in_use",
             Code::VolumeQuota => "volume_quota",
             Code::PausedQuota => "paused_quota",
+            Code::SnapshotExists => "snapshot_exists",
+            Code::SnapshotQuota => "snapshot_quota",
             Code::NoSuchRoute => "no_such_route",
             Code::MethodNotAllowed => "method_not_allowed",
             Code::Internal => "internal",

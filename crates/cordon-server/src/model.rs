@@ -603,3 +603,76 @@ pub struct StdinWritten {
 pub struct AuditEvents {
     pub events: Vec<crate::audit::Event>,
 }
+
+/// `POST /v1/sandboxes/{id}/snapshots`: a snapshot of a live sandbox.
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// A name of your own for it (1 to 64 of `a-z 0-9 . _ -`), unique among your snapshots;
+    /// it then answers to the name as to its id.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `full` (memory, processes and files) or `filesystem` (files; processes start fresh).
+    /// Left out: full where the sandbox's tier can, else filesystem.
+    #[serde(default)]
+    pub mode: Option<cordon_core::SnapshotMode>,
+}
+
+/// What the API says about one snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SnapshotInfo {
+    /// `snap-` and 32 hex digits.
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The tier its sandboxes run on (the source's).
+    pub tier: Tier,
+    pub mode: cordon_core::SnapshotMode,
+    /// What it holds on disk, counted in your `max_snapshot_bytes`.
+    pub bytes: u64,
+    /// The sandbox it was taken of.
+    pub source: String,
+    pub created_ms: i64,
+    /// The source's template, if it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+}
+
+/// `GET /v1/snapshots`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SnapshotList {
+    pub snapshots: Vec<SnapshotInfo>,
+}
+
+/// `POST /v1/snapshots/{id}/sandboxes` (start from a snapshot) and
+/// `POST /v1/sandboxes/{id}/fork` (snapshot a live sandbox and start from it at once): each
+/// new sandbox is a create through the gate with the source's spec (never wider) and these.
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartFromSnapshotRequest {
+    /// How many sandboxes, 1 to 20 (default 1).
+    #[serde(default)]
+    pub count: Option<u32>,
+    #[serde(default)]
+    pub ttl: Option<cordon_core::units::Dur>,
+    #[serde(default)]
+    pub idle_timeout: Option<cordon_core::units::Dur>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The sandboxes started from a snapshot: those that started, and why the others did not
+/// (each start succeeds or fails on its own, like any create).
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct StartedFromSnapshot {
+    pub snapshot: String,
+    pub sandboxes: Vec<SandboxInfo>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<ApiError>,
+}
+
+/// `DELETE /v1/snapshots/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct SnapshotDeleted {
+    pub id: String,
+}

@@ -40,6 +40,20 @@ pub struct Created {
     /// Made for one run and ended with it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub one_shot: bool,
+    /// The snapshot it was started from (a create from a snapshot, or one of a fork).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+}
+
+/// A snapshot taken of a sandbox (the row's sandbox), or the attempt.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SnapshotTaken {
+    pub snapshot: Option<String>,
+    pub name: Option<String>,
+    pub mode: cordon_core::SnapshotMode,
+    pub bytes: Option<u64>,
+    pub us: u64,
+    pub error: Option<Failure>,
 }
 
 /// What an exec ran: the digest and kind of its command, never the command itself.
@@ -312,6 +326,11 @@ pub enum AuditEvent {
         graceful: bool,
     },
     TemplateBuild(TemplateBuilt),
+    Snapshot(SnapshotTaken),
+    SnapshotDelete {
+        snapshot: String,
+        bytes: u64,
+    },
 }
 
 /// How a volume call ended.
@@ -389,6 +408,8 @@ impl AuditEvent {
             E::Startup { .. } => "startup",
             E::Shutdown { .. } => "shutdown",
             E::TemplateBuild(_) => "template_build",
+            E::Snapshot(_) => "snapshot",
+            E::SnapshotDelete { .. } => "snapshot_delete",
         }
     }
 
@@ -422,6 +443,8 @@ impl AuditEvent {
         "startup",
         "shutdown",
         "template_build",
+        "snapshot",
+        "snapshot_delete",
     ];
 
     /// The `decision` column.
@@ -461,6 +484,8 @@ impl AuditEvent {
             }
             E::Recovery(_) | E::Startup { .. } | E::Shutdown { .. } => None,
             E::TemplateBuild(b) => Some(&b.result),
+            E::Snapshot(t) => ok_or_error(t.error.is_some()),
+            E::SnapshotDelete { .. } => Some("ok"),
         }
     }
 
@@ -557,6 +582,10 @@ impl AuditEvent {
             }
             E::Shutdown { graceful } => to(&Detail::new().with("graceful", graceful)),
             E::TemplateBuild(b) => to(b),
+            E::Snapshot(t) => to(t),
+            E::SnapshotDelete { snapshot, bytes } => to(&Detail::new()
+                .with("snapshot", snapshot)
+                .with("bytes", bytes)),
         }
     }
 }

@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use super::event::AuditEvent;
 
+mod snapshots;
+pub use snapshots::{SnapshotRefusal, SnapshotRow};
+
 /// Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
 const MIGRATIONS: &[&str] = &[
     // 1: events and sandboxes.
@@ -82,6 +85,21 @@ const MIGRATIONS: &[&str] = &[
      CREATE INDEX events_kind_id ON events(kind, id);
      DROP INDEX events_sandbox;
      CREATE INDEX events_sandbox_id ON events(sandbox, id);",
+    // 5: snapshots kept by tenants (docs/snapshots.md), their images in the data dir.
+    "CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        name TEXT,
+        tier TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        bytes INTEGER NOT NULL,
+        format INTEGER NOT NULL,
+        source TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        grants TEXT NOT NULL,
+        created_ms INTEGER NOT NULL
+     );
+     CREATE UNIQUE INDEX snapshots_tenant_name ON snapshots(tenant, name);",
 ];
 
 /// A kept session as decoded, or its id and why it did not decode.

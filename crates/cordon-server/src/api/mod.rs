@@ -25,6 +25,7 @@ pub mod ports;
 pub mod processes;
 pub mod sandboxes;
 pub mod server;
+pub mod snapshots;
 mod stream;
 pub mod tokens;
 pub mod volumes;
@@ -50,6 +51,7 @@ pub fn documented(svc: Service) -> (Router, Vec<Op>) {
         .merge(files::routes(&limits))
         .merge(contexts::routes(&limits))
         .merge(volumes::routes(&limits))
+        .merge(snapshots::routes(&limits))
         .merge(audit::routes(&limits))
         .merge(ports::routes());
     let (mcp_router, mcp_ops) = server::mcp(&svc);

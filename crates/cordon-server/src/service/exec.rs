@@ -127,6 +127,7 @@ impl Execs {
             ttl_ms: None,
             idle_timeout_ms: None,
             one_shot: true,
+            snapshot: None,
         };
         // Written with the exec's own hop, before the program runs (see RunJob::run).
         let rows = vec![

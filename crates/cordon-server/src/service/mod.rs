@@ -9,6 +9,7 @@
 //!  ├─ Files  ───┤
 //!  ├─ Execs  ───┼─► Sessions ─► Volumes ─► Admit (gate, ledger, disk guard) ─► descriptors
 //!  │            │      └──────► Pools (backends, warm pools)
+//!  ├─ Snapshots ─────► Sessions, Pools (a sandbox's image kept; sandboxes started from it)
 //!  ├─ Reaper, Recovery (start-up) ─► Sessions, Pools
 //!  └─ common: Recorder (audit), Life (stopping, background tasks), Chunk, helpers
 //! ```
@@ -46,6 +47,7 @@ mod procs;
 mod reaper;
 mod recovery;
 mod sessions;
+mod snapshots;
 mod volumes;
 
 pub use admit::Admit;
@@ -58,6 +60,7 @@ pub use ports::{MAX_PORT_CONNS, Opened, PortConn};
 pub use procs::{AttachCaps, AttachSlot, Procs};
 pub use recovery::{RecoveryHook, scratch_dir};
 pub use sessions::Sessions;
+pub use snapshots::{Snapshots, StartOptions, snapshots_dir};
 pub use volumes::Volumes;
 
 pub use crate::audit::RecoveryReport;
@@ -88,6 +91,7 @@ struct Inner {
     files: Files,
     procs: Procs,
     contexts: Contexts,
+    snapshots: Snapshots,
     life: common::Life,
     /// Audit queries and event streams each tenant has under way.
     audit_reads: Slots,
@@ -300,6 +304,7 @@ impl Service {
                 max_timeout_ms: cfg.max_limits.timeout_ms,
             },
         );
+        let snapshots = Snapshots::new(sessions.clone(), &cfg.data_dir);
         pools.start();
         recovery::Recovery {
             sessions: sessions.clone(),
@@ -334,6 +339,7 @@ impl Service {
                 files,
                 procs,
                 contexts,
+                snapshots,
                 life,
                 audit_reads: Slots::new(
                     "your audit queries under way",
@@ -448,6 +454,10 @@ impl Service {
     }
 
     /// The tiers' backends and the warm pools.
+    pub fn snapshots(&self) -> &Snapshots {
+        &self.inner.snapshots
+    }
+
     pub fn pools(&self) -> &Pools {
         &self.inner.pools
     }
@@ -611,6 +621,7 @@ mod tests {
         ("ports", &["common", "sessions"]),
         ("procs", &["common", "exec", "sessions"]),
         ("contexts", &["common", "procs", "sessions"]),
+        ("snapshots", &["common", "pools", "sessions"]),
         ("reaper", &["sessions"]),
         ("recovery", &["common", "pools", "sessions", "volumes"]),
     ];

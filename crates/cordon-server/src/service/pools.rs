@@ -19,6 +19,14 @@ use crate::error::{ApiError, Code};
 use crate::metrics::{Metrics, StartLabels};
 use crate::model::CreateRequest;
 
+/// A snapshot a new sandbox starts from: its id (for the audit), image and directory.
+#[derive(Debug, Clone)]
+pub(super) struct FromSnapshot {
+    pub(super) id: String,
+    pub(super) image: cordon_core::SnapshotImage,
+    pub(super) dir: cordon_core::SnapshotDir,
+}
+
 /// The backends the service may use, one per tier, injected by the caller.
 pub type Backends = BTreeMap<Tier, Arc<dyn Backend>>;
 
@@ -295,6 +303,35 @@ impl Pools {
         Ok(Acquired {
             sandbox: Held::new(sandbox),
             source: "cold",
+            start_us,
+        })
+    }
+
+    /// A sandbox for `spec` started from a snapshot's image (`from`), else a fresh one
+    /// ([`Self::acquire`]).
+    pub(super) async fn acquire_from(
+        &self,
+        spec: &SandboxSpec,
+        from: Option<&FromSnapshot>,
+    ) -> Result<Acquired, ApiError> {
+        let Some(from) = from else {
+            return self.acquire(spec).await;
+        };
+        let tier = spec.tier;
+        let backend = self.backends.get(&tier).cloned().ok_or_else(|| {
+            ApiError::new(
+                Code::TierUnavailable,
+                format!("no {tier} tier"),
+                "choose another tier",
+            )
+        })?;
+        let (spec2, image, dir) = (spec.clone(), from.image.clone(), from.dir.clone());
+        let sandbox = blocking(move || backend.start_from_snapshot(&image, &dir, &spec2)).await??;
+        self.started(tier, "snapshot");
+        let start_us = sandbox.start_us();
+        Ok(Acquired {
+            sandbox: Held::new(sandbox),
+            source: "snapshot",
             start_us,
         })
     }

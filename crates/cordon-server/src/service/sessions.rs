@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::admit::Admit;
 use super::common::{Life, NewEventOwned, Recorder, audit_err, blocking, gone, lock};
-use super::pools::{Acquired, Held, Pools};
+use super::pools::{Acquired, FromSnapshot, Held, Pools};
 use super::volumes::Volumes;
 use crate::ServerError;
 use crate::audit::{
@@ -346,6 +346,17 @@ impl Sessions {
         tenant: &Tenant,
         req: CreateRequest,
     ) -> Result<SandboxInfo, ApiError> {
+        self.create_from(tenant, req, None).await
+    }
+
+    /// Creates a sandbox for `tenant`, from a snapshot's image where `from` names one: the
+    /// same gate, budgets and audit as any create, its `create` row naming the snapshot.
+    pub(super) async fn create_from(
+        &self,
+        tenant: &Tenant,
+        req: CreateRequest,
+        from: Option<&FromSnapshot>,
+    ) -> Result<SandboxInfo, ApiError> {
         self.stopping()?;
         crate::model::validate_labels(&req.labels)?;
         let labels = req.labels.clone();
@@ -373,7 +384,7 @@ impl Sessions {
                 return Err(e);
             }
         };
-        let acq = match self.pools.acquire(&spec).await {
+        let acq = match self.pools.acquire_from(&spec, from).await {
             Ok(a) => a,
             Err(e) => {
                 drop(leases);
@@ -423,6 +434,7 @@ impl Sessions {
             ttl_ms: Some(ttl.as_millis() as u64),
             idle_timeout_ms: Some(idle.as_millis() as u64),
             one_shot: false,
+            snapshot: from.map(|f| f.id.clone()),
         };
         let written = blocking(move || -> Result<(), ServerError> {
             audit.sandbox_started(&i, Some(&t), tier, "live")?;
