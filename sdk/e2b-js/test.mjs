@@ -129,3 +129,40 @@ test(`run_code keeps state and returns a matplotlib PNG (${TIER})`, { timeout: 2
     await sbx.kill();
   }
 });
+
+test(`snapshots and fork through E2B's JS SDK (${TIER})`, { timeout: 240_000 }, async (t) => {
+  if (!available) return t.skip(`${TIER} tier unavailable here`);
+  const src = await Sandbox.create({ timeoutMs: 120_000 });
+  try {
+    await src.files.write("/home/user/state.txt", "before");
+    const info = await src.createSnapshot({ name: "js-snap" });
+    assert.ok(info.snapshotId.startsWith("snap-"), JSON.stringify(info));
+    assert.deepEqual(info.names, ["js-snap"]);
+    await src.files.write("/home/user/state.txt", "source-after");
+    const fromSnap = await Sandbox.create(info.snapshotId, { timeoutMs: 60_000 });
+    try {
+      assert.equal(await fromSnap.files.read("/home/user/state.txt"), "before");
+    } finally {
+      await fromSnap.kill();
+    }
+    const listed = await Sandbox.listSnapshots().nextItems();
+    assert.deepEqual(listed.map((s) => s.snapshotId), [info.snapshotId]);
+    const forks = await src.fork({ count: 3, timeoutMs: 60_000 });
+    try {
+      assert.equal(forks.length, 3);
+      for (const f of forks) {
+        assert.ok(f instanceof Sandbox, String(f));
+        assert.equal(await f.files.read("/home/user/state.txt"), "source-after");
+      }
+      await forks[0].files.write("/home/user/state.txt", "fork-0");
+      assert.equal(await forks[1].files.read("/home/user/state.txt"), "source-after");
+    } finally {
+      for (const f of forks) if (f instanceof Sandbox) await f.kill();
+    }
+    assert.equal(await Sandbox.deleteSnapshot(info.snapshotId), true);
+    assert.equal(await Sandbox.deleteSnapshot(info.snapshotId), false);
+    assert.deepEqual(await Sandbox.listSnapshots().nextItems(), []);
+  } finally {
+    await src.kill();
+  }
+});

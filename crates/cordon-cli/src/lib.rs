@@ -15,6 +15,7 @@ mod policy;
 mod serve;
 mod template;
 mod template_build;
+mod snapshot;
 mod volume;
 
 use anyhow::Result;
@@ -50,6 +51,9 @@ enum Cmd {
     /// Volumes: named file systems with a size quota that outlive sandboxes
     /// (`cordon run --volume NAME:/work/PATH[:ro]`): create, list, remove.
     Volume(volume::VolumeArgs),
+    /// Snapshots of a running server's sandboxes (with a tenant's key): take, list,
+    /// delete, start sandboxes from one, fork a sandbox.
+    Snapshot(snapshot::SnapshotArgs),
     /// Build guest images (the microvm tier's kernel, root filesystem and agent).
     Image(image::ImageArgs),
     /// Serve the HTTP API (and MCP over HTTP) with sessions, warm pools and an audit store.
@@ -101,6 +105,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Cmd::Image(args) => image::image(args),
         Cmd::Template(args) => template::template(args),
         Cmd::Volume(args) => volume::volume(args),
+        Cmd::Snapshot(args) => snapshot::snapshot(args),
         Cmd::Serve(args) => serve::serve(args),
         Cmd::Mcp(args) => mcp::mcp(args),
         Cmd::Audit(args) => audit::audit(args),

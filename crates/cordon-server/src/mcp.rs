@@ -33,6 +33,8 @@ use crate::model::{
 };
 use crate::service::Service;
 
+mod snapshots;
+
 /// The MCP server: every tool acts for one tenant.
 #[derive(Clone)]
 pub struct CordonMcp {
@@ -328,7 +330,7 @@ impl CordonMcp {
         CordonMcp {
             svc,
             fixed,
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::snapshot_router(),
         }
     }
 

@@ -22,12 +22,14 @@ from .client import BackgroundExec, Context, Cordon, Files, Sandbox
 from .errors import (ContextBusy, CordonError, FileError, GrantUnavailable, InternalError,
                      InvalidRequest, LayerUnavailable, NotFound, PathRefused, PausedQuota,
                      PayloadTooLarge, PolicyDenied, ResourceBusy, SandboxBusy, SandboxFailure,
-                     SandboxGone, SandboxPaused, ShuttingDown, StorageLow, TierUnavailable,
+                     SandboxGone, SandboxPaused, ShuttingDown, SnapshotExists, SnapshotQuota,
+                     StorageLow, TierUnavailable,
                      TooManyContexts, TooManyExecs, TooManyFailures, TooManySandboxes,
                      Unauthorized, Unsupported, VolumeExists, VolumeInUse, VolumeQuota)
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
                      Execution, ExecutionError, FileDone, FileEntry, FileWritten, Health,
-                     Jwks, Limits, Listing, OidcConfiguration, PoolStatus, SandboxInfo, SandboxList, StdinWritten,
+                     Jwks, Limits, Listing, OidcConfiguration, PoolStatus, SandboxInfo, SandboxList, Snapshot,
+                     SnapshotStarts, StdinWritten,
                      StreamEvent, Timings, TokenInfo, Usage, Volume, VolumeDeleted,
                      VolumeList, VolumeMountInfo)
 
@@ -42,6 +44,7 @@ __all__ = [
     "Limits", "Listing", "NotFound", "OidcConfiguration", "PathRefused", "PausedQuota", "PayloadTooLarge",
     "PolicyDenied", "PoolStatus", "ResourceBusy", "Sandbox", "SandboxBusy", "SandboxFailure",
     "SandboxGone", "SandboxInfo", "SandboxList", "SandboxPaused", "ShuttingDown",
+    "Snapshot", "SnapshotExists", "SnapshotQuota", "SnapshotStarts",
     "StdinWritten", "StorageLow", "StreamEvent", "TierUnavailable", "Timings", "TokenInfo",
     "TooManyContexts", "TooManyExecs", "TooManyFailures", "TooManySandboxes", "Unauthorized",
     "Unsupported", "Usage", "Volume", "VolumeDeleted", "VolumeExists", "VolumeInUse",

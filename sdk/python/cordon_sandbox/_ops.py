@@ -10,8 +10,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ._transport import Body, Call, Data
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
                      Execution, FileDone, FileEntry, FileWritten, Health, Jwks, Limits, Listing,
-                     OidcConfiguration, SandboxInfo, SandboxList, StdinWritten, TokenInfo, Volume, VolumeDeleted,
-                     VolumeList)
+                     OidcConfiguration, SandboxInfo, SandboxList, Snapshot, SnapshotStarts,
+                     StdinWritten, TokenInfo, Volume, VolumeDeleted, VolumeList)
 
 T = TypeVar("T")
 Command = Union[str, Sequence[str]]
@@ -168,6 +168,44 @@ def volume(name: str) -> Call[Volume]:
 
 def delete_volume(name: str) -> Call[VolumeDeleted]:
     return Call("DELETE", "/v1/volumes/" + _q(name), VolumeDeleted.from_json)
+
+
+# -- snapshots -----------------------------------------------------------------------------
+
+def create_snapshot(sid: str, name: Optional[str], mode: Optional[str]) -> Call[Snapshot]:
+    return Call("POST", _sb(sid, "/snapshots"), Snapshot.from_json,
+                json=_some({"name": name, "mode": mode}))
+
+
+def snapshots() -> Call[List[Snapshot]]:
+    return Call("GET", "/v1/snapshots", _list("snapshots", Snapshot.from_json))
+
+
+def snapshot(key: str) -> Call[Snapshot]:
+    return Call("GET", "/v1/snapshots/" + _q(key), Snapshot.from_json)
+
+
+def delete_snapshot(key: str) -> Call[None]:
+    return Call("DELETE", "/v1/snapshots/" + _q(key), _none)
+
+
+def _starts(count: int, ttl: Optional[Duration], idle_timeout: Optional[Duration],
+            labels: Optional[Mapping[str, str]]) -> Dict[str, Any]:
+    return _some({"count": count, "ttl": ttl, "idle_timeout": idle_timeout,
+                  "labels": dict(labels) if labels else None})
+
+
+def start_from_snapshot(key: str, count: int, ttl: Optional[Duration],
+                        idle_timeout: Optional[Duration],
+                        labels: Optional[Mapping[str, str]]) -> Call[SnapshotStarts]:
+    return Call("POST", "/v1/snapshots/" + _q(key) + "/sandboxes", SnapshotStarts.from_json,
+                json=_starts(count, ttl, idle_timeout, labels))
+
+
+def fork(sid: str, count: int, ttl: Optional[Duration], idle_timeout: Optional[Duration],
+         labels: Optional[Mapping[str, str]]) -> Call[SnapshotStarts]:
+    return Call("POST", _sb(sid, "/fork"), SnapshotStarts.from_json,
+                json=_starts(count, ttl, idle_timeout, labels))
 
 
 # -- one sandbox ---------------------------------------------------------------------------

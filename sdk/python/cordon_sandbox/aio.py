@@ -21,14 +21,15 @@ import httpx
 from . import _ops as ops
 from ._ops import Command, Duration, LimitsArg, VolumeArg
 from . import _tar
+from . import errors
 from ._transport import CHUNK, AsyncTransport, Data, settings
 from .client import PathLike
 from .errors import CordonError, NotFound
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
                      Execution, FileDone, FileEntry, FileWritten, Health, Jwks, Listing,
                      OidcConfiguration, SandboxInfo,
-                     SandboxList, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted,
-                     VolumeList)
+                     SandboxList, Snapshot, SnapshotStarts, StdinWritten, StreamEvent, TokenInfo,
+                     Volume, VolumeDeleted, VolumeList)
 
 
 class AsyncCordon:
@@ -122,6 +123,28 @@ class AsyncCordon:
 
     async def sandboxes(self, labels: Optional[Mapping[str, str]] = None) -> SandboxList:
         return await self._t.json(ops.list_sandboxes(labels))
+
+    async def snapshots(self) -> List[Snapshot]:
+        """Your snapshots, oldest first."""
+        return await self._t.json(ops.snapshots())
+
+    async def snapshot(self, key: str) -> Snapshot:
+        """One of your snapshots, by id or name."""
+        return await self._t.json(ops.snapshot(key))
+
+    async def delete_snapshot(self, key: str) -> None:
+        """Deletes a snapshot (by id or name) and its image; sandboxes started from it live on."""
+        await self._t.json(ops.delete_snapshot(key))
+
+    async def start_from_snapshot(self, key: str, count: int = 1, *, ttl: Optional[Duration] = None,
+                            idle_timeout: Optional[Duration] = None,
+                            labels: Optional[Mapping[str, str]] = None
+                            ) -> List[Union["AsyncSandbox", CordonError]]:
+        """Starts `count` (1 to 20) sandboxes from snapshot `key` (id or name), each a create
+        through the server's gate with the snapshot's spec: one entry per sandbox asked for,
+        the sandbox or why it did not start."""
+        got = await self._t.json(ops.start_from_snapshot(key, count, ttl, idle_timeout, labels))
+        return _starts(self, got)
 
     async def create_volume(self, name: str, size: Union[int, str]) -> Volume:
         return await self._t.json(ops.create_volume(name, size))
@@ -303,6 +326,21 @@ class AsyncSandbox:
         self.info = await self._t.json(ops.info(self.id))
         return self.info
 
+    async def create_snapshot(self, name: Optional[str] = None, *,
+                        mode: Optional[str] = None) -> Snapshot:
+        """Takes a snapshot of this sandbox, kept until you delete it: `mode` "full" (memory,
+        processes and files, where the tier can) or "filesystem" (files; processes start
+        fresh); left out, the most its tier keeps. The sandbox runs on."""
+        return await self._t.json(ops.create_snapshot(self.id, name, mode))
+
+    async def fork(self, count: int = 1, *, ttl: Optional[Duration] = None,
+             idle_timeout: Optional[Duration] = None,
+             labels: Optional[Mapping[str, str]] = None) -> List[Union["AsyncSandbox", CordonError]]:
+        """`count` (1 to 20) new sandboxes from a snapshot of this one taken now (deleted
+        after): one entry per sandbox asked for, the sandbox or why it did not start."""
+        got = await self._t.json(ops.fork(self.id, count, ttl, idle_timeout, labels))
+        return _starts(self.client, got)
+
     async def pause(self, to_disk: bool = False) -> SandboxInfo:
         self.info = await self._t.json(ops.pause(self.id, to_disk))
         return self.info
@@ -413,3 +451,9 @@ class AsyncBackgroundExec:
                 return e
         raise NotFound(404, "not_found", f"no background exec {self.id}",
                        "list the sandbox's execs with execs()")
+
+
+def _starts(client: AsyncCordon, got: SnapshotStarts) -> List[Union[AsyncSandbox, CordonError]]:
+    out: List[Union[AsyncSandbox, CordonError]] = [AsyncSandbox(client, info) for info in got.sandboxes]
+    out.extend(errors.from_json(0, e) for e in got.errors)
+    return out

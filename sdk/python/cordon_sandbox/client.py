@@ -14,13 +14,14 @@ import httpx
 from . import _ops as ops
 from ._ops import Command, Duration, LimitsArg, VolumeArg
 from . import _tar
+from . import errors
 from ._transport import CHUNK, Data, SyncTransport, settings
 from .errors import CordonError, NotFound
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
                      Execution, FileDone, FileEntry, FileWritten, Health, Jwks, Listing,
                      OidcConfiguration, SandboxInfo,
-                     SandboxList, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted,
-                     VolumeList)
+                     SandboxList, Snapshot, SnapshotStarts, StdinWritten, StreamEvent, TokenInfo,
+                     Volume, VolumeDeleted, VolumeList)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -141,6 +142,28 @@ class Cordon:
     def sandboxes(self, labels: Optional[Mapping[str, str]] = None) -> SandboxList:
         """Your sandboxes and the bytes those paused to disk hold (`on_disk_bytes`)."""
         return self._t.json(ops.list_sandboxes(labels))
+
+    def snapshots(self) -> List[Snapshot]:
+        """Your snapshots, oldest first."""
+        return self._t.json(ops.snapshots())
+
+    def snapshot(self, key: str) -> Snapshot:
+        """One of your snapshots, by id or name."""
+        return self._t.json(ops.snapshot(key))
+
+    def delete_snapshot(self, key: str) -> None:
+        """Deletes a snapshot (by id or name) and its image; sandboxes started from it live on."""
+        self._t.json(ops.delete_snapshot(key))
+
+    def start_from_snapshot(self, key: str, count: int = 1, *, ttl: Optional[Duration] = None,
+                            idle_timeout: Optional[Duration] = None,
+                            labels: Optional[Mapping[str, str]] = None
+                            ) -> List[Union["Sandbox", CordonError]]:
+        """Starts `count` (1 to 20) sandboxes from snapshot `key` (id or name), each a create
+        through the server's gate with the snapshot's spec: one entry per sandbox asked for,
+        the sandbox or why it did not start."""
+        got = self._t.json(ops.start_from_snapshot(key, count, ttl, idle_timeout, labels))
+        return _starts(self, got)
 
     def create_volume(self, name: str, size: Union[int, str]) -> Volume:
         """Creates a volume: an empty file system of `size` bytes (or "256M"), its quota."""
@@ -343,6 +366,21 @@ class Sandbox:
         self.info = self._t.json(ops.info(self.id))
         return self.info
 
+    def create_snapshot(self, name: Optional[str] = None, *,
+                        mode: Optional[str] = None) -> Snapshot:
+        """Takes a snapshot of this sandbox, kept until you delete it: `mode` "full" (memory,
+        processes and files, where the tier can) or "filesystem" (files; processes start
+        fresh); left out, the most its tier keeps. The sandbox runs on."""
+        return self._t.json(ops.create_snapshot(self.id, name, mode))
+
+    def fork(self, count: int = 1, *, ttl: Optional[Duration] = None,
+             idle_timeout: Optional[Duration] = None,
+             labels: Optional[Mapping[str, str]] = None) -> List[Union["Sandbox", CordonError]]:
+        """`count` (1 to 20) new sandboxes from a snapshot of this one taken now (deleted
+        after): one entry per sandbox asked for, the sandbox or why it did not start."""
+        got = self._t.json(ops.fork(self.id, count, ttl, idle_timeout, labels))
+        return _starts(self.client, got)
+
     def pause(self, to_disk: bool = False) -> SandboxInfo:
         """Stops its processes where they are (no CPU); its TTL clock stands still.
 
@@ -495,3 +533,9 @@ class BackgroundExec:
 
 
 __all__ = ["BackgroundExec", "Context", "Cordon", "Files", "Sandbox"]
+
+
+def _starts(client: Cordon, got: SnapshotStarts) -> List[Union[Sandbox, CordonError]]:
+    out: List[Union[Sandbox, CordonError]] = [Sandbox(client, info) for info in got.sandboxes]
+    out.extend(errors.from_json(0, e) for e in got.errors)
+    return out

@@ -128,6 +128,14 @@ class StorageLow(CordonError):
     """The server's disk is nearly full: it refuses new sandboxes for now."""
 
 
+class SnapshotExists(CordonError):
+    """You have a snapshot of that name already."""
+
+
+class SnapshotQuota(CordonError):
+    """The snapshot would pass your `max_snapshot_bytes`: delete snapshots first."""
+
+
 class ShuttingDown(CordonError):
     """The server is stopping."""
 
@@ -165,6 +173,8 @@ BY_CODE: Dict[str, Type[CordonError]] = {
     "volume_in_use": VolumeInUse,
     "volume_quota": VolumeQuota,
     "paused_quota": PausedQuota,
+    "snapshot_exists": SnapshotExists,
+    "snapshot_quota": SnapshotQuota,
     "storage_low": StorageLow,
     "shutting_down": ShuttingDown,
     "internal": InternalError,

@@ -439,6 +439,43 @@ class VolumeDeleted:
 
 
 @dataclass
+class Snapshot:
+    """A snapshot you keep: `mode` full (memory, processes, files) or filesystem (files;
+    processes start fresh), `bytes` counted in your `max_snapshot_bytes`, `source` the
+    sandbox it was taken of."""
+
+    id: str
+    tier: str
+    mode: str
+    bytes: int = 0
+    source: str = ""
+    created_ms: int = 0
+    name: Optional[str] = None
+    template: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, d: Json) -> "Snapshot":
+        return cls(d["id"], d.get("tier", ""), d.get("mode", ""), d.get("bytes", 0),
+                   d.get("source", ""), d.get("created_ms", 0), d.get("name"),
+                   d.get("template"))
+
+
+@dataclass
+class SnapshotStarts:
+    """Sandboxes started from a snapshot (or a fork): those that started, and the errors
+    (`{"code", "message", "fix"}`) of those that did not."""
+
+    snapshot: str
+    sandboxes: List[SandboxInfo]
+    errors: List[Dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: Json) -> "SnapshotStarts":
+        return cls(d.get("snapshot", ""), [SandboxInfo.from_json(s) for s in d["sandboxes"]],
+                   list(d.get("errors", [])))
+
+
+@dataclass
 class AuditEvent:
     """One audit row: `kind` (policy, create, exec, file_put, egress, destroy, ...),
     `decision` (allow/deny, a destroy's reason, ...) and the row's `detail`."""

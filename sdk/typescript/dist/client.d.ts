@@ -2,7 +2,8 @@
  * The client: `Cordon` (the service), `Sandbox` (one live sandbox), its `Files`, code
  * `Context`s and `BackgroundExec`s. Only the platform's `fetch`, streams and text codecs.
  */
-import type { ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, Destroyed, Duration, ExecInfo, ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Jwks, Listing, OidcConfiguration, PtySize, RunOptions, SandboxInfo, SandboxList, SandboxSpec, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted, VolumeList } from "./models.js";
+import { CordonError } from "./errors.js";
+import type { ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, Destroyed, Duration, ExecInfo, ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Jwks, Listing, OidcConfiguration, PtySize, RunOptions, SandboxInfo, SandboxList, SandboxSpec, Snapshot, StartOptions, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted, VolumeList } from "./models.js";
 export declare const DEFAULT_URL = "http://127.0.0.1:7070";
 /** A 429's Retry-After longer than this is not waited for: the error is thrown at once. */
 export declare const MAX_RETRY_WAIT_SECS = 60;
@@ -72,6 +73,18 @@ export declare class Cordon {
     listSandboxes(labels?: Record<string, string>): Promise<SandboxInfo[]>;
     /** Your sandboxes and the bytes those paused to disk hold. */
     sandboxes(labels?: Record<string, string>): Promise<SandboxList>;
+    /** Your snapshots, oldest first. */
+    snapshots(): Promise<Snapshot[]>;
+    /** One of your snapshots, by id or name. */
+    snapshot(key: string): Promise<Snapshot>;
+    /** Deletes a snapshot (by id or name) and its image; sandboxes started from it live on. */
+    deleteSnapshot(key: string): Promise<void>;
+    /**
+     * Starts `count` (1 to 20) sandboxes from snapshot `key` (id or name), each a create
+     * through the server's gate with the snapshot's spec: one entry per sandbox asked for,
+     * the sandbox or why it did not start.
+     */
+    startFromSnapshot(key: string, count?: number, opts?: StartOptions): Promise<(Sandbox | CordonError)[]>;
     /** Creates a volume: an empty file system of `size` bytes (or "256M"), its quota. */
     createVolume(name: string, size: number | string): Promise<Volume>;
     volumes(): Promise<VolumeList>;
@@ -158,6 +171,17 @@ export declare class Sandbox {
         toDisk?: boolean;
     }): Promise<SandboxInfo>;
     resume(): Promise<SandboxInfo>;
+    /**
+     * Takes a snapshot of this sandbox, kept until you delete it: `mode` "full" (memory,
+     * processes, files, where the tier can) or "filesystem" (files; processes start fresh);
+     * left out, the most its tier keeps. The sandbox runs on.
+     */
+    createSnapshot(opts?: {
+        name?: string;
+        mode?: "full" | "filesystem";
+    }): Promise<Snapshot>;
+    /** `count` (1 to 20) new sandboxes from a snapshot of this one taken now (then deleted). */
+    fork(count?: number, opts?: StartOptions): Promise<(Sandbox | CordonError)[]>;
     /** Changes its TTL (from its creation) or idle timeout, within the server's maxima. */
     update(opts: {
         ttl?: Duration;

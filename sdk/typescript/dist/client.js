@@ -244,6 +244,27 @@ export class Cordon {
     sandboxes(labels = {}) {
         return this.json({ method: "GET", path: "/v1/sandboxes", query: Object.entries(labels).map(([k, v]) => ["label", `${k}=${v}`]) });
     }
+    /** Your snapshots, oldest first. */
+    async snapshots() {
+        return (await this.json({ method: "GET", path: "/v1/snapshots" })).snapshots;
+    }
+    /** One of your snapshots, by id or name. */
+    snapshot(key) {
+        return this.json({ method: "GET", path: `/v1/snapshots/${enc(key)}` });
+    }
+    /** Deletes a snapshot (by id or name) and its image; sandboxes started from it live on. */
+    async deleteSnapshot(key) {
+        await this.json({ method: "DELETE", path: `/v1/snapshots/${enc(key)}` });
+    }
+    /**
+     * Starts `count` (1 to 20) sandboxes from snapshot `key` (id or name), each a create
+     * through the server's gate with the snapshot's spec: one entry per sandbox asked for,
+     * the sandbox or why it did not start.
+     */
+    async startFromSnapshot(key, count = 1, opts = {}) {
+        const got = await this.json({ method: "POST", path: `/v1/snapshots/${enc(key)}/sandboxes`, json: some({ count, ...opts }) });
+        return starts(this, got);
+    }
     /** Creates a volume: an empty file system of `size` bytes (or "256M"), its quota. */
     createVolume(name, size) {
         return this.json({ method: "POST", path: "/v1/volumes", json: { name, size } });
@@ -392,6 +413,19 @@ export class Sandbox {
     async resume() {
         return (this.info = await this.client.json({ method: "POST", path: this.#path("/resume"), json: {} }));
     }
+    /**
+     * Takes a snapshot of this sandbox, kept until you delete it: `mode` "full" (memory,
+     * processes, files, where the tier can) or "filesystem" (files; processes start fresh);
+     * left out, the most its tier keeps. The sandbox runs on.
+     */
+    createSnapshot(opts = {}) {
+        return this.client.json({ method: "POST", path: this.#path("/snapshots"), json: some(opts) });
+    }
+    /** `count` (1 to 20) new sandboxes from a snapshot of this one taken now (then deleted). */
+    async fork(count = 1, opts = {}) {
+        const got = await this.client.json({ method: "POST", path: this.#path("/fork"), json: some({ count, ...opts }) });
+        return starts(this.client, got);
+    }
     /** Changes its TTL (from its creation) or idle timeout, within the server's maxima. */
     async update(opts) {
         return (this.info = await this.client.json({ method: "PATCH", path: this.#path(), json: some(opts) }));
@@ -517,4 +551,10 @@ export class BackgroundExec {
             throw errorFrom(404, { code: "not_found", message: `no background exec ${this.id}`, fix: "list the sandbox's execs with execs()" });
         return e;
     }
+}
+function starts(client, got) {
+    const out = got.sandboxes.map((info) => new Sandbox(client, info));
+    for (const e of got.errors ?? [])
+        out.push(errorFrom(0, e));
+    return out;
 }

@@ -70,6 +70,10 @@ export declare class VolumeQuota extends CordonError {
 }
 export declare class PausedQuota extends CordonError {
 }
+export declare class SnapshotExists extends CordonError {
+}
+export declare class SnapshotQuota extends CordonError {
+}
 export declare class StorageLow extends CordonError {
 }
 export declare class ShuttingDown extends CordonError {

@@ -71,6 +71,10 @@ export class VolumeQuota extends CordonError {
 }
 export class PausedQuota extends CordonError {
 }
+export class SnapshotExists extends CordonError {
+}
+export class SnapshotQuota extends CordonError {
+}
 export class StorageLow extends CordonError {
 }
 export class ShuttingDown extends CordonError {
@@ -107,6 +111,8 @@ export const BY_CODE = {
     volume_in_use: VolumeInUse,
     volume_quota: VolumeQuota,
     paused_quota: PausedQuota,
+    snapshot_exists: SnapshotExists,
+    snapshot_quota: SnapshotQuota,
     storage_low: StorageLow,
     shutting_down: ShuttingDown,
     internal: InternalError,

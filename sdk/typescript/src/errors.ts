@@ -57,6 +57,8 @@ export class VolumeExists extends CordonError {}
 export class VolumeInUse extends CordonError {}
 export class VolumeQuota extends CordonError {}
 export class PausedQuota extends CordonError {}
+export class SnapshotExists extends CordonError {}
+export class SnapshotQuota extends CordonError {}
 export class StorageLow extends CordonError {}
 export class ShuttingDown extends CordonError {}
 export class InternalError extends CordonError {}
@@ -93,6 +95,8 @@ export const BY_CODE: Readonly<Record<string, ErrorClass>> = {
   volume_in_use: VolumeInUse,
   volume_quota: VolumeQuota,
   paused_quota: PausedQuota,
+  snapshot_exists: SnapshotExists,
+  snapshot_quota: SnapshotQuota,
   storage_low: StorageLow,
   shutting_down: ShuttingDown,
   internal: InternalError,

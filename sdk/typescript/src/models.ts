@@ -291,3 +291,31 @@ export interface RunOptions extends Omit<SandboxSpec, "ttl" | "idle_timeout" | "
   /** files to put under /work first: path to contents */
   files?: Record<string, string | Uint8Array>;
 }
+
+/** A snapshot you keep: `mode` full (memory, processes, files) or filesystem (files; processes start fresh). */
+export interface Snapshot {
+  id: string;
+  name?: string;
+  tier: Tier;
+  mode: "full" | "filesystem";
+  /** What it holds on disk, counted in your max_snapshot_bytes. */
+  bytes: number;
+  /** The sandbox it was taken of. */
+  source: string;
+  created_ms: number;
+  template?: string;
+}
+
+/** Sandboxes started from a snapshot (or a fork): those that started, and why others did not. */
+export interface SnapshotStarts {
+  snapshot: string;
+  sandboxes: SandboxInfo[];
+  errors?: { code: string; message: string; fix?: string; rule?: string }[];
+}
+
+/** The life and labels of sandboxes started from a snapshot. */
+export interface StartOptions {
+  ttl?: Duration;
+  idle_timeout?: Duration;
+  labels?: Record<string, string>;
+}

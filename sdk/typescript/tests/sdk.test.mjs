@@ -203,6 +203,44 @@ describe("against cordon serve", () => {
     }
   });
 
+  test("snapshots: taken, forked, started from, not another tenant's, deleted (container)", async (t) => {
+    if (!hasContainer) {
+      t.skip("container tier unavailable here (see the SKIPPING line)");
+      return;
+    }
+    const name = `ts-snap-${process.pid}`;
+    let snap;
+    await alice.withSandbox({ tier: "container", limits: { disk_bytes: 16 << 20 } }, async (sb) => {
+      await sb.writeFile("/work/f", "before");
+      snap = await sb.createSnapshot({ name, mode: "filesystem" });
+      assert.deepEqual([snap.tier, snap.mode, snap.source, snap.name], ["container", "filesystem", sb.id, name]);
+      await assert.rejects(sb.createSnapshot({ mode: "full" }), Unsupported);
+      const forks = await sb.fork(2);
+      try {
+        assert.equal(forks.length, 2);
+        for (const f of forks) {
+          assert.ok(f instanceof Sandbox, String(f));
+          assert.equal(new TextDecoder().decode(await f.readFile("/work/f")), "before");
+        }
+      } finally {
+        for (const f of forks) if (f instanceof Sandbox) await f.destroy();
+      }
+    });
+    try {
+      const [again] = await alice.startFromSnapshot(name, 1, { ttl: "1m" });
+      assert.ok(again instanceof Sandbox, String(again));
+      assert.equal(new TextDecoder().decode(await again.readFile("/work/f")), "before");
+      await again.destroy();
+      assert.ok((await alice.snapshots()).some((s) => s.id === snap.id));
+      assert.deepEqual((await bob.snapshots()).filter((s) => s.id === snap.id), []);
+      await assert.rejects(bob.startFromSnapshot(snap.id), NotFound);
+      await assert.rejects(bob.deleteSnapshot(name), NotFound);
+    } finally {
+      await alice.deleteSnapshot(snap.id);
+    }
+    await assert.rejects(alice.snapshot(name), NotFound);
+  });
+
   test("timeoutMs bounds a whole call, and a stream only until its head", async () => {
     const quick = new Cordon({ url: server.url, apiKey: KEYS.alice, timeoutMs: 1500 });
     await quick.withSandbox({ tier: "wasm" }, async (sb) => {

@@ -87,6 +87,9 @@ pub(super) async fn create(
             return e2b_error(StatusCode::BAD_REQUEST, format!("the request body: {err}"));
         }
     };
+    if let Some(r) = super::snapshots::create_from(&e, &t, &req).await {
+        return r;
+    }
     if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
         return refuse(
             "volumeMounts",
@@ -166,7 +169,7 @@ pub(super) async fn create(
     (StatusCode::CREATED, Json(sandbox_out(&t, &info, &b))).into_response()
 }
 
-fn sandbox_out(t: &Tenant, info: &SandboxInfo, b: &E2bBox) -> SandboxOut {
+pub(super) fn sandbox_out(t: &Tenant, info: &SandboxInfo, b: &E2bBox) -> SandboxOut {
     SandboxOut {
         template_id: b.template.clone(),
         sandbox_id: info.id.clone(),
@@ -479,7 +482,7 @@ pub(super) async fn refused(
     } else if path.starts_with("/secrets") {
         "a sandbox gets credentials only as grants of the operator's catalogue, swapped in by the egress proxy"
     } else if path.contains("/snapshots") || path.contains("/fork") {
-        "Cordon has no snapshots or forks of a sandbox: pause() keeps one sandbox's state, and templates give many sandboxes the same start"
+        "create_snapshot, list_snapshots, delete_snapshot, fork and Sandbox.create(snapshot_id) are served; this route of E2B's snapshot API is not"
     } else if path.ends_with("/network") {
         "a sandbox's egress allow-list is fixed at its create, within the operator's ceiling; create a new sandbox with the hosts it needs"
     } else if path.ends_with("/refreshes") {

@@ -25,6 +25,7 @@ mod envd;
 mod gzip;
 mod interp;
 mod ports;
+mod snapshots;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -154,12 +155,14 @@ fn router(state: E2b) -> Router {
         .route("/sandboxes/{id}/connect", post(control::connect))
         .route("/v2/sandboxes/{id}/connect", post(control::connect))
         .route("/sandboxes/{id}/metrics", get(control::metrics))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create_snapshot))
+        .route("/sandboxes/{id}/fork", post(snapshots::fork))
         .route(
             "/sandboxes/{id}/{*rest}",
             axum::routing::any(control::refused),
         )
         .route("/templates", axum::routing::any(control::refused))
-        .route("/templates/{*rest}", axum::routing::any(control::refused))
+        .route("/templates/{*rest}", axum::routing::any(snapshots::templates))
         .route("/v2/templates", axum::routing::any(control::refused))
         .route(
             "/v2/templates/{*rest}",
@@ -170,7 +173,7 @@ fn router(state: E2b) -> Router {
         .route("/volumes/{*rest}", axum::routing::any(control::refused))
         .route("/secrets", axum::routing::any(control::refused))
         .route("/secrets/{*rest}", axum::routing::any(control::refused))
-        .route("/snapshots", axum::routing::any(control::refused))
+        .route("/snapshots", get(snapshots::list_snapshots))
         .route("/snapshots/{*rest}", axum::routing::any(control::refused))
         // envd (port 49983).
         .route("/health", get(envd::health))

@@ -1,0 +1,259 @@
+"""Snapshots and forks (issue 46) against a real `cordon serve`, on the container tier
+(filesystem snapshots: the workspace kept, processes start fresh).
+
+Each attack test names the vulnerable code it was checked against (docs/snapshots.md)."""
+
+import http.server
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import KEYS, ServerProc
+
+from cordon_sandbox import (Cordon, NotFound, Sandbox, SnapshotExists, SnapshotQuota,
+                            Unsupported)
+
+# The tenants' snapshot budget: a sandbox with a 64 MiB disk limit fits (each snapshot is
+# held at its disk limit while it is taken), one with 256 MiB does not.
+BUDGET = "200M"
+
+
+class Upstream:
+    """A loopback HTTP server recording the Authorization header of each request."""
+
+    def __init__(self) -> None:
+        seen = self.seen = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                seen.append(self.headers.get("Authorization", ""))
+                body = b"upstream-ok"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def snap_server(has_container):
+    if not has_container:
+        pytest.skip("the container tier is unavailable here")
+    d = Path(tempfile.mkdtemp(prefix="cordon-snap-"))
+    extra = (f'egress = ["*", "127.0.0.1/32"]\nmax_snapshot_bytes = "{BUDGET}"\n'
+             '[[grant]]\nname = "cloud"\n'
+             'secret = { mint = { audience = "sts.example.test", lifetime = "5m" } }\n'
+             'hosts = ["sts.example.test"]\ntenants = ["alice"]\n')
+    s = ServerProc(d / "data", {}, extra=extra).start()
+    yield s
+    s.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def a(snap_server):
+    with Cordon(snap_server.url, api_key=KEYS["alice"]) as c:
+        yield c
+        for snap in c.snapshots():
+            c.delete_snapshot(snap.id)
+
+
+@pytest.fixture
+def b(snap_server):
+    with Cordon(snap_server.url, api_key=KEYS["bob"]) as c:
+        yield c
+
+
+def sandboxes(got) -> list:
+    errors = [x for x in got if not isinstance(x, Sandbox)]
+    assert not errors, errors
+    return got
+
+
+def test_a_file_is_in_each_of_three_forks_and_a_change_stays_in_its_own(a):
+    with a.create_sandbox("container", ttl="5m", limits={"disk_bytes": 64 << 20}) as src:
+        src.write_file("/work/state.txt", b"before")
+        src.exec("mkdir -p /work/deep/er && printf nested > /work/deep/er/f && chmod 700 /work/deep")
+        # A process of the source's: a filesystem snapshot does not carry it.
+        ticker = src.exec_background("exec -a snap-ticker sleep 300")
+        snap = src.create_snapshot("base", mode="filesystem")
+        assert (snap.tier, snap.mode, snap.source, snap.name) == (
+            "container", "filesystem", src.id, "base")
+        assert 0 < snap.bytes <= 64 << 20
+        assert a.snapshot("base").id == snap.id == a.snapshot(snap.id).id
+        # The source runs on, and what it changes after the snapshot is not in the forks.
+        src.write_file("/work/state.txt", b"source-after")
+        forks = sandboxes(a.start_from_snapshot("base", 3, ttl="3m"))
+        try:
+            ids = {f.id for f in forks}
+            assert len(ids) == 3 and src.id not in ids
+            for f in forks:
+                assert f.read_file("/work/state.txt") == b"before"
+                assert f.read_file("/work/deep/er/f") == b"nested"
+                assert f.info.source == "snapshot"
+                r = f.exec("pgrep -f 'snap-ticke[r]' || echo none; stat -c %a /work/deep")
+                assert r.stdout.split() == ["none", "700"], r
+            forks[0].write_file("/work/state.txt", b"fork-0")
+            forks[0].write_file("/work/only-0", b"x")
+            assert [f.read_file("/work/state.txt") for f in forks] == [
+                b"fork-0", b"before", b"before"]
+            for f in forks[1:]:
+                assert f.exec("test -e /work/only-0 && echo yes || echo no").stdout == "no\n"
+            assert src.read_file("/work/state.txt") == b"source-after"
+            assert src.exec("pgrep -f 'snap-ticke[r]' >/dev/null && echo running").stdout == (
+                "running\n")
+            # Each fork's create row names the snapshot.
+            for f in forks:
+                rows = a.audit(sandbox=f.id, kind="create")
+                assert [r.detail.get("snapshot") for r in rows] == [snap.id], rows
+            taken = a.audit(sandbox=src.id, kind="snapshot")
+            assert [r.detail.get("snapshot") for r in taken] == [snap.id], taken
+        finally:
+            for f in forks:
+                f.destroy()
+            ticker.kill()
+    # The snapshot outlives its source.
+    assert [s.id for s in a.snapshots()] == [snap.id]
+    with sandboxes(a.start_from_snapshot(snap.id))[0] as again:
+        assert again.read_file("/work/state.txt") == b"before"
+
+
+def test_names_are_unique_and_counts_bounded(a):
+    with a.create_sandbox("container", ttl="2m", limits={"disk_bytes": 16 << 20}) as src:
+        src.create_snapshot("one", mode="filesystem")
+        with pytest.raises(SnapshotExists):
+            src.create_snapshot("one", mode="filesystem")
+        for count in (0, 21):
+            with pytest.raises(Exception) as e:
+                a.start_from_snapshot("one", count)
+            assert "1 to 20" in str(e.value)
+
+
+def test_a_full_snapshot_on_container_is_refused_with_the_reason(a):
+    with a.create_sandbox("container", ttl="2m", limits={"disk_bytes": 16 << 20}) as src:
+        with pytest.raises(Unsupported) as e:
+            src.create_snapshot(mode="full")
+        assert "CRIU" in e.value.message and "Landlock" in e.value.message, e.value
+        assert "filesystem" in e.value.fix, e.value
+        # Left out, the mode is the most the tier keeps: its files.
+        assert src.create_snapshot().mode == "filesystem"
+    assert len(a.snapshots()) == 1
+
+
+def test_another_tenant_cannot_see_start_or_delete_a_snapshot(a, b):
+    """Checked against a vulnerable version: with the tenant filter dropped from
+    `Snapshots::row` (any tenant's snapshot found by id or name), bob starts and deletes
+    alice's snapshot and this test fails."""
+    with a.create_sandbox("container", ttl="2m", limits={"disk_bytes": 16 << 20}) as src:
+        src.write_file("/work/secret.txt", b"alice's")
+        snap = src.create_snapshot("mine", mode="filesystem")
+    assert snap.id not in [s.id for s in b.snapshots()]
+    for key in (snap.id, "mine"):
+        with pytest.raises(NotFound):
+            b.snapshot(key)
+        with pytest.raises(NotFound):
+            b.start_from_snapshot(key)
+        with pytest.raises(NotFound):
+            b.delete_snapshot(key)
+    # A name is the tenant's own: bob may use it for a snapshot of his.
+    with b.create_sandbox("container", ttl="2m", limits={"disk_bytes": 16 << 20}) as bs:
+        bsnap = bs.create_snapshot("mine", mode="filesystem")
+    assert b.snapshot("mine").id == bsnap.id != snap.id
+    b.delete_snapshot("mine")
+    assert a.snapshot("mine").id == snap.id
+    with sandboxes(a.start_from_snapshot("mine"))[0] as f:
+        assert f.read_file("/work/secret.txt") == b"alice's"
+
+
+def test_a_snapshot_past_the_budget_is_refused(a, snap_server):
+    """Checked against a vulnerable version: with `Snapshots::room`'s budget check removed
+    the 256 MiB sandbox's snapshot is taken and this test fails."""
+    before = sorted(p.name for p in (snap_server.data_dir / "snapshots").iterdir())
+    with a.create_sandbox("container", ttl="2m", limits={"disk_bytes": 256 << 20}) as big:
+        big.write_file("/work/f", b"x" * 1024)
+        with pytest.raises(SnapshotQuota) as e:
+            big.create_snapshot(mode="filesystem")
+        assert "max_snapshot_bytes" in e.value.fix, e.value
+        with pytest.raises(SnapshotQuota):
+            big.fork(2)
+    # Nothing of the refused snapshots is kept.
+    assert a.snapshots() == []
+    assert sorted(p.name for p in (snap_server.data_dir / "snapshots").iterdir()) == before
+    # Within the budget it is taken.
+    with a.create_sandbox("container", ttl="2m", limits={"disk_bytes": 128 << 20}) as s:
+        assert s.create_snapshot(mode="filesystem").bytes < 1 << 20
+
+
+def test_the_sources_placeholder_is_worthless_in_a_fork(a):
+    """The source's grant placeholder, kept in its workspace, reaches a fork; the fork's
+    proxy watches its own placeholder (sent to a host the grant does not cover, 403) and
+    does not know the source's, which leaves as the inert string it is: no token is put in
+    for it. Checked against a vulnerable version: with `start_from_snapshot` handing the
+    fork the source's egress placeholders (the container tier's create given the source's
+    proxy), the fork's placeholder equals the source's and this test fails."""
+    up = Upstream()
+    try:
+        allow = [f"127.0.0.1/32:{up.port}"]
+        curl = ("curl -s --max-time 5 -o /dev/null -w '%{http_code}' "
+                f"-H \"Authorization: Bearer $PH\" http://127.0.0.1:{up.port}/")
+        with a.create_sandbox("container", ttl="3m", grants=["cloud"], allow_hosts=allow,
+                              limits={"disk_bytes": 16 << 20}) as src:
+            src.exec("printf %s \"$CLOUD_TOKEN\" > /work/source-placeholder")
+            source_ph = src.read_file("/work/source-placeholder").decode()
+            assert source_ph.startswith("cordon-ph-"), source_ph
+            # In the source, its placeholder headed for a host the grant does not cover
+            # is refused.
+            assert src.exec(curl, env={"PH": source_ph}).stdout == "403"
+            snap = src.create_snapshot(mode="filesystem")
+        with sandboxes(a.start_from_snapshot(snap.id))[0] as fork:
+            own = fork.exec("printf %s \"$CLOUD_TOKEN\"").stdout
+            assert own.startswith("cordon-ph-") and own != source_ph
+            assert fork.read_file("/work/source-placeholder").decode() == source_ph
+            assert fork.exec(curl, env={"PH": own}).stdout == "403"
+            assert up.seen == []
+            assert fork.exec(curl.replace("$PH", "$(cat /work/source-placeholder)")).stdout \
+                == "200"
+            # What left is the inert placeholder, not a minted token.
+            assert up.seen == [f"Bearer {source_ph}"]
+    finally:
+        up.close()
+
+
+def test_snapshots_outlive_a_restart_and_a_cut_short_one_is_removed(has_container):
+    if not has_container:
+        pytest.skip("the container tier is unavailable here")
+    d = Path(tempfile.mkdtemp(prefix="cordon-snap-restart-"))
+    s = ServerProc(d / "data", {}).start()
+    try:
+        with Cordon(s.url, api_key=KEYS["alice"]) as c:
+            with c.create_sandbox("container", ttl="2m", limits={"disk_bytes": 16 << 20}) as sb:
+                sb.write_file("/work/kept", b"across a restart")
+                snap = sb.create_snapshot("kept", mode="filesystem")
+        # What a server killed while taking a snapshot leaves: an image without a row.
+        stray = s.data_dir / "snapshots" / ("snap-" + "0" * 32)
+        stray.mkdir(mode=0o700)
+        (stray / "work.tar").write_bytes(b"partial")
+        s.kill9()
+        s.start()
+        assert not stray.exists()
+        with Cordon(s.url, api_key=KEYS["alice"]) as c:
+            assert [x.id for x in c.snapshots()] == [snap.id]
+            with sandboxes(c.start_from_snapshot("kept"))[0] as f:
+                assert f.read_file("/work/kept") == b"across a restart"
+            c.delete_snapshot("kept")
+            assert not (s.data_dir / "snapshots" / snap.id).exists()
+    finally:
+        s.stop()
+        shutil.rmtree(d, ignore_errors=True)
