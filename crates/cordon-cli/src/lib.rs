@@ -13,9 +13,9 @@ mod image;
 mod mcp;
 mod policy;
 mod serve;
+mod snapshot;
 mod template;
 mod template_build;
-mod snapshot;
 mod volume;
 
 use anyhow::Result;

@@ -8,7 +8,12 @@ use serde_json::{Value, json};
 #[derive(Args)]
 pub struct SnapshotArgs {
     /// The server's URL.
-    #[arg(long, global = true, env = "CORDON_URL", default_value = "http://127.0.0.1:7070")]
+    #[arg(
+        long,
+        global = true,
+        env = "CORDON_URL",
+        default_value = "http://127.0.0.1:7070"
+    )]
     url: String,
     /// A tenant's API key.
     #[arg(long, global = true, env = "CORDON_API_KEY", hide_env_values = true)]
@@ -81,7 +86,13 @@ impl Client {
         let v: Value = resp.json().unwrap_or(Value::Null);
         if !status.is_success() {
             let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-            bail!("{} ({}): {}; fix: {}", text("code"), status.as_u16(), text("message"), text("fix"));
+            bail!(
+                "{} ({}): {}; fix: {}",
+                text("code"),
+                status.as_u16(),
+                text("message"),
+                text("fix")
+            );
         }
         Ok(v)
     }
@@ -97,7 +108,10 @@ fn some(pairs: &[(&str, Option<Value>)]) -> Value {
 }
 
 fn line(s: &Value) -> String {
-    let f = |k: &str| s.get(k).map(|v| v.to_string().trim_matches('"').to_string());
+    let f = |k: &str| {
+        s.get(k)
+            .map(|v| v.to_string().trim_matches('"').to_string())
+    };
     format!(
         "{:<38} {:<16} {:<10} {:<10} {:>10}  {}",
         f("id").unwrap_or_default(),
@@ -123,7 +137,11 @@ fn started(v: &Value) {
 
 /// An id or name as one path segment: ids and names are `a-z 0-9 . _ -` only.
 fn seg(s: &str) -> Result<&str> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+    if s.is_empty()
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
         bail!("{s:?} is not a sandbox or snapshot id or name (a-z, 0-9, '.', '_', '-')");
     }
     Ok(s)
@@ -140,24 +158,47 @@ pub fn snapshot(args: SnapshotArgs) -> Result<i32> {
     };
     use reqwest::Method as M;
     let v = match &args.command {
-        SnapshotCmd::Create { sandbox, name, mode } => c.call(
+        SnapshotCmd::Create {
+            sandbox,
+            name,
+            mode,
+        } => c.call(
             M::POST,
             &format!("/v1/sandboxes/{}/snapshots", seg(sandbox)?),
-            Some(some(&[("name", name.clone().map(Value::from)), ("mode", mode.clone().map(Value::from))])),
+            Some(some(&[
+                ("name", name.clone().map(Value::from)),
+                ("mode", mode.clone().map(Value::from)),
+            ])),
         )?,
         SnapshotCmd::Ls => c.call(M::GET, "/v1/snapshots", None)?,
-        SnapshotCmd::Rm { snapshot } => {
-            c.call(M::DELETE, &format!("/v1/snapshots/{}", seg(snapshot)?), None)?
-        }
-        SnapshotCmd::Start { snapshot, count, ttl } => c.call(
+        SnapshotCmd::Rm { snapshot } => c.call(
+            M::DELETE,
+            &format!("/v1/snapshots/{}", seg(snapshot)?),
+            None,
+        )?,
+        SnapshotCmd::Start {
+            snapshot,
+            count,
+            ttl,
+        } => c.call(
             M::POST,
             &format!("/v1/snapshots/{}/sandboxes", seg(snapshot)?),
-            Some(some(&[("count", Some(json!(count))), ("ttl", ttl.clone().map(Value::from))])),
+            Some(some(&[
+                ("count", Some(json!(count))),
+                ("ttl", ttl.clone().map(Value::from)),
+            ])),
         )?,
-        SnapshotCmd::Fork { sandbox, count, ttl } => c.call(
+        SnapshotCmd::Fork {
+            sandbox,
+            count,
+            ttl,
+        } => c.call(
             M::POST,
             &format!("/v1/sandboxes/{}/fork", seg(sandbox)?),
-            Some(some(&[("count", Some(json!(count))), ("ttl", ttl.clone().map(Value::from))])),
+            Some(some(&[
+                ("count", Some(json!(count))),
+                ("ttl", ttl.clone().map(Value::from)),
+            ])),
         )?,
     };
     if args.json {
@@ -171,7 +212,9 @@ pub fn snapshot(args: SnapshotArgs) -> Result<i32> {
                 println!("{}", line(s));
             }
         }
-        SnapshotCmd::Rm { .. } => println!("deleted snapshot {}", v["id"].as_str().unwrap_or_default()),
+        SnapshotCmd::Rm { .. } => {
+            println!("deleted snapshot {}", v["id"].as_str().unwrap_or_default())
+        }
         SnapshotCmd::Start { .. } | SnapshotCmd::Fork { .. } => started(&v),
     }
     Ok(0)

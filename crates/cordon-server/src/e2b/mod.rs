@@ -155,14 +155,20 @@ fn router(state: E2b) -> Router {
         .route("/sandboxes/{id}/connect", post(control::connect))
         .route("/v2/sandboxes/{id}/connect", post(control::connect))
         .route("/sandboxes/{id}/metrics", get(control::metrics))
-        .route("/sandboxes/{id}/snapshots", post(snapshots::create_snapshot))
+        .route(
+            "/sandboxes/{id}/snapshots",
+            post(snapshots::create_snapshot),
+        )
         .route("/sandboxes/{id}/fork", post(snapshots::fork))
         .route(
             "/sandboxes/{id}/{*rest}",
             axum::routing::any(control::refused),
         )
         .route("/templates", axum::routing::any(control::refused))
-        .route("/templates/{*rest}", axum::routing::any(snapshots::templates))
+        .route(
+            "/templates/{*rest}",
+            axum::routing::any(snapshots::templates),
+        )
         .route("/v2/templates", axum::routing::any(control::refused))
         .route(
             "/v2/templates/{*rest}",

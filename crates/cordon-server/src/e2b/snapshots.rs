@@ -302,8 +302,13 @@ pub(super) async fn fork(
 /// snapshots (by id, or by a name no `[e2b.templates]` entry maps) starts a sandbox from
 /// it; `None` for any other create.
 pub(super) async fn create_from(e: &E2b, t: &Tenant, req: &NewSandbox) -> Option<Response> {
-    let key = req.template_id.split(':').next().unwrap_or(&req.template_id);
-    let template = e.cfg.templates.contains_key(key) || key == "base" || key == "code-interpreter-v1";
+    let key = req
+        .template_id
+        .split(':')
+        .next()
+        .unwrap_or(&req.template_id);
+    let template =
+        e.cfg.templates.contains_key(key) || key == "base" || key == "code-interpreter-v1";
     if !key.starts_with("snap-") && template {
         return None;
     }

@@ -96,7 +96,12 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<SnapshotInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.snapshots().take(&t, &a.sandbox, a.name, a.mode).await)
+        answer(
+            self.svc
+                .snapshots()
+                .take(&t, &a.sandbox, a.name, a.mode)
+                .await,
+        )
     }
 
     #[tool(

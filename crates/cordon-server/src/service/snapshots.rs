@@ -189,7 +189,13 @@ impl Snapshots {
             SnapshotMode::Filesystem
         });
         let snap = new_id()?;
-        let _pending = self.room(tenant, &snap, &s.spec, mode)?;
+        // A mode the tier lacks costs no budget: the tier refuses it (with its reason)
+        // before writing anything.
+        let _pending = if features.has(mode.feature()) {
+            Some(self.room(tenant, &snap, &s.spec, mode)?)
+        } else {
+            None
+        };
         let dir = self.image_dir(&snap);
         std::fs::DirBuilder::new()
             .mode(0o700)
