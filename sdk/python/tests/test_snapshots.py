@@ -200,9 +200,9 @@ def test_the_sources_placeholder_is_worthless_in_a_fork(a):
     """The source's grant placeholder, kept in its workspace, reaches a fork; the fork's
     proxy watches its own placeholder (sent to a host the grant does not cover, 403) and
     does not know the source's, which leaves as the inert string it is: no token is put in
-    for it. Checked against a vulnerable version: with `start_from_snapshot` handing the
-    fork the source's egress placeholders (the container tier's create given the source's
-    proxy), the fork's placeholder equals the source's and this test fails."""
+    for it. Checked against a vulnerable version: with placeholders that are not fresh per
+    sandbox (cordon-egress's `new_placeholder` giving every sandbox the same one, so a
+    fork's proxy swaps in for the source's), this test fails."""
     up = Upstream()
     try:
         allow = [f"127.0.0.1/32:{up.port}"]
@@ -329,8 +329,8 @@ def test_figures_snapshot_and_fork(a, capsys):
             t0 = time.perf_counter()
             src.resume()
             rows.append((f"{label}: pause / resume", f"{pause:.1f} / {ms(t0):.1f}"))
-            rows.insert(0, (f"{label}: snapshot (median of 3), {snap.bytes >> 10} KiB",
-                            statistics.median(takes)))
+            rows.append((f"{label}: snapshot (median of 3), {snap.bytes >> 10} KiB",
+                         statistics.median(takes)))
     with capsys.disabled():
         print("\ncontainer tier, filesystem snapshots (ms):")
         for name, v in rows:
