@@ -384,21 +384,28 @@ up() {
   start_kubelet
   start kube-proxy kube-proxy --config "$STATE/kube-proxy.yaml"
   wait_for kubelet 120 kubectl_admin wait --for=condition=Ready "node/$NODE" --timeout=1s
+  # Each pod's sandbox (and its helpers: the monitor, runsc, QEMU) is in the pod's cgroup,
+  # so what a tier costs beyond the workload is the pod's overhead, added to its limits and
+  # requests (measured idle, docs/kubernetes.md "The pod's cgroup"): gVisor's sentry for
+  # the pod's sandbox and each container; on microvm a guest for the pod's sandbox too.
   kubectl_admin apply -f - >/dev/null <<EOF
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass
 metadata: {name: cordon}
 handler: cordon
+overhead: {podFixed: {memory: 16Mi}}
 ---
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass
 metadata: {name: cordon-gvisor}
 handler: cordon-gvisor
+overhead: {podFixed: {memory: 96Mi}}
 ---
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass
 metadata: {name: cordon-microvm}
 handler: cordon-microvm
+overhead: {podFixed: {memory: 640Mi}}
 EOF
   wait_for kube-controller-manager 60 kubectl_admin get serviceaccount default
   start_agent_sandbox

@@ -39,6 +39,9 @@ pub struct ContainerConfig {
     /// How long the agent may take over one file call (each read or write on its socket)
     /// before the sandbox is declared failed and torn down.
     pub call_timeout: Duration,
+    /// The cgroup (below each hierarchy's root) each sandbox's own cgroup is made in:
+    /// `None` is `cordon/`; cordon-oci names the pod's (`cordon_host::cgroup::place`).
+    pub cgroup_parent: Option<String>,
 }
 
 /// Name of the init binary, looked up next to the running executable.
@@ -69,6 +72,7 @@ impl ContainerConfig {
             hostname: "sandbox".to_string(),
             start_timeout: Duration::from_secs(10),
             call_timeout: Duration::from_secs(30),
+            cgroup_parent: None,
         }
     }
 }
@@ -416,11 +420,16 @@ impl ContainerBackend {
                 }
             }
         }
-        match SandboxCgroup::create(
+        let cgroup_limits = cordon_host::cgroup::Limits {
+            memory: limits.memory_bytes,
+            pids: Some(limits.pids),
+            cpus: limits.cpus,
+        };
+        let parent = self.cfg.cgroup_parent.as_deref();
+        match SandboxCgroup::create_in(
+            parent.unwrap_or(cordon_host::cgroup::PARENT),
             sb.id.as_str(),
-            limits.memory_bytes,
-            limits.pids,
-            limits.cpus,
+            &cgroup_limits,
         ) {
             Ok(cg) => sb.cgroup = Some(cg),
             Err(e) => {
@@ -1297,6 +1306,20 @@ impl Sandbox for ContainerSandbox {
         };
         cg.freeze(Duration::from_secs(5))?;
         self.paused = true;
+        Ok(())
+    }
+
+    fn resize(&mut self, memory_bytes: u64, cpus: f64) -> Result<()> {
+        self.ctrl()?;
+        let Some(cg) = &self.cgroup else {
+            return Err(Error::Unsupported {
+                what: "resizing a sandbox that runs without cgroups".into(),
+                fix: "run Cordon where it can make cgroups (see `cordon doctor`)".into(),
+            });
+        };
+        cg.resize(memory_bytes, cpus)?;
+        self.spec.limits.memory_bytes = memory_bytes;
+        self.spec.limits.cpus = cpus;
         Ok(())
     }
 

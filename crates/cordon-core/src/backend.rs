@@ -444,6 +444,17 @@ pub trait Sandbox: Send {
             .unsupported_here(format!("a {mode} snapshot")))
     }
 
+    /// Changes the running sandbox's memory limit and CPU quota in place (cordon-oci's
+    /// `update`, a kubelet's pod resize). Tiers whose sandbox's size is fixed once it runs
+    /// (a microVM's guest memory) answer [`crate::Error::Unsupported`].
+    fn resize(&mut self, memory_bytes: u64, cpus: f64) -> Result<()> {
+        let _ = (memory_bytes, cpus);
+        Err(crate::Error::Unsupported {
+            what: "changing a running sandbox's limits on this tier".into(),
+            fix: "create the sandbox again with the new limits".into(),
+        })
+    }
+
     /// Continues a paused sandbox's processes where they stopped.
     fn resume(&mut self) -> Result<()> {
         Err(crate::Feature::Pause.unsupported_here("resuming a sandbox"))

@@ -101,6 +101,9 @@ pub struct GvisorConfig {
     /// that uid and gid, which no login user has and no other live sandbox shares. gVisor
     /// does not remap ids, so it owns the sandbox's `/work` and egress socket on the host.
     pub ids: cordon_host::idpool::IdPool,
+    /// The cgroup (below each hierarchy's root) each runsc sandbox's cgroup is made in:
+    /// `None` is [`CGROUP_PARENT`]; cordon-oci names the pod's.
+    pub cgroup_parent: Option<String>,
 }
 
 /// Cordon's data dir: `$CORDON_HOME`, else `/var/lib/cordon` (this tier runs as root).
@@ -142,6 +145,7 @@ impl GvisorConfig {
             agent,
             start_timeout: Duration::from_secs(30),
             ids: cordon_host::idpool::IdPool::system(),
+            cgroup_parent: None,
         }
     }
 }

@@ -19,6 +19,14 @@ use crate::runsc::{force_delete, has_state, quiet, runsc_base};
 use crate::{CGROUP_PARENT, GvisorSandbox, Live, STDERR_TAIL, reap, sys};
 
 impl GvisorSandbox {
+    /// Where each start's cgroup is made: the configured parent (a pod's), else Cordon's.
+    fn cgroup_parent(&self) -> &str {
+        self.config
+            .cgroup_parent
+            .as_deref()
+            .unwrap_or(CGROUP_PARENT)
+    }
+
     /// Starts the runsc sandbox with the agent and waits for its hello.
     pub(crate) fn start_live(&mut self) -> Result<()> {
         self.start_live_from(None)
@@ -40,7 +48,7 @@ impl GvisorSandbox {
         };
         let cgroup = if self.cgroups {
             Some(
-                SandboxCgroup::create_in(CGROUP_PARENT, &cid, &limits).map_err(|e| {
+                SandboxCgroup::create_in(self.cgroup_parent(), &cid, &limits).map_err(|e| {
                     Error::LayerUnavailable {
                         layer: "cgroups".into(),
                         reason: e.to_string(),

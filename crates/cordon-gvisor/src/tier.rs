@@ -258,6 +258,17 @@ impl Sandbox for GvisorSandbox {
         self.runsc_on_live("resume")
     }
 
+    /// The live runsc sandbox's cgroup (the sentry and its gofer, whose memory is the
+    /// workload's), and the limits of every later start.
+    fn resize(&mut self, memory_bytes: u64, cpus: f64) -> Result<()> {
+        if let Some(cg) = self.live.as_ref().and_then(|l| l.cgroup.as_ref()) {
+            cg.resize(memory_bytes, cpus)?;
+        }
+        self.spec.limits.memory_bytes = memory_bytes;
+        self.spec.limits.cpus = cpus;
+        Ok(())
+    }
+
     fn start_background(&mut self, req: &ExecRequest) -> Result<u64> {
         let parts = self.exec_parts(req)?;
         if self.destroyed {

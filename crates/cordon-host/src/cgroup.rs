@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::HostError;
+pub mod place;
 
 /// The calling thread's own view of the mounts: a process whose threads see different
 /// mount namespaces (cordon-oci's monitor shows its first thread only the container's root)
@@ -209,7 +210,7 @@ impl Hierarchy for V1 {
     }
 
     fn limit_writes(&self, dirs: &Dirs<'_>, limits: &Limits) -> Vec<LimitWrite> {
-        let (quota, period) = cpu_quota(limits.cpus);
+        let (quota, period) = place::within_ancestors(dirs.cpu, cpu_quota(limits.cpus));
         let mut w = vec![write(
             dirs.memory,
             "memory.limit_in_bytes",

@@ -340,6 +340,10 @@ impl Sandbox for Audited {
         self.inner.resume()
     }
 
+    fn resize(&mut self, memory_bytes: u64, cpus: f64) -> cordon_core::Result<()> {
+        self.inner.resize(memory_bytes, cpus)
+    }
+
     fn start_us(&self) -> u64 {
         self.inner.start_us()
     }

@@ -39,6 +39,8 @@ pub enum Request {
     Exec { process: ProcessSpec },
     /// The host pids of every process of the container.
     Ps,
+    /// Change the sandbox's memory limit and CPU quota (`update`, already admitted).
+    Resize { memory_bytes: u64, cpus: f64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

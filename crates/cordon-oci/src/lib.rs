@@ -21,6 +21,7 @@ pub mod rootfs;
 pub mod state;
 mod sys;
 pub mod tiers;
+pub mod update;
 
 /// What `cordon-oci` reports to its caller. Every message says what to do; none names a
 /// host path of the node beyond what the caller itself gave.

@@ -66,6 +66,14 @@ enum Cmd {
         #[arg(short, long)]
         all: bool,
     },
+    /// Change a running container's memory and CPU limits (a resize in place):
+    /// `--resources` names a file of OCI `linux.resources` JSON, `-` for stdin (containerd's
+    /// form), within the node's ceiling.
+    Update {
+        id: String,
+        #[arg(short, long)]
+        resources: PathBuf,
+    },
     /// Remove a stopped container (--force: stop it first).
     Delete {
         id: String,
@@ -322,6 +330,21 @@ fn dispatch(cli: Cli) -> Result<i32> {
             delete(&root, &id, force)?;
             Ok(0)
         }
+        Cmd::Update { id, resources } => {
+            let text = if resources == Path::new("-") {
+                let mut s = String::new();
+                std::io::stdin().read_to_string(&mut s)?;
+                s
+            } else {
+                std::fs::read_to_string(&resources)
+                    .with_context(|| format!("reading {}", resources.display()))?
+            };
+            let res: oci_spec::runtime::LinuxResources = serde_json::from_str(&text)
+                .context("the resources are not OCI linux.resources JSON")?;
+            let node = NodeConfig::load(cfg)?;
+            cordon_oci::update::update(&root, &node, &id, res)?;
+            Ok(0)
+        }
         Cmd::Exec(a) => exec(&root, &a),
         Cmd::Ps { id, format, .. } => {
             let r = root.load(&id)?;
@@ -331,7 +354,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
                     _ => r
                         .sandbox
                         .as_deref()
-                        .map(monitor::sandbox_pids)
+                        .map(|s| monitor::sandbox_pids(s, r.cgroup.as_deref()))
                         .unwrap_or_default(),
                 }
             } else {
@@ -484,8 +507,9 @@ fn create(root: &Root, cfg: Option<&Path>, a: &CreateArgs) -> Result<std::proces
     if said.trim() != "ok" {
         let mut child = child;
         let _ = child.wait();
-        // A monitor killed mid-create leaves what it was making.
+        // A monitor killed mid-create leaves what it was making (and the cgroup it entered).
         sweep_files(&a.id);
+        cordon_oci::tiers::unplace(&bundle, &a.id);
         let _ = std::fs::remove_dir_all(&dir);
         let why = said.trim().strip_prefix("error: ").unwrap_or(said.trim());
         if why.is_empty() {

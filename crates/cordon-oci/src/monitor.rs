@@ -407,13 +407,17 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
                 Err(e) => (err(format!("starting the process: {e}")), None),
             }
         }
+        Request::Resize { memory_bytes, cpus } => match cx.sandbox.resize(memory_bytes, cpus) {
+            Ok(()) => (Reply::Ok, None),
+            Err(e) => (err(format!("resizing the sandbox: {e}")), None),
+        },
         Request::Ps => (
             Reply::Pids {
                 pids: cx
                     .record
                     .sandbox
                     .as_deref()
-                    .map(sandbox_pids)
+                    .map(|s| sandbox_pids(s, cx.record.cgroup.as_deref()))
                     .unwrap_or_default(),
             },
             None,
@@ -469,9 +473,10 @@ fn conn_clone(c: &Conn) -> std::io::Result<Conn> {
     Ok(crate::ctl::Conn::from_owned(fd))
 }
 
-/// The host pids of every process in the sandbox's cgroup.
-pub fn sandbox_pids(sandbox: &str) -> Vec<i32> {
-    let mut pids: Vec<i32> = cordon_host::cgroup::dirs_of(cordon_host::cgroup::PARENT, sandbox)
+/// The host pids of every process in the sandbox's cgroup (made in `parent`, else Cordon's).
+pub fn sandbox_pids(sandbox: &str, parent: Option<&str>) -> Vec<i32> {
+    let parent = parent.unwrap_or(cordon_host::cgroup::PARENT);
+    let mut pids: Vec<i32> = cordon_host::cgroup::dirs_of(parent, sandbox)
         .iter()
         .flat_map(|d| cordon_host::cgroup::read_pids(&d.join("cgroup.procs")))
         .collect();
@@ -500,6 +505,12 @@ pub fn sweep(record: &Record) -> bool {
     if !dirs.is_empty() {
         cordon_host::cgroup::remove_dirs(&dirs, Duration::from_secs(5));
         left = true;
+    }
+    // The pod's cgroup it was given (the monitor's, with the sandbox's below it), as runc
+    // removes a container's cgroup at delete.
+    if let Some(place) = record.cgroup.as_deref().and_then(crate::tiers::placed) {
+        left |= !place.existing().is_empty();
+        place.remove(Duration::from_secs(5));
     }
     // Its proxy's socket directory and CA bundle under /run (the proxy ran in the
     // monitor), once nothing of the sandbox is left to hold them.

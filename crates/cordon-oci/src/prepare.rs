@@ -293,7 +293,9 @@ impl Mounted {
             process,
         } = loaded;
         let ids = writable.as_ref().map(|w| crate::rootfs::pool(&w.ids));
-        let mut sandbox = crate::tiers::create(&sandbox_spec, &setup.id, ids)?;
+        // The pod's cgroup, as the kubelet named it: the monitor in it, the sandbox below it.
+        let placement = crate::tiers::placement(&spec, &setup.id)?;
+        let mut sandbox = crate::tiers::create(&sandbox_spec, &setup.id, ids, placement.as_ref())?;
         // Its ids stay leased until the monitor ends.
         std::mem::forget(writable);
         let tier = sandbox_spec.tier;
@@ -317,6 +319,7 @@ impl Mounted {
             sandbox: Some(sandbox.id().as_str().to_string()),
             exit_code: None,
             tier: Some(tier),
+            cgroup: placement.as_ref().map(|p| p.rel().to_string()),
         };
         // The backend's sandbox owns everything; the backend itself holds nothing more.
         // Its proxy's decisions go to the node's audit store as they are made.

@@ -46,6 +46,10 @@ pub struct Record {
     /// The tier its sandbox runs on (absent: the container tier).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<cordon_core::Tier>,
+    /// The cgroup the bundle named (`linux.cgroupsPath`, checked), below each hierarchy's
+    /// root: the monitor is in it and the sandbox's own cgroup below it. Absent: Cordon's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
 /// The runtime root.
@@ -236,6 +240,7 @@ mod tests {
             sandbox: None,
             exit_code: None,
             tier: None,
+            cgroup: None,
         };
         // A left temporary file of a wider mode is not reused.
         std::fs::write(root.dir("c1").join("state.json.tmp"), "x").unwrap();

@@ -14,6 +14,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use cordon_core::{ExecRequest, Feature, ProcUser, PtySize, Sandbox, SandboxSpec, Terminal, Tier};
+use cordon_host::cgroup::place::Placement;
 use cordon_tiers::{Own, Tiers};
 
 use crate::{OciError, Result};
@@ -79,6 +80,39 @@ pub fn sweep_disk(id: &str) {
     let _ = std::fs::remove_dir_all(disk_dir(id));
 }
 
+/// The cgroup the bundle names (`linux.cgroupsPath`: a kubelet's pod cgroup and the
+/// container's id below it), checked, with the calling monitor moved into it; the tier makes
+/// the sandbox's own cgroup below it. `None`: the bundle names none (or the systemd form),
+/// and the sandbox's cgroup is Cordon's own.
+pub fn placement(spec: &oci_spec::runtime::Spec, id: &str) -> Result<Option<Placement>> {
+    let Some(path) = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()) else {
+        return Ok(None);
+    };
+    let refused = |e: cordon_host::HostError| OciError::Invalid(e.to_string());
+    let Some(place) = Placement::from_oci(&path.to_string_lossy(), id).map_err(refused)? else {
+        return Ok(None);
+    };
+    place.enter().map_err(refused)?;
+    Ok(Some(place))
+}
+
+/// Removes the cgroup the bundle at `bundle` names for container `id`, once its monitor
+/// failed to create it (nothing of the container is left in it).
+pub fn unplace(bundle: &Path, id: &str) {
+    let path = crate::bundle::load(bundle)
+        .ok()
+        .and_then(|s| s.linux().as_ref().and_then(|l| l.cgroups_path().clone()));
+    if let Some(Ok(Some(place))) = path.map(|p| Placement::from_oci(&p.to_string_lossy(), id)) {
+        place.remove(std::time::Duration::from_secs(5));
+    }
+}
+
+/// The placement a record keeps (checked when it was made).
+pub fn placed(rel: &str) -> Option<Placement> {
+    let id = rel.rsplit('/').next()?;
+    Placement::from_oci(&format!("/{rel}"), id).ok().flatten()
+}
+
 /// Makes the sandbox for `spec` on the tier the gate chose (`spec.tier`) for container
 /// `id` (the microvm tier's disk is named by it). `ids`: the pool the
 /// container tier takes the sandbox's host ids from, when they must be those a writable
@@ -87,10 +121,12 @@ pub fn create(
     spec: &SandboxSpec,
     id: &str,
     ids: Option<cordon_host::idpool::IdPool>,
+    placement: Option<&Placement>,
 ) -> Result<Box<dyn Sandbox>> {
     let mut own = Own {
         ids,
         root_disk: None,
+        cgroup_parent: placement.map(|p| p.rel().to_string()),
     };
     let disk = spec.tier.features().root_disk;
     if disk {

@@ -422,6 +422,7 @@ fn a_closed_stdout_ends_every_command_quietly() {
         sandbox: None,
         exit_code: Some(0),
         tier: None,
+        cgroup: None,
     })
     .unwrap();
     for cmd in [

@@ -43,6 +43,9 @@ pub struct Own {
     /// at every start; no snapshot: one would be made with a cold boot and kept in the
     /// shared store, so every VM boots).
     pub root_disk: Option<std::path::PathBuf>,
+    /// The cgroup (below each hierarchy's root) the sandbox's own cgroup is made in: the
+    /// pod's, as the kubelet named it (`cordon_host::cgroup::place`). `None`: Cordon's.
+    pub cgroup_parent: Option<String>,
 }
 
 /// The tiers of this build.
@@ -232,17 +235,22 @@ fn wasm(place: Place<'_>) -> Option<Box<dyn Backend>> {
 #[cfg(feature = "container")]
 fn container(place: Place<'_>) -> Option<Box<dyn Backend>> {
     let mut config = cordon_container::ContainerConfig::discover();
-    if let Place::Own(Own { ids: Some(ids), .. }) = place {
-        config.ids = ids.clone();
+    if let Place::Own(own) = place {
+        if let Some(ids) = &own.ids {
+            config.ids = ids.clone();
+        }
+        config.cgroup_parent = own.cgroup_parent.clone();
     }
     Some(Box::new(cordon_container::ContainerBackend::new(config)))
 }
 
 #[cfg(feature = "gvisor")]
-fn gvisor(_: Place<'_>) -> Option<Box<dyn Backend>> {
-    Some(Box::new(cordon_gvisor::GvisorBackend::new(
-        cordon_gvisor::GvisorConfig::discover(),
-    )))
+fn gvisor(place: Place<'_>) -> Option<Box<dyn Backend>> {
+    let mut config = cordon_gvisor::GvisorConfig::discover();
+    if let Place::Own(own) = place {
+        config.cgroup_parent = own.cgroup_parent.clone();
+    }
+    Some(Box::new(cordon_gvisor::GvisorBackend::new(config)))
 }
 
 #[cfg(feature = "microvm")]
@@ -254,6 +262,7 @@ fn microvm(place: Place<'_>) -> Option<Box<dyn Backend>> {
         Place::Own(own) => {
             cfg.snapshots = false;
             cfg.root_disk = own.root_disk.clone();
+            cfg.cgroup_parent = own.cgroup_parent.clone();
         }
         Place::Process => {}
     }

@@ -369,6 +369,118 @@ def test_pods_live_through_a_crash_of_the_kubelet_and_of_containerd(cluster) -> 
     assert not sandboxes, f"pod sandboxes still running after their pods were deleted: {sandboxes}"
 
 
+MIB = 1 << 20
+
+FILLED_POD = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  annotations: {{cordon.tmp: 128M}}
+spec:
+  runtimeClassName: {runtime_class}
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: task
+    image: cordon.local/busybox:1
+    imagePullPolicy: Never
+    # 64 MiB in /tmp (a tmpfs: its pages are the writer's memory), then idle.
+    command: ["sh", "-c", "head -c 67108864 /dev/zero > /tmp/fill && touch /tmp/done && exec sleep 100000"]
+    readinessProbe: {{exec: {{command: ["test", "-f", "/tmp/done"]}}, periodSeconds: 1}}
+    resources:
+      requests: {{memory: 64Mi, cpu: 100m}}
+      limits: {{memory: {memory}, cpu: 500m}}
+"""
+
+
+def container_id(pod: str) -> str:
+    st = json.loads(kubectl("get", "pod", pod, "-o", "json").stdout)["status"]["containerStatuses"][0]
+    return st["containerID"].split("://", 1)[1]
+
+
+def cri_memory(cid: str) -> int:
+    """The container's working set as containerd reports it (`crictl stats`, CRI stats)."""
+    stats = json.loads(sh("crictl", "stats", "-o", "json", "--id", cid).stdout)["stats"]
+    return int(stats[0]["memory"]["workingSetBytes"]["value"]) if stats else 0
+
+
+def summary_memory(pod: str) -> tuple[int, int]:
+    """The pod's and its container's working set in the kubelet's summary API."""
+    summary = json.loads(kubectl("get", "--raw", "/api/v1/nodes/cordon-node/proxy/stats/summary").stdout)
+    for p in summary["pods"]:
+        if p["podRef"]["name"] == pod:
+            ws = p.get("memory", {}).get("workingSetBytes", 0)
+            return ws, sum(c.get("memory", {}).get("workingSetBytes", 0) for c in p["containers"])
+    return 0, 0
+
+
+@pytest.mark.parametrize("runtime_class", ["cordon", "cordon-gvisor"])
+def test_the_pods_cgroup_counts_its_workload(cluster, runtime_class: str) -> None:
+    # The sandbox is in the pod's cgroup (linux.cgroupsPath): containerd's CRI stats (the
+    # cgroup of the container's process, cordon-oci's monitor) and the kubelet's summary (the
+    # pod's cgroup) count the 64 MiB the workload holds, not the node's root cgroup (the old
+    # code: over a GB for an idle sleep) and not nothing (the old summary: 0 bytes).
+    name = f"filled-{runtime_class}"
+    apply(FILLED_POD.format(name=name, runtime_class=runtime_class, memory="256Mi"))
+    wait_ready(name)
+    cid = container_id(name)
+    cri = summary = (0, 0)
+    for _ in range(60):  # the kubelet's and containerd's figures are sampled (every ~10 s)
+        cri = cri_memory(cid)
+        summary = summary_memory(name)
+        if cri >= 64 * MIB and min(summary) >= 64 * MIB:
+            break
+        time.sleep(1)
+    print(f"\n{runtime_class}: CRI working set {cri / MIB:.1f} MiB, summary pod "
+          f"{summary[0] / MIB:.1f} MiB, container {summary[1] / MIB:.1f} MiB (64 MiB held)")
+    assert 64 * MIB <= cri <= 256 * MIB, f"crictl stats: {cri} bytes for a container holding 64 MiB"
+    assert 64 * MIB <= summary[0] <= 384 * MIB, f"summary: the pod has {summary[0]} bytes"
+    assert 64 * MIB <= summary[1] <= 256 * MIB, f"summary: its container has {summary[1]} bytes"
+    kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
+
+
+def resize_memory(pod: str, memory: str) -> None:
+    """Resizes the pod's container in place and waits until the kubelet says it is done."""
+    patch = {"spec": {"containers": [{"name": "task", "resources": {
+        "requests": {"memory": "64Mi", "cpu": "100m"}, "limits": {"memory": memory, "cpu": "500m"}}}]}}
+    kubectl("patch", "pod", pod, "--subresource", "resize", "--patch", json.dumps(patch))
+    status: dict = {}
+    for _ in range(60):
+        status = json.loads(kubectl("get", "pod", pod, "-o", "json").stdout)["status"]
+        done = status["containerStatuses"][0].get("resources", {}).get("limits", {}).get("memory") == memory
+        resizing = [c for c in status.get("conditions", []) if c["type"].startswith("PodResize")]
+        if done and not resizing:
+            return
+        time.sleep(1)
+    raise AssertionError(f"the resize of {pod} to {memory} did not complete: {json.dumps(status)[:2000]}")
+
+
+def allocates(pod: str, size: str) -> int:
+    """The exit code of one allocation of `size` in the pod (137: killed for memory)."""
+    return kubectl("exec", pod, "--", "dd", "if=/dev/zero", "of=/dev/null", f"bs={size}", "count=1",
+                   check=False).returncode
+
+
+@pytest.mark.parametrize("runtime_class", ["cordon", "cordon-gvisor"])
+def test_a_resize_changes_the_memory_limit_inside(cluster, runtime_class: str) -> None:
+    # `update` (containerd's runc update --resources -): the new limit passes the node's gate
+    # and the running sandbox takes it. 200 MB does not fit in 128 Mi (64 Mi of it held in
+    # /tmp) and fits once the pod is resized to 512 Mi, in the same container (no restart).
+    name = f"resized-{runtime_class}"
+    apply(FILLED_POD.format(name=name, runtime_class=runtime_class, memory="128Mi"))
+    wait_ready(name)
+    if runtime_class == "cordon":
+        # (On gVisor the cgroup's OOM kill takes the sentry, so the whole container.)
+        assert allocates(name, "200M") == 137, "200 MB fit in a 128 Mi container"
+    resize_memory(name, "512Mi")
+    assert allocates(name, "200M") == 0, "200 MB did not fit after the resize to 512 Mi"
+    restarts = json.loads(kubectl("get", "pod", name, "-o", "json").stdout)["status"]["containerStatuses"][0]
+    assert restarts["restartCount"] == 0, restarts
+    kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
+
+
 def test_down_leaves_nothing(cluster) -> None:
     state = Path(lib("cordon_data_dir")) / "k8s" / "cluster"
     pids = [int(p.read_text()) for p in Path("/run/cordon-k8s").glob("*.pid")]

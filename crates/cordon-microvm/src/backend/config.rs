@@ -58,6 +58,9 @@ pub struct MicrovmConfig {
     /// removes it with the container), made from the root if missing. `None`: such a
     /// template is refused.
     pub root_disk: Option<PathBuf>,
+    /// The cgroup (below each hierarchy's root) QEMU's cgroup is made in: `None` is
+    /// `cordon/`; cordon-oci names the pod's (`cordon_host::cgroup::place`).
+    pub cgroup_parent: Option<String>,
 }
 
 impl MicrovmConfig {
@@ -93,6 +96,7 @@ impl MicrovmConfig {
             restore_header: std::env::var("CORDON_MICROVM_RESTORE_HEADER")
                 .map_or(true, |v| v != "0"),
             root_disk: None,
+            cgroup_parent: None,
         }
     }
 }

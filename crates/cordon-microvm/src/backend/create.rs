@@ -141,11 +141,17 @@ impl MicrovmBackend {
             warnings.push(tcg_warning(&why));
         }
         let mem_limit = (params.ram_mib << 20) + (384 << 20);
-        let cgroup = SandboxCgroup::create(
+        let cgroup = SandboxCgroup::create_in(
+            self.cfg
+                .cgroup_parent
+                .as_deref()
+                .unwrap_or(cordon_host::cgroup::PARENT),
             &format!("vm-{}", id.short()),
-            mem_limit,
-            64 + 4 * params.vcpus,
-            spec.limits.cpus.max(params.vcpus as f64 * 0.5),
+            &cordon_host::cgroup::Limits {
+                memory: mem_limit,
+                pids: Some(64 + 4 * params.vcpus),
+                cpus: spec.limits.cpus.max(params.vcpus as f64 * 0.5),
+            },
         )
         .map_err(|e| Error::LayerUnavailable {
             layer: "cgroups".into(),
