@@ -9,6 +9,8 @@
 #   scripts/k8s.sh down                     stops it all and leaves nothing behind
 #   scripts/k8s.sh kubectl ARGS...          the cluster's kubectl, in its namespace
 #   scripts/k8s.sh crictl ARGS...           crictl against the node's containerd
+#   scripts/k8s.sh exec CMD ARGS...         CMD in the node's namespace, with the cluster's
+#                                           kubectl and ctr on PATH and their configuration
 #   scripts/k8s.sh status                   says whether the cluster is up
 #   scripts/k8s.sh crash|restart kubelet|containerd
 #                                           SIGKILL it as a crash would; start it again
@@ -581,6 +583,11 @@ case "${1:-}" in
     shift; need_binaries
     is_up || { log "k8s.sh: the cluster is not up; fix: scripts/k8s.sh up"; exit 1; }
     kubectl_admin "$@" ;;
+  exec)
+    shift; need_root; need_binaries
+    is_up || { log "k8s.sh: the cluster is not up; fix: scripts/k8s.sh up"; exit 1; }
+    in_netns env KUBECONFIG="$KUBECONFIG_ADMIN" CONTAINERD_ADDRESS="$CONTAINERD_SOCK" \
+      CONTAINERD_NAMESPACE=k8s.io "$@" ;;
   crictl)
     shift; need_binaries
     is_up || { log "k8s.sh: the cluster is not up; fix: scripts/k8s.sh up"; exit 1; }

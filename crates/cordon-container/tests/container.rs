@@ -1599,3 +1599,12 @@ fn the_sandboxs_processes_do_not_show_the_hosts_paths() {
         "the init is not among the processes: {seen}"
     );
 }
+
+/// A program that fills its user's pending-signal queue is still stopped by a raise
+/// (`cordon_testkit::escape::a_full_signal_queue_stops_no_raise`; fails on the relay alone,
+/// whose queued signal the full queue refuses with EAGAIN).
+#[test]
+fn a_full_signal_queue_stops_no_raise() {
+    let Some(b) = backend() else { return };
+    cordon_testkit::escape::a_full_signal_queue_stops_no_raise(b, &spec());
+}

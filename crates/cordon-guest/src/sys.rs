@@ -279,6 +279,12 @@ unsafe extern "C" {
 /// Has exec reaper `reaper` deliver `signal` to its program (`all`: to every process of
 /// its namespace). The reaper is its PID namespace's init, so a signal sent to the program
 /// by number from here would need its pid there; the reaper knows it.
+///
+/// The relay is a queued real-time signal, charged to the reaper's user, which is the
+/// program's: a program that fills that user's pending-signal queue (RLIMIT_SIGPENDING) makes
+/// the queue refuse it (EAGAIN). Then the signal goes without a queue ([`signal_unqueued`]),
+/// so no program can make itself unstoppable (a kubelet's stop comes this way through
+/// cordon-oci).
 pub fn relay_signal(reaper: Pid, signal: libc::c_int, all: bool) -> io::Result<()> {
     let value = (signal as usize & 0xff) | if all { RELAY_ALL } else { 0 };
     let v = libc::sigval {
@@ -287,6 +293,31 @@ pub fn relay_signal(reaper: Pid, signal: libc::c_int, all: bool) -> io::Result<(
     // SAFETY: sigqueue(3) takes its arguments by value and only makes the system call.
     let r = unsafe { sigqueue(reaper.as_raw(), RELAY_SIGNAL, v) };
     if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EAGAIN) {
+            return signal_unqueued(reaper, signal, all);
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Delivers `signal` without a queue, through what a reaper takes from outside by plain
+/// kill(2) (which queues nothing for a signal below SIGRTMIN): SIGKILL to the reaper itself
+/// (its namespace's init, so every process of the exec dies with it), SIGTERM and SIGWINCH
+/// to the reaper, which passes them on to every process of its namespace
+/// ([`forward_signals_to_namespace`]). So a stop (TERM, then KILL) always arrives; another
+/// signal is refused with the reason, since its number could not be carried.
+fn signal_unqueued(reaper: Pid, signal: libc::c_int, all: bool) -> io::Result<()> {
+    let _ = all; // every process of the exec gets TERM and WINCH; KILL ends them all
+    if ![libc::SIGKILL, libc::SIGTERM, libc::SIGWINCH].contains(&signal) {
+        return Err(io::Error::other(format!(
+            "the sandbox's programs have filled their queue of pending signals, so signal \
+             {signal} cannot be relayed; send TERM or KILL, which still arrive"
+        )));
+    }
+    // SAFETY: kill(2) takes its arguments by value and only makes the system call.
+    if unsafe { libc::kill(reaper.as_raw(), signal) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -185,6 +185,11 @@ pub struct Wall {
     /// through cordon-oci): a write into it succeeds, and must stay in that sandbox: no
     /// other sandbox sees it, nor the host. `/proc` and `/dev` stay closed.
     pub writable_root: bool,
+    /// The root is the sandbox's own overlay, mounted read-write with its files root's,
+    /// which the sandbox's user is not (gVisor's root on a template or an OCI bundle: its
+    /// upper layer in the sentry's memory, gone with the sandbox). A write into it is
+    /// refused by ownership rather than by the mount.
+    pub root_overlay: bool,
 }
 
 impl Wall {
@@ -196,6 +201,7 @@ impl Wall {
             agent_files: true,
             own_kernel: tier == Tier::Microvm,
             writable_root: false,
+            root_overlay: false,
         }
     }
 }
@@ -536,7 +542,7 @@ pub fn setuid_grants_nothing(b: &dyn Backend, spec: &SandboxSpec, wall: Wall) {
         let usr = mount_at("/usr")
             .or_else(|| mount_at("/"))
             .unwrap_or_default();
-        if spec.resolved_template.is_some() && !wall.shares_host_kernel {
+        if (spec.resolved_template.is_some() || wall.root_overlay) && !wall.shares_host_kernel {
             // gVisor on a template: the root is the sandbox's own overlay (its upper in the
             // sentry's memory, gone with the sandbox), so it is writable by design; the
             // template's files stay root's, which the sandbox's user is not.
@@ -786,4 +792,65 @@ pub fn fifo_put_fails_promptly(b: &dyn Backend, spec: &SandboxSpec, wall: Wall) 
         assert_eq!(get.as_deref().ok(), Some(&b"x"[..]), "{get:?}");
     }
     assert_eq!(after.unwrap(), "still-here\n");
+}
+
+/// A background program that fills its user's queue of pending signals (RLIMIT_SIGPENDING)
+/// first, then waits.
+const FILL_SIGNAL_QUEUE: &str = r#"
+import ctypes, os, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])
+n = 0
+while n < 200000 and libc.sigqueue(os.getpid(), int(signal.SIGRTMIN), ctypes.c_void_p(0)) == 0:
+    n += 1
+print('held', n, ctypes.get_errno(), flush=True)
+time.sleep(600)
+"#;
+
+/// A program cannot make itself unstoppable by filling its user's queue of pending signals:
+/// the signal the agent queues to relay a raise (the path of cordon-oci's `kill`, which a
+/// kubelet's stop becomes) is refused then, and the raise must still reach the program, a
+/// TERM to it alone and a KILL to every process of the exec. Before, both raises failed with
+/// EAGAIN, and a kubelet retried its kill for ever while the pod ran on.
+pub fn a_full_signal_queue_stops_no_raise(b: &dyn Backend, spec: &SandboxSpec) {
+    let mut sb = b.create(spec).unwrap();
+    for (signal, all) in [(libc_sig::TERM, false), (libc_sig::KILL, true)] {
+        let id = sb
+            .start_background(&ExecRequest::code(Language::Python, FILL_SIGNAL_QUEUE))
+            .unwrap();
+        let mut said = String::new();
+        for _ in 0..600 {
+            let out = sb.read_background(id, [0, 0], 4096).unwrap();
+            said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+            if said.contains("held") || out.exit.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let held: u64 = said
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(held > 0, "the program queued no signal: {said}");
+        sb.raise_background(id, signal, all)
+            .unwrap_or_else(|e| panic!("signal {signal} to a program with a full queue: {e}"));
+        let mut exit = None;
+        for _ in 0..300 {
+            exit = sb.read_background(id, [0, 0], 4096).unwrap().exit;
+            if exit.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let exit = exit.unwrap_or_else(|| panic!("signal {signal} did not end the program"));
+        assert_eq!(exit.signal, Some(signal), "{exit:?}");
+    }
+    sb.destroy().unwrap();
+}
+
+/// Signal numbers (x86-64 Linux) the checks send.
+mod libc_sig {
+    pub const TERM: i32 = 15;
+    pub const KILL: i32 = 9;
 }

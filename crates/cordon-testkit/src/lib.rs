@@ -5,11 +5,13 @@
 //! of Cordon itself. [`procs`] finds processes left running by a given binary.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod cli;
 pub mod egress;
 pub mod escape;
 pub mod files;
 pub mod fuzz;
 pub mod image;
+pub mod kube;
 pub mod procs;
 pub mod pyindex;
 pub mod snapshot;

@@ -236,6 +236,60 @@ def test_a_pod_without_volumes_runs_behind_cordons_walls(cluster, runtime_class:
     kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
 
 
+def kube_battery() -> Path:
+    """The escape battery's driver through kubectl (crates/cordon-testkit/examples), built by
+    make test's examples phase beside cordon-oci."""
+    return cordon_oci().parent / "examples" / "kube_battery"
+
+
+def battery(runtime_class: str, tier: str) -> subprocess.CompletedProcess[str]:
+    """Every case of the escape battery in pods of `runtime_class`, each probe a `kubectl
+    exec`, run inside the node's namespace (so the network cases' host is the node), after
+    the battery's image is imported into the node's containerd."""
+    return sh("exec", str(kube_battery()), runtime_class, tier, "--import", check=False, timeout=1200)
+
+
+def node_pods_left(label: str, seconds: int = 90) -> list[str]:
+    """The pod sandboxes the node's containerd still holds with `label` after up to `seconds`:
+    a pod deleted from the API must also end on the node (its workload killed, its sandbox
+    removed), or a workload could outlive its deletion."""
+    left: list[str] = []
+    for _ in range(seconds):
+        left = sh("crictl", "pods", "--label", label, "-q").stdout.split()
+        if not left:
+            break
+        time.sleep(1)
+    return left
+
+
+def failed_cases(r: subprocess.CompletedProcess[str]) -> str:
+    return "\n".join(line for line in (r.stdout + r.stderr).splitlines()
+                     if line.startswith(("escape case", "thread", "kube_battery")) or "ALLOWED" in line
+                     or "OPENED" in line or "WROTE" in line)
+
+
+@pytest.mark.parametrize("runtime_class,tier", [("cordon", "container"), ("cordon-gvisor", "gvisor")])
+def test_the_escape_battery_passes_through_kubectl_exec(cluster, runtime_class: str, tier: str) -> None:
+    r = battery(runtime_class, tier)
+    assert r.returncode == 0, failed_cases(r)
+    assert f"every case passed on {runtime_class}" in r.stdout, r.stdout
+    # Every pod of the battery is gone, from the API and from the node.
+    assert pods_gone("cordon-test=escape") == []
+    assert node_pods_left("cordon-test=escape") == []
+
+
+def test_the_escape_battery_sees_what_runc_lets_through(cluster) -> None:
+    # The same battery on the node's default handler, runc: it must fail, naming the walls runc
+    # does not have (a root workload with raw sockets, user namespaces and a writable root), or
+    # it would prove nothing on Cordon's classes.
+    r = battery("runc", "container")
+    assert r.returncode != 0, r.stdout
+    said = r.stdout + r.stderr
+    for seen in ("OPENED packet", "unshare-user ALLOWED", "WROTE /usr/"):
+        assert seen in said, failed_cases(r)
+    assert pods_gone("cordon-test=escape") == []
+
+
 TASK_POD = """
     spec:
       runtimeClassName: cordon

@@ -4,18 +4,13 @@
 //! caller's own way to move files), its interrupter a `podman kill`. So every case of
 //! `cordon_testkit::escape::BATTERY` reaches the workload the way a caller's does.
 
-use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use cordon_core::{
-    Backend, Command as Cmd, Error, ExecOutcome, ExecRequest, OutputSink, OutputStream, Probe,
-    Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier,
+    Backend, Error, ExecOutcome, ExecRequest, OutputSink, Probe, Result, Sandbox, SandboxId,
+    SandboxSpec, Termination, Tier,
 };
-
-/// How long an exec may take when its request names no timeout.
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Containers of one image through one podman and one runtime.
 pub struct PodmanOci {
@@ -172,23 +167,7 @@ impl Sandbox for Container {
     }
 
     fn exec(&mut self, req: &ExecRequest, sink: &mut dyn OutputSink) -> Result<ExecOutcome> {
-        let argv: Vec<String> = match &req.command {
-            Cmd::Argv(a) => a.clone(),
-            Cmd::Code {
-                language,
-                source,
-                args,
-            } => {
-                let mut v = vec![language.program().to_string(), "-c".into(), source.clone()];
-                v.extend(args.iter().cloned());
-                v
-            }
-            Cmd::Wasm { .. } => {
-                return Err(Error::Invalid(
-                    "a wasm program does not run through podman".into(),
-                ));
-            }
-        };
+        let argv = cordon_testkit::cli::argv(req)?;
         let mut c = self.podman();
         c.arg("exec");
         for (k, v) in &req.env {
@@ -197,90 +176,11 @@ impl Sandbox for Container {
         if let Some(cwd) = &req.cwd {
             c.arg("-w").arg(cwd);
         }
-        c.arg(&self.name)
-            .args(&argv)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let started = Instant::now();
-        let mut child = c
-            .spawn()
-            .map_err(|e| Error::Sandbox(format!("podman exec: {e}")))?;
-        let mut stderr = child.stderr.take().expect("piped");
-        let err_reader = std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = stderr.read_to_end(&mut v);
-            v
-        });
-        // Stdout as it comes, on this thread (the sink may act while the exec runs); a
-        // reader thread hands it over so the deadline is kept.
-        let mut stdout_pipe = child.stdout.take().expect("piped");
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 8192];
-            loop {
-                match stdout_pipe.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if tx.send(buf[..n].to_vec()).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        });
-        let deadline = started
-            + req
-                .timeout_ms
-                .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
-        let mut stdout = Vec::new();
-        let mut timed_out = false;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left.max(Duration::from_millis(1))) {
-                Ok(chunk) => {
-                    sink.output(OutputStream::Stdout, &chunk);
-                    stdout.extend_from_slice(&chunk);
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    if !timed_out {
-                        timed_out = true;
-                        kill(&self.podman, &self.name);
-                        self.gone = true;
-                    }
-                }
-            }
+        c.arg(&self.name).args(&argv);
+        let o = cordon_testkit::cli::exec(c, req, sink, &|| kill(&self.podman, &self.name))?;
+        if o.termination == Termination::Timeout {
+            self.gone = true;
         }
-        let status = child
-            .wait()
-            .map_err(|e| Error::Sandbox(format!("podman exec: {e}")))?;
-        let stderr = err_reader.join().unwrap_or_default();
-        sink.output(OutputStream::Stderr, &stderr);
-        use std::os::unix::process::ExitStatusExt;
-        let mut o = ExecOutcome::new(
-            Tier::Container,
-            if timed_out {
-                Termination::Timeout
-            } else {
-                Termination::Exited
-            },
-        );
-        // podman exec ends as its process did: 128+N for a signal.
-        match (status.code(), status.signal()) {
-            (Some(c), _) if c > 128 && c < 160 => {
-                o.termination = Termination::Signalled;
-                o.signal = Some(c - 128);
-            }
-            (Some(c), _) => o.exit_code = Some(c),
-            (None, s) => {
-                o.termination = Termination::Signalled;
-                o.signal = s;
-            }
-        }
-        o.stdout = stdout;
-        o.stderr = stderr;
-        o.timings.run_us = started.elapsed().as_micros() as u64;
         Ok(o)
     }
 

@@ -454,22 +454,13 @@ fn podman_workload_on_the_gvisor_tier_passes_the_escape_battery() {
         IMAGE,
         &["--annotation", "cordon.tier=gvisor"],
     );
-    let mut spec = cordon_core::SandboxSpec::new(cordon_core::Tier::Gvisor);
-    // The bundle's root is the sandbox's as a template's is (gVisor's own overlay over it,
-    // writable in the sentry's memory; the image's files stay root's).
-    spec.resolved_template = Some(cordon_core::ResolvedTemplate {
-        name: "oci".into(),
-        digest: String::new(),
-        root: dir.path().to_path_buf(),
-        env: Default::default(),
-        languages: Default::default(),
-        lease: None,
-        writable: false,
-    });
-    // gVisor's wall, with the path's one difference: a caller's files move by `podman cp`,
-    // which never enters the sandbox.
+    let spec = cordon_core::SandboxSpec::new(cordon_core::Tier::Gvisor);
+    // gVisor's wall, with the path's differences: a caller's files move by `podman cp`,
+    // which never enters the sandbox, and the bundle's root is the sandbox's own overlay
+    // (writable in the sentry's memory; the image's files stay root's).
     let wall = cordon_testkit::escape::Wall {
         agent_files: false,
+        root_overlay: true,
         ..cordon_testkit::escape::Wall::of(cordon_core::Tier::Gvisor)
     };
     cordon_testkit::escape::run_table(&cordon_testkit::escape::BATTERY, &b, &spec, wall);
