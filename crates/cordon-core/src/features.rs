@@ -308,8 +308,10 @@ impl Tier {
                 snapshot_full: true,
                 ..PROGRAMS
             },
+            // Microvm: full snapshots (one migration stream of the live VM, ADR 0027).
             Tier::Microvm => Features {
                 root_disk: true,
+                snapshot_full: true,
                 pause_to_disk: true,
                 own_kernel: true,
                 held: true,

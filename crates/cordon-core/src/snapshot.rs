@@ -54,6 +54,15 @@ impl SnapshotMode {
         }
     }
 
+    /// For a tier that has full snapshots only: Ok for [`SnapshotMode::Full`], else the
+    /// feature's refusal (naming the tiers that can) of `what` on `tier`.
+    pub fn full_only(self, tier: Tier, what: &str) -> crate::Result<()> {
+        match self {
+            SnapshotMode::Full => Ok(()),
+            mode => Err(mode.feature().unsupported(tier, what)),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             SnapshotMode::Full => "full",

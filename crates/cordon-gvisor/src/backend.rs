@@ -96,14 +96,10 @@ impl Backend for GvisorBackend {
         dir: &cordon_core::SnapshotDir,
         spec: &SandboxSpec,
     ) -> Result<Box<dyn Sandbox>> {
-        match image.mode {
-            cordon_core::SnapshotMode::Full => {
-                Ok(Box::new(self.start_from_full(image, dir, spec)?))
-            }
-            mode => Err(mode
-                .feature()
-                .unsupported(self.tier(), "starting a sandbox from a snapshot")),
-        }
+        image
+            .mode
+            .full_only(self.tier(), "starting a sandbox from a snapshot")?;
+        Ok(Box::new(self.start_from_full(image, dir, spec)?))
     }
 }
 

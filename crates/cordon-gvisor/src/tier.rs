@@ -242,12 +242,8 @@ impl Sandbox for GvisorSandbox {
         mode: cordon_core::SnapshotMode,
         dir: &cordon_core::SnapshotDir,
     ) -> Result<cordon_core::SnapshotImage> {
-        match mode {
-            cordon_core::SnapshotMode::Full => self.snapshot_full(dir),
-            cordon_core::SnapshotMode::Filesystem => Err(mode
-                .feature()
-                .unsupported_here(format!("a {mode} snapshot"))),
-        }
+        mode.full_only(Tier::Gvisor, &format!("a {mode} snapshot"))?;
+        self.snapshot_full(dir)
     }
 
     fn pause(&mut self) -> Result<()> {

@@ -2010,3 +2010,66 @@ fn a_vm_with_egress_is_not_paused_to_disk() {
     destroy_and_check(sb);
     finish(env);
 }
+
+/// A full snapshot (one migration stream of the live VM, which continues) and three
+/// sandboxes started from it at once: the Python variable, the background counter and the
+/// file are in each, a change in one is in no other nor in the source, and each has a
+/// hostname (its id), a kernel random stream (`os.urandom` in the restored process,
+/// `/proc/sys/kernel/random/uuid`) of its own.
+#[test]
+fn three_forks_of_a_full_snapshot_have_its_state_and_their_own() {
+    let Some(env) = env() else { return };
+    let identity = |sb: &mut dyn Sandbox| {
+        cordon_testkit::snapshot::sh(sb, "hostname; cat /proc/sys/kernel/random/uuid")
+    };
+    cordon_testkit::snapshot::three_forks(&env.backend, &spec(), Some(&identity));
+    finish(env);
+}
+
+/// A full snapshot of a microVM with egress is refused with the fix (its proxy's CA is in
+/// the guest); nothing is written.
+#[test]
+fn a_full_snapshot_of_a_microvm_with_egress_is_refused_with_the_fix() {
+    let Some(env) = env() else { return };
+    let mut s = spec();
+    s.egress.allow = vec!["127.0.0.1/32:9".into()];
+    let mut sb = env.backend.create_sandbox(&s).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let e = sb
+        .snapshot(
+            cordon_core::SnapshotMode::Full,
+            &cordon_core::SnapshotDir::new(dir.path()),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    assert!(
+        e.to_string().contains("without allow_hosts or grants"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    destroy_and_check(sb);
+    finish(env);
+}
+
+/// Figures for ADR 0027 (run by hand: `cargo test -p cordon-microvm --test microvm --
+/// --ignored --nocapture snapshot_figures`).
+#[test]
+#[ignore = "prints figures; run by hand"]
+fn snapshot_figures() {
+    let Some(env) = env() else { return };
+    let mut s = spec();
+    s.limits.memory_bytes = 192 << 20;
+    let memory_of = |id: &cordon_core::SandboxId| {
+        let name = format!("vm-{}", id.short());
+        cordon_host::cgroup::dirs_of(cordon_host::cgroup::PARENT, &name)
+            .iter()
+            .find_map(|d| {
+                ["memory.current", "memory.usage_in_bytes"]
+                    .iter()
+                    .find_map(|f| std::fs::read_to_string(d.join(f)).ok())
+            })
+            .and_then(|v| v.trim().parse().ok())
+    };
+    cordon_testkit::snapshot::figures(&env.backend, &s, 64, &memory_of);
+    finish(env);
+}

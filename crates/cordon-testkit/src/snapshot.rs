@@ -193,6 +193,7 @@ pub fn three_forks(b: &dyn Backend, spec: &SandboxSpec, identity: Option<&Identi
             identities.push(read(sb.as_mut()));
         }
     }
+    eprintln!("random streams {streams:?}, identities {identities:?}");
     for seen in [&mut streams, &mut identities] {
         let n = seen.len();
         seen.sort();

@@ -10,6 +10,7 @@
 //! - `pause`: pause and resume, in memory or on disk, and reviving a paused sandbox;
 //! - `snapshot`: the snapshots new sandboxes are restored from;
 //! - `create`: booting or restoring a new sandbox;
+//! - `fork`: full snapshots of a live sandbox, and sandboxes started from one;
 //! - `tier`: the `Backend` and `Sandbox` traits over the verbs.
 
 mod accel;
@@ -19,6 +20,7 @@ mod config;
 mod create;
 mod exec;
 mod files;
+mod fork;
 mod pause;
 mod snapshot;
 mod state;

@@ -95,7 +95,7 @@ impl MicrovmBackend {
 }
 
 /// Waits until QEMU's outgoing migration has completed.
-fn await_migration(vm: &Vm, limit: Duration) -> std::result::Result<(), MicrovmError> {
+pub(super) fn await_migration(vm: &Vm, limit: Duration) -> std::result::Result<(), MicrovmError> {
     let deadline = Instant::now() + limit;
     loop {
         let st = vm.qmp("query-migrate", json!({}))?;
@@ -155,26 +155,7 @@ impl MicrovmSandbox {
         }
         // QEMU is done with the descriptor: it ends, and with it the VM's memory and CPU.
         self.teardown();
-        let manifest = paused::Manifest {
-            format: paused::FORMAT,
-            id: self.id.as_str().to_string(),
-            spec: self.spec.clone(),
-            qemu_version: self.home.qemu_version.clone(),
-            accel: self.accel,
-            vcpus: self.params.vcpus,
-            ram_mib: self.params.ram_mib,
-            named_ram: self.params.shared_ram || self.params.named_ram,
-            kernel: self.params.image.kernel.clone(),
-            initrd: self.params.image.initrd.clone(),
-            rootfs: self.params.image.rootfs.clone(),
-            image_id: self.params.image.id.clone(),
-            kernel_version: self.params.image.kernel_version.clone(),
-            next_exec: self.next_exec,
-            files: self.files,
-            start_us: self.start_us,
-            state_bytes: 0,
-            state_sha256: String::new(),
-        };
+        let manifest = self.manifest(0);
         match self.home.paused.finish(pending, manifest) {
             Ok(_) => Ok(self.home.paused.bytes(self.id.as_str())),
             Err(e) => {
@@ -223,10 +204,17 @@ impl MicrovmSandbox {
                 "it was saved by another QEMU version".into(),
             ));
         }
+        self.params.egress = false;
+        self.params.named_ram = manifest.named_ram;
+        self.start_from_state(&state)
+    }
+
+    /// Starts a new confined QEMU (its own cgroup, uid and, with `params.egress`, egress
+    /// proxy) that loads `state`, continues the guest where it stopped and configures it as
+    /// this sandbox (hostname, clock, sizes, fresh randomness, egress).
+    pub(super) fn start_from_state(&mut self, state: &std::fs::File) -> Result<()> {
         let mut params = self.params.clone();
         params.incoming = true;
-        params.egress = false;
-        params.named_ram = manifest.named_ram;
         params.shared_ram = false;
         let mem_limit = (params.ram_mib << 20) + (384 << 20);
         let cgroup = SandboxCgroup::create(
@@ -241,12 +229,21 @@ impl MicrovmSandbox {
         self.uid = Some(lease_uid(&self.home.uids)?);
         let run_as = self.run_as()?;
         let dir = self.home.cfg.run_dir.join(self.id.short());
-        let (mut vm, ctrl, _) = Vm::start(&params, &dir, run_as, procs, Some(&state), None)?;
-        drop(state);
+        if params.egress {
+            self.egress = Some(crate::egress::VmEgress::start(
+                self.id.as_str(),
+                &self.spec,
+                &self.home.cfg.egress_tuning,
+            )?);
+        }
+        let (mut vm, ctrl, port) = Vm::start(&params, &dir, run_as, procs, Some(state), None)?;
         let qmp = vm.await_qmp();
         self.set_vm(vm);
         qmp?;
         self.ctrl = Some(AgentConn::new(ctrl).map_err(|e| Error::io("the agent socket", e))?);
+        if let (Some(e), Some(port)) = (self.egress.as_mut(), port) {
+            e.attach(port)?;
+        }
         let vm = self
             .vm
             .as_ref()
@@ -293,6 +290,31 @@ impl MicrovmSandbox {
 }
 
 impl MicrovmSandbox {
+    /// What restores this VM's saved state (written with `state_bytes` of it): its spec,
+    /// shape, image and the host side's counters.
+    pub(super) fn manifest(&self, state_bytes: u64) -> paused::Manifest {
+        paused::Manifest {
+            format: paused::FORMAT,
+            id: self.id.as_str().to_string(),
+            spec: self.spec.clone(),
+            qemu_version: self.home.qemu_version.clone(),
+            accel: self.accel,
+            vcpus: self.params.vcpus,
+            ram_mib: self.params.ram_mib,
+            named_ram: self.params.shared_ram || self.params.named_ram,
+            kernel: self.params.image.kernel.clone(),
+            initrd: self.params.image.initrd.clone(),
+            rootfs: self.params.image.rootfs.clone(),
+            image_id: self.params.image.id.clone(),
+            kernel_version: self.params.image.kernel_version.clone(),
+            next_exec: self.next_exec,
+            files: self.files,
+            start_us: self.start_us,
+            state_bytes,
+            state_sha256: String::new(),
+        }
+    }
+
     /// `Sandbox::pause`.
     pub(super) fn pause_vm(&mut self) -> Result<()> {
         self.ctrl()?;

@@ -54,6 +54,18 @@ impl Backend for MicrovmBackend {
         removed
     }
 
+    fn start_from_snapshot(
+        &self,
+        image: &cordon_core::SnapshotImage,
+        dir: &cordon_core::SnapshotDir,
+        spec: &SandboxSpec,
+    ) -> Result<Box<dyn Sandbox>> {
+        image
+            .mode
+            .full_only(self.tier(), "starting a sandbox from a snapshot")?;
+        Ok(Box::new(self.start_from_full(image, dir, spec)?))
+    }
+
     fn revive(&self, id: &str) -> Option<Result<Box<dyn Sandbox>>> {
         self.revive_sandbox(id)
             .transpose()
@@ -136,6 +148,15 @@ impl Sandbox for MicrovmSandbox {
 
     fn pause(&mut self) -> Result<()> {
         self.pause_vm()
+    }
+
+    fn snapshot(
+        &mut self,
+        mode: cordon_core::SnapshotMode,
+        dir: &cordon_core::SnapshotDir,
+    ) -> Result<cordon_core::SnapshotImage> {
+        mode.full_only(Tier::Microvm, &format!("a {mode} snapshot"))?;
+        self.snapshot_full(dir)
     }
 
     fn pause_to_disk(&mut self) -> Result<u64> {
