@@ -83,17 +83,20 @@ fn stdout_until(sb: &mut dyn Sandbox, id: u64, done: impl Fn(&str) -> bool) -> S
     }
 }
 
+/// The whole lines of `text` (a line still being written is not one yet).
+fn whole_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.split_inclusive('\n')
+        .filter_map(|l| l.strip_suffix('\n'))
+}
+
 /// One request to the state server: the answer's line.
 fn ask(sb: &mut dyn Sandbox, id: u64, request: &str, answer: &str) -> String {
     let before = stdout_until(sb, id, |_| true).len();
     sb.write_background(id, format!("{request}\n").as_bytes())
         .unwrap();
-    let all = stdout_until(sb, id, |t| {
-        t.get(before..)
-            .is_some_and(|new| new.lines().any(|l| l.starts_with(answer)))
-    });
-    let line = all[before..]
-        .lines()
+    let answered = |new: &str| whole_lines(new).find(|l| l.starts_with(answer)).is_some();
+    let all = stdout_until(sb, id, |t| t.get(before..).is_some_and(answered));
+    let line = whole_lines(&all[before..])
         .find(|l| l.starts_with(answer))
         .unwrap_or_default();
     line.trim_start_matches(answer).trim().to_string()
@@ -103,9 +106,9 @@ fn ask(sb: &mut dyn Sandbox, id: u64, request: &str, answer: &str) -> String {
 /// on, never started again.
 fn counted(sb: &mut dyn Sandbox, id: u64, past: u64) -> u64 {
     let text = stdout_until(sb, id, |t| {
-        t.lines().filter_map(|l| l.parse::<u64>().ok()).max() > Some(past)
+        whole_lines(t).filter_map(|l| l.parse::<u64>().ok()).max() > Some(past)
     });
-    let n: Vec<u64> = text.lines().map(|l| l.parse().unwrap()).collect();
+    let n: Vec<u64> = whole_lines(&text).map(|l| l.parse().unwrap()).collect();
     assert!(
         n.iter().enumerate().all(|(i, v)| *v == i as u64 + 1),
         "the counter restarted or skipped: {n:?}"
