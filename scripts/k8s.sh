@@ -183,7 +183,9 @@ EOF
   # the tier is named by the node config the wrapper hands cordon-oci.
   for tier in container gvisor microvm; do
     # The node's audit store is the cluster's own, so down removes it with the rest.
-    printf 'tier = "%s"\naudit = "%s"\n' "$tier" "$STATE/oci/audit.db" >"$STATE/oci/$tier.toml"
+    # The kubelet's root dir: a pod's volumes under its own directory there are bound.
+    printf 'tier = "%s"\naudit = "%s"\n[kubelet]\nroot_dir = "%s"\n' \
+      "$tier" "$STATE/oci/audit.db" "$STATE/kubelet" >"$STATE/oci/$tier.toml"
     printf '#!/bin/sh\nexec %s --cordon-config %s "$@"\n' "$oci" "$STATE/oci/$tier.toml" \
       >"$STATE/oci/cordon-oci-$tier"
     chmod 755 "$STATE/oci/cordon-oci-$tier"

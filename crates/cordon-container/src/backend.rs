@@ -473,8 +473,18 @@ impl ContainerBackend {
     }
 }
 
-/// The join's volumes: each must have been leased (its host mount filled in) first.
+/// The join's volumes: each must have been leased (its host mount filled in) first; then
+/// the host directories the node allowed (`host_binds`), under /work or elsewhere.
 fn volumes_of(spec: &SandboxSpec) -> Result<Vec<crate::init::InitVolume>> {
+    let binds = spec.host_binds.iter().map(|b| {
+        cordon_core::validate_bind_target(&b.target)?;
+        Ok(crate::init::InitVolume {
+            host_dir: b.source.clone(),
+            path: b.under_work().unwrap_or_default().to_string(),
+            read_only: b.read_only,
+            at: b.under_work().is_none().then(|| b.target.clone()),
+        })
+    });
     spec.volumes
         .iter()
         .map(|v| match &v.source {
@@ -482,6 +492,7 @@ fn volumes_of(spec: &SandboxSpec) -> Result<Vec<crate::init::InitVolume>> {
                 host_dir: src.host_dir.clone(),
                 path: v.path.clone(),
                 read_only: v.read_only,
+                at: None,
             }),
             None => Err(Error::Invalid(format!(
                 "volume {:?} was not leased before the create; lease it with \
@@ -489,6 +500,7 @@ fn volumes_of(spec: &SandboxSpec) -> Result<Vec<crate::init::InitVolume>> {
                 v.name
             ))),
         })
+        .chain(binds)
         .collect()
 }
 

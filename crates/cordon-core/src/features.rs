@@ -53,7 +53,9 @@ pub struct Features {
     /// own and a process on the caller's I/O, passed ([`Features::attached`]) or relayed
     /// ([`Features::held`]).
     pub oci: bool,
-    /// Host directories bound into the sandbox at any path (a node's `[allow] host_path`).
+    /// Host directories bound into the sandbox at any path (a node's `[allow] host_path`,
+    /// the kubelet's pod volumes). Not the microvm tier's: its guest reaches no host
+    /// directory but its own disks.
     pub host_paths: bool,
     /// Host devices bound into the sandbox's `/dev` (a node's `[allow] device`).
     pub host_devices: bool,
@@ -150,7 +152,7 @@ impl Feature {
             }
             Feature::SnapshotFiles => "filesystem snapshots and forks from them",
             Feature::Oci => "OCI bundles (cordon-oci)",
-            Feature::HostPaths => "host directories",
+            Feature::HostPaths => "host directories (pod volumes)",
             Feature::HostDevices => "host devices",
             Feature::WritableRoot => "a writable root",
             Feature::RootMountPoints => "a root that must hold the tier's mount points",
@@ -302,6 +304,7 @@ impl Tier {
             // Gvisor: full snapshots (runsc checkpoint and restore, ADR 0027).
             Tier::Gvisor => Features {
                 volumes: true,
+                host_paths: true,
                 own_kernel: true,
                 held: true,
                 root_mount_points: true,

@@ -44,8 +44,8 @@ pub use spec::{
     validate_template_name,
 };
 pub use volume::{
-    MAX_MOUNTS, MIN_VOLUME_BYTES, VolumeMount, VolumeSource, validate_mounts, validate_volume_name,
-    validate_volume_path,
+    HostBind, MAX_HOST_BINDS, MAX_MOUNTS, MIN_VOLUME_BYTES, VolumeMount, VolumeSource,
+    validate_bind_target, validate_mounts, validate_volume_name, validate_volume_path,
 };
 
 /// Cordon's data dir by default: `$CORDON_HOME`, else `/var/lib/cordon` for root, else

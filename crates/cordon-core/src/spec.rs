@@ -427,6 +427,11 @@ pub struct SandboxSpec {
     /// container tier gives them.
     #[serde(skip)]
     pub devices: Vec<String>,
+    /// Host directories bound into the sandbox ([`crate::HostBind`]): only what a node's
+    /// operator allowed, checked and opened by whoever sets it. Never read from a request;
+    /// the tiers with [`crate::Feature::HostPaths`] give them.
+    #[serde(skip)]
+    pub host_binds: Vec<crate::HostBind>,
 }
 
 /// A template the host resolved for one sandbox: what a tier needs to use it. The lease
@@ -502,6 +507,7 @@ impl SandboxSpec {
             resolved_template: None,
             volumes: Vec::new(),
             devices: Vec::new(),
+            host_binds: Vec::new(),
         }
     }
 

@@ -95,6 +95,87 @@ impl VolumeMount {
     }
 }
 
+/// Most host directories one sandbox has bound ([`HostBind`]): a pod's volumes.
+pub const MAX_HOST_BINDS: usize = 32;
+
+/// A host directory bound into the sandbox at `target`, an absolute path of the sandbox
+/// ([`validate_bind_target`]): what a node's operator allowed (cordon-oci's `[allow]
+/// host_path` entries and the kubelet's pod volumes). Never read from a request. `source`
+/// is where its creator bound it, already checked (opened without following a link), in a
+/// directory of its own; a tier with [`crate::Feature::HostPaths`] binds it with the
+/// sandbox's ids mapped, never set-id programs or devices, read-only where asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostBind {
+    pub source: PathBuf,
+    pub target: String,
+    pub read_only: bool,
+}
+
+impl HostBind {
+    /// Its target relative to `/work` when it is under it (where the sandbox's own
+    /// `/work` is mounted), else `None`.
+    pub fn under_work(&self) -> Option<&str> {
+        self.target
+            .strip_prefix(crate::WORKDIR)
+            .and_then(|r| r.strip_prefix('/'))
+    }
+}
+
+/// Where the sandbox's own file systems are: no host directory is bound on or under them.
+const OWN_PLACES: [&str; 4] = ["/proc", "/sys", "/dev", "/tmp"];
+
+/// The sandbox's own files of `/etc`: no host directory is bound on them (nor on `/etc`).
+const OWN_ETC: [&str; 6] = [
+    "hosts",
+    "hostname",
+    "passwd",
+    "group",
+    "resolv.conf",
+    "nsswitch.conf",
+];
+
+/// A host bind's target: an absolute path of plain components (no `.`, `..` or empty
+/// ones, no trailing `/`), at most 16 deep and 255 bytes, not `/`, `/work` itself, nor on
+/// or under the sandbox's own `/proc`, `/sys`, `/dev`, `/tmp` and `/etc`.
+pub fn validate_bind_target(target: &str) -> Result<()> {
+    let refuse = |reason: &str| {
+        Err(Error::PathRefused {
+            path: target.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    let Some(rel) = target.strip_prefix('/') else {
+        return refuse("not an absolute path; give the mount's path in the container");
+    };
+    if rel.is_empty() || target == crate::WORKDIR {
+        return refuse("names the sandbox's root or its /work; mount it on a directory of its own");
+    }
+    if target.len() > 255 || rel.split('/').count() > 16 || target.contains('\0') {
+        return refuse(
+            "too long or too deep for a mount point (at most 16 directories, 255 bytes)",
+        );
+    }
+    if rel
+        .split('/')
+        .any(|c| c.is_empty() || c == "." || c == "..")
+    {
+        return refuse("not a plain path (no '.', '..', '//' or trailing '/')");
+    }
+    if OWN_PLACES
+        .iter()
+        .any(|p| target == *p || target.starts_with(&format!("{p}/")))
+    {
+        return refuse("the sandbox has its own /proc, /sys, /dev and /tmp; mount it elsewhere");
+    }
+    let etc_own = target
+        .strip_prefix("/etc")
+        .is_some_and(|r| r.is_empty() || OWN_ETC.iter().any(|f| r == format!("/{f}")));
+    if etc_own {
+        return refuse("the sandbox has its own /etc and its files there; mount it elsewhere");
+    }
+    Ok(())
+}
+
 /// A volume name: 1 to 63 of `a-z 0-9 _ -`, starting with a letter or digit (no `.`, so a
 /// name is never `.`, `..` or a hidden file where volumes are kept).
 pub fn validate_volume_name(name: &str) -> Result<()> {
@@ -181,6 +262,49 @@ pub fn validate_mounts(mounts: &[VolumeMount]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_bind_targets_are_plain_and_never_the_sandboxs_own_places() {
+        for ok in [
+            "/scratch",
+            "/var/run/secrets/kubernetes.io/serviceaccount",
+            "/work/data",
+            "/etc/app",
+        ] {
+            validate_bind_target(ok).unwrap();
+        }
+        for bad in [
+            "",
+            "/",
+            "scratch",
+            "/work",
+            "/a/../b",
+            "/a//b",
+            "/a/",
+            "/a/./b",
+            "/proc",
+            "/proc/1",
+            "/dev/shm",
+            "/sys/fs",
+            "/tmp",
+            "/etc",
+            "/etc/hosts",
+            "/etc/passwd",
+        ] {
+            assert!(validate_bind_target(bad).is_err(), "{bad:?}");
+        }
+        let b = HostBind {
+            source: "/x".into(),
+            target: "/work/a/b".into(),
+            read_only: true,
+        };
+        assert_eq!(b.under_work(), Some("a/b"));
+        let b = HostBind {
+            target: "/workx".into(),
+            ..b
+        };
+        assert_eq!(b.under_work(), None);
+    }
 
     #[test]
     fn names() {

@@ -32,7 +32,8 @@ pub(crate) struct Inputs<'a> {
     pub work: &'a Path,
     /// The agent binary on the host.
     pub agent: &'a Path,
-    /// The volumes' idmapped binds: (bind on the host, path under /work, read-only).
+    /// The volumes' and host binds' idmapped binds: (bind on the host, absolute path in the
+    /// sandbox, read-only).
     pub volumes: &'a [(PathBuf, String, bool)],
     /// The egress socket's directory on the host and inside, and the port the agent's
     /// forwarder listens on, when the sandbox has egress.
@@ -131,7 +132,7 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
     for (bind, path, ro) in i.volumes {
         let mode = if *ro { "ro" } else { "rw" };
         mounts.push(mount(
-            format!("/work/{path}"),
+            path.as_str(),
             "bind",
             bind,
             &["rbind", mode, "nosuid", "nodev"],
@@ -314,7 +315,7 @@ mod tests {
             tmp_bytes: 1 << 20,
             ..Default::default()
         };
-        let volumes = vec![(PathBuf::from("/b/v1"), "data".to_string(), true)];
+        let volumes = vec![(PathBuf::from("/b/v1"), "/work/data".to_string(), true)];
         let i = Inputs {
             uid: 100_000,
             limits: &limits,

@@ -79,7 +79,20 @@ impl GvisorSandbox {
                 .create(&bind)
                 .map_err(|e| Error::io("making a volume's bind", e))?;
             cordon_host::volume::bind_mapped(&src.host_dir, &bind, self.uid, v.read_only)?;
-            self.volumes.push((bind, v.path.clone(), v.read_only));
+            self.volumes.push((bind, v.inside(), v.read_only));
+        }
+        // The host directories the node allowed, anywhere the target says: runsc makes
+        // their mount points in the sandbox's own root, never through a link of the host's.
+        let first = self.volumes.len();
+        for (i, b) in self.spec.host_binds.iter().enumerate() {
+            cordon_core::validate_bind_target(&b.target)?;
+            let bind = self.bundle.join(format!("volume-{}", first + i));
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&bind)
+                .map_err(|e| Error::io("making a host path's bind", e))?;
+            cordon_host::volume::bind_mapped(&b.source, &bind, self.uid, b.read_only)?;
+            self.volumes.push((bind, b.target.clone(), b.read_only));
         }
         Ok(())
     }

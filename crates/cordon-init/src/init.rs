@@ -30,6 +30,8 @@ use cordon_guest::{Agent, AgentConfig};
 
 use crate::landlock_rules;
 use crate::seccomp::SeccompPolicy;
+pub use crate::volumes::InitVolume;
+use crate::volumes::{make_bind_points, mount_volumes, volume_mounts};
 
 /// The host's first frame: enough to make the namespaces.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -118,18 +120,6 @@ pub struct InitJoin {
     pub volumes: Vec<InitVolume>,
 }
 
-/// One volume of the join: its file system as the host mounted it (a root-only directory),
-/// bound into the sandbox idmapped through the sandbox's own user namespace, so the files
-/// its user writes are stored as its inside ids (1000), whatever host range it ran as.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InitVolume {
-    pub host_dir: PathBuf,
-    /// Where, relative to /work (validated by the host: no `..`, not nested in another).
-    pub path: String,
-    pub read_only: bool,
-}
-
 /// Directories from the host bound read-only into the sandbox (or recreated as the same
 /// symlinks where the host has merged /usr).
 const HOST_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
@@ -139,8 +129,9 @@ const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 /// private mount namespace) before it becomes `/`.
 const ROOT_BUILT_AT: &str = "/tmp";
 
-/// Most volumes one sandbox mounts (the host refuses more: `cordon_core::MAX_MOUNTS`).
-const MAX_VOLUMES: usize = 8;
+/// Most volumes one sandbox mounts: its leased volumes and its host binds (the host refuses
+/// more: `cordon_core::MAX_MOUNTS`, `cordon_core::MAX_HOST_BINDS`).
+const MAX_VOLUMES: usize = cordon_core::MAX_MOUNTS + cordon_core::MAX_HOST_BINDS;
 
 /// Scheduling priority of every process of a sandbox (the host's default is 0).
 pub const SANDBOX_NICE: i32 = 5;
@@ -321,35 +312,6 @@ fn from_host<T: serde::de::DeserializeOwned>(
     }
 }
 
-/// The volumes' mounts for the sandbox `child`: a detached copy of each host mount, idmapped
-/// through the child's user namespace (its ids 0..65536 are the file system's 0..65536),
-/// read-only where asked, never suid or devices.
-fn volume_mounts(child: nix::unistd::Pid, volumes: &[InitVolume]) -> Result<Vec<OwnedFd>, String> {
-    if volumes.is_empty() {
-        return Ok(Vec::new());
-    }
-    let userns = fs::File::open(format!("/proc/{child}/ns/user"))
-        .map_err(|e| format!("opening the sandbox's user namespace: {e}"))?;
-    volumes
-        .iter()
-        .map(|v| {
-            let m = cordon_guest::sys::open_tree_clone(&v.host_dir)
-                .map_err(|e| format!("volume at /work/{}: copying its mount: {e}", v.path))?;
-            let mut set = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
-            if v.read_only {
-                set |= libc::MOUNT_ATTR_RDONLY;
-            }
-            cordon_guest::sys::mount_setattr(&m, set, Some(&userns)).map_err(|e| {
-                format!(
-                    "volume at /work/{}: mapping its ids (idmapped mount): {e}",
-                    v.path
-                )
-            })?;
-            Ok(m)
-        })
-        .collect()
-}
-
 /// Sends descriptors on one byte of their own.
 fn send_fds(to: &UnixStream, fds: &[OwnedFd]) -> io::Result<()> {
     use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
@@ -452,8 +414,12 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: UnixStream) -> Res
         // The init reports its failures to the host as text over its socket: the typed
         // error ends here as its message.
         Some(
-            landlock_rules::build(setup.template_writable, &setup.devices)
-                .map_err(|e| e.to_string())?,
+            landlock_rules::build(
+                setup.template_writable,
+                &setup.devices,
+                &crate::volumes::writable_binds(&join.volumes),
+            )
+            .map_err(|e| e.to_string())?,
         )
     } else {
         None
@@ -491,58 +457,6 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: UnixStream) -> Res
     let sock = sock.try_clone().map_err(|e| format!("agent socket: {e}"))?;
     let agent = Agent::new(cfg, sock).map_err(|e| format!("starting the agent: {e}"))?;
     agent.serve().map_err(|e| format!("agent: {e}"))
-}
-
-/// Attaches each volume's mount (idmapped by the host) at its path under the new root's
-/// /work: a fresh tmpfs nothing has run in yet, so no symlink can be on the way; the
-/// directories made for it belong to the sandbox's user. Mount points never lie inside
-/// another volume (the host refuses nested paths), so nothing is ever made in one.
-fn mount_volumes(
-    root: &Path,
-    uid: u32,
-    volumes: &[InitVolume],
-    fds: Vec<OwnedFd>,
-) -> Result<(), String> {
-    let work = root.join("work");
-    for (v, fd) in volumes.iter().zip(fds) {
-        if v.path
-            .split('/')
-            .any(|c| c.is_empty() || c == "." || c == "..")
-        {
-            return Err(format!(
-                "volume path {:?} is not a plain path under /work",
-                v.path
-            ));
-        }
-        let mut at = work.clone();
-        for c in v.path.split('/') {
-            at.push(c);
-            match fs::create_dir(&at) {
-                Ok(()) => {
-                    nix::unistd::chown(&at, Some(Uid::from_raw(uid)), Some(Gid::from_raw(uid)))
-                        .map_err(|e| format!("volume at /work/{}: {e}", v.path))?;
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => {
-                    return Err(format!(
-                        "volume at /work/{}: making its mount point: {e}",
-                        v.path
-                    ));
-                }
-            }
-        }
-        let md =
-            fs::symlink_metadata(&at).map_err(|e| format!("volume at /work/{}: {e}", v.path))?;
-        if !md.file_type().is_dir() {
-            return Err(format!(
-                "volume at /work/{}: its mount point is not a directory",
-                v.path
-            ));
-        }
-        cordon_guest::sys::move_mount_to(&fd, &at)
-            .map_err(|e| format!("volume at /work/{}: attaching it: {e}", v.path))?;
-    }
-    Ok(())
 }
 
 /// The sandbox's own per-user limits (`/proc/sys/user/*` of its user namespace), each
@@ -1014,12 +928,14 @@ fn finish_root(join: &InitJoin, setup: &InitSetup, volumes: Vec<OwnedFd>) -> Res
     let new = if setup.template_writable {
         // A build's root: its own writable tree, Cordon's files bound over it.
         let root = Path::new(TEMPLATE_ROOT);
+        make_bind_points(root, &join.volumes)?;
         cover_build_root(Path::new(TEMPLATE_GEN), root)?;
         mount_pieces(root, setup)?;
         root
     } else if template {
         // The root: Cordon's generated layer over the template's, read-only (an overlay
         // of lower layers only has no upper to write to). Writes go to /work and /tmp.
+        make_bind_points(gen_at, &join.volumes)?;
         let root = Path::new(TEMPLATE_ROOT);
         mount(
             Some("overlay"),
@@ -1032,6 +948,7 @@ fn finish_root(join: &InitJoin, setup: &InitSetup, volumes: Vec<OwnedFd>) -> Res
         mount_pieces(root, setup)?;
         root
     } else {
+        make_bind_points(new, &join.volumes)?;
         new
     };
     if let Some(sock) = &join.egress_socket {

@@ -1,5 +1,6 @@
 //! The container tier's Landlock ruleset: read and execute everywhere in the sandbox's own
-//! root, write only in `/work`, `/tmp`, `/dev/shm` and the few device files; no signals or
+//! root, write only in `/work`, `/tmp`, `/dev/shm`, the writable host binds (a pod's
+//! emptyDir) and the few device files; no signals or
 //! abstract unix sockets outside the sandbox (where the kernel supports scoping).
 //!
 //! TCP is not Landlock's: the sandbox's network namespace is its own (loopback only, no
@@ -57,8 +58,13 @@ fn open(path: &str) -> Result<PathFd, LandlockError> {
 /// Builds the ruleset. Call inside the sandbox's root (after pivot_root). `writable_root`:
 /// a template build's step, which may write anywhere in its own root (its working copy).
 /// `devices`: extra device nodes under `/dev` (names such as `fuse`), read and written as
-/// the sandbox's own devices are.
-pub fn build(writable_root: bool, devices: &[String]) -> Result<RulesetCreated, LandlockError> {
+/// the sandbox's own devices are. `writable`: the writable host binds outside `/work` (a
+/// pod's emptyDir), written beneath as `/work` is.
+pub fn build(
+    writable_root: bool,
+    devices: &[String],
+    writable: &[String],
+) -> Result<RulesetCreated, LandlockError> {
     let fs_all = AccessFs::from_all(REQUIRED_ABI);
     let fs_read = AccessFs::from_read(REQUIRED_ABI);
     let rw_file = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
@@ -84,7 +90,10 @@ pub fn build(writable_root: bool, devices: &[String]) -> Result<RulesetCreated, 
             if writable_root { fs_all } else { fs_read },
         ))
         .map_err(step("the Landlock rule for /"))?;
-    for dir in ["/work", "/tmp", "/dev/shm"] {
+    for dir in ["/work", "/tmp", "/dev/shm"]
+        .into_iter()
+        .chain(writable.iter().map(String::as_str))
+    {
         created = created
             .add_rule(PathBeneath::new(open(dir)?, fs_all))
             .map_err(step(format!("the Landlock rule for {dir}")))?;

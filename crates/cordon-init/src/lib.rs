@@ -9,6 +9,7 @@ pub mod landlock_rules;
 pub mod seccomp;
 mod seccomp_tree;
 mod sys;
+mod volumes;
 
 /// Errors of the init's policies, converted by the container tier at its API boundary.
 #[derive(Debug, thiserror::Error)]

@@ -19,7 +19,8 @@ pub struct Granted {
     pub record: Vec<NodeAllowance>,
     /// Host devices for the sandbox's `/dev`, as names under it.
     pub devices: Vec<String>,
-    /// Host directories, each open, for a place under `/work`.
+    /// Host directories, each open, for a place in the sandbox: the node's `[allow]
+    /// host_path` entries (under `/work`) and the kubelet's pod volumes (anywhere).
     pub host_paths: Vec<HostDir>,
 }
 
@@ -28,6 +29,16 @@ impl Granted {
         if !self.record.contains(&a) {
             self.record.push(a);
         }
+    }
+
+    /// A host directory given, noted as a host path on the decision.
+    fn grant_dir(&mut self, d: HostDir) {
+        self.note(NodeAllowance::HostPath {
+            path: d.path.display().to_string(),
+            at: d.at.clone(),
+            writable: d.writable,
+        });
+        self.host_paths.push(d);
     }
 }
 
@@ -38,9 +49,12 @@ impl Granted {
 pub struct HostDir {
     dir: OwnedFd,
     path: std::path::PathBuf,
-    /// Where it goes, under `/work`.
+    /// Where it goes: under `/work` (an `[allow] host_path` entry's), or anywhere the
+    /// bundle says (a pod volume's, resolved in the image's root when it is bound).
     pub at: String,
     pub writable: bool,
+    /// A pod volume of the kubelet's (its `at` may lie in the image's tree).
+    pub pod: bool,
 }
 
 fn refused(what: String, fix: &str) -> OciError {
@@ -143,18 +157,72 @@ pub fn host_path(
             "the node's operator must name the directory itself, with no symbolic link in its path",
         )
     })?;
-    granted.host_paths.push(HostDir {
+    granted.grant_dir(HostDir {
         dir,
         path: source.to_path_buf(),
         at: dest.to_string(),
         writable: !read_only,
-    });
-    granted.note(NodeAllowance::HostPath {
-        path: source.display().to_string(),
-        at: dest.to_string(),
-        writable: !read_only,
+        pod: false,
     });
     Ok(())
+}
+
+/// The bind mount of host `source` at `dest` when it is one of the kubelet's volumes of
+/// this pod: a directory under `<kubelet root_dir>/pods/<pod_uid>/` (the pod's own
+/// directory, named by containerd's `io.kubernetes.cri.sandbox-uid`), opened without
+/// following a symbolic link anywhere in its path (every component walked by the kernel,
+/// `RESOLVE_NO_SYMLINKS`), read-only when the bind is. Returns `Ok(false)` when `source`
+/// is not under the pod's directory (then it is a host path like any other); refuses one
+/// that is but cannot be opened so, or names no directory, or whose `dest` is no place
+/// for it.
+pub fn pod_volume(
+    source: &Path,
+    dest: &str,
+    read_only: bool,
+    kubelet: &crate::node::Kubelet,
+    pod_uid: Option<&str>,
+    granted: &mut Granted,
+) -> Result<bool> {
+    let (Some(root), Some(uid)) = (&kubelet.root_dir, pod_uid) else {
+        return Ok(false);
+    };
+    if uid.is_empty() || uid.contains('/') || uid.starts_with('.') {
+        return Ok(false);
+    }
+    let pod_dir = root.join("pods").join(uid);
+    let inside = source
+        .strip_prefix(&pod_dir)
+        .ok()
+        .filter(|r| !r.as_os_str().is_empty());
+    if inside.is_none() || !crate::node::plain_absolute(source) {
+        return Ok(false);
+    }
+    let asked = || format!("it asks for a pod volume at {dest}");
+    cordon_core::validate_bind_target(dest).map_err(|e| {
+        refused(
+            format!("{}: {e}", asked()),
+            "mount the volume at another path in the container",
+        )
+    })?;
+    let dir = open_dir(source).map_err(|e| {
+        refused(
+            format!(
+                "{}, whose directory in the kubelet's pod directory cannot be opened as a \
+                 directory without following a symbolic link ({e})",
+                asked()
+            ),
+            "mount the volume's directory, not a single file of it (subPath of a file), and \
+             keep links out of the kubelet's pod directory",
+        )
+    })?;
+    granted.grant_dir(HostDir {
+        dir,
+        path: source.to_path_buf(),
+        at: dest.to_string(),
+        writable: !read_only,
+        pod: true,
+    });
+    Ok(true)
 }
 
 /// Opens the directory at the absolute `path` refusing every symbolic link on the way.
@@ -182,13 +250,41 @@ fn same_file(a: &OwnedFd, b: &OwnedFd) -> bool {
 }
 
 /// Binds each granted directory under `base` (in the monitor's own mount namespace, where
-/// the sandbox's init opens it) and returns the sandbox's mounts of them under `/work`.
-pub fn bind_host_paths(dirs: Vec<HostDir>, base: &Path) -> Result<Vec<cordon_core::VolumeMount>> {
+/// the tier opens it) and returns the sandbox's binds of them: an `[allow] host_path`
+/// entry's under `/work`, a pod volume's where the bundle says, every symbolic link of the
+/// image's on the way resolved inside the image's root (`image_root`, as runc does), so
+/// the mount point is made in the sandbox's own tree.
+pub fn bind_host_paths(
+    dirs: Vec<HostDir>,
+    base: &Path,
+    image_root: &Path,
+) -> Result<Vec<cordon_core::HostBind>> {
     use nix::mount::{MsFlags, mount};
-    let mut mounts = Vec::new();
+    if dirs.len() > cordon_core::MAX_HOST_BINDS {
+        return Err(refused(
+            format!(
+                "it asks for {} host paths and pod volumes; a sandbox has at most {}",
+                dirs.len(),
+                cordon_core::MAX_HOST_BINDS
+            ),
+            "give the pod fewer volumes",
+        ));
+    }
+    let mut binds = Vec::new();
     for (i, d) in dirs.into_iter().enumerate() {
-        let target = base.join(format!("host-{i}"));
-        std::fs::create_dir(&target)
+        let target = if d.pod {
+            resolve_in_root(image_root, &d.at)
+        } else {
+            d.at.clone()
+        };
+        cordon_core::validate_bind_target(&target).map_err(|e| {
+            refused(
+                format!("its mount at {}: {e}", d.at),
+                "mount the volume at another path in the container",
+            )
+        })?;
+        let at = base.join(format!("host-{i}"));
+        std::fs::create_dir(&at)
             .map_err(|e| OciError::io("making a host path's mount point", e))?;
         // The same directory as checked, or nothing.
         let again = open_dir(&d.path).ok().filter(|f| same_file(f, &d.dir));
@@ -201,21 +297,60 @@ pub fn bind_host_paths(dirs: Vec<HostDir>, base: &Path) -> Result<Vec<cordon_cor
         let source = format!("/proc/self/fd/{}", again.as_raw_fd());
         mount(
             Some(source.as_str()),
-            &target,
+            &at,
             None::<&str>,
             MsFlags::MS_BIND,
             None::<&str>,
         )
         .map_err(|e| OciError::io(format!("binding the host path for {}", d.at), e.into()))?;
-        let mut m = cordon_core::VolumeMount::new(&format!("host-{i}"), &d.at, !d.writable)?;
-        m.source = Some(cordon_core::VolumeSource {
-            host_dir: target,
-            lease: None,
+        binds.push(cordon_core::HostBind {
+            source: at,
+            target,
+            read_only: !d.writable,
         });
-        mounts.push(m);
     }
-    cordon_core::validate_mounts(&mounts)?;
-    Ok(mounts)
+    Ok(binds)
+}
+
+/// `target` (an absolute path in the container) with every symbolic link of the image's on
+/// the way resolved inside `root` (an absolute link from the root, a relative one from where
+/// it is; never above the root), as runc resolves a mount's destination. What the image
+/// lacks is kept as given; more than 40 links leave the rest as given.
+pub fn resolve_in_root(root: &Path, target: &str) -> String {
+    let mut todo: std::collections::VecDeque<String> = target
+        .split('/')
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .collect();
+    let mut done: Vec<String> = Vec::new();
+    let mut links = 0;
+    while let Some(c) = todo.pop_front() {
+        match c.as_str() {
+            "." => continue,
+            ".." => {
+                done.pop();
+                continue;
+            }
+            _ => {}
+        }
+        let here = root.join(done.join("/")).join(&c);
+        let link = (links < 40)
+            .then(|| std::fs::read_link(&here).ok())
+            .flatten();
+        let Some(link) = link else {
+            done.push(c);
+            continue;
+        };
+        links += 1;
+        let text = link.to_string_lossy().into_owned();
+        if text.starts_with('/') {
+            done.clear();
+        }
+        for (k, part) in text.split('/').filter(|p| !p.is_empty()).enumerate() {
+            todo.insert(k, part.to_string());
+        }
+    }
+    format!("/{}", done.join("/"))
 }
 
 /// A bundle's root filesystem, checked ([`root`]): the directory it names (links
@@ -349,4 +484,61 @@ fn engine_overlay(dir: &Path, dev: u64) -> bool {
         seen = Some(fstype == "overlay" && same_dev);
     }
     seen.unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mount's destination through the image's links lands inside the image's root: an
+    /// absolute link from the root, a relative one from where it is, `..` never above it.
+    #[test]
+    fn destinations_resolve_inside_the_images_root() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::create_dir_all(r.join("var")).unwrap();
+        std::os::unix::fs::symlink("../run", r.join("var/run")).unwrap();
+        std::os::unix::fs::symlink("/etc", r.join("cfg")).unwrap();
+        std::os::unix::fs::symlink("../../../../..", r.join("up")).unwrap();
+        assert_eq!(
+            resolve_in_root(r, "/var/run/secrets/kubernetes.io/serviceaccount"),
+            "/run/secrets/kubernetes.io/serviceaccount"
+        );
+        assert_eq!(resolve_in_root(r, "/cfg/app"), "/etc/app");
+        assert_eq!(resolve_in_root(r, "/up/data"), "/data");
+        assert_eq!(resolve_in_root(r, "/scratch"), "/scratch");
+    }
+
+    /// A pod volume is the pod's own directory's, opened without a link anywhere; another
+    /// pod's, or a path outside the kubelet's, is not one (a host path, refused elsewhere).
+    #[test]
+    fn pod_volumes_are_the_pods_own_and_never_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubelet = crate::node::Kubelet {
+            root_dir: Some(dir.path().to_path_buf()),
+        };
+        let pod = dir.path().join("pods/u1/volumes");
+        std::fs::create_dir_all(pod.join("kubernetes.io~empty-dir/scratch")).unwrap();
+        std::os::unix::fs::symlink("/etc", pod.join("linked")).unwrap();
+        let mut g = Granted::default();
+        let ok = pod.join("kubernetes.io~empty-dir/scratch");
+        assert!(pod_volume(&ok, "/scratch", false, &kubelet, Some("u1"), &mut g).unwrap());
+        assert_eq!(g.host_paths.len(), 1);
+        assert!(g.host_paths[0].pod && g.host_paths[0].writable);
+        // Another pod's, no pod at all, no kubelet named: not a pod volume.
+        for (uid, k) in [
+            (Some("u2"), &kubelet),
+            (None, &kubelet),
+            (Some("u1"), &crate::node::Kubelet::default()),
+        ] {
+            assert!(!pod_volume(&ok, "/scratch", false, k, uid, &mut g).unwrap());
+        }
+        for bad in [pod.join("linked"), pod.join("linked/ssl")] {
+            let e = pod_volume(&bad, "/cfg", true, &kubelet, Some("u1"), &mut g).unwrap_err();
+            assert!(e.to_string().contains("symbolic link"), "{e}");
+        }
+        let e = pod_volume(&ok, "/proc/x", false, &kubelet, Some("u1"), &mut g).unwrap_err();
+        assert!(e.to_string().contains("/proc"), "{e}");
+        assert_eq!(g.host_paths.len(), 1);
+    }
 }

@@ -196,7 +196,7 @@ fn refused(what: impl Into<String>, fix: impl Into<String>) -> OciError {
 /// markers, shared memory, Kubernetes' termination log and service account token). Cordon
 /// does not mount them: the sandbox has its own `/etc/hosts` and `/dev/shm`, no resolver
 /// (there is no route), and no credential enters it unless a grant says so.
-const ENGINE_MOUNTS: [&str; 9] = [
+const ENGINE_MOUNTS: [&str; 8] = [
     "/etc/hosts",
     "/etc/hostname",
     "/etc/resolv.conf",
@@ -204,9 +204,16 @@ const ENGINE_MOUNTS: [&str; 9] = [
     "/.dockerenv",
     "/dev/shm",
     "/dev/termination-log",
-    "/var/run/secrets/kubernetes.io/serviceaccount",
     "/run/secrets",
 ];
+
+/// Where Kubernetes mounts a pod's service-account token: bound as the pod's other volumes
+/// are when it comes from the kubelet's pod directory (`[kubelet] root_dir`), else left
+/// out, as the engines' own mounts are.
+const TOKEN_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The annotation containerd's CRI gives every container of a pod: the pod's uid.
+const POD_UID: &str = "io.kubernetes.cri.sandbox-uid";
 
 /// Filesystems the engines mount that the tier gives on its own terms (its own /proc, /dev,
 /// devpts, no /sys) or that hold nothing of the host's.
@@ -228,7 +235,7 @@ pub(crate) const PRIVILEGED_CAPS: [Capability; 4] = [
 /// name that exact thing: a privileged capability, a host namespace (a namespace type left
 /// out, or one joined by a path that is the host's), a host device, a host path. Privileged
 /// mode is refused whatever the node says. Returns what the allowances gave.
-pub fn check(spec: &Spec, allow: &Allow) -> Result<Granted> {
+pub fn check(spec: &Spec, allow: &Allow, kubelet: &crate::node::Kubelet) -> Result<Granted> {
     let mut granted = Granted::default();
     let annotations = spec.annotations().clone().unwrap_or_default();
     if annotations
@@ -316,6 +323,13 @@ pub fn check(spec: &Spec, allow: &Allow) -> Result<Granted> {
         if bind {
             let source = m.source().clone().unwrap_or_default();
             let read_only = options.iter().any(|o| o == "ro");
+            let pod = annotations.get(POD_UID).map(String::as_str);
+            if crate::allow::pod_volume(&source, dest, read_only, kubelet, pod, &mut granted)? {
+                continue;
+            }
+            if dest == TOKEN_MOUNT {
+                continue;
+            }
             crate::allow::host_path(&source, dest, read_only, &allow.host_paths, &mut granted)?;
             continue;
         }
@@ -568,7 +582,7 @@ mod tests {
     }
 
     fn refusal_under(s: &Spec, allow: &Allow) -> String {
-        match check(s, allow) {
+        match check(s, allow, &Default::default()) {
             Err(OciError::Refused { what, .. }) => what,
             other => panic!("not refused: {other:?}"),
         }
@@ -592,7 +606,12 @@ mod tests {
 
     #[test]
     fn a_plain_bundle_passes() {
-        check(&spec(serde_json::json!({})), &Allow::default()).unwrap();
+        check(
+            &spec(serde_json::json!({})),
+            &Allow::default(),
+            &Default::default(),
+        )
+        .unwrap();
     }
 
     #[test]
@@ -629,7 +648,7 @@ mod tests {
             {"destination": "/etc/hosts", "type": "bind", "source": "/x/hosts", "options": ["bind"]},
             {"destination": "/proc", "type": "proc", "source": "proc"}
         ]}));
-        check(&s, &Allow::default()).unwrap();
+        check(&s, &Allow::default(), &Default::default()).unwrap();
     }
 
     /// Each allowance admits exactly what it names: the refused request passes once the
@@ -663,7 +682,7 @@ mod tests {
         let caps =
             |c: &str| spec(serde_json::json!({"process": {"capabilities": {"bounding": [c]}}}));
         assert!(refusal(&caps("CAP_SYS_PTRACE")).contains("SYS_PTRACE"));
-        let g = check(&caps("CAP_SYS_PTRACE"), &allow).unwrap();
+        let g = check(&caps("CAP_SYS_PTRACE"), &allow, &Default::default()).unwrap();
         assert_eq!(
             g.record,
             vec![NodeAllowance::Capability {
@@ -681,7 +700,7 @@ mod tests {
             spec(serde_json::json!({"linux": {"namespaces": ns}}))
         };
         assert!(refusal(&without("uts")).contains("host's uts"));
-        let g = check(&without("uts"), &allow).unwrap();
+        let g = check(&without("uts"), &allow, &Default::default()).unwrap();
         assert_eq!(
             g.record,
             vec![NodeAllowance::HostNamespace {
@@ -696,7 +715,7 @@ mod tests {
                 "devices": [{"path": path, "type": "c", "major": major, "minor": minor}]
             }}))
         };
-        let g = check(&device("/dev/kmsg", minor), &allow).unwrap();
+        let g = check(&device("/dev/kmsg", minor), &allow, &Default::default()).unwrap();
         assert_eq!(g.devices, vec!["kmsg".to_string()]);
         // Another device, other numbers, and an entry the host's node does not match.
         assert!(refusal_under(&device("/dev/full", minor), &allow).contains("/dev/full"));
@@ -716,7 +735,7 @@ mod tests {
         };
         let d = data.display().to_string();
         assert!(refusal(&bind(&d, "/work/data", true)).contains("host path at /work/data"));
-        let g = check(&bind(&d, "/work/data", true), &allow).unwrap();
+        let g = check(&bind(&d, "/work/data", true), &allow, &Default::default()).unwrap();
         assert_eq!(g.host_paths.len(), 1);
         assert_eq!(
             g.record,

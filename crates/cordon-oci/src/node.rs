@@ -65,6 +65,22 @@ pub struct NodeConfig {
     /// What a container may ask for that Cordon refuses by default, each entry one exact
     /// thing.
     pub allow: Allow,
+    /// The kubelet of this node, whose pod volumes a pod's containers get.
+    pub kubelet: Kubelet,
+}
+
+/// The node's kubelet (`[kubelet]`): a pod's volumes are bind mounts from the kubelet's own
+/// directory of that pod (`<root_dir>/pods/<pod uid>/`: the projected service-account
+/// token, `emptyDir`, `configMap`, `secret`, `downwardAPI`), accepted as they are (read-only
+/// where the pod says so, each directory opened without following a symbolic link). Any
+/// other host path (a `hostPath` volume, another pod's directory) is refused unless
+/// `[allow]` names it. Without `root_dir`, every pod volume is a host path.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Kubelet {
+    /// The kubelet's `--root-dir` (its default: `/var/lib/kubelet`), by its plain absolute
+    /// path with no symbolic link in it.
+    pub root_dir: Option<PathBuf>,
 }
 
 /// The node's allowances (`[allow]`): each entry names one exact thing a bundle may ask for
@@ -299,6 +315,16 @@ impl NodeConfig {
             .validate()
             .map_err(ConfigError::Ceiling)?;
         cfg.allow.validate()?;
+        if let Some(r) = &cfg.kubelet.root_dir
+            && (!plain_absolute(r) || r == Path::new("/"))
+        {
+            return Err(ConfigError::Allow {
+                entry: format!("kubelet root_dir {}", r.display()),
+                why: "name the kubelet's --root-dir by its plain absolute path (no '.', '..' \
+                      or trailing '/')"
+                    .into(),
+            });
+        }
         if let Some(t) = cfg.tier
             && !t.features().oci
         {

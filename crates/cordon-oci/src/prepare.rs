@@ -101,7 +101,7 @@ impl Loaded {
             spec,
             process,
         } = self;
-        let all = bundle::check(&spec, &setup.node.allow).and_then(|mut g| {
+        let all = bundle::check(&spec, &setup.node.allow, &setup.node.kubelet).and_then(|mut g| {
             let req = bundle::request(&spec)?;
             let root = crate::allow::root(
                 &bundle::rootfs(&spec, &setup.bundle)?,
@@ -179,7 +179,7 @@ impl Checked {
             (
                 !granted.host_paths.is_empty(),
                 Feature::HostPaths,
-                "a host path",
+                "a host path or a pod volume",
             ),
             (
                 !granted.devices.is_empty(),
@@ -246,10 +246,12 @@ impl Admitted {
             })
             .transpose()?;
         bundle::seal_rootfs(&root.path)?;
+        let base = Path::new(ROOTS_AT);
+        spec.host_binds = crate::allow::bind_host_paths(granted.host_paths, base, &root.path)?;
         if features.root_mount_points {
-            mount_at = crate::tiers::with_mount_points(&mount_at)?;
+            let targets: Vec<&str> = spec.host_binds.iter().map(|b| b.target.as_str()).collect();
+            mount_at = crate::tiers::with_mount_points(&mount_at, &targets)?;
         }
-        spec.volumes = crate::allow::bind_host_paths(granted.host_paths, Path::new(ROOTS_AT))?;
         spec.devices = granted.devices;
         spec.resolved_template = Some(cordon_core::ResolvedTemplate {
             name: format!("oci:{}", loaded.setup.id),

@@ -167,8 +167,9 @@ pub fn create(
 /// with the mount points the tiers bind their own files on (those a template import makes,
 /// [`cordon_template::MOUNT_POINTS`]) where the image lacks them. They are made in a small
 /// tmpfs of the monitor's own, layered over the image by a read-only overlay: the image is
-/// never written. Returns where the overlay is, in the monitor's mount namespace.
-pub fn with_mount_points(root: &Path) -> Result<PathBuf> {
+/// never written. `binds`: the targets of the sandbox's host binds, whose mount points are
+/// made the same way. Returns where the overlay is, in the monitor's mount namespace.
+pub fn with_mount_points(root: &Path, binds: &[&str]) -> Result<PathBuf> {
     use nix::mount::{MsFlags, mount};
     use std::os::unix::fs::DirBuilderExt;
     let base = root
@@ -189,7 +190,8 @@ pub fn with_mount_points(root: &Path) -> Result<PathBuf> {
         Some("size=1m,mode=0755"),
     )
     .map_err(m("mounting the tier root's mount points"))?;
-    for (rel, dir) in cordon_template::MOUNT_POINTS {
+    let extra = binds.iter().map(|t| (t.trim_start_matches('/'), true));
+    for (rel, dir) in cordon_template::MOUNT_POINTS.into_iter().chain(extra) {
         let rel = Path::new(rel);
         // Where the image has it, or a link on the way to it, the image's holds.
         let mut walked = PathBuf::new();

@@ -9,6 +9,7 @@ mod cri;
 mod escape;
 mod node_files;
 mod passthrough;
+mod pod_volumes;
 mod tiers;
 
 use std::collections::HashMap;

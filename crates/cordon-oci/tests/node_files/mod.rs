@@ -11,15 +11,20 @@ use super::{IMAGE, OCI, have, node_config, podman, text};
 /// A hand-written bundle of the busybox root (`dir/bundle`, its root `rootfs`), a node
 /// config in `dir` that names that root in `[allow] rootfs` (plus `extra`), and a runtime
 /// root of the test's own.
-struct Direct {
-    dir: tempfile::TempDir,
-    bundle: PathBuf,
-    config: PathBuf,
-    root: PathBuf,
+pub(super) struct Direct {
+    pub(super) dir: tempfile::TempDir,
+    pub(super) bundle: PathBuf,
+    pub(super) config: PathBuf,
+    pub(super) root: PathBuf,
 }
 
 impl Direct {
-    fn new(args: &[&str], readonly: bool, annotations: serde_json::Value, extra: &str) -> Self {
+    pub(super) fn new(
+        args: &[&str],
+        readonly: bool,
+        annotations: serde_json::Value,
+        extra: &str,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let bundle = dir.path().join("bundle");
         std::fs::create_dir_all(&bundle).unwrap();
@@ -51,7 +56,7 @@ impl Direct {
         }
     }
 
-    fn oci(&self, args: &[&str]) -> Command {
+    pub(super) fn oci(&self, args: &[&str]) -> Command {
         let mut c = Command::new("timeout");
         c.args(["60", OCI])
             .arg("--root")
@@ -64,29 +69,29 @@ impl Direct {
     }
 
     /// `create` with the monitor's stdio on a file (the monitor outlives the call).
-    fn create(&self, id: &str) -> Command {
+    pub(super) fn create(&self, id: &str) -> Command {
         let log = std::fs::File::create(self.dir.path().join(format!("{id}.log"))).unwrap();
         let mut c = self.oci(&["create", "--bundle", self.bundle.to_str().unwrap(), id]);
         c.stdout(log.try_clone().unwrap()).stderr(log);
         c
     }
 
-    fn log(&self, id: &str) -> String {
+    pub(super) fn log(&self, id: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("{id}.log"))).unwrap_or_default()
     }
 
-    fn run(&self, args: &[&str]) -> Output {
+    pub(super) fn run(&self, args: &[&str]) -> Output {
         self.oci(args).output().unwrap()
     }
 
     /// The container's record, as its state file holds it.
-    fn record(&self, id: &str) -> serde_json::Value {
+    pub(super) fn record(&self, id: &str) -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(self.root.join(id).join("state.json")).unwrap())
             .unwrap()
     }
 }
 
-fn setup() -> bool {
+pub(super) fn setup() -> bool {
     have("root", nix::unistd::geteuid().is_root())
         && have("busybox", Path::new("/bin/busybox").is_file())
         && super::init_beside()

@@ -21,7 +21,7 @@ fn run_on(p: &Podman, tier: &str, args: &[&str]) -> std::process::Output {
 }
 
 /// The gvisor tier can run here (runsc, and its agent beside the runtime).
-fn gvisor_here() -> bool {
+pub(super) fn gvisor_here() -> bool {
     let agent = Path::new(OCI).with_file_name("cordon-gvisor-agent");
     have("runsc", super::on_path("runsc"))
         && have(
