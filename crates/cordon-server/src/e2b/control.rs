@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, State};
 use axum::http::Uri;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use cordon_core::units::Dur;
 
@@ -182,7 +182,7 @@ pub(super) fn sandbox_out(t: &Tenant, info: &SandboxInfo, b: &E2bBox) -> Sandbox
     }
 }
 
-fn detail_of(t: &Tenant, info: &SandboxInfo, b: Option<&E2bBox>) -> SandboxDetail {
+pub(super) fn detail_of(t: &Tenant, info: &SandboxInfo, b: Option<&E2bBox>) -> SandboxDetail {
     SandboxDetail {
         template_id: b
             .map(|b| b.template.clone())
@@ -376,75 +376,6 @@ pub(super) async fn connect(
         }
     }
     (status, Json(sandbox_out(&t, &info, &b))).into_response()
-}
-
-/// `GET /v2/sandboxes` (and `/sandboxes`): `metadata` (`k=v&k2=v2`, URL-encoded once
-/// more), `state` (`running,paused`), `limit`, `nextToken` (an offset here).
-pub(super) async fn list(
-    State(e): State<E2b>,
-    from: Peer,
-    headers: HeaderMap,
-    RawQuery(q): RawQuery,
-) -> Response {
-    let t = match e.tenant(&headers, from.0) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    let pairs: Vec<(String, String)> = match serde_urlencoded::from_str(q.as_deref().unwrap_or(""))
-    {
-        Ok(p) => p,
-        Err(err) => return e2b_error(StatusCode::BAD_REQUEST, format!("the query: {err}")),
-    };
-    let mut labels = Vec::new();
-    let mut states: Option<Vec<String>> = None;
-    let mut limit = usize::MAX;
-    let mut offset = 0usize;
-    for (k, v) in pairs {
-        match k.as_str() {
-            "metadata" | "query" => {
-                let inner: Vec<(String, String)> = match serde_urlencoded::from_str(&v) {
-                    Ok(p) => p,
-                    Err(err) => {
-                        return e2b_error(StatusCode::BAD_REQUEST, format!("metadata: {err}"));
-                    }
-                };
-                labels.extend(inner);
-            }
-            "state" => {
-                states = Some(v.split(',').map(|s| s.trim().to_string()).collect());
-            }
-            "limit" => limit = v.parse().unwrap_or(usize::MAX).max(1),
-            "nextToken" => offset = v.parse().unwrap_or(0),
-            _ => {}
-        }
-    }
-    let mut all: Vec<SandboxInfo> = e
-        .svc
-        .sessions()
-        .list(&t, &labels)
-        .into_iter()
-        .filter(|i| i.state == "live" || i.state == "paused")
-        .filter(|i| {
-            let s = if i.paused { "paused" } else { "running" };
-            states.as_ref().is_none_or(|v| v.iter().any(|x| x == s))
-        })
-        .collect();
-    all.sort_by_key(|i| (i.created_ms, i.id.clone()));
-    let total = all.len();
-    let page: Vec<SandboxDetail> = all
-        .iter()
-        .skip(offset)
-        .take(limit)
-        .map(|i| detail_of(&t, i, e.box_of(&i.id).as_deref()))
-        .collect();
-    let mut resp = Json(page).into_response();
-    let next = offset.saturating_add(limit);
-    if next < total
-        && let Ok(v) = HeaderValue::from_str(&next.to_string())
-    {
-        resp.headers_mut().insert("x-next-token", v);
-    }
-    resp
 }
 
 /// Sandbox metrics: Cordon reports usage per exec and as Prometheus metrics, not as E2B's

@@ -24,6 +24,7 @@ mod control;
 mod envd;
 mod gzip;
 mod interp;
+mod listing;
 mod ports;
 mod snapshots;
 pub mod wire;
@@ -143,8 +144,8 @@ fn router(state: E2b) -> Router {
         .layer(DefaultBodyLimit::max(limits.max_file_bytes));
     Router::new()
         // The control plane (X-API-KEY).
-        .route("/sandboxes", post(control::create).get(control::list))
-        .route("/v2/sandboxes", post(control::create).get(control::list))
+        .route("/sandboxes", post(control::create).get(listing::list))
+        .route("/v2/sandboxes", post(control::create).get(listing::list))
         .route(
             "/sandboxes/{id}",
             get(control::detail).delete(control::kill),
