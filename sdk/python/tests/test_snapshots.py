@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import KEYS, ServerProc
+from conftest import KEYS, ServerProc, tier_available
 
 from cordon_sandbox import (Cordon, NotFound, Sandbox, SnapshotExists, SnapshotQuota,
                             Unsupported)
@@ -257,6 +257,40 @@ def test_snapshots_outlive_a_restart_and_a_cut_short_one_is_removed(has_containe
     finally:
         s.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_full_snapshot_on_gvisor_carries_a_variable_a_process_and_a_file(a):
+    """gVisor's full snapshot through the server: a code context's variable, a running
+    background process (its exec listed under its id) and a file are in each of 3 forks; a
+    change in one is in no other nor in the source."""
+    if not tier_available("gvisor"):
+        pytest.skip("the gvisor tier is unavailable here")
+    with a.create_sandbox("gvisor", ttl="3m",
+                          limits={"disk_bytes": 32 << 20, "memory_bytes": 160 << 20}) as src:
+        assert src.run_code("x = 41").status == "ok"
+        ticker = src.exec_background(
+            "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done")
+        src.write_file("/work/f", b"before")
+        src.exec("until [ -s /tmp/count ]; do sleep 0.1; done")
+        snap = src.create_snapshot()
+        assert (snap.tier, snap.mode) == ("gvisor", "full")
+        forks = sandboxes(a.start_from_snapshot(snap.id, 3, ttl="2m"))
+        try:
+            for f in forks:
+                assert f.run_code("x + 1").text == "42"
+                assert f.read_file("/work/f") == b"before"
+                assert [(e.id, e.status().state) for e in f.execs()] == [(ticker.id, "running")]
+                assert int(f.exec("cat /tmp/count").stdout) >= 1
+            assert forks[0].run_code("x = 100").status == "ok"
+            forks[0].write_file("/work/f", b"fork-0")
+            for f in forks[1:]:
+                assert f.run_code("x").text == "41"
+                assert f.read_file("/work/f") == b"before"
+            assert src.run_code("x").text == "41"
+            assert src.read_file("/work/f") == b"before"
+        finally:
+            for f in forks:
+                f.destroy()
 
 
 def test_snapshot_tools_over_mcp(a, snap_server):

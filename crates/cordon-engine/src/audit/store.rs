@@ -100,6 +100,9 @@ const MIGRATIONS: &[&str] = &[
         created_ms INTEGER NOT NULL
      );
      CREATE UNIQUE INDEX snapshots_tenant_name ON snapshots(tenant, name);",
+    // 6: what a full snapshot carries of the server's own state of its sandbox (its code
+    // contexts and background execs), JSON the server reads back.
+    "ALTER TABLE snapshots ADD COLUMN carried TEXT NOT NULL DEFAULT '';",
 ];
 
 /// A kept session as decoded, or its id and why it did not decode.

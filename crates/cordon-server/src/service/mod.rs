@@ -9,7 +9,8 @@
 //!  ├─ Files  ───┤
 //!  ├─ Execs  ───┼─► Sessions ─► Volumes ─► Admit (gate, ledger, disk guard) ─► descriptors
 //!  │            │      └──────► Pools (backends, warm pools)
-//!  ├─ Snapshots ─────► Sessions, Pools (a sandbox's image kept; sandboxes started from it)
+//!  ├─ Snapshots ─────► Contexts, Procs, Sessions, Pools (an image kept; sandboxes started
+//!  │                   from it, with a full one's contexts and background execs)
 //!  ├─ Reaper, Recovery (start-up) ─► Sessions, Pools
 //!  └─ common: Recorder (audit), Life (stopping, background tasks), Chunk, helpers
 //! ```
@@ -621,7 +622,10 @@ mod tests {
         ("ports", &["common", "sessions"]),
         ("procs", &["common", "exec", "sessions"]),
         ("contexts", &["common", "procs", "sessions"]),
-        ("snapshots", &["common", "pools", "sessions"]),
+        (
+            "snapshots",
+            &["common", "contexts", "pools", "procs", "sessions"],
+        ),
         ("reaper", &["sessions"]),
         ("recovery", &["common", "pools", "sessions", "volumes"]),
     ];

@@ -54,6 +54,72 @@ struct Table {
     pub(super) by_id: BTreeMap<String, Proc>,
 }
 
+/// A session's background execs as a full snapshot keeps them (docs/snapshots.md): a
+/// sandbox started from it has the same processes under the same exec ids (the tier keeps
+/// them), so the same table serves them there.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CarriedProcs {
+    next: u64,
+    procs: Vec<CarriedProc>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct CarriedProc {
+    id: String,
+    agent_id: u64,
+    command: String,
+    started_ms: i64,
+    ended_ms: Option<i64>,
+    exit: Option<ProcExit>,
+    stopped: bool,
+    pty: Option<cordon_core::PtySize>,
+}
+
+/// The background execs of `s`, for a full snapshot of it.
+pub(super) fn carry(s: &Session) -> CarriedProcs {
+    let table = s.state::<Table>();
+    let t = lock(&table);
+    CarriedProcs {
+        next: t.next,
+        procs: t
+            .by_id
+            .iter()
+            .map(|(id, p)| CarriedProc {
+                id: id.clone(),
+                agent_id: p.agent_id,
+                command: p.command.clone(),
+                started_ms: p.started_ms,
+                ended_ms: p.ended_ms,
+                exit: p.exit.clone(),
+                stopped: p.stopped,
+                pty: p.pty,
+            })
+            .collect(),
+    }
+}
+
+/// Gives `s` (a sandbox just started from a full snapshot) the background execs its source
+/// had.
+pub(super) fn restore(s: &Session, carried: CarriedProcs) {
+    let table = s.state::<Table>();
+    let mut t = lock(&table);
+    t.next = carried.next;
+    for p in carried.procs {
+        t.by_id.insert(
+            p.id,
+            Proc {
+                agent_id: p.agent_id,
+                command: p.command,
+                started_ms: p.started_ms,
+                ended_ms: p.ended_ms,
+                exit: p.exit,
+                stopped: p.stopped,
+                pty: p.pty,
+            },
+        );
+    }
+}
+
 impl Proc {
     fn info(&self, id: &str) -> ExecInfo {
         ExecInfo {

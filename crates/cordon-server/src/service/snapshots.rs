@@ -24,12 +24,23 @@ use cordon_engine::{GrantName, LimitsPatch};
 use cordon_policy::TierChoice;
 
 use super::common::{audit_err, blocking, gone, lock};
+use super::contexts::{self, CarriedContexts};
 use super::pools::FromSnapshot;
+use super::procs::{self, CarriedProcs};
 use super::sessions::Sessions;
 use crate::audit::{AuditEvent, NewEvent, SnapshotRefusal, SnapshotRow, SnapshotTaken, now_ms};
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
 use crate::model::{CreateRequest, SandboxInfo, SnapshotInfo};
+
+/// What a full snapshot keeps of the server's own state of its sandbox: its code contexts
+/// and background execs, which a sandbox started from it has again (the tier keeps their
+/// processes and exec ids).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct Carried {
+    contexts: CarriedContexts,
+    procs: CarriedProcs,
+}
 
 /// The snapshots' directory under the data dir.
 pub fn snapshots_dir(data_dir: &std::path::Path) -> PathBuf {
@@ -201,6 +212,17 @@ impl Snapshots {
             .mode(0o700)
             .create(dir.path())
             .map_err(|e| ApiError::internal_from("making a snapshot's directory", e))?;
+        // The session is claimed: no cell or start runs while its state is read.
+        let carried = if mode == SnapshotMode::Full {
+            let c = Carried {
+                contexts: contexts::carry(&s),
+                procs: procs::carry(&s),
+            };
+            serde_json::to_string(&c)
+                .map_err(|e| ApiError::internal_from("encoding a snapshot's contexts", e))?
+        } else {
+            String::new()
+        };
         let t0 = Instant::now();
         let (tier, spec, cell, sid) = (s.tier, s.spec.clone(), s.sandbox.clone(), s.id.clone());
         let d = dir.clone();
@@ -238,6 +260,7 @@ impl Snapshots {
             image,
             source: id.to_string(),
             created_ms: now_ms(),
+            carried,
         };
         let budget = self.sessions.admit.rules(tenant).max_snapshot_bytes;
         let store = self.sessions.audit.store.clone();
@@ -409,9 +432,22 @@ impl Snapshots {
             image: row.image.clone(),
             dir: self.image_dir(&row.id),
         };
+        let carried: Option<Carried> = (!row.carried.is_empty())
+            .then(|| serde_json::from_str(&row.carried))
+            .transpose()
+            .map_err(|e| ApiError::internal_from("reading a snapshot's contexts", e))?;
         let starts =
             (0..count).map(|_| self.sessions.create_from(tenant, req.clone(), Some(&from)));
-        Ok(futures_util::future::join_all(starts).await)
+        let started = futures_util::future::join_all(starts).await;
+        if let Some(c) = &carried {
+            for info in started.iter().flatten() {
+                if let Ok(s) = self.sessions.session(tenant, &info.id) {
+                    contexts::restore(&s, c.contexts.clone());
+                    procs::restore(&s, c.procs.clone());
+                }
+            }
+        }
+        Ok(started)
     }
 
     /// Takes a snapshot of the tenant's sandbox `id` and starts `count` sandboxes from it,

@@ -24,6 +24,9 @@ pub struct SnapshotRow {
     /// The source's grants, by catalogue name (a spec's grants are never serialized).
     pub grants: Vec<String>,
     pub created_ms: i64,
+    /// What the server keeps of the sandbox's own state beside the image (its code contexts
+    /// and background execs, for a full snapshot), as the server encoded it; empty if none.
+    pub carried: String,
 }
 
 /// Why a snapshot could not be recorded.
@@ -84,7 +87,8 @@ impl Audit {
         }
         tx.execute(
             "INSERT INTO snapshots (id, tenant, name, tier, mode, bytes, format, source, spec,
-               grants, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+               grants, created_ms, carried)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             params![
                 row.id,
                 row.tenant,
@@ -97,6 +101,7 @@ impl Audit {
                 spec,
                 grants,
                 row.created_ms,
+                row.carried,
             ],
         )?;
         insert_event(&tx, event).map_err(SnapshotRefusal::Store)?;
@@ -109,7 +114,8 @@ impl Audit {
     pub fn snapshots(&self, tenant: Option<&str>) -> Result<Vec<SnapshotRow>, StoreError> {
         let c = lock(&self.conn);
         let mut st = c.prepare_cached(
-            "SELECT id, tenant, name, tier, mode, bytes, format, source, spec, grants, created_ms
+            "SELECT id, tenant, name, tier, mode, bytes, format, source, spec, grants, created_ms,
+               carried
              FROM snapshots WHERE (?1 IS NULL OR tenant = ?1) ORDER BY created_ms, id",
         )?;
         let rows = st
@@ -122,13 +128,21 @@ impl Audit {
                     (r.get::<_, i64>(5)?, r.get::<_, i64>(6)?),
                     r.get::<_, String>(7)?,
                     (r.get::<_, String>(8)?, r.get::<_, String>(9)?),
-                    r.get::<_, i64>(10)?,
+                    (r.get::<_, i64>(10)?, r.get::<_, String>(11)?),
                 ))
             })?
             .collect::<Result<Vec<_>, _>>()?;
         let mut out = Vec::with_capacity(rows.len());
-        for (id, tenant, name, (tier, mode), (bytes, format), source, (spec, grants), created_ms) in
-            rows
+        for (
+            id,
+            tenant,
+            name,
+            (tier, mode),
+            (bytes, format),
+            source,
+            (spec, grants),
+            (created_ms, carried),
+        ) in rows
         {
             let decoded = (|| {
                 Some(SnapshotRow {
@@ -145,6 +159,7 @@ impl Audit {
                     name,
                     source,
                     created_ms,
+                    carried,
                 })
             })();
             match decoded {

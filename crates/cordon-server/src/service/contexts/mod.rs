@@ -24,7 +24,11 @@ use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
 use crate::model::{CellBody, CellLogs, CellOutput, CellResult, ContextBody, ContextInfo};
 
+mod carry;
 mod frames;
+
+pub use carry::CarriedContexts;
+pub(super) use carry::{carry, restore};
 
 pub use frames::{CellError, CellStatus};
 use frames::{DriverFrame, DriverRequest, FrameReader, Piece, StreamName};
