@@ -309,6 +309,7 @@ impl Tier {
                 held: true,
                 root_mount_points: true,
                 snapshot_full: true,
+                snapshot_files: true,
                 ..PROGRAMS
             },
             // Microvm: full snapshots (one migration stream of the live VM, ADR 0027).

@@ -96,10 +96,10 @@ impl Backend for GvisorBackend {
         dir: &cordon_core::SnapshotDir,
         spec: &SandboxSpec,
     ) -> Result<Box<dyn Sandbox>> {
-        image
-            .mode
-            .full_only(self.tier(), "starting a sandbox from a snapshot")?;
-        Ok(Box::new(self.start_from_full(image, dir, spec)?))
+        Ok(Box::new(match image.mode {
+            cordon_core::SnapshotMode::Full => self.start_from_full(image, dir, spec)?,
+            cordon_core::SnapshotMode::Filesystem => self.start_from_files(image, dir, spec)?,
+        }))
     }
 }
 

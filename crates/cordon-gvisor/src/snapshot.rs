@@ -55,6 +55,19 @@ fn invalid(why: &str) -> Error {
     ))
 }
 
+/// Refuses an image that is not this tier's, of `mode`, in this build's format.
+fn check_image(image: &SnapshotImage, mode: SnapshotMode) -> Result<()> {
+    if image.tier != Tier::Gvisor || image.mode != mode {
+        return Err(invalid(&format!(
+            "it is not a {mode} snapshot of the gvisor tier"
+        )));
+    }
+    if image.format != FORMAT {
+        return Err(invalid("it was written by another version of cordon"));
+    }
+    Ok(())
+}
+
 /// Whether `spec` asks for an egress path (the create's own test).
 fn has_egress(spec: &SandboxSpec) -> bool {
     !spec.egress.allow.is_empty() || !spec.grants.is_empty()
@@ -95,6 +108,22 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
          source's use?); the server log says why"
             .into(),
     ))
+}
+
+/// Gives the tree under `dir` (itself included, links not followed) to `uid`.
+fn own_tree(dir: &Path, uid: u32) -> Result<()> {
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        std::os::unix::fs::lchown(&d, Some(uid), Some(uid))
+            .map_err(|e| Error::io("giving the workspace to the sandbox's user", e))?;
+        if !d.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        let entries =
+            std::fs::read_dir(&d).map_err(|e| Error::io("reading the copied workspace", e))?;
+        todo.extend(entries.flatten().map(|e| e.path()));
+    }
+    Ok(())
 }
 
 /// Bytes the tree under `dir` holds on disk (blocks actually used).
@@ -157,6 +186,30 @@ impl GvisorSandbox {
         })
     }
 
+    /// A filesystem snapshot into `dir`: `/work` copied while the sandbox is paused (no
+    /// program writes during the copy); no memory, no process.
+    pub fn snapshot_files(&mut self, dir: &SnapshotDir) -> Result<SnapshotImage> {
+        let pause =
+            self.running_live(String::new).is_ok() && self.live.as_ref().is_some_and(|l| !l.paused);
+        if pause {
+            self.runsc_on_live("pause")?;
+        }
+        let work = dir.path().join(WORK);
+        let copied = std::fs::create_dir(&work)
+            .map_err(|e| Error::io("making the image's workspace", e))
+            .and_then(|()| copy_tree(&self.work, &work));
+        if pause {
+            self.runsc_on_live("resume")?;
+        }
+        copied?;
+        Ok(SnapshotImage {
+            tier: Tier::Gvisor,
+            mode: SnapshotMode::Filesystem,
+            bytes: disk_bytes(dir.path()),
+            format: FORMAT,
+        })
+    }
+
     /// The checkpoint, the copy of `/work` and the manifest, while paused.
     fn checkpoint_paused(&mut self, dir: &Path) -> Result<()> {
         let manifest = Manifest {
@@ -203,6 +256,36 @@ impl GvisorSandbox {
 }
 
 impl GvisorBackend {
+    /// A new sandbox of `spec` whose `/work` starts as the filesystem snapshot's in `dir`
+    /// (given to its own uid); its processes start fresh.
+    pub fn start_from_files(
+        &self,
+        image: &SnapshotImage,
+        dir: &SnapshotDir,
+        spec: &SandboxSpec,
+    ) -> Result<GvisorSandbox> {
+        let t = Instant::now();
+        check_image(image, SnapshotMode::Filesystem)?;
+        let walls = self.preflight(spec)?;
+        let ids = self
+            .config
+            .ids
+            .allocate()
+            .map_err(cordon_host::idpool::IdPoolError::into_core)?;
+        let mut sb = self.new_sandbox(spec, ids, walls)?;
+        let started = sb
+            .build(has_egress(spec))
+            .and_then(|()| copy_tree(&dir.path().join(WORK), &sb.work))
+            .and_then(|()| own_tree(&sb.work, sb.uid))
+            .and_then(|()| sb.start_live());
+        if let Err(e) = started {
+            let _ = cordon_core::Sandbox::destroy(&mut sb);
+            return Err(e);
+        }
+        sb.start_us = t.elapsed().as_micros() as u64;
+        Ok(sb)
+    }
+
     /// A new sandbox restored from a full snapshot in `dir` (any number of times, from
     /// several threads at once): see the module's documentation.
     pub fn start_from_full(
@@ -212,12 +295,7 @@ impl GvisorBackend {
         spec: &SandboxSpec,
     ) -> Result<GvisorSandbox> {
         let t = Instant::now();
-        if image.tier != Tier::Gvisor || image.mode != SnapshotMode::Full {
-            return Err(invalid("it is not a full snapshot of the gvisor tier"));
-        }
-        if image.format != FORMAT {
-            return Err(invalid("it was written by another version of cordon"));
-        }
+        check_image(image, SnapshotMode::Full)?;
         let raw = std::fs::read(dir.path().join(MANIFEST))
             .map_err(|e| Error::io("reading the snapshot's manifest", e))?;
         let m: Manifest =

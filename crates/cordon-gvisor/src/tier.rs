@@ -242,8 +242,10 @@ impl Sandbox for GvisorSandbox {
         mode: cordon_core::SnapshotMode,
         dir: &cordon_core::SnapshotDir,
     ) -> Result<cordon_core::SnapshotImage> {
-        mode.full_only(Tier::Gvisor, &format!("a {mode} snapshot"))?;
-        self.snapshot_full(dir)
+        match mode {
+            cordon_core::SnapshotMode::Full => self.snapshot_full(dir),
+            cordon_core::SnapshotMode::Filesystem => self.snapshot_files(dir),
+        }
     }
 
     fn pause(&mut self) -> Result<()> {

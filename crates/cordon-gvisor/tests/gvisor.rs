@@ -1324,3 +1324,10 @@ fn snapshot_figures() {
     };
     cordon_testkit::snapshot::figures(b, &s, 256, &memory_of);
 }
+
+/// A filesystem snapshot: the files, none of the processes, nothing back to the source.
+#[test]
+fn a_filesystem_snapshot_keeps_the_files_and_restarts_processes() {
+    let b = need_backend!();
+    cordon_testkit::snapshot::filesystem_snapshot_restarts_processes(b, &spec());
+}

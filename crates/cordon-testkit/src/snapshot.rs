@@ -361,3 +361,41 @@ pub fn figures(
         src.destroy().unwrap();
     }
 }
+
+/// A filesystem snapshot: a sandbox started from it has the files of `/work` (written by a
+/// program, owned so its own programs can change them) and none of the source's processes
+/// (a background exec's id is unknown there); a change in it does not reach the source.
+pub fn filesystem_snapshot_restarts_processes(b: &dyn Backend, spec: &SandboxSpec) {
+    let mut src = b.create(spec).unwrap();
+    sh(
+        src.as_mut(),
+        "mkdir -p /work/d && echo kept > /work/d/f.txt && ln -s d/f.txt /work/link",
+    );
+    let counter = src.start_background(&python_bg(COUNTER)).unwrap();
+    counted(src.as_mut(), counter, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let image = src
+        .snapshot(SnapshotMode::Filesystem, &SnapshotDir::new(dir.path()))
+        .unwrap();
+    assert_eq!(image.mode, SnapshotMode::Filesystem);
+    let mut f = b
+        .start_from_snapshot(&image, &SnapshotDir::new(dir.path()), spec)
+        .unwrap();
+    assert_ne!(f.id(), src.id());
+    assert_eq!(sh(f.as_mut(), "cat /work/link"), "kept\n");
+    assert!(
+        f.read_background(counter, [0, 0], 1024).is_err(),
+        "a process of the source runs in a sandbox started from its files"
+    );
+    sh(
+        f.as_mut(),
+        "echo changed > /work/d/f.txt && touch /work/new",
+    );
+    assert_eq!(
+        sh(src.as_mut(), "cat /work/d/f.txt; ls /work"),
+        "kept\nd\nlink\n"
+    );
+    counted(src.as_mut(), counter, 3);
+    f.destroy().unwrap();
+    src.destroy().unwrap();
+}
