@@ -259,13 +259,15 @@ def test_snapshots_outlive_a_restart_and_a_cut_short_one_is_removed(has_containe
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_a_full_snapshot_on_gvisor_carries_a_variable_a_process_and_a_file(a):
-    """gVisor's full snapshot through the server: a code context's variable, a running
-    background process (its exec listed under its id) and a file are in each of 3 forks; a
-    change in one is in no other nor in the source."""
-    if not tier_available("gvisor"):
-        pytest.skip("the gvisor tier is unavailable here")
-    with a.create_sandbox("gvisor", ttl="3m",
+@pytest.mark.parametrize("tier", ["gvisor", "microvm"])
+def test_a_full_snapshot_carries_a_variable_a_process_and_a_file(a, tier):
+    """A full snapshot through the server (gVisor's runsc checkpoint, the microVM's QEMU
+    state): a code context's variable, a running background process (its exec listed under
+    its id) and a file are in each of 3 forks; a change in one is in no other nor in the
+    source."""
+    if not tier_available(tier):
+        pytest.skip(f"the {tier} tier is unavailable here")
+    with a.create_sandbox(tier, ttl="3m",
                           limits={"disk_bytes": 32 << 20, "memory_bytes": 160 << 20}) as src:
         assert src.run_code("x = 41").status == "ok"
         ticker = src.exec_background(
@@ -273,7 +275,7 @@ def test_a_full_snapshot_on_gvisor_carries_a_variable_a_process_and_a_file(a):
         src.write_file("/work/f", b"before")
         src.exec("until [ -s /tmp/count ]; do sleep 0.1; done")
         snap = src.create_snapshot()
-        assert (snap.tier, snap.mode) == ("gvisor", "full")
+        assert (snap.tier, snap.mode) == (tier, "full")
         forks = sandboxes(a.start_from_snapshot(snap.id, 3, ttl="2m"))
         try:
             for f in forks:
