@@ -295,6 +295,37 @@ def test_a_full_snapshot_carries_a_variable_a_process_and_a_file(a, tier):
                 f.destroy()
 
 
+def test_the_cli_takes_lists_starts_and_deletes(a, snap_server):
+    """`cordon snapshot` against the server with a tenant's key."""
+    import json
+    import subprocess
+    from conftest import cordon_bin
+
+    def cli(*args: str) -> str:
+        r = subprocess.run([cordon_bin(), "snapshot", *args, "--url", snap_server.url],
+                           env={"CORDON_API_KEY": KEYS["alice"], "PATH": "/usr/bin:/bin"},
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    with a.create_sandbox("container", ttl="2m", limits={"disk_bytes": 16 << 20}) as src:
+        src.write_file("/work/c", b"cli")
+        taken = json.loads(cli("create", src.id, "--name", "by-cli", "--mode", "filesystem",
+                               "--json"))
+        assert taken["name"] == "by-cli" and taken["source"] == src.id, taken
+        assert "by-cli" in cli("ls")
+        ids = cli("start", "by-cli", "--count", "2", "--ttl", "1m").split()
+        assert len(ids) == 2 and all(i.startswith("sb-") for i in ids), ids
+        for i in ids:
+            assert a.get_sandbox(i).read_file("/work/c") == b"cli"
+            a.get_sandbox(i).destroy()
+        forked = cli("fork", src.id, "--count", "1").split()
+        assert len(forked) == 1
+        a.get_sandbox(forked[0]).destroy()
+        assert cli("rm", "by-cli").startswith("deleted snapshot snap-")
+        assert a.snapshots() == []
+
+
 def test_snapshot_tools_over_mcp(a, snap_server):
     """The MCP tools take, list, start from, fork and delete, each for its own tenant."""
     from test_mcp_procs import Mcp
