@@ -402,3 +402,28 @@ def test_figures_snapshot_and_fork(a, capsys):
         print("\ncontainer tier, filesystem snapshots (ms):")
         for name, v in rows:
             print(f"  {name:<48} {v if isinstance(v, str) else f'{v:.1f}'}")
+
+
+def test_the_async_client_takes_forks_starts_and_deletes(snap_server):
+    """AsyncCordon's snapshot methods, the same surface as the sync client's."""
+    import asyncio
+    from cordon_sandbox import AsyncCordon, AsyncSandbox
+
+    async def main() -> None:
+        async with AsyncCordon(snap_server.url, KEYS["alice"]) as c:
+            async with await c.sandbox(tier="container", ttl="2m",
+                                       limits={"disk_bytes": 16 << 20}) as src:
+                await src.write_file("/work/a", b"async")
+                snap = await src.create_snapshot("by-async", mode="filesystem")
+                assert (await c.snapshot("by-async")).id == snap.id
+                forks = await src.fork(2, ttl="1m")
+                started = await c.start_from_snapshot(snap.id, 1, ttl="1m")
+                for f in forks + started:
+                    assert isinstance(f, AsyncSandbox), f
+                    assert await f.read_file("/work/a") == b"async"
+                    await f.destroy()
+                assert [s.id for s in await c.snapshots()] == [snap.id]
+                await c.delete_snapshot(snap.id)
+                assert await c.snapshots() == []
+
+    asyncio.run(main())
