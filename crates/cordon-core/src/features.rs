@@ -69,6 +69,22 @@ pub struct Features {
     /// Connections from outside to a port a program serves on the sandbox's own loopback
     /// (E2B's `get_host`, the native port route).
     pub ports: bool,
+    /// Its memory is a heap inside the serving process (the runtime tier's isolates): capped
+    /// by the ceiling's runtime heap, and a request naming no memory gets that cap rather
+    /// than the server's default.
+    pub memory_in_server: bool,
+    /// Descriptors of the serving process that one live sandbox holds between execs, measured
+    /// by counting `/proc/<server>/fd` before and after creates (the SDK test
+    /// `test_the_descriptor_constants_are_what_a_sandbox_holds` checks each against that
+    /// count): container 3 (its init's and agent's sockets, the id range's lock), gvisor 10
+    /// (the runsc processes' pipes, the id range's lock, the sentry's log), microvm 6 (its
+    /// sockets, the QEMU uid's lock, two memfds). No cgroup file is held (they are opened for
+    /// each reading). The wasm tier's sandboxes hold none between execs (its execs reserve
+    /// theirs in the tier's own budget); the runtime tier's run in the server's process.
+    pub server_descriptors: u64,
+    /// The `cordon` front (the small static binary every `cordon run` execs) runs it
+    /// itself, without `cordon-full`: the container tier, whose backend the front carries.
+    pub front_runs: bool,
 }
 
 const ALL_LANGUAGES: &[Language] = &[
@@ -263,6 +279,9 @@ impl Tier {
             root_mount_points: false,
             root_disk: false,
             ports: false,
+            memory_in_server: false,
+            server_descriptors: 0,
+            front_runs: false,
         };
         // The three program tiers share the agent: files, background execs with a terminal,
         // pause, contexts and programs from their root, and run OCI bundles.
@@ -281,6 +300,7 @@ impl Tier {
         match self {
             Tier::Runtime => Features {
                 languages: &[Language::Javascript],
+                memory_in_server: true,
                 ..NONE
             },
             Tier::Wasm => Features {
@@ -299,6 +319,8 @@ impl Tier {
                 host_devices: true,
                 writable_root: true,
                 ports: true,
+                server_descriptors: 3,
+                front_runs: true,
                 ..PROGRAMS
             },
             // Gvisor: full snapshots (runsc checkpoint and restore, ADR 0027).
@@ -310,6 +332,7 @@ impl Tier {
                 root_mount_points: true,
                 snapshot_full: true,
                 snapshot_files: true,
+                server_descriptors: 10,
                 ..PROGRAMS
             },
             // Microvm: full snapshots (one migration stream of the live VM, ADR 0027).
@@ -319,6 +342,7 @@ impl Tier {
                 pause_to_disk: true,
                 own_kernel: true,
                 held: true,
+                server_descriptors: 6,
                 ..PROGRAMS
             },
         }

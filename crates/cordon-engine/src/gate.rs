@@ -504,13 +504,15 @@ impl Gate {
         }
         if tenant.is_some() {
             let heap = self.ceiling.runtime.max_heap.0;
-            // The runtime tier's heap defaults to its cap, not the server's default memory.
-            if tier == Tier::Runtime && req.limits.memory_bytes.is_none() {
+            // A heap inside the server (the runtime tier's) defaults to its cap, not the
+            // server's default memory.
+            let in_server = tier.features().memory_in_server;
+            if in_server && req.limits.memory_bytes.is_none() {
                 spec.limits.memory_bytes = spec.limits.memory_bytes.min(heap);
                 record.limits = Some(spec.limits.clone());
             }
             self.check_limits(&spec.limits)?;
-            if tier == Tier::Runtime && spec.limits.memory_bytes > heap {
+            if in_server && spec.limits.memory_bytes > heap {
                 return Err(deny(
                     "ceiling.runtime_heap",
                     format!(

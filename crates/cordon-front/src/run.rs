@@ -456,7 +456,7 @@ pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
     let p = &args.policy;
     let policy_step = p.trust.is_some() || p.autonomy.is_some() || p.shape.is_some();
     let container =
-        args.tier != Some(cordon_policy::TierChoice::Auto) && tier_of(&args) == Tier::Container;
+        args.tier != Some(cordon_policy::TierChoice::Auto) && tier_of(&args).features().front_runs;
     if policy_step || !container {
         return None;
     }

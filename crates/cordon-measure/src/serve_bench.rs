@@ -79,10 +79,10 @@ fn ms(d: Duration) -> String {
 
 /// What `true` is in each tier.
 fn trivial(tier: Tier) -> &'static str {
-    match tier {
-        Tier::Runtime => r#""lang":"javascript","code":"0""#,
-        Tier::Wasm => r#""lang":"javascript","code":"0""#,
-        _ => r#""argv":["true"]"#,
+    if tier.features().programs {
+        r#""argv":["true"]"#
+    } else {
+        r#""lang":"javascript","code":"0""#
     }
 }
 
@@ -249,9 +249,11 @@ fn measure(server: &Server, tier: Tier, iterations: usize, key: &str) -> Result<
     if s != 200 {
         bail!("{tier}: warm-up run failed ({s}): {b}");
     }
-    let rounds = match tier {
-        Tier::Gvisor | Tier::Microvm => iterations.min(10),
-        _ => iterations,
+    // A kernel of its own costs a start of hundreds of milliseconds: fewer rounds.
+    let rounds = if tier.features().own_kernel {
+        iterations.min(10)
+    } else {
+        iterations
     };
     let (mut warm, mut cold, mut exec, mut inside) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());

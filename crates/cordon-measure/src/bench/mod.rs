@@ -486,7 +486,7 @@ fn run_bench(
         // The whole CLI, end to end: what a user pays per `cordon run` (the `cordon` front
         // beside this binary; the container tier runs without cordon-full).
         let exe = front_binary()?;
-        if lt.spec.tier == Tier::Container {
+        if lt.spec.tier.features().front_runs {
             let init = exe.with_file_name(cordon_container::INIT_BINARY);
             let linked = match (dynamically_linked(&exe), dynamically_linked(&init)) {
                 (Some(false), Some(false)) => "static front and init".to_string(),

@@ -5,22 +5,11 @@
 
 use cordon_core::Tier;
 
-/// Descriptors of the server's process one live sandbox of `tier` holds, measured by
-/// counting /proc/<server>/fd before and after creates (the SDK test
-/// `test_the_descriptor_constants_are_what_a_sandbox_holds` checks each against that count):
-/// container 3 (its init's and agent's sockets, the id range's lock), gvisor 10 (the runsc
-/// processes' pipes, the id range's lock, the sentry's log), microvm 6 (its sockets, the
-/// QEMU uid's lock, two memfds). No cgroup file is held (they are opened for each reading).
-/// The wasm tier's sandboxes hold none between execs (its execs reserve theirs in the
-/// tier's own budget, `WasmConfig::descriptors`); the runtime tier's run in the server's
-/// process.
+/// Descriptors of the server's process one live sandbox of `tier` holds
+/// ([`cordon_core::Features::server_descriptors`], where each tier's figure and how it was
+/// measured are written down).
 pub fn per_sandbox(tier: Tier) -> u64 {
-    match tier {
-        Tier::Runtime | Tier::Wasm => 0,
-        Tier::Container => 3,
-        Tier::Microvm => 6,
-        Tier::Gvisor => 10,
-    }
+    tier.features().server_descriptors
 }
 
 /// Raises the process's soft descriptor limit to its hard limit (as the wasm tier does at
