@@ -20,7 +20,7 @@ from conftest import KEYS, cordon_bin
 
 HINTS = ("read_only_hint", "destructive_hint", "idempotent_hint")
 READ_ONLY = {"list_sandboxes", "get_sandbox", "list_files", "stat_file", "read_file",
-             "list_volumes", "list_contexts", "list_execs", "read_exec", "audit"}
+             "list_volumes", "list_contexts", "list_execs", "read_exec", "audit", "list_snapshots"}
 
 
 def enum_values(schema: dict, root: dict) -> set:
