@@ -259,6 +259,61 @@ def test_snapshots_outlive_a_restart_and_a_cut_short_one_is_removed(has_containe
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_a_server_killed_mid_snapshot_leaves_nothing_and_restarts_clean(has_container):
+    """A server killed (SIGKILL) while it writes a snapshot (its image directory made, its
+    row not yet): after a restart no snapshot is listed, nothing is left under the data
+    dir's snapshots, and the tenant's budget is whole (a snapshot held at most of the budget
+    is taken at once)."""
+    import time
+    if not has_container:
+        pytest.skip("the container tier is unavailable here")
+    d = Path(tempfile.mkdtemp(prefix="cordon-snap-cut-"))
+    s = ServerProc(d / "data", {}, extra='max_snapshot_bytes = "200M"\n').start()
+    snaps = s.data_dir / "snapshots"
+    try:
+        for _ in range(3):  # bounded: a snapshot that ends before the kill is tried again
+            got: dict = {}
+            with Cordon(s.url, api_key=KEYS["alice"]) as c:
+                sb = c.create_sandbox("container", ttl="5m", limits={"disk_bytes": 160 << 20})
+                # 128 MiB of files: seconds of writing through the agent's archive channel.
+                sb.exec("head -c 134217728 /dev/urandom > /work/blob")
+
+                def take() -> None:
+                    try:
+                        got["snapshot"] = sb.create_snapshot("cut", mode="filesystem")
+                    except Exception as e:  # the server dies under it
+                        got["error"] = e
+
+                taker = threading.Thread(target=take, daemon=True)
+                taker.start()
+                for _ in range(1500):
+                    if snaps.is_dir() and any(snaps.iterdir()) or not taker.is_alive():
+                        break
+                    time.sleep(0.02)
+                s.kill9()
+                taker.join(30)
+            s.start()
+            with Cordon(s.url, api_key=KEYS["alice"]) as c:
+                for x in c.snapshots():
+                    c.delete_snapshot(x.id)
+            if "snapshot" not in got:
+                break
+        else:
+            pytest.fail("every snapshot ended before the server was killed")
+        with Cordon(s.url, api_key=KEYS["alice"]) as c:
+            assert c.snapshots() == []
+            assert not snaps.exists() or list(snaps.iterdir()) == [], list(snaps.iterdir())
+            with c.create_sandbox("container", ttl="2m", limits={"disk_bytes": 160 << 20}) as sb:
+                sb.write_file("/work/after", b"after the restart")
+                snap = sb.create_snapshot("after", mode="filesystem")
+            with sandboxes(c.start_from_snapshot("after"))[0] as f:
+                assert f.read_file("/work/after") == b"after the restart"
+            c.delete_snapshot(snap.id)
+    finally:
+        s.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.parametrize("tier", ["gvisor", "microvm"])
 def test_a_full_snapshot_carries_a_variable_a_process_and_a_file(a, tier):
     """A full snapshot through the server (gVisor's runsc checkpoint, the microVM's QEMU
