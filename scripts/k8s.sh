@@ -469,14 +469,30 @@ restart() {
 }
 
 # stop NAME: SIGTERM to the process $RUN/NAME.pid names, SIGKILL after 10 s.
+# Whether process $1 still runs (a zombie, ended and waiting for its parent to reap it,
+# does not).
+running() {
+  local state
+  state=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+  [ -n "$state" ] && [ "$state" != Z ]
+}
+
+# Sends process $1 KILL and waits (at most 10 s) until it has ended: a killed process takes
+# a while to give its memory back under load, and `down` promises nothing is left.
+kill_and_wait() {
+  local i
+  kill -KILL "$1" 2>/dev/null || return 0
+  for i in $(seq 100); do running "$1" || return 0; sleep 0.1; done
+}
+
 stop() {
   local f=$RUN/$1.pid pid i
   [ -s "$f" ] || return 0
   pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
+  if running "$pid"; then
     kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL "$pid" 2>/dev/null || true
+    for i in $(seq 50); do running "$pid" || break; sleep 0.2; done
+    kill_and_wait "$pid"
   fi
   rm -f "$f"
 }
@@ -553,7 +569,7 @@ down() {
   done
   # What is left in the node's namespace (shims, a runtime's monitor) was started by it.
   if [ -e "/run/netns/$NETNS" ]; then
-    for pid in $(ip netns pids "$NETNS" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    for pid in $(ip netns pids "$NETNS" 2>/dev/null); do kill_and_wait "$pid"; done
   fi
   remove_cgroups
   # The pods' network namespaces are mounts under containerd's state ($RUN), as the rest.

@@ -618,6 +618,14 @@ def test_a_resize_changes_the_memory_limit_inside(cluster, runtime_class: str) -
     kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, ended and waiting to be reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def test_down_leaves_nothing(cluster) -> None:
     state = Path(lib("cordon_data_dir")) / "k8s" / "cluster"
     pids = [int(p.read_text()) for p in Path("/run/cordon-k8s").glob("*.pid")]
@@ -628,7 +636,7 @@ def test_down_leaves_nothing(cluster) -> None:
     assert not Path("/run/cordon-k8s").exists(), "/run/cordon-k8s is left"
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(state) not in mounts and "/run/cordon-k8s" not in mounts, "a mount of the cluster is left"
-    left = [p for p in pids if Path(f"/proc/{p}").exists()]
+    left = [p for p in pids if running(p)]
     assert not left, f"processes of the cluster are left: {left}"
     logs = [str(f) for f in Path("/var/log/containers").glob("*.log") if str(state) in os.readlink(f)]
     assert not logs, f"the kubelet's links to its containers' logs are left: {logs}"
