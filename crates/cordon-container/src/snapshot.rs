@@ -19,21 +19,18 @@
 //! (the kernel has no call that reads a ruleset back, so a checkpoint cannot hold one),
 //! while Cordon never runs a container sandbox's code without one.
 
-use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::Path;
-
 use cordon_core::{
     Error, Feature, Result, Sandbox, SandboxSpec, SnapshotDir, SnapshotImage, SnapshotMode, Tier,
+    WorkspaceImage,
 };
 
 use crate::{ContainerBackend, ContainerSandbox};
 
-/// The layout this build writes: `manifest` and `work.tar`.
-const FORMAT: u32 = 1;
-const MANIFEST: &str = "manifest";
-const WORK_TAR: &str = "work.tar";
+/// The layout this build writes: the workspace as one tar (see [`WorkspaceImage`]).
+const IMAGE: WorkspaceImage = WorkspaceImage {
+    tier: Tier::Container,
+    format: 1,
+};
 
 /// Why the container tier refuses a full snapshot, and what to do instead.
 fn no_full() -> Error {
@@ -66,29 +63,8 @@ pub(crate) fn take(
         });
     }
     let max = sb.disk_limit();
-    let tar = create_new(&dir.path().join(WORK_TAR))?;
-    let mut out = BufWriter::new(&tar);
-    let report = sb.file_call(|io| cordon_host::files::get_archive(io, "/work", max, &mut out))?;
-    out.flush()
-        .map_err(|e| Error::failed("writing the snapshot", e))?;
-    drop(out);
-    tar.sync_all()
-        .map_err(|e| Error::failed("writing the snapshot", e))?;
-    let mut manifest = create_new(&dir.path().join(MANIFEST))?;
-    writeln!(manifest, "cordon container snapshot {FORMAT}")
-        .and_then(|()| manifest.sync_all())
-        .map_err(|e| Error::failed("writing the snapshot", e))?;
-    tracing::debug!(
-        files = report.files,
-        bytes = report.bytes,
-        skipped = report.skipped.len(),
-        "container snapshot written"
-    );
-    Ok(SnapshotImage {
-        tier: Tier::Container,
-        mode,
-        bytes: used_bytes(dir.path())?,
-        format: FORMAT,
+    IMAGE.take(mode, dir, |out| {
+        sb.file_call(|io| cordon_host::files::get_archive(io, "/work", max, out))
     })
 }
 
@@ -99,64 +75,15 @@ pub(crate) fn start(
     dir: &SnapshotDir,
     spec: &SandboxSpec,
 ) -> Result<ContainerSandbox> {
-    if image.tier != Tier::Container || image.mode != SnapshotMode::Filesystem {
-        return Err(Error::Invalid(format!(
-            "a {} snapshot of the {} tier cannot start a container sandbox; start it on its \
-             own tier",
-            image.mode, image.tier
-        )));
-    }
-    if image.format != FORMAT {
-        return Err(Error::Invalid(format!(
-            "this snapshot was written in container snapshot format {}, which this build does \
-             not read (it reads {FORMAT}); take the snapshot again",
-            image.format
-        )));
-    }
-    // Opened before the create: an image that is gone costs no sandbox.
-    let mut tar = File::open(dir.path().join(WORK_TAR)).map_err(|e| {
-        Error::failed(
-            "opening the snapshot's image (it may have been deleted; take it again)",
-            e,
-        )
-    })?;
+    let tar = IMAGE.open(image, dir, &[SnapshotMode::Filesystem])?;
     let mut sb = backend.create_sandbox(spec)?;
-    match sb.put_archive("/work", &mut tar) {
-        Ok(report) => {
-            if !report.skipped.is_empty() {
-                tracing::debug!(
-                    sandbox = %sb.id(),
-                    skipped = report.skipped.len(),
-                    "entries of the snapshot not restored (links, special files)"
-                );
-            }
-            Ok(sb)
-        }
-        Err(e) => {
-            let _ = sb.destroy();
-            Err(e)
-        }
+    let report = WorkspaceImage::fill(&mut sb, tar)?;
+    if !report.skipped.is_empty() {
+        tracing::debug!(
+            sandbox = %sb.id(),
+            skipped = report.skipped.len(),
+            "entries of the snapshot not restored (links, special files)"
+        );
     }
-}
-
-fn create_new(path: &Path) -> Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| Error::failed("writing the snapshot", e))
-}
-
-/// The bytes the files directly in `dir` use on disk (blocks, not lengths).
-fn used_bytes(dir: &Path) -> Result<u64> {
-    let mut total = 0u64;
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::failed("measuring the snapshot", e))?;
-    for entry in entries {
-        let m = entry
-            .and_then(|e| e.metadata())
-            .map_err(|e| Error::failed("measuring the snapshot", e))?;
-        total = total.saturating_add(m.blocks().saturating_mul(512).max(m.len()));
-    }
-    Ok(total)
+    Ok(sb)
 }

@@ -303,8 +303,12 @@ impl Tier {
                 memory_in_server: true,
                 ..NONE
             },
+            // Wasm: each exec is a fresh instance, so its files are its whole lasting state
+            // and a snapshot of either mode is its workspace (cordon-wasm's snapshot module).
             Tier::Wasm => Features {
                 files: true,
+                snapshot_full: true,
+                snapshot_files: true,
                 languages: &[Language::Python, Language::Javascript],
                 wasm_modules: true,
                 ..NONE

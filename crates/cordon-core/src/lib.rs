@@ -18,6 +18,7 @@ mod snapshot;
 mod spec;
 pub mod units;
 mod volume;
+mod workspace_image;
 
 pub use backend::{
     Backend, Capability, Interrupter, OutputSink, PORT_CONNECTED, Probe, ProcUser, Sandbox,
@@ -47,6 +48,7 @@ pub use volume::{
     HostBind, MAX_HOST_BINDS, MAX_MOUNTS, MIN_VOLUME_BYTES, VolumeMount, VolumeSource,
     validate_bind_target, validate_mounts, validate_volume_name, validate_volume_path,
 };
+pub use workspace_image::WorkspaceImage;
 
 /// Cordon's data dir by default: `$CORDON_HOME`, else `/var/lib/cordon` for root, else
 /// `$XDG_DATA_HOME/cordon` (or `~/.local/share/cordon`).

@@ -25,6 +25,7 @@ mod files;
 mod host;
 mod quota;
 mod run;
+mod snapshot;
 mod standby;
 mod sys;
 
@@ -510,6 +511,15 @@ impl Backend for WasmBackend {
         )
     }
 
+    fn start_from_snapshot(
+        &self,
+        image: &cordon_core::SnapshotImage,
+        dir: &cordon_core::SnapshotDir,
+        spec: &SandboxSpec,
+    ) -> Result<Box<dyn Sandbox>> {
+        snapshot::start(self, image, dir, spec)
+    }
+
     fn create(&self, spec: &SandboxSpec) -> Result<Box<dyn Sandbox>> {
         let started = Instant::now();
         spec.validate()?;
@@ -806,6 +816,15 @@ impl Sandbox for WasmSandbox {
     ) -> Result<cordon_core::ArchiveReport> {
         let root = self.scratch()?.to_path_buf();
         files::pack(&root, dir, max_bytes, out)
+    }
+
+    fn snapshot(
+        &mut self,
+        mode: cordon_core::SnapshotMode,
+        dir: &cordon_core::SnapshotDir,
+    ) -> Result<cordon_core::SnapshotImage> {
+        let root = self.scratch()?.to_path_buf();
+        snapshot::take(&root, self.limits.disk_bytes, mode, dir)
     }
 
     fn start_us(&self) -> u64 {

@@ -12,6 +12,9 @@ use cordon_core::{
 };
 use cordon_wasm::{Guest, WasmBackend, WasmConfig};
 
+#[path = "wasm/snapshots.rs"]
+mod snapshots;
+
 fn backend() -> &'static WasmBackend {
     static B: OnceLock<WasmBackend> = OnceLock::new();
     B.get_or_init(|| {

@@ -350,6 +350,31 @@ def test_a_full_snapshot_carries_a_variable_a_process_and_a_file(a, tier):
                 f.destroy()
 
 
+def test_a_wasm_snapshot_carries_the_workspace_to_each_fork(a):
+    """The wasm tier through the server: its lasting state is its files, so the default
+    (`full`) snapshot carries what its Python wrote, and each of 3 forks has its own copy."""
+    if not tier_available("wasm"):
+        pytest.skip("the wasm tier is unavailable here")
+    save = ("import json\nopen('/work/state.json', 'w').write(json.dumps({'x': 41}))\n"
+            "print('saved')")
+    read = "import json\nprint(json.load(open('/work/state.json'))['x'] + 1)"
+    with a.create_sandbox("wasm", ttl="2m", limits={"disk_bytes": 16 << 20}) as src:
+        assert src.exec(save, "python").stdout == "saved\n"
+        snap = src.create_snapshot("wasm-base")
+        assert (snap.tier, snap.mode, snap.source) == ("wasm", "full", src.id)
+        src.exec("open('/work/state.json', 'w').write('{\"x\": 0}')", "python")
+        forks = sandboxes(a.start_from_snapshot(snap.id, 3, ttl="1m"))
+        try:
+            assert len({f.id for f in forks} | {src.id}) == 4
+            assert [f.exec(read, "python").stdout for f in forks] == ["42\n"] * 3
+            forks[0].write_file("/work/state.json", b'{"x": 99}')
+            assert [f.exec(read, "python").stdout for f in forks] == ["100\n", "42\n", "42\n"]
+            assert src.exec(read, "python").stdout == "1\n"
+        finally:
+            for f in forks:
+                f.destroy()
+
+
 def test_the_cli_takes_lists_starts_and_deletes(a, snap_server):
     """`cordon snapshot` against the server with a tenant's key."""
     import json

@@ -5,6 +5,7 @@
 
 mod memory;
 mod peers;
+mod snapshots;
 mod stats;
 mod store;
 
@@ -69,6 +70,17 @@ pub struct BenchArgs {
     /// (the template must exist: `cordon template ls`).
     #[arg(long, value_name = "NAME")]
     template: Option<String>,
+    /// Measure snapshots and forks instead: per tier that has them, the snapshot's time and
+    /// size (idle, and holding --hold MiB), the first exec of 1 and of --forks sandboxes
+    /// started from it, beside pause and resume (docs/snapshots.md).
+    #[arg(long)]
+    snapshots: bool,
+    /// With --snapshots: how many sandboxes one fork starts at once (default 10, at most 20).
+    #[arg(long, value_name = "N", requires = "snapshots")]
+    forks: Option<usize>,
+    /// With --snapshots: MiB of random bytes the second source holds (default 256).
+    #[arg(long, value_name = "MIB", requires = "snapshots")]
+    hold: Option<u64>,
 }
 
 /// The counts a run uses, resolved from the flags.
@@ -321,6 +333,15 @@ struct LiveTier {
 
 /// `cordon bench` over the tiers `tiers` has; its figures go to `<data_dir>/bench/`.
 pub fn bench(args: BenchArgs, tiers: &Tiers, data_dir: &Path) -> Result<i32> {
+    if args.snapshots {
+        let plan = snapshots::Plan {
+            tiers: args.tiers.as_deref(),
+            forks: args.forks.unwrap_or(10),
+            hold_mib: args.hold.unwrap_or(256),
+            json: args.json,
+        };
+        return snapshots::run(&plan, tiers, data_dir);
+    }
     let plan = Plan::from_args(&args)?;
     let chart_path = match &args.chart {
         Some(p) if p.extension().is_none_or(|e| e != "svg") => bail!(

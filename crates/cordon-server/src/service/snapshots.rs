@@ -300,7 +300,7 @@ impl Snapshots {
     }
 
     /// Before a snapshot: what it may take (the sandbox's disk limit, and its memory limit
-    /// for a full one) must fit under the tenant's `max_snapshot_bytes` beside its other
+    /// for a full one of a tier whose memory outlives an exec) must fit under the tenant's `max_snapshot_bytes` beside its other
     /// snapshots and those being taken, and the data dir must keep `audit.min_free_disk`
     /// free after it. Held until the guard drops.
     fn room(
@@ -310,12 +310,17 @@ impl Snapshots {
         spec: &SandboxSpec,
         mode: SnapshotMode,
     ) -> Result<Pending, ApiError> {
-        let want = match mode {
-            SnapshotMode::Full => spec
-                .limits
+        // A full snapshot holds memory only where something of it outlives an exec (a
+        // process or a code context); the wasm tier's full snapshot is its files.
+        let f = spec.tier.features();
+        let memory = mode == SnapshotMode::Full
+            && (f.has(cordon_core::Feature::Background) || f.has(cordon_core::Feature::Contexts));
+        let want = if memory {
+            spec.limits
                 .memory_bytes
-                .saturating_add(spec.limits.disk_bytes),
-            SnapshotMode::Filesystem => spec.limits.disk_bytes,
+                .saturating_add(spec.limits.disk_bytes)
+        } else {
+            spec.limits.disk_bytes
         };
         let kept: u64 = self
             .sessions
