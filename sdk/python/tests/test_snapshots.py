@@ -231,6 +231,103 @@ def test_the_sources_placeholder_is_worthless_in_a_fork(a):
         up.close()
 
 
+class TlsUpstream(Upstream):
+    """The same upstream over HTTPS for `localhost`, its certificate signed by a test CA
+    made here with openssl (a minted grant's token is only ever put into HTTPS)."""
+
+    def __init__(self, d: Path) -> None:
+        import ssl
+        import subprocess
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True)
+        self.ca = d / "ca.pem"
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                "-nodes", "-days", "1", "-subj", "/CN=cordon test CA",
+                "-keyout", str(d / "ca.key"), "-out", str(self.ca))
+        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-subj", "/CN=localhost", "-keyout", str(d / "up.key"), "-out", str(d / "up.csr"))
+        (d / "ext").write_text("subjectAltName=DNS:localhost\n")
+        openssl("x509", "-req", "-in", str(d / "up.csr"), "-CA", str(self.ca),
+                "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "1",
+                "-extfile", str(d / "ext"), "-out", str(d / "up.pem"))
+        super().__init__()
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(d / "up.pem", d / "up.key")
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+
+
+def jwt_claims(header: str) -> dict:
+    import base64
+    import json
+    payload = header.removeprefix("Bearer ").split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def test_a_forks_minted_token_is_its_own_and_the_sources_is_refused_in_it(
+        has_container, monkeypatch):
+    """A minted grant for a loopback HTTPS upstream: the token the source's proxy puts in
+    names the source, a fork's names the fork (a token minted for it, never the source's),
+    and the source's placeholder sent from the fork gets no token at all; once the source
+    is gone its token is refused (introspection: inactive) while the fork's is active.
+    What it guards against: a fork given the source's resolved grants or proxy, whose
+    token would be the source's (naming the source, alive while the source lives)."""
+    import json
+    import urllib.request
+    if not has_container:
+        pytest.skip("the container tier is unavailable here")
+    d = Path(tempfile.mkdtemp(prefix="cordon-snap-mint-"))
+    up = TlsUpstream(d)
+    # The server's proxies trust the test CA for upstream TLS (the host's roots are read
+    # from SSL_CERT_FILE when it is set).
+    monkeypatch.setenv("SSL_CERT_FILE", str(up.ca))
+    extra = (f'egress = ["*", "127.0.0.1/32"]\n[[grant]]\nname = "loop"\n'
+             'secret = { mint = { audience = "upstream.test", lifetime = "5m" } }\n'
+             'hosts = ["localhost"]\ntenants = ["alice"]\n')
+    s = ServerProc(d / "data", {}, extra=extra).start()
+    try:
+        c = Cordon(s.url, api_key=KEYS["alice"])
+        allow = [f"localhost:{up.port}", f"127.0.0.1/32:{up.port}"]
+        curl = ("curl -s --max-time 5 -o /dev/null -w '%{http_code}' "
+                f"-H \"Authorization: Bearer $PH\" https://localhost:{up.port}/")
+
+        def active(header: str) -> bool:
+            req = urllib.request.Request(
+                f"{s.url}/v1/tokens/introspect",
+                data=f"token={header.removeprefix('Bearer ')}".encode(),
+                headers={"Content-Type": "application/x-www-form-urlencoded"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.load(r)["active"]
+        src = c.create_sandbox("container", ttl="3m", grants=["loop"], allow_hosts=allow,
+                               limits={"disk_bytes": 16 << 20})
+        src_ph = src.exec("printf %s \"$LOOP_TOKEN\"").stdout
+        assert src.exec(curl, env={"PH": src_ph}).stdout == "200"
+        src_token = up.seen[-1]
+        assert jwt_claims(src_token)["sub"] == src.id
+        src.write_file("/work/ph", src_ph.encode())
+        snap = src.create_snapshot(mode="filesystem")
+        with sandboxes(c.start_from_snapshot(snap.id))[0] as fork:
+            own = fork.exec("printf %s \"$LOOP_TOKEN\"").stdout
+            assert own.startswith("cordon-ph-") and own != src_ph
+            assert fork.exec(curl, env={"PH": own}).stdout == "200"
+            fork_token = up.seen[-1]
+            assert fork_token != src_token
+            assert jwt_claims(fork_token)["sub"] == fork.id
+            # The source's placeholder, kept in the fork's files, leaves it inert.
+            assert fork.exec(curl.replace("$PH", "$(cat /work/ph)")).stdout == "200"
+            assert up.seen[-1] == f"Bearer {src_ph}"
+            assert active(src_token) and active(fork_token)
+            src.destroy()
+            assert not active(src_token)
+            assert active(fork_token)
+        c.delete_snapshot(snap.id)
+        c.close()
+    finally:
+        s.stop()
+        up.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_snapshots_outlive_a_restart_and_a_cut_short_one_is_removed(has_container):
     if not has_container:
         pytest.skip("the container tier is unavailable here")
