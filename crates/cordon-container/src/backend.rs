@@ -1222,6 +1222,10 @@ impl Sandbox for ContainerSandbox {
         self.file_call(|io| cordon_host::files::file_op(io, op))
     }
 
+    fn watch(&mut self, op: &cordon_core::WatchOp) -> Result<cordon_core::WatchReply> {
+        self.file_call(|io| cordon_host::files::watch(io, op))
+    }
+
     fn put_archive(&mut self, dir: &str, tar: &mut dyn std::io::Read) -> Result<ArchiveReport> {
         cordon_core::validate_sandbox_dir(dir)?;
         let budget = self.spec.limits.disk_bytes;

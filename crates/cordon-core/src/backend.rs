@@ -393,6 +393,14 @@ pub trait Sandbox: Send {
         Err(crate::Feature::Ports.unsupported_here("a connection to a port in the sandbox"))
     }
 
+    /// One operation on the sandbox's directory watchers ([`crate::WatchOp`]): start one on
+    /// a workspace directory, read what it queued, stop it. Watchers end with the sandbox.
+    /// Tiers with [`crate::Feature::Watch`].
+    fn watch(&mut self, op: &crate::WatchOp) -> Result<crate::WatchReply> {
+        let _ = op;
+        Err(crate::Feature::Watch.unsupported_here("watching a directory"))
+    }
+
     /// Sends signal number `signal` (1 to 64) to background exec `id`'s program as itself
     /// (`all`: to every process of its tree).
     fn raise_background(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {

@@ -69,6 +69,10 @@ pub struct Features {
     /// Connections from outside to a port a program serves on the sandbox's own loopback
     /// (E2B's `get_host`, the native port route).
     pub ports: bool,
+    /// Watching a workspace directory for changes (E2B's `watch_dir`): inotify where the
+    /// workspace is (the agent's, or the host's own directory). Not the microvm tier's
+    /// until its guest image carries an agent that watches.
+    pub watch: bool,
     /// Its memory is a heap inside the serving process (the runtime tier's isolates): capped
     /// by the ceiling's runtime heap, and a request naming no memory gets that cap rather
     /// than the server's default.
@@ -119,10 +123,11 @@ pub enum Feature {
     RootMountPoints,
     RootDisk,
     Ports,
+    Watch,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 22] = [
+    pub const ALL: [Feature; 23] = [
         Feature::Network,
         Feature::Files,
         Feature::Volumes,
@@ -145,6 +150,7 @@ impl Feature {
         Feature::RootMountPoints,
         Feature::RootDisk,
         Feature::Ports,
+        Feature::Watch,
     ];
 
     /// What it is, as an error message names it.
@@ -174,6 +180,7 @@ impl Feature {
             Feature::RootMountPoints => "a root that must hold the tier's mount points",
             Feature::RootDisk => "a root that is a disk",
             Feature::Ports => "connections to a port served inside the sandbox",
+            Feature::Watch => "watching a directory for changes",
         }
     }
 
@@ -243,6 +250,7 @@ impl Features {
             Feature::RootMountPoints => self.root_mount_points,
             Feature::RootDisk => self.root_disk,
             Feature::Ports => self.ports,
+            Feature::Watch => self.watch,
         }
     }
 
@@ -279,6 +287,7 @@ impl Tier {
             root_mount_points: false,
             root_disk: false,
             ports: false,
+            watch: false,
             memory_in_server: false,
             server_descriptors: 0,
             front_runs: false,
@@ -323,6 +332,7 @@ impl Tier {
                 host_devices: true,
                 writable_root: true,
                 ports: true,
+                watch: true,
                 server_descriptors: 3,
                 front_runs: true,
                 ..PROGRAMS
@@ -336,6 +346,7 @@ impl Tier {
                 root_mount_points: true,
                 snapshot_full: true,
                 snapshot_files: true,
+                watch: true,
                 server_descriptors: 10,
                 ..PROGRAMS
             },

@@ -18,6 +18,7 @@ mod snapshot;
 mod spec;
 pub mod units;
 mod volume;
+mod watch;
 mod workspace_image;
 
 pub use backend::{
@@ -49,6 +50,10 @@ pub use volume::{
     validate_bind_target, validate_mounts, validate_volume_name, validate_volume_path,
 };
 pub use workspace_image::WorkspaceImage;
+pub use watch::{
+    MAX_QUEUED_BYTES, MAX_QUEUED_EVENTS, MAX_WATCHED_DIRS, MAX_WATCHERS, WatchEvent, WatchKind,
+    WatchOp, WatchReply,
+};
 
 /// Cordon's data dir by default: `$CORDON_HOME`, else `/var/lib/cordon` for root, else
 /// `$XDG_DATA_HOME/cordon` (or `~/.local/share/cordon`).

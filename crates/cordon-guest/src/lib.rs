@@ -11,5 +11,6 @@ pub mod ports;
 pub mod proto;
 pub mod sys;
 pub mod tunnel;
+pub mod watch;
 
 pub use agent::{Agent, AgentConfig, ConfigureHook, Confine, Settings};

@@ -21,6 +21,8 @@ pub const MAX_HEADER: usize = 1 << 20;
 /// Named in [`Reply::Configured`] by agents that serve [`Request::FileOp`], [`Request::PutArchive`]
 /// and [`Request::GetArchive`].
 pub const FEATURE_FILES: &str = "files";
+/// Named in [`Reply::Configured`] by agents that serve [`Request::Watch`].
+pub const FEATURE_WATCH: &str = "watch";
 /// `TERM` of a program on a pseudo-terminal unless its request sets one.
 pub const PTY_TERM: &str = "xterm-256color";
 /// The largest piece of an archive one frame carries.
@@ -212,6 +214,11 @@ pub enum Request {
     PortOpen {
         port: u16,
     },
+    /// A [`cordon_core::WatchOp`] on the sandbox's directory watchers; answered by
+    /// [`Reply::Watch`] (agents whose features list [`FEATURE_WATCH`]).
+    Watch {
+        op: cordon_core::WatchOp,
+    },
     /// Stop serving and exit.
     Shutdown,
     /// Per-sandbox settings for an agent that may have been started from a snapshot shared
@@ -318,6 +325,9 @@ pub enum Reply {
     Files,
     /// A piece of a download's tar stream (the body).
     ArchiveData,
+    /// The answer to [`Request::Watch`]: the body holds a [`cordon_core::WatchReply`] as
+    /// JSON.
+    Watch,
     /// An archive moved: the body holds a [`cordon_core::ArchiveReport`] as JSON.
     Archive,
     Ok,

@@ -238,6 +238,7 @@ impl GvisorBackend {
             warnings,
             file_findings: Vec::new(),
             volumes: Vec::new(),
+            watches: None,
         })
     }
 }

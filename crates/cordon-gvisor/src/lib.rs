@@ -41,6 +41,7 @@ mod runsc;
 pub mod snapshot;
 mod sys;
 mod tier;
+mod watching;
 mod workspace;
 
 use std::path::PathBuf;
@@ -228,6 +229,9 @@ pub struct GvisorSandbox {
     file_findings: Vec<cordon_core::Finding>,
     /// The volumes' idmapped binds in the bundle: (bind, path inside, read-only).
     volumes: Vec<(PathBuf, String, bool)>,
+    /// Directory watchers on `/work` (inotify on the host's own directory), opened at the
+    /// first watch and closed with the sandbox.
+    watches: Option<crate::watching::HostWatches>,
 }
 
 /// One running runsc sandbox with Cordon's agent as its first process.

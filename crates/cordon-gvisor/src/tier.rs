@@ -205,6 +205,17 @@ impl Sandbox for GvisorSandbox {
         Ok(clean)
     }
 
+    fn watch(&mut self, op: &cordon_core::WatchOp) -> Result<cordon_core::WatchReply> {
+        self.workspace()?;
+        if self.watches.is_none() {
+            self.watches = Some(crate::watching::HostWatches::open(&self.work, self.uid)?);
+        }
+        match self.watches.as_mut() {
+            Some(w) => w.handle(op),
+            None => Err(cordon_core::Feature::Watch.unsupported_here("watching a directory")),
+        }
+    }
+
     fn file_op(&mut self, op: &cordon_core::FileOp) -> Result<cordon_core::FileReply> {
         self.workspace()?
             .op(op)
@@ -342,6 +353,7 @@ impl Sandbox for GvisorSandbox {
         // The proxy (and every placeholder with it) ends with the sandbox.
         self.egress = None;
         self.workspace = None;
+        self.watches = None;
         // Before the bundle is removed: nothing under a volume's bind may be.
         for (bind, _, _) in self.volumes.drain(..) {
             workspace::unmount(&bind);

@@ -11,8 +11,8 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use cordon_core::{ArchiveReport, Error, FileOp, FileReply, SandboxSpec};
-use cordon_guest::proto::{ARCHIVE_CHUNK, Frame, Reply, Request};
+use cordon_core::{ArchiveReport, Error, FileOp, FileReply, SandboxSpec, WatchOp, WatchReply};
+use cordon_guest::proto::{ARCHIVE_CHUNK, ErrorCode, Frame, Reply, Request};
 
 use crate::agent::{AgentConn, CallError, HEADER_ROOM, file_error};
 
@@ -92,6 +92,32 @@ pub fn file_op(io: &mut dyn FrameIo, op: &FileOp) -> Answer<FileReply> {
         Reply::Files => Ok(Ok(decode(op.name(), &f.body)?)),
         Reply::Error { code, message } => Ok(Err(file_error(op.path(), code, message))),
         other => Err(unexpected(op.name(), &other)),
+    }
+}
+
+/// Runs one operation on the sandbox's directory watchers.
+pub fn watch(io: &mut dyn FrameIo, op: &WatchOp) -> Answer<WatchReply> {
+    io.send(&Request::Watch { op: op.clone() }, b"")?;
+    let f = io.recv(MAX_REPLY + HEADER_ROOM)?;
+    match f.header {
+        Reply::Watch => Ok(Ok(decode("a watch", &f.body)?)),
+        Reply::Error { code, message } => Ok(Err(watch_error(op, code, message))),
+        other => Err(unexpected("a watch", &other)),
+    }
+}
+
+/// A watcher operation refused (by the agent, or by the host's own watchers).
+pub fn watch_error(op: &WatchOp, code: ErrorCode, message: String) -> Error {
+    match (op, code) {
+        (_, ErrorCode::Busy) => Error::Busy {
+            what: message,
+            retry_after_secs: 0,
+        },
+        (WatchOp::Start { path, .. }, code) => file_error(path, code, message),
+        (WatchOp::Read { id } | WatchOp::Stop { id }, _) => Error::File {
+            path: format!("watcher {id}"),
+            reason: message,
+        },
     }
 }
 

@@ -287,6 +287,14 @@ pub enum AuditEvent {
         via: String,
         error: Option<String>,
     },
+    /// A directory watcher started on a sandbox's workspace (`via`: `e2b` or `api`), or
+    /// its refusal.
+    WatchStart {
+        path: String,
+        recursive: bool,
+        via: String,
+        error: Option<String>,
+    },
     ExecBackground {
         exec: Option<String>,
         command: Command,
@@ -396,6 +404,7 @@ impl AuditEvent {
             E::ArchivePut(_) => "archive_put",
             E::ArchiveGet(_) => "archive_get",
             E::PortOpen { .. } => "port_open",
+            E::WatchStart { .. } => "watch_start",
             E::ExecBackground { .. } => "exec_background",
             E::ExecBackgroundEnd(_) => "exec_background_end",
             E::ExecSignal { .. } => "exec_signal",
@@ -471,7 +480,9 @@ impl AuditEvent {
             E::FilePut(t) | E::FileGet(t) | E::ArchivePut(t) | E::ArchiveGet(t) => {
                 ok_or_error(t.error.is_some())
             }
-            E::FileOp { error, .. } | E::PortOpen { error, .. } => ok_or_error(error.is_some()),
+            E::FileOp { error, .. } | E::PortOpen { error, .. } | E::WatchStart { error, .. } => {
+                ok_or_error(error.is_some())
+            }
             E::ExecBackground { error, .. } => ok_or_error(error.is_some()),
             E::ContextStart { error, .. } => ok_or_error(error.is_some()),
             E::ExecSignal { kill, .. } => Some(if *kill { "kill" } else { "term" }),
@@ -530,6 +541,16 @@ impl AuditEvent {
             E::FileOp { op, error } => to(&Detail::new().with("op", op).with("error", error)),
             E::PortOpen { port, via, error } => to(&Detail::new()
                 .with("port", port)
+                .with("via", via)
+                .with("error", error)),
+            E::WatchStart {
+                path,
+                recursive,
+                via,
+                error,
+            } => to(&Detail::new()
+                .with("path", path)
+                .with("recursive", recursive)
                 .with("via", via)
                 .with("error", error)),
             E::ExecBackground {

@@ -254,6 +254,9 @@ pub struct Agent {
     cgroups: Option<ExecCgroups>,
     /// The port relay ([`crate::ports`]), forked at the first [`Request::PortOpen`].
     ports: Option<crate::ports::Relay>,
+    /// Directory watchers ([`Request::Watch`]); their inotify descriptor is polled while
+    /// any exists.
+    watches: crate::watch::Watches,
 }
 
 const MAX_STDIN_BUFFER: usize = 16 << 20;
@@ -307,6 +310,7 @@ impl Agent {
             configure: None,
             cgroups: None,
             ports: None,
+            watches: crate::watch::Watches::new(),
         })
     }
 
@@ -459,6 +463,7 @@ impl Agent {
     /// One round of the event loop; true when the agent should stop.
     fn poll_once(&mut self) -> Result<bool, ProtoError> {
         let ctrl_ready;
+        let watch_ready;
         let mut reaper_done = false;
         let mut exited_ready: Vec<usize> = Vec::new();
         let mut out_ready = [false; 2];
@@ -534,6 +539,10 @@ impl Agent {
                 }
                 bg_watch.push(w);
             }
+            let idx_watch = self.watches.fd().map(|fd| {
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
+                fds.len() - 1
+            });
             let wait = if unwatched {
                 PollTimeout::from(50u8)
             } else {
@@ -549,6 +558,7 @@ impl Agent {
                     .is_some_and(|f| f.revents().is_some_and(|r| !r.is_empty()))
             };
             ctrl_ready = hit(0);
+            watch_ready = idx_watch.is_some_and(hit);
             for (k, idx) in exiting_idx.iter().enumerate() {
                 let gone = match idx {
                     Some(i) => hit(*i),
@@ -616,6 +626,9 @@ impl Agent {
         }
         if reaper_done && self.status_complete() {
             self.finish_exec()?;
+        }
+        if watch_ready {
+            self.watches.pump(&self.work);
         }
         if ctrl_ready {
             if !self.read_ctrl()? {
@@ -856,7 +869,10 @@ impl Agent {
                             cg.memory_bytes = memory_bytes;
                             cg.pids = pids;
                         }
-                        let features = vec![crate::proto::FEATURE_FILES.to_string()];
+                        let features = vec![
+                            crate::proto::FEATURE_FILES.to_string(),
+                            crate::proto::FEATURE_WATCH.to_string(),
+                        ];
                         self.send(&Reply::Configured { features }, b"")?
                     }
                     Err(e) => self.error(ErrorCode::BadRequest, format!("configure: {e}"))?,
@@ -877,6 +893,14 @@ impl Agent {
                     )?,
                 }
             }
+            Request::Watch { op } => match self.watches.handle(&self.work, &op) {
+                Ok(reply) => {
+                    let body = serde_json::to_vec(&reply)
+                        .map_err(|e| ProtoError::Malformed(format!("encoding a reply: {e}")))?;
+                    self.send(&Reply::Watch, &body)?
+                }
+                Err((code, msg)) => self.error(code, msg)?,
+            },
             Request::Shutdown => {
                 if let Some(run) = &self.running {
                     let _ = kill(run.reaper, Signal::SIGKILL);

@@ -34,7 +34,7 @@ use crate::model::ExecBody;
 use crate::service::{AttachSlot, Chunk};
 
 /// envd's default keepalive interval when the client asks for none.
-const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
+pub(super) const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
 /// The deepest `ListDir` walks.
 const MAX_DEPTH: u32 = 16;
 /// The most entries a deep `ListDir` answers.
@@ -153,7 +153,7 @@ fn find(b: &E2bBox, sel: &ProcessSelector) -> Result<(u32, ProcRecord), ConnectE
     Err(ConnectError::invalid("name the process by pid or tag"))
 }
 
-fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
+pub(super) fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
     headers
         .get(name)
         .and_then(|v| v.to_str().ok())
@@ -793,13 +793,17 @@ pub(super) async fn filesystem(
         Ok(x) => x,
         Err(r) => return r,
     };
-    if is_stream(&method) {
-        return stream_error(&ConnectError::unimplemented(
-            "Cordon does not watch directories; poll with files.list (or run inotifywait through commands.run where the template has it)",
-        ));
-    }
     if let Err(err) = check_user(&headers, None) {
-        return err.into_response();
+        return if method == "WatchDir" {
+            stream_error(&err)
+        } else {
+            err.into_response()
+        };
+    }
+    if method == "WatchDir" {
+        return super::watch::stream(&e, id, &b, &headers, &body)
+            .await
+            .unwrap_or_else(|e| stream_error(&e));
     }
     let r: Result<Response, ConnectError> = async {
         match method.as_str() {
@@ -899,9 +903,7 @@ pub(super) async fn filesystem(
                 }
             }
             "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
-                Err(ConnectError::unimplemented(
-                    "Cordon does not watch directories; poll with files.list",
-                ))
+                super::watch::unary_call(&e, &id, &b, &method, &headers, &body).await
             }
             other => Err(ConnectError::unimplemented(format!(
                 "filesystem.Filesystem/{other} is not served by Cordon's E2B listener"

@@ -27,6 +27,7 @@ mod interp;
 mod listing;
 mod ports;
 mod snapshots;
+mod watch;
 pub mod wire;
 
 use std::collections::HashMap;

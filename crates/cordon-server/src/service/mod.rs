@@ -50,6 +50,7 @@ mod recovery;
 mod sessions;
 mod snapshots;
 mod volumes;
+mod watch;
 
 pub use admit::Admit;
 pub use common::{Chunk, ChunkSender, Slot, Slots};
@@ -63,6 +64,7 @@ pub use recovery::{RecoveryHook, scratch_dir};
 pub use sessions::Sessions;
 pub use snapshots::{Snapshots, StartOptions, snapshots_dir};
 pub use volumes::Volumes;
+pub use watch::WatchBatch;
 
 pub use crate::audit::RecoveryReport;
 
