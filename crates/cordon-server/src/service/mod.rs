@@ -624,6 +624,7 @@ mod tests {
         ("ports", &["common", "sessions"]),
         ("procs", &["common", "exec", "sessions"]),
         ("contexts", &["common", "procs", "sessions"]),
+        ("watch", &["common", "procs", "sessions"]),
         (
             "snapshots",
             &["common", "contexts", "pools", "procs", "sessions"],
