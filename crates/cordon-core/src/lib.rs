@@ -49,11 +49,11 @@ pub use volume::{
     HostBind, MAX_HOST_BINDS, MAX_MOUNTS, MIN_VOLUME_BYTES, VolumeMount, VolumeSource,
     validate_bind_target, validate_mounts, validate_volume_name, validate_volume_path,
 };
-pub use workspace_image::WorkspaceImage;
 pub use watch::{
     MAX_QUEUED_BYTES, MAX_QUEUED_EVENTS, MAX_WATCHED_DIRS, MAX_WATCHERS, WatchEvent, WatchKind,
     WatchOp, WatchReply,
 };
+pub use workspace_image::WorkspaceImage;
 
 /// Cordon's data dir by default: `$CORDON_HOME`, else `/var/lib/cordon` for root, else
 /// `$XDG_DATA_HOME/cordon` (or `~/.local/share/cordon`).
