@@ -33,6 +33,8 @@ SERVICE_CIDR=10.96.0.0/24
 API_SERVICE_IP=10.96.0.1
 BIN=$(go_bin_dir)
 STATE=$(cordon_data_dir)/k8s/cluster
+# The node-side upstream a pod may reach through Cordon's egress proxy (tests start it).
+EGRESS_TEST_PORT=19180
 RUN=/run/cordon-k8s
 PKI=$STATE/pki
 LOGS=$STATE/logs
@@ -184,8 +186,10 @@ EOF
   for tier in container gvisor microvm; do
     # The node's audit store is the cluster's own, so down removes it with the rest.
     # The kubelet's root dir: a pod's volumes under its own directory there are bound.
-    printf 'tier = "%s"\naudit = "%s"\n[kubelet]\nroot_dir = "%s"\n' \
-      "$tier" "$STATE/oci/audit.db" "$STATE/kubelet" >"$STATE/oci/$tier.toml"
+    # The egress ceiling names one loopback port of the node's namespace: the upstream the
+    # pod egress test starts there (no address is routed off the machine).
+    printf 'tier = "%s"\naudit = "%s"\n[kubelet]\nroot_dir = "%s"\n[ceiling]\negress = ["127.0.0.1/32:%s"]\n' \
+      "$tier" "$STATE/oci/audit.db" "$STATE/kubelet" "$EGRESS_TEST_PORT" >"$STATE/oci/$tier.toml"
     printf '#!/bin/sh\nexec %s --cordon-config %s "$@"\n' "$oci" "$STATE/oci/$tier.toml" \
       >"$STATE/oci/cordon-oci-$tier"
     chmod 755 "$STATE/oci/cordon-oci-$tier"

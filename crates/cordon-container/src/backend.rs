@@ -42,6 +42,12 @@ pub struct ContainerConfig {
     /// The cgroup (below each hierarchy's root) each sandbox's own cgroup is made in:
     /// `None` is `cordon/`; cordon-oci names the pod's (`cordon_host::cgroup::place`).
     pub cgroup_parent: Option<String>,
+    /// A network namespace each sandbox joins instead of making its own (a kubelet's pod's,
+    /// walled by cordon-oci: ADR 0029). `None`: its own, loopback only.
+    pub netns: Option<PathBuf>,
+    /// The loopback port of the sandbox's egress forwarder when it is not the default
+    /// (a pod's containers share one loopback, so each has a port of its own).
+    pub proxy_port: Option<u16>,
 }
 
 /// Name of the init binary, looked up next to the running executable.
@@ -73,7 +79,14 @@ impl ContainerConfig {
             start_timeout: Duration::from_secs(10),
             call_timeout: Duration::from_secs(30),
             cgroup_parent: None,
+            netns: None,
+            proxy_port: None,
         }
+    }
+
+    /// The loopback port the sandbox's egress forwarder listens on.
+    fn forwarder_port(&self) -> u16 {
+        self.proxy_port.unwrap_or(crate::egress::SANDBOX_PROXY_PORT)
     }
 }
 
@@ -412,7 +425,9 @@ impl ContainerBackend {
         // it (crash recovery removes sandbox cgroups that stay empty).
         if crate::egress::wanted(spec) {
             let owner = sb.ids.as_ref().map_or(u32::MAX, |r| r.base());
-            match crate::egress::EgressLink::start(sb.id.as_str(), spec, owner) {
+            let port = self.cfg.forwarder_port();
+            let tune = |c: &mut cordon_egress::ProxyConfig| c.sandbox_proxy_port = port;
+            match crate::egress::EgressLink::start_with(sb.id.as_str(), spec, owner, tune) {
                 Ok(link) => sb.egress = Some(link),
                 Err(e) => {
                     sb.teardown();
@@ -455,10 +470,7 @@ impl ContainerBackend {
                 .unwrap_or_default(),
             extra_files: sb.egress.as_ref().map(|l| l.files()).unwrap_or_default(),
             extra_copies: sb.egress.as_ref().map(|l| l.copies()).unwrap_or_default(),
-            connect_port: sb
-                .egress
-                .as_ref()
-                .map(|_| crate::egress::SANDBOX_PROXY_PORT),
+            connect_port: sb.egress.as_ref().map(|_| self.cfg.forwarder_port()),
             egress_socket: sb.egress.as_ref().map(|l| l.socket().to_path_buf()),
             // Checked before anything was started (create_sandbox).
             volumes: volumes_of(spec).unwrap_or_default(),
@@ -603,6 +615,7 @@ fn start_init(cfg: &ContainerConfig) -> Result<Started> {
     let begin = InitBegin {
         id_base: ids.base(),
         id_count: crate::idpool::RANGE,
+        netns: cfg.netns.clone(),
     };
     if let Err(e) = proto::write_frame(&mut host, &begin, b"") {
         let _ = outer.kill();

@@ -89,6 +89,11 @@ pub struct Features {
     /// The `cordon` front (the small static binary every `cordon run` execs) runs it
     /// itself, without `cordon-full`: the container tier, whose backend the front carries.
     pub front_runs: bool,
+    /// A kubelet's pod network (cordon-oci, ADR 0029): the sandbox joins the pod's network
+    /// namespace (made by CNI, walled by the pod's sandbox monitor), so the pod's address,
+    /// probes, Services and sidecars on localhost reach it. The microvm tier's guest keeps a
+    /// network of its own.
+    pub pod_network: bool,
 }
 
 const ALL_LANGUAGES: &[Language] = &[
@@ -291,6 +296,7 @@ impl Tier {
             memory_in_server: false,
             server_descriptors: 0,
             front_runs: false,
+            pod_network: false,
         };
         // The three program tiers share the agent: files, background execs with a terminal,
         // pause, contexts and programs from their root, and run OCI bundles.
@@ -335,6 +341,7 @@ impl Tier {
                 watch: true,
                 server_descriptors: 3,
                 front_runs: true,
+                pod_network: true,
                 ..PROGRAMS
             },
             // Gvisor: full snapshots (runsc checkpoint and restore, ADR 0027).

@@ -40,6 +40,12 @@ pub struct InitBegin {
     /// Host uid/gid that the sandbox's uid/gid 0 maps to; `id_count` ids are mapped.
     pub id_base: u32,
     pub id_count: u32,
+    /// A network namespace to join instead of making one (a kubelet's pod's, walled by
+    /// cordon-oci before any sandbox joins it: ADR 0029). The init joins it as host root,
+    /// before the sandbox's user namespace exists, so nothing in the sandbox holds a
+    /// capability over it. Left out: the sandbox's own (loopback only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<PathBuf>,
 }
 
 /// The host's second frame: how the sandbox is built, from the request.
@@ -178,13 +184,27 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
     // cores are all busy, Cordon's control plane (the server answering, the CLI reporting)
     // goes first, and a busy sandbox cannot starve it. An idle host runs it at full speed.
     let _ = cordon_guest::sys::set_nice(SANDBOX_NICE);
+    if let Some(ns) = &begin.netns
+        && let Err(e) = crate::sys::join_netns(ns)
+    {
+        report(
+            &mut sock,
+            format!("joining the pod's network namespace: {e}"),
+        );
+        return Ok(1);
+    }
+    let own_net = if begin.netns.is_some() {
+        0
+    } else {
+        libc::CLONE_NEWNET
+    };
     let (go_r, go_w) = nix::unistd::pipe()?;
     // A socket, not a pipe: the join carries the volumes' mounts as descriptors.
     let (to_child_w, to_child_r) = UnixStream::pair()?;
     let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
-        | libc::CLONE_NEWNET
+        | own_net
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS
         | libc::CLONE_NEWCGROUP;
@@ -220,7 +240,7 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
             }
             drop(go_w);
             drop(to_child_w);
-            let code = match run_child(&mut sock, go_r, to_child_r) {
+            let code = match run_child(&mut sock, go_r, to_child_r, own_net != 0) {
                 Ok(()) => 0,
                 Err(msg) => {
                     report(&mut sock, msg);
@@ -357,7 +377,12 @@ fn recv_fds(from: &UnixStream, n: usize) -> Result<Vec<OwnedFd>, String> {
     Ok(fds)
 }
 
-fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: UnixStream) -> Result<(), String> {
+fn run_child(
+    sock: &mut UnixStream,
+    go: OwnedFd,
+    from_parent: UnixStream,
+    own_net: bool,
+) -> Result<(), String> {
     let ctx = |what: &str| {
         let what = what.to_string();
         move |e: nix::errno::Errno| format!("{what}: {e}")
@@ -373,7 +398,11 @@ fn run_child(sock: &mut UnixStream, go: OwnedFd, from_parent: UnixStream) -> Res
     // A credential change clears the parent-death signal: set it again, so the whole
     // sandbox dies with the init process the host holds.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(ctx("pdeathsig"))?;
-    crate::sys::loopback_up().map_err(|e| format!("bringing loopback up: {e}"))?;
+    // A pod's namespace is not the sandbox's to set up: its loopback is up (CNI's), and
+    // nothing in here holds a capability over it.
+    if own_net {
+        crate::sys::loopback_up().map_err(|e| format!("bringing loopback up: {e}"))?;
+    }
     let mut from_parent = from_parent;
     let setup: InitSetup = read_frame(&mut from_parent)
         .map_err(|e| format!("waiting for the setup: {e}"))?

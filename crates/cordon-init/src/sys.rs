@@ -7,6 +7,13 @@ use std::io;
 /// microVM guest, which needs it for its egress forwarder).
 pub use cordon_guest::sys::loopback_up;
 
+/// Moves this (single-threaded) process into the network namespace at `path`, checked to
+/// be one (`setns` with `CLONE_NEWNET` refuses any other kind of file).
+pub fn join_netns(path: &std::path::Path) -> io::Result<()> {
+    let ns = std::fs::File::open(path)?;
+    nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)
+}
+
 /// The kernel's Landlock ABI version (landlock_create_ruleset with the VERSION flag).
 pub fn landlock_abi() -> Result<i32, String> {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;

@@ -403,7 +403,7 @@ pub fn show_callers_only_the_rootfs(rootfs: &Path) -> Result<()> {
 
 /// Whether the namespace at `path` is the host's: the one this runtime runs in (the node's,
 /// as the caller sees it) or init's, where it can be read.
-fn is_host_namespace(path: &Path, name: &str) -> bool {
+pub(crate) fn is_host_namespace(path: &Path, name: &str) -> bool {
     use std::os::unix::fs::MetadataExt;
     let proc_name = match name {
         "network" => "net",
@@ -414,7 +414,7 @@ fn is_host_namespace(path: &Path, name: &str) -> bool {
         // A path that cannot be read is not joined either: the sandbox makes its own.
         return false;
     };
-    if names_a_monitor(path) {
+    if monitor_pid(path).is_some() {
         // A pod's other containers are told to join its sandbox container's namespaces,
         // by the pid the runtime reported for it: under Cordon that is the pod sandbox's
         // monitor, a host process. Nothing is joined (each container has its own), so
@@ -427,23 +427,17 @@ fn is_host_namespace(path: &Path, name: &str) -> bool {
     })
 }
 
-/// Whether `path` is `/proc/<pid>/ns/...` of a cordon-oci monitor (this same program).
-fn names_a_monitor(path: &Path) -> bool {
+/// The pid when `path` is `/proc/<pid>/ns/...` of a cordon-oci monitor (this same program).
+pub(crate) fn monitor_pid(path: &Path) -> Option<i32> {
     use std::os::unix::fs::MetadataExt;
     let mut parts = path.components().skip(1);
     let (Some(proc_), Some(pid)) = (parts.next(), parts.next()) else {
-        return false;
+        return None;
     };
-    if proc_.as_os_str() != "proc"
-        || !pid
-            .as_os_str()
-            .to_string_lossy()
-            .bytes()
-            .all(|b| b.is_ascii_digit())
-    {
-        return false;
+    if proc_.as_os_str() != "proc" {
+        return None;
     }
-    let pid = pid.as_os_str().to_string_lossy();
+    let pid: i32 = pid.as_os_str().to_str()?.parse().ok()?;
     let same_program = match (
         std::fs::metadata(format!("/proc/{pid}/exe")),
         std::fs::metadata("/proc/self/exe"),
@@ -452,7 +446,7 @@ fn names_a_monitor(path: &Path) -> bool {
         _ => false,
     };
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    same_program && cmdline.split(|b| *b == 0).any(|a| a == b"__monitor")
+    (same_program && cmdline.split(|b| *b == 0).any(|a| a == b"__monitor")).then_some(pid)
 }
 
 fn list(v: &str) -> Vec<String> {

@@ -16,6 +16,7 @@ pub mod bundle;
 pub mod ctl;
 pub mod monitor;
 pub mod node;
+pub mod podnet;
 pub mod prepare;
 pub mod rootfs;
 pub mod state;

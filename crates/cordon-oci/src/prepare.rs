@@ -285,7 +285,7 @@ impl Mounted {
     pub fn start(self) -> Result<Prepared> {
         let Mounted {
             loaded,
-            spec: sandbox_spec,
+            spec: mut sandbox_spec,
             audit,
             writable,
         } = self;
@@ -297,7 +297,9 @@ impl Mounted {
         let ids = writable.as_ref().map(|w| crate::rootfs::pool(&w.ids));
         // The pod's cgroup, as the kubelet named it: the monitor in it, the sandbox below it.
         let placement = crate::tiers::placement(&spec, &setup.id)?;
-        let mut sandbox = crate::tiers::create(&sandbox_spec, &setup.id, ids, placement.as_ref())?;
+        let net = pod_network(&spec, &setup.root, &mut sandbox_spec)?;
+        let mut sandbox =
+            crate::tiers::create(&sandbox_spec, &setup.id, ids, placement.as_ref(), &net)?;
         // Its ids stay leased until the monitor ends.
         std::mem::forget(writable);
         let tier = sandbox_spec.tier;
@@ -322,6 +324,7 @@ impl Mounted {
             exit_code: None,
             tier: Some(tier),
             cgroup: placement.as_ref().map(|p| p.rel().to_string()),
+            netns: net.netns.clone(),
         };
         // The backend's sandbox owns everything; the backend itself holds nothing more.
         // Its proxy's decisions go to the node's audit store as they are made.
@@ -333,6 +336,41 @@ impl Mounted {
             terminal,
         })
     }
+}
+
+/// The pod's network for the container (`crate::podnet`): a pod's sandbox container walls
+/// the pod's namespace and its own sandbox (a pause) gets no egress; a container of the pod
+/// whose tier can joins the namespace, its egress forwarder on a port of the pod's loopback
+/// no other container holds.
+fn pod_network(
+    spec: &oci_spec::runtime::Spec,
+    root: &crate::state::Root,
+    sandbox: &mut SandboxSpec,
+) -> Result<crate::tiers::Net> {
+    use crate::podnet::PodNet;
+    Ok(match crate::podnet::resolve(spec, root)? {
+        Some(PodNet::Walls(path)) => {
+            crate::podnet::wall(&path)?;
+            sandbox.egress = Default::default();
+            sandbox.grants.clear();
+            crate::tiers::Net {
+                netns: Some(path),
+                ..Default::default()
+            }
+        }
+        Some(PodNet::Joins(path)) if sandbox.tier.features().pod_network => {
+            let wants_egress = cordon_host::egress::wanted(sandbox);
+            crate::tiers::Net {
+                proxy_port: wants_egress
+                    .then(|| crate::podnet::forwarder_port(&path))
+                    .transpose()?,
+                join: true,
+                netns: Some(path),
+            }
+        }
+        // A tier with a network of its own (the microvm's guest): reached by exec only.
+        Some(PodNet::Joins(_)) | None => crate::tiers::Net::default(),
+    })
 }
 
 /// A terminal in the sandbox for `process`: its master goes to the engine over `console`

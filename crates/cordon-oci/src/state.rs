@@ -50,6 +50,10 @@ pub struct Record {
     /// root: the monitor is in it and the sandbox's own cgroup below it. Absent: Cordon's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
+    /// The pod's network namespace (`crate::podnet`): walled by this monitor (a pod's
+    /// sandbox container) or joined by its sandbox. Absent: the sandbox's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<PathBuf>,
 }
 
 /// The runtime root.
@@ -139,6 +143,15 @@ impl Root {
         write_private(&tmp, &body)
             .and_then(|()| std::fs::rename(&tmp, dir.join("state.json")))
             .map_err(|e| OciError::io("writing the container's state", e))
+    }
+
+    /// The record of the live monitor `pid` under this root, if one is there.
+    pub fn by_monitor(&self, pid: i32) -> Option<Record> {
+        let start = start_time(pid)?;
+        self.ids()
+            .iter()
+            .filter_map(|id| self.load(id).ok())
+            .find(|r| r.pid == pid && r.pid_start == start)
     }
 
     /// Ids of every container under the root.
@@ -241,6 +254,7 @@ mod tests {
             exit_code: None,
             tier: None,
             cgroup: None,
+            netns: None,
         };
         // A left temporary file of a wider mode is not reused.
         std::fs::write(root.dir("c1").join("state.json.tmp"), "x").unwrap();

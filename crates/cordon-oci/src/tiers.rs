@@ -113,6 +113,17 @@ pub fn placed(rel: &str) -> Option<Placement> {
     Placement::from_oci(&format!("/{rel}"), id).ok().flatten()
 }
 
+/// A container's part of its pod's network (`crate::podnet`).
+#[derive(Debug, Clone, Default)]
+pub struct Net {
+    /// The pod's namespace (walled by this monitor, or joined), kept in the record.
+    pub netns: Option<PathBuf>,
+    /// The sandbox joins `netns`.
+    pub join: bool,
+    /// The egress forwarder's port on the pod's loopback.
+    pub proxy_port: Option<u16>,
+}
+
 /// Makes the sandbox for `spec` on the tier the gate chose (`spec.tier`) for container
 /// `id` (the microvm tier's disk is named by it). `ids`: the pool the
 /// container tier takes the sandbox's host ids from, when they must be those a writable
@@ -122,11 +133,14 @@ pub fn create(
     id: &str,
     ids: Option<cordon_host::idpool::IdPool>,
     placement: Option<&Placement>,
+    net: &Net,
 ) -> Result<Box<dyn Sandbox>> {
     let mut own = Own {
         ids,
         root_disk: None,
         cgroup_parent: placement.map(|p| p.rel().to_string()),
+        netns: net.join.then(|| net.netns.clone()).flatten(),
+        proxy_port: net.proxy_port,
     };
     let disk = spec.tier.features().root_disk;
     if disk {

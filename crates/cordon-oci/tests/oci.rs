@@ -424,6 +424,7 @@ fn a_closed_stdout_ends_every_command_quietly() {
         exit_code: Some(0),
         tier: None,
         cgroup: None,
+        netns: None,
     })
     .unwrap();
     for cmd in [

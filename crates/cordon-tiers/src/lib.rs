@@ -46,6 +46,13 @@ pub struct Own {
     /// The cgroup (below each hierarchy's root) the sandbox's own cgroup is made in: the
     /// pod's, as the kubelet named it (`cordon_host::cgroup::place`). `None`: Cordon's.
     pub cgroup_parent: Option<String>,
+    /// The pod's network namespace the sandbox joins (a tier with
+    /// [`cordon_core::Features::pod_network`]; cordon-oci resolves and walls it first, ADR
+    /// 0029). `None`: the tier's own network.
+    pub netns: Option<std::path::PathBuf>,
+    /// The loopback port of the sandbox's egress forwarder, when a pod's containers share
+    /// one loopback. `None`: the tier's default.
+    pub proxy_port: Option<u16>,
 }
 
 /// The tiers of this build.
@@ -240,6 +247,8 @@ fn container(place: Place<'_>) -> Option<Box<dyn Backend>> {
             config.ids = ids.clone();
         }
         config.cgroup_parent = own.cgroup_parent.clone();
+        config.netns = own.netns.clone();
+        config.proxy_port = own.proxy_port;
     }
     Some(Box::new(cordon_container::ContainerBackend::new(config)))
 }
