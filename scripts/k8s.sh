@@ -159,6 +159,9 @@ make_netns() {
     ip -n "$NETNS" addr add "$NODE_IP/32" dev cordon0
     ip -n "$NETNS" link set cordon0 up
     ip -n "$NETNS" route add blackhole default
+    # The Services' addresses are the node's to reach too (kube-proxy's output rules turn
+    # them into a pod's address, reached on cni0), as a node's default route gives them.
+    ip -n "$NETNS" route add "$SERVICE_CIDR" dev cordon0 src "$NODE_IP"
   fi
   # Per-namespace settings: the node routes between its pods and Services, and bridged pod
   # traffic passes kube-proxy's rules.

@@ -456,7 +456,11 @@ fn env_canary_never_appears() {
 #[test]
 fn host_network_and_metadata_are_unreachable() {
     let b = need_backend!();
-    cordon_testkit::escape::host_loopback_unreachable(b, &spec());
+    cordon_testkit::escape::host_loopback_unreachable(
+        b,
+        &spec(),
+        cordon_testkit::escape::Wall::of(cordon_core::Tier::Gvisor),
+    );
     // The sandbox's loopback is its own: a port the host listens on is free in here, and a
     // connection to it inside reaches nothing of the host's.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -42,11 +42,13 @@ fn main() -> ExitCode {
     // asks otherwise (a write must stay in its pod; on gVisor the root is the sentry's own
     // overlay, whose files the sandbox's user cannot write), and a caller's files move by
     // `kubectl cp`, through the workload's own tar, never by a file call of Cordon's agent.
+    // A pod's sandbox is in the pod's network namespace, where the tier joins it.
     let overlay = tier == Tier::Gvisor;
     let wall = Wall {
         agent_files: false,
         writable_root: !overlay,
         root_overlay: overlay,
+        pod_network: tier.features().pod_network,
         ..Wall::of(tier)
     };
     let spec = SandboxSpec::new(tier);

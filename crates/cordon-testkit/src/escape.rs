@@ -40,8 +40,9 @@ pub fn raw_and_exotic_sockets_refused(b: &dyn Backend, spec: &SandboxSpec, wall:
 
 /// A listener on the host's loopback cannot be reached by any name for the host (loopback,
 /// `localhost`, QEMU's host alias, the cloud metadata address, a public address), nothing
-/// reaches the listener, and the sandbox's only interface is `lo`.
-pub fn host_loopback_unreachable(b: &dyn Backend, spec: &SandboxSpec) {
+/// reaches the listener, and the sandbox's only interface is `lo` (with the pod's `eth0` on a
+/// pod's network, where the pod's wall refuses the rest).
+pub fn host_loopback_unreachable(b: &dyn Backend, spec: &SandboxSpec, wall: Wall) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -73,10 +74,11 @@ pub fn host_loopback_unreachable(b: &dyn Backend, spec: &SandboxSpec) {
         spec,
         &ExecRequest::code(
             Language::Sh,
-            "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '",
+            "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort",
         ),
     );
-    assert_eq!(text(&o.stdout).trim(), "lo", "{o:?}");
+    let interfaces = if wall.pod_network { "eth0\nlo" } else { "lo" };
+    assert_eq!(text(&o.stdout).trim(), interfaces, "{o:?}");
 }
 
 /// A host process and the test process itself are invisible to the sandbox and cannot be
@@ -190,6 +192,10 @@ pub struct Wall {
     /// upper layer in the sentry's memory, gone with the sandbox). A write into it is
     /// refused by ownership rather than by the mount.
     pub root_overlay: bool,
+    /// The sandbox is in a kubelet pod's network namespace (cordon-oci, ADR 0029): its
+    /// interfaces are `lo` and the pod's `eth0`, and every name for the host is refused by
+    /// the pod's wall instead of by having no route.
+    pub pod_network: bool,
 }
 
 impl Wall {
@@ -202,6 +208,7 @@ impl Wall {
             own_kernel: tier == Tier::Microvm,
             writable_root: false,
             root_overlay: false,
+            pod_network: false,
         }
     }
 }
@@ -221,7 +228,7 @@ pub const BATTERY: [Case; 10] = [
     ),
     (
         "the host's loopback and metadata addresses are unreachable",
-        |b, s, _| host_loopback_unreachable(b, s),
+        host_loopback_unreachable,
     ),
     (
         "raw, packet and exotic sockets are refused",

@@ -125,8 +125,7 @@ spec:
 """
 WEB = "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8080 -h /www"
 HTTP_PROBE = "httpGet: {path: /index.html, port: 8080}"
-# On Cordon's RuntimeClasses an exec probe: the workload is not yet in the pod's network
-# namespace (issue 45's pod network, next), so an httpGet probe from the node cannot reach it.
+# An exec probe, on a RuntimeClass whose workload is not in the pod's network namespace.
 EXEC_PROBE = 'exec: {command: ["cat", "/config/greeting"]}'
 
 
@@ -206,10 +205,18 @@ spec:
     assert seen == names, f"answers through the Service came from {seen}, not from every replica {names}"
 
 
+# The RuntimeClasses whose workload is in the pod's network namespace (ADR 0029): an httpGet
+# probe from the node reaches it.
+POD_NETWORK = {"cordon"}
+
+
 @pytest.mark.parametrize("runtime_class", ["cordon", "cordon-gvisor"])
 def test_a_default_pod_is_ready_on_cordon(cluster, runtime_class: str) -> None:
     name = f"default-{runtime_class}"
-    apply(default_pod(name, runtime_class, script="exec sleep 1000", probe=EXEC_PROBE))
+    if runtime_class in POD_NETWORK:
+        apply(default_pod(name, runtime_class))
+    else:
+        apply(default_pod(name, runtime_class, script="exec sleep 1000", probe=EXEC_PROBE))
     wait_ready(name)
     out = kubectl("exec", name, "--", "grep", "CapEff", "/proc/self/status").stdout.split()
     assert out == ["CapEff:", "0000000000000000"], out
@@ -316,6 +323,168 @@ def test_a_pod_without_volumes_runs_behind_cordons_walls(cluster, runtime_class:
     if runtime_class == "cordon-microvm":
         assert kernel != os.uname().release, kernel
     assert kubectl("logs", name).stdout.startswith("started on Linux")
+    kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
+
+
+def node_get(url: str) -> str:
+    """The body of an HTTP GET from the node's namespace (no proxy), or the error."""
+    code = ("import http.client, sys, urllib.parse\n"
+            "u = urllib.parse.urlsplit(sys.argv[1])\n"
+            "c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=5)\n"
+            "c.request('GET', u.path or '/'); r = c.getresponse(); print(r.status, r.read().decode().strip())\n")
+    r = sh("exec", "python3", "-c", code, url, check=False, timeout=30)
+    return r.stdout.strip() or r.stderr.strip()
+
+
+def node_process(*argv: str) -> subprocess.Popen[str]:
+    """A process in the node's namespace, in a session of its own (ended by end_process);
+    its first line of output has been read."""
+    p = subprocess.Popen(["timeout", "300", "bash", str(K8S), "exec", *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert p.stdout is not None
+    first = p.stdout.readline()
+    assert first, f"{argv} said nothing"
+    p.first_line = first  # type: ignore[attr-defined]
+    return p
+
+
+def end_process(p: subprocess.Popen[str]) -> str:
+    os.killpg(p.pid, 9)
+    out, _ = p.communicate(timeout=30)
+    return out
+
+
+CORDON_WEB = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: cordon-web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: cordon-web}}
+  template:
+    metadata: {labels: {app: cordon-web}}
+    spec:
+      runtimeClassName: cordon
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: web
+        image: cordon.local/busybox:1
+        imagePullPolicy: Never
+        # The pod's name from the downward API (a Cordon sandbox's hostname is its own).
+        env: [{name: POD, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]
+        command: ["sh", "-c", "mkdir -p /www && echo $POD > /www/index.html && exec httpd -f -p 8080 -h /www"]
+        readinessProbe: {httpGet: {path: /index.html, port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: cordon-web}
+spec:
+  selector: {app: cordon-web}
+  ports: [{port: 80, targetPort: 8080}]
+"""
+
+
+def test_a_deployment_on_cordon_answers_through_its_service(cluster) -> None:
+    # Ready by httpGet probes from the kubelet; its Service's address answers from a pod (on
+    # runc: a Cordon pod's own egress is walled) and from the node, every replica in turn.
+    apply(CORDON_WEB)
+    kubectl("rollout", "status", "deployment/cordon-web", "--timeout=180s", timeout=210)
+    ip = kubectl("get", "service", "cordon-web", "-o", "jsonpath={.spec.clusterIP}").stdout
+    names = set(kubectl("get", "pods", "-l", "app=cordon-web", "-o",
+                        "jsonpath={.items[*].metadata.name}").stdout.split())
+    assert len(names) == 2
+    from_pod: set[str] = set()
+    from_node: set[str] = set()
+    for _ in range(40):
+        r = kubectl("exec", "default-runc", "--", "sh", "-c",
+                    f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {ip} 80", check=False)
+        if r.returncode == 0 and " 200 " in (r.stdout.splitlines() or [""])[0]:
+            from_pod.add(r.stdout.strip().splitlines()[-1])
+        answer = node_get(f"http://{ip}/")
+        if answer.startswith("200 "):
+            from_node.add(answer.split()[1])
+        if from_pod == names and from_node == names:
+            break
+    assert from_pod == names, f"from a pod the Service answered from {from_pod}, not {names}"
+    assert from_node == names, f"from the node the Service answered from {from_node}, not {names}"
+
+
+def test_port_forward_reaches_a_cordon_pod(cluster) -> None:
+    # containerd dials the port on the pod's loopback, inside the pod's namespace.
+    pod = kubectl("get", "pods", "-l", "app=cordon-web", "-o", "jsonpath={.items[0].metadata.name}").stdout
+    forward = node_process("kubectl", "port-forward", f"pod/{pod}", "0:8080")
+    try:
+        line = forward.first_line  # type: ignore[attr-defined]
+        assert line.startswith("Forwarding from 127.0.0.1:"), line
+        port = int(line.split("127.0.0.1:")[1].split()[0])
+        assert node_get(f"http://127.0.0.1:{port}/") == f"200 {pod}"
+    finally:
+        end_process(forward)
+    kubectl("delete", "deployment", "cordon-web", "--timeout=60s", timeout=90)
+    kubectl("delete", "service", "cordon-web", "--timeout=60s", timeout=90)
+
+
+# What the pod egress test's node side listens on (0.0.0.0 of the node's namespace): one
+# port, answered with a line the pod must never read.
+NODE_LISTENER = """
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 19181)); s.listen(16); print("listening", flush=True)
+while True:
+    c, a = s.accept(); print("GOT", a[0], flush=True); c.sendall(b"node-listener\\n"); c.close()
+"""
+EGRESS_PORT = 19180  # scripts/k8s.sh's EGRESS_TEST_PORT: the node's ceiling names it
+METADATA = "169.254.169.254"
+
+
+def test_a_cordon_pods_egress_goes_only_through_the_proxy(cluster) -> None:
+    # The pod's wall (ADR 0029): from inside a `cordon` pod, the node's addresses, the
+    # metadata address and another pod's address are refused at once, each with a listener
+    # there that a pod without the wall reaches (the metadata address is put on the node's
+    # loopback for the test: routed by the pod's default route to the node, never off the
+    # machine); an annotated host is reached through Cordon's proxy.
+    name = "egress-cordon"
+    apply(f"""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  annotations: {{cordon.allow-hosts: "127.0.0.1/32:{EGRESS_PORT}"}}
+spec:
+  runtimeClassName: cordon
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 2
+  containers:
+  - {{name: task, image: cordon.local/busybox:1, imagePullPolicy: Never, command: ["sleep", "1000"]}}
+""")
+    wait_ready(name)
+    runc_ip = kubectl("get", "pod", "default-runc", "-o", "jsonpath={.status.podIP}").stdout
+    sh("exec", "ip", "addr", "add", f"{METADATA}/32", "dev", "lo")
+    listener = node_process("python3", "-c", NODE_LISTENER)
+    upstream = node_process("python3", "-u", "-c",
+                            "import http.server as h, sys\n"
+                            "class A(h.BaseHTTPRequestHandler):\n"
+                            "  def do_GET(self):\n"
+                            "    self.send_response(200); self.end_headers(); self.wfile.write(b'upstream-ok')\n"
+                            f"s = h.HTTPServer(('127.0.0.1', {EGRESS_PORT}), A); print('up', flush=True); s.serve_forever()\n")
+    try:
+        targets = [f"10.255.0.1:19181", "10.244.0.1:19181", f"{METADATA}:19181", f"{runc_ip}:8080",
+                   "10.96.0.1:443"]
+        probe = ("for t in " + " ".join(targets) + "; do "
+                 "if out=$(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 ${t%:*} ${t#*:} 2>&1); "
+                 "then echo \"REACHED $t $out\"; else echo \"refused $t\"; fi; done")
+        out = kubectl("exec", name, "--", "sh", "-c", probe).stdout
+        assert "REACHED" not in out and out.count("refused") == len(targets), out
+        allowed = kubectl("exec", name, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT}/", check=False)
+        assert allowed.stdout == "upstream-ok", f"the allowed upstream through the proxy: {allowed}"
+        other = kubectl("exec", name, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT + 1}/", check=False)
+        assert other.returncode != 0 and "403" in other.stderr, f"an unlisted port through the proxy: {other}"
+    finally:
+        heard = end_process(listener)
+        end_process(upstream)
+        sh("exec", "ip", "addr", "del", f"{METADATA}/32", "dev", "lo", check=False)
+    assert "GOT" not in heard, f"the node-side listener was reached from the pod: {heard}"
     kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
 
 
