@@ -40,10 +40,10 @@ pub use report::{
 pub use run::{FileIn, FileOut, run_once};
 pub use snapshot::{MAX_FORKS, SnapshotDir, SnapshotImage, SnapshotMode};
 pub use spec::{
-    EgressPolicy, Grant, GrantSecret, HOST_ETC, Language, Limits, MintedToken, ResolvedTemplate,
-    SandboxSpec, SecretValue, Tier, TokenMinter, WORKDIR, Weakening, default_grant_header,
-    scratch_dir, validate_env_name, validate_sandbox_dir, validate_sandbox_path,
-    validate_template_name,
+    EgressPolicy, Grant, GrantSecret, HOME_MOUNT, HOST_ETC, Language, Limits, MintedToken,
+    ResolvedTemplate, SandboxSpec, SecretValue, Tier, TokenMinter, WORKDIR, Weakening,
+    default_grant_header, scratch_dir, validate_env_name, validate_sandbox_dir,
+    validate_sandbox_path, validate_template_name,
 };
 pub use volume::{
     HostBind, MAX_HOST_BINDS, MAX_MOUNTS, MIN_VOLUME_BYTES, VolumeMount, VolumeSource,

@@ -11,6 +11,11 @@ use crate::{Error, Result};
 /// The writable workspace inside every sandbox; files in and out must stay under it.
 pub const WORKDIR: &str = "/work";
 
+/// The workspace's second mount point on every program tier: E2B's home, where code
+/// written for E2B's sandboxes starts (`getcwd` there answers it). The same files as
+/// [`WORKDIR`], which stays the name of Cordon's own API.
+pub const HOME_MOUNT: &str = "/home/user";
+
 /// Entries of the host's `/etc` that a sandbox root made of the host's `/usr` shows,
 /// read-only: package data that `/usr` points into through symlinks (Debian's
 /// alternatives, through which numpy finds `libblas.so.3`; matplotlib's defaults), and the

@@ -122,6 +122,13 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
         mount(usr, "bind", "/usr", &["rbind", "ro", "nosuid", "nodev"])?,
         mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", &tmp_size])?,
         mount("/work", "bind", i.work, &["rbind", "rw", "nosuid", "nodev"])?,
+        // The same workspace at E2B's home: a process there is there by that name.
+        mount(
+            cordon_core::HOME_MOUNT,
+            "bind",
+            i.work,
+            &["rbind", "rw", "nosuid", "nodev"],
+        )?,
         mount(
             AGENT_INSIDE,
             "bind",
@@ -131,12 +138,17 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
     ];
     for (bind, path, ro) in i.volumes {
         let mode = if *ro { "ro" } else { "rw" };
-        mounts.push(mount(
-            path.as_str(),
-            "bind",
-            bind,
-            &["rbind", mode, "nosuid", "nodev"],
-        )?);
+        let opts = ["rbind", mode, "nosuid", "nodev"];
+        mounts.push(mount(path.as_str(), "bind", bind, &opts)?);
+        // Seen under /home/user too, as on the other tiers.
+        if let Some(rel) = path.strip_prefix("/work/") {
+            mounts.push(mount(
+                &format!("{}/{rel}", cordon_core::HOME_MOUNT),
+                "bind",
+                bind,
+                &opts,
+            )?);
+        }
     }
     if let Some(e) = &i.egress {
         mounts.push(mount(

@@ -117,7 +117,7 @@ impl GvisorSandbox {
             "tmp",
             "work",
             "etc",
-            "home",
+            "home/user",
             "run/cordon",
             ".cordon",
         ] {
@@ -128,8 +128,6 @@ impl GvisorSandbox {
             ("lib", "usr/lib"),
             ("lib64", "usr/lib64"),
             ("sbin", "usr/sbin"),
-            // E2B's home names the workspace, as code written for E2B expects.
-            ("home/user", "/work"),
         ] {
             std::os::unix::fs::symlink(to, rootfs.join(link)).map_err(|e| io("linking", e))?;
         }

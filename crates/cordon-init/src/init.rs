@@ -830,9 +830,10 @@ fn make_tree(at: &Path, setup: &InitSetup) -> Result<(), String> {
     for d in ["dev/shm", "dev/pts", "proc", "tmp", "work", "home"] {
         fs::create_dir(at.join(d)).map_err(io(format!("creating /{d}")))?;
     }
-    // `/home/user` names the workspace, as code written for E2B's sandboxes expects (a link
-    // in the read-only root: nothing new is reachable through it).
-    symlink("/work", at.join("home/user")).map_err(io("linking /home/user".into()))?;
+    // The workspace's second mount point (`bind_home`); a build's root keeps its own /home.
+    if !setup.template_writable {
+        fs::create_dir(at.join("home/user")).map_err(io("creating /home/user".into()))?;
+    }
     Ok(())
 }
 
@@ -992,6 +993,9 @@ fn finish_root(join: &InitJoin, setup: &InitSetup, volumes: Vec<OwnedFd>) -> Res
         .map_err(|e| format!("binding the egress socket: {e}"))?;
     }
     mount_volumes(new, setup.sandbox_uid, &join.volumes, volumes)?;
+    if !setup.template_writable {
+        crate::volumes::bind_home(new)?;
+    }
     // The root itself becomes read-only, then we pivot into it and drop the host's tree.
     if !template {
         mount(

@@ -8,6 +8,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
+use nix::mount::{MsFlags, mount};
 use nix::unistd::{Gid, Uid};
 use serde::{Deserialize, Serialize};
 
@@ -179,4 +180,19 @@ pub(crate) fn writable_binds(volumes: &[InitVolume]) -> Vec<String> {
         .filter(|v| !v.read_only)
         .filter_map(|v| v.at.clone())
         .collect()
+}
+
+/// The workspace bound again at `/home/user` (E2B's home), its volumes with it: one tmpfs
+/// under two names, so a process that starts in `/home/user` is there by its own name
+/// (`getcwd` answers `/home/user`) and Cordon's `/work` names the same files. Landlock's
+/// rules are on the workspace's inodes, so they hold under either name.
+pub(crate) fn bind_home(root: &Path) -> Result<(), String> {
+    mount(
+        Some(&root.join("work")),
+        &root.join("home/user"),
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| format!("binding the workspace at /home/user: {e}"))
 }

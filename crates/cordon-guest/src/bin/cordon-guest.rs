@@ -170,6 +170,7 @@ fn boot() -> Result<File, String> {
         scratch | MsFlags::MS_NOEXEC,
         Some("size=1m,mode=0755"),
     )?;
+    home_mount()?;
     mnt(
         "tmpfs",
         "/dev/shm",
@@ -204,6 +205,65 @@ fn boot() -> Result<File, String> {
         .write(true)
         .open(&dev)
         .map_err(|e| format!("opening {}: {e}", dev.display()))
+}
+
+/// The workspace bound again at `/home/user` (E2B's home), so a process started there is
+/// there by that name and `/work` names the same files. A root whose `/home/user` is no
+/// directory (Debian's, or a template's link to /work) gets it on a small read-only tmpfs
+/// over `/home`, the root's other entries of `/home` bound back as they were; a root with
+/// no `/home` gets none.
+fn home_mount() -> Result<(), String> {
+    let home = cordon_core::HOME_MOUNT;
+    let is_dir = |p: &str| fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    if !is_dir(home) {
+        if !is_dir("/home") {
+            return Ok(());
+        }
+        let old = "/run/.home";
+        let bind = |from: &str, to: &str| {
+            mount(Some(from), to, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                .map_err(|e| format!("binding {from} on {to}: {e}"))
+        };
+        fs::create_dir(old).map_err(|e| format!("creating {old}: {e}"))?;
+        bind("/home", old)?;
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        mnt("tmpfs", "/home", "tmpfs", flags, Some("size=64k,mode=0755"))?;
+        for entry in fs::read_dir(old).map_err(|e| format!("listing /home: {e}"))? {
+            let entry = entry.map_err(|e| format!("listing /home: {e}"))?;
+            let name = entry.file_name();
+            let (from, to) = (Path::new(old).join(&name), Path::new("/home").join(&name));
+            let Some((from, to)) = from.to_str().zip(to.to_str()) else {
+                continue;
+            };
+            match entry.file_type() {
+                _ if name == "user" => {}
+                Ok(t) if t.is_symlink() => {
+                    let target = fs::read_link(from).map_err(|e| format!("reading {to}: {e}"))?;
+                    std::os::unix::fs::symlink(target, to)
+                        .map_err(|e| format!("linking {to}: {e}"))?;
+                }
+                Ok(t) if t.is_dir() => {
+                    fs::create_dir(to).map_err(|e| format!("creating {to}: {e}"))?;
+                    bind(from, to)?;
+                }
+                Ok(_) => {
+                    fs::write(to, b"").map_err(|e| format!("creating {to}: {e}"))?;
+                    bind(from, to)?;
+                }
+                Err(e) => return Err(format!("reading {to}: {e}")),
+            }
+        }
+        nix::mount::umount2(old, nix::mount::MntFlags::MNT_DETACH)
+            .map_err(|e| format!("detaching {old}: {e}"))?;
+        fs::remove_dir(old).map_err(|e| format!("removing {old}: {e}"))?;
+        fs::create_dir(home).map_err(|e| format!("creating {home}: {e}"))?;
+        let ro = flags | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+        mount(None::<&str>, "/home", None::<&str>, ro, None::<&str>)
+            .map_err(|e| format!("making /home read-only: {e}"))?;
+    }
+    let flags = MsFlags::MS_BIND | MsFlags::MS_REC;
+    mount(Some("/work"), home, None::<&str>, flags, None::<&str>)
+        .map_err(|e| format!("binding /work on {home}: {e}"))
 }
 
 /// Loads the modules listed in `dir/order`, in that order (dependencies first).

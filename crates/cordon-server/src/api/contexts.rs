@@ -38,6 +38,11 @@ pub(crate) async fn create(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let Json(body) = body.map_err(json_rejection)?;
+    if body.default && body.cwd.is_some() {
+        return Err(ApiError::invalid(
+            "a default context starts in the workspace: leave out cwd, or make a context of your own",
+        ));
+    }
     let info = svc.contexts().create_context(&t, &id, &body).await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }

@@ -147,10 +147,14 @@ pub(super) async fn create(
         allow_hosts.clear();
     }
     let ttl = Dur(Duration::from_secs(timeout));
+    // E2B's home is the sandbox's HOME, as under envd (unless the sandbox's envs say).
+    let mut env = req.env_vars.unwrap_or_default();
+    env.entry("HOME".to_string())
+        .or_insert_with(|| super::HOME.to_string());
     let create = CreateRequest {
         tier: e.cfg.tier,
         limits: e.cfg.limits.clone(),
-        env: req.env_vars.unwrap_or_default(),
+        env,
         allow_hosts,
         deny_hosts,
         template,

@@ -190,7 +190,7 @@ async fn start(
         .cwd
         .as_deref()
         .filter(|c| !c.is_empty())
-        // As given: `/home/user` is a link to the workspace in the sandbox's root.
+        // As given: `/home/user` is the workspace's second mount point.
         .map(|c| {
             if c.starts_with('/') {
                 c.to_string()
@@ -208,8 +208,7 @@ async fn start(
             cols: s.cols,
         }
     });
-    // The shell names its directory by PWD when PWD is that directory: `/home/user`, not
-    // the workspace the link resolves to.
+    // PWD as a login shell would have it (the shell keeps a PWD that names its directory).
     let mut env = req.process.envs.clone();
     env.entry("PWD".to_string()).or_insert_with(|| cwd.clone());
     let exec = ExecBody {

@@ -13,10 +13,11 @@ use tokio::sync::mpsc;
 
 use super::wire::{ContextCreate, ContextOut, ExecuteRequest, OutputLine, ResultOut};
 use super::{
-    Auth, E2b, E2bBox, HOME, INTERP_PORT, WORK, api_error, e2b_error, now_ms, rfc3339, to_e2b_path,
-    to_sandbox_path,
+    Auth, E2b, E2bBox, HOME, INTERP_PORT, WORK, api_error, e2b_error, lock, now_ms, rfc3339,
+    to_e2b_path, to_sandbox_path,
 };
 use crate::model::{CellBody, CellOutput, ContextBody, ContextInfo};
+
 use crate::service::{CellStatus, Chunk};
 
 /// A line every this long while a cell is quiet (E2B's server does the same).
@@ -27,10 +28,11 @@ fn language(l: Option<&str>) -> Result<&'static str, Response> {
     match l.unwrap_or("python") {
         "python" | "py" | "" => Ok("python"),
         "javascript" | "js" => Ok("javascript"),
+        "bash" | "sh" => Ok("bash"),
         other => Err(e2b_error(
             StatusCode::BAD_REQUEST,
             format!(
-                "language {other:?}: Cordon's code contexts run python and javascript; run other languages with commands.run"
+                "language {other:?}: Cordon's code contexts run python, javascript and bash; run other languages with commands.run"
             ),
         )),
     }
@@ -87,10 +89,11 @@ fn line(l: &OutputLine) -> Bytes {
 }
 
 async fn default_context(e: &E2b, b: &E2bBox, id: &str, lang: &str) -> Result<String, Response> {
+    // E2B's interpreter starts in E2B's home (the workspace's second mount point).
     let body = ContextBody {
         lang: lang.to_string(),
         default: true,
-        cwd: None,
+        cwd: Some(HOME.to_string()),
     };
     e.svc
         .contexts()
@@ -287,12 +290,12 @@ pub(super) async fn create(State(e): State<E2b>, headers: HeaderMap, body: Bytes
         Ok(l) => l,
         Err(r) => return r,
     };
-    // The context's directory, as E2B names it (`/home/user` is a link to the workspace
-    // in the sandbox's root). One in the workspace is made if missing, as E2B's
-    // interpreter starts there even when it is new.
+    // The context's directory, as E2B names it (default E2B's home, the workspace's second
+    // mount point). One in the workspace is made if missing, as E2B's interpreter starts
+    // there even when it is new.
     let cwd = match req.cwd.as_deref().map(|c| c.trim_end_matches('/')) {
-        None | Some("") => None,
-        Some(c) if c == HOME => None,
+        None | Some("") => Some(HOME.to_string()),
+        Some(c) if c == HOME => Some(HOME.to_string()),
         Some(c) => {
             let inside = to_sandbox_path(c);
             if inside.starts_with(&format!("{WORK}/")) {
@@ -328,10 +331,34 @@ pub(super) async fn list(State(e): State<E2b>, headers: HeaderMap) -> Response {
         Ok(x) => x,
         Err(r) => return r,
     };
-    match e.svc.contexts().list_contexts(&b.tenant, &id) {
-        Ok(v) => Json(v.iter().map(context_out).collect::<Vec<_>>()).into_response(),
-        Err(err) => api_error(err),
+    // E2B's interpreter starts a Python and a JavaScript context with the sandbox, so its
+    // list always has them: here they start at the first list that lacks them (a tier
+    // without Node has no JavaScript one), and come first, as the oldest.
+    let listed = |e: &E2b| e.svc.contexts().list_contexts(&b.tenant, &id);
+    let mut v = match listed(&e) {
+        Ok(v) => v,
+        Err(err) => return api_error(err),
+    };
+    let mut made = false;
+    for lang in ["python", "javascript"] {
+        if v.iter().any(|c| c.default && c.lang.as_str() == lang)
+            || lock(&b.no_default).contains(&lang)
+        {
+            continue;
+        }
+        match default_context(&e, &b, &id, lang).await {
+            Ok(_) => made = true,
+            Err(_) => lock(&b.no_default).push(lang),
+        }
     }
+    if made {
+        v = match listed(&e) {
+            Ok(v) => v,
+            Err(err) => return api_error(err),
+        };
+    }
+    v.sort_by_key(|c| !c.default);
+    Json(v.iter().map(context_out).collect::<Vec<_>>()).into_response()
 }
 
 /// `DELETE /contexts/{id}`.

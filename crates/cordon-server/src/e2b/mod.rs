@@ -75,6 +75,9 @@ pub(crate) struct E2bBox {
     pub ttl_ms: AtomicI64,
     /// Processes started through envd: pid (the number of Cordon's exec id) to how.
     pub procs: Mutex<HashMap<u32, ProcRecord>>,
+    /// Languages whose default context the first context list could not start (no Node in
+    /// the tier's root): not tried again by later lists.
+    pub no_default: Mutex<Vec<&'static str>>,
 }
 
 #[derive(Clone)]
@@ -463,6 +466,7 @@ impl E2b {
             template: template.to_string(),
             ttl_ms: AtomicI64::new(ttl_ms),
             procs: Mutex::default(),
+            no_default: Mutex::default(),
         });
         all.insert(id.to_string(), b.clone());
         b

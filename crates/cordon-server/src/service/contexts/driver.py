@@ -327,6 +327,20 @@ def _driver():
                 lines = [l[len(indent):] if l.startswith(indent) else l for l in lines]
         return "".join(lines)
 
+    def shell_escapes(code):
+        # IPython's `!command` lines (never valid Python): each runs in the shell, its
+        # output the cell's. Tried only on a cell that does not parse as it is.
+        out = []
+        for l in code.splitlines(True):
+            body = l.lstrip(" \t")
+            if body.startswith("!") and not body.startswith("!="):
+                ind = l[:len(l) - len(body)]
+                cmd = body[1:].rstrip("\r\n")
+                out.append(f"{ind}__import__('subprocess').run({cmd!r}, shell=True)\n")
+            else:
+                out.append(l)
+        return "".join(out)
+
     def run_with_env(cell, code, timeout_ms, env):
         # A cell's own environment (run_code's envs): set while it runs, then the context's
         # values (or their absence) come back.
@@ -348,7 +362,13 @@ def _driver():
         error, status = None, "ok"
         st.cell, st.timed_out = cell, False
         try:
-            tree = ast.parse(code, filename=fname, mode="exec")
+            try:
+                tree = ast.parse(code, filename=fname, mode="exec")
+            except SyntaxError:
+                shelled = shell_escapes(code)
+                if shelled == code:
+                    raise
+                tree = ast.parse(shelled, filename=fname, mode="exec")
             last = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
                 last = ast.Expression(tree.body.pop().value)

@@ -35,6 +35,8 @@ use frames::{DriverFrame, DriverRequest, FrameReader, Piece, StreamName};
 
 const PYTHON_DRIVER: &str = include_str!("driver.py");
 const JAVASCRIPT_DRIVER: &str = include_str!("driver.js");
+/// A bash context's driver is a Python program that keeps one shell.
+const BASH_DRIVER: &str = include_str!("driver_bash.py");
 
 /// Bytes of each stream one read of the driver's output moves at most.
 const READ_CHUNK: u64 = 1 << 20;
@@ -117,17 +119,19 @@ fn context_busy() -> ApiError {
 
 fn parse_lang(s: &str) -> Result<Language, ApiError> {
     match s.parse::<Language>() {
-        Ok(l @ (Language::Python | Language::Javascript)) => Ok(l),
+        Ok(l @ (Language::Python | Language::Javascript | Language::Bash)) => Ok(l),
         _ => Err(ApiError::invalid(format!(
-            "a code context runs python or javascript, not {s:?}"
+            "a code context runs python, javascript or bash, not {s:?}"
         ))),
     }
 }
 
-fn driver_of(lang: Language) -> &'static str {
+/// The interpreter that runs a context's driver, and the driver.
+fn driver_of(lang: Language) -> (Language, &'static str) {
     match lang {
-        Language::Javascript => JAVASCRIPT_DRIVER,
-        _ => PYTHON_DRIVER,
+        Language::Javascript => (Language::Javascript, JAVASCRIPT_DRIVER),
+        Language::Bash => (Language::Python, BASH_DRIVER),
+        _ => (Language::Python, PYTHON_DRIVER),
     }
 }
 
@@ -329,7 +333,8 @@ impl Contexts {
     /// Starts an interpreter for `ctx` and waits for its driver to say it is ready;
     /// blocking. Writes the `context_start` row.
     fn start_worker(&self, s: &Session, ctx: &Context, reason: &str) -> Result<Worker, ApiError> {
-        let mut req = ExecRequest::code(ctx.lang, driver_of(ctx.lang));
+        let (interpreter, driver) = driver_of(ctx.lang);
+        let mut req = ExecRequest::code(interpreter, driver);
         req.cwd = ctx.cwd.clone();
         let started = on_sandbox(s, |sb| sb.start_background(&req)).map_err(|e| {
             if e.code == Code::InvalidRequest {
@@ -496,12 +501,9 @@ impl Contexts {
     ) -> Result<ContextInfo, ApiError> {
         self.sessions.stopping()?;
         let lang = parse_lang(&body.lang)?;
+        // A default context's cwd is where it starts if this call makes it (E2B's default
+        // contexts start in E2B's home); the native API gives none (`api::contexts`).
         if let Some(cwd) = &body.cwd {
-            if body.default {
-                return Err(ApiError::invalid(
-                    "a default context starts in the workspace: leave out cwd, or make a context of your own",
-                ));
-            }
             if !cwd.starts_with('/') || cwd.contains('\0') || cwd.split('/').any(|p| p == "..") {
                 return Err(ApiError::invalid(format!(
                     "cwd {cwd:?} is not an absolute path without '..'; give one such as /work/project"
