@@ -122,13 +122,6 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
         mount(usr, "bind", "/usr", &["rbind", "ro", "nosuid", "nodev"])?,
         mount("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", &tmp_size])?,
         mount("/work", "bind", i.work, &["rbind", "rw", "nosuid", "nodev"])?,
-        // The same workspace at E2B's home: a process there is there by that name.
-        mount(
-            cordon_core::HOME_MOUNT,
-            "bind",
-            i.work,
-            &["rbind", "rw", "nosuid", "nodev"],
-        )?,
         mount(
             AGENT_INSIDE,
             "bind",
@@ -136,18 +129,29 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
             &["bind", "ro", "nosuid", "nodev"],
         )?,
     ];
+    // The same workspace at E2B's home, where a process is then there by that name: in
+    // Cordon's root, or a template's that has the directory (imports make it; runsc would
+    // make a missing one in the template itself).
+    let home = cordon_core::HOME_MOUNT;
+    let has_home = i.template_root.is_none_or(|r| {
+        cordon_template::resolve_in_root(r, home)
+            .is_some_and(|p| p == r.join(home.trim_start_matches('/')) && p.is_dir())
+    });
+    if has_home {
+        mounts.push(mount(
+            home,
+            "bind",
+            i.work,
+            &["rbind", "rw", "nosuid", "nodev"],
+        )?);
+    }
     for (bind, path, ro) in i.volumes {
         let mode = if *ro { "ro" } else { "rw" };
         let opts = ["rbind", mode, "nosuid", "nodev"];
         mounts.push(mount(path.as_str(), "bind", bind, &opts)?);
         // Seen under /home/user too, as on the other tiers.
-        if let Some(rel) = path.strip_prefix("/work/") {
-            mounts.push(mount(
-                &format!("{}/{rel}", cordon_core::HOME_MOUNT),
-                "bind",
-                bind,
-                &opts,
-            )?);
+        if let Some(rel) = path.strip_prefix("/work/").filter(|_| has_home) {
+            mounts.push(mount(format!("{home}/{rel}"), "bind", bind, &opts)?);
         }
     }
     if let Some(e) = &i.egress {
@@ -377,7 +381,9 @@ mod tests {
                 {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "size=1048576"]},
                 {"destination": "/work", "type": "bind", "source": "/b/work", "options": ["rbind", "rw", "nosuid", "nodev"]},
                 {"destination": "/.cordon/agent", "type": "bind", "source": "/opt/agent", "options": ["bind", "ro", "nosuid", "nodev"]},
+                {"destination": "/home/user", "type": "bind", "source": "/b/work", "options": ["rbind", "rw", "nosuid", "nodev"]},
                 {"destination": "/work/data", "type": "bind", "source": "/b/v1", "options": ["rbind", "ro", "nosuid", "nodev"]},
+                {"destination": "/home/user/data", "type": "bind", "source": "/b/v1", "options": ["rbind", "ro", "nosuid", "nodev"]},
                 {"destination": "/.cordon/egress", "type": "bind", "source": "/run/e", "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]},
                 {"destination": "/etc/alternatives", "type": "bind", "source": "/etc/alternatives", "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}
             ],

@@ -405,8 +405,8 @@ fn host_files_outside_the_root_are_not_visible() {
     assert_eq!(lines.next(), Some(etc.join(" ").as_str()), "{out}");
     let top = "/bin /dev /etc /home /lib /lib64 /proc /run /sbin /sys /tmp /usr /work";
     assert_eq!(lines.next(), Some(top), "{out}");
-    // Unexpanded globs: none of these directories exist (/home holds only the link of
-    // E2B's home to the workspace).
+    // Unexpanded globs: none of these directories exist (/home holds only E2B's home,
+    // the workspace's second mount point).
     assert_eq!(
         lines.next(),
         Some("/root/* /home/user /boot/* /var/*"),

@@ -3061,9 +3061,9 @@ async fn context_routes_check_the_tenant_the_language_and_the_tier() {
             .await;
         assert_eq!(s, 404, "{p}");
     }
-    // Only Python and JavaScript; unknown fields refused.
+    // Only Python, JavaScript and bash; unknown fields refused.
     let (s, v) = env
-        .call(M::POST, &base, ALICE, Some(json!({"lang": "bash"})))
+        .call(M::POST, &base, ALICE, Some(json!({"lang": "ruby"})))
         .await;
     assert_eq!(
         (s, v["code"].as_str()),

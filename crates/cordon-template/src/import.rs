@@ -32,11 +32,13 @@ pub(crate) const FLATTEN_VERSION: &str = "cordon-template-flatten-v3";
 /// root at import where the image lacks them (empty; never through a link the image made),
 /// so that no tier ever has to create one in a template (runsc makes a missing bind
 /// destination in the root it is given). `true`: a directory.
-pub const MOUNT_POINTS: [(&str, bool); 16] = [
+pub const MOUNT_POINTS: [(&str, bool); 17] = [
     ("proc", true),
     ("dev", true),
     ("tmp", true),
     ("work", true),
+    // The workspace's second mount point (cordon_core::HOME_MOUNT).
+    ("home/user", true),
     ("run/cordon", true),
     (".cordon/usr", true),
     (".cordon/agent", false),

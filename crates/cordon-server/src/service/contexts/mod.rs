@@ -503,12 +503,12 @@ impl Contexts {
         let lang = parse_lang(&body.lang)?;
         // A default context's cwd is where it starts if this call makes it (E2B's default
         // contexts start in E2B's home); the native API gives none (`api::contexts`).
-        if let Some(cwd) = &body.cwd {
-            if !cwd.starts_with('/') || cwd.contains('\0') || cwd.split('/').any(|p| p == "..") {
-                return Err(ApiError::invalid(format!(
-                    "cwd {cwd:?} is not an absolute path without '..'; give one such as /work/project"
-                )));
-            }
+        if let Some(cwd) = &body.cwd
+            && (!cwd.starts_with('/') || cwd.contains('\0') || cwd.split('/').any(|p| p == ".."))
+        {
+            return Err(ApiError::invalid(format!(
+                "cwd {cwd:?} is not an absolute path without '..'; give one such as /work/project"
+            )));
         }
         let s = self.sessions.session(tenant, id)?;
         if !s.tier.features().contexts {
