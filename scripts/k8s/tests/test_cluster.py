@@ -675,6 +675,80 @@ def test_pods_live_through_a_crash_of_the_kubelet_and_of_containerd(cluster) -> 
     assert not sandboxes, f"pod sandboxes still running after their pods were deleted: {sandboxes}"
 
 
+def monitors(cid: str) -> list[tuple[int, list[bytes]]]:
+    """cordon-oci's monitors of container `cid` alive on the node: (pid, argv)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # A zombie's cmdline is empty, so one waiting for its reaper is not counted.
+        if b"__monitor" in argv and cid.encode() in argv:
+            out.append((int(p.name), argv))
+    return out
+
+
+def cgroups_of(cid: str) -> list[str]:
+    """The node's cgroup directories (every v1 hierarchy) named for container `cid`."""
+    found = []
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        top = hierarchy / "cordon-k8s"
+        if not top.is_dir():
+            continue
+        for dirpath, dirnames, _ in os.walk(top):
+            found += [f"{dirpath}/{d}" for d in dirnames if cid in d]
+    return found
+
+
+def gone(cid: str, root: Path, seconds: int = 90) -> list[str]:
+    """What is left of container `cid` after `seconds`: its monitors, cgroups, record."""
+    left: list[str] = []
+    for _ in range(seconds):
+        left = [f"monitor {pid}" for pid, _ in monitors(cid)] + cgroups_of(cid)
+        if (root / cid).exists():
+            left.append(str(root / cid))
+        if not left:
+            break
+        time.sleep(1)
+    return left
+
+
+@pytest.mark.parametrize("runtime_class", ["cordon", "cordon-gvisor"])
+def test_a_killed_monitor_is_restarted_and_leaves_nothing(cluster, runtime_class: str) -> None:
+    """SIGKILL to a Cordon container's monitor (the process the shim watches): its sandbox
+    ends with it, the kubelet starts the container again (one restart, a new container),
+    and the killed one leaves no monitor, cgroup or record; after the pod is deleted,
+    neither does the new one."""
+    import signal
+    name = f"monitor-{runtime_class}"
+    apply(PLAIN_POD.format(name=name, runtime_class=runtime_class))
+    wait_ready(name)
+    first, restarts = containers([name])[name]
+    assert restarts == 0
+    cid = first.split("://", 1)[1]
+    found = monitors(cid)
+    assert len(found) == 1, f"monitors of {cid}: {found}"
+    pid, argv = found[0]
+    root = Path(argv[argv.index(b"--root") + 1].decode())
+    os.kill(pid, signal.SIGKILL)
+    again = ("", 0)
+    for _ in range(120):
+        again = containers([name])[name]
+        if again[1] >= 1 and again[0] and again[0] != first:
+            break
+        time.sleep(1)
+    assert again[1] == 1 and again[0] != first, f"not restarted once: {again} (was {first})"
+    wait_ready(name)
+    assert kubectl("exec", name, "--", "echo", "alive").stdout.strip() == "alive"
+    assert gone(cid, root) == [], "the killed container left these"
+    kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
+    second = again[0].split("://", 1)[1]
+    assert gone(second, root) == [], "the deleted pod's container left these"
+
+
 MIB = 1 << 20
 
 FILLED_POD = """
