@@ -353,6 +353,7 @@ impl Tier {
                 root_mount_points: true,
                 snapshot_full: true,
                 snapshot_files: true,
+                ports: true,
                 watch: true,
                 server_descriptors: 10,
                 ..PROGRAMS

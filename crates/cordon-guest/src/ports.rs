@@ -65,6 +65,24 @@ impl Relay {
     }
 }
 
+/// Connects the host's socket `name` in [`crate::proto::PORTS_DIR`] (a plain name: no
+/// other directory is reached), for [`crate::proto::Request::PortDial`].
+pub fn dial(name: &str) -> Result<OwnedFd, String> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        || name.starts_with('.')
+    {
+        return Err(format!("{name:?} is not a port socket's name"));
+    }
+    let path = std::path::Path::new(crate::proto::PORTS_DIR).join(name);
+    UnixStream::connect(&path)
+        .map(OwnedFd::from)
+        .map_err(|e| format!("connecting the host's port socket: {e}"))
+}
+
 fn serve(chan: &UnixStream) {
     loop {
         let mut buf = [0u8; 2];

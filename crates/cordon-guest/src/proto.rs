@@ -23,6 +23,12 @@ pub const MAX_HEADER: usize = 1 << 20;
 pub const FEATURE_FILES: &str = "files";
 /// Named in [`Reply::Configured`] by agents that serve [`Request::Watch`].
 pub const FEATURE_WATCH: &str = "watch";
+
+/// Where a tier whose agent channel carries no descriptors binds the directory of the
+/// sockets a [`Request::PortDial`] names: the egress socket's directory (a sandbox with
+/// egress has both there; one without gets a directory of its own at the same place, a
+/// mount point every root and template has).
+pub const PORTS_DIR: &str = "/run/cordon";
 /// `TERM` of a program on a pseudo-terminal unless its request sets one.
 pub const PTY_TERM: &str = "xterm-256color";
 /// The largest piece of an archive one frame carries.
@@ -213,6 +219,15 @@ pub enum Request {
     /// [`Reply::Ok`] once the relay has the socket. Agents on a socket channel only.
     PortOpen {
         port: u16,
+    },
+    /// [`Request::PortOpen`] for an agent whose channel carries no descriptors (the gvisor
+    /// tier's pipes): the agent connects the unix socket the host listens on at `socket`, a
+    /// name in [`PORTS_DIR`] (a directory the tier binds in read-only), and hands that
+    /// connection to its port relay as if it had come with the request. Answered by
+    /// [`Reply::Ok`] once the relay has it, so the host's accept finds it waiting.
+    PortDial {
+        port: u16,
+        socket: String,
     },
     /// A [`cordon_core::WatchOp`] on the sandbox's directory watchers; answered by
     /// [`Reply::Watch`] (agents whose features list [`FEATURE_WATCH`]).

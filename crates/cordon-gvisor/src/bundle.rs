@@ -38,6 +38,10 @@ pub(crate) struct Inputs<'a> {
     /// The egress socket's directory on the host and inside, and the port the agent's
     /// forwarder listens on, when the sandbox has egress.
     pub egress: Option<Egress<'a>>,
+    /// The host directory of the sockets port connections come through
+    /// ([`cordon_guest::proto::PORTS_DIR`] inside): bound there read-only when the sandbox
+    /// has no egress (with egress they are in the egress socket's directory, bound there).
+    pub ports: &'a Path,
     /// The template's root, when the sandbox has one (else the bundle's `rootfs`).
     pub template_root: Option<&'a Path>,
     /// Host /etc entries bound read-only at the same path (no template).
@@ -153,6 +157,14 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
         if let Some(rel) = path.strip_prefix("/work/").filter(|_| has_home) {
             mounts.push(mount(format!("{home}/{rel}"), "bind", bind, &opts)?);
         }
+    }
+    if i.egress.is_none() {
+        mounts.push(mount(
+            cordon_guest::proto::PORTS_DIR,
+            "bind",
+            i.ports,
+            &["rbind", "ro", "nosuid", "nodev", "noexec"],
+        )?);
     }
     if let Some(e) = &i.egress {
         mounts.push(mount(
@@ -338,6 +350,7 @@ mod tests {
             work: Path::new("/b/work"),
             agent: Path::new("/opt/agent"),
             volumes: &volumes,
+            ports: Path::new("/b/ports"),
             egress: Some(Egress {
                 host_dir: Path::new("/run/e"),
                 inside_dir: Path::new("/.cordon/egress"),
@@ -408,6 +421,7 @@ mod tests {
             work: Path::new("/w"),
             agent: Path::new("/a"),
             volumes: &[],
+            ports: Path::new("/b/ports"),
             egress: None,
             template_root: Some(Path::new("/t/root")),
             host_etc: Vec::new(),

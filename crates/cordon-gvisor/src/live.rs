@@ -177,11 +177,10 @@ impl GvisorSandbox {
     /// (`runsc checkpoint --leave-running` needs those of its `run`).
     pub(crate) fn runsc_flags(&self, cgroup: bool) -> std::process::Command {
         let mut cmd = runsc_base(&self.config);
-        if self.egress.is_some() {
-            // Lets the gofer open host unix sockets the sandbox can see: only the egress
-            // proxy's, bound read-only at /run/cordon.
-            cmd.arg("--host-uds=open");
-        }
+        // Lets the gofer open host unix sockets the sandbox can see: only those in the one
+        // directory bound read-only at /run/cordon (the egress proxy's, and those the host
+        // listens on for a connection to a port of the sandbox).
+        cmd.arg("--host-uds=open");
         if !cgroup {
             cmd.arg("--ignore-cgroups");
         }

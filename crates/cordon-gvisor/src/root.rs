@@ -11,6 +11,9 @@ use cordon_host::egress::{EgressLink, SANDBOX_PROXY_PORT, SOCKET_INSIDE};
 use crate::bundle::{self, AGENT_INSIDE};
 use crate::{GvisorSandbox, reap, workspace};
 
+/// The bundle's directory of port sockets (a sandbox without egress).
+const PORTS: &str = "ports";
+
 /// Regular files under `dir`, recursively.
 pub(crate) fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
@@ -97,6 +100,20 @@ impl GvisorSandbox {
         Ok(())
     }
 
+    /// The host directory of the sockets port connections come through: the egress
+    /// socket's when the sandbox has egress (bound at the same place inside), else the
+    /// bundle's own.
+    pub(crate) fn ports_dir(&self) -> Result<PathBuf> {
+        match &self.egress {
+            Some(link) => link
+                .socket()
+                .parent()
+                .map(Path::to_path_buf)
+                .ok_or_else(|| Error::Sandbox("the egress socket has no directory".into())),
+            None => Ok(self.bundle.join(PORTS)),
+        }
+    }
+
     /// Lays out the bundle: owner record, root skeleton, /etc, the /work tmpfs, egress.
     pub(crate) fn build(&mut self, egress: bool) -> Result<()> {
         let bundle = self.bundle.clone();
@@ -109,6 +126,13 @@ impl GvisorSandbox {
         // other data dirs see those and not this bundle.
         reap::register(&self.config.state_root, &sid)
             .map_err(|e| io("writing the host-wide owner record", e))?;
+        // The port sockets' directory of a sandbox without egress (root's alone; the agent
+        // reaches it as the sandbox's root, its programs do not).
+        std::fs::create_dir(bundle.join(PORTS))
+            .and_then(|()| {
+                std::fs::set_permissions(bundle.join(PORTS), std::fs::Permissions::from_mode(0o700))
+            })
+            .map_err(|e| io("creating the ports directory", e))?;
         let rootfs = bundle.join("rootfs");
         for d in [
             "usr",
@@ -241,12 +265,14 @@ impl GvisorSandbox {
                 (Vec::new(), overlays)
             }
         };
+        let ports = self.ports_dir()?;
         let spec = bundle::config(&bundle::Inputs {
             uid: self.uid,
             limits: &self.spec.limits,
             work: &self.work,
             agent: &self.config.agent,
             volumes: &self.volumes,
+            ports: &ports,
             egress,
             template_root: template.map(|t| t.root.as_path()),
             host_etc,

@@ -334,6 +334,12 @@ impl Sandbox for GvisorSandbox {
         self.bg_call(|io| cordon_host::procs::signal(io, id, signal))
     }
 
+    fn open_port(&mut self, port: u16) -> Result<std::os::unix::net::UnixStream> {
+        cordon_host::egress::check_own_port(port)?;
+        let dir = self.ports_dir()?;
+        self.bg_call(|io| cordon_host::ports::dial(io, port, &dir))
+    }
+
     fn start_us(&self) -> u64 {
         self.start_us
     }

@@ -22,7 +22,7 @@ from conftest import KEYS  # noqa: E402
 from test_e2b_compat import ORIGIN, serving  # noqa: E402  (sets the SDK's URLs)
 
 # The tiers whose sandboxes serve their own ports to the outside.
-PORT_TIERS = ("container",)
+PORT_TIERS = ("container", "gvisor")
 # The sandbox's egress proxy's port (cordon_egress::DEFAULT_SANDBOX_PROXY_PORT).
 PROXY_PORT = 3128
 

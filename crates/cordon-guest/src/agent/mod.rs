@@ -893,6 +893,16 @@ impl Agent {
                     )?,
                 }
             }
+            Request::PortDial { port, socket } => match crate::ports::dial(&socket) {
+                Ok(conn) => match self.hand_port(port, &conn) {
+                    Ok(()) => self.send(&Reply::Ok, b"")?,
+                    Err(e) => self.error(
+                        ErrorCode::Io,
+                        format!("the port relay cannot take the connection: {e}"),
+                    )?,
+                },
+                Err(e) => self.error(ErrorCode::BadRequest, e)?,
+            },
             Request::Watch { op } => match self.watches.handle(&self.work, &op) {
                 Ok(reply) => {
                     let body = serde_json::to_vec(&reply)
