@@ -1235,6 +1235,13 @@ impl Sandbox for ContainerSandbox {
         self.file_call(|io| cordon_host::files::file_op(io, op))
     }
 
+    fn gauge(&self) -> Option<std::sync::Arc<dyn cordon_core::Gauge>> {
+        let cg = self.cgroup.as_ref()?;
+        Some(std::sync::Arc::new(
+            cg.gauge(cordon_host::cgroup::gauge::Workspace::Inside),
+        ))
+    }
+
     fn watch(&mut self, op: &cordon_core::WatchOp) -> Result<cordon_core::WatchReply> {
         self.file_call(|io| cordon_host::files::watch(io, op))
     }

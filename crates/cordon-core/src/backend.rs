@@ -393,6 +393,14 @@ pub trait Sandbox: Send {
         Err(crate::Feature::Ports.unsupported_here("a connection to a port in the sandbox"))
     }
 
+    /// A handle that reads the sandbox's CPU, memory and disk figures from the tier's own
+    /// accounting, for a sampler that reads it without this sandbox's lock; `None` where
+    /// the tier keeps no such figures (or not yet: a tier that restarts its sandbox hands
+    /// out a new one, so a sampler asks again now and then).
+    fn gauge(&self) -> Option<std::sync::Arc<dyn crate::Gauge>> {
+        None
+    }
+
     /// One operation on the sandbox's directory watchers ([`crate::WatchOp`]): start one on
     /// a workspace directory, read what it queued, stop it. Watchers end with the sandbox.
     /// Tiers with [`crate::Feature::Watch`].

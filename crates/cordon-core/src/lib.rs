@@ -11,6 +11,7 @@ mod error;
 mod exec;
 mod features;
 mod files;
+mod gauge;
 mod procs;
 pub mod report;
 mod run;
@@ -33,6 +34,7 @@ pub use exec::{
 };
 pub use features::{Feature, Features};
 pub use files::{ArchiveReport, FileEntry, FileKind, FileOp, FileReply, MAX_LIST_ENTRIES, Skipped};
+pub use gauge::{Gauge, Reading};
 pub use procs::{BACKGROUND_KEEP, PTY_MAX, ProcExit, ProcOutput, ProcSignal, PtySize};
 pub use report::{
     Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind,

@@ -205,6 +205,13 @@ impl Sandbox for GvisorSandbox {
         Ok(clean)
     }
 
+    fn gauge(&self) -> Option<std::sync::Arc<dyn cordon_core::Gauge>> {
+        let cg = self.live.as_ref()?.cgroup.as_ref()?;
+        Some(std::sync::Arc::new(cg.gauge(
+            cordon_host::cgroup::gauge::Workspace::Host(self.work.clone()),
+        )))
+    }
+
     fn watch(&mut self, op: &cordon_core::WatchOp) -> Result<cordon_core::WatchReply> {
         self.workspace()?;
         if self.watches.is_none() {

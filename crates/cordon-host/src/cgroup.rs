@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::HostError;
+pub mod gauge;
 pub mod place;
 
 /// The calling thread's own view of the mounts: a process whose threads see different

@@ -245,6 +245,15 @@ impl Sandbox for MicrovmSandbox {
         self.start_us
     }
 
+    /// QEMU's cgroup: the guest's memory as the host charges it and the VM's CPU time; the
+    /// workspace is a disk inside the guest, not read from the host.
+    fn gauge(&self) -> Option<std::sync::Arc<dyn cordon_core::Gauge>> {
+        let cg = self.cgroup.as_ref()?;
+        Some(std::sync::Arc::new(
+            cg.gauge(cordon_host::cgroup::gauge::Workspace::Unknown),
+        ))
+    }
+
     fn interrupter(&self) -> Option<cordon_core::Interrupter> {
         // QEMU is our child, reaped by destroy or by an exec's timeout. Only a busy sandbox is
         // interrupted, and a pid is handed out again only after the kernel's pid counter

@@ -21,6 +21,7 @@ pub mod contexts;
 pub mod execs;
 mod extract;
 pub mod files;
+pub mod metrics;
 pub mod ports;
 pub mod processes;
 pub mod sandboxes;
@@ -29,6 +30,7 @@ pub mod snapshots;
 mod stream;
 pub mod tokens;
 pub mod volumes;
+pub mod watch;
 
 pub(crate) use extract::parse_id;
 pub use extract::{Auth, MaybeAuth, PeerAddr, authenticate};
@@ -53,7 +55,9 @@ pub fn documented(svc: Service) -> (Router, Vec<Op>) {
         .merge(volumes::routes(&limits))
         .merge(snapshots::routes(&limits))
         .merge(audit::routes(&limits))
-        .merge(ports::routes());
+        .merge(ports::routes())
+        .merge(metrics::routes())
+        .merge(watch::routes());
     let (mcp_router, mcp_ops) = server::mcp(&svc);
     let Api { router, mut ops } = api;
     ops.extend(mcp_ops);

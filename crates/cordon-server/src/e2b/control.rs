@@ -217,7 +217,7 @@ fn not_found(id: &str) -> Response {
 }
 
 /// The tenant and the checked id of a call about one sandbox.
-async fn about(
+pub(super) async fn about(
     e: &E2b,
     from: &Peer,
     headers: &HeaderMap,
@@ -380,23 +380,6 @@ pub(super) async fn connect(
         }
     }
     (status, Json(sandbox_out(&t, &info, &b))).into_response()
-}
-
-/// Sandbox metrics: Cordon reports usage per exec and as Prometheus metrics, not as E2B's
-/// time series.
-pub(super) async fn metrics(
-    State(e): State<E2b>,
-    from: Peer,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    if let Err(r) = about(&e, &from, &headers, &id).await {
-        return r;
-    }
-    e2b_error(
-        StatusCode::NOT_IMPLEMENTED,
-        "sandbox metrics are not served by Cordon's E2B listener: Cordon reports CPU time and peak memory per exec and the server's figures at /metrics (Prometheus) of its API",
-    )
 }
 
 /// Routes of E2B's API that Cordon does not serve, each with what Cordon does instead.

@@ -25,6 +25,7 @@ mod envd;
 mod gzip;
 mod interp;
 mod listing;
+mod metrics;
 mod ports;
 mod snapshots;
 mod watch;
@@ -159,7 +160,7 @@ fn router(state: E2b) -> Router {
         .route("/sandboxes/{id}/resume", post(control::connect))
         .route("/sandboxes/{id}/connect", post(control::connect))
         .route("/v2/sandboxes/{id}/connect", post(control::connect))
-        .route("/sandboxes/{id}/metrics", get(control::metrics))
+        .route("/sandboxes/{id}/metrics", get(metrics::metrics))
         .route(
             "/sandboxes/{id}/snapshots",
             post(snapshots::create_snapshot),

@@ -47,6 +47,7 @@ mod ports;
 mod procs;
 mod reaper;
 mod recovery;
+mod samples;
 mod sessions;
 mod snapshots;
 mod volumes;
@@ -61,6 +62,7 @@ pub use pools::{Backends, Held, Pools};
 pub use ports::{MAX_PORT_CONNS, Opened, PortConn};
 pub use procs::{AttachCaps, AttachSlot, Procs};
 pub use recovery::{RecoveryHook, scratch_dir};
+pub use samples::{KEEP as METRIC_SAMPLES_KEPT, MetricSample, SAMPLE_EVERY};
 pub use sessions::Sessions;
 pub use snapshots::{Snapshots, StartOptions, snapshots_dir};
 pub use volumes::Volumes;
@@ -322,6 +324,12 @@ impl Service {
                 paused_ttl: cfg.sessions.paused_ttl.0,
                 max_size: cfg.audit.max_size.0,
                 retention_days: cfg.audit.retention_days,
+            }
+            .run(),
+        );
+        life.background.spawn(
+            samples::Sampler {
+                sessions: sessions.clone(),
             }
             .run(),
         );
@@ -625,6 +633,7 @@ mod tests {
         ("procs", &["common", "exec", "sessions"]),
         ("contexts", &["common", "procs", "sessions"]),
         ("watch", &["common", "procs", "sessions"]),
+        ("samples", &["common", "sessions"]),
         (
             "snapshots",
             &["common", "contexts", "pools", "procs", "sessions"],
