@@ -189,3 +189,35 @@ def test_a_flood_under_a_recursive_watch_is_bounded(server, sbx):
     got = _collect(h, [("last.txt", "create")])
     assert ("last.txt", "create") in got, got[-5:]
     h.stop()
+
+
+def test_native_watch_stream(server, sbx):
+    """The native door: GET /v1/sandboxes/{id}/watch as server-sent events, with the
+    tenant's key (the E2B key is alice's); bob's key gets 404."""
+    import threading
+    from test_e2b_compat import E2B_KEY
+    url = (f"{server.url.rstrip('/')}/v1/sandboxes/{sbx.sandbox_id}/watch"
+           "?path=/work&recursive=true")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(
+            url, headers={"Authorization": f"Bearer {KEYS['bob']}"}), timeout=30)
+    assert e.value.code == 404
+    resp = urllib.request.urlopen(urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {E2B_KEY}"}), timeout=60)
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    t = threading.Timer(0.5, lambda: sbx.commands.run("mkdir -p /home/user/n && touch /home/user/n/x"))
+    t.start()
+    changes = []
+    event = None
+    for raw in resp:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("event:"):
+            event = line.split(":", 1)[1].strip()
+        elif line.startswith("data:") and event == "change":
+            changes.append(json.loads(line.split(":", 1)[1]))
+            if {"name": "n/x", "kind": "create"} in changes:
+                break
+    t.join()
+    resp.close()
+    assert {"name": "n", "kind": "create"} in changes, changes
+    assert {"name": "n/x", "kind": "create"} in changes, changes
