@@ -148,3 +148,133 @@ def test_the_interpreter_comes_back_after_it_is_killed(ci):
     r = ci.run_code("import os; os._exit(0)")
     assert r.error is not None
     assert ci.run_code("'y' in dir(), 3").text == "(False, 3)"
+
+
+def _chart(ci, code):
+    ex = ci.run_code(code)
+    assert ex.error is None, ex.error
+    charts = [r.chart for r in ex.results if r.chart is not None]
+    assert len(charts) == 1, ex.results
+    assert any(r.png for r in ex.results)
+    return charts[0]
+
+
+def test_charts_of_matplotlib_figures(ci):
+    """A shown figure comes back as its PNG and its chart data, typed as E2B's SDK types
+    them: line (a datetime axis), bar, scatter, pie, box and whiskers, several axes, a log
+    and a categorical scale; their labels, units, ticks and elements."""
+    import datetime
+
+    from e2b_code_interpreter.charts import (BarChart, BoxAndWhiskerChart, LineChart,
+                                             PieChart, ScatterChart, SuperChart)
+    c = _chart(ci, """
+        import datetime, math
+        import matplotlib.pyplot as plt
+        days = [datetime.date(2023, 9, 1) + datetime.timedelta(days=i) for i in range(20)]
+        plt.figure()
+        plt.plot(days, [math.sin(i / 3) for i in range(20)], label='sin')
+        plt.plot(days, [math.cos(i / 3) for i in range(20)], label='cos')
+        plt.xlabel('Time (s)'); plt.ylabel('Amplitude [Hz]'); plt.title('Waves')
+        plt.show()""")
+    assert isinstance(c, LineChart)
+    assert (c.title, c.x_label, c.y_label, c.x_unit, c.y_unit) == (
+        "Waves", "Time (s)", "Amplitude [Hz]", "s", "Hz")
+    assert (c.x_scale, c.y_scale) == ("datetime", "linear")
+    assert all(isinstance(t, str) for t in c.x_ticks)
+    datetime.datetime.fromisoformat(c.x_ticks[0])
+    assert all(isinstance(t, float) for t in c.y_ticks)
+    assert all(isinstance(t, str) for t in c.y_tick_labels) and any(c.y_tick_labels)
+    assert [e.label for e in c.elements] == ["sin", "cos"]
+    assert len(c.elements[0].points) == 20
+    x, y = c.elements[0].points[3]
+    assert datetime.datetime.fromisoformat(x).date() == datetime.date(2023, 9, 4)
+    assert y == 1.0 * __import__("math").sin(1)
+
+    c = _chart(ci, """
+        import matplotlib.pyplot as plt
+        plt.bar(['A', 'B', 'C'], [100, 200, 300], label='Sold')
+        plt.xlabel('Authors'); plt.ylabel('Books'); plt.title('Sales')
+        plt.show()""")
+    assert isinstance(c, BarChart)
+    assert [(b.label, b.value, b.group) for b in c.elements] == [
+        ("A", 100, "Sold"), ("B", 200, "Sold"), ("C", 300, "Sold")]
+    assert (c.x_unit, c.y_unit) == (None, None)
+
+    c = _chart(ci, """
+        import matplotlib.pyplot as plt
+        plt.scatter([1, 2, 3], [4, 5, 6], label='one')
+        plt.scatter([1, 2], [1, 2], label='two')
+        plt.xlabel('A'); plt.ylabel('B')
+        plt.show()""")
+    assert isinstance(c, ScatterChart)
+    assert c.title is None
+    assert [(e.label, e.points) for e in c.elements] == [
+        ("one", [(1.0, 4.0), (2.0, 5.0), (3.0, 6.0)]), ("two", [(1.0, 1.0), (2.0, 2.0)])]
+
+    c = _chart(ci, """
+        import matplotlib.pyplot as plt
+        plt.pie([90, 10], labels=['No', 'Yes'])
+        plt.title('Early tomorrow?')
+        plt.show()""")
+    assert isinstance(c, PieChart)
+    assert [(e.label, e.angle, e.radius) for e in c.elements] == [("No", 324, 1), ("Yes", 36, 1)]
+
+    c = _chart(ci, """
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots()
+        ax.boxplot([[78, 85, 88, 90, 92], [76, 85, 86, 88, 90, 91, 92]],
+                   labels=['Class A', 'Class B'])
+        ax.set_xlabel('Class'); ax.set_ylabel('Score'); ax.set_title('Scores')
+        plt.show()""")
+    assert isinstance(c, BoxAndWhiskerChart)
+    assert c.title == "Scores"
+    assert [(b.label, b.min, b.first_quartile, b.median, b.third_quartile, b.max, b.outliers)
+            for b in c.elements] == [("Class A", 78, 85, 88, 90, 92, []),
+                                     ("Class B", 85, 85.5, 88, 90.5, 92, [76])]
+
+    c = _chart(ci, """
+        import matplotlib.pyplot as plt
+        fig, (a, b) = plt.subplots(1, 2)
+        fig.suptitle('Two')
+        a.plot([1, 2, 3], [1, 4, 9]); a.set_title('Line')
+        b.scatter([1, 2], [3, 4]); b.set_xlabel('X'); b.set_yscale('log')
+        plt.show()""")
+    assert isinstance(c, SuperChart)
+    assert c.title == "Two"
+    first, second = c.elements
+    assert isinstance(first, LineChart) and first.title == "Line"
+    assert isinstance(second, ScatterChart) and second.x_label == "X"
+    assert second.y_scale == "log"
+
+    c = _chart(ci, """
+        import matplotlib.pyplot as plt
+        plt.plot([1, 2, 3], ['A', 'B', 'C'])
+        plt.show()""")
+    assert (c.x_scale, c.y_scale) == ("linear", "categorical")
+    assert c.elements[0].points == [(1.0, "A"), (2.0, "B"), (3.0, "C")]
+    # A cell without a figure has no chart (and pays nothing for extraction).
+    assert all(r.chart is None for r in ci.run_code("1 + 1").results)
+
+
+def test_rich_results_of_objects(ci):
+    """An object's own representations (a custom _repr_html_ and _repr_markdown_), and a
+    PIL image, shown by display() and as a cell's value."""
+    ex = ci.run_code("""
+        class Card:
+            def _repr_html_(self):
+                return '<b>card</b>'
+            def _repr_markdown_(self):
+                return '**card**'
+        Card()""")
+    assert ex.error is None, ex.error
+    r = ex.results[0]
+    assert (r.is_main_result, r.html, r.markdown) == (True, "<b>card</b>", "**card**")
+    ex = ci.run_code("""
+        from PIL import Image
+        img = Image.new('RGB', (4, 3), 'red')
+        display(img)
+        img""")
+    assert ex.error is None, ex.error
+    shown, value = ex.results
+    assert shown.png and shown.png.startswith("iVBORw0KGgo") and not shown.is_main_result
+    assert value.png == shown.png and value.is_main_result

@@ -74,6 +74,8 @@ fn result_line(o: &CellOutput) -> OutputLine {
             "text/latex" => r.latex = v,
             "application/javascript" => r.javascript = v,
             "application/json" => r.json = serde_json::from_str(data).ok(),
+            "application/vnd.cordon.chart+json" => r.chart = serde_json::from_str(data).ok(),
+            "application/vnd.cordon.data+json" => r.data = serde_json::from_str(data).ok(),
             _ => {
                 r.extra.insert(mime.clone(), data.clone());
             }

@@ -430,6 +430,12 @@ pub struct ResultOut {
     pub json: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub javascript: Option<String>,
+    /// A DataFrame's columns (E2B's `data`), passed through as the driver gave them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    /// A shown figure's chart data (E2B's `chart`), passed through as the driver gave it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chart: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, String>,
 }

@@ -220,8 +220,24 @@ def _driver():
               lambda v: v if isinstance(v, str) else json.dumps(v, default=str)),
              ("_repr_javascript_", "application/javascript", str))
 
+    CHART = "application/vnd.cordon.chart+json"
+    DATA = "application/vnd.cordon.data+json"
+
+    def frame_data(df, pandas):
+        # A DataFrame's columns as lists (E2B's `data`), times as ISO text.
+        cols = df.to_dict(orient="list")
+        for k, v in cols.items():
+            cols[k] = [x.isoformat() if isinstance(x, pandas.Timestamp) else x for x in v]
+        return json.dumps({str(k): v for k, v in cols.items()}, default=str)
+
     def bundle(obj):
         data = {}
+        pandas = sys.modules.get("pandas")
+        if pandas is not None and isinstance(obj, pandas.DataFrame):
+            try:
+                data[DATA] = frame_data(obj, pandas)
+            except Exception:
+                pass
         if not isinstance(obj, type):
             mb = getattr(obj, "_repr_mimebundle_", None)
             if callable(mb):
@@ -274,8 +290,14 @@ def _driver():
                 enqueue({"t": "stream", "cell": st.cell, "name": "stderr",
                          "text": f"a figure could not be drawn: {e}\n"})
                 continue
-            enqueue({"t": "display", "cell": st.cell, "main": False,
-                     "data": {"image/png": b64(buf.getvalue()), "text/plain": repr(fig)}})
+            data = {"image/png": b64(buf.getvalue()), "text/plain": repr(fig)}
+            try:
+                chart = _chart_of(fig)
+                if chart is not None:
+                    data[CHART] = json.dumps(chart, default=str, allow_nan=False)
+            except Exception:
+                pass
+            enqueue({"t": "display", "cell": st.cell, "main": False, "data": data})
         plt.close("all")
 
     # matplotlib draws with Agg (also in subprocesses, through the environment); when this

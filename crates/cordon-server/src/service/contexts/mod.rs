@@ -33,7 +33,8 @@ pub(super) use carry::{carry, restore};
 pub use frames::{CellError, CellStatus};
 use frames::{DriverFrame, DriverRequest, FrameReader, Piece, StreamName};
 
-const PYTHON_DRIVER: &str = include_str!("driver.py");
+/// The Python driver, with the chart extraction it calls for a shown figure.
+const PYTHON_DRIVER: &str = concat!(include_str!("charts.py"), include_str!("driver.py"));
 const JAVASCRIPT_DRIVER: &str = include_str!("driver.js");
 /// A bash context's driver is a Python program that keeps one shell.
 const BASH_DRIVER: &str = include_str!("driver_bash.py");
