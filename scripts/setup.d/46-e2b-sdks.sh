@@ -23,11 +23,11 @@ if [ ! -f "$js/node_modules/e2b/package.json" ] ||
   (cd "$js" && npm ci --no-audit --no-fund --loglevel=error &&
      cp package-lock.json node_modules/.cordon-installed-lock)
 fi
-# The wheels of the E2B base template for tiers whose root is Debian's (microvm): matplotlib
-# and what it needs, for Debian's Python 3.11, pinned. The test serves them from a loopback
+# The wheels of the E2B base template for tiers whose root is Debian's (microvm): matplotlib,
+# pandas and what they need, for Debian's Python 3.11, pinned. The test serves them from a loopback
 # index to `cordon template build`: no sandbox reaches a public index.
 wheels="$(cordon_data_dir)/e2b-wheels"
-pins="matplotlib==3.9.2 numpy==2.4.6 pillow==13.0.0 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 packaging==26.4 pyparsing==3.3.3 python-dateutil==4.0.0 tzdata==2026.6"
+pins="matplotlib==3.9.2 numpy==2.4.6 pillow==13.0.0 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 packaging==26.4 pyparsing==3.3.3 python-dateutil==4.0.0 tzdata==2026.6 pandas==2.2.3 pytz==2025.2 six==1.17.0"
 if [ "$(cat "$wheels/.pins" 2>/dev/null)" != "$pins" ]; then
   log "downloading the E2B base template's wheels into $wheels (pip download)"
   mkdir -p "$wheels"

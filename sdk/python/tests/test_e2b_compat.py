@@ -51,7 +51,7 @@ def wheels_dir() -> Path:
 
 def build_base_template(data_dir: Path) -> None:
     """E2B's `base` for a tier whose root is Debian's (microvm): bash, Python with matplotlib
-    (the guest makes /home/user the workspace's second mount point itself). pip reads the
+    and pandas (the guest makes /home/user the workspace's second mount point itself). pip reads the
     wheels from an index on loopback, the only host the build may reach."""
     import functools
     import http.server
@@ -67,7 +67,7 @@ def build_base_template(data_dir: Path) -> None:
             [cordon_bin(), "template", "build", "e2b-base", "--from", "debian",
              "--run", "python3 -m venv /opt/py",
              "--run", "/opt/py/bin/pip install --no-cache-dir --disable-pip-version-check "
-                      f"--no-input --no-index --find-links http://127.0.0.1:{port}/ matplotlib",
+                      f"--no-input --no-index --find-links http://127.0.0.1:{port}/ matplotlib pandas",
              "--allow-cidr", f"127.0.0.1/32:{port}",
              "--env", "PATH=/opt/py/bin:/usr/local/bin:/usr/bin:/bin"],
             env=dict(os.environ, CORDON_HOME=str(data_dir)), capture_output=True, text=True,

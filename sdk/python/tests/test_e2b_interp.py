@@ -278,3 +278,20 @@ def test_rich_results_of_objects(ci):
     shown, value = ex.results
     assert shown.png and shown.png.startswith("iVBORw0KGgo") and not shown.is_main_result
     assert value.png == shown.png and value.is_main_result
+
+
+def test_a_dataframe_as_data(ci):
+    """A pandas DataFrame as a cell's value: its columns as E2B's `data` (times as ISO
+    text), beside its HTML table and text."""
+    ex = ci.run_code("""
+        import pandas as pd
+        pd.DataFrame({'a': [1, 2], 'b': ['x', 'y'],
+                      't': pd.to_datetime(['2024-01-02', '2024-03-04'])})""")
+    assert ex.error is None, ex.error
+    r = ex.results[0]
+    assert r.is_main_result
+    assert r.data == {"a": [1, 2], "b": ["x", "y"],
+                      "t": ["2024-01-02T00:00:00", "2024-03-04T00:00:00"]}
+    assert "<table" in r.html and "a" in r.text
+    # Anything else has no data.
+    assert ci.run_code("{'a': [1]}").results[0].data is None
