@@ -5,6 +5,7 @@
 
 def _chart_of(fig):
     import math
+    from importlib import import_module as mod  # matplotlib: the sandbox's, already loaded
 
     def num(v):
         try:
@@ -39,9 +40,8 @@ def _chart_of(fig):
     def value(axis, sc, v):
         # A data value as E2B shows it: a date's ISO text, a category's name, else a number.
         if sc == "datetime":
-            import matplotlib.dates as mdates
             try:
-                return mdates.num2date(float(v)).isoformat()
+                return mod("matplotlib.dates").num2date(float(v)).isoformat()
             except (TypeError, ValueError, OverflowError):
                 return num(v)
         if sc == "categorical":
@@ -75,7 +75,7 @@ def _chart_of(fig):
                               "radius": num(w.r)} for w in wedges]}
 
     def bars(ax):
-        from matplotlib.container import BarContainer
+        BarContainer = mod("matplotlib.container").BarContainer
         conts = [c for c in ax.containers if isinstance(c, BarContainer)]
         d = axes2d(ax)
         elements = []
@@ -103,7 +103,7 @@ def _chart_of(fig):
         # A boxplot's pieces: each box a closed rectangle (5 points), its median the
         # 2-point line across it, its whiskers 2-point lines from the box out, its fliers
         # markers without a line.
-        from matplotlib.patches import PathPatch
+        PathPatch = mod("matplotlib.patches").PathPatch
         rects = []
         for ln in lines:
             xs, ys = list(ln.get_xdata()), list(ln.get_ydata())
@@ -151,8 +151,8 @@ def _chart_of(fig):
         return d
 
     def chart(ax):
-        from matplotlib.collections import PathCollection
-        from matplotlib.patches import Wedge
+        PathCollection = mod("matplotlib.collections").PathCollection
+        Wedge = mod("matplotlib.patches").Wedge
         wedges = [p for p in ax.patches if isinstance(p, Wedge)]
         if wedges and len(wedges) == len(ax.patches):
             return pie(ax, wedges)
