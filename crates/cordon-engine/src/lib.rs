@@ -26,7 +26,9 @@ pub use gate::{
     workload_of,
 };
 pub use ledger::{BudgetLimits, Full, Ledger, Reservation, host_memory_budget};
-pub use request::{GrantName, LimitsPatch, Principal, SandboxRequest, VolumeRequest, Workload};
+pub use request::{
+    GrantName, LimitsPatch, OnTimeout, Principal, SandboxRequest, VolumeRequest, Workload,
+};
 pub use tokens::{Discovery, Introspection, Issuer, Jwks};
 
 /// Errors of setting the engine up (the operator's config).

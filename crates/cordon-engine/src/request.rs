@@ -148,6 +148,10 @@ pub struct SandboxRequest {
     /// Destroyed after this long without a request.
     #[serde(default)]
     pub idle_timeout: Option<Dur>,
+    /// What its TTL or idle timeout does: `destroy` (default) or `pause` (kept paused,
+    /// under `sessions.paused_ttl`, until resumed with a TTL of the same length again).
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
     /// The client's own labels (`GET /v1/sandboxes?label=k=v` filters by them); the service
     /// bounds their number and sizes.
     #[serde(default)]
@@ -164,6 +168,26 @@ pub struct SandboxRequest {
     /// gate tell pure computation from work that needs a shell.
     #[serde(skip)]
     pub workload: Workload,
+}
+
+/// What a sandbox's TTL or idle timeout does to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum OnTimeout {
+    /// It is destroyed.
+    #[default]
+    Destroy,
+    /// It is paused (to disk where its tier pauses to disk), and destroyed only once it has
+    /// stayed paused for `sessions.paused_ttl`; a resume gives it its TTL again from then.
+    /// Tiers that pause only (container, gvisor, microvm).
+    Pause,
+}
+
+impl OnTimeout {
+    pub fn is_destroy(&self) -> bool {
+        *self == OnTimeout::Destroy
+    }
 }
 
 /// One volume a create asks for.

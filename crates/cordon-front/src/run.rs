@@ -287,6 +287,7 @@ fn sandbox_request(args: &RunArgs, exec: &ExecRequest) -> Result<SandboxRequest>
         template: args.template.clone(),
         ttl: None,
         idle_timeout: None,
+        on_timeout: Default::default(),
         labels: Default::default(),
         volumes: args
             .volumes

@@ -280,6 +280,7 @@ impl RunRequest {
             template: self.template,
             ttl: None,
             idle_timeout: None,
+            on_timeout: Default::default(),
             labels: BTreeMap::new(),
             volumes: Vec::new(),
             inline_grants: Vec::new(),
@@ -330,6 +331,9 @@ pub struct SandboxInfo {
     pub on_disk: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_disk_bytes: Option<u64>,
+    /// What its TTL or idle timeout does, when not `destroy`.
+    #[serde(default, skip_serializing_if = "cordon_engine::OnTimeout::is_destroy")]
+    pub on_timeout: cordon_engine::OnTimeout,
     /// The labels given at create.
     pub labels: BTreeMap<String, String>,
 }

@@ -86,9 +86,10 @@ def spec(*, tier: Optional[str], allow_hosts: Sequence[str], deny_hosts: Sequenc
          env: Optional[Mapping[str, str]], trust: Optional[str], autonomy: Optional[str],
          shape: Optional[str], grants: Sequence[str], template: Optional[str],
          labels: Optional[Mapping[str, str]], volumes: Sequence[VolumeArg],
-         allow_weaker: Sequence[str]) -> Dict[str, Any]:
+         allow_weaker: Sequence[str], on_timeout: Optional[str] = None) -> Dict[str, Any]:
     """A create's body (CreateRequest)."""
     return _some({
+        "on_timeout": on_timeout,
         "tier": tier, "allow_hosts": list(allow_hosts), "deny_hosts": list(deny_hosts),
         "ttl": ttl, "idle_timeout": idle_timeout, "limits": _limits(limits),
         "env": dict(env) if env else None, "trust": trust, "autonomy": autonomy,

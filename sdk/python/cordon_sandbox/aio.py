@@ -99,13 +99,15 @@ class AsyncCordon:
                              template: Optional[str] = None,
                              labels: Optional[Mapping[str, str]] = None,
                              volumes: Sequence[VolumeArg] = (),
-                             allow_weaker: Sequence[str] = ()) -> "AsyncSandbox":
+                             allow_weaker: Sequence[str] = (),
+                             on_timeout: Optional[str] = None) -> "AsyncSandbox":
         """Creates a sandbox (see `Cordon.create_sandbox`); `async with await
         c.sandbox(...) as sb:` destroys it at the end."""
         body = ops.spec(tier=tier, allow_hosts=allow_hosts, deny_hosts=deny_hosts, ttl=ttl,
                         idle_timeout=idle_timeout, limits=limits, env=env, trust=trust,
                         autonomy=autonomy, shape=shape, grants=grants, template=template,
-                        labels=labels, volumes=volumes, allow_weaker=allow_weaker)
+                        labels=labels, volumes=volumes, allow_weaker=allow_weaker,
+                        on_timeout=on_timeout)
         return AsyncSandbox(self, await self._t.json(ops.create_sandbox(body)))
 
     sandbox = create_sandbox

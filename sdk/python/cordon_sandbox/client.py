@@ -108,7 +108,8 @@ class Cordon:
                        grants: Sequence[str] = (), template: Optional[str] = None,
                        labels: Optional[Mapping[str, str]] = None,
                        volumes: Sequence[VolumeArg] = (),
-                       allow_weaker: Sequence[str] = ()) -> "Sandbox":
+                       allow_weaker: Sequence[str] = (),
+                       on_timeout: Optional[str] = None) -> "Sandbox":
         """Creates a sandbox; use it as `with c.sandbox(...) as sb:` so it is destroyed.
 
         `trust`, `autonomy` and `shape` are the tier policy's inputs, as for `run`.
@@ -116,11 +117,13 @@ class Cordon:
         placeholder, the egress proxy puts the real secret (or a minted token) into requests
         to the grant's hosts. `labels` tag it for `list_sandboxes`. `volumes` mounts volumes
         of yours, each `"name:/work/path"`, `"name:/work/path:ro"` or
-        `{"name", "path", "read_only"}`."""
+        `{"name", "path", "read_only"}`. `on_timeout="pause"` pauses it at its TTL or idle
+        timeout instead of destroying it (`resume()` gives it its TTL again)."""
         body = ops.spec(tier=tier, allow_hosts=allow_hosts, deny_hosts=deny_hosts, ttl=ttl,
                         idle_timeout=idle_timeout, limits=limits, env=env, trust=trust,
                         autonomy=autonomy, shape=shape, grants=grants, template=template,
-                        labels=labels, volumes=volumes, allow_weaker=allow_weaker)
+                        labels=labels, volumes=volumes, allow_weaker=allow_weaker,
+                        on_timeout=on_timeout)
         return Sandbox(self, self._t.json(ops.create_sandbox(body)))
 
     sandbox = create_sandbox

@@ -184,6 +184,8 @@ class SandboxInfo:
     on_disk: bool = False
     on_disk_bytes: Optional[int] = None
     labels: Dict[str, str] = field(default_factory=dict)
+    #: What its TTL or idle timeout does: "destroy" or "pause".
+    on_timeout: str = "destroy"
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -196,7 +198,8 @@ class SandboxInfo:
             source=d.get("source", ""), start_us=d.get("start_us", 0),
             busy=d.get("busy", False), paused=d.get("paused", False),
             on_disk=d.get("on_disk", False), on_disk_bytes=d.get("on_disk_bytes"),
-            labels=dict(d.get("labels", {})), raw=dict(d))
+            labels=dict(d.get("labels", {})), on_timeout=d.get("on_timeout", "destroy"),
+            raw=dict(d))
 
 
 @dataclass

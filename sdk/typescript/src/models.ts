@@ -84,6 +84,8 @@ export interface SandboxInfo {
   on_disk?: boolean;
   on_disk_bytes?: number;
   labels: Record<string, string>;
+  /** what its TTL or idle timeout does, when not destroy */
+  on_timeout?: "pause";
 }
 
 export interface SandboxList {
@@ -267,6 +269,8 @@ export interface SandboxSpec {
   template?: string;
   ttl?: Duration;
   idle_timeout?: Duration;
+  /** pause (instead of destroy) at its TTL or idle timeout; a resume gives it its TTL again */
+  on_timeout?: "destroy" | "pause";
   trust?: "trusted" | "untrusted";
   autonomy?: "compute" | "read-files" | "write-files" | "install-packages" | "internet";
   shape?: "many-short" | "one-long";
@@ -287,7 +291,7 @@ export interface ExecOptions {
   signal?: AbortSignal;
 }
 
-export interface RunOptions extends Omit<SandboxSpec, "ttl" | "idle_timeout" | "labels" | "volumes">, ExecOptions {
+export interface RunOptions extends Omit<SandboxSpec, "ttl" | "idle_timeout" | "on_timeout" | "labels" | "volumes">, ExecOptions {
   /** files to put under /work first: path to contents */
   files?: Record<string, string | Uint8Array>;
 }

@@ -108,10 +108,12 @@ pub(super) async fn create(
             "a sandbox gets credentials only as grants of the operator's catalogue, swapped in by the egress proxy (docs/service.md)",
         );
     }
-    if req.auto_pause == Some(true) {
-        return refuse(
-            "autoPause",
-            "a Cordon sandbox is destroyed at its timeout; pause it yourself with pause() before then",
+    let auto_pause = req.auto_pause == Some(true);
+    let auto_resume = req.auto_resume.as_ref().is_some_and(|a| a.enabled);
+    if auto_resume && !auto_pause {
+        return e2b_error(
+            StatusCode::BAD_REQUEST,
+            "autoResume needs autoPause: only a sandbox its timeout pauses is resumed by a request",
         );
     }
     let template = match template_of(&e, &req.template_id) {
@@ -162,6 +164,11 @@ pub(super) async fn create(
         // E2B has no idle timeout: the sandbox lives until its timeout.
         idle_timeout: Some(ttl),
         labels: metadata,
+        on_timeout: if auto_pause {
+            cordon_engine::OnTimeout::Pause
+        } else {
+            cordon_engine::OnTimeout::Destroy
+        },
         ..Default::default()
     };
     let info = match e.svc.sessions().create(&t, create).await {
@@ -170,6 +177,8 @@ pub(super) async fn create(
     };
     e.sweep().await;
     let b = e.adopt(&t, &info.id, &req.template_id, (timeout * 1000) as i64);
+    b.auto_resume
+        .store(auto_resume, std::sync::atomic::Ordering::Relaxed);
     (StatusCode::CREATED, Json(sandbox_out(&t, &info, &b))).into_response()
 }
 
@@ -204,6 +213,15 @@ pub(super) fn detail_of(t: &Tenant, info: &SandboxInfo, b: Option<&E2bBox>) -> S
         metadata: info.labels.clone(),
         envd_access_token: b.map(|b| b.token.clone()),
         domain: None,
+        lifecycle: super::wire::Lifecycle {
+            auto_resume: b
+                .is_some_and(|b| b.auto_resume.load(std::sync::atomic::Ordering::Relaxed)),
+            on_timeout: if info.on_timeout == cordon_engine::OnTimeout::Pause {
+                "pause"
+            } else {
+                "kill"
+            },
+        },
     }
 }
 

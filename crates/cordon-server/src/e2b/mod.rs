@@ -79,6 +79,8 @@ pub(crate) struct E2bBox {
     /// Languages whose default context the first context list could not start (no Node in
     /// the tier's root): not tried again by later lists.
     pub no_default: Mutex<Vec<&'static str>>,
+    /// A paused sandbox is resumed by the next request to it (the create's `autoResume`).
+    pub auto_resume: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Clone)]
@@ -468,6 +470,7 @@ impl E2b {
             ttl_ms: AtomicI64::new(ttl_ms),
             procs: Mutex::default(),
             no_default: Mutex::default(),
+            auto_resume: Default::default(),
         });
         all.insert(id.to_string(), b.clone());
         b
@@ -586,11 +589,29 @@ impl E2b {
         self.live(&id, b).await
     }
 
-    /// The sandbox, when the service still runs it (502, as E2B's proxy, when not).
+    /// The sandbox, when the service still runs it (502, as E2B's proxy, when not); a
+    /// paused one whose create asked `autoResume` is resumed first.
     async fn live(&self, id: &str, b: Arc<E2bBox>) -> Result<(String, Arc<E2bBox>), Response> {
         let not_found = || sandbox_not_found(id);
         match self.svc.sessions().info(&b.tenant, id).await {
             Ok(i) if i.state == "live" => Ok((id.to_string(), b)),
+            Ok(i) if i.paused && b.auto_resume.load(std::sync::atomic::Ordering::Relaxed) => {
+                match self.svc.sessions().resume(&b.tenant, id).await {
+                    Ok(_) => Ok((id.to_string(), b)),
+                    // Resumed by another request in between.
+                    Err(_)
+                        if self
+                            .svc
+                            .sessions()
+                            .info(&b.tenant, id)
+                            .await
+                            .is_ok_and(|i| i.state == "live") =>
+                    {
+                        Ok((id.to_string(), b))
+                    }
+                    Err(e) => Err(api_error(e)),
+                }
+            }
             Ok(_) => Err(not_found()),
             Err(_) => {
                 self.forget(id);

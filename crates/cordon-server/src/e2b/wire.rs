@@ -24,8 +24,15 @@ pub struct NewSandbox {
     pub metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
     pub env_vars: Option<BTreeMap<String, String>>,
+    /// Paused instead of killed at its timeout (the SDK's `lifecycle.on_timeout: pause`).
     #[serde(default)]
     pub auto_pause: Option<bool>,
+    /// `false` asks a timeout's pause to keep the files only; Cordon's pause keeps all.
+    #[serde(default)]
+    pub auto_pause_memory: Option<bool>,
+    /// Woken by the next request when paused (`lifecycle.auto_resume`).
+    #[serde(default)]
+    pub auto_resume: Option<AutoResume>,
     #[serde(default, rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
     #[serde(default)]
@@ -36,6 +43,22 @@ pub struct NewSandbox {
     pub mcp: Option<IgnoredAny>,
     #[serde(default)]
     pub secrets: Option<IgnoredAny>,
+}
+
+/// `autoResume` of a create.
+#[derive(Debug, Default, Deserialize)]
+pub struct AutoResume {
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+/// `lifecycle` of a sandbox's info, as E2B's SDKs read it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    pub auto_resume: bool,
+    /// `kill` or `pause`.
+    pub on_timeout: &'static str,
 }
 
 /// A sandbox's network settings as E2B's SDKs send them.
@@ -110,6 +133,7 @@ pub struct SandboxDetail {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
     pub domain: Option<String>,
+    pub lifecycle: Lifecycle,
 }
 
 /// E2B's error body: always JSON, the HTTP status again as `code`.

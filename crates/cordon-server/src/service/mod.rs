@@ -8,7 +8,8 @@
 //!  ├─ Procs  ───┤ (contexts use procs' one agent call at a time)
 //!  ├─ Files  ───┤
 //!  ├─ Execs  ───┼─► Sessions ─► Volumes ─► Admit (gate, ledger, disk guard) ─► descriptors
-//!  │            │      └──────► Pools (backends, warm pools)
+//!  │            │      ├──────► Pools (backends, warm pools)
+//!  │            │      └──────► timeout (what a TTL does: destroy, or pause)
 //!  ├─ Snapshots ─────► Contexts, Procs, Sessions, Pools (an image kept; sandboxes started
 //!  │                   from it, with a full one's contexts and background execs)
 //!  ├─ Reaper, Recovery (start-up) ─► Sessions, Pools
@@ -50,6 +51,7 @@ mod recovery;
 mod samples;
 mod sessions;
 mod snapshots;
+mod timeout;
 mod volumes;
 mod watch;
 
@@ -626,7 +628,11 @@ mod tests {
         ("admit", &["common", "descriptors"]),
         ("pools", &["common"]),
         ("volumes", &["admit", "common"]),
-        ("sessions", &["admit", "common", "pools", "volumes"]),
+        ("timeout", &[]),
+        (
+            "sessions",
+            &["admit", "common", "pools", "timeout", "volumes"],
+        ),
         ("exec", &["common", "pools", "sessions"]),
         ("files", &["common", "sessions"]),
         ("ports", &["common", "sessions"]),

@@ -1,10 +1,14 @@
-//! The reaper: TTLs, idle timeouts, audit retention and the store's size bound. Uses the
-//! sessions; nothing uses it.
+//! The reaper: TTLs, idle timeouts (a destroy, or a pause where the create asked for one:
+//! the timeout component), audit retention and the store's size bound. Uses the sessions and
+//! the timeout action; nothing uses it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cordon_core::Feature;
+
 use super::sessions::{Session, Sessions};
+use crate::error::Code;
 
 /// What the reaper does and how often.
 pub(super) struct Reaper {
@@ -37,6 +41,9 @@ impl Reaper {
                 .into_iter()
                 .filter_map(|s| {
                     let reason = s.expired(paused_ttl)?;
+                    if pause_at_timeout(&self.sessions, &s, reason) {
+                        return None;
+                    }
                     s.begin_ending(reason).then_some((s, reason))
                 })
                 .collect();
@@ -74,4 +81,38 @@ impl Reaper {
             }
         }
     }
+}
+
+/// For a session whose TTL or idle timeout (`reason`) came: true when its timeout pauses
+/// it (a pause is then under way, or waits for its running exec to end: every exec is
+/// bounded by its own timeout), false when it is to be destroyed. A pause that fails for
+/// another reason than a request in between (the tier refused it, the tenant's
+/// `max_paused_bytes` is full) destroys it as a plain timeout would.
+fn pause_at_timeout(sessions: &Sessions, s: &Arc<Session>, reason: &'static str) -> bool {
+    if !s.timeout.pauses() || !matches!(reason, "ttl" | "idle") {
+        return false;
+    }
+    if s.busy.load(std::sync::atomic::Ordering::Acquire) || !s.timeout.begin_pausing() {
+        return true;
+    }
+    let (me, s) = (sessions.clone(), s.clone());
+    sessions.life.destroys.spawn(async move {
+        let to_disk = s.tier.features().has(Feature::PauseToDisk);
+        let r = me.pause(&s.tenant, &s.id, to_disk).await;
+        s.timeout.end_pausing(r.is_ok());
+        match r {
+            Ok(_) => tracing::info!(sandbox = %s.id, reason, "paused at its timeout"),
+            // Claimed by a request in between: the next round tries again.
+            Err(e) if e.code == Code::SandboxBusy => {}
+            Err(e) => {
+                tracing::warn!(sandbox = %s.id, error = %e, "pausing at its timeout failed: destroying it");
+                if s.begin_ending(reason)
+                    && let Err(e) = me.destroy_session(s.clone(), reason).await
+                {
+                    tracing::warn!(error = %e, "reaping a sandbox");
+                }
+            }
+        }
+    });
+    true
 }

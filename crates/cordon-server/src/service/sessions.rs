@@ -69,6 +69,8 @@ pub(super) struct Session {
     /// Its place under the limits, given back once its destroy has ended (not when the
     /// last reference to the session goes, which a stream or task may hold longer).
     pub(super) slot: Mutex<Option<Reservation>>,
+    /// What its TTL or idle timeout does ([`super::timeout`]).
+    pub(super) timeout: super::timeout::TimeoutState,
 }
 
 impl Session {
@@ -106,6 +108,7 @@ impl Session {
             on_disk: Mutex::new(None),
             volume_leases: Mutex::default(),
             slot: Mutex::new(Some(slot)),
+            timeout: super::timeout::TimeoutState::default(),
         }
     }
 
@@ -170,6 +173,7 @@ impl Session {
             paused: self.is_paused(),
             on_disk: on_disk.is_some(),
             on_disk_bytes: on_disk,
+            on_timeout: self.timeout.action(),
             labels: lock(&self.labels).clone(),
             last_used_ms: self.created_ms
                 + self.last_used.load(Ordering::Relaxed)
@@ -366,6 +370,7 @@ impl Sessions {
             idle,
             ..
         } = self.admit.decide(tenant, &req, "create").await?;
+        super::timeout::check(&req, spec.tier)?;
         let slot = self.admit.reserve(tenant, &spec).await?;
         let leases = match self.volumes.lease(tenant, &mut spec).await {
             Ok(l) => l,
@@ -410,6 +415,7 @@ impl Sessions {
         ));
         *lock(&session.labels) = labels;
         *lock(&session.volume_leases) = leases;
+        session.timeout.set(req.on_timeout, ttl);
         let audit = self.audit.store.clone();
         let (t, i, tier) = (tenant.0.clone(), id.clone(), spec.tier);
         let mounts: Vec<(String, bool)> = spec
@@ -907,6 +913,10 @@ impl Sessions {
             self.destroy_session(s.clone(), "resume-failed").await?;
         }
         r?;
+        if let Some(span) = s.timeout.resumed() {
+            let age = s.created.elapsed().as_millis() as i64 - s.paused_total_ms();
+            s.ttl_ms.store(age.saturating_add(span), Ordering::Relaxed);
+        }
         s.touch();
         Ok(s.info())
     }

@@ -1,0 +1,93 @@
+//! A sandbox whose create asked `on_timeout: pause` (E2B's `autoPause`): at its TTL or idle
+//! timeout the reaper pauses it instead of destroying it (to disk where its tier pauses to
+//! disk), and a resume gives it its TTL again, counted from then. Paused, it is destroyed
+//! only once it has stayed paused for `sessions.paused_ttl`, like any paused sandbox.
+//!
+//! A sandbox busy at its timeout (an exec running) is paused at the reaper's next round
+//! after the exec ends; every exec is bounded by its own timeout, so that wait is too. A
+//! pause that fails for another reason (the tier refused it, the tenant's
+//! `max_paused_bytes` is full) destroys it as a plain timeout would, with that reason
+//! audited beside.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use cordon_core::{Feature, Tier};
+use cordon_engine::OnTimeout;
+
+use crate::error::{ApiError, Code};
+use crate::model::CreateRequest;
+
+/// A session's timeout action and where it is in it.
+#[derive(Debug, Default)]
+pub(crate) struct TimeoutState {
+    pause: AtomicBool,
+    /// The TTL its create was given (ms), given again at a resume after a timeout's pause.
+    span_ms: AtomicI64,
+    /// The reaper is pausing it now.
+    pausing: AtomicBool,
+    /// It was paused by its timeout and not yet resumed.
+    paused_by_timeout: AtomicBool,
+}
+
+impl TimeoutState {
+    pub(super) fn set(&self, action: OnTimeout, ttl: Duration) {
+        self.pause
+            .store(action == OnTimeout::Pause, Ordering::Relaxed);
+        self.span_ms.store(
+            i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    pub(super) fn action(&self) -> OnTimeout {
+        if self.pause.load(Ordering::Relaxed) {
+            OnTimeout::Pause
+        } else {
+            OnTimeout::Destroy
+        }
+    }
+
+    /// After a resume: the TTL (ms) a sandbox its timeout paused lives again from now.
+    pub(super) fn resumed(&self) -> Option<i64> {
+        self.paused_by_timeout
+            .swap(false, Ordering::AcqRel)
+            .then(|| self.span_ms.load(Ordering::Relaxed))
+    }
+
+    /// Whether its timeout pauses it.
+    pub(super) fn pauses(&self) -> bool {
+        self.pause.load(Ordering::Relaxed)
+    }
+
+    /// Takes the right to pause it now; false while a pause is under way.
+    pub(super) fn begin_pausing(&self) -> bool {
+        self.pausing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The pause begun with [`Self::begin_pausing`] ended (`paused`: it took).
+    pub(super) fn end_pausing(&self, paused: bool) {
+        if paused {
+            self.paused_by_timeout.store(true, Ordering::Release);
+        }
+        self.pausing.store(false, Ordering::Release);
+    }
+}
+
+/// A create asking `on_timeout: pause` on a tier that cannot pause is refused before
+/// anything is made.
+pub(super) fn check(req: &CreateRequest, tier: Tier) -> Result<(), ApiError> {
+    if req.on_timeout == OnTimeout::Pause && !tier.features().has(Feature::Pause) {
+        return Err(ApiError::new(
+            Code::InvalidRequest,
+            format!("on_timeout \"pause\" on the {tier} tier, which cannot pause a sandbox"),
+            format!(
+                "leave on_timeout out (the sandbox is destroyed at its timeout), or {}",
+                Feature::Pause.fix()
+            ),
+        ));
+    }
+    Ok(())
+}
