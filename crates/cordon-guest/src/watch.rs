@@ -28,6 +28,9 @@ use crate::proto::ErrorCode;
 /// events): the agent's other work is not held up by a flood, the kernel queues the rest.
 const PUMP_READS: usize = 64;
 
+/// How many of a watcher's latest queued events a new one is compared with.
+const DEDUP_WINDOW: usize = 8;
+
 /// Most entries of one new directory reported as created when a recursive watcher takes
 /// it on (what appeared in it before its watch did).
 const SCAN_ENTRIES: usize = 1024;
@@ -57,12 +60,15 @@ struct Watcher {
 
 impl Watcher {
     fn push(&mut self, name: String, kind: WatchKind) {
-        // A write after a write of the same entry says nothing new.
-        if kind == WatchKind::Write
-            && self
-                .queue
-                .back()
-                .is_some_and(|e| e.kind == kind && e.name == name)
+        // The same event of the same entry among the last few says nothing new (a file
+        // written through the file API is created, handed over, truncated, given its
+        // mode and written: envd reports create, chmod, write).
+        if self
+            .queue
+            .iter()
+            .rev()
+            .take(DEDUP_WINDOW)
+            .any(|e| e.kind == kind && e.name == name)
         {
             return;
         }
@@ -254,6 +260,10 @@ impl Watches {
             let child = join(rel, &name);
             if report && let Some(w) = self.watchers.get_mut(&id) {
                 w.push(child.clone(), WatchKind::Create);
+                // Written before its watch began: what the watch would have seen.
+                if kind_of(&st) == FileKind::File && st.st_size > 0 {
+                    w.push(child.clone(), WatchKind::Write);
+                }
             }
             if kind_of(&st) == FileKind::Dir && stack.len() < MAX_WATCHED_DIRS {
                 stack.push(child);

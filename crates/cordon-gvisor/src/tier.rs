@@ -181,6 +181,7 @@ impl Sandbox for GvisorSandbox {
 
     fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
         validate_sandbox_path(path)?;
+        self.take_events();
         self.workspace()?
             .put(path, mode, data)
             .map_err(|(code, message)| cordon_host::agent::file_error(path, code, message))
@@ -224,6 +225,7 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn file_op(&mut self, op: &cordon_core::FileOp) -> Result<cordon_core::FileReply> {
+        self.take_events();
         self.workspace()?
             .op(op)
             .map_err(|(code, message)| cordon_host::agent::file_error(op.path(), code, message))
@@ -235,6 +237,7 @@ impl Sandbox for GvisorSandbox {
         tar: &mut dyn std::io::Read,
     ) -> Result<cordon_core::ArchiveReport> {
         cordon_core::validate_sandbox_dir(dir)?;
+        self.take_events();
         // /work is a tmpfs of the disk limit on the host: it stops a larger archive too.
         let budget = self.spec.limits.disk_bytes;
         self.workspace()?

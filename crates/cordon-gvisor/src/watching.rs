@@ -27,9 +27,25 @@ impl HostWatches {
         })
     }
 
+    /// Takes in what the kernel queued (a directory made since is watched before the
+    /// next change to the workspace is made).
+    pub(crate) fn pump(&mut self) {
+        self.watches.pump(&self.ws);
+    }
+
     pub(crate) fn handle(&mut self, op: &WatchOp) -> Result<WatchReply> {
         self.watches
             .handle(&self.ws, op)
             .map_err(|(code, message)| cordon_host::files::watch_error(op, code, message))
+    }
+}
+
+impl crate::GvisorSandbox {
+    /// Before a file call changes the workspace: the watchers take what came before it
+    /// (nothing to do without watchers).
+    pub(crate) fn take_events(&mut self) {
+        if let Some(w) = self.watches.as_mut() {
+            w.pump();
+        }
     }
 }
