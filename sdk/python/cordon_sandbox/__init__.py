@@ -28,7 +28,7 @@ from .errors import (ContextBusy, CordonError, FileError, GrantUnavailable, Inte
                      Unauthorized, Unsupported, VolumeExists, VolumeInUse, VolumeQuota)
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
                      Execution, ExecutionError, FileDone, FileEntry, FileWritten, Health,
-                     Jwks, Limits, Listing, OidcConfiguration, PoolStatus, SandboxInfo, SandboxList, Snapshot,
+                     Jwks, Limits, Listing, MetricSample, OidcConfiguration, PoolStatus, SandboxInfo, SandboxList, Snapshot,
                      SnapshotStarts, StdinWritten,
                      StreamEvent, Timings, TokenInfo, Usage, Volume, VolumeDeleted,
                      VolumeList, VolumeMountInfo)
@@ -41,7 +41,7 @@ __all__ = [
     "Cordon", "CordonError", "Destroyed", "ExecInfo", "ExecResult", "Execution",
     "ExecutionError", "FileDone", "FileEntry", "FileError", "FileWritten", "Files",
     "GrantUnavailable", "Health", "InternalError", "InvalidRequest", "Jwks", "LayerUnavailable",
-    "Limits", "Listing", "NotFound", "OidcConfiguration", "PathRefused", "PausedQuota", "PayloadTooLarge",
+    "Limits", "Listing", "MetricSample", "NotFound", "OidcConfiguration", "PathRefused", "PausedQuota", "PayloadTooLarge",
     "PolicyDenied", "PoolStatus", "ResourceBusy", "Sandbox", "SandboxBusy", "SandboxFailure",
     "SandboxGone", "SandboxInfo", "SandboxList", "SandboxPaused", "ShuttingDown",
     "Snapshot", "SnapshotExists", "SnapshotQuota", "SnapshotStarts",

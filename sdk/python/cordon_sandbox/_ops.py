@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ._transport import Body, Call, Data
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
                      Execution, FileDone, FileEntry, FileWritten, Health, Jwks, Limits, Listing,
-                     OidcConfiguration, SandboxInfo, SandboxList, Snapshot, SnapshotStarts,
+                     MetricSample, OidcConfiguration, SandboxInfo, SandboxList, Snapshot, SnapshotStarts,
                      StdinWritten, TokenInfo, Volume, VolumeDeleted, VolumeList)
 
 T = TypeVar("T")
@@ -213,6 +213,14 @@ def fork(sid: str, count: int, ttl: Optional[Duration], idle_timeout: Optional[D
 
 def info(sid: str) -> Call[SandboxInfo]:
     return Call("GET", _sb(sid), SandboxInfo.from_json)
+
+
+def sandbox_metrics(sid: str, start_ms: Optional[int],
+                    end_ms: Optional[int]) -> Call[List[MetricSample]]:
+    params = [(k, str(v)) for k, v in (("start_ms", start_ms), ("end_ms", end_ms))
+              if v is not None]
+    return Call("GET", _sb(sid, "/metrics"), _list("samples", MetricSample.from_json),
+                params=params)
 
 
 def destroy(sid: str) -> Call[Destroyed]:

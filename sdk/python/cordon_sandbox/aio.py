@@ -27,7 +27,7 @@ from .client import PathLike
 from .errors import CordonError, NotFound
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
                      Execution, FileDone, FileEntry, FileWritten, Health, Jwks, Listing,
-                     OidcConfiguration, SandboxInfo,
+                     MetricSample, OidcConfiguration, SandboxInfo,
                      SandboxList, Snapshot, SnapshotStarts, StdinWritten, StreamEvent, TokenInfo,
                      Volume, VolumeDeleted, VolumeList)
 
@@ -327,6 +327,11 @@ class AsyncSandbox:
     async def refresh(self) -> SandboxInfo:
         self.info = await self._t.json(ops.info(self.id))
         return self.info
+
+    async def metrics(self, start_ms: Optional[int] = None,
+                      end_ms: Optional[int] = None) -> List[MetricSample]:
+        """Its CPU, memory and disk samples (see `Sandbox.metrics`)."""
+        return await self._t.json(ops.sandbox_metrics(self.id, start_ms, end_ms))
 
     async def create_snapshot(self, name: Optional[str] = None, *,
                         mode: Optional[str] = None) -> Snapshot:

@@ -19,7 +19,7 @@ from ._transport import CHUNK, Data, SyncTransport, settings
 from .errors import CordonError, NotFound
 from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
                      Execution, FileDone, FileEntry, FileWritten, Health, Jwks, Listing,
-                     OidcConfiguration, SandboxInfo,
+                     MetricSample, OidcConfiguration, SandboxInfo,
                      SandboxList, Snapshot, SnapshotStarts, StdinWritten, StreamEvent, TokenInfo,
                      Volume, VolumeDeleted, VolumeList)
 
@@ -368,6 +368,13 @@ class Sandbox:
         """Reads its current state (live, paused, ...) into `info` and returns it."""
         self.info = self._t.json(ops.info(self.id))
         return self.info
+
+    def metrics(self, start_ms: Optional[int] = None,
+                end_ms: Optional[int] = None) -> List[MetricSample]:
+        """Its CPU, memory and disk samples (one every 5 s, the last hour kept) taken from
+        `start_ms` to `end_ms` (milliseconds since the Unix epoch; each optional), oldest
+        first."""
+        return self._t.json(ops.sandbox_metrics(self.id, start_ms, end_ms))
 
     def create_snapshot(self, name: Optional[str] = None, *,
                         mode: Optional[str] = None) -> Snapshot:

@@ -538,3 +538,26 @@ class TokenInfo:
     @classmethod
     def from_json(cls, d: Json) -> "TokenInfo":
         return cls(bool(d.get("active")), {k: v for k, v in d.items() if k != "active"})
+
+
+@dataclass
+class MetricSample:
+    """One sample of a sandbox's figures (`Sandbox.metrics()`), taken every 5 s from its
+    tier's own accounting: CPU (its limit rounded up, and the share of it used since the
+    sample before, in percent), memory charged (page cache included) and its limit, the
+    page cache, bytes used on its workspace (0 where the tier cannot tell: microvm) and
+    its disk limit. `at_ms` is milliseconds since the Unix epoch."""
+
+    at_ms: int
+    cpu_count: int
+    cpu_used_pct: float
+    mem_used: int
+    mem_total: int
+    mem_cache: int
+    disk_used: int
+    disk_total: int
+
+    @classmethod
+    def from_json(cls, d: Json) -> "MetricSample":
+        return cls(d["at_ms"], d["cpu_count"], float(d["cpu_used_pct"]), d["mem_used"],
+                   d["mem_total"], d["mem_cache"], d["disk_used"], d["disk_total"])

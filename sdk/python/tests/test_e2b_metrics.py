@@ -95,5 +95,15 @@ def test_metrics_are_the_tenants_own_and_native(server, sbx):
     s = body["samples"][-1]
     assert s["mem_total"] > 0 and s["cpu_count"] >= 1
     assert native(KEYS["bob"])[0] == 404
+    # Cordon's own SDK reads the same samples, the range in milliseconds.
+    from cordon_sandbox import Cordon, NotFound
+    mine = Cordon(server.url, api_key=E2B_KEY).sandbox_handle(sbx.sandbox_id)
+    got = mine.metrics()
+    assert got and got[-1].mem_total == s["mem_total"]
+    last = got[-1].at_ms
+    assert [m.at_ms for m in mine.metrics(start_ms=last)] == [last]
+    assert all(m.at_ms < last for m in mine.metrics(end_ms=last - 1))
+    with pytest.raises(NotFound):
+        Cordon(server.url, api_key=KEYS["bob"]).sandbox_handle(sbx.sandbox_id).metrics()
     sbx.kill()
     assert native(E2B_KEY)[0] == 404

@@ -221,3 +221,17 @@ def test_native_watch_stream(server, sbx):
     resp.close()
     assert {"name": "n", "kind": "create"} in changes, changes
     assert {"name": "n/x", "kind": "create"} in changes, changes
+
+
+def test_watchers_are_bounded_and_stop_frees_one(sbx):
+    """A sandbox has at most 16 watchers (cordon_core::MAX_WATCHERS): the 17th is refused
+    saying to stop one, and stopping one makes room."""
+    from e2b import SandboxException
+    handles = [sbx.files.watch_dir("/home/user") for _ in range(16)]
+    with pytest.raises(SandboxException) as e:
+        sbx.files.watch_dir("/home/user")
+    assert "stop one" in str(e.value)
+    handles.pop().stop()
+    handles.append(sbx.files.watch_dir("/home/user"))
+    for h in handles:
+        h.stop()
