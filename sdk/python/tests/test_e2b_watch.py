@@ -235,3 +235,29 @@ def test_watchers_are_bounded_and_stop_frees_one(sbx):
     handles.append(sbx.files.watch_dir("/home/user"))
     for h in handles:
         h.stop()
+
+
+def test_a_stream_that_ends_frees_its_watcher(server, sbx):
+    """Each native watch stream holds one of the sandbox's 16 watchers until its client goes:
+    16 streams opened and closed, then 16 watchers can be had again (the server stops a
+    stream's watcher once it sees the client gone, within a few reads)."""
+    from e2b import SandboxException
+    from test_e2b_compat import E2B_KEY
+    url = f"{server.url.rstrip('/')}/v1/sandboxes/{sbx.sandbox_id}/watch?path=/work"
+    streams = [urllib.request.urlopen(urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {E2B_KEY}"}), timeout=60) for _ in range(16)]
+    with pytest.raises(SandboxException):
+        sbx.files.watch_dir("/home/user")
+    for s in streams:
+        s.close()
+    handles = []
+    for _ in range(200):
+        try:
+            handles.append(sbx.files.watch_dir("/home/user"))
+        except SandboxException:
+            time.sleep(0.05)
+        if len(handles) == 16:
+            break
+    assert len(handles) == 16
+    for h in handles:
+        h.stop()
