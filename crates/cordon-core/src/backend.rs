@@ -314,8 +314,7 @@ pub trait Sandbox: Send {
     /// destroy ends it. Returns the exec's id in this sandbox. Tiers without a process
     /// supervisor answer [`crate::Error::Unsupported`].
     fn start_background(&mut self, req: &ExecRequest) -> Result<u64> {
-        let _ = req;
-        Err(unsupported_background())
+        Err(unsupported_start(req))
     }
 
     /// What background exec `id` wrote from the stream offsets `from` (stdout, stderr) on,
@@ -506,6 +505,16 @@ pub trait Sandbox: Send {
 
 fn unsupported_background() -> crate::Error {
     crate::Feature::Background.unsupported_here("a background exec")
+}
+
+/// A tier without background execs refusing `req`: one asked on a terminal is refused as a
+/// terminal (the feature it asked for), any other as a background exec.
+fn unsupported_start(req: &ExecRequest) -> crate::Error {
+    if req.pty.is_some() {
+        crate::Feature::Pty.unsupported_here("a background exec on a terminal")
+    } else {
+        unsupported_background()
+    }
 }
 
 fn unsupported_files(what: &str) -> crate::Error {

@@ -291,9 +291,7 @@ pub fn argv_for(req: &ExecRequest, tier: Tier, node: bool) -> cordon_core::Resul
             v
         }
         Command::Wasm { .. } => {
-            return Err(Error::Invalid(format!(
-                "the {tier} tier does not run WebAssembly modules; use --tier wasm"
-            )));
+            return Err(cordon_core::Feature::WasmModules.unsupported(tier, "a WebAssembly module"));
         }
     })
 }

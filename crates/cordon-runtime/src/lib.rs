@@ -75,11 +75,9 @@ impl Backend for RuntimeBackend {
         let started = Instant::now();
         spec.validate()?;
         if !spec.egress.is_closed() || !spec.grants.is_empty() {
-            return Err(Error::Invalid(
-                "the runtime tier has no I/O at all, so egress allow-lists and grants cannot \
-                 apply; use --tier container (or stronger)"
-                    .into(),
-            ));
+            // No I/O at all: the refusal of the feature, naming the tiers that have it.
+            return Err(cordon_core::Feature::Network
+                .unsupported(Tier::Runtime, "egress allow-lists and grants"));
         }
         Ok(Box::new(RuntimeSandbox {
             id: SandboxId::random()?,
@@ -316,11 +314,16 @@ impl Sandbox for RuntimeSandbox {
                      python, or --tier container"
                 )));
             }
-            _ => {
-                return Err(Error::Invalid(
-                    "the runtime tier runs javascript source only (--lang javascript); use \
-                     --tier wasm for WebAssembly or --tier container for programs"
-                        .into(),
+            Command::Argv(_) => {
+                return Err(cordon_core::Feature::Programs.unsupported(
+                    Tier::Runtime,
+                    "a program (it runs javascript source only, --lang javascript)",
+                ));
+            }
+            Command::Wasm { .. } => {
+                return Err(cordon_core::Feature::WasmModules.unsupported(
+                    Tier::Runtime,
+                    "a WebAssembly module (it runs javascript source only, --lang javascript)",
                 ));
             }
         };
@@ -364,15 +367,11 @@ impl Sandbox for RuntimeSandbox {
     }
 
     fn put_file(&mut self, path: &str, _data: &[u8], _mode: u32) -> Result<()> {
-        Err(Error::Invalid(format!(
-            "cannot put {path:?}: the runtime tier has no filesystem; use --tier wasm for files"
-        )))
+        Err(cordon_core::Feature::Files.unsupported(Tier::Runtime, format!("putting {path:?}")))
     }
 
     fn get_file(&mut self, path: &str, _max_bytes: u64) -> Result<Vec<u8>> {
-        Err(Error::Invalid(format!(
-            "cannot get {path:?}: the runtime tier has no filesystem; use --tier wasm for files"
-        )))
+        Err(cordon_core::Feature::Files.unsupported(Tier::Runtime, format!("getting {path:?}")))
     }
 
     fn start_us(&self) -> u64 {

@@ -81,14 +81,18 @@ fn environment_canary_never_appears() {
 #[test]
 fn files_are_refused() {
     let mut sb = RuntimeBackend::new().create(&spec()).unwrap();
-    assert!(matches!(
-        sb.put_file("/work/a", b"x", 0o644),
-        Err(Error::Invalid(_))
-    ));
-    assert!(matches!(
-        sb.get_file("/etc/passwd", 10),
-        Err(Error::Invalid(_))
-    ));
+    // Refused as the feature it is, naming the tiers that have it.
+    for r in [
+        sb.put_file("/work/a", b"x", 0o644).map(drop),
+        sb.get_file("/etc/passwd", 10).map(drop),
+    ] {
+        match r {
+            Err(Error::Unsupported { fix, .. }) => {
+                assert_eq!(fix, cordon_core::Feature::Files.fix())
+            }
+            other => panic!("{other:?}"),
+        }
+    }
     // No workspace: the directory calls say so, and name the tiers that have one.
     let list = sb.file_op(&cordon_core::FileOp::List {
         path: "/work".into(),
@@ -159,7 +163,10 @@ fn only_javascript_runs_here() {
     let r = sb.exec(&ExecRequest::code(Language::Python, "print(1)"), &mut sink);
     assert!(matches!(r, Err(Error::Invalid(_))));
     let r = sb.exec(&ExecRequest::argv(["sh", "-c", "id"]), &mut sink);
-    assert!(matches!(r, Err(Error::Invalid(_))));
+    assert!(
+        matches!(&r, Err(Error::Unsupported { fix, .. }) if *fix == cordon_core::Feature::Programs.fix()),
+        "{r:?}"
+    );
 }
 
 #[test]

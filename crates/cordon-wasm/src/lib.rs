@@ -524,11 +524,9 @@ impl Backend for WasmBackend {
         let started = Instant::now();
         spec.validate()?;
         if !spec.egress.is_closed() || !spec.grants.is_empty() {
-            return Err(Error::Invalid(
-                "the wasm tier has no network at all, so egress allow-lists and grants cannot \
-                 apply; use --tier container (or stronger) for code that needs the network"
-                    .into(),
-            ));
+            // No network at all: the refusal of the feature, naming the tiers that have it.
+            return Err(cordon_core::Feature::Network
+                .unsupported(Tier::Wasm, "egress allow-lists and grants"));
         }
         let engines = self.inner.engines(spec.limits.fuel.is_some())?;
         let _ = engines;
@@ -671,10 +669,10 @@ impl Sandbox for WasmSandbox {
                 )));
             }
             Command::Argv(_) => {
-                return Err(Error::Invalid(
-                    "the wasm tier runs no host programs; give source code with --lang, or a \
-                     WebAssembly program with --wasm"
-                        .into(),
+                return Err(cordon_core::Feature::Programs.unsupported(
+                    Tier::Wasm,
+                    "a host program (give source code with --lang, or a WebAssembly program with \
+                     --wasm)",
                 ));
             }
             Command::Wasm { module, args } => {
