@@ -3,8 +3,9 @@
 
     scripts/e2b-suites.sh [--tier container|gvisor] [--json OUT] [--filter TEXT] DIR...
 
-Each DIR is a checkout (or a partial copy) of e2b-dev/E2B or e2b-dev/code-interpreter; the
-suites found in it are run file by file, each in its own pytest process, against one
+Each DIR is a git repository of e2b-dev/E2B or e2b-dev/code-interpreter, read at its
+commit pinned in PINS (or a plain directory, run as it is); the suites found in it are run
+file by file, each in its own pytest process, against one
 `cordon serve` started here with its E2B listener on loopback, and a line per file says how
 many of its tests passed. The suites are another project's code: they stay outside this
 repository, and nothing here edits them.
@@ -36,6 +37,12 @@ PY_SUITES = [
     ("e2b python", "packages/python-sdk/tests", "packages/python-sdk"),
     ("code-interpreter python", "python/tests", "python"),
 ]
+# The commits the suites are run at (docs/e2b.md): a git repository given as DIR is read at
+# its pin, never at whatever it has checked out.
+PINS = {
+    "e2b-dev/E2B": "b8029973aa7da5f741f7bb1a9f833b38a0885438",
+    "e2b-dev/code-interpreter": "7df1757bfd5baa037f909ce97c2dbe014da973c0",
+}
 E2B_KEY = "e2b_" + "5eed" * 10
 FILE_TIMEOUT_S = 600
 
@@ -50,6 +57,42 @@ def cordon_bin() -> str:
             return str(p)
     sys.exit("e2b-suites: no cordon binary: run `cargo build --workspace --bins` "
              "or set CORDON_BIN")
+
+
+def git_dir(d: Path):
+    """`d`'s git directory when `d` is a repository (a bare one or a work tree), else None."""
+    for g in (d / ".git", d):
+        if (g / "HEAD").is_file() and (g / "objects").is_dir():
+            return g
+    return None
+
+
+def pinned(d: Path, into: Path) -> Path:
+    """A repository `d` as its pinned commit has it, written under `into`; a plain
+    directory is used as it is (not pinned: said on the output)."""
+    g = git_dir(d)
+    if g is None:
+        print(f"e2b-suites: {d} is no git repository: its files are run as they are, "
+              f"at no pinned commit", flush=True)
+        return d
+    for repo, commit in PINS.items():
+        have = subprocess.run(["git", "--git-dir", str(g), "cat-file", "-e",
+                               f"{commit}^{{commit}}"], capture_output=True)
+        if have.returncode != 0:
+            continue
+        out = into / repo.replace("/", "+")
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [t for _, t, _ in PY_SUITES]
+        present = [p for p in paths if subprocess.run(
+            ["git", "--git-dir", str(g), "cat-file", "-e", f"{commit}:{p}"],
+            capture_output=True).returncode == 0]
+        archive = subprocess.run(["git", "--git-dir", str(g), "archive", commit, *present],
+                                 capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+        print(f"e2b-suites: {repo} at {commit[:12]} (from {d})", flush=True)
+        return out
+    sys.exit(f"e2b-suites: {d} has none of the pinned commits "
+             f"({', '.join(f'{r} {c[:12]}' for r, c in PINS.items())}): fetch them")
 
 
 def free_port() -> int:
@@ -132,8 +175,11 @@ def first_line(text: str) -> str:
     return ""
 
 
-def run_py_file(path: Path, run_dir: Path, env: dict, ini: Path, xml_out: Path) -> dict:
-    """One test file in its own pytest process; its tests' outcomes from the JUnit XML."""
+def run_py_file(path: Path, run_dir: Path, env: dict, ini: Path, xml_out: Path,
+                tests: Path) -> dict:
+    """One test file in its own pytest process; its tests' outcomes from the JUnit XML. The
+    suite's own helper modules (beside its conftest) are importable, as E2B runs it."""
+    env = dict(env, PYTHONPATH=os.pathsep.join([str(tests), env.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "pytest", "-c", str(ini), "--rootdir", str(run_dir),
            "-p", "cordon_e2b_guard", "-p", "no:cacheprovider", "--import-mode=importlib",
            "-q", "-rN", f"--junitxml={xml_out}", str(path)]
@@ -195,8 +241,9 @@ def main() -> int:
     a = ap.parse_args()
 
     suites = []
+    trees = Path(tempfile.mkdtemp(prefix="cordon-e2b-trees-"))
     for d in a.dirs:
-        d = d.resolve()
+        d = pinned(d.resolve(), trees)
         for name, tests, run_from in PY_SUITES:
             if (d / tests).is_dir():
                 suites.append((name, d / tests, d / run_from))
@@ -221,7 +268,7 @@ def main() -> int:
                 rel = str(path.relative_to(tests))
                 if a.filter not in rel:
                     continue
-                r = run_py_file(path, run_dir, env, ini, server.tmp / f"junit-{n}.xml")
+                r = run_py_file(path, run_dir, env, ini, server.tmp / f"junit-{n}.xml", tests)
                 r["suite"], r["file"] = name, rel
                 results.append(r)
                 print(report_line(rel, r), flush=True)
@@ -241,6 +288,7 @@ def main() -> int:
     if a.json:
         a.json.write_text(json.dumps({"tier": a.tier, "totals": totals, "files": results},
                                      indent=1))
+    shutil.rmtree(trees, ignore_errors=True)
     if not a.keep:
         shutil.rmtree(server.tmp, ignore_errors=True)
     return 0 if totals["passed"] == totals["tests"] else 1
