@@ -278,6 +278,12 @@ def test_rich_results_of_objects(ci):
     shown, value = ex.results
     assert shown.png and shown.png.startswith("iVBORw0KGgo") and not shown.is_main_result
     assert value.png == shown.png and value.is_main_result
+    # As E2B's interpreter: show() and save() to a path display the image.
+    ex = ci.run_code("img.show()\nimg.save('red.png')\nprint('saved')")
+    assert ex.error is None, ex.error
+    assert [r.png for r in ex.results] == [shown.png, shown.png]
+    assert ex.logs.stdout == ["saved\n"]
+    assert ci.files.read("/home/user/red.png", format="bytes")[:4] == b"\x89PNG"
 
 
 def test_a_dataframe_as_data(ci):

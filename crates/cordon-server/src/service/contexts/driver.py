@@ -319,7 +319,42 @@ def _driver():
             spec.loader.exec_module = exec_module
             return spec
 
+    def pil_shows(module):
+        # As E2B's interpreter: a PIL image's show() and its save() to a path display it in
+        # the cell's results (there is no screen to show it on).
+        cls = getattr(module, "Image", None)
+        if cls is None:
+            return
+        real_save = cls.save
+
+        def show(self, *args, **kwargs):
+            display(self)
+
+        def save(self, fp, *args, **kwargs):
+            if isinstance(fp, (str, os.PathLike)):
+                display(self)
+            return real_save(self, fp, *args, **kwargs)
+        cls.show, cls.save = show, save
+
+    class PilHook:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name != "PIL.Image":
+                return None
+            import importlib.machinery
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            real = spec.loader.exec_module
+
+            def exec_module(module):
+                real(module)
+                pil_shows(module)
+            spec.loader.exec_module = exec_module
+            return spec
+
     sys.meta_path.insert(0, PyplotHook)
+    sys.meta_path.insert(0, PilHook)
     os.environ.setdefault("MPLBACKEND", "Agg")
 
     def error_of(e, fname):
