@@ -356,6 +356,7 @@ impl Tier {
                 ports: true,
                 watch: true,
                 server_descriptors: 10,
+                pod_network: true,
                 ..PROGRAMS
             },
             // Microvm: full snapshots (one migration stream of the live VM, ADR 0027).

@@ -50,6 +50,8 @@ pub(crate) struct Inputs<'a> {
     pub etc_overlays: Vec<(PathBuf, PathBuf)>,
     /// The runsc sandbox's cgroup, as OCI names it.
     pub cgroups_path: Option<String>,
+    /// A pod's network namespace the sandbox joins (with runsc's `--network=host`).
+    pub netns: Option<&'a Path>,
 }
 
 /// The egress socket as the agent reaches it.
@@ -204,10 +206,11 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
     ]
     .into_iter()
     .map(|t| {
-        LinuxNamespaceBuilder::default()
-            .typ(t)
-            .build()
-            .map_err(oci("a namespace"))
+        let mut ns = LinuxNamespaceBuilder::default().typ(t);
+        if let (LinuxNamespaceType::Network, Some(path)) = (t, i.netns) {
+            ns = ns.path(path);
+        }
+        ns.build().map_err(oci("a namespace"))
     })
     .collect::<Result<Vec<_>>>()?;
     let mut resources = LinuxResourcesBuilder::default()
@@ -361,6 +364,7 @@ mod tests {
             host_etc: vec![PathBuf::from("/etc/alternatives")],
             etc_overlays: Vec::new(),
             cgroups_path: Some("/cordon-gvisor/sb-1".into()),
+            netns: None,
         };
         let mut got = serde_json::to_value(config(&i).unwrap()).unwrap();
         sorted_caps(&mut got);
@@ -430,6 +434,7 @@ mod tests {
                 PathBuf::from("/b/rootfs/etc/hosts"),
             )],
             cgroups_path: None,
+            netns: None,
         };
         let spec = config(&i).unwrap();
         let v = serde_json::to_value(&spec).unwrap();

@@ -105,6 +105,15 @@ pub struct GvisorConfig {
     /// The cgroup (below each hierarchy's root) each runsc sandbox's cgroup is made in:
     /// `None` is [`CGROUP_PARENT`]; cordon-oci names the pod's.
     pub cgroup_parent: Option<String>,
+    /// A kubelet pod's network namespace each runsc sandbox without egress joins, its sentry
+    /// on the host network of that namespace (`--network=host`: the pod's containers are
+    /// separate runsc sandboxes and only one netstack could own the pod's interface;
+    /// cordon-oci walls the namespace first, ADR 0029). `None`, or a sandbox with egress:
+    /// gVisor's own network, no interface (`none`).
+    pub netns: Option<PathBuf>,
+    /// The loopback port of the agent's egress forwarder when it is not the default (a
+    /// pod's containers share one loopback).
+    pub proxy_port: Option<u16>,
 }
 
 /// Cordon's data dir: `$CORDON_HOME`, else `/var/lib/cordon` (this tier runs as root).
@@ -147,6 +156,8 @@ impl GvisorConfig {
             start_timeout: Duration::from_secs(30),
             ids: cordon_host::idpool::IdPool::system(),
             cgroup_parent: None,
+            netns: None,
+            proxy_port: None,
         }
     }
 }

@@ -192,7 +192,10 @@ impl GvisorSandbox {
         if egress {
             // gVisor checks the sandbox user's permission on the socket itself (uids are
             // not remapped), so the socket and its 0700 directory belong to that uid.
-            let link = EgressLink::start(self.id.as_str(), &self.spec, self.uid)?;
+            let port = self.config.proxy_port.unwrap_or(SANDBOX_PROXY_PORT);
+            let link = EgressLink::start_with(self.id.as_str(), &self.spec, self.uid, |c| {
+                c.sandbox_proxy_port = port
+            })?;
             std::fs::write(
                 bundle.join(reap::EGRESS_FILE),
                 link.socket().display().to_string(),
@@ -235,7 +238,7 @@ impl GvisorSandbox {
                     .parent()
                     .ok_or_else(|| Error::Sandbox("bad egress socket path".into()))?,
                 socket_inside: SOCKET_INSIDE,
-                port: SANDBOX_PROXY_PORT,
+                port: self.config.proxy_port.unwrap_or(SANDBOX_PROXY_PORT),
             }),
             None => None,
         };
@@ -278,6 +281,7 @@ impl GvisorSandbox {
             host_etc,
             etc_overlays,
             cgroups_path: cgroup.map(SandboxCgroup::oci_path),
+            netns: self.config.netns.as_deref().filter(|_| self.joins_pod()),
         })?;
         if let Some(t) = template {
             // runsc makes a missing bind destination in the root it is given: every one must

@@ -258,6 +258,8 @@ fn gvisor(place: Place<'_>) -> Option<Box<dyn Backend>> {
     let mut config = cordon_gvisor::GvisorConfig::discover();
     if let Place::Own(own) = place {
         config.cgroup_parent = own.cgroup_parent.clone();
+        config.netns = own.netns.clone();
+        config.proxy_port = own.proxy_port;
     }
     Some(Box::new(cordon_gvisor::GvisorBackend::new(config)))
 }

@@ -123,7 +123,8 @@ spec:
   - name: config
     configMap: {{name: {name}-config}}
 """
-WEB = "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8080 -h /www"
+# In /tmp: gVisor's root is its own overlay, which the sandbox's user cannot write.
+WEB = "mkdir -p /tmp/www && echo ok > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"
 HTTP_PROBE = "httpGet: {path: /index.html, port: 8080}"
 # An exec probe, on a RuntimeClass whose workload is not in the pod's network namespace.
 EXEC_PROBE = 'exec: {command: ["cat", "/config/greeting"]}'
@@ -206,8 +207,8 @@ spec:
 
 
 # The RuntimeClasses whose workload is in the pod's network namespace (ADR 0029): an httpGet
-# probe from the node reaches it.
-POD_NETWORK = {"cordon"}
+# probe from the node reaches it (on gVisor, a container without egress).
+POD_NETWORK = {"cordon", "cordon-gvisor"}
 
 
 @pytest.mark.parametrize("runtime_class", ["cordon", "cordon-gvisor"])
@@ -438,21 +439,26 @@ EGRESS_PORT = 19180  # scripts/k8s.sh's EGRESS_TEST_PORT: the node's ceiling nam
 METADATA = "169.254.169.254"
 
 
-def test_a_cordon_pods_egress_goes_only_through_the_proxy(cluster) -> None:
-    # The pod's wall (ADR 0029): from inside a `cordon` pod, the node's addresses, the
-    # metadata address and another pod's address are refused at once, each with a listener
-    # there that a pod without the wall reaches (the metadata address is put on the node's
-    # loopback for the test: routed by the pod's default route to the node, never off the
-    # machine); an annotated host is reached through Cordon's proxy.
-    name = "egress-cordon"
+@pytest.mark.parametrize("runtime_class", ["cordon", "cordon-gvisor"])
+def test_a_cordon_pods_egress_goes_only_through_the_proxy(cluster, runtime_class: str) -> None:
+    # The pod's wall (ADR 0029): from inside a pod in the pod's network namespace, the
+    # node's addresses, the metadata address and another pod's address are refused at once,
+    # each with a listener there that a pod without the wall reaches (the metadata address
+    # is put on the node's loopback for the test: routed by the pod's default route to the
+    # node, never off the machine); on `cordon` an annotated host is reached through
+    # Cordon's proxy. A gVisor container joins the pod's namespace only without egress
+    # (ADR 0029), so its pod has no annotation: the wall alone is tested there.
+    name = f"egress-{runtime_class}"
+    egress = runtime_class == "cordon"
+    annotations = f"annotations: {{cordon.allow-hosts: \"127.0.0.1/32:{EGRESS_PORT}\"}}" if egress else ""
     apply(f"""
 apiVersion: v1
 kind: Pod
 metadata:
   name: {name}
-  annotations: {{cordon.allow-hosts: "127.0.0.1/32:{EGRESS_PORT}"}}
+  {annotations}
 spec:
-  runtimeClassName: cordon
+  runtimeClassName: {runtime_class}
   automountServiceAccountToken: false
   terminationGracePeriodSeconds: 2
   containers:
@@ -476,15 +482,56 @@ spec:
                  "then echo \"REACHED $t $out\"; else echo \"refused $t\"; fi; done")
         out = kubectl("exec", name, "--", "sh", "-c", probe).stdout
         assert "REACHED" not in out and out.count("refused") == len(targets), out
-        allowed = kubectl("exec", name, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT}/", check=False)
-        assert allowed.stdout == "upstream-ok", f"the allowed upstream through the proxy: {allowed}"
-        other = kubectl("exec", name, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT + 1}/", check=False)
-        assert other.returncode != 0 and "403" in other.stderr, f"an unlisted port through the proxy: {other}"
+        if egress:
+            allowed = kubectl("exec", name, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT}/", check=False)
+            assert allowed.stdout == "upstream-ok", f"the allowed upstream through the proxy: {allowed}"
+            other = kubectl("exec", name, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT + 1}/", check=False)
+            assert other.returncode != 0 and "403" in other.stderr, f"an unlisted port through the proxy: {other}"
     finally:
         heard = end_process(listener)
         end_process(upstream)
         sh("exec", "ip", "addr", "del", f"{METADATA}/32", "dev", "lo", check=False)
     assert "GOT" not in heard, f"the node-side listener was reached from the pod: {heard}"
+    kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
+
+
+def test_a_sidecar_reaches_its_pods_server_on_localhost(cluster) -> None:
+    # Two containers of one `cordon` pod share its namespace: the sidecar reaches the web
+    # container on localhost, and each has an egress forwarder of its own on the pod's
+    # loopback (ports differ), both reaching the annotated upstream through the proxy.
+    name = "sidecar-cordon"
+    apply(f"""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  annotations: {{cordon.allow-hosts: "127.0.0.1/32:{EGRESS_PORT}"}}
+spec:
+  runtimeClassName: cordon
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: web
+    image: cordon.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "{WEB}"]
+    readinessProbe: {{httpGet: {{path: /index.html, port: 8080}}, periodSeconds: 1}}
+  - {{name: side, image: cordon.local/busybox:1, imagePullPolicy: Never, command: ["sleep", "1000"]}}
+""")
+    wait_ready(name)
+    upstream = node_process("python3", "-u", "-m", "http.server", str(EGRESS_PORT), "--bind", "127.0.0.1",
+                            "--directory", "/proc/self")
+    try:
+        assert kubectl("exec", name, "-c", "side", "--", "sh", "-c",
+                       "unset http_proxy HTTP_PROXY; wget -qO- http://127.0.0.1:8080/index.html").stdout == "ok\n"
+        ports = {c: kubectl("exec", name, "-c", c, "--", "sh", "-c", "echo $HTTP_PROXY").stdout.strip()
+                 for c in ("web", "side")}
+        assert len(set(ports.values())) == 2 and all(p.startswith("http://127.0.0.1:") for p in ports.values()), ports
+        for c in ("web", "side"):
+            r = kubectl("exec", name, "-c", c, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT}/", check=False)
+            assert r.returncode == 0 and "Directory listing" in r.stdout, f"{c} through its forwarder: {r}"
+    finally:
+        end_process(upstream)
     kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
 
 
