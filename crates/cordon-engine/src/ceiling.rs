@@ -22,8 +22,9 @@ pub struct TenantRules {
     /// untrusted rows (a kernel boundary) apply to every request that says nothing. A
     /// request may lower it, never raise it.
     pub trust: Option<Trust>,
-    /// Tiers this tenant may use. Default: every tier but `runtime` (in-process QuickJS
-    /// inside the server is for operators' own trusted snippets).
+    /// Tiers this tenant may use. Default: every tier but those whose sandboxes live in the
+    /// serving process (`Features::memory_in_server`: the `runtime` tier's in-process QuickJS
+    /// is for operators' own trusted snippets).
     pub tiers: Option<Vec<Tier>>,
     /// Egress ceiling: the names and CIDRs this tenant's requests may allow. Default `["*"]`
     /// (any public name or address, any port). Non-public ranges (loopback, RFC 1918,
@@ -247,7 +248,7 @@ impl CeilingConfig {
             tiers: pick!(tiers).unwrap_or_else(|| {
                 Tier::ALL
                     .into_iter()
-                    .filter(|t| *t != Tier::Runtime)
+                    .filter(|t| !t.features().memory_in_server)
                     .collect()
             }),
             // Checked at start by `validate`; an entry that does not parse allows nothing.

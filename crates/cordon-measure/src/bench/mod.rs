@@ -153,12 +153,33 @@ impl Plan {
     }
 }
 
-/// The languages measured on their own per tier: the wasm tier runs two interpreters whose
-/// costs differ by an order of magnitude.
-fn languages_of(tier: Tier) -> &'static [(Language, &'static str)] {
-    match tier {
-        Tier::Wasm => &[(Language::Javascript, "0"), (Language::Python, "pass")],
-        _ => &[],
+/// The languages measured on their own per tier: a tier that runs no programs but several
+/// interpreters (the wasm tier's two, whose costs differ by an order of magnitude), each
+/// with its trivial snippet.
+fn languages_of(tier: Tier) -> Vec<(Language, &'static str)> {
+    let f = tier.features();
+    if f.programs || f.languages.len() < 2 {
+        return Vec::new();
+    }
+    f.languages.iter().map(|&l| (l, trivial_code(l))).collect()
+}
+
+/// Code in `language` that does nothing.
+fn trivial_code(language: Language) -> &'static str {
+    match language {
+        Language::Javascript => "0",
+        Language::Python => "pass",
+        Language::Bash | Language::Sh => "true",
+    }
+}
+
+/// The short name of `language` in a subject's name (`cordon-run-wasm-js`).
+fn short_name(language: Language) -> &'static str {
+    match language {
+        Language::Javascript => "js",
+        Language::Python => "python",
+        Language::Bash => "bash",
+        Language::Sh => "sh",
     }
 }
 
@@ -533,7 +554,8 @@ fn run_bench(
                 ));
             }
         }
-        if lt.spec.tier == Tier::Wasm {
+        let languages = languages_of(lt.spec.tier);
+        if !languages.is_empty() {
             // What a user's `cordon run` goes through is the front; without one beside this
             // binary the figure is this binary's own start, and says so.
             let via = if exe.file_name().is_some_and(|n| n == "cordon") {
@@ -542,15 +564,21 @@ fn run_bench(
                 "a new process each time, of this binary itself: there is no `cordon` front \
                  beside it (`make build` makes one)"
             };
-            for (name, lang, code) in [
-                ("cordon-run-wasm-js", "javascript", "0"),
-                ("cordon-run-wasm-python", "python", "pass"),
-            ] {
+            let tier = lt.spec.tier;
+            for (lang, code) in languages {
                 subjects.push(cli_subject(
-                    name,
-                    Tier::Wasm,
+                    &format!("cordon-run-{tier}-{}", short_name(lang)),
+                    tier,
                     &exe,
-                    &["run", "--tier", "wasm", "--lang", lang, "-c", code],
+                    &[
+                        "run",
+                        "--tier",
+                        tier.as_str(),
+                        "--lang",
+                        lang.as_str(),
+                        "-c",
+                        code,
+                    ],
                     via,
                 ));
             }
@@ -706,7 +734,7 @@ fn run_bench(
             Err(e) => fail(&mut tiers[rep_i], "exec floor", &e, &out),
         }
         out.done();
-        for &(language, snippet) in languages_of(tier) {
+        for (language, snippet) in languages_of(tier) {
             out.step(format!("{tier}: {language} cold start and exec"));
             let req = ExecRequest::code(language, snippet);
             let cold = plan
