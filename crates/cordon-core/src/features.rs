@@ -38,6 +38,9 @@ pub struct Features {
     /// A kernel of its own between the code and the host's (a user-space kernel or a
     /// virtual machine): a boundary against an adversary, not only hygiene.
     pub own_kernel: bool,
+    /// That kernel is a Linux kernel in a virtual machine: what needs no privilege in there
+    /// is the guest's business (the escape battery checks only what would need the host).
+    pub guest_linux: bool,
     /// A process on the caller's own descriptors, passed into the sandbox as they are
     /// (and a terminal of the sandbox's own for it).
     pub attached: bool,
@@ -281,6 +284,7 @@ impl Tier {
             languages: &[],
             wasm_modules: false,
             own_kernel: false,
+            guest_linux: false,
             attached: false,
             held: false,
             snapshot_full: false,
@@ -365,6 +369,7 @@ impl Tier {
                 snapshot_full: true,
                 pause_to_disk: true,
                 own_kernel: true,
+                guest_linux: true,
                 held: true,
                 server_descriptors: 6,
                 ..PROGRAMS

@@ -199,13 +199,15 @@ pub struct Wall {
 }
 
 impl Wall {
-    /// The wall of a native tier.
+    /// The wall of a native tier, from its features (a new tier is held to the wall its
+    /// features describe).
     pub fn of(tier: Tier) -> Wall {
+        let f = tier.features();
         Wall {
             tier,
-            shares_host_kernel: tier == Tier::Container,
+            shares_host_kernel: !f.own_kernel,
             agent_files: true,
-            own_kernel: tier == Tier::Microvm,
+            own_kernel: f.guest_linux,
             writable_root: false,
             root_overlay: false,
             pod_network: false,

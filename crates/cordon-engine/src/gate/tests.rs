@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::ceiling::GrantEntry;
 use crate::request::GrantName;

@@ -1,4 +1,3 @@
-
 use super::BumpArena;
 use std::alloc::{GlobalAlloc, Layout};
 
