@@ -105,11 +105,10 @@ pub struct GvisorConfig {
     /// The cgroup (below each hierarchy's root) each runsc sandbox's cgroup is made in:
     /// `None` is [`CGROUP_PARENT`]; cordon-oci names the pod's.
     pub cgroup_parent: Option<String>,
-    /// A kubelet pod's network namespace each runsc sandbox without egress joins, its sentry
-    /// on the host network of that namespace (`--network=host`: the pod's containers are
-    /// separate runsc sandboxes and only one netstack could own the pod's interface;
-    /// cordon-oci walls the namespace first, ADR 0029). `None`, or a sandbox with egress:
-    /// gVisor's own network, no interface (`none`).
+    /// A kubelet pod's network namespace each runsc sandbox joins, its sentry on the host
+    /// network of that namespace (`--network=host`: the pod's containers are separate runsc
+    /// sandboxes and only one netstack could own the pod's interface; cordon-oci walls the
+    /// namespace first, ADR 0029). `None`: gVisor's own network, no interface (`none`).
     pub netns: Option<PathBuf>,
     /// The loopback port of the agent's egress forwarder when it is not the default (a
     /// pod's containers share one loopback).

@@ -175,14 +175,9 @@ impl GvisorSandbox {
 
     /// runsc's command line with the flags every call on this sandbox's container repeats
     /// (`runsc checkpoint --leave-running` needs those of its `run`).
-    /// Whether the sandbox joins the pod's network namespace (`GvisorConfig::netns`): only
-    /// one without egress. Measured on the test cluster: with `--network=host` in the pod's
-    /// namespace, the egress proxy's socket directory and CA bundle under /run are unlinked
-    /// within about 2 s of runsc's start (not by Cordon's code, instrumented), and every
-    /// connection through the forwarder is reset. A sandbox with egress keeps gVisor's own
-    /// network (no interface, reached by exec) until that is understood (ADR 0029).
+    /// Whether the sandbox joins a pod's network namespace (`GvisorConfig::netns`).
     pub(crate) fn joins_pod(&self) -> bool {
-        self.config.netns.is_some() && self.egress.is_none()
+        self.config.netns.is_some()
     }
 
     pub(crate) fn runsc_flags(&self, cgroup: bool) -> std::process::Command {

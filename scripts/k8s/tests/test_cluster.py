@@ -207,7 +207,7 @@ spec:
 
 
 # The RuntimeClasses whose workload is in the pod's network namespace (ADR 0029): an httpGet
-# probe from the node reaches it (on gVisor, a container without egress).
+# probe from the node reaches it.
 POD_NETWORK = {"cordon", "cordon-gvisor"}
 
 
@@ -445,18 +445,14 @@ def test_a_cordon_pods_egress_goes_only_through_the_proxy(cluster, runtime_class
     # node's addresses, the metadata address and another pod's address are refused at once,
     # each with a listener there that a pod without the wall reaches (the metadata address
     # is put on the node's loopback for the test: routed by the pod's default route to the
-    # node, never off the machine); on `cordon` an annotated host is reached through
-    # Cordon's proxy. A gVisor container joins the pod's namespace only without egress
-    # (ADR 0029), so its pod has no annotation: the wall alone is tested there.
+    # node, never off the machine); an annotated host is reached through Cordon's proxy.
     name = f"egress-{runtime_class}"
-    egress = runtime_class == "cordon"
-    annotations = f"annotations: {{cordon.allow-hosts: \"127.0.0.1/32:{EGRESS_PORT}\"}}" if egress else ""
     apply(f"""
 apiVersion: v1
 kind: Pod
 metadata:
   name: {name}
-  {annotations}
+  annotations: {{cordon.allow-hosts: "127.0.0.1/32:{EGRESS_PORT}"}}
 spec:
   runtimeClassName: {runtime_class}
   automountServiceAccountToken: false
@@ -482,11 +478,10 @@ spec:
                  "then echo \"REACHED $t $out\"; else echo \"refused $t\"; fi; done")
         out = kubectl("exec", name, "--", "sh", "-c", probe).stdout
         assert "REACHED" not in out and out.count("refused") == len(targets), out
-        if egress:
-            allowed = kubectl("exec", name, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT}/", check=False)
-            assert allowed.stdout == "upstream-ok", f"the allowed upstream through the proxy: {allowed}"
-            other = kubectl("exec", name, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT + 1}/", check=False)
-            assert other.returncode != 0 and "403" in other.stderr, f"an unlisted port through the proxy: {other}"
+        allowed = kubectl("exec", name, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT}/", check=False)
+        assert allowed.stdout == "upstream-ok", f"the allowed upstream through the proxy: {allowed}"
+        other = kubectl("exec", name, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT + 1}/", check=False)
+        assert other.returncode != 0 and "403" in other.stderr, f"an unlisted port through the proxy: {other}"
     finally:
         heard = end_process(listener)
         end_process(upstream)
