@@ -136,12 +136,14 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
         )?,
     ];
     // The same workspace at E2B's home, where a process is then there by that name: in
-    // Cordon's root, or a template's that has the directory (imports make it; runsc would
-    // make a missing one in the template itself).
+    // Cordon's root, or a template's that has the directory, empty (imports make it; runsc
+    // would make a missing one in the template itself; an image's own files there stay).
     let home = cordon_core::HOME_MOUNT;
     let has_home = i.template_root.is_none_or(|r| {
-        cordon_template::resolve_in_root(r, home)
-            .is_some_and(|p| p == r.join(home.trim_start_matches('/')) && p.is_dir())
+        cordon_template::resolve_in_root(r, home).is_some_and(|p| {
+            p == r.join(home.trim_start_matches('/'))
+                && std::fs::read_dir(&p).is_ok_and(|mut d| d.next().is_none())
+        })
     });
     if has_home {
         mounts.push(mount(

@@ -185,11 +185,16 @@ pub(crate) fn writable_binds(volumes: &[InitVolume]) -> Vec<String> {
 /// The workspace bound again at `/home/user` (E2B's home), its volumes with it: one tmpfs
 /// under two names, so a process that starts in `/home/user` is there by its own name
 /// (`getcwd` answers `/home/user`) and Cordon's `/work` names the same files. Landlock's
-/// rules are on the workspace's inodes, so they hold under either name.
+/// rules are on the workspace's inodes, so they hold under either name. An image whose
+/// own `/home/user` holds files keeps them: nothing is bound over them.
 pub(crate) fn bind_home(root: &Path) -> Result<(), String> {
+    let at = root.join("home/user");
+    if fs::read_dir(&at).map_or(true, |mut d| d.next().is_some()) {
+        return Ok(());
+    }
     mount(
         Some(&root.join("work")),
-        &root.join("home/user"),
+        &at,
         None::<&str>,
         MsFlags::MS_BIND | MsFlags::MS_REC,
         None::<&str>,

@@ -211,10 +211,13 @@ fn boot() -> Result<File, String> {
 /// there by that name and `/work` names the same files. A root whose `/home/user` is no
 /// directory (Debian's, or a template's link to /work) gets it on a small read-only tmpfs
 /// over `/home`, the root's other entries of `/home` bound back as they were; a root with
-/// no `/home` gets none.
+/// no `/home` gets none, and an image whose own `/home/user` holds files keeps them.
 fn home_mount() -> Result<(), String> {
     let home = cordon_core::HOME_MOUNT;
     let is_dir = |p: &str| fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    if is_dir(home) && fs::read_dir(home).map_or(true, |mut d| d.next().is_some()) {
+        return Ok(());
+    }
     if !is_dir(home) {
         if !is_dir("/home") {
             return Ok(());
