@@ -99,6 +99,10 @@ pub struct EgressEvent {
     /// When the last of the folded events happened (ms since the epoch), when `count > 1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_ms: Option<u64>,
+    /// Whose request it was, as the front door that made the sandbox knows it: a kubelet
+    /// pod's `namespace/name` (cordon-oci).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
 
 fn one() -> u64 {
@@ -134,6 +138,7 @@ impl EgressEvent {
             bytes_down: None,
             count: 1,
             last_ms: None,
+            pod: None,
         }
     }
 

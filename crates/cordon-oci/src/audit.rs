@@ -110,11 +110,13 @@ impl NodeAudit {
             .map_err(|e| AuditFailure::Store(e).into())
     }
 
-    /// Egress decisions of container `id`'s proxy (its sandbox on `tier`), folded, with a
-    /// `grant_use` row for each allowed request that carried a grant.
+    /// Egress decisions of container `id`'s proxy (its sandbox on `tier`, of kubelet pod
+    /// `pod` where it is one's), folded, each row naming the pod, with a `grant_use` row for
+    /// each allowed request that carried a grant.
     pub fn egress(
         &self,
         id: &str,
+        pod: Option<&str>,
         tier: cordon_core::Tier,
         events: Vec<EgressEvent>,
     ) -> std::result::Result<(), AuditError> {
@@ -127,7 +129,8 @@ impl NodeAudit {
         }
         let tier = Some(tier);
         let mut rows = Vec::new();
-        for ev in fold.take() {
+        for mut ev in fold.take() {
+            ev.pod = pod.map(str::to_string);
             if let (Some(grants), EgressDecision::Allow) = (&ev.grant, ev.decision) {
                 for name in grants.split(',') {
                     rows.push(AuditEvent::GrantUse(GrantUse {
@@ -171,6 +174,8 @@ pub struct Audited {
     /// What a drain took from the sandbox's report besides its egress decisions (which are
     /// in the store, not kept here), for the next caller of [`Sandbox::report`].
     kept: Details,
+    /// The kubelet pod it belongs to (`namespace/name`), named on each of its egress rows.
+    pod: Option<String>,
 }
 
 impl Audited {
@@ -186,7 +191,21 @@ impl Audited {
             container: container.to_string(),
             tier,
             kept: Details::default(),
+            pod: None,
         }
+    }
+
+    /// Names the kubelet pod the container belongs to on its egress rows, from containerd's
+    /// CRI annotations on its bundle (`io.kubernetes.cri.sandbox-namespace` and `-name`).
+    pub fn in_pod(mut self, annotations: &std::collections::BTreeMap<String, String>) -> Self {
+        let get = |k: &str| annotations.get(k).filter(|v| !v.is_empty());
+        if let (Some(ns), Some(name)) = (
+            get("io.kubernetes.cri.sandbox-namespace"),
+            get("io.kubernetes.cri.sandbox-name"),
+        ) {
+            self.pod = Some(format!("{ns}/{name}"));
+        }
+        self
     }
 
     /// The tier its sandbox runs on.
@@ -205,7 +224,10 @@ impl Audited {
     fn drain(&mut self) {
         let mut d = self.inner.report();
         let events = std::mem::take(&mut d.egress);
-        if let Err(e) = self.audit.egress(&self.container, self.tier, events) {
+        if let Err(e) = self
+            .audit
+            .egress(&self.container, self.pod.as_deref(), self.tier, events)
+        {
             // Never a panic: the engine may have closed the monitor's stderr.
             let _ = std::io::Write::write_fmt(
                 &mut std::io::stderr(),

@@ -328,7 +328,7 @@ impl Mounted {
         };
         // The backend's sandbox owns everything; the backend itself holds nothing more.
         // Its proxy's decisions go to the node's audit store as they are made.
-        let sandbox = Audited::new(sandbox, audit, &setup.id, tier);
+        let sandbox = Audited::new(sandbox, audit, &setup.id, tier).in_pod(&record.annotations);
         Ok(Prepared {
             sandbox,
             process,

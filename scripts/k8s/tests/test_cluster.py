@@ -482,12 +482,39 @@ spec:
         assert allowed.stdout == "upstream-ok", f"the allowed upstream through the proxy: {allowed}"
         other = kubectl("exec", name, "--", "wget", "-qO-", f"http://127.0.0.1:{EGRESS_PORT + 1}/", check=False)
         assert other.returncode != 0 and "403" in other.stderr, f"an unlisted port through the proxy: {other}"
+        # The metadata and a private address asked of the proxy itself are refused too.
+        for refused in (f"http://{METADATA}/", "http://10.255.0.1:19181/"):
+            r = kubectl("exec", name, "--", "wget", "-qO-", refused, check=False)
+            assert r.returncode != 0 and "403" in r.stderr, f"{refused} through the proxy: {r}"
     finally:
         heard = end_process(listener)
         end_process(upstream)
         sh("exec", "ip", "addr", "del", f"{METADATA}/32", "dev", "lo", check=False)
     assert "GOT" not in heard, f"the node-side listener was reached from the pod: {heard}"
     kubectl("delete", "pod", name, "--timeout=60s", timeout=90)
+    # The proxy's decisions are in the node's audit store, each row naming the pod.
+    wants = {("127.0.0.1", EGRESS_PORT, "allow"), ("127.0.0.1", EGRESS_PORT + 1, "deny"),
+             (METADATA, 80, "deny"), ("10.255.0.1", 19181, "deny")}
+    got: set = set()
+    for _ in range(30):  # the monitor writes its last rows as the sandbox ends
+        got = {(r.get("host"), r.get("port"), r.get("decision")) for r in egress_rows(f"default/{name}")}
+        if wants <= got:
+            break
+        time.sleep(1)
+    assert wants <= got, f"audit rows naming the pod: missing {wants - got}; its rows: {sorted(map(str, got))}"
+
+
+def egress_rows(pod: str) -> list[dict]:
+    """The node's egress audit rows (their details) naming kubelet pod `pod`."""
+    import sqlite3
+    db = Path(lib("cordon_data_dir")) / "k8s" / "cluster" / "oci" / "audit.db"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        details = [json.loads(d) for (d,) in con.execute(
+            "SELECT detail FROM events WHERE kind = 'egress'")]
+    finally:
+        con.close()
+    return [d for d in details if d.get("pod") == pod]
 
 
 def test_a_sidecar_reaches_its_pods_server_on_localhost(cluster) -> None:
