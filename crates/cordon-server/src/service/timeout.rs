@@ -60,17 +60,24 @@ impl TimeoutState {
         self.pause.load(Ordering::Relaxed)
     }
 
-    /// Takes the right to pause it now; false while a pause is under way.
+    /// Takes the right to pause it now; false while a pause is under way. It counts as
+    /// paused by its timeout from here, so a resume that comes as soon as the pause takes
+    /// (before [`Self::end_pausing`]) gives it its TTL again.
     pub(super) fn begin_pausing(&self) -> bool {
-        self.pausing
+        let began = self
+            .pausing
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .is_ok();
+        if began {
+            self.paused_by_timeout.store(true, Ordering::Release);
+        }
+        began
     }
 
     /// The pause begun with [`Self::begin_pausing`] ended (`paused`: it took).
     pub(super) fn end_pausing(&self, paused: bool) {
-        if paused {
-            self.paused_by_timeout.store(true, Ordering::Release);
+        if !paused {
+            self.paused_by_timeout.store(false, Ordering::Release);
         }
         self.pausing.store(false, Ordering::Release);
     }
