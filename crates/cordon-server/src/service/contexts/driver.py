@@ -300,22 +300,24 @@ def _driver():
             enqueue({"t": "display", "cell": st.cell, "main": False, "data": data})
         plt.close("all")
 
-    # matplotlib draws with Agg (also in subprocesses, through the environment); when this
-    # interpreter imports pyplot, its show() is made to hand figures to the cell's results.
-    class PyplotHook:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name != "matplotlib.pyplot":
+    class AfterImport:
+        """Runs `then(module)` once module `name` is imported, whoever imports it."""
+
+        def __init__(self, name, then):
+            self.name, self.then = name, then
+
+        def find_spec(self, name, path=None, target=None):
+            if name != self.name:
                 return None
             import importlib.machinery
             spec = importlib.machinery.PathFinder.find_spec(name, path)
             if spec is None or spec.loader is None:
                 return spec
-            real = spec.loader.exec_module
+            real, then = spec.loader.exec_module, self.then
 
             def exec_module(module):
                 real(module)
-                module.show = show_figures
+                then(module)
             spec.loader.exec_module = exec_module
             return spec
 
@@ -336,25 +338,11 @@ def _driver():
             return real_save(self, fp, *args, **kwargs)
         cls.show, cls.save = show, save
 
-    class PilHook:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name != "PIL.Image":
-                return None
-            import importlib.machinery
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-            if spec is None or spec.loader is None:
-                return spec
-            real = spec.loader.exec_module
-
-            def exec_module(module):
-                real(module)
-                pil_shows(module)
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, PyplotHook)
-    sys.meta_path.insert(0, PilHook)
+    # matplotlib draws with Agg (also in subprocesses, through the environment); when this
+    # interpreter imports pyplot, its show() is made to hand figures to the cell's results.
+    sys.meta_path.insert(0, AfterImport("matplotlib.pyplot",
+                                        lambda m: setattr(m, "show", show_figures)))
+    sys.meta_path.insert(0, AfterImport("PIL.Image", pil_shows))
     os.environ.setdefault("MPLBACKEND", "Agg")
 
     def error_of(e, fname):
