@@ -594,9 +594,18 @@ def node_pods_left(label: str, seconds: int = 90) -> list[str]:
 
 
 def failed_cases(r: subprocess.CompletedProcess[str]) -> str:
-    return "\n".join(line for line in (r.stdout + r.stderr).splitlines()
-                     if line.startswith(("escape case", "thread", "kube_battery")) or "ALLOWED" in line
-                     or "OPENED" in line or "WROTE" in line)
+    """The battery's lines that say what failed. A panic's message is on the line after its
+    `thread '…' panicked at` line, and a failed pod create or probe says why only there, so
+    that line is kept too (a gVisor pod's create once failed with only the case's name kept)."""
+    lines = (r.stdout + r.stderr).splitlines()
+    kept: list[str] = []
+    for i, line in enumerate(lines):
+        if line.startswith(("escape case", "thread", "kube_battery")) or any(
+                word in line for word in ("ALLOWED", "OPENED", "WROTE")):
+            kept.append(line)
+            if "panicked at" in line and i + 1 < len(lines):
+                kept.append(lines[i + 1])
+    return "\n".join(kept)
 
 
 @pytest.mark.parametrize("runtime_class,tier", [("cordon", "container"), ("cordon-gvisor", "gvisor")])
