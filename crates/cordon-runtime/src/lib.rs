@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cordon_core::{
-    Backend, Capability, Command, Error, ExecOutcome, ExecRequest, Language, Limits, OutputSink,
-    OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination, Tier, Timings,
-    Usage,
+    Backend, Capability, Command, Error, Evidence, ExecOutcome, ExecRequest, ExitReport, Language,
+    Limits, OutputSink, OutputStream, Probe, Result, Sandbox, SandboxId, SandboxSpec, Termination,
+    Tier, Timings, Usage,
 };
 use rquickjs::{Array, Context, Ctx, Function, Runtime, Value};
 
@@ -139,10 +139,28 @@ fn thread_cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
-fn describe<'js>(ctx: &Ctx<'js>, inspect: &Function<'js>, err: rquickjs::Error) -> String {
+/// QuickJS's own refusal of an allocation past the runtime's memory limit: it throws an
+/// `InternalError` whose message is exactly "out of memory". (A script could throw one of
+/// its own; it would only misreport its own end, which it can cause for real anyway.)
+fn is_memory_refusal(exc: &Value) -> bool {
+    exc.as_object().is_some_and(|o| {
+        o.get::<_, String>("name")
+            .is_ok_and(|n| n == "InternalError")
+            && o.get::<_, String>("message")
+                .is_ok_and(|m| m == "out of memory")
+    })
+}
+
+fn describe<'js>(
+    ctx: &Ctx<'js>,
+    inspect: &Function<'js>,
+    err: rquickjs::Error,
+    memory_refused: &mut bool,
+) -> String {
     match err {
         rquickjs::Error::Exception => {
             let exc: Value = ctx.catch();
+            *memory_refused = is_memory_refusal(&exc);
             inspect
                 .call::<_, String>((exc,))
                 .unwrap_or_else(|_| "exception (could not be printed)".to_string())
@@ -175,7 +193,8 @@ fn eval(source: &str, args: &[String], limits: &Limits, timeout: Duration) -> Ra
     let rt = match Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            raw.termination = Termination::SandboxFailure;
+            // No end of the script to report: the classification's lost agent.
+            raw.termination = cordon_core::classify(&Evidence::default());
             raw.exit_code = None;
             raw.stderr = failure(format!("could not start QuickJS: {e}\n"));
             return raw;
@@ -202,12 +221,17 @@ fn eval(source: &str, args: &[String], limits: &Limits, timeout: Duration) -> Ra
     let ctx = match Context::full(&rt) {
         Ok(c) => c,
         Err(e) => {
-            raw.termination = Termination::SandboxFailure;
+            // No end of the script to report: the classification's lost agent.
+            raw.termination = cordon_core::classify(&Evidence::default());
             raw.exit_code = None;
             raw.stderr = failure(format!("could not start QuickJS: {e}\n"));
             return raw;
         }
     };
+    // The memory limit's evidence: the engine refused an allocation past it and the program
+    // ended on that refusal (set where the uncaught exception is read, not from the text
+    // the program wrote).
+    let mut memory_refused = false;
     let status: std::result::Result<i32, rquickjs::Error> = ctx.with(|ctx| {
         let out = out.clone();
         let flooded = flooded.clone();
@@ -236,7 +260,7 @@ fn eval(source: &str, args: &[String], limits: &Limits, timeout: Duration) -> Ra
                 0
             }
             Err(e) => {
-                let text = describe(&ctx, &inspect, e);
+                let text = describe(&ctx, &inspect, e, &mut memory_refused);
                 let _ = write_fn.call::<_, ()>((2, format!("Uncaught {text}\n")));
                 1
             }
@@ -244,6 +268,7 @@ fn eval(source: &str, args: &[String], limits: &Limits, timeout: Duration) -> Ra
         while ctx.execute_pending_job() {}
         if ctx.has_exception() {
             let exc: Value = ctx.catch();
+            memory_refused = is_memory_refusal(&exc);
             let text: String = inspect.call((exc,)).unwrap_or_default();
             let _ = write_fn.call::<_, ()>((2, format!("Uncaught {text}\n")));
             status = 1;
@@ -266,25 +291,36 @@ fn eval(source: &str, args: &[String], limits: &Limits, timeout: Duration) -> Ra
     };
     raw.stdout = stdout;
     raw.stderr = stderr;
-    match status {
-        Ok(0) => {}
-        Ok(code) => raw.exit_code = Some(code),
-        Err(e) => {
-            raw.termination = Termination::SandboxFailure;
-            raw.stderr.push(format!("cordon runtime: {e}\n").as_bytes());
-        }
-    }
-    let err_text = String::from_utf8_lossy(&raw.stderr.data).to_string();
-    if flooded.load(Ordering::Relaxed) {
-        raw.termination = Termination::OutputLimit;
+    // The one classification every tier uses, on this tier's evidence: Cordon's stops (the
+    // output cap, the deadline), the script's end (an exit code, or none when QuickJS
+    // itself failed) and the memory limit's refusal.
+    let stopped = if flooded.load(Ordering::Relaxed) {
+        Some(Termination::OutputLimit)
     } else if timed_out.load(Ordering::Relaxed) {
-        raw.termination = Termination::Timeout;
-    } else if raw.exit_code != Some(0) && err_text.contains("out of memory") {
-        raw.termination = Termination::OutOfMemory;
-    }
-    if raw.termination != Termination::Exited {
-        raw.exit_code = None;
-    }
+        Some(Termination::Timeout)
+    } else {
+        None
+    };
+    let reported = match status {
+        Ok(code) => Some(ExitReport {
+            code: Some(code),
+            signal: None,
+        }),
+        Err(e) => {
+            raw.stderr.push(format!("cordon runtime: {e}\n").as_bytes());
+            None
+        }
+    };
+    raw.termination = cordon_core::classify(&Evidence {
+        stopped,
+        reported,
+        oom_killed: memory_refused && reported.is_some_and(|r| !r.clean()),
+        ..Evidence::default()
+    });
+    raw.exit_code = match raw.termination {
+        Termination::Exited => reported.and_then(|r| r.code),
+        _ => None,
+    };
     raw.cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
     raw
 }

@@ -134,6 +134,21 @@ fn memory_bomb_is_out_of_memory() {
     assert_eq!(o.termination, Termination::OutOfMemory, "{o:#?}");
 }
 
+/// The memory limit is read from the engine's refusal, not from what the script wrote: a
+/// script that prints "out of memory" and fails exited (code 1), and one that caught a
+/// real refusal and went on to finish exited cleanly. (The old tier searched its stderr
+/// for the words and called the first one out-of-memory.)
+#[test]
+fn out_of_memory_is_the_engines_refusal_not_the_scripts_words() {
+    let o = js("console.error('cache: out of memory, retrying'); throw new Error('gave up')");
+    assert_eq!(o.termination, Termination::Exited, "{o:#?}");
+    assert_eq!(o.exit_code, Some(1), "{o:#?}");
+    let o = js("try { 'x'.repeat(1 << 29) } catch (e) { console.log(String(e)) } 'done'");
+    assert_eq!(o.termination, Termination::Exited, "{o:#?}");
+    assert_eq!(o.exit_code, Some(0), "{o:#?}");
+    assert!(out(&o).contains("done"), "{o:#?}");
+}
+
 #[test]
 fn deep_recursion_is_contained() {
     let o = js("function f(n) { return f(n + 1) + 1 } f(0)");

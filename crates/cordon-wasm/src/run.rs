@@ -426,7 +426,7 @@ pub(crate) fn run(
 }
 
 /// How an exec ended, from the guest's result (`Err` for the outer timeout) and the flags it
-/// raised.
+/// raised: the evidence is gathered here and [`cordon_core::classify`] draws the conclusion.
 fn conclude(
     result: std::result::Result<wasmtime::Result<i32>, ()>,
     flags: &Flags,
@@ -435,65 +435,82 @@ fn conclude(
     peak: usize,
     open_files: u64,
 ) -> Raw {
-    let mut raw = Raw {
-        termination: Termination::Exited,
-        exit_code: None,
-        signal: None,
+    let mut warnings = Vec::new();
+    let end = match result {
+        Err(()) => GuestEnd::Stopped(Termination::Timeout),
+        Ok(Ok(code)) => GuestEnd::Exited(code),
+        Ok(Err(e)) => read_error(&e, &mut warnings, open_files),
+    };
+    let evidence = end.evidence(flags);
+    let termination = cordon_core::classify(&evidence);
+    let report = evidence.reported.unwrap_or_default();
+    Raw {
+        termination,
+        exit_code: report.code.filter(|_| termination == Termination::Exited),
+        signal: report
+            .signal
+            .filter(|_| termination == Termination::Signalled),
         stdout: out,
         stderr: err,
         stdout_truncated: out_trunc,
         stderr_truncated: err_trunc,
         peak_memory: peak as u64,
-        warnings: Vec::new(),
-    };
-    match result {
-        Err(()) => raw.termination = Termination::Timeout,
-        Ok(Ok(code)) => raw.exit_code = Some(code),
-        Ok(Err(e)) => read_error(&e, &mut raw, open_files),
+        warnings,
     }
-    // What the guest's end says, as evidence for the one classification every tier uses
-    // (cordon_core::classify): a stop of Cordon's (the deadline, fuel, the output cap), the
-    // guest's exit or trap (reported as a signal), a host error (the sandbox failed), the
-    // resource table full (the tier's process limit), and a refused memory grow or disk
-    // write when the guest then failed.
-    let stopped = match raw.termination {
-        Termination::Timeout | Termination::OutputLimit | Termination::Cancelled => {
-            Some(raw.termination)
+}
+
+/// What the guest's end was, as the host saw it: facts, not yet a termination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GuestEnd {
+    /// It exited (returned from its entry point, or called `proc_exit`) with this code.
+    Exited(i32),
+    /// It trapped; the trap as the signal a native program would have died of.
+    Trapped(i32),
+    /// Cordon stopped it: the deadline, fuel, the output cap.
+    Stopped(Termination),
+    /// Its resource table was full (the tier's process limit: too many open files and
+    /// WASI resources at once).
+    TableFull,
+    /// The host failed under it.
+    HostFailed,
+}
+
+impl GuestEnd {
+    /// The evidence for the one classification every tier uses: a stop of Cordon's, the
+    /// guest's exit or trap (reported as a signal), a host error (no end reported: the
+    /// sandbox failed), the resource table full (a refused fork), and a refused memory grow
+    /// or disk write when the guest then failed.
+    fn evidence(self, flags: &Flags) -> Evidence {
+        let stopped = match self {
+            GuestEnd::Stopped(t) => Some(t),
+            GuestEnd::TableFull => None,
+            _ if flags.output_limit.load(Ordering::Relaxed) => Some(Termination::OutputLimit),
+            _ => None,
+        };
+        let reported = match self {
+            GuestEnd::Exited(code) => Some(ExitReport {
+                code: Some(code),
+                signal: None,
+            }),
+            GuestEnd::Trapped(signal) => Some(ExitReport {
+                code: None,
+                signal: Some(signal),
+            }),
+            _ => None,
+        };
+        let failed = match self {
+            GuestEnd::Exited(code) => code != 0,
+            GuestEnd::Trapped(_) | GuestEnd::HostFailed => true,
+            GuestEnd::Stopped(_) | GuestEnd::TableFull => false,
+        };
+        Evidence {
+            stopped,
+            reported,
+            oom_killed: failed && flags.memory_refused.load(Ordering::Relaxed),
+            forks_refused: self == GuestEnd::TableFull,
+            disk_full: failed && flags.disk_refused.load(Ordering::Relaxed),
         }
-        _ if flags.output_limit.load(Ordering::Relaxed)
-            && raw.termination != Termination::ProcessLimit =>
-        {
-            Some(Termination::OutputLimit)
-        }
-        _ => None,
-    };
-    let reported = match raw.termination {
-        Termination::Exited | Termination::Signalled => Some(ExitReport {
-            code: raw.exit_code,
-            signal: raw.signal,
-        }),
-        _ => None,
-    };
-    let failed = match raw.termination {
-        Termination::Exited => raw.exit_code != Some(0),
-        Termination::Signalled | Termination::SandboxFailure => true,
-        _ => false,
-    };
-    let evidence = Evidence {
-        stopped,
-        reported,
-        oom_killed: failed && flags.memory_refused.load(Ordering::Relaxed),
-        forks_refused: raw.termination == Termination::ProcessLimit,
-        disk_full: failed && flags.disk_refused.load(Ordering::Relaxed),
-    };
-    raw.termination = cordon_core::classify(&evidence);
-    if raw.termination != Termination::Exited {
-        raw.exit_code = None;
     }
-    if raw.termination != Termination::Signalled {
-        raw.signal = None;
-    }
-    raw
 }
 
 /// Sets the deadline, the output-limit check and fuel on a fresh store.
@@ -524,67 +541,56 @@ fn arm<T: 'static>(
 
 /// Reads an error out of the guest: how it ended as far as the error says (a stop, an exit,
 /// a trap, the resource table full, or a host failure); [`conclude`] classifies.
-fn read_error(e: &wasmtime::Error, raw: &mut Raw, open_files: u64) {
+fn read_error(e: &wasmtime::Error, warnings: &mut Vec<String>, open_files: u64) -> GuestEnd {
     for cause in e.chain() {
         if let Some(wasmtime::component::ResourceTableError::Full) =
             cause.downcast_ref::<wasmtime::component::ResourceTableError>()
         {
-            raw.termination = Termination::ProcessLimit;
-            raw.warnings.push(format!(
+            warnings.push(format!(
                 "the program held more open files and WASI resources at once than the \
                  sandbox allows (--open-files {open_files}, plus {RESOURCE_SLACK}); close \
                  files it no longer needs or raise --open-files"
             ));
-            return;
+            return GuestEnd::TableFull;
         }
         if let Some(exit) = cause.downcast_ref::<I32Exit>() {
-            raw.termination = Termination::Exited;
-            raw.exit_code = Some(exit.0);
-            return;
+            return GuestEnd::Exited(exit.0);
         }
         if let Some(Stop(t)) = cause.downcast_ref::<Stop>() {
-            raw.termination = *t;
-            return;
+            return GuestEnd::Stopped(*t);
         }
         if let Some(trap) = cause.downcast_ref::<Trap>() {
-            let (t, sig, what) = match *trap {
-                Trap::Interrupt => (Termination::Timeout, None, None),
+            let (end, what) = match *trap {
+                Trap::Interrupt => (GuestEnd::Stopped(Termination::Timeout), None),
                 Trap::OutOfFuel => (
-                    Termination::Timeout,
-                    None,
+                    GuestEnd::Stopped(Termination::Timeout),
                     Some("the fuel limit was reached (deterministic CPU bound)"),
                 ),
                 Trap::StackOverflow => (
-                    Termination::Signalled,
-                    Some(11),
+                    GuestEnd::Trapped(11),
                     Some("wasm stack exhausted (deep recursion); reported as SIGSEGV"),
                 ),
                 Trap::UnreachableCodeReached => (
-                    Termination::Signalled,
-                    Some(6),
+                    GuestEnd::Trapped(6),
                     Some("the guest aborted (wasm unreachable); reported as SIGABRT"),
                 ),
                 Trap::IntegerDivisionByZero
                 | Trap::IntegerOverflow
                 | Trap::BadConversionToInteger => (
-                    Termination::Signalled,
-                    Some(8),
+                    GuestEnd::Trapped(8),
                     Some("arithmetic trap; reported as SIGFPE"),
                 ),
                 _ => (
-                    Termination::Signalled,
-                    Some(11),
+                    GuestEnd::Trapped(11),
                     Some("memory or table fault; reported as SIGSEGV"),
                 ),
             };
-            raw.termination = t;
-            raw.signal = sig;
             if let Some(w) = what {
-                raw.warnings.push(format!("{w}: {trap}"));
+                warnings.push(format!("{w}: {trap}"));
             }
-            return;
+            return end;
         }
     }
-    raw.termination = Termination::SandboxFailure;
-    raw.warnings.push(format!("wasm host error: {e:#}"));
+    warnings.push(format!("wasm host error: {e:#}"));
+    GuestEnd::HostFailed
 }
