@@ -170,6 +170,55 @@ pub struct SandboxRequest {
     pub workload: Workload,
 }
 
+impl SandboxRequest {
+    /// The fields that set a sandbox's life rather than what it is made of. A one-shot run
+    /// (whose sandbox lives for its exec) and a warm pool (whose sandboxes' lives are the
+    /// creates' that take them) flatten this type and refuse these; a new field of that
+    /// kind belongs here too.
+    pub const LIFE_FIELDS: [&'static str; 5] =
+        ["ttl", "idle_timeout", "on_timeout", "labels", "volumes"];
+
+    /// Those of [`Self::LIFE_FIELDS`] this request gives, in that order. Every field is
+    /// named here, so a new one does not compile until it is sorted into one kind or the
+    /// other.
+    pub fn life_fields_given(&self) -> Vec<&'static str> {
+        let SandboxRequest {
+            // What the sandbox is made of: a run and a pool take these.
+            tier: _,
+            trust: _,
+            autonomy: _,
+            shape: _,
+            limits: _,
+            env: _,
+            allow_hosts: _,
+            deny_hosts: _,
+            grants: _,
+            allow_weaker: _,
+            template: _,
+            inline_grants: _,
+            workload: _,
+            // Its life.
+            ttl,
+            idle_timeout,
+            on_timeout,
+            labels,
+            volumes,
+        } = self;
+        let given = [
+            ttl.is_some(),
+            idle_timeout.is_some(),
+            !on_timeout.is_destroy(),
+            !labels.is_empty(),
+            !volumes.is_empty(),
+        ];
+        Self::LIFE_FIELDS
+            .into_iter()
+            .zip(given)
+            .filter_map(|(f, g)| g.then_some(f))
+            .collect()
+    }
+}
+
 /// What a sandbox's TTL or idle timeout does to it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

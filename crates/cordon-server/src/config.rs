@@ -335,23 +335,29 @@ impl Default for EdgeConfig {
     }
 }
 
-/// A warm pool of a spec other than its tier's default.
+/// A warm pool of a spec other than its tier's default: `size` sandboxes of what a create
+/// with these fields would make (the create's own type, flattened, so a new create field is
+/// written once). It names a tier; the fields of a sandbox's life
+/// ([`cordon_engine::SandboxRequest::LIFE_FIELDS`]) are the taking create's, not the pool's,
+/// and it names no grants (a warm sandbox holds no secret before a tenant takes it).
+/// Any limits left out are the server's `default_limits`. A create or run giving the same
+/// spec (its tier, limits, lists, template...) takes one of its sandboxes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpecPool {
-    pub tier: Tier,
     pub size: usize,
-    /// As a request gives them: any left out are the server's `default_limits`.
-    #[serde(default)]
-    pub limits: cordon_engine::LimitsPatch,
-    #[serde(default)]
-    pub allow_hosts: Vec<String>,
-    #[serde(default)]
-    pub deny_hosts: Vec<String>,
-    /// A template (`cordon template ls`) the pool's sandboxes are made from: a create or
-    /// run naming it (and the same tier, limits and lists) takes one.
-    #[serde(default)]
-    pub template: Option<String>,
+    #[serde(flatten)]
+    pub spec: cordon_engine::SandboxRequest,
+}
+
+impl SpecPool {
+    /// The pool's tier (`Config::validate` refuses a pool that names none).
+    pub fn tier(&self) -> Option<Tier> {
+        match self.spec.tier {
+            Some(cordon_policy::TierChoice::Tier(t)) => Some(t),
+            _ => None,
+        }
+    }
 }
 
 /// Where the tier policy's rules and this host's bench figures come from.
@@ -535,11 +541,25 @@ impl Config {
             }
         }
         for (i, p) in self.spec_pools.iter().enumerate() {
+            let n = i + 1;
+            let Some(tier) = p.tier() else {
+                return bad(format!(
+                    "the [[pool]] table number {n} names no tier: give tier = \"container\" (or another tier by name; not auto)"
+                ));
+            };
+            if let Some(f) = p.spec.life_fields_given().first() {
+                return bad(format!(
+                    "the [[pool]] table number {n} gives {f}: a pooled sandbox's life is set by the create that takes it; leave {f} out"
+                ));
+            }
+            if !p.spec.grants.is_empty() {
+                return bad(format!(
+                    "the [[pool]] table number {n} names grants: a warm sandbox holds no grant's secret before a tenant takes it; leave grants out"
+                ));
+            }
             if p.size > 64 {
                 return bad(format!(
-                    "pool {} (the [[pool]] table number {}) has size {}, more than 64; give a smaller warm pool",
-                    p.tier,
-                    i + 1,
+                    "pool {tier} (the [[pool]] table number {n}) has size {}, more than 64; give a smaller warm pool",
                     p.size
                 ));
             }
@@ -591,21 +611,42 @@ limits = { memory_bytes = 1073741824 }
         .unwrap();
         assert_eq!(cfg.spec_pools.len(), 1);
         let p = &cfg.spec_pools[0];
-        assert_eq!((p.tier, p.size), (Tier::Container, 3));
-        assert_eq!(p.allow_hosts, ["pypi.org", "*.pythonhosted.org"]);
-        assert_eq!(p.limits.memory_bytes, Some(1 << 30));
+        assert_eq!((p.tier(), p.size), (Some(Tier::Container), 3));
+        assert_eq!(p.spec.allow_hosts, ["pypi.org", "*.pythonhosted.org"]);
+        assert_eq!(p.spec.limits.memory_bytes, Some(1 << 30));
         let big = "data_dir = \"x\"\n[[pool]]\ntier = \"wasm\"\nsize = 65\n";
         let e = Config::parse(big, Path::new("/"))
             .err()
             .map(|e| e.to_string());
         assert!(e.is_some_and(|e| e.contains("more than 64")));
-        assert!(
+        let pool = |rest: &str| {
             Config::parse(
-                "data_dir = \"x\"\n[[pool]]\ntier = \"wasm\"\nsize = 1\nenv = 1\n",
-                Path::new("/")
+                &format!("data_dir = \"x\"\n[[pool]]\nsize = 1\n{rest}"),
+                Path::new("/"),
             )
-            .is_err()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+        };
+        assert!(!pool("tier = \"wasm\"\nenv = 1\n").is_empty());
+        assert!(pool("tier = \"wasm\"\nbogus = 1\n").contains("bogus"));
+        // The create's fields, flattened: a new create field is a pool's too.
+        assert_eq!(
+            pool("tier = \"wasm\"\nenv = { A = \"1\" }\nshape = \"one-long\"\n"),
+            ""
         );
+        assert!(pool("tier = \"wasm\"\ngrants = [\"gh\"]\n").contains("names grants"));
+        assert!(pool("tier = \"auto\"\n").contains("names no tier"));
+        assert!(pool("").contains("names no tier"));
+        for life in [
+            "ttl = \"5m\"",
+            "idle_timeout = 60",
+            "on_timeout = \"pause\"",
+            "labels = { a = \"b\" }",
+        ] {
+            let e = pool(&format!("tier = \"wasm\"\n{life}\n"));
+            assert!(e.contains("life is set by the create"), "{life}: {e}");
+        }
         assert_eq!(cfg.data_dir, Path::new("/etc/cordon/data"));
         assert_eq!(cfg.sessions.default_ttl.0, Duration::from_secs(600));
         assert_eq!(cfg.sessions.max_ttl.0, Duration::from_secs(7200));

@@ -173,7 +173,7 @@ fn snapshot(svc: &Service, scope: &Scope) -> Snapshot {
                 + cfg
                     .spec_pools
                     .iter()
-                    .filter(|p| p.tier == *tier)
+                    .filter(|p| p.tier() == Some(*tier))
                     .map(|p| p.size)
                     .sum::<usize>();
             (size > 0).then(|| PoolFill {

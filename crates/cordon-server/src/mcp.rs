@@ -369,7 +369,7 @@ impl CordonMcp {
         let t = self.tenant(&ctx)?;
         req.lang = code_lang(&req.code, req.lang);
         req.stream = false;
-        let (create, exec, files) = req.split();
+        let (create, exec, files) = req.split()?;
         let job = self.svc.execs().begin_run(&t, create, &exec, files).await?;
         answer(job.run(None).await)
     }

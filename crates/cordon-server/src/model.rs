@@ -1,12 +1,10 @@
 //! Request and response bodies of the API (and the MCP tools). Unknown fields are refused.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use base64::Engine as _;
-use cordon_core::{Command, ExecRequest, Language, Limits, Tier, Weakening};
+use cordon_core::{Command, ExecRequest, Language, Limits, Tier};
 use serde::{Deserialize, Deserializer, Serialize};
-
-use cordon_policy::{Autonomy, Shape, TierChoice, Trust};
 
 use crate::error::ApiError;
 use cordon_core::units::Dur;
@@ -214,34 +212,17 @@ impl RunFile {
     }
 }
 
-/// `POST /v1/run`: create, exec once, destroy.
+/// `POST /v1/run`: create, exec once, destroy. Its sandbox half is the create's own body
+/// (`POST /v1/sandboxes`) less the fields of a sandbox's life (ttl, idle_timeout,
+/// on_timeout, labels, volumes): a one-shot run's sandbox lives for its exec.
 #[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = without_life_fields)]
 pub struct RunRequest {
-    #[serde(default)]
-    pub tier: Option<TierChoice>,
-    #[serde(default)]
-    pub trust: Option<Trust>,
-    #[serde(default)]
-    pub autonomy: Option<Autonomy>,
-    #[serde(default)]
-    pub shape: Option<Shape>,
-    #[serde(default)]
-    pub limits: LimitsPatch,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    #[serde(default)]
-    pub allow_hosts: Vec<String>,
-    #[serde(default)]
-    pub deny_hosts: Vec<String>,
-    /// Grants of the operator's catalogue, by name.
-    #[serde(default)]
-    pub grants: Vec<GrantName>,
-    #[serde(default)]
-    pub allow_weaker: BTreeSet<Weakening>,
-    /// A template the sandbox's root is made from (`cordon template ls`).
-    #[serde(default)]
-    pub template: Option<String>,
+    /// The create's own type, flattened: a new create field is written once
+    /// (`CreateRequest::LIFE_FIELDS` are refused and left out of the schema).
+    #[serde(flatten)]
+    pub create: CreateRequest,
     #[serde(default)]
     pub files: Vec<RunFile>,
     #[serde(default, deserialize_with = "de_lang")]
@@ -264,28 +245,28 @@ pub struct RunRequest {
     pub stream: bool,
 }
 
+/// The run body's schema: the create's properties but those a run refuses.
+fn without_life_fields(schema: &mut schemars::Schema) {
+    if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+        for f in CreateRequest::LIFE_FIELDS {
+            props.remove(f);
+        }
+    }
+}
+
 impl RunRequest {
-    pub fn split(self) -> (CreateRequest, ExecBody, Vec<RunFile>) {
-        let create = CreateRequest {
-            tier: self.tier,
-            trust: self.trust,
-            autonomy: self.autonomy,
-            shape: self.shape,
-            limits: self.limits,
-            env: self.env,
-            allow_hosts: self.allow_hosts,
-            deny_hosts: self.deny_hosts,
-            grants: self.grants,
-            allow_weaker: self.allow_weaker,
-            template: self.template,
-            ttl: None,
-            idle_timeout: None,
-            on_timeout: Default::default(),
-            labels: BTreeMap::new(),
-            volumes: Vec::new(),
-            inline_grants: Vec::new(),
-            workload: Default::default(),
-        };
+    /// The create, the exec and the files; refused when it gives a field of a sandbox's
+    /// life, which a one-shot run has none of.
+    pub fn split(self) -> Result<(CreateRequest, ExecBody, Vec<RunFile>), ApiError> {
+        if let Some(f) = self.create.life_fields_given().first() {
+            return Err(ApiError::new(
+                crate::error::Code::InvalidRequest,
+                format!("{f} is not a field of a one-shot run: its sandbox lives for its exec"),
+                format!(
+                    "leave {f} out, or create a sandbox (POST /v1/sandboxes) with it and exec in that"
+                ),
+            ));
+        }
         let exec = ExecBody {
             lang: self.lang,
             code: self.code,
@@ -301,7 +282,7 @@ impl RunRequest {
             background: false,
             pty: None,
         };
-        (create, exec, self.files)
+        Ok((self.create, exec, self.files))
     }
 }
 
@@ -679,4 +660,87 @@ pub struct StartedFromSnapshot {
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SnapshotDeleted {
     pub id: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(body: serde_json::Value) -> Result<RunRequest, String> {
+        serde_json::from_value(body).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_run_body_is_the_create_flattened_less_its_life() {
+        let r = run(serde_json::json!({
+            "tier": "wasm", "trust": "untrusted", "limits": {"memory_bytes": 1024},
+            "env": {"A": "1"}, "allow_hosts": ["a.test"], "template": "t",
+            "lang": "python", "code": "print(1)", "stream": true,
+            "files": [{"path": "a", "content": "x"}],
+        }))
+        .unwrap();
+        let (create, exec, files) = r.split().unwrap();
+        assert_eq!(create.limits.memory_bytes, Some(1024));
+        assert_eq!(create.env.get("A").map(String::as_str), Some("1"));
+        assert_eq!(
+            (create.allow_hosts.len(), create.template.as_deref()),
+            (1, Some("t"))
+        );
+        assert!(exec.stream && exec.env.is_empty());
+        assert_eq!(files.len(), 1);
+        // Unknown fields are refused through the flattening, as before it.
+        let e = run(serde_json::json!({"code": "1", "bogus": 1})).unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+        assert!(run(serde_json::json!({"limits": {"bogus": 1}})).is_err());
+        // A field of a sandbox's life is refused, saying what to do.
+        for (f, v) in [
+            ("ttl", serde_json::json!("5m")),
+            ("idle_timeout", serde_json::json!(60)),
+            ("on_timeout", serde_json::json!("pause")),
+            ("labels", serde_json::json!({"a": "b"})),
+            (
+                "volumes",
+                serde_json::json!([{"name": "v", "path": "/work/v"}]),
+            ),
+        ] {
+            let mut body = serde_json::json!({"lang": "python", "code": "1"});
+            body[f] = v;
+            let e = run(body).unwrap().split().unwrap_err();
+            assert!(
+                e.message.starts_with(f) && e.fix.contains("POST /v1/sandboxes"),
+                "{f}: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_run_schema_has_every_create_field_but_its_life() {
+        let create = schemars::schema_for!(CreateRequest);
+        let run = schemars::schema_for!(RunRequest);
+        let props = |s: &schemars::Schema| -> BTreeMap<String, serde_json::Value> {
+            s.get("properties")
+                .and_then(|p| p.as_object())
+                .map(|p| p.clone().into_iter().collect())
+                .unwrap_or_default()
+        };
+        let (create, run_props) = (props(&create), props(&run));
+        assert!(create.len() > 10, "{create:?}");
+        for (name, schema) in &create {
+            if CreateRequest::LIFE_FIELDS.contains(&name.as_str()) {
+                assert!(
+                    !run_props.contains_key(name),
+                    "{name} is in the run's schema"
+                );
+            } else {
+                assert_eq!(run_props.get(name), Some(schema), "{name}");
+            }
+        }
+        for f in CreateRequest::LIFE_FIELDS {
+            assert!(create.contains_key(f), "{f} is not a create field");
+        }
+        assert_eq!(
+            run.get("additionalProperties"),
+            Some(&serde_json::json!(false))
+        );
+    }
 }

@@ -2396,15 +2396,16 @@ async fn tier_policy_picks_refuses_and_audits() {
 async fn a_pool_of_another_spec_serves_exactly_that_spec() {
     let env = start_with(|cfg| {
         cfg.spec_pools.push(cordon_server::config::SpecPool {
-            tier: Tier::Container,
             size: 1,
-            limits: cordon_server::model::LimitsPatch {
-                memory_bytes: Some(256 << 20),
+            spec: cordon_server::model::CreateRequest {
+                tier: Some(cordon_policy::TierChoice::Tier(Tier::Container)),
+                limits: cordon_server::model::LimitsPatch {
+                    memory_bytes: Some(256 << 20),
+                    ..Default::default()
+                },
+                allow_hosts: vec!["pypi.example.test".into()],
                 ..Default::default()
             },
-            allow_hosts: vec!["pypi.example.test".into()],
-            deny_hosts: Vec::new(),
-            template: None,
         });
     })
     .await;
@@ -2445,12 +2446,12 @@ async fn a_pool_of_another_spec_serves_exactly_that_spec() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_of_a_template_serves_creates_naming_it() {
     let pool = |template: &str| cordon_server::config::SpecPool {
-        tier: Tier::Container,
         size: 1,
-        limits: Default::default(),
-        allow_hosts: Vec::new(),
-        deny_hosts: Vec::new(),
-        template: Some(template.into()),
+        spec: cordon_server::model::CreateRequest {
+            tier: Some(cordon_policy::TierChoice::Tier(Tier::Container)),
+            template: Some(template.into()),
+            ..Default::default()
+        },
     };
     let env = start_with(|cfg| {
         let store = cordon_template::Store::open(&cfg.data_dir).unwrap();
@@ -2490,15 +2491,15 @@ async fn a_pool_of_a_template_serves_creates_naming_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_specs_the_policy_refuses_stop_the_start() {
     let pool = |memory: u64| cordon_server::config::SpecPool {
-        tier: Tier::Container,
         size: 1,
-        limits: cordon_server::model::LimitsPatch {
-            memory_bytes: Some(memory),
+        spec: cordon_server::model::CreateRequest {
+            tier: Some(cordon_policy::TierChoice::Tier(Tier::Container)),
+            limits: cordon_server::model::LimitsPatch {
+                memory_bytes: Some(memory),
+                ..Default::default()
+            },
             ..Default::default()
         },
-        allow_hosts: Vec::new(),
-        deny_hosts: Vec::new(),
-        template: None,
     };
     for (pools, want) in [
         (vec![pool(64 << 30)], "limits.memory_bytes is above"),
@@ -2602,12 +2603,12 @@ async fn a_pooled_sandbox_is_what_a_cold_create_makes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_over_the_ceiling_is_refused_at_start_with_the_gates_reason() {
     let private = cordon_server::config::SpecPool {
-        tier: Tier::Container,
         size: 1,
-        limits: Default::default(),
-        allow_hosts: vec!["10.0.0.1".into()],
-        deny_hosts: Vec::new(),
-        template: None,
+        spec: cordon_server::model::CreateRequest {
+            tier: Some(cordon_policy::TierChoice::Tier(Tier::Container)),
+            allow_hosts: vec!["10.0.0.1".into()],
+            ..Default::default()
+        },
     };
     for case in ["egress", "tiers"] {
         let dir = tempfile::tempdir().unwrap();
@@ -2663,7 +2664,7 @@ mod fuzz {
         #[test]
         fn run_bodies_never_panic(b in body([CREATE_FIELDS, EXEC_FIELDS, &["files"]].concat(), ("limits", LIMIT_FIELDS))) {
             let Ok(run) = serde_json::from_slice::<RunRequest>(&b) else { return Ok(()) };
-            let (create, exec, files) = run.split();
+            let Ok((create, exec, files)) = run.split() else { return Ok(()) };
             exec_checks(&exec);
             for f in &files {
                 let _ = f.bytes();

@@ -85,7 +85,7 @@ async fn run(
     body: Result<Json<RunRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(json_rejection)?;
-    let (create, exec, files) = req.split();
+    let (create, exec, files) = req.split()?;
     let m = mode(&headers, exec.stream);
     let job = svc.execs().begin_run(&t, create, &exec, files).await?;
     if m == Mode::Whole {

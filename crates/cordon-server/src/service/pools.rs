@@ -140,21 +140,9 @@ impl Pools {
                 *size,
             )
         });
-        let others = cfg.spec_pools.iter().map(|p| {
-            (
-                CreateRequest {
-                    tier: Some(TierChoice::Tier(p.tier)),
-                    limits: p.limits.clone(),
-                    allow_hosts: p.allow_hosts.clone(),
-                    deny_hosts: p.deny_hosts.clone(),
-                    // Resolved once, at start: the pool's spec holds the template's lease
-                    // for as long as the server runs.
-                    template: p.template.clone(),
-                    ..Default::default()
-                },
-                p.size,
-            )
-        });
+        // A template is resolved once, at start: the pool's spec holds the template's lease
+        // for as long as the server runs.
+        let others = cfg.spec_pools.iter().map(|p| (p.spec.clone(), p.size));
         let mut pools: Vec<Arc<Pool>> = Vec::new();
         for (req, size) in defaults.chain(others) {
             let Some(TierChoice::Tier(tier)) = req.tier else {
