@@ -613,7 +613,7 @@ const KNOWN: &[&[&str]] = &[
         "crates/cordon-cli/src/template_build.rs",
     ],
     &[
-        "crates/cordon-container/src/backend.rs",
+        "crates/cordon-container/src/backend/mod.rs",
         "crates/cordon-container/src/snapshot.rs",
     ],
     &[
