@@ -22,14 +22,14 @@ use cordon_core::units::Dur;
 use cordon_core::{ExecOutcome, FileOp, Language, SandboxId};
 
 use crate::ServerError;
-use crate::api::files::{Done, Listing, Stat};
 use crate::audit::Query as AuditQuery;
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
 use crate::model::{
     AuditEvents, CellBody, CellResult, ContextBody, ContextInfo, ContextList, CreateRequest,
-    Destroyed, ExecBody, ExecInfo, ExecList, ExecPeek, FileWritten, PatchRequest, RunRequest,
-    SandboxInfo, SandboxList, VolumeCreate, VolumeDeleted, VolumeInfo, VolumeList,
+    Destroyed, Done, ExecBody, ExecInfo, ExecList, ExecPeek, FileWritten, Listing, PatchRequest,
+    RunRequest, SandboxInfo, SandboxList, Stat, VolumeCreate, VolumeDeleted, VolumeInfo,
+    VolumeList,
 };
 use crate::service::Service;
 
@@ -615,7 +615,7 @@ impl CordonMcp {
     ) -> Result<Json<Listing>, ToolError> {
         let t = self.tenant(&ctx)?;
         let path = a.path.unwrap_or_else(|| cordon_core::WORKDIR.to_string());
-        answer(crate::api::files::list_dir(&self.svc, &t, &a.sandbox, path).await)
+        answer(self.svc.files().list(&t, &a.sandbox, path).await)
     }
 
     #[tool(
@@ -635,7 +635,7 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Stat>, ToolError> {
         let t = self.tenant(&ctx)?;
-        answer(crate::api::files::stat_path(&self.svc, &t, &a.sandbox, a.path).await)
+        answer(self.svc.files().stat(&t, &a.sandbox, a.path).await)
     }
 
     #[tool(
@@ -1126,7 +1126,7 @@ impl CordonMcp {
         op: FileOp,
     ) -> Result<Json<Done>, ToolError> {
         let t = self.tenant(ctx)?;
-        answer(crate::api::files::file_done(&self.svc, &t, sandbox, op).await)
+        answer(self.svc.files().done(&t, sandbox, op).await)
     }
 }
 

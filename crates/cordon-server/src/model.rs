@@ -563,6 +563,32 @@ pub struct FileWritten {
     pub bytes: u64,
 }
 
+/// A directory's entries.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct Listing {
+    pub path: String,
+    pub entries: Vec<cordon_core::FileEntry>,
+    /// More entries than one listing returns (`cordon_core::MAX_LIST_ENTRIES`).
+    pub truncated: bool,
+}
+
+/// One entry, with the path asked about.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct Stat {
+    pub path: String,
+    #[serde(flatten)]
+    pub entry: cordon_core::FileEntry,
+}
+
+/// What a remove, rename or mkdir did.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct Done {
+    pub op: &'static str,
+    pub path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+}
+
 /// A sandbox's background execs.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ExecList {

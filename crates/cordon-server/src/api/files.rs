@@ -7,14 +7,14 @@ use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use cordon_core::{ArchiveReport, FileEntry, FileOp, FileReply};
+use cordon_core::{ArchiveReport, FileOp};
 use futures_util::TryStreamExt;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::extract::{Auth, bytes_rejection, json_rejection, parse_id, query_rejection};
 use crate::config::HttpLimits;
 use crate::error::{ApiError, Code};
-use crate::model as m;
+use crate::model::{self as m, Done, Listing, Stat};
 use crate::openapi::{Api, Op, SANDBOX};
 use crate::service::Service;
 
@@ -59,86 +59,6 @@ pub(crate) struct MkdirBody {
     parents: bool,
 }
 
-/// A directory's entries.
-#[derive(Serialize, schemars::JsonSchema)]
-pub struct Listing {
-    pub path: String,
-    pub entries: Vec<FileEntry>,
-    /// More entries than one listing returns (`cordon_core::MAX_LIST_ENTRIES`).
-    pub truncated: bool,
-}
-
-/// One entry, with the path asked about.
-#[derive(Serialize, schemars::JsonSchema)]
-pub struct Stat {
-    pub path: String,
-    #[serde(flatten)]
-    pub entry: FileEntry,
-}
-
-/// What a remove, rename or mkdir did.
-#[derive(Serialize, schemars::JsonSchema)]
-pub struct Done {
-    pub op: &'static str,
-    pub path: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub to: Option<String>,
-}
-
-fn unexpected(r: FileReply) -> ApiError {
-    ApiError::internal(format!("the sandbox answered a file call with {r:?}"))
-}
-
-/// A remove, rename or mkdir (the API's routes and MCP's tools).
-pub(crate) async fn file_done(
-    svc: &Service,
-    t: &crate::keys::Tenant,
-    id: &str,
-    op: FileOp,
-) -> Result<Done, ApiError> {
-    let name = op.name();
-    let (path, to) = match &op {
-        FileOp::Rename { from, to } => (from.clone(), Some(to.clone())),
-        other => (other.path().to_string(), None),
-    };
-    match svc.files().file_op(t, id, op).await? {
-        FileReply::Done => Ok(Done { op: name, path, to }),
-        other => Err(unexpected(other)),
-    }
-}
-
-/// A directory's listing (the API's route and MCP's tool).
-pub(crate) async fn list_dir(
-    svc: &Service,
-    t: &crate::keys::Tenant,
-    id: &str,
-    path: String,
-) -> Result<Listing, ApiError> {
-    let op = FileOp::List { path: path.clone() };
-    match svc.files().file_op(t, id, op).await? {
-        FileReply::Entries { entries, truncated } => Ok(Listing {
-            path,
-            entries,
-            truncated,
-        }),
-        other => Err(unexpected(other)),
-    }
-}
-
-/// One path's entry, never through a symlink (the API's route and MCP's tool).
-pub(crate) async fn stat_path(
-    svc: &Service,
-    t: &crate::keys::Tenant,
-    id: &str,
-    path: String,
-) -> Result<Stat, ApiError> {
-    let op = FileOp::Stat { path: path.clone() };
-    match svc.files().file_op(t, id, op).await? {
-        FileReply::Entry { entry } => Ok(Stat { path, entry }),
-        other => Err(unexpected(other)),
-    }
-}
-
 pub(crate) async fn list(
     State(svc): State<Service>,
     Auth(t): Auth,
@@ -147,7 +67,7 @@ pub(crate) async fn list(
 ) -> Result<Json<Listing>, ApiError> {
     let id = parse_id(&id)?;
     let Query(q) = q.map_err(query_rejection)?;
-    Ok(Json(list_dir(&svc, &t, &id, q.path).await?))
+    Ok(Json(svc.files().list(&t, &id, q.path).await?))
 }
 
 pub(crate) async fn stat(
@@ -158,7 +78,7 @@ pub(crate) async fn stat(
 ) -> Result<Json<Stat>, ApiError> {
     let id = parse_id(&id)?;
     let Query(q) = q.map_err(query_rejection)?;
-    Ok(Json(stat_path(&svc, &t, &id, q.path).await?))
+    Ok(Json(svc.files().stat(&t, &id, q.path).await?))
 }
 
 pub(crate) async fn remove(
@@ -173,7 +93,7 @@ pub(crate) async fn remove(
         path: q.path,
         recursive: q.recursive,
     };
-    file_done(&svc, &t, &id, op).await.map(Json)
+    svc.files().done(&t, &id, op).await.map(Json)
 }
 
 pub(crate) async fn rename(
@@ -184,17 +104,11 @@ pub(crate) async fn rename(
 ) -> Result<Json<Done>, ApiError> {
     let id = parse_id(&id)?;
     let Json(b) = body.map_err(json_rejection)?;
-    file_done(
-        &svc,
-        &t,
-        &id,
-        FileOp::Rename {
-            from: b.from,
-            to: b.to,
-        },
-    )
-    .await
-    .map(Json)
+    let op = FileOp::Rename {
+        from: b.from,
+        to: b.to,
+    };
+    svc.files().done(&t, &id, op).await.map(Json)
 }
 
 pub(crate) async fn mkdir(
@@ -209,7 +123,7 @@ pub(crate) async fn mkdir(
         path: b.path,
         parents: b.parents,
     };
-    file_done(&svc, &t, &id, op).await.map(Json)
+    svc.files().done(&t, &id, op).await.map(Json)
 }
 
 /// Extracts the request's tar stream into `?path=` (made if missing) as it arrives.

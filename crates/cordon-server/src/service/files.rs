@@ -18,6 +18,7 @@ use super::sessions::Sessions;
 use crate::audit::{AuditEvent, NewEvent, Transfer};
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
+use crate::model::{Done, Listing, Stat};
 
 /// Files in and out of tenants' sandboxes. Uses the sessions (a claimed sandbox).
 #[derive(Clone)]
@@ -39,6 +40,11 @@ enum Piece {
 const DOWNLOAD_QUEUE: usize = 4;
 /// The size of each piece sent to the client.
 const PIECE: usize = 256 << 10;
+
+/// A sandbox's answer of another kind than its op's.
+fn unexpected(r: FileReply) -> ApiError {
+    ApiError::internal(format!("the sandbox answered a file call with {r:?}"))
+}
 
 /// Checks an op's paths before the sandbox is claimed.
 fn check_op(op: &FileOp) -> Result<(), ApiError> {
@@ -222,6 +228,41 @@ impl Files {
         })
         .await??;
         Ok(data)
+    }
+
+    /// A directory's listing (the API's route and MCP's tool).
+    pub async fn list(&self, tenant: &Tenant, id: &str, path: String) -> Result<Listing, ApiError> {
+        let op = FileOp::List { path: path.clone() };
+        match self.file_op(tenant, id, op).await? {
+            FileReply::Entries { entries, truncated } => Ok(Listing {
+                path,
+                entries,
+                truncated,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// One path's entry, never through a symlink (the API's route and MCP's tool).
+    pub async fn stat(&self, tenant: &Tenant, id: &str, path: String) -> Result<Stat, ApiError> {
+        let op = FileOp::Stat { path: path.clone() };
+        match self.file_op(tenant, id, op).await? {
+            FileReply::Entry { entry } => Ok(Stat { path, entry }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A remove, rename or mkdir (the API's routes and MCP's tools).
+    pub async fn done(&self, tenant: &Tenant, id: &str, op: FileOp) -> Result<Done, ApiError> {
+        let name = op.name();
+        let (path, to) = match &op {
+            FileOp::Rename { from, to } => (from.clone(), Some(to.clone())),
+            other => (other.path().to_string(), None),
+        };
+        match self.file_op(tenant, id, op).await? {
+            FileReply::Done => Ok(Done { op: name, path, to }),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Runs one file operation in a sandbox (list, stat, remove, rename, mkdir).
