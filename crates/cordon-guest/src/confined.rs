@@ -322,13 +322,7 @@ impl Write for ChannelWriter {
 /// directory; every other mount is detached. Nothing propagates back to the host.
 fn enter_namespace(dir: &Path) -> io::Result<()> {
     nix::sched::unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS)?;
-    nix::mount::mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )?;
+    crate::sys::make_mounts_private()?;
     nix::mount::mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)?;
     nix::unistd::chdir(dir)?;
     nix::unistd::pivot_root(".", ".")?;

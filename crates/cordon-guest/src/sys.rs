@@ -721,6 +721,41 @@ pub fn thread_capabilities() -> io::Result<(u64, u64)> {
     ))
 }
 
+// ---- mount namespaces -----------------------------------------------------------------
+
+/// Makes every mount of the caller's mount namespace private (`/` recursively), so that
+/// what it mounts from now on never propagates back to the namespace it was copied from.
+/// Allocates nothing: safe to call between fork and exec.
+pub fn make_mounts_private() -> nix::Result<()> {
+    use nix::mount::{MsFlags, mount};
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+}
+
+/// Moves the calling thread into a copy of its mount namespace whose mounts are all private
+/// (see [`make_mounts_private`]): what it mounts from now on stays in the copy.
+pub fn own_mount_namespace() -> nix::Result<()> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+    make_mounts_private()
+}
+
+/// Binds `src` on `dst` with every mount beneath it (`MS_BIND | MS_REC`).
+pub fn bind_recursive(src: &std::path::Path, dst: &std::path::Path) -> nix::Result<()> {
+    use nix::mount::{MsFlags, mount};
+    mount(
+        Some(src),
+        dst,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+}
+
 // ---- detached and idmapped mounts (volumes) ---------------------------------------------
 
 /// A detached copy of the mount at `path` (open_tree(2) with OPEN_TREE_CLONE, not

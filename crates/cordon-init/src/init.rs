@@ -553,14 +553,7 @@ fn bind_ro(src: &Path, dst: &Path, extra: MsFlags) -> Result<(), String> {
         let what = format!("{what} {} on {}", src.display(), dst.display());
         move |err: nix::errno::Errno| format!("{what}: {err}")
     };
-    mount(
-        Some(src),
-        dst,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(e("binding"))?;
+    cordon_guest::sys::bind_recursive(src, dst).map_err(e("binding"))?;
     let flags = MsFlags::MS_BIND
         | MsFlags::MS_REMOUNT
         | MsFlags::MS_RDONLY
@@ -676,14 +669,7 @@ const TEMPLATE_ROOT: &str = "/tmp/root";
 
 fn build_root(setup: &InitSetup) -> Result<(), String> {
     let io = |what: String| move |e: io::Error| format!("{what}: {e}");
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| format!("making mounts private: {e}"))?;
+    cordon_guest::sys::make_mounts_private().map_err(|e| format!("making mounts private: {e}"))?;
     let new = Path::new(ROOT_BUILT_AT);
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     // The template's root is opened before the stage tmpfs hides whatever the host has at

@@ -8,7 +8,6 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{MsFlags, mount};
 use nix::unistd::{Gid, Uid};
 use serde::{Deserialize, Serialize};
 
@@ -192,12 +191,6 @@ pub(crate) fn bind_home(root: &Path) -> Result<(), String> {
     if fs::read_dir(&at).map_or(true, |mut d| d.next().is_some()) {
         return Ok(());
     }
-    mount(
-        Some(&root.join("work")),
-        &at,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| format!("binding the workspace at /home/user: {e}"))
+    cordon_guest::sys::bind_recursive(&root.join("work"), &at)
+        .map_err(|e| format!("binding the workspace at /home/user: {e}"))
 }

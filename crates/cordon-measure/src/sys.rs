@@ -5,8 +5,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
-use nix::mount::{MntFlags, MsFlags, mount, umount2};
-use nix::sched::{CloneFlags, unshare};
+use nix::mount::{MntFlags, umount2};
 
 /// Makes `cmd` run in a private copy of this host's mount namespace with the empty cgroup v2
 /// mount at `unified` detached. crun refuses "hybrid" hosts (v1 controllers plus a v2 mount
@@ -20,14 +19,7 @@ pub fn exec_without_unified_cgroup(cmd: &mut Command, unified: &Path) {
     // locks.
     unsafe {
         cmd.pre_exec(move || {
-            unshare(CloneFlags::CLONE_NEWNS)?;
-            mount(
-                None::<&str>,
-                "/",
-                None::<&str>,
-                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-                None::<&str>,
-            )?;
+            cordon_guest::sys::own_mount_namespace()?;
             umount2(target.as_path(), MntFlags::MNT_DETACH)?;
             Ok(())
         });

@@ -113,13 +113,7 @@ pub fn confine(cmd: &mut Command, c: Confinement) {
                 | CloneFlags::CLONE_NEWUTS
                 | CloneFlags::CLONE_NEWPID,
         )?;
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )?;
+        cordon_guest::sys::make_mounts_private()?;
         enter_jail(&c.jail)?;
         become_pid_one()?;
         set_groups(&c.groups)?;

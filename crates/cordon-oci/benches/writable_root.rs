@@ -38,15 +38,7 @@ fn main() {
     // 1. The root alone, in a mount namespace of the bench's own.
     let mounts = std::thread::scope(|s| {
         s.spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
-            nix::mount::mount(
-                None::<&str>,
-                "/",
-                None::<&str>,
-                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
-                None::<&str>,
-            )
-            .unwrap();
+            cordon_guest::sys::own_mount_namespace().unwrap();
             let once = |upper: Upper, i: usize| -> f64 {
                 let base = dir.path().join(format!("base-{i}"));
                 std::fs::create_dir(&base).unwrap();

@@ -353,14 +353,7 @@ pub fn check(spec: &Spec, allow: &Allow, kubelet: &crate::node::Kubelet) -> Resu
 pub fn seal_rootfs(rootfs: &Path) -> Result<()> {
     use nix::mount::{MsFlags, mount};
     let fail = |e: nix::Error| OciError::io("sealing the bundle's root filesystem", e.into());
-    mount(
-        Some(rootfs),
-        rootfs,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(fail)?;
+    cordon_guest::sys::bind_recursive(rootfs, rootfs).map_err(fail)?;
     mount(
         None::<&str>,
         rootfs,
@@ -379,21 +372,14 @@ pub fn seal_rootfs(rootfs: &Path) -> Result<()> {
 /// keep the node's view (a new mount namespace takes the calling thread's file system
 /// context with it, nothing more).
 pub fn show_callers_only_the_rootfs(rootfs: &Path) -> Result<()> {
-    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+    use nix::mount::{MntFlags, umount2};
     let fail = |what: &'static str| {
         move |e: nix::Error| {
             OciError::io(format!("{what} (the callers' view of the root)"), e.into())
         }
     };
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(fail("unshare"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(fail("making mounts private"))?;
+    cordon_guest::sys::make_mounts_private().map_err(fail("making mounts private"))?;
     nix::unistd::chdir(rootfs).map_err(fail("chdir"))?;
     nix::unistd::pivot_root(".", ".").map_err(fail("pivot_root"))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(fail("detaching the node's root"))?;

@@ -405,14 +405,7 @@ fn bind_rootfs(root: &CheckedRoot) -> Result<PathBuf> {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(m(
         "making the monitor's mount namespace (run cordon-oci as root)",
     ))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(m("making the monitor's mounts private"))?;
+    cordon_guest::sys::make_mounts_private().map_err(m("making the monitor's mounts private"))?;
     let base = Path::new(ROOTS_AT);
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -432,13 +425,7 @@ fn bind_rootfs(root: &CheckedRoot) -> Result<PathBuf> {
     // The directory that was checked, or nothing.
     let dir = root.reopen()?;
     let source = format!("/proc/self/fd/{}", dir.as_raw_fd());
-    mount(
-        Some(source.as_str()),
-        &at,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| OciError::io("binding the bundle's root filesystem", e.into()))?;
+    cordon_guest::sys::bind_recursive(Path::new(&source), &at)
+        .map_err(|e| OciError::io("binding the bundle's root filesystem", e.into()))?;
     Ok(at)
 }
