@@ -695,6 +695,12 @@ fn filling_the_disk_hits_enospc_inside() {
 }
 
 #[test]
+fn a_background_exec_that_fills_the_disk_is_the_disk_limit() {
+    let b = need_backend!();
+    cordon_testkit::a_background_exec_that_fills_the_disk_is_the_disk_limit(b, spec());
+}
+
+#[test]
 fn output_flood_is_truncated() {
     let b = need_backend!();
     let mut s = spec();

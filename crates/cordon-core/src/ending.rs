@@ -5,7 +5,7 @@
 //! counters, a log of refused forks, a look at the workspace) and asks [`classify`] what it
 //! means; the precedence lives here, once, so the tiers cannot disagree about a row.
 
-use crate::Termination;
+use crate::{ProcExit, Termination};
 
 /// The signal a process gets for writing past its file-size limit (`RLIMIT_FSIZE`): 25 on
 /// Linux for every architecture Cordon builds for (x86_64, aarch64).
@@ -51,6 +51,22 @@ pub struct Evidence {
 }
 
 impl Evidence {
+    /// A background exec's end as evidence: `stopped` when a client's stop was asked for
+    /// (a signal that then ended it is Cordon's stop, [`Termination::Killed`]; an exec that
+    /// outlived the stop and exited by itself was not stopped).
+    pub fn of_background(exit: &ProcExit, stopped: bool) -> Self {
+        Evidence {
+            stopped: (stopped && exit.signal.is_some()).then_some(Termination::Killed),
+            reported: Some(ExitReport {
+                code: exit.code,
+                signal: exit.signal,
+            }),
+            oom_killed: exit.oom_killed,
+            forks_refused: exit.pids_limited,
+            disk_full: exit.disk_full,
+        }
+    }
+
     /// The agent reported no end of the program.
     pub fn agent_lost(&self) -> bool {
         self.reported.is_none()
@@ -258,5 +274,56 @@ mod tests {
             }
         }
         assert_eq!(seen, 5 * 7 * 8);
+    }
+
+    /// A background exec's end goes through the one classification with its own evidence:
+    /// a full disk it failed on is the disk limit (it was reported `exited` before: its disk
+    /// was never looked at), a client's stop that ended it is `killed`, one it outlived is
+    /// not.
+    #[test]
+    fn a_background_end_is_classified_as_a_foreground_one() {
+        let end = |code: Option<i32>, signal: Option<i32>| ProcExit {
+            code,
+            signal,
+            ..ProcExit::default()
+        };
+        let full = ProcExit {
+            disk_full: true,
+            ..end(Some(1), None)
+        };
+        assert_eq!(
+            classify(&Evidence::of_background(&full, false)),
+            T::DiskLimit
+        );
+        let full_but_clean = ProcExit {
+            disk_full: true,
+            ..end(Some(0), None)
+        };
+        assert_eq!(
+            classify(&Evidence::of_background(&full_but_clean, false)),
+            T::Exited
+        );
+        assert_eq!(
+            classify(&Evidence::of_background(&end(None, Some(15)), true)),
+            T::Killed
+        );
+        assert_eq!(
+            classify(&Evidence::of_background(&end(None, Some(15)), false)),
+            T::Signalled
+        );
+        assert_eq!(
+            classify(&Evidence::of_background(&end(Some(0), None), true)),
+            T::Exited
+        );
+        let oom = ProcExit {
+            oom_killed: true,
+            ..end(None, Some(9))
+        };
+        assert_eq!(
+            classify(&Evidence::of_background(&oom, false)),
+            T::OutOfMemory
+        );
+        // A stop asked for wins over what followed it, as in the foreground.
+        assert_eq!(classify(&Evidence::of_background(&oom, true)), T::Killed);
     }
 }

@@ -128,6 +128,20 @@ pub enum Termination {
 }
 
 impl Termination {
+    /// Every termination, for tests that must cover each (a new one added here is covered).
+    pub const ALL: [Termination; 10] = [
+        Termination::Exited,
+        Termination::Signalled,
+        Termination::Timeout,
+        Termination::OutOfMemory,
+        Termination::ProcessLimit,
+        Termination::OutputLimit,
+        Termination::DiskLimit,
+        Termination::Killed,
+        Termination::Cancelled,
+        Termination::SandboxFailure,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Termination::Exited => "exited",
@@ -150,10 +164,6 @@ impl fmt::Display for Termination {
     }
 }
 
-/// The exit status `cordon run` uses for an outcome: the program's own code when it exited,
-/// 128+N for signal N, and a fixed code per termination reason otherwise (documented in the
-/// README): timeout 124, out-of-memory 137, process-limit 122, output-limit 121,
-/// disk-limit 120, killed 143, sandbox-failure 125.
 /// `PATH` inside every native tier's sandbox.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -181,6 +191,11 @@ pub fn sandbox_env(
     env
 }
 
+/// The exit status `cordon run` (and E2B's envd, for a limit) uses for an outcome: the
+/// program's own code when it exited, 128+N for signal N, and a fixed code per termination
+/// reason otherwise (documented in the README): timeout 124, out-of-memory 137,
+/// process-limit 122, output-limit 121, disk-limit 120, killed 143, cancelled 130,
+/// sandbox-failure 125.
 pub fn exit_code_for(outcome: &ExecOutcome) -> i32 {
     match outcome.termination {
         Termination::Exited => outcome.exit_code.unwrap_or(125),

@@ -56,6 +56,10 @@ pub struct ProcExit {
     pub oom_killed: bool,
     #[serde(default)]
     pub pids_limited: bool,
+    /// The workspace (or a writable volume) was full when it ended, measured as a
+    /// foreground exec's is.
+    #[serde(default)]
+    pub disk_full: bool,
 }
 
 /// A read of a background exec's output: the bytes of each stream from `*_from` (an offset

@@ -24,6 +24,16 @@ impl GvisorSandbox {
         cordon_host::agent::ExecParts::new(req, &self.spec, (Tier::Gvisor, false), env, limits)
     }
 
+    /// The workspace or a writable volume is full, as the host sees it (the evidence of an
+    /// exec's end, foreground and background alike; the sentry's view is not the host's).
+    pub(crate) fn disk_full(&self) -> bool {
+        crate::workspace::full(&self.work)
+            || self
+                .volumes
+                .iter()
+                .any(|(bind, _, ro)| !ro && crate::workspace::volume_full(bind))
+    }
+
     /// One call on a background exec over the running sandbox's agent channel; a channel
     /// that fails stops the sandbox (the next exec starts it again, without them).
     pub(crate) fn bg_call<T>(

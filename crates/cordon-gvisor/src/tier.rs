@@ -116,11 +116,7 @@ impl Sandbox for GvisorSandbox {
         // the sandbox's cgroup add theirs.
         let mut seen = run.evidence();
         seen.forks_refused |= refused > 0;
-        seen.disk_full |= workspace::full(&self.work)
-            || self
-                .volumes
-                .iter()
-                .any(|(bind, _, ro)| !ro && workspace::volume_full(bind));
+        seen.disk_full |= self.disk_full();
         let mut out = ExecOutcome::new(Tier::Gvisor, Termination::Exited);
         let mut lost_why = None;
         match run.ended {
@@ -317,7 +313,13 @@ impl Sandbox for GvisorSandbox {
         from: [u64; 2],
         max: u64,
     ) -> Result<cordon_core::ProcOutput> {
-        self.bg_call(|io| cordon_host::procs::read(io, id, from, max))
+        let mut out = self.bg_call(|io| cordon_host::procs::read(io, id, from, max))?;
+        // The disk as a foreground exec's end measures it (the sentry's view of the
+        // workspace is not the host's).
+        if let Some(exit) = out.exit.as_mut() {
+            exit.disk_full |= self.disk_full();
+        }
+        Ok(out)
     }
 
     fn write_background(&mut self, id: u64, data: &[u8]) -> Result<()> {

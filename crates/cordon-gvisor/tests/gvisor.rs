@@ -313,6 +313,12 @@ fn fork_and_thread_bombs_stop_at_the_process_limit() {
 }
 
 #[test]
+fn a_background_exec_that_fills_the_disk_is_the_disk_limit() {
+    let b = need_backend!();
+    cordon_testkit::a_background_exec_that_fills_the_disk_is_the_disk_limit(b, spec());
+}
+
+#[test]
 fn filling_the_workspace_is_the_disk_limit() {
     let b = need_backend!();
     let mut s = spec();

@@ -27,6 +27,39 @@ pub fn run_once(b: &dyn Backend, spec: &SandboxSpec, req: &ExecRequest) -> ExecO
     o
 }
 
+/// A background exec that fills the workspace ends as the same exec in the foreground does:
+/// the disk limit, through the one classification of exec endings (issue 50: a background
+/// exec's disk was never looked at, so it ended `exited` with code 1).
+pub fn a_background_exec_that_fills_the_disk_is_the_disk_limit(
+    b: &dyn Backend,
+    mut spec: SandboxSpec,
+) {
+    spec.limits.disk_bytes = 16 << 20;
+    let mut sb = b.create(&spec).unwrap();
+    let fill = ExecRequest::code(Language::Bash, "head -c 64M /dev/zero > /work/big");
+    let o = sb.exec(&fill, &mut |_: OutputStream, _: &[u8]| {}).unwrap();
+    assert_eq!(o.termination, cordon_core::Termination::DiskLimit, "{o:?}");
+    let rm = ExecRequest::code(Language::Bash, "rm -f /work/big");
+    let o = sb.exec(&rm, &mut |_: OutputStream, _: &[u8]| {}).unwrap();
+    assert!(o.success(), "{o:?}");
+    let id = sb.start_background(&fill).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let exit = loop {
+        if let Some(exit) = sb.read_background(id, [0, 0], 1 << 16).unwrap().exit {
+            break exit;
+        }
+        assert!(std::time::Instant::now() < deadline, "the exec never ended");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(exit.disk_full, "{exit:?}");
+    assert_eq!(
+        cordon_core::classify(&cordon_core::Evidence::of_background(&exit, false)),
+        cordon_core::Termination::DiskLimit,
+        "{exit:?}"
+    );
+    sb.destroy().unwrap();
+}
+
 pub fn text(v: &[u8]) -> String {
     String::from_utf8_lossy(v).into_owned()
 }

@@ -342,6 +342,7 @@ impl Agent {
             max_rss_bytes: ended.report.max_rss_bytes,
             oom_killed: ended.oom_killed,
             pids_limited: ended.pids_limited,
+            disk_full: ended.disk_full,
         });
     }
 }

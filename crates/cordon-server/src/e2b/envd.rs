@@ -434,36 +434,33 @@ fn signal_name(sig: i32) -> String {
 }
 
 /// How a process ended, as envd reports it (Go's `ProcessState`: a signal gives exit code
-/// -1); a Cordon limit that stopped it is named in `error`.
+/// -1), from the classified ending: a Cordon limit that stopped it is named in `error`, with
+/// the exit status `cordon run` gives that limit ([`cordon_core::exit_code_for`]) when the
+/// program left none of its own.
 fn end_event(o: &cordon_core::ExecOutcome) -> EndEvent {
-    let limit = |what: &str, code: i32| EndEvent {
-        exit_code: o.exit_code.unwrap_or(code),
-        exited: o.exit_code.is_some(),
-        status: format!("exit status {}", o.exit_code.unwrap_or(code)),
-        error: Some(format!("Cordon stopped it: {what}")),
-    };
-    match o.termination {
-        Termination::Exited => {
-            let c = o.exit_code.unwrap_or(0);
-            EndEvent {
-                exit_code: c,
-                exited: true,
-                status: format!("exit status {c}"),
+    let code = o.exit_code.unwrap_or_else(|| cordon_core::exit_code_for(o));
+    let limit = match o.termination {
+        Termination::Exited => None,
+        Termination::Signalled | Termination::Killed | Termination::Cancelled => {
+            return EndEvent {
+                exit_code: -1,
+                exited: false,
+                status: format!("signal: {}", signal_name(o.signal.unwrap_or(9))),
                 error: None,
-            }
+            };
         }
-        Termination::Signalled | Termination::Killed | Termination::Cancelled => EndEvent {
-            exit_code: -1,
-            exited: false,
-            status: format!("signal: {}", signal_name(o.signal.unwrap_or(9))),
-            error: None,
-        },
-        Termination::OutOfMemory => limit("out of memory (the sandbox's memory limit)", 137),
-        Termination::ProcessLimit => limit("the sandbox's process limit", 122),
-        Termination::OutputLimit => limit("more output than the sandbox's output limit", 121),
-        Termination::DiskLimit => limit("the sandbox's disk limit", 120),
-        Termination::Timeout => limit("its timeout", 124),
-        Termination::SandboxFailure => limit("the sandbox failed", 125),
+        Termination::OutOfMemory => Some("out of memory (the sandbox's memory limit)"),
+        Termination::ProcessLimit => Some("the sandbox's process limit"),
+        Termination::OutputLimit => Some("more output than the sandbox's output limit"),
+        Termination::DiskLimit => Some("the sandbox's disk limit"),
+        Termination::Timeout => Some("its timeout"),
+        Termination::SandboxFailure => Some("the sandbox failed"),
+    };
+    EndEvent {
+        exit_code: code,
+        exited: o.exit_code.is_some(),
+        status: format!("exit status {code}"),
+        error: limit.map(|what| format!("Cordon stopped it: {what}")),
     }
 }
 
@@ -1110,5 +1107,39 @@ mod tests {
             cordon_core::ExecOutcome::new(cordon_core::Tier::Container, Termination::Exited);
         o.exit_code = Some(3);
         assert_eq!(end_event(&o).status, "exit status 3");
+    }
+
+    /// E2B's exit status of a limit is the one `cordon run` gives it (it kept a table of
+    /// its own before), and every ending but a clean exit or a signal names its limit.
+    #[test]
+    fn a_limits_exit_status_is_the_one_cordon_run_gives() {
+        for t in Termination::ALL {
+            let o = cordon_core::ExecOutcome::new(cordon_core::Tier::Container, t);
+            let ev = end_event(&o);
+            match t {
+                Termination::Signalled | Termination::Killed | Termination::Cancelled => {
+                    assert_eq!((ev.exit_code, ev.exited), (-1, false), "{t}")
+                }
+                Termination::Exited => assert_eq!(ev.error, None, "{t}"),
+                _ => {
+                    assert_eq!(ev.exit_code, cordon_core::exit_code_for(&o), "{t}");
+                    assert!(!ev.exited, "{t}");
+                    assert!(
+                        ev.error.is_some_and(|e| e.starts_with("Cordon stopped it")),
+                        "{t}"
+                    );
+                }
+            }
+        }
+        // A background exec keeps the code it exited with when a limit ended it.
+        let mut o =
+            cordon_core::ExecOutcome::new(cordon_core::Tier::Container, Termination::DiskLimit);
+        o.exit_code = Some(1);
+        let ev = end_event(&o);
+        assert_eq!((ev.exit_code, ev.exited), (1, true));
+        assert_eq!(
+            ev.error.as_deref(),
+            Some("Cordon stopped it: the sandbox's disk limit")
+        );
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cordon_core::{
     BACKGROUND_KEEP, Command, ExecOutcome, ExecRequest, OutputStream, ProcExit, ProcOutput,
-    ProcSignal, Sandbox, Termination, Tier,
+    ProcSignal, Sandbox, Tier,
 };
 
 use super::common::{Chunk, ChunkSender, Slot, Slots, audit_err, blocking, gone, lock};
@@ -177,18 +177,9 @@ pub(super) fn on_sandbox<T>(
 fn outcome_of(tier: Tier, p: &Proc, dropped: [u64; 2]) -> ExecOutcome {
     let exit = p.exit.clone().unwrap_or_default();
     // The one classification every tier uses (cordon_core::classify), with a background
-    // exec's own evidence: a client's signal that ended it is Cordon's stop (`Killed`); one
-    // it outlived (it exited by itself) is not.
-    let termination = cordon_core::classify(&cordon_core::Evidence {
-        stopped: (p.stopped && exit.signal.is_some()).then_some(Termination::Killed),
-        reported: Some(cordon_core::ExitReport {
-            code: exit.code,
-            signal: exit.signal,
-        }),
-        oom_killed: exit.oom_killed,
-        forks_refused: exit.pids_limited,
-        disk_full: false,
-    });
+    // exec's own evidence (the agent's, the tier's disk measure, a client's stop).
+    let termination =
+        cordon_core::classify(&cordon_core::Evidence::of_background(&exit, p.stopped));
     let mut o = ExecOutcome::new(tier, termination);
     o.exit_code = exit.code;
     o.signal = exit.signal;

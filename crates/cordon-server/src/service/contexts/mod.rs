@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cordon_core::{ExecRequest, Language, OutputStream, ProcExit, ProcSignal};
+use cordon_core::{ExecRequest, Language, OutputStream, ProcExit, ProcSignal, Termination};
 use sha2::{Digest, Sha256};
 
 use super::common::{Chunk, ChunkSender, blocking, gone, lock};
@@ -235,6 +235,8 @@ fn lossy(b: Vec<u8>) -> String {
 
 /// Why an interpreter ended, as a cell's error.
 fn death(exit: &ProcExit, s: &Session, stuck: Option<(u64, Duration)>) -> CellError {
+    // The interpreter's end through the one classification of exec endings.
+    let ended = cordon_core::classify(&cordon_core::Evidence::of_background(exit, false));
     let (name, value) = if let Some((timeout_ms, grace)) = stuck {
         (
             "TimeoutError",
@@ -244,7 +246,7 @@ fn death(exit: &ProcExit, s: &Session, stuck: Option<(u64, Duration)>) -> CellEr
                 grace.as_millis()
             ),
         )
-    } else if exit.oom_killed {
+    } else if ended == Termination::OutOfMemory {
         (
             "OutOfMemory",
             format!(
@@ -252,7 +254,7 @@ fn death(exit: &ProcExit, s: &Session, stuck: Option<(u64, Duration)>) -> CellEr
                 s.spec.limits.memory_bytes
             ),
         )
-    } else if exit.pids_limited {
+    } else if ended == Termination::ProcessLimit {
         (
             "ProcessLimit",
             "the interpreter ended when the sandbox reached its process limit".to_string(),
