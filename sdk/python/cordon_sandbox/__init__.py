@@ -26,8 +26,9 @@ from .errors import (ContextBusy, CordonError, FileError, GrantUnavailable, Inte
                      StorageLow, TierUnavailable,
                      TooManyContexts, TooManyExecs, TooManyFailures, TooManySandboxes,
                      Unauthorized, Unsupported, VolumeExists, VolumeInUse, VolumeQuota)
-from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, ExecInfo, ExecResult,
-                     Execution, ExecutionError, FileDone, FileEntry, FileWritten, Health,
+from .models import (ArchiveReport, AuditEvent, ContextInfo, Destroyed, Details, EgressEvent,
+                     ExecInfo, ExecResult, Execution, ExecutionError, FileDone, FileEntry,
+                     FileWritten, Finding, Health,
                      Jwks, Limits, Listing, MetricSample, OidcConfiguration, PoolStatus, SandboxInfo, SandboxList, Snapshot,
                      SnapshotStarts, StdinWritten,
                      StreamEvent, Timings, TokenInfo, Usage, Volume, VolumeDeleted,
@@ -38,8 +39,8 @@ __version__ = "0.2.0"
 __all__ = [
     "ArchiveReport", "AsyncBackgroundExec", "AsyncContext", "AsyncCordon", "AsyncFiles",
     "AsyncSandbox", "AuditEvent", "BackgroundExec", "Context", "ContextBusy", "ContextInfo",
-    "Cordon", "CordonError", "Destroyed", "ExecInfo", "ExecResult", "Execution",
-    "ExecutionError", "FileDone", "FileEntry", "FileError", "FileWritten", "Files",
+    "Cordon", "CordonError", "Destroyed", "Details", "EgressEvent", "ExecInfo", "ExecResult", "Execution",
+    "ExecutionError", "FileDone", "FileEntry", "FileError", "FileWritten", "Files", "Finding",
     "GrantUnavailable", "Health", "InternalError", "InvalidRequest", "Jwks", "LayerUnavailable",
     "Limits", "Listing", "MetricSample", "NotFound", "OidcConfiguration", "PathRefused", "PausedQuota", "PayloadTooLarge",
     "PolicyDenied", "PoolStatus", "ResourceBusy", "Sandbox", "SandboxBusy", "SandboxFailure",

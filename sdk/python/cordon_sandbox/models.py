@@ -7,10 +7,17 @@ epoch (`*_ms`), durations microseconds (`*_us`), sizes bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
 
 Json = Mapping[str, Any]
+_T = TypeVar("_T")
+
+
+def _read(cls: Type[_T], d: Json) -> _T:
+    """A dataclass of plain fields, each read by its name (left at its default when absent)."""
+    return cls(**{f.name: d[f.name] for f in fields(cls)  # type: ignore[arg-type]
+                  if f.name in d})
 
 
 @dataclass
@@ -70,6 +77,77 @@ class Timings:
 
 
 @dataclass
+class Finding:
+    """A credential format or known secret found in what left the sandbox (never the value):
+    `kind` (known_secret, private_key, github_token, ...), where (`stream` or `file`), its
+    byte `offset` and `len`, and whether it was `redacted` in the output."""
+
+    kind: str
+    offset: int
+    len: int
+    redacted: bool
+    stream: Optional[str] = None
+    file: Optional[str] = None
+    name: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, d: Json) -> "Finding":
+        return _read(cls, d)
+
+
+@dataclass
+class EgressEvent:
+    """One egress decision of the sandbox's proxy: `decision` (allow, deny, exfiltration,
+    limit, error, closed, truncated), `kind` (http, connect, https, connection), the `rule`
+    that decided and `reason`; `grant` names a grant whose secret was added. `path` never
+    carries the query; no header value is ever kept."""
+
+    time_ms: int
+    sandbox: str
+    conn: int
+    kind: str
+    decision: str
+    count: int = 1
+    last_ms: Optional[int] = None
+    host: Optional[str] = None
+    port: Optional[int] = None
+    addr: Optional[str] = None
+    method: Optional[str] = None
+    path: Optional[str] = None
+    status: Optional[int] = None
+    terminated: Optional[bool] = None
+    rule: Optional[str] = None
+    reason: Optional[str] = None
+    grant: Optional[str] = None
+    bytes_up: Optional[int] = None
+    bytes_down: Optional[int] = None
+    pod: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, d: Json) -> "EgressEvent":
+        return _read(cls, d)
+
+
+@dataclass
+class Details:
+    """An outcome's details (`ExecResult.extra`): findings in what left the sandbox, its
+    egress decisions since the last outcome, how the sandbox failed and the microVM's
+    accelerator, where the tier knows."""
+
+    findings: List[Finding] = field(default_factory=list)
+    egress: List[EgressEvent] = field(default_factory=list)
+    failure: Optional[str] = None
+    accelerator: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, d: Optional[Json]) -> "Details":
+        d = d or {}
+        return cls(findings=[Finding.from_json(f) for f in d.get("findings", [])],
+                   egress=[EgressEvent.from_json(e) for e in d.get("egress", [])],
+                   failure=d.get("failure"), accelerator=d.get("accelerator"))
+
+
+@dataclass
 class ExecResult:
     """How an exec ended. `exit_code` is None unless `termination == "exited"`."""
 
@@ -85,6 +163,8 @@ class ExecResult:
     timings: Timings = field(default_factory=Timings)
     weakened: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    #: Findings, egress decisions and failure details.
+    extra: Details = field(default_factory=Details)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -100,7 +180,7 @@ class ExecResult:
             stderr_truncated=d.get("stderr_truncated", False), tier=d.get("tier", ""),
             usage=Usage.from_json(d.get("usage")), timings=Timings.from_json(d.get("timings")),
             weakened=list(d.get("weakened", [])), warnings=list(d.get("warnings", [])),
-            raw=dict(d))
+            extra=Details.from_json(d.get("extra")), raw=dict(d))
 
 
 @dataclass
@@ -248,8 +328,8 @@ class Health:
     @classmethod
     def from_json(cls, d: Json) -> "Health":
         pools = {t: PoolStatus(p.get("size", 0), p.get("ready", 0))
-                 for t, p in d.get("pools", {}).items()}
-        return cls(d["status"], d.get("version"), dict(d.get("tiers", {})), pools,
+                 for t, p in (d.get("pools") or {}).items()}
+        return cls(d["status"], d.get("version"), dict(d.get("tiers") or {}), pools,
                    d.get("live_sandboxes"))
 
 
@@ -276,11 +356,13 @@ class FileEntry:
     mode: int
     mtime_ms: int
     path: Optional[str] = None
+    #: Where a symlink points, its text as written (never followed); None for other kinds.
+    target: Optional[str] = None
 
     @classmethod
     def from_json(cls, d: Json) -> "FileEntry":
         return cls(name=d["name"], kind=d["kind"], size=d["size"], mode=d["mode"],
-                   mtime_ms=d["mtime_ms"], path=d.get("path"))
+                   mtime_ms=d["mtime_ms"], path=d.get("path"), target=d.get("target"))
 
 
 @dataclass
@@ -376,6 +458,8 @@ class ContextInfo:
     execution_count: int = 0
     version: str = ""
     restarts: int = 0
+    #: The directory its code runs in.
+    cwd: str = ""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -384,7 +468,7 @@ class ContextInfo:
                    default=d.get("default", False), created_ms=d.get("created_ms", 0),
                    started_ms=d.get("started_ms", 0),
                    execution_count=d.get("execution_count", 0), version=d.get("version", ""),
-                   restarts=d.get("restarts", 0), raw=dict(d))
+                   restarts=d.get("restarts", 0), cwd=d.get("cwd", ""), raw=dict(d))
 
 
 @dataclass
@@ -508,13 +592,17 @@ class OidcConfiguration:
     introspection_endpoint: str = ""
     id_token_signing_alg_values_supported: List[str] = field(default_factory=list)
     claims_supported: List[str] = field(default_factory=list)
+    response_types_supported: List[str] = field(default_factory=list)
+    subject_types_supported: List[str] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, d: Json) -> "OidcConfiguration":
         return cls(d["issuer"], d["jwks_uri"], d.get("introspection_endpoint", ""),
                    list(d.get("id_token_signing_alg_values_supported", [])),
-                   list(d.get("claims_supported", [])), dict(d))
+                   list(d.get("claims_supported", [])),
+                   list(d.get("response_types_supported", [])),
+                   list(d.get("subject_types_supported", [])), dict(d))
 
 
 @dataclass

@@ -3,7 +3,7 @@
  * `Context`s and `BackgroundExec`s. Only the platform's `fetch`, streams and text codecs.
  */
 import { CordonError } from "./errors.js";
-import type { ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, Destroyed, Duration, ExecInfo, ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Jwks, Listing, OidcConfiguration, PtySize, RunOptions, SandboxInfo, SandboxList, SandboxSpec, Snapshot, StartOptions, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted, VolumeList } from "./models.js";
+import type { ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, Destroyed, Duration, ExecInfo, ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Jwks, Listing, MetricSample, OidcConfiguration, PtySize, RunOptions, SandboxInfo, SandboxList, SandboxSpec, Snapshot, StartOptions, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted, VolumeList } from "./models.js";
 export declare const DEFAULT_URL = "http://127.0.0.1:7070";
 /** A 429's Retry-After longer than this is not waited for: the error is thrown at once. */
 export declare const MAX_RETRY_WAIT_SECS = 60;
@@ -166,6 +166,15 @@ export declare class Sandbox {
     execHandle(id: string): BackgroundExec;
     /** Reads its current state into `info`. */
     refresh(): Promise<SandboxInfo>;
+    /**
+     * Its CPU, memory and disk figures over time, oldest first: the samples taken from
+     * `start_ms` to `end_ms` (milliseconds since the Unix epoch; each optional), one every 5 s,
+     * the last hour kept.
+     */
+    metrics(opts?: {
+        start_ms?: number;
+        end_ms?: number;
+    }): Promise<MetricSample[]>;
     /** Stops its processes where they are; `toDisk` (microvm) saves it to disk and frees its memory. */
     pause(opts?: {
         toDisk?: boolean;

@@ -193,11 +193,11 @@ export class Cordon {
         return (await this.send({ method: "GET", path: "/metrics" })).text();
     }
     #runBody(code, opts, stream) {
-        const { lang, timeout, stdin: input, env: vars, cwd, signal: _signal, files, ...rest } = opts;
+        const { lang, timeout, stdin: input, env: vars, signal: _signal, files, ...rest } = opts;
         void _signal;
         return {
             ...spec(rest),
-            ...execBody(code, { lang: typeof code === "string" ? (lang ?? "python") : lang, timeout, stdin: input, env: vars, cwd }),
+            ...execBody(code, { lang: typeof code === "string" ? (lang ?? "python") : lang, timeout, stdin: input, env: vars }),
             ...(files ? { files: Object.entries(files).map(([path, data]) => ({ path, content_base64: base64(data) })) } : {}),
             ...(stream ? { stream: true } : {}),
         };
@@ -405,6 +405,15 @@ export class Sandbox {
     /** Reads its current state into `info`. */
     async refresh() {
         return (this.info = await this.client.json({ method: "GET", path: this.#path() }));
+    }
+    /**
+     * Its CPU, memory and disk figures over time, oldest first: the samples taken from
+     * `start_ms` to `end_ms` (milliseconds since the Unix epoch; each optional), one every 5 s,
+     * the last hour kept.
+     */
+    async metrics(opts = {}) {
+        const query = Object.entries(some(opts)).map(([k, v]) => [k, String(v)]);
+        return (await this.client.json({ method: "GET", path: this.#path("/metrics"), query })).samples;
     }
     /** Stops its processes where they are; `toDisk` (microvm) saves it to disk and frees its memory. */
     async pause(opts = {}) {

@@ -7,7 +7,7 @@ import { CordonError, errorFrom, errorFromText, retryAfterSecs, type ErrorBody }
 import type {
   ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, Destroyed, Duration, ExecInfo,
   ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Jwks, Lang, Listing,
-  OidcConfiguration, PtySize,
+  MetricSample, OidcConfiguration, PtySize,
   RunOptions, SandboxInfo, SandboxList, SandboxSpec, Snapshot, SnapshotStarts, StartOptions,
   StdinWritten, StreamEvent, TokenInfo,
   Volume, VolumeDeleted, VolumeList, VolumeMount,
@@ -241,11 +241,11 @@ export class Cordon {
   }
 
   #runBody(code: Command, opts: RunOptions, stream: boolean): Record<string, unknown> {
-    const { lang, timeout, stdin: input, env: vars, cwd, signal: _signal, files, ...rest } = opts;
+    const { lang, timeout, stdin: input, env: vars, signal: _signal, files, ...rest } = opts;
     void _signal;
     return {
       ...spec(rest),
-      ...execBody(code, { lang: typeof code === "string" ? (lang ?? "python") : lang, timeout, stdin: input, env: vars, cwd }),
+      ...execBody(code, { lang: typeof code === "string" ? (lang ?? "python") : lang, timeout, stdin: input, env: vars }),
       ...(files ? { files: Object.entries(files).map(([path, data]) => ({ path, content_base64: base64(data) })) } : {}),
       ...(stream ? { stream: true } : {}),
     };
@@ -498,6 +498,16 @@ export class Sandbox {
   /** Reads its current state into `info`. */
   async refresh(): Promise<SandboxInfo> {
     return (this.info = await this.client.json({ method: "GET", path: this.#path() }));
+  }
+
+  /**
+   * Its CPU, memory and disk figures over time, oldest first: the samples taken from
+   * `start_ms` to `end_ms` (milliseconds since the Unix epoch; each optional), one every 5 s,
+   * the last hour kept.
+   */
+  async metrics(opts: { start_ms?: number; end_ms?: number } = {}): Promise<MetricSample[]> {
+    const query = Object.entries(some(opts)).map(([k, v]) => [k, String(v)] as [string, string]);
+    return (await this.client.json<{ samples: MetricSample[] }>({ method: "GET", path: this.#path("/metrics"), query })).samples;
   }
 
   /** Stops its processes where they are; `toDisk` (microvm) saves it to disk and frees its memory. */

@@ -38,6 +38,61 @@ export interface Timings {
   program_us?: number;
 }
 
+/** A credential format or known secret found in what left the sandbox (never the value). */
+export interface Finding {
+  kind:
+    | "known_secret" | "private_key" | "aws_access_key_id" | "github_token" | "gitlab_token"
+    | "slack_token" | "stripe_key" | "google_api_key" | "ai_api_key" | "jwt";
+  /** the output stream (stdout, stderr) or the file taken out */
+  stream?: string | null;
+  file?: string | null;
+  /** byte offset in the input */
+  offset: number;
+  /** length in bytes */
+  len: number;
+  /** whether it was replaced in the output */
+  redacted: boolean;
+  /** for a known secret, its name */
+  name?: string | null;
+}
+
+/** One egress decision of the sandbox's proxy (`path` never carries the query). */
+export interface EgressEvent {
+  time_ms: number;
+  sandbox: string;
+  /** the client connection's number within the proxy, from 1 */
+  conn: number;
+  kind: "http" | "connect" | "https" | "connection";
+  decision: "allow" | "deny" | "exfiltration" | "limit" | "error" | "closed" | "truncated";
+  /** how many identical events this row stands for */
+  count?: number;
+  last_ms?: number | null;
+  host?: string | null;
+  port?: number | null;
+  addr?: string | null;
+  method?: string | null;
+  path?: string | null;
+  status?: number | null;
+  terminated?: boolean | null;
+  /** the rule that decided (`allow api.example.test`, `default-deny`, `grant:github`, ...) */
+  rule?: string | null;
+  reason?: string | null;
+  /** the grant whose secret was added (its name) */
+  grant?: string | null;
+  bytes_up?: number | null;
+  bytes_down?: number | null;
+  /** a kubelet pod's `namespace/name` (cordon-oci) */
+  pod?: string | null;
+}
+
+/** An outcome's details: findings, egress decisions, how the sandbox failed, the microVM's accelerator. */
+export interface Details {
+  findings?: Finding[];
+  egress?: EgressEvent[];
+  failure?: string | null;
+  accelerator?: string | null;
+}
+
 /** How an exec ended. `exit_code` is null unless `termination` is "exited". */
 export interface ExecResult {
   tier: Tier;
@@ -52,6 +107,8 @@ export interface ExecResult {
   timings: Timings;
   weakened?: string[];
   warnings?: string[];
+  /** findings, egress decisions and failure details */
+  extra?: Details;
 }
 
 /** Output as it comes (UTF-8, split safely across chunks). */
@@ -124,6 +181,8 @@ export interface FileEntry {
   mode: number;
   mtime_ms: number;
   path?: string;
+  /** where a symlink points, its text as written (never followed) */
+  target?: string | null;
 }
 
 export interface Listing {
@@ -178,6 +237,8 @@ export interface ContextInfo {
   execution_count: number;
   version: string;
   restarts: number;
+  /** the directory its code runs in */
+  cwd: string;
 }
 
 /**
@@ -291,7 +352,8 @@ export interface ExecOptions {
   signal?: AbortSignal;
 }
 
-export interface RunOptions extends Omit<SandboxSpec, "ttl" | "idle_timeout" | "on_timeout" | "labels" | "volumes">, ExecOptions {
+/** A one-shot run's sandbox lives for its exec: no life fields; it runs in /work (no cwd). */
+export interface RunOptions extends Omit<SandboxSpec, "ttl" | "idle_timeout" | "on_timeout" | "labels" | "volumes">, Omit<ExecOptions, "cwd"> {
   /** files to put under /work first: path to contents */
   files?: Record<string, string | Uint8Array>;
 }
@@ -322,4 +384,21 @@ export interface StartOptions {
   ttl?: Duration;
   idle_timeout?: Duration;
   labels?: Record<string, string>;
+}
+
+/**
+ * One sample of a sandbox's figures (`Sandbox.metrics()`), taken every 5 s from its tier's
+ * own accounting: CPU (its limit rounded up, and the share of it used since the sample
+ * before, in percent), memory charged (page cache included) and its limit, the page cache,
+ * bytes used on its workspace (0 where the tier cannot tell: microvm) and its disk limit.
+ */
+export interface MetricSample {
+  at_ms: number;
+  cpu_count: number;
+  cpu_used_pct: number;
+  mem_used: number;
+  mem_total: number;
+  mem_cache: number;
+  disk_used: number;
+  disk_total: number;
 }
