@@ -589,6 +589,46 @@ pub struct Done {
     pub to: Option<String>,
 }
 
+/// `GET /v1/sandboxes/{id}/metrics`'s query: the samples taken from `start_ms` to `end_ms`
+/// (milliseconds since the Unix epoch; each optional).
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsQuery {
+    pub start_ms: Option<i64>,
+    pub end_ms: Option<i64>,
+}
+
+/// A sandbox's samples, oldest first.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct MetricsList {
+    /// How often a sample is taken, in milliseconds.
+    pub interval_ms: u64,
+    /// How many samples a sandbox keeps (its newest).
+    pub kept: usize,
+    pub samples: Vec<MetricSample>,
+}
+
+/// One sample of a sandbox's figures.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct MetricSample {
+    /// When it was taken, milliseconds since the Unix epoch.
+    pub at_ms: i64,
+    /// CPUs the sandbox may use (its limit, rounded up).
+    pub cpu_count: u32,
+    /// Its CPU time since the sample before, as a share of `cpu_count` CPUs, in percent.
+    pub cpu_used_pct: f64,
+    /// Memory charged to it, page cache included, in bytes.
+    pub mem_used: u64,
+    /// Its memory limit, in bytes.
+    pub mem_total: u64,
+    /// The page cache part of `mem_used` (a tmpfs workspace's files are there).
+    pub mem_cache: u64,
+    /// Bytes used on its workspace (0 where the tier cannot tell from the host: microvm).
+    pub disk_used: u64,
+    /// Its workspace's size limit, in bytes.
+    pub disk_total: u64,
+}
+
 /// A sandbox's background execs.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ExecList {

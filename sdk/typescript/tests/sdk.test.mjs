@@ -174,6 +174,29 @@ describe("against cordon serve", () => {
     assert.deepEqual(await alice.introspectToken("eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"), { active: false });
   });
 
+  test("a sandbox's metrics: its samples, a range, not another tenant's (container)", async (t) => {
+    if (!hasContainer) {
+      t.skip("container tier unavailable here (see the SKIPPING line)");
+      return;
+    }
+    await alice.withSandbox({ tier: "container" }, async (sb) => {
+      // One sample every 5 s: wait for the first (bounded), then read it as the spec says.
+      let samples = [];
+      for (let i = 0; i < 40 && samples.length === 0; i++) {
+        samples = await sb.metrics();
+        if (samples.length === 0) await new Promise((r) => setTimeout(r, 500));
+      }
+      assert.ok(samples.length > 0, "no sample in 20 s");
+      const [m] = samples;
+      assert.deepEqual(Object.keys(m).sort(), ["at_ms", "cpu_count", "cpu_used_pct", "disk_total", "disk_used", "mem_cache", "mem_total", "mem_used"]);
+      assert.ok(m.cpu_count >= 1 && m.mem_total > 0 && m.mem_used > 0, JSON.stringify(m));
+      assert.deepEqual(await sb.metrics({ start_ms: m.at_ms + 1, end_ms: m.at_ms + 1 }), []);
+      assert.deepEqual((await sb.metrics({ start_ms: m.at_ms, end_ms: m.at_ms }))[0], m);
+      await assert.rejects(sb.metrics({ start_ms: 2, end_ms: 1 }), InvalidRequest);
+      await assert.rejects(bob.sandboxHandle(sb.id).metrics(), NotFound);
+    });
+  });
+
   test("volumes: made, mounted, kept, refused while mounted, deleted (container)", async (t) => {
     if (!hasContainer) {
       t.skip("container tier unavailable here (see the SKIPPING line)");

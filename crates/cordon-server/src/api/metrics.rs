@@ -5,31 +5,12 @@
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use serde::{Deserialize, Serialize};
 
 use super::extract::{Auth, parse_id, query_rejection};
 use crate::error::ApiError;
+use crate::model::{MetricsList, MetricsQuery};
 use crate::openapi::{Api, Op, SANDBOX};
-use crate::service::{METRIC_SAMPLES_KEPT, MetricSample, SAMPLE_EVERY, Service};
-
-/// Which samples: those taken from `start_ms` to `end_ms` (milliseconds since the Unix
-/// epoch; each optional).
-#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MetricsQuery {
-    pub start_ms: Option<i64>,
-    pub end_ms: Option<i64>,
-}
-
-/// A sandbox's samples, oldest first.
-#[derive(Debug, Serialize, schemars::JsonSchema)]
-pub struct MetricsList {
-    /// How often a sample is taken, in milliseconds.
-    pub interval_ms: u64,
-    /// How many samples a sandbox keeps (its newest).
-    pub kept: usize,
-    pub samples: Vec<MetricSample>,
-}
+use crate::service::Service;
 
 pub(super) fn routes() -> Api {
     Api::default().op(
@@ -50,20 +31,5 @@ async fn metrics(
 ) -> Result<Json<MetricsList>, ApiError> {
     let id = parse_id(&id)?;
     let Query(q) = q.map_err(query_rejection)?;
-    if let (Some(s), Some(e)) = (q.start_ms, q.end_ms)
-        && s > e
-    {
-        return Err(ApiError::invalid(
-            "start_ms is after end_ms; give start_ms <= end_ms",
-        ));
-    }
-    let samples = svc
-        .sessions()
-        .metrics(&t, &id, q.start_ms, q.end_ms)
-        .await?;
-    Ok(Json(MetricsList {
-        interval_ms: SAMPLE_EVERY.as_millis() as u64,
-        kept: METRIC_SAMPLES_KEPT,
-        samples,
-    }))
+    Ok(Json(svc.sessions().metrics(&t, &id, q).await?))
 }

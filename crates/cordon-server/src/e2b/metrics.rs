@@ -1,5 +1,5 @@
 //! `GET /sandboxes/{sandboxID}/metrics` (the SDKs' `get_metrics`): the sandbox's samples
-//! ([`crate::service::MetricSample`], taken every 5 s from the tier's own figures) between
+//! ([`crate::model::MetricSample`], taken every 5 s from the tier's own figures) between
 //! `start` and `end` (Unix seconds, as the SDKs send them; by default from the sandbox's
 //! start to now), oldest first, as E2B's `SandboxMetric`.
 
@@ -57,11 +57,18 @@ pub(super) async fn metrics(
     match e
         .svc
         .sessions()
-        .metrics(&t, &id, range.start.map(ms), end)
+        .metrics(
+            &t,
+            &id,
+            crate::model::MetricsQuery {
+                start_ms: range.start.map(ms),
+                end_ms: end,
+            },
+        )
         .await
     {
-        Ok(samples) => Json(
-            samples
+        Ok(list) => Json(
+            list.samples
                 .into_iter()
                 .map(|m| SandboxMetric {
                     timestamp: rfc3339(m.at_ms),

@@ -64,7 +64,6 @@ pub use pools::{Backends, Held, Pools};
 pub use ports::{MAX_PORT_CONNS, Opened, PortConn};
 pub use procs::{AttachCaps, AttachSlot, Procs};
 pub use recovery::{RecoveryHook, scratch_dir};
-pub use samples::{KEEP as METRIC_SAMPLES_KEPT, MetricSample, SAMPLE_EVERY};
 pub use sessions::Sessions;
 pub use snapshots::{Snapshots, StartOptions, snapshots_dir};
 pub use volumes::Volumes;

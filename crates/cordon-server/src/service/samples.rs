@@ -12,38 +12,17 @@ use std::sync::{Arc, TryLockError};
 use std::time::Duration;
 
 use cordon_core::Gauge;
-use serde::Serialize;
 
 use super::common::{blocking, lock};
 use super::sessions::{Session, Sessions};
 use crate::error::ApiError;
 use crate::keys::Tenant;
+use crate::model::{MetricSample, MetricsList, MetricsQuery};
 
 /// How often each sandbox is sampled (as E2B's orchestrator does).
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 /// Samples kept per sandbox: its last hour.
 pub const KEEP: usize = 720;
-
-/// One sample of a sandbox's figures.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, schemars::JsonSchema)]
-pub struct MetricSample {
-    /// When it was taken, milliseconds since the Unix epoch.
-    pub at_ms: i64,
-    /// CPUs the sandbox may use (its limit, rounded up).
-    pub cpu_count: u32,
-    /// Its CPU time since the sample before, as a share of `cpu_count` CPUs, in percent.
-    pub cpu_used_pct: f64,
-    /// Memory charged to it, page cache included, in bytes.
-    pub mem_used: u64,
-    /// Its memory limit, in bytes.
-    pub mem_total: u64,
-    /// The page cache part of `mem_used` (a tmpfs workspace's files are there).
-    pub mem_cache: u64,
-    /// Bytes used on its workspace (0 where the tier cannot tell from the host: microvm).
-    pub disk_used: u64,
-    /// Its workspace's size limit, in bytes.
-    pub disk_total: u64,
-}
 
 /// A session's samples and the gauge they come from.
 #[derive(Default)]
@@ -131,17 +110,24 @@ fn sample(s: &Session, now_ms: i64) {
 }
 
 impl Sessions {
-    /// Sandbox `id`'s samples taken from `start_ms` to `end_ms` (each bound optional),
+    /// Sandbox `id`'s samples taken from `q.start_ms` to `q.end_ms` (each bound optional),
     /// oldest first.
     pub async fn metrics(
         &self,
         tenant: &Tenant,
         id: &str,
-        start_ms: Option<i64>,
-        end_ms: Option<i64>,
-    ) -> Result<Vec<MetricSample>, ApiError> {
+        q: MetricsQuery,
+    ) -> Result<MetricsList, ApiError> {
+        let MetricsQuery { start_ms, end_ms } = q;
+        if let (Some(s), Some(e)) = (start_ms, end_ms)
+            && s > e
+        {
+            return Err(ApiError::invalid(
+                "start_ms is after end_ms; give start_ms <= end_ms",
+            ));
+        }
         let s = self.session(tenant, id)?;
-        blocking(move || {
+        let samples = blocking(move || {
             let state = s.state::<Samples>();
             let st = lock(&state);
             st.ring
@@ -151,6 +137,11 @@ impl Sessions {
                 .copied()
                 .collect()
         })
-        .await
+        .await?;
+        Ok(MetricsList {
+            interval_ms: SAMPLE_EVERY.as_millis() as u64,
+            kept: KEEP,
+            samples,
+        })
     }
 }
