@@ -32,7 +32,7 @@ def test_home_user_is_the_workspaces_mount_point(ci, server):
     the E2B files API and the cell see the same files there, and /work names them too."""
     ex = ci.run_code("import os\nos.getcwd()")
     assert ex.error is None, ex.error
-    assert ex.text == "'/home/user'"
+    assert ex.text == "/home/user"
     ex = ci.run_code("import os\n(os.environ['HOME'], os.path.realpath('.'))")
     assert ex.text == "('/home/user', '/home/user')"
     r = ci.commands.run("pwd; /bin/pwd -P; echo $HOME; cd /home/user && /bin/pwd -P")
@@ -45,7 +45,7 @@ def test_home_user_is_the_workspaces_mount_point(ci, server):
     ci.files.write("/home/user/from-api.txt", "written by files.write")
     ex = ci.run_code("open('/home/user/from-api.txt').read() + '|' + "
                      "open('/work/from-api.txt').read()")
-    assert ex.text == "'written by files.write|written by files.write'"
+    assert ex.text == "written by files.write|written by files.write"
     ex = ci.run_code("open('from-cell.txt', 'w').write('written by a cell')")
     assert ex.error is None, ex.error
     assert ci.files.read("/home/user/from-cell.txt") == "written by a cell"
@@ -53,9 +53,9 @@ def test_home_user_is_the_workspaces_mount_point(ci, server):
     # A context of its own starts in E2B's home too, and a subdirectory by its own name.
     ctx = ci.create_code_context(language="python")
     assert ctx.cwd == "/home/user"
-    assert ci.run_code("import os\nos.getcwd()", context=ctx).text == "'/home/user'"
+    assert ci.run_code("import os\nos.getcwd()", context=ctx).text == "/home/user"
     sub = ci.create_code_context(language="python", cwd="/home/user/proj")
-    assert ci.run_code("import os\nos.getcwd()", context=sub).text == "'/home/user/proj'"
+    assert ci.run_code("import os\nos.getcwd()", context=sub).text == "/home/user/proj"
     assert ci.commands.run("pwd", cwd="/home/user/proj").stdout == "/home/user/proj\n"
 
 
@@ -80,7 +80,11 @@ def test_a_sandboxs_envs_in_cells_and_commands(server):
     from e2b_code_interpreter import Sandbox
     s = Sandbox.create(timeout=120, envs={"TEST_ENV_VAR": "supertest"})
     try:
-        assert s.run_code("import os; os.getenv('TEST_ENV_VAR')").text == "'supertest'"
+        # A str value's text as E2B's interpreter gives it: IPython's quotes taken off.
+        assert s.run_code("import os; os.getenv('TEST_ENV_VAR')").text == "supertest"
+        assert s.run_code("'it' + chr(39) + 's'").text == "it's"
+        # Only one matching pair around the whole text goes; other text is as shown.
+        assert s.run_code("[1, 'a']").text == "[1, 'a']"
         r = s.run_code("echo $TEST_ENV_VAR", language="bash")
         assert r.error is None, r.error
         assert r.logs.stdout == ["supertest\n"]
@@ -135,7 +139,7 @@ def test_contexts_listed_as_e2b_lists_them(ci):
     ctx = ci.create_code_context(language="python", cwd="/tmp")
     last = ci.list_code_contexts()[-1]
     assert (last.id, last.language, last.cwd) == (ctx.id, "python", "/tmp")
-    assert ci.run_code("import os; os.getcwd()", context=ctx).text == "'/tmp'"
+    assert ci.run_code("import os; os.getcwd()", context=ctx).text == "/tmp"
 
 
 def test_the_interpreter_comes_back_after_it_is_killed(ci):

@@ -53,6 +53,14 @@ def test_create_snapshot_create_from_it_list_and_delete(server):
         assert [s.snapshot_id for s in listed] == [info.snapshot_id], listed
         assert [s.snapshot_id for s in src.list_snapshots().next_items()] == [info.snapshot_id]
         assert Sandbox.list_snapshots(sandbox_id="sb-" + "0" * 32).next_items() == []
+        # A name may start with snap- (E2B's suites name them so) unless it has an id's
+        # shape, which could shadow another snapshot's id.
+        named = src.create_snapshot("snap-named")
+        assert named.names == ["snap-named"], named
+        assert Sandbox.delete_snapshot(named.snapshot_id) is True
+        with pytest.raises(Exception) as shaped:
+            src.create_snapshot("snap-" + "a" * 32)
+        assert "id's shape" in str(shaped.value), shaped.value
         # A name given again goes to the new snapshot (E2B's), the old one is deleted.
         again = src.create_snapshot("e2b-snap")
         assert again.snapshot_id != info.snapshot_id

@@ -55,6 +55,20 @@ fn no_context(cid: &str) -> Response {
     e2b_error(StatusCode::NOT_FOUND, format!("context {cid} not found"))
 }
 
+/// A result's text as E2B's interpreter answers it: one pair of matching quotes around the
+/// whole text taken off (a cell ending in a `str` value shows `bar`, not IPython's `'bar'`;
+/// E2B's own env-var tests read it so).
+fn unquoted(text: &str) -> &str {
+    ['\'', '"']
+        .iter()
+        .find_map(|q| {
+            text.strip_prefix(*q)
+                .and_then(|t| t.strip_suffix(*q))
+                .filter(|_| text.len() >= 2)
+        })
+        .unwrap_or(text)
+}
+
 /// A rich output under the SDKs' field names.
 fn result_line(o: &CellOutput) -> OutputLine {
     let mut r = ResultOut {
@@ -64,7 +78,7 @@ fn result_line(o: &CellOutput) -> OutputLine {
     for (mime, data) in &o.data {
         let v = Some(data.clone());
         match mime.as_str() {
-            "text/plain" => r.text = v,
+            "text/plain" => r.text = Some(unquoted(data).to_string()),
             "text/html" => r.html = v,
             "text/markdown" => r.markdown = v,
             "image/svg+xml" => r.svg = v,

@@ -563,9 +563,8 @@ impl E2b {
         if let Some(exp) = q.signature_expiration
             && exp < now_ms() / 1000
         {
-            return Err(refused(
-                "the signed URL has expired: make a new one (download_url/upload_url)",
-            ));
+            // envd's own words (E2B's SDK tests read them): make a new URL.
+            return Err(refused("signature is already expired"));
         }
         let boxes: Vec<(String, Arc<E2bBox>)> = lock(&self.boxes)
             .iter()

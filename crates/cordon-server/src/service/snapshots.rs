@@ -83,13 +83,22 @@ fn new_id() -> Result<String, ApiError> {
     Ok(format!("snap-{}", hex::encode(b)))
 }
 
-/// A snapshot name: as a template's (1 to 64 of `a-z 0-9 . _ -`), never an id's shape.
+/// Whether `key` has the shape of a snapshot's id (`snap-` and 32 hex digits, as
+/// [`new_id`] makes them).
+fn is_id_shaped(key: &str) -> bool {
+    key.strip_prefix("snap-")
+        .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// A snapshot name: as a template's (1 to 64 of `a-z 0-9 . _ -`), never an id's shape (a
+/// lookup takes either, so a name shaped like an id could shadow another snapshot's id).
+/// Other names starting `snap-` are names like any other (E2B's suites use them).
 fn validate_name(name: &str) -> Result<(), ApiError> {
     cordon_core::validate_template_name(name)
         .map_err(|e| ApiError::invalid(e.to_string().replace("template", "snapshot")))?;
-    if name.starts_with("snap-") {
+    if is_id_shaped(name) {
         return Err(ApiError::invalid(
-            "a snapshot name may not start with snap- (ids do); choose another name",
+            "a snapshot name may not have an id's shape (snap- and 32 hex digits); choose another name",
         ));
     }
     Ok(())
