@@ -40,7 +40,10 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api::PeerAddr;
+/// The address a connection came from (plain TCP or TLS), given to the routes as
+/// `ConnectInfo` (the API re-exports it as `api::PeerAddr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
 
 /// The longest a client may take to finish its TLS handshake.
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);

@@ -453,6 +453,42 @@ pub struct CellLogs {
     pub stderr: Vec<String>,
 }
 
+/// How a cell ended, as the driver saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CellStatus {
+    /// It ran to its end.
+    Ok,
+    /// It raised (threw) an error: `error` says which.
+    Error,
+    /// It ran past its timeout and was interrupted; the context keeps its state.
+    Timeout,
+    /// The interpreter ended during the cell (out of memory, killed, crashed, or stuck past
+    /// the grace after its timeout); a fresh one was started in its place.
+    Died,
+}
+
+impl CellStatus {
+    /// As it is written on the wire and in the audit.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CellStatus::Ok => "ok",
+            CellStatus::Error => "error",
+            CellStatus::Timeout => "timeout",
+            CellStatus::Died => "died",
+        }
+    }
+}
+
+/// A cell's error: the exception's (or thrown value's) name, its value and the traceback.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CellError {
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
+}
+
 /// What a cell did.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CellResult {
@@ -460,14 +496,14 @@ pub struct CellResult {
     /// `ok`, `error`, `timeout` (interrupted; the context keeps its state) or `died` (the
     /// interpreter ended: out of memory, killed, or stuck past the grace after its
     /// timeout; `restarted` says whether a fresh one took its place).
-    pub status: crate::service::CellStatus,
+    pub status: CellStatus,
     /// The text of the last expression's value (`text/plain` of the main output).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     pub results: Vec<CellOutput>,
     pub logs: CellLogs,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<crate::service::CellError>,
+    pub error: Option<CellError>,
     /// The cell's number in this interpreter (0 when it died).
     pub execution_count: u64,
     /// A fresh interpreter replaced the one that died: earlier state is gone.

@@ -1,7 +1,7 @@
 //! What every resource's routes share: the tenant of a request (its key), the connection's
 //! address, the answers to bodies and queries that do not parse, and the sandbox id.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use axum::extract::FromRequestParts;
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
@@ -16,9 +16,8 @@ use crate::service::Service;
 /// The authenticated tenant of a request (`Authorization: Bearer <key>`).
 pub struct Auth(pub Tenant);
 
-/// The address a connection came from (plain TCP or TLS).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerAddr(pub SocketAddr);
+/// The address a connection came from: the listeners' (they accept the connections).
+pub use crate::listen::PeerAddr;
 
 pub(crate) fn unauthorized(msg: &str) -> ApiError {
     ApiError::new(

@@ -8,13 +8,12 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::Uri;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use cordon_core::units::Dur;
 
-use super::wire::{ConnectBody, NewSandbox, SandboxDetail, SandboxOut, TimeoutBody};
-use super::{E2b, E2bBox, ENVD_VERSION, api_error, e2b_error, rfc3339};
+use super::wire::{ConnectBody, NewSandbox, TimeoutBody};
+use super::{E2b, api_error, detail_of, e2b_error, sandbox_out};
 use crate::api::parse_id;
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
@@ -180,49 +179,6 @@ pub(super) async fn create(
     b.auto_resume
         .store(auto_resume, std::sync::atomic::Ordering::Relaxed);
     (StatusCode::CREATED, Json(sandbox_out(&t, &info, &b))).into_response()
-}
-
-pub(super) fn sandbox_out(t: &Tenant, info: &SandboxInfo, b: &E2bBox) -> SandboxOut {
-    SandboxOut {
-        template_id: b.template.clone(),
-        sandbox_id: info.id.clone(),
-        client_id: t.0.clone(),
-        envd_version: ENVD_VERSION,
-        envd_access_token: b.token.clone(),
-        traffic_access_token: Some(b.traffic.clone()),
-        domain: None,
-        alias: None,
-    }
-}
-
-pub(super) fn detail_of(t: &Tenant, info: &SandboxInfo, b: Option<&E2bBox>) -> SandboxDetail {
-    SandboxDetail {
-        template_id: b
-            .map(|b| b.template.clone())
-            .unwrap_or_else(|| "base".into()),
-        sandbox_id: info.id.clone(),
-        client_id: t.0.clone(),
-        alias: None,
-        started_at: rfc3339(info.created_ms),
-        end_at: rfc3339(info.expires_ms),
-        cpu_count: info.limits.cpus.ceil().max(1.0) as u32,
-        memory_mb: info.limits.memory_bytes >> 20,
-        disk_size_mb: info.limits.disk_bytes >> 20,
-        state: if info.paused { "paused" } else { "running" },
-        envd_version: ENVD_VERSION,
-        metadata: info.labels.clone(),
-        envd_access_token: b.map(|b| b.token.clone()),
-        domain: None,
-        lifecycle: super::wire::Lifecycle {
-            auto_resume: b
-                .is_some_and(|b| b.auto_resume.load(std::sync::atomic::Ordering::Relaxed)),
-            on_timeout: if info.on_timeout == cordon_engine::OnTimeout::Pause {
-                "pause"
-            } else {
-                "kill"
-            },
-        },
-    }
 }
 
 fn not_found(id: &str) -> Response {
@@ -398,41 +354,4 @@ pub(super) async fn connect(
         }
     }
     (status, Json(sandbox_out(&t, &info, &b))).into_response()
-}
-
-/// Routes of E2B's API that Cordon does not serve, each with what Cordon does instead.
-pub(super) async fn refused(
-    State(e): State<E2b>,
-    from: Peer,
-    headers: HeaderMap,
-    uri: Uri,
-) -> Response {
-    if let Err(r) = e.tenant(&headers, from.0) {
-        return r;
-    }
-    let path = uri.path();
-    let instead = if path.contains("/templates") {
-        "Cordon does not build E2B templates; build one with `cordon template build` (or import an OCI image with `cordon template import`) and map its name in [e2b.templates]"
-    } else if path.starts_with("/volumes") {
-        "Cordon's volumes are made through its own API (POST /v1/volumes) and mounted by a native create"
-    } else if path.starts_with("/secrets") {
-        "a sandbox gets credentials only as grants of the operator's catalogue, swapped in by the egress proxy"
-    } else if path.contains("/snapshots") || path.contains("/fork") {
-        "create_snapshot, list_snapshots, delete_snapshot, fork and Sandbox.create(snapshot_id) are served; this route of E2B's snapshot API is not"
-    } else if path.ends_with("/network") {
-        "a sandbox's egress allow-list is fixed at its create, within the operator's ceiling; create a new sandbox with the hosts it needs"
-    } else if path.ends_with("/refreshes") {
-        "use set_timeout to extend a sandbox"
-    } else if path.contains("/logs") {
-        "Cordon keeps an audit row of every call (GET /v1/audit); a command's output is its stream"
-    } else {
-        "docs/e2b.md lists what Cordon's E2B listener serves"
-    };
-    e2b_error(
-        StatusCode::NOT_IMPLEMENTED,
-        format!(
-            "{} {path} is not served by Cordon's E2B listener: {instead}",
-            "this route"
-        ),
-    )
 }

@@ -26,15 +26,14 @@ use super::connect::{
 };
 use super::wire::*;
 use super::{
-    Auth, E2b, E2bBox, ENVD_PORT, ProcRecord, api_error, check_reachable, check_user,
-    connect_error, e2b_error, lock, retry_busy, rfc3339, to_e2b_path, to_sandbox_path,
+    Auth, DEFAULT_KEEPALIVE, E2b, E2bBox, ENVD_PORT, ProcRecord, api_error, check_reachable,
+    check_user, connect_error, e2b_error, header_u64, lock, retry_busy, rfc3339, to_e2b_path,
+    to_sandbox_path,
 };
 use crate::error::{ApiError, Code};
 use crate::model::ExecBody;
 use crate::service::{AttachSlot, Chunk};
 
-/// envd's default keepalive interval when the client asks for none.
-pub(super) const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
 /// The deepest `ListDir` walks.
 const MAX_DEPTH: u32 = 16;
 /// The most entries a deep `ListDir` answers.
@@ -151,13 +150,6 @@ fn find(b: &E2bBox, sel: &ProcessSelector) -> Result<(u32, ProcRecord), ConnectE
             .ok_or_else(|| ConnectError::not_found(format!("no process with tag {tag:?}")));
     }
     Err(ConnectError::invalid("name the process by pid or tag"))
-}
-
-pub(super) fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse().ok())
 }
 
 async fn start(

@@ -11,7 +11,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use super::control::detail_of;
+use super::detail_of;
 use super::{E2b, From as Peer, e2b_error};
 use crate::model::SandboxInfo;
 

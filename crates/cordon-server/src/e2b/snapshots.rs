@@ -199,7 +199,7 @@ pub(super) async fn templates(
 ) -> Response {
     let rest = uri.path().trim_start_matches("/templates/");
     if method != Method::DELETE || rest.contains('/') || rest.is_empty() {
-        return super::control::refused(state, from, headers, uri).await;
+        return super::refused(state, from, headers, uri).await;
     }
     let e = state.0;
     let t = match e.tenant(&headers, from.0) {
@@ -238,7 +238,7 @@ fn results(
             Ok(info) => {
                 let b = e.adopt(t, &info.id, template, ttl_ms);
                 ForkResult {
-                    sandbox: Some(super::control::sandbox_out(t, &info, &b)),
+                    sandbox: Some(super::sandbox_out(t, &info, &b)),
                     error: None,
                 }
             }
@@ -345,11 +345,7 @@ pub(super) async fn create_from(e: &E2b, t: &Tenant, req: &NewSandbox) -> Option
     Some(match first {
         Ok(info) => {
             let b = e.adopt(t, &info.id, &req.template_id, (timeout * 1000) as i64);
-            (
-                StatusCode::CREATED,
-                Json(super::control::sandbox_out(t, &info, &b)),
-            )
-                .into_response()
+            (StatusCode::CREATED, Json(super::sandbox_out(t, &info, &b))).into_response()
         }
         Err(err) => api_error(err),
     })

@@ -166,10 +166,10 @@ pub(super) async fn stream(
 ) -> Result<Response, ConnectError> {
     let req: WatchRequest = decode_stream_request(headers, body)?;
     let p = watched_path(&req)?;
-    let keepalive = super::envd::header_u64(headers, "keepalive-ping-interval")
+    let keepalive = super::header_u64(headers, "keepalive-ping-interval")
         .filter(|s| *s > 0)
         .map(Duration::from_secs)
-        .unwrap_or(super::envd::DEFAULT_KEEPALIVE);
+        .unwrap_or(super::DEFAULT_KEEPALIVE);
     let sessions = e.svc.sessions().clone();
     let tenant = b.tenant.clone();
     let watcher = sessions

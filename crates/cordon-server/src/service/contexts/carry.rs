@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::super::common::lock;
 use super::super::sessions::Session;
-use super::{Context, FrameReader, Meta, Table, Worker};
+use super::frames::FrameReader;
+use super::state::{Context, Meta, Table, Worker};
 
 /// One context as a snapshot keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::{CellError, CellStatus};
+
 /// What starts every frame line.
 pub(super) const MARK: &[u8] = b"\x1ecordon ";
 
@@ -48,42 +50,6 @@ impl DriverRequest<'_> {
 pub(super) enum StreamName {
     Stdout,
     Stderr,
-}
-
-/// How a cell ended, as the driver saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum CellStatus {
-    /// It ran to its end.
-    Ok,
-    /// It raised (threw) an error: `error` says which.
-    Error,
-    /// It ran past its timeout and was interrupted; the context keeps its state.
-    Timeout,
-    /// The interpreter ended during the cell (out of memory, killed, crashed, or stuck past
-    /// the grace after its timeout); a fresh one was started in its place.
-    Died,
-}
-
-impl CellStatus {
-    /// As it is written on the wire and in the audit.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CellStatus::Ok => "ok",
-            CellStatus::Error => "error",
-            CellStatus::Timeout => "timeout",
-            CellStatus::Died => "died",
-        }
-    }
-}
-
-/// A cell's error: the exception's (or thrown value's) name, its value and the traceback.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CellError {
-    pub name: String,
-    pub value: String,
-    pub traceback: String,
 }
 
 /// A frame from the driver.

@@ -8,7 +8,6 @@
 //! background exec's output, so they are read while the cell runs, never left to pile up)
 //! and turns them into a [`CellResult`].
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,12 +25,14 @@ use crate::model::{CellBody, CellLogs, CellOutput, CellResult, ContextBody, Cont
 
 mod carry;
 mod frames;
+mod state;
 
 pub use carry::CarriedContexts;
 pub(super) use carry::{carry, restore};
 
-pub use frames::{CellError, CellStatus};
+pub use crate::model::{CellError, CellStatus};
 use frames::{DriverFrame, DriverRequest, FrameReader, Piece, StreamName};
+use state::{Context, Table, Worker};
 
 /// The Python driver, with the chart extraction it calls for a shown figure.
 const PYTHON_DRIVER: &str = concat!(include_str!("charts.py"), include_str!("driver.py"));
@@ -48,50 +49,6 @@ const MAX_RESULTS_BYTES: usize = 64 << 20;
 const INTERRUPT_SLACK: Duration = Duration::from_millis(250);
 /// How long a killed interpreter has to be reported ended.
 const KILL_WAIT: Duration = Duration::from_secs(5);
-
-/// A session's contexts by their API id (`ctx-<n>`).
-#[derive(Default)]
-struct Table {
-    next: u64,
-    by_id: BTreeMap<String, Arc<Context>>,
-}
-
-/// One context: its interpreter (the worker) and what is listed of it.
-pub(super) struct Context {
-    id: String,
-    lang: Language,
-    default: bool,
-    /// The directory its interpreter starts in (None: the workspace).
-    cwd: Option<String>,
-    created_ms: i64,
-    /// A cell or a restart is under way: one at a time.
-    busy: AtomicBool,
-    /// Deleted: a cell running meanwhile ends without a new interpreter.
-    closed: AtomicBool,
-    /// The background exec id of the current interpreter, for a kill that must not wait
-    /// for a running cell.
-    agent: AtomicU64,
-    meta: Mutex<Meta>,
-    worker: Mutex<Option<Worker>>,
-}
-
-#[derive(Default, Clone)]
-struct Meta {
-    started_ms: i64,
-    version: String,
-    count: u64,
-    restarts: u64,
-    alive: bool,
-}
-
-/// The host's end of one interpreter.
-struct Worker {
-    agent: u64,
-    /// Offsets of the exec's stdout and stderr read so far.
-    from: [u64; 2],
-    reader: FrameReader,
-    next_cell: u64,
-}
 
 /// What one read of a worker's output found.
 enum Seen {
@@ -145,33 +102,6 @@ fn idle_wait(rounds: u32) -> Duration {
         9..=40 => Duration::from_micros(250),
         41..=100 => Duration::from_millis(2),
         _ => Duration::from_millis(20),
-    }
-}
-
-impl Context {
-    fn info(&self) -> ContextInfo {
-        let m = lock(&self.meta).clone();
-        ContextInfo {
-            id: self.id.clone(),
-            lang: self.lang,
-            default: self.default,
-            cwd: self
-                .cwd
-                .clone()
-                .unwrap_or_else(|| cordon_core::WORKDIR.to_string()),
-            state: if self.busy.load(Ordering::Acquire) {
-                "running".into()
-            } else if m.alive {
-                "ready".into()
-            } else {
-                "dead".into()
-            },
-            created_ms: self.created_ms,
-            started_ms: m.started_ms,
-            execution_count: m.count,
-            version: m.version,
-            restarts: m.restarts,
-        }
     }
 }
 
