@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
 """Runs a checkout of E2B's own SDK test suites against a real `cordon serve` (docs/e2b.md).
 
-    scripts/e2b-suites.sh [--tier container|gvisor] [--json OUT] [--filter TEXT] DIR...
+    scripts/e2b-suites.sh [--tier container|gvisor] [--lang python|js|all] [--json OUT]
+        [--filter TEXT] DIR...
 
 Each DIR is a git repository of e2b-dev/E2B or e2b-dev/code-interpreter, read at its
 commit pinned in PINS (or a plain directory, run as it is); the suites found in it are run
-file by file, each in its own pytest process, against one
-`cordon serve` started here with its E2B listener on loopback, and a line per file says how
-many of its tests passed. The suites are another project's code: they stay outside this
+against one `cordon serve` started here with its E2B listener on loopback: the Python ones
+file by file, each in its own pytest process, the JavaScript ones (js_suites.py) in one vitest
+process per suite; a line per file says how many of its tests passed, then each suite's totals. The suites are another project's code: they stay outside this
 repository, and nothing here edits them.
 
 Every byte stays on this machine: E2B_API_URL, E2B_SANDBOX_URL (the listener), E2B_DOMAIN
 (`localhost`) and E2B_API_KEY are in the environment before the SDK is imported, and the
 pytest plugin cordon_e2b_guard (next to this file) deselects tests that name a public host
-and refuses, in the test process, any name resolution or connection beyond loopback."""
+and refuses, in the test process, any name resolution or connection beyond loopback; for
+the JavaScript suites js/loopback-guard.cjs does the same in every Node process."""
 
 import argparse
 import json
@@ -28,6 +30,8 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from js_suites import JS_SUITES, guard_holds, run_js_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -82,7 +86,7 @@ def pinned(d: Path, into: Path) -> Path:
             continue
         out = into / repo.replace("/", "+")
         out.mkdir(parents=True, exist_ok=True)
-        paths = [t for _, t, _ in PY_SUITES]
+        paths = [t for _, t, _ in PY_SUITES] + [s[1] for s in JS_SUITES]
         present = [p for p in paths if subprocess.run(
             ["git", "--git-dir", str(g), "cat-file", "-e", f"{commit}:{p}"],
             capture_output=True).returncode == 0]
@@ -228,12 +232,36 @@ def report_line(rel: str, r: dict) -> str:
     return f"  {status:4} {passed:3}/{len(t):<3} {rel}{extra}{note}"
 
 
+def new_totals() -> dict:
+    return {"files": 0, "tests": 0, "passed": 0, "failed": 0, "error": 0, "skipped": 0,
+            "deselected": 0, "not collected": 0}
+
+
+def count(totals: dict, r: dict) -> None:
+    totals["files"] += 1
+    totals["tests"] += len(r["tests"])
+    totals["deselected"] += len(r["deselected"])
+    totals["not collected"] += 1 if r["note"] and not r["tests"] else 0
+    for t in r["tests"]:
+        totals[t["outcome"]] += 1
+
+
+def show(r: dict, verbose: bool) -> None:
+    print(report_line(r["file"], r), flush=True)
+    if verbose:
+        for t in r["tests"]:
+            if t["outcome"] in ("failed", "error"):
+                print(f"         {t['name']}: {t['message']}", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dirs", nargs="+", type=Path,
                     help="checkouts of e2b-dev/E2B and/or e2b-dev/code-interpreter")
     ap.add_argument("--tier", default="container", choices=["container", "gvisor"],
                     help="the tier of the listener's sandboxes (default container)")
+    ap.add_argument("--lang", default="all", choices=["python", "js", "all"],
+                    help="the suites to run: E2B's Python ones, JavaScript ones, or both")
     ap.add_argument("--filter", default="", help="run only files whose path contains TEXT")
     ap.add_argument("--json", type=Path, help="write every test's outcome to this file")
     ap.add_argument("--verbose", action="store_true", help="print each failure's message")
@@ -244,12 +272,15 @@ def main() -> int:
     trees = Path(tempfile.mkdtemp(prefix="cordon-e2b-trees-"))
     for d in a.dirs:
         d = pinned(d.resolve(), trees)
-        for name, tests, run_from in PY_SUITES:
+        for name, tests, run_from in PY_SUITES if a.lang != "js" else []:
             if (d / tests).is_dir():
-                suites.append((name, d / tests, d / run_from))
+                suites.append((name, d / tests, d / run_from, None))
+        for js in JS_SUITES if a.lang != "python" else []:
+            if (d / js[1] / js[2]).is_dir():
+                suites.append((js[0], d / js[1] / js[2], d, js))
     if not suites:
         sys.exit("e2b-suites: no suite found: give a checkout holding packages/python-sdk/tests "
-                 "(e2b-dev/E2B) or python/tests (e2b-dev/code-interpreter)")
+                 "or packages/js-sdk (e2b-dev/E2B), python/tests or js (e2b-dev/code-interpreter)")
 
     # A TERM (a CI timeout) stops the server too, through the `finally` below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -259,34 +290,42 @@ def main() -> int:
     env = loopback_env(server.origin)
     ini = server.tmp / "pytest.ini"
     ini.write_text(PYTEST_INI)
-    results, totals = [], {"files": 0, "tests": 0, "passed": 0, "failed": 0, "error": 0,
-                           "skipped": 0, "deselected": 0, "not collected": 0}
+    results, totals, per_suite = [], new_totals(), {}
     try:
-        for name, tests, run_dir in suites:
+        for name, tests, run_dir, js in suites:
             print(f"{name} ({tests})", flush=True)
-            for n, path in enumerate(sorted(tests.rglob("test_*.py"))):
-                rel = str(path.relative_to(tests))
-                if a.filter not in rel:
-                    continue
-                r = run_py_file(path, run_dir, env, ini, server.tmp / f"junit-{n}.xml", tests)
-                r["suite"], r["file"] = name, rel
+            suite_totals = per_suite.setdefault(name, new_totals())
+            if js is not None:
+                broken = guard_holds(env)
+                if broken:
+                    sys.exit(f"e2b-suites: the loopback guard does not hold in Node: {broken}")
+                found = run_js_suite(js, run_dir, env, server.tmp, a.filter)
+            else:
+                found = []
+                for n, path in enumerate(sorted(tests.rglob("test_*.py"))):
+                    rel = str(path.relative_to(tests))
+                    if a.filter not in rel:
+                        continue
+                    r = run_py_file(path, run_dir, env, ini, server.tmp / f"junit-{n}.xml",
+                                    tests)
+                    r["file"] = rel
+                    found.append(r)
+                    show(r, a.verbose)
+            for r in found:
+                r["suite"] = name
+                if js is not None:
+                    show(r, a.verbose)
                 results.append(r)
-                print(report_line(rel, r), flush=True)
-                if a.verbose:
-                    for t in r["tests"]:
-                        if t["outcome"] in ("failed", "error"):
-                            print(f"         {t['name']}: {t['message']}", flush=True)
-                totals["files"] += 1
-                totals["tests"] += len(r["tests"])
-                totals["deselected"] += len(r["deselected"])
-                totals["not collected"] += 1 if r["note"] and not r["tests"] else 0
-                for t in r["tests"]:
-                    totals[t["outcome"]] += 1
+                count(totals, r)
+                count(suite_totals, r)
+            print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in suite_totals.items()),
+                  flush=True)
     finally:
         server.stop()
     print("totals: " + ", ".join(f"{k} {v}" for k, v in totals.items()), flush=True)
     if a.json:
-        a.json.write_text(json.dumps({"tier": a.tier, "totals": totals, "files": results},
+        a.json.write_text(json.dumps({"tier": a.tier, "totals": totals, "suites": per_suite,
+                                     "files": results},
                                      indent=1))
     shutil.rmtree(trees, ignore_errors=True)
     if not a.keep:
