@@ -57,10 +57,24 @@ def public_host_tests(tests: Path) -> list:
     return found
 
 
+def mocked_files(tests: Path) -> dict:
+    """The test files that mock E2B's API with msw (the SDK's own unit tests), each with the
+    names of its tests that still make a real sandbox or build (E2B's `sandboxTest` and
+    `buildTemplateTest` fixtures): those go to the listener."""
+    found = {}
+    for path in sorted(tests.rglob("*.test.ts*")):
+        src = path.read_text(errors="replace")
+        if re.search(r"""from ['"]msw""", src):
+            found[str(path.relative_to(tests))] = sorted(
+                m.group(2) for m in _TEST_CALL.finditer(src)
+                if re.match(r"\s*(sandboxTest|buildTemplateTest)\b", m.group(0)))
+    return found
+
+
 def guard_holds(env: dict) -> str:
     """'' when a Node process with the suites' environment refuses a non-loopback connection
     (192.0.2.1, a documentation address: nothing is sent either way), else what went wrong."""
-    env = js_env(env, Path("."), Path("/dev/null"))
+    env = js_env(env, Path("."), Path("/dev/null"), Path("/dev/null"))
     probe = ("require('net').connect(9,'192.0.2.1').on('error',e=>{console.log(e.message);"
              "process.exit(0)}).on('connect',()=>{console.log('connected');process.exit(1)});"
              "setTimeout(()=>{console.log('no refusal');process.exit(1)},5000)")
@@ -84,12 +98,15 @@ def vitest_config(projects: list, setup: Path, out: Path) -> str:
             f"export default defineConfig({json.dumps(config, indent=1)})\n")
 
 
-def js_env(env: dict, tests: Path, deselect: Path) -> dict:
+def js_env(env: dict, tests: Path, deselect: Path, mocked: Path) -> dict:
     env = dict(env)
+    for name in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+        env[f"CORDON_{name}"] = env[name]
     guard = str(JS_DIR / "loopback-guard.cjs")
     env["NODE_OPTIONS"] = " ".join(filter(None, [f"--require={guard}",
                                                  env.get("NODE_OPTIONS")]))
-    env.update(CORDON_E2B_DESELECT=str(deselect), CORDON_E2B_TESTS_DIR=str(tests),
+    env.update(CORDON_E2B_DESELECT=str(deselect), CORDON_E2B_MOCKED=str(mocked),
+               CORDON_E2B_TESTS_DIR=str(tests),
                CI="1", NO_COLOR="1")
     return env
 
@@ -102,7 +119,7 @@ def first_line(text: str) -> str:
     return ""
 
 
-def file_results(report: dict, tests: Path, deselected: dict) -> list:
+def file_results(report: dict, tests: Path, deselected: dict, mocked: list) -> list:
     """Per test file, in run.py's form, from vitest's JSON report."""
     out = []
     for f in sorted(report.get("testResults", []), key=lambda r: r.get("name", "")):
@@ -110,19 +127,24 @@ def file_results(report: dict, tests: Path, deselected: dict) -> list:
         r = {"file": rel, "tests": [], "deselected": [], "seconds": 0.0, "note": ""}
         if f.get("startTime") and f.get("endTime"):
             r["seconds"] = round((f["endTime"] - f["startTime"]) / 1000, 1)
+        # A file that failed as a whole (a hook, its import) has its tests "skipped": errors.
+        broken = f.get("status") == "failed" and bool(f.get("message"))
         for t in f.get("assertionResults", []):
             key = f"{rel}::{t['title']}"
             if key in deselected:
                 r["deselected"].append({"name": t["title"], "host": deselected[key]})
                 continue
-            outcome = {"passed": "passed", "failed": "failed"}.get(t["status"], "skipped")
-            msgs = t.get("failureMessages") or []
+            outcome = {"passed": "passed", "failed": "failed"}.get(
+                t["status"], "error" if broken else "skipped")
+            msgs = t.get("failureMessages") or ([f["message"]] if outcome == "error" else [])
             r["tests"].append({"name": " > ".join([*t.get("ancestorTitles", []), t["title"]]),
                                "outcome": outcome, "message": first_line(msgs[0]) if msgs
                                else ""})
         if not r["tests"] and not r["deselected"]:
             r["note"] = "collection failed: " + first_line(f.get("message", "")) \
                 if f.get("message") else "no tests"
+        elif rel in mocked and r["tests"]:
+            r["note"] = "the SDK alone: E2B's API mocked (msw)"
         out.append(r)
     return out
 
@@ -143,6 +165,9 @@ def run_js_suite(suite: tuple, tree: Path, env: dict, tmp: Path, filt: str) -> l
     tag = name.replace(" ", "-")
     deselect = tmp / f"{tag}-deselect.json"
     deselect.write_text(json.dumps(sorted(deselected)))
+    mocked = mocked_files(tests)
+    mocked_list = tmp / f"{tag}-mocked.json"
+    mocked_list.write_text(json.dumps(mocked))
     out = tmp / f"{tag}-vitest.json"
     config = pkg_dir / "cordon.vitest.config.mts"
     config.write_text(vitest_config(projects, JS_DIR / "vitest-setup.mjs", out))
@@ -150,7 +175,7 @@ def run_js_suite(suite: tuple, tree: Path, env: dict, tmp: Path, filt: str) -> l
            "--root", str(pkg_dir), "--maxWorkers=2", *([filt] if filt else [])]
     started = time.monotonic()
     try:
-        p = subprocess.run(cmd, cwd=pkg_dir, env=js_env(env, tests, deselect),
+        p = subprocess.run(cmd, cwd=pkg_dir, env=js_env(env, tests, deselect, mocked_list),
                            capture_output=True, text=True, timeout=SUITE_TIMEOUT_S)
         log = p.stdout + p.stderr
     except subprocess.TimeoutExpired:
@@ -159,4 +184,4 @@ def run_js_suite(suite: tuple, tree: Path, env: dict, tmp: Path, filt: str) -> l
     if not out.exists():
         return [{"file": "*", "tests": [], "deselected": [], "note": "vitest wrote no report: "
                  + first_line(log[-2000:]), "seconds": round(time.monotonic() - started, 1)}]
-    return file_results(json.loads(out.read_text()), tests, deselected)
+    return file_results(json.loads(out.read_text()), tests, deselected, mocked)
