@@ -166,3 +166,16 @@ test(`snapshots and fork through E2B's JS SDK (${TIER})`, { timeout: 240_000 }, 
     await src.kill();
   }
 });
+
+test(`a command waited on when its sandbox is killed raises the sandbox-killed error (${TIER})`, { timeout: 120_000 }, async (t) => {
+  // As under E2B (E2B's suite: sandbox/commands/sandboxKilledDuringRun.test.ts): the command's
+  // stream breaks off, the SDK asks /health (502) and says the sandbox was killed. The JS SDK
+  // asks only when the stream breaks; an `unavailable` end message read as a timeout.
+  if (!available) return t.skip(`${TIER} tier unavailable here`);
+  const sbx = await Sandbox.create({ timeoutMs: 60_000 });
+  const cmd = await sbx.commands.run("sleep 60", { background: true });
+  await sbx.kill();
+  const err = await cmd.wait().then(() => null, (e) => e);
+  assert.ok(err instanceof TimeoutError, String(err));
+  assert.match(err.message, /sandbox was killed or reached its end of life/);
+});

@@ -246,7 +246,7 @@ def test_stream_input(sbx):
 
 def test_a_killed_sandbox_ends_its_commands_as_not_running(sbx):
     """A command waited on when its sandbox is killed raises the SDK's not-running error,
-    as under E2B (the stream ends `unavailable`, /health answers 502 "was not found";
+    as under E2B (the stream breaks off, /health answers 502 "was not found";
     E2B's suite: test_sandbox_killed_during_run.py)."""
     from e2b import SandboxNotRunningException
     h = sbx.commands.run("sleep 60", background=True)

@@ -3,7 +3,6 @@
 //! the file system (Connect RPC over Cordon's file operations) and `/files` (over its file
 //! calls). Every call is the native service call, audited as such.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -319,7 +318,7 @@ fn events(
     keepalive: Duration,
     slot: AttachSlot,
 ) -> Response {
-    let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let svc = e.svc.clone();
     let tenant = b.tenant.clone();
     let gate = svc.output_gate(&tenant);
@@ -390,6 +389,17 @@ fn events(
                     })))
                     .await;
                 end_stream(None)
+            }
+            // The sandbox ended under the process: as when E2B's sandbox goes away, the
+            // stream breaks off (no end message); the SDKs then ask /health (502) and raise
+            // their sandbox-killed error (JavaScript's only on a broken stream).
+            Err(err) if err.code == crate::Code::SandboxGone => {
+                let _ = out_tx
+                    .send(Err(std::io::Error::other(
+                        "the sandbox ended under the process",
+                    )))
+                    .await;
+                return;
             }
             Err(err) => end_stream(Some(&connect_error(err))),
         };
