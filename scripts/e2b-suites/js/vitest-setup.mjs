@@ -18,8 +18,7 @@ const listed = process.env.CORDON_E2B_DESELECT
 const deselected = new Set(listed ? JSON.parse(readFileSync(listed, 'utf8')) : [])
 const testsDir = process.env.CORDON_E2B_TESTS_DIR ?? ''
 const mockedList = process.env.CORDON_E2B_MOCKED
-// { file: [names of its tests that make a real sandbox or build] }
-const mocked = mockedList ? JSON.parse(readFileSync(mockedList, 'utf8')) : {}
+const mocked = new Set(mockedList ? JSON.parse(readFileSync(mockedList, 'utf8')) : [])
 
 function pointAtListener(yes) {
   for (const name of ['E2B_API_URL', 'E2B_SANDBOX_URL']) {
@@ -33,12 +32,11 @@ const fileOf = (task) => path.relative(testsDir, task.file?.filepath ?? task.fil
 
 // vitest reads a hook's first parameter for the fixtures it uses: a destructuring pattern.
 // eslint-disable-next-line no-empty-pattern
-beforeAll(({}, suite) => pointAtListener(!(fileOf(suite) in mocked)))
+beforeAll(({}, suite) => pointAtListener(!mocked.has(fileOf(suite))))
 
 beforeEach(({ task, skip }) => {
   const file = fileOf(task)
   if (deselected.has(`${file}::${task.name}`)) {
     skip('names a public host (scripts/e2b-suites.sh)')
   }
-  if (file in mocked) pointAtListener(mocked[file].includes(task.name))
 })
