@@ -9,89 +9,26 @@
 //! sandbox init built beside cordon-oci: `cargo build -p cordon-oci -p cordon-sandbox-init`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
 fn main() {
-    let runs: usize = std::env::var("CORDON_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(15);
-    // The bench binary is target/<profile>/deps/podman_start-*: cordon-oci sits two up.
-    let exe = std::env::current_exe().unwrap();
-    let oci = exe.parent().unwrap().parent().unwrap().join("cordon-oci");
-    if !oci.is_file() || !nix::unistd::geteuid().is_root() {
-        eprintln!(
-            "SKIPPING: needs root and {} (cargo build -p cordon-oci -p cordon-sandbox-init)",
-            oci.display()
-        );
+    let Some(bench) = common::setup() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("rootfs");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    std::os::unix::fs::symlink("busybox", root.join("bin/true")).unwrap();
-    let tar = dir.path().join("rootfs.tar");
-    assert!(
-        Command::new("tar")
-            .arg("-C")
-            .arg(&root)
-            .args(["-cf"])
-            .arg(&tar)
-            .arg(".")
-            .status()
-            .unwrap()
-            .success()
-    );
-    let base: Vec<String> = vec![
-        "--root".into(),
-        dir.path().join("storage").display().to_string(),
-        "--runroot".into(),
-        dir.path().join("run").display().to_string(),
-        "--cgroup-manager".into(),
-        "cgroupfs".into(),
-        "--events-backend".into(),
-        "file".into(),
-    ];
+    };
+    let (runs, oci) = (bench.runs, &bench.oci);
     let image = "localhost/cordon-oci-bench:1";
-    let out = Command::new("podman")
-        .args(&base)
-        .arg("import")
-        .arg(&tar)
-        .arg(image)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let base = bench.podman_with(image);
     let start = |runtime: &Path, tier: Option<&str>| -> f64 {
-        let t0 = Instant::now();
-        let out = Command::new("podman")
-            .args(&base)
-            .arg("--runtime")
-            .arg(runtime)
-            .args(["run", "--rm", "--network", "none"])
-            .args(tier_args(tier))
-            .args([
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-            ])
-            .args([image, "true"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            runtime.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        t0.elapsed().as_secs_f64() * 1000.0
+        common::timed_ms(
+            common::podman(&base, runtime, &["run", "--rm"])
+                .args(tier_args(tier))
+                .args([image, "true"]),
+            &runtime.display().to_string(),
+        )
     };
     let runc = Path::new("/usr/sbin/runc");
     // One of each first, not counted: podman's and the page cache's first-time costs.
@@ -107,65 +44,32 @@ fn main() {
     if !gvisor || !microvm {
         eprintln!("note: no runsc or no microvm guest image here: those rows are left out");
     }
-    let vm_runs: usize = std::env::var("CORDON_BENCH_MICROVM_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
-    start(runc, None);
-    start(&oci, None);
-    let (mut a, mut b, mut g, mut m) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for i in 0..runs {
-        a.push(start(runc, None));
-        b.push(start(&oci, None));
-        if gvisor {
-            g.push(start(&oci, Some("gvisor")));
-        }
-        if microvm && i < vm_runs {
-            m.push(start(&oci, Some("microvm")));
-        }
-    }
-    let show = |name: &str, v: &mut Vec<f64>| {
-        if v.is_empty() {
-            return;
-        }
-        v.sort_by(f64::total_cmp);
-        println!(
-            "podman run --rm true, {name:<18}: median {:7.1} ms  min {:7.1} ms  max {:7.1} ms  ({} runs)",
-            v[v.len() / 2],
-            v[0],
-            v[v.len() - 1],
-            v.len()
-        );
+    let rows = Rows {
+        runc,
+        oci,
+        gvisor,
+        microvm,
+        vm_runs: common::count("CORDON_BENCH_MICROVM_RUNS", 3),
     };
-    show("runc", &mut a);
-    show("cordon-oci", &mut b);
-    show("cordon-oci gvisor", &mut g);
-    show("cordon-oci microvm", &mut m);
+    start(runc, None);
+    start(oci, None);
+    let [mut a, mut b, mut g, mut m] = rows.alternate(runs, start);
+    common::show_ms("podman run --rm true, runc", &mut a);
+    common::show_ms("podman run --rm true, cordon-oci", &mut b);
+    common::show_ms("podman run --rm true, cordon-oci gvisor", &mut g);
+    common::show_ms("podman run --rm true, cordon-oci microvm", &mut m);
     if microvm {
-        disk_size(&base, &oci, image);
+        disk_size(&base, oci, image);
     }
     // Output: 64 MiB written as fast as `yes | head` goes, read from podman's stdout, each
     // byte counted (under cordon-oci the engine's own pipe is the workload's stdout).
-    let io_runs: usize = std::env::var("CORDON_BENCH_IO_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let io_runs = common::count("CORDON_BENCH_IO_RUNS", 3);
     const BYTES: usize = 64 << 20;
     let write = |runtime: &Path, tier: Option<&str>| -> f64 {
         use std::io::Read;
         let t0 = Instant::now();
-        let mut child = Command::new("podman")
-            .args(&base)
-            .arg("--runtime")
-            .arg(runtime)
-            .args(["run", "--rm", "--network", "none"])
+        let mut child = common::podman(&base, runtime, &["run", "--rm"])
             .args(tier_args(tier))
-            .args([
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-            ])
             .args([image, "busybox", "sh", "-c"])
             .arg(format!(
                 "busybox yes 0123456789abcdef | busybox head -c {BYTES}"
@@ -187,17 +91,7 @@ fn main() {
         assert_eq!(got, BYTES, "{}: bytes that arrived", runtime.display());
         t0.elapsed().as_secs_f64()
     };
-    let (mut a, mut b, mut g, mut m) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for i in 0..io_runs {
-        a.push(write(runc, None));
-        b.push(write(&oci, None));
-        if gvisor {
-            g.push(write(&oci, Some("gvisor")));
-        }
-        if microvm && i < vm_runs {
-            m.push(write(&oci, Some("microvm")));
-        }
-    }
+    let [mut a, mut b, mut g, mut m] = rows.alternate(io_runs, write);
     let show = |name: &str, v: &mut Vec<f64>| {
         if v.is_empty() {
             return;
@@ -218,6 +112,39 @@ fn main() {
     show("cordon-oci microvm", &mut m);
 }
 
+/// The rows of a figure: runc, cordon-oci, and where the node runs them cordon-oci on the
+/// gvisor and microvm tiers (microvm in the first `vm_runs` rounds only).
+struct Rows<'a> {
+    runc: &'a Path,
+    oci: &'a Path,
+    gvisor: bool,
+    microvm: bool,
+    vm_runs: usize,
+}
+
+impl Rows<'_> {
+    /// `measure` on each row in turn, `rounds` times, so the host's load falls on all
+    /// alike: the figures of runc, cordon-oci, gvisor and microvm, in that order.
+    fn alternate(
+        &self,
+        rounds: usize,
+        measure: impl Fn(&Path, Option<&str>) -> f64,
+    ) -> [Vec<f64>; 4] {
+        let mut rows: [Vec<f64>; 4] = Default::default();
+        for i in 0..rounds {
+            rows[0].push(measure(self.runc, None));
+            rows[1].push(measure(self.oci, None));
+            if self.gvisor {
+                rows[2].push(measure(self.oci, Some("gvisor")));
+            }
+            if self.microvm && i < self.vm_runs {
+                rows[3].push(measure(self.oci, Some("microvm")));
+            }
+        }
+        rows
+    }
+}
+
 /// `--annotation cordon.tier=<tier>` for a tier other than the default.
 fn tier_args(tier: Option<&str>) -> Vec<String> {
     tier.map(|t| vec!["--annotation".to_string(), format!("cordon.tier={t}")])
@@ -229,17 +156,7 @@ fn tier_args(tier: Option<&str>) -> Vec<String> {
 /// through the descriptor of a running container's QEMU.
 fn disk_size(base: &[String], oci: &Path, image: &str) {
     use std::os::unix::fs::MetadataExt;
-    let out = Command::new("podman")
-        .args(base)
-        .arg("--runtime")
-        .arg(oci)
-        .args(["run", "-d", "--network", "none"])
-        .args([
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-        ])
+    let out = common::podman(base, oci, &["run", "-d"])
         .args(tier_args(Some("microvm")))
         .args([image, "busybox", "sleep", "60"])
         .output()

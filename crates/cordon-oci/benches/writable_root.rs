@@ -10,30 +10,17 @@
 //! beside cordon-oci: `cargo build -p cordon-oci -p cordon-sandbox-init`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
+mod common;
+
 use std::time::Instant;
 
 use cordon_oci::rootfs::{Upper, mount_for};
 
 fn main() {
-    let runs: usize = std::env::var("CORDON_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(15);
-    let exe = std::env::current_exe().unwrap();
-    let oci = exe.parent().unwrap().parent().unwrap().join("cordon-oci");
-    if !oci.is_file() || !nix::unistd::geteuid().is_root() {
-        eprintln!(
-            "SKIPPING: needs root and {} (cargo build -p cordon-oci -p cordon-sandbox-init)",
-            oci.display()
-        );
+    let Some(bench) = common::setup() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("rootfs");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
-    std::os::unix::fs::symlink("busybox", root.join("bin/true")).unwrap();
+    };
+    let (runs, oci, dir, root) = (bench.runs, &bench.oci, &bench.dir, &bench.root);
 
     // 1. The root alone, in a mount namespace of the bench's own.
     let mounts = std::thread::scope(|s| {
@@ -52,7 +39,7 @@ fn main() {
                 .unwrap();
                 let t0 = Instant::now();
                 let r = mount_for(
-                    &root,
+                    root,
                     &base,
                     &format!("bench-{i}"),
                     256 << 20,
@@ -78,79 +65,19 @@ fn main() {
         .join()
         .unwrap()
     });
-    let show = |what: &str, v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        println!(
-            "{what:<52}: median {:7.1} ms  min {:7.1} ms  max {:7.1} ms  ({} runs)",
-            v[v.len() / 2],
-            v[0],
-            v[v.len() - 1],
-            v.len()
-        );
-    };
     let (mut d, mut m) = mounts;
-    show("writable root, upper on ext4 (loop, 256 MiB)", &mut d);
-    show("writable root, upper on tmpfs (256 MiB)", &mut m);
+    common::show_ms("writable root, upper on ext4 (loop, 256 MiB)", &mut d);
+    common::show_ms("writable root, upper on tmpfs (256 MiB)", &mut m);
 
     // 2. Through podman.
-    let tar = dir.path().join("rootfs.tar");
-    assert!(
-        Command::new("tar")
-            .arg("-C")
-            .arg(&root)
-            .args(["-cf"])
-            .arg(&tar)
-            .arg(".")
-            .status()
-            .unwrap()
-            .success()
-    );
-    let base: Vec<String> = vec![
-        "--root".into(),
-        dir.path().join("storage").display().to_string(),
-        "--runroot".into(),
-        dir.path().join("run").display().to_string(),
-        "--cgroup-manager".into(),
-        "cgroupfs".into(),
-        "--events-backend".into(),
-        "file".into(),
-    ];
-    let image = "localhost/cordon-oci-bench-wroot:1";
-    let out = Command::new("podman")
-        .args(&base)
-        .arg("import")
-        .arg(&tar)
-        .arg(image)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let base = bench.podman_with("localhost/cordon-oci-bench-wroot:1");
     let start = |read_only: bool| -> f64 {
-        let t0 = Instant::now();
-        let out = Command::new("podman")
-            .args(&base)
-            .arg("--runtime")
-            .arg(&oci)
-            .args(["run", "--rm", "--network", "none"])
-            .args([
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-            ])
-            .args(if read_only { &["--read-only"][..] } else { &[] })
-            .args([image, "true"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        t0.elapsed().as_secs_f64() * 1000.0
+        common::timed_ms(
+            common::podman(&base, oci, &["run", "--rm"])
+                .args(if read_only { &["--read-only"][..] } else { &[] })
+                .args(["localhost/cordon-oci-bench-wroot:1", "true"]),
+            "podman run",
+        )
     };
     start(true);
     start(false);
@@ -159,6 +86,6 @@ fn main() {
         a.push(start(true));
         b.push(start(false));
     }
-    show("podman run --rm true, cordon-oci, --read-only", &mut a);
-    show("podman run --rm true, cordon-oci, writable (ext4)", &mut b);
+    common::show_ms("podman run --rm true, cordon-oci, --read-only", &mut a);
+    common::show_ms("podman run --rm true, cordon-oci, writable (ext4)", &mut b);
 }

@@ -90,15 +90,7 @@ fn busybox_tar(dir: &Path) -> PathBuf {
     )
     .unwrap();
     let tar = dir.join("rootfs.tar");
-    let st = Command::new("tar")
-        .arg("-C")
-        .arg(&root)
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(st.success());
+    cordon_testkit::podman::tar_dir(&root, &tar);
     tar
 }
 
@@ -123,24 +115,8 @@ fn podman() -> Option<&'static Podman> {
         }
         let dir = tempfile::tempdir().unwrap();
         let tar = busybox_tar(dir.path());
-        let args: Vec<String> = vec![
-            "--root".into(),
-            dir.path().join("storage").display().to_string(),
-            "--runroot".into(),
-            dir.path().join("run").display().to_string(),
-            "--cgroup-manager".into(),
-            "cgroupfs".into(),
-            "--events-backend".into(),
-            "file".into(),
-        ];
-        let out = Command::new("podman")
-            .args(&args)
-            .arg("import")
-            .arg(&tar)
-            .arg(IMAGE)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "podman import: {}", text(&out.stderr));
+        let args = cordon_testkit::podman::storage_args(dir.path());
+        cordon_testkit::podman::import(&args, &tar, IMAGE, &[]);
         Some(Podman { _dir: dir, args })
     })
     .as_ref()
@@ -160,16 +136,51 @@ impl Podman {
         if let Some(sub) = args.next() {
             c.arg(sub);
             if *sub == "run" || *sub == "create" {
-                c.args([
-                    "--ulimit",
-                    "nofile=1024:1024",
-                    "--ulimit",
-                    "nproc=1024:1024",
-                ]);
+                c.args(cordon_testkit::podman::ULIMITS);
             }
         }
         c.args(args);
         c.output().unwrap()
+    }
+
+    /// What `wc -c` counts of `input` given on the standard input of `podman run -i` on
+    /// cordon-oci (with `flags` before the image), trimmed.
+    fn bytes_of_stdin(&self, flags: &[&str], input: &[u8]) -> String {
+        use std::io::Write;
+        let mut child = Command::new("podman")
+            .args(&self.args)
+            .args(["--runtime", OCI, "run", "--rm", "-i"])
+            .args(cordon_testkit::podman::ULIMITS)
+            .args(flags)
+            .args([IMAGE, "wc", "-c"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        text(&out.stdout).trim().to_string()
+    }
+
+    /// Runs a container on cordon-oci under the node config `config`, allowed to reach the
+    /// egress test upstream on `port` (with `flags` before the image), whose script fetches
+    /// the upstream's `/allowed` through the proxy and then runs `then`. Checks the run
+    /// succeeded and printed the upstream's body first; returns all it printed.
+    fn fetch_allowed_then(&self, config: &Path, port: u16, flags: &[&str], then: &str) -> String {
+        let script = format!("wget -q -O- http://127.0.0.1:{port}/allowed; echo; {then}");
+        let allow = format!("cordon.allow-hosts=127.0.0.1/32:{port}");
+        let mut args = vec!["run", "--rm", "--annotation", &allow];
+        args.extend_from_slice(flags);
+        args.extend([IMAGE, "sh", "-c", &script]);
+        let out = self.oci_under(config, &args);
+        let said = text(&out.stdout);
+        assert!(out.status.success(), "{said} {}", text(&out.stderr));
+        assert!(
+            said.starts_with(&format!("{}\n", cordon_testkit::egress::Upstream::BODY)),
+            "{said} {}",
+            text(&out.stderr)
+        );
+        said
     }
 
     fn oci(&self, args: &[&str]) -> Output {
@@ -193,12 +204,7 @@ impl Podman {
         if let Some(sub) = rest.next() {
             c.arg(sub);
             if sub == "run" || sub == "create" {
-                c.args([
-                    "--ulimit",
-                    "nofile=1024:1024",
-                    "--ulimit",
-                    "nproc=1024:1024",
-                ]);
+                c.args(cordon_testkit::podman::ULIMITS);
             }
         }
         c.args(rest);
@@ -262,25 +268,7 @@ fn podman_runs_a_container_with_its_output_and_exit_code() {
     let out = p.oci(&["run", "--rm", IMAGE, "sh", "-c", "kill -TERM $$"]);
     assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
     // Standard input reaches the workload.
-    let out = {
-        let mut c = Command::new("podman");
-        c.args(&p.args)
-            .args(["--runtime", OCI, "run", "--rm", "-i"])
-            .args([
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-            ])
-            .args([IMAGE, "wc", "-c"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(b"12345").unwrap();
-        child.wait_with_output().unwrap()
-    };
-    assert_eq!(text(&out.stdout).trim(), "5");
+    assert_eq!(p.bytes_of_stdin(&[], b"12345"), "5");
 }
 
 #[test]
@@ -705,6 +693,21 @@ impl Containerd {
             .output()
             .unwrap()
     }
+
+    /// `ctr run` through the runc shim with cordon-oci as its binary (its state under this
+    /// containerd's directory) and `args` after.
+    fn run_on_cordon(&self, args: &[&str]) -> Output {
+        let runc_root = self.dir.path().join("runc-root");
+        let mut all = vec![
+            "run",
+            "--runc-binary",
+            OCI,
+            "--runc-root",
+            runc_root.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        self.ctr(&all)
+    }
 }
 
 impl Drop for Containerd {
@@ -766,18 +769,7 @@ fn containerd_runs_a_container_through_the_runc_shim_with_cordon_as_its_binary()
         return;
     };
     let runc_root = c.dir.path().join("runc-root");
-    let shim = [
-        "--runc-binary",
-        OCI,
-        "--runc-root",
-        runc_root.to_str().unwrap(),
-    ];
-    let run = |args: &[&str]| {
-        let mut all = vec!["run"];
-        all.extend_from_slice(&shim);
-        all.extend_from_slice(args);
-        c.ctr(&all)
-    };
+    let run = |args: &[&str]| c.run_on_cordon(args);
     // Its root is writable (containerd's default), the write its own: the next container of
     // the image, and containerd's snapshots on the node, never see it.
     let out = run(&[
@@ -871,14 +863,7 @@ fn cri_runs_a_pod_with_the_cordon_handler_and_refuses_one_over_the_ceiling() {
         return;
     }
     let tar = busybox_tar(&tempfile::tempdir().unwrap().keep());
-    let out = Command::new("podman")
-        .args(&p.args)
-        .args(["import", "--change", "CMD [\"/bin/sleep\", \"100000\"]"])
-        .arg(&tar)
-        .arg(PAUSE)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    cordon_testkit::podman::import(&p.args, &tar, PAUSE, &["CMD [\"/bin/sleep\", \"100000\"]"]);
     let c = Containerd::start(Some(PAUSE));
     for image in [IMAGE, PAUSE] {
         let archive = image_archive(p, c.dir.path(), image);
@@ -1196,9 +1181,6 @@ fn podman_workload_passes_the_escape_battery() {
         have("python3, bash and /bin/busybox on the host", false);
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let b = escape::PodmanOci::imported(&p.args, OCI, &layer, dir.path(), BATTERY_IMAGE, &[]);
-    let spec = cordon_core::SandboxSpec::new(cordon_core::Tier::Container);
     // The container tier's wall, with one difference of the path: a caller's files move
     // by `podman cp`, which never enters the sandbox (see cordon-oci's rootfs seal).
     // Podman's default root is writable (`root.readonly: false`): a write into it must stay
@@ -1208,7 +1190,8 @@ fn podman_workload_passes_the_escape_battery() {
         writable_root: true,
         ..cordon_testkit::escape::Wall::of(cordon_core::Tier::Container)
     };
-    cordon_testkit::escape::run_table(&cordon_testkit::escape::BATTERY, &b, &spec, wall);
+    let tier = (cordon_core::Tier::Container, wall);
+    let (b, spec) = escape::battery_passes(&p.args, OCI, &layer, BATTERY_IMAGE, &[], tier);
     // With `--read-only`, no write reaches the root at all.
     let read_only = escape::PodmanOci {
         podman: b.podman.clone(),
@@ -1267,7 +1250,7 @@ fn podman_egress_reaches_allowed_hosts_through_the_proxy_only() {
         ),
         ("private", "http://10.0.0.1/".to_string()),
     ];
-    let mut script = format!("wget -q -O- http://127.0.0.1:{port}/allowed; echo; ");
+    let mut script = String::new();
     for (label, url) in &refused {
         script.push_str(&format!("echo \"{label} $(wget -q -O- {url} 2>&1)\"; "));
     }
@@ -1276,27 +1259,7 @@ fn podman_egress_reaches_allowed_hosts_through_the_proxy_only() {
         "env -u http_proxy -u HTTP_PROXY wget -q -T 3 -O- http://127.0.0.1:{port}/direct \
          2>/dev/null || echo direct-refused"
     ));
-    let allow = format!("cordon.allow-hosts=127.0.0.1/32:{port}");
-    let out = p.oci_under(
-        &config,
-        &[
-            "run",
-            "--rm",
-            "--annotation",
-            &allow,
-            IMAGE,
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
-    let said = text(&out.stdout);
-    assert!(out.status.success(), "{said} {}", text(&out.stderr));
-    assert!(
-        said.starts_with(&format!("{}\n", cordon_testkit::egress::Upstream::BODY)),
-        "{said} {}",
-        text(&out.stderr)
-    );
+    let said = p.fetch_allowed_then(&config, port, &[], &script);
     for (label, _) in &refused {
         let line = said
             .lines()

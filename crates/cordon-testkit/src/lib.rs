@@ -12,6 +12,7 @@ pub mod files;
 pub mod fuzz;
 pub mod image;
 pub mod kube;
+pub mod podman;
 pub mod procs;
 pub mod pyindex;
 pub mod snapshot;

@@ -36,38 +36,44 @@ impl PodmanOci {
     ) -> PodmanOci {
         let tar = dir.join("battery.tar");
         std::fs::write(&tar, layer).unwrap();
-        let out = Command::new("podman")
-            .args(args)
-            .args(["import", "--change", "ENV PATH=/usr/bin"])
-            .arg(&tar)
-            .arg(image)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "podman import: {}", text(&out.stderr));
+        cordon_testkit::podman::import(args, &tar, image, &["ENV PATH=/usr/bin"]);
         let podman = ["podman"]
             .iter()
             .map(|s| s.to_string())
             .chain(args.iter().cloned())
             .chain(["--runtime".to_string(), oci.to_string()])
             .collect();
-        let run_args = [
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-            "--cap-add",
-            "NET_ADMIN",
-        ]
-        .iter()
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect();
+        let run_args = cordon_testkit::podman::ULIMITS
+            .into_iter()
+            .chain(["--cap-add", "NET_ADMIN"])
+            .chain(extra.iter().copied())
+            .map(|s| s.to_string())
+            .collect();
         PodmanOci {
             podman,
             image: image.into(),
             run_args,
         }
     }
+}
+
+/// Imports the battery's image (`layer`) as `image` into the storage podman's global
+/// arguments `args` name and runs `cordon_testkit::escape::BATTERY` against its containers
+/// on cordon-oci (`oci`, with `extra` flags) as sandboxes of `tier`, held to `wall`; returns
+/// the adapter and the spec it used, for more.
+pub fn battery_passes(
+    args: &[String],
+    oci: &str,
+    layer: &[u8],
+    image: &str,
+    extra: &[&str],
+    (tier, wall): (Tier, cordon_testkit::escape::Wall),
+) -> (PodmanOci, SandboxSpec) {
+    let dir = tempfile::tempdir().unwrap();
+    let b = PodmanOci::imported(args, oci, layer, dir.path(), image, extra);
+    let spec = SandboxSpec::new(tier);
+    cordon_testkit::escape::run_table(&cordon_testkit::escape::BATTERY, &b, &spec, wall);
+    (b, spec)
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(0);

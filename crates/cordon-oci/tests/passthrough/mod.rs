@@ -85,22 +85,7 @@ fn ctr_output_of_a_fast_writer_arrives_whole() {
     let Some(c) = containerd_with_image() else {
         return;
     };
-    let runc_root = c.dir.path().join("runc-root");
-    let run = |id: &str, script: &str| {
-        c.ctr(&[
-            "run",
-            "--runc-binary",
-            OCI,
-            "--runc-root",
-            runc_root.to_str().unwrap(),
-            "--rm",
-            IMAGE,
-            id,
-            "sh",
-            "-c",
-            script,
-        ])
-    };
+    let run = |id: &str, script: &str| c.run_on_cordon(&["--rm", IMAGE, id, "sh", "-c", script]);
     let out = run("c-big", &fast_writer());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(out.stdout.len(), BIG, "bytes through ctr");

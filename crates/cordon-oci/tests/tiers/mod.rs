@@ -98,27 +98,12 @@ fn the_tier_runs_a_container_as_the_container_tier_does(
     assert!(shows(&said), "{tier}: not on the tier: {said}");
     assert!(text(&out.stderr).contains("err\n"), "{}", text(&out.stderr));
     // Standard input reaches the workload, and its end is its end.
-    let mut c = Command::new("podman");
-    c.args(&p.args)
-        .args(["--runtime", OCI, "run", "--rm", "-i"])
-        .args(["--annotation", &format!("cordon.tier={tier}")])
-        .args([
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-        ])
-        .args([IMAGE, "wc", "-c"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(&vec![b'x'; 300_000]).unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(text(&out.stdout).trim(), "300000", "{tier}: stdin");
+    let annotation = format!("cordon.tier={tier}");
+    assert_eq!(
+        p.bytes_of_stdin(&["--annotation", &annotation], &vec![b'x'; 300_000]),
+        "300000",
+        "{tier}: stdin"
+    );
     // Every byte of a writer as fast as the machine goes: 64 times what the agent keeps
     // of a stream, so a copy that let it drop any would show.
     let out = run_on(p, tier, &["--rm", IMAGE, "sh", "-c", &fast_writer()]);
@@ -385,40 +370,14 @@ fn a_tier_the_node_cannot_run_is_refused_with_the_probes_reason() {
         (serde_json::json!({"cordon.tier": "microvm"}), ""),
         (serde_json::json!({}), "tier = \"microvm\"\n"),
     ] {
-        let dir = tempfile::tempdir().unwrap();
-        let bundle = dir.path().join("bundle");
-        std::fs::create_dir_all(bundle.join("rootfs/bin")).unwrap();
-        std::fs::copy("/bin/busybox", bundle.join("rootfs/bin/busybox")).unwrap();
-        std::fs::write(
-            bundle.join("config.json"),
-            serde_json::json!({
-                "ociVersion": "1.0.2",
-                "root": {"path": "rootfs"},
-                "process": {"args": ["/bin/busybox", "true"], "cwd": "/", "env": [],
-                            "user": {"uid": 0, "gid": 0}},
-                "annotations": annotations,
-                "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
-                                         {"type": "uts"}, {"type": "mount"}]}
-            })
-            .to_string(),
-        )
-        .unwrap();
-        let config = node_config(
-            dir.path(),
-            &format!("{node}{}", super::allow_rootfs(&bundle)),
-        );
-        let root = dir.path().join("state");
-        let out = Command::new(OCI)
-            .env("CORDON_QEMU", dir.path().join("no-qemu"))
-            .arg("--root")
-            .arg(&root)
-            .arg("--cordon-config")
-            .arg(&config)
-            .args(["create", "--bundle"])
-            .arg(&bundle)
-            .arg("no-qemu")
+        let d = super::node_files::Direct::new(&["/bin/busybox", "true"], false, annotations, node);
+        let bundle = d.bundle.to_str().unwrap();
+        let out = d
+            .oci(&["create", "--bundle", bundle, "no-qemu"])
+            .env("CORDON_QEMU", d.dir.path().join("no-qemu"))
             .output()
             .unwrap();
+        let root = &d.root;
         assert!(!out.status.success(), "{node}: it was created");
         let said = text(&out.stderr);
         assert!(said.contains("microvm"), "{node}: {said}");
@@ -445,16 +404,6 @@ fn podman_workload_on_the_gvisor_tier_passes_the_escape_battery() {
         return;
     };
     const IMAGE: &str = "localhost/cordon-oci-battery-gvisor:1";
-    let dir = tempfile::tempdir().unwrap();
-    let b = super::escape::PodmanOci::imported(
-        &p.args,
-        OCI,
-        &layer,
-        dir.path(),
-        IMAGE,
-        &["--annotation", "cordon.tier=gvisor"],
-    );
-    let spec = cordon_core::SandboxSpec::new(cordon_core::Tier::Gvisor);
     // gVisor's wall, with the path's differences: a caller's files move by `podman cp`,
     // which never enters the sandbox, and the bundle's root is the sandbox's own overlay
     // (writable in the sentry's memory; the image's files stay root's).
@@ -463,7 +412,9 @@ fn podman_workload_on_the_gvisor_tier_passes_the_escape_battery() {
         root_overlay: true,
         ..cordon_testkit::escape::Wall::of(cordon_core::Tier::Gvisor)
     };
-    cordon_testkit::escape::run_table(&cordon_testkit::escape::BATTERY, &b, &spec, wall);
+    let gvisor = ["--annotation", "cordon.tier=gvisor"];
+    let tier = (cordon_core::Tier::Gvisor, wall);
+    super::escape::battery_passes(&p.args, OCI, &layer, IMAGE, &gvisor, tier);
 }
 
 /// Egress from a workload on the gvisor tier, as `cordon run --tier gvisor --allow-host`
@@ -483,32 +434,11 @@ fn podman_egress_on_the_gvisor_tier_goes_through_the_proxy_and_is_audited() {
         dir.path(),
         "[ceiling]\negress = [\"*\", \"127.0.0.1/32\"]\n",
     );
-    let script = format!(
-        "wget -q -O- http://127.0.0.1:{port}/allowed; echo; \
-         echo \"unlisted $(wget -q -O- http://unlisted.example/ 2>&1)\""
-    );
-    let allow = format!("cordon.allow-hosts=127.0.0.1/32:{port}");
-    let out = p.oci_under(
+    let said = p.fetch_allowed_then(
         &config,
-        &[
-            "run",
-            "--rm",
-            "--annotation",
-            &allow,
-            "--annotation",
-            "cordon.tier=gvisor",
-            IMAGE,
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
-    let said = text(&out.stdout);
-    assert!(out.status.success(), "{said} {}", text(&out.stderr));
-    assert!(
-        said.starts_with(&format!("{}\n", cordon_testkit::egress::Upstream::BODY)),
-        "{said} {}",
-        text(&out.stderr)
+        port,
+        &["--annotation", "cordon.tier=gvisor"],
+        "echo \"unlisted $(wget -q -O- http://unlisted.example/ 2>&1)\"",
     );
     let line = said
         .lines()
@@ -554,23 +484,9 @@ fn ctr_runs_a_container_on_the_gvisor_tier() {
     if !gvisor_here() {
         return;
     }
-    let runc_root = c.dir.path().join("runc-root");
     let run = |id: &str, script: &str| {
-        c.ctr(&[
-            "run",
-            "--runc-binary",
-            OCI,
-            "--runc-root",
-            runc_root.to_str().unwrap(),
-            "--annotation",
-            "cordon.tier=gvisor",
-            "--rm",
-            IMAGE,
-            id,
-            "sh",
-            "-c",
-            script,
-        ])
+        let gvisor = ["--annotation", "cordon.tier=gvisor", "--rm", IMAGE];
+        c.run_on_cordon(&[&gvisor[..], &[id, "sh", "-c", script]].concat())
     };
     let out = run("g-dmesg", "busybox dmesg; echo err >&2; exit 5");
     assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
