@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use cordon_template::human;
 use cordon_template::{ImportLimits, Manifest, Store};
 
 #[derive(Args)]
@@ -215,13 +216,4 @@ fn row(m: &Manifest) -> String {
 /// `sha256:` and the first 12 hex digits.
 pub(crate) fn short(digest: &str) -> &str {
     &digest[..digest.len().min(19)]
-}
-
-pub(crate) fn human(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
-        b if b >= 1 << 20 => format!("{:.1}M", b as f64 / (1u64 << 20) as f64),
-        b if b >= 1 << 10 => format!("{:.1}K", b as f64 / 1024.0),
-        b => format!("{b}B"),
-    }
 }

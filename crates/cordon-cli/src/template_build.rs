@@ -235,7 +235,7 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
             let why = if hit_disk || work.disk_full() {
                 format!(
                     "{why}; the build's root is full: its disk limit is {} (give a larger --disk)",
-                    crate::template::human(a.disk)
+                    cordon_template::human(a.disk)
                 )
             } else {
                 why
@@ -282,7 +282,7 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
             "built {} {} ({}, {} files, inputs {}) in {:.2} s",
             m.name,
             short(&m.digest),
-            crate::template::human(m.size_bytes),
+            cordon_template::human(m.size_bytes),
             m.files,
             short(&inputs_digest),
             t0.elapsed().as_secs_f64()

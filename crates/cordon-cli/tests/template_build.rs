@@ -14,25 +14,10 @@ use cordon_testkit::pyindex::{PyIndex, wheel};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cordon-full");
 
-fn require_all() -> bool {
-    std::env::var_os("CORDON_REQUIRE_ALL").is_some_and(|v| v == "1")
-}
-
-fn skip(test: &str, why: &str) {
-    assert!(
-        !require_all(),
-        "{test}: cannot run ({why}) and CORDON_REQUIRE_ALL=1"
-    );
-    eprintln!("SKIPPING {test}: {why}");
-}
+use cordon_testkit::skip;
 
 fn cordon(home: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("CORDON_HOME", home)
-        .env_remove("CORDON_POLICY")
-        .output()
-        .expect("running cordon-full")
+    cordon_testkit::cordon_at(BIN, home, args)
 }
 
 /// `cordon run --tier TIER --template TEMPLATE --lang python -c CODE`.

@@ -5,17 +5,12 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cordon-full");
 
 fn cordon(home: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("CORDON_HOME", home)
-        .env_remove("CORDON_POLICY")
-        .output()
-        .expect("running cordon-full")
+    cordon_testkit::cordon_at(BIN, home, args)
 }
 
 fn text(b: &[u8]) -> String {
@@ -25,11 +20,7 @@ fn text(b: &[u8]) -> String {
 #[test]
 fn volumes_are_made_mounted_checked_and_removed_from_the_command_line() {
     if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var_os("CORDON_REQUIRE_ALL").is_none_or(|v| v != "1"),
-            "volumes need root and CORDON_REQUIRE_ALL=1"
-        );
-        eprintln!("SKIPPING volumes: they need root");
+        cordon_testkit::skip("volumes", "they need root");
         return;
     }
     let home = tempfile::tempdir().unwrap();

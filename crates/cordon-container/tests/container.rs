@@ -79,6 +79,16 @@ fn spec() -> SandboxSpec {
     s
 }
 
+// What every native tier's suite runs alike (see `cordon_testkit::shared_tier_tests`). Here
+// the escape battery's wall is the host's kernel, so every refusal comes from the filter
+// first; a server on the sandbox's own loopback is reached through Landlock, which refuses
+// every bind and connect but the forwarder's (issue 47: EACCES).
+cordon_testkit::shared_tier_tests! {
+    backend: need_backend!(),
+    spec: spec,
+    volume_rounds: 20,
+}
+
 fn run_in(b: &ContainerBackend, spec: &SandboxSpec, req: &ExecRequest) -> ExecOutcome {
     let mut sb = b.create(spec).expect("create sandbox");
     let mut sink = |_: OutputStream, _: &[u8]| {};
@@ -509,18 +519,6 @@ fn missing_program_is_reported() {
 }
 
 // ---------------------------------------------------------------- escape battery
-
-#[test]
-fn sequential_execs_start_clean() {
-    let b = need_backend!();
-    cordon_testkit::sequential_execs_start_clean(b, &spec());
-}
-
-#[test]
-fn programs_find_their_libraries_through_the_linkers_cache() {
-    let b = need_backend!();
-    cordon_testkit::libraries_found_through_the_linkers_cache(b, &spec());
-}
 
 #[test]
 fn host_secrets_files_are_not_visible() {
@@ -1103,21 +1101,6 @@ fn the_proxy_port_stays_held_once_the_forwarder_is_gone() {
     );
 }
 
-#[test]
-fn grant_placeholder_is_not_the_secret_and_cannot_leave_for_other_hosts() {
-    let b = need_backend!();
-    cordon_testkit::egress::grant_placeholder_stays_inside(b, spec());
-}
-
-/// Issue 47: a server a background exec starts on the sandbox's own loopback is reached by
-/// a later exec (Landlock refused every bind and connect but the forwarder's: EACCES); the
-/// forwarder's port stays its own; nothing gets out directly.
-#[test]
-fn own_loopback_servers_are_reached_and_the_proxy_port_is_held() {
-    let b = need_backend!();
-    cordon_testkit::egress::own_loopback_servers(b, spec());
-}
-
 /// A server makes sandboxes on worker threads that come and go (tokio retires idle blocking
 /// threads). The init's parent-death signal follows the thread that forked it, so a sandbox
 /// made on such a thread must still be alive after that thread is gone.
@@ -1192,14 +1175,6 @@ fn host_uids(pid: i32) -> Option<Vec<u32>> {
             .filter_map(|v| v.parse().ok())
             .collect(),
     )
-}
-
-/// The escape battery every native tier runs (`cordon_testkit::escape::BATTERY`), held to
-/// this tier's wall: the host's kernel, so every refusal comes from the filter first.
-#[test]
-fn escape_battery_table() {
-    let b = need_backend!();
-    cordon_testkit::escape::run_battery(b, &spec());
 }
 
 /// Two live sandboxes map disjoint host id ranges (each its own lease from the pool), and
@@ -1553,20 +1528,6 @@ fn escape_battery_on_a_template_root() {
 }
 
 // ---- volumes (ADR 0011) -------------------------------------------------------------------
-
-#[test]
-fn volumes_outlive_their_sandboxes_with_canonical_ids_their_quota_and_no_way_out() {
-    let b = need_backend!();
-    cordon_testkit::volumes::battery(b, spec);
-}
-
-/// What a volume adds to a create (ADR 0011): `cargo test -p cordon-container --test
-/// container volume_cost -- --nocapture`.
-#[test]
-fn volume_cost() {
-    let b = need_backend!();
-    cordon_testkit::volumes::print_cost(b, spec, 20);
-}
 
 #[test]
 fn a_volume_must_be_leased_and_mount_points_stay_under_work() {

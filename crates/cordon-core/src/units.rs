@@ -95,20 +95,8 @@ impl Serialize for Size {
 /// `MiB`, ... spellings) are powers of 1024, as memory limits are usually meant; `KB`, `MB`,
 /// `GB` with an explicit `B` after a capital are powers of 1000. A bare number is bytes.
 pub fn parse_size(input: &str) -> Result<u64, String> {
-    let s = input.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return Err(format!(
-            "size {input:?} has no number; write it like 256M, 1G or 65536"
-        ));
-    }
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("size {input:?} is not a number; write it like 256M or 1.5G"))?;
-    let mult: f64 = match unit.trim() {
+    let (value, unit) = number_and_unit(input, "size", ["256M, 1G or 65536", "256M or 1.5G"])?;
+    let mult: f64 = match unit {
         "" | "b" | "B" => 1.0,
         "k" | "K" | "KiB" | "kiB" | "Ki" => 1024.0,
         "m" | "M" | "MiB" | "Mi" => 1024.0 * 1024.0,
@@ -133,20 +121,8 @@ pub fn parse_size(input: &str) -> Result<u64, String> {
 
 /// Parses a duration: a number with `ms`, `s`, `m` or `h`; a bare number is seconds.
 pub fn parse_duration(input: &str) -> Result<Duration, String> {
-    let s = input.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return Err(format!(
-            "duration {input:?} has no number; write it like 5s, 250ms or 2m"
-        ));
-    }
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("duration {input:?} is not a number; write it like 5s or 250ms"))?;
-    let secs = match unit.trim() {
+    let (value, unit) = number_and_unit(input, "duration", ["5s, 250ms or 2m", "5s or 250ms"])?;
+    let secs = match unit {
         "" | "s" | "sec" | "secs" => value,
         "ms" => value / 1e3,
         "us" | "µs" => value / 1e6,
@@ -159,6 +135,34 @@ pub fn parse_duration(input: &str) -> Result<Duration, String> {
         }
     };
     Duration::try_from_secs_f64(secs).map_err(|_| format!("duration {input:?} is out of range"))
+}
+
+/// The number at the start of `input` and the unit after it (trimmed). Errors name the
+/// quantity (`what`) and show how to write one: `like[0]` where there is no number,
+/// `like[1]` where it does not parse.
+fn number_and_unit<'a>(
+    input: &'a str,
+    what: &str,
+    like: [&str; 2],
+) -> Result<(f64, &'a str), String> {
+    let s = input.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    if num.is_empty() {
+        return Err(format!(
+            "{what} {input:?} has no number; write it like {}",
+            like[0]
+        ));
+    }
+    let value: f64 = num.parse().map_err(|_| {
+        format!(
+            "{what} {input:?} is not a number; write it like {}",
+            like[1]
+        )
+    })?;
+    Ok((value, unit.trim()))
 }
 
 /// Formats a byte count for people: `64.0 MiB`.

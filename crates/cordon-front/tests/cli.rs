@@ -11,18 +11,7 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cordon");
 
-fn require_all() -> bool {
-    std::env::var_os("CORDON_REQUIRE_ALL").is_some_and(|v| v == "1")
-}
-
-/// Prints a loud SKIPPING line, or fails under CORDON_REQUIRE_ALL=1 (CI).
-fn skip(test: &str, why: &str) {
-    assert!(
-        !require_all(),
-        "{test}: cannot run ({why}) and CORDON_REQUIRE_ALL=1"
-    );
-    eprintln!("SKIPPING {test}: {why}");
-}
+use cordon_testkit::{require_all, skip};
 
 /// False (after a loud SKIPPING line, or a failure under CORDON_REQUIRE_ALL=1) when not root:
 /// the container tier needs root.
@@ -35,12 +24,7 @@ fn container_tier_here(test: &str) -> bool {
 }
 
 fn cordon(home: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("CORDON_HOME", home)
-        .env_remove("CORDON_POLICY")
-        .output()
-        .expect("running the cordon binary")
+    cordon_testkit::cordon_at(BIN, home, args)
 }
 
 fn text(b: &[u8]) -> String {

@@ -153,14 +153,27 @@ pub fn clear_ambient() -> io::Result<()> {
             0,
         )
     };
-    if r < 0 {
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EINVAL) {
-            return Ok(());
-        }
-        return Err(err);
-    }
+    // Unknown: this kernel has no ambient set, so nothing to clear.
+    prctl_result(r)?;
     Ok(())
+}
+
+/// What a `prctl` call that returned `r` did: `EINVAL` is the kernel saying it knows no such
+/// option or capability, every other failure is an error.
+enum Prctl {
+    Done,
+    Unknown,
+}
+
+fn prctl_result(r: libc::c_int) -> io::Result<Prctl> {
+    if r >= 0 {
+        return Ok(Prctl::Done);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EINVAL) {
+        return Ok(Prctl::Unknown);
+    }
+    Err(err)
 }
 
 /// Ends the calling process at once, without running destructors or atexit handlers (the
@@ -659,13 +672,9 @@ pub fn thread_drop_bounding_set() -> io::Result<()> {
     for cap in 0..=63 {
         // SAFETY: prctl(PR_CAPBSET_DROP, cap) reads only its integer arguments.
         let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-        if r < 0 {
-            let err = io::Error::last_os_error();
-            // EINVAL: the kernel knows no capability with this number; we are done.
-            if err.raw_os_error() == Some(libc::EINVAL) {
-                return Ok(());
-            }
-            return Err(err);
+        // Unknown: the kernel knows no capability with this number; we are done.
+        if let Prctl::Unknown = prctl_result(r)? {
+            return Ok(());
         }
     }
     Ok(())

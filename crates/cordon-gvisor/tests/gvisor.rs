@@ -64,6 +64,17 @@ fn spec() -> SandboxSpec {
     s
 }
 
+// What every native tier's suite runs alike (see `cordon_testkit::shared_tier_tests`). Here
+// the escape battery's wall is gVisor's kernel: it answers the sandbox's calls, so what it
+// serves inside (namespaces, io_uring, ptrace of its own processes) is its business; counts,
+// families and FIFOs stay in it. A server on the sandbox's loopback lives in gVisor's
+// netstack (runsc `--network=none`).
+cordon_testkit::shared_tier_tests! {
+    backend: need_backend!(),
+    spec: spec,
+    volume_rounds: 8,
+}
+
 fn exec(sb: &mut Box<dyn Sandbox>, req: &ExecRequest) -> ExecOutcome {
     sb.exec(req, &mut |_: OutputStream, _: &[u8]| {}).unwrap()
 }
@@ -368,18 +379,6 @@ fn coreutils_ls_and_stat_work() {
 }
 
 #[test]
-fn sequential_execs_start_clean() {
-    let b = need_backend!();
-    cordon_testkit::sequential_execs_start_clean(b, &spec());
-}
-
-#[test]
-fn programs_find_their_libraries_through_the_linkers_cache() {
-    let b = need_backend!();
-    cordon_testkit::libraries_found_through_the_linkers_cache(b, &spec());
-}
-
-#[test]
 fn host_files_outside_the_root_are_not_visible() {
     let b = need_backend!();
     let canary = std::env::temp_dir().join(format!("cordon-gvisor-canary-{}", std::process::id()));
@@ -571,20 +570,6 @@ fn proc_of_pid_one_leads_back_into_the_sandbox() {
 fn egress_reaches_allowed_hosts_through_the_proxy_only() {
     let b = need_backend!();
     cordon_testkit::egress::allowed_hosts_only(b, spec());
-}
-
-#[test]
-fn grant_placeholder_is_not_the_secret_and_cannot_leave_for_other_hosts() {
-    let b = need_backend!();
-    cordon_testkit::egress::grant_placeholder_stays_inside(b, spec());
-}
-
-/// A server a background exec starts on the sandbox's loopback (gVisor's netstack, runsc
-/// `--network=none`) is reached by a later exec; the forwarder's port stays its own.
-#[test]
-fn own_loopback_servers_are_reached_and_the_proxy_port_is_held() {
-    let b = need_backend!();
-    cordon_testkit::egress::own_loopback_servers(b, spec());
 }
 
 #[test]
@@ -885,16 +870,6 @@ fn a_sweep_from_another_data_dir_spares_live_sandboxes() {
 
 // ---------------------------------------------------------------- shared kernel, scratch
 
-/// The escape battery every native tier runs (`cordon_testkit::escape::BATTERY`), held to
-/// this tier's wall: gVisor's kernel answers the sandbox's calls, so what it serves inside
-/// (namespaces, io_uring, ptrace of its own processes) is its business; counts, families
-/// and FIFOs stay in it.
-#[test]
-fn escape_battery_table() {
-    let b = need_backend!();
-    cordon_testkit::escape::run_battery(b, &spec());
-}
-
 /// Runs `script` on the host as uid and gid 1000 (a login user here) with no groups.
 fn as_user_1000(script: &str) -> String {
     let out = std::process::Command::new("setpriv")
@@ -1143,23 +1118,6 @@ fn a_template_is_the_root_and_writes_stay_in_the_sandbox() {
         std::fs::read(root.join("greeting.txt")).unwrap(),
         b"hello from layer 1\n"
     );
-}
-
-/// A volume written here is stored with the canonical owner (1000), so a sandbox of any
-/// tier and host range reads and writes it next; read-only refuses writes; its quota is
-/// ENOSPC and the disk limit; a planted link reaches nothing of the host.
-#[test]
-fn volumes_outlive_their_sandboxes_with_canonical_ids_their_quota_and_no_way_out() {
-    let b = need_backend!();
-    cordon_testkit::volumes::battery(b, spec);
-}
-
-/// What a volume adds to a create (ADR 0011): `cargo test -p cordon-gvisor --test gvisor
-/// volume_cost -- --nocapture`.
-#[test]
-fn volume_cost() {
-    let b = need_backend!();
-    cordon_testkit::volumes::print_cost(b, spec, 8);
 }
 
 /// The escape battery on a template root: the host's Python and bash and a static busybox

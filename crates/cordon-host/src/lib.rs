@@ -19,19 +19,7 @@ pub mod volume;
 /// What the unit tests share.
 #[cfg(test)]
 mod testing {
-    /// True when running as root; otherwise says loudly that `what` is skipped, or fails
-    /// when CI asks for every capability (CORDON_REQUIRE_ALL).
-    pub(crate) fn root_or_skip(what: &str) -> bool {
-        if nix::unistd::geteuid().is_root() {
-            return true;
-        }
-        assert!(
-            std::env::var_os("CORDON_REQUIRE_ALL").is_none(),
-            "{what} needs root (CORDON_REQUIRE_ALL is set)"
-        );
-        eprintln!("\n!!!!! SKIPPING: {what} needs root !!!!!\n");
-        false
-    }
+    pub(crate) use cordon_testkit::root_or_skip;
 }
 
 pub use tied::spawn_tied;

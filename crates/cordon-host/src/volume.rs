@@ -358,14 +358,16 @@ pub fn unmount_all_under(dir: &Path) -> usize {
         .count()
 }
 
-/// `/proc/self/mountinfo` writes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
+/// A path of the mount table with its octal escapes undone: `/proc/self/mountinfo` writes
+/// space, tab, newline and backslash as `\ooo` (three octal digits, nothing else).
+pub fn unescape_mountinfo(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'\\'
             && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
             && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8)
         {
             out.push(v);
@@ -606,6 +608,9 @@ mod tests {
     fn mountinfo_paths_are_unescaped() {
         assert_eq!(unescape_mountinfo("/a\\040b/c\\134d"), "/a b/c\\d");
         assert_eq!(unescape_mountinfo("/plain"), "/plain");
+        // Only three octal digits are an escape; anything else stays as written.
+        assert_eq!(unescape_mountinfo("/a\\+12b"), "/a\\+12b");
+        assert_eq!(unescape_mountinfo("/a\\777"), "/a\\777");
     }
 
     /// A removal after `unmount_all_under` never reaches into what was mounted beneath.

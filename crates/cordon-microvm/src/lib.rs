@@ -25,7 +25,7 @@ mod sys;
 
 pub use backend::{MicrovmBackend, MicrovmConfig, MicrovmSandbox, probe_accel};
 pub use egress::EgressTuning;
-pub use qemu::Accel;
+pub use qemu::{Accel, BARE_MACHINE};
 
 /// Errors of the microvm tier, converted into [`cordon_core::Error`] at the API boundary.
 #[derive(Debug, thiserror::Error)]

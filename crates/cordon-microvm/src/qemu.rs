@@ -34,6 +34,19 @@ pub const JAIL_RAM: &str = "/img/ram";
 /// The most of QEMU's log and the guest console Cordon reads back (their last bytes).
 const LOG_TAIL: u64 = 64 << 10;
 
+/// QEMU's flags for a machine of nothing but what its other flags add: no default devices,
+/// no user config, no display, no NIC, and an exit instead of a reboot. The microvm tier's
+/// QEMU starts from it, and so does `cordon bench`'s bare-QEMU peer.
+pub const BARE_MACHINE: [&str; 7] = [
+    "-nodefaults",
+    "-no-user-config",
+    "-display",
+    "none",
+    "-no-reboot",
+    "-nic",
+    "none",
+];
+
 /// The accelerator QEMU runs guests with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -137,26 +150,15 @@ impl VmParams {
         } else {
             machine.to_string()
         };
-        let mut a: Vec<String> = [
-            "-M",
-            &machine,
-            "-accel",
-            &accel,
-            "-cpu",
-            cpu,
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-no-reboot",
-            "-nic",
-            "none",
-            "-sandbox",
-            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let mut a: Vec<String> = ["-M", &machine, "-accel", &accel, "-cpu", cpu]
+            .into_iter()
+            .chain(BARE_MACHINE)
+            .chain([
+                "-sandbox",
+                "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+            ])
+            .map(str::to_string)
+            .collect();
         a.extend([
             "-smp".into(),
             self.vcpus.to_string(),

@@ -531,7 +531,7 @@ fn store_budget_spent(used: u64, budget: u64) -> TemplateError {
 }
 
 /// Bytes for people: `400.0M`.
-pub(crate) fn human(bytes: u64) -> String {
+pub fn human(bytes: u64) -> String {
     match bytes {
         b if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
         b if b >= 1 << 20 => format!("{:.1}M", b as f64 / (1u64 << 20) as f64),

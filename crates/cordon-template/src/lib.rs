@@ -20,6 +20,7 @@ pub use error::{Result, TemplateError};
 #[cfg(feature = "import")]
 pub use import::{
     DEFAULT_STORE_BYTES, DropReason, Dropped, ImportLimits, ImportReport, MOUNT_POINTS, Stage,
+    human,
 };
 pub use manifest::{BuiltFrom, Compression, ImageDefaults, ImageFormat, Layer, Manifest};
 pub use store::{GcReport, Lease, Store, disk_image_path, find_program, resolve_in_root};

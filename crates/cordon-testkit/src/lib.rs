@@ -16,6 +16,8 @@ pub mod podman;
 pub mod procs;
 pub mod pyindex;
 pub mod snapshot;
+pub mod suite;
+pub mod tls;
 pub mod volumes;
 
 use cordon_core::{Backend, ExecOutcome, ExecRequest, Language, OutputStream, SandboxSpec};
@@ -89,9 +91,36 @@ pub fn in_child_with_env(name: &str, var: &str) -> Option<String> {
     None
 }
 
+/// Whether CI asks for every capability (`CORDON_REQUIRE_ALL=1`): then a test that cannot
+/// run fails instead of skipping.
+pub fn require_all() -> bool {
+    std::env::var_os("CORDON_REQUIRE_ALL").is_some_and(|v| v == "1")
+}
+
+/// Prints a loud SKIPPING line for `test`, which cannot run here (`why`), or fails under
+/// `CORDON_REQUIRE_ALL=1` (CI).
+pub fn skip(test: &str, why: &str) {
+    assert!(
+        !require_all(),
+        "{test}: cannot run ({why}) and CORDON_REQUIRE_ALL=1"
+    );
+    eprintln!("SKIPPING {test}: {why}");
+}
+
+/// Runs the cordon binary at `bin` with `args` as a user types them: its home at `home`, no
+/// policy file named by the environment.
+pub fn cordon_at(bin: &str, home: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(bin)
+        .args(args)
+        .env("CORDON_HOME", home)
+        .env_remove("CORDON_POLICY")
+        .output()
+        .unwrap_or_else(|e| panic!("running {bin}: {e}"))
+}
+
 /// True when running as root; otherwise says loudly that `what` is skipped, or fails when
-/// CI asks for every capability (`CORDON_REQUIRE_ALL`). For test crates; cordon-host's own
-/// unit tests keep a copy (this crate depends on cordon-host).
+/// CI asks for every capability (`CORDON_REQUIRE_ALL`). For test crates, and cordon-host's
+/// own unit tests (a dev-dependency back onto this crate).
 pub fn root_or_skip(what: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;

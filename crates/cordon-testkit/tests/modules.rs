@@ -667,7 +667,6 @@ const KNOWN: &[&[&str]] = &[
         "crates/cordon-oci/src/bundle.rs",
         "crates/cordon-oci/src/lib.rs",
         "crates/cordon-oci/src/node.rs",
-        "crates/cordon-oci/src/rootfs.rs",
         "crates/cordon-oci/src/tiers.rs",
     ],
     &[

@@ -9,11 +9,12 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use super::answer::{ReqInfo, bad_gateway, bad_target, refuse};
+use super::answer::{ReqInfo, bad_target, refuse};
 use super::decide::check_http_rules;
 use super::grants::{grant_refusal, masked_response, scanned_body};
 use super::upstream::{
-    ClientCtx, TargetError, Upstream, handshake, open_target, strip_hop_headers, target_error,
+    ClientCtx, TargetError, Upstream, handshake, open_target, send_kept, strip_hop_headers,
+    target_error,
 };
 use crate::audit::Decision;
 use crate::body::{ProxyBody, box_err};
@@ -90,7 +91,7 @@ pub(super) async fn forward(
         }
         _ => None,
     };
-    let mut up = match reuse {
+    let up = match reuse {
         Some(u) => u,
         None => {
             let (tcp, addr) = match open_target(shared, &host, port).await {
@@ -103,20 +104,9 @@ pub(super) async fn forward(
             }
         }
     };
-    let addr = up.addr;
-    let result = up.sender.send_request(out).await;
-    *slot = Some(up);
-    drop(slot);
-    let resp = match result {
-        Ok(r) => r,
-        Err(e) => {
-            let mut ev = info.event(conn, Decision::Error);
-            ev.rule = Some("upstream".into());
-            ev.reason = Some(format!("request to {addr} failed: {e}"));
-            ev.addr = Some(addr.ip().to_string());
-            shared.audit.record(ev);
-            return bad_gateway(&format!("request to {} failed", info.host));
-        }
+    let (resp, addr) = match send_kept(conn, &info, slot, up, out).await {
+        Ok(sent) => sent,
+        Err(r) => return r,
     };
     let mut ev = info.event(conn, Decision::Allow);
     ev.rule = Some(allow_rule);

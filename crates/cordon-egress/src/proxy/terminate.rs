@@ -17,10 +17,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Mutex;
 use tokio_rustls::LazyConfigAcceptor;
 
-use super::answer::{ReqInfo, RespFuture, bad_gateway, refuse, text};
+use super::answer::{ReqInfo, RespFuture, refuse, text};
 use super::decide::{admit, check_http_rules};
 use super::grants::{grant_refusal, masked_response, scanned_body};
-use super::upstream::{TargetError, Upstream, reconnect_tls, strip_hop_headers, target_error};
+use super::upstream::{
+    TargetError, Upstream, reconnect_tls, send_kept, strip_hop_headers, target_error,
+};
 use crate::audit::{AuditEvent, Decision, Kind};
 use crate::body::{ProxyBody, box_err};
 use crate::conn::Conn;
@@ -213,7 +215,7 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
         Some(mut u) if !u.sender.is_closed() => u.sender.ready().await.is_ok().then_some(u),
         _ => None,
     };
-    let mut up = match reuse {
+    let up = match reuse {
         Some(u) => u,
         // Reconnect to the address checked at CONNECT time: never a second lookup.
         None => match reconnect_tls(shared, host, ctx.port, ctx.addr).await {
@@ -221,19 +223,9 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
             Err(e) => return target_error(conn, &info, TargetError::Unreachable(e)),
         },
     };
-    let addr = up.addr;
-    let result = up.sender.send_request(out).await;
-    *slot = Some(up);
-    drop(slot);
-    let resp = match result {
-        Ok(r) => r,
-        Err(e) => {
-            let mut ev = info.event(conn, Decision::Error);
-            ev.rule = Some("upstream".into());
-            ev.reason = Some(format!("request to {addr} failed: {e}"));
-            shared.audit.record(ev);
-            return bad_gateway(&format!("request to {host} failed"));
-        }
+    let (resp, addr) = match send_kept(conn, &info, slot, up, out).await {
+        Ok(sent) => sent,
+        Err(r) => return r,
     };
     let mut ev = info.event(conn, Decision::Allow);
     ev.rule = Some(if swapped.is_empty() {

@@ -25,6 +25,31 @@ pub(super) struct ClientCtx {
     pub(super) upstream: Mutex<Option<Upstream>>,
 }
 
+/// Sends `out` over `up`, then keeps the connection in `slot` (the caller's lock on its
+/// kept connection, released here) for the next request. A failed send is audited (an error
+/// row naming the address) and answered 502; a sent one gives the response and the address
+/// it came from.
+pub(super) async fn send_kept(
+    conn: &Conn,
+    info: &ReqInfo,
+    mut slot: tokio::sync::MutexGuard<'_, Option<Upstream>>,
+    mut up: Upstream,
+    out: http::Request<ProxyBody>,
+) -> Result<(Response<hyper::body::Incoming>, SocketAddr), Response<ProxyBody>> {
+    let addr = up.addr;
+    let result = up.sender.send_request(out).await;
+    *slot = Some(up);
+    drop(slot);
+    result.map(|r| (r, addr)).map_err(|e| {
+        let mut ev = info.event(conn, Decision::Error);
+        ev.rule = Some("upstream".into());
+        ev.reason = Some(format!("request to {addr} failed: {e}"));
+        ev.addr = Some(addr.ip().to_string());
+        conn.shared.audit.record(ev);
+        bad_gateway(&format!("request to {} failed", info.host))
+    })
+}
+
 /// A kept-alive upstream HTTP/1 connection.
 pub(super) struct Upstream {
     pub(super) key: (Host, u16),

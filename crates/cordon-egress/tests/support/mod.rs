@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+pub use cordon_testkit::tls::TestCa;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -169,51 +169,6 @@ pub async fn http_upstream() -> Upstream {
         }
     });
     Upstream { addr, rec }
-}
-
-/// A CA made by the test, issuing upstream server certificates.
-pub struct TestCa {
-    pub pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl TestCa {
-    pub fn new() -> TestCa {
-        let key = KeyPair::generate().unwrap();
-        let mut p = CertificateParams::default();
-        p.distinguished_name
-            .push(DnType::CommonName, "Cordon test upstream CA");
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let cert = p.self_signed(&key).unwrap();
-        TestCa {
-            pem: cert.pem(),
-            issuer: Issuer::new(p, key),
-        }
-    }
-
-    pub fn server_config(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
-        let key = KeyPair::generate().unwrap();
-        let p = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .unwrap();
-        let cert = p.signed_by(&key, &self.issuer).unwrap();
-        let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-        )
-        .unwrap();
-        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Arc::new(cfg)
-    }
 }
 
 /// An HTTPS upstream on 127.0.0.1 with a certificate for `names` from `ca`.

@@ -126,7 +126,7 @@ impl Agent {
             ));
         }
         let mut run = self
-            .launch_as(id, argv, &env, cwd, stdio, limits, pty, user)
+            .launch(id, argv, &env, cwd, stdio, limits, pty, user)
             .map_err(|e| (ErrorCode::SpawnFailed, e.to_string()))?;
         // A background exec's reaper exits once it has reported: only a foreground exec's
         // serves the next one.

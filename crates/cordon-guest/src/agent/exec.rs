@@ -4,40 +4,11 @@
 use super::*;
 
 impl Agent {
-    pub(super) fn start_exec(
-        &mut self,
-        id: u64,
-        argv: &[String],
-        env: &BTreeMap<String, String>,
-        cwd: &str,
-        stdio: StdioMode,
-        limits: &ProcLimits,
-    ) -> io::Result<()> {
-        let run = self.launch(id, argv, env, cwd, stdio, limits, None)?;
-        self.running = Some(run);
-        Ok(())
-    }
-
     /// Starts a program on a standby reaper (made now if none is ready); with `pty`, on a
-    /// new pseudo-terminal (framed: the agent holds its master).
+    /// new pseudo-terminal (framed: the agent holds its master); with `user` (checked by the
+    /// caller: never id 0), as that user instead of the sandbox's.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn launch(
-        &mut self,
-        id: u64,
-        argv: &[String],
-        env: &BTreeMap<String, String>,
-        cwd: &str,
-        stdio: StdioMode,
-        limits: &ProcLimits,
-        pty: Option<cordon_core::PtySize>,
-    ) -> io::Result<Running> {
-        self.launch_as(id, argv, env, cwd, stdio, limits, pty, None)
-    }
-
-    /// [`Agent::launch`] as `user` (checked by the caller: never id 0) instead of the
-    /// sandbox's user.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_as(
         &mut self,
         id: u64,
         argv: &[String],

@@ -718,11 +718,10 @@ impl Agent {
                         .error(ErrorCode::Busy, "an exec is already running")
                         .map(|_| false);
                 }
-                match self.start_exec(id, &argv, &env, &cwd, stdio, &limits) {
-                    Ok(()) => {
-                        if let Some(run) = self.running.as_mut() {
-                            run.last = last;
-                        }
+                match self.launch(id, &argv, &env, &cwd, stdio, &limits, None, None) {
+                    Ok(mut run) => {
+                        run.last = last;
+                        self.running = Some(run);
                         self.send(&Reply::Started { id }, b"")?
                     }
                     Err(e) => self.error(ErrorCode::SpawnFailed, e.to_string())?,

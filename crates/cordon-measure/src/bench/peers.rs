@@ -349,19 +349,9 @@ fn qemu(scratch: &Path) -> Result<Peer, String> {
                 if kvm { "kvm" } else { "tcg,thread=multi" },
                 "-cpu",
                 if kvm { "host" } else { "max" },
-                "-nodefaults",
-                "-no-user-config",
-                "-display",
-                "none",
-                "-no-reboot",
-                "-nic",
-                "none",
-                "-smp",
-                "1",
-                "-m",
-                "256M",
-                "-serial",
             ])
+            .args(cordon_microvm::BARE_MACHINE)
+            .args(["-smp", "1", "-m", "256M", "-serial"])
             .arg(format!("file:{}", console.display()))
             .arg("-kernel")
             .arg(&image.kernel)
