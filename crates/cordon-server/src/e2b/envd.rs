@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use cordon_core::units::Dur;
-use cordon_core::{FileEntry, FileKind, FileOp, FileReply, OutputStream, Termination};
+use cordon_core::{FileEntry, FileKind, FileOp, OutputStream, Termination};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
@@ -727,25 +727,18 @@ fn entry_info(entry: &FileEntry, path: &str) -> EntryInfo {
     }
 }
 
-async fn file_op(e: &E2b, b: &E2bBox, id: &str, op: FileOp) -> Result<FileReply, ApiError> {
-    retry_busy(|| e.svc.files().file_op(&b.tenant, id, op.clone())).await
+/// A remove, rename or mkdir through the service's file component.
+async fn file_op(e: &E2b, b: &E2bBox, id: &str, op: FileOp) -> Result<(), ApiError> {
+    retry_busy(|| e.svc.files().done(&b.tenant, id, op.clone()))
+        .await
+        .map(drop)
 }
 
 async fn stat(e: &E2b, b: &E2bBox, id: &str, path: &str) -> Result<EntryInfo, ConnectError> {
-    match file_op(
-        e,
-        b,
-        id,
-        FileOp::Stat {
-            path: path.to_string(),
-        },
-    )
-    .await
-    .map_err(connect_error)?
-    {
-        FileReply::Entry { entry } => Ok(entry_info(&entry, path)),
-        _ => Err(ConnectError::new("internal", "stat answered no entry")),
-    }
+    let st = retry_busy(|| e.svc.files().stat(&b.tenant, id, path.to_string()))
+        .await
+        .map_err(connect_error)?;
+    Ok(entry_info(&st.entry, path))
 }
 
 fn reachable(p: &str) -> Result<(), ConnectError> {
@@ -763,19 +756,10 @@ async fn list_sorted(
     id: &str,
     dir: &str,
 ) -> Result<std::collections::VecDeque<FileEntry>, ConnectError> {
-    let reply = file_op(
-        e,
-        b,
-        id,
-        FileOp::List {
-            path: dir.to_string(),
-        },
-    )
-    .await
-    .map_err(connect_error)?;
-    let FileReply::Entries { mut entries, .. } = reply else {
-        return Err(ConnectError::new("internal", "list answered no entries"));
-    };
+    let mut entries = retry_busy(|| e.svc.files().list(&b.tenant, id, dir.to_string()))
+        .await
+        .map_err(connect_error)?
+        .entries;
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(entries.into())
 }
