@@ -404,38 +404,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_range_another_process_holds_is_refused_exactly() {
-        let (_d, pool) = pool(1);
-        private_dir(&pool.dir).unwrap();
-        let mut holder = std::process::Command::new("flock")
-            .arg("-o")
-            .arg(pool.dir.join(FIRST.to_string()))
-            .args(["sh", "-c", "echo held; read _"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let e = pool.lease_exact(FIRST).unwrap_err();
-        assert!(matches!(e, IdPoolError::Taken(_)), "{e}");
-        holder.kill().unwrap();
-        holder.wait().unwrap();
-    }
-
-    #[test]
-    fn a_killed_holder_frees_its_range() {
+    /// Another process leasing `pool`'s first slot (flock(1) takes the same kind of lock;
+    /// -o keeps it from its command, as Cordon's close-on-exec lease is kept from its
+    /// children), once it says it holds it. Its command ends at end of its input.
+    fn other_holder(pool: &IdPool) -> std::process::Child {
         use std::io::BufRead;
-        let (_d, pool) = pool(1);
-        drop(pool.allocate().unwrap());
-        // Another process leases slot 0 (flock(1) takes the same kind of lock; -o keeps it
-        // from its command, as Cordon's close-on-exec lease is kept from its children),
-        // says so once it holds it, and is then killed, as a crashed Cordon would be.
         let mut holder = std::process::Command::new("flock")
             .arg("-o")
             .arg(pool.dir.join(FIRST.to_string()))
@@ -449,6 +422,26 @@ mod tests {
             .read_line(&mut line)
             .unwrap();
         assert_eq!(line.trim(), "held");
+        holder
+    }
+
+    #[test]
+    fn a_range_another_process_holds_is_refused_exactly() {
+        let (_d, pool) = pool(1);
+        private_dir(&pool.dir).unwrap();
+        let mut holder = other_holder(&pool);
+        let e = pool.lease_exact(FIRST).unwrap_err();
+        assert!(matches!(e, IdPoolError::Taken(_)), "{e}");
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+    }
+
+    #[test]
+    fn a_killed_holder_frees_its_range() {
+        let (_d, pool) = pool(1);
+        drop(pool.allocate().unwrap());
+        // Another process leases slot 0 and is then killed, as a crashed Cordon would be.
+        let mut holder = other_holder(&pool);
         assert!(matches!(pool.allocate(), Err(IdPoolError::Exhausted(1))));
         holder.kill().unwrap();
         holder.wait().unwrap();

@@ -32,13 +32,29 @@ impl Granted {
     }
 
     /// A host directory given, noted as a host path on the decision.
-    fn grant_dir(&mut self, d: HostDir) {
+    /// Grants the host directory `source` at `dest` (read-only when `read_only`), opened
+    /// without following a symbolic link; `refusal` says why when it cannot be opened so.
+    fn grant_dir(
+        &mut self,
+        (source, dest): (&Path, &str),
+        read_only: bool,
+        pod: bool,
+        refusal: impl FnOnce(nix::Error) -> OciError,
+    ) -> Result<()> {
+        let d = HostDir {
+            dir: open_dir(source).map_err(refusal)?,
+            path: source.to_path_buf(),
+            at: dest.to_string(),
+            writable: !read_only,
+            pod,
+        };
         self.note(NodeAllowance::HostPath {
             path: d.path.display().to_string(),
             at: d.at.clone(),
             writable: d.writable,
         });
         self.host_paths.push(d);
+        Ok(())
     }
 }
 
@@ -148,7 +164,7 @@ pub fn host_path(
             "mount it read-only (`:ro`, `readOnly: true`)",
         ));
     }
-    let dir = open_dir(source).map_err(|e| {
+    granted.grant_dir((source, dest), read_only, false, |e| {
         refused(
             format!(
                 "{}, which cannot be opened as a directory without following a symbolic link ({e})",
@@ -156,15 +172,7 @@ pub fn host_path(
             ),
             "the node's operator must name the directory itself, with no symbolic link in its path",
         )
-    })?;
-    granted.grant_dir(HostDir {
-        dir,
-        path: source.to_path_buf(),
-        at: dest.to_string(),
-        writable: !read_only,
-        pod: false,
-    });
-    Ok(())
+    })
 }
 
 /// The bind mount of host `source` at `dest` when it is one of the kubelet's volumes of
@@ -204,7 +212,7 @@ pub fn pod_volume(
             "mount the volume at another path in the container",
         )
     })?;
-    let dir = open_dir(source).map_err(|e| {
+    granted.grant_dir((source, dest), read_only, true, |e| {
         refused(
             format!(
                 "{}, whose directory in the kubelet's pod directory cannot be opened as a \
@@ -215,13 +223,6 @@ pub fn pod_volume(
              keep links out of the kubelet's pod directory",
         )
     })?;
-    granted.grant_dir(HostDir {
-        dir,
-        path: source.to_path_buf(),
-        at: dest.to_string(),
-        writable: !read_only,
-        pod: true,
-    });
     Ok(true)
 }
 
