@@ -4,8 +4,10 @@
 //! from `cordon-guest`, with the seccomp filter (compiled at build time) and the Landlock
 //! ruleset applied to every exec. The host side (`cordon-container`) uses its setup types.
 
+mod frames;
 pub mod init;
 pub mod landlock_rules;
+mod root;
 pub mod seccomp;
 mod seccomp_tree;
 mod sys;
