@@ -376,6 +376,38 @@ impl ContainerBackend {
         }
     }
 
+    /// Makes the sandbox's cgroup with its limits; without one (where the spec allows
+    /// running without cgroups) the sandbox runs weakened and says so.
+    fn make_cgroup(&self, sb: &mut ContainerSandbox, spec: &SandboxSpec) -> Result<()> {
+        let limits = &spec.limits;
+        let cgroup_limits = cordon_host::cgroup::Limits {
+            memory: limits.memory_bytes,
+            pids: Some(limits.pids),
+            cpus: limits.cpus,
+        };
+        let parent = self.cfg.cgroup_parent.as_deref();
+        match SandboxCgroup::create_in(
+            parent.unwrap_or(cordon_host::cgroup::PARENT),
+            sb.id.as_str(),
+            &cgroup_limits,
+        ) {
+            Ok(cg) => sb.cgroup = Some(cg),
+            Err(e) => {
+                if !spec.allow_weaker.contains(&Weakening::Cgroups) {
+                    return Err(Error::LayerUnavailable {
+                        layer: "cgroups".into(),
+                        reason: e.to_string(),
+                    });
+                }
+                sb.weakened.push(Weakening::Cgroups);
+                sb.warnings.push(format!(
+                    "running without cgroups ({e}): memory, process and CPU limits are rlimits only"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The rest of a create, its checks passed: the init (`early`, or a fresh one) told its
     /// setup at once, so it makes the namespaces and most of the root while the proxy and
     /// the cgroup are set up here; then the join, and the agent's hello.
@@ -388,7 +420,6 @@ impl ContainerBackend {
         early: Option<Started>,
         t0: Instant,
     ) -> Result<ContainerSandbox> {
-        let limits = &spec.limits;
         let id = SandboxId::random()?;
         let (outer, mut host, ids) = match early {
             Some(started) => started,
@@ -435,31 +466,9 @@ impl ContainerBackend {
                 }
             }
         }
-        let cgroup_limits = cordon_host::cgroup::Limits {
-            memory: limits.memory_bytes,
-            pids: Some(limits.pids),
-            cpus: limits.cpus,
-        };
-        let parent = self.cfg.cgroup_parent.as_deref();
-        match SandboxCgroup::create_in(
-            parent.unwrap_or(cordon_host::cgroup::PARENT),
-            sb.id.as_str(),
-            &cgroup_limits,
-        ) {
-            Ok(cg) => sb.cgroup = Some(cg),
-            Err(e) => {
-                if !spec.allow_weaker.contains(&Weakening::Cgroups) {
-                    sb.teardown();
-                    return Err(Error::LayerUnavailable {
-                        layer: "cgroups".into(),
-                        reason: e.to_string(),
-                    });
-                }
-                sb.weakened.push(Weakening::Cgroups);
-                sb.warnings.push(format!(
-                    "running without cgroups ({e}): memory, process and CPU limits are rlimits only"
-                ));
-            }
+        if let Err(e) = self.make_cgroup(&mut sb, spec) {
+            sb.teardown();
+            return Err(e);
         }
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: cgroup ready");
         let join = InitJoin {
