@@ -88,8 +88,6 @@ fn mount(
 
 /// The config for one start.
 pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
-    let l = i.limits;
-    let mem = l.memory_bytes as i64;
     // With a template the root is the template's (under runsc's overlay, its upper in the
     // sentry's memory); the host's /usr is bound only at a private path, for the agent's own
     // loader and C library.
@@ -108,6 +106,40 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
         ],
         None => vec![AGENT_INSIDE.to_string(), i.uid.to_string()],
     };
+    if let Some(e) = &i.egress {
+        args.extend([
+            "--egress".to_string(),
+            e.port.to_string(),
+            e.socket_inside.to_string(),
+        ]);
+    }
+    let mounts = mounts_of(i, usr)?;
+    let linux = linux_of(i)?;
+    let process = process_of(i, args)?;
+    let root = match i.template_root {
+        Some(t) => RootBuilder::default().path(t).readonly(false),
+        None => RootBuilder::default().path("rootfs").readonly(true),
+    }
+    .build()
+    .map_err(oci("root"))?;
+    let mut spec = SpecBuilder::default()
+        .version("1.0.2")
+        .process(process)
+        .root(root)
+        .hostname("cordon")
+        .mounts(mounts)
+        .linux(linux)
+        .build()
+        .map_err(oci("spec"))?;
+    spec.set_annotations(None);
+    Ok(spec)
+}
+
+/// The sandbox's mounts: /proc, /dev and its terminals, the host's /usr (at `usr`), /tmp,
+/// the workspace (at E2B's home too), the agent, the volumes, the ports or egress
+/// directory and the host's /etc files.
+fn mounts_of(i: &Inputs<'_>, usr: &str) -> Result<Vec<Mount>> {
+    let l = i.limits;
     let tmp_size = format!("size={}", l.tmp_bytes);
     let mut mounts = vec![
         mount("/proc", "proc", "proc", &[])?,
@@ -177,11 +209,6 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
             e.host_dir,
             &["rbind", "ro", "nosuid", "nodev", "noexec"],
         )?);
-        args.extend([
-            "--egress".to_string(),
-            e.port.to_string(),
-            e.socket_inside.to_string(),
-        ]);
     }
     for host in &i.host_etc {
         mounts.push(mount(
@@ -199,6 +226,14 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
             &["bind", "ro", "nosuid", "nodev"],
         )?);
     }
+    Ok(mounts)
+}
+
+/// The sandbox's namespaces (a pod's network one joined), its memory and CPU limits, its
+/// cgroup; nothing of the host's ids or devices.
+fn linux_of(i: &Inputs<'_>) -> Result<oci_spec::runtime::Linux> {
+    let l = i.limits;
+    let mem = l.memory_bytes as i64;
     let namespaces = [
         LinuxNamespaceType::Pid,
         LinuxNamespaceType::Network,
@@ -248,6 +283,13 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
         .set_readonly_paths(None)
         .set_mount_label(None)
         .set_cgroups_path(i.cgroups_path.as_ref().map(PathBuf::from));
+    Ok(linux)
+}
+
+/// The agent's process: root in gVisor's kernel with only the capabilities it needs, its
+/// open-files limit, `args`.
+fn process_of(i: &Inputs<'_>, args: Vec<String>) -> Result<oci_spec::runtime::Process> {
+    let l = i.limits;
     // What the agent needs inside gVisor's kernel and nothing more: namespaces and /proc
     // mounts for each exec's reaper, taking the sandbox's uid, killing a reaper. Programs
     // lose every one of them (and the bounding set) before they run. CAP_DAC_OVERRIDE: the
@@ -296,23 +338,7 @@ pub(crate) fn config(i: &Inputs<'_>) -> Result<Spec> {
         .build()
         .map_err(oci("process"))?;
     process.set_io_priority(None).set_exec_cpu_affinity(None);
-    let root = match i.template_root {
-        Some(t) => RootBuilder::default().path(t).readonly(false),
-        None => RootBuilder::default().path("rootfs").readonly(true),
-    }
-    .build()
-    .map_err(oci("root"))?;
-    let mut spec = SpecBuilder::default()
-        .version("1.0.2")
-        .process(process)
-        .root(root)
-        .hostname("cordon")
-        .mounts(mounts)
-        .linux(linux)
-        .build()
-        .map_err(oci("spec"))?;
-    spec.set_annotations(None);
-    Ok(spec)
+    Ok(process)
 }
 
 /// The bind mounts' destinations (runsc makes a missing one in the root it is given).

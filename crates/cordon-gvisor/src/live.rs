@@ -38,26 +38,7 @@ impl GvisorSandbox {
     pub(crate) fn start_live_from(&mut self, restore: Option<&Path>) -> Result<()> {
         self.starts += 1;
         let cid = format!("{}-{}", self.id.as_str(), self.starts);
-        let l = self.spec.limits.clone();
-        // Memory (swap off) and the CPU quota; no pids controller: processes are bounded by
-        // RLIMIT_NPROC inside (a pids cgroup crashes runsc).
-        let limits = Limits {
-            memory: l.memory_bytes,
-            pids: None,
-            cpus: l.cpus,
-        };
-        let cgroup = if self.cgroups {
-            Some(
-                SandboxCgroup::create_in(self.cgroup_parent(), &cid, &limits).map_err(|e| {
-                    Error::LayerUnavailable {
-                        layer: "cgroups".into(),
-                        reason: e.to_string(),
-                    }
-                })?,
-            )
-        } else {
-            None
-        };
+        let cgroup = self.make_cgroup(&cid)?;
         let remove_cgroup = |cg: &Option<SandboxCgroup>| {
             if let Some(cg) = cg {
                 cg.remove_everywhere(Duration::from_secs(2));
@@ -135,10 +116,42 @@ impl GvisorSandbox {
             stderr,
             paused: false,
         });
+        self.await_hello(restore.is_some())
+    }
+
+    /// The cgroup of one start (named `cid`): memory (swap off) and the CPU quota; none
+    /// when the sandbox runs without cgroups.
+    fn make_cgroup(&self, cid: &str) -> Result<Option<SandboxCgroup>> {
+        let l = self.spec.limits.clone();
+        // Memory (swap off) and the CPU quota; no pids controller: processes are bounded by
+        // RLIMIT_NPROC inside (a pids cgroup crashes runsc).
+        let limits = Limits {
+            memory: l.memory_bytes,
+            pids: None,
+            cpus: l.cpus,
+        };
+        Ok(if self.cgroups {
+            Some(
+                SandboxCgroup::create_in(self.cgroup_parent(), cid, &limits).map_err(|e| {
+                    Error::LayerUnavailable {
+                        layer: "cgroups".into(),
+                        reason: e.to_string(),
+                    }
+                })?,
+            )
+        } else {
+            None
+        })
+    }
+
+    /// Waits for the started agent's hello (a restored one is asked for it: it said hello
+    /// to its source's host long ago); on anything else the sandbox is stopped and the
+    /// error says why, runsc's own words going to the log only.
+    fn await_hello(&mut self, restored: bool) -> Result<()> {
         let deadline = Instant::now() + self.config.start_timeout;
         let hello = match self.live.as_mut() {
             // A restored agent said hello to its source's host long ago: it answers one.
-            Some(live) if restore.is_some() => live
+            Some(live) if restored => live
                 .conn
                 .send(
                     &Request::Hello {
@@ -153,7 +166,7 @@ impl GvisorSandbox {
         };
         let failed = match hello.map(|f| f.header) {
             Ok(Reply::Hello { version, .. }) if version == PROTOCOL_VERSION => return Ok(()),
-            Ok(Reply::Ok) if restore.is_some() => return Ok(()),
+            Ok(Reply::Ok) if restored => return Ok(()),
             Ok(Reply::Hello { version, .. }) => format!(
                 "the sandbox agent speaks protocol {version}, this cordon {PROTOCOL_VERSION}; rebuild both from one source tree"
             ),

@@ -134,49 +134,7 @@ impl GvisorSandbox {
             })
             .map_err(|e| io("creating the ports directory", e))?;
         let rootfs = bundle.join("rootfs");
-        for d in [
-            "usr",
-            "proc",
-            "dev",
-            "tmp",
-            "work",
-            "etc",
-            "home/user",
-            "run/cordon",
-            ".cordon",
-        ] {
-            std::fs::create_dir_all(rootfs.join(d)).map_err(|e| io("creating the root", e))?;
-        }
-        for (link, to) in [
-            ("bin", "usr/bin"),
-            ("lib", "usr/lib"),
-            ("lib64", "usr/lib64"),
-            ("sbin", "usr/sbin"),
-        ] {
-            std::os::unix::fs::symlink(to, rootfs.join(link)).map_err(|e| io("linking", e))?;
-        }
-        std::fs::write(rootfs.join(AGENT_INSIDE.trim_start_matches('/')), b"")
-            .map_err(|e| io("making the agent's mount point", e))?;
-        // Mount points of the host /etc entries a root of the host's /usr shows (see
-        // `config_json`); a template has its own /etc.
-        let host_etc = if self.spec.resolved_template.is_none() {
-            &cordon_core::HOST_ETC[..]
-        } else {
-            &[]
-        };
-        for name in host_etc {
-            let host = Path::new("/etc").join(name);
-            let inside = rootfs.join("etc").join(name);
-            if host.is_dir() {
-                std::fs::create_dir(&inside).map_err(|e| io("making /etc's mount points", e))?;
-            } else if host.is_file() {
-                std::fs::write(&inside, b"").map_err(|e| io("making /etc's mount points", e))?;
-            }
-        }
-        for (name, content) in etc_files(self.uid) {
-            std::fs::write(rootfs.join("etc").join(name), content)
-                .map_err(|e| io("writing /etc", e))?;
-        }
+        self.make_rootfs(&rootfs)?;
         std::fs::create_dir_all(&self.work).map_err(|e| io("creating /work", e))?;
         workspace::mount(&self.work, self.spec.limits.disk_bytes, self.uid).map_err(|e| {
             Error::LayerUnavailable {
@@ -221,6 +179,58 @@ impl GvisorSandbox {
                     .map_err(|e| io("copying the CA bundle", e))?;
             }
             self.egress = Some(link);
+        }
+        Ok(())
+    }
+
+    /// The root's skeleton under `rootfs`: the mount points, the links into /usr, the
+    /// agent's mount point, the host /etc entries' mount points (without a template) and
+    /// Cordon's own /etc files.
+    fn make_rootfs(&self, rootfs: &Path) -> Result<()> {
+        let sid = self.id.to_string();
+        let io = |what: &str, e| Error::io(format!("{what} in the bundle of {sid}"), e);
+        for d in [
+            "usr",
+            "proc",
+            "dev",
+            "tmp",
+            "work",
+            "etc",
+            "home/user",
+            "run/cordon",
+            ".cordon",
+        ] {
+            std::fs::create_dir_all(rootfs.join(d)).map_err(|e| io("creating the root", e))?;
+        }
+        for (link, to) in [
+            ("bin", "usr/bin"),
+            ("lib", "usr/lib"),
+            ("lib64", "usr/lib64"),
+            ("sbin", "usr/sbin"),
+        ] {
+            std::os::unix::fs::symlink(to, rootfs.join(link)).map_err(|e| io("linking", e))?;
+        }
+        std::fs::write(rootfs.join(AGENT_INSIDE.trim_start_matches('/')), b"")
+            .map_err(|e| io("making the agent's mount point", e))?;
+        // Mount points of the host /etc entries a root of the host's /usr shows (see
+        // `config_json`); a template has its own /etc.
+        let host_etc = if self.spec.resolved_template.is_none() {
+            &cordon_core::HOST_ETC[..]
+        } else {
+            &[]
+        };
+        for name in host_etc {
+            let host = Path::new("/etc").join(name);
+            let inside = rootfs.join("etc").join(name);
+            if host.is_dir() {
+                std::fs::create_dir(&inside).map_err(|e| io("making /etc's mount points", e))?;
+            } else if host.is_file() {
+                std::fs::write(&inside, b"").map_err(|e| io("making /etc's mount points", e))?;
+            }
+        }
+        for (name, content) in etc_files(self.uid) {
+            std::fs::write(rootfs.join("etc").join(name), content)
+                .map_err(|e| io("writing /etc", e))?;
         }
         Ok(())
     }

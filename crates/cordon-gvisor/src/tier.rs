@@ -33,19 +33,7 @@ impl Sandbox for GvisorSandbox {
             pty: _,
         } = self.exec_parts(req)?;
         let t0 = Instant::now();
-        // A runsc sandbox that was lost (its memory limit ended the sentry, or its agent
-        // stopped answering) is started again: /work lives on the host and survives it.
-        let mut restarted = false;
-        if self
-            .live
-            .as_mut()
-            .is_none_or(|l| !matches!(l.runsc.try_wait(), Ok(None)))
-        {
-            // Created sandboxes were started once: any start here replaces a lost one.
-            restarted = self.starts > 0;
-            self.stop_live();
-            self.start_live()?;
-        }
+        let restarted = self.ensure_live()?;
         let l = self.spec.limits.clone();
         let id = self.next_exec;
         self.next_exec += 1;
@@ -112,67 +100,7 @@ impl Sandbox for GvisorSandbox {
                 ));
             }
         };
-        // What the driver and the agent saw; the log of refused forks, the workspace and
-        // the sandbox's cgroup add theirs.
-        let mut seen = run.evidence();
-        seen.forks_refused |= refused > 0;
-        seen.disk_full |= self.disk_full();
-        let mut out = ExecOutcome::new(Tier::Gvisor, Termination::Exited);
-        let mut lost_why = None;
-        match run.ended {
-            agent::Ended::Exited(exit) => {
-                out.exit_code = exit.code;
-                out.signal = exit.signal;
-                out.usage.cpu_time_us = exit.cpu_us;
-                out.usage.peak_memory_bytes = exit.max_rss_bytes;
-                out.timings.program_us = exit.program_us;
-            }
-            agent::Ended::KillUnanswered | agent::Ended::Abandoned => {
-                // The program is stopped with the whole runsc sandbox.
-                out.signal = Some(9);
-                lost_why = Some("its agent did not answer a kill in time".to_string());
-            }
-            agent::Ended::Lost(e) => {
-                lost_why = Some(format!("the runsc sandbox ended during the exec ({e})"));
-            }
-        }
-        if let Some(why) = &lost_why {
-            let detail = self.stop_live();
-            tracing::warn!(sandbox = %self.id, "gvisor: {why}; runsc said: {detail}");
-        }
-        if let (Some(b), Some(a)) = (before, after) {
-            out.usage.peak_memory_bytes = out.usage.peak_memory_bytes.max(a.peak_memory);
-            let hits: Counters = a.since(&b);
-            // The cgroup holds the sentry too: a limit hit with the program (or the whole
-            // runsc sandbox) dead of SIGKILL is the memory limit's doing.
-            seen.oom_killed |= hits.out_of_memory(seen.agent_lost() || out.signal == Some(9));
-        }
-        let termination = cordon_core::classify(&seen);
-        out.termination = termination;
-        out.timings.run_us = t0.elapsed().as_micros() as u64;
-        out.usage.wall_time_us = out.timings.run_us;
-        out.timings.start_us = self.start_us;
-        out.weakened = self.weakened.clone();
-        out.warnings = self.warnings.clone();
-        if restarted {
-            out.warnings.push(
-                "the gvisor sandbox was started again before this exec (the last one ended it); /work was kept, /tmp and processes were not"
-                    .into(),
-            );
-        }
-        if let Some(why) = lost_why
-            && termination == Termination::SandboxFailure
-        {
-            out.warnings.push(format!("the sandbox failed: {why}"));
-        }
-        // Output leaving the sandbox is scanned: known secrets redacted, credential
-        // formats flagged (the container tier's scanner).
-        out.stdout = run.stdout;
-        out.stderr = run.stderr;
-        out.stdout_truncated = run.stdout_truncated;
-        out.stderr_truncated = run.stderr_truncated;
-        cordon_host::egress::scan_outcome(&mut out, self.egress.as_mut());
-        Ok(out)
+        Ok(self.outcome(run, refused > 0, (before, after), t0, restarted))
     }
 
     fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
@@ -392,5 +320,99 @@ impl Sandbox for GvisorSandbox {
 impl Drop for GvisorSandbox {
     fn drop(&mut self) {
         let _ = self.destroy();
+    }
+}
+
+impl crate::GvisorSandbox {
+    /// Starts the runsc sandbox again when it was lost (its memory limit ended the sentry,
+    /// or its agent stopped answering): /work lives on the host and survives it. True when
+    /// a sandbox that had run was replaced.
+    fn ensure_live(&mut self) -> Result<bool> {
+        let mut restarted = false;
+        if self
+            .live
+            .as_mut()
+            .is_none_or(|l| !matches!(l.runsc.try_wait(), Ok(None)))
+        {
+            // Created sandboxes were started once: any start here replaces a lost one.
+            restarted = self.starts > 0;
+            self.stop_live();
+            self.start_live()?;
+        }
+        Ok(restarted)
+    }
+
+    /// The outcome of a run the driver saw to its end: what the driver and the agent saw,
+    /// the refused forks, the workspace and the cgroup's counters from `before` to `after`;
+    /// a lost runsc sandbox is stopped (the next exec starts it again).
+    fn outcome(
+        &mut self,
+        run: agent::FramedRun,
+        forks_refused: bool,
+        (before, after): (Option<Counters>, Option<Counters>),
+        t0: Instant,
+        restarted: bool,
+    ) -> ExecOutcome {
+        // What the driver and the agent saw; the log of refused forks, the workspace and
+        // the sandbox's cgroup add theirs.
+        let mut seen = run.evidence();
+        seen.forks_refused |= forks_refused;
+        seen.disk_full |= self.disk_full();
+        let mut out = ExecOutcome::new(Tier::Gvisor, Termination::Exited);
+        let mut lost_why = None;
+        match run.ended {
+            agent::Ended::Exited(exit) => {
+                out.exit_code = exit.code;
+                out.signal = exit.signal;
+                out.usage.cpu_time_us = exit.cpu_us;
+                out.usage.peak_memory_bytes = exit.max_rss_bytes;
+                out.timings.program_us = exit.program_us;
+            }
+            agent::Ended::KillUnanswered | agent::Ended::Abandoned => {
+                // The program is stopped with the whole runsc sandbox.
+                out.signal = Some(9);
+                lost_why = Some("its agent did not answer a kill in time".to_string());
+            }
+            agent::Ended::Lost(e) => {
+                lost_why = Some(format!("the runsc sandbox ended during the exec ({e})"));
+            }
+        }
+        if let Some(why) = &lost_why {
+            let detail = self.stop_live();
+            tracing::warn!(sandbox = %self.id, "gvisor: {why}; runsc said: {detail}");
+        }
+        if let (Some(b), Some(a)) = (before, after) {
+            out.usage.peak_memory_bytes = out.usage.peak_memory_bytes.max(a.peak_memory);
+            let hits: Counters = a.since(&b);
+            // The cgroup holds the sentry too: a limit hit with the program (or the whole
+            // runsc sandbox) dead of SIGKILL is the memory limit's doing.
+            seen.oom_killed |= hits.out_of_memory(seen.agent_lost() || out.signal == Some(9));
+        }
+        let termination = cordon_core::classify(&seen);
+        out.termination = termination;
+        out.timings.run_us = t0.elapsed().as_micros() as u64;
+        out.usage.wall_time_us = out.timings.run_us;
+        out.timings.start_us = self.start_us;
+        out.weakened = self.weakened.clone();
+        out.warnings = self.warnings.clone();
+        if restarted {
+            out.warnings.push(
+                "the gvisor sandbox was started again before this exec (the last one ended it); /work was kept, /tmp and processes were not"
+                    .into(),
+            );
+        }
+        if let Some(why) = lost_why
+            && termination == Termination::SandboxFailure
+        {
+            out.warnings.push(format!("the sandbox failed: {why}"));
+        }
+        // Output leaving the sandbox is scanned: known secrets redacted, credential
+        // formats flagged (the container tier's scanner).
+        out.stdout = run.stdout;
+        out.stderr = run.stderr;
+        out.stdout_truncated = run.stdout_truncated;
+        out.stderr_truncated = run.stderr_truncated;
+        cordon_host::egress::scan_outcome(&mut out, self.egress.as_mut());
+        out
     }
 }
