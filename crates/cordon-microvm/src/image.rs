@@ -279,16 +279,82 @@ pub fn build(
     let old = read_manifest(&dir).unwrap_or_default();
     let mut m = old.clone();
     let mut built = Vec::new();
-    let steps = 3;
-    let exists = |name: &str| !name.is_empty() && dir.join(name).is_file();
     let work = tempdir_in(&dir)?;
 
-    // 1. Kernel: the cloud kernel package apt would install now.
+    let mut b = ImageBuild {
+        opts,
+        dir: &dir,
+        work: &work,
+        m: &mut m,
+        built: &mut built,
+    };
+    kernel_step(&mut b, progress)?;
+    root_step(&mut b, progress)?;
+    initrd_step(&mut b, progress)?;
+    let _ = fs::remove_dir_all(&work);
+
+    if m != old {
+        let text = serde_json::to_string_pretty(&m)
+            .map_err(|e| MicrovmError::Image(format!("encoding the manifest: {e}")))?;
+        let tmp = dir.join("manifest.json.tmp");
+        fs::write(&tmp, text).map_err(|e| MicrovmError::io("writing the manifest", e))?;
+        fs::rename(&tmp, dir.join("manifest.json"))
+            .map_err(|e| MicrovmError::io("writing the manifest", e))?;
+    }
+    prune(&dir, &m);
+    let image = load(&opts.data_dir)?;
+    let mut sizes = BTreeMap::new();
+    for (k, p) in [
+        ("kernel", &image.kernel),
+        ("initrd", &image.initrd),
+        ("rootfs", &image.rootfs),
+    ] {
+        sizes.insert(
+            k.to_string(),
+            fs::metadata(p).map(|md| md.len()).unwrap_or(0),
+        );
+    }
+    Ok(BuildReport {
+        image,
+        manifest: m,
+        built,
+        seconds: t0.elapsed().as_secs_f64(),
+        sizes,
+    })
+}
+
+/// How many steps a build has (each says which it is).
+const STEPS: usize = 3;
+
+/// Where a build's steps report their progress.
+type Report<'a> = &'a mut dyn FnMut(Progress);
+
+/// A part `name` (a file name of the manifest) is in the image directory `dir`.
+fn exists_in(dir: &Path, name: &str) -> bool {
+    !name.is_empty() && dir.join(name).is_file()
+}
+
+/// What each step of a build reads and adds to: the options, the image directory and the
+/// build's scratch dir, the manifest being made and the names of the parts built.
+struct ImageBuild<'a> {
+    opts: &'a BuildOptions,
+    dir: &'a Path,
+    work: &'a Path,
+    m: &'a mut Manifest,
+    built: &'a mut Vec<String>,
+}
+
+/// Step 1, the kernel: the cloud kernel package apt would install now, and the modules the
+/// agent loads (kept while the package's version and digest are the same).
+fn kernel_step(b: &mut ImageBuild<'_>, progress: Report<'_>) -> Result<(), MicrovmError> {
     progress(Progress::Step(
         1,
-        steps,
+        STEPS,
         "guest kernel (Debian cloud kernel package)".into(),
     ));
+    let (opts, dir, work) = (b.opts, b.dir, b.work);
+    let (m, built) = (&mut *b.m, &mut *b.built);
+    let exists = |name: &str| exists_in(dir, name);
     let deps = run(
         Command::new("apt-cache").args(["depends", KERNEL_META]),
         "resolving the kernel package",
@@ -370,12 +436,20 @@ pub fn build(
         built.push("kernel".to_string());
     }
 
-    // 2. Root filesystem: debootstrap minbase + Python 3, packed into a read-only ext4.
+    Ok(())
+}
+
+/// Step 2, the root: debootstrap minbase and Python 3, packed into a read-only ext4 (kept
+/// while the suite, mirror and packages are the same).
+fn root_step(b: &mut ImageBuild<'_>, progress: Report<'_>) -> Result<(), MicrovmError> {
     progress(Progress::Step(
         2,
-        steps,
+        STEPS,
         "guest root (debootstrap minbase + python3 and venv, ext4)".into(),
     ));
+    let (opts, dir, work) = (b.opts, b.dir, b.work);
+    let (m, built) = (&mut *b.m, &mut *b.built);
+    let exists = |name: &str| exists_in(dir, name);
     let mirror = opts.mirror.clone().or_else(apt_mirror).ok_or_else(|| {
         MicrovmError::Image("no Debian mirror found in the apt sources; pass --mirror".into())
     })?;
@@ -418,12 +492,19 @@ pub fn build(
         built.push("rootfs".to_string());
     }
 
-    // 3. Initramfs: the agent as /init and the modules it loads.
+    Ok(())
+}
+
+/// Step 3, the initramfs: the agent as /init and the modules it loads.
+fn initrd_step(b: &mut ImageBuild<'_>, progress: Report<'_>) -> Result<(), MicrovmError> {
     progress(Progress::Step(
         3,
-        steps,
+        STEPS,
         "initramfs (cordon-guest agent + virtio modules)".into(),
     ));
+    let (opts, dir, work) = (b.opts, b.dir, b.work);
+    let (m, built) = (&mut *b.m, &mut *b.built);
+    let exists = |name: &str| exists_in(dir, name);
     let agent = fs::read(&opts.agent).map_err(|e| {
         MicrovmError::Image(format!(
             "reading the guest agent {}: {e}; build it with `cargo build --release -p cordon-guest --bin cordon-guest --target x86_64-unknown-linux-musl`",
@@ -462,36 +543,7 @@ pub fn build(
         m.inputs.insert("initrd".into(), sha[..16].to_string());
         built.push("initrd".to_string());
     }
-    let _ = fs::remove_dir_all(&work);
-
-    if m != old {
-        let text = serde_json::to_string_pretty(&m)
-            .map_err(|e| MicrovmError::Image(format!("encoding the manifest: {e}")))?;
-        let tmp = dir.join("manifest.json.tmp");
-        fs::write(&tmp, text).map_err(|e| MicrovmError::io("writing the manifest", e))?;
-        fs::rename(&tmp, dir.join("manifest.json"))
-            .map_err(|e| MicrovmError::io("writing the manifest", e))?;
-    }
-    prune(&dir, &m);
-    let image = load(&opts.data_dir)?;
-    let mut sizes = BTreeMap::new();
-    for (k, p) in [
-        ("kernel", &image.kernel),
-        ("initrd", &image.initrd),
-        ("rootfs", &image.rootfs),
-    ] {
-        sizes.insert(
-            k.to_string(),
-            fs::metadata(p).map(|md| md.len()).unwrap_or(0),
-        );
-    }
-    Ok(BuildReport {
-        image,
-        manifest: m,
-        built,
-        seconds: t0.elapsed().as_secs_f64(),
-        sizes,
-    })
+    Ok(())
 }
 
 /// Packs the tree `root` into the read-only ext4 image `out` (ownership and modes as they

@@ -127,7 +127,25 @@ impl VmParams {
     /// The command line, with the paths QEMU sees inside its private root: its own
     /// directory at [`JAIL_VM_DIR`], the image under `/img`.
     pub fn args(&self) -> Vec<String> {
-        let d = |f: &str| format!("{JAIL_VM_DIR}/{f}");
+        let mut a = self.machine_args();
+        a.extend(self.ram_args());
+        a.extend(self.device_args());
+        if self.incoming {
+            // With its RAM in a file, the `x-ignore-shared` capability must be set before the
+            // stream is read: QMP `migrate-incoming` does it (`Vm::start`).
+            let from = if self.shared_ram {
+                "defer".to_string()
+            } else {
+                format!("fd:{INCOMING_FD}")
+            };
+            a.extend(["-incoming".into(), from]);
+        }
+        a
+    }
+
+    /// The machine, its accelerator and CPU, what QEMU may not do (no defaults, no
+    /// network, its own sandbox), the vCPUs and the RAM's size.
+    fn machine_args(&self) -> Vec<String> {
         let (machine, accel, cpu) = match self.accel {
             // The tuned flags of the hardware path: no option ROMs, no legacy PIT/PIC/RTC
             // (KVM's in-kernel irqchip and kvmclock replace them). ACPI stays on: Debian's
@@ -165,6 +183,13 @@ impl VmParams {
             "-m".into(),
             format!("{}M", self.ram_mib),
         ]);
+        a
+    }
+
+    /// The RAM's backend: a named one (to be snapshotted), or the file a snapshot shares or
+    /// restores from.
+    fn ram_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
         if self.named_ram && !self.shared_ram {
             a.extend([
                 "-object".into(),
@@ -187,6 +212,14 @@ impl VmParams {
                 ),
             ]);
         }
+        a
+    }
+
+    /// The console, kernel and initrd, the root disk (a passed descriptor), the serial
+    /// ports (egress and agent) and QMP.
+    fn device_args(&self) -> Vec<String> {
+        let d = |f: &str| format!("{JAIL_VM_DIR}/{f}");
+        let mut a = Vec::new();
         a.extend([
             // The console goes to QEMU's stdout: a memory file Cordon opened (and reads with a
             // size cap), so no path in QEMU's directory is ever read back by root.
@@ -228,16 +261,6 @@ impl VmParams {
             "-qmp".into(),
             format!("unix:{},server=on,wait=off", d("qmp.sock")),
         ]);
-        if self.incoming {
-            // With its RAM in a file, the `x-ignore-shared` capability must be set before the
-            // stream is read: QMP `migrate-incoming` does it (`Vm::start`).
-            let from = if self.shared_ram {
-                "defer".to_string()
-            } else {
-                format!("fd:{INCOMING_FD}")
-            };
-            a.extend(["-incoming".into(), from]);
-        }
         a
     }
 }
