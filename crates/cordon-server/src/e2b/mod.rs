@@ -23,6 +23,7 @@ mod common;
 mod connect;
 mod control;
 mod envd;
+mod filesystem;
 mod gzip;
 mod interp;
 mod listing;
@@ -90,7 +91,10 @@ pub async fn serve(
 fn router(state: E2b) -> Router {
     let limits = state.svc.config().http.clone();
     let files = Router::new()
-        .route("/files", get(envd::get_file).post(envd::post_files))
+        .route(
+            "/files",
+            get(filesystem::get_file).post(filesystem::post_files),
+        )
         .layer(DefaultBodyLimit::max(limits.max_file_bytes));
     Router::new()
         // The control plane (X-API-KEY).
@@ -129,7 +133,10 @@ fn router(state: E2b) -> Router {
         // envd (port 49983).
         .route("/health", get(envd::health))
         .route("/process.Process/{method}", post(envd::process))
-        .route("/filesystem.Filesystem/{method}", post(envd::filesystem))
+        .route(
+            "/filesystem.Filesystem/{method}",
+            post(filesystem::filesystem),
+        )
         // The code interpreter (port 49999).
         .route("/execute", post(interp::execute))
         .route("/contexts", post(interp::create).get(interp::list))

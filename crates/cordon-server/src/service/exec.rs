@@ -279,35 +279,7 @@ fn exec_blocking(
         }
     };
     let audit = &execs.sessions.audit.store;
-    let lang = match &req.command {
-        Command::Code { language, .. } => Some(language.as_str()),
-        _ => None,
-    };
-    let command = AuditCommand {
-        command_sha256: digest,
-        command_kind: kind.to_string(),
-        lang: lang.map(str::to_string),
-        limits: s.spec.limits.clone(),
-    };
-    let record = ExecRecord {
-        command,
-        result: match &result {
-            Ok(o) => ExecResult::Ended(ExecEnd {
-                timeout_ms: req.timeout_ms,
-                termination: o.termination,
-                exit_code: o.exit_code,
-                signal: o.signal,
-                usage: o.usage.clone(),
-                timings: o.timings.clone(),
-                stdout_bytes: o.stdout.len(),
-                stderr_bytes: o.stderr.len(),
-                stdout_truncated: o.stdout_truncated,
-                stderr_truncated: o.stderr_truncated,
-                weakened: o.weakened.clone(),
-            }),
-            Err(e) => ExecResult::Failed { error: e.failure() },
-        },
-    };
+    let record = exec_record(req, s, &result, (digest, kind));
     // The exec's row, its egress decisions (folded: a flood is one row per distinct
     // decision with a count, ordinary rows capped per exec and per tenant a minute, the rest
     // counted in one `truncated` row; exfiltration and grant rows always go in) and a
@@ -362,6 +334,45 @@ fn exec_blocking(
             .observe(t0.elapsed().as_secs_f64());
     }
     result
+}
+
+/// The audit record of an exec: its command (digest, kind, language, limits) and how it
+/// ended, or why it failed.
+fn exec_record(
+    req: &ExecRequest,
+    s: &Session,
+    result: &Result<ExecOutcome, ApiError>,
+    (digest, kind): (String, &str),
+) -> ExecRecord {
+    let lang = match &req.command {
+        Command::Code { language, .. } => Some(language.as_str()),
+        _ => None,
+    };
+    let command = AuditCommand {
+        command_sha256: digest,
+        command_kind: kind.to_string(),
+        lang: lang.map(str::to_string),
+        limits: s.spec.limits.clone(),
+    };
+    ExecRecord {
+        command,
+        result: match result {
+            Ok(o) => ExecResult::Ended(ExecEnd {
+                timeout_ms: req.timeout_ms,
+                termination: o.termination,
+                exit_code: o.exit_code,
+                signal: o.signal,
+                usage: o.usage.clone(),
+                timings: o.timings.clone(),
+                stdout_bytes: o.stdout.len(),
+                stderr_bytes: o.stderr.len(),
+                stdout_truncated: o.stdout_truncated,
+                stderr_truncated: o.stderr_truncated,
+                weakened: o.weakened.clone(),
+            }),
+            Err(e) => ExecResult::Failed { error: e.failure() },
+        },
+    }
 }
 
 /// Where an exec's output goes: the streaming client's channel, if any. The client went

@@ -12,6 +12,7 @@
 //!  │            │      └──────► timeout (what a TTL does: destroy, or pause)
 //!  ├─ Snapshots ─────► Contexts, Procs, Sessions, Pools (an image kept; sandboxes started
 //!  │                   from it, with a full one's contexts and background execs)
+//!  ├─ pause (pausing, resuming and changing a live sandbox) ─► Sessions
 //!  ├─ Reaper, Recovery (start-up) ─► Sessions, Pools
 //!  └─ common: Recorder (audit), Life (stopping, background tasks), Chunk, helpers
 //! ```
@@ -43,6 +44,7 @@ mod contexts;
 mod descriptors;
 mod exec;
 mod files;
+mod pause;
 mod pools;
 mod ports;
 mod procs;
@@ -129,52 +131,8 @@ impl Service {
         backends: Backends,
         recovery: Option<RecoveryHook>,
     ) -> Result<Self, ServerError> {
-        let (lock_file, audit, report, kept) = tokio::task::spawn_blocking({
-            let cfg = cfg.clone();
-            let backends = backends.clone();
-            move || recovery::open_and_recover(&cfg, &backends, recovery)
-        })
-        .await
-        .map_err(|e| ServerError::start("the startup worker", e))??;
-        if !report.sandboxes.is_empty() || !report.scratch.is_empty() || !report.removed.is_empty()
-        {
-            tracing::warn!(
-                sandboxes = report.sandboxes.len(),
-                removed = report.removed.len(),
-                scratch = report.scratch.len(),
-                "cleaned up what a previous server left behind"
-            );
-        }
-        let probes = tokio::task::spawn_blocking({
-            let backends = backends.clone();
-            move || {
-                backends
-                    .iter()
-                    .map(|(t, b)| (*t, b.probe()))
-                    .collect::<BTreeMap<_, _>>()
-            }
-        })
-        .await
-        .map_err(|e| ServerError::start("the tiers' probe worker", e))?;
-        let rules = match &cfg.policy.rules_file {
-            Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| {
-                    ServerError::Config(format!("reading the policy file {}: {e}", p.display()))
-                })?;
-                RulesSource::Text(text)
-            }
-            None => RulesSource::Shipped,
-        };
-        let bench = cfg.policy.bench_file.as_ref().and_then(|p| {
-            let text = std::fs::read_to_string(p).ok()?;
-            match cordon_policy::BenchFigures::from_bench_json(&text) {
-                Ok(b) => Some(b),
-                Err(e) => {
-                    tracing::warn!("ignoring the bench figures in {}: {e}", p.display());
-                    None
-                }
-            }
-        });
+        let (lock_file, audit, kept) = recover(&cfg, &backends, recovery).await?;
+        let probes = probe(&backends).await?;
         let issuer = Arc::new(
             Issuer::new(
                 cfg.oidc
@@ -186,63 +144,10 @@ impl Service {
             )
             .map_err(|e| ServerError::start("the token issuer of minted grants", e))?,
         );
-        let catalogue = Catalogue::load(&cfg.grants, Some(issuer.clone()))
-            .map_err(|e| ServerError::start("the grant catalogue ([[grant]])", e))?;
-        let available = probes
-            .iter()
-            .filter(|(t, p)| p.available() && backends.contains_key(t))
-            .map(|(t, _)| *t)
-            .collect();
-        let unavailable = probes
-            .iter()
-            .filter(|(_, p)| !p.available())
-            .map(|(t, p)| {
-                let why = p
-                    .capabilities
-                    .iter()
-                    .filter(|c| !c.ok && c.required)
-                    .map(|c| format!("{}: {}", c.name, c.detail))
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                (*t, why)
-            })
-            .collect();
-        let gate = Gate::new(
-            GateSettings {
-                default_tier: cfg.default_tier,
-                default_limits: cfg.default_limits.clone(),
-                max_limits: cfg.max_limits.clone(),
-                default_ttl: cfg.sessions.default_ttl.0,
-                max_ttl: cfg.sessions.max_ttl.0,
-                default_idle: cfg.sessions.default_idle_timeout.0,
-            },
-            cfg.ceiling(),
-            Arc::new(catalogue),
-            rules,
-            bench,
-        )
-        .with_tiers(available, unavailable);
-        let templates = cordon_template::Store::open(&cfg.data_dir)
-            .map_err(|e| ServerError::start("the template store under the data dir", e))?;
-        let gate = gate.with_templates(templates);
-        gate.load_rules().map_err(|e| {
-            ServerError::Config(match &cfg.policy.rules_file {
-                Some(p) => format!("the policy file {}: {e}", p.display()),
-                None => e,
-            })
-        })?;
+        let gate = gate_of(&cfg, &probes, &backends, issuer.clone())?;
         let mut cfg = cfg;
         let fds = descriptor_plan(&mut cfg, &probes, &backends)?;
-        let ledger = Ledger::new(BudgetLimits {
-            max_descriptors: fds.plan.sandboxes,
-            max_sandboxes: cfg.sessions.max_sandboxes,
-            max_sandboxes_per_tenant: cfg.sessions.max_sandboxes_per_tenant,
-            max_memory: cfg
-                .budgets
-                .max_memory
-                .map(|s| s.0)
-                .unwrap_or_else(cordon_engine::host_memory_budget),
-        });
+        let ledger = Ledger::new(budget_limits(&cfg, fds.plan.sandboxes));
         let audit = Arc::new(audit);
         let metrics = Arc::new(Metrics::new());
         let life = common::Life::new();
@@ -266,51 +171,15 @@ impl Service {
             min_free_disk: cfg.audit.min_free_disk.0,
             retry_after_secs: cfg.sessions.retry_after_secs,
         };
-        let volumes = Volumes::new(
-            volumes::open_store(&cfg.data_dir)?,
-            admit.clone(),
-            audit.clone(),
-        );
-        let sessions = Sessions::new(
-            issuer.clone(),
-            admit.clone(),
-            pools.clone(),
-            volumes.clone(),
-            cfg.sessions.max_ttl.0,
-        );
-        let execs = Execs::new(
-            sessions.clone(),
-            pools.clone(),
-            cfg.max_limits.timeout_ms,
-            (
-                cfg.audit.max_egress_rows_per_exec,
-                cfg.audit.max_egress_rows_per_minute,
-            ),
-        );
-        let files = Files::new(
-            sessions.clone(),
-            cfg.http.max_file_bytes as u64,
-            cfg.http.max_archive_bytes,
-        );
-        let procs = Procs::new(
-            sessions.clone(),
-            cfg.sessions.max_background_execs,
-            cfg.sessions.kill_grace.0,
-            procs::AttachCaps {
-                per_tenant: cfg.sessions.max_attach_streams_per_tenant,
-                per_sandbox: cfg.sessions.max_attach_streams_per_sandbox,
-            },
-        );
-        let contexts = Contexts::new(
-            sessions.clone(),
-            contexts::ContextLimits {
-                max_contexts: cfg.sessions.max_contexts,
-                start_timeout: cfg.sessions.context_start_timeout.0,
-                grace: cfg.sessions.context_grace.0,
-                max_timeout_ms: cfg.max_limits.timeout_ms,
-            },
-        );
-        let snapshots = Snapshots::new(sessions.clone(), &cfg.data_dir);
+        let Parts {
+            volumes,
+            sessions,
+            execs,
+            files,
+            procs,
+            contexts,
+            snapshots,
+        } = components(&cfg, &admit, &pools, &issuer, &audit)?;
         pools.start();
         recovery::Recovery {
             sessions: sessions.clone(),
@@ -318,22 +187,7 @@ impl Service {
         }
         .revive_paused(kept)
         .await;
-        life.background.spawn(
-            reaper::Reaper {
-                sessions: sessions.clone(),
-                every: cfg.sessions.reap_interval.0,
-                paused_ttl: cfg.sessions.paused_ttl.0,
-                max_size: cfg.audit.max_size.0,
-                retention_days: cfg.audit.retention_days,
-            }
-            .run(),
-        );
-        life.background.spawn(
-            samples::Sampler {
-                sessions: sessions.clone(),
-            }
-            .run(),
-        );
+        spawn_background(&life, &sessions, &cfg);
         Ok(Service {
             inner: Arc::new(Inner {
                 capacity: fds.summary.clone(),
@@ -540,6 +394,232 @@ impl Service {
     }
 }
 
+/// Opens the store and the audit log and cleans up what a previous server left behind
+/// (logged); returns the data dir's lock, the audit store and the paused sandboxes kept.
+async fn recover(
+    cfg: &Config,
+    backends: &Backends,
+    recovery: Option<RecoveryHook>,
+) -> Result<(File, Audit, Vec<crate::audit::PausedRow>), ServerError> {
+    let (lock_file, audit, report, kept) = tokio::task::spawn_blocking({
+        let cfg = cfg.clone();
+        let backends = backends.clone();
+        move || recovery::open_and_recover(&cfg, &backends, recovery)
+    })
+    .await
+    .map_err(|e| ServerError::start("the startup worker", e))??;
+    if !report.sandboxes.is_empty() || !report.scratch.is_empty() || !report.removed.is_empty() {
+        tracing::warn!(
+            sandboxes = report.sandboxes.len(),
+            removed = report.removed.len(),
+            scratch = report.scratch.len(),
+            "cleaned up what a previous server left behind"
+        );
+    }
+    Ok((lock_file, audit, kept))
+}
+
+/// Every tier's probe, on a blocking worker.
+async fn probe(backends: &Backends) -> Result<BTreeMap<Tier, Probe>, ServerError> {
+    let probes = tokio::task::spawn_blocking({
+        let backends = backends.clone();
+        move || {
+            backends
+                .iter()
+                .map(|(t, b)| (*t, b.probe()))
+                .collect::<BTreeMap<_, _>>()
+        }
+    })
+    .await
+    .map_err(|e| ServerError::start("the tiers' probe worker", e))?;
+    Ok(probes)
+}
+
+/// The gate: the policy rules (the file's or the shipped), the bench figures, the grant
+/// catalogue, which tiers are available (and why the others are not), and the templates.
+fn gate_of(
+    cfg: &Config,
+    probes: &BTreeMap<Tier, Probe>,
+    backends: &Backends,
+    issuer: Arc<Issuer>,
+) -> Result<Gate, ServerError> {
+    let rules = match &cfg.policy.rules_file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                ServerError::Config(format!("reading the policy file {}: {e}", p.display()))
+            })?;
+            RulesSource::Text(text)
+        }
+        None => RulesSource::Shipped,
+    };
+    let bench = cfg.policy.bench_file.as_ref().and_then(|p| {
+        let text = std::fs::read_to_string(p).ok()?;
+        match cordon_policy::BenchFigures::from_bench_json(&text) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                tracing::warn!("ignoring the bench figures in {}: {e}", p.display());
+                None
+            }
+        }
+    });
+    let catalogue = Catalogue::load(&cfg.grants, Some(issuer))
+        .map_err(|e| ServerError::start("the grant catalogue ([[grant]])", e))?;
+    let available = probes
+        .iter()
+        .filter(|(t, p)| p.available() && backends.contains_key(t))
+        .map(|(t, _)| *t)
+        .collect();
+    let unavailable = probes
+        .iter()
+        .filter(|(_, p)| !p.available())
+        .map(|(t, p)| {
+            let why = p
+                .capabilities
+                .iter()
+                .filter(|c| !c.ok && c.required)
+                .map(|c| format!("{}: {}", c.name, c.detail))
+                .collect::<Vec<_>>()
+                .join("; ");
+            (*t, why)
+        })
+        .collect();
+    let gate = Gate::new(
+        GateSettings {
+            default_tier: cfg.default_tier,
+            default_limits: cfg.default_limits.clone(),
+            max_limits: cfg.max_limits.clone(),
+            default_ttl: cfg.sessions.default_ttl.0,
+            max_ttl: cfg.sessions.max_ttl.0,
+            default_idle: cfg.sessions.default_idle_timeout.0,
+        },
+        cfg.ceiling(),
+        Arc::new(catalogue),
+        rules,
+        bench,
+    )
+    .with_tiers(available, unavailable);
+    let templates = cordon_template::Store::open(&cfg.data_dir)
+        .map_err(|e| ServerError::start("the template store under the data dir", e))?;
+    let gate = gate.with_templates(templates);
+    gate.load_rules().map_err(|e| {
+        ServerError::Config(match &cfg.policy.rules_file {
+            Some(p) => format!("the policy file {}: {e}", p.display()),
+            None => e,
+        })
+    })?;
+    Ok(gate)
+}
+
+/// The service's components over the admission, the pools and the audit store, each with
+/// its part of the configuration.
+struct Parts {
+    volumes: Volumes,
+    sessions: Sessions,
+    execs: Execs,
+    files: Files,
+    procs: Procs,
+    contexts: Contexts,
+    snapshots: Snapshots,
+}
+
+fn components(
+    cfg: &Config,
+    admit: &Admit,
+    pools: &Pools,
+    issuer: &Arc<Issuer>,
+    audit: &Arc<Audit>,
+) -> Result<Parts, ServerError> {
+    let volumes = Volumes::new(
+        volumes::open_store(&cfg.data_dir)?,
+        admit.clone(),
+        audit.clone(),
+    );
+    let sessions = Sessions::new(
+        issuer.clone(),
+        admit.clone(),
+        pools.clone(),
+        volumes.clone(),
+        cfg.sessions.max_ttl.0,
+    );
+    let execs = Execs::new(
+        sessions.clone(),
+        pools.clone(),
+        cfg.max_limits.timeout_ms,
+        (
+            cfg.audit.max_egress_rows_per_exec,
+            cfg.audit.max_egress_rows_per_minute,
+        ),
+    );
+    let files = Files::new(
+        sessions.clone(),
+        cfg.http.max_file_bytes as u64,
+        cfg.http.max_archive_bytes,
+    );
+    let procs = Procs::new(
+        sessions.clone(),
+        cfg.sessions.max_background_execs,
+        cfg.sessions.kill_grace.0,
+        procs::AttachCaps {
+            per_tenant: cfg.sessions.max_attach_streams_per_tenant,
+            per_sandbox: cfg.sessions.max_attach_streams_per_sandbox,
+        },
+    );
+    let contexts = Contexts::new(
+        sessions.clone(),
+        contexts::ContextLimits {
+            max_contexts: cfg.sessions.max_contexts,
+            start_timeout: cfg.sessions.context_start_timeout.0,
+            grace: cfg.sessions.context_grace.0,
+            max_timeout_ms: cfg.max_limits.timeout_ms,
+        },
+    );
+    let snapshots = Snapshots::new(sessions.clone(), &cfg.data_dir);
+    Ok(Parts {
+        volumes,
+        sessions,
+        execs,
+        files,
+        procs,
+        contexts,
+        snapshots,
+    })
+}
+
+/// The ledger's limits: the configuration's, and the descriptors their plan leaves to
+/// sandboxes.
+fn budget_limits(cfg: &Config, max_descriptors: u64) -> BudgetLimits {
+    BudgetLimits {
+        max_descriptors,
+        max_sandboxes: cfg.sessions.max_sandboxes,
+        max_sandboxes_per_tenant: cfg.sessions.max_sandboxes_per_tenant,
+        max_memory: cfg
+            .budgets
+            .max_memory
+            .map(|s| s.0)
+            .unwrap_or_else(cordon_engine::host_memory_budget),
+    }
+}
+
+/// The reaper and the metrics sampler, for the service's life.
+fn spawn_background(life: &common::Life, sessions: &Sessions, cfg: &Config) {
+    life.background.spawn(
+        reaper::Reaper {
+            sessions: sessions.clone(),
+            every: cfg.sessions.reap_interval.0,
+            paused_ttl: cfg.sessions.paused_ttl.0,
+            max_size: cfg.audit.max_size.0,
+            retention_days: cfg.audit.retention_days,
+        }
+        .run(),
+    );
+    life.background.spawn(
+        samples::Sampler {
+            sessions: sessions.clone(),
+        }
+        .run(),
+    );
+}
+
 /// Shares the process's descriptor limit between the listeners' connections, a reserve and
 /// live sandboxes; says how many sandboxes of each tier that allows, and refuses a
 /// `sessions.max_sandboxes` above what it allows of the cheapest tier that holds any (one
@@ -632,6 +712,7 @@ mod tests {
             "sessions",
             &["admit", "common", "pools", "timeout", "volumes"],
         ),
+        ("pause", &["common", "sessions"]),
         ("exec", &["common", "pools", "sessions"]),
         ("files", &["common", "sessions"]),
         ("ports", &["common", "sessions"]),

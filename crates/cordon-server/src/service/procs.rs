@@ -3,6 +3,7 @@
 //! background exec never holds a sandbox the way a foreground one does.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use cordon_core::{
@@ -171,6 +172,65 @@ pub(super) fn on_sandbox<T>(
     let mut cell = lock(&s.sandbox);
     let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
     f(sb).map_err(ApiError::from)
+}
+
+/// Where an attach's output goes: to the client's chunks, or (without them) kept: the last
+/// bytes of each stream, as many as `window` allows, with the count let go.
+struct Collector<'a> {
+    chunks: &'a Option<ChunkSender>,
+    window: [usize; 2],
+    collected: [Vec<u8>; 2],
+    trimmed: [u64; 2],
+}
+
+impl Collector<'_> {
+    fn send(&mut self, stream: OutputStream, data: &[u8]) {
+        match self.chunks {
+            Some(tx) => {
+                let _ = tx.send(Chunk {
+                    stream,
+                    data: data.to_vec(),
+                });
+            }
+            None => {
+                let i = usize::from(stream == OutputStream::Stderr);
+                self.collected[i].extend_from_slice(data);
+                let over = self.collected[i].len().saturating_sub(self.window[i]);
+                if over > 0 {
+                    self.collected[i].drain(..over);
+                    self.trimmed[i] += over as u64;
+                }
+            }
+        }
+    }
+}
+
+/// Reads a background exec's output from `from` without waiting for a foreground call that
+/// holds the sandbox (`None`: looked at again after a pause), nor reading a paused one.
+async fn read_unblocked(
+    s: &Arc<Session>,
+    agent: u64,
+    from: [u64; 2],
+) -> Result<Option<ProcOutput>, ApiError> {
+    if s.is_paused() {
+        return Ok(None);
+    }
+    let s2 = s.clone();
+    blocking(move || -> Result<Option<ProcOutput>, ApiError> {
+        match s2.sandbox.try_lock() {
+            Ok(mut cell) => {
+                let sb = cell.as_mut().ok_or_else(|| gone(&s2.id))?;
+                Ok(Some(sb.read_background(agent, from, READ_CHUNK)?))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => Ok(None),
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                let mut cell = p.into_inner();
+                let sb = cell.as_mut().ok_or_else(|| gone(&s2.id))?;
+                Ok(Some(sb.read_background(agent, from, READ_CHUNK)?))
+            }
+        }
+    })
+    .await?
 }
 
 /// The outcome of an ended background exec.
@@ -464,26 +524,13 @@ impl Procs {
         // would replay however far behind this reader fell meanwhile. Before, it was every
         // byte this reader happened to see: more than the sandbox keeps when it read while
         // the exec wrote, with a gap the warning did not tell.
-        let mut collected: [Vec<u8>; 2] = Default::default();
-        let mut trimmed = [0u64; 2];
         let window = [s.spec.limits.stdout_bytes, s.spec.limits.stderr_bytes]
             .map(|cap| cap.min(BACKGROUND_KEEP) as usize);
-        let mut send = |stream: OutputStream, data: &[u8]| match &chunks {
-            Some(tx) => {
-                let _ = tx.send(Chunk {
-                    stream,
-                    data: data.to_vec(),
-                });
-            }
-            None => {
-                let i = usize::from(stream == OutputStream::Stderr);
-                collected[i].extend_from_slice(data);
-                let over = collected[i].len().saturating_sub(window[i]);
-                if over > 0 {
-                    collected[i].drain(..over);
-                    trimmed[i] += over as u64;
-                }
-            }
+        let mut sink = Collector {
+            chunks: &chunks,
+            window,
+            collected: Default::default(),
+            trimmed: [0; 2],
         };
         let mut redactor = cordon_egress::scan::Redactor::new(
             &cordon_egress::scan::known_secrets_of(&s.spec.grants),
@@ -504,26 +551,7 @@ impl Procs {
                 ));
             }
             // Never waits for a foreground call: it is looked at again after a pause.
-            let out: Option<ProcOutput> = if s.is_paused() {
-                None
-            } else {
-                let s2 = s.clone();
-                blocking(move || -> Result<Option<ProcOutput>, ApiError> {
-                    match s2.sandbox.try_lock() {
-                        Ok(mut cell) => {
-                            let sb = cell.as_mut().ok_or_else(|| gone(&s2.id))?;
-                            Ok(Some(sb.read_background(agent, from, READ_CHUNK)?))
-                        }
-                        Err(std::sync::TryLockError::WouldBlock) => Ok(None),
-                        Err(std::sync::TryLockError::Poisoned(p)) => {
-                            let mut cell = p.into_inner();
-                            let sb = cell.as_mut().ok_or_else(|| gone(&s2.id))?;
-                            Ok(Some(sb.read_background(agent, from, READ_CHUNK)?))
-                        }
-                    }
-                })
-                .await??
-            };
+            let out = read_unblocked(&s, agent, from).await?;
             let Some(out) = out else {
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(ATTACH_POLL_MAX);
@@ -542,7 +570,7 @@ impl Procs {
                 if !data.is_empty() {
                     let clean = redactor.push(stream, data);
                     if !clean.is_empty() {
-                        send(stream, &clean);
+                        sink.send(stream, &clean);
                     }
                 }
             }
@@ -559,25 +587,41 @@ impl Procs {
         for stream in [OutputStream::Stdout, OutputStream::Stderr] {
             let rest = redactor.finish(stream);
             if !rest.is_empty() {
-                send(stream, &rest);
+                sink.send(stream, &rest);
             }
         }
+        let Collector {
+            collected: [out, err],
+            trimmed,
+            ..
+        } = sink;
+        if chunks.is_none() {
+            // What the reader missed and what the window let go are one front: the output
+            // kept is the stream's last bytes.
+            dropped = [0, 1].map(|i| dropped[i] + trimmed[i]);
+        }
+        let mut o = self.ended(&s, exec_id, exit, dropped).await?;
+        o.stdout = out;
+        o.stderr = err;
+        Ok(o)
+    }
+
+    /// Notes the end of background exec `exec_id` and answers its outcome, with `dropped`
+    /// bytes of each stream the reader did not get.
+    async fn ended(
+        &self,
+        s: &Arc<Session>,
+        exec_id: &str,
+        exit: ProcExit,
+        dropped: [u64; 2],
+    ) -> Result<ExecOutcome, ApiError> {
         let svc = self.clone();
         let (s2, e2) = (s.clone(), exec_id.to_string());
         blocking(move || svc.note_end(&s2, &e2, exit)).await??;
         let table = s.state::<Table>();
         let procs = lock(&table);
         let p = procs.by_id.get(exec_id).ok_or_else(no_exec)?;
-        if chunks.is_none() {
-            // What the reader missed and what the window let go are one front: the output
-            // kept is the stream's last bytes.
-            dropped = [0, 1].map(|i| dropped[i] + trimmed[i]);
-        }
-        let mut o = outcome_of(s.tier, p, dropped);
-        let [out, err] = collected;
-        o.stdout = out;
-        o.stderr = err;
-        Ok(o)
+        Ok(outcome_of(s.tier, p, dropped))
     }
 
     /// A background exec's output so far (what the sandbox keeps) and its state, at once.

@@ -36,17 +36,7 @@ pub(super) fn open_and_recover(
     let dir = &cfg.data_dir;
     std::fs::create_dir_all(dir)
         .map_err(|e| ServerError::io(format!("creating the data dir {}", dir.display()), e))?;
-    let lock_path = dir.join("cordon.lock");
-    let lock_file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| ServerError::io(format!("opening {}", lock_path.display()), e))?;
-    if lock_file.try_lock().is_err() {
-        return Err(ServerError::Locked(dir.display().to_string()));
-    }
-    let _ = std::fs::write(&lock_path, format!("{}\n", std::process::id()));
+    let lock_file = lock_data_dir(dir)?;
     let audit = Audit::open(&dir.join("audit.db"))?;
     let mut report = RecoveryReport::default();
     // Sessions paused to disk on a tier this server has are kept (revived once the service
@@ -86,28 +76,7 @@ pub(super) fn open_and_recover(
     }
     // After the tiers' cleanup: their sandboxes, which held binds of the volumes, are gone.
     report.removed.extend(super::volumes::recover(dir, &audit)?);
-    let scratch = dir.join("scratch");
-    // Nothing left mounted under it (a volume's bind in a dead sandbox's bundle) may be
-    // reached by the removal below.
-    cordon_host::volume::unmount_all_under(&scratch);
-    if let Ok(tiers) = std::fs::read_dir(&scratch) {
-        for t in tiers.flatten() {
-            let Ok(entries) = std::fs::read_dir(t.path()) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let p = e.path();
-                let removed = if p.is_dir() {
-                    std::fs::remove_dir_all(&p)
-                } else {
-                    std::fs::remove_file(&p)
-                };
-                if removed.is_ok() {
-                    report.scratch.push(p.display().to_string());
-                }
-            }
-        }
-    }
+    report.scratch.extend(clear_scratch(dir));
     for tier in Tier::ALL {
         let _ = std::fs::create_dir_all(scratch_dir(dir, tier));
     }
@@ -151,6 +120,52 @@ pub(super) fn open_and_recover(
     }))?;
     report.kept = kept.iter().map(|k| k.id.clone()).collect();
     Ok((lock_file, audit, report, kept))
+}
+
+/// Takes the data dir's lock (its file names this process): one server per
+/// data dir.
+fn lock_data_dir(dir: &std::path::Path) -> Result<File, ServerError> {
+    let lock_path = dir.join("cordon.lock");
+    let lock_file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| ServerError::io(format!("opening {}", lock_path.display()), e))?;
+    if lock_file.try_lock().is_err() {
+        return Err(ServerError::Locked(dir.display().to_string()));
+    }
+    let _ = std::fs::write(&lock_path, format!("{}\n", std::process::id()));
+    Ok(lock_file)
+}
+
+/// Removes what dead sandboxes left in each tier's scratch dir (nothing mounted under it
+/// first); returns what it removed.
+fn clear_scratch(dir: &std::path::Path) -> Vec<String> {
+    let mut removed_paths = Vec::new();
+    let scratch = dir.join("scratch");
+    // Nothing left mounted under it (a volume's bind in a dead sandbox's bundle) may be
+    // reached by the removal below.
+    cordon_host::volume::unmount_all_under(&scratch);
+    if let Ok(tiers) = std::fs::read_dir(&scratch) {
+        for t in tiers.flatten() {
+            let Ok(entries) = std::fs::read_dir(t.path()) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let p = e.path();
+                let removed = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+                if removed.is_ok() {
+                    removed_paths.push(p.display().to_string());
+                }
+            }
+        }
+    }
+    removed_paths
 }
 
 /// Why a session paused to disk was not revived (its files are removed, its end audited).

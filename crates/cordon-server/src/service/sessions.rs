@@ -13,13 +13,11 @@ use cordon_engine::{Admission, Issuer, Reservation};
 use tokio::sync::watch;
 
 use super::admit::Admit;
-use super::common::{Life, NewEventOwned, Recorder, audit_err, blocking, gone, lock};
+use super::common::{Life, NewEventOwned, Recorder, audit_err, blocking, lock};
 use super::pools::{Acquired, FromSnapshot, Held, Pools};
 use super::volumes::Volumes;
 use crate::ServerError;
-use crate::audit::{
-    AuditEvent, Created, Destroyed, Lifecycle, Mounted, NewEvent, TeardownResult, now_ms,
-};
+use crate::audit::{AuditEvent, Created, Destroyed, Mounted, NewEvent, TeardownResult, now_ms};
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
 use crate::metrics::Metrics;
@@ -245,15 +243,15 @@ impl Drop for BusyGuard {
 }
 
 /// The live sandboxes by id, each with its tenant.
-type Map = Arc<Mutex<HashMap<String, Arc<Session>>>>;
+pub(super) type Map = Arc<Mutex<HashMap<String, Arc<Session>>>>;
 
 /// Tenants' live sandboxes.
 #[derive(Clone)]
 pub struct Sessions {
-    map: Map,
+    pub(super) map: Map,
     /// Pauses to disk under way: session id -> (tenant, bytes its state may take), counted
     /// against the tenant's `max_paused_bytes` until the save ends.
-    paused_pending: Arc<Mutex<HashMap<String, (String, u64)>>>,
+    pub(super) paused_pending: Arc<Mutex<HashMap<String, (String, u64)>>>,
     /// Mints grant tokens; a destroyed sandbox's are refused from then on.
     issuer: Arc<Issuer>,
     pub(super) admit: Admit,
@@ -263,7 +261,7 @@ pub struct Sessions {
     pub(super) metrics: Arc<Metrics>,
     pub(super) life: Life,
     /// `sessions.max_ttl`: what a PATCH may give.
-    max_ttl: Duration,
+    pub(super) max_ttl: Duration,
 }
 
 impl Sessions {
@@ -416,8 +414,35 @@ impl Sessions {
         *lock(&session.labels) = labels;
         *lock(&session.volume_leases) = leases;
         session.timeout.set(req.on_timeout, ttl);
+        let written = self
+            .audit_created(&session, tenant, &spec, (ttl, idle), from)
+            .await?;
+        if let Err(e) = written {
+            session.begin_ending("audit-failure");
+            self.destroy_session(session, "audit-failure").await.ok();
+            return Err(audit_err(e));
+        }
+        self.metrics
+            .live
+            .get_or_create(&Metrics::tier(spec.tier))
+            .inc();
+        let info = session.info();
+        lock(&self.map).insert(id, session);
+        Ok(info)
+    }
+
+    /// Records a created sandbox: its live row, its create event and its volumes' mounts,
+    /// in the audit store (on a blocking worker). The inner error is the store's.
+    async fn audit_created(
+        &self,
+        session: &Session,
+        tenant: &Tenant,
+        spec: &SandboxSpec,
+        (ttl, idle): (Duration, Duration),
+        from: Option<&FromSnapshot>,
+    ) -> Result<Result<(), ServerError>, ApiError> {
         let audit = self.audit.store.clone();
-        let (t, i, tier) = (tenant.0.clone(), id.clone(), spec.tier);
+        let (t, i, tier) = (tenant.0.clone(), session.id.clone(), spec.tier);
         let mounts: Vec<(String, bool)> = spec
             .volumes
             .iter()
@@ -442,7 +467,7 @@ impl Sessions {
             one_shot: false,
             snapshot: from.map(|f| f.id.clone()),
         };
-        let written = blocking(move || -> Result<(), ServerError> {
+        blocking(move || -> Result<(), ServerError> {
             audit.sandbox_started(&i, Some(&t), tier, "live")?;
             audit.record(&NewEvent {
                 tenant: Some(&t),
@@ -465,19 +490,7 @@ impl Sessions {
             }
             Ok(())
         })
-        .await?;
-        if let Err(e) = written {
-            session.begin_ending("audit-failure");
-            self.destroy_session(session, "audit-failure").await.ok();
-            return Err(audit_err(e));
-        }
-        self.metrics
-            .live
-            .get_or_create(&Metrics::tier(spec.tier))
-            .inc();
-        let info = session.info();
-        lock(&self.map).insert(id, session);
-        Ok(info)
+        .await
     }
 
     pub(super) fn session(&self, tenant: &Tenant, id: &str) -> Result<Arc<Session>, ApiError> {
@@ -703,328 +716,5 @@ impl Sessions {
             .get_or_create(&Metrics::tier(s.tier))
             .dec();
         res?.map_err(audit_err)
-    }
-}
-
-/// A pause to disk's hold on its tenant's paused-state budget while it saves.
-struct PausePending {
-    pending: Arc<Mutex<HashMap<String, (String, u64)>>>,
-    id: String,
-}
-
-impl Drop for PausePending {
-    fn drop(&mut self) {
-        lock(&self.pending).remove(&self.id);
-    }
-}
-
-impl Sessions {
-    /// Pauses a sandbox: its processes stop where they are (no CPU), its TTL clock stands
-    /// still against `sessions.paused_ttl`, execs and file calls are refused until resumed.
-    /// It keeps its place under the tenant's limits. `to_disk` (microvm) saves all of it to
-    /// disk and lets go of its memory; its session is kept in the store, so it outlives a
-    /// server restart.
-    pub async fn pause(
-        &self,
-        tenant: &Tenant,
-        id: &str,
-        to_disk: bool,
-    ) -> Result<SandboxInfo, ApiError> {
-        let guard = self.claim(tenant, id)?;
-        let s = guard.0.clone();
-        let _pending = if to_disk {
-            Some(self.paused_room(tenant, &s)?)
-        } else {
-            None
-        };
-        let t0 = Instant::now();
-        let audit = self.audit.store.clone();
-        let r = blocking(move || {
-            let s = guard.0.clone();
-            let _busy = guard;
-            let mut cell = lock(&s.sandbox);
-            let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
-            if !to_disk {
-                sb.pause().map_err(ApiError::from)?;
-                *lock(&s.paused_at) = Some(Instant::now());
-                return Ok(None);
-            }
-            let bytes = sb.pause_to_disk().map_err(ApiError::from)?;
-            *lock(&s.paused_at) = Some(Instant::now());
-            *lock(&s.on_disk) = Some(bytes);
-            // Kept for the next start, with its `pause` row, before it is reported paused.
-            let row = s.paused_row(bytes);
-            let event = AuditEvent::PausedToDisk {
-                us: t0.elapsed().as_micros() as u64,
-                on_disk_bytes: bytes,
-            };
-            let kept = audit.paused_put(
-                &row,
-                &NewEvent {
-                    tenant: Some(&row.tenant),
-                    sandbox: Some(&row.id),
-                    tier: Some(row.tier),
-                    event,
-                },
-            );
-            if let Err(e) = kept {
-                // Not kept: it must not stay paused where a restart would lose it.
-                let resumed = sb.resume();
-                *lock(&s.paused_at) = None;
-                *lock(&s.on_disk) = None;
-                tracing::error!(sandbox = %s.id, ?resumed, "keeping a paused session: {e}");
-                return Err(audit_err(e));
-            }
-            Ok(Some(bytes))
-        })
-        .await?;
-        let us = t0.elapsed().as_micros() as u64;
-        match &r {
-            // Its row went in with the session.
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                self.audit_lifecycle(&s, Lifecycle::Pause, &Ok(()), us)
-                    .await?
-            }
-            Err(e) => {
-                self.audit_lifecycle(&s, Lifecycle::Pause, &Err(e.clone()), us)
-                    .await?
-            }
-        }
-        r?;
-        Ok(s.info())
-    }
-
-    /// Before a pause to disk: its state (counted at the sandbox's memory and disk limits,
-    /// the most it can take) must fit under the tenant's `max_paused_bytes` beside what its
-    /// other sandboxes paused to disk hold, and the data dir's file system must keep
-    /// `audit.min_free_disk` free after writing it. A sandbox already on disk takes no more.
-    /// The room is held (against concurrent pauses of the tenant) until the guard drops.
-    fn paused_room(&self, tenant: &Tenant, s: &Session) -> Result<PausePending, ApiError> {
-        let pending = PausePending {
-            pending: self.paused_pending.clone(),
-            id: s.id.clone(),
-        };
-        if lock(&s.on_disk).is_some() {
-            return Ok(pending);
-        }
-        let want = s
-            .spec
-            .limits
-            .memory_bytes
-            .saturating_add(s.spec.limits.disk_bytes);
-        let mut reserved = lock(&self.paused_pending);
-        let on_disk: u64 = lock(&self.map)
-            .values()
-            .filter(|o| o.tenant == *tenant && o.id != s.id)
-            .filter_map(|o| *lock(&o.on_disk))
-            .sum();
-        let held = reserved
-            .iter()
-            .filter(|(id, (t, _))| *t == tenant.0 && **id != s.id)
-            .map(|(_, (_, b))| *b)
-            .fold(on_disk, u64::saturating_add);
-        let budget = self.admit.rules(tenant).max_paused_bytes;
-        if held.saturating_add(want) > budget {
-            self.metrics.deny("paused_quota");
-            return Err(ApiError::new(
-                Code::PausedQuota,
-                format!(
-                    "pausing this sandbox to disk could take {} MiB (its memory and disk \
-                     limits), and this tenant's sandboxes paused to disk already hold {} MiB \
-                     of its {} MiB",
-                    want >> 20,
-                    held >> 20,
-                    budget >> 20
-                ),
-                "pause it in memory (no to_disk), or resume or destroy a sandbox paused to \
-                 disk first; the operator sets max_paused_bytes",
-            ));
-        }
-        let need = want.saturating_add(self.admit.min_free_disk);
-        if let Some(free) = self.admit.data_dir_free()
-            && free < need
-        {
-            tracing::error!(free, need, "no room to pause a sandbox to disk");
-            return Err(self.admit.storage_low(
-                "the server has no room on disk to keep this sandbox's state",
-                "pause it in memory (no to_disk), or retry later",
-            ));
-        }
-        reserved.insert(s.id.clone(), (tenant.0.clone(), want));
-        Ok(pending)
-    }
-
-    /// Resumes a paused sandbox; its processes continue where they stopped.
-    pub async fn resume(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ApiError> {
-        self.stopping()?;
-        let s = self.session(tenant, id)?;
-        if !s.is_paused() {
-            return Err(ApiError::new(
-                Code::InvalidRequest,
-                "the sandbox is not paused",
-                "pause it first (POST /v1/sandboxes/{id}/pause)",
-            ));
-        }
-        if s.busy
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return Err(ApiError::new(
-                Code::SandboxBusy,
-                "the sandbox is being paused or resumed by another request",
-                "wait for it to finish",
-            ));
-        }
-        let guard = BusyGuard(s.clone());
-        let t0 = Instant::now();
-        let audit = self.audit.store.clone();
-        let r = blocking(move || {
-            let s = guard.0.clone();
-            let _busy = guard;
-            let mut cell = lock(&s.sandbox);
-            let sb = cell.as_mut().ok_or_else(|| (gone(&s.id), false))?;
-            let from_disk = lock(&s.on_disk).is_some();
-            if let Err(e) = sb.resume() {
-                // A resume from disk that failed (a state refused, a VM that did not come
-                // back) lost the sandbox: it is destroyed below.
-                return Err((ApiError::from(e), from_disk));
-            }
-            if from_disk {
-                *lock(&s.on_disk) = None;
-                if let Err(e) = audit.paused_remove(&s.id) {
-                    tracing::warn!(sandbox = %s.id, "forgetting a resumed session: {e}");
-                }
-            }
-            if let Some(at) = lock(&s.paused_at).take() {
-                s.paused_ms
-                    .fetch_add(at.elapsed().as_millis() as i64, Ordering::Relaxed);
-            }
-            Ok::<(), (ApiError, bool)>(())
-        })
-        .await?;
-        let us = t0.elapsed().as_micros() as u64;
-        let (r, lost) = match r {
-            Ok(()) => (Ok(()), false),
-            Err((e, lost)) => (Err(e), lost),
-        };
-        self.audit_lifecycle(&s, Lifecycle::Resume, &r, us).await?;
-        if lost && s.begin_ending("resume-failed") {
-            self.destroy_session(s.clone(), "resume-failed").await?;
-        }
-        r?;
-        if let Some(span) = s.timeout.resumed() {
-            let age = s.created.elapsed().as_millis() as i64 - s.paused_total_ms();
-            s.ttl_ms.store(age.saturating_add(span), Ordering::Relaxed);
-        }
-        s.touch();
-        Ok(s.info())
-    }
-
-    async fn audit_lifecycle(
-        &self,
-        s: &Arc<Session>,
-        action: Lifecycle,
-        r: &Result<(), ApiError>,
-        us: u64,
-    ) -> Result<(), ApiError> {
-        let audit = self.audit.store.clone();
-        let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
-        let event = AuditEvent::Lifecycle {
-            action,
-            us,
-            error: r.as_ref().err().map(ApiError::failure),
-        };
-        blocking(move || {
-            audit.record(&NewEvent {
-                tenant: Some(&t),
-                sandbox: Some(&i),
-                tier: Some(tier),
-                event,
-            })
-        })
-        .await?
-        .map(|_| ())
-        .map_err(audit_err)
-    }
-
-    /// Changes a sandbox's TTL (from its creation, paused time not counted) or idle
-    /// timeout, within the server's maxima.
-    pub async fn patch(
-        &self,
-        tenant: &Tenant,
-        id: &str,
-        req: crate::model::PatchRequest,
-    ) -> Result<SandboxInfo, ApiError> {
-        let s = self.session(tenant, id)?;
-        if s.ending.get().is_some() {
-            return Err(gone(&s.id));
-        }
-        let max_ttl = self.max_ttl;
-        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        if let Some(ttl) = req.ttl {
-            if ttl.0.is_zero() || ttl.0 > max_ttl {
-                return Err(ApiError::new(
-                    Code::PolicyDenied,
-                    format!("the TTL must be between 1 ms and {} s", max_ttl.as_secs()),
-                    "give a shorter ttl (the server's sessions.max_ttl bounds it)",
-                ));
-            }
-            let age = s.created.elapsed().as_millis() as i64 - s.paused_total_ms();
-            if ms(ttl.0) <= age {
-                return Err(ApiError::invalid(format!(
-                    "the sandbox is {} s old already; give a TTL longer than its age",
-                    age / 1000
-                )));
-            }
-        }
-        if let Some(idle) = req.idle_timeout
-            && (idle.0.is_zero() || idle.0 > max_ttl)
-        {
-            return Err(ApiError::new(
-                Code::PolicyDenied,
-                format!(
-                    "the idle timeout must be between 1 ms and {} s",
-                    max_ttl.as_secs()
-                ),
-                "give a shorter idle_timeout (the server's sessions.max_ttl bounds it)",
-            ));
-        }
-        if let Some(ttl) = req.ttl {
-            s.ttl_ms.store(ms(ttl.0), Ordering::Relaxed);
-        }
-        if let Some(idle) = req.idle_timeout {
-            s.idle_ms.store(ms(idle.0), Ordering::Relaxed);
-        }
-        let audit = self.audit.store.clone();
-        let (t, i, tier) = (s.tenant.0.clone(), s.id.clone(), s.tier);
-        let event = AuditEvent::Patch {
-            ttl_ms: req.ttl.map(|d| ms(d.0)),
-            idle_timeout_ms: req.idle_timeout.map(|d| ms(d.0)),
-        };
-        // A session paused to disk keeps its new clocks for the next start too.
-        let on_disk = *lock(&s.on_disk);
-        let kept = on_disk.map(|bytes| {
-            let mut row = s.paused_row(bytes);
-            if let Some(at) = *lock(&s.paused_at) {
-                row.paused_since_ms = now_ms() - at.elapsed().as_millis() as i64;
-            }
-            row
-        });
-        blocking(move || {
-            let event = NewEvent {
-                tenant: Some(&t),
-                sandbox: Some(&i),
-                tier: Some(tier),
-                event,
-            };
-            match &kept {
-                Some(row) => audit.paused_put(row, &event).map(|()| 0),
-                None => audit.record(&event),
-            }
-        })
-        .await?
-        .map_err(audit_err)?;
-        Ok(s.info())
     }
 }

@@ -263,7 +263,7 @@ impl Snapshots {
         let row = SnapshotRow {
             id: snap.clone(),
             tenant: tenant.0.clone(),
-            name: name.clone(),
+            name,
             grants: spec.grants.iter().map(|g| g.name.clone()).collect(),
             spec,
             image,
@@ -271,12 +271,27 @@ impl Snapshots {
             created_ms: now_ms(),
             carried,
         };
+        self.add_row(tenant, id, &row, (mode, us), dir.path())
+            .await?;
+        Ok(info(&row))
+    }
+
+    /// Adds a taken snapshot's row (and its audit event) within the tenant's snapshot
+    /// budget; refused, its image dir `dir` is removed.
+    async fn add_row(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+        row: &SnapshotRow,
+        (mode, us): (SnapshotMode, u64),
+        dir: &std::path::Path,
+    ) -> Result<(), ApiError> {
         let budget = self.sessions.admit.rules(tenant).max_snapshot_bytes;
         let store = self.sessions.audit.store.clone();
         let (r, t, i) = (row.clone(), tenant.0.clone(), id.to_string());
         let event = AuditEvent::Snapshot(SnapshotTaken {
-            snapshot: Some(snap.clone()),
-            name,
+            snapshot: Some(row.id.clone()),
+            name: row.name.clone(),
             mode,
             bytes: Some(row.image.bytes),
             us,
@@ -296,7 +311,7 @@ impl Snapshots {
         })
         .await?;
         if let Err(refused) = added {
-            let _ = std::fs::remove_dir_all(dir.path());
+            let _ = std::fs::remove_dir_all(dir);
             return Err(match refused {
                 SnapshotRefusal::Exists => exists(row.name.as_deref().unwrap_or_default()),
                 SnapshotRefusal::Ceiling { bytes } => {
@@ -305,7 +320,7 @@ impl Snapshots {
                 SnapshotRefusal::Store(e) => audit_err(e),
             });
         }
-        Ok(info(&row))
+        Ok(())
     }
 
     /// Before a snapshot: what it may take (the sandbox's disk limit, and its memory limit

@@ -623,16 +623,16 @@ impl Contexts {
         .await?
     }
 
-    fn run_blocking(
+    /// Sends cell `body` to the context's interpreter (a fresh one when an earlier death
+    /// left none, with a warning saying so); returns the cell's number and the warnings.
+    fn begin_cell(
         &self,
         s: &Session,
         ctx: &Context,
+        slot: &mut Option<Worker>,
         body: &CellBody,
         timeout_ms: u64,
-        chunks: Option<ChunkSender>,
-    ) -> Result<CellResult, ApiError> {
-        let t0 = Instant::now();
-        let mut slot = lock(&ctx.worker);
+    ) -> Result<(u64, Vec<String>), ApiError> {
         let mut warnings = Vec::new();
         if slot.is_none() {
             // An earlier death left no interpreter: this cell gets a fresh one.
@@ -653,6 +653,68 @@ impl Contexts {
         }
         .line();
         on_sandbox(s, |sb| sb.write_background(w.agent, &line))?;
+        Ok((cell, warnings))
+    }
+
+    /// After the context's interpreter died (or was killed for `stuck`, its timeout and
+    /// grace): records its end and starts a fresh one unless the context or the sandbox is
+    /// going. Returns the cell's error and whether a fresh interpreter took its place.
+    fn after_death(
+        &self,
+        s: &Session,
+        ctx: &Context,
+        slot: &mut Option<Worker>,
+        (exit, stuck): (&ProcExit, Option<(u64, Duration)>),
+        warnings: &mut Vec<String>,
+    ) -> (CellError, bool) {
+        let mut error = death(exit, s, stuck);
+        self.stop_row(
+            s,
+            ctx,
+            if stuck.is_some() { "timeout" } else { "died" },
+            Some(exit),
+        );
+        *slot = None;
+        let mut restarted = false;
+        if ctx.closed.load(Ordering::Acquire) {
+            error.value.push_str("; the context was deleted");
+        } else if s.ending.get().is_some() {
+            error.value.push_str("; the sandbox is being destroyed");
+        } else {
+            lock(&ctx.meta).restarts += 1;
+            match self.start_worker(s, ctx, "died") {
+                Ok(nw) => {
+                    *slot = Some(nw);
+                    restarted = true;
+                    error.value.push_str(
+                        "; a fresh interpreter took its place: earlier variables and \
+                         imports are gone",
+                    );
+                }
+                Err(e) => warnings.push(format!(
+                    "a fresh interpreter could not be started ({}); the next cell \
+                     tries again",
+                    e.message
+                )),
+            }
+        }
+        (error, restarted)
+    }
+
+    fn run_blocking(
+        &self,
+        s: &Session,
+        ctx: &Context,
+        body: &CellBody,
+        timeout_ms: u64,
+        chunks: Option<ChunkSender>,
+    ) -> Result<CellResult, ApiError> {
+        let t0 = Instant::now();
+        let mut slot = lock(&ctx.worker);
+        let (cell, warnings) = self.begin_cell(s, ctx, &mut slot, body, timeout_ms)?;
+        let Some(w) = slot.as_mut() else {
+            return Err(no_context());
+        };
         let mut out = CellCollector::new(s, ctx, chunks);
         out.warnings = warnings;
         let timeout = Duration::from_millis(timeout_ms);
@@ -709,37 +771,8 @@ impl Contexts {
                 (status, error, count, false)
             }
             Err((exit, stuck)) => {
-                let mut error = death(&exit, s, stuck);
-                self.stop_row(
-                    s,
-                    ctx,
-                    if stuck.is_some() { "timeout" } else { "died" },
-                    Some(&exit),
-                );
-                *slot = None;
-                let mut restarted = false;
-                if ctx.closed.load(Ordering::Acquire) {
-                    error.value.push_str("; the context was deleted");
-                } else if s.ending.get().is_some() {
-                    error.value.push_str("; the sandbox is being destroyed");
-                } else {
-                    lock(&ctx.meta).restarts += 1;
-                    match self.start_worker(s, ctx, "died") {
-                        Ok(nw) => {
-                            *slot = Some(nw);
-                            restarted = true;
-                            error.value.push_str(
-                                "; a fresh interpreter took its place: earlier variables and \
-                                 imports are gone",
-                            );
-                        }
-                        Err(e) => out.warnings.push(format!(
-                            "a fresh interpreter could not be started ({}); the next cell \
-                             tries again",
-                            e.message
-                        )),
-                    }
-                }
+                let (error, restarted) =
+                    self.after_death(s, ctx, &mut slot, (&exit, stuck), &mut out.warnings);
                 (CellStatus::Died, Some(error), 0, restarted)
             }
         };
