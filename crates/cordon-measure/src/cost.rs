@@ -423,6 +423,75 @@ fn size_arg(flag: &str, s: &str) -> Result<f64> {
 
 /// `cordon cost`; the last bench and the default chart are under `data_dir`.
 pub fn cost(args: CostArgs, data_dir: &Path) -> Result<i32> {
+    let Capacity {
+        machine_cores,
+        machine_memory,
+        starts,
+        starts_source,
+        mem,
+        mem_source,
+    } = capacity(&args, data_dir)?;
+    let inputs = Inputs {
+        executions_per_month: args.executions_per_month,
+        seconds_per_execution: args.seconds_per_execution,
+        concurrency: args.concurrency,
+        executions_per_sandbox: args.executions_per_sandbox,
+        price_per_sandbox_second: args.price_per_sandbox_second,
+        fee_per_sandbox: args.fee_per_sandbox,
+        machine_cost: args.machine_cost,
+        engineer_weeks: args.engineer_weeks,
+        engineer_week_cost: args.engineer_week_cost,
+        machine_cores,
+        machine_memory_bytes: machine_memory,
+        cpu_per_sandbox: args.cpu_per_sandbox,
+        starts_per_second: starts,
+        memory_per_sandbox_bytes: mem,
+    };
+    let est = inputs
+        .estimate()
+        .map_err(|e| anyhow::anyhow!("{e}; see `cordon cost --help`"))?;
+    let chart = match &args.chart {
+        Some(p) if p.extension().is_none_or(|e| e != "svg") => bail!(
+            "the chart is written as SVG: give --chart a path ending in .svg, e.g. --chart cost.svg"
+        ),
+        Some(p) => p.clone(),
+        None => data_dir.join("bench").join("cost.svg"),
+    };
+    draw(&inputs, &est, &chart, &args.currency)?;
+    if args.json {
+        let v = serde_json::json!({
+            "schema": "cordon-cost/1",
+            "inputs": inputs,
+            "sources": {"starts_per_second": starts_source, "memory_per_sandbox": mem_source},
+            "estimate": est,
+            "chart": chart,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    print_estimate(
+        &inputs,
+        &est,
+        (&starts_source, &mem_source),
+        &chart,
+        &args.currency,
+    );
+    Ok(0)
+}
+
+/// One machine's capacity and where each figure came from (a flag, or the last bench).
+struct Capacity {
+    machine_cores: f64,
+    machine_memory: f64,
+    starts: f64,
+    starts_source: String,
+    mem: f64,
+    mem_source: String,
+}
+
+/// The machine's cores and memory, and its start rate and memory per sandbox from the flags
+/// or the last bench (scaled to the machine's cores).
+fn capacity(args: &CostArgs, data_dir: &Path) -> Result<Capacity> {
     let bench_path = args
         .bench
         .clone()
@@ -486,46 +555,25 @@ pub fn cost(args: CostArgs, data_dir: &Path) -> Result<i32> {
         ),
         (None, None) => bail!("no memory-per-sandbox figure: give --memory-per-sandbox"),
     };
-    let inputs = Inputs {
-        executions_per_month: args.executions_per_month,
-        seconds_per_execution: args.seconds_per_execution,
-        concurrency: args.concurrency,
-        executions_per_sandbox: args.executions_per_sandbox,
-        price_per_sandbox_second: args.price_per_sandbox_second,
-        fee_per_sandbox: args.fee_per_sandbox,
-        machine_cost: args.machine_cost,
-        engineer_weeks: args.engineer_weeks,
-        engineer_week_cost: args.engineer_week_cost,
+    Ok(Capacity {
         machine_cores,
-        machine_memory_bytes: machine_memory,
-        cpu_per_sandbox: args.cpu_per_sandbox,
-        starts_per_second: starts,
-        memory_per_sandbox_bytes: mem,
-    };
-    let est = inputs
-        .estimate()
-        .map_err(|e| anyhow::anyhow!("{e}; see `cordon cost --help`"))?;
-    let chart = match &args.chart {
-        Some(p) if p.extension().is_none_or(|e| e != "svg") => bail!(
-            "the chart is written as SVG: give --chart a path ending in .svg, e.g. --chart cost.svg"
-        ),
-        Some(p) => p.clone(),
-        None => data_dir.join("bench").join("cost.svg"),
-    };
-    draw(&inputs, &est, &chart, &args.currency)?;
-    let c = &args.currency;
+        machine_memory,
+        starts,
+        starts_source,
+        mem,
+        mem_source,
+    })
+}
+
+/// Prints the estimate: the workload, one machine's capacity, both costs and the crossover.
+fn print_estimate(
+    inputs: &Inputs,
+    est: &Estimate,
+    (starts_source, mem_source): (&str, &str),
+    chart: &Path,
+    c: &str,
+) {
     let money = |v: f64| format!("{c}{}", amount(v));
-    if args.json {
-        let v = serde_json::json!({
-            "schema": "cordon-cost/1",
-            "inputs": inputs,
-            "sources": {"starts_per_second": starts_source, "memory_per_sandbox": mem_source},
-            "estimate": est,
-            "chart": chart,
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(0);
-    }
     let e = inputs.executions_per_month;
     println!(
         "workload: {} executions/month, {} s each, peak {} at once, {} per sandbox",
@@ -588,7 +636,6 @@ pub fn cost(args: CostArgs, data_dir: &Path) -> Result<i32> {
         None => println!("crossover: none; {}", est.crossover_note),
     }
     println!("chart: {}", chart.display());
-    Ok(0)
 }
 
 fn draw(inputs: &Inputs, est: &Estimate, path: &Path, currency: &str) -> Result<()> {
