@@ -13,6 +13,7 @@ mod image;
 mod mcp;
 mod policy;
 mod serve;
+mod shown;
 mod snapshot;
 mod template;
 mod template_build;

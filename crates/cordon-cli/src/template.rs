@@ -9,6 +9,8 @@ use clap::{Args, Subcommand};
 use cordon_template::human;
 use cordon_template::{ImportLimits, Manifest, Store};
 
+use crate::shown::short;
+
 #[derive(Args)]
 pub struct TemplateArgs {
     /// Cordon's data directory (default: $CORDON_HOME, /var/lib/cordon as root).
@@ -211,9 +213,4 @@ fn row(m: &Manifest) -> String {
         tiers.join(","),
         m.built_from
     )
-}
-
-/// `sha256:` and the first 12 hex digits.
-pub(crate) fn short(digest: &str) -> &str {
-    &digest[..digest.len().min(19)]
 }

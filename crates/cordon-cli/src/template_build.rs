@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::template::short;
+use crate::shown::short;
 use clap::Args;
 use cordon_container::{ContainerBackend, ContainerConfig};
 use cordon_core::{

@@ -19,12 +19,12 @@
 //! (the kernel has no call that reads a ruleset back, so a checkpoint cannot hold one),
 //! while Cordon never runs a container sandbox's code without one.
 
+use std::io::Write;
+
 use cordon_core::{
-    Error, Feature, Result, Sandbox, SandboxSpec, SnapshotDir, SnapshotImage, SnapshotMode, Tier,
+    ArchiveReport, Error, Feature, Result, Sandbox, SnapshotDir, SnapshotImage, SnapshotMode, Tier,
     WorkspaceImage,
 };
-
-use crate::{ContainerBackend, ContainerSandbox};
 
 /// The layout this build writes: the workspace as one tar (see [`WorkspaceImage`]).
 const IMAGE: WorkspaceImage = WorkspaceImage {
@@ -47,37 +47,36 @@ fn no_full() -> Error {
     }
 }
 
-/// `Sandbox::snapshot` of a container sandbox.
+/// `Sandbox::snapshot` of a container sandbox: `paused` whether it is paused; `archive`
+/// writes its workspace as a tar.
 pub(crate) fn take(
-    sb: &mut ContainerSandbox,
+    paused: bool,
     mode: SnapshotMode,
     dir: &SnapshotDir,
+    archive: impl FnOnce(&mut dyn Write) -> Result<ArchiveReport>,
 ) -> Result<SnapshotImage> {
     if mode == SnapshotMode::Full {
         return Err(no_full());
     }
-    if sb.is_paused() {
+    if paused {
         return Err(Error::Unsupported {
             what: "a snapshot of a paused container sandbox (its agent is frozen with it)".into(),
             fix: "resume it, then take the snapshot".into(),
         });
     }
-    let max = sb.disk_limit();
-    IMAGE.take(mode, dir, |out| {
-        sb.file_call(|io| cordon_host::files::get_archive(io, "/work", max, out))
-    })
+    IMAGE.take(mode, dir, archive)
 }
 
-/// `Backend::start_from_snapshot` of the container tier: a create, then the workspace.
+/// `Backend::start_from_snapshot` of the container tier: a create (`create`), then the
+/// workspace.
 pub(crate) fn start(
-    backend: &ContainerBackend,
     image: &SnapshotImage,
     dir: &SnapshotDir,
-    spec: &SandboxSpec,
-) -> Result<ContainerSandbox> {
+    create: impl FnOnce() -> Result<Box<dyn Sandbox>>,
+) -> Result<Box<dyn Sandbox>> {
     let tar = IMAGE.open(image, dir, &[SnapshotMode::Filesystem])?;
-    let mut sb = backend.create_sandbox(spec)?;
-    let report = WorkspaceImage::fill(&mut sb, tar)?;
+    let mut sb = create()?;
+    let report = WorkspaceImage::fill(sb.as_mut(), tar)?;
     if !report.skipped.is_empty() {
         tracing::debug!(
             sandbox = %sb.id(),

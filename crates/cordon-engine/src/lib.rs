@@ -14,6 +14,7 @@
 pub mod audit;
 pub mod catalogue;
 pub mod ceiling;
+mod error;
 pub mod gate;
 pub mod ledger;
 pub mod request;
@@ -21,6 +22,7 @@ pub mod tokens;
 
 pub use catalogue::Catalogue;
 pub use ceiling::{CeilingConfig, GrantEntry, Resolved, TenantRules};
+pub use error::GateError;
 pub use gate::{
     Admission, Denial, DenyCode, Gate, GateRecord, GateSettings, NodeAllowance, RulesSource,
     workload_of,
@@ -30,10 +32,3 @@ pub use request::{
     GrantName, LimitsPatch, OnTimeout, Principal, SandboxRequest, VolumeRequest, Workload,
 };
 pub use tokens::{Discovery, Introspection, Issuer, Jwks};
-
-/// Errors of setting the engine up (the operator's config).
-#[derive(Debug, thiserror::Error)]
-pub enum GateError {
-    #[error("{0}")]
-    Config(String),
-}

@@ -609,14 +609,6 @@ fn workspace() -> PathBuf {
 /// entry that no longer is a loop (take it out).
 const KNOWN: &[&[&str]] = &[
     &[
-        "crates/cordon-cli/src/template.rs",
-        "crates/cordon-cli/src/template_build.rs",
-    ],
-    &[
-        "crates/cordon-container/src/backend/mod.rs",
-        "crates/cordon-container/src/snapshot.rs",
-    ],
-    &[
         "crates/cordon-core/src/error.rs",
         "crates/cordon-core/src/spec.rs",
         "crates/cordon-core/src/volume.rs",
@@ -624,13 +616,6 @@ const KNOWN: &[&[&str]] = &[
     &[
         "crates/cordon-engine/src/audit/store.rs",
         "crates/cordon-engine/src/audit/store/snapshots.rs",
-    ],
-    &[
-        "crates/cordon-engine/src/catalogue.rs",
-        "crates/cordon-engine/src/ceiling.rs",
-        "crates/cordon-engine/src/gate.rs",
-        "crates/cordon-engine/src/lib.rs",
-        "crates/cordon-engine/src/tokens.rs",
     ],
     &[
         "crates/cordon-guest/src/agent/background.rs",
@@ -668,15 +653,6 @@ const KNOWN: &[&[&str]] = &[
         "crates/cordon-oci/src/lib.rs",
         "crates/cordon-oci/src/node.rs",
         "crates/cordon-oci/src/tiers.rs",
-    ],
-    &[
-        "crates/cordon-wasm/src/engine.rs",
-        "crates/cordon-wasm/src/run.rs",
-        "crates/cordon-wasm/src/standby.rs",
-    ],
-    &[
-        "crates/cordon-wasm/src/lib.rs",
-        "crates/cordon-wasm/src/snapshot.rs",
     ],
 ];
 

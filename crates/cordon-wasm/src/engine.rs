@@ -47,11 +47,15 @@ impl Default for PoolSize {
     }
 }
 
+/// Spent stores waiting for a worker beyond which an exec resets its own slot again (the
+/// engine's pool has slots for them beside the standby instances).
+pub(crate) const MAX_PENDING_DISPOSALS: u32 = 8;
+
 pub(crate) fn new_engine(fuel: bool, pool: PoolSize) -> Result<Engine, WasmError> {
     // Standby instances, and spent ones waiting for their reset, have pool slots of their
     // own, so running execs keep theirs (the backend counts those itself).
     let spare = if pool.standby_instances > 0 {
-        pool.standby_instances + crate::standby::MAX_PENDING_DISPOSALS
+        pool.standby_instances + MAX_PENDING_DISPOSALS
     } else {
         0
     };

@@ -14,8 +14,8 @@
 //! scratch dir, limits and disk quota) whose workspace is filled with the checks of an
 //! upload: no entry leaves `/work`, the disk limit holds, links are not extracted.
 
+use cordon_core::{Backend, Sandbox, WorkspaceImage};
 use cordon_core::{Result, SandboxSpec, SnapshotDir, SnapshotImage, SnapshotMode, Tier};
-use cordon_core::{Sandbox, WorkspaceImage};
 
 /// The layout this build writes and reads.
 const IMAGE: WorkspaceImage = WorkspaceImage {
@@ -35,12 +35,11 @@ pub(crate) fn take(
 
 /// `Backend::start_from_snapshot` of the wasm tier: a create, then the workspace.
 pub(crate) fn start(
-    backend: &crate::WasmBackend,
+    backend: &dyn Backend,
     image: &SnapshotImage,
     dir: &SnapshotDir,
     spec: &SandboxSpec,
 ) -> Result<Box<dyn Sandbox>> {
-    use cordon_core::Backend;
     let tar = IMAGE.open(image, dir, &[SnapshotMode::Full, SnapshotMode::Filesystem])?;
     let mut sb = backend.create(spec)?;
     // What was skipped (links, special files) cannot be in a scratch dir the confined

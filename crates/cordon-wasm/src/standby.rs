@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use wasmtime::Engine;
 
+use crate::engine::MAX_PENDING_DISPOSALS;
 use crate::run::{self, Program, Ready, Setup};
 
 /// How long after the previous exec ended an exec must come for the sandbox to count as paced
@@ -39,9 +40,6 @@ pub(crate) const PAUSE: Duration = Duration::from_millis(5);
 
 /// How long a standby instance is kept for an exec that has not come.
 pub(crate) const IDLE: Duration = Duration::from_secs(30);
-
-/// Spent stores waiting for a worker beyond which an exec resets its own slot again.
-pub(crate) const MAX_PENDING_DISPOSALS: u32 = 8;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)

@@ -266,7 +266,7 @@ impl Backend for ContainerBackend {
         dir: &cordon_core::SnapshotDir,
         spec: &SandboxSpec,
     ) -> Result<Box<dyn Sandbox>> {
-        Ok(Box::new(crate::snapshot::start(self, image, dir, spec)?))
+        crate::snapshot::start(image, dir, || Ok(Box::new(self.create_sandbox(spec)?)))
     }
 }
 

@@ -169,7 +169,10 @@ impl Sandbox for ContainerSandbox {
         mode: cordon_core::SnapshotMode,
         dir: &cordon_core::SnapshotDir,
     ) -> Result<cordon_core::SnapshotImage> {
-        crate::snapshot::take(self, mode, dir)
+        let (paused, max) = (self.is_paused(), self.disk_limit());
+        crate::snapshot::take(paused, mode, dir, |out| {
+            self.file_call(|io| cordon_host::files::get_archive(io, "/work", max, out))
+        })
     }
 
     fn pause(&mut self) -> Result<()> {
