@@ -400,6 +400,11 @@ impl TokenMinter for Minter {
 mod tests {
     use super::*;
 
+    /// The test issuer: keys rotated hourly, tokens living at most `life`.
+    fn issuer(life: Duration) -> Arc<Issuer> {
+        Arc::new(Issuer::new("https://cordon.test", Duration::from_secs(3600), life).unwrap())
+    }
+
     fn minter(issuer: &Arc<Issuer>, life: Duration) -> Minter {
         Minter {
             issuer: issuer.clone(),
@@ -418,8 +423,7 @@ mod tests {
     #[test]
     fn ended_sandboxes_are_forgotten_once_their_tokens_expired() {
         let life = Duration::from_secs(600);
-        let issuer =
-            Arc::new(Issuer::new("https://cordon.test", Duration::from_secs(3600), life).unwrap());
+        let issuer = issuer(life);
         let m = minter(&issuer, Duration::from_secs(300));
         for i in 0..10_000 {
             issuer.end_sandbox(&format!("sb-{i}"));
@@ -438,14 +442,7 @@ mod tests {
 
     #[test]
     fn minted_tokens_verify_with_the_published_key_only() {
-        let issuer = Arc::new(
-            Issuer::new(
-                "https://cordon.test",
-                Duration::from_secs(3600),
-                Duration::from_secs(600),
-            )
-            .unwrap(),
-        );
+        let issuer = issuer(Duration::from_secs(600));
         let m = minter(&issuer, Duration::from_secs(300));
         let t = m.mint("sb-1").unwrap();
         let token = String::from_utf8(t.value.expose().to_vec()).unwrap();
@@ -478,14 +475,7 @@ mod tests {
 
     #[test]
     fn keys_rotate_and_old_tokens_stay_verifiable_while_they_live() {
-        let issuer = Arc::new(
-            Issuer::new(
-                "https://cordon.test",
-                Duration::from_secs(3600),
-                Duration::from_secs(600),
-            )
-            .unwrap(),
-        );
+        let issuer = issuer(Duration::from_secs(600));
         let m = minter(&issuer, Duration::from_secs(60));
         let old = String::from_utf8(m.mint("sb-2").unwrap().value.expose().to_vec()).unwrap();
         issuer.rotate().unwrap();

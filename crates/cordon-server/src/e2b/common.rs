@@ -87,6 +87,18 @@ pub(crate) fn e2b_error(status: StatusCode, message: impl Into<String>) -> Respo
 }
 
 /// A Cordon refusal in E2B's error shape: the same status, the message and the fix.
+/// A request's JSON body; an empty (or blank) one is `T`'s default, as E2B's SDKs send
+/// none where every field is left out.
+pub(crate) fn body_json<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+) -> Result<T, Response> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| e2b_error(StatusCode::BAD_REQUEST, format!("the request body: {e}")))
+}
+
 pub(crate) fn api_error(e: ApiError) -> Response {
     let mut resp = e2b_error(e.code.status(), message_of(&e));
     if let Some(secs) = e.retry_after

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use cordon_core::units::Dur;
 
 use super::wire::{ConnectBody, NewSandbox, TimeoutBody};
-use super::{E2b, api_error, detail_of, e2b_error, sandbox_out};
+use super::{E2b, api_error, body_json, detail_of, e2b_error, sandbox_out};
 use crate::api::parse_id;
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
@@ -23,14 +23,6 @@ use crate::model::{CreateRequest, PatchRequest, SandboxInfo, validate_labels};
 const DEFAULT_TIMEOUT_S: u64 = 300;
 
 type Peer = super::From;
-
-fn body_json<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, Response> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| e2b_error(StatusCode::BAD_REQUEST, format!("the request body: {e}")))
-}
 
 impl Default for TimeoutBody {
     fn default() -> Self {

@@ -383,18 +383,7 @@ pub(super) async fn delete(
     headers: HeaderMap,
     Path(cid): Path<String>,
 ) -> Response {
-    let (id, b) = match e.sandbox(&headers, INTERP_PORT, Auth::Traffic).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    if !valid_context_id(&cid) {
-        return no_context(&cid);
-    }
-    match e.svc.contexts().delete_context(&b.tenant, &id, &cid).await {
-        Ok(_) => Json(()).into_response(),
-        Err(err) if err.code == crate::Code::NotFound => no_context(&cid),
-        Err(err) => api_error(err),
-    }
+    on_context(e, headers, cid, Verb::Delete).await
 }
 
 /// `POST /contexts/{id}/restart`.
@@ -403,6 +392,18 @@ pub(super) async fn restart(
     headers: HeaderMap,
     Path(cid): Path<String>,
 ) -> Response {
+    on_context(e, headers, cid, Verb::Restart).await
+}
+
+/// What a call does to one context.
+enum Verb {
+    Delete,
+    Restart,
+}
+
+/// `verb` on the context `cid` of the sandbox the request names: an empty answer, or E2B's
+/// 404 for a context that is not there (or not a context's id).
+async fn on_context(e: E2b, headers: HeaderMap, cid: String, verb: Verb) -> Response {
     let (id, b) = match e.sandbox(&headers, INTERP_PORT, Auth::Traffic).await {
         Ok(x) => x,
         Err(r) => return r,
@@ -410,7 +411,12 @@ pub(super) async fn restart(
     if !valid_context_id(&cid) {
         return no_context(&cid);
     }
-    match e.svc.contexts().restart_context(&b.tenant, &id, &cid).await {
+    let contexts = e.svc.contexts();
+    let done = match verb {
+        Verb::Delete => contexts.delete_context(&b.tenant, &id, &cid).await,
+        Verb::Restart => contexts.restart_context(&b.tenant, &id, &cid).await,
+    };
+    match done {
         Ok(_) => Json(()).into_response(),
         Err(err) if err.code == crate::Code::NotFound => no_context(&cid),
         Err(err) => api_error(err),

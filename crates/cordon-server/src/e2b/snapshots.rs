@@ -20,7 +20,7 @@ use cordon_core::units::Dur;
 use serde::{Deserialize, Serialize};
 
 use super::wire::{ErrorBody, NewSandbox, SandboxOut};
-use super::{E2b, api_error, e2b_error};
+use super::{E2b, api_error, body_json, e2b_error};
 use crate::api::parse_id;
 use crate::error::ApiError;
 use crate::keys::Tenant;
@@ -83,12 +83,18 @@ fn out(s: &SnapshotInfo) -> SnapshotOut {
     }
 }
 
-fn body_json<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, Response> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| e2b_error(StatusCode::BAD_REQUEST, format!("the request body: {e}")))
+/// What a call on the source sandbox `id` (a snapshot of it, a fork) starts from: the
+/// caller's tenant, the call's body and the sandbox's id.
+fn source_request<T: serde::de::DeserializeOwned + Default>(
+    e: &E2b,
+    headers: &HeaderMap,
+    from: super::From,
+    id: &str,
+    body: &[u8],
+) -> Result<(Tenant, T, String), Response> {
+    let t = e.tenant(headers, from.0)?;
+    let req = body_json(body)?;
+    Ok((t, req, source_id(id)?))
 }
 
 /// A source sandbox E2B names: another tenant's, or no sandbox, is E2B's 404.
@@ -118,16 +124,8 @@ pub(super) async fn create_snapshot(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let t = match e.tenant(&headers, from.0) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    let req: SnapshotBody = match body_json(&body) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
-    let sid = match source_id(&id) {
-        Ok(s) => s,
+    let (t, req, sid) = match source_request::<SnapshotBody>(&e, &headers, from, &id, &body) {
+        Ok(x) => x,
         Err(r) => return r,
     };
     let mode = req.memory.map(|m| {
@@ -260,16 +258,8 @@ pub(super) async fn fork(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let t = match e.tenant(&headers, from.0) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    let req: ForkBody = match body_json(&body) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
-    let sid = match source_id(&id) {
-        Ok(s) => s,
+    let (t, req, sid) = match source_request::<ForkBody>(&e, &headers, from, &id, &body) {
+        Ok(x) => x,
         Err(r) => return r,
     };
     let timeout = req.timeout.unwrap_or(DEFAULT_FORK_TIMEOUT_S).max(1);
