@@ -22,6 +22,25 @@ pub enum Error {
     /// The request itself is invalid.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The request is invalid for a reason an error of its own gives (a parser's, a
+    /// compiler's), kept as the source; `what` says what was wrong, `fix` what to do.
+    #[error("invalid request: {what}: {source}; {fix}")]
+    Malformed {
+        what: String,
+        fix: String,
+        #[source]
+        source: BoxError,
+    },
+    /// A snapshot that cannot start this sandbox; [`SnapshotRefusal`] says why.
+    #[error("invalid request: {0}")]
+    Snapshot(SnapshotRefusal),
+    /// A backend was handed a spec the caller had to prepare first (a programming error of
+    /// the caller's, not the tenant's).
+    #[error("invalid request: {0}")]
+    NotPrepared(Unprepared),
+    /// A backend was handed a spec of another tier.
+    #[error("invalid request: the {backend} backend was asked for a {asked} sandbox")]
+    OtherTier { backend: Tier, asked: Tier },
     /// A path given for a file in or out is not inside the workspace, or is a symlink.
     #[error("refused path {path:?}: {reason}")]
     PathRefused { path: String, reason: String },
@@ -60,6 +79,51 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why a snapshot cannot start a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotRefusal {
+    /// It was taken on another tier, or in a mode this start does not take.
+    #[error(
+        "a {mode} snapshot of the {from} tier cannot start a {to} sandbox; start it on its \
+         own tier"
+    )]
+    OtherTier {
+        /// The snapshot's mode (`full`, `files`).
+        mode: String,
+        from: Tier,
+        to: Tier,
+    },
+    /// It was written in a layout this build does not read.
+    #[error(
+        "this snapshot was written in {tier} snapshot format {found}, which this build does \
+         not read (it reads {reads}); take the snapshot again"
+    )]
+    Format { tier: Tier, found: u32, reads: u32 },
+    /// Its own record of itself does not fit this start (`why` names what).
+    #[error("this {tier} snapshot cannot start a sandbox: {why}; take the snapshot again")]
+    Unusable { tier: Tier, why: String },
+}
+
+/// What the caller of a backend had to do before the create and did not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unprepared {
+    /// The spec names a template the template store did not resolve.
+    #[error(
+        "template {0:?} was not resolved before the create; resolve it with the template \
+         store (cordon_template::Store::resolve_spec) first"
+    )]
+    Template(String),
+    /// The resolved template is not a root of the template store.
+    #[error("template {0:?} is not a root of the template store")]
+    TemplateRoot(String),
+    /// The spec mounts a volume no lease was taken on.
+    #[error(
+        "volume {0:?} was not leased before the create; lease it with \
+         cordon_host::volume::VolumeStore::mount first"
+    )]
+    Volume(String),
 }
 
 impl Error {

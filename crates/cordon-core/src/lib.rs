@@ -27,7 +27,7 @@ pub use backend::{
     SandboxId, Terminal, TierStatus,
 };
 pub use ending::{Evidence, ExitReport, classify};
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, Result, SnapshotRefusal, Unprepared};
 pub use exec::{
     Command, ExecOutcome, ExecRequest, OutputStream, SANDBOX_PATH, Termination, Timings, Usage,
     exit_code_for, sandbox_env,
@@ -37,7 +37,7 @@ pub use files::{ArchiveReport, FileEntry, FileKind, FileOp, FileReply, MAX_LIST_
 pub use gauge::{Gauge, Reading};
 pub use procs::{BACKGROUND_KEEP, PTY_MAX, ProcExit, ProcOutput, ProcSignal, PtySize};
 pub use report::{
-    Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind,
+    Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind, GrantNames,
 };
 pub use run::{FileIn, FileOut, run_once};
 pub use snapshot::{MAX_FORKS, SnapshotDir, SnapshotImage, SnapshotMode};

@@ -81,9 +81,11 @@ pub struct EgressEvent {
     /// Upstream status code, when a response came back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
-    /// The grant whose secret was added to the request (name only).
+    /// The grants whose secrets were added to the request (names only; on the wire the
+    /// names joined by commas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub grant: Option<String>,
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
+    pub grant: Option<GrantNames>,
     /// Whether the proxy terminated TLS for this CONNECT.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminated: Option<bool>,
@@ -187,6 +189,49 @@ impl EgressEvent {
     }
 }
 
+/// The grants whose secrets one request carried, by name: a list in Cordon, written on the
+/// wire and in audit rows as the names joined by commas (`github,npm`) and read back from
+/// that text here, once.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct GrantNames(Vec<String>);
+
+impl GrantNames {
+    /// One grant.
+    pub fn one(name: impl Into<String>) -> Self {
+        GrantNames(vec![name.into()])
+    }
+
+    /// The grants' names, in the order the request carried them.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+}
+
+impl<S: Into<String>> FromIterator<S> for GrantNames {
+    fn from_iter<I: IntoIterator<Item = S>>(names: I) -> Self {
+        GrantNames(names.into_iter().map(Into::into).collect())
+    }
+}
+
+impl std::fmt::Display for GrantNames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join(","))
+    }
+}
+
+impl Serialize for GrantNames {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for GrantNames {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok(text.split(',').filter(|n| !n.is_empty()).collect())
+    }
+}
+
 /// How much of an event a fold keeps once a flood has made too many distinct rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Coarseness {
@@ -203,7 +248,7 @@ struct FoldKey {
     kind: EgressKind,
     decision: EgressDecision,
     rule: Option<String>,
-    grant: Option<String>,
+    grant: Option<GrantNames>,
     host: Option<String>,
     port: Option<u16>,
     addr: Option<String>,
@@ -444,6 +489,22 @@ impl Details {
 mod tests {
     use super::*;
 
+    /// The grants of a request are a list in Cordon and the same comma-joined text on the
+    /// wire as before: two grants read back as two names, an absent field as none.
+    #[test]
+    fn grant_names_are_a_list_written_as_before() {
+        let two: GrantNames = ["github", "npm"].into_iter().collect();
+        assert_eq!(two.iter().collect::<Vec<_>>(), ["github", "npm"]);
+        let mut e = EgressEvent::new(1, EgressKind::Https, EgressDecision::Allow);
+        e.grant = Some(two.clone());
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["grant"], "github,npm");
+        let back: EgressEvent = serde_json::from_value(v).unwrap();
+        assert_eq!(back.grant, Some(two));
+        let one: GrantNames = serde_json::from_str("\"github\"").unwrap();
+        assert_eq!(one, GrantNames::one("github"));
+    }
+
     fn deny(host: &str) -> EgressEvent {
         let mut e = EgressEvent::new(1, EgressKind::Connect, EgressDecision::Deny);
         e.rule = Some("default-deny".into());
@@ -455,7 +516,7 @@ mod tests {
     fn exfil(host: &str, path: &str) -> EgressEvent {
         let mut e = EgressEvent::new(2, EgressKind::Https, EgressDecision::Exfiltration);
         e.rule = Some("grant:github".into());
-        e.grant = Some("github".into());
+        e.grant = Some(GrantNames::one("github"));
         e.host = Some(host.into());
         e.path = Some(path.into());
         e
@@ -512,7 +573,7 @@ mod tests {
         for i in 0..5_000 {
             f.push(exfil(&format!("evil{i}.test"), &format!("/p{i}")));
             let mut g = EgressEvent::new(3, EgressKind::Https, EgressDecision::Allow);
-            g.grant = Some("github".into());
+            g.grant = Some(GrantNames::one("github"));
             g.host = Some("api.github.test".into());
             g.path = Some(format!("/repos/{i}"));
             f.push(g);

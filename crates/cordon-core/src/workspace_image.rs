@@ -13,7 +13,9 @@ use std::io::{BufWriter, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use crate::{Error, Result, Sandbox, SnapshotDir, SnapshotImage, SnapshotMode, Tier};
+use crate::{
+    Error, Result, Sandbox, SnapshotDir, SnapshotImage, SnapshotMode, SnapshotRefusal, Tier,
+};
 
 const MANIFEST: &str = "manifest";
 const WORK_TAR: &str = "work.tar";
@@ -64,18 +66,18 @@ impl WorkspaceImage {
         modes: &[SnapshotMode],
     ) -> Result<File> {
         if image.tier != self.tier || !modes.contains(&image.mode) {
-            return Err(Error::Invalid(format!(
-                "a {} snapshot of the {} tier cannot start a {} sandbox; start it on its \
-                 own tier",
-                image.mode, image.tier, self.tier
-            )));
+            return Err(Error::Snapshot(SnapshotRefusal::OtherTier {
+                mode: image.mode.to_string(),
+                from: image.tier,
+                to: self.tier,
+            }));
         }
         if image.format != self.format {
-            return Err(Error::Invalid(format!(
-                "this snapshot was written in {} snapshot format {}, which this build does \
-                 not read (it reads {}); take the snapshot again",
-                self.tier, image.format, self.format
-            )));
+            return Err(Error::Snapshot(SnapshotRefusal::Format {
+                tier: self.tier,
+                found: image.format,
+                reads: self.format,
+            }));
         }
         File::open(dir.path().join(WORK_TAR)).map_err(|e| {
             Error::failed(

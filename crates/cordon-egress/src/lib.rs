@@ -52,7 +52,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cordon_core::{EgressPolicy, Grant};
-use http::Method;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, broadcast};
 use tokio_rustls::TlsConnector;
@@ -71,7 +70,7 @@ pub use tls::UpstreamRoots;
 use crate::audit::AuditLog;
 use crate::limits::RateLimiter;
 use crate::secrets::Grants;
-use crate::shared::{CompiledHttpRule, Shared};
+use crate::shared::Shared;
 
 /// Port the in-sandbox forwarder listens on by default (`127.0.0.1:3128`).
 pub const DEFAULT_SANDBOX_PROXY_PORT: u16 = 3128;
@@ -79,21 +78,6 @@ pub const DEFAULT_SANDBOX_PROXY_PORT: u16 = 3128;
 pub const DEFAULT_CA_CERT_PATH: &str = "/etc/cordon/egress-ca.pem";
 /// Where the CA plus the system bundle goes inside the sandbox by default.
 pub const DEFAULT_CA_BUNDLE_PATH: &str = "/etc/cordon/ca-bundle.pem";
-
-/// Method and path rules for a host: the proxy terminates its TLS so it can see and
-/// enforce them. The host must also be allowed (an allow entry, or a grant naming it).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HttpRule {
-    /// Host pattern (`api.example.com`, `*.example.com`).
-    pub host: String,
-    /// Allowed methods; empty means any.
-    #[serde(default)]
-    pub methods: Vec<String>,
-    /// Allowed path prefixes (segment-aware); empty means any.
-    #[serde(default)]
-    pub path_prefixes: Vec<String>,
-}
 
 /// Everything one sandbox's proxy needs.
 #[derive(Clone)]
@@ -104,8 +88,6 @@ pub struct ProxyConfig {
     pub policy: EgressPolicy,
     /// Scoped credentials. Their hosts are allowed on port 443 implicitly (deny still wins).
     pub grants: Vec<Grant>,
-    /// Method/path rules for hosts whose TLS is terminated.
-    pub http_rules: Vec<HttpRule>,
     /// Per-sandbox limits.
     pub limits: EgressLimits,
     /// Unix socket to listen on (bind-mounted into the sandbox). A stale socket file at
@@ -137,7 +119,6 @@ impl std::fmt::Debug for ProxyConfig {
                 "grants",
                 &self.grants.iter().map(|g| &g.name).collect::<Vec<_>>(),
             )
-            .field("http_rules", &self.http_rules)
             .field("limits", &self.limits)
             .field("unix_socket", &self.unix_socket)
             .field("tcp_listen", &self.tcp_listen)
@@ -152,7 +133,6 @@ impl ProxyConfig {
             sandbox_id: sandbox_id.into(),
             policy: EgressPolicy::default(),
             grants: Vec::new(),
-            http_rules: Vec::new(),
             limits: EgressLimits::default(),
             unix_socket: None,
             tcp_listen: None,
@@ -183,7 +163,6 @@ impl ProxyConfig {
                 Pattern::parse(h)?;
             }
         }
-        compile_http_rules(&self.http_rules)?;
         if self.unix_socket.is_none() && self.tcp_listen.is_none() {
             return Err(Error::NoListener);
         }
@@ -194,38 +173,6 @@ impl ProxyConfig {
         }
         Ok(())
     }
-}
-
-fn compile_http_rules(rules: &[HttpRule]) -> Result<Vec<CompiledHttpRule>> {
-    rules
-        .iter()
-        .map(|r| {
-            let bad = |reason: String| Error::Pattern {
-                entry: r.host.clone(),
-                reason,
-            };
-            let methods = r
-                .methods
-                .iter()
-                .map(|m| {
-                    Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes())
-                        .map_err(|_| bad(format!("{m:?} is not an HTTP method")))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            for p in &r.path_prefixes {
-                if !policy::path_is_canonical(p) {
-                    return Err(bad(format!(
-                        "path prefix {p:?} must start with '/' and hold no dot segments"
-                    )));
-                }
-            }
-            Ok(CompiledHttpRule {
-                host: Pattern::parse(&r.host)?,
-                methods,
-                paths: r.path_prefixes.clone(),
-            })
-        })
-        .collect()
 }
 
 /// Counters of one proxy.
@@ -284,7 +231,6 @@ fn start_on(
     config.validate()?;
     let mut policy = Policy::new(&config.policy.allow, &config.policy.deny)?;
     let grants = Grants::compile(&config.grants, &config.sandbox_id)?;
-    let http_rules = compile_http_rules(&config.http_rules)?;
     let mut terminated = Vec::new();
     for g in &grants.list {
         for p in &g.hosts {
@@ -292,12 +238,9 @@ fn start_on(
             terminated.push(p.clone());
         }
     }
-    for r in &http_rules {
-        terminated.push(r.host.clone());
-    }
     let ca = tls::SandboxCa::new(&config.sandbox_id, &terminated)?;
-    // The proxy originates TLS only to the hosts whose TLS it terminates (grants, HTTP
-    // rules); a proxy that only tunnels never needs trust roots, so it never loads them.
+    // The proxy originates TLS only to the hosts whose TLS it terminates (the grants'); a
+    // proxy that only tunnels never needs trust roots, so it never loads them.
     // Extra roots given are checked either way, so a bad one is an error at the start.
     let upstream_tls = if terminated.is_empty() && config.upstream_roots.extra_pem.is_empty() {
         None
@@ -315,7 +258,6 @@ fn start_on(
     let shared = Arc::new(Shared {
         policy,
         grants,
-        http_rules,
         conn_sem: Arc::new(Semaphore::new(config.limits.max_connections as usize)),
         rate: RateLimiter::new(
             config.limits.requests_per_second,

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
-use http::Method;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
@@ -13,24 +12,15 @@ use tokio_util::task::TaskTracker;
 
 use crate::audit::AuditLog;
 use crate::limits::{EgressLimits, RateLimiter};
-use crate::policy::{Host, Pattern, Policy};
+use crate::policy::{Host, Policy};
 use crate::resolve::Resolver;
 use crate::secrets::Grants;
 use crate::tls::SandboxCa;
-
-/// Method and path rules for a host whose TLS the proxy terminates.
-#[derive(Debug, Clone)]
-pub(crate) struct CompiledHttpRule {
-    pub host: Pattern,
-    pub methods: Vec<Method>,
-    pub paths: Vec<String>,
-}
 
 /// Everything the connections of one sandbox share.
 pub(crate) struct Shared {
     pub policy: Policy,
     pub grants: Grants,
-    pub http_rules: Vec<CompiledHttpRule>,
     pub limits: EgressLimits,
     pub resolver: Arc<dyn Resolver>,
     pub ca: SandboxCa,
@@ -50,7 +40,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn terminates(&self, host: &Host) -> bool {
-        self.grants.covers(host) || self.http_rules.iter().any(|r| r.host.matches_host(host))
+        self.grants.covers(host)
     }
 
     /// The upstream TLS client, which every proxy that terminates a host's TLS has.

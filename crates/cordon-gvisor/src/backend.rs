@@ -154,9 +154,8 @@ impl GvisorBackend {
             });
         }
         if let (Some(name), None) = (&spec.template, &spec.resolved_template) {
-            return Err(Error::Invalid(format!(
-                "template {name:?} was not resolved before the create; resolve it with the \
-                 template store (cordon_template::Store::resolve_spec) first"
+            return Err(Error::NotPrepared(cordon_core::Unprepared::Template(
+                name.clone(),
             )));
         }
         let mut weakened = Vec::new();

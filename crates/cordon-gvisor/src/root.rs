@@ -56,10 +56,8 @@ impl GvisorSandbox {
     pub(crate) fn bind_volumes(&mut self) -> Result<()> {
         for (i, v) in self.spec.volumes.iter().enumerate() {
             let Some(src) = &v.source else {
-                return Err(Error::Invalid(format!(
-                    "volume {:?} was not leased before the create; lease it with \
-                     cordon_host::volume::VolumeStore::mount first",
-                    v.name
+                return Err(Error::NotPrepared(cordon_core::Unprepared::Volume(
+                    v.name.clone(),
                 )));
             };
             let mut at = self.work.clone();

@@ -50,9 +50,10 @@ struct Manifest {
 }
 
 fn invalid(why: &str) -> Error {
-    Error::Invalid(format!(
-        "this gvisor snapshot cannot start a sandbox: {why}; take the snapshot again"
-    ))
+    Error::Snapshot(cordon_core::SnapshotRefusal::Unusable {
+        tier: cordon_core::Tier::Gvisor,
+        why: why.to_string(),
+    })
 }
 
 /// Refuses an image that is not this tier's, of `mode`, in this build's format.

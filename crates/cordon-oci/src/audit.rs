@@ -132,7 +132,7 @@ impl NodeAudit {
         for mut ev in fold.take() {
             ev.pod = pod.map(str::to_string);
             if let (Some(grants), EgressDecision::Allow) = (&ev.grant, ev.decision) {
-                for name in grants.split(',') {
+                for name in grants.iter() {
                     rows.push(AuditEvent::GrantUse(GrantUse {
                         grant: name.to_string(),
                         host: ev.host.clone(),
@@ -411,18 +411,22 @@ pub fn record_refusal(
     req: &cordon_engine::SandboxRequest,
     refused: &crate::OciError,
 ) -> Result<()> {
+    use crate::OciError as E;
     use cordon_engine::DenyCode;
     let (code, rule, message, fix) = match refused {
-        crate::OciError::Refused { what, fix } => (
+        E::Refused { what, fix } => (
             DenyCode::PolicyDenied,
             "oci.bundle",
-            what.as_str(),
+            what.clone(),
             fix.as_str(),
         ),
-        crate::OciError::Invalid(what) => (
+        E::Invalid(_)
+        | E::BundleConfig { .. }
+        | E::Annotation { .. }
+        | E::UnknownAnnotation { .. } => (
             DenyCode::InvalidRequest,
             "request",
-            what.as_str(),
+            refused.to_string(),
             "fix the container's config.json or its annotations",
         ),
         _ => return Ok(()),
@@ -434,7 +438,7 @@ pub fn record_refusal(
         "oci create",
         code,
         rule,
-        message,
+        &message,
         fix,
     );
     record_decision(node, id, &Err(denial)).map(drop)

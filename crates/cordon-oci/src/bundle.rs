@@ -164,12 +164,7 @@ impl ProcessSpec {
 /// Reads `<bundle>/config.json`.
 pub fn load(bundle: &Path) -> Result<Spec> {
     let path = bundle.join("config.json");
-    Spec::load(&path).map_err(|e| {
-        OciError::Invalid(format!(
-            "reading the bundle's config.json ({}): {e}; the caller must write an OCI runtime config there",
-            path.display()
-        ))
-    })
+    Spec::load(&path).map_err(|source| OciError::BundleConfig { path, source })
 }
 
 /// The bundle's root filesystem on the host.
@@ -443,10 +438,12 @@ fn list(v: &str) -> Vec<String> {
         .collect()
 }
 
-fn bad_annotation(key: &str, value: &str, want: &str) -> OciError {
-    OciError::Invalid(format!(
-        "annotation {key}={value:?}: {want}; fix the container's (or pod's) annotations"
-    ))
+fn bad_annotation(key: &str, value: &str, want: &'static str) -> OciError {
+    OciError::Annotation {
+        key: key.to_string(),
+        value: value.to_string(),
+        want,
+    }
 }
 
 /// The Cordon request a bundle makes: its limits (memory, pids, CPU quota), then the
@@ -517,10 +514,10 @@ pub fn request(spec: &Spec) -> Result<SandboxRequest> {
                 limits.cpus = Some(limits.cpus.map_or(n, |c| c.min(n)));
             }
             _ => {
-                return Err(OciError::Invalid(format!(
-                    "unknown annotation {key}; Cordon reads {}",
-                    annotation::ALL.join(", ")
-                )));
+                return Err(OciError::UnknownAnnotation {
+                    key: key.to_string(),
+                    known: &annotation::ALL,
+                });
             }
         }
     }

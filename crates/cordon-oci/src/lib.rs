@@ -34,6 +34,48 @@ pub enum OciError {
     /// The bundle or a request could not be read.
     #[error("{0}")]
     Invalid(String),
+    /// The bundle's `config.json` could not be read.
+    #[error(
+        "reading the bundle's config.json ({path}): {source}; the caller must write an OCI \
+         runtime config there"
+    )]
+    BundleConfig {
+        path: std::path::PathBuf,
+        #[source]
+        source: oci_spec::OciSpecError,
+    },
+    /// A `cordon.*` annotation's value is not one Cordon takes; `want` says what it takes.
+    #[error("annotation {key}={value:?}: {want}; fix the container's (or pod's) annotations")]
+    Annotation {
+        key: String,
+        value: String,
+        want: &'static str,
+    },
+    /// A `cordon.*` annotation Cordon does not read (`known`: those it does).
+    #[error("unknown annotation {key}; Cordon reads {}", known.join(", "))]
+    UnknownAnnotation {
+        key: String,
+        known: &'static [&'static str],
+    },
+    /// A container's state record does not parse.
+    #[error(
+        "the state of container {id:?} is damaged ({source}); `cordon-oci delete --force {id}` \
+         removes it"
+    )]
+    DamagedState {
+        id: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A container's state record could not be encoded.
+    #[error("encoding the state: {0}")]
+    EncodeState(#[source] serde_json::Error),
+    /// The network namespace a pod's bundle names cannot be entered.
+    #[error(
+        "the bundle's network namespace cannot be entered ({0}); a pod's sandbox must name the \
+         namespace CNI made"
+    )]
+    Netns(#[source] nix::Error),
     /// No container of that id.
     #[error("container {0:?} does not exist; `cordon-oci list` shows the containers of this root")]
     NotFound(String),

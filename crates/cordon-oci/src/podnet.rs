@@ -108,12 +108,7 @@ fn in_namespace<T: Send>(netns: &Path, f: impl FnOnce() -> Result<T> + Send) -> 
         .map_err(|e| OciError::io("opening the pod's network namespace", e))?;
     std::thread::scope(|s| {
         s.spawn(move || {
-            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
-                OciError::Invalid(format!(
-                    "the bundle's network namespace cannot be entered ({e}); a pod's sandbox \
-                     must name the namespace CNI made"
-                ))
-            })?;
+            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(OciError::Netns)?;
             f()
         })
         .join()

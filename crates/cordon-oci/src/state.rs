@@ -126,18 +126,16 @@ impl Root {
             }
             Err(e) => return Err(OciError::io("reading the container's state", e)),
         };
-        serde_json::from_slice(&text).map_err(|e| {
-            OciError::Invalid(format!(
-                "the state of container {id:?} is damaged ({e}); `cordon-oci delete --force {id}` removes it"
-            ))
+        serde_json::from_slice(&text).map_err(|source| OciError::DamagedState {
+            id: id.to_string(),
+            source,
         })
     }
 
     pub fn save(&self, r: &Record) -> Result<()> {
         let dir = self.dir(&r.id);
         let tmp = dir.join("state.json.tmp");
-        let body = serde_json::to_vec(r)
-            .map_err(|e| OciError::Invalid(format!("encoding the state: {e}")))?;
+        let body = serde_json::to_vec(r).map_err(OciError::EncodeState)?;
         // Root's alone (0600): the record names the bundle, the annotations and the
         // sandbox; the directory above lets every user pass, and ids are no secret.
         write_private(&tmp, &body)

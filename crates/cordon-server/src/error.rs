@@ -291,7 +291,11 @@ impl From<cordon_core::Error> for ApiError {
                 message,
                 format!("fix the host (cordon doctor) or add \"{layer}\" to allow_weaker"),
             ),
-            E::Invalid(_) => ApiError::invalid(message),
+            E::Invalid(_)
+            | E::Malformed { .. }
+            | E::Snapshot(_)
+            | E::NotPrepared(_)
+            | E::OtherTier { .. } => ApiError::invalid(message),
             E::PathRefused { .. } => ApiError::new(
                 Code::PathRefused,
                 message,

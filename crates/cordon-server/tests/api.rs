@@ -189,7 +189,7 @@ impl Sandbox for FakeSandbox {
                     cordon_core::EgressKind::Https,
                     cordon_core::EgressDecision::Allow,
                 );
-                ev.grant = Some("github".into());
+                ev.grant = Some(cordon_core::GrantNames::one("github"));
                 ev.host = Some("api.github.test".into());
                 ev.port = Some(443);
                 ev.method = Some("GET".into());
@@ -235,7 +235,7 @@ impl Sandbox for FakeSandbox {
                         cordon_core::EgressDecision::Exfiltration,
                         format!("x{i}.test"),
                     );
-                    e.grant = Some("github".into());
+                    e.grant = Some(cordon_core::GrantNames::one("github"));
                     fold.push(e);
                 }
                 o.extra.egress = fold.take();

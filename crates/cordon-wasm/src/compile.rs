@@ -49,12 +49,32 @@ pub(crate) enum Compiled {
 /// Why no compiled code came back.
 #[derive(Debug)]
 pub(crate) enum CompileError {
-    /// The binary is not acceptable; the message says why.
-    Invalid(String),
+    /// The binary does not parse as WebAssembly.
+    Malformed(wasmtime::wasmparser::BinaryReaderError),
+    /// A part of the binary is larger than the tier compiles.
+    TooLarge(TooLarge),
+    /// The engine refused to compile it.
+    Rejected(wasmtime::Error),
     /// The exec's deadline passed first.
     Timeout,
     /// Too many compiles are waiting: this owner's own (`mine`), or `all` of them.
     Busy { mine: bool, all: usize },
+}
+
+/// A part of a user's binary past what the tier compiles, with the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TooLarge {
+    #[error(
+        "the binary is {0} bytes; the wasm tier compiles user programs up to {MAX_BINARY} bytes"
+    )]
+    Binary(usize),
+    #[error(
+        "a function body of {0} bytes; the wasm tier compiles functions up to {MAX_FUNCTION} \
+         bytes (split it)"
+    )]
+    Function(usize),
+    #[error("a function with {0} locals; the wasm tier compiles functions with up to {MAX_LOCALS}")]
+    Locals(u64),
 }
 
 type Key = [u8; 32];
@@ -217,7 +237,7 @@ impl Compiler {
                                 shared.keep(key, c.clone());
                                 Ok(c)
                             }
-                            Err(e) => Err(format!("{e:#}")),
+                            Err(e) => Err(CompileError::Rejected(e)),
                         }
                     }
                 };
@@ -236,7 +256,7 @@ impl Compiler {
         let wait = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(wait) {
             Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) => Err(CompileError::Invalid(e)),
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(CompileError::Timeout),
         }
     }
@@ -250,34 +270,23 @@ impl Shared {
 
 fn check_shape(bytes: &[u8]) -> Result<(), CompileError> {
     if bytes.len() > MAX_BINARY {
-        return Err(CompileError::Invalid(format!(
-            "the binary is {} bytes; the wasm tier compiles user programs up to {MAX_BINARY} bytes",
-            bytes.len()
-        )));
+        return Err(CompileError::TooLarge(TooLarge::Binary(bytes.len())));
     }
     for payload in Parser::new(0).parse_all(bytes) {
-        let payload = payload.map_err(|e| CompileError::Invalid(format!("malformed: {e}")))?;
+        let payload = payload.map_err(CompileError::Malformed)?;
         if let Payload::CodeSectionEntry(body) = payload {
             let size = body.range().len();
             if size > MAX_FUNCTION {
-                return Err(CompileError::Invalid(format!(
-                    "a function body of {size} bytes; the wasm tier compiles functions up to \
-                     {MAX_FUNCTION} bytes (split it)"
-                )));
+                return Err(CompileError::TooLarge(TooLarge::Function(size)));
             }
             let mut locals = 0u64;
-            let reader = body
-                .get_locals_reader()
-                .map_err(|e| CompileError::Invalid(format!("malformed: {e}")))?;
+            let reader = body.get_locals_reader().map_err(CompileError::Malformed)?;
             for l in reader {
-                let (n, _) = l.map_err(|e| CompileError::Invalid(format!("malformed: {e}")))?;
+                let (n, _) = l.map_err(CompileError::Malformed)?;
                 locals += u64::from(n);
             }
             if locals > MAX_LOCALS {
-                return Err(CompileError::Invalid(format!(
-                    "a function with {locals} locals; the wasm tier compiles functions with up \
-                     to {MAX_LOCALS}"
-                )));
+                return Err(CompileError::TooLarge(TooLarge::Locals(locals)));
             }
         }
     }

@@ -152,12 +152,14 @@ impl EngineSet {
         bytes: &[u8],
         deadline: Instant,
     ) -> Result<Option<Program>> {
-        let invalid = |what: &str, e: wasmtime::Error| {
-            Error::Invalid(format!(
-                "{what}: {e:#}; the wasm tier runs WASI preview 1 command modules and preview 2 \
-                 command components"
-            ))
+        let invalid = |what: &str, source: cordon_core::BoxError| Error::Malformed {
+            what: what.to_string(),
+            fix: "the wasm tier runs WASI preview 1 command modules and preview 2 command \
+                  components"
+                .to_string(),
+            source,
         };
+        let causes = |e: wasmtime::Error| -> cordon_core::BoxError { Box::new(Causes(e)) };
         if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
             return Err(Error::Invalid(
                 "not a WebAssembly binary (no \\0asm header); give a .wasm file built for WASI"
@@ -167,6 +169,11 @@ impl EngineSet {
         // The version field after the magic: 1 for a core module, 0x0d + layer 1 for a
         // component.
         let is_component = bytes[4..8] == [0x0d, 0x00, 0x01, 0x00];
+        let uncompiled = if is_component {
+            "the component does not compile"
+        } else {
+            "the module does not compile"
+        };
         let compiled =
             match self
                 .compiler
@@ -193,13 +200,14 @@ impl EngineSet {
                         retry_after_secs: 1,
                     });
                 }
-                Err(compile::CompileError::Invalid(e)) => {
-                    let what = if is_component {
-                        "the component does not compile"
-                    } else {
-                        "the module does not compile"
-                    };
-                    return Err(invalid(what, wasmtime::format_err!("{e}")));
+                Err(compile::CompileError::Malformed(e)) => {
+                    return Err(invalid(uncompiled, Box::new(e)));
+                }
+                Err(compile::CompileError::TooLarge(e)) => {
+                    return Err(invalid(uncompiled, Box::new(e)));
+                }
+                Err(compile::CompileError::Rejected(e)) => {
+                    return Err(invalid(uncompiled, causes(e)));
                 }
             };
         let m = match compiled {
@@ -208,11 +216,12 @@ impl EngineSet {
                 let pre = self.linkers.p2.instantiate_pre(&c).map_err(|e| {
                     invalid(
                         "the component imports something the sandbox does not provide",
-                        e,
+                        causes(e),
                     )
                 })?;
-                let cmd = CommandPre::new(pre)
-                    .map_err(|e| invalid("the component does not export wasi:cli/run", e))?;
+                let cmd = CommandPre::new(pre).map_err(|e| {
+                    invalid("the component does not export wasi:cli/run", causes(e))
+                })?;
                 return Ok(Some(Program::Component(cmd)));
             }
         };
@@ -226,12 +235,17 @@ impl EngineSet {
         let pre = self.linkers.p1.instantiate_pre(&m).map_err(|e| {
             invalid(
                 "the module imports something the sandbox does not provide",
-                e,
+                causes(e),
             )
         })?;
         Ok(Some(Program::Module(pre)))
     }
 }
+
+/// A wasmtime error shown with its whole chain of causes, as the source of a refusal.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:#}")]
+struct Causes(wasmtime::Error);
 
 struct Inner {
     config: WasmConfig,

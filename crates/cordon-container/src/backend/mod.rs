@@ -299,10 +299,10 @@ impl ContainerBackend {
         spec.validate()?;
         volumes_of(spec)?;
         if spec.tier != Tier::Container {
-            return Err(Error::Invalid(format!(
-                "the container backend was asked for a {} sandbox",
-                spec.tier
-            )));
+            return Err(Error::OtherTier {
+                backend: Tier::Container,
+                asked: spec.tier,
+            });
         }
         let mut weakened = Vec::new();
         let mut warnings = Vec::new();
@@ -344,9 +344,8 @@ impl ContainerBackend {
         let template_root = match (&spec.template, &spec.resolved_template) {
             (_, Some(t)) => Some(t.root.clone()),
             (Some(name), None) => {
-                return Err(Error::Invalid(format!(
-                    "template {name:?} was not resolved before the create; resolve it with \
-                     the template store (cordon_template::Store::resolve_spec) first"
+                return Err(Error::NotPrepared(cordon_core::Unprepared::Template(
+                    name.clone(),
                 )));
             }
             (None, None) => None,
@@ -515,10 +514,8 @@ fn volumes_of(spec: &SandboxSpec) -> Result<Vec<crate::init::InitVolume>> {
                 read_only: v.read_only,
                 at: None,
             }),
-            None => Err(Error::Invalid(format!(
-                "volume {:?} was not leased before the create; lease it with \
-                 cordon_host::volume::VolumeStore::mount first",
-                v.name
+            None => Err(Error::NotPrepared(cordon_core::Unprepared::Volume(
+                v.name.clone(),
             ))),
         })
         .chain(binds)

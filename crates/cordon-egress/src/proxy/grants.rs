@@ -50,7 +50,7 @@ pub(super) fn scanned_body(
             "the request body carried the placeholder of grant {name:?} towards {}, which that grant does not cover",
             info.host
         ));
-        ev.grant = Some(name.clone());
+        ev.grant = Some(cordon_core::GrantNames::one(name.clone()));
         c.shared.audit.record(ev);
         c.end(
             &format!("grant:{name}"),
@@ -79,7 +79,7 @@ pub(super) fn grant_refusal(
             let mut ev = info.event(conn, decision);
             ev.rule = Some(refusal.rule.clone());
             ev.reason = Some(refusal.reason.clone());
-            ev.grant = Some(grant);
+            ev.grant = Some(cordon_core::GrantNames::one(grant));
             conn.shared.audit.record(ev);
             Some(text(
                 StatusCode::FORBIDDEN,

@@ -10,7 +10,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::answer::{ReqInfo, bad_target, refuse};
-use super::decide::check_http_rules;
 use super::grants::{grant_refusal, masked_response, scanned_body};
 use super::upstream::{
     ClientCtx, TargetError, Upstream, handshake, open_target, send_kept, strip_hop_headers,
@@ -41,9 +40,6 @@ pub(super) async fn forward(
     };
     let method = req.method().clone();
     let path = uri.path().to_string();
-    if let Err(r) = check_http_rules(shared, &host, &method, &path) {
-        return refuse(conn, &info, Decision::Deny, &r);
-    }
     let hits = shared.grants.find(&uri.to_string(), req.headers());
     if let Some(resp) = grant_refusal(
         conn,

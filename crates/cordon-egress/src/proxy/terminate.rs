@@ -18,7 +18,7 @@ use tokio::sync::Mutex;
 use tokio_rustls::LazyConfigAcceptor;
 
 use super::answer::{ReqInfo, RespFuture, refuse, text};
-use super::decide::{admit, check_http_rules};
+use super::decide::admit;
 use super::grants::{grant_refusal, masked_response, scanned_body};
 use super::upstream::{
     TargetError, Upstream, reconnect_tls, send_kept, strip_hop_headers, target_error,
@@ -164,9 +164,6 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
     }
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    if let Err(r) = check_http_rules(shared, host, &method, &path) {
-        return refuse(conn, &info, Decision::Deny, &r);
-    }
     let target = req
         .uri()
         .path_and_query()
@@ -240,8 +237,7 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
             swapped
                 .iter()
                 .map(|i| shared.grants.list[*i].name.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
+                .collect(),
         );
     }
     shared.audit.record(ev);

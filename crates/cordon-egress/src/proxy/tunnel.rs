@@ -98,7 +98,7 @@ pub(super) async fn tunnel<C>(
                 ev.reason = Some(format!(
                     "a tunnel to {host} carried the placeholder of grant {name:?}, which does not cover that host"
                 ));
-                ev.grant = Some(name.clone());
+                ev.grant = Some(cordon_core::GrantNames::one(name.clone()));
                 conn.shared.audit.record(ev);
                 conn.end(
                     &format!("grant:{name}"),

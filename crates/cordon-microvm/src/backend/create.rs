@@ -86,18 +86,17 @@ impl MicrovmBackend {
     ) -> std::result::Result<MicrovmSandbox, Attempt> {
         spec.validate()?;
         if spec.tier != Tier::Microvm {
-            return Err(Attempt::Failed(Error::Invalid(format!(
-                "the microvm backend was asked for a {} sandbox",
-                spec.tier
-            ))));
+            return Err(Attempt::Failed(Error::OtherTier {
+                backend: Tier::Microvm,
+                asked: spec.tier,
+            }));
         }
         let mut image = image::load(&self.cfg.data_dir)?;
         match (&spec.template, &spec.resolved_template) {
             (Some(name), None) => {
-                return Err(Attempt::Failed(Error::Invalid(format!(
-                    "template {name:?} was not resolved before the create; resolve it with the \
-                     template store (cordon_template::Store::resolve_spec) first"
-                ))));
+                return Err(Attempt::Failed(Error::NotPrepared(
+                    cordon_core::Unprepared::Template(name.clone()),
+                )));
             }
             (_, Some(t)) => {
                 // The guest boots the template's own disk (made once per digest); the
@@ -106,10 +105,7 @@ impl MicrovmBackend {
                 let disk = cordon_template::disk_image_path(&t.root)
                     .or_else(|| self.cfg.root_disk.clone())
                     .ok_or_else(|| {
-                        Error::Invalid(format!(
-                            "template {:?} is not a root of the template store",
-                            t.name
-                        ))
+                        Error::NotPrepared(cordon_core::Unprepared::TemplateRoot(t.name.clone()))
                     })?;
                 image::template_disk(&t.root, &disk).map_err(|e| {
                     tracing::error!(template = %t.name, "making the template's disk: {e}");

@@ -34,9 +34,10 @@ const STATE: &str = "state";
 const MANIFEST: &str = "manifest.json";
 
 fn invalid(why: &str) -> Error {
-    Error::Invalid(format!(
-        "this microvm snapshot cannot start a sandbox: {why}; take the snapshot again"
-    ))
+    Error::Snapshot(cordon_core::SnapshotRefusal::Unusable {
+        tier: cordon_core::Tier::Microvm,
+        why: why.to_string(),
+    })
 }
 
 /// Creates `name` in `dir`: new, root's alone, never through a link.

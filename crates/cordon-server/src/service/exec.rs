@@ -302,7 +302,7 @@ fn exec_blocking(
             event: AuditEvent::Egress(ev.clone()),
         });
         if let (Some(grants), cordon_core::EgressDecision::Allow) = (&ev.grant, ev.decision) {
-            for name in grants.split(',') {
+            for name in grants.iter() {
                 rows.push(NewEvent {
                     tenant: Some(&s.tenant.0),
                     sandbox: Some(&s.id),

@@ -161,7 +161,7 @@ fn an_image_of_another_tier_or_format_or_gone_is_refused() {
         (&newer, "take the snapshot again"),
     ] {
         match b.start_from_snapshot(bad, &image_dir, &spec(16 << 20)) {
-            Err(Error::Invalid(m)) => assert!(m.contains(says), "{m}"),
+            Err(e @ Error::Snapshot(_)) => assert!(e.to_string().contains(says), "{e}"),
             other => panic!("{:?}", other.map(|s| s.id().to_string())),
         }
     }
