@@ -12,11 +12,13 @@ mod exec;
 mod features;
 mod files;
 mod gauge;
+mod paths;
 mod procs;
 pub mod report;
 mod run;
 mod snapshot;
 mod spec;
+mod tier;
 pub mod units;
 mod volume;
 mod watch;
@@ -35,6 +37,7 @@ pub use exec::{
 pub use features::{Feature, Features};
 pub use files::{ArchiveReport, FileEntry, FileKind, FileOp, FileReply, MAX_LIST_ENTRIES, Skipped};
 pub use gauge::{Gauge, Reading};
+pub use paths::{HOME_MOUNT, WORKDIR, validate_sandbox_dir, validate_sandbox_path};
 pub use procs::{BACKGROUND_KEEP, PTY_MAX, ProcExit, ProcOutput, ProcSignal, PtySize};
 pub use report::{
     Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind, GrantNames,
@@ -42,11 +45,11 @@ pub use report::{
 pub use run::{FileIn, FileOut, run_once};
 pub use snapshot::{MAX_FORKS, SnapshotDir, SnapshotImage, SnapshotMode};
 pub use spec::{
-    EgressPolicy, Grant, GrantSecret, HOME_MOUNT, HOST_ETC, Language, Limits, MintedToken,
-    ResolvedTemplate, SandboxSpec, SecretValue, Tier, TokenMinter, WORKDIR, Weakening,
-    default_grant_header, scratch_dir, validate_env_name, validate_sandbox_dir,
-    validate_sandbox_path, validate_template_name,
+    EgressPolicy, Grant, GrantSecret, HOST_ETC, Language, Limits, MintedToken, ResolvedTemplate,
+    SandboxSpec, SecretValue, TokenMinter, Weakening, default_grant_header, scratch_dir,
+    validate_env_name, validate_template_name,
 };
+pub use tier::Tier;
 pub use volume::{
     HostBind, MAX_HOST_BINDS, MAX_MOUNTS, MIN_VOLUME_BYTES, VolumeMount, VolumeSource,
     validate_bind_target, validate_mounts, validate_volume_name, validate_volume_path,

@@ -6,15 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Result};
-
-/// The writable workspace inside every sandbox; files in and out must stay under it.
-pub const WORKDIR: &str = "/work";
-
-/// The workspace's second mount point on every program tier: E2B's home, where code
-/// written for E2B's sandboxes starts (`getcwd` there answers it). The same files as
-/// [`WORKDIR`], which stays the name of Cordon's own API.
-pub const HOME_MOUNT: &str = "/home/user";
+use crate::{Error, Result, Tier};
 
 /// Entries of the host's `/etc` that a sandbox root made of the host's `/usr` shows,
 /// read-only: package data that `/usr` points into through symlinks (Debian's
@@ -31,85 +23,6 @@ pub fn scratch_dir(data_dir: &std::path::Path, tier: crate::Tier) -> std::path::
 }
 
 pub const HOST_ETC: [&str; 3] = ["alternatives", "matplotlibrc", "ld.so.cache"];
-
-/// An isolation tier. Walls and costs differ; see the README's tier table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    /// In-process language runtime (QuickJS): the weakest wall, trusted static snippets only.
-    Runtime,
-    /// wasmtime + WASI: capability-based, nothing ambient; pure computation.
-    Wasm,
-    /// Namespaces + cgroups + seccomp + Landlock on the shared host kernel.
-    Container,
-    /// gVisor's user-space kernel (runsc) between the code and the host kernel.
-    Gvisor,
-    /// Its own guest kernel behind a virtual machine monitor.
-    Microvm,
-}
-
-impl Tier {
-    pub const ALL: [Tier; 5] = [
-        Tier::Runtime,
-        Tier::Wasm,
-        Tier::Container,
-        Tier::Gvisor,
-        Tier::Microvm,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::Runtime => "runtime",
-            Tier::Wasm => "wasm",
-            Tier::Container => "container",
-            Tier::Gvisor => "gvisor",
-            Tier::Microvm => "microvm",
-        }
-    }
-
-    /// The command that makes this tier ready on a host (its packages, its build, its guest
-    /// artifacts: scripts/setup-tier.sh): the fix every "this tier's parts are missing"
-    /// error names, so no request ever waits on a build.
-    pub fn setup_command(self) -> String {
-        format!("cordon setup {}", self.as_str())
-    }
-
-    /// One line on where this tier's wall is.
-    pub fn wall(self) -> &'static str {
-        match self {
-            Tier::Runtime => {
-                "in-process interpreter: process-level only, historically leaky; trusted static snippets only"
-            }
-            Tier::Wasm => "capability-based WebAssembly sandbox: nothing ambient, pure computation",
-            Tier::Container => {
-                "namespaces + cgroups + seccomp + Landlock: one shared kernel, good hygiene but not a boundary against an adversary"
-            }
-            Tier::Gvisor => "syscall-interposed user-space kernel (gVisor runsc)",
-            Tier::Microvm => "its own guest kernel behind a virtual machine monitor",
-        }
-    }
-}
-
-impl fmt::Display for Tier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Tier {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        Tier::ALL
-            .into_iter()
-            .find(|t| t.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown tier {s:?}; choose one of runtime, wasm, container, gvisor, microvm"
-                )
-            })
-    }
-}
 
 /// A language whose source Cordon knows how to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -569,73 +482,10 @@ pub fn validate_env_name(key: &str) -> Result<()> {
     }
 }
 
-/// Validates a directory path inside the sandbox and returns it relative to [`WORKDIR`]:
-/// as [`validate_sandbox_path`], but `/work` itself (`/work`, `/work/`, `.`) is allowed and
-/// comes back empty.
-pub fn validate_sandbox_dir(path: &str) -> Result<String> {
-    let trimmed = path.trim_end_matches('/');
-    if trimmed == WORKDIR || path == "." || path == "./" {
-        return Ok(String::new());
-    }
-    validate_sandbox_path(path)
-}
-
-/// Validates a path inside the sandbox for a file in or out and returns it relative to
-/// [`WORKDIR`]. Relative paths are taken under `/work`. Anything that would leave `/work`
-/// (`..`, another absolute root, NUL) is refused. Symlinks are refused later, at open time,
-/// by the code that opens the file inside the sandbox.
-pub fn validate_sandbox_path(path: &str) -> Result<String> {
-    let refuse = |reason: &str| {
-        Err(Error::PathRefused {
-            path: path.to_string(),
-            reason: reason.to_string(),
-        })
-    };
-    if path.is_empty() {
-        return refuse("empty path; give a path under /work");
-    }
-    if path.contains('\0') {
-        return refuse("contains a NUL byte");
-    }
-    if path.len() > 4096 {
-        return refuse("longer than 4096 bytes");
-    }
-    let rel = if let Some(rest) = path.strip_prefix(WORKDIR) {
-        if rest.is_empty() {
-            return refuse("names /work itself; give a file under it");
-        }
-        match rest.strip_prefix('/') {
-            Some(r) => r,
-            None => return refuse("outside /work; files in and out live under /work"),
-        }
-    } else if path.starts_with('/') {
-        return refuse("outside /work; files in and out live under /work");
-    } else {
-        path
-    };
-    let mut parts = Vec::new();
-    for comp in rel.split('/') {
-        match comp {
-            "" | "." => continue,
-            ".." => return refuse("contains '..'; give a path that stays under /work"),
-            c => parts.push(c),
-        }
-    }
-    if parts.is_empty() {
-        return refuse("names /work itself; give a file under it");
-    }
-    let rel = parts.join("/");
-    // The limit holds for the path the file has in the sandbox, however it was given: a
-    // relative path is accepted exactly when its /work form is.
-    if WORKDIR.len() + 1 + rel.len() > 4096 {
-        return refuse("longer than 4096 bytes as a path under /work");
-    }
-    Ok(rel)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{validate_sandbox_dir, validate_sandbox_path};
 
     #[test]
     fn sandbox_paths() {
@@ -718,88 +568,6 @@ mod tests {
             let mut s = SandboxSpec::new(Tier::Container);
             s.template = Some(bad.to_string());
             assert!(s.validate().is_err(), "{bad:?} was accepted");
-        }
-    }
-}
-
-/// Bounded fuzzing of the sandbox path validator (docs/fuzzing.md); `CORDON_FUZZ_CASES`
-/// runs longer campaigns.
-#[cfg(test)]
-mod fuzz {
-    use super::*;
-    use cordon_testkit::fuzz::config;
-    use proptest::prelude::*;
-
-    /// Paths made of the pieces that matter to the validator, with any prefix.
-    fn path() -> impl Strategy<Value = String> {
-        let comp = prop_oneof![
-            Just(String::new()),
-            Just(".".to_string()),
-            Just("..".to_string()),
-            Just("...".to_string()),
-            Just("work".to_string()),
-            Just("a\0b".to_string()),
-            "[a-z.é ]{1,6}",
-            "[a-z]{250,260}",
-            "[a-z]{4085,4100}",
-        ];
-        let prefix = prop_oneof![
-            Just(""),
-            Just("/"),
-            Just("/work"),
-            Just("/work/"),
-            Just("/workx/"),
-            Just("//work/")
-        ];
-        (prefix, prop::collection::vec(comp, 0..24))
-            .prop_map(|(p, comps)| format!("{p}{}", comps.join("/")))
-    }
-
-    /// The reference: where the path lands, resolved component by component from the
-    /// workspace (`None`: it leaves /work at some point or names another root).
-    fn model(path: &str) -> Option<Vec<&str>> {
-        let rel = match path.strip_prefix("/work/") {
-            Some(r) => r,
-            None if path.starts_with('/') => return None,
-            None => path,
-        };
-        let mut at: Vec<&str> = Vec::new();
-        for c in rel.split('/') {
-            match c {
-                "" | "." => {}
-                ".." => {
-                    at.pop()?;
-                }
-                c => at.push(c),
-            }
-        }
-        Some(at)
-    }
-
-    proptest! {
-        #![proptest_config(config(2048))]
-
-        #[test]
-        fn accepted_paths_never_escape_and_normalise_idempotently(
-            p in prop_oneof![path(), any::<String>()]
-        ) {
-            let Ok(rel) = validate_sandbox_path(&p) else {
-                // Refused: fine, unless it is a plain path under /work the model resolves
-                // without any `..` (then it had to be accepted).
-                if let Some(at) = model(&p) {
-                    let plain = !p.split('/').any(|c| c == "..") && !p.contains('\0');
-                    let fits = WORKDIR.len() + 1 + at.join("/").len() <= 4096 && p.len() <= 4096;
-                    prop_assert!(!(plain && fits && !at.is_empty()), "refused {p:?}");
-                }
-                return Ok(());
-            };
-            prop_assert!(!rel.is_empty() && !rel.starts_with('/') && !rel.contains('\0'));
-            prop_assert!(rel.split('/').all(|c| !matches!(c, "" | "." | "..")), "{rel:?}");
-            prop_assert_eq!(model(&p), Some(rel.split('/').collect::<Vec<_>>()));
-            // Idempotent, and the absolute form names the same file.
-            prop_assert_eq!(validate_sandbox_path(&rel).ok(), Some(rel.clone()));
-            let abs = format!("{WORKDIR}/{rel}");
-            prop_assert_eq!(validate_sandbox_path(&abs).ok(), Some(rel.clone()));
         }
     }
 }

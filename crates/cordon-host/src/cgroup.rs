@@ -211,7 +211,7 @@ impl Hierarchy for V1 {
     }
 
     fn limit_writes(&self, dirs: &Dirs<'_>, limits: &Limits) -> Vec<LimitWrite> {
-        let (quota, period) = place::within_ancestors(dirs.cpu, cpu_quota(limits.cpus));
+        let (quota, period) = within_ancestors(dirs.cpu, cpu_quota(limits.cpus));
         let mut w = vec![write(
             dirs.memory,
             "memory.limit_in_bytes",
@@ -861,6 +861,32 @@ pub fn parse_keyed(text: &str, key: &str) -> u64 {
             (it.next() == Some(key)).then(|| it.next().and_then(|v| v.parse().ok()))?
         })
         .unwrap_or(0)
+}
+
+/// A v1 CPU quota for a cgroup to be made in `dir`: `(quota, period)` lowered to the
+/// smallest of its ancestors' quotas (v1 refuses a child's above its parent's), scaled to
+/// the period.
+fn within_ancestors(dir: &std::path::Path, (quota, period): (u64, u64)) -> (u64, u64) {
+    let mut q = quota;
+    let read = |d: &std::path::Path, f: &str| {
+        fs::read_to_string(d.join(f))
+            .ok()?
+            .trim()
+            .parse::<i64>()
+            .ok()
+    };
+    let mut at = dir.parent();
+    while let Some(d) = at {
+        let (Some(aq), Some(ap)) = (read(d, "cpu.cfs_quota_us"), read(d, "cpu.cfs_period_us"))
+        else {
+            break;
+        };
+        if aq > 0 && ap > 0 {
+            q = q.min((aq as u64).saturating_mul(period) / ap as u64);
+        }
+        at = d.parent();
+    }
+    (q.max(1000), period)
 }
 
 #[cfg(test)]

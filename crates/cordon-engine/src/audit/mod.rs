@@ -8,3 +8,6 @@ pub mod store;
 pub use event::*;
 #[cfg(feature = "store")]
 pub use store::*;
+// Re-exported here, not by `store` (which its snapshots module uses): no loop of modules.
+#[cfg(feature = "store")]
+pub use store::snapshots::{SnapshotRefusal, SnapshotRow};

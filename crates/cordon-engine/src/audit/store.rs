@@ -14,8 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::event::AuditEvent;
 
-mod snapshots;
-pub use snapshots::{SnapshotRefusal, SnapshotRow};
+pub(super) mod snapshots;
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
 const MIGRATIONS: &[&str] = &[

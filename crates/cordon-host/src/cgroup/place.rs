@@ -224,7 +224,7 @@ impl super::SandboxCgroup {
         let (version, memory_dir) = (self.version(), self.memory_dir.clone());
         resize_memory(version, &memory_dir, memory)?;
         let (quota, period) = match version {
-            Version::V1 => within_ancestors(&self.cpu_dir, super::cpu_quota(cpus)),
+            Version::V1 => super::within_ancestors(&self.cpu_dir, super::cpu_quota(cpus)),
             Version::V2 => super::cpu_quota(cpus),
         };
         match version {
@@ -235,32 +235,6 @@ impl super::SandboxCgroup {
             Version::V2 => write(&self.cpu_dir, "cpu.max", &format!("{quota} {period}")),
         }
     }
-}
-
-/// A v1 CPU quota for a cgroup to be made in `dir`: `(quota, period)` lowered to the
-/// smallest of its ancestors' quotas (v1 refuses a child's above its parent's), scaled to
-/// the period.
-pub(super) fn within_ancestors(dir: &std::path::Path, (quota, period): (u64, u64)) -> (u64, u64) {
-    let mut q = quota;
-    let read = |d: &std::path::Path, f: &str| {
-        fs::read_to_string(d.join(f))
-            .ok()?
-            .trim()
-            .parse::<i64>()
-            .ok()
-    };
-    let mut at = dir.parent();
-    while let Some(d) = at {
-        let (Some(aq), Some(ap)) = (read(d, "cpu.cfs_quota_us"), read(d, "cpu.cfs_period_us"))
-        else {
-            break;
-        };
-        if aq > 0 && ap > 0 {
-            q = q.min((aq as u64).saturating_mul(period) / ap as u64);
-        }
-        at = d.parent();
-    }
-    (q.max(1000), period)
 }
 
 #[cfg(test)]

@@ -1,0 +1,158 @@
+//! Paths inside a sandbox: the workspace's two mount points and the check every file in
+//! or out passes. Below the spec and the volumes, which both use it.
+
+use crate::{Error, Result};
+
+/// The writable workspace inside every sandbox; files in and out must stay under it.
+pub const WORKDIR: &str = "/work";
+
+/// The workspace's second mount point on every program tier: E2B's home, where code
+/// written for E2B's sandboxes starts (`getcwd` there answers it). The same files as
+/// [`WORKDIR`], which stays the name of Cordon's own API.
+pub const HOME_MOUNT: &str = "/home/user";
+
+/// Validates a directory path inside the sandbox and returns it relative to [`WORKDIR`]:
+/// as [`validate_sandbox_path`], but `/work` itself (`/work`, `/work/`, `.`) is allowed and
+/// comes back empty.
+pub fn validate_sandbox_dir(path: &str) -> Result<String> {
+    let trimmed = path.trim_end_matches('/');
+    if trimmed == WORKDIR || path == "." || path == "./" {
+        return Ok(String::new());
+    }
+    validate_sandbox_path(path)
+}
+
+/// Validates a path inside the sandbox for a file in or out and returns it relative to
+/// [`WORKDIR`]. Relative paths are taken under `/work`. Anything that would leave `/work`
+/// (`..`, another absolute root, NUL) is refused. Symlinks are refused later, at open time,
+/// by the code that opens the file inside the sandbox.
+pub fn validate_sandbox_path(path: &str) -> Result<String> {
+    let refuse = |reason: &str| {
+        Err(Error::PathRefused {
+            path: path.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    if path.is_empty() {
+        return refuse("empty path; give a path under /work");
+    }
+    if path.contains('\0') {
+        return refuse("contains a NUL byte");
+    }
+    if path.len() > 4096 {
+        return refuse("longer than 4096 bytes");
+    }
+    let rel = if let Some(rest) = path.strip_prefix(WORKDIR) {
+        if rest.is_empty() {
+            return refuse("names /work itself; give a file under it");
+        }
+        match rest.strip_prefix('/') {
+            Some(r) => r,
+            None => return refuse("outside /work; files in and out live under /work"),
+        }
+    } else if path.starts_with('/') {
+        return refuse("outside /work; files in and out live under /work");
+    } else {
+        path
+    };
+    let mut parts = Vec::new();
+    for comp in rel.split('/') {
+        match comp {
+            "" | "." => continue,
+            ".." => return refuse("contains '..'; give a path that stays under /work"),
+            c => parts.push(c),
+        }
+    }
+    if parts.is_empty() {
+        return refuse("names /work itself; give a file under it");
+    }
+    let rel = parts.join("/");
+    // The limit holds for the path the file has in the sandbox, however it was given: a
+    // relative path is accepted exactly when its /work form is.
+    if WORKDIR.len() + 1 + rel.len() > 4096 {
+        return refuse("longer than 4096 bytes as a path under /work");
+    }
+    Ok(rel)
+}
+
+/// Bounded fuzzing of the sandbox path validator (docs/fuzzing.md); `CORDON_FUZZ_CASES`
+/// runs longer campaigns.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use cordon_testkit::fuzz::config;
+    use proptest::prelude::*;
+
+    /// Paths made of the pieces that matter to the validator, with any prefix.
+    fn path() -> impl Strategy<Value = String> {
+        let comp = prop_oneof![
+            Just(String::new()),
+            Just(".".to_string()),
+            Just("..".to_string()),
+            Just("...".to_string()),
+            Just("work".to_string()),
+            Just("a\0b".to_string()),
+            "[a-z.é ]{1,6}",
+            "[a-z]{250,260}",
+            "[a-z]{4085,4100}",
+        ];
+        let prefix = prop_oneof![
+            Just(""),
+            Just("/"),
+            Just("/work"),
+            Just("/work/"),
+            Just("/workx/"),
+            Just("//work/")
+        ];
+        (prefix, prop::collection::vec(comp, 0..24))
+            .prop_map(|(p, comps)| format!("{p}{}", comps.join("/")))
+    }
+
+    /// The reference: where the path lands, resolved component by component from the
+    /// workspace (`None`: it leaves /work at some point or names another root).
+    fn model(path: &str) -> Option<Vec<&str>> {
+        let rel = match path.strip_prefix("/work/") {
+            Some(r) => r,
+            None if path.starts_with('/') => return None,
+            None => path,
+        };
+        let mut at: Vec<&str> = Vec::new();
+        for c in rel.split('/') {
+            match c {
+                "" | "." => {}
+                ".." => {
+                    at.pop()?;
+                }
+                c => at.push(c),
+            }
+        }
+        Some(at)
+    }
+
+    proptest! {
+        #![proptest_config(config(2048))]
+
+        #[test]
+        fn accepted_paths_never_escape_and_normalise_idempotently(
+            p in prop_oneof![path(), any::<String>()]
+        ) {
+            let Ok(rel) = validate_sandbox_path(&p) else {
+                // Refused: fine, unless it is a plain path under /work the model resolves
+                // without any `..` (then it had to be accepted).
+                if let Some(at) = model(&p) {
+                    let plain = !p.split('/').any(|c| c == "..") && !p.contains('\0');
+                    let fits = WORKDIR.len() + 1 + at.join("/").len() <= 4096 && p.len() <= 4096;
+                    prop_assert!(!(plain && fits && !at.is_empty()), "refused {p:?}");
+                }
+                return Ok(());
+            };
+            prop_assert!(!rel.is_empty() && !rel.starts_with('/') && !rel.contains('\0'));
+            prop_assert!(rel.split('/').all(|c| !matches!(c, "" | "." | "..")), "{rel:?}");
+            prop_assert_eq!(model(&p), Some(rel.split('/').collect::<Vec<_>>()));
+            // Idempotent, and the absolute form names the same file.
+            prop_assert_eq!(validate_sandbox_path(&rel).ok(), Some(rel.clone()));
+            let abs = format!("{WORKDIR}/{rel}");
+            prop_assert_eq!(validate_sandbox_path(&abs).ok(), Some(rel.clone()));
+        }
+    }
+}
