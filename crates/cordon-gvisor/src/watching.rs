@@ -39,13 +39,3 @@ impl HostWatches {
             .map_err(|(code, message)| cordon_host::files::watch_error(op, code, message))
     }
 }
-
-impl crate::GvisorSandbox {
-    /// Before a file call changes the workspace: the watchers take what came before it
-    /// (nothing to do without watchers).
-    pub(crate) fn take_events(&mut self) {
-        if let Some(w) = self.watches.as_mut() {
-            w.pump();
-        }
-    }
-}

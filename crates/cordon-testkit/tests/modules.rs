@@ -616,13 +616,6 @@ const KNOWN: &[&[&str]] = &[
         "crates/cordon-guest/src/ports.rs",
     ],
     &[
-        "crates/cordon-gvisor/src/lib.rs",
-        "crates/cordon-gvisor/src/nproc.rs",
-        "crates/cordon-gvisor/src/reap.rs",
-        "crates/cordon-gvisor/src/runsc.rs",
-        "crates/cordon-gvisor/src/watching.rs",
-    ],
-    &[
         "crates/cordon-microvm/src/backend/accel.rs",
         "crates/cordon-microvm/src/backend/config.rs",
         "crates/cordon-microvm/src/backend/state.rs",
