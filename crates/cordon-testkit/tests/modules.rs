@@ -616,17 +616,6 @@ const KNOWN: &[&[&str]] = &[
         "crates/cordon-guest/src/ports.rs",
     ],
     &[
-        "crates/cordon-microvm/src/backend/accel.rs",
-        "crates/cordon-microvm/src/backend/config.rs",
-        "crates/cordon-microvm/src/backend/state.rs",
-        "crates/cordon-microvm/src/image.rs",
-        "crates/cordon-microvm/src/lib.rs",
-        "crates/cordon-microvm/src/paused.rs",
-        "crates/cordon-microvm/src/qemu.rs",
-        "crates/cordon-microvm/src/seccomp.rs",
-        "crates/cordon-microvm/src/snapshots.rs",
-    ],
-    &[
         "crates/cordon-oci/src/allow.rs",
         "crates/cordon-oci/src/audit.rs",
         "crates/cordon-oci/src/bundle.rs",
