@@ -217,6 +217,16 @@ def test_files(sbx):
     with pytest.raises(SandboxException) as e:
         f.read("/etc/passwd")
     assert "commands.run" in str(e.value)
+    # So does every filesystem call of envd's protocol, each of its paths (a move's both).
+    f.write("/home/user/stays.txt", "stays")
+    for call in (lambda: f.get_info("/etc/passwd"), lambda: f.list("/etc"),
+                 lambda: f.make_dir("/tmp/made"), lambda: f.remove("/etc/hostname"),
+                 lambda: f.rename("/home/user/stays.txt", "/tmp/moved"),
+                 lambda: f.rename("/etc/hostname", "/home/user/taken")):
+        with pytest.raises(SandboxException) as e:
+            call()
+        assert "commands.run" in str(e.value), e.value
+    assert f.read("/home/user/stays.txt") == "stays" and not f.exists("/home/user/taken")
     entries = f.write_files([
         {"path": "/home/user/m1.txt", "data": "one"},
         {"path": "/home/user/m2.txt", "data": "two"},

@@ -84,8 +84,11 @@ async fn stat(e: &E2b, b: &E2bBox, id: &str, path: &str) -> Result<EntryInfo, Co
     Ok(entry_info(&st.entry, path))
 }
 
-fn reachable(p: &str) -> Result<(), ConnectError> {
-    check_reachable(p).map_err(connect_error)
+/// An E2B path as the sandbox path it names, refused unless Cordon's file API reaches it.
+fn reachable(path: &str) -> Result<String, ConnectError> {
+    let p = to_sandbox_path(path);
+    check_reachable(&p).map_err(connect_error)?;
+    Ok(p)
 }
 
 fn join(dir: &str, name: &str) -> String {
@@ -134,34 +137,29 @@ pub(super) async fn filesystem(
         match method.as_str() {
             "Stat" => {
                 let req: PathRequest = decode_unary(&headers, &body)?;
-                let p = to_sandbox_path(&req.path);
-                reachable(&p)?;
+                let p = reachable(&req.path)?;
                 Ok(unary(&EntryResponse {
                     entry: stat(&e, &b, &id, &p).await?,
                 }))
             }
             "ListDir" => {
                 let req: ListDirRequest = decode_unary(&headers, &body)?;
-                let p = to_sandbox_path(&req.path);
-                reachable(&p)?;
+                let p = reachable(&req.path)?;
                 let depth = req.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
                 let entries = list_dir(&e, &b, &id, &p, depth).await?;
                 Ok(unary(&ListDirResponse { entries }))
             }
             "MakeDir" => {
                 let req: PathRequest = decode_unary(&headers, &body)?;
-                let p = to_sandbox_path(&req.path);
-                reachable(&p)?;
+                let p = reachable(&req.path)?;
                 Ok(unary(&EntryResponse {
                     entry: make_dir(&e, &b, &id, &p).await?,
                 }))
             }
             "Move" => {
                 let req: MoveRequest = decode_unary(&headers, &body)?;
-                let from = to_sandbox_path(&req.source);
-                let to = to_sandbox_path(&req.destination);
-                reachable(&from)?;
-                reachable(&to)?;
+                let from = reachable(&req.source)?;
+                let to = reachable(&req.destination)?;
                 file_op(
                     &e,
                     &b,
@@ -179,8 +177,7 @@ pub(super) async fn filesystem(
             }
             "Remove" => {
                 let req: PathRequest = decode_unary(&headers, &body)?;
-                let p = to_sandbox_path(&req.path);
-                reachable(&p)?;
+                let p = reachable(&req.path)?;
                 let op = FileOp::Remove {
                     path: p,
                     recursive: true,

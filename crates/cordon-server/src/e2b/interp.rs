@@ -61,11 +61,7 @@ fn no_context(cid: &str) -> Response {
 fn unquoted(text: &str) -> &str {
     ['\'', '"']
         .iter()
-        .find_map(|q| {
-            text.strip_prefix(*q)
-                .and_then(|t| t.strip_suffix(*q))
-                .filter(|_| text.len() >= 2)
-        })
+        .find_map(|q| text.strip_prefix(*q).and_then(|t| t.strip_suffix(*q)))
         .unwrap_or(text)
 }
 
@@ -420,5 +416,21 @@ async fn on_context(e: E2b, headers: HeaderMap, cid: String, verb: Verb) -> Resp
         Ok(_) => Json(()).into_response(),
         Err(err) if err.code == crate::Code::NotFound => no_context(&cid),
         Err(err) => api_error(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unquoted;
+
+    #[test]
+    fn one_pair_of_matching_quotes_around_the_whole_text_goes() {
+        assert_eq!(unquoted("'bar'"), "bar");
+        assert_eq!(unquoted("\"it's\""), "it's");
+        assert_eq!(unquoted("''"), "");
+        // Not a pair around the whole text: kept as shown.
+        for kept in ["'", "\"", "'a\"", "[1, 'a']", "'a' + 'b", "42"] {
+            assert_eq!(unquoted(kept), kept, "{kept:?}");
+        }
     }
 }
