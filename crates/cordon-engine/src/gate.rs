@@ -7,129 +7,17 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use cordon_core::{Command, Language, Limits, SandboxSpec, Tier, Weakening};
+use cordon_core::{Command, Language, Limits, SandboxSpec, Tier};
 use cordon_egress::Pattern;
 use cordon_policy::{Autonomy, BenchFigures, Rules, Shape, TierChoice, Trust};
-use serde::Serialize;
 
 use crate::catalogue::Catalogue;
 use crate::ceiling::{CeilingConfig, Resolved};
 use crate::request::{Principal, SandboxRequest, Workload};
 
-/// How a refusal is answered (the HTTP status follows from it; the CLI exits 125).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DenyCode {
-    /// The request is malformed or self-contradictory (400).
-    InvalidRequest,
-    /// A rule of the operator's ceiling or the tier policy refuses it (403).
-    PolicyDenied,
-    /// The tier cannot run here (422).
-    TierUnavailable,
-    /// A catalogue grant's secret cannot be had right now (503).
-    GrantUnavailable,
-}
+mod record;
 
-impl DenyCode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DenyCode::InvalidRequest => "invalid_request",
-            DenyCode::PolicyDenied => "policy_denied",
-            DenyCode::TierUnavailable => "tier_unavailable",
-            DenyCode::GrantUnavailable => "grant_unavailable",
-        }
-    }
-}
-
-/// A grant in a decision record: its name and hosts, never its secret or source.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GrantRecord {
-    pub name: String,
-    pub hosts: Vec<String>,
-    pub minted: bool,
-}
-
-/// A template in a decision record: its name and the digest it resolved to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct TemplateRecord {
-    pub name: String,
-    pub digest: String,
-}
-
-/// The whole decision, for the audit row (allowed or refused).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GateRecord {
-    /// `create` or `run`.
-    pub request: String,
-    pub principal: String,
-    /// The trust the operator gives the principal, and what the request asked for.
-    pub trust_ceiling: Trust,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub trust: Option<Trust>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub autonomy: Option<Autonomy>,
-    pub allowed_tiers: Vec<Tier>,
-    pub egress_ceiling: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tier: Option<Tier>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub limits: Option<Limits>,
-    pub allow_hosts: Vec<String>,
-    pub deny_hosts: Vec<String>,
-    pub grants: Vec<GrantRecord>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub template: Option<TemplateRecord>,
-    pub allow_weaker: BTreeSet<Weakening>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ttl_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub idle_timeout_ms: Option<u64>,
-    /// The rule that refused it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The tier policy's decision (or refusal), where it ran.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tier_policy: Option<PolicyOutcome>,
-    /// What the node's operator allowed this request by naming it exactly (cordon-oci's
-    /// `[allow]` entries), marked on the decision as `allow_weaker` is.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub node_allowances: Vec<NodeAllowance>,
-}
-
-/// One exact thing a node's operator allowed a container that Cordon refuses by default
-/// (docs/kubernetes.md, "The node's allowances"); recorded with the gate's decision.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum NodeAllowance {
-    /// A host device node bound at the same path in the sandbox's `/dev`.
-    Device {
-        path: String,
-        /// `c` or `b`.
-        device_type: String,
-        major: i64,
-        minor: i64,
-    },
-    /// A host directory bound at `at` under `/work`, read-only unless `writable`.
-    HostPath {
-        path: String,
-        at: String,
-        writable: bool,
-    },
-    /// A capability the bundle lists, accepted; the program still holds none.
-    Capability { name: String },
-    /// A host namespace the bundle asks for, accepted; the workload runs in its own.
-    HostNamespace { namespace: String },
-}
-
-/// What the tier policy said.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(untagged)]
-pub enum PolicyOutcome {
-    Decided(Box<cordon_policy::Decision>),
-    Refused(Box<cordon_policy::Refusal>),
-}
+pub use record::{DenyCode, GateRecord, GrantRecord, NodeAllowance, PolicyOutcome, TemplateRecord};
 
 /// An allowed request: the spec to create and its lifetime.
 #[derive(Debug, Clone)]
@@ -305,10 +193,14 @@ impl Gate {
         let rules = self.rules_for(who);
         let mut record = Self::record(who, &rules, req, what);
         match self.decide(who, &rules, req, &mut record) {
-            Ok((spec, ttl, idle, decision)) => Ok(Admission {
+            Ok(Decided {
                 spec,
-                ttl,
-                idle,
+                life,
+                decision,
+            }) => Ok(Admission {
+                spec,
+                ttl: life.ttl,
+                idle: life.idle,
                 record,
                 decision,
             }),
@@ -384,64 +276,47 @@ impl Gate {
         rules: &Resolved,
         req: &SandboxRequest,
         record: &mut GateRecord,
-    ) -> Result<
-        (
-            SandboxSpec,
-            Duration,
-            Duration,
-            Option<cordon_policy::Decision>,
-        ),
-        Refused,
-    > {
+    ) -> Result<Decided, Refused> {
         let tenant = match who {
             Principal::Operator => None,
             Principal::Tenant(t) => Some(t.as_str()),
         };
-        // Inline grants are the local operator's only.
-        if tenant.is_some() && !req.inline_grants.is_empty() {
-            return Err(deny(
-                "ceiling.grants",
-                "only the local operator gives grants inline",
-                "name a grant of the server's catalogue instead",
-            ));
+        check_request_ceiling(tenant, rules, req)?;
+        check_egress(rules, req)?;
+        let grant_hosts = self.grant_hosts(tenant, req, record)?;
+        let network = !req.allow_hosts.is_empty() || !grant_hosts.is_empty();
+        let (tier, decision) = self.pick_tier(tenant, rules, req, network, &grant_hosts, record)?;
+        record.tier = Some(tier);
+        if !rules.tiers.contains(&tier) {
+            return Err(not_open(tier, rules));
         }
-        // Trust: a request may lower it, never raise it.
-        if tenant.is_some() && rules.trust == Trust::Untrusted && req.trust == Some(Trust::Trusted)
-        {
-            return Err(deny(
-                "ceiling.trust",
-                "the operator runs your code as untrusted; a request cannot raise its own trust",
-                "leave trust out (or say untrusted); ask the operator to set trust = \"trusted\" for your tenant",
-            ));
+        if !self.available.contains(&tier) {
+            return Err(self.unavailable(tier));
         }
-        // Weakened walls: only those the operator lets this principal agree to.
-        if let Some(w) = req
-            .allow_weaker
-            .iter()
-            .find(|w| !rules.allow_weaker.contains(w))
-        {
-            return Err(deny(
-                "ceiling.allow_weaker",
-                format!("running without {w} is not open to you"),
-                "leave allow_weaker out (the run fails closed where a wall cannot be applied), or ask the operator",
-            ));
+        let mut spec = self.spec_for(tier, tenant, req, network, record)?;
+        let life = self.lifetime(tenant, req, record)?;
+        // Grants resolved last: nothing is read for a refused request.
+        self.resolve_grants(tenant, req, life.ttl, &mut spec)?;
+        if let Some(name) = &req.template {
+            self.use_template(name, &mut spec, record)?;
         }
-        // Egress: every allow entry parses and sits within the ceiling.
-        let mut patterns = Vec::new();
-        for entry in req.allow_hosts.iter().chain(&req.deny_hosts) {
-            let p = Pattern::parse(entry).map_err(|e| invalid(e.to_string()))?;
-            patterns.push(p);
-        }
-        for p in patterns.iter().take(req.allow_hosts.len()) {
-            if let Err(why) = rules.egress.check(p) {
-                return Err(deny(
-                    "ceiling.egress",
-                    why,
-                    "allow only public names and addresses, or ask the operator to add the range to your egress ceiling",
-                ));
-            }
-        }
-        // Grants: names of the catalogue open to this tenant.
+        mount_volumes(req, &mut spec)?;
+        spec.validate().map_err(|e| invalid(e.to_string()))?;
+        Ok(Decided {
+            spec,
+            life,
+            decision,
+        })
+    }
+
+    /// Grants: names of the catalogue open to this tenant, and the inline ones; each is
+    /// recorded. Answers every host the grants reach.
+    fn grant_hosts(
+        &self,
+        tenant: Option<&str>,
+        req: &SandboxRequest,
+        record: &mut GateRecord,
+    ) -> Result<Vec<String>, Refused> {
         let mut grant_hosts = Vec::new();
         for g in &req.grants {
             let entry = tenant.and_then(|t| self.catalogue.entry(&g.0, t));
@@ -467,24 +342,19 @@ impl Gate {
                 minted: matches!(g.secret, cordon_core::GrantSecret::Minted(_)),
             });
         }
-        let network = !req.allow_hosts.is_empty() || !grant_hosts.is_empty();
-        // The tier.
-        let (tier, decision) = self.pick_tier(tenant, rules, req, network, &grant_hosts, record)?;
-        record.tier = Some(tier);
-        if !rules.tiers.contains(&tier) {
-            return Err(deny(
-                "ceiling.tiers",
-                format!(
-                    "the {tier} tier is not open to you (yours: {})",
-                    names(&rules.tiers)
-                ),
-                "ask for one of your tiers, or leave the tier out and let the policy choose",
-            ));
-        }
-        if !self.available.contains(&tier) {
-            return Err(self.unavailable(tier));
-        }
-        // The spec and its limits.
+        Ok(grant_hosts)
+    }
+
+    /// The spec and its limits: the request's over the server's defaults, within the
+    /// server's maxima (and the runtime heap's cap) for a tenant.
+    fn spec_for(
+        &self,
+        tier: Tier,
+        tenant: Option<&str>,
+        req: &SandboxRequest,
+        network: bool,
+        record: &mut GateRecord,
+    ) -> Result<SandboxSpec, Refused> {
         let mut spec = SandboxSpec::new(tier);
         spec.limits = req.limits.apply(&self.settings.default_limits);
         spec.env = req.env.clone();
@@ -503,27 +373,48 @@ impl Gate {
             ));
         }
         if tenant.is_some() {
-            let heap = self.ceiling.runtime.max_heap.0;
-            // A heap inside the server (the runtime tier's) defaults to its cap, not the
-            // server's default memory.
-            let in_server = tier.features().memory_in_server;
-            if in_server && req.limits.memory_bytes.is_none() {
-                spec.limits.memory_bytes = spec.limits.memory_bytes.min(heap);
-                record.limits = Some(spec.limits.clone());
-            }
-            self.check_limits(&spec.limits)?;
-            if in_server && spec.limits.memory_bytes > heap {
-                return Err(deny(
-                    "ceiling.runtime_heap",
-                    format!(
-                        "the runtime tier's heap lives inside the server; it is capped at {} bytes",
-                        heap
-                    ),
-                    "ask for less memory (limits.memory_bytes), or use the wasm tier",
-                ));
-            }
+            self.cap_tenant_limits(req, &mut spec, record)?;
         }
-        // Lifetime: within the server's maximum and every grant's.
+        Ok(spec)
+    }
+
+    /// A tenant's limits: within the server's maxima, and a heap inside the server (the
+    /// runtime tier's) within its cap.
+    fn cap_tenant_limits(
+        &self,
+        req: &SandboxRequest,
+        spec: &mut SandboxSpec,
+        record: &mut GateRecord,
+    ) -> Result<(), Refused> {
+        let heap = self.ceiling.runtime.max_heap.0;
+        // A heap inside the server (the runtime tier's) defaults to its cap, not the
+        // server's default memory.
+        let in_server = spec.tier.features().memory_in_server;
+        if in_server && req.limits.memory_bytes.is_none() {
+            spec.limits.memory_bytes = spec.limits.memory_bytes.min(heap);
+            record.limits = Some(spec.limits.clone());
+        }
+        self.check_limits(&spec.limits)?;
+        if in_server && spec.limits.memory_bytes > heap {
+            return Err(deny(
+                "ceiling.runtime_heap",
+                format!(
+                    "the runtime tier's heap lives inside the server; it is capped at {} bytes",
+                    heap
+                ),
+                "ask for less memory (limits.memory_bytes), or use the wasm tier",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Lifetime: within the server's maximum and every grant's; recorded.
+    fn lifetime(
+        &self,
+        tenant: Option<&str>,
+        req: &SandboxRequest,
+        record: &mut GateRecord,
+    ) -> Result<Lifetime, Refused> {
         let ttl = req.ttl.map(|d| d.0).unwrap_or(self.settings.default_ttl);
         let idle = req
             .idle_timeout
@@ -558,7 +449,18 @@ impl Gate {
         };
         record.ttl_ms = Some(ttl.as_millis() as u64);
         record.idle_timeout_ms = Some(idle.as_millis() as u64);
-        // Grants resolved last: nothing is read for a refused request.
+        Ok(Lifetime { ttl, idle })
+    }
+
+    /// The catalogue's grants resolved (their secrets read or minted, valid for `ttl`), and
+    /// the inline ones, onto the spec.
+    fn resolve_grants(
+        &self,
+        tenant: Option<&str>,
+        req: &SandboxRequest,
+        ttl: Duration,
+        spec: &mut SandboxSpec,
+    ) -> Result<(), Refused> {
         // A lifetime past what the clock can name (the operator's ttl is not capped) is
         // refused, not a panic.
         let not_after = SystemTime::now().checked_add(ttl).ok_or_else(|| {
@@ -580,27 +482,7 @@ impl Gate {
             spec.grants.push(grant);
         }
         spec.grants.extend(req.inline_grants.iter().cloned());
-        if let Some(name) = &req.template {
-            self.use_template(name, &mut spec, record)?;
-        }
-        if !req.volumes.is_empty() && !spec.tier.features().volumes {
-            return Err(deny(
-                "volume-tier",
-                format!("the {} tier mounts no volumes", spec.tier),
-                format!(
-                    "{}, or leave the volumes out",
-                    cordon_core::Feature::Volumes.fix()
-                ),
-            ));
-        }
-        for v in &req.volumes {
-            spec.volumes.push(
-                cordon_core::VolumeMount::new(&v.name, &v.path, v.read_only)
-                    .map_err(|e| invalid(e.to_string()))?,
-            );
-        }
-        spec.validate().map_err(|e| invalid(e.to_string()))?;
-        Ok((spec, ttl, idle, decision))
+        Ok(())
     }
 
     /// Resolves the template a request names onto its spec (with the lease that keeps the
@@ -697,37 +579,9 @@ impl Gate {
         grant_hosts: &[String],
         record: &mut GateRecord,
     ) -> Result<(Tier, Option<cordon_policy::Decision>), Refused> {
-        let (trust, autonomy) = match (tenant, req.trust, req.autonomy) {
-            (None, None, None) => {
-                return match req.tier {
-                    Some(TierChoice::Tier(t)) => Ok((t, None)),
-                    None => Ok((self.settings.default_tier, None)),
-                    Some(TierChoice::Auto) => Err(invalid(
-                        "tier \"auto\" lets the policy pick, which needs trust and autonomy \
-                         (e.g. \"trust\": \"untrusted\", \"autonomy\": \"compute\")",
-                    )),
-                };
-            }
-            (None, Some(t), Some(a)) => (t, a),
-            (None, _, _) => {
-                return Err(invalid(
-                    "trust and autonomy go together: give both (e.g. \"trust\": \"untrusted\", \
-                     \"autonomy\": \"compute\") or neither",
-                ));
-            }
-            (Some(_), t, a) => {
-                let trust = match t {
-                    Some(Trust::Untrusted) => Trust::Untrusted,
-                    _ => rules.trust,
-                };
-                (trust, a.unwrap_or_else(|| derived_autonomy(req, network)))
-            }
-        };
-        // Network work is network work, whatever autonomy the request claims.
-        let autonomy = if network {
-            autonomy.max(Autonomy::Internet)
-        } else {
-            autonomy
+        let (trust, autonomy) = match self.placement(tenant, rules, req, network)? {
+            Placement::Named(t) => return Ok((t, None)),
+            Placement::Policy { trust, autonomy } => (trust, autonomy),
         };
         record.trust = Some(trust);
         record.autonomy = Some(autonomy);
@@ -749,71 +603,246 @@ impl Gate {
             .copied()
             .filter(|t| rules.tiers.contains(t))
             .collect();
+        self.check_named_tier(tenant, rules, req)?;
+        let choices = self.choices(rules, req, &open)?;
         let host = cordon_policy::Host {
-            available: open.clone(),
+            available: open,
             bench: self.bench.clone(),
         };
-        if let Some(TierChoice::Tier(t)) = req.tier
-            && rules.tiers.contains(&t)
-            && !self.available.contains(&t)
-        {
+        ask_policy(policy, preq, &host, choices, record)
+    }
+
+    /// How the tier is placed: the operator without trust and autonomy names it (or takes
+    /// the default); everyone else goes through the policy with the trust and autonomy
+    /// answered here (network work is network work, whatever autonomy the request claims).
+    fn placement(
+        &self,
+        tenant: Option<&str>,
+        rules: &Resolved,
+        req: &SandboxRequest,
+        network: bool,
+    ) -> Result<Placement, Refused> {
+        let (trust, autonomy) = match (tenant, req.trust, req.autonomy) {
+            (None, None, None) => {
+                return match req.tier {
+                    Some(TierChoice::Tier(t)) => Ok(Placement::Named(t)),
+                    None => Ok(Placement::Named(self.settings.default_tier)),
+                    Some(TierChoice::Auto) => Err(invalid(
+                        "tier \"auto\" lets the policy pick, which needs trust and autonomy \
+                         (e.g. \"trust\": \"untrusted\", \"autonomy\": \"compute\")",
+                    )),
+                };
+            }
+            (None, Some(t), Some(a)) => (t, a),
+            (None, _, _) => {
+                return Err(invalid(
+                    "trust and autonomy go together: give both (e.g. \"trust\": \"untrusted\", \
+                     \"autonomy\": \"compute\") or neither",
+                ));
+            }
+            (Some(_), t, a) => {
+                let trust = match t {
+                    Some(Trust::Untrusted) => Trust::Untrusted,
+                    _ => rules.trust,
+                };
+                (trust, a.unwrap_or_else(|| derived_autonomy(req, network)))
+            }
+        };
+        let autonomy = if network {
+            autonomy.max(Autonomy::Internet)
+        } else {
+            autonomy
+        };
+        Ok(Placement::Policy { trust, autonomy })
+    }
+
+    /// A tier the request names: open to it, and runnable here.
+    fn check_named_tier(
+        &self,
+        tenant: Option<&str>,
+        rules: &Resolved,
+        req: &SandboxRequest,
+    ) -> Result<(), Refused> {
+        let Some(TierChoice::Tier(t)) = req.tier else {
+            return Ok(());
+        };
+        if rules.tiers.contains(&t) && !self.available.contains(&t) {
             return Err(self.unavailable(t));
         }
-        if let Some(TierChoice::Tier(t)) = req.tier
-            && tenant.is_some()
-            && !rules.tiers.contains(&t)
-        {
-            return Err(deny(
-                "ceiling.tiers",
-                format!(
-                    "the {t} tier is not open to you (yours: {})",
-                    names(&rules.tiers)
-                ),
-                "ask for one of your tiers, or leave the tier out and let the policy choose",
-            ));
+        if tenant.is_some() && !rules.tiers.contains(&t) {
+            return Err(not_open(t, rules));
         }
-        let choices: Vec<TierChoice> = match req.tier {
+        Ok(())
+    }
+
+    /// What the policy is asked, in order: the named choice, or the server's default tier
+    /// where it is open and then any.
+    fn choices(
+        &self,
+        rules: &Resolved,
+        req: &SandboxRequest,
+        open: &BTreeSet<Tier>,
+    ) -> Result<Vec<TierChoice>, Refused> {
+        let default = self.settings.default_tier;
+        Ok(match req.tier {
             Some(c) => vec![c],
             // Nothing named: the server's default tier where the policy allows it.
-            None if open.contains(&self.settings.default_tier) => {
-                vec![
-                    TierChoice::Tier(self.settings.default_tier),
-                    TierChoice::Auto,
-                ]
-            }
+            None if open.contains(&default) => vec![TierChoice::Tier(default), TierChoice::Auto],
             // Nothing named, nothing open, and the default tier would have been: why it
             // cannot run here says more than that no tier is available.
-            None if open.is_empty() && rules.tiers.contains(&self.settings.default_tier) => {
-                return Err(self.unavailable(self.settings.default_tier));
+            None if open.is_empty() && rules.tiers.contains(&default) => {
+                return Err(self.unavailable(default));
             }
             None => vec![TierChoice::Auto],
-        };
-        let mut last = None;
-        for choice in choices {
-            preq.tier = choice;
-            match policy.decide(&preq, &host) {
-                Ok(d) => {
-                    let chosen = d.chosen;
-                    record.tier_policy = Some(PolicyOutcome::Decided(Box::new(d.clone())));
-                    return Ok((chosen, Some(d)));
-                }
-                Err(r) => last = Some(r),
-            }
-        }
-        let Some(refusal) = last else {
-            return Err(invalid("no tier to decide"));
-        };
-        let (rule, message, fix) = (
-            refusal.rule.clone(),
-            format!(
-                "refused by policy rule {}: {}",
-                refusal.rule, refusal.message
-            ),
-            refusal.fix.clone(),
-        );
-        record.tier_policy = Some(PolicyOutcome::Refused(refusal));
-        Err((DenyCode::PolicyDenied, rule, message, fix))
+        })
     }
+}
+
+/// The policy asked each choice in turn: the first decision, or the last refusal; either is
+/// recorded.
+fn ask_policy(
+    policy: &Rules,
+    mut preq: cordon_policy::Request,
+    host: &cordon_policy::Host,
+    choices: Vec<TierChoice>,
+    record: &mut GateRecord,
+) -> Result<(Tier, Option<cordon_policy::Decision>), Refused> {
+    let mut last = None;
+    for choice in choices {
+        preq.tier = choice;
+        match policy.decide(&preq, host) {
+            Ok(d) => {
+                let chosen = d.chosen;
+                record.tier_policy = Some(PolicyOutcome::Decided(Box::new(d.clone())));
+                return Ok((chosen, Some(d)));
+            }
+            Err(r) => last = Some(r),
+        }
+    }
+    let Some(refusal) = last else {
+        return Err(invalid("no tier to decide"));
+    };
+    let (rule, message, fix) = (
+        refusal.rule.clone(),
+        format!(
+            "refused by policy rule {}: {}",
+            refusal.rule, refusal.message
+        ),
+        refusal.fix.clone(),
+    );
+    record.tier_policy = Some(PolicyOutcome::Refused(refusal));
+    Err((DenyCode::PolicyDenied, rule, message, fix))
+}
+
+/// What the gate decided of an allowed request, before it becomes an [`Admission`].
+struct Decided {
+    spec: SandboxSpec,
+    life: Lifetime,
+    decision: Option<cordon_policy::Decision>,
+}
+
+/// A sandbox's lifetime: its ttl and idle timeout.
+struct Lifetime {
+    ttl: Duration,
+    idle: Duration,
+}
+
+/// How a request's tier is placed (see [`Gate::placement`]).
+enum Placement {
+    /// The operator's request, outside the policy.
+    Named(Tier),
+    Policy {
+        trust: Trust,
+        autonomy: Autonomy,
+    },
+}
+
+/// The ceiling's rules a request meets before anything is looked up: inline grants are the
+/// local operator's only, trust may be lowered and never raised, and only the weakened walls
+/// the operator lets this principal agree to.
+fn check_request_ceiling(
+    tenant: Option<&str>,
+    rules: &Resolved,
+    req: &SandboxRequest,
+) -> Result<(), Refused> {
+    if tenant.is_some() && !req.inline_grants.is_empty() {
+        return Err(deny(
+            "ceiling.grants",
+            "only the local operator gives grants inline",
+            "name a grant of the server's catalogue instead",
+        ));
+    }
+    if tenant.is_some() && rules.trust == Trust::Untrusted && req.trust == Some(Trust::Trusted) {
+        return Err(deny(
+            "ceiling.trust",
+            "the operator runs your code as untrusted; a request cannot raise its own trust",
+            "leave trust out (or say untrusted); ask the operator to set trust = \"trusted\" for your tenant",
+        ));
+    }
+    if let Some(w) = req
+        .allow_weaker
+        .iter()
+        .find(|w| !rules.allow_weaker.contains(w))
+    {
+        return Err(deny(
+            "ceiling.allow_weaker",
+            format!("running without {w} is not open to you"),
+            "leave allow_weaker out (the run fails closed where a wall cannot be applied), or ask the operator",
+        ));
+    }
+    Ok(())
+}
+
+/// Egress: every allow and deny entry parses, and every allow entry sits within the ceiling.
+fn check_egress(rules: &Resolved, req: &SandboxRequest) -> Result<(), Refused> {
+    let mut patterns = Vec::new();
+    for entry in req.allow_hosts.iter().chain(&req.deny_hosts) {
+        let p = Pattern::parse(entry).map_err(|e| invalid(e.to_string()))?;
+        patterns.push(p);
+    }
+    for p in patterns.iter().take(req.allow_hosts.len()) {
+        if let Err(why) = rules.egress.check(p) {
+            return Err(deny(
+                "ceiling.egress",
+                why,
+                "allow only public names and addresses, or ask the operator to add the range to your egress ceiling",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The request's volumes onto the spec, where its tier mounts any.
+fn mount_volumes(req: &SandboxRequest, spec: &mut SandboxSpec) -> Result<(), Refused> {
+    if !req.volumes.is_empty() && !spec.tier.features().volumes {
+        return Err(deny(
+            "volume-tier",
+            format!("the {} tier mounts no volumes", spec.tier),
+            format!(
+                "{}, or leave the volumes out",
+                cordon_core::Feature::Volumes.fix()
+            ),
+        ));
+    }
+    for v in &req.volumes {
+        spec.volumes.push(
+            cordon_core::VolumeMount::new(&v.name, &v.path, v.read_only)
+                .map_err(|e| invalid(e.to_string()))?,
+        );
+    }
+    Ok(())
+}
+
+/// A tier the principal's ceiling does not open.
+fn not_open(tier: Tier, rules: &Resolved) -> Refused {
+    deny(
+        "ceiling.tiers",
+        format!(
+            "the {tier} tier is not open to you (yours: {})",
+            names(&rules.tiers)
+        ),
+        "ask for one of your tiers, or leave the tier out and let the policy choose",
+    )
 }
 
 /// The autonomy of a request that gives none: network work when it reaches anything; a
