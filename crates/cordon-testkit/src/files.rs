@@ -255,6 +255,15 @@ pub fn planted_links(sb: &mut dyn Sandbox, fifos_visible: bool) {
         "mkdir -p /tmp/outside && echo keep > /tmp/outside/keep.txt && \
          ln -s /etc /work/etc-link && ln -s /tmp/outside /work/out && mkfifo /work/fifo",
     );
+    links_are_seen_not_followed(sb, fifos_visible);
+    file_calls_refuse_links(sb);
+    archives_keep_links_as_links(sb, fifos_visible);
+    removing_a_link_keeps_its_target(sb, fifos_visible);
+}
+
+/// Stat and list see the planted links (and the FIFO, where visible) as themselves, and
+/// nothing through them.
+fn links_are_seen_not_followed(sb: &mut dyn Sandbox, fifos_visible: bool) {
     refused(
         sb.file_op(&FileOp::List {
             path: "/work/etc-link".into(),
@@ -272,6 +281,10 @@ pub fn planted_links(sb: &mut dyn Sandbox, fifos_visible: bool) {
         assert!(stat(sb, "/work/fifo").is_err());
         assert!(!all.iter().any(|e| e.name == "fifo"), "{all:?}");
     }
+}
+
+/// Remove, rename (out and in) and mkdir through a planted link are refused.
+fn file_calls_refuse_links(sb: &mut dyn Sandbox) {
     refused(
         sb.file_op(&FileOp::Remove {
             path: "/work/out/keep.txt".into(),
@@ -301,7 +314,11 @@ pub fn planted_links(sb: &mut dyn Sandbox, fifos_visible: bool) {
         }),
         "mkdir through a symlink",
     );
-    // Downloads: the links as links, the FIFO skipped, nothing beneath the links.
+}
+
+/// Downloads: the links as links, the FIFO skipped, nothing beneath the links; an archive
+/// down or up through a link is refused.
+fn archives_keep_links_as_links(sb: &mut dyn Sandbox, fifos_visible: bool) {
     let mut tar = Vec::new();
     let r = sb.get_archive("/work", 1 << 20, &mut tar).unwrap();
     let found = read_tar(&tar);
@@ -327,7 +344,10 @@ pub fn planted_links(sb: &mut dyn Sandbox, fifos_visible: bool) {
         sb.put_archive("/work/out", &mut &tarball(&[TarEntry::file("x", b"x")])[..]),
         "uploading through a symlink",
     );
-    // Removing a link removes the link, recursive or not; what it pointed to stays.
+}
+
+/// Removing a link removes the link, recursive or not; what it pointed to stays.
+fn removing_a_link_keeps_its_target(sb: &mut dyn Sandbox, fifos_visible: bool) {
     sb.file_op(&FileOp::Remove {
         path: "/work/out".into(),
         recursive: true,
@@ -374,38 +394,48 @@ pub fn hostile_archives(sb: &mut dyn Sandbox, disk_bytes: u64) {
         let tar = tarball(&[TarEntry::file(bad, b"pwned")]);
         refused(sb.put_archive("/work/up", &mut &tar[..]), bad);
     }
+    odd_entries_are_neutralised(sb);
+    a_planted_link_stops_the_upload(sb);
+    // Larger than the disk: refused from the header, before its bytes are written.
+    let big = vec![0u8; disk_bytes as usize + 4096];
+    let tar = tarball(&[TarEntry::file("big", &big)]);
+    let e = sb.put_archive("/work/up", &mut &tar[..]).unwrap_err();
+    assert!(e.to_string().contains("disk limit"), "{e}");
+    assert!(stat(sb, "/work/up/big").is_err());
+    // Not a tar at all.
+    assert!(sb.put_archive("/work/up", &mut &[1u8; 1000][..]).is_err());
+    sb.file_op(&FileOp::Remove {
+        path: "/work/up".into(),
+        recursive: true,
+    })
+    .unwrap();
+}
+
+/// An entry of `kind` with no data and no link target.
+fn bare_entry(name: &'static str, kind: u8, mode: u32) -> TarEntry<'static> {
+    TarEntry {
+        name,
+        kind,
+        mode,
+        data: b"",
+        link: "",
+    }
+}
+
+/// A symlink out and a file through it, a hard link, a device node and a FIFO are skipped
+/// (the file lands in a real directory); setuid and setgid bits are dropped.
+fn odd_entries_are_neutralised(sb: &mut dyn Sandbox) {
     let tar = tarball(&[
         TarEntry::link("ln", b'2', "/tmp/outside"),
         TarEntry::file("ln/pwned", b"through the link"),
         TarEntry::link("hard", b'1', "/etc/passwd"),
+        bare_entry("dev", b'3', 0o666),
+        bare_entry("pipe", b'6', 0o666),
         TarEntry {
-            name: "dev",
-            kind: b'3',
-            mode: 0o666,
-            data: b"",
-            link: "",
-        },
-        TarEntry {
-            name: "pipe",
-            kind: b'6',
-            mode: 0o666,
-            data: b"",
-            link: "",
-        },
-        TarEntry {
-            name: "suid",
-            kind: b'0',
-            mode: 0o4755,
             data: b"#!/bin/sh\n",
-            link: "",
+            ..bare_entry("suid", b'0', 0o4755)
         },
-        TarEntry {
-            name: "sgid-dir",
-            kind: b'5',
-            mode: 0o2775,
-            data: b"",
-            link: "",
-        },
+        bare_entry("sgid-dir", b'5', 0o2775),
     ]);
     let r: ArchiveReport = sb.put_archive("/work/up", &mut &tar[..]).unwrap();
     let skipped: Vec<&str> = r.skipped.iter().map(|s| s.path.as_str()).collect();
@@ -442,7 +472,10 @@ pub fn hostile_archives(sb: &mut dyn Sandbox, disk_bytes: u64) {
         ),
         "clean\n"
     );
-    // A planted symlink where the archive writes stops it, and nothing goes through.
+}
+
+/// A planted symlink where the archive writes stops it, and nothing goes through.
+fn a_planted_link_stops_the_upload(sb: &mut dyn Sandbox) {
     sh(sb, "ln -s /tmp/outside /work/up/planted");
     let tar = tarball(&[TarEntry::file("planted/x", b"x")]);
     refused(
@@ -450,17 +483,4 @@ pub fn hostile_archives(sb: &mut dyn Sandbox, disk_bytes: u64) {
         "a file through a planted symlink",
     );
     assert_eq!(sh(sb, "ls -A /tmp/outside"), "");
-    // Larger than the disk: refused from the header, before its bytes are written.
-    let big = vec![0u8; disk_bytes as usize + 4096];
-    let tar = tarball(&[TarEntry::file("big", &big)]);
-    let e = sb.put_archive("/work/up", &mut &tar[..]).unwrap_err();
-    assert!(e.to_string().contains("disk limit"), "{e}");
-    assert!(stat(sb, "/work/up/big").is_err());
-    // Not a tar at all.
-    assert!(sb.put_archive("/work/up", &mut &[1u8; 1000][..]).is_err());
-    sb.file_op(&FileOp::Remove {
-        path: "/work/up".into(),
-        recursive: true,
-    })
-    .unwrap();
 }

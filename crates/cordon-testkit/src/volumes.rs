@@ -35,8 +35,24 @@ pub fn battery(b: &dyn Backend, base: impl Fn() -> SandboxSpec) {
     store.create("t", "v", 16 << 20).unwrap();
     let secret = dir.path().join("host-secret");
     std::fs::write(&secret, "host secret").unwrap();
+    write_and_plant_links(b, &base, &store, &secret);
+    let lease = store.mount("t", "v", true).unwrap();
+    stored_as_the_canonical_owner(&store, &lease);
+    read_only_reaches_nothing_of_the_host(b, &base, &lease);
+    drop(lease);
+    quota_is_the_disk_limit(b, &base, &store);
+    store.delete("t", "v").unwrap();
+    assert!(store.list("t").unwrap().is_empty());
+}
 
-    // The first sandbox writes, and plants links to the host's root and to a host file.
+/// The first sandbox writes, and plants links to the host's root and to a host file
+/// (`secret`); its lease's host mount goes with the lease.
+fn write_and_plant_links(
+    b: &dyn Backend,
+    base: &impl Fn() -> SandboxSpec,
+    store: &VolumeStore,
+    secret: &std::path::Path,
+) {
     let lease = store.mount("t", "v", false).unwrap();
     let o = bash(
         b,
@@ -52,10 +68,12 @@ pub fn battery(b: &dyn Backend, base: impl Fn() -> SandboxSpec) {
     let host_dir = lease.host_dir().to_path_buf();
     drop(lease);
     assert!(!host_dir.exists(), "the lease's host mount goes with it");
+}
 
-    // Stored with the canonical owner, not the sandbox's host range; the host sees the
-    // planted links as links and never follows them.
-    let lease = store.mount("t", "v", true).unwrap();
+/// Stored with the canonical owner, not the sandbox's host range; the host sees the planted
+/// links as links and never follows them. Read-only leases are many (`lease` is one); no
+/// read-write lease and no delete meanwhile.
+fn stored_as_the_canonical_owner(store: &VolumeStore, lease: &VolumeLease) {
     let md = std::fs::symlink_metadata(lease.host_dir().join("a")).unwrap();
     assert_eq!(
         (md.uid(), md.gid()),
@@ -64,7 +82,6 @@ pub fn battery(b: &dyn Backend, base: impl Fn() -> SandboxSpec) {
     );
     let link = std::fs::symlink_metadata(lease.host_dir().join("secret")).unwrap();
     assert!(link.file_type().is_symlink());
-    // Read-only many; no read-write lease and no delete meanwhile.
     let second = store.mount("t", "v", true).unwrap();
     assert!(matches!(
         store.mount("t", "v", false),
@@ -75,9 +92,18 @@ pub fn battery(b: &dyn Backend, base: impl Fn() -> SandboxSpec) {
         Err(VolumeError::InUse { .. })
     ));
     drop(second);
+}
+
+/// The next sandbox, mounting it read-only (deep under `/work`): it reads, cannot write,
+/// and the planted links reach nothing of the host's.
+fn read_only_reaches_nothing_of_the_host(
+    b: &dyn Backend,
+    base: &impl Fn() -> SandboxSpec,
+    lease: &VolumeLease,
+) {
     let o = bash(
         b,
-        &with_volume(base(), &lease, "in/v"),
+        &with_volume(base(), lease, "in/v"),
         "cat /work/in/v/a; touch /work/in/v/b 2>&1 || echo REFUSED; \
          cat /work/in/v/secret 2>&1 || echo NO-SECRET; cat /work/in/v/etc/shadow 2>&1 || echo NO-SHADOW; \
          echo ROOT: $(ls /work/in/v/root/) :END; stat -c %u /work/in/v/d; \
@@ -111,9 +137,10 @@ pub fn battery(b: &dyn Backend, base: impl Fn() -> SandboxSpec) {
             "the link to / reached the host's root: {root}"
         );
     }
-    drop(lease);
+}
 
-    // Its quota is its file system's size: past it, ENOSPC and the disk-limit outcome.
+/// Its quota is its file system's size: past it, ENOSPC and the disk-limit outcome.
+fn quota_is_the_disk_limit(b: &dyn Backend, base: &impl Fn() -> SandboxSpec, store: &VolumeStore) {
     let lease = store.mount("t", "v", false).unwrap();
     let o = bash(
         b,
@@ -127,8 +154,6 @@ pub fn battery(b: &dyn Backend, base: impl Fn() -> SandboxSpec) {
         text(&o.stderr)
     );
     drop(lease);
-    store.delete("t", "v").unwrap();
-    assert!(store.list("t").unwrap().is_empty());
 }
 
 /// Prints what a volume adds to a create (the figures of ADR 0011): medians of `n` creates
