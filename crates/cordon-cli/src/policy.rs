@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use cordon_core::Tier;
-use cordon_policy::{Decision, Host, Refusal, Request, Rules, Shape, TierChoice};
+use cordon_policy::{Decision, Host, Refusal, Request, RuleId, Rules, Shape, TierChoice};
 
 #[derive(Args)]
 pub struct PolicyArgs {
@@ -96,7 +96,7 @@ pub fn decide(
     };
     // Decide as if every tier were here first: a refusal by a rule needs no probe.
     if let Err(r) = rules.decide(&req, &Host::with_available(fits.iter().copied()))
-        && r.rule != "tier-available"
+        && r.rule != RuleId::TierAvailable
     {
         return Ok(Some(Err(r)));
     }
@@ -181,7 +181,7 @@ mod tests {
         tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn pick(i: &PolicyInput, only: &[Tier], data_dir: &Path) -> Result<Tier, String> {
+    fn pick(i: &PolicyInput, only: &[Tier], data_dir: &Path) -> Result<Tier, RuleId> {
         match decide(i, TierChoice::Auto, &[], Some(only), &Tier::ALL, data_dir) {
             Ok(Some(Ok(d))) => Ok(d.chosen),
             Ok(Some(Err(r))) => Err(r.rule),
@@ -203,7 +203,7 @@ mod tests {
         );
         assert_eq!(
             pick(&i, &[Tier::Container], d.path()),
-            Err("tier-available".to_string())
+            Err(RuleId::TierAvailable)
         );
     }
 

@@ -723,7 +723,7 @@ fn ask_policy(
         return Err(invalid("no tier to decide"));
     };
     let (rule, message, fix) = (
-        refusal.rule.clone(),
+        refusal.rule.to_string(),
         format!(
             "refused by policy rule {}: {}",
             refusal.rule, refusal.message

@@ -8,10 +8,12 @@
 
 pub mod bench_doc;
 mod model;
+mod rule_id;
 mod rules;
 
 pub use model::{Autonomy, Request, Shape, TierChoice, Trust};
+pub use rule_id::RuleId;
 pub use rules::{
-    BenchFigures, DEFAULT_RULES, Decision, Host, LoadError, PolicyId, Ranking, Reason, Refusal,
-    Rules, bench_file,
+    BenchFigures, DEFAULT_RULES, Decision, Host, LoadError, PolicyId, RankedBy, Ranking, Reason,
+    Refusal, Rules, bench_file,
 };

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::model::{Autonomy, Request, Shape, TierChoice, Trust};
+use crate::rule_id::RuleId;
 
 /// The rules Cordon ships with.
 pub const DEFAULT_RULES: &str = include_str!("../rules/default.toml");
@@ -72,7 +73,7 @@ struct Example {
     minimum: Option<Tier>,
     chosen: Option<Tier>,
     /// The request is refused, naming this rule.
-    refused_by: Option<String>,
+    refused_by: Option<RuleId>,
 }
 
 // No field can grant anything beyond tiers: with `deny_unknown_fields`, a rule that tries to
@@ -257,17 +258,27 @@ impl BenchFigures {
 /// One rule that applied and what it did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reason {
-    pub rule: String,
+    pub rule: RuleId,
     pub effect: String,
     pub why: String,
 }
 
 /// How the chosen tier was picked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RankedBy {
+    /// A tier was named.
+    Requested,
+    /// This host's bench figures.
+    Bench,
+    /// The policy's order for the shape.
+    Static,
+}
+
+/// The order of the allowed, available tiers and what it came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ranking {
-    /// `requested` (a tier was named), `bench` (this host's figures), or `static` (the
-    /// policy's order for the shape).
-    pub by: String,
+    pub by: RankedBy,
     /// Allowed, available tiers, fastest first.
     pub order: Vec<Tier>,
     /// The bench figures used, where any.
@@ -305,7 +316,7 @@ pub struct Decision {
 pub struct Refusal {
     pub policy: PolicyId,
     pub request: Request,
-    pub rule: String,
+    pub rule: RuleId,
     pub message: String,
     pub fix: String,
     pub minimum: Option<Tier>,
@@ -360,6 +371,15 @@ impl Rules {
         for r in &file.rules {
             if !names.insert(r.name.as_str()) {
                 return Err(LoadError::Duplicate(r.name.clone()));
+            }
+            if RuleId::RESERVED.contains(&r.name.as_str()) {
+                return Err(LoadError::Rule {
+                    rule: r.name.clone(),
+                    detail: format!(
+                        "the names {} are the decider's own; give the rule another name",
+                        RuleId::RESERVED.join(", ")
+                    ),
+                });
             }
             if r.name.trim().is_empty() || r.why.trim().is_empty() || r.fix.trim().is_empty() {
                 return Err(LoadError::Rule {
@@ -469,7 +489,7 @@ impl Rules {
                         )));
                     }
                     (Err(r), Some(by)) => {
-                        if &r.rule != by {
+                        if r.rule != *by {
                             return Err(fail(format!(
                                 "expects {what} refused by {by}, the rules refuse it by {}",
                                 r.rule
@@ -491,136 +511,36 @@ impl Rules {
 
     /// Decides a request on a host: the decision, or a refusal naming the rule and the fix.
     pub fn decide(&self, req: &Request, host: &Host) -> Result<Decision, Box<Refusal>> {
-        let applied: Vec<&Rule> = self.rules.iter().filter(|r| r.applies(req)).collect();
-        let reasons: Vec<Reason> = applied
-            .iter()
-            .map(|r| Reason {
-                rule: r.name.clone(),
-                effect: r.effect(req, &self.strength),
-                why: r.why.clone(),
-            })
-            .collect();
-        let allowed: Vec<Tier> = self
-            .strength
-            .iter()
-            .copied()
-            .filter(|t| !applied.iter().any(|r| r.removes(*t)))
-            .collect();
-        let minimum = allowed.first().copied();
-        let refuse = |rule: &str, message: String, fix: String| {
-            Box::new(Refusal {
-                policy: self.id.clone(),
-                request: req.clone(),
-                rule: rule.to_string(),
-                message,
-                fix,
-                minimum,
-                allowed: allowed.clone(),
-                reasons: reasons.clone(),
-            })
-        };
-        let work = format!("{} {} work", req.trust, req.autonomy);
-        if let Some(r) = applied
-            .iter()
-            .find(|r| r.require_allow_list && !req.has_explicit_allow_list())
-        {
-            return Err(refuse(
-                &r.name,
-                format!(
-                    "{work} needs an explicit egress allow-list ({})",
-                    if req.allow_hosts.is_empty() {
-                        "none given".to_string()
-                    } else {
-                        format!("a wildcard is not one: {}", req.allow_hosts.join(", "))
-                    }
-                ),
-                r.fix.clone(),
-            ));
-        }
-        let Some(minimum) = minimum else {
-            let last = applied
-                .iter()
-                .rev()
-                .find(|r| !r.deny.is_empty() || r.allow.is_some())
-                .map(|r| r.name.as_str())
-                .unwrap_or("policy");
-            return Err(refuse(
-                last,
-                format!("the rules allow no tier at all for {work}"),
-                "change the request or the policy file".to_string(),
-            ));
-        };
-        let available: Vec<Tier> = allowed
+        let d = Deciding::new(self, req);
+        d.check_allow_list()?;
+        let minimum = d.minimum()?;
+        let available: Vec<Tier> = d
+            .allowed
             .iter()
             .copied()
             .filter(|t| host.available.contains(t))
             .collect();
         let (chosen, ranking) = match req.tier {
-            TierChoice::Tier(t) => {
-                if let Some(r) = applied.iter().find(|r| r.removes(t)) {
-                    let message = if self.rank(t) < self.rank(minimum) {
-                        format!(
-                            "the {t} tier is below the minimum {minimum} for {work} ({})",
-                            r.why
-                        )
-                    } else {
-                        format!("the {t} tier is not allowed for {work} ({})", r.why)
-                    };
-                    return Err(refuse(
-                        &r.name,
-                        message,
-                        format!("{}; allowed here: {}", r.fix, tiers(&allowed)),
-                    ));
-                }
-                if !host.available.contains(&t) {
-                    return Err(refuse(
-                        "tier-available",
-                        format!(
-                            "the {t} tier is allowed for {work} but not available on this host"
-                        ),
-                        format!(
-                            "see `cordon doctor` for what the {t} tier needs, or use --tier auto (allowed and available here: {})",
-                            tiers(&available)
-                        ),
-                    ));
-                }
-                (
-                    t,
-                    Ranking {
-                        by: "requested".to_string(),
-                        order: vec![t],
-                        median_us: BTreeMap::new(),
-                        measured_unix: BTreeMap::new(),
-                    },
-                )
-            }
-            TierChoice::Auto => {
-                let ranking = self.rank_available(req.shape, &available, host);
-                let Some(first) = ranking.order.first().copied() else {
-                    return Err(refuse(
-                        "tier-available",
-                        format!(
-                            "none of the tiers allowed for {work} ({}) is available on this host",
-                            tiers(&allowed)
-                        ),
-                        format!(
-                            "make one of {} available (`cordon doctor` names what each needs)",
-                            tiers(&allowed)
-                        ),
-                    ));
-                };
-                (first, ranking)
-            }
+            TierChoice::Tier(t) => (
+                d.requested(t, minimum, host, &available)?,
+                Ranking {
+                    by: RankedBy::Requested,
+                    order: vec![t],
+                    median_us: BTreeMap::new(),
+                    measured_unix: BTreeMap::new(),
+                },
+            ),
+            TierChoice::Auto => d.auto(host, &available)?,
         };
         Ok(Decision {
             policy: self.id.clone(),
             request: req.clone(),
             minimum,
-            allowed,
+            allowed: d.allowed,
             available,
             chosen,
             ranking,
-            reasons,
+            reasons: d.reasons,
             egress_allow: req.allow_hosts.clone(),
             ambient_credentials: false,
         })
@@ -654,14 +574,164 @@ impl Rules {
         });
         Ranking {
             by: if figures.is_empty() {
-                "static".to_string()
+                RankedBy::Static
             } else {
-                "bench".to_string()
+                RankedBy::Bench
             },
             order,
             median_us: figures,
             measured_unix,
         }
+    }
+}
+
+/// One decision under way: the rules that apply to the request and the tiers they leave.
+struct Deciding<'a> {
+    rules: &'a Rules,
+    req: &'a Request,
+    applied: Vec<&'a Rule>,
+    reasons: Vec<Reason>,
+    /// Every tier no applied rule removes, weakest first.
+    allowed: Vec<Tier>,
+    /// `trust autonomy work`, for messages.
+    work: String,
+}
+
+impl<'a> Deciding<'a> {
+    fn new(rules: &'a Rules, req: &'a Request) -> Self {
+        let applied: Vec<&Rule> = rules.rules.iter().filter(|r| r.applies(req)).collect();
+        let reasons = applied
+            .iter()
+            .map(|r| Reason {
+                rule: RuleId::Named(r.name.clone()),
+                effect: r.effect(req, &rules.strength),
+                why: r.why.clone(),
+            })
+            .collect();
+        let allowed = rules
+            .strength
+            .iter()
+            .copied()
+            .filter(|t| !applied.iter().any(|r| r.removes(*t)))
+            .collect();
+        Deciding {
+            rules,
+            req,
+            applied,
+            reasons,
+            allowed,
+            work: format!("{} {} work", req.trust, req.autonomy),
+        }
+    }
+
+    fn refuse(&self, rule: RuleId, message: String, fix: String) -> Box<Refusal> {
+        Box::new(Refusal {
+            policy: self.rules.id.clone(),
+            request: self.req.clone(),
+            rule,
+            message,
+            fix,
+            minimum: self.allowed.first().copied(),
+            allowed: self.allowed.clone(),
+            reasons: self.reasons.clone(),
+        })
+    }
+
+    /// A rule that requires an explicit egress allow-list refuses a request without one.
+    fn check_allow_list(&self) -> Result<(), Box<Refusal>> {
+        let Some(r) = self
+            .applied
+            .iter()
+            .find(|r| r.require_allow_list && !self.req.has_explicit_allow_list())
+        else {
+            return Ok(());
+        };
+        let hosts = &self.req.allow_hosts;
+        Err(self.refuse(
+            RuleId::Named(r.name.clone()),
+            format!(
+                "{} needs an explicit egress allow-list ({})",
+                self.work,
+                if hosts.is_empty() {
+                    "none given".to_string()
+                } else {
+                    format!("a wildcard is not one: {}", hosts.join(", "))
+                }
+            ),
+            r.fix.clone(),
+        ))
+    }
+
+    /// The weakest tier allowed, or a refusal naming the last rule that took tiers away.
+    fn minimum(&self) -> Result<Tier, Box<Refusal>> {
+        if let Some(m) = self.allowed.first() {
+            return Ok(*m);
+        }
+        let last = self
+            .applied
+            .iter()
+            .rev()
+            .find(|r| !r.deny.is_empty() || r.allow.is_some())
+            .map_or(RuleId::Policy, |r| RuleId::Named(r.name.clone()));
+        Err(self.refuse(
+            last,
+            format!("the rules allow no tier at all for {}", self.work),
+            "change the request or the policy file".to_string(),
+        ))
+    }
+
+    /// The tier the request names, where the rules allow it and the host has it.
+    fn requested(
+        &self,
+        t: Tier,
+        minimum: Tier,
+        host: &Host,
+        available: &[Tier],
+    ) -> Result<Tier, Box<Refusal>> {
+        let work = &self.work;
+        if let Some(r) = self.applied.iter().find(|r| r.removes(t)) {
+            let message = if self.rules.rank(t) < self.rules.rank(minimum) {
+                format!(
+                    "the {t} tier is below the minimum {minimum} for {work} ({})",
+                    r.why
+                )
+            } else {
+                format!("the {t} tier is not allowed for {work} ({})", r.why)
+            };
+            return Err(self.refuse(
+                RuleId::Named(r.name.clone()),
+                message,
+                format!("{}; allowed here: {}", r.fix, tiers(&self.allowed)),
+            ));
+        }
+        if !host.available.contains(&t) {
+            return Err(self.refuse(
+                RuleId::TierAvailable,
+                format!("the {t} tier is allowed for {work} but not available on this host"),
+                format!(
+                    "see `cordon doctor` for what the {t} tier needs, or use --tier auto (allowed and available here: {})",
+                    tiers(available)
+                ),
+            ));
+        }
+        Ok(t)
+    }
+
+    /// The fastest allowed tier the host has.
+    fn auto(&self, host: &Host, available: &[Tier]) -> Result<(Tier, Ranking), Box<Refusal>> {
+        let ranking = self.rules.rank_available(self.req.shape, available, host);
+        let Some(first) = ranking.order.first().copied() else {
+            let allowed = tiers(&self.allowed);
+            return Err(self.refuse(
+                RuleId::TierAvailable,
+                format!(
+                    "none of the tiers allowed for {} ({allowed}) is available on this host",
+                    self.work
+                ),
+                format!("make one of {allowed} available (`cordon doctor` names what each needs)"),
+            ));
+        };
+        Ok((first, ranking))
     }
 }
 
@@ -685,9 +755,9 @@ impl fmt::Display for Decision {
         writeln!(f, "minimum tier: {}", self.minimum)?;
         writeln!(f, "allowed tiers: {}", tiers(&self.allowed))?;
         writeln!(f, "available here: {}", tiers(&self.available))?;
-        let how = match self.ranking.by.as_str() {
-            "requested" => "as requested".to_string(),
-            "bench" => {
+        let how = match self.ranking.by {
+            RankedBy::Requested => "as requested".to_string(),
+            RankedBy::Bench => {
                 let now = cordon_core::units::unix_now();
                 format!(
                     "the fastest available allowed tier by this host's bench figures ({})",
@@ -712,7 +782,7 @@ impl fmt::Display for Decision {
                         .join(" < ")
                 )
             }
-            _ => format!(
+            RankedBy::Static => format!(
                 "the fastest available allowed tier by the policy's static order for {} work ({})",
                 r.shape,
                 self.ranking

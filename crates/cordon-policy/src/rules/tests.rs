@@ -94,14 +94,22 @@ fn bad_files_are_refused() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(e.contains("missing: microvm"), "{e}");
-    let dup = format!(
-        "{DEFAULT_RULES}\n[[rules]]\nname = \"no-ambient-credentials\"\nwhy = \"x\"\nfix = \"y\"\n[[rules.examples]]\ntrust = \"trusted\"\nautonomy = \"compute\"\n"
-    );
-    let e = Rules::from_toml(&dup)
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-    assert!(e.contains("two rules"), "{e}");
+    // A second rule of the same name; a file rule named like one of the decider's own
+    // (it would be read back as that one).
+    for (name, refused) in [
+        ("no-ambient-credentials", "two rules"),
+        ("tier-available", "the decider's own"),
+        ("policy", "the decider's own"),
+    ] {
+        let text = format!(
+            "{DEFAULT_RULES}\n[[rules]]\nname = {name:?}\nwhy = \"x\"\nfix = \"y\"\n[[rules.examples]]\ntrust = \"trusted\"\nautonomy = \"compute\"\n"
+        );
+        let e = Rules::from_toml(&text)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains(refused), "{name}: {e}");
+    }
     assert!(matches!(
         Rules::from_toml("not toml ["),
         Err(LoadError::Parse(_))
@@ -125,7 +133,11 @@ fn minimum_and_allowed_for_every_trust_and_autonomy() {
         let d = d.unwrap_or_else(|e| panic!("{t} {a}: {e}"));
         assert_eq!(d.minimum, min, "{t} {a}");
         assert_eq!(d.allowed.len(), n, "{t} {a}: {:?}", d.allowed);
-        assert!(d.reasons.iter().any(|x| x.rule == "no-ambient-credentials"));
+        assert!(
+            d.reasons
+                .iter()
+                .any(|x| x.rule.as_str() == "no-ambient-credentials")
+        );
     }
     for t in [T::Trusted, T::Untrusted] {
         for a in [A::InstallPackages, A::Internet] {
@@ -151,7 +163,10 @@ fn below_the_minimum_is_refused_naming_rule_and_fix() {
         .decide(&q, &host)
         .err()
         .unwrap_or_else(|| panic!("allowed"));
-    assert_eq!(e.rule, "untrusted-needs-kernel-boundary");
+    assert_eq!(
+        e.rule,
+        RuleId::Named("untrusted-needs-kernel-boundary".into())
+    );
     assert!(
         e.message.contains("below the minimum gvisor"),
         "{}",
@@ -166,7 +181,10 @@ fn below_the_minimum_is_refused_naming_rule_and_fix() {
         .decide(&q, &host)
         .err()
         .unwrap_or_else(|| panic!("allowed"));
-    assert_eq!(e.rule, "untrusted-needs-kernel-boundary");
+    assert_eq!(
+        e.rule,
+        RuleId::Named("untrusted-needs-kernel-boundary".into())
+    );
 
     let mut q = req(T::Trusted, A::WriteFiles);
     q.tier = TierChoice::Tier(Tier::Runtime);
@@ -174,7 +192,10 @@ fn below_the_minimum_is_refused_naming_rule_and_fix() {
         .decide(&q, &host)
         .err()
         .unwrap_or_else(|| panic!("allowed"));
-    assert_eq!(e.rule, "runtime-only-for-trusted-compute");
+    assert_eq!(
+        e.rule,
+        RuleId::Named("runtime-only-for-trusted-compute".into())
+    );
     assert!(e.message.contains("below the minimum container"));
 
     // Above the minimum but not fitting: wasm for file work.
@@ -183,7 +204,7 @@ fn below_the_minimum_is_refused_naming_rule_and_fix() {
         .decide(&q, &host)
         .err()
         .unwrap_or_else(|| panic!("allowed"));
-    assert_eq!(e.rule, "wasm-is-pure-computation");
+    assert_eq!(e.rule, RuleId::Named("wasm-is-pure-computation".into()));
     assert!(e.message.contains("not allowed"), "{}", e.message);
 
     // At or above the minimum: fine.
@@ -201,7 +222,7 @@ fn network_without_allow_list_is_refused() {
     q.tier = TierChoice::Tier(Tier::Container);
     let e = r.decide(&q, &Host::all_available()).err();
     let e = e.unwrap_or_else(|| panic!("allowed"));
-    assert_eq!(e.rule, "network-needs-allow-list");
+    assert_eq!(e.rule, RuleId::Named("network-needs-allow-list".into()));
     assert!(e.fix.contains("--allow-host"));
     q.allow_hosts = vec!["*:443".into()];
     assert!(r.decide(&q, &Host::all_available()).is_err());
@@ -229,7 +250,7 @@ fn auto_picks_differently_when_availability_differs() {
         .decide(&q, &Host::with_available([Tier::Runtime, Tier::Container]))
         .err()
         .unwrap_or_else(|| panic!("allowed"));
-    assert_eq!(e.rule, "tier-available");
+    assert_eq!(e.rule, RuleId::TierAvailable);
     assert!(e.message.contains("wasm, gvisor, microvm"), "{}", e.message);
     assert!(e.fix.contains("cordon doctor"));
 
@@ -250,7 +271,7 @@ fn requested_but_unavailable_tier_is_refused() {
         .decide(&q, &Host::with_available([Tier::Gvisor]))
         .err()
         .unwrap_or_else(|| panic!("allowed"));
-    assert_eq!(e.rule, "tier-available");
+    assert_eq!(e.rule, RuleId::TierAvailable);
     assert!(e.fix.contains("available here: gvisor"), "{}", e.fix);
 }
 
@@ -260,7 +281,7 @@ fn bench_figures_reorder_auto_and_shape_changes_static_order() {
     let q = req(T::Untrusted, A::WriteFiles);
     let mut host = Host::with_available([Tier::Gvisor, Tier::Microvm]);
     let d = r.decide(&q, &host).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!((d.chosen, d.ranking.by.as_str()), (Tier::Gvisor, "static"));
+    assert_eq!((d.chosen, d.ranking.by), (Tier::Gvisor, RankedBy::Static));
     let mut long = q.clone();
     long.shape = S::OneLong;
     let d = r.decide(&long, &host).unwrap_or_else(|e| panic!("{e}"));
@@ -279,7 +300,7 @@ fn bench_figures_reorder_auto_and_shape_changes_static_order() {
         Some(Some(40000))
     );
     let d = r.decide(&q, &host).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!((d.chosen, d.ranking.by.as_str()), (Tier::Microvm, "bench"));
+    assert_eq!((d.chosen, d.ranking.by), (Tier::Microvm, RankedBy::Bench));
     assert_eq!(d.ranking.order, vec![Tier::Microvm, Tier::Gvisor]);
     // A measured tier outranks an unmeasured one; unmeasured ones follow the static order.
     host.bench =
