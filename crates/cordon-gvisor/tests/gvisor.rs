@@ -324,6 +324,12 @@ fn fork_and_thread_bombs_stop_at_the_process_limit() {
 }
 
 #[test]
+fn a_background_exec_right_after_a_foreground_one_gets_its_job() {
+    let b = need_backend!();
+    cordon_testkit::a_background_exec_right_after_a_foreground_one_gets_its_job(b, spec());
+}
+
+#[test]
 fn a_background_exec_that_fills_the_disk_is_the_disk_limit() {
     let b = need_backend!();
     cordon_testkit::a_background_exec_that_fills_the_disk_is_the_disk_limit(b, spec());

@@ -63,6 +63,57 @@ pub fn a_background_exec_that_fills_the_disk_is_the_disk_limit(
     sb.destroy().unwrap();
 }
 
+/// A background exec started right after a foreground one gets its job: the foreground
+/// exec's reaper, kept to serve the next exec, may still be readying itself (sending its next
+/// program's socket) when the background exec is handed to it. A busy loop in the sandbox,
+/// under a small CPU share, holds the reaper off the CPU in that window. It once read the
+/// socket the agent closed at the background start as "not kept" and exited with the job
+/// unread (the exec ended `signal 9` with no report).
+pub fn a_background_exec_right_after_a_foreground_one_gets_its_job(
+    b: &dyn Backend,
+    mut spec: SandboxSpec,
+) {
+    spec.limits.cpus = 0.2;
+    let mut sb = b.create(&spec).unwrap();
+    let hog = sb
+        .start_background(&ExecRequest::code(Language::Bash, "while :; do :; done"))
+        .unwrap();
+    for round in 0..15 {
+        let o = sb
+            .exec(
+                &ExecRequest::argv(["true"]),
+                &mut |_: OutputStream, _: &[u8]| {},
+            )
+            .unwrap();
+        assert!(o.success(), "round {round}: {o:?}");
+        let id = sb
+            .start_background(&ExecRequest::argv(["echo", "ran"]))
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let out = loop {
+            let out = sb.read_background(id, [0, 0], 1 << 16).unwrap();
+            if out.exit.is_some() {
+                break out;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: never ended"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let exit = out.exit.unwrap();
+        assert_eq!(
+            (exit.code, exit.signal),
+            (Some(0), None),
+            "round {round}: {exit:?}"
+        );
+        assert_eq!(text(&out.stdout), "ran\n", "round {round}");
+    }
+    sb.signal_background(hog, cordon_core::ProcSignal::Kill)
+        .unwrap();
+    sb.destroy().unwrap();
+}
+
 pub fn text(v: &[u8]) -> String {
     String::from_utf8_lossy(v).into_owned()
 }

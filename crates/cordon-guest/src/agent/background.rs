@@ -129,8 +129,11 @@ impl Agent {
             .launch(id, argv, &env, cwd, stdio, limits, pty, user)
             .map_err(|e| (ErrorCode::SpawnFailed, e.to_string()))?;
         // A background exec's reaper exits once it has reported: only a foreground exec's
-        // serves the next one.
-        run.chan = None;
+        // serves the next one. Its job socket is kept until then: a reaper kept from the
+        // last exec may still be readying itself (sending its next program's socket), and a
+        // socket closed under it now would read as "not kept", so it would exit with this
+        // job unread and the exec would end with no report.
+        run.last = true;
         self.background.insert(
             id,
             Background {

@@ -78,10 +78,12 @@ struct Running {
     framed: Option<FramedIo>,
     cpu_before_us: u64,
     cgroup: Option<PathBuf>,
-    /// The host said no exec follows: no reaper is readied after this one.
+    /// The host said no exec follows, or the exec runs in the background: its reaper
+    /// serves no other exec, and none is readied after it.
     last: bool,
-    /// The reaper's job socket, for a foreground exec whose reaper may serve the next one
-    /// (see [`child::standby_main`]); dropping it lets the reaper exit once it reported.
+    /// The reaper's job socket, held until the exec ends (a foreground exec's reaper may
+    /// then serve the next one, see [`child::standby_main`]); dropping it lets the reaper
+    /// exit once it reported.
     chan: Option<UnixStream>,
     /// [`Standby::served_cpu_us`] of its reaper.
     served_cpu_us: u64,
