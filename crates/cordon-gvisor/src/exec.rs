@@ -64,37 +64,3 @@ impl GvisorSandbox {
 
 /// How long one call on a background exec may take over the agent channel.
 pub(crate) const BG_CALL_TIMEOUT: Duration = Duration::from_secs(10);
-
-impl GvisorSandbox {
-    /// Starts `req` in the background for a host that relays its output to a reader of its
-    /// own (cordon-oci): its output is held in the agent until read, never dropped (the
-    /// program waits on its pipe instead), and it runs as `user` when one is given.
-    pub fn start_relayed(
-        &mut self,
-        req: &ExecRequest,
-        user: Option<cordon_guest::proto::ProcUser>,
-    ) -> Result<u64> {
-        let parts = self.exec_parts(req)?;
-        self.running_live(|| {
-            "the gvisor sandbox is not running; create the container again".into()
-        })?;
-        let id = self.next_exec;
-        self.next_exec += 1;
-        let mut request = parts.background(id);
-        if let cordon_guest::proto::Request::BgExec {
-            hold, user: who, ..
-        } = &mut request
-        {
-            *hold = true;
-            *who = user;
-        }
-        self.bg_call(|io| cordon_host::procs::start(io, &request))?;
-        Ok(id)
-    }
-
-    /// Sends signal number `signal` to background exec `id`'s program (`all`: to every
-    /// process of it), as itself.
-    pub fn raise_background(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {
-        self.bg_call(|io| cordon_host::procs::raise(io, id, signal, all))
-    }
-}

@@ -6,7 +6,7 @@ use cordon_core::{
     Error, ExecOutcome, ExecRequest, OutputSink, Result, Sandbox, SandboxId, Termination, Tier,
     validate_sandbox_path,
 };
-use cordon_guest::proto::{Request, StdioMode};
+use cordon_guest::proto::StdioMode;
 use cordon_host::agent;
 use cordon_host::cgroup::Counters;
 
@@ -24,40 +24,23 @@ impl Sandbox for GvisorSandbox {
                 reason: "destroyed".into(),
             });
         }
-        cordon_host::agent::refuse_foreground_pty(req)?;
-        let cordon_host::agent::ExecParts {
-            argv,
-            env,
-            cwd,
-            limits,
-            pty: _,
-        } = self.exec_parts(req)?;
+        let id = self.next_exec;
+        let exec = self.exec_parts(req)?.foreground(
+            req,
+            (id, StdioMode::Framed, false),
+            &self.spec.limits,
+        )?;
         let t0 = Instant::now();
         let restarted = self.ensure_live()?;
-        let l = self.spec.limits.clone();
-        let id = self.next_exec;
         self.next_exec += 1;
-        let request = Request::Exec {
-            id,
-            argv,
-            env,
-            cwd,
-            stdio: StdioMode::Framed,
-            limits,
-            last: false,
-        };
-        let stdin = req.stdin.clone().unwrap_or_default();
-        let plan = agent::FramedExec {
-            id,
-            request: &request,
-            stdin: &stdin,
-            deadline: t0 + Duration::from_millis(req.timeout_ms.unwrap_or(l.timeout_ms)),
-            stdout_cap: l.stdout_bytes,
-            stderr_cap: l.stderr_bytes,
-            kill_at_deadline: true,
-            kill_grace: Duration::from_secs(3),
-            tick: Duration::from_millis(100),
-        };
+        let plan = exec.plan(
+            t0,
+            agent::Ending {
+                kill_at_deadline: true,
+                kill_grace: Duration::from_secs(3),
+                tick: Duration::from_millis(100),
+            },
+        );
         let Some(live) = self.live.as_mut() else {
             return Err(Error::Sandbox("the gvisor sandbox is not running".into()));
         };
@@ -263,11 +246,19 @@ impl Sandbox for GvisorSandbox {
         req: &ExecRequest,
         user: Option<cordon_core::ProcUser>,
     ) -> Result<u64> {
-        GvisorSandbox::start_relayed(self, req, user)
+        let parts = self.exec_parts(req)?;
+        self.running_live(|| {
+            "the gvisor sandbox is not running; create the container again".into()
+        })?;
+        let id = self.next_exec;
+        self.next_exec += 1;
+        let request = parts.relayed(id, user);
+        self.bg_call(|io| cordon_host::procs::start(io, &request))?;
+        Ok(id)
     }
 
     fn raise_background(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {
-        GvisorSandbox::raise_background(self, id, signal, all)
+        self.bg_call(|io| cordon_host::procs::raise(io, id, signal, all))
     }
 
     fn signal_background(&mut self, id: u64, signal: cordon_core::ProcSignal) -> Result<()> {

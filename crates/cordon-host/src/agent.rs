@@ -363,19 +363,94 @@ impl ExecParts {
             hold: false,
         }
     }
+
+    /// The [`Request::BgExec`] of a host that relays its output to a reader of its own
+    /// (cordon-oci): its output is held in the agent until read, never dropped (the program
+    /// waits on its pipe instead), and it runs as `user` when one is given.
+    pub fn relayed(self, id: u64, user: Option<proto::ProcUser>) -> Request {
+        let mut request = self.background(id);
+        if let Request::BgExec {
+            hold, user: who, ..
+        } = &mut request
+        {
+            *hold = true;
+            *who = user;
+        }
+        request
+    }
+
+    /// Exec `id` of `req` in the foreground, its stdio `stdio` (`last`: no exec follows, when
+    /// the tier's agent is told so), with the request's timeout and the sandbox's `limits`
+    /// otherwise. A pseudo-terminal is refused: only background execs have one (their stdin
+    /// and resizes come through calls of their own).
+    pub fn foreground(
+        self,
+        req: &ExecRequest,
+        (id, stdio, last): (u64, StdioMode, bool),
+        limits: &cordon_core::Limits,
+    ) -> cordon_core::Result<Foreground> {
+        if self.pty.is_some() {
+            return Err(Error::Invalid(
+                "a pseudo-terminal is for background execs only: start it with background: true, \
+                 or leave out pty"
+                    .into(),
+            ));
+        }
+        Ok(Foreground {
+            id,
+            request: Request::Exec {
+                id,
+                argv: self.argv,
+                env: self.env,
+                cwd: self.cwd,
+                stdio,
+                limits: self.limits,
+                last,
+            },
+            stdin: req.stdin.clone().unwrap_or_default(),
+            timeout: Duration::from_millis(req.timeout_ms.unwrap_or(limits.timeout_ms)),
+            stdout_cap: limits.stdout_bytes,
+            stderr_cap: limits.stderr_bytes,
+        })
+    }
 }
 
-/// Refuses a foreground exec that asks for a pseudo-terminal: only background execs have
-/// one (their stdin and resizes come through calls of their own).
-pub fn refuse_foreground_pty(req: &ExecRequest) -> cordon_core::Result<()> {
-    if req.pty.is_some() {
-        return Err(Error::Invalid(
-            "a pseudo-terminal is for background execs only: start it with background: true, \
-             or leave out pty"
-                .into(),
-        ));
+/// A foreground exec as a tier hands it to [`run_framed`] ([`ExecParts::foreground`]).
+#[derive(Debug, Clone)]
+pub struct Foreground {
+    pub id: u64,
+    /// The [`Request::Exec`].
+    pub request: Request,
+    pub stdin: Vec<u8>,
+    pub timeout: Duration,
+    pub stdout_cap: u64,
+    pub stderr_cap: u64,
+}
+
+/// How a tier ends a foreground exec that outlives its deadline, and how often its own
+/// watch runs ([`FramedExec`]'s fields of the same names).
+#[derive(Debug, Clone, Copy)]
+pub struct Ending {
+    pub kill_at_deadline: bool,
+    pub kill_grace: Duration,
+    pub tick: Duration,
+}
+
+impl Foreground {
+    /// The exec to drive, started at `t0`: its deadline is `t0` and the timeout.
+    pub fn plan(&self, t0: Instant, ending: Ending) -> FramedExec<'_> {
+        FramedExec {
+            id: self.id,
+            request: &self.request,
+            stdin: &self.stdin,
+            deadline: t0 + self.timeout,
+            stdout_cap: self.stdout_cap,
+            stderr_cap: self.stderr_cap,
+            kill_at_deadline: ending.kill_at_deadline,
+            kill_grace: ending.kill_grace,
+            tick: ending.tick,
+        }
     }
-    Ok(())
 }
 
 /// Maps an agent's refusal of a file operation to the API error.

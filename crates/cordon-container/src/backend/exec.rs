@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use cordon_core::{Error, ExecOutcome, ExecRequest, OutputSink, Result, Termination, Tier};
-use cordon_guest::proto::{Request, StdioMode};
+use cordon_guest::proto::StdioMode;
 use cordon_host::agent;
 
 use crate::cgroup::Counters;
@@ -38,49 +38,31 @@ impl ContainerSandbox {
         req: &ExecRequest,
         sink: &mut dyn OutputSink,
     ) -> Result<ExecOutcome> {
-        cordon_host::agent::refuse_foreground_pty(req)?;
-        let cordon_host::agent::ExecParts {
-            argv,
-            env,
-            cwd,
-            limits: proc_limits,
-            pty: _,
-        } = self.exec_parts(req)?;
-        let limits = self.spec.limits.clone();
-        let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(limits.timeout_ms));
         let id = self.next_exec;
+        // The program's stdio are pipes whose ends go to the agent with the request: its
+        // output never passes through the agent.
+        let exec = self.exec_parts(req)?.foreground(
+            req,
+            (id, StdioMode::Passed, req.last),
+            &self.spec.limits,
+        )?;
         self.next_exec += 1;
         let before = self.cgroup.as_ref().map(|c| {
             c.reset_peak();
             c.counters()
         });
         let t0 = Instant::now();
-        let request = Request::Exec {
-            id,
-            argv,
-            env,
-            cwd,
-            // The program's stdio are pipes whose ends go to the agent with the request: its
-            // output never passes through the agent.
-            stdio: StdioMode::Passed,
-            limits: proc_limits,
-            last: req.last,
-        };
-        let stdin = req.stdin.clone().unwrap_or_default();
-        let plan = agent::FramedExec {
-            id,
-            request: &request,
-            stdin: &stdin,
-            deadline: t0 + timeout,
-            stdout_cap: limits.stdout_bytes,
-            stderr_cap: limits.stderr_bytes,
-            kill_at_deadline: true,
-            // A program that will not die, or an agent that stopped answering, ends the
-            // sandbox.
-            kill_grace: Duration::from_secs(3),
-            // The process limit's refusals are watched this often.
-            tick: Duration::from_millis(20),
-        };
+        let plan = exec.plan(
+            t0,
+            agent::Ending {
+                kill_at_deadline: true,
+                // A program that will not die, or an agent that stopped answering, ends the
+                // sandbox.
+                kill_grace: Duration::from_secs(3),
+                // The process limit's refusals are watched this often.
+                tick: Duration::from_millis(20),
+            },
+        );
         let (driven, pids_hit) = self.drive(&plan, sink, before.as_ref())?;
         match driven {
             Ok(run) => Ok(self.outcome(run, t0, before.as_ref())),

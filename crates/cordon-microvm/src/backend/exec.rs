@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use cordon_core::{Error, ExecOutcome, ExecRequest, OutputSink, Result, Termination, Tier};
-use cordon_guest::proto::{Request, StdioMode};
+use cordon_guest::proto::StdioMode;
 use cordon_host::agent::{self, CallError};
 use cordon_host::egress as shared_egress;
 
@@ -37,43 +37,24 @@ impl MicrovmSandbox {
         sink: &mut dyn OutputSink,
     ) -> Result<ExecOutcome> {
         self.ctrl()?;
-        cordon_host::agent::refuse_foreground_pty(req)?;
-        let cordon_host::agent::ExecParts {
-            argv,
-            env,
-            cwd,
-            limits: proc_limits,
-            pty: _,
-        } = self.exec_parts(req)?;
-        let limits = self.spec.limits.clone();
-        let timeout = Duration::from_millis(req.timeout_ms.unwrap_or(limits.timeout_ms));
         let id = self.next_exec;
+        let exec = self.exec_parts(req)?.foreground(
+            req,
+            (id, StdioMode::Framed, req.last),
+            &self.spec.limits,
+        )?;
         self.next_exec += 1;
         let t0 = Instant::now();
-        let request = Request::Exec {
-            id,
-            argv,
-            env,
-            cwd,
-            stdio: StdioMode::Framed,
-            limits: proc_limits,
-            last: req.last,
-        };
-        let stdin = req.stdin.clone().unwrap_or_default();
-        let plan = agent::FramedExec {
-            id,
-            request: &request,
-            stdin: &stdin,
-            deadline: t0 + timeout,
-            stdout_cap: limits.stdout_bytes,
-            stderr_cap: limits.stderr_bytes,
-            // The wall clock ends the VM, not just the program.
-            kill_at_deadline: false,
-            kill_grace: Duration::from_secs(5),
-            tick: Duration::from_millis(100),
-        };
-        let driven = agent::run_framed(self.ctrl()?, &plan, sink, &mut || None);
-        let run = match driven {
+        let plan = exec.plan(
+            t0,
+            agent::Ending {
+                // The wall clock ends the VM, not just the program.
+                kill_at_deadline: false,
+                kill_grace: Duration::from_secs(5),
+                tick: Duration::from_millis(100),
+            },
+        );
+        let run = match agent::run_framed(self.ctrl()?, &plan, sink, &mut || None) {
             Ok(run) => run,
             Err(e @ agent::ExecError::Protocol(_)) => {
                 self.failure = Some("agent-protocol".into());
@@ -97,29 +78,40 @@ impl MicrovmSandbox {
                 .as_ref()
                 .is_some_and(|c| c.counters().oom_kills > 0);
         }
-        let exit = match run.ended {
-            agent::Ended::Exited(exit) => Some(exit),
-            agent::Ended::Abandoned => {
-                self.gone = Some("its exec reached the timeout and the VM was killed".into());
-                self.teardown();
-                None
-            }
-            agent::Ended::KillUnanswered => {
-                self.gone = Some("its agent did not answer a kill".into());
-                self.teardown();
-                None
-            }
+        let exit = self.exit_of(&run.ended);
+        Ok(self.outcome(run, exit.unwrap_or_default(), &seen, t0.elapsed()))
+    }
+
+    /// The program's exit as the agent reported it; none when the exec ended the VM (its
+    /// timeout, an agent that did not answer a kill, a failed channel), which is then torn
+    /// down, or the channel closed (diagnosed).
+    fn exit_of(&mut self, ended: &agent::Ended) -> Option<agent::Exit> {
+        let gone = match ended {
+            agent::Ended::Exited(exit) => return Some(exit.clone()),
+            agent::Ended::Abandoned => "its exec reached the timeout and the VM was killed",
+            agent::Ended::KillUnanswered => "its agent did not answer a kill",
             agent::Ended::Lost(CallError::Timeout | CallError::Proto(_)) => {
-                self.gone = Some("its agent channel failed during an exec".into());
-                self.teardown();
-                None
+                "its agent channel failed during an exec"
             }
             agent::Ended::Lost(_) => {
                 self.diagnose("the agent channel closed during an exec");
-                None
+                return None;
             }
         };
-        let wall = t0.elapsed();
+        self.gone = Some(gone.into());
+        self.teardown();
+        None
+    }
+
+    /// The exec's outcome from what the driver kept, the program's `exit`, the evidence
+    /// `seen` and the `wall` time the host measured.
+    fn outcome(
+        &mut self,
+        run: agent::FramedRun,
+        exit: agent::Exit,
+        seen: &cordon_core::Evidence,
+        wall: Duration,
+    ) -> ExecOutcome {
         let mut o = ExecOutcome::new(Tier::Microvm, Termination::Exited);
         o.stdout = run.stdout;
         o.stderr = run.stderr;
@@ -129,7 +121,6 @@ impl MicrovmSandbox {
         o.usage.wall_time_us = wall.as_micros() as u64;
         o.timings.run_us = wall.as_micros() as u64;
         o.extra.accelerator = Some(self.accel.as_str().to_string());
-        let exit = exit.unwrap_or_default();
         // The guest's own clock measured the program: it is the guest's word, and a restored
         // guest's clock under emulation can run ahead of the host's. Never more than the exec
         // the host timed.
@@ -138,7 +129,7 @@ impl MicrovmSandbox {
         o.signal = exit.signal;
         o.usage.cpu_time_us = exit.cpu_us;
         o.usage.peak_memory_bytes = exit.max_rss_bytes;
-        o.termination = cordon_core::classify(&seen);
+        o.termination = cordon_core::classify(seen);
         shared_egress::scan_outcome(&mut o, self.egress.as_mut().map(|e| &mut e.link));
         if o.termination == Termination::OutOfMemory && seen.agent_lost() {
             o.warnings.push(
@@ -153,7 +144,7 @@ impl MicrovmSandbox {
                 o.extra.failure = Some(f.clone());
             }
         }
-        Ok(o)
+        o
     }
 }
 
@@ -173,10 +164,8 @@ impl MicrovmSandbox {
 }
 
 impl MicrovmSandbox {
-    /// Starts `req` in the background for a host that relays its output to a reader of its
-    /// own (cordon-oci): its output is held in the agent until read, never dropped (the
-    /// program waits on its pipe instead), and it runs as `user` when one is given.
-    pub fn start_relayed(
+    /// `Sandbox::start_relayed`.
+    pub(super) fn start_relayed_exec(
         &mut self,
         req: &ExecRequest,
         user: Option<cordon_guest::proto::ProcUser>,
@@ -185,25 +174,10 @@ impl MicrovmSandbox {
         let parts = self.exec_parts(req)?;
         let id = self.next_exec;
         self.next_exec += 1;
-        let mut request = parts.background(id);
-        if let cordon_guest::proto::Request::BgExec {
-            hold, user: who, ..
-        } = &mut request
-        {
-            *hold = true;
-            *who = user;
-        }
+        let request = parts.relayed(id, user);
         self.file_call("a background exec", |io| {
             cordon_host::procs::start(io, &request)
         })?;
         Ok(id)
-    }
-
-    /// Sends signal number `signal` to background exec `id`'s program (`all`: to every
-    /// process of it), as itself.
-    pub fn raise_background(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {
-        self.file_call("a background exec", |io| {
-            cordon_host::procs::raise(io, id, signal, all)
-        })
     }
 }

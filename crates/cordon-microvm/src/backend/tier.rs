@@ -203,11 +203,13 @@ impl Sandbox for MicrovmSandbox {
         req: &ExecRequest,
         user: Option<cordon_core::ProcUser>,
     ) -> Result<u64> {
-        MicrovmSandbox::start_relayed(self, req, user)
+        self.start_relayed_exec(req, user)
     }
 
     fn raise_background(&mut self, id: u64, signal: i32, all: bool) -> Result<()> {
-        MicrovmSandbox::raise_background(self, id, signal, all)
+        self.file_call("a background exec", |io| {
+            cordon_host::procs::raise(io, id, signal, all)
+        })
     }
 
     fn signal_background(&mut self, id: u64, signal: cordon_core::ProcSignal) -> Result<()> {
