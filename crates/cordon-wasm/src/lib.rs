@@ -625,6 +625,190 @@ impl WasmSandbox {
                 reason: "destroyed".into(),
             })
     }
+
+    /// The program an exec's command runs, and its arguments: a guest for Python and
+    /// JavaScript, the user's own module (compiled within `deadline`: `None` when it was
+    /// still compiling then) for WebAssembly; anything else is refused.
+    fn launch_for(
+        &self,
+        engines: &EngineSet,
+        command: &Command,
+        deadline: Instant,
+    ) -> Result<Option<Launch>> {
+        let data_dir = &self.inner.config.data_dir;
+        let with = |first: &[&str], args: &[String]| -> Vec<String> {
+            first
+                .iter()
+                .map(|s| s.to_string())
+                .chain(args.iter().cloned())
+                .collect()
+        };
+        Ok(Some(match command {
+            Command::Code {
+                language: Language::Python,
+                source,
+                args,
+            } => Launch {
+                program: engines.guest(data_dir, Guest::Python)?,
+                args: with(&["python", "-c", source], args),
+                python: true,
+            },
+            Command::Code {
+                language: Language::Javascript,
+                source,
+                args,
+            } => Launch {
+                program: engines.guest(data_dir, Guest::Javascript)?,
+                args: with(&["js", source], args),
+                python: false,
+            },
+            Command::Code { language, .. } => {
+                return Err(Error::Invalid(format!(
+                    "the wasm tier runs python and javascript, not {language}; use --tier \
+                     container for {language}"
+                )));
+            }
+            Command::Argv(_) => {
+                return Err(cordon_core::Feature::Programs.unsupported(
+                    Tier::Wasm,
+                    "a host program (give source code with --lang, or a WebAssembly program with \
+                     --wasm)",
+                ));
+            }
+            Command::Wasm { module, args } => {
+                // Compiling counts against the exec's own deadline.
+                let Some(program) = engines.user_program(&self.owner, module, deadline)? else {
+                    return Ok(None);
+                };
+                Launch {
+                    program,
+                    args: with(&["main.wasm"], args),
+                    python: false,
+                }
+            }
+        }))
+    }
+
+    /// An exec's environment: the sandbox's, then the request's, over `HOME` and `LANG`.
+    fn exec_env(&self, req: &ExecRequest) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = vec![
+            ("HOME".into(), "/work".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ];
+        let mut merged = self.env.clone();
+        merged.extend(req.env.clone());
+        env.retain(|(k, _)| !merged.contains_key(k));
+        env.extend(merged);
+        env
+    }
+
+    /// Runs `launch` in an instance (the Python standby's, made ahead, where one is ready)
+    /// holding `slot`; with `stand_by`, a worker then makes the next exec's instance.
+    fn run_launch(
+        &self,
+        engines: &EngineSet,
+        launch: &Launch,
+        params: run::Params,
+        deadline: Instant,
+        slot: OwnerSlot,
+        stand_by: bool,
+    ) -> Result<Ran> {
+        // CPU time spent for this exec on another thread (its standby's making).
+        let mut elsewhere_ns = 0;
+        let made = match launch.python.then(|| self.standby.take(deadline)).flatten() {
+            Some(ready) => {
+                elsewhere_ns = ready.cpu_ns();
+                Instantiated::Ready(ready.bind(&self.setup, params, deadline)?)
+            }
+            None => run::instantiate(
+                &self.rt,
+                &engines.engine,
+                &launch.program,
+                &self.setup,
+                params,
+                deadline,
+            )?,
+        };
+        let raw = match made {
+            Instantiated::Ended(raw) => *raw,
+            Instantiated::Ready(bound) => {
+                let (raw, spent) = run::run(&self.rt, bound, &self.setup, deadline)?;
+                // When this exec came after a pause, the next one is expected to as well: a
+                // worker resets this one's pool slot and makes the next exec's instance (the
+                // engine has spare slots for that) while the answer is read. Back to back,
+                // the slot is reset here before the exec's place is given back: sharing the
+                // two cores with a worker would cost the next exec more than the reset.
+                if stand_by {
+                    // The spent store first: the worker drops it before it makes the next
+                    // instance, which then gets the slot just reset, with the pages it
+                    // keeps resident.
+                    self.inner.workers.dispose(Box::new(spent));
+                    self.standby.request(
+                        &self.inner.workers,
+                        &self.owner,
+                        standby::Job {
+                            engine: engines.engine.clone(),
+                            program: launch.program.clone(),
+                            setup: self.setup.clone(),
+                        },
+                    );
+                } else {
+                    drop(spent);
+                }
+                raw
+            }
+        };
+        drop(slot);
+        Ok(Ran { raw, elsewhere_ns })
+    }
+}
+
+/// What an exec runs: the program and its arguments (`python` for the Python guest, whose
+/// instances can be made ahead).
+struct Launch {
+    program: Program,
+    args: Vec<String>,
+    python: bool,
+}
+
+/// An exec's run: what it ended with, and the CPU time spent for it on another thread.
+struct Ran {
+    raw: run::Raw,
+    elsewhere_ns: u64,
+}
+
+/// The wasm tier runs in `/work` only.
+fn check_cwd(req: &ExecRequest) -> Result<()> {
+    match &req.cwd {
+        Some(cwd) if cwd.trim_end_matches('/') != cordon_core::WORKDIR => Err(Error::Invalid(
+            format!("the wasm tier runs in /work only, not {cwd:?}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// An exec's outcome from what it ended with, the CPU time it took and its wall time.
+fn outcome(raw: run::Raw, cpu_ns: u64, wall_us: u64, start_us: u64) -> ExecOutcome {
+    let mut o = ExecOutcome::new(Tier::Wasm, raw.termination);
+    o.exit_code = raw.exit_code;
+    o.signal = raw.signal;
+    o.stdout = raw.stdout;
+    o.stderr = raw.stderr;
+    o.stdout_truncated = raw.stdout_truncated;
+    o.stderr_truncated = raw.stderr_truncated;
+    o.warnings = raw.warnings;
+    o.usage = Usage {
+        cpu_time_us: cpu_ns / 1000,
+        peak_memory_bytes: raw.peak_memory,
+        wall_time_us: wall_us,
+    };
+    o.timings = Timings {
+        start_us,
+        run_us: wall_us,
+        destroy_us: 0,
+        program_us: 0,
+    };
+    o
 }
 
 impl Sandbox for WasmSandbox {
@@ -645,155 +829,40 @@ impl Sandbox for WasmSandbox {
         });
         let cpu0 = sys::thread_cpu_ns();
         self.scratch()?;
-        if let Some(cwd) = &req.cwd
-            && cwd.trim_end_matches('/') != cordon_core::WORKDIR
-        {
-            return Err(Error::Invalid(format!(
-                "the wasm tier runs in /work only, not {cwd:?}"
-            )));
-        }
+        check_cwd(req)?;
         let engines = self.inner.engines(self.limits.fuel.is_some())?;
-        let data_dir = &self.inner.config.data_dir;
         let timeout =
             std::time::Duration::from_millis(req.timeout_ms.unwrap_or(self.limits.timeout_ms));
         let deadline = started + timeout;
-        let (program, args, python) = match &req.command {
-            Command::Code {
-                language: Language::Python,
-                source,
-                args,
-            } => {
-                let mut a = vec!["python".to_string(), "-c".to_string(), source.clone()];
-                a.extend(args.iter().cloned());
-                (engines.guest(data_dir, Guest::Python)?, a, true)
-            }
-            Command::Code {
-                language: Language::Javascript,
-                source,
-                args,
-            } => {
-                let mut a = vec!["js".to_string(), source.clone()];
-                a.extend(args.iter().cloned());
-                (engines.guest(data_dir, Guest::Javascript)?, a, false)
-            }
-            Command::Code { language, .. } => {
-                return Err(Error::Invalid(format!(
-                    "the wasm tier runs python and javascript, not {language}; use --tier \
-                     container for {language}"
-                )));
-            }
-            Command::Argv(_) => {
-                return Err(cordon_core::Feature::Programs.unsupported(
-                    Tier::Wasm,
-                    "a host program (give source code with --lang, or a WebAssembly program with \
-                     --wasm)",
-                ));
-            }
-            Command::Wasm { module, args } => {
-                let mut a = vec!["main.wasm".to_string()];
-                a.extend(args.iter().cloned());
-                // Compiling counts against the exec's own deadline.
-                match engines.user_program(&self.owner, module, deadline)? {
-                    Some(p) => (p, a, false),
-                    None => return Ok(compile_timeout(started, self.start_us)),
-                }
-            }
+        let Some(mut launch) = self.launch_for(engines, &req.command, deadline)? else {
+            return Ok(compile_timeout(started, self.start_us));
         };
-        let mut env: Vec<(String, String)> = vec![
-            ("HOME".into(), "/work".into()),
-            ("LANG".into(), "C.UTF-8".into()),
-        ];
-        let mut merged = self.env.clone();
-        merged.extend(req.env.clone());
-        env.retain(|(k, _)| !merged.contains_key(k));
-        env.extend(merged);
+        let env = self.exec_env(req);
         let slot = self.inner.take_slot(
             &self.owner,
             self.limits.fuel.is_some(),
             run::resource_cap(&self.limits) as u64,
         )?;
         let params = run::Params {
-            args,
+            args: std::mem::take(&mut launch.args),
             env,
             stdin: req.stdin.clone().unwrap_or_default(),
         };
-        // CPU time spent for this exec on another thread (its standby's making).
-        let mut elsewhere_ns = 0;
-        let made = match python.then(|| self.standby.take(deadline)).flatten() {
-            Some(ready) => {
-                elsewhere_ns = ready.cpu_ns();
-                Instantiated::Ready(ready.bind(&self.setup, params, deadline)?)
-            }
-            None => run::instantiate(
-                &self.rt,
-                &engines.engine,
-                &program,
-                &self.setup,
-                params,
-                deadline,
-            )?,
-        };
-        let raw = match made {
-            Instantiated::Ended(raw) => *raw,
-            Instantiated::Ready(bound) => {
-                let (raw, spent) = run::run(&self.rt, bound, &self.setup, deadline)?;
-                // When this exec came after a pause, the next one is expected to as well: a
-                // worker resets this one's pool slot and makes the next exec's instance (the
-                // engine has spare slots for that) while the answer is read. Back to back,
-                // the slot is reset here before the exec's place is given back: sharing the
-                // two cores with a worker would cost the next exec more than the reset.
-                if python && paced && !req.last && self.inner.workers.enabled() {
-                    // The spent store first: the worker drops it before it makes the next
-                    // instance, which then gets the slot just reset, with the pages it
-                    // keeps resident.
-                    self.inner.workers.dispose(Box::new(spent));
-                    self.standby.request(
-                        &self.inner.workers,
-                        &self.owner,
-                        standby::Job {
-                            engine: engines.engine.clone(),
-                            program: program.clone(),
-                            setup: self.setup.clone(),
-                        },
-                    );
-                } else {
-                    drop(spent);
-                }
-                drop(slot);
-                raw
-            }
-        };
-        if !raw.stdout.is_empty() {
-            sink.output(OutputStream::Stdout, &raw.stdout);
+        // Standing by for the next exec when this one came after a pause.
+        let stand_by = launch.python && paced && !req.last && self.inner.workers.enabled();
+        let ran = self.run_launch(engines, &launch, params, deadline, slot, stand_by)?;
+        if !ran.raw.stdout.is_empty() {
+            sink.output(OutputStream::Stdout, &ran.raw.stdout);
         }
-        if !raw.stderr.is_empty() {
-            sink.output(OutputStream::Stderr, &raw.stderr);
+        if !ran.raw.stderr.is_empty() {
+            sink.output(OutputStream::Stderr, &ran.raw.stderr);
         }
         let wall = started.elapsed().as_micros() as u64;
         self.last_end = Some(Instant::now());
-        let mut o = ExecOutcome::new(Tier::Wasm, raw.termination);
-        o.exit_code = raw.exit_code;
-        o.signal = raw.signal;
-        o.stdout = raw.stdout;
-        o.stderr = raw.stderr;
-        o.stdout_truncated = raw.stdout_truncated;
-        o.stderr_truncated = raw.stderr_truncated;
-        o.warnings = raw.warnings;
-        o.usage = Usage {
-            cpu_time_us: sys::thread_cpu_ns()
-                .saturating_sub(cpu0)
-                .saturating_add(elsewhere_ns)
-                / 1000,
-            peak_memory_bytes: raw.peak_memory,
-            wall_time_us: wall,
-        };
-        o.timings = Timings {
-            start_us: self.start_us,
-            run_us: wall,
-            destroy_us: 0,
-            program_us: 0,
-        };
-        Ok(o)
+        let cpu_ns = sys::thread_cpu_ns()
+            .saturating_sub(cpu0)
+            .saturating_add(ran.elsewhere_ns);
+        Ok(outcome(ran.raw, cpu_ns, wall, self.start_us))
     }
 
     fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {

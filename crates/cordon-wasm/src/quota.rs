@@ -125,6 +125,19 @@ where
 {
     linker.allow_shadowing(true);
     let mut inst = linker.instance(FS_TYPES)?;
+    shadow_p2_streams(&mut inst)?;
+    shadow_p2_writes(&mut inst)?;
+    shadow_p2_entries(&mut inst)
+}
+
+/// A preview 2 linker's `wasi:filesystem/types` instance.
+type FsTypes<'a, T> = wasmtime::component::LinkerInstance<'a, T>;
+
+/// File output streams are wrapped in a [`QuotaStream`] as they are made.
+fn shadow_p2_streams<T>(inst: &mut FsTypes<'_, T>) -> wasmtime::Result<()>
+where
+    T: WasiFilesystemView + HasQuota + Send + 'static,
+{
     inst.func_wrap(
         "[method]descriptor.write-via-stream",
         |mut store, (fd, offset): (Resource<Descriptor>, u64)| {
@@ -141,6 +154,14 @@ where
             wrap_stream(state, r)
         },
     )?;
+    Ok(())
+}
+
+/// Writes and size changes reserve their bytes first.
+fn shadow_p2_writes<T>(inst: &mut FsTypes<'_, T>) -> wasmtime::Result<()>
+where
+    T: WasiFilesystemView + HasQuota + Send + 'static,
+{
     inst.func_wrap_async(
         "[method]descriptor.write",
         |mut store, (fd, buf, offset): (Resource<Descriptor>, Vec<u8>, u64)| {
@@ -170,6 +191,14 @@ where
             })
         },
     )?;
+    Ok(())
+}
+
+/// Calls that add an entry (a created file, a directory, a link) reserve its cost first.
+fn shadow_p2_entries<T>(inst: &mut FsTypes<'_, T>) -> wasmtime::Result<()>
+where
+    T: WasiFilesystemView + HasQuota + Send + 'static,
+{
     inst.func_wrap_async(
         "[method]descriptor.open-at",
         |mut store,
@@ -321,6 +350,17 @@ where
     T: HasP1Ctx + Send + 'static,
 {
     linker.allow_shadowing(true);
+    shadow_p1_writes(linker)?;
+    shadow_p1_entries(linker)?;
+    shadow_p1_stdio(linker)
+}
+
+/// Writes to any descriptor but stdio, size changes and allocations reserve their bytes
+/// first.
+fn shadow_p1_writes<T>(linker: &mut wasmtime::Linker<T>) -> wasmtime::Result<()>
+where
+    T: HasP1Ctx + Send + 'static,
+{
     linker.func_wrap_async(
         P1,
         "fd_write",
@@ -379,6 +419,14 @@ where
             })
         },
     )?;
+    Ok(())
+}
+
+/// Calls that add an entry (a created file, a directory, a link) reserve its cost first.
+fn shadow_p1_entries<T>(linker: &mut wasmtime::Linker<T>) -> wasmtime::Result<()>
+where
+    T: HasP1Ctx + Send + 'static,
+{
     linker.func_wrap_async(
         P1,
         "path_open",
@@ -443,6 +491,15 @@ where
             })
         },
     )?;
+    Ok(())
+}
+
+/// Descriptors 0-2 stay the captured stdio: never renumbered onto or from, and closing one
+/// is a no-op.
+fn shadow_p1_stdio<T>(linker: &mut wasmtime::Linker<T>) -> wasmtime::Result<()>
+where
+    T: HasP1Ctx + Send + 'static,
+{
     linker.func_wrap_async(
         P1,
         "fd_renumber",
