@@ -169,72 +169,112 @@ fn describe<'js>(
     }
 }
 
+/// A script's output, shared with the `write` callback it prints through.
+type Output = Rc<RefCell<(Capture, Capture)>>;
+
+/// Cordon's stops of a script: its output past the cap (set by the `write` callback) and the
+/// deadline (set by the interrupt handler).
+#[derive(Clone, Default)]
+struct Stops {
+    timed_out: Arc<AtomicBool>,
+    flooded: Arc<AtomicBool>,
+}
+
+impl Stops {
+    fn stopped(&self) -> Option<Termination> {
+        if self.flooded.load(Ordering::Relaxed) {
+            Some(Termination::OutputLimit)
+        } else if self.timed_out.load(Ordering::Relaxed) {
+            Some(Termination::Timeout)
+        } else {
+            None
+        }
+    }
+}
+
+/// How a script ended: its status (an error where QuickJS itself failed), and whether it
+/// ended on the engine's refusal of memory past the limit.
+struct Ended {
+    status: rquickjs::Result<i32>,
+    memory_refused: bool,
+}
+
 fn eval(source: &str, args: &[String], limits: &Limits, timeout: Duration) -> Raw {
     let cpu0 = thread_cpu_ns();
-    let out = Rc::new(RefCell::new((
+    let out: Output = Rc::new(RefCell::new((
         Capture::new(limits.stdout_bytes),
         Capture::new(limits.stderr_bytes),
     )));
-    let timed_out = Arc::new(AtomicBool::new(false));
-    let flooded = Arc::new(AtomicBool::new(false));
-    let mut raw = Raw {
-        termination: Termination::Exited,
-        exit_code: Some(0),
-        stdout: Capture::new(0),
-        stderr: Capture::new(0),
-        memory: 0,
-        cpu_ns: 0,
+    let stops = Stops::default();
+    let (rt, ctx) = match start_quickjs(limits, timeout, &stops) {
+        Ok(started) => started,
+        Err(e) => return not_started(e),
     };
-    let failure = |msg: String| {
-        let mut c = Capture::new(u64::MAX);
-        c.push(msg.as_bytes());
-        c
-    };
-    let rt = match Runtime::new() {
-        Ok(rt) => rt,
-        Err(e) => {
-            // No end of the script to report: the classification's lost agent.
-            raw.termination = cordon_core::classify(&Evidence::default());
-            raw.exit_code = None;
-            raw.stderr = failure(format!("could not start QuickJS: {e}\n"));
-            return raw;
-        }
-    };
+    let ended = run_script(&ctx, source, args, &out, &stops);
+    let usage = rt.memory_usage();
+    let memory = u64::try_from(usage.malloc_size.max(0)).unwrap_or(0);
+    drop(ctx);
+    drop(rt);
+    let (stdout, stderr) = take_output(out);
+    let mut raw = conclude(ended, &stops, stdout, stderr);
+    raw.memory = memory;
+    raw.cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
+    raw
+}
+
+/// A QuickJS runtime within the memory and stack limits, stopped by `stops` (the output
+/// cap, or `timeout` from now), and its context.
+fn start_quickjs(
+    limits: &Limits,
+    timeout: Duration,
+    stops: &Stops,
+) -> rquickjs::Result<(Runtime, Context)> {
+    let rt = Runtime::new()?;
     let memory_limit = usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX);
     rt.set_memory_limit(memory_limit);
     rt.set_max_stack_size(JS_STACK);
     let deadline = Instant::now() + timeout;
-    {
-        let timed_out = timed_out.clone();
-        let flooded = flooded.clone();
-        rt.set_interrupt_handler(Some(Box::new(move || {
-            if flooded.load(Ordering::Relaxed) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                timed_out.store(true, Ordering::Relaxed);
-                return true;
-            }
-            false
-        })));
-    }
-    let ctx = match Context::full(&rt) {
-        Ok(c) => c,
-        Err(e) => {
-            // No end of the script to report: the classification's lost agent.
-            raw.termination = cordon_core::classify(&Evidence::default());
-            raw.exit_code = None;
-            raw.stderr = failure(format!("could not start QuickJS: {e}\n"));
-            return raw;
+    let stops = stops.clone();
+    rt.set_interrupt_handler(Some(Box::new(move || {
+        if stops.flooded.load(Ordering::Relaxed) {
+            return true;
         }
-    };
+        if Instant::now() >= deadline {
+            stops.timed_out.store(true, Ordering::Relaxed);
+            return true;
+        }
+        false
+    })));
+    let ctx = Context::full(&rt)?;
+    Ok((rt, ctx))
+}
+
+/// The end of a script QuickJS could not start: no end of the script to report, so the
+/// classification's lost agent.
+fn not_started(e: rquickjs::Error) -> Raw {
+    let mut stderr = Capture::new(u64::MAX);
+    stderr.push(format!("could not start QuickJS: {e}\n").as_bytes());
+    Raw {
+        termination: cordon_core::classify(&Evidence::default()),
+        exit_code: None,
+        stdout: Capture::new(0),
+        stderr,
+        memory: 0,
+        cpu_ns: 0,
+    }
+}
+
+/// Runs `source` with `scriptArgs` set to `args`, printing through the console to `out`;
+/// its value (when not undefined) is printed, an uncaught exception (of the script or of a
+/// pending job) goes to stderr and makes the status 1.
+fn run_script(ctx: &Context, source: &str, args: &[String], out: &Output, stops: &Stops) -> Ended {
     // The memory limit's evidence: the engine refused an allocation past it and the program
     // ended on that refusal (set where the uncaught exception is read, not from the text
     // the program wrote).
     let mut memory_refused = false;
-    let status: std::result::Result<i32, rquickjs::Error> = ctx.with(|ctx| {
+    let status = ctx.with(|ctx| {
         let out = out.clone();
-        let flooded = flooded.clone();
+        let flooded = stops.flooded.clone();
         let write = move |fd: i32, text: rquickjs::String<'_>| -> rquickjs::Result<()> {
             let s = text.to_string()?;
             let mut o = out.borrow_mut();
@@ -275,11 +315,15 @@ fn eval(source: &str, args: &[String], limits: &Limits, timeout: Duration) -> Ra
         }
         Ok(status)
     });
-    let usage = rt.memory_usage();
-    raw.memory = u64::try_from(usage.malloc_size.max(0)).unwrap_or(0);
-    drop(ctx);
-    drop(rt);
-    let (stdout, stderr) = match Rc::try_unwrap(out) {
+    Ended {
+        status,
+        memory_refused,
+    }
+}
+
+/// The captured stdout and stderr, once the script's runtime is gone.
+fn take_output(out: Output) -> (Capture, Capture) {
+    match Rc::try_unwrap(out) {
         Ok(cell) => cell.into_inner(),
         Err(rc) => {
             let mut o = rc.borrow_mut();
@@ -288,41 +332,41 @@ fn eval(source: &str, args: &[String], limits: &Limits, timeout: Duration) -> Ra
                 std::mem::replace(&mut o.1, Capture::new(0)),
             )
         }
-    };
-    raw.stdout = stdout;
-    raw.stderr = stderr;
-    // The one classification every tier uses, on this tier's evidence: Cordon's stops (the
-    // output cap, the deadline), the script's end (an exit code, or none when QuickJS
-    // itself failed) and the memory limit's refusal.
-    let stopped = if flooded.load(Ordering::Relaxed) {
-        Some(Termination::OutputLimit)
-    } else if timed_out.load(Ordering::Relaxed) {
-        Some(Termination::Timeout)
-    } else {
-        None
-    };
-    let reported = match status {
+    }
+}
+
+/// The one classification every tier uses, on this tier's evidence: Cordon's stops (the
+/// output cap, the deadline), the script's end (an exit code, or none when QuickJS itself
+/// failed) and the memory limit's refusal.
+fn conclude(ended: Ended, stops: &Stops, stdout: Capture, mut stderr: Capture) -> Raw {
+    let reported = match ended.status {
         Ok(code) => Some(ExitReport {
             code: Some(code),
             signal: None,
         }),
         Err(e) => {
-            raw.stderr.push(format!("cordon runtime: {e}\n").as_bytes());
+            stderr.push(format!("cordon runtime: {e}\n").as_bytes());
             None
         }
     };
-    raw.termination = cordon_core::classify(&Evidence {
-        stopped,
+    let termination = cordon_core::classify(&Evidence {
+        stopped: stops.stopped(),
         reported,
-        oom_killed: memory_refused && reported.is_some_and(|r| !r.clean()),
+        oom_killed: ended.memory_refused && reported.is_some_and(|r| !r.clean()),
         ..Evidence::default()
     });
-    raw.exit_code = match raw.termination {
+    let exit_code = match termination {
         Termination::Exited => reported.and_then(|r| r.code),
         _ => None,
     };
-    raw.cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
-    raw
+    Raw {
+        termination,
+        exit_code,
+        stdout,
+        stderr,
+        memory: 0,
+        cpu_ns: 0,
+    }
 }
 
 impl Sandbox for RuntimeSandbox {
