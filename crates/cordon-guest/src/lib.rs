@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod archive;
 pub mod confined;
+pub(crate) mod fdpass;
 pub mod files;
 pub mod forwarder;
 pub mod ports;

@@ -86,7 +86,7 @@ pub fn dial(name: &str) -> Result<OwnedFd, String> {
 fn serve(chan: &UnixStream) {
     loop {
         let mut buf = [0u8; 2];
-        let (n, fds) = match crate::agent::recv_with_fds(
+        let (n, fds) = match crate::fdpass::recv_with_fds(
             chan.as_raw_fd(),
             &mut buf,
             MsgFlags::MSG_CMSG_CLOEXEC,

@@ -1,7 +1,97 @@
 //! The processes of an exec: the standby that becomes its reaper, the reaper, and the
 //! program's own setup (privileges, limits, cwd) up to its exec.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::mount::{MsFlags, mount};
+use nix::sys::resource::{Resource, setrlimit};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::MsgFlags;
+use nix::sys::wait::waitpid;
+use nix::unistd::{Gid, Pid, Uid, setgroups, setresgid, setresuid, setsid};
+
+use super::state::{Agent, AgentConfig, Job, Standby, monotonic_us};
+use crate::fdpass::recv_with_fds;
+use crate::proto::{FrameBuffer, ProcLimits};
+use crate::sys;
+
+/// Readying the next exec's reaper.
+impl Agent {
+    /// Forks the next exec's reaper into its namespaces; it prepares and waits for a job.
+    pub(super) fn spawn_standby(&self) -> io::Result<Standby> {
+        let (ours, theirs) = UnixStream::pair()?;
+        // With per-exec cgroups the agent moves the reaper alone into the exec's cgroup,
+        // so the program must be forked after that, by the reaper: nothing is forked ahead.
+        let program = match self.cgroups {
+            None => Some(UnixStream::pair()?),
+            Some(_) => None,
+        };
+        match sys::fork_into(libc::CLONE_NEWPID | libc::CLONE_NEWNS)? {
+            sys::Forked::Child => {
+                drop(ours);
+                // Copies of running execs' pipes held here would keep a program from ever
+                // seeing its stdin end (a background exec's, while this standby waits).
+                for fd in self.exec_fds() {
+                    let _ = nix::unistd::close(fd);
+                }
+                standby_main(&self.cfg, theirs, program.map(|(_, far)| far))
+            }
+            sys::Forked::Parent(pid) => {
+                drop(theirs);
+                let program = program.map(|(near, _)| near);
+                let pidfd = match sys::pidfd_open(pid) {
+                    Ok(fd) => Some(fd),
+                    // gVisor has no pidfd_open: the reaper's end is seen on its status pipe
+                    // and exiting reapers are reaped by polling (see `poll_once`).
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => None,
+                    Err(e) => {
+                        let _ = kill(pid, Signal::SIGKILL);
+                        let _ = waitpid(pid, None);
+                        return Err(e);
+                    }
+                };
+                Ok(Standby {
+                    pid,
+                    pidfd,
+                    chan: ours,
+                    program,
+                    served_cpu_us: 0,
+                })
+            }
+        }
+    }
+
+    /// The agent's own descriptors of running execs (their pipes, status pipes, pidfds).
+    fn exec_fds(&self) -> Vec<RawFd> {
+        let mut fds = Vec::new();
+        let runs = self
+            .background
+            .values()
+            .filter_map(|b| b.run.as_ref())
+            .chain(self.running.as_ref());
+        for run in runs {
+            fds.push(run.status.as_raw_fd());
+            fds.extend(run.chan.as_ref().map(|c| c.as_raw_fd()));
+            fds.extend(run.pidfd.as_ref().map(|f| f.as_raw_fd()));
+            if let Some(fr) = &run.framed {
+                for f in [&fr.stdin, &fr.stdout, &fr.stderr, &fr.tty]
+                    .into_iter()
+                    .flatten()
+                {
+                    fds.push(f.as_raw_fd());
+                }
+            }
+        }
+        fds
+    }
+}
 
 /// Everything the program's process needs, prepared before forking so the child only
 /// makes system calls.
@@ -97,28 +187,6 @@ pub(super) fn send_job(chan: &UnixStream, job: &[u8], fds: &[RawFd]) -> io::Resu
 /// agent closed it without one.
 pub(super) fn receive_job(chan: &UnixStream) -> Option<(Job, Vec<OwnedFd>)> {
     receive_job_with(chan, MsgFlags::MSG_CMSG_CLOEXEC)
-}
-
-/// One recvmsg(2) on `fd` into `buf`: the bytes read and the descriptors passed along
-/// (up to eight), owned.
-pub(crate) fn recv_with_fds(
-    fd: RawFd,
-    buf: &mut [u8],
-    flags: MsgFlags,
-) -> nix::Result<(usize, Vec<OwnedFd>)> {
-    let mut cmsg = nix::cmsg_space!([RawFd; 8]);
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(fd, &mut iov, Some(&mut cmsg), flags)?;
-    let mut fds = Vec::new();
-    if let Ok(cmsgs) = msg.cmsgs() {
-        for c in cmsgs {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                // The kernel installed these descriptors for us (SCM_RIGHTS).
-                fds.extend(raw.into_iter().map(sys::own_fd));
-            }
-        }
-    }
-    Ok((msg.bytes, fds))
 }
 
 /// [`receive_job`] with the given `recvmsg` flags: without `MSG_CMSG_CLOEXEC` the

@@ -1,7 +1,27 @@
 //! Running an exec: starting it on a standby reaper, relaying its output and stdin,
 //! and its end (status, usage, the exec's cgroup).
 
-use super::*;
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::sys::resource::{UsageWho, getrusage};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::MsgFlags;
+use nix::sys::wait::waitpid;
+use nix::unistd::{Gid, Uid};
+
+use super::child::{ExecPlan, send_job};
+use super::state::{
+    Agent, ExecCgroups, FramedIo, Job, MAX_STDIN_BUFFER, Running, Standby, monotonic_us,
+};
+use crate::fdpass::recv_with_fds;
+use crate::proto::{ProcLimits, ProtoError, Reply, StdioMode, Stream, encode};
+use crate::sys;
 
 impl Agent {
     /// Starts a program on a standby reaper (made now if none is ready); with `pty`, on a

@@ -7,7 +7,7 @@ use std::io::{self, Read, Write};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use super::Channel;
+use super::state::Channel;
 use crate::proto::{ARCHIVE_CHUNK, FrameBuffer, ProtoError, Reply, Request, encode};
 
 /// Reads an upload's bytes from the frames that follow its request.

@@ -10,84 +10,34 @@
 //! the tier installs in [`AgentConfig::confine`] (the container tier's Landlock and seccomp).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::ffi::CString;
 use std::fs::File;
-use std::io::{self, IoSliceMut, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
-use nix::mount::{MsFlags, mount};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::resource::{Resource, UsageWho, getrusage, setrlimit};
 use nix::sys::signal::{Signal, kill};
-use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+use nix::sys::socket::MsgFlags;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{Gid, Pid, Uid, setgroups, setresgid, setresuid, setsid};
+use nix::unistd::Pid;
 
+use crate::fdpass::recv_with_fds;
 use crate::files::Workspace;
 use crate::proto::{
-    EgressSetup, ErrorCode, Frame, FrameBuffer, PROTOCOL_VERSION, ProcLimits, ProtoError, Reply,
-    Request, StdioMode, Stream, encode,
+    ErrorCode, Frame, FrameBuffer, PROTOCOL_VERSION, ProtoError, Reply, Request, StdioMode,
 };
-use crate::sys;
 
 mod background;
 mod child;
 mod exec;
 mod files;
+mod ring;
+mod state;
 
-use background::*;
-pub(crate) use child::recv_with_fds;
-use child::*;
-
-/// Confinement hook, run in each exec's reaper after its `/proc` is mounted and before the
-/// program is forked, so both are confined by it.
-pub type Confine = Box<dyn Fn() -> io::Result<()>>;
-
-/// How the agent runs programs.
-pub struct AgentConfig {
-    /// Identifies the agent in its hello.
-    pub name: String,
-    /// User and group programs run as.
-    pub uid: u32,
-    pub gid: u32,
-    /// The workspace; files in and out stay beneath it.
-    pub workdir: PathBuf,
-    /// Filesystems whose fullness is reported as `disk_full` after an exec.
-    pub scratch: Vec<PathBuf>,
-    /// Mount a fresh `/proc` in each exec's PID namespace.
-    pub mount_proc: bool,
-    pub confine: Option<Confine>,
-    /// After a terminal's resize, send `SIGWINCH` to the exec's reaper, which passes it on
-    /// to every process of the exec: for kernels whose pseudo-terminals send none (gVisor's).
-    pub winch_on_resize: bool,
-}
-
-struct Running {
-    id: u64,
-    reaper: Pid,
-    /// None where the kernel has no `pidfd_open` (gVisor): the status pipe's end is the sign.
-    pidfd: Option<OwnedFd>,
-    status: File,
-    /// What the reaper wrote so far on its status pipe.
-    report: Vec<u8>,
-    framed: Option<FramedIo>,
-    cpu_before_us: u64,
-    cgroup: Option<PathBuf>,
-    /// The host said no exec follows, or the exec runs in the background: its reaper
-    /// serves no other exec, and none is readied after it.
-    last: bool,
-    /// The reaper's job socket, held until the exec ends (a foreground exec's reaper may
-    /// then serve the next one, see [`child::standby_main`]); dropping it lets the reaper
-    /// exit once it reported.
-    chan: Option<UnixStream>,
-    /// [`Standby::served_cpu_us`] of its reaper.
-    served_cpu_us: u64,
-}
+pub use state::{Agent, AgentConfig, ConfigureHook, Confine, Settings};
+use state::{Channel, ExecCgroups, MAX_STDIN_BUFFER, Running};
 
 /// Where a background exec's descriptors are in one round's poll set.
 struct BgWatch {
@@ -96,46 +46,6 @@ struct BgWatch {
     pidfd: Option<usize>,
     out: [Option<usize>; 2],
     stdin: Option<usize>,
-}
-
-/// A reaper made ahead of its exec, waiting for the job on `chan`.
-struct Standby {
-    pid: Pid,
-    pidfd: Option<OwnedFd>,
-    chan: UnixStream,
-    /// The program's process the reaper forks ahead waits for its job on the other end:
-    /// the agent hands it over itself, so the program does not wait for the reaper to
-    /// wake and pass it on (on gVisor's ptrace platform each such wake costs 1-3 ms).
-    /// None with per-exec cgroups, where the program is forked only once the reaper is in
-    /// its exec's cgroup.
-    program: Option<UnixStream>,
-    /// CPU time of the execs this reaper already served and reported: not the next one's,
-    /// should the reaper die without a report (its whole life is then counted).
-    served_cpu_us: u64,
-}
-
-/// What a standby reaper is sent (with the program's stdin, stdout, stderr and the status
-/// pipe as descriptors).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Job {
-    argv: Vec<String>,
-    env: BTreeMap<String, String>,
-    cwd: String,
-    limits: ProcLimits,
-    /// Its stdin is a terminal, to become the program's controlling terminal.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    tty: bool,
-    /// Who it runs as, when not the sandbox's user.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    user: Option<crate::proto::ProcUser>,
-    /// (To a reaper) the agent already handed this job to the program's process the
-    /// reaper forked ahead; without it, that process is replaced by one the reaper forks.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    direct: bool,
-    /// When the agent handed the job to the program (`CLOCK_MONOTONIC`, µs): the reaper
-    /// may get its own copy only after the program has run, and times it from here.
-    #[serde(default)]
-    handed_us: u64,
 }
 
 /// A background exec's own user: never id 0, the agent's own (its files, its processes).
@@ -149,119 +59,6 @@ fn check_user(u: &crate::proto::ProcUser) -> Result<(), String> {
     }
     Ok(())
 }
-
-/// `CLOCK_MONOTONIC` in microseconds: the clock `Instant` reads, comparable across the
-/// agent's processes.
-fn monotonic_us() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000)
-        .unwrap_or(0)
-}
-
-struct FramedIo {
-    stdout: Option<File>,
-    stderr: Option<File>,
-    stdin: Option<File>,
-    stdin_buf: VecDeque<u8>,
-    stdin_close: bool,
-    /// On a pseudo-terminal: its master (`stdout` and `stdin` are copies of it), held until
-    /// the exec ends, so closing stdin sends the terminal's end-of-file character and never
-    /// hangs the terminal up; resizes act on it.
-    tty: Option<File>,
-}
-
-/// The host channel: a Unix socket (which can carry descriptors), a character device such
-/// as a virtio-serial port, or a pair of pipes (the gVisor tier's stdin and stdout); the
-/// last two carry bytes only: use [`StdioMode::Framed`].
-enum Channel {
-    Socket(UnixStream),
-    Port(File),
-    Pipes { rx: File, tx: File },
-}
-
-impl Channel {
-    /// What is polled for input.
-    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        match self {
-            Channel::Socket(s) => s.as_fd(),
-            Channel::Port(f) => f.as_fd(),
-            Channel::Pipes { rx, .. } => rx.as_fd(),
-        }
-    }
-
-    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
-        match self {
-            Channel::Socket(s) => s.write_all(bytes),
-            Channel::Port(f) => f.write_all(bytes),
-            Channel::Pipes { tx, .. } => tx.write_all(bytes),
-        }
-    }
-
-    /// Reads bytes (descriptors sent along on a socket are dropped).
-    fn read_bytes(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Channel::Socket(s) => s.read(buf),
-            Channel::Port(f) => f.read(buf),
-            Channel::Pipes { rx, .. } => rx.read(buf),
-        }
-    }
-
-    /// The byte stream to read from, for channels that carry no descriptors.
-    fn bytes_in(&mut self) -> Option<&mut File> {
-        match self {
-            Channel::Socket(_) => None,
-            Channel::Port(f) => Some(f),
-            Channel::Pipes { rx, .. } => Some(rx),
-        }
-    }
-}
-
-/// Per-sandbox settings the host sent with [`Request::Configure`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
-    pub hostname: String,
-    pub memory_bytes: u64,
-    pub pids: u32,
-    pub disk_bytes: u64,
-    pub tmp_bytes: u64,
-    pub unix_time_ms: u64,
-    /// The egress path to set up, if the sandbox has one.
-    pub egress: Option<EgressSetup>,
-}
-
-/// Applies [`Settings`] inside the sandbox; gets the host's random seed too.
-pub type ConfigureHook = Box<dyn FnMut(&Settings, &[u8]) -> io::Result<()>>;
-
-/// Per-exec cgroups (v2) the agent creates under `root`, limited by the configured settings.
-struct ExecCgroups {
-    root: PathBuf,
-    memory_bytes: u64,
-    pids: u32,
-}
-
-/// Serves one host connection until it closes or sends `Shutdown`.
-pub struct Agent {
-    cfg: AgentConfig,
-    ctrl: Channel,
-    work: Workspace,
-    inbuf: FrameBuffer,
-    fds: VecDeque<OwnedFd>,
-    running: Option<Running>,
-    /// Background execs by id, running or ended and not yet dropped.
-    background: BTreeMap<u64, Background>,
-    standby: Option<Standby>,
-    /// Reapers that reported their program's end and are still exiting (namespace teardown).
-    exiting: Vec<(Pid, Option<OwnedFd>)>,
-    configure: Option<ConfigureHook>,
-    cgroups: Option<ExecCgroups>,
-    /// The port relay ([`crate::ports`]), forked at the first [`Request::PortOpen`].
-    ports: Option<crate::ports::Relay>,
-    /// Directory watchers ([`Request::Watch`]); their inotify descriptor is polled while
-    /// any exists.
-    watches: crate::watch::Watches,
-}
-
-const MAX_STDIN_BUFFER: usize = 16 << 20;
 
 impl Agent {
     pub fn new(cfg: AgentConfig, ctrl: UnixStream) -> io::Result<Self> {
@@ -362,104 +159,6 @@ impl Agent {
         for p in pids {
             let _ = waitpid(p, None);
         }
-    }
-
-    /// Forks the next exec's reaper into its namespaces; it prepares and waits for a job.
-    fn spawn_standby(&self) -> io::Result<Standby> {
-        let (ours, theirs) = UnixStream::pair()?;
-        // With per-exec cgroups the agent moves the reaper alone into the exec's cgroup,
-        // so the program must be forked after that, by the reaper: nothing is forked ahead.
-        let program = match self.cgroups {
-            None => Some(UnixStream::pair()?),
-            Some(_) => None,
-        };
-        match sys::fork_into(libc::CLONE_NEWPID | libc::CLONE_NEWNS)? {
-            sys::Forked::Child => {
-                drop(ours);
-                // Copies of running execs' pipes held here would keep a program from ever
-                // seeing its stdin end (a background exec's, while this standby waits).
-                for fd in self.exec_fds() {
-                    let _ = nix::unistd::close(fd);
-                }
-                standby_main(&self.cfg, theirs, program.map(|(_, far)| far))
-            }
-            sys::Forked::Parent(pid) => {
-                drop(theirs);
-                let program = program.map(|(near, _)| near);
-                let pidfd = match sys::pidfd_open(pid) {
-                    Ok(fd) => Some(fd),
-                    // gVisor has no pidfd_open: the reaper's end is seen on its status pipe
-                    // and exiting reapers are reaped by polling (see `poll_once`).
-                    Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => None,
-                    Err(e) => {
-                        let _ = kill(pid, Signal::SIGKILL);
-                        let _ = waitpid(pid, None);
-                        return Err(e);
-                    }
-                };
-                Ok(Standby {
-                    pid,
-                    pidfd,
-                    chan: ours,
-                    program,
-                    served_cpu_us: 0,
-                })
-            }
-        }
-    }
-
-    /// The agent's own descriptors of running execs (their pipes, status pipes, pidfds).
-    fn exec_fds(&self) -> Vec<RawFd> {
-        let mut fds = Vec::new();
-        let runs = self
-            .background
-            .values()
-            .filter_map(|b| b.run.as_ref())
-            .chain(self.running.as_ref());
-        for run in runs {
-            fds.push(run.status.as_raw_fd());
-            fds.extend(run.chan.as_ref().map(|c| c.as_raw_fd()));
-            fds.extend(run.pidfd.as_ref().map(|f| f.as_raw_fd()));
-            if let Some(fr) = &run.framed {
-                for f in [&fr.stdin, &fr.stdout, &fr.stderr, &fr.tty]
-                    .into_iter()
-                    .flatten()
-                {
-                    fds.push(f.as_raw_fd());
-                }
-            }
-        }
-        fds
-    }
-
-    fn send(&mut self, reply: &Reply, body: &[u8]) -> Result<(), ProtoError> {
-        let bytes = encode(reply, body)?;
-        self.ctrl.write_all(&bytes)?;
-        Ok(())
-    }
-
-    fn archive_reply(
-        &mut self,
-        result: Result<cordon_core::ArchiveReport, crate::files::FileError>,
-    ) -> Result<(), ProtoError> {
-        match result {
-            Ok(report) => {
-                let body = serde_json::to_vec(&report)
-                    .map_err(|e| ProtoError::Malformed(format!("encoding a report: {e}")))?;
-                self.send(&Reply::Archive, &body)
-            }
-            Err((code, msg)) => self.error(code, msg),
-        }
-    }
-
-    fn error(&mut self, code: ErrorCode, message: impl Into<String>) -> Result<(), ProtoError> {
-        self.send(
-            &Reply::Error {
-                code,
-                message: message.into(),
-            },
-            b"",
-        )
     }
 
     /// One round of the event loop; true when the agent should stop.
