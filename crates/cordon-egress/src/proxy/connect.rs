@@ -1,10 +1,12 @@
 //! The CONNECT front: the target checked and connected, then either an opaque tunnel or,
 //! for a host whose TLS the proxy terminates, a verified TLS leg upstream.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
@@ -15,6 +17,9 @@ use super::tunnel::tunnel;
 use super::upstream::{ClientCtx, TargetError, Upstream, handshake, open_target, target_error};
 use crate::audit::Decision;
 use crate::body::{ProxyBody, empty};
+use crate::conn::Conn;
+use crate::policy::Host;
+use crate::shared::Shared;
 use crate::target::connect_target;
 use crate::tls::server_name;
 
@@ -32,25 +37,10 @@ pub(super) async fn connect(
     };
     info.port = port;
     info.host = host.to_string();
-    let allow_rule = match shared.policy.check_host(&host, port) {
+    let allow_rule = match check_connect(&conn, &req, &host, port, &info) {
         Ok(rule) => rule,
-        Err(r) => return refuse(&conn, &info, Decision::Deny, &r),
+        Err(refused) => return *refused,
     };
-    let authority = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str())
-        .unwrap_or_default();
-    let hits = shared.grants.find(authority, req.headers());
-    if let Some(resp) = grant_refusal(
-        &conn,
-        &info,
-        shared
-            .grants
-            .decide(&host, false, &Method::CONNECT, "/", &hits),
-    ) {
-        return resp;
-    }
     let terminate = shared.terminates(&host);
     let (tcp, addr) = match open_target(&shared, &host, port).await {
         Ok(t) => t,
@@ -58,31 +48,9 @@ pub(super) async fn connect(
     };
     // For terminated hosts, verify the upstream now so a bad certificate is a clear 502.
     let leg = if terminate {
-        let name = match server_name(&host) {
-            Ok(n) => n,
-            Err(e) => return target_error(&conn, &info, TargetError::Unreachable(e)),
-        };
-        let tls = match shared.upstream_tls() {
-            Ok(t) => t,
-            Err(e) => return target_error(&conn, &info, TargetError::Unreachable(e)),
-        };
-        let hs = tls.connect(name, tcp);
-        match tokio::time::timeout(shared.limits.connect_timeout(), hs).await {
-            Ok(Ok(s)) => Leg::Tls(Box::new(s)),
-            Ok(Err(e)) => {
-                return target_error(
-                    &conn,
-                    &info,
-                    TargetError::Unreachable(format!("TLS to {} ({addr}) failed: {e}", info.host)),
-                );
-            }
-            Err(_) => {
-                return target_error(
-                    &conn,
-                    &info,
-                    TargetError::Unreachable(format!("TLS to {} timed out", info.host)),
-                );
-            }
+        match tls_leg(&shared, &host, tcp, addr).await {
+            Ok(leg) => leg,
+            Err(e) => return target_error(&conn, &info, e),
         }
     } else {
         Leg::Tunnel(tcp)
@@ -94,35 +62,103 @@ pub(super) async fn connect(
     shared.audit.record(ev);
 
     let on_upgrade = hyper::upgrade::on(&mut req);
-    let task_conn = conn.clone();
-    shared.tracker.spawn(async move {
-        let conn = task_conn;
-        let Ok(upgraded) = on_upgrade.await else {
-            return;
-        };
-        let client = TokioIo::new(upgraded);
-        match leg {
-            Leg::Tls(tls) => {
-                let Ok(sender) = handshake(&conn.shared, TokioIo::new(*tls)).await else {
-                    return;
-                };
-                let up = Upstream {
-                    key: (host.clone(), port),
-                    addr,
-                    sender,
-                };
-                let _ = conn
-                    .guarded(terminated(conn.clone(), client, host, port, up))
-                    .await;
-            }
-            Leg::Tunnel(tcp) => {
-                let _ = conn.guarded(tunnel(&conn, client, tcp, &host, &info)).await;
-            }
-        }
-    });
+    let target = Target { host, port, addr };
+    shared
+        .tracker
+        .spawn(serve_upgraded(conn.clone(), on_upgrade, leg, target, info));
     let mut r = Response::new(empty());
     *r.status_mut() = StatusCode::OK;
     r
+}
+
+/// The CONNECT's target: the policy lets the host in (answering the rule that does) and no
+/// grant refuses the tunnel.
+fn check_connect(
+    conn: &Arc<Conn>,
+    req: &Request<Incoming>,
+    host: &Host,
+    port: u16,
+    info: &ReqInfo,
+) -> Result<String, Box<Response<ProxyBody>>> {
+    let shared = &conn.shared;
+    let allow_rule = match shared.policy.check_host(host, port) {
+        Ok(rule) => rule,
+        Err(r) => return Err(Box::new(refuse(conn, info, Decision::Deny, &r))),
+    };
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str())
+        .unwrap_or_default();
+    let hits = shared.grants.find(authority, req.headers());
+    let decision = shared
+        .grants
+        .decide(host, false, &Method::CONNECT, "/", &hits);
+    match grant_refusal(conn, info, decision) {
+        Some(resp) => Err(Box::new(resp)),
+        None => Ok(allow_rule),
+    }
+}
+
+/// A verified TLS leg to `host` over `tcp` (connected to `addr`), within the connect
+/// timeout.
+async fn tls_leg(
+    shared: &Shared,
+    host: &Host,
+    tcp: TcpStream,
+    addr: SocketAddr,
+) -> Result<Leg, TargetError> {
+    let name = server_name(host).map_err(TargetError::Unreachable)?;
+    let tls = shared.upstream_tls().map_err(TargetError::Unreachable)?;
+    let hs = tls.connect(name, tcp);
+    match tokio::time::timeout(shared.limits.connect_timeout(), hs).await {
+        Ok(Ok(s)) => Ok(Leg::Tls(Box::new(s))),
+        Ok(Err(e)) => Err(TargetError::Unreachable(format!(
+            "TLS to {host} ({addr}) failed: {e}"
+        ))),
+        Err(_) => Err(TargetError::Unreachable(format!("TLS to {host} timed out"))),
+    }
+}
+
+/// Where a CONNECT goes: its host and port, and the address checked and connected.
+struct Target {
+    host: Host,
+    port: u16,
+    addr: SocketAddr,
+}
+
+/// Once the client's connection is upgraded: the terminated host's requests served over the
+/// TLS leg, or the opaque tunnel.
+async fn serve_upgraded(
+    conn: Arc<Conn>,
+    on_upgrade: OnUpgrade,
+    leg: Leg,
+    target: Target,
+    info: ReqInfo,
+) {
+    let Ok(upgraded) = on_upgrade.await else {
+        return;
+    };
+    let client = TokioIo::new(upgraded);
+    let Target { host, port, addr } = target;
+    match leg {
+        Leg::Tls(tls) => {
+            let Ok(sender) = handshake(&conn.shared, TokioIo::new(*tls)).await else {
+                return;
+            };
+            let up = Upstream {
+                key: (host.clone(), port),
+                addr,
+                sender,
+            };
+            let _ = conn
+                .guarded(terminated(conn.clone(), client, host, port, up))
+                .await;
+        }
+        Leg::Tunnel(tcp) => {
+            let _ = conn.guarded(tunnel(&conn, client, tcp, &host, &info)).await;
+        }
+    }
 }
 
 enum Leg {

@@ -127,86 +127,34 @@ fn inner_host_matches(req: &Request<Incoming>, host: &Host, port: u16) -> bool {
     }
 }
 
+/// A refused or failed request's answer, already audited (boxed: it is the rare path).
+type Answer = Box<Response<ProxyBody>>;
+
 async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> Response<ProxyBody> {
     let conn = &ctx.conn;
-    let shared = &conn.shared;
-    let host = &ctx.host;
     let info = ReqInfo {
         kind: Kind::Https,
-        host: host.to_string(),
+        host: ctx.host.to_string(),
         port: ctx.port,
         method: req.method().to_string(),
         path: req.uri().path().to_string(),
     };
-    if let Some(resp) = admit(conn, &info) {
-        return resp;
+    if let Err(refused) = check_request(&ctx, &req, &info) {
+        return *refused;
     }
-    if req.method() == Method::CONNECT {
-        return refuse(
-            conn,
-            &info,
-            Decision::Deny,
-            &Refusal::new("protocol", "CONNECT inside a tunnel"),
-        );
-    }
-    if !inner_host_matches(&req, host, ctx.port) {
-        let r = Refusal::new(
-            "host-mismatch",
-            format!(
-                "the request's Host names another host than the tunnel's {host}; domain fronting is refused"
-            ),
-        );
-        return refuse(conn, &info, Decision::Deny, &r);
-    }
-    // A deny entry added for the host wins here too (the CONNECT already passed the policy).
-    if let Err(r) = shared.policy.check_host(host, ctx.port) {
-        return refuse(conn, &info, Decision::Deny, &r);
-    }
-    let method = req.method().clone();
-    let path = req.uri().path().to_string();
     let target = req
         .uri()
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "/".into());
-    let hits = shared.grants.find(&target, req.headers());
-    let over = crate::secrets::method_override(req.headers());
-    let decision = shared
-        .grants
-        .decide_with(host, true, &method, &path, over, &hits);
-    let swapped: Vec<usize> = match decision {
-        GrantDecision::Swap(list) => list,
-        GrantDecision::Pass => Vec::new(),
-        refusal => {
-            return grant_refusal(conn, &info, refusal)
-                .unwrap_or_else(|| text(StatusCode::FORBIDDEN, "grant", "refused", false));
-        }
+    let swapped = match grant_swaps(&ctx, &req, &target, &info) {
+        Ok(swapped) => swapped,
+        Err(refused) => return *refused,
     };
-    let (parts, body) = req.into_parts();
-    let mut headers = parts.headers;
-    strip_hop_headers(&mut headers);
-    headers.remove(header::CONTENT_LENGTH);
-    if let Err(e) = shared.grants.swap(&swapped, &mut headers) {
-        let r = Refusal::new("grant", e.to_string());
-        return refuse(conn, &info, Decision::Error, &r);
-    }
-    if !shared.grants.list.is_empty() {
-        // Keep any reflection of a secret visible to the response redactor.
-        headers.insert(
-            header::ACCEPT_ENCODING,
-            HeaderValue::from_static("identity"),
-        );
-    }
-    // Checked above to name the tunnel's host; always written in one canonical form.
-    headers.remove(header::HOST);
-    if let Some(v) = host_header(host, ctx.port, 443) {
-        headers.insert(header::HOST, v);
-    }
-    let mut out = Request::new(scanned_body(conn, body, host, &info));
-    *out.method_mut() = parts.method;
-    *out.uri_mut() = target.parse().unwrap_or_else(|_| Uri::from_static("/"));
-    *out.headers_mut() = headers;
-
+    let out = match outbound(&ctx, req, &target, &swapped, &info) {
+        Ok(out) => out,
+        Err(refused) => return *refused,
+    };
     let mut slot = ctx.upstream.lock().await;
     let reuse = match slot.take() {
         Some(mut u) if !u.sender.is_closed() => u.sender.ready().await.is_ok().then_some(u),
@@ -215,7 +163,7 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
     let up = match reuse {
         Some(u) => u,
         // Reconnect to the address checked at CONNECT time: never a second lookup.
-        None => match reconnect_tls(shared, host, ctx.port, ctx.addr).await {
+        None => match reconnect_tls(&conn.shared, &ctx.host, ctx.port, ctx.addr).await {
             Ok(u) => u,
             Err(e) => return target_error(conn, &info, TargetError::Unreachable(e)),
         },
@@ -224,6 +172,127 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
         Ok(sent) => sent,
         Err(r) => return r,
     };
+    record_allowed(conn, &info, &swapped, addr, resp.status());
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_headers(&mut parts.headers);
+    masked_response(
+        &conn.shared,
+        conn,
+        &info,
+        parts,
+        body.map_err(box_err).boxed(),
+    )
+}
+
+/// What a request inside the tunnel must be before its grants are looked at: admitted on
+/// the connection, not a CONNECT, naming the tunnel's host only, and that host not denied
+/// since the CONNECT.
+fn check_request(
+    ctx: &TerminatedCtx,
+    req: &Request<Incoming>,
+    info: &ReqInfo,
+) -> Result<(), Answer> {
+    let conn = &ctx.conn;
+    let host = &ctx.host;
+    if let Some(resp) = admit(conn, info) {
+        return Err(Box::new(resp));
+    }
+    if req.method() == Method::CONNECT {
+        return Err(Box::new(refuse(
+            conn,
+            info,
+            Decision::Deny,
+            &Refusal::new("protocol", "CONNECT inside a tunnel"),
+        )));
+    }
+    if !inner_host_matches(req, host, ctx.port) {
+        let r = Refusal::new(
+            "host-mismatch",
+            format!(
+                "the request's Host names another host than the tunnel's {host}; domain fronting is refused"
+            ),
+        );
+        return Err(Box::new(refuse(conn, info, Decision::Deny, &r)));
+    }
+    // A deny entry added for the host wins here too (the CONNECT already passed the policy).
+    if let Err(r) = conn.shared.policy.check_host(host, ctx.port) {
+        return Err(Box::new(refuse(conn, info, Decision::Deny, &r)));
+    }
+    Ok(())
+}
+
+/// The grants whose secrets this request gets (indexes into the grant list; none when it
+/// passes without), or the grants' refusal.
+fn grant_swaps(
+    ctx: &TerminatedCtx,
+    req: &Request<Incoming>,
+    target: &str,
+    info: &ReqInfo,
+) -> Result<Vec<usize>, Answer> {
+    let grants = &ctx.conn.shared.grants;
+    let hits = grants.find(target, req.headers());
+    let over = crate::secrets::method_override(req.headers());
+    let path = req.uri().path();
+    match grants.decide_with(&ctx.host, true, req.method(), path, over, &hits) {
+        GrantDecision::Swap(list) => Ok(list),
+        GrantDecision::Pass => Ok(Vec::new()),
+        refusal => Err(Box::new(
+            grant_refusal(&ctx.conn, info, refusal)
+                .unwrap_or_else(|| text(StatusCode::FORBIDDEN, "grant", "refused", false)),
+        )),
+    }
+}
+
+/// The request sent upstream: hop headers stripped, the `swapped` grants' secrets in, an
+/// identity encoding where grants exist (so a reflected secret stays visible to the
+/// response's mask), one canonical `Host`, and the body scanned for other grants'
+/// placeholders.
+fn outbound(
+    ctx: &TerminatedCtx,
+    req: Request<Incoming>,
+    target: &str,
+    swapped: &[usize],
+    info: &ReqInfo,
+) -> Result<Request<ProxyBody>, Answer> {
+    let conn = &ctx.conn;
+    let grants = &conn.shared.grants;
+    let (parts, body) = req.into_parts();
+    let mut headers = parts.headers;
+    strip_hop_headers(&mut headers);
+    headers.remove(header::CONTENT_LENGTH);
+    if let Err(e) = grants.swap(swapped, &mut headers) {
+        let r = Refusal::new("grant", e.to_string());
+        return Err(Box::new(refuse(conn, info, Decision::Error, &r)));
+    }
+    if !grants.list.is_empty() {
+        // Keep any reflection of a secret visible to the response redactor.
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+    }
+    // Checked above to name the tunnel's host; always written in one canonical form.
+    headers.remove(header::HOST);
+    if let Some(v) = host_header(&ctx.host, ctx.port, 443) {
+        headers.insert(header::HOST, v);
+    }
+    let mut out = Request::new(scanned_body(conn, body, &ctx.host, info));
+    *out.method_mut() = parts.method;
+    *out.uri_mut() = target.parse().unwrap_or_else(|_| Uri::from_static("/"));
+    *out.headers_mut() = headers;
+    Ok(out)
+}
+
+/// The audit row of a request the proxy sent: the grants swapped in, where it went and
+/// the status it got.
+fn record_allowed(
+    conn: &Conn,
+    info: &ReqInfo,
+    swapped: &[usize],
+    addr: SocketAddr,
+    status: StatusCode,
+) {
+    let shared = &conn.shared;
     let mut ev = info.event(conn, Decision::Allow);
     ev.rule = Some(if swapped.is_empty() {
         "tls-terminated".into()
@@ -231,7 +300,7 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
         "grant".into()
     });
     ev.addr = Some(addr.ip().to_string());
-    ev.status = Some(resp.status().as_u16());
+    ev.status = Some(status.as_u16());
     if !swapped.is_empty() {
         ev.grant = Some(
             swapped
@@ -241,7 +310,4 @@ async fn handle_terminated(ctx: Arc<TerminatedCtx>, req: Request<Incoming>) -> R
         );
     }
     shared.audit.record(ev);
-    let (mut parts, body) = resp.into_parts();
-    strip_hop_headers(&mut parts.headers);
-    masked_response(shared, conn, &info, parts, body.map_err(box_err).boxed())
 }
