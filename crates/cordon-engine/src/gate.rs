@@ -16,8 +16,10 @@ use crate::ceiling::{CeilingConfig, Resolved};
 use crate::request::{Principal, SandboxRequest, Workload};
 
 mod record;
+mod rule;
 
 pub use record::{DenyCode, GateRecord, GrantRecord, NodeAllowance, PolicyOutcome, TemplateRecord};
+pub use rule::GateRule;
 
 /// An allowed request: the spec to create and its lifetime.
 #[derive(Debug, Clone)]
@@ -36,7 +38,7 @@ pub struct Admission {
 pub struct Denial {
     pub code: DenyCode,
     /// The rule that refused it (`ceiling.egress`, `untrusted-needs-kernel-boundary`, ...).
-    pub rule: String,
+    pub rule: GateRule,
     pub message: String,
     pub fix: String,
     pub record: Box<GateRecord>,
@@ -218,18 +220,18 @@ impl Gate {
         req: &SandboxRequest,
         what: &str,
         code: DenyCode,
-        rule: &str,
+        rule: GateRule,
         message: &str,
         fix: &str,
     ) -> Denial {
         let record = Self::record(who, &self.rules_for(who), req, what);
-        Self::denial(record, code, rule.into(), message.into(), fix.into())
+        Self::denial(record, code, rule, message.into(), fix.into())
     }
 
     fn denial(
         mut record: GateRecord,
         code: DenyCode,
-        rule: String,
+        rule: GateRule,
         message: String,
         fix: String,
     ) -> Denial {
@@ -322,7 +324,7 @@ impl Gate {
             let entry = tenant.and_then(|t| self.catalogue.entry(&g.0, t));
             let Some(entry) = entry else {
                 return Err(deny(
-                    "ceiling.grants",
+                    GateRule::CeilingGrants,
                     format!("grant {:?} is not in the catalogue open to you", g.0),
                     "name one of the grants the operator opened to your tenant (see the server's [[grant]] entries)",
                 ));
@@ -367,7 +369,7 @@ impl Gate {
         spec.validate().map_err(|e| invalid(e.to_string()))?;
         if network && !tier.features().network {
             return Err(deny(
-                "tier-network",
+                GateRule::TierNetwork,
                 format!("the {tier} tier has no network, so allow_hosts and grants cannot apply"),
                 cordon_core::Feature::Network.fix(),
             ));
@@ -397,7 +399,7 @@ impl Gate {
         self.check_limits(&spec.limits)?;
         if in_server && spec.limits.memory_bytes > heap {
             return Err(deny(
-                "ceiling.runtime_heap",
+                GateRule::CeilingRuntimeHeap,
                 format!(
                     "the runtime tier's heap lives inside the server; it is capped at {} bytes",
                     heap
@@ -422,7 +424,7 @@ impl Gate {
             .unwrap_or(self.settings.default_idle);
         if tenant.is_some() && (ttl > self.settings.max_ttl || ttl.is_zero() || idle.is_zero()) {
             return Err(deny(
-                "ceiling.ttl",
+                GateRule::CeilingTtl,
                 format!(
                     "ttl must be between 1 ms and {} s, and idle_timeout more than zero",
                     self.settings.max_ttl.as_secs()
@@ -435,7 +437,7 @@ impl Gate {
             Some(max) if ttl > max => {
                 if req.ttl.is_some() {
                     return Err(deny(
-                        "ceiling.grant_lifetime",
+                        GateRule::CeilingGrantLifetime,
                         format!(
                             "a sandbox holding these grants lives at most {} s",
                             max.as_secs()
@@ -474,7 +476,7 @@ impl Gate {
             let grant = self.catalogue.resolve(&g.0, t, not_after).map_err(|why| {
                 (
                     DenyCode::GrantUnavailable,
-                    "grant-unavailable".to_string(),
+                    GateRule::GrantUnavailable,
                     format!("grant {:?}: {why}", g.0),
                     "retry later; if it persists, tell the operator".to_string(),
                 )
@@ -496,7 +498,7 @@ impl Gate {
         cordon_core::validate_template_name(name).map_err(|e| invalid(e.to_string()))?;
         let Some(store) = &self.templates else {
             return Err(deny(
-                "template",
+                GateRule::Template,
                 "this server has no template store",
                 "leave the template out, or ask the operator to enable templates",
             ));
@@ -509,7 +511,7 @@ impl Gate {
         });
         if !m.tiers.contains(&spec.tier) {
             return Err(deny(
-                "template-tier",
+                GateRule::TemplateTier,
                 format!(
                     "template {name:?} serves the {} tier, not {}",
                     names(&m.tiers),
@@ -532,7 +534,7 @@ impl Gate {
             .unwrap_or_else(|| "this build has no such tier".into());
         (
             DenyCode::TierUnavailable,
-            "tier-available".into(),
+            GateRule::TIER_AVAILABLE,
             format!("the {tier} tier is not available on this host ({why})"),
             "run `cordon doctor` on the server host, or choose another tier".into(),
         )
@@ -559,7 +561,7 @@ impl Gate {
         ];
         if let Some((name, _)) = over.iter().find(|(_, o)| *o) {
             return Err(deny(
-                "ceiling.max_limits",
+                GateRule::CeilingMaxLimits,
                 format!("limits.{name} is above what this server allows"),
                 "ask for less; the server's max_limits bound every sandbox",
             ));
@@ -723,7 +725,7 @@ fn ask_policy(
         return Err(invalid("no tier to decide"));
     };
     let (rule, message, fix) = (
-        refusal.rule.to_string(),
+        GateRule::Policy(refusal.rule.clone()),
         format!(
             "refused by policy rule {}: {}",
             refusal.rule, refusal.message
@@ -767,14 +769,14 @@ fn check_request_ceiling(
 ) -> Result<(), Refused> {
     if tenant.is_some() && !req.inline_grants.is_empty() {
         return Err(deny(
-            "ceiling.grants",
+            GateRule::CeilingGrants,
             "only the local operator gives grants inline",
             "name a grant of the server's catalogue instead",
         ));
     }
     if tenant.is_some() && rules.trust == Trust::Untrusted && req.trust == Some(Trust::Trusted) {
         return Err(deny(
-            "ceiling.trust",
+            GateRule::CeilingTrust,
             "the operator runs your code as untrusted; a request cannot raise its own trust",
             "leave trust out (or say untrusted); ask the operator to set trust = \"trusted\" for your tenant",
         ));
@@ -785,7 +787,7 @@ fn check_request_ceiling(
         .find(|w| !rules.allow_weaker.contains(w))
     {
         return Err(deny(
-            "ceiling.allow_weaker",
+            GateRule::CeilingAllowWeaker,
             format!("running without {w} is not open to you"),
             "leave allow_weaker out (the run fails closed where a wall cannot be applied), or ask the operator",
         ));
@@ -803,7 +805,7 @@ fn check_egress(rules: &Resolved, req: &SandboxRequest) -> Result<(), Refused> {
     for p in patterns.iter().take(req.allow_hosts.len()) {
         if let Err(why) = rules.egress.check(p) {
             return Err(deny(
-                "ceiling.egress",
+                GateRule::CeilingEgress,
                 why,
                 "allow only public names and addresses, or ask the operator to add the range to your egress ceiling",
             ));
@@ -816,7 +818,7 @@ fn check_egress(rules: &Resolved, req: &SandboxRequest) -> Result<(), Refused> {
 fn mount_volumes(req: &SandboxRequest, spec: &mut SandboxSpec) -> Result<(), Refused> {
     if !req.volumes.is_empty() && !spec.tier.features().volumes {
         return Err(deny(
-            "volume-tier",
+            GateRule::VolumeTier,
             format!("the {} tier mounts no volumes", spec.tier),
             format!(
                 "{}, or leave the volumes out",
@@ -836,7 +838,7 @@ fn mount_volumes(req: &SandboxRequest, spec: &mut SandboxSpec) -> Result<(), Ref
 /// A tier the principal's ceiling does not open.
 fn not_open(tier: Tier, rules: &Resolved) -> Refused {
     deny(
-        "ceiling.tiers",
+        GateRule::CeilingTiers,
         format!(
             "the {tier} tier is not open to you (yours: {})",
             names(&rules.tiers)
@@ -876,21 +878,16 @@ pub fn workload_of(command: &Command, has_files: bool) -> Workload {
     }
 }
 
-type Refused = (DenyCode, String, String, String);
+type Refused = (DenyCode, GateRule, String, String);
 
-fn deny(rule: &str, message: impl Into<String>, fix: impl Into<String>) -> Refused {
-    (
-        DenyCode::PolicyDenied,
-        rule.to_string(),
-        message.into(),
-        fix.into(),
-    )
+fn deny(rule: GateRule, message: impl Into<String>, fix: impl Into<String>) -> Refused {
+    (DenyCode::PolicyDenied, rule, message.into(), fix.into())
 }
 
 fn invalid(message: impl Into<String>) -> Refused {
     (
         DenyCode::InvalidRequest,
-        "request".to_string(),
+        GateRule::Request,
         message.into(),
         "fix the request; docs/openapi.json describes every field".to_string(),
     )

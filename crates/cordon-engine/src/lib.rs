@@ -24,8 +24,8 @@ pub use catalogue::Catalogue;
 pub use ceiling::{CeilingConfig, GrantEntry, Resolved, TenantRules};
 pub use error::GateError;
 pub use gate::{
-    Admission, Denial, DenyCode, Gate, GateRecord, GateSettings, NodeAllowance, RulesSource,
-    workload_of,
+    Admission, Denial, DenyCode, Gate, GateRecord, GateRule, GateSettings, NodeAllowance,
+    RulesSource, workload_of,
 };
 pub use ledger::{BudgetLimits, Full, Ledger, Reservation, host_memory_budget};
 pub use request::{

@@ -358,7 +358,7 @@ fn local_gate(args: &RunArgs, req: &SandboxRequest, tiers: &Tiers) -> Result<Gat
     // Decide as if every fitting tier were here first: a refusal by a rule needs no probe.
     let first = gate(fits.iter().copied().collect(), None);
     if let Err(d) = first.admit(&Principal::Operator, req, "cordon run")
-        && d.rule != "tier-available"
+        && d.rule != cordon_engine::GateRule::TIER_AVAILABLE
     {
         return Ok(first);
     }

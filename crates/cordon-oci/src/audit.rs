@@ -412,11 +412,11 @@ pub fn record_refusal(
     refused: &crate::OciError,
 ) -> Result<()> {
     use crate::OciError as E;
-    use cordon_engine::DenyCode;
+    use cordon_engine::{DenyCode, GateRule};
     let (code, rule, message, fix) = match refused {
         E::Refused { what, fix } => (
             DenyCode::PolicyDenied,
-            "oci.bundle",
+            GateRule::OciBundle,
             what.clone(),
             fix.as_str(),
         ),
@@ -425,7 +425,7 @@ pub fn record_refusal(
         | E::Annotation { .. }
         | E::UnknownAnnotation { .. } => (
             DenyCode::InvalidRequest,
-            "request",
+            GateRule::Request,
             refused.to_string(),
             "fix the container's config.json or its annotations",
         ),

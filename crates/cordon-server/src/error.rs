@@ -275,7 +275,7 @@ impl From<cordon_engine::Denial> for ApiError {
             DenyCode::GrantUnavailable => Code::GrantUnavailable,
         };
         let mut e = ApiError::new(code, d.message, d.fix);
-        e.rule = Some(d.rule);
+        e.rule = Some(d.rule.to_string());
         e
     }
 }

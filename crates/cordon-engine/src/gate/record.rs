@@ -77,7 +77,7 @@ pub struct GateRecord {
     pub idle_timeout_ms: Option<u64>,
     /// The rule that refused it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
+    pub rule: Option<super::GateRule>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The tier policy's decision (or refusal), where it ran.

@@ -58,7 +58,7 @@ fn a_template_is_resolved_and_recorded() {
     assert_eq!(rec["template"]["name"], "tools");
     assert_eq!(rec["template"]["digest"], m.digest.as_str());
     let d = op("wasm").unwrap_err();
-    assert_eq!(d.rule, "template-tier");
+    assert_eq!(d.rule.as_str(), "template-tier");
     assert_eq!(d.record.template.as_ref().unwrap().digest, m.digest);
     let d = g
         .admit(&alice(), &req(r#"{"template":"nope"}"#), "create")
@@ -72,7 +72,7 @@ fn a_template_is_resolved_and_recorded() {
     let d = gate("", "")
         .admit(&alice(), &req(r#"{"template":"tools"}"#), "create")
         .unwrap_err();
-    assert_eq!(d.rule, "template");
+    assert_eq!(d.rule.as_str(), "template");
 }
 
 const GRANTS: &str = r#"
@@ -143,10 +143,10 @@ fn the_default_ceiling_refuses_every_attack_with_its_rule() {
     ];
     for (body, rule) in table {
         let d = g.admit(&alice(), &req(body), "create").unwrap_err();
-        assert_eq!(d.rule, *rule, "{body}: {}", d.message);
+        assert_eq!(d.rule.as_str(), *rule, "{body}: {}", d.message);
         assert_eq!(d.code, DenyCode::PolicyDenied, "{body}");
         assert!(!d.fix.is_empty());
-        assert_eq!(d.record.rule.as_deref(), Some(*rule));
+        assert_eq!(d.record.rule.as_ref().map(GateRule::as_str), Some(*rule));
         assert_eq!(d.record.principal, "alice");
     }
 }
@@ -223,7 +223,7 @@ fn the_operator_keeps_todays_defaults_with_the_same_checks() {
             "run",
         )
         .unwrap_err();
-    assert_eq!(d.rule, "untrusted-needs-kernel-boundary");
+    assert_eq!(d.rule.as_str(), "untrusted-needs-kernel-boundary");
     let d = g
         .admit(
             &op,
@@ -231,7 +231,7 @@ fn the_operator_keeps_todays_defaults_with_the_same_checks() {
             "run",
         )
         .unwrap_err();
-    assert_eq!(d.rule, "tier-network");
+    assert_eq!(d.rule.as_str(), "tier-network");
     let d = g
         .admit(&op, &req(r#"{"env": {"BAD NAME": "x"}}"#), "run")
         .unwrap_err();
@@ -249,7 +249,7 @@ fn the_operator_keeps_todays_defaults_with_the_same_checks() {
     });
     assert_eq!(
         g.admit(&alice(), &r, "create").unwrap_err().rule,
-        "ceiling.grants"
+        GateRule::CeilingGrants
     );
 }
 
@@ -277,7 +277,7 @@ fn a_ceiling_opens_exactly_what_it_names() {
             "create",
         )
         .unwrap_err();
-    assert_eq!(d.rule, "ceiling.egress");
+    assert_eq!(d.rule.as_str(), "ceiling.egress");
     let a = g
         .admit(
             &alice(),
@@ -298,11 +298,11 @@ fn a_ceiling_opens_exactly_what_it_names() {
                 "create",
             )
             .unwrap_err();
-    assert_eq!(d.rule, "ceiling.runtime_heap");
+    assert_eq!(d.rule.as_str(), "ceiling.runtime_heap");
     let d = g
         .admit(&alice(), &req(r#"{"tier": "gvisor"}"#), "create")
         .unwrap_err();
-    assert_eq!(d.rule, "ceiling.tiers");
+    assert_eq!(d.rule.as_str(), "ceiling.tiers");
 }
 
 /// Found by the fuzz harness below: the operator's ttl is not capped, and one past
