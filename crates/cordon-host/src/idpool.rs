@@ -6,21 +6,29 @@
 //! count, with each other and (their namespaces being root's) with host root. Each sandbox
 //! therefore gets its own range of [`RANGE`] host ids, which its namespace is created from.
 //!
-//! A range is leased by holding an exclusive `flock` on its slot file in a root-owned 0700
-//! directory: free again when the holder drops it (after the sandbox's last process is
-//! gone) or dies (the kernel drops the locks of a killed process), so a crash needs no
-//! sweep. Ranges overlapping an id of `/etc/passwd`, `/etc/group`, `/etc/subuid` or
-//! `/etc/subgid` are never leased.
+//! A range is leased by holding an exclusive open-file-description lock (`F_OFD_SETLK`) on
+//! its ids as a byte range of one lease file in a root-owned 0700 directory: free again when
+//! the holder lets go (after the sandbox's last process is gone) or dies (the kernel drops
+//! the locks of a killed process), so a crash needs no sweep. Every lease of one process in
+//! one directory shares that file's one descriptor, and a table of this process's leases
+//! keeps its own sandboxes apart (locks on one open file never conflict with each other):
+//! a live sandbox holds no descriptor of its own for its ids (issue 49; ADR 0038). Ranges
+//! overlapping an id of `/etc/passwd`, `/etc/group`, `/etc/subuid` or `/etc/subgid` are
+//! never leased.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
-use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
+
+/// The file of a pool directory whose byte ranges are the leases (a range's bytes are its
+/// ids, so pools over overlapping ids in one directory exclude each other).
+pub const LEASE_FILE: &str = "leases";
 
 /// Ids in one sandbox's range.
 pub const RANGE: u32 = 65536;
@@ -86,7 +94,7 @@ pub struct IdPool {
 #[derive(Debug)]
 pub struct IdRange {
     base: u32,
-    lease: Arc<Flock<File>>,
+    lease: Arc<Lease>,
 }
 
 impl IdRange {
@@ -106,25 +114,61 @@ impl IdRange {
     }
 }
 
-/// Leases held by this process, by slot file: [`IdPool::lease_exact`] shares a live one.
-type Held = Mutex<HashMap<PathBuf, Weak<Flock<File>>>>;
-
-fn held() -> &'static Held {
-    static HELD: OnceLock<Held> = OnceLock::new();
-    HELD.get_or_init(Mutex::default)
+/// One range's lock on its pool's lease file; unlocked when the last holder drops it.
+#[derive(Debug)]
+struct Lease {
+    file: Arc<File>,
+    key: LeaseKey,
+    width: u32,
 }
 
-/// Remembers a lease this process took, so that [`IdPool::lease_exact`] can share it.
-fn remember(
-    held: &mut HashMap<PathBuf, Weak<Flock<File>>>,
-    path: PathBuf,
-    base: u32,
-    lease: Flock<File>,
-) -> IdRange {
-    let lease = Arc::new(lease);
-    held.retain(|_, w| w.strong_count() > 0);
-    held.insert(path, Arc::downgrade(&lease));
-    IdRange { base, lease }
+/// A lease's place: its pool's lease file and its first id.
+type LeaseKey = (PathBuf, u32);
+
+/// What this process holds: each pool's open lease file (open while a lease in it lives),
+/// and every lease it took, kept until that lease is unlocked (a dead entry is still taken:
+/// see [`Lease`]'s drop).
+#[derive(Default)]
+struct Held {
+    files: HashMap<PathBuf, Weak<File>>,
+    leases: HashMap<LeaseKey, Weak<Lease>>,
+}
+
+fn held() -> MutexGuard<'static, Held> {
+    static HELD: OnceLock<Mutex<Held>> = OnceLock::new();
+    HELD.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // Unlocked and forgotten under the table's lock: until then the range is this
+        // process's (its entry, dead, is still taken), so no lease of it taken meanwhile on
+        // the same open file (where locks do not conflict) can lose its lock to this unlock.
+        let mut held = held();
+        let _ = lock_range(&self.file, self.key.1, self.width, false);
+        held.leases.remove(&self.key);
+    }
+}
+
+/// Locks (or unlocks) ids `base..base + width` as a byte range of `file`, for its open file
+/// description: `Ok(false)` while another one holds any of it.
+fn lock_range(file: &File, base: u32, width: u32, lock: bool) -> nix::Result<bool> {
+    let kind = if lock { libc::F_WRLCK } else { libc::F_UNLCK };
+    let flock = libc::flock {
+        l_type: kind as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: libc::off_t::from(base),
+        l_len: libc::off_t::from(width),
+        // Zero, as F_OFD_SETLK requires.
+        l_pid: 0,
+    };
+    match nix::fcntl::fcntl(file, nix::fcntl::FcntlArg::F_OFD_SETLK(&flock)) {
+        Ok(_) => Ok(true),
+        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 impl IdPool {
@@ -158,6 +202,9 @@ impl IdPool {
 
     fn allocate_avoiding(&self, reserved: &[(u32, u32)]) -> Result<IdRange, IdPoolError> {
         private_dir(&self.dir).map_err(IdPoolError::Dir)?;
+        // Held across each lock, so two sandboxes of this process never take one range.
+        let mut held = held();
+        let file = self.lease_file(&mut held)?;
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..self.slots {
             let slot = start.wrapping_add(i) % self.slots;
@@ -168,34 +215,65 @@ impl IdPool {
             {
                 continue;
             }
-            // Named by the first id, so pools over overlapping ids in one directory
-            // exclude each other.
-            let path = self.dir.join(base.to_string());
-            if let Some(lease) = self.try_lock(&path)? {
-                let mut held = held().lock().unwrap_or_else(PoisonError::into_inner);
-                return Ok(remember(&mut held, path, base, lease));
+            let key = (self.lease_path(), base);
+            if held.leases.contains_key(&key) {
+                continue;
+            }
+            if let Some(range) = self.try_lock(&mut held, &file, key)? {
+                return Ok(range);
             }
         }
         Err(IdPoolError::Exhausted(self.slots))
     }
 
-    /// The lock on the slot file `path`, or None while another holds it.
-    fn try_lock(&self, path: &Path) -> Result<Option<Flock<File>>, IdPoolError> {
-        let lock_err = |err| IdPoolError::Lock {
-            dir: self.dir.display().to_string(),
-            err,
-        };
-        let file = nix::fcntl::open(
-            path,
+    fn lease_path(&self) -> PathBuf {
+        self.dir.join(LEASE_FILE)
+    }
+
+    /// This process's open lease file of the pool (opened if no lease of it is live).
+    fn lease_file(&self, held: &mut Held) -> Result<Arc<File>, IdPoolError> {
+        let path = self.lease_path();
+        if let Some(file) = held.files.get(&path).and_then(Weak::upgrade) {
+            return Ok(file);
+        }
+        let fd = nix::fcntl::open(
+            &path,
             OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o600),
         )
-        .map_err(lock_err)?;
-        match Flock::lock(File::from(file), FlockArg::LockExclusiveNonblock) {
-            Ok(lease) => Ok(Some(lease)),
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
-            Err((_, err)) => Err(lock_err(err)),
+        .map_err(|err| self.lock_err(err))?;
+        let file = Arc::new(File::from(fd));
+        held.files.retain(|_, f| f.strong_count() > 0);
+        held.files.insert(path, Arc::downgrade(&file));
+        Ok(file)
+    }
+
+    fn lock_err(&self, err: nix::errno::Errno) -> IdPoolError {
+        IdPoolError::Lock {
+            dir: self.dir.display().to_string(),
+            err,
         }
+    }
+
+    /// The range at `key`, locked for this process, or None while another process holds
+    /// any of it.
+    fn try_lock(
+        &self,
+        held: &mut Held,
+        file: &Arc<File>,
+        key: LeaseKey,
+    ) -> Result<Option<IdRange>, IdPoolError> {
+        let base = key.1;
+        if !lock_range(file, base, self.width, true).map_err(|e| self.lock_err(e))? {
+            return Ok(None);
+        }
+        let lease = Arc::new(Lease {
+            file: file.clone(),
+            key: key.clone(),
+            width: self.width,
+        });
+        held.leases.insert(key, Arc::downgrade(&lease));
+        Ok(Some(IdRange { base, lease }))
     }
 
     /// Leases exactly the range starting at `base` (a sandbox restored from a checkpoint
@@ -214,20 +292,24 @@ impl IdPool {
             ));
         }
         private_dir(&self.dir).map_err(IdPoolError::Dir)?;
-        let path = self.dir.join(base.to_string());
-        // Held across the lock, so two restores of one image never both try the file.
-        let mut held = held().lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(lease) = held.get(&path).and_then(Weak::upgrade) {
-            return Ok(IdRange { base, lease });
-        }
-        match self.try_lock(&path)? {
-            Some(lease) => Ok(remember(&mut held, path, base, lease)),
-            None => Err(IdPoolError::Taken(
+        // Held across the lock, so two restores of one image never both try the range.
+        let mut held = held();
+        let key = (self.lease_path(), base);
+        let taken = || {
+            IdPoolError::Taken(
                 "the host ids the snapshot's processes run as are leased to another sandbox \
                  now; try again once it has ended, or take a filesystem snapshot"
                     .into(),
-            )),
+            )
+        };
+        match held.leases.get(&key).map(Weak::upgrade) {
+            Some(Some(lease)) => return Ok(IdRange { base, lease }),
+            // Its last holder is letting it go this moment.
+            Some(None) => return Err(taken()),
+            None => {}
         }
+        let file = self.lease_file(&mut held)?;
+        self.try_lock(&mut held, &file, key)?.ok_or_else(taken)
     }
 }
 
@@ -404,15 +486,22 @@ mod tests {
         }
     }
 
-    /// Another process leasing `pool`'s first slot (flock(1) takes the same kind of lock;
-    /// -o keeps it from its command, as Cordon's close-on-exec lease is kept from its
-    /// children), once it says it holds it. Its command ends at end of its input.
+    /// Another process leasing `pool`'s first slot (a POSIX lock, which conflicts with an
+    /// open file description's as two processes' locks do), once it says it holds it. Its
+    /// command ends at end of its input.
     fn other_holder(pool: &IdPool) -> std::process::Child {
         use std::io::BufRead;
-        let mut holder = std::process::Command::new("flock")
-            .arg("-o")
-            .arg(pool.dir.join(FIRST.to_string()))
-            .args(["sh", "-c", "echo held; read _"])
+        let mut holder = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import fcntl, sys\n\
+                 f = open(sys.argv[1], 'a')\n\
+                 fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, int(sys.argv[3]), int(sys.argv[2]))\n\
+                 print('held', flush=True)\n\
+                 sys.stdin.read()",
+            ])
+            .arg(pool.dir.join(LEASE_FILE))
+            .args([FIRST.to_string(), RANGE.to_string()])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -425,10 +514,37 @@ mod tests {
         holder
     }
 
+    /// This process's descriptors open on `path`.
+    fn open_on(path: &Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == path))
+            .count()
+    }
+
+    /// Issue 49: a live sandbox held a descriptor of its own for its ids (a slot file
+    /// locked with flock); every lease of a pool now shares its lease file's one.
+    #[test]
+    fn many_leases_hold_one_descriptor_and_none_once_dropped() {
+        let (_d, pool) = pool(64);
+        let leases: Vec<IdRange> = (0..50).map(|_| pool.allocate().unwrap()).collect();
+        let bases: std::collections::BTreeSet<u32> = leases.iter().map(IdRange::base).collect();
+        assert_eq!(bases.len(), 50, "every lease has its own range");
+        let path = pool.dir.join(LEASE_FILE);
+        assert_eq!(open_on(&path), 1);
+        drop(leases);
+        assert_eq!(open_on(&path), 0);
+        // And they are free again, all of them.
+        let again: Vec<IdRange> = (0..64).map(|_| pool.allocate().unwrap()).collect();
+        assert_eq!(again.len(), 64);
+    }
+
     #[test]
     fn a_range_another_process_holds_is_refused_exactly() {
         let (_d, pool) = pool(1);
         private_dir(&pool.dir).unwrap();
+        std::fs::write(pool.dir.join(LEASE_FILE), b"").unwrap();
         let mut holder = other_holder(&pool);
         let e = pool.lease_exact(FIRST).unwrap_err();
         assert!(matches!(e, IdPoolError::Taken(_)), "{e}");
