@@ -206,9 +206,11 @@ def test_a_server_at_its_descriptor_limit_refuses_creates_and_keeps_answering():
                 sb.destroy()
         finally:
             s.stop()
-        # gVisor sandboxes hold more descriptors each (14 against 8), so on a server whose
+        # gVisor sandboxes hold more descriptors each (9 against 2), so on a server whose
         # max_sandboxes its descriptors allow in container sandboxes, the descriptor budget
-        # refuses them first. (runsc itself needs more than 256 descriptors.)
+        # refuses them first. (runsc itself needs more than 256 descriptors.) Small memory
+        # limits, so the tenant's memory budget is not what refuses first.
+        SMALL_GVISOR = dict(SMALL, memory_bytes=128 << 20)
         if tier_available("gvisor"):
             n = _allowed(d / "over-1024", 1024) - 1
             s = ServerProc(d / "gvisor", {}, nofile=1024,
@@ -216,7 +218,7 @@ def test_a_server_at_its_descriptor_limit_refuses_creates_and_keeps_answering():
                            ).start()
             try:
                 alice = Cordon(s.url, KEYS["alice"], retries=0)
-                held, refusal = _fill(alice, "gvisor", n + 1, SMALL)
+                held, refusal = _fill(alice, "gvisor", n + 1, SMALL_GVISOR)
                 assert refusal is not None and held, (len(held), n)
                 assert len(held) < n, (len(held), n)
                 assert refusal.status == 429 and refusal.code == "resource_busy", refusal
@@ -226,7 +228,7 @@ def test_a_server_at_its_descriptor_limit_refuses_creates_and_keeps_answering():
                 assert {sb.id for sb in held} <= {i.id for i in alice.list_sandboxes()}
                 assert held[0].exec("echo on gvisor", "sh").stdout == "on gvisor\n"
                 held.pop().destroy()
-                held.append(alice.create_sandbox(tier="gvisor", limits=SMALL))
+                held.append(alice.create_sandbox(tier="gvisor", limits=SMALL_GVISOR))
                 for sb in held:
                     sb.destroy()
             finally:
