@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 
 use cordon_core::{Details, EgressDecision, EgressEvent, EgressFold, ExecOutcome, ExecRequest};
 use cordon_core::{OutputSink, ProcOutput, ProcSignal, Sandbox, SandboxId};
-use cordon_engine::audit::{Audit, AuditEvent, GrantUse, NewEvent, StoreError};
+use cordon_engine::audit::{Audit, AuditEvent, GrantUse, NewEvent};
 
 use crate::Result;
+pub use crate::error::{AuditError, AuditFailure};
 use crate::node::{DEFAULT_AUDIT, NodeConfig, TENANT};
 
 /// At most this many distinct ordinary egress rows per drain: a flood beyond them is one
@@ -19,31 +20,6 @@ const MAX_EGRESS_ROWS: usize = 200;
 /// The node's audit store, open.
 pub struct NodeAudit {
     store: Audit,
-}
-
-/// Why a row could not be written. A decision that cannot be recorded stops the container.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "recording in the node's audit store: {source}; make its directory writable or name \
-     another with `audit` in the node config"
-)]
-pub struct AuditError {
-    #[source]
-    source: AuditFailure,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum AuditFailure {
-    #[error("{0}")]
-    Dir(#[source] std::io::Error),
-    #[error("{0}")]
-    Store(#[source] StoreError),
-}
-
-impl From<AuditFailure> for AuditError {
-    fn from(source: AuditFailure) -> Self {
-        AuditError { source }
-    }
 }
 
 impl NodeAudit {

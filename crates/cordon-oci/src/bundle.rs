@@ -4,12 +4,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use cordon_core::{Feature, Tier};
 use cordon_engine::{GrantName, LimitsPatch, NodeAllowance, SandboxRequest};
-use oci_spec::runtime::{Capability, LinuxNamespaceType, Process, Spec};
+use oci_spec::runtime::{LinuxNamespaceType, Process, Spec};
 use serde::{Deserialize, Serialize};
 
 use crate::allow::Granted;
-use crate::node::{Allow, NamespaceKind};
+use crate::node::{Allow, NamespaceKind, PRIVILEGED_CAPS};
 use crate::{OciError, Result};
 
 /// The annotations Cordon reads (a container's or, through containerd's CRI plugin, its
@@ -161,6 +162,11 @@ impl ProcessSpec {
     }
 }
 
+/// The tiers cordon-oci runs a bundle on (those whose [`cordon_core::Features`] say `oci`).
+pub fn oci_tiers() -> Vec<Tier> {
+    Feature::Oci.tiers()
+}
+
 /// Reads `<bundle>/config.json`.
 pub fn load(bundle: &Path) -> Result<Spec> {
     let path = bundle.join("config.json");
@@ -214,16 +220,6 @@ const POD_UID: &str = "io.kubernetes.cri.sandbox-uid";
 /// devpts, no /sys) or that hold nothing of the host's.
 const OWN_FILESYSTEMS: [&str; 7] = [
     "proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2",
-];
-
-/// Capabilities whose request means privileged mode: refused (unless the node's config
-/// names them) even though no capability reaches the workload, so a bundle that depends on
-/// them fails at create, not later.
-pub(crate) const PRIVILEGED_CAPS: [Capability; 4] = [
-    Capability::SysAdmin,
-    Capability::SysModule,
-    Capability::SysRawio,
-    Capability::SysPtrace,
 ];
 
 /// Refuses what Cordon does not give a container unless the node's allowances (`allow`)
@@ -488,7 +484,7 @@ pub fn request(spec: &Spec) -> Result<SandboxRequest> {
             annotation::DENY_HOSTS => req.deny_hosts = list(value),
             annotation::GRANTS => req.grants = list(value).into_iter().map(GrantName).collect(),
             annotation::TIER => {
-                let tier = crate::tiers::oci_tiers()
+                let tier = oci_tiers()
                     .into_iter()
                     .find(|t| t.as_str() == value)
                     .ok_or_else(|| {

@@ -14,6 +14,7 @@ pub mod allow;
 pub mod audit;
 pub mod bundle;
 pub mod ctl;
+mod error;
 pub mod monitor;
 pub mod node;
 pub mod podnet;
@@ -24,90 +25,7 @@ mod sys;
 pub mod tiers;
 pub mod update;
 
-/// What `cordon-oci` reports to its caller. Every message says what to do; none names a
-/// host path of the node beyond what the caller itself gave.
-#[derive(Debug, thiserror::Error)]
-pub enum OciError {
-    /// The bundle asks for something Cordon does not give (`what`), with the way out.
-    #[error("cordon-oci refuses this container: {what}; {fix}")]
-    Refused { what: String, fix: String },
-    /// The bundle or a request could not be read.
-    #[error("{0}")]
-    Invalid(String),
-    /// The bundle's `config.json` could not be read.
-    #[error(
-        "reading the bundle's config.json ({path}): {source}; the caller must write an OCI \
-         runtime config there"
-    )]
-    BundleConfig {
-        path: std::path::PathBuf,
-        #[source]
-        source: oci_spec::OciSpecError,
-    },
-    /// A `cordon.*` annotation's value is not one Cordon takes; `want` says what it takes.
-    #[error("annotation {key}={value:?}: {want}; fix the container's (or pod's) annotations")]
-    Annotation {
-        key: String,
-        value: String,
-        want: &'static str,
-    },
-    /// A `cordon.*` annotation Cordon does not read (`known`: those it does).
-    #[error("unknown annotation {key}; Cordon reads {}", known.join(", "))]
-    UnknownAnnotation {
-        key: String,
-        known: &'static [&'static str],
-    },
-    /// A container's state record does not parse.
-    #[error(
-        "the state of container {id:?} is damaged ({source}); `cordon-oci delete --force {id}` \
-         removes it"
-    )]
-    DamagedState {
-        id: String,
-        #[source]
-        source: serde_json::Error,
-    },
-    /// A container's state record could not be encoded.
-    #[error("encoding the state: {0}")]
-    EncodeState(#[source] serde_json::Error),
-    /// The network namespace a pod's bundle names cannot be entered.
-    #[error(
-        "the bundle's network namespace cannot be entered ({0}); a pod's sandbox must name the \
-         namespace CNI made"
-    )]
-    Netns(#[source] nix::Error),
-    /// No container of that id.
-    #[error("container {0:?} does not exist; `cordon-oci list` shows the containers of this root")]
-    NotFound(String),
-    /// The container is in a state that does not allow the command.
-    #[error("{0}")]
-    State(String),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Core(#[from] cordon_core::Error),
-    /// A row of the node's audit store could not be written.
-    #[error(transparent)]
-    Audit(#[from] audit::AuditError),
-    /// The node's Cordon config could not be taken.
-    #[error(transparent)]
-    Config(#[from] node::ConfigError),
-}
-
-impl OciError {
-    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        OciError::Io {
-            what: what.into(),
-            source,
-        }
-    }
-}
-
-pub type Result<T> = std::result::Result<T, OciError>;
+pub use error::{OciError, Result};
 
 /// The readiness pipe a `create` (or a detached `exec`) handed its child by number.
 pub fn ready_pipe(fd: i32) -> std::io::Result<std::fs::File> {

@@ -4,13 +4,17 @@
 //! with no file, every default of the gate holds (the container tier, no private ranges, no
 //! grants).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use cordon_core::Tier;
 use cordon_engine::{CeilingConfig, Gate, GateSettings, RulesSource, TenantRules};
+use cordon_tiers::Tiers;
 use oci_spec::runtime::{Capability, LinuxDeviceType};
 use serde::Deserialize;
 
+pub use crate::error::ConfigError;
 use crate::{OciError, Result};
 
 /// Where the node's config is read from when nothing names one.
@@ -22,24 +26,6 @@ pub const DEFAULT_AUDIT: &str = "/var/lib/cordon/oci/audit.db";
 
 /// The principal every container is admitted as (its ceiling is `[ceiling]`).
 pub const TENANT: &str = "oci";
-
-/// Why the node's config was not taken. Its text names no host path (a container's
-/// creator sees it in the refusal): the node's operator knows which file it is.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("the node's Cordon config cannot allow {entry}: {why}")]
-    Allow { entry: String, why: String },
-    #[error(
-        "the node's Cordon config does not parse: {0}; fix the file (docs/kubernetes.md lists its keys)"
-    )]
-    Toml(#[from] toml::de::Error),
-    #[error(
-        "the node's Cordon config has a bad [ceiling]: {0}; fix the file (docs/kubernetes.md lists its keys)"
-    )]
-    Ceiling(#[source] cordon_engine::GateError),
-    #[error("the node's grant catalogue: {0}; fix its [[grant]] entries")]
-    Catalogue(#[source] cordon_engine::GateError),
-}
 
 /// The file's contents.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -163,6 +149,16 @@ pub struct HostPathAllow {
     pub writable: bool,
 }
 
+/// Capabilities whose request means privileged mode: refused (unless the node's config
+/// names them) even though no capability reaches the workload, so a bundle that depends on
+/// them fails at create, not later.
+pub const PRIVILEGED_CAPS: [Capability; 4] = [
+    Capability::SysAdmin,
+    Capability::SysModule,
+    Capability::SysRawio,
+    Capability::SysPtrace,
+];
+
 /// Capabilities that act on the host's kernel or hardware whatever namespace holds them:
 /// no node config allows them.
 const HOST_CAPS: [Capability; 4] = [
@@ -208,7 +204,7 @@ impl Allow {
                      a container that needs it runs on runc, not behind Cordon",
                 );
             }
-            if !crate::bundle::PRIVILEGED_CAPS.contains(c) {
+            if !PRIVILEGED_CAPS.contains(c) {
                 return bad(
                     format!("capability {c}"),
                     "cordon-oci refuses only SYS_ADMIN and SYS_PTRACE among the capabilities \
@@ -365,8 +361,7 @@ impl NodeConfig {
         if let Some(t) = self.tier {
             settings.default_tier = t;
         }
-        let (available, unavailable) =
-            crate::tiers::availability(asked.unwrap_or(settings.default_tier));
+        let (available, unavailable) = availability(asked.unwrap_or(settings.default_tier));
         if let Some(d) = &self.default_limits {
             settings.default_limits = d.apply(&settings.default_limits);
         }
@@ -382,6 +377,42 @@ impl NodeConfig {
         )
         .with_tiers(available, unavailable))
     }
+}
+
+/// The tiers this node can run for a bundle the gate would put on `wanted` (the tier it
+/// names, else the node's default): `wanted` alone, when it has no kernel of its own (it
+/// needs what cordon-oci itself needs: root and the host's namespaces) or its probe says
+/// so (else its reason, which the gate gives back in its refusal). No other tier is open,
+/// so the gate never falls back to a tier the bundle and the node did not name.
+pub fn availability(wanted: Tier) -> (BTreeSet<Tier>, Vec<(Tier, String)>) {
+    let mut available = BTreeSet::new();
+    let mut unavailable = Vec::new();
+    let probe = if wanted.features().own_kernel {
+        Some(Tiers.probe(wanted))
+    } else {
+        available.insert(wanted);
+        None
+    };
+    if let Some(p) = probe {
+        if p.available() {
+            available.insert(wanted);
+        } else {
+            let why: Vec<String> = p
+                .capabilities
+                .iter()
+                .filter(|c| !c.ok && c.required)
+                .map(|c| match &c.fix {
+                    Some(fix) => format!("{} is missing ({fix})", c.name),
+                    None => format!("{} is missing", c.name),
+                })
+                .collect();
+            unavailable.push((
+                wanted,
+                format!("this node cannot run it: {}", why.join("; ")),
+            ));
+        }
+    }
+    (available, unavailable)
 }
 
 #[cfg(test)]

@@ -9,60 +9,18 @@
 //! (the agent's pseudo-terminal in the sandbox), bridged to a pair the monitor makes, whose
 //! master goes to the engine and whose slave, in raw mode, the monitor copies to and from.
 
-use std::collections::BTreeSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use cordon_core::{ExecRequest, Feature, ProcUser, PtySize, Sandbox, SandboxSpec, Terminal, Tier};
+use cordon_core::{ExecRequest, ProcUser, PtySize, Sandbox, SandboxSpec, Terminal, Tier};
 use cordon_host::cgroup::place::Placement;
 use cordon_tiers::{Own, Tiers};
 
 use crate::{OciError, Result};
 
-/// The tiers cordon-oci runs a bundle on (those whose [`cordon_core::Features`] say `oci`).
-pub fn oci_tiers() -> Vec<Tier> {
-    Feature::Oci.tiers()
-}
-
 /// The largest root filesystem a bundle may have on the microvm tier: its disk is made
 /// from it once per container, under [`DISKS`].
 pub const MAX_ROOT_DISK: u64 = 4 << 30;
-
-/// The tiers this node can run for a bundle the gate would put on `wanted` (the tier it
-/// names, else the node's default): `wanted` alone, when it has no kernel of its own (it
-/// needs what cordon-oci itself needs: root and the host's namespaces) or its probe says
-/// so (else its reason, which the gate gives back in its refusal). No other tier is open,
-/// so the gate never falls back to a tier the bundle and the node did not name.
-pub fn availability(wanted: Tier) -> (BTreeSet<Tier>, Vec<(Tier, String)>) {
-    let mut available = BTreeSet::new();
-    let mut unavailable = Vec::new();
-    let probe = if wanted.features().own_kernel {
-        Some(Tiers.probe(wanted))
-    } else {
-        available.insert(wanted);
-        None
-    };
-    if let Some(p) = probe {
-        if p.available() {
-            available.insert(wanted);
-        } else {
-            let why: Vec<String> = p
-                .capabilities
-                .iter()
-                .filter(|c| !c.ok && c.required)
-                .map(|c| match &c.fix {
-                    Some(fix) => format!("{} is missing ({fix})", c.name),
-                    None => format!("{} is missing", c.name),
-                })
-                .collect();
-            unavailable.push((
-                wanted,
-                format!("this node cannot run it: {}", why.join("; ")),
-            ));
-        }
-    }
-    (available, unavailable)
-}
 
 /// Where microvm containers' disks are made: on the node's disk. A container's state may
 /// be on a tmpfs (podman's is under /run), where a disk of up to [`MAX_ROOT_DISK`] would
