@@ -83,10 +83,10 @@ pub struct Features {
     /// Descriptors of the serving process that one live sandbox holds between execs, measured
     /// by counting `/proc/<server>/fd` before and after creates (the SDK test
     /// `test_the_descriptor_constants_are_what_a_sandbox_holds` checks each against that
-    /// count): container 2 (its init's and agent's sockets), gvisor 9 (the runsc processes'
-    /// pipes, the sentry's log), microvm 5 (its sockets, two memfds). No cgroup file is held
-    /// (they are opened for each reading), nor a lock for the host ids (every lease of a pool
-    /// is a byte range of its one lease file: ADR 0038). The wasm tier's sandboxes hold none between execs (its execs reserve
+    /// count): container 1 (the agent's socket, read and written on one descriptor), gvisor
+    /// 8 (the runsc processes' pipes, the sentry's log), microvm 3 (its socket, two memfds).
+    /// No cgroup file is held (they are opened for each reading), nor a lock for the host ids
+    /// (every lease of a pool is a byte range of its one lease file: ADR 0038). The wasm tier's sandboxes hold none between execs (its execs reserve
     /// theirs in the tier's own budget); the runtime tier's run in the server's process.
     pub server_descriptors: u64,
     /// The `cordon` front (the small static binary every `cordon run` execs) runs it
@@ -343,7 +343,7 @@ impl Tier {
                 writable_root: true,
                 ports: true,
                 watch: true,
-                server_descriptors: 2,
+                server_descriptors: 1,
                 front_runs: true,
                 pod_network: true,
                 ..PROGRAMS
@@ -359,7 +359,7 @@ impl Tier {
                 snapshot_files: true,
                 ports: true,
                 watch: true,
-                server_descriptors: 9,
+                server_descriptors: 8,
                 pod_network: true,
                 ..PROGRAMS
             },
@@ -371,7 +371,7 @@ impl Tier {
                 own_kernel: true,
                 guest_linux: true,
                 held: true,
-                server_descriptors: 5,
+                server_descriptors: 3,
                 ..PROGRAMS
             },
         }

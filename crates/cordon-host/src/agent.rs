@@ -63,39 +63,49 @@ pub enum Filled {
 /// non-blocking, and the bytes received but not yet decoded.
 pub struct AgentConn {
     rx: File,
-    tx: File,
+    /// Where writes go when it is not `rx` (two pipes). A socket is both ends on one
+    /// descriptor: a live sandbox holds no second one in the server (issue 49).
+    tx: Option<File>,
     buf: Vec<u8>,
     /// Where the undecoded bytes start in `buf`.
     start: usize,
 }
 
 impl AgentConn {
-    /// A channel over one stream socket.
+    /// A channel over one stream socket, read and written on its one descriptor.
     pub fn new(sock: UnixStream) -> io::Result<Self> {
-        let tx = sock.try_clone()?;
-        Self::pipes(OwnedFd::from(sock), OwnedFd::from(tx))
+        Self::over(OwnedFd::from(sock), None)
     }
 
     /// A channel over a pair of descriptors: `rx` is read, `tx` written (a child's stdout
     /// and stdin).
     pub fn pipes(rx: OwnedFd, tx: OwnedFd) -> io::Result<Self> {
-        for fd in [&rx, &tx] {
+        Self::over(rx, Some(tx))
+    }
+
+    fn over(rx: OwnedFd, tx: Option<OwnedFd>) -> io::Result<Self> {
+        for fd in std::iter::once(&rx).chain(tx.as_ref()) {
             let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
             fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
         }
         Ok(AgentConn {
             rx: File::from(rx),
-            tx: File::from(tx),
+            tx: tx.map(File::from),
             buf: Vec::new(),
             start: 0,
         })
+    }
+
+    /// What writes go to.
+    fn tx(&self) -> &File {
+        self.tx.as_ref().unwrap_or(&self.rx)
     }
 
     /// Raw bytes, bypassing the encoder (tests of the guest's checks), by `deadline`.
     pub fn send_raw(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), CallError> {
         let mut sent = 0;
         while sent < bytes.len() {
-            match self.tx.write(&bytes[sent..]) {
+            match self.tx().write(&bytes[sent..]) {
                 Ok(0) => return Err(CallError::Closed),
                 Ok(n) => sent += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -132,7 +142,7 @@ impl AgentConn {
         let sent = loop {
             let iov = [io::IoSlice::new(&bytes)];
             let cmsg = [ControlMessage::ScmRights(fds)];
-            match sendmsg::<()>(self.tx.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None) {
+            match sendmsg::<()>(self.tx().as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None) {
                 Ok(n) => break n,
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(nix::errno::Errno::EAGAIN) => self.wait(PollFlags::POLLOUT, deadline)?,
@@ -247,7 +257,7 @@ impl AgentConn {
         }
         let ms = (deadline - now).as_millis().clamp(1, u16::MAX as u128) as u16;
         let fd = if events.contains(PollFlags::POLLOUT) {
-            self.tx.as_fd()
+            self.tx().as_fd()
         } else {
             self.rx.as_fd()
         };

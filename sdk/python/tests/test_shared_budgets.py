@@ -171,7 +171,9 @@ def test_a_server_at_its_descriptor_limit_refuses_creates_and_keeps_answering():
         # More sandboxes than 256 descriptors hold: refused at start, with the fix.
         allowed = _allowed(d / "over", 256)
         # A sandbox's processes cannot open more files than the server's hard limit.
-        SMALL = {"open_files": 128}
+        # Small memory limits too, so the tenant's memory budget (24 GiB here, 512 MiB a
+        # sandbox by default) is not what refuses first.
+        SMALL = {"open_files": 128, "memory_bytes": 64 << 20}
         # One less than the limit holds, as the baseline may differ by a few descriptors.
         n = allowed - 1
         assert n >= 2, allowed
@@ -180,7 +182,7 @@ def test_a_server_at_its_descriptor_limit_refuses_creates_and_keeps_answering():
         try:
             # It says at start what its descriptors hold.
             said = s.proc.stdout.readline()
-            assert "descriptor limit (256" in said and "container (2 each)" in said, said
+            assert "descriptor limit (256" in said and "container (1 each)" in said, said
             alice = Cordon(s.url, KEYS["alice"], retries=0)
             # Fill it (bounded: a server that never refuses fails here).
             held, refusal = _fill(alice, "container", n + 40, SMALL)
@@ -206,7 +208,7 @@ def test_a_server_at_its_descriptor_limit_refuses_creates_and_keeps_answering():
                 sb.destroy()
         finally:
             s.stop()
-        # gVisor sandboxes hold more descriptors each (9 against 2), so on a server whose
+        # gVisor sandboxes hold more descriptors each (8 against 1), so on a server whose
         # max_sandboxes its descriptors allow in container sandboxes, the descriptor budget
         # refuses them first. (runsc itself needs more than 256 descriptors.) Small memory
         # limits, so the tenant's memory budget is not what refuses first.
@@ -255,7 +257,8 @@ def test_an_unset_max_sandboxes_is_lowered_to_what_the_descriptors_hold():
             said = s.proc.stdout.readline()
             assert f"sessions.max_sandboxes (unset) lowered to {allowed}" in said, said
             alice = Cordon(s.url, KEYS["alice"], retries=0)
-            held, refusal = _fill(alice, "container", allowed + 1, {"open_files": 64})
+            held, refusal = _fill(alice, "container", allowed + 1,
+                                  {"open_files": 64, "memory_bytes": 64 << 20})
             try:
                 assert len(held) == allowed and refusal is not None, (len(held), refusal)
                 assert refusal.status in (429, 503), (refusal.status, str(refusal))
@@ -300,7 +303,7 @@ def _open_descriptors(pid: int) -> int:
 
 def test_the_descriptor_constants_are_what_a_sandbox_holds():
     """Issue 49: the descriptors the budget charges a live sandbox of each tier (said at
-    start, `container (2 each)`) are what one holds in the server, counted in
+    start, `container (1 each)`) are what one holds in the server, counted in
     /proc/<server>/fd across a few creates: never fewer (the server would run out before it
     refuses), and not more than one over (a holding removed leaves the constant behind)."""
     from conftest import container_available, tier_available
