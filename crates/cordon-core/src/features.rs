@@ -268,54 +268,57 @@ impl Features {
     }
 }
 
+/// A tier that can do nothing: what each tier's [`Features`] start from.
+const NONE: Features = Features {
+    network: false,
+    files: false,
+    volumes: false,
+    background: false,
+    pty: false,
+    pause: false,
+    pause_to_disk: false,
+    contexts: false,
+    programs: false,
+    languages: &[],
+    wasm_modules: false,
+    own_kernel: false,
+    guest_linux: false,
+    attached: false,
+    held: false,
+    snapshot_full: false,
+    snapshot_files: false,
+    oci: false,
+    host_paths: false,
+    host_devices: false,
+    writable_root: false,
+    root_mount_points: false,
+    root_disk: false,
+    ports: false,
+    watch: false,
+    memory_in_server: false,
+    server_descriptors: 0,
+    front_runs: false,
+    pod_network: false,
+};
+
+/// The three program tiers share the agent: files, background execs with a terminal,
+/// pause, contexts and programs from their root, and run OCI bundles.
+const PROGRAMS: Features = Features {
+    oci: true,
+    network: true,
+    files: true,
+    background: true,
+    pty: true,
+    pause: true,
+    contexts: true,
+    programs: true,
+    languages: ALL_LANGUAGES,
+    ..NONE
+};
+
 impl Tier {
     /// What this tier can do (see the module docs).
     pub const fn features(self) -> Features {
-        const NONE: Features = Features {
-            network: false,
-            files: false,
-            volumes: false,
-            background: false,
-            pty: false,
-            pause: false,
-            pause_to_disk: false,
-            contexts: false,
-            programs: false,
-            languages: &[],
-            wasm_modules: false,
-            own_kernel: false,
-            guest_linux: false,
-            attached: false,
-            held: false,
-            snapshot_full: false,
-            snapshot_files: false,
-            oci: false,
-            host_paths: false,
-            host_devices: false,
-            writable_root: false,
-            root_mount_points: false,
-            root_disk: false,
-            ports: false,
-            watch: false,
-            memory_in_server: false,
-            server_descriptors: 0,
-            front_runs: false,
-            pod_network: false,
-        };
-        // The three program tiers share the agent: files, background execs with a terminal,
-        // pause, contexts and programs from their root, and run OCI bundles.
-        const PROGRAMS: Features = Features {
-            oci: true,
-            network: true,
-            files: true,
-            background: true,
-            pty: true,
-            pause: true,
-            contexts: true,
-            programs: true,
-            languages: ALL_LANGUAGES,
-            ..NONE
-        };
         match self {
             Tier::Runtime => Features {
                 languages: &[Language::Javascript],
