@@ -12,13 +12,15 @@ use anyhow::{Context, Result, bail};
 
 use crate::shown::short;
 use clap::Args;
-use cordon_container::{ContainerBackend, ContainerConfig};
+use cordon_container::{ContainerBackend, ContainerConfig, ContainerSandbox};
 use cordon_core::{
     ExecRequest, Language, OutputStream, ResolvedTemplate, Sandbox, Termination, Tier,
 };
 use cordon_engine::audit::{Audit, AuditEvent, NewEvent, TemplateBuilt};
-use cordon_host::idpool::IdPool;
-use cordon_template::{BuildInputs, ImageDefaults, ImportLimits, Store, TemplateError};
+use cordon_host::idpool::{IdPool, IdRange};
+use cordon_template::{
+    BuildInputs, BuildRoot, ImageDefaults, ImportLimits, Manifest, Store, TemplateError,
+};
 
 /// The exit status of a run that ended at its disk limit (as `cordon run`'s).
 pub(crate) const DISK_LIMIT_EXIT: i32 = 120;
@@ -78,13 +80,107 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 
 pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Result<i32> {
     let t0 = Instant::now();
+    let (base_label, base) = resolve_base(store, data, &a.from, store_bytes)?;
+    let mut env: BTreeMap<String, String> = a.env.iter().cloned().collect();
+    let mut allow = a.allow_host.clone();
+    allow.extend(a.allow_cidr.iter().cloned());
+    let inputs = BuildInputs {
+        base: base_label.clone(),
+        base_digest: base.digest.clone(),
+        steps: a.run.clone(),
+        env: env.clone(),
+        allow: allow.clone(),
+    };
+    let audit = BuildAudit {
+        data,
+        name: &a.name,
+        inputs_digest: inputs.digest(),
+        base: base_label,
+        steps: a.run.len(),
+        t0,
+    };
+    // The gate every `cordon run` and server create passes: the operator's ceiling (limits,
+    // egress entries), the template, the tier. Its spec is the build's; a refusal ends the
+    // build before anything runs, cached or not, and both are audit rows.
+    let decided = build_gate(store).admit(
+        &cordon_engine::Principal::Operator,
+        &build_request(&a, &base.name, &env, &allow),
+        "template build",
+    );
+    record_decision(data, &decided);
+    let admitted = match decided {
+        Ok(adm) => adm,
+        Err(d) => {
+            audit.record(None, "refused");
+            eprintln!("cordon: refused ({}): {}", d.rule, d.message);
+            eprintln!("cordon: fix: {}", d.fix);
+            return Ok(REFUSED_EXIT);
+        }
+    };
+    if let Some(m) = store.cached_build(&a.name, &audit.inputs_digest)? {
+        audit.record(Some(&m.digest), "cached");
+        print_cached(&m, &audit.inputs_digest, a.json)?;
+        return Ok(0);
+    }
+    // The base's environment, then the build's: steps and sandboxes on the template see it.
+    let mut tpl_env = base.env.clone();
+    tpl_env.append(&mut env);
+    let (mut sb, work, range) = start_build(store, &base, admitted.spec, &tpl_env, a.disk)?;
+    if let Err(failed) = run_steps(&mut sb, &a.run, &work, a.disk, t0) {
+        let _ = sb.destroy();
+        audit.record(None, "failed");
+        eprintln!(
+            "cordon: [step {}/{}] failed after {:.1} s ({}); the build stopped, nothing \
+             was sealed: fix the step and build again",
+            failed.step,
+            a.run.len(),
+            failed.took.as_secs_f64(),
+            failed.why,
+        );
+        return Ok(if failed.code == 0 { 1 } else { failed.code });
+    }
+    sb.destroy().context("ending the build's sandbox")?;
+    drop(sb);
+    drop(range);
+    eprintln!(
+        "cordon: sealing {}  ({:.1} s)",
+        a.name,
+        t0.elapsed().as_secs_f64()
+    );
+    let base_manifest = store.get(&base.name).ok();
+    let defaults = ImageDefaults {
+        env: tpl_env,
+        ..base_manifest.map(|m| m.image).unwrap_or_default()
+    };
     let limits = ImportLimits {
         unpacked_bytes: a.max_unpacked_bytes,
         files: a.max_files,
         store_bytes,
         ..ImportLimits::default()
     };
-    let (base_label, base) = match a.from.as_str() {
+    let report = match store.seal_build(work, &a.name, &inputs, defaults, &limits) {
+        Ok(r) => r,
+        Err(e @ TemplateError::DiskLimit { .. }) => {
+            audit.record(None, "failed");
+            eprintln!("cordon: sealing {} ended as DiskLimit: {e}", a.name);
+            return Ok(DISK_LIMIT_EXIT);
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context("sealing the build")),
+    };
+    let m = &report.manifest;
+    audit.record(Some(&m.digest), "built");
+    print_built(m, &audit, a.json)
+}
+
+/// The build's base, and how its audit row and inputs name it: `debian` (the microvm
+/// tier's Debian root, imported once) or a template of the store; `host` is refused.
+fn resolve_base(
+    store: &Store,
+    data: &Path,
+    from: &str,
+    store_bytes: u64,
+) -> Result<(String, ResolvedTemplate)> {
+    Ok(match from {
         "host" => bail!(
             "the `host` base is not supported by `cordon template build` yet: a template is a \
              whole root, and the host's /usr is too large to copy into one; build from \
@@ -107,65 +203,80 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
                 .resolve_base(name)
                 .with_context(|| format!("resolving the base {name:?}"))?,
         ),
-    };
-    let mut env: BTreeMap<String, String> = a.env.iter().cloned().collect();
-    let mut allow = a.allow_host.clone();
-    allow.extend(a.allow_cidr.iter().cloned());
-    let inputs = BuildInputs {
-        base: base_label.clone(),
-        base_digest: base.digest.clone(),
-        steps: a.run.clone(),
-        env: env.clone(),
-        allow: allow.clone(),
-    };
-    let inputs_digest = inputs.digest();
-    let audit = |digest: Option<&str>, result: &str| {
+    })
+}
+
+/// What the build's audit row says of it, whatever its end.
+struct BuildAudit<'a> {
+    data: &'a Path,
+    name: &'a str,
+    inputs_digest: String,
+    base: String,
+    steps: usize,
+    t0: Instant,
+}
+
+impl BuildAudit<'_> {
+    /// Writes the row: the template's digest where one was built or cached, and the result
+    /// (`built`, `cached`, `refused`, `failed`).
+    fn record(&self, digest: Option<&str>, result: &str) {
         record_audit(
-            data,
+            self.data,
             TemplateBuilt {
-                name: a.name.clone(),
+                name: self.name.to_string(),
                 digest: digest.map(str::to_string),
-                inputs_digest: inputs_digest.clone(),
-                base: base_label.clone(),
-                steps: a.run.len(),
-                duration_ms: t0.elapsed().as_millis() as u64,
+                inputs_digest: self.inputs_digest.clone(),
+                base: self.base.clone(),
+                steps: self.steps,
+                duration_ms: self.t0.elapsed().as_millis() as u64,
                 result: result.to_string(),
             },
         )
-    };
-    // The gate every `cordon run` and server create passes: the operator's ceiling (limits,
-    // egress entries), the template, the tier. Its spec is the build's; a refusal ends the
-    // build before anything runs, cached or not, and both are audit rows.
-    let decided = build_gate(store).admit(
-        &cordon_engine::Principal::Operator,
-        &build_request(&a, &base.name, &env, &allow),
-        "template build",
-    );
-    record_decision(data, &decided);
-    let admitted = match decided {
-        Ok(adm) => adm,
-        Err(d) => {
-            audit(None, "refused");
-            eprintln!("cordon: refused ({}): {}", d.rule, d.message);
-            eprintln!("cordon: fix: {}", d.fix);
-            return Ok(REFUSED_EXIT);
-        }
-    };
-    if let Some(m) = store.cached_build(&a.name, &inputs_digest)? {
-        audit(Some(&m.digest), "cached");
-        if a.json {
-            println!("{}", serde_json::to_string_pretty(&m)?);
-        } else {
-            println!(
-                "template {} {} is cached: built before from the same inputs ({}); no step ran",
-                m.name,
-                short(&m.digest),
-                short(&inputs_digest)
-            );
-        }
-        return Ok(0);
     }
+}
 
+fn print_cached(m: &Manifest, inputs_digest: &str, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(m)?);
+    } else {
+        println!(
+            "template {} {} is cached: built before from the same inputs ({}); no step ran",
+            m.name,
+            short(&m.digest),
+            short(inputs_digest)
+        );
+    }
+    Ok(())
+}
+
+fn print_built(m: &Manifest, audit: &BuildAudit<'_>, json: bool) -> Result<i32> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(m)?);
+    } else {
+        println!(
+            "built {} {} ({}, {} files, inputs {}) in {:.2} s",
+            m.name,
+            short(&m.digest),
+            cordon_template::human(m.size_bytes),
+            m.files,
+            short(&audit.inputs_digest),
+            audit.t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(0)
+}
+
+/// The steps' sandbox: the admitted spec with its root swapped for a writable working copy
+/// of `base` (the gate resolved the base's read-only root), of `disk` bytes, owned by the
+/// uid the sandbox's user maps to. Answers the sandbox, the working copy and the id range
+/// leased for it (held until the sandbox is gone).
+fn start_build(
+    store: &Store,
+    base: &ResolvedTemplate,
+    mut spec: cordon_core::SandboxSpec,
+    tpl_env: &BTreeMap<String, String>,
+    disk: u64,
+) -> Result<(ContainerSandbox, BuildRoot, IdRange)> {
     // The step sandbox's ids are leased here, so the working copy can be given to the
     // uid its user maps to before the sandbox starts.
     let system = IdPool::system();
@@ -182,14 +293,8 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
     );
     let owner = range.base() + cfg.sandbox_uid;
     let work = store
-        .build_root(&base.root, owner, Some(a.disk))
+        .build_root(&base.root, owner, Some(disk))
         .context("preparing the build's root")?;
-    // The base's environment, then the build's: steps and sandboxes on the template see it.
-    let mut tpl_env = base.env.clone();
-    tpl_env.append(&mut env);
-    // The admitted spec, its root swapped for the build's writable working copy of the
-    // same base (the gate resolved the base's read-only root).
-    let mut spec = admitted.spec;
     spec.resolved_template = Some(ResolvedTemplate {
         name: base.name.clone(),
         digest: base.digest.clone(),
@@ -200,11 +305,32 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
         writable: true,
     });
     let backend = ContainerBackend::new(cfg);
-    let mut sb = backend
+    let sb = backend
         .create_sandbox(&spec)
         .context("starting the build's sandbox")?;
-    let n = a.run.len();
-    for (i, step) in a.run.iter().enumerate() {
+    Ok((sb, work, range))
+}
+
+/// A step that failed: which (from 1), why, the exit status the build ends with, and how
+/// long it ran.
+struct StepFailed {
+    step: usize,
+    why: String,
+    code: i32,
+    took: Duration,
+}
+
+/// Runs the steps in order (`sh -c` in `/`, output to stderr with the progress), stopping
+/// at the first that does not exit 0.
+fn run_steps(
+    sb: &mut ContainerSandbox,
+    steps: &[String],
+    work: &BuildRoot,
+    disk: u64,
+    t0: Instant,
+) -> std::result::Result<(), StepFailed> {
+    let n = steps.len();
+    for (i, step) in steps.iter().enumerate() {
         eprintln!(
             "cordon: [step {}/{n}] {step}  ({:.1} s)",
             i + 1,
@@ -235,60 +361,20 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
             let why = if hit_disk || work.disk_full() {
                 format!(
                     "{why}; the build's root is full: its disk limit is {} (give a larger --disk)",
-                    cordon_template::human(a.disk)
+                    cordon_template::human(disk)
                 )
             } else {
                 why
             };
-            let _ = sb.destroy();
-            audit(None, "failed");
-            eprintln!(
-                "cordon: [step {}/{n}] failed after {:.1} s ({why}); the build stopped, nothing \
-                 was sealed: fix the step and build again",
-                i + 1,
-                ts.elapsed().as_secs_f64()
-            );
-            return Ok(if code == 0 { 1 } else { code });
+            return Err(StepFailed {
+                step: i + 1,
+                why,
+                code,
+                took: ts.elapsed(),
+            });
         }
     }
-    sb.destroy().context("ending the build's sandbox")?;
-    drop(sb);
-    drop(range);
-    eprintln!(
-        "cordon: sealing {}  ({:.1} s)",
-        a.name,
-        t0.elapsed().as_secs_f64()
-    );
-    let base_manifest = store.get(&base.name).ok();
-    let defaults = ImageDefaults {
-        env: tpl_env,
-        ..base_manifest.map(|m| m.image).unwrap_or_default()
-    };
-    let report = match store.seal_build(work, &a.name, &inputs, defaults, &limits) {
-        Ok(r) => r,
-        Err(e @ TemplateError::DiskLimit { .. }) => {
-            audit(None, "failed");
-            eprintln!("cordon: sealing {} ended as DiskLimit: {e}", a.name);
-            return Ok(DISK_LIMIT_EXIT);
-        }
-        Err(e) => return Err(anyhow::Error::new(e).context("sealing the build")),
-    };
-    let m = &report.manifest;
-    audit(Some(&m.digest), "built");
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(m)?);
-    } else {
-        println!(
-            "built {} {} ({}, {} files, inputs {}) in {:.2} s",
-            m.name,
-            short(&m.digest),
-            cordon_template::human(m.size_bytes),
-            m.files,
-            short(&inputs_digest),
-            t0.elapsed().as_secs_f64()
-        );
-    }
-    Ok(0)
+    Ok(())
 }
 
 /// The Debian base: the root debootstrap made for the microvm tier's guest image
