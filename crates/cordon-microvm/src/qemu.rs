@@ -307,21 +307,7 @@ impl Vm {
                 "a VM whose RAM is a file needs that file (internal error; report it)".into(),
             ));
         }
-        if let Some(parent) = dir.parent() {
-            fs::create_dir_all(parent)
-                .map_err(|e| MicrovmError::io("creating the VM run directory", e))?;
-        }
-        // A fresh directory (never one that already exists: it could be anyone's).
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| MicrovmError::io("creating the VM directory", e))?;
-        nix::unistd::chown(
-            dir,
-            Some(nix::unistd::Uid::from_raw(run_as.uid)),
-            Some(nix::unistd::Gid::from_raw(run_as.gid)),
-        )
-        .map_err(|e| MicrovmError::io("giving the VM directory to the QEMU user", e.into()))?;
+        make_vm_dir(dir, run_as)?;
         let log = sys::memory_file(c"qemu-log")
             .map_err(|e| MicrovmError::io("creating the QEMU log", e))?;
         let console = sys::memory_file(c"guest-console")
@@ -338,47 +324,9 @@ impl Vm {
             .stdin(Stdio::null())
             .stdout(Stdio::from(dup(&console)?))
             .stderr(Stdio::from(dup(&log)?));
-        let procs = cgroup_procs
-            .iter()
-            .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
-            .collect();
-        let incoming_fd = match (params.incoming, incoming) {
-            (true, Some(f)) => Some(f.as_raw_fd()),
-            (false, None) => None,
-            _ => {
-                return Err(MicrovmError::Qemu(
-                    "a restore needs its snapshot (internal error; report it)".into(),
-                ));
-            }
-        };
-        // The root disk, opened here as root (QEMU's uid may not read it: a template's disk
-        // is root's alone), numbered above the fixed targets.
-        let disk = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&params.image.rootfs)
-            .and_then(|f| sys::dup_at_least(&f, ROOT_DISK_FD + 1))
-            .map_err(|e| MicrovmError::io("opening the guest's root disk", e))?;
-        let groups = if params.accel == Accel::Kvm {
-            fs::metadata("/dev/kvm")
-                .map(|m| vec![m.gid()])
-                .unwrap_or_default()
-        } else {
-            Vec::new()
-        };
-        sys::confine(
-            &mut cmd,
-            sys::Confinement {
-                uid: run_as.uid,
-                gid: run_as.gid,
-                groups,
-                cgroup_procs: procs,
-                incoming: incoming_fd.map(|fd| (fd, INCOMING_FD)),
-                root_disk: Some((disk.as_raw_fd(), ROOT_DISK_FD)),
-                jail,
-                seccomp: crate::seccomp::filter()?,
-            },
-        );
+        // The root disk stays open until QEMU has it.
+        let (confinement, _disk) = confinement(params, run_as, &cgroup_procs, incoming, jail)?;
+        sys::confine(&mut cmd, confinement);
         // From a process-lifetime thread: QEMU's parent-death signal must follow this
         // process, not the (possibly short-lived) thread that asked for the sandbox.
         let child = cordon_host::spawn_tied(cmd).map_err(|e| {
@@ -538,6 +486,78 @@ impl Drop for Vm {
     }
 }
 
+/// The VM's directory: created fresh (never one that already exists: it could be anyone's),
+/// mode 0700, owned by the QEMU user.
+fn make_vm_dir(dir: &Path, run_as: RunAs) -> Result<(), MicrovmError> {
+    if let Some(parent) = dir.parent() {
+        fs::create_dir_all(parent)
+            .map_err(|e| MicrovmError::io("creating the VM run directory", e))?;
+    }
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| MicrovmError::io("creating the VM directory", e))?;
+    nix::unistd::chown(
+        dir,
+        Some(nix::unistd::Uid::from_raw(run_as.uid)),
+        Some(nix::unistd::Gid::from_raw(run_as.gid)),
+    )
+    .map_err(|e| MicrovmError::io("giving the VM directory to the QEMU user", e.into()))?;
+    Ok(())
+}
+
+/// How QEMU is confined: its uid and groups (the owner group of `/dev/kvm` on the KVM
+/// path), its cgroup, the snapshot it restores and its root disk under fixed numbers, its
+/// private root and Cordon's system call filter. Answers the root disk's descriptor too,
+/// which must stay open until QEMU is started.
+fn confinement(
+    params: &VmParams,
+    run_as: RunAs,
+    cgroup_procs: &[PathBuf],
+    incoming: Option<&fs::File>,
+    jail: sys::Jail,
+) -> Result<(sys::Confinement, fs::File), MicrovmError> {
+    let procs = cgroup_procs
+        .iter()
+        .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
+        .collect();
+    let incoming_fd = match (params.incoming, incoming) {
+        (true, Some(f)) => Some(f.as_raw_fd()),
+        (false, None) => None,
+        _ => {
+            return Err(MicrovmError::Qemu(
+                "a restore needs its snapshot (internal error; report it)".into(),
+            ));
+        }
+    };
+    // The root disk, opened here as root (QEMU's uid may not read it: a template's disk
+    // is root's alone), numbered above the fixed targets.
+    let disk = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&params.image.rootfs)
+        .and_then(|f| sys::dup_at_least(&f, ROOT_DISK_FD + 1))
+        .map_err(|e| MicrovmError::io("opening the guest's root disk", e))?;
+    let groups = if params.accel == Accel::Kvm {
+        fs::metadata("/dev/kvm")
+            .map(|m| vec![m.gid()])
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let confinement = sys::Confinement {
+        uid: run_as.uid,
+        gid: run_as.gid,
+        groups,
+        cgroup_procs: procs,
+        incoming: incoming_fd.map(|fd| (fd, INCOMING_FD)),
+        root_disk: Some((disk.as_raw_fd(), ROOT_DISK_FD)),
+        jail,
+        seccomp: crate::seccomp::filter()?,
+    };
+    Ok((confinement, disk))
+}
+
 /// QEMU's private root: a tmpfs (read-only once built) holding only its own directory
 /// (`/vm`), its image files (`/img`, read-only), its binary (`/qemu`), the host's `/usr`
 /// read-only (QEMU's libraries and firmware) with the usual links to it, `/dev/null`,
@@ -559,96 +579,135 @@ fn jail_for(
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(MicrovmError::io("creating QEMU's root mount point", e)),
     }
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_encoded_bytes())
-            .map_err(|_| MicrovmError::Qemu(format!("a path with a NUL byte: {}", p.display())))
-    };
-    let under = |rel: &str| c(&root.join(rel));
-    let mut dirs = vec![
-        under("usr")?,
-        under("vm")?,
-        under("img")?,
-        under("dev")?,
-        under("etc")?,
-    ];
-    let mut files = vec![
-        under("qemu")?,
-        under("img/kernel")?,
-        under("img/initrd")?,
-        under("dev/null")?,
-        under("dev/urandom")?,
-    ];
+    let mut j = JailPlan::new(root)?;
+    j.bind_dir(Path::new("/usr"), "usr", false)?;
+    j.bind_dir(dir, "vm", true)?;
+    for d in ["img", "dev", "etc"] {
+        j.dir(d)?;
+    }
     // A restore never boots the kernel; QEMU gets only its boot header (`restore_kernel`).
     let kernel = match (&params.image.restore_kernel, params.incoming) {
         (Some(header), true) => header,
         _ => &params.image.kernel,
     };
-    let mut links = Vec::new();
-    let mut binds = vec![
-        (c(Path::new("/usr"))?, under("usr")?, false, false),
-        (c(dir)?, under("vm")?, true, false),
-        (c(kernel)?, under("img/kernel")?, false, false),
-        (c(&params.image.initrd)?, under("img/initrd")?, false, false),
-        (
-            c(&private_binary(&params.qemu, parent)?)?,
-            under("qemu")?,
-            false,
-            false,
-        ),
-        (c(Path::new("/dev/null"))?, under("dev/null")?, true, true),
-        (
-            c(Path::new("/dev/urandom"))?,
-            under("dev/urandom")?,
-            true,
-            true,
-        ),
-    ];
-    for top in ["lib", "lib64", "bin", "sbin"] {
-        let host = Path::new("/").join(top);
-        match fs::read_link(&host) {
-            Ok(target) => links.push((c(&target)?, under(top)?)),
-            Err(_) if host.is_dir() => {
-                dirs.push(under(top)?);
-                binds.push((c(&host)?, under(top)?, false, false));
-            }
-            Err(_) => {}
-        }
-    }
-    if Path::new("/etc/ld.so.cache").is_file() {
-        files.push(under("etc/ld.so.cache")?);
-        binds.push((
-            c(Path::new("/etc/ld.so.cache"))?,
-            under("etc/ld.so.cache")?,
-            false,
-            false,
-        ));
-    }
-    let mut expect = Vec::new();
+    j.bind_file(kernel, "img/kernel", false, false)?;
+    j.bind_file(&params.image.initrd, "img/initrd", false, false)?;
+    j.bind_file(&private_binary(&params.qemu, parent)?, "qemu", false, false)?;
+    j.bind_file(Path::new("/dev/null"), "dev/null", true, true)?;
+    j.bind_file(Path::new("/dev/urandom"), "dev/urandom", true, true)?;
+    j.host_libraries()?;
     if let Some((file, path)) = ram {
+        j.ram(file, path, !params.incoming)?;
+    }
+    if params.accel == Accel::Kvm {
+        j.bind_file(Path::new("/dev/kvm"), "dev/kvm", true, true)?;
+    }
+    j.finish()
+}
+
+/// QEMU's private root as it is laid out: each path under `root`, made ready (as C
+/// strings) before the fork.
+struct JailPlan {
+    root: PathBuf,
+    jail: sys::Jail,
+}
+
+impl JailPlan {
+    fn new(root: PathBuf) -> Result<Self, MicrovmError> {
+        let jail = sys::Jail {
+            root: c_path(&root)?,
+            dirs: Vec::new(),
+            files: Vec::new(),
+            links: Vec::new(),
+            binds: Vec::new(),
+            expect: Vec::new(),
+            old: c_path(&root.join(".old"))?,
+            workdir: CString::new(JAIL_VM_DIR)
+                .map_err(|_| MicrovmError::Qemu("bad path".into()))?,
+        };
+        Ok(JailPlan { root, jail })
+    }
+
+    fn under(&self, rel: &str) -> Result<CString, MicrovmError> {
+        c_path(&self.root.join(rel))
+    }
+
+    /// An empty directory.
+    fn dir(&mut self, rel: &str) -> Result<(), MicrovmError> {
+        let d = self.under(rel)?;
+        self.jail.dirs.push(d);
+        Ok(())
+    }
+
+    /// A host directory bound at `rel` (read-only unless `writable`; never devices).
+    fn bind_dir(&mut self, host: &Path, rel: &str, writable: bool) -> Result<(), MicrovmError> {
+        self.dir(rel)?;
+        let bind = (c_path(host)?, self.under(rel)?, writable, false);
+        self.jail.binds.push(bind);
+        Ok(())
+    }
+
+    /// A host file bound at `rel` (read-only unless `writable`; a device node only with
+    /// `devices`).
+    fn bind_file(
+        &mut self,
+        host: &Path,
+        rel: &str,
+        writable: bool,
+        devices: bool,
+    ) -> Result<(), MicrovmError> {
+        let at = self.under(rel)?;
+        self.jail.files.push(at.clone());
+        self.jail.binds.push((c_path(host)?, at, writable, devices));
+        Ok(())
+    }
+
+    /// The host's `/lib`, `/lib64`, `/bin` and `/sbin` as they are there (links to `/usr`,
+    /// or directories bound read-only), and the loader cache.
+    fn host_libraries(&mut self) -> Result<(), MicrovmError> {
+        for top in ["lib", "lib64", "bin", "sbin"] {
+            let host = Path::new("/").join(top);
+            match fs::read_link(&host) {
+                Ok(target) => {
+                    let link = (c_path(&target)?, self.under(top)?);
+                    self.jail.links.push(link);
+                }
+                Err(_) if host.is_dir() => self.bind_dir(&host, top, false)?,
+                Err(_) => {}
+            }
+        }
+        let cache = Path::new("/etc/ld.so.cache");
+        if cache.is_file() {
+            self.bind_file(cache, "etc/ld.so.cache", false, false)?;
+        }
+        Ok(())
+    }
+
+    /// The snapshot's RAM file (`file`, opened by Cordon, at `path` in the store) at
+    /// [`JAIL_RAM`], writable only for the template writing it.
+    fn ram(&mut self, file: &fs::File, path: &Path, writable: bool) -> Result<(), MicrovmError> {
         let m = file
             .metadata()
             .map_err(|e| MicrovmError::io("reading the snapshot's memory file", e))?;
-        files.push(under("img/ram")?);
-        binds.push((c(path)?, under("img/ram")?, !params.incoming, false));
+        self.bind_file(path, "img/ram", writable, false)?;
         // The store is root's alone, but a snapshot can be collected and remade between the
         // open and the bind: the bound file must be the one Cordon opened and checked.
-        expect.push((under("img/ram")?, m.dev(), m.ino()));
+        let at = self.under("img/ram")?;
+        self.jail.expect.push((at, m.dev(), m.ino()));
+        Ok(())
     }
-    if params.accel == Accel::Kvm {
-        files.push(under("dev/kvm")?);
-        binds.push((c(Path::new("/dev/kvm"))?, under("dev/kvm")?, true, true));
+
+    /// The plan done: the host's old root's mount point last.
+    fn finish(mut self) -> Result<sys::Jail, MicrovmError> {
+        self.dir(".old")?;
+        Ok(self.jail)
     }
-    dirs.push(under(".old")?);
-    Ok(sys::Jail {
-        root: c(&root)?,
-        dirs,
-        files,
-        links,
-        binds,
-        expect,
-        old: under(".old")?,
-        workdir: CString::new(JAIL_VM_DIR).map_err(|_| MicrovmError::Qemu("bad path".into()))?,
-    })
+}
+
+/// A path as a C string (refused with a NUL byte in it).
+fn c_path(p: &Path) -> Result<CString, MicrovmError> {
+    CString::new(p.as_os_str().as_encoded_bytes())
+        .map_err(|_| MicrovmError::Qemu(format!("a path with a NUL byte: {}", p.display())))
 }
 
 /// An execute-only copy (mode 0711, root's) of QEMU's binary, made once per binary under

@@ -12,8 +12,9 @@ use cordon_host::cgroup::SandboxCgroup;
 
 use crate::MicrovmError;
 use crate::egress::VmEgress;
-use crate::image;
-use crate::qemu::{Accel, Vm};
+use crate::image::{self, Image};
+use crate::qemu::{Accel, Vm, VmParams};
+use crate::snapshots::Snapshot;
 
 use super::accel::tcg_warning;
 use super::state::{MicrovmBackend, MicrovmSandbox, StartMode, lease_uid};
@@ -91,17 +92,55 @@ impl MicrovmBackend {
                 asked: spec.tier,
             }));
         }
+        let image = self.image_for(spec)?;
+        let mut params = self.params(spec, image);
+        let snapshot = if mode == StartMode::Restore {
+            params.incoming = true;
+            params.shared_ram = self.cfg.shared_ram;
+            Some(self.ensure_snapshot(&params)?)
+        } else {
+            None
+        };
+        let t0 = Instant::now();
+        let mut sb = self.unstarted(spec, params, mode)?;
+        let mut stalled = false;
+        if let Err(e) = self.boot(&mut sb, snapshot, &mut stalled) {
+            let diag = sb
+                .vm
+                .as_ref()
+                .map(|v| v.diagnostics())
+                .or_else(|| sb.last_words.take())
+                .unwrap_or_default();
+            sb.teardown();
+            let secs = t0.elapsed().as_secs_f64();
+            if stalled {
+                return Err(Attempt::Stalled(format!("after {secs:.1} s: {diag}")));
+            }
+            return Err(Attempt::Failed(Error::Failed {
+                what: format!("the microVM did not come up after {secs:.1} s ({diag})"),
+                source: Box::new(e),
+            }));
+        }
+        if sb.accel == Accel::Tcg && self.cfg.warm_up {
+            warm_up(&mut sb)?;
+        }
+        sb.start_us = t0.elapsed().as_micros() as u64;
+        tracing::debug!(sandbox = %sb.id, ?mode, accel = sb.accel.as_str(), start_us = sb.start_us, "microvm ready");
+        Ok(sb)
+    }
+
+    /// The image the sandbox boots: the tier's, or a template's own disk (made once per
+    /// digest); the agent stays the initramfs's. A template's snapshots are its own (the
+    /// image's id, part of the snapshot key, carries the template's digest).
+    fn image_for(&self, spec: &SandboxSpec) -> Result<Image> {
         let mut image = image::load(&self.cfg.data_dir)?;
         match (&spec.template, &spec.resolved_template) {
             (Some(name), None) => {
-                return Err(Attempt::Failed(Error::NotPrepared(
-                    cordon_core::Unprepared::Template(name.clone()),
+                return Err(Error::NotPrepared(cordon_core::Unprepared::Template(
+                    name.clone(),
                 )));
             }
             (_, Some(t)) => {
-                // The guest boots the template's own disk (made once per digest); the
-                // agent stays the initramfs's. Its snapshots are its own (the image's id,
-                // part of the snapshot key, carries the template's digest).
                 let disk = cordon_template::disk_image_path(&t.root)
                     .or_else(|| self.cfg.root_disk.clone())
                     .ok_or_else(|| {
@@ -121,15 +160,17 @@ impl MicrovmBackend {
             }
             (None, None) => {}
         }
-        let mut params = self.params(spec, image);
-        let snapshot = if mode == StartMode::Restore {
-            params.incoming = true;
-            params.shared_ram = self.cfg.shared_ram;
-            Some(self.ensure_snapshot(&params)?)
-        } else {
-            None
-        };
-        let t0 = Instant::now();
+        Ok(image)
+    }
+
+    /// The sandbox before its VM starts: its id, QEMU's own cgroup (the VM's RAM and some
+    /// room, its vCPUs' share) and a leased uid.
+    fn unstarted(
+        &self,
+        spec: &SandboxSpec,
+        params: VmParams,
+        mode: StartMode,
+    ) -> Result<MicrovmSandbox> {
         let id = SandboxId::random()?;
         let mut warnings = Vec::new();
         let (accel, why) = self.accel().clone();
@@ -154,14 +195,15 @@ impl MicrovmBackend {
             reason: format!("QEMU's own cgroup: {e}"),
         })?;
         let uid = lease_uid(&self.uids)?;
-        let mut sb = MicrovmSandbox {
-            params: params.clone(),
+        Ok(MicrovmSandbox {
+            ram_bytes: params.ram_mib << 20,
+            params,
             home: self.home(),
             on_disk: None,
             pid: Arc::new(AtomicI32::new(0)),
             uid: Some(uid),
             file_timeout: self.cfg.file_timeout,
-            id: id.clone(),
+            id,
             spec: spec.clone(),
             accel,
             vm: None,
@@ -176,88 +218,80 @@ impl MicrovmBackend {
             mode,
             egress: None,
             file_findings: Vec::new(),
-            ram_bytes: params.ram_mib << 20,
             files: false,
-        };
-        let dir = self.cfg.run_dir.join(id.short());
-        let boot = self.cfg.boot_timeout;
-        let mut stalled = false;
-        let result = (|| {
-            let procs = sb
-                .cgroup
-                .as_ref()
-                .map(|c| c.procs_files())
-                .unwrap_or_default();
-            if params.egress {
-                sb.egress = Some(VmEgress::start(id.as_str(), spec, &self.cfg.egress_tuning)?);
-            }
-            let run_as = sb.run_as()?;
-            let (vm, ctrl, port) = Vm::start(
-                &params,
-                &dir,
-                run_as,
-                procs,
-                snapshot.as_ref().map(|s| &s.stream),
-                snapshot
-                    .as_ref()
-                    .and_then(|s| s.ram.as_ref().zip(s.ram_path.as_deref())),
-            )?;
-            drop(snapshot);
-            sb.set_vm(vm);
-            sb.ctrl =
-                Some(AgentConn::new(ctrl).map_err(|e| MicrovmError::io("the agent socket", e))?);
-            if let (Some(e), Some(port)) = (sb.egress.as_mut(), port) {
-                e.attach(port)?;
-            }
-            if mode == StartMode::ColdBoot {
-                let r = sb.ctrl()?.recv(Instant::now() + boot, HEADER_ROOM);
-                stalled = matches!(r, Err(CallError::Timeout));
-                sb.check_hello(r)?;
-            }
-            sb.configure(boot)
-        })();
-        if let Err(e) = result {
-            let diag = sb
-                .vm
-                .as_ref()
-                .map(|v| v.diagnostics())
-                .or_else(|| sb.last_words.take())
-                .unwrap_or_default();
-            sb.teardown();
-            let secs = t0.elapsed().as_secs_f64();
-            if stalled {
-                return Err(Attempt::Stalled(format!("after {secs:.1} s: {diag}")));
-            }
-            return Err(Attempt::Failed(Error::Failed {
-                what: format!("the microVM did not come up after {secs:.1} s ({diag})"),
-                source: Box::new(e),
-            }));
-        }
-        // Under TCG a guest's first exec pays for translating every code path it takes (the
-        // agent's exec handling, the reaper's fork, the loader): several times a later
-        // exec. One `true` here takes that off the first real exec, so a sandbox from a
-        // warm pool answers at its steady speed; its reaper and namespaces go with it.
-        if accel == Accel::Tcg && self.cfg.warm_up {
-            let warm = sb.run_exec(
-                &ExecRequest::argv(["true"]),
-                &mut |_: cordon_core::OutputStream, _: &[u8]| {},
-            );
-            match warm {
-                Ok(o) if o.success() => {}
-                Ok(o) => {
-                    tracing::warn!(sandbox = %sb.id, termination = ?o.termination, "microvm warm-up exec did not succeed")
-                }
-                Err(e) => {
-                    sb.teardown();
-                    return Err(Attempt::Failed(Error::failed(
-                        "the microVM did not run its warm-up exec",
-                        e,
-                    )));
-                }
-            }
-        }
-        sb.start_us = t0.elapsed().as_micros() as u64;
-        tracing::debug!(sandbox = %sb.id, ?mode, accel = accel.as_str(), start_us = sb.start_us, "microvm ready");
-        Ok(sb)
+        })
     }
+
+    /// Starts the sandbox's VM (restoring `snapshot` where given) with its egress attached,
+    /// waits for a cold-booted agent's hello (`stalled` when it never came) and configures
+    /// the agent.
+    fn boot(
+        &self,
+        sb: &mut MicrovmSandbox,
+        snapshot: Option<Snapshot>,
+        stalled: &mut bool,
+    ) -> Result<()> {
+        let boot = self.cfg.boot_timeout;
+        let dir = self.cfg.run_dir.join(sb.id.short());
+        let procs = sb
+            .cgroup
+            .as_ref()
+            .map(|c| c.procs_files())
+            .unwrap_or_default();
+        if sb.params.egress {
+            sb.egress = Some(VmEgress::start(
+                sb.id.as_str(),
+                &sb.spec,
+                &self.cfg.egress_tuning,
+            )?);
+        }
+        let run_as = sb.run_as()?;
+        let (vm, ctrl, port) = Vm::start(
+            &sb.params,
+            &dir,
+            run_as,
+            procs,
+            snapshot.as_ref().map(|s| &s.stream),
+            snapshot
+                .as_ref()
+                .and_then(|s| s.ram.as_ref().zip(s.ram_path.as_deref())),
+        )?;
+        drop(snapshot);
+        sb.set_vm(vm);
+        sb.ctrl = Some(AgentConn::new(ctrl).map_err(|e| MicrovmError::io("the agent socket", e))?);
+        if let (Some(e), Some(port)) = (sb.egress.as_mut(), port) {
+            e.attach(port)?;
+        }
+        if sb.mode == StartMode::ColdBoot {
+            let r = sb.ctrl()?.recv(Instant::now() + boot, HEADER_ROOM);
+            *stalled = matches!(r, Err(CallError::Timeout));
+            sb.check_hello(r)?;
+        }
+        sb.configure(boot)
+    }
+}
+
+/// Under TCG a guest's first exec pays for translating every code path it takes (the
+/// agent's exec handling, the reaper's fork, the loader): several times a later exec. One
+/// `true` here takes that off the first real exec, so a sandbox from a warm pool answers at
+/// its steady speed; its reaper and namespaces go with it.
+fn warm_up(sb: &mut MicrovmSandbox) -> std::result::Result<(), Attempt> {
+    let warm = sb.run_exec(
+        &ExecRequest::argv(["true"]),
+        &mut |_: cordon_core::OutputStream, _: &[u8]| {},
+    );
+    match warm {
+        Ok(o) if o.success() => {}
+        Ok(o) => {
+            tracing::warn!(sandbox = %sb.id, termination = ?o.termination, "microvm warm-up exec did not succeed")
+        }
+        Err(e) => {
+            sb.teardown();
+            return Err(Attempt::Failed(Error::failed(
+                "the microVM did not run its warm-up exec",
+                e,
+            )));
+        }
+    }
+    Ok(())
 }

@@ -3,6 +3,7 @@
 
 use std::fs;
 use std::io;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cordon_core::Result;
@@ -64,7 +65,6 @@ impl MicrovmBackend {
         params: &VmParams,
         partial: &crate::snapshots::Partial,
     ) -> std::result::Result<(), MicrovmError> {
-        use std::os::fd::AsRawFd;
         let mut tpl = params.clone();
         tpl.incoming = false;
         tpl.egress = false;
@@ -80,81 +80,7 @@ impl MicrovmBackend {
             uid: uid.base(),
             gid: uid.base(),
         };
-        let made = (|| -> std::result::Result<(), MicrovmError> {
-            self.snapshots.lend_ram(partial, run_as.uid)?;
-            let (mut vm, ctrl, _) = Vm::start(
-                &tpl,
-                &dir,
-                run_as,
-                Vec::new(),
-                None,
-                partial.ram.as_ref().zip(partial.ram_path.as_deref()),
-            )?;
-            let mut ctrl =
-                AgentConn::new(ctrl).map_err(|e| MicrovmError::io("the agent socket", e))?;
-            let deadline = Instant::now() + self.cfg.boot_timeout;
-            match ctrl.recv(deadline, HEADER_ROOM) {
-                Ok(f) if matches!(f.header, Reply::Hello { version, .. } if version == PROTOCOL_VERSION) =>
-                    {}
-                Ok(f) => {
-                    return Err(MicrovmError::Qemu(format!(
-                        "unexpected first message from the guest agent: {:?}",
-                        f.header
-                    )));
-                }
-                Err(CallError::Timeout) => {
-                    return Err(MicrovmError::BootStalled(format!(
-                        "the template VM, after {} s: {}",
-                        self.cfg.boot_timeout.as_secs(),
-                        vm.diagnostics()
-                    )));
-                }
-                Err(e) => {
-                    return Err(MicrovmError::Failed {
-                        what: format!(
-                            "the template VM did not reach the agent ({})",
-                            vm.diagnostics()
-                        ),
-                        source: Box::new(e),
-                    });
-                }
-            }
-            let mut commands = Vec::new();
-            if tpl.shared_ram {
-                // The RAM stays in its file: the stream carries the device state only.
-                commands.push((
-                    "migrate-set-capabilities",
-                    json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]}),
-                    None,
-                ));
-            }
-            commands.push((
-                "getfd",
-                json!({"fdname": "snapshot"}),
-                Some(partial.stream.as_raw_fd()),
-            ));
-            commands.push(("migrate", json!({"uri": "fd:snapshot"}), None));
-            vm.qmp_many(&commands)?;
-            let deadline = Instant::now() + Duration::from_secs(120);
-            loop {
-                let st = vm.qmp("query-migrate", json!({}))?;
-                match st.get("status").and_then(|s| s.as_str()) {
-                    Some("completed") => break,
-                    Some("failed") | Some("cancelled") => {
-                        return Err(MicrovmError::Qemu(format!("saving the snapshot: {st}")));
-                    }
-                    _ => {}
-                }
-                if Instant::now() > deadline {
-                    return Err(MicrovmError::Qemu(
-                        "saving the snapshot took over 120 s".into(),
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            vm.kill();
-            Ok(())
-        })();
+        let made = self.save_template(&tpl, &dir, run_as, partial);
         // QEMU is dead (killed or dropped) before the RAM file is taken back, its directory
         // goes and its uid returns.
         let reclaimed = self.snapshots.reclaim(partial);
@@ -163,8 +89,104 @@ impl MicrovmBackend {
         made.and(reclaimed)
     }
 
+    /// The template VM `tpl` started in `dir` as `run_as`, up to its agent's hello, and its
+    /// state saved into `partial`; the VM is gone when this returns.
+    fn save_template(
+        &self,
+        tpl: &VmParams,
+        dir: &Path,
+        run_as: RunAs,
+        partial: &crate::snapshots::Partial,
+    ) -> std::result::Result<(), MicrovmError> {
+        self.snapshots.lend_ram(partial, run_as.uid)?;
+        let (mut vm, ctrl, _) = Vm::start(
+            tpl,
+            dir,
+            run_as,
+            Vec::new(),
+            None,
+            partial.ram.as_ref().zip(partial.ram_path.as_deref()),
+        )?;
+        let mut ctrl = AgentConn::new(ctrl).map_err(|e| MicrovmError::io("the agent socket", e))?;
+        self.await_hello(&mut ctrl, &vm)?;
+        save_state(&mut vm, partial, tpl.shared_ram)?;
+        vm.kill();
+        Ok(())
+    }
+
+    /// The template VM's agent says hello in this protocol's version within the boot
+    /// timeout (a timeout is a stalled boot, tried once more).
+    fn await_hello(&self, ctrl: &mut AgentConn, vm: &Vm) -> std::result::Result<(), MicrovmError> {
+        let deadline = Instant::now() + self.cfg.boot_timeout;
+        match ctrl.recv(deadline, HEADER_ROOM) {
+            Ok(f) if matches!(f.header, Reply::Hello { version, .. } if version == PROTOCOL_VERSION) => {
+                Ok(())
+            }
+            Ok(f) => Err(MicrovmError::Qemu(format!(
+                "unexpected first message from the guest agent: {:?}",
+                f.header
+            ))),
+            Err(CallError::Timeout) => Err(MicrovmError::BootStalled(format!(
+                "the template VM, after {} s: {}",
+                self.cfg.boot_timeout.as_secs(),
+                vm.diagnostics()
+            ))),
+            Err(e) => Err(MicrovmError::Failed {
+                what: format!(
+                    "the template VM did not reach the agent ({})",
+                    vm.diagnostics()
+                ),
+                source: Box::new(e),
+            }),
+        }
+    }
+
     /// Removes every snapshot (they are remade on demand).
     pub fn clear_snapshots(&self) -> io::Result<()> {
         self.snapshots.clear()
+    }
+}
+
+/// Has the VM migrate its state into the partial snapshot's stream (handed over as a
+/// descriptor; with `shared_ram`, the device state only, the RAM staying in its file) and
+/// waits, up to 120 s, for the migration to complete.
+fn save_state(
+    vm: &mut Vm,
+    partial: &crate::snapshots::Partial,
+    shared_ram: bool,
+) -> std::result::Result<(), MicrovmError> {
+    use std::os::fd::AsRawFd;
+    let mut commands = Vec::new();
+    if shared_ram {
+        // The RAM stays in its file: the stream carries the device state only.
+        commands.push((
+            "migrate-set-capabilities",
+            json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]}),
+            None,
+        ));
+    }
+    commands.push((
+        "getfd",
+        json!({"fdname": "snapshot"}),
+        Some(partial.stream.as_raw_fd()),
+    ));
+    commands.push(("migrate", json!({"uri": "fd:snapshot"}), None));
+    vm.qmp_many(&commands)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let st = vm.qmp("query-migrate", json!({}))?;
+        match st.get("status").and_then(|s| s.as_str()) {
+            Some("completed") => return Ok(()),
+            Some("failed") | Some("cancelled") => {
+                return Err(MicrovmError::Qemu(format!("saving the snapshot: {st}")));
+            }
+            _ => {}
+        }
+        if Instant::now() > deadline {
+            return Err(MicrovmError::Qemu(
+                "saving the snapshot took over 120 s".into(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
