@@ -500,7 +500,8 @@ impl AuditEvent {
         }
     }
 
-    /// The `detail` column: the variant's fields as a JSON object.
+    /// The `detail` column: the variant's fields as a JSON object (its own record where it
+    /// carries one).
     pub fn detail(&self) -> Result<String, serde_json::Error> {
         use AuditEvent as E;
         fn to<T: Serialize>(v: &T) -> Result<String, serde_json::Error> {
@@ -509,104 +510,146 @@ impl AuditEvent {
         match self {
             E::Policy { record, .. } => to(record),
             E::Create(c) => to(c),
-            E::CreateFailed { error } => to(&Detail::new().with("error", error)),
             E::Exec(r) => to(r),
             E::Egress(ev) => to(ev),
             E::GrantUse(g) => to(g),
-            E::VolumeMount { volumes } => to(&Detail::new().with("volumes", volumes)),
-            E::VolumeMountFailed { volumes, error } => {
-                to(&Detail::new().with("volumes", volumes).with("error", error))
-            }
             E::Destroy(d) => to(d),
-            E::Recovered { state_was } => to(&Detail::new()
+            E::FilePut(t) | E::FileGet(t) | E::ArchivePut(t) | E::ArchiveGet(t) => to(t),
+            E::ExecBackgroundEnd(b) => to(b),
+            E::ContextStop(c) => to(c),
+            E::ContextRun(c) => to(c),
+            E::Recovery(r) => to(r),
+            E::TemplateBuild(b) => to(b),
+            E::Snapshot(t) => to(t),
+            E::CreateFailed { .. }
+            | E::Recovered { .. }
+            | E::ResumeFailed { .. }
+            | E::Lifecycle { .. }
+            | E::PausedToDisk { .. }
+            | E::Patch { .. }
+            | E::Startup { .. }
+            | E::Shutdown { .. } => to(&self.lifecycle_fields()),
+            E::FileOp { .. }
+            | E::PortOpen { .. }
+            | E::WatchStart { .. }
+            | E::ExecBackground { .. }
+            | E::ExecSignal { .. }
+            | E::ContextStart { .. } => to(&self.work_fields()),
+            E::VolumeMount { .. }
+            | E::VolumeMountFailed { .. }
+            | E::VolumeCreate { .. }
+            | E::VolumeDelete { .. }
+            | E::SnapshotDelete { .. } => to(&self.storage_fields()),
+        }
+    }
+
+    /// The detail of a sandbox's or the server's life (a failed create, a recovery, a
+    /// lifecycle step, a patch, a start or stop of the server); empty for other events.
+    fn lifecycle_fields(&self) -> Detail {
+        use AuditEvent as E;
+        let d = Detail::new();
+        match self {
+            E::CreateFailed { error } => d.with("error", error),
+            E::Recovered { state_was } => d
                 .with("reason", &"crash-recovery")
-                .with("state_was", state_was)),
-            E::ResumeFailed { error } => to(&Detail::new()
-                .with("reason", &"resume-failed")
-                .with("error", error)),
-            E::Lifecycle { us, error, .. } => {
-                to(&Detail::new().with("us", us).with("error", error))
-            }
-            E::PausedToDisk { us, on_disk_bytes } => to(&Detail::new()
+                .with("state_was", state_was),
+            E::ResumeFailed { error } => d.with("reason", &"resume-failed").with("error", error),
+            E::Lifecycle { us, error, .. } => d.with("us", us).with("error", error),
+            E::PausedToDisk { us, on_disk_bytes } => d
                 .with("us", us)
                 .with("to_disk", &true)
-                .with("on_disk_bytes", on_disk_bytes)),
+                .with("on_disk_bytes", on_disk_bytes),
             E::Patch {
                 ttl_ms,
                 idle_timeout_ms,
-            } => to(&Detail::new()
+            } => d
                 .with("ttl_ms", ttl_ms)
-                .with("idle_timeout_ms", idle_timeout_ms)),
-            E::FilePut(t) | E::FileGet(t) | E::ArchivePut(t) | E::ArchiveGet(t) => to(t),
-            E::FileOp { op, error } => to(&Detail::new().with("op", op).with("error", error)),
-            E::PortOpen { port, via, error } => to(&Detail::new()
-                .with("port", port)
-                .with("via", via)
-                .with("error", error)),
+                .with("idle_timeout_ms", idle_timeout_ms),
+            E::Startup { pid, recovered } => d.with("pid", pid).with("recovered", recovered),
+            E::Shutdown { graceful } => d.with("graceful", graceful),
+            _ => d,
+        }
+    }
+
+    /// The detail of work in a sandbox (a file operation, a port, a watch, a background
+    /// exec, a signal, a code context's start); empty for other events.
+    fn work_fields(&self) -> Detail {
+        use AuditEvent as E;
+        let d = Detail::new();
+        match self {
+            E::FileOp { op, error } => d.with("op", op).with("error", error),
+            E::PortOpen { port, via, error } => {
+                d.with("port", port).with("via", via).with("error", error)
+            }
             E::WatchStart {
                 path,
                 recursive,
                 via,
                 error,
-            } => to(&Detail::new()
+            } => d
                 .with("path", path)
                 .with("recursive", recursive)
                 .with("via", via)
-                .with("error", error)),
+                .with("error", error),
             E::ExecBackground {
                 exec,
                 command,
                 error,
-            } => to(&Detail::new()
+            } => d
                 .with("exec", exec)
                 .with("command_sha256", &command.command_sha256)
                 .with("command_kind", &command.command_kind)
                 .with("limits", &command.limits)
-                .with("error", error)),
-            E::ExecBackgroundEnd(b) => to(b),
-            E::ExecSignal { exec, .. } => to(&Detail::new().with("exec", exec)),
+                .with("error", error),
+            E::ExecSignal { exec, .. } => d.with("exec", exec),
             E::ContextStart {
                 context,
                 lang,
                 reason,
                 version,
                 error,
-            } => to(&Detail::new()
+            } => d
                 .with("context", context)
                 .with("lang", lang)
                 .with("reason", reason)
                 .with("version", version)
-                .with("error", error)),
-            E::ContextStop(c) => to(c),
-            E::ContextRun(c) => to(c),
+                .with("error", error),
+            _ => d,
+        }
+    }
+
+    /// The detail of volumes and snapshots kept by the server (mounts, creates, deletes);
+    /// empty for other events.
+    fn storage_fields(&self) -> Detail {
+        use AuditEvent as E;
+        let d = Detail::new();
+        match self {
+            E::VolumeMount { volumes } => d.with("volumes", volumes),
+            E::VolumeMountFailed { volumes, error } => {
+                d.with("volumes", volumes).with("error", error)
+            }
             E::VolumeCreate {
                 name,
                 size,
                 outcome,
             } => {
-                let d = Detail::new().with("name", name).with("size", size);
-                to(&match outcome {
+                let d = d.with("name", name).with("size", size);
+                match outcome {
                     VolumeOutcome::Done { us, .. } => d.with("us", us),
                     VolumeOutcome::Denied(e) | VolumeOutcome::Failed(e) => d.with("error", e),
-                })
+                }
             }
             E::VolumeDelete { name, outcome } => {
-                let d = Detail::new().with("name", name);
-                to(&match outcome {
+                let d = d.with("name", name);
+                match outcome {
                     VolumeOutcome::Done { size, .. } => d.with("size", size),
                     VolumeOutcome::Denied(e) | VolumeOutcome::Failed(e) => d.with("error", e),
-                })
+                }
             }
-            E::Recovery(r) => to(r),
-            E::Startup { pid, recovered } => {
-                to(&Detail::new().with("pid", pid).with("recovered", recovered))
+            E::SnapshotDelete { snapshot, bytes } => {
+                d.with("snapshot", snapshot).with("bytes", bytes)
             }
-            E::Shutdown { graceful } => to(&Detail::new().with("graceful", graceful)),
-            E::TemplateBuild(b) => to(b),
-            E::Snapshot(t) => to(t),
-            E::SnapshotDelete { snapshot, bytes } => to(&Detail::new()
-                .with("snapshot", snapshot)
-                .with("bytes", bytes)),
+            _ => d,
         }
     }
 }
