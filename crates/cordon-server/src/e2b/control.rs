@@ -81,65 +81,53 @@ pub(super) async fn create(
     if let Some(r) = super::snapshots::create_from(&e, &t, &req).await {
         return r;
     }
-    if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return refuse(
-            "volumeMounts",
-            "Cordon's volumes are made and mounted through its own API (POST /v1/volumes, \"volumes\" in a native create)",
-        );
-    }
-    if req.mcp.is_some() {
-        return refuse(
-            "mcp",
-            "Cordon serves MCP itself (POST /mcp on its API, or `cordon mcp`); no MCP gateway runs inside a sandbox",
-        );
-    }
-    if req.secrets.is_some() {
-        return refuse(
-            "secrets",
-            "a sandbox gets credentials only as grants of the operator's catalogue, swapped in by the egress proxy (docs/service.md)",
-        );
-    }
+    let plan = match plan_create(&e, req) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let info = match e.svc.sessions().create(&t, plan.create).await {
+        Ok(i) => i,
+        Err(err) => return api_error(err),
+    };
+    e.sweep().await;
+    let b = e.adopt(
+        &t,
+        &info.id,
+        &plan.template_id,
+        (plan.timeout_s * 1000) as i64,
+    );
+    b.auto_resume
+        .store(plan.auto_resume, std::sync::atomic::Ordering::Relaxed);
+    (StatusCode::CREATED, Json(sandbox_out(&t, &info, &b))).into_response()
+}
+
+/// An E2B create as Cordon's: the native create, and what the listener keeps of it.
+struct PlannedCreate {
+    create: CreateRequest,
+    template_id: String,
+    timeout_s: u64,
+    auto_resume: bool,
+}
+
+/// The native create an E2B create means (its template mapped, its timeout the sandbox's
+/// ttl and idle timeout, its network options narrowing egress), or the refusal of what
+/// Cordon does not serve.
+fn plan_create(e: &E2b, mut req: NewSandbox) -> Result<PlannedCreate, Response> {
+    refuse_unserved(&req)?;
     let auto_pause = req.auto_pause == Some(true);
     let auto_resume = req.auto_resume.as_ref().is_some_and(|a| a.enabled);
     if auto_resume && !auto_pause {
-        return e2b_error(
+        return Err(e2b_error(
             StatusCode::BAD_REQUEST,
             "autoResume needs autoPause: only a sandbox its timeout pauses is resumed by a request",
-        );
+        ));
     }
-    let template = match template_of(&e, &req.template_id) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_S).max(1);
-    let metadata = req.metadata.unwrap_or_default();
-    if let Err(err) = validate_labels(&metadata) {
-        return api_error(err);
-    }
-    // Egress stays deny-by-default: E2B's network options can only narrow it. Hosts asked
-    // for go to the gate like a native create's, which refuses any beyond the ceiling.
-    let mut allow_hosts = Vec::new();
-    let mut deny_hosts = Vec::new();
-    if let Some(n) = &req.network {
-        if n.rules.is_some() {
-            return refuse(
-                "network.rules",
-                "credentials reach a host only as grants of the operator's catalogue, which Cordon's egress proxy swaps in and masks on the way back (docs/service.md)",
-            );
-        }
-        if n.egress_proxy.is_some() {
-            return refuse(
-                "network.egressProxy",
-                "a sandbox's egress always goes through Cordon's own allow-list proxy",
-            );
-        }
-        allow_hosts = n.allow_out.clone().unwrap_or_default();
-        deny_hosts = n.deny_out.clone().unwrap_or_default();
-    }
-    if req.allow_internet_access == Some(false) {
-        allow_hosts.clear();
-    }
-    let ttl = Dur(Duration::from_secs(timeout));
+    let template = template_of(e, &req.template_id)?;
+    let timeout_s = req.timeout.unwrap_or(DEFAULT_TIMEOUT_S).max(1);
+    let metadata = req.metadata.take().unwrap_or_default();
+    validate_labels(&metadata).map_err(api_error)?;
+    let (allow_hosts, deny_hosts) = egress_of(&req)?;
+    let ttl = Dur(Duration::from_secs(timeout_s));
     // E2B's home is the sandbox's HOME, as under envd (unless the sandbox's envs say).
     let mut env = req.env_vars.unwrap_or_default();
     env.entry("HOME".to_string())
@@ -162,15 +150,63 @@ pub(super) async fn create(
         },
         ..Default::default()
     };
-    let info = match e.svc.sessions().create(&t, create).await {
-        Ok(i) => i,
-        Err(err) => return api_error(err),
-    };
-    e.sweep().await;
-    let b = e.adopt(&t, &info.id, &req.template_id, (timeout * 1000) as i64);
-    b.auto_resume
-        .store(auto_resume, std::sync::atomic::Ordering::Relaxed);
-    (StatusCode::CREATED, Json(sandbox_out(&t, &info, &b))).into_response()
+    Ok(PlannedCreate {
+        create,
+        template_id: req.template_id,
+        timeout_s,
+        auto_resume,
+    })
+}
+
+/// What E2B's create has that Cordon serves its own way: refused, saying which.
+fn refuse_unserved(req: &NewSandbox) -> Result<(), Response> {
+    if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(refuse(
+            "volumeMounts",
+            "Cordon's volumes are made and mounted through its own API (POST /v1/volumes, \"volumes\" in a native create)",
+        ));
+    }
+    if req.mcp.is_some() {
+        return Err(refuse(
+            "mcp",
+            "Cordon serves MCP itself (POST /mcp on its API, or `cordon mcp`); no MCP gateway runs inside a sandbox",
+        ));
+    }
+    if req.secrets.is_some() {
+        return Err(refuse(
+            "secrets",
+            "a sandbox gets credentials only as grants of the operator's catalogue, swapped in by the egress proxy (docs/service.md)",
+        ));
+    }
+    Ok(())
+}
+
+/// The hosts a create allows and denies. Egress stays deny-by-default: E2B's network
+/// options can only narrow it. Hosts asked for go to the gate like a native create's,
+/// which refuses any beyond the ceiling.
+fn egress_of(req: &NewSandbox) -> Result<(Vec<String>, Vec<String>), Response> {
+    let mut allow_hosts = Vec::new();
+    let mut deny_hosts = Vec::new();
+    if let Some(n) = &req.network {
+        if n.rules.is_some() {
+            return Err(refuse(
+                "network.rules",
+                "credentials reach a host only as grants of the operator's catalogue, which Cordon's egress proxy swaps in and masks on the way back (docs/service.md)",
+            ));
+        }
+        if n.egress_proxy.is_some() {
+            return Err(refuse(
+                "network.egressProxy",
+                "a sandbox's egress always goes through Cordon's own allow-list proxy",
+            ));
+        }
+        allow_hosts = n.allow_out.clone().unwrap_or_default();
+        deny_hosts = n.deny_out.clone().unwrap_or_default();
+    }
+    if req.allow_internet_access == Some(false) {
+        allow_hosts.clear();
+    }
+    Ok((allow_hosts, deny_hosts))
 }
 
 fn not_found(id: &str) -> Response {

@@ -16,9 +16,10 @@ use super::{
     Auth, E2b, E2bBox, HOME, INTERP_PORT, WORK, api_error, e2b_error, lock, now_ms, rfc3339,
     to_e2b_path, to_sandbox_path,
 };
-use crate::model::{CellBody, CellOutput, ContextBody, ContextInfo};
-
-use crate::service::{CellStatus, Chunk};
+use crate::error::ApiError;
+use crate::keys::Tenant;
+use crate::model::{CellBody, CellError, CellOutput, CellResult, ContextBody, ContextInfo};
+use crate::service::{CellStatus, Chunk, ChunkSender, Service};
 
 /// A line every this long while a cell is quiet (E2B's server does the same).
 const KEEPALIVE: Duration = Duration::from_secs(5);
@@ -126,36 +127,11 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
         Ok(r) => r,
         Err(err) => return e2b_error(StatusCode::BAD_REQUEST, format!("the request body: {err}")),
     };
-    if req.context_id.is_some() && req.language.is_some() {
-        return e2b_error(
-            StatusCode::BAD_REQUEST,
-            "give context_id or language, not both",
-        );
-    }
-    let cid = match &req.context_id {
-        Some(c) if valid_context_id(c) => c.clone(),
-        Some(c) => return no_context(c),
-        None => {
-            let lang = match language(req.language.as_deref()) {
-                Ok(l) => l,
-                Err(r) => return r,
-            };
-            match default_context(&e, &b, &id, lang).await {
-                Ok(c) => c,
-                Err(r) => return r,
-            }
-        }
+    let cid = match cell_context(&e, &b, &id, &req).await {
+        Ok(c) => c,
+        Err(r) => return r,
     };
-    if e.svc
-        .contexts()
-        .context_check(&b.tenant, &id, &cid)
-        .is_err()
-    {
-        return no_context(&cid);
-    }
     let (out_tx, out_rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    let svc = e.svc.clone();
-    let tenant = b.tenant.clone();
     // run_code(envs=...): set for this cell only, as E2B's interpreter does.
     let cell = CellBody {
         code: req.code,
@@ -165,112 +141,13 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
         // As E2B's interpreter: a client gone (its own timeout) interrupts the cell.
         interrupt_when_unread: true,
     };
-    let (svc2, tenant2, id2) = (svc.clone(), tenant.clone(), id.clone());
-    tokio::spawn(async move {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
-        // The context runs one cell at a time; as E2B's kernel queues executions, this one
-        // waits for the one before it (an interrupted one ends within its grace).
-        let fut = async move {
-            loop {
-                let r = svc
-                    .contexts()
-                    .run_cell(&tenant, &id, &cid, cell.clone(), Some(tx.clone()))
-                    .await;
-                match r {
-                    Err(err) if err.code == crate::Code::ContextBusy => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    r => break r,
-                }
-            }
-        };
-        let mut done = std::pin::pin!(fut);
-        let mut tick = tokio::time::interval(KEEPALIVE);
-        tick.tick().await;
-        let text = |c: Chunk| {
-            let text = String::from_utf8_lossy(&c.data).into_owned();
-            let timestamp = rfc3339(now_ms());
-            line(&match c.stream {
-                cordon_core::OutputStream::Stdout => OutputLine::Stdout { text, timestamp },
-                cordon_core::OutputStream::Stderr => OutputLine::Stderr { text, timestamp },
-            })
-        };
-        let result = loop {
-            tokio::select! {
-                biased;
-                _ = out_tx.closed() => return,
-                Some(c) = rx.recv() => { let _ = out_tx.send(Ok(text(c))).await; }
-                _ = tick.tick() => { let _ = out_tx.send(Ok(line(&OutputLine::Keepalive))).await; }
-                r = &mut done => break r,
-            }
-        };
-        while let Ok(c) = rx.try_recv() {
-            let _ = out_tx.send(Ok(text(c))).await;
-        }
-        // The sandbox ended under the cell: as when E2B's sandbox goes away under a request,
-        // the answer breaks off; the SDK then asks /health (502) and raises its
-        // sandbox-killed error instead of returning an execution.
-        let ended = match &result {
-            Ok(r) => r.status == CellStatus::Died,
-            Err(err) => err.code == crate::Code::SandboxGone,
-        };
-        if ended
-            && !matches!(svc2.sessions().info(&tenant2, &id2).await, Ok(i) if i.state == "live")
-        {
-            let _ = out_tx
-                .send(Err(std::io::Error::other(
-                    "the sandbox ended under the cell",
-                )))
-                .await;
-            return;
-        }
-        let mut lines = Vec::new();
-        match result {
-            Ok(r) => {
-                lines.extend(r.results.iter().map(result_line));
-                match r.status {
-                    CellStatus::Ok => {}
-                    CellStatus::Error => {
-                        if let Some(err) = r.error {
-                            lines.push(OutputLine::Error {
-                                name: err.name,
-                                value: err.value,
-                                traceback: err.traceback,
-                            });
-                        }
-                    }
-                    CellStatus::Timeout => lines.push(OutputLine::Error {
-                        name: "TimeoutError".into(),
-                        value: "the cell ran past its timeout (the sandbox's exec timeout) and was interrupted; the context keeps its state".into(),
-                        traceback: String::new(),
-                    }),
-                    CellStatus::Died => lines.push(OutputLine::Error {
-                        name: "DeadKernelError".into(),
-                        value: if r.restarted {
-                            "the interpreter ended during the cell (out of memory or killed); a fresh one took its place and earlier state is gone".into()
-                        } else {
-                            "the interpreter ended during the cell (out of memory or killed)".into()
-                        },
-                        traceback: String::new(),
-                    }),
-                }
-                if r.execution_count > 0 {
-                    lines.push(OutputLine::NumberOfExecutions {
-                        execution_count: r.execution_count,
-                    });
-                }
-            }
-            Err(err) => lines.push(OutputLine::Error {
-                name: "CordonError".into(),
-                value: super::message_of(&err),
-                traceback: String::new(),
-            }),
-        }
-        lines.push(OutputLine::EndOfExecution);
-        for l in &lines {
-            let _ = out_tx.send(Ok(line(l))).await;
-        }
-    });
+    let target = CellTarget {
+        svc: e.svc.clone(),
+        tenant: b.tenant.clone(),
+        id,
+        cid,
+    };
+    tokio::spawn(stream_cell(target, cell, out_tx));
     let stream = futures_util::stream::unfold(out_rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
@@ -280,6 +157,179 @@ pub(super) async fn execute(State(e): State<E2b>, headers: HeaderMap, body: Byte
         HeaderValue::from_static("application/x-ndjson"),
     );
     resp
+}
+
+/// The context a cell runs in: the one it names (which must exist), or the sandbox's
+/// default context of its language.
+async fn cell_context(
+    e: &E2b,
+    b: &E2bBox,
+    id: &str,
+    req: &ExecuteRequest,
+) -> Result<String, Response> {
+    if req.context_id.is_some() && req.language.is_some() {
+        return Err(e2b_error(
+            StatusCode::BAD_REQUEST,
+            "give context_id or language, not both",
+        ));
+    }
+    let cid = match &req.context_id {
+        Some(c) if valid_context_id(c) => c.clone(),
+        Some(c) => return Err(no_context(c)),
+        None => {
+            let lang = language(req.language.as_deref())?;
+            default_context(e, b, id, lang).await?
+        }
+    };
+    if e.svc.contexts().context_check(&b.tenant, id, &cid).is_err() {
+        return Err(no_context(&cid));
+    }
+    Ok(cid)
+}
+
+/// Where a cell runs: the sandbox and its context.
+struct CellTarget {
+    svc: Service,
+    tenant: Tenant,
+    id: String,
+    cid: String,
+}
+
+impl CellTarget {
+    /// Runs the cell, its output chunks to `tx`. The context runs one cell at a time; as
+    /// E2B's kernel queues executions, this one waits for the one before it (an
+    /// interrupted one ends within its grace).
+    async fn run_queued(&self, cell: CellBody, tx: ChunkSender) -> Result<CellResult, ApiError> {
+        loop {
+            let r = self
+                .svc
+                .contexts()
+                .run_cell(
+                    &self.tenant,
+                    &self.id,
+                    &self.cid,
+                    cell.clone(),
+                    Some(tx.clone()),
+                )
+                .await;
+            match r {
+                Err(err) if err.code == crate::Code::ContextBusy => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                r => break r,
+            }
+        }
+    }
+
+    /// Whether the cell ended because its sandbox did (and the sandbox is not live).
+    async fn sandbox_ended(&self, result: &Result<CellResult, ApiError>) -> bool {
+        let ended = match result {
+            Ok(r) => r.status == CellStatus::Died,
+            Err(err) => err.code == crate::Code::SandboxGone,
+        };
+        ended
+            && !matches!(self.svc.sessions().info(&self.tenant, &self.id).await, Ok(i) if i.state == "live")
+    }
+}
+
+/// The cell's NDJSON lines to `out_tx`: its output as it comes (a keepalive line while it is
+/// quiet), then its closing lines; nothing more once the client is gone.
+async fn stream_cell(
+    target: CellTarget,
+    cell: CellBody,
+    out_tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
+    let mut done = std::pin::pin!(target.run_queued(cell, tx));
+    let mut tick = tokio::time::interval(KEEPALIVE);
+    tick.tick().await;
+    let result = loop {
+        tokio::select! {
+            biased;
+            _ = out_tx.closed() => return,
+            Some(c) = rx.recv() => { let _ = out_tx.send(Ok(chunk_line(c))).await; }
+            _ = tick.tick() => { let _ = out_tx.send(Ok(line(&OutputLine::Keepalive))).await; }
+            r = &mut done => break r,
+        }
+    };
+    while let Ok(c) = rx.try_recv() {
+        let _ = out_tx.send(Ok(chunk_line(c))).await;
+    }
+    // The sandbox ended under the cell: as when E2B's sandbox goes away under a request,
+    // the answer breaks off; the SDK then asks /health (502) and raises its
+    // sandbox-killed error instead of returning an execution.
+    if target.sandbox_ended(&result).await {
+        let _ = out_tx
+            .send(Err(std::io::Error::other(
+                "the sandbox ended under the cell",
+            )))
+            .await;
+        return;
+    }
+    for l in &closing_lines(result) {
+        let _ = out_tx.send(Ok(line(l))).await;
+    }
+}
+
+/// A chunk of the cell's output as its `stdout` or `stderr` line.
+fn chunk_line(c: Chunk) -> Bytes {
+    let text = String::from_utf8_lossy(&c.data).into_owned();
+    let timestamp = rfc3339(now_ms());
+    line(&match c.stream {
+        cordon_core::OutputStream::Stdout => OutputLine::Stdout { text, timestamp },
+        cordon_core::OutputStream::Stderr => OutputLine::Stderr { text, timestamp },
+    })
+}
+
+/// The lines after a cell's output: its results, its error, its number, and
+/// `end_of_execution`.
+fn closing_lines(result: Result<CellResult, ApiError>) -> Vec<OutputLine> {
+    let mut lines = Vec::new();
+    match result {
+        Ok(r) => {
+            lines.extend(r.results.iter().map(result_line));
+            lines.extend(cell_error(r.status, r.restarted, r.error));
+            if r.execution_count > 0 {
+                lines.push(OutputLine::NumberOfExecutions {
+                    execution_count: r.execution_count,
+                });
+            }
+        }
+        Err(err) => lines.push(OutputLine::Error {
+            name: "CordonError".into(),
+            value: super::message_of(&err),
+            traceback: String::new(),
+        }),
+    }
+    lines.push(OutputLine::EndOfExecution);
+    lines
+}
+
+/// A cell's error line, as E2B's interpreter names it, where it did not end well
+/// (`restarted`: a fresh interpreter took the place of one that died).
+fn cell_error(status: CellStatus, restarted: bool, error: Option<CellError>) -> Option<OutputLine> {
+    match status {
+        CellStatus::Ok => None,
+        CellStatus::Error => error.map(|err| OutputLine::Error {
+            name: err.name,
+            value: err.value,
+            traceback: err.traceback,
+        }),
+        CellStatus::Timeout => Some(OutputLine::Error {
+            name: "TimeoutError".into(),
+            value: "the cell ran past its timeout (the sandbox's exec timeout) and was interrupted; the context keeps its state".into(),
+            traceback: String::new(),
+        }),
+        CellStatus::Died => Some(OutputLine::Error {
+            name: "DeadKernelError".into(),
+            value: if restarted {
+                "the interpreter ended during the cell (out of memory or killed); a fresh one took its place and earlier state is gone".into()
+            } else {
+                "the interpreter ended during the cell (out of memory or killed)".into()
+            },
+            traceback: String::new(),
+        }),
+    }
 }
 
 /// `POST /contexts`.
