@@ -779,12 +779,14 @@ struct Ran {
 
 /// The wasm tier runs in `/work` only.
 fn check_cwd(req: &ExecRequest) -> Result<()> {
-    match &req.cwd {
-        Some(cwd) if cwd.trim_end_matches('/') != cordon_core::WORKDIR => Err(Error::Invalid(
-            format!("the wasm tier runs in /work only, not {cwd:?}"),
-        )),
-        _ => Ok(()),
+    if let Some(cwd) = &req.cwd
+        && cwd.trim_end_matches('/') != cordon_core::WORKDIR
+    {
+        return Err(Error::Invalid(format!(
+            "the wasm tier runs in /work only, not {cwd:?}"
+        )));
     }
+    Ok(())
 }
 
 /// An exec's outcome from what it ended with, the CPU time it took and its wall time.
