@@ -285,6 +285,37 @@ impl axum::extract::FromRequestParts<E2b> for From {
     }
 }
 
+/// One envd call on a sandbox (`process.Process/…`, `filesystem.Filesystem/…`): the
+/// listener, the sandbox's id and state, and the request's headers and body.
+pub(crate) struct Call<'a> {
+    pub e: &'a E2b,
+    pub id: &'a str,
+    pub b: &'a E2bBox,
+    pub headers: &'a HeaderMap,
+    pub body: &'a [u8],
+}
+
+impl Call<'_> {
+    /// The request of a unary call.
+    pub fn unary<T: serde::de::DeserializeOwned>(&self) -> Result<T, ConnectError> {
+        super::connect::decode_unary(self.headers, self.body)
+    }
+
+    /// The request that starts a server stream.
+    pub fn stream<T: serde::de::DeserializeOwned>(&self) -> Result<T, ConnectError> {
+        super::connect::decode_stream_request(self.headers, self.body)
+    }
+
+    /// How often a server stream sends a keepalive: the client's
+    /// `keepalive-ping-interval` (seconds), else [`DEFAULT_KEEPALIVE`].
+    pub fn keepalive(&self) -> Duration {
+        header_u64(self.headers, "keepalive-ping-interval")
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs)
+            .unwrap_or(DEFAULT_KEEPALIVE)
+    }
+}
+
 impl E2b {
     /// The tenant of a control-plane call (`X-API-KEY`), with the same failed-key
     /// slow-down as the native API.

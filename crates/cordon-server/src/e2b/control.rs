@@ -218,43 +218,39 @@ fn not_found(id: &str) -> Response {
     )
 }
 
-/// The tenant and the checked id of a call about one sandbox.
-pub(super) async fn about(
-    e: &E2b,
-    from: &Peer,
-    headers: &HeaderMap,
-    id: &str,
-) -> Result<(Tenant, String, SandboxInfo), Response> {
-    let t = e.tenant(headers, from.0)?;
-    let id = parse_id(id).map_err(|_| not_found(id))?;
-    match e.svc.sessions().info(&t, &id).await {
-        Ok(i) if i.state == "live" || i.state == "paused" => Ok((t, id, i)),
-        _ => Err(not_found(&id)),
+/// A call about one of the caller's sandboxes, live or paused: its tenant, its checked id and
+/// what it is. Any other id (malformed, another tenant's, ended) is E2B's 404.
+pub(super) struct About {
+    pub t: Tenant,
+    pub id: String,
+    pub info: SandboxInfo,
+}
+
+impl axum::extract::FromRequestParts<E2b> for About {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        e: &E2b,
+    ) -> Result<Self, Response> {
+        let Ok(from) = Peer::from_request_parts(parts, e).await;
+        let t = e.tenant(&parts.headers, from.0)?;
+        let Path(id) = Path::<String>::from_request_parts(parts, e)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let id = parse_id(&id).map_err(|_| not_found(&id))?;
+        match e.svc.sessions().info(&t, &id).await {
+            Ok(info) if info.state == "live" || info.state == "paused" => Ok(About { t, id, info }),
+            _ => Err(not_found(&id)),
+        }
     }
 }
 
-pub(super) async fn detail(
-    State(e): State<E2b>,
-    from: Peer,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    match about(&e, &from, &headers, &id).await {
-        Ok((t, id, info)) => Json(detail_of(&t, &info, e.box_of(&id).as_deref())).into_response(),
-        Err(r) => r,
-    }
+pub(super) async fn detail(State(e): State<E2b>, a: About) -> Response {
+    Json(detail_of(&a.t, &a.info, e.box_of(&a.id).as_deref())).into_response()
 }
 
-pub(super) async fn kill(
-    State(e): State<E2b>,
-    from: Peer,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    let (t, id, _) = match about(&e, &from, &headers, &id).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
+pub(super) async fn kill(State(e): State<E2b>, About { t, id, .. }: About) -> Response {
     match e.svc.sessions().destroy(&t, &id).await {
         Ok(_) => {
             e.forget(&id);
@@ -308,15 +304,9 @@ async fn extend(
 
 pub(super) async fn set_timeout(
     State(e): State<E2b>,
-    from: Peer,
-    headers: HeaderMap,
-    Path(id): Path<String>,
+    About { t, id, info }: About,
     body: Bytes,
 ) -> Response {
-    let (t, id, info) = match about(&e, &from, &headers, &id).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
     let req: TimeoutBody = match body_json(&body) {
         Ok(r) => r,
         Err(r) => return r,
@@ -327,16 +317,7 @@ pub(super) async fn set_timeout(
     }
 }
 
-pub(super) async fn pause(
-    State(e): State<E2b>,
-    from: Peer,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    let (t, id, info) = match about(&e, &from, &headers, &id).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
+pub(super) async fn pause(State(e): State<E2b>, About { t, id, info }: About) -> Response {
     if info.paused {
         return e2b_error(
             StatusCode::CONFLICT,
@@ -353,15 +334,9 @@ pub(super) async fn pause(
 /// and extending, never shortening, its timeout when one is given.
 pub(super) async fn connect(
     State(e): State<E2b>,
-    from: Peer,
-    headers: HeaderMap,
-    Path(id): Path<String>,
+    About { t, id, mut info }: About,
     body: Bytes,
 ) -> Response {
-    let (t, id, mut info) = match about(&e, &from, &headers, &id).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
     let req: ConnectBody = match body_json(&body) {
         Ok(r) => r,
         Err(r) => return r,

@@ -19,13 +19,12 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::connect::{
-    self, ConnectError, decode_stream_request, decode_unary, end_stream, envelope, split_envelopes,
-    stream_error, unary,
+    self, ConnectError, end_stream, envelope, split_envelopes, stream_error, unary,
 };
 use super::wire::*;
 use super::{
-    Auth, DEFAULT_KEEPALIVE, E2b, E2bBox, ENVD_PORT, ProcRecord, check_user, connect_error,
-    header_u64, lock, retry_busy,
+    Auth, Call, E2b, E2bBox, ENVD_PORT, ProcRecord, check_user, connect_error, header_u64, lock,
+    retry_busy,
 };
 use crate::error::Code;
 use crate::model::ExecBody;
@@ -89,22 +88,25 @@ pub(super) async fn process(
             )));
         }
     };
+    let c = Call {
+        e: &e,
+        id: &id,
+        b: &b,
+        headers: &headers,
+        body: &body,
+    };
     let r = match method.as_str() {
-        "Start" => {
-            return start(&e, id, &b, &headers, &body)
-                .await
-                .unwrap_or_else(|e| stream_error(&e));
-        }
+        "Start" => return start(&c).await.unwrap_or_else(|e| stream_error(&e)),
         "Connect" => {
-            return attach_existing(&e, id, &b, &headers, &body)
+            return attach_existing(&c)
                 .await
                 .unwrap_or_else(|e| stream_error(&e));
         }
         "List" => list(&e, &id, &b).await,
-        "SendInput" => send_input(&e, &id, &b, &headers, &body).await,
-        "CloseStdin" => close_stdin(&e, &id, &b, &headers, &body).await,
-        "SendSignal" => send_signal(&e, &id, &b, &headers, &body).await,
-        "Update" => update(&e, &id, &b, &headers, &body).await,
+        "SendInput" => send_input(&c).await,
+        "CloseStdin" => close_stdin(&c).await,
+        "SendSignal" => send_signal(&c).await,
+        "Update" => update(&c).await,
         other => Err(ConnectError::unimplemented(format!(
             "process.Process/{other} is not served by Cordon's E2B listener"
         ))),
@@ -144,14 +146,9 @@ fn find(b: &E2bBox, sel: &ProcessSelector) -> Result<(u32, ProcRecord), ConnectE
     Err(ConnectError::invalid("name the process by pid or tag"))
 }
 
-async fn start(
-    e: &E2b,
-    id: String,
-    b: &E2bBox,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, ConnectError> {
-    let req: StartRequest = decode_stream_request(headers, body)?;
+async fn start(c: &Call<'_>) -> Result<Response, ConnectError> {
+    let req: StartRequest = c.stream()?;
+    let (e, b, id) = (c.e, c.b, c.id.to_string());
     // The stream's place is taken before the process starts: a refusal (the tenant's or
     // the sandbox's streams at their limit) leaves nothing running.
     let slot = e
@@ -162,13 +159,10 @@ async fn start(
     // Connect-Timeout-Ms is the process's lifetime, as envd runs it under a context with
     // that deadline (none, or 0: until the sandbox ends).
     let max = e.svc.config().max_limits.timeout_ms;
-    let timeout = header_u64(headers, "connect-timeout-ms")
+    let timeout = header_u64(c.headers, "connect-timeout-ms")
         .filter(|t| *t > 0)
         .map(|t| Dur(Duration::from_millis(t.min(max))));
-    let keepalive = header_u64(headers, "keepalive-ping-interval")
-        .filter(|s| *s > 0)
-        .map(Duration::from_secs)
-        .unwrap_or(DEFAULT_KEEPALIVE);
+    let keepalive = c.keepalive();
     let cwd = req
         .process
         .cwd
@@ -268,14 +262,9 @@ fn kill_at_deadline(
     });
 }
 
-async fn attach_existing(
-    e: &E2b,
-    id: String,
-    b: &E2bBox,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, ConnectError> {
-    let req: ProcessRequest = decode_stream_request(headers, body)?;
+async fn attach_existing(c: &Call<'_>) -> Result<Response, ConnectError> {
+    let req: ProcessRequest = c.stream()?;
+    let (e, b, id) = (c.e, c.b, c.id.to_string());
     let (pid, rec) = find(b, &req.process)?;
     e.svc
         .procs()
@@ -286,10 +275,7 @@ async fn attach_existing(
         .procs()
         .attach_slot(&b.tenant, &id)
         .map_err(connect_error)?;
-    let keepalive = header_u64(headers, "keepalive-ping-interval")
-        .filter(|s| *s > 0)
-        .map(Duration::from_secs)
-        .unwrap_or(DEFAULT_KEEPALIVE);
+    let keepalive = c.keepalive();
     Ok(events(
         e,
         b,
@@ -492,14 +478,9 @@ async fn list(e: &E2b, id: &str, b: &E2bBox) -> Result<Response, ConnectError> {
     Ok(unary(&ListResponse { processes }))
 }
 
-async fn send_input(
-    e: &E2b,
-    id: &str,
-    b: &E2bBox,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, ConnectError> {
-    let req: SendInputRequest = decode_unary(headers, body)?;
+async fn send_input(c: &Call<'_>) -> Result<Response, ConnectError> {
+    let req: SendInputRequest = c.unary()?;
+    let (e, b, id) = (c.e, c.b, c.id);
     let (_, rec) = find(b, &req.process)?;
     let data = match (&req.input.stdin, &req.input.pty) {
         (Some(s), _) | (None, Some(s)) => unb64(s)?,
@@ -527,27 +508,17 @@ async fn write_input(
         })
 }
 
-async fn close_stdin(
-    e: &E2b,
-    id: &str,
-    b: &E2bBox,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, ConnectError> {
-    let req: ProcessRequest = decode_unary(headers, body)?;
+async fn close_stdin(c: &Call<'_>) -> Result<Response, ConnectError> {
+    let req: ProcessRequest = c.unary()?;
+    let (e, b, id) = (c.e, c.b, c.id);
     let (_, rec) = find(b, &req.process)?;
     write_input(e, id, b, &rec, Vec::new(), true).await?;
     Ok(unary(&Empty {}))
 }
 
-async fn send_signal(
-    e: &E2b,
-    id: &str,
-    b: &E2bBox,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, ConnectError> {
-    let req: SendSignalRequest = decode_unary(headers, body)?;
+async fn send_signal(c: &Call<'_>) -> Result<Response, ConnectError> {
+    let req: SendSignalRequest = c.unary()?;
+    let (e, b, id) = (c.e, c.b, c.id);
     let kill = match req.signal.as_str() {
         "SIGNAL_SIGKILL" => true,
         "SIGNAL_SIGTERM" => false,
@@ -579,14 +550,9 @@ async fn send_signal(
     Ok(unary(&Empty {}))
 }
 
-async fn update(
-    e: &E2b,
-    id: &str,
-    b: &E2bBox,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, ConnectError> {
-    let req: UpdateRequest = decode_unary(headers, body)?;
+async fn update(c: &Call<'_>) -> Result<Response, ConnectError> {
+    let req: UpdateRequest = c.unary()?;
+    let (e, b, id) = (c.e, c.b, c.id);
     let (_, rec) = find(b, &req.process)?;
     if let Some(size) = req.pty.and_then(|p| p.size) {
         e.svc

@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cordon_core::{FileEntry, FileKind, FileOp};
 
-use super::connect::{ConnectError, decode_unary, stream_error, unary};
+use super::connect::{ConnectError, stream_error, unary};
 use super::wire::*;
 use super::{
     Auth, E2b, E2bBox, ENVD_PORT, api_error, check_reachable, check_user, connect_error, e2b_error,
@@ -128,36 +128,43 @@ pub(super) async fn filesystem(
             err.into_response()
         };
     }
+    let c = super::Call {
+        e: &e,
+        id: &id,
+        b: &b,
+        headers: &headers,
+        body: &body,
+    };
     if method == "WatchDir" {
-        return super::watch::stream(&e, id, &b, &headers, &body)
+        return super::watch::stream(&c)
             .await
             .unwrap_or_else(|e| stream_error(&e));
     }
     let r: Result<Response, ConnectError> = async {
         match method.as_str() {
             "Stat" => {
-                let req: PathRequest = decode_unary(&headers, &body)?;
+                let req: PathRequest = c.unary()?;
                 let p = reachable(&req.path)?;
                 Ok(unary(&EntryResponse {
                     entry: stat(&e, &b, &id, &p).await?,
                 }))
             }
             "ListDir" => {
-                let req: ListDirRequest = decode_unary(&headers, &body)?;
+                let req: ListDirRequest = c.unary()?;
                 let p = reachable(&req.path)?;
                 let depth = req.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
                 let entries = list_dir(&e, &b, &id, &p, depth).await?;
                 Ok(unary(&ListDirResponse { entries }))
             }
             "MakeDir" => {
-                let req: PathRequest = decode_unary(&headers, &body)?;
+                let req: PathRequest = c.unary()?;
                 let p = reachable(&req.path)?;
                 Ok(unary(&EntryResponse {
                     entry: make_dir(&e, &b, &id, &p).await?,
                 }))
             }
             "Move" => {
-                let req: MoveRequest = decode_unary(&headers, &body)?;
+                let req: MoveRequest = c.unary()?;
                 let from = reachable(&req.source)?;
                 let to = reachable(&req.destination)?;
                 file_op(
@@ -176,7 +183,7 @@ pub(super) async fn filesystem(
                 }))
             }
             "Remove" => {
-                let req: PathRequest = decode_unary(&headers, &body)?;
+                let req: PathRequest = c.unary()?;
                 let p = reachable(&req.path)?;
                 let op = FileOp::Remove {
                     path: p,
@@ -189,7 +196,7 @@ pub(super) async fn filesystem(
                 }
             }
             "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
-                super::watch::unary_call(&e, &id, &b, &method, &headers, &body).await
+                super::watch::unary_call(&c, &method).await
             }
             other => Err(ConnectError::unimplemented(format!(
                 "filesystem.Filesystem/{other} is not served by Cordon's E2B listener"

@@ -4,8 +4,8 @@
 //! start to now), oldest first, as E2B's `SandboxMetric`.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
@@ -34,15 +34,9 @@ struct SandboxMetric {
 
 pub(super) async fn metrics(
     State(e): State<E2b>,
-    from: super::From,
-    headers: HeaderMap,
-    Path(id): Path<String>,
+    super::control::About { t, id, .. }: super::control::About,
     Query(range): Query<Range>,
 ) -> Response {
-    let (t, id, _) = match super::control::about(&e, &from, &headers, &id).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
     if let (Some(s), Some(end)) = (range.start, range.end)
         && s > end
     {

@@ -33,7 +33,7 @@ const DEFAULT_FORK_TIMEOUT_S: u64 = 15;
 
 /// `POST /sandboxes/{id}/snapshots`'s body.
 #[derive(Debug, Default, Deserialize)]
-struct SnapshotBody {
+pub(super) struct SnapshotBody {
     #[serde(default)]
     name: Option<String>,
     /// `true`: memory and files; `false`: files only; left out, the most the tier keeps.
@@ -51,7 +51,7 @@ struct SnapshotOut {
 
 /// `POST /sandboxes/{id}/fork`'s body.
 #[derive(Debug, Default, Deserialize)]
-struct ForkBody {
+pub(super) struct ForkBody {
     #[serde(default)]
     timeout: Option<u64>,
     #[serde(default)]
@@ -83,18 +83,36 @@ fn out(s: &SnapshotInfo) -> SnapshotOut {
     }
 }
 
-/// What a call on the source sandbox `id` (a snapshot of it, a fork) starts from: the
-/// caller's tenant, the call's body and the sandbox's id.
-fn source_request<T: serde::de::DeserializeOwned + Default>(
-    e: &E2b,
-    headers: &HeaderMap,
-    from: super::From,
-    id: &str,
-    body: &[u8],
-) -> Result<(Tenant, T, String), Response> {
-    let t = e.tenant(headers, from.0)?;
-    let req = body_json(body)?;
-    Ok((t, req, source_id(id)?))
+/// A call on the source sandbox `id` (a snapshot of it, a fork): the caller's tenant, the
+/// call's body `req`, and the sandbox's id as given and checked (`sid`).
+pub(super) struct Source<T> {
+    t: Tenant,
+    req: T,
+    id: String,
+    sid: String,
+}
+
+impl<T: serde::de::DeserializeOwned + Default + Send> axum::extract::FromRequest<E2b>
+    for Source<T>
+{
+    type Rejection = Response;
+
+    async fn from_request(r: axum::extract::Request, e: &E2b) -> Result<Self, Response> {
+        use axum::extract::FromRequestParts;
+        let (mut parts, body) = r.into_parts();
+        let Ok(from) = super::From::from_request_parts(&mut parts, e).await;
+        let t = e.tenant(&parts.headers, from.0)?;
+        let Path(id) = Path::<String>::from_request_parts(&mut parts, e)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let r = axum::extract::Request::from_parts(parts, body);
+        let body = <Bytes as axum::extract::FromRequest<E2b>>::from_request(r, e)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let req = body_json(&body)?;
+        let sid = source_id(&id)?;
+        Ok(Source { t, req, id, sid })
+    }
 }
 
 /// A source sandbox E2B names: another tenant's, or no sandbox, is E2B's 404.
@@ -119,15 +137,8 @@ fn sandbox_error(id: &str, e: ApiError) -> Response {
 
 pub(super) async fn create_snapshot(
     State(e): State<E2b>,
-    from: super::From,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
+    Source { t, req, id, sid }: Source<SnapshotBody>,
 ) -> Response {
-    let (t, req, sid) = match source_request::<SnapshotBody>(&e, &headers, from, &id, &body) {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
     let mode = req.memory.map(|m| {
         if m {
             SnapshotMode::Full
@@ -253,15 +264,8 @@ fn results(
 
 pub(super) async fn fork(
     State(e): State<E2b>,
-    from: super::From,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Bytes,
+    Source { t, req, id, sid }: Source<ForkBody>,
 ) -> Response {
-    let (t, req, sid) = match source_request::<ForkBody>(&e, &headers, from, &id, &body) {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
     let timeout = req.timeout.unwrap_or(DEFAULT_FORK_TIMEOUT_S).max(1);
     let ttl = Dur(Duration::from_secs(timeout));
     let opts = StartOptions {

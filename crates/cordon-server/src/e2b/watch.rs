@@ -9,16 +9,13 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::HeaderMap;
 use axum::response::Response;
 use cordon_core::{WatchEvent, WatchKind};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::connect::{
-    self, ConnectError, decode_stream_request, decode_unary, end_stream, envelope, unary,
-};
-use super::{E2b, E2bBox, check_reachable, connect_error, to_sandbox_path};
+use super::connect::{self, ConnectError, end_stream, envelope, unary};
+use super::{check_reachable, connect_error, to_sandbox_path};
 
 /// How often a stream asks the sandbox for what its watcher queued.
 const POLL: Duration = Duration::from_millis(100);
@@ -106,17 +103,14 @@ fn watcher_id(req: &WatcherRequest) -> Result<u64, ConnectError> {
 
 /// `CreateWatcher`, `GetWatcherEvents` and `RemoveWatcher`.
 pub(super) async fn unary_call(
-    e: &E2b,
-    id: &str,
-    b: &E2bBox,
+    c: &super::Call<'_>,
     method: &str,
-    headers: &HeaderMap,
-    body: &[u8],
 ) -> Result<Response, ConnectError> {
+    let (e, b, id) = (c.e, c.b, c.id);
     let sessions = e.svc.sessions();
     match method {
         "CreateWatcher" => {
-            let req: WatchRequest = decode_unary(headers, body)?;
+            let req: WatchRequest = c.unary()?;
             let p = watched_path(&req)?;
             let w = sessions
                 .watch_start(&b.tenant, id, &p, req.recursive, "e2b")
@@ -127,7 +121,7 @@ pub(super) async fn unary_call(
             }))
         }
         "GetWatcherEvents" => {
-            let req: WatcherRequest = decode_unary(headers, body)?;
+            let req: WatcherRequest = c.unary()?;
             let batch = sessions
                 .watch_read(&b.tenant, id, watcher_id(&req)?)
                 .await
@@ -144,7 +138,7 @@ pub(super) async fn unary_call(
             }))
         }
         _ => {
-            let req: WatcherRequest = decode_unary(headers, body)?;
+            let req: WatcherRequest = c.unary()?;
             sessions
                 .watch_stop(&b.tenant, id, watcher_id(&req)?)
                 .await
@@ -157,19 +151,11 @@ pub(super) async fn unary_call(
 /// `WatchDir`: the start message, then the events as they come (read every [`POLL`]),
 /// keepalives, and the end when the watched directory goes or the sandbox does. The
 /// client going away stops the watcher.
-pub(super) async fn stream(
-    e: &E2b,
-    id: String,
-    b: &E2bBox,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, ConnectError> {
-    let req: WatchRequest = decode_stream_request(headers, body)?;
+pub(super) async fn stream(c: &super::Call<'_>) -> Result<Response, ConnectError> {
+    let req: WatchRequest = c.stream()?;
+    let (e, b, id) = (c.e, c.b, c.id.to_string());
     let p = watched_path(&req)?;
-    let keepalive = super::header_u64(headers, "keepalive-ping-interval")
-        .filter(|s| *s > 0)
-        .map(Duration::from_secs)
-        .unwrap_or(super::DEFAULT_KEEPALIVE);
+    let keepalive = c.keepalive();
     let sessions = e.svc.sessions().clone();
     let tenant = b.tenant.clone();
     let watcher = sessions
