@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cordon_core::{Details, EgressDecision, EgressEvent, EgressFold, ExecOutcome, ExecRequest};
+use cordon_core::{Details, EgressEvent, EgressFold, ExecOutcome, ExecRequest};
 use cordon_core::{OutputSink, ProcOutput, ProcSignal, Sandbox, SandboxId};
 use cordon_engine::audit::{Audit, AuditEvent, GrantUse, NewEvent};
 
@@ -107,19 +107,7 @@ impl NodeAudit {
         let mut rows = Vec::new();
         for mut ev in fold.take() {
             ev.pod = pod.map(str::to_string);
-            if let (Some(grants), EgressDecision::Allow) = (&ev.grant, ev.decision) {
-                for name in grants.iter() {
-                    rows.push(AuditEvent::GrantUse(GrantUse {
-                        grant: name.to_string(),
-                        host: ev.host.clone(),
-                        port: ev.port,
-                        method: ev.method.clone(),
-                        path: ev.path.clone(),
-                        status: ev.status,
-                        count: ev.count,
-                    }));
-                }
-            }
+            rows.extend(GrantUse::of(&ev).into_iter().map(AuditEvent::GrantUse));
             rows.push(AuditEvent::Egress(ev));
         }
         let rows: Vec<NewEvent> = rows

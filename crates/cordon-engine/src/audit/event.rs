@@ -111,6 +111,31 @@ pub struct GrantUse {
     pub count: u64,
 }
 
+impl GrantUse {
+    /// The uses an egress event records: one per grant whose credential an allowed request
+    /// carried out; none for a refused one, or one that carried none.
+    pub fn of(ev: &EgressEvent) -> Vec<GrantUse> {
+        let Some(grants) = ev.grant.as_ref() else {
+            return Vec::new();
+        };
+        if ev.decision != cordon_core::EgressDecision::Allow {
+            return Vec::new();
+        }
+        grants
+            .iter()
+            .map(|name| GrantUse {
+                grant: name.to_string(),
+                host: ev.host.clone(),
+                port: ev.port,
+                method: ev.method.clone(),
+                path: ev.path.clone(),
+                status: ev.status,
+                count: ev.count,
+            })
+            .collect()
+    }
+}
+
 /// A volume as a sandbox mounts it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Mounted {
@@ -801,5 +826,26 @@ mod tests {
         k.sort_unstable();
         k.dedup();
         assert_eq!(k.len(), AuditEvent::KINDS.len());
+    }
+
+    #[test]
+    fn a_grant_use_is_recorded_per_grant_an_allowed_request_carried() {
+        let mut ev = EgressEvent::new(1, EgressKind::Http, EgressDecision::Allow);
+        ev.host = Some("api.test".into());
+        ev.count = 3;
+        assert!(GrantUse::of(&ev).is_empty(), "no grant carried: no use");
+        ev.grant = Some(["github", "npm"].into_iter().collect());
+        let uses = GrantUse::of(&ev);
+        let names: Vec<&str> = uses.iter().map(|u| u.grant.as_str()).collect();
+        assert_eq!(names, ["github", "npm"]);
+        assert!(
+            uses.iter()
+                .all(|u| u.host.as_deref() == Some("api.test") && u.count == 3)
+        );
+        ev.decision = EgressDecision::Deny;
+        assert!(
+            GrantUse::of(&ev).is_empty(),
+            "a refused request used no grant"
+        );
     }
 }

@@ -284,40 +284,15 @@ fn exec_blocking(
     // decision with a count, ordinary rows capped per exec and per tenant a minute, the rest
     // counted in one `truncated` row; exfiltration and grant rows always go in) and a
     // grant_use row per request that carried a grant, in one transaction.
-    let mut rows = vec![NewEvent {
-        tenant: Some(&s.tenant.0),
-        sandbox: Some(&s.id),
-        tier: Some(s.tier),
-        event: AuditEvent::Exec(record),
-    }];
+    let mut rows = vec![s.row(AuditEvent::Exec(record))];
     let egress = match &mut result {
         Ok(o) => fold_egress(execs, &s.tenant.0, &mut o.extra.egress),
         Err(_) => Vec::new(),
     };
     for ev in &egress {
-        rows.push(NewEvent {
-            tenant: Some(&s.tenant.0),
-            sandbox: Some(&s.id),
-            tier: Some(s.tier),
-            event: AuditEvent::Egress(ev.clone()),
-        });
-        if let (Some(grants), cordon_core::EgressDecision::Allow) = (&ev.grant, ev.decision) {
-            for name in grants.iter() {
-                rows.push(NewEvent {
-                    tenant: Some(&s.tenant.0),
-                    sandbox: Some(&s.id),
-                    tier: Some(s.tier),
-                    event: AuditEvent::GrantUse(GrantUse {
-                        grant: name.to_string(),
-                        host: ev.host.clone(),
-                        port: ev.port,
-                        method: ev.method.clone(),
-                        path: ev.path.clone(),
-                        status: ev.status,
-                        count: ev.count,
-                    }),
-                });
-            }
+        rows.push(s.row(AuditEvent::Egress(ev.clone())));
+        for used in GrantUse::of(ev) {
+            rows.push(s.row(AuditEvent::GrantUse(used)));
         }
     }
     audit.record_all(&rows).map_err(audit_err)?;

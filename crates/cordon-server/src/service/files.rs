@@ -15,7 +15,7 @@ use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::common::{audit_err, blocking, gone, lock};
 use super::sessions::Sessions;
-use crate::audit::{AuditEvent, NewEvent, Transfer};
+use crate::audit::{AuditEvent, Transfer};
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
 use crate::model::{Done, Listing, Stat};
@@ -166,19 +166,14 @@ impl Files {
                 sb.put_file(&p, &data, mode)
             };
             audit
-                .record(&NewEvent {
-                    tenant: Some(&s.tenant.0),
-                    sandbox: Some(&s.id),
-                    tier: Some(s.tier),
-                    event: AuditEvent::FilePut(Transfer {
-                        path: p,
-                        bytes: Some(n as u64),
-                        sha256: Some(digest),
-                        mode: Some(mode),
-                        report: None,
-                        error: r.as_ref().err().map(|e| e.to_string()),
-                    }),
-                })
+                .record(&s.row(AuditEvent::FilePut(Transfer {
+                    path: p,
+                    bytes: Some(n as u64),
+                    sha256: Some(digest),
+                    mode: Some(mode),
+                    report: None,
+                    error: r.as_ref().err().map(|e| e.to_string()),
+                })))
                 .map_err(audit_err)?;
             r.map_err(ApiError::from)
         })
@@ -210,19 +205,14 @@ impl Files {
                 sb.get_file(&full, max)
             };
             audit
-                .record(&NewEvent {
-                    tenant: Some(&s.tenant.0),
-                    sandbox: Some(&s.id),
-                    tier: Some(s.tier),
-                    event: AuditEvent::FileGet(Transfer {
-                        path: full,
-                        bytes: r.as_ref().map(|d| d.len() as u64).ok(),
-                        sha256: r.as_ref().map(|d| hex::encode(Sha256::digest(d))).ok(),
-                        mode: None,
-                        report: None,
-                        error: r.as_ref().err().map(|e| e.to_string()),
-                    }),
-                })
+                .record(&s.row(AuditEvent::FileGet(Transfer {
+                    path: full,
+                    bytes: r.as_ref().map(|d| d.len() as u64).ok(),
+                    sha256: r.as_ref().map(|d| hex::encode(Sha256::digest(d))).ok(),
+                    mode: None,
+                    report: None,
+                    error: r.as_ref().err().map(|e| e.to_string()),
+                })))
                 .map_err(audit_err)?;
             r.map_err(ApiError::from)
         })
@@ -284,15 +274,10 @@ impl Files {
                 sb.file_op(&op)
             };
             audit
-                .record(&NewEvent {
-                    tenant: Some(&s.tenant.0),
-                    sandbox: Some(&s.id),
-                    tier: Some(s.tier),
-                    event: AuditEvent::FileOp {
-                        op: op.clone(),
-                        error: r.as_ref().err().map(|e| e.to_string()),
-                    },
-                })
+                .record(&s.row(AuditEvent::FileOp {
+                    op: op.clone(),
+                    error: r.as_ref().err().map(|e| e.to_string()),
+                }))
                 .map_err(audit_err)?;
             r.map_err(ApiError::from)
         })
@@ -349,19 +334,14 @@ impl Files {
             });
             let sha = hex::encode(std::mem::take(&mut src.sha).finalize());
             audit
-                .record(&NewEvent {
-                    tenant: Some(&s.tenant.0),
-                    sandbox: Some(&s.id),
-                    tier: Some(s.tier),
-                    event: AuditEvent::ArchivePut(Transfer {
-                        path: full.clone(),
-                        bytes: Some(src.bytes),
-                        sha256: Some(sha),
-                        mode: None,
-                        report: r.as_ref().ok().cloned(),
-                        error: r.as_ref().err().map(|e| e.message.clone()),
-                    }),
-                })
+                .record(&s.row(AuditEvent::ArchivePut(Transfer {
+                    path: full.clone(),
+                    bytes: Some(src.bytes),
+                    sha256: Some(sha),
+                    mode: None,
+                    report: r.as_ref().ok().cloned(),
+                    error: r.as_ref().err().map(|e| e.message.clone()),
+                })))
                 .map_err(audit_err)?;
             r
         })
@@ -411,19 +391,14 @@ impl Files {
                 }
             };
             let sha = hex::encode(std::mem::take(&mut out.sha).finalize());
-            let row = audit.record(&NewEvent {
-                tenant: Some(&s.tenant.0),
-                sandbox: Some(&s.id),
-                tier: Some(s.tier),
-                event: AuditEvent::ArchiveGet(Transfer {
-                    path: full.clone(),
-                    bytes: Some(out.bytes),
-                    sha256: Some(sha),
-                    mode: None,
-                    report: r.as_ref().ok().cloned(),
-                    error: r.as_ref().err().map(|e| e.message.clone()),
-                }),
-            });
+            let row = audit.record(&s.row(AuditEvent::ArchiveGet(Transfer {
+                path: full.clone(),
+                bytes: Some(out.bytes),
+                sha256: Some(sha),
+                mode: None,
+                report: r.as_ref().ok().cloned(),
+                error: r.as_ref().err().map(|e| e.message.clone()),
+            })));
             let r = match row {
                 Ok(_) => r,
                 Err(e) => Err(audit_err(e)),

@@ -207,6 +207,17 @@ impl Pools {
         self.backends.get(&tier).cloned()
     }
 
+    /// The backend of a tier a sandbox is to start on: a tier this server lacks is refused.
+    fn serving(&self, tier: Tier) -> Result<Arc<dyn Backend>, ApiError> {
+        self.backend(tier).ok_or_else(|| {
+            ApiError::new(
+                Code::TierUnavailable,
+                format!("no {tier} tier"),
+                "choose another tier",
+            )
+        })
+    }
+
     /// Each tier's probe, taken at start.
     pub fn probes(&self) -> &BTreeMap<Tier, Probe> {
         &self.probes
@@ -272,13 +283,7 @@ impl Pools {
             }
             self.metrics.pool_misses.get_or_create(&labels).inc();
         }
-        let backend = self.backends.get(&tier).cloned().ok_or_else(|| {
-            ApiError::new(
-                Code::TierUnavailable,
-                format!("no {tier} tier"),
-                "choose another tier",
-            )
-        })?;
+        let backend = self.serving(tier)?;
         let spec2 = spec.clone();
         let t0 = Instant::now();
         let sandbox = blocking(move || backend.create(&spec2)).await??;
@@ -306,13 +311,7 @@ impl Pools {
             return self.acquire(spec).await;
         };
         let tier = spec.tier;
-        let backend = self.backends.get(&tier).cloned().ok_or_else(|| {
-            ApiError::new(
-                Code::TierUnavailable,
-                format!("no {tier} tier"),
-                "choose another tier",
-            )
-        })?;
+        let backend = self.serving(tier)?;
         let (spec2, image, dir) = (spec.clone(), from.image.clone(), from.dir.clone());
         let sandbox = blocking(move || backend.start_from_snapshot(&image, &dir, &spec2)).await??;
         self.started(tier, "snapshot");

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::common::{Slot, Slots, audit_err, blocking, gone, lock};
 use super::sessions::Sessions;
-use crate::audit::{AuditEvent, NewEvent};
+use crate::audit::AuditEvent;
 use crate::error::ApiError;
 use crate::keys::Tenant;
 
@@ -72,16 +72,11 @@ impl Sessions {
                 Err(e) => Some(e.to_string()),
             };
             audit
-                .record(&NewEvent {
-                    tenant: Some(&s.tenant.0),
-                    sandbox: Some(&s.id),
-                    tier: Some(s.tier),
-                    event: AuditEvent::PortOpen {
-                        port,
-                        via: via.to_string(),
-                        error,
-                    },
-                })
+                .record(&s.row(AuditEvent::PortOpen {
+                    port,
+                    via: via.to_string(),
+                    error,
+                }))
                 .map_err(audit_err)?;
             r.map_err(ApiError::from)
         })

@@ -343,12 +343,7 @@ impl Procs {
         self.sessions
             .audit
             .store
-            .record(&NewEvent {
-                tenant: Some(&s.tenant.0),
-                sandbox: Some(&s.id),
-                tier: Some(s.tier),
-                event: AuditEvent::ExecBackgroundEnd(row),
-            })
+            .record(&s.row(AuditEvent::ExecBackgroundEnd(row)))
             .map(|_| ())
             .map_err(audit_err)
     }
@@ -432,21 +427,16 @@ impl Procs {
             svc.sessions
                 .audit
                 .store
-                .record(&NewEvent {
-                    tenant: Some(&s.tenant.0),
-                    sandbox: Some(&s.id),
-                    tier: Some(s.tier),
-                    event: AuditEvent::ExecBackground {
-                        exec: exec_id.clone(),
-                        command: AuditCommand {
-                            command_sha256: digest,
-                            command_kind: kind.to_string(),
-                            lang: None,
-                            limits: s.spec.limits.clone(),
-                        },
-                        error: r.as_ref().err().map(ApiError::failure),
+                .record(&s.row(AuditEvent::ExecBackground {
+                    exec: exec_id.clone(),
+                    command: AuditCommand {
+                        command_sha256: digest,
+                        command_kind: kind.to_string(),
+                        lang: None,
+                        limits: s.spec.limits.clone(),
                     },
-                })
+                    error: r.as_ref().err().map(ApiError::failure),
+                }))
                 .map_err(audit_err)?;
             r?;
             let exec_id = exec_id.unwrap_or_default();

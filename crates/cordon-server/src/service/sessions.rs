@@ -72,6 +72,16 @@ pub(super) struct Session {
 }
 
 impl Session {
+    /// An audit row of this sandbox's: its tenant, id and tier.
+    pub(super) fn row(&self, event: AuditEvent) -> NewEvent<'_> {
+        NewEvent {
+            tenant: Some(&self.tenant.0),
+            sandbox: Some(&self.id),
+            tier: Some(self.tier),
+            event,
+        }
+    }
+
     /// A session for a sandbox just acquired: `(ttl, idle)` bound its life; a one-shot
     /// run's starts `busy` and unbounded (its own task ends it).
     pub(super) fn new(

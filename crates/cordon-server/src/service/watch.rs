@@ -11,7 +11,7 @@ use cordon_core::{Feature, WatchEvent, WatchOp, WatchReply, validate_sandbox_dir
 use super::common::{audit_err, blocking};
 use super::procs::on_sandbox;
 use super::sessions::Sessions;
-use crate::audit::{AuditEvent, NewEvent};
+use crate::audit::AuditEvent;
 use crate::error::ApiError;
 use crate::keys::Tenant;
 
@@ -53,17 +53,12 @@ impl Sessions {
             };
             let r = on_sandbox(&s, |sb| sb.watch(&op));
             audit
-                .record(&NewEvent {
-                    tenant: Some(&s.tenant.0),
-                    sandbox: Some(&s.id),
-                    tier: Some(s.tier),
-                    event: AuditEvent::WatchStart {
-                        path,
-                        recursive,
-                        via: via.to_string(),
-                        error: r.as_ref().err().map(|e| e.message.clone()),
-                    },
-                })
+                .record(&s.row(AuditEvent::WatchStart {
+                    path,
+                    recursive,
+                    via: via.to_string(),
+                    error: r.as_ref().err().map(|e| e.message.clone()),
+                }))
                 .map_err(audit_err)?;
             match r? {
                 WatchReply::Started { id } => Ok(id),

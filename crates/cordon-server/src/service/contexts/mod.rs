@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use super::common::{Chunk, ChunkSender, blocking, gone, lock};
 use super::procs::on_sandbox;
 use super::sessions::{Session, Sessions};
-use crate::audit::{AuditEvent, ContextRun, ContextStop, NewEvent, now_ms};
+use crate::audit::{AuditEvent, ContextRun, ContextStop, now_ms};
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
 use crate::model::{CellBody, CellLogs, CellOutput, CellResult, ContextBody, ContextInfo};
@@ -252,12 +252,7 @@ impl Contexts {
 
     fn record_row(&self, s: &Session, event: AuditEvent) {
         let kind = event.kind();
-        let r = self.sessions.audit.store.record(&NewEvent {
-            tenant: Some(&s.tenant.0),
-            sandbox: Some(&s.id),
-            tier: Some(s.tier),
-            event,
-        });
+        let r = self.sessions.audit.store.record(&s.row(event));
         if let Err(e) = r {
             tracing::error!("the {kind} audit row could not be written: {e}");
         }
