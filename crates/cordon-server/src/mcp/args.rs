@@ -7,6 +7,34 @@ use serde::{Deserialize, Serialize};
 use cordon_core::Language;
 use cordon_core::units::Dur;
 
+/// The arguments of a tool that runs a program in a sandbox, declared once for `exec` and
+/// `start_background`: the sandbox, the program (code in its language, or an argv) and its
+/// environment, then the tool's own fields. A macro, not a flattened struct: serde does
+/// not refuse unknown fields through `flatten`, and every tool's arguments refuse them.
+macro_rules! program_args {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident: $t:ty,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Deserialize, schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            /// The sandbox's id from create_sandbox.
+            pub sandbox: String,
+            /// Source code (its language in lang, default python), or leave out and give argv.
+            #[serde(default)]
+            pub code: Option<String>,
+            #[serde(default)]
+            pub lang: Option<Language>,
+            /// A program and its arguments, run without a shell.
+            #[serde(default)]
+            pub argv: Option<Vec<String>>,
+            /// Environment variables of this exec.
+            #[serde(default)]
+            pub env: BTreeMap<String, String>,
+            $($(#[$fm])* pub $f: $t,)*
+        }
+    };
+}
+
 /// One sandbox, by the id create_sandbox answered.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -23,34 +51,22 @@ pub struct ListSandboxesArgs {
     pub labels: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExecArgs {
-    /// The sandbox's id from create_sandbox.
-    pub sandbox: String,
-    /// Source code (its language in lang, default python), or leave out and give argv.
-    #[serde(default)]
-    pub code: Option<String>,
-    #[serde(default)]
-    pub lang: Option<Language>,
-    /// A program and its arguments, run without a shell.
-    #[serde(default)]
-    pub argv: Option<Vec<String>>,
-    /// Arguments after the code.
-    #[serde(default)]
-    pub args: Vec<String>,
-    /// Environment variables of this exec.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Its working directory, under /work.
-    #[serde(default)]
-    pub cwd: Option<String>,
-    /// Past this the exec's whole process tree is killed (at most the sandbox's timeout).
-    #[serde(default)]
-    pub timeout: Option<Dur>,
-    /// Standard input as text.
-    #[serde(default)]
-    pub stdin: Option<String>,
+program_args! {
+    // exec: a program run to its end.
+    pub struct ExecArgs {
+        /// Arguments after the code.
+        #[serde(default)]
+        pub args: Vec<String>,
+        /// Its working directory, under /work.
+        #[serde(default)]
+        pub cwd: Option<String>,
+        /// Past this the exec's whole process tree is killed (at most the sandbox's timeout).
+        #[serde(default)]
+        pub timeout: Option<Dur>,
+        /// Standard input as text.
+        #[serde(default)]
+        pub stdin: Option<String>,
+    }
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -131,26 +147,14 @@ pub struct PauseArgs {
     pub to_disk: bool,
 }
 
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct StartArgs {
-    /// The sandbox's id from create_sandbox.
-    pub sandbox: String,
-    /// Source code (its language in lang, default python), or leave out and give argv.
-    #[serde(default)]
-    pub code: Option<String>,
-    #[serde(default)]
-    pub lang: Option<Language>,
-    /// A program and its arguments, run without a shell.
-    #[serde(default)]
-    pub argv: Option<Vec<String>>,
-    /// Environment variables of this exec.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Run it on a pseudo-terminal of this size (an interactive program: a REPL, an editor,
-    /// a TUI); its output is all stdout. resize_exec changes the size.
-    #[serde(default)]
-    pub pty: Option<cordon_core::PtySize>,
+program_args! {
+    // start_background: a program started in the background.
+    pub struct StartArgs {
+        /// Run it on a pseudo-terminal of this size (an interactive program: a REPL, an
+        /// editor, a TUI); its output is all stdout. resize_exec changes the size.
+        #[serde(default)]
+        pub pty: Option<cordon_core::PtySize>,
+    }
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
