@@ -544,6 +544,14 @@ mod tests {
         Grants::compile(&[g], "sb-test").unwrap()
     }
 
+    /// Headers whose `authorization` is the grant's placeholder as a bearer token.
+    fn bearer(g: &Grants) -> HeaderMap {
+        let ph = &g.list[0].placeholder;
+        let mut hm = HeaderMap::new();
+        hm.insert("authorization", format!("Bearer {ph}").parse().unwrap());
+        hm
+    }
+
     fn h(s: &str) -> Host {
         Host::parse(s).unwrap()
     }
@@ -620,9 +628,7 @@ mod tests {
     fn swap_only_for_matching_host_method_path_and_header() {
         let d = tempfile::tempdir().unwrap();
         let g = grants(&d);
-        let ph = g.list[0].placeholder.clone();
-        let mut hm = HeaderMap::new();
-        hm.insert("authorization", format!("Bearer {ph}").parse().unwrap());
+        let mut hm = bearer(&g);
         let hits = g.find("/repos/me/x", &hm);
         assert_eq!(hits.len(), 1);
         let ok = g.decide(&h("api.gh.test"), true, &Method::GET, "/repos/me/x", &hits);
@@ -731,9 +737,7 @@ mod tests {
     fn path_parameters_and_method_overrides_never_carry_a_secret() {
         let d = tempfile::tempdir().unwrap();
         let g = grants(&d);
-        let ph = g.list[0].placeholder.clone();
-        let mut hm = HeaderMap::new();
-        hm.insert("authorization", format!("Bearer {ph}").parse().unwrap());
+        let mut hm = bearer(&g);
         let hits = g.find("/repos/me/x", &hm);
         for path in [
             "/repos/me/..;/admin",

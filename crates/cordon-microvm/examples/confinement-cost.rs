@@ -10,17 +10,10 @@ use std::time::Instant;
 
 use cordon_core::{Sandbox, SandboxSpec, Tier};
 use cordon_microvm::{MicrovmBackend, MicrovmConfig};
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
+use cordon_testkit::bench::{median, rounds};
 
 fn main() {
-    let rounds: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(50);
+    let rounds = rounds(50);
     let exe = std::env::current_exe().unwrap();
     let stand_in = exe.parent().unwrap().join("stand-in-qemu");
     assert!(

@@ -7,17 +7,10 @@ use std::time::Instant;
 
 use cordon_core::{ExecRequest, Language, OutputStream, Sandbox, SandboxSpec, Tier};
 use cordon_microvm::{MicrovmBackend, MicrovmConfig};
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
+use cordon_testkit::bench::{median, rounds};
 
 fn main() {
-    let rounds: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+    let rounds = rounds(5);
     let backend = MicrovmBackend::new(MicrovmConfig::discover());
     let (accel, why) = backend.accel().clone();
     let spec = SandboxSpec::new(Tier::Microvm);

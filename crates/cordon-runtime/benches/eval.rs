@@ -5,30 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench panics on failure by design
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cordon_core::{Backend, ExecRequest, Language, OutputStream, Sandbox, SandboxSpec, Tier};
+use cordon_core::{Backend, ExecRequest, Language, SandboxSpec, Tier};
 use cordon_runtime::RuntimeBackend;
+use cordon_testkit::bench::{exec_all, exec_ok, median_time};
 use criterion::{Criterion, criterion_group, criterion_main};
-
-fn exec(sb: &mut dyn Sandbox, req: &ExecRequest) {
-    let mut sink = |_: OutputStream, _: &[u8]| {};
-    let o = sb.exec(req, &mut sink).unwrap();
-    assert!(o.success(), "{o:?}");
-}
-
-fn median(mut f: impl FnMut(), n: usize) -> Duration {
-    f();
-    let mut v: Vec<Duration> = (0..n)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .collect();
-    v.sort();
-    v[n / 2]
-}
 
 fn snippets() -> Vec<ExecRequest> {
     let js = [
@@ -49,15 +31,8 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     let one = ExecRequest::code(Language::Javascript, "1 + 2");
     let all = snippets();
-    let eval = median(|| exec(sb.as_mut(), &one), 300);
-    let forty = median(
-        || {
-            for r in &all {
-                exec(sb.as_mut(), r);
-            }
-        },
-        15,
-    );
+    let eval = median_time(|| exec_ok(sb.as_mut(), &one), 300);
+    let forty = median_time(|| exec_all(sb.as_mut(), &all), 15);
     println!("\n== cordon runtime tier: medians ==");
     println!(
         "runtime eval '1 + 2'              {:8.3} ms",
@@ -70,15 +45,9 @@ fn bench(c: &mut Criterion) {
     );
     let mut g = c.benchmark_group("runtime");
     g.sample_size(50).measurement_time(Duration::from_secs(3));
-    g.bench_function("eval_trivial", |x| x.iter(|| exec(sb.as_mut(), &one)));
+    g.bench_function("eval_trivial", |x| x.iter(|| exec_ok(sb.as_mut(), &one)));
     g.sample_size(10);
-    g.bench_function("40_snippets", |x| {
-        x.iter(|| {
-            for r in &all {
-                exec(sb.as_mut(), r);
-            }
-        })
-    });
+    g.bench_function("40_snippets", |x| x.iter(|| exec_all(sb.as_mut(), &all)));
     g.finish();
 }
 

@@ -374,14 +374,7 @@ fn pack(root: &Path, out: impl io::Write, limits: &ImportLimits) -> Result<()> {
             if !(ft.is_dir() || ft.is_file() || ft.is_symlink()) {
                 continue;
             }
-            files += 1;
-            if files > limits.files {
-                return Err(TemplateError::Limit {
-                    what: "entries",
-                    flag: "files",
-                    limit: limits.files,
-                });
-            }
+            limits.count_entry(&mut files)?;
             if ft.is_file() {
                 let m = e
                     .metadata()

@@ -5,6 +5,7 @@
 //! of Cordon itself. [`procs`] finds processes left running by a given binary.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod bench;
 pub mod cli;
 pub mod egress;
 pub mod escape;

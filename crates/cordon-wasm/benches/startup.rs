@@ -8,9 +8,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench panics on failure by design
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cordon_core::{Backend, ExecRequest, Language, OutputStream, Sandbox, SandboxSpec, Tier};
+use cordon_core::{Backend, ExecRequest, Language, Sandbox, SandboxSpec, Tier};
+use cordon_testkit::bench::{exec_all, exec_ok, median_time};
 use cordon_wasm::{Guest, WasmBackend};
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -20,12 +21,6 @@ fn sandbox(b: &WasmBackend) -> Box<dyn Sandbox> {
             .unwrap_or_else(|e| panic!("the wasm guests are missing ({e}); run scripts/setup.sh"));
     }
     b.create(&SandboxSpec::new(Tier::Wasm)).unwrap()
-}
-
-fn exec(sb: &mut dyn Sandbox, req: &ExecRequest) {
-    let mut sink = |_: OutputStream, _: &[u8]| {};
-    let o = sb.exec(req, &mut sink).unwrap();
-    assert!(o.success(), "{o:?}");
 }
 
 fn native_python() {
@@ -64,37 +59,17 @@ fn snippets() -> Vec<ExecRequest> {
     v
 }
 
-fn median(mut f: impl FnMut(), n: usize) -> Duration {
-    f();
-    let mut v: Vec<Duration> = (0..n)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .collect();
-    v.sort();
-    v[n / 2]
-}
-
 fn figures() {
     let b = WasmBackend::new();
     let mut sb = sandbox(&b);
     let py = ExecRequest::code(Language::Python, "print(1)");
     let js = ExecRequest::code(Language::Javascript, "console.log(1)");
     let all = snippets();
-    let native = median(native_python, 30);
-    let wasm_py = median(|| exec(sb.as_mut(), &py), 100);
-    let wasm_js = median(|| exec(sb.as_mut(), &js), 200);
-    let forty = median(
-        || {
-            for r in &all {
-                exec(sb.as_mut(), r);
-            }
-        },
-        7,
-    );
-    let create = median(
+    let native = median_time(native_python, 30);
+    let wasm_py = median_time(|| exec_ok(sb.as_mut(), &py), 100);
+    let wasm_js = median_time(|| exec_ok(sb.as_mut(), &js), 200);
+    let forty = median_time(|| exec_all(sb.as_mut(), &all), 7);
+    let create = median_time(
         || {
             let mut s = b.create(&SandboxSpec::new(Tier::Wasm)).unwrap();
             s.destroy().unwrap();
@@ -129,17 +104,15 @@ fn bench(c: &mut Criterion) {
     g.sample_size(30).measurement_time(Duration::from_secs(3));
     g.bench_function("native_python3_print", |x| x.iter(native_python));
     let py = ExecRequest::code(Language::Python, "print(1)");
-    g.bench_function("wasm_python_print", |x| x.iter(|| exec(sb.as_mut(), &py)));
+    g.bench_function("wasm_python_print", |x| {
+        x.iter(|| exec_ok(sb.as_mut(), &py))
+    });
     let js = ExecRequest::code(Language::Javascript, "console.log(1)");
-    g.bench_function("wasm_js_print", |x| x.iter(|| exec(sb.as_mut(), &js)));
+    g.bench_function("wasm_js_print", |x| x.iter(|| exec_ok(sb.as_mut(), &js)));
     let all = snippets();
     g.sample_size(10);
     g.bench_function("wasm_40_snippets", |x| {
-        x.iter(|| {
-            for r in &all {
-                exec(sb.as_mut(), r);
-            }
-        })
+        x.iter(|| exec_all(sb.as_mut(), &all))
     });
     g.finish();
 }

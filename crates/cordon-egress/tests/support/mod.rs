@@ -62,6 +62,18 @@ impl Recorder {
 static BIG: std::sync::LazyLock<Bytes> =
     std::sync::LazyLock::new(|| Bytes::from(vec![b'x'; 64 << 20]));
 
+/// A request's or response's headers as (name, value) text, in their order.
+fn header_pairs(h: &hyper::HeaderMap) -> Vec<(String, String)> {
+    h.iter()
+        .map(|(n, v)| {
+            (
+                n.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
 async fn upstream_svc(
     rec: Recorder,
     req: Request<Incoming>,
@@ -70,16 +82,7 @@ async fn upstream_svc(
     let target = req.uri().to_string();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
-    let headers: Vec<(String, String)> = req
-        .headers()
-        .iter()
-        .map(|(n, v)| {
-            (
-                n.to_string(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
+    let headers = header_pairs(req.headers());
     let body = req
         .into_body()
         .collect()
@@ -257,16 +260,7 @@ pub async fn send(
     let req = req.body(Full::new(Bytes::from(body))).unwrap();
     let resp = sender.send_request(req).await?;
     let status = resp.status().as_u16();
-    let headers = resp
-        .headers()
-        .iter()
-        .map(|(n, v)| {
-            (
-                n.to_string(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
+    let headers = header_pairs(resp.headers());
     let body = resp.into_body().collect().await?.to_bytes().to_vec();
     Ok(Got {
         status,

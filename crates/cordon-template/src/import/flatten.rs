@@ -192,14 +192,7 @@ impl Flatten {
             {
                 continue;
             }
-            self.files += 1;
-            if self.files > self.limits.files {
-                return Err(TemplateError::Limit {
-                    what: "entries",
-                    flag: "files",
-                    limit: self.limits.files,
-                });
-            }
+            self.limits.count_entry(&mut self.files)?;
             let placed = match clean(&path) {
                 Some(rel) => match self.place(&rel, false) {
                     Place::At(to) => self.put(i, &mut e, &to)?,

@@ -54,14 +54,7 @@ pub(super) fn unpack_outer(archive: &Path, dest: &Path, limits: &ImportLimits) -
     let (mut bytes, mut count) = (0u64, 0u64);
     for entry in ar.entries().map_err(bad)? {
         let mut e = entry.map_err(bad)?;
-        count += 1;
-        if count > limits.files {
-            return Err(TemplateError::Limit {
-                what: "entries",
-                flag: "files",
-                limit: limits.files,
-            });
-        }
+        limits.count_entry(&mut count)?;
         if !e.header().entry_type().is_file() {
             continue;
         }

@@ -65,6 +65,22 @@ pub struct ImportLimits {
 /// The default of [`ImportLimits::store_bytes`]: 64 GiB.
 pub const DEFAULT_STORE_BYTES: u64 = 64 << 30;
 
+impl ImportLimits {
+    /// Counts one more entry against [`ImportLimits::files`] (the image file's and all
+    /// layers' together, in `count`).
+    pub(crate) fn count_entry(&self, count: &mut u64) -> Result<(), TemplateError> {
+        *count += 1;
+        if *count > self.files {
+            return Err(TemplateError::Limit {
+                what: "entries",
+                flag: "files",
+                limit: self.files,
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Default for ImportLimits {
     fn default() -> Self {
         ImportLimits {
