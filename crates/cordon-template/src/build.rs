@@ -394,14 +394,7 @@ fn pack(root: &Path, out: impl io::Write, limits: &ImportLimits) -> Result<()> {
                     }
                     first_names.insert((m.dev(), m.ino()), sub.clone());
                 }
-                bytes = bytes.saturating_add(m.len());
-                if bytes > limits.unpacked_bytes {
-                    return Err(TemplateError::Limit {
-                        what: "uncompressed layer bytes",
-                        flag: "unpacked-bytes",
-                        limit: limits.unpacked_bytes,
-                    });
-                }
+                limits.count_unpacked(&mut bytes, m.len())?;
             }
             tar.append_path_with_name(e.path(), &sub)
                 .map_err(|e| TemplateError::Io {

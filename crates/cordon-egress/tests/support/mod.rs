@@ -154,29 +154,20 @@ pub struct Upstream {
 
 /// A plain HTTP upstream on 127.0.0.1.
 pub async fn http_upstream() -> Upstream {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let rec = Recorder::default();
-    let r = rec.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = l.accept().await else { return };
-            let _ = s.set_nodelay(true);
-            let r = r.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| upstream_svc(r.clone(), req));
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(s), svc)
-                    .await;
-            });
-        }
-    });
-    Upstream { addr, rec }
+    upstream(None).await
 }
 
 /// An HTTPS upstream on 127.0.0.1 with a certificate for `names` from `ca`.
 pub async fn https_upstream(ca: &TestCa, names: &[&str]) -> Upstream {
-    let acceptor = tokio_rustls::TlsAcceptor::from(ca.server_config(names));
+    upstream(Some(tokio_rustls::TlsAcceptor::from(
+        ca.server_config(names),
+    )))
+    .await
+}
+
+/// An upstream on 127.0.0.1 recording what it is sent: TLS through `tls` when given, else
+/// plain HTTP.
+async fn upstream(tls: Option<tokio_rustls::TlsAcceptor>) -> Upstream {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let rec = Recorder::default();
@@ -186,15 +177,19 @@ pub async fn https_upstream(ca: &TestCa, names: &[&str]) -> Upstream {
             let Ok((s, _)) = l.accept().await else { return };
             let _ = s.set_nodelay(true);
             let r = r.clone();
-            let acceptor = acceptor.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(s).await else {
-                    return;
-                };
                 let svc = service_fn(move |req| upstream_svc(r.clone(), req));
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
+                let http = hyper::server::conn::http1::Builder::new();
+                let _ = match tls {
+                    None => http.serve_connection(TokioIo::new(s), svc).await,
+                    Some(acceptor) => {
+                        let Ok(tls) = acceptor.accept(s).await else {
+                            return;
+                        };
+                        http.serve_connection(TokioIo::new(tls), svc).await
+                    }
+                };
             });
         }
     });

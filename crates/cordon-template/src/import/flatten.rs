@@ -250,14 +250,7 @@ impl Flatten {
             T::Regular | T::Continuous | T::GNUSparse => {
                 // A sparse entry's length is what it expands to, not what the stream
                 // carries: bounded here, before its zeros are read.
-                self.unpacked = self.unpacked.saturating_add(e.size());
-                if self.unpacked > self.limits.unpacked_bytes {
-                    return Err(TemplateError::Limit {
-                        what: "uncompressed layer bytes",
-                        flag: "unpacked-bytes",
-                        limit: self.limits.unpacked_bytes,
-                    });
-                }
+                self.limits.count_unpacked(&mut self.unpacked, e.size())?;
                 remove_any(&to)?;
                 let perm = sanitize(mode, false, &mut self.setid_cleared);
                 let mut out = create_new(&to).map_err(TemplateError::io("creating a file"))?;

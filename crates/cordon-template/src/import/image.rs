@@ -65,14 +65,7 @@ pub(super) fn unpack_outer(archive: &Path, dest: &Path, limits: &ImportLimits) -
                 path.display()
             )));
         };
-        bytes = bytes.saturating_add(e.size());
-        if bytes > limits.archive_bytes {
-            return Err(TemplateError::Limit {
-                what: "image bytes",
-                flag: "archive-bytes",
-                limit: limits.archive_bytes,
-            });
-        }
+        limits.count_archive(&mut bytes, e.size())?;
         let to = dest.join(&rel);
         if let Some(parent) = to.parent() {
             fs::DirBuilder::new()

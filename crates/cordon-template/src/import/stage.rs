@@ -69,16 +69,41 @@ impl ImportLimits {
     /// Counts one more entry against [`ImportLimits::files`] (the image file's and all
     /// layers' together, in `count`).
     pub(crate) fn count_entry(&self, count: &mut u64) -> Result<(), TemplateError> {
-        *count += 1;
-        if *count > self.files {
-            return Err(TemplateError::Limit {
-                what: "entries",
-                flag: "files",
-                limit: self.files,
-            });
-        }
-        Ok(())
+        within(count, 1, (self.files, "entries", "files"))
     }
+
+    /// Counts `len` more uncompressed layer bytes against [`ImportLimits::unpacked_bytes`].
+    pub(crate) fn count_unpacked(&self, total: &mut u64, len: u64) -> Result<(), TemplateError> {
+        let limit = (
+            self.unpacked_bytes,
+            "uncompressed layer bytes",
+            "unpacked-bytes",
+        );
+        within(total, len, limit)
+    }
+
+    /// Counts `len` more bytes of the image file against [`ImportLimits::archive_bytes`].
+    pub(crate) fn count_archive(&self, total: &mut u64, len: u64) -> Result<(), TemplateError> {
+        within(
+            total,
+            len,
+            (self.archive_bytes, "image bytes", "archive-bytes"),
+        )
+    }
+}
+
+/// Adds `n` to `total`; past `limit` (what it counts, the flag that raises it) the import
+/// ends with [`TemplateError::Limit`].
+fn within(
+    total: &mut u64,
+    n: u64,
+    (limit, what, flag): (u64, &'static str, &'static str),
+) -> Result<(), TemplateError> {
+    *total = total.saturating_add(n);
+    if *total > limit {
+        return Err(TemplateError::Limit { what, flag, limit });
+    }
+    Ok(())
 }
 
 impl Default for ImportLimits {
