@@ -248,27 +248,7 @@ impl Log {
 }
 
 fn dispatch(cli: Cli) -> Result<i32> {
-    // The monitor and the exec relay hold nothing of their caller's but what they were
-    // told of: its other open descriptors would reach the sandbox's process 1 and helpers.
-    match &cli.command {
-        Cmd::Monitor {
-            ready_fd,
-            console_fd,
-            ..
-        } => cordon_oci::close_inherited(
-            &[Some(*ready_fd), *console_fd]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>(),
-        ),
-        Cmd::ExecMonitor {
-            ready_fd,
-            process_fd,
-            ..
-        } => cordon_oci::close_inherited(&[*ready_fd, *process_fd]),
-        _ => Ok(()),
-    }
-    .context("closing the caller's descriptors")?;
+    close_callers_fds(&cli.command).context("closing the caller's descriptors")?;
     let root = Root::new(cli.root.as_deref());
     let cfg = cli.cordon_config.as_deref();
     match cli.command {
@@ -288,40 +268,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
             start(&root, &id)?;
             Ok(0)
         }
-        Cmd::State { id } => {
-            let r = root.load(&id)?;
-            let status = r.status_now();
-            #[derive(serde::Serialize)]
-            #[serde(rename_all = "camelCase")]
-            struct State<'a> {
-                oci_version: &'a str,
-                id: &'a str,
-                status: Status,
-                pid: i32,
-                bundle: &'a Path,
-                rootfs: PathBuf,
-                created: &'a str,
-                owner: &'a str,
-                annotations: &'a std::collections::BTreeMap<String, String>,
-            }
-            let rootfs = cordon_oci::bundle::load(&r.bundle)
-                .ok()
-                .and_then(|s| cordon_oci::bundle::rootfs(&s, &r.bundle).ok())
-                .unwrap_or_default();
-            let s = State {
-                oci_version: "1.0.2",
-                id: &r.id,
-                status,
-                pid: if status == Status::Stopped { 0 } else { r.pid },
-                bundle: &r.bundle,
-                rootfs,
-                created: &r.created,
-                owner: "",
-                annotations: &r.annotations,
-            };
-            say!("{}", serde_json::to_string_pretty(&s)?);
-            Ok(0)
-        }
+        Cmd::State { id } => state(&root, &id),
         Cmd::Kill { id, signal, all } => {
             kill(&root, &id, parse_signal(&signal)?, all)?;
             Ok(0)
@@ -330,90 +277,10 @@ fn dispatch(cli: Cli) -> Result<i32> {
             delete(&root, &id, force)?;
             Ok(0)
         }
-        Cmd::Update { id, resources } => {
-            let text = if resources == Path::new("-") {
-                let mut s = String::new();
-                std::io::stdin().read_to_string(&mut s)?;
-                s
-            } else {
-                std::fs::read_to_string(&resources)
-                    .with_context(|| format!("reading {}", resources.display()))?
-            };
-            let res: oci_spec::runtime::LinuxResources = serde_json::from_str(&text)
-                .context("the resources are not OCI linux.resources JSON")?;
-            let node = NodeConfig::load(cfg)?;
-            cordon_oci::update::update(&root, &node, &id, res)?;
-            Ok(0)
-        }
+        Cmd::Update { id, resources } => update(&root, cfg, &id, &resources),
         Cmd::Exec(a) => exec(&root, &a),
-        Cmd::Ps { id, format, .. } => {
-            let r = root.load(&id)?;
-            let pids = if r.alive() {
-                match Conn::connect(&root.dir(&id)).and_then(|c| c.call(&Request::Ps, &[])) {
-                    Ok(Reply::Pids { pids }) => pids,
-                    _ => r
-                        .sandbox
-                        .as_deref()
-                        .map(|s| monitor::sandbox_pids(s, r.cgroup.as_deref()))
-                        .unwrap_or_default(),
-                }
-            } else {
-                Vec::new()
-            };
-            if format == "json" {
-                say!("{}", serde_json::to_string(&pids)?);
-            } else {
-                say!("PID");
-                for p in pids {
-                    say!("{p}");
-                }
-            }
-            Ok(0)
-        }
-        Cmd::List { format, quiet } => {
-            let records: Vec<_> = root
-                .ids()
-                .iter()
-                .filter_map(|i| root.load(i).ok())
-                .collect();
-            if quiet {
-                for r in &records {
-                    say!("{}", r.id);
-                }
-            } else if format == "json" {
-                #[derive(serde::Serialize)]
-                struct Item<'a> {
-                    id: &'a str,
-                    pid: i32,
-                    status: Status,
-                    bundle: &'a Path,
-                    created: &'a str,
-                }
-                let items: Vec<Item> = records
-                    .iter()
-                    .map(|r| Item {
-                        id: &r.id,
-                        pid: r.pid,
-                        status: r.status_now(),
-                        bundle: &r.bundle,
-                        created: &r.created,
-                    })
-                    .collect();
-                say!("{}", serde_json::to_string(&items)?);
-            } else {
-                say!("ID\tPID\tSTATUS\tBUNDLE");
-                for r in &records {
-                    say!(
-                        "{}\t{}\t{:?}\t{}",
-                        r.id,
-                        r.pid,
-                        r.status_now(),
-                        r.bundle.display()
-                    );
-                }
-            }
-            Ok(0)
-        }
+        Cmd::Ps { id, format, .. } => ps(&root, &id, &format),
+        Cmd::List { format, quiet } => list(&root, &format, quiet),
         Cmd::Features => {
             say!("{}", serde_json::to_string_pretty(&features())?);
             Ok(0)
@@ -429,19 +296,173 @@ fn dispatch(cli: Cli) -> Result<i32> {
             process_fd,
             ready_fd,
             console_socket,
-        } => {
-            let ready = cordon_oci_ready(ready_fd)?;
-            let mut json = Vec::new();
-            std::fs::File::from(
-                cordon_oci::inherited_fd(process_fd).context("the process's pipe")?,
-            )
-            .read_to_end(&mut json)
-            .context("reading the process")?;
-            let process: ProcessSpec =
-                serde_json::from_slice(&json).context("reading the process")?;
-            exec_in(&root, &id, &process, console_socket.as_deref(), Some(ready))
+        } => exec_monitor(&root, &id, process_fd, ready_fd, console_socket.as_deref()),
+    }
+}
+
+/// The monitor and the exec relay hold nothing of their caller's but what they were told
+/// of: its other open descriptors would reach the sandbox's process 1 and helpers.
+fn close_callers_fds(command: &Cmd) -> std::io::Result<()> {
+    match command {
+        Cmd::Monitor {
+            ready_fd,
+            console_fd,
+            ..
+        } => cordon_oci::close_inherited(
+            &[Some(*ready_fd), *console_fd]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>(),
+        ),
+        Cmd::ExecMonitor {
+            ready_fd,
+            process_fd,
+            ..
+        } => cordon_oci::close_inherited(&[*ready_fd, *process_fd]),
+        _ => Ok(()),
+    }
+}
+
+/// `state`: the container's OCI state, as JSON.
+fn state(root: &Root, id: &str) -> Result<i32> {
+    let r = root.load(id)?;
+    let status = r.status_now();
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct State<'a> {
+        oci_version: &'a str,
+        id: &'a str,
+        status: Status,
+        pid: i32,
+        bundle: &'a Path,
+        rootfs: PathBuf,
+        created: &'a str,
+        owner: &'a str,
+        annotations: &'a std::collections::BTreeMap<String, String>,
+    }
+    let rootfs = cordon_oci::bundle::load(&r.bundle)
+        .ok()
+        .and_then(|s| cordon_oci::bundle::rootfs(&s, &r.bundle).ok())
+        .unwrap_or_default();
+    let s = State {
+        oci_version: "1.0.2",
+        id: &r.id,
+        status,
+        pid: if status == Status::Stopped { 0 } else { r.pid },
+        bundle: &r.bundle,
+        rootfs,
+        created: &r.created,
+        owner: "",
+        annotations: &r.annotations,
+    };
+    say!("{}", serde_json::to_string_pretty(&s)?);
+    Ok(0)
+}
+
+/// `update`: new resources (OCI `linux.resources` JSON, from a file or `-` for stdin).
+fn update(root: &Root, cfg: Option<&Path>, id: &str, resources: &Path) -> Result<i32> {
+    let text = if resources == Path::new("-") {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        s
+    } else {
+        std::fs::read_to_string(resources)
+            .with_context(|| format!("reading {}", resources.display()))?
+    };
+    let res: oci_spec::runtime::LinuxResources =
+        serde_json::from_str(&text).context("the resources are not OCI linux.resources JSON")?;
+    let node = NodeConfig::load(cfg)?;
+    cordon_oci::update::update(root, &node, id, res)?;
+    Ok(0)
+}
+
+/// `ps`: the container's processes, as the monitor sees them (else from its sandbox).
+fn ps(root: &Root, id: &str, format: &str) -> Result<i32> {
+    let r = root.load(id)?;
+    let pids = if r.alive() {
+        match Conn::connect(&root.dir(id)).and_then(|c| c.call(&Request::Ps, &[])) {
+            Ok(Reply::Pids { pids }) => pids,
+            _ => r
+                .sandbox
+                .as_deref()
+                .map(|s| monitor::sandbox_pids(s, r.cgroup.as_deref()))
+                .unwrap_or_default(),
+        }
+    } else {
+        Vec::new()
+    };
+    if format == "json" {
+        say!("{}", serde_json::to_string(&pids)?);
+    } else {
+        say!("PID");
+        for p in pids {
+            say!("{p}");
         }
     }
+    Ok(0)
+}
+
+/// `list`: the containers of this root (ids only with `quiet`).
+fn list(root: &Root, format: &str, quiet: bool) -> Result<i32> {
+    let records: Vec<_> = root
+        .ids()
+        .iter()
+        .filter_map(|i| root.load(i).ok())
+        .collect();
+    if quiet {
+        for r in &records {
+            say!("{}", r.id);
+        }
+    } else if format == "json" {
+        #[derive(serde::Serialize)]
+        struct Item<'a> {
+            id: &'a str,
+            pid: i32,
+            status: Status,
+            bundle: &'a Path,
+            created: &'a str,
+        }
+        let items: Vec<Item> = records
+            .iter()
+            .map(|r| Item {
+                id: &r.id,
+                pid: r.pid,
+                status: r.status_now(),
+                bundle: &r.bundle,
+                created: &r.created,
+            })
+            .collect();
+        say!("{}", serde_json::to_string(&items)?);
+    } else {
+        say!("ID\tPID\tSTATUS\tBUNDLE");
+        for r in &records {
+            say!(
+                "{}\t{}\t{:?}\t{}",
+                r.id,
+                r.pid,
+                r.status_now(),
+                r.bundle.display()
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// The exec relay: reads the process to run from its pipe, then runs it in the container.
+fn exec_monitor(
+    root: &Root,
+    id: &str,
+    process_fd: i32,
+    ready_fd: i32,
+    console_socket: Option<&Path>,
+) -> Result<i32> {
+    let ready = cordon_oci_ready(ready_fd)?;
+    let mut json = Vec::new();
+    std::fs::File::from(cordon_oci::inherited_fd(process_fd).context("the process's pipe")?)
+        .read_to_end(&mut json)
+        .context("reading the process")?;
+    let process: ProcessSpec = serde_json::from_slice(&json).context("reading the process")?;
+    exec_in(root, id, &process, console_socket, Some(ready))
 }
 
 fn cordon_oci_ready(fd: i32) -> Result<std::fs::File> {

@@ -30,6 +30,9 @@ use crate::{OciError, Result};
 
 pub use crate::prepare::{Prepared, ROOTS_AT, Setup, prepare};
 
+/// How the container (or a process) ended: its exit code, or the signal that ended it.
+type Ended = (Option<i32>, Option<i32>);
+
 /// One process of the container: the first is the container's own. Its stdin, stdout and
 /// stderr are the caller's own descriptors, passed to the sandbox; none is held here.
 struct Proc {
@@ -100,31 +103,105 @@ const RELAY_LOOK_MAX_MS: u16 = 50;
 /// container's process ends, then destroy the sandbox and end as it did.
 pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
     let Prepared {
-        mut sandbox,
+        sandbox,
         process,
-        mut record,
-        mut terminal,
+        record,
+        terminal,
     } = prepared;
-    // The signals an engine sends the container's pid are read as data, not handled
-    // asynchronously.
+    let mut m = Monitor {
+        root,
+        listener,
+        sigfd: forwarded_signals(),
+        sandbox,
+        process,
+        record,
+        terminal,
+        procs: Vec::new(),
+        main: None,
+        ended: None,
+        look_ms: LOOK_MIN_MS,
+        relay_moved: false,
+    };
+    while m.ended.is_none() {
+        m.round();
+    }
+    m.finish()
+}
+
+/// The signals an engine sends the container's pid, blocked and read as data, not handled
+/// asynchronously.
+fn forwarded_signals() -> Option<SignalFd> {
     let mut mask = SigSet::empty();
     for s in FORWARDED {
         mask.add(s);
     }
     let _ = mask.thread_block();
-    let sigfd = SignalFd::with_flags(
+    SignalFd::with_flags(
         &mask,
         nix::sys::signalfd::SfdFlags::SFD_NONBLOCK | nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
     )
-    .ok();
-    let mut procs: Vec<Proc> = Vec::new();
-    let mut main: Option<u64> = None;
-    let mut ended: Option<(Option<i32>, Option<i32>)> = None;
-    let mut look_ms = LOOK_MIN_MS;
-    let mut relay_moved = false;
-    while ended.is_none() {
-        let mut fds = vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-        if let Some(s) = &sigfd {
+    .ok()
+}
+
+/// The monitor, serving: the sandbox, the container's processes and what it waits on.
+struct Monitor<'a> {
+    root: &'a Root,
+    listener: Listener,
+    sigfd: Option<SignalFd>,
+    sandbox: Audited,
+    process: ProcessSpec,
+    record: Record,
+    terminal: Option<OwnedFd>,
+    procs: Vec<Proc>,
+    /// The container's own process, once started.
+    main: Option<u64>,
+    /// How the container ended (exit code, signal), once it has.
+    ended: Option<Ended>,
+    /// How long until the next look at the processes; grows while nothing happens.
+    look_ms: u16,
+    /// A relay moved bytes in the last round: look again at once.
+    relay_moved: bool,
+}
+
+/// What one round's poll found ready.
+struct Polled {
+    /// A control connection waits on the socket.
+    request: bool,
+    /// A forwarded signal came.
+    signal: bool,
+    /// Processes whose exec caller went away (its connection turned readable).
+    gone: Vec<usize>,
+    /// Relayed processes whose caller has more stdin for them.
+    stdin: Vec<usize>,
+}
+
+impl Monitor<'_> {
+    /// One round: waits, then takes signals, a control request, callers that went away,
+    /// and looks at every process.
+    fn round(&mut self) {
+        let polled = self.wait();
+        self.look_ms = self.look_ms.saturating_mul(3).div_ceil(2).min(LOOK_MAX_MS);
+        if polled.signal {
+            self.take_signals();
+        }
+        if polled.request {
+            self.accept();
+        }
+        // Exec connections closed by their caller (the exec's relay was killed).
+        for i in polled.gone {
+            let p = &mut self.procs[i];
+            let _ = self.sandbox.signal_background(p.bg, ProcSignal::Kill);
+            p.conn = None;
+        }
+        self.look_at_procs(&polled.stdin);
+    }
+
+    /// Polls the control socket, the signals, exec callers and relays, at most until the
+    /// next look at the processes is due.
+    fn wait(&self) -> Polled {
+        let procs = &self.procs;
+        let mut fds = vec![PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+        if let Some(s) = &self.sigfd {
             fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
         }
         let fixed = fds.len();
@@ -152,88 +229,97 @@ pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
             }
         }
         // Room on the caller's stdout or stderr for output that waits for it.
-        for p in &procs {
+        for p in procs {
             for fd in p.relay.iter().flat_map(Relay::out_waiting) {
                 fds.push(PollFd::new(fd, PollFlags::POLLOUT));
             }
         }
-        let timeout = if procs.is_empty() {
-            1000
-        } else if relay_moved {
-            0
-        } else if procs.iter().any(|p| p.relay.is_some()) {
-            look_ms.min(RELAY_LOOK_MAX_MS)
-        } else {
-            look_ms
-        };
-        let _ = poll(&mut fds, PollTimeout::from(timeout));
+        let _ = poll(&mut fds, PollTimeout::from(self.timeout_ms()));
         let ready: Vec<bool> = fds
             .iter()
             .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
             .collect();
-        drop(fds);
-        look_ms = look_ms.saturating_mul(3).div_ceil(2).min(LOOK_MAX_MS);
-        if sigfd.is_some() && ready[1] {
-            while let Some(Ok(Some(info))) = sigfd.as_ref().map(|s| s.read_signal()) {
-                let signal = info.ssi_signo as i32;
-                match main {
-                    Some(bg) => {
-                        let _ = sandbox.inner().raise_background(bg, signal, false);
-                    }
-                    None if ends_by_default(signal) => ended = Some((None, Some(signal))),
-                    None => {}
+        let at = |k: usize| ready.get(k).copied().unwrap_or(false);
+        Polled {
+            request: at(0),
+            signal: self.sigfd.is_some() && at(1),
+            gone: (watched.iter().enumerate())
+                .filter(|(k, _)| at(fixed + k))
+                .map(|(_, i)| *i)
+                .collect(),
+            stdin: (fed.iter().enumerate())
+                .filter(|(k, _)| at(fixed + watched.len() + k))
+                .map(|(_, i)| *i)
+                .collect(),
+        }
+    }
+
+    /// How long a round waits: a second with no process, none after a relay moved bytes,
+    /// else until the next look (sooner with a relay).
+    fn timeout_ms(&self) -> u16 {
+        if self.procs.is_empty() {
+            1000
+        } else if self.relay_moved {
+            0
+        } else if self.procs.iter().any(|p| p.relay.is_some()) {
+            self.look_ms.min(RELAY_LOOK_MAX_MS)
+        } else {
+            self.look_ms
+        }
+    }
+
+    /// Forwarded signals go to the container's process; before it started, one that ends a
+    /// process by default ends the container.
+    fn take_signals(&mut self) {
+        while let Some(Ok(Some(info))) = self.sigfd.as_ref().map(|s| s.read_signal()) {
+            let signal = info.ssi_signo as i32;
+            match self.main {
+                Some(bg) => {
+                    let _ = self.sandbox.inner().raise_background(bg, signal, false);
                 }
+                None if ends_by_default(signal) => self.ended = Some((None, Some(signal))),
+                None => {}
             }
         }
-        if ready[0]
-            && let Ok(conn) = listener.accept()
-        {
-            let _ = conn.set_timeout(Some(Duration::from_secs(5)));
-            let mut cx = Ctx {
-                sandbox: &mut sandbox,
-                procs: &mut procs,
-                main: &mut main,
-                process: &process,
-                terminal: &mut terminal,
-                root,
-                record: &mut record,
-            };
-            if let Some(done) = handle(&mut cx, &conn) {
-                ended = Some(done);
-            }
-            look_ms = LOOK_MIN_MS;
+    }
+
+    /// Serves one control connection.
+    fn accept(&mut self) {
+        let Ok(conn) = self.listener.accept() else {
+            return;
+        };
+        let _ = conn.set_timeout(Some(Duration::from_secs(5)));
+        let mut cx = Ctx {
+            sandbox: &mut self.sandbox,
+            procs: &mut self.procs,
+            main: &mut self.main,
+            process: &self.process,
+            terminal: &mut self.terminal,
+            root: self.root,
+            record: &mut self.record,
+        };
+        if let Some(done) = handle(&mut cx, &conn) {
+            self.ended = Some(done);
         }
-        // Exec connections closed by their caller (the exec's relay was killed).
-        for (k, i) in watched.iter().enumerate() {
-            if ready.get(fixed + k).copied().unwrap_or(false) {
-                let p = &mut procs[*i];
-                let _ = sandbox.signal_background(p.bg, ProcSignal::Kill);
-                p.conn = None;
-            }
-        }
-        // Ends: the agent tells a process's end once it has been reaped with its tree (a
-        // relayed one's with the last of its output, copied on the way).
-        let stdin_ready: Vec<usize> = fed
-            .iter()
-            .enumerate()
-            .filter(|(k, _)| {
-                ready
-                    .get(fixed + watched.len() + k)
-                    .copied()
-                    .unwrap_or(false)
-            })
-            .map(|(_, i)| *i)
-            .collect();
-        relay_moved = false;
+        self.look_ms = LOOK_MIN_MS;
+    }
+
+    /// Relays each process's I/O and takes its end: the agent tells a process's end once it
+    /// has been reaped with its tree (a relayed one's with the last of its output, copied
+    /// on the way). `stdin_ready`: relayed processes with stdin to pass on.
+    fn look_at_procs(&mut self, stdin_ready: &[usize]) {
+        self.relay_moved = false;
         let mut i = 0;
-        while i < procs.len() {
-            let bg = procs[i].bg;
-            let looked = match procs[i].relay.as_mut() {
-                Some(r) => r.pass(&mut sandbox, bg, stdin_ready.contains(&i)).map(|p| {
-                    relay_moved |= p.moved;
-                    p.exit
-                }),
-                None => sandbox.read_background(bg, [0, 0], 0).map(|o| o.exit),
+        while i < self.procs.len() {
+            let bg = self.procs[i].bg;
+            let looked = match self.procs[i].relay.as_mut() {
+                Some(r) => r
+                    .pass(&mut self.sandbox, bg, stdin_ready.contains(&i))
+                    .map(|p| {
+                        self.relay_moved |= p.moved;
+                        p.exit
+                    }),
+                None => self.sandbox.read_background(bg, [0, 0], 0).map(|o| o.exit),
             };
             let exit = match looked {
                 Ok(exit) => exit,
@@ -253,36 +339,48 @@ pub fn serve(root: &Root, prepared: Prepared, listener: Listener) -> ! {
                 exit.signal
             };
             let (code, signal) = (exit.code.filter(|_| signal.is_none()), signal);
-            if Some(bg) == main {
-                ended = Some((code, signal));
-            } else if let Some(c) = &procs[i].conn {
+            if Some(bg) == self.main {
+                self.ended = Some((code, signal));
+            } else if let Some(c) = &self.procs[i].conn {
                 let _ = c.send(&Reply::Exited { code, signal }, &[]);
             }
-            procs.remove(i);
+            self.procs.remove(i);
         }
     }
-    let (code, signal) = ended.unwrap_or((None, Some(libc::SIGKILL)));
-    for p in &procs {
-        if let Some(c) = &p.conn {
-            let _ = c.send(
-                &Reply::Exited {
-                    code: None,
-                    signal: Some(libc::SIGKILL),
-                },
-                &[],
-            );
+
+    /// The container ended: the other processes' callers are told they were killed, the
+    /// sandbox is destroyed, the record says stopped, and the monitor ends as the container
+    /// did.
+    fn finish(self) -> ! {
+        let (code, signal) = self.ended.unwrap_or((None, Some(libc::SIGKILL)));
+        for p in &self.procs {
+            if let Some(c) = &p.conn {
+                let _ = c.send(
+                    &Reply::Exited {
+                        code: None,
+                        signal: Some(libc::SIGKILL),
+                    },
+                    &[],
+                );
+            }
         }
-    }
-    let _ = sandbox.destroy();
-    drop(sandbox);
-    record.status = Status::Stopped;
-    record.exit_code = Some(code.unwrap_or_else(|| 128 + signal.unwrap_or(0)));
-    let _ = root.save(&record);
-    let _ = std::fs::remove_file(root.dir(&record.id).join(crate::ctl::SOCKET));
-    match (code, signal) {
-        (_, Some(s)) => crate::sys::die_by(s),
-        (Some(c), None) => std::process::exit(c),
-        (None, None) => std::process::exit(0),
+        let Monitor {
+            root,
+            mut sandbox,
+            mut record,
+            ..
+        } = self;
+        let _ = sandbox.destroy();
+        drop(sandbox);
+        record.status = Status::Stopped;
+        record.exit_code = Some(code.unwrap_or_else(|| 128 + signal.unwrap_or(0)));
+        let _ = root.save(&record);
+        let _ = std::fs::remove_file(root.dir(&record.id).join(crate::ctl::SOCKET));
+        match (code, signal) {
+            (_, Some(s)) => crate::sys::die_by(s),
+            (Some(c), None) => std::process::exit(c),
+            (None, None) => std::process::exit(0),
+        }
     }
 }
 
@@ -300,7 +398,7 @@ struct Ctx<'a> {
 
 /// One control request. Returns how the container ended when the request ended it (a
 /// signal before it started).
-fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
+fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<Ended> {
     let (req, fds) = match conn.recv::<Request>() {
         Ok(Some(r)) => r,
         _ => return None,
@@ -310,103 +408,22 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
         Request::Start if cx.main.is_some() => {
             (err("the container was started already".into()), None)
         }
-        Request::Start => {
-            // The caller's descriptors for the container's process: the monitor's own stdio
-            // (what `create` was given), or its terminal.
-            let req = exec_request(cx.process);
-            let started = match cx.terminal.as_ref() {
-                Some(t) => start(cx.sandbox, &req, [t.as_fd(); 3], true, cx.process),
-                None => start(
-                    cx.sandbox,
-                    &req,
-                    [
-                        std::io::stdin().as_fd(),
-                        std::io::stdout().as_fd(),
-                        std::io::stderr().as_fd(),
-                    ],
-                    false,
-                    cx.process,
-                ),
-            };
-            match started {
-                Ok((bg, relay)) => {
-                    // The process holds its terminal now; the monitor keeps no copy.
-                    *cx.terminal = None;
-                    *cx.main = Some(bg);
-                    cx.procs.push(Proc {
-                        bg,
-                        conn: None,
-                        relay,
-                    });
-                    cx.record.status = Status::Running;
-                    let _ = cx.root.save(cx.record);
-                    (Reply::Ok, None)
-                }
-                Err(e) => (err(format!("starting the container's process: {e}")), None),
-            }
-        }
+        Request::Start => (start_main(cx), None),
         Request::Signal { signal, .. } if !(1..=64).contains(&signal) => (
             err(format!(
                 "signal {signal} does not exist; give a name (TERM, USR1) or a number from 1 to 64"
             )),
             None,
         ),
-        Request::Signal { signal, all } => match *cx.main {
-            Some(bg) => match cx.sandbox.inner().raise_background(bg, signal, all) {
-                Ok(()) => (Reply::Ok, None),
-                Err(e) => (err(format!("signalling the container: {e}")), None),
-            },
-            // Not started: a signal that ends a process ends the container here.
-            None if ends_by_default(signal) => (Reply::Ok, Some((None, Some(signal)))),
-            None => (Reply::Ok, None),
-        },
+        Request::Signal { signal, all } => raise(cx, signal, all),
         Request::Exec { .. } if cx.main.is_none() => (
             err("the container is not running; start it first".into()),
             None,
         ),
-        Request::Exec { process } => {
-            let req = exec_request(&process);
-            let started = if process.terminal {
-                let tier = cx.sandbox.tier();
-                let size = process
-                    .console_size
-                    .unwrap_or(crate::prepare::DEFAULT_CONSOLE);
-                crate::tiers::open_terminal(cx.sandbox.inner(), tier, size).and_then(|t| {
-                    let slave = t.slave.as_fd();
-                    let (bg, relay) = start(cx.sandbox, &req, [slave; 3], true, &process)?;
-                    Ok((bg, Some(t), relay))
-                })
-            } else {
-                stdio_of(&fds).and_then(|stdio| {
-                    start(cx.sandbox, &req, stdio, false, &process)
-                        .map(|(bg, relay)| (bg, None, relay))
-                })
-            };
-            // The process holds what it was given; none is kept here.
-            drop(fds);
-            match started {
-                Ok((bg, terminal, relay)) => {
-                    let sent = match &terminal {
-                        Some(t) => conn.send(
-                            &Reply::Console {
-                                name: t.name.clone(),
-                            },
-                            &[t.master.as_raw_fd()],
-                        ),
-                        None => conn.send(&Reply::Ok, &[]),
-                    };
-                    drop(terminal);
-                    let conn = sent.and_then(|()| conn_clone(conn)).ok();
-                    if conn.is_none() {
-                        // Its caller is gone already: so is the process.
-                        let _ = cx.sandbox.signal_background(bg, ProcSignal::Kill);
-                    }
-                    cx.procs.push(Proc { bg, conn, relay });
-                    return None;
-                }
-                Err(e) => (err(format!("starting the process: {e}")), None),
-            }
-        }
+        Request::Exec { process } => match start_exec(cx, conn, &process, fds) {
+            Ok(()) => return None,
+            Err(e) => (err(format!("starting the process: {e}")), None),
+        },
         Request::Resize { memory_bytes, cpus } => match cx.sandbox.resize(memory_bytes, cpus) {
             Ok(()) => (Reply::Ok, None),
             Err(e) => (err(format!("resizing the sandbox: {e}")), None),
@@ -425,6 +442,110 @@ fn handle(cx: &mut Ctx<'_>, conn: &Conn) -> Option<(Option<i32>, Option<i32>)> {
     };
     let _ = conn.send(&reply, &[]);
     ended
+}
+
+/// Starts the container's own process on the caller's descriptors: the monitor's own stdio
+/// (what `create` was given), or its terminal. The record then says running.
+fn start_main(cx: &mut Ctx<'_>) -> Reply {
+    let req = exec_request(cx.process);
+    let started = match cx.terminal.as_ref() {
+        Some(t) => start(cx.sandbox, &req, [t.as_fd(); 3], true, cx.process),
+        None => start(
+            cx.sandbox,
+            &req,
+            [
+                std::io::stdin().as_fd(),
+                std::io::stdout().as_fd(),
+                std::io::stderr().as_fd(),
+            ],
+            false,
+            cx.process,
+        ),
+    };
+    match started {
+        Ok((bg, relay)) => {
+            // The process holds its terminal now; the monitor keeps no copy.
+            *cx.terminal = None;
+            *cx.main = Some(bg);
+            cx.procs.push(Proc {
+                bg,
+                conn: None,
+                relay,
+            });
+            cx.record.status = Status::Running;
+            let _ = cx.root.save(cx.record);
+            Reply::Ok
+        }
+        Err(e) => Reply::Error {
+            message: format!("starting the container's process: {e}"),
+        },
+    }
+}
+
+/// Raises `signal` in the container's process (in every process of it with `all`). Before
+/// it started, a signal that ends a process ends the container here.
+fn raise(cx: &mut Ctx<'_>, signal: i32, all: bool) -> (Reply, Option<Ended>) {
+    match *cx.main {
+        Some(bg) => match cx.sandbox.inner().raise_background(bg, signal, all) {
+            Ok(()) => (Reply::Ok, None),
+            Err(e) => (
+                Reply::Error {
+                    message: format!("signalling the container: {e}"),
+                },
+                None,
+            ),
+        },
+        None if ends_by_default(signal) => (Reply::Ok, Some((None, Some(signal)))),
+        None => (Reply::Ok, None),
+    }
+}
+
+/// Starts an exec'd process on a terminal of its own or on the descriptors that came with
+/// the request, and answers the caller (with the terminal's master, if any); the caller's
+/// connection is kept to tell it the process's end, and a caller gone already takes the
+/// process with it. Refusals are the caller's to answer.
+fn start_exec(
+    cx: &mut Ctx<'_>,
+    conn: &Conn,
+    process: &ProcessSpec,
+    fds: Vec<OwnedFd>,
+) -> Result<()> {
+    let req = exec_request(process);
+    let started = if process.terminal {
+        let tier = cx.sandbox.tier();
+        let size = process
+            .console_size
+            .unwrap_or(crate::prepare::DEFAULT_CONSOLE);
+        crate::tiers::open_terminal(cx.sandbox.inner(), tier, size).and_then(|t| {
+            let slave = t.slave.as_fd();
+            let (bg, relay) = start(cx.sandbox, &req, [slave; 3], true, process)?;
+            Ok((bg, Some(t), relay))
+        })
+    } else {
+        stdio_of(&fds).and_then(|stdio| {
+            start(cx.sandbox, &req, stdio, false, process).map(|(bg, relay)| (bg, None, relay))
+        })
+    };
+    // The process holds what it was given; none is kept here.
+    drop(fds);
+    let (bg, terminal, relay) = started?;
+    let sent = match &terminal {
+        Some(t) => conn.send(
+            &Reply::Console {
+                name: t.name.clone(),
+            },
+            &[t.master.as_raw_fd()],
+        ),
+        None => conn.send(&Reply::Ok, &[]),
+    };
+    drop(terminal);
+    let conn = sent.and_then(|()| conn_clone(conn)).ok();
+    if conn.is_none() {
+        // Its caller is gone already: so is the process.
+        let _ = cx.sandbox.signal_background(bg, ProcSignal::Kill);
+    }
+    cx.procs.push(Proc { bg, conn, relay });
+    Ok(())
 }
 
 /// Starts `req` with `stdio` on the sandbox's tier: passed into the sandbox, or relayed by
