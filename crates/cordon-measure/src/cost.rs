@@ -423,14 +423,7 @@ fn size_arg(flag: &str, s: &str) -> Result<f64> {
 
 /// `cordon cost`; the last bench and the default chart are under `data_dir`.
 pub fn cost(args: CostArgs, data_dir: &Path) -> Result<i32> {
-    let Capacity {
-        machine_cores,
-        machine_memory,
-        starts,
-        starts_source,
-        mem,
-        mem_source,
-    } = capacity(&args, data_dir)?;
+    let cap = capacity(&args, data_dir)?;
     let inputs = Inputs {
         executions_per_month: args.executions_per_month,
         seconds_per_execution: args.seconds_per_execution,
@@ -441,11 +434,11 @@ pub fn cost(args: CostArgs, data_dir: &Path) -> Result<i32> {
         machine_cost: args.machine_cost,
         engineer_weeks: args.engineer_weeks,
         engineer_week_cost: args.engineer_week_cost,
-        machine_cores,
-        machine_memory_bytes: machine_memory,
+        machine_cores: cap.machine_cores,
+        machine_memory_bytes: cap.machine_memory,
         cpu_per_sandbox: args.cpu_per_sandbox,
-        starts_per_second: starts,
-        memory_per_sandbox_bytes: mem,
+        starts_per_second: cap.starts,
+        memory_per_sandbox_bytes: cap.mem,
     };
     let est = inputs
         .estimate()
@@ -462,7 +455,7 @@ pub fn cost(args: CostArgs, data_dir: &Path) -> Result<i32> {
         let v = serde_json::json!({
             "schema": "cordon-cost/1",
             "inputs": inputs,
-            "sources": {"starts_per_second": starts_source, "memory_per_sandbox": mem_source},
+            "sources": {"starts_per_second": cap.starts_source, "memory_per_sandbox": cap.mem_source},
             "estimate": est,
             "chart": chart,
         });
@@ -472,7 +465,7 @@ pub fn cost(args: CostArgs, data_dir: &Path) -> Result<i32> {
     print_estimate(
         &inputs,
         &est,
-        (&starts_source, &mem_source),
+        (&cap.starts_source, &cap.mem_source),
         &chart,
         &args.currency,
     );

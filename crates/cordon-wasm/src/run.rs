@@ -224,7 +224,7 @@ fn make(
     mut ctx: WasiCtxBuilder,
     flags: &Arc<Flags>,
     deadline: Instant,
-) -> Result<Result<Made, (Option<wasmtime::Error>, usize)>, cordon_core::Error> {
+) -> Result<Result<Made, NotMade>, cordon_core::Error> {
     let quota = Arc::new(DiskQuota::new(
         setup.scratch.clone(),
         setup.limits.disk_bytes,
@@ -238,6 +238,7 @@ fn make(
         total_memory: 0,
         peak_memory: 0,
     };
+    let arming = (deadline, flags, setup.limits.fuel);
     Ok(match program {
         Program::Component(pre) => {
             let mut table = ResourceTable::new();
@@ -248,17 +249,10 @@ fn make(
                 limiter,
                 quota,
             };
-            let mut store = Store::new(engine, state);
-            store.limiter(|s| &mut s.limiter);
-            arm(&mut store, deadline, flags.clone(), setup.limits.fuel)?;
-            let r = rt.block_on(async {
-                tokio::time::timeout(outer(deadline), pre.instantiate_async(&mut store)).await
-            });
-            match r {
-                Ok(Ok(cmd)) => Ok(Made::Component { store, cmd }),
-                Ok(Err(e)) => Err((Some(e), store.data().limiter.peak_memory)),
-                Err(_elapsed) => Err((None, store.data().limiter.peak_memory)),
-            }
+            instantiated(rt, engine, state, arming, async |s| {
+                pre.instantiate_async(s).await
+            })?
+            .map(|(store, cmd)| Made::Component { store, cmd })
         }
         Program::Module(pre) => {
             let mut p1 = ctx.build_p1();
@@ -268,18 +262,61 @@ fn make(
                 limiter,
                 quota,
             };
-            let mut store = Store::new(engine, state);
-            store.limiter(|s| &mut s.limiter);
-            arm(&mut store, deadline, flags.clone(), setup.limits.fuel)?;
-            let r = rt.block_on(async {
-                tokio::time::timeout(outer(deadline), pre.instantiate_async(&mut store)).await
-            });
-            match r {
-                Ok(Ok(inst)) => Ok(Made::Module { store, inst }),
-                Ok(Err(e)) => Err((Some(e), store.data().limiter.peak_memory)),
-                Err(_elapsed) => Err((None, store.data().limiter.peak_memory)),
-            }
+            instantiated(rt, engine, state, arming, async |s| {
+                pre.instantiate_async(s).await
+            })?
+            .map(|(store, inst)| Made::Module { store, inst })
         }
+    })
+}
+
+/// Why no instance was made: the instantiation's error (`None`: the deadline passed), with
+/// the memory its store reached.
+type NotMade = (Option<wasmtime::Error>, usize);
+
+/// A store state that carries the sandbox's [`Limiter`].
+trait Limited: Send + 'static {
+    fn limiter(&mut self) -> &mut Limiter;
+    fn peak_memory(&self) -> usize;
+}
+
+impl Limited for P2State {
+    fn limiter(&mut self) -> &mut Limiter {
+        &mut self.limiter
+    }
+    fn peak_memory(&self) -> usize {
+        self.limiter.peak_memory
+    }
+}
+
+impl Limited for P1State {
+    fn limiter(&mut self) -> &mut Limiter {
+        &mut self.limiter
+    }
+    fn peak_memory(&self) -> usize {
+        self.limiter.peak_memory
+    }
+}
+
+/// A store of `state` with its limiter, its fuel and its deadline (`arming`), and
+/// `instantiate` run in it by that deadline: the store and what it made, or why not (`None`:
+/// the deadline passed) with the memory the store reached.
+fn instantiated<S: Limited, T>(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    state: S,
+    (deadline, flags, fuel): (Instant, &Arc<Flags>, Option<u64>),
+    instantiate: impl AsyncFnOnce(&mut Store<S>) -> wasmtime::Result<T>,
+) -> Result<Result<(Store<S>, T), NotMade>, cordon_core::Error> {
+    let mut store = Store::new(engine, state);
+    store.limiter(|s| s.limiter());
+    arm(&mut store, deadline, flags.clone(), fuel)?;
+    let r =
+        rt.block_on(async { tokio::time::timeout(outer(deadline), instantiate(&mut store)).await });
+    Ok(match r {
+        Ok(Ok(made)) => Ok((store, made)),
+        Ok(Err(e)) => Err((Some(e), store.data().peak_memory())),
+        Err(_elapsed) => Err((None, store.data().peak_memory())),
     })
 }
 

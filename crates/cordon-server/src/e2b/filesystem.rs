@@ -142,12 +142,14 @@ pub(super) async fn filesystem(
     }
     let r: Result<Response, ConnectError> = async {
         match method.as_str() {
-            "Stat" => {
+            "Stat" | "MakeDir" => {
                 let req: PathRequest = c.unary()?;
                 let p = reachable(&req.path)?;
-                Ok(unary(&EntryResponse {
-                    entry: stat(&e, &b, &id, &p).await?,
-                }))
+                let entry = match method.as_str() {
+                    "Stat" => stat(&e, &b, &id, &p).await?,
+                    _ => make_dir(&e, &b, &id, &p).await?,
+                };
+                Ok(unary(&EntryResponse { entry }))
             }
             "ListDir" => {
                 let req: ListDirRequest = c.unary()?;
@@ -155,13 +157,6 @@ pub(super) async fn filesystem(
                 let depth = req.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
                 let entries = list_dir(&e, &b, &id, &p, depth).await?;
                 Ok(unary(&ListDirResponse { entries }))
-            }
-            "MakeDir" => {
-                let req: PathRequest = c.unary()?;
-                let p = reachable(&req.path)?;
-                Ok(unary(&EntryResponse {
-                    entry: make_dir(&e, &b, &id, &p).await?,
-                }))
             }
             "Move" => {
                 let req: MoveRequest = c.unary()?;
