@@ -692,6 +692,53 @@ fn filling_the_disk_hits_enospc_inside() {
     assert_eq!(o.termination, Termination::DiskLimit, "{o:?}");
 }
 
+/// Issue 49: a sandbox no exec has asked anything of for a while lets its readied reaper
+/// and the program it forked ahead go, so it is its agent alone in its cgroup (with its
+/// init outside); the next exec readies them anew, and works.
+#[test]
+fn an_idle_sandbox_lets_its_readied_reaper_go() {
+    let _ = need_backend!();
+    let mut cfg = ContainerConfig::with_init(init_path());
+    cfg.standby_idle = Some(Duration::from_millis(1500));
+    let b = ContainerBackend::new(cfg);
+    let mut sb = b.create(&spec()).unwrap();
+    let id = sb.id().to_string();
+    let procs = || {
+        std::fs::read_to_string(cgroup_procs(&id).unwrap())
+            .unwrap()
+            .lines()
+            .count()
+    };
+    let wait_for = |want: &dyn Fn(usize) -> bool, what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let n = procs();
+            if want(n) {
+                return n;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: {n} processes in the sandbox's cgroup"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    for round in 0..2 {
+        // The agent readies a reaper (and its program) for the next exec...
+        wait_for(&|n| n >= 2, "no reaper readied");
+        // ...and lets them go once none came.
+        wait_for(&|n| n == 1, "the idle reaper was kept");
+        let o = sb
+            .exec(
+                &ExecRequest::argv(["echo", "after idle"]),
+                &mut |_: OutputStream, _: &[u8]| {},
+            )
+            .unwrap();
+        assert_eq!(text(&o.stdout), "after idle\n", "round {round}: {o:?}");
+    }
+    sb.destroy().unwrap();
+}
+
 #[test]
 fn a_background_exec_right_after_a_foreground_one_gets_its_job() {
     let b = need_backend!();

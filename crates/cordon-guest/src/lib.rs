@@ -14,4 +14,4 @@ pub mod sys;
 pub mod tunnel;
 pub mod watch;
 
-pub use agent::{Agent, AgentConfig, ConfigureHook, Confine, Settings};
+pub use agent::{Agent, AgentConfig, ConfigureHook, Confine, STANDBY_IDLE, Settings};

@@ -57,6 +57,7 @@ fn agent_process() {
         mount_proc: false,
         confine: Some(confine),
         winch_on_resize: false,
+        standby_idle: None,
     };
     let sock = UnixStream::connect(socket).unwrap();
     let _ = Agent::new(cfg, sock).unwrap().serve();

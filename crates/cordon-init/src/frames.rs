@@ -50,6 +50,11 @@ pub struct InitSetup {
     /// same path, readable and writable as its own mode says.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<String>,
+    /// How long a reaper readied for the next exec waits for one before the agent lets it
+    /// go (`cordon_guest::AgentConfig::standby_idle`), in milliseconds; 0 keeps it.
+    /// Left out: `cordon_guest::STANDBY_IDLE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_idle_ms: Option<u64>,
 }
 
 /// A name under `/dev` for an extra device: plain components only, never one of the

@@ -406,6 +406,11 @@ fn agent_config(setup: &InitSetup, join: &InitJoin) -> Result<AgentConfig, Strin
         mount_proc: true,
         confine: Some(confine),
         winch_on_resize: false,
+        standby_idle: match setup.standby_idle_ms {
+            Some(0) => None,
+            Some(ms) => Some(std::time::Duration::from_millis(ms)),
+            None => Some(cordon_guest::STANDBY_IDLE),
+        },
     };
     Ok(cfg)
 }

@@ -48,6 +48,9 @@ pub struct ContainerConfig {
     /// The loopback port of the sandbox's egress forwarder when it is not the default
     /// (a pod's containers share one loopback, so each has a port of its own).
     pub proxy_port: Option<u16>,
+    /// How long the agent keeps a reaper readied for the next exec that none asks for
+    /// (`cordon_guest::AgentConfig::standby_idle`); `None` keeps it for the sandbox's life.
+    pub standby_idle: Option<Duration>,
 }
 
 /// Name of the init binary, looked up next to the running executable.
@@ -81,6 +84,7 @@ impl ContainerConfig {
             cgroup_parent: None,
             netns: None,
             proxy_port: None,
+            standby_idle: Some(cordon_guest::STANDBY_IDLE),
         }
     }
 
@@ -360,6 +364,10 @@ impl ContainerBackend {
             template_root,
             template_writable: spec.resolved_template.as_ref().is_some_and(|t| t.writable),
             devices: spec.devices.clone(),
+            standby_idle_ms: self
+                .cfg
+                .standby_idle
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)),
         };
         let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).take();
         let used_early = early.is_some();

@@ -39,6 +39,7 @@ impl Agent {
         pty: Option<cordon_core::PtySize>,
         user: Option<crate::proto::ProcUser>,
     ) -> io::Result<Running> {
+        self.exec_seen = std::time::Instant::now();
         if argv.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
         }
@@ -396,6 +397,7 @@ impl Agent {
     /// An exec whose reaper reported (or died): its figures, and its reaper and cgroup
     /// seen to.
     pub(super) fn conclude(&mut self, run: Running) -> Ended {
+        self.exec_seen = std::time::Instant::now();
         let report = String::from_utf8_lossy(&run.report).into_owned();
         let parsed = parse_report(&report);
         let Report {

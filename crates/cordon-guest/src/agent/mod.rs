@@ -36,7 +36,7 @@ mod files;
 mod ring;
 mod state;
 
-pub use state::{Agent, AgentConfig, ConfigureHook, Confine, Settings};
+pub use state::{Agent, AgentConfig, ConfigureHook, Confine, STANDBY_IDLE, Settings};
 use state::{Channel, ExecCgroups, MAX_STDIN_BUFFER, Running};
 
 /// Where a background exec's descriptors are in one round's poll set.
@@ -105,6 +105,7 @@ impl Agent {
             running: None,
             background: BTreeMap::new(),
             standby: None,
+            exec_seen: std::time::Instant::now(),
             exiting: Vec::new(),
             configure: None,
             cgroups: None,
@@ -138,6 +139,36 @@ impl Agent {
         }
     }
 
+    /// How long the event loop may wait before the standby's idle time is up (forever with
+    /// no standby, or none let go).
+    fn standby_wait(&self) -> PollTimeout {
+        match (&self.standby, self.cfg.standby_idle) {
+            (Some(_), Some(idle)) => {
+                let left = idle.saturating_sub(self.exec_seen.elapsed());
+                // At least a millisecond, at most what a poll takes (it waits again).
+                let ms = left.as_millis().clamp(1, u128::from(u16::MAX)) as u16;
+                PollTimeout::from(ms)
+            }
+            _ => PollTimeout::NONE,
+        }
+    }
+
+    /// Lets the standby go once no exec has started or ended for
+    /// [`AgentConfig::standby_idle`]: its closed job socket tells the reaper to exit, and the
+    /// program it forked ahead goes with its namespace. It is reaped as the reapers that
+    /// reported are (`exiting`).
+    fn retire_idle_standby(&mut self) {
+        let Some(idle) = self.cfg.standby_idle else {
+            return;
+        };
+        if self.exec_seen.elapsed() < idle {
+            return;
+        }
+        if let Some(sb) = self.standby.take() {
+            self.exiting.push((sb.pid, sb.pidfd));
+        }
+    }
+
     /// Kills the standby and any running exec (their trees go with them) and reaps them.
     fn end_children(&mut self) {
         let mut pids: Vec<Pid> = Vec::new();
@@ -163,6 +194,8 @@ impl Agent {
 
     /// One round of the event loop; true when the agent should stop.
     fn poll_once(&mut self) -> Result<bool, ProtoError> {
+        // The wait below ends when the standby's idle time is up; it goes here.
+        self.retire_idle_standby();
         let ctrl_ready;
         let watch_ready;
         let mut reaper_done = false;
@@ -247,7 +280,7 @@ impl Agent {
             let wait = if unwatched {
                 PollTimeout::from(50u8)
             } else {
-                PollTimeout::NONE
+                self.standby_wait()
             };
             match poll(&mut fds, wait) {
                 Ok(_) => {}

@@ -37,7 +37,16 @@ pub struct AgentConfig {
     /// After a terminal's resize, send `SIGWINCH` to the exec's reaper, which passes it on
     /// to every process of the exec: for kernels whose pseudo-terminals send none (gVisor's).
     pub winch_on_resize: bool,
+    /// A reaper readied for the next exec that none has asked for this long is let go, with
+    /// the program it forked ahead: an idle sandbox is then its init and this agent alone
+    /// (issue 49: host processes per live sandbox), and the next exec readies a reaper
+    /// anew. `None`: kept for as long as the sandbox lives.
+    pub standby_idle: Option<std::time::Duration>,
 }
+
+/// How long a readied reaper waits for an exec before it is let go
+/// ([`AgentConfig::standby_idle`]; ADR 0039).
+pub const STANDBY_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub(super) struct Running {
     pub(super) id: u64,
@@ -201,6 +210,8 @@ pub struct Agent {
     /// Background execs by id, running or ended and not yet dropped.
     pub(super) background: BTreeMap<u64, Background>,
     pub(super) standby: Option<Standby>,
+    /// When an exec last started or ended (or the agent started): the standby's idle clock.
+    pub(super) exec_seen: std::time::Instant,
     /// Reapers that reported their program's end and are still exiting (namespace teardown).
     pub(super) exiting: Vec<(Pid, Option<OwnedFd>)>,
     pub(super) configure: Option<ConfigureHook>,

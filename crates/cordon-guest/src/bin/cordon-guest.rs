@@ -51,6 +51,7 @@ fn main() {
         mount_proc: true,
         confine: None,
         winch_on_resize: false,
+        standby_idle: Some(cordon_guest::STANDBY_IDLE),
     };
     let agent = match Agent::over_port(cfg, port) {
         Ok(a) => a,

@@ -60,6 +60,7 @@ fn main() {
         confine: None,
         // gVisor's terminals send no SIGWINCH on a resize: the agent does.
         winch_on_resize: true,
+        standby_idle: Some(cordon_guest::STANDBY_IDLE),
     };
     // The container's stdin and stdout, which runsc connects to the host: copies of them,
     // owned by the agent.
