@@ -186,17 +186,5 @@ fn only_javascript_runs_here() {
 
 #[test]
 fn outcome_has_the_shape_of_every_tier() {
-    let v = serde_json::to_value(js("1")).unwrap();
-    for key in [
-        "tier",
-        "termination",
-        "exit_code",
-        "signal",
-        "stdout",
-        "stderr",
-        "usage",
-        "timings",
-    ] {
-        assert!(v.get(key).is_some(), "missing {key}");
-    }
+    cordon_testkit::assert_outcome_shape(&js("1"));
 }

@@ -259,3 +259,24 @@ pub fn sequential_execs_start_clean(b: &dyn Backend, spec: &SandboxSpec) {
     }
     sb.destroy().unwrap();
 }
+
+/// Asserts that `o`, as the API writes it, has every key every tier's outcome has.
+pub fn assert_outcome_shape(o: &cordon_core::ExecOutcome) {
+    let v = serde_json::to_value(o).expect("an outcome serializes");
+    for key in [
+        "tier",
+        "termination",
+        "exit_code",
+        "signal",
+        "stdout",
+        "stderr",
+        "stdout_truncated",
+        "stderr_truncated",
+        "usage",
+        "timings",
+        "weakened",
+        "warnings",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+}

@@ -865,23 +865,8 @@ fn stale_or_tampered_cache_is_rebuilt_never_run() {
 #[test]
 fn outcome_has_the_shape_of_every_tier() {
     let o = py("print('hi')");
+    cordon_testkit::assert_outcome_shape(&o);
     let v = serde_json::to_value(&o).unwrap();
-    for key in [
-        "tier",
-        "termination",
-        "exit_code",
-        "signal",
-        "stdout",
-        "stderr",
-        "stdout_truncated",
-        "stderr_truncated",
-        "usage",
-        "timings",
-        "weakened",
-        "warnings",
-    ] {
-        assert!(v.get(key).is_some(), "missing {key}");
-    }
     assert_eq!(v["termination"], "exited");
     assert!(o.usage.wall_time_us > 0);
 }
