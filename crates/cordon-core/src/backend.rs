@@ -279,8 +279,12 @@ pub trait Sandbox: Send {
 
     /// Lists, stats, removes, renames or makes a directory under `/work`, never through a
     /// symlink (a symlink is reported, or removed or renamed itself). Tiers without a
-    /// workspace answer [`crate::Error::Unsupported`].
+    /// workspace answer [`crate::Error::Unsupported`]; so do tiers without
+    /// [`crate::Feature::FileMetadata`] for [`FileOp::SetMetadata`].
     fn file_op(&mut self, op: &FileOp) -> Result<FileReply> {
+        if matches!(op, FileOp::SetMetadata { .. }) {
+            return Err(crate::Feature::FileMetadata.unsupported_here("metadata on a file"));
+        }
         Err(unsupported_files(op.name()))
     }
 

@@ -76,6 +76,11 @@ pub struct Features {
     /// workspace is (the agent's, or the host's own directory). Not the microvm tier's
     /// until its guest image carries an agent that watches.
     pub watch: bool,
+    /// User metadata on workspace files (E2B's upload `metadata`): extended attributes in
+    /// the `user.e2b.` namespace, read and set by the tier's own file calls, on a workspace
+    /// filesystem that keeps them. Not the microvm tier's until its guest image carries an
+    /// agent that sets them.
+    pub file_metadata: bool,
     /// Its memory is a heap inside the serving process (the runtime tier's isolates): capped
     /// by the ceiling's runtime heap, and a request naming no memory gets that cap rather
     /// than the server's default.
@@ -132,10 +137,11 @@ pub enum Feature {
     RootDisk,
     Ports,
     Watch,
+    FileMetadata,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 23] = [
+    pub const ALL: [Feature; 24] = [
         Feature::Network,
         Feature::Files,
         Feature::Volumes,
@@ -159,6 +165,7 @@ impl Feature {
         Feature::RootDisk,
         Feature::Ports,
         Feature::Watch,
+        Feature::FileMetadata,
     ];
 
     /// What it is, as an error message names it.
@@ -189,6 +196,7 @@ impl Feature {
             Feature::RootDisk => "a root that is a disk",
             Feature::Ports => "connections to a port served inside the sandbox",
             Feature::Watch => "watching a directory for changes",
+            Feature::FileMetadata => "metadata on files (extended attributes)",
         }
     }
 
@@ -259,6 +267,7 @@ impl Features {
             Feature::RootDisk => self.root_disk,
             Feature::Ports => self.ports,
             Feature::Watch => self.watch,
+            Feature::FileMetadata => self.file_metadata,
         }
     }
 
@@ -295,6 +304,7 @@ const NONE: Features = Features {
     root_disk: false,
     ports: false,
     watch: false,
+    file_metadata: false,
     memory_in_server: false,
     server_descriptors: 0,
     front_runs: false,
@@ -346,6 +356,7 @@ impl Tier {
                 writable_root: true,
                 ports: true,
                 watch: true,
+                file_metadata: true,
                 server_descriptors: 1,
                 front_runs: true,
                 pod_network: true,
@@ -362,6 +373,7 @@ impl Tier {
                 snapshot_files: true,
                 ports: true,
                 watch: true,
+                file_metadata: true,
                 server_descriptors: 8,
                 pod_network: true,
                 ..PROGRAMS

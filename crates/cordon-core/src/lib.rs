@@ -35,7 +35,11 @@ pub use exec::{
     exit_code_for, sandbox_env,
 };
 pub use features::{Feature, Features};
-pub use files::{ArchiveReport, FileEntry, FileKind, FileOp, FileReply, MAX_LIST_ENTRIES, Skipped};
+pub use files::{
+    ArchiveReport, FileEntry, FileKind, FileOp, FileReply, MAX_LIST_ENTRIES, MAX_METADATA_BYTES,
+    MAX_METADATA_KEY, MAX_METADATA_KEYS, MAX_METADATA_VALUE, METADATA_XATTR_PREFIX,
+    MetadataRefused, Skipped, check_metadata,
+};
 pub use gauge::{Gauge, Reading};
 pub use paths::{HOME_MOUNT, WORKDIR, validate_sandbox_dir, validate_sandbox_path};
 pub use procs::{BACKGROUND_KEEP, PTY_MAX, ProcExit, ProcOutput, ProcSignal, PtySize};

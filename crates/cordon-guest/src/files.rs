@@ -124,6 +124,7 @@ impl Workspace {
             return Err(not_regular(shown));
         }
         fcntl(&fd, FcntlArg::F_SETFL(OFlag::empty())).map_err(|e| refuse_errno(shown, e))?;
+        crate::metadata::clear(&fd, shown)?;
         self.hand_over(&fd);
         let f = File::from(fd);
         f.set_len(0).map_err(|e| write_error(shown, &e))?;
@@ -142,6 +143,9 @@ impl Workspace {
             }
             FileOp::Rename { from, to } => self.rename(from, to).map(|()| FileReply::Done),
             FileOp::Mkdir { path, parents } => self.mkdir(path, *parents).map(|()| FileReply::Done),
+            FileOp::SetMetadata { path, metadata } => {
+                self.set_metadata(path, metadata).map(|()| FileReply::Done)
+            }
         }
     }
 
@@ -159,8 +163,10 @@ impl Workspace {
             // An entry removed since the directory was read is left out.
             if let Ok(st) = fstatat(&fd, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
                 let target = link_text(&fd, &name, &st);
+                let metadata = crate::metadata::read(&fd, &name, &st);
                 entries.push(FileEntry {
                     target,
+                    metadata,
                     ..entry_of(name, &st)
                 });
             }
@@ -180,8 +186,23 @@ impl Workspace {
             .map_err(|e| refuse_errno(path, e))?;
         Ok(FileEntry {
             target: link_text(&parent, name, &st),
+            metadata: crate::metadata::read(&parent, name, &st),
             ..entry_of(name.to_string(), &st)
         })
+    }
+
+    /// Makes the user metadata of a file or directory (not the workspace itself) exactly
+    /// `metadata`; see [`crate::metadata::set`].
+    pub fn set_metadata(
+        &self,
+        path: &str,
+        metadata: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), FileError> {
+        let rel = check_path(path)?;
+        let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
+        let st = fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| refuse_errno(path, e))?;
+        crate::metadata::set(&parent, name, &st, path, metadata)
     }
 
     /// Removes a file, a symlink (itself) or an empty directory; with `recursive`, a
@@ -422,6 +443,7 @@ pub(crate) fn entry_of(name: String, st: &FileStat) -> FileEntry {
         mode: st.st_mode & 0o7777,
         mtime_ms: st.st_mtime.saturating_mul(1000) + st.st_mtime_nsec / 1_000_000,
         target: None,
+        metadata: Default::default(),
     }
 }
 

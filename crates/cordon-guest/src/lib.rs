@@ -8,6 +8,7 @@ pub mod confined;
 pub(crate) mod fdpass;
 pub mod files;
 pub mod forwarder;
+mod metadata;
 pub mod ports;
 pub mod proto;
 pub mod sys;

@@ -66,7 +66,8 @@ fn fact(f: Feature) -> Option<&'static str> {
         | Feature::SnapshotFull
         | Feature::SnapshotFiles
         | Feature::Ports
-        | Feature::Watch => return None,
+        | Feature::Watch
+        | Feature::FileMetadata => return None,
     })
 }
 
@@ -205,6 +206,26 @@ fn exercise(
             }
             Err(e) => found::<()>(Err(e)),
         },
+        Feature::FileMetadata => {
+            let path = "/work/conformance-metadata.txt";
+            let metadata = std::collections::BTreeMap::from([("k".into(), "v".into())]);
+            let op = cordon_core::FileOp::SetMetadata {
+                path: path.into(),
+                metadata: metadata.clone(),
+            };
+            // A tier without files refuses the put; its refusal of the metadata is the one
+            // that must name the tiers with it.
+            let _ = sb.put_file(path, b"m", 0o644);
+            let r = sb.file_op(&op);
+            if r.is_ok() {
+                let stat = sb.file_op(&cordon_core::FileOp::Stat { path: path.into() })?;
+                let cordon_core::FileReply::Entry { entry } = stat else {
+                    panic!("{tier}: a stat answered {stat:?}")
+                };
+                assert_eq!(entry.metadata, metadata, "{tier}");
+            }
+            found(r)
+        }
         Feature::Watch => {
             let r = sb.watch(&WatchOp::Start {
                 path: "/work".into(),

@@ -878,6 +878,9 @@ impl Sandbox for WasmSandbox {
     }
 
     fn file_op(&mut self, op: &cordon_core::FileOp) -> Result<cordon_core::FileReply> {
+        if matches!(op, cordon_core::FileOp::SetMetadata { .. }) {
+            return Err(cordon_core::Feature::FileMetadata.unsupported_here("metadata on a file"));
+        }
         let root = self.scratch()?.to_path_buf();
         files::op(&root, &self.disk, op)
     }

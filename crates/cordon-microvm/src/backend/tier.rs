@@ -143,6 +143,11 @@ impl Sandbox for MicrovmSandbox {
     }
 
     fn file_op(&mut self, op: &cordon_core::FileOp) -> Result<cordon_core::FileReply> {
+        // Its guest image's agent predates metadata (an op it cannot read would end the
+        // call), and the guest's tmpfs may keep no user attributes: refused here.
+        if matches!(op, cordon_core::FileOp::SetMetadata { .. }) {
+            return Err(cordon_core::Feature::FileMetadata.unsupported_here("metadata on a file"));
+        }
         self.file_call(op.name(), |io| cordon_host::files::file_op(io, op))
     }
 

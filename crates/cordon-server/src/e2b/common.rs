@@ -23,8 +23,9 @@ use super::connect::ConnectError;
 use super::wire::{self, SandboxDetail, SandboxOut};
 
 /// The envd version Cordon answers: the SDK features it switches on are the ones served
-/// here (octet-stream uploads, `close_stdin`, no file metadata or watch entries).
-pub const ENVD_VERSION: &str = "0.5.7";
+/// here (octet-stream uploads, `close_stdin`, file metadata, entries in watch events and
+/// `allow_network_mounts` on watches).
+pub const ENVD_VERSION: &str = "0.6.4";
 /// envd's port, as the `E2b-Sandbox-Port` header names it.
 pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port.
@@ -52,6 +53,9 @@ pub(crate) struct E2bBox {
     pub no_default: Mutex<Vec<&'static str>>,
     /// A paused sandbox is resumed by the next request to it (the create's `autoResume`).
     pub auto_resume: std::sync::atomic::AtomicBool,
+    /// Polled watchers (`CreateWatcher`) whose events carry their entries
+    /// (`include_entry`): watcher id to the sandbox path watched.
+    pub watch_entries: Mutex<HashMap<u64, String>>,
 }
 
 #[derive(Clone)]
@@ -369,6 +373,7 @@ impl E2b {
             procs: Mutex::default(),
             no_default: Mutex::default(),
             auto_resume: Default::default(),
+            watch_entries: Mutex::default(),
         });
         all.insert(id.to_string(), b.clone());
         b

@@ -16,6 +16,7 @@ use super::{
     retry_busy, rfc3339, to_e2b_path, to_sandbox_path,
 };
 use crate::error::{ApiError, Code};
+use crate::keys::Tenant;
 
 /// The deepest `ListDir` walks.
 const MAX_DEPTH: u32 = 16;
@@ -67,6 +68,7 @@ fn entry_info(entry: &FileEntry, path: &str) -> EntryInfo {
             .target
             .as_deref()
             .map(|t| to_e2b_path(&super::link_target(path, t))),
+        metadata: entry.metadata.clone(),
     }
 }
 
@@ -78,7 +80,17 @@ async fn file_op(e: &E2b, b: &E2bBox, id: &str, op: FileOp) -> Result<(), ApiErr
 }
 
 async fn stat(e: &E2b, b: &E2bBox, id: &str, path: &str) -> Result<EntryInfo, ConnectError> {
-    let st = retry_busy(|| e.svc.files().stat(&b.tenant, id, path.to_string()))
+    stat_of(e, &b.tenant, id, path).await
+}
+
+/// What envd's `Stat` answers for the sandbox path `path`.
+pub(super) async fn stat_of(
+    e: &E2b,
+    tenant: &Tenant,
+    id: &str,
+    path: &str,
+) -> Result<EntryInfo, ConnectError> {
+    let st = retry_busy(|| e.svc.files().stat(tenant, id, path.to_string()))
         .await
         .map_err(connect_error)?;
     Ok(entry_info(&st.entry, path))
@@ -315,12 +327,40 @@ pub(super) async fn get_file(
     }
 }
 
+/// The header prefix E2B's SDKs send a file's metadata under, one header a key.
+const METADATA_HEADER: &str = "x-metadata-";
+
+/// An upload's metadata from its `X-Metadata-<key>` headers (header names arrive
+/// lowercased, so the keys are), checked as every file's is before anything is written.
+fn upload_metadata(headers: &HeaderMap) -> Result<Metadata, Response> {
+    let mut out = Metadata::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER) else {
+            continue;
+        };
+        let Ok(value) = value.to_str() else {
+            return Err(e2b_error(
+                StatusCode::BAD_REQUEST,
+                format!("the metadata value of {key:?} is not printable US-ASCII; encode it first"),
+            ));
+        };
+        out.insert(key.to_string(), value.to_string());
+    }
+    cordon_core::check_metadata(&out).map_err(|e| e2b_error(StatusCode::BAD_REQUEST, e.0))?;
+    Ok(out)
+}
+
+type Metadata = std::collections::BTreeMap<String, String>;
+
+/// Writes one file of an upload. Writing it clears metadata it had; `metadata`, when
+/// given, is then stored on it.
 async fn write_one(
     e: &E2b,
     b: &E2bBox,
     id: &str,
     path: &str,
     data: Vec<u8>,
+    metadata: &Metadata,
 ) -> Result<WriteInfo, Response> {
     let p = to_sandbox_path(path);
     check_reachable(&p).map_err(files_error)?;
@@ -331,11 +371,19 @@ async fn write_one(
     })
     .await
     .map_err(files_error)?;
+    if !metadata.is_empty() {
+        let op = FileOp::SetMetadata {
+            path: p.clone(),
+            metadata: metadata.clone(),
+        };
+        file_op(e, b, id, op).await.map_err(files_error)?;
+    }
     let shown = to_e2b_path(&p);
     Ok(WriteInfo {
         name: shown.rsplit('/').next().unwrap_or("").to_string(),
         kind: "file",
         path: shown,
+        metadata: metadata.clone(),
     })
 }
 
@@ -362,6 +410,15 @@ pub(super) async fn post_files(
         Ok(x) => x,
         Err(r) => return r,
     };
+    let metadata = match upload_metadata(&headers) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    if !metadata.is_empty()
+        && let Err(err) = e.svc.files().check_metadata_served(&b.tenant, &id)
+    {
+        return api_error(err);
+    }
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -400,7 +457,7 @@ pub(super) async fn post_files(
                     );
                 }
             };
-            match write_one(&e, &b, &id, &path, data.to_vec()).await {
+            match write_one(&e, &b, &id, &path, data.to_vec(), &metadata).await {
                 Ok(w) => written.push(w),
                 Err(r) => return r,
             }
@@ -422,7 +479,7 @@ pub(super) async fn post_files(
                 }
             }
         };
-        match write_one(&e, &b, &id, &path, data).await {
+        match write_one(&e, &b, &id, &path, data, &metadata).await {
             Ok(w) => written.push(w),
             Err(r) => return r,
         }

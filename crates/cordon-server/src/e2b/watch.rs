@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::connect::{self, ConnectError, end_stream, envelope, unary};
-use super::{check_reachable, connect_error, to_sandbox_path};
+use super::wire::EntryInfo;
+use super::{E2b, check_reachable, connect_error, lock, to_sandbox_path};
+use crate::keys::Tenant;
 
 /// How often a stream asks the sandbox for what its watcher queued.
 const POLL: Duration = Duration::from_millis(100);
@@ -26,9 +28,12 @@ struct WatchRequest {
     path: String,
     #[serde(default)]
     recursive: bool,
-    /// Sent only by SDKs talking to envd ≥ 0.6.3; Cordon advertises less, so it is false.
+    /// Each event carries the entry's [`EntryInfo`] when it can be stat-ed (envd ≥ 0.6.3).
     #[serde(default)]
     include_entry: bool,
+    /// envd refuses network mounts unless this is set (envd ≥ 0.6.4). A Cordon workspace
+    /// is never a network mount (a tmpfs or the sandbox's own directory), so it is taken
+    /// and changes nothing.
     #[serde(default)]
     #[allow(dead_code)]
     allow_network_mounts: bool,
@@ -51,6 +56,8 @@ struct FsEvent {
     name: String,
     #[serde(rename = "type")]
     kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    entry: Option<Box<EntryInfo>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -72,6 +79,7 @@ enum StreamEvent {
 
 fn fs_event(e: WatchEvent) -> FsEvent {
     FsEvent {
+        entry: None,
         name: e.name,
         kind: match e.kind {
             WatchKind::Create => "EVENT_TYPE_CREATE",
@@ -83,13 +91,34 @@ fn fs_event(e: WatchEvent) -> FsEvent {
     }
 }
 
+/// A batch's events; with `dir` (the watched sandbox directory, for watchers that asked
+/// for entries), each with the entry it names when that can be stat-ed (not after a
+/// remove, nor a rename away), through the tier's own file call.
+async fn events(
+    e: &E2b,
+    tenant: &Tenant,
+    id: &str,
+    dir: Option<&str>,
+    batch: Vec<WatchEvent>,
+) -> Vec<FsEvent> {
+    let mut out = Vec::with_capacity(batch.len());
+    for ev in batch {
+        let gone = ev.kind == WatchKind::Remove;
+        let mut fe = fs_event(ev);
+        if let Some(dir) = dir
+            && !gone
+        {
+            let path = format!("{}/{}", dir.trim_end_matches('/'), fe.name);
+            let found = super::filesystem::stat_of(e, tenant, id, &path).await;
+            fe.entry = found.ok().map(Box::new);
+        }
+        out.push(fe);
+    }
+    out
+}
+
 /// The sandbox path a request names, checked as every file call's is.
 fn watched_path(req: &WatchRequest) -> Result<String, ConnectError> {
-    if req.include_entry {
-        return Err(ConnectError::unimplemented(
-            "entries in watch events (include_entry) are not served; stat the named path",
-        ));
-    }
     let p = to_sandbox_path(&req.path);
     check_reachable(&p).map_err(connect_error)?;
     Ok(p)
@@ -116,16 +145,21 @@ pub(super) async fn unary_call(
                 .watch_start(&b.tenant, id, &p, req.recursive, "e2b")
                 .await
                 .map_err(connect_error)?;
+            if req.include_entry {
+                lock(&b.watch_entries).insert(w, p);
+            }
             Ok(unary(&CreateWatcherResponse {
                 watcher_id: w.to_string(),
             }))
         }
         "GetWatcherEvents" => {
             let req: WatcherRequest = c.unary()?;
+            let watcher = watcher_id(&req)?;
             let batch = sessions
-                .watch_read(&b.tenant, id, watcher_id(&req)?)
+                .watch_read(&b.tenant, id, watcher)
                 .await
                 .map_err(connect_error)?;
+            let dir = lock(&b.watch_entries).get(&watcher).cloned();
             if batch.dropped > 0 {
                 tracing::debug!(
                     sandbox = id,
@@ -134,13 +168,15 @@ pub(super) async fn unary_call(
                 );
             }
             Ok(unary(&EventsResponse {
-                events: batch.events.into_iter().map(fs_event).collect(),
+                events: events(e, &b.tenant, id, dir.as_deref(), batch.events).await,
             }))
         }
         _ => {
             let req: WatcherRequest = c.unary()?;
+            let watcher = watcher_id(&req)?;
+            lock(&b.watch_entries).remove(&watcher);
             sessions
-                .watch_stop(&b.tenant, id, watcher_id(&req)?)
+                .watch_stop(&b.tenant, id, watcher)
                 .await
                 .map_err(connect_error)?;
             Ok(unary(&Empty {}))
@@ -163,9 +199,16 @@ pub(super) async fn stream(c: &super::Call<'_>) -> Result<Response, ConnectError
         .await
         .map_err(connect_error)?;
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(16);
+    let r = Relay {
+        e: e.clone(),
+        tenant,
+        id,
+        watcher,
+        dir: req.include_entry.then_some(p),
+    };
     tokio::spawn(async move {
-        let end = relay(&sessions, &tenant, &id, watcher, keepalive, &tx).await;
-        let _ = sessions.watch_stop(&tenant, &id, watcher).await;
+        let end = r.run(keepalive, &tx).await;
+        let _ = sessions.watch_stop(&r.tenant, &r.id, watcher).await;
         if let Some(last) = end {
             let _ = tx.send(Ok(last)).await;
         }
@@ -176,38 +219,49 @@ pub(super) async fn stream(c: &super::Call<'_>) -> Result<Response, ConnectError
     Ok(connect::stream_response(Body::from_stream(stream)))
 }
 
-/// Sends the stream's messages until it ends; the end-of-stream envelope to send, or
-/// `None` when the client went away.
-async fn relay(
-    sessions: &crate::service::Sessions,
-    tenant: &crate::keys::Tenant,
-    id: &str,
+/// One `WatchDir` stream's watcher.
+struct Relay {
+    e: E2b,
+    tenant: Tenant,
+    id: String,
     watcher: u64,
-    keepalive: Duration,
-    tx: &mpsc::Sender<Result<Bytes, Infallible>>,
-) -> Option<Bytes> {
-    tx.send(Ok(envelope(&StreamEvent::Start {}))).await.ok()?;
-    let mut poll = tokio::time::interval(POLL);
-    let mut alive = tokio::time::interval(keepalive);
-    alive.tick().await;
-    loop {
-        tokio::select! {
-            biased;
-            _ = tx.closed() => return None,
-            _ = alive.tick() => {
-                tx.send(Ok(envelope(&StreamEvent::Keepalive {}))).await.ok()?;
-            }
-            _ = poll.tick() => {
-                let batch = match sessions.watch_read(tenant, id, watcher).await {
-                    Ok(b) => b,
-                    Err(err) => return Some(end_stream(Some(&connect_error(err)))),
-                };
-                for ev in batch.events {
-                    let msg = envelope(&StreamEvent::Filesystem(fs_event(ev)));
-                    tx.send(Ok(msg)).await.ok()?;
+    /// The watched directory, when the events carry their entries.
+    dir: Option<String>,
+}
+
+impl Relay {
+    /// Sends the stream's messages until it ends; the end-of-stream envelope to send, or
+    /// `None` when the client went away.
+    async fn run(
+        &self,
+        keepalive: Duration,
+        tx: &mpsc::Sender<Result<Bytes, Infallible>>,
+    ) -> Option<Bytes> {
+        let sessions = self.e.svc.sessions();
+        let (tenant, id) = (&self.tenant, self.id.as_str());
+        tx.send(Ok(envelope(&StreamEvent::Start {}))).await.ok()?;
+        let mut poll = tokio::time::interval(POLL);
+        let mut alive = tokio::time::interval(keepalive);
+        alive.tick().await;
+        loop {
+            tokio::select! {
+                biased;
+                _ = tx.closed() => return None,
+                _ = alive.tick() => {
+                    tx.send(Ok(envelope(&StreamEvent::Keepalive {}))).await.ok()?;
                 }
-                if batch.ended {
-                    return Some(end_stream(None));
+                _ = poll.tick() => {
+                    let batch = match sessions.watch_read(tenant, id, self.watcher).await {
+                        Ok(b) => b,
+                        Err(err) => return Some(end_stream(Some(&connect_error(err)))),
+                    };
+                    let dir = self.dir.as_deref();
+                    for ev in events(&self.e, tenant, id, dir, batch.events).await {
+                        tx.send(Ok(envelope(&StreamEvent::Filesystem(ev)))).await.ok()?;
+                    }
+                    if batch.ended {
+                        return Some(end_stream(None));
+                    }
                 }
             }
         }

@@ -339,6 +339,9 @@ pub struct EntryInfo {
     /// Where a symlink points, as an absolute path (E2B's form).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// The entry's `user.e2b.*` extended attributes, the prefix left off (envd ≥ 0.6.2).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -358,6 +361,9 @@ pub struct WriteInfo {
     #[serde(rename = "type")]
     pub kind: &'static str,
     pub path: String,
+    /// The metadata the upload stored (envd ≥ 0.6.2); none when it gave none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// `GET /files`, `POST /files`: the query.

@@ -7,7 +7,9 @@
 use std::io::{self, Read, Write};
 
 use bytes::Bytes;
-use cordon_core::{ArchiveReport, FileOp, FileReply, validate_sandbox_dir, validate_sandbox_path};
+use cordon_core::{
+    ArchiveReport, Feature, FileOp, FileReply, validate_sandbox_dir, validate_sandbox_path,
+};
 use futures_util::{Stream, StreamExt};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
@@ -57,8 +59,21 @@ fn check_op(op: &FileOp) -> Result<(), ApiError> {
             validate_sandbox_path(from)?;
             validate_sandbox_path(to)?;
         }
+        FileOp::SetMetadata { path, metadata } => {
+            validate_sandbox_path(path)?;
+            cordon_core::check_metadata(metadata).map_err(|e| ApiError::invalid(e.0))?;
+        }
     }
     Ok(())
+}
+
+fn metadata_served(tier: cordon_core::Tier) -> Result<(), ApiError> {
+    if tier.features().has(Feature::FileMetadata) {
+        return Ok(());
+    }
+    Err(Feature::FileMetadata
+        .unsupported(tier, "metadata on a file")
+        .into())
 }
 
 fn full_dir(dir: &str) -> Result<String, ApiError> {
@@ -220,6 +235,12 @@ impl Files {
         Ok(data)
     }
 
+    /// Refused unless the sandbox's tier keeps metadata on files: asked before an upload
+    /// carrying some writes anything.
+    pub fn check_metadata_served(&self, tenant: &Tenant, id: &str) -> Result<(), ApiError> {
+        metadata_served(self.sessions.session(tenant, id)?.tier)
+    }
+
     /// A directory's listing (the API's route and MCP's tool).
     pub async fn list(&self, tenant: &Tenant, id: &str, path: String) -> Result<Listing, ApiError> {
         let op = FileOp::List { path: path.clone() };
@@ -242,7 +263,7 @@ impl Files {
         }
     }
 
-    /// A remove, rename or mkdir (the API's routes and MCP's tools).
+    /// A remove, rename, mkdir or metadata change (the API's routes and MCP's tools).
     pub async fn done(&self, tenant: &Tenant, id: &str, op: FileOp) -> Result<Done, ApiError> {
         let name = op.name();
         let (path, to) = match &op {
@@ -265,6 +286,9 @@ impl Files {
         check_op(&op)?;
         let guard = self.sessions.claim(tenant, id)?;
         let s = guard.0.clone();
+        if matches!(op, FileOp::SetMetadata { .. }) {
+            metadata_served(s.tier)?;
+        }
         let audit = self.sessions.audit.store.clone();
         blocking(move || -> Result<FileReply, ApiError> {
             let _busy = guard;
