@@ -81,7 +81,8 @@ mod tests {
         let p = Plan::new(256, 20, 128);
         assert_eq!(p.reserve, 64);
         assert_eq!(p.sandboxes, 44);
-        assert_eq!(p.allows(Tier::Container), Some(14));
+        // A container sandbox holds one descriptor (ADR 0038).
+        assert_eq!(p.allows(Tier::Container), Some(44));
         assert_eq!(p.allows(Tier::Wasm), None);
         let tiny = Plan::new(100, 20, 50);
         assert_eq!(tiny.sandboxes, 0);
