@@ -16,6 +16,9 @@ pub struct Features {
     pub network: bool,
     /// A workspace with files: puts, gets, listing, archives in and out.
     pub files: bool,
+    /// Files outside the workspace (`/tmp`, the image's files) in and out, listed, made and
+    /// removed, as the sandbox's user by the agent inside the sandbox (ADR 0031).
+    pub files_outside: bool,
     /// Volumes mounted into the sandbox.
     pub volumes: bool,
     /// Background execs (started, read, written, signalled later).
@@ -116,6 +119,7 @@ const ALL_LANGUAGES: &[Language] = &[
 pub enum Feature {
     Network,
     Files,
+    FilesOutside,
     Volumes,
     Background,
     Pty,
@@ -141,9 +145,10 @@ pub enum Feature {
 }
 
 impl Feature {
-    pub const ALL: [Feature; 24] = [
+    pub const ALL: [Feature; 25] = [
         Feature::Network,
         Feature::Files,
+        Feature::FilesOutside,
         Feature::Volumes,
         Feature::Background,
         Feature::Pty,
@@ -173,6 +178,7 @@ impl Feature {
         match self {
             Feature::Network => "a network (allow_hosts and grants)",
             Feature::Files => "a workspace with files",
+            Feature::FilesOutside => "files outside /work (such as /tmp)",
             Feature::Volumes => "volumes",
             Feature::Background => "background processes",
             Feature::Pty => "a terminal for a background process",
@@ -241,11 +247,28 @@ impl Feature {
     }
 }
 
+/// Refuses a file call's path outside the workspace on `tier` when it lacks
+/// [`Feature::FilesOutside`] (the wasm tier's files are its workspace alone), saying which
+/// tiers reach it; the workspace's paths pass (and are checked where they are served).
+pub fn refuse_outside(tier: Tier, path: &str) -> crate::Result<()> {
+    if tier.features().files_outside {
+        return Ok(());
+    }
+    match crate::classify_sandbox_path(path, true) {
+        Ok(crate::FileTarget::Outside(_)) => Err(Feature::FilesOutside.unsupported(
+            tier,
+            format!("{path:?} (outside /work; files under /work work here)"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl Features {
     pub fn has(&self, f: Feature) -> bool {
         match f {
             Feature::Network => self.network,
             Feature::Files => self.files,
+            Feature::FilesOutside => self.files_outside,
             Feature::Volumes => self.volumes,
             Feature::Background => self.background,
             Feature::Pty => self.pty,
@@ -281,6 +304,7 @@ impl Features {
 const NONE: Features = Features {
     network: false,
     files: false,
+    files_outside: false,
     volumes: false,
     background: false,
     pty: false,
@@ -317,6 +341,7 @@ const PROGRAMS: Features = Features {
     oci: true,
     network: true,
     files: true,
+    files_outside: true,
     background: true,
     pty: true,
     pause: true,

@@ -96,6 +96,14 @@ impl FileOp {
         }
     }
 
+    /// Every path the operation names (both ends of a rename).
+    pub fn paths(&self) -> Vec<&str> {
+        match self {
+            FileOp::Rename { from, to } => vec![from, to],
+            other => vec![other.path()],
+        }
+    }
+
     /// The operation's name, for audit rows and messages.
     pub fn name(&self) -> &'static str {
         match self {

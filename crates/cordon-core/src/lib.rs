@@ -34,14 +34,17 @@ pub use exec::{
     Command, ExecOutcome, ExecRequest, OutputStream, SANDBOX_PATH, Termination, Timings, Usage,
     exit_code_for, sandbox_env,
 };
-pub use features::{Feature, Features};
+pub use features::{Feature, Features, refuse_outside};
 pub use files::{
     ArchiveReport, FileEntry, FileKind, FileOp, FileReply, MAX_LIST_ENTRIES, MAX_METADATA_BYTES,
     MAX_METADATA_KEY, MAX_METADATA_KEYS, MAX_METADATA_VALUE, METADATA_XATTR_PREFIX,
     MetadataRefused, Skipped, check_metadata,
 };
 pub use gauge::{Gauge, Reading};
-pub use paths::{HOME_MOUNT, WORKDIR, validate_sandbox_dir, validate_sandbox_path};
+pub use paths::{
+    AGENT_DIRS, FileTarget, HOME_MOUNT, UNREACHABLE, WORKDIR, classify_sandbox_path,
+    validate_sandbox_dir, validate_sandbox_path,
+};
 pub use procs::{BACKGROUND_KEEP, PTY_MAX, ProcExit, ProcOutput, ProcSignal, PtySize};
 pub use report::{
     Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind, GrantNames,

@@ -1,5 +1,5 @@
 //! Paths inside a sandbox: the workspace's two mount points and the check every file in
-//! or out passes. Below the spec and the volumes, which both use it.
+//! or out passes, and where a path outside the workspace leads. Below the spec and the volumes, which both use it.
 
 use crate::{Error, Result};
 
@@ -73,6 +73,132 @@ pub fn validate_sandbox_path(path: &str) -> Result<String> {
         return refuse("longer than 4096 bytes as a path under /work");
     }
     Ok(rel)
+}
+
+/// Where a file call's path leads (ADR 0031).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileTarget {
+    /// The workspace: the path relative to [`WORKDIR`] (empty: `/work` itself, for a
+    /// directory call). Served where the workspace is (the agent, or the host's confined
+    /// view of it).
+    Workspace(String),
+    /// Elsewhere in the sandbox's own root (`/tmp`, the image's files): the path relative
+    /// to `/` (empty: `/` itself, for a directory call), normalised, never through `..`.
+    /// Served by the agent inside the sandbox, as the sandbox's user, never following a
+    /// symlink; tiers without [`crate::Feature::FilesOutside`] refuse it.
+    Outside(String),
+}
+
+/// Top-level directories of a sandbox the file API never reaches, whatever the tier: the
+/// kernel's views (`/proc`, `/sys`) and the devices (`/dev`). The agent's own directories
+/// are refused too ([`AGENT_DIRS`]).
+pub const UNREACHABLE: [&str; 3] = ["proc", "sys", "dev"];
+
+/// The agent's own directories in a sandbox (relative to its root): its egress and port
+/// sockets (`/run/cordon`), and on the gvisor tier its binary, egress socket and host
+/// binds (`/.cordon`). Never reached by the file API.
+pub const AGENT_DIRS: [&str; 2] = ["run/cordon", ".cordon"];
+
+/// Classifies a file call's path: a relative path, `/work/...` and `/home/user/...` are
+/// the workspace's (checked as [`validate_sandbox_path`] checks them); any other absolute
+/// path is [`FileTarget::Outside`], refused when it climbs (`..`), names `/proc`, `/sys`,
+/// `/dev` or the agent's own directories ([`AGENT_DIRS`]) or what is beneath them, or (unless `dir`, a directory call)
+/// names `/` itself.
+pub fn classify_sandbox_path(path: &str, dir: bool) -> Result<FileTarget> {
+    let refuse = |reason: &str| {
+        Err(Error::PathRefused {
+            path: path.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    let workspace = |p: &str| {
+        if dir {
+            validate_sandbox_dir(p)
+        } else {
+            validate_sandbox_path(p)
+        }
+        .map(FileTarget::Workspace)
+    };
+    if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
+        return workspace(path);
+    }
+    let mut parts = Vec::new();
+    for comp in path.split('/') {
+        match comp {
+            "" | "." => continue,
+            ".." => return refuse("contains '..'; give the path without it"),
+            c => parts.push(c),
+        }
+    }
+    let rel = parts.join("/");
+    match parts.first() {
+        Some(&"work") => return workspace(&format!("/{rel}")),
+        Some(&"home") if parts.get(1) == Some(&"user") => {
+            let rest = parts[2..].join("/");
+            return workspace(&format!("{WORKDIR}/{rest}"));
+        }
+        Some(top) if UNREACHABLE.contains(top) => {
+            return refuse(
+                "the file API never reaches /proc, /sys or /dev; read them with an exec \
+                 (commands.run)",
+            );
+        }
+        None if !dir => return refuse("names / itself; give a file path"),
+        _ => {}
+    }
+    if AGENT_DIRS
+        .iter()
+        .any(|d| rel == *d || rel.starts_with(&format!("{d}/")))
+    {
+        return refuse("the agent's own directory (/run/cordon, /.cordon); give another path");
+    }
+    Ok(FileTarget::Outside(rel))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_outside_the_workspace_are_classified_or_refused() {
+        let c = |p: &str, dir: bool| classify_sandbox_path(p, dir).ok();
+        let ws = |r: &str| Some(FileTarget::Workspace(r.to_string()));
+        let out = |r: &str| Some(FileTarget::Outside(r.to_string()));
+        assert_eq!(c("/work/a", false), ws("a"));
+        assert_eq!(c("a/./b", false), ws("a/b"));
+        assert_eq!(c("/home/user/a", false), ws("a"));
+        assert_eq!(c("//work//a", false), ws("a"));
+        assert_eq!(c("/work", true), ws(""));
+        assert_eq!(c("/tmp/x", false), out("tmp/x"));
+        assert_eq!(c("/tmp//./x/", false), out("tmp/x"));
+        assert_eq!(c("/home/username/x", false), out("home/username/x"));
+        assert_eq!(c("/workx", false), out("workx"));
+        assert_eq!(c("/", true), out(""));
+        for bad in [
+            "/",
+            "/tmp/../etc/passwd",
+            "/work/../etc",
+            "/proc/self/environ",
+            "/proc",
+            "//proc/1/root",
+            "/./sys/kernel",
+            "/dev/mem",
+            "/run/cordon",
+            "/run/cordon/egress.sock",
+            "/.cordon/agent",
+            "/tmp/a\0b",
+        ] {
+            assert!(
+                matches!(
+                    classify_sandbox_path(bad, false),
+                    Err(Error::PathRefused { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(c("/run/cordonx", false), out("run/cordonx"));
+        assert_eq!(c("/procx", false), out("procx"));
+    }
 }
 
 /// Bounded fuzzing of the sandbox path validator (docs/fuzzing.md); `CORDON_FUZZ_CASES`

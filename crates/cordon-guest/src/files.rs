@@ -3,6 +3,11 @@
 //! kernel would resolve again): never through a symlink or onto another filesystem, never
 //! blocking on a FIFO the sandbox planted, and only ever a regular file. Used by the agent inside a sandbox and by tiers that reach
 //! the workspace from the host (gvisor).
+//!
+//! The same walk serves the sandbox's own root ([`Workspace::open_outside`], ADR 0031): the
+//! agent's forked file call (crate::outside), already the sandbox's user, walks from `/`
+//! never through a symlink, crossing into other mounts (`/tmp`'s tmpfs) but never into the
+//! kernel's (procfs, sysfs, cgroupfs and the like: see [`kernel_fs`]).
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -31,6 +36,9 @@ pub struct Workspace {
     root: OwnedFd,
     uid: u32,
     gid: u32,
+    /// The sandbox's own root rather than its workspace: paths are absolute, and a walk
+    /// crosses into other mounts, never into the kernel's filesystems.
+    outside: bool,
 }
 
 impl Workspace {
@@ -42,7 +50,53 @@ impl Workspace {
             Mode::empty(),
         )
         .map_err(io::Error::from)?;
-        Ok(Workspace { root, uid, gid })
+        Ok(Workspace {
+            root,
+            uid,
+            gid,
+            outside: false,
+        })
+    }
+
+    /// Opens the sandbox's own root at `dir` (the agent's `/`) for calls outside the
+    /// workspace: paths are absolute ([`cordon_core::classify_sandbox_path`]), walks cross
+    /// into other mounts but never into a kernel filesystem, and never through a symlink.
+    /// Only for a process that already is the sandbox's user (crate::outside).
+    pub fn open_outside(dir: &Path, uid: u32, gid: u32) -> io::Result<Self> {
+        Ok(Workspace {
+            outside: true,
+            ..Self::open(dir, uid, gid)?
+        })
+    }
+
+    /// `path` checked and made relative to the root (a file's path).
+    fn rel(&self, path: &str) -> Result<String, FileError> {
+        if self.outside {
+            outside_rel(path, false)
+        } else {
+            check_path(path)
+        }
+    }
+
+    /// `path` checked and made relative to the root (a directory's: the root itself too).
+    fn rel_dir(&self, path: &str) -> Result<String, FileError> {
+        if self.outside {
+            outside_rel(path, true)
+        } else {
+            check_dir(path)
+        }
+    }
+
+    /// The entry `name` in `dir`, as [`open_at`] opens it; outside the workspace, also
+    /// across a mount (never into a kernel filesystem).
+    fn open_entry(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &str,
+        flags: OFlag,
+        mode: Mode,
+    ) -> Result<OwnedFd, Errno> {
+        open_step(dir, name, flags, mode, self.outside)
     }
 
     /// The workspace's directory, held open.
@@ -56,7 +110,7 @@ impl Workspace {
     /// `create`, missing directories are made on the way (each handed to the sandbox user).
     /// An error names the prefix of `rel` where the walk stopped.
     pub(crate) fn walk(&self, rel: &str, create: bool) -> Result<OwnedFd, Stuck> {
-        walk_from(self.root.as_fd(), rel, create.then_some(self))
+        walk_in(self.root.as_fd(), rel, create.then_some(self), self.outside)
     }
 
     /// A directory beneath the root, readable (`rel` empty: the root itself).
@@ -83,7 +137,7 @@ impl Workspace {
     /// is opened without blocking, so a FIFO nobody reads fails at once, one somebody reads
     /// is refused), a symlink anywhere, a path leaving the workspace.
     pub fn put(&self, path: &str, mode: u32, data: &[u8]) -> Result<(), FileError> {
-        let rel = check_path(path)?;
+        let rel = self.rel(path)?;
         let mut f = self.create_file(&rel, path, mode)?;
         f.write_all(data).map_err(|e| write_error(path, &e))
     }
@@ -95,7 +149,11 @@ impl Workspace {
         self.walk(rel, true).map_err(|s| match s.errno {
             Errno::ENOTDIR => (
                 ErrorCode::PathRefused,
-                format!("{shown}: /work/{} is not a directory", s.at),
+                format!(
+                    "{shown}: {}/{} is not a directory",
+                    if self.outside { "" } else { "/work" },
+                    s.at
+                ),
             ),
             e => refuse_errno(shown, e),
         })
@@ -108,17 +166,18 @@ impl Workspace {
         let (dirs, name) = rel.rsplit_once('/').unwrap_or(("", rel));
         let parent = self.make_dirs(dirs, shown)?;
         // Not O_TRUNC: only a file found to be regular is truncated.
-        let fd = open_at(
-            parent.as_fd(),
-            name,
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK,
-            Mode::from_bits_truncate(mode & 0o777),
-        )
-        .map_err(|e| match e {
-            // A FIFO without a reader (or a socket), a directory: not a file.
-            Errno::ENXIO | Errno::EISDIR => not_regular(shown),
-            e => refuse_errno(shown, e),
-        })?;
+        let fd = self
+            .open_entry(
+                parent.as_fd(),
+                name,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK,
+                Mode::from_bits_truncate(mode & 0o777),
+            )
+            .map_err(|e| match e {
+                // A FIFO without a reader (or a socket), a directory: not a file.
+                Errno::ENXIO | Errno::EISDIR => not_regular(shown),
+                e => refuse_errno(shown, e),
+            })?;
         let st = fstat(&fd).map_err(|e| refuse_errno(shown, e))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(not_regular(shown));
@@ -152,7 +211,7 @@ impl Workspace {
     /// The entries of a directory, sorted by name, at most [`MAX_LIST_ENTRIES`]; symlinks
     /// are reported as symlinks, never followed.
     pub fn list(&self, path: &str) -> Result<FileReply, FileError> {
-        let rel = check_dir(path)?;
+        let rel = self.rel_dir(path)?;
         let fd = self.open_dir(&rel).map_err(|e| dir_errno(path, e))?;
         let mut names = read_names(&fd).map_err(|e| refuse_errno(path, e))?;
         names.sort();
@@ -176,10 +235,15 @@ impl Workspace {
 
     /// One entry; a symlink is reported as one, not followed.
     pub fn stat(&self, path: &str) -> Result<FileEntry, FileError> {
-        let rel = check_dir(path)?;
+        let rel = self.rel_dir(path)?;
         if rel.is_empty() {
             let st = fstat(&self.root).map_err(|e| refuse_errno(path, e))?;
-            return Ok(entry_of(cordon_core::WORKDIR.to_string(), &st));
+            let name = if self.outside {
+                "/"
+            } else {
+                cordon_core::WORKDIR
+            };
+            return Ok(entry_of(name.to_string(), &st));
         }
         let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
         let st = fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)
@@ -208,7 +272,7 @@ impl Workspace {
     /// Removes a file, a symlink (itself) or an empty directory; with `recursive`, a
     /// directory and everything beneath it, each level opened without following symlinks.
     pub fn remove(&self, path: &str, recursive: bool) -> Result<(), FileError> {
-        let rel = check_path(path)?;
+        let rel = self.rel(path)?;
         let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
         let st = fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .map_err(|e| refuse_errno(path, e))?;
@@ -240,8 +304,8 @@ impl Workspace {
     /// Renames `from` to `to` (both under `/work`; a file at `to` is replaced). A symlink
     /// is renamed itself; neither path may pass through one.
     pub fn rename(&self, from: &str, to: &str) -> Result<(), FileError> {
-        let rf = check_path(from)?;
-        let rt = check_path(to)?;
+        let rf = self.rel(from)?;
+        let rt = self.rel(to)?;
         let (pf, nf) = self.parent_of(&rf).map_err(|e| refuse_errno(from, e))?;
         let (pt, nt) = self.parent_of(&rt).map_err(|e| refuse_errno(to, e))?;
         renameat(&pf, nf, &pt, nt).map_err(|e| match e {
@@ -264,7 +328,7 @@ impl Workspace {
     /// Makes a directory; with `parents`, its missing parents too, and an existing
     /// directory is not an error.
     pub fn mkdir(&self, path: &str, parents: bool) -> Result<(), FileError> {
-        let rel = check_path(path)?;
+        let rel = self.rel(path)?;
         if parents {
             return self.make_dirs(&rel, path).map(drop);
         }
@@ -295,18 +359,19 @@ impl Workspace {
     /// Reads at most `max` bytes of `path`; the flag says there was more. Refused as
     /// [`Workspace::put`] refuses.
     pub fn get(&self, path: &str, max: u64) -> Result<(Vec<u8>, bool), FileError> {
-        let rel = check_path(path)?;
+        let rel = self.rel(path)?;
         let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
-        let fd = open_at(
-            parent.as_fd(),
-            name,
-            OFlag::O_RDONLY | OFlag::O_NONBLOCK,
-            Mode::empty(),
-        )
-        .map_err(|e| match e {
-            Errno::ENXIO => not_regular(path),
-            e => refuse_errno(path, e),
-        })?;
+        let fd = self
+            .open_entry(
+                parent.as_fd(),
+                name,
+                OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+                Mode::empty(),
+            )
+            .map_err(|e| match e {
+                Errno::ENXIO => not_regular(path),
+                e => refuse_errno(path, e),
+            })?;
         let st = fstat(&fd).map_err(|e| refuse_errno(path, e))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(not_regular(path));
@@ -338,19 +403,30 @@ pub(crate) fn walk_from(
     rel: &str,
     make: Option<&Workspace>,
 ) -> Result<OwnedFd, Stuck> {
+    walk_in(top, rel, make, false)
+}
+
+/// [`walk_from`]; with `crossing`, into other mounts too (never a kernel filesystem).
+fn walk_in(
+    top: BorrowedFd<'_>,
+    rel: &str,
+    make: Option<&Workspace>,
+    crossing: bool,
+) -> Result<OwnedFd, Stuck> {
     let dir_flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY;
     let stuck = |errno, end: usize| Stuck {
         errno,
         at: rel[..end].to_string(),
     };
-    let mut cur = open_at(top, ".", dir_flags, Mode::empty()).map_err(|e| stuck(e, 0))?;
+    let mut cur =
+        open_step(top, ".", dir_flags, Mode::empty(), crossing).map_err(|e| stuck(e, 0))?;
     if rel.is_empty() {
         return Ok(cur);
     }
     let mut end = 0;
     for part in rel.split('/') {
         end += if end == 0 { part.len() } else { part.len() + 1 };
-        let next = match open_at(cur.as_fd(), part, dir_flags, Mode::empty()) {
+        let next = match open_step(cur.as_fd(), part, dir_flags, Mode::empty(), crossing) {
             Ok(fd) => fd,
             Err(Errno::ENOENT) if make.is_some() => {
                 let made = match mkdirat(&cur, part, Mode::from_bits_truncate(0o755)) {
@@ -358,7 +434,7 @@ pub(crate) fn walk_from(
                     Err(Errno::EEXIST) => false,
                     Err(e) => return Err(stuck(e, end)),
                 };
-                let fd = open_at(cur.as_fd(), part, dir_flags, Mode::empty())
+                let fd = open_step(cur.as_fd(), part, dir_flags, Mode::empty(), crossing)
                     .map_err(|e| stuck(e, end))?;
                 if let (true, Some(ws)) = (made, make) {
                     ws.hand_over(&fd);
@@ -394,19 +470,121 @@ pub(crate) fn open_at(
     flags: OFlag,
     mode: Mode,
 ) -> Result<OwnedFd, Errno> {
+    open_one(dir, name, flags, mode, true)
+}
+
+/// [`open_at`], or with `crossing` its twin that may cross into another mount (the sandbox's
+/// `/tmp` from its root): never through a symlink or a magic link either way, and never
+/// onto a kernel filesystem ([`kernel_fs`]: `EXDEV`).
+fn open_step(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    flags: OFlag,
+    mode: Mode,
+    crossing: bool,
+) -> Result<OwnedFd, Errno> {
+    if !crossing {
+        return open_at(dir, name, flags, mode);
+    }
+    let fd = open_one(dir, name, flags, mode, false)?;
+    if kernel_fs(&fd)? {
+        return Err(Errno::EXDEV);
+    }
+    Ok(fd)
+}
+
+/// One name opened beneath `dir`, never through a symlink or a magic link, and with
+/// `same_fs` never onto another filesystem.
+fn open_one(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    flags: OFlag,
+    mode: Mode,
+    same_fs: bool,
+) -> Result<OwnedFd, Errno> {
     if name.contains('/') || name.is_empty() || name == ".." {
         return Err(Errno::EINVAL);
+    }
+    let mut resolve = ResolveFlag::RESOLVE_BENEATH
+        | ResolveFlag::RESOLVE_NO_SYMLINKS
+        | ResolveFlag::RESOLVE_NO_MAGICLINKS;
+    if same_fs {
+        resolve |= ResolveFlag::RESOLVE_NO_XDEV;
     }
     let how = OpenHow::new()
         .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
         .mode(mode)
-        .resolve(
-            ResolveFlag::RESOLVE_BENEATH
-                | ResolveFlag::RESOLVE_NO_SYMLINKS
-                | ResolveFlag::RESOLVE_NO_MAGICLINKS
-                | ResolveFlag::RESOLVE_NO_XDEV,
-        );
-    openat2(dir, name, how)
+        .resolve(resolve);
+    match openat2(dir, name, how) {
+        // A kernel without openat2 (gVisor's): one name (never `..`, never a path) opened
+        // with O_NOFOLLOW is the same step, a symlink (magic or not) `ELOOP`; another
+        // filesystem is told by its device. Never with O_DIRECTORY, with which gVisor
+        // follows a symlink O_NOFOLLOW refuses: a directory is asked for by its type
+        // instead, opened without blocking (so a FIFO in its place never stalls the walk).
+        Err(Errno::ENOSYS) => {
+            let dir_only = flags.contains(OFlag::O_DIRECTORY);
+            let mut plain = (flags - OFlag::O_DIRECTORY) | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            if dir_only {
+                plain |= OFlag::O_NONBLOCK;
+            }
+            let fd = nix::fcntl::openat(dir, name, plain, mode)?;
+            let st = fstat(&fd)?;
+            if dir_only && st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+                return Err(Errno::ENOTDIR);
+            }
+            if same_fs && st.st_dev != fstat(dir)?.st_dev {
+                return Err(Errno::EXDEV);
+            }
+            Ok(fd)
+        }
+        other => other,
+    }
+}
+
+/// Whether `fd` is on one of the kernel's own filesystems (its views of processes, devices,
+/// cgroups, security modules, tracing, namespaces), which the file API never reaches
+/// whatever their name: a `/proc` mounted elsewhere too.
+pub(crate) fn kernel_fs(fd: &OwnedFd) -> Result<bool, Errno> {
+    // The magic numbers of linux/magic.h, raw: nix names only some of them on musl.
+    const KERNEL: [u32; 20] = [
+        0x9fa0,      // proc
+        0x6265_6572, // sysfs
+        0x0027_e0eb, // cgroup
+        0x6367_7270, // cgroup2
+        0x1cd1,      // devpts
+        0x6462_6720, // debugfs
+        0x7472_6163, // tracefs
+        0x7363_6673, // securityfs
+        0xf97c_ff8c, // selinuxfs
+        0x4341_5d53, // smackfs
+        0xcafe_4a11, // bpf
+        0x6e73_6673, // nsfs
+        0x0765_5821, // resctrl
+        0x9fa2,      // usbdevfs
+        0x4249_4e4d, // binfmt_misc
+        0x6265_6570, // configfs
+        0xde5e_81e4, // efivarfs
+        0x6165_676c, // pstore
+        0x6573_5543, // fusectl
+        0x1980_0202, // mqueue
+    ];
+    let kind = nix::sys::statfs::fstatfs(fd)?.filesystem_type().0 as u64 as u32;
+    Ok(KERNEL.contains(&kind))
+}
+
+/// A path outside the workspace, relative to the sandbox's root, or why it is refused.
+fn outside_rel(path: &str, dir: bool) -> Result<String, FileError> {
+    match cordon_core::classify_sandbox_path(path, dir) {
+        Ok(cordon_core::FileTarget::Outside(rel)) => Ok(rel),
+        Ok(cordon_core::FileTarget::Workspace(_)) => Err((
+            ErrorCode::PathRefused,
+            format!(
+                "{path} is in the workspace and the call's other path is not; move a file \
+                 between /work and the rest of the sandbox with an exec (mv)"
+            ),
+        )),
+        Err(e) => Err((ErrorCode::PathRefused, e.to_string())),
+    }
 }
 
 /// The names in a directory (not `.` and `..`), unsorted.

@@ -9,6 +9,7 @@ pub(crate) mod fdpass;
 pub mod files;
 pub mod forwarder;
 mod metadata;
+pub mod outside;
 pub mod ports;
 pub mod proto;
 pub mod sys;

@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use cordon_core::{
-    Error, ExecOutcome, ExecRequest, OutputSink, Result, Sandbox, SandboxId, Termination, Tier,
-    validate_sandbox_path,
+    Error, ExecOutcome, ExecRequest, FileTarget, OutputSink, Result, Sandbox, SandboxId,
+    Termination, Tier, classify_sandbox_path, validate_sandbox_path,
 };
 use cordon_guest::proto::StdioMode;
 use cordon_host::agent;
@@ -87,6 +87,9 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
+        if let FileTarget::Outside(_) = classify_sandbox_path(path, false)? {
+            return self.outside_call(|io| cordon_host::files::put_file(io, path, mode, data));
+        }
         validate_sandbox_path(path)?;
         self.take_events();
         self.workspace()?
@@ -95,11 +98,15 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
-        validate_sandbox_path(path)?;
-        let (data, truncated) = self
-            .workspace()?
-            .get(path, max_bytes)
-            .map_err(|(code, message)| cordon_host::agent::file_error(path, code, message))?;
+        let (data, truncated) = match classify_sandbox_path(path, false)? {
+            FileTarget::Outside(_) => {
+                self.outside_call(|io| cordon_host::files::get_file(io, path, max_bytes))?
+            }
+            FileTarget::Workspace(_) => self
+                .workspace()?
+                .get(path, max_bytes)
+                .map_err(|(code, message)| cordon_host::agent::file_error(path, code, message))?,
+        };
         if truncated {
             return Err(Error::File {
                 path: path.into(),
@@ -132,6 +139,13 @@ impl Sandbox for GvisorSandbox {
     }
 
     fn file_op(&mut self, op: &cordon_core::FileOp) -> Result<cordon_core::FileReply> {
+        let mut outside = false;
+        for p in op.paths() {
+            outside |= matches!(classify_sandbox_path(p, true)?, FileTarget::Outside(_));
+        }
+        if outside {
+            return self.outside_call(|io| cordon_host::files::file_op(io, op));
+        }
         self.take_events();
         self.workspace()?
             .op(op)
@@ -315,6 +329,17 @@ impl Drop for GvisorSandbox {
 }
 
 impl crate::GvisorSandbox {
+    /// A file call outside the workspace (ADR 0031): served by the agent inside the
+    /// sandbox, as the sandbox's user, never by the host (whose confined view is /work's
+    /// alone); the sandbox is started first if it is not running.
+    fn outside_call<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn cordon_host::files::FrameIo) -> cordon_host::files::Answer<T>,
+    ) -> Result<T> {
+        self.ensure_live()?;
+        self.bg_call(f)
+    }
+
     /// Starts the runsc sandbox again when it was lost (its memory limit ended the sentry,
     /// or its agent stopped answering): /work lives on the host and survives it. True when
     /// a sandbox that had run was replaced.

@@ -95,6 +95,42 @@ pub fn file_op(io: &mut dyn FrameIo, op: &FileOp) -> Answer<FileReply> {
     }
 }
 
+/// Writes one file (the gvisor tier's calls outside the workspace, ADR 0031; the other
+/// tiers send [`Request::PutFile`] on their own channel).
+pub fn put_file(io: &mut dyn FrameIo, path: &str, mode: u32, data: &[u8]) -> Answer<()> {
+    let req = Request::PutFile {
+        path: path.to_string(),
+        mode,
+    };
+    io.send(&req, data)?;
+    let f = io.recv(HEADER_ROOM)?;
+    match f.header {
+        Reply::Ok => Ok(Ok(())),
+        Reply::Error { code, message } => Ok(Err(file_error(path, code, message))),
+        other => Err(unexpected("a file write", &other)),
+    }
+}
+
+/// Reads one file, at most `max` bytes (a longer frame is refused from its length); the
+/// flag says there was more.
+pub fn get_file(io: &mut dyn FrameIo, path: &str, max: u64) -> Answer<(Vec<u8>, bool)> {
+    let req = Request::GetFile {
+        path: path.to_string(),
+        max,
+    };
+    io.send(&req, b"")?;
+    let max_frame = usize::try_from(max)
+        .unwrap_or(usize::MAX)
+        .saturating_add(HEADER_ROOM)
+        .min(cordon_guest::proto::MAX_FRAME);
+    let f = io.recv(max_frame)?;
+    match f.header {
+        Reply::File { truncated } if f.body.len() as u64 <= max => Ok(Ok((f.body, truncated))),
+        Reply::Error { code, message } => Ok(Err(file_error(path, code, message))),
+        other => Err(unexpected("a file read", &other)),
+    }
+}
+
 /// Runs one operation on the sandbox's directory watchers.
 pub fn watch(io: &mut dyn FrameIo, op: &WatchOp) -> Answer<WatchReply> {
     io.send(&Request::Watch { op: op.clone() }, b"")?;

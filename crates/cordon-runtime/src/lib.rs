@@ -447,10 +447,12 @@ impl Sandbox for RuntimeSandbox {
     }
 
     fn put_file(&mut self, path: &str, _data: &[u8], _mode: u32) -> Result<()> {
+        cordon_core::refuse_outside(Tier::Runtime, path)?;
         Err(cordon_core::Feature::Files.unsupported(Tier::Runtime, format!("putting {path:?}")))
     }
 
     fn get_file(&mut self, path: &str, _max_bytes: u64) -> Result<Vec<u8>> {
+        cordon_core::refuse_outside(Tier::Runtime, path)?;
         Err(cordon_core::Feature::Files.unsupported(Tier::Runtime, format!("getting {path:?}")))
     }
 

@@ -299,7 +299,8 @@ impl From<cordon_core::Error> for ApiError {
             E::PathRefused { .. } => ApiError::new(
                 Code::PathRefused,
                 message,
-                "give a path under /work without '..' or symlinks",
+                "give a path without '..' or symlinks, under /work or elsewhere in the sandbox \
+                 but /proc, /sys and /dev (read those with an exec)",
             ),
             E::File { .. } => ApiError::new(
                 Code::FileError,

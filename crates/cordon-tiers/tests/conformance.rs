@@ -54,6 +54,7 @@ fn fact(f: Feature) -> Option<&'static str> {
         Feature::RootDisk => "crates/cordon-oci/tests/tiers (the microvm tier's bundles)",
         Feature::Network => return None,
         Feature::Files
+        | Feature::FilesOutside
         | Feature::Background
         | Feature::Pty
         | Feature::Pause
@@ -120,6 +121,13 @@ fn exercise(
             let r = sb.put_file("/work/conformance.txt", b"kept", 0o644);
             if r.is_ok() {
                 assert_eq!(sb.get_file("/work/conformance.txt", 16)?, b"kept");
+            }
+            found(r)
+        }
+        Feature::FilesOutside => {
+            let r = sb.put_file("/tmp/conformance.txt", b"kept", 0o644);
+            if r.is_ok() {
+                assert_eq!(sb.get_file("/tmp/conformance.txt", 16)?, b"kept");
             }
             found(r)
         }

@@ -868,11 +868,13 @@ impl Sandbox for WasmSandbox {
     }
 
     fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
+        cordon_core::refuse_outside(Tier::Wasm, path)?;
         let root = self.scratch()?.to_path_buf();
         files::put(&root, self.limits.disk_bytes, &self.disk, path, data, mode)
     }
 
     fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
+        cordon_core::refuse_outside(Tier::Wasm, path)?;
         let root = self.scratch()?.to_path_buf();
         files::get(&root, path, max_bytes)
     }
@@ -880,6 +882,9 @@ impl Sandbox for WasmSandbox {
     fn file_op(&mut self, op: &cordon_core::FileOp) -> Result<cordon_core::FileReply> {
         if matches!(op, cordon_core::FileOp::SetMetadata { .. }) {
             return Err(cordon_core::Feature::FileMetadata.unsupported_here("metadata on a file"));
+        }
+        for p in op.paths() {
+            cordon_core::refuse_outside(Tier::Wasm, p)?;
         }
         let root = self.scratch()?.to_path_buf();
         files::op(&root, &self.disk, op)

@@ -212,17 +212,18 @@ def test_files(sbx):
     from e2b import NotFoundException
     with pytest.raises(NotFoundException):
         f.read("/home/user/nope.txt")
-    # Outside the home Cordon's file API refuses, saying what to do instead.
+    # The kernel's views and devices are never reached, saying what to do instead (the
+    # rest of the sandbox's root is: test_e2b_files_outside.py, ADR 0031).
     from e2b import SandboxException
     with pytest.raises(SandboxException) as e:
-        f.read("/etc/passwd")
+        f.read("/proc/self/environ")
     assert "commands.run" in str(e.value)
     # So does every filesystem call of envd's protocol, each of its paths (a move's both).
     f.write("/home/user/stays.txt", "stays")
-    for call in (lambda: f.get_info("/etc/passwd"), lambda: f.list("/etc"),
-                 lambda: f.make_dir("/tmp/made"), lambda: f.remove("/etc/hostname"),
-                 lambda: f.rename("/home/user/stays.txt", "/tmp/moved"),
-                 lambda: f.rename("/etc/hostname", "/home/user/taken")):
+    for call in (lambda: f.get_info("/proc/self"), lambda: f.list("/sys"),
+                 lambda: f.make_dir("/dev/made"), lambda: f.remove("/proc/1"),
+                 lambda: f.rename("/home/user/stays.txt", "/proc/moved"),
+                 lambda: f.rename("/sys/kernel/notes", "/home/user/taken")):
         with pytest.raises(SandboxException) as e:
             call()
         assert "commands.run" in str(e.value), e.value

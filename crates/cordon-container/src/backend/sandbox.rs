@@ -23,7 +23,7 @@ impl Sandbox for ContainerSandbox {
     }
 
     fn put_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
-        cordon_core::validate_sandbox_path(path)?;
+        cordon_core::classify_sandbox_path(path, false)?;
         let reply = self.call(
             &Request::PutFile {
                 path: path.to_string(),
@@ -42,7 +42,7 @@ impl Sandbox for ContainerSandbox {
     }
 
     fn get_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
-        cordon_core::validate_sandbox_path(path)?;
+        cordon_core::classify_sandbox_path(path, false)?;
         let reply = self.call(
             &Request::GetFile {
                 path: path.to_string(),

@@ -1,14 +1,86 @@
-//! Archives over the agent channel: an upload's tar stream read from the
-//! [`Request::ArchiveData`] frames that follow its request, a download's written as
-//! [`Reply::ArchiveData`] frames. The agent does nothing else meanwhile (the host keeps a
-//! sandbox busy during a file call).
+//! File calls: one file in or out, or a [`cordon_core::FileOp`], in the workspace or
+//! outside it (forked as the sandbox's user: [`crate::outside`], ADR 0031); archives over
+//! the agent channel: an upload's tar stream read from the [`Request::ArchiveData`] frames
+//! that follow its request, a download's written as [`Reply::ArchiveData`] frames. The
+//! agent does nothing else meanwhile (the host keeps a sandbox busy during a file call).
 
 use std::io::{self, Read, Write};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use super::state::Channel;
-use crate::proto::{ARCHIVE_CHUNK, FrameBuffer, ProtoError, Reply, Request, encode};
+use cordon_core::{FileOp, FileReply, FileTarget, classify_sandbox_path};
+
+use super::child::drop_privileges;
+use super::state::{Agent, Channel};
+use crate::files::{FileError, Workspace};
+use crate::outside::Outside;
+use crate::proto::{ARCHIVE_CHUNK, ErrorCode, FrameBuffer, ProtoError, Reply, Request, encode};
+
+/// Whether `path` is served outside the workspace (or refused before anything is forked).
+fn outside(path: &str) -> Result<bool, FileError> {
+    match classify_sandbox_path(path, true) {
+        Ok(FileTarget::Workspace(_)) => Ok(false),
+        Ok(FileTarget::Outside(_)) => Ok(true),
+        // The workspace's own refusals are its own to give.
+        Err(_) if !path.starts_with('/') => Ok(false),
+        Err(e) => Err((ErrorCode::PathRefused, e.to_string())),
+    }
+}
+
+impl Agent {
+    /// [`Workspace::put`] in the workspace or outside it.
+    pub(super) fn put_file(&self, path: &str, mode: u32, data: &[u8]) -> Result<(), FileError> {
+        if !outside(path)? {
+            return self.work.put(path, mode, data);
+        }
+        self.outside_call(|ws| ws.put(path, mode, data).map(|()| ((), Vec::new())))
+            .map(drop)
+    }
+
+    /// [`Workspace::get`] in the workspace or outside it.
+    pub(super) fn get_file(&self, path: &str, max: u64) -> Result<(Vec<u8>, bool), FileError> {
+        if !outside(path)? {
+            return self.work.get(path, max);
+        }
+        self.outside_call(|ws| ws.get(path, max).map(|(data, truncated)| (truncated, data)))
+            .map(|(truncated, data)| (data, truncated))
+    }
+
+    /// [`Workspace::op`] in the workspace or outside it (a move between the two is refused
+    /// there: the outside call names the workspace's end).
+    pub(super) fn file_op(&self, op: &FileOp) -> Result<FileReply, FileError> {
+        let mut any = false;
+        for p in op.paths() {
+            any |= outside(p)?;
+        }
+        if !any {
+            return self.work.op(op);
+        }
+        self.outside_call(|ws| ws.op(op).map(|r| (r, Vec::new())))
+            .map(|(r, _)| r)
+    }
+
+    /// Runs `f` forked, as the sandbox's user under the tier's confinement, on the
+    /// sandbox's root.
+    fn outside_call<T: serde::Serialize + serde::de::DeserializeOwned>(
+        &self,
+        f: impl FnOnce(&Workspace) -> Result<(T, Vec<u8>), FileError>,
+    ) -> Result<(T, Vec<u8>), FileError> {
+        let prepare = || -> io::Result<()> {
+            if let Some(confine) = &self.cfg.confine {
+                confine()?;
+            }
+            drop_privileges(&self.cfg, None)
+        };
+        Outside {
+            root: std::path::Path::new("/"),
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+            prepare: &prepare,
+        }
+        .call(f)
+    }
+}
 
 /// Reads an upload's bytes from the frames that follow its request.
 pub(super) struct UploadReader<'a> {

@@ -531,15 +531,15 @@ impl Agent {
                     let _ = kill(run.reaper, Signal::SIGKILL);
                 }
             }
-            Request::PutFile { path, mode } => match self.work.put(&path, mode, &frame.body) {
+            Request::PutFile { path, mode } => match self.put_file(&path, mode, &frame.body) {
                 Ok(()) => self.send(&Reply::Ok, b"")?,
                 Err((code, msg)) => self.error(code, msg)?,
             },
-            Request::GetFile { path, max } => match self.work.get(&path, max) {
+            Request::GetFile { path, max } => match self.get_file(&path, max) {
                 Ok((data, truncated)) => self.send(&Reply::File { truncated }, &data)?,
                 Err((code, msg)) => self.error(code, msg)?,
             },
-            Request::FileOp { op } => match self.work.op(&op) {
+            Request::FileOp { op } => match self.file_op(&op) {
                 Ok(reply) => {
                     let body = serde_json::to_vec(&reply)
                         .map_err(|e| ProtoError::Malformed(format!("encoding a reply: {e}")))?;

@@ -10,7 +10,7 @@ use super::state::{MicrovmSandbox, sandbox_msg};
 impl MicrovmSandbox {
     /// `Sandbox::put_file`.
     pub(super) fn write_file(&mut self, path: &str, data: &[u8], mode: u32) -> Result<()> {
-        cordon_core::validate_sandbox_path(path)?;
+        cordon_core::classify_sandbox_path(path, false)?;
         let req = Request::PutFile {
             path: path.to_string(),
             mode,
@@ -30,7 +30,7 @@ impl MicrovmSandbox {
 
     /// `Sandbox::get_file`.
     pub(super) fn read_file(&mut self, path: &str, max_bytes: u64) -> Result<Vec<u8>> {
-        cordon_core::validate_sandbox_path(path)?;
+        cordon_core::classify_sandbox_path(path, false)?;
         let req = Request::GetFile {
             path: path.to_string(),
             max: max_bytes,

@@ -224,17 +224,26 @@ pub(crate) fn link_target(link: &str, target: &str) -> String {
     format!("/{}", parts.join("/"))
 }
 
-/// Whether a path is one Cordon's file API reaches (the workspace); its refusal says what
-/// to do instead.
+/// Whether a path is one Cordon's file API reaches: the workspace, or the rest of the
+/// sandbox's own root but its kernel views, devices and the agent's own directories (ADR
+/// 0031); its refusal says what to do instead.
 pub(crate) fn check_reachable(p: &str) -> Result<(), ApiError> {
+    cordon_core::classify_sandbox_path(p, true)
+        .map(drop)
+        .map_err(ApiError::from)
+}
+
+/// Whether a path is in the workspace, the only tree `watch_dir` watches; its refusal says
+/// what to do instead.
+pub(crate) fn check_watched(p: &str) -> Result<(), ApiError> {
     if p == WORK || p.starts_with("/work/") {
         return Ok(());
     }
     Err(ApiError::new(
         Code::PathRefused,
-        format!("{p} is outside /home/user, the only tree Cordon's file API reaches"),
-        "keep files under /home/user (the sandbox's workspace, /work); read or write elsewhere \
-         with commands.run",
+        format!("{p} is outside /home/user, the only tree Cordon watches"),
+        "watch a directory under /home/user (the sandbox's workspace, /work); watch elsewhere \
+         with a command (commands.run with inotifywait)",
     ))
 }
 
@@ -746,9 +755,22 @@ mod tests {
         assert_eq!(to_e2b_path("/work/x"), "/home/user/x");
         assert_eq!(to_e2b_path("/work"), "/home/user");
         assert_eq!(to_e2b_path("/workx"), "/workx");
-        assert!(check_reachable("/etc/passwd").is_err());
-        assert!(check_reachable("/workx").is_err());
+        // The sandbox's own root is reached (ADR 0031), but not its kernel's views.
+        assert!(check_reachable("/etc/passwd").is_ok());
+        assert!(check_reachable("/tmp/x").is_ok());
         assert!(check_reachable("/work/a").is_ok());
+        for p in [
+            "/proc/self/environ",
+            "/sys",
+            "/dev/mem",
+            "/tmp/../proc",
+            "/run/cordon/s",
+        ] {
+            assert!(check_reachable(p).is_err(), "{p}");
+        }
+        assert!(check_watched("/etc").is_err());
+        assert!(check_watched("/workx").is_err());
+        assert!(check_watched("/work/a").is_ok());
     }
 
     #[test]

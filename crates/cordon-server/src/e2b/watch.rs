@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::connect::{self, ConnectError, end_stream, envelope, unary};
 use super::wire::EntryInfo;
-use super::{E2b, check_reachable, connect_error, lock, to_sandbox_path};
+use super::{E2b, check_watched, connect_error, lock, to_sandbox_path};
 use crate::keys::Tenant;
 
 /// How often a stream asks the sandbox for what its watcher queued.
@@ -120,7 +120,7 @@ async fn events(
 /// The sandbox path a request names, checked as every file call's is.
 fn watched_path(req: &WatchRequest) -> Result<String, ConnectError> {
     let p = to_sandbox_path(&req.path);
-    check_reachable(&p).map_err(connect_error)?;
+    check_watched(&p).map_err(connect_error)?;
     Ok(p)
 }
 

@@ -8,7 +8,8 @@ use std::io::{self, Read, Write};
 
 use bytes::Bytes;
 use cordon_core::{
-    ArchiveReport, Feature, FileOp, FileReply, validate_sandbox_dir, validate_sandbox_path,
+    ArchiveReport, Feature, FileOp, FileReply, FileTarget, classify_sandbox_path,
+    validate_sandbox_dir,
 };
 use futures_util::{Stream, StreamExt};
 use sha2::{Digest, Sha256};
@@ -48,21 +49,15 @@ fn unexpected(r: FileReply) -> ApiError {
     ApiError::internal(format!("the sandbox answered a file call with {r:?}"))
 }
 
-/// Checks an op's paths before the sandbox is claimed.
+/// Checks an op's paths before the sandbox is claimed (in the workspace or elsewhere in the
+/// sandbox's root: ADR 0031; a tier without the latter refuses it itself).
 fn check_op(op: &FileOp) -> Result<(), ApiError> {
-    match op {
-        FileOp::List { path } | FileOp::Stat { path } => validate_sandbox_dir(path).map(drop)?,
-        FileOp::Remove { path, .. } | FileOp::Mkdir { path, .. } => {
-            validate_sandbox_path(path).map(drop)?
-        }
-        FileOp::Rename { from, to } => {
-            validate_sandbox_path(from)?;
-            validate_sandbox_path(to)?;
-        }
-        FileOp::SetMetadata { path, metadata } => {
-            validate_sandbox_path(path)?;
-            cordon_core::check_metadata(metadata).map_err(|e| ApiError::invalid(e.0))?;
-        }
+    let dir = matches!(op, FileOp::List { .. } | FileOp::Stat { .. });
+    for path in op.paths() {
+        classify_sandbox_path(path, dir)?;
+    }
+    if let FileOp::SetMetadata { metadata, .. } = op {
+        cordon_core::check_metadata(metadata).map_err(|e| ApiError::invalid(e.0))?;
     }
     Ok(())
 }
@@ -74,6 +69,14 @@ fn metadata_served(tier: cordon_core::Tier) -> Result<(), ApiError> {
     Err(Feature::FileMetadata
         .unsupported(tier, "metadata on a file")
         .into())
+}
+
+/// A file's path as the sandbox names it: `/work/...`, or absolute elsewhere in its root.
+fn full_path(path: &str) -> Result<String, ApiError> {
+    Ok(match classify_sandbox_path(path, false)? {
+        FileTarget::Workspace(rel) => format!("/work/{rel}"),
+        FileTarget::Outside(rel) => format!("/{rel}"),
+    })
 }
 
 fn full_dir(dir: &str) -> Result<String, ApiError> {
@@ -154,7 +157,7 @@ impl Files {
         }
     }
 
-    /// Writes a file into a sandbox (under /work).
+    /// Writes a file into a sandbox (under /work, or elsewhere where the tier reaches).
     pub async fn put_file(
         &self,
         tenant: &Tenant,
@@ -163,8 +166,7 @@ impl Files {
         data: Vec<u8>,
         mode: u32,
     ) -> Result<crate::model::FileWritten, ApiError> {
-        let rel = validate_sandbox_path(path)?;
-        let full = format!("/work/{rel}");
+        let full = full_path(path)?;
         let guard = self.sessions.claim(tenant, id)?;
         let s = guard.0.clone();
         let audit = self.sessions.audit.store.clone();
@@ -199,15 +201,15 @@ impl Files {
         })
     }
 
-    /// Reads a file out of a sandbox (under /work), at most the configured size.
+    /// Reads a file out of a sandbox (under /work, or elsewhere where the tier reaches), at
+    /// most the configured size.
     pub async fn get_file(
         &self,
         tenant: &Tenant,
         id: &str,
         path: &str,
     ) -> Result<Vec<u8>, ApiError> {
-        let rel = validate_sandbox_path(path)?;
-        let full = format!("/work/{rel}");
+        let full = full_path(path)?;
         let guard = self.sessions.claim(tenant, id)?;
         let s = guard.0.clone();
         let audit = self.sessions.audit.store.clone();
