@@ -99,7 +99,7 @@ async def whole_session(session: ClientSession) -> str:
     assert st["kind"] == "file" and st["size"] == 15, st
 
     # A refused call is a tool error the client sees as one, with what to do.
-    r = await session.call_tool("read_file", {"sandbox": sid, "path": "/etc/passwd"})
+    r = await session.call_tool("read_file", {"sandbox": sid, "path": "/proc/self/environ"})
     assert r.is_error and "path_refused" in r.content[0].text, r
 
     rows = (await call(session, "audit", sandbox=sid))["events"]
