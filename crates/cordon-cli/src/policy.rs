@@ -35,7 +35,7 @@ struct ExplainArgs {
     tier: TierChoice,
     /// A host the work may reach (as `cordon run --allow-host`). Repeatable.
     #[arg(long = "allow-host", value_name = "PATTERN")]
-    allow_hosts: Vec<String>,
+    allow_hosts: Vec<cordon_core::Pattern>,
     /// Decide as if only these tiers were available (comma-separated), instead of probing.
     #[arg(long, value_delimiter = ',', value_name = "TIERS")]
     available: Option<Vec<Tier>>,
@@ -74,7 +74,7 @@ pub fn load_rules(path: Option<&Path>) -> Result<(Rules, String)> {
 pub fn decide(
     input: &PolicyInput,
     tier: TierChoice,
-    allow_hosts: &[String],
+    allow_hosts: &[cordon_core::Pattern],
     only: Option<&[Tier]>,
     fits: &[Tier],
     data_dir: &Path,

@@ -898,7 +898,7 @@ fn refuses_when_a_wall_is_missing_unless_allowed() {
 
 fn egress_spec(allow: &[String]) -> SandboxSpec {
     let mut s = spec();
-    s.egress.allow = allow.to_vec();
+    s.egress.allow = cordon_core::egress::parse_patterns(allow).unwrap();
     s
 }
 
@@ -912,7 +912,7 @@ fn a_proxy_that_fails_to_start_leaves_no_directory() {
     let mut spec = egress_spec(&["pypi.example.test".into()]);
     // A host pattern the proxy refuses (the service checks before this; a tier must not
     // count on it).
-    spec.egress.allow = vec!["bad host with spaces".into()];
+    spec.egress.allow = cordon_core::egress::parse_patterns(&["bad host with spaces"]).unwrap();
     let id = format!("sb-failstart-{}", std::process::id());
     let err = cordon_host::egress::EgressLink::start(&id, &spec, 65534).err();
     assert!(err.is_some(), "the proxy started with a refused pattern");

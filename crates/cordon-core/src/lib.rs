@@ -6,6 +6,7 @@
 //! pools and multi-step tasks work. This crate never touches the OS.
 
 mod backend;
+pub mod egress;
 mod ending;
 mod error;
 mod exec;
@@ -28,6 +29,7 @@ pub use backend::{
     Backend, Capability, Interrupter, OutputSink, PORT_CONNECTED, Probe, ProcUser, Sandbox,
     SandboxId, Terminal, TierStatus,
 };
+pub use egress::{Host, HostMatch, Pattern, PatternError, Ports};
 pub use ending::{Evidence, ExitReport, classify};
 pub use error::{BoxError, Error, Result, SnapshotRefusal, Unprepared};
 pub use exec::{

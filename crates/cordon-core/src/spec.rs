@@ -237,7 +237,7 @@ pub struct Grant {
     #[serde(skip)]
     pub secret: GrantSecret,
     /// Host patterns (exact or `*.suffix`) the secret may be sent to.
-    pub hosts: Vec<String>,
+    pub hosts: Vec<crate::Pattern>,
     /// Header the secret goes in.
     pub header: String,
     /// Methods allowed with the secret; empty means any.
@@ -256,9 +256,9 @@ pub fn default_grant_header() -> String {
 #[serde(deny_unknown_fields, default)]
 pub struct EgressPolicy {
     /// Allowed host patterns: `host`, `*.suffix`, optionally `:port`; CIDRs only when explicit.
-    pub allow: Vec<String>,
+    pub allow: Vec<crate::Pattern>,
     /// Denied host patterns; a deny always wins over an allow.
-    pub deny: Vec<String>,
+    pub deny: Vec<crate::Pattern>,
 }
 
 impl EgressPolicy {

@@ -42,18 +42,19 @@ async fn setup() -> Bench {
     resolver.set(TLS_HOST, &["127.0.0.1".parse().unwrap()]);
     let mut cfg = ProxyConfig::new("bench");
     cfg.policy = EgressPolicy {
-        allow: vec![
+        allow: cordon_core::egress::parse_patterns(&[
             format!("{PLAIN_HOST}:{}", plain.addr.port()),
             format!("{TLS_HOST}:{}", tls.addr.port()),
             "127.0.0.1/32:*".into(),
-        ],
+        ])
+        .unwrap(),
         deny: vec![],
     };
     cfg.grants = vec![Grant {
         name: "bench".into(),
         env_var: "BENCH_TOKEN".into(),
         secret: GrantSecret::value("bench-real-secret-value"),
-        hosts: vec![TLS_HOST.into()],
+        hosts: vec![TLS_HOST.parse().unwrap()],
         header: "authorization".into(),
         methods: vec![],
         path_prefixes: vec![],

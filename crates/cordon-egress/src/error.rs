@@ -6,15 +6,8 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An allow or deny entry, or a grant host, could not be parsed.
-    #[error(
-        "egress rule {entry:?} is not valid: {reason}; write `host`, `*.suffix`, `host:port`, `host:*`, a CIDR like `10.0.0.0/8` or `[fd00::/8]:443`"
-    )]
-    Pattern {
-        /// The entry as given.
-        entry: String,
-        /// Why it was refused.
-        reason: String,
-    },
+    #[error(transparent)]
+    Pattern(#[from] cordon_core::PatternError),
     /// A grant is malformed (bad header name, method, path prefix, empty host list, ...).
     #[error("grant {grant:?} is not valid: {reason}")]
     Grant {

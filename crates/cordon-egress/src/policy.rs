@@ -7,257 +7,11 @@
 //! - an IP literal or CIDR (`10.0.0.0/8`, `10.1.2.3:8080`, `[fd00::/8]:443`, `::1`). A CIDR
 //!   allow entry is the only way to let the proxy connect into a non-public range.
 
-use std::fmt;
 use std::net::IpAddr;
 
-use ipnet::IpNet;
+pub use cordon_core::egress::{Host, HostMatch, Pattern, PatternError, Ports};
 
-use crate::error::{Error, Result};
 use crate::guard;
-
-/// Ports an entry applies to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ports {
-    /// `:*`
-    Any,
-    /// No port given: 80 and 443 for allow entries, every port for deny entries and grants.
-    Default,
-    /// `:N`
-    One(u16),
-}
-
-/// The host part of an entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostMatch {
-    /// `*`
-    AnyName,
-    /// `api.example.com`
-    Exact(String),
-    /// `*.example.com`, stored as `.example.com`
-    Suffix(String),
-    /// An IP literal or CIDR.
-    Net(IpNet),
-}
-
-/// A normalized request host.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Host {
-    /// A DNS name, lowercase, no trailing dot.
-    Name(String),
-    /// An IP literal.
-    Ip(IpAddr),
-}
-
-impl fmt::Display for Host {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Host::Name(n) => f.write_str(n),
-            Host::Ip(IpAddr::V6(v6)) => write!(f, "[{v6}]"),
-            Host::Ip(ip) => write!(f, "{ip}"),
-        }
-    }
-}
-
-impl Host {
-    /// Parses and normalizes a host as it appears in a request (URI authority or CONNECT
-    /// target, brackets allowed around IPv6). Refuses anything that is neither a strict IP
-    /// literal nor a plausible DNS name, including numeric forms like `127.1` or
-    /// `2130706433` that some resolvers would read as addresses.
-    pub fn parse(raw: &str) -> std::result::Result<Host, String> {
-        let raw = raw.trim();
-        if let Some(inner) = raw.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
-            return inner
-                .parse::<std::net::Ipv6Addr>()
-                .map(|v6| Host::Ip(IpAddr::V6(v6)))
-                .map_err(|_| format!("{raw:?} is not an IPv6 literal"));
-        }
-        if let Ok(ip) = raw.parse::<IpAddr>() {
-            return Ok(Host::Ip(ip));
-        }
-        let name = raw.strip_suffix('.').unwrap_or(raw).to_ascii_lowercase();
-        validate_dns_name(&name)?;
-        Ok(Host::Name(name))
-    }
-
-    /// The name to send as TLS SNI / to verify against.
-    pub fn server_name(&self) -> String {
-        match self {
-            Host::Name(n) => n.clone(),
-            Host::Ip(ip) => ip.to_string(),
-        }
-    }
-}
-
-fn validate_dns_name(name: &str) -> std::result::Result<(), String> {
-    if name.is_empty() {
-        return Err("empty host".into());
-    }
-    if name.len() > 253 {
-        return Err("host longer than 253 bytes".into());
-    }
-    let mut last = "";
-    for label in name.split('.') {
-        if label.is_empty() || label.len() > 63 {
-            return Err(format!("host {name:?} has an empty or over-long label"));
-        }
-        if !label
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return Err(format!(
-                "host {name:?} has characters outside a-z 0-9 - _ (send IDNs as punycode)"
-            ));
-        }
-        if label.starts_with('-') || label.ends_with('-') {
-            return Err(format!(
-                "host {name:?} has a label starting or ending with '-'"
-            ));
-        }
-        last = label;
-    }
-    // A name whose last label is numeric (or hex) is an address in disguise: `127.1`,
-    // `0x7f.1`, `2130706433`. Real top-level domains are never numeric.
-    let numeric = last.bytes().all(|b| b.is_ascii_digit())
-        || (last.len() > 2
-            && last[..2].eq_ignore_ascii_case("0x")
-            && last[2..].bytes().all(|b| b.is_ascii_hexdigit()));
-    if numeric {
-        return Err(format!(
-            "host {name:?} looks like a numeric address but is not a plain IP literal"
-        ));
-    }
-    Ok(())
-}
-
-/// One parsed entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pattern {
-    /// The entry as written (normalized to lowercase), used to name the rule in refusals.
-    pub text: String,
-    /// What hosts it matches.
-    pub host: HostMatch,
-    /// What ports it matches.
-    pub ports: Ports,
-}
-
-impl Pattern {
-    /// Parses one entry; see the module docs for the syntax.
-    pub fn parse(entry: &str) -> Result<Pattern> {
-        let bad = |reason: &str| Error::Pattern {
-            entry: entry.to_string(),
-            reason: reason.to_string(),
-        };
-        let text = entry.trim().to_ascii_lowercase();
-        if text.is_empty() {
-            return Err(bad("empty entry"));
-        }
-        // Bare IPv6 literal or CIDR without brackets: no port possible.
-        if text.contains("::") || text.matches(':').count() > 1 {
-            if text.starts_with('[') {
-                let close = text.find(']').ok_or_else(|| bad("unclosed '['"))?;
-                let inner = &text[1..close];
-                let rest = &text[close + 1..];
-                let net = parse_net(inner).ok_or_else(|| bad("not an IPv6 address or CIDR"))?;
-                let ports = match rest {
-                    "" => Ports::Default,
-                    r => parse_port(r.strip_prefix(':').ok_or_else(|| bad("junk after ']'"))?)
-                        .map_err(|e| bad(&e))?,
-                };
-                return Ok(Pattern {
-                    text,
-                    host: HostMatch::Net(net),
-                    ports,
-                });
-            }
-            let net = parse_net(&text).ok_or_else(|| {
-                bad("not an IPv6 address or CIDR; put IPv6 in brackets to give a port")
-            })?;
-            return Ok(Pattern {
-                text,
-                host: HostMatch::Net(net),
-                ports: Ports::Default,
-            });
-        }
-        let (host, ports) = match text.rsplit_once(':') {
-            Some((h, p)) => (h, parse_port(p).map_err(|e| bad(&e))?),
-            None => (text.as_str(), Ports::Default),
-        };
-        if host.is_empty() {
-            return Err(bad("no host before the port"));
-        }
-        if let Some(net) = parse_net(host) {
-            return Ok(Pattern {
-                text: text.clone(),
-                host: HostMatch::Net(net),
-                ports,
-            });
-        }
-        if host.contains('/') {
-            return Err(bad("not a valid CIDR"));
-        }
-        let hm = if host == "*" {
-            HostMatch::AnyName
-        } else if let Some(suffix) = host.strip_prefix("*.") {
-            validate_dns_name(suffix).map_err(|e| bad(&e))?;
-            HostMatch::Suffix(format!(".{suffix}"))
-        } else {
-            if host.contains('*') {
-                return Err(bad("'*' is only allowed as `*` or a leading `*.`"));
-            }
-            let name = host.strip_suffix('.').unwrap_or(host);
-            validate_dns_name(name).map_err(|e| bad(&e))?;
-            HostMatch::Exact(name.to_string())
-        };
-        Ok(Pattern {
-            text,
-            host: hm,
-            ports,
-        })
-    }
-
-    /// True if the host part matches `host` (ports not considered).
-    pub fn matches_host(&self, host: &Host) -> bool {
-        match (&self.host, host) {
-            (HostMatch::AnyName, Host::Name(_)) => true,
-            (HostMatch::Exact(e), Host::Name(n)) => e == n,
-            (HostMatch::Suffix(s), Host::Name(n)) => n.len() > s.len() && n.ends_with(s.as_str()),
-            (HostMatch::Net(net), Host::Ip(ip)) => net.contains(ip),
-            _ => false,
-        }
-    }
-
-    /// True if `port` matches, where `default` are the ports an entry without a port means.
-    pub fn matches_port(&self, port: u16, default: &[u16]) -> bool {
-        match self.ports {
-            Ports::Any => true,
-            Ports::One(p) => p == port,
-            Ports::Default => default.is_empty() || default.contains(&port),
-        }
-    }
-
-    /// True if this is a CIDR entry containing `ip` with a matching port.
-    fn net_contains(&self, ip: IpAddr, port: u16, default: &[u16]) -> bool {
-        matches!(&self.host, HostMatch::Net(net) if net.contains(&ip))
-            && self.matches_port(port, default)
-    }
-}
-
-fn parse_port(p: &str) -> std::result::Result<Ports, String> {
-    if p == "*" {
-        return Ok(Ports::Any);
-    }
-    match p.parse::<u16>() {
-        Ok(0) | Err(_) => Err(format!("port {p:?} is not 1-65535 or *")),
-        Ok(n) => Ok(Ports::One(n)),
-    }
-}
-
-fn parse_net(s: &str) -> Option<IpNet> {
-    if let Ok(net) = s.parse::<IpNet>() {
-        return Some(net.trunc());
-    }
-    s.parse::<IpAddr>().ok().map(IpNet::from)
-}
 
 /// Ports an allow entry without a port permits.
 pub const DEFAULT_ALLOW_PORTS: [u16; 2] = [80, 443];
@@ -290,20 +44,14 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Compiles allow and deny entries. Every entry must parse: a typo must not widen or
-    /// silently narrow the policy.
-    pub fn new(allow: &[String], deny: &[String]) -> Result<Policy> {
-        Ok(Policy {
-            allow: allow
-                .iter()
-                .map(|e| Pattern::parse(e))
-                .collect::<Result<_>>()?,
-            deny: deny
-                .iter()
-                .map(|e| Pattern::parse(e))
-                .collect::<Result<_>>()?,
+    /// The policy of allow and deny entries (parsed where they entered, so every one is
+    /// valid: a typo never reaches here to widen or silently narrow the policy).
+    pub fn new(allow: &[Pattern], deny: &[Pattern]) -> Policy {
+        Policy {
+            allow: allow.to_vec(),
+            deny: deny.to_vec(),
             implicit: Vec::new(),
-        })
+        }
     }
 
     /// Adds a host that a grant or HTTP rule names; it is allowed on port 443 (or the port
@@ -422,9 +170,8 @@ mod tests {
     }
 
     fn pol(allow: &[&str], deny: &[&str]) -> Policy {
-        let a: Vec<String> = allow.iter().map(|s| s.to_string()).collect();
-        let d: Vec<String> = deny.iter().map(|s| s.to_string()).collect();
-        Policy::new(&a, &d).unwrap()
+        let parse = cordon_core::egress::parse_patterns;
+        Policy::new(&parse(allow).unwrap(), &parse(deny).unwrap())
     }
 
     #[test]
@@ -819,7 +566,8 @@ mod fuzz {
         ) {
             let a: Vec<String> = allow.iter().map(|e| e.text.clone()).collect();
             let d: Vec<String> = deny.iter().map(|e| e.text.clone()).collect();
-            let policy = Policy::new(&a, &d)?;
+            let parse = cordon_core::egress::parse_patterns;
+            let policy = Policy::new(&parse(&a)?, &parse(&d)?);
             for (h, port) in &hosts {
                 let denied = deny.iter().any(|e| model(e, h, *port, &[]));
                 let allowed = allow.iter().any(|e| model(e, h, *port, &DEFAULT_ALLOW_PORTS));

@@ -218,11 +218,7 @@ impl Grants {
             }
             let header = HeaderName::from_bytes(g.header.trim().as_bytes())
                 .map_err(|_| bad(format!("{:?} is not a valid HTTP header name", g.header)))?;
-            let hosts = g
-                .hosts
-                .iter()
-                .map(|h| Pattern::parse(h))
-                .collect::<Result<Vec<_>>>()?;
+            let hosts = g.hosts.clone();
             let methods = g
                 .methods
                 .iter()
@@ -536,7 +532,7 @@ mod tests {
             name: "gh".into(),
             env_var: "GH_TOKEN".into(),
             secret: GrantSecret::value("real-secret-value-123"),
-            hosts: vec!["api.gh.test".into(), "*.gh.test".into()],
+            hosts: cordon_core::egress::parse_patterns(&["api.gh.test", "*.gh.test"]).unwrap(),
             header: "authorization".into(),
             methods: vec!["get".into(), "POST".into()],
             path_prefixes: vec!["/repos/me".into()],
@@ -575,7 +571,7 @@ mod tests {
             name: "x".into(),
             env_var: "X".into(),
             secret: GrantSecret::value("abc"),
-            hosts: vec!["a.test".into()],
+            hosts: cordon_core::egress::parse_patterns(&["a.test"]).unwrap(),
             header: "authorization".into(),
             methods: vec![],
             path_prefixes: vec![],
@@ -608,7 +604,7 @@ mod tests {
             name: "m".into(),
             env_var: "M".into(),
             secret: GrantSecret::Minted(minter),
-            hosts: vec!["a.test".into()],
+            hosts: cordon_core::egress::parse_patterns(&["a.test"]).unwrap(),
             header: "authorization".into(),
             methods: vec![],
             path_prefixes: vec![],

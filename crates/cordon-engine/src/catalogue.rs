@@ -57,14 +57,13 @@ impl Catalogue {
                 ));
             }
             for h in &e.hosts {
-                let p = cordon_egress::Pattern::parse(h).map_err(|x| bad(x.to_string()))?;
                 if matches!(
-                    p.host,
-                    cordon_egress::policy::HostMatch::AnyName
-                        | cordon_egress::policy::HostMatch::Net(_)
+                    h.host,
+                    cordon_core::HostMatch::AnyName | cordon_core::HostMatch::Net(_)
                 ) {
                     return Err(bad(format!(
-                        "host {h:?} is not a name; a grant names the hosts it is for (exact or *.suffix)"
+                        "host {:?} is not a name; a grant names the hosts it is for (exact or *.suffix)",
+                        h.text
                     )));
                 }
             }

@@ -11,8 +11,6 @@ use cordon_egress::policy::{HostMatch, Ports};
 use cordon_policy::Trust;
 use serde::{Deserialize, Serialize};
 
-use crate::GateError;
-
 /// What one tenant may do. Every field left out falls back to `[tenant_defaults]`, then to
 /// the built-in default named on the field.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -30,7 +28,7 @@ pub struct TenantRules {
     /// (any public name or address, any port). Non-public ranges (loopback, RFC 1918,
     /// link-local and metadata, CGNAT, ULA, this server's own addresses) are allowed only
     /// where an entry here names a CIDR containing them.
-    pub egress: Option<Vec<String>>,
+    pub egress: Option<Vec<Pattern>>,
     /// Live sandboxes at once. Default: `sessions.max_sandboxes_per_tenant`.
     pub max_sandboxes: Option<usize>,
     /// Memory of this tenant's live sandboxes added up (their memory limits). Default: a
@@ -150,7 +148,7 @@ pub struct GrantEntry {
     #[serde(default)]
     pub load: LoadAt,
     /// Hosts the secret (or token) may be sent to: exact names or `*.suffix`.
-    pub hosts: Vec<String>,
+    pub hosts: Vec<Pattern>,
     /// The header it goes in (default `authorization`).
     #[serde(default = "cordon_core::default_grant_header")]
     pub header: String,
@@ -220,19 +218,6 @@ pub struct Resolved {
 }
 
 impl CeilingConfig {
-    /// Checks every entry (patterns parse, tiers are real) so a bad ceiling stops the start.
-    pub fn validate(&self) -> Result<(), GateError> {
-        for (name, rules) in std::iter::once(("tenant_defaults", &self.tenant_defaults))
-            .chain(self.tenants.iter().map(|(n, r)| (n.as_str(), r)))
-        {
-            if let Some(e) = &rules.egress {
-                EgressCeiling::parse(e)
-                    .map_err(|m| GateError::Config(format!("the egress ceiling of {name}: {m}")))?;
-            }
-        }
-        Ok(())
-    }
-
     /// The rules for `tenant`, defaults applied.
     pub fn resolve(&self, tenant: &str) -> Resolved {
         let mine = self.tenants.get(tenant);
@@ -242,7 +227,7 @@ impl CeilingConfig {
                 mine.and_then(|m| m.$f.clone()).or_else(|| d.$f.clone())
             };
         }
-        let egress = pick!(egress).unwrap_or_else(|| vec!["*".to_string()]);
+        let egress = pick!(egress).unwrap_or_else(|| vec![Pattern::any_name()]);
         Resolved {
             trust: pick!(trust).unwrap_or(Trust::Untrusted),
             tiers: pick!(tiers).unwrap_or_else(|| {
@@ -251,8 +236,7 @@ impl CeilingConfig {
                     .filter(|t| !t.features().memory_in_server)
                     .collect()
             }),
-            // Checked at start by `validate`; an entry that does not parse allows nothing.
-            egress: EgressCeiling::parse(&egress).unwrap_or_default(),
+            egress: EgressCeiling::new(egress),
             max_sandboxes: pick!(max_sandboxes),
             max_memory: pick!(max_memory).map(|s| s.0),
             max_mcp_sessions: pick!(max_mcp_sessions).unwrap_or(8),
@@ -296,15 +280,12 @@ pub struct EgressCeiling {
 }
 
 impl EgressCeiling {
-    pub fn parse(entries: &[String]) -> Result<Self, String> {
-        let entries = entries
-            .iter()
-            .map(|e| Pattern::parse(e).map_err(|err| err.to_string()))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(EgressCeiling {
+    /// A ceiling of these entries (parsed as the config was read).
+    pub fn new(entries: Vec<Pattern>) -> Self {
+        EgressCeiling {
             entries,
             unlimited: false,
-        })
+        }
     }
 
     fn unlimited() -> Self {
@@ -319,7 +300,7 @@ impl EgressCeiling {
         if self.unlimited {
             return vec!["(operator: any)".into()];
         }
-        self.entries.iter().map(|p| p.text.clone()).collect()
+        cordon_core::egress::pattern_texts(&self.entries)
     }
 
     /// Checks one allow entry of a request against the ceiling. `Err` says why not.
@@ -429,7 +410,6 @@ mod tests {
             "#,
         )
         .unwrap();
-        cfg.validate().unwrap();
         let c = cfg.resolve("ci");
         c.egress.check(&p("10.1.2.0/24:5432")).unwrap();
         c.egress.check(&p("db.corp.test:443")).unwrap();
@@ -471,8 +451,9 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_entries_are_refused() {
         assert!(toml::from_str::<CeilingConfig>("[tenants.a]\nroot = true\n").is_err());
-        let cfg: CeilingConfig =
-            toml::from_str("[tenants.a]\negress = [\"not a host\"]\n").unwrap();
-        assert!(cfg.validate().is_err());
+        let e = toml::from_str::<CeilingConfig>("[tenants.a]\negress = [\"not a host\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("egress rule \"not a host\" is not valid"), "{e}");
     }
 }

@@ -7,8 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use cordon_core::{Command, Language, Limits, SandboxSpec, Tier};
-use cordon_egress::Pattern;
+use cordon_core::{Command, EgressPolicy, Language, Limits, Pattern, SandboxSpec, Tier};
 use cordon_policy::{Autonomy, BenchFigures, Rules, Shape, TierChoice, Trust};
 
 use crate::catalogue::Catalogue;
@@ -284,10 +283,13 @@ impl Gate {
             Principal::Tenant(t) => Some(t.as_str()),
         };
         check_request_ceiling(tenant, rules, req)?;
-        check_egress(rules, req)?;
-        let grant_hosts = self.grant_hosts(tenant, req, record)?;
-        let network = !req.allow_hosts.is_empty() || !grant_hosts.is_empty();
-        let (tier, decision) = self.pick_tier(tenant, rules, req, network, &grant_hosts, record)?;
+        let egress = check_egress(rules, req)?;
+        // Grant hosts are egress too: the policy sees them and the audit row names them.
+        let reach: Vec<Pattern> = (egress.allow.iter().cloned())
+            .chain(self.grant_hosts(tenant, req, record)?)
+            .collect();
+        let network = !reach.is_empty();
+        let (tier, decision) = self.pick_tier(tenant, rules, req, network, reach, record)?;
         record.tier = Some(tier);
         if !rules.tiers.contains(&tier) {
             return Err(not_open(tier, rules));
@@ -296,6 +298,7 @@ impl Gate {
             return Err(self.unavailable(tier));
         }
         let mut spec = self.spec_for(tier, tenant, req, network, record)?;
+        spec.egress = egress;
         let life = self.lifetime(tenant, req, record)?;
         // Grants resolved last: nothing is read for a refused request.
         self.resolve_grants(tenant, req, life.ttl, &mut spec)?;
@@ -318,7 +321,7 @@ impl Gate {
         tenant: Option<&str>,
         req: &SandboxRequest,
         record: &mut GateRecord,
-    ) -> Result<Vec<String>, Refused> {
+    ) -> Result<Vec<Pattern>, Refused> {
         let mut grant_hosts = Vec::new();
         for g in &req.grants {
             let entry = tenant.and_then(|t| self.catalogue.entry(&g.0, t));
@@ -360,8 +363,6 @@ impl Gate {
         let mut spec = SandboxSpec::new(tier);
         spec.limits = req.limits.apply(&self.settings.default_limits);
         spec.env = req.env.clone();
-        spec.egress.allow = req.allow_hosts.clone();
-        spec.egress.deny = req.deny_hosts.clone();
         spec.allow_weaker = req.allow_weaker.clone();
         // Per-owner resources (the wasm tier's instance slots) are shared by tenant.
         spec.owner = tenant.map(str::to_string);
@@ -578,7 +579,7 @@ impl Gate {
         rules: &Resolved,
         req: &SandboxRequest,
         network: bool,
-        grant_hosts: &[String],
+        reach: Vec<Pattern>,
         record: &mut GateRecord,
     ) -> Result<(Tier, Option<cordon_policy::Decision>), Refused> {
         let (trust, autonomy) = match self.placement(tenant, rules, req, network)? {
@@ -592,13 +593,7 @@ impl Gate {
             .map_err(|e| invalid(format!("the tier policy cannot be loaded: {e}")))?;
         let mut preq = cordon_policy::Request::new(trust, autonomy);
         preq.shape = req.shape.unwrap_or(Shape::ManyShort);
-        // Grant hosts are egress too: the policy sees them and the audit row names them.
-        preq.allow_hosts = req
-            .allow_hosts
-            .iter()
-            .cloned()
-            .chain(grant_hosts.iter().cloned())
-            .collect();
+        preq.allow_hosts = reach;
         let open: BTreeSet<Tier> = self
             .available
             .iter()
@@ -796,13 +791,17 @@ fn check_request_ceiling(
 }
 
 /// Egress: every allow and deny entry parses, and every allow entry sits within the ceiling.
-fn check_egress(rules: &Resolved, req: &SandboxRequest) -> Result<(), Refused> {
-    let mut patterns = Vec::new();
-    for entry in req.allow_hosts.iter().chain(&req.deny_hosts) {
-        let p = Pattern::parse(entry).map_err(|e| invalid(e.to_string()))?;
-        patterns.push(p);
-    }
-    for p in patterns.iter().take(req.allow_hosts.len()) {
+/// The one place a request's entries are read as text: the policy they make goes inward
+/// typed (to the tier policy, the spec and the egress proxy).
+fn check_egress(rules: &Resolved, req: &SandboxRequest) -> Result<EgressPolicy, Refused> {
+    let parse = |entries: &[String]| {
+        cordon_core::egress::parse_patterns(entries).map_err(|e| invalid(e.to_string()))
+    };
+    let egress = EgressPolicy {
+        allow: parse(&req.allow_hosts)?,
+        deny: parse(&req.deny_hosts)?,
+    };
+    for p in &egress.allow {
         if let Err(why) = rules.egress.check(p) {
             return Err(deny(
                 GateRule::CeilingEgress,
@@ -811,7 +810,7 @@ fn check_egress(rules: &Resolved, req: &SandboxRequest) -> Result<(), Refused> {
             ));
         }
     }
-    Ok(())
+    Ok(egress)
 }
 
 /// The request's volumes onto the spec, where its tier mounts any.

@@ -213,11 +213,10 @@ fn parse_grant(s: &str) -> Result<Grant> {
         name: name.to_string(),
         env_var: var,
         secret: GrantSecret::value(value.into_encoded_bytes()),
-        hosts: hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(String::from)
-            .collect(),
+        hosts: (hosts.split(',').filter(|h| !h.is_empty()))
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|e| anyhow!("--grant {name}: {e}"))?,
         header: "authorization".to_string(),
         methods: Vec::new(),
         path_prefixes: Vec::new(),

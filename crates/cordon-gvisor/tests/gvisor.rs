@@ -582,7 +582,7 @@ fn egress_reaches_allowed_hosts_through_the_proxy_only() {
 fn egress_socket_is_per_sandbox_and_goes_with_it() {
     let b = need_backend!();
     let mut s = spec();
-    s.egress.allow = vec!["example.invalid".to_string()];
+    s.egress.allow = cordon_core::egress::parse_patterns(&["example.invalid"]).unwrap();
     let mut sb = b.create(&s).unwrap();
     let id = sb.id().to_string();
     let dir = Path::new("/run/cordon/egress").join(&id);
@@ -610,7 +610,7 @@ fn egress_socket_is_per_sandbox_and_goes_with_it() {
 
 fn egress_spec(allow: &[String]) -> SandboxSpec {
     let mut s = spec();
-    s.egress.allow = allow.to_vec();
+    s.egress.allow = cordon_core::egress::parse_patterns(allow).unwrap();
     s
 }
 

@@ -429,7 +429,11 @@ fn egress_reaches_only_allowed_hosts_through_the_proxy() {
     destroy_and_check(closed);
 
     let mut s = spec();
-    s.egress.allow = vec![format!("127.0.0.1/32:{p}"), "*.example.test".into()];
+    s.egress.allow = cordon_core::egress::parse_patterns(&[
+        format!("127.0.0.1/32:{p}"),
+        "*.example.test".into(),
+    ])
+    .unwrap();
     let mut sb = env.backend.create_restored(&s).unwrap();
     let script = format!(
         r#"{PY_GET}
@@ -608,16 +612,17 @@ fn grant_is_swapped_only_for_its_host_and_the_secret_never_enters_the_vm() {
     std::fs::write(&secret_file, &secret).unwrap();
     let (p, q) = (tls.port, plain.port);
     let mut s = spec();
-    s.egress.allow = vec![
+    s.egress.allow = cordon_core::egress::parse_patterns(&[
         format!("{HOST}:{p}"),
         format!("127.0.0.1/32:{p}"),
         format!("127.0.0.1/32:{q}"),
-    ];
+    ])
+    .unwrap();
     s.grants.push(cordon_core::Grant {
         name: "github".into(),
         env_var: "GITHUB_TOKEN".into(),
         secret: cordon_core::GrantSecret::value(std::fs::read(&secret_file).unwrap()),
-        hosts: vec![HOST.into()],
+        hosts: vec![HOST.parse().unwrap()],
         header: "authorization".into(),
         methods: vec![],
         path_prefixes: vec![],
@@ -745,7 +750,7 @@ fn egress_limits_hold_through_the_vm_tunnel() {
     let up = cordon_testkit::egress::Upstream::start();
     let p = up.port;
     let mut s = spec();
-    s.egress.allow = vec![format!("127.0.0.1/32:{p}")];
+    s.egress.allow = vec![format!("127.0.0.1/32:{p}").parse().unwrap()];
 
     // Requests: three answered, the fourth refused by the cap.
     let mut sb = env.backend.create_restored(&s).unwrap();
@@ -786,7 +791,7 @@ fn egress_limits_hold_through_the_vm_tunnel() {
             let _ = conn.write_all(&body);
         }
     });
-    s.egress.allow = vec![format!("127.0.0.1/32:{bp}")];
+    s.egress.allow = vec![format!("127.0.0.1/32:{bp}").parse().unwrap()];
     let mut sb = env.backend.create_restored(&s).unwrap();
     let o = run(
         &mut sb,
@@ -1973,7 +1978,7 @@ fn a_vm_paused_to_disk_holds_nothing_and_resumes_with_its_processes() {
 fn a_vm_with_egress_is_not_paused_to_disk() {
     let Some(env) = env() else { return };
     let mut s = spec();
-    s.egress.allow = vec!["example.com".into()];
+    s.egress.allow = cordon_core::egress::parse_patterns(&["example.com"]).unwrap();
     let mut sb = env.backend.create_restored(&s).unwrap();
     match sb.pause_to_disk() {
         Err(Error::Unsupported { fix, .. }) => assert!(fix.contains("without to_disk"), "{fix}"),
@@ -2008,7 +2013,7 @@ fn three_forks_of_a_full_snapshot_have_its_state_and_their_own() {
 fn a_full_snapshot_of_a_microvm_with_egress_is_refused_with_the_fix() {
     let Some(env) = env() else { return };
     let mut s = spec();
-    s.egress.allow = vec!["127.0.0.1/32:9".into()];
+    s.egress.allow = cordon_core::egress::parse_patterns(&["127.0.0.1/32:9"]).unwrap();
     let mut sb = env.backend.create_sandbox(&s).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let e = sb

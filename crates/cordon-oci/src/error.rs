@@ -98,10 +98,6 @@ pub enum ConfigError {
         "the node's Cordon config does not parse: {0}; fix the file (docs/kubernetes.md lists its keys)"
     )]
     Toml(#[from] toml::de::Error),
-    #[error(
-        "the node's Cordon config has a bad [ceiling]: {0}; fix the file (docs/kubernetes.md lists its keys)"
-    )]
-    Ceiling(#[source] cordon_engine::GateError),
     #[error("the node's grant catalogue: {0}; fix its [[grant]] entries")]
     Catalogue(#[source] cordon_engine::GateError),
 }

@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use cordon_core::Tier;
+use cordon_core::egress::{HostMatch, Pattern, pattern_texts};
 use serde::{Deserialize, Serialize};
 
 macro_rules! named_enum {
@@ -152,7 +153,7 @@ pub struct Request {
     pub shape: Shape,
     /// The egress allow-list the request carries (`--allow-host`).
     #[serde(default)]
-    pub allow_hosts: Vec<String>,
+    pub allow_hosts: Vec<Pattern>,
     #[serde(default)]
     pub tier: TierChoice,
 }
@@ -172,16 +173,19 @@ impl Request {
     /// (`*`, `*:443`, `*:*`). Suffix patterns like `*.example.com` name hosts.
     pub fn has_explicit_allow_list(&self) -> bool {
         !self.allow_hosts.is_empty()
-            && self.allow_hosts.iter().all(|h| {
-                let host = h.rsplit_once(':').map(|(h, _)| h).unwrap_or(h).trim();
-                !host.is_empty() && host != "*" && host != "*."
-            })
+            && (self.allow_hosts.iter()).all(|h| !matches!(h.host, HostMatch::AnyName))
+    }
+
+    /// The allow-list as written, `sep` between entries.
+    pub fn allow_list(&self, sep: &str) -> String {
+        pattern_texts(&self.allow_hosts).join(sep)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cordon_core::egress::parse_patterns;
 
     #[test]
     fn names_round_trip() {
@@ -202,10 +206,11 @@ mod tests {
     fn explicit_allow_lists() {
         let mut r = Request::new(Trust::Trusted, Autonomy::Internet);
         assert!(!r.has_explicit_allow_list());
-        r.allow_hosts = vec!["pypi.org".into(), "*.pythonhosted.org:443".into()];
+        r.allow_hosts = parse_patterns(&["pypi.org", "*.pythonhosted.org:443", "10.0.0.0/8"])
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(r.has_explicit_allow_list());
-        for bad in ["*", "*:*", "*:443", ""] {
-            r.allow_hosts = vec!["pypi.org".into(), bad.into()];
+        for bad in ["*", "*:*", "*:443"] {
+            r.allow_hosts = parse_patterns(&["pypi.org", bad]).unwrap_or_else(|e| panic!("{e}"));
             assert!(!r.has_explicit_allow_list(), "{bad}");
         }
     }

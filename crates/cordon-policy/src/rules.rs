@@ -64,7 +64,7 @@ struct Example {
     #[serde(default)]
     shape: Option<Shape>,
     #[serde(default)]
-    allow_hosts: Vec<String>,
+    allow_hosts: Vec<cordon_core::Pattern>,
     #[serde(default)]
     tier: Option<TierChoice>,
     /// Whether the rule applies to this request.
@@ -126,7 +126,7 @@ impl Rule {
                 if r.allow_hosts.is_empty() {
                     "none".to_string()
                 } else {
-                    r.allow_hosts.join(", ")
+                    r.allow_list(", ")
                 }
             ));
         }
@@ -305,7 +305,7 @@ pub struct Decision {
     /// Every rule that applied, in file order.
     pub reasons: Vec<Reason>,
     /// The egress allow-list the sandbox gets.
-    pub egress_allow: Vec<String>,
+    pub egress_allow: Vec<cordon_core::Pattern>,
     /// Always false: no rule grants ambient credentials.
     pub ambient_credentials: bool,
 }
@@ -646,16 +646,15 @@ impl<'a> Deciding<'a> {
         else {
             return Ok(());
         };
-        let hosts = &self.req.allow_hosts;
         Err(self.refuse(
             RuleId::Named(r.name.clone()),
             format!(
                 "{} needs an explicit egress allow-list ({})",
                 self.work,
-                if hosts.is_empty() {
+                if self.req.allow_hosts.is_empty() {
                     "none given".to_string()
                 } else {
-                    format!("a wildcard is not one: {}", hosts.join(", "))
+                    format!("a wildcard is not one: {}", self.req.allow_list(", "))
                 }
             ),
             r.fix.clone(),
@@ -749,7 +748,7 @@ impl fmt::Display for Decision {
             if r.allow_hosts.is_empty() {
                 String::new()
             } else {
-                format!(" allow-host={}", r.allow_hosts.join(","))
+                format!(" allow-host={}", r.allow_list(","))
             }
         )?;
         writeln!(f, "minimum tier: {}", self.minimum)?;

@@ -514,7 +514,6 @@ impl Config {
         if self.sessions.reap_interval.0.is_zero() {
             return bad("sessions.reap_interval must be more than zero".into());
         }
-        self.ceiling().validate().or_else(|e| bad(e.to_string()))?;
         if !self.bind.ip().is_loopback() && self.tls.is_none() && !self.edge.allow_plaintext_remote
         {
             return bad(format!(

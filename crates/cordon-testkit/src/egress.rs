@@ -72,7 +72,7 @@ fn egress_events(o: &ExecOutcome) -> Vec<serde_json::Value> {
 pub fn allowed_hosts_only(b: &dyn Backend, mut spec: SandboxSpec) {
     let up = Upstream::start();
     let p = up.port;
-    spec.egress.allow = vec![format!("127.0.0.1/32:{p}")];
+    spec.egress.allow = vec![format!("127.0.0.1/32:{p}").parse().unwrap()];
     let script = format!(
         "curl -s --max-time 5 http://127.0.0.1:{p}/curl; echo;
          python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{p}/py', timeout=5).read().decode())\";
@@ -140,12 +140,12 @@ pub fn grant_placeholder_stays_inside(b: &dyn Backend, mut spec: SandboxSpec) {
     std::fs::create_dir_all(&dir).unwrap();
     let secret_file = dir.join("token");
     std::fs::write(&secret_file, &secret).unwrap();
-    spec.egress.allow = vec![format!("127.0.0.1/32:{p}")];
+    spec.egress.allow = vec![format!("127.0.0.1/32:{p}").parse().unwrap()];
     spec.grants.push(Grant {
         name: "github".into(),
         env_var: "GITHUB_TOKEN".into(),
         secret: GrantSecret::value(secret.clone()),
-        hosts: vec!["api.github.com".into()],
+        hosts: cordon_core::egress::parse_patterns(&["api.github.com"]).unwrap(),
         header: "authorization".into(),
         methods: vec![],
         path_prefixes: vec![],
@@ -278,7 +278,7 @@ for host, p in ((sys.argv[2], int(sys.argv[3])), ('127.0.0.1', up)):
 pub fn own_loopback_servers(b: &dyn Backend, mut spec: SandboxSpec) {
     let up = Upstream::start();
     let p = up.port;
-    spec.egress.allow = vec![format!("127.0.0.1/32:{p}")];
+    spec.egress.allow = vec![format!("127.0.0.1/32:{p}").parse().unwrap()];
     // A listener on this host's address out, which a sandbox sharing the host's network
     // would reach (a documentation address where the host has none).
     let outside = host_address().and_then(|ip| TcpListener::bind((ip, 0)).ok());

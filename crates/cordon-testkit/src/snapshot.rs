@@ -216,7 +216,7 @@ pub fn three_forks(b: &dyn Backend, spec: &SandboxSpec, identity: Option<&Identi
 pub fn forks_have_their_own_egress(b: &dyn Backend, mut spec: SandboxSpec) {
     let up = crate::egress::Upstream::start();
     let p = up.port;
-    spec.egress.allow = vec![format!("127.0.0.1/32:{p}")];
+    spec.egress.allow = vec![format!("127.0.0.1/32:{p}").parse().unwrap()];
     let mut src = b.create(&spec).unwrap();
     let fetch = |path: &str| format!("curl -s --max-time 10 http://127.0.0.1:{p}/{path}");
     assert_eq!(

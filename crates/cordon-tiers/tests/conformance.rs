@@ -108,7 +108,7 @@ fn exercise(
     match f {
         Feature::Network => {
             let mut s = spec.clone();
-            s.egress.allow = vec!["127.0.0.1/32:9".into()];
+            s.egress.allow = cordon_core::egress::parse_patterns(&["127.0.0.1/32:9"]).unwrap();
             match b.create(&s) {
                 Ok(mut other) => {
                     other.destroy()?;

@@ -874,7 +874,7 @@ fn outcome_has_the_shape_of_every_tier() {
 #[test]
 fn network_policies_are_refused_up_front() {
     let mut s = spec();
-    s.egress.allow.push("example.com".into());
+    s.egress.allow.push("example.com".parse().unwrap());
     match backend().create(&s) {
         Err(Error::Unsupported { fix, .. }) => assert_eq!(fix, cordon_core::Feature::Network.fix()),
         other => panic!("{:?}", other.map(|s| s.id().to_string())),

@@ -36,7 +36,7 @@ impl DenyCode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GrantRecord {
     pub name: String,
-    pub hosts: Vec<String>,
+    pub hosts: Vec<cordon_core::Pattern>,
     pub minted: bool,
 }
 

@@ -190,12 +190,15 @@ fn catalogue_grants_resolve_and_count_as_egress() {
         )
         .unwrap();
     assert_eq!(a.spec.grants.len(), 1);
-    assert_eq!(a.spec.grants[0].hosts, vec!["api.github.test"]);
+    assert_eq!(
+        a.spec.grants[0].hosts,
+        vec!["api.github.test".parse().unwrap()]
+    );
     assert_eq!(a.ttl, Duration::from_secs(120), "capped by max_lifetime");
     assert_eq!(a.record.autonomy, Some(Autonomy::Internet));
     let d = a.decision.unwrap();
     assert!(
-        d.egress_allow.contains(&"api.github.test".to_string()),
+        d.egress_allow.contains(&"api.github.test".parse().unwrap()),
         "{d:?}"
     );
     assert_eq!(a.record.grants[0].name, "github");
@@ -242,7 +245,7 @@ fn the_operator_keeps_todays_defaults_with_the_same_checks() {
         name: "x".into(),
         env_var: "X_TOKEN".into(),
         secret: cordon_core::GrantSecret::value("0123456789"),
-        hosts: vec!["x.test".into()],
+        hosts: vec!["x.test".parse().unwrap()],
         header: "authorization".into(),
         methods: vec![],
         path_prefixes: vec![],
@@ -362,11 +365,7 @@ mod fuzz {
             "{t}: {a:?}"
         );
         for h in &spec.egress.allow {
-            let p = Pattern::parse(h);
-            assert!(
-                p.is_ok_and(|p| rules.egress.check(&p).is_ok()),
-                "{t}: {h} let through"
-            );
+            assert!(rules.egress.check(h).is_ok(), "{t}: {h} let through");
         }
         assert!(
             spec.allow_weaker

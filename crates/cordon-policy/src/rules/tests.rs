@@ -8,6 +8,10 @@ fn rules() -> Rules {
     }
 }
 
+fn pat(entry: &str) -> cordon_core::Pattern {
+    entry.parse().unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn req(trust: T, autonomy: A) -> Request {
     Request::new(trust, autonomy)
 }
@@ -142,13 +146,13 @@ fn minimum_and_allowed_for_every_trust_and_autonomy() {
     for t in [T::Trusted, T::Untrusted] {
         for a in [A::InstallPackages, A::Internet] {
             let mut q = req(t, a);
-            q.allow_hosts = vec!["pypi.org".into()];
+            q.allow_hosts = vec![pat("pypi.org")];
             let d = r
                 .decide(&q, &host)
                 .unwrap_or_else(|e| panic!("{t} {a}: {e}"));
             assert!(!d.allowed.contains(&Tier::Wasm) && !d.allowed.contains(&Tier::Runtime));
             assert_eq!(d.allowed.contains(&Tier::Container), t == T::Trusted);
-            assert_eq!(d.egress_allow, vec!["pypi.org".to_string()]);
+            assert_eq!(d.egress_allow, vec![pat("pypi.org")]);
         }
     }
 }
@@ -224,9 +228,9 @@ fn network_without_allow_list_is_refused() {
     let e = e.unwrap_or_else(|| panic!("allowed"));
     assert_eq!(e.rule, RuleId::Named("network-needs-allow-list".into()));
     assert!(e.fix.contains("--allow-host"));
-    q.allow_hosts = vec!["*:443".into()];
+    q.allow_hosts = vec![pat("*:443")];
     assert!(r.decide(&q, &Host::all_available()).is_err());
-    q.allow_hosts = vec!["api.example.test".into()];
+    q.allow_hosts = vec![pat("api.example.test")];
     assert!(r.decide(&q, &Host::all_available()).is_ok());
 }
 
@@ -364,7 +368,7 @@ fn each_figure_keeps_its_own_date_and_explain_shows_its_age() {
 fn decisions_and_refusals_serialize_round_trip() {
     let r = rules();
     let mut q = req(T::Untrusted, A::Internet);
-    q.allow_hosts = vec!["api.example.test".into()];
+    q.allow_hosts = vec![pat("api.example.test")];
     let d = r
         .decide(&q, &Host::all_available())
         .unwrap_or_else(|e| panic!("{e}"));
@@ -512,7 +516,7 @@ mod fuzz {
                 trust,
                 autonomy,
                 shape,
-                allow_hosts: hosts.into_iter().map(str::to_string).collect(),
+                allow_hosts: cordon_core::egress::parse_patterns(&hosts).unwrap_or_default(),
                 tier: tier.map(TierChoice::Tier).unwrap_or_default(),
             })
     }

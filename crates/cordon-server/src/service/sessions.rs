@@ -187,7 +187,7 @@ impl Session {
                 + self.last_used.load(Ordering::Relaxed)
                 + self.paused_total_ms(),
             limits: self.spec.limits.clone(),
-            allow_hosts: self.spec.egress.allow.clone(),
+            allow_hosts: cordon_core::egress::pattern_texts(&self.spec.egress.allow),
             source: self.source.into(),
             start_us: self.start_us,
             busy: self.busy.load(Ordering::Relaxed),
@@ -471,7 +471,7 @@ impl Sessions {
             source: session.source.to_string(),
             start_us: session.start_us,
             limits: spec.limits.clone(),
-            allow_hosts: Some(spec.egress.allow.clone()),
+            allow_hosts: Some(cordon_core::egress::pattern_texts(&spec.egress.allow)),
             ttl_ms: Some(ttl.as_millis() as u64),
             idle_timeout_ms: Some(idle.as_millis() as u64),
             one_shot: false,
