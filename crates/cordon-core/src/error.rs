@@ -1,4 +1,6 @@
-use crate::Tier;
+use std::fmt;
+
+use crate::{Language, Tier};
 
 /// An error kept as the source of another, whatever its type.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -22,6 +24,9 @@ pub enum Error {
     /// The request itself is invalid.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A value of the request that Cordon does not take, typed by what it is.
+    #[error("invalid request: {0}")]
+    Rejected(#[from] Rejected),
     /// The request is invalid for a reason an error of its own gives (a parser's, a
     /// compiler's), kept as the source; `what` says what was wrong, `fix` what to do.
     #[error("invalid request: {what}: {source}; {fix}")]
@@ -79,6 +84,109 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// What a name names, and the names it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameKind {
+    Template,
+    Volume,
+    EnvVar,
+    /// `cordon run --volume NAME:/work/PATH[:ro|:rw]`.
+    VolumeFlag,
+    /// An OCI container's id.
+    ContainerId,
+    /// An entry of a process's environment, `KEY=VALUE`.
+    EnvEntry,
+}
+
+impl NameKind {
+    /// The names of this kind that are taken, as the fix of a refusal.
+    pub fn takes(self) -> &'static str {
+        match self {
+            NameKind::Template => {
+                "use 1 to 64 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit"
+            }
+            NameKind::Volume => {
+                "use 1 to 63 of a-z, 0-9, '_' and '-', starting with a letter or digit"
+            }
+            NameKind::EnvVar => "use letters, digits and _",
+            NameKind::VolumeFlag => {
+                "give NAME:/work/PATH or NAME:/work/PATH:ro, e.g. --volume cache:/work/cache:ro"
+            }
+            NameKind::ContainerId => "use letters, digits, '_', '-' and '.' (not first)",
+            NameKind::EnvEntry => "give KEY=VALUE; fix the container's env",
+        }
+    }
+}
+
+impl fmt::Display for NameKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NameKind::Template => "template name",
+            NameKind::Volume => "volume name",
+            NameKind::EnvVar => "environment variable name",
+            NameKind::VolumeFlag => "--volume",
+            NameKind::ContainerId => "container id",
+            NameKind::EnvEntry => "environment entry",
+        })
+    }
+}
+
+/// A value of a request that Cordon does not take: one typed refusal for each way a name or
+/// a field is checked, wherever it is checked, each saying what to give instead. None names
+/// a path of the host.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    /// A name outside what its kind takes.
+    #[error("{kind} {name:?} is not valid; {}", kind.takes())]
+    Name { kind: NameKind, name: String },
+    /// The same name given twice where each is taken once.
+    #[error("{kind} {name:?} is asked for twice; give each once")]
+    Twice { kind: NameKind, name: String },
+    /// More of something than a sandbox takes.
+    #[error("{asked} {what} asked for; a sandbox takes at most {max}")]
+    TooMany {
+        what: &'static str,
+        asked: usize,
+        max: usize,
+    },
+    /// Source code in a language the tier does not run.
+    #[error("the {tier} tier does not run {language} code; {fix}")]
+    TierLanguage {
+        tier: Tier,
+        language: Language,
+        fix: &'static str,
+    },
+    /// Source code in a language whose interpreter the sandbox's template lacks.
+    #[error(
+        "template {template:?} has no {language} interpreter on its PATH ({}); use a template \
+         that has one (`cordon template ls`), build one with it (`cordon template build`), or \
+         run a program the template has with `cordon run --template {template} -- PROGRAM`",
+        language.program()
+    )]
+    NoInterpreter {
+        template: String,
+        language: Language,
+    },
+    /// A limit that would make the sandbox useless (`what` is wrong, `fix` what to give).
+    #[error("{what}; {fix}")]
+    Limit {
+        what: &'static str,
+        fix: &'static str,
+    },
+    /// A terminal's size out of range.
+    #[error("a terminal of {rows} rows and {cols} columns: give each between 1 and {max}")]
+    Terminal { rows: u16, cols: u16, max: u16 },
+    /// A grant that names no host.
+    #[error("grant {grant:?} names no host; give at least one host it may be sent to")]
+    GrantWithoutHosts { grant: String },
+    /// A port of the sandbox that no program of it serves.
+    #[error(
+        "port {port} is not one a program of the sandbox serves (port {proxy} is the \
+         sandbox's egress proxy); name the port your server listens on"
+    )]
+    NotAProgramPort { port: u16, proxy: u16 },
 }
 
 /// Why a snapshot cannot start a sandbox.

@@ -31,7 +31,7 @@ pub use backend::{
 };
 pub use egress::{Host, HostMatch, Pattern, PatternError, Ports};
 pub use ending::{Evidence, ExitReport, classify};
-pub use error::{BoxError, Error, Result, SnapshotRefusal, Unprepared};
+pub use error::{BoxError, Error, NameKind, Rejected, Result, SnapshotRefusal, Unprepared};
 pub use exec::{
     Command, ExecOutcome, ExecRequest, OutputStream, SANDBOX_PATH, Termination, Timings, Usage,
     exit_code_for, sandbox_env,

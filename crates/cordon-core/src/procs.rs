@@ -36,10 +36,12 @@ impl PtySize {
         if ok(self.rows) && ok(self.cols) {
             Ok(())
         } else {
-            Err(crate::Error::Invalid(format!(
-                "a terminal of {} rows and {} columns: give each between 1 and {PTY_MAX}",
-                self.rows, self.cols
-            )))
+            Err(crate::Rejected::Terminal {
+                rows: self.rows,
+                cols: self.cols,
+                max: PTY_MAX,
+            }
+            .into())
         }
     }
 }

@@ -32,7 +32,7 @@ pub fn run_once(
     sink: &mut dyn OutputSink,
 ) -> Result<(ExecOutcome, Vec<FileOut>)> {
     let mut sb = backend.create(spec)?;
-    let result = (|| {
+    let result = (|| -> Result<(ExecOutcome, Vec<FileOut>)> {
         for f in files_in {
             sb.put_file(&f.path, &f.data, f.mode)?;
         }

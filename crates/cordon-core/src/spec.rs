@@ -128,7 +128,7 @@ impl Limits {
 
     /// Checks that every limit is usable; a zero limit would make the sandbox useless.
     pub fn validate(&self) -> Result<()> {
-        let bad = |what: &str, hint: &str| Err(Error::Invalid(format!("{what}; {hint}")));
+        let bad = |what, fix| Err(crate::Rejected::Limit { what, fix }.into());
         if self.timeout_ms == 0 {
             return bad("timeout is zero", "give a timeout like 5s");
         }
@@ -383,15 +383,11 @@ impl ResolvedTemplate {
         if self.languages.contains(&language) {
             return Ok(());
         }
-        Err(Error::Invalid(format!(
-            "template {:?} has no {} interpreter on its PATH ({}); use a template that has one \
-             (`cordon template ls`), build one with it (`cordon template build`), or run a \
-             program the template has with `cordon run --template {} -- PROGRAM`",
-            self.name,
+        Err(crate::Rejected::NoInterpreter {
+            template: self.name.clone(),
             language,
-            language.program(),
-            self.name
-        )))
+        }
+        .into())
     }
 }
 
@@ -441,10 +437,10 @@ impl SandboxSpec {
         for g in &self.grants {
             validate_env_name(&g.env_var)?;
             if g.hosts.is_empty() {
-                return Err(Error::Invalid(format!(
-                    "grant {:?} names no host; give at least one host it may be sent to",
-                    g.name
-                )));
+                return Err(crate::Rejected::GrantWithoutHosts {
+                    grant: g.name.clone(),
+                }
+                .into());
             }
         }
         Ok(())
@@ -461,10 +457,7 @@ pub fn validate_template_name(name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::Invalid(format!(
-            "template name {name:?} is not valid; use 1 to 64 of a-z, 0-9, '.', '_' and '-', \
-             starting with a letter or digit"
-        )))
+        Err(name_rejected(crate::NameKind::Template, name))
     }
 }
 
@@ -476,10 +469,16 @@ pub fn validate_env_name(key: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::Invalid(format!(
-            "environment variable name {key:?} is not valid; use letters, digits and _"
-        )))
+        Err(name_rejected(crate::NameKind::EnvVar, key))
     }
+}
+
+fn name_rejected(kind: crate::NameKind, name: &str) -> Error {
+    crate::Rejected::Name {
+        kind,
+        name: name.to_string(),
+    }
+    .into()
 }
 
 #[cfg(test)]

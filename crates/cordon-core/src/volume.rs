@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Result, validate_sandbox_path};
+use crate::{Error, NameKind, Rejected, Result, validate_sandbox_path};
 
 /// The smallest volume: an ext4 with a journal needs a few MiB of its own.
 pub const MIN_VOLUME_BYTES: u64 = 8 << 20;
@@ -71,11 +71,9 @@ impl VolumeMount {
 
     /// Parses `cordon run --volume NAME:/work/PATH[:ro|:rw]`.
     pub fn parse_flag(flag: &str) -> Result<Self> {
-        let bad = || {
-            Error::Invalid(format!(
-                "--volume {flag:?} is not NAME:/work/PATH or NAME:/work/PATH:ro; e.g. \
-                 --volume cache:/work/cache:ro"
-            ))
+        let bad = || Rejected::Name {
+            kind: NameKind::VolumeFlag,
+            name: flag.to_string(),
         };
         let (name, rest) = flag.split_once(':').ok_or_else(bad)?;
         let (path, read_only) = match rest.rsplit_once(':') {
@@ -84,7 +82,7 @@ impl VolumeMount {
             _ => (rest, false),
         };
         if path.is_empty() {
-            return Err(bad());
+            return Err(bad().into());
         }
         Self::new(name, path, read_only)
     }
@@ -187,10 +185,11 @@ pub fn validate_volume_name(name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::Invalid(format!(
-            "volume name {name:?} is not valid; use 1 to 63 of a-z, 0-9, '_' and '-', \
-             starting with a letter or digit"
-        )))
+        Err(Rejected::Name {
+            kind: NameKind::Volume,
+            name: name.to_string(),
+        }
+        .into())
     }
 }
 
@@ -221,10 +220,12 @@ pub fn validate_volume_path(path: &str) -> Result<String> {
 /// sandbox's writing, so nothing is ever made inside one).
 pub fn validate_mounts(mounts: &[VolumeMount]) -> Result<()> {
     if mounts.len() > MAX_MOUNTS {
-        return Err(Error::Invalid(format!(
-            "{} volumes asked for; a sandbox mounts at most {MAX_MOUNTS}",
-            mounts.len()
-        )));
+        return Err(Rejected::TooMany {
+            what: "volumes",
+            asked: mounts.len(),
+            max: MAX_MOUNTS,
+        }
+        .into());
     }
     for (i, m) in mounts.iter().enumerate() {
         validate_volume_name(&m.name)?;
@@ -237,10 +238,11 @@ pub fn validate_mounts(mounts: &[VolumeMount]) -> Result<()> {
         }
         for other in &mounts[..i] {
             if other.name == m.name {
-                return Err(Error::Invalid(format!(
-                    "volume {:?} is asked for twice; mount each volume once",
-                    m.name
-                )));
+                return Err(Rejected::Twice {
+                    kind: NameKind::Volume,
+                    name: m.name.clone(),
+                }
+                .into());
             }
             let nested = |a: &str, b: &str| a == b || b.starts_with(&format!("{a}/"));
             if nested(&other.path, &m.path) || nested(&m.path, &other.path) {

@@ -292,9 +292,13 @@ pub fn argv_for(req: &ExecRequest, tier: Tier, node: bool) -> cordon_core::Resul
                 Language::Sh => vec!["sh".into(), "-c".into(), source.clone(), "sh".into()],
                 Language::Javascript if node => vec!["node".into(), "-e".into(), source.clone()],
                 Language::Javascript => {
-                    return Err(Error::Invalid(format!(
-                        "the {tier} tier has no JavaScript runtime; use --tier wasm for JavaScript"
-                    )));
+                    return Err(cordon_core::Rejected::TierLanguage {
+                        tier,
+                        language: Language::Javascript,
+                        fix: "its root has no JavaScript runtime (node); use --tier wasm for \
+                              JavaScript",
+                    }
+                    .into());
                 }
             };
             v.extend(args.iter().cloned());

@@ -18,10 +18,11 @@ pub const SANDBOX_PROXY_PORT: u16 = cordon_egress::DEFAULT_SANDBOX_PROXY_PORT;
 /// grants it injects, as the sandbox).
 pub fn check_own_port(port: u16) -> cordon_core::Result<()> {
     if port == 0 || port == SANDBOX_PROXY_PORT {
-        return Err(cordon_core::Error::Invalid(format!(
-            "port {port} is not one a program of the sandbox serves (port {SANDBOX_PROXY_PORT} \
-             is the sandbox's egress proxy); name the port your server listens on"
-        )));
+        return Err(cordon_core::Rejected::NotAProgramPort {
+            port,
+            proxy: SANDBOX_PROXY_PORT,
+        }
+        .into());
     }
     Ok(())
 }
@@ -198,8 +199,11 @@ impl EgressLink {
             .map_err(|e| Error::io(format!("securing {}", dir.display()), e))?;
         std::os::unix::fs::chown(&dir, Some(owner), Some(owner))
             .map_err(|e| Error::io(format!("handing {} to the sandbox", dir.display()), e))?;
-        let handle =
-            EgressProxy::start_owned(cfg).map_err(|e| Error::Invalid(format!("egress: {e}")))?;
+        let handle = EgressProxy::start_owned(cfg).map_err(|e| Error::Malformed {
+            what: "egress".into(),
+            fix: "fix the sandbox's egress entries and grants".into(),
+            source: Box::new(e),
+        })?;
         // From here the link's drop removes the socket and the directory.
         made.0 = None;
         let link = EgressLink {

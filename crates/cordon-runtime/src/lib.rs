@@ -389,10 +389,12 @@ impl Sandbox for RuntimeSandbox {
                 args,
             } => (source.clone(), args.clone()),
             Command::Code { language, .. } => {
-                return Err(Error::Invalid(format!(
-                    "the runtime tier runs javascript only, not {language}; use --tier wasm for \
-                     python, or --tier container"
-                )));
+                return Err(cordon_core::Rejected::TierLanguage {
+                    tier: Tier::Runtime,
+                    language: *language,
+                    fix: "it runs javascript only; use --tier wasm for python, or --tier container",
+                }
+                .into());
             }
             Command::Argv(_) => {
                 return Err(cordon_core::Feature::Programs.unsupported(

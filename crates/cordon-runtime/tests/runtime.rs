@@ -176,7 +176,10 @@ fn only_javascript_runs_here() {
     let mut sb = RuntimeBackend::new().create(&spec()).unwrap();
     let mut sink = |_: OutputStream, _: &[u8]| {};
     let r = sb.exec(&ExecRequest::code(Language::Python, "print(1)"), &mut sink);
-    assert!(matches!(r, Err(Error::Invalid(_))));
+    assert!(matches!(
+        r,
+        Err(Error::Rejected(cordon_core::Rejected::TierLanguage { .. }))
+    ));
     let r = sb.exec(&ExecRequest::argv(["sh", "-c", "id"]), &mut sink);
     assert!(
         matches!(&r, Err(Error::Unsupported { fix, .. }) if *fix == cordon_core::Feature::Programs.fix()),

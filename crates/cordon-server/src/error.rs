@@ -292,6 +292,7 @@ impl From<cordon_core::Error> for ApiError {
                 format!("fix the host (cordon doctor) or add \"{layer}\" to allow_weaker"),
             ),
             E::Invalid(_)
+            | E::Rejected(_)
             | E::Malformed { .. }
             | E::Snapshot(_)
             | E::NotPrepared(_)

@@ -663,10 +663,12 @@ impl WasmSandbox {
                 python: false,
             },
             Command::Code { language, .. } => {
-                return Err(Error::Invalid(format!(
-                    "the wasm tier runs python and javascript, not {language}; use --tier \
-                     container for {language}"
-                )));
+                return Err(cordon_core::Rejected::TierLanguage {
+                    tier: Tier::Wasm,
+                    language: *language,
+                    fix: "it runs python and javascript; use --tier container for other languages",
+                }
+                .into());
             }
             Command::Argv(_) => {
                 return Err(cordon_core::Feature::Programs.unsupported(
