@@ -13,6 +13,7 @@ mod exec;
 mod features;
 mod files;
 mod gauge;
+mod language;
 mod paths;
 mod procs;
 pub mod report;
@@ -43,6 +44,7 @@ pub use files::{
     MetadataRefused, Skipped, check_metadata,
 };
 pub use gauge::{Gauge, Reading};
+pub use language::Language;
 pub use paths::{
     AGENT_DIRS, FileTarget, HOME_MOUNT, UNREACHABLE, WORKDIR, classify_sandbox_path,
     validate_sandbox_dir, validate_sandbox_path,
@@ -54,9 +56,9 @@ pub use report::{
 pub use run::{FileIn, FileOut, run_once};
 pub use snapshot::{MAX_FORKS, SnapshotDir, SnapshotImage, SnapshotMode};
 pub use spec::{
-    EgressPolicy, Grant, GrantSecret, HOST_ETC, Language, Limits, MintedToken, ResolvedTemplate,
-    SandboxSpec, SecretValue, TokenMinter, Weakening, default_grant_header, scratch_dir,
-    validate_env_name, validate_template_name,
+    EgressPolicy, Grant, GrantSecret, HOST_ETC, Limits, MintedToken, ResolvedTemplate, SandboxSpec,
+    SecretValue, TokenMinter, Weakening, default_grant_header, scratch_dir, validate_env_name,
+    validate_template_name,
 };
 pub use tier::Tier;
 pub use volume::{
