@@ -238,38 +238,63 @@ pub fn check(spec: &Spec, allow: &Allow, kubelet: &crate::node::Kubelet) -> Resu
             "run it without --privileged; Cordon never runs a container privileged, whatever the node's config",
         ));
     }
-    if let Some(caps) = spec
-        .process()
-        .as_ref()
-        .and_then(|p| p.capabilities().as_ref())
-    {
-        let sets = [
-            caps.bounding(),
-            caps.effective(),
-            caps.permitted(),
-            caps.inheritable(),
-            caps.ambient(),
-        ];
-        for set in sets.into_iter().flatten() {
-            for c in PRIVILEGED_CAPS.iter().filter(|c| set.contains(c)) {
-                if !allow.capabilities.contains(c) {
-                    return Err(refused(
-                        format!("it asks for privileged mode (capability {c})"),
-                        "drop the capability (and --privileged); under Cordon a workload has no capabilities on the host",
-                    ));
-                }
-                granted.note(NodeAllowance::Capability {
-                    name: format!("CAP_{c}"),
-                });
-            }
-        }
-    }
+    check_capabilities(spec, allow, &mut granted)?;
     let Some(linux) = spec.linux() else {
         return Err(OciError::Invalid(
             "the bundle's config.json has no linux section; cordon-oci runs Linux containers only"
                 .into(),
         ));
     };
+    check_namespaces(linux, allow, &mut granted)?;
+    for d in linux.devices().iter().flatten() {
+        crate::allow::device(d, &allow.devices, &mut granted)?;
+    }
+    let pod = annotations.get(POD_UID).map(String::as_str);
+    for m in spec.mounts().iter().flatten() {
+        check_mount(m, allow, kubelet, pod, &mut granted)?;
+    }
+    Ok(granted)
+}
+
+/// A privileged capability in any of the process's sets, unless the node allows it.
+fn check_capabilities(spec: &Spec, allow: &Allow, granted: &mut Granted) -> Result<()> {
+    let Some(caps) = spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.capabilities().as_ref())
+    else {
+        return Ok(());
+    };
+    let sets = [
+        caps.bounding(),
+        caps.effective(),
+        caps.permitted(),
+        caps.inheritable(),
+        caps.ambient(),
+    ];
+    for set in sets.into_iter().flatten() {
+        for c in PRIVILEGED_CAPS.iter().filter(|c| set.contains(c)) {
+            if !allow.capabilities.contains(c) {
+                return Err(refused(
+                    format!("it asks for privileged mode (capability {c})"),
+                    "drop the capability (and --privileged); under Cordon a workload has no capabilities on the host",
+                ));
+            }
+            granted.note(NodeAllowance::Capability {
+                name: format!("CAP_{c}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A host namespace (a kind left out, or one joined by the host's path), unless the node
+/// allows that kind; the container runs in its own namespace of that kind all the same.
+fn check_namespaces(
+    linux: &oci_spec::runtime::Linux,
+    allow: &Allow,
+    granted: &mut Granted,
+) -> Result<()> {
     let namespaces = linux.namespaces().clone().unwrap_or_default();
     for (kind, allowed) in [
         (LinuxNamespaceType::Pid, NamespaceKind::Pid),
@@ -299,40 +324,47 @@ pub fn check(spec: &Spec, allow: &Allow, kubelet: &crate::node::Kubelet) -> Resu
             namespace: name.to_string(),
         });
     }
-    for d in linux.devices().iter().flatten() {
-        crate::allow::device(d, &allow.devices, &mut granted)?;
+    Ok(())
+}
+
+/// One mount: the engines' own pass, a bind mount is a pod volume of `pod` (the pod's uid),
+/// the service-account token or a host path the node allows, and any other filesystem one
+/// the tier gives on its own terms.
+fn check_mount(
+    m: &oci_spec::runtime::Mount,
+    allow: &Allow,
+    kubelet: &crate::node::Kubelet,
+    pod: Option<&str>,
+    granted: &mut Granted,
+) -> Result<()> {
+    let dest = m.destination().to_string_lossy();
+    let dest = dest.trim_end_matches('/');
+    let options = m.options().clone().unwrap_or_default();
+    let bind =
+        m.typ().as_deref() == Some("bind") || options.iter().any(|o| o == "bind" || o == "rbind");
+    if ENGINE_MOUNTS.contains(&dest) {
+        return Ok(());
     }
-    for m in spec.mounts().iter().flatten() {
-        let dest = m.destination().to_string_lossy();
-        let dest = dest.trim_end_matches('/');
-        let options = m.options().clone().unwrap_or_default();
-        let bind = m.typ().as_deref() == Some("bind")
-            || options.iter().any(|o| o == "bind" || o == "rbind");
-        if ENGINE_MOUNTS.contains(&dest) {
-            continue;
+    if bind {
+        let source = m.source().clone().unwrap_or_default();
+        let read_only = options.iter().any(|o| o == "ro");
+        if crate::allow::pod_volume(&source, dest, read_only, kubelet, pod, granted)? {
+            return Ok(());
         }
-        if bind {
-            let source = m.source().clone().unwrap_or_default();
-            let read_only = options.iter().any(|o| o == "ro");
-            let pod = annotations.get(POD_UID).map(String::as_str);
-            if crate::allow::pod_volume(&source, dest, read_only, kubelet, pod, &mut granted)? {
-                continue;
-            }
-            if dest == TOKEN_MOUNT {
-                continue;
-            }
-            crate::allow::host_path(&source, dest, read_only, &allow.host_paths, &mut granted)?;
-            continue;
+        if dest == TOKEN_MOUNT {
+            return Ok(());
         }
-        let typ = m.typ().as_deref().unwrap_or("");
-        if !OWN_FILESYSTEMS.contains(&typ) {
-            return Err(refused(
-                format!("it asks for a {typ:?} mount at {dest}"),
-                "remove the mount; a Cordon sandbox has its own /proc, /dev, /tmp and /work",
-            ));
-        }
+        crate::allow::host_path(&source, dest, read_only, &allow.host_paths, granted)?;
+        return Ok(());
     }
-    Ok(granted)
+    let typ = m.typ().as_deref().unwrap_or("");
+    if !OWN_FILESYSTEMS.contains(&typ) {
+        return Err(refused(
+            format!("it asks for a {typ:?} mount at {dest}"),
+            "remove the mount; a Cordon sandbox has its own /proc, /dev, /tmp and /work",
+        ));
+    }
+    Ok(())
 }
 
 /// Makes the bundle's root filesystem read-only at its own path in the monitor's mount

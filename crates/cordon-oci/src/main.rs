@@ -738,6 +738,20 @@ fn sweep_files(id: &str) {
 }
 
 fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
+    let process = exec_process(a)?;
+    let r = root.load(&a.id)?;
+    if r.status_now() != Status::Running {
+        bail!("container {:?} is not running; start it first", a.id);
+    }
+    if !a.detach {
+        return exec_in(root, &a.id, &process, a.console_socket.as_deref(), None);
+    }
+    exec_detached(root, a, &process)
+}
+
+/// The process `exec` runs: its `--process` file, else its arguments, with `--user`,
+/// `--cwd` and `--env` applied.
+fn exec_process(a: &ExecArgs) -> Result<ProcessSpec> {
     let mut process = match &a.process {
         Some(p) => {
             let text = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
@@ -785,15 +799,12 @@ fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
     if process.args.is_empty() {
         bail!("exec needs a command: give its arguments or --process");
     }
-    let r = root.load(&a.id)?;
-    if r.status_now() != Status::Running {
-        bail!("container {:?} is not running; start it first", a.id);
-    }
-    if !a.detach {
-        return exec_in(root, &a.id, &process, a.console_socket.as_deref(), None);
-    }
-    // Detached: a process of our own relays the exec and ends as it does; its pid is the
-    // exec's for the caller.
+    Ok(process)
+}
+
+/// A detached exec: a process of our own relays it and ends as it does; its pid is the
+/// exec's for the caller.
+fn exec_detached(root: &Root, a: &ExecArgs, process: &ProcessSpec) -> Result<i32> {
     let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     nix::fcntl::fcntl(
         &tx,
@@ -823,7 +834,7 @@ fn exec(root: &Root, a: &ExecArgs) -> Result<i32> {
     drop(tx);
     drop(process_rx);
     // A relay that ended before reading it says why on the readiness pipe.
-    let _ = std::fs::File::from(process_tx).write_all(&serde_json::to_vec(&process)?);
+    let _ = std::fs::File::from(process_tx).write_all(&serde_json::to_vec(process)?);
     let mut said = String::new();
     let _ = std::fs::File::from(rx).read_to_string(&mut said);
     if said.trim() != "ok" {
