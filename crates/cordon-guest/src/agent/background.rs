@@ -16,9 +16,68 @@ use crate::sys;
 /// the oldest ended one is dropped, and a start with every one still running is refused.
 const MAX_BACKGROUND: usize = 64;
 
+/// A background exec's own user: never id 0, the agent's own (its files, its processes).
+fn check_user(u: &crate::proto::ProcUser) -> Result<(), String> {
+    if u.uid == 0 || u.gid == 0 || u.groups.contains(&0) {
+        return Err(
+            "a program never runs as user or group 0 here (the agent's); \
+                    give other ids"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 impl Agent {
+    /// Answers [`crate::proto::Request::BgExec`]'s start (see [`Agent::launch_background`]),
+    /// `user` checked first. Descriptors sent along are the program's own only when its
+    /// stdio says so, and none is left for a later request.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn start_background(
+        &mut self,
+        id: u64,
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+        cwd: &str,
+        limits: &ProcLimits,
+        (pty, stdio, hold): (Option<cordon_core::PtySize>, StdioMode, bool),
+        user: Option<crate::proto::ProcUser>,
+    ) -> Result<(), (ErrorCode, String)> {
+        if stdio != StdioMode::Passed {
+            self.fds.clear();
+        }
+        let started = match user.as_ref().map(check_user) {
+            Some(Err(m)) => Err((ErrorCode::BadRequest, m)),
+            _ => self.launch_background(id, argv, env, cwd, limits, (pty, stdio, hold), user),
+        };
+        // Whatever the start made of them, none is left for a later request.
+        self.fds.clear();
+        started
+    }
+
+    /// Tells the host how a background start went; after one, the next exec's reaper gets
+    /// ready while the host reads the reply.
+    pub(super) fn background_started(
+        &mut self,
+        id: u64,
+        started: Result<(), (ErrorCode, String)>,
+    ) -> Result<(), ProtoError> {
+        match started {
+            Ok(()) => {
+                self.send(&Reply::Started { id }, b"")?;
+                if self.standby.is_none() {
+                    self.standby = self.spawn_standby().ok();
+                }
+                Ok(())
+            }
+            Err((code, msg)) => self.error(code, msg),
+        }
+    }
+
+    /// Starts a background exec: its reaper, and its output kept here (in rings that
+    /// `hold` what the host has not read).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_background(
         &mut self,
         id: u64,
         argv: &[String],

@@ -20,7 +20,7 @@ use super::state::{
     Agent, ExecCgroups, FramedIo, Job, MAX_STDIN_BUFFER, Running, Standby, monotonic_us,
 };
 use crate::fdpass::recv_with_fds;
-use crate::proto::{ProcLimits, ProtoError, Reply, StdioMode, Stream, encode};
+use crate::proto::{ErrorCode, ProcLimits, ProtoError, Reply, StdioMode, Stream, encode};
 use crate::sys;
 
 impl Agent {
@@ -169,6 +169,61 @@ impl Agent {
             chan: self.cgroups.is_none().then_some(sb.chan),
             served_cpu_us: sb.served_cpu_us,
         })
+    }
+
+    /// A foreground exec's start: refused while one runs (with the descriptors sent along),
+    /// else [`Agent::launch`]ed.
+    pub(super) fn launch_foreground(
+        &mut self,
+        id: u64,
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+        cwd: &str,
+        stdio: StdioMode,
+        limits: &ProcLimits,
+    ) -> Result<Running, (ErrorCode, String)> {
+        if self.running.is_some() {
+            // Descriptors sent along are dropped with the refusal.
+            self.fds.clear();
+            return Err((ErrorCode::Busy, "an exec is already running".into()));
+        }
+        self.launch(id, argv, env, cwd, stdio, limits, None, None)
+            .map_err(|e| (ErrorCode::SpawnFailed, e.to_string()))
+    }
+
+    /// Tells the host how a foreground start went; a started exec is the running one
+    /// (`last`: the host said no exec follows it).
+    pub(super) fn foreground_started(
+        &mut self,
+        id: u64,
+        last: bool,
+        launched: Result<Running, (ErrorCode, String)>,
+    ) -> Result<(), ProtoError> {
+        match launched {
+            Ok(mut run) => {
+                run.last = last;
+                self.running = Some(run);
+                self.send(&Reply::Started { id }, b"")
+            }
+            Err((code, msg)) => self.error(code, msg),
+        }
+    }
+
+    /// Queues [`crate::proto::Request::Stdin`]'s bytes for the running exec `id` (an empty
+    /// body closes its stdin; a chunk that would fill it past [`MAX_STDIN_BUFFER`] is dropped).
+    pub(super) fn foreground_stdin(&mut self, id: u64, body: Vec<u8>) {
+        if let Some(fr) = self
+            .running
+            .as_mut()
+            .filter(|r| r.id == id)
+            .and_then(|r| r.framed.as_mut())
+        {
+            if body.is_empty() {
+                fr.stdin_close = true;
+            } else if fr.stdin_buf.len() + body.len() <= MAX_STDIN_BUFFER {
+                fr.stdin_buf.extend(body);
+            }
+        }
     }
 
     /// A pseudo-terminal of `size` for a program: the slave as its stdin, stdout and

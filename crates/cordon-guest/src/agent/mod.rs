@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
@@ -25,9 +25,7 @@ use nix::unistd::Pid;
 
 use crate::fdpass::recv_with_fds;
 use crate::files::Workspace;
-use crate::proto::{
-    ErrorCode, Frame, FrameBuffer, PROTOCOL_VERSION, ProtoError, Reply, Request, StdioMode,
-};
+use crate::proto::{ErrorCode, Frame, FrameBuffer, PROTOCOL_VERSION, ProtoError, Reply, Request};
 
 mod background;
 mod child;
@@ -37,7 +35,65 @@ mod ring;
 mod state;
 
 pub use state::{Agent, AgentConfig, ConfigureHook, Confine, STANDBY_IDLE, Settings};
-use state::{Channel, ExecCgroups, MAX_STDIN_BUFFER, Running};
+use state::{Channel, ExecCgroups, FramedIo, Running};
+
+/// One round's poll set, and where each descriptor is in it.
+#[derive(Default)]
+struct Round<'a> {
+    fds: Vec<PollFd<'a>>,
+    /// Each exiting reaper's pidfd, where it has one.
+    exiting: Vec<Option<usize>>,
+    /// The running exec's status pipe, its reaper's pidfd, its output and its stdin.
+    status: Option<usize>,
+    pidfd: Option<usize>,
+    out: [Option<usize>; 2],
+    stdin: Option<usize>,
+    background: Vec<BgWatch>,
+    /// The directory watchers' inotify descriptor.
+    watch: Option<usize>,
+}
+
+impl<'a> Round<'a> {
+    fn add(&mut self, fd: BorrowedFd<'a>, flags: PollFlags) -> usize {
+        self.fds.push(PollFd::new(fd, flags));
+        self.fds.len() - 1
+    }
+
+    /// An exec's framed output streams (those `wanted`: 0 stdout, 1 stderr) and its stdin,
+    /// when there is something to write to it.
+    fn add_framed(
+        &mut self,
+        fr: &'a FramedIo,
+        wanted: impl Fn(usize) -> bool,
+    ) -> ([Option<usize>; 2], Option<usize>) {
+        let mut out = [None, None];
+        for (i, f) in [&fr.stdout, &fr.stderr].into_iter().enumerate() {
+            if let Some(f) = f
+                && wanted(i)
+            {
+                out[i] = Some(self.add(f.as_fd(), PollFlags::POLLIN));
+            }
+        }
+        let stdin = match &fr.stdin {
+            Some(w) if !fr.stdin_buf.is_empty() || fr.stdin_close => {
+                Some(self.add(w.as_fd(), PollFlags::POLLOUT))
+            }
+            _ => None,
+        };
+        (out, stdin)
+    }
+
+    /// Whether the poll found descriptor `i` ready (or ended).
+    fn hit(&self, i: usize) -> bool {
+        self.fds
+            .get(i)
+            .is_some_and(|f| f.revents().is_some_and(|r| !r.is_empty()))
+    }
+
+    fn hit_at(&self, i: Option<usize>) -> bool {
+        i.is_some_and(|i| self.hit(i))
+    }
+}
 
 /// Where a background exec's descriptors are in one round's poll set.
 struct BgWatch {
@@ -48,16 +104,26 @@ struct BgWatch {
     stdin: Option<usize>,
 }
 
-/// A background exec's own user: never id 0, the agent's own (its files, its processes).
-fn check_user(u: &crate::proto::ProcUser) -> Result<(), String> {
-    if u.uid == 0 || u.gid == 0 || u.groups.contains(&0) {
-        return Err(
-            "a program never runs as user or group 0 here (the agent's); \
-                    give other ids"
-                .into(),
-        );
-    }
-    Ok(())
+/// What one round found ready.
+struct Ready {
+    /// The host sent something.
+    ctrl: bool,
+    watch: bool,
+    /// The running exec's reaper reported or died.
+    reaper_done: bool,
+    /// Indices of [`Agent`]'s exiting reapers that are gone.
+    exited: Vec<usize>,
+    out: [bool; 2],
+    stdin: bool,
+    background: Vec<BgReady>,
+}
+
+/// What of a background exec is ready: its output streams, its stdin, its end.
+struct BgReady {
+    id: u64,
+    out: [bool; 2],
+    stdin: bool,
+    done: bool,
 }
 
 impl Agent {
@@ -196,182 +262,174 @@ impl Agent {
     fn poll_once(&mut self) -> Result<bool, ProtoError> {
         // The wait below ends when the standby's idle time is up; it goes here.
         self.retire_idle_standby();
-        let ctrl_ready;
-        let watch_ready;
-        let mut reaper_done = false;
-        let mut exited_ready: Vec<usize> = Vec::new();
-        let mut out_ready = [false; 2];
-        let mut stdin_ready = false;
-        let mut bg_watch: Vec<BgWatch> = Vec::new();
-        let mut bg_ready: Vec<(u64, [bool; 2], bool, bool)> = Vec::new();
-        {
-            let mut fds = vec![PollFd::new(self.ctrl.as_fd(), PollFlags::POLLIN)];
-            let mut idx_pid = None;
-            let mut idx_out = [None, None];
-            let mut idx_in = None;
-            let mut exiting_idx = Vec::with_capacity(self.exiting.len());
-            for (_, fd) in &self.exiting {
-                exiting_idx.push(fd.as_ref().map(|fd| {
-                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                    fds.len() - 1
-                }));
-            }
-            // Reapers without a pidfd are looked at again within this long.
-            let unwatched = exiting_idx.iter().any(Option::is_none);
-            if let Some(run) = &self.running {
-                // The reaper's status line ends the exec; its pidfd, should it die first.
-                idx_pid = Some(fds.len());
-                fds.push(PollFd::new(run.status.as_fd(), PollFlags::POLLIN));
-                if let Some(pidfd) = &run.pidfd {
-                    fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
-                }
-                if let Some(fr) = &run.framed {
-                    for (i, f) in [&fr.stdout, &fr.stderr].into_iter().enumerate() {
-                        if let Some(f) = f {
-                            idx_out[i] = Some(fds.len());
-                            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
-                        }
-                    }
-                    if let Some(w) = &fr.stdin
-                        && (!fr.stdin_buf.is_empty() || fr.stdin_close)
-                    {
-                        idx_in = Some(fds.len());
-                        fds.push(PollFd::new(w.as_fd(), PollFlags::POLLOUT));
-                    }
-                }
-            }
-            for (id, bg) in &self.background {
-                let Some(run) = &bg.run else { continue };
-                let mut w = BgWatch {
-                    id: *id,
-                    status: fds.len(),
-                    pidfd: None,
-                    out: [None, None],
-                    stdin: None,
-                };
-                fds.push(PollFd::new(run.status.as_fd(), PollFlags::POLLIN));
-                if let Some(pidfd) = &run.pidfd {
-                    w.pidfd = Some(fds.len());
-                    fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
-                }
-                if let Some(fr) = &run.framed {
-                    for (i, f) in [&fr.stdout, &fr.stderr].into_iter().enumerate() {
-                        // A held stream that holds all it may waits for the host's read.
-                        if let Some(f) = f
-                            && !bg.out[i].full()
-                        {
-                            w.out[i] = Some(fds.len());
-                            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN));
-                        }
-                    }
-                    if let Some(wr) = &fr.stdin
-                        && (!fr.stdin_buf.is_empty() || fr.stdin_close)
-                    {
-                        w.stdin = Some(fds.len());
-                        fds.push(PollFd::new(wr.as_fd(), PollFlags::POLLOUT));
-                    }
-                }
-                bg_watch.push(w);
-            }
-            let idx_watch = self.watches.fd().map(|fd| {
-                fds.push(PollFd::new(fd, PollFlags::POLLIN));
-                fds.len() - 1
-            });
-            let wait = if unwatched {
-                PollTimeout::from(50u8)
-            } else {
-                self.standby_wait()
-            };
-            match poll(&mut fds, wait) {
-                Ok(_) => {}
-                Err(Errno::EINTR) => return Ok(false),
-                Err(e) => return Err(io::Error::from(e).into()),
-            }
-            let hit = |i: usize| {
-                fds.get(i)
-                    .is_some_and(|f| f.revents().is_some_and(|r| !r.is_empty()))
-            };
-            ctrl_ready = hit(0);
-            watch_ready = idx_watch.is_some_and(hit);
-            for (k, idx) in exiting_idx.iter().enumerate() {
-                let gone = match idx {
-                    Some(i) => hit(*i),
-                    // No pidfd: ask without waiting.
-                    None => matches!(
-                        waitpid(self.exiting[k].0, Some(WaitPidFlag::WNOHANG)),
-                        Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_)
-                    ),
-                };
-                if gone {
-                    exited_ready.push(k);
-                }
-            }
-            if let Some(i) = idx_pid {
-                let has_pidfd = self.running.as_ref().is_some_and(|r| r.pidfd.is_some());
-                reaper_done = hit(i) || (has_pidfd && hit(i + 1));
-            }
-            for k in 0..2 {
-                if let Some(i) = idx_out[k] {
-                    out_ready[k] = hit(i);
-                }
-            }
-            if let Some(i) = idx_in {
-                stdin_ready = hit(i);
-            }
-            for w in &bg_watch {
-                let out = w.out.map(|i| i.is_some_and(hit));
-                let stdin = w.stdin.is_some_and(hit);
-                let done = hit(w.status) || w.pidfd.is_some_and(hit);
-                if out.iter().any(|x| *x) || stdin || done {
-                    bg_ready.push((w.id, out, stdin, done));
-                }
+        let Some(ready) = self.wait()? else {
+            return Ok(false);
+        };
+        self.serve_background(ready.background);
+        self.serve_foreground(ready.out, ready.stdin)?;
+        for k in ready.exited.into_iter().rev() {
+            let (pid, _) = self.exiting.swap_remove(k);
+            let _ = waitpid(pid, None);
+        }
+        if ready.reaper_done && self.status_complete() {
+            self.finish_exec()?;
+        }
+        if ready.watch {
+            self.watches.pump(&self.work);
+        }
+        if ready.ctrl {
+            return self.serve_ctrl();
+        }
+        Ok(false)
+    }
+
+    /// Waits for anything the agent watches to be ready; `None` when a signal cut the wait
+    /// short.
+    fn wait(&self) -> Result<Option<Ready>, ProtoError> {
+        let mut round = self.round();
+        // Reapers without a pidfd are looked at again within this long.
+        let wait = if round.exiting.iter().any(Option::is_none) {
+            PollTimeout::from(50u8)
+        } else {
+            self.standby_wait()
+        };
+        match poll(&mut round.fds, wait) {
+            Ok(_) => {}
+            Err(Errno::EINTR) => return Ok(None),
+            Err(e) => return Err(io::Error::from(e).into()),
+        }
+        Ok(Some(self.ready(&round)))
+    }
+
+    /// The poll set of one round: the host channel, exiting reapers, the running exec and
+    /// each background one, the directory watchers.
+    fn round(&self) -> Round<'_> {
+        let mut r = Round::default();
+        r.add(self.ctrl.as_fd(), PollFlags::POLLIN);
+        for (_, fd) in &self.exiting {
+            let i = fd.as_ref().map(|fd| r.add(fd.as_fd(), PollFlags::POLLIN));
+            r.exiting.push(i);
+        }
+        if let Some(run) = &self.running {
+            // The reaper's status line ends the exec; its pidfd, should it die first.
+            r.status = Some(r.add(run.status.as_fd(), PollFlags::POLLIN));
+            r.pidfd = run
+                .pidfd
+                .as_ref()
+                .map(|fd| r.add(fd.as_fd(), PollFlags::POLLIN));
+            if let Some(fr) = &run.framed {
+                (r.out, r.stdin) = r.add_framed(fr, |_| true);
             }
         }
-        for (id, out, stdin, done) in bg_ready {
-            for (k, ready) in out.into_iter().enumerate() {
+        for (id, bg) in &self.background {
+            let Some(run) = &bg.run else { continue };
+            let status = r.add(run.status.as_fd(), PollFlags::POLLIN);
+            let pidfd = run
+                .pidfd
+                .as_ref()
+                .map(|fd| r.add(fd.as_fd(), PollFlags::POLLIN));
+            // A held stream that holds all it may waits for the host's read.
+            let (out, stdin) = match &run.framed {
+                Some(fr) => r.add_framed(fr, |i| !bg.out[i].full()),
+                None => ([None, None], None),
+            };
+            r.background.push(BgWatch {
+                id: *id,
+                status,
+                pidfd,
+                out,
+                stdin,
+            });
+        }
+        r.watch = self.watches.fd().map(|fd| r.add(fd, PollFlags::POLLIN));
+        r
+    }
+
+    /// What a polled round found ready.
+    fn ready(&self, r: &Round) -> Ready {
+        let exited = r
+            .exiting
+            .iter()
+            .enumerate()
+            .filter(|(k, idx)| match idx {
+                Some(i) => r.hit(*i),
+                // No pidfd: ask without waiting.
+                None => matches!(
+                    waitpid(self.exiting[*k].0, Some(WaitPidFlag::WNOHANG)),
+                    Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_)
+                ),
+            })
+            .map(|(k, _)| k)
+            .collect();
+        let background = r
+            .background
+            .iter()
+            .filter_map(|w| {
+                let ready = BgReady {
+                    id: w.id,
+                    out: w.out.map(|i| r.hit_at(i)),
+                    stdin: r.hit_at(w.stdin),
+                    done: r.hit(w.status) || r.hit_at(w.pidfd),
+                };
+                (ready.out.iter().any(|x| *x) || ready.stdin || ready.done).then_some(ready)
+            })
+            .collect();
+        Ready {
+            ctrl: r.hit(0),
+            watch: r.hit_at(r.watch),
+            reaper_done: r.hit_at(r.status) || r.hit_at(r.pidfd),
+            exited,
+            out: r.out.map(|i| r.hit_at(i)),
+            stdin: r.hit_at(r.stdin),
+            background,
+        }
+    }
+
+    /// Background execs' output into their rings, their stdin fed, their ends taken.
+    fn serve_background(&mut self, ready: Vec<BgReady>) {
+        for bg in ready {
+            for (k, ready) in bg.out.into_iter().enumerate() {
                 if ready {
-                    self.relay_background(id, k);
+                    self.relay_background(bg.id, k);
                 }
             }
-            if stdin {
-                self.feed_background(id);
+            if bg.stdin {
+                self.feed_background(bg.id);
             }
-            if done
+            if bg.done
                 && self
                     .background
-                    .get_mut(&id)
-                    .and_then(|bg| bg.run.as_mut())
+                    .get_mut(&bg.id)
+                    .and_then(|b| b.run.as_mut())
                     .is_some_and(Running::status_complete)
             {
-                self.finish_background(id);
+                self.finish_background(bg.id);
             }
         }
-        for (k, ready) in out_ready.into_iter().enumerate() {
+    }
+
+    /// The running exec's output to the host, and its stdin fed.
+    fn serve_foreground(&mut self, out: [bool; 2], stdin: bool) -> Result<(), ProtoError> {
+        for (k, ready) in out.into_iter().enumerate() {
             if ready {
                 self.relay_output(k)?;
             }
         }
-        if stdin_ready {
+        if stdin {
             self.feed_stdin();
         }
-        for k in exited_ready.into_iter().rev() {
-            let (pid, _) = self.exiting.swap_remove(k);
-            let _ = waitpid(pid, None);
+        Ok(())
+    }
+
+    /// Reads what the host sent and answers each whole request; true when the agent should
+    /// stop.
+    fn serve_ctrl(&mut self) -> Result<bool, ProtoError> {
+        if !self.read_ctrl()? {
+            return Ok(true);
         }
-        if reaper_done && self.status_complete() {
-            self.finish_exec()?;
-        }
-        if watch_ready {
-            self.watches.pump(&self.work);
-        }
-        if ctrl_ready {
-            if !self.read_ctrl()? {
+        while let Some(frame) = self.inbuf.next_frame::<Request>()? {
+            if self.handle(frame)? {
                 return Ok(true);
-            }
-            while let Some(frame) = self.inbuf.next_frame::<Request>()? {
-                if self.handle(frame)? {
-                    return Ok(true);
-                }
             }
         }
         Ok(false)
@@ -424,18 +482,10 @@ impl Agent {
         Ok(true)
     }
 
+    /// Answers one request; true when the agent should stop.
     fn handle(&mut self, frame: Frame<Request>) -> Result<bool, ProtoError> {
         match frame.header {
-            Request::Hello { version } => {
-                if version != PROTOCOL_VERSION {
-                    self.error(
-                        ErrorCode::VersionMismatch,
-                        format!("agent speaks protocol {PROTOCOL_VERSION}, host {version}"),
-                    )?;
-                } else {
-                    self.send(&Reply::Ok, b"")?;
-                }
-            }
+            Request::Hello { version } => self.hello(version)?,
             Request::Exec {
                 id,
                 argv,
@@ -445,36 +495,10 @@ impl Agent {
                 limits,
                 last,
             } => {
-                if self.running.is_some() {
-                    // Descriptors sent along are dropped with the refusal.
-                    self.fds.clear();
-                    return self
-                        .error(ErrorCode::Busy, "an exec is already running")
-                        .map(|_| false);
-                }
-                match self.launch(id, &argv, &env, &cwd, stdio, &limits, None, None) {
-                    Ok(mut run) => {
-                        run.last = last;
-                        self.running = Some(run);
-                        self.send(&Reply::Started { id }, b"")?
-                    }
-                    Err(e) => self.error(ErrorCode::SpawnFailed, e.to_string())?,
-                }
+                let launched = self.launch_foreground(id, &argv, &env, &cwd, stdio, &limits);
+                self.foreground_started(id, last, launched)?
             }
-            Request::Stdin { id } => {
-                if let Some(fr) = self
-                    .running
-                    .as_mut()
-                    .filter(|r| r.id == id)
-                    .and_then(|r| r.framed.as_mut())
-                {
-                    if frame.body.is_empty() {
-                        fr.stdin_close = true;
-                    } else if fr.stdin_buf.len() + frame.body.len() <= MAX_STDIN_BUFFER {
-                        fr.stdin_buf.extend(frame.body);
-                    }
-                }
-            }
+            Request::Stdin { id } => self.foreground_stdin(id, frame.body),
             Request::BgExec {
                 id,
                 argv,
@@ -486,34 +510,9 @@ impl Agent {
                 user,
                 hold,
             } => {
-                // Descriptors sent along are the program's own only when it says so.
-                if stdio != StdioMode::Passed {
-                    self.fds.clear();
-                }
-                let started = match user.as_ref().map(check_user) {
-                    Some(Err(m)) => Err((ErrorCode::BadRequest, m)),
-                    _ => self.start_background(
-                        id,
-                        &argv,
-                        &env,
-                        &cwd,
-                        &limits,
-                        (pty, stdio, hold),
-                        user,
-                    ),
-                };
-                // Whatever the start made of them, none is left for a later request.
-                self.fds.clear();
-                match started {
-                    Ok(()) => {
-                        self.send(&Reply::Started { id }, b"")?;
-                        // The next exec's reaper gets ready while the host reads the reply.
-                        if self.standby.is_none() {
-                            self.standby = self.spawn_standby().ok();
-                        }
-                    }
-                    Err((code, msg)) => self.error(code, msg)?,
-                }
+                let started =
+                    self.start_background(id, &argv, &env, &cwd, &limits, (pty, stdio, hold), user);
+                self.background_started(id, started)?
             }
             Request::BgRead {
                 id,
@@ -547,26 +546,8 @@ impl Agent {
                 }
                 Err((code, msg)) => self.error(code, msg)?,
             },
-            Request::PutArchive { path, budget } => {
-                let (result, drained) = {
-                    let mut rd = files::UploadReader::new(&mut self.ctrl, &mut self.inbuf);
-                    let r = self.work.unpack(&path, &mut rd, budget);
-                    (r, rd.drain())
-                };
-                // A channel that broke, or a host that sent something else mid-upload.
-                drained?;
-                self.archive_reply(result)?;
-            }
-            Request::GetArchive { path, max } => {
-                let (result, flushed) = {
-                    let mut w = files::DownloadWriter::new(&mut self.ctrl);
-                    let r = self.work.pack(&path, max, &mut w);
-                    let f = w.flush_all();
-                    (r, f)
-                };
-                flushed?;
-                self.archive_reply(result)?;
-            }
+            Request::PutArchive { path, budget } => self.put_archive(&path, budget)?,
+            Request::GetArchive { path, max } => self.get_archive(&path, max)?,
             Request::ArchiveData => self.error(
                 ErrorCode::BadRequest,
                 "archive data outside an upload; send put_archive first",
@@ -589,69 +570,131 @@ impl Agent {
                     unix_time_ms,
                     egress,
                 };
-                let result = match self.configure.as_mut() {
-                    None => Err(io::Error::new(
-                        io::ErrorKind::Unsupported,
-                        "this agent takes no configuration",
-                    )),
-                    Some(hook) => hook(&settings, &frame.body),
-                };
-                match result {
-                    Ok(()) => {
-                        if let Some(cg) = self.cgroups.as_mut() {
-                            cg.memory_bytes = memory_bytes;
-                            cg.pids = pids;
-                        }
-                        let features = vec![
-                            crate::proto::FEATURE_FILES.to_string(),
-                            crate::proto::FEATURE_WATCH.to_string(),
-                        ];
-                        self.send(&Reply::Configured { features }, b"")?
-                    }
-                    Err(e) => self.error(ErrorCode::BadRequest, format!("configure: {e}"))?,
-                }
+                self.configure(&settings, &frame.body)?
             }
-            Request::PortOpen { port } => {
-                let conn = self.fds.pop_front();
-                self.fds.clear();
-                match conn.map(|c| self.hand_port(port, &c)) {
-                    Some(Ok(())) => self.send(&Reply::Ok, b"")?,
-                    Some(Err(e)) => self.error(
-                        ErrorCode::Io,
-                        format!("the port relay cannot take the connection: {e}"),
-                    )?,
-                    None => self.error(
-                        ErrorCode::BadRequest,
-                        "no connection came with the port request",
-                    )?,
-                }
-            }
-            Request::PortDial { port, socket } => match crate::ports::dial(&socket) {
-                Ok(conn) => match self.hand_port(port, &conn) {
-                    Ok(()) => self.send(&Reply::Ok, b"")?,
-                    Err(e) => self.error(
-                        ErrorCode::Io,
-                        format!("the port relay cannot take the connection: {e}"),
-                    )?,
-                },
-                Err(e) => self.error(ErrorCode::BadRequest, e)?,
-            },
-            Request::Watch { op } => match self.watches.handle(&self.work, &op) {
-                Ok(reply) => {
-                    let body = serde_json::to_vec(&reply)
-                        .map_err(|e| ProtoError::Malformed(format!("encoding a reply: {e}")))?;
-                    self.send(&Reply::Watch, &body)?
-                }
-                Err((code, msg)) => self.error(code, msg)?,
-            },
+            Request::PortOpen { port } => self.port_open(port)?,
+            Request::PortDial { port, socket } => self.port_dial(port, &socket)?,
+            Request::Watch { op } => self.watch(&op)?,
             Request::Shutdown => {
-                if let Some(run) = &self.running {
-                    let _ = kill(run.reaper, Signal::SIGKILL);
-                }
-                self.send(&Reply::Ok, b"")?;
+                self.shutdown()?;
                 return Ok(true);
             }
         }
         Ok(false)
+    }
+
+    /// Answers [`Request::Hello`]: the host must speak this agent's protocol.
+    fn hello(&mut self, version: u32) -> Result<(), ProtoError> {
+        if version != PROTOCOL_VERSION {
+            self.error(
+                ErrorCode::VersionMismatch,
+                format!("agent speaks protocol {PROTOCOL_VERSION}, host {version}"),
+            )
+        } else {
+            self.send(&Reply::Ok, b"")
+        }
+    }
+
+    /// Answers [`Request::PutArchive`]: the upload's tar stream, read from the frames that
+    /// follow, unpacked within `budget`.
+    fn put_archive(&mut self, path: &str, budget: u64) -> Result<(), ProtoError> {
+        let (result, drained) = {
+            let mut rd = files::UploadReader::new(&mut self.ctrl, &mut self.inbuf);
+            let r = self.work.unpack(path, &mut rd, budget);
+            (r, rd.drain())
+        };
+        // A channel that broke, or a host that sent something else mid-upload.
+        drained?;
+        self.archive_reply(result)
+    }
+
+    /// Answers [`Request::GetArchive`]: `path` packed as frames of a download.
+    fn get_archive(&mut self, path: &str, max: u64) -> Result<(), ProtoError> {
+        let (result, flushed) = {
+            let mut w = files::DownloadWriter::new(&mut self.ctrl);
+            let r = self.work.pack(path, max, &mut w);
+            let f = w.flush_all();
+            (r, f)
+        };
+        flushed?;
+        self.archive_reply(result)
+    }
+
+    /// Answers [`Request::Configure`]: the tier's hook applies `settings` (with the host's
+    /// random seed), and per-exec cgroups take their limits.
+    fn configure(&mut self, settings: &Settings, seed: &[u8]) -> Result<(), ProtoError> {
+        let result = match self.configure.as_mut() {
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this agent takes no configuration",
+            )),
+            Some(hook) => hook(settings, seed),
+        };
+        match result {
+            Ok(()) => {
+                if let Some(cg) = self.cgroups.as_mut() {
+                    cg.memory_bytes = settings.memory_bytes;
+                    cg.pids = settings.pids;
+                }
+                let features = vec![
+                    crate::proto::FEATURE_FILES.to_string(),
+                    crate::proto::FEATURE_WATCH.to_string(),
+                ];
+                self.send(&Reply::Configured { features }, b"")
+            }
+            Err(e) => self.error(ErrorCode::BadRequest, format!("configure: {e}")),
+        }
+    }
+
+    /// Answers [`Request::PortOpen`]: the connection that came with it goes to the relay.
+    fn port_open(&mut self, port: u16) -> Result<(), ProtoError> {
+        let conn = self.fds.pop_front();
+        self.fds.clear();
+        match conn.map(|c| self.hand_port(port, &c)) {
+            Some(Ok(())) => self.send(&Reply::Ok, b""),
+            Some(Err(e)) => self.error(
+                ErrorCode::Io,
+                format!("the port relay cannot take the connection: {e}"),
+            ),
+            None => self.error(
+                ErrorCode::BadRequest,
+                "no connection came with the port request",
+            ),
+        }
+    }
+
+    /// Answers [`Request::PortDial`]: the agent dials `socket` and hands the relay the
+    /// connection.
+    fn port_dial(&mut self, port: u16, socket: &str) -> Result<(), ProtoError> {
+        match crate::ports::dial(socket) {
+            Ok(conn) => match self.hand_port(port, &conn) {
+                Ok(()) => self.send(&Reply::Ok, b""),
+                Err(e) => self.error(
+                    ErrorCode::Io,
+                    format!("the port relay cannot take the connection: {e}"),
+                ),
+            },
+            Err(e) => self.error(ErrorCode::BadRequest, e),
+        }
+    }
+
+    /// Answers [`Request::Watch`].
+    fn watch(&mut self, op: &cordon_core::WatchOp) -> Result<(), ProtoError> {
+        match self.watches.handle(&self.work, op) {
+            Ok(reply) => {
+                let body = serde_json::to_vec(&reply)
+                    .map_err(|e| ProtoError::Malformed(format!("encoding a reply: {e}")))?;
+                self.send(&Reply::Watch, &body)
+            }
+            Err((code, msg)) => self.error(code, msg),
+        }
+    }
+
+    /// Answers [`Request::Shutdown`]: the running exec is killed (its tree with it).
+    fn shutdown(&mut self) -> Result<(), ProtoError> {
+        if let Some(run) = &self.running {
+            let _ = kill(run.reaper, Signal::SIGKILL);
+        }
+        self.send(&Reply::Ok, b"")
     }
 }
