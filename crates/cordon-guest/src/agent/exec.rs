@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -43,37 +43,7 @@ impl Agent {
         if argv.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
         }
-        let (child_stdio, framed) = match (stdio, pty) {
-            (StdioMode::Framed, Some(size)) => self.open_terminal(size)?,
-            // With a terminal, the three are the host's terminal in the sandbox's devpts.
-            (StdioMode::Passed, _) => {
-                if self.fds.len() < 3 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "passed stdio needs three descriptors with the request",
-                    ));
-                }
-                let mut take = || self.fds.pop_front().ok_or(io::ErrorKind::InvalidInput);
-                ([take()?, take()?, take()?], None)
-            }
-            (StdioMode::Framed, None) => {
-                let (in_r, in_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-                let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-                let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-                nix::fcntl::fcntl(&in_w, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
-                (
-                    [in_r, out_w, err_w],
-                    Some(FramedIo {
-                        stdout: Some(File::from(out_r)),
-                        stderr: Some(File::from(err_r)),
-                        stdin: Some(File::from(in_w)),
-                        stdin_buf: VecDeque::new(),
-                        stdin_close: false,
-                        tty: None,
-                    }),
-                )
-            }
-        };
+        let (child_stdio, framed) = self.exec_stdio(stdio, pty)?;
         // Checked here, so a bad request is refused before a reaper is spent on it.
         ExecPlan::new(argv, env, cwd)?;
         let cgroup = match &self.cgroups {
@@ -95,64 +65,13 @@ impl Agent {
             direct: false,
             handed_us: 0,
         };
-        let encoded = |job: &Job| {
-            encode(job, b"").map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
-        };
         let fds = [
             child_stdio[0].as_raw_fd(),
             child_stdio[1].as_raw_fd(),
             child_stdio[2].as_raw_fd(),
             status_w.as_raw_fd(),
         ];
-        // A standby that died (or never came up) is replaced once.
-        let mut standby = None;
-        for _ in 0..2 {
-            let mut sb = match self.standby.take() {
-                Some(sb) => sb,
-                None => self.spawn_standby()?,
-            };
-            // A reaper kept from the last exec sent its next program's socket when it was
-            // ready; if it is not here yet, the job goes by the reaper, which forks anew.
-            if sb.program.is_none() && self.cgroups.is_none() {
-                sb.program = take_program_socket(&sb.chan);
-            }
-            let joined = match &cgroup {
-                Some(dir) => std::fs::write(dir.join("cgroup.procs"), sb.pid.to_string()),
-                None => Ok(()),
-            };
-            // The program's process first (it is on the critical path), then its reaper,
-            // told whether the program has its job. A send refused here means that process
-            // is gone (its reaper forks another).
-            job.handed_us = monotonic_us();
-            job.direct = false;
-            if let Some(program) = sb.program.as_ref().filter(|_| job.user.is_none()) {
-                job.direct = send_job(program, &encoded(&job)?, &fds[..3]).is_ok();
-            }
-            // The reaper gets the stdio too: one that failed its set-up reports on the
-            // program's stderr.
-            let sent =
-                encoded(&job).and_then(|job| joined.and_then(|_| send_job(&sb.chan, &job, &fds)));
-            match sent {
-                Ok(()) => {
-                    standby = Some(sb);
-                    break;
-                }
-                Err(_) => {
-                    let _ = kill(sb.pid, Signal::SIGKILL);
-                    let _ = waitpid(sb.pid, None);
-                    // The program's process had its job and may have started on it (the
-                    // reaper's end takes it down): the exec fails rather than run twice.
-                    if job.direct {
-                        break;
-                    }
-                }
-            }
-        }
-        let Some(sb) = standby else {
-            return Err(io::Error::other(
-                "the exec's reaper could not be started or joined to its cgroup",
-            ));
-        };
+        let sb = self.hand_job(&mut job, &fds, cgroup.as_deref())?;
         drop(status_w);
         drop(child_stdio);
         Ok(Running {
@@ -169,6 +88,87 @@ impl Agent {
             chan: self.cgroups.is_none().then_some(sb.chan),
             served_cpu_us: sb.served_cpu_us,
         })
+    }
+
+    /// The program's stdin, stdout and stderr: a new pseudo-terminal's slave (framed, with
+    /// `pty`), the three descriptors that came with the request (passed; with a terminal,
+    /// the host's terminal in the sandbox's devpts), or pipes whose other ends are framed.
+    fn exec_stdio(
+        &mut self,
+        stdio: StdioMode,
+        pty: Option<cordon_core::PtySize>,
+    ) -> io::Result<([OwnedFd; 3], Option<FramedIo>)> {
+        match (stdio, pty) {
+            (StdioMode::Framed, Some(size)) => self.open_terminal(size),
+            (StdioMode::Passed, _) => {
+                if self.fds.len() < 3 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "passed stdio needs three descriptors with the request",
+                    ));
+                }
+                let mut take = || self.fds.pop_front().ok_or(io::ErrorKind::InvalidInput);
+                Ok(([take()?, take()?, take()?], None))
+            }
+            (StdioMode::Framed, None) => framed_pipes(),
+        }
+    }
+
+    /// Hands `job` with its descriptors (`fds`: stdin, stdout, stderr, the status pipe) to
+    /// a standby reaper, joined to the exec's `cgroup` first, and to the program's process
+    /// it forked ahead where there is one. A standby that died (or never came up) is
+    /// replaced once. Returns the reaper that has the job.
+    fn hand_job(
+        &mut self,
+        job: &mut Job,
+        fds: &[RawFd; 4],
+        cgroup: Option<&Path>,
+    ) -> io::Result<Standby> {
+        let encoded = |job: &Job| {
+            encode(job, b"").map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+        };
+        for _ in 0..2 {
+            let mut sb = match self.standby.take() {
+                Some(sb) => sb,
+                None => self.spawn_standby()?,
+            };
+            // A reaper kept from the last exec sent its next program's socket when it was
+            // ready; if it is not here yet, the job goes by the reaper, which forks anew.
+            if sb.program.is_none() && self.cgroups.is_none() {
+                sb.program = take_program_socket(&sb.chan);
+            }
+            let joined = match cgroup {
+                Some(dir) => std::fs::write(dir.join("cgroup.procs"), sb.pid.to_string()),
+                None => Ok(()),
+            };
+            // The program's process first (it is on the critical path), then its reaper,
+            // told whether the program has its job. A send refused here means that process
+            // is gone (its reaper forks another).
+            job.handed_us = monotonic_us();
+            job.direct = false;
+            if let Some(program) = sb.program.as_ref().filter(|_| job.user.is_none()) {
+                job.direct = send_job(program, &encoded(job)?, &fds[..3]).is_ok();
+            }
+            // The reaper gets the stdio too: one that failed its set-up reports on the
+            // program's stderr.
+            let sent =
+                encoded(job).and_then(|job| joined.and_then(|_| send_job(&sb.chan, &job, fds)));
+            match sent {
+                Ok(()) => return Ok(sb),
+                Err(_) => {
+                    let _ = kill(sb.pid, Signal::SIGKILL);
+                    let _ = waitpid(sb.pid, None);
+                    // The program's process had its job and may have started on it (the
+                    // reaper's end takes it down): the exec fails rather than run twice.
+                    if job.direct {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(io::Error::other(
+            "the exec's reaper could not be started or joined to its cgroup",
+        ))
     }
 
     /// A foreground exec's start: refused while one runs (with the descriptors sent along),
@@ -267,6 +267,26 @@ impl Agent {
     pub(super) fn status_complete(&mut self) -> bool {
         self.running.as_mut().is_some_and(Running::status_complete)
     }
+}
+
+/// Pipes for a framed exec's stdin, stdout and stderr: the program's ends, and the agent's
+/// (its stdin's non-blocking).
+fn framed_pipes() -> io::Result<([OwnedFd; 3], Option<FramedIo>)> {
+    let (in_r, in_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    nix::fcntl::fcntl(&in_w, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    Ok((
+        [in_r, out_w, err_w],
+        Some(FramedIo {
+            stdout: Some(File::from(out_r)),
+            stderr: Some(File::from(err_r)),
+            stdin: Some(File::from(in_w)),
+            stdin_buf: VecDeque::new(),
+            stdin_close: false,
+            tty: None,
+        }),
+    ))
 }
 
 impl Running {
