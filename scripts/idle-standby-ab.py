@@ -1,11 +1,20 @@
 """ADR 0039's A/B: an exec of `true` warm and after 31 s of idleness, per tier, against a
 real `cordon serve` ($CORDON_BIN). Usage: python3 scripts/idle-standby-ab.py container gvisor"""
-import sys, os, time, statistics
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sdk", "python", "tests"))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sdk", "python"))
-from pathlib import Path; import tempfile
-from test_shared_budgets import ServerProc, KEYS
-from cordon_sandbox import Cordon
+import importlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# The repository's own SDK and test helpers, imported by name at run time.
+HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE / "sdk" / "python" / "tests"))
+sys.path.insert(0, str(HERE / "sdk" / "python"))
+budgets = importlib.import_module("test_shared_budgets")
+ServerProc, KEYS = budgets.ServerProc, budgets.KEYS
+Cordon = importlib.import_module("cordon_sandbox").Cordon
 d=Path(tempfile.mkdtemp())
 s=ServerProc(d/'data', {}, nofile=20000, sessions='max_sandboxes = 100\n').start()
 try:
