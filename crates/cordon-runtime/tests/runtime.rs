@@ -81,15 +81,20 @@ fn environment_canary_never_appears() {
 #[test]
 fn files_are_refused() {
     let mut sb = RuntimeBackend::new().create(&spec()).unwrap();
-    // Refused as the feature it is, naming the tiers that have it.
-    for r in [
-        sb.put_file("/work/a", b"x", 0o644).map(drop),
-        sb.get_file("/etc/passwd", 10).map(drop),
+    // Refused as the feature it is, naming the tiers that have it: a workspace file, and a
+    // file outside the workspace (ADR 0031).
+    for (r, feature) in [
+        (
+            sb.put_file("/work/a", b"x", 0o644).map(drop),
+            cordon_core::Feature::Files,
+        ),
+        (
+            sb.get_file("/etc/passwd", 10).map(drop),
+            cordon_core::Feature::FilesOutside,
+        ),
     ] {
         match r {
-            Err(Error::Unsupported { fix, .. }) => {
-                assert_eq!(fix, cordon_core::Feature::Files.fix())
-            }
+            Err(Error::Unsupported { fix, .. }) => assert_eq!(fix, feature.fix()),
             other => panic!("{other:?}"),
         }
     }
