@@ -230,21 +230,7 @@ const REAPER_CHAN_FD: RawFd = 4;
 /// reaper exits. An exec then costs no new namespaces, `/proc` mount or reaper process
 /// (ADR 0021).
 pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<UnixStream>) -> ! {
-    let mut failed: Option<String> = None;
-    if cfg.mount_proc {
-        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-        if let Err(e) = mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>) {
-            failed = Some(format!("cannot mount /proc for the exec: {e}"));
-        }
-    }
-    // The tier's confinement (Landlock, seccomp) goes on here, once /proc is mounted and
-    // before the program exists, so the reaper and everything it starts are inside it.
-    if failed.is_none()
-        && let Some(hook) = &cfg.confine
-        && let Err(e) = hook()
-    {
-        failed = Some(format!("the sandbox's filters could not be applied: {e}"));
-    }
+    let failed = reaper_setup(cfg);
     // A terminate sent to the reaper (a background exec's) reaches the whole tree, and so
     // does a resize's SIGWINCH where the agent sends it.
     let _ = sys::forward_signals_to_namespace();
@@ -338,6 +324,24 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
         run_job(cfg, &plan, &job.limits, [a, b, c], status, job_failed, 4);
         sys::exit_now(0)
     }
+}
+
+/// A standby reaper's own set-up: its `/proc`, then the tier's confinement (Landlock,
+/// seccomp), once /proc is mounted and before the program exists, so the reaper and
+/// everything it starts are inside it. The failure, if any, to report for its exec.
+fn reaper_setup(cfg: &AgentConfig) -> Option<String> {
+    if cfg.mount_proc {
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        if let Err(e) = mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>) {
+            return Some(format!("cannot mount /proc for the exec: {e}"));
+        }
+    }
+    if let Some(hook) = &cfg.confine
+        && let Err(e) = hook()
+    {
+        return Some(format!("the sandbox's filters could not be applied: {e}"));
+    }
+    None
 }
 
 /// True when `fds` are descriptors 0, 1, 2, ... in order.
