@@ -183,7 +183,7 @@ impl Workspace {
             return Err(not_regular(shown));
         }
         fcntl(&fd, FcntlArg::F_SETFL(OFlag::empty())).map_err(|e| refuse_errno(shown, e))?;
-        crate::metadata::clear(&fd, shown)?;
+        crate::metadata::clear(&fd).map_err(|e| metadata_error(shown, e))?;
         self.hand_over(&fd);
         let f = File::from(fd);
         f.set_len(0).map_err(|e| write_error(shown, &e))?;
@@ -222,7 +222,7 @@ impl Workspace {
             // An entry removed since the directory was read is left out.
             if let Ok(st) = fstatat(&fd, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
                 let target = link_text(&fd, &name, &st);
-                let metadata = crate::metadata::read(&fd, &name, &st);
+                let metadata = metadata_of(&fd, &name, &st);
                 entries.push(FileEntry {
                     target,
                     metadata,
@@ -250,13 +250,14 @@ impl Workspace {
             .map_err(|e| refuse_errno(path, e))?;
         Ok(FileEntry {
             target: link_text(&parent, name, &st),
-            metadata: crate::metadata::read(&parent, name, &st),
+            metadata: metadata_of(&parent, name, &st),
             ..entry_of(name.to_string(), &st)
         })
     }
 
     /// Makes the user metadata of a file or directory (not the workspace itself) exactly
-    /// `metadata`; see [`crate::metadata::set`].
+    /// `metadata` (checked first): attributes in the namespace that are not in it are
+    /// removed; see [`crate::metadata`].
     pub fn set_metadata(
         &self,
         path: &str,
@@ -266,7 +267,18 @@ impl Workspace {
         let (parent, name) = self.parent_of(&rel).map_err(|e| refuse_errno(path, e))?;
         let st = fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW)
             .map_err(|e| refuse_errno(path, e))?;
-        crate::metadata::set(&parent, name, &st, path, metadata)
+        cordon_core::check_metadata(metadata).map_err(|e| (ErrorCode::BadRequest, e.0))?;
+        let fd = open_entry(&parent, name, &st)
+            .map_err(|e| metadata_error(path, e))?
+            .ok_or_else(|| {
+                (
+                    ErrorCode::PathRefused,
+                    format!(
+                        "{path} is not a file or directory; metadata goes on files and directories"
+                    ),
+                )
+            })?;
+        crate::metadata::replace(&fd, metadata).map_err(|e| metadata_error(path, e))
     }
 
     /// Removes a file, a symlink (itself) or an empty directory; with `recursive`, a
@@ -698,6 +710,40 @@ pub(crate) fn write_error(path: &str, e: &io::Error) -> FileError {
         e.to_string()
     };
     (ErrorCode::Io, format!("writing {path}: {what}"))
+}
+
+/// Opens the entry `name` in `dir` that `st` (from `fstatat` without following) describes,
+/// to read or set its attributes: beneath `dir` by [`open_at`] (never through a symlink);
+/// `None` for kinds that carry none. `ESTALE` when what is there now is not the entry `st`
+/// described.
+fn open_entry(dir: &OwnedFd, name: &str, st: &FileStat) -> Result<Option<OwnedFd>, Errno> {
+    let Some(flags) = crate::metadata::open_flags(st) else {
+        return Ok(None);
+    };
+    let fd = open_at(dir.as_fd(), name, flags, Mode::empty())?;
+    let now = fstat(&fd)?;
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+        return Err(Errno::ESTALE);
+    }
+    Ok(Some(fd))
+}
+
+/// The user metadata of the entry `name` in `dir` (`st` its `fstatat` without following):
+/// empty for kinds that carry none, or when it cannot be read (gone, unreadable).
+fn metadata_of(
+    dir: &OwnedFd,
+    name: &str,
+    st: &FileStat,
+) -> std::collections::BTreeMap<String, String> {
+    match open_entry(dir, name, st) {
+        Ok(Some(fd)) => crate::metadata::read(&fd),
+        _ => std::collections::BTreeMap::new(),
+    }
+}
+
+/// A failed metadata write of `path`: the attributes' own errors, else the file's.
+fn metadata_error(path: &str, e: Errno) -> FileError {
+    crate::metadata::set_error(path, e).unwrap_or_else(|| refuse_errno(path, e))
 }
 
 pub(crate) fn refuse_errno(path: &str, e: Errno) -> FileError {

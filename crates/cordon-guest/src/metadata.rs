@@ -1,40 +1,34 @@
 //! A file's user metadata as E2B's envd keeps it: extended attributes in the
 //! [`METADATA_XATTR_PREFIX`] namespace, read and written through a descriptor of the entry
-//! itself (opened beneath its directory with [`open_at`], so never through a symlink, never
-//! outside the workspace). Only regular files and directories carry it: the kernel allows
-//! `user.*` attributes on nothing else.
+//! itself, which the caller opens beneath its directory (`crate::files`: never through a
+//! symlink, never outside the workspace). Only regular files and directories carry it: the
+//! kernel allows `user.*` attributes on nothing else. This module only reads and writes the
+//! attributes of a descriptor it is given, so it sits below the file calls that use it.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
-use cordon_core::{MAX_METADATA_KEYS, MAX_METADATA_VALUE, METADATA_XATTR_PREFIX, check_metadata};
+use cordon_core::{MAX_METADATA_KEYS, MAX_METADATA_VALUE, METADATA_XATTR_PREFIX};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
-use nix::sys::stat::{FileStat, Mode, fstat};
+use nix::sys::stat::FileStat;
 use rustix::fs::XattrFlags;
 
-use crate::files::{FileError, open_at};
 use crate::proto::ErrorCode;
 
 /// The kernel's largest attribute name list (`XATTR_LIST_MAX`).
 const LIST_MAX: usize = 64 * 1024;
 
-/// Opens the entry `name` in `dir` that `st` (from `fstatat` without following) describes,
-/// to read or set its attributes; `None` for kinds that carry none. `ESTALE` when what is
-/// there now is not the entry `st` described.
-fn open_entry(dir: &OwnedFd, name: &str, st: &FileStat) -> Result<Option<OwnedFd>, Errno> {
-    let flags = match st.st_mode & libc::S_IFMT {
-        libc::S_IFDIR => OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-        // Non-blocking and no controlling tty: a FIFO swapped in is found below, not waited on.
-        libc::S_IFREG => OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
-        _ => return Ok(None),
-    };
-    let fd = open_at(dir.as_fd(), name, flags, Mode::empty())?;
-    let now = fstat(&fd)?;
-    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
-        return Err(Errno::ESTALE);
+/// How to open an entry of `st`'s kind to read or set its attributes (read-only, never
+/// blocking); `None` for kinds that carry none.
+pub(crate) fn open_flags(st: &FileStat) -> Option<OFlag> {
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => Some(OFlag::O_RDONLY | OFlag::O_DIRECTORY),
+        // Non-blocking and no controlling tty: a FIFO swapped in is found by the caller's
+        // check of the opened entry, not waited on.
+        libc::S_IFREG => Some(OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY),
+        _ => None,
     }
-    Ok(Some(fd))
 }
 
 /// The names of the entry's metadata attributes (prefix included).
@@ -53,15 +47,11 @@ fn errno(e: rustix::io::Errno) -> Errno {
     Errno::from_raw(e.raw_os_error())
 }
 
-/// The metadata of the entry `name` in `dir` (`st` its `fstatat` without following): empty
-/// for kinds that carry none, or when it cannot be read (gone, unreadable, a filesystem
+/// The metadata of the entry open on `fd`: empty when it cannot be read (a filesystem
 /// without attributes). At most [`MAX_METADATA_KEYS`] keys; a value that is not UTF-8 or
 /// longer than [`MAX_METADATA_VALUE`] is left out (the sandbox wrote it, not an upload).
-pub(crate) fn read(dir: &OwnedFd, name: &str, st: &FileStat) -> BTreeMap<String, String> {
-    let Ok(Some(fd)) = open_entry(dir, name, st) else {
-        return BTreeMap::new();
-    };
-    let Ok(names) = names(&fd) else {
+pub(crate) fn read(fd: &OwnedFd) -> BTreeMap<String, String> {
+    let Ok(names) = names(fd) else {
         return BTreeMap::new();
     };
     let mut out = BTreeMap::new();
@@ -70,7 +60,7 @@ pub(crate) fn read(dir: &OwnedFd, name: &str, st: &FileStat) -> BTreeMap<String,
         if out.len() >= MAX_METADATA_KEYS {
             break;
         }
-        let Ok(n) = rustix::fs::fgetxattr(&fd, full.as_str(), &mut value[..]) else {
+        let Ok(n) = rustix::fs::fgetxattr(fd, full.as_str(), &mut value[..]) else {
             continue;
         };
         if let Ok(v) = std::str::from_utf8(&value[..n]) {
@@ -83,42 +73,27 @@ pub(crate) fn read(dir: &OwnedFd, name: &str, st: &FileStat) -> BTreeMap<String,
     out
 }
 
-/// Makes the metadata of the entry `name` in `dir` exactly `metadata` (checked first):
-/// attributes in the namespace that are not in it are removed. `shown` names the entry in
-/// messages (a sandbox path).
-pub(crate) fn set(
-    dir: &OwnedFd,
-    name: &str,
-    st: &FileStat,
-    shown: &str,
-    metadata: &BTreeMap<String, String>,
-) -> Result<(), FileError> {
-    check_metadata(metadata).map_err(|e| (ErrorCode::BadRequest, e.0))?;
-    let refuse = |e: Errno| set_error(shown, e);
-    let fd = open_entry(dir, name, st).map_err(refuse)?.ok_or_else(|| {
-        (
-            ErrorCode::PathRefused,
-            format!("{shown} is not a file or directory; metadata goes on files and directories"),
-        )
-    })?;
+/// Makes the metadata of the entry open on `fd` exactly `metadata` (checked by the caller):
+/// attributes in the namespace that are not in it are removed.
+pub(crate) fn replace(fd: &OwnedFd, metadata: &BTreeMap<String, String>) -> Result<(), Errno> {
     // A filesystem without attributes answers the listing already; an empty map on it is
     // nothing to clear.
-    let old = match names(&fd) {
+    let old = match names(fd) {
         Err(Errno::EOPNOTSUPP) if metadata.is_empty() => return Ok(()),
-        r => r.map_err(refuse)?,
+        r => r?,
     };
     for full in old {
         if !metadata.contains_key(&full[METADATA_XATTR_PREFIX.len()..]) {
-            match rustix::fs::fremovexattr(&fd, full.as_str()).map_err(errno) {
+            match rustix::fs::fremovexattr(fd, full.as_str()).map_err(errno) {
                 Ok(()) | Err(Errno::ENODATA) => {}
-                Err(e) => return Err(refuse(e)),
+                Err(e) => return Err(e),
             }
         }
     }
     for (k, v) in metadata {
         let full = format!("{METADATA_XATTR_PREFIX}{k}");
-        rustix::fs::fsetxattr(&fd, full.as_str(), v.as_bytes(), XattrFlags::empty())
-            .map_err(|e| refuse(errno(e)))?;
+        rustix::fs::fsetxattr(fd, full.as_str(), v.as_bytes(), XattrFlags::empty())
+            .map_err(errno)?;
     }
     Ok(())
 }
@@ -126,22 +101,24 @@ pub(crate) fn set(
 /// Removes every metadata attribute from a file just opened for writing (an upload without
 /// metadata leaves none from before, as envd does). A filesystem without attributes has
 /// none to remove.
-pub(crate) fn clear(fd: &OwnedFd, shown: &str) -> Result<(), FileError> {
+pub(crate) fn clear(fd: &OwnedFd) -> Result<(), Errno> {
     let old = match names(fd) {
         Err(Errno::EOPNOTSUPP) => return Ok(()),
-        r => r.map_err(|e| set_error(shown, e))?,
+        r => r?,
     };
     for full in old {
         match rustix::fs::fremovexattr(fd, full.as_str()).map_err(errno) {
             Ok(()) | Err(Errno::ENODATA) => {}
-            Err(e) => return Err(set_error(shown, e)),
+            Err(e) => return Err(e),
         }
     }
     Ok(())
 }
 
-fn set_error(shown: &str, e: Errno) -> FileError {
-    match e {
+/// What a failed attribute write of `shown` (a sandbox path) answers, for the errors that
+/// are the attributes' own; `None` for the rest (the caller's file errors).
+pub(crate) fn set_error(shown: &str, e: Errno) -> Option<(ErrorCode, String)> {
+    Some(match e {
         Errno::EOPNOTSUPP => (
             ErrorCode::Io,
             format!(
@@ -164,8 +141,8 @@ fn set_error(shown: &str, e: Errno) -> FileError {
             ErrorCode::Io,
             format!("{shown} changed while its metadata was set; try again"),
         ),
-        e => crate::files::refuse_errno(shown, e),
-    }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

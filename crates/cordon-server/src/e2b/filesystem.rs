@@ -10,67 +10,18 @@ use axum::response::{IntoResponse, Response};
 use cordon_core::{FileEntry, FileKind, FileOp};
 
 use super::connect::{ConnectError, stream_error, unary};
+use super::entry::{entry_info, stat_of};
 use super::wire::*;
 use super::{
     Auth, E2b, E2bBox, ENVD_PORT, api_error, check_reachable, check_user, connect_error, e2b_error,
-    retry_busy, rfc3339, to_e2b_path, to_sandbox_path,
+    retry_busy, to_e2b_path, to_sandbox_path,
 };
 use crate::error::{ApiError, Code};
-use crate::keys::Tenant;
 
 /// The deepest `ListDir` walks.
 const MAX_DEPTH: u32 = 16;
 /// The most entries a deep `ListDir` answers.
 const MAX_ENTRIES: usize = 10_000;
-
-fn kind_name(k: FileKind) -> &'static str {
-    match k {
-        FileKind::File => "FILE_TYPE_FILE",
-        FileKind::Dir => "FILE_TYPE_DIRECTORY",
-        FileKind::Symlink => "FILE_TYPE_SYMLINK",
-        _ => "FILE_TYPE_UNSPECIFIED",
-    }
-}
-
-fn permissions(kind: FileKind, mode: u32) -> String {
-    let mut s = String::with_capacity(10);
-    s.push(match kind {
-        FileKind::Dir => 'd',
-        FileKind::Symlink => 'L',
-        _ => '-',
-    });
-    for shift in [6u32, 3, 0] {
-        let bits = (mode >> shift) & 7;
-        s.push(if bits & 4 != 0 { 'r' } else { '-' });
-        s.push(if bits & 2 != 0 { 'w' } else { '-' });
-        s.push(if bits & 1 != 0 { 'x' } else { '-' });
-    }
-    s
-}
-
-/// An entry as envd reports it; `path` is the sandbox path of the entry.
-fn entry_info(entry: &FileEntry, path: &str) -> EntryInfo {
-    let shown = to_e2b_path(path);
-    let name = shown.rsplit('/').next().unwrap_or("").to_string();
-    EntryInfo {
-        name,
-        kind: kind_name(entry.kind),
-        path: shown,
-        // A directory's size is its own (st_size), as envd reports it.
-        size: entry.size.to_string(),
-        mode: entry.mode,
-        permissions: permissions(entry.kind, entry.mode),
-        owner: "user".into(),
-        group: "user".into(),
-        modified_time: rfc3339(entry.mtime_ms),
-        is_symlink: entry.kind == FileKind::Symlink,
-        symlink_target: entry
-            .target
-            .as_deref()
-            .map(|t| to_e2b_path(&super::link_target(path, t))),
-        metadata: entry.metadata.clone(),
-    }
-}
 
 /// A remove, rename or mkdir through the service's file component.
 async fn file_op(e: &E2b, b: &E2bBox, id: &str, op: FileOp) -> Result<(), ApiError> {
@@ -81,19 +32,6 @@ async fn file_op(e: &E2b, b: &E2bBox, id: &str, op: FileOp) -> Result<(), ApiErr
 
 async fn stat(e: &E2b, b: &E2bBox, id: &str, path: &str) -> Result<EntryInfo, ConnectError> {
     stat_of(e, &b.tenant, id, path).await
-}
-
-/// What envd's `Stat` answers for the sandbox path `path`.
-pub(super) async fn stat_of(
-    e: &E2b,
-    tenant: &Tenant,
-    id: &str,
-    path: &str,
-) -> Result<EntryInfo, ConnectError> {
-    let st = retry_busy(|| e.svc.files().stat(tenant, id, path.to_string()))
-        .await
-        .map_err(connect_error)?;
-    Ok(entry_info(&st.entry, path))
 }
 
 /// An E2B path as the sandbox path it names, refused unless Cordon's file API reaches it.
@@ -485,15 +423,4 @@ pub(super) async fn post_files(
         }
     }
     Json(written).into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn permissions_read_like_ls() {
-        assert_eq!(permissions(FileKind::File, 0o644), "-rw-r--r--");
-        assert_eq!(permissions(FileKind::Dir, 0o755), "drwxr-xr-x");
-    }
 }

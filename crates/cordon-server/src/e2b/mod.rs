@@ -22,6 +22,7 @@
 mod common;
 mod connect;
 mod control;
+mod entry;
 mod envd;
 mod filesystem;
 mod gzip;

@@ -109,7 +109,7 @@ async fn events(
             && !gone
         {
             let path = format!("{}/{}", dir.trim_end_matches('/'), fe.name);
-            let found = super::filesystem::stat_of(e, tenant, id, &path).await;
+            let found = super::entry::stat_of(e, tenant, id, &path).await;
             fe.entry = found.ok().map(Box::new);
         }
         out.push(fe);
