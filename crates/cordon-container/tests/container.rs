@@ -909,12 +909,16 @@ fn egress_spec(allow: &[String]) -> SandboxSpec {
 /// requests whose proxy cannot start must not fill /run's inodes.
 #[test]
 fn a_proxy_that_fails_to_start_leaves_no_directory() {
-    let mut spec = egress_spec(&["pypi.example.test".into()]);
-    // A host pattern the proxy refuses (the service checks before this; a tier must not
-    // count on it).
-    spec.egress.allow = cordon_core::egress::parse_patterns(&["bad host with spaces"]).unwrap();
+    let spec = egress_spec(&["pypi.example.test".into()]);
+    // A proxy that cannot start (its socket's directory does not exist: a bad host pattern
+    // can no longer reach this far, egress entries being typed as they are read).
     let id = format!("sb-failstart-{}", std::process::id());
-    let err = cordon_host::egress::EgressLink::start(&id, &spec, 65534).err();
+    let err = cordon_host::egress::EgressLink::start_with(&id, &spec, 65534, |cfg| {
+        cfg.unix_socket = Some(std::path::PathBuf::from(
+            "/nonexistent-cordon-dir/egress.sock",
+        ));
+    })
+    .err();
     assert!(err.is_some(), "the proxy started with a refused pattern");
     assert!(
         !cordon_host::egress::socket_dir().join(&id).exists(),
