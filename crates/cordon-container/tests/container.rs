@@ -309,8 +309,9 @@ fn the_programs_own_time_is_reported_within_the_exec() {
     assert!(t.program_us <= t.run_us, "{t:?}");
     let o = sb.exec(&ExecRequest::argv(["true"]), &mut sink).unwrap();
     let t = &o.timings;
+    // Within this exec's own run (not the sleep's figure carried over); no bound in
+    // milliseconds, which a loaded host can exceed.
     assert!(t.program_us > 0 && t.program_us <= t.run_us, "{t:?}");
-    assert!(t.program_us < 300_000, "{t:?}");
     sb.destroy().unwrap();
 }
 
