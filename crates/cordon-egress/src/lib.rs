@@ -19,7 +19,7 @@
 //! # async fn demo() -> Result<(), cordon_egress::Error> {
 //! use cordon_egress::{EgressProxy, ProxyConfig};
 //! let mut cfg = ProxyConfig::new("sbx-1");
-//! cfg.policy.allow = vec!["api.example.com".into()];
+//! cfg.policy.allow = vec!["api.example.com".parse().expect("a host pattern")];
 //! cfg.unix_socket = Some("/run/cordon/sbx-1/egress.sock".into());
 //! let proxy = EgressProxy::start(cfg, &tokio::runtime::Handle::current())?;
 //! let env = proxy.sandbox_env();          // HTTP_PROXY=..., placeholders, CA paths

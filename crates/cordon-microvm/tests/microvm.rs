@@ -232,8 +232,9 @@ fn escape_battery() {
     );
     assert!(o.success(), "{o:?}");
     assert_eq!(sb.get_file("/work/out.txt", 1024).unwrap(), b"HELLO VM");
+    // Outside /work the sandbox's own files are reached (ADR 0031), its kernel's are not.
     assert!(matches!(
-        sb.get_file("/etc/passwd", 1024),
+        sb.get_file("/proc/self/environ", 1024),
         Err(Error::PathRefused { .. })
     ));
     assert!(matches!(

@@ -829,7 +829,7 @@ async fn bad_input_is_a_clear_4xx_and_harmless() {
         (post("/v1/sandboxes", "{\"tier\":\"microvm\"}", "application/json"), 422, "tier_unavailable"),
         (format!("GET /v1/sandboxes/{id}/files/work/../etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
         (format!("GET /v1/sandboxes/{id}/files/work/%2e%2e/etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
-        (format!("GET /v1/sandboxes/{id}/files/etc/passwd HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
+        (format!("GET /v1/sandboxes/{id}/files/proc/self/environ HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\nconnection: close\r\n\r\n"), 400, "path_refused"),
         (format!("PUT /v1/sandboxes/{id}/files/work/big HTTP/1.1\r\nhost: x\r\nauthorization: Bearer key-alice-0f1e2d3c4b5a69788796a5b4c3d2e1f0\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}", 300 << 10, "x".repeat(300 << 10)), 413, "payload_too_large"),
         ("GET /v1/sandboxes HTTP/1.1\r\nhost: x\r\nauthorization: Bearer wrong\r\nconnection: close\r\n\r\n".to_string(), 401, "unauthorized"),
         ("GET /v1/sandboxes HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".to_string(), 401, "unauthorized"),
@@ -1620,7 +1620,7 @@ mod mcp {
         let (ok, out) = tool(
             &client,
             "read_file",
-            json!({"sandbox": id, "path": "/etc/passwd"}),
+            json!({"sandbox": id, "path": "/proc/self/environ"}),
         )
         .await;
         assert!(!ok && out.contains("path_refused"), "{out}");
@@ -1680,7 +1680,7 @@ mod mcp {
         let (ok, out) = tool(
             &client,
             "stat_file",
-            json!({"sandbox": id, "path": "/etc/passwd"}),
+            json!({"sandbox": id, "path": "/proc/self/environ"}),
         )
         .await;
         assert!(!ok && out.contains("path_refused"), "{out}");

@@ -367,13 +367,19 @@ fn path_tricks_on_files_out_are_refused() {
         "/work/abs",
         "/work/dirlink/real",
         "/work/../etc/passwd",
-        "/etc/passwd",
         "d/../../x",
     ] {
         match sb.get_file(p, 1 << 20) {
             Err(Error::PathRefused { .. }) | Err(Error::File { .. }) => {}
             other => panic!("{p}: expected a refusal, got {other:?}"),
         }
+    }
+    // A path outside /work is a feature this tier does not have (ADR 0031), said as such.
+    match sb.get_file("/etc/passwd", 1 << 20) {
+        Err(Error::Unsupported { fix, .. }) => {
+            assert_eq!(fix, cordon_core::Feature::FilesOutside.fix())
+        }
+        other => panic!("/etc/passwd: expected the feature's refusal, got {other:?}"),
     }
     assert_eq!(sb.get_file("/work/d/real", 100).unwrap(), b"ok");
     assert!(matches!(

@@ -358,11 +358,15 @@ class FileEntry:
     path: Optional[str] = None
     #: Where a symlink points, its text as written (never followed); None for other kinds.
     target: Optional[str] = None
+    #: The user metadata on a file or directory (its `user.e2b.*` extended attributes, by
+    #: key); empty when it has none.
+    metadata: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: Json) -> "FileEntry":
         return cls(name=d["name"], kind=d["kind"], size=d["size"], mode=d["mode"],
-                   mtime_ms=d["mtime_ms"], path=d.get("path"), target=d.get("target"))
+                   mtime_ms=d["mtime_ms"], path=d.get("path"), target=d.get("target"),
+                   metadata=dict(d.get("metadata") or {}))
 
 
 @dataclass
