@@ -363,8 +363,10 @@ def test_directory_tar_round_trip_and_file_calls(alice, bob, has_container, tmp_
             assert not (out / "proj" / "link").exists()
             sb.files.remove("/work/proj", recursive=True)
             assert [e.name for e in sb.files.list()] == ["out"]
+            # Outside /work: the kernel's files are refused on every tier (a tier that
+            # serves files outside the workspace reaches the sandbox's own, ADR 0031).
             with pytest.raises(PathRefused):
-                sb.files.list("/etc")
+                sb.files.list("/proc")
             with pytest.raises(NotFound):
                 bob.sandbox_handle(sb.id).files.list()
             with pytest.raises(NotFound):
