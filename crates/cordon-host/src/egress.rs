@@ -80,8 +80,16 @@ pub fn remove_left(sandbox_id: &str) -> bool {
     }
     let dir = socket_dir().join(sandbox_id);
     let socket = dir.join("egress.sock");
-    if listening_unix_sockets().contains(&socket) {
-        return false;
+    // The process that ran the proxy was killed a moment ago: its listening socket goes
+    // when it has finished exiting, which a SIGKILL does not wait for. Bounded: a socket
+    // still listening after that belongs to a live proxy and is kept.
+    let mut waited = 0;
+    while listening_unix_sockets().contains(&socket) {
+        if waited >= 100 {
+            return false;
+        }
+        waited += 1;
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let mut removed = false;
     if dir.exists() {
