@@ -172,6 +172,8 @@ export interface FileEntry {
     path?: string;
     /** where a symlink points, its text as written (never followed) */
     target?: string | null;
+    /** the user metadata on a file or directory (its `user.e2b.*` extended attributes, by key) */
+    metadata?: Record<string, string>;
 }
 export interface Listing {
     path: string;
