@@ -862,6 +862,50 @@ async fn bad_input_is_a_clear_4xx_and_harmless() {
     env.server.shutdown().await;
 }
 
+/// A request refused before its body was read: a client still writing that body finishes
+/// and reads the refusal (not a broken pipe: the server reads what is left, bounded, before
+/// it answers and closes). The failure of CI's E2B metadata test, made certain by writing
+/// the body only after the server has had time to answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_still_writing_a_refused_body_reads_the_refusal() {
+    let env = start().await;
+    let addr = env.base.trim_start_matches("http://").to_string();
+    let (wrote, code, text) = tokio::task::spawn_blocking(move || {
+        let body = vec![b'x'; 512 << 10];
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let head = format!(
+            "PUT /v1/sandboxes/sb-00000000000000000000000000000000/files/work/x HTTP/1.1\r\nhost: x\r\nauthorization: Bearer wrong\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        // In pieces, as an SDK streams a multipart body: a server that closed with the body
+        // unread resets the connection after the first, and the next fails.
+        let wrote = body
+            .chunks(64 << 10)
+            .try_for_each(|c| {
+                std::thread::sleep(Duration::from_millis(20));
+                s.write_all(c)
+            })
+            .map_err(|e| e.to_string());
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        let out = String::from_utf8_lossy(&out).to_string();
+        let code: u16 = out.split_whitespace().nth(1).unwrap_or("0").parse().unwrap_or(0);
+        (wrote, code, out)
+    })
+    .await
+    .unwrap();
+    assert_eq!(wrote, Ok(()), "the body could not be written: {text}");
+    assert_eq!(code, 401, "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    env.server.shutdown().await;
+}
+
 /// The policy rows a key's tenant sees (up to 1000).
 async fn policy_rows(env: &Env, key: &str) -> Vec<Value> {
     let (_, v) = env

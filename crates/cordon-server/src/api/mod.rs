@@ -7,10 +7,7 @@
 //! result goes back), never on this one.
 
 use axum::Router;
-use axum::extract::Request;
-use axum::http::{HeaderValue, header};
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::middleware;
 
 use crate::error::{ApiError, Code};
 use crate::openapi::{Api, Op};
@@ -24,6 +21,7 @@ pub mod files;
 pub mod metrics;
 pub mod ports;
 pub mod processes;
+mod refused;
 pub mod sandboxes;
 pub mod server;
 pub mod snapshots;
@@ -34,6 +32,7 @@ pub mod watch;
 
 pub(crate) use extract::parse_id;
 pub use extract::{Auth, MaybeAuth, PeerAddr, authenticate};
+pub(crate) use refused::close_after_refused_body;
 pub(crate) use stream::OFF_WORKERS;
 
 /// Builds the router (API + metrics + MCP over streamable HTTP).
@@ -68,24 +67,6 @@ pub fn documented(svc: Service) -> (Router, Vec<Op>) {
         .layer(middleware::from_fn(close_after_refused_body))
         .with_state(svc);
     (router, ops)
-}
-
-/// A request with a body that is refused (4xx/5xx) may be answered before its body was
-/// read: the server then drops the connection, and a client that kept it for its next
-/// request would see that request fail. `Connection: close` tells it not to.
-pub(crate) async fn close_after_refused_body(req: Request, next: Next) -> Response {
-    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
-        || req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v != "0");
-    let mut res = next.run(req).await;
-    if has_body && (res.status().is_client_error() || res.status().is_server_error()) {
-        res.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    res
 }
 
 async fn no_route() -> ApiError {
