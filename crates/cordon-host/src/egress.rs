@@ -52,21 +52,35 @@ fn bundle_dir() -> PathBuf {
     d
 }
 
-/// Paths of the unix sockets something listens on in this network namespace.
-fn listening_unix_sockets() -> std::collections::BTreeSet<PathBuf> {
-    // Lines: `Num RefCount Protocol Flags Type St Inode Path`; `Flags` has __SO_ACCEPTCON
-    // (0x10000) set on a listening socket.
-    std::fs::read_to_string("/proc/net/unix")
-        .unwrap_or_default()
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let flags = u32::from_str_radix(f.get(3)?, 16).ok()?;
-            let path = f.get(7)?;
-            (flags & 0x10000 != 0).then(|| PathBuf::from(path))
-        })
-        .collect()
+/// Whether a process listens on the unix socket at `path`: a non-blocking connect, closed
+/// at once, is answered. A path socket is reached across network namespaces, so this holds
+/// for a proxy of any of them (a Kubernetes node's, a server's in a namespace of its own),
+/// where `/proc/net/unix` lists only the reader's namespace: a sweep reading that took a
+/// live proxy in another namespace for a dead one and removed its socket (the pod then
+/// met a reset on its next request). A full backlog (`EAGAIN`) is a listener too.
+fn someone_listens(path: &Path) -> bool {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
+    let Ok(addr) = UnixAddr::new(path) else {
+        return false;
+    };
+    let Ok(fd) = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    ) else {
+        // Out of descriptors: say it listens, so nothing is removed on a guess.
+        return true;
+    };
+    match connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
+        Ok(()) => true,
+        Err(e) => !matches!(
+            e,
+            nix::errno::Errno::ECONNREFUSED
+                | nix::errno::Errno::ENOENT
+                | nix::errno::Errno::ENOTSOCK
+        ),
+    }
 }
 
 /// Removes what the proxy of sandbox `sandbox_id` left when the process that ran it was
@@ -84,7 +98,7 @@ pub fn remove_left(sandbox_id: &str) -> bool {
     // when it has finished exiting, which a SIGKILL does not wait for. Bounded: a socket
     // still listening after that belongs to a live proxy and is kept.
     let mut waited = 0;
-    while listening_unix_sockets().contains(&socket) {
+    while someone_listens(&socket) {
         if waited >= 100 {
             return false;
         }
@@ -110,12 +124,11 @@ pub fn reap_stale() -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(&sockets) else {
         return Vec::new();
     };
-    let listening = listening_unix_sockets();
     let mut removed = Vec::new();
     for e in entries.flatten() {
         let dir = e.path();
         let socket = dir.join("egress.sock");
-        if listening.contains(&socket) {
+        if someone_listens(&socket) {
             continue;
         }
         if !socket.exists() {
@@ -365,5 +378,58 @@ pub fn report(file_findings: &mut Vec<Finding>, link: Option<&mut EgressLink>) -
         findings: std::mem::take(file_findings),
         egress: link.map(|l| l.new_events()).unwrap_or_default(),
         ..Details::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A proxy whose socket was made in another network namespace (a Kubernetes node's,
+    /// beside a server in the host's) is live, and the sweep keeps it; once nothing listens,
+    /// it is stale. Before, the sweep judged by `/proc/net/unix`, which lists only the
+    /// reader's namespace, and removed the live proxy's socket: CI's k8s egress test of a
+    /// gvisor pod met a reset while another job's container backend started.
+    #[test]
+    fn a_proxy_listening_in_another_network_namespace_is_not_reaped() {
+        if !nix::unistd::geteuid().is_root() {
+            assert_ne!(
+                std::env::var("CORDON_REQUIRE_ALL").as_deref(),
+                Ok("1"),
+                "this test needs root (a network namespace)"
+            );
+            eprintln!("SKIPPED: needs root for a network namespace");
+            return;
+        }
+        let name = format!("sb-othernet-{}", std::process::id());
+        let dir = socket_dir().join(&name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("egress.sock");
+        let (bound_tx, bound) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let at = socket.clone();
+        let owner = std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let l = std::os::unix::net::UnixListener::bind(&at).unwrap();
+            bound_tx.send(()).unwrap();
+            let _ = stopped.recv();
+            drop(l);
+        });
+        bound.recv().unwrap();
+        let listed = std::fs::read_to_string("/proc/net/unix").unwrap();
+        assert!(
+            !listed.contains(socket.to_str().unwrap()),
+            "the socket should be in another namespace's list"
+        );
+        let removed = reap_stale();
+        let kept = socket.exists();
+        stop.send(()).unwrap();
+        owner.join().unwrap();
+        assert!(!removed.contains(&name), "a live proxy was reaped");
+        assert!(kept, "a live proxy's socket was removed");
+        // Its listener closed: now it is stale.
+        let removed = reap_stale();
+        assert!(removed.contains(&name), "{removed:?}");
+        assert!(!dir.exists());
     }
 }
