@@ -98,7 +98,46 @@ fn serve(listener: TcpListener, socket: PathBuf) {
 }
 
 fn relay(tcp: TcpStream, socket: &Path) -> io::Result<()> {
-    pipe(tcp, UnixStream::connect(socket)?)
+    // A listener with a full backlog answers `EAGAIN` for a moment: tried again, briefly.
+    let mut tries = 0;
+    let unix = loop {
+        match UnixStream::connect(socket) {
+            Ok(u) => break u,
+            Err(e) if tries < 3 && e.raw_os_error() == Some(libc::EAGAIN) => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => {
+                unreachable_proxy(tcp);
+                return Err(e);
+            }
+        }
+    };
+    pipe(tcp, unix)
+}
+
+/// Answers a client whose proxy cannot be reached with a 502 that says so (every client of
+/// the forwarder speaks HTTP to a proxy first, a `CONNECT` included), instead of a reset:
+/// the request is read first (bounded), so that closing does not reset the answer away.
+fn unreachable_proxy(mut tcp: TcpStream) {
+    use std::io::{Read, Write};
+    const BODY: &str = "cordon: the sandbox's egress proxy is gone (the sandbox is being \
+                        stopped, or its host process died); start a new sandbox\n";
+    let _ = tcp.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+    let mut buf = [0u8; 8192];
+    let _ = tcp.read(&mut buf);
+    let _ = write!(
+        tcp,
+        "HTTP/1.1 502 Bad Gateway\r\ncontent-type: text/plain\r\nconnection: close\r\n\
+         content-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = tcp.shutdown(Shutdown::Write);
+    for _ in 0..64 {
+        if !matches!(tcp.read(&mut buf), Ok(n) if n > 0) {
+            break;
+        }
+    }
 }
 
 /// Copies bytes both ways between a TCP connection and a unix stream until both
@@ -116,4 +155,30 @@ pub(crate) fn pipe(tcp: TcpStream, unix: UnixStream) -> io::Result<()> {
     let _ = t_write.shutdown(Shutdown::Write);
     let _ = up.join();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// A client whose proxy is gone reads a 502 that says so, not a reset.
+    #[test]
+    fn a_client_of_a_gone_proxy_reads_a_502() {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = l.local_addr().unwrap();
+        let gone = tempfile::tempdir().unwrap().path().join("egress.sock");
+        let server = std::thread::spawn(move || {
+            let (tcp, _) = l.accept().unwrap();
+            relay(tcp, &gone).is_err()
+        });
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET http://example.test/ HTTP/1.1\r\nhost: example.test\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        assert!(server.join().unwrap());
+        assert!(out.starts_with("HTTP/1.1 502 "), "{out}");
+        assert!(out.contains("egress proxy is gone"), "{out}");
+    }
 }
