@@ -142,6 +142,61 @@ def test_contexts_listed_as_e2b_lists_them(ci):
     assert ci.run_code("import os; os.getcwd()", context=ctx).text == "/tmp"
 
 
+def test_a_context_in_a_missing_directory_is_refused(ci):
+    """A context whose cwd the sandbox's user has no directory at (E2B's suites ask for
+    root's /root) is refused with a 400 that says what to do, not a 500 from a failed
+    start; it is not listed, and one in a directory that exists still starts there."""
+    from e2b.exceptions import SandboxException
+    # /root: missing in the container and gVisor sandboxes' root, closed in the microVM's.
+    for cwd, why in (("/root", ("does not exist", "may not enter")),
+                     ("/no/such/dir", ("does not exist",))):
+        with pytest.raises(SandboxException) as e:
+            ci.create_code_context(language="python", cwd=cwd)
+        said = str(e.value).replace('\\"', '"')  # the message as the JSON body quotes it
+        assert said.startswith("400 "), said
+        assert f'"{cwd}"' in said and any(w in said for w in why), said
+        assert "/home/user" in said and "mkdir" in said, said
+    assert ci.commands.run("echo x > /tmp/not-a-dir").exit_code == 0
+    with pytest.raises(SandboxException) as e:
+        ci.create_code_context(language="python", cwd="/tmp/not-a-dir")
+    assert str(e.value).startswith("400 ") and "is not a directory" in str(e.value), e.value
+    assert all(c.cwd not in ("/root", "/no/such/dir", "/tmp/not-a-dir")
+               for c in ci.list_code_contexts())
+    ctx = ci.create_code_context(language="python", cwd="/tmp")
+    assert ci.run_code("import os; os.getcwd()", context=ctx).text == "/tmp"
+
+
+def test_javascript_cells_with_esm_imports_and_top_level_await(ci):
+    """A JavaScript cell takes ESM `import` declarations and top-level `await`, as E2B's
+    kernel does: what it declares stays for the next cell, its last expression is its
+    value, a rejected promise is its error; dynamic `import()` works in any cell. Tiers
+    without Node refuse the language, saying which tiers have it."""
+    if ci.tier != "container":
+        from e2b.exceptions import SandboxException
+        with pytest.raises(SandboxException) as e:
+            ci.run_code("await 1", language="js")
+        assert "container" in str(e.value), e.value
+        return
+    r = ci.run_code("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)",
+                    language="js")
+    assert r.error is None, r.error
+    assert r.logs.stdout == ["function\n"]
+    assert ci.run_code("await Promise.resolve('Hello World!')", language="js").text \
+        == "Hello World!"
+    r = ci.run_code("import * as path from 'path'; import def, { join as j } from 'path'\n"
+                    "const base = await Promise.resolve('a');\n"
+                    "[typeof path.join, typeof def.join, j(base, 'b')].join(' ')", language="js")
+    assert r.error is None, r.error
+    assert r.text == "function function a/b"
+    # Declarations of the earlier cells are still there.
+    assert ci.run_code("typeof readFileSync + ' ' + base", language="js").text == "function a"
+    assert ci.run_code("(await import('os')).EOL.length", language="js").text == "1"
+    r = ci.run_code("await Promise.reject(new Error('rejected'))", language="js")
+    assert r.error is not None and r.error.value == "rejected"
+    r = ci.run_code("await Promise.resolve(1) +", language="js")
+    assert r.error is not None and r.error.name == "SyntaxError"
+
+
 def test_the_interpreter_comes_back_after_it_is_killed(ci):
     """A cell that kills its own interpreter ends as a dead kernel; the next cell of the
     context runs in a fresh one, as does the one after an interpreter that exited."""

@@ -60,6 +60,95 @@
     return data;
   }
 
+  // Dynamic import() in a cell loads as the main script would (relative to the cwd); Node
+  // warns once that the option is experimental: that warning is the driver's, not the cell's.
+  const LOADER = vm.constants && vm.constants.USE_MAIN_CONTEXT_DEFAULT_LOADER;
+  const emitWarning = process.emitWarning;
+  process.emitWarning = function (w, ...rest) {
+    if (String((w && w.message) || w).includes('USE_MAIN_CONTEXT_DEFAULT_LOADER')) return;
+    return emitWarning.call(process, w, ...rest);
+  };
+
+  // ESM `import` declarations and top-level `await` in a cell, as E2B's JavaScript kernel
+  // takes them: imports become `await import()`, then Node's own REPL rewrite (its acorn
+  // and `internal/repl/await`, read from Node's built-in sources) turns the cell into an
+  // async function whose top-level declarations stay global and whose last expression is
+  // the value. Loaded the first time a cell needs it; `null` when this Node cannot.
+  let esm;
+  function loadEsm() {
+    const natives = process.binding('natives');
+    const primordials = new Proxy({}, { get(_, name) {
+      const m = /^([A-Z][A-Za-z]*?)Prototype(Symbol)?([A-Z].*)$/.exec(name);
+      if (m && globalThis[m[1]]) {
+        const key = m[2] ? Symbol[m[3][0].toLowerCase() + m[3].slice(1)] : m[3][0].toLowerCase() + m[3].slice(1);
+        const f = globalThis[m[1]].prototype[key];
+        return (self, ...a) => f.apply(self, a);
+      }
+      const s = /^([A-Z][A-Za-z]*?)([A-Z][A-Za-z]*)$/.exec(name);
+      const key = s && s[2][0].toLowerCase() + s[2].slice(1);
+      if (s && globalThis[s[1]] && typeof globalThis[s[1]][key] === 'function') return globalThis[s[1]][key];
+      return globalThis[name];
+    } });
+    const loaded = {};
+    function load(id) {
+      if (id === 'internal/repl') return { Recoverable: class Recoverable extends SyntaxError {} };
+      if (loaded[id]) return loaded[id].exports;
+      if (typeof natives[id] !== 'string') throw new Error(`no ${id} in this Node`);
+      const module = { exports: {} };
+      loaded[id] = module;
+      vm.compileFunction(natives[id], ['exports', 'require', 'module', 'primordials', 'process'],
+        { filename: id })(module.exports, load, module, primordials, process);
+      return module.exports;
+    }
+    return { Parser: load('internal/deps/acorn/acorn/dist/acorn').Parser,
+      rewrite: load('internal/repl/await').processTopLevelAwait };
+  }
+  function importAsAwait(node, code) {
+    const from = code.slice(node.source.start, node.source.end);
+    const named = [];
+    let ns = null;
+    for (const sp of node.specifiers) {
+      if (sp.type === 'ImportNamespaceSpecifier') ns = sp.local.name;
+      else if (sp.type === 'ImportDefaultSpecifier') named.push(`default: ${sp.local.name}`);
+      else named.push(`${code.slice(sp.imported.start, sp.imported.end)}: ${sp.local.name}`);
+    }
+    if (ns) return `const ${ns} = await import(${from});` + (named.length ? ` const { ${named.join(', ')} } = ${ns};` : '');
+    return named.length ? `const { ${named.join(', ')} } = await import(${from});` : `await import(${from});`;
+  }
+  function asAsync(code) {
+    if (esm === undefined) {
+      try { esm = loadEsm(); } catch (_) { esm = null; }
+    }
+    if (!esm) return null;
+    try {
+      let body;
+      try {
+        body = esm.Parser.parse(code, { ecmaVersion: 'latest', sourceType: 'module',
+          allowAwaitOutsideFunction: true }).body;
+      } catch (_) {
+        body = [];
+      }
+      for (const node of body.filter((n) => n.type === 'ImportDeclaration').reverse()) {
+        code = code.slice(0, node.start) + importAsAwait(node, code) + code.slice(node.end);
+      }
+      return esm.rewrite(code);
+    } catch (_) {
+      return null;
+    }
+  }
+
+  // A cell's script: as written, or, when Node refuses it as a script, as E2B runs it.
+  function compile(code, filename) {
+    const opts = { filename, importModuleDynamically: LOADER };
+    try {
+      return { script: new vm.Script(code, opts), wrapped: false };
+    } catch (e) {
+      const rewritten = e instanceof SyntaxError ? asAsync(code) : null;
+      if (!rewritten) throw e;
+      return { script: new vm.Script(rewritten, opts), wrapped: true };
+    }
+  }
+
   globalThis.display = function display(...values) {
     for (const v of values) send({ t: 'display', cell: st.cell, data: bundle(v), main: false });
   };
@@ -105,10 +194,11 @@
     setEnv(req.env);
     const started = Date.now();
     let value;
+    let wrapped = false;
     try {
-      value = vm.runInThisContext(req.code, {
-        filename: `<cell ${st.count}>`, timeout: req.timeout_ms, displayErrors: false,
-      });
+      const c = compile(req.code, `<cell ${st.count}>`);
+      wrapped = c.wrapped;
+      value = c.script.runInThisContext({ timeout: req.timeout_ms, displayErrors: false });
     } catch (e) {
       if (e && (e.code === 'ERR_SCRIPT_EXECUTION_TIMEOUT' || e.code === 'ERR_SCRIPT_EXECUTION_TIMED_OUT')) {
         return done(cell, 'timeout', { name: 'TimeoutError',
@@ -129,7 +219,10 @@
       const timer = setTimeout(() => done(cell, 'timeout', { name: 'TimeoutError',
         value: `the cell's promise did not settle within its timeout of ${req.timeout_ms} ms`,
         traceback: '' }), left);
-      value.then((v) => { clearTimeout(timer); if (st.cell === cell && st.busy) settle(v); },
+      value.then((v) => {
+        clearTimeout(timer);
+        if (st.cell === cell && st.busy) settle(wrapped ? (v && v.value) : v);
+      },
         (e) => { clearTimeout(timer); done(cell, 'error', errorOf(e)); });
     } else {
       settle(value);

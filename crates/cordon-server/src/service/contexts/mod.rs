@@ -287,6 +287,10 @@ impl Contexts {
             };
             self.await_ready(s, ctx, &mut w).map(|version| (w, version))
         });
+        let r = r.map_err(|e| match &ctx.cwd {
+            Some(cwd) => cwd_refusal(s, cwd).unwrap_or(e),
+            None => e,
+        });
         self.record_row(
             s,
             AuditEvent::ContextStart {
@@ -936,5 +940,39 @@ impl CellCollector {
             duration_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
             warnings: self.warnings,
         }
+    }
+}
+
+/// Why an interpreter that did not start could not: its directory is missing, no directory,
+/// or closed to the sandbox's user (a 400 saying what to do, not a failure of the sandbox).
+/// Asked only after a failed start, so a start costs nothing more; `None` when the directory
+/// is there and open (or the tier cannot say) and the failure is another.
+fn cwd_refusal(s: &Session, cwd: &str) -> Option<ApiError> {
+    use cordon_core::{FileKind, FileOp, FileReply};
+    let refusal = |why: &str| {
+        ApiError::new(
+            Code::InvalidRequest,
+            format!("the context's cwd {cwd:?} {why}"),
+            "give a directory that exists and the sandbox's user may enter, such as \
+             /home/user (E2B) or /work, or make it first (a command's mkdir, or the files \
+             API); code runs as the sandbox's user, never as root",
+        )
+    };
+    let path = cwd.to_string();
+    match on_sandbox(s, |sb| sb.file_op(&FileOp::Stat { path: path.clone() })) {
+        Ok(FileReply::Entry { entry }) if entry.kind != FileKind::Dir => {
+            Some(refusal("is not a directory"))
+        }
+        // A directory its user cannot read is one it may not enter either, as a rule.
+        Ok(_) => match on_sandbox(s, |sb| sb.file_op(&FileOp::List { path })) {
+            Err(e) if e.code == Code::FileError => {
+                Some(refusal("is a directory the sandbox's user may not enter"))
+            }
+            _ => None,
+        },
+        Err(e) if e.code == Code::FileError => {
+            Some(refusal("does not exist in the sandbox for its user"))
+        }
+        Err(_) => None,
     }
 }
