@@ -315,6 +315,27 @@ def test_charts_of_matplotlib_figures(ci):
     assert all(r.chart is None for r in ci.run_code("1 + 1").results)
 
 
+def test_ipython_display_in_a_root_without_ipython(ci):
+    """IPython's display API, as E2B's IPython-based interpreter has it, where the sandbox's
+    root has no IPython: a raw bundle, the rich wrappers, clear_output; other missing
+    modules still fail to import."""
+    ex = ci.run_code("from IPython.display import display\n"
+                     "display({'text/latex': r'\\text{Custom}'}, raw=True)")
+    assert ex.error is None, ex.error
+    assert [r.formats() for r in ex.results] == [["latex"]]
+    assert ex.results[0].latex == "\\text{Custom}"
+    ex = ci.run_code("from IPython.display import HTML, Markdown, Image, clear_output\n"
+                     "import IPython\n"
+                     "clear_output(); display(HTML('<b>x</b>'), Markdown('# h'))\n"
+                     "Image(data=bytes.fromhex('89504e470d0a1a0a'))")
+    assert ex.error is None, ex.error
+    html, md, img = ex.results
+    assert (html.html, md.markdown, img.png) == ("<b>x</b>", "# h", "iVBORw0KGgo=")
+    assert img.is_main_result and not html.is_main_result
+    ex = ci.run_code("import no_such_module_here")
+    assert ex.error is not None and ex.error.name == "ModuleNotFoundError"
+
+
 def test_rich_results_of_objects(ci):
     """An object's own representations (a custom _repr_html_ and _repr_markdown_), and a
     PIL image, shown by display() and as a cell's value."""

@@ -343,6 +343,65 @@ def _driver():
     sys.meta_path.insert(0, AfterImport("matplotlib.pyplot",
                                         lambda m: setattr(m, "show", show_figures)))
     sys.meta_path.insert(0, AfterImport("PIL.Image", pil_shows))
+
+    def ipython_display(module):
+        # IPython's display API where the sandbox has no IPython (E2B's interpreter is
+        # IPython): display (raw bundles too), clear_output, and the rich wrappers.
+        class Rich:
+            mime, binary = "text/plain", False
+
+            def __init__(self, data=None, url=None, filename=None, metadata=None, **kw):
+                if data is None and filename is not None:
+                    with open(filename, "rb" if self.binary else "r") as f:
+                        data = f.read()
+                self.data = data if data is not None else (url or "")
+
+            def _repr_mimebundle_(self, include=None, exclude=None):
+                return {self.mime: self.data, "text/plain": f"<{type(self).__name__} object>"}
+
+        def rich(name, mime, binary=False):
+            return type(name, (Rich,), {"mime": mime, "binary": binary})
+
+        class Image(Rich):
+            binary = True
+
+            def __init__(self, data=None, url=None, filename=None, format=None, **kw):
+                super().__init__(data, url, filename)
+                kind = (format or os.path.splitext(filename or url or "")[1].lstrip(".")
+                        or ("jpeg" if bytes(self.data[:2]) == b"\xff\xd8" else "png")).lower()
+                self.mime = "image/jpeg" if kind in ("jpg", "jpeg") else f"image/{kind}"
+
+        module.display = display
+        module.clear_output = lambda wait=False: None
+        module.Image = Image
+        for name, mime in (("HTML", "text/html"), ("Markdown", "text/markdown"),
+                           ("Latex", "text/latex"), ("Math", "text/latex"),
+                           ("JSON", "application/json"), ("SVG", "image/svg+xml"),
+                           ("Javascript", "application/javascript"), ("Pretty", "text/plain")):
+            setattr(module, name, rich(name, mime))
+
+    class Fallback:
+        """Last on the import path: `IPython` and `IPython.display` when nothing else has
+        them, as the small stand-in above; every other name is left to fail as it would."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name not in ("IPython", "IPython.display"):
+                return None
+            import importlib.machinery
+            return importlib.machinery.ModuleSpec(name, self, is_package=name == "IPython")
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            if module.__name__ == "IPython":
+                module.get_ipython = lambda: None
+            ipython_display(module)
+
+    sys.meta_path.append(Fallback())
+    # A sandbox's own IPython, outside a kernel, would print a repr: its display is this one.
+    sys.meta_path.insert(0, AfterImport("IPython.display",
+                                        lambda m: setattr(m, "display", display)))
     os.environ.setdefault("MPLBACKEND", "Agg")
 
     def error_of(e, fname):
