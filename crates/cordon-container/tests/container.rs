@@ -259,6 +259,31 @@ fn an_init_started_early_is_used_replaced_when_dead_and_stopped_when_unused() {
     );
 }
 
+/// A sandbox whose init does not finish its setup within `start_timeout` (a host too busy to
+/// start one: the scale bench met it at 9,205 live) is refused as busy, retryable, with the
+/// reason, not as a failure naming `EAGAIN`. The init here never answers (a script that
+/// sleeps), as an init starved of CPU does not in time.
+#[test]
+fn a_sandbox_that_does_not_come_up_in_time_is_refused_as_busy() {
+    if backend().is_none() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let init = dir.path().join("cordon-sandbox-init");
+    std::fs::write(&init, "#!/bin/sh\nexec sleep 30\n").unwrap();
+    std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cfg = ContainerConfig::with_init(init);
+    cfg.start_timeout = Duration::from_millis(300);
+    let b = ContainerBackend::new(cfg);
+    let err = b.create(&spec()).err().expect("a silent init came up");
+    assert!(
+        matches!(err, cordon_core::Error::Busy { .. }),
+        "not refused as busy: {err:?}"
+    );
+    assert!(err.to_string().contains("did not come up within"), "{err}");
+}
+
 /// After an exec the agent readies the next one's reaper (and the program process it forks
 /// ahead); after an exec marked last (a one-shot run) it readies nothing, so the sandbox's
 /// teardown does not compete with making processes nobody will use.

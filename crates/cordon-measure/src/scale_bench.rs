@@ -90,6 +90,12 @@ fn run_levels(
         if level > live {
             fill(server.addr(), key, &create, level - live)?;
             live = level;
+            let busy = BUSY_RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed);
+            if busy > 0 {
+                println!(
+                    "(filling to {level}: {busy} creates refused as busy, each tried again after 1 s)"
+                );
+            }
             // A connection idle through a long fill may have been closed by the server.
             c = Client::connect(server.addr(), key)?;
         }
@@ -152,8 +158,36 @@ fn create_body(tier: Tier) -> String {
 /// Every sandbox this run created: what is left behind is looked for by these names.
 static CREATED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
+/// Creates refused as busy (429 or 503, with the server's reason) during fills, each tried
+/// again after a pause, as a client told to retry does.
+static BUSY_RETRIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The most times one create of a fill is tried again after a busy refusal.
+const BUSY_TRIES: usize = 10;
+
+/// A create of a fill: a busy refusal is tried again (at most [`BUSY_TRIES`] times).
+fn create_retrying(c: &mut Client, body: &str) -> Result<String> {
+    for _ in 0..BUSY_TRIES {
+        match create_one(c, body) {
+            Err(e) if e.downcast_ref::<Busy>().is_some() => {
+                BUSY_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+    create_one(c, body)
+}
+
+/// A create refused as busy: the server asked to try again later.
+#[derive(Debug, thiserror::Error)]
+#[error("create refused as busy ({0}): {1}")]
+struct Busy(u16, String);
+
 fn create_one(c: &mut Client, body: &str) -> Result<String> {
     let (s, b) = c.post("/v1/sandboxes", body)?;
+    if s == 429 || s == 503 {
+        return Err(Busy(s, b).into());
+    }
     if s != 201 {
         bail!("create failed ({s}): {b}");
     }
@@ -184,7 +218,7 @@ fn fill(addr: std::net::SocketAddr, key: &str, body: &str, n: usize) -> Result<(
                 s.spawn(move || -> Result<()> {
                     let mut c = Client::connect(addr, key)?;
                     for _ in 0..share {
-                        create_one(&mut c, body)?;
+                        create_retrying(&mut c, body)?;
                     }
                     Ok(())
                 })

@@ -49,6 +49,23 @@ impl ContainerSandbox {
                     ));
                 }
             },
+            // The read timed out: the init is alive but the host did not get it through its
+            // setup in time (it is overloaded). Retryable, and said so, not a bare EAGAIN.
+            Err(proto::ProtoError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(Error::Busy {
+                    what: format!(
+                        "the sandbox did not come up within {:.0} s: this host is too busy to \
+                         start one now; retry later, or destroy idle sandboxes",
+                        cfg.start_timeout.as_secs_f64()
+                    ),
+                    retry_after_secs: 5,
+                });
+            }
             Err(e) => return Err(Error::failed("the sandbox did not come up", e)),
         }
         self.ctrl = Some(AgentConn::new(host).map_err(|e| Error::io("agent socket", e))?);
