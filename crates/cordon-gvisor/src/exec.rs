@@ -21,7 +21,8 @@ impl GvisorSandbox {
             // share one uid, so this bounds all of them at once.
             processes: u64::from(l.pids),
         };
-        cordon_host::agent::ExecParts::new(req, &self.spec, (Tier::Gvisor, false), env, limits)
+        // The root is the host's read-only /usr, Node.js with it (as in the container tier).
+        cordon_host::agent::ExecParts::new(req, &self.spec, (Tier::Gvisor, true), env, limits)
     }
 
     /// The workspace or a writable volume is full, as the host sees it (the evidence of an

@@ -299,18 +299,18 @@ def test_a_context_dies_with_its_sandbox(alice):
     assert await_host_pids(marker, False) == [], "a context's process outlived its sandbox"
 
 
-def test_wasm_refuses_contexts_and_gvisor_javascript_with_a_reason(alice):
+def test_wasm_refuses_contexts_and_gvisor_runs_javascript(alice):
     with alice.create_sandbox(tier="wasm") as sb:
         with pytest.raises(Unsupported) as e:
             sb.create_context("python")
         assert "container" in e.value.fix
     need("gvisor")
-    # gVisor's userland is the host's /usr without Node.js: refused, not half-started.
+    # gVisor's userland is the host's /usr, Node.js with it, as in the container tier.
     with alice.create_sandbox(tier="gvisor", ttl="5m") as sb:
-        with pytest.raises(Unsupported) as e:
-            sb.create_context("javascript")
-        assert "container" in e.value.fix
-        assert sb.contexts() == []
+        ctx = sb.create_context("javascript")
+        assert ctx.run("const a = 20; a + 22").text == "42"
+        assert ctx.run("a * 2").text == "40"
+        assert [c.lang for c in sb.contexts()] == ["javascript"]
 
 
 def test_a_microvm_context_keeps_state_and_survives_an_interrupt(alice):
