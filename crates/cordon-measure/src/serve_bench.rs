@@ -17,6 +17,10 @@ pub(crate) struct Client {
     reader: BufReader<TcpStream>,
     writer: TcpStream,
     key: String,
+    addr: std::net::SocketAddr,
+    /// The last answer said `Connection: close` (a refusal of a request with a body does):
+    /// the next request goes on a new connection.
+    closed: bool,
 }
 
 impl Client {
@@ -28,6 +32,8 @@ impl Client {
             reader: BufReader::new(s.try_clone()?),
             writer: s,
             key: key.to_string(),
+            addr,
+            closed: false,
         })
     }
 
@@ -43,6 +49,9 @@ impl Client {
             self.key,
             body.len()
         );
+        if self.closed {
+            *self = Client::connect(self.addr, &self.key)?;
+        }
         self.writer.write_all(request.as_bytes())?;
         let mut line = String::new();
         self.reader.read_line(&mut line)?;
@@ -58,8 +67,11 @@ impl Client {
             if line == "\r\n" || line.is_empty() {
                 break;
             }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            let lower = line.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("content-length:") {
                 len = v.trim().parse()?;
+            } else if let Some(v) = lower.strip_prefix("connection:") {
+                self.closed = v.trim() == "close";
             }
         }
         let mut buf = vec![0u8; len];
