@@ -259,6 +259,33 @@ fn an_init_started_early_is_used_replaced_when_dead_and_stopped_when_unused() {
     );
 }
 
+/// `/tmp` and `/dev/shm` are one tmpfs (one superblock, so one shrinker id fewer per sandbox
+/// in every memory cgroup's map: ADR 0026), sharing its budget; `/dev/shm` stays `noexec`,
+/// `/tmp` runs programs, and the tmpfs's own root is reached by neither.
+#[test]
+fn tmp_and_dev_shm_share_one_tmpfs() {
+    let b = need_backend!();
+    let o = sh(
+        b,
+        "stat -c %d /tmp /dev/shm; cp /bin/true /tmp/t && /tmp/t && echo tmp-runs; \
+         cp /bin/true /dev/shm/t; /dev/shm/t 2>/dev/null || echo shm-refuses; \
+         ls -a /tmp /dev/shm | tr '\\n' ' '",
+    );
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 5, "{o:?}");
+    assert_eq!(
+        lines[0], lines[1],
+        "/tmp and /dev/shm are different filesystems: {out}"
+    );
+    assert_eq!(lines[2], "tmp-runs", "{o:?}");
+    assert_eq!(lines[3], "shm-refuses", "{o:?}");
+    assert!(
+        !lines[4].contains("shm ") && !lines[4].contains("tmp "),
+        "the shared tmpfs's other directory shows: {out}"
+    );
+}
+
 /// A sandbox whose init does not finish its setup within `start_timeout` (a host too busy to
 /// start one: the scale bench met it at 9,205 live) is refused as busy, retryable, with the
 /// reason, not as a failure naming `EAGAIN`. The init here never answers (a script that
