@@ -1485,7 +1485,8 @@ fn background_execs_run_beside_foreground_ones_and_survive_a_pause() {
     let ticker = sb
         .start_background(&ExecRequest::code(
             Language::Bash,
-            "echo up; i=0; while :; do i=$((i+1)); echo $i > /work/ticks; sleep 0.2; done",
+            // Renamed into place: a reader never sees the file truncated and not yet written.
+            "echo up; i=0; while :; do i=$((i+1)); echo $i > /work/ticks.new; mv /work/ticks.new /work/ticks; sleep 0.2; done",
         ))
         .unwrap();
     let (out, exit) = read_until(&mut sb, ticker, |o, _| o.contains("up"));
