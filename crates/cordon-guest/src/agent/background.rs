@@ -2,14 +2,13 @@
 //! reaper like any exec, their output kept here (the last [`BACKGROUND_KEEP`] bytes of each
 //! stream) until the host reads it.
 
-use std::collections::BTreeMap;
-
 use cordon_core::{BACKGROUND_KEEP, ProcExit, ProcSignal};
 use nix::sys::signal::{Signal, kill};
 
+use super::exec::Launch;
 use super::ring::Ring;
 use super::state::{Agent, Background, FramedIo};
-use crate::proto::{ErrorCode, ProcLimits, ProtoError, Reply, StdioMode, Stream};
+use crate::proto::{ErrorCode, ProtoError, Reply, StdioMode, Stream};
 use crate::sys;
 
 /// Most background execs the agent keeps, running or ended and not yet dropped; past it
@@ -32,23 +31,17 @@ impl Agent {
     /// Answers [`crate::proto::Request::BgExec`]'s start (see [`Agent::launch_background`]),
     /// `user` checked first. Descriptors sent along are the program's own only when its
     /// stdio says so, and none is left for a later request.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn start_background(
         &mut self,
-        id: u64,
-        argv: &[String],
-        env: &BTreeMap<String, String>,
-        cwd: &str,
-        limits: &ProcLimits,
-        (pty, stdio, hold): (Option<cordon_core::PtySize>, StdioMode, bool),
-        user: Option<crate::proto::ProcUser>,
+        l: Launch,
+        hold: bool,
     ) -> Result<(), (ErrorCode, String)> {
-        if stdio != StdioMode::Passed {
+        if l.stdio != StdioMode::Passed {
             self.fds.clear();
         }
-        let started = match user.as_ref().map(check_user) {
+        let started = match l.user.as_ref().map(check_user) {
             Some(Err(m)) => Err((ErrorCode::BadRequest, m)),
-            _ => self.launch_background(id, argv, env, cwd, limits, (pty, stdio, hold), user),
+            _ => self.launch_background(l, hold),
         };
         // Whatever the start made of them, none is left for a later request.
         self.fds.clear();
@@ -76,17 +69,8 @@ impl Agent {
 
     /// Starts a background exec: its reaper, and its output kept here (in rings that
     /// `hold` what the host has not read).
-    #[allow(clippy::too_many_arguments)]
-    fn launch_background(
-        &mut self,
-        id: u64,
-        argv: &[String],
-        env: &BTreeMap<String, String>,
-        cwd: &str,
-        limits: &ProcLimits,
-        (pty, stdio, hold): (Option<cordon_core::PtySize>, StdioMode, bool),
-        user: Option<crate::proto::ProcUser>,
-    ) -> Result<(), (ErrorCode, String)> {
+    fn launch_background(&mut self, mut l: Launch, hold: bool) -> Result<(), (ErrorCode, String)> {
+        let (id, pty, stdio) = (l.id, l.pty, l.stdio);
         if self.background.contains_key(&id) || self.running.as_ref().is_some_and(|r| r.id == id) {
             return Err((ErrorCode::BadRequest, format!("exec id {id} is in use")));
         }
@@ -108,11 +92,11 @@ impl Agent {
                 }
             }
         }
-        let mut env = env.clone();
         if let Some(size) = pty {
             size.validate()
                 .map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
-            env.entry("TERM".into())
+            l.env
+                .entry("TERM".into())
                 .or_insert_with(|| crate::proto::PTY_TERM.into());
         }
         // Framed: the output passes through the agent (it is kept here), so the program's
@@ -127,7 +111,7 @@ impl Agent {
             ));
         }
         let mut run = self
-            .launch(id, argv, &env, cwd, stdio, limits, pty, user)
+            .launch(l)
             .map_err(|e| (ErrorCode::SpawnFailed, e.to_string()))?;
         // A background exec's reaper exits once it has reported: only a foreground exec's
         // serves the next one. Its job socket is kept until then: a reaper kept from the

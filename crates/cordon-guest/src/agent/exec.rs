@@ -23,29 +23,42 @@ use crate::fdpass::recv_with_fds;
 use crate::proto::{ErrorCode, ProcLimits, ProtoError, Reply, StdioMode, Stream, encode};
 use crate::sys;
 
+/// A program to start, as its request gave it (foreground or background).
+pub(super) struct Launch {
+    pub(super) id: u64,
+    pub(super) argv: Vec<String>,
+    pub(super) env: BTreeMap<String, String>,
+    pub(super) cwd: String,
+    pub(super) stdio: StdioMode,
+    pub(super) limits: ProcLimits,
+    /// A pseudo-terminal of this size (background execs only).
+    pub(super) pty: Option<cordon_core::PtySize>,
+    /// Another user than the sandbox's (background execs only; checked by the caller).
+    pub(super) user: Option<crate::proto::ProcUser>,
+}
+
 impl Agent {
     /// Starts a program on a standby reaper (made now if none is ready); with `pty`, on a
     /// new pseudo-terminal (framed: the agent holds its master); with `user` (checked by the
     /// caller: never id 0), as that user instead of the sandbox's.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch(
-        &mut self,
-        id: u64,
-        argv: &[String],
-        env: &BTreeMap<String, String>,
-        cwd: &str,
-        stdio: StdioMode,
-        limits: &ProcLimits,
-        pty: Option<cordon_core::PtySize>,
-        user: Option<crate::proto::ProcUser>,
-    ) -> io::Result<Running> {
+    pub(super) fn launch(&mut self, l: Launch) -> io::Result<Running> {
+        let Launch {
+            id,
+            argv,
+            env,
+            cwd,
+            stdio,
+            limits,
+            pty,
+            user,
+        } = l;
         self.exec_seen = std::time::Instant::now();
         if argv.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
         }
         let (child_stdio, framed) = self.exec_stdio(stdio, pty)?;
         // Checked here, so a bad request is refused before a reaper is spent on it.
-        ExecPlan::new(argv, env, cwd)?;
+        ExecPlan::new(&argv, &env, &cwd)?;
         let cgroup = match &self.cgroups {
             Some(cg) => Some(cg.create(id)?),
             None => None,
@@ -54,10 +67,10 @@ impl Agent {
         nix::fcntl::fcntl(&status_r, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
         let cpu_before_us = children_cpu_us();
         let mut job = Job {
-            argv: argv.to_vec(),
-            env: env.clone(),
-            cwd: cwd.to_string(),
-            limits: limits.clone(),
+            argv,
+            env,
+            cwd,
+            limits,
             tty: pty.is_some(),
             // The program's process forked ahead has dropped to the sandbox's user already:
             // a job with a user of its own goes by the reaper, which forks one for it.
@@ -173,21 +186,13 @@ impl Agent {
 
     /// A foreground exec's start: refused while one runs (with the descriptors sent along),
     /// else [`Agent::launch`]ed.
-    pub(super) fn launch_foreground(
-        &mut self,
-        id: u64,
-        argv: &[String],
-        env: &BTreeMap<String, String>,
-        cwd: &str,
-        stdio: StdioMode,
-        limits: &ProcLimits,
-    ) -> Result<Running, (ErrorCode, String)> {
+    pub(super) fn launch_foreground(&mut self, l: Launch) -> Result<Running, (ErrorCode, String)> {
         if self.running.is_some() {
             // Descriptors sent along are dropped with the refusal.
             self.fds.clear();
             return Err((ErrorCode::Busy, "an exec is already running".into()));
         }
-        self.launch(id, argv, env, cwd, stdio, limits, None, None)
+        self.launch(l)
             .map_err(|e| (ErrorCode::SpawnFailed, e.to_string()))
     }
 

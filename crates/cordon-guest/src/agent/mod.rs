@@ -495,7 +495,16 @@ impl Agent {
                 limits,
                 last,
             } => {
-                let launched = self.launch_foreground(id, &argv, &env, &cwd, stdio, &limits);
+                let launched = self.launch_foreground(exec::Launch {
+                    id,
+                    argv,
+                    env,
+                    cwd,
+                    stdio,
+                    limits,
+                    pty: None,
+                    user: None,
+                });
                 self.foreground_started(id, last, launched)?
             }
             Request::Stdin { id } => self.foreground_stdin(id, frame.body),
@@ -510,8 +519,17 @@ impl Agent {
                 user,
                 hold,
             } => {
-                let started =
-                    self.start_background(id, &argv, &env, &cwd, &limits, (pty, stdio, hold), user);
+                let launch = exec::Launch {
+                    id,
+                    argv,
+                    env,
+                    cwd,
+                    stdio,
+                    limits,
+                    pty,
+                    user,
+                };
+                let started = self.start_background(launch, hold);
                 self.background_started(id, started)?
             }
             Request::BgRead {
