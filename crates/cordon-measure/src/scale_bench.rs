@@ -88,9 +88,8 @@ fn run_levels(
     let mut live = list(&mut c)?.len();
     for &level in levels {
         if level > live {
-            fill(server.addr(), key, &create, level - live)?;
+            let busy = fill(server.addr(), key, &create, level - live)?;
             live = level;
-            let busy = BUSY_RETRIES.swap(0, std::sync::atomic::Ordering::Relaxed);
             if busy > 0 {
                 println!(
                     "(filling to {level}: {busy} creates refused as busy, each tried again after 1 s)"
@@ -158,24 +157,22 @@ fn create_body(tier: Tier) -> String {
 /// Every sandbox this run created: what is left behind is looked for by these names.
 static CREATED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
-/// Creates refused as busy (429 or 503, with the server's reason) during fills, each tried
-/// again after a pause, as a client told to retry does.
-static BUSY_RETRIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 /// The most times one create of a fill is tried again after a busy refusal.
 const BUSY_TRIES: usize = 10;
 
-/// A create of a fill: a busy refusal is tried again (at most [`BUSY_TRIES`] times).
-fn create_retrying(c: &mut Client, body: &str) -> Result<String> {
-    for _ in 0..BUSY_TRIES {
+/// A create of a fill: a busy refusal (429 or 503, with the server's reason) is tried again
+/// after a pause, as a client told to retry does, at most [`BUSY_TRIES`] times. Returns how
+/// many refusals there were.
+fn create_retrying(c: &mut Client, body: &str) -> Result<usize> {
+    for busy in 0..BUSY_TRIES {
         match create_one(c, body) {
             Err(e) if e.downcast_ref::<Busy>().is_some() => {
-                BUSY_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 std::thread::sleep(Duration::from_secs(1));
             }
-            other => return other,
+            other => return other.map(|_| busy),
         }
     }
-    create_one(c, body)
+    create_one(c, body).map(|_| BUSY_TRIES)
 }
 
 /// A create refused as busy: the server asked to try again later.
@@ -209,24 +206,23 @@ fn destroy(c: &mut Client, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Creates `n` sandboxes with [`FILLERS`] clients at once.
-fn fill(addr: std::net::SocketAddr, key: &str, body: &str, n: usize) -> Result<()> {
+/// Creates `n` sandboxes with [`FILLERS`] clients at once; returns how many creates were
+/// refused as busy and tried again.
+fn fill(addr: std::net::SocketAddr, key: &str, body: &str, n: usize) -> Result<usize> {
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..FILLERS)
             .map(|w| {
                 let share = n / FILLERS + usize::from(w < n % FILLERS);
-                s.spawn(move || -> Result<()> {
+                s.spawn(move || -> Result<usize> {
                     let mut c = Client::connect(addr, key)?;
-                    for _ in 0..share {
-                        create_retrying(&mut c, body)?;
-                    }
-                    Ok(())
+                    (0..share).try_fold(0, |busy, _| Ok(busy + create_retrying(&mut c, body)?))
                 })
             })
             .collect();
-        workers.into_iter().try_for_each(|w| {
-            w.join()
-                .map_err(|_| anyhow::anyhow!("a filling client panicked"))?
+        workers.into_iter().try_fold(0, |busy, w| {
+            Ok(busy
+                + w.join()
+                    .map_err(|_| anyhow::anyhow!("a filling client panicked"))??)
         })
     })
 }
