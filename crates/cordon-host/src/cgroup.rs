@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use crate::HostError;
 pub mod gauge;
 pub mod place;
+pub mod pool;
 
 /// The calling thread's own view of the mounts: a process whose threads see different
 /// mount namespaces (cordon-oci's monitor shows its first thread only the container's root)
@@ -109,6 +110,8 @@ pub struct SandboxCgroup {
     cpu_dir: PathBuf,
     /// Where the freezer is (v1: its own hierarchy; v2: the one directory).
     freezer_dir: Option<PathBuf>,
+    /// Its memory directory goes back to the pool when it ends clean (`pool`).
+    pooled: bool,
 }
 
 /// Counter files, opened for one reading (`None` where a file is missing: it reads as
@@ -430,6 +433,8 @@ impl SandboxCgroup {
         if limits.pids.is_some() {
             kinds.push("pids");
         }
+        // The memory directory may be one kept from a sandbox that ended (`pool`).
+        let pooled = pools(hier, &mounts, parent);
         // Each controller's directory (v2: the same one for all), made with its parent.
         let mut made: Vec<PathBuf> = Vec::new();
         let mut dirs: Vec<PathBuf> = Vec::new();
@@ -446,7 +451,11 @@ impl SandboxCgroup {
                     let dir = root.join(parent).join(name);
                     if !made.contains(&dir) {
                         hier.prepare_parent(&root, parent, &kinds)?;
-                        make_dir(&dir)?;
+                        let kept =
+                            pooled && *kind == "memory" && pool::claim(&root.join(parent), name);
+                        if !kept {
+                            make_dir(&dir)?;
+                        }
                         made.push(dir.clone());
                     }
                     Ok(dir)
@@ -497,6 +506,7 @@ impl SandboxCgroup {
             hier,
             parent: parent.to_string(),
             name: name.to_string(),
+            pooled,
         };
         if let Err(e) = this.set_limits(limits) {
             this.remove();
@@ -588,7 +598,7 @@ impl SandboxCgroup {
         // directories just go, without reading each one's process list first.
         let mut left = Vec::new();
         for d in dirs {
-            if fs::remove_dir(&d).is_err() && d.exists() {
+            if !self.kept(&d) && fs::remove_dir(&d).is_err() && d.exists() {
                 left.push(d);
             }
         }
@@ -661,7 +671,13 @@ impl SandboxCgroup {
     pub fn remove(&self) -> bool {
         self.all_dirs()
             .iter()
-            .all(|d| !d.exists() || fs::remove_dir(d).is_ok())
+            .all(|d| self.kept(d) || !d.exists() || fs::remove_dir(d).is_ok())
+    }
+
+    /// Whether `dir`, this cgroup's memory directory, was kept for the next sandbox instead
+    /// of being removed (`pool::keep`).
+    fn kept(&self, dir: &Path) -> bool {
+        self.pooled && dir == self.memory_dir && pool::keep(dir)
     }
 }
 
@@ -724,6 +740,21 @@ pub fn memory_controller() -> Option<(Version, PathBuf)> {
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
+/// Whether sandboxes under `parent` on `hier` share memory cgroups through the pool: v1,
+/// Cordon's own parent, and a memory hierarchy of its own (a directory kept there holds no
+/// other controller's counters).
+fn pools(hier: &dyn Hierarchy, mounts: &str, parent: &str) -> bool {
+    if hier.version() != Version::V1 || parent != PARENT {
+        return false;
+    }
+    let memory = hier.root(mounts, "memory");
+    memory.is_some()
+        && ["cpu", "pids"]
+            .iter()
+            .all(|kind| hier.root(mounts, kind) != memory)
+        && hier.freezer_root(mounts) != memory
+}
+
 /// Makes a cgroup directory; one that exists already is fine.
 fn make_dir(dir: &Path) -> Result<(), HostError> {
     match fs::create_dir(dir) {
@@ -778,7 +809,7 @@ pub fn reap_orphans(is_live: impl Fn(&str) -> bool) -> Vec<String> {
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if !e.path().is_dir() || is_live(&name) {
+            if !e.path().is_dir() || is_live(&name) || pool::is_slot(&name) {
                 continue;
             }
             if remove_dirs(&[e.path()], Duration::from_secs(2)) && !removed.contains(&name) {
@@ -801,7 +832,12 @@ pub fn reap_empty(settle: Duration) -> Vec<String> {
             .iter()
             .filter_map(|r| fs::read_dir(r).ok())
             .flat_map(|rd| rd.flatten().map(|e| e.path()))
-            .filter(|p| p.is_dir() && read_pids(&p.join("cgroup.procs")).is_empty())
+            .filter(|p| {
+                let slot = p
+                    .file_name()
+                    .is_some_and(|n| pool::is_slot(&n.to_string_lossy()));
+                !slot && p.is_dir() && read_pids(&p.join("cgroup.procs")).is_empty()
+            })
             .collect()
     };
     let first = empty_dirs();

@@ -296,6 +296,9 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
                 let now = Instant::now();
                 let handed = now.checked_sub(since).unwrap_or(now);
                 wait_and_report(pid, handed, File::from(status));
+                if job.last {
+                    sys::exit_now(0)
+                }
                 next = next_program(&chan);
                 continue;
             }
@@ -315,7 +318,7 @@ pub(super) fn standby_main(cfg: &AgentConfig, chan: UnixStream, prefork: Option<
                 ExecPlan::empty()
             }
         };
-        if reusable && job_failed.is_none() {
+        if reusable && job_failed.is_none() && !job.last {
             run_job(cfg, &plan, &job.limits, [a, b, c], status, None, 5);
             next = next_program(&chan);
             continue;

@@ -35,6 +35,8 @@ pub(super) struct Launch {
     pub(super) pty: Option<cordon_core::PtySize>,
     /// Another user than the sandbox's (background execs only; checked by the caller).
     pub(super) user: Option<crate::proto::ProcUser>,
+    /// The host said no exec follows this one (a one-shot run's only exec).
+    pub(super) last: bool,
 }
 
 impl Agent {
@@ -51,6 +53,7 @@ impl Agent {
             limits,
             pty,
             user,
+            last,
         } = l;
         self.exec_seen = std::time::Instant::now();
         if argv.is_empty() {
@@ -77,6 +80,7 @@ impl Agent {
             user,
             direct: false,
             handed_us: 0,
+            last,
         };
         let fds = [
             child_stdio[0].as_raw_fd(),

@@ -504,6 +504,7 @@ impl Agent {
                     limits,
                     pty: None,
                     user: None,
+                    last,
                 });
                 self.foreground_started(id, last, launched)?
             }
@@ -528,6 +529,7 @@ impl Agent {
                     limits,
                     pty,
                     user,
+                    last: false,
                 };
                 let started = self.start_background(launch, hold);
                 self.background_started(id, started)?

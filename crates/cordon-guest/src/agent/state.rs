@@ -108,6 +108,10 @@ pub(super) struct Job {
     /// may get its own copy only after the program has run, and times it from here.
     #[serde(default)]
     pub(super) handed_us: u64,
+    /// No exec follows this one: once it is reported, the reaper forks no next program and
+    /// exits (the sandbox's teardown then has one process fewer to make and kill).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) last: bool,
 }
 
 /// `CLOCK_MONOTONIC` in microseconds: the clock `Instant` reads, comparable across the

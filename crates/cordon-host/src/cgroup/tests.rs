@@ -137,3 +137,166 @@ fn counters_diff_and_decide_out_of_memory() {
     };
     assert!(killed.out_of_memory(false));
 }
+
+/// The memory hierarchy's directory `<name>` for a pool test of its own (its own parent, so
+/// no other process's sandboxes take its slots); `None` off v1.
+fn pool_test_parent(name: &str) -> Option<PathBuf> {
+    match memory_controller() {
+        Some((Version::V1, root)) => {
+            let p = root.join(format!("{name}-{}", std::process::id()));
+            fs::create_dir_all(&p).unwrap();
+            Some(p)
+        }
+        _ => None,
+    }
+}
+
+/// Runs `argv` in the memory cgroup `dir` (joined before the exec) and waits for its end.
+fn run_in(dir: &Path, argv: &[&str]) -> std::process::ExitStatus {
+    let procs = dir.join("cgroup.procs");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("echo $$ > {} && exec \"$@\"", procs.display()))
+        .arg("sh")
+        .args(argv)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    cmd.status().unwrap()
+}
+
+/// A kept memory cgroup comes back as the kernel makes a new one, as far as Cordon reads
+/// it: peak and limit hits at zero, no charge of the sandbox before. One that was
+/// OOM-killed in, or still holds a process, is not kept; a full pool keeps no more.
+#[test]
+fn a_kept_memory_cgroup_comes_back_as_new_and_only_a_clean_one_is_kept() {
+    if !crate::testing::root_or_skip("making cgroups") {
+        return;
+    }
+    let Some(parent) = pool_test_parent("cordon-unit-pool") else {
+        return; // v2: the pool is v1's (v2's cgroupfs cannot rename)
+    };
+    let a = parent.join("a");
+    fs::create_dir(&a).unwrap();
+    fs::write(a.join("memory.limit_in_bytes"), (64u64 << 20).to_string()).unwrap();
+    // dd's 8 MiB buffer, charged to the cgroup; a file in /dev/shm would outlive it, so
+    // the charge is anonymous memory, gone with the process.
+    assert!(
+        run_in(
+            &a,
+            &["dd", "if=/dev/zero", "of=/dev/null", "bs=8M", "count=2"]
+        )
+        .success()
+    );
+    assert!(number(&a.join("memory.max_usage_in_bytes")) >= 8 << 20);
+    assert!(pool::keep(&a), "a clean cgroup is kept");
+    assert!(!a.exists());
+    let b = parent.join("b");
+    assert!(pool::claim(&parent, "b"), "the kept cgroup is claimed");
+    assert!(b.is_dir());
+    assert!(
+        number(&b.join("memory.max_usage_in_bytes")) < 1 << 20,
+        "the last sandbox's peak is gone"
+    );
+    assert_eq!(number(&b.join("memory.failcnt")), 0);
+    assert!(number(&b.join("memory.usage_in_bytes")) < 1 << 20);
+    assert!(!pool::claim(&parent, "c"), "the pool held one");
+    // An OOM kill in it: its count cannot be reset, so it is not kept.
+    fs::write(b.join("memory.limit_in_bytes"), (8u64 << 20).to_string()).unwrap();
+    let _ = run_in(
+        &b,
+        &["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"],
+    );
+    assert_eq!(keyed(&b.join("memory.oom_control"), "oom_kill"), 1);
+    assert!(!pool::keep(&b), "an OOM-killed cgroup is not kept");
+    assert!(b.is_dir());
+    fs::remove_dir(&b).unwrap();
+    // One that still holds a process is not kept.
+    let c = parent.join("c");
+    fs::create_dir(&c).unwrap();
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    fs::write(c.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    assert!(!pool::keep(&c), "a cgroup with a process is not kept");
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    // A full pool keeps no more; each slot is claimed once.
+    let made: Vec<PathBuf> = (0..=pool::SLOTS)
+        .map(|i| {
+            let d = parent.join(format!("f{i}"));
+            fs::create_dir(&d).unwrap();
+            d
+        })
+        .collect();
+    let kept = made.iter().filter(|d| pool::keep(d)).count();
+    assert_eq!(kept, pool::SLOTS, "the pool holds {} at most", pool::SLOTS);
+    let claimed: Vec<usize> = std::thread::scope(|s| {
+        let racers: Vec<_> = (0..2)
+            .map(|t| {
+                let parent = &parent;
+                s.spawn(move || {
+                    (0..pool::SLOTS)
+                        .filter(|i| pool::claim(parent, &format!("t{t}-{i}")))
+                        .count()
+                })
+            })
+            .collect();
+        racers.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    assert_eq!(claimed.iter().sum::<usize>(), pool::SLOTS, "{claimed:?}");
+    for e in fs::read_dir(&parent).unwrap().flatten() {
+        if e.path().is_dir() {
+            fs::remove_dir(e.path()).unwrap();
+        }
+    }
+    fs::remove_dir(&parent).unwrap();
+}
+
+/// Through the manager, in Cordon's own parent: a sandbox's cgroup that ends clean leaves
+/// no directory of its name, and the next one (kept or new) starts with no peak.
+#[test]
+fn a_sandbox_cgroup_after_a_kept_one_starts_from_zero() {
+    if !crate::testing::root_or_skip("making cgroups") {
+        return;
+    }
+    let limits = Limits {
+        memory: 64 << 20,
+        pids: Some(16),
+        cpus: 0.5,
+    };
+    let first = format!("unit-pool-a-{}", std::process::id());
+    let cg = SandboxCgroup::create_in(PARENT, &first, &limits).unwrap();
+    assert!(
+        run_in(
+            &cg.memory_dir,
+            &["dd", "if=/dev/zero", "of=/dev/null", "bs=8M", "count=1"]
+        )
+        .success()
+    );
+    assert!(cg.counters().peak_memory >= 8 << 20);
+    assert!(cg.kill_and_remove(Duration::from_secs(5)));
+    assert!(
+        dirs_of(PARENT, &first).is_empty(),
+        "nothing of its name is left"
+    );
+    // A larger limit than the first's: v1 refuses a memory limit above the memory+swap
+    // one, so a kept cgroup must not carry the first sandbox's pair.
+    let second = format!("unit-pool-b-{}", std::process::id());
+    let limits = Limits {
+        memory: 96 << 20,
+        ..limits
+    };
+    let cg = SandboxCgroup::create_in(PARENT, &second, &limits).unwrap();
+    let c = cg.counters();
+    assert!(c.peak_memory < 1 << 20, "peak {}", c.peak_memory);
+    assert_eq!((c.limit_hits, c.oom_kills), (0, 0));
+    if cg.version() == Version::V1 {
+        assert_eq!(
+            number(&cg.memory_dir.join("memory.limit_in_bytes")),
+            96 << 20
+        );
+    }
+    assert!(cg.kill_and_remove(Duration::from_secs(5)));
+    assert!(dirs_of(PARENT, &second).is_empty());
+}
