@@ -755,6 +755,16 @@ fn pools(hier: &dyn Hierarchy, mounts: &str, parent: &str) -> bool {
         && hier.freezer_root(mounts) != memory
 }
 
+/// Where this host's pool of memory cgroups is (`pool`): Cordon's parent in the memory
+/// hierarchy, when sandboxes there share memory cgroups through it.
+pub fn pool_parent() -> Option<PathBuf> {
+    let mounts = fs::read_to_string(MOUNTS).ok()?;
+    let hier = hierarchy(version_in(&mounts));
+    pools(hier, &mounts, PARENT)
+        .then(|| hier.root(&mounts, "memory"))?
+        .map(|root| root.join(PARENT))
+}
+
 /// Makes a cgroup directory; one that exists already is fine.
 fn make_dir(dir: &Path) -> Result<(), HostError> {
     match fs::create_dir(dir) {

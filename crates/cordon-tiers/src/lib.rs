@@ -242,6 +242,13 @@ fn wasm(place: Place<'_>) -> Option<Box<dyn Backend>> {
 #[cfg(feature = "container")]
 fn container(place: Place<'_>) -> Option<Box<dyn Backend>> {
     let mut config = cordon_container::ContainerConfig::discover();
+    // A server makes sandboxes all its life: a thread of its own makes the memory cgroups
+    // its creates take (cordon_host::cgroup::pool), off their path.
+    if let Place::Server(_) = place
+        && let Some(parent) = cordon_host::cgroup::pool_parent()
+    {
+        cordon_host::cgroup::pool::keep_stocked(parent);
+    }
     if let Place::Own(own) = place {
         if let Some(ids) = &own.ids {
             config.ids = ids.clone();

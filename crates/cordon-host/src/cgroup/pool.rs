@@ -21,7 +21,9 @@
 //! configures; never a pod's parent an OCI engine set up).
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
 /// How many cgroups the pool holds at most: enough for the sandboxes that end while others
 /// start, few enough that what it holds (each as large as any memory cgroup) is small.
@@ -47,13 +49,17 @@ fn first_slot() -> usize {
 pub fn claim(parent: &Path, name: &str) -> bool {
     let to = parent.join(name);
     let start = first_slot();
-    (0..SLOTS).any(|k| {
+    let taken = (0..SLOTS).any(|k| {
         fs::rename(parent.join(slot((start + k) % SLOTS)), &to).is_ok()
             && (unlimited(&to) || {
                 let _ = fs::remove_dir(&to);
                 false
             })
-    })
+    });
+    if taken {
+        refill_soon();
+    }
+    taken
 }
 
 /// Lifts a taken cgroup's limits, as a new one has none: its taker writes its own, and v1
@@ -107,4 +113,55 @@ pub fn is_slot(name: &str) -> bool {
     name.strip_prefix(".pool-")
         .and_then(|i| i.parse::<usize>().ok())
         .is_some_and(|i| i < SLOTS)
+}
+
+/// A slot was taken: wakes the stocker, if this process runs one.
+static TAKEN: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+
+fn refill_soon() {
+    let (flag, wake) = &TAKEN;
+    *flag.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    wake.notify_one();
+}
+
+/// Keeps every slot under `parent` filled, from a thread of its own for the rest of the
+/// process (a server's): a new memory cgroup is made there after each one taken, so a
+/// create that finds none kept (the pool is empty while sandboxes are only made, never
+/// ended) still does not make one on its own path. Slots other processes take are filled
+/// within a second. Started once per process; later calls do nothing. It stops when the
+/// parent is gone (removed by the operator, or by a test).
+pub fn keep_stocked(parent: PathBuf) {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    if STARTED.set(()).is_err() || fs::create_dir_all(&parent).is_err() {
+        return;
+    }
+    let stocker = move || {
+        while parent.is_dir() {
+            fill(&parent);
+            let (flag, wake) = &TAKEN;
+            let taken = flag.lock().unwrap_or_else(|p| p.into_inner());
+            let (mut taken, _) = wake
+                .wait_timeout_while(taken, Duration::from_secs(1), |t| !*t)
+                .unwrap_or_else(|p| p.into_inner());
+            *taken = false;
+        }
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("cgroup-pool".into())
+        .spawn(stocker)
+    {
+        tracing::warn!(
+            "the memory cgroup pool is not kept stocked (no thread: {e}); creates make their own"
+        );
+    }
+}
+
+/// Makes the memory cgroups missing from the slots under `parent`; how many it made.
+pub fn fill(parent: &Path) -> usize {
+    (0..SLOTS)
+        .filter(|i| {
+            let at = parent.join(slot(*i));
+            !at.exists() && fs::create_dir(&at).is_ok()
+        })
+        .count()
 }

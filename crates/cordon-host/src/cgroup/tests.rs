@@ -300,3 +300,52 @@ fn a_sandbox_cgroup_after_a_kept_one_starts_from_zero() {
     assert!(cg.kill_and_remove(Duration::from_secs(5)));
     assert!(dirs_of(PARENT, &second).is_empty());
 }
+
+/// A server's stocker makes every slot and makes again the one a create took, so creates
+/// find a memory cgroup ready however many are only made and never end.
+#[test]
+fn the_stocker_fills_every_slot_and_refills_a_taken_one() {
+    if !crate::testing::root_or_skip("making cgroups") {
+        return;
+    }
+    let Some(parent) = pool_test_parent("cordon-unit-stock") else {
+        return; // v2: the pool is v1's
+    };
+    let slots = |p: &Path| {
+        fs::read_dir(p)
+            .unwrap()
+            .flatten()
+            .filter(|e| pool::is_slot(&e.file_name().to_string_lossy()))
+            .count()
+    };
+    let until_full = |p: &Path| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while slots(p) < pool::SLOTS && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        slots(p)
+    };
+    pool::keep_stocked(parent.clone());
+    assert_eq!(until_full(&parent), pool::SLOTS, "every slot is made");
+    for i in 0..3 {
+        assert!(pool::claim(&parent, &format!("taken-{i}")));
+    }
+    assert_eq!(
+        until_full(&parent),
+        pool::SLOTS,
+        "the taken slots are made again"
+    );
+    assert!((0..3).all(|i| parent.join(format!("taken-{i}")).is_dir()));
+    // With its parent gone the stocker stops (bounded: it may fill a slot meanwhile).
+    for _ in 0..100 {
+        for e in fs::read_dir(&parent).unwrap().flatten() {
+            if e.path().is_dir() {
+                let _ = fs::remove_dir(e.path());
+            }
+        }
+        if fs::remove_dir(&parent).is_ok() {
+            break;
+        }
+    }
+    assert!(!parent.exists(), "the test's parent is removed");
+}
