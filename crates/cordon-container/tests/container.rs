@@ -259,31 +259,49 @@ fn an_init_started_early_is_used_replaced_when_dead_and_stopped_when_unused() {
     );
 }
 
-/// `/tmp` and `/dev/shm` are one tmpfs (one superblock, so one shrinker id fewer per sandbox
-/// in every memory cgroup's map: ADR 0026), sharing its budget; `/dev/shm` stays `noexec`,
-/// `/tmp` runs programs, and the tmpfs's own root is reached by neither.
+/// `/tmp` and `/dev/shm` are directories of the root's own tmpfs (no superblock of their
+/// own, so two shrinker ids fewer per sandbox in every memory cgroup's map: ADR 0026),
+/// sharing the `/tmp` budget, exactly; the root stays read-only, `/dev/shm` `noexec`,
+/// `/tmp` runs programs, and where the two directories live is reached by neither.
 #[test]
-fn tmp_and_dev_shm_share_one_tmpfs() {
+fn tmp_and_dev_shm_are_directories_of_the_roots_tmpfs() {
     let b = need_backend!();
     let o = sh(
         b,
-        "stat -c %d /tmp /dev/shm; cp /bin/true /tmp/t && /tmp/t && echo tmp-runs; \
+        "stat -c %d / /tmp /dev/shm | sort -u | wc -l; cp /bin/true /tmp/t && /tmp/t && echo tmp-runs; \
          cp /bin/true /dev/shm/t; /dev/shm/t 2>/dev/null || echo shm-refuses; \
-         ls -a /tmp /dev/shm | tr '\\n' ' '",
+         ls -a /tmp /dev/shm | tr '\\n' ' '; echo; touch /x 2>/dev/null || echo root-read-only; \
+         ls /proc/scratch 2>/dev/null || echo scratch-unseen",
     );
     let out = text(&o.stdout);
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 5, "{o:?}");
+    assert_eq!(lines.len(), 6, "{o:?}");
     assert_eq!(
-        lines[0], lines[1],
-        "/tmp and /dev/shm are different filesystems: {out}"
+        lines[0], "1",
+        "/, /tmp and /dev/shm are not one filesystem: {out}"
     );
-    assert_eq!(lines[2], "tmp-runs", "{o:?}");
-    assert_eq!(lines[3], "shm-refuses", "{o:?}");
+    assert_eq!(lines[1], "tmp-runs", "{o:?}");
+    assert_eq!(lines[2], "shm-refuses", "{o:?}");
     assert!(
-        !lines[4].contains("shm ") && !lines[4].contains("tmp "),
+        !lines[3].contains("shm ") && !lines[3].contains("tmp "),
         "the shared tmpfs's other directory shows: {out}"
     );
+    assert_eq!(lines[4], "root-read-only", "{o:?}");
+    assert_eq!(lines[5], "scratch-unseen", "{o:?}");
+    // The budget is /tmp's, for the two together, no more: the root's own files do not
+    // take from it.
+    let mut s = spec();
+    s.limits.tmp_bytes = 4 << 20;
+    let o = run_in(
+        b,
+        &s,
+        &ExecRequest::code(
+            Language::Bash,
+            "head -c 3M /dev/zero > /tmp/a && head -c 1M /dev/zero > /dev/shm/b && echo fits; \
+             head -c 64K /dev/zero > /tmp/c 2>/dev/null || echo full",
+        ),
+    );
+    assert_eq!(text(&o.stdout), "fits\nfull\n", "{o:?}");
 }
 
 /// A sandbox whose init does not finish its setup within `start_timeout` (a host too busy to

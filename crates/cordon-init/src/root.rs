@@ -156,25 +156,27 @@ fn cover_build_root(layer: &Path, root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// `/tmp` and `/dev/shm`: two directories of one tmpfs of `bytes` (they share the budget),
-/// each bound in place (`/dev/shm` also `noexec`); the tmpfs's own root is reached by
-/// neither. One superblock instead of two: every superblock takes a shrinker id, and every
-/// memory cgroup on the host keeps a map as long as the most ids the host has had (about
-/// 1 MiB per memory cgroup at 10,000 sandboxes: ADR 0026, "At 10,000 live"). Staged on the
-/// root's `proc` directory, before `/proc` is mounted there.
-fn scratch_tmpfs(root: &Path, bytes: u64) -> Result<(), String> {
+/// `/tmp` and `/dev/shm`: two directories, `tmp` and `shm`, made in `scratch` (a directory
+/// of the stage tmpfs the root is built on, never reached from the sandbox: under the
+/// root's own `proc` directory, which `/proc` covers, or beside a template's root), each
+/// bound in place (`/dev/shm` also `noexec`). They share the sandbox's `/tmp` budget, which
+/// [`size_stage`] gives the stage once the root is written. No superblock of their own:
+/// every superblock takes a shrinker id, and every memory cgroup on the host keeps a map as
+/// long as the most ids the host has had (about 1 MiB per memory cgroup at 10,000
+/// sandboxes: ADR 0026, "At 10,000 live"); a sandbox's own are its root's (with these), its
+/// devpts, /proc (one per PID namespace), /work and the IPC namespace's mqueue.
+fn scratch_dirs(scratch: &Path, root: &Path) -> Result<(), String> {
     let io = |what: String| move |e: io::Error| format!("{what}: {e}");
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    let stage = root.join("proc");
-    tmpfs(&stage, &format!("size={bytes},mode=0755"), nosuid_nodev)?;
+    fs::create_dir_all(scratch).map_err(io("creating the scratch directories".into()))?;
     for (dir, at, extra) in [
         ("tmp", "tmp", MsFlags::empty()),
         ("shm", "dev/shm", MsFlags::MS_NOEXEC),
     ] {
-        let src = stage.join(dir);
-        fs::create_dir(&src).map_err(io(format!("creating the scratch tmpfs's {dir}")))?;
+        let src = scratch.join(dir);
+        fs::create_dir(&src).map_err(io(format!("creating the scratch {dir}")))?;
         fs::set_permissions(&src, fs::Permissions::from_mode(0o1777))
-            .map_err(io(format!("opening the scratch tmpfs's {dir} to all")))?;
+            .map_err(io(format!("opening the scratch {dir} to all")))?;
         let dst = root.join(at);
         mount(
             Some(&src),
@@ -193,8 +195,24 @@ fn scratch_tmpfs(root: &Path, bytes: u64) -> Result<(), String> {
         )
         .map_err(|e| format!("setting the flags of /{at}: {e}"))?;
     }
-    umount2(&stage, MntFlags::MNT_DETACH)
-        .map_err(|e| format!("detaching the scratch tmpfs's stage: {e}"))
+    Ok(())
+}
+
+/// Gives the stage tmpfs at [`ROOT_BUILT_AT`] the sandbox's `/tmp` budget on top of what
+/// the root's own files already use, once they are all written: `/tmp` and `/dev/shm`
+/// (its directories) can then hold `tmp_bytes` together, no more.
+fn size_stage(tmp_bytes: u64) -> Result<(), String> {
+    let st = nix::sys::statvfs::statvfs(ROOT_BUILT_AT)
+        .map_err(|e| format!("reading the root's size: {e}"))?;
+    let used = (st.blocks() - st.blocks_free()) as u64 * st.fragment_size() as u64;
+    mount(
+        None::<&str>,
+        ROOT_BUILT_AT,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(format!("size={},mode=0755", used + tmp_bytes).as_str()),
+    )
+    .map_err(|e| format!("sizing /tmp: {e}"))
 }
 
 fn tmpfs(dst: &Path, opts: &str, flags: MsFlags) -> Result<(), String> {
@@ -209,6 +227,9 @@ fn tmpfs(dst: &Path, opts: &str, flags: MsFlags) -> Result<(), String> {
 const TEMPLATE_LOWER: &str = "/tmp/tpl";
 const TEMPLATE_GEN: &str = "/tmp/gen";
 const TEMPLATE_ROOT: &str = "/tmp/root";
+/// Where `/tmp`'s and `/dev/shm`'s directories are with a template (beside its root, so
+/// gone from view with the host's tree at the pivot).
+const TEMPLATE_SCRATCH: &str = "/tmp/scratch";
 
 pub(crate) fn build_root(setup: &InitSetup) -> Result<(), String> {
     let io = |what: String| move |e: io::Error| format!("{what}: {e}");
@@ -293,7 +314,8 @@ pub(crate) fn build_root(setup: &InitSetup) -> Result<(), String> {
         made.map_err(io(format!("creating {}", inside.display())))?;
         bind_ro(&host, &inside, MsFlags::MS_NODEV | MsFlags::MS_NOEXEC)?;
     }
-    mount_pieces(new, setup)
+    // Under the root's `proc` directory: `/proc` is mounted over it next.
+    mount_pieces(new, &new.join("proc").join("scratch"), setup)
 }
 
 /// Cordon's own files and mount points of the sandbox root, under `at`: a minimal /etc
@@ -366,8 +388,9 @@ fn make_tree(at: &Path, setup: &InitSetup) -> Result<(), String> {
     Ok(())
 }
 
-/// The filesystems of the sandbox root `root` (its tree made by [`make_tree`]).
-fn mount_pieces(root: &Path, setup: &InitSetup) -> Result<(), String> {
+/// The filesystems of the sandbox root `root` (its tree made by [`make_tree`]); `/tmp`'s
+/// and `/dev/shm`'s directories go in `scratch` ([`scratch_dirs`]).
+fn mount_pieces(root: &Path, scratch: &Path, setup: &InitSetup) -> Result<(), String> {
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     for d in DEVICES {
         mount(
@@ -404,7 +427,7 @@ fn mount_pieces(root: &Path, setup: &InitSetup) -> Result<(), String> {
         Some("newinstance,ptmxmode=0666,mode=0620"),
     )
     .map_err(|e| format!("mounting devpts on /dev/pts: {e}"))?;
-    scratch_tmpfs(root, setup.tmp_bytes)?;
+    scratch_dirs(scratch, root)?;
     // /proc of the sandbox's PID namespace; no /sys at all.
     mount(
         Some("proc"),
@@ -446,7 +469,7 @@ pub(crate) fn finish_root(
         let root = Path::new(TEMPLATE_ROOT);
         make_bind_points(root, &join.volumes)?;
         cover_build_root(Path::new(TEMPLATE_GEN), root)?;
-        mount_pieces(root, setup)?;
+        mount_pieces(root, Path::new(TEMPLATE_SCRATCH), setup)?;
         root
     } else if template {
         // The root: Cordon's generated layer over the template's, read-only (an overlay
@@ -461,7 +484,7 @@ pub(crate) fn finish_root(
             Some(format!("lowerdir={TEMPLATE_GEN}:{TEMPLATE_LOWER}").as_str()),
         )
         .map_err(|e| format!("mounting the template's root (overlayfs): {e}"))?;
-        mount_pieces(root, setup)?;
+        mount_pieces(root, Path::new(TEMPLATE_SCRATCH), setup)?;
         root
     } else {
         make_bind_points(new, &join.volumes)?;
@@ -482,14 +505,17 @@ pub(crate) fn finish_root(
     if !setup.template_writable {
         crate::volumes::bind_home(new)?;
     }
-    // The root itself becomes read-only, then we pivot into it and drop the host's tree.
+    // The stage holds /tmp and /dev/shm too: its size becomes their budget.
+    size_stage(setup.tmp_bytes)?;
+    // The root itself becomes read-only (its mount: /tmp and /dev/shm, directories of the
+    // same tmpfs, stay writable), then we pivot into it and drop the host's tree.
     if !template {
         mount(
             None::<&str>,
             new,
             None::<&str>,
-            MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
-            Some("size=4m,mode=0755"),
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev,
+            None::<&str>,
         )
         .map_err(|e| format!("making the root read-only: {e}"))?;
     }
