@@ -555,7 +555,7 @@ impl CordonMcp {
 
     #[tool(
         title = "Start a code context",
-        description = "Start a code context (python or javascript) in a sandbox: a long-lived interpreter for run_code. Returns it with its id (ctx-<n>).",
+        description = "Start a code context (python, javascript or typescript) in a sandbox: a long-lived interpreter for run_code. Returns it with its id (ctx-<n>).",
         annotations(
             title = "Start a code context",
             read_only_hint = false,

@@ -379,7 +379,7 @@ pub struct PatchRequest {
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ContextBody {
-    /// `python` or `javascript`.
+    /// `python`, `javascript`, `typescript` (`ts`) or `bash`.
     pub lang: String,
     /// The sandbox's default context of this language: answered if it exists, made if not
     /// (what `run_code` without a context uses).
@@ -391,11 +391,48 @@ pub struct ContextBody {
     pub cwd: Option<String>,
 }
 
+/// The language of a code context's cells; `typescript` cells are turned into JavaScript
+/// before Node runs them (ADR 0043).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ContextLang {
+    Python,
+    Javascript,
+    Typescript,
+    Bash,
+}
+
+impl ContextLang {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContextLang::Python => "python",
+            ContextLang::Javascript => "javascript",
+            ContextLang::Typescript => "typescript",
+            ContextLang::Bash => "bash",
+        }
+    }
+}
+
+impl std::str::FromStr for ContextLang {
+    type Err = ApiError;
+    fn from_str(s: &str) -> Result<Self, ApiError> {
+        match s {
+            "python" | "python3" | "py" => Ok(ContextLang::Python),
+            "javascript" | "js" | "node" => Ok(ContextLang::Javascript),
+            "typescript" | "ts" => Ok(ContextLang::Typescript),
+            "bash" => Ok(ContextLang::Bash),
+            _ => Err(ApiError::invalid(format!(
+                "a code context runs python, javascript, typescript or bash, not {s:?}"
+            ))),
+        }
+    }
+}
+
 /// A code context as listed.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ContextInfo {
     pub id: String,
-    pub lang: Language,
+    pub lang: ContextLang,
     /// The sandbox's default context of its language.
     pub default: bool,
     /// The directory its interpreter started in.

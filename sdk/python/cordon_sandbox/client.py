@@ -418,8 +418,8 @@ class Sandbox:
     # -- code contexts -------------------------------------------------------------------
 
     def create_context(self, lang: str = "python") -> "Context":
-        """Starts a long-lived interpreter (python or javascript) whose variables, imports
-        and open files persist from one cell to the next."""
+        """Starts a long-lived interpreter (python, javascript, typescript or bash) whose
+        variables, imports and open files persist from one cell to the next."""
         return Context(self, self._t.json(ops.create_context(self.id, lang)))
 
     def contexts(self) -> List["Context"]:

@@ -311,6 +311,11 @@ def test_wasm_refuses_contexts_and_gvisor_runs_javascript(alice):
         assert ctx.run("const a = 20; a + 22").text == "42"
         assert ctx.run("a * 2").text == "40"
         assert [c.lang for c in sb.contexts()] == ["javascript"]
+        # A TypeScript context runs there too (its cells become JavaScript on the host).
+        ts = sb.create_context("ts")
+        assert ts.info.lang == "typescript", ts.info
+        assert ts.run("const b: number = 40; type N = number; (b as N) + 2").text == "42"
+        assert ts.run("b").text == "40"
 
 
 def test_a_microvm_context_keeps_state_and_survives_an_interrupt(alice):

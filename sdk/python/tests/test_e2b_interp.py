@@ -197,6 +197,49 @@ def test_javascript_cells_with_esm_imports_and_top_level_await(ci):
     assert r.error is not None and r.error.name == "SyntaxError"
 
 
+def test_typescript_cells(ci):
+    """`language="ts"` (or "typescript") runs TypeScript as E2B's TypeScript kernel does:
+    types, interfaces and generics go, the rest runs in Node as a JavaScript cell does
+    (imports, top-level `await`, the last expression as the value), in the sandbox's own
+    TypeScript context whose declarations stay for its next cell; a cell that is not valid
+    TypeScript is the cell's SyntaxError, with its line and column. Tiers without Node
+    refuse it, saying which tiers have it."""
+    if ci.tier not in ("container", "gvisor"):
+        from e2b.exceptions import SandboxException
+        with pytest.raises(SandboxException) as e:
+            ci.run_code("const a: number = 1", language="ts")
+        assert "JavaScript" in str(e.value), e.value
+        return
+    r = ci.run_code(
+        "interface Point { x: number; y: number }\n"
+        "function largest<T extends Point>(ps: T[]): T {\n"
+        "  return ps.reduce((a: T, b: T) => (a.x + a.y >= b.x + b.y ? a : b));\n"
+        "}\n"
+        "const best: Point = largest<Point>([{ x: 1, y: 2 }, { x: 5, y: 1 }]);\n"
+        "enum Color { Red, Green }\n"
+        "console.log(`${best.x},${best.y}`, Color[Color.Green] as string)",
+        language="ts")
+    assert r.error is None, r.error
+    assert r.logs.stdout == ["5,1 Green\n"]
+    # The same context (the sandbox's default TypeScript one) keeps what the cell declared.
+    r = ci.run_code("import { join } from 'path'\n"
+                    "const n: number = await Promise.resolve(best.x * 2);\n"
+                    "join(Color[0], String(n satisfies number))", language="typescript")
+    assert r.error is None, r.error
+    assert r.text == "Red/10"
+    assert ci.run_code("process.cwd()", language="ts").text == "/home/user"
+    # Not JavaScript's context: TypeScript's names are not there.
+    assert ci.run_code("typeof best", language="js").text == "undefined"
+    ctx = ci.create_code_context(language="ts")
+    assert ctx.language == "typescript"
+    r = ci.run_code("const a: number = 1;\nlet b: = 2;", context=ctx)
+    assert r.error is not None and r.error.name == "SyntaxError", r.error
+    assert r.error.traceback.startswith("<typescript cell>:2:8"), r.error.traceback
+    # The refused cell ran nothing, and the context goes on.
+    r = ci.run_code("typeof a + ' ' + (1 as number)", context=ctx)
+    assert r.error is None and r.text == "undefined 1", r
+
+
 def test_the_interpreter_comes_back_after_it_is_killed(ci):
     """A cell that kills its own interpreter ends as a dead kernel; the next cell of the
     context runs in a fresh one, as does the one after an interpreter that exited."""

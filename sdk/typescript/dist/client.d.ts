@@ -3,7 +3,7 @@
  * `Context`s and `BackgroundExec`s. Only the platform's `fetch`, streams and text codecs.
  */
 import { CordonError } from "./errors.js";
-import type { ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, Destroyed, Duration, ExecInfo, ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Jwks, Listing, MetricSample, OidcConfiguration, PtySize, RunOptions, SandboxInfo, SandboxList, SandboxSpec, Snapshot, StartOptions, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted, VolumeList } from "./models.js";
+import type { ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, ContextLang, Destroyed, Duration, ExecInfo, ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Jwks, Listing, MetricSample, OidcConfiguration, PtySize, RunOptions, SandboxInfo, SandboxList, SandboxSpec, Snapshot, StartOptions, StdinWritten, StreamEvent, TokenInfo, Volume, VolumeDeleted, VolumeList } from "./models.js";
 export declare const DEFAULT_URL = "http://127.0.0.1:7070";
 /** A 429's Retry-After longer than this is not waited for: the error is thrown at once. */
 export declare const MAX_RETRY_WAIT_SECS = 60;
@@ -199,14 +199,14 @@ export declare class Sandbox {
     /** Destroys the sandbox; calling it again is fine (`already` is then true). */
     destroy(): Promise<Destroyed>;
     /** Starts a long-lived interpreter whose state persists from one cell to the next. */
-    createContext(lang?: "python" | "javascript"): Promise<Context>;
+    createContext(lang?: ContextLang): Promise<Context>;
     contexts(): Promise<Context[]>;
     /** The sandbox's default context of `lang` (made at its first use). */
-    defaultContext(lang?: "python" | "javascript"): Promise<Context>;
+    defaultContext(lang?: ContextLang): Promise<Context>;
     /** Runs a cell in `opts.context` (default: the sandbox's default context of `opts.lang`). */
     runCode(code: string, opts?: {
         context?: Context;
-        lang?: "python" | "javascript";
+        lang?: ContextLang;
         timeout?: Duration;
         onStdout?: (s: string) => void;
         onStderr?: (s: string) => void;

@@ -5,7 +5,7 @@
 
 import { CordonError, errorFrom, errorFromText, retryAfterSecs, type ErrorBody } from "./errors.js";
 import type {
-  ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, Destroyed, Duration, ExecInfo,
+  ArchiveReport, AuditEvent, CellEvent, CellResult, ContextInfo, ContextLang, Destroyed, Duration, ExecInfo,
   ExecEvent, ExecOptions, ExecResult, FileDone, FileEntry, FileWritten, Health, Jwks, Lang, Listing,
   MetricSample, OidcConfiguration, PtySize,
   RunOptions, SandboxInfo, SandboxList, SandboxSpec, Snapshot, SnapshotStarts, StartOptions,
@@ -545,7 +545,7 @@ export class Sandbox {
   }
 
   /** Starts a long-lived interpreter whose state persists from one cell to the next. */
-  async createContext(lang: "python" | "javascript" = "python"): Promise<Context> {
+  async createContext(lang: ContextLang = "python"): Promise<Context> {
     return new Context(this, await this.client.json<ContextInfo>({ method: "POST", path: this.#path("/contexts"), json: { lang } }));
   }
 
@@ -555,7 +555,7 @@ export class Sandbox {
   }
 
   /** The sandbox's default context of `lang` (made at its first use). */
-  async defaultContext(lang: "python" | "javascript" = "python"): Promise<Context> {
+  async defaultContext(lang: ContextLang = "python"): Promise<Context> {
     let c = this.#defaults.get(lang);
     if (!c) {
       c = new Context(this, await this.client.json<ContextInfo>({ method: "POST", path: this.#path("/contexts"), json: { lang, default: true } }));
@@ -565,7 +565,7 @@ export class Sandbox {
   }
 
   /** Runs a cell in `opts.context` (default: the sandbox's default context of `opts.lang`). */
-  async runCode(code: string, opts: { context?: Context; lang?: "python" | "javascript"; timeout?: Duration; onStdout?: (s: string) => void; onStderr?: (s: string) => void } = {}): Promise<CellResult> {
+  async runCode(code: string, opts: { context?: Context; lang?: ContextLang; timeout?: Duration; onStdout?: (s: string) => void; onStderr?: (s: string) => void } = {}): Promise<CellResult> {
     const ctx = opts.context ?? (await this.defaultContext(opts.lang));
     return ctx.run(code, opts);
   }

@@ -229,9 +229,12 @@ export interface StdinWritten {
   closed: boolean;
 }
 
+/** A code context's language (`typescript` cells become JavaScript before Node runs them). */
+export type ContextLang = "python" | "javascript" | "typescript" | "bash";
+
 export interface ContextInfo {
   id: string;
-  lang: "python" | "javascript";
+  lang: ContextLang;
   default: boolean;
   state: "ready" | "running" | "dead" | "deleted";
   created_ms: number;

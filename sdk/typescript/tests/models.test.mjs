@@ -98,7 +98,6 @@ for (const p of Object.keys(SCHEMAS.Introspection.properties)) {
 const WORDS = {
   "RunRequest.lang": ["wider", "the server's parser also takes py and js"],
   "ExecBody.lang": ["wider", "the server's parser also takes py and js"],
-  "ContextInfo.lang": ["narrower", "a context runs python or javascript only"],
   "SandboxInfo.on_timeout": ["narrower", "sent only when not destroy"],
 };
 

@@ -1,6 +1,7 @@
 //! E2B's code interpreter (port 49999) over Cordon's code contexts: `/execute` streams a
 //! cell's output as NDJSON lines, `/contexts` makes, lists, deletes and restarts contexts.
-//! Python and JavaScript run; the other kernels E2B's image has do not exist here.
+//! Python, JavaScript, TypeScript and bash run; the other kernels E2B's image has (R, Java,
+//! Deno) do not exist here.
 
 use std::time::Duration;
 
@@ -29,11 +30,12 @@ fn language(l: Option<&str>) -> Result<&'static str, Response> {
     match l.unwrap_or("python") {
         "python" | "py" | "" => Ok("python"),
         "javascript" | "js" => Ok("javascript"),
+        "typescript" | "ts" => Ok("typescript"),
         "bash" | "sh" => Ok("bash"),
         other => Err(e2b_error(
             StatusCode::BAD_REQUEST,
             format!(
-                "language {other:?}: Cordon's code contexts run python, javascript and bash; run other languages with commands.run"
+                "language {other:?}: Cordon's code contexts run python, javascript, typescript and bash; run other languages with commands.run"
             ),
         )),
     }

@@ -198,7 +198,7 @@ pub struct RunCodeArgs {
     /// of `lang`, made at its first use.
     #[serde(default)]
     pub context: Option<String>,
-    /// python (default) or javascript; only without `context`.
+    /// python (default), javascript or typescript; only without `context`.
     #[serde(default)]
     pub lang: Option<ContextLang>,
     /// The cell's timeout; past it the cell is interrupted and the context keeps its state.
@@ -212,6 +212,7 @@ pub struct RunCodeArgs {
 pub enum ContextLang {
     Python,
     Javascript,
+    Typescript,
 }
 
 impl ContextLang {
@@ -219,6 +220,7 @@ impl ContextLang {
         match self {
             ContextLang::Python => "python",
             ContextLang::Javascript => "javascript",
+            ContextLang::Typescript => "typescript",
         }
     }
 }

@@ -6,19 +6,19 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cordon_core::Language;
 use serde::{Deserialize, Serialize};
 
 use super::super::common::lock;
 use super::super::sessions::Session;
 use super::frames::FrameReader;
 use super::state::{Context, Meta, Table, Worker};
+use crate::model::ContextLang;
 
 /// One context as a snapshot keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CarriedContext {
     id: String,
-    lang: Language,
+    lang: ContextLang,
     default: bool,
     cwd: Option<String>,
     created_ms: i64,

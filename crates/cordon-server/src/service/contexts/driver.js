@@ -192,6 +192,9 @@
     st.busy = true;
     st.count += 1;
     setEnv(req.env);
+    // A cell the server could not turn into JavaScript (a TypeScript cell with a syntax
+    // error) comes with its error: it is the cell's.
+    if (req.error) return done(cell, 'error', req.error);
     const started = Date.now();
     let value;
     let wrapped = false;

@@ -31,6 +31,10 @@ pub(super) enum DriverRequest<'a> {
         timeout_ms: u64,
         #[serde(skip_serializing_if = "BTreeMap::is_empty")]
         env: &'a BTreeMap<String, String>,
+        /// The cell's error without running it (a TypeScript cell that is not valid
+        /// TypeScript): the driver answers it as the cell's.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<&'a CellError>,
     },
     /// Interrupts cell `cell` if it is still running.
     Interrupt { cell: u64 },
@@ -298,6 +302,7 @@ mod tests {
             code: "print('started', flush=True)\nimport time\ntime.sleep(30)",
             timeout_ms: 60_000,
             env: &BTreeMap::new(),
+            error: None,
         };
         stdin.write_all(&run.line()).expect("request");
         // The cell is running once its first output is framed.
@@ -328,6 +333,7 @@ mod tests {
                 code,
                 timeout_ms: 10_000,
                 env,
+                error: None,
             };
             stdin.write_all(&run.line()).expect("request");
         }
@@ -364,6 +370,7 @@ mod tests {
             code: "a\nb",
             timeout_ms: 5,
             env: &BTreeMap::new(),
+            error: None,
         }
         .line();
         assert_eq!(

@@ -21,11 +21,14 @@ use super::sessions::{Session, Sessions};
 use crate::audit::{AuditEvent, ContextRun, ContextStop, now_ms};
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
-use crate::model::{CellBody, CellLogs, CellOutput, CellResult, ContextBody, ContextInfo};
+use crate::model::{
+    CellBody, CellLogs, CellOutput, CellResult, ContextBody, ContextInfo, ContextLang,
+};
 
 mod carry;
 mod frames;
 mod state;
+mod typescript;
 
 pub use carry::CarriedContexts;
 pub(super) use carry::{carry, restore};
@@ -75,21 +78,15 @@ fn context_busy() -> ApiError {
     )
 }
 
-fn parse_lang(s: &str) -> Result<Language, ApiError> {
-    match s.parse::<Language>() {
-        Ok(l @ (Language::Python | Language::Javascript | Language::Bash)) => Ok(l),
-        _ => Err(ApiError::invalid(format!(
-            "a code context runs python, javascript or bash, not {s:?}"
-        ))),
-    }
-}
-
-/// The interpreter that runs a context's driver, and the driver.
-fn driver_of(lang: Language) -> (Language, &'static str) {
+/// The interpreter that runs a context's driver, and the driver (a TypeScript context's
+/// is the JavaScript one: its cells come to it as JavaScript, [`typescript`]).
+fn driver_of(lang: ContextLang) -> (Language, &'static str) {
     match lang {
-        Language::Javascript => (Language::Javascript, JAVASCRIPT_DRIVER),
-        Language::Bash => (Language::Python, BASH_DRIVER),
-        _ => (Language::Python, PYTHON_DRIVER),
+        ContextLang::Javascript | ContextLang::Typescript => {
+            (Language::Javascript, JAVASCRIPT_DRIVER)
+        }
+        ContextLang::Bash => (Language::Python, BASH_DRIVER),
+        ContextLang::Python => (Language::Python, PYTHON_DRIVER),
     }
 }
 
@@ -393,7 +390,7 @@ impl Contexts {
     fn new_context(
         &self,
         all: &mut Table,
-        lang: Language,
+        lang: ContextLang,
         default: bool,
         cwd: Option<String>,
     ) -> Result<Arc<Context>, ApiError> {
@@ -432,7 +429,7 @@ impl Contexts {
         body: &ContextBody,
     ) -> Result<ContextInfo, ApiError> {
         self.sessions.stopping()?;
-        let lang = parse_lang(&body.lang)?;
+        let lang: ContextLang = body.lang.parse()?;
         // A default context's cwd is where it starts if this call makes it (E2B's default
         // contexts start in E2B's home); the native API gives none (`api::contexts`).
         if let Some(cwd) = &body.cwd
@@ -644,11 +641,23 @@ impl Contexts {
         };
         let cell = w.next_cell;
         w.next_cell += 1;
+        // A TypeScript cell goes as JavaScript; one that is not valid TypeScript goes with
+        // its error, which the driver answers as the cell's (counted like any other cell).
+        let translated = match ctx.lang {
+            ContextLang::Typescript => Some(typescript::to_javascript(&body.code)),
+            _ => None,
+        };
+        let (code, error) = match &translated {
+            Some(Ok(js)) => (js.as_str(), None),
+            Some(Err(e)) => ("", Some(e)),
+            None => (body.code.as_str(), None),
+        };
         let line = DriverRequest::Run {
             cell,
-            code: &body.code,
+            code,
             timeout_ms,
             env: &body.env,
+            error,
         }
         .line();
         on_sandbox(s, |sb| sb.write_background(w.agent, &line))?;

@@ -6,11 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cordon_core::Language;
-
 use super::super::common::lock;
 use super::frames::FrameReader;
-use crate::model::ContextInfo;
+use crate::model::{ContextInfo, ContextLang};
 
 /// A session's contexts by their API id (`ctx-<n>`).
 #[derive(Default)]
@@ -22,7 +20,7 @@ pub(super) struct Table {
 /// One context: its interpreter (the worker) and what is listed of it.
 pub(in super::super) struct Context {
     pub(super) id: String,
-    pub(super) lang: Language,
+    pub(super) lang: ContextLang,
     pub(super) default: bool,
     /// The directory its interpreter starts in (None: the workspace).
     pub(super) cwd: Option<String>,
