@@ -220,6 +220,107 @@ mod tests {
         assert!(e.traceback.starts_with("<typescript cell>:"), "{e:?}");
     }
 
+    /// Pieces of TypeScript (and of nonsense) a tenant's cell may hold, in any order.
+    const PIECES: &[&str] = &[
+        "let ",
+        "const ",
+        "x",
+        ": ",
+        "number",
+        "<T>",
+        "<",
+        ">",
+        "(",
+        ")",
+        "{",
+        "}",
+        "[",
+        "]",
+        "=>",
+        "=",
+        ";",
+        "\n",
+        ",",
+        "interface ",
+        "type ",
+        "enum ",
+        "namespace ",
+        "class ",
+        "implements ",
+        "extends ",
+        "import ",
+        "export ",
+        "from ",
+        "'m'",
+        "await ",
+        "async ",
+        "function ",
+        "return ",
+        "as ",
+        "satisfies ",
+        "?",
+        "!",
+        "@",
+        "`${",
+        "`",
+        "/*",
+        "*/",
+        "//",
+        "declare ",
+        "abstract ",
+        "private ",
+        "readonly ",
+        "keyof ",
+        "typeof ",
+        "infer ",
+        "is ",
+        "asserts ",
+        "unique symbol",
+        "|",
+        "&",
+        ".",
+        "...",
+        "1",
+        "0x",
+        "é",
+        "\u{0}",
+        "#p",
+        "static ",
+        "constructor",
+        "get ",
+        "set ",
+        "new ",
+        "this",
+        "super",
+        "yield ",
+        "*",
+        "module ",
+        "global ",
+        "require",
+        "accessor ",
+        "using ",
+        "out ",
+        "in ",
+        "const",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(2048))]
+
+        /// Whatever a cell holds, oxc answers JavaScript or an error: it never panics
+        /// (a panic would end the server, which aborts on panic in release builds).
+        #[test]
+        fn any_cell_is_translated_or_refused_never_a_panic(
+            pieces in proptest::collection::vec(proptest::sample::select(PIECES), 0..40)
+        ) {
+            let cell = pieces.concat();
+            if let Err(e) = to_javascript(&cell) {
+                proptest::prop_assert_eq!(e.name, "SyntaxError");
+                proptest::prop_assert!(e.traceback.starts_with("<typescript cell>:"));
+            }
+        }
+    }
+
     #[test]
     fn positions_count_characters_and_never_split_one() {
         let e = error_at("é = ü:", 5, "bad", 99);
