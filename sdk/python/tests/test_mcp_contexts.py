@@ -32,6 +32,19 @@ def test_run_code_and_contexts_through_mcp_tools(server, has_container):
         assert ok and js["id"].startswith("ctx-") and js["state"] == "ready", js
         ok, r = alice.tool("run_code", sandbox=sb, context=js["id"], code="var n = 6; n * 7")
         assert ok and r["text"] == "42", r
+        # TypeScript: run_code's lang makes the sandbox's default TypeScript context.
+        ok, r = alice.tool("run_code", sandbox=sb, lang="typescript",
+                           code="const t: number = 40;\n(t as number) + 2")
+        assert ok and r["text"] == "42", r
+        ok, r = alice.tool("run_code", sandbox=sb, lang="typescript", code="let : = 1")
+        assert ok and r["status"] == "error" and r["error"]["name"] == "SyntaxError", r
+        ok, listed = alice.tool("list_contexts", sandbox=sb)
+        assert ok and len(listed["contexts"]) == 3, listed
+        assert sorted(c["lang"] for c in listed["contexts"]) == [
+            "javascript", "python", "typescript"], listed
+        ok, info = alice.tool("delete_context", sandbox=sb, context=next(
+            c["id"] for c in listed["contexts"] if c["lang"] == "typescript"))
+        assert ok, info
         ok, listed = alice.tool("list_contexts", sandbox=sb)
         assert ok and len(listed["contexts"]) == 2, listed
         default = next(c for c in listed["contexts"] if c["default"])
