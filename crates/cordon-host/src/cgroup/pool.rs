@@ -10,10 +10,10 @@
 //! cost little to make and are made fresh.
 //!
 //! A cgroup is taken back only as the kernel would make a new one, as far as Cordon reads it:
-//! no process in it, never an OOM kill (that count cannot be reset), its peak and its
-//! limit's hit count set back to zero, its charges (page cache and kernel objects the last
-//! sandbox left) reclaimed. Whoever takes it lifts the limits it had and writes its own,
-//! as for a new one.
+//! no process in it, never an OOM kill (that count cannot be reset), at most 1 MiB still
+//! charged to it (kernel memory on its way out, not a sandbox's files in the page cache),
+//! its peak and its limit's hit count set back. Whoever takes it lifts the limits it had and writes its
+//! own, as for a new one.
 //! Anything else, or a full pool, and it is removed as before. Slots are claimed and filled
 //! by rename, which the kernel does atomically: two processes never get one cgroup.
 //!
@@ -35,9 +35,12 @@ fn slot(i: usize) -> String {
     format!(".pool-{i}")
 }
 
-/// A charge left behind above which the cgroup is removed rather than reclaimed for reuse:
-/// reclaiming a sandbox's large page cache costs more than making a new cgroup.
-const RECLAIM_AT_MOST: u64 = 8 << 20;
+/// The most a kept cgroup may still be charged: what a sandbox leaves is kernel memory the
+/// kernel frees a little later (its network namespace's, about 250 kB after `sh -c true`),
+/// which `memory.force_empty` cannot take back and spent 1.4 ms trying to, on the path of
+/// a run's end. A sandbox that left more (page cache it read) has its cgroup removed, as
+/// before, rather than hand that charge to the next.
+const LEFT_AT_MOST: u64 = 1 << 20;
 
 /// Where to start looking: spreads processes that claim at the same moment over the slots.
 fn first_slot() -> usize {
@@ -85,14 +88,11 @@ pub fn keep(dir: &Path) -> bool {
     {
         return false;
     }
-    let usage = super::number(&dir.join("memory.usage_in_bytes"));
-    if usage > RECLAIM_AT_MOST
-        || (usage > 0 && fs::write(dir.join("memory.force_empty"), "0").is_err())
-    {
+    if super::number(&dir.join("memory.usage_in_bytes")) > LEFT_AT_MOST {
         return false;
     }
-    // The counters Cordon reports, from zero as in a new cgroup (the peak resets to the
-    // usage, now none). Swap accounting's own pair exists only where it is on.
+    // The counters Cordon reports, from zero as in a new cgroup (the peak resets to what is
+    // still charged). Swap accounting's own pair exists only where it is on.
     for file in [
         "memory.max_usage_in_bytes",
         "memory.failcnt",
