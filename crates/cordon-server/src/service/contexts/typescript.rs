@@ -25,8 +25,181 @@ use crate::model::CellError;
 /// JavaScript cell `<cell N>`.
 const CELL_NAME: &str = "<typescript cell>";
 
-/// The JavaScript for TypeScript cell `source`, or the error that stops it.
+/// The most a TypeScript cell may be. With [`MAX_NESTING`] and [`TRANSLATE_STACK`] it bounds
+/// what one tenant's cell can make the server do: oxc's parser, checker and printer recurse
+/// once per level of nesting, without a limit of their own, and a cell of 131,072 nested
+/// `(` overflowed a 64 MiB stack (a stack overflow aborts the whole server), while 131,072
+/// nested `{` took 225 s to check (debug build; ADR 0043).
+const MAX_CELL_BYTES: usize = 256 << 10;
+
+/// The deepest brackets (`(`, `[`, `{`, `${`) may nest in a TypeScript cell's code; far more
+/// than code written by hand or by a model nests.
+const MAX_NESTING: usize = 256;
+
+/// The stack of the thread a cell is translated on: every nesting form that is not a bracket
+/// (`!!x`, `a = b = c`, `a ? b : c ? ...`, `else if` chains, `A<A<...>>`) fitted 256 KiB of
+/// itself in 512 MiB in a debug build (at most 2 kB of stack per byte of cell; a release
+/// build's frames are smaller). Only the pages used are ever touched.
+const TRANSLATE_STACK: usize = 512 << 20;
+
+/// The JavaScript for TypeScript cell `source`, or the error that stops it: refused when it
+/// is larger or nests deeper than a cell is let to, else translated on a thread of its own
+/// with a stack large enough for any cell of that size.
 pub(super) fn to_javascript(source: &str) -> Result<String, CellError> {
+    within_bounds(source)?;
+    let owned = source.to_owned();
+    let translated = std::thread::Builder::new()
+        .name("typescript-cell".into())
+        .stack_size(TRANSLATE_STACK)
+        .spawn(move || translate(&owned));
+    match translated.map(std::thread::JoinHandle::join) {
+        Ok(Ok(done)) => done,
+        Ok(Err(_)) => Err(not_translated("the translation failed")),
+        Err(e) => Err(not_translated(&format!(
+            "no thread to translate it on ({e}); run the cell again"
+        ))),
+    }
+}
+
+/// A cell that could not be translated for a reason of the server's, not the cell's.
+fn not_translated(why: &str) -> CellError {
+    CellError {
+        name: "Error".into(),
+        value: format!("the TypeScript cell was not run: {why}"),
+        traceback: String::new(),
+    }
+}
+
+/// Refuses a cell over [`MAX_CELL_BYTES`], or whose brackets nest deeper than
+/// [`MAX_NESTING`], as its `SyntaxError`, before any parser sees it. Brackets are counted in
+/// the cell's code only: strings, template text, comments and regular expressions are
+/// skipped (a `)` in a string cannot hide an open bracket). What this lexer takes for a
+/// regular expression where the parser sees a division is the one way it can miscount;
+/// the thread's stack covers a miscounted cell of this size all the same.
+fn within_bounds(source: &str) -> Result<(), CellError> {
+    if source.len() > MAX_CELL_BYTES {
+        return Err(error_at(
+            source,
+            floor_char(source, MAX_CELL_BYTES),
+            &format!(
+                "a TypeScript cell is at most {} KiB; split it into several cells, or run it \
+                 in a JavaScript context",
+                MAX_CELL_BYTES >> 10
+            ),
+            0,
+        ));
+    }
+    match deepest_at(source.as_bytes()) {
+        Some(at) => Err(error_at(
+            source,
+            floor_char(source, at),
+            &format!("brackets nest deeper than {MAX_NESTING} levels here"),
+            1,
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Where the brackets of `code` first nest deeper than [`MAX_NESTING`], if they do.
+fn deepest_at(code: &[u8]) -> Option<usize> {
+    // The bracket depth at which each open template literal's `${` began.
+    let mut templates: Vec<usize> = Vec::new();
+    let mut depth = 0usize;
+    // The last byte of code that was not a space: says whether `/` starts a regex.
+    let mut last = b'(';
+    let mut i = 0;
+    let skip_to = |from: usize, end: &[u8]| {
+        code[from..]
+            .windows(end.len())
+            .position(|w| w == end)
+            .map_or(code.len(), |p| from + p + end.len())
+    };
+    // The end of a quoted run from `from` (after its opening quote) to `quote`; a template's
+    // run also ends after a `${` (then `true`).
+    let quoted = |mut at: usize, quote: u8| -> (usize, bool) {
+        while at < code.len() {
+            match code[at] {
+                b'\\' => at += 2,
+                c if c == quote => return (at + 1, false),
+                b'$' if quote == b'`' && code.get(at + 1) == Some(&b'{') => return (at + 2, true),
+                b'\n' if quote != b'`' => return (at + 1, false),
+                _ => at += 1,
+            }
+        }
+        (code.len(), false)
+    };
+    while i < code.len() {
+        let c = code[i];
+        match c {
+            b'/' if code.get(i + 1) == Some(&b'/') => i = skip_to(i, b"\n"),
+            b'/' if code.get(i + 1) == Some(&b'*') => i = skip_to(i + 2, b"*/"),
+            b'/' if b"(,=:[!&|?{};+-*%<>~^".contains(&last) => {
+                // A regular expression: to its closing `/` (a class `[...]` may hold one).
+                let mut at = i + 1;
+                let mut class = false;
+                while at < code.len() && code[at] != b'\n' {
+                    match code[at] {
+                        b'\\' => at += 1,
+                        b'[' => class = true,
+                        b']' => class = false,
+                        b'/' if !class => break,
+                        _ => {}
+                    }
+                    at += 1;
+                }
+                i = at + 1;
+                last = b'a';
+            }
+            b'\'' | b'"' | b'`' => {
+                let (end, opened) = quoted(i + 1, c);
+                i = end;
+                last = b'a';
+                if opened {
+                    templates.push(depth);
+                    depth += 1;
+                    if depth > MAX_NESTING {
+                        return Some(i - 2);
+                    }
+                    last = b'{';
+                }
+            }
+            b'(' | b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Some(i);
+                }
+                last = c;
+                i += 1;
+            }
+            b')' | b']' | b'}' => {
+                depth = depth.saturating_sub(1);
+                i += 1;
+                last = c;
+                // The `}` that closes a template's `${`: its text goes on.
+                if c == b'}' && templates.last() == Some(&depth) {
+                    templates.pop();
+                    let (end, opened) = quoted(i, b'`');
+                    i = end;
+                    last = b'a';
+                    if opened {
+                        templates.push(depth);
+                        depth += 1;
+                        last = b'{';
+                    }
+                }
+            }
+            b' ' | b'\t' | b'\r' | b'\n' => i += 1,
+            _ => {
+                last = c;
+                i += 1;
+            }
+        }
+    }
+    None
+}
+
+/// [`to_javascript`]'s work, on its own thread.
+fn translate(source: &str) -> Result<String, CellError> {
     let alloc = Allocator::default();
     let parsed = Parser::new(&alloc, source, SourceType::ts()).parse();
     refuse(source, &parsed.diagnostics)?;
@@ -109,12 +282,28 @@ fn error_at(source: &str, offset: usize, message: &str, width: usize) -> CellErr
     let line = source[start..end].trim_end_matches('\r');
     let marked = floor_char(source, (offset + width).min(end));
     let carets = source[offset..marked].chars().count().max(1);
+    // A long line is shown from at most 60 characters before the column, 60 after.
+    let from = source[start..offset]
+        .char_indices()
+        .rev()
+        .nth(59)
+        .map_or(start, |(i, _)| start + i);
+    let to = source[offset..end]
+        .char_indices()
+        .nth(60)
+        .map_or(end, |(i, _)| offset + i);
+    let (line, col_shown) = if from > start || to < end {
+        (&source[from..to], source[from..offset].chars().count() + 1)
+    } else {
+        (line, col)
+    };
+    let carets = carets.min(line.chars().count().saturating_sub(col_shown - 1).max(1));
     CellError {
         name: "SyntaxError".into(),
         value: message.to_string(),
         traceback: format!(
             "{CELL_NAME}:{line_no}:{col}\n{line}\n{}{}\n\nSyntaxError: {message}",
-            " ".repeat(col - 1),
+            " ".repeat(col_shown - 1),
             "^".repeat(carets)
         ),
     }
@@ -131,6 +320,54 @@ fn floor_char(s: &str, mut i: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The attack: one tenant's cell of deeply nested brackets. The old code parsed it on
+    /// the caller's stack and the stack overflow aborted the whole server (this test's
+    /// process with it); it is now refused as the cell's SyntaxError before any parsing.
+    #[test]
+    fn a_cell_nested_past_the_limit_is_refused_before_it_is_parsed() {
+        for (open, close) in [("(", ")"), ("[", "]"), ("{", "}"), ("`${", "}`")] {
+            let cell = format!("{}1{}", open.repeat(50_000), close.repeat(50_000));
+            let e = to_javascript(&cell).expect_err("a cell nested 50,000 deep ran");
+            assert_eq!(e.name, "SyntaxError", "{}", e.value);
+            assert!(e.value.contains("nest deeper than 256"), "{}", e.value);
+        }
+        // Closing brackets in strings, comments and regular expressions hide nothing.
+        let hidden = "f(\")]}\", /* )]} */ ')]}', `)]}`, /[)]/, ".repeat(300);
+        let cell = format!("{hidden}1{}", ")".repeat(300));
+        let e = to_javascript(&cell).expect_err("the hidden nesting ran");
+        assert!(e.value.contains("nest deeper"), "{}", e.value);
+        // As deep as allowed is translated.
+        let ok = format!("{}1{}", "(".repeat(256), ")".repeat(256));
+        assert!(to_javascript(&ok).is_ok());
+    }
+
+    /// Nesting that is no bracket, as large as a cell may be, runs on the translation's own
+    /// stack instead of overflowing the caller's (a test thread has 2 MiB).
+    #[test]
+    fn the_deepest_unbracketed_cell_is_translated_on_its_own_stack() {
+        let not = format!("{}x", "!".repeat(MAX_CELL_BYTES - 1));
+        assert!(to_javascript(&not).is_ok());
+        let assign = format!("{}1", "a=".repeat(MAX_CELL_BYTES / 2 - 1));
+        assert!(to_javascript(&assign).is_ok());
+        let big = "1;".repeat(MAX_CELL_BYTES / 2 + 1);
+        let e = to_javascript(&big).expect_err("an oversized cell ran");
+        assert!(e.value.contains("at most 256 KiB"), "{}", e.value);
+        assert!(
+            e.traceback.len() < 400,
+            "the whole cell came back in its error"
+        );
+    }
+
+    #[test]
+    fn strings_templates_and_regexes_with_brackets_are_not_nesting() {
+        let cell = "const r = /[(]+\\)/g; const s = \"((((\"; // ((((\n\
+             const t = `a ${ (1 + 2) } b ${ `x ${ [1].map((x) => ({ x })) }` } ((`;\n\
+             const d = 4 / 2 / (1); console.log(r, s, t, d);";
+        assert_eq!(deepest_at(cell.as_bytes()), None);
+        let out = js(cell);
+        assert!(out.contains("console.log(r, s, t, d)"), "{out}");
+    }
 
     fn js(ts: &str) -> String {
         match to_javascript(ts) {
