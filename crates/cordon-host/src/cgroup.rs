@@ -21,9 +21,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::HostError;
+mod files;
 pub mod gauge;
 pub mod place;
 pub mod pool;
+
+use files::parse_number;
+pub use files::{keyed, number, parse_keyed, read_pids};
 
 /// The calling thread's own view of the mounts: a process whose threads see different
 /// mount namespaces (cordon-oci's monitor shows its first thread only the container's root)
@@ -873,40 +877,6 @@ pub fn kill_listed(procs_file: &Path) {
     for pid in read_pids(procs_file) {
         crate::sys::kill_pid(pid);
     }
-}
-
-/// The pids listed in a `cgroup.procs` file (none when it cannot be read).
-pub fn read_pids(p: &Path) -> Vec<i32> {
-    fs::read_to_string(p)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
-}
-
-/// A file holding one number; 0 when absent or unreadable.
-pub fn number(p: &Path) -> u64 {
-    parse_number(&fs::read_to_string(p).unwrap_or_default())
-}
-
-/// One number in a file's text; 0 when absent.
-fn parse_number(text: &str) -> u64 {
-    text.trim().parse().unwrap_or(0)
-}
-
-/// The value of `key` in a `key value` per line file; 0 when absent.
-pub fn keyed(p: &Path, key: &str) -> u64 {
-    parse_keyed(&fs::read_to_string(p).unwrap_or_default(), key)
-}
-
-/// The value of `key` in `key value` lines; 0 when absent.
-pub fn parse_keyed(text: &str, key: &str) -> u64 {
-    text.lines()
-        .find_map(|l| {
-            let mut it = l.split_whitespace();
-            (it.next() == Some(key)).then(|| it.next().and_then(|v| v.parse().ok()))?
-        })
-        .unwrap_or(0)
 }
 
 /// A v1 CPU quota for a cgroup to be made in `dir`: `(quota, period)` lowered to the

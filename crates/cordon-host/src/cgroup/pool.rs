@@ -25,6 +25,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
+use super::files::{keyed, number, read_pids};
+
 /// How many cgroups the pool holds at most: enough for the sandboxes that end while others
 /// start, few enough that what it holds (each as large as any memory cgroup) is small.
 pub const SLOTS: usize = 8;
@@ -83,12 +85,12 @@ pub fn keep(dir: &Path) -> bool {
     let Some(parent) = dir.parent() else {
         return false;
     };
-    if !super::read_pids(&dir.join("cgroup.procs")).is_empty()
-        || super::keyed(&dir.join("memory.oom_control"), "oom_kill") != 0
+    if !read_pids(&dir.join("cgroup.procs")).is_empty()
+        || keyed(&dir.join("memory.oom_control"), "oom_kill") != 0
     {
         return false;
     }
-    if super::number(&dir.join("memory.usage_in_bytes")) > LEFT_AT_MOST {
+    if number(&dir.join("memory.usage_in_bytes")) > LEFT_AT_MOST {
         return false;
     }
     // The counters Cordon reports, from zero as in a new cgroup (the peak resets to what is
