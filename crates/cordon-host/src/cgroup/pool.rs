@@ -44,18 +44,19 @@ fn slot(i: usize) -> String {
 /// before, rather than hand that charge to the next.
 const LEFT_AT_MOST: u64 = 1 << 20;
 
-/// Where to start looking: spreads processes that claim at the same moment over the slots.
-fn first_slot() -> usize {
-    std::process::id() as usize % SLOTS
+/// Every slot's path under `parent`, from one that depends on the process: processes that
+/// claim or keep at the same moment start on different slots.
+fn slots(parent: &Path) -> impl Iterator<Item = PathBuf> + '_ {
+    let start = std::process::id() as usize;
+    (0..SLOTS).map(move |k| parent.join(slot((start + k) % SLOTS)))
 }
 
 /// Takes a kept memory cgroup under `parent` as `parent/<name>`; false when none is kept
 /// (or `name` is taken), and the caller makes one.
 pub fn claim(parent: &Path, name: &str) -> bool {
     let to = parent.join(name);
-    let start = first_slot();
-    let taken = (0..SLOTS).any(|k| {
-        fs::rename(parent.join(slot((start + k) % SLOTS)), &to).is_ok()
+    let taken = slots(parent).any(|from| {
+        fs::rename(from, &to).is_ok()
             && (unlimited(&to) || {
                 let _ = fs::remove_dir(&to);
                 false
@@ -106,8 +107,7 @@ pub fn keep(dir: &Path) -> bool {
             return false;
         }
     }
-    let start = first_slot();
-    (0..SLOTS).any(|k| fs::rename(dir, parent.join(slot((start + k) % SLOTS))).is_ok())
+    slots(parent).any(|to| fs::rename(dir, to).is_ok())
 }
 
 /// Whether `name` is one of the pool's slots (sweeps of orphans leave them to the pool).
@@ -175,10 +175,7 @@ fn taken_within(wait: Duration) -> bool {
 
 /// Makes the memory cgroups missing from the slots under `parent`; how many it made.
 pub fn fill(parent: &Path) -> usize {
-    (0..SLOTS)
-        .filter(|i| {
-            let at = parent.join(slot(*i));
-            !at.exists() && fs::create_dir(&at).is_ok()
-        })
+    slots(parent)
+        .filter(|at| !at.exists() && fs::create_dir(at).is_ok())
         .count()
 }
