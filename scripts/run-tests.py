@@ -14,6 +14,12 @@ every test in it, failures or not (cargo's --no-fail-fast). Each job's output is
 whole when it ends, so two jobs never interleave; a summary with every job's time and
 result comes last, and the exit status is 1 when any job failed.
 
+A job that runs past --timeout (default $CORDON_TEST_JOB_TIMEOUT or 30 minutes) is stopped:
+what its processes were doing is printed (`ps` of its process group, with each one's kernel
+wait channel), then the group gets SIGTERM and, 10 s later, SIGKILL; it counts as failed
+(exit 124). While jobs run, a line every --heartbeat seconds names those still running, so a
+run cut short from outside still shows where it was.
+
 Durations are remembered in $CARGO_TARGET_DIR/run-tests-durations.json to order the next run;
 without that record the order falls back to the known slow suites first.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -99,10 +106,45 @@ def order(jobs: list[Job], record: dict[str, float]) -> list[Job]:
     return sorted(jobs, key=expected, reverse=True)
 
 
-def run(jobs: list[Job], slots: int) -> None:
+def snapshot(pgid: int) -> str:
+    """What the processes of group `pgid` are, and where each waits in the kernel."""
+    out = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,stat,wchan:32,args"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    lines = out.stdout.decode(errors="replace").splitlines()
+    keep = lines[:1] + [ln for ln in lines[1:]
+                        if len(ln.split()) > 2 and ln.split()[2] == str(pgid)]
+    return "\n".join(keep) + "\n"
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the job's whole process group, then SIGKILL 10 s later."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run(jobs: list[Job], slots: int, timeout: float, heartbeat: float) -> None:
     pending = list(jobs)
+    running: dict[str, float] = {}
     lock = threading.Lock()
     printing = threading.Lock()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(heartbeat):
+            with lock:
+                now = time.monotonic()
+                names = ", ".join(f"{n} ({now - t:.0f}s)" for n, t in sorted(running.items()))
+                left = len(pending)
+            with printing:
+                print(f"[run-tests] running: {names or 'none'}; {left} not started", flush=True)
 
     def worker() -> None:
         while True:
@@ -110,30 +152,48 @@ def run(jobs: list[Job], slots: int) -> None:
                 if not pending:
                     return
                 job = pending.pop(0)
-            with tempfile.TemporaryFile() as log:
                 start = time.monotonic()
+                running[job.name] = start
+            with tempfile.TemporaryFile() as log:
                 env = dict(os.environ)
                 env.update(job.env)
+                timed_out = b""
                 try:
-                    job.status = subprocess.run(job.argv, cwd=job.cwd, env=env, stdout=log,
-                                                stderr=subprocess.STDOUT, check=False).returncode
+                    # Its own process group, so a timeout stops all it started.
+                    proc = subprocess.Popen(job.argv, cwd=job.cwd, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+                    try:
+                        job.status = proc.wait(timeout=timeout)
+                    except subprocess.TimeoutExpired:
+                        timed_out = (f"\nrun-tests: {job.name} ran past {timeout:.0f}s; its "
+                                     f"processes then:\n{snapshot(proc.pid)}").encode()
+                        stop_group(proc)
+                        job.status = 124
                 except OSError as e:
                     log.write(f"run-tests: could not start {job.argv[0]}: {e}\n".encode())
                     job.status = 127
                 job.seconds = time.monotonic() - start
+                with lock:
+                    running.pop(job.name, None)
                 log.seek(0)
                 with printing:
                     verdict = "ok" if job.status == 0 else f"FAILED (exit {job.status})"
+                    if timed_out:
+                        verdict = f"TIMED OUT after {timeout:.0f}s"
                     sys.stdout.write(f"\n===== {job.name}: {verdict} in {job.seconds:.1f}s =====\n")
                     sys.stdout.flush()
                     sys.stdout.buffer.write(log.read())
+                    sys.stdout.buffer.write(timed_out)
                     sys.stdout.flush()
 
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
     threads = [threading.Thread(target=worker) for _ in range(max(1, slots))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    done.set()
 
 
 def main() -> int:
@@ -142,6 +202,12 @@ def main() -> int:
                     help="jobs at a time (default: $CORDON_TEST_JOBS or 3)")
     ap.add_argument("--also", action="append", default=[], metavar="NAME=COMMAND",
                     help="another suite to run beside the binaries (a shell command)")
+    ap.add_argument("--timeout", type=float,
+                    default=float(os.environ.get("CORDON_TEST_JOB_TIMEOUT", "1800")),
+                    help="seconds a job may run before it is stopped and failed "
+                         "(default: $CORDON_TEST_JOB_TIMEOUT or 1800)")
+    ap.add_argument("--heartbeat", type=float, default=300.0,
+                    help="seconds between the lines naming the jobs still running")
     ap.add_argument("--no-doc", action="store_true", help="skip the doc tests")
     ap.add_argument("cargo", nargs=argparse.REMAINDER, help="-- then how to call cargo")
     args = ap.parse_args()
@@ -167,7 +233,7 @@ def main() -> int:
         jobs.append(Job(name=name, argv=["bash", "-c", command], cwd=repo))
 
     started = time.monotonic()
-    run(order(jobs, record), args.jobs)
+    run(order(jobs, record), args.jobs, args.timeout, args.heartbeat)
     wall = time.monotonic() - started
 
     for j in jobs:
