@@ -145,6 +145,9 @@ impl Sandbox for FakeSandbox {
     fn id(&self) -> &SandboxId {
         &self.id
     }
+    fn pause(&mut self) -> CoreResult<()> {
+        Ok(())
+    }
     fn pause_to_disk(&mut self) -> CoreResult<u64> {
         let bytes = self.memory_bytes / 2;
         self.on_disk = Some(bytes);
@@ -3569,6 +3572,48 @@ async fn a_run_waiting_for_a_teardown_ends_with_the_server() {
         c.created.load(Ordering::SeqCst),
         c.destroyed.load(Ordering::SeqCst)
     );
+}
+
+/// A sandbox its TTL paused (`on_timeout: pause`) is live once a resume answers, with its
+/// TTL whole again. The resume gave the TTL again only after its audit row was written, and
+/// a reaper round in between paused it again with the old TTL: the next call met
+/// `sandbox_paused` (the Python SDK's test did, on a slow CI machine). Here the audit store
+/// is held by another writer while the resume writes its row, so the reaper runs several
+/// rounds in that gap.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_after_a_timeouts_pause_is_not_paused_again_by_the_old_ttl() {
+    let env = start_with(|c| c.pools.clear()).await;
+    let id = env
+        .create(
+            ALICE,
+            json!({"tier": "container", "ttl": "1s", "on_timeout": "pause"}),
+        )
+        .await;
+    let get = format!("/v1/sandboxes/{id}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while env.call(M::GET, &get, ALICE, None).await.1["state"] != "paused" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not paused at its TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let db = rusqlite::Connection::open(env._dir.path().join("audit.db")).unwrap();
+    db.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let path = format!("/v1/sandboxes/{id}/resume");
+    let resume = env.call(M::POST, &path, ALICE, None);
+    let hold = async {
+        // The reaper runs every 50 ms here.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        db.execute_batch("COMMIT").unwrap();
+    };
+    let ((s, v), ()) = tokio::join!(resume, hold);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "live", "{v}");
+    let (s, v) = env.call(M::GET, &get, ALICE, None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "live", "paused again behind the resume: {v}");
+    env.server.shutdown().await;
 }
 
 /// Pausing to disk writes the sandbox's whole state into the server's data dir: it is held

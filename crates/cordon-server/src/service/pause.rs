@@ -207,6 +207,15 @@ impl Sessions {
                 s.paused_ms
                     .fetch_add(at.elapsed().as_millis() as i64, Ordering::Relaxed);
             }
+            // Its TTL again and its idle clock from now, before the busy hold goes: the
+            // reaper must never see it live with the TTL that paused it (it paused it
+            // again while the resume's audit row was written, and the resume then answered
+            // "live" for a sandbox paused behind it).
+            if let Some(span) = s.timeout.resumed() {
+                let age = s.created.elapsed().as_millis() as i64 - s.paused_total_ms();
+                s.ttl_ms.store(age.saturating_add(span), Ordering::Relaxed);
+            }
+            s.touch();
             Ok::<(), (ApiError, bool)>(())
         })
         .await?;
@@ -220,11 +229,6 @@ impl Sessions {
             self.destroy_session(s.clone(), "resume-failed").await?;
         }
         r?;
-        if let Some(span) = s.timeout.resumed() {
-            let age = s.created.elapsed().as_millis() as i64 - s.paused_total_ms();
-            s.ttl_ms.store(age.saturating_add(span), Ordering::Relaxed);
-        }
-        s.touch();
         Ok(s.info())
     }
 
