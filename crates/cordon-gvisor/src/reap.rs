@@ -45,29 +45,47 @@ pub fn owner_record() -> String {
     format!("{pid} {}\n", start_time(pid).unwrap_or(0))
 }
 
+/// The pid and start time an owner record names, when it is whole.
+fn parse_owner(record: &str) -> Option<(u32, u64)> {
+    let mut it = record.split_whitespace();
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
 /// True when the process an owner record names is still the one running.
 pub fn owner_alive(record: &str) -> bool {
-    let mut it = record.split_whitespace();
-    let (Some(pid), Some(start)) = (
-        it.next().and_then(|p| p.parse::<u32>().ok()),
-        it.next().and_then(|s| s.parse::<u64>().ok()),
-    ) else {
-        return false;
-    };
-    start_time(pid) == Some(start)
+    parse_owner(record).is_some_and(|(pid, start)| start_time(pid) == Some(start))
+}
+
+/// Writes this process's owner file into `bundle`, whole at once (a new file renamed in):
+/// a sweep reading it mid-write would find it empty.
+pub fn write_owner(bundle: &Path) -> std::io::Result<()> {
+    let tmp = bundle.join(format!(".{OWNER_FILE}.tmp"));
+    fs::write(&tmp, owner_record())?;
+    fs::rename(&tmp, bundle.join(OWNER_FILE))
+}
+
+/// True when `path` was last changed less than [`SETUP_GRACE`] ago.
+fn young(path: &Path) -> bool {
+    fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .is_some_and(|age| age < SETUP_GRACE)
 }
 
 /// True when the sandbox whose bundle is `bundle` belongs to a live process, or is too young
-/// to have its owner file yet. Judged afresh for every name: a snapshot taken at the start
-/// of a sweep would call a sandbox created during the sweep an orphan.
+/// to have a whole owner file yet. Judged afresh for every name: a snapshot taken at the
+/// start of a sweep would call a sandbox created during the sweep an orphan. An owner file
+/// that names no process (empty or cut short: written by a Cordon from before
+/// [`write_owner`], or by one killed while writing it) counts as one being written while
+/// it is young: a sweep once took a bundle whose owner file it read between its creation
+/// and its write for an orphan and removed it under a create in another thread.
 fn is_live(bundle: &Path) -> bool {
-    match fs::read_to_string(bundle.join(OWNER_FILE)) {
-        Ok(rec) => owner_alive(&rec),
-        Err(_) => fs::metadata(bundle)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| SystemTime::now().duration_since(t).ok())
-            .is_some_and(|age| age < SETUP_GRACE),
+    let owner = bundle.join(OWNER_FILE);
+    match fs::read_to_string(&owner) {
+        Ok(rec) if parse_owner(&rec).is_some() => owner_alive(&rec),
+        Ok(_) => young(&owner),
+        Err(_) => young(bundle),
     }
 }
 
@@ -273,6 +291,49 @@ mod tests {
         assert!(!owner_path(state.path(), dead).exists());
         unregister(state.path(), live);
         assert!(!owner_path(state.path(), live).exists());
+    }
+
+    /// A bundle whose owner file is there but not yet written (a create in another thread,
+    /// between the file's creation and its write) is not an orphan while young; one written
+    /// whole by a dead owner is, as is one left empty long ago.
+    #[test]
+    fn a_sweep_spares_a_bundle_whose_owner_file_is_being_written() {
+        let scratch = tempfile::tempdir().unwrap();
+        let (writing, dead, old) = (
+            "sb-00000000000000000000000000000003",
+            "sb-00000000000000000000000000000004",
+            "sb-00000000000000000000000000000005",
+        );
+        for sid in [writing, dead, old] {
+            fs::create_dir(scratch.path().join(sid)).unwrap();
+        }
+        fs::write(scratch.path().join(writing).join(OWNER_FILE), "").unwrap();
+        fs::write(
+            scratch.path().join(dead).join(OWNER_FILE),
+            format!("{} 1\n", std::process::id()),
+        )
+        .unwrap();
+        let stale = scratch.path().join(old).join(OWNER_FILE);
+        fs::write(&stale, "").unwrap();
+        let long_ago = SystemTime::now() - 2 * SETUP_GRACE;
+        fs::File::options()
+            .write(true)
+            .open(&stale)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        let mut found = dead_bundles(scratch.path());
+        found.sort();
+        assert_eq!(found, vec![dead.to_string(), old.to_string()]);
+        // What a create writes is whole and names this live process.
+        let mine = scratch.path().join(writing);
+        write_owner(&mine).unwrap();
+        assert!(is_live(&mine));
+        assert_eq!(
+            fs::read_dir(&mine).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
     }
 
     #[test]

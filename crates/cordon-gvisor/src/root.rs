@@ -118,8 +118,7 @@ impl GvisorSandbox {
         let sid = self.id.to_string();
         let io = |what: &str, e| Error::io(format!("{what} in the bundle of {sid}"), e);
         // First, so that a Cordon killed from here on leaves something the sweep can judge.
-        std::fs::write(bundle.join(reap::OWNER_FILE), reap::owner_record())
-            .map_err(|e| io("writing the owner record", e))?;
+        reap::write_owner(&bundle).map_err(|e| io("writing the owner record", e))?;
         // And host-wide, before any runsc container or cgroup of it exists: sweeps from
         // other data dirs see those and not this bundle.
         reap::register(&self.config.state_root, &sid)
