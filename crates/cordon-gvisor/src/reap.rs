@@ -82,9 +82,9 @@ fn young(path: &Path) -> bool {
 /// and its write for an orphan and removed it under a create in another thread.
 fn is_live(bundle: &Path) -> bool {
     let owner = bundle.join(OWNER_FILE);
-    match fs::read_to_string(&owner) {
-        Ok(rec) if parse_owner(&rec).is_some() => owner_alive(&rec),
-        Ok(_) => young(&owner),
+    match fs::read_to_string(&owner).map(|rec| parse_owner(&rec)) {
+        Ok(Some((pid, start))) => start_time(pid) == Some(start),
+        Ok(None) => young(&owner),
         Err(_) => young(bundle),
     }
 }
