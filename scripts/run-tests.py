@@ -133,6 +133,9 @@ def stop_group(proc: subprocess.Popen) -> None:
 def run(jobs: list[Job], slots: int, timeout: float, heartbeat: float) -> None:
     pending = list(jobs)
     running: dict[str, float] = {}
+    # Each job is in a session of its own, out of reach of the terminal's Ctrl-C and of a
+    # SIGTERM to the runner: those stop every job's group here instead.
+    groups: set[int] = set()
     lock = threading.Lock()
     printing = threading.Lock()
     done = threading.Event()
@@ -158,10 +161,14 @@ def run(jobs: list[Job], slots: int, timeout: float, heartbeat: float) -> None:
                 env = dict(os.environ)
                 env.update(job.env)
                 timed_out = b""
+                pid = None
                 try:
                     # Its own process group, so a timeout stops all it started.
                     proc = subprocess.Popen(job.argv, cwd=job.cwd, env=env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
+                    pid = proc.pid
+                    with lock:
+                        groups.add(pid)
                     try:
                         job.status = proc.wait(timeout=timeout)
                     except subprocess.TimeoutExpired:
@@ -175,6 +182,7 @@ def run(jobs: list[Job], slots: int, timeout: float, heartbeat: float) -> None:
                 job.seconds = time.monotonic() - start
                 with lock:
                     running.pop(job.name, None)
+                    groups.discard(pid)
                 log.seek(0)
                 with printing:
                     verdict = "ok" if job.status == 0 else f"FAILED (exit {job.status})"
@@ -188,12 +196,30 @@ def run(jobs: list[Job], slots: int, timeout: float, heartbeat: float) -> None:
 
     beater = threading.Thread(target=beat, daemon=True)
     beater.start()
-    threads = [threading.Thread(target=worker) for _ in range(max(1, slots))]
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, slots))]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
-    done.set()
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=1.0)
+    except KeyboardInterrupt:
+        with lock:
+            pending.clear()
+            left = list(groups)
+        for pgid in left:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        raise
+    finally:
+        done.set()
 
 
 def main() -> int:
@@ -233,7 +259,12 @@ def main() -> int:
         jobs.append(Job(name=name, argv=["bash", "-c", command], cwd=repo))
 
     started = time.monotonic()
-    run(order(jobs, record), args.jobs, args.timeout, args.heartbeat)
+    try:
+        run(order(jobs, record), args.jobs, args.timeout, args.heartbeat)
+    except KeyboardInterrupt:
+        print("\nrun-tests: interrupted; every running job's process group was killed",
+              flush=True)
+        return 130
     wall = time.monotonic() - started
 
     for j in jobs:

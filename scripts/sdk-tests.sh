@@ -10,8 +10,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 rc=0
 # The Python suite's files on $CORDON_SDK_WORKERS workers (pytest-xdist, 2 by default; 0
 # runs them in this process): each file whole on one worker, with its own server, as its
-# module fixtures expect. One after another they took 970 s of a CI's 1,001 s of tests, on
-# two workers about half (docs/adr/0012-tests-side-by-side.md).
+# module fixtures expect. One after another they took 970 s of a CI's 1,001 s of tests; on
+# two workers beside CI's other jobs 824 s, on three alone 412 s
+# (docs/adr/0012-tests-side-by-side.md).
 workers=${CORDON_SDK_WORKERS:-2}
 xdist=()
 if [ "$workers" != 0 ]; then
