@@ -427,8 +427,14 @@ pub fn run(args: RunArgs, tiers: &Tiers) -> Result<i32> {
 /// the same messages).
 pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
     use clap::Parser;
-    let backend =
-        || cordon_container::ContainerBackend::new(cordon_container::ContainerConfig::discover());
+    // This process ends with its one sandbox: the sandbox init finishes its teardown after
+    // the run has returned, holding its ids until then (ADR 0044).
+    let backend = || {
+        cordon_container::ContainerBackend::new(cordon_container::ContainerConfig {
+            end_in_init: true,
+            ..cordon_container::ContainerConfig::discover()
+        })
+    };
     // The sandbox init starts before the arguments are parsed: it makes the namespaces (a
     // create's costliest step) meanwhile. A failure to start is reported by the create
     // below, which tries again; a request for another tier drops it unused.

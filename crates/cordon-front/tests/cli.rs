@@ -896,6 +896,16 @@ fn logs_to_a_pipe_carry_no_colour_codes() {
     }
 }
 
+/// A private copy of the built sandbox init (in a directory the caller holds), so the
+/// processes running it are this test's alone.
+fn private_init() -> (tempfile::TempDir, PathBuf) {
+    let built = Path::new(BIN).with_file_name("cordon-sandbox-init");
+    let dir = tempfile::tempdir().unwrap();
+    let init = dir.path().join("cordon-sandbox-init");
+    std::fs::copy(&built, &init).unwrap();
+    (dir, init)
+}
+
 /// `cordon run` starts the sandbox init before it parses its arguments. A run that then
 /// needs no sandbox (bad flags, an invalid limit) stops it, and a run that used it leaves
 /// nothing either: no process of that init (or of the namespaces it made) outlives the CLI.
@@ -905,10 +915,7 @@ fn an_init_started_early_does_not_outlive_the_run() {
     if !container_tier_here("an_init_started_early_does_not_outlive_the_run") {
         return;
     }
-    let built = Path::new(BIN).with_file_name("cordon-sandbox-init");
-    let dir = tempfile::tempdir().unwrap();
-    let init = dir.path().join("cordon-sandbox-init");
-    std::fs::copy(&built, &init).unwrap();
+    let (_dir, init) = private_init();
     let home = temp_home();
     for (args, ok) in [
         (&["run", "--pids", "0", "--", "true"][..], false),
@@ -925,6 +932,103 @@ fn an_init_started_early_does_not_outlive_the_run() {
         let left =
             cordon_testkit::procs::wait_until_none_run(&init, std::time::Duration::from_secs(3));
         assert!(left.is_empty(), "{args:?}: init processes left: {left:?}");
+    }
+}
+
+/// A `cordon run` returns at its program's report and leaves the rest of the teardown to the
+/// sandbox init, which holds the sandbox's host ids until it is done (ADR 0044). Killed
+/// outright mid-run, the CLI leaves it to the init too: the sandbox's processes, its cgroup
+/// in every hierarchy and its id lease are all gone within moments. Before, the init died
+/// with the CLI (its parent-death signal was SIGKILL) and the sandbox's emptied cgroup
+/// directories stayed until a server's sweep.
+#[test]
+fn a_run_killed_mid_program_is_ended_by_its_init() {
+    use std::time::{Duration, Instant};
+    if !container_tier_here("a_run_killed_mid_program_is_ended_by_its_init") {
+        return;
+    }
+    let (_dir, init) = private_init();
+    let home = temp_home();
+    let mut run = Command::new(BIN)
+        .args(["run", "--", "sleep", "60"])
+        .env("CORDON_HOME", home.path())
+        .env("CORDON_SANDBOX_INIT", &init)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The sandbox's agent: the process of the private init that is in a sandbox's cgroup.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (id, id_base) = loop {
+        let found = cordon_testkit::procs::running_from(&init)
+            .into_iter()
+            .find_map(|pid| {
+                let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+                let id = cg
+                    .split(['/', '\n'])
+                    .find(|part| part.starts_with("sb-"))?
+                    .to_string();
+                let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).ok()?;
+                let base: u32 = map.split_whitespace().nth(1)?.parse().ok()?;
+                Some((id, base))
+            });
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no sandbox agent of {} showed up",
+            init.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let cgroup_dirs = || -> Vec<PathBuf> {
+        let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
+        roots.extend(
+            std::fs::read_dir("/sys/fs/cgroup")
+                .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        );
+        roots
+            .into_iter()
+            .map(|r| r.join("cordon").join(&id))
+            .filter(|d| d.exists())
+            .collect()
+    };
+    let lease_free = || {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/run/cordon/ids/leases")
+            .unwrap();
+        let mut lock = nix::libc::flock {
+            l_type: nix::libc::F_WRLCK as nix::libc::c_short,
+            l_whence: nix::libc::SEEK_SET as nix::libc::c_short,
+            l_start: nix::libc::off_t::from(id_base),
+            l_len: 65536,
+            l_pid: 0,
+        };
+        let free = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_OFD_SETLK(&lock)).is_ok();
+        lock.l_type = nix::libc::F_UNLCK as nix::libc::c_short;
+        let _ = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_OFD_SETLK(&lock));
+        free
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let procs = cordon_testkit::procs::running_from(&init);
+        let dirs = cgroup_dirs();
+        let free = lease_free();
+        if procs.is_empty() && dirs.is_empty() && free {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "5 s after the run was killed: init processes {procs:?}, cgroup directories \
+             {dirs:?}, host ids {id_base} free: {free}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

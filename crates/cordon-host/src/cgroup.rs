@@ -21,13 +21,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::HostError;
-mod files;
 pub mod gauge;
 pub mod place;
-pub mod pool;
+/// Memory cgroups kept for the next sandbox (a crate of its own: the sandbox init ends a
+/// one-shot run's cgroup with it, ADR 0044).
+pub use cordon_cgroup_pool as pool;
+pub use cordon_cgroup_pool::remove_ended;
 
-use files::parse_number;
-pub use files::{keyed, number, parse_keyed, read_pids};
+use cordon_cgroup_pool::files::parse_number;
+pub use cordon_cgroup_pool::files::{keyed, number, parse_keyed, read_pids};
 
 /// The calling thread's own view of the mounts: a process whose threads see different
 /// mount namespaces (cordon-oci's monitor shows its first thread only the container's root)
@@ -597,16 +599,19 @@ impl SandboxCgroup {
     /// Kills every process in the cgroup and removes it, waiting up to `patience` for the
     /// processes to be gone. Returns false when something could not be removed.
     pub fn kill_and_remove(&self, patience: Duration) -> bool {
-        let dirs = self.all_dirs();
-        // Usually every process is gone already (the caller waited for them): then the
-        // directories just go, without reading each one's process list first.
-        let mut left = Vec::new();
-        for d in dirs {
-            if !self.kept(&d) && fs::remove_dir(&d).is_err() && d.exists() {
-                left.push(d);
-            }
-        }
+        let (dirs, keepable) = self.end_plan();
+        let left = remove_ended(&dirs, keepable.as_deref());
         left.is_empty() || remove_dirs(&left, patience)
+    }
+
+    /// What ending this cgroup takes, for a process that does it after this one has gone
+    /// (a one-shot run's sandbox init, ADR 0044): its directories in every hierarchy, and
+    /// the one of them the pool may keep for the next sandbox.
+    pub fn end_plan(&self) -> (Vec<PathBuf>, Option<PathBuf>) {
+        (
+            self.all_dirs(),
+            self.pooled.then(|| self.memory_dir.clone()),
+        )
     }
 
     /// Kills what is left in this cgroup's directories in every hierarchy (those a runtime

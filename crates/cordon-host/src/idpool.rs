@@ -112,6 +112,27 @@ impl IdRange {
             lease: self.lease.clone(),
         }
     }
+
+    /// A descriptor of the open lease file this range's lock belongs to (`F_OFD_SETLK`
+    /// locks are the open file's, not the process's). A process that holds it keeps the
+    /// range locked once this one has let go by exiting, until it closes it: a sandbox's
+    /// init that outlives a one-shot `cordon run` to finish the sandbox's teardown (ADR
+    /// 0044). Every lease of this process in the pool is on that file: hand it only to a
+    /// process that ends with this range's sandbox.
+    pub fn lock_holder(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.lease.file.as_fd().try_clone_to_owned()
+    }
+
+    /// Lets this process end without unlocking the range: it stays leased (this process
+    /// never takes it again) until every descriptor of its lease file is closed, this
+    /// process's at its exit and any [`lock_holder`](Self::lock_holder)'s when that one is
+    /// done. For a process about to exit; a range let go this way is never free again
+    /// while this process lives.
+    pub fn keep_past_exit(self) {
+        // Neither the lease's unlock nor its table entry's removal may run (the entry keeps
+        // this process from leasing the range again).
+        std::mem::forget(self);
+    }
 }
 
 /// One range's lock on its pool's lease file; unlocked when the last holder drops it.
@@ -550,6 +571,65 @@ mod tests {
         assert!(matches!(e, IdPoolError::Taken(_)), "{e}");
         holder.kill().unwrap();
         holder.wait().unwrap();
+    }
+
+    /// ADR 0044: a process that ends with its sandbox hands its lease's descriptor to the
+    /// sandbox's init and exits without unlocking; the range stays leased until the init
+    /// closes it. The process that exits is this test binary run again as a child (it
+    /// leases from the pool directory it is given, starts a `sleep` holding the descriptor
+    /// as its stdin, keeps the lease past its exit and exits).
+    #[test]
+    fn a_lock_holder_keeps_the_range_leased_after_its_process_exits() {
+        const CHILD: &str = "CORDON_IDPOOL_HANDOFF_DIR";
+        if let Some(dir) = std::env::var_os(CHILD) {
+            let pool = IdPool::new(PathBuf::from(dir), FIRST, 1, RANGE);
+            let range = pool.allocate().unwrap();
+            let holder = std::process::Command::new("sleep")
+                .arg("60")
+                .stdin(std::process::Stdio::from(range.lock_holder().unwrap()))
+                // Not this child's output: the test reads it to its end.
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            println!("holder {}", holder.id());
+            range.keep_past_exit();
+            std::process::exit(0);
+        }
+        let (_d, pool) = pool(1);
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "idpool::tests::a_lock_holder_keeps_the_range_leased_after_its_process_exits",
+                "--nocapture",
+            ])
+            .env(CHILD, &pool.dir)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        let holder: i32 = said
+            .lines()
+            .find_map(|l| l.strip_prefix("holder "))
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the child said: {said}"));
+        let holder = nix::unistd::Pid::from_raw(holder);
+        // The child has exited: only the holder keeps the range.
+        let taken = pool.allocate();
+        let _ = nix::sys::signal::kill(holder, nix::sys::signal::Signal::SIGKILL);
+        // Reaped by the host's init (its parent exited): wait until it is gone.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while nix::sys::signal::kill(holder, None).is_ok() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            matches!(taken, Err(IdPoolError::Exhausted(1))),
+            "the range was free while the holder lived: {taken:?}"
+        );
+        assert_eq!(
+            pool.allocate().unwrap().base(),
+            FIRST,
+            "the range is free once the holder is gone"
+        );
     }
 
     #[test]

@@ -103,6 +103,25 @@ pub struct InitJoin {
     /// Volumes to mount under /work, in order (ADR 0011). Left out when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<InitVolume>,
+    /// The init ends the sandbox itself once its host is gone (a one-shot `cordon run`,
+    /// which returns at the program's report: ADR 0044). The host sends the descriptor of
+    /// its id lease right after this frame, which the init holds until the sandbox's last
+    /// process is reaped and its cgroup removed. Left out: the host ends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<InitEnd>,
+}
+
+/// What a sandbox init that outlives its host removes once the sandbox's last process is
+/// gone.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitEnd {
+    /// The sandbox's cgroup directories (every hierarchy's).
+    pub cgroups: Vec<PathBuf>,
+    /// The one of them kept for the next sandbox if it ended clean (its memory cgroup,
+    /// where the pool serves its parent: `cordon_cgroup_pool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keepable: Option<PathBuf>,
 }
 
 pub(crate) const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];

@@ -18,14 +18,15 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-use nix::sys::wait::{WaitStatus, waitpid};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Gid, Uid, setresgid, setresuid};
 
 use cordon_guest::proto::{ErrorCode, ProtoError, Reply, read_frame, write_frame};
 use cordon_guest::sys::{Forked, fork_into, own_fd};
 use cordon_guest::{Agent, AgentConfig};
 
-pub use crate::frames::{InitBegin, InitJoin, InitSetup};
+pub use crate::frames::{InitBegin, InitEnd, InitJoin, InitSetup};
 use crate::landlock_rules;
 use crate::root::{build_root, finish_root};
 use crate::seccomp::SeccompPolicy;
@@ -75,7 +76,9 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
             return Ok(1);
         }
     };
-    // Die with the host process that started us.
+    // Die with the host process that started us (an init that ends its sandbox itself
+    // turns this into a signal it takes: `run_parent`).
+    let host = nix::unistd::getppid();
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
     // The whole sandbox runs a little below the host's own processes: when the host's few
     // cores are all busy, Cordon's control plane (the server answering, the CLI reporting)
@@ -149,17 +152,18 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
         Ok(Forked::Parent(child)) => {
             drop(go_r);
             drop(to_child_r);
-            run_parent(sock, child, &begin, go_w, to_child_w)
+            run_parent(sock, (host, child), &begin, go_w, to_child_w)
         }
     }
 }
 
 /// The outer init once the child is forked: writes its id maps and lets it go, passes it the
 /// host's setup and join (moving it into the cgroup and opening the volumes' mounts first),
-/// then waits for it and exits with its status.
+/// then waits for it and exits with its status; with the join's [`InitEnd`], it ends the
+/// sandbox itself once the host is gone.
 fn run_parent(
     mut sock: UnixStream,
-    child: nix::unistd::Pid,
+    (host, child): (nix::unistd::Pid, nix::unistd::Pid),
     begin: &InitBegin,
     go_w: OwnedFd,
     to_child_w: UnixStream,
@@ -169,7 +173,7 @@ fn run_parent(
     // removes the cgroup while this process, dropping the namespace on return,
     // unmounts the sandbox's filesystems. Without the hold (no /proc here) the
     // agent's own exit unmounts them, before the cgroup can go.
-    let _held_mounts = fs::File::open(format!("/proc/{child}/ns/mnt")).ok();
+    let held_mounts = fs::File::open(format!("/proc/{child}/ns/mnt")).ok();
     let fail = |sock: &mut UnixStream, message: String| {
         let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
         report(sock, message);
@@ -199,6 +203,13 @@ fn run_parent(
         Ok(join) => join,
         Err(message) => return fail(&mut sock, message),
     };
+    let ending = match &join.end {
+        Some(end) => match Ending::take_over(&sock, end, host, child) {
+            Ok(ending) => Some(ending),
+            Err(message) => return fail(&mut sock, message),
+        },
+        None => None,
+    };
     let pid = child.to_string();
     for procs in &join.cgroup_procs {
         if let Err(e) = fs::write(procs, &pid) {
@@ -219,13 +230,95 @@ fn run_parent(
     drop(mounts);
     drop(to_child);
     drop(sock);
+    let Some(ending) = ending else {
+        let status = wait_for(child, None);
+        drop(held_mounts);
+        return status;
+    };
+    let status = wait_for(child, Some(&ending.signals));
+    // Nothing of the sandbox runs any more: its cgroup goes (or is kept for the next
+    // sandbox), then its file systems with the mount namespace, and only then its host
+    // ids, with the lease's descriptor as this process ends.
+    ending.remove_cgroups();
+    drop(held_mounts);
+    drop(ending);
+    status
+}
+
+/// The agent's exit status once it is reaped. With `signals` (blocked, and taken here): a
+/// SIGTERM, the parent-death signal of an init that ends its sandbox itself, kills it first.
+fn wait_for(child: nix::unistd::Pid, signals: Option<&SigSet>) -> io::Result<i32> {
+    let flags = signals.map(|_| WaitPidFlag::WNOHANG);
     loop {
-        match waitpid(child, None) {
+        match waitpid(child, flags) {
             Ok(WaitStatus::Exited(_, c)) => return Ok(c),
             Ok(WaitStatus::Signaled(_, s, _)) => return Ok(128 + s as i32),
-            Ok(_) => continue,
+            Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
+        }
+        // Still alive (only asked without waiting): a SIGCHLD says it may be gone now.
+        if let Some(set) = signals
+            && set.wait() == Ok(Signal::SIGTERM)
+        {
+            let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+        }
+    }
+}
+
+/// An init that ends its sandbox itself (ADR 0044): what to remove, the host's id lease it
+/// holds until then, and the signals it waits on.
+struct Ending {
+    plan: InitEnd,
+    /// The host's id lease (its open lease file): the range stays leased while it is open.
+    _lease: OwnedFd,
+    signals: SigSet,
+}
+
+/// How long the sandbox's cgroup directories may take to empty once its last process is
+/// reaped (the kernel lists an exiting task a moment longer).
+const CGROUP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Ending {
+    /// Takes the lease descriptor the host sends after the join, and makes the host's end
+    /// (its exit, or its thread's) a signal this process takes instead of one that kills
+    /// it: the sandbox is then killed and ended here. A host already gone is seen at once.
+    fn take_over(
+        sock: &UnixStream,
+        plan: &InitEnd,
+        host: nix::unistd::Pid,
+        child: nix::unistd::Pid,
+    ) -> Result<Self, String> {
+        let lease = recv_fds(sock, 1, "the host's id lease")?
+            .pop()
+            .ok_or_else(|| "the host sent no id lease".to_string())?;
+        let mut signals = SigSet::empty();
+        signals.add(Signal::SIGTERM);
+        signals.add(Signal::SIGCHLD);
+        signals
+            .thread_block()
+            .map_err(|e| format!("blocking the end's signals: {e}"))?;
+        nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(|e| format!("pdeathsig: {e}"))?;
+        if nix::unistd::getppid() != host {
+            let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+        }
+        Ok(Ending {
+            plan: plan.clone(),
+            _lease: lease,
+            signals,
+        })
+    }
+
+    /// Removes the sandbox's cgroup directories (its memory cgroup kept for the next
+    /// sandbox if it ended clean), waiting for the kernel to let them go; what is still
+    /// there after [`CGROUP_PATIENCE`] is left to the next sweep of empty cgroups.
+    fn remove_cgroups(&self) {
+        let keepable = self.plan.keepable.as_deref();
+        let deadline = std::time::Instant::now() + CGROUP_PATIENCE;
+        let mut left = cordon_cgroup_pool::remove_ended(&self.plan.cgroups, keepable);
+        while !left.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            left = cordon_cgroup_pool::remove_ended(&left, keepable);
         }
     }
 }
@@ -242,8 +335,8 @@ fn from_host<T: serde::de::DeserializeOwned>(
     }
 }
 
-/// Sends descriptors on one byte of their own.
-fn send_fds(to: &UnixStream, fds: &[OwnedFd]) -> io::Result<()> {
+/// Sends descriptors on one byte of their own (the host sends its id lease so too).
+pub fn send_fds(to: &UnixStream, fds: &[OwnedFd]) -> io::Result<()> {
     use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
     use std::os::fd::AsRawFd;
     let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
@@ -258,8 +351,8 @@ fn send_fds(to: &UnixStream, fds: &[OwnedFd]) -> io::Result<()> {
     Ok(())
 }
 
-/// Takes `n` descriptors sent by [`send_fds`].
-fn recv_fds(from: &UnixStream, n: usize) -> Result<Vec<OwnedFd>, String> {
+/// Takes `n` descriptors sent by [`send_fds`]: `what` they are, for the error.
+fn recv_fds(from: &UnixStream, n: usize, what: &str) -> Result<Vec<OwnedFd>, String> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     use std::os::fd::{AsRawFd, RawFd};
     let mut buf = [0u8; 1];
@@ -271,18 +364,18 @@ fn recv_fds(from: &UnixStream, n: usize) -> Result<Vec<OwnedFd>, String> {
         Some(&mut space),
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
-    .map_err(|e| format!("receiving the volumes' mounts: {e}"))?;
+    .map_err(|e| format!("receiving {what}: {e}"))?;
     let mut fds = Vec::new();
-    for c in msg
-        .cmsgs()
-        .map_err(|e| format!("receiving the volumes' mounts: {e}"))?
-    {
+    for c in msg.cmsgs().map_err(|e| format!("receiving {what}: {e}"))? {
         if let ControlMessageOwned::ScmRights(raw) = c {
             fds.extend(raw.into_iter().map(own_fd));
         }
     }
     if fds.len() != n {
-        return Err(format!("expected {n} volume mounts, got {}", fds.len()));
+        return Err(format!(
+            "expected {n} descriptors of {what}, got {}",
+            fds.len()
+        ));
     }
     Ok(fds)
 }
@@ -329,7 +422,7 @@ fn run_child(
     } else if join.volumes.len() > MAX_VOLUMES {
         return Err(format!("more than {MAX_VOLUMES} volumes"));
     } else {
-        recv_fds(&from_parent, join.volumes.len())?
+        recv_fds(&from_parent, join.volumes.len(), "the volumes' mounts")?
     };
     drop(from_parent);
     // The cgroup namespace was made before the move, rooted at the host's cgroup: a fresh

@@ -23,6 +23,18 @@ impl ContainerSandbox {
         let mut host = host;
         proto::write_frame(&mut host, join, b"")
             .map_err(|e| Error::failed("sending the join", e))?;
+        if join.end.is_some() {
+            // The init ends the sandbox once this process is gone, holding its ids until
+            // then: it gets the lease's descriptor right after the join.
+            let lease = self
+                .ids
+                .as_ref()
+                .ok_or_else(|| Error::Sandbox("the sandbox has no host ids".into()))?
+                .lock_holder()
+                .map_err(|e| Error::io("sharing the id lease", e))?;
+            crate::init::send_fds(&host, &[lease])
+                .map_err(|e| Error::io("sending the id lease", e))?;
+        }
         host.set_read_timeout(Some(cfg.start_timeout))
             .map_err(|e| Error::io("agent socket", e))?;
         let hello = proto::read_frame::<Reply>(&mut host);
@@ -245,6 +257,58 @@ impl ContainerSandbox {
         // Every process of the sandbox is gone: its host ids may serve another.
         self.ids = None;
         tracing::debug!("teardown: done");
+    }
+}
+
+impl ContainerSandbox {
+    /// The end of a sandbox whose init ends it ([`super::ContainerConfig::end_in_init`]):
+    /// every process of the sandbox is killed (its PID 1 first, as in a teardown) and this
+    /// returns at once. The init, their parent, reaps them, removes the cgroup and holds
+    /// the ids until all of it is gone; this process only lets go of what is its own (the
+    /// channel, the egress proxy). A destroy of a `cordon run` saves the wait for the
+    /// kernel's teardown of the namespaces and the cgroup's removal, as bubblewrap leaves
+    /// its own to the kernel after it returns (ADR 0044).
+    pub(super) fn end_in_init(&mut self) {
+        if let Some(cg) = &self.cgroup {
+            if self.paused {
+                // Frozen processes take no signal until thawed (cgroup v1).
+                let _ = cg.thaw();
+                self.paused = false;
+            }
+            let agent = self.outer.as_ref().and_then(|o| sandbox_init_of(o.id()));
+            for pid in kill_order(cg.pids(), agent) {
+                // Through a pidfd where the kernel has them, so a pid reused since the
+                // list was read is never hit; the descriptor is not kept.
+                if crate::sys::kill_by_pidfd(pid).is_err() {
+                    crate::sys::kill_pid(pid);
+                }
+            }
+        }
+        // The init removes the directories; nothing here may.
+        self.cgroup = None;
+        if let Some(mut outer) = self.outer.take() {
+            // Without a cgroup the agent is killed through its parent's end: a SIGTERM
+            // the init takes as the order to end the sandbox.
+            if let Ok(pid) = i32::try_from(outer.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            // Reaped by a thread of its own, should this process live on (a test's): the
+            // init's own end is not waited for here.
+            let _ = std::thread::Builder::new()
+                .name("init-reaper".into())
+                .spawn(move || outer.wait());
+        }
+        self.init_sock = None;
+        self.ctrl = None;
+        self.egress = None;
+        // The init holds the lease's open file until the sandbox is gone; unlocked here,
+        // the range would be free at once.
+        if let Some(ids) = self.ids.take() {
+            ids.keep_past_exit();
+        }
     }
 }
 

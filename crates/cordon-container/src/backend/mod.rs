@@ -14,7 +14,7 @@ use cordon_guest::proto::{self, Reply};
 use cordon_host::agent::AgentConn;
 
 use crate::cgroup::{self, SandboxCgroup};
-use crate::init::{InitBegin, InitJoin, InitSetup};
+use crate::init::{InitBegin, InitEnd, InitJoin, InitSetup};
 use crate::landlock_rules;
 use crate::seccomp::SeccompPolicy;
 
@@ -51,6 +51,13 @@ pub struct ContainerConfig {
     /// How long the agent keeps a reaper readied for the next exec that none asks for
     /// (`cordon_guest::AgentConfig::standby_idle`); `None` keeps it for the sandbox's life.
     pub standby_idle: Option<Duration>,
+    /// This process ends with its sandbox (a one-shot `cordon run`): a destroy kills every
+    /// process of the sandbox and returns, and the sandbox init, holding the id lease,
+    /// reaps them, removes the cgroup and lets the ids go once it is all gone (ADR 0044).
+    /// A sandbox with volumes or host directories is ended here as always (the caller lets
+    /// those go after the destroy). Never for a process that goes on making sandboxes:
+    /// every range ended so stays this process's until it exits.
+    pub end_in_init: bool,
 }
 
 /// Name of the init binary, looked up next to the running executable.
@@ -85,6 +92,7 @@ impl ContainerConfig {
             netns: None,
             proxy_port: None,
             standby_idle: Some(cordon_guest::STANDBY_IDLE),
+            end_in_init: false,
         }
     }
 
@@ -452,6 +460,7 @@ impl ContainerBackend {
             ids: Some(ids),
             sandbox_uid: self.cfg.sandbox_uid,
             paused: false,
+            ends_in_init: false,
             bg_counters: std::collections::HashMap::new(),
         };
         if let Err(e) = sent {
@@ -478,6 +487,13 @@ impl ContainerBackend {
             return Err(e);
         }
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: cgroup ready");
+        // Checked before anything was started (create_sandbox).
+        let volumes = volumes_of(spec).unwrap_or_default();
+        let end = (self.cfg.end_in_init && volumes.is_empty()).then(|| {
+            let (cgroups, keepable) = sb.cgroup.as_ref().map(|c| c.end_plan()).unwrap_or_default();
+            InitEnd { cgroups, keepable }
+        });
+        sb.ends_in_init = end.is_some();
         let join = InitJoin {
             cgroup_procs: sb
                 .cgroup
@@ -488,8 +504,8 @@ impl ContainerBackend {
             extra_copies: sb.egress.as_ref().map(|l| l.copies()).unwrap_or_default(),
             connect_port: sb.egress.as_ref().map(|_| self.cfg.forwarder_port()),
             egress_socket: sb.egress.as_ref().map(|l| l.socket().to_path_buf()),
-            // Checked before anything was started (create_sandbox).
-            volumes: volumes_of(spec).unwrap_or_default(),
+            volumes,
+            end,
         };
         if let Err(e) = sb.start(&self.cfg, &join) {
             sb.teardown();
@@ -557,6 +573,8 @@ pub struct ContainerSandbox {
     sandbox_uid: u32,
     /// Its processes are frozen.
     paused: bool,
+    /// Its init ends it once this process is gone ([`ContainerConfig::end_in_init`]).
+    ends_in_init: bool,
     /// The cgroup's OOM kills when each background exec started, then whether the OOM
     /// killer ended it (see [`ContainerSandbox::bg_oom`]).
     bg_counters: std::collections::HashMap<u64, BgOom>,

@@ -246,7 +246,11 @@ impl Sandbox for ContainerSandbox {
         if self.gone.as_deref() == Some("destroyed") {
             return Ok(());
         }
-        self.teardown();
+        if self.ends_in_init {
+            self.end_in_init();
+        } else {
+            self.teardown();
+        }
         self.gone = Some("destroyed".into());
         Ok(())
     }

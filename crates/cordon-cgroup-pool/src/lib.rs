@@ -25,7 +25,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use super::files::{keyed, number, read_pids};
+pub mod files;
+
+use files::{keyed, number, read_pids};
 
 /// How many cgroups the pool holds at most: enough for the sandboxes that end while others
 /// start, few enough that what it holds (each as large as any memory cgroup) is small.
@@ -178,4 +180,20 @@ pub fn fill(parent: &Path) -> usize {
     slots(parent)
         .filter(|at| !at.exists() && fs::create_dir(at).is_ok())
         .count()
+}
+
+/// Removes a sandbox's cgroup directories once its processes are gone, keeping `keepable`
+/// (its memory cgroup, under a parent the pool serves) for the next sandbox if it ended
+/// clean. Usually every process is gone already (the caller waited for them): the
+/// directories then just go, without reading each one's process list first. Returns those
+/// still there (a process in them, or the kernel not done with one that just exited): the
+/// host's manager kills and waits for what is in them, the sandbox init only waits.
+pub fn remove_ended(dirs: &[PathBuf], keepable: Option<&Path>) -> Vec<PathBuf> {
+    dirs.iter()
+        .filter(|d| {
+            let kept = keepable == Some(d.as_path()) && keep(d);
+            !kept && fs::remove_dir(d).is_err() && d.exists()
+        })
+        .cloned()
+        .collect()
 }

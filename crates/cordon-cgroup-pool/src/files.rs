@@ -1,5 +1,5 @@
 //! Reading cgroup files: a process list, one number, or one key of a `key value` file.
-//! Below both the manager and the pool, which read them.
+//! Below both the host's cgroup manager and the pool, which read them.
 
 use std::fs;
 use std::path::Path;
@@ -19,7 +19,7 @@ pub fn number(p: &Path) -> u64 {
 }
 
 /// One number in a file's text; 0 when absent.
-pub(super) fn parse_number(text: &str) -> u64 {
+pub fn parse_number(text: &str) -> u64 {
     text.trim().parse().unwrap_or(0)
 }
 
