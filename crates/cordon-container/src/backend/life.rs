@@ -286,7 +286,7 @@ impl ContainerSandbox {
         }
         // The init removes the directories; nothing here may.
         self.cgroup = None;
-        if let Some(mut outer) = self.outer.take() {
+        if let Some(outer) = self.outer.take() {
             // Without a cgroup the agent is killed through its parent's end: a SIGTERM
             // the init takes as the order to end the sandbox.
             if let Ok(pid) = i32::try_from(outer.id()) {
@@ -295,11 +295,7 @@ impl ContainerSandbox {
                     nix::sys::signal::Signal::SIGTERM,
                 );
             }
-            // Reaped by a thread of its own, should this process live on (a test's): the
-            // init's own end is not waited for here.
-            let _ = std::thread::Builder::new()
-                .name("init-reaper".into())
-                .spawn(move || outer.wait());
+            // Not waited for: this process ends next, and the host's init reaps it then.
         }
         self.init_sock = None;
         self.ctrl = None;

@@ -37,6 +37,39 @@ fn a_peer_that_dribbles_cannot_hold_a_receive_past_its_deadline() {
     drop(t.join());
 }
 
+/// Issue 49: every read zeroed a 256 KiB chunk first, so a 169-byte reply cost 64 page
+/// faults and a 256 KiB memset on every `cordon run`'s path. A small reply now takes a
+/// small buffer, and a large frame still arrives whole.
+#[test]
+fn a_small_reply_takes_a_small_buffer_and_a_large_frame_still_arrives() {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let mut c = AgentConn::new(a).unwrap();
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    b.write_all(&proto::encode(&Reply::Started { id: 7 }, b"").unwrap())
+        .unwrap();
+    let f = c.recv(deadline(), 1 << 20).unwrap();
+    assert!(
+        matches!(f.header, Reply::Started { id: 7 }),
+        "{:?}",
+        f.header
+    );
+    assert!(
+        c.buf.capacity() <= 2 * SMALL_READ,
+        "a {}-byte buffer for one small reply",
+        c.buf.capacity()
+    );
+    // A frame larger than any one read, written from another thread as the reads go.
+    let body: Vec<u8> = (0..3 * READ_CHUNK + 1234)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let frame = proto::encode(&Reply::Ok, &body).unwrap();
+    let writer = std::thread::spawn(move || b.write_all(&frame).map(|()| b));
+    let f = c.recv(deadline(), 4 * READ_CHUNK).unwrap();
+    assert!(matches!(f.header, Reply::Ok), "{:?}", f.header);
+    assert_eq!(f.body, body);
+    drop(writer.join().unwrap());
+}
+
 #[test]
 fn an_oversized_frame_is_refused_from_its_length() {
     let (a, mut b) = UnixStream::pair().unwrap();
