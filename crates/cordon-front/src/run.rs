@@ -413,7 +413,8 @@ pub fn run(args: RunArgs, tiers: &Tiers) -> Result<i32> {
         Err(code) => return Ok(code),
     };
     let tier = adm.spec.tier;
-    let backend = tiers.backend(tier).ok_or_else(|| {
+    // This process ends with its one sandbox (ADR 0044).
+    let backend = tiers.one_shot(tier).ok_or_else(|| {
         anyhow!(
             "the {tier} tier is not part of this build of cordon yet; `cordon doctor` lists the tiers"
         )

@@ -943,14 +943,45 @@ fn an_init_started_early_does_not_outlive_the_run() {
 /// directories stayed until a server's sweep.
 #[test]
 fn a_run_killed_mid_program_is_ended_by_its_init() {
-    use std::time::{Duration, Instant};
-    if !container_tier_here("a_run_killed_mid_program_is_ended_by_its_init") {
+    let test = "a_run_killed_mid_program_is_ended_by_its_init";
+    if !container_tier_here(test) {
         return;
     }
+    killed_run_is_ended_by_its_init(Path::new(BIN), &["run", "--", "sleep", "60"]);
+    // `cordon-full run` (a run with a policy step goes there) ends its sandbox the same way.
+    let full = Path::new(BIN).with_file_name("cordon-full");
+    if full.is_file() {
+        killed_run_is_ended_by_its_init(
+            &full,
+            &[
+                "run",
+                "--trust",
+                "trusted",
+                "--autonomy",
+                "compute",
+                "--tier",
+                "container",
+                "--",
+                "sleep",
+                "60",
+            ],
+        );
+    } else {
+        skip(
+            test,
+            "cordon-full is not built beside cordon (cargo build --workspace)",
+        );
+    }
+}
+
+/// Starts `bin args` (a run of `sleep 60` on the container tier), kills it once its
+/// sandbox's agent is up, and checks that the sandbox's init ends it within 5 s.
+fn killed_run_is_ended_by_its_init(bin: &Path, args: &[&str]) {
+    use std::time::{Duration, Instant};
     let (_dir, init) = private_init();
     let home = temp_home();
-    let mut run = Command::new(BIN)
-        .args(["run", "--", "sleep", "60"])
+    let mut run = Command::new(bin)
+        .args(args)
         .env("CORDON_HOME", home.path())
         .env("CORDON_SANDBOX_INIT", &init)
         .stdout(std::process::Stdio::null())
@@ -1025,8 +1056,9 @@ fn a_run_killed_mid_program_is_ended_by_its_init() {
         }
         assert!(
             Instant::now() < deadline,
-            "5 s after the run was killed: init processes {procs:?}, cgroup directories \
-             {dirs:?}, host ids {id_base} free: {free}"
+            "{}: 5 s after the run was killed: init processes {procs:?}, cgroup directories \
+             {dirs:?}, host ids {id_base} free: {free}",
+            bin.display()
         );
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -26,6 +26,9 @@ use cordon_policy::{BenchFigures, Host, bench_file};
 )]
 enum Place<'a> {
     Process,
+    /// One sandbox in a process that ends with it (`cordon run`): see
+    /// [`Tiers::one_shot`].
+    OneShot,
     Server(&'a Path),
     /// One sandbox of a root of its own (cordon-oci's container: see [`Own`]).
     Own(&'a Own),
@@ -63,6 +66,14 @@ impl Tiers {
     /// The backend of `tier`, or `None` when this build does not carry it.
     pub fn backend(&self, tier: Tier) -> Option<Box<dyn Backend>> {
         make(tier, Place::Process)
+    }
+
+    /// The backend of `tier` for a process that makes one sandbox and ends with it (`cordon
+    /// run`): on the container tier the sandbox's init finishes its teardown after the
+    /// process has returned, holding its ids until then (ADR 0044). Never for a process
+    /// that goes on making sandboxes: each one's ids stay leased until it exits.
+    pub fn one_shot(&self, tier: Tier) -> Option<Box<dyn Backend>> {
+        make(tier, Place::OneShot)
     }
 
     /// The backend of `tier` for one sandbox of a root of its own (`own`), or `None` when
@@ -229,7 +240,7 @@ fn runtime(_: Place<'_>) -> Option<Box<dyn Backend>> {
 #[cfg(feature = "wasm")]
 fn wasm(place: Place<'_>) -> Option<Box<dyn Backend>> {
     Some(Box::new(match place {
-        Place::Process | Place::Own(_) => cordon_wasm::WasmBackend::new(),
+        Place::Process | Place::OneShot | Place::Own(_) => cordon_wasm::WasmBackend::new(),
         // Scratch dirs under the server's data dir, so a restart after a crash removes what
         // was left.
         Place::Server(data_dir) => cordon_wasm::WasmBackend::with_config(cordon_wasm::WasmConfig {
@@ -249,6 +260,7 @@ fn container(place: Place<'_>) -> Option<Box<dyn Backend>> {
     {
         cordon_host::cgroup::pool::keep_stocked(parent);
     }
+    config.end_in_init = matches!(place, Place::OneShot);
     if let Place::Own(own) = place {
         if let Some(ids) = &own.ids {
             config.ids = ids.clone();
@@ -282,7 +294,7 @@ fn microvm(place: Place<'_>) -> Option<Box<dyn Backend>> {
             cfg.root_disk = own.root_disk.clone();
             cfg.cgroup_parent = own.cgroup_parent.clone();
         }
-        Place::Process => {}
+        Place::Process | Place::OneShot => {}
     }
     Some(Box::new(cordon_microvm::MicrovmBackend::new(cfg)))
 }
