@@ -34,6 +34,10 @@ pub fn stamp(run: &mut BenchDoc) {
 /// measure. `ratio_cordon_run_to_bwrap` is worked out again from the merged figures.
 pub fn merge(stored: Option<&BenchDoc>, mut run: BenchDoc) -> BenchDoc {
     let Some(stored) = stored.filter(|s| same_source(s, &run)) else {
+        // A first bench (or one from another build or host) stores this run alone, with
+        // its own ratio: it was left out, so a fresh host's first `cordon bench` printed no
+        // `cordon run` / bwrap ratio at all.
+        run.ratio_cordon_run_to_bwrap = run_to_bwrap(&run);
         return run;
     };
     // A row from before rows had dates takes its document's.
@@ -65,12 +69,17 @@ pub fn merge(stored: Option<&BenchDoc>, mut run: BenchDoc) -> BenchDoc {
         |p| p.measured_unix = p.measured_unix.or(created),
     );
     run.peers.sort_by_key(|p| peer_position(Some(&p.peer)));
-    let median = |subject: &str| run.figure(subject).map(|f| f.median_us as f64);
-    run.ratio_cordon_run_to_bwrap = match (median("cordon-run"), median("bwrap")) {
+    run.ratio_cordon_run_to_bwrap = run_to_bwrap(&run);
+    run
+}
+
+/// `cordon run`'s median over bwrap's, when `doc` has both.
+fn run_to_bwrap(doc: &BenchDoc) -> Option<f64> {
+    let median = |subject: &str| doc.figure(subject).map(|f| f.median_us as f64);
+    match (median("cordon-run"), median("bwrap")) {
         (Some(c), Some(b)) if b > 0.0 => Some(c / b),
         _ => None,
-    };
-    run
+    }
 }
 
 /// This run's rows, each replaced by the stored row of the same name when only the stored
@@ -181,6 +190,14 @@ mod tests {
         .unwrap();
         stamp(&mut d);
         d
+    }
+
+    /// A fresh host's first bench has nothing stored to merge with: its ratio is still
+    /// worked out (it was left out, and `cordon bench` printed none).
+    #[test]
+    fn a_first_bench_has_its_cordon_run_to_bwrap_ratio() {
+        let first = merge(None, full());
+        assert_eq!(first.ratio_cordon_run_to_bwrap, Some(2.0));
     }
 
     /// The full set a first `cordon bench` stores: every tier and two peers.
