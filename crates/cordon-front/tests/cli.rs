@@ -974,8 +974,9 @@ fn a_run_killed_mid_program_is_ended_by_its_init() {
     }
 }
 
-/// Starts `bin args` (a run of `sleep 60` on the container tier), kills it once its
-/// sandbox's agent is up, and checks that the sandbox's init ends it within 5 s.
+/// Starts `bin args` (a run of `sleep 60` on the container tier), stops its sandbox's agent
+/// once it is up and kills the CLI, and checks that the sandbox's init ends the sandbox
+/// within 5 s, letting the host ids go only after the cgroup.
 fn killed_run_is_ended_by_its_init(bin: &Path, args: &[&str]) {
     use std::time::{Duration, Instant};
     let (_dir, init) = private_init();
@@ -990,10 +991,21 @@ fn killed_run_is_ended_by_its_init(bin: &Path, args: &[&str]) {
         .unwrap();
     // The sandbox's agent: the process of the private init that is in a sandbox's cgroup.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let (id, id_base) = loop {
+    let (agent, id, id_base) = loop {
         let found = cordon_testkit::procs::running_from(&init)
             .into_iter()
             .find_map(|pid| {
+                // The sandbox's PID 1: pid 1 of the one namespace below the host's (an exec's
+                // reaper is pid 1 of one more).
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                let nspid: Vec<&str> = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))?
+                    .split_whitespace()
+                    .collect();
+                if nspid.len() != 2 || nspid[1] != "1" {
+                    return None;
+                }
                 let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
                 let id = cg
                     .split(['/', '\n'])
@@ -1001,7 +1013,7 @@ fn killed_run_is_ended_by_its_init(bin: &Path, args: &[&str]) {
                     .to_string();
                 let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).ok()?;
                 let base: u32 = map.split_whitespace().nth(1)?.parse().ok()?;
-                Some((id, base))
+                Some((pid, id, base))
             });
         if let Some(found) = found {
             break found;
@@ -1013,6 +1025,13 @@ fn killed_run_is_ended_by_its_init(bin: &Path, args: &[&str]) {
         );
         std::thread::sleep(Duration::from_millis(10));
     };
+    // A stopped agent never sees its channel close: only the init, told by the CLI's end,
+    // can end the sandbox.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
     run.kill().unwrap();
     run.wait().unwrap();
     let cgroup_dirs = || -> Vec<PathBuf> {
@@ -1051,6 +1070,12 @@ fn killed_run_is_ended_by_its_init(bin: &Path, args: &[&str]) {
         let procs = cordon_testkit::procs::running_from(&init);
         let dirs = cgroup_dirs();
         let free = lease_free();
+        // The ids go last: never while the sandbox's cgroup is still there.
+        assert!(
+            dirs.is_empty() || !free,
+            "{}: host ids {id_base} free while {dirs:?} are still there",
+            bin.display()
+        );
         if procs.is_empty() && dirs.is_empty() && free {
             break;
         }

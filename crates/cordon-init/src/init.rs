@@ -124,6 +124,15 @@ fn run_outer(mut sock: UnixStream) -> io::Result<i32> {
         setresuid(root_u, root_u, root_u)?;
         setresgid(root_g, root_g, root_g)?;
         crate::sys::set_securebits(bits)?;
+        // Changing the effective ids cleared the parent-death signal: set it again, and
+        // see whether the host went while it was off.
+        nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+        if nix::unistd::getppid() != host {
+            if let Ok(Forked::Parent(child)) = forked {
+                let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+            }
+            return Ok(1);
+        }
     }
     match forked {
         Err(e) => {
@@ -203,25 +212,38 @@ fn run_parent(
         Ok(join) => join,
         Err(message) => return fail(&mut sock, message),
     };
+    // An init that ends its sandbox itself does so on every way out, a failure's too: the
+    // child is killed and reaped, and the cgroup removed, before this process (and with it
+    // the id lease, when it got one) goes.
+    let give_up = |sock: &mut UnixStream, message: String, signals: Option<&SigSet>| {
+        let status = fail(sock, message);
+        if let Some(end) = &join.end {
+            let _ = wait_for(child, signals);
+            remove_cgroups(end);
+        }
+        status
+    };
     let ending = match &join.end {
         Some(end) => match Ending::take_over(&sock, end, host, child) {
             Ok(ending) => Some(ending),
-            Err(message) => return fail(&mut sock, message),
+            Err(message) => return give_up(&mut sock, message, None),
         },
         None => None,
     };
+    let signals = ending.as_ref().map(|e| &e.signals);
     let pid = child.to_string();
     for procs in &join.cgroup_procs {
         if let Err(e) = fs::write(procs, &pid) {
-            return fail(
+            return give_up(
                 &mut sock,
                 format!("moving the sandbox into cgroup {}: {e}", procs.display()),
+                signals,
             );
         }
     }
     let mounts = match volume_mounts(child, &join.volumes) {
         Ok(m) => m,
-        Err(message) => return fail(&mut sock, message),
+        Err(message) => return give_up(&mut sock, message, signals),
     };
     let _ = write_frame(&mut to_child, &join, b"");
     if !mounts.is_empty() {
@@ -239,14 +261,14 @@ fn run_parent(
     // Nothing of the sandbox runs any more: its cgroup goes (or is kept for the next
     // sandbox), then its file systems with the mount namespace, and only then its host
     // ids, with the lease's descriptor as this process ends.
-    ending.remove_cgroups();
+    remove_cgroups(&ending.plan);
     drop(held_mounts);
     drop(ending);
     status
 }
 
-/// The agent's exit status once it is reaped. With `signals` (blocked, and taken here): a
-/// SIGTERM, the parent-death signal of an init that ends its sandbox itself, kills it first.
+/// The agent's exit status once it is reaped. With `signals` (blocked, and taken here): any
+/// of them but SIGCHLD (the host's end, a terminal's interrupt or hang-up) kills it first.
 fn wait_for(child: nix::unistd::Pid, signals: Option<&SigSet>) -> io::Result<i32> {
     let flags = signals.map(|_| WaitPidFlag::WNOHANG);
     loop {
@@ -259,7 +281,7 @@ fn wait_for(child: nix::unistd::Pid, signals: Option<&SigSet>) -> io::Result<i32
         }
         // Still alive (only asked without waiting): a SIGCHLD says it may be gone now.
         if let Some(set) = signals
-            && set.wait() == Ok(Signal::SIGTERM)
+            && set.wait().is_ok_and(|s| s != Signal::SIGCHLD)
         {
             let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
         }
@@ -292,12 +314,26 @@ impl Ending {
         let lease = recv_fds(sock, 1, "the host's id lease")?
             .pop()
             .ok_or_else(|| "the host sent no id lease".to_string())?;
+        // SIGTERM is the parent-death signal below. The CLI's own end may come as a
+        // terminal's interrupt, quit or hang-up, sent to its whole process group, this
+        // process included: each is an order to end the sandbox too, never this process's
+        // end before the sandbox's.
         let mut signals = SigSet::empty();
-        signals.add(Signal::SIGTERM);
-        signals.add(Signal::SIGCHLD);
+        for s in [
+            Signal::SIGTERM,
+            Signal::SIGINT,
+            Signal::SIGQUIT,
+            Signal::SIGHUP,
+            Signal::SIGCHLD,
+        ] {
+            signals.add(s);
+        }
         signals
             .thread_block()
             .map_err(|e| format!("blocking the end's signals: {e}"))?;
+        // An ignored SIGCHLD (inherited from whoever started the host) would have the
+        // kernel reap the agent unseen, and the wait below never woken for it.
+        crate::sys::default_sigchld().map_err(|e| format!("resetting SIGCHLD: {e}"))?;
         nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(|e| format!("pdeathsig: {e}"))?;
         if nix::unistd::getppid() != host {
             let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
@@ -308,18 +344,18 @@ impl Ending {
             signals,
         })
     }
+}
 
-    /// Removes the sandbox's cgroup directories (its memory cgroup kept for the next
-    /// sandbox if it ended clean), waiting for the kernel to let them go; what is still
-    /// there after [`CGROUP_PATIENCE`] is left to the next sweep of empty cgroups.
-    fn remove_cgroups(&self) {
-        let keepable = self.plan.keepable.as_deref();
-        let deadline = std::time::Instant::now() + CGROUP_PATIENCE;
-        let mut left = cordon_cgroup_pool::remove_ended(&self.plan.cgroups, keepable);
-        while !left.is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_micros(200));
-            left = cordon_cgroup_pool::remove_ended(&left, keepable);
-        }
+/// Removes an ended sandbox's cgroup directories (its memory cgroup kept for the next
+/// sandbox if it ended clean), waiting for the kernel to let them go; what is still there
+/// after [`CGROUP_PATIENCE`] is left to the next sweep of empty cgroups.
+fn remove_cgroups(plan: &InitEnd) {
+    let keepable = plan.keepable.as_deref();
+    let deadline = std::time::Instant::now() + CGROUP_PATIENCE;
+    let mut left = cordon_cgroup_pool::remove_ended(&plan.cgroups, keepable);
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+        left = cordon_cgroup_pool::remove_ended(&left, keepable);
     }
 }
 

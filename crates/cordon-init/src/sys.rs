@@ -63,3 +63,17 @@ pub fn set_securebits(bits: u64) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Sets SIGCHLD's disposition back to the default (a child's exit is reported, and waited
+/// for), whatever this process inherited.
+pub fn default_sigchld() -> nix::Result<()> {
+    // SAFETY: SIG_DFL installs no handler, so no code of this process runs in a signal
+    // context; the previous disposition returned is not used.
+    unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGCHLD,
+            nix::sys::signal::SigHandler::SigDfl,
+        )
+    }
+    .map(|_| ())
+}

@@ -276,11 +276,23 @@ impl ContainerSandbox {
                 self.paused = false;
             }
             let agent = self.outer.as_ref().and_then(|o| sandbox_init_of(o.id()));
-            for pid in kill_order(cg.pids(), agent) {
-                // Through a pidfd where the kernel has them, so a pid reused since the
-                // list was read is never hit; the descriptor is not kept.
-                if crate::sys::kill_by_pidfd(pid).is_err() {
-                    crate::sys::kill_pid(pid);
+            let mut killed = std::collections::HashSet::new();
+            // A process forked while the list was read is in the next read: a few rounds
+            // until none is new (the agent's death, first, ends its PID namespace anyway).
+            for _ in 0..4 {
+                let new: Vec<i32> = kill_order(cg.pids(), agent)
+                    .into_iter()
+                    .filter(|pid| killed.insert(*pid))
+                    .collect();
+                if new.is_empty() {
+                    break;
+                }
+                for pid in new {
+                    // Through a pidfd where the kernel has them, so a pid reused since the
+                    // list was read is never hit; the descriptor is not kept.
+                    if crate::sys::kill_by_pidfd(pid).is_err() {
+                        crate::sys::kill_pid(pid);
+                    }
                 }
             }
         }

@@ -489,7 +489,10 @@ impl ContainerBackend {
         tracing::debug!(us = t0.elapsed().as_micros() as u64, "create: cgroup ready");
         // Checked before anything was started (create_sandbox).
         let volumes = volumes_of(spec).unwrap_or_default();
-        let end = (self.cfg.end_in_init && volumes.is_empty()).then(|| {
+        // Only a sandbox with nothing the caller lets go after the destroy: no volume, no
+        // host directory.
+        let own_only = spec.volumes.is_empty() && spec.host_binds.is_empty();
+        let end = (self.cfg.end_in_init && own_only).then(|| {
             let (cgroups, keepable) = sb.cgroup.as_ref().map(|c| c.end_plan()).unwrap_or_default();
             InitEnd { cgroups, keepable }
         });
