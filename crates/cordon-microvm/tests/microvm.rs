@@ -1930,8 +1930,10 @@ fn a_vm_paused_to_disk_holds_nothing_and_resumes_with_its_processes() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64;
+    // A clock stopped on disk would be 5 s behind or more. Under TCG on a busy host (CI's
+    // other jobs beside it) the guest's `date` has read up to 3 s late: 2 s was too tight.
     assert!(
-        (guest - host).abs() <= 2,
+        (guest - host).abs() <= 3,
         "guest clock {guest}, host {host}"
     );
     assert!(still_ticking(&mut sb));

@@ -88,14 +88,19 @@ class ServerProc:
 
         def limits() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-        self.proc = subprocess.Popen([cordon_bin(), "serve", "--config", str(self.config)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     preexec_fn=limits if nofile is not None else None)
+        # The server's log goes to a file: a pipe nobody reads would fill with a long
+        # module's log lines and then block the server's next one.
+        self.log = self.config.with_suffix(".log")
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [cordon_bin(), "serve", "--config", str(self.config)],
+                stdout=subprocess.PIPE, stderr=log, text=True,
+                preexec_fn=limits if nofile is not None else None)
         line = self.proc.stdout.readline()
         if "listening on" not in line:
             if not line:  # stdout closed: the server is exiting; read why
                 self.proc.wait(timeout=60)
-            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+            err = self.log.read_text(errors="replace") if self.proc.poll() is not None else ""
             raise RuntimeError(f"cordon serve did not start: {line!r} {err}")
         self.url = line.strip().rsplit(" ", 1)[-1]
         return self
@@ -104,6 +109,20 @@ class ServerProc:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=30)
+        self.report_panics()
+
+    def report_panics(self) -> None:
+        """A panic in one request's task ends only its connection (the client sees it
+        closed without an answer): its lines go to the run's own stderr, so a CI log shows
+        where it came from."""
+        log = getattr(self, "log", None)
+        if log is None or not log.exists():
+            return
+        lines = log.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            if "panicked at" in line:
+                print(f"\ncordon serve ({self.config.name}) panicked:\n"
+                      + "\n".join(lines[i:i + 6]), file=sys.__stderr__)
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
