@@ -224,7 +224,7 @@ fn run_parent(
         status
     };
     let ending = match &join.end {
-        Some(end) => match Ending::take_over(&sock, end, host, child) {
+        Some(_) => match Ending::take_over(&sock, host, child) {
             Ok(ending) => Some(ending),
             Err(message) => return give_up(&mut sock, message, None),
         },
@@ -261,7 +261,9 @@ fn run_parent(
     // Nothing of the sandbox runs any more: its cgroup goes (or is kept for the next
     // sandbox), then its file systems with the mount namespace, and only then its host
     // ids, with the lease's descriptor as this process ends.
-    remove_cgroups(&ending.plan);
+    if let Some(end) = &join.end {
+        remove_cgroups(end);
+    }
     drop(held_mounts);
     drop(ending);
     status
@@ -288,10 +290,9 @@ fn wait_for(child: nix::unistd::Pid, signals: Option<&SigSet>) -> io::Result<i32
     }
 }
 
-/// An init that ends its sandbox itself (ADR 0044): what to remove, the host's id lease it
-/// holds until then, and the signals it waits on.
+/// An init that ends its sandbox itself (ADR 0044; what it removes is the join's
+/// [`InitEnd`]): the host's id lease it holds until then, and the signals it waits on.
 struct Ending {
-    plan: InitEnd,
     /// The host's id lease (its open lease file): the range stays leased while it is open.
     _lease: OwnedFd,
     signals: SigSet,
@@ -307,7 +308,6 @@ impl Ending {
     /// it: the sandbox is then killed and ended here. A host already gone is seen at once.
     fn take_over(
         sock: &UnixStream,
-        plan: &InitEnd,
         host: nix::unistd::Pid,
         child: nix::unistd::Pid,
     ) -> Result<Self, String> {
@@ -339,7 +339,6 @@ impl Ending {
             let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
         }
         Ok(Ending {
-            plan: plan.clone(),
             _lease: lease,
             signals,
         })

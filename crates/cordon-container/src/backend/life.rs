@@ -177,27 +177,8 @@ impl ContainerSandbox {
         // it at once, and the kernel reaps the rest of the PID namespace with it. Killed
         // first, the outer init would orphan the agent to the host's init, which reaps when
         // it gets to it.
-        let mut killed = 0;
-        let mut dying = Vec::new();
         let had_cgroup = self.cgroup.is_some();
-        if let Some(cg) = &self.cgroup
-            && self.paused
-        {
-            // Frozen processes take no signal until thawed (cgroup v1).
-            let _ = cg.thaw();
-            self.paused = false;
-        }
-        if let Some(cg) = &self.cgroup {
-            let agent = self.outer.as_ref().and_then(|o| sandbox_init_of(o.id()));
-            for pid in kill_order(cg.pids(), agent) {
-                killed += 1;
-                match crate::sys::kill_by_pidfd(pid) {
-                    Ok(Some(pidfd)) => dying.push(pidfd),
-                    Ok(None) => {}
-                    Err(_) => crate::sys::kill_pid(pid),
-                }
-            }
-        }
+        let (killed, mut dying) = self.kill_every_process();
         // Once they have exited the cgroup is empty and can go, while the outer init reaps
         // the agent and unmounts the sandbox's filesystems (it holds their namespace for
         // that): the two run side by side.
@@ -269,33 +250,8 @@ impl ContainerSandbox {
     /// kernel's teardown of the namespaces and the cgroup's removal, as bubblewrap leaves
     /// its own to the kernel after it returns (ADR 0044).
     pub(super) fn end_in_init(&mut self) {
-        if let Some(cg) = &self.cgroup {
-            if self.paused {
-                // Frozen processes take no signal until thawed (cgroup v1).
-                let _ = cg.thaw();
-                self.paused = false;
-            }
-            let agent = self.outer.as_ref().and_then(|o| sandbox_init_of(o.id()));
-            let mut killed = std::collections::HashSet::new();
-            // A process forked while the list was read is in the next read: a few rounds
-            // until none is new (the agent's death, first, ends its PID namespace anyway).
-            for _ in 0..4 {
-                let new: Vec<i32> = kill_order(cg.pids(), agent)
-                    .into_iter()
-                    .filter(|pid| killed.insert(*pid))
-                    .collect();
-                if new.is_empty() {
-                    break;
-                }
-                for pid in new {
-                    // Through a pidfd where the kernel has them, so a pid reused since the
-                    // list was read is never hit; the descriptor is not kept.
-                    if crate::sys::kill_by_pidfd(pid).is_err() {
-                        crate::sys::kill_pid(pid);
-                    }
-                }
-            }
-        }
+        // Their pidfds are not waited on: the init reaps them.
+        let _ = self.kill_every_process();
         // The init removes the directories; nothing here may.
         self.cgroup = None;
         if let Some(outer) = self.outer.take() {
@@ -317,6 +273,45 @@ impl ContainerSandbox {
         if let Some(ids) = self.ids.take() {
             ids.keep_past_exit();
         }
+    }
+}
+
+impl ContainerSandbox {
+    /// Sends SIGKILL to every process in the sandbox's cgroup (thawed first if paused),
+    /// its PID 1 first ([`kill_order`]), through a pidfd where the kernel has them, so a pid
+    /// reused since the list was read is never hit. A process forked while the list was
+    /// read is in the next read: a few rounds until none is new (the agent's death ends its
+    /// PID namespace anyway). How many were killed, and the pidfds of those killed through
+    /// one (each readable once its process has exited). Nothing without a cgroup.
+    fn kill_every_process(&mut self) -> (usize, Vec<std::os::fd::OwnedFd>) {
+        let mut dying = Vec::new();
+        let Some(cg) = &self.cgroup else {
+            return (0, dying);
+        };
+        if self.paused {
+            // Frozen processes take no signal until thawed (cgroup v1).
+            let _ = cg.thaw();
+            self.paused = false;
+        }
+        let agent = self.outer.as_ref().and_then(|o| sandbox_init_of(o.id()));
+        let mut killed = std::collections::HashSet::new();
+        for _ in 0..4 {
+            let new: Vec<i32> = kill_order(cg.pids(), agent)
+                .into_iter()
+                .filter(|pid| killed.insert(*pid))
+                .collect();
+            if new.is_empty() {
+                break;
+            }
+            for pid in new {
+                match crate::sys::kill_by_pidfd(pid) {
+                    Ok(Some(pidfd)) => dying.push(pidfd),
+                    Ok(None) => {}
+                    Err(_) => crate::sys::kill_pid(pid),
+                }
+            }
+        }
+        (killed.len(), dying)
     }
 }
 
