@@ -423,7 +423,10 @@ def test_a_full_snapshot_carries_a_variable_a_process_and_a_file(a, tier):
                           limits={"disk_bytes": 32 << 20, "memory_bytes": 160 << 20}) as src:
         assert src.run_code("x = 41").status == "ok"
         ticker = src.exec_background(
-            "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done")
+            # Written then renamed: `>` truncates first, and a snapshot (or a `cat`) taken
+            # between the truncation and the write would see an empty file.
+            "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new;"
+            " mv /tmp/count.new /tmp/count; sleep 0.2; done")
         src.write_file("/work/f", b"before")
         src.exec("until [ -s /tmp/count ]; do sleep 0.1; done")
         snap = src.create_snapshot()
@@ -434,7 +437,12 @@ def test_a_full_snapshot_carries_a_variable_a_process_and_a_file(a, tier):
                 assert f.run_code("x + 1").text == "42"
                 assert f.read_file("/work/f") == b"before"
                 assert [(e.id, e.status().state) for e in f.execs()] == [(ticker.id, "running")]
-                assert int(f.exec("cat /tmp/count").stdout) >= 1
+                before = int(f.exec("cat /tmp/count").stdout)
+                assert before >= 1
+                # The ticker runs on in the fork: its count goes past what the fork began with.
+                moved = f.exec(f"until [ $(cat /tmp/count) -gt {before} ]; do sleep 0.1; done",
+                               timeout=30)
+                assert (moved.termination, moved.exit_code) == ("exited", 0), moved
             assert forks[0].run_code("x = 100").status == "ok"
             forks[0].write_file("/work/f", b"fork-0")
             for f in forks[1:]:
