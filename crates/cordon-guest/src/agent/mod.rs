@@ -183,6 +183,16 @@ impl Agent {
     /// Runs until the host closes the channel or asks to shut down.
     pub fn serve(mut self) -> Result<(), ProtoError> {
         crate::sys::note_relay_sender();
+        // The bounding set is emptied once here, for every process the agent forks: each
+        // program's own drop then costs one check instead of a call per capability. A
+        // failure leaves it to each program, which drops it (or fails) as before.
+        let _ = crate::sys::drop_bounding_set();
+        // The first exec's reaper is forked before the hello: its set-up (its namespaces'
+        // `/proc`, the confinement, its program's fork) then runs beside the hello's round
+        // trip and the host's own steps before its first request, instead of after the
+        // agent has read that request. A failure here is retried (and reported) when an
+        // exec asks for it.
+        self.standby = self.spawn_standby().ok();
         self.send(
             &Reply::Hello {
                 version: PROTOCOL_VERSION,
@@ -190,13 +200,6 @@ impl Agent {
             },
             b"",
         )?;
-        // The bounding set is emptied once here, for every process the agent forks: each
-        // program's own drop then costs one check instead of a call per capability. A
-        // failure leaves it to each program, which drops it (or fails) as before.
-        let _ = crate::sys::drop_bounding_set();
-        // Ready the first exec's reaper while the host reads the hello. A failure here is
-        // retried (and reported) when an exec asks for it.
-        self.standby = self.spawn_standby().ok();
         loop {
             if self.poll_once()? {
                 self.end_children();
