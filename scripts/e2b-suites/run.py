@@ -123,7 +123,12 @@ class Server:
             f'[e2b]\nlisten = "127.0.0.1:{self.port}"\ntier = "{tier}"\n'
             # A cell's timeout is the sandbox's exec timeout: matplotlib's first import
             # builds its font cache, slow on a loaded host.
-            'limits = { timeout_ms = 180000 }\n')
+            'limits = { timeout_ms = 180000 }\n'
+            # `https://<port>-<id>.localhost` as E2B's tests fetch get_host's URL: port 443
+            # on loopback, a certificate from the data dir's CA (the tests' processes trust
+            # it, below); their sandboxes' ports public unless a create says otherwise.
+            'https_listen = "127.0.0.1:443"\npublic_traffic = true\n')
+        self.ca = self.tmp / "data" / "e2b-https" / "ca.pem"
         self.log = open(self.tmp / "serve.log", "w")
         self.proc = subprocess.Popen([cordon_bin(), "serve", "--config", str(config)],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True)
@@ -146,10 +151,13 @@ class Server:
         self.log.close()
 
 
-def loopback_env(origin: str) -> dict:
+def loopback_env(origin: str, ca: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     env.update(E2B_API_URL=origin, E2B_SANDBOX_URL=origin, E2B_DOMAIN="localhost",
                E2B_API_KEY=E2B_KEY)
+    # The listener's HTTPS certificates come from the server's own CA: the only one these
+    # processes trust (httpx and requests read the first two, Node the third).
+    env.update(SSL_CERT_FILE=str(ca), REQUESTS_CA_BUNDLE=str(ca), NODE_EXTRA_CA_CERTS=str(ca))
     # No proxy may carry a request anywhere: the SDK talks to loopback only.
     for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
               "all_proxy"):
@@ -287,7 +295,7 @@ def main() -> int:
     server = Server(a.tier)
     print(f"cordon serve: E2B listener {server.origin}, tier {a.tier}, log "
           f"{server.tmp / 'serve.log'}", flush=True)
-    env = loopback_env(server.origin)
+    env = loopback_env(server.origin, server.ca)
     ini = server.tmp / "pytest.ini"
     ini.write_text(PYTEST_INI)
     results, totals, per_suite = [], new_totals(), {}

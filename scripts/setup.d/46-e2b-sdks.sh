@@ -11,6 +11,9 @@ if ! have_py e2b 2.63.0 || ! have_py e2b-code-interpreter 2.11.5; then
   python3 -m pip install --quiet --disable-pip-version-check e2b==2.63.0 e2b-code-interpreter==2.11.5
 fi
 pip_install 'pytest>=7,<9'
+# `python`, as E2B's base image has it: the container and gvisor tiers' root is this host's
+# /usr, and E2B's tests (and code written for E2B) start `python -m http.server`.
+apt_install python-is-python3
 # E2B's own test suites (scripts/e2b-suites.sh) have async tests and fixtures.
 pip_install 'pytest-asyncio>=1.1,<2'
 # The JavaScript SDKs, pinned by sdk/e2b-js/package-lock.json (e2b 2.51.0,

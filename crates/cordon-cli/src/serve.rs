@@ -112,6 +112,9 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         if let Some(addr) = server.e2b_addr() {
             lines.push_str(&format!("cordon: e2b listening on http://{addr}\n"));
         }
+        if let Some(addr) = server.e2b_https_addr() {
+            lines.push_str(&format!("cordon: e2b sandbox hosts on https://{addr}\n"));
+        }
         lines.push_str(&format!("cordon: {}\n", server.service().capacity()));
         let mut out = std::io::stdout().lock();
         let _ = out.write_all(lines.as_bytes()).and_then(|()| out.flush());

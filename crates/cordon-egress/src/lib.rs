@@ -65,7 +65,7 @@ pub use policy::{Host, Pattern, Policy, Refusal};
 pub use resolve::{Resolver, StaticResolver, SystemResolver};
 pub use scan::{Finding, FindingKind, KnownSecret, ScanOptions, ScanOutput, scan, scan_with};
 pub use secrets::{MIN_SECRET_LEN, Secret, check_secret};
-pub use tls::UpstreamRoots;
+pub use tls::{UpstreamRoots, ca_params};
 
 use crate::audit::AuditLog;
 use crate::limits::RateLimiter;

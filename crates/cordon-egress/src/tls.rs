@@ -38,22 +38,12 @@ impl SandboxCa {
     pub(crate) fn new(sandbox: &str, terminated: &[Pattern]) -> Result<SandboxCa> {
         let ca_err = |e: rcgen::Error| Error::Ca(e.to_string());
         let key = KeyPair::generate().map_err(ca_err)?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
         let short: String = sandbox
             .chars()
             .filter(|c| c.is_ascii_graphic())
             .take(40)
             .collect();
-        dn.push(DnType::CommonName, format!("Cordon egress CA {short}"));
-        dn.push(DnType::OrganizationName, "Cordon sandbox");
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let mut params = ca_params(&format!("Cordon egress CA {short}"), "Cordon sandbox");
         let now = OffsetDateTime::now_utc();
         params.not_before = now - Duration::hours(1);
         params.not_after = now + CA_VALIDITY;
@@ -144,6 +134,24 @@ impl SandboxCa {
         leaves.insert(name, cfg.clone());
         Ok(cfg)
     }
+}
+
+/// The fields of a CA certificate that signs leaf certificates only (path length 0): its
+/// names, and what its key may be used for. Validity, serial and name constraints are the
+/// caller's.
+pub fn ca_params(common_name: &str, organization: &str) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    dn.push(DnType::OrganizationName, organization);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
 }
 
 fn random_serial() -> Result<Vec<u8>> {

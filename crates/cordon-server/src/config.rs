@@ -253,6 +253,47 @@ pub struct E2bConfig {
     /// ask for any).
     #[serde(default)]
     pub limits: cordon_engine::LimitsPatch,
+    /// HTTPS for a sandbox's own ports as E2B's SDKs name them (`https://<port>-<id>.<domain>`,
+    /// on port 443): where it listens. Off unless given.
+    #[serde(default)]
+    pub https_listen: Option<SocketAddr>,
+    /// The HTTPS listener's certificate chain (PEM; one for `*.<domain>`, say) and its key.
+    /// Left out, a CA of the data dir's own (`e2b/https-ca.pem`, limited by name constraints
+    /// to `domain`) signs a certificate for each sandbox host a client asks for.
+    #[serde(default)]
+    pub https_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub https_key_file: Option<PathBuf>,
+    /// The domain of sandbox hosts (the clients' `E2B_DOMAIN`): the data dir's CA signs
+    /// names under it only.
+    #[serde(default = "default_e2b_domain")]
+    pub domain: String,
+    /// Whether a sandbox's ports may be reached without its traffic token, as E2B's
+    /// `allowPublicTraffic` (true when a create leaves it out) asks. Off by default: every
+    /// request for a port must carry the sandbox's token, and a create asking for public
+    /// traffic is refused.
+    #[serde(default)]
+    pub public_traffic: bool,
+}
+
+fn default_e2b_domain() -> String {
+    "localhost".to_string()
+}
+
+impl Default for E2bConfig {
+    fn default() -> Self {
+        E2bConfig {
+            listen: default_e2b_listen(),
+            templates: BTreeMap::new(),
+            tier: None,
+            limits: Default::default(),
+            https_listen: None,
+            https_cert_file: None,
+            https_key_file: None,
+            domain: default_e2b_domain(),
+            public_traffic: false,
+        }
+    }
 }
 
 fn default_e2b_listen() -> SocketAddr {
@@ -531,6 +572,26 @@ impl Config {
                  plain HTTP; listen on loopback, or set edge.allow_plaintext_remote = true behind a TLS proxy",
                 e.listen
             ));
+        }
+        if let Some(e) = &self.e2b {
+            if e.https_cert_file.is_some() != e.https_key_file.is_some() {
+                return bad(
+                    "e2b.https_cert_file and e2b.https_key_file go together: give both, or neither \
+                     for certificates from the data dir's own CA"
+                        .into(),
+                );
+            }
+            let name_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            };
+            if e.domain.len() > 200 || !e.domain.split('.').all(name_ok) {
+                return bad(format!(
+                    "e2b.domain = {:?} is no DNS name; give the domain of sandbox hosts (the clients' E2B_DOMAIN), such as \"localhost\"",
+                    e.domain
+                ));
+            }
         }
         for (tier, n) in &self.pools {
             if *n > 64 {

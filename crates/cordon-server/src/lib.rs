@@ -37,10 +37,7 @@ pub struct Server {
     addr: SocketAddr,
     tls: bool,
     task: tokio::task::JoinHandle<Result<(), std::io::Error>>,
-    e2b: Option<(
-        SocketAddr,
-        tokio::task::JoinHandle<Result<(), std::io::Error>>,
-    )>,
+    e2b: Option<e2b::Listening>,
 }
 
 impl Server {
@@ -104,7 +101,12 @@ impl Server {
 
     /// Where the E2B-compatible listener is (when `[e2b]` turned it on).
     pub fn e2b_addr(&self) -> Option<SocketAddr> {
-        self.e2b.as_ref().map(|(a, _)| *a)
+        self.e2b.as_ref().map(|l| l.addr)
+    }
+
+    /// Where the E2B listener's HTTPS for sandbox hosts is (`e2b.https_listen`).
+    pub fn e2b_https_addr(&self) -> Option<SocketAddr> {
+        self.e2b.as_ref().and_then(|l| l.https)
     }
 
     /// Whether the API is served over TLS.
@@ -120,8 +122,10 @@ impl Server {
     pub async fn shutdown(self) {
         self.svc.shutdown().await;
         let _ = tokio::time::timeout(std::time::Duration::from_secs(10), self.task).await;
-        if let Some((_, t)) = self.e2b {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), t).await;
+        if let Some(l) = self.e2b {
+            for t in l.tasks {
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(10), t).await;
+            }
         }
     }
 }

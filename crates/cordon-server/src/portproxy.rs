@@ -48,7 +48,12 @@ pub async fn forward(
     let PortConn { stream, slot } = conn;
     stream.set_nonblocking(true)?;
     let io = TokioIo::new(tokio::net::UnixStream::from_std(stream)?);
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
+    // Header names go out in title case (`Host:`), as most HTTP/1 clients send them and as
+    // programs that read them by their spelling expect; hyper's own are lower case.
+    let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+        .title_case_headers(true)
+        .handshake(io)
+        .await?;
     tokio::spawn(async move {
         // The sandbox's place is held until the exchange is over (or the sandbox ended).
         let _slot = slot;

@@ -3911,9 +3911,7 @@ async fn the_e2b_listener_says_close_on_a_refused_body() {
     let env = start_with(|c| {
         c.e2b = Some(cordon_server::config::E2bConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
-            templates: BTreeMap::new(),
-            tier: None,
-            limits: Default::default(),
+            ..Default::default()
         })
     })
     .await;

@@ -82,7 +82,8 @@ def build_base_template(data_dir: Path) -> None:
 HOST_ROOT = {"container", "gvisor"}
 
 
-def e2b_server(tier: str, port: int = PORT, exec_timeout_ms: int = 180000) -> ServerProc:
+def e2b_server(tier: str, port: int = PORT, exec_timeout_ms: int = 180000,
+               e2b_extra: str = "") -> ServerProc:
     d = Path(tempfile.mkdtemp(prefix=f"cordon-e2b-{tier}-"))
     templates = ""
     if tier not in HOST_ROOT:
@@ -97,7 +98,7 @@ def e2b_server(tier: str, port: int = PORT, exec_timeout_ms: int = 180000) -> Se
              f'[e2b]\nlisten = "127.0.0.1:{port}"\ntier = "{tier}"\n'
              # A cell's timeout is the sandbox's exec timeout: matplotlib's first import
              # builds its font cache, slow on a loaded host.
-             f'limits = {{ timeout_ms = {exec_timeout_ms} }}\n{templates}')
+             f'limits = {{ timeout_ms = {exec_timeout_ms} }}\n{e2b_extra}{templates}')
     s = ServerProc(d / "data", {}, extra=extra)
     # No warm pool: every E2B sandbox is made for its create.
     text = s.config.read_text().replace("[pools]\n", "")

@@ -32,7 +32,10 @@ def _wait_state(sandbox_id: str, want: str, seconds: float = 30) -> None:
         time.sleep(0.2)
 
 
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /home/user/count; sleep 0.2; done"
+# Written then renamed: `>` truncates first, and a `cat` between the truncation and the
+# write would read an empty file.
+COUNTER = ("i=0; while true; do i=$((i+1)); echo $i > /home/user/count.new;"
+           " mv /home/user/count.new /home/user/count; sleep 0.2; done")
 
 
 def test_a_timeout_pauses_and_the_next_request_resumes(server):

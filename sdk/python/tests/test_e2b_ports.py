@@ -41,6 +41,19 @@ def server(request):
     yield from serving(request.param)
 
 
+def _http_server(sbx, name: str, port: int, get: str) -> None:
+    """Starts, from a background exec, a Python HTTP server on `port` of the sandbox's
+    loopback whose GET handler is `get` (the body of `do_GET`, one statement a line)."""
+    body = "".join(f"        {line}\n" for line in get.splitlines())
+    source = ("import http.server, time\n"
+              "class H(http.server.BaseHTTPRequestHandler):\n"
+              f"    def do_GET(self):\n{body}"
+              "    def log_message(self, *a): pass\n"
+              f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")
+    sbx.files.write(f"/home/user/{name}.py", source)
+    sbx.commands.run(f"python3 /home/user/{name}.py", background=True, timeout=0)
+
+
 def _serve(sbx, port: int) -> None:
     """Starts `python3 -m http.server` in the workspace and waits, from later execs, until it
     answers inside the sandbox."""
@@ -90,12 +103,13 @@ def test_a_sandbox_server_is_reached_through_get_host(server):
         log = sbx.commands.run("sleep 0.2; true").stdout
         assert sbx.traffic_access_token not in log
 
-        # No token, a wrong one, and another tenant's sandbox's token: refused.
+        # No token, a wrong one, and another tenant's sandbox's token: refused (403, as
+        # E2B's proxy answers for a sandbox without public traffic).
         for h in ({}, {"E2B-Traffic-Access-Token": "0" * 48},
                   {"E2B-Traffic-Access-Token": bob_sbx.traffic_access_token},
                   {"X-Access-Token": bob_sbx._envd_access_token}):
             status, body = _get(ORIGIN + "/hello.txt", dict(h, Host=host))
-            assert status == 401, (h, status, body)
+            assert status == 403, (h, status, body)
             assert b"served from" not in body
         # Bob's token for his own sandbox cannot name alice's port either.
         status, _ = _get(ORIGIN + "/hello.txt",
@@ -151,17 +165,12 @@ def test_a_long_answer_ends_when_the_sandbox_is_killed(server):
     import socket
     from e2b import Sandbox
     sbx = Sandbox.create(timeout=300)
-    slow = ("import http.server, time\n"
-            "class H(http.server.BaseHTTPRequestHandler):\n"
-            "    def do_GET(self):\n"
-            "        self.send_response(200)\n"
-            "        self.send_header('Content-Length', '1000000')\n"
-            "        self.end_headers()\n"
-            "        for _ in range(1000):\n"
-            "            self.wfile.write(b'x' * 10); self.wfile.flush(); time.sleep(0.1)\n"
-            "http.server.HTTPServer(('127.0.0.1', 8002), H).serve_forever()\n")
-    sbx.files.write("/home/user/slow.py", slow)
-    sbx.commands.run("python3 /home/user/slow.py", background=True, timeout=0)
+    _http_server(sbx, "slow", 8002,
+                 "self.send_response(200)\n"
+                 "self.send_header('Content-Length', '1000000')\n"
+                 "self.end_headers()\n"
+                 "for _ in range(1000): self.wfile.write(b'x' * 10); self.wfile.flush(); "
+                 "time.sleep(0.1)")
     host = sbx.get_host(8002)
     port = int(ORIGIN.rsplit(":", 1)[1])
     s = socket.create_connection(("127.0.0.1", port), timeout=60)
@@ -187,3 +196,20 @@ def test_a_long_answer_ends_when_the_sandbox_is_killed(server):
         assert got < 1000000, "the answer went on after the kill"
     finally:
         s.close()
+
+
+def test_public_ports_are_refused_unless_the_operator_allows_them(server):
+    """Without the operator's `e2b.public_traffic`, a create asking for public traffic is
+    refused (saying how to get it), and one turning it off is served: every request for its
+    ports needs its token either way."""
+    from e2b import Sandbox
+    with pytest.raises(Exception) as refused:
+        Sandbox.create(timeout=60, network={"allow_public_traffic": True})
+    assert "e2b.public_traffic" in str(refused.value), refused.value
+    sbx = Sandbox.create(timeout=60, network={"allow_public_traffic": False})
+    try:
+        _serve(sbx, 8000)
+        status, _ = _get(ORIGIN + "/hello.txt", {"Host": sbx.get_host(8000)})
+        assert status == 403
+    finally:
+        sbx.kill()

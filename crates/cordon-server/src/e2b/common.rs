@@ -53,9 +53,31 @@ pub(crate) struct E2bBox {
     pub no_default: Mutex<Vec<&'static str>>,
     /// A paused sandbox is resumed by the next request to it (the create's `autoResume`).
     pub auto_resume: std::sync::atomic::AtomicBool,
+    /// How requests for its own ports are let in and sent on (the create's `network`).
+    pub ports: Mutex<PortAccess>,
     /// Polled watchers (`CreateWatcher`) whose events carry their entries
     /// (`include_entry`): watcher id to the sandbox path watched.
     pub watch_entries: Mutex<HashMap<u64, String>>,
+}
+
+/// How a sandbox's own ports are reached (E2B's `allowPublicTraffic` and
+/// `maskRequestHost`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct PortAccess {
+    /// Requests need no token (the operator's `e2b.public_traffic`, and a create that did not
+    /// set `allowPublicTraffic` to false).
+    pub public: bool,
+    /// The `Host` a request carries on to the program, `${PORT}` replaced by the port.
+    pub mask_host: Option<String>,
+}
+
+impl PortAccess {
+    /// The `Host` a request for `port` carries on, when masked.
+    pub fn host_for(&self, port: u16) -> Option<String> {
+        self.mask_host
+            .as_ref()
+            .map(|m| m.replace("${PORT}", &port.to_string()))
+    }
 }
 
 #[derive(Clone)]
@@ -382,6 +404,7 @@ impl E2b {
             procs: Mutex::default(),
             no_default: Mutex::default(),
             auto_resume: Default::default(),
+            ports: Mutex::default(),
             watch_entries: Mutex::default(),
         });
         all.insert(id.to_string(), b.clone());
@@ -502,7 +525,11 @@ impl E2b {
 
     /// The sandbox, when the service still runs it (502, as E2B's proxy, when not); a
     /// paused one whose create asked `autoResume` is resumed first.
-    async fn live(&self, id: &str, b: Arc<E2bBox>) -> Result<(String, Arc<E2bBox>), Response> {
+    pub(super) async fn live(
+        &self,
+        id: &str,
+        b: Arc<E2bBox>,
+    ) -> Result<(String, Arc<E2bBox>), Response> {
         let not_found = || sandbox_not_found(id);
         match self.svc.sessions().info(&b.tenant, id).await {
             Ok(i) if i.state == "live" => Ok((id.to_string(), b)),

@@ -26,6 +26,7 @@ mod entry;
 mod envd;
 mod filesystem;
 mod gzip;
+pub mod https;
 mod interp;
 mod listing;
 mod metrics;
@@ -52,16 +53,15 @@ pub use connect::ConnectError;
 pub use common::*;
 
 /// Binds the E2B listener and serves it until the service stops.
-pub async fn serve(
-    svc: Service,
-    at: SocketAddr,
-) -> Result<
-    (
-        SocketAddr,
-        tokio::task::JoinHandle<Result<(), std::io::Error>>,
-    ),
-    ServerError,
-> {
+/// The E2B listener's sockets and their tasks.
+pub struct Listening {
+    pub addr: SocketAddr,
+    /// The HTTPS listener for sandbox hosts (`e2b.https_listen`).
+    pub https: Option<SocketAddr>,
+    pub tasks: Vec<tokio::task::JoinHandle<Result<(), std::io::Error>>>,
+}
+
+pub async fn serve(svc: Service, at: SocketAddr) -> Result<Listening, ServerError> {
     let cfg = svc
         .config()
         .e2b
@@ -73,20 +73,49 @@ pub async fn serve(
     let addr = listener
         .local_addr()
         .map_err(|e| ServerError::io("reading the E2B listener's address", e))?;
+    // Both listeners serve the same routes from the same state (one record per sandbox).
+    let https = match cfg.https_listen {
+        Some(at) => {
+            let tls = https::server_config(&cfg, &svc.config().data_dir)?;
+            let l = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| ServerError::io(format!("listening on {at} (e2b.https_listen)"), e))?;
+            Some((l, tokio_rustls::TlsAcceptor::from(tls)))
+        }
+        None => None,
+    };
     let state = E2b {
         svc: svc.clone(),
         cfg: Arc::new(cfg),
         boxes: Arc::default(),
     };
     let limits = crate::listen::ConnLimits::of(&svc.config().edge);
-    let task = crate::listen::serve(
+    let mut tasks = vec![crate::listen::serve(
         listener,
-        router(state),
+        router(state.clone()),
         None,
         crate::listen::Registry::new(limits),
         svc.cancelled(),
-    );
-    Ok((addr, task))
+    )];
+    let mut https_addr = None;
+    if let Some((l, tls)) = https {
+        https_addr = Some(
+            l.local_addr()
+                .map_err(|e| ServerError::io("reading the E2B HTTPS listener's address", e))?,
+        );
+        tasks.push(crate::listen::serve(
+            l,
+            router(state),
+            Some(tls),
+            crate::listen::Registry::new(limits),
+            svc.cancelled(),
+        ));
+    }
+    Ok(Listening {
+        addr,
+        https: https_addr,
+        tasks,
+    })
 }
 
 fn router(state: E2b) -> Router {

@@ -4,8 +4,12 @@
 //! and the code interpreter's, goes to that port on the sandbox's own loopback. It must
 //! carry the sandbox's traffic access token (`E2B-Traffic-Access-Token`, as E2B's proxy asks
 //! of a sandbox without public traffic) or its envd access token (`X-Access-Token`): a
-//! token of another sandbox, another tenant's above all, is refused. A `Host` naming envd's
-//! or the interpreter's port is served here as those daemons (the headers set from it).
+//! token of another sandbox, another tenant's above all, is refused (403, as E2B's proxy).
+//! A sandbox whose create asked for public traffic, where the operator allows it
+//! (`e2b.public_traffic`), needs none; one whose create gave `maskRequestHost` has its
+//! requests' `Host` replaced; a paused one whose create asked `autoResume` is woken. A
+//! `Host` naming envd's or the interpreter's port is served here as those daemons (the
+//! headers set from it).
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -44,21 +48,33 @@ pub(super) async fn route(State(e): State<E2b>, mut req: Request, next: Next) ->
     relay(&e, t, req).await
 }
 
-async fn relay(e: &E2b, t: Target, req: Request) -> Response {
+async fn relay(e: &E2b, t: Target, mut req: Request) -> Response {
     let Some(b) = e.box_of(&t.id) else {
         return sandbox_not_found(&t.id);
     };
-    let ok = {
+    let access = super::lock(&b.ports).clone();
+    let ok = access.public || {
         let given = |name: &str| req.headers().get(name).map(|v| v.as_bytes());
         given("e2b-traffic-access-token").is_some_and(|g| constant_eq(g, b.traffic.as_bytes()))
             || given("x-access-token").is_some_and(|g| constant_eq(g, b.token.as_bytes()))
     };
     if !ok {
+        // E2B's proxy's status for a sandbox without public traffic.
         return e2b_error(
-            StatusCode::UNAUTHORIZED,
+            StatusCode::FORBIDDEN,
             "a sandbox's ports need its traffic access token (E2B-Traffic-Access-Token: the \
              trafficAccessToken its create or connect answered) or its envd access token",
         );
+    }
+    // A paused sandbox whose create asked autoResume is woken by the request, as under E2B.
+    let b = match e.live(&t.id, b).await {
+        Ok((_, b)) => b,
+        Err(r) => return r,
+    };
+    if let Some(host) = access.host_for(t.port)
+        && let Ok(v) = HeaderValue::from_str(&host)
+    {
+        req.headers_mut().insert(header::HOST, v);
     }
     let sessions = e.svc.sessions();
     let opened = retry_busy(|| sessions.open_port(&b.tenant, &t.id, t.port, "e2b")).await;

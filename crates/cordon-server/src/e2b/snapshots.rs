@@ -314,6 +314,10 @@ pub(super) async fn create_from(e: &E2b, t: &Tenant, req: &NewSandbox) -> Option
              has the snapshot's environment; pass a command's own envs instead",
         ));
     }
+    let ports = match super::control::ports_of(e, req) {
+        Ok(p) => p,
+        Err(r) => return Some(r),
+    };
     let timeout = req.timeout.unwrap_or(DEFAULT_TIMEOUT_S).max(1);
     let labels = req.metadata.clone().unwrap_or_default();
     if let Err(err) = validate_labels(&labels) {
@@ -339,6 +343,7 @@ pub(super) async fn create_from(e: &E2b, t: &Tenant, req: &NewSandbox) -> Option
     Some(match first {
         Ok(info) => {
             let b = e.adopt(t, &info.id, &req.template_id, (timeout * 1000) as i64);
+            *super::lock(&b.ports) = ports;
             (StatusCode::CREATED, Json(super::sandbox_out(t, &info, &b))).into_response()
         }
         Err(err) => api_error(err),

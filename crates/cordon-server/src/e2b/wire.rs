@@ -71,6 +71,9 @@ pub struct Network {
     pub deny_out: Option<Vec<String>>,
     #[serde(default)]
     pub allow_public_traffic: Option<bool>,
+    /// The `Host` requests for the sandbox's ports carry (`${PORT}` is the port).
+    #[serde(default)]
+    pub mask_request_host: Option<String>,
     /// Per-host request rewrites (E2B injects credentials this way).
     #[serde(default)]
     pub rules: Option<IgnoredAny>,

@@ -1,0 +1,307 @@
+//! HTTPS for a sandbox's own ports as E2B's SDKs name them: `https://<port>-<id>.<domain>`
+//! on port 443 (`e2b.https_listen`), served by the same routes as the plain listener.
+//!
+//! The certificate is the operator's (`e2b.https_cert_file`, one for `*.<domain>` say), or,
+//! without one, signed for each sandbox host a client asks for (its SNI name) by a CA of
+//! the data dir's own: `e2b-https/ca.pem`, which clients trust by name (`SSL_CERT_FILE`,
+//! `NODE_EXTRA_CA_CERTS`). That CA's name constraints limit it to `e2b.domain`, so even a
+//! client that trusts it everywhere takes nothing else from it, and it signs only names of
+//! sandbox hosts under that domain. Its key stays in the data dir (mode 0600, in a 0700
+//! directory); a changed domain makes a new CA.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rcgen::{
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, NameConstraints, SanType,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use time::{Duration, OffsetDateTime};
+
+use crate::ServerError;
+use crate::config::E2bConfig;
+
+/// The directory of the data dir's CA.
+pub const CA_DIR: &str = "e2b-https";
+/// How long the CA is valid; it is made again when it is within [`RENEW_CA`] of its end.
+const CA_VALIDITY: Duration = Duration::days(3650);
+const RENEW_CA: Duration = Duration::days(30);
+/// How long a host's certificate is valid, and how old one may be before it is made again.
+const LEAF_VALIDITY: Duration = Duration::days(90);
+const LEAF_REUSE: Duration = Duration::days(30);
+/// The most hosts' certificates kept; past it the cache starts again.
+const LEAVES_KEPT: usize = 4096;
+
+/// Where the data dir's CA certificate is (clients trust it by this path).
+pub fn ca_pem_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(CA_DIR).join("ca.pem")
+}
+
+/// The TLS configuration of the HTTPS listener.
+pub fn server_config(
+    cfg: &E2bConfig,
+    data_dir: &Path,
+) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+    if let (Some(cert), Some(key)) = (&cfg.https_cert_file, &cfg.https_key_file) {
+        return crate::tls::server_config(cert, key).map(Arc::new);
+    }
+    let ca = HostsCa::load_or_make(&data_dir.join(CA_DIR), &cfg.domain)?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServerError::Config(format!("TLS: {e}")))?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(ca));
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(tls))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The data dir's CA for sandbox hosts, and the host certificates it signed.
+pub struct HostsCa {
+    domain: String,
+    issuer: Issuer<'static, KeyPair>,
+    ca_der: CertificateDer<'static>,
+    leaves: Mutex<HashMap<String, (OffsetDateTime, Arc<CertifiedKey>)>>,
+}
+
+impl std::fmt::Debug for HostsCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostsCa")
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
+fn ca_error(what: &str, e: impl std::fmt::Display) -> ServerError {
+    ServerError::Config(format!(
+        "the E2B HTTPS listener's CA ({what}): {e}; remove the data dir's {CA_DIR} directory to make a new one, or give e2b.https_cert_file and e2b.https_key_file"
+    ))
+}
+
+impl HostsCa {
+    /// The CA's certificate fields; the same for a CA read back, so what it signs names the
+    /// certificate's own subject.
+    fn params(domain: &str) -> CertificateParams {
+        let mut params =
+            cordon_egress::ca_params(&format!("Cordon sandbox hosts CA ({domain})"), "Cordon");
+        params.name_constraints = Some(NameConstraints {
+            permitted_subtrees: vec![GeneralSubtree::DnsName(domain.to_string())],
+            excluded_subtrees: Vec::new(),
+        });
+        params
+    }
+
+    /// Reads the CA in `dir`, or makes one there (missing, for another domain, or near its
+    /// end).
+    pub fn load_or_make(dir: &Path, domain: &str) -> Result<Self, ServerError> {
+        let (pem, key) = (dir.join("ca.pem"), dir.join("ca.key"));
+        let meta = dir.join("ca.domain");
+        let kept = std::fs::read_to_string(&meta).ok().and_then(|text| {
+            let (d, until) = text.trim().split_once(' ')?;
+            let until = OffsetDateTime::from_unix_timestamp(until.parse().ok()?).ok()?;
+            (d == domain && until - RENEW_CA > OffsetDateTime::now_utc()).then_some(())
+        });
+        if kept.is_some()
+            && let (Ok(cert_pem), Ok(key_pem)) =
+                (std::fs::read_to_string(&pem), std::fs::read_to_string(&key))
+        {
+            let key = KeyPair::from_pem(&key_pem).map_err(|e| ca_error("its key", e))?;
+            let ca_der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
+                .map_err(|e| ca_error("its certificate", e))?;
+            return Ok(HostsCa {
+                domain: domain.to_string(),
+                issuer: Issuer::new(Self::params(domain), key),
+                ca_der,
+                leaves: Mutex::default(),
+            });
+        }
+        let key = KeyPair::generate().map_err(|e| ca_error("a new key", e))?;
+        let mut params = Self::params(domain);
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - Duration::hours(1);
+        params.not_after = now + CA_VALIDITY;
+        params.serial_number = Some(serial()?.into());
+        let cert = params
+            .self_signed(&key)
+            .map_err(|e| ca_error("signing it", e))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| ServerError::io(format!("making {}", dir.display()), e))?;
+        // The key first, then the certificate, then the note that both are whole: a start
+        // cut off in between makes a new CA next time.
+        let _ = std::fs::remove_file(&meta);
+        write_new(&key_file_tmp(dir), key.serialize_pem().as_bytes(), 0o600)?;
+        rename(&key_file_tmp(dir), &dir.join("ca.key"))?;
+        write_new(&dir.join("ca.pem.tmp"), cert.pem().as_bytes(), 0o644)?;
+        rename(&dir.join("ca.pem.tmp"), &pem)?;
+        let note = format!("{domain} {}\n", params.not_after.unix_timestamp());
+        write_new(&dir.join("ca.domain.tmp"), note.as_bytes(), 0o644)?;
+        rename(&dir.join("ca.domain.tmp"), &meta)?;
+        Ok(HostsCa {
+            domain: domain.to_string(),
+            ca_der: cert.der().clone(),
+            issuer: Issuer::new(Self::params(domain), key),
+            leaves: Mutex::default(),
+        })
+    }
+
+    /// Whether this CA signs `name`: a sandbox host under the domain
+    /// (`<port>-<sandbox id>.<domain>`), lower case.
+    fn signs(&self, name: &str) -> bool {
+        let Some(first) = name
+            .strip_suffix(self.domain.as_str())
+            .and_then(|n| n.strip_suffix('.'))
+        else {
+            return false;
+        };
+        let Some((port, id)) = first.split_once('-') else {
+            return false;
+        };
+        !port.is_empty()
+            && port.len() <= 5
+            && port.bytes().all(|b| b.is_ascii_digit())
+            && id.len() <= 64
+            && id
+                .strip_prefix("sb-")
+                .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            && !id.bytes().any(|b| b.is_ascii_uppercase())
+    }
+
+    /// The certificate for `name`, signed now or earlier.
+    pub fn certificate(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        if !self.signs(name) {
+            return None;
+        }
+        let now = OffsetDateTime::now_utc();
+        let mut leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((made, c)) = leaves.get(name)
+            && now - *made < LEAF_REUSE
+        {
+            return Some(c.clone());
+        }
+        let c = self.sign(name, now).ok()?;
+        if leaves.len() >= LEAVES_KEPT {
+            leaves.clear();
+        }
+        leaves.insert(name.to_string(), (now, c.clone()));
+        Some(c)
+    }
+
+    fn sign(&self, name: &str, now: OffsetDateTime) -> Result<Arc<CertifiedKey>, ServerError> {
+        let err = |e: rcgen::Error| ca_error("signing a host's certificate", e);
+        let key = KeyPair::generate().map_err(err)?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, name);
+        params.distinguished_name = dn;
+        params.subject_alt_names = vec![SanType::DnsName(name.try_into().map_err(err)?)];
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        params.not_before = now - Duration::hours(1);
+        params.not_after = now + LEAF_VALIDITY;
+        params.serial_number = Some(serial()?.into());
+        let leaf = params.signed_by(&key, &self.issuer).map_err(err)?;
+        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let signer = provider()
+            .key_provider
+            .load_private_key(key_der)
+            .map_err(|e| ca_error("a host's key", e))?;
+        Ok(Arc::new(CertifiedKey::new(
+            vec![leaf.der().clone(), self.ca_der.clone()],
+            signer,
+        )))
+    }
+}
+
+impl ResolvesServerCert for HostsCa {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.certificate(hello.server_name()?)
+    }
+}
+
+fn key_file_tmp(dir: &Path) -> PathBuf {
+    dir.join("ca.key.tmp")
+}
+
+/// Writes a new file with `mode` (one left by a start cut off is replaced).
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ServerError> {
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .map_err(|e| ServerError::io(format!("writing {}", path.display()), e))
+}
+
+fn rename(from: &Path, to: &Path) -> Result<(), ServerError> {
+    std::fs::rename(from, to).map_err(|e| ServerError::io(format!("writing {}", to.display()), e))
+}
+
+fn serial() -> Result<Vec<u8>, ServerError> {
+    let mut s = [0u8; 16];
+    getrandom::fill(&mut s).map_err(|e| ca_error("a serial number", e))?;
+    s[0] &= 0x7f;
+    s[0] |= 0x01;
+    Ok(s.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ca_signs_sandbox_hosts_under_its_domain_only_and_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join(CA_DIR);
+        let ca = HostsCa::load_or_make(&at, "localhost").unwrap();
+        assert!(ca.certificate("8000-sb-0a1b.localhost").is_some());
+        for name in [
+            "localhost",
+            "example.com",
+            "8000-sb-0a1b.localhost.example.com",
+            "8000-sb-0a1b.notlocalhost",
+            "x8000-sb-0a1b.localhost",
+            "8000-sb-.localhost",
+            "8000-sb-0A1B.localhost",
+            "8000-sbx-0a1b.localhost",
+            "8000-sb-0a1b.x.localhost",
+            "123456-sb-0a1b.localhost",
+        ] {
+            assert!(ca.certificate(name).is_none(), "{name} was signed");
+        }
+        // The key is the operator's alone.
+        let mode = |p: &Path| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+        };
+        assert_eq!(mode(&at.join("ca.key")), 0o600);
+        assert_eq!(mode(&at), 0o700);
+        // Read back on the next start: the same CA (clients keep trusting it).
+        let pem = std::fs::read(at.join("ca.pem")).unwrap();
+        let again = HostsCa::load_or_make(&at, "localhost").unwrap();
+        assert_eq!(std::fs::read(at.join("ca.pem")).unwrap(), pem);
+        let c = again.certificate("443-sb-ff.localhost").unwrap();
+        assert_eq!(c.cert[1], ca.ca_der, "the chain ends at the kept CA");
+        // Another domain: a new CA, for that domain.
+        let other = HostsCa::load_or_make(&at, "sandbox.test").unwrap();
+        assert_ne!(std::fs::read(at.join("ca.pem")).unwrap(), pem);
+        assert!(other.certificate("8000-sb-0a1b.sandbox.test").is_some());
+        assert!(other.certificate("8000-sb-0a1b.localhost").is_none());
+    }
+}
