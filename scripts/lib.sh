@@ -166,12 +166,16 @@ MUSL_PROFILE=${CORDON_MUSL_PROFILE:-release}
 # after the first the others find it built.
 build_musl_set() {
   if [ "$MUSL_PROFILE" = release ]; then
+    # They abort on a panic (one process per sandbox or run; unwinding would only add size
+    # and start-up work), unlike the workspace's release profile (ADR 0046).
     cargo_progress "static front, init and guest agent" build --release --target "$MUSL" \
+      --config 'profile.release.panic="abort"' \
       -p cordon-guest --bin cordon-guest \
       -p cordon --bin cordon \
       -p cordon-sandbox-init --bin cordon-sandbox-init
   else
     cargo_progress "static guest agent" build --release --target "$MUSL" \
+      --config 'profile.release.panic="abort"' \
       -p cordon-guest --bin cordon-guest
     cargo_progress "static front and init" build --profile "$MUSL_PROFILE" --target "$MUSL" \
       -p cordon --bin cordon \

@@ -250,6 +250,23 @@ impl http_body::Body for Tracked {
     }
 }
 
+/// The answer to a request whose handler panicked: 500, the panic's message in the
+/// operator's log only (it may name host paths).
+fn panicked(err: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    let what = err
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| err.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)");
+    tracing::error!(
+        panic = what,
+        "a request's handler panicked; the request was answered 500"
+    );
+    axum::response::IntoResponse::into_response(crate::error::ApiError::internal(
+        "the server failed on this request (its log says why); try again, and report it if it recurs",
+    ))
+}
+
 /// Serves `app` on `listener` (through TLS when `tls` is given) until `stop`; then stops
 /// accepting, lets every connection finish its request under way, and returns when all
 /// have closed.
@@ -260,6 +277,9 @@ pub(crate) fn serve(
     reg: Arc<Registry>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<Result<(), std::io::Error>> {
+    // A handler that panics answers 500 and ends its own request; every other request and
+    // the server go on (the release build unwinds for this: ADR 0046).
+    let app = app.layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked));
     tokio::spawn(async move {
         let tasks = TaskTracker::new();
         loop {
@@ -381,5 +401,83 @@ async fn connection<I>(
                 closing = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One request's panicking handler is answered 500 with nothing of the panic's message
+    /// (it may name host paths), and the listener goes on serving: the next request, on a
+    /// new connection, is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_handler_ends_its_request_and_not_the_listener() {
+        let app = Router::new()
+            .route(
+                "/boom",
+                axum::routing::get(|| async {
+                    if std::hint::black_box(true) {
+                        panic!("a bug at /secret/host/path");
+                    }
+                    "never"
+                }),
+            )
+            .route("/ok", axum::routing::get(|| async { "fine" }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let limits = ConnLimits {
+            max_connections: 8,
+            max_per_source: 8,
+            header_timeout: Duration::from_secs(5),
+        };
+        let task = serve(listener, app, None, Registry::new(limits), stop.clone());
+        let get = |path: &'static str| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(at).await.unwrap();
+            let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        for _ in 0..3 {
+            let answer = get("/boom").await;
+            assert!(answer.starts_with("HTTP/1.1 500"), "{answer}");
+            assert!(answer.contains("\"internal\""), "{answer}");
+            assert!(!answer.contains("/secret/host/path"), "{answer}");
+            let answer = get("/ok").await;
+            assert!(
+                answer.starts_with("HTTP/1.1 200") && answer.ends_with("fine"),
+                "{answer}"
+            );
+        }
+        assert!(!task.is_finished());
+        stop.cancel();
+        task.await.unwrap().unwrap();
+    }
+
+    /// The server's release build unwinds a panic (the layer above can answer it); only the
+    /// static front, init and guest agent, one process per run or sandbox, abort.
+    #[test]
+    fn the_release_build_unwinds_and_the_static_set_aborts() {
+        let workspace: toml::Table = toml::from_str(include_str!("../../../Cargo.toml"))
+            .expect("the workspace's Cargo.toml");
+        let release = &workspace["profile"]["release"];
+        assert_eq!(
+            release.get("panic").and_then(|p| p.as_str()),
+            Some("unwind"),
+            "a release server must unwind a request's panic"
+        );
+        let lib = include_str!("../../../scripts/lib.sh");
+        let musl = &lib[lib.find("build_musl_set() {").expect("build_musl_set")..];
+        let musl = &musl[..musl.find("\n}\n").expect("its end")];
+        assert_eq!(
+            musl.matches(r#"--config 'profile.release.panic="abort"'"#)
+                .count(),
+            2,
+            "{musl}"
+        );
     }
 }
