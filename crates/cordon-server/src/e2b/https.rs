@@ -50,7 +50,13 @@ pub fn server_config(
     data_dir: &Path,
 ) -> Result<Arc<rustls::ServerConfig>, ServerError> {
     if let (Some(cert), Some(key)) = (&cfg.https_cert_file, &cfg.https_key_file) {
-        return crate::tls::server_config(cert, key).map(Arc::new);
+        return crate::tls::server_config_of(
+            cert,
+            key,
+            "e2b.https_cert_file",
+            "e2b.https_key_file",
+        )
+        .map(Arc::new);
     }
     let ca = HostsCa::load_or_make(&data_dir.join(CA_DIR), &cfg.domain)?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
@@ -303,5 +309,36 @@ mod tests {
         assert_ne!(std::fs::read(at.join("ca.pem")).unwrap(), pem);
         assert!(other.certificate("8000-sb-0a1b.sandbox.test").is_some());
         assert!(other.certificate("8000-sb-0a1b.localhost").is_none());
+    }
+
+    /// The operator's certificate: files that are no certificate and key say which setting
+    /// to fix; a pair that fits is served as is.
+    #[test]
+    fn the_operators_certificate_is_checked_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        let signed = rcgen::generate_simple_self_signed(vec!["*.sandbox.test".into()]).unwrap();
+        std::fs::write(&cert, signed.cert.pem()).unwrap();
+        std::fs::write(&key, signed.signing_key.serialize_pem()).unwrap();
+        let cfg = |cert: &Path, key: &Path| E2bConfig {
+            https_cert_file: Some(cert.to_path_buf()),
+            https_key_file: Some(key.to_path_buf()),
+            ..E2bConfig::default()
+        };
+        assert!(server_config(&cfg(&cert, &key), dir.path()).is_ok());
+        assert!(
+            !dir.path().join(CA_DIR).exists(),
+            "no CA of its own is made"
+        );
+        let err = server_config(&cfg(&key, &key), dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("e2b.https_cert_file"), "{err}");
+        let other = KeyPair::generate().unwrap();
+        std::fs::write(&key, other.serialize_pem()).unwrap();
+        let err = server_config(&cfg(&cert, &key), dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("e2b.https_key_file"), "{err}");
     }
 }
