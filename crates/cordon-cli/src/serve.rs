@@ -100,6 +100,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let backends = cordon_tiers::Tiers.server_backends(&cfg.data_dir);
+        cordon_server::abort_on_panics_outside_requests();
         let server = Server::start(cfg, backends, None).await?;
         // One write of every start-up line: a caller that reads the first line (the address)
         // and closes the pipe must never make a later line's write fail (EPIPE) and so end

@@ -258,7 +258,7 @@ pub struct E2bConfig {
     #[serde(default)]
     pub https_listen: Option<SocketAddr>,
     /// The HTTPS listener's certificate chain (PEM; one for `*.<domain>`, say) and its key.
-    /// Left out, a CA of the data dir's own (`e2b/https-ca.pem`, limited by name constraints
+    /// Left out, a CA of the data dir's own (`e2b-https/ca.pem`, limited by name constraints
     /// to `domain`) signs a certificate for each sandbox host a client asks for.
     #[serde(default)]
     pub https_cert_file: Option<PathBuf>,
@@ -581,14 +581,27 @@ impl Config {
                         .into(),
                 );
             }
+            if e.https_cert_file.is_some() && e.https_listen.is_none() {
+                return bad(
+                    "e2b.https_cert_file is given without e2b.https_listen: give the HTTPS listener's address (\"127.0.0.1:443\", say), or drop the certificate"
+                        .into(),
+                );
+            }
             let name_ok = |l: &str| {
                 !l.is_empty()
                     && l.len() <= 63
-                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             };
-            if e.domain.len() > 200 || !e.domain.split('.').all(name_ok) {
+            // One label is a top-level domain: a CA limited to it would vouch for a whole
+            // TLD's names. `localhost` names only this host.
+            let labels = e.domain.split('.').count();
+            if e.domain.len() > 200
+                || !e.domain.split('.').all(name_ok)
+                || (labels < 2 && e.domain != "localhost")
+            {
                 return bad(format!(
-                    "e2b.domain = {:?} is no DNS name; give the domain of sandbox hosts (the clients' E2B_DOMAIN), such as \"localhost\"",
+                    "e2b.domain = {:?} is no lower-case DNS name of two labels or more (or \"localhost\"); give the domain of sandbox hosts (the clients' E2B_DOMAIN), such as \"localhost\" or \"sandbox.example.com\"",
                     e.domain
                 ));
             }

@@ -40,6 +40,24 @@ pub struct Server {
     e2b: Option<e2b::Listening>,
 }
 
+/// Makes a panic anywhere but in a request's handler end the process, as the release
+/// build's `panic = "abort"` did before it unwound (ADR 0046): the reaper, a listener's
+/// accept loop or a sampler that panicked would otherwise stop alone while the server went on
+/// looking healthy. A handler's panic is answered 500 and ends only its request. For the
+/// `cordon serve` process (tests' processes keep reporting their own panics).
+pub fn abort_on_panics_outside_requests() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        if !listen::in_request() {
+            eprintln!(
+                "cordon serve: a panic outside any request; the server stops (its state may be half-changed)"
+            );
+            std::process::abort();
+        }
+    }));
+}
+
 impl Server {
     /// Starts the service and listens on `config.bind` (port 0 picks a free port).
     pub async fn start(
@@ -64,6 +82,15 @@ impl Server {
             Some(t) => Some(tls::server_config(&t.cert_file, &t.key_file)?),
             None => None,
         };
+        // The operator's certificate for the E2B HTTPS listener is read before anything
+        // starts, as [tls]'s is: a start that will fail says so first. (The data dir's own
+        // CA is made or read once the service holds the data dir.)
+        if let Some(e) = config.e2b.as_ref()
+            && let (Some(_), Some(cert), Some(key)) =
+                (e.https_listen, &e.https_cert_file, &e.https_key_file)
+        {
+            tls::server_config_of(cert, key, "e2b.https_cert_file", "e2b.https_key_file")?;
+        }
         let svc = Service::start(config, keys, backends, recovery).await?;
         let listener = tokio::net::TcpListener::bind(bind)
             .await

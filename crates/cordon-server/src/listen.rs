@@ -238,7 +238,9 @@ impl http_body::Body for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        // A streamed answer is still its request's: a panic while making a chunk ends this
+        // connection, not the server.
+        IN_REQUEST.sync_scope((), || Pin::new(&mut self.inner).poll_frame(cx))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -248,6 +250,26 @@ impl http_body::Body for Tracked {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+tokio::task_local! {
+    /// Set while a request's handler (its future) runs.
+    static IN_REQUEST: ();
+}
+
+/// Whether the calling code runs inside a request's handler, where a panic is answered
+/// 500 and ends only that request, or makes a chunk of its streamed answer, where a panic
+/// ends that connection ([`crate::abort_on_panics_outside_requests`]). A task the handler
+/// spawns is not inside it.
+pub fn in_request() -> bool {
+    IN_REQUEST.try_with(|_| ()).is_ok()
+}
+
+async fn in_request_scope(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    IN_REQUEST.scope((), next.run(req)).await
 }
 
 /// The answer to a request whose handler panicked: 500, the panic's message in the
@@ -279,7 +301,9 @@ pub(crate) fn serve(
 ) -> tokio::task::JoinHandle<Result<(), std::io::Error>> {
     // A handler that panics answers 500 and ends its own request; every other request and
     // the server go on (the release build unwinds for this: ADR 0046).
-    let app = app.layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked));
+    let app = app
+        .layer(axum::middleware::from_fn(in_request_scope))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked));
     tokio::spawn(async move {
         let tasks = TaskTracker::new();
         loop {
@@ -417,13 +441,33 @@ mod tests {
             .route(
                 "/boom",
                 axum::routing::get(|| async {
-                    if std::hint::black_box(true) {
+                    if std::hint::black_box(in_request()) {
                         panic!("a bug at /secret/host/path");
                     }
-                    "never"
+                    "not inside a request's scope"
                 }),
             )
-            .route("/ok", axum::routing::get(|| async { "fine" }));
+            .route(
+                "/ok",
+                axum::routing::get(|| async {
+                    // A task the handler spawns is not the request's: a panic there is not
+                    // contained (the server's hook aborts on it).
+                    let spawned = tokio::spawn(async { in_request() }).await.unwrap();
+                    assert!(!spawned);
+                    "fine"
+                }),
+            );
+        let app = app.route(
+            "/stream",
+            axum::routing::get(|| async {
+                // A streamed answer's chunks are made inside the request too.
+                Body::from_stream(futures_util::stream::once(async {
+                    let said: &'static str = if in_request() { "inside" } else { "outside" };
+                    Ok::<_, Infallible>(Bytes::from_static(said.as_bytes()))
+                }))
+            }),
+        );
+        assert!(!in_request());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let at = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
@@ -447,6 +491,8 @@ mod tests {
             assert!(answer.starts_with("HTTP/1.1 500"), "{answer}");
             assert!(answer.contains("\"internal\""), "{answer}");
             assert!(!answer.contains("/secret/host/path"), "{answer}");
+            let answer = get("/stream").await;
+            assert!(answer.contains("\r\ninside\r\n"), "{answer}");
             let answer = get("/ok").await;
             assert!(
                 answer.starts_with("HTTP/1.1 200") && answer.ends_with("fine"),

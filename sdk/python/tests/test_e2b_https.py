@@ -71,7 +71,9 @@ def test_the_certificate_is_for_sandbox_hosts_only(server):
         status, body = _https_get(server, host)
         assert status == 502 and b"port is not open" in body, (status, body)
         # A name that is no sandbox host under the domain gets no certificate at all.
-        for name in ("example.com", "localhost", f"8000-{sbx.sandbox_id}.example.com"):
+        # Nor does a host of a sandbox the listener has no record of.
+        for name in ("example.com", "localhost", f"8000-{sbx.sandbox_id}.example.com",
+                     f"8000-sb-{'f' * 32}.localhost"):
             with pytest.raises(ssl.SSLError):
                 _https_get(server, name)
         # Not a certificate anyone trusts by default: only clients given the CA take it.

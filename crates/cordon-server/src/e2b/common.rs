@@ -80,6 +80,63 @@ impl PortAccess {
     }
 }
 
+/// How the sandbox's own ports are reached, from the create's `network`: public as E2B's
+/// `allowPublicTraffic` (true when left out) where the operator's `e2b.public_traffic`
+/// allows it, else only with the sandbox's token; a create asking for public ports the
+/// operator does not allow is refused. `maskRequestHost` is kept for the relay.
+pub(crate) fn ports_of(e: &E2b, req: &wire::NewSandbox) -> Result<PortAccess, Response> {
+    let net = req.network.as_ref();
+    let asked = net.and_then(|n| n.allow_public_traffic);
+    let public = match (asked, e.cfg.public_traffic) {
+        (Some(false), _) | (None, false) => false,
+        (None, true) | (Some(true), true) => true,
+        (Some(true), false) => {
+            return Err(e2b_error(
+                StatusCode::BAD_REQUEST,
+                "network.allowPublicTraffic: this server lets a sandbox's ports be reached only \
+                 with its traffic access token (E2B-Traffic-Access-Token); leave \
+                 allowPublicTraffic out or set it to false, or ask the operator for \
+                 e2b.public_traffic",
+            ));
+        }
+    };
+    let mask_host = match net.and_then(|n| n.mask_request_host.as_deref()) {
+        None => None,
+        Some(m) => {
+            if !host_mask_ok(m) {
+                return Err(e2b_error(
+                    StatusCode::BAD_REQUEST,
+                    "network.maskRequestHost must be a host name, with an optional :port \
+                     (${PORT} is the port asked for)",
+                ));
+            }
+            Some(m.to_string())
+        }
+    };
+    Ok(PortAccess { public, mask_host })
+}
+
+/// Whether `m` is a `Host` value with `${PORT}` standing for a port: a DNS name (letters,
+/// digits, `-` and `.`), then optionally `:` and digits or `${PORT}`.
+pub(crate) fn host_mask_ok(m: &str) -> bool {
+    let (name, port) = match m.rsplit_once(':') {
+        Some((n, p)) => (n, Some(p)),
+        None => (m, None),
+    };
+    let name = name.replace("${PORT}", "0");
+    let name_ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    let port_ok = port.is_none_or(|p| {
+        p == "${PORT}" || (!p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
+    });
+    name_ok && port_ok
+}
+
 #[derive(Clone)]
 pub(crate) struct ProcRecord {
     pub exec_id: String,
@@ -551,10 +608,13 @@ impl E2b {
                 }
             }
             Ok(_) => Err(not_found()),
-            Err(_) => {
+            // Forgotten only when the service has no such sandbox: a passing failure must
+            // not drop its tokens and port settings (a later connect would make new ones).
+            Err(e) if e.code == crate::error::Code::NotFound => {
                 self.forget(id);
                 Err(not_found())
             }
+            Err(e) => Err(api_error(e)),
         }
     }
 }
@@ -832,5 +892,38 @@ mod tests {
         );
         assert_eq!(check_user(&h, None).unwrap_err().code, "unauthenticated");
         assert!(check_user(&HeaderMap::new(), Some("mallory")).is_err());
+    }
+}
+
+#[cfg(test)]
+mod host_mask_tests {
+    use super::host_mask_ok;
+
+    #[test]
+    fn a_host_mask_is_a_name_and_a_port_only() {
+        for ok in [
+            "custom-host.example.com:${PORT}",
+            "custom-host.example.com",
+            "api.local:8080",
+            "${PORT}-x.example.com",
+        ] {
+            assert!(host_mask_ok(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "a b",
+            "evil.com\r\nX-Injected: 1",
+            "user@evil.com",
+            "evil.com/path",
+            "evil.com?x",
+            "evil.com#x",
+            "a,b",
+            "évil.com",
+            "evil.com:80:90",
+            "evil.com:port",
+            "..",
+        ] {
+            assert!(!host_mask_ok(bad), "{bad:?}");
+        }
     }
 }

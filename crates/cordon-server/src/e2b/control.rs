@@ -124,7 +124,7 @@ fn plan_create(e: &E2b, mut req: NewSandbox) -> Result<PlannedCreate, Response> 
             "autoResume needs autoPause: only a sandbox its timeout pauses is resumed by a request",
         ));
     }
-    let ports = ports_of(e, &req)?;
+    let ports = super::ports_of(e, &req)?;
     let template = template_of(e, &req.template_id)?;
     let timeout_s = req.timeout.unwrap_or(DEFAULT_TIMEOUT_S).max(1);
     let metadata = req.metadata.take().unwrap_or_default();
@@ -160,47 +160,6 @@ fn plan_create(e: &E2b, mut req: NewSandbox) -> Result<PlannedCreate, Response> 
         auto_resume,
         ports,
     })
-}
-
-/// How the sandbox's own ports are reached, from the create's `network`: public as E2B's
-/// `allowPublicTraffic` (true when left out) where the operator's `e2b.public_traffic`
-/// allows it, else only with the sandbox's token; a create asking for public ports the
-/// operator does not allow is refused. `maskRequestHost` is kept for the relay.
-pub(super) fn ports_of(e: &E2b, req: &NewSandbox) -> Result<super::PortAccess, Response> {
-    let net = req.network.as_ref();
-    let asked = net.and_then(|n| n.allow_public_traffic);
-    let public = match (asked, e.cfg.public_traffic) {
-        (Some(false), _) | (None, false) => false,
-        (None, true) | (Some(true), true) => true,
-        (Some(true), false) => {
-            return Err(e2b_error(
-                StatusCode::BAD_REQUEST,
-                "network.allowPublicTraffic: this server lets a sandbox's ports be reached only \
-                 with its traffic access token (E2B-Traffic-Access-Token); leave \
-                 allowPublicTraffic out or set it to false, or ask the operator for \
-                 e2b.public_traffic",
-            ));
-        }
-    };
-    let mask_host = match net.and_then(|n| n.mask_request_host.as_deref()) {
-        None => None,
-        Some(m) => {
-            let sample = m.replace("${PORT}", "65535");
-            if m.is_empty()
-                || m.len() > 253
-                || axum::http::HeaderValue::from_str(&sample).is_err()
-                || sample.bytes().any(|b| b.is_ascii_whitespace() || b == b'/')
-            {
-                return Err(e2b_error(
-                    StatusCode::BAD_REQUEST,
-                    "network.maskRequestHost must be a host name, with an optional :port \
-                     (${PORT} is the port asked for)",
-                ));
-            }
-            Some(m.to_string())
-        }
-    };
-    Ok(super::PortAccess { public, mask_host })
 }
 
 /// What E2B's create has that Cordon serves its own way: refused, saying which.

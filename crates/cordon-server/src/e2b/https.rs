@@ -4,10 +4,10 @@
 //! The certificate is the operator's (`e2b.https_cert_file`, one for `*.<domain>` say), or,
 //! without one, signed for each sandbox host a client asks for (its SNI name) by a CA of
 //! the data dir's own: `e2b-https/ca.pem`, which clients trust by name (`SSL_CERT_FILE`,
-//! `NODE_EXTRA_CA_CERTS`). That CA's name constraints limit it to `e2b.domain`, so even a
-//! client that trusts it everywhere takes nothing else from it, and it signs only names of
-//! sandbox hosts under that domain. Its key stays in the data dir (mode 0600, in a 0700
-//! directory); a changed domain makes a new CA.
+//! `NODE_EXTRA_CA_CERTS`). That CA's name constraints limit it to `e2b.domain` (and exclude
+//! every IP address), so even a client that trusts it everywhere takes nothing else from it,
+//! and it signs only names of live sandboxes the listener knows under that domain. Its key
+//! stays in the data dir (mode 0600, in a 0700 directory); a changed domain makes a new CA.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use rcgen::{
-    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, GeneralSubtree, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, NameConstraints, SanType,
+    CertificateParams, CidrSubnet, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
+    GeneralSubtree, IsCa, Issuer, KeyPair, KeyUsagePurpose, NameConstraints, SanType,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -44,10 +44,15 @@ pub fn ca_pem_path(data_dir: &Path) -> PathBuf {
     data_dir.join(CA_DIR).join("ca.pem")
 }
 
+/// Which sandbox ids the listener knows (its records): the data dir's CA signs hosts of
+/// those only.
+pub type Known = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// The TLS configuration of the HTTPS listener.
 pub fn server_config(
     cfg: &E2bConfig,
     data_dir: &Path,
+    known: Known,
 ) -> Result<Arc<rustls::ServerConfig>, ServerError> {
     if let (Some(cert), Some(key)) = (&cfg.https_cert_file, &cfg.https_key_file) {
         return crate::tls::server_config_of(
@@ -58,7 +63,8 @@ pub fn server_config(
         )
         .map(Arc::new);
     }
-    let ca = HostsCa::load_or_make(&data_dir.join(CA_DIR), &cfg.domain)?;
+    let mut ca = HostsCa::load_or_make(&data_dir.join(CA_DIR), &cfg.domain)?;
+    ca.known = Some(known);
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| ServerError::Config(format!("TLS: {e}")))?
@@ -78,6 +84,8 @@ pub struct HostsCa {
     issuer: Issuer<'static, KeyPair>,
     ca_der: CertificateDer<'static>,
     leaves: Mutex<HashMap<String, (OffsetDateTime, Arc<CertifiedKey>)>>,
+    /// Which ids to sign hosts of (all of the right shape when `None`: a CA on its own).
+    known: Option<Known>,
 }
 
 impl std::fmt::Debug for HostsCa {
@@ -100,9 +108,14 @@ impl HostsCa {
     fn params(domain: &str) -> CertificateParams {
         let mut params =
             cordon_egress::ca_params(&format!("Cordon sandbox hosts CA ({domain})"), "Cordon");
+        // Names under the domain only, and no IP address at all (a constraint on DNS names
+        // alone would leave addresses unconstrained).
         params.name_constraints = Some(NameConstraints {
             permitted_subtrees: vec![GeneralSubtree::DnsName(domain.to_string())],
-            excluded_subtrees: Vec::new(),
+            excluded_subtrees: vec![
+                GeneralSubtree::IpAddress(CidrSubnet::V4([0; 4], [0; 4])),
+                GeneralSubtree::IpAddress(CidrSubnet::V6([0; 16], [0; 16])),
+            ],
         });
         params
     }
@@ -112,24 +125,42 @@ impl HostsCa {
     pub fn load_or_make(dir: &Path, domain: &str) -> Result<Self, ServerError> {
         let (pem, key) = (dir.join("ca.pem"), dir.join("ca.key"));
         let meta = dir.join("ca.domain");
+        // The note: the domain, the end of validity and the key's fingerprint, written last
+        // (a CA whose key is not the one noted, or is for another domain, is made again).
         let kept = std::fs::read_to_string(&meta).ok().and_then(|text| {
-            let (d, until) = text.trim().split_once(' ')?;
+            let mut words = text.split_whitespace();
+            let (d, until, print) = (words.next()?, words.next()?, words.next()?);
             let until = OffsetDateTime::from_unix_timestamp(until.parse().ok()?).ok()?;
-            (d == domain && until - RENEW_CA > OffsetDateTime::now_utc()).then_some(())
+            (d == domain && until - RENEW_CA > OffsetDateTime::now_utc()).then(|| print.to_string())
         });
-        if kept.is_some()
+        if let Some(print) = kept
             && let (Ok(cert_pem), Ok(key_pem)) =
                 (std::fs::read_to_string(&pem), std::fs::read_to_string(&key))
         {
-            let key = KeyPair::from_pem(&key_pem).map_err(|e| ca_error("its key", e))?;
+            let pair = KeyPair::from_pem(&key_pem).map_err(|e| ca_error("its key", e))?;
             let ca_der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
                 .map_err(|e| ca_error("its certificate", e))?;
-            return Ok(HostsCa {
-                domain: domain.to_string(),
-                issuer: Issuer::new(Self::params(domain), key),
-                ca_der,
-                leaves: Mutex::default(),
-            });
+            if fingerprint(&pair) == print && holds_key(&ca_der, &pair) {
+                // Kept as private as they were made, whatever changed them since.
+                use std::os::unix::fs::PermissionsExt;
+                let tighten = |p: &Path, mode: u32| {
+                    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+                        .map_err(|e| ServerError::io(format!("restricting {}", p.display()), e))
+                };
+                tighten(dir, 0o700)?;
+                tighten(&key, 0o600)?;
+                return Ok(HostsCa {
+                    domain: domain.to_string(),
+                    issuer: Issuer::new(Self::params(domain), pair),
+                    ca_der,
+                    leaves: Mutex::default(),
+                    known: None,
+                });
+            }
+            tracing::warn!(
+                "the E2B HTTPS listener's CA in {} does not match its key; a new one is made (clients must trust the new ca.pem)",
+                dir.display()
+            );
         }
         let key = KeyPair::generate().map_err(|e| ca_error("a new key", e))?;
         let mut params = Self::params(domain);
@@ -152,7 +183,11 @@ impl HostsCa {
         rename(&key_file_tmp(dir), &dir.join("ca.key"))?;
         write_new(&dir.join("ca.pem.tmp"), cert.pem().as_bytes(), 0o644)?;
         rename(&dir.join("ca.pem.tmp"), &pem)?;
-        let note = format!("{domain} {}\n", params.not_after.unix_timestamp());
+        let note = format!(
+            "{domain} {} {}\n",
+            params.not_after.unix_timestamp(),
+            fingerprint(&key)
+        );
         write_new(&dir.join("ca.domain.tmp"), note.as_bytes(), 0o644)?;
         rename(&dir.join("ca.domain.tmp"), &meta)?;
         Ok(HostsCa {
@@ -160,11 +195,12 @@ impl HostsCa {
             ca_der: cert.der().clone(),
             issuer: Issuer::new(Self::params(domain), key),
             leaves: Mutex::default(),
+            known: None,
         })
     }
 
-    /// Whether this CA signs `name`: a sandbox host under the domain
-    /// (`<port>-<sandbox id>.<domain>`), lower case.
+    /// Whether this CA signs `name`: a host of a sandbox the listener knows under the
+    /// domain (`<port>-<sandbox id>.<domain>`, lower case, the id as Cordon makes them).
     fn signs(&self, name: &str) -> bool {
         let Some(first) = name
             .strip_suffix(self.domain.as_str())
@@ -175,29 +211,30 @@ impl HostsCa {
         let Some((port, id)) = first.split_once('-') else {
             return false;
         };
-        !port.is_empty()
-            && port.len() <= 5
+        port.len() <= 5
             && port.bytes().all(|b| b.is_ascii_digit())
-            && id.len() <= 64
-            && id
-                .strip_prefix("sb-")
-                .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()))
-            && !id.bytes().any(|b| b.is_ascii_uppercase())
+            && port.parse::<u16>().is_ok()
+            && cordon_core::SandboxId::parse(id).is_some()
+            && self.known.as_ref().is_none_or(|known| known(id))
     }
 
-    /// The certificate for `name`, signed now or earlier.
+    /// The certificate for `name`, signed now or earlier. The signing (a key made, a
+    /// signature) runs outside the cache's lock.
     pub fn certificate(&self, name: &str) -> Option<Arc<CertifiedKey>> {
         if !self.signs(name) {
             return None;
         }
         let now = OffsetDateTime::now_utc();
-        let mut leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((made, c)) = leaves.get(name)
-            && now - *made < LEAF_REUSE
         {
-            return Some(c.clone());
+            let leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((made, c)) = leaves.get(name)
+                && now - *made < LEAF_REUSE
+            {
+                return Some(c.clone());
+            }
         }
         let c = self.sign(name, now).ok()?;
+        let mut leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
         if leaves.len() >= LEAVES_KEPT {
             leaves.clear();
         }
@@ -239,6 +276,19 @@ impl ResolvesServerCert for HostsCa {
     }
 }
 
+/// The hex SHA-256 of a key's public half.
+fn fingerprint(key: &KeyPair) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(key.public_key_raw()))
+}
+
+/// Whether the certificate `der` carries `key`'s public half (the key's bytes appear in it
+/// whole: its subject public key).
+fn holds_key(der: &CertificateDer<'_>, key: &KeyPair) -> bool {
+    let public = key.public_key_raw();
+    der.as_ref().windows(public.len()).any(|w| w == public)
+}
+
 fn key_file_tmp(dir: &Path) -> PathBuf {
     dir.join("ca.key.tmp")
 }
@@ -271,25 +321,27 @@ fn serial() -> Result<Vec<u8>, ServerError> {
 mod tests {
     use super::*;
 
+    const ID: &str = "sb-0a1b0a1b0a1b0a1b0a1b0a1b0a1b0a1b";
+
     #[test]
     fn the_ca_signs_sandbox_hosts_under_its_domain_only_and_is_kept() {
         let dir = tempfile::tempdir().unwrap();
         let at = dir.path().join(CA_DIR);
         let ca = HostsCa::load_or_make(&at, "localhost").unwrap();
-        assert!(ca.certificate("8000-sb-0a1b.localhost").is_some());
+        assert!(ca.certificate(&format!("8000-{ID}.localhost")).is_some());
         for name in [
-            "localhost",
-            "example.com",
-            "8000-sb-0a1b.localhost.example.com",
-            "8000-sb-0a1b.notlocalhost",
-            "x8000-sb-0a1b.localhost",
-            "8000-sb-.localhost",
-            "8000-sb-0A1B.localhost",
-            "8000-sbx-0a1b.localhost",
-            "8000-sb-0a1b.x.localhost",
-            "123456-sb-0a1b.localhost",
+            "localhost".to_string(),
+            "example.com".to_string(),
+            format!("8000-{ID}.localhost.example.com"),
+            format!("8000-{ID}.notlocalhost"),
+            format!("x8000-{ID}.localhost"),
+            format!("8000-{ID}.x.localhost"),
+            format!("99999-{ID}.localhost"),
+            format!("8000-{}.localhost", ID.to_uppercase()),
+            "8000-sb-0a1b.localhost".to_string(),
+            "8000-sbx-0a1b0a1b0a1b0a1b0a1b0a1b0a1b0a1b.localhost".to_string(),
         ] {
-            assert!(ca.certificate(name).is_none(), "{name} was signed");
+            assert!(ca.certificate(&name).is_none(), "{name} was signed");
         }
         // The key is the operator's alone.
         let mode = |p: &Path| {
@@ -298,17 +350,51 @@ mod tests {
         };
         assert_eq!(mode(&at.join("ca.key")), 0o600);
         assert_eq!(mode(&at), 0o700);
-        // Read back on the next start: the same CA (clients keep trusting it).
+        // Read back on the next start: the same CA (clients keep trusting it), its files
+        // made private again if they were loosened.
         let pem = std::fs::read(at.join("ca.pem")).unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(at.join("ca.key"), std::fs::Permissions::from_mode(0o644))
+                .unwrap();
+        }
         let again = HostsCa::load_or_make(&at, "localhost").unwrap();
         assert_eq!(std::fs::read(at.join("ca.pem")).unwrap(), pem);
-        let c = again.certificate("443-sb-ff.localhost").unwrap();
+        assert_eq!(mode(&at.join("ca.key")), 0o600);
+        let c = again.certificate(&format!("443-{ID}.localhost")).unwrap();
         assert_eq!(c.cert[1], ca.ca_der, "the chain ends at the kept CA");
+        // A key that is not the certificate's: a new CA, not a broken chain.
+        std::fs::write(
+            at.join("ca.key"),
+            KeyPair::generate().unwrap().serialize_pem(),
+        )
+        .unwrap();
+        let fresh = HostsCa::load_or_make(&at, "localhost").unwrap();
+        assert_ne!(std::fs::read(at.join("ca.pem")).unwrap(), pem);
+        assert_ne!(fresh.ca_der, ca.ca_der);
         // Another domain: a new CA, for that domain.
         let other = HostsCa::load_or_make(&at, "sandbox.test").unwrap();
-        assert_ne!(std::fs::read(at.join("ca.pem")).unwrap(), pem);
-        assert!(other.certificate("8000-sb-0a1b.sandbox.test").is_some());
-        assert!(other.certificate("8000-sb-0a1b.localhost").is_none());
+        assert!(
+            other
+                .certificate(&format!("8000-{ID}.sandbox.test"))
+                .is_some()
+        );
+        assert!(other.certificate(&format!("8000-{ID}.localhost")).is_none());
+    }
+
+    /// With the listener's records, only the hosts of sandboxes it knows get a certificate:
+    /// a client naming made-up ids cannot make the server sign without end.
+    #[test]
+    fn only_known_sandboxes_hosts_are_signed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ca = HostsCa::load_or_make(&dir.path().join(CA_DIR), "localhost").unwrap();
+        ca.known = Some(Arc::new(|id: &str| id == ID));
+        assert!(ca.certificate(&format!("8000-{ID}.localhost")).is_some());
+        let unknown = "sb-ffffffffffffffffffffffffffffffff";
+        assert!(
+            ca.certificate(&format!("8000-{unknown}.localhost"))
+                .is_none()
+        );
     }
 
     /// The operator's certificate: files that are no certificate and key say which setting
@@ -325,18 +411,18 @@ mod tests {
             https_key_file: Some(key.to_path_buf()),
             ..E2bConfig::default()
         };
-        assert!(server_config(&cfg(&cert, &key), dir.path()).is_ok());
+        assert!(server_config(&cfg(&cert, &key), dir.path(), Arc::new(|_: &str| true)).is_ok());
         assert!(
             !dir.path().join(CA_DIR).exists(),
             "no CA of its own is made"
         );
-        let err = server_config(&cfg(&key, &key), dir.path())
+        let err = server_config(&cfg(&key, &key), dir.path(), Arc::new(|_: &str| true))
             .unwrap_err()
             .to_string();
         assert!(err.contains("e2b.https_cert_file"), "{err}");
         let other = KeyPair::generate().unwrap();
         std::fs::write(&key, other.serialize_pem()).unwrap();
-        let err = server_config(&cfg(&cert, &key), dir.path())
+        let err = server_config(&cfg(&cert, &key), dir.path(), Arc::new(|_: &str| true))
             .unwrap_err()
             .to_string();
         assert!(err.contains("e2b.https_key_file"), "{err}");

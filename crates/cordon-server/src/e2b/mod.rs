@@ -74,20 +74,22 @@ pub async fn serve(svc: Service, at: SocketAddr) -> Result<Listening, ServerErro
         .local_addr()
         .map_err(|e| ServerError::io("reading the E2B listener's address", e))?;
     // Both listeners serve the same routes from the same state (one record per sandbox).
-    let https = match cfg.https_listen {
+    let state = E2b {
+        svc: svc.clone(),
+        cfg: Arc::new(cfg),
+        boxes: Arc::default(),
+    };
+    let https = match state.cfg.https_listen {
         Some(at) => {
-            let tls = https::server_config(&cfg, &svc.config().data_dir)?;
+            let boxes = state.boxes.clone();
+            let known: https::Known = Arc::new(move |id: &str| lock(&boxes).contains_key(id));
+            let tls = https::server_config(&state.cfg, &svc.config().data_dir, known)?;
             let l = tokio::net::TcpListener::bind(at)
                 .await
                 .map_err(|e| ServerError::io(format!("listening on {at} (e2b.https_listen)"), e))?;
             Some((l, tokio_rustls::TlsAcceptor::from(tls)))
         }
         None => None,
-    };
-    let state = E2b {
-        svc: svc.clone(),
-        cfg: Arc::new(cfg),
-        boxes: Arc::default(),
     };
     let limits = crate::listen::ConnLimits::of(&svc.config().edge);
     let mut tasks = vec![crate::listen::serve(

@@ -314,7 +314,7 @@ pub(super) async fn create_from(e: &E2b, t: &Tenant, req: &NewSandbox) -> Option
              has the snapshot's environment; pass a command's own envs instead",
         ));
     }
-    let ports = match super::control::ports_of(e, req) {
+    let ports = match super::ports_of(e, req) {
         Ok(p) => p,
         Err(r) => return Some(r),
     };

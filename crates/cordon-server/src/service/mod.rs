@@ -631,7 +631,10 @@ fn descriptor_plan(
 ) -> Result<Capacity, ServerError> {
     descriptors::raise_limit();
     let per_listener = crate::listen::ConnLimits::of(&cfg.edge).max_connections as u64;
-    let listeners = 1 + u64::from(cfg.e2b.is_some());
+    // The API, the E2B listener and its HTTPS one: each has its own connection cap.
+    let listeners = 1
+        + u64::from(cfg.e2b.is_some())
+        + u64::from(cfg.e2b.as_ref().is_some_and(|e| e.https_listen.is_some()));
     let plan = descriptors::Plan::of_process(per_listener.saturating_mul(listeners));
     let tiers: Vec<_> = probes
         .iter()
