@@ -12,6 +12,9 @@ use hyper_util::rt::TokioIo;
 use crate::service::PortConn;
 
 /// Headers a hop uses for itself, or that carry a credential for Cordon: none goes on.
+/// `authorization` is Cordon's own on the native route (the tenant's key) and is dropped
+/// there ([`Credentials::Bearer`]); through the E2B listener, whose keys and tokens are
+/// headers of their own, it is the client's, for the program.
 const DROPPED: &[&str] = &[
     "connection",
     "keep-alive",
@@ -20,13 +23,21 @@ const DROPPED: &[&str] = &[
     "te",
     "trailer",
     "upgrade",
-    "authorization",
     "x-api-key",
     "x-access-token",
     "e2b-traffic-access-token",
     "e2b-sandbox-id",
     "e2b-sandbox-port",
 ];
+
+/// Where the request's own credential for Cordon travelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credentials {
+    /// In `Authorization` (the native API's bearer key): dropped with the others.
+    Bearer,
+    /// In headers of their own (the E2B listener's): `Authorization` goes on to the program.
+    Own,
+}
 
 /// Why a relayed request got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +55,7 @@ pub async fn forward(
     conn: PortConn,
     mut req: Request<Body>,
     path_and_query: &str,
+    credentials: Credentials,
 ) -> Result<Response<Body>, RelayError> {
     let PortConn { stream, slot } = conn;
     stream.set_nonblocking(true)?;
@@ -63,6 +75,9 @@ pub async fn forward(
     let headers = req.headers_mut();
     for name in DROPPED {
         headers.remove(HeaderName::from_static(name));
+    }
+    if credentials == Credentials::Bearer {
+        headers.remove(header::AUTHORIZATION);
     }
     // hyper frames the body itself (a kept Content-Length, else chunked).
     headers.remove(header::TRANSFER_ENCODING);

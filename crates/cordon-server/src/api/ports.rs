@@ -104,7 +104,7 @@ async fn forward(
     match svc.sessions().open_port(t, &id, port, "api").await? {
         Opened::Conn(conn) => {
             let path = crate::portproxy::target(rest, req.uri());
-            crate::portproxy::forward(conn, req, &path)
+            crate::portproxy::forward(conn, req, &path, crate::portproxy::Credentials::Bearer)
                 .await
                 .map_err(|e| {
                     ApiError::new(

@@ -84,9 +84,16 @@ pub struct HostsCa {
     issuer: Issuer<'static, KeyPair>,
     ca_der: CertificateDer<'static>,
     leaves: Mutex<HashMap<String, (OffsetDateTime, Arc<CertifiedKey>)>>,
-    /// Which ids to sign hosts of (all of the right shape when `None`: a CA on its own).
+    /// Which ids to sign hosts of at once (all of the right shape when `None`: a CA on its
+    /// own); others, at most [`UNKNOWN_PER_SECOND`] a second.
     known: Option<Known>,
+    unknown: Mutex<(std::time::Instant, u32)>,
 }
+
+/// Hosts of ids the listener has no record of that are signed each second: an ended
+/// sandbox's host still gets E2B's 502 "was not found" over TLS, and a client naming
+/// made-up ids cannot make the server sign without end.
+const UNKNOWN_PER_SECOND: u32 = 32;
 
 impl std::fmt::Debug for HostsCa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -155,6 +162,7 @@ impl HostsCa {
                     ca_der,
                     leaves: Mutex::default(),
                     known: None,
+                    unknown: Mutex::new((std::time::Instant::now(), 0)),
                 });
             }
             tracing::warn!(
@@ -196,6 +204,7 @@ impl HostsCa {
             issuer: Issuer::new(Self::params(domain), key),
             leaves: Mutex::default(),
             known: None,
+            unknown: Mutex::new((std::time::Instant::now(), 0)),
         })
     }
 
@@ -215,7 +224,18 @@ impl HostsCa {
             && port.bytes().all(|b| b.is_ascii_digit())
             && port.parse::<u16>().is_ok()
             && cordon_core::SandboxId::parse(id).is_some()
-            && self.known.as_ref().is_none_or(|known| known(id))
+            && (self.known.as_ref().is_none_or(|known| known(id)) || self.unknown_allowed())
+    }
+
+    /// Whether one more host of an unknown id may be signed this second.
+    fn unknown_allowed(&self) -> bool {
+        let mut budget = self.unknown.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if now.duration_since(budget.0) >= std::time::Duration::from_secs(1) {
+            *budget = (now, 0);
+        }
+        budget.1 += 1;
+        budget.1 <= UNKNOWN_PER_SECOND
     }
 
     /// The certificate for `name`, signed now or earlier. The signing (a key made, a
@@ -382,19 +402,26 @@ mod tests {
         assert!(other.certificate(&format!("8000-{ID}.localhost")).is_none());
     }
 
-    /// With the listener's records, only the hosts of sandboxes it knows get a certificate:
-    /// a client naming made-up ids cannot make the server sign without end.
+    /// With the listener's records, the hosts of sandboxes it knows get a certificate at
+    /// once, and others (an ended sandbox's) a few a second: a client naming made-up ids
+    /// cannot make the server sign without end.
     #[test]
-    fn only_known_sandboxes_hosts_are_signed() {
+    fn unknown_sandboxes_hosts_are_signed_a_few_a_second() {
         let dir = tempfile::tempdir().unwrap();
         let mut ca = HostsCa::load_or_make(&dir.path().join(CA_DIR), "localhost").unwrap();
         ca.known = Some(Arc::new(|id: &str| id == ID));
-        assert!(ca.certificate(&format!("8000-{ID}.localhost")).is_some());
-        let unknown = "sb-ffffffffffffffffffffffffffffffff";
+        let made_up = |i: u32| format!("8000-sb-{i:032x}.localhost");
+        let signed = (0..UNKNOWN_PER_SECOND * 4)
+            .filter(|i| ca.certificate(&made_up(*i)).is_some())
+            .count();
         assert!(
-            ca.certificate(&format!("8000-{unknown}.localhost"))
-                .is_none()
+            (1..=UNKNOWN_PER_SECOND as usize * 2).contains(&signed),
+            "{signed} made-up hosts signed"
         );
+        // The known sandbox's hosts are signed whatever the budget says.
+        for port in 1..100 {
+            assert!(ca.certificate(&format!("{port}-{ID}.localhost")).is_some());
+        }
     }
 
     /// The operator's certificate: files that are no certificate and key say which setting

@@ -81,7 +81,9 @@ async fn relay(e: &E2b, t: Target, mut req: Request) -> Response {
     match opened {
         Ok(Opened::Conn(conn)) => {
             let path = crate::portproxy::target(req.uri().path(), req.uri());
-            match crate::portproxy::forward(conn, req, &path).await {
+            match crate::portproxy::forward(conn, req, &path, crate::portproxy::Credentials::Own)
+                .await
+            {
                 Ok(r) => r,
                 Err(err) => e2b_error(StatusCode::BAD_GATEWAY, err.to_string()),
             }
