@@ -20,10 +20,15 @@ async function freePort() {
   return port;
 }
 
-const port = await freePort();
-const ORIGIN = `http://127.0.0.1:${port}`;
-process.env.E2B_API_URL = ORIGIN;
-process.env.E2B_SANDBOX_URL = ORIGIN;
+// The SDK reads these at each call: a port taken by another process between the pick and
+// the server's bind is picked again below, and they follow.
+function pointAt(port) {
+  const origin = `http://127.0.0.1:${port}`;
+  process.env.E2B_API_URL = origin;
+  process.env.E2B_SANDBOX_URL = origin;
+}
+let port = await freePort();
+pointAt(port);
 process.env.E2B_DOMAIN = "localhost";
 process.env.E2B_API_KEY = E2B_KEY;
 delete process.env.E2B_DEBUG;
@@ -34,10 +39,21 @@ let server;
 const available = tierAvailable(TIER);
 before(async () => {
   if (!available) return;
-  server = await startServer({
-    pools: {},
-    extra: `[[keys]]\ntenant = "alice"\nkey = "${E2B_KEY}"\n[e2b]\nlisten = "127.0.0.1:${port}"\ntier = "${TIER}"\n`,
-  });
+  // A free port is only free until something else binds it (CI runs other suites beside
+  // this one): a start that found it taken tries another, a few times.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      server = await startServer({
+        pools: {},
+        extra: `[[keys]]\ntenant = "alice"\nkey = "${E2B_KEY}"\n[e2b]\nlisten = "127.0.0.1:${port}"\ntier = "${TIER}"\n`,
+      });
+      return;
+    } catch (e) {
+      if (attempt >= 5 || !String(e.message).includes("Address already in use")) throw e;
+      port = await freePort();
+      pointAt(port);
+    }
+  }
 });
 after(async () => {
   await server?.stop();
