@@ -85,12 +85,10 @@ impl Server {
         // The operator's certificate for the E2B HTTPS listener is read before anything
         // starts, as [tls]'s is: a start that will fail says so first. (The data dir's own
         // CA is made or read once the service holds the data dir.)
-        if let Some(e) = config.e2b.as_ref()
-            && let (Some(_), Some(cert), Some(key)) =
-                (e.https_listen, &e.https_cert_file, &e.https_key_file)
-        {
-            tls::server_config_of(cert, key, "e2b.https_cert_file", "e2b.https_key_file")?;
-        }
+        let e2b_tls = match &config.e2b {
+            Some(e) => e2b::https::operator_config(e)?,
+            None => None,
+        };
         let svc = Service::start(config, keys, backends, recovery).await?;
         let listener = tokio::net::TcpListener::bind(bind)
             .await
@@ -99,7 +97,7 @@ impl Server {
             .local_addr()
             .map_err(|e| ServerError::io("reading the bound address", e))?;
         let e2b = match e2b_listen {
-            Some(at) => Some(e2b::serve(svc.clone(), at).await?),
+            Some(at) => Some(e2b::serve(svc.clone(), at, e2b_tls).await?),
             None => None,
         };
         let app = api::router(svc.clone());

@@ -87,19 +87,16 @@ impl PortAccess {
 pub(crate) fn ports_of(e: &E2b, req: &wire::NewSandbox) -> Result<PortAccess, Response> {
     let net = req.network.as_ref();
     let asked = net.and_then(|n| n.allow_public_traffic);
-    let public = match (asked, e.cfg.public_traffic) {
-        (Some(false), _) | (None, false) => false,
-        (None, true) | (Some(true), true) => true,
-        (Some(true), false) => {
-            return Err(e2b_error(
-                StatusCode::BAD_REQUEST,
-                "network.allowPublicTraffic: this server lets a sandbox's ports be reached only \
-                 with its traffic access token (E2B-Traffic-Access-Token); leave \
-                 allowPublicTraffic out or set it to false, or ask the operator for \
-                 e2b.public_traffic",
-            ));
-        }
-    };
+    if asked == Some(true) && !e.cfg.public_traffic {
+        return Err(e2b_error(
+            StatusCode::BAD_REQUEST,
+            "network.allowPublicTraffic: this server lets a sandbox's ports be reached only \
+             with its traffic access token (E2B-Traffic-Access-Token); leave \
+             allowPublicTraffic out or set it to false, or ask the operator for \
+             e2b.public_traffic",
+        ));
+    }
+    let public = e.cfg.public_traffic && asked != Some(false);
     let mask_host = match net.and_then(|n| n.mask_request_host.as_deref()) {
         None => None,
         Some(m) => {

@@ -39,30 +39,30 @@ const LEAF_REUSE: Duration = Duration::days(30);
 /// The most hosts' certificates kept; past it the cache starts again.
 const LEAVES_KEPT: usize = 4096;
 
-/// Where the data dir's CA certificate is (clients trust it by this path).
-pub fn ca_pem_path(data_dir: &Path) -> PathBuf {
-    data_dir.join(CA_DIR).join("ca.pem")
-}
-
 /// Which sandbox ids the listener knows (its records): the data dir's CA signs hosts of
 /// those only.
 pub type Known = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
-/// The TLS configuration of the HTTPS listener.
-pub fn server_config(
+/// The HTTPS listener's TLS configuration from the operator's certificate, when the
+/// config gives one (read once, before the service starts: a start that will fail says so
+/// first).
+pub fn operator_config(cfg: &E2bConfig) -> Result<Option<Arc<rustls::ServerConfig>>, ServerError> {
+    let (Some(_), Some(cert), Some(key)) =
+        (cfg.https_listen, &cfg.https_cert_file, &cfg.https_key_file)
+    else {
+        return Ok(None);
+    };
+    crate::tls::server_config_of(cert, key, "e2b.https_cert_file", "e2b.https_key_file")
+        .map(|c| Some(Arc::new(c)))
+}
+
+/// The HTTPS listener's TLS configuration with the data dir's CA, signing the hosts of the
+/// sandboxes `known` says the listener has.
+pub fn ca_config(
     cfg: &E2bConfig,
     data_dir: &Path,
     known: Known,
 ) -> Result<Arc<rustls::ServerConfig>, ServerError> {
-    if let (Some(cert), Some(key)) = (&cfg.https_cert_file, &cfg.https_key_file) {
-        return crate::tls::server_config_of(
-            cert,
-            key,
-            "e2b.https_cert_file",
-            "e2b.https_key_file",
-        )
-        .map(Arc::new);
-    }
     let mut ca = HostsCa::load_or_make(&data_dir.join(CA_DIR), &cfg.domain)?;
     ca.known = Some(known);
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
@@ -132,22 +132,22 @@ impl HostsCa {
     pub fn load_or_make(dir: &Path, domain: &str) -> Result<Self, ServerError> {
         let (pem, key) = (dir.join("ca.pem"), dir.join("ca.key"));
         let meta = dir.join("ca.domain");
-        // The note: the domain, the end of validity and the key's fingerprint, written last
-        // (a CA whose key is not the one noted, or is for another domain, is made again).
+        // The note, written last: the domain and the end of validity (a CA for another
+        // domain, or near its end, is made again; one whose key is not its certificate's too).
         let kept = std::fs::read_to_string(&meta).ok().and_then(|text| {
             let mut words = text.split_whitespace();
-            let (d, until, print) = (words.next()?, words.next()?, words.next()?);
+            let (d, until) = (words.next()?, words.next()?);
             let until = OffsetDateTime::from_unix_timestamp(until.parse().ok()?).ok()?;
-            (d == domain && until - RENEW_CA > OffsetDateTime::now_utc()).then(|| print.to_string())
+            (d == domain && until - RENEW_CA > OffsetDateTime::now_utc()).then_some(())
         });
-        if let Some(print) = kept
+        if kept.is_some()
             && let (Ok(cert_pem), Ok(key_pem)) =
                 (std::fs::read_to_string(&pem), std::fs::read_to_string(&key))
         {
             let pair = KeyPair::from_pem(&key_pem).map_err(|e| ca_error("its key", e))?;
             let ca_der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
                 .map_err(|e| ca_error("its certificate", e))?;
-            if fingerprint(&pair) == print && holds_key(&ca_der, &pair) {
+            if holds_key(&ca_der, &pair) {
                 // Kept as private as they were made, whatever changed them since.
                 use std::os::unix::fs::PermissionsExt;
                 let tighten = |p: &Path, mode: u32| {
@@ -191,11 +191,7 @@ impl HostsCa {
         rename(&key_file_tmp(dir), &dir.join("ca.key"))?;
         write_new(&dir.join("ca.pem.tmp"), cert.pem().as_bytes(), 0o644)?;
         rename(&dir.join("ca.pem.tmp"), &pem)?;
-        let note = format!(
-            "{domain} {} {}\n",
-            params.not_after.unix_timestamp(),
-            fingerprint(&key)
-        );
+        let note = format!("{domain} {}\n", params.not_after.unix_timestamp());
         write_new(&dir.join("ca.domain.tmp"), note.as_bytes(), 0o644)?;
         rename(&dir.join("ca.domain.tmp"), &meta)?;
         Ok(HostsCa {
@@ -208,23 +204,21 @@ impl HostsCa {
         })
     }
 
-    /// Whether this CA signs `name`: a host of a sandbox the listener knows under the
-    /// domain (`<port>-<sandbox id>.<domain>`, lower case, the id as Cordon makes them).
-    fn signs(&self, name: &str) -> bool {
-        let Some(first) = name
-            .strip_suffix(self.domain.as_str())
-            .and_then(|n| n.strip_suffix('.'))
-        else {
-            return false;
-        };
-        let Some((port, id)) = first.split_once('-') else {
-            return false;
-        };
-        port.len() <= 5
-            && port.bytes().all(|b| b.is_ascii_digit())
+    /// The sandbox id of `name` when it is a sandbox host under the domain
+    /// (`<port>-<sandbox id>.<domain>`, lower case, the id as Cordon makes them).
+    fn host_id<'a>(&self, name: &'a str) -> Option<&'a str> {
+        let first = name.strip_suffix(self.domain.as_str())?.strip_suffix('.')?;
+        let (port, id) = first.split_once('-')?;
+        (port.bytes().all(|b| b.is_ascii_digit())
             && port.parse::<u16>().is_ok()
-            && cordon_core::SandboxId::parse(id).is_some()
-            && (self.known.as_ref().is_none_or(|known| known(id)) || self.unknown_allowed())
+            && cordon_core::SandboxId::parse(id).is_some())
+        .then_some(id)
+    }
+
+    /// Whether a new certificate may be signed for `id`'s host now: at once for a sandbox
+    /// the listener knows, within the budget for any other.
+    fn may_sign(&self, id: &str) -> bool {
+        self.known.as_ref().is_none_or(|known| known(id)) || self.unknown_allowed()
     }
 
     /// Whether one more host of an unknown id may be signed this second.
@@ -238,12 +232,10 @@ impl HostsCa {
         budget.1 <= UNKNOWN_PER_SECOND
     }
 
-    /// The certificate for `name`, signed now or earlier. The signing (a key made, a
-    /// signature) runs outside the cache's lock.
+    /// The certificate for `name`, signed earlier or now. Only a signing (a key made, a
+    /// signature, outside the cache's lock) spends the budget for unknown ids.
     pub fn certificate(&self, name: &str) -> Option<Arc<CertifiedKey>> {
-        if !self.signs(name) {
-            return None;
-        }
+        let id = self.host_id(name)?;
         let now = OffsetDateTime::now_utc();
         {
             let leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
@@ -252,6 +244,9 @@ impl HostsCa {
             {
                 return Some(c.clone());
             }
+        }
+        if !self.may_sign(id) {
+            return None;
         }
         let c = self.sign(name, now).ok()?;
         let mut leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
@@ -294,12 +289,6 @@ impl ResolvesServerCert for HostsCa {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         self.certificate(hello.server_name()?)
     }
-}
-
-/// The hex SHA-256 of a key's public half.
-fn fingerprint(key: &KeyPair) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(key.public_key_raw()))
 }
 
 /// Whether the certificate `der` carries `key`'s public half (the key's bytes appear in it
@@ -434,24 +423,21 @@ mod tests {
         std::fs::write(&cert, signed.cert.pem()).unwrap();
         std::fs::write(&key, signed.signing_key.serialize_pem()).unwrap();
         let cfg = |cert: &Path, key: &Path| E2bConfig {
+            https_listen: Some("127.0.0.1:0".parse().unwrap()),
             https_cert_file: Some(cert.to_path_buf()),
             https_key_file: Some(key.to_path_buf()),
             ..E2bConfig::default()
         };
-        assert!(server_config(&cfg(&cert, &key), dir.path(), Arc::new(|_: &str| true)).is_ok());
+        assert!(operator_config(&cfg(&cert, &key)).unwrap().is_some());
         assert!(
             !dir.path().join(CA_DIR).exists(),
             "no CA of its own is made"
         );
-        let err = server_config(&cfg(&key, &key), dir.path(), Arc::new(|_: &str| true))
-            .unwrap_err()
-            .to_string();
+        let err = operator_config(&cfg(&key, &key)).unwrap_err().to_string();
         assert!(err.contains("e2b.https_cert_file"), "{err}");
         let other = KeyPair::generate().unwrap();
         std::fs::write(&key, other.serialize_pem()).unwrap();
-        let err = server_config(&cfg(&cert, &key), dir.path(), Arc::new(|_: &str| true))
-            .unwrap_err()
-            .to_string();
+        let err = operator_config(&cfg(&cert, &key)).unwrap_err().to_string();
         assert!(err.contains("e2b.https_key_file"), "{err}");
     }
 }

@@ -61,7 +61,14 @@ pub struct Listening {
     pub tasks: Vec<tokio::task::JoinHandle<Result<(), std::io::Error>>>,
 }
 
-pub async fn serve(svc: Service, at: SocketAddr) -> Result<Listening, ServerError> {
+/// Serves the E2B listener on `at`, and its HTTPS one where the config asks, with
+/// `operator_tls` (the operator's certificate, read before the service started) or the data
+/// dir's CA.
+pub async fn serve(
+    svc: Service,
+    at: SocketAddr,
+    operator_tls: Option<Arc<rustls::ServerConfig>>,
+) -> Result<Listening, ServerError> {
     let cfg = svc
         .config()
         .e2b
@@ -81,9 +88,15 @@ pub async fn serve(svc: Service, at: SocketAddr) -> Result<Listening, ServerErro
     };
     let https = match state.cfg.https_listen {
         Some(at) => {
-            let boxes = state.boxes.clone();
-            let known: https::Known = Arc::new(move |id: &str| lock(&boxes).contains_key(id));
-            let tls = https::server_config(&state.cfg, &svc.config().data_dir, known)?;
+            let tls = match operator_tls {
+                Some(tls) => tls,
+                None => {
+                    let boxes = state.boxes.clone();
+                    let known: https::Known =
+                        Arc::new(move |id: &str| lock(&boxes).contains_key(id));
+                    https::ca_config(&state.cfg, &svc.config().data_dir, known)?
+                }
+            };
             let l = tokio::net::TcpListener::bind(at)
                 .await
                 .map_err(|e| ServerError::io(format!("listening on {at} (e2b.https_listen)"), e))?;

@@ -52,8 +52,11 @@ async fn relay(e: &E2b, t: Target, mut req: Request) -> Response {
     let Some(b) = e.box_of(&t.id) else {
         return sandbox_not_found(&t.id);
     };
-    let access = super::lock(&b.ports).clone();
-    let ok = access.public || {
+    let (public, masked_host) = {
+        let access = super::lock(&b.ports);
+        (access.public, access.host_for(t.port))
+    };
+    let ok = public || {
         let given = |name: &str| req.headers().get(name).map(|v| v.as_bytes());
         given("e2b-traffic-access-token").is_some_and(|g| constant_eq(g, b.traffic.as_bytes()))
             || given("x-access-token").is_some_and(|g| constant_eq(g, b.token.as_bytes()))
@@ -71,7 +74,7 @@ async fn relay(e: &E2b, t: Target, mut req: Request) -> Response {
         Ok((_, b)) => b,
         Err(r) => return r,
     };
-    if let Some(host) = access.host_for(t.port)
+    if let Some(host) = masked_host
         && let Ok(v) = HeaderValue::from_str(&host)
     {
         req.headers_mut().insert(header::HOST, v);
