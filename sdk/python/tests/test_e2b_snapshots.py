@@ -110,3 +110,25 @@ def test_refusals_in_e2b_shape(server):
         assert "not found" in str(e.value).lower(), e.value
     finally:
         src.kill()
+
+
+def test_template_exists_answers_for_mapped_templates_and_own_snapshots(server):
+    """`Template.exists` (`GET /templates/aliases/{alias}`): true for a name a create takes
+    (a template the operator maps, E2B's defaults, the tenant's own snapshots), false for any
+    other name and for another tenant's snapshot."""
+    from e2b import Sandbox, Template
+    from conftest import KEYS
+    assert Template.exists("base") is True
+    assert Template.exists("code-interpreter-v1") is True
+    assert Template.exists("base:latest") is True
+    assert Template.exists("no-such-template-47") is False
+    src = Sandbox.create(timeout=120)
+    try:
+        info = src.create_snapshot("exists-snap")
+        assert Template.exists("exists-snap") is True
+        # Another tenant's key does not see alice's snapshot by its name.
+        assert Template.exists("exists-snap", api_key=KEYS["bob"]) is False
+        assert Sandbox.delete_snapshot(info.snapshot_id) is True
+        assert Template.exists("exists-snap") is False
+    finally:
+        src.kill()

@@ -32,6 +32,12 @@ impl Default for TimeoutBody {
     }
 }
 
+/// Whether a create takes E2B template name `name` as a mapped template (never a
+/// snapshot's name): [`template_of`] answers it without a refusal.
+pub(super) fn maps_template(e: &E2b, name: &str) -> bool {
+    template_of(e, name).is_ok()
+}
+
 /// The Cordon template an E2B template name means.
 fn template_of(e: &E2b, name: &str) -> Result<Option<String>, Response> {
     // `name:tag` and `team/name` aliases name the same template.

@@ -207,6 +207,13 @@ pub(super) async fn templates(
     uri: Uri,
 ) -> Response {
     let rest = uri.path().trim_start_matches("/templates/");
+    if method == Method::GET
+        && let Some(alias) = rest.strip_prefix("aliases/")
+        && !alias.is_empty()
+        && !alias.contains('/')
+    {
+        return alias_of(&state.0, from, &headers, alias).await;
+    }
     if method != Method::DELETE || rest.contains('/') || rest.is_empty() {
         return super::refused(state, from, headers, uri).await;
     }
@@ -229,6 +236,50 @@ pub(super) async fn templates(
     match snaps.delete(&t, &id).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(err) => api_error(err),
+    }
+}
+
+/// E2B's `TemplateAliasResponse`.
+#[derive(Debug, Serialize)]
+struct AliasOut {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    public: bool,
+}
+
+/// `GET /templates/aliases/{alias}` (`Template.exists`): 200 for a name a create takes, a
+/// template the operator maps (every tenant's: `public`) or one of the tenant's own
+/// snapshots; 404 otherwise. Another tenant's snapshot of that name is not seen (404, where
+/// E2B answers 403 for another team's alias: a name says nothing of other tenants here).
+async fn alias_of(e: &E2b, from: super::From, headers: &HeaderMap, alias: &str) -> Response {
+    let t = match e.tenant(headers, from.0) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let alias = percent_encoding::percent_decode_str(alias).decode_utf8_lossy();
+    let key = alias.split(':').next().unwrap_or(&alias);
+    if super::control::maps_template(e, key) {
+        let out = AliasOut {
+            template_id: key.to_string(),
+            public: true,
+        };
+        return (StatusCode::OK, Json(out)).into_response();
+    }
+    match e.svc.snapshots().get(&t, key).await {
+        Ok(s) => {
+            let out = AliasOut {
+                template_id: s.id,
+                public: false,
+            };
+            (StatusCode::OK, Json(out)).into_response()
+        }
+        Err(_) => e2b_error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "template \"{key}\" was not found: a create takes the templates the operator \
+                 maps in [e2b.templates] (and base, code-interpreter-v1) and your snapshots' names"
+            ),
+        ),
     }
 }
 
