@@ -297,6 +297,13 @@ pub struct SandboxSpec {
     /// the tiers with [`crate::Feature::HostPaths`] give them.
     #[serde(skip)]
     pub host_binds: Vec<crate::HostBind>,
+    /// The id the sandbox takes, where it starts again under the id it had (a sandbox
+    /// paused to its files and resumed: the server's session keeps its id, its tokens and
+    /// its grants). Set by the server after the old sandbox is destroyed, never read from a
+    /// request; `None` is a fresh random id. Tiers without [`crate::Feature::SnapshotFiles`]
+    /// ignore it.
+    #[serde(skip)]
+    pub id: Option<crate::SandboxId>,
 }
 
 /// A template the host resolved for one sandbox: what a tier needs to use it. The lease
@@ -369,6 +376,16 @@ impl SandboxSpec {
             volumes: Vec::new(),
             devices: Vec::new(),
             host_binds: Vec::new(),
+            id: None,
+        }
+    }
+
+    /// The id a sandbox made for this spec takes: [`SandboxSpec::id`] when the server set
+    /// one, else a fresh random one.
+    pub fn sandbox_id(&self) -> Result<crate::SandboxId> {
+        match &self.id {
+            Some(id) => Ok(id.clone()),
+            None => crate::SandboxId::random(),
         }
     }
 

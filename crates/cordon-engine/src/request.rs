@@ -231,6 +231,11 @@ pub enum OnTimeout {
     /// stayed paused for `sessions.paused_ttl`; a resume gives it its TTL again from then.
     /// Tiers that pause only (container, gvisor, microvm).
     Pause,
+    /// It is paused keeping its files only (E2B's `autoPauseMemory: false`): its processes
+    /// end and its memory is let go; a resume starts it again from its files under the same
+    /// id. Tiers with filesystem snapshots (container, gvisor).
+    #[serde(rename = "pause_files")]
+    PauseFiles,
 }
 
 impl OnTimeout {

@@ -261,6 +261,9 @@ pub enum Request {
 pub const EGRESS_PORT_NAME: &str = "cordon.egress";
 /// Where a microVM guest keeps the per-sandbox CA certificate (its root is read-only).
 pub const GUEST_CA_CERT_PATH: &str = "/run/cordon/egress-ca.pem";
+/// The container tier's own boot id, bound over `/proc/sys/kernel/random/boot_id` in each
+/// exec's `/proc` ([`crate::AgentConfig::boot_id`]).
+pub const BOOT_ID_INSIDE: &str = "/run/cordon/boot_id";
 
 /// Where a native sandbox finds its egress proxy's unix socket (bound in from the host); a
 /// forwarder relays the sandbox's `127.0.0.1:<port>` to it.

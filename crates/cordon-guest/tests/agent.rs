@@ -55,6 +55,7 @@ fn agent_process() {
         workdir: PathBuf::from(work),
         scratch: Vec::new(),
         mount_proc: false,
+        boot_id: None,
         confine: Some(confine),
         winch_on_resize: false,
         standby_idle: None,

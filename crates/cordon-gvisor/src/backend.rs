@@ -4,7 +4,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::time::Instant;
 
 use cordon_core::{
-    Backend, Capability, Error, Probe, Result, Sandbox, SandboxId, SandboxSpec, Tier, Weakening,
+    Backend, Capability, Error, Probe, Result, Sandbox, SandboxSpec, Tier, Weakening,
 };
 use cordon_host::cgroup;
 
@@ -211,7 +211,7 @@ impl GvisorBackend {
             weakened,
             warnings,
         } = walls;
-        let id = SandboxId::random()?;
+        let id = spec.sandbox_id()?;
         let bundle = self.config.scratch_root.join(id.as_str());
         std::fs::DirBuilder::new()
             .mode(0o700)

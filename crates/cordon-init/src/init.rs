@@ -532,6 +532,7 @@ fn agent_config(setup: &InitSetup, join: &InitJoin) -> Result<AgentConfig, Strin
             )
             .collect(),
         mount_proc: true,
+        boot_id: Some(PathBuf::from(cordon_guest::proto::BOOT_ID_INSIDE)),
         confine: Some(confine),
         winch_on_resize: false,
         standby_idle: match setup.standby_idle_ms {

@@ -569,5 +569,38 @@ fn write_extras(gen_at: &Path, join: &InitJoin) -> Result<(), String> {
         }
         fs::write(&inside, b"").map_err(io("creating the egress socket mount point".into()))?;
     }
-    Ok(())
+    write_boot_id(gen_at)
+}
+
+/// The sandbox's own boot id ([`cordon_guest::proto::BOOT_ID_INSIDE`]), a random UUID
+/// each exec's `/proc` shows instead of the host's: a sandbox cannot tell which host (or
+/// which boot of it) it shares with another, and a sandbox started again from its files
+/// has a new one, as a machine booted again does.
+fn write_boot_id(gen_at: &Path) -> Result<(), String> {
+    let rel = cordon_guest::proto::BOOT_ID_INSIDE.trim_start_matches('/');
+    let at = gen_at.join(rel);
+    if let Some(parent) = at.parent() {
+        fs::create_dir_all(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
+    }
+    let id = cordon_core::SandboxId::random().map_err(|e| e.to_string())?;
+    fs::write(
+        &at,
+        format!("{}\n", uuid_v4(id.as_str().trim_start_matches("sb-"))),
+    )
+    .and_then(|()| fs::set_permissions(&at, fs::Permissions::from_mode(0o444)))
+    .map_err(|e| format!("writing the sandbox's boot id: {e}"))
+}
+
+/// A version-4 UUID of 32 random hex digits, as the kernel's `boot_id` is written.
+fn uuid_v4(hex: &str) -> String {
+    let h = hex.as_bytes();
+    let variant = b"89ab"[usize::from(h[16] & 3)] as char;
+    format!(
+        "{}-{}-4{}-{variant}{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[13..16],
+        &hex[17..20],
+        &hex[20..32]
+    )
 }

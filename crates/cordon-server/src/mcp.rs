@@ -28,7 +28,7 @@ use crate::model::{
     RunRequest, SandboxInfo, SandboxList, Stat, VolumeCreate, VolumeDeleted, VolumeInfo,
     VolumeList,
 };
-use crate::service::Service;
+use crate::service::{PauseMode, Service};
 
 mod args;
 mod snapshots;
@@ -775,7 +775,11 @@ impl CordonMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<SandboxInfo>, ToolError> {
         let t = self.tenant(&ctx)?;
-        answer(self.svc.sessions().pause(&t, &a.sandbox, a.to_disk).await)
+        let mode = match PauseMode::of(a.to_disk, a.files_only) {
+            Ok(m) => m,
+            Err(e) => return answer(Err(e)),
+        };
+        answer(self.svc.sessions().pause(&t, &a.sandbox, mode).await)
     }
 
     #[tool(

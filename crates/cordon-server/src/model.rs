@@ -362,6 +362,12 @@ pub struct PauseRequest {
     /// Save the whole sandbox to disk and let go of its memory (microvm only).
     #[serde(default)]
     pub to_disk: bool,
+    /// Keep its files only (the tiers with filesystem snapshots: container, gvisor): the
+    /// workspace and what the root let it write stay on disk, its processes end and its
+    /// memory is let go; a resume starts it again from its files under the same id, as a
+    /// machine boots again (no process, code context or watcher of before).
+    #[serde(default)]
+    pub files_only: bool,
 }
 
 /// `PATCH /v1/sandboxes/{id}`: a new TTL (counted from the sandbox's creation, paused time

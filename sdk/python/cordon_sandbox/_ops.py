@@ -227,9 +227,13 @@ def destroy(sid: str) -> Call[Destroyed]:
     return Call("DELETE", _sb(sid), Destroyed.from_json)
 
 
-def pause(sid: str, to_disk: bool) -> Call[SandboxInfo]:
-    return Call("POST", _sb(sid, "/pause"), SandboxInfo.from_json,
-                json={"to_disk": True} if to_disk else {})
+def pause(sid: str, to_disk: bool, files_only: bool = False) -> Call[SandboxInfo]:
+    body = {}
+    if to_disk:
+        body["to_disk"] = True
+    if files_only:
+        body["files_only"] = True
+    return Call("POST", _sb(sid, "/pause"), SandboxInfo.from_json, json=body)
 
 
 def resume(sid: str) -> Call[SandboxInfo]:

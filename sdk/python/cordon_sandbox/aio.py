@@ -348,8 +348,8 @@ class AsyncSandbox:
         got = await self._t.json(ops.fork(self.id, count, ttl, idle_timeout, labels))
         return _starts(self.client, got)
 
-    async def pause(self, to_disk: bool = False) -> SandboxInfo:
-        self.info = await self._t.json(ops.pause(self.id, to_disk))
+    async def pause(self, to_disk: bool = False, files_only: bool = False) -> SandboxInfo:
+        self.info = await self._t.json(ops.pause(self.id, to_disk, files_only))
         return self.info
 
     async def resume(self) -> SandboxInfo:

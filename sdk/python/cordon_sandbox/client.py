@@ -118,7 +118,8 @@ class Cordon:
         to the grant's hosts. `labels` tag it for `list_sandboxes`. `volumes` mounts volumes
         of yours, each `"name:/work/path"`, `"name:/work/path:ro"` or
         `{"name", "path", "read_only"}`. `on_timeout="pause"` pauses it at its TTL or idle
-        timeout instead of destroying it (`resume()` gives it its TTL again)."""
+        timeout instead of destroying it (`resume()` gives it its TTL again);
+        `on_timeout="pause_files"` keeps its files only (container, gvisor)."""
         body = ops.spec(tier=tier, allow_hosts=allow_hosts, deny_hosts=deny_hosts, ttl=ttl,
                         idle_timeout=idle_timeout, limits=limits, env=env, trust=trust,
                         autonomy=autonomy, shape=shape, grants=grants, template=template,
@@ -391,13 +392,15 @@ class Sandbox:
         got = self._t.json(ops.fork(self.id, count, ttl, idle_timeout, labels))
         return _starts(self.client, got)
 
-    def pause(self, to_disk: bool = False) -> SandboxInfo:
+    def pause(self, to_disk: bool = False, files_only: bool = False) -> SandboxInfo:
         """Stops its processes where they are (no CPU); its TTL clock stands still.
 
         `to_disk=True` (microvm tier) saves the whole sandbox to disk and frees its memory:
         it is listed with `on_disk` and `on_disk_bytes`, survives a server restart, and
-        `resume()` restores it."""
-        self.info = self._t.json(ops.pause(self.id, to_disk))
+        `resume()` restores it. `files_only=True` (container, gvisor) keeps its files only:
+        its processes end and its memory is freed; `resume()` starts it again from its
+        files under the same id, as a machine boots again."""
+        self.info = self._t.json(ops.pause(self.id, to_disk, files_only))
         return self.info
 
     def resume(self) -> SandboxInfo:

@@ -89,3 +89,78 @@ def test_a_plain_sandbox_is_still_killed_at_its_timeout(server):
             s.sandbox_id == sbx.sandbox_id for s in Sandbox.list().next_items()):
         assert time.monotonic() < deadline, "a sandbox outlived its timeout"
         time.sleep(0.2)
+
+
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+
+
+def _paused_files(server) -> list:
+    d = server.data_dir / "snapshots"
+    return sorted(p.name for p in d.iterdir() if p.name.startswith("paused-")) if d.exists() else []
+
+
+def test_a_pause_of_the_files_only_boots_it_again_from_them(server):
+    """`pause(mode="filesystem")` (E2B's `memory: false`): the sandbox's processes end and
+    its memory is let go, its files are kept; `connect()` boots it again from them under the
+    same id: the file is there, the process of before is not, and the boot id is new. A
+    pause that keeps memory keeps the boot id. Its files go when it is killed."""
+    from e2b import Sandbox
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/kept.txt", "kept")
+        boot = sbx.commands.run(BOOT_ID).stdout.strip()
+        host_boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+        assert len(boot) == 36 and boot != host_boot, boot
+        # Paused with its memory: the same boot on the container tier (gVisor's restore of
+        # a checkpoint gives its kernel a new boot id; its processes go on all the same).
+        assert sbx.pause()
+        sbx = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        if server.tier == "container":
+            assert sbx.commands.run(BOOT_ID).stdout.strip() == boot
+        boot = sbx.commands.run(BOOT_ID).stdout.strip()
+        sbx.commands.run(COUNTER, background=True, timeout=0)
+        sbx.commands.run("until [ -s /home/user/count ]; do sleep 0.1; done")
+        assert sbx.pause(mode="filesystem")
+        assert _state(sbx.sandbox_id) == "paused"
+        assert _paused_files(server) == [f"paused-{sbx.sandbox_id}"]
+        # Paused: no call reaches it until it is resumed.
+        with pytest.raises(Exception):
+            sbx.files.read("/home/user/kept.txt")
+        again = sbx.connect()
+        assert again.sandbox_id == sbx.sandbox_id
+        assert _state(sbx.sandbox_id) == "running"
+        assert _paused_files(server) == []
+        assert again.files.read("/home/user/kept.txt") == "kept"
+        assert again.commands.run(BOOT_ID).stdout.strip() not in (boot, host_boot)
+        # The ticker of before is gone: its count stands still.
+        count = again.commands.run("cat /home/user/count").stdout
+        time.sleep(1)
+        assert again.commands.run("cat /home/user/count").stdout == count
+        # Booted again, it runs and pauses as any sandbox does.
+        assert again.commands.run("echo alive").stdout == "alive\n"
+        assert again.pause(mode="filesystem")
+        assert _paused_files(server) == [f"paused-{sbx.sandbox_id}"]
+    finally:
+        sbx.kill()
+    # Killed while paused to its files: they go with it.
+    assert _paused_files(server) == []
+
+
+def test_a_timeout_pause_of_the_files_only(server):
+    """`lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}` (E2B's
+    `autoPauseMemory: false`): its timeout pauses it keeping its files only; `connect()`
+    boots it again from them."""
+    from e2b import Sandbox
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": {"action": "pause",
+                                                              "mode": "filesystem"}})
+    try:
+        assert sbx.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
+        sbx.files.write("/home/user/kept.txt", "kept")
+        boot = sbx.commands.run(BOOT_ID).stdout.strip()
+        _wait_state(sbx.sandbox_id, "paused")
+        assert _paused_files(server) == [f"paused-{sbx.sandbox_id}"]
+        again = sbx.connect(timeout=60)
+        assert again.files.read("/home/user/kept.txt") == "kept"
+        assert again.commands.run(BOOT_ID).stdout.strip() != boot
+    finally:
+        sbx.kill()

@@ -175,9 +175,13 @@ export declare class Sandbox {
         start_ms?: number;
         end_ms?: number;
     }): Promise<MetricSample[]>;
-    /** Stops its processes where they are; `toDisk` (microvm) saves it to disk and frees its memory. */
+    /**
+     * Stops its processes where they are; `toDisk` (microvm) saves it to disk and frees its memory;
+     * `filesOnly` (container, gvisor) keeps its files only, and `resume()` starts it again from them.
+     */
     pause(opts?: {
         toDisk?: boolean;
+        filesOnly?: boolean;
     }): Promise<SandboxInfo>;
     resume(): Promise<SandboxInfo>;
     /**

@@ -415,9 +415,17 @@ export class Sandbox {
         const query = Object.entries(some(opts)).map(([k, v]) => [k, String(v)]);
         return (await this.client.json({ method: "GET", path: this.#path("/metrics"), query })).samples;
     }
-    /** Stops its processes where they are; `toDisk` (microvm) saves it to disk and frees its memory. */
+    /**
+     * Stops its processes where they are; `toDisk` (microvm) saves it to disk and frees its memory;
+     * `filesOnly` (container, gvisor) keeps its files only, and `resume()` starts it again from them.
+     */
     async pause(opts = {}) {
-        return (this.info = await this.client.json({ method: "POST", path: this.#path("/pause"), json: opts.toDisk ? { to_disk: true } : {} }));
+        const json = {};
+        if (opts.toDisk)
+            json.to_disk = true;
+        if (opts.filesOnly)
+            json.files_only = true;
+        return (this.info = await this.client.json({ method: "POST", path: this.#path("/pause"), json }));
     }
     async resume() {
         return (this.info = await this.client.json({ method: "POST", path: this.#path("/resume"), json: {} }));

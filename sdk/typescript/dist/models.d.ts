@@ -134,7 +134,7 @@ export interface SandboxInfo {
     on_disk_bytes?: number;
     labels: Record<string, string>;
     /** what its TTL or idle timeout does, when not destroy */
-    on_timeout?: "pause";
+    on_timeout?: "pause" | "pause_files";
 }
 export interface SandboxList {
     sandboxes: SandboxInfo[];
@@ -327,8 +327,11 @@ export interface SandboxSpec {
     template?: string;
     ttl?: Duration;
     idle_timeout?: Duration;
-    /** pause (instead of destroy) at its TTL or idle timeout; a resume gives it its TTL again */
-    on_timeout?: "destroy" | "pause";
+    /**
+     * pause (instead of destroy) at its TTL or idle timeout; a resume gives it its TTL again;
+     * pause_files keeps its files only (container, gvisor) and a resume boots it again from them
+     */
+    on_timeout?: "destroy" | "pause" | "pause_files";
     trust?: "trusted" | "untrusted";
     autonomy?: "compute" | "read-files" | "write-files" | "install-packages" | "internet";
     shape?: "many-short" | "one-long";

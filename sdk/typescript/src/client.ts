@@ -510,9 +510,15 @@ export class Sandbox {
     return (await this.client.json<{ samples: MetricSample[] }>({ method: "GET", path: this.#path("/metrics"), query })).samples;
   }
 
-  /** Stops its processes where they are; `toDisk` (microvm) saves it to disk and frees its memory. */
-  async pause(opts: { toDisk?: boolean } = {}): Promise<SandboxInfo> {
-    return (this.info = await this.client.json({ method: "POST", path: this.#path("/pause"), json: opts.toDisk ? { to_disk: true } : {} }));
+  /**
+   * Stops its processes where they are; `toDisk` (microvm) saves it to disk and frees its memory;
+   * `filesOnly` (container, gvisor) keeps its files only, and `resume()` starts it again from them.
+   */
+  async pause(opts: { toDisk?: boolean; filesOnly?: boolean } = {}): Promise<SandboxInfo> {
+    const json: { to_disk?: boolean; files_only?: boolean } = {};
+    if (opts.toDisk) json.to_disk = true;
+    if (opts.filesOnly) json.files_only = true;
+    return (this.info = await this.client.json({ method: "POST", path: this.#path("/pause"), json }));
   }
 
   async resume(): Promise<SandboxInfo> {

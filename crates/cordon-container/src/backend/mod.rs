@@ -435,7 +435,7 @@ impl ContainerBackend {
         early: Option<Started>,
         t0: Instant,
     ) -> Result<ContainerSandbox> {
-        let id = SandboxId::random()?;
+        let id = spec.sandbox_id()?;
         let (outer, mut host, ids) = match early {
             Some(started) => started,
             None => start_init(&self.cfg)?,

@@ -338,6 +338,17 @@ fn reaper_setup(cfg: &AgentConfig) -> Option<String> {
         if let Err(e) = mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>) {
             return Some(format!("cannot mount /proc for the exec: {e}"));
         }
+        if let Some(id) = &cfg.boot_id
+            && let Err(e) = mount(
+                Some(id.as_path()),
+                "/proc/sys/kernel/random/boot_id",
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+        {
+            return Some(format!("cannot give the exec the sandbox's boot id: {e}"));
+        }
     }
     if let Some(hook) = &cfg.confine
         && let Err(e) = hook()

@@ -33,6 +33,9 @@ pub struct AgentConfig {
     pub scratch: Vec<PathBuf>,
     /// Mount a fresh `/proc` in each exec's PID namespace.
     pub mount_proc: bool,
+    /// A file bound over `/proc/sys/kernel/random/boot_id` in each exec's fresh `/proc`:
+    /// the sandbox's own boot id where the kernel is the host's (the container tier).
+    pub boot_id: Option<PathBuf>,
     pub confine: Option<Confine>,
     /// After a terminal's resize, send `SIGWINCH` to the exec's reaper, which passes it on
     /// to every process of the exec: for kernels whose pseudo-terminals send none (gVisor's).

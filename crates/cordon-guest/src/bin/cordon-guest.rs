@@ -49,6 +49,7 @@ fn main() {
         workdir: PathBuf::from("/work"),
         scratch: vec![PathBuf::from("/work"), PathBuf::from("/tmp")],
         mount_proc: true,
+        boot_id: None,
         confine: None,
         winch_on_resize: false,
         standby_idle: Some(cordon_guest::STANDBY_IDLE),

@@ -56,6 +56,7 @@ fn main() {
         workdir: PathBuf::from("/work"),
         scratch: vec![PathBuf::from("/work"), PathBuf::from("/tmp")],
         mount_proc: true,
+        boot_id: None,
         // gVisor's kernel is the wall: no Landlock or seccomp layer inside it.
         confine: None,
         // gVisor's terminals send no SIGWINCH on a resize: the agent does.

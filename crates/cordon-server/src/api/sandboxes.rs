@@ -132,7 +132,8 @@ async fn list(
     }))
 }
 
-/// An optional body: none (or an empty one) pauses in memory; `{"to_disk": true}` to disk.
+/// An optional body: none (or an empty one) pauses in memory; `{"to_disk": true}` to disk;
+/// `{"files_only": true}` keeps its files only.
 async fn pause(
     State(svc): State<Service>,
     Auth(t): Auth,
@@ -146,11 +147,12 @@ async fn pause(
     } else {
         serde_json::from_slice(&body).map_err(|e| {
             ApiError::invalid(format!(
-                "the pause body: {e}; give {{\"to_disk\": true}} or none"
+                "the pause body: {e}; give {{\"to_disk\": true}}, {{\"files_only\": true}} or none"
             ))
         })?
     };
-    Ok(Json(svc.sessions().pause(&t, &id, req.to_disk).await?))
+    let mode = crate::service::PauseMode::of(req.to_disk, req.files_only)?;
+    Ok(Json(svc.sessions().pause(&t, &id, mode).await?))
 }
 
 async fn resume(

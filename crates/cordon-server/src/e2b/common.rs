@@ -748,10 +748,10 @@ pub(crate) fn detail_of(t: &Tenant, info: &SandboxInfo, b: Option<&E2bBox>) -> S
         lifecycle: super::wire::Lifecycle {
             auto_resume: b
                 .is_some_and(|b| b.auto_resume.load(std::sync::atomic::Ordering::Relaxed)),
-            on_timeout: if info.on_timeout == cordon_engine::OnTimeout::Pause {
-                "pause"
-            } else {
+            on_timeout: if info.on_timeout.is_destroy() {
                 "kill"
+            } else {
+                "pause"
             },
         },
     }

@@ -18,6 +18,8 @@ use crate::api::parse_id;
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
 use crate::model::{CreateRequest, PatchRequest, SandboxInfo, validate_labels};
+use crate::service::PauseMode;
+use serde::Deserialize;
 
 /// E2B's default sandbox timeout, seconds.
 const DEFAULT_TIMEOUT_S: u64 = 300;
@@ -152,7 +154,10 @@ fn plan_create(e: &E2b, mut req: NewSandbox) -> Result<PlannedCreate, Response> 
         // E2B has no idle timeout: the sandbox lives until its timeout.
         idle_timeout: Some(ttl),
         labels: metadata,
-        on_timeout: if auto_pause {
+        // `autoPauseMemory: false`: the timeout's pause keeps the files only.
+        on_timeout: if auto_pause && req.auto_pause_memory == Some(false) {
+            cordon_engine::OnTimeout::PauseFiles
+        } else if auto_pause {
             cordon_engine::OnTimeout::Pause
         } else {
             cordon_engine::OnTimeout::Destroy
@@ -327,14 +332,35 @@ pub(super) async fn set_timeout(
     }
 }
 
-pub(super) async fn pause(State(e): State<E2b>, About { t, id, info }: About) -> Response {
+/// `POST /sandboxes/{id}/pause`'s optional body.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct PauseBody {
+    /// `false`: keep the files only (a resume boots it again); left out or `true`: all.
+    #[serde(default)]
+    memory: Option<bool>,
+}
+
+pub(super) async fn pause(
+    State(e): State<E2b>,
+    About { t, id, info }: About,
+    body: Bytes,
+) -> Response {
+    let req: PauseBody = match body_json(&body) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
     if info.paused {
         return e2b_error(
             StatusCode::CONFLICT,
             format!("sandbox {id} is already paused"),
         );
     }
-    match super::retry_busy(|| e.svc.sessions().pause(&t, &id, false)).await {
+    let mode = if req.memory == Some(false) {
+        PauseMode::Files
+    } else {
+        PauseMode::Memory
+    };
+    match super::retry_busy(|| e.svc.sessions().pause(&t, &id, mode)).await {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(err) => api_error(err),
     }

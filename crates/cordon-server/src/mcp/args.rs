@@ -145,6 +145,10 @@ pub struct PauseArgs {
     /// server restart.
     #[serde(default)]
     pub to_disk: bool,
+    /// Keep its files only (container, gvisor): its processes end and its memory is let
+    /// go; a resume starts it again from its files, as a machine boots again.
+    #[serde(default)]
+    pub files_only: bool,
 }
 
 program_args! {

@@ -62,6 +62,7 @@ pub use common::{Chunk, ChunkSender, Slot, Slots};
 pub use contexts::{CellError, CellStatus, Contexts};
 pub use exec::{ExecJob, Execs, RunJob};
 pub use files::Files;
+pub use pause::PauseMode;
 pub use pools::{Backends, Held, Pools};
 pub use ports::{MAX_PORT_CONNS, Opened, PortConn};
 pub use procs::{AttachCaps, AttachSlot, Procs};

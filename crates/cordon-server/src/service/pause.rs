@@ -6,12 +6,63 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::os::unix::fs::DirBuilderExt;
+
+use cordon_core::{Feature, SnapshotDir, SnapshotMode};
+
 use super::common::{audit_err, blocking, gone, lock};
+use super::pools::FromSnapshot;
 use super::sessions::{BusyGuard, Session, Sessions};
 use crate::audit::{AuditEvent, Lifecycle, NewEvent, now_ms};
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
 use crate::model::SandboxInfo;
+
+/// What a pause keeps of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseMode {
+    /// Everything, in memory: its processes stop where they are.
+    Memory,
+    /// Everything, saved to disk, its memory let go (tiers with [`Feature::PauseToDisk`]).
+    ToDisk,
+    /// Its files only (E2B's `memory: false`): the workspace and what its root let it
+    /// write are kept on disk, and the tier's sandbox is destroyed (its processes end, its
+    /// memory, descriptors and host processes are let go); a resume starts it again from
+    /// them under the same id, with its tokens, grants, limits and TTL, as a machine boots
+    /// again: no process, code context or watcher of before. Tiers with
+    /// [`Feature::SnapshotFiles`].
+    Files,
+}
+
+impl PauseMode {
+    /// The mode a pause request's two flags ask for; both at once is refused.
+    pub fn of(to_disk: bool, files_only: bool) -> Result<PauseMode, ApiError> {
+        match (to_disk, files_only) {
+            (true, true) => Err(ApiError::invalid(
+                "to_disk and files_only both: a pause to disk keeps everything, one to files \
+                 keeps the files only; give one of them",
+            )),
+            (true, false) => Ok(PauseMode::ToDisk),
+            (false, true) => Ok(PauseMode::Files),
+            (false, false) => Ok(PauseMode::Memory),
+        }
+    }
+}
+
+/// The files a sandbox paused to its files keeps, in a root-only directory of the data
+/// dir's snapshots (a start after a crash removes it: no row names it).
+pub(crate) struct FilesPaused {
+    image: cordon_core::SnapshotImage,
+    dir: SnapshotDir,
+}
+
+impl FilesPaused {
+    pub(super) fn remove(self) {
+        if let Err(e) = std::fs::remove_dir_all(self.dir.path()) {
+            tracing::warn!("removing a paused sandbox's files: {e}");
+        }
+    }
+}
 
 /// A pause to disk's hold on its tenant's paused-state budget while it saves.
 struct PausePending {
@@ -35,8 +86,12 @@ impl Sessions {
         &self,
         tenant: &Tenant,
         id: &str,
-        to_disk: bool,
+        mode: PauseMode,
     ) -> Result<SandboxInfo, ApiError> {
+        if mode == PauseMode::Files {
+            return self.pause_files(tenant, id).await;
+        }
+        let to_disk = mode == PauseMode::ToDisk;
         let guard = self.claim(tenant, id)?;
         let s = guard.0.clone();
         let _pending = if to_disk {
@@ -100,6 +155,92 @@ impl Sessions {
         }
         r?;
         Ok(s.info())
+    }
+
+    /// [`PauseMode::Files`]: a filesystem snapshot of the sandbox into its own directory,
+    /// then its tier's sandbox destroyed. The snapshot counts against the tenant's
+    /// `max_paused_bytes` as a pause to disk does.
+    async fn pause_files(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ApiError> {
+        let guard = self.claim(tenant, id)?;
+        let s = guard.0.clone();
+        for f in [Feature::Pause, Feature::SnapshotFiles] {
+            if !s.tier.features().has(f) {
+                return Err(ApiError::from(
+                    f.unsupported(s.tier, "pausing a sandbox to its files"),
+                ));
+            }
+        }
+        let _pending = self.paused_room(tenant, &s)?;
+        let dir = SnapshotDir::new(
+            super::snapshots_dir(&self.admit.data_dir).join(format!("paused-{}", s.id)),
+        );
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir.path())
+            .map_err(|e| ApiError::internal_from("making a paused sandbox's directory", e))?;
+        let t0 = Instant::now();
+        let r = blocking(move || {
+            let s = guard.0.clone();
+            let _busy = guard;
+            let mut cell = lock(&s.sandbox);
+            let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+            let image = match sb.snapshot(SnapshotMode::Filesystem, &dir) {
+                Ok(i) => i,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(dir.path());
+                    return Err(ApiError::from(e));
+                }
+            };
+            // Its files are kept: the sandbox itself goes (a failed teardown is logged; the
+            // tier's destroy leaves nothing it can remove).
+            if let Some(mut old) = cell.take()
+                && let Err(e) = old.destroy()
+            {
+                tracing::warn!(sandbox = %s.id, "pausing to files: destroying the sandbox: {e}");
+            }
+            *lock(&s.interrupt) = None;
+            *lock(&s.on_disk) = Some(image.bytes);
+            *lock(&s.files) = Some(FilesPaused { image, dir });
+            *lock(&s.paused_at) = Some(Instant::now());
+            s.reset_state();
+            Ok(())
+        })
+        .await
+        .and_then(|r| r);
+        let us = t0.elapsed().as_micros() as u64;
+        self.audit_lifecycle(&s, Lifecycle::Pause, &r, us).await?;
+        r?;
+        Ok(s.info())
+    }
+
+    /// A resume of a sandbox paused to its files: its tier starts it from them under its
+    /// id (the session's spec: its limits, egress, grants and template as admitted).
+    async fn restart_from_files(&self, s: &Arc<Session>) -> Result<(), ApiError> {
+        let Some(files) = lock(&s.files).take() else {
+            return Ok(());
+        };
+        let mut spec = s.spec.clone();
+        spec.id = cordon_core::SandboxId::parse(&s.id);
+        let from = FromSnapshot {
+            id: format!("paused-{}", s.id),
+            image: files.image.clone(),
+            dir: files.dir.clone(),
+        };
+        match self.pools.acquire_from(&spec, Some(&from)).await {
+            Ok(acq) => {
+                let mut held = acq.sandbox;
+                *lock(&s.interrupt) = held.as_mut().and_then(|sb| sb.interrupter());
+                *lock(&s.sandbox) = held;
+                *lock(&s.on_disk) = None;
+                blocking(move || files.remove()).await?;
+                Ok(())
+            }
+            Err(e) => {
+                // Kept for another try (or its destroy).
+                *lock(&s.files) = Some(files);
+                Err(e)
+            }
+        }
     }
 
     /// Before a pause to disk: its state (counted at the sandbox's memory and disk limits,
@@ -185,6 +326,16 @@ impl Sessions {
         }
         let guard = BusyGuard(s.clone());
         let t0 = Instant::now();
+        // Paused to its files: started again from them (kept, and it stays paused, if that
+        // fails).
+        let restarted = lock(&s.files).is_some();
+        if restarted && let Err(e) = self.restart_from_files(&s).await {
+            drop(guard);
+            let us = t0.elapsed().as_micros() as u64;
+            self.audit_lifecycle(&s, Lifecycle::Resume, &Err(e.clone()), us)
+                .await?;
+            return Err(e);
+        }
         let audit = self.audit.store.clone();
         let r = blocking(move || {
             let s = guard.0.clone();
@@ -192,7 +343,9 @@ impl Sessions {
             let mut cell = lock(&s.sandbox);
             let sb = cell.as_mut().ok_or_else(|| (gone(&s.id), false))?;
             let from_disk = lock(&s.on_disk).is_some();
-            if let Err(e) = sb.resume() {
+            if restarted {
+                // A fresh sandbox: nothing of it is paused.
+            } else if let Err(e) = sb.resume() {
                 // A resume from disk that failed (a state refused, a VM that did not come
                 // back) lost the sandbox: it is destroyed below.
                 return Err((ApiError::from(e), from_disk));

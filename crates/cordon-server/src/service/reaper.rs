@@ -97,8 +97,14 @@ fn pause_at_timeout(sessions: &Sessions, s: &Arc<Session>, reason: &'static str)
     }
     let (me, s) = (sessions.clone(), s.clone());
     sessions.life.destroys.spawn(async move {
-        let to_disk = s.tier.features().has(Feature::PauseToDisk);
-        let r = me.pause(&s.tenant, &s.id, to_disk).await;
+        let mode = if s.timeout.action() == cordon_engine::OnTimeout::PauseFiles {
+            super::PauseMode::Files
+        } else if s.tier.features().has(Feature::PauseToDisk) {
+            super::PauseMode::ToDisk
+        } else {
+            super::PauseMode::Memory
+        };
+        let r = me.pause(&s.tenant, &s.id, mode).await;
         s.timeout.end_pausing(r.is_ok());
         match r {
             Ok(_) => tracing::info!(sandbox = %s.id, reason, "paused at its timeout"),

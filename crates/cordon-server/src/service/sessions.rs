@@ -44,8 +44,9 @@ pub(super) struct Session {
     pub(super) source: &'static str,
     pub(super) start_us: u64,
     pub(super) sandbox: SandboxCell,
-    /// Ends a running exec at once, so destroying a busy sandbox does not wait for it.
-    pub(super) interrupt: Option<cordon_core::Interrupter>,
+    /// Ends a running exec at once, so destroying a busy sandbox does not wait for it (the
+    /// tier's sandbox of now: a resume from its files starts another).
+    pub(super) interrupt: Mutex<Option<cordon_core::Interrupter>>,
     /// Why it is being destroyed, once that has begun. The session stays listed (as
     /// `destroying`) until its sandbox is gone and the destroy is audited, so a sandbox
     /// missing from the list always has its destroy row on record.
@@ -62,6 +63,8 @@ pub(super) struct Session {
     pub(super) paused_ms: AtomicI64,
     /// Bytes it holds on disk while paused to disk.
     pub(super) on_disk: Mutex<Option<u64>>,
+    /// Its files, while it is paused keeping its files only: its tier's sandbox is gone.
+    pub(super) files: Mutex<Option<super::pause::FilesPaused>>,
     /// The volumes it mounts, let go once it is destroyed.
     pub(super) volume_leases: Mutex<super::volumes::Leases>,
     /// Its place under the limits, given back once its destroy has ended (not when the
@@ -106,7 +109,7 @@ impl Session {
             busy: AtomicBool::new(busy),
             source: acq.source,
             start_us: acq.start_us,
-            interrupt: acq.sandbox.0.as_ref().and_then(|sb| sb.interrupter()),
+            interrupt: Mutex::new(acq.sandbox.0.as_ref().and_then(|sb| sb.interrupter())),
             sandbox: Arc::new(Mutex::new(acq.sandbox)),
             ending: OnceLock::new(),
             ended: watch::channel(false).0,
@@ -114,6 +117,7 @@ impl Session {
             paused_at: Mutex::new(None),
             paused_ms: AtomicI64::new(0),
             on_disk: Mutex::new(None),
+            files: Mutex::new(None),
             volume_leases: Mutex::default(),
             slot: Mutex::new(Some(slot)),
             timeout: super::timeout::TimeoutState::default(),
@@ -129,6 +133,12 @@ impl Session {
         let s = Arc::new(Mutex::new(T::default()));
         all.insert(s.clone());
         s
+    }
+
+    /// Forgets what the components above keep of it (its background execs, code contexts,
+    /// watchers): after a resume from its files, none of their processes exists.
+    pub(super) fn reset_state(&self) {
+        *lock(&self.state) = Extensions::new();
     }
 
     /// Marks its place under the limits as on its way back: a new sandbox that only this
@@ -265,7 +275,7 @@ pub struct Sessions {
     /// Mints grant tokens; a destroyed sandbox's are refused from then on.
     issuer: Arc<Issuer>,
     pub(super) admit: Admit,
-    pools: Pools,
+    pub(super) pools: Pools,
     volumes: Volumes,
     pub(super) audit: Recorder,
     pub(super) metrics: Arc<Metrics>,
@@ -658,7 +668,7 @@ impl Sessions {
         self.issuer.end_sandbox(&s.id);
         // A running exec holds the sandbox: end it rather than wait for its timeout.
         if s.busy.load(Ordering::Acquire)
-            && let Some(interrupt) = &s.interrupt
+            && let Some(interrupt) = lock(&s.interrupt).clone()
         {
             interrupt();
         }
@@ -688,6 +698,10 @@ impl Sessions {
                     note: Some("already gone".into()),
                 },
             };
+            // A sandbox paused to its files leaves them behind: they go with it.
+            if let Some(files) = lock(&s2.files).take() {
+                files.remove();
+            }
             // Only now that the sandbox is gone (and with it its binds of them): the
             // volumes' host mounts go, and their locks with them.
             let leases = std::mem::take(&mut lock(&s2.volume_leases).0);

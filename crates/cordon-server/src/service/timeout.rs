@@ -22,6 +22,8 @@ use crate::model::CreateRequest;
 #[derive(Debug, Default)]
 pub(crate) struct TimeoutState {
     pause: AtomicBool,
+    /// Its timeout's pause keeps its files only ([`OnTimeout::PauseFiles`]).
+    files: AtomicBool,
     /// The TTL its create was given (ms), given again at a resume after a timeout's pause.
     span_ms: AtomicI64,
     /// The reaper is pausing it now.
@@ -33,7 +35,9 @@ pub(crate) struct TimeoutState {
 impl TimeoutState {
     pub(super) fn set(&self, action: OnTimeout, ttl: Duration) {
         self.pause
-            .store(action == OnTimeout::Pause, Ordering::Relaxed);
+            .store(action != OnTimeout::Destroy, Ordering::Relaxed);
+        self.files
+            .store(action == OnTimeout::PauseFiles, Ordering::Relaxed);
         self.span_ms.store(
             i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
             Ordering::Relaxed,
@@ -41,7 +45,9 @@ impl TimeoutState {
     }
 
     pub(super) fn action(&self) -> OnTimeout {
-        if self.pause.load(Ordering::Relaxed) {
+        if self.files.load(Ordering::Relaxed) {
+            OnTimeout::PauseFiles
+        } else if self.pause.load(Ordering::Relaxed) {
             OnTimeout::Pause
         } else {
             OnTimeout::Destroy
@@ -83,10 +89,26 @@ impl TimeoutState {
     }
 }
 
-/// A create asking `on_timeout: pause` on a tier that cannot pause is refused before
-/// anything is made.
+/// A create asking `on_timeout: pause` on a tier that cannot pause (`pause_files`: that
+/// keeps no filesystem snapshot) is refused before anything is made.
 pub(super) fn check(req: &CreateRequest, tier: Tier) -> Result<(), ApiError> {
-    if req.on_timeout == OnTimeout::Pause && !tier.features().has(Feature::Pause) {
+    if req.on_timeout == OnTimeout::PauseFiles
+        && tier.features().has(Feature::Pause)
+        && !tier.features().has(Feature::SnapshotFiles)
+    {
+        return Err(ApiError::new(
+            Code::InvalidRequest,
+            format!(
+                "on_timeout \"pause_files\" on the {tier} tier, which keeps no snapshot of a \
+                 sandbox's files"
+            ),
+            format!(
+                "use on_timeout \"pause\" (it keeps memory too), or {}",
+                Feature::SnapshotFiles.fix()
+            ),
+        ));
+    }
+    if req.on_timeout != OnTimeout::Destroy && !tier.features().has(Feature::Pause) {
         return Err(ApiError::new(
             Code::InvalidRequest,
             format!("on_timeout \"pause\" on the {tier} tier, which cannot pause a sandbox"),
