@@ -18,6 +18,7 @@ mod paths;
 mod procs;
 pub mod report;
 mod run;
+mod sandbox_id;
 mod snapshot;
 mod spec;
 mod tier;
@@ -28,7 +29,7 @@ mod workspace_image;
 
 pub use backend::{
     Backend, Capability, Interrupter, OutputSink, PORT_CONNECTED, Probe, ProcUser, Sandbox,
-    SandboxId, Terminal, TierStatus,
+    Terminal, TierStatus,
 };
 pub use egress::{Host, HostMatch, Pattern, PatternError, Ports};
 pub use ending::{Evidence, ExitReport, classify};
@@ -54,6 +55,7 @@ pub use report::{
     Details, EgressDecision, EgressEvent, EgressFold, EgressKind, Finding, FindingKind, GrantNames,
 };
 pub use run::{FileIn, FileOut, run_once};
+pub use sandbox_id::SandboxId;
 pub use snapshot::{MAX_FORKS, SnapshotDir, SnapshotImage, SnapshotMode};
 pub use spec::{
     EgressPolicy, Grant, GrantSecret, HOST_ETC, Limits, MintedToken, ResolvedTemplate, SandboxSpec,

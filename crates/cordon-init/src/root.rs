@@ -462,6 +462,10 @@ pub(crate) fn finish_root(
     });
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     write_extras(gen_at, join)?;
+    // A build's root gets none: it would be left in the template.
+    if !setup.template_writable {
+        write_boot_id(gen_at)?;
+    }
     let sock_inside = cordon_guest::proto::EGRESS_SOCKET_INSIDE.trim_start_matches('/');
     let new = gen_at;
     let new = if setup.template_writable {
@@ -569,7 +573,7 @@ fn write_extras(gen_at: &Path, join: &InitJoin) -> Result<(), String> {
         }
         fs::write(&inside, b"").map_err(io("creating the egress socket mount point".into()))?;
     }
-    write_boot_id(gen_at)
+    Ok(())
 }
 
 /// The sandbox's own boot id ([`cordon_guest::proto::BOOT_ID_INSIDE`]), a random UUID
@@ -580,7 +584,7 @@ fn write_boot_id(gen_at: &Path) -> Result<(), String> {
     let rel = cordon_guest::proto::BOOT_ID_INSIDE.trim_start_matches('/');
     let at = gen_at.join(rel);
     if let Some(parent) = at.parent() {
-        fs::create_dir_all(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
+        fs::create_dir_all(parent).map_err(|e| format!("creating /{rel}'s directory: {e}"))?;
     }
     let id = cordon_core::SandboxId::random().map_err(|e| e.to_string())?;
     fs::write(

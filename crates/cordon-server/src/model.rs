@@ -306,17 +306,26 @@ pub struct SandboxInfo {
     pub busy: bool,
     /// Its processes are stopped (POST .../pause); `state` is `paused` too.
     pub paused: bool,
-    /// Paused to disk (`{"to_disk": true}`, microvm): it holds no memory and no CPU on the
-    /// host, only `on_disk_bytes` of disk, and outlives a server restart.
+    /// Paused to disk (`{"to_disk": true}`, microvm: it outlives a server restart) or to its
+    /// files (`{"files_only": true}`): it holds no memory and no CPU on the host, only
+    /// `on_disk_bytes` of disk.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub on_disk: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_disk_bytes: Option<u64>,
+    /// How many times a resume started it again from its files (a pause to files): its
+    /// processes, code contexts and background execs are those of its last start only.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
     /// What its TTL or idle timeout does, when not `destroy`.
     #[serde(default, skip_serializing_if = "cordon_engine::OnTimeout::is_destroy")]
     pub on_timeout: cordon_engine::OnTimeout,
     /// The labels given at create.
     pub labels: BTreeMap<String, String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Most labels a sandbox carries, and the longest key and value.

@@ -264,8 +264,10 @@ class SandboxInfo:
     on_disk: bool = False
     on_disk_bytes: Optional[int] = None
     labels: Dict[str, str] = field(default_factory=dict)
-    #: What its TTL or idle timeout does: "destroy" or "pause".
+    #: What its TTL or idle timeout does: "destroy", "pause" or "pause_files".
     on_timeout: str = "destroy"
+    #: How many times a resume started it again from its files (`pause(files_only=True)`).
+    restarts: int = 0
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -279,7 +281,7 @@ class SandboxInfo:
             busy=d.get("busy", False), paused=d.get("paused", False),
             on_disk=d.get("on_disk", False), on_disk_bytes=d.get("on_disk_bytes"),
             labels=dict(d.get("labels", {})), on_timeout=d.get("on_timeout", "destroy"),
-            raw=dict(d))
+            restarts=d.get("restarts", 0), raw=dict(d))
 
 
 @dataclass

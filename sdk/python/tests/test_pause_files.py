@@ -4,12 +4,15 @@ everything it held for them (its processes, cgroup, memory), its files stay on d
 the tenant's paused-state budget; `resume()` starts it again from them under the same id, as
 a machine boots again. Another tenant can neither see nor resume it."""
 import os
+import socket
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
 from cordon_sandbox import CordonError
+from conftest import KEYS
 
 
 def _host_pids_of(sid: str) -> list:
@@ -74,6 +77,36 @@ def test_files_only_lets_go_of_the_processes_and_a_resume_boots_it_again(alice, 
         assert sb.exec("cat /work/count").stdout == count
         with pytest.raises(CordonError):
             ticker.status()
+    finally:
+        sb.destroy()
+    assert _paused_dirs(server) == []
+
+
+def test_a_resume_its_client_hangs_up_on_still_ends_whole(alice, server, container):
+    """A client that sends a resume and hangs up at once (an anonymous visitor can, through a
+    public port of a sandbox with autoResume) does not cut the start short: the sandbox comes
+    back live with its files, and nothing of its paused state is left on disk."""
+    sb = alice.create_sandbox("container", ttl="5m")
+    try:
+        sb.write_file("/work/kept.txt", b"kept")
+        sb.pause(files_only=True)
+        u = urllib.parse.urlparse(server.url)
+        for _ in range(3):
+            with socket.create_connection((u.hostname, u.port), timeout=10) as c:
+                c.sendall((f"POST /v1/sandboxes/{sb.id}/resume HTTP/1.1\r\nHost: x\r\n"
+                           f"Authorization: Bearer {KEYS['alice']}\r\n"
+                           "Content-Length: 0\r\n\r\n").encode())
+        deadline = time.monotonic() + 60
+        while True:
+            info = alice.get_sandbox(sb.id).info
+            if info.state == "live" and not info.busy:
+                break
+            assert time.monotonic() < deadline, f"never came back: {info}"
+            time.sleep(0.1)
+        assert info.restarts == 1, info
+        assert sb.read_file("/work/kept.txt") == b"kept"
+        assert _paused_dirs(server) == []
+        assert sb.exec("echo up").stdout == "up\n"
     finally:
         sb.destroy()
     assert _paused_dirs(server) == []

@@ -135,6 +135,8 @@ export interface SandboxInfo {
     labels: Record<string, string>;
     /** what its TTL or idle timeout does, when not destroy */
     on_timeout?: "pause" | "pause_files";
+    /** how many times a resume started it again from its files (`pause({ filesOnly: true })`) */
+    restarts?: number;
 }
 export interface SandboxList {
     sandboxes: SandboxInfo[];

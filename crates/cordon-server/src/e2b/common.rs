@@ -58,6 +58,22 @@ pub(crate) struct E2bBox {
     /// Polled watchers (`CreateWatcher`) whose events carry their entries
     /// (`include_entry`): watcher id to the sandbox path watched.
     pub watch_entries: Mutex<HashMap<u64, String>>,
+    /// The sandbox's `restarts` these records are of: a sandbox started again from its
+    /// files numbers its processes and watchers anew, so the records of before go.
+    pub boot: std::sync::atomic::AtomicU32,
+}
+
+impl E2bBox {
+    /// Forgets the processes and watchers of an earlier start of the sandbox once it has
+    /// been started again from its files (`restarts` moved on).
+    pub fn saw(&self, info: &SandboxInfo) {
+        use std::sync::atomic::Ordering;
+        if self.boot.swap(info.restarts, Ordering::AcqRel) != info.restarts {
+            lock(&self.procs).clear();
+            lock(&self.watch_entries).clear();
+            lock(&self.no_default).clear();
+        }
+    }
 }
 
 /// How a sandbox's own ports are reached (E2B's `allowPublicTraffic` and
@@ -460,6 +476,7 @@ impl E2b {
             auto_resume: Default::default(),
             ports: Mutex::default(),
             watch_entries: Mutex::default(),
+            boot: Default::default(),
         });
         all.insert(id.to_string(), b.clone());
         b
@@ -586,10 +603,16 @@ impl E2b {
     ) -> Result<(String, Arc<E2bBox>), Response> {
         let not_found = || sandbox_not_found(id);
         match self.svc.sessions().info(&b.tenant, id).await {
-            Ok(i) if i.state == "live" => Ok((id.to_string(), b)),
+            Ok(i) if i.state == "live" => {
+                b.saw(&i);
+                Ok((id.to_string(), b))
+            }
             Ok(i) if i.paused && b.auto_resume.load(std::sync::atomic::Ordering::Relaxed) => {
                 match self.svc.sessions().resume(&b.tenant, id).await {
-                    Ok(_) => Ok((id.to_string(), b)),
+                    Ok(i) => {
+                        b.saw(&i);
+                        Ok((id.to_string(), b))
+                    }
                     // Resumed by another request in between.
                     Err(_)
                         if self
@@ -613,6 +636,35 @@ impl E2b {
             }
             Err(e) => Err(api_error(e)),
         }
+    }
+}
+
+/// Whether a create takes E2B template name `name` as a mapped template (never a
+/// snapshot's name): [`template_of`] answers it without a refusal.
+pub(crate) fn maps_template(e: &E2b, name: &str) -> bool {
+    template_of(e, name).is_ok()
+}
+
+/// The Cordon template an E2B template name means.
+pub(crate) fn template_of(e: &E2b, name: &str) -> Result<Option<String>, Response> {
+    // `name:tag` and `team/name` aliases name the same template.
+    let base = name.rsplit('/').next().unwrap_or(name);
+    let base = base.split(':').next().unwrap_or(base);
+    let mapped = e
+        .cfg
+        .templates
+        .get(name)
+        .or_else(|| e.cfg.templates.get(base));
+    match mapped {
+        Some(t) if t.is_empty() => Ok(None),
+        Some(t) => Ok(Some(t.clone())),
+        None if base == "base" || base == "code-interpreter-v1" => Ok(None),
+        None => Err(e2b_error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "template {name:?} is not one this server maps: Cordon does not build E2B templates; the operator maps E2B template names to Cordon templates in [e2b.templates] (`cordon template build` makes one)"
+            ),
+        )),
     }
 }
 

@@ -34,35 +34,6 @@ impl Default for TimeoutBody {
     }
 }
 
-/// Whether a create takes E2B template name `name` as a mapped template (never a
-/// snapshot's name): [`template_of`] answers it without a refusal.
-pub(super) fn maps_template(e: &E2b, name: &str) -> bool {
-    template_of(e, name).is_ok()
-}
-
-/// The Cordon template an E2B template name means.
-fn template_of(e: &E2b, name: &str) -> Result<Option<String>, Response> {
-    // `name:tag` and `team/name` aliases name the same template.
-    let base = name.rsplit('/').next().unwrap_or(name);
-    let base = base.split(':').next().unwrap_or(base);
-    let mapped = e
-        .cfg
-        .templates
-        .get(name)
-        .or_else(|| e.cfg.templates.get(base));
-    match mapped {
-        Some(t) if t.is_empty() => Ok(None),
-        Some(t) => Ok(Some(t.clone())),
-        None if base == "base" || base == "code-interpreter-v1" => Ok(None),
-        None => Err(e2b_error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "template {name:?} is not one this server maps: Cordon does not build E2B templates; the operator maps E2B template names to Cordon templates in [e2b.templates] (`cordon template build` makes one)"
-            ),
-        )),
-    }
-}
-
 fn refuse(what: &str, instead: &str) -> Response {
     e2b_error(
         StatusCode::BAD_REQUEST,
@@ -133,7 +104,7 @@ fn plan_create(e: &E2b, mut req: NewSandbox) -> Result<PlannedCreate, Response> 
         ));
     }
     let ports = super::ports_of(e, &req)?;
-    let template = template_of(e, &req.template_id)?;
+    let template = super::template_of(e, &req.template_id)?;
     let timeout_s = req.timeout.unwrap_or(DEFAULT_TIMEOUT_S).max(1);
     let metadata = req.metadata.take().unwrap_or_default();
     validate_labels(&metadata).map_err(api_error)?;

@@ -258,7 +258,7 @@ async fn alias_of(e: &E2b, from: super::From, headers: &HeaderMap, alias: &str) 
     };
     let alias = percent_encoding::percent_decode_str(alias).decode_utf8_lossy();
     let key = alias.split(':').next().unwrap_or(&alias);
-    if super::control::maps_template(e, key) {
+    if super::maps_template(e, key) {
         let out = AliasOut {
             template_id: key.to_string(),
             public: true,

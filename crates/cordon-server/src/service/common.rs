@@ -196,3 +196,9 @@ impl Slots {
         lock(&self.held).get(key).copied().unwrap_or(0)
     }
 }
+
+/// The snapshots' directory under the data dir (a paused sandbox's files are kept there
+/// too, as `paused-<id>`).
+pub fn snapshots_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("snapshots")
+}

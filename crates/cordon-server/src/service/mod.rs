@@ -58,17 +58,17 @@ mod volumes;
 mod watch;
 
 pub use admit::Admit;
+pub use common::snapshots_dir;
 pub use common::{Chunk, ChunkSender, Slot, Slots};
 pub use contexts::{CellError, CellStatus, Contexts};
 pub use exec::{ExecJob, Execs, RunJob};
 pub use files::Files;
-pub use pause::PauseMode;
 pub use pools::{Backends, Held, Pools};
 pub use ports::{MAX_PORT_CONNS, Opened, PortConn};
 pub use procs::{AttachCaps, AttachSlot, Procs};
 pub use recovery::{RecoveryHook, scratch_dir};
-pub use sessions::Sessions;
-pub use snapshots::{Snapshots, StartOptions, snapshots_dir};
+pub use sessions::{PauseMode, Sessions};
+pub use snapshots::{Snapshots, StartOptions};
 pub use volumes::Volumes;
 pub use watch::WatchBatch;
 
@@ -716,7 +716,7 @@ mod tests {
             "sessions",
             &["admit", "common", "pools", "timeout", "volumes"],
         ),
-        ("pause", &["common", "sessions"]),
+        ("pause", &["common", "pools", "sessions"]),
         ("exec", &["common", "pools", "sessions"]),
         ("files", &["common", "sessions"]),
         ("ports", &["common", "sessions"]),

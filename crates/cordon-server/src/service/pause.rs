@@ -2,7 +2,7 @@
 //! and its audit rows.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{Ordering, fence};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,58 +11,12 @@ use std::os::unix::fs::DirBuilderExt;
 use cordon_core::{Feature, SnapshotDir, SnapshotMode};
 
 use super::common::{audit_err, blocking, gone, lock};
-use super::pools::FromSnapshot;
-use super::sessions::{BusyGuard, Session, Sessions};
+use super::pools::Held;
+use super::sessions::{BusyGuard, FilesPaused, PauseMode, Session, Sessions, remove_files};
 use crate::audit::{AuditEvent, Lifecycle, NewEvent, now_ms};
 use crate::error::{ApiError, Code};
 use crate::keys::Tenant;
 use crate::model::SandboxInfo;
-
-/// What a pause keeps of a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PauseMode {
-    /// Everything, in memory: its processes stop where they are.
-    Memory,
-    /// Everything, saved to disk, its memory let go (tiers with [`Feature::PauseToDisk`]).
-    ToDisk,
-    /// Its files only (E2B's `memory: false`): the workspace and what its root let it
-    /// write are kept on disk, and the tier's sandbox is destroyed (its processes end, its
-    /// memory, descriptors and host processes are let go); a resume starts it again from
-    /// them under the same id, with its tokens, grants, limits and TTL, as a machine boots
-    /// again: no process, code context or watcher of before. Tiers with
-    /// [`Feature::SnapshotFiles`].
-    Files,
-}
-
-impl PauseMode {
-    /// The mode a pause request's two flags ask for; both at once is refused.
-    pub fn of(to_disk: bool, files_only: bool) -> Result<PauseMode, ApiError> {
-        match (to_disk, files_only) {
-            (true, true) => Err(ApiError::invalid(
-                "to_disk and files_only both: a pause to disk keeps everything, one to files \
-                 keeps the files only; give one of them",
-            )),
-            (true, false) => Ok(PauseMode::ToDisk),
-            (false, true) => Ok(PauseMode::Files),
-            (false, false) => Ok(PauseMode::Memory),
-        }
-    }
-}
-
-/// The files a sandbox paused to its files keeps, in a root-only directory of the data
-/// dir's snapshots (a start after a crash removes it: no row names it).
-pub(crate) struct FilesPaused {
-    image: cordon_core::SnapshotImage,
-    dir: SnapshotDir,
-}
-
-impl FilesPaused {
-    pub(super) fn remove(self) {
-        if let Err(e) = std::fs::remove_dir_all(self.dir.path()) {
-            tracing::warn!("removing a paused sandbox's files: {e}");
-        }
-    }
-}
 
 /// A pause to disk's hold on its tenant's paused-state budget while it saves.
 struct PausePending {
@@ -95,7 +49,12 @@ impl Sessions {
         let guard = self.claim(tenant, id)?;
         let s = guard.0.clone();
         let _pending = if to_disk {
-            Some(self.paused_room(tenant, &s)?)
+            let limits = &s.spec.limits;
+            Some(self.paused_room(
+                tenant,
+                &s,
+                limits.memory_bytes.saturating_add(limits.disk_bytes),
+            )?)
         } else {
             None
         };
@@ -158,8 +117,9 @@ impl Sessions {
     }
 
     /// [`PauseMode::Files`]: a filesystem snapshot of the sandbox into its own directory,
-    /// then its tier's sandbox destroyed. The snapshot counts against the tenant's
-    /// `max_paused_bytes` as a pause to disk does.
+    /// then its tier's sandbox destroyed. The
+    /// snapshot counts against the tenant's `max_paused_bytes` (at the sandbox's disk limit
+    /// while it is taken, then at what it took).
     async fn pause_files(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ApiError> {
         let guard = self.claim(tenant, id)?;
         let s = guard.0.clone();
@@ -170,10 +130,12 @@ impl Sessions {
                 ));
             }
         }
-        let _pending = self.paused_room(tenant, &s)?;
+        let _pending = self.paused_room(tenant, &s, s.spec.limits.disk_bytes)?;
         let dir = SnapshotDir::new(
-            super::snapshots_dir(&self.admit.data_dir).join(format!("paused-{}", s.id)),
+            super::common::snapshots_dir(&self.admit.data_dir).join(format!("paused-{}", s.id)),
         );
+        // What an earlier pause's removal could not remove goes first.
+        remove_files(dir.path());
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(dir.path())
@@ -183,23 +145,28 @@ impl Sessions {
             let s = guard.0.clone();
             let _busy = guard;
             let mut cell = lock(&s.sandbox);
-            let sb = cell.as_mut().ok_or_else(|| gone(&s.id))?;
+            let Some(sb) = cell.as_mut() else {
+                remove_files(dir.path());
+                return Err(gone(&s.id));
+            };
+            // Copied as the tier's filesystem snapshot is, its processes running (the
+            // container tier's agent copies, and cannot while frozen): a file being written
+            // at that moment may be kept partway, as after a machine's power cut.
             let image = match sb.snapshot(SnapshotMode::Filesystem, &dir) {
                 Ok(i) => i,
                 Err(e) => {
-                    let _ = std::fs::remove_dir_all(dir.path());
+                    remove_files(dir.path());
                     return Err(ApiError::from(e));
                 }
             };
-            // Its files are kept: the sandbox itself goes (a failed teardown is logged; the
-            // tier's destroy leaves nothing it can remove).
+            // Its files are kept: the sandbox itself goes. Its interrupter goes first: a
+            // destroy under way must never signal the pid of a process already reaped.
+            drop(lock(&s.interrupt).take());
             if let Some(mut old) = cell.take()
                 && let Err(e) = old.destroy()
             {
                 tracing::warn!(sandbox = %s.id, "pausing to files: destroying the sandbox: {e}");
             }
-            *lock(&s.interrupt) = None;
-            *lock(&s.on_disk) = Some(image.bytes);
             *lock(&s.files) = Some(FilesPaused { image, dir });
             *lock(&s.paused_at) = Some(Instant::now());
             s.reset_state();
@@ -213,59 +180,29 @@ impl Sessions {
         Ok(s.info())
     }
 
-    /// A resume of a sandbox paused to its files: its tier starts it from them under its
-    /// id (the session's spec: its limits, egress, grants and template as admitted).
-    async fn restart_from_files(&self, s: &Arc<Session>) -> Result<(), ApiError> {
-        let Some(files) = lock(&s.files).take() else {
-            return Ok(());
-        };
-        let mut spec = s.spec.clone();
-        spec.id = cordon_core::SandboxId::parse(&s.id);
-        let from = FromSnapshot {
-            id: format!("paused-{}", s.id),
-            image: files.image.clone(),
-            dir: files.dir.clone(),
-        };
-        match self.pools.acquire_from(&spec, Some(&from)).await {
-            Ok(acq) => {
-                let mut held = acq.sandbox;
-                *lock(&s.interrupt) = held.as_mut().and_then(|sb| sb.interrupter());
-                *lock(&s.sandbox) = held;
-                *lock(&s.on_disk) = None;
-                blocking(move || files.remove()).await?;
-                Ok(())
-            }
-            Err(e) => {
-                // Kept for another try (or its destroy).
-                *lock(&s.files) = Some(files);
-                Err(e)
-            }
-        }
-    }
-
-    /// Before a pause to disk: its state (counted at the sandbox's memory and disk limits,
-    /// the most it can take) must fit under the tenant's `max_paused_bytes` beside what its
+    /// Before a pause to disk: its state (`want`: counted at the sandbox's memory and disk
+    /// limits, the most it can take; its disk limit for a pause to files) must fit under the tenant's `max_paused_bytes` beside what its
     /// other sandboxes paused to disk hold, and the data dir's file system must keep
     /// `audit.min_free_disk` free after writing it. A sandbox already on disk takes no more.
     /// The room is held (against concurrent pauses of the tenant) until the guard drops.
-    fn paused_room(&self, tenant: &Tenant, s: &Session) -> Result<PausePending, ApiError> {
+    fn paused_room(
+        &self,
+        tenant: &Tenant,
+        s: &Session,
+        want: u64,
+    ) -> Result<PausePending, ApiError> {
         let pending = PausePending {
             pending: self.paused_pending.clone(),
             id: s.id.clone(),
         };
-        if lock(&s.on_disk).is_some() {
+        if s.held_on_disk().is_some() {
             return Ok(pending);
         }
-        let want = s
-            .spec
-            .limits
-            .memory_bytes
-            .saturating_add(s.spec.limits.disk_bytes);
         let mut reserved = lock(&self.paused_pending);
         let on_disk: u64 = lock(&self.map)
             .values()
             .filter(|o| o.tenant == *tenant && o.id != s.id)
-            .filter_map(|o| *lock(&o.on_disk))
+            .filter_map(|o| o.held_on_disk())
             .sum();
         let held = reserved
             .iter()
@@ -325,25 +262,30 @@ impl Sessions {
             ));
         }
         let guard = BusyGuard(s.clone());
-        let t0 = Instant::now();
-        // Paused to its files: started again from them (kept, and it stays paused, if that
-        // fails).
-        let restarted = lock(&s.files).is_some();
-        if restarted && let Err(e) = self.restart_from_files(&s).await {
-            drop(guard);
-            let us = t0.elapsed().as_micros() as u64;
-            self.audit_lifecycle(&s, Lifecycle::Resume, &Err(e.clone()), us)
-                .await?;
-            return Err(e);
+        // As a claim does: either this sees a destroy's mark, or the destroy sees the flag.
+        fence(Ordering::SeqCst);
+        if s.ending.get().is_some() {
+            return Err(gone(&s.id));
         }
+        let t0 = Instant::now();
+        // Paused to its files: started again from them, on a blocking worker that holds the
+        // busy flag to the end (a request cancelled meanwhile cannot leave it half done).
+        let restart = if lock(&s.files).is_some() {
+            Some(self.pools.serving(s.tier)?)
+        } else {
+            None
+        };
         let audit = self.audit.store.clone();
         let r = blocking(move || {
             let s = guard.0.clone();
             let _busy = guard;
+            if let Some(backend) = &restart {
+                restart_from_files(&s, backend.as_ref()).map_err(|e| (e, false))?;
+            }
             let mut cell = lock(&s.sandbox);
             let sb = cell.as_mut().ok_or_else(|| (gone(&s.id), false))?;
             let from_disk = lock(&s.on_disk).is_some();
-            if restarted {
+            if restart.is_some() {
                 // A fresh sandbox: nothing of it is paused.
             } else if let Err(e) = sb.resume() {
                 // A resume from disk that failed (a state refused, a VM that did not come
@@ -491,4 +433,47 @@ impl Sessions {
         .map_err(audit_err)?;
         Ok(s.info())
     }
+}
+
+/// A resume of a sandbox paused to its files (on a blocking worker, the session claimed):
+/// its tier starts it again from them under its id, with the spec it was admitted with (its
+/// limits, egress, grants and template). A destroy begun meanwhile gets the new sandbox
+/// destroyed here; a start that fails keeps the files and leaves it paused, and the tenant
+/// is told no more than that (the tier's reason, which may name host paths, is logged).
+fn restart_from_files(s: &Session, backend: &dyn cordon_core::Backend) -> Result<(), ApiError> {
+    let (image, dir) = match lock(&s.files).as_ref() {
+        Some(f) => (f.image.clone(), f.dir.clone()),
+        None => return Err(gone(&s.id)),
+    };
+    let Some(id) = cordon_core::SandboxId::parse(&s.id) else {
+        return Err(ApiError::internal(
+            "a paused sandbox's id is not a sandbox id",
+        ));
+    };
+    let mut spec = s.spec.clone();
+    spec.id = Some(id.clone());
+    let mut new = backend
+        .start_from_snapshot(&image, &dir, &spec)
+        .map_err(|e| {
+            tracing::warn!(sandbox = %s.id, "starting a sandbox again from its files: {e}");
+            ApiError::new(
+                Code::SandboxFailure,
+                "the sandbox could not be started again from its files",
+                "retry the resume (its files are kept until it is destroyed)",
+            )
+        })?;
+    let mut cell = lock(&s.sandbox);
+    if new.id() != &id || s.ending.get().is_some() {
+        drop(cell);
+        if let Err(e) = new.destroy() {
+            tracing::warn!(sandbox = %s.id, "destroying a sandbox started for an ending one: {e}");
+        }
+        return Err(gone(&s.id));
+    }
+    *lock(&s.interrupt) = new.interrupter();
+    *cell = Held::new(new);
+    s.restarts.fetch_add(1, Ordering::AcqRel);
+    // Started: its files go.
+    drop(lock(&s.files).take());
+    Ok(())
 }

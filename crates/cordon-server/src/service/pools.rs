@@ -208,7 +208,7 @@ impl Pools {
     }
 
     /// The backend of a tier a sandbox is to start on: a tier this server lacks is refused.
-    fn serving(&self, tier: Tier) -> Result<Arc<dyn Backend>, ApiError> {
+    pub(super) fn serving(&self, tier: Tier) -> Result<Arc<dyn Backend>, ApiError> {
         self.backend(tier).ok_or_else(|| {
             ApiError::new(
                 Code::TierUnavailable,

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use cordon_core::{
@@ -764,10 +765,16 @@ impl Procs {
             let svc = self.clone();
             let s3 = s.clone();
             let e = exec_id.to_string();
+            // A sandbox started again from its files meanwhile numbers its execs anew: the
+            // kill is for the process of this start only.
+            let boot = s.restarts.load(Ordering::Acquire);
             self.sessions.life.destroys.spawn(async move {
                 tokio::time::sleep(grace).await;
                 let _ = blocking(move || -> Result<(), ApiError> {
-                    if s3.ending.get().is_some() || s3.is_paused() {
+                    if s3.ending.get().is_some()
+                        || s3.is_paused()
+                        || s3.restarts.load(Ordering::Acquire) != boot
+                    {
                         return Ok(());
                     }
                     svc.refresh(&s3)?;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cordon_core::Feature;
 
-use super::sessions::{Session, Sessions};
+use super::sessions::{PauseMode, Session, Sessions};
 use crate::error::Code;
 
 /// What the reaper does and how often.
@@ -98,11 +98,11 @@ fn pause_at_timeout(sessions: &Sessions, s: &Arc<Session>, reason: &'static str)
     let (me, s) = (sessions.clone(), s.clone());
     sessions.life.destroys.spawn(async move {
         let mode = if s.timeout.action() == cordon_engine::OnTimeout::PauseFiles {
-            super::PauseMode::Files
+            PauseMode::Files
         } else if s.tier.features().has(Feature::PauseToDisk) {
-            super::PauseMode::ToDisk
+            PauseMode::ToDisk
         } else {
-            super::PauseMode::Memory
+            PauseMode::Memory
         };
         let r = me.pause(&s.tenant, &s.id, mode).await;
         s.timeout.end_pausing(r.is_ok());

@@ -3,7 +3,7 @@
 //! (their leases) and the audit; every component that works in a sandbox uses this one.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering, fence};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,68 @@ use crate::metrics::Metrics;
 use crate::model::{CreateRequest, SandboxInfo};
 
 pub(super) type SandboxCell = Arc<Mutex<Held>>;
+
+/// What a pause keeps of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseMode {
+    /// Everything, in memory: its processes stop where they are.
+    Memory,
+    /// Everything, saved to disk, its memory let go (tiers with [`cordon_core::Feature::PauseToDisk`]).
+    ToDisk,
+    /// Its files only (E2B's `memory: false`): the workspace and what its root let it
+    /// write are kept on disk, and the tier's sandbox is destroyed (its processes end, its
+    /// memory, descriptors and host processes are let go); a resume starts it again from
+    /// them under the same id, with its tokens, grants, limits and TTL, as a machine boots
+    /// again: no process, code context or watcher of before. Tiers with
+    /// [`cordon_core::Feature::SnapshotFiles`].
+    Files,
+}
+
+impl PauseMode {
+    /// The mode a pause request's two flags ask for; both at once is refused.
+    pub fn of(to_disk: bool, files_only: bool) -> Result<PauseMode, ApiError> {
+        match (to_disk, files_only) {
+            (true, true) => Err(ApiError::invalid(
+                "to_disk and files_only both: a pause to disk keeps everything, one to files \
+                 keeps the files only; give one of them",
+            )),
+            (true, false) => Ok(PauseMode::ToDisk),
+            (false, true) => Ok(PauseMode::Files),
+            (false, false) => Ok(PauseMode::Memory),
+        }
+    }
+}
+
+/// The files a sandbox paused to its files keeps, in a root-only directory of the data
+/// dir's snapshots, removed when this is dropped: at the resume that started the sandbox
+/// again, or with its session (a destroy, a server that stops); a start after a crash
+/// removes what a killed server left (no snapshot row names it).
+pub(crate) struct FilesPaused {
+    pub(super) image: cordon_core::SnapshotImage,
+    pub(super) dir: cordon_core::SnapshotDir,
+}
+
+impl FilesPaused {
+    /// The bytes they take on disk.
+    pub(super) fn bytes(&self) -> u64 {
+        self.image.bytes
+    }
+}
+
+impl Drop for FilesPaused {
+    fn drop(&mut self) {
+        remove_files(self.dir.path());
+    }
+}
+
+/// Removes a paused sandbox's directory of files, if there is one.
+pub(super) fn remove_files(dir: &std::path::Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!("removing a paused sandbox's files: {e}"),
+    }
+}
 
 /// One live sandbox held by a tenant.
 pub(super) struct Session {
@@ -64,7 +126,9 @@ pub(super) struct Session {
     /// Bytes it holds on disk while paused to disk.
     pub(super) on_disk: Mutex<Option<u64>>,
     /// Its files, while it is paused keeping its files only: its tier's sandbox is gone.
-    pub(super) files: Mutex<Option<super::pause::FilesPaused>>,
+    pub(super) files: Mutex<Option<FilesPaused>>,
+    /// How many times a resume started it again from its files.
+    pub(super) restarts: AtomicU32,
     /// The volumes it mounts, let go once it is destroyed.
     pub(super) volume_leases: Mutex<super::volumes::Leases>,
     /// Its place under the limits, given back once its destroy has ended (not when the
@@ -118,6 +182,7 @@ impl Session {
             paused_ms: AtomicI64::new(0),
             on_disk: Mutex::new(None),
             files: Mutex::new(None),
+            restarts: AtomicU32::new(0),
             volume_leases: Mutex::default(),
             slot: Mutex::new(Some(slot)),
             timeout: super::timeout::TimeoutState::default(),
@@ -170,8 +235,14 @@ impl Session {
         self.last_used.store(age, Ordering::Relaxed);
     }
 
+    /// The bytes it holds on disk while paused to disk or to its files.
+    pub(super) fn held_on_disk(&self) -> Option<u64> {
+        let to_disk = *lock(&self.on_disk);
+        to_disk.or_else(|| lock(&self.files).as_ref().map(|f| f.bytes()))
+    }
+
     pub(super) fn info(&self) -> SandboxInfo {
-        let on_disk = *lock(&self.on_disk);
+        let on_disk = self.held_on_disk();
         SandboxInfo {
             id: self.id.clone(),
             tier: self.tier,
@@ -192,6 +263,7 @@ impl Session {
             on_disk: on_disk.is_some(),
             on_disk_bytes: on_disk,
             on_timeout: self.timeout.action(),
+            restarts: self.restarts.load(Ordering::Acquire),
             labels: lock(&self.labels).clone(),
             last_used_ms: self.created_ms
                 + self.last_used.load(Ordering::Relaxed)
@@ -593,12 +665,12 @@ impl Sessions {
         v
     }
 
-    /// Bytes of disk `tenant`'s sandboxes paused to disk hold.
+    /// Bytes of disk `tenant`'s sandboxes paused to disk (or to their files) hold.
     pub fn on_disk_bytes(&self, tenant: &Tenant) -> u64 {
         lock(&self.map)
             .values()
             .filter(|s| s.tenant == *tenant)
-            .filter_map(|s| *lock(&s.on_disk))
+            .filter_map(|s| s.held_on_disk())
             .sum()
     }
 
@@ -699,9 +771,7 @@ impl Sessions {
                 },
             };
             // A sandbox paused to its files leaves them behind: they go with it.
-            if let Some(files) = lock(&s2.files).take() {
-                files.remove();
-            }
+            drop(lock(&s2.files).take());
             // Only now that the sandbox is gone (and with it its binds of them): the
             // volumes' host mounts go, and their locks with them.
             let leases = std::mem::take(&mut lock(&s2.volume_leases).0);

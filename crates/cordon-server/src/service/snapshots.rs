@@ -23,7 +23,7 @@ use cordon_core::{SandboxSpec, SnapshotDir, SnapshotMode, Tier};
 use cordon_engine::{GrantName, LimitsPatch};
 use cordon_policy::TierChoice;
 
-use super::common::{audit_err, blocking, gone, lock};
+use super::common::{audit_err, blocking, gone, lock, snapshots_dir};
 use super::contexts::{self, CarriedContexts};
 use super::pools::FromSnapshot;
 use super::procs::{self, CarriedProcs};
@@ -40,11 +40,6 @@ use crate::model::{CreateRequest, SandboxInfo, SnapshotInfo};
 struct Carried {
     contexts: CarriedContexts,
     procs: CarriedProcs,
-}
-
-/// The snapshots' directory under the data dir.
-pub fn snapshots_dir(data_dir: &std::path::Path) -> PathBuf {
-    data_dir.join("snapshots")
 }
 
 /// What a new sandbox from a snapshot may set of its own: its life and labels.
