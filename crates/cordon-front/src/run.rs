@@ -433,6 +433,8 @@ pub fn fast(argv: &[std::ffi::OsString]) -> Option<i32> {
     let backend = || {
         cordon_container::ContainerBackend::new(cordon_container::ContainerConfig {
             end_in_init: true,
+            // One user's own run: no other tenant to hide the host's boot id from (ADR 0047).
+            own_boot_id: false,
             ..cordon_container::ContainerConfig::discover()
         })
     };

@@ -55,6 +55,10 @@ pub struct InitSetup {
     /// Left out: `cordon_guest::STANDBY_IDLE`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby_idle_ms: Option<u64>,
+    /// The sandbox's own boot id in each exec's `/proc` (`cordon_guest::proto::BOOT_ID_INSIDE`),
+    /// never in a build's writable root; false keeps the host's.
+    #[serde(default)]
+    pub own_boot_id: bool,
 }
 
 /// A name under `/dev` for an extra device: plain components only, never one of the

@@ -533,7 +533,7 @@ fn agent_config(setup: &InitSetup, join: &InitJoin) -> Result<AgentConfig, Strin
             .collect(),
         mount_proc: true,
         // A build's sandbox has the host's (its root gets no file of Cordon's it would keep).
-        boot_id: (!setup.template_writable)
+        boot_id: (setup.own_boot_id && !setup.template_writable)
             .then(|| PathBuf::from(cordon_guest::proto::BOOT_ID_INSIDE)),
         confine: Some(confine),
         winch_on_resize: false,

@@ -463,7 +463,7 @@ pub(crate) fn finish_root(
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     write_extras(gen_at, join)?;
     // A build's root gets none: it would be left in the template.
-    if !setup.template_writable {
+    if setup.own_boot_id && !setup.template_writable {
         write_boot_id(gen_at)?;
     }
     let sock_inside = cordon_guest::proto::EGRESS_SOCKET_INSIDE.trim_start_matches('/');

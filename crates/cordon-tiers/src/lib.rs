@@ -261,6 +261,8 @@ fn container(place: Place<'_>) -> Option<Box<dyn Backend>> {
         cordon_host::cgroup::pool::keep_stocked(parent);
     }
     config.end_in_init = matches!(place, Place::OneShot);
+    // A one-shot run keeps the host's boot id: no other tenant shares it (ADR 0047).
+    config.own_boot_id = !matches!(place, Place::OneShot);
     if let Place::Own(own) = place {
         if let Some(ids) = &own.ids {
             config.ids = ids.clone();
