@@ -211,6 +211,20 @@ impl EgressLink {
         cfg.unix_socket = Some(socket.clone());
         cfg.sandbox_proxy_port = SANDBOX_PROXY_PORT;
         tune(&mut cfg);
+        // A sandbox started again under its id (from its files) may find what its first
+        // start's proxy left if that one's end was cut short: it is that sandbox's own.
+        if spec.id.is_some() {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => tracing::warn!(sandbox = sandbox_id, "removed a stale egress directory"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Error::io(
+                        "removing a stale egress directory".to_string(),
+                        e,
+                    ));
+                }
+            }
+        }
         // The directory goes with this start if anything below fails: a tenant looping
         // requests whose proxy cannot start must not fill /run with empty directories.
         std::fs::create_dir(&dir)
