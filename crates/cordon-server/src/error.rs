@@ -280,6 +280,28 @@ impl From<cordon_engine::Denial> for ApiError {
     }
 }
 
+/// `message` with every word that is an absolute path (or holds one, as `at=/x`) replaced by
+/// `<host path>`: a host step's error says what failed without where on the host.
+fn without_host_paths(message: &str) -> String {
+    message
+        .split(' ')
+        .map(|w| {
+            let bare = w.trim_start_matches(['(', '"', '\'', '`', '[']);
+            if bare.starts_with('/') || w.contains("=/") {
+                let tail: String = w
+                    .chars()
+                    .rev()
+                    .take_while(|c| ":),\"'`]".contains(*c))
+                    .collect();
+                format!("<host path>{}", tail.chars().rev().collect::<String>())
+            } else {
+                w.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl From<cordon_core::Error> for ApiError {
     fn from(e: cordon_core::Error) -> Self {
         use cordon_core::Error as E;
@@ -322,11 +344,24 @@ impl From<cordon_core::Error> for ApiError {
                 e.retry_after = Some(retry_after_secs.max(1));
                 e
             }
-            E::Sandbox(_) | E::Failed { .. } | E::Io { .. } => ApiError::new(
+            E::Sandbox(_) => ApiError::new(
                 Code::SandboxFailure,
                 message,
                 "retry with a new sandbox; run `cordon doctor` if it persists",
             ),
+            // The host's side failed: what it was doing may name host paths, which stay in
+            // the operator's log.
+            E::Failed { .. } | E::Io { .. } => {
+                let shown = without_host_paths(&message);
+                if shown != message {
+                    tracing::warn!("a host step failed: {message}");
+                }
+                ApiError::new(
+                    Code::SandboxFailure,
+                    shown,
+                    "retry with a new sandbox; run `cordon doctor` if it persists",
+                )
+            }
         }
     }
 }
@@ -382,5 +417,26 @@ impl std::fmt::Display for Chain<'_> {
             next = e.source();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_steps_error_names_no_host_path() {
+        let e = cordon_core::Error::io(
+            "creating /run/cordon/egress/sb-0123",
+            std::io::Error::from_raw_os_error(17),
+        );
+        let api = ApiError::from(e);
+        assert!(!api.message.contains("/run"), "{}", api.message);
+        assert!(
+            api.message.starts_with("creating <host path>: File exists"),
+            "{}",
+            api.message
+        );
+        assert_eq!(without_host_paths("no randomness"), "no randomness");
     }
 }
