@@ -50,6 +50,14 @@ def test_files_only_lets_go_of_the_processes_and_a_resume_boots_it_again(alice, 
                          "mv /work/c.new /work/count; sleep 0.2; done", background=True)
         sb.exec("until [ -s /work/count ]; do sleep 0.1; done")
         boot = sb.exec("cat /proc/sys/kernel/random/boot_id").stdout
+        assert boot.strip() != Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        # The sandbox's own boot id is a wall too: it can neither be written nor unmounted
+        # to show the host's behind it.
+        for attempt in ("echo 0 > /proc/sys/kernel/random/boot_id",
+                        "umount /proc/sys/kernel/random/boot_id",
+                        "umount -l /proc/sys/kernel/random/boot_id"):
+            assert sb.exec(attempt).exit_code != 0, attempt
+            assert sb.exec("cat /proc/sys/kernel/random/boot_id").stdout == boot, attempt
         assert _host_pids_of(sb.id), "a live sandbox has processes on the host"
         info = sb.pause(files_only=True)
         assert info.state == "paused" and info.on_disk and info.on_disk_bytes > 0, info

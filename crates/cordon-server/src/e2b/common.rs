@@ -640,13 +640,14 @@ impl E2b {
 }
 
 /// Whether a create takes E2B template name `name` as a mapped template (never a
-/// snapshot's name): [`template_of`] answers it without a refusal.
+/// snapshot's name).
 pub(crate) fn maps_template(e: &E2b, name: &str) -> bool {
-    template_of(e, name).is_ok()
+    mapped_template(e, name).is_some()
 }
 
-/// The Cordon template an E2B template name means.
-pub(crate) fn template_of(e: &E2b, name: &str) -> Result<Option<String>, Response> {
+/// The Cordon template an E2B template name is mapped to (`Some(None)`: the tier's own
+/// root), or `None` where no mapping names it.
+fn mapped_template(e: &E2b, name: &str) -> Option<Option<String>> {
     // `name:tag` and `team/name` aliases name the same template.
     let base = name.rsplit('/').next().unwrap_or(name);
     let base = base.split(':').next().unwrap_or(base);
@@ -656,9 +657,17 @@ pub(crate) fn template_of(e: &E2b, name: &str) -> Result<Option<String>, Respons
         .get(name)
         .or_else(|| e.cfg.templates.get(base));
     match mapped {
-        Some(t) if t.is_empty() => Ok(None),
-        Some(t) => Ok(Some(t.clone())),
-        None if base == "base" || base == "code-interpreter-v1" => Ok(None),
+        Some(t) if t.is_empty() => Some(None),
+        Some(t) => Some(Some(t.clone())),
+        None if base == "base" || base == "code-interpreter-v1" => Some(None),
+        None => None,
+    }
+}
+
+/// The Cordon template an E2B template name means, or E2B's 404 for a name no mapping names.
+pub(crate) fn template_of(e: &E2b, name: &str) -> Result<Option<String>, Response> {
+    match mapped_template(e, name) {
+        Some(t) => Ok(t),
         None => Err(e2b_error(
             StatusCode::NOT_FOUND,
             format!(

@@ -352,9 +352,7 @@ pub(super) async fn create_from(e: &E2b, t: &Tenant, req: &NewSandbox) -> Option
         .split(':')
         .next()
         .unwrap_or(&req.template_id);
-    let template =
-        e.cfg.templates.contains_key(key) || key == "base" || key == "code-interpreter-v1";
-    if !key.starts_with("snap-") && template {
+    if !key.starts_with("snap-") && super::maps_template(e, key) {
         return None;
     }
     let snap = e.svc.snapshots().get(t, key).await.ok()?;

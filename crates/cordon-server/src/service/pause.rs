@@ -117,9 +117,9 @@ impl Sessions {
     }
 
     /// [`PauseMode::Files`]: a filesystem snapshot of the sandbox into its own directory,
-    /// then its tier's sandbox destroyed. The
-    /// snapshot counts against the tenant's `max_paused_bytes` (at the sandbox's disk limit
-    /// while it is taken, then at what it took).
+    /// then its tier's sandbox destroyed. The snapshot counts against the tenant's
+    /// `max_paused_bytes` (at the sandbox's disk limit while it is taken, then at what it
+    /// took).
     async fn pause_files(&self, tenant: &Tenant, id: &str) -> Result<SandboxInfo, ApiError> {
         let guard = self.claim(tenant, id)?;
         let s = guard.0.clone();
@@ -134,16 +134,16 @@ impl Sessions {
         let dir = SnapshotDir::new(
             super::common::snapshots_dir(&self.admit.data_dir).join(format!("paused-{}", s.id)),
         );
-        // What an earlier pause's removal could not remove goes first.
-        remove_files(dir.path());
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(dir.path())
-            .map_err(|e| ApiError::internal_from("making a paused sandbox's directory", e))?;
         let t0 = Instant::now();
         let r = blocking(move || {
             let s = guard.0.clone();
             let _busy = guard;
+            // What an earlier pause's removal could not remove goes first.
+            remove_files(dir.path());
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir.path())
+                .map_err(|e| ApiError::internal_from("making a paused sandbox's directory", e))?;
             let mut cell = lock(&s.sandbox);
             let Some(sb) = cell.as_mut() else {
                 remove_files(dir.path());
@@ -180,11 +180,12 @@ impl Sessions {
         Ok(s.info())
     }
 
-    /// Before a pause to disk: its state (`want`: counted at the sandbox's memory and disk
-    /// limits, the most it can take; its disk limit for a pause to files) must fit under the tenant's `max_paused_bytes` beside what its
-    /// other sandboxes paused to disk hold, and the data dir's file system must keep
-    /// `audit.min_free_disk` free after writing it. A sandbox already on disk takes no more.
-    /// The room is held (against concurrent pauses of the tenant) until the guard drops.
+    /// Before a pause to disk or to files: its state (`want`: the most it can take, its
+    /// memory and disk limits to disk, its disk limit to files) must fit under the tenant's
+    /// `max_paused_bytes` beside what its other sandboxes paused so hold, and the data dir's
+    /// file system must keep `audit.min_free_disk` free after writing it. A sandbox already
+    /// on disk takes no more. The room is held (against concurrent pauses of the tenant)
+    /// until the guard drops.
     fn paused_room(
         &self,
         tenant: &Tenant,

@@ -9,7 +9,7 @@
 //! `max_paused_bytes` is full) destroys it as a plain timeout would, with that reason
 //! audited beside.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 use std::time::Duration;
 
 use cordon_core::{Feature, Tier};
@@ -21,9 +21,8 @@ use crate::model::CreateRequest;
 /// A session's timeout action and where it is in it.
 #[derive(Debug, Default)]
 pub(crate) struct TimeoutState {
-    pause: AtomicBool,
-    /// Its timeout's pause keeps its files only ([`OnTimeout::PauseFiles`]).
-    files: AtomicBool,
+    /// Its [`OnTimeout`], as [`code_of`] numbers it.
+    action: AtomicU8,
     /// The TTL its create was given (ms), given again at a resume after a timeout's pause.
     span_ms: AtomicI64,
     /// The reaper is pausing it now.
@@ -34,10 +33,7 @@ pub(crate) struct TimeoutState {
 
 impl TimeoutState {
     pub(super) fn set(&self, action: OnTimeout, ttl: Duration) {
-        self.pause
-            .store(action != OnTimeout::Destroy, Ordering::Relaxed);
-        self.files
-            .store(action == OnTimeout::PauseFiles, Ordering::Relaxed);
+        self.action.store(code_of(action), Ordering::Relaxed);
         self.span_ms.store(
             i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
             Ordering::Relaxed,
@@ -45,12 +41,10 @@ impl TimeoutState {
     }
 
     pub(super) fn action(&self) -> OnTimeout {
-        if self.files.load(Ordering::Relaxed) {
-            OnTimeout::PauseFiles
-        } else if self.pause.load(Ordering::Relaxed) {
-            OnTimeout::Pause
-        } else {
-            OnTimeout::Destroy
+        match self.action.load(Ordering::Relaxed) {
+            1 => OnTimeout::Pause,
+            2 => OnTimeout::PauseFiles,
+            _ => OnTimeout::Destroy,
         }
     }
 
@@ -63,7 +57,7 @@ impl TimeoutState {
 
     /// Whether its timeout pauses it.
     pub(super) fn pauses(&self) -> bool {
-        self.pause.load(Ordering::Relaxed)
+        self.action() != OnTimeout::Destroy
     }
 
     /// Takes the right to pause it now; false while a pause is under way. It counts as
@@ -86,6 +80,15 @@ impl TimeoutState {
             self.paused_by_timeout.store(false, Ordering::Release);
         }
         self.pausing.store(false, Ordering::Release);
+    }
+}
+
+/// [`TimeoutState::action`]'s number for `action` (0, the default, is destroy).
+fn code_of(action: OnTimeout) -> u8 {
+    match action {
+        OnTimeout::Destroy => 0,
+        OnTimeout::Pause => 1,
+        OnTimeout::PauseFiles => 2,
     }
 }
 
