@@ -425,6 +425,9 @@ mod tests {
         let life = Duration::from_secs(600);
         let issuer = issuer(life);
         let m = minter(&issuer, Duration::from_secs(300));
+        // Read before the first end: the loop may cross a second, and an entry ended a
+        // second after a clock read later than this one would be pruned at that read + 599.
+        let first = now_secs();
         for i in 0..10_000 {
             issuer.end_sandbox(&format!("sb-{i}"));
         }
@@ -434,7 +437,7 @@ mod tests {
             "an ended sandbox's mint went through"
         );
         // Before its tokens' life is over, nothing is forgotten.
-        issuer.prune_ended_at(now_secs() + 599);
+        issuer.prune_ended_at(first + 599);
         assert_eq!(issuer.ended_count(), 10_000);
         issuer.prune_ended_at(now_secs() + 601);
         assert_eq!(issuer.ended_count(), 0, "the ended set is never pruned");
