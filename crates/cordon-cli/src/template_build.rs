@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -19,7 +19,8 @@ use cordon_core::{
 use cordon_engine::audit::{Audit, AuditEvent, NewEvent, TemplateBuilt};
 use cordon_host::idpool::{IdPool, IdRange};
 use cordon_template::{
-    BuildInputs, BuildRoot, ImageDefaults, ImportLimits, Manifest, Store, TemplateError,
+    BuildInputs, BuildPlan, BuildResult, BuildRoot, ImageDefaults, ImportLimits, Manifest,
+    PlanStep, Store, TemplateError,
 };
 
 /// The exit status of a run that ended at its disk limit (as `cordon run`'s).
@@ -34,8 +35,22 @@ pub struct BuildArgs {
     #[arg(long, value_name = "BASE")]
     from: String,
     /// A step: a shell command run in the build's sandbox (`sh -c`), in order.
-    #[arg(long = "run", value_name = "CMD", required = true)]
+    #[arg(
+        long = "run",
+        value_name = "CMD",
+        required_unless_present = "plan",
+        conflicts_with = "plan"
+    )]
     run: Vec<String>,
+    /// The steps as a JSON plan (copies of archives, working directories, variables, a
+    /// start command): what the server writes for a build asked through E2B's template
+    /// API (docs/e2b.md).
+    #[arg(long, value_name = "FILE")]
+    plan: Option<PathBuf>,
+    /// Also write how the build ended to FILE (JSON: ok, digest, cached, the failed step
+    /// and why), for a program that started it.
+    #[arg(long, value_name = "FILE")]
+    result: Option<PathBuf>,
     /// A host the steps may reach through the egress proxy (`host`, `*.suffix`, `:port`).
     #[arg(long = "allow-host", value_name = "HOST")]
     allow_host: Vec<String>,
@@ -79,7 +94,78 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 }
 
 pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Result<i32> {
+    let result_file = a.result.clone();
+    let mut ended = BuildResult {
+        ok: false,
+        digest: None,
+        cached: false,
+        step: None,
+        message: String::new(),
+        unknown_user: None,
+    };
+    let code = build_plan(store, data, a, store_bytes, &mut ended);
+    if let Some(path) = result_file {
+        if let Err(e) = &code {
+            ended.message = format!("{e:#}");
+        }
+        ended.ok = matches!(code, Ok(0));
+        let text = serde_json::to_vec(&ended).context("writing the build's result")?;
+        std::fs::write(&path, text)
+            .with_context(|| format!("writing the build's result to {}", path.display()))?;
+    }
+    code
+}
+
+/// The steps of `--plan FILE`, or of each `--run` (a plan of `sh -c` steps in `/`).
+fn plan_of(a: &BuildArgs) -> Result<BuildPlan> {
+    match &a.plan {
+        Some(p) => {
+            let text =
+                std::fs::read(p).with_context(|| format!("reading the plan {}", p.display()))?;
+            serde_json::from_slice(&text)
+                .with_context(|| format!("{} is no build plan", p.display()))
+        }
+        None => Ok(BuildPlan {
+            steps: a
+                .run
+                .iter()
+                .map(|cmd| PlanStep::Run {
+                    cmd: cmd.clone(),
+                    user: None,
+                })
+                .collect(),
+            ..BuildPlan::default()
+        }),
+    }
+}
+
+/// A plan's steps as its inputs name them: a `--run` build's are its commands, as they
+/// always were (so its cache still matches).
+fn step_inputs(plan: &BuildPlan) -> Vec<String> {
+    let mut steps: Vec<String> = Vec::new();
+    if let Some(w) = &plan.workdir {
+        steps.push(format!("START-IN {w}"));
+    }
+    steps.extend(plan.steps.iter().map(PlanStep::input));
+    if let Some(s) = &plan.start {
+        steps.push(format!(
+            "START {} READY {}",
+            s.start,
+            s.ready.as_deref().unwrap_or("")
+        ));
+    }
+    steps
+}
+
+fn build_plan(
+    store: &Store,
+    data: &Path,
+    a: BuildArgs,
+    store_bytes: u64,
+    ended: &mut BuildResult,
+) -> Result<i32> {
     let t0 = Instant::now();
+    let plan = plan_of(&a)?;
     let (base_label, base) = resolve_base(store, data, &a.from, store_bytes)?;
     let mut env: BTreeMap<String, String> = a.env.iter().cloned().collect();
     let mut allow = a.allow_host.clone();
@@ -87,7 +173,7 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
     let inputs = BuildInputs {
         base: base_label.clone(),
         base_digest: base.digest.clone(),
-        steps: a.run.clone(),
+        steps: step_inputs(&plan),
         env: env.clone(),
         allow: allow.clone(),
     };
@@ -96,7 +182,7 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
         name: &a.name,
         inputs_digest: inputs.digest(),
         base: base_label,
-        steps: a.run.len(),
+        steps: plan.steps.len(),
         t0,
     };
     // The gate every `cordon run` and server create passes: the operator's ceiling (limits,
@@ -114,10 +200,18 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
             audit.record(None, "refused");
             eprintln!("cordon: refused ({}): {}", d.rule, d.message);
             eprintln!("cordon: fix: {}", d.fix);
+            ended.message = format!("refused ({}): {}; {}", d.rule, d.message, d.fix);
             return Ok(REFUSED_EXIT);
         }
     };
-    if let Some(m) = store.cached_build(&a.name, &audit.inputs_digest)? {
+    let cached = if plan.force {
+        None
+    } else {
+        store.cached_build(&a.name, &audit.inputs_digest)?
+    };
+    if let Some(m) = cached {
+        ended.digest = Some(m.digest.clone());
+        ended.cached = true;
         audit.record(Some(&m.digest), "cached");
         print_cached(&m, &audit.inputs_digest, a.json)?;
         return Ok(0);
@@ -126,17 +220,33 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
     let mut tpl_env = base.env.clone();
     tpl_env.append(&mut env);
     let (mut sb, work, range) = start_build(store, &base, admitted.spec, &tpl_env, a.disk)?;
-    if let Err(failed) = run_steps(&mut sb, &a.run, &work, a.disk, t0) {
+    let mut steps = Steps {
+        sb: &mut sb,
+        work: &work,
+        disk: a.disk,
+        timeout: a.timeout,
+        t0,
+        cwd: plan.workdir.clone().unwrap_or_else(|| "/".into()),
+        env: BTreeMap::new(),
+        user: None,
+    };
+    let ran = steps.run_all(&plan);
+    let added_env = std::mem::take(&mut steps.env);
+    let workdir = steps.cwd.clone();
+    if let Err(failed) = ran {
         let _ = sb.destroy();
         audit.record(None, "failed");
         eprintln!(
             "cordon: [step {}/{}] failed after {:.1} s ({}); the build stopped, nothing \
              was sealed: fix the step and build again",
             failed.step,
-            a.run.len(),
+            plan.steps.len(),
             failed.took.as_secs_f64(),
             failed.why,
         );
+        ended.step = Some(failed.step);
+        ended.message = failed.why.clone();
+        ended.unknown_user = failed.unknown_user.clone();
         return Ok(if failed.code == 0 { 1 } else { failed.code });
     }
     sb.destroy().context("ending the build's sandbox")?;
@@ -148,10 +258,19 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
         t0.elapsed().as_secs_f64()
     );
     let base_manifest = store.get(&base.name).ok();
-    let defaults = ImageDefaults {
+    tpl_env.extend(added_env);
+    let mut defaults = ImageDefaults {
         env: tpl_env,
         ..base_manifest.map(|m| m.image).unwrap_or_default()
     };
+    // A plan's last directory and start command are what its sandboxes start with.
+    if a.plan.is_some() {
+        defaults.working_dir = Some(workdir);
+        if let Some(s) = &plan.start {
+            defaults.entrypoint = Vec::new();
+            defaults.cmd = vec!["/bin/sh".into(), "-c".into(), s.start.clone()];
+        }
+    }
     let limits = ImportLimits {
         unpacked_bytes: a.max_unpacked_bytes,
         files: a.max_files,
@@ -163,11 +282,13 @@ pub fn build(store: &Store, data: &Path, a: BuildArgs, store_bytes: u64) -> Resu
         Err(e @ TemplateError::DiskLimit { .. }) => {
             audit.record(None, "failed");
             eprintln!("cordon: sealing {} ended as DiskLimit: {e}", a.name);
+            ended.message = format!("sealing the template ended at its disk limit: {e}");
             return Ok(DISK_LIMIT_EXIT);
         }
         Err(e) => return Err(anyhow::Error::new(e).context("sealing the build")),
     };
     let m = &report.manifest;
+    ended.digest = Some(m.digest.clone());
     audit.record(Some(&m.digest), "built");
     print_built(m, &audit, a.json)
 }
@@ -318,32 +439,217 @@ struct StepFailed {
     why: String,
     code: i32,
     took: Duration,
+    unknown_user: Option<String>,
 }
 
-/// Runs the steps in order (`sh -c` in `/`, output to stderr with the progress), stopping
-/// at the first that does not exit 0.
-fn run_steps(
-    sb: &mut ContainerSandbox,
-    steps: &[String],
-    work: &BuildRoot,
+/// The users a step may ask for: the build's own (`user`, E2B's name for it, or the
+/// sandbox's), and `root`, which runs as that same user: it owns the whole working copy,
+/// so a step writes anywhere root's would. No program in a sandbox runs as uid 0.
+const BUILD_USERS: [&str; 3] = ["user", "sandbox", "root"];
+
+/// Unpacks a copy's archive (stdin) and puts what matches its source where it goes, as a
+/// Dockerfile's COPY does: several matches, a directory, or a destination ending in `/`
+/// go into the destination directory; one file otherwise becomes the destination. Runs
+/// in the build's sandbox as its user: the host never writes into the working copy.
+const COPY_SCRIPT: &str = r#"set -eu
+src=$1; dest=$2; mode=$3; zip=$4
+case "$dest" in /*) D=$dest ;; *) D=$PWD/$dest ;; esac
+tmp=$(mktemp -d /tmp/.cordon-copy.XXXXXX)
+if [ "$zip" = 1 ]; then tar -xzf - -C "$tmp"; else tar -xf - -C "$tmp"; fi
+cd "$tmp"
+IFS='
+'
+set -- $src
+for m in "$@"; do
+  [ -e "$m" ] || [ -L "$m" ] || { echo "no file matches $src" >&2; exit 1; }
+done
+put() { if [ -d "$1" ] && [ ! -L "$1" ]; then mkdir -p "$2"; cp -a "$1/." "$2/"; else cp -a "$1" "$2"; fi; }
+into=0
+[ $# -gt 1 ] && into=1
+[ -d "$D" ] && into=1
+case "$dest" in */) into=1 ;; esac
+[ -d "$1" ] && [ ! -L "$1" ] && [ $# -eq 1 ] && into=0
+if [ $into = 1 ]; then
+  mkdir -p "$D"
+  for m in "$@"; do
+    t="$D/${m##*/}"; put "$m" "$t"
+    [ -z "$mode" ] || chmod -R "$mode" "$t"
+  done
+else
+  mkdir -p "$(dirname "$D")"; put "$1" "$D"
+  [ -z "$mode" ] || chmod -R "$mode" "$D"
+fi
+cd /; rm -rf "$tmp"
+"#;
+
+/// Runs a plan's steps in the build's sandbox: where each starts, the variables the
+/// plan's `Env` steps added, the user its `User` steps asked for.
+struct Steps<'a> {
+    sb: &'a mut ContainerSandbox,
+    work: &'a BuildRoot,
     disk: u64,
+    timeout: Duration,
     t0: Instant,
-) -> std::result::Result<(), StepFailed> {
-    let n = steps.len();
-    for (i, step) in steps.iter().enumerate() {
+    cwd: String,
+    env: BTreeMap<String, String>,
+    user: Option<String>,
+}
+
+impl Steps<'_> {
+    /// Every step in order (output to stderr with the progress), stopping at the first
+    /// that does not exit 0; then the start command and its readiness check.
+    fn run_all(&mut self, plan: &BuildPlan) -> std::result::Result<(), StepFailed> {
+        let n = plan.steps.len();
+        if plan.workdir.is_some() {
+            let cwd = self.cwd.clone();
+            self.exec_step(
+                0,
+                &["/bin/sh", "-c", "mkdir -p -- \"$1\"", "sh", &cwd],
+                None,
+                "/",
+            )?;
+        }
+        for (i, step) in plan.steps.iter().enumerate() {
+            eprintln!(
+                "cordon: [step {}/{n}] {}  ({:.1} s)",
+                i + 1,
+                step.input(),
+                self.t0.elapsed().as_secs_f64()
+            );
+            self.step(i + 1, step)?;
+        }
+        if let Some(s) = &plan.start {
+            self.start(n + 1, s)?;
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, at: usize, step: &PlanStep) -> std::result::Result<(), StepFailed> {
+        let cwd = self.cwd.clone();
+        match step {
+            PlanStep::Run { cmd, user } => {
+                self.check_user(at, user.as_deref(), cmd)?;
+                self.exec_step(at, &["/bin/sh", "-c", cmd], None, &cwd)
+            }
+            PlanStep::Copy {
+                archive,
+                dest,
+                gzip,
+                mode,
+                user,
+                digest,
+                src,
+            } => {
+                self.check_user(at, user.as_deref(), &format!("COPY {dest}"))?;
+                let bytes = std::fs::read(archive).map_err(|e| StepFailed {
+                    step: at,
+                    why: format!("the files of the copy ({digest}) could not be read: {e}"),
+                    code: 1,
+                    took: Duration::ZERO,
+                    unknown_user: None,
+                })?;
+                let zip = if *gzip { "1" } else { "0" };
+                let mode = mode.as_deref().unwrap_or("");
+                let argv = ["/bin/sh", "-c", COPY_SCRIPT, "sh", src, dest, mode, zip];
+                self.exec_step(at, &argv, Some(bytes), &cwd)
+            }
+            PlanStep::Env { vars } => {
+                self.env
+                    .extend(vars.iter().map(|(k, v)| (k.clone(), v.clone())));
+                Ok(())
+            }
+            PlanStep::Workdir { dir } => {
+                let dir = if dir.starts_with('/') {
+                    dir.clone()
+                } else {
+                    format!("{}/{dir}", cwd.trim_end_matches('/'))
+                };
+                self.exec_step(
+                    at,
+                    &["/bin/sh", "-c", "mkdir -p -- \"$1\"", "sh", &dir],
+                    None,
+                    "/",
+                )?;
+                self.cwd = dir;
+                Ok(())
+            }
+            PlanStep::User { name } => {
+                self.check_user(at, Some(name), &format!("USER {name}"))?;
+                self.user = Some(name.clone());
+                Ok(())
+            }
+        }
+    }
+
+    /// A user the build does not have fails the step, as E2B's builder fails it.
+    fn check_user(
+        &self,
+        at: usize,
+        user: Option<&str>,
+        what: &str,
+    ) -> std::result::Result<(), StepFailed> {
+        let user = user.or(self.user.as_deref()).unwrap_or("user");
+        if user.is_empty() || BUILD_USERS.contains(&user) {
+            return Ok(());
+        }
+        Err(StepFailed {
+            step: at,
+            why: format!(
+                "{what}: invalid username: '{user}' (a build's steps run as `user`; `root` \
+                 is taken as that user, who owns the whole root)"
+            ),
+            code: 1,
+            took: Duration::ZERO,
+            unknown_user: Some(user.to_string()),
+        })
+    }
+
+    /// The start command in the background, then its readiness check until it exits 0
+    /// (one second apart, within the build's step timeout).
+    fn start(
+        &mut self,
+        at: usize,
+        s: &cordon_template::StartCommand,
+    ) -> std::result::Result<(), StepFailed> {
+        let cwd = self.cwd.clone();
         eprintln!(
-            "cordon: [step {}/{n}] {step}  ({:.1} s)",
-            i + 1,
-            t0.elapsed().as_secs_f64()
+            "cordon: [start] {}  ({:.1} s)",
+            s.start,
+            self.t0.elapsed().as_secs_f64()
         );
-        let mut req = ExecRequest::argv(["/bin/sh", "-c", step.as_str()]);
-        req.cwd = Some("/".into());
+        let bg = "nohup /bin/sh -c \"$1\" >/tmp/.cordon-start.log 2>&1 </dev/null &";
+        self.exec_step(at, &["/bin/sh", "-c", bg, "sh", &s.start], None, &cwd)?;
+        let Some(ready) = &s.ready else {
+            return Ok(());
+        };
+        let until = Instant::now() + self.timeout;
+        loop {
+            eprintln!("cordon: [ready] {ready}");
+            match self.exec_step(at, &["/bin/sh", "-c", ready], None, &cwd) {
+                Ok(()) => return Ok(()),
+                Err(f) if Instant::now() >= until => return Err(f),
+                Err(_) => std::thread::sleep(Duration::from_secs(1)),
+            }
+        }
+    }
+
+    fn exec_step(
+        &mut self,
+        at: usize,
+        argv: &[&str],
+        stdin: Option<Vec<u8>>,
+        cwd: &str,
+    ) -> std::result::Result<(), StepFailed> {
+        let mut req = ExecRequest::argv(argv.iter().copied());
+        req.cwd = Some(cwd.into());
+        req.env = self.env.clone();
+        req.stdin = stdin;
         // The step's output streams to stderr with the progress; stdout has the result only.
         let mut sink = |_: OutputStream, data: &[u8]| {
             let _ = std::io::stderr().write_all(data);
         };
         let ts = Instant::now();
-        let out = sb.exec(&req, &mut sink);
+        let out = self.sb.exec(&req, &mut sink);
         let failed = match &out {
             Ok(o) if o.termination == Termination::Exited && o.exit_code == Some(0) => None,
             Ok(o) => Some((
@@ -356,25 +662,26 @@ fn run_steps(
             )),
             Err(e) => Some((e.to_string(), 125)),
         };
-        if let Some((why, code)) = failed {
-            let hit_disk = matches!(&out, Ok(o) if o.termination == Termination::DiskLimit);
-            let why = if hit_disk || work.disk_full() {
-                format!(
-                    "{why}; the build's root is full: its disk limit is {} (give a larger --disk)",
-                    cordon_template::human(disk)
-                )
-            } else {
-                why
-            };
-            return Err(StepFailed {
-                step: i + 1,
-                why,
-                code,
-                took: ts.elapsed(),
-            });
-        }
+        let Some((why, code)) = failed else {
+            return Ok(());
+        };
+        let hit_disk = matches!(&out, Ok(o) if o.termination == Termination::DiskLimit);
+        let why = if hit_disk || self.work.disk_full() {
+            format!(
+                "{why}; the build's root is full: its disk limit is {} (give a larger --disk)",
+                cordon_template::human(self.disk)
+            )
+        } else {
+            why
+        };
+        Err(StepFailed {
+            step: at,
+            why,
+            code,
+            took: ts.elapsed(),
+            unknown_user: None,
+        })
     }
-    Ok(())
 }
 
 /// The Debian base: the root debootstrap made for the microvm tier's guest image

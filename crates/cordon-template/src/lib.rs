@@ -12,6 +12,7 @@ mod error;
 #[cfg(feature = "import")]
 mod import;
 mod manifest;
+mod plan;
 mod store;
 
 #[cfg(feature = "import")]
@@ -23,4 +24,5 @@ pub use import::{
     human,
 };
 pub use manifest::{BuiltFrom, Compression, ImageDefaults, ImageFormat, Layer, Manifest};
+pub use plan::{BuildPlan, BuildResult, PlanStep, StartCommand};
 pub use store::{GcReport, Lease, Store, disk_image_path, find_program, resolve_in_root};
