@@ -303,6 +303,12 @@ impl Gate {
         // Grants resolved last: nothing is read for a refused request.
         self.resolve_grants(tenant, req, life.ttl, &mut spec)?;
         if let Some(name) = &req.template {
+            if !crate::request::may_use_template(who, name) {
+                // Said as a missing template: a name tells nothing of another tenant's.
+                return Err(invalid(
+                    cordon_template::TemplateError::NotFound(name.clone()).to_string(),
+                ));
+            }
             self.use_template(name, &mut spec, record)?;
         }
         mount_volumes(req, &mut spec)?;

@@ -30,5 +30,6 @@ pub use gate::{
 pub use ledger::{BudgetLimits, Full, Ledger, Reservation, host_memory_budget};
 pub use request::{
     GrantName, LimitsPatch, OnTimeout, Principal, SandboxRequest, VolumeRequest, Workload,
+    may_use_template, tenant_template_name,
 };
 pub use tokens::{Discovery, Introspection, Issuer, Jwks};

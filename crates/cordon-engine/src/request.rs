@@ -269,3 +269,52 @@ pub enum Workload {
     /// Anything else run once: a shell, a program, files.
     Program,
 }
+
+/// The name of a template built for one tenant (through E2B's template API): `t-`, 12 hex
+/// digits of the tenant's name's SHA-256, `-`, then `rest`. The gate lets only that tenant
+/// (and the local operator) name it.
+pub fn tenant_template_name(tenant: &str, rest: &str) -> String {
+    format!("t-{}-{rest}", tenant_tag(tenant))
+}
+
+fn tenant_tag(tenant: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(tenant.as_bytes());
+    hex::encode(&digest[..6])
+}
+
+/// Whether `principal` may name template `name`: one built for a tenant is that tenant's
+/// alone; every other template is every tenant's.
+pub fn may_use_template(principal: &Principal, name: &str) -> bool {
+    let Some(tag) = name
+        .strip_prefix("t-")
+        .and_then(|r| r.get(..12))
+        .filter(|t| t.bytes().all(|b| b.is_ascii_hexdigit()))
+    else {
+        return true;
+    };
+    match principal {
+        Principal::Operator => true,
+        Principal::Tenant(t) => tenant_tag(t) == tag,
+    }
+}
+
+#[cfg(test)]
+mod template_owner_tests {
+    use super::*;
+
+    #[test]
+    fn a_tenants_built_template_is_its_own_and_the_operators() {
+        let name = tenant_template_name("alice", "3f2c");
+        assert!(name.starts_with("t-") && name.ends_with("-3f2c"), "{name}");
+        assert!(may_use_template(&Principal::Tenant("alice".into()), &name));
+        assert!(may_use_template(&Principal::Operator, &name));
+        assert!(!may_use_template(&Principal::Tenant("bob".into()), &name));
+        // Every other template is every tenant's.
+        assert!(may_use_template(&Principal::Tenant("bob".into()), "py"));
+        assert!(may_use_template(
+            &Principal::Tenant("bob".into()),
+            "t-short"
+        ));
+    }
+}

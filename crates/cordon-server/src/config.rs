@@ -274,6 +274,35 @@ pub struct E2bConfig {
     /// traffic is refused.
     #[serde(default)]
     pub public_traffic: bool,
+    /// Image references an E2B template build may start from (`fromImage`; E2B's
+    /// `e2bdev/base` for `from_base_image`), each to the Cordon template that stands for
+    /// it (or `debian`, the microvm tier's Debian root): this server pulls no image from a
+    /// registry; `cordon template import` brings one in.
+    #[serde(default)]
+    pub images: BTreeMap<String, String>,
+    /// E2B template builds (`Template.build`): how many run at once, server-wide (more
+    /// wait); 0 turns the build API off.
+    #[serde(default = "default_e2b_builds")]
+    pub builds: usize,
+    /// The most templates one tenant may have built through E2B's API.
+    #[serde(default = "default_e2b_max_templates")]
+    pub max_templates: usize,
+    /// The most bytes of one build's uploaded files (a `copy` step's archive), and of all
+    /// one tenant's uploads kept together.
+    #[serde(default = "default_e2b_max_upload")]
+    pub max_upload_bytes: cordon_core::units::Size,
+}
+
+fn default_e2b_builds() -> usize {
+    2
+}
+
+fn default_e2b_max_templates() -> usize {
+    50
+}
+
+fn default_e2b_max_upload() -> cordon_core::units::Size {
+    cordon_core::units::Size(1 << 30)
 }
 
 fn default_e2b_domain() -> String {
@@ -292,6 +321,10 @@ impl Default for E2bConfig {
             https_key_file: None,
             domain: default_e2b_domain(),
             public_traffic: false,
+            images: BTreeMap::new(),
+            builds: default_e2b_builds(),
+            max_templates: default_e2b_max_templates(),
+            max_upload_bytes: default_e2b_max_upload(),
         }
     }
 }

@@ -282,7 +282,7 @@ impl From<cordon_engine::Denial> for ApiError {
 
 /// `message` with every word that is an absolute path (or holds one, as `at=/x`) replaced by
 /// `<host path>`: a host step's error says what failed without where on the host.
-fn without_host_paths(message: &str) -> String {
+pub(crate) fn without_host_paths(message: &str) -> String {
     message
         .split(' ')
         .map(|w| {

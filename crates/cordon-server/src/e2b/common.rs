@@ -167,6 +167,8 @@ pub(crate) struct E2b {
     pub svc: Service,
     pub cfg: Arc<E2bConfig>,
     pub(super) boxes: Arc<Mutex<HashMap<String, Arc<E2bBox>>>>,
+    /// Template builds asked through E2B's API, and the templates they made.
+    pub(super) builds: Arc<super::builds::Builds>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -372,6 +374,7 @@ where
 }
 
 /// The address a request came from, for the failed-key slow-down (none in-process).
+#[derive(Clone, Copy)]
 pub(crate) struct From(pub Option<IpAddr>);
 
 impl axum::extract::FromRequestParts<E2b> for From {
@@ -647,7 +650,7 @@ pub(crate) fn maps_template(e: &E2b, name: &str) -> bool {
 
 /// The Cordon template an E2B template name is mapped to (`Some(None)`: the tier's own
 /// root), or `None` where no mapping names it.
-fn mapped_template(e: &E2b, name: &str) -> Option<Option<String>> {
+pub(crate) fn mapped_template(e: &E2b, name: &str) -> Option<Option<String>> {
     // `name:tag` and `team/name` aliases name the same template.
     let base = name.rsplit('/').next().unwrap_or(name);
     let base = base.split(':').next().unwrap_or(base);
@@ -664,14 +667,18 @@ fn mapped_template(e: &E2b, name: &str) -> Option<Option<String>> {
     }
 }
 
-/// The Cordon template an E2B template name means, or E2B's 404 for a name no mapping names.
-pub(crate) fn template_of(e: &E2b, name: &str) -> Result<Option<String>, Response> {
+/// The Cordon template an E2B template name means (one `t` built, or one the operator
+/// maps), or E2B's 404 for a name neither names.
+pub(crate) fn template_of(e: &E2b, t: &Tenant, name: &str) -> Result<Option<String>, Response> {
+    if let Some(built) = e.builds.template_for(t, name) {
+        return Ok(Some(built));
+    }
     match mapped_template(e, name) {
         Some(t) => Ok(t),
         None => Err(e2b_error(
             StatusCode::NOT_FOUND,
             format!(
-                "template {name:?} is not one this server maps: Cordon does not build E2B templates; the operator maps E2B template names to Cordon templates in [e2b.templates] (`cordon template build` makes one)"
+                "template {name:?} was not found: a create takes a template you built (`Template.build`, once its build is ready) or one the operator maps in [e2b.templates]"
             ),
         )),
     }

@@ -60,7 +60,7 @@ pub(super) async fn create(
     if let Some(r) = super::snapshots::create_from(&e, &t, &req).await {
         return r;
     }
-    let plan = match plan_create(&e, req) {
+    let plan = match plan_create(&e, &t, req) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -93,7 +93,7 @@ struct PlannedCreate {
 /// The native create an E2B create means (its template mapped, its timeout the sandbox's
 /// ttl and idle timeout, its network options narrowing egress), or the refusal of what
 /// Cordon does not serve.
-fn plan_create(e: &E2b, mut req: NewSandbox) -> Result<PlannedCreate, Response> {
+fn plan_create(e: &E2b, t: &Tenant, mut req: NewSandbox) -> Result<PlannedCreate, Response> {
     refuse_unserved(&req)?;
     let auto_pause = req.auto_pause == Some(true);
     let auto_resume = req.auto_resume.as_ref().is_some_and(|a| a.enabled);
@@ -104,7 +104,7 @@ fn plan_create(e: &E2b, mut req: NewSandbox) -> Result<PlannedCreate, Response> 
         ));
     }
     let ports = super::ports_of(e, &req)?;
-    let template = super::template_of(e, &req.template_id)?;
+    let template = super::template_of(e, t, &req.template_id)?;
     let timeout_s = req.timeout.unwrap_or(DEFAULT_TIMEOUT_S).max(1);
     let metadata = req.metadata.take().unwrap_or_default();
     validate_labels(&metadata).map_err(api_error)?;

@@ -19,6 +19,7 @@
 // Handlers answer their refusals as ready responses; they are the cold path of a call.
 #![allow(clippy::result_large_err)]
 
+mod builds;
 mod common;
 mod connect;
 mod control;
@@ -74,6 +75,7 @@ pub async fn serve(
         .e2b
         .clone()
         .ok_or_else(|| ServerError::Config("[e2b] is not configured".into()))?;
+    let cfg_builds = cfg.builds;
     let listener = tokio::net::TcpListener::bind(at)
         .await
         .map_err(|e| ServerError::io(format!("listening on {at} (e2b.listen)"), e))?;
@@ -85,6 +87,7 @@ pub async fn serve(
         svc: svc.clone(),
         cfg: Arc::new(cfg),
         boxes: Arc::default(),
+        builds: Arc::new(builds::Builds::new(cfg_builds)),
     };
     let https = match state.cfg.https_listen {
         Some(at) => {
@@ -167,8 +170,11 @@ fn router(state: E2b) -> Router {
             axum::routing::any(snapshots::templates),
         )
         .route("/v2/templates", axum::routing::any(refused))
-        .route("/v2/templates/{*rest}", axum::routing::any(refused))
-        .route("/v3/templates", axum::routing::any(refused))
+        .route(
+            "/v2/templates/{*rest}",
+            axum::routing::any(builds::v2_templates),
+        )
+        .route("/v3/templates", post(builds::request))
         .route("/volumes", axum::routing::any(refused))
         .route("/volumes/{*rest}", axum::routing::any(refused))
         .route("/secrets", axum::routing::any(refused))

@@ -205,8 +205,15 @@ pub(super) async fn templates(
     method: Method,
     headers: HeaderMap,
     uri: Uri,
+    body: axum::body::Body,
 ) -> Response {
     let rest = uri.path().trim_start_matches("/templates/");
+    if let Some(r) =
+        super::builds::templates_route(&state.0, from, &method, &headers, rest, uri.query(), body)
+            .await
+    {
+        return r;
+    }
     if method == Method::GET
         && let Some(alias) = rest.strip_prefix("aliases/")
         && !alias.is_empty()
@@ -222,6 +229,10 @@ pub(super) async fn templates(
         Ok(t) => t,
         Err(r) => return r,
     };
+    let name = percent_encoding::percent_decode_str(rest).decode_utf8_lossy();
+    if let Some(r) = super::builds::delete(&e, &t, &name).await {
+        return r;
+    }
     let snaps = e.svc.snapshots();
     let key = rest.split(':').next().unwrap_or(rest);
     let id = match snaps.get(&t, key).await {
@@ -258,6 +269,13 @@ async fn alias_of(e: &E2b, from: super::From, headers: &HeaderMap, alias: &str) 
     };
     let alias = percent_encoding::percent_decode_str(alias).decode_utf8_lossy();
     let key = alias.split(':').next().unwrap_or(&alias);
+    if let Some(id) = e.builds.template_id(&t, key) {
+        let out = AliasOut {
+            template_id: id,
+            public: false,
+        };
+        return (StatusCode::OK, Json(out)).into_response();
+    }
     if super::maps_template(e, key) {
         let out = AliasOut {
             template_id: key.to_string(),

@@ -37,6 +37,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::keys::{Keys, Tenant};
 use crate::metrics::Metrics;
+use crate::model::CreateRequest;
 
 mod admit;
 mod common;
@@ -278,6 +279,19 @@ impl Service {
     /// The gate every create and run passes.
     pub fn gate(&self) -> &Gate {
         self.inner.admit.gate()
+    }
+
+    /// Asks the gate for a template build's sandbox as `tenant` (audited as `what`), and
+    /// reserves its memory under the tenant's and the host's budgets while the build
+    /// runs: the build is refused as a create of that sandbox would be.
+    pub async fn admit_build(
+        &self,
+        tenant: &Tenant,
+        req: &CreateRequest,
+        what: &str,
+    ) -> Result<cordon_engine::Reservation, ApiError> {
+        let adm = self.inner.admit.decide(tenant, req, what).await?;
+        self.inner.admit.reserve(tenant, &adm.spec).await
     }
 
     /// The token issuer of minted grants.

@@ -1,0 +1,223 @@
+"""E2B's own Python SDK (pinned `e2b`), unchanged, builds templates through its template
+API against a real `cordon serve` (container tier): `Template.build` with a copy of local
+files, a command, variables, a working directory and a start command; `Template.exists`;
+tags (`assign_tags`, `get_tags`, `remove_tags`); a sandbox made from the build; a failed
+step, a user the build does not have, an image no one maps; and what another tenant may
+not do with a tenant's template, its build or its upload link.
+
+`ubuntu:22.04` is mapped to the `debian` base here (`[e2b.images]`): this machine reaches no
+registry, so an operator names the template that stands for each image a build may start
+from."""
+
+import json
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import test_e2b_compat as compat  # noqa: F401 (sets the SDK's loopback URLs first)
+from conftest import KEYS, tier_available
+
+BOB_E2B_KEY = "e2b_" + "fedcba9876543210" * 2 + "76543210"
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not tier_available("container"):
+        pytest.skip("container tier unavailable here")
+    d = Path(tempfile.mkdtemp(prefix="cordon-e2b-build-"))
+    # The build's sandbox opens the template store: its parents must be passable.
+    d.chmod(0o755)
+    (d / "data").mkdir(mode=0o755)
+    # The `debian` base is read from the microvm guest image setup built.
+    (d / "data" / "microvm").symlink_to(compat.wheels_dir().parent / "microvm")
+    extra = (f'[[keys]]\ntenant = "alice"\nkey = "{compat.E2B_KEY}"\n'
+             f'[[keys]]\ntenant = "bob"\nkey = "{BOB_E2B_KEY}"\n'
+             f'[e2b]\nlisten = "127.0.0.1:{compat.PORT}"\ntier = "container"\n'
+             'max_upload_bytes = "256K"\n'
+             '[e2b.images]\n"ubuntu:22.04" = "debian"\n"e2bdev/base" = "debian"\n')
+    s = compat.ServerProc(d / "data", {}, extra=extra)
+    text = s.config.read_text().replace("[pools]\n", "")
+    s.config.write_text(text.replace('default_tier = "wasm"', 'default_tier = "container"'))
+    s.start()
+    s.tmp = d
+    yield s
+    s.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def context():
+    d = Path(tempfile.mkdtemp(prefix="e2b-build-ctx-"))
+    (d / "folder").mkdir()
+    (d / "folder" / "test.txt").write_text("This is a test file.")
+    os.symlink("test.txt", d / "folder" / "symlink.txt")
+    (d / "big.bin").write_bytes(os.urandom(400 * 1024))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def build(template, name, **kw):
+    from e2b import Template
+    logs = []
+    info = Template.build(template, name, on_build_logs=logs.append, **kw)
+    return info, "\n".join(str(entry.message) for entry in logs)
+
+
+def test_build_a_template_and_start_a_sandbox_from_it(server, context):
+    from e2b import Sandbox, Template, wait_for_timeout
+    t = (Template(file_context_path=str(context))
+         .from_image("ubuntu:22.04")
+         .skip_cache()
+         .copy("folder/*", "folder")
+         .copy("folder/test.txt", "/opt/data/")
+         .run_cmd("cat folder/symlink.txt && test \"$(pwd)\" = /home/user")
+         .set_envs({"GREETING": "hello from the template"})
+         .run_cmd('echo "greeting=$GREETING"')
+         .set_workdir("/app")
+         .run_cmd("pwd > /app/where")
+         .set_start_cmd("echo started > /tmp/started", wait_for_timeout(1_000)))
+    info, logs = build(t, "my-tpl:v1")
+    assert info.template_id and info.build_id, info
+    assert "This is a test file." in logs, logs
+    assert "greeting=hello from the template" in logs, logs
+    assert Template.exists("my-tpl") is True
+    assert Template.exists("no-such-tpl") is False
+    sbx = Sandbox.create("my-tpl:v1", timeout=60)
+    try:
+        r = sbx.commands.run("cat /opt/data/test.txt; echo; cat /app/where; echo $GREETING; "
+                             "grep -c '^ID=debian' /etc/os-release")
+        assert r.stdout.split("\n")[:4] == [
+            "This is a test file.", "/app", "hello from the template", "1"], r.stdout
+    finally:
+        sbx.kill()
+    # By the alias alone: its default tag or its newest ready build.
+    sbx = Sandbox.create("my-tpl", timeout=60)
+    sbx.kill()
+
+
+def test_tags_assign_list_and_remove(server):
+    from e2b import Sandbox, Template
+    build(Template().from_base_image(), "tagged:v1")
+    assigned = Template.assign_tags("tagged:v1", ["production", "latest"])
+    assert sorted(assigned.tags) == ["latest", "production"] and assigned.build_id
+    listed = {t.tag: t.build_id for t in Template.get_tags("tagged")}
+    assert set(listed) == {"v1", "production", "latest"}, listed
+    assert len(set(listed.values())) == 1
+    Sandbox.create("tagged:production", timeout=30).kill()
+    for bad in [":invalid-tag", "tagged:"]:
+        with pytest.raises(Exception):
+            Template.assign_tags("tagged:v1", bad)
+    Template.remove_tags("tagged", "production")
+    assert {t.tag for t in Template.get_tags("tagged")} == {"v1", "latest"}
+    with pytest.raises(Exception) as gone:
+        Sandbox.create("tagged:production", timeout=30)
+    assert "not found" in str(gone.value), gone.value
+
+
+def test_a_failed_step_an_unknown_user_and_an_unmapped_image(server):
+    from e2b import Template
+    from e2b.exceptions import BuildException
+    with pytest.raises(BuildException) as failed:
+        build(Template().from_image("ubuntu:22.04").skip_cache()
+              .run_cmd("echo before-failing; exit 3"), "fails")
+    assert "exit code 3" in str(failed.value), failed.value
+    with pytest.raises(BuildException) as user:
+        build(Template().from_image("ubuntu:22.04").skip_cache()
+              .run_cmd("whoami", user="root123"), "bad-user")
+    assert ("failed to run command 'whoami': command failed: unauthenticated: invalid "
+            "username: 'root123'") in str(user.value), user.value
+    with pytest.raises(Exception) as image:
+        build(Template().from_image("alpine:3.20").skip_cache().run_cmd("true"), "alpine")
+    assert "[e2b.images]" in str(image.value) and "registry" in str(image.value), image.value
+    # A failed build's alias makes no sandbox.
+    from e2b import Sandbox
+    with pytest.raises(Exception) as none:
+        Sandbox.create("fails", timeout=30)
+    assert "not found" in str(none.value), none.value
+
+
+def test_uploads_are_bounded_per_tenant(server, context):
+    from e2b import Template
+    t = Template(file_context_path=str(context)).from_image("ubuntu:22.04").copy(
+        "big.bin", "/opt/big.bin").skip_cache()
+    with pytest.raises(Exception) as big:
+        build(t, "too-big")
+    assert "413" in str(big.value) or "uploads may" in str(big.value), big.value
+
+
+def native(server, key, method, path, body=None):
+    req = urllib.request.Request(server.url + path, method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Authorization": f"Bearer {key}",
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def test_another_tenant_cannot_use_read_or_upload_to_a_tenants_build(server, context):
+    """The attack: bob knows alice's alias, her template and build ids and the store name
+    her build made. Each way in is refused as if nothing were there."""
+    from e2b import Sandbox, Template
+    info, _ = build(Template().from_image("ubuntu:22.04").run_cmd("echo secret > /opt/s"),
+                    "alices")
+    with pytest.raises(Exception) as create:
+        Sandbox.create("alices", timeout=30, api_key=BOB_E2B_KEY)
+    assert "not found" in str(create.value), create.value
+    assert Template.exists("alices", api_key=BOB_E2B_KEY) is False
+    with pytest.raises(Exception):
+        Template.get_build_status(info, api_key=BOB_E2B_KEY)
+    with pytest.raises(Exception):
+        Template.get_tags("alices", api_key=BOB_E2B_KEY)
+    # The Cordon template alice's build made, named on the native API by bob: refused as
+    # a template that does not exist; alice may.
+    names = [p.stem for p in (server.data_dir / "templates" / "names").glob("t-*.json")]
+    assert names, "the build made no tenant template"
+    status, body = native(server, KEYS["bob"], "POST", "/v1/sandboxes",
+                          {"tier": "container", "template": names[0]})
+    assert status == 400 and "no template named" in json.dumps(body), (status, body)
+    status, body = native(server, KEYS["alice"], "POST", "/v1/sandboxes",
+                          {"tier": "container", "template": names[0]})
+    assert status in (200, 201), (status, body)
+    native(server, KEYS["alice"], "DELETE", f"/v1/sandboxes/{body['id']}")
+    # An upload link is for its tenant's template and files only: bob gets none for
+    # alice's template, and alice's link does not take other files.
+    origin = compat.ORIGIN
+
+    def get(path, key):
+        req = urllib.request.Request(origin + path, headers={"X-API-KEY": key})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, None
+    h = "ab" * 32
+    assert get(f"/templates/{info.template_id}/files/{h}", BOB_E2B_KEY)[0] == 404
+    status, link = get(f"/templates/{info.template_id}/files/{h}", compat.E2B_KEY)
+    assert status == 201 and link["present"] is False, link
+    other = link["url"].replace(h, "cd" * 32)
+    req = urllib.request.Request(other, method="PUT", data=b"x")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=30)
+    assert refused.value.code == 403
+    # Deleting it (E2B's DELETE /templates/{id}): bob's is refused as not found, alice's
+    # removes it from the store.
+    def delete(key):
+        req = urllib.request.Request(f"{origin}/templates/alices", method="DELETE",
+                                     headers={"X-API-KEY": key})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+    assert delete(BOB_E2B_KEY) == 404
+    assert delete(compat.E2B_KEY) == 204
+    assert Template.exists("alices") is False
+    assert not (server.data_dir / "templates" / "names" / f"{names[0]}.json").exists()
