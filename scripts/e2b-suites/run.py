@@ -110,6 +110,13 @@ class Server:
 
     def __init__(self, tier: str) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="cordon-e2b-suites-"))
+        # E2B's template builds: the build's sandbox opens the template store (its parents
+        # must be passable), and the `debian` base is read from the microvm guest image
+        # setup built.
+        self.tmp.chmod(0o755)
+        (self.tmp / "data").mkdir(mode=0o755)
+        home = os.environ.get("CORDON_HOME") or "/var/lib/cordon"
+        (self.tmp / "data" / "microvm").symlink_to(Path(home) / "microvm")
         self.port = free_port()
         self.origin = f"http://127.0.0.1:{self.port}"
         config = self.tmp / "cordon.toml"
@@ -127,7 +134,10 @@ class Server:
             # `https://<port>-<id>.localhost` as E2B's tests fetch get_host's URL: port 443
             # on loopback, a certificate from the data dir's CA (the tests' processes trust
             # it, below); their sandboxes' ports public unless a create says otherwise.
-            'https_listen = "127.0.0.1:443"\npublic_traffic = true\n')
+            'https_listen = "127.0.0.1:443"\npublic_traffic = true\n'
+            # This machine reaches no registry: the images E2B's template tests build from
+            # are served by the Debian root (docs/e2b.md, Template builds).
+            '[e2b.images]\n"ubuntu:22.04" = "debian"\n"e2bdev/base" = "debian"\n')
         self.ca = self.tmp / "data" / "e2b-https" / "ca.pem"
         self.log = open(self.tmp / "serve.log", "w")
         self.proc = subprocess.Popen([cordon_bin(), "serve", "--config", str(config)],

@@ -166,6 +166,7 @@ def test_another_tenant_cannot_use_read_or_upload_to_a_tenants_build(server, con
     """The attack: bob knows alice's alias, her template and build ids and the store name
     her build made. Each way in is refused as if nothing were there."""
     from e2b import Sandbox, Template
+    before = tenant_templates(server)
     info, _ = build(Template().from_image("ubuntu:22.04").run_cmd("echo secret > /opt/s"),
                     "alices")
     with pytest.raises(Exception) as create:
@@ -178,8 +179,8 @@ def test_another_tenant_cannot_use_read_or_upload_to_a_tenants_build(server, con
         Template.get_tags("alices", api_key=BOB_E2B_KEY)
     # The Cordon template alice's build made, named on the native API by bob: refused as
     # a template that does not exist; alice may.
-    names = [p.stem for p in (server.data_dir / "templates" / "names").glob("t-*.json")]
-    assert names, "the build made no tenant template"
+    names = sorted(tenant_templates(server) - before)
+    assert len(names) == 1, names
     status, body = native(server, KEYS["bob"], "POST", "/v1/sandboxes",
                           {"tier": "container", "template": names[0]})
     assert status == 400 and "no template named" in json.dumps(body), (status, body)
@@ -221,3 +222,32 @@ def test_another_tenant_cannot_use_read_or_upload_to_a_tenants_build(server, con
     assert delete(compat.E2B_KEY) == 204
     assert Template.exists("alices") is False
     assert not (server.data_dir / "templates" / "names" / f"{names[0]}.json").exists()
+
+
+def tenant_templates(server) -> set:
+    return {p.stem for p in (server.data_dir / "templates" / "names").glob("t-*.json")}
+
+
+def test_a_rebuilt_tag_lets_the_old_build_go_and_templates_outlive_a_restart(server):
+    """Building one tag again leaves one build in the store (the one the tag names), not
+    every build's root; and a template built before the server restarted still makes
+    sandboxes after it."""
+    from e2b import Sandbox, Template
+    before = tenant_templates(server)
+    build(Template().from_image("ubuntu:22.04").skip_cache().run_cmd("echo 1 > /opt/v"),
+          "rebuilt:v1")
+    first = tenant_templates(server) - before
+    assert len(first) == 1, first
+    build(Template().from_image("ubuntu:22.04").skip_cache().run_cmd("echo 2 > /opt/v"),
+          "rebuilt:v1")
+    second = tenant_templates(server) - before
+    assert len(second) == 1 and second != first, (first, second)
+    server.stop()
+    server.start()
+    sbx = Sandbox.create("rebuilt:v1", timeout=60)
+    try:
+        assert sbx.commands.run("cat /opt/v").stdout == "2\n"
+    finally:
+        sbx.kill()
+    assert Template.exists("rebuilt") is True
+    assert {t.tag for t in Template.get_tags("rebuilt")} == {"v1"}

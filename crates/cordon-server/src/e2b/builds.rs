@@ -48,22 +48,32 @@ const BUILD_DISK: &str = "16G";
 const DEFAULT_WORKDIR: &str = "/home/user";
 
 /// The builds of every tenant, and the templates they made.
-#[derive(Default)]
 pub(crate) struct Builds {
     state: Mutex<Registry>,
     /// Builds running at once, server-wide (`e2b.builds`).
     slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Where the templates are kept across restarts (`<data dir>/e2b-templates.json`).
+    file: PathBuf,
 }
 
 #[derive(Default)]
 struct Registry {
-    /// By template id.
+    /// By template id (kept across restarts).
     templates: BTreeMap<String, TemplateRec>,
-    /// By build id.
+    /// By build id (this run's: their status and logs).
     builds: BTreeMap<String, BuildRec>,
     /// Upload links: token to (tenant, template, files hash) and when it stops being good.
     links: BTreeMap<String, Link>,
+    /// Builds asked so far (their order).
+    asked: u64,
 }
+
+/// The most finished builds' records (status, log) kept per tenant; older ones go.
+const FINISHED_KEPT: usize = 20;
+/// The most tags one template may have.
+const MAX_TAGS: usize = 20;
+/// The most log bytes one build keeps.
+const MAX_LOG_BYTES: usize = 1 << 20;
 
 struct Link {
     tenant: Tenant,
@@ -72,16 +82,60 @@ struct Link {
     until: SystemTime,
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct TemplateRec {
-    tenant: Tenant,
+    tenant: String,
     alias: String,
-    /// Tag to (build id, when assigned).
-    tags: BTreeMap<String, (String, SystemTime)>,
+    /// Tag to the build it names.
+    #[serde(default)]
+    tags: BTreeMap<String, Built>,
+    /// The newest ready build: what the alias alone means when no `default` tag is.
+    #[serde(default)]
+    latest: Option<Built>,
+    /// Every Cordon template of its builds still in the store.
+    #[serde(default)]
+    kept: std::collections::BTreeSet<String>,
+}
+
+/// A ready build as a tag names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Built {
+    build: String,
+    /// Its Cordon template.
+    name: String,
+    /// When the tag was given (ms since the epoch).
+    at_ms: i64,
+}
+
+impl TemplateRec {
+    fn of(&self, t: &Tenant) -> bool {
+        self.tenant == t.0
+    }
+
+    /// The Cordon templates of its builds no tag (nor `latest`) names: they are removed.
+    fn unreferenced(&mut self) -> Vec<String> {
+        let named: std::collections::BTreeSet<&String> = (self.tags.values())
+            .chain(self.latest.iter())
+            .map(|b| &b.name)
+            .collect();
+        let gone: Vec<String> = (self.kept.iter())
+            .filter(|n| !named.contains(n))
+            .cloned()
+            .collect();
+        for n in &gone {
+            self.kept.remove(n);
+        }
+        gone
+    }
 }
 
 struct BuildRec {
     tenant: Tenant,
     template_id: String,
+    /// Its place in the order builds were asked.
+    seq: u64,
+    /// Bytes its log keeps.
+    log_bytes: usize,
     /// The Cordon template it makes (the tenant's alone).
     name: String,
     /// Tags given when it was asked, assigned when it is ready.
@@ -118,10 +172,50 @@ struct Reason {
 }
 
 impl Builds {
-    pub(crate) fn new(slots: usize) -> Builds {
+    /// The builds of a server whose data dir is `data_dir`, with the templates built before
+    /// it last stopped.
+    pub(crate) fn new(slots: usize, data_dir: &FsPath) -> Builds {
+        let file = data_dir.join("e2b-templates.json");
+        let templates = match std::fs::read(&file) {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+                tracing::warn!(
+                    "{} is unreadable ({e}); its templates are not served",
+                    file.display()
+                );
+                BTreeMap::new()
+            }),
+            Err(_) => BTreeMap::new(),
+        };
         Builds {
-            state: Mutex::default(),
+            state: Mutex::new(Registry {
+                templates,
+                ..Registry::default()
+            }),
             slots: (slots > 0).then(|| Arc::new(tokio::sync::Semaphore::new(slots))),
+            file,
+        }
+    }
+
+    /// Writes the templates for the next start (through a file renamed into place).
+    fn save(&self, st: &Registry) {
+        let tmp = self.file.with_extension("json.tmp");
+        let written = serde_json::to_vec(&st.templates)
+            .map_err(std::io::Error::other)
+            .and_then(|b| {
+                use std::io::Write;
+                use std::os::unix::fs::OpenOptionsExt;
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&tmp)?;
+                f.write_all(&b)?;
+                f.sync_all()
+            })
+            .and_then(|()| std::fs::rename(&tmp, &self.file));
+        if let Err(e) = written {
+            tracing::warn!("keeping the E2B templates in {}: {e}", self.file.display());
         }
     }
 
@@ -131,16 +225,12 @@ impl Builds {
     pub(crate) fn template_for(&self, t: &Tenant, name: &str) -> Option<String> {
         let st = lock(&self.state);
         let (alias, tag) = split_tag(name);
-        let (id, rec) = st.find(t, alias)?;
-        let build = match tag {
-            Some(tag) => rec.tags.get(tag)?.0.clone(),
-            None => match rec.tags.get("default") {
-                Some((b, _)) => b.clone(),
-                None => st.newest_ready(id)?,
-            },
+        let (_, rec) = st.find(t, alias)?;
+        let built = match tag {
+            Some(tag) => rec.tags.get(tag)?,
+            None => rec.tags.get("default").or(rec.latest.as_ref())?,
         };
-        let b = st.builds.get(&build)?;
-        (b.status == Status::Ready).then(|| b.name.clone())
+        Some(built.name.clone())
     }
 
     /// Whether `t` has a built template of that alias or id (`Template.exists`).
@@ -154,19 +244,48 @@ impl Registry {
     fn find(&self, t: &Tenant, alias_or_id: &str) -> Option<(&str, &TemplateRec)> {
         self.templates
             .iter()
-            .find(|(id, r)| {
-                r.tenant == *t && (r.alias == alias_or_id || id.as_str() == alias_or_id)
-            })
+            .find(|(id, r)| r.of(t) && (r.alias == alias_or_id || id.as_str() == alias_or_id))
             .map(|(id, r)| (id.as_str(), r))
     }
 
-    fn newest_ready(&self, template_id: &str) -> Option<String> {
-        // Build ids are made in order of asking within a run: the last ready one is newest.
-        self.builds
-            .iter()
-            .filter(|(_, b)| b.template_id == template_id && b.status == Status::Ready)
-            .max_by_key(|(_, b)| b.logs.first().map(|l| l.timestamp.clone()))
-            .map(|(id, _)| id.clone())
+    /// Forgets `t`'s oldest finished builds past [`FINISHED_KEPT`] (their status and log).
+    fn prune_finished(&mut self, t: &Tenant) {
+        let mut done: Vec<(u64, String)> = (self.builds.iter())
+            .filter(|(_, b)| b.tenant == *t && matches!(b.status, Status::Ready | Status::Error))
+            .map(|(k, b)| (b.seq, k.clone()))
+            .collect();
+        if done.len() <= FINISHED_KEPT {
+            return;
+        }
+        done.sort();
+        for (_, k) in &done[..done.len() - FINISHED_KEPT] {
+            self.builds.remove(k);
+        }
+    }
+}
+
+/// Removes Cordon templates no tag names any more (a root a live sandbox uses stays until
+/// the sandbox ends).
+async fn remove_from_store(e: &E2b, names: Vec<String>) -> Result<(), String> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let data = e.svc.config().data_dir.clone();
+    let removed = tokio::task::spawn_blocking(move || {
+        let store = cordon_template::Store::open(&data)?;
+        for n in names {
+            match store.remove(&n) {
+                Ok(_) | Err(cordon_template::TemplateError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    })
+    .await;
+    match removed {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(err) => Err(err.to_string()),
     }
 }
 
@@ -216,6 +335,12 @@ fn uuid4() -> Result<String, Response> {
         &h[16..20],
         &h[20..]
     ))
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -315,6 +440,12 @@ pub(super) async fn request(
             format!("tag {bad:?} is not valid: lowercase letters, digits, '.', '_' and '-'"),
         );
     }
+    if tags.len() > MAX_TAGS {
+        return e2b_error(
+            StatusCode::BAD_REQUEST,
+            format!("a template has at most {MAX_TAGS} tags"),
+        );
+    }
     let memory_mb = req.memory_mb.unwrap_or(DEFAULT_MEMORY_MB).max(128);
     let _ = req.cpu_count; // the tier's CPU share is the operator's (docs/e2b.md)
     let (template_id, build_id) = match (random_hex(10), uuid4()) {
@@ -325,7 +456,7 @@ pub(super) async fn request(
     let template_id = match st.find(&t, alias) {
         Some((id, _)) => id.to_string(),
         None => {
-            let owned = st.templates.values().filter(|r| r.tenant == t).count();
+            let owned = st.templates.values().filter(|r| r.of(&t)).count();
             if owned >= e.cfg.max_templates {
                 return e2b_error(
                     StatusCode::TOO_MANY_REQUESTS,
@@ -339,20 +470,26 @@ pub(super) async fn request(
             st.templates.insert(
                 template_id.clone(),
                 TemplateRec {
-                    tenant: t.clone(),
+                    tenant: t.0.clone(),
                     alias: alias.to_string(),
                     tags: BTreeMap::new(),
+                    latest: None,
+                    kept: Default::default(),
                 },
             );
             template_id
         }
     };
     let cordon_name = cordon_engine::tenant_template_name(&t.0, &build_id);
+    st.asked += 1;
+    let seq = st.asked;
     st.builds.insert(
         build_id.clone(),
         BuildRec {
             tenant: t.clone(),
             template_id: template_id.clone(),
+            seq,
+            log_bytes: 0,
             name: cordon_name,
             tags: tags.clone(),
             memory_mb,
@@ -362,6 +499,7 @@ pub(super) async fn request(
             reason: None,
         },
     );
+    e.builds.save(&st);
     drop(st);
     let out = BuildRequested {
         template_id,
@@ -417,7 +555,7 @@ async fn upload_link(
     };
     {
         let mut st = lock(&e.builds.state);
-        if st.templates.get(&template_id).is_none_or(|r| r.tenant != t) {
+        if st.templates.get(&template_id).is_none_or(|r| !r.of(&t)) {
             return not_found(&format!("template {template_id:?}"));
         }
         let now = SystemTime::now();
@@ -453,6 +591,7 @@ async fn upload(
     template_id: &str,
     hash: &str,
     query: Option<&str>,
+    headers: &HeaderMap,
     body: Body,
 ) -> Response {
     let token = query
@@ -484,7 +623,14 @@ async fn upload(
     };
     let dir = uploads_dir(e, &tenant);
     let cap = e.cfg.max_upload_bytes.0;
-    let used = dir_bytes(&dir);
+    let coming = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    // The tenant's oldest uploads make room for the new one (a later build whose files
+    // were let go uploads them again: its link says they are not present).
+    let used = make_room(&dir, cap.saturating_sub(coming.min(cap)));
     let room = cap.saturating_sub(used);
     match save_upload(&dir, hash, body, room).await {
         Ok(()) => StatusCode::OK.into_response(),
@@ -510,16 +656,30 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn dir_bytes(dir: &FsPath) -> u64 {
-    std::fs::read_dir(dir)
+/// Removes the oldest files of `dir` until what is left takes at most `keep` bytes;
+/// answers what is left.
+fn make_room(dir: &FsPath, keep: u64) -> u64 {
+    let mut files: Vec<(SystemTime, u64, PathBuf)> = std::fs::read_dir(dir)
         .map(|rd| {
             rd.filter_map(Result::ok)
-                .filter_map(|d| d.metadata().ok())
-                .filter(|m| m.is_file())
-                .map(|m| m.len())
-                .sum()
+                .filter_map(|d| {
+                    let m = d.metadata().ok().filter(|m| m.is_file())?;
+                    Some((m.modified().ok()?, m.len(), d.path()))
+                })
+                .collect()
         })
-        .unwrap_or(0)
+        .unwrap_or_default();
+    files.sort();
+    let mut used: u64 = files.iter().map(|f| f.1).sum();
+    for (_, len, path) in files {
+        if used <= keep {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            used -= len;
+        }
+    }
+    used
 }
 
 enum Saved {
@@ -671,7 +831,7 @@ async fn start(
     };
     // Building as soon as it is started (E2B's status says so at once); a full server
     // holds it at the slot, and says so in its log.
-    runner.set_status(Status::Building, None);
+    let _ = runner.set_status(Status::Building, None);
     if slots.available_permits() == 0 {
         runner.log("info", "waiting for a build slot (e2b.builds)".into());
     }
@@ -721,7 +881,7 @@ pub(super) async fn templates_route(
             Err(r) => r,
         },
         (&Method::GET, [id, "files", hash]) => upload_link(e, from, headers, id, hash).await,
-        (&Method::PUT, [id, "files", hash]) => upload(e, id, hash, query, body).await,
+        (&Method::PUT, [id, "files", hash]) => upload(e, id, hash, query, headers, body).await,
         (&Method::GET, [id, "builds", build, "status"]) => {
             let q: StatusQuery = match serde_urlencoded::from_str(query.unwrap_or("")) {
                 Ok(q) => q,
@@ -900,33 +1060,76 @@ struct Runner {
 }
 
 impl Runner {
-    fn set_status(&self, status: Status, reason: Option<Reason>) {
-        let mut st = lock(&self.e.builds.state);
+    /// Sets the build's status; a ready build takes its tags and becomes its template's
+    /// newest. Answers the Cordon templates no tag names any more, for the store to let go
+    /// (a ready build is said to be so once they are gone: [`Self::ready`]).
+    fn set_status(&self, status: Status, reason: Option<Reason>) -> Vec<String> {
+        let builds = &self.e.builds;
+        let mut st = lock(&builds.state);
         let Registry {
-            builds, templates, ..
+            builds: recs,
+            templates,
+            ..
         } = &mut *st;
-        let Some(b) = builds.get_mut(&self.build_id) else {
-            return;
+        let Some(b) = recs.get_mut(&self.build_id) else {
+            return Vec::new();
         };
-        b.status = status;
+        if status != Status::Ready {
+            b.status = status;
+        }
         if let Some(r) = &reason {
             b.logs.push(log_line("error", r.message.clone()));
         }
         b.reason = reason;
-        if status == Status::Ready
-            && let Some(tpl) = templates.get_mut(&b.template_id)
-        {
-            for tag in &b.tags {
-                tpl.tags
-                    .insert(tag.clone(), (self.build_id.clone(), SystemTime::now()));
+        let mut gone = Vec::new();
+        match templates.get_mut(&b.template_id) {
+            Some(tpl) if status == Status::Ready => {
+                let built = Built {
+                    build: self.build_id.clone(),
+                    name: b.name.clone(),
+                    at_ms: now_ms(),
+                };
+                for tag in &b.tags {
+                    tpl.tags.insert(tag.clone(), built.clone());
+                }
+                tpl.kept.insert(built.name.clone());
+                tpl.latest = Some(built);
+                gone = tpl.unreferenced();
             }
+            // A template deleted while its build ran: what the build made goes too.
+            None if status == Status::Ready => gone.push(b.name.clone()),
+            _ => {}
         }
+        if matches!(status, Status::Ready | Status::Error) {
+            let t = b.tenant.clone();
+            st.prune_finished(&t);
+            builds.save(&st);
+        }
+        gone
+    }
+
+    /// Says the build is ready (after [`Self::set_status`] moved its tags).
+    fn ready(&self) {
+        let mut st = lock(&self.e.builds.state);
+        if let Some(b) = st.builds.get_mut(&self.build_id) {
+            b.status = Status::Ready;
+        }
+    }
+
+    /// How many log lines were not kept, if any.
+    fn dropped(&self) -> Option<usize> {
+        let st = lock(&self.e.builds.state);
+        st.builds
+            .get(&self.build_id)
+            .map(|b| b.dropped)
+            .filter(|n| *n > 0)
     }
 
     fn log(&self, level: &'static str, message: String) {
         let mut st = lock(&self.e.builds.state);
         if let Some(b) = st.builds.get_mut(&self.build_id) {
-            if b.logs.len() < MAX_LOG_LINES {
+            if b.logs.len() < MAX_LOG_LINES && b.log_bytes + message.len() <= MAX_LOG_BYTES {
+                b.log_bytes += message.len();
                 b.logs.push(log_line(level, message));
             } else {
                 b.dropped += 1;
@@ -935,7 +1138,7 @@ impl Runner {
     }
 
     fn fail(&self, message: String, step: Option<usize>) {
-        self.set_status(
+        let _ = self.set_status(
             Status::Error,
             Some(Reason {
                 message,
@@ -1037,7 +1240,14 @@ impl Runner {
                         "no step ran: a build of the same inputs is kept".into(),
                     );
                 }
-                self.set_status(Status::Ready, None)
+                if let Some(n) = self.dropped() {
+                    self.log("warn", format!("{n} more log lines were not kept"));
+                }
+                let gone = self.set_status(Status::Ready, None);
+                if let Err(err) = remove_from_store(&self.e, gone).await {
+                    tracing::warn!("removing E2B builds no tag names: {err}");
+                }
+                self.ready();
             }
             (Ok(_), Some(r)) => {
                 let message = match (&r.unknown_user, r.step) {
@@ -1211,23 +1421,49 @@ async fn assign_tags(e: &E2b, from: super::From, headers: &HeaderMap, body: Byte
         );
     }
     let (alias, tag) = split_tag(&req.target);
-    let tag = tag.unwrap_or("default");
-    let mut st = lock(&e.builds.state);
-    let Some(id) = st.find(&t, alias).map(|(id, _)| id.to_string()) else {
-        return not_found(&format!("template {alias:?}"));
+    let gone = {
+        let mut st = lock(&e.builds.state);
+        let Some(id) = st.find(&t, alias).map(|(id, _)| id.to_string()) else {
+            return not_found(&format!("template {alias:?}"));
+        };
+        let Some(rec) = st.templates.get_mut(&id) else {
+            return not_found(&format!("template {alias:?}"));
+        };
+        let source = match tag {
+            Some(tag) => rec.tags.get(tag),
+            None => rec.tags.get("default").or(rec.latest.as_ref()),
+        };
+        let Some(mut built) = source.cloned() else {
+            return not_found(&format!(
+                "build {:?} of template {alias:?}",
+                tag.unwrap_or("default")
+            ));
+        };
+        let more = req
+            .tags
+            .iter()
+            .filter(|t| !rec.tags.contains_key(*t))
+            .count();
+        if rec.tags.len() + more > MAX_TAGS {
+            return e2b_error(
+                StatusCode::BAD_REQUEST,
+                format!("a template has at most {MAX_TAGS} tags: remove some first"),
+            );
+        }
+        built.at_ms = now_ms();
+        for tag in &req.tags {
+            rec.tags.insert(tag.clone(), built.clone());
+        }
+        let gone = rec.unreferenced();
+        e.builds.save(&st);
+        (gone, built.build)
     };
-    let Some(rec) = st.templates.get_mut(&id) else {
-        return not_found(&format!("template {alias:?}"));
-    };
-    let Some((build, _)) = rec.tags.get(tag).cloned() else {
-        return not_found(&format!("tag {tag:?} of template {alias:?}"));
-    };
-    let now = SystemTime::now();
-    for tag in &req.tags {
-        rec.tags.insert(tag.clone(), (build.clone(), now));
+    let (gone, build_id) = gone;
+    if let Err(err) = remove_from_store(e, gone).await {
+        tracing::warn!("removing E2B builds no tag names: {err}");
     }
     let out = Assigned {
-        build_id: build,
+        build_id,
         tags: req.tags,
     };
     (StatusCode::CREATED, Json(out)).into_response()
@@ -1243,17 +1479,26 @@ async fn remove_tags(e: &E2b, from: super::From, headers: &HeaderMap, body: Byte
         Ok(r) => r,
         Err(r) => return r,
     };
-    let mut st = lock(&e.builds.state);
-    let Some(id) = st
-        .find(&t, split_tag(&req.name).0)
-        .map(|(id, _)| id.to_string())
-    else {
-        return not_found(&format!("template {:?}", req.name));
-    };
-    if let Some(rec) = st.templates.get_mut(&id) {
-        for tag in &req.tags {
-            rec.tags.remove(tag);
+    let gone = {
+        let mut st = lock(&e.builds.state);
+        let Some(id) = st
+            .find(&t, split_tag(&req.name).0)
+            .map(|(id, _)| id.to_string())
+        else {
+            return not_found(&format!("template {:?}", req.name));
+        };
+        let mut gone = Vec::new();
+        if let Some(rec) = st.templates.get_mut(&id) {
+            for tag in &req.tags {
+                rec.tags.remove(tag);
+            }
+            gone = rec.unreferenced();
         }
+        e.builds.save(&st);
+        gone
+    };
+    if let Err(err) = remove_from_store(e, gone).await {
+        tracing::warn!("removing E2B builds no tag names: {err}");
     }
     StatusCode::NO_CONTENT.into_response()
 }
@@ -1267,10 +1512,10 @@ async fn tags(e: &E2b, t: &Tenant, name: &str) -> Response {
     let out: Vec<TagOut> = rec
         .tags
         .iter()
-        .map(|(tag, (build, at))| TagOut {
+        .map(|(tag, b)| TagOut {
             tag: tag.clone(),
-            build_id: build.clone(),
-            created_at: rfc3339(*at),
+            build_id: b.build.clone(),
+            created_at: super::rfc3339(b.at_ms),
         })
         .collect();
     Json(out).into_response()
@@ -1283,40 +1528,24 @@ pub(super) async fn delete(e: &E2b, t: &Tenant, name: &str) -> Option<Response> 
     let names: Vec<String> = {
         let mut st = lock(&e.builds.state);
         let id = st.find(t, split_tag(name).0)?.0.to_string();
-        st.templates.remove(&id);
-        let gone: Vec<String> = st
-            .builds
-            .iter()
-            .filter(|(_, b)| b.template_id == id)
-            .map(|(k, _)| k.clone())
-            .collect();
-        gone.iter()
-            .filter_map(|k| st.builds.remove(k))
-            .map(|b| b.name)
-            .collect()
+        let rec = st.templates.remove(&id)?;
+        // Finished builds' records go; a running one finds its template gone when it ends,
+        // and lets go of what it made.
+        st.builds.retain(|_, b| {
+            b.template_id != id || matches!(b.status, Status::Waiting | Status::Building)
+        });
+        e.builds.save(&st);
+        rec.kept.into_iter().collect()
     };
-    let data = e.svc.config().data_dir.clone();
-    let removed = tokio::task::spawn_blocking(move || {
-        let store = cordon_template::Store::open(&data)?;
-        for n in names {
-            match store.remove(&n) {
-                Ok(_) | Err(cordon_template::TemplateError::NotFound(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    })
-    .await;
-    Some(match removed {
-        Ok(Ok(())) => StatusCode::NO_CONTENT.into_response(),
-        Ok(Err(err)) => {
+    Some(match remove_from_store(e, names).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(err) => {
             tracing::warn!("removing an E2B template's builds: {err}");
             e2b_error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "the template's files could not all be removed; try again",
             )
         }
-        Err(_) => e2b_error(StatusCode::INTERNAL_SERVER_ERROR, "try again"),
     })
 }
 
@@ -1336,5 +1565,85 @@ mod tests {
         let id = uuid4().unwrap();
         assert_eq!(id.len(), 36);
         assert_eq!(&id[14..15], "4");
+    }
+
+    fn built(n: &str) -> Built {
+        Built {
+            build: format!("b-{n}"),
+            name: n.into(),
+            at_ms: 0,
+        }
+    }
+
+    /// A build no tag (nor the newest) names leaves the store: a tenant rebuilding one tag
+    /// over and over keeps one root, not every build's.
+    #[test]
+    fn builds_no_tag_names_are_let_go() {
+        let mut rec = TemplateRec {
+            tenant: "alice".into(),
+            alias: "a".into(),
+            tags: BTreeMap::new(),
+            latest: Some(built("t2")),
+            kept: ["t1", "t2", "t3"].map(String::from).into_iter().collect(),
+        };
+        rec.tags.insert("v1".into(), built("t3"));
+        assert_eq!(rec.unreferenced(), vec!["t1".to_string()]);
+        assert_eq!(rec.kept.len(), 2);
+        rec.tags.clear();
+        assert_eq!(rec.unreferenced(), vec!["t3".to_string()]);
+        assert!(rec.unreferenced().is_empty());
+    }
+
+    /// The templates a server built are there after its restart.
+    #[test]
+    fn built_templates_outlive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Builds::new(1, dir.path());
+        {
+            let mut st = lock(&b.state);
+            let mut rec = TemplateRec {
+                tenant: "alice".into(),
+                alias: "kept".into(),
+                tags: BTreeMap::new(),
+                latest: Some(built("t-1")),
+                kept: ["t-1".to_string()].into_iter().collect(),
+            };
+            rec.tags.insert("v1".into(), built("t-1"));
+            st.templates.insert("id1".into(), rec);
+            b.save(&st);
+        }
+        let again = Builds::new(1, dir.path());
+        let alice = Tenant("alice".into());
+        assert_eq!(
+            again.template_for(&alice, "kept:v1").as_deref(),
+            Some("t-1")
+        );
+        assert_eq!(again.template_for(&alice, "kept").as_deref(), Some("t-1"));
+        assert_eq!(again.template_for(&Tenant("bob".into()), "kept"), None);
+        let mode = std::fs::metadata(dir.path().join("e2b-templates.json"))
+            .unwrap()
+            .permissions();
+        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o077, 0);
+    }
+
+    /// A tenant's uploads make room for a new one by letting go of the oldest.
+    #[test]
+    fn the_oldest_uploads_make_room() {
+        let dir = tempfile::tempdir().unwrap();
+        for (i, name) in ["a", "b", "c"].iter().enumerate() {
+            let p = dir.path().join(name);
+            std::fs::write(&p, vec![0u8; 100]).unwrap();
+            let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1000 + i as u64);
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        }
+        assert_eq!(make_room(dir.path(), 250), 200);
+        assert!(!dir.path().join("a").exists());
+        assert!(dir.path().join("c").exists());
+        assert_eq!(make_room(dir.path(), 0), 0);
     }
 }

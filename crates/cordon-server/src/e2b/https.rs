@@ -235,7 +235,12 @@ impl HostsCa {
     /// The certificate for `name`, signed earlier or now. Only a signing (a key made, a
     /// signature, outside the cache's lock) spends the budget for unknown ids.
     pub fn certificate(&self, name: &str) -> Option<Arc<CertifiedKey>> {
-        let id = self.host_id(name)?;
+        // `api.<domain>`: E2B's control plane, where E2B's SDKs go when only the domain
+        // is set (E2B_DOMAIN): this listener serves the same routes there.
+        let api = name
+            .strip_prefix("api.")
+            .is_some_and(|d| d == self.domain.as_str());
+        let id = if api { None } else { Some(self.host_id(name)?) };
         let now = OffsetDateTime::now_utc();
         {
             let leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
@@ -245,7 +250,9 @@ impl HostsCa {
                 return Some(c.clone());
             }
         }
-        if !self.may_sign(id) {
+        if let Some(id) = id
+            && !self.may_sign(id)
+        {
             return None;
         }
         let c = self.sign(name, now).ok()?;
@@ -389,6 +396,10 @@ mod tests {
                 .is_some()
         );
         assert!(other.certificate(&format!("8000-{ID}.localhost")).is_none());
+        // E2B's control plane's host under the domain, and no other name.
+        assert!(other.certificate("api.sandbox.test").is_some());
+        assert!(other.certificate("api.localhost").is_none());
+        assert!(other.certificate("www.sandbox.test").is_none());
     }
 
     /// With the listener's records, the hosts of sandboxes it knows get a certificate at

@@ -87,7 +87,7 @@ pub async fn serve(
         svc: svc.clone(),
         cfg: Arc::new(cfg),
         boxes: Arc::default(),
-        builds: Arc::new(builds::Builds::new(cfg_builds)),
+        builds: Arc::new(builds::Builds::new(cfg_builds, &svc.config().data_dir)),
     };
     let https = match state.cfg.https_listen {
         Some(at) => {
