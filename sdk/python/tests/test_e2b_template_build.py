@@ -93,6 +93,10 @@ def test_build_a_template_and_start_a_sandbox_from_it(server, context):
                              "grep -c '^ID=debian' /etc/os-release")
         assert r.stdout.split("\n")[:4] == [
             "This is a test file.", "/app", "hello from the template", "1"], r.stdout
+        # The start command runs with every sandbox of the template, as E2B's does.
+        r = sbx.commands.run("for i in $(seq 100); do [ -s /tmp/started ] && break; "
+                             "sleep 0.1; done; cat /tmp/started")
+        assert r.stdout == "started\n", r.stdout
     finally:
         sbx.kill()
     # By the alias alone: its default tag or its newest ready build.

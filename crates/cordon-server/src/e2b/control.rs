@@ -64,10 +64,24 @@ pub(super) async fn create(
         Ok(p) => p,
         Err(r) => return r,
     };
+    let start = start_command(&e, plan.create.template.as_deref()).await;
     let info = match e.svc.sessions().create(&t, plan.create).await {
         Ok(i) => i,
         Err(err) => return api_error(err),
     };
+    if let Some(exec) = start
+        && let Err(err) = e.svc.procs().start_background(&t, &info.id, &exec).await
+    {
+        let _ = e.svc.sessions().destroy(&t, &info.id).await;
+        return e2b_error(
+            err.code.status(),
+            format!(
+                "the template's start command could not be started ({}): the sandbox was \
+                 removed; try again",
+                err.message
+            ),
+        );
+    }
     e.sweep().await;
     let b = e.adopt(
         &t,
@@ -79,6 +93,34 @@ pub(super) async fn create(
         .store(plan.auto_resume, std::sync::atomic::Ordering::Relaxed);
     *super::lock(&b.ports) = plan.ports;
     (StatusCode::CREATED, Json(sandbox_out(&t, &info, &b))).into_response()
+}
+
+/// The start command of a template built through E2B's API with `set_start_cmd` (its
+/// plan's last input is the start, and its image's command the start command), as a
+/// background exec in the template's working directory: E2B starts it with every sandbox
+/// of the template. `None` for every other template (an imported image's command is not
+/// started).
+async fn start_command(e: &E2b, template: Option<&str>) -> Option<crate::model::ExecBody> {
+    let name = template?.to_string();
+    let data = e.svc.config().data_dir.clone();
+    let m = tokio::task::spawn_blocking(move || {
+        cordon_template::Store::open(&data).ok()?.get(&name).ok()
+    })
+    .await
+    .ok()??;
+    let cordon_template::BuiltFrom::Build { steps, .. } = &m.built_from else {
+        return None;
+    };
+    let planned_start = steps.last().is_some_and(|s| s.starts_with("START "));
+    if !planned_start || m.image.cmd.is_empty() {
+        return None;
+    }
+    Some(crate::model::ExecBody {
+        argv: Some(m.image.cmd.clone()),
+        cwd: m.image.working_dir.clone(),
+        background: true,
+        ..Default::default()
+    })
 }
 
 /// An E2B create as Cordon's: the native create, and what the listener keeps of it.
