@@ -10,32 +10,27 @@ step, and prints each one's wall time and the medians.
 Every byte stays on this machine: the SDK's URLs are the loopback listener's, set before it
 is imported (by test_e2b_compat, imported first)."""
 
+import importlib
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sdk/python/tests"))
-import test_e2b_compat as compat  # noqa: E402 (sets the SDK's loopback URLs first)
-from conftest import cordon_bin  # noqa: E402
+# The tests' own helpers (a module beside the tests, not a package setup installs); this
+# one sets the SDK's loopback URLs before the SDK is imported.
+compat = importlib.import_module("test_e2b_compat")
+cordon_bin = importlib.import_module("conftest").cordon_bin
 
 
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 8
-    d = Path(tempfile.mkdtemp(prefix="cordon-build-bench-"))
-    d.chmod(0o755)
-    (d / "data").mkdir(mode=0o755)
-    (d / "data" / "microvm").symlink_to(compat.wheels_dir().parent / "microvm")
-    extra = (f'[[keys]]\ntenant = "alice"\nkey = "{compat.E2B_KEY}"\n'
-             f'[e2b]\nlisten = "127.0.0.1:{compat.PORT}"\ntier = "container"\n'
-             '[e2b.images]\n"ubuntu:22.04" = "debian"\n')
-    server = compat.ServerProc(d / "data", {}, extra=extra)
-    server.config.write_text(server.config.read_text().replace("[pools]\n", ""))
-    server.start()
+    server = compat.e2b_server("container", builds=True,
+                               e2b_extra='[e2b.images]\n"ubuntu:22.04" = "debian"\n')
+    d = server.tmp
     from e2b import Template
     env = dict(os.environ, CORDON_HOME=str(d / "data"))
     e2b, native = [], []

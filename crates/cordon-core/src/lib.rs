@@ -47,7 +47,7 @@ pub use files::{
 pub use gauge::{Gauge, Reading};
 pub use language::Language;
 pub use paths::{
-    AGENT_DIRS, FileTarget, HOME_MOUNT, UNREACHABLE, WORKDIR, classify_sandbox_path,
+    AGENT_DIRS, BOOT_ID, FileTarget, HOME_MOUNT, UNREACHABLE, WORKDIR, classify_sandbox_path,
     validate_sandbox_dir, validate_sandbox_path,
 };
 pub use procs::{BACKGROUND_KEEP, PTY_MAX, ProcExit, ProcOutput, ProcSignal, PtySize};

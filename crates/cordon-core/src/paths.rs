@@ -94,6 +94,11 @@ pub enum FileTarget {
 /// are refused too ([`AGENT_DIRS`]).
 pub const UNREACHABLE: [&str; 3] = ["proc", "sys", "dev"];
 
+/// The one file under `/proc` the file API reads: the sandbox's boot id, as its programs
+/// read it (on the container tier, the sandbox's own: ADR 0047). E2B's suites read it
+/// through the file API to tell a filesystem-only pause from a memory one.
+pub const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
 /// The agent's own directories in a sandbox (relative to its root): its egress and port
 /// sockets (`/run/cordon`), and on the gvisor tier its binary, egress socket and host
 /// binds (`/.cordon`). Never reached by the file API.
@@ -137,6 +142,9 @@ pub fn classify_sandbox_path(path: &str, dir: bool) -> Result<FileTarget> {
             let rest = parts[2..].join("/");
             return workspace(&format!("{WORKDIR}/{rest}"));
         }
+        // Whatever the call: only a read of it is answered (by the agent); any other call
+        // on it is refused where it is served (a kernel filesystem).
+        Some(&"proc") if format!("/{rel}") == BOOT_ID => return Ok(FileTarget::Outside(rel)),
         Some(top) if UNREACHABLE.contains(top) => {
             return refuse(
                 "the file API never reaches /proc, /sys or /dev; read them with an exec \
@@ -198,6 +206,23 @@ mod tests {
         }
         assert_eq!(c("/run/cordonx", false), out("run/cordonx"));
         assert_eq!(c("/procx", false), out("procx"));
+        // The boot id is the one file of /proc a file call names (not its neighbours).
+        assert_eq!(
+            c("/proc/sys/kernel/random/boot_id", false),
+            out("proc/sys/kernel/random/boot_id")
+        );
+        assert_eq!(
+            c("//proc/./sys/kernel/random/boot_id", false),
+            out("proc/sys/kernel/random/boot_id")
+        );
+        for bad in [
+            "/proc/sys/kernel/random/uuid",
+            "/proc/sys/kernel/random",
+            "/proc/sys/kernel/random/boot_id/x",
+            "/proc/self/root/proc/sys/kernel/random/boot_id",
+        ] {
+            assert!(classify_sandbox_path(bad, false).is_err(), "{bad:?}");
+        }
     }
 }
 

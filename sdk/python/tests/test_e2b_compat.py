@@ -83,15 +83,18 @@ HOST_ROOT = {"container", "gvisor"}
 
 
 def e2b_server(tier: str, port: int = PORT, exec_timeout_ms: int = 180000,
-               e2b_extra: str = "") -> ServerProc:
+               e2b_extra: str = "", builds: bool = False) -> ServerProc:
+    """`builds`: the data dir is made ready for template builds (E2B's `Template.build`)
+    on a tier whose root is the host's too."""
     d = Path(tempfile.mkdtemp(prefix=f"cordon-e2b-{tier}-"))
     templates = ""
-    if tier not in HOST_ROOT:
+    if tier not in HOST_ROOT or builds:
         # The build's sandbox opens the template store: its parents must be passable.
         d.chmod(0o755)
         (d / "data").mkdir(mode=0o755)
         # The `debian` base is read from the microvm guest image setup built.
         (d / "data" / "microvm").symlink_to(wheels_dir().parent / "microvm")
+    if tier not in HOST_ROOT:
         build_base_template(d / "data")
         templates = '[e2b.templates]\nbase = "e2b-base"\n"code-interpreter-v1" = "e2b-base"\n'
     extra = (f'[[keys]]\ntenant = "alice"\nkey = "{E2B_KEY}"\n'

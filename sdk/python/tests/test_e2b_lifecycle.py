@@ -111,6 +111,16 @@ def test_a_pause_of_the_files_only_boots_it_again_from_them(server):
         boot = sbx.commands.run(BOOT_ID).stdout.strip()
         host_boot = open("/proc/sys/kernel/random/boot_id").read().strip()
         assert len(boot) == 36 and boot != host_boot, boot
+        # The file API reads the boot id (E2B's suites read it so), and that file alone of
+        # /proc: on the container tier the one its programs read; gVisor's kernel has one
+        # per /proc it mounts (each exec's own), never the host's.
+        read_boot = sbx.files.read("/proc/sys/kernel/random/boot_id").strip()
+        if server.tier == "container":
+            assert read_boot == boot
+        assert len(read_boot) == 36 and read_boot != host_boot, read_boot
+        for other in ("/proc/sys/kernel/random/uuid", "/proc/self/environ"):
+            with pytest.raises(Exception):
+                sbx.files.read(other)
         # Paused with its memory: the same boot on the container tier (gVisor's restore of
         # a checkpoint gives its kernel a new boot id; its processes go on all the same).
         assert sbx.pause()
@@ -132,6 +142,9 @@ def test_a_pause_of_the_files_only_boots_it_again_from_them(server):
         assert _paused_files(server) == []
         assert again.files.read("/home/user/kept.txt") == "kept"
         assert again.commands.run(BOOT_ID).stdout.strip() not in (boot, host_boot)
+        if server.tier == "container":
+            assert again.files.read("/proc/sys/kernel/random/boot_id").strip() == \
+                again.commands.run(BOOT_ID).stdout.strip()
         # The ticker of before is gone: its count stands still.
         count = again.commands.run("cat /home/user/count").stdout
         time.sleep(1)

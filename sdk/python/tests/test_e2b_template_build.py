@@ -29,25 +29,13 @@ BOB_E2B_KEY = "e2b_" + "fedcba9876543210" * 2 + "76543210"
 def server():
     if not tier_available("container"):
         pytest.skip("container tier unavailable here")
-    d = Path(tempfile.mkdtemp(prefix="cordon-e2b-build-"))
-    # The build's sandbox opens the template store: its parents must be passable.
-    d.chmod(0o755)
-    (d / "data").mkdir(mode=0o755)
-    # The `debian` base is read from the microvm guest image setup built.
-    (d / "data" / "microvm").symlink_to(compat.wheels_dir().parent / "microvm")
-    extra = (f'[[keys]]\ntenant = "alice"\nkey = "{compat.E2B_KEY}"\n'
-             f'[[keys]]\ntenant = "bob"\nkey = "{BOB_E2B_KEY}"\n'
-             f'[e2b]\nlisten = "127.0.0.1:{compat.PORT}"\ntier = "container"\n'
-             'max_upload_bytes = "256K"\n'
-             '[e2b.images]\n"ubuntu:22.04" = "debian"\n"e2bdev/base" = "debian"\n')
-    s = compat.ServerProc(d / "data", {}, extra=extra)
-    text = s.config.read_text().replace("[pools]\n", "")
-    s.config.write_text(text.replace('default_tier = "wasm"', 'default_tier = "container"'))
-    s.start()
-    s.tmp = d
+    s = compat.e2b_server("container", builds=True, e2b_extra=(
+        'max_upload_bytes = "256K"\n'
+        '[e2b.images]\n"ubuntu:22.04" = "debian"\n"e2bdev/base" = "debian"\n'
+        f'[[keys]]\ntenant = "bob"\nkey = "{BOB_E2B_KEY}"\n'))
     yield s
     s.stop()
-    shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(s.tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,27 @@ fn outside(path: &str) -> Result<bool, FileError> {
     }
 }
 
+/// Whether a file call names the sandbox's boot id ([`cordon_core::BOOT_ID`]).
+fn is_boot_id(path: &str) -> bool {
+    matches!(
+        classify_sandbox_path(path, false),
+        Ok(FileTarget::Outside(rel)) if format!("/{rel}") == cordon_core::BOOT_ID
+    )
+}
+
 impl Agent {
+    /// The boot id as the sandbox's programs read it: the sandbox's own where its execs get
+    /// one bound over the kernel's (the container tier's servers, ADR 0047), else the
+    /// kernel's (gVisor's and a guest's own; a one-shot run's host one). Read by the agent:
+    /// the file call's helper sees no exec's `/proc`.
+    fn boot_id(&self) -> Result<(Vec<u8>, bool), FileError> {
+        let from =
+            (self.cfg.boot_id.as_deref()).unwrap_or(std::path::Path::new(cordon_core::BOOT_ID));
+        std::fs::read(from)
+            .map(|data| (data, false))
+            .map_err(|e| (ErrorCode::Io, format!("reading the boot id: {e}")))
+    }
+
     /// [`Workspace::put`] in the workspace or outside it.
     pub(super) fn put_file(&self, path: &str, mode: u32, data: &[u8]) -> Result<(), FileError> {
         if !outside(path)? {
@@ -39,6 +59,9 @@ impl Agent {
 
     /// [`Workspace::get`] in the workspace or outside it.
     pub(super) fn get_file(&self, path: &str, max: u64) -> Result<(Vec<u8>, bool), FileError> {
+        if is_boot_id(path) {
+            return self.boot_id();
+        }
         if !outside(path)? {
             return self.work.get(path, max);
         }

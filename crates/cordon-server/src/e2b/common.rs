@@ -168,7 +168,7 @@ pub(crate) struct E2b {
     pub cfg: Arc<E2bConfig>,
     pub(super) boxes: Arc<Mutex<HashMap<String, Arc<E2bBox>>>>,
     /// Template builds asked through E2B's API, and the templates they made.
-    pub(super) builds: Arc<super::builds::Builds>,
+    pub(super) builds: Arc<super::registry::Builds>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -32,6 +32,7 @@ mod interp;
 mod listing;
 mod metrics;
 mod ports;
+mod registry;
 mod snapshots;
 mod watch;
 pub mod wire;
@@ -87,7 +88,7 @@ pub async fn serve(
         svc: svc.clone(),
         cfg: Arc::new(cfg),
         boxes: Arc::default(),
-        builds: Arc::new(builds::Builds::new(cfg_builds, &svc.config().data_dir)),
+        builds: Arc::new(registry::Builds::new(cfg_builds, &svc.config().data_dir)),
     };
     let https = match state.cfg.https_listen {
         Some(at) => {
