@@ -243,3 +243,29 @@ def test_a_rebuilt_tag_lets_the_old_build_go_and_templates_outlive_a_restart(ser
         sbx.kill()
     assert Template.exists("rebuilt") is True
     assert {t.tag for t in Template.get_tags("rebuilt")} == {"v1"}
+
+
+def test_a_build_starts_once_and_unstarted_ones_are_bounded(server):
+    """A build's start is taken once (a second is 409, never a second build of it); builds
+    asked and never started are bounded per tenant (the oldest go past 16)."""
+    origin = compat.ORIGIN
+
+    def call(method, path, body):
+        req = urllib.request.Request(origin + path, method=method,
+                                     data=json.dumps(body).encode(),
+                                     headers={"X-API-KEY": compat.E2B_KEY,
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+    asked = [call("POST", "/v3/templates", {"name": "unstarted"})[1] for _ in range(20)]
+    first, last = asked[0], asked[-1]
+    step = {"fromImage": "ubuntu:22.04", "steps": [{"type": "RUN", "args": ["true"]}]}
+    status, _ = call("POST", f"/v2/templates/{first['templateID']}/builds/{first['buildID']}",
+                     step)
+    assert status == 404, "an unstarted build past the bound was kept"
+    path = f"/v2/templates/{last['templateID']}/builds/{last['buildID']}"
+    assert call("POST", path, step)[0] == 202
+    assert call("POST", path, step)[0] == 409

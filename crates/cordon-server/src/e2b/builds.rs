@@ -45,8 +45,10 @@ const UPLOAD_LINK_LIFE: Duration = Duration::from_secs(3600);
 const BUILD_WALL: Duration = Duration::from_secs(3600);
 /// The build sandbox's memory when the request gives none (E2B's default).
 const DEFAULT_MEMORY_MB: u64 = 1024;
-/// The build's root's disk limit (the native builder's default).
-const BUILD_DISK: &str = "16G";
+/// The most upload links one tenant holds at once (the oldest go first).
+const MAX_LINKS: usize = 256;
+/// The most builds one tenant may have asked for and not started.
+const MAX_UNSTARTED: usize = 16;
 /// Where a build's steps start, and who they run as, until a step says otherwise (E2B's).
 const DEFAULT_WORKDIR: &str = "/home/user";
 
@@ -213,6 +215,17 @@ pub(super) async fn request(
         (Err(r), _) | (_, Err(r)) => return r,
     };
     let mut st = lock(&e.builds.state);
+    // Builds asked and never started are bounded too: past the bound, the oldest go.
+    let mut unstarted: Vec<(u64, String)> = (st.builds.iter())
+        .filter(|(_, b)| b.tenant == t && b.status == Status::Waiting && !b.started)
+        .map(|(k, b)| (b.seq, k.clone()))
+        .collect();
+    if unstarted.len() >= MAX_UNSTARTED {
+        unstarted.sort();
+        for (_, k) in &unstarted[..=unstarted.len() - MAX_UNSTARTED] {
+            st.builds.remove(k);
+        }
+    }
     let template_id = match st.find(&t, alias) {
         Some((id, _)) => id.to_string(),
         None => {
@@ -250,6 +263,7 @@ pub(super) async fn request(
             template_id: template_id.clone(),
             seq,
             log_bytes: 0,
+            started: false,
             name: cordon_name,
             tags: tags.clone(),
             memory_mb,
@@ -320,6 +334,17 @@ async fn upload_link(
         }
         let now = SystemTime::now();
         st.links.retain(|_, l| l.until > now);
+        // A tenant's links past the bound: its oldest go.
+        let mut mine: Vec<(SystemTime, String)> = (st.links.iter())
+            .filter(|(_, l)| l.tenant == t)
+            .map(|(k, l)| (l.until, k.clone()))
+            .collect();
+        if mine.len() >= MAX_LINKS {
+            mine.sort();
+            for (_, k) in &mine[..=mine.len() - MAX_LINKS] {
+                st.links.remove(k);
+            }
+        }
         st.links.insert(
             token.clone(),
             Link {
@@ -543,31 +568,50 @@ async fn start(
         Ok(r) => r,
         Err(r) => return r,
     };
+    // Taken as started under the lock: a second start of the same build is refused.
     let memory_mb = {
-        let st = lock(&e.builds.state);
-        match st.builds.get(&build_id) {
+        let mut st = lock(&e.builds.state);
+        match st.builds.get_mut(&build_id) {
             Some(b) if b.tenant == t && b.template_id == template_id => {
-                if b.status != Status::Waiting || b.logs.len() > 1 {
+                if b.started {
                     return e2b_error(StatusCode::CONFLICT, "this build was started already");
                 }
+                b.started = true;
                 b.memory_mb
             }
             _ => return not_found(&format!("build {build_id:?}")),
         }
     };
+    // A start refused from here on ends the build with the refusal as its reason.
+    let refused = |r: Response, why: String| {
+        let mut st = lock(&e.builds.state);
+        if let Some(b) = st.builds.get_mut(&build_id) {
+            b.status = Status::Error;
+            b.reason = Some(Reason {
+                message: why,
+                step: None,
+            });
+        }
+        r
+    };
     let planned = plan_of(e, &t, &req);
     let (base, plan) = match planned {
         Ok(p) => p,
-        Err(message) => return e2b_error(StatusCode::BAD_REQUEST, message),
+        Err(message) => {
+            return refused(e2b_error(StatusCode::BAD_REQUEST, &message), message);
+        }
     };
     // The gate admits the steps' sandbox as the tenant's create of it would be, and its
-    // memory is held under the tenant's budget while the build runs.
+    // memory is held under the tenant's budget while the build runs. Its root (the base's
+    // copy and what the steps write) may take the most disk any sandbox of the server may.
+    let disk = e.svc.config().max_limits.disk_bytes;
     let ask = CreateRequest {
         tier: Some(cordon_policy::TierChoice::Tier(
             cordon_core::Tier::Container,
         )),
         limits: cordon_engine::LimitsPatch {
             memory_bytes: Some(memory_mb << 20),
+            disk_bytes: Some(disk),
             ..Default::default()
         },
         // The Debian base is made a template of the store by the build itself.
@@ -580,7 +624,10 @@ async fn start(
     };
     let held = match e.svc.admit_build(&t, &ask, "e2b template build").await {
         Ok(r) => r,
-        Err(err) => return api_error(err),
+        Err(err) => {
+            let why = err.message.clone();
+            return refused(api_error(err), why);
+        }
     };
     let runner = Runner {
         e: e.clone(),
@@ -588,6 +635,7 @@ async fn start(
         base,
         plan,
         memory_mb,
+        disk,
     };
     // Building as soon as it is started (E2B's status says so at once); a full server
     // holds it at the slot, and says so in its log.
@@ -817,6 +865,8 @@ struct Runner {
     base: Base,
     plan: BuildPlan,
     memory_mb: u64,
+    /// The build root's disk limit (bytes).
+    disk: u64,
 }
 
 impl Runner {
@@ -949,7 +999,7 @@ impl Runner {
             .arg("--data-dir")
             .arg(&data)
             .args(["--memory", &format!("{}M", self.memory_mb)])
-            .args(["--disk", BUILD_DISK])
+            .args(["--disk", &self.disk.to_string()])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())

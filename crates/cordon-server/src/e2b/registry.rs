@@ -103,6 +103,8 @@ pub(super) struct BuildRec {
     pub(super) seq: u64,
     /// Bytes its log keeps.
     pub(super) log_bytes: usize,
+    /// Whether its start was asked (once only).
+    pub(super) started: bool,
     /// The Cordon template it makes (the tenant's alone).
     pub(super) name: String,
     /// Tags given when it was asked, assigned when it is ready.
