@@ -142,16 +142,20 @@ def test_uploads_are_bounded_per_tenant(server, context):
     assert "413" in str(big.value) or "uploads may" in str(big.value), big.value
 
 
-def native(server, key, method, path, body=None):
-    req = urllib.request.Request(server.url + path, method=method,
+def http(method, url, body=None, headers=None):
+    """A JSON call: its status and its answer's JSON (None when empty)."""
+    req = urllib.request.Request(url, method=method,
                                  data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Authorization": f"Bearer {key}",
-                                          "Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"null")
+
+
+def native(server, key, method, path, body=None):
+    return http(method, server.url + path, body, {"Authorization": f"Bearer {key}"})
 
 
 def test_another_tenant_cannot_use_read_or_upload_to_a_tenants_build(server, context):
@@ -251,15 +255,7 @@ def test_a_build_starts_once_and_unstarted_ones_are_bounded(server):
     origin = compat.ORIGIN
 
     def call(method, path, body):
-        req = urllib.request.Request(origin + path, method=method,
-                                     data=json.dumps(body).encode(),
-                                     headers={"X-API-KEY": compat.E2B_KEY,
-                                              "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status, json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
+        return http(method, origin + path, body, {"X-API-KEY": compat.E2B_KEY})
     asked = [call("POST", "/v3/templates", {"name": "unstarted"})[1] for _ in range(20)]
     first, last = asked[0], asked[-1]
     step = {"fromImage": "ubuntu:22.04", "steps": [{"type": "RUN", "args": ["true"]}]}
