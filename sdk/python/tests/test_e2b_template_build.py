@@ -265,3 +265,35 @@ def test_a_build_starts_once_and_unstarted_ones_are_bounded(server):
     path = f"/v2/templates/{last['templateID']}/builds/{last['buildID']}"
     assert call("POST", path, step)[0] == 202
     assert call("POST", path, step)[0] == 409
+
+
+def test_builds_go_on_when_the_program_file_is_replaced(server):
+    """An upgrade replaces the program file under a running server: its builds are its own
+    program's still (the running one, not the path's), where they used to fail to start."""
+    from conftest import cordon_bin
+    from e2b import Template
+    # `cordon serve` runs cordon-full from beside the `cordon` it was started as, and the
+    # tiers' programs from beside it.
+    where = server.tmp / "bin"
+    where.mkdir()
+    for name in ("cordon", "cordon-full", "cordon-sandbox-init", "cordon-guest",
+                 "cordon-gvisor-agent"):
+        shutil.copy2(Path(cordon_bin()).with_name(name), where / name)
+    copy = where / "cordon"
+    server.stop()
+    before = os.environ.get("CORDON_BIN")
+    os.environ["CORDON_BIN"] = str(copy)
+    try:
+        server.start()
+    finally:
+        if before is None:
+            os.environ.pop("CORDON_BIN", None)
+        else:
+            os.environ["CORDON_BIN"] = before
+    for name in ("cordon", "cordon-full"):
+        (where / name).unlink()
+        (where / name).write_text("#!/bin/sh\nexit 1\n")
+        (where / name).chmod(0o755)
+    info, logs = build(Template().from_image("ubuntu:22.04").skip_cache()
+                       .run_cmd("echo still-built"), "after-upgrade")
+    assert "still-built" in logs, logs

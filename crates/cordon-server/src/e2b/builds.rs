@@ -972,19 +972,21 @@ impl Runner {
             tracing::warn!("writing an E2B build's plan: {err}");
             return self.fail("the build could not start; try again".into(), None);
         }
-        let exe = match std::env::current_exe() {
-            Ok(p) => p,
-            Err(err) => {
-                tracing::warn!("finding the cordon program for an E2B build: {err}");
-                return self.fail("the build could not start; try again".into(), None);
-            }
-        };
+        // The running program itself (`/proc/self/exe`): the builder is always the server's
+        // own version, and a program file replaced on disk since the server started (an
+        // upgrade) is no matter. Named as the program calls itself.
+        let arg0 = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .map(|n| n.trim_end_matches(" (deleted)").to_string())
+            .unwrap_or_else(|| "cordon".into());
         let name = lock(&self.e.builds.state)
             .builds
             .get(&self.build_id)
             .map(|b| b.name.clone())
             .unwrap_or_default();
-        let child = tokio::process::Command::new(exe)
+        let child = tokio::process::Command::new("/proc/self/exe")
+            .arg0(arg0)
             .args([
                 "template",
                 "build",
