@@ -727,7 +727,13 @@ fn debian_base(store: &Store, data: &Path, limits: &ImportLimits) -> Result<Reso
             env: BTreeMap::new(),
             allow: Vec::new(),
         };
-        store.seal_build(work, &name, &inputs, ImageDefaults::default(), limits)?;
+        match store.seal_build(work, &name, &inputs, ImageDefaults::default(), limits) {
+            Ok(_) => {}
+            // Another build imported it meanwhile (two builds from `debian` at once): the
+            // same root, read from the same image; theirs stands.
+            Err(TemplateError::Exists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
     Ok(store.resolve(&name)?)
 }

@@ -1241,7 +1241,20 @@ fn snapshots_are_collected_and_a_template_boot_holds_only_its_own_key() {
         "the template boot ended before the other create"
     );
     // End the hung template (QMP quit) and see its create fail.
-    let mut q = std::os::unix::net::UnixStream::connect(template.join("qmp.sock")).unwrap();
+    // The socket's file is made before QEMU listens on it: a connect may be refused for a
+    // moment (CI under load saw it), so it is tried again for up to 10 s.
+    let qmp = template.join("qmp.sock");
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let mut q = loop {
+        match std::os::unix::net::UnixStream::connect(&qmp) {
+            Ok(q) => break q,
+            Err(e) if std::time::Instant::now() < until => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("the hung template boot's QMP socket: {e}"),
+        }
+    };
     use std::io::Write;
     q.write_all(b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"quit\"}\n")
         .unwrap();

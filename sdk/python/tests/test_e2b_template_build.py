@@ -297,3 +297,27 @@ def test_builds_go_on_when_the_program_file_is_replaced(server):
     info, logs = build(Template().from_image("ubuntu:22.04").skip_cache()
                        .run_cmd("echo still-built"), "after-upgrade")
     assert "still-built" in logs, logs
+
+
+def test_two_first_builds_from_debian_at_once_both_build():
+    """Two builds that are the first from `debian` in a data dir both import the Debian
+    root; the later import finds the other's and builds on it (it used to fail with the
+    name taken: E2B's background build beside the next test's build)."""
+    import subprocess
+    from conftest import cordon_bin
+    # A data dir whose parents the build's sandbox may pass (pytest's tmp_path's are not).
+    tmp_path = Path(tempfile.mkdtemp(prefix="cordon-twin-builds-"))
+    tmp_path.chmod(0o755)
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    (data / "microvm").symlink_to(compat.wheels_dir().parent / "microvm")
+    env = dict(os.environ, CORDON_HOME=str(data))
+    procs = [subprocess.Popen([cordon_bin(), "template", "build", f"twin{i}", "--from", "debian",
+                               "--run", f"echo {i}"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=600)
+            assert p.returncode == 0, err[-2000:]
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
