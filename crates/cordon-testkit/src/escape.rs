@@ -648,8 +648,14 @@ pub fn kernel_counts_stay_inside(b: &dyn Backend, spec: &SandboxSpec, _wall: Wal
     let mut sb = b.create(spec).unwrap();
     let stop = sb.interrupter();
     let mut req = ExecRequest::code(Language::Python, HOLD_KERNEL_COUNTS);
-    // Tiers that cannot interrupt a running exec end this one by its timeout.
-    req.timeout_ms = Some(15_000);
+    // Tiers that cannot interrupt a running exec end this one by its timeout. The microvm
+    // tier under TCG emulation starts Python slowly, and slower still beside CI's other
+    // jobs (CI saw the probe time out at 15 s before it held anything).
+    req.timeout_ms = Some(if spec.tier == cordon_core::Tier::Microvm {
+        60_000
+    } else {
+        15_000
+    });
     let mut seen = String::new();
     // What host root could still do while the sandbox held its counts: inotify, a message
     // queue, a queued signal.
